@@ -1,0 +1,25 @@
+"""Analytical cost model: time and memory of a parallel layout of a transformer. Never imports torch."""
+
+from cost_model._breakdown import CostBreakdown, InfeasiblePlanError
+from cost_model._model_spec import AttentionSpec, ModelSpec, MoESpec
+from cost_model._parallel import ParallelConfig
+from cost_model._rules import check_parallel_config, check_sequence_fits, split_layers
+from cost_model._units import DTYPE_BYTES, dtype_bytes
+from cost_model._workload import Inference, Training, Workload
+
+__all__ = [
+    "AttentionSpec",
+    "CostBreakdown",
+    "DTYPE_BYTES",
+    "InfeasiblePlanError",
+    "Inference",
+    "ModelSpec",
+    "MoESpec",
+    "ParallelConfig",
+    "Training",
+    "Workload",
+    "check_parallel_config",
+    "check_sequence_fits",
+    "dtype_bytes",
+    "split_layers",
+]

@@ -1,0 +1,315 @@
+"""``ModelSpec``: the architecture of a decoder-only transformer, dense or Mixture-of-Experts.
+
+Parameter counts follow the module shapes of the reference implementations:
+  * GQA/MHA attention and SwiGLU FFN: HuggingFace ``modeling_llama.py`` / ``modeling_mixtral.py``.
+  * MLA attention: DeepSeek-V2 paper (arXiv:2405.04434) sec. 2.1.2 and HuggingFace
+    ``modeling_deepseek.py`` (q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj_with_mqa,
+    kv_a_layernorm, kv_b_proj, o_proj).
+  * GPT (GELU MLP, biases, learned positions): Narayanan et al. SC'21 (arXiv:2104.04473) eq. (2).
+FLOPs per token: 2 FLOPs per multiply-accumulate of every matmul weight the token touches
+(Kaplan et al. 2020, arXiv:2001.08361, Table 1; PaLM, arXiv:2204.02311, Appendix B) plus the
+attention score and value products, 2·heads·(qk_dim + v_dim) per attended key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from cost_model._units import dtype_bytes
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+AttentionKind = Literal["mha", "gqa", "mla"]
+AttentionVariant = Literal["full", "sliding_window", "sparse_topk", "linear"]
+
+
+class AttentionSpec(BaseModel):
+    """Attention of every layer. ``head_dim`` is the per-head size for MHA/GQA; MLA uses its ranks.
+
+    ``variant`` changes which keys a query attends to: all of them (``full``), the last
+    ``window_tokens`` (``sliding_window``), the ``topk_tokens`` chosen by an indexer
+    (``sparse_topk``), or a fixed-size recurrent state (``linear``).
+    """
+
+    model_config = _STRICT
+
+    kind: AttentionKind
+    num_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    q_lora_rank: int = Field(default=0, ge=0)
+    kv_lora_rank: int = Field(default=0, ge=0)
+    qk_nope_head_dim: int = Field(default=0, ge=0)
+    qk_rope_head_dim: int = Field(default=0, ge=0)
+    v_head_dim: int = Field(default=0, ge=0)
+    variant: AttentionVariant = "full"
+    window_tokens: int | None = Field(default=None, gt=0)
+    topk_tokens: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "AttentionSpec":
+        if self.kind == "mha" and self.num_kv_heads != self.num_heads:
+            raise ValueError(
+                f"attention.num_kv_heads ({self.num_kv_heads}) must equal "
+                f"attention.num_heads ({self.num_heads}) for kind 'mha'"
+            )
+        if self.kind == "gqa" and self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"attention.num_heads ({self.num_heads}) must be divisible by "
+                f"attention.num_kv_heads ({self.num_kv_heads}) for kind 'gqa'"
+            )
+        if self.kind == "mla":
+            for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+                if getattr(self, name) <= 0:
+                    raise ValueError(f"attention.{name} ({getattr(self, name)}) must be > 0 for kind 'mla'")
+        if self.variant == "sliding_window" and self.window_tokens is None:
+            raise ValueError("attention.window_tokens (None) must be set for variant 'sliding_window'")
+        if self.variant == "sparse_topk" and self.topk_tokens is None:
+            raise ValueError("attention.topk_tokens (None) must be set for variant 'sparse_topk'")
+        return self
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.kind == "mla" else self.head_dim
+
+    @property
+    def value_head_dim(self) -> int:
+        return self.v_head_dim if self.kind == "mla" else self.head_dim
+
+    def attended_tokens(self, context_tokens: float) -> float:
+        """Keys one query attends to when ``context_tokens`` precede it (itself included)."""
+        if self.variant == "sliding_window":
+            return min(context_tokens, self.window_tokens)
+        if self.variant == "sparse_topk":
+            return min(context_tokens, self.topk_tokens)
+        if self.variant == "linear":
+            # A linear-attention state of head_dim x head_dim is read and written once per token:
+            # equivalent work to attending ``qk_head_dim`` keys.
+            return float(self.qk_head_dim)
+        return context_tokens
+
+
+class MoESpec(BaseModel):
+    """Mixture-of-Experts FFN. The first ``num_dense_layers`` layers use the dense FFN instead."""
+
+    model_config = _STRICT
+
+    num_routed_experts: int = Field(gt=0)
+    top_k: int = Field(gt=0)
+    expert_ffn_hidden_size: int = Field(gt=0)
+    num_shared_experts: int = Field(default=0, ge=0)
+    shared_expert_ffn_hidden_size: int | None = Field(default=None, gt=0)
+    num_dense_layers: int = Field(default=0, ge=0)
+    shared_expert_gate: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> "MoESpec":
+        if self.top_k > self.num_routed_experts:
+            raise ValueError(
+                f"moe.top_k ({self.top_k}) must be <= moe.num_routed_experts ({self.num_routed_experts})"
+            )
+        return self
+
+    @property
+    def shared_ffn_size(self) -> int:
+        return self.shared_expert_ffn_hidden_size or self.expert_ffn_hidden_size
+
+
+class ModelSpec(BaseModel):
+    """A decoder-only transformer, dense or MoE. Frozen, hashable, JSON round-trips exactly."""
+
+    model_config = _STRICT
+
+    name: str
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    ffn_hidden_size: int = Field(gt=0, description="dense FFN size (the leading dense layers of an MoE)")
+    attention: AttentionSpec
+    moe: MoESpec | None = None
+    tie_word_embeddings: bool = False
+    ffn_activation: Literal["swiglu", "gelu"] = "swiglu"
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    linear_bias: bool = False
+    qkv_bias: bool = False
+    position_embedding: Literal["rope", "learned"] = "rope"
+    max_context_tokens: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelSpec":
+        if self.moe is not None and self.moe.num_dense_layers > self.num_layers:
+            raise ValueError(
+                f"moe.num_dense_layers ({self.moe.num_dense_layers}) must be <= num_layers ({self.num_layers})"
+            )
+        return self
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def from_hf_config(cls, path_or_dict: str | Path | dict[str, Any], *, name: str | None = None) -> "ModelSpec":
+        """Parse a HuggingFace ``config.json`` (path or dict); see ``cost_model._hf_config``."""
+        from cost_model._hf_config import parse_hf_config
+
+        return parse_hf_config(path_or_dict, name=name)
+
+    def fingerprint(self) -> str:
+        """Stable short hash of the architecture (the name excluded)."""
+        payload = self.model_dump(mode="json", exclude={"name"})
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+    # ---------------------------------------------------------------- layer structure
+    @property
+    def num_moe_layers(self) -> int:
+        return 0 if self.moe is None else self.num_layers - self.moe.num_dense_layers
+
+    @property
+    def num_dense_ffn_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    def is_moe_layer(self, layer_index: int) -> bool:
+        return self.moe is not None and layer_index >= self.moe.num_dense_layers
+
+    # ---------------------------------------------------------------- parameters per module
+    def _norm_parameters(self, width: int) -> int:
+        return 2 * width if self.norm == "layernorm" else width
+
+    def attention_parameters(self) -> int:
+        """Weights of one attention block (projections, MLA's inner norms, biases)."""
+        a, h = self.attention, self.hidden_size
+        if a.kind == "mla":
+            q_width = a.num_heads * a.qk_head_dim
+            if a.q_lora_rank:
+                q = h * a.q_lora_rank + self._norm_parameters(a.q_lora_rank) + a.q_lora_rank * q_width
+            else:
+                q = h * q_width
+            kv = (
+                h * (a.kv_lora_rank + a.qk_rope_head_dim)
+                + self._norm_parameters(a.kv_lora_rank)
+                + a.kv_lora_rank * a.num_heads * (a.qk_nope_head_dim + a.v_head_dim)
+            )
+            out = a.num_heads * a.v_head_dim * h
+            return q + kv + out + (h if self.linear_bias else 0)
+        q_width = a.num_heads * a.head_dim
+        kv_width = a.num_kv_heads * a.head_dim
+        weights = h * q_width + 2 * h * kv_width + q_width * h
+        bias = 0
+        if self.linear_bias or self.qkv_bias:
+            bias += q_width + 2 * kv_width
+        if self.linear_bias:
+            bias += h
+        return weights + bias
+
+    def ffn_parameters(self, ffn_hidden_size: int) -> int:
+        """One FFN (dense MLP or one expert) of the given inner size."""
+        h = self.hidden_size
+        matrices = 3 if self.ffn_activation == "swiglu" else 2
+        bias = (ffn_hidden_size + h) if self.linear_bias else 0
+        return matrices * h * ffn_hidden_size + bias
+
+    def router_parameters(self) -> int:
+        if self.moe is None:
+            return 0
+        gate = self.hidden_size if self.moe.shared_expert_gate else 0
+        return self.moe.num_routed_experts * self.hidden_size + gate
+
+    def layer_norm_parameters(self) -> int:
+        """The two pre-norms of one layer."""
+        return 2 * self._norm_parameters(self.hidden_size)
+
+    def embedding_parameters(self) -> int:
+        positions = self.max_context_tokens * self.hidden_size if self.position_embedding == "learned" else 0
+        return self.vocab_size * self.hidden_size + positions
+
+    def lm_head_parameters(self) -> int:
+        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+
+    def final_norm_parameters(self) -> int:
+        return self._norm_parameters(self.hidden_size)
+
+    # ---------------------------------------------------------------- totals
+    def parameter_breakdown(self) -> dict[str, int]:
+        """Total parameters by component; the values sum to ``num_parameters``."""
+        moe = self.moe
+        routed = shared = 0
+        if moe is not None:
+            routed = self.num_moe_layers * moe.num_routed_experts * self.ffn_parameters(moe.expert_ffn_hidden_size)
+            shared = self.num_moe_layers * moe.num_shared_experts * self.ffn_parameters(moe.shared_ffn_size)
+        return {
+            "embedding": self.embedding_parameters(),
+            "attention": self.num_layers * self.attention_parameters(),
+            "dense_ffn": self.num_dense_ffn_layers * self.ffn_parameters(self.ffn_hidden_size),
+            "routed_experts": routed,
+            "shared_experts": shared,
+            "router": self.num_moe_layers * self.router_parameters(),
+            "norms": self.num_layers * self.layer_norm_parameters() + self.final_norm_parameters(),
+            "lm_head": self.lm_head_parameters(),
+        }
+
+    def active_parameter_breakdown(self) -> dict[str, int]:
+        """Parameters one token uses (top-k routed experts only); same keys as ``parameter_breakdown``."""
+        parts = dict(self.parameter_breakdown())
+        if self.moe is not None:
+            parts["routed_experts"] = (
+                self.num_moe_layers * self.moe.top_k * self.ffn_parameters(self.moe.expert_ffn_hidden_size)
+            )
+        return parts
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(self.parameter_breakdown().values())
+
+    @property
+    def num_active_parameters(self) -> int:
+        return sum(self.active_parameter_breakdown().values())
+
+    def weight_bytes(self, dtype: str = "bf16") -> float:
+        return self.num_parameters * dtype_bytes(dtype)
+
+    # ---------------------------------------------------------------- FLOPs
+    def matmul_parameters_per_token(self) -> int:
+        """Weights a token multiplies through: active parameters less embedding lookup and norms.
+
+        A tied embedding is still used as the LM head matmul.
+        """
+        parts = self.active_parameter_breakdown()
+        head = self.vocab_size * self.hidden_size
+        return sum(parts.values()) - parts["embedding"] - parts["norms"] - parts["lm_head"] + head
+
+    def attention_flops_per_token(self, context_tokens: float) -> float:
+        """Score (QK^T) and value (PV) products of one token over all layers, forward only."""
+        a = self.attention
+        per_key = 2 * a.num_heads * (a.qk_head_dim + a.value_head_dim)
+        return self.num_layers * per_key * a.attended_tokens(context_tokens)
+
+    def forward_flops_per_token(self, context_tokens: float) -> float:
+        """Forward FLOPs of one token that attends ``context_tokens`` keys (itself included).
+
+        For a causal training sequence of S tokens the mean context is (S + 1) / 2.
+        """
+        return 2.0 * self.matmul_parameters_per_token() + self.attention_flops_per_token(context_tokens)
+
+    # ---------------------------------------------------------------- KV cache
+    def kv_cache_elements_per_token_per_layer(self) -> int:
+        """MLA caches the compressed latent and the shared RoPE key (DeepSeek-V2 sec. 2.1.2);
+        MHA/GQA cache K and V of every KV head."""
+        a = self.attention
+        if a.kind == "mla":
+            return a.kv_lora_rank + a.qk_rope_head_dim
+        return 2 * a.num_kv_heads * a.head_dim
+
+    def kv_cache_bytes_per_token(self, dtype: str = "bf16") -> float:
+        return self.num_layers * self.kv_cache_elements_per_token_per_layer() * dtype_bytes(dtype)
+
+    def kv_cache_bytes(self, context_tokens: int, dtype: str = "bf16") -> float:
+        """Cache of one sequence of ``context_tokens`` tokens: a sliding window keeps only the
+        window; linear attention keeps a fixed state of heads x head_dim x head_dim."""
+        a = self.attention
+        if a.variant == "linear":
+            state = a.num_heads * a.qk_head_dim * a.value_head_dim
+            return self.num_layers * state * dtype_bytes(dtype)
+        cached = min(context_tokens, a.window_tokens) if a.variant == "sliding_window" else context_tokens
+        return cached * self.kv_cache_bytes_per_token(dtype)

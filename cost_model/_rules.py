@@ -1,0 +1,102 @@
+"""Legality rules of a parallel layout, as pure functions of integers.
+
+Shared by ``ParallelConfig.validate_for``, the search space and the runtime adapter, so that
+what the search proposes is exactly what the runtime accepts. Each rule raises ``ValueError``
+naming the field, its value and the constraint (torchtitan's wording).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cost_model._model_spec import ModelSpec
+    from cost_model._parallel import ParallelConfig
+
+
+def _divides(name: str, value: int, by_name: str, by: int) -> None:
+    if value % by:
+        raise ValueError(f"{name} ({value}) must be divisible by {by_name} ({by})")
+
+
+def check_parallel_config(config: "ParallelConfig", model: "ModelSpec", world_size: int | None = None) -> None:
+    """Raise ``ValueError`` for the first rule ``config`` breaks for ``model`` on ``world_size``."""
+    if world_size is not None and config.world_size != world_size:
+        raise ValueError(
+            f"dp*cp*tp*pp ({config.dp}*{config.cp}*{config.tp}*{config.pp} = {config.world_size}) "
+            f"must equal world_size ({world_size})"
+        )
+    attention = model.attention
+    if not config.attention_data_parallel:
+        _divides("num_attention_heads", attention.num_heads, "tp", config.tp)
+        kv_heads = attention.num_kv_heads
+        if attention.kind == "gqa" and kv_heads % config.tp and config.tp % kv_heads:
+            raise ValueError(
+                f"num_key_value_heads ({kv_heads}) must be divisible by tp ({config.tp}) "
+                f"or tp a multiple of it (KV heads are then replicated)"
+            )
+    if model.num_dense_ffn_layers:
+        _divides("ffn_hidden_size", model.ffn_hidden_size, "tp", config.tp)
+    if config.sequence_parallel and config.tp == 1:
+        raise ValueError("sequence_parallel (True) requires tp > 1 (tp is 1)")
+    _check_pipeline(config, model)
+    _check_experts(config, model)
+
+
+def _check_pipeline(config: "ParallelConfig", model: "ModelSpec") -> None:
+    chunks = config.pp * config.virtual_stages
+    if chunks > model.num_layers:
+        raise ValueError(
+            f"pp*virtual_stages ({config.pp}*{config.virtual_stages} = {chunks}) must be <= "
+            f"num_layers ({model.num_layers})"
+        )
+    if config.pipeline_schedule == "interleaved_1f1b":
+        if config.virtual_stages < 2:
+            raise ValueError(
+                f"virtual_stages ({config.virtual_stages}) must be >= 2 for pipeline_schedule 'interleaved_1f1b'"
+            )
+        if config.pp < 2:
+            raise ValueError(f"pp ({config.pp}) must be >= 2 for pipeline_schedule 'interleaved_1f1b'")
+    elif config.virtual_stages != 1:
+        raise ValueError(
+            f"virtual_stages ({config.virtual_stages}) must be 1 for pipeline_schedule "
+            f"{config.pipeline_schedule!r}; use 'interleaved_1f1b'"
+        )
+
+
+def _check_experts(config: "ParallelConfig", model: "ModelSpec") -> None:
+    moe = model.moe
+    if moe is None:
+        if config.ep > 1 or config.etp > 1:
+            raise ValueError(f"ep ({config.ep}) and etp ({config.etp}) must be 1 for a dense model")
+        return
+    _divides("num_routed_experts", moe.num_routed_experts, "ep", config.ep)
+    stage_ranks = config.dp * config.cp * config.tp
+    _divides("dp*cp*tp", stage_ranks, "ep*etp", config.ep * config.etp)
+    _divides("moe_intermediate_size", moe.expert_ffn_hidden_size, "etp", config.etp)
+
+
+def check_sequence_fits(config: "ParallelConfig", sequence_length_tokens: int) -> None:
+    """Context parallel splits each sequence in 2*cp chunks (load-balanced causal ring)."""
+    if config.cp > 1:
+        _divides("sequence_length_tokens", sequence_length_tokens, "2*cp", 2 * config.cp)
+    if config.sequence_parallel:
+        _divides("sequence_length_tokens/cp", sequence_length_tokens // config.cp, "tp", config.tp)
+
+
+def split_layers(num_layers: int, num_chunks: int) -> list[tuple[int, int]]:
+    """Contiguous ``[start, stop)`` layer ranges for ``num_chunks`` pipeline chunks, as even as
+    possible; the remainder goes to the middle chunks, since the first and last also hold the
+    embedding and the LM head."""
+    if not 1 <= num_chunks <= num_layers:
+        raise ValueError(f"num_chunks ({num_chunks}) must be between 1 and num_layers ({num_layers})")
+    base, extra = divmod(num_layers, num_chunks)
+    sizes = [base] * num_chunks
+    order = sorted(range(num_chunks), key=lambda i: (i in (0, num_chunks - 1), abs(i - (num_chunks - 1) / 2)))
+    for index in order[:extra]:
+        sizes[index] += 1
+    ranges, start = [], 0
+    for size in sizes:
+        ranges.append((start, start + size))
+        start += size
+    return ranges

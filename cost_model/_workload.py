@@ -1,0 +1,88 @@
+"""``Workload``: what the job is — training, or inference with latency SLOs."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from cost_model._units import Dtype
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class Training(BaseModel):
+    """One optimizer step over ``global_batch_sequences`` sequences of ``sequence_length_tokens``.
+
+    Give the batch either in sequences or in tokens (``global_batch_tokens`` must then be a
+    multiple of the sequence length); the other is derived.
+    """
+
+    model_config = _STRICT
+
+    kind: Literal["training"] = "training"
+    sequence_length_tokens: int = Field(gt=0)
+    global_batch_sequences: int | None = Field(default=None, gt=0)
+    global_batch_tokens: int | None = Field(default=None, gt=0)
+    precision: Literal["bf16", "fp16", "fp8"] = "bf16"
+    optimizer: Literal["adam", "sgd"] = "adam"
+    master_weights_fp32: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> "Training":
+        seqs, tokens = self.global_batch_sequences, self.global_batch_tokens
+        if seqs is None and tokens is None:
+            raise ValueError("global_batch_sequences or global_batch_tokens must be given")
+        if tokens is not None:
+            if tokens % self.sequence_length_tokens:
+                raise ValueError(
+                    f"global_batch_tokens ({tokens}) must be a multiple of "
+                    f"sequence_length_tokens ({self.sequence_length_tokens})"
+                )
+            derived = tokens // self.sequence_length_tokens
+            if seqs is not None and seqs != derived:
+                raise ValueError(
+                    f"global_batch_sequences ({seqs}) must equal global_batch_tokens / "
+                    f"sequence_length_tokens ({derived})"
+                )
+            object.__setattr__(self, "global_batch_sequences", derived)
+        else:
+            object.__setattr__(self, "global_batch_tokens", seqs * self.sequence_length_tokens)
+        return self
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_tokens
+
+
+class Inference(BaseModel):
+    """Serving requests of ``prompt_tokens`` in and ``output_tokens`` out.
+
+    Load is either a fixed ``concurrency`` (requests in flight) or a ``request_rate_per_s``;
+    with neither, the search picks the largest batch that memory and the SLOs allow.
+    """
+
+    model_config = _STRICT
+
+    kind: Literal["inference"] = "inference"
+    prompt_tokens: int = Field(gt=0)
+    output_tokens: int = Field(gt=0)
+    concurrency: int | None = Field(default=None, gt=0)
+    request_rate_per_s: float | None = Field(default=None, gt=0)
+    ttft_slo_s: float | None = Field(default=None, gt=0)
+    tpot_slo_s: float | None = Field(default=None, gt=0)
+    weight_dtype: Dtype = "bf16"
+    kv_dtype: Dtype = "bf16"
+    activation_dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
+    prefix_cache_hit_rate: float = Field(default=0.0, ge=0.0, lt=1.0)
+    disaggregation_allowed: bool = True
+    kv_block_tokens: int = Field(default=64, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "Inference":
+        if self.concurrency is not None and self.request_rate_per_s is not None:
+            raise ValueError("give concurrency or request_rate_per_s, not both")
+        return self
+
+
+Workload = Annotated[Union[Training, Inference], Field(discriminator="kind")]
