@@ -46,6 +46,22 @@ class HardwareSpec(BaseModel):
     def achievable_flops(self, dtype: str) -> float:
         return self.peak_flops_for(dtype) * self.matmul_efficiency
 
+    def gemm_efficiency(self, flops_per_call, dtype: str = "bf16"):
+        """Achievable fraction of peak for GEMMs of ``flops_per_call`` FLOPs (vectorized).
+
+        Without a measured profile this is the constant ``matmul_efficiency``; a measured hardware
+        profile (``profilers``) replaces it by an interpolated efficiency curve.
+        """
+        import numpy as np
+
+        return np.broadcast_to(np.float64(self.matmul_efficiency), np.shape(flops_per_call))
+
+    def memory_efficiency(self, bytes_per_call):
+        """Achievable fraction of memory bandwidth for kernels moving ``bytes_per_call`` (vectorized)."""
+        import numpy as np
+
+        return np.broadcast_to(np.float64(self.memory_bandwidth_efficiency), np.shape(bytes_per_call))
+
     @property
     def achievable_memory_bandwidth_bytes_per_s(self) -> float:
         return self.memory_bandwidth_bytes_per_s * self.memory_bandwidth_efficiency
