@@ -61,7 +61,12 @@ def _attention_gqa(r: _Reader, *, sliding: bool = False) -> AttentionSpec:
     heads = r.int("num_attention_heads")
     kv_heads = r.int("num_key_value_heads", heads)
     hidden = r.int("hidden_size")
-    head_dim = r.int("head_dim", hidden // heads if hidden >= heads else 0)
+    if r.data.get("head_dim") is None and hidden < heads:
+        raise ValueError(
+            f"config field 'hidden_size' ({hidden}) must be >= 'num_attention_heads' ({heads}) "
+            "when 'head_dim' is not given (head_dim = hidden_size / num_attention_heads)"
+        )
+    head_dim = r.int("head_dim", hidden // heads)
     window = r.optional_int("sliding_window") if sliding else None
     return AttentionSpec(
         kind="mha" if kv_heads == heads else "gqa",
@@ -229,7 +234,7 @@ def parse_hf_config(path_or_dict: str | Path | dict[str, Any], *, name: str | No
     if not isinstance(data, dict):
         raise ValueError(f"config ({type(data).__name__}) must be a JSON object")
     model_type = data.get("model_type")
-    if model_type not in _PARSERS:
+    if not isinstance(model_type, str) or model_type not in _PARSERS:
         raise ValueError(
             f"model_type ({model_type!r}) is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
