@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from topology._hardware_profile import HardwareProfile, check_device_type
+
 
 class HardwareSpec(BaseModel):
     """Peak dense FLOP/s per dtype, achievable matmul fraction, memory size and bandwidth.
@@ -22,6 +24,8 @@ class HardwareSpec(BaseModel):
     memory_bandwidth_efficiency: float = Field(default=0.8, gt=0, le=1)
     sources: dict[str, str] = Field(default_factory=dict)
     uncertain: tuple[str, ...] = ()
+    device_type: str | None = Field(default=None, description="torch device type (cpu, cuda, ...); None: from name")
+    profile: HardwareProfile | None = Field(default=None, description="measured curves (``profilers``)")
 
     @field_validator("peak_flops")
     @classmethod
@@ -49,18 +53,80 @@ class HardwareSpec(BaseModel):
     def gemm_efficiency(self, flops_per_call, dtype: str = "bf16"):
         """Achievable fraction of peak for GEMMs of ``flops_per_call`` FLOPs (vectorized).
 
-        Without a measured profile this is the constant ``matmul_efficiency``; a measured hardware
-        profile (``profilers``) replaces it by an interpolated efficiency curve.
+        Without a measured profile this is the constant ``matmul_efficiency``; with one it is the
+        measured rate at that size (log-interpolated) over ``peak_flops_for(dtype)``.
         """
         import numpy as np
 
-        return np.broadcast_to(np.float64(self.matmul_efficiency), np.shape(flops_per_call))
+        if self.profile is None:
+            return np.broadcast_to(np.float64(self.matmul_efficiency), np.shape(flops_per_call))
+        return self.profile.gemm_curve(dtype).rate_per_s(flops_per_call) / self.peak_flops_for(dtype)
+
+    def attention_efficiency(self, flops_per_call, dtype: str = "bf16"):
+        """Like ``gemm_efficiency`` for fused attention (SDPA) calls; the GEMM curve when unmeasured."""
+        return self._curve_efficiency(self.profile and self.profile.attention, flops_per_call, dtype)
+
+    def grouped_gemm_efficiency(self, flops_per_call, dtype: str = "bf16"):
+        """Like ``gemm_efficiency`` for one grouped expert GEMM (all local experts of a layer)."""
+        return self._curve_efficiency(self.profile and self.profile.grouped_gemm, flops_per_call, dtype)
+
+    def _curve_efficiency(self, curves, flops_per_call, dtype: str):
+        curve = (curves or {}).get(dtype) or (curves or {}).get("fp32")
+        if curve is None:
+            return self.gemm_efficiency(flops_per_call, dtype)
+        return curve.rate_per_s(flops_per_call) / self.peak_flops_for(dtype)
 
     def memory_efficiency(self, bytes_per_call):
         """Achievable fraction of memory bandwidth for kernels moving ``bytes_per_call`` (vectorized)."""
         import numpy as np
 
-        return np.broadcast_to(np.float64(self.memory_bandwidth_efficiency), np.shape(bytes_per_call))
+        if self.profile is None:
+            return np.broadcast_to(np.float64(self.memory_bandwidth_efficiency), np.shape(bytes_per_call))
+        return self.profile.memory.rate_per_s(bytes_per_call) / self.memory_bandwidth_bytes_per_s
+
+    @property
+    def kernel_overhead_s(self) -> float:
+        """Fixed host seconds per operator launch, from the profile (0 without one)."""
+        return 0.0 if self.profile is None else self.profile.kernel_overhead_s
+
+    @property
+    def resolved_device_type(self) -> str:
+        """``device_type``, else guessed from the vendor in ``name`` (NVIDIA/AMD -> cuda)."""
+        if self.device_type:
+            return self.device_type
+        lowered = self.name.lower()
+        if any(vendor in lowered for vendor in ("nvidia", "amd", "instinct", "h100", "h200", "a100", "b200")):
+            return "cuda"
+        if "gaudi" in lowered:
+            return "hpu"
+        return "cpu" if "cpu" in lowered or "xeon" in lowered or "epyc" in lowered else lowered
+
+    def with_profile(self, profile: HardwareProfile, *, force: bool = False) -> "HardwareSpec":
+        """This spec with measured curves attached; refuses another device type unless ``force``."""
+        check_device_type(profile, self.resolved_device_type, force=force)
+        sources = dict(self.sources, profile=profile.provenance)
+        return self.model_copy(update={"profile": profile, "sources": sources})
+
+    @classmethod
+    def from_profile(cls, profile: HardwareProfile, *, name: str | None = None) -> "HardwareSpec":
+        """A spec whose peaks are the best measured rates (a CPU, or a device without a preset).
+
+        Peak FLOP/s per dtype is the fastest measured GEMM; bandwidth the fastest element-wise
+        kernel; efficiencies are then the measured curves relative to those bests.
+        """
+        peaks = {dtype: curve.best_rate_per_s for dtype, curve in profile.gemm.items()}
+        where = f"measured: best rate in profile ({profile.provenance})"
+        return cls(
+            name=name or profile.device_name,
+            peak_flops=peaks,
+            matmul_efficiency=1.0,
+            memory_bytes=profile.memory_bytes,
+            memory_bandwidth_bytes_per_s=profile.memory.best_rate_per_s,
+            memory_bandwidth_efficiency=1.0,
+            sources={"peak_flops": where, "memory_bandwidth_bytes_per_s": where, "memory_bytes": where},
+            device_type=profile.device_type,
+            profile=profile,
+        )
 
     @property
     def achievable_memory_bandwidth_bytes_per_s(self) -> float:

@@ -1,0 +1,176 @@
+"""``HardwareProfile``: measured efficiency curves of one device type, as written by ``profilers``.
+
+A curve is raw measurement — the work per call (FLOPs, or bytes for memory-bound kernels and
+collectives), the median seconds and the relative spread of repeats — so every derived figure
+(achieved rate, efficiency against a spec's peak) is recomputed from data and never drifts.
+Interpolation is linear in log(work) on the achieved rate, clamped above the largest point;
+below the smallest point the time is held at the smallest point's time (a fixed per-call
+floor: launch and dispatch overhead dominate tiny kernels). Torch-free: the cost model reads
+profiles on machines without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PROFILE_SCHEMA_VERSION = 1
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class MeasuredCurve(BaseModel):
+    """Median seconds of one operator at increasing work per call, with provenance."""
+
+    model_config = _STRICT
+
+    work: tuple[float, ...] = Field(description="FLOPs (compute curves) or bytes (memory, collectives) per call")
+    seconds: tuple[float, ...] = Field(description="median wall seconds per call")
+    spread: tuple[float, ...] = Field(description="(p90 - p10) / median of the repeats")
+    labels: tuple[str, ...] = Field(default=(), description="shape of each point, e.g. 'm=256 n=256 k=256'")
+    source: str = Field(description="'measured: <how, where, when>'")
+
+    @model_validator(mode="after")
+    def _check(self) -> "MeasuredCurve":
+        if not self.work:
+            raise ValueError("work (()) must hold at least one point")
+        for name in ("seconds", "spread") + (("labels",) if self.labels else ()):
+            if len(getattr(self, name)) != len(self.work):
+                raise ValueError(f"{name} has {len(getattr(self, name))} points, must match work ({len(self.work)})")
+        for name, low in (("work", 0.0), ("seconds", 0.0)):
+            for index, value in enumerate(getattr(self, name)):
+                if not math.isfinite(value) or value <= low:
+                    raise ValueError(f"{name}[{index}] ({value}) must be finite and > 0")
+        for index, value in enumerate(self.spread):
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"spread[{index}] ({value}) must be finite and >= 0")
+        if any(b <= a for a, b in zip(self.work, self.work[1:])):
+            raise ValueError(f"work ({list(self.work)}) must be strictly increasing")
+        if not self.source.startswith("measured"):
+            raise ValueError(f"source ({self.source!r}) must start with 'measured'")
+        return self
+
+    @property
+    def rates_per_s(self) -> np.ndarray:
+        return np.asarray(self.work) / np.asarray(self.seconds)
+
+    @property
+    def best_rate_per_s(self) -> float:
+        return float(self.rates_per_s.max())
+
+    def rate_per_s(self, work):
+        """Achieved work/s at ``work`` per call (vectorized; see the module docstring)."""
+        work = np.asarray(work, dtype=np.float64)
+        grid = np.log(np.asarray(self.work))
+        inside = np.interp(np.log(np.maximum(work, 1e-300)), grid, self.rates_per_s)
+        floor = work / self.seconds[0]  # constant time below the smallest measured call
+        return np.where(work < self.work[0], np.minimum(floor, self.rates_per_s[0]), inside)
+
+    def time_s(self, work):
+        """Predicted seconds per call at ``work`` (vectorized)."""
+        work = np.asarray(work, dtype=np.float64)
+        return np.where(work > 0, work / np.maximum(self.rate_per_s(work), 1e-300), 0.0)
+
+
+class HardwareProfile(BaseModel):
+    """Measured curves of one device type; ``topology.HardwareSpec.with_profile`` attaches it.
+
+    Keys: ``gemm`` and ``attention`` and ``grouped_gemm`` by dtype (work = FLOPs per call),
+    ``memory`` (element-wise and norm kernels, work = bytes read + written per call),
+    ``collectives[op][group_size]`` (work = message bytes per rank, nccl-tests "size").
+    ``kernel_overhead_s`` is the fixed host cost of one operator launch (dispatch, autograd
+    bookkeeping), fitted as the intercept of time versus work of the smallest kernels.
+    """
+
+    model_config = _STRICT
+
+    schema_version: Literal[1] = PROFILE_SCHEMA_VERSION
+    device_type: str = Field(min_length=1, description="torch device type: cpu, cuda, xpu, mps, ...")
+    device_name: str = Field(min_length=1)
+    num_threads: int = Field(gt=0, description="intra-op threads per rank while measuring")
+    torch_version: str
+    created_utc: str
+    provenance: str
+    memory_bytes: float = Field(gt=0, description="memory of one device (host RAM per rank on cpu)")
+    kernel_overhead_s: float = Field(ge=0)
+    gemm: dict[str, MeasuredCurve]
+    attention: dict[str, MeasuredCurve] = Field(default_factory=dict)
+    grouped_gemm: dict[str, MeasuredCurve] = Field(default_factory=dict)
+    memory: MeasuredCurve
+    collectives: dict[str, dict[int, MeasuredCurve]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> "HardwareProfile":
+        if not self.gemm:
+            raise ValueError("gemm ({}) must hold at least one dtype")
+        if not self.provenance.startswith("measured"):
+            raise ValueError(f"provenance ({self.provenance!r}) must start with 'measured'")
+        for op, by_size in self.collectives.items():
+            for size in by_size:
+                if size < 2:
+                    raise ValueError(f"collectives[{op!r}] group size ({size}) must be >= 2")
+        return self
+
+    def gemm_curve(self, dtype: str) -> MeasuredCurve:
+        """The GEMM curve of ``dtype``, else fp32's (a CPU without bf16 kernels), else an error."""
+        for key in (dtype, "fp32"):
+            if key in self.gemm:
+                return self.gemm[key]
+        raise ValueError(f"gemm has no curve for dtype {dtype!r}; measured: {sorted(self.gemm)}")
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(self.model_dump_json(indent=1) + "\n")
+        return path
+
+
+def _error_lines(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "(document)"
+        lines.append(f"field '{where}': {item['msg']}")
+    return "; ".join(lines)
+
+
+def parse_hardware_profile(document: dict, *, origin: str = "profile") -> HardwareProfile:
+    """Validate a decoded profile; raise ``ValueError`` naming each bad or missing field."""
+    if not isinstance(document, dict):
+        raise ValueError(f"{origin}: must be a JSON object, got {type(document).__name__}")
+    try:
+        return HardwareProfile.model_validate(document)
+    except ValidationError as error:
+        raise ValueError(f"hardware profile {origin} is invalid: {_error_lines(error)}") from None
+
+
+def load_hardware_profile(
+    path: str | Path, *, expected_device_type: str | None = None, force: bool = False
+) -> HardwareProfile:
+    """Read and validate a profile JSON file.
+
+    Raises ``ValueError`` naming the file and the missing or corrupted field, and — unless
+    ``force`` — when ``expected_device_type`` is given and differs from the profile's.
+    """
+    path = Path(path)
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"hardware profile ({path}) does not exist") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"hardware profile {path} is not valid JSON: {error}") from None
+    profile = parse_hardware_profile(document, origin=str(path))
+    check_device_type(profile, expected_device_type, force=force)
+    return profile
+
+
+def check_device_type(profile: HardwareProfile, expected: str | None, *, force: bool = False) -> None:
+    """Refuse a profile measured on another device type unless ``force``."""
+    if expected is None or force or profile.device_type == expected:
+        return
+    raise ValueError(
+        f"device_type ({profile.device_type!r}, measured on {profile.device_name}) must match the "
+        f"target device type ({expected!r}); pass force=True (--force) to use it anyway"
+    )
