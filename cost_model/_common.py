@@ -1,0 +1,260 @@
+"""Vectorized primitives shared by the training and inference cost models.
+
+Every function takes arrays (or a config table, see ``cost_model._table``) and returns arrays;
+nothing here loops over configs. Three pieces:
+
+* **Pipeline stages.** Layers held by the *first*, a *middle* and the *last* pipeline rank
+  (``STAGES``), from the split rule of ``cost_model.split_layers`` (the middle chunks take the
+  remainder), so uneven splits cost what they cost. Arrays of shape ``(3, n)``. With ``pp == 1``
+  the three rows are the single rank; with ``pp == 2`` the middle row repeats the first.
+* **Parameters per device** by part, under TP, EP/ETP (Megatron-core parallel folding) and
+  attention data parallel, with the embedding on the first and the LM head on the last stage.
+* **Roofline and collectives.** ``op_time_s``: max(FLOPs / achievable FLOP/s, bytes /
+  achievable bandwidth) (Williams et al., "Roofline", CACM 2009). ``ranks_per_node``: how many
+  ranks of each axis group share a node, for Megatron's rank order (tp innermost, then cp, dp,
+  pp; MoE layers re-view dp*cp*tp as edp x ep x etp with etp innermost).
+  ``collective_time_s`` prices a collective with ``Cluster.collective_time``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Mapping
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from cost_model._model_spec import AttentionSpec, ModelSpec
+
+STAGES: tuple[str, ...] = ("first", "middle", "last")
+
+#: Communication kinds of a step; each has an overlap fraction (see ``Calibration``).
+COMM_KINDS: tuple[str, ...] = ("tp_comm", "ep_comm", "cp_comm", "pp_comm", "dp_comm")
+
+#: Fraction of each communication kind that may hide behind independent compute, before any
+#: fit. TP and EP collectives sit on the critical path of the layer that needs their result
+#: (Megatron-LM's default; Narayanan et al. SC'21 sec. 3.4); the CP ring exchange of block
+#: k+1 runs under attention of block k (Liu et al., Ring Attention, arXiv:2310.01889);
+#: pipeline send/recv is blocking in 1F1B; bucketed gradient reduction (and ZeRO-3 parameter
+#: gathers) overlap backward compute (PyTorch DDP, Li et al. VLDB 2020; Megatron
+#: ``--overlap-grad-reduce``).
+DEFAULT_OVERLAP: dict[str, float] = {"tp_comm": 0.0, "ep_comm": 0.0, "cp_comm": 1.0, "pp_comm": 0.0, "dp_comm": 1.0}
+
+
+class Calibration(BaseModel):
+    """A few global efficiency parameters of one hardware type (never per run).
+
+    ``matmul_efficiency`` / ``memory_bandwidth_efficiency`` are end-to-end achievable fractions
+    of peak that replace the hardware's own (a measured efficiency curve is rescaled by the
+    same ratio); ``collective_efficiency`` divides every collective time; ``overlap`` overrides
+    ``DEFAULT_OVERLAP``. ``fit`` documents how the values were fitted (rows, residuals).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    device_pattern: str = Field(default=".*", description="regex matched against HardwareSpec.name")
+    matmul_efficiency: float | None = Field(default=None, gt=0, le=1)
+    memory_bandwidth_efficiency: float | None = Field(default=None, gt=0, le=1)
+    collective_efficiency: float = Field(default=1.0, gt=0, le=2)
+    overlap: dict[str, float] = Field(default_factory=dict)
+    fit: dict[str, Any] = Field(default_factory=dict)
+
+    def __hash__(self) -> int:
+        return hash(self.model_dump_json())
+
+    def matmul_scale(self, hardware) -> float:  # noqa: ANN001 - topology.HardwareSpec
+        return 1.0 if self.matmul_efficiency is None else self.matmul_efficiency / hardware.matmul_efficiency
+
+    def memory_scale(self, hardware) -> float:  # noqa: ANN001
+        if self.memory_bandwidth_efficiency is None:
+            return 1.0
+        return self.memory_bandwidth_efficiency / hardware.memory_bandwidth_efficiency
+
+    def overlap_fraction(self, kind: str) -> float:
+        if kind not in DEFAULT_OVERLAP:
+            raise ValueError(f"communication kind ({kind!r}) must be one of {list(DEFAULT_OVERLAP)}")
+        return float(self.overlap.get(kind, DEFAULT_OVERLAP[kind]))
+
+
+@lru_cache(maxsize=1)
+def _shipped_calibrations() -> tuple[Calibration, ...]:
+    text = (resources.files("cost_model") / "data" / "calibration.json").read_text()
+    return tuple(Calibration.model_validate(entry) for entry in json.loads(text)["calibrations"])
+
+
+def calibration_for(hardware) -> Calibration:  # noqa: ANN001 - topology.HardwareSpec
+    """The shipped calibration whose ``device_pattern`` matches ``hardware.name``, else neutral."""
+    for calibration in _shipped_calibrations():
+        if re.search(calibration.device_pattern, hardware.name):
+            return calibration
+    return Calibration()
+
+
+@dataclass(frozen=True)
+class StageLayout:
+    """Per pipeline rank (rows ``STAGES``) and config (columns): the layers it holds."""
+
+    layers: np.ndarray  # (3, n) transformer layers on the rank
+    moe_layers: np.ndarray  # (3, n) of which MoE layers
+    has_embedding: np.ndarray  # (3, n) bool
+    has_lm_head: np.ndarray  # (3, n) bool
+
+    @property
+    def dense_layers(self) -> np.ndarray:
+        return self.layers - self.moe_layers
+
+
+def _int(table: Mapping[str, np.ndarray], name: str) -> np.ndarray:
+    return np.asarray(table[name], dtype=np.int64)
+
+
+def stage_layout(*, model: ModelSpec, pp: np.ndarray, virtual_stages: np.ndarray) -> StageLayout:
+    """Layers per pipeline rank, vectorized ``split_layers`` over ``pp * virtual_stages`` chunks.
+
+    A rank of an interleaved schedule holds ``virtual_stages`` chunks; its middle chunks are
+    counted at the larger chunk size (worst case). The leading dense layers of an MoE model sit
+    on the first rank; any overflow goes to the next rank.
+    """
+    pp = np.asarray(pp, dtype=np.int64)
+    v = np.asarray(virtual_stages, dtype=np.int64)
+    total = model.num_layers
+    chunks = pp * v
+    base, extra = np.divmod(total, chunks)
+    middle_chunk = base + (extra > 0)
+    first_chunk = np.where(chunks == 1, total, base + ((extra == chunks - 1) & (extra > 0)))
+    last_chunk = np.where(chunks == 1, total, base)
+    first = first_chunk + (v - 1) * middle_chunk
+    last = np.where(pp == 1, first, last_chunk + (v - 1) * middle_chunk)
+    middle = np.where(pp >= 3, v * middle_chunk, first)
+    layers = np.stack([first, middle, last])
+    num_dense = model.num_dense_ffn_layers
+    dense_first = np.minimum(num_dense, first_chunk)
+    overflow = num_dense - dense_first
+    dense_middle = np.where(pp >= 3, np.minimum(overflow, middle), dense_first)
+    dense_last = np.where(pp == 1, dense_first, np.where(pp == 2, np.minimum(overflow, last), 0))
+    dense = np.stack([dense_first, dense_middle, dense_last])
+    has_embedding = np.stack([np.ones(pp.shape, dtype=bool), pp <= 2, pp == 1])
+    has_lm_head = np.stack([pp == 1, pp == 1, np.ones(pp.shape, dtype=bool)])
+    return StageLayout(layers=layers, moe_layers=layers - dense, has_embedding=has_embedding, has_lm_head=has_lm_head)
+
+
+def attention_parameters_per_device(*, model: ModelSpec, table: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Attention weights of one layer on one device: sharded by tp, whole under attention-DP."""
+    shard = np.where(np.asarray(table["attention_data_parallel"], dtype=bool), 1, _int(table, "tp"))
+    return model.attention_parameters() / shard
+
+
+def parameters_per_device(
+    *, model: ModelSpec, table: Mapping[str, np.ndarray], layout: StageLayout | None = None
+) -> dict[str, np.ndarray]:
+    """Parameters held by one device of each stage (rows ``STAGES``), by part.
+
+    Parts: ``attention`` (/tp, or whole under attention-DP), ``dense_ffn`` (/tp), ``routed_experts``
+    (num_routed_experts/ep experts of size ffn/etp, plus the rank's share of the
+    ``num_redundant_experts`` extra column, DeepSeek EPLB replicas), ``shared_experts`` (as
+    attention: /tp or whole under attention-DP), ``router`` and ``norms`` (replicated),
+    ``embedding`` and ``lm_head`` (vocab-parallel over tp, first/last stage; a tied head is
+    counted once per stage that holds it).
+    """
+    tp, ep, etp = _int(table, "tp"), _int(table, "ep"), _int(table, "etp")
+    if layout is None:
+        layout = stage_layout(model=model, pp=_int(table, "pp"), virtual_stages=_int(table, "virtual_stages"))
+    attention_dp = np.asarray(table["attention_data_parallel"], dtype=bool)
+    dense_shard = np.where(attention_dp, 1, tp)
+    parts = {
+        "attention": layout.layers * attention_parameters_per_device(model=model, table=table),
+        "dense_ffn": layout.dense_layers * (model.ffn_parameters(model.ffn_hidden_size) / tp),
+        "routed_experts": np.zeros(layout.layers.shape),
+        "shared_experts": np.zeros(layout.layers.shape),
+        "router": layout.moe_layers * float(model.router_parameters()),
+        "norms": layout.layers * float(model.layer_norm_parameters()) + layout.has_lm_head * model.final_norm_parameters(),
+    }
+    moe = model.moe
+    if moe is not None:
+        redundant = np.asarray(table.get("num_redundant_experts", 0), dtype=np.float64)
+        experts_per_rank = (moe.num_routed_experts + redundant) / ep
+        expert = model.ffn_parameters(moe.expert_ffn_hidden_size)
+        parts["routed_experts"] = layout.moe_layers * experts_per_rank * expert / etp
+        shared = moe.num_shared_experts * model.ffn_parameters(moe.shared_ffn_size)
+        parts["shared_experts"] = layout.moe_layers * (shared / dense_shard)
+    embedding = model.vocab_size * model.hidden_size / tp
+    positions = model.embedding_parameters() - model.vocab_size * model.hidden_size
+    parts["embedding"] = layout.has_embedding * (embedding + positions)
+    parts["lm_head"] = layout.has_lm_head * (model.vocab_size * model.hidden_size / tp) * (
+        (~layout.has_embedding) | (not model.tie_word_embeddings)
+    )
+    return parts
+
+
+def op_time_s(*, flops, bytes_moved, hardware, dtype: str, calibration: Calibration) -> np.ndarray:
+    """Roofline time of one kernel: max of compute and memory time (Williams et al. 2009).
+
+    Achievable FLOP/s = peak(dtype) x ``hardware.gemm_efficiency(flops)`` x the calibration's
+    matmul scale; achievable bandwidth = peak x ``hardware.memory_efficiency(bytes)`` x the
+    calibration's memory scale.
+    """
+    flops = np.asarray(flops, dtype=np.float64)
+    bytes_moved = np.asarray(bytes_moved, dtype=np.float64)
+    peak = hardware.peak_flops_for(dtype)
+    matmul = hardware.gemm_efficiency(flops, dtype) * calibration.matmul_scale(hardware)
+    memory = hardware.memory_efficiency(bytes_moved) * calibration.memory_scale(hardware)
+    compute_s = flops / (peak * matmul)
+    memory_s = bytes_moved / (hardware.memory_bandwidth_bytes_per_s * memory)
+    return np.maximum(compute_s, memory_s)
+
+
+def ranks_per_node(*, table: Mapping[str, np.ndarray], devices_per_node: int) -> dict[str, np.ndarray]:
+    """Ranks of one group of each axis that share a node, for Megatron's rank order.
+
+    Global rank = tp_index + tp*(cp_index + cp*(dp_index + dp*pp_index)): the group of an axis
+    has stride = product of the inner sizes, so ``min(size, max(1, devices_per_node // stride))``
+    of its members sit on one node. MoE layers view the dp*cp*tp ranks of a stage as
+    edp x ep x etp, etp innermost (Megatron-core parallel folding). ``dp_cp`` is the
+    gradient-reduction group of dense parameters (dp and cp are adjacent, stride tp).
+    """
+    tp, cp, dp = _int(table, "tp"), _int(table, "cp"), _int(table, "dp")
+    pp, ep, etp = _int(table, "pp"), _int(table, "ep"), _int(table, "etp")
+    edp = (dp * cp * tp) // (ep * etp)
+
+    def local(size: np.ndarray, stride: np.ndarray) -> np.ndarray:
+        return np.minimum(size, np.maximum(1, devices_per_node // stride))
+
+    return {
+        "tp": local(tp, 1),
+        "cp": local(cp, tp),
+        "dp": local(dp, tp * cp),
+        "dp_cp": local(dp * cp, tp),
+        "pp": local(pp, tp * cp * dp),
+        "etp": local(etp, 1),
+        "ep": local(ep, etp),
+        "edp": local(edp, etp * ep),
+    }
+
+
+def collective_time_s(*, cluster, op: str, group_size, ranks_per_node, message_bytes, calibration: Calibration) -> np.ndarray:
+    """``cluster.collective_time`` divided by the calibration's collective efficiency."""
+    seconds = cluster.collective_time(
+        op, group_size=group_size, ranks_per_node=ranks_per_node, message_bytes=message_bytes
+    )
+    return np.asarray(seconds, dtype=np.float64) / calibration.collective_efficiency
+
+
+def mean_attended_tokens(*, attention: AttentionSpec, sequence_tokens) -> np.ndarray:
+    """Mean keys a query attends to over a causal sequence of ``sequence_tokens`` tokens.
+
+    Query i (1-based) attends ``attention.attended_tokens(i)`` keys: i for full attention (mean
+    (S+1)/2), min(i, w) for a window or top-k budget w, a constant for linear attention.
+    Closed form of the mean of min(i, w): (w(w+1)/2 + (S-w)w)/S for S > w.
+    """
+    s = np.asarray(sequence_tokens, dtype=np.float64)
+    if attention.variant == "linear":
+        return np.full_like(s, attention.attended_tokens(1.0))
+    if attention.variant == "full":
+        return (s + 1.0) / 2.0
+    w = float(attention.window_tokens if attention.variant == "sliding_window" else attention.topk_tokens)
+    capped = (w * (w + 1.0) / 2.0 + (s - w) * w) / np.maximum(s, 1.0)
+    return np.where(s > w, capped, (s + 1.0) / 2.0)
