@@ -90,7 +90,7 @@ def test_ranks_per_node_follows_megatron_order() -> None:
     assert local["dp"].tolist() == [2, 4]
     assert local["cp"].tolist() == [1, 2]
     assert local["pp"].tolist() == [1, 1]
-    assert local["ep"].tolist() == [4, 8]
+    assert local["ep"].tolist() == [4, 1]
 
 
 def test_roofline_takes_the_slower_of_compute_and_memory() -> None:
