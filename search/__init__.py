@@ -1,4 +1,31 @@
 """Search over legal parallel layouts with Optuna (ask/tell), plus an exhaustive vectorized baseline.
-Never imports torch."""
+Never imports torch.
 
-__all__: list[str] = []
+* ``SearchSpace``: every legal layout of (model, world size, workload) as numpy tables.
+* ``find_plan``: the Optuna study (TPE by default, NSGA-II for Pareto fronts, brute force when
+  the space is small), with memory/SLO violations as constraints and resumable storages.
+* ``exhaustive_search``: the baseline that prices the whole space, for regret.
+"""
+
+from search._candidate import Candidate, SearchResult
+from search._exhaustive import ExhaustiveResult, exhaustive_search, regret
+from search._objective import METRICS, Objective, resolve_objective
+from search._space import SearchBounds, SearchSpace
+from search._storage import open_storage
+from search._study import SearchSettings, find_plan
+
+__all__ = [
+    "Candidate",
+    "ExhaustiveResult",
+    "METRICS",
+    "Objective",
+    "SearchBounds",
+    "SearchResult",
+    "SearchSettings",
+    "SearchSpace",
+    "exhaustive_search",
+    "find_plan",
+    "open_storage",
+    "regret",
+    "resolve_objective",
+]

@@ -1,0 +1,129 @@
+"""What the search optimizes, and how a table of layouts is priced and checked.
+
+An ``Objective`` names metrics of the vectorized cost model and their directions. Rows are
+feasible when they fit in memory and meet the workload's SLOs; every violation is reported as a
+normalized excess (``needed / allowed - 1``, > 0 means violated) so that Optuna's constraint
+handling (``Trial.set_constraint``) can rank infeasible points by how far off they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from cost_model import Inference, ModelSpec, Training
+from search._space import Table
+from topology import Cluster
+
+Direction = Literal["minimize", "maximize"]
+Estimator = Callable[..., dict]
+
+#: Named single metrics: name -> (cost-model column, direction).
+METRICS: dict[str, tuple[str, Direction]] = {
+    "step_time": ("step_time_s", "minimize"),
+    "throughput": ("tokens_per_s_per_device", "maximize"),
+    "tpot": ("tpot_s", "minimize"),
+    "ttft": ("ttft_s", "minimize"),
+    "memory": ("memory_per_device_bytes", "minimize"),
+    "memory_headroom": ("memory_headroom_bytes", "maximize"),
+}
+#: Multi-objective presets (Pareto fronts searched with NSGA-II).
+PARETO = {"training": ("step_time", "memory_headroom"), "inference": ("throughput", "tpot")}
+DEFAULT = {"training": "step_time", "inference": "throughput"}
+VIOLATIONS = ("memory", "ttft_slo", "tpot_slo", "cost_model")
+
+
+class Objective(BaseModel):
+    """Metric names (keys of ``METRICS``) with their columns and directions, first one primary."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    names: tuple[str, ...]
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return tuple(METRICS[name][0] for name in self.names)
+
+    @property
+    def directions(self) -> tuple[Direction, ...]:
+        return tuple(METRICS[name][1] for name in self.names)
+
+    @property
+    def is_multi(self) -> bool:
+        return len(self.names) > 1
+
+    def score(self, metrics: dict[str, np.ndarray]) -> np.ndarray:
+        """The primary metric oriented so that lower is better."""
+        values = np.asarray(metrics[self.columns[0]], dtype=np.float64)
+        return values if self.directions[0] == "minimize" else -values
+
+
+def resolve_objective(objective: str | tuple[str, ...] | Objective | None, workload: Training | Inference) -> Objective:
+    """``None`` -> the workload's default; ``"pareto"`` -> its two-objective preset; a name or names."""
+    if isinstance(objective, Objective):
+        return objective
+    if objective is None:
+        names: tuple[str, ...] = (DEFAULT[workload.kind],)
+    elif objective == "pareto":
+        names = PARETO[workload.kind]
+    else:
+        names = (objective,) if isinstance(objective, str) else tuple(objective)
+    for name in names:
+        if name not in METRICS:
+            raise ValueError(f"objective ({name!r}) must be one of {sorted(METRICS) + ['pareto']}")
+        if workload.kind == "training" and name in ("tpot", "ttft"):
+            raise ValueError(f"objective ({name!r}) is an inference metric; the workload is training")
+    if len(set(names)) != len(names) or len(names) > 2:
+        raise ValueError(f"objective ({names}) must name one or two distinct metrics")
+    return Objective(names=names)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Priced rows: cost-model metrics, normalized violations (> 0 violated) and feasibility."""
+
+    table: Table
+    metrics: dict[str, np.ndarray]
+    violations: dict[str, np.ndarray]
+
+    @property
+    def feasible(self) -> np.ndarray:
+        return np.all([v <= 0 for v in self.violations.values()], axis=0)
+
+    @property
+    def worst_violation(self) -> np.ndarray:
+        return np.max(np.stack(list(self.violations.values())), axis=0)
+
+
+def default_estimator() -> Estimator:
+    """``cost_model.estimate_table``, imported when first needed."""
+    import cost_model
+
+    estimate_table = getattr(cost_model, "estimate_table", None)
+    if estimate_table is None:
+        raise ValueError("cost_model.estimate_table is not available in this installation; pass estimator=")
+    return estimate_table
+
+
+def evaluate(*, model: ModelSpec, cluster: Cluster, workload: Training | Inference, table: Table, estimator: Estimator) -> Evaluation:
+    """Price every row of ``table`` with one call of ``estimator(model, cluster, workload, table)``."""
+    raw = estimator(model, cluster, workload, table)
+    capacity = cluster.memory_per_device_bytes
+    memory = np.asarray(raw["memory_per_device_bytes"], dtype=np.float64)
+    metrics = {name: np.asarray(value) for name, value in raw.items()}
+    metrics["memory_headroom_bytes"] = capacity - memory
+    violations = {"memory": memory / capacity - 1.0}
+    if isinstance(workload, Inference):
+        for name, slo in (("ttft_slo", workload.ttft_slo_s), ("tpot_slo", workload.tpot_slo_s)):
+            column = metrics.get(name.replace("_slo", "_s"))
+            if slo is not None and column is not None:
+                violations[name] = np.asarray(column, dtype=np.float64) / slo - 1.0
+    feasible_column = np.asarray(raw.get("feasible", np.ones(len(memory), dtype=bool)), dtype=bool)
+    others_ok = np.all([v <= 0 for v in violations.values()], axis=0)
+    # Infeasible for a reason of the cost model's own (e.g. no batch fits) while every limit we
+    # know holds: count it under "cost_model".
+    violations["cost_model"] = np.where(~feasible_column & others_ok, 1.0, 0.0)
+    return Evaluation(table=table, metrics=metrics, violations=violations)

@@ -1,0 +1,330 @@
+"""The search space: every legal parallel layout of one (model, cluster, workload), as numpy tables.
+
+A layout is split in two levels:
+
+* the **mesh** — the degrees ``tp, pp, cp, ep, etp`` (``dp`` follows from the world size) and,
+  for inference, ``attention_data_parallel``. The Optuna study samples these;
+* the **switches** — sequence parallel, ZeRO stage, pipeline schedule and virtual stages,
+  micro-batch size and recompute (training); batch size, KV dtype and redundant experts
+  (inference). For each mesh every legal switch combination is priced at once with the
+  vectorized cost model (a vectorized inner sweep), so one trial is one mesh.
+
+Legality comes from ``cost_model._rules`` only: each rule is applied to the distinct values of
+the fields it reads (a few hundred scalar checks), never re-implemented here. Combinations that
+are legal but equivalent (a pipeline schedule when ``pp == 1``, attention-DP when ``tp == 1``) are
+kept once, in a canonical form.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from cost_model import Inference, ModelSpec, ParallelConfig, Training, check_parallel_config, check_sequence_fits
+from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES, table_from_columns, table_row
+
+Table = dict[str, np.ndarray]
+
+MESH_AXES = ("tp", "pp", "cp", "ep", "etp")
+"""Axes the study samples; ``dp`` is derived as ``world / (tp * pp * cp)``."""
+
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "zero_bubble")
+
+
+class SearchBounds(BaseModel):
+    """Practical limits that keep the space to layouts people run; each is a documented choice,
+    not a legality rule. ``None`` means "no limit" (or, for ``max_tp_degree``, the node size)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tp_degree: int | None = Field(default=None, gt=0, description="default: devices per node")
+    max_etp_degree: int | None = Field(default=None, gt=0, description="default: devices per node")
+    max_cp_degree: int | None = Field(default=None, gt=0, description="default: 1 for inference, none for training")
+    max_micro_batch_size: int = Field(default=8, gt=0)
+    virtual_stage_choices: tuple[int, ...] = (2, 4)
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    recompute_policies: tuple[str, ...] = ("none", "selective", "full")
+    max_batch_size: int = Field(default=1024, gt=0, description="inference: sequences per model replica")
+    kv_dtypes: tuple[str, ...] | None = Field(default=None, description="default: the workload's kv_dtype and fp8")
+    redundant_expert_multiples: tuple[int, ...] = Field(default=(0, 1), description="x ep redundant slots")
+
+
+# ---------------------------------------------------------------------------- integer helpers
+def divisors(n: int) -> list[int]:
+    """All positive divisors of ``n``, ascending."""
+    if n <= 0:
+        raise ValueError(f"n ({n}) must be > 0")
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def powers_of_two_up_to(limit: int) -> list[int]:
+    return [1 << k for k in range(limit.bit_length()) if (1 << k) <= limit]
+
+
+def cross(left: Table, right: Table) -> Table:
+    """Cartesian product of two tables (every left row with every right row)."""
+    n_left, n_right = _rows(left), _rows(right)
+    out = {name: np.repeat(column, n_right) for name, column in left.items()}
+    out.update({name: np.tile(column, n_left) for name, column in right.items()})
+    return out
+
+
+def select(table: Table, mask: np.ndarray) -> Table:
+    return {name: column[mask] for name, column in table.items()}
+
+
+def concat(tables: list[Table]) -> Table:
+    tables = [t for t in tables if t]
+    if not tables:
+        return {}
+    return {name: np.concatenate([t[name] for t in tables]) for name in tables[0]}
+
+
+def _rows(table: Table) -> int:
+    return len(next(iter(table.values()))) if table else 0
+
+
+def legal_by_rule(table: Table, fields: tuple[str, ...], check: Callable[..., None]) -> np.ndarray:
+    """Apply the scalar rule ``check(**row)`` once per distinct value of ``fields``; True where it passes."""
+    if not _rows(table):
+        return np.zeros(0, dtype=bool)
+    keys = np.stack([table[f].astype(np.int64) for f in fields], axis=1)
+    unique, inverse = np.unique(keys, axis=0, return_inverse=True)
+    verdicts = np.empty(len(unique), dtype=bool)
+    for index, row in enumerate(unique):
+        try:
+            check(**{f: int(v) for f, v in zip(fields, row)})
+            verdicts[index] = True
+        except ValueError:
+            verdicts[index] = False
+    return verdicts[inverse.reshape(-1)]
+
+
+# ---------------------------------------------------------------------------- the space
+class SearchSpace:
+    """Every legal layout of ``model`` on ``world_size`` devices for ``workload``.
+
+    ``mesh`` is the table of legal meshes (columns ``dp tp pp cp ep etp attention_data_parallel``);
+    ``expand(mesh_rows)`` gives the full config table of those meshes (one row per legal switch
+    combination); ``size`` counts every legal layout.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: ModelSpec,
+        workload: Training | Inference,
+        world_size: int,
+        devices_per_node: int,
+        bounds: SearchBounds | None = None,
+    ) -> None:
+        if world_size <= 0:
+            raise ValueError(f"world_size ({world_size}) must be > 0")
+        self.model, self.workload, self.world_size = model, workload, world_size
+        self.devices_per_node = devices_per_node
+        self.bounds = bounds or SearchBounds()
+        self.is_training = isinstance(workload, Training)
+        self.mesh = _enumerate_meshes(self)
+        self._switch_cache: dict[tuple, Table] = {}
+        self.axis_choices = {axis: sorted(set(self.mesh[axis].tolist())) for axis in (*MESH_AXES, "attention_data_parallel")}
+
+    # -- sizes
+    @property
+    def num_meshes(self) -> int:
+        return _rows(self.mesh)
+
+    def switch_counts(self) -> np.ndarray:
+        """Legal switch combinations of each mesh row."""
+        return np.array([_rows(self._switches_for(i)) for i in range(self.num_meshes)], dtype=np.int64)
+
+    @property
+    def size(self) -> int:
+        return int(self.switch_counts().sum())
+
+    # -- tables
+    def expand(self, mesh_rows) -> Table:
+        """Full config table of the given mesh rows; column ``mesh_index`` says which row each came from."""
+        parts = []
+        for index in np.atleast_1d(np.asarray(mesh_rows, dtype=np.int64)):
+            mesh_row = {name: column[index : index + 1] for name, column in self.mesh.items()}
+            switches = self._switches_for(int(index))
+            part = cross(mesh_row, switches)
+            part["mesh_index"] = np.full(_rows(part), index, dtype=np.int64)
+            parts.append(part)
+        return table_from_columns(**concat(parts))
+
+    def iter_chunks(self, *, max_rows: int = 200_000) -> Iterator[Table]:
+        """The whole space, in tables of at most about ``max_rows`` rows."""
+        counts = self.switch_counts()
+        start = 0
+        while start < self.num_meshes:
+            stop, rows = start, 0
+            while stop < self.num_meshes and (rows == 0 or rows + counts[stop] <= max_rows):
+                rows += counts[stop]
+                stop += 1
+            yield self.expand(np.arange(start, stop))
+            start = stop
+
+    def find_mesh(self, **degrees: int | bool) -> int | None:
+        """Index of the mesh with these values (missing axes: any), or None if it is not legal."""
+        mask = np.ones(self.num_meshes, dtype=bool)
+        for name, value in degrees.items():
+            mask &= self.mesh[name] == value
+        hits = np.flatnonzero(mask)
+        return int(hits[0]) if len(hits) else None
+
+    def _switches_for(self, index: int) -> Table:
+        key = tuple(int(self.mesh[name][index]) for name in ("dp", "tp", "pp", "cp", "ep", "attention_data_parallel"))
+        if key not in self._switch_cache:
+            dp, tp, pp, cp, ep, attention_dp = key
+            if self.is_training:
+                table = _training_switches(self, dp=dp, tp=tp, pp=pp, cp=cp)
+            else:
+                table = _inference_switches(self, tp=tp, pp=pp, ep=ep)
+            self._switch_cache[key] = table
+        return self._switch_cache[key]
+
+
+def config_from_row(table: Table, index: int) -> ParallelConfig:
+    """The ``ParallelConfig`` of row ``index`` of a config table (extra columns ignored)."""
+    return table_row(table, index)
+
+
+def row_extras(table: Table, index: int) -> dict:
+    """Non-``ParallelConfig`` columns of row ``index`` (batch size, KV dtype, redundant experts...)."""
+    skip = set(ParallelConfig.model_fields) | {"mesh_index"}
+    return {k: (v[index].item() if hasattr(v[index], "item") else v[index]) for k, v in table.items() if k not in skip}
+
+
+# ---------------------------------------------------------------------------- meshes
+def _axis_values(space: SearchSpace, axis: str) -> list[int]:
+    bounds, world = space.bounds, space.world_size
+    limit = {
+        "tp": bounds.max_tp_degree or space.devices_per_node,
+        "etp": bounds.max_etp_degree or space.devices_per_node,
+        "cp": bounds.max_cp_degree or (world if space.is_training else 1),
+    }.get(axis, world)
+    return [d for d in divisors(world) if d <= limit]
+
+
+def _enumerate_meshes(space: SearchSpace) -> Table:
+    model, world = space.model, space.world_size
+    table: Table = {"tp": np.array(_axis_values(space, "tp"), dtype=np.int64)}
+    table = cross(table, {"pp": np.array(_axis_values(space, "pp"), dtype=np.int64)})
+    table = select(table, world % (table["tp"] * table["pp"]) == 0)
+    table = cross(table, {"cp": np.array(_axis_values(space, "cp"), dtype=np.int64)})
+    table = select(table, world % (table["tp"] * table["pp"] * table["cp"]) == 0)
+    table["dp"] = world // (table["tp"] * table["pp"] * table["cp"])
+    attention_choices = np.array([False] if space.is_training else [False, True])
+    table = cross(table, {"attention_data_parallel": attention_choices})
+    # attention-DP is the same layout as plain TP when tp == 1: keep one canonical form.
+    table = select(table, ~(table["attention_data_parallel"] & (table["tp"] == 1)))
+    table = _add_expert_axes(space, table)
+    table = select(table, _mesh_legal(space, table))
+    order = np.lexsort([table[a] for a in ("etp", "ep", "attention_data_parallel", "cp", "pp", "tp")])
+    return {name: column[order] for name, column in table.items()}
+
+
+def _add_expert_axes(space: SearchSpace, table: Table) -> Table:
+    if space.model.moe is None:
+        table["ep"] = np.ones(_rows(table), dtype=np.int64)
+        table["etp"] = np.ones(_rows(table), dtype=np.int64)
+        return table
+    experts = {"ep": np.array(_axis_values(space, "ep"), dtype=np.int64)}
+    experts = cross(experts, {"etp": np.array(_axis_values(space, "etp"), dtype=np.int64)})
+    table = cross(table, experts)
+    stage_ranks = table["dp"] * table["cp"] * table["tp"]
+    return select(table, stage_ranks % (table["ep"] * table["etp"]) == 0)
+
+
+def _mesh_legal(space: SearchSpace, table: Table) -> np.ndarray:
+    model = space.model
+    table = dict(table, stage_ranks=table["dp"] * table["cp"] * table["tp"])
+    legal = legal_by_rule(
+        table,
+        ("tp", "attention_data_parallel"),
+        lambda tp, attention_data_parallel: check_parallel_config(
+            ParallelConfig(tp=tp, attention_data_parallel=bool(attention_data_parallel)), model
+        ),
+    )
+    legal &= legal_by_rule(table, ("pp",), lambda pp: check_parallel_config(ParallelConfig(pp=pp), model))
+    legal &= legal_by_rule(
+        table,
+        ("stage_ranks", "ep", "etp"),
+        lambda stage_ranks, ep, etp: check_parallel_config(ParallelConfig(dp=stage_ranks, ep=ep, etp=etp), model),
+    )
+    sequence = space.workload.sequence_length_tokens if space.is_training else space.workload.prompt_tokens
+    legal &= legal_by_rule(table, ("cp",), lambda cp: check_sequence_fits(ParallelConfig(cp=cp), sequence))
+    return legal
+
+
+# ---------------------------------------------------------------------------- switches
+def _column(name: str, values: list, dtype=None) -> Table:
+    return {name: np.array(values, dtype=dtype)}
+
+
+def _pipeline_options(space: SearchSpace, pp: int) -> Table:
+    """(schedule, virtual_stages) pairs legal for ``pp``; with pp == 1 the schedule is moot: keep 1f1b."""
+    if pp == 1:
+        return {"pipeline_schedule": np.array([SCHEDULE_CODES["1f1b"]]), "virtual_stages": np.array([1], dtype=np.int64)}
+    schedules = list(PIPELINE_SCHEDULES) + ["interleaved_1f1b"] * len(space.bounds.virtual_stage_choices)
+    stages = [1] * len(PIPELINE_SCHEDULES) + list(space.bounds.virtual_stage_choices)
+    keep = []
+    for schedule, virtual in zip(schedules, stages):
+        try:
+            check_parallel_config(
+                ParallelConfig(pp=pp, pipeline_schedule=schedule, virtual_stages=virtual), space.model
+            )
+            keep.append((schedule, virtual))
+        except ValueError:
+            pass
+    return {
+        "pipeline_schedule": np.array([SCHEDULE_CODES[s] for s, _ in keep], dtype=np.int64),
+        "virtual_stages": np.array([v for _, v in keep], dtype=np.int64),
+    }
+
+
+def _training_switches(space: SearchSpace, *, dp: int, tp: int, pp: int, cp: int) -> Table:
+    workload, bounds = space.workload, space.bounds
+    sp_choices = []
+    for sp in (False, True):
+        try:
+            config = ParallelConfig(tp=tp, cp=cp, sequence_parallel=sp)
+            check_parallel_config(config, space.model)
+            check_sequence_fits(config, workload.sequence_length_tokens)
+            sp_choices.append(sp)
+        except ValueError:
+            pass
+    micro_batches = []
+    for size in powers_of_two_up_to(bounds.max_micro_batch_size):
+        try:
+            ParallelConfig(dp=dp, micro_batch_size=size).num_micro_batches(workload.global_batch_sequences)
+            micro_batches.append(size)
+        except ValueError:
+            pass
+    table = _column("sequence_parallel", sp_choices, bool)
+    table = cross(table, _column("zero_stage", list(bounds.zero_stages), np.int64))
+    table = cross(table, _pipeline_options(space, pp))
+    table = cross(table, _column("micro_batch_size", micro_batches, np.int64))
+    return cross(table, _column("recompute", [RECOMPUTE_CODES[p] for p in bounds.recompute_policies], np.int64))
+
+
+def kv_dtype_choices(space: SearchSpace) -> list[str]:
+    if space.bounds.kv_dtypes is not None:
+        return list(space.bounds.kv_dtypes)
+    return sorted({space.workload.kv_dtype, "fp8"}, key=["fp32", "bf16", "fp16", "fp8", "int8", "int4"].index)
+
+
+def _inference_switches(space: SearchSpace, *, tp: int, pp: int, ep: int) -> Table:
+    bounds, workload = space.bounds, space.workload
+    if workload.concurrency is not None:
+        batches = [workload.concurrency]
+    else:
+        batches = powers_of_two_up_to(bounds.max_batch_size)
+    table = _column("batch_size", batches, np.int64)
+    table = cross(table, _column("kv_dtype", kv_dtype_choices(space)))
+    redundant = [0] if ep == 1 or space.model.moe is None else sorted({m * ep for m in bounds.redundant_expert_multiples})
+    return cross(table, _column("num_redundant_experts", redundant, np.int64))

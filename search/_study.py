@@ -1,0 +1,279 @@
+"""``find_plan``: an Optuna study (ask/tell) over the meshes of a ``SearchSpace``.
+
+Each trial samples one *level* (index into the sorted legal values) per mesh axis; the levels are
+mapped to the nearest legal mesh (L1 distance in levels), so every trial prices a legal layout.
+Trials are asked in batches; the switch tables of the batch's meshes are priced with one call of
+the vectorized cost model, and each trial is told the value of its best row, with memory and SLO
+violations set as Optuna constraints (``Trial.set_constraint``). When the space has no more meshes
+than the trial budget, every mesh is enqueued instead (brute force). The last ``polish_fraction``
+of the budget walks the neighbours of the best mesh found (a local refinement, still as trials).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+import numpy as np
+import optuna
+from pydantic import BaseModel, ConfigDict, Field
+
+from cost_model import Inference, ModelSpec, ParallelConfig, Training
+from search._candidate import Candidate, SearchResult, best_row, candidate_at, pareto_rows
+from search._objective import Estimator, Objective, default_estimator, evaluate, resolve_objective
+from search._space import MESH_AXES, SearchBounds, SearchSpace, concat
+from search._storage import make_sampler, open_storage, study_name_for
+from topology import Cluster
+
+logger = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]
+
+
+class SearchSettings(BaseModel):
+    """Knobs of the study beyond the sampler, storage and seed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    batch_size: int = Field(default=16, gt=0, description="trials asked and priced together")
+    top_k: int = Field(default=5, gt=0, description="alternatives kept in the result")
+    polish_fraction: float = Field(default=0.3, ge=0, le=1)
+    brute_force_limit: int | None = Field(default=None, description="meshes; default: the trial budget")
+    bounds: SearchBounds = SearchBounds()
+    study_name: str | None = None
+
+
+class _Problem:
+    """The space plus what is needed to price it; caches priced meshes."""
+
+    def __init__(self, *, model, cluster, workload, objective: Objective, estimator: Estimator, bounds: SearchBounds):
+        self.model, self.cluster, self.workload, self.objective = model, cluster, workload, objective
+        self.estimator = estimator
+        self.space = SearchSpace(
+            model=model, workload=workload, world_size=cluster.num_devices,
+            devices_per_node=cluster.devices_per_node, bounds=bounds,
+        )
+        self.axes = [a for a in (*MESH_AXES, "attention_data_parallel") if len(self.space.axis_choices[a]) > 1]
+        self.levels = np.stack(
+            [np.searchsorted(self.space.axis_choices[a], self.space.mesh[a]) for a in self.axes], axis=1
+        ) if self.axes else np.zeros((self.space.num_meshes, 0), dtype=np.int64)
+        self.enqueued: set[int] = set()
+
+    def suggest(self, trial: optuna.Trial) -> int:
+        """Mesh index for the trial's sampled levels (nearest legal mesh)."""
+        wanted = np.array([trial.suggest_int(f"{a}_level", 0, len(self.space.axis_choices[a]) - 1) for a in self.axes])
+        if not self.axes:
+            return 0
+        return int(np.argmin(np.abs(self.levels - wanted).sum(axis=1)))
+
+    def level_params(self, mesh_index: int) -> dict[str, int]:
+        return {f"{a}_level": int(v) for a, v in zip(self.axes, self.levels[mesh_index])}
+
+    def price(self, mesh_indices: list[int]) -> dict[int, dict[str, Any]]:
+        """Best row (and local Pareto rows) of each mesh, with row-level infeasibility counts."""
+        table = self.space.expand(sorted(set(mesh_indices)))
+        evaluation = evaluate(model=self.model, cluster=self.cluster, workload=self.workload, table=table, estimator=self.estimator)
+        out = {}
+        for mesh in np.unique(table["mesh_index"]):
+            rows = np.flatnonzero(table["mesh_index"] == mesh)
+            counts = {name: int((v[rows] > 0).sum()) for name, v in evaluation.violations.items()}
+            best = candidate_at(evaluation, best_row(evaluation, self.objective, rows))
+            front = [candidate_at(evaluation, r).to_attrs() for r in pareto_rows(evaluation, self.objective, rows)] if self.objective.is_multi else []
+            out[int(mesh)] = {"best": best, "front": front, "rows": len(rows), "infeasible_rows": counts}
+        return out
+
+
+def find_plan(
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Training | Inference,
+    *,
+    objective: str | tuple[str, ...] | Objective | None = None,
+    n_trials: int = 200,
+    sampler: str | optuna.samplers.BaseSampler | None = None,
+    storage: str | None = None,
+    seed: int = 0,
+    settings: SearchSettings | None = None,
+    estimator: Estimator | None = None,
+    progress: Progress | None = None,
+    warm_start: ParallelConfig | None = None,
+) -> SearchResult:
+    """Search the legal layouts of ``model`` on ``cluster`` for ``workload``.
+
+    ``n_trials`` is the study's total budget of finished trials: with a persistent ``storage``
+    (``sqlite:///study.db``, any RDB URL, or ``journal:PATH``) a killed search resumes where it
+    stopped and several processes calling this with the same storage share one budget.
+    ``warm_start`` enqueues a known layout's mesh first (re-planning from a running plan).
+    Returns the ranked result; no feasible layout at all is a result too (``result.feasible``
+    is False) — ``autoparallel.find_plan`` turns it into ``InfeasiblePlanError``.
+    """
+    start = time.perf_counter()
+    settings = settings or SearchSettings()
+    objective = resolve_objective(objective, workload)
+    if n_trials <= 0:
+        raise ValueError(f"n_trials ({n_trials}) must be > 0")
+    problem = _Problem(
+        model=model, cluster=cluster, workload=workload, objective=objective,
+        estimator=estimator or default_estimator(), bounds=settings.bounds,
+    )
+    if problem.space.num_meshes == 0:
+        raise ValueError(
+            f"no legal layout of {model.name} on {cluster.num_devices} devices: every mesh breaks a rule "
+            f"of cost_model._rules (check heads, experts and layers against the world size)"
+        )
+    name = settings.study_name or study_name_for(
+        model=model.name, kind=workload.kind, world_size=cluster.num_devices, model_fingerprint=model.fingerprint(),
+        cluster=cluster.fingerprint(), workload=workload.model_dump(mode="json"), objective=objective.names,
+        bounds=settings.bounds.model_dump(mode="json"),
+    )
+    study = optuna.create_study(
+        storage=open_storage(storage), sampler=make_sampler(sampler, seed=seed, multi_objective=objective.is_multi),
+        study_name=name, directions=list(objective.directions), load_if_exists=True,
+    )
+    limit = settings.brute_force_limit if settings.brute_force_limit is not None else n_trials
+    method = "brute_force" if problem.space.num_meshes <= limit else _sampler_name(study.sampler)
+    _enqueue_initial(study, problem, method=method, warm_start=warm_start)
+    ran = _run_trials(study, problem, n_trials=n_trials, settings=settings, method=method, progress=progress)
+    return _collect(study, problem, method=method, ran=ran, elapsed_s=time.perf_counter() - start, storage=storage, settings=settings, seed=seed)
+
+
+def _sampler_name(sampler: optuna.samplers.BaseSampler) -> str:
+    return {"TPESampler": "tpe", "NSGAIISampler": "nsga2", "RandomSampler": "random"}.get(type(sampler).__name__, type(sampler).__name__)
+
+
+def _finished(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+
+
+def _enqueue_initial(study: optuna.Study, problem: _Problem, *, method: str, warm_start: ParallelConfig | None) -> None:
+    done = {t.user_attrs.get("mesh_index") for t in _finished(study)}
+    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    if waiting:
+        return  # a resumed study keeps its queue
+    if warm_start is not None:
+        index = problem.space.find_mesh(
+            dp=warm_start.dp, tp=warm_start.tp, pp=warm_start.pp, cp=warm_start.cp, ep=warm_start.ep,
+            etp=warm_start.etp, attention_data_parallel=warm_start.attention_data_parallel,
+        )
+        if index is not None and index not in done:
+            study.enqueue_trial(problem.level_params(index))
+    if method == "brute_force":
+        for index in range(problem.space.num_meshes):
+            if index not in done:
+                study.enqueue_trial(problem.level_params(index), skip_if_exists=False)
+
+
+def _run_trials(study, problem: _Problem, *, n_trials: int, settings: SearchSettings, method: str, progress) -> int:
+    cache: dict[int, dict[str, Any]] = {}
+    ran = 0
+    polish_from = int(n_trials * (1 - settings.polish_fraction))
+    while (done := len(_finished(study))) < n_trials:
+        if method != "brute_force" and done >= polish_from:
+            _enqueue_neighbours(study, problem, budget=min(settings.batch_size, n_trials - done))
+        trials = [study.ask() for _ in range(min(settings.batch_size, n_trials - done))]
+        meshes = [problem.suggest(trial) for trial in trials]
+        missing = [m for m in set(meshes) if m not in cache]
+        if missing:
+            cache.update(problem.price(missing))
+        for trial, mesh in zip(trials, meshes):
+            _tell(study, trial, mesh, cache[mesh], problem.objective)
+        ran += len(trials)
+        if progress is not None:
+            progress(min(done + len(trials), n_trials), n_trials)
+    return ran
+
+
+def _tell(study, trial: optuna.Trial, mesh: int, priced: dict[str, Any], objective: Objective) -> None:
+    best: Candidate = priced["best"]
+    trial.set_user_attr("mesh_index", mesh)
+    trial.set_user_attr("candidate", best.to_attrs())
+    trial.set_user_attr("infeasible_rows", priced["infeasible_rows"])
+    trial.set_user_attr("rows", priced["rows"])
+    if priced["front"]:
+        trial.set_user_attr("front", priced["front"])
+    for name, value in best.violations.items():
+        trial.set_constraint(name, max(float(value), 0.0) if not best.feasible else 0.0)
+    values = [float(np.clip(v, -1e30, 1e30)) for v in best.objective_values(objective)]
+    study.tell(trial, values)
+
+
+def _best_trial(study: optuna.Study, objective: Objective) -> optuna.trial.FrozenTrial | None:
+    ranked = _ranked_trials(_finished(study), objective)
+    return ranked[0] if ranked else None
+
+
+def _ranked_trials(trials, objective: Objective) -> list:
+    def key(trial):
+        candidate = Candidate.from_attrs(trial.user_attrs["candidate"])
+        return (not candidate.feasible, candidate.worst_violation if not candidate.feasible else candidate.score(objective))
+
+    return sorted((t for t in trials if "candidate" in t.user_attrs), key=key)
+
+
+def _enqueue_neighbours(study, problem: _Problem, *, budget: int) -> None:
+    """Enqueue up to ``budget`` unpriced meshes within L1 distance 2 (in levels) of the best."""
+    best = _best_trial(study, problem.objective)
+    if best is None or not problem.axes:
+        return
+    seen = {t.user_attrs.get("mesh_index") for t in study.get_trials(deepcopy=False)} | problem.enqueued
+    distance = np.abs(problem.levels - problem.levels[best.user_attrs["mesh_index"]]).sum(axis=1)
+    order = np.argsort(distance, kind="stable")
+    picked = [int(i) for i in order if 0 < distance[i] <= 2 and int(i) not in seen][:budget]
+    for index in picked:
+        problem.enqueued.add(index)
+        study.enqueue_trial(problem.level_params(index))
+
+
+def _collect(study, problem: _Problem, *, method, ran, elapsed_s, storage, settings, seed) -> SearchResult:
+    trials = _finished(study)
+    ranked_trials = _ranked_trials(trials, problem.objective)
+    ranked, seen = [], set()
+    for trial in ranked_trials:
+        candidate = Candidate.from_attrs(trial.user_attrs["candidate"], trial_number=trial.number)
+        if candidate.mesh_key() not in seen:
+            seen.add(candidate.mesh_key())
+            ranked.append(candidate)
+        if len(ranked) >= settings.top_k:
+            break
+    infeasible_trials: dict[str, int] = {}
+    infeasible_rows: dict[str, int] = {}
+    rows = 0
+    for trial in trials:
+        candidate = Candidate.from_attrs(trial.user_attrs["candidate"])
+        if not candidate.feasible:
+            reason = max(candidate.violations, key=candidate.violations.get)
+            infeasible_trials[reason] = infeasible_trials.get(reason, 0) + 1
+    for mesh_attrs in {t.user_attrs["mesh_index"]: t.user_attrs for t in trials}.values():
+        rows += mesh_attrs.get("rows", 0)
+        for name, count in mesh_attrs.get("infeasible_rows", {}).items():
+            infeasible_rows[name] = infeasible_rows.get(name, 0) + count
+    return SearchResult(
+        best=ranked[0], ranked=tuple(ranked), pareto=_pareto(trials, problem.objective),
+        objective=problem.objective, method=method, space_size=problem.space.size,
+        num_meshes=problem.space.num_meshes, num_trials=len(trials), num_trials_this_run=ran,
+        rows_evaluated=rows, infeasible_trials=infeasible_trials, infeasible_rows=infeasible_rows,
+        elapsed_s=elapsed_s, study_name=study.study_name, storage=storage,
+        settings={"sampler": method, "seed": seed, **settings.model_dump(mode="json", exclude={"study_name"})},
+    )
+
+
+def _pareto(trials, objective: Objective) -> tuple[Candidate, ...]:
+    if not objective.is_multi:
+        return ()
+    from search._candidate import non_dominated
+
+    pool = [Candidate.from_attrs(a, trial_number=t.number) for t in trials for a in t.user_attrs.get("front", [])]
+    pool = [c for c in pool if c.feasible]
+    if not pool:
+        return ()
+    points = np.array([[v if d == "minimize" else -v for v, d in zip(c.objective_values(objective), objective.directions)] for c in pool])
+    mask = non_dominated(points)
+    front = sorted((c for c, keep in zip(pool, mask) if keep), key=lambda c: c.objective_values(objective)[0])
+    unique, seen = [], set()
+    for c in front:
+        key = (c.config, tuple(sorted(c.extras.items())))
+        if key not in seen:
+            seen.add(key)
+            unique.append(c)
+    return tuple(unique)
