@@ -41,7 +41,7 @@ from autoparallel._plan import ExpertPlacement, ShardingPlan
 __all__ = [
     "ExpertParallel",
     "ExpertParallelGroups",
-    "TokenDispatcher",
+    "AllToAllDispatcher",
     "all_to_all",
     "apply_expert_parallel",
     "expert_placement_for",
@@ -227,13 +227,14 @@ class _Routing:
     received_slot: torch.Tensor
 
 
-class TokenDispatcher:
-    """Routes tokens to the EP ranks holding their experts and back; callable as
-    ``dispatcher(hidden, topk_ids, topk_weights, experts) -> routed_output``.
+class AllToAllDispatcher:
+    """Routes tokens to the EP ranks holding their experts and back: the all-to-all
+    implementation of the reference model's ``TokenDispatcher`` protocol,
+    ``dispatcher(tokens, weights, expert_ids, experts) -> routed_output``.
 
-    ``hidden`` is ``[tokens, hidden]``, ``topk_ids``/``topk_weights`` ``[tokens, top_k]`` (global
-    expert ids), ``experts`` maps ``str(global id)`` to this rank's expert modules. The output is
-    ``sum_k weight_k * expert_k(hidden)`` per token, the routed part of the MoE block.
+    ``tokens`` is ``[T, hidden]``, ``weights``/``expert_ids`` ``[T, top_k]`` (global expert ids),
+    ``experts`` maps ``str(global id)`` to this rank's expert modules. The output is
+    ``sum_k weight_k * expert_k(token)`` per token, the routed part of the MoE block.
     """
 
     def __init__(self, *, placement: ExpertPlacement, groups: ExpertParallelGroups) -> None:
@@ -254,8 +255,8 @@ class TokenDispatcher:
         self._num_replicas = torch.tensor([len(set(r)) for r in placement.expert_to_ranks], dtype=torch.long)
         self._slot = slot
 
-    def __call__(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts) -> torch.Tensor:
-        groups = self.groups
+    def __call__(self, tokens: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor, experts) -> torch.Tensor:
+        hidden, topk_weights, topk_ids, groups = tokens, weights, expert_ids, self.groups
         if groups.split_size > 1:
             sizes = _row_sizes(hidden.shape[0], groups.split_size)
             hidden = _SplitRows.apply(hidden, sizes, groups.split_rank, groups.split_group)
@@ -403,7 +404,7 @@ class ExpertParallel:
 
     groups: ExpertParallelGroups
     placement: ExpertPlacement
-    dispatcher: TokenDispatcher
+    dispatcher: AllToAllDispatcher
     blocks: list[tuple[str, nn.Module]] = field(default_factory=list)
 
     @property
@@ -479,8 +480,8 @@ def apply_expert_parallel(
     of expert FFNs) becomes an ``nn.ModuleDict`` keyed by global expert id holding only this
     rank's experts (FQNs such as ``mlp.experts.5.gate_proj.weight`` are kept), each expert is
     sliced over etp when ``etp > 1``, and the block's ``dispatcher`` attribute becomes an
-    all-to-all ``TokenDispatcher``. The MoE block must route through ``self.dispatcher(hidden,
-    topk_ids, topk_weights, self.experts)``, as the reference model in
+    ``AllToAllDispatcher``. The MoE block must route through ``self.dispatcher(tokens,
+    weights, expert_ids, self.experts)``, as the reference model in
     ``autoparallel.runtime`` does.
 
     Args:
@@ -501,7 +502,7 @@ def apply_expert_parallel(
     if len(num_experts) != 1:
         raise ValueError(f"expert containers hold different numbers of experts: {sorted(num_experts)}")
     placement = expert_placement_for(plan, num_experts=num_experts.pop())
-    dispatcher = TokenDispatcher(placement=placement, groups=groups)
+    dispatcher = AllToAllDispatcher(placement=placement, groups=groups)
     blocks = []
     for name, container in containers:
         block, child = _parent(model, name)

@@ -1,0 +1,208 @@
+"""Pipeline parallel with ``torch.distributed.pipelining``: stages from the plan's stage -> layer map.
+
+A plan's ``stages`` lists pipeline *chunks*: chunk ``c`` holds decoder layers ``[start_layer,
+stop_layer)`` and runs on pipeline rank ``c % pp`` (interleaved schedules give a rank
+``virtual_stages`` chunks, the looped layout of Narayanan et al. SC'21, arXiv:2104.04473 sec.
+2.2). The first chunk also holds the embedding, the last the final norm and the LM head; layer
+counts may be uneven (``cost_model.split_layers``).
+
+A chunk module shares its submodules with the model it was cut from, so FQNs are unchanged
+(``model.layers.7.mlp.gate.weight`` stays that name on whichever rank holds layer 7) and the
+tensor, expert and data parallel passes that follow apply to it like to the whole model. The
+model's forward must skip a ``None`` embedding / norm / LM head and iterate ``layers.values()``
+of an ``nn.ModuleDict`` keyed by layer id, as ``ReferenceMoETransformer`` does.
+
+Schedules (the plan's ``pipeline_schedule``): ``gpipe`` (Huang et al. 2019), ``1f1b``
+(PipeDream-flush, Narayanan et al. 2021), ``interleaved_1f1b`` (same paper, sec. 2.2) and
+``zero_bubble`` (Qi et al. 2024, arXiv:2401.10241, torch's ``ScheduleInterleavedZeroBubble``).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+)
+
+from autoparallel._plan import ShardingPlan, StageLayers
+
+__all__ = ["Pipeline", "build_pipeline", "num_micro_batches_for", "split_stage_modules", "stage_chunks"]
+
+logger = logging.getLogger(__name__)
+
+_SINGLE_STAGE_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+_MULTI_STAGE_SCHEDULES = {"interleaved_1f1b": ScheduleInterleaved1F1B, "zero_bubble": ScheduleInterleavedZeroBubble}
+
+
+def _shallow_copy(module: nn.Module) -> nn.Module:
+    """A new module object sharing every parameter, buffer and child with ``module``."""
+    clone = copy.copy(module)
+    clone._modules = dict(module._modules)
+    clone._parameters = dict(module._parameters)
+    clone._buffers = dict(module._buffers)
+    return clone
+
+
+def _check_layout(model: nn.Module, plan: ShardingPlan) -> None:
+    """The module must have the HF causal-LM layout with layers in a ModuleDict keyed by id."""
+    backbone = getattr(model, "model", None)
+    layers = getattr(backbone, "layers", None)
+    if not isinstance(layers, nn.ModuleDict) or not all(hasattr(backbone, n) for n in ("embed_tokens", "norm")):
+        raise ValueError(
+            f"module ({type(model).__name__}) must have model.embed_tokens, model.layers (an nn.ModuleDict "
+            "keyed by layer id), model.norm and lm_head to be split into pipeline stages"
+        )
+    expected = plan.stages[-1].stop_layer if plan.stages else 0
+    if len(layers) != expected:
+        raise ValueError(f"module has {len(layers)} layers; the plan's stages cover {expected} layers")
+    lm_head = getattr(model, "lm_head", None)
+    if plan.config.pp > 1 and lm_head is not None and lm_head.weight is backbone.embed_tokens.weight:
+        raise ValueError("tied embeddings (lm_head.weight is embed_tokens.weight) are not supported with pp > 1")
+
+
+def stage_chunks(plan: ShardingPlan, pp_rank: int) -> list[StageLayers]:
+    """The chunks pipeline rank ``pp_rank`` runs, in chunk order."""
+    chunks = sorted((s for s in plan.stages if s.stage == pp_rank), key=lambda s: s.chunk)
+    if not chunks:
+        raise ValueError(f"the plan's stages give pipeline rank {pp_rank} no chunk (stages: {len(plan.stages)})")
+    return chunks
+
+
+def _cut(model: nn.Module, chunk: StageLayers, *, in_place: bool) -> nn.Module:
+    """The part of ``model`` one chunk runs (layers, plus embedding / norm and head at the ends)."""
+    top = model if in_place else _shallow_copy(model)
+    backbone = top.model if in_place else _shallow_copy(model.model)
+    keys = [str(i) for i in range(chunk.start_layer, chunk.stop_layer)]
+    backbone.layers = nn.ModuleDict({key: model.model.layers[key] for key in keys})
+    if not chunk.has_embedding:
+        backbone.embed_tokens = None
+    if not chunk.has_lm_head:
+        backbone.norm = None
+        top.lm_head = None
+    top.model = backbone
+    return top
+
+
+def split_stage_modules(model: nn.Module, *, plan: ShardingPlan, pp_rank: int) -> list[tuple[StageLayers, nn.Module]]:
+    """Cut ``model`` into the chunk modules pipeline rank ``pp_rank`` runs.
+
+    With one chunk per rank the model itself is cut in place (layers of other stages are dropped
+    and their memory can be freed); with several, each chunk is a shallow copy sharing the
+    model's submodules. Raises ``ValueError`` when the module does not match the plan's layers.
+    """
+    _check_layout(model, plan)
+    chunks = stage_chunks(plan, pp_rank)
+    if len(chunks) == 1:
+        return [(chunks[0], _cut(model, chunks[0], in_place=True))]
+    return [(chunk, _cut(model, chunk, in_place=False)) for chunk in chunks]
+
+
+def num_micro_batches_for(plan: ShardingPlan, *, local_batch_sequences: int | None = None) -> int:
+    """Micro-batches per step: the local batch (default: the plan's training batch / dp) divided
+    by ``config.micro_batch_size``; both must divide."""
+    config = plan.config
+    if local_batch_sequences is None:
+        global_batch = plan.provenance.workload.get("global_batch_sequences")
+        if not global_batch:
+            raise ValueError("the plan's workload has no global_batch_sequences; pass local_batch_sequences")
+        return config.num_micro_batches(int(global_batch))
+    if local_batch_sequences % config.micro_batch_size:
+        raise ValueError(
+            f"local_batch_sequences ({local_batch_sequences}) must be divisible by "
+            f"micro_batch_size ({config.micro_batch_size})"
+        )
+    return local_batch_sequences // config.micro_batch_size
+
+
+@dataclass
+class Pipeline:
+    """This rank's pipeline: its chunk modules, torch's stages and the schedule.
+
+    ``step(inputs, targets=...)`` runs one training step of all micro-batches (inputs are used
+    on the first stage, targets on the last) and returns the mean loss on the last stage, else
+    ``None``. ``schedule`` is torch's schedule object for anything else.
+    """
+
+    plan: ShardingPlan
+    modules: list[nn.Module]
+    chunks: list[StageLayers]
+    stages: list[PipelineStage]
+    schedule: Any
+    num_micro_batches: int
+
+    @property
+    def is_first(self) -> bool:
+        return any(chunk.has_embedding for chunk in self.chunks)
+
+    @property
+    def is_last(self) -> bool:
+        return any(chunk.has_lm_head for chunk in self.chunks)
+
+    def step(self, inputs: torch.Tensor | None = None, *, targets: torch.Tensor | None = None) -> torch.Tensor | None:
+        """One forward and backward pass of every micro-batch; gradients accumulate in the modules."""
+        losses: list[torch.Tensor] = []
+        for tensor, name in ((inputs, "inputs"), (targets, "targets")):
+            if tensor is not None and tensor.shape[0] % self.num_micro_batches:
+                raise ValueError(
+                    f"{name} batch ({tensor.shape[0]}) must be divisible by the number of micro-batches "
+                    f"({self.num_micro_batches})"
+                )
+        args = (inputs,) if self.is_first else ()
+        kwargs = {"target": targets, "losses": losses} if self.is_last else {}
+        self.schedule.step(*args, **kwargs)
+        return torch.stack(losses).mean().detach() if losses else None
+
+
+def build_pipeline(
+    stage_modules: list[tuple[StageLayers, nn.Module]],
+    *,
+    plan: ShardingPlan,
+    pp_group,
+    device: torch.device,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    num_micro_batches: int,
+) -> Pipeline:
+    """Wrap chunk modules in ``PipelineStage``s and build the plan's schedule.
+
+    Args:
+        stage_modules: ``split_stage_modules``'s result, after any tensor/expert/data parallel.
+        plan: names the schedule (``config.pipeline_schedule``) and the number of chunks.
+        pp_group: the pipeline process group (the dense mesh's ``pp`` axis).
+        device: the device the stages run on.
+        loss_fn: ``loss_fn(output, target) -> scalar`` on the last stage, a micro-batch mean.
+        num_micro_batches: micro-batches per step (``num_micro_batches_for``).
+    """
+    config = plan.config
+    num_chunks = config.pp * config.virtual_stages
+    stages = [
+        PipelineStage(module, chunk.chunk, num_chunks, device, group=pp_group) for chunk, module in stage_modules
+    ]
+    name = config.pipeline_schedule
+    if name in _SINGLE_STAGE_SCHEDULES:
+        if len(stages) != 1:
+            raise ValueError(f"pipeline_schedule ({name!r}) runs one chunk per rank; this rank has {len(stages)}")
+        schedule = _SINGLE_STAGE_SCHEDULES[name](stages[0], n_microbatches=num_micro_batches, loss_fn=loss_fn)
+    elif name in _MULTI_STAGE_SCHEDULES:
+        if name == "interleaved_1f1b" and num_micro_batches % config.pp:
+            raise ValueError(
+                f"num_micro_batches ({num_micro_batches}) must be divisible by pp ({config.pp}) "
+                "for pipeline_schedule 'interleaved_1f1b'"
+            )
+        schedule = _MULTI_STAGE_SCHEDULES[name](stages, n_microbatches=num_micro_batches, loss_fn=loss_fn)
+    else:  # the plan schema admits no other name; kept for a newer plan read by an older runtime
+        raise ValueError(f"pipeline_schedule ({name!r}) is not one of {sorted(_SINGLE_STAGE_SCHEDULES) + sorted(_MULTI_STAGE_SCHEDULES)}")
+    logger.info("pipeline: chunks %s, schedule %s, %d micro-batches", [c.chunk for c, _ in stage_modules], name, num_micro_batches)
+    return Pipeline(
+        plan=plan, modules=[module for _, module in stage_modules], chunks=[chunk for chunk, _ in stage_modules],
+        stages=stages, schedule=schedule, num_micro_batches=num_micro_batches,
+    )
