@@ -101,6 +101,7 @@ class HardwareProfile(BaseModel):
     attention: dict[str, MeasuredCurve] = Field(default_factory=dict)
     grouped_gemm: dict[str, MeasuredCurve] = Field(default_factory=dict)
     memory: MeasuredCurve
+    norm: MeasuredCurve | None = Field(default=None, description="RMS norm, work = bytes per call")
     collectives: dict[str, dict[int, MeasuredCurve]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -121,6 +122,15 @@ class HardwareProfile(BaseModel):
             if key in self.gemm:
                 return self.gemm[key]
         raise ValueError(f"gemm has no curve for dtype {dtype!r}; measured: {sorted(self.gemm)}")
+
+    def collective_time_s(self, op: str, group_size, message_bytes):
+        """Measured seconds of ``op`` (vectorized); NaN where that op or group size was not measured."""
+        sizes = np.asarray(group_size, dtype=np.float64)
+        nbytes = np.asarray(message_bytes, dtype=np.float64)
+        result = np.full(np.broadcast(sizes, nbytes).shape, np.nan)
+        for size, curve in self.collectives.get(op, {}).items():
+            result = np.where(sizes == size, curve.time_s(nbytes), result)
+        return result
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)

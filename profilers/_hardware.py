@@ -1,0 +1,122 @@
+"""``profile_hardware``: run the operator and collective points, return a ``HardwareProfile``.
+
+Under ``torch.distributed`` every rank measures the operator points at the same time (ranks
+share a host's cores and memory bandwidth in a real step too) and the per-rank medians are
+averaged; collectives are measured per group size. Without a process group only the operator
+points run.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import socket
+from collections import defaultdict
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from profilers._collectives import GroupCache, collective_points, measure_collective
+from profilers._ops import Point, ProfileGrid, operator_points, tiny_op_call
+from profilers._timing import Timing, current_device, device_memory_bytes, device_name, measure
+from topology import HardwareProfile, MeasuredCurve
+
+logger = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _mean_over_ranks(timing: Timing) -> Timing:
+    if not _distributed():
+        return timing
+    values = torch.tensor([timing.median_s, timing.p10_s, timing.p90_s], dtype=torch.float64)
+    dist.all_reduce(values)
+    values /= dist.get_world_size()
+    return Timing(median_s=float(values[0]), p10_s=float(values[1]), p90_s=float(values[2]), repeats=timing.repeats)
+
+
+def _measure_point(point: Point, *, device: torch.device, grid: ProfileGrid) -> Timing:
+    call = point.build(device)
+    if _distributed():
+        dist.barrier()
+    return _mean_over_ranks(measure(call, device=device, warmup=grid.warmup, repeats=grid.repeats))
+
+
+def _curve(rows: list[tuple[float, Timing, str]], source: str) -> MeasuredCurve:
+    """Sort by work; equal works (different shapes) keep the faster median."""
+    merged: dict[float, tuple[Timing, str]] = {}
+    for work, timing, label in rows:
+        if work not in merged or timing.median_s < merged[work][0].median_s:
+            merged[work] = (timing, label)
+    works = sorted(merged)
+    return MeasuredCurve(
+        work=tuple(works),
+        seconds=tuple(merged[w][0].median_s for w in works),
+        spread=tuple(merged[w][0].spread for w in works),
+        labels=tuple(merged[w][1] for w in works),
+        source=source,
+    )
+
+
+def count_points(grid: ProfileGrid, world_size: int) -> int:
+    """How many points ``profile_hardware`` measures (for a progress bar's total)."""
+    collectives = collective_points(ops=grid.collective_ops, message_bytes=grid.collective_bytes, world_size=world_size)
+    return len(operator_points(grid)) + (len(collectives) if world_size > 1 else 0) + 1
+
+
+def profile_hardware(*, grid: ProfileGrid, progress: Progress | None = None) -> HardwareProfile:
+    """Measure ``grid`` on the current device (and process group, if any); every rank returns
+    the same profile. ``progress(label)`` is called after each point."""
+    device = current_device()
+    world = dist.get_world_size() if _distributed() else 1
+    backend = dist.get_backend() if _distributed() else "none"
+    when = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+    source = (
+        f"measured: autoparallel profile, {world} {device.type} rank(s), backend {backend}, "
+        f"{torch.get_num_threads()} thread(s) per rank, host {socket.gethostname()}, {when}"
+    )
+    advance = progress or (lambda label: None)
+    families: dict[tuple[str, str], list] = defaultdict(list)
+    for point in operator_points(grid):
+        timing = _measure_point(point, device=device, grid=grid)
+        families[(point.family, point.key)].append((point.work, timing, point.label))
+        advance(f"{point.family} {point.key} {point.label}".replace("  ", " "))
+    overhead = _mean_over_ranks(measure(tiny_op_call(device), device=device, warmup=grid.warmup, repeats=grid.repeats))
+    advance("kernel overhead")
+    collectives = _profile_collectives(grid=grid, device=device, source=source, advance=advance) if world > 1 else {}
+    by_dtype = lambda family: {key: _curve(rows, source) for (fam, key), rows in families.items() if fam == family}
+    return HardwareProfile(
+        device_type=device.type,
+        device_name=device_name(device),
+        num_threads=torch.get_num_threads(),
+        torch_version=torch.__version__,
+        created_utc=when,
+        provenance=source,
+        memory_bytes=device_memory_bytes(device, ranks_per_host=world if device.type == "cpu" else 1),
+        kernel_overhead_s=overhead.median_s,
+        gemm=by_dtype("gemm"),
+        attention=by_dtype("attention"),
+        grouped_gemm=by_dtype("grouped_gemm"),
+        memory=_curve(families[("memory", "")], source),
+        norm=_curve(families[("norm", "")], source) if families.get(("norm", "")) else None,
+        collectives=collectives,
+    )
+
+
+def _profile_collectives(*, grid: ProfileGrid, device: torch.device, source: str, advance: Progress) -> dict:
+    groups = GroupCache()
+    rows: dict[tuple[str, int], list] = defaultdict(list)
+    points = collective_points(ops=grid.collective_ops, message_bytes=grid.collective_bytes, world_size=dist.get_world_size())
+    for point in points:
+        timing = measure_collective(point, groups=groups, device=device, warmup=grid.warmup, repeats=grid.repeats)
+        rows[(point.op, point.group_size)].append((float(point.message_bytes), timing, f"{point.message_bytes} B"))
+        advance(f"{point.op} n={point.group_size} {point.message_bytes} B")
+    curves: dict[str, dict[int, MeasuredCurve]] = defaultdict(dict)
+    for (op, size), op_rows in rows.items():
+        curves[op][size] = _curve(op_rows, source)
+    return dict(curves)

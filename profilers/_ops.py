@@ -1,0 +1,166 @@
+"""Operator measurement points: GEMM, fused attention (SDPA), grouped expert GEMM, element-wise
+and norm kernels, each a ``Point`` whose ``build`` allocates inputs and returns the timed call.
+
+Work per call (the x axis of every curve):
+  * GEMM ``m x k @ k x n``: 2·m·n·k FLOPs (one multiply-add = 2 FLOPs; Kaplan et al. 2020).
+  * causal attention over S tokens, H heads, head dim D, forward: the score and value products,
+    2·H·(D + D) FLOPs per attended key with (S + 1) / 2 keys per query on average — the same
+    count as ``cost_model.ModelSpec.attention_flops_per_token``.
+  * grouped expert GEMM, E experts x T tokens each, hidden h, expert FFN f: 2·E·T·h·f FLOPs.
+  * element-wise ``a + b`` over N elements: 3·N·bytes (two reads, one write); RMS norm: 2·N·bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class ProfileGrid(BaseModel):
+    """What to measure. ``tiny`` keeps a test under a few seconds; ``cpu`` and ``gpu`` are the
+    defaults of ``autoparallel profile`` on those devices."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dtypes: tuple[str, ...] = ("fp32", "bf16")
+    gemm_sizes: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024)
+    gemm_max_flops_low_precision: float = Field(default=float("inf"), gt=0, description="skip bigger bf16/fp16 GEMMs")
+    attention_sequence_tokens: tuple[int, ...] = (64, 128, 256, 512)
+    attention_num_heads: int = Field(default=4, gt=0)
+    attention_head_dim: int = Field(default=32, gt=0)
+    expert_tokens: tuple[int, ...] = (4, 16, 64, 256)
+    num_experts: int = Field(default=8, gt=0)
+    expert_hidden_size: int = Field(default=128, gt=0)
+    expert_ffn_hidden_size: int = Field(default=256, gt=0)
+    memory_elements: tuple[int, ...] = (1024, 16384, 262144, 1048576, 4194304)
+    collective_bytes: tuple[int, ...] = (4096, 65536, 1048576, 8388608)
+    collective_ops: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
+    warmup: int = Field(default=2, ge=0)
+    repeats: int = Field(default=7, ge=1)
+
+    @field_validator("dtypes")
+    @classmethod
+    def _known_dtypes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for dtype in value:
+            if dtype not in TORCH_DTYPES:
+                raise ValueError(f"dtypes entry ({dtype!r}) must be one of {sorted(TORCH_DTYPES)}")
+        if "fp32" not in value:
+            raise ValueError(f"dtypes ({list(value)}) must include 'fp32' (the fallback curve)")
+        return value
+
+    @classmethod
+    def preset(cls, name: str) -> "ProfileGrid":
+        """``tiny`` (tests, seconds), ``cpu`` (a minute or two), ``gpu`` (a few minutes)."""
+        presets = {"tiny": _TINY, "cpu": _CPU, "gpu": _GPU}
+        if name not in presets:
+            raise ValueError(f"grid ({name!r}) must be one of {sorted(presets)}")
+        return cls(**presets[name])
+
+
+_TINY = dict(
+    dtypes=("fp32",), gemm_sizes=(16, 64, 128), attention_sequence_tokens=(32, 64), expert_tokens=(4, 16),
+    num_experts=4, expert_hidden_size=32, expert_ffn_hidden_size=64, memory_elements=(1024, 65536),
+    collective_bytes=(4096, 65536), collective_ops=("all_reduce", "send_recv"), warmup=1, repeats=3,
+)
+_CPU = dict(gemm_max_flops_low_precision=2 * 256**3)
+_GPU = dict(
+    dtypes=("fp32", "bf16", "fp16"),
+    gemm_sizes=(256, 512, 1024, 2048, 4096, 8192, 16384),
+    attention_sequence_tokens=(512, 1024, 2048, 4096, 8192, 16384),
+    attention_num_heads=16, attention_head_dim=128,
+    expert_tokens=(16, 64, 256, 1024, 4096), num_experts=16, expert_hidden_size=4096, expert_ffn_hidden_size=2048,
+    memory_elements=(2**16, 2**20, 2**24, 2**27),
+    collective_bytes=(2**16, 2**20, 2**24, 2**27), warmup=5, repeats=15,
+)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measurement: ``family`` (gemm, attention, grouped_gemm, memory, norm), curve ``key``
+    (a dtype, or "" for memory curves), its work per call, and a builder of the timed call."""
+
+    family: str
+    key: str
+    label: str
+    work: float
+    build: Callable[[torch.device], Callable[[], object]]
+
+
+def _gemm_point(size: int, dtype: str) -> Point:
+    def build(device: torch.device) -> Callable[[], object]:
+        a = torch.randn(size, size, device=device, dtype=TORCH_DTYPES[dtype])
+        b = torch.randn(size, size, device=device, dtype=TORCH_DTYPES[dtype])
+        return lambda: torch.mm(a, b)
+
+    return Point("gemm", dtype, f"m=n=k={size}", 2.0 * size**3, build)
+
+
+def attention_flops(sequence_tokens: int, num_heads: int, head_dim: int) -> float:
+    """Causal forward FLOPs of one sequence (module docstring)."""
+    return sequence_tokens * 2.0 * num_heads * (2 * head_dim) * (sequence_tokens + 1) / 2.0
+
+
+def _attention_point(tokens: int, dtype: str, grid: ProfileGrid) -> Point:
+    heads, dim = grid.attention_num_heads, grid.attention_head_dim
+
+    def build(device: torch.device) -> Callable[[], object]:
+        shape = (1, heads, tokens, dim)
+        q, k, v = (torch.randn(shape, device=device, dtype=TORCH_DTYPES[dtype]) for _ in range(3))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        return lambda: sdpa(q, k, v, is_causal=True)
+
+    return Point("attention", dtype, f"S={tokens} H={heads} D={dim}", attention_flops(tokens, heads, dim), build)
+
+
+def _grouped_point(tokens: int, dtype: str, grid: ProfileGrid) -> Point:
+    experts, hidden, ffn = grid.num_experts, grid.expert_hidden_size, grid.expert_ffn_hidden_size
+
+    def build(device: torch.device) -> Callable[[], object]:
+        x = torch.randn(experts, tokens, hidden, device=device, dtype=TORCH_DTYPES[dtype])
+        w = torch.randn(experts, hidden, ffn, device=device, dtype=TORCH_DTYPES[dtype])
+        return lambda: torch.bmm(x, w)
+
+    label = f"E={experts} T={tokens} h={hidden} f={ffn}"
+    return Point("grouped_gemm", dtype, label, 2.0 * experts * tokens * hidden * ffn, build)
+
+
+def _memory_points(elements: int) -> list[Point]:
+    def build_add(device: torch.device) -> Callable[[], object]:
+        a, b = torch.randn(elements, device=device), torch.randn(elements, device=device)
+        return lambda: torch.add(a, b)
+
+    def build_norm(device: torch.device) -> Callable[[], object]:
+        width = min(elements, 1024)
+        x = torch.randn(elements // width, width, device=device)
+        weight = torch.ones(width, device=device)
+        return lambda: torch.nn.functional.rms_norm(x, (width,), weight)
+
+    return [
+        Point("memory", "", f"add N={elements}", 3.0 * 4 * elements, build_add),
+        Point("norm", "", f"rms_norm N={elements}", 2.0 * 4 * (elements // min(elements, 1024)) * min(elements, 1024), build_norm),
+    ]
+
+
+def operator_points(grid: ProfileGrid) -> list[Point]:
+    """Every operator point of ``grid``, in measurement order."""
+    points: list[Point] = []
+    for dtype in grid.dtypes:
+        for size in grid.gemm_sizes:
+            if dtype == "fp32" or 2.0 * size**3 <= grid.gemm_max_flops_low_precision:
+                points.append(_gemm_point(size, dtype))
+        points += [_attention_point(tokens, dtype, grid) for tokens in grid.attention_sequence_tokens]
+        points += [_grouped_point(tokens, dtype, grid) for tokens in grid.expert_tokens]
+    for elements in grid.memory_elements:
+        points += _memory_points(elements)
+    return points
+
+
+def tiny_op_call(device: torch.device) -> Callable[[], object]:
+    """A kernel doing almost no work: its time is the fixed per-operator launch cost."""
+    a, b = torch.ones(1, device=device), torch.ones(1, device=device)
+    return lambda: torch.add(a, b)

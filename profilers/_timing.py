@@ -1,0 +1,124 @@
+"""Device-agnostic timing: the current accelerator or the CPU, synchronized, median of repeats.
+
+``torch.accelerator.current_accelerator()`` is ``None`` on a CPU-only machine; the device module
+(``torch.get_device_module``) then is ``torch.cpu``, whose ``synchronize`` is a no-op. Kernels
+on an accelerator run asynchronously, so every timed region is bracketed by a synchronize.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+def current_device() -> torch.device:
+    """The current accelerator (cuda, xpu, mps, ...) or ``cpu``."""
+    accelerator = torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None
+    return torch.device(accelerator) if accelerator is not None else torch.device("cpu")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued kernels on ``device`` where its module can (no-op on cpu)."""
+    module = torch.get_device_module(device)
+    sync = getattr(module, "synchronize", None)
+    if sync is not None and device.type != "cpu":
+        sync()
+
+
+def device_name(device: torch.device) -> str:
+    """Human name of the device: the accelerator's product name, else the CPU model."""
+    if device.type != "cpu":
+        module = torch.get_device_module(device)
+        getter = getattr(module, "get_device_name", None)
+        if getter is not None:
+            return str(getter())
+        return device.type
+    return _cpu_model_name()
+
+
+def _cpu_model_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def device_memory_bytes(device: torch.device, *, ranks_per_host: int = 1) -> float:
+    """Memory of one device; on cpu the host RAM shared by ``ranks_per_host`` ranks."""
+    if device.type != "cpu":
+        module = torch.get_device_module(device)
+        return float(module.get_device_properties(device).total_memory)
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return float(total) / max(ranks_per_host, 1)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call: median and the 10th/90th percentiles of ``repeats`` samples."""
+
+    median_s: float
+    p10_s: float
+    p90_s: float
+    repeats: int
+
+    @property
+    def spread(self) -> float:
+        """Relative spread (p90 - p10) / median."""
+        return (self.p90_s - self.p10_s) / self.median_s if self.median_s > 0 else 0.0
+
+
+def _percentile(sorted_values: list[float], fraction: float) -> float:
+    position = fraction * (len(sorted_values) - 1)
+    low, high = math.floor(position), math.ceil(position)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
+
+
+def measure(
+    fn: Callable[[], object],
+    *,
+    device: torch.device,
+    warmup: int = 2,
+    repeats: int = 5,
+    min_sample_s: float = 2e-4,
+) -> Timing:
+    """Time ``fn``: ``warmup`` untimed calls, then ``repeats`` synchronized samples.
+
+    A sample runs ``fn`` back to back enough times to last ``min_sample_s`` (timer resolution
+    and a synchronize would otherwise dominate microsecond kernels) and reports seconds per call.
+    """
+    if warmup < 0 or repeats < 1:
+        raise ValueError(f"warmup ({warmup}) must be >= 0 and repeats ({repeats}) >= 1")
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    single = max(time.perf_counter() - start, 1e-9)
+    inner = max(1, min(1000, math.ceil(min_sample_s / single)))
+    samples = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        synchronize(device)
+        samples.append((time.perf_counter() - start) / inner)
+    samples.sort()
+    return Timing(
+        median_s=_percentile(samples, 0.5),
+        p10_s=_percentile(samples, 0.1),
+        p90_s=_percentile(samples, 0.9),
+        repeats=repeats,
+    )
