@@ -1,0 +1,410 @@
+"""``Retuner``: keep a running job's plan tuned — measure, recalibrate, re-plan, change if it pays.
+
+Used inside the user's training or inference loop::
+
+    retuner = ap.Retuner(plan, model=spec, cluster=cluster, workload=workload)
+    for step in range(num_steps):
+        ...one step...
+        decision = retuner.observe(StepMeasurement(step=step, step_time_s=..., expert_load=...))
+        if decision is not None and decision.changed:
+            plan = retuner.apply(decision, runtime=handle, optimizer=optimizer)
+
+Every ``every_n_steps`` steps ``observe`` compares the window's median step time, peak memory and
+expert load with the plan's prediction, recalibrates the cost model, re-searches warm-started
+from the current plan, and returns a ``RetuneDecision``. A change is chosen only when its
+predicted gain over the remaining horizon beats ``safety_factor`` times the change's cost; every
+candidate and the reason for the choice are logged (logger ``autoparallel.retune``).
+
+Changes, cheapest first: expert re-placement (EPLB-style replicas of hot experts, weights moved
+between EP ranks with collectives, outputs unchanged), micro-batch size/count (training) or batch
+size (inference), live; new tp/pp/ep degrees by a resharded ``torch.distributed.checkpoint``
+(``save_checkpoint`` under the old plan, ``load_checkpoint`` under the new). ``Retuner.recover``
+restarts after a lost rank on the largest legal world the survivors allow.
+
+This module imports torch only inside the methods that touch modules.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from typing import Any, Callable, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from autoparallel._expert_placement import balanced_placement, contiguous_placement, load_imbalance, placement_moves
+from autoparallel._plan import ExpertPlacement, ShardingPlan
+from cost_model import Inference, ModelSpec, ParallelConfig, Training
+
+__all__ = ["Calibration", "RetuneDecision", "RetuneSettings", "Retuner", "StepMeasurement"]
+
+logger = logging.getLogger("autoparallel.retune")
+
+ChangeKind = Literal["keep", "expert_placement", "micro_batch", "batch_size", "reshard"]
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+_COMPUTE_PARTS = ("compute", "recompute", "optimizer", "bubble", "prefill", "decode")
+
+
+class StepMeasurement(BaseModel):
+    """What one step of the running job measured (the step profiler fills it)."""
+
+    model_config = _STRICT
+
+    step: int = Field(ge=0)
+    step_time_s: float = Field(gt=0)
+    peak_memory_bytes: float | None = Field(default=None, ge=0)
+    expert_load: tuple[tuple[float, ...], ...] | None = Field(
+        default=None, description="tokens routed to each expert, [moe layer][expert], this step"
+    )
+    communication_time_s: float | None = Field(default=None, ge=0, description="exposed communication, if measured")
+
+
+class RetuneSettings(BaseModel):
+    """When to look, what a change may cost, what counts as noise. Each default is a stated choice."""
+
+    model_config = _STRICT
+
+    every_n_steps: int = Field(default=50, gt=0)
+    warmup_steps: int = Field(default=2, ge=0, description="first steps ignored: lazy init, allocator growth")
+    horizon_steps: int = Field(default=1000, gt=0, description="steps a change has to pay back over")
+    min_relative_gain: float = Field(default=0.03, ge=0, description="smaller gains are within measurement noise")
+    safety_factor: float = Field(default=1.5, ge=1.0, description="gain * horizon must exceed this x change cost")
+    num_redundant_experts: int | None = Field(default=None, ge=0, description="replica slots; default one per EP rank")
+    ranks_per_node: int | None = Field(default=None, gt=0, description="EP ranks per node; default the cluster's")
+    live_change_overhead_steps: float = Field(default=1.0, ge=0, description="a live change costs this many steps")
+    restart_overhead_s: float = Field(default=120.0, ge=0, description="relaunch + process-group init of a reshard")
+    checkpoint_bandwidth_bytes_per_s: float = Field(default=2e9, gt=0, description="per device, save and load")
+    search_trials: int = Field(default=48, gt=0)
+    seed: int = 0
+    allowed_changes: tuple[ChangeKind, ...] = ("expert_placement", "micro_batch", "batch_size", "reshard")
+
+
+class Calibration(BaseModel):
+    """Measured / predicted, fitted on one window of steps."""
+
+    model_config = _STRICT
+
+    method: str
+    time_scale: float = Field(gt=0, description="measured step time / (predicted x expert imbalance)")
+    communication_scale: float | None = None
+    memory_scale: float | None = None
+    expert_imbalance: float = Field(default=1.0, ge=1.0, description="max/mean tokens per EP rank, measured")
+
+
+class Candidate(BaseModel):
+    """One change the Retuner considered, priced with the calibrated model."""
+
+    model_config = _STRICT
+
+    kind: ChangeKind
+    plan: ShardingPlan
+    step_time_s: float
+    change_cost_s: float
+    gain_s_per_step: float
+    detail: str = ""
+
+
+class RetuneDecision(BaseModel):
+    """The Retuner's verdict on one window; ``plan`` is the plan to run next."""
+
+    model_config = _STRICT
+
+    kind: ChangeKind
+    plan: ShardingPlan
+    reason: str
+    step: int
+    measured_step_time_s: float
+    predicted_step_time_s: float
+    new_step_time_s: float
+    change_cost_s: float
+    calibration: Calibration
+    candidates: tuple[Candidate, ...] = ()
+    decision_latency_s: float = 0.0
+
+    @property
+    def changed(self) -> bool:
+        return self.kind != "keep"
+
+    @property
+    def gain_s_per_step(self) -> float:
+        return self.predicted_step_time_s - self.new_step_time_s
+
+
+def routed_expert_time_fraction(*, model: ModelSpec, context_tokens: float) -> float:
+    """Share of a token's forward FLOPs spent in routed experts (2 x active routed parameters,
+    Kaplan et al. 2020's 2N rule, over ``ModelSpec.forward_flops_per_token``)."""
+    if model.moe is None:
+        return 0.0
+    routed = model.active_parameter_breakdown()["routed_experts"]
+    return 2.0 * routed / model.forward_flops_per_token(context_tokens)
+
+
+class Retuner:
+    """Online re-tuning of one job's ``ShardingPlan``; see the module docstring for the loop.
+
+    Args:
+        plan: the plan the job runs now (its ``predicted`` cost is the baseline).
+        model, cluster, workload: what the plan was made for; re-planning uses the same.
+        settings: thresholds and cadence (``RetuneSettings``).
+        price: ``price(configs, extras) -> list[CostBreakdown | None]`` for candidate configs
+            (default: ``cost_model.estimate``); ``search``: ``search(current_plan) -> list[ShardingPlan]``,
+            the re-search warm-started from the current plan (default: ``autoparallel.find_plan``
+            with the current config enqueued as its first trial). Both are injectable for tests.
+    """
+
+    def __init__(
+        self,
+        plan: ShardingPlan,
+        *,
+        model: ModelSpec,
+        cluster,  # noqa: ANN001 - topology.Cluster
+        workload: Training | Inference,
+        settings: RetuneSettings | None = None,
+        price: Callable[..., Any] | None = None,
+        search: Callable[[ShardingPlan], list[ShardingPlan]] | None = None,
+    ) -> None:
+        if plan.predicted is None:
+            raise ValueError("plan.predicted (None) must hold the plan's predicted cost; build plans with find_plan")
+        self.plan, self.model, self.cluster, self.workload = plan, model, cluster, workload
+        self.settings = settings or RetuneSettings()
+        self._price = price
+        self._search = search
+        self._window: list[StepMeasurement] = []
+        self._steps_seen = 0
+        self.decisions: list[RetuneDecision] = []
+
+    # ------------------------------------------------------------------ the loop
+    def observe(self, measurement: StepMeasurement) -> RetuneDecision | None:
+        """Record one step; every ``every_n_steps`` steps return a decision (else ``None``)."""
+        self._steps_seen += 1
+        if self._steps_seen > self.settings.warmup_steps:
+            self._window.append(measurement)
+        if len(self._window) < self.settings.every_n_steps:
+            return None
+        decision = self.decide()
+        self._window = []
+        return decision
+
+    def decide(self, window: list[StepMeasurement] | None = None) -> RetuneDecision:
+        """Compare ``window`` (default: the steps observed since the last decision) with the plan's
+        prediction, recalibrate, re-plan, and choose; logs every candidate and the reason."""
+        window = list(self._window if window is None else window)
+        if not window:
+            raise ValueError("window (0 measurements) must hold at least one measured step")
+        started = time.perf_counter()
+        measured = statistics.median(m.step_time_s for m in window)
+        load = _summed_expert_load(window)
+        calibration = self.calibrate(window)
+        current = self._calibrated_time(self.plan.predicted, self.plan.config, calibration.expert_imbalance, calibration)
+        candidates = self._placement_candidates(load, calibration, current)
+        candidates += self._search_candidates(calibration, current, load)
+        decision = self._choose(candidates, window=window, measured=measured, current=current, calibration=calibration)
+        decision = decision.model_copy(update={"decision_latency_s": time.perf_counter() - started})
+        self.decisions.append(decision)
+        return decision
+
+    # ------------------------------------------------------------------ calibration
+    def calibrate(self, window: list[StepMeasurement]) -> Calibration:
+        """Fit measured / predicted on ``window`` (median step time).
+
+        The plan's prediction assumes balanced experts; the measured max/mean tokens per EP rank
+        ``r`` stretches the routed-expert share ``f`` of the step (expert GEMMs and the EP
+        all-to-all wait for the busiest rank), so the model is ``t = scale * t_pred * (1 + f (r - 1))``
+        and ``scale`` is the one number fitted. With measured communication time a second scale is
+        fitted for the communication parts; with measured peak memory, a memory scale.
+        """
+        predicted = self.plan.predicted
+        measured = statistics.median(m.step_time_s for m in window)
+        load = _summed_expert_load(window)
+        imbalance = 1.0
+        if load is not None and self.plan.config.ep > 1:
+            imbalance = load_imbalance(placement=self._placement(), expert_load=load)
+        stretch = 1.0 + self._expert_fraction(predicted) * (imbalance - 1.0)
+        communication = [m.communication_time_s for m in window if m.communication_time_s is not None]
+        predicted_comm = sum(v for k, v in predicted.time_s.items() if k.endswith("_comm"))
+        comm_scale = statistics.median(communication) / predicted_comm if communication and predicted_comm > 0 else None
+        memory = [m.peak_memory_bytes for m in window if m.peak_memory_bytes is not None]
+        memory_scale = max(memory) / predicted.memory_per_device_bytes if memory and predicted.memory_per_device_bytes else None
+        return Calibration(
+            method="scale fit (retune)",
+            time_scale=measured / (predicted.step_time_s * stretch),
+            communication_scale=comm_scale,
+            memory_scale=memory_scale,
+            expert_imbalance=max(1.0, imbalance),
+        )
+
+    def _expert_fraction(self, predicted) -> float:  # noqa: ANN001 - CostBreakdown
+        """Share of the predicted step that waits for the busiest EP rank."""
+        if predicted.step_time_s <= 0:
+            return 0.0
+        compute = sum(predicted.time_s.get(k, 0.0) for k in _COMPUTE_PARTS)
+        context = self._context_tokens()
+        routed = compute * routed_expert_time_fraction(model=self.model, context_tokens=context)
+        return min(1.0, (routed + predicted.time_s.get("ep_comm", 0.0)) / predicted.step_time_s)
+
+    def _context_tokens(self) -> float:
+        if isinstance(self.workload, Training):
+            return (self.workload.sequence_length_tokens + 1) / 2.0
+        return float(self.workload.prompt_tokens + self.workload.output_tokens / 2.0)
+
+    def _calibrated_time(self, predicted, config: ParallelConfig, imbalance: float, calibration: Calibration) -> float:  # noqa: ANN001
+        stretch = 1.0 + self._expert_fraction(predicted) * (max(imbalance, 1.0) - 1.0)
+        return calibration.time_scale * predicted.step_time_s * stretch
+
+    # ------------------------------------------------------------------ candidates
+    def _placement(self) -> ExpertPlacement:
+        if self.plan.expert_placement is not None:
+            return self.plan.expert_placement
+        return contiguous_placement(num_experts=self.model.moe.num_routed_experts, ep=self.plan.config.ep)
+
+    def _placement_candidates(self, load, calibration: Calibration, current: float) -> list[Candidate]:
+        if "expert_placement" not in self.settings.allowed_changes or load is None or self.plan.config.ep == 1:
+            return []
+        ep = self.plan.config.ep
+        redundant = ep if self.settings.num_redundant_experts is None else self.settings.num_redundant_experts
+        ranks_per_node = self.settings.ranks_per_node or min(ep, self.cluster.devices_per_node)
+        new = balanced_placement(
+            expert_load=load, ep=ep, num_redundant_experts=redundant, ranks_per_node=ranks_per_node
+        )
+        after = load_imbalance(placement=new, expert_load=load)
+        step_time = self._calibrated_time(self.plan.predicted, self.plan.config, after, calibration)
+        cost = self._placement_change_cost(new)
+        plan = self.plan.model_copy(update={"expert_placement": new})
+        detail = f"max/mean tokens per EP rank {calibration.expert_imbalance:.2f} -> {after:.2f}"
+        return [Candidate(kind="expert_placement", plan=plan, step_time_s=step_time, change_cost_s=cost,
+                          gain_s_per_step=current - step_time, detail=detail)]
+
+    def _placement_change_cost(self, new: ExpertPlacement) -> float:
+        """Seconds to move expert weights (and, training, gradients-free optimizer state): the
+        busiest receiver's bytes over one point-to-point link (``Cluster.collective_time``)."""
+        moves = placement_moves(old=self._placement(), new=new)
+        if not moves:
+            return 0.0
+        received = np.bincount([m.target_rank for m in moves], minlength=new.ep).max()
+        expert_parameters = self.model.ffn_parameters(self.model.moe.expert_ffn_hidden_size) / self.plan.config.etp
+        moe_layers_per_stage = -(-self.model.num_moe_layers // self.plan.config.pp)
+        bytes_per_parameter = self._state_bytes_per_parameter()
+        message = float(received * expert_parameters * moe_layers_per_stage * bytes_per_parameter)
+        ranks_per_node = min(new.ep, self.cluster.devices_per_node)
+        return float(self.cluster.collective_time("send_recv", group_size=2, ranks_per_node=min(2, ranks_per_node), message_bytes=message))
+
+    def _state_bytes_per_parameter(self) -> float:
+        from cost_model import dtype_bytes
+
+        if isinstance(self.workload, Inference):
+            return dtype_bytes(self.workload.weight_dtype)
+        weights = dtype_bytes(self.workload.precision)
+        if self.workload.optimizer == "adam":  # fp32 master + two moments (Rajbhandari et al. 2020, sec. 3.1)
+            return weights + (4.0 if self.workload.master_weights_fp32 else 0.0) + 8.0
+        return weights + (4.0 if self.workload.master_weights_fp32 else 0.0)
+
+    def _search_candidates(self, calibration: Calibration, current: float, load) -> list[Candidate]:
+        kinds = set(self.settings.allowed_changes) - {"expert_placement"}
+        if not kinds:
+            return []
+        out = []
+        for plan in self._research():
+            kind = _change_kind(self.plan.config, plan.config, self.workload)
+            if kind == "keep" or kind not in kinds or plan.predicted is None:
+                continue
+            if not self._fits(plan, calibration):
+                logger.info("retune: skip %s %s: calibrated memory exceeds the device", kind, _describe(plan.config))
+                continue
+            imbalance = 1.0
+            if load is not None and plan.config.ep > 1:
+                default = contiguous_placement(num_experts=self.model.moe.num_routed_experts, ep=plan.config.ep)
+                imbalance = load_imbalance(placement=plan.expert_placement or default, expert_load=load)
+            step_time = self._calibrated_time(plan.predicted, plan.config, imbalance, calibration)
+            out.append(Candidate(kind=kind, plan=plan, step_time_s=step_time, change_cost_s=self._change_cost(kind, current),
+                                 gain_s_per_step=current - step_time, detail=_describe(plan.config)))
+        return out
+
+    def _fits(self, plan: ShardingPlan, calibration: Calibration) -> bool:
+        scale = calibration.memory_scale or 1.0
+        return plan.predicted.memory_per_device_bytes * max(scale, 1.0) <= plan.predicted.memory_capacity_bytes
+
+    def _change_cost(self, kind: ChangeKind, current: float) -> float:
+        if kind in ("micro_batch", "batch_size"):
+            return self.settings.live_change_overhead_steps * current
+        memory = self.plan.predicted.memory_bytes
+        state = sum(memory.get(k, 0.0) for k in ("weights", "optimizer_states"))
+        return 2.0 * state / self.settings.checkpoint_bandwidth_bytes_per_s + self.settings.restart_overhead_s
+
+    def _research(self) -> list[ShardingPlan]:
+        """Plans from a search warm-started with the current plan (its config is the first trial)."""
+        if self._search is not None:
+            return list(self._search(self.plan))
+        from autoparallel.runtime._recovery import research_plans
+
+        return research_plans(
+            plan=self.plan, model=self.model, cluster=self.cluster, workload=self.workload,
+            n_trials=self.settings.search_trials, seed=self.settings.seed,
+        )
+
+    # ------------------------------------------------------------------ the choice
+    def _choose(self, candidates, *, window, measured: float, current: float, calibration: Calibration) -> RetuneDecision:
+        settings = self.settings
+        best, reasons = None, []
+        for candidate in sorted(candidates, key=lambda c: c.step_time_s):
+            payback = candidate.gain_s_per_step * settings.horizon_steps
+            relative = candidate.gain_s_per_step / current if current > 0 else 0.0
+            verdict = (
+                "gain below noise" if relative < settings.min_relative_gain
+                else "does not pay back its cost" if payback < settings.safety_factor * candidate.change_cost_s
+                else "accepted"
+            )
+            line = (f"{candidate.kind} ({candidate.detail}): {current:.4g} s -> {candidate.step_time_s:.4g} s per step "
+                    f"({relative:+.1%}), gain over {settings.horizon_steps} steps {payback:.3g} s vs change cost "
+                    f"{candidate.change_cost_s:.3g} s x {settings.safety_factor}: {verdict}")
+            logger.info("retune: %s", line)
+            reasons.append(line)
+            if verdict == "accepted" and (best is None or _net(best, settings) < _net(candidate, settings)):
+                best = candidate
+        step = window[-1].step
+        head = (f"measured {measured:.4g} s/step vs predicted {self.plan.predicted.step_time_s:.4g} s "
+                f"(scale {calibration.time_scale:.3g}, expert imbalance {calibration.expert_imbalance:.2f})")
+        if best is None:
+            reason = f"{head}; keep the plan: " + ("; ".join(reasons) if reasons else "no candidate")
+            logger.info("retune: step %d: %s", step, reason)
+            return RetuneDecision(kind="keep", plan=self.plan, reason=reason, step=step, measured_step_time_s=measured,
+                                  predicted_step_time_s=current, new_step_time_s=current, change_cost_s=0.0,
+                                  calibration=calibration, candidates=tuple(candidates))
+        reason = f"{head}; change {best.kind}: {best.detail}; predicted {current:.4g} -> {best.step_time_s:.4g} s/step, " \
+                 f"pays back {best.change_cost_s:.3g} s in {best.change_cost_s / best.gain_s_per_step:.1f} steps"
+        logger.info("retune: step %d: %s", step, reason)
+        return RetuneDecision(kind=best.kind, plan=best.plan, reason=reason, step=step, measured_step_time_s=measured,
+                              predicted_step_time_s=current, new_step_time_s=best.step_time_s,
+                              change_cost_s=best.change_cost_s, calibration=calibration, candidates=tuple(candidates))
+
+
+def _net(candidate: Candidate, settings: RetuneSettings) -> float:
+    return candidate.gain_s_per_step * settings.horizon_steps - candidate.change_cost_s
+
+
+def _summed_expert_load(window: list[StepMeasurement]) -> np.ndarray | None:
+    loads = [np.asarray(m.expert_load, dtype=np.float64) for m in window if m.expert_load is not None]
+    if not loads:
+        return None
+    return np.sum([load.sum(axis=0) if load.ndim == 2 else load for load in loads], axis=0)
+
+
+_DEGREES = ("dp", "tp", "pp", "cp", "ep", "etp", "attention_data_parallel", "virtual_stages")
+
+
+def _change_kind(old: ParallelConfig, new: ParallelConfig, workload) -> ChangeKind:  # noqa: ANN001
+    """What it takes to go from ``old`` to ``new``: nothing, a live change, or a reshard."""
+    if old == new:
+        return "keep"
+    if any(getattr(old, name) != getattr(new, name) for name in _DEGREES):
+        return "reshard"
+    rest = {k for k in ParallelConfig.model_fields if getattr(old, k) != getattr(new, k)}
+    if rest == {"micro_batch_size"}:
+        return "batch_size" if isinstance(workload, Inference) else "micro_batch"
+    return "reshard"  # schedule, recompute, ZeRO stage: rebuilt from a checkpoint like a degree change
+
+
+def _describe(config: ParallelConfig) -> str:
+    degrees = " ".join(f"{k}{getattr(config, k)}" for k in ("pp", "dp", "cp", "tp", "ep", "etp") if getattr(config, k) > 1)
+    return f"{degrees or 'single device'} mbs{config.micro_batch_size}"
