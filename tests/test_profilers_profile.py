@@ -1,0 +1,156 @@
+"""Hardware profiles: schema, rejection of bad files, interpolation, HardwareSpec/Cluster loading.
+
+Torch-free: these run where only the planning side is installed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import numpy as np
+import pytest
+
+from profilers import cluster_from_profile, fit_link
+from topology import HardwareProfile, HardwareSpec, MeasuredCurve, get_preset, load_hardware_profile
+
+SOURCE = "measured: synthetic test curve"
+
+
+def curve(work, seconds, spread=None):
+    return {"work": list(work), "seconds": list(seconds), "spread": list(spread or [0.1] * len(work)), "source": SOURCE}
+
+
+def profile_document(device_type: str = "cpu") -> dict:
+    gemm_work = [1e3, 1e5, 1e7, 1e9]
+    gemm_rates = [1e8, 5e9, 4e10, 5e10]
+    alpha, bandwidth = 2e-4, 1e9
+    sizes = [4096.0, 65536.0, 1048576.0, 8388608.0]
+    ring = lambda n, s: 2 * (n - 1) * alpha + 2 * (n - 1) / n * s / bandwidth  # noqa: E731
+    return {
+        "device_type": device_type,
+        "device_name": "Test CPU" if device_type == "cpu" else "NVIDIA Test GPU",
+        "num_threads": 1,
+        "torch_version": "2.13.0",
+        "created_utc": "2026-01-01T00:00:00+00:00",
+        "provenance": "measured: synthetic",
+        "memory_bytes": 8e9,
+        "kernel_overhead_s": 5e-6,
+        "gemm": {"fp32": curve(gemm_work, [w / r for w, r in zip(gemm_work, gemm_rates)])},
+        "memory": curve([1e4, 1e6, 1e8], [1e4 / 2e9, 1e6 / 2e10, 1e8 / 1e10]),
+        "collectives": {"all_reduce": {"2": curve(sizes, [ring(2, s) for s in sizes])}},
+    }
+
+
+def test_valid_document_round_trips_through_json(tmp_path):
+    profile = HardwareProfile.model_validate(profile_document())
+    path = profile.save(tmp_path / "profile.json")
+    assert load_hardware_profile(path) == profile
+    assert profile.collectives["all_reduce"][2].work[0] == 4096.0
+
+
+@pytest.mark.parametrize("field", ["gemm", "memory", "device_type", "kernel_overhead_s", "provenance"])
+def test_missing_field_is_rejected_by_name(tmp_path, field):
+    document = profile_document()
+    del document[field]
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(ValueError, match=f"field '{field}'"):
+        load_hardware_profile(path)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "named"),
+    [
+        (lambda d: d["gemm"]["fp32"]["seconds"].__setitem__(1, -1.0), "gemm.fp32"),
+        (lambda d: d["gemm"]["fp32"]["seconds"].__setitem__(2, "fast"), "gemm.fp32.seconds.2"),
+        (lambda d: d["memory"]["work"].reverse(), "memory"),
+        (lambda d: d["memory"]["spread"].pop(), "memory"),
+        (lambda d: d["collectives"]["all_reduce"]["2"].__setitem__("source", "guessed"), "collectives.all_reduce.2"),
+        (lambda d: d.__setitem__("memory_bytes", 0), "memory_bytes"),
+        (lambda d: d.__setitem__("gemm_typo", {}), "gemm_typo"),
+    ],
+)
+def test_corrupted_field_is_rejected_by_name(tmp_path, mutate, named):
+    document = profile_document()
+    mutate(document)
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(ValueError) as error:
+        load_hardware_profile(path)
+    assert named in str(error.value) and str(path) in str(error.value)
+
+
+def test_nan_and_broken_json_are_rejected(tmp_path):
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile_document())[:-20])
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_hardware_profile(path)
+    with pytest.raises(ValueError, match=r"seconds\[0\]"):
+        MeasuredCurve(work=(1.0,), seconds=(math.nan,), spread=(0.0,), source=SOURCE)
+    with pytest.raises(ValueError, match="does not exist"):
+        load_hardware_profile(tmp_path / "absent.json")
+
+
+def test_other_device_type_is_refused_unless_forced(tmp_path):
+    gpu = HardwareProfile.model_validate(profile_document("cuda"))
+    path = gpu.save(tmp_path / "gpu.json")
+    with pytest.raises(ValueError, match=r"device_type \('cuda'.* must match .*\('cpu'\)"):
+        load_hardware_profile(path, expected_device_type="cpu")
+    assert load_hardware_profile(path, expected_device_type="cpu", force=True).device_type == "cuda"
+    cpu = HardwareProfile.model_validate(profile_document("cpu"))
+    h100 = get_preset("dgx-h100").device
+    with pytest.raises(ValueError, match="force"):
+        h100.with_profile(cpu)
+    assert h100.with_profile(cpu, force=True).profile == cpu
+    assert h100.with_profile(gpu).sources["profile"] == gpu.provenance
+
+
+def test_curve_interpolates_in_log_work_and_floors_small_calls():
+    c = MeasuredCurve(work=(1e3, 1e5), seconds=(1e-5, 1e-5 * 100 / 10), spread=(0, 0), source=SOURCE)
+    rates = c.rate_per_s([1e3, 1e4, 1e5, 1e7])
+    assert rates[0] == pytest.approx(1e8) and rates[2] == pytest.approx(1e9)
+    assert rates[1] == pytest.approx((1e8 + 1e9) / 2)  # halfway in log(work)
+    assert rates[3] == pytest.approx(1e9)  # clamped above the largest point
+    assert c.time_s([1.0, 10.0, 1e3]) == pytest.approx([1e-5, 1e-5, 1e-5])  # constant floor below
+    assert c.time_s(np.ones((2, 3))).shape == (2, 3) and c.time_s(0.0) == 0.0
+
+
+def test_spec_from_profile_interpolates_measured_efficiency():
+    profile = HardwareProfile.model_validate(profile_document())
+    spec = HardwareSpec.from_profile(profile)
+    assert spec.peak_flops["fp32"] == pytest.approx(5e10) and spec.resolved_device_type == "cpu"
+    efficiency = spec.gemm_efficiency(np.array([1e3, 1e7, 1e9]), "fp32")
+    assert efficiency == pytest.approx([1e8 / 5e10, 0.8, 1.0])
+    with pytest.raises(ValueError, match="no entry for dtype 'bf16'"):
+        spec.gemm_efficiency(1e9, "bf16")  # no bf16 measured: no bf16 peak either
+    assert spec.memory_efficiency(1e6) == pytest.approx(1.0)
+    assert spec.memory_efficiency(1e8) == pytest.approx(0.5)
+    assert spec.attention_efficiency(1e7, "fp32") == pytest.approx(0.8)  # falls back to the GEMM curve
+    assert spec.kernel_overhead_s == 5e-6
+    # Without a profile the hooks stay the constant fractions.
+    preset = get_preset("dgx-h100").device
+    assert preset.gemm_efficiency(np.ones(3)).tolist() == [preset.matmul_efficiency] * 3
+    assert preset.kernel_overhead_s == 0.0
+
+
+def test_link_fit_recovers_alpha_beta_and_cluster_uses_profile():
+    profile = HardwareProfile.model_validate(profile_document())
+    latency, bandwidth, error = fit_link(profile)
+    assert latency == pytest.approx(2e-4, rel=1e-6) and bandwidth == pytest.approx(1e9, rel=1e-6) and error < 1e-9
+    cluster = cluster_from_profile(profile, num_devices=2)
+    assert cluster.num_devices == 2 and cluster.device.profile == profile
+    seconds = cluster.collective_time("all_reduce", group_size=2, ranks_per_node=2, message_bytes=1048576.0)
+    assert seconds == pytest.approx(2 * 2e-4 + 1048576 / 1e9, rel=0.01)  # 2(n-1) latency steps
+    no_collectives = HardwareProfile.model_validate({**profile_document(), "collectives": {}})
+    with pytest.raises(ValueError, match="collectives has no measured op"):
+        fit_link(no_collectives)
+
+
+def test_profile_is_hashable_and_frozen():
+    profile = HardwareProfile.model_validate(profile_document())
+    spec = HardwareSpec.from_profile(profile)
+    assert hash(spec) == hash(HardwareSpec.from_profile(copy.deepcopy(profile)))
+    with pytest.raises(Exception):
+        profile.kernel_overhead_s = 1.0  # type: ignore[misc]
