@@ -1,16 +1,21 @@
 """Analytical cost model: time and memory of a parallel layout of a transformer. Never imports torch."""
 
 from cost_model._breakdown import CostBreakdown, InfeasiblePlanError
+from cost_model._common import Calibration, EstimateOptions
+from cost_model._estimate import estimate, estimate_table
 from cost_model._model_spec import AttentionSpec, ModelSpec, MoESpec
 from cost_model._parallel import ParallelConfig
 from cost_model._rules import check_parallel_config, check_sequence_fits, split_layers
+from cost_model._table import configs_to_table, table_from_columns, table_length, table_row
 from cost_model._units import DTYPE_BYTES, dtype_bytes
 from cost_model._workload import Inference, Training, Workload
 
 __all__ = [
     "AttentionSpec",
+    "Calibration",
     "CostBreakdown",
     "DTYPE_BYTES",
+    "EstimateOptions",
     "InfeasiblePlanError",
     "Inference",
     "ModelSpec",
@@ -20,6 +25,12 @@ __all__ = [
     "Workload",
     "check_parallel_config",
     "check_sequence_fits",
+    "configs_to_table",
     "dtype_bytes",
+    "estimate",
+    "estimate_table",
     "split_layers",
+    "table_from_columns",
+    "table_length",
+    "table_row",
 ]

@@ -45,6 +45,58 @@ COMM_KINDS: tuple[str, ...] = ("tp_comm", "ep_comm", "cp_comm", "pp_comm", "dp_c
 DEFAULT_OVERLAP: dict[str, float] = {"tp_comm": 0.0, "ep_comm": 0.0, "cp_comm": 1.0, "pp_comm": 0.0, "dp_comm": 1.0}
 
 
+#: Parts of ``memory.<part>`` columns and of ``CostBreakdown.memory_bytes``, both halves.
+MEMORY_PARTS: tuple[str, ...] = (
+    "weights", "gradients", "optimizer_states", "activations", "kv_cache", "comm_buffers", "fragmentation"
+)
+#: ``reason`` column codes: 0 feasible; 1..7 the memory part that is largest when memory does
+#: not fit (``MEMORY_PARTS[code - 1]``); further codes for other reasons a row is infeasible.
+REASON_CODES: dict[str, int] = {
+    "feasible": 0,
+    **{part: index + 1 for index, part in enumerate(MEMORY_PARTS)},
+    "batch_not_divisible": 8,
+    "ttft_slo": 9,
+    "tpot_slo": 10,
+    "no_batch_fits": 11,
+}
+REASON_LABELS: dict[int, str] = {code: label for label, code in REASON_CODES.items()}
+
+
+def memory_reason(*, memory: Mapping[str, np.ndarray], capacity_bytes: float) -> np.ndarray:
+    """Reason code per row: 0 if the parts fit in ``capacity_bytes``, else 1 + index of the
+    largest ``MEMORY_PARTS`` part (the one to blame in ``InfeasiblePlanError``)."""
+    parts = [np.asarray(memory.get(part, 0.0), dtype=np.float64) for part in MEMORY_PARTS]
+    shape = np.broadcast_shapes(*(part.shape for part in parts))
+    stacked = np.stack([np.broadcast_to(part, shape) for part in parts])
+    total = stacked.sum(axis=0)
+    return np.where(total <= capacity_bytes, 0, 1 + np.argmax(stacked, axis=0))
+
+
+class EstimateOptions(BaseModel):
+    """How the modelled software runs; one per estimate (not per config).
+
+    ``flash_attention``: fused attention that never stores the s x s scores and skips the
+    masked half (Dao et al., FlashAttention, arXiv:2205.14135); off, the scores are
+    materialized, softmax/dropout are memory-bound passes over them and the full square is
+    multiplied (Megatron-LM 2021-22). ``hidden_dropout`` / ``attention_dropout``: GPT-style
+    dropout layers (their masks are stored: Korthikanti et al. 2022 sec. 4.1).
+    ``routing_imbalance``: tokens of the busiest expert rank over the mean (>= 1).
+    ``fragmentation_fraction``: allocator reserve as a fraction of the other memory parts.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    calibration: Calibration | None = None
+    flash_attention: bool = True
+    hidden_dropout: bool = False
+    attention_dropout: bool = False
+    routing_imbalance: float = Field(default=1.0, ge=1.0)
+    fragmentation_fraction: float = Field(default=0.05, ge=0.0, lt=1.0)
+
+    def calibration_for(self, hardware) -> "Calibration":  # noqa: ANN001
+        return self.calibration if self.calibration is not None else calibration_for(hardware)
+
+
 class Calibration(BaseModel):
     """A few global efficiency parameters of one hardware type (never per run).
 
@@ -190,18 +242,22 @@ def parameters_per_device(
     return parts
 
 
-def op_time_s(*, flops, bytes_moved, hardware, dtype: str, calibration: Calibration) -> np.ndarray:
-    """Roofline time of one kernel: max of compute and memory time (Williams et al. 2009).
+def op_time_s(
+    *, flops, bytes_moved, hardware, dtype: str, calibration: Calibration, calls=1.0
+) -> np.ndarray:
+    """Roofline time of ``calls`` equal kernels moving ``flops`` and ``bytes_moved`` in total:
+    max of compute and memory time (Williams et al., CACM 2009).
 
-    Achievable FLOP/s = peak(dtype) x ``hardware.gemm_efficiency(flops)`` x the calibration's
-    matmul scale; achievable bandwidth = peak x ``hardware.memory_efficiency(bytes)`` x the
-    calibration's memory scale.
+    Achievable FLOP/s = peak(dtype) x ``hardware.gemm_efficiency(flops / calls)`` x the
+    calibration's matmul scale; achievable bandwidth = peak x
+    ``hardware.memory_efficiency(bytes / calls)`` x the calibration's memory scale.
     """
     flops = np.asarray(flops, dtype=np.float64)
     bytes_moved = np.asarray(bytes_moved, dtype=np.float64)
+    calls = np.maximum(np.asarray(calls, dtype=np.float64), 1.0)
     peak = hardware.peak_flops_for(dtype)
-    matmul = hardware.gemm_efficiency(flops, dtype) * calibration.matmul_scale(hardware)
-    memory = hardware.memory_efficiency(bytes_moved) * calibration.memory_scale(hardware)
+    matmul = hardware.gemm_efficiency(flops / calls, dtype) * calibration.matmul_scale(hardware)
+    memory = hardware.memory_efficiency(bytes_moved / calls) * calibration.memory_scale(hardware)
     compute_s = flops / (peak * matmul)
     memory_s = bytes_moved / (hardware.memory_bandwidth_bytes_per_s * memory)
     return np.maximum(compute_s, memory_s)

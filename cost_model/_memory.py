@@ -1,0 +1,158 @@
+"""Training memory per device, vectorized over a config table, for each pipeline rank.
+
+* Model states (Rajbhandari et al., ZeRO, SC'20, sec. 3.1): 2 bytes per weight (bf16/fp16),
+  fp32 main gradients (4 bytes; Megatron-LM keeps them, which is why Korthikanti et al. 2022
+  Fig. 1 counts 18 bytes per parameter), and K = 12 bytes of Adam state (fp32 master, m, v;
+  SGD: master + momentum). ZeRO-1 shards the optimizer states, ZeRO-2 also the gradients,
+  ZeRO-3/FSDP also the weights; dense parameters over dp*cp, expert parameters over edp.
+* Activations per layer and micro-batch (Korthikanti et al., arXiv:2205.05198, sec. 4 and
+  Table 2): GPT's ``sbh(34 + 5as/h)`` written component by component so that GQA/MLA, SwiGLU and
+  MoE layers follow the same accounting — inputs of the norms, projections and FFN, Q/K/V and
+  the output-projection input, FFN intermediates, dropout masks, and the s x s scores (only
+  when attention is unfused). Without SP the hidden-size terms are replicated over tp; with SP
+  everything is split by tp. Selective recompute drops the scores; full recompute keeps each
+  layer's input (2sbh) and one layer's activations while it is recomputed.
+* Micro-batches in flight on pipeline rank r (Megatron-LM's warm-up counts): 1F1B and ZB-H1
+  hold p - r, GPipe all m, interleaved 1F1B ((p - r - 1) * 2 + (v - 1) * p + 1) / v in units of
+  the rank's layers — p + (p - 1)/v on the first rank (Korthikanti et al. sec. 4.2.3).
+* Communication buffers (TP/EP/PP receive buffers) and an allocator fragmentation reserve.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cost_model._common import MEMORY_PARTS, STAGES, memory_reason, parameters_per_device
+from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES
+from cost_model._training import ACTIVATION_BYTES, TrainingContext
+
+__all__ = ["memory_columns", "stage_memory"]
+
+
+def _model_state_bytes(ctx: TrainingContext) -> dict[str, np.ndarray]:
+    parts = parameters_per_device(model=ctx.model, table=ctx.table, layout=ctx.layout)
+    expert = parts.pop("routed_experts")
+    dense = sum(parts.values())
+    dp_cp = ctx.column("dp") * ctx.column("cp")
+    edp = dp_cp * ctx.column("tp") / (ctx.column("ep") * ctx.column("etp"))
+    zero = np.asarray(ctx.table["zero_stage"])
+    sharded = dense / dp_cp + expert / edp
+    whole = dense + expert
+    adam_states = 2.0 if ctx.workload.optimizer == "adam" else 1.0
+    state_bytes = 4.0 * (adam_states + (1.0 if ctx.workload.master_weights_fp32 else 0.0))
+    return {
+        "weights": np.where(zero >= 3, sharded, whole) * 2.0,
+        "gradients": np.where(zero >= 2, sharded, whole) * ctx.grad_bytes,
+        "optimizer_states": np.where(zero >= 1, sharded, whole) * state_bytes,
+    }
+
+
+def _layer_activation_bytes(ctx: TrainingContext, *, moe: bool) -> np.ndarray:
+    """Bytes one layer stores for one micro-batch on one rank, before recompute (shape (n,))."""
+    model, attention, options = ctx.model, ctx.model.attention, ctx.options
+    tp = ctx.column("tp")
+    tokens, h = ctx.tokens, model.hidden_size
+    sp = ctx.sequence_parallel
+    # Norm inputs (2), attention and FFN inputs, dropout masks (1 byte): replicated without SP.
+    hidden_terms = tokens * h * (4.0 * ACTIVATION_BYTES + (2.0 if options.hidden_dropout else 0.0))
+    replicated = np.where(sp, hidden_terms / tp, hidden_terms)
+    heads = attention.num_heads / tp
+    kv_heads = (attention.num_heads if attention.kind == "mla" else attention.num_kv_heads) / tp
+    qkv = heads * attention.qk_head_dim + kv_heads * (attention.qk_head_dim + attention.value_head_dim)
+    sharded = tokens * (qkv + heads * attention.value_head_dim) * ACTIVATION_BYTES
+    if attention.kind == "mla":  # the low-rank latents feed the up-projections
+        latents = attention.q_lora_rank + attention.kv_lora_rank + attention.qk_rope_head_dim
+        sharded = sharded + tokens * latents * ACTIVATION_BYTES
+    sharded = sharded + (_moe_activation_bytes(ctx) if moe else _ffn_activation_bytes(ctx, width=model.ffn_hidden_size / tp))
+    return replicated + sharded + _score_bytes(ctx)
+
+
+def _ffn_activation_bytes(ctx: TrainingContext, *, width) -> np.ndarray:
+    """FC1 output (gate and up for SwiGLU) and the activation output, per token."""
+    fc1 = 2.0 if ctx.model.ffn_activation == "swiglu" else 1.0
+    return ctx.tokens * width * (fc1 + 1.0) * ACTIVATION_BYTES
+
+
+def _moe_activation_bytes(ctx: TrainingContext) -> np.ndarray:
+    moe, h = ctx.model.moe, ctx.model.hidden_size
+    routed = ctx.moe_tokens * moe.top_k * ctx.options.routing_imbalance
+    fc1 = 2.0 if ctx.model.ffn_activation == "swiglu" else 1.0
+    experts = routed * (h + moe.expert_ffn_hidden_size * (fc1 + 1.0)) * ACTIVATION_BYTES
+    router = ctx.moe_tokens * moe.num_routed_experts * 4.0 * 2.0  # fp32 logits and probabilities
+    shared_width = moe.num_shared_experts * moe.shared_ffn_size / ctx.column("tp")
+    return experts + router + _ffn_activation_bytes(ctx, width=shared_width)
+
+
+def _score_bytes(ctx: TrainingContext) -> np.ndarray:
+    """Unfused attention stores softmax output (2 bytes), dropout mask (1) and output (2) per
+    score, the 5as^2b/t term; FlashAttention stores only an fp32 log-sum-exp per query."""
+    heads = ctx.model.attention.num_heads / ctx.column("tp")
+    if ctx.options.flash_attention:
+        return ctx.tokens * heads * 4.0
+    per_score = ACTIVATION_BYTES + (ACTIVATION_BYTES + 1.0 if ctx.options.attention_dropout else 0.0)
+    return ctx.tokens * heads * ctx.workload.sequence_length_tokens * per_score
+
+
+def _in_flight(ctx: TrainingContext) -> np.ndarray:
+    """Micro-batches of activations held by the first, a middle (rank 1) and the last rank."""
+    p, v, m = ctx.column("pp"), ctx.column("virtual_stages"), ctx.num_micro_batches
+    rank = np.stack([np.zeros_like(p), np.where(p >= 3, 1.0, 0.0), p - 1.0])
+    schedule = np.asarray(ctx.table["pipeline_schedule"])
+    warmup = np.where(schedule == SCHEDULE_CODES["interleaved_1f1b"], (p - rank - 1.0) * 2.0 + (v - 1.0) * p, p - rank - 1.0)
+    held = np.minimum((warmup + 1.0) / v, m)
+    return np.where(schedule == SCHEDULE_CODES["gpipe"], m, held)
+
+
+def _activation_bytes(ctx: TrainingContext) -> np.ndarray:
+    layout = ctx.layout
+    dense, moe = _layer_activation_bytes(ctx, moe=False), _layer_activation_bytes(ctx, moe=True)
+    full_layers = layout.dense_layers * dense + layout.moe_layers * moe
+    selective_layers = full_layers - layout.layers * _score_bytes(ctx)
+    checkpoint = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES
+    checkpoint = np.where(ctx.sequence_parallel, checkpoint / ctx.column("tp"), checkpoint)
+    code = np.asarray(ctx.table["recompute"])
+    per_micro_batch = np.where(
+        code == RECOMPUTE_CODES["full"], layout.layers * checkpoint,
+        np.where(code == RECOMPUTE_CODES["selective"], selective_layers, full_layers),
+    )
+    # Full recompute rebuilds one layer at a time in the backward pass.
+    transient = np.where(code == RECOMPUTE_CODES["full"], np.maximum(dense, moe), 0.0)
+    logits = layout.has_lm_head * ctx.tokens * ctx.model.vocab_size / ctx.column("tp") * 4.0
+    return _in_flight(ctx) * per_micro_batch + transient + logits
+
+
+def _comm_buffer_bytes(ctx: TrainingContext) -> np.ndarray:
+    hidden = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES
+    tp_buffers = np.where(ctx.column("tp") > 1, 2.0 * hidden, 0.0)
+    pp_buffers = np.where(ctx.column("pp") > 1, 2.0 * hidden, 0.0)
+    ep_buffers = 0.0
+    if ctx.model.moe is not None:
+        routed = ctx.moe_tokens * ctx.model.moe.top_k * ctx.options.routing_imbalance
+        ep_buffers = np.where(ctx.column("ep") > 1, 2.0 * routed * ctx.model.hidden_size * ACTIVATION_BYTES, 0.0)
+    return np.broadcast_to(tp_buffers + pp_buffers + ep_buffers, ctx.layout.layers.shape)
+
+
+def stage_memory(ctx: TrainingContext) -> dict[str, np.ndarray]:
+    """Bytes per device by ``MEMORY_PARTS`` for each pipeline rank (rows ``STAGES``)."""
+    parts = _model_state_bytes(ctx)
+    parts["activations"] = _activation_bytes(ctx)
+    parts["kv_cache"] = np.zeros(ctx.layout.layers.shape)
+    parts["comm_buffers"] = _comm_buffer_bytes(ctx)
+    parts["fragmentation"] = ctx.options.fragmentation_fraction * sum(parts.values())
+    assert tuple(parts) == tuple(MEMORY_PARTS[:3]) + ("activations", "kv_cache", "comm_buffers", "fragmentation")
+    return {part: np.broadcast_to(parts[part], ctx.layout.layers.shape) for part in MEMORY_PARTS}
+
+
+def memory_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
+    """``memory.<part>`` of the rank with the most memory, ``memory_per_device_bytes``,
+    ``memory_stage`` (index into ``STAGES``) and the memory ``reason`` code."""
+    per_stage = stage_memory(ctx)
+    total = sum(per_stage.values())
+    worst = np.argmax(total, axis=0)[None, :]
+    columns = {f"memory.{part}": np.take_along_axis(rows, worst, axis=0)[0] for part, rows in per_stage.items()}
+    columns["memory_per_device_bytes"] = np.take_along_axis(total, worst, axis=0)[0]
+    columns["memory_stage"] = worst[0]
+    memory = {part: columns[f"memory.{part}"] for part in MEMORY_PARTS}
+    columns["memory_reason"] = memory_reason(memory=memory, capacity_bytes=ctx.cluster.device.memory_bytes)
+    assert len(STAGES) == total.shape[0]
+    return columns

@@ -1,0 +1,417 @@
+"""Training step time of a config table (one implementation; a single config is a table of one).
+
+Per pipeline rank (rows ``STAGES``) and micro-batch, each operator is a roofline
+(``_common.op_time_s``) of its FLOPs and bytes on one device:
+
+* projections, dense FFN, router, routed and shared experts, LM head: matmuls, 2 FLOPs per
+  multiply-accumulate (Kaplan et al. 2020 Table 1); backward = 2 x forward (Narayanan et al.
+  SC'21 sec. 5.1: "the backward pass is twice the forward");
+* core attention: 2*heads*(qk_dim + v_dim) FLOPs per attended key; causal masking and the
+  long-context variants via ``mean_attended_tokens``; with FlashAttention the backward is 2.5 x
+  the forward (FlashAttention-2, Dao 2023, sec. 3.1: 5 matmuls vs 2); unfused attention
+  multiplies the full s x s square and adds memory-bound softmax/dropout passes over it;
+* norms, residual adds, dropout, activation functions, MoE permutes: memory-bound passes;
+* recompute: ``full`` repeats every layer's forward, ``selective`` the core attention
+  (Korthikanti et al. 2022, arXiv:2205.05198, sec. 5).
+
+Communication is priced with ``Cluster.collective_time`` for the placed groups
+(``_common.ranks_per_node``): TP all-reduce, or reduce-scatter + all-gather with SP, twice per
+layer per pass (Shoeybi et al. 2019, Megatron-LM sec. 3; Korthikanti sec. 4.2.2); EP all-to-all
+dispatch + combine of tokens x top-k x hidden x routing imbalance (DeepSeek-V3 report,
+arXiv:2412.19437, sec. 3.2.2); CP ring send/recv of K/V blocks (cp - 1 per layer); PP
+send/recv of the boundary activation; DP gradient all-reduce, or reduce-scatter + parameter
+all-gather under ZeRO-1/2, and per-micro-batch gathers under ZeRO-3/FSDP (Rajbhandari et al.,
+ZeRO, SC'20). Each kind hides up to its overlap fraction behind independent compute.
+
+Pipeline: m micro-batches on the slowest rank plus a bubble of (p - 1) micro-batch times for
+GPipe and 1F1B, divided by v for interleaved 1F1B (Narayanan et al. SC'21 eq. 1 and sec. 2.2.2),
+and (p - 1) forward times for the zero-bubble schedule ZB-H1 (Qi et al., arXiv:2401.10241).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from cost_model._common import (
+    COMM_KINDS,
+    Calibration,
+    EstimateOptions,
+    StageLayout,
+    collective_time_s,
+    mean_attended_tokens,
+    op_time_s,
+    parameters_per_device,
+    ranks_per_node,
+    stage_layout,
+)
+from cost_model._model_spec import ModelSpec
+from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES, table_length
+from cost_model._workload import Training
+
+#: ``time.<part>`` columns of a training estimate; they sum to ``step_time_s``.
+TRAINING_TIME_PARTS: tuple[str, ...] = (
+    "compute", "recompute", "tp_comm", "ep_comm", "cp_comm", "pp_comm", "dp_comm", "bubble", "optimizer"
+)
+ACTIVATION_BYTES = 2.0  # bf16/fp16 activations (fp8 training keeps bf16 activations between GEMMs)
+
+
+@dataclass(frozen=True)
+class TrainingContext:
+    """Per-table quantities every training formula needs (arrays of shape (n,) or (3, n))."""
+
+    model: ModelSpec
+    cluster: object
+    workload: Training
+    options: EstimateOptions
+    calibration: Calibration
+    table: Mapping[str, np.ndarray]
+    layout: StageLayout
+    local: dict[str, np.ndarray]
+    num_micro_batches: np.ndarray
+    batch_divides: np.ndarray
+
+    def column(self, name: str) -> np.ndarray:
+        return np.asarray(self.table[name], dtype=np.float64)
+
+    @property
+    def sequence_parallel(self) -> np.ndarray:
+        return np.asarray(self.table["sequence_parallel"], dtype=bool)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """Tokens of one micro-batch on one rank of the attention/dense part: b * s / cp."""
+        return self.column("micro_batch_size") * self.workload.sequence_length_tokens / self.column("cp")
+
+    @property
+    def moe_tokens(self) -> np.ndarray:
+        """Tokens one rank routes: the attention tokens split over tp (Megatron-core folding)."""
+        return self.tokens / self.column("tp")
+
+    @property
+    def grad_bytes(self) -> float:
+        """fp32 main gradients with fp32 master weights (Megatron-LM's ``main_grad``), else 2."""
+        return 4.0 if self.workload.master_weights_fp32 else 2.0
+
+    def op(self, flops, bytes_moved, calls=1.0) -> np.ndarray:
+        hardware = self.cluster.device
+        return op_time_s(
+            flops=flops, bytes_moved=bytes_moved, hardware=hardware, dtype=self.workload.precision,
+            calibration=self.calibration, calls=calls,
+        )
+
+    def collective(self, op: str, *, axis: str, group_size, message_bytes) -> np.ndarray:
+        return collective_time_s(
+            cluster=self.cluster, op=op, group_size=group_size, ranks_per_node=self.local[axis],
+            message_bytes=message_bytes, calibration=self.calibration,
+        )
+
+
+def training_context(*, model, cluster, workload: Training, table, options: EstimateOptions) -> TrainingContext:
+    """Derive the shared per-table quantities (stage layout, placement, micro-batch count)."""
+    table_length(table)
+    per_replica = np.asarray(table["dp"], dtype=np.int64) * np.asarray(table["micro_batch_size"], dtype=np.int64)
+    batch = workload.global_batch_sequences
+    return TrainingContext(
+        model=model, cluster=cluster, workload=workload, options=options,
+        calibration=options.calibration_for(cluster.device), table=table,
+        layout=stage_layout(model=model, pp=table["pp"], virtual_stages=table["virtual_stages"]),
+        local=ranks_per_node(table=table, devices_per_node=cluster.devices_per_node),
+        num_micro_batches=np.maximum(batch // per_replica, 1).astype(np.float64),
+        batch_divides=(batch % per_replica) == 0,
+    )
+
+
+# ---------------------------------------------------------------------------- operators (forward)
+def _heads_per_rank(ctx: TrainingContext) -> np.ndarray:
+    return ctx.model.attention.num_heads / ctx.column("tp")
+
+
+def attention_projection_time(ctx: TrainingContext) -> np.ndarray:
+    """Q/K/V/O projections (MLA: its low-rank down/up projections) of one layer."""
+    params = ctx.model.attention_parameters() / ctx.column("tp")
+    h = ctx.model.hidden_size
+    return ctx.op(2.0 * ctx.tokens * params, params * 2.0 + ctx.tokens * 4.0 * h * ACTIVATION_BYTES, calls=4.0)
+
+
+def core_attention_time(ctx: TrainingContext) -> np.ndarray:
+    """Scores and weighted values of one layer (forward). Unfused: full square + softmax passes."""
+    attention, s = ctx.model.attention, ctx.workload.sequence_length_tokens
+    heads = _heads_per_rank(ctx)
+    per_key = 2.0 * heads * (attention.qk_head_dim + attention.value_head_dim)
+    io_bytes = ctx.tokens * heads * 2.0 * (attention.qk_head_dim + attention.value_head_dim) * ACTIVATION_BYTES
+    calls = ctx.column("micro_batch_size") * heads
+    if ctx.options.flash_attention:
+        attended = mean_attended_tokens(attention=attention, sequence_tokens=s)
+        return ctx.op(ctx.tokens * per_key * attended, io_bytes, calls=calls)
+    matmul = ctx.op(ctx.tokens * per_key * s, io_bytes, calls=calls)
+    # Scores written by QK^T, softmax read+write, (dropout read+write+mask), read by PV.
+    passes = 4.0 * ACTIVATION_BYTES + (2.0 * ACTIVATION_BYTES + 1.0 if ctx.options.attention_dropout else 0.0)
+    scores = ctx.tokens * heads * s
+    return matmul + ctx.op(0.0, scores * passes, calls=calls)
+
+
+def _activation_passes(ctx: TrainingContext) -> float:
+    """Reads + writes of the activation function per element of its output (GELU 2, SwiGLU 3)."""
+    return 3.0 if ctx.model.ffn_activation == "swiglu" else 2.0
+
+
+def dense_ffn_time(ctx: TrainingContext) -> np.ndarray:
+    model = ctx.model
+    params = model.ffn_parameters(model.ffn_hidden_size) / ctx.column("tp")
+    width = model.ffn_hidden_size / ctx.column("tp")
+    matmul = ctx.op(2.0 * ctx.tokens * params, params * 2.0 + ctx.tokens * 2.0 * (model.hidden_size + width) * ACTIVATION_BYTES)
+    return matmul + ctx.op(0.0, ctx.tokens * width * _activation_passes(ctx) * ACTIVATION_BYTES)
+
+
+def moe_ffn_time(ctx: TrainingContext) -> np.ndarray:
+    """Router, permute/unpermute, routed experts (grouped GEMM, busiest rank) and shared experts."""
+    model, moe = ctx.model, ctx.model.moe
+    if moe is None:
+        return np.zeros_like(ctx.tokens)
+    h, imbalance = model.hidden_size, ctx.options.routing_imbalance
+    routed_tokens = ctx.moe_tokens * moe.top_k * imbalance
+    experts_per_rank = moe.num_routed_experts / ctx.column("ep")
+    expert = model.ffn_parameters(moe.expert_ffn_hidden_size)
+    expert_weight_bytes = experts_per_rank * expert / ctx.column("etp") * 2.0
+    router = ctx.op(2.0 * ctx.moe_tokens * h * moe.num_routed_experts, ctx.moe_tokens * h * ACTIVATION_BYTES)
+    experts = ctx.op(
+        2.0 * routed_tokens * expert,
+        expert_weight_bytes + routed_tokens * 2.0 * (h + moe.expert_ffn_hidden_size) * ACTIVATION_BYTES,
+        calls=experts_per_rank,
+    )
+    elementwise = routed_tokens * (4.0 * h + moe.expert_ffn_hidden_size * _activation_passes(ctx)) * ACTIVATION_BYTES
+    shared = moe.num_shared_experts * model.ffn_parameters(moe.shared_ffn_size) / ctx.column("tp")
+    shared_width = moe.num_shared_experts * moe.shared_ffn_size / ctx.column("tp")
+    shared_time = ctx.op(2.0 * ctx.tokens * shared, shared * 2.0) if shared.any() else 0.0
+    shared_elementwise = ctx.tokens * shared_width * _activation_passes(ctx) * ACTIVATION_BYTES
+    return router + experts + shared_time + ctx.op(0.0, elementwise + shared_elementwise)
+
+
+def layer_elementwise_time(ctx: TrainingContext) -> np.ndarray:
+    """Two norms (read+write), two residual adds (2 reads + write), hidden dropout (read, write,
+    1-byte mask) on the hidden-size activation; split over tp with sequence parallel."""
+    passes = 4.0 + 6.0 + (5.0 if ctx.options.hidden_dropout else 0.0)
+    tokens = np.where(ctx.sequence_parallel, ctx.tokens / ctx.column("tp"), ctx.tokens)
+    return ctx.op(0.0, tokens * ctx.model.hidden_size * passes * ACTIVATION_BYTES)
+
+
+def lm_head_time(ctx: TrainingContext) -> np.ndarray:
+    """Vocabulary-parallel output projection and cross-entropy (fp32 logits read/written 3 times)."""
+    model = ctx.model
+    vocab = model.vocab_size / ctx.column("tp")
+    matmul = ctx.op(2.0 * ctx.tokens * model.hidden_size * vocab, model.hidden_size * vocab * 2.0)
+    return matmul + ctx.op(0.0, ctx.tokens * vocab * 4.0 * 3.0)
+
+
+def embedding_time(ctx: TrainingContext) -> np.ndarray:
+    return ctx.op(0.0, ctx.tokens * ctx.model.hidden_size * 2.0 * ACTIVATION_BYTES)
+
+
+# ---------------------------------------------------------------------------- per micro-batch
+@dataclass(frozen=True)
+class MicroBatchTimes:
+    """Seconds of one micro-batch on each pipeline rank (rows ``STAGES``)."""
+
+    forward: np.ndarray
+    backward: np.ndarray
+    recompute: np.ndarray
+    core_attention: np.ndarray  # forward + backward + recompute of core attention (CP overlap window)
+    comm: dict[str, np.ndarray]  # tp_comm, ep_comm, cp_comm: total per micro-batch
+
+
+def micro_batch_times(ctx: TrainingContext) -> MicroBatchTimes:
+    layout = ctx.layout
+    core = core_attention_time(ctx)
+    common = attention_projection_time(ctx) + layer_elementwise_time(ctx)
+    dense_layer = common + core + dense_ffn_time(ctx)
+    moe_layer = common + core + moe_ffn_time(ctx)
+    layers_forward = layout.dense_layers * dense_layer + layout.moe_layers * moe_layer
+    ends = layout.has_embedding * embedding_time(ctx) + layout.has_lm_head * lm_head_time(ctx)
+    core_backward_factor = 2.5 if ctx.options.flash_attention else 2.0
+    backward = 2.0 * (layers_forward + ends) + (core_backward_factor - 2.0) * layout.layers * core
+    code = np.asarray(ctx.table["recompute"])
+    recompute = np.where(
+        code == RECOMPUTE_CODES["full"], layers_forward,
+        np.where(code == RECOMPUTE_CODES["selective"], layout.layers * core, 0.0),
+    )
+    core_total = layout.layers * core * (1.0 + core_backward_factor) + np.where(code > 0, layout.layers * core, 0.0)
+    return MicroBatchTimes(
+        forward=layers_forward + ends, backward=backward, recompute=recompute,
+        core_attention=core_total, comm=_micro_batch_comm(ctx),
+    )
+
+
+def _micro_batch_comm(ctx: TrainingContext) -> dict[str, np.ndarray]:
+    """TP, EP and CP seconds of one micro-batch per rank: forward, backward, full recompute."""
+    layout = ctx.layout
+    passes = 2.0 + (np.asarray(ctx.table["recompute"]) == RECOMPUTE_CODES["full"])
+    tp_layer, tp_embedding = _tp_collective(ctx)
+    cp_layer = _cp_exchange(ctx)
+    return {
+        "tp_comm": passes * layout.layers * 2.0 * tp_layer + layout.has_embedding * tp_embedding,
+        "ep_comm": passes * layout.moe_layers * _ep_exchange(ctx),
+        # The backward ring carries K/V and their gradients: twice the forward traffic.
+        "cp_comm": (passes + 1.0) * layout.layers * cp_layer,
+    }
+
+
+def _tp_collective(ctx: TrainingContext) -> tuple[np.ndarray, np.ndarray]:
+    """One TP collective on the hidden activation: all-reduce, or RS + AG with SP; and the
+    vocab-parallel embedding all-reduce."""
+    tp = ctx.column("tp")
+    message = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES
+    all_reduce = ctx.collective("all_reduce", axis="tp", group_size=tp, message_bytes=message)
+    split = ctx.collective("reduce_scatter", axis="tp", group_size=tp, message_bytes=message) + ctx.collective(
+        "all_gather", axis="tp", group_size=tp, message_bytes=message
+    )
+    return np.where(ctx.sequence_parallel, split, all_reduce), all_reduce
+
+
+def _ep_exchange(ctx: TrainingContext) -> np.ndarray:
+    """Dispatch + combine all-to-all over ep (and the expert-TP gather/scatter over etp)."""
+    moe = ctx.model.moe
+    if moe is None:
+        return np.zeros_like(ctx.tokens)
+    message = ctx.moe_tokens * moe.top_k * ctx.options.routing_imbalance * ctx.model.hidden_size * ACTIVATION_BYTES
+    a2a = ctx.collective("all_to_all", axis="ep", group_size=ctx.column("ep"), message_bytes=message)
+    etp = ctx.column("etp")
+    gather = ctx.collective("all_gather", axis="etp", group_size=etp, message_bytes=message * etp)
+    scatter = ctx.collective("reduce_scatter", axis="etp", group_size=etp, message_bytes=message * etp)
+    return 2.0 * a2a + gather + scatter
+
+
+def _kv_width_per_rank(ctx: TrainingContext) -> np.ndarray:
+    a = ctx.model.attention
+    if a.kind == "mla":  # K and V after the up-projection, every head (Megatron-core MLA with CP)
+        return a.num_heads * (a.qk_head_dim + a.value_head_dim) / ctx.column("tp")
+    return np.maximum(a.num_kv_heads / ctx.column("tp"), 1.0) * 2.0 * a.head_dim
+
+
+def _cp_exchange(ctx: TrainingContext) -> np.ndarray:
+    """cp - 1 ring steps per layer, each passing this rank's K/V block to the next rank."""
+    cp = ctx.column("cp")
+    block = ctx.tokens * _kv_width_per_rank(ctx) * ACTIVATION_BYTES
+    crosses_nodes = ctx.local["cp"] < cp  # a ring that spans nodes has inter-node hops
+    step = collective_time_s(
+        cluster=ctx.cluster, op="send_recv", group_size=np.where(cp > 1, 2.0, 1.0),
+        ranks_per_node=np.where(crosses_nodes, 1.0, 2.0), message_bytes=block, calibration=ctx.calibration,
+    )
+    return (cp - 1.0) * step
+
+
+def _hidden(comm: np.ndarray, *, fraction: float, window: np.ndarray) -> np.ndarray:
+    """Seconds of ``comm`` hidden behind ``window`` seconds of independent compute."""
+    return np.minimum(fraction * comm, window)
+
+
+# ---------------------------------------------------------------------------- the step
+def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
+    """``time.<part>``, ``hidden.<kind>``, ``step_time_s`` and helpers for every row."""
+    mb = micro_batch_times(ctx)
+    compute = mb.forward + mb.backward + mb.recompute
+    exposed, hidden = {}, {}
+    for kind, comm in mb.comm.items():
+        window = mb.core_attention if kind == "cp_comm" else compute
+        hidden[kind] = _hidden(comm, fraction=ctx.calibration.overlap_fraction(kind), window=window)
+        exposed[kind] = comm - hidden[kind]
+    per_micro_batch = compute + sum(exposed.values())
+    slowest = np.argmax(per_micro_batch, axis=0)[None, :]
+
+    def pick(rows: np.ndarray) -> np.ndarray:
+        return np.take_along_axis(np.broadcast_to(rows, per_micro_batch.shape), slowest, axis=0)[0]
+
+    m = ctx.num_micro_batches
+    columns = {
+        "time.compute": m * pick(mb.forward + mb.backward),
+        "time.recompute": m * pick(mb.recompute),
+        **{f"time.{kind}": m * pick(exposed[kind]) for kind in exposed},
+        **{f"hidden.{kind}": m * pick(hidden[kind]) for kind in hidden},
+        "time.bubble": _bubble(ctx, micro_batch=pick(per_micro_batch), forward_share=pick(mb.forward / compute)),
+        "bottleneck_stage": slowest[0],
+    }
+    pp_comm = _pp_comm(ctx)
+    columns["time.pp_comm"], columns["hidden.pp_comm"] = pp_comm, np.zeros_like(pp_comm)
+    dp_exposed, dp_hidden, optimizer = _dp_and_optimizer(ctx, micro_batch=mb)
+    columns["time.dp_comm"], columns["hidden.dp_comm"], columns["time.optimizer"] = dp_exposed, dp_hidden, optimizer
+    columns["step_time_s"] = sum(columns[f"time.{part}"] for part in TRAINING_TIME_PARTS)
+    return columns
+
+
+def _bubble(ctx: TrainingContext, *, micro_batch: np.ndarray, forward_share: np.ndarray) -> np.ndarray:
+    pp, v = ctx.column("pp"), ctx.column("virtual_stages")
+    schedule = np.asarray(ctx.table["pipeline_schedule"])
+    factor = np.where(
+        schedule == SCHEDULE_CODES["interleaved_1f1b"], 1.0 / v,
+        np.where(schedule == SCHEDULE_CODES["zero_bubble"], forward_share, 1.0),
+    )
+    return (pp - 1.0) * micro_batch * factor
+
+
+def _pp_comm(ctx: TrainingContext) -> np.ndarray:
+    """Forward activation and backward gradient send/recv per micro-batch and model chunk; with
+    SP only 1/tp of the activation crosses (Narayanan et al. SC'21 sec. 4.1 scatter/gather)."""
+    pp = ctx.column("pp")
+    message = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES
+    message = np.where(ctx.sequence_parallel, message / ctx.column("tp"), message)
+    inter_node = ctx.local["pp"] < 2
+    p2p = collective_time_s(
+        cluster=ctx.cluster, op="send_recv", group_size=np.where(pp > 1, 2.0, 1.0),
+        ranks_per_node=np.where(inter_node, 1.0, 2.0), message_bytes=message, calibration=ctx.calibration,
+    )
+    return 2.0 * ctx.num_micro_batches * ctx.column("virtual_stages") * p2p
+
+
+def sharded_parameters(ctx: TrainingContext) -> tuple[np.ndarray, np.ndarray]:
+    """(dense, expert) parameters per device of each stage: expert grads reduce over edp, the
+    rest over dp*cp (Megatron-core)."""
+    parts = parameters_per_device(model=ctx.model, table=ctx.table, layout=ctx.layout)
+    expert = parts.pop("routed_experts")
+    return sum(parts.values()), expert
+
+
+def _dp_and_optimizer(ctx: TrainingContext, *, micro_batch: MicroBatchTimes):
+    dense, expert = sharded_parameters(ctx)
+    dp_cp = ctx.column("dp") * ctx.column("cp")
+    edp = dp_cp * ctx.column("tp") / (ctx.column("ep") * ctx.column("etp"))
+    zero = np.asarray(ctx.table["zero_stage"])
+    comm = _dp_comm(ctx, params=dense, group=dp_cp, axis="dp_cp", zero=zero) + _dp_comm(
+        ctx, params=expert, group=edp, axis="edp", zero=zero
+    )
+    window = np.where(zero == 3, ctx.num_micro_batches, 1.0) * (micro_batch.forward + micro_batch.backward)
+    hidden = _hidden(comm, fraction=ctx.calibration.overlap_fraction("dp_comm"), window=window)
+    states = np.where(zero >= 1, dense / dp_cp + expert / edp, dense + expert)
+    optimizer = ctx.op(0.0, states * _optimizer_update_bytes(ctx))
+    total = comm - hidden + optimizer
+    worst = np.argmax(total, axis=0)[None, :]
+    take = lambda rows: np.take_along_axis(rows, worst, axis=0)[0]  # noqa: E731
+    return take(comm - hidden), take(hidden), take(optimizer)
+
+
+def _dp_comm(ctx: TrainingContext, *, params, group, axis: str, zero) -> np.ndarray:
+    grads = params * ctx.grad_bytes
+    weights = params * 2.0
+    all_reduce = ctx.collective("all_reduce", axis=axis, group_size=group, message_bytes=grads)
+    scatter = ctx.collective("reduce_scatter", axis=axis, group_size=group, message_bytes=grads)
+    gather = ctx.collective("all_gather", axis=axis, group_size=group, message_bytes=weights)
+    fsdp = ctx.num_micro_batches * (scatter + 2.0 * gather)
+    return np.where(zero == 0, all_reduce, np.where(zero == 3, fsdp, scatter + gather))
+
+
+def _optimizer_update_bytes(ctx: TrainingContext) -> float:
+    """Bytes read and written per parameter by one optimizer step: read the gradient, read and
+    write each fp32 state (master weight, Adam m and v; SGD momentum), write the bf16 weight."""
+    states = (2 if ctx.workload.optimizer == "adam" else 1) + (1 if ctx.workload.master_weights_fp32 else 0)
+    return ctx.grad_bytes + states * 2.0 * 4.0 + 2.0
+
+
+def model_flops_per_step(*, model: ModelSpec, workload: Training) -> float:
+    """Model FLOPs of one step: 3 x forward (forward + 2 x backward), full attention square
+    counted as PaLM (Chowdhery et al. 2022, Appendix B) and Megatron's formula do; no recompute."""
+    s = workload.sequence_length_tokens
+    return 3.0 * model.forward_flops_per_token(s) * workload.tokens_per_step
+
+
+__all__ = ["COMM_KINDS", "TRAINING_TIME_PARTS", "model_flops_per_step", "training_context", "training_time_columns"]
