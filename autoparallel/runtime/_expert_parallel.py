@@ -235,6 +235,9 @@ class AllToAllDispatcher:
     ``tokens`` is ``[T, hidden]``, ``weights``/``expert_ids`` ``[T, top_k]`` (global expert ids),
     ``experts`` maps ``str(global id)`` to this rank's expert modules. The output is
     ``sum_k weight_k * expert_k(token)`` per token, the routed part of the MoE block.
+
+    ``received_tokens[e]`` counts the (token, expert) rows local expert ``e`` has processed
+    since construction, summed over the MoE blocks sharing this dispatcher (measured load).
     """
 
     def __init__(self, *, placement: ExpertPlacement, groups: ExpertParallelGroups) -> None:
@@ -254,6 +257,7 @@ class AllToAllDispatcher:
         self._owners = owners
         self._num_replicas = torch.tensor([len(set(r)) for r in placement.expert_to_ranks], dtype=torch.long)
         self._slot = slot
+        self.received_tokens: dict[int, int] = {expert: 0 for expert in self.local_experts}
 
     def __call__(self, tokens: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor, experts) -> torch.Tensor:
         hidden, topk_weights, topk_ids, groups = tokens, weights, expert_ids, self.groups
@@ -337,6 +341,8 @@ class AllToAllDispatcher:
         by_slot = torch.argsort(slot_of_row, stable=True)
         counts = torch.bincount(slot_of_row, minlength=self.num_slots).tolist()
         chunks = torch.split(rows[by_slot], counts)
+        for slot, expert in enumerate(self.local_experts):
+            self.received_tokens[expert] += counts[slot]
         outputs = [experts[str(expert)](chunks[slot]) for slot, expert in enumerate(self.local_experts)]
         merged = torch.cat(outputs) if outputs else rows.new_zeros((0,) + tuple(rows.shape[1:]))
         inverse = torch.empty_like(by_slot)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -36,7 +36,7 @@ from torch.distributed.pipelining import (
 
 from autoparallel._plan import ShardingPlan, StageLayers
 
-__all__ = ["Pipeline", "build_pipeline", "num_micro_batches_for", "split_stage_modules", "stage_chunks"]
+__all__ = ["Pipeline", "StepOutput", "build_pipeline", "num_micro_batches_for", "split_stage_modules", "stage_chunks"]
 
 logger = logging.getLogger(__name__)
 
@@ -124,13 +124,21 @@ def num_micro_batches_for(plan: ShardingPlan, *, local_batch_sequences: int | No
     return local_batch_sequences // config.micro_batch_size
 
 
+class StepOutput(NamedTuple):
+    """One pipeline step's results on this rank: the mean micro-batch loss and the merged
+    outputs (logits) on the last stage, ``None`` on the others."""
+
+    loss: torch.Tensor | None
+    outputs: torch.Tensor | None
+
+
 @dataclass
 class Pipeline:
     """This rank's pipeline: its chunk modules, torch's stages and the schedule.
 
     ``step(inputs, targets=...)`` runs one training step of all micro-batches (inputs are used
-    on the first stage, targets on the last) and returns the mean loss on the last stage, else
-    ``None``. ``schedule`` is torch's schedule object for anything else.
+    on the first stage, targets on the last); ``schedule`` is torch's schedule object for
+    anything else (``schedule.eval(...)`` runs forward only).
     """
 
     plan: ShardingPlan
@@ -148,8 +156,9 @@ class Pipeline:
     def is_last(self) -> bool:
         return any(chunk.has_lm_head for chunk in self.chunks)
 
-    def step(self, inputs: torch.Tensor | None = None, *, targets: torch.Tensor | None = None) -> torch.Tensor | None:
-        """One forward and backward pass of every micro-batch; gradients accumulate in the modules."""
+    def step(self, inputs: torch.Tensor | None = None, *, targets: torch.Tensor | None = None) -> StepOutput:
+        """One forward and backward pass of every micro-batch; gradients accumulate in the modules
+        (averaged over micro-batches, so they are those of the mean loss of the local batch)."""
         losses: list[torch.Tensor] = []
         for tensor, name in ((inputs, "inputs"), (targets, "targets")):
             if tensor is not None and tensor.shape[0] % self.num_micro_batches:
@@ -159,8 +168,10 @@ class Pipeline:
                 )
         args = (inputs,) if self.is_first else ()
         kwargs = {"target": targets, "losses": losses} if self.is_last else {}
-        self.schedule.step(*args, **kwargs)
-        return torch.stack(losses).mean().detach() if losses else None
+        outputs = self.schedule.step(*args, **kwargs)
+        if not self.is_last:
+            return StepOutput(loss=None, outputs=None)
+        return StepOutput(loss=torch.stack(losses).mean().detach(), outputs=outputs)
 
 
 def build_pipeline(
