@@ -1,0 +1,508 @@
+"""Inference cost over a config table: TTFT, TPOT, memory, the largest batch and tokens/s.
+
+``estimate_inference_table`` evaluates every row of a config table (``cost_model._table``) at
+once. Extra columns it reads (``INFERENCE_COLUMNS``; absent = default):
+
+===================== ======= ===============================================================
+``batch_size``        int     sequences per attention replica (a DP replica, or each tp rank
+                              under attention-DP) per pipeline micro-batch; 0 = the largest
+                              that memory (and the workload's SLOs) allow, or what the
+                              workload's ``concurrency`` needs
+``num_redundant_experts`` int extra routed-expert slots over the ep ranks (DeepSeek EPLB)
+``kv_dtype``          int     code in ``KV_DTYPE_CODES``; absent = the workload's ``kv_dtype``
+``phase``             int     code in ``PHASE_CODES``: ``prefill`` or ``decode`` pool of a
+                              disaggregated deployment, or ``both`` colocated
+``two_batch_overlap`` bool    split each pass in two micro-batches whose TP/EP/CP traffic
+                              hides behind the other's compute (DeepSeek's dual micro-batch
+                              overlap, SGLang ``--enable-two-batch-overlap``); each
+                              micro-batch reads the weights again
+===================== ======= ===============================================================
+
+Time model: a decode step is one pass of one token per sequence at the mean decode context
+``prompt + (output + 1) / 2``; prefill is one pass over the ``prompt * (1 - prefix_cache_hit_rate)``
+uncached tokens, attending the whole prompt. A pipeline of ``pp`` ranks keeps ``pp``
+micro-batches in flight, so TPOT and TTFT are ``pp`` times the slowest rank's pass time, and
+every rank holds the KV cache of ``pp`` micro-batches. Colocated (``both``) serving amortizes the
+prefill of a batch over its ``output_tokens`` decode steps (continuous batching with chunked
+prefill, Agrawal et al., Sarathi-Serve, OSDI'24). Inference has no backward pass, optimizer or
+gradients: none of those parts exist here.
+
+Output columns: ``time.<phase>_<part>`` (exposed seconds; they sum to ``step_time_s``) and
+``hidden.<phase>_<part>`` for parts ``INFERENCE_TIME_PARTS``; ``memory.<part>`` for
+``INFERENCE_MEMORY_PARTS`` (they sum to ``memory_per_device_bytes``); ``step_time_s`` (the
+decode step, or the prefill pass for a prefill pool), ``ttft_s`` / ``tpot_s`` (NaN where the
+phase has none), ``tokens_per_s_per_device`` (output tokens, or input tokens including cache
+hits for a prefill pool), ``prefill_tokens_per_s_per_device``, ``decode_tokens_per_s_per_device``,
+``batch_size``, ``memory_capacity_bytes``, ``feasible`` and ``reason`` (code in ``REASON_CODES``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Mapping
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from cost_model import _inference_ops as ops
+from cost_model._common import (
+    Calibration,
+    StageLayout,
+    attention_parameters_per_device,
+    calibration_for,
+    collective_time_s,
+    op_time_s,
+    parameters_per_device,
+    ranks_per_node,
+    stage_layout,
+)
+from cost_model._model_spec import ModelSpec
+from cost_model._table import table_length
+from cost_model._units import Dtype, dtype_bytes
+from cost_model._workload import Inference
+
+PHASE_CODES: dict[str, int] = {"both": 0, "prefill": 1, "decode": 2}
+KV_DTYPE_CODES: dict[str, int] = {"bf16": 0, "fp8": 1, "int8": 2, "int4": 3, "fp16": 4, "fp32": 5}
+REASON_CODES: dict[str, int] = {"ok": 0, "weights_exceed_memory": 1, "kv_cache_exceeds_memory": 2, "ttft_slo": 3, "tpot_slo": 4}
+INFERENCE_COLUMNS: tuple[str, ...] = ("batch_size", "num_redundant_experts", "kv_dtype", "phase", "two_batch_overlap")
+INFERENCE_TIME_PARTS: tuple[str, ...] = ("compute", "attention", "tp_comm", "ep_comm", "cp_comm", "pp_comm")
+INFERENCE_MEMORY_PARTS: tuple[str, ...] = ("weights", "kv_cache", "activations", "comm_buffers", "fragmentation")
+_COMM_PARTS = ("tp_comm", "ep_comm", "cp_comm", "pp_comm")
+#: Caching-allocator fragmentation and runtime workspace (CUDA graphs, cuBLAS workspaces) as a
+#: fraction of the rest; vLLM's default ``gpu_memory_utilization=0.9`` reserves about this much.
+FRAGMENTATION_FRACTION = 0.05
+#: MoE combine runs in bf16 even when the dispatch is fp8 (DeepSeek-V3 report sec. 3.3; DeepEP).
+COMBINE_BYTES = 2.0
+
+
+class ServingConfig(BaseModel):
+    """Serving knobs of one config (the scalar face of ``INFERENCE_COLUMNS``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    batch_size: int = Field(default=0, ge=0, description="sequences per attention replica; 0 = largest that fits")
+    num_redundant_experts: int = Field(default=0, ge=0)
+    kv_dtype: Dtype | None = Field(default=None, description="None = the workload's kv_dtype")
+    phase: Literal["both", "prefill", "decode"] = "both"
+    two_batch_overlap: bool = False
+
+    def columns(self, *, workload: Inference, length: int = 1) -> dict[str, np.ndarray]:
+        """The extra table columns of this serving config, ``length`` rows."""
+        kv_dtype = self.kv_dtype or workload.kv_dtype
+        values = {
+            "batch_size": self.batch_size,
+            "num_redundant_experts": self.num_redundant_experts,
+            "kv_dtype": KV_DTYPE_CODES[kv_dtype],
+            "phase": PHASE_CODES[self.phase],
+            "two_batch_overlap": self.two_batch_overlap,
+        }
+        return {name: np.full(length, value) for name, value in values.items()}
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What every pass of one evaluation shares (arrays of shape (n,) unless said)."""
+
+    model: ModelSpec
+    cluster: object
+    workload: Inference
+    calibration: Calibration
+    table: Mapping[str, np.ndarray]
+    layout: StageLayout
+    group_local: dict[str, np.ndarray]
+    parameters: dict[str, np.ndarray]  # (3, n) per part
+    kv_element_bytes: np.ndarray
+    two_batch: np.ndarray
+    phase: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+
+    def column(self, name: str) -> np.ndarray:
+        return np.asarray(self.table[name], dtype=np.float64)
+
+    @property
+    def attention_dp(self) -> np.ndarray:
+        return np.asarray(self.table["attention_data_parallel"], dtype=bool)
+
+    @property
+    def shard(self) -> np.ndarray:
+        return np.where(self.attention_dp, 1.0, self.column("tp"))
+
+    @property
+    def stage_ranks(self) -> np.ndarray:
+        return self.column("dp") * self.column("cp") * self.column("tp")
+
+    @property
+    def replicas(self) -> np.ndarray:
+        return self.stage_ranks / (self.column("cp") * self.shard)
+
+
+def _setup(
+    *, model: ModelSpec, cluster, workload: Inference, table: Mapping[str, np.ndarray], prompt_tokens=None
+) -> _Setup:
+    """Normalize the table (defaults for absent inference columns) and derive shared arrays.
+    ``prompt_tokens`` (per row) overrides the workload's, for sweeps over length."""
+    n = table_length(table)
+    defaults = {"batch_size": 0, "num_redundant_experts": 0, "kv_dtype": KV_DTYPE_CODES[workload.kv_dtype], "phase": 0, "two_batch_overlap": False}
+    table = {**{name: np.full(n, value) for name, value in defaults.items()}, **table}
+    if workload.kind != "inference":
+        raise ValueError(f"workload.kind ({workload.kind!r}) must be 'inference' for estimate_inference_table")
+    kv_codes = np.asarray(table["kv_dtype"], dtype=np.int64)
+    by_code = np.array([dtype_bytes(name) for name in KV_DTYPE_CODES])
+    if kv_codes.min(initial=0) < 0 or kv_codes.max(initial=0) >= len(by_code):
+        raise ValueError(f"kv_dtype codes ({sorted(set(kv_codes.tolist()))}) must be in {KV_DTYPE_CODES}")
+    phase = np.asarray(table["phase"], dtype=np.int64)
+    if phase.min(initial=0) < 0 or phase.max(initial=0) > 2:
+        raise ValueError(f"phase codes ({sorted(set(phase.tolist()))}) must be in {PHASE_CODES}")
+    layout = stage_layout(model=model, pp=table["pp"], virtual_stages=table["virtual_stages"])
+    return _Setup(
+        model=model,
+        cluster=cluster,
+        workload=workload,
+        calibration=calibration_for(cluster.device),
+        table=table,
+        layout=layout,
+        group_local={k: v.astype(np.float64) for k, v in ranks_per_node(table=table, devices_per_node=cluster.devices_per_node).items()},
+        parameters=parameters_per_device(model=model, table=table, layout=layout),
+        kv_element_bytes=by_code[kv_codes],
+        two_batch=np.asarray(table["two_batch_overlap"], dtype=bool),
+        phase=phase,
+        prompt_tokens=np.broadcast_to(np.asarray(prompt_tokens if prompt_tokens is not None else workload.prompt_tokens, dtype=np.float64), (n,)),
+        output_tokens=np.full(n, float(workload.output_tokens)),
+    )
+
+
+# ------------------------------------------------------------------------------ dtypes
+def _first_available(hardware, names: tuple[str, ...]) -> str:
+    for name in names:
+        if name in hardware.peak_flops:
+            return name
+    return "bf16"
+
+
+def _matmul_dtype(s: _Setup) -> str:
+    """FP8 weights run FP8 GEMMs (W8A8, DeepSeek-V3 sec. 3.3); int4 weights are weight-only."""
+    weight = s.workload.weight_dtype
+    chains = {"fp8": ("fp8",), "int8": ("int8", "fp8"), "int4": (s.workload.activation_dtype,)}
+    return _first_available(s.cluster.device, chains.get(weight, (weight,)))
+
+
+def _attention_dtype(s: _Setup) -> str:
+    return _first_available(s.cluster.device, (s.workload.activation_dtype,))
+
+
+def _dispatch_bytes(s: _Setup) -> float:
+    """Tokens travel to FP8 experts already quantized (DeepEP FP8 dispatch)."""
+    fp8 = s.workload.weight_dtype == "fp8" or s.workload.activation_dtype == "fp8"
+    return 1.0 if fp8 else dtype_bytes(s.workload.activation_dtype)
+
+
+# ------------------------------------------------------------------------------ one pass
+def _tokens(s: _Setup, p: ops.Pass) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens per device on the attention side, and per rank entering the MoE dispatch."""
+    per_replica = p.batch * p.new_tokens
+    return per_replica / s.column("cp"), per_replica * s.replicas / s.stage_ranks
+
+
+def _mm(s: _Setup, flops, bytes_moved) -> np.ndarray:
+    return op_time_s(flops=flops, bytes_moved=bytes_moved, hardware=s.cluster.device, dtype=_matmul_dtype(s), calibration=s.calibration)
+
+
+def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
+    """Matmuls and element-wise kernels of one pass on each pipeline rank, (3, n) seconds."""
+    model, lay, wb = s.model, s.layout, dtype_bytes(s.workload.weight_dtype)
+    act = dtype_bytes(s.workload.activation_dtype)
+    attention_tokens, rank_tokens = _tokens(s, p)
+    tp = s.column("tp")
+    w_attention = attention_parameters_per_device(model=model, table=s.table)
+    total = lay.layers * _mm(s, 2 * w_attention * attention_tokens, w_attention * wb)
+    w_dense = model.ffn_parameters(model.ffn_hidden_size) / tp
+    dense_tokens = np.where(s.attention_dp, attention_tokens * tp, attention_tokens)
+    total = total + lay.dense_layers * _mm(s, 2 * w_dense * dense_tokens, w_dense * wb)
+    total = total + lay.moe_layers * _moe_time(s, attention_tokens, rank_tokens)
+    head_tokens = p.batch * p.head_tokens / s.column("cp") * np.where(s.attention_dp, tp, 1.0)
+    w_head = model.vocab_size * model.hidden_size / tp
+    head = _mm(s, 2 * w_head * head_tokens, w_head * wb + head_tokens * model.vocab_size / tp * ops.LOGIT_BYTES)
+    elementwise = ops.ELEMENTWISE_VECTORS_PER_LAYER * model.hidden_size * act * attention_tokens
+    memory_only = op_time_s(flops=0.0, bytes_moved=elementwise, hardware=s.cluster.device, dtype="bf16", calibration=s.calibration)
+    return total + lay.has_lm_head * head + lay.layers * memory_only
+
+
+def _moe_time(s: _Setup, attention_tokens: np.ndarray, rank_tokens: np.ndarray) -> np.ndarray:
+    """Router, shared experts and routed experts of one MoE layer, (n,) seconds."""
+    model, moe = s.model, s.model.moe
+    if moe is None:
+        return np.zeros_like(attention_tokens)
+    wb, act, h = dtype_bytes(s.workload.weight_dtype), dtype_bytes(s.workload.activation_dtype), model.hidden_size
+    ep, etp = s.column("ep"), s.column("etp")
+    router = _mm(s, 2.0 * model.router_parameters() * rank_tokens, model.router_parameters() * wb)
+    w_shared = moe.num_shared_experts * model.ffn_parameters(moe.shared_ffn_size) / s.shard
+    shared = _mm(s, 2 * w_shared * attention_tokens, w_shared * wb)
+    group_tokens = rank_tokens * ep * etp
+    mean_assignments = group_tokens * moe.top_k / ep
+    assignments = mean_assignments * ops.max_load_factor(mean_assignments, ep)
+    w_expert = model.ffn_parameters(moe.expert_ffn_hidden_size) / etp
+    slots = (moe.num_routed_experts + s.column("num_redundant_experts")) / ep
+    touched = ops.experts_touched_fraction(group_tokens, top_k=moe.top_k, num_experts=moe.num_routed_experts)
+    activation_bytes = assignments * 3.0 * moe.expert_ffn_hidden_size / etp * act + 2 * assignments * h * act
+    routed = _mm(s, 2 * w_expert * assignments, slots * touched * w_expert * wb + activation_bytes)
+    return router + shared + routed
+
+
+def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
+    """Core attention (scores and values) of one layer, (n,) seconds."""
+    model = s.model
+    queries = p.batch * p.new_tokens / (s.column("cp") * s.shard)
+    keys = ops.mean_attended_between(model, p.cached_tokens + 1.0, p.cached_tokens + p.new_tokens)
+    flops = queries * keys * ops.attention_flops_per_key(model, decode=p.decode)
+    if not p.decode:
+        flops = flops + p.batch * p.cached_tokens * ops.prefix_upprojection_flops_per_token(model) / (s.column("cp") * s.shard)
+    kv_fraction = 1.0 / (ops.kv_head_split(model, s.shard) * s.column("cp"))
+    context = p.cached_tokens + p.new_tokens
+    kv_read = p.batch * ops.kv_bytes_per_sequence_layer(model, context, s.kv_element_bytes, s.workload.kv_block_tokens)
+    return op_time_s(
+        flops=flops, bytes_moved=kv_read * kv_fraction, hardware=s.cluster.device, dtype=_attention_dtype(s), calibration=s.calibration
+    )
+
+
+def _collective(s: _Setup, op: str, axis: str, group, message) -> np.ndarray:
+    local = np.minimum(s.group_local[axis], group)
+    return collective_time_s(cluster=s.cluster, op=op, group_size=group, ranks_per_node=local, message_bytes=message, calibration=s.calibration)
+
+
+def _expert_all_to_all(s: _Setup, rank_tokens: np.ndarray, element_bytes: float, *, node_dedup: bool) -> np.ndarray:
+    """One MoE dispatch (or combine) as DeepEP runs it: every rank writes straight to its peers,
+    NVLink and RDMA at once, so the time is the slower tier's bytes over its bandwidth plus one
+    latency (DeepEP README; not the n-1 rounds of a pairwise all-to-all). Each tier is priced by
+    the topology as a point-to-point transfer. Each token goes to ``top_k`` experts, each held by
+    ``etp`` ranks. Prefill ("normal" kernels, ``node_dedup``) sends a token once per remote node
+    and forwards it over NVLink there; decode ("low-latency" kernels) sends every copy over RDMA.
+    Destinations are uniform over the group's ``ep`` ranks on ``ep / L`` nodes (``L`` per node).
+    """
+    moe, h = s.model.moe, s.model.hidden_size
+    ep, etp = s.column("ep"), s.column("etp")
+    local = np.minimum(s.group_local["ep"], ep)
+    nodes = ep / local
+    copies = moe.top_k * etp
+    token_bytes = rank_tokens * h * element_bytes
+    intra_bytes = token_bytes * copies * (local - 1.0) / ep
+    remote_copies = copies * (ep - local) / ep
+    if node_dedup:  # distinct remote nodes among the copies' destinations
+        remote_copies = np.minimum(remote_copies, (nodes - 1.0) * (1.0 - np.power(1.0 - 1.0 / nodes, copies)))
+    inter_bytes = token_bytes * remote_copies
+
+    def point_to_point(ranks_per_node, message) -> np.ndarray:
+        return collective_time_s(
+            cluster=s.cluster, op="send_recv", group_size=2.0, ranks_per_node=ranks_per_node, message_bytes=message,
+            calibration=s.calibration,
+        )
+
+    seconds = np.maximum(point_to_point(2.0, intra_bytes), np.where(nodes > 1, point_to_point(1.0, inter_bytes), 0.0))
+    return np.where(ep > 1, seconds, 0.0)
+
+
+def _comm_times(s: _Setup, p: ops.Pass) -> dict[str, np.ndarray]:
+    """TP, EP, CP and PP traffic of one pass on each pipeline rank, (3, n) seconds."""
+    model, lay = s.model, s.layout
+    act, h = dtype_bytes(s.workload.activation_dtype), model.hidden_size
+    tp, cp, ep, etp = s.column("tp"), s.column("cp"), s.column("ep"), s.column("etp")
+    attention_tokens, rank_tokens = _tokens(s, p)
+    all_reduce = _collective(s, "all_reduce", "tp", tp, attention_tokens * h * act)
+    gathered = attention_tokens * tp * h * act  # dense FFN under attention-DP: gather, then scatter back
+    gather_scatter = _collective(s, "all_gather", "tp", tp, gathered) + _collective(s, "reduce_scatter", "tp", tp, gathered)
+    tp_time = np.where(s.attention_dp, lay.dense_layers * gather_scatter, 2 * lay.layers * all_reduce)
+    ep_time = np.zeros_like(tp_time)
+    if model.moe is not None:
+        dispatch = _expert_all_to_all(s, rank_tokens, _dispatch_bytes(s), node_dedup=not p.decode)
+        combine = _expert_all_to_all(s, rank_tokens, COMBINE_BYTES, node_dedup=not p.decode)
+        ep_time = lay.moe_layers * (dispatch + combine)
+    if p.decode:  # merge partial softmax results of the cp shards of each sequence
+        cp_layer = _collective(s, "all_gather", "cp", cp, p.batch * h * act)
+    else:  # ring attention: each cp rank's new-token KV visits the others
+        kv_chunk = p.batch * p.new_tokens / cp * model.kv_cache_elements_per_token_per_layer() * s.kv_element_bytes
+        cp_layer = (cp - 1) * _collective(s, "send_recv", "cp", np.minimum(cp, 2.0), kv_chunk)
+    pp_send = _collective(s, "send_recv", "pp", np.minimum(s.column("pp"), 2.0), rank_tokens * h * act)
+    return {"tp_comm": tp_time, "ep_comm": ep_time, "cp_comm": lay.layers * cp_layer, "pp_comm": pp_send + 0 * tp_time}
+
+
+def _pass_parts(s: _Setup, p: ops.Pass) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Exposed and hidden seconds of one pass on the slowest pipeline rank, by part, (n,) each.
+
+    With two-batch overlap the pass runs as two half micro-batches and TP/EP/CP traffic may hide
+    entirely behind compute; otherwise each kind hides up to its calibrated overlap fraction.
+    Hidden traffic never exceeds the compute it hides behind.
+    """
+    half = p.scaled(0.5)
+    raw = {}
+    for part, one, two in _parts_both(s, p, half):
+        raw[part] = np.where(s.two_batch, 2.0 * two, one)
+    busy = raw["compute"] + raw["attention"]
+    fractions = {
+        kind: np.where(s.two_batch & (kind != "pp_comm"), 1.0, s.calibration.overlap_fraction(kind)) for kind in _COMM_PARTS
+    }
+    hideable = sum(raw[kind] * fractions[kind] for kind in _COMM_PARTS)
+    scale = np.where(hideable > 0, np.minimum(hideable, busy) / np.where(hideable > 0, hideable, 1.0), 0.0)
+    hidden = {kind: raw[kind] * fractions[kind] * scale for kind in _COMM_PARTS}
+    exposed = {part: raw[part] - hidden.get(part, 0.0) for part in INFERENCE_TIME_PARTS}
+    stage_total = sum(exposed.values())
+    slowest = np.argmax(stage_total, axis=0)
+    pick = lambda a: np.take_along_axis(np.asarray(a), slowest[None, :], axis=0)[0]  # noqa: E731
+    pp = s.column("pp")
+    return {k: pp * pick(v) for k, v in exposed.items()}, {k: pp * pick(v) for k, v in hidden.items()}
+
+
+def _parts_both(s: _Setup, whole: ops.Pass, half: ops.Pass):
+    """(part, time of the whole pass, time of one half micro-batch), each (3, n)."""
+    shape = s.layout.layers.shape
+    for p_name, getter in (("compute", _compute_time), ("attention", lambda s_, p_: s_.layout.layers * _attention_time(s_, p_))):
+        yield p_name, np.broadcast_to(getter(s, whole), shape), np.broadcast_to(getter(s, half), shape)
+    comm_whole, comm_half = _comm_times(s, whole), _comm_times(s, half)
+    for kind in _COMM_PARTS:
+        yield kind, np.broadcast_to(comm_whole[kind], shape), np.broadcast_to(comm_half[kind], shape)
+
+
+# ------------------------------------------------------------------------------ passes and memory
+def _passes(s: _Setup, batch: np.ndarray) -> tuple[ops.Pass, ops.Pass]:
+    """The prefill pass (uncached prompt tokens) and a decode step at the mean decode context."""
+    ones = np.ones_like(batch, dtype=np.float64)
+    cached = np.floor(s.prompt_tokens * s.workload.prefix_cache_hit_rate)
+    prefill = ops.Pass(batch, s.prompt_tokens - cached, cached, ones, decode=False)
+    decode_context = s.prompt_tokens + (s.output_tokens + 1.0) / 2.0
+    decode = ops.Pass(batch, ones, decode_context - 1.0, ones, decode=True)
+    return prefill, decode
+
+
+def _pass_memory(s: _Setup, p: ops.Pass) -> tuple[np.ndarray, np.ndarray]:
+    """Activations and communication buffers of one pass, bytes per device, (n,) each."""
+    model, act, h = s.model, dtype_bytes(s.workload.activation_dtype), s.model.hidden_size
+    tp, etp = s.column("tp"), s.column("etp")
+    attention_tokens, rank_tokens = _tokens(s, p)
+    head_tokens = p.batch * p.head_tokens / s.column("cp") * np.where(s.attention_dp, tp, 1.0)
+    activations = ops.live_activation_elements_per_token(model, s.shard) * attention_tokens * act
+    activations = activations + head_tokens * model.vocab_size / tp * ops.LOGIT_BYTES
+    buffers = np.where(s.attention_dp, 2 * attention_tokens * tp, 2 * attention_tokens) * h * act * (tp > 1)
+    if model.moe is not None:
+        copies = rank_tokens * model.moe.top_k * etp
+        activations = activations + copies * (h + 3.0 * model.moe.expert_ffn_hidden_size / etp) * act
+        buffers = buffers + copies * h * (_dispatch_bytes(s) + COMBINE_BYTES) * (s.column("ep") > 1)
+    return activations, buffers
+
+
+def _memory_parts(s: _Setup, batch: np.ndarray) -> dict[str, np.ndarray]:
+    """Memory of the fullest pipeline rank by part (``INFERENCE_MEMORY_PARTS``), (n,) each."""
+    prefill, decode = _passes(s, batch)
+    is_prefill, is_both = s.phase == PHASE_CODES["prefill"], s.phase == PHASE_CODES["both"]
+    pre_act, pre_buf = _pass_memory(s, prefill)
+    dec_act, dec_buf = _pass_memory(s, decode)
+    chunk_act, chunk_buf = _pass_memory(s, prefill.scaled(1.0))
+    chunk = 1.0 / s.output_tokens  # colocated: the prompts joining each decode step
+    activations = np.where(is_prefill, pre_act, dec_act + is_both * chunk * chunk_act)
+    buffers = np.where(is_prefill, pre_buf, np.maximum(dec_buf, is_both * chunk * chunk_buf))
+    context = np.where(is_prefill, s.prompt_tokens, decode.cached_tokens + 1.0)
+    per_sequence_layer = ops.kv_bytes_per_sequence_layer(s.model, context, s.kv_element_bytes, s.workload.kv_block_tokens)
+    kv_fraction = 1.0 / (ops.kv_head_split(s.model, s.shard) * s.column("cp"))
+    kv = s.layout.layers * (batch * s.column("pp") * per_sequence_layer * kv_fraction)
+    weights = sum(s.parameters.values()) * dtype_bytes(s.workload.weight_dtype)
+    stages = {"weights": weights, "kv_cache": kv, "activations": np.broadcast_to(activations, kv.shape),
+              "comm_buffers": np.broadcast_to(buffers, kv.shape)}
+    subtotal = sum(stages.values())
+    fullest = np.argmax(subtotal, axis=0)[None, :]
+    parts = {k: np.take_along_axis(np.asarray(v), fullest, axis=0)[0] for k, v in stages.items()}
+    parts["fragmentation"] = FRAGMENTATION_FRACTION * sum(parts.values())
+    return parts
+
+
+def _times(s: _Setup, batch: np.ndarray):
+    """Exposed/hidden parts of both passes and the phase-weighted step time."""
+    prefill, decode = _passes(s, batch)
+    pre_exposed, pre_hidden = _pass_parts(s, prefill)
+    dec_exposed, dec_hidden = _pass_parts(s, decode)
+    is_prefill, is_both = s.phase == PHASE_CODES["prefill"], s.phase == PHASE_CODES["both"]
+    prefill_weight = np.where(is_prefill, 1.0, np.where(is_both, 1.0 / s.output_tokens, 0.0))
+    decode_weight = np.where(is_prefill, 0.0, 1.0)
+    time, hidden = {}, {}
+    for part in INFERENCE_TIME_PARTS:
+        time[f"prefill_{part}"] = prefill_weight * pre_exposed[part]
+        time[f"decode_{part}"] = decode_weight * dec_exposed[part]
+        hidden[f"prefill_{part}"] = prefill_weight * pre_hidden.get(part, 0.0 * batch)
+        hidden[f"decode_{part}"] = decode_weight * dec_hidden.get(part, 0.0 * batch)
+    return time, hidden, sum(pre_exposed.values()), sum(dec_exposed.values())
+
+
+def _slo_ok(s: _Setup, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(TTFT within its SLO, TPOT within its SLO) per row; rows of a phase without one pass."""
+    time, _, prefill_s, _ = _times(s, batch)
+    step = sum(time.values())
+    w = s.workload
+    ttft_ok = (s.phase == PHASE_CODES["decode"]) | (prefill_s <= (w.ttft_slo_s or np.inf))
+    tpot_ok = (s.phase == PHASE_CODES["prefill"]) | (step <= (w.tpot_slo_s or np.inf))
+    return ttft_ok, tpot_ok
+
+
+def _choose_batch(s: _Setup) -> np.ndarray:
+    """Sequences per replica: the column if > 0; else what ``concurrency`` needs; else the largest
+    that memory holds (memory is affine in the batch) and, by bisection, meets the SLOs."""
+    n = s.phase.shape[0]
+    ones = np.ones(n)
+    first, second = sum(_memory_parts(s, ones).values()), sum(_memory_parts(s, 2 * ones).values())
+    per_sequence = second - first
+    fits = np.floor((s.cluster.memory_per_device_bytes - (first - per_sequence)) / per_sequence)
+    given = s.column("batch_size")
+    w = s.workload
+    if w.concurrency is not None:
+        wanted = np.ceil(w.concurrency / (s.replicas * s.column("pp")))
+        return np.where(given > 0, given, wanted)
+    batch = np.where(given > 0, given, np.maximum(fits, 1.0))
+    searching = (given == 0) & (fits > 1)
+    if (w.ttft_slo_s is None and w.tpot_slo_s is None) or not searching.any():
+        return batch
+    low, high = np.ones(n), np.where(searching, fits, 1.0)
+    while np.any(low < high):
+        middle = np.floor((low + high + 1) / 2)
+        ok = np.logical_and(*_slo_ok(s, middle))
+        low, high = np.where(ok, middle, low), np.where(ok, high, middle - 1)
+    return np.where(searching, low, batch)
+
+
+def estimate_inference_table(
+    *, model: ModelSpec, cluster, workload: Inference, table: Mapping[str, np.ndarray], prompt_tokens=None
+) -> dict[str, np.ndarray]:
+    """Inference cost of every row of ``table`` (see the module docstring for columns).
+
+    ``prompt_tokens``, an array over rows, overrides ``workload.prompt_tokens`` (sequence sweeps).
+    Rows are not checked against the model's rules here (``check_parallel_config`` does that).
+    """
+    s = _setup(model=model, cluster=cluster, workload=workload, table=table, prompt_tokens=prompt_tokens)
+    batch = _choose_batch(s)
+    time, hidden, prefill_s, decode_s = _times(s, batch)
+    memory = _memory_parts(s, batch)
+    step = sum(time.values())
+    is_prefill, is_decode = s.phase == PHASE_CODES["prefill"], s.phase == PHASE_CODES["decode"]
+    ranks = s.stage_ranks
+    prefill_rate = batch * s.prompt_tokens * s.replicas / (prefill_s * ranks)
+    decode_rate = batch * s.replicas / (decode_s * ranks)
+    capacity = s.cluster.memory_per_device_bytes
+    total_memory = sum(memory.values())
+    ttft_ok, tpot_ok = _slo_ok(s, batch)
+    reason = np.select(
+        [memory["weights"] > capacity, total_memory > capacity, ~ttft_ok, ~tpot_ok],
+        [REASON_CODES[k] for k in ("weights_exceed_memory", "kv_cache_exceeds_memory", "ttft_slo", "tpot_slo")],
+        default=REASON_CODES["ok"],
+    )
+    columns = {f"time.{k}": v for k, v in time.items()}
+    columns.update({f"hidden.{k}": v for k, v in hidden.items()})
+    columns.update({f"memory.{k}": v for k, v in memory.items()})
+    columns.update(
+        step_time_s=step,
+        ttft_s=np.where(is_decode, np.nan, prefill_s),
+        tpot_s=np.where(is_prefill, np.nan, step),
+        tokens_per_s_per_device=np.where(is_prefill, prefill_rate, batch * s.replicas / (step * ranks)),
+        prefill_tokens_per_s_per_device=prefill_rate,
+        decode_tokens_per_s_per_device=decode_rate,
+        batch_size=batch.astype(np.int64),
+        memory_per_device_bytes=total_memory,
+        memory_capacity_bytes=np.full(batch.shape, float(capacity)),
+        feasible=reason == REASON_CODES["ok"],
+        reason=reason.astype(np.int64),
+    )
+    return columns
