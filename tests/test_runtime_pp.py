@@ -1,0 +1,65 @@
+"""Pipeline parallel on gloo ranks equals the single-process reference model.
+
+Stages come from the plan's stage -> layer map (uneven splits included), the schedule is the one
+the plan names. The rank-side harness is ``test_runtime_ep.check_case``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from autoparallel.testing import run_ranks
+from cost_model import ParallelConfig
+from test_runtime_ep import assert_equal_to_reference, check_case, make_plan
+
+
+def _run(plan, **options):
+    return run_ranks(check_case, plan.world_size, args=(plan.to_json(), options), timeout_s=120)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    "config",
+    [
+        pytest.param(ParallelConfig(pp=2, pipeline_schedule="1f1b"), id="pp2-1f1b"),
+        pytest.param(ParallelConfig(pp=2, pipeline_schedule="gpipe", micro_batch_size=2), id="pp2-gpipe"),
+        pytest.param(
+            ParallelConfig(pp=2, pipeline_schedule="interleaved_1f1b", virtual_stages=2), id="pp2-interleaved"
+        ),
+        pytest.param(ParallelConfig(pp=2, pipeline_schedule="zero_bubble"), id="pp2-zero-bubble"),
+        pytest.param(ParallelConfig(pp=2, dp=2, ep=2), id="pp2xep2"),
+    ],
+)
+def test_pipeline_equals_reference(config: ParallelConfig) -> None:
+    plan = make_plan(config)
+    assert len(plan.stages) == config.pp * config.virtual_stages
+    assert_equal_to_reference(_run(plan))
+
+
+def test_uneven_stages_follow_the_plan() -> None:
+    """tiny-moe's 4 layers on 3 chunks: the middle chunk holds two layers, each end one."""
+    from autoparallel.runtime import ReferenceMoETransformer
+    from autoparallel.runtime._pipeline import split_stage_modules
+
+    import autoparallel as ap
+
+    plan = make_plan(ParallelConfig(pp=3))
+    spec = ap.get_model("tiny-moe")
+    layers = []
+    for pp_rank in range(3):
+        model = ReferenceMoETransformer(spec, device="meta")
+        ((chunk, module),) = split_stage_modules(model, plan=plan, pp_rank=pp_rank)
+        layers.append(list(module.model.layers))
+        assert (module.model.embed_tokens is not None) == chunk.has_embedding == (pp_rank == 0)
+        assert (module.lm_head is not None) == (module.model.norm is not None) == chunk.has_lm_head == (pp_rank == 2)
+    assert layers == [["0"], ["1", "2"], ["3"]]
+
+
+def test_plan_for_another_layer_count_is_rejected() -> None:
+    from autoparallel.runtime import ReferenceMoETransformer, tiny_reference_spec
+    from autoparallel.runtime._pipeline import split_stage_modules
+
+    plan = make_plan(ParallelConfig(pp=2))
+    model = ReferenceMoETransformer(tiny_reference_spec(num_layers=6), device="meta")
+    with pytest.raises(ValueError, match=r"module has 6 layers; the plan's stages cover 4"):
+        split_stage_modules(model, plan=plan, pp_rank=0)
