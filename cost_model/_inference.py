@@ -47,9 +47,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from cost_model import _inference_ops as ops
 from cost_model._common import (
     Calibration,
+    EstimateOptions,
     StageLayout,
     attention_parameters_per_device,
-    calibration_for,
     collective_time_s,
     op_time_s,
     parameters_per_device,
@@ -68,9 +68,6 @@ INFERENCE_COLUMNS: tuple[str, ...] = ("batch_size", "num_redundant_experts", "kv
 INFERENCE_TIME_PARTS: tuple[str, ...] = ("compute", "attention", "tp_comm", "ep_comm", "cp_comm", "pp_comm")
 INFERENCE_MEMORY_PARTS: tuple[str, ...] = ("weights", "kv_cache", "activations", "comm_buffers", "fragmentation")
 _COMM_PARTS = ("tp_comm", "ep_comm", "cp_comm", "pp_comm")
-#: Caching-allocator fragmentation and runtime workspace (CUDA graphs, cuBLAS workspaces) as a
-#: fraction of the rest; vLLM's default ``gpu_memory_utilization=0.9`` reserves about this much.
-FRAGMENTATION_FRACTION = 0.05
 #: MoE combine runs in bf16 even when the dispatch is fp8 (DeepSeek-V3 report sec. 3.3; DeepEP).
 COMBINE_BYTES = 2.0
 
@@ -114,6 +111,7 @@ class _Setup:
     kv_element_bytes: np.ndarray
     two_batch: np.ndarray
     phase: np.ndarray
+    fragmentation_fraction: float
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
 
@@ -138,7 +136,8 @@ class _Setup:
 
 
 def _setup(
-    *, model: ModelSpec, cluster, workload: Inference, table: Mapping[str, np.ndarray], prompt_tokens=None
+    *, model: ModelSpec, cluster, workload: Inference, table: Mapping[str, np.ndarray], options: EstimateOptions,
+    prompt_tokens=None,
 ) -> _Setup:
     """Normalize the table (defaults for absent inference columns) and derive shared arrays.
     ``prompt_tokens`` (per row) overrides the workload's, for sweeps over length."""
@@ -159,7 +158,7 @@ def _setup(
         model=model,
         cluster=cluster,
         workload=workload,
-        calibration=calibration_for(cluster.device),
+        calibration=options.calibration_for(cluster.device),
         table=table,
         layout=layout,
         group_local={k: v.astype(np.float64) for k, v in ranks_per_node(table=table, devices_per_node=cluster.devices_per_node).items()},
@@ -167,6 +166,7 @@ def _setup(
         kv_element_bytes=by_code[kv_codes],
         two_batch=np.asarray(table["two_batch_overlap"], dtype=bool),
         phase=phase,
+        fragmentation_fraction=options.fragmentation_fraction,
         prompt_tokens=np.broadcast_to(np.asarray(prompt_tokens if prompt_tokens is not None else workload.prompt_tokens, dtype=np.float64), (n,)),
         output_tokens=np.full(n, float(workload.output_tokens)),
     )
@@ -408,7 +408,7 @@ def _memory_parts(s: _Setup, batch: np.ndarray) -> dict[str, np.ndarray]:
     subtotal = sum(stages.values())
     fullest = np.argmax(subtotal, axis=0)[None, :]
     parts = {k: np.take_along_axis(np.asarray(v), fullest, axis=0)[0] for k, v in stages.items()}
-    parts["fragmentation"] = FRAGMENTATION_FRACTION * sum(parts.values())
+    parts["fragmentation"] = s.fragmentation_fraction * sum(parts.values())
     return parts
 
 
@@ -465,14 +465,20 @@ def _choose_batch(s: _Setup) -> np.ndarray:
 
 
 def estimate_inference_table(
-    *, model: ModelSpec, cluster, workload: Inference, table: Mapping[str, np.ndarray], prompt_tokens=None
+    *, model: ModelSpec, cluster, workload: Inference, table: Mapping[str, np.ndarray],
+    options: EstimateOptions | None = None, prompt_tokens=None,
 ) -> dict[str, np.ndarray]:
     """Inference cost of every row of ``table`` (see the module docstring for columns).
 
-    ``prompt_tokens``, an array over rows, overrides ``workload.prompt_tokens`` (sequence sweeps).
-    Rows are not checked against the model's rules here (``check_parallel_config`` does that).
+    ``options`` supplies the calibration (default: the shipped one for the device) and the
+    fragmentation reserve. ``prompt_tokens``, an array over rows, overrides
+    ``workload.prompt_tokens`` (sequence sweeps). Rows are not checked against the model's rules
+    here (``check_parallel_config`` does that).
     """
-    s = _setup(model=model, cluster=cluster, workload=workload, table=table, prompt_tokens=prompt_tokens)
+    s = _setup(
+        model=model, cluster=cluster, workload=workload, table=table, options=options or EstimateOptions(),
+        prompt_tokens=prompt_tokens,
+    )
     batch = _choose_batch(s)
     time, hidden, prefill_s, decode_s = _times(s, batch)
     memory = _memory_parts(s, batch)
