@@ -1,0 +1,244 @@
+"""Timing primitives of the probe, one rank's side. torch is imported inside functions only.
+
+Device-agnostic: the accelerator torch reports (``torch.accelerator.current_accelerator()``)
+or the CPU, its default process-group backend (``dist.get_default_backend_for_device``), and
+``time.perf_counter`` around the device module's ``synchronize`` where there is one. Every
+communication waits with a timeout; a failure is diagnosed through the rendezvous store (each
+surviving rank posts that it failed, then waits for the others) and raised as
+``ProbeRankError`` naming the ranks that never answered.
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+class ProbeRankError(RuntimeError):
+    """A probe step failed because ``ranks`` did not answer (dead, hung or unreachable)."""
+
+    def __init__(self, message: str, *, ranks: Sequence[int]) -> None:
+        super().__init__(message)
+        self.ranks = tuple(ranks)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Median seconds over the repeats and their spread, ``(max - min) / median``."""
+
+    median_s: float
+    spread: float
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> "Timing":
+        median = statistics.median(samples)
+        return cls(median_s=median, spread=(max(samples) - min(samples)) / median if median > 0 else 0.0)
+
+
+def device_and_backend() -> tuple[object, str]:
+    """The torch device this rank measures and its default process-group backend."""
+    import torch
+    import torch.distributed as dist
+
+    accelerator = torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None
+    if accelerator is None:
+        return torch.device("cpu"), dist.get_default_backend_for_device("cpu")
+    index = torch.accelerator.current_device_index()
+    return torch.device(accelerator.type, index), dist.get_default_backend_for_device(accelerator.type)
+
+
+def synchronize(device) -> None:
+    import torch
+
+    if device.type != "cpu":
+        torch.get_device_module(device.type).synchronize(device)
+
+
+class RankMonitor:
+    """Runs each communicating step with a timeout and names the ranks behind a failure."""
+
+    def __init__(self, *, rank: int, world_size: int, timeout_s: float, prefix: str) -> None:
+        self.rank, self.world_size, self.timeout_s, self.prefix = rank, world_size, timeout_s, prefix
+        self._store = _default_store()
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return datetime.timedelta(seconds=self.timeout_s)
+
+    def wait(self, work) -> None:
+        """Wait for an async ``work`` at most ``timeout_s``."""
+        work.wait(timeout=self.timeout)
+
+    def run(self, label: str, step: Callable[[], object], *, peers: Sequence[int] | None = None):
+        try:
+            return step()
+        except ProbeRankError:
+            raise
+        except Exception as error:  # noqa: BLE001 - any transport error becomes a diagnosis
+            silent = self._diagnose(label)
+            suspects = silent or [peer for peer in (peers or []) if peer != self.rank]
+            cause = f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
+            names = ", ".join(f"rank {peer}" for peer in suspects) or "an unidentified rank"
+            raise ProbeRankError(
+                f"probe step '{label}' failed on rank {self.rank}: {names} did not respond within "
+                f"{self.timeout_s:g} s (dead, hung or unreachable). Cause seen: {cause}",
+                ranks=suspects,
+            ) from error
+
+    def finished(self) -> None:
+        if self._store is not None:
+            self._store.set(f"{self.prefix}/finished/{self.rank}", "1")
+
+    def _diagnose(self, label: str) -> list[int]:
+        """Post this rank's failure, then wait (a little over one timeout) for every other rank
+        to post a failure or a finish; the ones that stay silent are the culprits."""
+        if self._store is None:
+            return []
+        try:
+            self._store.set(f"{self.prefix}/failed/{self.rank}", label)
+            deadline = time.monotonic() + self.timeout_s * 1.5 + 0.5
+            others = [peer for peer in range(self.world_size) if peer != self.rank]
+            while True:
+                silent = [peer for peer in others if not self._posted(peer)]
+                if not silent or time.monotonic() > deadline:
+                    return silent
+                time.sleep(0.05)
+        except Exception:  # noqa: BLE001 - the store itself is gone (its host died)
+            return [0]
+
+    def _posted(self, peer: int) -> bool:
+        keys = [f"{self.prefix}/failed/{peer}", f"{self.prefix}/finished/{peer}"]
+        return any(self._store.check([key]) for key in keys)
+
+
+def _default_store():
+    try:
+        from torch.distributed import distributed_c10d
+
+        return distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - no store: failures name the peer only
+        return None
+
+
+def time_pair(*, monitor: RankMonitor, sender: int, receiver: int, payload, token, repeats: int, warmup: int,
+              device, before_send: Callable[[int, int], None] | None = None) -> list[float]:
+    """Seconds per one-way transfer of ``payload`` from ``sender`` to ``receiver``, timed on
+    the sender from the receiver's ready token to its acknowledgement (one small round trip more)."""
+    import torch.distributed as dist
+
+    samples = []
+    me = monitor.rank
+    for index in range(warmup + repeats):
+        if me == receiver:
+            monitor.wait(dist.isend(token, sender))
+            monitor.wait(dist.irecv(payload, sender))
+            synchronize(device)
+            monitor.wait(dist.isend(token, sender))
+            continue
+        monitor.wait(dist.irecv(token, receiver))
+        start = time.perf_counter()
+        if before_send is not None:
+            before_send(sender, receiver)
+        monitor.wait(dist.isend(payload, receiver))
+        monitor.wait(dist.irecv(token, receiver))
+        synchronize(device)
+        if index >= warmup:
+            samples.append(time.perf_counter() - start)
+    return samples
+
+
+def time_collective(*, monitor: RankMonitor, op: str, group, group_size: int, message_bytes: int,
+                    repeats: int, warmup: int, device) -> list[float]:
+    """Seconds per ``op`` on ``group`` moving ``message_bytes`` (nccl-tests "size")."""
+    import torch
+    import torch.distributed as dist
+
+    elements = max(group_size, message_bytes // 4 // group_size * group_size)
+    full = torch.ones(elements, dtype=torch.float32, device=device)
+    shard = torch.ones(elements // group_size, dtype=torch.float32, device=device)
+    launch = {
+        "all_reduce": lambda: dist.all_reduce(full, group=group, async_op=True),
+        "all_gather": lambda: dist.all_gather_into_tensor(full, shard, group=group, async_op=True),
+        "reduce_scatter": lambda: _reduce_scatter(shard, full, group),
+        "all_to_all": lambda: dist.all_to_all_single(torch.empty_like(full), full, group=group, async_op=True),
+        "broadcast": lambda: dist.broadcast(full, src=dist.get_global_rank(group, 0), group=group, async_op=True),
+    }[op]
+    samples = []
+    for index in range(warmup + repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        monitor.wait(launch())
+        synchronize(device)
+        if index >= warmup:
+            samples.append(time.perf_counter() - start)
+    return samples
+
+
+def _reduce_scatter(output, full, group):
+    import torch.distributed as dist
+
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return scatter(output, full, group=group, async_op=True)
+
+
+def time_matmul(*, dtype_name: str, dim: int, repeats: int, warmup: int, device) -> tuple[list[float], float]:
+    """Seconds per ``dim``-cube matmul in ``dtype_name`` and its FLOPs (``2 dim^3``)."""
+    import torch
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+    a = torch.randn(dim, dim, device=device).to(dtype)
+    b = torch.randn(dim, dim, device=device).to(dtype)
+    samples = []
+    for index in range(warmup + repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        synchronize(device)
+        if index >= warmup:
+            samples.append(time.perf_counter() - start)
+    return samples, 2.0 * dim**3
+
+
+def time_copy(*, num_bytes: int, repeats: int, warmup: int, device) -> tuple[list[float], float]:
+    """Seconds per device-memory copy of ``num_bytes`` and the bytes moved (read + write)."""
+    import torch
+
+    source = torch.ones(max(1, num_bytes // 4), dtype=torch.float32, device=device)
+    target = torch.empty_like(source)
+    samples = []
+    for index in range(warmup + repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        target.copy_(source)
+        synchronize(device)
+        if index >= warmup:
+            samples.append(time.perf_counter() - start)
+    return samples, 2.0 * source.numel() * 4
+
+
+def device_memory_bytes(device, local_world_size: int) -> float:
+    """Memory of this device; on the CPU the host's physical memory split among its ranks."""
+    import os
+
+    import torch
+
+    if device.type == "cpu":
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / max(local_world_size, 1)
+    module = torch.get_device_module(device.type)
+    if hasattr(module, "get_device_properties"):
+        return float(module.get_device_properties(device).total_memory)
+    return float(module.mem_get_info(device)[1])
+
+
+def device_name(device) -> str:
+    import platform
+
+    import torch
+
+    if device.type == "cpu":
+        return f"CPU ({platform.processor() or platform.machine()})"
+    module = torch.get_device_module(device.type)
+    return module.get_device_name(device) if hasattr(module, "get_device_name") else device.type
