@@ -45,7 +45,7 @@ def estimate_table(
     if isinstance(workload, Inference):
         from cost_model._inference import estimate_inference_table
 
-        return estimate_inference_table(model=model, cluster=cluster, workload=workload, table=table)
+        return estimate_inference_table(model=model, cluster=cluster, workload=workload, table=table, options=options)
     if not isinstance(workload, Training):
         raise ValueError(f"workload ({type(workload).__name__}) must be Training or Inference")
     return _training_table(model, cluster, workload, table, options or EstimateOptions())
