@@ -1,9 +1,11 @@
-"""The torch side of autoparallel: the reference MoE transformer and ``apply_plan``.
+"""The torch side of autoparallel: the reference MoE transformer, device meshes and ``apply_plan``.
 
 Importing this package imports torch; ``import autoparallel`` does not (it resolves
 ``autoparallel.apply_plan`` here on first use).
 """
 
+from autoparallel.runtime._apply import AppliedPlan, apply_plan, check_plan_fits
+from autoparallel.runtime._mesh import Meshes, build_meshes, default_device_type
 from autoparallel.runtime._model import (
     KVCache,
     LocalDispatcher,
@@ -14,10 +16,16 @@ from autoparallel.runtime._model import (
 )
 
 __all__ = [
+    "AppliedPlan",
     "KVCache",
     "LocalDispatcher",
+    "Meshes",
     "MoEBlock",
     "ReferenceMoETransformer",
     "TokenDispatcher",
+    "apply_plan",
+    "build_meshes",
+    "check_plan_fits",
+    "default_device_type",
     "tiny_reference_spec",
 ]

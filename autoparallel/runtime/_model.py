@@ -314,13 +314,13 @@ class MoEBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.shape[-1])
         weights, expert_ids = self.gate(tokens)
-        out = self.dispatcher(tokens, weights, expert_ids, self.experts)
+        out = self.dispatcher(tokens, weights, expert_ids, self.experts).view_as(x)
         if self.shared_experts is not None:
-            shared = self.shared_experts(tokens)
+            shared = self.shared_experts(x)
             if self.shared_expert_gate is not None:
-                shared = torch.sigmoid(self.shared_expert_gate(tokens)) * shared
+                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
             out = out + shared
-        return out.view_as(x)
+        return out
 
 
 class DecoderLayer(nn.Module):

@@ -1,0 +1,255 @@
+"""``apply_plan``: a thin interpreter of a ``ShardingPlan`` over a real ``torch.nn.Module``.
+
+Order of passes (each one reads only the plan and the meshes): checks -> meshes -> pipeline cut
+(``_pipeline``) -> tensor/sequence parallel (``_tensor_parallel``) -> expert parallel
+(``_expert_parallel``) -> data parallel (``_data_parallel``) -> pipeline schedule. Every check that
+can fail on user input runs before the first collective.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from autoparallel._plan import ModuleRule, ShardingPlan, load_plan
+from autoparallel.runtime._data_parallel import DataParallel, apply_data_parallel
+from autoparallel.runtime._mesh import Meshes, build_meshes, mesh_rank_layout
+from autoparallel.runtime._tensor_parallel import TensorParallel, apply_tensor_parallel, match_rules
+
+__all__ = ["AppliedPlan", "apply_plan", "check_plan_fits"]
+
+logger = logging.getLogger(__name__)
+
+_APPLIED = "_autoparallel_applied_plan"
+
+
+@dataclass
+class AppliedPlan:
+    """The result of ``apply_plan`` on one rank.
+
+    Attributes:
+        plan: the plan that was applied.
+        meshes: ``meshes.dense`` (pp, dp, cp, tp), ``meshes.moe`` (pp, edp, ep, etp), ``meshes.device``.
+        modules: this rank's modules: the whole (parallelized) model, or its pipeline chunks.
+        pipeline: the ``_pipeline.Pipeline`` (stages + schedule) when pp > 1, else ``None``.
+        tensor_parallel, expert_parallel, data_parallel: what each pass did (``None`` if skipped).
+    """
+
+    plan: ShardingPlan
+    meshes: Meshes
+    modules: list[nn.Module]
+    pipeline: Any = None
+    tensor_parallel: list[TensorParallel] = field(default_factory=list)
+    expert_parallel: list[Any] = field(default_factory=list)
+    data_parallel: DataParallel | None = None
+
+    @property
+    def module(self) -> nn.Module:
+        """This rank's module (its first pipeline chunk when pp > 1)."""
+        return self.modules[0]
+
+    @property
+    def schedule(self) -> Any:
+        """torch's pipeline schedule, or ``None`` without pipeline parallel."""
+        return None if self.pipeline is None else self.pipeline.schedule
+
+    @property
+    def device(self) -> torch.device:
+        return self.meshes.device
+
+    def parameters(self) -> list[nn.Parameter]:
+        """Every parameter this rank holds (for the optimizer), each once."""
+        seen: dict[int, nn.Parameter] = {}
+        for module in self.modules:
+            for parameter in module.parameters():
+                seen.setdefault(id(parameter), parameter)
+        return list(seen.values())
+
+    def sync_gradients(self) -> None:
+        """Finish the step's gradients after backward (all micro-batches), before the optimizer:
+        tp sums of replicated weights applied to sequence shards, expert gradients over edp and
+        replicas, then the dp average under replication (FSDP reduced during backward)."""
+        for tensor_parallel in self.tensor_parallel:
+            tensor_parallel.sync_gradients()
+        for expert_parallel in self.expert_parallel:
+            expert_parallel.sync_gradients()
+        if self.data_parallel is not None:
+            self.data_parallel.sync_gradients()
+
+
+# ----------------------------------------------------------------------------- checks
+def _launched_world_size() -> int | None:
+    if dist.is_initialized():
+        return dist.get_world_size()
+    value = os.environ.get("WORLD_SIZE")
+    return int(value) if value else None
+
+
+def _count_layers(module: nn.Module) -> int | None:
+    layers = getattr(getattr(module, "model", module), "layers", None)
+    return len(layers) if isinstance(layers, (nn.ModuleDict, nn.ModuleList)) else None
+
+
+def _count_experts(module: nn.Module) -> set[int]:
+    return {
+        len(child)
+        for name, child in module.named_modules()
+        if name.endswith("experts") and not name.endswith("shared_experts") and isinstance(child, (nn.ModuleDict, nn.ModuleList))
+    }
+
+
+def _check_model(module: nn.Module, plan: ShardingPlan) -> None:
+    """The module must be the plan's model: fingerprint (when it carries a spec), layers, experts."""
+    spec = getattr(module, "spec", None)
+    provenance = plan.provenance
+    if spec is not None and hasattr(spec, "fingerprint") and spec.fingerprint() != provenance.model_fingerprint:
+        raise ValueError(
+            f"module's model fingerprint ({spec.fingerprint()}, {spec.name!r}) differs from the plan's "
+            f"({provenance.model_fingerprint}, {provenance.model_name!r}): the plan is for another model"
+        )
+    planned_layers = max((stage.stop_layer for stage in plan.stages), default=None)
+    layers = _count_layers(module)
+    if planned_layers is not None and layers is not None and layers != planned_layers:
+        raise ValueError(f"module has {layers} layers; the plan's stages cover {planned_layers} layers")
+    experts = _count_experts(module)
+    placement = plan.expert_placement
+    if placement is not None and experts and experts != {placement.num_experts}:
+        raise ValueError(
+            f"module's MoE blocks hold {sorted(experts)} experts; the plan's expert placement has {placement.num_experts}"
+        )
+    if spec is not None and hasattr(spec, "attention"):
+        plan.config.validate_for(spec)
+
+
+def _check_rules(module: nn.Module, plan: ShardingPlan) -> dict[ModuleRule, list[str]]:
+    matches = match_rules(module, plan.module_rules)
+    for rule, names in matches.items():
+        if not names:
+            raise ValueError(
+                f"module rule {rule.pattern!r} ({rule.style} over {rule.mesh_axis}) matches no module of "
+                f"{type(module).__name__}"
+            )
+    return matches
+
+
+def check_plan_fits(module: nn.Module, plan: ShardingPlan) -> None:
+    """Every check ``apply_plan`` makes before communicating; raises ``ValueError`` naming what differs."""
+    if getattr(module, _APPLIED, None) is not None:
+        raise ValueError("apply_plan was already applied to this module; build a fresh module to apply a plan again")
+    world = _launched_world_size()
+    if world is not None and world != plan.world_size:
+        raise ValueError(f"plan world_size ({plan.world_size}) differs from the launched world size ({world})")
+    mesh_rank_layout(plan)
+    if plan.config.cp > 1:
+        raise ValueError(f"cp ({plan.config.cp}) must be 1: apply_plan does not implement context parallel")
+    _check_model(module, plan)
+    _check_rules(module, plan)
+
+
+# ----------------------------------------------------------------------------- passes
+def _stage_modules(module: nn.Module, plan: ShardingPlan, meshes: Meshes) -> list[tuple[Any, nn.Module]]:
+    if plan.config.pp == 1:
+        return [(None, module)]
+    from autoparallel.runtime._pipeline import split_stage_modules
+
+    return split_stage_modules(module, plan=plan, pp_rank=meshes.coordinate("pp"))
+
+
+def _parallelize(chunk: nn.Module, plan: ShardingPlan, meshes: Meshes, applied: AppliedPlan) -> None:
+    config = plan.config
+    matches = match_rules(chunk, plan.module_rules)
+    if config.tp > 1 and not config.attention_data_parallel:
+        applied.tensor_parallel.append(
+            apply_tensor_parallel(chunk, plan=plan, tp_mesh=meshes.dense["tp"], matches=matches)
+        )
+    if config.ep > 1 or config.etp > 1:
+        from autoparallel.runtime._expert_parallel import apply_expert_parallel
+
+        applied.expert_parallel.append(
+            apply_expert_parallel(chunk, plan=plan, moe_mesh=meshes.moe, dense_mesh=meshes.dense)
+        )
+
+
+def _build_pipeline(
+    stage_modules: list[tuple[Any, nn.Module]], plan: ShardingPlan, meshes: Meshes, *,
+    loss_fn: Callable | None, num_micro_batches: int | None,
+) -> Any:
+    from autoparallel.runtime._pipeline import build_pipeline, num_micro_batches_for
+
+    if loss_fn is None:
+        raise ValueError(f"loss_fn (None) must be given for a plan with pp ({plan.config.pp}) > 1")
+    if num_micro_batches is None:
+        num_micro_batches = num_micro_batches_for(plan)
+    return build_pipeline(
+        stage_modules, plan=plan, pp_group=meshes.dense["pp"].get_group(), device=meshes.device,
+        loss_fn=loss_fn, num_micro_batches=num_micro_batches,
+    )
+
+
+def apply_plan(
+    module: nn.Module,
+    plan: ShardingPlan | str | Path,
+    *,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    num_micro_batches: int | None = None,
+    device_type: str | None = None,
+    backend: str | None = None,
+) -> AppliedPlan:
+    """Parallelize ``module`` in place as ``plan`` says, on this rank of the launched world.
+
+    Mutates ``module``: with pp > 1 the layers of other stages are dropped (and, with virtual
+    stages, chunk modules sharing its submodules are made); tp-split weights become DTensors;
+    routed-expert containers keep only this rank's experts and MoE blocks get an all-to-all
+    dispatcher; under FSDP (zero_stage >= 1) weights become dp-sharded DTensors. Parameter FQNs
+    are unchanged. Applying a plan twice to one module is an error (``ValueError``), not a no-op.
+
+    Needs one process per rank (torchrun or ``autoparallel.testing.run_ranks``); initializes
+    the default process group if needed (``backend``, else the device's default). Weights may
+    be on ``device_type``'s device, on CPU (moved), or on the meta device (shapes only).
+
+    Args:
+        module: the model (e.g. ``ReferenceMoETransformer``, or a HuggingFace-named module).
+        plan: a ``ShardingPlan`` or a path / JSON text of one.
+        loss_fn: ``loss_fn(logits, targets)``, needed by pipeline schedules (pp > 1).
+        num_micro_batches: pipeline micro-batches per step (default from the plan's workload).
+        device_type: force the device type (default: the current accelerator, else ``cpu``).
+        backend: force the process-group backend (default: the device type's default).
+
+    Returns:
+        An ``AppliedPlan``: meshes, this rank's module(s), the pipeline schedule, and
+        ``sync_gradients()`` to call after backward.
+
+    Raises:
+        ValueError: before any collective, when the plan's world size differs from the launched
+            one, the plan is for another model (fingerprint, layer or expert count), a module rule
+            matches no module, or the plan was already applied to ``module``.
+    """
+    if not isinstance(plan, ShardingPlan):
+        plan = load_plan(plan)
+    check_plan_fits(module, plan)
+    meshes = build_meshes(plan, device_type=device_type, backend=backend)
+    if meshes.device.type not in ("cpu", "meta") and not any(p.is_meta for p in module.parameters()):
+        module.to(meshes.device)
+    stage_modules = _stage_modules(module, plan, meshes)
+    applied = AppliedPlan(plan=plan, meshes=meshes, modules=[chunk for _, chunk in stage_modules])
+    for _, chunk in stage_modules:
+        _parallelize(chunk, plan, meshes, applied)
+    if plan.config.dp > 1:
+        ignored = {p for ep in applied.expert_parallel for p in ep.expert_parameters()}
+        applied.data_parallel = apply_data_parallel(
+            applied.modules, plan=plan, dp_mesh=meshes.dense["dp"], ignored=ignored
+        )
+    if plan.config.pp > 1:
+        applied.pipeline = _build_pipeline(
+            stage_modules, plan, meshes, loss_fn=loss_fn, num_micro_batches=num_micro_batches
+        )
+    setattr(module, _APPLIED, plan)
+    logger.info("applied plan %s on rank %d", plan.config, dist.get_rank())
+    return applied

@@ -1,0 +1,110 @@
+"""Device meshes from a plan: the dense mesh (pp, dp, cp, tp) and the MoE view (pp, edp, ep, etp).
+
+Both meshes hold the same ranks in the same order: mesh position ``i`` (row-major over the
+axes) is global rank ``plan.rank_to_device[i]``. The MoE view re-reads each stage's dp*cp*tp
+ranks as edp x ep x etp (Megatron-core's parallel folding, Liu et al. arXiv:2504.14960), so
+ep groups are drawn from tp ranks first, then cp, then dp.
+
+Device type and process-group backend come from torch's device-agnostic APIs: the current
+accelerator's type (CUDA, XPU, MPS, ...) when there is one, else ``cpu``; the backend is
+``dist.get_default_backend_for_device`` of it (NCCL, XCCL, gloo, ...). Both can be forced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from autoparallel._plan import ShardingPlan
+
+__all__ = ["DENSE_AXES", "MOE_AXES", "Meshes", "build_meshes", "default_device_type", "mesh_rank_layout"]
+
+DENSE_AXES = ("pp", "dp", "cp", "tp")
+MOE_AXES = ("pp", "edp", "ep", "etp")
+
+
+@dataclass(frozen=True)
+class Meshes:
+    """The two views of the launched ranks, and this rank's device."""
+
+    dense: DeviceMesh
+    moe: DeviceMesh
+    device: torch.device
+
+    def coordinate(self, axis: str) -> int:
+        """This rank's index along ``axis`` (a dense or MoE axis name)."""
+        mesh = self.dense if axis in DENSE_AXES else self.moe
+        return mesh[axis].get_local_rank()
+
+
+def default_device_type() -> str:
+    """The current accelerator's device type, or ``"cpu"`` when there is none."""
+    accelerator = torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None
+    return accelerator.type if accelerator is not None else "cpu"
+
+
+def _axis_sizes(plan: ShardingPlan) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    config = plan.config
+    dense = (config.pp, config.dp, config.cp, config.tp)
+    moe = (config.pp, config.edp, config.ep, config.etp)
+    declared = {axis.name: axis.size for axis in plan.mesh_axes + plan.moe_mesh_axes}
+    expected = dict(zip(DENSE_AXES, dense)) | dict(zip(MOE_AXES, moe))
+    for name, size in declared.items():
+        if name in expected and expected[name] != size:
+            raise ValueError(f"plan mesh axis {name!r} has size {size}; the plan's config gives {expected[name]}")
+    return dense, moe
+
+
+def mesh_rank_layout(plan: ShardingPlan) -> torch.Tensor:
+    """Global ranks laid out as the dense mesh (pp, dp, cp, tp), from ``plan.rank_to_device``."""
+    dense, _ = _axis_sizes(plan)
+    ranks = list(plan.rank_to_device)
+    if len(ranks) != plan.world_size or sorted(ranks) != list(range(plan.world_size)):
+        raise ValueError(
+            f"rank_to_device (length {len(ranks)}) must be a permutation of range(world_size = {plan.world_size})"
+        )
+    if plan.config.world_size != plan.world_size:
+        raise ValueError(
+            f"plan world_size ({plan.world_size}) must equal dp*cp*tp*pp of its config ({plan.config.world_size})"
+        )
+    return torch.tensor(ranks, dtype=torch.int64).view(dense)
+
+
+def _init_process_group(backend: str | None, device_type: str) -> None:
+    if dist.is_initialized():
+        return
+    dist.init_process_group(backend or dist.get_default_backend_for_device(device_type))
+
+
+def _local_device(device_type: str) -> torch.device:
+    if device_type == "cpu" or device_type == "meta":
+        return torch.device(device_type)
+    module = torch.get_device_module(device_type)
+    index = dist.get_rank() % max(module.device_count(), 1)
+    module.set_device(index)
+    return torch.device(device_type, index)
+
+
+def build_meshes(plan: ShardingPlan, *, device_type: str | None = None, backend: str | None = None) -> Meshes:
+    """Build the dense and MoE device meshes of ``plan`` on the launched ranks.
+
+    Initializes the default process group (``backend``, else the device's default backend,
+    from the torchrun environment) if it is not yet initialized. Raises ``ValueError`` when the
+    plan's world size differs from the launched world, before any collective.
+    """
+    device_type = device_type or default_device_type()
+    layout = mesh_rank_layout(plan)
+    _init_process_group(backend, device_type)
+    world = dist.get_world_size()
+    if world != plan.world_size:
+        raise ValueError(f"plan world_size ({plan.world_size}) differs from the launched world size ({world})")
+    _, moe_sizes = _axis_sizes(plan)
+    mesh_type = "cpu" if device_type == "meta" else device_type
+    dense = DeviceMesh(mesh_type, layout, mesh_dim_names=DENSE_AXES)
+    moe = DeviceMesh(mesh_type, layout.reshape(moe_sizes), mesh_dim_names=MOE_AXES)
+    # A mesh smaller than the world is accepted silently by torch and fails much later.
+    assert dense.size() == world == moe.size(), (dense.size(), moe.size(), world)
+    return Meshes(dense=dense, moe=moe, device=_local_device(device_type))

@@ -1,0 +1,225 @@
+"""Tensor and sequence parallel from a plan's module rules, with DTensor's ``parallelize_module``.
+
+Placements follow Megatron-LM (Shoeybi et al. 2019, arXiv:1909.08053 sec. 3; sequence parallel:
+Korthikanti et al. 2022, arXiv:2205.05198 sec. 4.2.2) as torchtitan writes them:
+
+* ``colwise`` Linear: weight ``Shard(0)``, input replicated, output split by features (local).
+  On ``lm_head`` the output is gathered (``Replicate``) so callers see whole logits.
+* ``rowwise`` Linear: weight ``Shard(1)``, partial outputs summed (all-reduce; with sequence
+  parallel a reduce-scatter to ``Shard(1)``). On an embedding the vocabulary is split.
+* ``sequence`` norm: runs on the sequence shard (``SequenceParallel``); ``sequence`` attention or
+  dense FFN block: all-gathers the sequence at its input. An MoE block keeps its tokens sharded
+  (each tp rank routes its own tokens); its shared experts gather them, and the replicated
+  weights it applies to sharded tokens (router, expert-data-parallel experts) get their
+  gradients summed over tp.
+* ``replicate``: whole module on every rank; nothing to do.
+
+MLA's RoPE key is shared by all heads, so with heads split its gradient is a partial sum on each
+rank: ``Attention.shared_key_hook`` becomes an identity whose backward all-reduces over tp.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from fnmatch import translate
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from autoparallel._plan import ModuleRule, ShardingPlan
+
+__all__ = ["SumGradientOverGroup", "TensorParallel", "apply_tensor_parallel", "match_rules"]
+
+logger = logging.getLogger(__name__)
+
+
+def match_rules(module: nn.Module, rules: Iterable[ModuleRule]) -> dict[ModuleRule, list[str]]:
+    """FQNs of ``module``'s submodules each rule's pattern matches (``fnmatch``, case-sensitive).
+
+    Raises ``ValueError`` naming a module that two rules of different styles on one mesh axis match.
+    """
+    rules = list(rules)
+    compiled = [(rule, re.compile(translate(rule.pattern))) for rule in rules]
+    matches: dict[ModuleRule, list[str]] = {rule: [] for rule in rules}
+    for name, _ in module.named_modules():
+        hits = [rule for rule, regex in compiled if regex.match(name)]
+        for rule in hits:
+            matches[rule].append(name)
+        styles = {(rule.mesh_axis, rule.style) for rule in hits}
+        if len({axis for axis, _ in styles}) < len(styles):
+            raise ValueError(f"module {name!r} matches rules of different styles: {sorted(styles)}")
+    return matches
+
+
+def _is_moe_block(module: nn.Module) -> bool:
+    return hasattr(module, "dispatcher") and hasattr(module, "experts")
+
+
+def _is_block(module: nn.Module) -> bool:
+    return any(isinstance(child, nn.Linear) for child in module.modules())
+
+
+def _style(module: nn.Module, rule: ModuleRule, *, name: str, sequence_parallel: bool) -> ParallelStyle | None:
+    """The DTensor style a colwise/rowwise rule, or a sequence rule on a norm, gives one module."""
+    seq = Shard(1) if sequence_parallel else Replicate()
+    if rule.style == "colwise":
+        if name == "lm_head" or name.endswith(".lm_head"):
+            return ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
+        return ColwiseParallel()
+    if rule.style == "rowwise":
+        if isinstance(module, nn.Embedding):
+            return RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+        return RowwiseParallel(output_layouts=seq)
+    if rule.style == "sequence" and not _is_block(module):
+        return SequenceParallel()
+    return None
+
+
+def _as_sequence_shard(tensor: torch.Tensor, mesh: DeviceMesh) -> DTensor:
+    return tensor if isinstance(tensor, DTensor) else DTensor.from_local(tensor, mesh, [Shard(1)], run_check=False)
+
+
+def _gather_sequence_hook(mesh: DeviceMesh):  # noqa: ANN202
+    """Forward pre-hook: the first input, a sequence shard, becomes the whole (local) sequence."""
+
+    def hook(_module: nn.Module, args: tuple) -> tuple:
+        whole = _as_sequence_shard(args[0], mesh).redistribute(mesh, [Replicate()]).to_local()
+        return (whole, *args[1:])
+
+    return hook
+
+
+def _local_shard_hook(mesh: DeviceMesh):  # noqa: ANN202
+    """Forward pre-hook: the first input stays this rank's sequence shard, as a plain tensor."""
+
+    def hook(_module: nn.Module, args: tuple) -> tuple:
+        return (_as_sequence_shard(args[0], mesh).to_local(), *args[1:])
+
+    return hook
+
+
+class _SumOverGroup(torch.autograd.Function):
+    """Identity forward; backward all-reduces (sums) the gradient over ``group``."""
+
+    @staticmethod
+    def forward(ctx, tensor, group):  # noqa: ANN001, ANN205 - autograd API
+        ctx.group = group
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class SumGradientOverGroup:
+    """Callable ``tensor -> tensor``: identity whose backward sums the gradient over ``group``."""
+
+    def __init__(self, group) -> None:  # noqa: ANN001 - a ProcessGroup
+        self.group = group
+
+    def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
+        return _SumOverGroup.apply(tensor, self.group)
+
+
+@dataclass
+class TensorParallel:
+    """What ``apply_tensor_parallel`` did: parallelized FQNs and the weights whose gradients
+    ``sync_gradients`` sums over tp (replicated weights applied to sequence-sharded tokens)."""
+
+    tp_mesh: DeviceMesh
+    parallelized: list[str]
+    summed_parameters: list[tuple[nn.Module, str]] = field(default_factory=list)
+
+    def sync_gradients(self) -> None:
+        """Sum the gradients of ``summed_parameters`` over tp; call after backward."""
+        grads = []
+        for owner, name in self.summed_parameters:
+            grad = owner.get_parameter(name).grad
+            if grad is not None:
+                grads.append(grad.to_local() if isinstance(grad, DTensor) else grad)
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.tp_mesh.get_group())
+        for grad, piece in zip(grads, flat.split([g.numel() for g in grads])):
+            grad.copy_(piece.view_as(grad))
+
+
+def _check_heads(matches: dict[ModuleRule, list[str]], tp: int) -> None:
+    for rule, names in matches.items():
+        if rule.style == "replicate" and rule.pattern.endswith(("k_proj", "v_proj")) and names:
+            raise ValueError(
+                f"rule {rule.pattern!r} replicates K/V heads (tp ({tp}) > num_key_value_heads); "
+                "apply_plan needs num_key_value_heads divisible by tp"
+            )
+
+
+def _sequence_blocks(module: nn.Module, plan: ShardingPlan, blocks: list[str], mesh: DeviceMesh, result: TensorParallel) -> None:
+    """Gather/keep-sharded pre-hooks on blocks under sequence parallel; MoE blocks' replicated
+    weights join ``result.summed_parameters``."""
+    expert_parallel = plan.config.ep > 1 or plan.config.etp > 1
+    for name in blocks:
+        block = module.get_submodule(name)
+        if not _is_moe_block(block):
+            block.register_forward_pre_hook(_gather_sequence_hook(mesh))
+            continue
+        block.register_forward_pre_hook(_local_shard_hook(mesh))
+        if getattr(block, "shared_experts", None) is not None:
+            block.shared_experts.register_forward_pre_hook(_gather_sequence_hook(mesh))
+        for parameter_name, _ in block.named_parameters():
+            if parameter_name.startswith("shared_experts."):
+                continue
+            if expert_parallel and parameter_name.startswith("experts."):
+                continue
+            result.summed_parameters.append((block, parameter_name))
+
+
+def apply_tensor_parallel(
+    module: nn.Module, *, plan: ShardingPlan, tp_mesh: DeviceMesh, matches: dict[ModuleRule, list[str]]
+) -> TensorParallel:
+    """Apply the plan's tp-axis colwise/rowwise/sequence rules to ``module`` in place.
+
+    ``matches`` is ``match_rules``'s result on ``module``. MLA attention whose heads are split
+    gets a ``shared_key_hook`` summing the RoPE key's gradient over tp.
+    """
+    sequence_parallel = plan.config.sequence_parallel
+    _check_heads(matches, tp_mesh.size())
+    styles: dict[str, ParallelStyle] = {}
+    blocks: list[str] = []
+    for rule, names in matches.items():
+        if rule.mesh_axis != "tp":
+            continue
+        for name in names:
+            submodule = module.get_submodule(name)
+            style = _style(submodule, rule, name=name, sequence_parallel=sequence_parallel)
+            if style is not None:
+                styles[name] = style
+            elif rule.style == "sequence":
+                blocks.append(name)
+    result = TensorParallel(tp_mesh=tp_mesh, parallelized=sorted(set(styles) | set(blocks)))
+    group = tp_mesh.get_group()
+    for name, submodule in module.named_modules():
+        attention = getattr(submodule, "attention", None)
+        if hasattr(submodule, "shared_key_hook") and getattr(attention, "kind", None) == "mla":
+            if f"{name}.kv_b_proj" in styles:
+                submodule.shared_key_hook = SumGradientOverGroup(group)
+    for name, style in styles.items():
+        parallelize_module(module.get_submodule(name), tp_mesh, style)
+    _sequence_blocks(module, plan, blocks, tp_mesh, result)
+    logger.info("tensor parallel: %d modules over tp=%d", len(result.parallelized), tp_mesh.size())
+    return result

@@ -1,0 +1,175 @@
+"""Sharded training equals the single-process reference: tp2, pp2 x tp2, pp2 x dp2 x tp2, sp, FSDP.
+
+Every rank builds the same reference model (same seed), applies a plan made by the plan API
+(``autoparallel.testing.plan_for_config``) to a copy, runs one training step on its share of the
+batch, and compares logits, loss, every gradient and every parameter after one AdamW step with
+the reference run on the whole batch.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from autoparallel.testing import run_ranks
+
+pytestmark = pytest.mark.distributed
+
+GRADIENT_TOLERANCE = 1e-5  # relative to the tensor's largest magnitude
+PARAMETER_TOLERANCE = 1e-4  # absolute, after one AdamW step
+SEQUENCE_TOKENS = 8
+SEQUENCES_PER_DP_RANK = 4
+
+
+def _full(tensor):
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def _relative_error(actual, expected) -> float:
+    scale = max(float(expected.abs().max()), 1e-12)
+    return float((actual.detach() - expected.detach()).abs().max()) / scale
+
+
+def _reference_step(model, tokens, targets):
+    import torch
+    import torch.nn.functional as F
+
+    logits = model(tokens)
+    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    torch.optim.AdamW(model.parameters(), lr=1e-3).step()
+    return logits.detach(), grads
+
+
+def _sharded_step(applied, tokens, targets, *, broken: str | None):
+    """One step under the plan; returns (logits or None, loss or None) of this rank."""
+    import torch
+    import torch.nn.functional as F
+
+    if applied.pipeline is None:
+        logits = applied.module(tokens)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss.backward()
+    else:
+        losses: list = []
+        pipeline = applied.pipeline
+        if pipeline.is_first:
+            logits = pipeline.schedule.step(tokens)
+        else:
+            logits = pipeline.schedule.step(target=targets, losses=losses)
+        loss = torch.stack(losses).mean() if losses else None
+        logits = logits if pipeline.is_last else None
+    if broken != "skip_sync":
+        applied.sync_gradients()
+    torch.optim.AdamW(applied.parameters(), lr=1e-3).step()
+    return logits, loss
+
+
+def _break(applied, broken: str | None) -> None:
+    if broken == "shared_key":  # drop the tp sum of MLA's shared RoPE-key gradient
+        from autoparallel.runtime._model import Attention, _identity
+
+        for module in applied.modules:
+            for submodule in module.modules():
+                if isinstance(submodule, Attention):
+                    submodule.shared_key_hook = _identity
+
+
+def _parity_rank(rank: int, world_size: int, config_fields: dict, spec_fields: dict, broken: str | None) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from autoparallel.runtime import ReferenceMoETransformer, apply_plan, tiny_reference_spec
+    from autoparallel.testing import plan_for_config
+    from cost_model import ParallelConfig
+
+    spec = tiny_reference_spec(**spec_fields)
+    config = ParallelConfig(**config_fields)
+    plan = plan_for_config(spec, config)
+    reference = ReferenceMoETransformer(spec)
+    reference.init_weights(seed=0)
+    model = copy.deepcopy(reference)
+    generator = torch.Generator().manual_seed(1)
+    batch = SEQUENCES_PER_DP_RANK * config.dp
+    tokens = torch.randint(0, spec.vocab_size, (batch, SEQUENCE_TOKENS), generator=generator)
+    targets = torch.randint(0, spec.vocab_size, (batch, SEQUENCE_TOKENS), generator=generator)
+
+    loss_fn = lambda logits, target: F.cross_entropy(logits.flatten(0, 1), target.flatten())  # noqa: E731
+    applied = apply_plan(model, plan, loss_fn=loss_fn, num_micro_batches=2 if config.pp > 1 else None)
+    _break(applied, broken)
+    dp_index = applied.meshes.coordinate("dp")
+    local = slice(dp_index * SEQUENCES_PER_DP_RANK, (dp_index + 1) * SEQUENCES_PER_DP_RANK)
+    reference_logits, reference_grads = _reference_step(reference, tokens, targets)
+    logits, loss = _sharded_step(applied, tokens[local], targets[local], broken=broken)
+
+    errors: dict[str, float] = {}
+    if logits is not None:
+        errors["logits"] = _relative_error(_full(logits), reference_logits[local])
+        reference_loss = F.cross_entropy(reference_logits[local].flatten(0, 1), targets[local].flatten())
+        errors["loss"] = _relative_error(loss.reshape(()), reference_loss)
+    reference_parameters = dict(reference.named_parameters())
+    names = []
+    for module in applied.modules:
+        for name, parameter in module.named_parameters():
+            names.append(name)
+            grad = _full(parameter.grad) if parameter.grad is not None else torch.zeros(parameter.shape)
+            errors[f"grad:{name}"] = _relative_error(grad, reference_grads[name])
+            errors[f"param:{name}"] = float((_full(parameter.detach()) - reference_parameters[name].detach()).abs().max())
+    return {"errors": errors, "num_parameters": len(names)}
+
+
+def _run(config_fields: dict, *, spec_fields: dict | None = None, broken: str | None = None) -> list[dict]:
+    from cost_model import ParallelConfig
+
+    world = ParallelConfig(**config_fields).world_size
+    return run_ranks(_parity_rank, world, args=(config_fields, spec_fields or {}, broken), timeout_s=150)
+
+
+def _worst(results: list[dict], prefix: str) -> tuple[float, str]:
+    worst = (0.0, "")
+    for result in results:
+        for key, value in result["errors"].items():
+            if key.startswith(prefix) and value > worst[0]:
+                worst = (value, key)
+    return worst
+
+
+def _assert_parity(results: list[dict]) -> None:
+    assert all(result["num_parameters"] > 0 for result in results)
+    for prefix, tolerance in (("logits", GRADIENT_TOLERANCE), ("loss", GRADIENT_TOLERANCE), ("grad:", GRADIENT_TOLERANCE)):
+        value, key = _worst(results, prefix)
+        assert value <= tolerance, f"{key}: relative error {value:.3g} > {tolerance}"
+    value, key = _worst(results, "param:")
+    assert value <= PARAMETER_TOLERANCE, f"{key}: error {value:.3g} after one AdamW step > {PARAMETER_TOLERANCE}"
+    assert any(key == "logits" for result in results for key in result["errors"])
+
+
+@pytest.mark.parametrize(
+    "config_fields",
+    [
+        pytest.param({"tp": 2}, id="tp2"),
+        pytest.param({"tp": 2, "sequence_parallel": True}, id="tp2-sp"),
+        pytest.param({"pp": 2, "tp": 2}, id="pp2xtp2"),
+        pytest.param({"pp": 2, "dp": 2, "tp": 2}, id="pp2xdp2xtp2"),
+        pytest.param({"dp": 2, "tp": 2, "zero_stage": 3}, id="fsdp2xtp2"),
+    ],
+)
+def test_sharded_training_step_equals_reference(config_fields):
+    _assert_parity(_run(config_fields))
+
+
+def test_gqa_tp2_equals_reference():
+    _assert_parity(_run({"tp": 2}, spec_fields={"attention": "gqa"}))
+
+
+def test_broken_sync_fails_the_same_check():
+    """Negative control: without the tp sum of MLA's shared RoPE-key gradient the check fails."""
+    results = _run({"tp": 2}, broken="shared_key")
+    value, key = _worst(results, "grad:")
+    assert value > GRADIENT_TOLERANCE * 100, (key, value)
+    with pytest.raises(AssertionError):
+        _assert_parity(results)
