@@ -3,9 +3,13 @@
 from cost_model._breakdown import CostBreakdown, InfeasiblePlanError
 from cost_model._common import Calibration, EstimateOptions
 from cost_model._estimate import estimate, estimate_table
+from cost_model._inference import ServingConfig, estimate_inference_table
+from cost_model._inference_validation import ValidationRow, validate_dsv3_day6
 from cost_model._model_spec import AttentionSpec, ModelSpec, MoESpec
 from cost_model._parallel import ParallelConfig
 from cost_model._rules import check_parallel_config, check_sequence_fits, split_layers
+from cost_model._serving import DisaggregatedSplit, PoolConfig, disaggregated_split
+from cost_model._sweep import SequenceSweep, sequence_sweep
 from cost_model._table import configs_to_table, table_from_columns, table_length, table_row
 from cost_model._units import DTYPE_BYTES, dtype_bytes
 from cost_model._workload import Inference, Training, Workload
@@ -15,22 +19,31 @@ __all__ = [
     "Calibration",
     "CostBreakdown",
     "DTYPE_BYTES",
+    "DisaggregatedSplit",
     "EstimateOptions",
     "InfeasiblePlanError",
     "Inference",
-    "ModelSpec",
     "MoESpec",
+    "ModelSpec",
     "ParallelConfig",
+    "PoolConfig",
+    "SequenceSweep",
+    "ServingConfig",
     "Training",
+    "ValidationRow",
     "Workload",
     "check_parallel_config",
     "check_sequence_fits",
     "configs_to_table",
+    "disaggregated_split",
     "dtype_bytes",
     "estimate",
+    "estimate_inference_table",
     "estimate_table",
+    "sequence_sweep",
     "split_layers",
     "table_from_columns",
     "table_length",
     "table_row",
+    "validate_dsv3_day6",
 ]

@@ -429,12 +429,21 @@ def _times(s: _Setup, batch: np.ndarray):
     return time, hidden, sum(pre_exposed.values()), sum(dec_exposed.values())
 
 
+def _ttft(s: _Setup, batch: np.ndarray, prefill_s: np.ndarray) -> np.ndarray:
+    """Time to first token: a prefill pool's pass over its batch of prompts; colocated, a new
+    prompt is prefilled (in chunks) on its own between decode steps, so one prompt's pass."""
+    single, _ = _passes(s, np.ones_like(batch))
+    alone = sum(_pass_parts(s, single)[0].values())
+    return np.where(s.phase == PHASE_CODES["both"], alone, prefill_s)
+
+
 def _slo_ok(s: _Setup, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(TTFT within its SLO, TPOT within its SLO) per row; rows of a phase without one pass."""
     time, _, prefill_s, _ = _times(s, batch)
     step = sum(time.values())
     w = s.workload
-    ttft_ok = (s.phase == PHASE_CODES["decode"]) | (prefill_s <= (w.ttft_slo_s or np.inf))
+    ttft = _ttft(s, batch, prefill_s) if w.ttft_slo_s is not None else prefill_s
+    ttft_ok = (s.phase == PHASE_CODES["decode"]) | (ttft <= (w.ttft_slo_s or np.inf))
     tpot_ok = (s.phase == PHASE_CODES["prefill"]) | (step <= (w.tpot_slo_s or np.inf))
     return ttft_ok, tpot_ok
 
@@ -500,7 +509,7 @@ def estimate_inference_table(
     columns.update({f"memory.{k}": v for k, v in memory.items()})
     columns.update(
         step_time_s=step,
-        ttft_s=np.where(is_decode, np.nan, prefill_s),
+        ttft_s=np.where(is_decode, np.nan, _ttft(s, batch, prefill_s)),
         tpot_s=np.where(is_prefill, np.nan, step),
         tokens_per_s_per_device=np.where(is_prefill, prefill_rate, batch * s.replicas / (step * ranks)),
         prefill_tokens_per_s_per_device=prefill_rate,

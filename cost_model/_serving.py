@@ -1,0 +1,116 @@
+"""Prefill/decode disaggregation: split devices between a prefill pool and a decode pool.
+
+Each pool is a whole number of *units* (one unit = one replica of its ``ParallelConfig``, as
+DeepSeek's 4-node prefill and 18-node decode units; Zhong et al., DistServe, OSDI'24). A prefill
+unit completes ``input tokens/s / prompt_tokens`` requests per second, a decode unit
+``output tokens/s / output_tokens``; the deployment serves the smaller of the two pools' rates
+(rate matching). With ``workload.request_rate_per_s`` the split is the fewest units of each pool
+that carry that rate; otherwise the split of ``num_devices`` that serves the most requests.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from cost_model._breakdown import InfeasiblePlanError
+from cost_model._common import EstimateOptions
+from cost_model._inference import REASON_CODES, ServingConfig, estimate_inference_table
+from cost_model._model_spec import ModelSpec
+from cost_model._parallel import ParallelConfig
+from cost_model._table import configs_to_table
+from cost_model._workload import Inference
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class PoolConfig(BaseModel):
+    """The layout of one pool's unit and its serving knobs (``phase`` is set by the pool)."""
+
+    model_config = _STRICT
+
+    config: ParallelConfig
+    serving: ServingConfig = ServingConfig()
+
+
+class DisaggregatedSplit(BaseModel):
+    """Devices per pool and what the deployment then serves."""
+
+    model_config = _STRICT
+
+    prefill_units: int = Field(ge=0)
+    decode_units: int = Field(ge=0)
+    prefill_devices: int = Field(ge=0)
+    decode_devices: int = Field(ge=0)
+    prefill_requests_per_s_per_unit: float = Field(gt=0)
+    decode_requests_per_s_per_unit: float = Field(gt=0)
+    requests_per_s: float = Field(ge=0)
+    input_tokens_per_s: float = Field(ge=0)
+    output_tokens_per_s: float = Field(ge=0)
+    bottleneck: str = Field(description="'prefill' or 'decode': the pool whose rate binds")
+
+
+def _unit_rate(model, cluster, workload: Inference, pool: PoolConfig, phase: str, options) -> tuple[int, float]:
+    """(devices per unit, requests/s per unit) of a pool; raises if the pool does not fit."""
+    serving = pool.serving.model_copy(update={"phase": phase})
+    table = configs_to_table([pool.config], **serving.columns(workload=workload))
+    columns = estimate_inference_table(model=model, cluster=cluster, workload=workload, table=table, options=options)
+    if not bool(columns["feasible"][0]):
+        label = {code: name for name, code in REASON_CODES.items()}[int(columns["reason"][0])]
+        raise InfeasiblePlanError(
+            f"the {phase} pool's unit ({pool.config.world_size} devices) is infeasible: {label}", part=label,
+            needed_bytes=float(columns["memory_per_device_bytes"][0]), available_bytes=float(columns["memory_capacity_bytes"][0]),
+        )
+    devices = pool.config.world_size
+    tokens_per_request = workload.prompt_tokens if phase == "prefill" else workload.output_tokens
+    return devices, float(columns["tokens_per_s_per_device"][0]) * devices / tokens_per_request
+
+
+def disaggregated_split(
+    *, model: ModelSpec, cluster, workload: Inference, prefill: PoolConfig, decode: PoolConfig,
+    num_devices: int | None = None, options: EstimateOptions | None = None,
+) -> DisaggregatedSplit:
+    """Rate-matched split of ``num_devices`` (default: the cluster's) into prefill and decode units."""
+    num_devices = cluster.num_devices if num_devices is None else num_devices
+    prefill_size, prefill_rate = _unit_rate(model, cluster, workload, prefill, "prefill", options)
+    decode_size, decode_rate = _unit_rate(model, cluster, workload, decode, "decode", options)
+    if workload.request_rate_per_s is not None:
+        prefill_units = int(np.ceil(workload.request_rate_per_s / prefill_rate))
+        decode_units = int(np.ceil(workload.request_rate_per_s / decode_rate))
+        needed = prefill_units * prefill_size + decode_units * decode_size
+        if needed > num_devices:
+            raise InfeasiblePlanError(
+                f"serving {workload.request_rate_per_s} requests/s needs {needed} devices "
+                f"({prefill_units} prefill x {prefill_size} + {decode_units} decode x {decode_size}), "
+                f"{num_devices} available", part="devices",
+            )
+    else:
+        prefill_units, decode_units = _best_split(num_devices, prefill_size, prefill_rate, decode_size, decode_rate)
+    served = min(prefill_units * prefill_rate, decode_units * decode_rate)
+    if workload.request_rate_per_s is not None:
+        served = workload.request_rate_per_s
+    return DisaggregatedSplit(
+        prefill_units=prefill_units, decode_units=decode_units,
+        prefill_devices=prefill_units * prefill_size, decode_devices=decode_units * decode_size,
+        prefill_requests_per_s_per_unit=prefill_rate, decode_requests_per_s_per_unit=decode_rate,
+        requests_per_s=served, input_tokens_per_s=served * workload.prompt_tokens,
+        output_tokens_per_s=served * workload.output_tokens,
+        bottleneck="prefill" if prefill_units * prefill_rate <= decode_units * decode_rate else "decode",
+    )
+
+
+def _best_split(num_devices: int, prefill_size: int, prefill_rate: float, decode_size: int, decode_rate: float) -> tuple[int, int]:
+    """Units of each pool that maximize min(prefill rate, decode rate) within ``num_devices``;
+    among equal rates, the fewest devices."""
+    prefill_units = np.arange(1, num_devices // prefill_size + 1)
+    decode_units = (num_devices - prefill_units * prefill_size) // decode_size
+    if prefill_units.size == 0 or decode_units.max(initial=0) < 1:
+        raise InfeasiblePlanError(
+            f"{num_devices} devices cannot hold one prefill unit ({prefill_size}) and one decode unit ({decode_size})",
+            part="devices",
+        )
+    served = np.minimum(prefill_units * prefill_rate, np.maximum(decode_units, 0) * decode_rate)
+    best = int(np.argmax(served))
+    # Trim the pool that has slack: fewest units of each that still serve the best rate.
+    rate = served[best]
+    return int(np.ceil(rate / prefill_rate - 1e-9)), int(np.ceil(rate / decode_rate - 1e-9))
