@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from cost_model import CostBreakdown, ParallelConfig
 
@@ -88,12 +88,23 @@ class ModuleRule(BaseModel):
     mesh_axis: str = "tp"
 
 
+class ServingSettings(BaseModel):
+    """Inference settings a plan was priced with (absent for training plans)."""
+
+    model_config = _STRICT
+
+    batch_size: int = Field(gt=0, description="sequences in flight per attention replica")
+    kv_dtype: str = "bf16"
+    num_redundant_experts: int = Field(default=0, ge=0)
+
+
 class Alternative(BaseModel):
     model_config = _STRICT
 
     config: ParallelConfig
     predicted: CostBreakdown
     reason_lost: str = ""
+    serving: ServingSettings | None = None
 
 
 class PhasePlan(BaseModel):
@@ -125,6 +136,7 @@ class ShardingPlan(BaseModel):
     predicted: CostBreakdown | None = None
     alternatives: tuple[Alternative, ...] = ()
     disaggregation: tuple[PhasePlan, ...] = ()
+    serving: ServingSettings | None = None
 
     @field_validator("schema_version")
     @classmethod
@@ -167,4 +179,36 @@ def load_plan(path_or_text: str | Path | dict[str, Any]) -> ShardingPlan:
             f"schema_version ({version}) is newer than this library supports ({SCHEMA_VERSION}); "
             "upgrade moe-autoparallel to read this plan"
         )
-    return ShardingPlan.model_validate(data)
+    try:
+        return ShardingPlan.model_validate(data)
+    except ValidationError as error:
+        unknown = [e for e in error.errors() if e["type"] == "extra_forbidden"]
+        if not unknown:
+            raise
+        raise ValueError(_unknown_key_message(unknown[0]["loc"])) from None
+
+
+def _unknown_key_message(location: tuple) -> str:
+    """"unknown key 'x' at provenance; valid keys: ..." for the first unknown key of a plan."""
+    model: Any = ShardingPlan
+    for part in location[:-1]:
+        if isinstance(part, int) or model is None:
+            continue
+        annotation = model.model_fields[part].annotation if part in getattr(model, "model_fields", {}) else None
+        model = _model_in(annotation)
+    where = ".".join(str(p) for p in location[:-1]) or "the top level"
+    valid = sorted(model.model_fields) if model is not None else []
+    return f"unknown key {location[-1]!r} at {where} of the plan; valid keys there: {', '.join(valid)}"
+
+
+def _model_in(annotation: Any) -> Any:
+    """The pydantic model inside ``X``, ``X | None`` or ``tuple[X, ...]``, else None."""
+    from typing import get_args
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in get_args(annotation):
+        found = _model_in(argument)
+        if found is not None:
+            return found
+    return None

@@ -115,12 +115,12 @@ def evaluate(*, model: ModelSpec, cluster: Cluster, workload: Training | Inferen
     memory = np.asarray(raw["memory_per_device_bytes"], dtype=np.float64)
     metrics = {name: np.asarray(value) for name, value in raw.items()}
     metrics["memory_headroom_bytes"] = capacity - memory
-    violations = {"memory": memory / capacity - 1.0}
+    violations = {"memory": np.nan_to_num(memory / capacity - 1.0, nan=0.0)}
     if isinstance(workload, Inference):
         for name, slo in (("ttft_slo", workload.ttft_slo_s), ("tpot_slo", workload.tpot_slo_s)):
             column = metrics.get(name.replace("_slo", "_s"))
             if slo is not None and column is not None:
-                violations[name] = np.asarray(column, dtype=np.float64) / slo - 1.0
+                violations[name] = np.nan_to_num(np.asarray(column, dtype=np.float64) / slo - 1.0, nan=0.0)
     feasible_column = np.asarray(raw.get("feasible", np.ones(len(memory), dtype=bool)), dtype=bool)
     others_ok = np.all([v <= 0 for v in violations.values()], axis=0)
     # Infeasible for a reason of the cost model's own (e.g. no batch fits) while every limit we

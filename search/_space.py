@@ -46,9 +46,15 @@ class SearchBounds(BaseModel):
     virtual_stage_choices: tuple[int, ...] = (2, 4)
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     recompute_policies: tuple[str, ...] = ("none", "selective", "full")
-    max_batch_size: int = Field(default=1024, gt=0, description="inference: sequences per model replica")
+    max_batch_size: int = Field(default=1024, gt=0, description="inference: sequences per attention replica")
+    batch_size_sweep: bool = Field(
+        default=False,
+        description="inference: also try every power-of-two batch up to max_batch_size; otherwise only 0, "
+        "which the cost model resolves to the largest batch memory and the SLOs allow",
+    )
     kv_dtypes: tuple[str, ...] | None = Field(default=None, description="default: the workload's kv_dtype and fp8")
     redundant_expert_multiples: tuple[int, ...] = Field(default=(0, 1), description="x ep redundant slots")
+    two_batch_overlap: bool = Field(default=True, description="inference: also try two-batch overlap")
 
 
 # ---------------------------------------------------------------------------- integer helpers
@@ -129,6 +135,7 @@ class SearchSpace:
         self.is_training = isinstance(workload, Training)
         self.mesh = _enumerate_meshes(self)
         self._switch_cache: dict[tuple, Table] = {}
+        self._memo: dict[str, dict] = {}
         self.axis_choices = {axis: sorted(set(self.mesh[axis].tolist())) for axis in (*MESH_AXES, "attention_data_parallel")}
 
     # -- sizes
@@ -177,15 +184,20 @@ class SearchSpace:
         return int(hits[0]) if len(hits) else None
 
     def _switches_for(self, index: int) -> Table:
-        key = tuple(int(self.mesh[name][index]) for name in ("dp", "tp", "pp", "cp", "ep", "attention_data_parallel"))
+        """Legal switch combinations of mesh ``index`` (they depend on a few degrees only)."""
+        names = ("dp", "tp", "pp", "cp") if self.is_training else ("tp", "pp", "ep")
+        key = tuple(int(self.mesh[name][index]) for name in names)
         if key not in self._switch_cache:
-            dp, tp, pp, cp, ep, attention_dp = key
-            if self.is_training:
-                table = _training_switches(self, dp=dp, tp=tp, pp=pp, cp=cp)
-            else:
-                table = _inference_switches(self, tp=tp, pp=pp, ep=ep)
-            self._switch_cache[key] = table
+            build = _training_switches if self.is_training else _inference_switches
+            self._switch_cache[key] = build(self, **dict(zip(names, key)))
         return self._switch_cache[key]
+
+    def memo(self, name: str, key: tuple, build: Callable[[], object]):
+        """Per-space memo of small rule results (legal pipeline options of a pp, ...)."""
+        cache = self._memo.setdefault(name, {})
+        if key not in cache:
+            cache[key] = build()
+        return cache[key]
 
 
 def config_from_row(table: Table, index: int) -> ParallelConfig:
@@ -196,7 +208,12 @@ def config_from_row(table: Table, index: int) -> ParallelConfig:
 def row_extras(table: Table, index: int) -> dict:
     """Non-``ParallelConfig`` columns of row ``index`` (batch size, KV dtype, redundant experts...)."""
     skip = set(ParallelConfig.model_fields) | {"mesh_index"}
-    return {k: (v[index].item() if hasattr(v[index], "item") else v[index]) for k, v in table.items() if k not in skip}
+    extras = {k: (v[index].item() if hasattr(v[index], "item") else v[index]) for k, v in table.items() if k not in skip}
+    if "kv_dtype" in extras:
+        from cost_model._inference import KV_DTYPE_CODES
+
+        extras["kv_dtype"] = {code: name for name, code in KV_DTYPE_CODES.items()}[int(extras["kv_dtype"])]
+    return extras
 
 
 # ---------------------------------------------------------------------------- meshes
@@ -287,27 +304,37 @@ def _pipeline_options(space: SearchSpace, pp: int) -> Table:
     }
 
 
-def _training_switches(space: SearchSpace, *, dp: int, tp: int, pp: int, cp: int) -> Table:
-    workload, bounds = space.workload, space.bounds
-    sp_choices = []
+def _sequence_parallel_choices(space: SearchSpace, tp: int, cp: int) -> list[bool]:
+    choices = []
     for sp in (False, True):
         try:
             config = ParallelConfig(tp=tp, cp=cp, sequence_parallel=sp)
             check_parallel_config(config, space.model)
-            check_sequence_fits(config, workload.sequence_length_tokens)
-            sp_choices.append(sp)
+            check_sequence_fits(config, space.workload.sequence_length_tokens)
+            choices.append(sp)
         except ValueError:
             pass
-    micro_batches = []
-    for size in powers_of_two_up_to(bounds.max_micro_batch_size):
+    return choices
+
+
+def _micro_batch_choices(space: SearchSpace, dp: int) -> list[int]:
+    sizes = []
+    for size in powers_of_two_up_to(space.bounds.max_micro_batch_size):
         try:
-            ParallelConfig(dp=dp, micro_batch_size=size).num_micro_batches(workload.global_batch_sequences)
-            micro_batches.append(size)
+            ParallelConfig(dp=dp, micro_batch_size=size).num_micro_batches(space.workload.global_batch_sequences)
+            sizes.append(size)
         except ValueError:
             pass
+    return sizes
+
+
+def _training_switches(space: SearchSpace, *, dp: int, tp: int, pp: int, cp: int) -> Table:
+    bounds = space.bounds
+    sp_choices = space.memo("sp", (tp, cp), lambda: _sequence_parallel_choices(space, tp, cp))
+    micro_batches = space.memo("micro_batch", (dp,), lambda: _micro_batch_choices(space, dp))
     table = _column("sequence_parallel", sp_choices, bool)
     table = cross(table, _column("zero_stage", list(bounds.zero_stages), np.int64))
-    table = cross(table, _pipeline_options(space, pp))
+    table = cross(table, space.memo("pipeline", (pp,), lambda: _pipeline_options(space, pp)))
     table = cross(table, _column("micro_batch_size", micro_batches, np.int64))
     return cross(table, _column("recompute", [RECOMPUTE_CODES[p] for p in bounds.recompute_policies], np.int64))
 
@@ -319,12 +346,16 @@ def kv_dtype_choices(space: SearchSpace) -> list[str]:
 
 
 def _inference_switches(space: SearchSpace, *, tp: int, pp: int, ep: int) -> Table:
+    """Batch size per attention replica (0 = the largest that memory and the SLOs allow, or what a
+    fixed ``concurrency`` needs), KV dtype (cost-model codes), redundant experts, two-batch overlap."""
+    from cost_model._inference import KV_DTYPE_CODES
+
     bounds, workload = space.bounds, space.workload
-    if workload.concurrency is not None:
-        batches = [workload.concurrency]
-    else:
-        batches = powers_of_two_up_to(bounds.max_batch_size)
+    sweep = bounds.batch_size_sweep and workload.concurrency is None
+    batches = [0] + powers_of_two_up_to(bounds.max_batch_size) if sweep else [0]
     table = _column("batch_size", batches, np.int64)
-    table = cross(table, _column("kv_dtype", kv_dtype_choices(space)))
+    table = cross(table, _column("kv_dtype", [KV_DTYPE_CODES[d] for d in kv_dtype_choices(space)], np.int64))
     redundant = [0] if ep == 1 or space.model.moe is None else sorted({m * ep for m in bounds.redundant_expert_multiples})
-    return cross(table, _column("num_redundant_experts", redundant, np.int64))
+    table = cross(table, _column("num_redundant_experts", redundant, np.int64))
+    overlap = [False, True] if bounds.two_batch_overlap and (tp > 1 or ep > 1) else [False]
+    return cross(table, _column("two_batch_overlap", overlap, bool))

@@ -110,9 +110,25 @@ def find_plan(
     """
     start = time.perf_counter()
     settings = settings or SearchSettings()
-    objective = resolve_objective(objective, workload)
     if n_trials <= 0:
         raise ValueError(f"n_trials ({n_trials}) must be > 0")
+    problem, study = open_study(
+        model, cluster, workload, objective=objective, sampler=sampler, storage=storage, seed=seed,
+        settings=settings, estimator=estimator,
+    )
+    limit = settings.brute_force_limit if settings.brute_force_limit is not None else n_trials
+    method = "brute_force" if problem.space.num_meshes <= limit else _sampler_name(study.sampler)
+    _enqueue_initial(study, problem, method=method, warm_start=warm_start)
+    ran = _run_trials(study, problem, n_trials=n_trials, settings=settings, method=method, progress=progress)
+    return _collect(study, problem, method=method, ran=ran, elapsed_s=time.perf_counter() - start, storage=storage, settings=settings, seed=seed)
+
+
+def open_study(model, cluster, workload, *, objective, sampler, storage, seed, settings: SearchSettings, estimator=None):  # noqa: ANN001
+    """The problem (space, objective, estimator) and its Optuna study, created or loaded by name."""
+    objective = resolve_objective(objective, workload)
+    if objective.is_multi and not settings.bounds.batch_size_sweep:
+        # A throughput/latency front is traced by the batch size: let the study see every batch.
+        settings = settings.model_copy(update={"bounds": settings.bounds.model_copy(update={"batch_size_sweep": True})})
     problem = _Problem(
         model=model, cluster=cluster, workload=workload, objective=objective,
         estimator=estimator or default_estimator(), bounds=settings.bounds,
@@ -131,11 +147,7 @@ def find_plan(
         storage=open_storage(storage), sampler=make_sampler(sampler, seed=seed, multi_objective=objective.is_multi),
         study_name=name, directions=list(objective.directions), load_if_exists=True,
     )
-    limit = settings.brute_force_limit if settings.brute_force_limit is not None else n_trials
-    method = "brute_force" if problem.space.num_meshes <= limit else _sampler_name(study.sampler)
-    _enqueue_initial(study, problem, method=method, warm_start=warm_start)
-    ran = _run_trials(study, problem, n_trials=n_trials, settings=settings, method=method, progress=progress)
-    return _collect(study, problem, method=method, ran=ran, elapsed_s=time.perf_counter() - start, storage=storage, settings=settings, seed=seed)
+    return problem, study
 
 
 def _sampler_name(sampler: optuna.samplers.BaseSampler) -> str:
