@@ -100,40 +100,16 @@ def _relative(a, b) -> float:
     return float((a - b).abs().max()) / scale if scale > 0 else float((a - b).abs().max())
 
 
-def _apply(model, plan, meshes, options):
-    """Apply the plan's pipeline and expert parallel; dense gradients are averaged over dp."""
-    import torch
-    import torch.distributed as dist
-
-    from autoparallel.runtime._expert_parallel import apply_expert_parallel
-    from autoparallel.runtime._pipeline import build_pipeline, num_micro_batches_for, split_stage_modules
-
-    chunks = split_stage_modules(model, plan=plan, pp_rank=meshes.coordinate("pp"))
-    expert_parallel = None
-    if plan.config.ep * plan.config.etp > 1:
-        for _, module in chunks:
-            expert_parallel = apply_expert_parallel(module, plan=plan, moe_mesh=meshes.moe, dense_mesh=meshes.dense)
-    pipeline = None
-    if plan.config.pp > 1:
-        pipeline = build_pipeline(
-            chunks, plan=plan, pp_group=meshes.dense["pp"].get_group(), device=meshes.device, loss_fn=_loss,
-            num_micro_batches=num_micro_batches_for(plan, local_batch_sequences=SEQUENCES_PER_RANK),
-        )
-    modules = [module for _, module in chunks]
-    expert_ids = {id(p) for p in expert_parallel.expert_parameters()} if expert_parallel else set()
-
-    def sync() -> None:
-        if expert_parallel is not None and not options.get("skip_expert_sync"):
-            expert_parallel.sync_gradients()
-        if plan.config.dp > 1:
-            group = meshes.dense["dp"].get_group()
-            for module in modules:
-                for parameter in module.parameters():
-                    if id(parameter) not in expert_ids and parameter.grad is not None:
-                        dist.all_reduce(parameter.grad, group=group)
-                        parameter.grad /= plan.config.dp
-
-    return modules, pipeline, expert_parallel, sync, torch
+def _apply(model, plan, options):
+    """``apply_plan``; the negative control drops the expert-gradient sync from the step."""
+    applied = ap.apply_plan(
+        model, plan, loss_fn=_loss, device_type="cpu",
+        num_micro_batches=SEQUENCES_PER_RANK // plan.config.micro_batch_size,
+    )
+    expert_parallel = applied.expert_parallel[0] if applied.expert_parallel else None
+    if options.get("skip_expert_sync"):
+        applied.expert_parallel = []
+    return applied, expert_parallel
 
 
 def check_case(rank: int, world_size: int, plan_json: str, options: dict) -> dict:
@@ -141,15 +117,14 @@ def check_case(rank: int, world_size: int, plan_json: str, options: dict) -> dic
     import torch
 
     from autoparallel.runtime import ReferenceMoETransformer
-    from autoparallel.runtime._mesh import build_meshes
 
     plan = ap.load_plan(plan_json)
     spec = ap.get_model(plan.provenance.model_name)
     reference = ReferenceMoETransformer(spec)
     reference.init_weights(seed=7)
     model = copy.deepcopy(reference)
-    meshes = build_meshes(plan, device_type="cpu")
-    modules, pipeline, expert_parallel, sync, _ = _apply(model, plan, meshes, options)
+    applied, expert_parallel = _apply(model, plan, options)
+    meshes, modules, pipeline = applied.meshes, applied.modules, applied.pipeline
     ids, targets = _batch(spec, plan)
     start = meshes.coordinate("dp") * SEQUENCES_PER_RANK
     local_ids, local_targets = ids[start : start + SEQUENCES_PER_RANK], targets[start : start + SEQUENCES_PER_RANK]
@@ -160,7 +135,7 @@ def check_case(rank: int, world_size: int, plan_json: str, options: dict) -> dic
         logits = modules[0](local_ids)
         loss = _loss(logits, local_targets)
         loss.backward()
-    sync()
+    applied.sync_gradients()
     reference_logits = reference(ids)
     _loss(reference_logits, targets).backward()
     errors = {"logits": (0.0, ""), "loss": (0.0, ""), "grad": (0.0, ""), "param": (0.0, ""), "checked": 0}
@@ -169,9 +144,7 @@ def check_case(rank: int, world_size: int, plan_json: str, options: dict) -> dic
         errors["logits"] = (_relative(_full(logits), local_reference), "logits")
         errors["loss"] = (_relative(loss.detach(), _loss(local_reference, local_targets)), "loss")
     errors.update(_compare(modules, reference, plan, meshes, kind="grad"))
-    optimizers = [torch.optim.AdamW(m.parameters(), lr=LEARNING_RATE) for m in modules]
-    for optimizer in optimizers:
-        optimizer.step()
+    torch.optim.AdamW(applied.parameters(), lr=LEARNING_RATE).step()
     torch.optim.AdamW(reference.parameters(), lr=LEARNING_RATE).step()
     errors.update(_compare(modules, reference, plan, meshes, kind="param"))
     errors["checked"] = sum(1 for m in modules for _ in m.parameters())
@@ -231,6 +204,9 @@ def assert_equal_to_reference(results) -> None:
         pytest.param(ParallelConfig(dp=4, ep=4), id="ep4"),
         pytest.param(ParallelConfig(dp=4, ep=2), id="dp4-edp2xep2"),
         pytest.param(ParallelConfig(dp=4, ep=2, etp=2), id="dp4-ep2xetp2"),
+        pytest.param(ParallelConfig(tp=2, ep=2), id="tp2xep2"),
+        pytest.param(ParallelConfig(dp=2, tp=2, ep=2, etp=2), id="dp2xtp2-ep2xetp2-folded"),
+        pytest.param(ParallelConfig(tp=2, ep=2, sequence_parallel=True), id="tp2-sp-ep2"),
     ],
 )
 def test_expert_parallel_equals_reference(config: ParallelConfig) -> None:

@@ -28,6 +28,7 @@ def _run(plan, **options):
         ),
         pytest.param(ParallelConfig(pp=2, pipeline_schedule="zero_bubble"), id="pp2-zero-bubble"),
         pytest.param(ParallelConfig(pp=2, dp=2, ep=2), id="pp2xep2"),
+        pytest.param(ParallelConfig(pp=2, tp=2), id="pp2xtp2"),
     ],
 )
 def test_pipeline_equals_reference(config: ParallelConfig) -> None:
