@@ -93,13 +93,13 @@ class RankMonitor:
             self._store.set(f"{self.prefix}/finished/{self.rank}", "1")
 
     def _diagnose(self, label: str) -> list[int]:
-        """Post this rank's failure, then wait (a little over one timeout) for every other rank
+        """Post this rank's failure, then wait (two timeouts) for every other rank
         to post a failure or a finish; the ones that stay silent are the culprits."""
         if self._store is None:
             return []
         try:
             self._store.set(f"{self.prefix}/failed/{self.rank}", label)
-            deadline = time.monotonic() + self.timeout_s * 1.5 + 0.5
+            deadline = time.monotonic() + self.timeout_s * 2.0 + 0.5
             others = [peer for peer in range(self.world_size) if peer != self.rank]
             while True:
                 silent = [peer for peer in others if not self._posted(peer)]

@@ -161,9 +161,14 @@ def probe_rank(rank: int, world_size: int, *, settings: ProbeSettings | None = N
                                   prefix=f"autoparallel-probe/{run_name}")
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     steps = _Steps(rank=rank, hooks=hooks, progress=progress, total=_count_steps(world_size, settings, chosen))
+    # Every blocking call without a timeout (group creation, object gather) sits right behind a
+    # timed barrier, so a rank that dies mid-probe is caught by a timed operation.
+    _timed_barrier(monitor, device, "start")
+    groups = {size: dist.new_group(list(range(size))) for size in chosen["groups"]}
     links = _measure_p2p(rank, world_size, settings, chosen, monitor, device, hooks, steps)
-    collectives = _measure_collectives(rank, world_size, settings, chosen, monitor, device, local_world, steps)
+    collectives = _measure_collectives(rank, settings, chosen, groups, monitor, device, local_world, steps)
     compute = _measure_compute(rank, settings, chosen, device, steps)
+    _timed_barrier(monitor, device, "finish")
     gathered = [None] * world_size if rank == 0 else None
     monitor.run("gather results", lambda: dist.gather_object((links, compute), gathered, dst=0))
     monitor.finished()
@@ -177,6 +182,14 @@ def probe_rank(rank: int, world_size: int, *, settings: ProbeSettings | None = N
     return ProbeReport(run_name=run_name, backend=backend, device_type=device.type, world_size=world_size,
                        devices_per_node=cluster.devices_per_node, p2p=tuple(all_links),
                        collectives=tuple(collectives), compute=tuple(all_compute), cluster=cluster)
+
+
+def _timed_barrier(monitor, device, label: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.ones(1, device=device)
+    monitor.run(f"barrier ({label})", lambda: monitor.wait(dist.all_reduce(flag, async_op=True)))
 
 
 @dataclass
@@ -232,16 +245,13 @@ def _measure_p2p(rank, world_size, settings, chosen, monitor, device, hooks, ste
     return links
 
 
-def _measure_collectives(rank, world_size, settings, chosen, monitor, device, local_world, steps) -> list[CollectiveResult]:
-    import torch.distributed as dist
-
+def _measure_collectives(rank, settings, chosen, groups, monitor, device, local_world, steps) -> list[CollectiveResult]:
     from topology import probe_measure as measure
     from topology._collectives import bus_factor
 
     results = []
-    for group_size in chosen["groups"]:
+    for group_size, group in groups.items():
         members = list(range(group_size))
-        group = monitor.run(f"new_group {group_size}", lambda m=members: dist.new_group(m))
         for op in settings.collective_ops:
             for size in chosen["sizes"]:
                 label = f"{op} x{group_size} {size} B"
