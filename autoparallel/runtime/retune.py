@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from autoparallel._expert_placement import balanced_placement, contiguous_placement, load_imbalance, placement_moves
 from autoparallel._plan import ExpertPlacement, ShardingPlan
-from cost_model import Inference, ModelSpec, ParallelConfig, Training
+from cost_model import InfeasiblePlanError, Inference, ModelSpec, ParallelConfig, Training
 
 __all__ = ["Calibration", "RetuneDecision", "RetuneSettings", "Retuner", "StepMeasurement"]
 
@@ -76,7 +76,7 @@ class RetuneSettings(BaseModel):
     live_change_overhead_steps: float = Field(default=1.0, ge=0, description="a live change costs this many steps")
     restart_overhead_s: float = Field(default=120.0, ge=0, description="relaunch + process-group init of a reshard")
     checkpoint_bandwidth_bytes_per_s: float = Field(default=2e9, gt=0, description="per device, save and load")
-    search_trials: int = Field(default=48, gt=0)
+    search_trials: int = Field(default=16, gt=0, description="re-search budget; warm-started, so a local refinement")
     seed: int = 0
     allowed_changes: tuple[ChangeKind, ...] = ("expert_placement", "micro_batch", "batch_size", "reshard")
 
@@ -173,6 +173,7 @@ class Retuner:
         self._search = search
         self._window: list[StepMeasurement] = []
         self._steps_seen = 0
+        self._space = None
         self.decisions: list[RetuneDecision] = []
 
     # ------------------------------------------------------------------ the loop
@@ -304,22 +305,76 @@ class Retuner:
         kinds = set(self.settings.allowed_changes) - {"expert_placement"}
         if not kinds:
             return []
-        out = []
-        for plan in self._research():
-            kind = _change_kind(self.plan.config, plan.config, self.workload)
-            if kind == "keep" or kind not in kinds or plan.predicted is None:
+        plans = self._live_variants() if kinds & {"micro_batch", "batch_size"} else []
+        if "reshard" in kinds:
+            plans += self._research()
+        out, seen = [], set()
+        for plan in plans:
+            kind = _change_kind(self.plan, plan, self.workload)
+            key = (plan.config, plan.serving)
+            if kind == "keep" or kind not in kinds or plan.predicted is None or key in seen:
                 continue
+            seen.add(key)
+            if kind != "reshard":  # a live change keeps the running expert placement
+                plan = plan.model_copy(update={"expert_placement": self.plan.expert_placement})
             if not self._fits(plan, calibration):
-                logger.info("retune: skip %s %s: calibrated memory exceeds the device", kind, _describe(plan.config))
+                logger.info("retune: skip %s %s: calibrated memory exceeds the device", kind, _describe(plan))
                 continue
             imbalance = 1.0
             if load is not None and plan.config.ep > 1:
-                default = contiguous_placement(num_experts=self.model.moe.num_routed_experts, ep=plan.config.ep)
-                imbalance = load_imbalance(placement=plan.expert_placement or default, expert_load=load)
+                same_placement = plan.config.ep == self.plan.config.ep and self.plan.expert_placement is not None
+                placement = self._placement() if same_placement else contiguous_placement(
+                    num_experts=self.model.moe.num_routed_experts, ep=plan.config.ep)
+                imbalance = load_imbalance(placement=placement, expert_load=load)
             step_time = self._calibrated_time(plan.predicted, plan.config, imbalance, calibration)
             out.append(Candidate(kind=kind, plan=plan, step_time_s=step_time, change_cost_s=self._change_cost(kind, current),
-                                 gain_s_per_step=current - step_time, detail=_describe(plan.config)))
+                                 gain_s_per_step=current - step_time, detail=_describe(plan)))
         return out
+
+    def _live_variants(self) -> list[ShardingPlan]:
+        """The current mesh with other micro-batch sizes (training) or batch sizes (inference):
+        the legal rows of the search space that differ from the running plan only there, priced
+        with one ``cost_model.estimate_table`` call; infeasible rows are dropped."""
+        from cost_model import estimate_table
+        from cost_model._estimate import breakdown_from_row
+        from search import SearchSpace
+        from search._space import config_from_row, row_extras, select
+
+        from autoparallel.runtime._recovery import plan_for_config
+
+        config = self.plan.config
+        if self._space is None:  # the world does not change while a Retuner lives: enumerate once
+            self._space = SearchSpace(model=self.model, workload=self.workload, world_size=self.plan.world_size,
+                                      devices_per_node=self.cluster.devices_per_node)
+        mesh = self._space.find_mesh(dp=config.dp, tp=config.tp, pp=config.pp, cp=config.cp, ep=config.ep,
+                                     etp=config.etp, attention_data_parallel=config.attention_data_parallel)
+        if mesh is None:
+            return []
+        table = self._space.expand([mesh])
+        rows = [row for row in range(len(table["mesh_index"])) if self._is_live_variant(table, row)]
+        if not rows:
+            return []
+        table = select(table, rows)
+        columns = estimate_table(self.model, self.cluster, self.workload, table)
+        plans = []
+        for row in range(len(rows)):
+            if not bool(columns["feasible"][row]):
+                continue
+            plans.append(plan_for_config(model=self.model, cluster=self.cluster, workload=self.workload,
+                                         config=config_from_row(table, row), extras=row_extras(table, row),
+                                         like=self.plan, predicted=breakdown_from_row(columns, row)))
+        return plans
+
+    def _is_live_variant(self, table, row: int) -> bool:  # noqa: ANN001
+        from search._space import config_from_row, row_extras
+
+        config, candidate, extras = self.plan.config, config_from_row(table, row), row_extras(table, row)
+        if isinstance(self.workload, Training):
+            return candidate.model_copy(update={"micro_batch_size": config.micro_batch_size}) == config
+        serving = self.plan.serving
+        if candidate != config or serving is None:
+            return False
+        return all(extras.get(k) == getattr(serving, k) for k in ("kv_dtype", "num_redundant_experts") if k in extras)
 
     def _fits(self, plan: ShardingPlan, calibration: Calibration) -> bool:
         scale = calibration.memory_scale or 1.0
@@ -343,6 +398,117 @@ class Retuner:
             n_trials=self.settings.search_trials, seed=self.settings.seed,
         )
 
+    # ------------------------------------------------------------------ acting
+    def apply(self, decision: RetuneDecision, *, runtime=None, optimizer=None) -> ShardingPlan:  # noqa: ANN001
+        """Carry out a live decision on this rank; return the plan now in force.
+
+        ``runtime`` is ``apply_plan``'s ``AppliedPlan``; its ``plan`` is updated. For
+        ``expert_placement`` the expert weights (and ``optimizer`` state) move between EP ranks —
+        collective over each EP group, so every rank calls ``apply`` with the same decision — and
+        data parallel learns the new expert weights (they stay out of its dp average).
+        ``micro_batch`` rebuilds the pipeline schedule for the new micro-batch count when pp > 1;
+        otherwise the training loop reads ``retuner.plan.config.micro_batch_size``. ``batch_size``:
+        the serving loop reads ``retuner.plan.serving.batch_size``. ``reshard`` is not live (see
+        ``reshard``).
+        """
+        if decision.kind == "reshard":
+            raise ValueError("decision.kind ('reshard') is not a live change; call Retuner.reshard(...) instead")
+        if decision.kind == "expert_placement":
+            if runtime is None or not runtime.expert_parallel:
+                raise ValueError("runtime (apply_plan's result, with expert parallel) is needed to re-place experts")
+            from autoparallel.runtime._rebalance import rebalance_experts
+
+            for part in runtime.expert_parallel:
+                rebalance_experts(part, placement=decision.plan.expert_placement, optimizer=optimizer)
+            if runtime.data_parallel is not None:
+                experts = {id(p) for part in runtime.expert_parallel for p in part.expert_parameters()}
+                runtime.data_parallel.ignored = frozenset(experts)
+        if decision.kind == "micro_batch" and runtime is not None and runtime.pipeline is not None:
+            from autoparallel.runtime._pipeline import num_micro_batches_for
+            from autoparallel.runtime._recovery import rebuild_schedule
+
+            rebuild_schedule(runtime.pipeline, plan=decision.plan, num_micro_batches=num_micro_batches_for(decision.plan))
+        if decision.kind != "keep":
+            logger.info("retune: applied %s at step %d", decision.kind, decision.step)
+        self.plan = decision.plan
+        if runtime is not None:
+            runtime.plan = decision.plan
+        return self.plan
+
+    def reshard(self, decision: RetuneDecision, *, modules, optimizer, step: int, checkpoint: str, build, extra=None):  # noqa: ANN001, ANN201
+        """Change degrees in place on the same ranks: save a checkpoint under the running plan,
+        ``build(decision.plan) -> (modules, optimizer, ...)`` the job under the new one, load the
+        checkpoint into it and return ``build``'s result. Collective."""
+        from autoparallel.runtime._reshard import load_checkpoint, save_checkpoint
+
+        if decision.plan.world_size != self.plan.world_size:
+            raise ValueError(
+                f"decision.plan.world_size ({decision.plan.world_size}) differs from the running world "
+                f"({self.plan.world_size}); save a checkpoint and relaunch, then Retuner.recover(...)"
+            )
+        save_checkpoint(checkpoint, modules=modules, plan=self.plan, step=step, optimizer=optimizer, extra=extra)
+        built = build(decision.plan)
+        load_checkpoint(checkpoint, modules=built[0], optimizer=built[1], plan=decision.plan)
+        self.plan = decision.plan
+        logger.info("retune: resharded to %s at step %d", _describe(decision.plan), step)
+        return built
+
+    @classmethod
+    def recover(
+        cls,
+        checkpoint: str,
+        *,
+        build,  # noqa: ANN001 - Callable[[ShardingPlan], tuple]
+        model: ModelSpec | None = None,
+        cluster=None,  # noqa: ANN001
+        workload: Training | Inference | None = None,
+        settings: RetuneSettings | None = None,
+        n_trials: int = 64,
+        seed: int = 0,
+    ):  # -> Recovery | None
+        """Continue a job after lost ranks, on the ranks launched now. Collective.
+
+        Reads the last complete checkpoint under ``checkpoint``, finds the largest world the
+        launched ranks allow (``largest_legal_world``), re-plans for it on rank 0 (warm-started
+        from the old plan) and shares the plan, shrinks the process group to it, calls
+        ``build(plan) -> (modules, optimizer, ...)`` and loads the checkpoint into the result.
+        Model, cluster and workload default to the ones the old plan names (catalog model,
+        cluster preset). Returns ``None`` on a rank left out of the new world (a spare).
+        """
+        import torch.distributed as dist
+
+        from autoparallel.runtime._recovery import (
+            Recovery,
+            cluster_for_world,
+            job_from_plan,
+            largest_legal_world,
+            shrink_world,
+        )
+        from autoparallel.runtime._reshard import load_checkpoint, read_checkpoint_info
+
+        info = read_checkpoint_info(checkpoint)
+        model, cluster, workload = job_from_plan(info.plan, model=model, cluster=cluster, workload=workload)
+        launched = dist.get_world_size()
+        world = largest_legal_world(model=model, cluster=cluster, workload=workload, max_world_size=launched)
+        sized = cluster_for_world(cluster, world)
+        shared = [None]
+        if dist.get_rank() == 0:
+            import autoparallel
+
+            warm = info.plan.config if info.plan.world_size == world else None
+            shared = [autoparallel.find_plan(model, sized, workload, n_trials=n_trials, seed=seed, warm_start=warm).to_json()]
+        dist.broadcast_object_list(shared, src=0)
+        plan = ShardingPlan.model_validate_json(shared[0])
+        logger.info("recovery: checkpoint of step %d saved on %d ranks; %d launched; re-planned for %d: %s",
+                    info.step, info.plan.world_size, launched, world, _describe(plan))
+        if not shrink_world(world):
+            return None
+        built = build(plan)
+        load_checkpoint(info.path, modules=built[0], optimizer=built[1], plan=plan)
+        retuner = cls(plan, model=model, cluster=sized, workload=workload, settings=settings)
+        return Recovery(retuner=retuner, plan=plan, built=built, step=info.step, extra=info.extra,
+                        world_size=world, previous_world_size=info.plan.world_size)
+
     # ------------------------------------------------------------------ the choice
     def _choose(self, candidates, *, window, measured: float, current: float, calibration: Calibration) -> RetuneDecision:
         settings = self.settings
@@ -351,7 +517,8 @@ class Retuner:
             payback = candidate.gain_s_per_step * settings.horizon_steps
             relative = candidate.gain_s_per_step / current if current > 0 else 0.0
             verdict = (
-                "gain below noise" if relative < settings.min_relative_gain
+                "slower" if relative <= 0
+                else "gain below noise" if relative < settings.min_relative_gain
                 else "does not pay back its cost" if payback < settings.safety_factor * candidate.change_cost_s
                 else "accepted"
             )
@@ -393,18 +560,26 @@ def _summed_expert_load(window: list[StepMeasurement]) -> np.ndarray | None:
 _DEGREES = ("dp", "tp", "pp", "cp", "ep", "etp", "attention_data_parallel", "virtual_stages")
 
 
-def _change_kind(old: ParallelConfig, new: ParallelConfig, workload) -> ChangeKind:  # noqa: ANN001
-    """What it takes to go from ``old`` to ``new``: nothing, a live change, or a reshard."""
-    if old == new:
-        return "keep"
-    if any(getattr(old, name) != getattr(new, name) for name in _DEGREES):
+def _change_kind(old: ShardingPlan, new: ShardingPlan, workload) -> ChangeKind:  # noqa: ANN001
+    """What it takes to go from plan ``old`` to ``new``: nothing, a live change, or a reshard."""
+    a, b = old.config, new.config
+    if any(getattr(a, name) != getattr(b, name) for name in _DEGREES):
         return "reshard"
-    rest = {k for k in ParallelConfig.model_fields if getattr(old, k) != getattr(new, k)}
-    if rest == {"micro_batch_size"}:
-        return "batch_size" if isinstance(workload, Inference) else "micro_batch"
-    return "reshard"  # schedule, recompute, ZeRO stage: rebuilt from a checkpoint like a degree change
+    rest = {k for k in ParallelConfig.model_fields if getattr(a, k) != getattr(b, k)}
+    if isinstance(workload, Inference):
+        if rest - {"micro_batch_size"}:
+            return "reshard"
+        old_batch = None if old.serving is None else old.serving.batch_size
+        new_batch = None if new.serving is None else new.serving.batch_size
+        return "batch_size" if old_batch != new_batch else "keep"
+    if not rest:
+        return "keep"
+    # Schedule, recompute or ZeRO stage rebuild the job from a checkpoint, like a degree change.
+    return "micro_batch" if rest == {"micro_batch_size"} else "reshard"
 
 
-def _describe(config: ParallelConfig) -> str:
+def _describe(plan: ShardingPlan) -> str:
+    config = plan.config
     degrees = " ".join(f"{k}{getattr(config, k)}" for k in ("pp", "dp", "cp", "tp", "ep", "etp") if getattr(config, k) > 1)
-    return f"{degrees or 'single device'} mbs{config.micro_batch_size}"
+    batch = f"batch {plan.serving.batch_size}" if plan.serving is not None else f"mbs{config.micro_batch_size}"
+    return f"{degrees or 'one device'} {batch}"

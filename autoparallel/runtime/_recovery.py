@@ -1,0 +1,263 @@
+"""Failure recovery and re-planning: a lost rank ends the job with a clear message; relaunched on
+the survivors, the job re-plans for the largest legal world they allow, shrinks the process group
+to it, and continues from the last complete checkpoint.
+
+The planning helpers here (``largest_legal_world``, ``cluster_for_world``, ``plan_for_config``,
+``research_plans``) are torch-free; ``shrink_world`` and ``guard_step`` touch torch.distributed
+(imported lazily).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+from typing import Any, Iterator
+
+from pydantic import BaseModel, ConfigDict
+
+from autoparallel._plan import Provenance, ShardingPlan
+from cost_model import InfeasiblePlanError, Inference, ModelSpec, ParallelConfig, Training
+
+__all__ = [
+    "RankLostError",
+    "Recovery",
+    "cluster_for_world",
+    "guard_step",
+    "job_from_plan",
+    "largest_legal_world",
+    "plan_for_config",
+    "rebuild_schedule",
+    "research_plans",
+    "shrink_world",
+]
+
+logger = logging.getLogger(__name__)
+
+# Text of the errors a collective raises when a peer process is gone (gloo, NCCL, the TCP store).
+_LOST_PEER_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "Connection refused",
+    "Timed out",
+    "timed out",
+    "remote process exited",
+    "NCCL communicator was aborted",
+    "DistNetworkError",
+)
+
+
+class RankLostError(RuntimeError):
+    """A peer rank died: the job stops, and says how to continue."""
+
+    def __init__(self, *, step: int, checkpoint: str | None, cause: BaseException) -> None:
+        self.step, self.checkpoint, self.cause = step, checkpoint, cause
+        resume = (
+            f"relaunch the job on the remaining ranks and call Retuner.recover({checkpoint!r}) to continue from "
+            "its last complete checkpoint"
+            if checkpoint
+            else "no checkpoint was configured, so the progress of this run is lost"
+        )
+        first_line = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        super().__init__(f"a peer rank was lost during step {step} ({type(cause).__name__}: {first_line}); {resume}")
+
+
+def _is_lost_peer(error: BaseException) -> bool:
+    text = f"{type(error).__name__}: {error}"
+    return any(marker in text for marker in _LOST_PEER_MARKERS)
+
+
+@contextlib.contextmanager
+def guard_step(*, step: int, checkpoint: str | os.PathLike | None = None) -> Iterator[None]:
+    """Run one step; if a collective fails because a peer is gone, raise ``RankLostError`` with
+    the step, the cause and how to resume. Other errors pass through unchanged."""
+    try:
+        yield
+    except RankLostError:
+        raise
+    except Exception as error:  # noqa: BLE001 - classified, then re-raised
+        if not _is_lost_peer(error):
+            raise
+        lost = RankLostError(step=step, checkpoint=None if checkpoint is None else str(checkpoint), cause=error)
+        logger.error("%s", lost)
+        raise lost from error
+
+
+# ---------------------------------------------------------------------------- planning (torch-free)
+def cluster_for_world(cluster, world_size: int):  # noqa: ANN001, ANN201 - topology.Cluster
+    """``cluster`` resized to exactly ``world_size`` devices: whole nodes when it divides, else
+    one node of ``world_size`` devices (the survivors of a partly lost node)."""
+    if world_size <= 0:
+        raise ValueError(f"world_size ({world_size}) must be > 0")
+    per_node = cluster.devices_per_node
+    if world_size % per_node == 0:
+        return cluster.with_nodes(world_size // per_node)
+    if world_size < per_node:
+        base = cluster.name.split("@")[0]
+        return cluster.model_copy(update={"num_nodes": 1, "devices_per_node": world_size, "name": f"{base}@{world_size}d"})
+    raise ValueError(
+        f"world_size ({world_size}) must be a multiple of devices_per_node ({per_node}) or smaller than it"
+    )
+
+
+def largest_legal_world(*, model: ModelSpec, cluster, workload: Training | Inference, max_world_size: int) -> int:  # noqa: ANN001
+    """The largest ``w <= max_world_size`` with at least one legal layout (``search.SearchSpace``:
+    the rules of ``cost_model._rules`` and the batch divisibility), e.g. 2 of 3 survivors when a
+    model's heads and experts only split in powers of two and the batch does not divide by 3."""
+    from search import SearchSpace
+
+    for world in range(max_world_size, 0, -1):
+        try:
+            sized = cluster_for_world(cluster, world)
+        except ValueError:
+            continue
+        space = SearchSpace(model=model, workload=workload, world_size=world, devices_per_node=sized.devices_per_node)
+        if space.num_meshes and space.size:
+            return world
+    raise ValueError(f"max_world_size ({max_world_size}) allows no legal layout of {model.name} for this workload")
+
+
+def plan_for_config(
+    *, model: ModelSpec, cluster, workload: Training | Inference, config: ParallelConfig,  # noqa: ANN001
+    extras: dict[str, Any] | None = None, like: ShardingPlan | None = None, predicted=None,  # noqa: ANN001
+) -> ShardingPlan:
+    """A ``ShardingPlan`` for one given config, built by the planner's pure functions; provenance
+    is copied from ``like`` when given (a re-planned variant of a running plan). ``predicted``
+    (a ``CostBreakdown`` already computed for this config) skips ``cost_model.estimate``.
+
+    Raises:
+        InfeasiblePlanError: the config does not fit (from ``cost_model.estimate``).
+    """
+    import cost_model
+    from autoparallel import _planner
+
+    extras = dict(extras or {})
+    estimate_extras = {k: extras[k] for k in ("batch_size", "kv_dtype", "num_redundant_experts") if k in extras}
+    if predicted is None:
+        predicted = cost_model.estimate(model, cluster, workload, config, **estimate_extras)
+    serving = None
+    if "batch_size" in extras:
+        from autoparallel._plan import ServingSettings
+
+        serving = ServingSettings(batch_size=max(int(extras["batch_size"]) or int(predicted.batch_size or 1), 1),
+                                  kv_dtype=str(extras.get("kv_dtype", "bf16")),
+                                  num_redundant_experts=int(extras.get("num_redundant_experts", 0)))
+    provenance = like.provenance if like is not None else Provenance(
+        library_version="", model_name=model.name, model_fingerprint=model.fingerprint(), cluster_name=cluster.name,
+        cluster_fingerprint=cluster.fingerprint(), workload=workload.model_dump(mode="json"),
+    )
+    if like is not None and (like.world_size != config.world_size or like.provenance.cluster_fingerprint != cluster.fingerprint()):
+        provenance = provenance.model_copy(update={"cluster_name": cluster.name, "cluster_fingerprint": cluster.fingerprint()})
+    return ShardingPlan(
+        provenance=provenance, world_size=config.world_size, config=config,
+        mesh_axes=_planner.dense_mesh_axes(config),
+        moe_mesh_axes=_planner.moe_mesh_axes(config) if model.moe is not None else (),
+        rank_to_device=_planner.rank_to_device(cluster=cluster, config=config),
+        stages=_planner.pipeline_stages(num_layers=model.num_layers, config=config),
+        expert_placement=_planner.expert_placement(model=model, config=config, extras=extras),
+        module_rules=_planner.module_rules(model=model, config=config),
+        predicted=predicted, serving=serving,
+    )
+
+
+def research_plans(
+    *, plan: ShardingPlan, model: ModelSpec, cluster, workload: Training | Inference, n_trials: int, seed: int  # noqa: ANN001
+) -> list[ShardingPlan]:
+    """Re-search warm-started from ``plan`` (its mesh is the study's first trial); returns the best
+    plan and a plan for each ranked alternative."""
+    import autoparallel
+
+    best = autoparallel.find_plan(model, cluster, workload, n_trials=n_trials, seed=seed, warm_start=plan.config)
+    plans = [best]
+    for alternative in best.alternatives:
+        extras = {} if alternative.serving is None else alternative.serving.model_dump()
+        try:
+            plans.append(plan_for_config(model=model, cluster=cluster, workload=workload, config=alternative.config,
+                                         extras=extras, like=best, predicted=alternative.predicted))
+        except InfeasiblePlanError as error:  # a runner-up that does not fit is no candidate
+            logger.info("re-plan: alternative %s skipped: %s", alternative.config, error)
+    return plans
+
+
+class Recovery(BaseModel):
+    """What ``Retuner.recover`` restored: the new plan and Retuner, ``build``'s result, and the
+    checkpoint's step and extra state (training continues at ``step + 1``)."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    retuner: Any
+    plan: ShardingPlan
+    built: Any
+    step: int
+    extra: dict[str, Any]
+    world_size: int
+    previous_world_size: int
+
+
+def job_from_plan(plan: ShardingPlan, *, model, cluster, workload):  # noqa: ANN001, ANN202
+    """Model, cluster and workload a plan names, unless given."""
+    from pydantic import TypeAdapter
+
+    from autoparallel._planner import resolve_cluster, resolve_model
+    from cost_model import Workload
+
+    model = model or resolve_model(plan.provenance.model_name)
+    cluster = cluster or resolve_cluster(plan.provenance.cluster_name.split("@")[0])
+    workload = workload or TypeAdapter(Workload).validate_python(plan.provenance.workload)
+    return model, cluster, workload
+
+
+def rebuild_schedule(pipeline, *, plan: ShardingPlan, num_micro_batches: int) -> None:  # noqa: ANN001
+    """Give a runtime ``Pipeline`` new stages and a schedule for ``num_micro_batches`` (the chunk
+    modules, their weights and the pipeline group are kept)."""
+    from autoparallel.runtime._pipeline import build_pipeline
+
+    stage = pipeline.stages[0]
+    rebuilt = build_pipeline(
+        list(zip(pipeline.chunks, pipeline.modules)), plan=plan, pp_group=stage.group, device=stage.device,
+        loss_fn=pipeline.schedule._loss_fn, num_micro_batches=num_micro_batches,
+    )
+    pipeline.plan, pipeline.stages, pipeline.schedule = plan, rebuilt.stages, rebuilt.schedule
+    pipeline.num_micro_batches = num_micro_batches
+
+
+# ---------------------------------------------------------------------------- process group
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def shrink_world(world_size: int, *, timeout_s: float = 60.0) -> bool:
+    """Re-form the default process group with ranks ``0 .. world_size - 1``; the others leave it.
+
+    Collective over the current group. Returns True on the ranks that are in the new group,
+    False on the spares (which then have no default process group). Rank 0 chooses a fresh port
+    on its host (``MASTER_ADDR``) for the new rendezvous.
+    """
+    import datetime
+
+    import torch.distributed as dist
+
+    rank, current = dist.get_rank(), dist.get_world_size()
+    if not 0 < world_size <= current:
+        raise ValueError(f"world_size ({world_size}) must be between 1 and the current world size ({current})")
+    if world_size == current:
+        return True
+    port = [_free_port() if rank == 0 else None]
+    dist.broadcast_object_list(port, src=0)
+    backend = dist.get_backend()
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank >= world_size:
+        logger.info("recovery: rank %d is a spare in a world of %d", rank, world_size)
+        return False
+    address = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    dist.init_process_group(
+        backend, init_method=f"tcp://{address}:{port[0]}", rank=rank, world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    os.environ.update(WORLD_SIZE=str(world_size), MASTER_PORT=str(port[0]))
+    return True
