@@ -63,7 +63,7 @@ from cost_model._workload import Inference
 
 PHASE_CODES: dict[str, int] = {"both": 0, "prefill": 1, "decode": 2}
 KV_DTYPE_CODES: dict[str, int] = {"bf16": 0, "fp8": 1, "int8": 2, "int4": 3, "fp16": 4, "fp32": 5}
-REASON_CODES: dict[str, int] = {"ok": 0, "weights_exceed_memory": 1, "kv_cache_exceeds_memory": 2, "ttft_slo": 3, "tpot_slo": 4}
+REASON_CODES: dict[str, int] = {"ok": 0, "weights_exceed_memory": 1, "memory_exceeded": 2, "ttft_slo": 3, "tpot_slo": 4}
 INFERENCE_COLUMNS: tuple[str, ...] = ("batch_size", "num_redundant_experts", "kv_dtype", "phase", "two_batch_overlap")
 INFERENCE_TIME_PARTS: tuple[str, ...] = ("compute", "attention", "tp_comm", "ep_comm", "cp_comm", "pp_comm")
 INFERENCE_MEMORY_PARTS: tuple[str, ...] = ("weights", "kv_cache", "activations", "comm_buffers", "fragmentation")
@@ -501,7 +501,7 @@ def estimate_inference_table(
     ttft_ok, tpot_ok = _slo_ok(s, batch)
     reason = np.select(
         [memory["weights"] > capacity, total_memory > capacity, ~ttft_ok, ~tpot_ok],
-        [REASON_CODES[k] for k in ("weights_exceed_memory", "kv_cache_exceeds_memory", "ttft_slo", "tpot_slo")],
+        [REASON_CODES[k] for k in ("weights_exceed_memory", "memory_exceeded", "ttft_slo", "tpot_slo")],
         default=REASON_CODES["ok"],
     )
     columns = {f"time.{k}": v for k, v in time.items()}

@@ -57,8 +57,9 @@ def _unit_rate(model, cluster, workload: Inference, pool: PoolConfig, phase: str
     columns = estimate_inference_table(model=model, cluster=cluster, workload=workload, table=table, options=options)
     if not bool(columns["feasible"][0]):
         label = {code: name for name, code in REASON_CODES.items()}[int(columns["reason"][0])]
+        part = {"weights_exceed_memory": "weights", "memory_exceeded": "memory"}.get(label, label)
         raise InfeasiblePlanError(
-            f"the {phase} pool's unit ({pool.config.world_size} devices) is infeasible: {label}", part=label,
+            f"the {phase} pool's unit ({pool.config.world_size} devices) is infeasible ({label})", part=part,
             needed_bytes=float(columns["memory_per_device_bytes"][0]), available_bytes=float(columns["memory_capacity_bytes"][0]),
         )
     devices = pool.config.world_size

@@ -1,0 +1,219 @@
+"""Inference cost model: invariants, monotonicity, batch choice, layouts, disaggregation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autoparallel import get_model
+from cost_model import (
+    CostBreakdown,
+    InfeasiblePlanError,
+    Inference,
+    ParallelConfig,
+    PoolConfig,
+    ServingConfig,
+    disaggregated_split,
+    estimate,
+    estimate_inference_table,
+    table_from_columns,
+)
+from cost_model._inference import KV_DTYPE_CODES, PHASE_CODES, REASON_CODES
+from cost_model._inference_ops import attention_flops_per_key, mean_attended_between
+from topology import get_preset
+
+REF = get_model("ref-3t-moe")
+DSV3 = get_model("deepseek-v3")
+LLAMA = get_model("llama-3.1-405b")
+H100_1024 = get_preset("dgx-h100", num_nodes=128)
+WORKLOAD = Inference(prompt_tokens=8192, output_tokens=1024, weight_dtype="fp8")
+
+
+def _table(rows: int = 64, seed: int = 0, **fixed) -> dict[str, np.ndarray]:
+    """Random legal-looking layouts of ref-3t-moe on up to 1024 devices."""
+    rng = np.random.default_rng(seed)
+    tp = 2 ** rng.integers(0, 4, rows)
+    dp = 2 ** rng.integers(2, 7, rows)
+    columns = dict(
+        dp=dp, tp=tp, pp=2 ** rng.integers(0, 3, rows), ep=np.minimum(dp * tp, 2 ** rng.integers(0, 9, rows)),
+        attention_data_parallel=rng.integers(0, 2, rows).astype(bool), batch_size=rng.integers(1, 64, rows),
+        phase=rng.integers(0, 3, rows), two_batch_overlap=rng.integers(0, 2, rows).astype(bool),
+    )
+    columns.update(fixed)
+    return table_from_columns(**columns)
+
+
+def _run(table, *, model=REF, cluster=H100_1024, workload=WORKLOAD):
+    return estimate_inference_table(model=model, cluster=cluster, workload=workload, table=table)
+
+
+def test_parts_sum_to_totals_and_inference_has_no_training_parts() -> None:
+    out = _run(_table())
+    time_parts = [k for k in out if k.startswith("time.")]
+    memory_parts = [k for k in out if k.startswith("memory.")]
+    np.testing.assert_allclose(sum(out[k] for k in time_parts), out["step_time_s"], rtol=1e-12)
+    np.testing.assert_allclose(sum(out[k] for k in memory_parts), out["memory_per_device_bytes"], rtol=1e-12)
+    for forbidden in ("backward", "optimizer", "gradient", "recompute", "bubble", "dp_comm"):
+        assert not [k for k in out if forbidden in k], forbidden
+    assert all(np.all(out[k] >= 0) for k in time_parts + memory_parts)
+
+
+def test_single_config_breakdown_has_no_backward_optimizer_or_gradients() -> None:
+    config = ParallelConfig(dp=128, tp=8, ep=256, attention_data_parallel=True)
+    breakdown = estimate(REF, H100_1024, WORKLOAD, config, two_batch_overlap=True)
+    assert isinstance(breakdown, CostBreakdown)
+    assert set(breakdown.memory_bytes) == {"weights", "kv_cache", "activations", "comm_buffers", "fragmentation"}
+    assert breakdown.ttft_s > 0 and breakdown.tpot_s > 0 and breakdown.batch_size >= 1
+    assert breakdown.tokens_per_s_per_device > 0
+    assert breakdown.memory_per_device_bytes <= breakdown.memory_capacity_bytes
+    assert sum(breakdown.time_s.values()) == pytest.approx(breakdown.step_time_s)
+
+
+def test_ep1_has_no_all_to_all_and_tp1_no_tp_traffic() -> None:
+    table = _table(rows=48, seed=1)
+    out = _run(table)
+    for phase in ("prefill", "decode"):
+        ep_traffic = out[f"time.{phase}_ep_comm"] + out[f"hidden.{phase}_ep_comm"]
+        tp_traffic = out[f"time.{phase}_tp_comm"] + out[f"hidden.{phase}_tp_comm"]
+        assert np.all(ep_traffic[table["ep"] == 1] == 0)
+        assert np.all(tp_traffic[table["tp"] == 1] == 0)
+    decode_rows = table["phase"] != PHASE_CODES["prefill"]
+    assert np.all((out["time.decode_ep_comm"] + out["hidden.decode_ep_comm"])[decode_rows & (table["ep"] > 1)] > 0)
+    tensor_parallel_attention = (table["tp"] > 1) & ~table["attention_data_parallel"]
+    assert np.all((out["time.decode_tp_comm"] + out["hidden.decode_tp_comm"])[decode_rows & tensor_parallel_attention] > 0)
+
+
+def test_more_memory_bandwidth_is_never_slower() -> None:
+    table = _table(rows=64, seed=2)
+    faster_device = H100_1024.device.model_copy(update={"memory_bandwidth_bytes_per_s": 2 * H100_1024.device.memory_bandwidth_bytes_per_s})
+    base, fast = _run(table), _run(table, cluster=H100_1024.model_copy(update={"device": faster_device}))
+    assert np.all(fast["step_time_s"] <= base["step_time_s"] * (1 + 1e-12))
+    decode = table["phase"] == PHASE_CODES["decode"]
+    assert np.all(fast["step_time_s"][decode] < base["step_time_s"][decode])
+
+
+def test_fp8_kv_halves_kv_bytes_and_int4_quarters_them() -> None:
+    table = _table(rows=16, seed=3)
+    kv = {name: _run({**table, "kv_dtype": np.full(16, KV_DTYPE_CODES[name])})["memory.kv_cache"] for name in ("bf16", "fp8", "int4")}
+    np.testing.assert_allclose(kv["fp8"], kv["bf16"] / 2)
+    np.testing.assert_allclose(kv["int4"], kv["bf16"] / 4)
+
+
+def test_attention_dp_removes_mla_kv_duplication_but_gqa_tp_splits_heads() -> None:
+    # Eight sequences on one node of 8 ranks: one TP replica of 8 sequences, or 8 DP replicas of 1.
+    tp_table = table_from_columns(tp=8, ep=8, batch_size=8, phase=PHASE_CODES["decode"])
+    dp_table = table_from_columns(tp=8, ep=8, batch_size=1, phase=PHASE_CODES["decode"], attention_data_parallel=True)
+    tp_kv, dp_kv = _run(tp_table)["memory.kv_cache"], _run(dp_table)["memory.kv_cache"]
+    assert tp_kv[0] == pytest.approx(8 * dp_kv[0])  # MLA latent copied on every tp rank
+    llama = Inference(prompt_tokens=8192, output_tokens=1024)
+    tp_gqa = _run(table_from_columns(tp=8, batch_size=8, phase=2), model=LLAMA, workload=llama)["memory.kv_cache"]
+    dp_gqa = _run(table_from_columns(tp=8, batch_size=1, phase=2, attention_data_parallel=True), model=LLAMA, workload=llama)["memory.kv_cache"]
+    assert tp_gqa[0] == pytest.approx(dp_gqa[0])  # 8 KV heads split over tp=8: no duplication
+
+
+def test_redundant_experts_cost_exactly_their_weights() -> None:
+    base = table_from_columns(dp=32, ep=32, batch_size=4, phase=1)
+    plus = {**base, "num_redundant_experts": np.array([32])}
+    extra = _run(plus)["memory.weights"][0] - _run(base)["memory.weights"][0]
+    expert_bytes = REF.ffn_parameters(REF.moe.expert_ffn_hidden_size) * 1.0  # fp8
+    assert extra == pytest.approx(REF.num_moe_layers * (32 / 32) * expert_bytes)
+
+
+def test_ttft_and_tpot_grow_with_prompt_and_batch() -> None:
+    config = dict(dp=16, tp=8, ep=128, attention_data_parallel=True, two_batch_overlap=True)
+    prompts = np.array([1024, 4096, 16384, 65536])
+    by_prompt = estimate_inference_table(
+        model=REF, cluster=H100_1024, workload=WORKLOAD, table=table_from_columns(length=4, batch_size=2, **config),
+        prompt_tokens=prompts,
+    )
+    assert np.all(np.diff(by_prompt["ttft_s"]) > 0) and np.all(np.diff(by_prompt["tpot_s"]) > 0)
+    batches = np.array([1, 2, 8, 32, 128])
+    by_batch = _run(table_from_columns(batch_size=batches, phase=PHASE_CODES["decode"], **config))
+    assert np.all(np.diff(by_batch["tpot_s"]) > 0)
+    per_device = by_batch["tokens_per_s_per_device"]
+    assert per_device[-1] > 20 * per_device[0]  # decode is memory-bound: batching pays
+
+
+def test_prefix_cache_hits_skip_prefill_compute() -> None:
+    table = table_from_columns(dp=16, tp=8, ep=128, attention_data_parallel=True, batch_size=4, phase=1)
+    cold = _run(table)
+    warm = _run(table, workload=WORKLOAD.model_copy(update={"prefix_cache_hit_rate": 0.5}))
+    assert warm["time.prefill_compute"][0] < 0.6 * cold["time.prefill_compute"][0]
+    assert warm["prefill_tokens_per_s_per_device"][0] > 1.5 * cold["prefill_tokens_per_s_per_device"][0]
+    assert warm["memory.kv_cache"][0] == cold["memory.kv_cache"][0]  # the whole prompt is cached either way
+
+
+def test_paged_blocks_round_the_cache_up() -> None:
+    table = table_from_columns(dp=64, ep=64, batch_size=1, phase=1)
+    odd = Inference(prompt_tokens=1000, output_tokens=10, kv_block_tokens=256)
+    exact = Inference(prompt_tokens=1024, output_tokens=10, kv_block_tokens=256)
+    assert _run(table, workload=odd)["memory.kv_cache"][0] == _run(table, workload=exact)["memory.kv_cache"][0]
+    per_layer = REF.kv_cache_bytes(1024, "bf16") / 1024 * 1024 / REF.num_layers  # bytes of 1024 tokens, one layer
+    assert _run(table, workload=exact)["memory.kv_cache"][0] == pytest.approx(REF.num_layers * per_layer)
+
+
+def test_largest_batch_fits_and_one_more_does_not() -> None:
+    table = _table(rows=24, seed=4, batch_size=np.zeros(24, dtype=np.int64))
+    out = _run(table)
+    fits = out["reason"] != REASON_CODES["weights_exceed_memory"]
+    assert fits.any()
+    assert np.all(out["memory_per_device_bytes"][fits] <= out["memory_capacity_bytes"][fits])
+    more = _run({**table, "batch_size": out["batch_size"] + 1})
+    assert np.all(more["memory_per_device_bytes"][fits] > more["memory_capacity_bytes"][fits])
+
+
+def test_tpot_slo_picks_the_largest_batch_that_meets_it() -> None:
+    slo = 0.03
+    workload = WORKLOAD.model_copy(update={"tpot_slo_s": slo})
+    table = table_from_columns(dp=128, tp=8, ep=256, attention_data_parallel=True, phase=2, two_batch_overlap=True)
+    out = _run(table, workload=workload)
+    assert out["feasible"][0] and out["tpot_s"][0] <= slo
+    one_more = _run({**table, "batch_size": out["batch_size"] + 1}, workload=workload)
+    assert one_more["tpot_s"][0] > slo and one_more["reason"][0] == REASON_CODES["tpot_slo"]
+
+
+def test_pipeline_keeps_stages_in_flight() -> None:
+    base = table_from_columns(dp=16, tp=8, ep=128, batch_size=8, phase=2)
+    piped = table_from_columns(dp=16, tp=8, pp=4, ep=128, batch_size=8, phase=2)
+    one, four = _run(base), _run(piped)
+    assert four["memory.weights"][0] < 0.35 * one["memory.weights"][0]
+    # Four micro-batches in flight over a quarter of the layers each: the same cache per device.
+    assert four["memory.kv_cache"][0] == pytest.approx(one["memory.kv_cache"][0])
+    assert four["time.decode_pp_comm"][0] > 0 and one["time.decode_pp_comm"][0] == 0
+
+
+def test_mla_decode_uses_the_absorbed_form() -> None:
+    a = DSV3.attention
+    assert attention_flops_per_key(DSV3, decode=True) == 2 * 128 * (2 * 512 + 64)
+    assert attention_flops_per_key(DSV3, decode=False) == 2 * 128 * (192 + 128)
+    assert a.kv_lora_rank == 512
+    # Mean keys of positions 5..8 under full attention is their mean position.
+    assert mean_attended_between(DSV3, 5.0, 8.0) == pytest.approx(6.5)
+
+
+def test_infeasible_plan_and_bad_input_raise() -> None:
+    with pytest.raises(InfeasiblePlanError, match="weights"):
+        estimate(REF, get_preset("dgx-h100"), WORKLOAD, ParallelConfig(dp=8, ep=8, attention_data_parallel=True))
+    with pytest.raises(ValueError, match="kv_dtype"):
+        _run({**table_from_columns(dp=64, ep=64), "kv_dtype": np.array([9])})
+    with pytest.raises(ValueError, match="extra"):
+        ServingConfig(batch=4)
+
+
+def test_disaggregation_balances_the_two_pools() -> None:
+    workload = WORKLOAD.model_copy(update={"tpot_slo_s": 0.05})
+    prefill = PoolConfig(config=ParallelConfig(dp=128, ep=128), serving=ServingConfig(two_batch_overlap=True))
+    decode = PoolConfig(config=ParallelConfig(dp=256, ep=256), serving=ServingConfig(two_batch_overlap=True))
+    split = disaggregated_split(model=REF, cluster=H100_1024, workload=workload, prefill=prefill, decode=decode)
+    assert split.prefill_devices + split.decode_devices <= 1024
+    assert split.prefill_devices % 128 == 0 and split.decode_devices % 256 == 0
+    rates = split.prefill_units * split.prefill_requests_per_s_per_unit, split.decode_units * split.decode_requests_per_s_per_unit
+    assert split.requests_per_s == pytest.approx(min(rates))
+    # One unit fewer on either side serves less: the split is rate-matched.
+    assert (split.prefill_units - 1) * split.prefill_requests_per_s_per_unit < split.requests_per_s
+    assert (split.decode_units - 1) * split.decode_requests_per_s_per_unit < split.requests_per_s
+    fixed = workload.model_copy(update={"request_rate_per_s": split.requests_per_s / 2})
+    half = disaggregated_split(model=REF, cluster=H100_1024, workload=fixed, prefill=prefill, decode=decode)
+    assert half.prefill_devices + half.decode_devices < split.prefill_devices + split.decode_devices
+    with pytest.raises(InfeasiblePlanError, match="devices"):
+        disaggregated_split(model=REF, cluster=H100_1024, workload=workload, prefill=prefill, decode=decode, num_devices=256)
