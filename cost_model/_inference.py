@@ -33,7 +33,8 @@ Output columns: ``time.<phase>_<part>`` (exposed seconds; they sum to ``step_tim
 decode step, or the prefill pass for a prefill pool), ``ttft_s`` / ``tpot_s`` (NaN where the
 phase has none), ``tokens_per_s_per_device`` (output tokens, or input tokens including cache
 hits for a prefill pool), ``prefill_tokens_per_s_per_device``, ``decode_tokens_per_s_per_device``,
-``batch_size``, ``memory_capacity_bytes``, ``feasible`` and ``reason`` (code in ``REASON_CODES``).
+``batch_size``, ``memory_capacity_bytes``, ``feasible`` and ``reason`` (``_common.REASON_CODES``:
+the largest memory part when memory does not fit, else the missed SLO).
 """
 
 from __future__ import annotations
@@ -47,10 +48,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from cost_model import _inference_ops as ops
 from cost_model._common import (
     Calibration,
+    REASON_CODES,
     EstimateOptions,
     StageLayout,
     attention_parameters_per_device,
     collective_time_s,
+    memory_reason,
     op_time_s,
     parameters_per_device,
     ranks_per_node,
@@ -63,7 +66,6 @@ from cost_model._workload import Inference
 
 PHASE_CODES: dict[str, int] = {"both": 0, "prefill": 1, "decode": 2}
 KV_DTYPE_CODES: dict[str, int] = {"bf16": 0, "fp8": 1, "int8": 2, "int4": 3, "fp16": 4, "fp32": 5}
-REASON_CODES: dict[str, int] = {"ok": 0, "weights_exceed_memory": 1, "memory_exceeded": 2, "ttft_slo": 3, "tpot_slo": 4}
 INFERENCE_COLUMNS: tuple[str, ...] = ("batch_size", "num_redundant_experts", "kv_dtype", "phase", "two_batch_overlap")
 INFERENCE_TIME_PARTS: tuple[str, ...] = ("compute", "attention", "tp_comm", "ep_comm", "cp_comm", "pp_comm")
 INFERENCE_MEMORY_PARTS: tuple[str, ...] = ("weights", "kv_cache", "activations", "comm_buffers", "fragmentation")
@@ -174,10 +176,11 @@ def _setup(
 
 # ------------------------------------------------------------------------------ dtypes
 def _first_available(hardware, names: tuple[str, ...]) -> str:
-    for name in names:
+    """The first of ``names`` the hardware lists a peak for, else bf16, else its first dtype."""
+    for name in (*names, "bf16"):
         if name in hardware.peak_flops:
             return name
-    return "bf16"
+    return next(iter(hardware.peak_flops))
 
 
 def _matmul_dtype(s: _Setup) -> str:
@@ -224,7 +227,9 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     w_head = model.vocab_size * model.hidden_size / tp
     head = _mm(s, 2 * w_head * head_tokens, w_head * wb + head_tokens * model.vocab_size / tp * ops.LOGIT_BYTES)
     elementwise = ops.ELEMENTWISE_VECTORS_PER_LAYER * model.hidden_size * act * attention_tokens
-    memory_only = op_time_s(flops=0.0, bytes_moved=elementwise, hardware=s.cluster.device, dtype="bf16", calibration=s.calibration)
+    memory_only = op_time_s(
+        flops=0.0, bytes_moved=elementwise, hardware=s.cluster.device, dtype=_attention_dtype(s), calibration=s.calibration
+    )
     return total + lay.has_lm_head * head + lay.layers * memory_only
 
 
@@ -499,11 +504,8 @@ def estimate_inference_table(
     capacity = s.cluster.memory_per_device_bytes
     total_memory = sum(memory.values())
     ttft_ok, tpot_ok = _slo_ok(s, batch)
-    reason = np.select(
-        [memory["weights"] > capacity, total_memory > capacity, ~ttft_ok, ~tpot_ok],
-        [REASON_CODES[k] for k in ("weights_exceed_memory", "memory_exceeded", "ttft_slo", "tpot_slo")],
-        default=REASON_CODES["ok"],
-    )
+    reason = memory_reason(memory=memory, capacity_bytes=capacity)
+    reason = np.where(reason != 0, reason, np.where(~ttft_ok, REASON_CODES["ttft_slo"], np.where(~tpot_ok, REASON_CODES["tpot_slo"], 0)))
     columns = {f"time.{k}": v for k, v in time.items()}
     columns.update({f"hidden.{k}": v for k, v in hidden.items()})
     columns.update({f"memory.{k}": v for k, v in memory.items()})
@@ -517,7 +519,7 @@ def estimate_inference_table(
         batch_size=batch.astype(np.int64),
         memory_per_device_bytes=total_memory,
         memory_capacity_bytes=np.full(batch.shape, float(capacity)),
-        feasible=reason == REASON_CODES["ok"],
+        feasible=reason == REASON_CODES["feasible"],
         reason=reason.astype(np.int64),
     )
     return columns

@@ -14,8 +14,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from cost_model._breakdown import InfeasiblePlanError
-from cost_model._common import EstimateOptions
-from cost_model._inference import REASON_CODES, ServingConfig, estimate_inference_table
+from cost_model._common import REASON_LABELS, EstimateOptions
+from cost_model._inference import ServingConfig, estimate_inference_table
 from cost_model._model_spec import ModelSpec
 from cost_model._parallel import ParallelConfig
 from cost_model._table import configs_to_table
@@ -56,10 +56,9 @@ def _unit_rate(model, cluster, workload: Inference, pool: PoolConfig, phase: str
     table = configs_to_table([pool.config], **serving.columns(workload=workload))
     columns = estimate_inference_table(model=model, cluster=cluster, workload=workload, table=table, options=options)
     if not bool(columns["feasible"][0]):
-        label = {code: name for name, code in REASON_CODES.items()}[int(columns["reason"][0])]
-        part = {"weights_exceed_memory": "weights", "memory_exceeded": "memory"}.get(label, label)
+        label = REASON_LABELS[int(columns["reason"][0])]
         raise InfeasiblePlanError(
-            f"the {phase} pool's unit ({pool.config.world_size} devices) is infeasible ({label})", part=part,
+            f"the {phase} pool's unit ({pool.config.world_size} devices) is infeasible ({label})", part=label,
             needed_bytes=float(columns["memory_per_device_bytes"][0]), available_bytes=float(columns["memory_capacity_bytes"][0]),
         )
     devices = pool.config.world_size
