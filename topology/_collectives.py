@@ -19,9 +19,11 @@ Sources of the formulas:
 - Hierarchical: reduce-scatter inside the node, all-reduce across nodes on 1/L of the buffer
   per rank (one rail per local rank), all-gather inside the node (Goyal et al. 2017; Jia et al.
   "Highly scalable deep learning training system with mixed-precision", 2018 — "hierarchical all-reduce").
-- Pairwise all-to-all: n-1 rounds, every rank sends (n-1)/n of its buffer; NVLink and RDMA
-  transfers proceed concurrently (DeepEP overlaps them), so the slower one bounds the time
-  (Thakur, Rabenseifner & Gropp, "Optimization of collective communication operations in MPICH", 2005).
+- All-to-all: every rank sends (n-1)/n of its buffer, all peers at once (NCCL's all-to-all is
+  grouped ncclSend/ncclRecv to every peer, NCCL user guide "Point-to-point communication"), so
+  one latency, not n-1 rounds as in MPICH's pairwise exchange (Thakur, Rabenseifner & Gropp
+  2005); NVLink and RDMA transfers proceed concurrently (DeepEP overlaps them), so the slower
+  one bounds the time.
 - In-switch reduction (NVLS): each device sends and receives its buffer once; the achieved
   ``algBw`` fraction is data on the tier (``LinkTier.in_network_reduction_efficiency``).
 """
@@ -176,7 +178,7 @@ def _pairwise_all_to_all(path: GroupPath, size: np.ndarray) -> np.ndarray:
     node_inter_bytes = local * (n - local) / n * size  # per node, to peers elsewhere
     intra_s = intra_bytes / path.intra_bytes_per_s
     inter_s = np.where(n > local, node_inter_bytes / path.node_inter_bytes_per_s, 0.0)
-    latency = (n - 1.0) * np.where(n > local, path.inter_latency_s, path.intra_latency_s)
+    latency = np.where(n > local, path.inter_latency_s, path.intra_latency_s)
     return np.maximum(intra_s, inter_s) + latency
 
 
