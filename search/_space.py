@@ -133,9 +133,12 @@ class SearchSpace:
         self.devices_per_node = devices_per_node
         self.bounds = bounds or SearchBounds()
         self.is_training = isinstance(workload, Training)
-        self.mesh = _enumerate_meshes(self)
         self._switch_cache: dict[tuple, Table] = {}
         self._memo: dict[str, dict] = {}
+        self.mesh = _enumerate_meshes(self)
+        # A mesh none of whose switch combinations is legal (e.g. no micro-batch size divides the
+        # batch per replica) holds no layout: drop it.
+        self.mesh = select(self.mesh, self.switch_counts() > 0)
         self.axis_choices = {axis: sorted(set(self.mesh[axis].tolist())) for axis in (*MESH_AXES, "attention_data_parallel")}
 
     # -- sizes

@@ -12,6 +12,7 @@ of the budget walks the neighbours of the best mesh found (a local refinement, s
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any, Callable
 
@@ -199,6 +200,7 @@ def _run_trials(study, problem: _Problem, *, n_trials: int, settings: SearchSett
 def _tell(study, trial: optuna.Trial, mesh: int, priced: dict[str, Any], objective: Objective) -> None:
     best: Candidate = priced["best"]
     trial.set_user_attr("mesh_index", mesh)
+    trial.set_user_attr("worker_pid", os.getpid())
     trial.set_user_attr("candidate", best.to_attrs())
     trial.set_user_attr("infeasible_rows", priced["infeasible_rows"])
     trial.set_user_attr("rows", priced["rows"])
