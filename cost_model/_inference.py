@@ -40,6 +40,7 @@ the largest memory part when memory does not fit, else the missed SLO).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal, Mapping
 
 import numpy as np
@@ -118,21 +119,25 @@ class _Setup:
     output_tokens: np.ndarray
 
     def column(self, name: str) -> np.ndarray:
-        return np.asarray(self.table[name], dtype=np.float64)
+        """A table column as float64, converted once."""
+        cache = self.__dict__.setdefault("_columns", {})
+        if name not in cache:
+            cache[name] = np.asarray(self.table[name], dtype=np.float64)
+        return cache[name]
 
-    @property
+    @cached_property
     def attention_dp(self) -> np.ndarray:
         return np.asarray(self.table["attention_data_parallel"], dtype=bool)
 
-    @property
+    @cached_property
     def shard(self) -> np.ndarray:
         return np.where(self.attention_dp, 1.0, self.column("tp"))
 
-    @property
+    @cached_property
     def stage_ranks(self) -> np.ndarray:
         return self.column("dp") * self.column("cp") * self.column("tp")
 
-    @property
+    @cached_property
     def replicas(self) -> np.ndarray:
         return self.stage_ranks / (self.column("cp") * self.shard)
 
@@ -307,63 +312,71 @@ def _expert_all_to_all(s: _Setup, rank_tokens: np.ndarray, element_bytes: float,
 
 
 def _comm_times(s: _Setup, p: ops.Pass) -> dict[str, np.ndarray]:
-    """TP, EP, CP and PP traffic of one pass on each pipeline rank, (3, n) seconds."""
+    """TP, EP, CP and PP traffic of one pass on each pipeline rank, (3, n) seconds.
+
+    TP attention all-reduces after attention and after the FFN of every layer (Megatron); under
+    attention-DP only the tp-sharded dense FFN gathers its tokens and scatters them back.
+    """
     model, lay = s.model, s.layout
     act, h = dtype_bytes(s.workload.activation_dtype), model.hidden_size
-    tp, cp, ep, etp = s.column("tp"), s.column("cp"), s.column("ep"), s.column("etp")
+    tp, cp, ep = s.column("tp"), s.column("cp"), s.column("ep")
     attention_tokens, rank_tokens = _tokens(s, p)
-    all_reduce = _collective(s, "all_reduce", "tp", tp, attention_tokens * h * act)
-    gathered = attention_tokens * tp * h * act  # dense FFN under attention-DP: gather, then scatter back
-    gather_scatter = _collective(s, "all_gather", "tp", tp, gathered) + _collective(s, "reduce_scatter", "tp", tp, gathered)
-    tp_time = np.where(s.attention_dp, lay.dense_layers * gather_scatter, 2 * lay.layers * all_reduce)
-    ep_time = np.zeros_like(tp_time)
-    if model.moe is not None:
+    zero = np.zeros(lay.layers.shape)
+    tp_time = zero
+    if np.any((tp > 1) & ~s.attention_dp):
+        all_reduce = _collective(s, "all_reduce", "tp", tp, attention_tokens * h * act)
+        tp_time = np.where(s.attention_dp, 0.0, 2 * lay.layers * all_reduce)
+    if np.any((tp > 1) & s.attention_dp) and model.num_dense_ffn_layers:
+        gathered = attention_tokens * tp * h * act
+        gather_scatter = _collective(s, "all_gather", "tp", tp, gathered) + _collective(s, "reduce_scatter", "tp", tp, gathered)
+        tp_time = np.where(s.attention_dp, lay.dense_layers * gather_scatter, tp_time)
+    ep_time = zero
+    if model.moe is not None and np.any(ep > 1):
         dispatch = _expert_all_to_all(s, rank_tokens, _dispatch_bytes(s), node_dedup=not p.decode)
         combine = _expert_all_to_all(s, rank_tokens, COMBINE_BYTES, node_dedup=not p.decode)
         ep_time = lay.moe_layers * (dispatch + combine)
-    if p.decode:  # merge partial softmax results of the cp shards of each sequence
-        cp_layer = _collective(s, "all_gather", "cp", cp, p.batch * h * act)
-    else:  # ring attention: each cp rank's new-token KV visits the others
+    cp_time = zero
+    if np.any(cp > 1) and p.decode:  # merge the partial softmax results of each sequence's cp shards
+        cp_time = lay.layers * _collective(s, "all_gather", "cp", cp, p.batch * h * act)
+    elif np.any(cp > 1):  # ring attention: each cp rank's new-token KV visits the others
         kv_chunk = p.batch * p.new_tokens / cp * model.kv_cache_elements_per_token_per_layer() * s.kv_element_bytes
-        cp_layer = (cp - 1) * _collective(s, "send_recv", "cp", np.minimum(cp, 2.0), kv_chunk)
-    pp_send = _collective(s, "send_recv", "pp", np.minimum(s.column("pp"), 2.0), rank_tokens * h * act)
-    return {"tp_comm": tp_time, "ep_comm": ep_time, "cp_comm": lay.layers * cp_layer, "pp_comm": pp_send + 0 * tp_time}
+        cp_time = lay.layers * (cp - 1) * _collective(s, "send_recv", "cp", np.minimum(cp, 2.0), kv_chunk)
+    pp_time = zero
+    if np.any(s.column("pp") > 1):
+        pp_time = zero + _collective(s, "send_recv", "pp", np.minimum(s.column("pp"), 2.0), rank_tokens * h * act)
+    return {"tp_comm": tp_time, "ep_comm": ep_time, "cp_comm": cp_time, "pp_comm": pp_time}
 
 
 def _pass_parts(s: _Setup, p: ops.Pass) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Exposed and hidden seconds of one pass on the slowest pipeline rank, by part, (n,) each.
 
-    With two-batch overlap the pass runs as two half micro-batches and TP/EP/CP traffic may hide
-    entirely behind compute; otherwise each kind hides up to its calibrated overlap fraction.
-    Hidden traffic never exceeds the compute it hides behind.
+    With two-batch overlap the pass runs as two half micro-batches (every part costs twice a
+    half pass) and TP/EP/CP traffic may hide entirely behind compute; otherwise each kind hides
+    up to its calibrated overlap fraction. Hidden traffic never exceeds the compute it hides behind.
     """
-    half = p.scaled(0.5)
-    raw = {}
-    for part, one, two in _parts_both(s, p, half):
-        raw[part] = np.where(s.two_batch, 2.0 * two, one)
+    micro_batches = np.where(s.two_batch, 2.0, 1.0)
+    micro = p.scaled(1.0 / micro_batches)
+    shape = s.layout.layers.shape
+    raw = {
+        "compute": micro_batches * _compute_time(s, micro),
+        "attention": micro_batches * s.layout.layers * _attention_time(s, micro),
+    }
+    raw.update({kind: micro_batches * np.broadcast_to(t, shape) for kind, t in _comm_times(s, micro).items()})
     busy = raw["compute"] + raw["attention"]
     fractions = {
         kind: np.where(s.two_batch & (kind != "pp_comm"), 1.0, s.calibration.overlap_fraction(kind)) for kind in _COMM_PARTS
     }
     hideable = sum(raw[kind] * fractions[kind] for kind in _COMM_PARTS)
-    scale = np.where(hideable > 0, np.minimum(hideable, busy) / np.where(hideable > 0, hideable, 1.0), 0.0)
+    scale = np.minimum(hideable, busy) / np.where(hideable > 0, hideable, 1.0)
     hidden = {kind: raw[kind] * fractions[kind] * scale for kind in _COMM_PARTS}
     exposed = {part: raw[part] - hidden.get(part, 0.0) for part in INFERENCE_TIME_PARTS}
-    stage_total = sum(exposed.values())
-    slowest = np.argmax(stage_total, axis=0)
-    pick = lambda a: np.take_along_axis(np.asarray(a), slowest[None, :], axis=0)[0]  # noqa: E731
+    slowest = np.argmax(sum(exposed.values()), axis=0)[None, :]
     pp = s.column("pp")
-    return {k: pp * pick(v) for k, v in exposed.items()}, {k: pp * pick(v) for k, v in hidden.items()}
 
+    def pick(values: np.ndarray) -> np.ndarray:
+        return pp * np.take_along_axis(np.broadcast_to(values, shape), slowest, axis=0)[0]
 
-def _parts_both(s: _Setup, whole: ops.Pass, half: ops.Pass):
-    """(part, time of the whole pass, time of one half micro-batch), each (3, n)."""
-    shape = s.layout.layers.shape
-    for p_name, getter in (("compute", _compute_time), ("attention", lambda s_, p_: s_.layout.layers * _attention_time(s_, p_))):
-        yield p_name, np.broadcast_to(getter(s, whole), shape), np.broadcast_to(getter(s, half), shape)
-    comm_whole, comm_half = _comm_times(s, whole), _comm_times(s, half)
-    for kind in _COMM_PARTS:
-        yield kind, np.broadcast_to(comm_whole[kind], shape), np.broadcast_to(comm_half[kind], shape)
+    return {k: pick(v) for k, v in exposed.items()}, {k: pick(v) for k, v in hidden.items()}
 
 
 # ------------------------------------------------------------------------------ passes and memory
@@ -417,8 +430,24 @@ def _memory_parts(s: _Setup, batch: np.ndarray) -> dict[str, np.ndarray]:
     return parts
 
 
-def _times(s: _Setup, batch: np.ndarray):
-    """Exposed/hidden parts of both passes and the phase-weighted step time."""
+@dataclass(frozen=True)
+class _Timing:
+    """Time columns of one batch choice: parts, prefill pass, decode step, step and TTFT (n,)."""
+
+    time: dict[str, np.ndarray]
+    hidden: dict[str, np.ndarray]
+    prefill_s: np.ndarray
+    decode_s: np.ndarray
+    step_s: np.ndarray
+    ttft_s: np.ndarray
+
+
+def _timing(s: _Setup, batch: np.ndarray, *, with_ttft: bool = True) -> _Timing:
+    """Both passes at ``batch``, weighted by phase into the step (see the module docstring).
+
+    TTFT is a prefill pool's pass over its batch of prompts; colocated, a new prompt is prefilled
+    (in chunks) on its own between decode steps, so one prompt's pass.
+    """
     prefill, decode = _passes(s, batch)
     pre_exposed, pre_hidden = _pass_parts(s, prefill)
     dec_exposed, dec_hidden = _pass_parts(s, decode)
@@ -431,25 +460,19 @@ def _times(s: _Setup, batch: np.ndarray):
         time[f"decode_{part}"] = decode_weight * dec_exposed[part]
         hidden[f"prefill_{part}"] = prefill_weight * pre_hidden.get(part, 0.0 * batch)
         hidden[f"decode_{part}"] = decode_weight * dec_hidden.get(part, 0.0 * batch)
-    return time, hidden, sum(pre_exposed.values()), sum(dec_exposed.values())
+    prefill_s = sum(pre_exposed.values())
+    ttft = prefill_s
+    if with_ttft and is_both.any():
+        single, _ = _passes(s, np.ones_like(batch))
+        ttft = np.where(is_both, sum(_pass_parts(s, single)[0].values()), prefill_s)
+    return _Timing(time, hidden, prefill_s, sum(dec_exposed.values()), sum(time.values()), ttft)
 
 
-def _ttft(s: _Setup, batch: np.ndarray, prefill_s: np.ndarray) -> np.ndarray:
-    """Time to first token: a prefill pool's pass over its batch of prompts; colocated, a new
-    prompt is prefilled (in chunks) on its own between decode steps, so one prompt's pass."""
-    single, _ = _passes(s, np.ones_like(batch))
-    alone = sum(_pass_parts(s, single)[0].values())
-    return np.where(s.phase == PHASE_CODES["both"], alone, prefill_s)
-
-
-def _slo_ok(s: _Setup, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _slo_ok(s: _Setup, timing: _Timing) -> tuple[np.ndarray, np.ndarray]:
     """(TTFT within its SLO, TPOT within its SLO) per row; rows of a phase without one pass."""
-    time, _, prefill_s, _ = _times(s, batch)
-    step = sum(time.values())
     w = s.workload
-    ttft = _ttft(s, batch, prefill_s) if w.ttft_slo_s is not None else prefill_s
-    ttft_ok = (s.phase == PHASE_CODES["decode"]) | (ttft <= (w.ttft_slo_s or np.inf))
-    tpot_ok = (s.phase == PHASE_CODES["prefill"]) | (step <= (w.tpot_slo_s or np.inf))
+    ttft_ok = (s.phase == PHASE_CODES["decode"]) | (timing.ttft_s <= (w.ttft_slo_s or np.inf))
+    tpot_ok = (s.phase == PHASE_CODES["prefill"]) | (timing.step_s <= (w.tpot_slo_s or np.inf))
     return ttft_ok, tpot_ok
 
 
@@ -473,7 +496,7 @@ def _choose_batch(s: _Setup) -> np.ndarray:
     low, high = np.ones(n), np.where(searching, fits, 1.0)
     while np.any(low < high):
         middle = np.floor((low + high + 1) / 2)
-        ok = np.logical_and(*_slo_ok(s, middle))
+        ok = np.logical_and(*_slo_ok(s, _timing(s, middle, with_ttft=w.ttft_slo_s is not None)))
         low, high = np.where(ok, middle, low), np.where(ok, high, middle - 1)
     return np.where(searching, low, batch)
 
@@ -494,30 +517,28 @@ def estimate_inference_table(
         prompt_tokens=prompt_tokens,
     )
     batch = _choose_batch(s)
-    time, hidden, prefill_s, decode_s = _times(s, batch)
+    timing = _timing(s, batch)
     memory = _memory_parts(s, batch)
-    step = sum(time.values())
     is_prefill, is_decode = s.phase == PHASE_CODES["prefill"], s.phase == PHASE_CODES["decode"]
     ranks = s.stage_ranks
-    prefill_rate = batch * s.prompt_tokens * s.replicas / (prefill_s * ranks)
-    decode_rate = batch * s.replicas / (decode_s * ranks)
+    prefill_rate = batch * s.prompt_tokens * s.replicas / (timing.prefill_s * ranks)
+    decode_rate = batch * s.replicas / (timing.decode_s * ranks)
     capacity = s.cluster.memory_per_device_bytes
-    total_memory = sum(memory.values())
-    ttft_ok, tpot_ok = _slo_ok(s, batch)
+    ttft_ok, tpot_ok = _slo_ok(s, timing)
     reason = memory_reason(memory=memory, capacity_bytes=capacity)
     reason = np.where(reason != 0, reason, np.where(~ttft_ok, REASON_CODES["ttft_slo"], np.where(~tpot_ok, REASON_CODES["tpot_slo"], 0)))
-    columns = {f"time.{k}": v for k, v in time.items()}
-    columns.update({f"hidden.{k}": v for k, v in hidden.items()})
+    columns = {f"time.{k}": v for k, v in timing.time.items()}
+    columns.update({f"hidden.{k}": v for k, v in timing.hidden.items()})
     columns.update({f"memory.{k}": v for k, v in memory.items()})
     columns.update(
-        step_time_s=step,
-        ttft_s=np.where(is_decode, np.nan, _ttft(s, batch, prefill_s)),
-        tpot_s=np.where(is_prefill, np.nan, step),
-        tokens_per_s_per_device=np.where(is_prefill, prefill_rate, batch * s.replicas / (step * ranks)),
+        step_time_s=timing.step_s,
+        ttft_s=np.where(is_decode, np.nan, timing.ttft_s),
+        tpot_s=np.where(is_prefill, np.nan, timing.step_s),
+        tokens_per_s_per_device=np.where(is_prefill, prefill_rate, batch * s.replicas / (timing.step_s * ranks)),
         prefill_tokens_per_s_per_device=prefill_rate,
         decode_tokens_per_s_per_device=decode_rate,
         batch_size=batch.astype(np.int64),
-        memory_per_device_bytes=total_memory,
+        memory_per_device_bytes=sum(memory.values()),
         memory_capacity_bytes=np.full(batch.shape, float(capacity)),
         feasible=reason == REASON_CODES["feasible"],
         reason=reason.astype(np.int64),
