@@ -22,7 +22,9 @@ Time model: a decode step is one pass of one token per sequence at the mean deco
 ``prompt + (output + 1) / 2``; prefill is one pass over the ``prompt * (1 - prefix_cache_hit_rate)``
 uncached tokens, attending the whole prompt. A pipeline of ``pp`` ranks keeps ``pp``
 micro-batches in flight, so TPOT and TTFT are ``pp`` times the slowest rank's pass time, and
-every rank holds the KV cache of ``pp`` micro-batches. Colocated (``both``) serving amortizes the
+every rank holds the KV cache of ``pp`` micro-batches. Decoding sequences hold the cache of the
+mean decode context (continuous batching keeps sequences at every point of their output),
+rounded up to whole ``kv_block_tokens`` pages; a prefill pool holds its prompts' cache. Colocated (``both``) serving amortizes the
 prefill of a batch over its ``output_tokens`` decode steps (continuous batching with chunked
 prefill, Agrawal et al., Sarathi-Serve, OSDI'24). Inference has no backward pass, optimizer or
 gradients: none of those parts exist here.
@@ -157,6 +159,9 @@ def _setup(
     by_code = np.array([dtype_bytes(name) for name in KV_DTYPE_CODES])
     if kv_codes.min(initial=0) < 0 or kv_codes.max(initial=0) >= len(by_code):
         raise ValueError(f"kv_dtype codes ({sorted(set(kv_codes.tolist()))}) must be in {KV_DTYPE_CODES}")
+    for name in ("batch_size", "num_redundant_experts"):
+        if np.any(np.asarray(table[name]) < 0):
+            raise ValueError(f"{name} ({int(np.min(table[name]))}) must be >= 0")
     phase = np.asarray(table["phase"], dtype=np.int64)
     if phase.min(initial=0) < 0 or phase.max(initial=0) > 2:
         raise ValueError(f"phase codes ({sorted(set(phase.tolist()))}) must be in {PHASE_CODES}")

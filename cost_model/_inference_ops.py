@@ -136,7 +136,7 @@ def live_activation_elements_per_token(model: ModelSpec, attention_shard: np.nda
     the FFN's gate, up and activated widths. Freed at the next layer (no backward)."""
     a, h = model.attention, model.hidden_size
     attention_width = a.num_heads * (a.qk_head_dim + a.qk_head_dim + a.value_head_dim + a.value_head_dim)
-    ffn = model.ffn_hidden_size
+    ffn = model.ffn_hidden_size if model.num_dense_ffn_layers else 0
     if model.moe is not None:
-        ffn = max(model.moe.shared_ffn_size * model.moe.num_shared_experts, model.moe.expert_ffn_hidden_size)
+        ffn = max(ffn, model.moe.shared_ffn_size * model.moe.num_shared_experts, model.moe.expert_ffn_hidden_size)
     return 3.0 * h + np.maximum(attention_width / attention_shard, 3.0 * ffn / attention_shard)

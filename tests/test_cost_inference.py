@@ -19,7 +19,7 @@ from cost_model import (
     table_from_columns,
 )
 from cost_model._inference import KV_DTYPE_CODES, PHASE_CODES, REASON_CODES
-from cost_model._inference_ops import attention_flops_per_key, mean_attended_between
+from cost_model._inference_ops import attention_flops_per_key, kv_bytes_per_sequence_layer, mean_attended_between
 from topology import get_preset
 
 REF = get_model("ref-3t-moe")
@@ -83,13 +83,28 @@ def test_ep1_has_no_all_to_all_and_tp1_no_tp_traffic() -> None:
     assert np.all((out["time.decode_tp_comm"] + out["hidden.decode_tp_comm"])[decode_rows & tensor_parallel_attention] > 0)
 
 
-def test_more_memory_bandwidth_is_never_slower() -> None:
+def test_more_bandwidth_is_never_slower() -> None:
     table = _table(rows=64, seed=2)
-    faster_device = H100_1024.device.model_copy(update={"memory_bandwidth_bytes_per_s": 2 * H100_1024.device.memory_bandwidth_bytes_per_s})
-    base, fast = _run(table), _run(table, cluster=H100_1024.model_copy(update={"device": faster_device}))
-    assert np.all(fast["step_time_s"] <= base["step_time_s"] * (1 + 1e-12))
+    device = H100_1024.device
+    faster_memory = H100_1024.model_copy(update={"device": device.model_copy(update={"memory_bandwidth_bytes_per_s": 2 * device.memory_bandwidth_bytes_per_s})})
+    network = H100_1024.inter_node
+    faster_network = H100_1024.model_copy(update={"inter_node": network.model_copy(update={"bandwidth_bytes_per_s": 2 * network.bandwidth_bytes_per_s})})
+    base = _run(table)
     decode = table["phase"] == PHASE_CODES["decode"]
-    assert np.all(fast["step_time_s"][decode] < base["step_time_s"][decode])
+    for cluster in (faster_memory, faster_network):
+        fast = _run(table, cluster=cluster)
+        assert np.all(fast["step_time_s"] <= base["step_time_s"] * (1 + 1e-12))
+    fast = _run(table, cluster=faster_memory)
+    assert np.all(fast["step_time_s"][decode] < base["step_time_s"][decode])  # decode is memory-bound
+
+
+def test_vectorized_cache_bytes_match_the_model_spec() -> None:
+    variants = {"full": {}, "sliding_window": {"window_tokens": 4096}, "linear": {}}
+    for variant, extra in variants.items():
+        model = REF.model_copy(update={"attention": REF.attention.model_copy(update={"variant": variant, **extra})})
+        for context in (1000, 4096, 100_000):
+            per_layer = kv_bytes_per_sequence_layer(model, np.array([float(context)]), 1.0, block_tokens=1)
+            assert model.num_layers * per_layer[0] == pytest.approx(model.kv_cache_bytes(context, "fp8"))
 
 
 def test_fp8_kv_halves_kv_bytes_and_int4_quarters_them() -> None:
@@ -198,6 +213,8 @@ def test_infeasible_plan_and_bad_input_raise() -> None:
         _run({**table_from_columns(dp=64, ep=64), "kv_dtype": np.array([9])})
     with pytest.raises(ValueError, match="extra"):
         ServingConfig(batch=4)
+    with pytest.raises(ValueError, match=r"batch_size \(-1\) must be >= 0"):
+        _run(table_from_columns(dp=64, ep=64, batch_size=-1))
 
 
 def test_disaggregation_balances_the_two_pools() -> None:
