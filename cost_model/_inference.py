@@ -273,8 +273,8 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     if not p.decode:
         flops = flops + p.batch * p.cached_tokens * ops.prefix_upprojection_flops_per_token(model) / (s.column("cp") * s.shard)
     kv_fraction = 1.0 / (ops.kv_head_split(model, s.shard) * s.column("cp"))
-    context = p.cached_tokens + p.new_tokens
-    kv_read = p.batch * ops.kv_bytes_per_sequence_layer(model, context, s.kv_element_bytes, s.workload.kv_block_tokens)
+    read_tokens = ops.kv_read_tokens(model, p.cached_tokens + p.new_tokens)
+    kv_read = p.batch * ops.kv_bytes_per_sequence_layer(model, read_tokens, s.kv_element_bytes, block_tokens=1)
     return op_time_s(
         flops=flops, bytes_moved=kv_read * kv_fraction, hardware=s.cluster.device, dtype=_attention_dtype(s), calibration=s.calibration
     )
@@ -422,7 +422,7 @@ def _memory_parts(s: _Setup, batch: np.ndarray) -> dict[str, np.ndarray]:
     activations = np.where(is_prefill, pre_act, dec_act + is_both * chunk * chunk_act)
     buffers = np.where(is_prefill, pre_buf, np.maximum(dec_buf, is_both * chunk * chunk_buf))
     context = np.where(is_prefill, s.prompt_tokens, decode.cached_tokens + 1.0)
-    per_sequence_layer = ops.kv_bytes_per_sequence_layer(s.model, context, s.kv_element_bytes, s.workload.kv_block_tokens)
+    per_sequence_layer = ops.kv_bytes_per_sequence_layer(s.model, context, s.kv_element_bytes, block_tokens=s.workload.kv_block_tokens)
     kv_fraction = 1.0 / (ops.kv_head_split(s.model, s.shard) * s.column("cp"))
     kv = s.layout.layers * (batch * s.column("pp") * per_sequence_layer * kv_fraction)
     weights = sum(s.parameters.values()) * dtype_bytes(s.workload.weight_dtype)

@@ -82,6 +82,15 @@ def kv_cached_tokens(model: ModelSpec, context_tokens, block_tokens: int) -> np.
     return np.ceil(context / block_tokens) * block_tokens
 
 
+def kv_read_tokens(model: ModelSpec, context_tokens) -> np.ndarray:
+    """Cached tokens whose KV one pass reads: sparse top-k attention fetches only the selected
+    ``topk_tokens`` (its indexer's small keys are not counted); a window's cache is the window."""
+    context = np.asarray(context_tokens, dtype=np.float64)
+    if model.attention.variant == "sparse_topk":
+        return np.minimum(context, float(model.attention.topk_tokens))
+    return context
+
+
 def kv_bytes_per_sequence_layer(model: ModelSpec, context_tokens, element_bytes, block_tokens: int) -> np.ndarray:
     """KV-cache bytes of one sequence in one layer, before sharding (linear attention: its state)."""
     a = model.attention
