@@ -130,3 +130,31 @@ def fit_h800_matmul_efficiency(*, low: float = 0.05, high: float = 0.8, toleranc
             a = c
     best = round((a + b) / 2.0, 3)
     return best, validate_dsv3_day6(calibration=Calibration(device_pattern="H800", matmul_efficiency=best))
+
+
+def day6_fleet_rows(*, calibration: Calibration | None = None) -> list[ValidationRow]:
+    """DERIVED check of the rate matching: split the published average fleet (226.75 nodes)
+    between prefill and decode units with ``disaggregated_split`` and compare the requests it
+    serves, as input and output tokens per second, with the 24 h totals / 86,400 s."""
+    from topology import get_preset
+
+    from cost_model._serving import PoolConfig, disaggregated_split
+
+    records = day6_records()["records"]
+    units = day6_units()
+    cluster = get_preset(H800_PRESET, num_nodes=int(records["peak_nodes"]))
+    split = disaggregated_split(
+        model=day6_model(), cluster=cluster, workload=day6_workload(),
+        prefill=PoolConfig(config=units["prefill"][1], serving=units["prefill"][2]),
+        decode=PoolConfig(config=units["decode"][1], serving=units["decode"][2]),
+        num_devices=int(records["avg_nodes"] * cluster.devices_per_node),
+        options=EstimateOptions(calibration=calibration or calibration_for(cluster.device)),
+    )
+    seconds = 24 * 3600.0
+    published = {"input": records["total_input_tokens_24h"] / seconds, "output": records["total_output_tokens_24h"] / seconds}
+    predicted = {"input": split.input_tokens_per_s, "output": split.output_tokens_per_s}
+    return [
+        ValidationRow(f"dsv3_day6 fleet {kind} tokens/s on the average 226.75 nodes (DERIVED)", predicted[kind], published[kind],
+                      predicted[kind] / published[kind] - 1.0)
+        for kind in ("input", "output")
+    ]

@@ -6,6 +6,8 @@ unit completes ``input tokens/s / prompt_tokens`` requests per second, a decode 
 ``output tokens/s / output_tokens``; the deployment serves the smaller of the two pools' rates
 (rate matching). With ``workload.request_rate_per_s`` the split is the fewest units of each pool
 that carry that rate; otherwise the split of ``num_devices`` that serves the most requests.
+Each request's prompt cache then crosses the scale-out network from a prefill rank to a decode
+rank; its time adds to the TTFT and its volume to the decode pool's network load.
 """
 
 from __future__ import annotations
@@ -48,10 +50,20 @@ class DisaggregatedSplit(BaseModel):
     input_tokens_per_s: float = Field(ge=0)
     output_tokens_per_s: float = Field(ge=0)
     bottleneck: str = Field(description="'prefill' or 'decode': the pool whose rate binds")
+    prefill_ttft_s: float = Field(ge=0, description="the prefill pool's pass over its batch of prompts")
+    kv_transfer_s: float = Field(ge=0, description="one request's prompt cache, prefill rank to decode rank")
+    kv_transfer_network_fraction: float = Field(
+        ge=0, description="share of the decode pool's scale-out bandwidth the arriving caches use"
+    )
+
+    @property
+    def ttft_s(self) -> float:
+        """First token after the prompt's prefill and its cache's move to the decode pool."""
+        return self.prefill_ttft_s + self.kv_transfer_s
 
 
-def _unit_rate(model, cluster, workload: Inference, pool: PoolConfig, phase: str, options) -> tuple[int, float]:
-    """(devices per unit, requests/s per unit) of a pool; raises if the pool does not fit."""
+def _unit_rate(model, cluster, workload: Inference, pool: PoolConfig, phase: str, options) -> tuple[int, float, float]:
+    """(devices per unit, requests/s per unit, TTFT) of a pool; raises if the pool does not fit."""
     serving = pool.serving.model_copy(update={"phase": phase})
     table = configs_to_table([pool.config], **serving.columns(workload=workload))
     columns = estimate_inference_table(model=model, cluster=cluster, workload=workload, table=table, options=options)
@@ -63,7 +75,19 @@ def _unit_rate(model, cluster, workload: Inference, pool: PoolConfig, phase: str
         )
     devices = pool.config.world_size
     tokens_per_request = workload.prompt_tokens if phase == "prefill" else workload.output_tokens
-    return devices, float(columns["tokens_per_s_per_device"][0]) * devices / tokens_per_request
+    ttft = float(np.nan_to_num(columns["ttft_s"][0]))
+    return devices, float(columns["tokens_per_s_per_device"][0]) * devices / tokens_per_request, ttft
+
+
+def _kv_transfer(model: ModelSpec, cluster, workload: Inference, decode: PoolConfig, requests_per_s: float, decode_devices: int):
+    """Seconds to send one prompt's cache over the scale-out network (one rank to one rank; the
+    transfer of layer l overlaps the prefill of layer l+1 in practice, so this bounds the added
+    TTFT), and the share of the decode pool's network the arriving caches take (Mooncake, DistServe)."""
+    kv_dtype = decode.serving.kv_dtype or workload.kv_dtype
+    cache_bytes = model.kv_cache_bytes(workload.prompt_tokens, kv_dtype)
+    seconds = float(cluster.collective_time("send_recv", group_size=2, ranks_per_node=1, message_bytes=cache_bytes))
+    network = cluster.inter_node.bandwidth_bytes_per_s * cluster.inter_node.efficiency * max(decode_devices, 1)
+    return seconds, requests_per_s * cache_bytes / network
 
 
 def disaggregated_split(
@@ -72,8 +96,8 @@ def disaggregated_split(
 ) -> DisaggregatedSplit:
     """Rate-matched split of ``num_devices`` (default: the cluster's) into prefill and decode units."""
     num_devices = cluster.num_devices if num_devices is None else num_devices
-    prefill_size, prefill_rate = _unit_rate(model, cluster, workload, prefill, "prefill", options)
-    decode_size, decode_rate = _unit_rate(model, cluster, workload, decode, "decode", options)
+    prefill_size, prefill_rate, prefill_ttft = _unit_rate(model, cluster, workload, prefill, "prefill", options)
+    decode_size, decode_rate, _ = _unit_rate(model, cluster, workload, decode, "decode", options)
     if workload.request_rate_per_s is not None:
         prefill_units = int(np.ceil(workload.request_rate_per_s / prefill_rate))
         decode_units = int(np.ceil(workload.request_rate_per_s / decode_rate))
@@ -89,7 +113,9 @@ def disaggregated_split(
     served = min(prefill_units * prefill_rate, decode_units * decode_rate)
     if workload.request_rate_per_s is not None:
         served = workload.request_rate_per_s
+    transfer_s, network_fraction = _kv_transfer(model, cluster, workload, decode, served, decode_units * decode_size)
     return DisaggregatedSplit(
+        prefill_ttft_s=prefill_ttft, kv_transfer_s=transfer_s, kv_transfer_network_fraction=network_fraction,
         prefill_units=prefill_units, decode_units=decode_units,
         prefill_devices=prefill_units * prefill_size, decode_devices=decode_units * decode_size,
         prefill_requests_per_s_per_unit=prefill_rate, decode_requests_per_s_per_unit=decode_rate,

@@ -10,7 +10,7 @@ import pytest
 
 from cost_model import Calibration, validate_dsv3_day6
 from cost_model._common import calibration_for
-from cost_model._inference_validation import day6_records, day6_units, day6_workload
+from cost_model._inference_validation import day6_fleet_rows, day6_records, day6_units, day6_workload
 from topology import get_preset
 
 REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "published_runs.json"
@@ -59,3 +59,10 @@ def test_units_and_workload_follow_the_published_records() -> None:
     assert workload.prompt_tokens + (workload.output_tokens + 1) / 2 == pytest.approx(4989, abs=1)
     assert workload.prefix_cache_hit_rate == pytest.approx(0.563, abs=1e-3)
     assert workload.prompt_tokens / workload.output_tokens == pytest.approx(608 / 168, rel=1e-3)
+
+
+def test_rate_matched_fleet_serves_the_published_daily_totals() -> None:
+    rows = day6_fleet_rows()
+    assert len(rows) == 2
+    for row in rows:
+        assert abs(row.error) <= 0.25, row
