@@ -47,6 +47,8 @@ class ValidationRow(NamedTuple):
     predicted: float
     published: float
     error: float
+    metric: str = ""
+    unit: str = ""
 
 
 @lru_cache(maxsize=1)
@@ -107,9 +109,13 @@ def validate_dsv3_day6(*, calibration: Calibration | None = None) -> list[Valida
         "prefill": float(records["prefill_throughput_tokens_per_s_per_H800_node"]),
         "decode": float(records["decode_throughput_tokens_per_s_per_H800_node"]),
     }
-    names = {"prefill": "dsv3_day6 prefill input tokens/s per node", "decode": "dsv3_day6 decode output tokens/s per node"}
+    names = {"prefill": "prefill unit EP32/DP32, 4 nodes", "decode": "decode unit EP144/DP144, 18 nodes"}
+    metrics = {"prefill": "input tokens/s per H800 node (cache hits included)", "decode": "output tokens/s per H800 node"}
     predicted = predict_day6(calibration=calibration)
-    return [ValidationRow(names[p], predicted[p], published[p], predicted[p] / published[p] - 1.0) for p in ("prefill", "decode")]
+    return [
+        ValidationRow(names[p], predicted[p], published[p], predicted[p] / published[p] - 1.0, metrics[p], "tokens/s/node")
+        for p in ("prefill", "decode")
+    ]
 
 
 def fit_h800_matmul_efficiency(*, low: float = 0.05, high: float = 0.8, tolerance: float = 1e-3) -> tuple[float, list[ValidationRow]]:
@@ -154,7 +160,7 @@ def day6_fleet_rows(*, calibration: Calibration | None = None) -> list[Validatio
     published = {"input": records["total_input_tokens_24h"] / seconds, "output": records["total_output_tokens_24h"] / seconds}
     predicted = {"input": split.input_tokens_per_s, "output": split.output_tokens_per_s}
     return [
-        ValidationRow(f"dsv3_day6 fleet {kind} tokens/s on the average 226.75 nodes (DERIVED)", predicted[kind], published[kind],
-                      predicted[kind] / published[kind] - 1.0)
+        ValidationRow(f"fleet of the average {records['avg_nodes']} nodes, rate-matched (DERIVED)", predicted[kind],
+                      published[kind], predicted[kind] / published[kind] - 1.0, f"{kind} tokens/s, 24 h total / 86,400 s", "tokens/s")
         for kind in ("input", "output")
     ]
