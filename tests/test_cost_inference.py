@@ -149,6 +149,28 @@ def test_ttft_and_tpot_grow_with_prompt_and_batch() -> None:
     assert per_device[-1] > 20 * per_device[0]  # decode is memory-bound: batching pays
 
 
+def test_monotonic_over_random_layouts() -> None:
+    rows, prompts = 32, np.array([2048, 8192, 32768])
+    table = _table(rows=rows, seed=5)
+    repeated = {name: np.repeat(column, prompts.size) for name, column in table.items()}
+    out = estimate_inference_table(
+        model=REF, cluster=H100_1024, workload=WORKLOAD, table=repeated, prompt_tokens=np.tile(prompts, rows)
+    )
+    ttft = out["ttft_s"].reshape(rows, prompts.size)
+    has_ttft = table["phase"] != PHASE_CODES["decode"]
+    assert np.all(np.diff(ttft[has_ttft], axis=1) > 0)
+    step = out["step_time_s"].reshape(rows, prompts.size)
+    assert np.all(np.diff(step, axis=1) > 0)
+    bigger = _run({**table, "batch_size": 2 * table["batch_size"]})
+    assert np.all(bigger["step_time_s"] > _run(table)["step_time_s"])
+
+
+def test_more_tp_means_fewer_weight_bytes_per_device() -> None:
+    table = table_from_columns(dp=[64, 32, 16, 8], tp=[1, 2, 4, 8], ep=64, batch_size=1, phase=2)
+    weights = _run(table)["memory.weights"]
+    assert np.all(np.diff(weights) < 0)
+
+
 def test_prefix_cache_hits_skip_prefill_compute() -> None:
     table = table_from_columns(dp=16, tp=8, ep=128, attention_data_parallel=True, batch_size=4, phase=1)
     cold = _run(table)
