@@ -194,10 +194,24 @@ def stage_layout(*, model: ModelSpec, pp: np.ndarray, virtual_stages: np.ndarray
     return StageLayout(layers=layers, moe_layers=layers - dense, has_embedding=has_embedding, has_lm_head=has_lm_head)
 
 
+def attention_replicated_parameters(model: ModelSpec) -> int:
+    """Attention weights tensor parallel keeps whole on every rank: MLA's down-projections
+    (``q_a_proj``, ``kv_a_proj_with_mqa``) and their norms produce the latent all heads read
+    (Megatron-core MLA, vLLM's ``ReplicatedLinear``, torchtitan's ``NoParallel``); 0 for MHA/GQA."""
+    a = model.attention
+    if a.kind != "mla":
+        return 0
+    h = model.hidden_size
+    q = h * a.q_lora_rank + model._norm_parameters(a.q_lora_rank) if a.q_lora_rank else 0
+    return q + h * (a.kv_lora_rank + a.qk_rope_head_dim) + model._norm_parameters(a.kv_lora_rank)
+
+
 def attention_parameters_per_device(*, model: ModelSpec, table: Mapping[str, np.ndarray]) -> np.ndarray:
-    """Attention weights of one layer on one device: sharded by tp, whole under attention-DP."""
+    """Attention weights of one layer on one device: sharded by tp (less the replicated MLA
+    down-projections), whole under attention-DP."""
     shard = np.where(np.asarray(table["attention_data_parallel"], dtype=bool), 1, _int(table, "tp"))
-    return model.attention_parameters() / shard
+    replicated = attention_replicated_parameters(model)
+    return replicated + (model.attention_parameters() - replicated) / shard
 
 
 def parameters_per_device(
