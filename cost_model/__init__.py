@@ -1,6 +1,7 @@
 """Analytical cost model: time and memory of a parallel layout of a transformer. Never imports torch."""
 
 from cost_model._breakdown import CostBreakdown, InfeasiblePlanError
+from cost_model._calibrate import CalibrationResult, StepMeasurement, calibrate
 from cost_model._common import Calibration, EstimateOptions
 from cost_model._estimate import estimate, estimate_table
 from cost_model._inference import ServingConfig, estimate_inference_table
@@ -17,6 +18,7 @@ from cost_model._workload import Inference, Training, Workload
 __all__ = [
     "AttentionSpec",
     "Calibration",
+    "CalibrationResult",
     "CostBreakdown",
     "DTYPE_BYTES",
     "DisaggregatedSplit",
@@ -28,10 +30,12 @@ __all__ = [
     "ParallelConfig",
     "PoolConfig",
     "SequenceSweep",
+    "StepMeasurement",
     "ServingConfig",
     "Training",
     "ValidationRow",
     "Workload",
+    "calibrate",
     "check_parallel_config",
     "check_sequence_fits",
     "configs_to_table",

@@ -37,7 +37,10 @@ def profile_document(device_type: str = "cpu") -> dict:
         "provenance": "measured: synthetic",
         "memory_bytes": 8e9,
         "kernel_overhead_s": 5e-6,
-        "gemm": {"fp32": curve(gemm_work, [w / r for w, r in zip(gemm_work, gemm_rates)])},
+        "gemm": {
+            "fp32": curve(gemm_work, [w / r for w, r in zip(gemm_work, gemm_rates)]),
+            "bf16": curve(gemm_work, [2 * w / r for w, r in zip(gemm_work, gemm_rates)]),
+        },
         "memory": curve([1e4, 1e6, 1e8], [1e4 / 2e9, 1e6 / 2e10, 1e8 / 1e10]),
         "collectives": {"all_reduce": {"2": curve(sizes, [ring(2, s) for s in sizes])}},
     }
@@ -123,8 +126,9 @@ def test_spec_from_profile_interpolates_measured_efficiency():
     assert spec.peak_flops["fp32"] == pytest.approx(5e10) and spec.resolved_device_type == "cpu"
     efficiency = spec.gemm_efficiency(np.array([1e3, 1e7, 1e9]), "fp32")
     assert efficiency == pytest.approx([1e8 / 5e10, 0.8, 1.0])
-    with pytest.raises(ValueError, match="no entry for dtype 'bf16'"):
-        spec.gemm_efficiency(1e9, "bf16")  # no bf16 measured: no bf16 peak either
+    assert spec.peak_flops["bf16"] == pytest.approx(2.5e10) and spec.gemm_efficiency(1e7, "bf16") == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="no entry for dtype 'fp16'"):
+        spec.gemm_efficiency(1e9, "fp16")  # no fp16 measured: no fp16 peak either
     assert spec.memory_efficiency(1e6) == pytest.approx(1.0)
     assert spec.memory_efficiency(1e8) == pytest.approx(0.5)
     assert spec.attention_efficiency(1e7, "fp32") == pytest.approx(0.8)  # falls back to the GEMM curve

@@ -68,6 +68,7 @@ class MeasuredCurve(BaseModel):
         grid = np.log(np.asarray(self.work))
         inside = np.interp(np.log(np.maximum(work, 1e-300)), grid, self.rates_per_s)
         floor = work / self.seconds[0]  # constant time below the smallest measured call
+        floor = np.where(work > 0, floor, self.rates_per_s[0])  # no work: any finite rate gives 0 s
         return np.where(work < self.work[0], np.minimum(floor, self.rates_per_s[0]), inside)
 
     def time_s(self, work):
