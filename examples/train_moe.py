@@ -1,0 +1,101 @@
+"""Train the reference MoE transformer under a sharding plan; a template for your own script.
+
+Make a training plan for the ranks you will launch, then start one process per rank:
+
+    python -m autoparallel.cli plan --model tiny-moe --cluster cpu-loopback --training \\
+        --output plan.json
+    torchrun --nproc-per-node 4 examples/train_moe.py --plan plan.json --steps 20
+
+Every rank builds the same model from the plan's model name, ``apply_plan`` shards it (pipeline
+stages, tensor / expert / data parallel, as the plan says), and the loop runs forward, backward,
+the gradient sync the plan needs, and an AdamW step. Rank 0 prints the loss of every step.
+The data is synthetic (a fixed set of random sequences the model learns to reproduce): replace
+``synthetic_batch`` with your data loader, sliced by the rank's data-parallel coordinate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import autoparallel as ap
+from autoparallel.runtime import ReferenceMoETransformer
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--plan", required=True, help="training plan JSON written by `autoparallel plan`")
+    parser.add_argument("--steps", type=int, default=20, help="optimizer steps (default 20)")
+    parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)")
+    parser.add_argument("--seed", type=int, default=0, help="weights and data seed, the same on every rank")
+    return parser.parse_args()
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token loss of a (micro-)batch; the pipeline calls it once per micro-batch."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
+def synthetic_batch(*, plan: ap.ShardingPlan, vocab_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch the plan was made for: ``global_batch_sequences`` sequences of
+    ``sequence_length_tokens + 1`` tokens, split into inputs and next-token targets."""
+    workload = plan.provenance.workload
+    shape = (int(workload["global_batch_sequences"]), int(workload["sequence_length_tokens"]) + 1)
+    tokens = torch.randint(0, vocab_size, shape, generator=torch.Generator().manual_seed(seed))
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def global_mean(value: torch.Tensor | None, device: torch.device) -> float:
+    """Mean of ``value`` over the ranks that have one (the last pipeline stage holds the loss)."""
+    total = torch.zeros(2, device=device)
+    if value is not None:
+        total[0], total[1] = value.detach().float(), 1.0
+    dist.all_reduce(total)
+    return float(total[0] / total[1])
+
+
+def main() -> None:
+    args = parse_args()
+    plan = ap.load_plan(args.plan)
+    if plan.provenance.workload.get("kind") != "training":
+        raise SystemExit(f"{args.plan} is a {plan.provenance.workload.get('kind')} plan; make one with --training")
+    spec = ap.get_model(plan.provenance.model_name)
+
+    # The same weights on every rank: build whole, initialize from one seed, then shard.
+    model = ReferenceMoETransformer(spec)
+    model.init_weights(seed=args.seed)
+    applied = ap.apply_plan(model, plan, loss_fn=cross_entropy)
+    device, pipeline = applied.device, applied.pipeline
+    optimizer = torch.optim.AdamW(applied.parameters(), lr=args.lr)
+
+    # Each data-parallel replica trains on its own slice of the global batch.
+    inputs, targets = synthetic_batch(plan=plan, vocab_size=spec.vocab_size, seed=args.seed)
+    replicas, replica = plan.config.dp, applied.meshes.coordinate("dp")
+    inputs, targets = (t.chunk(replicas)[replica].to(device) for t in (inputs, targets))
+
+    rank = dist.get_rank()
+    if rank == 0:
+        print(f"plan {plan.config.model_dump(exclude_defaults=True)} on {plan.world_size} ranks, model {spec.name}")
+    for step in range(1, args.steps + 1):
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        if pipeline is not None:  # the schedule runs forward and backward of every micro-batch
+            loss = pipeline.step(inputs if pipeline.is_first else None, targets=targets if pipeline.is_last else None).loss
+        else:
+            loss = cross_entropy(applied.module(inputs), targets)
+            loss.backward()
+        applied.sync_gradients()  # expert gradients over edp, dense ones over dp, as the plan says
+        optimizer.step()
+        mean_loss = global_mean(loss, device)
+        if rank == 0:
+            print(f"step {step:3d}  loss {mean_loss:.4f}  {time.perf_counter() - start:.3f} s", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

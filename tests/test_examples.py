@@ -1,0 +1,81 @@
+"""The example scripts run under plans ``autoparallel plan`` makes for the 4-rank ``cpu-loopback`` cluster.
+
+``examples/train_moe.py`` runs under torchrun (``python -m torch.distributed.run``), 20 steps,
+and its loss must fall; ``examples/generate_moe.py``'s ``generate`` runs on forked gloo ranks
+and must reproduce the whole model's greedy tokens.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import autoparallel as ap
+from autoparallel.testing import run_ranks
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+pytestmark = pytest.mark.distributed
+
+
+def _plan(arguments: list[str], path: Path) -> Path:
+    """Run ``python -m autoparallel.cli plan --model tiny-moe --cluster cpu-loopback ...``."""
+    command = [
+        sys.executable, "-m", "autoparallel.cli", "plan", "--model", "tiny-moe", "--cluster", "cpu-loopback",
+        "--trials", "40", "--seed", "0", "--output", str(path), *arguments,
+    ]
+    done = subprocess.run(command, env=_environment(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert ap.load_plan(path).world_size == 4
+    return path
+
+
+def _environment() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", COLUMNS="120")
+
+
+def _load_example(name: str):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_train_example_loss_falls_under_torchrun(tmp_path: Path) -> None:
+    training = ["--training", "--sequence-length", "16", "--global-batch-tokens", "128"]
+    plan = _plan(training, tmp_path / "plan.json")
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+        str(EXAMPLES / "train_moe.py"), "--plan", str(plan), "--steps", "20",
+    ]
+    done = subprocess.run(command, cwd=tmp_path, env=_environment(), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    losses = [float(value) for value in re.findall(r"^step +\d+ +loss ([0-9.]+)", done.stdout, re.MULTILINE)]
+    assert len(losses) == 20, done.stdout
+    assert losses[-1] < 0.8 * losses[0], losses
+    assert all(later < earlier for earlier, later in zip(losses[:5], losses[1:6])), losses
+
+
+def _generate(rank: int, world_size: int, plan_path: str) -> dict:
+    example = _load_example("generate_moe")
+    arguments = ["--plan", plan_path, "--compare-reference", "--batch-size", "2", "--new-tokens", "8"]
+    summary = example.generate(example.parse_args(arguments))
+    summary["tokens"] = summary["tokens"].tolist()
+    return summary
+
+
+def test_generate_example_matches_whole_model(tmp_path: Path) -> None:
+    inference = ["--inference", "--prompt-tokens", "16", "--output-tokens", "16", "--ttft-slo-s", "0", "--tpot-slo-ms", "0"]
+    plan = _plan(inference, tmp_path / "plan.json")
+    results = run_ranks(_generate, 4, args=(str(plan),), timeout_s=180)
+    assert all(summary["reference_identical"] for summary in results)
+    assert results[0]["tokens_per_s"] > 0 and len(results[0]["tokens"][0]) == 8
+    assert results[0]["kv_cache_bytes"] > 0
