@@ -97,6 +97,7 @@ class RankMonitor:
         to post a failure or a finish; the ones that stay silent are the culprits."""
         if self._store is None:
             return []
+        silent = None
         try:
             self._store.set(f"{self.prefix}/failed/{self.rank}", label)
             deadline = time.monotonic() + self.timeout_s * 2.0 + 0.5
@@ -106,8 +107,9 @@ class RankMonitor:
                 if not silent or time.monotonic() > deadline:
                     return silent
                 time.sleep(0.05)
-        except Exception:  # noqa: BLE001 - the store itself is gone (its host died)
-            return [0]
+        except Exception:  # noqa: BLE001 - the store is gone: its host (rank 0 under fork) exited
+            # Keep what the last poll saw; with no poll at all, the store's host is the suspect.
+            return silent if silent is not None else [0]
 
     def _posted(self, peer: int) -> bool:
         keys = [f"{self.prefix}/failed/{peer}", f"{self.prefix}/finished/{peer}"]
