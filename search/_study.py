@@ -93,7 +93,7 @@ def find_plan(
     objective: str | tuple[str, ...] | Objective | None = None,
     n_trials: int = 200,
     sampler: str | optuna.samplers.BaseSampler | None = None,
-    storage: str | None = None,
+    storage: str | optuna.storages.BaseStorage | None = None,
     seed: int = 0,
     settings: SearchSettings | None = None,
     estimator: Estimator | None = None,
@@ -155,12 +155,16 @@ def _sampler_name(sampler: optuna.samplers.BaseSampler) -> str:
     return {"TPESampler": "tpe", "NSGAIISampler": "nsga2", "RandomSampler": "random"}.get(type(sampler).__name__, type(sampler).__name__)
 
 
+def _attrs(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    return trial.user_attrs.get("result", {})
+
+
 def _finished(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
 
 
 def _enqueue_initial(study: optuna.Study, problem: _Problem, *, method: str, warm_start: ParallelConfig | None) -> None:
-    done = {t.user_attrs.get("mesh_index") for t in _finished(study)}
+    done = {_attrs(t).get("mesh_index") for t in _finished(study)}
     waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
     if waiting:
         return  # a resumed study keeps its queue
@@ -181,10 +185,17 @@ def _run_trials(study, problem: _Problem, *, n_trials: int, settings: SearchSett
     cache: dict[int, dict[str, Any]] = {}
     ran = 0
     polish_from = int(n_trials * (1 - settings.polish_fraction))
+    total = min(n_trials, problem.space.num_meshes) if method == "brute_force" else n_trials
     while (done := len(_finished(study))) < n_trials:
-        if method != "brute_force" and done >= polish_from:
-            _enqueue_neighbours(study, problem, budget=min(settings.batch_size, n_trials - done))
-        trials = [study.ask() for _ in range(min(settings.batch_size, n_trials - done))]
+        size = min(settings.batch_size, n_trials - done)
+        if method == "brute_force":
+            waiting = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+            if not waiting:
+                break  # every mesh has been priced: the optimum is known, the rest of the budget is moot
+            size = min(size, waiting)
+        elif done >= polish_from:
+            _enqueue_neighbours(study, problem, budget=size)
+        trials = [study.ask() for _ in range(size)]
         meshes = [problem.suggest(trial) for trial in trials]
         missing = [m for m in set(meshes) if m not in cache]
         if missing:
@@ -193,19 +204,21 @@ def _run_trials(study, problem: _Problem, *, n_trials: int, settings: SearchSett
             _tell(study, trial, mesh, cache[mesh], problem.objective)
         ran += len(trials)
         if progress is not None:
-            progress(min(done + len(trials), n_trials), n_trials)
+            progress(min(done + len(trials), total), total)
     return ran
 
 
 def _tell(study, trial: optuna.Trial, mesh: int, priced: dict[str, Any], objective: Objective) -> None:
     best: Candidate = priced["best"]
-    trial.set_user_attr("mesh_index", mesh)
-    trial.set_user_attr("worker_pid", os.getpid())
-    trial.set_user_attr("candidate", best.to_attrs())
-    trial.set_user_attr("infeasible_rows", priced["infeasible_rows"])
-    trial.set_user_attr("rows", priced["rows"])
-    if priced["front"]:
-        trial.set_user_attr("front", priced["front"])
+    # One attribute per trial (each is a storage transaction): the mesh, the best layout of it,
+    # its local Pareto rows and row-level infeasibility counts; Optuna Dashboard shows it.
+    trial.set_user_attr(
+        "result",
+        {
+            "mesh_index": mesh, "worker_pid": os.getpid(), "candidate": best.to_attrs(),
+            "infeasible_rows": priced["infeasible_rows"], "rows": priced["rows"], "front": priced["front"],
+        },
+    )
     for name, value in best.violations.items():
         trial.set_constraint(name, max(float(value), 0.0) if not best.feasible else 0.0)
     values = [float(np.clip(v, -1e30, 1e30)) for v in best.objective_values(objective)]
@@ -219,10 +232,10 @@ def _best_trial(study: optuna.Study, objective: Objective) -> optuna.trial.Froze
 
 def _ranked_trials(trials, objective: Objective) -> list:
     def key(trial):
-        candidate = Candidate.from_attrs(trial.user_attrs["candidate"])
+        candidate = Candidate.from_attrs(_attrs(trial)["candidate"])
         return (not candidate.feasible, candidate.worst_violation if not candidate.feasible else candidate.score(objective))
 
-    return sorted((t for t in trials if "candidate" in t.user_attrs), key=key)
+    return sorted((t for t in trials if "candidate" in _attrs(t)), key=key)
 
 
 def _enqueue_neighbours(study, problem: _Problem, *, budget: int) -> None:
@@ -230,8 +243,8 @@ def _enqueue_neighbours(study, problem: _Problem, *, budget: int) -> None:
     best = _best_trial(study, problem.objective)
     if best is None or not problem.axes:
         return
-    seen = {t.user_attrs.get("mesh_index") for t in study.get_trials(deepcopy=False)} | problem.enqueued
-    distance = np.abs(problem.levels - problem.levels[best.user_attrs["mesh_index"]]).sum(axis=1)
+    seen = {_attrs(t).get("mesh_index") for t in study.get_trials(deepcopy=False)} | problem.enqueued
+    distance = np.abs(problem.levels - problem.levels[_attrs(best)["mesh_index"]]).sum(axis=1)
     order = np.argsort(distance, kind="stable")
     picked = [int(i) for i in order if 0 < distance[i] <= 2 and int(i) not in seen][:budget]
     for index in picked:
@@ -244,7 +257,7 @@ def _collect(study, problem: _Problem, *, method, ran, elapsed_s, storage, setti
     ranked_trials = _ranked_trials(trials, problem.objective)
     ranked, seen = [], set()
     for trial in ranked_trials:
-        candidate = Candidate.from_attrs(trial.user_attrs["candidate"], trial_number=trial.number)
+        candidate = Candidate.from_attrs(_attrs(trial)["candidate"], trial_number=trial.number)
         if candidate.mesh_key() not in seen:
             seen.add(candidate.mesh_key())
             ranked.append(candidate)
@@ -254,11 +267,11 @@ def _collect(study, problem: _Problem, *, method, ran, elapsed_s, storage, setti
     infeasible_rows: dict[str, int] = {}
     rows = 0
     for trial in trials:
-        candidate = Candidate.from_attrs(trial.user_attrs["candidate"])
+        candidate = Candidate.from_attrs(_attrs(trial)["candidate"])
         if not candidate.feasible:
             reason = max(candidate.violations, key=candidate.violations.get)
             infeasible_trials[reason] = infeasible_trials.get(reason, 0) + 1
-    for mesh_attrs in {t.user_attrs["mesh_index"]: t.user_attrs for t in trials}.values():
+    for mesh_attrs in {_attrs(t)["mesh_index"]: _attrs(t) for t in trials}.values():
         rows += mesh_attrs.get("rows", 0)
         for name, count in mesh_attrs.get("infeasible_rows", {}).items():
             infeasible_rows[name] = infeasible_rows.get(name, 0) + count
@@ -267,7 +280,8 @@ def _collect(study, problem: _Problem, *, method, ran, elapsed_s, storage, setti
         objective=problem.objective, method=method, space_size=problem.space.size,
         num_meshes=problem.space.num_meshes, num_trials=len(trials), num_trials_this_run=ran,
         rows_evaluated=rows, infeasible_trials=infeasible_trials, infeasible_rows=infeasible_rows,
-        elapsed_s=elapsed_s, study_name=study.study_name, storage=storage,
+        elapsed_s=elapsed_s, study_name=study.study_name,
+        storage=storage if storage is None or isinstance(storage, str) else type(storage).__name__,
         settings={"sampler": method, "seed": seed, **settings.model_dump(mode="json", exclude={"study_name"})},
     )
 
@@ -277,7 +291,7 @@ def _pareto(trials, objective: Objective) -> tuple[Candidate, ...]:
         return ()
     from search._candidate import non_dominated
 
-    pool = [Candidate.from_attrs(a, trial_number=t.number) for t in trials for a in t.user_attrs.get("front", [])]
+    pool = [Candidate.from_attrs(a, trial_number=t.number) for t in trials for a in _attrs(t).get("front", [])]
     pool = [c for c in pool if c.feasible]
     if not pool:
         return ()
