@@ -102,7 +102,9 @@ class Calibration(BaseModel):
 
     ``matmul_efficiency`` / ``memory_bandwidth_efficiency`` are end-to-end achievable fractions
     of peak that replace the hardware's own (a measured efficiency curve is rescaled by the
-    same ratio); ``collective_efficiency`` divides every collective time; ``overlap`` overrides
+    same ratio); ``attention_efficiency`` is the fraction core-attention kernels reach (default:
+    as matmuls); ``kernel_overhead_s`` is a fixed cost per kernel (launch, wave tail) that the
+    roofline misses on small layers; ``collective_efficiency`` divides every collective time; ``overlap`` overrides
     ``DEFAULT_OVERLAP``. ``fit`` documents how the values were fitted (rows, residuals).
     """
 
@@ -111,6 +113,8 @@ class Calibration(BaseModel):
     device_pattern: str = Field(default=".*", description="regex matched against HardwareSpec.name")
     matmul_efficiency: float | None = Field(default=None, gt=0, le=1)
     memory_bandwidth_efficiency: float | None = Field(default=None, gt=0, le=1)
+    attention_efficiency: float | None = Field(default=None, gt=0, le=1)
+    kernel_overhead_s: float = Field(default=0.0, ge=0, le=1e-3)
     collective_efficiency: float = Field(default=1.0, gt=0, le=2)
     overlap: dict[str, float] = Field(default_factory=dict)
     fit: dict[str, Any] = Field(default_factory=dict)
@@ -120,6 +124,11 @@ class Calibration(BaseModel):
 
     def matmul_scale(self, hardware) -> float:  # noqa: ANN001 - topology.HardwareSpec
         return 1.0 if self.matmul_efficiency is None else self.matmul_efficiency / hardware.matmul_efficiency
+
+    def attention_scale(self, hardware) -> float:  # noqa: ANN001
+        if self.attention_efficiency is None:
+            return self.matmul_scale(hardware)
+        return self.attention_efficiency / hardware.matmul_efficiency
 
     def memory_scale(self, hardware) -> float:  # noqa: ANN001
         if self.memory_bandwidth_efficiency is None:
@@ -257,20 +266,22 @@ def parameters_per_device(
 
 
 def op_time_s(
-    *, flops, bytes_moved, hardware, dtype: str, calibration: Calibration, calls=1.0
+    *, flops, bytes_moved, hardware, dtype: str, calibration: Calibration, calls=1.0, kind: str = "matmul"
 ) -> np.ndarray:
     """Roofline time of ``calls`` equal kernels moving ``flops`` and ``bytes_moved`` in total:
     max of compute and memory time (Williams et al., CACM 2009).
 
     Achievable FLOP/s = peak(dtype) x ``hardware.gemm_efficiency(flops / calls)`` x the
-    calibration's matmul scale; achievable bandwidth = peak x
-    ``hardware.memory_efficiency(bytes / calls)`` x the calibration's memory scale.
+    calibration's scale for ``kind`` (``matmul``, or ``attention`` for core-attention kernels);
+    achievable bandwidth = peak x ``hardware.memory_efficiency(bytes / calls)`` x the
+    calibration's memory scale.
     """
     flops = np.asarray(flops, dtype=np.float64)
     bytes_moved = np.asarray(bytes_moved, dtype=np.float64)
     calls = np.maximum(np.asarray(calls, dtype=np.float64), 1.0)
     peak = hardware.peak_flops_for(dtype)
-    matmul = hardware.gemm_efficiency(flops / calls, dtype) * calibration.matmul_scale(hardware)
+    scale = calibration.attention_scale(hardware) if kind == "attention" else calibration.matmul_scale(hardware)
+    matmul = hardware.gemm_efficiency(flops / calls, dtype) * scale
     memory = hardware.memory_efficiency(bytes_moved / calls) * calibration.memory_scale(hardware)
     compute_s = flops / (peak * matmul)
     memory_s = bytes_moved / (hardware.memory_bandwidth_bytes_per_s * memory)

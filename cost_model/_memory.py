@@ -105,7 +105,8 @@ def _in_flight(ctx: TrainingContext) -> np.ndarray:
 
 def _activation_bytes(ctx: TrainingContext) -> np.ndarray:
     layout = ctx.layout
-    dense, moe = _layer_activation_bytes(ctx, moe=False), _layer_activation_bytes(ctx, moe=True)
+    dense = _layer_activation_bytes(ctx, moe=False)
+    moe = _layer_activation_bytes(ctx, moe=True) if ctx.model.moe is not None else dense
     full_layers = layout.dense_layers * dense + layout.moe_layers * moe
     selective_layers = full_layers - layout.layers * _score_bytes(ctx)
     checkpoint = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES

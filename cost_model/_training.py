@@ -95,11 +95,11 @@ class TrainingContext:
         """fp32 main gradients with fp32 master weights (Megatron-LM's ``main_grad``), else 2."""
         return 4.0 if self.workload.master_weights_fp32 else 2.0
 
-    def op(self, flops, bytes_moved, calls=1.0) -> np.ndarray:
+    def op(self, flops, bytes_moved, calls=1.0, kind: str = "matmul") -> np.ndarray:
         hardware = self.cluster.device
         return op_time_s(
             flops=flops, bytes_moved=bytes_moved, hardware=hardware, dtype=self.workload.precision,
-            calibration=self.calibration, calls=calls,
+            calibration=self.calibration, calls=calls, kind=kind,
         )
 
     def collective(self, op: str, *, axis: str, group_size, message_bytes) -> np.ndarray:
@@ -145,8 +145,8 @@ def core_attention_time(ctx: TrainingContext) -> np.ndarray:
     calls = ctx.column("micro_batch_size") * heads
     if ctx.options.flash_attention:
         attended = mean_attended_tokens(attention=attention, sequence_tokens=s)
-        return ctx.op(ctx.tokens * per_key * attended, io_bytes, calls=calls)
-    matmul = ctx.op(ctx.tokens * per_key * s, io_bytes, calls=calls)
+        return ctx.op(ctx.tokens * per_key * attended, io_bytes, calls=calls, kind="attention")
+    matmul = ctx.op(ctx.tokens * per_key * s, io_bytes, calls=calls, kind="attention")
     # Scores written by QK^T, softmax read+write, (dropout read+write+mask), read by PV.
     passes = 4.0 * ACTIVATION_BYTES + (2.0 * ACTIVATION_BYTES + 1.0 if ctx.options.attention_dropout else 0.0)
     scores = ctx.tokens * heads * s
@@ -210,6 +210,20 @@ def embedding_time(ctx: TrainingContext) -> np.ndarray:
     return ctx.op(0.0, ctx.tokens * ctx.model.hidden_size * 2.0 * ACTIVATION_BYTES)
 
 
+def kernels_per_layer(ctx: TrainingContext) -> tuple[float, float]:
+    """Kernels one layer launches in its forward pass (dense, MoE): projections (fused QKV +
+    output; MLA adds its down/up projections and two norms), core attention (one fused kernel,
+    or two batched GEMMs + softmax + dropout unfused), FFN (two GEMMs + activation), two norms
+    and two residual/dropout adds; an MoE layer adds router, top-k, permute/unpermute, grouped
+    GEMMs and the shared expert. Each pays the calibration's fixed per-kernel cost (launch and
+    wave tail), which matters for small layers."""
+    projections = 7.0 if ctx.model.attention.kind == "mla" else 2.0
+    core = 1.0 if ctx.options.flash_attention else 4.0
+    common = projections + core + 4.0
+    shared = 3.0 if ctx.model.moe is not None and ctx.model.moe.num_shared_experts else 0.0
+    return common + 3.0, common + 8.0 + shared
+
+
 # ---------------------------------------------------------------------------- per micro-batch
 @dataclass(frozen=True)
 class MicroBatchTimes:
@@ -225,9 +239,11 @@ class MicroBatchTimes:
 def micro_batch_times(ctx: TrainingContext) -> MicroBatchTimes:
     layout = ctx.layout
     core = core_attention_time(ctx)
+    dense_launches, moe_launches = kernels_per_layer(ctx)
+    overhead = ctx.calibration.kernel_overhead_s
     common = attention_projection_time(ctx) + layer_elementwise_time(ctx)
-    dense_layer = common + core + dense_ffn_time(ctx)
-    moe_layer = common + core + moe_ffn_time(ctx)
+    dense_layer = common + core + dense_ffn_time(ctx) + dense_launches * overhead
+    moe_layer = common + core + moe_ffn_time(ctx) + moe_launches * overhead
     layers_forward = layout.dense_layers * dense_layer + layout.moe_layers * moe_layer
     ends = layout.has_embedding * embedding_time(ctx) + layout.has_lm_head * lm_head_time(ctx)
     core_backward_factor = 2.5 if ctx.options.flash_attention else 2.0
@@ -351,11 +367,11 @@ def _bubble(ctx: TrainingContext, *, micro_batch: np.ndarray, forward_share: np.
 
 
 def _pp_comm(ctx: TrainingContext) -> np.ndarray:
-    """Forward activation and backward gradient send/recv per micro-batch and model chunk; with
-    SP only 1/tp of the activation crosses (Narayanan et al. SC'21 sec. 4.1 scatter/gather)."""
+    """Forward activation and backward gradient send/recv per micro-batch and model chunk; each
+    tp rank sends 1/tp of the activation (Narayanan et al. SC'21 sec. 4.1, scatter/gather; with
+    SP the activation is already split)."""
     pp = ctx.column("pp")
-    message = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES
-    message = np.where(ctx.sequence_parallel, message / ctx.column("tp"), message)
+    message = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES / ctx.column("tp")
     inter_node = ctx.local["pp"] < 2
     p2p = collective_time_s(
         cluster=ctx.cluster, op="send_recv", group_size=np.where(pp > 1, 2.0, 1.0),

@@ -1,0 +1,74 @@
+"""Predicted vs published throughput and memory for every run of the published table.
+
+Usage:
+    python benchmarks/validate_published.py            # print the comparison and the summary
+    python benchmarks/validate_published.py --fit      # refit the per-hardware calibration first
+                                                        # and write cost_model/data/calibration.json
+
+The fit is a least-squares fit of a few global efficiency parameters per hardware type on the
+throughput rows (``cost_model._validation.fit_calibration``); it never uses a per-run factor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from cost_model import _common, _validation  # noqa: E402
+
+CALIBRATION_FILE = REPO / "cost_model" / "data" / "calibration.json"
+
+
+def refit(max_evaluations: int) -> None:
+    calibrations = []
+    for hardware in _validation.FIT_PARAMETERS:
+        started = time.perf_counter()
+        calibration = _validation.fit_calibration(hardware, max_evaluations=max_evaluations)
+        seconds = time.perf_counter() - started
+        print(f"fitted {hardware} in {seconds:.0f} s: rms log error {calibration.fit['rms_log_error']}")
+        calibrations.append(calibration.model_dump(mode="json", exclude_none=True))
+    document = {
+        "about": (
+            "Global efficiency parameters per hardware type (never per run), fitted by "
+            "benchmarks/validate_published.py --fit on the throughput rows of "
+            "cost_model/data/published_runs.json; each entry's 'fit' lists the rows, the start "
+            "values and the residuals (predicted/published - 1)."
+        ),
+        "calibrations": calibrations,
+    }
+    CALIBRATION_FILE.write_text(json.dumps(document, indent=1) + "\n")
+    _common._shipped_calibrations.cache_clear()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fit", action="store_true", help="refit the calibration and write it first")
+    parser.add_argument("--max-evaluations", type=int, default=300)
+    args = parser.parse_args()
+    if args.fit:
+        refit(args.max_evaluations)
+    rows = _validation.validate_published()
+    print(f"{'table':26s} {'run':6s} {'metric':32s} {'predicted':>10s} {'published':>10s} {'error':>8s}")
+    for row in rows:
+        print(
+            f"{row.table:26s} {row.run:6s} {row.metric:32s} {row.predicted:10.3f} {row.published:10.3f} "
+            f"{100 * row.error:+7.1f}%"
+        )
+    print()
+    print(f"{'table':26s} {'rows':>4s} {'mean |error|':>13s} {'max |error|':>12s}")
+    for table, summary in _validation.summarize(rows).items():
+        print(
+            f"{table:26s} {summary['count']:4d} {100 * summary['mean_abs_error']:12.1f}% "
+            f"{100 * summary['max_abs_error']:11.1f}%"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

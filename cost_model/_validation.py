@@ -1,0 +1,405 @@
+"""Predicted vs published: the training runs of ``data/published_runs.json``.
+
+Each published table is re-run through ``estimate_table`` with the parallel layout and the
+software of the run (recompute, sequence parallel, attention kernel, dropout, gradient-reduce
+overlap), on a cluster preset of its hardware, and compared in the table's own metric:
+
+* ``megatron_sc21_table1`` — TFLOP/s per GPU, counted with the paper's formula (Narayanan et
+  al. SC'21 eq. 3: 96·B·s·l·h²·(1 + s/6h + V/16lh), which includes the recompute forward)
+  applied to the predicted iteration time.
+* ``korthikanti_table5`` — iteration time, full recompute and SP + selective recompute.
+* ``megatron_readme_2022_mfu`` — MFU of the SP + selective runs of Table 5 (the README's
+  model FLOPs: 72·B·s·l·h²·(1 + s/6h + V/16lh)).
+* ``korthikanti_fig1_memory`` — per-GPU memory: parameters + optimizer (18 bytes/parameter)
+  of a middle pipeline rank, activations of the first rank without recompute and with
+  SP + selective recompute.
+* ``megatron_readme_h100`` — MFU (Megatron-core's model FLOPs:
+  72·B·s·l·h²·(1 + s/6h + V/12lh), i.e. logits counted 3x).
+
+The DeepSeek Day-6 serving rows come from ``cost_model._inference_validation``.
+Calibration (``fit_calibration``) minimizes the squared log-errors of the time metrics of one
+hardware type over a few global parameters; it never uses a per-run factor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Callable
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from cost_model._common import STAGES, Calibration, EstimateOptions, calibration_for
+from cost_model._estimate import estimate_table
+from cost_model._memory import stage_memory
+from cost_model._model_spec import ModelSpec
+from cost_model._parallel import ParallelConfig
+from cost_model._table import configs_to_table
+from cost_model._training import training_context
+from cost_model._workload import Training
+
+GIB = 1024.0**3
+
+#: Korthikanti et al. 2022 Table 3 architectures (sequence 2048, vocabulary 51200 as in sec. 6).
+KORTHIKANTI_MODELS: dict[str, dict[str, int]] = {
+    "22B": {"heads": 64, "hidden": 6144, "layers": 48},
+    "175B": {"heads": 96, "hidden": 12288, "layers": 96},
+    "530B": {"heads": 128, "hidden": 20480, "layers": 105},
+    "1T": {"heads": 160, "hidden": 25600, "layers": 128},
+}
+
+#: The software of each table's runs (facts of the run, not fitted):
+#: * Megatron-LM 2021-22 (A100 tables): unfused scale-mask-softmax attention (FlashAttention,
+#:   arXiv:2205.14135, postdates the runs), hidden and attention dropout 0.1, no distributed
+#:   optimizer, gradients all-reduced after the pipeline flush (no ``--overlap-grad-reduce``).
+#: * Megatron-core r0.8 (H100 table): FlashAttention (TransformerEngine), no dropout in the
+#:   performance configs, distributed optimizer with overlapped grad-reduce and param-gather,
+#:   sequence parallel whenever tp > 1.
+SOFTWARE: dict[str, dict[str, Any]] = {
+    "megatron_2021": {"flash_attention": False, "hidden_dropout": True, "attention_dropout": True, "dp_overlap": 0.0},
+    "megatron_core_2024": {"flash_attention": True, "hidden_dropout": False, "attention_dropout": False, "dp_overlap": 1.0},
+}
+PRESETS = {"A100": "dgx-a100", "H100": "dgx-h100"}
+
+
+class ValidationRow(BaseModel):
+    """One compared figure. ``error`` is (predicted - published) / published."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    table: str
+    run: str
+    metric: str
+    unit: str
+    predicted: float
+    published: float
+
+    @property
+    def error(self) -> float:
+        return (self.predicted - self.published) / self.published
+
+
+@dataclass(frozen=True)
+class Case:
+    """One published run to re-estimate and how to score it."""
+
+    table: str
+    run: str
+    hardware: str  # key of PRESETS
+    model: ModelSpec
+    workload: Training
+    config: ParallelConfig
+    software: str
+    metrics: tuple[tuple[str, str, float, Callable[[dict, "Case"], float]], ...] = field(default=())
+
+
+@lru_cache(maxsize=1)
+def published_records() -> tuple[dict, ...]:
+    """The records of ``cost_model/data/published_runs.json`` (a copy of the shared reference,
+    each record with its source)."""
+    text = (resources.files("cost_model") / "data" / "published_runs.json").read_text()
+    return tuple(json.loads(text)["records"])
+
+
+def gpt_model(*, name: str, heads: int, hidden: int, layers: int, vocab: int, sequence: int, tied: bool) -> ModelSpec:
+    """A Megatron GPT (GELU MLP of 4h, LayerNorm, biases, learned positions)."""
+    config = {
+        "model_type": "gpt2", "n_layer": layers, "n_embd": hidden, "n_head": heads,
+        "n_positions": sequence, "vocab_size": vocab, "tie_word_embeddings": tied,
+    }
+    return ModelSpec.from_hf_config(config, name=name)
+
+
+def sc21_flops(case: Case, *, recompute_forward: bool, logit_divisor: float) -> float:
+    """Narayanan et al. SC'21 eq. 3 family: c·B·s·l·h²·(1 + s/6h + V/(d·l·h)), c = 96 with the
+    recompute forward, 72 without."""
+    m, w = case.model, case.workload
+    s, h, layers = w.sequence_length_tokens, m.hidden_size, m.num_layers
+    factor = 96.0 if recompute_forward else 72.0
+    return factor * w.global_batch_sequences * s * layers * h * h * (
+        1.0 + s / (6.0 * h) + m.vocab_size / (logit_divisor * layers * h)
+    )
+
+
+def _tflops_sc21(columns: dict, case: Case) -> float:
+    return sc21_flops(case, recompute_forward=True, logit_divisor=16.0) / (columns["step_time_s"][0] * case.config.world_size) / 1e12
+
+
+def _mfu(logit_divisor: float, peak: float) -> Callable[[dict, Case], float]:
+    def metric(columns: dict, case: Case) -> float:
+        flops = sc21_flops(case, recompute_forward=False, logit_divisor=logit_divisor)
+        return 100.0 * flops / (columns["step_time_s"][0] * case.config.world_size * peak)
+
+    return metric
+
+
+def _iteration_time(columns: dict, case: Case) -> float:
+    return float(columns["step_time_s"][0])
+
+
+def _sc21_cases() -> list[Case]:
+    cases = []
+    for r in (r for r in published_records() if r["table"] == "megatron_sc21_table1"):
+        model = gpt_model(name=f"gpt-{r['model']}", heads=r["heads"], hidden=r["hidden"], layers=r["layers"],
+                          vocab=r["vocab"], sequence=r["seq_len"], tied=True)
+        v = 1 if r["layers_per_virtual_stage"] is None else r["layers"] // (r["pp"] * r["layers_per_virtual_stage"])
+        config = ParallelConfig(
+            tp=r["tp"], pp=r["pp"], dp=r["gpus"] // (r["tp"] * r["pp"]), micro_batch_size=r["micro_batch"],
+            recompute="full", virtual_stages=v, pipeline_schedule="interleaved_1f1b" if v > 1 else "1f1b",
+        )
+        workload = Training(sequence_length_tokens=r["seq_len"], global_batch_sequences=r["global_batch"], precision="fp16")
+        metric = ("tflops_per_gpu", "TFLOP/s", float(r["tflops_per_gpu"]), _tflops_sc21)
+        cases.append(Case(r["table"], r["model"], "A100", model, workload, config, "megatron_2021", (metric,)))
+    return cases
+
+
+def _korthikanti_model(name: str) -> ModelSpec:
+    arch = KORTHIKANTI_MODELS[name]
+    return gpt_model(name=f"gpt-{name}", vocab=51200, sequence=2048, tied=True, **arch)
+
+
+def _table5_config(r: dict, *, selective: bool) -> ParallelConfig:
+    v = r["pipeline_interleaving"]
+    return ParallelConfig(
+        tp=r["tp"], pp=r["pp"], dp=r["gpus"] // (r["tp"] * r["pp"]), micro_batch_size=r["micro_batch"],
+        virtual_stages=v, pipeline_schedule="interleaved_1f1b" if v > 1 else "1f1b",
+        recompute="selective" if selective else "full", sequence_parallel=selective,
+    )
+
+
+def _table5_cases() -> list[Case]:
+    cases = []
+    mfu = {r["model"]: r["mfu_pct"] for r in published_records() if r["table"] == "megatron_readme_2022_mfu"}
+    for r in (r for r in published_records() if r["table"] == "korthikanti_table5"):
+        model = _korthikanti_model(r["model"])
+        workload = Training(sequence_length_tokens=r["seq_len"], global_batch_sequences=r["global_batch"], precision="fp16")
+        full = ("iteration_time_full_recompute", "s", r["iter_time_full_recompute_s"], _iteration_time)
+        selective = ("iteration_time_sp_selective", "s", r["iter_time_seqpar_selective_s"], _iteration_time)
+        cases.append(Case(r["table"], r["model"], "A100", model, workload, _table5_config(r, selective=False), "megatron_2021", (full,)))
+        cases.append(Case(r["table"], r["model"], "A100", model, workload, _table5_config(r, selective=True), "megatron_2021", (selective,)))
+        if r["model"] in mfu:
+            metric = ("mfu", "%", float(mfu[r["model"]]), _mfu(16.0, 312e12))
+            config = _table5_config(r, selective=True)
+            cases.append(Case("megatron_readme_2022_mfu", r["model"], "A100", model, workload, config, "megatron_2021", (metric,)))
+    return cases
+
+
+def _h100_cases() -> list[Case]:
+    cases = []
+    for r in (r for r in published_records() if r["table"] == "megatron_readme_h100"):
+        model = gpt_model(name=f"gpt-{r['model']}", heads=r["heads"], hidden=r["hidden"], layers=r["layers"],
+                          vocab=r["vocab"], sequence=r["seq_len"], tied=False)
+        config = ParallelConfig(
+            tp=r["tp"], pp=r["pp"], dp=r["dp"], micro_batch_size=1, sequence_parallel=r["tp"] > 1, zero_stage=1,
+        )
+        workload = Training(sequence_length_tokens=r["seq_len"], global_batch_sequences=r["global_batch"], precision="bf16")
+        metric = ("mfu", "%", float(r["mfu_pct"]), _mfu(12.0, 989e12))
+        cases.append(Case(r["table"], r["model"], "H100", model, workload, config, "megatron_core_2024", (metric,)))
+    return cases
+
+
+def training_cases() -> list[Case]:
+    """Every published training run whose throughput is compared (not the memory figure)."""
+    return _sc21_cases() + _table5_cases() + _h100_cases()
+
+
+def _cluster(hardware: str, gpus: int):
+    from topology import get_preset
+
+    preset = get_preset(PRESETS[hardware])
+    return preset.with_nodes(max(1, math.ceil(gpus / preset.devices_per_node)))
+
+
+def _options(case: Case, calibration: Calibration | None, cluster) -> EstimateOptions:
+    software = dict(SOFTWARE[case.software])
+    dp_overlap = software.pop("dp_overlap")
+    base = calibration if calibration is not None else calibration_for(cluster.device)
+    overlap = {**base.overlap, "dp_comm": dp_overlap}
+    return EstimateOptions(calibration=base.model_copy(update={"overlap": overlap}), **software)
+
+
+def run_case(case: Case, *, calibration: Calibration | None = None) -> list[ValidationRow]:
+    """Estimate ``case`` and compare each of its metrics."""
+    cluster = _cluster(case.hardware, case.config.world_size)
+    table = configs_to_table([case.config])
+    columns = estimate_table(case.model, cluster, case.workload, table, options=_options(case, calibration, cluster))
+    return [
+        ValidationRow(table=case.table, run=case.run, metric=name, unit=unit, predicted=fn(columns, case), published=published)
+        for name, unit, published, fn in case.metrics
+    ]
+
+
+def memory_rows(*, calibration: Calibration | None = None) -> list[ValidationRow]:
+    """Korthikanti Fig. 1: parameters + optimizer of a middle rank; activations of the first."""
+    rows = []
+    table5 = {r["model"]: r for r in published_records() if r["table"] == "korthikanti_table5"}
+    for r in (r for r in published_records() if r["table"] == "korthikanti_fig1_memory"):
+        run = table5[r["model"]]
+        model = _korthikanti_model(r["model"])
+        workload = Training(sequence_length_tokens=run["seq_len"], global_batch_sequences=run["global_batch"], precision="fp16")
+        case = Case(r["table"], r["model"], "A100", model, workload, _table5_config(run, selective=True), "megatron_2021")
+        plain = case.config.model_copy(update={"recompute": "none", "sequence_parallel": False})
+        none, selective = (_stage_memory(case, config, calibration) for config in (plain, case.config))
+        middle, first = STAGES.index("middle"), STAGES.index("first")
+        states = sum(none[part][middle, 0] for part in ("weights", "gradients", "optimizer_states"))
+        for metric, predicted, published in (
+            ("params_optimizer", states, r["params_optimizer_GiB"]),
+            ("activations_no_recompute", none["activations"][first, 0], r["activations_no_recompute_GiB"]),
+            ("activations_sp_selective", selective["activations"][first, 0], r["activations_seqpar_selective_GiB"]),
+        ):
+            rows.append(ValidationRow(table=r["table"], run=r["model"], metric=metric, unit="GiB", predicted=predicted / GIB, published=published))
+    return rows
+
+
+def _stage_memory(case: Case, config: ParallelConfig, calibration: Calibration | None) -> dict[str, np.ndarray]:
+    cluster = _cluster(case.hardware, config.world_size)
+    ctx = training_context(
+        model=case.model, cluster=cluster, workload=case.workload, table=configs_to_table([config]),
+        options=_options(case, calibration, cluster),
+    )
+    return stage_memory(ctx)
+
+
+def training_rows(*, calibration: Calibration | None = None) -> list[ValidationRow]:
+    """Every training comparison: throughput tables and the Fig. 1 memory table."""
+    rows = [row for case in training_cases() for row in run_case(case, calibration=calibration)]
+    return rows + memory_rows(calibration=calibration)
+
+
+def inference_rows() -> list[ValidationRow]:
+    """DeepSeek Day-6 serving rows from ``cost_model._inference_validation`` (empty if absent)."""
+    try:
+        from cost_model._inference_validation import validate_dsv3_day6
+    except ImportError:
+        return []
+    rows = []
+    for item in validate_dsv3_day6():
+        get = item.get if isinstance(item, dict) else lambda key, default=None, item=item: getattr(item, key, default)
+        rows.append(ValidationRow(
+            table="dsv3_day6", run=str(get("name")), metric=str(get("metric", get("name"))), unit=str(get("unit", "")),
+            predicted=float(get("predicted")), published=float(get("published")),
+        ))
+    return rows
+
+
+def validate_published(*, include_inference: bool = True) -> list[ValidationRow]:
+    """Every comparison of the published table, in table order."""
+    return training_rows() + (inference_rows() if include_inference else [])
+
+
+def summarize(rows: list[ValidationRow]) -> dict[str, dict[str, float]]:
+    """Per table: number of figures, mean and max absolute relative error."""
+    summary: dict[str, dict[str, float]] = {}
+    for table in dict.fromkeys(row.table for row in rows):
+        errors = np.abs([row.error for row in rows if row.table == table])
+        summary[table] = {"count": int(errors.size), "mean_abs_error": float(errors.mean()), "max_abs_error": float(errors.max())}
+    return summary
+
+
+# ---------------------------------------------------------------------------- calibration fit
+#: Hardware type -> regex of the device names its calibration applies to. H200 and H800 are the
+#: same GH100 die as the H100 (hardware.json hw_specs); their presets carry the differences.
+DEVICE_PATTERNS = {"A100": "A100", "H100": "H100|H200|H800"}
+#: The global parameters fitted per hardware type, and their bounds.
+FIT_PARAMETERS: dict[str, tuple[str, ...]] = {
+    "A100": ("matmul_efficiency", "attention_efficiency", "memory_bandwidth_efficiency", "collective_efficiency"),
+    "H100": ("matmul_efficiency", "attention_efficiency", "kernel_overhead_s", "collective_efficiency", "overlap.tp_comm"),
+}
+#: Physically plausible ranges: attention kernels reach 30-100% of the matmul peak
+#: (FlashAttention-2/3 papers report 35-75% on H100); collectives 0.5-1.5x the preset's
+#: alpha-beta time (NCCL pipelines the intra- and inter-node phases that the hierarchical model
+#: adds up; NVLS reaches ~480 GB/s busbw against the ring's ~370, hardware.json); a kernel's
+#: fixed cost (launch latency, last-wave tail) up to 20 us.
+BOUNDS = {
+    "matmul_efficiency": (0.3, 1.0), "attention_efficiency": (0.3, 1.0), "memory_bandwidth_efficiency": (0.3, 1.0),
+    "collective_efficiency": (0.5, 1.5), "overlap.tp_comm": (0.0, 1.0), "kernel_overhead_s": (0.0, 20e-6),
+}
+
+
+def calibration_with(names: tuple[str, ...], values, *, device_pattern: str = ".*") -> Calibration:
+    """A calibration setting each of ``names`` (``overlap.<kind>`` for an overlap fraction)."""
+    fields: dict[str, Any] = {"device_pattern": device_pattern, "overlap": {}}
+    for name, value in zip(names, values):
+        low, high = BOUNDS[name]
+        value = float(min(max(value, low), high))
+        if name.startswith("overlap."):
+            fields["overlap"][name.split(".", 1)[1]] = value
+        else:
+            fields[name] = value
+    return Calibration(**fields)
+
+
+def _log_errors(cases: list[Case], calibration: Calibration) -> np.ndarray:
+    rows = [row for case in cases for row in run_case(case, calibration=calibration)]
+    return np.log([row.predicted / row.published for row in rows])
+
+
+def fit_calibration(hardware: str, *, max_evaluations: int = 400) -> Calibration:
+    """Least-squares fit of ``FIT_PARAMETERS[hardware]`` on the log-errors of every published
+    throughput figure of that hardware (Nelder-Mead; bounds by clipping). The returned
+    calibration's ``fit`` records the rows, the start and the residuals."""
+    names = FIT_PARAMETERS[hardware]
+    cases = [case for case in training_cases() if case.hardware == hardware]
+    device = _cluster(hardware, 8).device
+    start = np.array([_start_value(name, device) for name in names])
+
+    def loss(x: np.ndarray) -> float:
+        return float(np.sum(_log_errors(cases, calibration_with(names, x)) ** 2))
+
+    best = _nelder_mead(loss, start, max_evaluations=max_evaluations)
+    fitted = calibration_with(names, best, device_pattern=DEVICE_PATTERNS[hardware])
+    rows = [row for case in cases for row in run_case(case, calibration=fitted)]
+    fit = {
+        "method": "least squares on log(predicted/published), Nelder-Mead, bounds by clipping",
+        "rows": [f"{row.table}:{row.run}:{row.metric}" for row in rows],
+        "residuals": [round(row.error, 4) for row in rows],
+        "rms_log_error": round(float(np.sqrt(np.mean(np.log([r.predicted / r.published for r in rows]) ** 2))), 4),
+        "start": dict(zip(names, [round(float(v), 4) for v in start])),
+        "preset": PRESETS[hardware],
+    }
+    return fitted.model_copy(update={"fit": fit})
+
+
+def _start_value(name: str, device) -> float:  # noqa: ANN001
+    return {
+        "matmul_efficiency": device.matmul_efficiency, "attention_efficiency": device.matmul_efficiency,
+        "memory_bandwidth_efficiency": device.memory_bandwidth_efficiency,
+        "kernel_overhead_s": 5e-6, "collective_efficiency": 1.0,
+    }.get(name, 0.5)
+
+
+def _nelder_mead(loss: Callable[[np.ndarray], float], start: np.ndarray, *, max_evaluations: int) -> np.ndarray:
+    """Nelder-Mead simplex minimization (Nelder & Mead, Computer Journal 1965), standard
+    coefficients (reflection 1, expansion 2, contraction 0.5, shrink 0.5)."""
+    simplex = [start] + [start + np.eye(len(start))[i] * 0.1 * max(abs(start[i]), 0.1) for i in range(len(start))]
+    values = [loss(point) for point in simplex]
+    evaluations = len(values)
+    while evaluations < max_evaluations and np.ptp(values) > 1e-9:
+        order = np.argsort(values)
+        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+        centroid = np.mean(simplex[:-1], axis=0)
+        reflected = centroid + (centroid - simplex[-1])
+        value = loss(reflected)
+        evaluations += 1
+        if value < values[0]:
+            expanded = centroid + 2.0 * (centroid - simplex[-1])
+            expanded_value = loss(expanded)
+            evaluations += 1
+            simplex[-1], values[-1] = (expanded, expanded_value) if expanded_value < value else (reflected, value)
+        elif value < values[-2]:
+            simplex[-1], values[-1] = reflected, value
+        else:
+            contracted = centroid + 0.5 * (simplex[-1] - centroid)
+            contracted_value = loss(contracted)
+            evaluations += 1
+            if contracted_value < values[-1]:
+                simplex[-1], values[-1] = contracted, contracted_value
+            else:
+                simplex = [simplex[0] + 0.5 * (point - simplex[0]) for point in simplex]
+                values = [values[0]] + [loss(point) for point in simplex[1:]]
+                evaluations += len(simplex) - 1
+    return simplex[int(np.argmin(values))]
