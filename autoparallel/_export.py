@@ -65,6 +65,7 @@ class _Serving:
     batch_size: int
     kv_dtype: str
     num_redundant_experts: int
+    two_batch_overlap: bool
 
 
 def _serving(plan: ShardingPlan) -> _Serving:
@@ -80,6 +81,7 @@ def _serving(plan: ShardingPlan) -> _Serving:
         batch_size=serving.batch_size if serving else c.micro_batch_size,
         kv_dtype=serving.kv_dtype if serving else "bf16",
         num_redundant_experts=serving.num_redundant_experts if serving else 0,
+        two_batch_overlap=serving.two_batch_overlap if serving else False,
     )
 
 
@@ -95,6 +97,17 @@ def _training_only(plan: ShardingPlan) -> list[str]:
     if c.cp > 1:
         dropped.append(f"cp {c.cp} (context parallel is not a serving option of this engine)")
     return dropped
+
+
+def _serving_dropped(plan: ShardingPlan, engine: str) -> list[str]:
+    """Serving settings a training engine has no flag for."""
+    serving = plan.serving
+    if serving is None:
+        return []
+    return [
+        f"serving settings (batch {serving.batch_size}, KV {serving.kv_dtype}, "
+        f"{serving.num_redundant_experts} redundant experts, two-batch overlap {serving.two_batch_overlap}) have no {engine} setting"
+    ]
 
 
 def _uneven_stages(plan: ShardingPlan) -> str | None:
@@ -137,6 +150,8 @@ def _vllm(plan: ShardingPlan, model_path: str) -> Export:
     else:
         args += ["--kv-cache-dtype", kv]
     args += ["--max-num-seqs", str(s.batch_size)]
+    if s.two_batch_overlap:
+        args.append("--enable-dbo")  # vLLM's dual batch overlap (DP+EP deployments)
     notes = (f"{s.num_instances} instances of {c.pp * s.instance_size} devices behind a load balancer",)
     if uneven := _uneven_stages(plan):
         dropped.append(uneven)
@@ -162,6 +177,8 @@ def _sglang(plan: ShardingPlan, model_path: str) -> Export:
     else:
         args += ["--kv-cache-dtype", kv]
     args += ["--max-running-requests", str(s.batch_size * s.attention_replicas)]
+    if s.two_batch_overlap:
+        args.append("--enable-two-batch-overlap")
     nodes = max(1, (c.pp * s.instance_size) // _devices_per_node(plan))
     if nodes > 1:
         args += ["--nnodes", str(nodes), "--node-rank", "${NODE_RANK}", "--dist-init-addr", "${MASTER_ADDR}:5000"]
@@ -193,6 +210,8 @@ def _trtllm(plan: ShardingPlan, model_path: str) -> Export:
     if s.num_redundant_experts and plan.expert_placement is not None:
         slots = plan.expert_placement.num_experts + s.num_redundant_experts
         options.append(f"moe_config:\n  load_balancer:\n    num_slots: {slots}")
+    if s.two_batch_overlap:
+        dropped.append("two_batch_overlap (no TensorRT-LLM LLM API option for it)")
     if uneven := _uneven_stages(plan):
         dropped.append(uneven)
     notes = (f"MoE tensor parallel = tp_size / ep_size = {s.instance_size // c.ep}; {s.num_instances} instances",)
@@ -211,7 +230,7 @@ def _batch(plan: ShardingPlan) -> tuple[int, int]:
 
 def _megatron(plan: ShardingPlan, model_path: str) -> Export:
     c = plan.config
-    dropped, notes = [], []
+    dropped, notes = _serving_dropped(plan, "Megatron-LM"), []
     sequence, batch = _batch(plan)
     num_layers = plan.stages[-1].stop_layer
     args = ["torchrun", "pretrain_gpt.py", "--num-layers", str(num_layers), "--seq-length", str(sequence),
@@ -259,7 +278,7 @@ def _megatron_pipeline(plan: ShardingPlan, dropped: list[str]) -> list[str]:
 
 def _torchtitan(plan: ShardingPlan, model_path: str) -> Export:
     c = plan.config
-    dropped, notes = [], []
+    dropped, notes = _serving_dropped(plan, "torchtitan"), []
     sequence, batch = _batch(plan)
     shard = c.dp if c.zero_stage >= 1 else 1
     replicate = 1 if c.zero_stage >= 1 else c.dp
@@ -304,8 +323,8 @@ def _model_parts(plan: ShardingPlan) -> list[list[str]]:
 
 def _deepspeed(plan: ShardingPlan, model_path: str) -> Export:
     c = plan.config
-    sequence, batch = _batch(plan)
-    dropped = []
+    _, batch = _batch(plan)
+    dropped = _serving_dropped(plan, "DeepSpeed")
     config = {
         "train_batch_size": batch,
         "train_micro_batch_size_per_gpu": c.micro_batch_size,

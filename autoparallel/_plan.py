@@ -96,6 +96,7 @@ class ServingSettings(BaseModel):
     batch_size: int = Field(gt=0, description="sequences in flight per attention replica")
     kv_dtype: str = "bf16"
     num_redundant_experts: int = Field(default=0, ge=0)
+    two_batch_overlap: bool = False
 
 
 class Alternative(BaseModel):

@@ -219,6 +219,7 @@ def serving_settings(candidate) -> ServingSettings | None:  # noqa: ANN001 - sea
         batch_size=max(batch, 1),
         kv_dtype=str(extras.get("kv_dtype", "bf16")),
         num_redundant_experts=int(extras.get("num_redundant_experts", 0)),
+        two_batch_overlap=bool(extras.get("two_batch_overlap", False)),
     )
 
 

@@ -1,0 +1,144 @@
+"""``ShardingPlan`` built from a search: every field filled and consistent, JSON round trip,
+the shipped JSON Schema, and clear rejection of unknown keys and newer schema versions."""
+
+from __future__ import annotations
+
+import json
+from math import prod
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+
+import autoparallel as ap
+from autoparallel._module_rules import module_rules_for
+from autoparallel._planner import pipeline_stages
+from autoparallel.schema import load_schema, plan_json_schema, validate_plan_document
+from cost_model import Inference, Training, configs_to_table, estimate_table
+from search import SearchBounds, SearchSettings
+
+REPO = Path(__file__).resolve().parents[1]
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@pytest.fixture(scope="module")
+def training_plan() -> ap.ShardingPlan:
+    bounds = SearchBounds(zero_stages=(1, 3), recompute_policies=("none", "full"), max_micro_batch_size=2)
+    workload = Training(sequence_length_tokens=4096, global_batch_sequences=256)
+    return ap.find_plan("qwen3-235b-a22b", ap.get_preset("dgx-h100", num_nodes=8), workload, n_trials=40, settings=SearchSettings(bounds=bounds))
+
+
+@pytest.fixture(scope="module")
+def inference_plan() -> ap.ShardingPlan:
+    workload = Inference(prompt_tokens=2048, output_tokens=512, tpot_slo_s=0.05)
+    return ap.find_plan("deepseek-v3", ap.get_preset("dgx-h100", num_nodes=16), workload, n_trials=40, seed=1)
+
+
+@pytest.fixture(params=["training", "inference"])
+def plan(request, training_plan, inference_plan) -> ap.ShardingPlan:
+    return training_plan if request.param == "training" else inference_plan
+
+
+def test_mesh_axes_and_placement(plan: ap.ShardingPlan) -> None:
+    c = plan.config
+    assert [a.name for a in plan.mesh_axes] == ["pp", "dp", "cp", "tp"]
+    assert prod(a.size for a in plan.mesh_axes) == plan.world_size == c.world_size
+    assert [a.name for a in plan.moe_mesh_axes] == ["pp", "edp", "ep", "etp"]
+    assert prod(a.size for a in plan.moe_mesh_axes) == plan.world_size
+    assert sorted(plan.rank_to_device) == list(range(plan.world_size))
+
+
+def test_stages_cover_every_layer_once(plan: ap.ShardingPlan) -> None:
+    model = ap.get_model(plan.provenance.model_name)
+    assert len(plan.stages) == plan.config.pp * plan.config.virtual_stages
+    assert plan.stages[0].start_layer == 0 and plan.stages[-1].stop_layer == model.num_layers
+    assert all(a.stop_layer == b.start_layer for a, b in zip(plan.stages, plan.stages[1:]))
+    assert plan.stages[0].has_embedding and plan.stages[-1].has_lm_head
+
+
+def test_uneven_interleaved_stages() -> None:
+    stages = pipeline_stages(num_layers=80, config=ap.ParallelConfig(dp=2, pp=3, pipeline_schedule="interleaved_1f1b", virtual_stages=2))
+    sizes = [s.stop_layer - s.start_layer for s in stages]
+    assert sum(sizes) == 80 and max(sizes) - min(sizes) == 1  # uneven, as even as possible
+    assert [s.stage for s in stages] == [0, 1, 2, 0, 1, 2]
+    assert [s.has_embedding for s in stages] == [True] + [False] * 5
+    assert [s.has_lm_head for s in stages] == [False] * 5 + [True]
+
+
+def test_experts_rules_and_prediction(plan: ap.ShardingPlan) -> None:
+    model = ap.get_model(plan.provenance.model_name)
+    placement = plan.expert_placement
+    assert placement.num_experts == model.moe.num_routed_experts and placement.ep == plan.config.ep
+    held = [rank for ranks in placement.expert_to_ranks for rank in ranks]
+    assert len(held) == placement.num_experts + placement.num_redundant_experts
+    assert set(held) <= set(range(placement.ep))
+    assert np.all(np.bincount(held, minlength=placement.ep) == placement.slots_per_rank)
+    assert plan.module_rules == module_rules_for(model=model, config=plan.config)
+    cluster = ap.get_preset("dgx-h100", num_nodes=plan.world_size // 8)
+    workload = ap.load_plan(plan.to_json()).provenance.workload
+    workload = Training(**workload) if workload["kind"] == "training" else Inference(**workload)
+    extras = {}
+    if plan.serving is not None:
+        from cost_model._inference import ServingConfig
+
+        serving = plan.serving
+        extras = ServingConfig(**serving.model_dump()).columns(workload=workload)
+    columns = estimate_table(model, cluster, workload, configs_to_table([plan.config], **extras))
+    assert plan.predicted.step_time_s == pytest.approx(float(columns["step_time_s"][0]), rel=1e-9)
+    assert plan.predicted.memory_per_device_bytes <= plan.predicted.memory_capacity_bytes
+
+
+def test_alternatives_lost_for_a_reason(plan: ap.ShardingPlan) -> None:
+    assert plan.alternatives
+    for alternative in plan.alternatives:
+        assert alternative.reason_lost and alternative.config != plan.config
+    if plan.serving is None:
+        assert all(a.predicted.step_time_s >= plan.predicted.step_time_s for a in plan.alternatives)
+    else:
+        best = plan.predicted.tokens_per_s_per_device
+        assert all(a.predicted.tokens_per_s_per_device <= best * (1 + 1e-9) for a in plan.alternatives)
+
+
+def test_provenance(plan: ap.ShardingPlan) -> None:
+    provenance = plan.provenance
+    model = ap.get_model(provenance.model_name)
+    assert provenance.model_fingerprint == model.fingerprint()
+    assert provenance.library_version == ap.__version__
+    search = provenance.search
+    assert search["num_trials"] == 40 and search["space_size"] > search["num_meshes"] > 0
+    assert search["method"] == "tpe" and provenance.created_at
+
+
+def test_json_round_trip_and_schema(plan: ap.ShardingPlan, tmp_path: Path) -> None:
+    path = plan.save(tmp_path / "plan.json")
+    loaded = ap.load_plan(path)
+    assert loaded == plan and hash(loaded) == hash(plan)
+    validate_plan_document(json.loads(path.read_text()))
+
+
+def test_shipped_schema_matches_the_model() -> None:
+    assert load_schema() == json.loads(json.dumps(plan_json_schema()))  # regenerate: python -m autoparallel.schema
+    assert load_schema()["additionalProperties"] is False
+
+
+def test_unknown_keys_and_newer_versions_are_rejected(inference_plan: ap.ShardingPlan) -> None:
+    document = json.loads(inference_plan.to_json())
+    document["provenance"]["colour"] = "blue"
+    with pytest.raises(ValueError, match="unknown key 'colour' at provenance.*valid keys there: cluster_fingerprint"):
+        ap.load_plan(document)
+    with pytest.raises(ValueError, match="provenance: Additional properties are not allowed"):
+        validate_plan_document(document)
+    document = json.loads(inference_plan.to_json())
+    document["schema_version"] = ap.SCHEMA_VERSION + 1
+    with pytest.raises(ValueError, match="newer than this library supports"):
+        ap.load_plan(document)
+    with pytest.raises(ValueError, match="schema_version"):
+        validate_plan_document(document)
+
+
+def test_every_example_plan_validates() -> None:
+    documents = [p for p in REPO.glob("examples/**/*.json") if '"schema_version"' in p.read_text()]
+    for path in documents:
+        validate_plan_document(json.loads(path.read_text()))
+        ap.load_plan(path)
