@@ -87,7 +87,7 @@ def _parity_rank(rank: int, world_size: int, config_fields: dict, spec_fields: d
     from autoparallel.testing import plan_for_config
     from cost_model import ParallelConfig
 
-    spec = tiny_reference_spec(**spec_fields)
+    spec = tiny_reference_spec(**{"num_layers": 2, **spec_fields})  # one dense + one MoE layer
     config = ParallelConfig(**config_fields)
     plan = plan_for_config(spec, config)
     reference = ReferenceMoETransformer(spec)

@@ -5,6 +5,7 @@ Importing this package imports torch; ``import autoparallel`` does not (it resol
 """
 
 from autoparallel.runtime._apply import AppliedPlan, apply_plan, check_plan_fits
+from autoparallel.runtime._generate import Generation, greedy_generate
 from autoparallel.runtime._mesh import Meshes, build_meshes, default_device_type
 from autoparallel.runtime._model import (
     KVCache,
@@ -17,6 +18,7 @@ from autoparallel.runtime._model import (
 
 __all__ = [
     "AppliedPlan",
+    "Generation",
     "KVCache",
     "LocalDispatcher",
     "Meshes",
@@ -27,5 +29,6 @@ __all__ = [
     "build_meshes",
     "check_plan_fits",
     "default_device_type",
+    "greedy_generate",
     "tiny_reference_spec",
 ]

@@ -21,7 +21,7 @@ from torch import nn
 from autoparallel._plan import ModuleRule, ShardingPlan, load_plan
 from autoparallel.runtime._data_parallel import DataParallel, apply_data_parallel
 from autoparallel.runtime._mesh import Meshes, build_meshes, mesh_rank_layout
-from autoparallel.runtime._tensor_parallel import TensorParallel, apply_tensor_parallel, match_rules
+from autoparallel.runtime._tensor_parallel import TensorParallel, apply_tensor_parallel, match_rules, walk_modules
 
 __all__ = ["AppliedPlan", "apply_plan", "check_plan_fits"]
 
@@ -97,15 +97,15 @@ def _count_layers(module: nn.Module) -> int | None:
     return len(layers) if isinstance(layers, (nn.ModuleDict, nn.ModuleList)) else None
 
 
-def _count_experts(module: nn.Module) -> set[int]:
+def _count_experts(walked: list[tuple[str, nn.Module]]) -> set[int]:
     return {
         len(child)
-        for name, child in module.named_modules()
+        for name, child in walked
         if name.endswith("experts") and not name.endswith("shared_experts") and isinstance(child, (nn.ModuleDict, nn.ModuleList))
     }
 
 
-def _check_model(module: nn.Module, plan: ShardingPlan) -> None:
+def _check_model(module: nn.Module, plan: ShardingPlan, walked: list[tuple[str, nn.Module]]) -> None:
     """The module must be the plan's model: fingerprint (when it carries a spec), layers, experts."""
     spec = getattr(module, "spec", None)
     provenance = plan.provenance
@@ -118,7 +118,7 @@ def _check_model(module: nn.Module, plan: ShardingPlan) -> None:
     layers = _count_layers(module)
     if planned_layers is not None and layers is not None and layers != planned_layers:
         raise ValueError(f"module has {layers} layers; the plan's stages cover {planned_layers} layers")
-    experts = _count_experts(module)
+    experts = _count_experts(walked)
     placement = plan.expert_placement
     if placement is not None and experts and experts != {placement.num_experts}:
         raise ValueError(
@@ -128,8 +128,8 @@ def _check_model(module: nn.Module, plan: ShardingPlan) -> None:
         plan.config.validate_for(spec)
 
 
-def _check_rules(module: nn.Module, plan: ShardingPlan) -> dict[ModuleRule, list[str]]:
-    matches = match_rules(module, plan.module_rules)
+def _check_rules(module: nn.Module, plan: ShardingPlan, names: list[str]) -> dict[ModuleRule, list[str]]:
+    matches = match_rules(module, plan.module_rules, names=names)
     for rule, names in matches.items():
         if not names:
             raise ValueError(
@@ -149,8 +149,9 @@ def check_plan_fits(module: nn.Module, plan: ShardingPlan) -> None:
     mesh_rank_layout(plan)
     if plan.config.cp > 1:
         raise ValueError(f"cp ({plan.config.cp}) must be 1: apply_plan does not implement context parallel")
-    _check_model(module, plan)
-    _check_rules(module, plan)
+    walked = walk_modules(module)
+    _check_model(module, plan, walked)
+    _check_rules(module, plan, [name for name, _ in walked])
 
 
 # ----------------------------------------------------------------------------- passes

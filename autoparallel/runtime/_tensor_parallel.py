@@ -41,26 +41,58 @@ from torch.distributed.tensor.parallel import (
 
 from autoparallel._plan import ModuleRule, ShardingPlan
 
-__all__ = ["SumGradientOverGroup", "TensorParallel", "apply_tensor_parallel", "match_rules"]
+__all__ = ["SumGradientOverGroup", "TensorParallel", "apply_tensor_parallel", "iter_module_names", "match_rules", "walk_modules"]
 
 logger = logging.getLogger(__name__)
 
 
-def match_rules(module: nn.Module, rules: Iterable[ModuleRule]) -> dict[ModuleRule, list[str]]:
+def walk_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(FQN, module) of ``module`` and all its submodules ("" for the root), depth first.
+
+    A plain walk over ``_modules``: ``named_modules`` costs ~5x more on a 3T model's 260k modules.
+    """
+    found: list[tuple[str, nn.Module]] = []
+    stack: list[tuple[str, nn.Module]] = [("", module)]
+    while stack:
+        prefix, current = stack.pop()
+        found.append((prefix, current))
+        children = [(f"{prefix}.{key}" if prefix else key, child) for key, child in current._modules.items() if child is not None]
+        stack.extend(reversed(children))
+    return found
+
+
+def iter_module_names(module: nn.Module) -> list[str]:
+    """FQNs of ``module`` and all its submodules, depth first (see ``walk_modules``)."""
+    return [name for name, _ in walk_modules(module)]
+
+
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")
+
+
+def match_rules(module: nn.Module, rules: Iterable[ModuleRule], *, names: list[str] | None = None) -> dict[ModuleRule, list[str]]:
     """FQNs of ``module``'s submodules each rule's pattern matches (``fnmatch``, case-sensitive).
 
     Raises ``ValueError`` naming a module that two rules of different styles on one mesh axis match.
+    When no pattern holds a digit or a ``?``/``[``, FQNs that differ only in layer or expert ids
+    match alike, so each distinct shape of name is matched once (a 3T model has 260k modules).
     """
     rules = list(rules)
     compiled = [(rule, re.compile(translate(rule.pattern))) for rule in rules]
     matches: dict[ModuleRule, list[str]] = {rule: [] for rule in rules}
-    for name, _ in module.named_modules():
-        hits = [rule for rule, regex in compiled if regex.match(name)]
+    cacheable = not any(ch.isdigit() or ch in "?[" for rule in rules for ch in rule.pattern)
+    seen: dict[str, list[ModuleRule]] = {}
+    for name in iter_module_names(module) if names is None else names:
+        key = _INDEX.sub("#", name) if cacheable else name
+        hits = seen.get(key)
+        if hits is None:
+            hits = [rule for rule, regex in compiled if regex.match(name)]
+            styles = {(rule.mesh_axis, rule.style) for rule in hits}
+            if len({axis for axis, _ in styles}) < len(styles):
+                raise ValueError(f"module {name!r} matches rules of different styles: {sorted(styles)}")
+            if cacheable:
+                seen[key] = hits
         for rule in hits:
             matches[rule].append(name)
-        styles = {(rule.mesh_axis, rule.style) for rule in hits}
-        if len({axis for axis, _ in styles}) < len(styles):
-            raise ValueError(f"module {name!r} matches rules of different styles: {sorted(styles)}")
     return matches
 
 
@@ -213,7 +245,7 @@ def apply_tensor_parallel(
                 blocks.append(name)
     result = TensorParallel(tp_mesh=tp_mesh, parallelized=sorted(set(styles) | set(blocks)))
     group = tp_mesh.get_group()
-    for name, submodule in module.named_modules():
+    for name, submodule in walk_modules(module):
         attention = getattr(submodule, "attention", None)
         if hasattr(submodule, "shared_key_hook") and getattr(attention, "kind", None) == "mla":
             if f"{name}.kv_b_proj" in styles:
