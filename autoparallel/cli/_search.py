@@ -135,7 +135,7 @@ def plan_table(plan) -> Table:  # noqa: ANN001
     """The best layout and the runners-up: config, TTFT, TPOT, tokens/s per device, memory, bottleneck."""
     table = Table(title=f"{plan.provenance.model_name} on {plan.world_size} devices ({plan.provenance.cluster_name})")
     for column in ("#", "config", "step", "TTFT", "TPOT", "tokens/s/device", "memory/device", "bottleneck"):
-        table.add_column(column, justify="left" if column in ("config", "bottleneck") else "right")
+        table.add_column(column, justify="left" if column in ("config", "bottleneck") else "right", no_wrap=column == "config")
     rows = [(plan.config, plan.predicted, plan.serving)] + [(a.config, a.predicted, a.serving) for a in plan.alternatives]
     for index, (config, cost, serving) in enumerate(rows):
         style = "bold green" if index == 0 else None
