@@ -96,6 +96,7 @@ def _reference_view(name: str, tensor, local, plan, meshes):
 
 
 def _relative(a, b) -> float:
+    a, b = a.detach(), b.detach()
     scale = float(b.abs().max()) if b.numel() else 0.0
     return float((a - b).abs().max()) / scale if scale > 0 else float((a - b).abs().max())
 

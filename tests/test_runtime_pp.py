@@ -24,7 +24,8 @@ def _run(plan, **options):
         pytest.param(ParallelConfig(pp=2, pipeline_schedule="1f1b"), id="pp2-1f1b"),
         pytest.param(ParallelConfig(pp=2, pipeline_schedule="gpipe", micro_batch_size=2), id="pp2-gpipe"),
         pytest.param(
-            ParallelConfig(pp=2, pipeline_schedule="interleaved_1f1b", virtual_stages=2), id="pp2-interleaved"
+            ParallelConfig(pp=2, tp=2, ep=2, pipeline_schedule="interleaved_1f1b", virtual_stages=2),
+            id="pp2-interleaved-tp2xep2",
         ),
         pytest.param(ParallelConfig(pp=2, pipeline_schedule="zero_bubble"), id="pp2-zero-bubble"),
         pytest.param(ParallelConfig(pp=2, dp=2, ep=2), id="pp2xep2"),

@@ -353,16 +353,13 @@ class AllToAllDispatcher:
 # --------------------------------------------------------------------------- applying to a model
 def _expert_containers(model: nn.Module, plan: ShardingPlan) -> list[tuple[str, nn.Module]]:
     """Routed-expert containers: modules matching the plan's ``expert`` rules (``*.experts`` when
-    ep is 1 and only expert-TP rules exist)."""
+    ep is 1 and only expert-TP rules exist). A pipeline chunk of dense layers has none."""
     patterns = [rule.pattern for rule in plan.module_rules if rule.style == "expert"] or ["*.experts"]
-    found = [
+    return [
         (name, module)
         for name, module in model.named_modules()
         if any(fnmatchcase(name, pattern) for pattern in patterns) and isinstance(module, (nn.ModuleList, nn.ModuleDict))
     ]
-    if not found:
-        raise ValueError(f"expert rule patterns {patterns} match no nn.ModuleList/ModuleDict of experts in the module")
-    return found
 
 
 def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -498,16 +495,23 @@ def apply_expert_parallel(
 
     Returns:
         An ``ExpertParallel`` whose ``sync_gradients()`` the training step calls after backward.
+    A module without expert containers (a pipeline chunk of dense layers) is left unchanged and
+    gets an ``ExpertParallel`` with no blocks; ``apply_plan`` checks on the whole model that
+    every rule matches some module.
+
     Raises:
-        ValueError: no expert container, a block without a dispatcher, or a placement that does
-            not fit the experts; raised before any collective.
+        ValueError: a block without a dispatcher, containers of different sizes, or a placement
+            that does not fit the experts; raised before any collective.
     """
     groups = ExpertParallelGroups.from_meshes(plan=plan, moe_mesh=moe_mesh, dense_mesh=dense_mesh)
     containers = _expert_containers(model, plan)
     num_experts = {len(container) for _, container in containers}
-    if len(num_experts) != 1:
+    if len(num_experts) > 1:
         raise ValueError(f"expert containers hold different numbers of experts: {sorted(num_experts)}")
-    placement = expert_placement_for(plan, num_experts=num_experts.pop())
+    if not num_experts and plan.expert_placement is None:
+        raise ValueError("the module has no expert containers and the plan no expert_placement")
+    count = num_experts.pop() if num_experts else plan.expert_placement.num_experts
+    placement = expert_placement_for(plan, num_experts=count)
     dispatcher = AllToAllDispatcher(placement=placement, groups=groups)
     blocks = []
     for name, container in containers:
