@@ -29,8 +29,14 @@ prefill of a batch over its ``output_tokens`` decode steps (continuous batching 
 prefill, Agrawal et al., Sarathi-Serve, OSDI'24). Inference has no backward pass, optimizer or
 gradients: none of those parts exist here.
 
-Output columns: ``time.<phase>_<part>`` (exposed seconds; they sum to ``step_time_s``) and
-``hidden.<phase>_<part>`` for parts ``INFERENCE_TIME_PARTS``; ``memory.<part>`` for
+Efficiencies come from the device's shipped calibration (``_common.Calibration``, shared with
+training): matmuls at ``matmul_efficiency``, core attention at ``attention_efficiency``, and a
+prefill pass pays ``kernel_overhead_s`` per kernel launched (``_training.kernels_per_layer``);
+decode steps do not, as serving engines replay them from CUDA graphs (vLLM, SGLang, DeepSeek).
+
+Output columns: ``time.<phase>_<part>`` for parts ``INFERENCE_TIME_PARTS`` (exposed seconds;
+they sum to ``step_time_s``) and ``hidden.<phase>_<kind>`` for the communication kinds (seconds
+that overlap compute, not in the sum); ``memory.<part>`` for
 ``INFERENCE_MEMORY_PARTS`` (they sum to ``memory_per_device_bytes``); ``step_time_s`` (the
 decode step, or the prefill pass for a prefill pool), ``ttft_s`` / ``tpot_s`` (NaN where the
 phase has none), ``tokens_per_s_per_device`` (output tokens, or input tokens including cache
@@ -43,6 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from types import SimpleNamespace
 from typing import Literal, Mapping
 
 import numpy as np
@@ -64,6 +71,7 @@ from cost_model._common import (
 )
 from cost_model._model_spec import ModelSpec
 from cost_model._table import table_length
+from cost_model._training import kernels_per_layer
 from cost_model._units import Dtype, dtype_bytes
 from cost_model._workload import Inference
 
@@ -117,6 +125,7 @@ class _Setup:
     two_batch: np.ndarray
     phase: np.ndarray
     fragmentation_fraction: float
+    kernels_per_layer: tuple[float, float]  # (dense, MoE) layer, forward
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
 
@@ -179,6 +188,7 @@ def _setup(
         two_batch=np.asarray(table["two_batch_overlap"], dtype=bool),
         phase=phase,
         fragmentation_fraction=options.fragmentation_fraction,
+        kernels_per_layer=kernels_per_layer(SimpleNamespace(model=model, options=options)),
         prompt_tokens=np.broadcast_to(np.asarray(prompt_tokens if prompt_tokens is not None else workload.prompt_tokens, dtype=np.float64), (n,)),
         output_tokens=np.full(n, float(workload.output_tokens)),
     )
@@ -240,7 +250,11 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     memory_only = op_time_s(
         flops=0.0, bytes_moved=elementwise, hardware=s.cluster.device, dtype=_attention_dtype(s), calibration=s.calibration
     )
-    return total + lay.has_lm_head * head + lay.layers * memory_only
+    total = total + lay.has_lm_head * head + lay.layers * memory_only
+    if p.decode:  # decode steps replay CUDA graphs: no per-kernel launch cost
+        return total
+    launches = lay.dense_layers * s.kernels_per_layer[0] + lay.moe_layers * s.kernels_per_layer[1]
+    return total + launches * s.calibration.kernel_overhead_s
 
 
 def _moe_time(s: _Setup, attention_tokens: np.ndarray, rank_tokens: np.ndarray) -> np.ndarray:
@@ -276,7 +290,8 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     read_tokens = ops.kv_read_tokens(model, p.cached_tokens + p.new_tokens)
     kv_read = p.batch * ops.kv_bytes_per_sequence_layer(model, read_tokens, s.kv_element_bytes, block_tokens=1)
     return op_time_s(
-        flops=flops, bytes_moved=kv_read * kv_fraction, hardware=s.cluster.device, dtype=_attention_dtype(s), calibration=s.calibration
+        flops=flops, bytes_moved=kv_read * kv_fraction, hardware=s.cluster.device, dtype=_attention_dtype(s),
+        calibration=s.calibration, kind="attention",
     )
 
 
@@ -463,8 +478,9 @@ def _timing(s: _Setup, batch: np.ndarray, *, with_ttft: bool = True) -> _Timing:
     for part in INFERENCE_TIME_PARTS:
         time[f"prefill_{part}"] = prefill_weight * pre_exposed[part]
         time[f"decode_{part}"] = decode_weight * dec_exposed[part]
-        hidden[f"prefill_{part}"] = prefill_weight * pre_hidden.get(part, 0.0 * batch)
-        hidden[f"decode_{part}"] = decode_weight * dec_hidden.get(part, 0.0 * batch)
+    for kind in _COMM_PARTS:
+        hidden[f"prefill_{kind}"] = prefill_weight * pre_hidden[kind]
+        hidden[f"decode_{kind}"] = decode_weight * dec_hidden[kind]
     prefill_s = sum(pre_exposed.values())
     ttft = prefill_s
     if with_ttft and is_both.any():

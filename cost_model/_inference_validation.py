@@ -15,15 +15,16 @@ r = 608B / 168B and the mean KV length per output token K = 4,989 = P + (O + 1) 
 O = (K - 1/2) / (r + 1/2), P = r O; the TPOT SLO is 1 / 21 s (published 20-22 tokens/s per user).
 Each pool serves the largest batch that memory holds and, for decode, that meets the TPOT.
 
-The H800's only calibration parameter, ``matmul_efficiency`` in ``cost_model/data/calibration.json``,
-is fitted on these two rows by ``fit_h800_matmul_efficiency`` (one parameter, two rows: an
-in-sample fit); see that entry's ``fit`` for the value, the residuals and an independent check.
+Efficiencies are the shared calibration of the device (``cost_model/data/calibration.json``):
+the H800 is the H100's GH100 die, so it takes the H100-class entry fitted on the Megatron H100
+training rows. Nothing here is fitted on these two rows: they are an out-of-sample check.
+The published figures are 24-hour production averages, while the model predicts what a fully
+loaded unit serves; requests' prompt lengths are known only through their means.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from functools import lru_cache
 from importlib import resources
 from typing import NamedTuple
@@ -116,26 +117,6 @@ def validate_dsv3_day6(*, calibration: Calibration | None = None) -> list[Valida
         ValidationRow(names[p], predicted[p], published[p], predicted[p] / published[p] - 1.0, metrics[p], "tokens/s/node")
         for p in ("prefill", "decode")
     ]
-
-
-def fit_h800_matmul_efficiency(*, low: float = 0.05, high: float = 0.8, tolerance: float = 1e-3) -> tuple[float, list[ValidationRow]]:
-    """The ``matmul_efficiency`` minimizing the squared log errors of the Day-6 rows (golden-section
-    search; the error is unimodal in it), and the rows at that value."""
-
-    def loss(efficiency: float) -> float:
-        rows = validate_dsv3_day6(calibration=Calibration(device_pattern="H800", matmul_efficiency=efficiency))
-        return sum(math.log1p(row.error) ** 2 for row in rows)
-
-    ratio = (math.sqrt(5.0) - 1.0) / 2.0
-    a, b = low, high
-    while b - a > tolerance:
-        c, d = b - ratio * (b - a), a + ratio * (b - a)
-        if loss(c) <= loss(d):
-            b = d
-        else:
-            a = c
-    best = round((a + b) / 2.0, 3)
-    return best, validate_dsv3_day6(calibration=Calibration(device_pattern="H800", matmul_efficiency=best))
 
 
 def day6_fleet_rows(*, calibration: Calibration | None = None) -> list[ValidationRow]:

