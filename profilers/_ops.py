@@ -2,7 +2,8 @@
 and norm kernels, each a ``Point`` whose ``build`` allocates inputs and returns the timed call.
 
 Work per call (the x axis of every curve):
-  * GEMM ``m x k @ k x n``: 2·m·n·k FLOPs (one multiply-add = 2 FLOPs; Kaplan et al. 2020).
+  * GEMM ``m x k @ k x n``: 2·m·n·k FLOPs (one multiply-add = 2 FLOPs; Kaplan et al. 2020); a
+    point times the forward and both backward layouts of a linear layer (3 GEMMs per call).
   * causal attention over S tokens, H heads, head dim D, forward: the score and value products,
     2·H·(D + D) FLOPs per attended key with (S + 1) / 2 keys per query on average — the same
     count as ``cost_model.ModelSpec.attention_flops_per_token``.
@@ -92,12 +93,21 @@ class Point:
 
 
 def _gemm_point(size: int, dtype: str) -> Point:
-    def build(device: torch.device) -> Callable[[], object]:
-        a = torch.randn(size, size, device=device, dtype=TORCH_DTYPES[dtype])
-        b = torch.randn(size, size, device=device, dtype=TORCH_DTYPES[dtype])
-        return lambda: torch.mm(a, b)
+    """The three layouts of a training GEMM, one call each: forward ``x @ W^T`` (``F.linear``),
+    input gradient ``dY @ W`` and weight gradient ``dY^T @ x``; the point is their mean."""
 
-    return Point("gemm", dtype, f"m=n=k={size}", 2.0 * size**3, build)
+    def build(device: torch.device) -> Callable[[], object]:
+        x, weight, grad = (torch.randn(size, size, device=device, dtype=TORCH_DTYPES[dtype]) for _ in range(3))
+        linear = torch.nn.functional.linear
+
+        def call() -> None:
+            linear(x, weight)
+            torch.mm(grad, weight)
+            torch.mm(grad.t(), x)
+
+        return call
+
+    return Point("gemm", dtype, f"m=n=k={size} (x W^T, dY W, dY^T x)", 3 * 2.0 * size**3, build)
 
 
 def attention_flops(sequence_tokens: int, num_heads: int, head_dim: int) -> float:
@@ -151,7 +161,7 @@ def operator_points(grid: ProfileGrid) -> list[Point]:
     points: list[Point] = []
     for dtype in grid.dtypes:
         for size in grid.gemm_sizes:
-            if dtype == "fp32" or 2.0 * size**3 <= grid.gemm_max_flops_low_precision:
+            if dtype == "fp32" or 2.0 * size**3 <= grid.gemm_max_flops_low_precision:  # per GEMM
                 points.append(_gemm_point(size, dtype))
         points += [_attention_point(tokens, dtype, grid) for tokens in grid.attention_sequence_tokens]
         points += [_grouped_point(tokens, dtype, grid) for tokens in grid.expert_tokens]

@@ -101,7 +101,8 @@ class _RssSampler:
 
 
 def live_tensor_bytes(*, modules: Iterable[nn.Module], optimizers: Iterable[torch.optim.Optimizer] = ()) -> float:
-    """Bytes of the unique storages of parameters, gradients, buffers and optimizer states."""
+    """Bytes of the unique storages of parameters, gradients, buffers, the optimizers' own
+    parameters (master weights) and their gradients, and optimizer states."""
     seen: dict[int, int] = {}
 
     def add(tensor) -> None:
@@ -116,6 +117,11 @@ def live_tensor_bytes(*, modules: Iterable[nn.Module], optimizers: Iterable[torc
             if tensor.grad is not None:
                 add(tensor.grad)
     for optimizer in optimizers:
+        for group in optimizer.param_groups:  # master weights (mixed precision) and their grads
+            for tensor in group["params"]:
+                add(tensor)
+                if tensor.grad is not None:
+                    add(tensor.grad)
         for state in optimizer.state.values():
             for value in state.values():
                 add(value)

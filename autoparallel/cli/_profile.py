@@ -28,6 +28,24 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
     profile.add_argument("--timeout-s", type=float, default=1800.0)
     profile.set_defaults(func=_profile)
 
+    stage = subparsers.add_parser(
+        "stage-check",
+        help="staged validation: an op, a layer, one device, then tp2 and pp2 plans, predicted vs measured",
+        description="Measures the small reference MoE model on this host (gloo ranks) and compares each stage "
+        "with the cost model loaded with a hardware profile (time within 25%%, memory within 15%%).",
+    )
+    stage.add_argument("--profile", type=Path, required=True, help="hardware profile JSON (autoparallel profile)")
+    stage.add_argument("--force", action="store_true", help="accept a profile measured on another device type")
+    stage.add_argument("--plans", default="tp2,pp2", help="comma-separated plans: tpN, ppN (default tp2,pp2)")
+    stage.add_argument("--hidden-size", type=int, default=256)
+    stage.add_argument("--num-layers", type=int, default=4)
+    stage.add_argument("--sequence-tokens", type=int, default=128)
+    stage.add_argument("--batch-sequences", type=int, default=4)
+    stage.add_argument("--steps", type=int, default=3, help="timed steps per run (medians)")
+    stage.add_argument("--no-calibration", action="store_true", help="compare raw profile predictions only")
+    stage.add_argument("--output", "-o", type=Path, default=None, help="write the report as JSON")
+    stage.set_defaults(func=_stage_check)
+
 
 class _Bar:
     """A rich progress bar started lazily in the rank that reports progress."""
@@ -91,4 +109,71 @@ def _summary(profile) -> Table:  # noqa: ANN001 - topology.HardwareProfile
             table.add_row(f"{op} n={size}", str(len(curve.work)), human_seconds(curve.seconds[0]),
                           _rate(curve.best_rate_per_s, "B"), f"{sorted(curve.spread)[len(curve.spread) // 2]:.0%}")
     table.caption = f"kernel overhead {human_seconds(profile.kernel_overhead_s)}; {profile.provenance}"
+    return table
+
+
+def _parse_plans(text: str, *, batch_sequences: int):  # noqa: ANN202 - tuple[ParallelConfig, ...]
+    from cost_model import ParallelConfig
+
+    configs = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        axis = item.rstrip("0123456789")
+        degree = item[len(axis):]
+        if axis not in ("tp", "pp") or not degree.isdigit() or int(degree) < 2:
+            raise ValueError(f"--plans entry ({item!r}) must be tpN or ppN with N >= 2")
+        micro = 1 if axis == "pp" else batch_sequences
+        configs.append(ParallelConfig(**{axis: int(degree)}, micro_batch_size=micro))
+    if not configs:
+        raise ValueError(f"--plans ({text!r}) must name at least one plan")
+    return tuple(configs)
+
+
+def _stage_check(args: argparse.Namespace) -> int:
+    from profilers import cluster_from_profile
+    from profilers._stages import run_stages
+    from profilers._training_run import TrainingSetup
+    from topology import load_hardware_profile
+
+    profile = load_hardware_profile(args.profile, expected_device_type="cpu", force=args.force)
+    setup = TrainingSetup(
+        hidden_size=args.hidden_size, num_layers=args.num_layers, sequence_tokens=args.sequence_tokens,
+        batch_sequences=args.batch_sequences, steps=args.steps,
+    )
+    configs = _parse_plans(args.plans, batch_sequences=args.batch_sequences)
+    cluster = cluster_from_profile(profile, num_devices=max(2, max(c.world_size for c in configs)))
+    with console.status("stage-check") as status:
+        report = run_stages(setup=setup, cluster=cluster, configs=configs, calibrate_on_device=not args.no_calibration,
+                            progress=lambda stage: status.update(f"stage-check: {stage}"))
+    console.print(_stage_table(report))
+    if report.calibration is not None:
+        fit = report.calibration
+        console.print(f"calibration (fitted on the one-device stage): matmul_efficiency {fit.matmul_efficiency:.3g}, "
+                      f"memory_bandwidth_efficiency {fit.memory_bandwidth_efficiency:.3g}, "
+                      f"kernel_overhead_s {fit.kernel_overhead_s:.3g}")
+    if args.output is not None:
+        args.output.write_text(report.model_dump_json(indent=1) + "\n")
+    return 0 if report.passed else 1
+
+
+def _percent(value) -> str:  # noqa: ANN001
+    return "-" if value is None else f"{value:+.0%}"
+
+
+def _stage_table(report) -> Table:  # noqa: ANN001 - profilers._stages.StagedReport
+    from cost_model._units import human_bytes
+
+    table = Table(title=f"Staged validation on {report.cluster_name} (time tolerance 25%, memory 15%)")
+    for column in ("stage", "what", "predicted", "calibrated", "measured", "time error", "pred. memory", "meas. memory",
+                   "memory error", "verdict"):
+        table.add_column(column, justify="left" if column in ("stage", "what", "verdict") else "right")
+    for stage in report.stages:
+        verdict = "[green]pass" if stage.passed else "[red]FAIL"
+        calibrated = "-" if stage.calibrated_time_s is None else human_seconds(stage.calibrated_time_s)
+        table.add_row(
+            stage.stage, stage.name, human_seconds(stage.predicted_time_s), calibrated, human_seconds(stage.measured_time_s),
+            _percent(stage.time_error),
+            "-" if stage.predicted_memory_bytes is None else human_bytes(stage.predicted_memory_bytes),
+            "-" if stage.measured_memory_bytes is None else human_bytes(stage.measured_memory_bytes),
+            _percent(stage.memory_error), verdict,
+        )
     return table

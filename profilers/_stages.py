@@ -1,0 +1,296 @@
+"""Staged validation of the cost model on the machine at hand, as practitioners do it: an op,
+a layer, one device, then multi-device plans — each measured and compared with its prediction
+under a stated tolerance (time 25%, memory 15%).
+
+References per stage:
+  * op — one forward GEMM of the model's widest projection (tokens x hidden -> dense FFN),
+    against ``cost_model`` 's roofline of that call on the profiled device;
+  * layer — forward + backward of one MoE decoder layer, against the cost model's marginal layer
+    (the estimate of the model with one more MoE layer minus the model's), time and stored
+    activations;
+  * device — full training steps of the reference model on one process, against ``estimate``;
+  * plan — the same steps under ``apply_plan`` on forked ranks, against ``estimate`` for the plan.
+
+``calibrate_on_device=True`` fits the matmul and memory efficiencies and the fixed cost per
+kernel on the one-device stage (compute and optimizer time at the setup's batch and at half of
+it; ``cost_model.calibrate``) and predicts the plans with that calibration too: a plan's error
+is then a test of the model, not of the fit.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from cost_model import Calibration, ParallelConfig, StepMeasurement, calibrate, estimate
+from cost_model._common import op_time_s
+from profilers._step import StepReport, _peak_rise_bytes
+from profilers._timing import current_device, measure
+from profilers._training_run import TORCH_DTYPES, TrainingSetup, build_model, measure_training
+from topology import Cluster
+
+logger = logging.getLogger(__name__)
+TIME_TOLERANCE, MEMORY_TOLERANCE = 0.25, 0.15
+#: The reference model passes an explicit causal mask to SDPA: the math path, scores stored.
+ESTIMATE_OPTIONS = {"flash_attention": False}
+#: Fitted on the one-device stage at two batch sizes: throughput and a fixed cost per kernel
+#: separate because the kernel count per step does not depend on the batch.
+CALIBRATED = ("matmul_efficiency", "memory_bandwidth_efficiency", "kernel_overhead_s")
+
+
+class StageResult(BaseModel):
+    """One stage: predicted and measured time (and memory), each with its tolerance."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stage: Literal["op", "layer", "device", "plan"]
+    name: str
+    reference: str
+    predicted_time_s: float = Field(gt=0)
+    measured_time_s: float = Field(gt=0)
+    predicted_memory_bytes: float | None = None
+    measured_memory_bytes: float | None = None
+    calibrated_time_s: float | None = Field(default=None, description="prediction with the fitted calibration")
+    time_tolerance: float = TIME_TOLERANCE
+    memory_tolerance: float = MEMORY_TOLERANCE
+    details: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def time_error(self) -> float:
+        """Relative error of the prediction used for the verdict (calibrated when there is one)."""
+        predicted = self.calibrated_time_s if self.calibrated_time_s is not None else self.predicted_time_s
+        return predicted / self.measured_time_s - 1.0
+
+    @property
+    def memory_error(self) -> float | None:
+        if self.predicted_memory_bytes is None or not self.measured_memory_bytes:
+            return None
+        return self.predicted_memory_bytes / self.measured_memory_bytes - 1.0
+
+    @property
+    def time_ok(self) -> bool:
+        return abs(self.time_error) <= self.time_tolerance
+
+    @property
+    def memory_ok(self) -> bool:
+        error = self.memory_error
+        return error is None or abs(error) <= self.memory_tolerance
+
+    @property
+    def passed(self) -> bool:
+        return self.time_ok and self.memory_ok
+
+
+class StagedReport(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    setup: TrainingSetup
+    cluster_name: str
+    stages: tuple[StageResult, ...]
+    calibration: Calibration | None = None
+
+    @property
+    def passed(self) -> bool:
+        return all(stage.passed for stage in self.stages)
+
+
+# ----------------------------------------------------------------------------- op
+def check_op(*, setup: TrainingSetup, cluster: Cluster) -> StageResult:
+    """Time one forward GEMM (tokens x hidden) @ (hidden x ffn) in the setup's precision."""
+    spec, device = setup.spec(), current_device()
+    m, k, n = setup.batch_sequences * setup.sequence_tokens, spec.hidden_size, spec.ffn_hidden_size
+    dtype = TORCH_DTYPES[setup.precision]
+    x, weight = torch.randn(m, k, dtype=dtype, device=device), torch.randn(n, k, dtype=dtype, device=device)
+    timing = measure(lambda: torch.nn.functional.linear(x, weight), device=device, warmup=2, repeats=9)
+    measured_memory = _allocated_by(lambda: torch.nn.functional.linear(x, weight))
+    element = x.element_size()
+    predicted = float(op_time_s(
+        flops=2.0 * m * n * k, bytes_moved=(m * k + n * k + m * n) * element, hardware=cluster.device,
+        dtype=setup.precision, calibration=Calibration(),
+    ))
+    return StageResult(
+        stage="op", name=f"linear {m}x{k} -> {n} {setup.precision}", reference="roofline of the profiled device",
+        predicted_time_s=predicted, measured_time_s=timing.median_s,
+        predicted_memory_bytes=float(m * n * element), measured_memory_bytes=measured_memory,
+        details={"spread": timing.spread},
+    )
+
+
+def _allocated_by(fn: Callable[[], object]) -> float:
+    """Largest rise of tensor memory while ``fn`` runs (torch profiler, allocator events)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn()
+    del result
+    return _peak_rise_bytes(list(prof.events()))
+
+
+# ----------------------------------------------------------------------------- layer
+def _moe_layer(model: torch.nn.Module) -> torch.nn.Module:
+    layers = model.model.layers
+    return next(layer for layer in layers.values() if hasattr(layer.mlp, "experts"))
+
+
+def _layer_call(layer: torch.nn.Module, hidden: torch.Tensor) -> Callable[[], object]:
+    def call() -> None:
+        out = layer(hidden)
+        out.backward(torch.ones_like(out))
+
+    return call
+
+
+def check_layer(*, setup: TrainingSetup, cluster: Cluster) -> StageResult:
+    """Forward + backward of one MoE layer against the estimate's marginal MoE layer."""
+    model = build_model(setup)
+    layer, device = _moe_layer(model), current_device()
+    shape = (setup.batch_sequences, setup.sequence_tokens, setup.hidden_size)
+    hidden = torch.randn(shape, dtype=TORCH_DTYPES[setup.precision], device=device, requires_grad=True)
+    timing = measure(_layer_call(layer, hidden), device=device, warmup=1, repeats=5)
+    stored = _stored_by(lambda: layer(hidden))
+    config = ParallelConfig(micro_batch_size=setup.batch_sequences)
+    small, large = (
+        estimate(setup.model_copy(update={"num_layers": n}).spec(), cluster, setup.workload(config), config, **ESTIMATE_OPTIONS)
+        for n in (setup.num_layers, setup.num_layers + 1)
+    )
+    return StageResult(
+        stage="layer", name=f"MoE layer fwd+bwd, {shape[0]}x{shape[1]} tokens", reference="estimate(L+1) - estimate(L)",
+        predicted_time_s=large.time_s["compute"] - small.time_s["compute"], measured_time_s=timing.median_s,
+        predicted_memory_bytes=large.memory_bytes["activations"] - small.memory_bytes["activations"],
+        measured_memory_bytes=stored, details={"spread": timing.spread},
+    )
+
+
+def _stored_by(forward: Callable[[], torch.Tensor]) -> float:
+    """Tensor bytes a forward leaves allocated (saved activations and its output)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        output = forward()
+    stored = sum(getattr(e, "self_cpu_memory_usage", 0) for e in prof.events())
+    del output
+    return float(stored)
+
+
+# ----------------------------------------------------------------------------- device and plans
+def device_config(setup: TrainingSetup) -> ParallelConfig:
+    """One process, the whole batch in one micro-batch (as ``measure_training`` runs it)."""
+    return ParallelConfig(micro_batch_size=setup.batch_sequences)
+
+
+def plan_for(*, setup: TrainingSetup, cluster: Cluster, config: ParallelConfig):  # noqa: ANN201 - ShardingPlan
+    """The ``ShardingPlan`` the planner writes for ``config`` (stages, meshes, rules, prediction)."""
+    import autoparallel
+    from autoparallel import _planner
+    from autoparallel._plan import Provenance, ShardingPlan
+
+    spec, workload = setup.spec(), setup.workload(config)
+    return ShardingPlan(
+        provenance=Provenance(
+            library_version=autoparallel.__version__, model_name=spec.name, model_fingerprint=spec.fingerprint(),
+            cluster_name=cluster.name, cluster_fingerprint=cluster.fingerprint(), workload=workload.model_dump(mode="json"),
+        ),
+        world_size=config.world_size, config=config,
+        mesh_axes=_planner.dense_mesh_axes(config), moe_mesh_axes=_planner.moe_mesh_axes(config),
+        rank_to_device=_planner.rank_to_device(cluster=cluster, config=config),
+        stages=_planner.pipeline_stages(num_layers=spec.num_layers, config=config),
+        expert_placement=_planner.expert_placement(model=spec, config=config, extras={}),
+        module_rules=_planner.module_rules(model=spec, config=config),
+        predicted=estimate(spec, cluster, workload, config, **ESTIMATE_OPTIONS),
+    )
+
+
+def _measured_step(reports: list[StepReport]) -> tuple[float, float]:
+    """The slowest rank's median step and the largest peak memory over ranks."""
+    return max(r.median_step_time_s for r in reports), max(r.peak_memory_bytes or 0.0 for r in reports)
+
+
+def _step_result(stage, name: str, setup: TrainingSetup, cluster: Cluster, config: ParallelConfig,
+                 reports: list[StepReport], calibration: Calibration | None) -> StageResult:  # noqa: ANN001
+    spec, workload = setup.spec(), setup.workload(config)
+    raw = estimate(spec, cluster, workload, config, **ESTIMATE_OPTIONS)
+    calibrated = None
+    if calibration is not None:
+        calibrated = estimate(spec, cluster, workload, config, calibration=calibration, **ESTIMATE_OPTIONS).step_time_s
+    time_s, memory = _measured_step(reports)
+    comm = max((r.comm_time_s or 0.0) for r in reports)
+    return StageResult(
+        stage=stage, name=name, reference=f"estimate({_config_label(config)})", predicted_time_s=raw.step_time_s,
+        measured_time_s=time_s, calibrated_time_s=calibrated, predicted_memory_bytes=raw.memory_per_device_bytes,
+        measured_memory_bytes=memory,
+        details={"measured_comm_s": comm, **{f"predicted_{k}_s": v for k, v in raw.time_s.items() if v}},
+    )
+
+
+def _config_label(config: ParallelConfig) -> str:
+    degrees = [f"{axis}{getattr(config, axis)}" for axis in ("dp", "tp", "pp", "ep") if getattr(config, axis) > 1]
+    return " ".join(degrees) or "1 device"
+
+
+def _device_rows(setup: TrainingSetup, config: ParallelConfig, report: StepReport) -> list[StepMeasurement]:
+    spec, workload = setup.spec(), setup.workload(config)
+    compute = report.median_phase_s("forward") + report.median_phase_s("backward")
+    common = dict(model=spec, workload=workload, config=config, options=ESTIMATE_OPTIONS)
+    tokens = setup.batch_sequences * setup.sequence_tokens
+    return [
+        StepMeasurement(label=f"device compute {tokens} tokens", parts=("compute",), measured_s=compute, **common),
+        StepMeasurement(label=f"device optimizer {tokens} tokens", parts=("optimizer",),
+                        measured_s=report.median_phase_s("optimizer"), **common),
+    ]
+
+
+def _plan_rank(rank: int, world_size: int, setup: TrainingSetup, plan_json: str) -> StepReport:
+    from autoparallel import load_plan
+
+    return measure_training(setup, plan=load_plan(plan_json))
+
+
+def run_stages(
+    *,
+    setup: TrainingSetup,
+    cluster: Cluster,
+    configs: tuple[ParallelConfig, ...],
+    calibrate_on_device: bool = True,
+    progress: Callable[[str], None] | None = None,
+    timeout_s: float = 1800.0,
+) -> StagedReport:
+    """Run every stage (see the module docstring) and return predicted vs measured for each.
+
+    Single-process stages run with one intra-op thread, like each rank of the plans and of the
+    profile. ``cluster`` must have at least as many devices as the largest config.
+    """
+    from autoparallel.testing import run_ranks
+
+    say = progress or (lambda text: None)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        say("op")
+        stages = [check_op(setup=setup, cluster=cluster)]
+        say("layer")
+        stages.append(check_layer(setup=setup, cluster=cluster))
+        say("one device")
+        config = device_config(setup)
+        device_report = measure_training(setup)
+        half = setup.model_copy(update={"batch_sequences": setup.batch_sequences // 2})
+        half_report = measure_training(half) if calibrate_on_device and half.batch_sequences >= 1 else None
+    finally:
+        torch.set_num_threads(threads)
+    calibration = None
+    if calibrate_on_device:
+        rows = _device_rows(setup, config, device_report)
+        if half_report is not None:
+            rows += _device_rows(half, device_config(half), half_report)
+        parameters = CALIBRATED if half_report is not None else CALIBRATED[:2]
+        calibration = calibrate(cluster=cluster, measurements=rows, parameters=parameters).calibration
+    stages.append(_step_result("device", "reference model, 1 process", setup, cluster, config, [device_report], calibration))
+    for plan_config in configs:
+        say(_config_label(plan_config))
+        plan = plan_for(setup=setup, cluster=cluster, config=plan_config)
+        reports = run_ranks(_plan_rank, plan_config.world_size, args=(setup, plan.model_dump_json()), timeout_s=timeout_s)
+        stages.append(_step_result("plan", f"reference model, {_config_label(plan_config)}", setup, cluster,
+                                   plan_config, reports, calibration))
+    return StagedReport(setup=setup, cluster_name=cluster.name, stages=tuple(stages), calibration=calibration)
