@@ -24,10 +24,12 @@ uncached tokens, attending the whole prompt. A pipeline of ``pp`` ranks keeps ``
 micro-batches in flight, so TPOT and TTFT are ``pp`` times the slowest rank's pass time, and
 every rank holds the KV cache of ``pp`` micro-batches. Decoding sequences hold the cache of the
 mean decode context (continuous batching keeps sequences at every point of their output),
-rounded up to whole ``kv_block_tokens`` pages; a prefill pool holds its prompts' cache. Colocated (``both``) serving amortizes the
-prefill of a batch over its ``output_tokens`` decode steps (continuous batching with chunked
-prefill, Agrawal et al., Sarathi-Serve, OSDI'24). Inference has no backward pass, optimizer or
-gradients: none of those parts exist here.
+rounded up to whole ``kv_block_tokens`` pages; a prefill pool holds its prompts' cache.
+Colocated (``both``) serving amortizes the prefill of a batch over its ``output_tokens`` decode
+steps (continuous batching with chunked prefill, Agrawal et al., Sarathi-Serve, OSDI'24).
+Routing is uniform at random: the busiest EP rank carries the balls-into-bins excess; redundant
+experts cost their memory, and the skew they fix in real routing is not modelled. Inference has
+no backward pass, optimizer or gradients: none of those parts exist here.
 
 Efficiencies come from the device's shipped calibration (``_common.Calibration``, shared with
 training): matmuls at ``matmul_efficiency``, core attention at ``attention_efficiency``, and a
@@ -36,8 +38,8 @@ decode steps do not, as serving engines replay them from CUDA graphs (vLLM, SGLa
 
 Output columns: ``time.<phase>_<part>`` for parts ``INFERENCE_TIME_PARTS`` (exposed seconds;
 they sum to ``step_time_s``) and ``hidden.<phase>_<kind>`` for the communication kinds (seconds
-that overlap compute, not in the sum); ``memory.<part>`` for
-``INFERENCE_MEMORY_PARTS`` (they sum to ``memory_per_device_bytes``); ``step_time_s`` (the
+that overlap compute, not in the sum); ``memory.<part>`` for ``INFERENCE_MEMORY_PARTS`` (they sum
+to ``memory_per_device_bytes``); ``step_time_s`` (the
 decode step, or the prefill pass for a prefill pool), ``ttft_s`` / ``tpot_s`` (NaN where the
 phase has none), ``tokens_per_s_per_device`` (output tokens, or input tokens including cache
 hits for a prefill pool), ``prefill_tokens_per_s_per_device``, ``decode_tokens_per_s_per_device``,
@@ -153,28 +155,38 @@ class _Setup:
         return self.stage_ranks / (self.column("cp") * self.shard)
 
 
+def _checked_columns(table: Mapping[str, np.ndarray], workload: Inference) -> dict[str, np.ndarray]:
+    """The table with defaults for absent ``INFERENCE_COLUMNS``; raises ``ValueError`` naming a
+    column whose values break its rule."""
+    n = table_length(table)
+    defaults = {
+        "batch_size": 0, "num_redundant_experts": 0, "kv_dtype": KV_DTYPE_CODES[workload.kv_dtype],
+        "phase": PHASE_CODES["both"], "two_batch_overlap": False,
+    }
+    table = {**{name: np.full(n, value) for name, value in defaults.items()}, **table}
+    for name in ("batch_size", "num_redundant_experts"):
+        if np.any(np.asarray(table[name]) < 0):
+            raise ValueError(f"{name} ({int(np.min(table[name]))}) must be >= 0")
+    for name, codes in (("kv_dtype", KV_DTYPE_CODES), ("phase", PHASE_CODES)):
+        values = np.asarray(table[name], dtype=np.int64)
+        if values.min(initial=0) < 0 or values.max(initial=0) >= len(codes):
+            raise ValueError(f"{name} codes ({sorted(set(values.tolist()))}) must be in {codes}")
+    return table
+
+
 def _setup(
     *, model: ModelSpec, cluster, workload: Inference, table: Mapping[str, np.ndarray], options: EstimateOptions,
     prompt_tokens=None,
 ) -> _Setup:
-    """Normalize the table (defaults for absent inference columns) and derive shared arrays.
-    ``prompt_tokens`` (per row) overrides the workload's, for sweeps over length."""
-    n = table_length(table)
-    defaults = {"batch_size": 0, "num_redundant_experts": 0, "kv_dtype": KV_DTYPE_CODES[workload.kv_dtype], "phase": 0, "two_batch_overlap": False}
-    table = {**{name: np.full(n, value) for name, value in defaults.items()}, **table}
+    """Shared arrays of one evaluation. ``prompt_tokens`` (per row) overrides the workload's."""
     if workload.kind != "inference":
         raise ValueError(f"workload.kind ({workload.kind!r}) must be 'inference' for estimate_inference_table")
-    kv_codes = np.asarray(table["kv_dtype"], dtype=np.int64)
-    by_code = np.array([dtype_bytes(name) for name in KV_DTYPE_CODES])
-    if kv_codes.min(initial=0) < 0 or kv_codes.max(initial=0) >= len(by_code):
-        raise ValueError(f"kv_dtype codes ({sorted(set(kv_codes.tolist()))}) must be in {KV_DTYPE_CODES}")
-    for name in ("batch_size", "num_redundant_experts"):
-        if np.any(np.asarray(table[name]) < 0):
-            raise ValueError(f"{name} ({int(np.min(table[name]))}) must be >= 0")
-    phase = np.asarray(table["phase"], dtype=np.int64)
-    if phase.min(initial=0) < 0 or phase.max(initial=0) > 2:
-        raise ValueError(f"phase codes ({sorted(set(phase.tolist()))}) must be in {PHASE_CODES}")
+    table = _checked_columns(table, workload)
+    n = table_length(table)
     layout = stage_layout(model=model, pp=table["pp"], virtual_stages=table["virtual_stages"])
+    local = ranks_per_node(table=table, devices_per_node=cluster.devices_per_node)
+    element_bytes = np.array([dtype_bytes(name) for name in KV_DTYPE_CODES])
+    prompt = workload.prompt_tokens if prompt_tokens is None else prompt_tokens
     return _Setup(
         model=model,
         cluster=cluster,
@@ -182,14 +194,14 @@ def _setup(
         calibration=options.calibration_for(cluster.device),
         table=table,
         layout=layout,
-        group_local={k: v.astype(np.float64) for k, v in ranks_per_node(table=table, devices_per_node=cluster.devices_per_node).items()},
+        group_local={axis: ranks.astype(np.float64) for axis, ranks in local.items()},
         parameters=parameters_per_device(model=model, table=table, layout=layout),
-        kv_element_bytes=by_code[kv_codes],
+        kv_element_bytes=element_bytes[np.asarray(table["kv_dtype"], dtype=np.int64)],
         two_batch=np.asarray(table["two_batch_overlap"], dtype=bool),
-        phase=phase,
+        phase=np.asarray(table["phase"], dtype=np.int64),
         fragmentation_fraction=options.fragmentation_fraction,
         kernels_per_layer=kernels_per_layer(SimpleNamespace(model=model, options=options)),
-        prompt_tokens=np.broadcast_to(np.asarray(prompt_tokens if prompt_tokens is not None else workload.prompt_tokens, dtype=np.float64), (n,)),
+        prompt_tokens=np.broadcast_to(np.asarray(prompt, dtype=np.float64), (n,)),
         output_tokens=np.full(n, float(workload.output_tokens)),
     )
 
@@ -228,7 +240,9 @@ def _tokens(s: _Setup, p: ops.Pass) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _mm(s: _Setup, flops, bytes_moved) -> np.ndarray:
-    return op_time_s(flops=flops, bytes_moved=bytes_moved, hardware=s.cluster.device, dtype=_matmul_dtype(s), calibration=s.calibration)
+    return op_time_s(
+        flops=flops, bytes_moved=bytes_moved, hardware=s.cluster.device, dtype=_matmul_dtype(s), calibration=s.calibration
+    )
 
 
 def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
@@ -285,7 +299,8 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     keys = ops.mean_attended_between(model, p.cached_tokens + 1.0, p.cached_tokens + p.new_tokens)
     flops = queries * keys * ops.attention_flops_per_key(model, decode=p.decode)
     if not p.decode:
-        flops = flops + p.batch * p.cached_tokens * ops.prefix_upprojection_flops_per_token(model) / (s.column("cp") * s.shard)
+        prefix = p.batch * p.cached_tokens / (s.column("cp") * s.shard)
+        flops = flops + prefix * ops.prefix_upprojection_flops_per_token(model)
     kv_fraction = 1.0 / (ops.kv_head_split(model, s.shard) * s.column("cp"))
     read_tokens = ops.kv_read_tokens(model, p.cached_tokens + p.new_tokens)
     kv_read = p.batch * ops.kv_bytes_per_sequence_layer(model, read_tokens, s.kv_element_bytes, block_tokens=1)
@@ -297,7 +312,9 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
 
 def _collective(s: _Setup, op: str, axis: str, group, message) -> np.ndarray:
     local = np.minimum(s.group_local[axis], group)
-    return collective_time_s(cluster=s.cluster, op=op, group_size=group, ranks_per_node=local, message_bytes=message, calibration=s.calibration)
+    return collective_time_s(
+        cluster=s.cluster, op=op, group_size=group, ranks_per_node=local, message_bytes=message, calibration=s.calibration
+    )
 
 
 def _expert_all_to_all(s: _Setup, rank_tokens: np.ndarray, element_bytes: float, *, node_dedup: bool) -> np.ndarray:
@@ -348,7 +365,8 @@ def _comm_times(s: _Setup, p: ops.Pass) -> dict[str, np.ndarray]:
         tp_time = np.where(s.attention_dp, 0.0, 2 * lay.layers * all_reduce)
     if np.any((tp > 1) & s.attention_dp) and model.num_dense_ffn_layers:
         gathered = attention_tokens * tp * h * act
-        gather_scatter = _collective(s, "all_gather", "tp", tp, gathered) + _collective(s, "reduce_scatter", "tp", tp, gathered)
+        gather = _collective(s, "all_gather", "tp", tp, gathered)
+        gather_scatter = gather + _collective(s, "reduce_scatter", "tp", tp, gathered)
         tp_time = np.where(s.attention_dp, lay.dense_layers * gather_scatter, tp_time)
     ep_time = zero
     if model.moe is not None and np.any(ep > 1):
@@ -437,7 +455,9 @@ def _memory_parts(s: _Setup, batch: np.ndarray) -> dict[str, np.ndarray]:
     activations = np.where(is_prefill, pre_act, dec_act + is_both * chunk * chunk_act)
     buffers = np.where(is_prefill, pre_buf, np.maximum(dec_buf, is_both * chunk * chunk_buf))
     context = np.where(is_prefill, s.prompt_tokens, decode.cached_tokens + 1.0)
-    per_sequence_layer = ops.kv_bytes_per_sequence_layer(s.model, context, s.kv_element_bytes, block_tokens=s.workload.kv_block_tokens)
+    per_sequence_layer = ops.kv_bytes_per_sequence_layer(
+        s.model, context, s.kv_element_bytes, block_tokens=s.workload.kv_block_tokens
+    )
     kv_fraction = 1.0 / (ops.kv_head_split(s.model, s.shard) * s.column("cp"))
     kv = s.layout.layers * (batch * s.column("pp") * per_sequence_layer * kv_fraction)
     weights = sum(s.parameters.values()) * dtype_bytes(s.workload.weight_dtype)
@@ -547,7 +567,8 @@ def estimate_inference_table(
     capacity = s.cluster.memory_per_device_bytes
     ttft_ok, tpot_ok = _slo_ok(s, timing)
     reason = memory_reason(memory=memory, capacity_bytes=capacity)
-    reason = np.where(reason != 0, reason, np.where(~ttft_ok, REASON_CODES["ttft_slo"], np.where(~tpot_ok, REASON_CODES["tpot_slo"], 0)))
+    slo = np.where(~ttft_ok, REASON_CODES["ttft_slo"], np.where(~tpot_ok, REASON_CODES["tpot_slo"], REASON_CODES["feasible"]))
+    reason = np.where(reason != 0, reason, slo)
     columns = {f"time.{k}": v for k, v in timing.time.items()}
     columns.update({f"hidden.{k}": v for k, v in timing.hidden.items()})
     columns.update({f"memory.{k}": v for k, v in memory.items()})

@@ -71,7 +71,8 @@ def _unit_rate(model, cluster, workload: Inference, pool: PoolConfig, phase: str
         label = REASON_LABELS[int(columns["reason"][0])]
         raise InfeasiblePlanError(
             f"the {phase} pool's unit ({pool.config.world_size} devices) is infeasible ({label})", part=label,
-            needed_bytes=float(columns["memory_per_device_bytes"][0]), available_bytes=float(columns["memory_capacity_bytes"][0]),
+            needed_bytes=float(columns["memory_per_device_bytes"][0]),
+            available_bytes=float(columns["memory_capacity_bytes"][0]),
         )
     devices = pool.config.world_size
     tokens_per_request = workload.prompt_tokens if phase == "prefill" else workload.output_tokens
@@ -79,7 +80,9 @@ def _unit_rate(model, cluster, workload: Inference, pool: PoolConfig, phase: str
     return devices, float(columns["tokens_per_s_per_device"][0]) * devices / tokens_per_request, ttft
 
 
-def _kv_transfer(model: ModelSpec, cluster, workload: Inference, decode: PoolConfig, requests_per_s: float, decode_devices: int):
+def _kv_transfer(
+    model: ModelSpec, cluster, workload: Inference, decode: PoolConfig, requests_per_s: float, decode_devices: int
+) -> tuple[float, float]:
     """Seconds to send one prompt's cache over the scale-out network (one rank to one rank; the
     transfer of layer l overlaps the prefill of layer l+1 in practice, so this bounds the added
     TTFT), and the share of the decode pool's network the arriving caches take (Mooncake, DistServe)."""
@@ -125,7 +128,9 @@ def disaggregated_split(
     )
 
 
-def _best_split(num_devices: int, prefill_size: int, prefill_rate: float, decode_size: int, decode_rate: float) -> tuple[int, int]:
+def _best_split(
+    num_devices: int, prefill_size: int, prefill_rate: float, decode_size: int, decode_rate: float
+) -> tuple[int, int]:
     """Units of each pool that maximize min(prefill rate, decode rate) within ``num_devices``;
     among equal rates, the fewest devices."""
     prefill_units = np.arange(1, num_devices // prefill_size + 1)

@@ -48,11 +48,16 @@ class SequenceSweep:
 
     def rows(self) -> list[dict[str, float]]:
         """The sweep as a list of plain dicts (for tables and JSON)."""
-        names = ("lengths", "latency_s", "tpot_s", "tokens_per_s_per_device", "memory_per_device_bytes", "feasible", "scaling_exponent")
+        names = (
+            "lengths", "latency_s", "tpot_s", "tokens_per_s_per_device", "memory_per_device_bytes", "feasible",
+            "scaling_exponent",
+        )
         return [{name: getattr(self, name)[i].item() for name in names} for i in range(len(self.lengths))]
 
 
-def superlinear_point(lengths, latency_s, *, threshold: float = DEFAULT_SUPERLINEAR_THRESHOLD) -> tuple[np.ndarray, int | None]:
+def superlinear_point(
+    lengths, latency_s, *, threshold: float = DEFAULT_SUPERLINEAR_THRESHOLD
+) -> tuple[np.ndarray, int | None]:
     """Local scaling exponents and the first length whose exponent exceeds ``threshold``."""
     lengths = np.asarray(lengths, dtype=np.float64)
     latency = np.asarray(latency_s, dtype=np.float64)
@@ -88,7 +93,9 @@ def sequence_sweep(
         raise ValueError(f"workload ({type(workload).__name__}) must be Training or Inference")
     latency = np.where(columns["feasible"], columns["latency_s"], np.nan)
     exponent, point = superlinear_point(lengths, latency, threshold=threshold)
-    return SequenceSweep(lengths=lengths, scaling_exponent=exponent, threshold=threshold, superlinear_length=point, **columns)
+    return SequenceSweep(
+        lengths=lengths, scaling_exponent=exponent, threshold=threshold, superlinear_length=point, **columns
+    )
 
 
 def _inference_rows(model, cluster, workload, config, lengths, serving, options) -> dict[str, np.ndarray]:
