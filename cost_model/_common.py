@@ -317,11 +317,34 @@ def ranks_per_node(*, table: Mapping[str, np.ndarray], devices_per_node: int) ->
 
 
 def collective_time_s(*, cluster, op: str, group_size, ranks_per_node, message_bytes, calibration: Calibration) -> np.ndarray:
-    """``cluster.collective_time`` divided by the calibration's collective efficiency."""
-    seconds = cluster.collective_time(
-        op, group_size=group_size, ranks_per_node=ranks_per_node, message_bytes=message_bytes
+    """``cluster.collective_time`` divided by the calibration's collective efficiency.
+
+    Large tables repeat the same (group size, ranks per node, message) many times, so the
+    topology model is evaluated once per distinct triple and scattered back.
+    """
+    group, local, message = np.broadcast_arrays(
+        *(np.asarray(value, dtype=np.float64) for value in (group_size, ranks_per_node, message_bytes))
     )
-    return np.asarray(seconds, dtype=np.float64) / calibration.collective_efficiency
+    if group.size < _DISTINCT_MIN_SIZE:
+        seconds = cluster.collective_time(op, group_size=group, ranks_per_node=local, message_bytes=message)
+        return np.asarray(seconds, dtype=np.float64) / calibration.collective_efficiency
+    shape = group.shape
+    group, local, message = group.ravel(), local.ravel(), message.ravel()
+    # Hash each triple into one int64 (wrapping arithmetic), find the distinct keys, and check
+    # that every element equals its key's representative (a hash collision falls back to all).
+    key = message.view(np.int64) * np.int64(0x9E3779B1) + group.astype(np.int64) * np.int64(1 << 9) + local.astype(np.int64)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    exact = all(np.array_equal(values[first][inverse], values) for values in (group, local, message))
+    if not exact:
+        first, inverse = np.arange(group.size), np.arange(group.size)
+    seconds = cluster.collective_time(
+        op, group_size=group[first], ranks_per_node=local[first], message_bytes=message[first]
+    )
+    seconds = np.asarray(seconds, dtype=np.float64).reshape(-1)[inverse].reshape(shape)
+    return seconds / calibration.collective_efficiency
+
+
+_DISTINCT_MIN_SIZE = 4096
 
 
 def mean_attended_tokens(*, attention: AttentionSpec, sequence_tokens) -> np.ndarray:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cost_model._common import MEMORY_PARTS, STAGES, memory_reason, parameters_per_device
+from cost_model._common import MEMORY_PARTS, STAGES, memory_reason
 from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES
 from cost_model._training import ACTIVATION_BYTES, TrainingContext
 
@@ -30,7 +30,7 @@ __all__ = ["memory_columns", "stage_memory"]
 
 
 def _model_state_bytes(ctx: TrainingContext) -> dict[str, np.ndarray]:
-    parts = parameters_per_device(model=ctx.model, table=ctx.table, layout=ctx.layout)
+    parts = dict(ctx.parameters)
     expert = parts.pop("routed_experts")
     dense = sum(parts.values())
     dp_cp = ctx.column("dp") * ctx.column("cp")

@@ -31,12 +31,12 @@ and (p - 1) forward times for the zero-bubble schedule ZB-H1 (Qi et al., arXiv:2
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Mapping
 
 import numpy as np
 
 from cost_model._common import (
-    COMM_KINDS,
     Calibration,
     EstimateOptions,
     StageLayout,
@@ -48,14 +48,14 @@ from cost_model._common import (
     stage_layout,
 )
 from cost_model._model_spec import ModelSpec
-from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES, table_length
+from cost_model._table import CONFIG_COLUMNS, RECOMPUTE_CODES, SCHEDULE_CODES, select_rows, table_length
+from cost_model._training_comm import ACTIVATION_BYTES, CollectiveTimes, sharded_parameters, table_collective_times
 from cost_model._workload import Training
 
 #: ``time.<part>`` columns of a training estimate; they sum to ``step_time_s``.
 TRAINING_TIME_PARTS: tuple[str, ...] = (
     "compute", "recompute", "tp_comm", "ep_comm", "cp_comm", "pp_comm", "dp_comm", "bubble", "optimizer"
 )
-ACTIVATION_BYTES = 2.0  # bf16/fp16 activations (fp8 training keeps bf16 activations between GEMMs)
 
 
 @dataclass(frozen=True)
@@ -72,20 +72,34 @@ class TrainingContext:
     local: dict[str, np.ndarray]
     num_micro_batches: np.ndarray
     batch_divides: np.ndarray
+    columns: dict[str, np.ndarray]
 
     def column(self, name: str) -> np.ndarray:
-        return np.asarray(self.table[name], dtype=np.float64)
+        """A config column as float64 (converted once)."""
+        return self.columns[name]
+
+    @cached_property
+    def parameters(self) -> dict[str, np.ndarray]:
+        """``parameters_per_device`` of each pipeline rank (rows ``STAGES``)."""
+        return parameters_per_device(model=self.model, table=self.table, layout=self.layout)
+
+    def restricted(self, rows: np.ndarray) -> "TrainingContext":
+        """The same estimate over a subset of the rows."""
+        return training_context(
+            model=self.model, cluster=self.cluster, workload=self.workload, options=self.options,
+            table=select_rows(self.table, rows),
+        )
 
     @property
     def sequence_parallel(self) -> np.ndarray:
         return np.asarray(self.table["sequence_parallel"], dtype=bool)
 
-    @property
+    @cached_property
     def tokens(self) -> np.ndarray:
         """Tokens of one micro-batch on one rank of the attention/dense part: b * s / cp."""
         return self.column("micro_batch_size") * self.workload.sequence_length_tokens / self.column("cp")
 
-    @property
+    @cached_property
     def moe_tokens(self) -> np.ndarray:
         """Tokens one rank routes: the attention tokens split over tp (Megatron-core folding)."""
         return self.tokens / self.column("tp")
@@ -121,6 +135,7 @@ def training_context(*, model, cluster, workload: Training, table, options: Esti
         local=ranks_per_node(table=table, devices_per_node=cluster.devices_per_node),
         num_micro_batches=np.maximum(batch // per_replica, 1).astype(np.float64),
         batch_divides=(batch % per_replica) == 0,
+        columns={name: np.asarray(table[name], dtype=np.float64) for name in CONFIG_COLUMNS},
     )
 
 
@@ -236,7 +251,7 @@ class MicroBatchTimes:
     comm: dict[str, np.ndarray]  # tp_comm, ep_comm, cp_comm: total per micro-batch
 
 
-def micro_batch_times(ctx: TrainingContext) -> MicroBatchTimes:
+def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatchTimes:
     layout = ctx.layout
     core = core_attention_time(ctx)
     dense_launches, moe_launches = kernels_per_layer(ctx)
@@ -256,66 +271,22 @@ def micro_batch_times(ctx: TrainingContext) -> MicroBatchTimes:
     core_total = layout.layers * core * (1.0 + core_backward_factor) + np.where(code > 0, layout.layers * core, 0.0)
     return MicroBatchTimes(
         forward=layers_forward + ends, backward=backward, recompute=recompute,
-        core_attention=core_total, comm=_micro_batch_comm(ctx),
+        core_attention=core_total, comm=_micro_batch_comm(ctx, times),
     )
 
 
-def _micro_batch_comm(ctx: TrainingContext) -> dict[str, np.ndarray]:
+def _micro_batch_comm(ctx: TrainingContext, times: CollectiveTimes) -> dict[str, np.ndarray]:
     """TP, EP and CP seconds of one micro-batch per rank: forward, backward, full recompute."""
     layout = ctx.layout
     passes = 2.0 + (np.asarray(ctx.table["recompute"]) == RECOMPUTE_CODES["full"])
-    tp_layer, tp_embedding = _tp_collective(ctx)
-    cp_layer = _cp_exchange(ctx)
+    tp_layer = np.where(ctx.sequence_parallel, times.tp_split, times.tp_all_reduce)
     return {
-        "tp_comm": passes * layout.layers * 2.0 * tp_layer + layout.has_embedding * tp_embedding,
-        "ep_comm": passes * layout.moe_layers * _ep_exchange(ctx),
+        # Two collectives per layer and pass; the vocab-parallel embedding all-reduces once.
+        "tp_comm": passes * layout.layers * 2.0 * tp_layer + layout.has_embedding * times.tp_all_reduce,
+        "ep_comm": passes * layout.moe_layers * times.ep_exchange,
         # The backward ring carries K/V and their gradients: twice the forward traffic.
-        "cp_comm": (passes + 1.0) * layout.layers * cp_layer,
+        "cp_comm": (passes + 1.0) * layout.layers * times.cp_ring,
     }
-
-
-def _tp_collective(ctx: TrainingContext) -> tuple[np.ndarray, np.ndarray]:
-    """One TP collective on the hidden activation: all-reduce, or RS + AG with SP; and the
-    vocab-parallel embedding all-reduce."""
-    tp = ctx.column("tp")
-    message = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES
-    all_reduce = ctx.collective("all_reduce", axis="tp", group_size=tp, message_bytes=message)
-    split = ctx.collective("reduce_scatter", axis="tp", group_size=tp, message_bytes=message) + ctx.collective(
-        "all_gather", axis="tp", group_size=tp, message_bytes=message
-    )
-    return np.where(ctx.sequence_parallel, split, all_reduce), all_reduce
-
-
-def _ep_exchange(ctx: TrainingContext) -> np.ndarray:
-    """Dispatch + combine all-to-all over ep (and the expert-TP gather/scatter over etp)."""
-    moe = ctx.model.moe
-    if moe is None:
-        return np.zeros_like(ctx.tokens)
-    message = ctx.moe_tokens * moe.top_k * ctx.options.routing_imbalance * ctx.model.hidden_size * ACTIVATION_BYTES
-    a2a = ctx.collective("all_to_all", axis="ep", group_size=ctx.column("ep"), message_bytes=message)
-    etp = ctx.column("etp")
-    gather = ctx.collective("all_gather", axis="etp", group_size=etp, message_bytes=message * etp)
-    scatter = ctx.collective("reduce_scatter", axis="etp", group_size=etp, message_bytes=message * etp)
-    return 2.0 * a2a + gather + scatter
-
-
-def _kv_width_per_rank(ctx: TrainingContext) -> np.ndarray:
-    a = ctx.model.attention
-    if a.kind == "mla":  # K and V after the up-projection, every head (Megatron-core MLA with CP)
-        return a.num_heads * (a.qk_head_dim + a.value_head_dim) / ctx.column("tp")
-    return np.maximum(a.num_kv_heads / ctx.column("tp"), 1.0) * 2.0 * a.head_dim
-
-
-def _cp_exchange(ctx: TrainingContext) -> np.ndarray:
-    """cp - 1 ring steps per layer, each passing this rank's K/V block to the next rank."""
-    cp = ctx.column("cp")
-    block = ctx.tokens * _kv_width_per_rank(ctx) * ACTIVATION_BYTES
-    crosses_nodes = ctx.local["cp"] < cp  # a ring that spans nodes has inter-node hops
-    step = collective_time_s(
-        cluster=ctx.cluster, op="send_recv", group_size=np.where(cp > 1, 2.0, 1.0),
-        ranks_per_node=np.where(crosses_nodes, 1.0, 2.0), message_bytes=block, calibration=ctx.calibration,
-    )
-    return (cp - 1.0) * step
 
 
 def _hidden(comm: np.ndarray, *, fraction: float, window: np.ndarray) -> np.ndarray:
@@ -326,7 +297,8 @@ def _hidden(comm: np.ndarray, *, fraction: float, window: np.ndarray) -> np.ndar
 # ---------------------------------------------------------------------------- the step
 def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
     """``time.<part>``, ``hidden.<kind>``, ``step_time_s`` and helpers for every row."""
-    mb = micro_batch_times(ctx)
+    times = table_collective_times(ctx)
+    mb = micro_batch_times(ctx, times)
     compute = mb.forward + mb.backward + mb.recompute
     exposed, hidden = {}, {}
     for kind, comm in mb.comm.items():
@@ -348,9 +320,10 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
         "time.bubble": _bubble(ctx, micro_batch=pick(per_micro_batch), forward_share=pick(mb.forward / compute)),
         "bottleneck_stage": slowest[0],
     }
-    pp_comm = _pp_comm(ctx)
+    # Forward activation and backward gradient send/recv per micro-batch and model chunk.
+    pp_comm = 2.0 * m * ctx.column("virtual_stages") * times.pp_p2p
     columns["time.pp_comm"], columns["hidden.pp_comm"] = pp_comm, np.zeros_like(pp_comm)
-    dp_exposed, dp_hidden, optimizer = _dp_and_optimizer(ctx, micro_batch=mb)
+    dp_exposed, dp_hidden, optimizer = _dp_and_optimizer(ctx, micro_batch=mb, times=times)
     columns["time.dp_comm"], columns["hidden.dp_comm"], columns["time.optimizer"] = dp_exposed, dp_hidden, optimizer
     columns["step_time_s"] = sum(columns[f"time.{part}"] for part in TRAINING_TIME_PARTS)
     return columns
@@ -366,36 +339,15 @@ def _bubble(ctx: TrainingContext, *, micro_batch: np.ndarray, forward_share: np.
     return (pp - 1.0) * micro_batch * factor
 
 
-def _pp_comm(ctx: TrainingContext) -> np.ndarray:
-    """Forward activation and backward gradient send/recv per micro-batch and model chunk; each
-    tp rank sends 1/tp of the activation (Narayanan et al. SC'21 sec. 4.1, scatter/gather; with
-    SP the activation is already split)."""
-    pp = ctx.column("pp")
-    message = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES / ctx.column("tp")
-    inter_node = ctx.local["pp"] < 2
-    p2p = collective_time_s(
-        cluster=ctx.cluster, op="send_recv", group_size=np.where(pp > 1, 2.0, 1.0),
-        ranks_per_node=np.where(inter_node, 1.0, 2.0), message_bytes=message, calibration=ctx.calibration,
-    )
-    return 2.0 * ctx.num_micro_batches * ctx.column("virtual_stages") * p2p
-
-
-def sharded_parameters(ctx: TrainingContext) -> tuple[np.ndarray, np.ndarray]:
-    """(dense, expert) parameters per device of each stage: expert grads reduce over edp, the
-    rest over dp*cp (Megatron-core)."""
-    parts = parameters_per_device(model=ctx.model, table=ctx.table, layout=ctx.layout)
-    expert = parts.pop("routed_experts")
-    return sum(parts.values()), expert
-
-
-def _dp_and_optimizer(ctx: TrainingContext, *, micro_batch: MicroBatchTimes):
+def _dp_and_optimizer(ctx: TrainingContext, *, micro_batch: MicroBatchTimes, times: CollectiveTimes):
+    """Exposed and hidden gradient/parameter traffic and the optimizer step of the rank where
+    they take longest. Gradient reduction overlaps the last micro-batch's backward, the
+    parameter all-gather the first forward; under ZeRO-3 every micro-batch's."""
     dense, expert = sharded_parameters(ctx)
     dp_cp = ctx.column("dp") * ctx.column("cp")
     edp = dp_cp * ctx.column("tp") / (ctx.column("ep") * ctx.column("etp"))
     zero = np.asarray(ctx.table["zero_stage"])
-    comm = _dp_comm(ctx, params=dense, group=dp_cp, axis="dp_cp", zero=zero) + _dp_comm(
-        ctx, params=expert, group=edp, axis="edp", zero=zero
-    )
+    comm = np.where(zero == 0, times.dp_all_reduce, np.where(zero == 3, ctx.num_micro_batches * times.dp_fsdp, times.dp_sharded))
     window = np.where(zero == 3, ctx.num_micro_batches, 1.0) * (micro_batch.forward + micro_batch.backward)
     hidden = _hidden(comm, fraction=ctx.calibration.overlap_fraction("dp_comm"), window=window)
     states = np.where(zero >= 1, dense / dp_cp + expert / edp, dense + expert)
@@ -404,16 +356,6 @@ def _dp_and_optimizer(ctx: TrainingContext, *, micro_batch: MicroBatchTimes):
     worst = np.argmax(total, axis=0)[None, :]
     take = lambda rows: np.take_along_axis(rows, worst, axis=0)[0]  # noqa: E731
     return take(comm - hidden), take(hidden), take(optimizer)
-
-
-def _dp_comm(ctx: TrainingContext, *, params, group, axis: str, zero) -> np.ndarray:
-    grads = params * ctx.grad_bytes
-    weights = params * 2.0
-    all_reduce = ctx.collective("all_reduce", axis=axis, group_size=group, message_bytes=grads)
-    scatter = ctx.collective("reduce_scatter", axis=axis, group_size=group, message_bytes=grads)
-    gather = ctx.collective("all_gather", axis=axis, group_size=group, message_bytes=weights)
-    fsdp = ctx.num_micro_batches * (scatter + 2.0 * gather)
-    return np.where(zero == 0, all_reduce, np.where(zero == 3, fsdp, scatter + gather))
 
 
 def _optimizer_update_bytes(ctx: TrainingContext) -> float:
@@ -430,4 +372,4 @@ def model_flops_per_step(*, model: ModelSpec, workload: Training) -> float:
     return 3.0 * model.forward_flops_per_token(s) * workload.tokens_per_step
 
 
-__all__ = ["COMM_KINDS", "TRAINING_TIME_PARTS", "model_flops_per_step", "training_context", "training_time_columns"]
+__all__ = ["TRAINING_TIME_PARTS", "model_flops_per_step", "training_context", "training_time_columns"]

@@ -1,0 +1,153 @@
+"""Seconds of one collective of each kind a training step issues, for every row of a table.
+
+The collectives depend only on the mesh of a row (``MESH_COLUMNS``), not on its switches
+(recompute, ZeRO stage, schedule, sequence parallel pick among the variants computed here), so
+a large table is priced once per distinct mesh and the results are scattered back. The pass
+counts and overlap are applied by ``_training``.
+
+Sources: TP all-reduce, or reduce-scatter + all-gather with SP, of the hidden activation
+(Shoeybi et al. 2019 sec. 3; Korthikanti et al. 2022 sec. 4.2.2); EP all-to-all dispatch and
+combine of tokens x top-k x hidden x imbalance, with the expert-TP gather/scatter (DeepSeek-V3
+report, arXiv:2412.19437, sec. 3.2.2; Megatron-core MoE); CP ring: one K/V block per step,
+cp - 1 steps per layer (Liu et al., arXiv:2310.01889); PP: each tp rank sends 1/tp of the boundary
+activation (Narayanan et al. SC'21 sec. 4.1); DP: gradient all-reduce, or reduce-scatter of
+gradients + all-gather of bf16 weights (ZeRO-1/2), or per micro-batch one reduce-scatter and two
+all-gathers (ZeRO-3/FSDP) (Rajbhandari et al., ZeRO, SC'20 sec. 7).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from cost_model._common import collective_time_s
+
+ACTIVATION_BYTES = 2.0  # bf16/fp16 activations (fp8 training keeps bf16 activations between GEMMs)
+#: Columns that decide every collective's group, placement and message.
+MESH_COLUMNS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep", "etp", "micro_batch_size", "virtual_stages")
+_DISTINCT_MIN_ROWS = 2048
+
+
+@dataclass(frozen=True)
+class CollectiveTimes:
+    """One collective of each kind, seconds; (n,) per row or (3, n) per pipeline rank and row."""
+
+    tp_all_reduce: np.ndarray  # the hidden activation, all-reduce over tp
+    tp_split: np.ndarray  # the same as reduce-scatter + all-gather (sequence parallel)
+    ep_exchange: np.ndarray  # dispatch + combine all-to-all, expert-TP gather + scatter
+    cp_ring: np.ndarray  # the cp - 1 ring steps of one layer
+    pp_p2p: np.ndarray  # one boundary send/recv
+    dp_all_reduce: np.ndarray  # (3, n) gradients, dense over dp*cp plus experts over edp
+    dp_sharded: np.ndarray  # (3, n) ZeRO-1/2: reduce-scatter gradients + all-gather weights
+    dp_fsdp: np.ndarray  # (3, n) ZeRO-3: per micro-batch reduce-scatter + 2 all-gathers
+
+    def take(self, index: np.ndarray) -> "CollectiveTimes":
+        return CollectiveTimes(**{f.name: getattr(self, f.name)[..., index] for f in fields(self)})
+
+
+def distinct_rows(table, columns: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(first row of each distinct combination of ``columns``, row -> combination index)."""
+    key = np.zeros(len(table[columns[0]]), dtype=np.int64)
+    radix = 1
+    for name in columns:
+        values, codes = np.unique(np.asarray(table[name]), return_inverse=True)
+        radix *= len(values)
+        if radix >= 2**62:  # too many combinations for one int64 key: compare whole rows
+            stacked = np.stack([np.asarray(table[c], dtype=np.float64) for c in columns], axis=1)
+            _, first, inverse = np.unique(stacked, axis=0, return_index=True, return_inverse=True)
+            return first, inverse.reshape(-1)
+        key = key * len(values) + codes
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    return first, inverse.reshape(-1)
+
+
+def table_collective_times(ctx) -> CollectiveTimes:  # noqa: ANN001 - _training.TrainingContext
+    """``collective_times`` of every row, computed once per distinct mesh."""
+    rows = len(ctx.tokens)
+    if rows < _DISTINCT_MIN_ROWS:
+        return collective_times(ctx)
+    first, inverse = distinct_rows(ctx.table, MESH_COLUMNS)
+    if len(first) > rows // 2:
+        return collective_times(ctx)
+    return collective_times(ctx.restricted(first)).take(inverse)
+
+
+def collective_times(ctx) -> CollectiveTimes:  # noqa: ANN001
+    tp_all_reduce, tp_split = _tp(ctx)
+    dp_all_reduce, dp_sharded, dp_fsdp = _dp(ctx)
+    return CollectiveTimes(
+        tp_all_reduce=tp_all_reduce, tp_split=tp_split, ep_exchange=_ep(ctx), cp_ring=_cp(ctx), pp_p2p=_pp(ctx),
+        dp_all_reduce=dp_all_reduce, dp_sharded=dp_sharded, dp_fsdp=dp_fsdp,
+    )
+
+
+def _tp(ctx) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+    tp = ctx.column("tp")
+    message = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES
+    all_reduce = ctx.collective("all_reduce", axis="tp", group_size=tp, message_bytes=message)
+    split = ctx.collective("reduce_scatter", axis="tp", group_size=tp, message_bytes=message) + ctx.collective(
+        "all_gather", axis="tp", group_size=tp, message_bytes=message
+    )
+    return all_reduce, split
+
+
+def _ep(ctx) -> np.ndarray:  # noqa: ANN001
+    moe = ctx.model.moe
+    if moe is None:
+        return np.zeros_like(ctx.tokens)
+    message = ctx.moe_tokens * moe.top_k * ctx.options.routing_imbalance * ctx.model.hidden_size * ACTIVATION_BYTES
+    a2a = ctx.collective("all_to_all", axis="ep", group_size=ctx.column("ep"), message_bytes=message)
+    etp = ctx.column("etp")
+    gather = ctx.collective("all_gather", axis="etp", group_size=etp, message_bytes=message * etp)
+    scatter = ctx.collective("reduce_scatter", axis="etp", group_size=etp, message_bytes=message * etp)
+    return 2.0 * a2a + gather + scatter
+
+
+def _kv_width_per_rank(ctx) -> np.ndarray:  # noqa: ANN001
+    a = ctx.model.attention
+    if a.kind == "mla":  # K and V after the up-projection, every head (Megatron-core MLA with CP)
+        return a.num_heads * (a.qk_head_dim + a.value_head_dim) / ctx.column("tp")
+    return np.maximum(a.num_kv_heads / ctx.column("tp"), 1.0) * 2.0 * a.head_dim
+
+
+def _point_to_point(ctx, *, active: np.ndarray, same_node: np.ndarray, message: np.ndarray) -> np.ndarray:  # noqa: ANN001
+    return collective_time_s(
+        cluster=ctx.cluster, op="send_recv", group_size=np.where(active, 2.0, 1.0),
+        ranks_per_node=np.where(same_node, 2.0, 1.0), message_bytes=message, calibration=ctx.calibration,
+    )
+
+
+def _cp(ctx) -> np.ndarray:  # noqa: ANN001
+    cp = ctx.column("cp")
+    block = ctx.tokens * _kv_width_per_rank(ctx) * ACTIVATION_BYTES
+    step = _point_to_point(ctx, active=cp > 1, same_node=ctx.local["cp"] >= cp, message=block)
+    return (cp - 1.0) * step
+
+
+def _pp(ctx) -> np.ndarray:  # noqa: ANN001
+    message = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES / ctx.column("tp")
+    return _point_to_point(ctx, active=ctx.column("pp") > 1, same_node=ctx.local["pp"] >= 2, message=message)
+
+
+def sharded_parameters(ctx) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+    """(dense, expert) parameters per device of each stage: expert gradients reduce over edp,
+    the rest over dp*cp (Megatron-core)."""
+    parts = dict(ctx.parameters)
+    expert = parts.pop("routed_experts")
+    return sum(parts.values()), expert
+
+
+def _dp(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # noqa: ANN001
+    dense, expert = sharded_parameters(ctx)
+    dp_cp = ctx.column("dp") * ctx.column("cp")
+    edp = dp_cp * ctx.column("tp") / (ctx.column("ep") * ctx.column("etp"))
+    totals = [np.zeros(dense.shape) for _ in range(3)]
+    for params, group, axis in ((dense, dp_cp, "dp_cp"), (expert, edp, "edp")):
+        grads, weights = params * ctx.grad_bytes, params * 2.0
+        scatter = ctx.collective("reduce_scatter", axis=axis, group_size=group, message_bytes=grads)
+        gather = ctx.collective("all_gather", axis=axis, group_size=group, message_bytes=weights)
+        totals[0] += ctx.collective("all_reduce", axis=axis, group_size=group, message_bytes=grads)
+        totals[1] += scatter + gather
+        totals[2] += scatter + 2.0 * gather
+    return tuple(totals)
