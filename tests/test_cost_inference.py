@@ -231,6 +231,8 @@ def test_mla_decode_uses_the_absorbed_form() -> None:
 def test_infeasible_plan_and_bad_input_raise() -> None:
     with pytest.raises(InfeasiblePlanError, match="largest part is weights"):
         estimate(REF, get_preset("dgx-h100"), WORKLOAD, ParallelConfig(dp=8, ep=8, attention_data_parallel=True))
+    with pytest.raises(InfeasiblePlanError, match="TPOT SLO"):
+        estimate(REF, H100_1024, WORKLOAD.model_copy(update={"tpot_slo_s": 1e-4}), ParallelConfig(dp=128, tp=8, ep=256))
     with pytest.raises(ValueError, match="kv_dtype"):
         _run({**table_from_columns(dp=64, ep=64), "kv_dtype": np.array([9])})
     with pytest.raises(ValueError, match="extra"):
