@@ -105,6 +105,8 @@ class ProbeReport(BaseModel):
         return matrix
 
     def slowest_link(self) -> DeviceLink:
+        if not self.p2p:
+            raise ValueError(f"probe run {self.run_name} measured no links (world_size {self.world_size})")
         return min(self.p2p, key=lambda link: link.bandwidth_bytes_per_s)
 
     def save(self, path: str | Path) -> Path:
@@ -321,6 +323,13 @@ def build_cluster(*, identity: _Identity, links: list[DeviceLink], collectives: 
     single-node run cannot see (the scale-out tier) and the peaks measured rates are relative to."""
     where = f"measured: probe run {identity.run_name} ({identity.backend}, {identity.world_size} ranks)"
     per_node = identity.devices_per_node if identity.world_size % identity.devices_per_node == 0 else identity.world_size
+    if not links:
+        if base is None:
+            raise ValueError("base (None) must be a preset for a one-rank probe: it measures no links to build tiers from")
+        device = _device(identity, compute, where, base)
+        return Cluster.model_validate(base.model_dump() | {
+            "name": f"probe-{identity.run_name}", "num_nodes": 1, "devices_per_node": 1, "devices_per_nic": 1,
+            "links": (), "device": device.model_dump(), "provenance": f"{where}; links from {base.name}"})
     links = [link.model_copy(update={"source": where}) for link in links]
     inside = [link for link in links if link.from_device // per_node == link.to_device // per_node]
     across = [link for link in links if link.from_device // per_node != link.to_device // per_node]
@@ -359,8 +368,10 @@ def _device(identity: _Identity, compute: list[ComputeResult], where: str, base:
         device = base.device
         shared = [dtype for dtype in flops if dtype in device.peak_flops]
         efficiency = min(1.0, statistics.median(flops[d] / device.peak_flops[d] for d in shared)) if shared else device.matmul_efficiency
-        sources = dict(device.sources, matmul_efficiency=f"{where}: median measured / peak over {shared}")
-        return device.model_copy(update={"matmul_efficiency": efficiency, "sources": sources})
+        memory = min(1.0, memory_bw / device.memory_bandwidth_bytes_per_s)
+        sources = dict(device.sources, matmul_efficiency=f"{where}: median measured / peak over {shared}",
+                       memory_bandwidth_efficiency=f"{where}: copy bandwidth / peak")
+        return device.model_copy(update={"matmul_efficiency": efficiency, "memory_bandwidth_efficiency": memory, "sources": sources})
     return HardwareSpec(
         name=identity.device_name, peak_flops=flops, matmul_efficiency=1.0, memory_bytes=identity.memory_bytes,
         memory_bandwidth_bytes_per_s=memory_bw, memory_bandwidth_efficiency=1.0, device_type=identity.device_type,

@@ -41,22 +41,21 @@ def _clusters(args: argparse.Namespace) -> int:
 
     names = args.names or list_presets()
     clusters = [get_preset(name, num_nodes=args.nodes) for name in names]
-    table = Table(title="Cluster presets" + (f" scaled to {args.nodes} nodes" if args.nodes else ""))
-    columns = ("name", "device", "devices", "bf16 TFLOP/s", "memory GB", "memory TB/s",
-               "scale-up GB/s/dir", "scale-out GB/s/dir", "uncertain")
-    if args.sources:
-        console.print("values marked UNCERTAIN in their source are estimates; see the sources below")
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("name", "device", "uncertain") else "right")
+    table = Table(title="Cluster presets" + (f" scaled to {args.nodes} nodes" if args.nodes else ""),
+                  caption="bandwidths per device and direction; uncertain: values the sources mark as estimates")
+    for column, width in (("name", 14), ("device", 10), ("devices", 0), ("bf16 TF/s", 0), ("memory GB", 0), ("TB/s", 0),
+                          ("scale-up GB/s", 0), ("scale-out GB/s", 0), ("fabrics", 10), ("uncertain", 0)):
+        table.add_column(column, justify="left" if width else "right", min_width=width or None,
+                         no_wrap=column == "name", overflow="fold")
     for cluster in clusters:
         device = cluster.device
         bf16 = device.peak_flops.get("bf16") or max(device.peak_flops.values())
         table.add_row(
-            cluster.name, device.name, f"{cluster.num_nodes} x {cluster.devices_per_node}", f"{bf16 / 1e12:,.0f}" if bf16 >= 10e12 else f"{bf16 / 1e12:.2f}",
+            cluster.name, device.name, f"{cluster.num_nodes}x{cluster.devices_per_node}",
+            f"{bf16 / 1e12:,.0f}" if bf16 >= 10e12 else f"{bf16 / 1e12:.2f}",
             f"{device.memory_bytes / 1e9:,.0f}", f"{device.memory_bandwidth_bytes_per_s / 1e12:.2f}",
-            f"{_gbps(cluster.intra_node.bandwidth_bytes_per_s)} {cluster.intra_node.kind}",
-            f"{_gbps(cluster.inter_node.bandwidth_bytes_per_s)} {cluster.inter_node.kind}",
-            f"{len(device.uncertain)} values" if device.uncertain else "-",
+            _gbps(cluster.intra_node.bandwidth_bytes_per_s), _gbps(cluster.inter_node.bandwidth_bytes_per_s),
+            f"{cluster.intra_node.kind}, {cluster.inter_node.kind}", str(len(device.uncertain)),
         )
     console.print(table)
     if args.sources:
@@ -95,7 +94,7 @@ def _probe(args: argparse.Namespace) -> int:
             bar.update(task, description=label, completed=done, total=total)
 
         report = probe(settings=settings, base=base, output=args.output, report=args.report, progress=progress)
-    if report is not None:
+    if report is not None and report.p2p:
         slowest = report.slowest_link()
         console.print(
             f"wrote [bold]{args.output}[/] ({report.world_size} ranks, {report.backend}); slowest link "
