@@ -27,8 +27,9 @@ mean decode context (continuous batching keeps sequences at every point of their
 rounded up to whole ``kv_block_tokens`` pages; a prefill pool holds its prompts' cache.
 Colocated (``both``) serving amortizes the prefill of a batch over its ``output_tokens`` decode
 steps (continuous batching with chunked prefill, Agrawal et al., Sarathi-Serve, OSDI'24).
-Routing is uniform at random: the busiest EP rank carries the balls-into-bins excess; redundant
-experts cost their memory, and the skew they fix in real routing is not modelled. Inference has
+Routing is uniform at random: the busiest EP rank carries the balls-into-bins excess, or the
+measured ``EstimateOptions.routing_imbalance`` if larger; redundant experts cost their memory,
+and the skew they fix in real routing is not modelled. Inference has
 no backward pass, optimizer or gradients: none of those parts exist here.
 
 Efficiencies come from the device's shipped calibration (``_common.Calibration``, shared with
@@ -127,6 +128,7 @@ class _Setup:
     two_batch: np.ndarray
     phase: np.ndarray
     fragmentation_fraction: float
+    routing_imbalance: float  # measured busiest-rank / mean expert load, at least the uniform excess
     kernels_per_layer: tuple[float, float]  # (dense, MoE) layer, forward
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
@@ -200,6 +202,7 @@ def _setup(
         two_batch=np.asarray(table["two_batch_overlap"], dtype=bool),
         phase=np.asarray(table["phase"], dtype=np.int64),
         fragmentation_fraction=options.fragmentation_fraction,
+        routing_imbalance=options.routing_imbalance,
         kernels_per_layer=kernels_per_layer(SimpleNamespace(model=model, options=options)),
         prompt_tokens=np.broadcast_to(np.asarray(prompt, dtype=np.float64), (n,)),
         output_tokens=np.full(n, float(workload.output_tokens)),
@@ -283,7 +286,7 @@ def _moe_time(s: _Setup, attention_tokens: np.ndarray, rank_tokens: np.ndarray) 
     shared = _mm(s, 2 * w_shared * attention_tokens, w_shared * wb)
     group_tokens = rank_tokens * ep * etp
     mean_assignments = group_tokens * moe.top_k / ep
-    assignments = mean_assignments * ops.max_load_factor(mean_assignments, ep)
+    assignments = mean_assignments * np.maximum(ops.max_load_factor(mean_assignments, ep), s.routing_imbalance)
     w_expert = model.ffn_parameters(moe.expert_ffn_hidden_size) / etp
     slots = (moe.num_routed_experts + s.column("num_redundant_experts")) / ep
     touched = ops.experts_touched_fraction(group_tokens, top_k=moe.top_k, num_experts=moe.num_routed_experts)

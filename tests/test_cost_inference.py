@@ -8,6 +8,7 @@ import pytest
 from autoparallel import get_model
 from cost_model import (
     CostBreakdown,
+    EstimateOptions,
     InfeasiblePlanError,
     Inference,
     ParallelConfig,
@@ -169,6 +170,16 @@ def test_more_tp_means_fewer_weight_bytes_per_device() -> None:
     table = table_from_columns(dp=[64, 32, 16, 8], tp=[1, 2, 4, 8], ep=64, batch_size=1, phase=2)
     weights = _run(table)["memory.weights"]
     assert np.all(np.diff(weights) < 0)
+
+
+def test_measured_routing_imbalance_slows_the_experts() -> None:
+    table = table_from_columns(dp=32, ep=32, batch_size=4, phase=1)
+    even = estimate_inference_table(model=REF, cluster=H100_1024, workload=WORKLOAD, table=table)
+    skewed = estimate_inference_table(
+        model=REF, cluster=H100_1024, workload=WORKLOAD, table=table, options=EstimateOptions(routing_imbalance=1.5)
+    )
+    assert skewed["time.prefill_compute"][0] > 1.2 * even["time.prefill_compute"][0]
+    assert skewed["time.prefill_attention"][0] == even["time.prefill_attention"][0]
 
 
 def test_prefix_cache_hits_skip_prefill_compute() -> None:
