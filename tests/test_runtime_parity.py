@@ -157,6 +157,7 @@ def _assert_parity(results: list[dict]) -> None:
         pytest.param({"pp": 2, "tp": 2}, id="pp2xtp2"),
         pytest.param({"pp": 2, "dp": 2, "tp": 2}, id="pp2xdp2xtp2"),
         pytest.param({"dp": 2, "tp": 2, "zero_stage": 3}, id="fsdp2xtp2"),
+        pytest.param({"dp": 2, "ep": 2, "zero_stage": 2}, id="fsdp2xep2"),
     ],
 )
 def test_sharded_training_step_equals_reference(config_fields):
