@@ -59,8 +59,11 @@ class CheckpointInfo:
     optimizer: dict[str, Any] = field(default_factory=dict)
 
 
-def _modules(modules: nn.Module | Iterable[nn.Module]) -> list[nn.Module]:
-    return [modules] if isinstance(modules, nn.Module) else list(modules)
+def _modules(modules) -> list[nn.Module]:  # noqa: ANN001
+    """A module, a list of pipeline chunks, or ``apply_plan``'s result (its ``modules``)."""
+    if isinstance(modules, nn.Module):
+        return [modules]
+    return list(getattr(modules, "modules", modules))
 
 
 def _named_parameters(modules: list[nn.Module]) -> dict[str, nn.Parameter]:
@@ -145,7 +148,7 @@ def save_checkpoint(
     """Save this rank's part of the model (and optimizer) as step ``step`` under ``root``.
 
     Collective: every rank of the job calls it. ``modules`` are this rank's modules after
-    ``apply_plan`` (a list for several pipeline chunks). ``extra`` (JSON-able, e.g. the data
+    ``apply_plan`` (a list for several pipeline chunks, or ``apply_plan``'s result itself). ``extra`` (JSON-able, e.g. the data
     position) is stored from rank 0. Returns the checkpoint directory; ``root/latest`` points to
     it once every rank finished.
     """

@@ -38,7 +38,7 @@ from autoparallel._expert_placement import balanced_placement, contiguous_placem
 from autoparallel._plan import ExpertPlacement, ShardingPlan
 from cost_model import InfeasiblePlanError, Inference, ModelSpec, ParallelConfig, Training
 
-__all__ = ["Calibration", "RetuneDecision", "RetuneSettings", "Retuner", "StepMeasurement"]
+__all__ = ["Calibration", "RetuneDecision", "RetuneSettings", "Retuner", "StepMeasurement", "WindowSummary", "summarize"]
 
 logger = logging.getLogger("autoparallel.retune")
 
@@ -59,6 +59,20 @@ class StepMeasurement(BaseModel):
         default=None, description="tokens routed to each expert, [moe layer][expert], this step"
     )
     communication_time_s: float | None = Field(default=None, ge=0, description="exposed communication, if measured")
+
+
+    @classmethod
+    def from_step_report(cls, report, *, step: int) -> "StepMeasurement":  # noqa: ANN001 - profilers StepReport
+        """One measurement from a ``profilers`` ``StepReport``: its median step time, peak memory,
+        communication wait and router counts (MoE layers in module order, one row per router)."""
+        load = tuple(tuple(float(c) for c in counts) for _, counts in sorted(report.expert_load.items(), key=_layer_order))
+        return cls(step=step, step_time_s=report.median_step_time_s, peak_memory_bytes=report.peak_memory_bytes,
+                   expert_load=load or None, communication_time_s=report.comm_time_s)
+
+
+def _layer_order(item: tuple[str, Any]) -> tuple:
+    """Sort FQNs with their integer parts as numbers (``layers.10`` after ``layers.9``)."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in item[0].split("."))
 
 
 class RetuneSettings(BaseModel):
@@ -148,10 +162,9 @@ class Retuner:
         plan: the plan the job runs now (its ``predicted`` cost is the baseline).
         model, cluster, workload: what the plan was made for; re-planning uses the same.
         settings: thresholds and cadence (``RetuneSettings``).
-        price: ``price(configs, extras) -> list[CostBreakdown | None]`` for candidate configs
-            (default: ``cost_model.estimate``); ``search``: ``search(current_plan) -> list[ShardingPlan]``,
-            the re-search warm-started from the current plan (default: ``autoparallel.find_plan``
-            with the current config enqueued as its first trial). Both are injectable for tests.
+        search: ``search(current_plan) -> list[ShardingPlan]``, the re-search warm-started from
+            the current plan (default: ``autoparallel.find_plan`` with the current config
+            enqueued as its first trial, and plans for its ranked alternatives).
     """
 
     def __init__(
@@ -162,14 +175,12 @@ class Retuner:
         cluster,  # noqa: ANN001 - topology.Cluster
         workload: Training | Inference,
         settings: RetuneSettings | None = None,
-        price: Callable[..., Any] | None = None,
         search: Callable[[ShardingPlan], list[ShardingPlan]] | None = None,
     ) -> None:
         if plan.predicted is None:
             raise ValueError("plan.predicted (None) must hold the plan's predicted cost; build plans with find_plan")
         self.plan, self.model, self.cluster, self.workload = plan, model, cluster, workload
         self.settings = settings or RetuneSettings()
-        self._price = price
         self._search = search
         self._window: list[StepMeasurement] = []
         self._steps_seen = 0
@@ -190,50 +201,58 @@ class Retuner:
 
     def decide(self, window: list[StepMeasurement] | None = None) -> RetuneDecision:
         """Compare ``window`` (default: the steps observed since the last decision) with the plan's
-        prediction, recalibrate, re-plan, and choose; logs every candidate and the reason."""
+        prediction, recalibrate, re-plan, and choose; logs every candidate and the reason.
+
+        Under torch.distributed every rank must call it (``observe`` does, on the same step): the
+        ranks' windows are combined (slowest median step, summed expert load, largest memory),
+        rank 0 decides and the decision is broadcast, so every rank applies the same change.
+        """
         window = list(self._window if window is None else window)
         if not window:
             raise ValueError("window (0 measurements) must hold at least one measured step")
         started = time.perf_counter()
-        measured = statistics.median(m.step_time_s for m in window)
-        load = _summed_expert_load(window)
-        calibration = self.calibrate(window)
-        current = self._calibrated_time(self.plan.predicted, self.plan.config, calibration.expert_imbalance, calibration)
-        candidates = self._placement_candidates(load, calibration, current)
-        candidates += self._search_candidates(calibration, current, load)
-        decision = self._choose(candidates, window=window, measured=measured, current=current, calibration=calibration)
+        summary = _combine_ranks(summarize(window))
+        decision = None
+        if _rank() == 0:
+            calibration = self.calibrate(summary)
+            current = self._calibrated_time(self.plan.predicted, calibration.expert_imbalance, calibration)
+            candidates = self._placement_candidates(summary.expert_load, calibration, current)
+            candidates += self._search_candidates(calibration, current, summary.expert_load)
+            decision = self._choose(candidates, summary=summary, current=current, calibration=calibration)
+        decision = _share_from_rank_zero(decision)
         decision = decision.model_copy(update={"decision_latency_s": time.perf_counter() - started})
         self.decisions.append(decision)
         return decision
 
     # ------------------------------------------------------------------ calibration
-    def calibrate(self, window: list[StepMeasurement]) -> Calibration:
-        """Fit measured / predicted on ``window`` (median step time).
+    def calibrate(self, summary: "WindowSummary") -> Calibration:
+        """Fit measured / predicted on one window.
 
         The plan's prediction assumes balanced experts; the measured max/mean tokens per EP rank
         ``r`` stretches the routed-expert share ``f`` of the step (expert GEMMs and the EP
-        all-to-all wait for the busiest rank), so the model is ``t = scale * t_pred * (1 + f (r - 1))``
-        and ``scale`` is the one number fitted. With measured communication time a second scale is
-        fitted for the communication parts; with measured peak memory, a memory scale.
+        all-to-all wait for the busiest rank): ``t = (1 + f (r - 1)) * (a * t_rest + b * t_comm)``
+        with ``t_comm`` the predicted exposed communication. Without measured communication time
+        ``a = b`` is the one number fitted (``time_scale``); with it, ``b`` is fitted on the
+        communication and ``a`` on the rest. With measured peak memory, a memory scale too.
         """
         predicted = self.plan.predicted
-        measured = statistics.median(m.step_time_s for m in window)
-        load = _summed_expert_load(window)
         imbalance = 1.0
-        if load is not None and self.plan.config.ep > 1:
-            imbalance = load_imbalance(placement=self._placement(), expert_load=load)
+        if summary.expert_load is not None and self.plan.config.ep > 1:
+            imbalance = load_imbalance(placement=self._placement(), expert_load=summary.expert_load)
         stretch = 1.0 + self._expert_fraction(predicted) * (imbalance - 1.0)
-        communication = [m.communication_time_s for m in window if m.communication_time_s is not None]
-        predicted_comm = sum(v for k, v in predicted.time_s.items() if k.endswith("_comm"))
-        comm_scale = statistics.median(communication) / predicted_comm if communication and predicted_comm > 0 else None
-        memory = [m.peak_memory_bytes for m in window if m.peak_memory_bytes is not None]
-        memory_scale = max(memory) / predicted.memory_per_device_bytes if memory and predicted.memory_per_device_bytes else None
+        comm = _communication_s(predicted)
+        rest = predicted.step_time_s - comm
+        time_scale, comm_scale = summary.step_time_s / (predicted.step_time_s * stretch), None
+        measured_comm = summary.communication_time_s
+        if measured_comm is not None and comm > 0 and rest > 0 and measured_comm < summary.step_time_s:
+            comm_scale = measured_comm / (comm * stretch)
+            time_scale = (summary.step_time_s - measured_comm) / (rest * stretch)
+        memory_scale = None
+        if summary.peak_memory_bytes is not None and predicted.memory_per_device_bytes > 0:
+            memory_scale = summary.peak_memory_bytes / predicted.memory_per_device_bytes
         return Calibration(
-            method="scale fit (retune)",
-            time_scale=measured / (predicted.step_time_s * stretch),
-            communication_scale=comm_scale,
-            memory_scale=memory_scale,
-            expert_imbalance=max(1.0, imbalance),
+            method="scale fit (retune)", time_scale=time_scale, communication_scale=comm_scale,
+            memory_scale=memory_scale, expert_imbalance=max(1.0, imbalance),
         )
 
     def _expert_fraction(self, predicted) -> float:  # noqa: ANN001 - CostBreakdown
@@ -250,9 +269,12 @@ class Retuner:
             return (self.workload.sequence_length_tokens + 1) / 2.0
         return float(self.workload.prompt_tokens + self.workload.output_tokens / 2.0)
 
-    def _calibrated_time(self, predicted, config: ParallelConfig, imbalance: float, calibration: Calibration) -> float:  # noqa: ANN001
+    def _calibrated_time(self, predicted, imbalance: float, calibration: Calibration) -> float:  # noqa: ANN001
+        """A config's step time under the fitted model (see ``calibrate``) at expert imbalance ``imbalance``."""
         stretch = 1.0 + self._expert_fraction(predicted) * (max(imbalance, 1.0) - 1.0)
-        return calibration.time_scale * predicted.step_time_s * stretch
+        comm = _communication_s(predicted)
+        comm_scale = calibration.time_scale if calibration.communication_scale is None else calibration.communication_scale
+        return stretch * (calibration.time_scale * (predicted.step_time_s - comm) + comm_scale * comm)
 
     # ------------------------------------------------------------------ candidates
     def _placement(self) -> ExpertPlacement:
@@ -270,7 +292,7 @@ class Retuner:
             expert_load=load, ep=ep, num_redundant_experts=redundant, ranks_per_node=ranks_per_node
         )
         after = load_imbalance(placement=new, expert_load=load)
-        step_time = self._calibrated_time(self.plan.predicted, self.plan.config, after, calibration)
+        step_time = self._calibrated_time(self.plan.predicted, after, calibration)
         cost = self._placement_change_cost(new)
         plan = self.plan.model_copy(update={"expert_placement": new})
         detail = f"max/mean tokens per EP rank {calibration.expert_imbalance:.2f} -> {after:.2f}"
@@ -326,7 +348,7 @@ class Retuner:
                 placement = self._placement() if same_placement else contiguous_placement(
                     num_experts=self.model.moe.num_routed_experts, ep=plan.config.ep)
                 imbalance = load_imbalance(placement=placement, expert_load=load)
-            step_time = self._calibrated_time(plan.predicted, plan.config, imbalance, calibration)
+            step_time = self._calibrated_time(plan.predicted, imbalance, calibration) * self._work_ratio(plan)
             out.append(Candidate(kind=kind, plan=plan, step_time_s=step_time, change_cost_s=self._change_cost(kind, current),
                                  gain_s_per_step=current - step_time, detail=_describe(plan)))
         return out
@@ -375,6 +397,13 @@ class Retuner:
         if candidate != config or serving is None:
             return False
         return all(extras.get(k) == getattr(serving, k) for k in ("kv_dtype", "num_redundant_experts") if k in extras)
+
+    def _work_ratio(self, plan: ShardingPlan) -> float:
+        """Inference: a decode step of ``plan`` serves its own batch; scale its time to the
+        running batch, so candidates are compared on the same work (seconds per token)."""
+        if not isinstance(self.workload, Inference):
+            return 1.0
+        return _batch_size(self.plan) / _batch_size(plan)
 
     def _fits(self, plan: ShardingPlan, calibration: Calibration) -> bool:
         scale = calibration.memory_scale or 1.0
@@ -510,7 +539,7 @@ class Retuner:
                         world_size=world, previous_world_size=info.plan.world_size)
 
     # ------------------------------------------------------------------ the choice
-    def _choose(self, candidates, *, window, measured: float, current: float, calibration: Calibration) -> RetuneDecision:
+    def _choose(self, candidates, *, summary: "WindowSummary", current: float, calibration: Calibration) -> RetuneDecision:
         settings = self.settings
         best, reasons = None, []
         for candidate in sorted(candidates, key=lambda c: c.step_time_s):
@@ -529,7 +558,7 @@ class Retuner:
             reasons.append(line)
             if verdict == "accepted" and (best is None or _net(best, settings) < _net(candidate, settings)):
                 best = candidate
-        step = window[-1].step
+        step, measured = summary.step, summary.step_time_s
         head = (f"measured {measured:.4g} s/step vs predicted {self.plan.predicted.step_time_s:.4g} s "
                 f"(scale {calibration.time_scale:.3g}, expert imbalance {calibration.expert_imbalance:.2f})")
         if best is None:
@@ -550,11 +579,79 @@ def _net(candidate: Candidate, settings: RetuneSettings) -> float:
     return candidate.gain_s_per_step * settings.horizon_steps - candidate.change_cost_s
 
 
-def _summed_expert_load(window: list[StepMeasurement]) -> np.ndarray | None:
+class WindowSummary(BaseModel):
+    """One window of steps on one rank (or combined over ranks)."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    step: int
+    step_time_s: float
+    expert_load: Any = None  # np.ndarray [num_experts], tokens summed over layers and steps
+    peak_memory_bytes: float | None = None
+    communication_time_s: float | None = None
+
+
+def summarize(window: list[StepMeasurement]) -> WindowSummary:
+    """Median step and communication times, summed expert load, largest peak memory."""
     loads = [np.asarray(m.expert_load, dtype=np.float64) for m in window if m.expert_load is not None]
-    if not loads:
-        return None
-    return np.sum([load.sum(axis=0) if load.ndim == 2 else load for load in loads], axis=0)
+    load = np.sum([x.sum(axis=0) if x.ndim == 2 else x for x in loads], axis=0) if loads else None
+    comm = [m.communication_time_s for m in window if m.communication_time_s is not None]
+    memory = [m.peak_memory_bytes for m in window if m.peak_memory_bytes is not None]
+    return WindowSummary(
+        step=window[-1].step, step_time_s=statistics.median(m.step_time_s for m in window), expert_load=load,
+        peak_memory_bytes=max(memory) if memory else None, communication_time_s=statistics.median(comm) if comm else None,
+    )
+
+
+def _batch_size(plan: ShardingPlan) -> float:
+    if plan.serving is not None:
+        return float(plan.serving.batch_size)
+    return float(plan.predicted.batch_size or 1) if plan.predicted is not None else 1.0
+
+
+def _communication_s(predicted) -> float:  # noqa: ANN001 - CostBreakdown
+    return sum(v for k, v in predicted.time_s.items() if k.endswith("_comm"))
+
+
+def _distributed() -> bool:
+    import sys
+
+    dist = sys.modules.get("torch.distributed")  # never import torch just to ask
+    return dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _rank() -> int:
+    import sys
+
+    return sys.modules["torch.distributed"].get_rank() if _distributed() else 0
+
+
+def _combine_ranks(summary: WindowSummary) -> WindowSummary:
+    """The job's view: slowest rank's times, expert load summed over ranks, largest memory."""
+    if not _distributed():
+        return summary
+    import torch.distributed as dist
+
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, summary.model_dump())
+    loads = [g["expert_load"] for g in gathered if g["expert_load"] is not None]
+    memory = [g["peak_memory_bytes"] for g in gathered if g["peak_memory_bytes"] is not None]
+    comm = [g["communication_time_s"] for g in gathered if g["communication_time_s"] is not None]
+    return WindowSummary(
+        step=summary.step, step_time_s=max(g["step_time_s"] for g in gathered),
+        expert_load=np.sum(loads, axis=0) if loads else None, peak_memory_bytes=max(memory) if memory else None,
+        communication_time_s=max(comm) if comm else None,
+    )
+
+
+def _share_from_rank_zero(decision: "RetuneDecision | None") -> "RetuneDecision":
+    if not _distributed():
+        return decision
+    import torch.distributed as dist
+
+    payload = [decision.model_dump_json() if decision is not None else None]
+    dist.broadcast_object_list(payload, src=0)
+    return RetuneDecision.model_validate_json(payload[0])
 
 
 _DEGREES = ("dp", "tp", "pp", "cp", "ep", "etp", "attention_data_parallel", "virtual_stages")
