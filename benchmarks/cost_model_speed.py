@@ -1,0 +1,118 @@
+"""Config evaluations per second of the vectorized cost model, against one config at a time.
+
+ref-3t-moe on 1024 cards (dgx-h200 x 128 nodes): every legal mesh (tp, pp, cp, dp, ep) crossed
+with recompute, ZeRO stage, micro-batch size, sequence parallel and pipeline schedule gives
+distinct configs; ``estimate_table`` prices all of them at once (training, then inference), and
+the baseline prices a random sample of the same rows one by one (a table of one row each, the
+path ``cost_model.estimate`` takes). Figures are medians of ``--repeats`` runs in this process.
+
+    python benchmarks/cost_model_speed.py [--rows N] [--repeats 3] [--sample 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autoparallel import get_model  # noqa: E402
+from cost_model import Inference, ParallelConfig, Training, estimate_table, table_from_columns  # noqa: E402
+from cost_model._table import select_rows  # noqa: E402
+from topology import get_preset  # noqa: E402
+
+TARGET_ROWS_PER_S = 100_000
+
+
+def legal_meshes(model, world: int) -> list[tuple[int, int, int, int, int]]:
+    meshes = []
+    for tp, pp, cp in itertools.product([1, 2, 4, 8], [1, 2, 4, 8, 16], [1, 2, 4]):
+        dp, rest = divmod(world, tp * pp * cp)
+        if rest:
+            continue
+        for ep in [1, 2, 4, 8, 16, 32, 64, 128, 256]:
+            try:
+                ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep).validate_for(model, world)
+            except ValueError:
+                continue
+            meshes.append((dp, tp, pp, cp, ep))
+    return meshes
+
+
+def config_table(model, world: int, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
+    switches = list(itertools.product(
+        ["none", "selective", "full"], [0, 1, 2, 3], [1, 2, 4], [False, True],
+        [("1f1b", 1), ("gpipe", 1), ("zero_bubble", 1), ("interleaved_1f1b", 2), ("interleaved_1f1b", 4)],
+    ))
+    combos = [
+        (mesh, switch) for mesh in legal_meshes(model, world) for switch in switches
+        if not (switch[3] and mesh[1] == 1) and not (switch[4][1] > 1 and mesh[2] == 1)
+    ]
+    picks = np.random.default_rng(seed).permutation(len(combos))[:rows] if rows <= len(combos) else (
+        np.random.default_rng(seed).integers(0, len(combos), rows)
+    )
+    chosen = [combos[i] for i in picks]
+    mesh = np.array([c[0] for c in chosen])
+    return table_from_columns(
+        dp=mesh[:, 0], tp=mesh[:, 1], pp=mesh[:, 2], cp=mesh[:, 3], ep=mesh[:, 4],
+        recompute=np.array([c[1][0] for c in chosen]), zero_stage=np.array([c[1][1] for c in chosen]),
+        micro_batch_size=np.array([c[1][2] for c in chosen]), sequence_parallel=np.array([c[1][3] for c in chosen]),
+        pipeline_schedule=np.array([c[1][4][0] for c in chosen]), virtual_stages=np.array([c[1][4][1] for c in chosen]),
+    ), len(combos)
+
+
+def median_seconds(fn, repeats: int) -> tuple[float, float]:
+    """Median wall-clock and CPU seconds of ``fn`` (CPU time: other processes on a shared
+    machine stretch the wall clock, not the work this process does)."""
+    wall, cpu = [], []
+    for _ in range(repeats):
+        started, started_cpu = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - started)
+        cpu.append(time.process_time() - started_cpu)
+    return statistics.median(wall), statistics.median(cpu)
+
+
+def measure(label: str, model, cluster, workload, table, *, repeats: int, sample: int) -> None:
+    rows = len(table["dp"])
+    batch_wall, batch_cpu = median_seconds(lambda: estimate_table(model, cluster, workload, table), repeats)
+    indices = np.random.default_rng(1).choice(rows, size=min(sample, rows), replace=False)
+    singles = [select_rows(table, [int(i)]) for i in indices]
+    single_wall, single_cpu = median_seconds(lambda: [estimate_table(model, cluster, workload, one) for one in singles], repeats)
+    for clock, batch_s, single_s in (("wall", batch_wall, single_wall), ("cpu", batch_cpu, single_cpu)):
+        batch_rate, single_rate = rows / batch_s, len(singles) / single_s
+        verdict = "meets" if batch_rate >= TARGET_ROWS_PER_S else "BELOW"
+        print(
+            f"{label:9s} [{clock:4s}] {rows:7d} rows in {batch_s:6.2f} s = {batch_rate:8.0f} configs/s "
+            f"({verdict} {TARGET_ROWS_PER_S:,}); one at a time {single_rate:6.0f} configs/s; "
+            f"ratio {batch_rate / single_rate:5.0f}x"
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=0, help="rows to price (default: every distinct legal config)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sample", type=int, default=200)
+    args = parser.parse_args()
+    model = get_model("ref-3t-moe")
+    cluster = get_preset("dgx-h200", num_nodes=128)
+    _, distinct = config_table(model, cluster.num_devices, 1)
+    rows = args.rows or distinct
+    table, _ = config_table(model, cluster.num_devices, rows)
+    print(f"ref-3t-moe on {cluster.num_devices} x {cluster.device.name}; {distinct:,} distinct legal configs, {rows:,} rows")
+    training = Training(sequence_length_tokens=4096, global_batch_tokens=4096 * 4096)
+    inference = Inference(prompt_tokens=4096, output_tokens=1024)
+    measure("training", model, cluster, training, table, repeats=args.repeats, sample=args.sample)
+    measure("inference", model, cluster, inference, table, repeats=args.repeats, sample=args.sample)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
