@@ -202,3 +202,11 @@ def test_bad_op_and_devices() -> None:
         cluster.collective_time_for_group("all_reduce", devices=[0, 9], message_bytes=1e6)
     with pytest.raises(ValueError, match="devices"):
         cluster.collective_time_for_group("all_reduce", devices=[1, 1], message_bytes=1e6)
+
+
+def test_explicit_group_crossing_scalable_units_pays_the_oversubscription() -> None:
+    data = json.loads(get_preset("dgx-h100", num_nodes=64).model_dump_json()) | {"oversubscription": 4.0}
+    cluster = Cluster.model_validate(data)
+    same_unit = cluster.collective_time_for_group("all_reduce", devices=[0, 8], message_bytes=2**30)
+    across_units = cluster.collective_time_for_group("all_reduce", devices=[0, 8 * 40], message_bytes=2**30)
+    assert across_units == pytest.approx(4.0 * same_unit, rel=0.01)

@@ -179,9 +179,10 @@ def group_path(cluster: Cluster, *, devices, concurrent_groups=None) -> GroupPat
         raise ValueError(f"concurrent_groups ({concurrent_groups}) must be >= 1")
     share = node_share(per_device=per_device, devices=cluster.devices_per_node, devices_per_nic=cluster.devices_per_nic,
                        local=float(local), concurrent=concurrent)
-    leaves = {leaf_of(cluster, cluster.node_of(d), 0) for d in members} if cluster.network_topology == "rail_optimized" else {
-        leaf_of(cluster, cluster.node_of(d), (d % cluster.devices_per_node) // cluster.devices_per_nic) for d in members}
-    if len(counts) > 1 and len(leaves) > 1:
+    # Rail-aligned traffic between nodes stays in a leaf when the nodes share one (a scalable
+    # unit on a rail-optimized network, a leaf's port range on a fat tree); else it crosses the spine.
+    leaves = {leaf_of(cluster, node, 0) for node in counts}
+    if len(leaves) > 1:
         share /= cluster.oversubscription
     share = min(share, local * measured_inter_bw)
     intra = cluster.intra_node
