@@ -104,6 +104,8 @@ def test_algorithm_choice_follows_cost() -> None:
     assert large[2] > 1.5 * large.min()  # hierarchical runs its intra- and inter-node phases one after another
     chosen = cluster.collective_time("all_reduce", group_size=256, ranks_per_node=8, message_bytes=np.array([1e4, 1e10]))
     np.testing.assert_allclose(chosen, [small.min(), large.min()])
+    names = cluster.collective_algorithm("all_reduce", group_size=256, ranks_per_node=8, message_bytes=np.array([1e4, 1e10]))
+    assert list(names) == [["ring", "tree", "hierarchical"][int(small.argmin())], ["ring", "tree", "hierarchical"][int(large.argmin())]]
     inside = get_preset("dgx-h100").collective_algorithm_times("all_reduce", group_size=8, ranks_per_node=8, message_bytes=2**29)
     assert min(inside, key=inside.get) == "in_network"  # NVLink SHARP on H100
     a100 = get_preset("dgx-a100").collective_algorithm_times("all_reduce", group_size=8, ranks_per_node=8, message_bytes=2**29)

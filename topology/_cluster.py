@@ -179,6 +179,13 @@ class Cluster(_Strict):
         path = _collectives.tier_path(self, group_size=group_size, ranks_per_node=ranks_per_node, concurrent_groups=concurrent_groups)
         return _collectives.applicable(_collectives.algorithm_times(op, path=path, message_bytes=message_bytes))
 
+    def collective_algorithm(self, op: str, *, group_size, ranks_per_node, message_bytes, concurrent_groups=None):
+        """Name of the algorithm ``collective_time`` takes, element-wise (a numpy array of str)."""
+        from topology import _collectives
+
+        path = _collectives.tier_path(self, group_size=group_size, ranks_per_node=ranks_per_node, concurrent_groups=concurrent_groups)
+        return _collectives.chosen_algorithm(_collectives.algorithm_times(op, path=path, message_bytes=message_bytes))
+
     def bus_bandwidth(self, op: str, *, group_size, ranks_per_node, message_bytes, concurrent_groups=None):
         """Predicted nccl-tests bus bandwidth (bytes/s): ``size / time * bus_factor(op, n)``."""
         from topology._collectives import bus_factor
