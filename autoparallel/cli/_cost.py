@@ -1,7 +1,161 @@
-"""Subcommands of this group are registered here (see ``autoparallel.cli``)."""
+"""``autoparallel estimate`` (cost of one layout) and ``autoparallel validate`` (predicted vs published)."""
 
 from __future__ import annotations
 
+import argparse
+import json
+
+from rich.table import Table
+
+from autoparallel.cli._render import console
+from cost_model._units import human_bytes, human_seconds
+
+DEFAULT_CLUSTER = "dgx-h200"
+DEFAULT_NODES = 128
+
 
 def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
-    """Add this group's subcommands."""
+    estimate = subparsers.add_parser("estimate", help="time, memory, MFU and tokens/s of one parallel layout")
+    _estimate_arguments(estimate)
+    estimate.set_defaults(func=_estimate)
+    validate = subparsers.add_parser("validate", help="predicted vs published throughput and memory of known runs")
+    validate.add_argument("--table", action="append", default=None, help="only this published table (repeatable)")
+    validate.add_argument("--json", action="store_true", help="print the rows as JSON instead of tables")
+    validate.add_argument("--strict", action="store_true", help="exit 1 when a table is outside its tolerance")
+    validate.set_defaults(func=_validate)
+
+
+def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="ref-3t-moe", help="catalog name or path to a HuggingFace config.json")
+    parser.add_argument("--cluster", default=DEFAULT_CLUSTER, help="preset name or a Cluster JSON")
+    parser.add_argument("--nodes", type=int, default=DEFAULT_NODES, help="scale the cluster to this many nodes")
+    kind = parser.add_mutually_exclusive_group()
+    kind.add_argument("--training", dest="training", action="store_true", help="a training step (default)")
+    kind.add_argument("--inference", dest="training", action="store_false", help="serving")
+    parser.set_defaults(training=True)
+    parser.add_argument("--sequence-length", type=int, default=4096)
+    parser.add_argument("--global-batch-tokens", type=int, default=16 * 2**20)
+    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8"))
+    parser.add_argument("--prompt-tokens", type=int, default=4096)
+    parser.add_argument("--output-tokens", type=int, default=1024)
+    parser.add_argument("--batch-size", type=int, default=0, help="inference: sequences per replica (0: largest that fits)")
+    for axis, default in (("tp", 8), ("pp", 16), ("cp", 1), ("ep", 64), ("etp", 1)):
+        parser.add_argument(f"--{axis}", type=int, default=default)
+    parser.add_argument("--dp", type=int, default=None, help="default: the devices left after tp*pp*cp")
+    parser.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--attention-data-parallel", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--zero-stage", type=int, default=1, choices=(0, 1, 2, 3))
+    parser.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"))
+    parser.add_argument("--virtual-stages", type=int, default=1)
+    parser.add_argument("--micro-batch-size", type=int, default=1)
+    parser.add_argument("--recompute", default="full", choices=("none", "selective", "full"))
+    parser.add_argument("--json", action="store_true", help="print the CostBreakdown as JSON")
+
+
+def _config(args: argparse.Namespace, num_devices: int):  # noqa: ANN202
+    from cost_model import ParallelConfig
+
+    dp = args.dp or max(1, num_devices // (args.tp * args.pp * args.cp))
+    return ParallelConfig(
+        dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, etp=args.etp,
+        sequence_parallel=args.sequence_parallel and args.tp > 1, attention_data_parallel=args.attention_data_parallel,
+        zero_stage=args.zero_stage, pipeline_schedule=args.schedule, virtual_stages=args.virtual_stages,
+        micro_batch_size=args.micro_batch_size, recompute=args.recompute,
+    )
+
+
+def _estimate(args: argparse.Namespace) -> int:
+    from autoparallel._planner import resolve_cluster, resolve_model
+    from cost_model import Inference, Training, estimate
+
+    model = resolve_model(args.model)
+    cluster = resolve_cluster(args.cluster, num_nodes=args.nodes)
+    config = _config(args, cluster.num_devices)
+    if args.training:
+        workload = Training(
+            sequence_length_tokens=args.sequence_length, global_batch_tokens=args.global_batch_tokens, precision=args.precision
+        )
+        breakdown = estimate(model, cluster, workload, config)
+    else:
+        workload = Inference(prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens)
+        breakdown = estimate(model, cluster, workload, config, batch_size=args.batch_size)
+    if args.json:
+        console.print_json(breakdown.model_dump_json())
+        return 0
+    title = f"{model.name} on {cluster.num_devices} x {cluster.device.name} ({cluster.name})"
+    console.print(f"[bold]{title}[/]\n{config!r}")
+    _print_breakdown(breakdown)
+    return 0
+
+
+def _print_breakdown(breakdown) -> None:  # noqa: ANN001 - CostBreakdown
+    times = Table(title=f"Time per step: {human_seconds(breakdown.step_time_s)} (bottleneck: {breakdown.bottleneck})")
+    for column in ("part", "exposed", "hidden", "share"):
+        times.add_column(column, justify="left" if column == "part" else "right")
+    for part, seconds in breakdown.time_s.items():
+        hidden = breakdown.hidden_time_s.get(part, 0.0)
+        share = seconds / breakdown.step_time_s if breakdown.step_time_s else 0.0
+        times.add_row(part, human_seconds(seconds), human_seconds(hidden) if hidden else "-", f"{100 * share:.1f}%")
+    console.print(times)
+    memory = Table(title=f"Memory per device: {human_bytes(breakdown.memory_per_device_bytes)} of {human_bytes(breakdown.memory_capacity_bytes)}")
+    memory.add_column("part")
+    memory.add_column("bytes", justify="right")
+    for part, value in breakdown.memory_bytes.items():
+        memory.add_row(part, human_bytes(value))
+    console.print(memory)
+    figures = {"MFU": breakdown.mfu, "tokens/s/device": breakdown.tokens_per_s_per_device, "TTFT": breakdown.ttft_s,
+               "TPOT": breakdown.tpot_s, "batch size": breakdown.batch_size}
+    for name, value in figures.items():
+        if value is None:
+            continue
+        text = f"{100 * value:.1f}%" if name == "MFU" else human_seconds(value) if name in ("TTFT", "TPOT") else f"{value:,.1f}"
+        console.print(f"{name}: [bold]{text}[/]")
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from cost_model._validation import TOLERANCES, summarize, validate_published
+
+    rows = validate_published()
+    if args.table:
+        unknown = set(args.table) - {row.table for row in rows}
+        if unknown:
+            raise ValueError(f"--table ({sorted(unknown)}) must name published tables: {sorted({r.table for r in rows})}")
+        rows = [row for row in rows if row.table in args.table]
+    summary = summarize(rows)
+    if args.json:
+        payload = [dict(row.model_dump(), error=row.error) for row in rows]
+        console.print_json(json.dumps({"rows": payload, "summary": summary}))
+    else:
+        _print_validation(rows, summary, TOLERANCES)
+    outside = [table for table, figures in summary.items() if not _within(figures, TOLERANCES.get(table))]
+    return 1 if args.strict and outside else 0
+
+
+def _within(figures: dict, tolerance) -> bool:  # noqa: ANN001
+    if tolerance is None:
+        return True
+    mean, largest = tolerance
+    return (mean is None or figures["mean_abs_error"] <= mean) and (largest is None or figures["max_abs_error"] <= largest)
+
+
+def _print_validation(rows, summary, tolerances) -> None:  # noqa: ANN001
+    for table_name in summary:
+        table = Table(title=table_name)
+        for column in ("run", "metric", "predicted", "published", "error"):
+            table.add_column(column, justify="left" if column in ("run", "metric") else "right")
+        for row in (r for r in rows if r.table == table_name):
+            color = "green" if abs(row.error) <= 0.05 else "yellow" if abs(row.error) <= 0.12 else "red"
+            table.add_row(row.run, f"{row.metric} [{row.unit}]", f"{row.predicted:,.3f}", f"{row.published:,.3f}",
+                          f"[{color}]{100 * row.error:+.1f}%[/]")
+        console.print(table)
+    overview = Table(title="Mean and max absolute error per table")
+    overview.add_column("table", no_wrap=True, min_width=26)
+    for column in ("rows", "mean |error|", "max |error|", "tolerance (mean / max)", "within"):
+        overview.add_column(column, justify="right")
+    for table_name, figures in summary.items():
+        tolerance = tolerances.get(table_name)
+        label = "-" if tolerance is None else " / ".join("-" if t is None else f"{100 * t:.0f}%" for t in tolerance)
+        ok = _within(figures, tolerance)
+        overview.add_row(table_name, str(figures["count"]), f"{100 * figures['mean_abs_error']:.1f}%",
+                         f"{100 * figures['max_abs_error']:.1f}%", label, "[green]yes[/]" if ok else "[red]no[/]")
+    console.print(overview)
