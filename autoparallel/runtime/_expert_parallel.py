@@ -397,6 +397,45 @@ def _shard_expert(expert: nn.Module, *, name: str, rank: int, parts: int) -> Non
         raise ValueError(f"expert {name} has none of the projections {names}; cannot split it over etp ({parts})")
 
 
+def _huggingface_topk_forward(block: nn.Module):  # noqa: ANN202 - a bound forward
+    """The routing of HuggingFace's Mixtral / Qwen2-MoE / Qwen3-MoE sparse blocks (per-expert
+    modules, ``transformers`` ``modeling_mixtral.py`` and ``modeling_qwen3_moe.py``): softmax over
+    the router logits, top-k, renormalized unless ``norm_topk_prob`` is False, an optional shared
+    expert scaled by ``sigmoid(shared_expert_gate(x))`` (Qwen2-MoE); returns (output, router
+    logits) as those blocks do. Tokens go through ``block.dispatcher``."""
+
+    def forward(hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = hidden_states.reshape(-1, hidden_states.shape[-1])
+        router_logits = block.gate(tokens)
+        probabilities = torch.softmax(router_logits, dim=-1, dtype=torch.float)
+        weights, expert_ids = probabilities.topk(block.top_k, dim=-1)
+        if getattr(block, "norm_topk_prob", True):
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        out = block.dispatcher(tokens, weights.to(tokens.dtype), expert_ids, block.experts)
+        shared = getattr(block, "shared_expert", None)
+        if shared is not None:
+            shared_out = shared(tokens)
+            shared_gate = getattr(block, "shared_expert_gate", None)
+            if shared_gate is not None:
+                shared_out = torch.sigmoid(shared_gate(tokens)) * shared_out
+            out = out + shared_out
+        return out.view_as(hidden_states), router_logits
+
+    return forward
+
+
+def _route_through_dispatcher(block: nn.Module, *, name: str) -> None:
+    """Give a HuggingFace-style top-k block (a Linear ``gate``, an integer ``top_k``) a forward
+    that routes through ``block.dispatcher``; other blocks without a dispatcher are an error."""
+    if not isinstance(getattr(block, "gate", None), nn.Linear) or not isinstance(getattr(block, "top_k", None), int):
+        raise ValueError(
+            f"MoE block {name!r} ({type(block).__name__}) has no 'dispatcher' attribute and is not a "
+            "HuggingFace top-k block (Linear 'gate', int 'top_k'); expert parallel needs blocks that route "
+            "through self.dispatcher(tokens, weights, expert_ids, self.experts)"
+        )
+    block.forward = _huggingface_topk_forward(block)
+
+
 @dataclass
 class ExpertParallel:
     """What ``apply_expert_parallel`` did, and the gradient sync it leaves to the training loop.
@@ -517,10 +556,7 @@ def apply_expert_parallel(
     for name, container in containers:
         block, child = _parent(model, name)
         if not hasattr(block, "dispatcher"):
-            raise ValueError(
-                f"MoE block {name.rpartition('.')[0]!r} ({type(block).__name__}) has no 'dispatcher' attribute; "
-                "expert parallel needs blocks that route through self.dispatcher(...)"
-            )
+            _route_through_dispatcher(block, name=name.rpartition(".")[0])
         items = container.items() if isinstance(container, nn.ModuleDict) else enumerate(container)
         experts = {str(key): module for key, module in items}
         local = nn.ModuleDict({str(e): experts[str(e)] for e in dispatcher.local_experts})
