@@ -50,6 +50,16 @@ def device_and_backend() -> tuple[object, str]:
     return torch.device(accelerator.type, index), dist.get_default_backend_for_device(accelerator.type)
 
 
+def bind_local_device() -> None:
+    """Under torchrun, put this process on accelerator ``LOCAL_RANK`` (no-op on the CPU)."""
+    import os
+
+    import torch
+
+    if hasattr(torch, "accelerator") and torch.accelerator.current_accelerator() is not None:
+        torch.accelerator.set_device_index(int(os.environ.get("LOCAL_RANK", "0")))
+
+
 def synchronize(device) -> None:
     import torch
 

@@ -395,6 +395,7 @@ def probe(*, settings: ProbeSettings | None = None, base: Cluster | None = None,
     settings = settings or ProbeSettings()
     created = not dist.is_initialized()
     if created:
+        measure.bind_local_device()
         _device_, backend = measure.device_and_backend()
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=max(settings.operation_timeout_s * 4, 60)))
     try:
