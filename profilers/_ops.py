@@ -64,7 +64,7 @@ class ProfileGrid(BaseModel):
 
 
 _TINY = dict(
-    dtypes=("fp32",), gemm_sizes=(16, 64, 128), attention_sequence_tokens=(32, 64), expert_tokens=(4, 16),
+    dtypes=("fp32", "bf16"), gemm_sizes=(16, 64, 128), attention_sequence_tokens=(32, 64), expert_tokens=(4, 16),
     num_experts=4, expert_hidden_size=32, expert_ffn_hidden_size=64, memory_elements=(1024, 65536),
     collective_bytes=(4096, 65536), collective_ops=("all_reduce", "send_recv"), warmup=1, repeats=3,
 )

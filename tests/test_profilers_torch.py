@@ -37,7 +37,7 @@ def test_grid_rejects_unknown_names():
 def test_single_process_profile_has_every_operator_curve():
     profile = profile_hardware(grid=TINY)
     assert profile.device_type == "cpu" and profile.collectives == {}
-    assert set(profile.gemm) == set(profile.attention) == set(profile.grouped_gemm) == {"fp32"}
+    assert set(profile.gemm) == set(profile.attention) == set(profile.grouped_gemm) == {"fp32", "bf16"}
     gemm = profile.gemm["fp32"]
     assert gemm.work == (6.0 * 16**3, 6.0 * 64**3, 6.0 * 128**3) and all(s > 0 for s in gemm.seconds)  # 3 layouts
     assert profile.memory.labels[0].startswith("add") and profile.norm is not None
