@@ -123,6 +123,7 @@ def _tier(**changes) -> dict:
         ({"latency_s": "3 usec"}, "latency_s"),
         ({"bandwidth_gbps": 450}, "bandwidth_gbps"),  # a unit typo in the key
         ({"efficiency": 1.5}, "efficiency"),
+        ({"kind": "nvlink_swich"}, "kind"),
     ],
 )
 def test_bad_link_tier_raises_value_error_naming_the_field(changes: dict, field: str) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from topology._hardware import HardwareSpec
 from topology._units import BytesPerSecond, Seconds
@@ -30,6 +30,8 @@ COLLECTIVE_OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter",
 MESH_FABRICS = ("xgmi_mesh", "hccs_mesh", "mtlink_mesh")
 #: Intra-node fabrics through one switch (NVSwitch, PCIe switch, host loopback).
 SWITCHED_FABRICS = ("nvlink_switch", "pcie", "loopback", "ethernet")
+#: Link kinds a tier may name: the fabrics above, scale-out networks, and probe measurements.
+LINK_KINDS = MESH_FABRICS + SWITCHED_FABRICS + ("infiniband", "roce", "efa", "measured")
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -63,12 +65,21 @@ class LinkTier(_Strict):
     bandwidth as *algorithm* bandwidth (``algBw``), each device sending and receiving its buffer once.
     """
 
-    kind: str = Field(description="nvlink_switch, xgmi_mesh, hccs_mesh, mtlink_mesh, pcie, infiniband, roce, ethernet, loopback")
+    kind: str = Field(description="one of LINK_KINDS: the intra-node fabric or the scale-out network")
     bandwidth_bytes_per_s: BytesPerSecond = Field(gt=0, description="per device, per direction")
     latency_s: Seconds = Field(ge=0)
     efficiency: float = Field(default=1.0, gt=0, le=1, description="achievable fraction for bulk collectives")
     in_network_reduction_efficiency: float | None = Field(default=None, gt=0, le=1)
     source: str = ""
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, kind: str) -> str:
+        if kind not in LINK_KINDS:
+            close = difflib.get_close_matches(kind, LINK_KINDS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"kind ({kind!r}) is not a link kind{hint}; valid kinds: {', '.join(LINK_KINDS)}")
+        return kind
 
 
 class DeviceLink(_Strict):

@@ -158,9 +158,11 @@ def _measured_limits(cluster: Cluster, members: list[int]) -> tuple[float, float
         if link.from_device in inside and link.to_device in inside:
             same = cluster.node_of(link.from_device) == cluster.node_of(link.to_device)
             (intra if same else inter).append(link)
-    bandwidth = lambda links: min((link.bandwidth_bytes_per_s for link in links), default=np.inf)  # noqa: E731
-    latency = lambda links: max((link.latency_s for link in links), default=0.0)  # noqa: E731
-    return bandwidth(intra), latency(intra), bandwidth(inter), latency(inter)
+    def slowest(links: list) -> tuple[float, float]:
+        return (min((link.bandwidth_bytes_per_s for link in links), default=np.inf),
+                max((link.latency_s for link in links), default=0.0))
+
+    return (*slowest(intra), *slowest(inter))
 
 
 def group_path(cluster: Cluster, *, devices, concurrent_groups=None) -> GroupPath:
