@@ -1,0 +1,266 @@
+"""Training step time and memory: parts sum to totals, physical invariants, cited formulas."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from autoparallel import get_model
+from cost_model import (
+    CostBreakdown,
+    EstimateOptions,
+    InfeasiblePlanError,
+    Inference,
+    ParallelConfig,
+    Training,
+    configs_to_table,
+    estimate,
+    estimate_table,
+    table_row,
+)
+from cost_model._common import MEMORY_PARTS, REASON_CODES, Calibration
+from cost_model._training import TRAINING_TIME_PARTS
+from cost_model._validation import gpt_model
+from topology import get_preset
+
+REF = get_model("ref-3t-moe")
+CLUSTER_1024 = get_preset("dgx-h200", num_nodes=128)
+TRAINING = Training(sequence_length_tokens=4096, global_batch_tokens=4096 * 4096)
+NEUTRAL = EstimateOptions(calibration=Calibration())
+
+
+def random_legal_table(model, world: int, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random legal configs of ``model`` on ``world`` devices (rules checked one by one)."""
+    rng = np.random.default_rng(seed)
+    configs = []
+    while len(configs) < rows:
+        tp, pp, cp = (int(rng.choice(values)) for values in ([1, 2, 4, 8], [1, 2, 4, 8, 16], [1, 2]))
+        dp, rest = divmod(world, tp * pp * cp)
+        ep = int(rng.choice([1, 2, 8, 32, 64])) if model.moe else 1
+        schedule, virtual = [("1f1b", 1), ("gpipe", 1), ("zero_bubble", 1), ("interleaved_1f1b", 2)][rng.integers(4)]
+        if rest or (virtual > 1 and pp == 1):
+            continue
+        config = ParallelConfig(
+            dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=bool(tp > 1 and rng.integers(2)),
+            zero_stage=int(rng.integers(4)), pipeline_schedule=schedule, virtual_stages=virtual,
+            micro_batch_size=int(rng.choice([1, 2])), recompute=["none", "selective", "full"][rng.integers(3)],
+        )
+        try:
+            config.validate_for(model, world)
+        except ValueError:
+            continue
+        configs.append(config)
+    return configs_to_table(configs)
+
+
+@pytest.fixture(scope="module")
+def ref_table() -> dict[str, np.ndarray]:
+    return random_legal_table(REF, CLUSTER_1024.num_devices, 300)
+
+
+@pytest.fixture(scope="module")
+def ref_columns(ref_table) -> dict[str, np.ndarray]:
+    return estimate_table(REF, CLUSTER_1024, TRAINING, ref_table)
+
+
+# ------------------------------------------------------------------------------ sums and ranges
+def test_time_parts_sum_to_the_step(ref_columns) -> None:
+    parts = sum(ref_columns[f"time.{part}"] for part in TRAINING_TIME_PARTS)
+    np.testing.assert_allclose(parts, ref_columns["step_time_s"], rtol=1e-12)
+    assert all(np.all(ref_columns[f"time.{part}"] >= 0) for part in TRAINING_TIME_PARTS)
+    assert all(np.all(ref_columns[name] >= 0) for name in ref_columns if name.startswith("hidden."))
+
+
+def test_memory_parts_sum_to_the_total(ref_columns) -> None:
+    parts = sum(ref_columns[f"memory.{part}"] for part in MEMORY_PARTS)
+    np.testing.assert_allclose(parts, ref_columns["memory_per_device_bytes"], rtol=1e-12)
+    assert np.all(ref_columns["memory.kv_cache"] == 0)
+
+
+def test_breakdown_parts_sum_and_derived_figures() -> None:
+    config = ParallelConfig(dp=16, tp=4, pp=16, ep=32, sequence_parallel=True, zero_stage=1, recompute="selective")
+    breakdown = estimate(REF, CLUSTER_1024, TRAINING, config, fragmentation_fraction=0.0)
+    assert sum(breakdown.time_s.values()) == pytest.approx(breakdown.step_time_s, rel=1e-12)
+    assert sum(breakdown.memory_bytes.values()) == pytest.approx(breakdown.memory_per_device_bytes, rel=1e-12)
+    assert breakdown.memory_bytes["fragmentation"] == 0.0
+    world = config.world_size
+    assert breakdown.tokens_per_s_per_device == pytest.approx(TRAINING.tokens_per_step / breakdown.step_time_s / world)
+    assert 0 < breakdown.mfu < 1
+    assert breakdown.bottleneck == max(breakdown.time_s, key=breakdown.time_s.get)
+
+
+def test_scalar_estimate_is_the_table_row() -> None:
+    config = ParallelConfig(dp=8, tp=8, pp=16, ep=64, sequence_parallel=True, zero_stage=1, recompute="full")
+    breakdown = estimate(REF, CLUSTER_1024, TRAINING, config)
+    columns = estimate_table(REF, CLUSTER_1024, TRAINING, configs_to_table([config]))
+    assert isinstance(breakdown, CostBreakdown)
+    assert breakdown.step_time_s == columns["step_time_s"][0]
+    assert breakdown.memory_bytes == {part: columns[f"memory.{part}"][0] for part in MEMORY_PARTS}
+
+
+# ------------------------------------------------------------------------------ invariants
+def test_no_tp_traffic_without_tp(ref_table, ref_columns) -> None:
+    single = ref_table["tp"] == 1
+    assert single.any() and (~single).any()
+    assert np.all(ref_columns["time.tp_comm"][single] == 0) and np.all(ref_columns["hidden.tp_comm"][single] == 0)
+    assert np.all((ref_columns["time.tp_comm"] + ref_columns["hidden.tp_comm"])[~single] > 0)
+
+
+def test_no_all_to_all_without_ep(ref_table, ref_columns) -> None:
+    single = ref_table["ep"] == 1
+    assert single.any() and (~single).any()
+    assert np.all(ref_columns["time.ep_comm"][single] == 0) and np.all(ref_columns["hidden.ep_comm"][single] == 0)
+    assert np.all(ref_columns["time.ep_comm"][~single] > 0)
+
+
+def test_no_pipeline_costs_without_pp(ref_table, ref_columns) -> None:
+    single = ref_table["pp"] == 1
+    assert np.all(ref_columns["time.bubble"][single] == 0) and np.all(ref_columns["time.pp_comm"][single] == 0)
+    assert np.all(ref_columns["time.bubble"][~single] > 0)
+    assert np.all((ref_columns["time.cp_comm"] + ref_columns["hidden.cp_comm"])[ref_table["cp"] == 1] == 0)
+
+
+def test_more_tp_means_fewer_weight_bytes_per_device() -> None:
+    configs = [ParallelConfig(dp=1024 // (tp * 16), tp=tp, pp=16, ep=64, zero_stage=1, recompute="full") for tp in (1, 2, 4, 8)]
+    columns = estimate_table(REF, CLUSTER_1024, TRAINING, configs_to_table(configs))
+    assert np.all(np.diff(columns["memory.weights"]) < 0)
+
+
+def _scaled_cluster(cluster, factor: float):
+    return cluster.model_copy(update={
+        "intra_node": cluster.intra_node.model_copy(update={"bandwidth_bytes_per_s": cluster.intra_node.bandwidth_bytes_per_s * factor}),
+        "inter_node": cluster.inter_node.model_copy(update={"bandwidth_bytes_per_s": cluster.inter_node.bandwidth_bytes_per_s * factor}),
+        "device": cluster.device.model_copy(update={"memory_bandwidth_bytes_per_s": cluster.device.memory_bandwidth_bytes_per_s * factor}),
+    })
+
+
+def test_more_bandwidth_is_never_slower(ref_table, ref_columns) -> None:
+    faster = estimate_table(REF, _scaled_cluster(CLUSTER_1024, 2.0), TRAINING, ref_table)
+    assert np.all(faster["step_time_s"] <= ref_columns["step_time_s"] * (1 + 1e-12))
+    assert np.any(faster["step_time_s"] < ref_columns["step_time_s"] * 0.99)
+
+
+def test_recompute_trades_time_for_memory() -> None:
+    configs = [ParallelConfig(dp=8, tp=8, pp=16, ep=64, sequence_parallel=True, zero_stage=1, recompute=r) for r in ("none", "selective", "full")]
+    columns = estimate_table(REF, CLUSTER_1024, TRAINING, configs_to_table(configs), options=EstimateOptions(flash_attention=False))
+    assert columns["time.recompute"][0] == 0 < columns["time.recompute"][1] < columns["time.recompute"][2]
+    assert columns["memory.activations"][0] > columns["memory.activations"][1] > columns["memory.activations"][2]
+
+
+def test_schedules_order_their_bubbles_and_memory() -> None:
+    base = dict(dp=8, tp=8, pp=16, ep=64, sequence_parallel=True, zero_stage=1, recompute="full")
+    schedules = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 5), ("zero_bubble", 1)]
+    configs = [ParallelConfig(**base, pipeline_schedule=s, virtual_stages=v) for s, v in schedules]
+    columns = estimate_table(REF, CLUSTER_1024, TRAINING, configs_to_table(configs))
+    gpipe, one_f_one_b, interleaved, zero_bubble = columns["time.bubble"]
+    assert gpipe == pytest.approx(one_f_one_b) and interleaved < one_f_one_b and zero_bubble < one_f_one_b
+    assert columns["memory.activations"][0] > columns["memory.activations"][1]
+
+
+def test_zero_stages_shard_states_gradients_then_weights() -> None:
+    configs = [ParallelConfig(dp=8, tp=8, pp=16, ep=64, zero_stage=z, recompute="full") for z in range(4)]
+    columns = estimate_table(REF, CLUSTER_1024, TRAINING, configs_to_table(configs))
+    states, grads, weights = (columns[f"memory.{p}"] for p in ("optimizer_states", "gradients", "weights"))
+    assert states[0] > states[1] == states[2] == states[3]
+    assert grads[0] == grads[1] > grads[2] == grads[3]
+    assert weights[0] == weights[1] == weights[2] > weights[3]
+
+
+def test_sliding_window_attention_is_cheaper_at_long_context() -> None:
+    long = Training(sequence_length_tokens=131072, global_batch_sequences=64)
+    windowed = REF.model_copy(update={"attention": REF.attention.model_copy(update={"variant": "sliding_window", "window_tokens": 4096})})
+    config = configs_to_table([ParallelConfig(dp=4, tp=8, pp=16, cp=2, ep=64, sequence_parallel=True, recompute="full", zero_stage=1)])
+    full = estimate_table(REF, CLUSTER_1024, long, config)["time.compute"][0]
+    window = estimate_table(windowed, CLUSTER_1024, long, config)["time.compute"][0]
+    assert window < 0.5 * full
+
+
+# ------------------------------------------------------------------------------ formulas
+def test_compute_time_brackets_six_n_t() -> None:
+    """One GPU, no recompute: compute >= 6·N·T / achievable FLOP/s (matmuls alone) and within 30%."""
+    model = gpt_model(name="gpt-1.3b", heads=32, hidden=2048, layers=24, vocab=51200, sequence=2048, tied=True)
+    cluster = get_preset("dgx-a100")
+    workload = Training(sequence_length_tokens=2048, global_batch_sequences=8)
+    columns = estimate_table(model, cluster, workload, configs_to_table([ParallelConfig(micro_batch_size=8)]), options=NEUTRAL)
+    matmul_flops = 6.0 * model.matmul_parameters_per_token() * workload.tokens_per_step
+    lower = matmul_flops / (312e12 * cluster.device.matmul_efficiency)
+    assert lower < columns["time.compute"][0] < 1.3 * lower
+
+
+@pytest.mark.parametrize("tp,micro_batch", [(4, 2), (8, 1)])
+def test_activations_follow_korthikanti_table_2(tp: int, micro_batch: int) -> None:
+    """No SP, no recompute, unfused attention with dropout: sbh(10 + 24/t + 5as/(ht)) per layer
+    (Korthikanti et al. 2022 eq. 2 with tensor parallel), plus the fp32 logits of the last stage."""
+    s, h, a, layers, vocab = 1024, 2048, 16, 8, 32000
+    model = gpt_model(name="gpt", heads=a, hidden=h, layers=layers, vocab=vocab, sequence=s, tied=True)
+    options = EstimateOptions(calibration=Calibration(), flash_attention=False, hidden_dropout=True, attention_dropout=True)
+    workload = Training(sequence_length_tokens=s, global_batch_sequences=micro_batch)
+    config = ParallelConfig(tp=tp, micro_batch_size=micro_batch)
+    columns = estimate_table(model, get_preset("dgx-a100"), workload, configs_to_table([config]), options=options)
+    sbh = s * micro_batch * h
+    expected = layers * sbh * (10 + 24 / tp + 5 * a * s / (h * tp)) + 4.0 * s * micro_batch * vocab / tp
+    assert columns["memory.activations"][0] == pytest.approx(expected, rel=1e-9)
+
+
+def test_model_states_cost_eighteen_bytes_per_parameter() -> None:
+    """fp16 weights 2 + fp32 main gradients 4 + Adam fp32 master/m/v 12 (ZeRO paper K = 12)."""
+    model = gpt_model(name="gpt", heads=16, hidden=1024, layers=4, vocab=1024, sequence=512, tied=True)
+    columns = estimate_table(model, get_preset("dgx-a100"), Training(sequence_length_tokens=512, global_batch_sequences=1),
+                             configs_to_table([ParallelConfig()]))
+    states = sum(columns[f"memory.{p}"][0] for p in ("weights", "gradients", "optimizer_states"))
+    assert states == pytest.approx(18.0 * model.num_parameters)
+
+
+# ------------------------------------------------------------------------------ infeasible and errors
+def test_plan_that_does_not_fit_names_the_part() -> None:
+    config = ParallelConfig(dp=1024, ep=64, zero_stage=0, recompute="none")
+    columns = estimate_table(REF, CLUSTER_1024, TRAINING, configs_to_table([config]))
+    assert not columns["feasible"][0]
+    assert columns["reason"][0] == REASON_CODES["optimizer_states"]
+    with pytest.raises(InfeasiblePlanError) as caught:
+        estimate(REF, CLUSTER_1024, TRAINING, config)
+    assert caught.value.part == "optimizer_states"
+    assert caught.value.needed_bytes > caught.value.available_bytes == CLUSTER_1024.device.memory_bytes
+    assert "TB" in str(caught.value) and "141.0 GB" in str(caught.value)
+
+
+def test_batch_that_does_not_divide_is_reported() -> None:
+    config = ParallelConfig(dp=8, tp=8, pp=16, ep=64, micro_batch_size=3, recompute="full", zero_stage=1)
+    columns = estimate_table(REF, CLUSTER_1024, TRAINING, configs_to_table([config]))
+    assert not columns["feasible"][0] and columns["reason"][0] == REASON_CODES["batch_not_divisible"]
+    with pytest.raises(ValueError, match="global_batch_sequences"):
+        estimate(REF, CLUSTER_1024, TRAINING, config)
+
+
+def test_illegal_config_and_unknown_option_raise() -> None:
+    with pytest.raises(ValueError, match="num_routed_experts"):
+        estimate(REF, CLUSTER_1024, TRAINING, ParallelConfig(dp=128, tp=8, ep=5))
+    with pytest.raises(ValueError, match="flash_atention"):
+        estimate(REF, CLUSTER_1024, TRAINING, ParallelConfig(dp=8, tp=8, pp=16, ep=64), flash_atention=False)
+
+
+# ------------------------------------------------------------------------------ acceptance and dispatch
+def test_reference_model_on_1024_cards_completes_and_passes_invariants() -> None:
+    grid = [
+        ParallelConfig(dp=1024 // (tp * pp), tp=tp, pp=pp, ep=ep, sequence_parallel=tp > 1, zero_stage=1, recompute="full")
+        for tp, pp, ep in itertools.product((4, 8), (8, 16), (32, 64))
+    ]
+    columns = estimate_table(REF, CLUSTER_1024, TRAINING, configs_to_table(grid))
+    assert columns["feasible"].any()
+    best = int(np.argmax(np.where(columns["feasible"], columns["tokens_per_s_per_device"], -1)))
+    breakdown = estimate(REF, CLUSTER_1024, TRAINING, grid[best])
+    assert breakdown.memory_per_device_bytes <= CLUSTER_1024.device.memory_bytes
+    assert 0 < breakdown.mfu < 0.8 and breakdown.step_time_s > 0
+    assert breakdown.time_s["ep_comm"] > 0 and breakdown.time_s["bubble"] > 0
+
+
+def test_inference_dispatch_has_no_backward_or_optimizer() -> None:
+    workload = Inference(prompt_tokens=2048, output_tokens=256)
+    config = ParallelConfig(dp=128, tp=8, ep=64)
+    columns = estimate_table(REF, CLUSTER_1024, workload, configs_to_table([config]))
+    names = set(columns)
+    assert not {"time.optimizer", "time.recompute", "time.dp_comm", "time.bubble"} & names
+    assert "memory.gradients" not in names and "memory.optimizer_states" not in names
+    assert columns["step_time_s"][0] > 0
