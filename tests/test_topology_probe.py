@@ -125,7 +125,8 @@ def test_pairs_all_up_to_64_ranks_then_sampled() -> None:
 
 
 @pytest.mark.parametrize(("changes", "field"), [({"repeats": 3}, "repeats"), ({"operation_timeout_s": 0}, "operation_timeout_s"),
-                                                ({"repeat": 5}, "repeat")])
+                                                ({"repeat": 5}, "repeat"), ({"collective_ops": ["allreduce"]}, "collective_ops"),
+                                                ({"matmul_dtypes": ["fp64"]}, "matmul_dtypes")])
 def test_bad_settings_name_the_field(changes: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         ProbeSettings.model_validate(changes)

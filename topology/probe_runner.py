@@ -23,13 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from topology._cluster import Cluster, DeviceLink, LinkTier
 from topology._hardware import HardwareSpec
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 Progress = Callable[[str, int, int], None]
+PROBED_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+PROBED_DTYPES = ("fp32", "bf16", "fp16")
 
 
 class ProbeSettings(BaseModel):
@@ -39,7 +41,7 @@ class ProbeSettings(BaseModel):
 
     p2p_message_bytes: int | None = Field(default=None, gt=0)
     collective_message_bytes: tuple[int, ...] | None = None
-    collective_ops: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+    collective_ops: tuple[str, ...] = PROBED_OPS
     group_sizes: tuple[int, ...] | None = Field(default=None, description="default: powers of two up to the world")
     matmul_dim: int | None = Field(default=None, gt=0)
     matmul_dtypes: tuple[str, ...] | None = None
@@ -50,6 +52,22 @@ class ProbeSettings(BaseModel):
     max_all_pairs_ranks: int = Field(default=64, gt=1)
     sampled_peers_per_rank: int = Field(default=8, ge=0)
     run_name: str | None = None
+
+    @field_validator("collective_ops")
+    @classmethod
+    def _known_ops(cls, ops: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = sorted(set(ops) - set(PROBED_OPS))
+        if unknown:
+            raise ValueError(f"collective_ops ({unknown}) are not probed ops; valid: {', '.join(PROBED_OPS)}")
+        return ops
+
+    @field_validator("matmul_dtypes")
+    @classmethod
+    def _known_dtypes(cls, dtypes: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        unknown = sorted(set(dtypes or ()) - set(PROBED_DTYPES))
+        if unknown:
+            raise ValueError(f"matmul_dtypes ({unknown}) are not probed dtypes; valid: {', '.join(PROBED_DTYPES)}")
+        return dtypes
 
 
 @dataclass(frozen=True)
@@ -158,7 +176,9 @@ def probe_rank(rank: int, world_size: int, *, settings: ProbeSettings | None = N
     settings, hooks = settings or ProbeSettings(), hooks or ProbeHooks()
     device, backend = measure.device_and_backend()
     chosen = _defaults(settings, device.type, world_size)
-    run_name = settings.run_name or datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    run_name = [settings.run_name or datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")]
+    dist.broadcast_object_list(run_name, src=0)  # one name (and store prefix) for every rank
+    run_name = run_name[0]
     monitor = measure.RankMonitor(rank=rank, world_size=world_size, timeout_s=settings.operation_timeout_s,
                                   prefix=f"autoparallel-probe/{run_name}")
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
