@@ -35,7 +35,8 @@ class Meshes:
     device: torch.device
 
     def coordinate(self, axis: str) -> int:
-        """This rank's index along ``axis`` (a dense or MoE axis name)."""
+        """This rank's index along ``axis`` (a dense or MoE axis name): its rank in that axis's
+        process group (the index pipeline stages, FSDP shards and EP placement use)."""
         mesh = self.dense if axis in DENSE_AXES else self.moe
         return mesh[axis].get_local_rank()
 
@@ -70,7 +71,23 @@ def mesh_rank_layout(plan: ShardingPlan) -> torch.Tensor:
         raise ValueError(
             f"plan world_size ({plan.world_size}) must equal dp*cp*tp*pp of its config ({plan.config.world_size})"
         )
-    return torch.tensor(ranks, dtype=torch.int64).view(dense)
+    layout = torch.tensor(ranks, dtype=torch.int64).view(dense)
+    _check_increasing(layout)
+    return layout
+
+
+def _check_increasing(layout: torch.Tensor) -> None:
+    """torch orders a process group's ranks by global rank while DTensor places shards by mesh
+    position, so along the DTensor axes (tp, and dp under FSDP) global ranks must increase."""
+    for axis in ("dp", "tp"):
+        dim = DENSE_AXES.index(axis)
+        if layout.shape[dim] > 1 and not bool((layout.diff(dim=dim) > 0).all()):
+            groups = layout.movedim(dim, -1).reshape(-1, layout.shape[dim])
+            bad = next(group.tolist() for group in groups if not bool((group.diff() > 0).all()))
+            raise ValueError(
+                f"rank_to_device places the {axis} group {bad} out of increasing rank order; "
+                f"ranks must increase along the {axis} axis (process groups order ranks by global rank)"
+            )
 
 
 def _init_process_group(backend: str | None, device_type: str) -> None:
