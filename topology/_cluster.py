@@ -262,7 +262,3 @@ class Cluster(_Strict):
         links = tuple(link for link in self.links if link.from_device < limit and link.to_device < limit)
         data = self.model_dump() | {"num_nodes": num_nodes, "name": f"{self.name.split('@')[0]}@{num_nodes}n", "links": links}
         return Cluster.model_validate(data)
-
-
-def _as_array(value) -> np.ndarray:
-    return np.asarray(value, dtype=np.float64)
