@@ -73,8 +73,8 @@ def _training_table(model, cluster, workload: Training, table, options: Estimate
 
 
 def estimate(model: ModelSpec, cluster, workload: Training | Inference, config: ParallelConfig, **options) -> CostBreakdown:
-    """Cost of one ``config``; ``options`` are ``EstimateOptions`` fields for training and
-    ``ServingConfig`` fields (batch_size, num_redundant_experts, kv_dtype, ...) for inference.
+    """Cost of one ``config``; ``options`` are ``EstimateOptions`` fields, plus for inference
+    ``ServingConfig`` fields (batch_size, num_redundant_experts, kv_dtype, ...).
 
     Raises ``ValueError`` for a config the model's rules reject and ``InfeasiblePlanError``
     naming the memory part (or SLO) that does not fit.
@@ -88,9 +88,10 @@ def estimate(model: ModelSpec, cluster, workload: Training | Inference, config: 
         from cost_model._inference import REASON_CODES as inference_reasons
         from cost_model._inference import ServingConfig
 
-        serving = ServingConfig(**options)
+        serving = ServingConfig(**{k: v for k, v in options.items() if k in ServingConfig.model_fields})
+        rest = EstimateOptions(**{k: v for k, v in options.items() if k not in ServingConfig.model_fields})
         table = configs_to_table([config], **serving.columns(workload=workload))
-        columns = estimate_table(model, cluster, workload, table)
+        columns = estimate_table(model, cluster, workload, table, options=rest)
         labels = {code: label for label, code in inference_reasons.items()}
     else:
         check_sequence_fits(config, workload.sequence_length_tokens)

@@ -110,9 +110,11 @@ class TrainingContext:
         return 4.0 if self.workload.master_weights_fp32 else 2.0
 
     def op(self, flops, bytes_moved, calls=1.0, kind: str = "matmul") -> np.ndarray:
-        hardware = self.cluster.device
+        """Roofline time; fp8 training runs its GEMMs in fp8 but core attention in bf16
+        (DeepSeek-V3 report sec. 3.3.1: attention stays in higher precision)."""
+        dtype = "bf16" if kind == "attention" and self.workload.precision == "fp8" else self.workload.precision
         return op_time_s(
-            flops=flops, bytes_moved=bytes_moved, hardware=hardware, dtype=self.workload.precision,
+            flops=flops, bytes_moved=bytes_moved, hardware=self.cluster.device, dtype=dtype,
             calibration=self.calibration, calls=calls, kind=kind,
         )
 
