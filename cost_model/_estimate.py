@@ -94,6 +94,8 @@ def estimate(model: ModelSpec, cluster, workload: Training | Inference, config: 
         columns = estimate_table(model, cluster, workload, table, options=rest)
         labels = {code: label for label, code in inference_reasons.items()}
     else:
+        if config.attention_data_parallel:
+            raise ValueError("attention_data_parallel (True) is an inference layout; training needs False")
         check_sequence_fits(config, workload.sequence_length_tokens)
         config.num_micro_batches(workload.global_batch_sequences)
         table = configs_to_table([config])

@@ -37,6 +37,7 @@ from typing import Mapping
 import numpy as np
 
 from cost_model._common import (
+    attention_parameters_per_device,
     Calibration,
     EstimateOptions,
     StageLayout,
@@ -148,7 +149,7 @@ def _heads_per_rank(ctx: TrainingContext) -> np.ndarray:
 
 def attention_projection_time(ctx: TrainingContext) -> np.ndarray:
     """Q/K/V/O projections (MLA: its low-rank down/up projections) of one layer."""
-    params = ctx.model.attention_parameters() / ctx.column("tp")
+    params = attention_parameters_per_device(model=ctx.model, table=ctx.table)  # MLA down-projections whole
     h = ctx.model.hidden_size
     return ctx.op(2.0 * ctx.tokens * params, params * 2.0 + ctx.tokens * 4.0 * h * ACTIVATION_BYTES, calls=4.0)
 

@@ -199,6 +199,9 @@ def _table5_cases() -> list[Case]:
 
 
 def _h100_cases() -> list[Case]:
+    """Megatron-core r0.8 GPT runs. The README gives tp, pp, dp and the global batch; the rest
+    is Megatron-core's performance setup and is assumed: micro-batch 1, no recompute, sequence
+    parallel with tp > 1, distributed optimizer (ZeRO-1), plain 1F1B, bf16."""
     cases = []
     for r in (r for r in published_records() if r["table"] == "megatron_readme_h100"):
         model = gpt_model(name=f"gpt-{r['model']}", heads=r["heads"], hidden=r["hidden"], layers=r["layers"],
