@@ -154,6 +154,8 @@ def test_meshes_follow_rank_to_device_with_fake_backend():
         # rank 2 sits at mesh position 1: pp 0, dp 0, tp 1; its ep group is {0, 2, 1, 3}
         assert {axis: meshes.coordinate(axis) for axis in ("pp", "dp", "tp", "ep")} == {"pp": 0, "dp": 0, "tp": 1, "ep": 2}
         assert meshes.device == torch.device("cpu")
+        with pytest.raises(ValueError, match=r"backend \('nccl'\) differs"):
+            build_meshes(plan, backend="nccl")
         backwards = plan.model_copy(update={"rank_to_device": (1, 0, 2, 3, 4, 5, 6, 7)})
         with pytest.raises(ValueError, match=r"tp group \[1, 0\] out of increasing rank order"):
             build_meshes(backwards)

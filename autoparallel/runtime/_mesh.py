@@ -12,6 +12,7 @@ accelerator's type (CUDA, XPU, MPS, ...) when there is one, else ``cpu``; the ba
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -92,6 +93,10 @@ def _check_increasing(layout: torch.Tensor) -> None:
 
 def _init_process_group(backend: str | None, device_type: str) -> None:
     if dist.is_initialized():
+        if backend is not None and dist.get_backend() != backend:
+            raise ValueError(
+                f"backend ({backend!r}) differs from the initialized process group's ({dist.get_backend()!r})"
+            )
         return
     dist.init_process_group(backend or dist.get_default_backend_for_device(device_type))
 
@@ -100,7 +105,8 @@ def _local_device(device_type: str) -> torch.device:
     if device_type == "cpu" or device_type == "meta":
         return torch.device(device_type)
     module = torch.get_device_module(device_type)
-    index = dist.get_rank() % max(module.device_count(), 1)
+    local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
+    index = local_rank % max(module.device_count(), 1)
     module.set_device(index)
     return torch.device(device_type, index)
 
