@@ -239,3 +239,28 @@ def test_negative_control_without_expert_gradient_sync_fails() -> None:
     failures = worst(_run(make_plan(ParallelConfig(dp=4, ep=2)), skip_expert_sync=True))
     assert failures["grad"][0] > 100 * GRAD_RTOL, failures["grad"]
     assert ".experts." in failures["grad"][1]
+
+
+def test_placement_that_does_not_fit_the_module_is_rejected() -> None:
+    from autoparallel._plan import ExpertPlacement
+    from autoparallel.runtime._expert_parallel import expert_placement_for
+
+    plan = make_plan(ParallelConfig(dp=2, ep=2))
+    with pytest.raises(ValueError, match=r"expert_placement.num_experts \(8\) differs from the module's experts \(16\)"):
+        expert_placement_for(plan, num_experts=16)
+    bad = ExpertPlacement(num_experts=8, ep=2, expert_to_ranks=((0,),) * 7 + ((2,),))
+    with pytest.raises(ValueError, match=r"expert_to_ranks\[7\] \(\(2,\)\) must list EP ranks in \[0, 2\)"):
+        expert_placement_for(plan.model_copy(update={"expert_placement": bad}), num_experts=8)
+    with pytest.raises(ValueError, match=r"expert_placement.ep \(2\) differs from config.ep \(4\)"):
+        expert_placement_for(plan.model_copy(update={"config": ParallelConfig(dp=4, ep=4)}), num_experts=8)
+
+
+def test_expert_tp_needs_divisible_projections() -> None:
+    from torch import nn
+
+    from autoparallel.runtime._expert_parallel import _shard_expert
+
+    expert = nn.Module()
+    expert.gate_proj = nn.Linear(4, 6, bias=False)
+    with pytest.raises(ValueError, match=r"experts.0.gate_proj.weight dim 0 \(6\) must be divisible by etp \(4\)"):
+        _shard_expert(expert, name="experts.0", rank=0, parts=4)

@@ -65,3 +65,21 @@ def test_plan_for_another_layer_count_is_rejected() -> None:
     model = ReferenceMoETransformer(tiny_reference_spec(num_layers=6), device="meta")
     with pytest.raises(ValueError, match=r"module has 6 layers; the plan's stages cover 4"):
         split_stage_modules(model, plan=plan, pp_rank=0)
+
+
+def test_schedule_and_layout_errors_name_the_rule() -> None:
+    from autoparallel.runtime import ReferenceMoETransformer, tiny_reference_spec
+    from autoparallel.runtime._pipeline import build_pipeline, num_micro_batches_for, split_stage_modules
+
+    tied = ReferenceMoETransformer(tiny_reference_spec(tie_word_embeddings=True), device="meta")
+    with pytest.raises(ValueError, match=r"tied embeddings .* not supported with pp > 1"):
+        split_stage_modules(tied, plan=make_plan(ParallelConfig(pp=2)), pp_rank=0)
+    plan = make_plan(ParallelConfig(pp=2, micro_batch_size=3))
+    with pytest.raises(ValueError, match=r"local_batch_sequences \(4\) must be divisible by micro_batch_size \(3\)"):
+        num_micro_batches_for(plan, local_batch_sequences=4)
+    interleaved = make_plan(ParallelConfig(pp=2, pipeline_schedule="interleaved_1f1b", virtual_stages=2))
+    assert num_micro_batches_for(interleaved) == 4  # the plan's batch: 4 sequences / (dp 1 * micro-batch 1)
+    with pytest.raises(ValueError, match=r"num_micro_batches \(3\) must be divisible by pp \(2\)"):
+        build_pipeline([], plan=interleaved, pp_group=None, device=None, loss_fn=None, num_micro_batches=3)
+    with pytest.raises(ValueError, match=r"pipeline_schedule \('1f1b'\) runs one chunk per rank; this rank has 2"):
+        build_pipeline([(None, None)] * 2, plan=plan, pp_group=None, device=None, loss_fn=None, num_micro_batches=4)

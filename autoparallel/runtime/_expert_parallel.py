@@ -39,9 +39,9 @@ from torch import nn
 from autoparallel._plan import ExpertPlacement, ShardingPlan
 
 __all__ = [
+    "AllToAllDispatcher",
     "ExpertParallel",
     "ExpertParallelGroups",
-    "AllToAllDispatcher",
     "all_to_all",
     "apply_expert_parallel",
     "expert_placement_for",
@@ -455,8 +455,8 @@ class ExpertParallel:
 
     def named_expert_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
         """(FQN, parameter) of every local expert weight, in the same order on every rank."""
-        for block_name, parameter, _, _ in self._expert_entries():
-            yield block_name, parameter
+        for name, parameter, _, _ in self._expert_entries():
+            yield name, parameter
 
     def expert_parameters(self) -> list[nn.Parameter]:
         """The local expert weights (data parallel over dp must leave these alone)."""
@@ -523,8 +523,11 @@ def apply_expert_parallel(
     rank's experts (FQNs such as ``mlp.experts.5.gate_proj.weight`` are kept), each expert is
     sliced over etp when ``etp > 1``, and the block's ``dispatcher`` attribute becomes an
     ``AllToAllDispatcher``. The MoE block must route through ``self.dispatcher(tokens,
-    weights, expert_ids, self.experts)``, as the reference model in
-    ``autoparallel.runtime`` does.
+    weights, expert_ids, self.experts)``, as the reference model in ``autoparallel.runtime``
+    does; a HuggingFace Mixtral / Qwen-MoE style block (a Linear ``gate`` and an int ``top_k``)
+    instead gets a forward with its routing that does. A module without expert containers (a
+    pipeline chunk of dense layers) is left unchanged and gets an ``ExpertParallel`` with no
+    blocks; ``apply_plan`` checks on the whole model that every rule matches some module.
 
     Args:
         model: the module (or one pipeline stage of it), weights on any device including meta.
@@ -534,13 +537,11 @@ def apply_expert_parallel(
 
     Returns:
         An ``ExpertParallel`` whose ``sync_gradients()`` the training step calls after backward.
-    A module without expert containers (a pipeline chunk of dense layers) is left unchanged and
-    gets an ``ExpertParallel`` with no blocks; ``apply_plan`` checks on the whole model that
-    every rule matches some module.
 
     Raises:
-        ValueError: a block without a dispatcher, containers of different sizes, or a placement
-            that does not fit the experts; raised before any collective.
+        ValueError: a block with neither a dispatcher nor HuggingFace top-k routing, containers
+            of different sizes, experts not divisible by etp, or a placement that does not fit
+            the experts; raised before any collective.
     """
     groups = ExpertParallelGroups.from_meshes(plan=plan, moe_mesh=moe_mesh, dense_mesh=dense_mesh)
     containers = _expert_containers(model, plan)

@@ -174,6 +174,23 @@ class Pipeline:
         return StepOutput(loss=torch.stack(losses).mean().detach(), outputs=outputs)
 
 
+def _check_schedule(plan: ShardingPlan, *, num_local_chunks: int, num_micro_batches: int) -> None:
+    """The schedule's rules on chunks per rank and micro-batches, before any stage is built."""
+    config, name = plan.config, plan.config.pipeline_schedule
+    if name not in _SINGLE_STAGE_SCHEDULES and name not in _MULTI_STAGE_SCHEDULES:
+        known = sorted(_SINGLE_STAGE_SCHEDULES) + sorted(_MULTI_STAGE_SCHEDULES)
+        raise ValueError(f"pipeline_schedule ({name!r}) is not one of {known}")
+    if name in _SINGLE_STAGE_SCHEDULES and num_local_chunks != 1:
+        raise ValueError(f"pipeline_schedule ({name!r}) runs one chunk per rank; this rank has {num_local_chunks}")
+    if num_micro_batches < 1:
+        raise ValueError(f"num_micro_batches ({num_micro_batches}) must be >= 1")
+    if name == "interleaved_1f1b" and num_micro_batches % config.pp:
+        raise ValueError(
+            f"num_micro_batches ({num_micro_batches}) must be divisible by pp ({config.pp}) "
+            "for pipeline_schedule 'interleaved_1f1b'"
+        )
+
+
 def build_pipeline(
     stage_modules: list[tuple[StageLayers, nn.Module]],
     *,
@@ -192,26 +209,22 @@ def build_pipeline(
         device: the device the stages run on.
         loss_fn: ``loss_fn(output, target) -> scalar`` on the last stage, a micro-batch mean.
         num_micro_batches: micro-batches per step (``num_micro_batches_for``).
+
+    Raises:
+        ValueError: a single-chunk schedule with several chunks on this rank, or a micro-batch
+            count the schedule cannot run; raised before any stage is built.
     """
     config = plan.config
+    _check_schedule(plan, num_local_chunks=len(stage_modules), num_micro_batches=num_micro_batches)
     num_chunks = config.pp * config.virtual_stages
     stages = [
         PipelineStage(module, chunk.chunk, num_chunks, device, group=pp_group) for chunk, module in stage_modules
     ]
     name = config.pipeline_schedule
     if name in _SINGLE_STAGE_SCHEDULES:
-        if len(stages) != 1:
-            raise ValueError(f"pipeline_schedule ({name!r}) runs one chunk per rank; this rank has {len(stages)}")
         schedule = _SINGLE_STAGE_SCHEDULES[name](stages[0], n_microbatches=num_micro_batches, loss_fn=loss_fn)
-    elif name in _MULTI_STAGE_SCHEDULES:
-        if name == "interleaved_1f1b" and num_micro_batches % config.pp:
-            raise ValueError(
-                f"num_micro_batches ({num_micro_batches}) must be divisible by pp ({config.pp}) "
-                "for pipeline_schedule 'interleaved_1f1b'"
-            )
+    else:
         schedule = _MULTI_STAGE_SCHEDULES[name](stages, n_microbatches=num_micro_batches, loss_fn=loss_fn)
-    else:  # the plan schema admits no other name; kept for a newer plan read by an older runtime
-        raise ValueError(f"pipeline_schedule ({name!r}) is not one of {sorted(_SINGLE_STAGE_SCHEDULES) + sorted(_MULTI_STAGE_SCHEDULES)}")
     logger.info("pipeline: chunks %s, schedule %s, %d micro-batches", [c.chunk for c, _ in stage_modules], name, num_micro_batches)
     return Pipeline(
         plan=plan, modules=[module for _, module in stage_modules], chunks=[chunk for chunk, _ in stage_modules],
