@@ -1,8 +1,13 @@
 """Vectorized primitives shared by the training and inference cost models.
 
 Every function takes arrays (or a config table, see ``cost_model._table``) and returns arrays;
-nothing here loops over configs. Three pieces:
+nothing here loops over configs. The pieces:
 
+* **Shared vocabulary.** ``MEMORY_PARTS`` (the ``memory.<part>`` columns), ``REASON_CODES``
+  (the ``reason`` column of the training table path), ``COMM_KINDS`` with ``DEFAULT_OVERLAP``,
+  ``EstimateOptions`` (how the modelled software runs) and ``Calibration`` (a few fitted
+  efficiencies per hardware type, ``calibration_for`` picks the shipped one from
+  ``data/calibration.json``).
 * **Pipeline stages.** Layers held by the *first*, a *middle* and the *last* pipeline rank
   (``STAGES``), from the split rule of ``cost_model.split_layers`` (the middle chunks take the
   remainder), so uneven splits cost what they cost. Arrays of shape ``(3, n)``. With ``pp == 1``
@@ -14,6 +19,8 @@ nothing here loops over configs. Three pieces:
   ranks of each axis group share a node, for Megatron's rank order (tp innermost, then cp, dp,
   pp; MoE layers re-view dp*cp*tp as edp x ep x etp with etp innermost).
   ``collective_time_s`` prices a collective with ``Cluster.collective_time``.
+* **Attention extent.** ``mean_attended_tokens``: keys per query of a causal sequence for the
+  full, sliding-window, sparse top-k and linear variants.
 """
 
 from __future__ import annotations
