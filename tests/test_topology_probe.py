@@ -37,7 +37,9 @@ def _rank(rank: int, world_size: int, mode: str, output: str) -> object:
         hooks = ProbeHooks(before_send=lambda sender, receiver: time.sleep(0.1) if (sender, receiver) == (1, 2) else None)
     if mode == "dead":  # rank 2 dies when it reaches its pair with rank 1
         hooks = ProbeHooks(before_step=lambda label: os._exit(1) if rank == 2 and label == "p2p 1<->2" else None)
-    settings = SMALL.model_copy(update={"operation_timeout_s": DEAD_TIMEOUT_S}) if mode == "dead" else SMALL
+    if mode == "hung":  # rank 2 stalls there for longer than the others wait
+        hooks = ProbeHooks(before_step=lambda label: time.sleep(5 * DEAD_TIMEOUT_S) if rank == 2 and label == "p2p 1<->2" else None)
+    settings = SMALL.model_copy(update={"operation_timeout_s": DEAD_TIMEOUT_S}) if mode in ("dead", "hung") else SMALL
     return probe_rank(rank, world_size, settings=settings, hooks=hooks, base=None)
 
 
@@ -99,6 +101,16 @@ def test_a_dead_rank_is_named_within_the_timeout() -> None:
         last = errors[survivor].strip().splitlines()[-1]
         assert "ProbeRankError" in last and "rank 2 did not respond" in last, last
     assert elapsed < 3 * DEAD_TIMEOUT_S + 8  # diagnosis waits about two operation timeouts
+
+
+@pytest.mark.distributed
+def test_a_hung_rank_is_named_by_the_others() -> None:
+    with pytest.raises(RankFailure) as failure:
+        run_ranks(_rank, 4, args=("hung", ""), timeout_s=60)
+    errors = failure.value.errors
+    for survivor in (0, 1, 3):
+        last = errors[survivor].strip().splitlines()[-1]
+        assert "ProbeRankError" in last and "rank 2 did not respond" in last, last
 
 
 @pytest.mark.distributed
