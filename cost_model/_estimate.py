@@ -103,11 +103,11 @@ def estimate(model: ModelSpec, cluster, workload: Training | Inference, config: 
         labels = REASON_LABELS
     breakdown = breakdown_from_row(columns, 0)
     if not bool(columns["feasible"][0]):
-        raise _infeasible(breakdown, labels[int(columns["reason"][0])])
+        raise _infeasible(breakdown, labels[int(columns["reason"][0])], training=isinstance(workload, Training))
     return breakdown
 
 
-def _infeasible(breakdown: CostBreakdown, reason: str) -> InfeasiblePlanError:
+def _infeasible(breakdown: CostBreakdown, reason: str, *, training: bool) -> InfeasiblePlanError:
     if reason in ("ttft_slo", "tpot_slo"):
         return InfeasiblePlanError(f"the plan misses the {reason.replace('_', ' ').upper()}", part=reason)
     part = max(breakdown.memory_bytes, key=breakdown.memory_bytes.get)
@@ -116,7 +116,8 @@ def _infeasible(breakdown: CostBreakdown, reason: str) -> InfeasiblePlanError:
         f"memory per device needs {human_bytes(needed)}, the device has {human_bytes(available)}; "
         f"the largest part is {part} ({human_bytes(breakdown.memory_bytes[part])})",
         part=part, needed_bytes=needed, available_bytes=available,
-        suggestion="raise tp/pp/ep, the ZeRO stage or recompute, or lower micro_batch_size",
+        suggestion="raise tp/pp/ep, the ZeRO stage or recompute, or lower micro_batch_size" if training
+        else "raise tp/pp/ep, lower batch_size or use a smaller kv_dtype",
     )
 
 

@@ -108,7 +108,12 @@ def _print_breakdown(breakdown) -> None:  # noqa: ANN001 - CostBreakdown
     for name, value in figures.items():
         if value is None:
             continue
-        text = f"{100 * value:.1f}%" if name == "MFU" else human_seconds(value) if name in ("TTFT", "TPOT") else f"{value:,.1f}"
+        if name == "MFU":
+            text = f"{100 * value:.1f}%"
+        elif name in ("TTFT", "TPOT"):
+            text = human_seconds(value)
+        else:
+            text = f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
         console.print(f"{name}: [bold]{text}[/]")
 
 
