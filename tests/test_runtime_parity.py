@@ -155,6 +155,7 @@ def _assert_parity(results: list[dict]) -> None:
         pytest.param({"tp": 2, "sequence_parallel": True}, id="tp2-sp"),
         pytest.param({"tp": 2, "ep": 2, "sequence_parallel": True}, id="tp2-sp-ep2"),
         pytest.param({"pp": 2, "tp": 2}, id="pp2xtp2"),
+        pytest.param({"pp": 2, "tp": 2, "sequence_parallel": True, "pipeline_schedule": "gpipe"}, id="pp2xtp2-sp"),
         pytest.param({"pp": 2, "dp": 2, "tp": 2}, id="pp2xdp2xtp2"),
         pytest.param({"dp": 2, "tp": 2, "zero_stage": 3}, id="fsdp2xtp2"),
         pytest.param({"dp": 2, "ep": 2, "zero_stage": 2}, id="fsdp2xep2"),
