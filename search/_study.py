@@ -39,7 +39,7 @@ class SearchSettings(BaseModel):
 
     batch_size: int = Field(default=16, gt=0, description="trials asked and priced together")
     top_k: int = Field(default=5, gt=0, description="alternatives kept in the result")
-    polish_fraction: float = Field(default=0.3, ge=0, le=1)
+    polish_fraction: float = Field(default=0.4, ge=0, le=1, description="share of the budget spent around the best mesh")
     brute_force_limit: int | None = Field(default=None, description="meshes; default: the trial budget")
     bounds: SearchBounds = SearchBounds()
     study_name: str | None = None
@@ -60,6 +60,17 @@ class _Problem:
             [np.searchsorted(self.space.axis_choices[a], self.space.mesh[a]) for a in self.axes], axis=1
         ) if self.axes else np.zeros((self.space.num_meshes, 0), dtype=np.int64)
         self.enqueued: set[int] = set()
+        self.folded_levels = self._folded_levels()
+
+    def _folded_levels(self) -> np.ndarray:
+        """Levels in the *folded* coordinates: ep replaced by edp = dp*cp*tp / (ep*etp).
+
+        Expert memory per device depends on edp*etp, so moves that keep edp (pp down, ep up
+        together) are single steps here; the polish walks both coordinate systems."""
+        mesh = self.space.mesh
+        edp = mesh["dp"] * mesh["cp"] * mesh["tp"] // (mesh["ep"] * mesh["etp"])
+        columns = [np.searchsorted(np.unique(edp), edp) if a == "ep" else self.levels[:, i] for i, a in enumerate(self.axes)]
+        return np.stack(columns, axis=1) if columns else self.levels
 
     def suggest(self, trial: optuna.Trial) -> int:
         """Mesh index for the trial's sampled levels (nearest legal mesh)."""
@@ -239,17 +250,44 @@ def _ranked_trials(trials, objective: Objective) -> list:
 
 
 def _enqueue_neighbours(study, problem: _Problem, *, budget: int) -> None:
-    """Enqueue up to ``budget`` unpriced meshes within L1 distance 2 (in levels) of the best."""
+    """Enqueue up to ``budget`` unpriced meshes around the best one: every mesh that differs from it
+    on one axis only (a line search along each axis, nearest levels first), then two-axis moves
+    within L1 distance 2 (e.g. ep up, etp down) — in the sampled coordinates, then in the folded
+    ones (``_Problem._folded_levels``)."""
     best = _best_trial(study, problem.objective)
     if best is None or not problem.axes:
         return
     seen = {_attrs(t).get("mesh_index") for t in study.get_trials(deepcopy=False)} | problem.enqueued
-    distance = np.abs(problem.levels - problem.levels[_attrs(best)["mesh_index"]]).sum(axis=1)
-    order = np.argsort(distance, kind="stable")
-    picked = [int(i) for i in order if 0 < distance[i] <= 2 and int(i) not in seen][:budget]
+    center = _attrs(best)["mesh_index"]
+    (lines_a, near_a), (lines_b, near_b) = _moves(problem.levels, center), _moves(problem.folded_levels, center)
+    order = np.concatenate([_round_robin(lines_a + lines_b), near_a, near_b])
+    picked = [i for i in dict.fromkeys(int(i) for i in order) if i not in seen][:budget]
     for index in picked:
         problem.enqueued.add(index)
         study.enqueue_trial(problem.level_params(index))
+
+
+def _moves(levels: np.ndarray, center: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """(for each axis, the meshes that differ from ``center`` on that axis only, nearest first;
+    two-axis moves of L1 distance 2)."""
+    delta = np.abs(levels - levels[center])
+    axes_moved, distance = (delta > 0).sum(axis=1), delta.sum(axis=1)
+    lines = []
+    for axis in range(levels.shape[1]):
+        line = np.flatnonzero((axes_moved == 1) & (delta[:, axis] > 0))
+        line = line[np.argsort(distance[line], kind="stable")]
+        # nearest, farthest, 2nd nearest, 2nd farthest...: the ends of a line show its trend early
+        ends = np.empty_like(line)
+        ends[0::2], ends[1::2] = line[: (len(line) + 1) // 2], line[::-1][: len(line) // 2]
+        lines.append(ends)
+    near = np.flatnonzero((axes_moved > 1) & (distance <= 2))
+    return lines, near[np.argsort(distance[near], kind="stable")]
+
+
+def _round_robin(lines: list[np.ndarray]) -> np.ndarray:
+    """One point of each line in turn (a coordinate sweep that reaches every axis early)."""
+    longest = max((len(line) for line in lines), default=0)
+    return np.array([line[i] for i in range(longest) for line in lines if i < len(line)], dtype=np.int64)
 
 
 def _collect(study, problem: _Problem, *, method, ran, elapsed_s, storage, settings, seed) -> SearchResult:
