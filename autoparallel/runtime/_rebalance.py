@@ -6,7 +6,7 @@ when an optimizer is given, the optimizer state of each weight — into one buff
 ``all_to_all_single`` over the EP group delivers them. Each rank then rebuilds each MoE block's
 ``experts`` ``ModuleDict`` with the experts the new placement gives it (kept experts keep their
 very ``Parameter`` objects and optimizer state; received ones are new modules filled with the
-sender's values), installs a dispatcher for the new placement, and updates the optimizer's
+sender's values; hooks registered on the old experts are not copied), installs a dispatcher for the new placement, and updates the optimizer's
 parameter groups. Since every replica of an expert holds the same values and the dispatcher only
 changes *which* replica computes a token's expert output, the model's outputs do not change.
 
@@ -207,9 +207,7 @@ def _install(blocks, *, new_local, incoming, received, optimizer, layout, group_
     for move in incoming:  # same order as the sender packed: by source rank, then move order
         for index, (_, block) in enumerate(blocks):
             template = next(iter(block.experts.values()))
-            expert = copy.deepcopy(template)
-            for parameter in expert.parameters():
-                parameter.grad = None
+            expert = _fresh_copy(template)
             used, used_scalars = _unpack_into(expert, flat[offset:], scalars[scalar_offset:], optimizer, layout)
             offset, scalar_offset = offset + used, scalar_offset + used_scalars
             fresh[(index, move.expert)] = expert
@@ -225,6 +223,25 @@ def _install(blocks, *, new_local, incoming, received, optimizer, layout, group_
         modules = {str(e): kept[str(e)] if str(e) in kept else fresh[(index, e)] for e in new_local}
         block.experts = nn.ModuleDict(modules)
     return tuple(sorted(dropped))
+
+
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+               "_state_dict_hooks", "_load_state_dict_pre_hooks", "_forward_hooks_with_kwargs",
+               "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called")
+
+
+def _fresh_copy(template: nn.Module) -> nn.Module:
+    """A new expert shaped like ``template``: no gradients, and none of the hooks others put on
+    the template (a profiler's timing hook must not count a received expert twice)."""
+    expert = copy.deepcopy(template)
+    for module in expert.modules():
+        for name in _HOOK_DICTS:
+            hooks = getattr(module, name, None)
+            if hooks:
+                hooks.clear()
+    for parameter in expert.parameters():
+        parameter.grad = None
+    return expert
 
 
 def _register(optimizer, template: nn.Module, expert: nn.Module, group_of: dict[int, int]) -> None:

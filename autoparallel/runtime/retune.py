@@ -185,7 +185,18 @@ class Retuner:
         self._window: list[StepMeasurement] = []
         self._steps_seen = 0
         self._space = None
+        self._stretch_cache: dict = {}
         self.decisions: list[RetuneDecision] = []
+
+    def prepare(self) -> "Retuner":
+        """Enumerate the legal layouts of this world once, ahead of the first decision (the space
+        depends on the model, world and workload, never on measurements); returns ``self``."""
+        from search import SearchSpace
+
+        if self._space is None:
+            self._space = SearchSpace(model=self.model, workload=self.workload, world_size=self.plan.world_size,
+                                      devices_per_node=self.cluster.devices_per_node)
+        return self
 
     # ------------------------------------------------------------------ the loop
     def observe(self, measurement: StepMeasurement) -> RetuneDecision | None:
@@ -215,7 +226,7 @@ class Retuner:
         decision = None
         if _rank() == 0:
             calibration = self.calibrate(summary)
-            current = self._calibrated_time(self.plan.predicted, calibration.expert_imbalance, calibration)
+            current = self._calibrated_time(self.plan, calibration.expert_imbalance, calibration)
             candidates = self._placement_candidates(summary.expert_load, calibration, current)
             candidates += self._search_candidates(calibration, current, summary.expert_load)
             decision = self._choose(candidates, summary=summary, current=current, calibration=calibration)
@@ -229,9 +240,9 @@ class Retuner:
         """Fit measured / predicted on one window.
 
         The plan's prediction assumes balanced experts; the measured max/mean tokens per EP rank
-        ``r`` stretches the routed-expert share ``f`` of the step (expert GEMMs and the EP
-        all-to-all wait for the busiest rank): ``t = (1 + f (r - 1)) * (a * t_rest + b * t_comm)``
-        with ``t_comm`` the predicted exposed communication. Without measured communication time
+        ``r`` stretches the step by ``s(r)`` (expert GEMMs and the EP all-to-all wait for the
+        busiest rank; see ``_stretch``): ``t = s(r) * (a * t_rest + b * t_comm)`` with ``t_comm``
+        the predicted exposed communication. Without measured communication time
         ``a = b`` is the one number fitted (``time_scale``); with it, ``b`` is fitted on the
         communication and ``a`` on the rest. With measured peak memory, a memory scale too.
         """
@@ -239,7 +250,7 @@ class Retuner:
         imbalance = 1.0
         if summary.expert_load is not None and self.plan.config.ep > 1:
             imbalance = load_imbalance(placement=self._placement(), expert_load=summary.expert_load)
-        stretch = 1.0 + self._expert_fraction(predicted) * (imbalance - 1.0)
+        stretch = self._stretch(self.plan, imbalance)
         comm = _communication_s(predicted)
         rest = predicted.step_time_s - comm
         time_scale, comm_scale = summary.step_time_s / (predicted.step_time_s * stretch), None
@@ -269,9 +280,49 @@ class Retuner:
             return (self.workload.sequence_length_tokens + 1) / 2.0
         return float(self.workload.prompt_tokens + self.workload.output_tokens / 2.0)
 
-    def _calibrated_time(self, predicted, imbalance: float, calibration: Calibration) -> float:  # noqa: ANN001
-        """A config's step time under the fitted model (see ``calibrate``) at expert imbalance ``imbalance``."""
-        stretch = 1.0 + self._expert_fraction(predicted) * (max(imbalance, 1.0) - 1.0)
+    def _stretch(self, plan: ShardingPlan, imbalance: float) -> float:
+        """Step time at expert imbalance ``imbalance`` over the balanced prediction.
+
+        Training: the cost model prices it (``EstimateOptions.routing_imbalance``: the busiest
+        rank's expert GEMMs and all-to-all messages). Otherwise a first-order model: the
+        routed-expert share ``f`` of the step grows by ``r``, ``1 + f (r - 1)``.
+        """
+        imbalance = max(float(imbalance), 1.0)
+        if imbalance == 1.0:
+            return 1.0
+        key = (plan.config, round(imbalance, 6))
+        if key not in self._stretch_cache:
+            self._prefetch_stretch([(plan, imbalance)])
+        return self._stretch_cache[key]
+
+    def _prefetch_stretch(self, pairs: list[tuple[ShardingPlan, float]]) -> None:
+        """Fill the stretch cache for many (plan, imbalance) pairs: one table per imbalance."""
+        groups: dict[float, list[ShardingPlan]] = {}
+        for plan, imbalance in pairs:
+            key = round(max(float(imbalance), 1.0), 6)
+            if key > 1.0 and (plan.config, key) not in self._stretch_cache:
+                groups.setdefault(key, []).append(plan)
+        for imbalance, plans in groups.items():
+            times = None
+            if isinstance(self.workload, Training):
+                from cost_model import estimate_table
+                from cost_model._common import EstimateOptions
+                from cost_model._table import configs_to_table
+
+                table = configs_to_table([plan.config for plan in plans])
+                options = EstimateOptions(routing_imbalance=imbalance)
+                times = estimate_table(self.model, self.cluster, self.workload, table, options=options)["step_time_s"]
+            for index, plan in enumerate(plans):
+                if times is not None:
+                    stretch = float(times[index]) / plan.predicted.step_time_s
+                else:
+                    stretch = 1.0 + self._expert_fraction(plan.predicted) * (imbalance - 1.0)
+                self._stretch_cache[(plan.config, imbalance)] = max(stretch, 1.0)
+
+    def _calibrated_time(self, plan: ShardingPlan, imbalance: float, calibration: Calibration) -> float:
+        """A plan's step time under the fitted model (see ``calibrate``) at expert imbalance ``imbalance``."""
+        predicted = plan.predicted
+        stretch = self._stretch(plan, imbalance)
         comm = _communication_s(predicted)
         comm_scale = calibration.time_scale if calibration.communication_scale is None else calibration.communication_scale
         return stretch * (calibration.time_scale * (predicted.step_time_s - comm) + comm_scale * comm)
@@ -292,7 +343,7 @@ class Retuner:
             expert_load=load, ep=ep, num_redundant_experts=redundant, ranks_per_node=ranks_per_node
         )
         after = load_imbalance(placement=new, expert_load=load)
-        step_time = self._calibrated_time(self.plan.predicted, after, calibration)
+        step_time = self._calibrated_time(self.plan, after, calibration)
         cost = self._placement_change_cost(new)
         plan = self.plan.model_copy(update={"expert_placement": new})
         detail = f"max/mean tokens per EP rank {calibration.expert_imbalance:.2f} -> {after:.2f}"
@@ -342,16 +393,24 @@ class Retuner:
             if not self._fits(plan, calibration):
                 logger.info("retune: skip %s %s: calibrated memory exceeds the device", kind, _describe(plan))
                 continue
-            imbalance = 1.0
-            if load is not None and plan.config.ep > 1:
-                same_placement = plan.config.ep == self.plan.config.ep and self.plan.expert_placement is not None
-                placement = self._placement() if same_placement else contiguous_placement(
-                    num_experts=self.model.moe.num_routed_experts, ep=plan.config.ep)
-                imbalance = load_imbalance(placement=placement, expert_load=load)
-            step_time = self._calibrated_time(plan.predicted, imbalance, calibration) * self._work_ratio(plan)
-            out.append(Candidate(kind=kind, plan=plan, step_time_s=step_time, change_cost_s=self._change_cost(kind, current),
-                                 gain_s_per_step=current - step_time, detail=_describe(plan)))
-        return out
+            out.append((kind, plan, self._imbalance_under(plan, load)))
+        self._prefetch_stretch([(plan, imbalance) for _, plan, imbalance in out])
+        candidates = []
+        for kind, plan, imbalance in out:
+            step_time = self._calibrated_time(plan, imbalance, calibration) * self._work_ratio(plan)
+            candidates.append(Candidate(kind=kind, plan=plan, step_time_s=step_time, gain_s_per_step=current - step_time,
+                                        change_cost_s=self._change_cost(kind, current), detail=_describe(plan)))
+        return candidates
+
+    def _imbalance_under(self, plan: ShardingPlan, load) -> float:  # noqa: ANN001
+        """Measured load's max/mean per EP rank under ``plan``: its placement when it keeps the
+        running EP degree, else the contiguous default of its degree."""
+        if load is None or plan.config.ep == 1:
+            return 1.0
+        same = plan.config.ep == self.plan.config.ep and plan.expert_placement is not None
+        placement = plan.expert_placement if same else contiguous_placement(
+            num_experts=self.model.moe.num_routed_experts, ep=plan.config.ep)
+        return load_imbalance(placement=placement, expert_load=load)
 
     def _live_variants(self) -> list[ShardingPlan]:
         """The current mesh with other micro-batch sizes (training) or batch sizes (inference):
@@ -359,15 +418,12 @@ class Retuner:
         with one ``cost_model.estimate_table`` call; infeasible rows are dropped."""
         from cost_model import estimate_table
         from cost_model._estimate import breakdown_from_row
-        from search import SearchSpace
         from search._space import config_from_row, row_extras, select
 
         from autoparallel.runtime._recovery import plan_for_config
 
         config = self.plan.config
-        if self._space is None:  # the world does not change while a Retuner lives: enumerate once
-            self._space = SearchSpace(model=self.model, workload=self.workload, world_size=self.plan.world_size,
-                                      devices_per_node=self.cluster.devices_per_node)
+        self.prepare()  # the world does not change while a Retuner lives: enumerate once
         mesh = self._space.find_mesh(dp=config.dp, tp=config.tp, pp=config.pp, cp=config.cp, ep=config.ep,
                                      etp=config.etp, attention_data_parallel=config.attention_data_parallel)
         if mesh is None:
