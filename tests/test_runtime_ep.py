@@ -10,8 +10,6 @@ The rank-side harness (``check_case``) is shared with the pipeline tests.
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 
@@ -113,17 +111,15 @@ def _apply(model, plan, options):
     return applied, expert_parallel
 
 
-def check_case(rank: int, world_size: int, plan_json: str, options: dict) -> dict:
-    """Run one training step of the plan on this rank; return its worst errors vs the reference."""
+def check_case(rank: int, world_size: int, plan_json: str, options: dict, reference, model) -> dict:
+    """Run one training step of the plan on this rank; return its worst errors vs the reference.
+
+    ``reference`` and ``model`` are two identical fresh models built before the ranks forked
+    (each rank mutates its own copy-on-write copies)."""
     import torch
 
-    from autoparallel.runtime import ReferenceMoETransformer
-
     plan = ap.load_plan(plan_json)
-    spec = ap.get_model(plan.provenance.model_name)
-    reference = ReferenceMoETransformer(spec)
-    reference.init_weights(seed=7)
-    model = copy.deepcopy(reference)
+    spec = reference.spec
     applied, expert_parallel = _apply(model, plan, options)
     meshes, modules, pipeline = applied.meshes, applied.modules, applied.pipeline
     ids, targets = _batch(spec, plan)
@@ -183,9 +179,22 @@ def worst(results: list[dict]) -> dict:
     return merged
 
 
+def fresh_models(plan):
+    """Two identical models of the plan's model (the reference and the one to shard), built
+    once in the parent instead of in every forked rank."""
+    from autoparallel.runtime import ReferenceMoETransformer
+
+    spec = ap.get_model(plan.provenance.model_name)
+    models = ReferenceMoETransformer(spec), ReferenceMoETransformer(spec)
+    for model in models:
+        model.init_weights(seed=7)
+    return models
+
+
 # --------------------------------------------------------------------------- tests
 def _run(plan, **options):
-    return run_ranks(check_case, plan.world_size, args=(plan.to_json(), options), timeout_s=120)
+    args = (plan.to_json(), options, *fresh_models(plan))
+    return run_ranks(check_case, plan.world_size, args=args, timeout_s=120)
 
 
 def assert_equal_to_reference(results) -> None:

@@ -114,6 +114,8 @@ def _slice(name, tensor, local, plan, meshes):
     ],
 )
 def test_huggingface_named_block_equals_its_own_forward(config: ParallelConfig, norm_topk_prob) -> None:
+    import autoparallel.runtime  # noqa: F401 - imported once here, not in every forked rank
+
     plan = make_plan(config).model_copy(update={"module_rules": ()})
     results = run_ranks(_case, config.world_size, args=(plan.to_json(), norm_topk_prob), timeout_s=120)
     for result in results:

@@ -10,11 +10,12 @@ import pytest
 
 from autoparallel.testing import run_ranks
 from cost_model import ParallelConfig
-from test_runtime_ep import assert_equal_to_reference, check_case, make_plan
+from test_runtime_ep import assert_equal_to_reference, check_case, fresh_models, make_plan
 
 
 def _run(plan, **options):
-    return run_ranks(check_case, plan.world_size, args=(plan.to_json(), options), timeout_s=120)
+    args = (plan.to_json(), options, *fresh_models(plan))
+    return run_ranks(check_case, plan.world_size, args=args, timeout_s=120)
 
 
 @pytest.mark.distributed
