@@ -114,7 +114,7 @@ def build_plan(*, model: ModelSpec, cluster: Cluster, workload: Training | Infer
         config=config,
         mesh_axes=dense_mesh_axes(config),
         moe_mesh_axes=moe_mesh_axes(config) if model.moe is not None else (),
-        rank_to_device=rank_to_device(cluster=cluster, config=config),
+        rank_to_device=rank_to_device(cluster=cluster, config=config, predicted=predicted),
         stages=pipeline_stages(num_layers=model.num_layers, config=config),
         expert_placement=expert_placement(model=model, config=config, extras=best.extras),
         module_rules=module_rules(model=model, config=config),
@@ -168,10 +168,26 @@ def moe_mesh_axes(config: ParallelConfig) -> tuple[MeshAxis, ...]:
     )
 
 
-def rank_to_device(*, cluster: Cluster, config: ParallelConfig) -> tuple[int, ...]:
-    """Identity: rank r on device r (node r // devices_per_node), the order the cost model prices
-    (tp innermost, so TP groups stay inside a node when tp <= devices per node)."""
-    return tuple(range(config.world_size))
+def rank_to_device(*, cluster: Cluster, config: ParallelConfig, predicted: CostBreakdown | None = None) -> tuple[int, ...]:
+    """rank -> device from ``topology.place_mesh``: the dense mesh (pp, dp, cp, tp) with each axis
+    weighted by its predicted communication seconds (exposed + hidden; expert all-to-all counts on
+    the axis its groups span), so the heaviest traffic stays inside a node.
+
+    The cost model prices Megatron's order (tp innermost); the placement keeps that order unless
+    another axis carries more traffic, in which case it only moves heavier traffic onto faster
+    links. Without a prediction: identity (Megatron's order)."""
+    if predicted is None:
+        return tuple(range(config.world_size))
+    from topology import place_mesh
+
+    seconds = {**predicted.time_s}
+    for part, value in predicted.hidden_time_s.items():
+        seconds[part] = seconds.get(part, 0.0) + value
+    traffic = {axis: sum(v for k, v in seconds.items() if k.endswith(f"{axis}_comm")) for axis in ("pp", "dp", "cp", "tp")}
+    expert_axis = "tp" if config.ep * config.etp <= config.tp else ("cp" if config.ep * config.etp <= config.tp * config.cp else "dp")
+    traffic[expert_axis] += sum(v for k, v in seconds.items() if k.endswith("ep_comm"))
+    axes = [(axis.name, axis.size) for axis in dense_mesh_axes(config)]
+    return place_mesh(axes=axes, traffic=traffic, devices_per_node=cluster.devices_per_node)
 
 
 def pipeline_stages(*, num_layers: int, config: ParallelConfig) -> tuple[StageLayers, ...]:
