@@ -48,6 +48,7 @@ def test_four_rank_probe_gives_a_cluster_that_loads_and_estimates(tmp_path: Path
     report, *others = run_ranks(_rank, 4, args=("ok", ""), timeout_s=120)
     assert others == [None, None, None] and isinstance(report, ProbeReport)
     assert len(report.p2p) == 12  # every ordered pair of 4 ranks
+    assert all(link.bandwidth_bytes_per_s > 0 and link.latency_s > 0 and link.spread >= 0 for link in report.p2p)
     assert {(row.op, row.group_size) for row in report.collectives} >= {("all_reduce", 2), ("all_to_all", 4), ("reduce_scatter", 4)}
     assert {row.kind for row in report.compute} == {"matmul_fp32", "matmul_bf16", "memory_copy"}
     assert all(row.rate_per_s > 0 for row in report.compute)

@@ -162,6 +162,25 @@ def time_pair(*, monitor: RankMonitor, sender: int, receiver: int, payload, toke
     return samples
 
 
+def time_ping(*, monitor: RankMonitor, sender: int, receiver: int, token, repeats: int, warmup: int, device) -> list[float]:
+    """Half round-trip seconds of a one-element message, timed on ``sender`` (the link's latency)."""
+    import torch.distributed as dist
+
+    samples = []
+    for index in range(warmup + repeats):
+        if monitor.rank == receiver:
+            monitor.wait(dist.irecv(token, sender))
+            monitor.wait(dist.isend(token, sender))
+            continue
+        start = time.perf_counter()
+        monitor.wait(dist.isend(token, receiver))
+        monitor.wait(dist.irecv(token, receiver))
+        synchronize(device)
+        if index >= warmup:
+            samples.append((time.perf_counter() - start) / 2.0)
+    return samples
+
+
 def time_collective(*, monitor: RankMonitor, op: str, group, group_size: int, message_bytes: int,
                     repeats: int, warmup: int, device) -> list[float]:
     """Seconds per ``op`` on ``group`` moving ``message_bytes`` (nccl-tests "size")."""

@@ -255,14 +255,16 @@ def _measure_p2p(rank, world_size, settings, chosen, monitor, device, hooks, ste
         label = f"p2p {a}<->{b}"
         steps.begin(label)
         for sender, receiver in ((a, b), (b, a)):
-            samples = monitor.run(label, lambda s=sender, r=receiver: measure.time_pair(
-                monitor=monitor, sender=s, receiver=r, payload=payload, token=token, repeats=settings.repeats,
-                warmup=settings.warmup, device=device, before_send=hooks.before_send), peers=(a, b))
+            common = dict(monitor=monitor, sender=sender, receiver=receiver, token=token, repeats=settings.repeats,
+                          warmup=settings.warmup, device=device)
+            samples = monitor.run(label, lambda c=common: measure.time_pair(payload=payload, before_send=hooks.before_send, **c),
+                                  peers=(a, b))
+            pings = monitor.run(label, lambda c=common: measure.time_ping(**c), peers=(a, b))
             if rank == sender:
                 timing = measure.Timing.of(samples)
                 links.append(DeviceLink(from_device=sender, to_device=receiver, spread=timing.spread,
                                         bandwidth_bytes_per_s=payload.numel() * 4 / timing.median_s,
-                                        latency_s=0.0, source=f"measured: probe {settings.run_name or ''}".strip()))
+                                        latency_s=measure.Timing.of(pings).median_s, source="measured"))
         steps.end(label)
     return links
 
@@ -323,16 +325,18 @@ class _Identity:
 
 def _tier(links: list[DeviceLink], *, kind: str, source: str, efficiency: float = 1.0) -> LinkTier:
     bandwidth = statistics.median(link.bandwidth_bytes_per_s for link in links)
+    latency = statistics.median(link.latency_s for link in links)
     spread = statistics.median(link.spread for link in links)
-    return LinkTier(kind=kind, bandwidth_bytes_per_s=bandwidth, latency_s=0.0, efficiency=efficiency,
-                    source=f"{source}: median of {len(links)} directed pairs, median spread {spread:.2f}")
+    return LinkTier(kind=kind, bandwidth_bytes_per_s=bandwidth, latency_s=latency, efficiency=efficiency,
+                    source=f"{source}: median of {len(links)} directed pairs (half round trip for latency), median spread {spread:.2f}")
 
 
-def _latency_from_collectives(collectives: list[CollectiveResult]) -> float:
-    """Per-step latency: the smallest all-reduce's time over its 2(n-1) ring steps."""
+def _latency_from_collectives(collectives: list[CollectiveResult], fallback: float) -> float:
+    """Per-step latency: the smallest all-reduce's time over its 2(n-1) ring steps (collective
+    software overhead included), else the point-to-point ``fallback``."""
     small = [row for row in collectives if row.op == "all_reduce"]
     if not small:
-        return 0.0
+        return fallback
     row = min(small, key=lambda r: (r.message_bytes, -r.group_size))
     return row.median_s / (2.0 * (row.group_size - 1))
 
@@ -355,7 +359,8 @@ def build_cluster(*, identity: _Identity, links: list[DeviceLink], collectives: 
     across = [link for link in links if link.from_device // per_node != link.to_device // per_node]
     fabric = base.intra_node.kind if base else ("loopback" if identity.device_type == "cpu" else "measured")
     intra = _tier(inside or links, kind=fabric, source=where)
-    intra = intra.model_copy(update={"latency_s": _latency_from_collectives(collectives), "efficiency": _efficiency(intra, collectives)})
+    intra = intra.model_copy(update={"latency_s": _latency_from_collectives(collectives, intra.latency_s),
+                                     "efficiency": _efficiency(intra, collectives)})
     if across:
         inter = _tier(across, kind=base.inter_node.kind if base else "measured", source=where)
     elif base is not None:
