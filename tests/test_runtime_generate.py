@@ -65,6 +65,7 @@ def _generate_rank(rank: int, world_size: int, config_fields: dict, spec_fields:
     [
         pytest.param({"tp": 2}, {}, id="mla-tp2"),
         pytest.param({"tp": 2}, {"attention": "gqa"}, id="gqa-tp2"),
+        pytest.param({"tp": 2}, {"attention": "gqa", "num_kv_heads": 1}, id="gqa-one-kv-head-tp2"),
         pytest.param({"tp": 2, "ep": 2, "attention_data_parallel": True}, {}, id="mla-attention_dp2-ep2"),
     ],
 )
@@ -76,7 +77,7 @@ def test_greedy_generation_equals_reference(config_fields, spec_fields):
         assert result["kv_bytes"] == pytest.approx(result["predicted_kv_bytes"], rel=1e-9)
     if "attention_data_parallel" in config_fields:
         assert results[0]["tokens"] != results[1]["tokens"]  # each rank served its own requests
-    if spec_fields.get("attention") == "gqa":
+    if spec_fields.get("attention") == "gqa" and spec_fields.get("num_kv_heads", 2) == 2:
         assert results[0]["kv_bytes"] * 2 == results[0]["reference_kv_bytes"]  # K/V heads split over tp
     else:
         assert results[0]["kv_bytes"] == results[0]["reference_kv_bytes"]  # MLA's latent is not split

@@ -165,8 +165,9 @@ def test_sharded_training_step_equals_reference(config_fields):
     _assert_parity(_run(config_fields))
 
 
-def test_gqa_tp2_equals_reference():
-    _assert_parity(_run({"tp": 2}, spec_fields={"attention": "gqa"}))
+@pytest.mark.parametrize("num_kv_heads", [2, 1], ids=["kv-heads-split", "kv-heads-replicated"])
+def test_gqa_tp2_equals_reference(num_kv_heads):
+    _assert_parity(_run({"tp": 2}, spec_fields={"attention": "gqa", "num_kv_heads": num_kv_heads}))
 
 
 def test_broken_sync_fails_the_same_check():

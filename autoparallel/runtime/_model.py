@@ -148,12 +148,19 @@ def _identity(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def _identity_pair(first: torch.Tensor, second: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return first, second
+
+
 class Attention(nn.Module):
     """MLA (``kind == "mla"``) or grouped-query attention with RoPE; heads may be tp-split.
 
     ``shared_key_hook`` sees MLA's RoPE key, which every (local) head shares: tensor parallelism
     sets it to an identity whose backward sums the key's gradient over the tp ranks (Megatron's
-    "copy to tensor-parallel region"); on one rank it is the identity.
+    "copy to tensor-parallel region"); on one rank it is the identity. ``kv_heads_hook`` sees
+    GQA's keys and values (batch, seq, kv heads, dim) before RoPE and the cache: with more tp
+    ranks than KV heads, K/V projections stay whole and the hook keeps the head this rank's
+    query heads read.
     """
 
     def __init__(self, spec: ModelSpec, *, layer_index: int, rope_theta: float, device=None, dtype=None) -> None:
@@ -162,6 +169,7 @@ class Attention(nn.Module):
         self.layer_index = layer_index
         self.rope_theta = rope_theta
         self.shared_key_hook: Callable[[torch.Tensor], torch.Tensor] = _identity
+        self.kv_heads_hook: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = _identity_pair
         a, h, kw = spec.attention, spec.hidden_size, dict(device=device, dtype=dtype)
         if a.kind == "mla":
             q_width = a.num_heads * a.qk_head_dim
@@ -209,8 +217,10 @@ class Attention(nn.Module):
         a, (batch, seq) = self.attention, x.shape[:2]
         positions = torch.arange(offset, offset + seq, device=x.device)
         q = _rope(self.q_proj(x).view(batch, seq, -1, a.head_dim), positions, theta=self.rope_theta)
-        k = _rope(self.k_proj(x).view(batch, seq, -1, a.head_dim), positions, theta=self.rope_theta)
-        v = self.v_proj(x).view(batch, seq, -1, a.head_dim)
+        k, v = self.kv_heads_hook(
+            self.k_proj(x).view(batch, seq, -1, a.head_dim), self.v_proj(x).view(batch, seq, -1, a.head_dim)
+        )
+        k = _rope(k, positions, theta=self.rope_theta)
         if cache is not None:
             k, v = cache.update(self.layer_index, k, v)
         if q.shape[2] % k.shape[2]:

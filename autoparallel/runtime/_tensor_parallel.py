@@ -41,7 +41,7 @@ from torch.distributed.tensor.parallel import (
 
 from autoparallel._plan import ModuleRule, ShardingPlan
 
-__all__ = ["SumGradientOverGroup", "TensorParallel", "apply_tensor_parallel", "iter_module_names", "match_rules", "walk_modules"]
+__all__ = ["SelectKVHeads", "SumGradientOverGroup", "TensorParallel", "apply_tensor_parallel", "iter_module_names", "match_rules", "walk_modules"]
 
 logger = logging.getLogger(__name__)
 
@@ -192,13 +192,44 @@ class TensorParallel:
             grad.copy_(piece.view_as(grad))
 
 
-def _check_heads(matches: dict[ModuleRule, list[str]], tp: int) -> None:
-    for rule, names in matches.items():
-        if rule.style == "replicate" and rule.pattern.endswith(("k_proj", "v_proj")) and names:
+class SelectKVHeads:
+    """``(k, v) -> (k, v)`` keeping the KV heads ``[start, stop)`` this rank's query heads read,
+    for tp a multiple of the KV heads (K/V projections whole on every rank, as Megatron-LM
+    replicates them). Backward sums the whole K/V gradient over tp, since each rank fills
+    only its heads' part."""
+
+    def __init__(self, *, group, start: int, stop: int) -> None:  # noqa: ANN001 - a ProcessGroup
+        self.group, self.start, self.stop = group, start, stop
+
+    def __call__(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = _SumOverGroup.apply(k, self.group), _SumOverGroup.apply(v, self.group)
+        return k[:, :, self.start : self.stop], v[:, :, self.start : self.stop]
+
+
+def _replicated_kv_attention(module: nn.Module, matches: dict[ModuleRule, list[str]]) -> list[str]:
+    """Attention modules whose K/V projections a rule keeps whole while heads are tp-split."""
+    names = []
+    for rule, matched in matches.items():
+        if rule.style == "replicate" and rule.pattern.endswith(("k_proj", "v_proj")):
+            names += [name.rpartition(".")[0] for name in matched]
+    for name in sorted(set(names)):
+        if not hasattr(module.get_submodule(name), "kv_heads_hook"):
             raise ValueError(
-                f"rule {rule.pattern!r} replicates K/V heads (tp ({tp}) > num_key_value_heads); "
-                "apply_plan needs num_key_value_heads divisible by tp"
+                f"module {name!r} ({type(module.get_submodule(name)).__name__}) keeps K/V heads whole under tp "
+                "(tp > num_key_value_heads) but has no kv_heads_hook to pick its heads; use tp <= num_key_value_heads"
             )
+    return sorted(set(names))
+
+
+def _select_kv_heads(module: nn.Module, names: list[str], tp_mesh: DeviceMesh) -> None:
+    tp, tp_rank = tp_mesh.size(), tp_mesh.get_local_rank()
+    for name in names:
+        attention = module.get_submodule(name)
+        kv_heads = attention.attention.num_kv_heads
+        if tp % kv_heads:
+            raise ValueError(f"tp ({tp}) must be a multiple of num_key_value_heads ({kv_heads}) at {name!r}")
+        head = tp_rank // (tp // kv_heads)
+        attention.kv_heads_hook = SelectKVHeads(group=tp_mesh.get_group(), start=head, stop=head + 1)
 
 
 def _sequence_blocks(module: nn.Module, plan: ShardingPlan, blocks: list[str], mesh: DeviceMesh, result: TensorParallel) -> None:
@@ -227,10 +258,11 @@ def apply_tensor_parallel(
     """Apply the plan's tp-axis colwise/rowwise/sequence rules to ``module`` in place.
 
     ``matches`` is ``match_rules``'s result on ``module``. MLA attention whose heads are split
-    gets a ``shared_key_hook`` summing the RoPE key's gradient over tp.
+    gets a ``shared_key_hook`` summing the RoPE key's gradient over tp; GQA attention with
+    replicated K/V projections (tp > KV heads) gets a ``kv_heads_hook`` picking its KV head.
     """
     sequence_parallel = plan.config.sequence_parallel
-    _check_heads(matches, tp_mesh.size())
+    replicated_kv = _replicated_kv_attention(module, matches)
     styles: dict[str, ParallelStyle] = {}
     blocks: list[str] = []
     for rule, names in matches.items():
@@ -252,6 +284,7 @@ def apply_tensor_parallel(
                 submodule.shared_key_hook = SumGradientOverGroup(group)
     for name, style in styles.items():
         parallelize_module(module.get_submodule(name), tp_mesh, style)
+    _select_kv_heads(module, replicated_kv, tp_mesh)
     _sequence_blocks(module, plan, blocks, tp_mesh, result)
     logger.info("tensor parallel: %d modules over tp=%d", len(result.parallelized), tp_mesh.size())
     return result
