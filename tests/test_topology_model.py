@@ -73,8 +73,9 @@ def test_graph_has_devices_fabric_nics_leaves_and_spine() -> None:
     for _, _, data in graph.edges(data=True):
         assert data["bandwidth_bytes_per_s"] > 0 and data["latency_s"] >= 0 and data["source"]
     # rail-optimized: NIC 3 of nodes 0 and 31 share a leaf; node 32 is in the next scalable unit
-    assert set(graph["node0.nic3"]) & set(graph["node31.nic3"]) & {n for n, k in kinds.items() if k == "leaf"}
-    assert not set(graph["node0.nic3"]) & set(graph["node32.nic3"]) - {"dev3", "dev259"}
+    leaf = {name: next(n for n in graph[name] if kinds[n] == "leaf") for name in ("node0.nic3", "node31.nic3", "node32.nic3", "node0.nic4")}
+    assert leaf["node0.nic3"] == leaf["node31.nic3"] != leaf["node32.nic3"]
+    assert leaf["node0.nic3"] != leaf["node0.nic4"]  # one leaf per rail
 
 
 def test_mesh_fabric_links_devices_pairwise() -> None:
