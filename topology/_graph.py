@@ -158,6 +158,7 @@ def _measured_limits(cluster: Cluster, members: list[int]) -> tuple[float, float
         if link.from_device in inside and link.to_device in inside:
             same = cluster.node_of(link.from_device) == cluster.node_of(link.to_device)
             (intra if same else inter).append(link)
+
     def slowest(links: list) -> tuple[float, float]:
         return (min((link.bandwidth_bytes_per_s for link in links), default=np.inf),
                 max((link.latency_s for link in links), default=0.0))
