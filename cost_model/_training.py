@@ -303,11 +303,15 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
     times = table_collective_times(ctx)
     mb = micro_batch_times(ctx, times)
     compute = mb.forward + mb.backward + mb.recompute
-    exposed, hidden = {}, {}
-    for kind, comm in mb.comm.items():
-        window = mb.core_attention if kind == "cp_comm" else compute
+    # Compute hides communication once: each kind takes what the kinds before it left, CP only
+    # behind core attention; what remains is the window of the data-parallel traffic.
+    exposed, hidden, free = {}, {}, compute
+    for kind in ("cp_comm", "tp_comm", "ep_comm"):
+        comm = mb.comm[kind]
+        window = np.minimum(mb.core_attention, free) if kind == "cp_comm" else free
         hidden[kind] = _hidden(comm, fraction=ctx.calibration.overlap_fraction(kind), window=window)
         exposed[kind] = comm - hidden[kind]
+        free = free - hidden[kind]
     per_micro_batch = compute + sum(exposed.values())
     slowest = np.argmax(per_micro_batch, axis=0)[None, :]
 
@@ -326,7 +330,7 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
     # Forward activation and backward gradient send/recv per micro-batch and model chunk.
     pp_comm = 2.0 * m * ctx.column("virtual_stages") * times.pp_p2p
     columns["time.pp_comm"], columns["hidden.pp_comm"] = pp_comm, np.zeros_like(pp_comm)
-    dp_exposed, dp_hidden, optimizer = _dp_and_optimizer(ctx, micro_batch=mb, times=times)
+    dp_exposed, dp_hidden, optimizer = _dp_and_optimizer(ctx, free_compute=free, times=times)
     columns["time.dp_comm"], columns["hidden.dp_comm"], columns["time.optimizer"] = dp_exposed, dp_hidden, optimizer
     columns["step_time_s"] = sum(columns[f"time.{part}"] for part in TRAINING_TIME_PARTS)
     return columns
@@ -342,16 +346,17 @@ def _bubble(ctx: TrainingContext, *, micro_batch: np.ndarray, forward_share: np.
     return (pp - 1.0) * micro_batch * factor
 
 
-def _dp_and_optimizer(ctx: TrainingContext, *, micro_batch: MicroBatchTimes, times: CollectiveTimes):
+def _dp_and_optimizer(ctx: TrainingContext, *, free_compute: np.ndarray, times: CollectiveTimes):
     """Exposed and hidden gradient/parameter traffic and the optimizer step of the rank where
     they take longest. Gradient reduction overlaps the last micro-batch's backward, the
-    parameter all-gather the first forward; under ZeRO-3 every micro-batch's."""
+    parameter all-gather the first forward (one micro-batch of compute not already hiding
+    TP/EP/CP traffic: ``free_compute``); under ZeRO-3 every micro-batch's."""
     dense, expert = sharded_parameters(ctx)
     dp_cp = ctx.column("dp") * ctx.column("cp")
     edp = dp_cp * ctx.column("tp") / (ctx.column("ep") * ctx.column("etp"))
     zero = np.asarray(ctx.table["zero_stage"])
     comm = np.where(zero == 0, times.dp_all_reduce, np.where(zero == 3, ctx.num_micro_batches * times.dp_fsdp, times.dp_sharded))
-    window = np.where(zero == 3, ctx.num_micro_batches, 1.0) * (micro_batch.forward + micro_batch.backward)
+    window = np.where(zero == 3, ctx.num_micro_batches, 1.0) * free_compute
     hidden = _hidden(comm, fraction=ctx.calibration.overlap_fraction("dp_comm"), window=window)
     states = np.where(zero >= 1, dense / dp_cp + expert / edp, dense + expert)
     optimizer = ctx.op(0.0, states * _optimizer_update_bytes(ctx))

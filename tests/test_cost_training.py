@@ -264,3 +264,23 @@ def test_inference_dispatch_has_no_backward_or_optimizer() -> None:
     assert not {"time.optimizer", "time.recompute", "time.dp_comm", "time.bubble"} & names
     assert "memory.gradients" not in names and "memory.optimizer_states" not in names
     assert columns["step_time_s"][0] > 0
+
+
+def test_dense_model_tables_sum_and_have_no_expert_traffic() -> None:
+    model = get_model("megatron-gpt-39b")
+    cluster = get_preset("dgx-a100", num_nodes=64)
+    workload = Training(sequence_length_tokens=2048, global_batch_sequences=1536)
+    table = random_legal_table(model, cluster.num_devices, 200, seed=3)
+    columns = estimate_table(model, cluster, workload, table)
+    np.testing.assert_allclose(sum(columns[f"time.{p}"] for p in TRAINING_TIME_PARTS), columns["step_time_s"], rtol=1e-12)
+    np.testing.assert_allclose(sum(columns[f"memory.{p}"] for p in MEMORY_PARTS), columns["memory_per_device_bytes"], rtol=1e-12)
+    assert np.all(columns["time.ep_comm"] == 0) and np.all(columns["hidden.ep_comm"] == 0)
+    assert np.all((columns["mfu"] > 0) & (columns["mfu"] < 1))
+
+
+def test_a_faster_device_is_never_slower(ref_table, ref_columns) -> None:
+    device = CLUSTER_1024.device
+    faster = CLUSTER_1024.model_copy(update={"device": device.model_copy(update={"peak_flops": {k: 2 * v for k, v in device.peak_flops.items()}})})
+    columns = estimate_table(REF, faster, TRAINING, ref_table)
+    assert np.all(columns["step_time_s"] <= ref_columns["step_time_s"] * (1 + 1e-12))
+    assert np.all(columns["time.compute"] < ref_columns["time.compute"])
