@@ -58,6 +58,21 @@ def test_uneven_stages_follow_the_plan() -> None:
     assert layers == [["0"], ["1", "2"], ["3"]]
 
 
+def test_interleaved_chunks_share_the_model_and_drop_other_ranks_layers() -> None:
+    from autoparallel.runtime import ReferenceMoETransformer
+    from autoparallel.runtime._pipeline import split_stage_modules
+
+    import autoparallel as ap
+
+    plan = make_plan(ParallelConfig(pp=2, pipeline_schedule="interleaved_1f1b", virtual_stages=2))
+    model = ReferenceMoETransformer(ap.get_model("tiny-moe"), device="meta")
+    first, second = split_stage_modules(model, plan=plan, pp_rank=0)
+    assert [first[0].chunk, second[0].chunk] == [0, 2]
+    assert list(first[1].model.layers) == ["0"] and list(second[1].model.layers) == ["2"]
+    assert first[1].model.layers["0"] is model.model.layers["0"]
+    assert list(model.model.layers) == ["0", "2"] and model.lm_head is None and model.model.embed_tokens is not None
+
+
 def test_plan_for_another_layer_count_is_rejected() -> None:
     from autoparallel.runtime import ReferenceMoETransformer, tiny_reference_spec
     from autoparallel.runtime._pipeline import split_stage_modules

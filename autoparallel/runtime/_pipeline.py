@@ -62,7 +62,7 @@ def _check_layout(model: nn.Module, plan: ShardingPlan) -> None:
             f"module ({type(model).__name__}) must have model.embed_tokens, model.layers (an nn.ModuleDict "
             "keyed by layer id), model.norm and lm_head to be split into pipeline stages"
         )
-    expected = plan.stages[-1].stop_layer if plan.stages else 0
+    expected = max((stage.stop_layer for stage in plan.stages), default=0)
     if len(layers) != expected:
         raise ValueError(f"module has {len(layers)} layers; the plan's stages cover {expected} layers")
     lm_head = getattr(model, "lm_head", None)
@@ -96,15 +96,30 @@ def _cut(model: nn.Module, chunk: StageLayers, *, in_place: bool) -> nn.Module:
 def split_stage_modules(model: nn.Module, *, plan: ShardingPlan, pp_rank: int) -> list[tuple[StageLayers, nn.Module]]:
     """Cut ``model`` into the chunk modules pipeline rank ``pp_rank`` runs.
 
-    With one chunk per rank the model itself is cut in place (layers of other stages are dropped
-    and their memory can be freed); with several, each chunk is a shallow copy sharing the
-    model's submodules. Raises ``ValueError`` when the module does not match the plan's layers.
+    With one chunk per rank the model itself is cut in place; with several, each chunk is a
+    shallow copy sharing the model's submodules, and the model keeps only what its chunks use.
+    Either way the layers (and embedding / head) of other ranks are dropped, so their memory
+    can be freed. Raises ``ValueError`` when the module does not match the plan's layers.
     """
     _check_layout(model, plan)
     chunks = stage_chunks(plan, pp_rank)
     if len(chunks) == 1:
         return [(chunks[0], _cut(model, chunks[0], in_place=True))]
-    return [(chunk, _cut(model, chunk, in_place=False)) for chunk in chunks]
+    cut = [(chunk, _cut(model, chunk, in_place=False)) for chunk in chunks]
+    _prune(model, chunks)
+    return cut
+
+
+def _prune(model: nn.Module, chunks: list[StageLayers]) -> None:
+    """Drop from ``model`` the layers, embedding and head none of ``chunks`` uses."""
+    keep = {str(i) for chunk in chunks for i in range(chunk.start_layer, chunk.stop_layer)}
+    backbone = model.model
+    backbone.layers = nn.ModuleDict({key: layer for key, layer in backbone.layers.items() if key in keep})
+    if not any(chunk.has_embedding for chunk in chunks):
+        backbone.embed_tokens = None
+    if not any(chunk.has_lm_head for chunk in chunks):
+        backbone.norm = None
+        model.lm_head = None
 
 
 def num_micro_batches_for(plan: ShardingPlan, *, local_batch_sequences: int | None = None) -> int:
@@ -160,6 +175,10 @@ class Pipeline:
         """One forward and backward pass of every micro-batch; gradients accumulate in the modules
         (averaged over micro-batches, so they are those of the mean loss of the local batch)."""
         losses: list[torch.Tensor] = []
+        if self.is_first and inputs is None:
+            raise ValueError("inputs (None) must be given on the first pipeline stage")
+        if self.is_last and targets is None:
+            raise ValueError("targets (None) must be given on the last pipeline stage")
         for tensor, name in ((inputs, "inputs"), (targets, "targets")):
             if tensor is not None and tensor.shape[0] % self.num_micro_batches:
                 raise ValueError(
