@@ -21,8 +21,7 @@ import torch
 import torch.distributed as dist
 
 import autoparallel as ap
-from autoparallel.runtime import ReferenceMoETransformer
-from autoparallel.runtime._generate import greedy_generate
+from autoparallel.runtime import ReferenceMoETransformer, greedy_generate
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

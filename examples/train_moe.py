@@ -26,13 +26,13 @@ import autoparallel as ap
 from autoparallel.runtime import ReferenceMoETransformer
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--plan", required=True, help="training plan JSON written by `autoparallel plan`")
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps (default 20)")
     parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)")
     parser.add_argument("--seed", type=int, default=0, help="weights and data seed, the same on every rank")
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -58,8 +58,9 @@ def global_mean(value: torch.Tensor | None, device: torch.device) -> float:
     return float(total[0] / total[1])
 
 
-def main() -> None:
-    args = parse_args()
+def train(args: argparse.Namespace) -> list[float]:
+    """Apply the plan and run ``args.steps`` optimizer steps; rank 0 prints each step's loss.
+    Returns the global mean loss of every step."""
     plan = ap.load_plan(args.plan)
     if plan.provenance.workload.get("kind") != "training":
         raise SystemExit(f"{args.plan} is a {plan.provenance.workload.get('kind')} plan; make one with --training")
@@ -77,7 +78,7 @@ def main() -> None:
     replicas, replica = plan.config.dp, applied.meshes.coordinate("dp")
     inputs, targets = (t.chunk(replicas)[replica].to(device) for t in (inputs, targets))
 
-    rank = dist.get_rank()
+    rank, losses = dist.get_rank(), []
     if rank == 0:
         print(f"plan {plan.config.model_dump(exclude_defaults=True)} on {plan.world_size} ranks, model {spec.name}")
     for step in range(1, args.steps + 1):
@@ -90,9 +91,14 @@ def main() -> None:
             loss.backward()
         applied.sync_gradients()  # expert gradients over edp, dense ones over dp, as the plan says
         optimizer.step()
-        mean_loss = global_mean(loss, device)
+        losses.append(global_mean(loss, device))
         if rank == 0:
-            print(f"step {step:3d}  loss {mean_loss:.4f}  {time.perf_counter() - start:.3f} s", flush=True)
+            print(f"step {step:3d}  loss {losses[-1]:.4f}  {time.perf_counter() - start:.3f} s", flush=True)
+    return losses
+
+
+def main() -> None:
+    train(parse_args())
     dist.barrier()
     dist.destroy_process_group()
 
