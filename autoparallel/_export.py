@@ -152,6 +152,7 @@ def _vllm(plan: ShardingPlan, model_path: str) -> Export:
     args += ["--max-num-seqs", str(s.batch_size)]
     if s.two_batch_overlap:
         args.append("--enable-dbo")  # vLLM's dual batch overlap (DP+EP deployments)
+    dropped += _disaggregation_dropped(plan, "vLLM")
     notes = (f"{s.num_instances} instances of {c.pp * s.instance_size} devices behind a load balancer",)
     if uneven := _uneven_stages(plan):
         dropped.append(uneven)
@@ -185,7 +186,24 @@ def _sglang(plan: ShardingPlan, model_path: str) -> Export:
     if uneven := _uneven_stages(plan):
         dropped.append(uneven)
     notes = (f"{s.num_instances} instances behind sglang-router; MoE tp per expert = tp-size / ep-size = {s.instance_size // c.ep}",)
-    return Export("sglang", {"launch_sglang.sh": _command(args)}, tuple(dropped), notes)
+    files = {"launch_sglang.sh": _command(args)}
+    for pool in plan.disaggregation if _disaggregated(plan) else ():
+        unit = plan.model_copy(update={"config": pool.config, "world_size": pool.config.world_size, "disaggregation": ()})
+        unit_args = _sglang(unit, model_path).files["launch_sglang.sh"].rstrip("\n")
+        units = pool.num_devices // pool.config.world_size
+        files[f"launch_sglang_{pool.phase}.sh"] = f"# {units} units of {pool.config.world_size} devices\n{unit_args} \\\n    --disaggregation-mode {pool.phase}\n"
+    return Export("sglang", files, tuple(dropped), notes)
+
+
+def _disaggregated(plan: ShardingPlan) -> bool:
+    return bool(plan.disaggregation) and plan.provenance.search.get("deployment") == "disaggregated"
+
+
+def _disaggregation_dropped(plan: ShardingPlan, engine: str) -> list[str]:
+    if not _disaggregated(plan):
+        return []
+    pools = ", ".join(f"{p.phase} {p.num_devices} devices" for p in plan.disaggregation)
+    return [f"prefill/decode disaggregation ({pools}): {engine} needs a KV-transfer deployment; the colocated layout is exported"]
 
 
 def _devices_per_node(plan: ShardingPlan) -> int:
@@ -212,6 +230,7 @@ def _trtllm(plan: ShardingPlan, model_path: str) -> Export:
         options.append(f"moe_config:\n  load_balancer:\n    num_slots: {slots}")
     if s.two_batch_overlap:
         dropped.append("two_batch_overlap (no TensorRT-LLM LLM API option for it)")
+    dropped += _disaggregation_dropped(plan, "TensorRT-LLM")
     if uneven := _uneven_stages(plan):
         dropped.append(uneven)
     notes = (f"MoE tensor parallel = tp_size / ep_size = {s.instance_size // c.ep}; {s.num_instances} instances",)

@@ -17,6 +17,7 @@ from autoparallel._plan import (
     ExpertPlacement,
     MeshAxis,
     ModuleRule,
+    PhasePlan,
     Provenance,
     ServingSettings,
     ShardingPlan,
@@ -40,6 +41,7 @@ def find_plan(
     storage: str | None = None,
     seed: int = 0,
     workers: int = 1,
+    disaggregate: bool | None = None,
     **search_options: Any,
 ) -> ShardingPlan:
     """Search the layouts of ``model`` on ``cluster`` for ``workload`` and return the best plan.
@@ -47,7 +49,10 @@ def find_plan(
     ``model`` is a ``ModelSpec`` or a catalog name / config.json path; ``cluster`` a ``Cluster``
     or a preset name. The remaining keywords go to ``search.find_plan`` (``settings``,
     ``estimator``, ``progress``, ``warm_start``); ``workers > 1`` runs that many processes on one
-    study (``storage`` is then required, or a temporary journal file is used).
+    study (``storage`` is then required, or a temporary journal file is used). For inference,
+    ``disaggregate`` (default: ``workload.disaggregation_allowed``) also prices a prefill/decode
+    split (``search._disaggregation``) and records its pools in ``plan.disaggregation``;
+    ``provenance.search["deployment"]`` says which of the two serves more tokens per device.
 
     Raises:
         InfeasiblePlanError: no layout fits; names the bottleneck and the smallest card count
@@ -65,7 +70,37 @@ def find_plan(
         result = search_plan(model, cluster, workload, **options)
     if not result.feasible:
         raise infeasible_error(model=model, cluster=cluster, workload=workload, result=result, **_estimator_option(search_options))
-    return build_plan(model=model, cluster=cluster, workload=workload, result=result)
+    plan = build_plan(model=model, cluster=cluster, workload=workload, result=result)
+    if isinstance(workload, Inference) and (workload.disaggregation_allowed if disaggregate is None else disaggregate):
+        plan = with_disaggregation(plan, model=model, cluster=cluster, workload=workload, **_estimator_option(search_options))
+    return plan
+
+
+def with_disaggregation(plan: ShardingPlan, *, model: ModelSpec, cluster: Cluster, workload: Inference, estimator=None) -> ShardingPlan:  # noqa: ANN001
+    """``plan`` with the best prefill/decode pools and which deployment wins (output tokens/s per device)."""
+    from search._disaggregation import find_disaggregated
+
+    found = find_disaggregated(model, cluster, workload, estimator=estimator)
+    if found is None:
+        search = {**plan.provenance.search, "deployment": "colocated", "disaggregation": "no unit of a pool fits"}
+        return plan.model_copy(update={"provenance": plan.provenance.model_copy(update={"search": search})})
+    pools = []
+    for phase, candidate, unit, devices in (
+        ("prefill", found.prefill, found.prefill_cluster, found.prefill_devices),
+        ("decode", found.decode, found.decode_cluster, found.decode_devices),
+    ):
+        (cost,) = predict_all(model=model, cluster=unit, workload=workload, candidates=[candidate])
+        pools.append(PhasePlan(phase=phase, num_devices=devices, config=candidate.config, predicted=cost))
+    colocated = plan.predicted.tokens_per_s_per_device or 0.0
+    search = {
+        **plan.provenance.search,
+        "deployment": "disaggregated" if found.output_tokens_per_s_per_device > colocated else "colocated",
+        "colocated_output_tokens_per_s_per_device": colocated,
+        "disaggregated_output_tokens_per_s_per_device": found.output_tokens_per_s_per_device,
+        "disaggregated_bottleneck": found.bottleneck,
+    }
+    provenance = plan.provenance.model_copy(update={"search": search})
+    return plan.model_copy(update={"disaggregation": tuple(pools), "provenance": provenance})
 
 
 def _estimator_option(options: dict[str, Any]) -> dict[str, Any]:

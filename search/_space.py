@@ -17,7 +17,7 @@ kept once, in a canonical form.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -55,6 +55,9 @@ class SearchBounds(BaseModel):
     kv_dtypes: tuple[str, ...] | None = Field(default=None, description="default: the workload's kv_dtype and fp8")
     redundant_expert_multiples: tuple[int, ...] = Field(default=(0, 1), description="x ep redundant slots")
     two_batch_overlap: bool = Field(default=True, description="inference: also try two-batch overlap")
+    phase: Literal["both", "prefill", "decode"] = Field(
+        default="both", description="inference: colocated serving, or one pool of a disaggregated deployment"
+    )
 
 
 # ---------------------------------------------------------------------------- integer helpers
@@ -213,9 +216,10 @@ def row_extras(table: Table, index: int) -> dict:
     skip = set(ParallelConfig.model_fields) | {"mesh_index"}
     extras = {k: (v[index].item() if hasattr(v[index], "item") else v[index]) for k, v in table.items() if k not in skip}
     if "kv_dtype" in extras:
-        from cost_model._inference import KV_DTYPE_CODES
+        from cost_model._inference import KV_DTYPE_CODES, PHASE_CODES
 
         extras["kv_dtype"] = {code: name for name, code in KV_DTYPE_CODES.items()}[int(extras["kv_dtype"])]
+        extras["phase"] = {code: name for name, code in PHASE_CODES.items()}[int(extras.get("phase", 0))]
     return extras
 
 
@@ -360,5 +364,8 @@ def _inference_switches(space: SearchSpace, *, tp: int, pp: int, ep: int) -> Tab
     table = cross(table, _column("kv_dtype", [KV_DTYPE_CODES[d] for d in kv_dtype_choices(space)], np.int64))
     redundant = [0] if ep == 1 or space.model.moe is None else sorted({m * ep for m in bounds.redundant_expert_multiples})
     table = cross(table, _column("num_redundant_experts", redundant, np.int64))
+    from cost_model._inference import PHASE_CODES
+
     overlap = [False, True] if bounds.two_batch_overlap and (tp > 1 or ep > 1) else [False]
-    return cross(table, _column("two_batch_overlap", overlap, bool))
+    table = cross(table, _column("two_batch_overlap", overlap, bool))
+    return cross(table, _column("phase", [PHASE_CODES[bounds.phase]], np.int64))

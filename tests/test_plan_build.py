@@ -142,3 +142,24 @@ def test_every_example_plan_validates() -> None:
     for path in documents:
         validate_plan_document(json.loads(path.read_text()))
         ap.load_plan(path)
+
+
+def test_prefill_decode_disaggregation_when_it_serves_more() -> None:
+    from autoparallel._export import export_plan
+
+    workload = Inference(prompt_tokens=4096, output_tokens=1024, ttft_slo_s=1.0, tpot_slo_s=0.03)
+    plan = ap.find_plan("deepseek-v3", ap.get_preset("hgx-h800", num_nodes=64), workload, n_trials=24)
+    search = plan.provenance.search
+    assert [pool.phase for pool in plan.disaggregation] == ["prefill", "decode"]
+    assert search["deployment"] == "disaggregated"
+    assert search["disaggregated_output_tokens_per_s_per_device"] > search["colocated_output_tokens_per_s_per_device"]
+    for pool in plan.disaggregation:
+        assert pool.num_devices % pool.config.world_size == 0 and pool.predicted is not None
+    assert sum(pool.num_devices for pool in plan.disaggregation) <= plan.world_size
+    assert ap.load_plan(plan.to_json()) == plan
+    sglang = export_plan(plan, format="sglang")
+    assert "--disaggregation-mode prefill" in sglang.files["launch_sglang_prefill.sh"]
+    assert "--disaggregation-mode decode" in sglang.files["launch_sglang_decode.sh"]
+    assert any("disaggregation" in item for item in export_plan(plan, format="vllm").dropped)
+    no_split = ap.find_plan("deepseek-v3", ap.get_preset("hgx-h800", num_nodes=64), workload, n_trials=8, disaggregate=False)
+    assert not no_split.disaggregation

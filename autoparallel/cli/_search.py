@@ -49,12 +49,16 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-tokens", type=int, default=1024)
     parser.add_argument("--ttft-slo-s", type=float, default=5.0, help="time to first token limit (0: none)")
     parser.add_argument("--tpot-slo-ms", type=float, default=50.0, help="time per output token limit (0: none)")
+    parser.add_argument("--no-disaggregation", action="store_true", help="do not price a prefill/decode split")
     parser.add_argument("--sequence-length", type=int, default=4096, help="training sequence length")
     parser.add_argument("--global-batch-tokens", type=int, default=16 * 2**20, help="training tokens per step")
     parser.add_argument("--objective", default=None, help="step_time, throughput, tpot, ttft, memory, memory_headroom or pareto")
     parser.add_argument("--trials", type=int, default=DEFAULT_TRIALS)
     parser.add_argument("--sampler", default=None, choices=("tpe", "nsga2", "random"))
-    parser.add_argument("--storage", default=None, help="sqlite:///study.db, any RDB URL or journal:PATH (resumable)")
+    parser.add_argument(
+        "--storage", default=None,
+        help="sqlite:///study.db, any RDB URL or journal:PATH (resumable; view with: optuna-dashboard sqlite:///study.db)",
+    )
     parser.add_argument("--workers", type=int, default=1, help="worker processes searching one study")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=Path("plan.json"))
@@ -70,6 +74,7 @@ def _workload(args: argparse.Namespace):  # noqa: ANN202
         output_tokens=args.output_tokens,
         ttft_slo_s=args.ttft_slo_s or None,
         tpot_slo_s=(args.tpot_slo_ms / 1e3) or None,
+        disaggregation_allowed=not args.no_disaggregation,
     )
 
 
@@ -101,8 +106,23 @@ def _plan(args: argparse.Namespace) -> int:
         f"{search['num_trials']} trials, {search['rows_evaluated']:,} layouts priced in {search['elapsed_s']:.1f} s; "
         f"infeasible layouts: {_counts(search['infeasible_layouts'])}"
     )
+    if line := deployment_line(plan):
+        console.print(line)
     console.print(f"wrote [bold]{path}[/]")
     return 0
+
+
+def deployment_line(plan) -> str:  # noqa: ANN001
+    """Colocated vs disaggregated serving, when the plan priced both."""
+    if not plan.disaggregation:
+        return ""
+    search = plan.provenance.search
+    pools = " + ".join(f"{p.phase} {p.num_devices} devices ({describe_config(p.config)})" for p in plan.disaggregation)
+    return (
+        f"deployment: [bold]{search['deployment']}[/] — colocated {search['colocated_output_tokens_per_s_per_device']:,.1f} "
+        f"vs disaggregated {search['disaggregated_output_tokens_per_s_per_device']:,.1f} output tokens/s per device "
+        f"({pools}; the {search['disaggregated_bottleneck']} pool binds)"
+    )
 
 
 def _counts(counts: dict) -> str:
@@ -160,6 +180,8 @@ def _explain(args: argparse.Namespace) -> int:
         console.print(f"bottleneck: [bold]{cost.bottleneck}[/] ({human_seconds(cost.time_s.get(cost.bottleneck, 0.0))} of {human_seconds(cost.step_time_s)})")
     for index, alternative in enumerate(plan.alternatives, start=2):
         console.print(f"#{index} {describe_config(alternative.config, alternative.serving)} lost: {alternative.reason_lost}")
+    if line := deployment_line(plan):
+        console.print(line)
     return 0
 
 
