@@ -284,3 +284,35 @@ def test_a_faster_device_is_never_slower(ref_table, ref_columns) -> None:
     columns = estimate_table(REF, faster, TRAINING, ref_table)
     assert np.all(columns["step_time_s"] <= ref_columns["step_time_s"] * (1 + 1e-12))
     assert np.all(columns["time.compute"] < ref_columns["time.compute"])
+
+
+def test_large_tables_match_row_by_row_estimates() -> None:
+    """Tables above the de-duplication thresholds (distinct meshes, distinct collectives) give
+    the same numbers as one row at a time."""
+    table = random_legal_table(REF, CLUSTER_1024.num_devices, 60, seed=7)
+    big = {name: np.tile(column, 100) for name, column in table.items()}  # 6000 rows, 60 distinct
+    columns = estimate_table(REF, CLUSTER_1024, TRAINING, big)
+    for index in range(0, 6000, 97):
+        single = estimate_table(REF, CLUSTER_1024, TRAINING, configs_to_table([table_row(big, index)]))
+        for name in ("step_time_s", "time.ep_comm", "time.dp_comm", "hidden.tp_comm", "memory_per_device_bytes"):
+            assert columns[name][index] == pytest.approx(single[name][0], rel=1e-12, abs=1e-15), name
+
+
+def test_uneven_stages_make_the_larger_stage_the_bottleneck() -> None:
+    model = REF.model_copy(update={"num_layers": 61, "moe": REF.moe.model_copy(update={"num_dense_layers": 0})})
+    config = ParallelConfig(dp=8, tp=8, pp=16, ep=64, sequence_parallel=True, zero_stage=1, recompute="full")
+    columns = estimate_table(model, CLUSTER_1024, TRAINING, configs_to_table([config]))
+    assert columns["bottleneck_stage"][0] == 1  # a middle stage holds 4 layers, the ends 3 (plus embedding / head)
+    # 48 layers put 3 on every stage: the 13 extra layers land on middle stages and slow the step.
+    even = estimate_table(model.model_copy(update={"num_layers": 48}), CLUSTER_1024, TRAINING, configs_to_table([config]))
+    assert even["bottleneck_stage"][0] == 2  # with equal stages the LM head's stage is the slowest
+    assert columns["step_time_s"][0] > 1.1 * even["step_time_s"][0]
+
+
+def test_context_parallel_trades_activations_for_ring_traffic() -> None:
+    long = Training(sequence_length_tokens=32768, global_batch_sequences=256)
+    configs = [ParallelConfig(dp=8 // cp, cp=cp, tp=8, pp=16, ep=64, sequence_parallel=True, zero_stage=1, recompute="full") for cp in (1, 2, 4)]
+    columns = estimate_table(REF, CLUSTER_1024, long, configs_to_table(configs))
+    ring = columns["time.cp_comm"] + columns["hidden.cp_comm"]
+    assert ring[0] == 0 < ring[1] < ring[2]
+    assert columns["memory.activations"][0] > columns["memory.activations"][1] > columns["memory.activations"][2]
