@@ -82,8 +82,12 @@ def _estimate(args: argparse.Namespace) -> int:
     if args.json:
         console.print_json(breakdown.model_dump_json())
         return 0
+    from cost_model._common import calibration_for
+
     title = f"{model.name} on {cluster.num_devices} x {cluster.device.name} ({cluster.name})"
-    console.print(f"[bold]{title}[/]\n{config!r}")
+    calibration = calibration_for(cluster.device)
+    fitted = f"fitted for {calibration.device_pattern!r}" if calibration.fit else "none (preset efficiencies)"
+    console.print(f"[bold]{title}[/]\n{config!r}\ncalibration: {fitted}")
     _print_breakdown(breakdown)
     return 0
 
