@@ -242,6 +242,21 @@ def kernels_per_layer(ctx: TrainingContext) -> tuple[float, float]:
     return common + 3.0, common + 8.0 + shared
 
 
+def tensor_parallel_host_time(ctx: TrainingContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Host seconds the tensor-parallel linears add to a forward pass: (dense layer, MoE layer,
+    one linear). A measured hardware profile gives ``sharded_module_overhead_s`` per column/row-
+    parallel linear, forward + backward (DTensor dispatch; ``profilers``); a third is charged
+    here, as the backward is 2 x the forward. Linears: attention (MLA q_b/q, kv_b, o; else q, k,
+    v, o), dense FFN or shared experts (3 each); the embedding and LM head use ``one linear``.
+    Zero with tp = 1 or without a profile."""
+    per_linear = getattr(ctx.cluster.device, "sharded_module_overhead_s", 0.0) / 3.0
+    per_linear = np.where(ctx.column("tp") > 1, per_linear, 0.0)
+    attention = 3.0 if ctx.model.attention.kind == "mla" else 4.0
+    moe = ctx.model.moe
+    shared = 3.0 if moe is not None and moe.num_shared_experts else 0.0
+    return (attention + 3.0) * per_linear, (attention + shared) * per_linear, per_linear
+
+
 # ---------------------------------------------------------------------------- per micro-batch
 @dataclass(frozen=True)
 class MicroBatchTimes:
@@ -259,11 +274,12 @@ def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatc
     core = core_attention_time(ctx)
     dense_launches, moe_launches = kernels_per_layer(ctx)
     overhead = ctx.calibration.kernel_overhead_s
+    dense_sharded, moe_sharded, per_sharded = tensor_parallel_host_time(ctx)
     common = attention_projection_time(ctx) + layer_elementwise_time(ctx)
-    dense_layer = common + core + dense_ffn_time(ctx) + dense_launches * overhead
-    moe_layer = common + core + moe_ffn_time(ctx) + moe_launches * overhead
+    dense_layer = common + core + dense_ffn_time(ctx) + dense_launches * overhead + dense_sharded
+    moe_layer = common + core + moe_ffn_time(ctx) + moe_launches * overhead + moe_sharded
     layers_forward = layout.dense_layers * dense_layer + layout.moe_layers * moe_layer
-    ends = layout.has_embedding * embedding_time(ctx) + layout.has_lm_head * lm_head_time(ctx)
+    ends = layout.has_embedding * (embedding_time(ctx) + per_sharded) + layout.has_lm_head * (lm_head_time(ctx) + per_sharded)
     core_backward_factor = 2.5 if ctx.options.flash_attention else 2.0
     backward = 2.0 * (layers_forward + ends) + (core_backward_factor - 2.0) * layout.layers * core
     code = np.asarray(ctx.table["recompute"])

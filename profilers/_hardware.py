@@ -40,11 +40,23 @@ def _mean_over_ranks(timing: Timing) -> Timing:
     return Timing(median_s=float(values[0]), p10_s=float(values[1]), p90_s=float(values[2]), repeats=timing.repeats)
 
 
-def _measure_point(point: Point, *, device: torch.device, grid: ProfileGrid) -> Timing:
+def _measure_point(point: Point, *, device: torch.device, grid: ProfileGrid, clock: str) -> Timing:
     call = point.build(device)
     if _distributed():
         dist.barrier()
-    return _mean_over_ranks(measure(call, device=device, warmup=grid.warmup, repeats=grid.repeats))
+    return _mean_over_ranks(measure(call, device=device, warmup=grid.warmup, repeats=grid.repeats, clock=clock))
+
+
+def resolve_clock(clock: str, device: torch.device) -> str:
+    """``auto``: thread CPU time for single-threaded CPU kernels (robust to other jobs on the
+    cores), else wall time."""
+    if clock not in ("auto", "wall", "thread"):
+        raise ValueError(f"clock ({clock!r}) must be one of ['auto', 'thread', 'wall']")
+    if clock == "auto":
+        return "thread" if device.type == "cpu" and torch.get_num_threads() == 1 else "wall"
+    if clock == "thread" and device.type != "cpu":
+        raise ValueError(f"clock ('thread') must be 'wall' on device type {device.type!r}: kernels run asynchronously")
+    return clock
 
 
 def _curve(rows: list[tuple[float, Timing, str]], source: str) -> MeasuredCurve:
@@ -66,29 +78,40 @@ def _curve(rows: list[tuple[float, Timing, str]], source: str) -> MeasuredCurve:
 def count_points(grid: ProfileGrid, world_size: int) -> int:
     """How many points ``profile_hardware`` measures (for a progress bar's total)."""
     collectives = collective_points(ops=grid.collective_ops, message_bytes=grid.collective_bytes, world_size=world_size)
-    return len(operator_points(grid)) + (len(collectives) if world_size > 1 else 0) + 1
+    return len(operator_points(grid)) + (len(collectives) + 1 if world_size > 1 else 0) + 1
 
 
-def profile_hardware(*, grid: ProfileGrid, progress: Progress | None = None) -> HardwareProfile:
+def profile_hardware(*, grid: ProfileGrid, progress: Progress | None = None, clock: str = "auto") -> HardwareProfile:
     """Measure ``grid`` on the current device (and process group, if any); every rank returns
-    the same profile. ``progress(label)`` is called after each point."""
+    the same profile. ``progress(label)`` is called after each point. ``clock`` times operator
+    points (``resolve_clock``); collectives are always timed by the wall clock."""
     device = current_device()
+    clock = resolve_clock(clock, device)
     world = dist.get_world_size() if _distributed() else 1
     backend = dist.get_backend() if _distributed() else "none"
     when = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
     source = (
         f"measured: autoparallel profile, {world} {device.type} rank(s), backend {backend}, "
-        f"{torch.get_num_threads()} thread(s) per rank, host {socket.gethostname()}, {when}"
+        f"{torch.get_num_threads()} thread(s) per rank, operators timed by {clock} clock, "
+        f"host {socket.gethostname()}, {when}"
     )
     advance = progress or (lambda label: None)
     families: dict[tuple[str, str], list] = defaultdict(list)
     for point in operator_points(grid):
-        timing = _measure_point(point, device=device, grid=grid)
+        timing = _measure_point(point, device=device, grid=grid, clock=clock)
         families[(point.family, point.key)].append((point.work, timing, point.label))
         advance(f"{point.family} {point.key} {point.label}".replace("  ", " "))
-    overhead = _mean_over_ranks(measure(tiny_op_call(device), device=device, warmup=grid.warmup, repeats=grid.repeats))
+    overhead = _mean_over_ranks(
+        measure(tiny_op_call(device), device=device, warmup=grid.warmup, repeats=grid.repeats, clock=clock)
+    )
     advance("kernel overhead")
     collectives = _profile_collectives(grid=grid, device=device, source=source, advance=advance) if world > 1 else {}
+    sharded = 0.0
+    if world > 1:
+        from profilers._sharded import sharded_module_overhead_s
+
+        sharded = sharded_module_overhead_s(device=device, clock=clock, warmup=grid.warmup, repeats=grid.repeats)
+        advance("tensor-parallel module overhead")
     by_dtype = lambda family: {key: _curve(rows, source) for (fam, key), rows in families.items() if fam == family}
     return HardwareProfile(
         device_type=device.type,
@@ -99,6 +122,8 @@ def profile_hardware(*, grid: ProfileGrid, progress: Progress | None = None) -> 
         provenance=source,
         memory_bytes=device_memory_bytes(device, ranks_per_host=world if device.type == "cpu" else 1),
         kernel_overhead_s=overhead.median_s,
+        operator_clock=clock,
+        sharded_module_overhead_s=sharded,
         gemm=by_dtype("gemm"),
         attention=by_dtype("attention"),
         grouped_gemm=by_dtype("grouped_gemm"),

@@ -17,7 +17,7 @@ from topology import HardwareProfile
 ProgressCallback = Callable[[int, int, str], None]
 
 
-def _run_on_rank(grid: ProfileGrid, threads_per_rank: int, on_progress: ProgressCallback | None) -> HardwareProfile:
+def _run_on_rank(grid: ProfileGrid, threads_per_rank: int, on_progress: ProgressCallback | None, clock: str) -> HardwareProfile:
     import torch
     import torch.distributed as dist
 
@@ -33,11 +33,11 @@ def _run_on_rank(grid: ProfileGrid, threads_per_rank: int, on_progress: Progress
         if on_progress is not None and rank == 0:
             on_progress(done[0], total, label)
 
-    return profile_hardware(grid=grid, progress=advance)
+    return profile_hardware(grid=grid, progress=advance, clock=clock)
 
 
-def _forked_rank(rank: int, world_size: int, grid: ProfileGrid, threads: int, on_progress) -> HardwareProfile:
-    return _run_on_rank(grid, threads, on_progress)
+def _forked_rank(rank: int, world_size: int, grid: ProfileGrid, threads: int, on_progress, clock: str) -> HardwareProfile:
+    return _run_on_rank(grid, threads, on_progress, clock)
 
 
 def launch_profile(
@@ -47,6 +47,7 @@ def launch_profile(
     threads_per_rank: int = 1,
     timeout_s: float = 1800.0,
     on_progress: ProgressCallback | None = None,
+    clock: str = "auto",
 ) -> HardwareProfile:
     """Measure ``grid`` and return the profile (every rank returns the same one under torchrun).
 
@@ -57,13 +58,13 @@ def launch_profile(
     if threads_per_rank < 1:
         raise ValueError(f"threads_per_rank ({threads_per_rank}) must be >= 1")
     if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
-        return _under_torchrun(grid, threads_per_rank, on_progress)
+        return _under_torchrun(grid, threads_per_rank, on_progress, clock)
     if num_processes == 1:
-        return _run_on_rank(grid, threads_per_rank, on_progress)
+        return _run_on_rank(grid, threads_per_rank, on_progress, clock)
     from autoparallel.testing import run_ranks
 
     results = run_ranks(
-        _forked_rank, num_processes, args=(grid, threads_per_rank, on_progress), timeout_s=timeout_s,
+        _forked_rank, num_processes, args=(grid, threads_per_rank, on_progress, clock), timeout_s=timeout_s,
         collective_timeout_s=max(60.0, timeout_s / 4), backend=_default_backend(),
     )
     return results[0]
@@ -80,7 +81,7 @@ def _default_backend() -> str:
     )
 
 
-def _under_torchrun(grid: ProfileGrid, threads_per_rank: int, on_progress) -> HardwareProfile:
+def _under_torchrun(grid: ProfileGrid, threads_per_rank: int, on_progress, clock: str) -> HardwareProfile:
     import torch
     import torch.distributed as dist
 
@@ -93,7 +94,7 @@ def _under_torchrun(grid: ProfileGrid, threads_per_rank: int, on_progress) -> Ha
     if created:
         dist.init_process_group(_default_backend())
     try:
-        return _run_on_rank(grid, threads_per_rank, on_progress)
+        return _run_on_rank(grid, threads_per_rank, on_progress, clock)
     finally:
         if created:
             dist.barrier()

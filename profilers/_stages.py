@@ -34,6 +34,10 @@ from topology import Cluster
 
 logger = logging.getLogger(__name__)
 TIME_TOLERANCE, MEMORY_TOLERANCE = 0.25, 0.15
+#: ``wall``: seconds on the clock. ``cpu``: CPU seconds of the (single-threaded) ranks — the work,
+#: whatever else shares the cores — against the prediction less the pipeline bubble (idle time).
+CLOCKS = ("wall", "cpu")
+_CLOCK = {"wall": "wall", "cpu": "thread"}
 #: The reference model passes an explicit causal mask to SDPA: the math path, scores stored.
 ESTIMATE_OPTIONS = {"flash_attention": False}
 #: Fitted on the one-device stage at two batch sizes: throughput and a fixed cost per kernel
@@ -91,6 +95,7 @@ class StagedReport(BaseModel):
     cluster_name: str
     stages: tuple[StageResult, ...]
     calibration: Calibration | None = None
+    clock: Literal["wall", "cpu"] = "wall"
 
     @property
     def passed(self) -> bool:
@@ -98,13 +103,13 @@ class StagedReport(BaseModel):
 
 
 # ----------------------------------------------------------------------------- op
-def check_op(*, setup: TrainingSetup, cluster: Cluster) -> StageResult:
+def check_op(*, setup: TrainingSetup, cluster: Cluster, clock: str = "wall") -> StageResult:
     """Time one forward GEMM (tokens x hidden) @ (hidden x ffn) in the setup's precision."""
     spec, device = setup.spec(), current_device()
     m, k, n = setup.batch_sequences * setup.sequence_tokens, spec.hidden_size, spec.ffn_hidden_size
     dtype = TORCH_DTYPES[setup.precision]
     x, weight = torch.randn(m, k, dtype=dtype, device=device), torch.randn(n, k, dtype=dtype, device=device)
-    timing = measure(lambda: torch.nn.functional.linear(x, weight), device=device, warmup=2, repeats=9)
+    timing = measure(lambda: torch.nn.functional.linear(x, weight), device=device, warmup=2, repeats=9, clock=_CLOCK[clock])
     measured_memory = _allocated_by(lambda: torch.nn.functional.linear(x, weight))
     element = x.element_size()
     predicted = float(op_time_s(
@@ -143,13 +148,13 @@ def _layer_call(layer: torch.nn.Module, hidden: torch.Tensor) -> Callable[[], ob
     return call
 
 
-def check_layer(*, setup: TrainingSetup, cluster: Cluster) -> StageResult:
+def check_layer(*, setup: TrainingSetup, cluster: Cluster, clock: str = "wall") -> StageResult:
     """Forward + backward of one MoE layer against the estimate's marginal MoE layer."""
     model = build_model(setup)
     layer, device = _moe_layer(model), current_device()
     shape = (setup.batch_sequences, setup.sequence_tokens, setup.hidden_size)
     hidden = torch.randn(shape, dtype=TORCH_DTYPES[setup.precision], device=device, requires_grad=True)
-    timing = measure(_layer_call(layer, hidden), device=device, warmup=1, repeats=5)
+    timing = measure(_layer_call(layer, hidden), device=device, warmup=1, repeats=5, clock=_CLOCK[clock])
     stored = _stored_by(lambda: layer(hidden))
     config = ParallelConfig(micro_batch_size=setup.batch_sequences)
     small, large = (
@@ -203,25 +208,35 @@ def plan_for(*, setup: TrainingSetup, cluster: Cluster, config: ParallelConfig):
     )
 
 
-def _measured_step(reports: list[StepReport]) -> tuple[float, float]:
+def _measured_step(reports: list[StepReport], clock: str) -> tuple[float, float]:
     """The slowest rank's median step and the largest peak memory over ranks."""
-    return max(r.median_step_time_s for r in reports), max(r.peak_memory_bytes or 0.0 for r in reports)
+    times = [r.median_step_time_s if clock == "wall" else (r.median_cpu_time_s or 0.0) for r in reports]
+    return max(times), max(r.peak_memory_bytes or 0.0 for r in reports)
 
 
-def _step_result(stage, name: str, setup: TrainingSetup, cluster: Cluster, config: ParallelConfig,
-                 reports: list[StepReport], calibration: Calibration | None) -> StageResult:  # noqa: ANN001
+def _predicted_s(breakdown, clock: str) -> float:  # noqa: ANN001 - CostBreakdown
+    return breakdown.step_time_s - (breakdown.time_s.get("bubble", 0.0) if clock == "cpu" else 0.0)
+
+
+def _step_result(stage, name: str, setup: TrainingSetup, cluster: Cluster, config: ParallelConfig,  # noqa: ANN001
+                 reports: list[StepReport], calibration: Calibration | None, clock: str) -> StageResult:
     spec, workload = setup.spec(), setup.workload(config)
     raw = estimate(spec, cluster, workload, config, **ESTIMATE_OPTIONS)
     calibrated = None
     if calibration is not None:
-        calibrated = estimate(spec, cluster, workload, config, calibration=calibration, **ESTIMATE_OPTIONS).step_time_s
-    time_s, memory = _measured_step(reports)
-    comm = max((r.comm_time_s or 0.0) for r in reports)
+        with_fit = estimate(spec, cluster, workload, config, calibration=calibration, **ESTIMATE_OPTIONS)
+        calibrated = _predicted_s(with_fit, clock)
+    time_s, memory = _measured_step(reports, clock)
+    details = {
+        "measured_comm_s": max((r.comm_time_s or 0.0) for r in reports),
+        "measured_wall_s": max(r.median_step_time_s for r in reports),
+        "measured_cpu_s": max((r.median_cpu_time_s or 0.0) for r in reports),
+        **{f"predicted_{k}_s": v for k, v in raw.time_s.items() if v},
+    }
     return StageResult(
-        stage=stage, name=name, reference=f"estimate({_config_label(config)})", predicted_time_s=raw.step_time_s,
-        measured_time_s=time_s, calibrated_time_s=calibrated, predicted_memory_bytes=raw.memory_per_device_bytes,
-        measured_memory_bytes=memory,
-        details={"measured_comm_s": comm, **{f"predicted_{k}_s": v for k, v in raw.time_s.items() if v}},
+        stage=stage, name=name, reference=f"estimate({_config_label(config)}), {clock} clock",
+        predicted_time_s=_predicted_s(raw, clock), measured_time_s=time_s, calibrated_time_s=calibrated,
+        predicted_memory_bytes=raw.memory_per_device_bytes, measured_memory_bytes=memory, details=details,
     )
 
 
@@ -230,15 +245,15 @@ def _config_label(config: ParallelConfig) -> str:
     return " ".join(degrees) or "1 device"
 
 
-def _device_rows(setup: TrainingSetup, config: ParallelConfig, report: StepReport) -> list[StepMeasurement]:
+def _device_rows(setup: TrainingSetup, config: ParallelConfig, report: StepReport, clock: str) -> list[StepMeasurement]:
     spec, workload = setup.spec(), setup.workload(config)
-    compute = report.median_phase_s("forward") + report.median_phase_s("backward")
+    compute = report.median_phase_s("forward", clock=clock) + report.median_phase_s("backward", clock=clock)
     common = dict(model=spec, workload=workload, config=config, options=ESTIMATE_OPTIONS)
     tokens = setup.batch_sequences * setup.sequence_tokens
     return [
         StepMeasurement(label=f"device compute {tokens} tokens", parts=("compute",), measured_s=compute, **common),
         StepMeasurement(label=f"device optimizer {tokens} tokens", parts=("optimizer",),
-                        measured_s=report.median_phase_s("optimizer"), **common),
+                        measured_s=report.median_phase_s("optimizer", clock=clock), **common),
     ]
 
 
@@ -256,12 +271,16 @@ def run_stages(
     calibrate_on_device: bool = True,
     progress: Callable[[str], None] | None = None,
     timeout_s: float = 1800.0,
+    clock: str = "wall",
 ) -> StagedReport:
     """Run every stage (see the module docstring) and return predicted vs measured for each.
 
     Single-process stages run with one intra-op thread, like each rank of the plans and of the
-    profile. ``cluster`` must have at least as many devices as the largest config.
+    profile. ``cluster`` must have at least as many devices as the largest config. ``clock``:
+    see ``CLOCKS``.
     """
+    if clock not in CLOCKS:
+        raise ValueError(f"clock ({clock!r}) must be one of {list(CLOCKS)}")
     from autoparallel.testing import run_ranks
 
     say = progress or (lambda text: None)
@@ -269,9 +288,9 @@ def run_stages(
     torch.set_num_threads(1)
     try:
         say("op")
-        stages = [check_op(setup=setup, cluster=cluster)]
+        stages = [check_op(setup=setup, cluster=cluster, clock=clock)]
         say("layer")
-        stages.append(check_layer(setup=setup, cluster=cluster))
+        stages.append(check_layer(setup=setup, cluster=cluster, clock=clock))
         say("one device")
         config = device_config(setup)
         device_report = measure_training(setup)
@@ -281,16 +300,17 @@ def run_stages(
         torch.set_num_threads(threads)
     calibration = None
     if calibrate_on_device:
-        rows = _device_rows(setup, config, device_report)
+        rows = _device_rows(setup, config, device_report, clock)
         if half_report is not None:
-            rows += _device_rows(half, device_config(half), half_report)
+            rows += _device_rows(half, device_config(half), half_report, clock)
         parameters = CALIBRATED if half_report is not None else CALIBRATED[:2]
         calibration = calibrate(cluster=cluster, measurements=rows, parameters=parameters).calibration
-    stages.append(_step_result("device", "reference model, 1 process", setup, cluster, config, [device_report], calibration))
+    stages.append(_step_result("device", "reference model, 1 process", setup, cluster, config, [device_report],
+                               calibration, clock))
     for plan_config in configs:
         say(_config_label(plan_config))
         plan = plan_for(setup=setup, cluster=cluster, config=plan_config)
         reports = run_ranks(_plan_rank, plan_config.world_size, args=(setup, plan.model_dump_json()), timeout_s=timeout_s)
         stages.append(_step_result("plan", f"reference model, {_config_label(plan_config)}", setup, cluster,
-                                   plan_config, reports, calibration))
-    return StagedReport(setup=setup, cluster_name=cluster.name, stages=tuple(stages), calibration=calibration)
+                                   plan_config, reports, calibration, clock))
+    return StagedReport(setup=setup, cluster_name=cluster.name, stages=tuple(stages), calibration=calibration, clock=clock)

@@ -45,6 +45,13 @@ class StepReport:
     peak_memory_bytes: float | None
     peak_rss_delta_bytes: float | None
     expert_load: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    cpu_times_s: tuple[float, ...] = ()
+    phase_cpu_times_s: dict[str, tuple[float, ...]] = field(default_factory=dict)
+
+    @property
+    def median_cpu_time_s(self) -> float | None:
+        """Median process CPU seconds per step: the work done, whatever else shares the cores."""
+        return statistics.median(self.cpu_times_s) if self.cpu_times_s else None
 
     @property
     def median_step_time_s(self) -> float:
@@ -52,14 +59,16 @@ class StepReport:
             raise ValueError("step_times_s (()) is empty: no step was timed")
         return statistics.median(self.step_times_s)
 
-    def median_phase_s(self, phase: str) -> float:
-        return statistics.median(self.phase_times_s[phase])
+    def median_phase_s(self, phase: str, *, clock: str = "wall") -> float:
+        """Median seconds of ``phase``: wall, or process CPU seconds (``clock="cpu"``)."""
+        return statistics.median((self.phase_cpu_times_s if clock == "cpu" else self.phase_times_s)[phase])
 
     def to_dict(self) -> dict:
         return {
             "device_type": self.device_type,
             "median_step_time_s": self.median_step_time_s if self.step_times_s else None,
             "step_times_s": list(self.step_times_s),
+            "median_cpu_time_s": self.median_cpu_time_s,
             "median_phase_times_s": {name: statistics.median(v) for name, v in self.phase_times_s.items()},
             "comm_time_s": self.comm_time_s,
             "profiled_step_time_s": self.profiled_step_time_s,
@@ -182,7 +191,9 @@ class StepProfiler:
         self.modules, self.optimizers = list(modules), list(optimizers)
         self.device = device or current_device()
         self._steps: list[float] = []
+        self._cpu: list[float] = []
         self._phases: dict[str, list[float]] = defaultdict(list)
+        self._phase_cpu: dict[str, list[float]] = defaultdict(list)
         self._load: dict[str, torch.Tensor] = {}
         self._comm_s: float | None = None
         self._profiled_s: float | None = None
@@ -226,21 +237,23 @@ class StepProfiler:
     def phase(self, name: str) -> Iterator[None]:
         """Time one phase (forward, backward, optimizer, ...) of the current step."""
         synchronize(self.device)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         yield
         synchronize(self.device)
         self._phases[name].append(time.perf_counter() - start)
+        self._phase_cpu[name].append(time.process_time() - cpu_start)
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
         """Time one whole step; tracks the process RSS peak and, on an accelerator, memory."""
         self._reset_device_peak()
         synchronize(self.device)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         with _RssSampler() as sampler:
             yield
             synchronize(self.device)
         self._steps.append(time.perf_counter() - start)
+        self._cpu.append(time.process_time() - cpu_start)
         self._note_rss(sampler.peak)
         self._note_device_peak()
 
@@ -289,4 +302,6 @@ class StepProfiler:
             peak_memory_bytes=self._peak,
             peak_rss_delta_bytes=self._rss_delta,
             expert_load={name: tuple(int(c) for c in counts) for name, counts in self._load.items()},
+            cpu_times_s=tuple(self._cpu),
+            phase_cpu_times_s={name: tuple(times) for name, times in self._phase_cpu.items()},
         )

@@ -90,6 +90,11 @@ class HardwareSpec(BaseModel):
         return 0.0 if self.profile is None else self.profile.kernel_overhead_s
 
     @property
+    def sharded_module_overhead_s(self) -> float:
+        """Extra host seconds per tensor-parallel linear, forward + backward (0 without a profile)."""
+        return 0.0 if self.profile is None else self.profile.sharded_module_overhead_s
+
+    @property
     def resolved_device_type(self) -> str:
         """``device_type``, else guessed from the vendor in ``name`` (NVIDIA/AMD -> cuda)."""
         if self.device_type:

@@ -98,6 +98,12 @@ class HardwareProfile(BaseModel):
     provenance: str
     memory_bytes: float = Field(gt=0, description="memory of one device (host RAM per rank on cpu)")
     kernel_overhead_s: float = Field(ge=0)
+    sharded_module_overhead_s: float = Field(
+        default=0.0, ge=0, description="extra host seconds per tensor-parallel linear, forward + backward"
+    )
+    operator_clock: Literal["wall", "thread"] = Field(
+        default="wall", description="wall seconds, or the rank thread's CPU seconds (single-threaded CPU kernels)"
+    )
     gemm: dict[str, MeasuredCurve]
     attention: dict[str, MeasuredCurve] = Field(default_factory=dict)
     grouped_gemm: dict[str, MeasuredCurve] = Field(default_factory=dict)

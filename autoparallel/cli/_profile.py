@@ -26,6 +26,8 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
     profile.add_argument("--threads", type=int, default=None, help="intra-op threads per rank (default: cores / nproc)")
     profile.add_argument("--output", "-o", type=Path, default=Path("hardware-profile.json"))
     profile.add_argument("--timeout-s", type=float, default=1800.0)
+    profile.add_argument("--clock", choices=("auto", "wall", "thread"), default="auto",
+                         help="operator timing: auto = thread CPU time for 1-thread CPU ranks, else wall")
     profile.set_defaults(func=_profile)
 
     stage = subparsers.add_parser(
@@ -76,7 +78,7 @@ def _profile(args: argparse.Namespace) -> int:
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(world, 1))
     profile = launch_profile(
         grid=ProfileGrid.preset(grid_name), num_processes=args.nproc, threads_per_rank=threads,
-        timeout_s=args.timeout_s, on_progress=_Bar(),
+        timeout_s=args.timeout_s, on_progress=_Bar(), clock=args.clock,
     )
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
