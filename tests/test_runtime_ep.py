@@ -10,6 +10,8 @@ The rank-side harness (``check_case``) is shared with the pipeline tests.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -273,3 +275,45 @@ def test_expert_tp_needs_divisible_projections() -> None:
     expert.gate_proj = nn.Linear(4, 6, bias=False)
     with pytest.raises(ValueError, match=r"experts.0.gate_proj.weight dim 0 \(6\) must be divisible by etp \(4\)"):
         _shard_expert(expert, name="experts.0", rank=0, parts=4)
+
+
+def _few_tokens_case(rank: int, world_size: int, plan_json: str, block, tokens_per_replica) -> dict:
+    import torch
+
+    from autoparallel.runtime import build_meshes
+    from autoparallel.runtime._expert_parallel import apply_expert_parallel
+
+    plan = ap.load_plan(plan_json)
+    meshes = build_meshes(plan, device_type="cpu")
+    reference = copy.deepcopy(block)
+    wrapper = torch.nn.ModuleDict({"mlp": block})
+    expert_parallel = apply_expert_parallel(wrapper, plan=plan, moe_mesh=meshes.moe, dense_mesh=meshes.dense)
+    count = tokens_per_replica[meshes.coordinate("dp")]
+    x = torch.randn(1, count, block.gate.weight.shape[1], generator=torch.Generator().manual_seed(count))
+    x_local, x_reference = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out = wrapper["mlp"](x_local)
+    expected = reference(x_reference)
+    out.square().sum().backward()
+    expected.square().sum().backward()
+    error = _relative(out, expected) if count else 0.0
+    grad_error = _relative(x_local.grad, x_reference.grad) if count else 0.0
+    return {"out": error, "grad": grad_error, "shape": tuple(out.shape), "experts": expert_parallel.local_experts}
+
+
+@pytest.mark.distributed
+def test_ranks_with_few_or_no_tokens_take_part() -> None:
+    """Decoding: one token on a tp pair leaves one rank of the split empty, and a replica may have
+    no request at all; dispatch, expert TP and combine still match the local block."""
+    import torch
+
+    from autoparallel.runtime import MoEBlock
+
+    plan = make_plan(ParallelConfig(dp=2, tp=2, ep=2, etp=2))
+    block = MoEBlock(ap.get_model("tiny-moe"), scoring="softmax")
+    generator = torch.Generator().manual_seed(0)
+    for parameter in block.parameters():
+        parameter.data.normal_(0, 0.1, generator=generator)
+    for tokens in ((1, 0), (0, 3)):
+        results = run_ranks(_few_tokens_case, 4, args=(plan.to_json(), block, tokens), timeout_s=60)
+        assert max(r["out"] for r in results) <= GRAD_RTOL and max(r["grad"] for r in results) <= GRAD_RTOL, results
+        assert [r["shape"][1] for r in results] == [tokens[0]] * 2 + [tokens[1]] * 2

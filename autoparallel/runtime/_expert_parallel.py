@@ -332,7 +332,7 @@ class AllToAllDispatcher:
                 outputs, output_splits=[received.shape[0]] * groups.etp_size, input_splits=counts,
                 group=groups.etp_group,
             )
-            outputs = partial.view(groups.etp_size, received.shape[0], -1).sum(0)
+            outputs = partial.view(groups.etp_size, received.shape[0], outputs.shape[-1]).sum(0)
         return outputs
 
     def _apply_slots(self, rows: torch.Tensor, slot_of_row: torch.Tensor, experts) -> torch.Tensor:
