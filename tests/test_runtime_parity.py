@@ -177,3 +177,9 @@ def test_broken_sync_fails_the_same_check():
     assert value > GRADIENT_TOLERANCE * 100, (key, value)
     with pytest.raises(AssertionError):
         _assert_parity(results)
+
+
+def test_interleaved_pipeline_with_tensor_parallel_equals_reference():
+    """Two chunks per pipeline rank: tensor parallel applies to each chunk module."""
+    config = {"pp": 2, "tp": 2, "virtual_stages": 2, "pipeline_schedule": "interleaved_1f1b"}
+    _assert_parity(_run(config, spec_fields={"num_layers": 4}))
