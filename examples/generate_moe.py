@@ -3,14 +3,17 @@
 Make an inference plan for the ranks you will launch, then start one process per rank:
 
     python -m autoparallel.cli plan --model tiny-moe --cluster cpu-loopback --inference \\
-        --output plan.json
-    torchrun --nproc-per-node 4 examples/generate_moe.py --plan plan.json
+        --prompt-tokens 16 --output-tokens 16 --ttft-slo-s 0 --tpot-slo-ms 0 --output plan.json
+    torchrun --nproc-per-node 4 examples/generate_moe.py --plan plan.json --batch-size 4
+
+Prompt and output lengths default to the plan's workload and the prompts per replica to the
+plan's batch size (the largest the planner found to fit: pass ``--batch-size`` for a quick run).
 
 Every rank builds the same model, ``apply_plan`` shards it (tensor parallel or attention data
 parallel for attention, expert parallel for the experts, as the plan says) and each replica
 decodes its own prompts greedily with a KV cache. Rank 0 prints the throughput in tokens/s.
-``--compare-reference`` also decodes rank 0's prompts with the whole, unsharded model and says
-whether the tokens are identical (a check worth keeping when you adapt this to your model).
+``--compare-reference`` also decodes each rank's prompts with the whole, unsharded model and
+says whether the tokens are identical (a check worth keeping when you adapt this to your model).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, help="tokens to generate (default: the plan's workload)")
     parser.add_argument("--batch-size", type=int, help="prompts per replica (default: the plan's batch size)")
     parser.add_argument("--seed", type=int, default=0, help="weights and prompts seed, the same on every rank")
-    parser.add_argument("--compare-reference", action="store_true", help="check rank 0's tokens against the whole model")
+    parser.add_argument("--compare-reference", action="store_true", help="check the tokens against the whole model")
     return parser.parse_args(argv)
 
 

@@ -3,8 +3,11 @@
 Make a training plan for the ranks you will launch, then start one process per rank:
 
     python -m autoparallel.cli plan --model tiny-moe --cluster cpu-loopback --training \\
-        --output plan.json
+        --sequence-length 16 --global-batch-tokens 128 --output plan.json
     torchrun --nproc-per-node 4 examples/train_moe.py --plan plan.json --steps 20
+
+The batch is the plan's: ``global_batch_sequences`` sequences of ``sequence_length_tokens``
+(the planner prices exactly this workload, so keep them as planned).
 
 Every rank builds the same model from the plan's model name, ``apply_plan`` shards it (pipeline
 stages, tensor / expert / data parallel, as the plan says), and the loop runs forward, backward,
