@@ -99,7 +99,7 @@ def _train_step(applied, optimizer, ids, targets) -> float | None:
     applied.sync_gradients()
     optimizer.step()
     optimizer.zero_grad()
-    return None if loss is None else float(loss)
+    return None if loss is None else float(loss.detach())
 
 
 def _logits(applied, ids):
@@ -137,7 +137,9 @@ def rebalance_case(rank: int, world_size: int, plan_json: str, move: bool) -> di
     applied, optimizer = _build(plan, spec, skew=2.0)
     retuner = Retuner(plan, model=spec, cluster=ap.get_preset(CLUSTER), workload=_workload(),
                       settings=RetuneSettings(every_n_steps=4, warmup_steps=0, allowed_changes=("expert_placement",),
-                                              num_redundant_experts=8))
+                                              num_redundant_experts=8, min_relative_gain=0.0))
+    # (min_relative_gain 0: this tiny model's experts are a small share of its predicted step, so
+    # the gain is small; the threshold itself is tested in test_retune.py.)
     decision, seen = None, 0.0
     with StepProfiler(modules=applied.modules, optimizers=[optimizer]) as profiler:
         for step in range(4):
@@ -242,7 +244,8 @@ def test_reshard_by_checkpoint_keeps_the_model(tmp_path, before: ParallelConfig,
     assert set(state_a) == set(state_b) and len(state_a) > 20
     worst = max(float((state_a[k] - state_b[k]).abs().max()) for k in state_a)
     assert worst <= 1e-4, worst
-    moved = max(float((state_a[k] - load_full_state_dict(tmp_path / "at2")[k]).abs().max()) for k in state_a)
+    saved = load_full_state_dict(tmp_path / "at2")
+    moved = max(float((state_a[k] - saved[k]).abs().max()) for k in state_a)
     assert moved > 1e-3  # the step after the reshard did train
 
 
