@@ -124,7 +124,7 @@ def test_calibration_fits_time_communication_and_memory() -> None:
     assert fitted.time_scale == pytest.approx((2.0 * predicted.step_time_s - measured_comm) / rest)
     assert fitted.memory_scale == pytest.approx(1.5)
     # The fitted model reproduces the measurement it was fitted on.
-    assert retuner._calibrated_time(predicted, 1.0, fitted) == pytest.approx(2.0 * predicted.step_time_s)
+    assert retuner._calibrated_time(plan, 1.0, fitted) == pytest.approx(2.0 * predicted.step_time_s)
 
 
 def test_observe_decides_every_n_steps_after_warmup() -> None:
@@ -166,17 +166,18 @@ def test_bad_use_raises_value_error() -> None:
 
 
 def test_largest_legal_world_and_resized_clusters() -> None:
-    # tiny-moe: 4 heads, 8 experts, 4 layers; a batch of 4 sequences does not split over 3 ranks
-    # and pp3 with one micro-batch per rank... the search space decides, not this test.
-    workload = Training(sequence_length_tokens=16, global_batch_sequences=4)
-    world = largest_legal_world(model=MODEL, cluster=CLUSTER, workload=workload, max_world_size=3)
+    from autoparallel.runtime import tiny_reference_spec
     from search import SearchSpace
 
-    for candidate in range(world + 1, 4):
-        space = SearchSpace(model=MODEL, workload=workload, world_size=candidate, devices_per_node=candidate)
-        assert space.size == 0
-    assert SearchSpace(model=MODEL, workload=workload, world_size=world, devices_per_node=world).size > 0
+    workload = Training(sequence_length_tokens=16, global_batch_sequences=4)
+    # 2 layers (pp <= 2), 4 heads, 8 experts, 4 sequences: nothing splits over 3 ranks.
+    two_layers = tiny_reference_spec(num_layers=2)
+    assert largest_legal_world(model=two_layers, cluster=CLUSTER, workload=workload, max_world_size=3) == 2
+    assert SearchSpace(model=two_layers, workload=workload, world_size=3, devices_per_node=3).size == 0
+    # 4 layers: pp3 with uneven stages is legal, so all 3 survivors are used.
+    assert largest_legal_world(model=MODEL, cluster=CLUSTER, workload=workload, max_world_size=3) == 3
     assert cluster_for_world(CLUSTER, 2).num_devices == 2
+    assert cluster_for_world(CLUSTER, 3).collective_time("all_reduce", group_size=3, ranks_per_node=3, message_bytes=1e6) > 0
     assert cluster_for_world(CLUSTER.with_nodes(2), 8).num_devices == 8
     with pytest.raises(ValueError, match="world_size"):
         cluster_for_world(CLUSTER.with_nodes(2), 6)

@@ -195,6 +195,39 @@ def test_skewed_experts_are_replaced_live_with_outputs_unchanged() -> None:
     assert worst_dense <= 1e-5, worst_dense
 
 
+# --------------------------------------------------------------------------- live micro-batches
+def micro_batch_case(rank: int, world_size: int, plan_json: str, retune: bool) -> dict:
+    """pp2: with ``retune`` the Retuner picks a new micro-batch size and rebuilds the schedule
+    live; else the pipeline is built for that size from the start. Then one step."""
+    from autoparallel.runtime.retune import Retuner, RetuneSettings, StepMeasurement
+
+    plan = ap.load_plan(plan_json)
+    spec = ap.get_model(plan.provenance.model_name)
+    applied, optimizer = _build(plan, spec)
+    before = applied.pipeline.num_micro_batches
+    if retune:
+        retuner = Retuner(plan, model=spec, cluster=cluster_for_world(ap.get_preset(CLUSTER), 2), workload=_workload(),
+                          settings=RetuneSettings(every_n_steps=1, warmup_steps=0, allowed_changes=("micro_batch",)))
+        decision = retuner.observe(StepMeasurement(step=0, step_time_s=plan.predicted.step_time_s))
+        retuner.apply(decision, runtime=applied, optimizer=optimizer)
+    loss = _train_step(applied, optimizer, *_batch(spec, 0))
+    return {"before": before, "after": applied.pipeline.num_micro_batches, "loss": loss,
+            "plan": applied.plan.to_json(), "is_last": applied.pipeline.is_last}
+
+
+def test_micro_batches_change_live_under_a_pipeline() -> None:
+    plan = ap.load_plan(_plan(ParallelConfig(pp=2, micro_batch_size=1)))
+    live = run_ranks(micro_batch_case, 2, args=(plan.to_json(), True), timeout_s=120)
+    new_plan = ap.load_plan(live[0]["plan"])
+    assert new_plan.config.micro_batch_size > 1 and new_plan.config.pp == 2
+    assert {r["before"] for r in live} == {GLOBAL_SEQUENCES} and {r["after"] for r in live} == {
+        GLOBAL_SEQUENCES // new_plan.config.micro_batch_size}
+    fresh = run_ranks(micro_batch_case, 2, args=(new_plan.to_json(), False), timeout_s=120)
+    got = next(r["loss"] for r in live if r["is_last"])
+    want = next(r["loss"] for r in fresh if r["is_last"])
+    assert abs(got - want) <= 1e-5 * abs(want)
+
+
 # --------------------------------------------------------------------------- resharding
 def reshard_case(rank: int, world_size: int, plan_json: str, root: str, role: str) -> dict:
     """``save``: two steps under plan A, checkpoint, logits, a third step, checkpoint it.

@@ -152,6 +152,7 @@ def save_checkpoint(
     position) is stored from rank 0. Returns the checkpoint directory; ``root/latest`` points to
     it once every rank finished.
     """
+    _check_supported(plan)
     modules = _modules(modules)
     path = Path(root) / f"step-{step:08d}"
     parameters = _named_parameters(modules)
@@ -220,6 +221,8 @@ def load_checkpoint(
             f"must equal the plan's ({plan.provenance.model_fingerprint}, {plan.provenance.model_name}): "
             "resharding keeps the model"
         )
+    if plan is not None:
+        _check_supported(plan)
     modules = _modules(modules)
     parameters = _named_parameters(modules)
     state = _model_state(modules)
@@ -258,6 +261,15 @@ def load_full_state_dict(path: str | Path, *, keys: Iterable[str] | None = None)
         state[key] = torch.empty(entry.size, dtype=entry.properties.dtype)
     dcp.load(state, checkpoint_id=str(info.path), no_dist=True)
     return state
+
+
+def _check_supported(plan: ShardingPlan) -> None:
+    """Expert-TP slices are plain tensors under one FQN on every etp rank: DCP would keep one."""
+    if plan.config.etp > 1:
+        raise ValueError(
+            f"etp ({plan.config.etp}) must be 1 to checkpoint for resharding: expert-TP slices are not "
+            "saved as shards yet; reshard through a plan with etp 1"
+        )
 
 
 def _degrees(plan: ShardingPlan) -> str:
