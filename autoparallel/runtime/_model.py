@@ -29,6 +29,7 @@ Sennrich (arXiv:1910.07467); SwiGLU, Shazeer (arXiv:2002.05202); top-k routing w
 
 from __future__ import annotations
 
+import zlib
 from typing import Callable, Literal, Protocol
 
 import torch
@@ -381,6 +382,11 @@ def _check_family(spec: ModelSpec) -> None:
         raise ValueError("qkv_bias (True) must be False for MLA attention in the reference MoE transformer")
 
 
+def _parameter_seed(seed: int, name: str) -> int:
+    """A generator seed per (seed, FQN), stable across processes (unlike ``hash``)."""
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
+
+
 class ReferenceMoETransformer(nn.Module):
     """Decoder-only MoE transformer of the ``ref-3t-moe`` family, built from ``spec``.
 
@@ -410,16 +416,31 @@ class ReferenceMoETransformer(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, *, seed: int = 0, std: float = 0.02) -> None:
-        """Normal(0, std) projections and embeddings, ones for norms; same on every process."""
-        generator = torch.Generator().manual_seed(seed)
-        for name, parameter in sorted(self.named_parameters()):
+        """Normal(0, std) projections and embeddings, ones for norms.
+
+        Each weight's values depend only on ``seed`` and its FQN, so they are the same on every
+        process and whether the model is whole or already parallelized by ``apply_plan`` (a
+        DTensor weight receives its shard of the whole weight; a pipeline stage or an
+        expert-parallel rank initializes only the weights it holds). To build a large model
+        without materializing it whole: build on ``device="meta"``, ``apply_plan``,
+        ``to_empty(device=...)``, then ``init_weights``. Weights sliced outside DTensor (expert
+        tensor parallel) get values of their own shape instead.
+        """
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        for name, parameter in self.named_parameters():
             if parameter.is_meta:
                 raise ValueError(f"parameter {name!r} is on the meta device; call to_empty(...) first")
             if name.endswith("norm.weight"):
                 values = torch.ones(parameter.shape)
             else:
+                generator = torch.Generator().manual_seed(_parameter_seed(seed, name))
                 values = torch.randn(parameter.shape, generator=generator) * std
-            parameter.copy_(values.to(parameter.dtype))
+            if isinstance(parameter, DTensor):
+                local = distribute_tensor(values, parameter.device_mesh, parameter.placements, src_data_rank=None)
+                parameter.to_local().copy_(local.to_local())
+            else:
+                parameter.copy_(values)
 
     def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         backbone = self.model
