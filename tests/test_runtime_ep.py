@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import autoparallel as ap
-from autoparallel import _planner
-from autoparallel._plan import Provenance, ShardingPlan
-from autoparallel.testing import run_ranks
+from autoparallel._expert_placement import balanced_placement
+from autoparallel._plan import ShardingPlan
+from autoparallel.testing import plan_for_config, run_ranks
 from cost_model import ParallelConfig, Training
 
 GRAD_RTOL = 1e-5
@@ -32,36 +32,17 @@ LEARNING_RATE = 1e-3
 def make_plan(
     config: ParallelConfig, *, model: str = "tiny-moe", num_redundant_experts: int = 0, expert_load=None
 ) -> ShardingPlan:
-    """The plan the planner writes for ``config`` (its stage, mesh, expert and rule builders)."""
+    """The plan the planner's builders write for ``config`` (``autoparallel.testing.plan_for_config``);
+    with ``expert_load``, experts placed by the EPLB-style balancer with redundant replicas."""
     spec = ap.get_model(model)
     workload = Training(
         sequence_length_tokens=SEQUENCE_TOKENS, global_batch_sequences=SEQUENCES_PER_RANK * config.dp
     )
-    cluster = _planner.resolve_cluster("cpu-loopback" if "cpu-loopback" in ap.list_presets() else "dgx-h100")
-    placement = _planner.expert_placement(
-        model=spec, config=config, extras={"num_redundant_experts": num_redundant_experts}
-    )
-    if expert_load is not None:
-        from autoparallel._expert_placement import balanced_placement
-
-        placement = balanced_placement(
-            expert_load=expert_load, ep=config.ep, num_redundant_experts=num_redundant_experts
-        )
-    return ShardingPlan(
-        provenance=Provenance(
-            library_version=ap.__version__, model_name=spec.name, model_fingerprint=spec.fingerprint(),
-            cluster_name=cluster.name, cluster_fingerprint=cluster.fingerprint(),
-            workload=workload.model_dump(mode="json"),
-        ),
-        world_size=config.world_size,
-        config=config,
-        mesh_axes=_planner.dense_mesh_axes(config),
-        moe_mesh_axes=_planner.moe_mesh_axes(config),
-        rank_to_device=_planner.rank_to_device(cluster=cluster, config=config),
-        stages=_planner.pipeline_stages(num_layers=spec.num_layers, config=config),
-        expert_placement=placement,
-        module_rules=_planner.module_rules(model=spec, config=config),
-    )
+    plan = plan_for_config(spec, config, workload=workload)
+    if expert_load is None:
+        return plan
+    placement = balanced_placement(expert_load=expert_load, ep=config.ep, num_redundant_experts=num_redundant_experts)
+    return plan.model_copy(update={"expert_placement": placement})
 
 
 # --------------------------------------------------------------------------- rank side
