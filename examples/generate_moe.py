@@ -3,11 +3,14 @@
 Make an inference plan for the ranks you will launch, then start one process per rank:
 
     python -m autoparallel.cli plan --model tiny-moe --cluster cpu-loopback --inference \\
-        --prompt-tokens 16 --output-tokens 16 --ttft-slo-s 0 --tpot-slo-ms 0 --output plan.json
+        --no-disaggregation --prompt-tokens 16 --output-tokens 16 --ttft-slo-s 0 --tpot-slo-ms 0 \\
+        --output plan.json
     torchrun --nproc-per-node 4 examples/generate_moe.py --plan plan.json --batch-size 4
 
 Prompt and output lengths default to the plan's workload and the prompts per replica to the
 plan's batch size (the largest the planner found to fit: pass ``--batch-size`` for a quick run).
+The example serves prefill and decode on the same ranks (``--no-disaggregation``); a plan with
+separate prefill and decode pools would launch each pool with its own ``PhasePlan``.
 
 Every rank builds the same model, ``apply_plan`` shards it (tensor parallel or attention data
 parallel for attention, expert parallel for the experts, as the plan says) and each replica

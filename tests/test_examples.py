@@ -73,7 +73,10 @@ def _generate(rank: int, world_size: int, plan_path: str) -> dict:
 
 
 def test_generate_example_matches_whole_model(tmp_path: Path) -> None:
-    inference = ["--inference", "--prompt-tokens", "16", "--output-tokens", "16", "--ttft-slo-s", "0", "--tpot-slo-ms", "0"]
+    inference = [
+        "--inference", "--no-disaggregation", "--prompt-tokens", "16", "--output-tokens", "16",
+        "--ttft-slo-s", "0", "--tpot-slo-ms", "0",
+    ]
     plan = _plan(inference, tmp_path / "plan.json")
     results = run_ranks(_generate, 4, args=(str(plan),), timeout_s=180)
     assert all(summary["reference_identical"] for summary in results)
