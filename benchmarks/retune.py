@@ -203,8 +203,17 @@ def decision_latency(repeats: int) -> None:
     retuner.prepare()
     prepare_s = time.perf_counter() - start
     load = zipf_expert_load(num_experts=model.moe.num_routed_experts, exponent=0.8, total_tokens=4096 * 4096 * 8, seed=1)
-    window = [StepMeasurement(step=i, step_time_s=plan.predicted.step_time_s * 1.25, expert_load=(tuple(load),))
-              for i in range(4)]
+    # Synthetic but consistent: the step the cost model predicts at this skew, 10% slower.
+    from autoparallel._expert_placement import contiguous_placement, load_imbalance
+    from cost_model import estimate_table
+    from cost_model._common import EstimateOptions
+    from cost_model._table import configs_to_table
+
+    skew = load_imbalance(placement=plan.expert_placement or contiguous_placement(
+        num_experts=model.moe.num_routed_experts, ep=plan.config.ep), expert_load=load)
+    skewed_s = float(estimate_table(model, cluster, workload, configs_to_table([plan.config]),
+                                    options=EstimateOptions(routing_imbalance=skew))["step_time_s"][0])
+    window = [StepMeasurement(step=i, step_time_s=skewed_s * 1.1, expert_load=(tuple(load),)) for i in range(4)]
     latencies, decision = [], None
     for _ in range(repeats):
         start = time.perf_counter()

@@ -338,6 +338,12 @@ class Retuner:
             return []
         ep = self.plan.config.ep
         redundant = ep if self.settings.num_redundant_experts is None else self.settings.num_redundant_experts
+        predicted = self._with_replicas(redundant, calibration)
+        if predicted is None and redundant:  # the replicas do not fit: re-place without them
+            redundant, predicted = 0, self._with_replicas(0, calibration)
+        if predicted is None:
+            logger.info("retune: skip expert_placement: calibrated memory exceeds the device")
+            return []
         ranks_per_node = self.settings.ranks_per_node or min(ep, self.cluster.devices_per_node)
         new = balanced_placement(
             expert_load=load, ep=ep, num_redundant_experts=redundant, ranks_per_node=ranks_per_node
@@ -345,14 +351,31 @@ class Retuner:
         after = load_imbalance(placement=new, expert_load=load)
         step_time = self._calibrated_time(self.plan, after, calibration)
         cost = self._placement_change_cost(new)
-        plan = self.plan.model_copy(update={"expert_placement": new})
-        detail = f"max/mean tokens per EP rank {calibration.expert_imbalance:.2f} -> {after:.2f}"
+        plan = self.plan.model_copy(update={"expert_placement": new, "predicted": predicted})
+        detail = (f"max/mean tokens per EP rank {calibration.expert_imbalance:.2f} -> {after:.2f}, "
+                  f"{redundant} replicas")
         return [Candidate(kind="expert_placement", plan=plan, step_time_s=step_time, change_cost_s=cost,
                           gain_s_per_step=current - step_time, detail=detail)]
 
+    def _with_replicas(self, redundant: int, calibration: Calibration):  # noqa: ANN202 - CostBreakdown | None
+        """The running plan's cost with ``redundant`` replica slots (training: their weights,
+        gradients and optimizer states count in memory), or ``None`` if the calibrated memory no
+        longer fits the device. Inference plans are returned unchanged (their serving settings
+        price replicas at planning time)."""
+        predicted = self.plan.predicted
+        if redundant and isinstance(self.workload, Training):
+            from cost_model import estimate_table
+            from cost_model._estimate import breakdown_from_row
+            from cost_model._table import configs_to_table
+
+            table = configs_to_table([self.plan.config], num_redundant_experts=[redundant])
+            predicted = breakdown_from_row(estimate_table(self.model, self.cluster, self.workload, table), 0)
+        scale = max(calibration.memory_scale or 1.0, 1.0)
+        return predicted if predicted.memory_per_device_bytes * scale <= predicted.memory_capacity_bytes else None
+
     def _placement_change_cost(self, new: ExpertPlacement) -> float:
-        """Seconds to move expert weights (and, training, gradients-free optimizer state): the
-        busiest receiver's bytes over one point-to-point link (``Cluster.collective_time``)."""
+        """Seconds to move expert weights (and, training, their optimizer state): the busiest
+        receiver's bytes over one point-to-point link (``Cluster.collective_time``)."""
         moves = placement_moves(old=self._placement(), new=new)
         if not moves:
             return 0.0
