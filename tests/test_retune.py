@@ -181,3 +181,26 @@ def test_largest_legal_world_and_resized_clusters() -> None:
     assert cluster_for_world(CLUSTER.with_nodes(2), 8).num_devices == 8
     with pytest.raises(ValueError, match="world_size"):
         cluster_for_world(CLUSTER.with_nodes(2), 6)
+
+
+def test_a_lost_peer_becomes_a_clear_error() -> None:
+    from autoparallel.runtime._recovery import RankLostError, guard_step
+
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:41234")
+    with pytest.raises(RankLostError, match=r"during step 7 .*Retuner\.recover\('/jobs/ckpt'\)") as lost:
+        with guard_step(step=7, checkpoint="/jobs/ckpt"):
+            raise gloo
+    assert lost.value.step == 7 and lost.value.cause is gloo
+    with pytest.raises(RankLostError, match="no checkpoint was configured"):
+        with guard_step(step=2):
+            raise gloo
+    with pytest.raises(KeyError):  # not a lost peer: passes through unchanged
+        with guard_step(step=1, checkpoint="/jobs/ckpt"):
+            raise KeyError("batch")
+
+
+def test_checkpoint_info_errors_name_the_path(tmp_path) -> None:
+    from autoparallel.runtime._reshard import read_checkpoint_info
+
+    with pytest.raises(ValueError, match="nothing was saved there"):
+        read_checkpoint_info(tmp_path)
