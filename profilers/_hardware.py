@@ -110,7 +110,10 @@ def profile_hardware(*, grid: ProfileGrid, progress: Progress | None = None, clo
     if world > 1:
         from profilers._sharded import sharded_module_overhead_s
 
-        sharded = sharded_module_overhead_s(device=device, clock=clock, warmup=grid.warmup, repeats=grid.repeats)
+        from profilers._ops import TORCH_DTYPES
+
+        dtype = TORCH_DTYPES["bf16" if "bf16" in grid.dtypes else "fp32"]  # the training precision when measured
+        sharded = sharded_module_overhead_s(device=device, clock=clock, warmup=grid.warmup, repeats=grid.repeats, dtype=dtype)
         advance("tensor-parallel module overhead")
     by_dtype = lambda family: {key: _curve(rows, source) for (fam, key), rows in families.items() if fam == family}
     return HardwareProfile(

@@ -2,9 +2,10 @@
 
 On a CPU or with small layers, the time of a sharded linear is dominated not by its GEMM but by
 DTensor's dispatch (sharding propagation, redistribution bookkeeping) on the host. The
-measurement: forward + backward of a column-parallel then row-parallel pair of tiny linears
-(Megatron's MLP split, Shoeybi et al. 2019 sec. 3) over a mesh of the whole world, minus the
-same pair unsharded and minus the two all-reduces the split adds (timed alone), per linear.
+measurement: forward + backward of a column-parallel then row-parallel pair of small linears on
+a (batch, sequence, hidden) activation (Megatron's MLP split, Shoeybi et al. 2019 sec. 3) over a
+mesh of the whole world, minus the pair's GEMM work (the same pair unsharded, divided by the
+world size) and the two all-reduces the split adds (timed alone), per linear.
 """
 
 from __future__ import annotations
@@ -27,22 +28,25 @@ def _fwd_bwd(module: nn.Module, x: torch.Tensor):  # noqa: ANN202
     return call
 
 
-def sharded_module_overhead_s(*, device: torch.device, clock: str, warmup: int, repeats: int, width: int = 8) -> float:
+def sharded_module_overhead_s(
+    *, device: torch.device, clock: str, warmup: int, repeats: int, dtype: torch.dtype = torch.float32,
+    shape: tuple[int, int, int] = (2, 64, 64),
+) -> float:
     """Extra seconds per tensor-parallel linear (forward + backward), max over ranks, >= 0."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     world = dist.get_world_size()
     mesh = init_device_mesh(device.type, (world,))
-    x = torch.randn(4, width, device=device)
-    plain, sharded = _pair(width).to(device), _pair(width).to(device)
+    x = torch.randn(shape, device=device, dtype=dtype)
+    plain, sharded = (_pair(shape[-1]).to(device=device, dtype=dtype) for _ in range(2))
     parallelize_module(sharded, mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()})
-    buffer = torch.randn(4, width, device=device)
+    buffer = torch.randn(shape, device=device, dtype=dtype)
     timings = []
     for call in (_fwd_bwd(plain, x), _fwd_bwd(sharded, x), lambda: dist.all_reduce(buffer)):
         dist.barrier()
         timings.append(measure(call, device=device, warmup=warmup + 3, repeats=repeats, min_sample_s=0.0, clock=clock))
     plain_s, sharded_s, reduce_s = (t.median_s for t in timings)
-    overhead = torch.tensor([max(sharded_s - plain_s - 2.0 * reduce_s, 0.0) / 2.0], dtype=torch.float64)
+    overhead = torch.tensor([max(sharded_s - plain_s / world - 2.0 * reduce_s, 0.0) / 2.0], dtype=torch.float64)
     dist.all_reduce(overhead, op=dist.ReduceOp.MAX)
     return float(overhead[0])

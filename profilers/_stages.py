@@ -117,7 +117,7 @@ def check_op(*, setup: TrainingSetup, cluster: Cluster, clock: str = "wall") -> 
         dtype=setup.precision, calibration=Calibration(),
     ))
     return StageResult(
-        stage="op", name=f"linear {m}x{k} -> {n} {setup.precision}", reference="roofline of the profiled device",
+        stage="op", name=f"linear {m}x{k}->{n} {setup.precision}", reference="roofline of the profiled device",
         predicted_time_s=predicted, measured_time_s=timing.median_s,
         predicted_memory_bytes=float(m * n * element), measured_memory_bytes=measured_memory,
         details={"spread": timing.spread},
@@ -162,7 +162,7 @@ def check_layer(*, setup: TrainingSetup, cluster: Cluster, clock: str = "wall") 
         for n in (setup.num_layers, setup.num_layers + 1)
     )
     return StageResult(
-        stage="layer", name=f"MoE layer fwd+bwd, {shape[0]}x{shape[1]} tokens", reference="estimate(L+1) - estimate(L)",
+        stage="layer", name=f"MoE layer {shape[0]}x{shape[1]} fwd+bwd", reference="estimate(L+1) - estimate(L)",
         predicted_time_s=large.time_s["compute"] - small.time_s["compute"], measured_time_s=timing.median_s,
         predicted_memory_bytes=large.memory_bytes["activations"] - small.memory_bytes["activations"],
         measured_memory_bytes=stored, details={"spread": timing.spread},
@@ -242,7 +242,7 @@ def _step_result(stage, name: str, setup: TrainingSetup, cluster: Cluster, confi
 
 def _config_label(config: ParallelConfig) -> str:
     degrees = [f"{axis}{getattr(config, axis)}" for axis in ("dp", "tp", "pp", "ep") if getattr(config, axis) > 1]
-    return " ".join(degrees) or "1 device"
+    return " ".join(degrees) + (" sp" if config.sequence_parallel else "") or "1 device"
 
 
 def _device_rows(setup: TrainingSetup, config: ParallelConfig, report: StepReport, clock: str) -> list[StepMeasurement]:
@@ -305,12 +305,12 @@ def run_stages(
             rows += _device_rows(half, device_config(half), half_report, clock)
         parameters = CALIBRATED if half_report is not None else CALIBRATED[:2]
         calibration = calibrate(cluster=cluster, measurements=rows, parameters=parameters).calibration
-    stages.append(_step_result("device", "reference model, 1 process", setup, cluster, config, [device_report],
+    stages.append(_step_result("device", "model, 1 process", setup, cluster, config, [device_report],
                                calibration, clock))
     for plan_config in configs:
         say(_config_label(plan_config))
         plan = plan_for(setup=setup, cluster=cluster, config=plan_config)
         reports = run_ranks(_plan_rank, plan_config.world_size, args=(setup, plan.model_dump_json()), timeout_s=timeout_s)
-        stages.append(_step_result("plan", f"reference model, {_config_label(plan_config)}", setup, cluster,
+        stages.append(_step_result("plan", f"model, {_config_label(plan_config)}", setup, cluster,
                                    plan_config, reports, calibration, clock))
     return StagedReport(setup=setup, cluster_name=cluster.name, stages=tuple(stages), calibration=calibration, clock=clock)

@@ -38,13 +38,16 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
     )
     stage.add_argument("--profile", type=Path, required=True, help="hardware profile JSON (autoparallel profile)")
     stage.add_argument("--force", action="store_true", help="accept a profile measured on another device type")
-    stage.add_argument("--plans", default="tp2,pp2", help="comma-separated plans: tpN, ppN (default tp2,pp2)")
+    stage.add_argument("--plans", default="tp2,pp2", help="comma-separated plans: tpN, tpN+sp, ppN (default tp2,pp2)")
     stage.add_argument("--hidden-size", type=int, default=256)
     stage.add_argument("--num-layers", type=int, default=4)
-    stage.add_argument("--sequence-tokens", type=int, default=128)
-    stage.add_argument("--batch-sequences", type=int, default=4)
-    stage.add_argument("--steps", type=int, default=3, help="timed steps per run (medians)")
+    stage.add_argument("--sequence-tokens", type=int, default=64)
+    stage.add_argument("--batch-sequences", type=int, default=2)
+    stage.add_argument("--steps", type=int, default=4, help="timed steps per run (medians)")
     stage.add_argument("--no-calibration", action="store_true", help="compare raw profile predictions only")
+    stage.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                       help="wall seconds, or CPU seconds of the ranks against the prediction less the bubble "
+                       "(for a CPU shared with other jobs)")
     stage.add_argument("--output", "-o", type=Path, default=None, help="write the report as JSON")
     stage.set_defaults(func=_stage_check)
 
@@ -119,12 +122,13 @@ def _parse_plans(text: str, *, batch_sequences: int):  # noqa: ANN202 - tuple[Pa
 
     configs = []
     for item in filter(None, (part.strip() for part in text.split(","))):
-        axis = item.rstrip("0123456789")
-        degree = item[len(axis):]
-        if axis not in ("tp", "pp") or not degree.isdigit() or int(degree) < 2:
-            raise ValueError(f"--plans entry ({item!r}) must be tpN or ppN with N >= 2")
+        base, plus, switch = item.partition("+")
+        axis = base.rstrip("0123456789")
+        degree = base[len(axis):]
+        if axis not in ("tp", "pp") or not degree.isdigit() or int(degree) < 2 or (plus and (switch, axis) != ("sp", "tp")):
+            raise ValueError(f"--plans entry ({item!r}) must be tpN, tpN+sp or ppN with N >= 2")
         micro = 1 if axis == "pp" else batch_sequences
-        configs.append(ParallelConfig(**{axis: int(degree)}, micro_batch_size=micro))
+        configs.append(ParallelConfig(**{axis: int(degree)}, micro_batch_size=micro, sequence_parallel=bool(plus)))
     if not configs:
         raise ValueError(f"--plans ({text!r}) must name at least one plan")
     return tuple(configs)
@@ -145,8 +149,8 @@ def _stage_check(args: argparse.Namespace) -> int:
     cluster = cluster_from_profile(profile, num_devices=max(2, max(c.world_size for c in configs)))
     with console.status("stage-check") as status:
         report = run_stages(setup=setup, cluster=cluster, configs=configs, calibrate_on_device=not args.no_calibration,
-                            progress=lambda stage: status.update(f"stage-check: {stage}"))
-    console.print(_stage_table(report))
+                            progress=lambda stage: status.update(f"stage-check: {stage}"), clock=args.clock)
+    console.print(_stage_table(report), width=max(console.width, 132))
     if report.calibration is not None:
         fit = report.calibration
         console.print(f"calibration (fitted on the one-device stage): matmul_efficiency {fit.matmul_efficiency:.3g}, "
@@ -164,12 +168,12 @@ def _percent(value) -> str:  # noqa: ANN001
 def _stage_table(report) -> Table:  # noqa: ANN001 - profilers._stages.StagedReport
     from cost_model._units import human_bytes
 
-    table = Table(title=f"Staged validation on {report.cluster_name} (time tolerance 25%, memory 15%)")
-    for column in ("stage", "what", "predicted", "calibrated", "measured", "time error", "pred. memory", "meas. memory",
-                   "memory error", "verdict"):
-        table.add_column(column, justify="left" if column in ("stage", "what", "verdict") else "right")
+    table = Table(title=f"Staged validation on {report.cluster_name}, {report.clock} clock (time tolerance 25%, memory 15%)")
+    for column in ("stage", "what", "predicted", "calibrated", "measured", "error", "memory pred.", "measured",
+                   "error", "ok"):
+        table.add_column(column, justify="left" if column in ("stage", "what", "ok") else "right")
     for stage in report.stages:
-        verdict = "[green]pass" if stage.passed else "[red]FAIL"
+        verdict = "[green]yes" if stage.passed else "[red]no"
         calibrated = "-" if stage.calibrated_time_s is None else human_seconds(stage.calibrated_time_s)
         table.add_row(
             stage.stage, stage.name, human_seconds(stage.predicted_time_s), calibrated, human_seconds(stage.measured_time_s),
