@@ -158,3 +158,23 @@ def test_profile_is_hashable_and_frozen():
     assert hash(spec) == hash(HardwareSpec.from_profile(copy.deepcopy(profile)))
     with pytest.raises(Exception):
         profile.kernel_overhead_s = 1.0  # type: ignore[misc]
+
+
+def test_tensor_parallel_host_overhead_is_charged_per_sharded_linear_only_with_tp():
+    from autoparallel import get_model
+    from cost_model import ParallelConfig, Training, estimate
+
+    model = get_model("tiny-moe")  # MLA, 1 dense + 3 MoE layers, a shared expert
+    base = HardwareProfile.model_validate(profile_document())
+    costly = base.model_copy(update={"sharded_module_overhead_s": 1e-3})
+    assert HardwareSpec.from_profile(costly).sharded_module_overhead_s == 1e-3
+    assert get_preset("dgx-h100").device.sharded_module_overhead_s == 0.0
+    workload = Training(sequence_length_tokens=64, global_batch_sequences=4)
+    times = {}
+    for name, profile in (("base", base), ("costly", costly)):
+        cluster = cluster_from_profile(profile, num_devices=2)
+        for config in (ParallelConfig(micro_batch_size=2), ParallelConfig(tp=2, micro_batch_size=2)):
+            times[name, config.tp] = estimate(model, cluster, workload, config).time_s["compute"]
+    assert times["costly", 1] == pytest.approx(times["base", 1])
+    # 2 micro-batches x (4 layers x (3 attention + 3 FFN or shared-expert linears) + embedding + LM head).
+    assert times["costly", 2] - times["base", 2] == pytest.approx(2 * (4 * 6 + 2) * 1e-3, rel=1e-6)

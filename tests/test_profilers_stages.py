@@ -56,10 +56,11 @@ def test_plan_for_carries_the_prediction(tiny_profile):
 @pytest.mark.slow
 def test_every_stage_runs_and_reports(tiny_profile):
     cluster = cluster_from_profile(tiny_profile, num_devices=2)
-    report = run_stages(setup=TINY_SETUP, cluster=cluster, configs=(ParallelConfig(tp=2, micro_batch_size=2),))
+    report = run_stages(setup=TINY_SETUP, cluster=cluster, configs=(ParallelConfig(tp=2, micro_batch_size=2),), clock="cpu")
     assert [s.stage for s in report.stages] == ["op", "layer", "device", "plan"]  # pp2: the CLI test below
     tp2 = report.stages[3]
     assert tp2.details["measured_comm_s"] > 0 and "predicted_tp_comm_s" in tp2.details
+    assert tp2.measured_time_s == tp2.details["measured_cpu_s"] and "cpu clock" in tp2.reference
     assert report.calibration is not None and report.calibration.fit["rows"] == 4
     assert all(s.calibrated_time_s is not None for s in report.stages[2:])
     assert StagedReport.model_validate_json(report.model_dump_json()) == report
@@ -86,3 +87,14 @@ def test_cli_stage_check_refuses_another_device_and_bad_plans(tmp_path, tiny_pro
     assert cli_main(["stage-check", "--profile", str(gpu)]) == 2
     cpu = tiny_profile.save(tmp_path / "cpu.json")
     assert cli_main(["stage-check", "--profile", str(cpu), "--plans", "dp2"]) == 2
+
+
+def test_plan_names_parse():
+    from autoparallel.cli._profile import _parse_plans
+
+    tp, tp_sp, pp = _parse_plans("tp2, tp2+sp,pp2", batch_sequences=4)
+    assert (tp.tp, tp.sequence_parallel, tp.micro_batch_size) == (2, False, 4)
+    assert tp_sp.sequence_parallel and (pp.pp, pp.micro_batch_size) == (2, 1)
+    for bad in ("pp2+sp", "tp1", "ep2", ""):
+        with pytest.raises(ValueError, match="--plans"):
+            _parse_plans(bad, batch_sequences=4)

@@ -23,6 +23,11 @@ def test_measure_reports_median_of_synchronized_samples():
     assert timing.repeats == 5 and timing.spread >= 0
     with pytest.raises(ValueError, match="repeats"):
         measure(lambda: None, device=torch.device("cpu"), repeats=0)
+    # The thread clock counts CPU work: a sleeping thread does none.
+    asleep = measure(lambda: time.sleep(0.002), device=torch.device("cpu"), warmup=0, repeats=3, clock="thread")
+    assert asleep.median_s < 0.001
+    with pytest.raises(ValueError, match="clock .'sundial'"):
+        measure(lambda: None, device=torch.device("cpu"), clock="sundial")
 
 
 def test_grid_rejects_unknown_names():
@@ -55,6 +60,8 @@ def test_two_ranks_measure_collectives_and_agree():
     first, second = run_ranks(_profile_rank, 2, timeout_s=120)
     assert first == second  # every rank returns the reduced profile
     assert set(first.collectives) == {"all_reduce", "send_recv"}
+    assert first.sharded_module_overhead_s > 0  # DTensor dispatch costs host time on every rank
+    assert first.operator_clock == "thread"  # one intra-op thread per rank on a CPU
     assert first.collectives["all_reduce"][2].work == (4096.0, 65536.0)
 
 
