@@ -12,7 +12,13 @@ from topology import HardwareProfile, MeasuredCurve
 from topology import load_hardware_profile as load_profile
 
 _LAZY = {
+    "MasterWeightAdam": "profilers._training_run",
     "ProfileGrid": "profilers._ops",
+    "StageResult": "profilers._stages",
+    "StagedReport": "profilers._stages",
+    "TrainingSetup": "profilers._training_run",
+    "measure_training": "profilers._training_run",
+    "run_stages": "profilers._stages",
     "StepProfiler": "profilers._step",
     "StepReport": "profilers._step",
     "Timing": "profilers._timing",
@@ -25,11 +31,15 @@ _LAZY = {
 
 __all__ = [
     "HardwareProfile",
+    "MasterWeightAdam",
     "MeasuredCurve",
     "ProfileGrid",
+    "StageResult",
+    "StagedReport",
     "StepProfiler",
     "StepReport",
     "Timing",
+    "TrainingSetup",
     "cluster_from_profile",
     "current_device",
     "fit_link",
@@ -37,7 +47,9 @@ __all__ = [
     "live_tensor_bytes",
     "load_profile",
     "measure",
+    "measure_training",
     "profile_hardware",
+    "run_stages",
 ]
 
 

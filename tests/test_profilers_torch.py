@@ -66,9 +66,11 @@ def test_two_ranks_measure_collectives_and_agree():
 
 
 @pytest.mark.distributed
-def test_cli_profile_writes_a_loadable_profile(tmp_path):
+def test_cli_profile_writes_a_loadable_profile(tmp_path, capsys):
     path = tmp_path / "cpu-profile.json"
-    assert cli_main(["profile", "--nproc", "2", "--grid", "tiny", "--output", str(path)]) == 0
+    command = ["profile", "--nproc", "2", "--grid", "tiny", "--output", str(path), "--compare-preset", "cpu-loopback"]
+    assert cli_main(command) == 0
+    assert "measured / peak" in capsys.readouterr().out
     profile = load_hardware_profile(path, expected_device_type="cpu")
     assert profile.collectives["send_recv"][2].seconds[0] > 0
     assert "2 cpu rank(s), backend gloo" in profile.provenance

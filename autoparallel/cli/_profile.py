@@ -26,6 +26,8 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
     profile.add_argument("--threads", type=int, default=None, help="intra-op threads per rank (default: cores / nproc)")
     profile.add_argument("--output", "-o", type=Path, default=Path("hardware-profile.json"))
     profile.add_argument("--timeout-s", type=float, default=1800.0)
+    profile.add_argument("--compare-preset", default=None, metavar="PRESET",
+                         help="also print measured GEMM efficiency against this cluster preset's device")
     profile.add_argument("--clock", choices=("auto", "wall", "thread"), default="auto",
                          help="operator timing: auto = thread CPU time for 1-thread CPU ranks, else wall")
     profile.set_defaults(func=_profile)
@@ -87,12 +89,36 @@ def _profile(args: argparse.Namespace) -> int:
         return 0
     path = profile.save(args.output)
     console.print(_summary(profile))
+    if args.compare_preset:
+        console.print(_preset_comparison(profile, args.compare_preset))
     console.print(f"wrote {path} ({profile.device_type}: {profile.device_name})")
     return 0
 
 
+def _preset_comparison(profile, preset_name: str) -> Table:  # noqa: ANN001 - topology.HardwareProfile
+    """Best measured GEMM rate per dtype over the preset's peak, beside the preset's efficiency,
+    and the constant efficiencies ``cost_model.calibrate`` fits to the curves."""
+    from cost_model import calibrate
+    from topology import get_preset
+
+    cluster = get_preset(preset_name)
+    device = cluster.device
+    fit = calibrate(cluster=cluster, profile=profile).calibration
+    table = Table(title=f"Measured vs preset {preset_name} ({device.name})")
+    for column in ("dtype", "best measured", "preset peak", "measured / peak", "preset matmul_efficiency"):
+        table.add_column(column, justify="left" if column == "dtype" else "right")
+    for dtype, curve in profile.gemm.items():
+        peak = device.peak_flops.get(dtype)
+        ratio = "-" if peak is None else f"{curve.best_rate_per_s / peak:.1%}"
+        table.add_row(dtype, _rate(curve.best_rate_per_s, "FLOP"), "-" if peak is None else _rate(peak, "FLOP"), ratio,
+                      f"{device.matmul_efficiency:.1%}")
+    table.caption = (f"fitted plateau efficiencies: matmul {fit.matmul_efficiency:.1%}, memory "
+                     f"{fit.memory_bandwidth_efficiency:.1%}, collectives x{fit.collective_efficiency:.2f}")
+    return table
+
+
 def _rate(value: float, unit: str) -> str:
-    return f"{value / 1e9:.1f} G{unit}/s"
+    return f"{value / 1e12:.1f} T{unit}/s" if value >= 1e12 else f"{value / 1e9:.1f} G{unit}/s"
 
 
 def _summary(profile) -> Table:  # noqa: ANN001 - topology.HardwareProfile
