@@ -282,6 +282,45 @@ def test_reshard_by_checkpoint_keeps_the_model(tmp_path, before: ParallelConfig,
     assert moved > 1e-3  # the step after the reshard did train
 
 
+def inplace_reshard_case(rank: int, world_size: int, old_json: str, new_json: str, root: str) -> dict:
+    """The Retuner finds the running layout slow, chooses the faster one and reshards in place."""
+    from autoparallel.runtime.retune import Retuner, RetuneSettings, StepMeasurement
+
+    old, new = ap.load_plan(old_json), ap.load_plan(new_json)
+    spec = ap.get_model(old.provenance.model_name)
+    applied, optimizer = _build(old, spec)
+    _train_step(applied, optimizer, *_batch(spec, 0))
+    probe = _batch(spec, 99)[0]
+    before = _logits(applied, probe)
+    retuner = Retuner(old, model=spec, cluster=cluster_for_world(ap.get_preset(CLUSTER), 4), workload=_workload(),
+                      search=lambda current: [new],
+                      settings=RetuneSettings(every_n_steps=1, warmup_steps=0, allowed_changes=("reshard",),
+                                              horizon_steps=10**6, restart_overhead_s=1.0))
+    decision = retuner.observe(StepMeasurement(step=1, step_time_s=old.predicted.step_time_s))
+    applied, optimizer = retuner.reshard(decision, modules=applied, optimizer=optimizer, step=1, checkpoint=root,
+                                         build=lambda plan: _build(plan, spec))
+    after = _logits(applied, probe)
+    return {"kind": decision.kind, "before": (before, _dp_of(old, rank)), "after": (after, applied.meshes.coordinate("dp")),
+            "plan": retuner.plan.to_json()}
+
+
+def _dp_of(plan, rank: int) -> int:
+    """A rank's dp coordinate under ``plan`` (Megatron order: tp innermost, then cp, dp, pp)."""
+    config = plan.config
+    return (rank // (config.tp * config.cp)) % config.dp
+
+
+def test_retuner_reshards_in_place_when_it_pays(tmp_path) -> None:
+    old, new = _plan(ParallelConfig(pp=2, tp=2)), _plan(ParallelConfig(dp=4))
+    assert ap.load_plan(new).predicted.step_time_s < ap.load_plan(old).predicted.step_time_s
+    results = run_ranks(inplace_reshard_case, 4, args=(old, new, str(tmp_path)), timeout_s=120)
+    assert {r["kind"] for r in results} == {"reshard"}
+    assert all(ap.load_plan(r["plan"]).config == ap.load_plan(new).config for r in results)
+    before = _gathered_logits([{"logits": r["before"][0], "dp": r["before"][1]} for r in results])
+    after = _gathered_logits([{"logits": r["after"][0], "dp": r["after"][1]} for r in results])
+    assert np.abs(before - after).max() <= 1e-5 * np.abs(before).max()
+
+
 def test_reshard_refuses_another_model(tmp_path) -> None:
     from autoparallel.runtime import tiny_reference_spec
 

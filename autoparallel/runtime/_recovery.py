@@ -29,6 +29,7 @@ __all__ = [
     "largest_legal_world",
     "plan_for_config",
     "rebuild_schedule",
+    "recover_job",
     "research_plans",
     "shrink_world",
 ]
@@ -168,13 +169,17 @@ def plan_for_config(
 
 
 def research_plans(
-    *, plan: ShardingPlan, model: ModelSpec, cluster, workload: Training | Inference, n_trials: int, seed: int  # noqa: ANN001
+    *, plan: ShardingPlan, model: ModelSpec, cluster, workload: Training | Inference, n_trials: int, seed: int,  # noqa: ANN001
+    bounds=None,  # noqa: ANN001 - search.SearchBounds
 ) -> list[ShardingPlan]:
-    """Re-search warm-started from ``plan`` (its mesh is the study's first trial); returns the best
-    plan and a plan for each ranked alternative."""
+    """Re-search warm-started from ``plan`` (its mesh is the study's first trial), within
+    ``bounds``; returns the best plan and a plan for each ranked alternative."""
     import autoparallel
+    from search import SearchSettings
 
-    best = autoparallel.find_plan(model, cluster, workload, n_trials=n_trials, seed=seed, warm_start=plan.config)
+    settings = SearchSettings() if bounds is None else SearchSettings(bounds=bounds)
+    best = autoparallel.find_plan(model, cluster, workload, n_trials=n_trials, seed=seed, warm_start=plan.config,
+                                  settings=settings)
     plans = [best]
     for alternative in best.alternatives:
         extras = {} if alternative.serving is None else alternative.serving.model_dump()
@@ -226,6 +231,40 @@ def rebuild_schedule(pipeline, *, plan: ShardingPlan, num_micro_batches: int) ->
     )
     pipeline.plan, pipeline.stages, pipeline.schedule = plan, rebuilt.stages, rebuilt.schedule
     pipeline.num_micro_batches = num_micro_batches
+
+
+def recover_job(checkpoint, *, build, model, cluster, workload, n_trials: int, seed: int, max_cp_degree):  # noqa: ANN001, ANN201
+    """The work of ``Retuner.recover``: read the last complete checkpoint, find the largest legal
+    world the launched ranks allow, re-plan for it on rank 0 (warm-started from the old plan when
+    the world is unchanged) and share the plan, shrink the process group, ``build(plan)`` and load
+    the checkpoint. Returns ``(plan, (model, cluster, workload), built, info)``, or ``None`` on a
+    spare rank. Collective."""
+    import torch.distributed as dist
+
+    import autoparallel
+    from autoparallel.runtime._reshard import load_checkpoint, read_checkpoint_info
+    from search import SearchBounds, SearchSettings
+
+    info = read_checkpoint_info(checkpoint)
+    model, cluster, workload = job_from_plan(info.plan, model=model, cluster=cluster, workload=workload)
+    launched = dist.get_world_size()
+    world = largest_legal_world(model=model, cluster=cluster, workload=workload, max_world_size=launched)
+    sized = cluster_for_world(cluster, world)
+    shared = [None]
+    if dist.get_rank() == 0:
+        warm = info.plan.config if info.plan.world_size == world else None
+        settings = SearchSettings(bounds=SearchBounds(max_cp_degree=max_cp_degree))
+        plan = autoparallel.find_plan(model, sized, workload, n_trials=n_trials, seed=seed, warm_start=warm, settings=settings)
+        shared = [plan.to_json()]
+    dist.broadcast_object_list(shared, src=0)
+    plan = ShardingPlan.model_validate_json(shared[0])
+    logger.info("recovery: checkpoint of step %d saved on %d ranks; %d launched; re-planned for %d ranks: %s",
+                info.step, info.plan.world_size, launched, world, plan.config)
+    if not shrink_world(world):
+        return None
+    built = build(plan)
+    load_checkpoint(info.path, modules=built[0], optimizer=built[1], plan=plan)
+    return plan, (model, sized, workload), built, info
 
 
 # ---------------------------------------------------------------------------- process group

@@ -39,6 +39,7 @@ __all__ = [
     "load_checkpoint",
     "load_full_state_dict",
     "read_checkpoint_info",
+    "reshard_in_place",
     "save_checkpoint",
 ]
 
@@ -261,6 +262,22 @@ def load_full_state_dict(path: str | Path, *, keys: Iterable[str] | None = None)
         state[key] = torch.empty(entry.size, dtype=entry.properties.dtype)
     dcp.load(state, checkpoint_id=str(info.path), no_dist=True)
     return state
+
+
+def reshard_in_place(*, old: ShardingPlan, new: ShardingPlan, modules, optimizer, step: int, checkpoint,  # noqa: ANN001
+                     build, extra: dict[str, Any] | None = None):  # noqa: ANN001, ANN201
+    """Change degrees on the same ranks: save under ``old``, ``build(new) -> (modules, optimizer,
+    ...)``, load into the result and return it. Collective."""
+    if new.world_size != old.world_size:
+        raise ValueError(
+            f"new plan world_size ({new.world_size}) differs from the running world ({old.world_size}); "
+            "save a checkpoint and relaunch, then Retuner.recover(...)"
+        )
+    save_checkpoint(checkpoint, modules=modules, plan=old, step=step, optimizer=optimizer, extra=extra)
+    built = build(new)
+    load_checkpoint(checkpoint, modules=built[0], optimizer=built[1], plan=new)
+    logger.info("reshard: %s -> %s at step %d", _degrees(old), _degrees(new), step)
+    return built
 
 
 def _check_supported(plan: ShardingPlan) -> None:

@@ -91,6 +91,7 @@ class RetuneSettings(BaseModel):
     restart_overhead_s: float = Field(default=120.0, ge=0, description="relaunch + process-group init of a reshard")
     checkpoint_bandwidth_bytes_per_s: float = Field(default=2e9, gt=0, description="per device, save and load")
     search_trials: int = Field(default=16, gt=0, description="re-search budget; warm-started, so a local refinement")
+    max_cp_degree: int | None = Field(default=1, gt=0, description="apply_plan has no context parallel yet: cp 1")
     seed: int = 0
     allowed_changes: tuple[ChangeKind, ...] = ("expert_placement", "micro_batch", "batch_size", "reshard")
 
@@ -195,8 +196,13 @@ class Retuner:
 
         if self._space is None:
             self._space = SearchSpace(model=self.model, workload=self.workload, world_size=self.plan.world_size,
-                                      devices_per_node=self.cluster.devices_per_node)
+                                      devices_per_node=self.cluster.devices_per_node, bounds=self._bounds())
         return self
+
+    def _bounds(self):  # noqa: ANN202 - search.SearchBounds
+        from search import SearchBounds
+
+        return SearchBounds(max_cp_degree=self.settings.max_cp_degree)
 
     # ------------------------------------------------------------------ the loop
     def observe(self, measurement: StepMeasurement) -> RetuneDecision | None:
@@ -503,7 +509,7 @@ class Retuner:
 
         return research_plans(
             plan=self.plan, model=self.model, cluster=self.cluster, workload=self.workload,
-            n_trials=self.settings.search_trials, seed=self.settings.seed,
+            n_trials=self.settings.search_trials, seed=self.settings.seed, bounds=self._bounds(),
         )
 
     # ------------------------------------------------------------------ acting
@@ -547,18 +553,11 @@ class Retuner:
         """Change degrees in place on the same ranks: save a checkpoint under the running plan,
         ``build(decision.plan) -> (modules, optimizer, ...)`` the job under the new one, load the
         checkpoint into it and return ``build``'s result. Collective."""
-        from autoparallel.runtime._reshard import load_checkpoint, save_checkpoint
+        from autoparallel.runtime._reshard import reshard_in_place
 
-        if decision.plan.world_size != self.plan.world_size:
-            raise ValueError(
-                f"decision.plan.world_size ({decision.plan.world_size}) differs from the running world "
-                f"({self.plan.world_size}); save a checkpoint and relaunch, then Retuner.recover(...)"
-            )
-        save_checkpoint(checkpoint, modules=modules, plan=self.plan, step=step, optimizer=optimizer, extra=extra)
-        built = build(decision.plan)
-        load_checkpoint(checkpoint, modules=built[0], optimizer=built[1], plan=decision.plan)
+        built = reshard_in_place(old=self.plan, new=decision.plan, modules=modules, optimizer=optimizer, step=step,
+                                 checkpoint=checkpoint, build=build, extra=extra)
         self.plan = decision.plan
-        logger.info("retune: resharded to %s at step %d", _describe(decision.plan), step)
         return built
 
     @classmethod
@@ -583,39 +582,17 @@ class Retuner:
         Model, cluster and workload default to the ones the old plan names (catalog model,
         cluster preset). Returns ``None`` on a rank left out of the new world (a spare).
         """
-        import torch.distributed as dist
+        from autoparallel.runtime._recovery import Recovery, recover_job
 
-        from autoparallel.runtime._recovery import (
-            Recovery,
-            cluster_for_world,
-            job_from_plan,
-            largest_legal_world,
-            shrink_world,
-        )
-        from autoparallel.runtime._reshard import load_checkpoint, read_checkpoint_info
-
-        info = read_checkpoint_info(checkpoint)
-        model, cluster, workload = job_from_plan(info.plan, model=model, cluster=cluster, workload=workload)
-        launched = dist.get_world_size()
-        world = largest_legal_world(model=model, cluster=cluster, workload=workload, max_world_size=launched)
-        sized = cluster_for_world(cluster, world)
-        shared = [None]
-        if dist.get_rank() == 0:
-            import autoparallel
-
-            warm = info.plan.config if info.plan.world_size == world else None
-            shared = [autoparallel.find_plan(model, sized, workload, n_trials=n_trials, seed=seed, warm_start=warm).to_json()]
-        dist.broadcast_object_list(shared, src=0)
-        plan = ShardingPlan.model_validate_json(shared[0])
-        logger.info("recovery: checkpoint of step %d saved on %d ranks; %d launched; re-planned for %d: %s",
-                    info.step, info.plan.world_size, launched, world, _describe(plan))
-        if not shrink_world(world):
+        settings = settings or RetuneSettings()
+        restored = recover_job(checkpoint, build=build, model=model, cluster=cluster, workload=workload,
+                               n_trials=n_trials, seed=seed, max_cp_degree=settings.max_cp_degree)
+        if restored is None:
             return None
-        built = build(plan)
-        load_checkpoint(info.path, modules=built[0], optimizer=built[1], plan=plan)
-        retuner = cls(plan, model=model, cluster=sized, workload=workload, settings=settings)
+        plan, job, built, info = restored
+        retuner = cls(plan, model=job[0], cluster=job[1], workload=job[2], settings=settings)
         return Recovery(retuner=retuner, plan=plan, built=built, step=info.step, extra=info.extra,
-                        world_size=world, previous_world_size=info.plan.world_size)
+                        world_size=plan.world_size, previous_world_size=info.plan.world_size)
 
     # ------------------------------------------------------------------ the choice
     def _choose(self, candidates, *, summary: "WindowSummary", current: float, calibration: Calibration) -> RetuneDecision:
