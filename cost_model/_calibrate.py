@@ -147,8 +147,11 @@ def calibrate(
         CalibrationRow(label=m.label, measured=m.measured_s, predicted_before=b, predicted_after=a)
         for m, b, a in zip(measurements, before, after)
     )
-    fit = {"rows": len(rows), "parameters": list(names), "rms_log_error_before": _rms([r.log_error_before for r in rows]),
-           "rms_log_error_after": _rms([r.log_error_after for r in rows]), "method": "Levenberg-Marquardt on log(predicted/measured)"}
+    fit = {
+        "rows": len(rows), "parameters": list(names), "method": "Levenberg-Marquardt on log(predicted/measured)",
+        "rms_log_error_before": _rms([r.log_error_before for r in rows]),
+        "rms_log_error_after": _rms([r.log_error_after for r in rows]),
+    }
     return CalibrationResult(calibration=fitted.model_copy(update={"fit": fit}), parameters=names, rows=rows)
 
 
@@ -248,35 +251,50 @@ def _plateau(curve) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001 - topology
 def _calibrate_from_profile(*, cluster, profile, parameters: Sequence[str] | None) -> CalibrationResult:  # noqa: ANN001
     """Constant efficiencies of ``cluster.device`` (its profile ignored) that best fit the curves."""
     names = _check_parameters(parameters or ("matmul_efficiency", "memory_bandwidth_efficiency", "collective_efficiency"))
+    unsupported = set(names) - {"matmul_efficiency", "memory_bandwidth_efficiency", "collective_efficiency"}
+    if unsupported:
+        raise ValueError(f"parameters {sorted(unsupported)} cannot be fitted from a profile; use step measurements")
     device = cluster.device.model_copy(update={"profile": None})
     bare = cluster.model_copy(update={"device": device})
-    rows: list[CalibrationRow] = []
     fitted: dict[str, float] = {}
+    rows: list[CalibrationRow] = []
     if "matmul_efficiency" in names:
-        dtype = next((d for d in ("bf16", "fp16", "fp32") if d in profile.gemm and d in device.peak_flops), None)
-        if dtype is None:
-            raise ValueError(f"profile gemm dtypes ({sorted(profile.gemm)}) share none with peak_flops ({sorted(device.peak_flops)})")
-        work, rates = _plateau(profile.gemm[dtype])
-        peak = device.peak_flops_for(dtype)
-        fitted["matmul_efficiency"] = _log_mean_fit(rates / peak, high=1.0)
-        rows += _rate_rows(f"gemm {dtype}", work, rates, peak * device.matmul_efficiency, peak * fitted["matmul_efficiency"])
+        fitted["matmul_efficiency"], gemm_rows = _gemm_fit(device, profile)
+        rows += gemm_rows
     if "memory_bandwidth_efficiency" in names:
-        work, rates = _plateau(profile.memory)
-        peak = device.memory_bandwidth_bytes_per_s
-        fitted["memory_bandwidth_efficiency"] = _log_mean_fit(rates / peak, high=1.0)
-        rows += _rate_rows("memory", work, rates, peak * device.memory_bandwidth_efficiency, peak * fitted["memory_bandwidth_efficiency"])
+        fitted["memory_bandwidth_efficiency"], memory_rows = _memory_fit(device, profile)
+        rows += memory_rows
     if "collective_efficiency" in names and profile.collectives:
         fitted["collective_efficiency"], collective_rows = _collective_fit(bare, profile)
         rows += collective_rows
-    unsupported = set(names) - set(fitted) - {"collective_efficiency"}
-    if unsupported:
-        raise ValueError(f"parameters {sorted(unsupported)} cannot be fitted from a profile; use step measurements")
-    calibration = Calibration(device_pattern=f"^{_escape(device.name)}$", **fitted)
     result_rows = tuple(rows)
-    fit = {"rows": len(result_rows), "parameters": sorted(fitted), "source": profile.provenance,
-           "rms_log_error_before": _rms([r.log_error_before for r in result_rows]),
-           "rms_log_error_after": _rms([r.log_error_after for r in result_rows]), "method": "mean of log rate / peak"}
-    return CalibrationResult(calibration=calibration.model_copy(update={"fit": fit}), parameters=tuple(sorted(fitted)), rows=result_rows)
+    fit = {
+        "rows": len(result_rows), "parameters": sorted(fitted), "source": profile.provenance,
+        "rms_log_error_before": _rms([r.log_error_before for r in result_rows]),
+        "rms_log_error_after": _rms([r.log_error_after for r in result_rows]), "method": "mean of log rate / peak",
+    }
+    calibration = Calibration(device_pattern=f"^{_escape(device.name)}$", fit=fit, **fitted)
+    return CalibrationResult(calibration=calibration, parameters=tuple(sorted(fitted)), rows=result_rows)
+
+
+def _gemm_fit(device, profile) -> tuple[float, list[CalibrationRow]]:  # noqa: ANN001
+    """Matmul efficiency from the GEMM plateau of the training dtype (bf16, else fp16, fp32)."""
+    dtype = next((d for d in ("bf16", "fp16", "fp32") if d in profile.gemm and d in device.peak_flops), None)
+    if dtype is None:
+        raise ValueError(
+            f"profile gemm dtypes ({sorted(profile.gemm)}) share none with peak_flops ({sorted(device.peak_flops)})"
+        )
+    work, rates = _plateau(profile.gemm[dtype])
+    peak = device.peak_flops_for(dtype)
+    efficiency = _log_mean_fit(rates / peak, high=1.0)
+    return efficiency, _rate_rows(f"gemm {dtype}", work, rates, peak * device.matmul_efficiency, peak * efficiency)
+
+
+def _memory_fit(device, profile) -> tuple[float, list[CalibrationRow]]:  # noqa: ANN001
+    work, rates = _plateau(profile.memory)
+    peak = device.memory_bandwidth_bytes_per_s
+    efficiency = _log_mean_fit(rates / peak, high=1.0)
+    return efficiency, _rate_rows("memory", work, rates, peak * device.memory_bandwidth_efficiency, peak * efficiency)
 
 
 def _log_mean_fit(ratios: np.ndarray, *, high: float) -> float:
@@ -285,7 +303,8 @@ def _log_mean_fit(ratios: np.ndarray, *, high: float) -> float:
 
 def _rate_rows(label: str, work, rates, rate_before: float, rate_after: float) -> list[CalibrationRow]:  # noqa: ANN001
     return [
-        CalibrationRow(label=f"{label} {w:.3g}", measured=w / r, predicted_before=w / rate_before, predicted_after=w / rate_after)
+        CalibrationRow(label=f"{label} {w:.3g}", measured=w / r, predicted_before=w / rate_before,
+                       predicted_after=w / rate_after)
         for w, r in zip(work, rates)
     ]
 
@@ -297,10 +316,14 @@ def _collective_fit(cluster, profile) -> tuple[float, list[CalibrationRow]]:  # 
         for size, curve in by_size.items():
             if size > cluster.num_devices:
                 continue
+            local = min(size, cluster.devices_per_node)
             for nbytes, seconds in zip(curve.work, curve.seconds):
-                predicted = float(cluster.collective_time(op, group_size=size, ranks_per_node=min(size, cluster.devices_per_node), message_bytes=nbytes))
+                predicted = float(cluster.collective_time(op, group_size=size, ranks_per_node=local, message_bytes=nbytes))
                 cases.append((f"{op} n={size} {nbytes:.3g} B", seconds, predicted))
     if not cases:
         return 1.0, []
-    efficiency = min(max(math.exp(float(np.mean([math.log(p / s) for _, s, p in cases]))), FITTABLE["collective_efficiency"][0]), 2.0)
-    return efficiency, [CalibrationRow(label=label, measured=s, predicted_before=p, predicted_after=p / efficiency) for label, s, p in cases]
+    low, high, _ = FITTABLE["collective_efficiency"]
+    efficiency = min(max(math.exp(float(np.mean([math.log(p / s) for _, s, p in cases]))), low), high)
+    rows = [CalibrationRow(label=label, measured=s, predicted_before=p, predicted_after=p / efficiency)
+            for label, s, p in cases]
+    return efficiency, rows
