@@ -178,3 +178,17 @@ def test_tensor_parallel_host_overhead_is_charged_per_sharded_linear_only_with_t
     assert times["costly", 1] == pytest.approx(times["base", 1])
     # 2 micro-batches x (4 layers x (3 attention + 3 FFN or shared-expert linears) + embedding + LM head).
     assert times["costly", 2] - times["base", 2] == pytest.approx(2 * (4 * 6 + 2) * 1e-3, rel=1e-6)
+
+
+def test_cluster_prices_profiled_collectives_from_their_measured_curves():
+    document = profile_document()
+    sizes = [4096.0, 65536.0, 1048576.0]
+    document["collectives"]["send_recv"] = {"2": curve(sizes, [3e-3, 3.1e-3, 4e-3])}  # gloo's slow p2p wake-up
+    cluster = cluster_from_profile(HardwareProfile.model_validate(document), num_devices=2)
+    seconds = cluster.collective_time("send_recv", group_size=2, ranks_per_node=2, message_bytes=[4096.0, 1024.0])
+    assert seconds == pytest.approx([3e-3, 3e-3])  # measured, and held below the smallest size
+    bare = cluster.model_copy(update={"device": cluster.device.model_copy(update={"profile": None})})
+    assert bare.collective_time("send_recv", group_size=2, ranks_per_node=2, message_bytes=4096.0) < 1e-3
+    assert cluster.collective_time("all_to_all", group_size=2, ranks_per_node=2, message_bytes=4096.0) == pytest.approx(
+        bare.collective_time("all_to_all", group_size=2, ranks_per_node=2, message_bytes=4096.0)
+    )  # not measured: the alpha-beta model

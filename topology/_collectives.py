@@ -221,4 +221,17 @@ def collective_time(cluster, op: str, *, group_size, ranks_per_node, message_byt
     """See ``Cluster.collective_time``. Groups of size 1 cost nothing."""
     _check_op(op)
     path = tier_path(cluster, group_size=group_size, ranks_per_node=ranks_per_node, concurrent_groups=concurrent_groups)
-    return cheapest(algorithm_times(op, path=path, message_bytes=message_bytes))
+    modelled = cheapest(algorithm_times(op, path=path, message_bytes=message_bytes))
+    return _measured_where_profiled(cluster, op, path=path, message_bytes=message_bytes, modelled=modelled)
+
+
+def _measured_where_profiled(cluster, op: str, *, path: GroupPath, message_bytes, modelled):
+    """A hardware profile's measured curve (``profilers``) replaces the model for groups inside
+    one node of the sizes it measured; everything else keeps the alpha-beta time."""
+    profile = getattr(cluster.device, "profile", None)
+    if profile is None or not profile.collectives.get(op):
+        return modelled
+    single_node = path.num_nodes <= 1.0
+    measured = profile.collective_time_s(op, path.group_size, _array(message_bytes))
+    result = np.where(np.isfinite(measured) & single_node & (path.group_size > 1.0), measured, modelled)
+    return float(result) if np.ndim(result) == 0 else result
