@@ -36,7 +36,7 @@ def find_plan(
     workload: Training | Inference,
     *,
     objective: Any = None,
-    n_trials: int = 200,
+    n_trials: int = 250,
     sampler: Any = None,
     storage: str | None = None,
     seed: int = 0,

@@ -7,7 +7,7 @@ of a shared machine also counts other people's work), and the regret of the Optu
 optimum over 10 seeds (median and worst). Targets: median regret <= 1 % and Optuna <= 10 s at
 4,096 cards.
 
-    PYTHONPATH=. python benchmarks/search.py [--seeds 10] [--cards 1024 4096 16384] [--trials 150]
+    PYTHONPATH=. python benchmarks/search.py [--seeds 10] [--cards 1024 4096 16384] [--trials 250]
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--cards", type=int, nargs="+", default=[1024, 4096, 16384])
-    parser.add_argument("--trials", type=int, default=150)
+    parser.add_argument("--trials", type=int, default=250)
     parser.add_argument("--kinds", nargs="+", default=["training", "inference"])
     parser.add_argument("--output", type=Path, default=Path(__file__).with_name("results") / "search.json")
     args = parser.parse_args()

@@ -5,6 +5,11 @@ Never imports torch.
 * ``find_plan``: the Optuna study (TPE by default, NSGA-II for Pareto fronts, brute force when
   the space is small), with memory/SLO violations as constraints and resumable storages.
 * ``exhaustive_search``: the baseline that prices the whole space, for regret.
+
+A study kept in a storage (``storage="sqlite:///study.db"``) resumes after a crash and can be
+shared by several workers; Optuna Dashboard opens it: ``optuna-dashboard sqlite:///study.db``
+(``pip install 'moe-autoparallel[dashboard]'``). Each trial's user attribute ``result`` holds the
+priced layout, its metrics and violations.
 """
 
 from search._candidate import Candidate, SearchResult

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import numpy as np
 import optuna
@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from cost_model import Inference, ModelSpec, ParallelConfig, Training
 from search._candidate import Candidate, SearchResult, best_row, candidate_at, pareto_rows
 from search._objective import Estimator, Objective, default_estimator, evaluate, resolve_objective
-from search._space import MESH_AXES, SearchBounds, SearchSpace, concat
+from search._space import MESH_AXES, SearchBounds, SearchSpace
 from search._storage import make_sampler, open_storage, study_name_for
 from topology import Cluster
 
@@ -43,13 +43,18 @@ class SearchSettings(BaseModel):
     brute_force_limit: int | None = Field(default=None, description="meshes; default: the trial budget")
     bounds: SearchBounds = SearchBounds()
     study_name: str | None = None
+    coordinates: Literal["mesh", "folded"] = Field(
+        default="folded",
+        description="sample ep (mesh) or the expert-data-parallel degree edp (folded; fewer stuck seeds on ref-3t-moe)",
+    )
 
 
 class _Problem:
     """The space plus what is needed to price it; caches priced meshes."""
 
-    def __init__(self, *, model, cluster, workload, objective: Objective, estimator: Estimator, bounds: SearchBounds):
+    def __init__(self, *, model, cluster, workload, objective: Objective, estimator: Estimator, bounds: SearchBounds, coordinates: str = "mesh"):
         self.model, self.cluster, self.workload, self.objective = model, cluster, workload, objective
+        self.coordinates = coordinates
         self.estimator = estimator
         self.space = SearchSpace(
             model=model, workload=workload, world_size=cluster.num_devices,
@@ -72,15 +77,25 @@ class _Problem:
         columns = [np.searchsorted(np.unique(edp), edp) if a == "ep" else self.levels[:, i] for i, a in enumerate(self.axes)]
         return np.stack(columns, axis=1) if columns else self.levels
 
+    @property
+    def sampled_levels(self) -> np.ndarray:
+        """The coordinates the sampler works in (``SearchSettings.coordinates``)."""
+        return self.folded_levels if self.coordinates == "folded" else self.levels
+
+    def _param_names(self) -> list[str]:
+        rename = {"ep": "edp"} if self.coordinates == "folded" else {}
+        return [f"{rename.get(a, a)}_level" for a in self.axes]
+
     def suggest(self, trial: optuna.Trial) -> int:
         """Mesh index for the trial's sampled levels (nearest legal mesh)."""
-        wanted = np.array([trial.suggest_int(f"{a}_level", 0, len(self.space.axis_choices[a]) - 1) for a in self.axes])
         if not self.axes:
             return 0
-        return int(np.argmin(np.abs(self.levels - wanted).sum(axis=1)))
+        levels = self.sampled_levels
+        wanted = np.array([trial.suggest_int(name, 0, int(levels[:, i].max())) for i, name in enumerate(self._param_names())])
+        return int(np.argmin(np.abs(levels - wanted).sum(axis=1)))
 
     def level_params(self, mesh_index: int) -> dict[str, int]:
-        return {f"{a}_level": int(v) for a, v in zip(self.axes, self.levels[mesh_index])}
+        return {name: int(v) for name, v in zip(self._param_names(), self.sampled_levels[mesh_index])}
 
     def price(self, mesh_indices: list[int]) -> dict[int, dict[str, Any]]:
         """Best row (and local Pareto rows) of each mesh, with row-level infeasibility counts."""
@@ -102,7 +117,7 @@ def find_plan(
     workload: Training | Inference,
     *,
     objective: str | tuple[str, ...] | Objective | None = None,
-    n_trials: int = 200,
+    n_trials: int = 250,
     sampler: str | optuna.samplers.BaseSampler | None = None,
     storage: str | optuna.storages.BaseStorage | None = None,
     seed: int = 0,
@@ -132,6 +147,7 @@ def find_plan(
     method = "brute_force" if problem.space.num_meshes <= limit else _sampler_name(study.sampler)
     _enqueue_initial(study, problem, method=method, warm_start=warm_start)
     ran = _run_trials(study, problem, n_trials=n_trials, settings=settings, method=method, progress=progress)
+    logger.info("study %s: %d trials this run (%s) over %d meshes", study.study_name, ran, method, problem.space.num_meshes)
     return _collect(study, problem, method=method, ran=ran, elapsed_s=time.perf_counter() - start, storage=storage, settings=settings, seed=seed)
 
 
@@ -143,7 +159,7 @@ def open_study(model, cluster, workload, *, objective, sampler, storage, seed, s
         settings = settings.model_copy(update={"bounds": settings.bounds.model_copy(update={"batch_size_sweep": True})})
     problem = _Problem(
         model=model, cluster=cluster, workload=workload, objective=objective,
-        estimator=estimator or default_estimator(), bounds=settings.bounds,
+        estimator=estimator or default_estimator(), bounds=settings.bounds, coordinates=settings.coordinates,
     )
     if problem.space.num_meshes == 0:
         raise ValueError(
@@ -153,7 +169,7 @@ def open_study(model, cluster, workload, *, objective, sampler, storage, seed, s
     name = settings.study_name or study_name_for(
         model=model.name, kind=workload.kind, world_size=cluster.num_devices, model_fingerprint=model.fingerprint(),
         cluster=cluster.fingerprint(), workload=workload.model_dump(mode="json"), objective=objective.names,
-        bounds=settings.bounds.model_dump(mode="json"),
+        bounds=settings.bounds.model_dump(mode="json"), coordinates=settings.coordinates,
     )
     study = optuna.create_study(
         storage=open_storage(storage), sampler=make_sampler(sampler, seed=seed, multi_objective=objective.is_multi),

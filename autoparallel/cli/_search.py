@@ -19,7 +19,7 @@ from autoparallel.cli._render import console
 from cost_model._units import human_bytes, human_seconds
 
 DEFAULT_CLUSTER = "gb200-nvl72"
-DEFAULT_TRIALS = 150
+DEFAULT_TRIALS = 250
 
 
 def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
@@ -117,7 +117,11 @@ def deployment_line(plan) -> str:  # noqa: ANN001
     if not plan.disaggregation:
         return ""
     search = plan.provenance.search
-    pools = " + ".join(f"{p.phase} {p.num_devices} devices ({describe_config(p.config)})" for p in plan.disaggregation)
+    pools = " + ".join(
+        f"{p.phase} {p.num_devices} devices (units tp{p.config.tp} pp{p.config.pp} dp{p.config.dp} ep{p.config.ep}"
+        f"{' attn-dp' if p.config.attention_data_parallel else ''})"
+        for p in plan.disaggregation
+    )
     return (
         f"deployment: [bold]{search['deployment']}[/] — colocated {search['colocated_output_tokens_per_s_per_device']:,.1f} "
         f"vs disaggregated {search['disaggregated_output_tokens_per_s_per_device']:,.1f} output tokens/s per device "
