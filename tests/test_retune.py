@@ -63,7 +63,12 @@ def test_balanced_run_at_the_prediction_keeps_the_plan() -> None:
     assert decision.calibration.time_scale == pytest.approx(1.0)
     assert "keep the plan" in decision.reason
     assert decision.candidates  # the re-search and the live variants were considered
-    assert all(c.gain_s_per_step <= 0.03 * decision.predicted_step_time_s for c in decision.candidates)
+    # The re-search may find a faster layout than a short initial search did, but at the
+    # prediction a restart does not pay back within the horizon; no live change is worth it.
+    for candidate in decision.candidates:
+        if candidate.gain_s_per_step > 0.03 * decision.predicted_step_time_s:
+            assert candidate.kind == "reshard" and candidate.change_cost_s >= 120.0
+            assert candidate.gain_s_per_step * 1000 < 1.5 * candidate.change_cost_s
 
 
 def test_slow_micro_batches_change_live() -> None:
@@ -87,7 +92,8 @@ def _faster(plan, *, factor: float):
 def test_a_reshard_must_pay_back_its_restart() -> None:
     plan = _plan(ParallelConfig(dp=4, micro_batch_size=4))
     faster = _faster(plan, factor=1.25)
-    settings = dict(allowed_changes=("reshard",), restart_overhead_s=60.0)
+    # fit_cost_model off: the injected plan's prediction is the premise, not to be re-priced.
+    settings = dict(allowed_changes=("reshard",), restart_overhead_s=60.0, fit_cost_model=False)
     short = Retuner(plan, model=MODEL, cluster=CLUSTER, workload=TRAINING, search=lambda current: [faster],
                     settings=RetuneSettings(horizon_steps=100, **settings))
     decision = short.decide(_steps(plan))
@@ -103,7 +109,8 @@ def test_a_reshard_must_pay_back_its_restart() -> None:
 def test_small_gains_are_noise() -> None:
     plan = _plan(ParallelConfig(dp=4, micro_batch_size=4))
     retuner = Retuner(plan, model=MODEL, cluster=CLUSTER, workload=TRAINING, search=lambda current: [_faster(plan, factor=1.01)],
-                      settings=RetuneSettings(allowed_changes=("reshard",), horizon_steps=10**9, restart_overhead_s=0.0))
+                      settings=RetuneSettings(allowed_changes=("reshard",), horizon_steps=10**9, restart_overhead_s=0.0,
+                                              fit_cost_model=False))
     decision = retuner.decide(_steps(plan))
     assert decision.kind == "keep" and "gain below noise" in decision.reason
 
@@ -113,7 +120,7 @@ def test_calibration_fits_time_communication_and_memory() -> None:
     predicted = plan.predicted
     comm = sum(v for k, v in predicted.time_s.items() if k.endswith("_comm"))
     assert comm > 0
-    retuner = _retuner(plan)
+    retuner = _retuner(plan, fit_cost_model=False)
     plain = retuner.calibrate(summarize(_steps(plan, scale=2.0)))
     assert plain.time_scale == pytest.approx(2.0) and plain.communication_scale is None
     measured_comm = 3.0 * comm
@@ -158,7 +165,8 @@ def test_bad_use_raises_value_error() -> None:
     with pytest.raises(ValueError, match="window"):
         retuner.decide([])
     decision = Retuner(plan, model=MODEL, cluster=CLUSTER, workload=TRAINING, search=lambda current: [_faster(plan, factor=2)],
-                       settings=RetuneSettings(allowed_changes=("reshard",), horizon_steps=10**9)).decide(_steps(plan))
+                       settings=RetuneSettings(allowed_changes=("reshard",), horizon_steps=10**9,
+                                               fit_cost_model=False)).decide(_steps(plan))
     with pytest.raises(ValueError, match="not a live change"):
         retuner.apply(decision)
     with pytest.raises(ValueError, match="every_n_steps"):
@@ -204,3 +212,15 @@ def test_checkpoint_info_errors_name_the_path(tmp_path) -> None:
 
     with pytest.raises(ValueError, match="nothing was saved there"):
         read_checkpoint_info(tmp_path)
+
+
+def test_cost_model_calibrate_refits_the_matmul_efficiency() -> None:
+    plan = _plan(ParallelConfig(dp=4, ep=4, micro_batch_size=4))
+    retuner = _retuner(plan)
+    calibration = retuner.calibrate(summarize(_steps(plan, scale=2.0)))
+    assert calibration.method.startswith("cost_model.calibrate")
+    fitted = retuner._cost_calibration
+    assert fitted is not None and fitted.matmul_efficiency < CLUSTER.device.matmul_efficiency
+    # The refitted cost model explains most of the 2x; the residual scale is what it could not.
+    assert abs(np.log(calibration.time_scale)) < 0.5 * np.log(2.0)
+    assert retuner._calibrated_time(plan, 1.0, calibration) == pytest.approx(2.0 * plan.predicted.step_time_s)

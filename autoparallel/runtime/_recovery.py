@@ -170,16 +170,17 @@ def plan_for_config(
 
 def research_plans(
     *, plan: ShardingPlan, model: ModelSpec, cluster, workload: Training | Inference, n_trials: int, seed: int,  # noqa: ANN001
-    bounds=None,  # noqa: ANN001 - search.SearchBounds
+    bounds=None, estimator=None,  # noqa: ANN001 - search.SearchBounds, search Estimator
 ) -> list[ShardingPlan]:
     """Re-search warm-started from ``plan`` (its mesh is the study's first trial), within
-    ``bounds``; returns the best plan and a plan for each ranked alternative."""
+    ``bounds``, pricing with ``estimator`` (e.g. a recalibrated cost model); returns the best plan
+    and a plan for each ranked alternative (their ``predicted`` from the uncalibrated model)."""
     import autoparallel
     from search import SearchSettings
 
     settings = SearchSettings() if bounds is None else SearchSettings(bounds=bounds)
     best = autoparallel.find_plan(model, cluster, workload, n_trials=n_trials, seed=seed, warm_start=plan.config,
-                                  settings=settings)
+                                  settings=settings, estimator=estimator)
     plans = [best]
     for alternative in best.alternatives:
         extras = {} if alternative.serving is None else alternative.serving.model_dump()

@@ -92,6 +92,8 @@ class RetuneSettings(BaseModel):
     checkpoint_bandwidth_bytes_per_s: float = Field(default=2e9, gt=0, description="per device, save and load")
     search_trials: int = Field(default=16, gt=0, description="re-search budget; warm-started, so a local refinement")
     max_cp_degree: int | None = Field(default=1, gt=0, description="apply_plan has no context parallel yet: cp 1")
+    fit_cost_model: bool = Field(default=True, description="training: refit matmul efficiency with cost_model.calibrate")
+    calibration_iterations: int = Field(default=8, gt=0, description="Levenberg-Marquardt iterations per window")
     seed: int = 0
     allowed_changes: tuple[ChangeKind, ...] = ("expert_placement", "micro_batch", "batch_size", "reshard")
 
@@ -187,6 +189,7 @@ class Retuner:
         self._steps_seen = 0
         self._space = None
         self._stretch_cache: dict = {}
+        self._cost_calibration = None  # cost_model.Calibration fitted on the last window
         self.decisions: list[RetuneDecision] = []
 
     def prepare(self) -> "Retuner":
@@ -245,6 +248,11 @@ class Retuner:
     def calibrate(self, summary: "WindowSummary") -> Calibration:
         """Fit measured / predicted on one window.
 
+        Training: first ``cost_model.calibrate`` refits the device's matmul efficiency so that the
+        cost model, at the measured expert imbalance, predicts the measured step; every candidate
+        (and the re-search) is then priced with that calibration. What one parameter cannot
+        explain is left to the scale fit below (the whole fit for inference).
+
         The plan's prediction assumes balanced experts; the measured max/mean tokens per EP rank
         ``r`` stretches the step by ``s(r)`` (expert GEMMs and the EP all-to-all wait for the
         busiest rank; see ``_stretch``): ``t = s(r) * (a * t_rest + b * t_comm)`` with ``t_comm``
@@ -256,6 +264,9 @@ class Retuner:
         imbalance = 1.0
         if summary.expert_load is not None and self.plan.config.ep > 1:
             imbalance = load_imbalance(placement=self._placement(), expert_load=summary.expert_load)
+        self._cost_calibration, self._stretch_cache = None, {}
+        if self.settings.fit_cost_model:
+            self._cost_calibration = self._fit_cost_model(summary, imbalance)
         stretch = self._stretch(self.plan, imbalance)
         comm = _communication_s(predicted)
         rest = predicted.step_time_s - comm
@@ -268,7 +279,9 @@ class Retuner:
         if summary.peak_memory_bytes is not None and predicted.memory_per_device_bytes > 0:
             memory_scale = summary.peak_memory_bytes / predicted.memory_per_device_bytes
         return Calibration(
-            method="scale fit (retune)", time_scale=time_scale, communication_scale=comm_scale,
+            method=("cost_model.calibrate (matmul_efficiency) + residual scale" if self._cost_calibration is not None
+                    else "scale fit (retune)"),
+            time_scale=time_scale, communication_scale=comm_scale,
             memory_scale=memory_scale, expert_imbalance=max(1.0, imbalance),
         )
 
@@ -287,14 +300,16 @@ class Retuner:
         return float(self.workload.prompt_tokens + self.workload.output_tokens / 2.0)
 
     def _stretch(self, plan: ShardingPlan, imbalance: float) -> float:
-        """Step time at expert imbalance ``imbalance`` over the balanced prediction.
+        """The cost model's step time for ``plan`` at expert imbalance ``imbalance`` — with the
+        efficiencies ``cost_model.calibrate`` fitted on the last window when there are some — over
+        the plan's own (balanced, uncalibrated) prediction.
 
-        Training: the cost model prices it (``EstimateOptions.routing_imbalance``: the busiest
-        rank's expert GEMMs and all-to-all messages). Otherwise a first-order model: the
-        routed-expert share ``f`` of the step grows by ``r``, ``1 + f (r - 1)``.
+        Training: ``cost_model.estimate_table`` with ``EstimateOptions(routing_imbalance=r,
+        calibration=...)`` (the busiest rank's expert GEMMs and all-to-all messages). Inference:
+        a first-order model, the routed-expert share ``f`` of the step grows by ``r``: ``1 + f (r - 1)``.
         """
         imbalance = max(float(imbalance), 1.0)
-        if imbalance == 1.0:
+        if imbalance == 1.0 and self._cost_calibration is None:
             return 1.0
         key = (plan.config, round(imbalance, 6))
         if key not in self._stretch_cache:
@@ -306,7 +321,7 @@ class Retuner:
         groups: dict[float, list[ShardingPlan]] = {}
         for plan, imbalance in pairs:
             key = round(max(float(imbalance), 1.0), 6)
-            if key > 1.0 and (plan.config, key) not in self._stretch_cache:
+            if (key > 1.0 or self._cost_calibration is not None) and (plan.config, key) not in self._stretch_cache:
                 groups.setdefault(key, []).append(plan)
         for imbalance, plans in groups.items():
             times = None
@@ -316,14 +331,44 @@ class Retuner:
                 from cost_model._table import configs_to_table
 
                 table = configs_to_table([plan.config for plan in plans])
-                options = EstimateOptions(routing_imbalance=imbalance)
+                options = EstimateOptions(routing_imbalance=imbalance, calibration=self._cost_calibration)
                 times = estimate_table(self.model, self.cluster, self.workload, table, options=options)["step_time_s"]
             for index, plan in enumerate(plans):
                 if times is not None:
                     stretch = float(times[index]) / plan.predicted.step_time_s
                 else:
                     stretch = 1.0 + self._expert_fraction(plan.predicted) * (imbalance - 1.0)
-                self._stretch_cache[(plan.config, imbalance)] = max(stretch, 1.0)
+                self._stretch_cache[(plan.config, imbalance)] = stretch
+
+    def _fit_cost_model(self, summary: "WindowSummary", imbalance: float):  # noqa: ANN202 - cost_model Calibration | None
+        """``cost_model.calibrate`` on the window (training): the matmul efficiency that makes the
+        cost model, at the measured imbalance, predict the measured step; ``None`` when it cannot."""
+        if not isinstance(self.workload, Training):
+            return None
+        import cost_model
+
+        def fit(measured_s: float, options: dict):  # noqa: ANN202
+            row = cost_model.StepMeasurement(label=f"step {summary.step}", model=self.model, workload=self.workload,
+                                             config=self.plan.config, measured_s=measured_s, options=options)
+            return cost_model.calibrate(cluster=self.cluster, measurements=[row], parameters=("matmul_efficiency",),
+                                        initial=start, max_iterations=self.settings.calibration_iterations).calibration
+
+        from cost_model._common import calibration_for
+
+        start = calibration_for(self.cluster.device)  # the calibration the plan was priced with
+
+        try:
+            return fit(summary.step_time_s, {"routing_imbalance": max(imbalance, 1.0)})
+        except InfeasiblePlanError:
+            # The cost model's memory at this skew exceeds the device, yet the job runs: fit the
+            # balanced step instead (the measured time over the uncalibrated skew stretch).
+            try:
+                return fit(summary.step_time_s / self._stretch(self.plan, imbalance), {})
+            except (ValueError, ArithmeticError) as error:
+                logger.info("retune: cost_model.calibrate failed (%s); scale fit only", error)
+        except (ValueError, ArithmeticError) as error:
+            logger.info("retune: cost_model.calibrate failed (%s); scale fit only", error)
+        return None
 
     def _calibrated_time(self, plan: ShardingPlan, imbalance: float, calibration: Calibration) -> float:
         """A plan's step time under the fitted model (see ``calibrate``) at expert imbalance ``imbalance``."""
@@ -510,7 +555,18 @@ class Retuner:
         return research_plans(
             plan=self.plan, model=self.model, cluster=self.cluster, workload=self.workload,
             n_trials=self.settings.search_trials, seed=self.settings.seed, bounds=self._bounds(),
+            estimator=self._calibrated_estimator(),
         )
+
+    def _calibrated_estimator(self):  # noqa: ANN202 - search Estimator | None
+        """``cost_model.estimate_table`` with the last window's fitted calibration, for the re-search."""
+        if self._cost_calibration is None:
+            return None
+        from cost_model import estimate_table
+        from cost_model._common import EstimateOptions
+
+        options = EstimateOptions(calibration=self._cost_calibration)
+        return lambda model, cluster, workload, table: estimate_table(model, cluster, workload, table, options=options)
 
     # ------------------------------------------------------------------ acting
     def apply(self, decision: RetuneDecision, *, runtime=None, optimizer=None) -> ShardingPlan:  # noqa: ANN001
