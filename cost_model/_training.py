@@ -102,8 +102,14 @@ class TrainingContext:
 
     @cached_property
     def moe_tokens(self) -> np.ndarray:
-        """Tokens one rank routes: the attention tokens split over tp (Megatron-core folding)."""
-        return self.tokens / self.column("tp")
+        """Tokens one rank routes: the attention tokens split over tp (Megatron-core folding).
+
+        Without sequence parallel the tp ranks hold the same tokens; the runtime splits them
+        among the tp ranks only on the expert-parallel path (ep or etp > 1). With ep = etp = 1
+        every tp rank routes every token through its replicated experts, so nothing is split.
+        """
+        split = self.sequence_parallel | (self.column("ep") > 1) | (self.column("etp") > 1)
+        return np.where(split, self.tokens / self.column("tp"), self.tokens)
 
     @property
     def grad_bytes(self) -> float:
