@@ -72,7 +72,7 @@ def _ranks_job(rank: int, world_size: int, plan_json: str, steps: int) -> dict:
     plan, spec = ap.load_plan(plan_json), _spec()
     model = ReferenceMoETransformer(spec)
     model.init_weights(seed=0)
-    _skew(model, exponent=2.0)
+    _skew(model, exponent=2.5)
     applied = ap.apply_plan(model, plan, device_type="cpu")
     optimizer = torch.optim.AdamW(applied.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(rank)

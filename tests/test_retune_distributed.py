@@ -149,7 +149,7 @@ def rebalance_case(rank: int, world_size: int, plan_json: str, move: bool) -> di
             load, seen = tuple(map(tuple, cumulative - seen)), cumulative  # this step's router counts
             decision = retuner.observe(StepMeasurement(step=step, step_time_s=profiler.report().step_times_s[-1],
                                                        expert_load=load))
-    probe = _batch(spec, 99, 4 * GLOBAL_SEQUENCES)[0]
+    probe = _batch(spec, 99, 8 * GLOBAL_SEQUENCES)[0]
     for part in applied.expert_parallel:
         part.dispatcher.received_tokens = dict.fromkeys(part.dispatcher.received_tokens, 0)
     before_logits = _logits(applied, probe)
