@@ -128,6 +128,8 @@ def calibrate(
     """Fit ``parameters`` of a ``Calibration`` for ``cluster``'s device.
 
     Give ``measurements`` (step rows, see the module docstring) or ``profile`` (curves), not both.
+    Fitting starts from ``initial``, else from a neutral calibration whose per-kernel cost is the
+    device's measured launch cost (``HardwareSpec.kernel_overhead_s``, from its profile).
     Raises ``ValueError`` for an unknown parameter, fewer rows than parameters, or no data.
     """
     if (not measurements) == (profile is None):
@@ -137,7 +139,10 @@ def calibrate(
     names = _check_parameters(parameters or DEFAULT_PARAMETERS)
     if len(measurements) < len(names):
         raise ValueError(f"measurements ({len(measurements)} rows) must be >= parameters ({len(names)}: {list(names)})")
-    start = initial or Calibration(device_pattern=f"^{_escape(cluster.device.name)}$")
+    start = initial or Calibration(
+        device_pattern=f"^{_escape(cluster.device.name)}$",
+        kernel_overhead_s=min(float(getattr(cluster.device, "kernel_overhead_s", 0.0)), FITTABLE["kernel_overhead_s"][1]),
+    )
     x0 = np.array([_to_free(name, _current(start, name, cluster.device)) for name in names])
     residuals = lambda x: _residuals(cluster, measurements, _with(start, names, x))  # noqa: E731
     x = _levenberg_marquardt(residuals, x0, names=names, max_iterations=max_iterations)

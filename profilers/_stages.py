@@ -11,10 +11,10 @@ References per stage:
   * device — full training steps of the reference model on one process, against ``estimate``;
   * plan — the same steps under ``apply_plan`` on forked ranks, against ``estimate`` for the plan.
 
-``calibrate_on_device=True`` fits the matmul and memory efficiencies and the fixed cost per
-kernel on the one-device stage (compute and optimizer time at the setup's batch and at half of
-it; ``cost_model.calibrate``) and predicts the plans with that calibration too: a plan's error
-is then a test of the model, not of the fit.
+``calibrate_on_device=True`` fits the matmul and memory efficiencies on the one-device stage
+(its compute and optimizer time; ``cost_model.calibrate``, starting from the profile's measured
+per-kernel launch cost) and predicts the plans with that calibration too: a plan's error is
+then a test of the model, not of the fit.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ CLOCKS = ("wall", "cpu")
 _CLOCK = {"wall": "wall", "cpu": "thread"}
 #: The reference model passes an explicit causal mask to SDPA: the math path, scores stored.
 ESTIMATE_OPTIONS = {"flash_attention": False}
-#: Fitted on the one-device stage at two batch sizes: throughput and a fixed cost per kernel
-#: separate because the kernel count per step does not depend on the batch.
-CALIBRATED = ("matmul_efficiency", "memory_bandwidth_efficiency", "kernel_overhead_s")
+#: Fitted on the one-device stage: compute rows fix the matmul, optimizer rows the memory
+#: efficiency. The fixed cost per kernel is the profile's measured launch cost, not fitted.
+CALIBRATED = ("matmul_efficiency", "memory_bandwidth_efficiency")
 
 
 class StageResult(BaseModel):
@@ -294,17 +294,12 @@ def run_stages(
         say("one device")
         config = device_config(setup)
         device_report = measure_training(setup)
-        half = setup.model_copy(update={"batch_sequences": setup.batch_sequences // 2})
-        half_report = measure_training(half) if calibrate_on_device and half.batch_sequences >= 1 else None
     finally:
         torch.set_num_threads(threads)
     calibration = None
     if calibrate_on_device:
         rows = _device_rows(setup, config, device_report, clock)
-        if half_report is not None:
-            rows += _device_rows(half, device_config(half), half_report, clock)
-        parameters = CALIBRATED if half_report is not None else CALIBRATED[:2]
-        calibration = calibrate(cluster=cluster, measurements=rows, parameters=parameters).calibration
+        calibration = calibrate(cluster=cluster, measurements=rows, parameters=CALIBRATED).calibration
     stages.append(_step_result("device", "model, 1 process", setup, cluster, config, [device_report],
                                calibration, clock))
     for plan_config in configs:

@@ -61,7 +61,8 @@ def test_every_stage_runs_and_reports(tiny_profile):
     tp2 = report.stages[3]
     assert tp2.details["measured_comm_s"] > 0 and "predicted_tp_comm_s" in tp2.details
     assert tp2.measured_time_s == tp2.details["measured_cpu_s"] and "cpu clock" in tp2.reference
-    assert report.calibration is not None and report.calibration.fit["rows"] == 4
+    assert report.calibration is not None and report.calibration.fit["rows"] == 2
+    assert report.calibration.kernel_overhead_s == pytest.approx(tiny_profile.kernel_overhead_s)
     assert all(s.calibrated_time_s is not None for s in report.stages[2:])
     assert StagedReport.model_validate_json(report.model_dump_json()) == report
 
