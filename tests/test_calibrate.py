@@ -33,7 +33,7 @@ def _rows(cluster, truth: Calibration, *, noise=(1.0, 1.0, 1.0, 1.0)):
 
 def test_recovers_known_efficiencies_from_step_rows():
     cluster = _cluster()
-    truth = Calibration(matmul_efficiency=0.3, memory_bandwidth_efficiency=0.45)
+    truth = Calibration(matmul_efficiency=0.3, memory_bandwidth_efficiency=0.45, kernel_overhead_s=5e-6)  # the profile's launch cost
     result = calibrate(cluster=cluster, measurements=_rows(cluster, truth))
     assert result.calibration.matmul_efficiency == pytest.approx(0.3, rel=1e-3)
     assert result.calibration.memory_bandwidth_efficiency == pytest.approx(0.45, rel=1e-3)
@@ -44,7 +44,7 @@ def test_recovers_known_efficiencies_from_step_rows():
 
 def test_noisy_rows_leave_a_residual_but_improve():
     cluster = _cluster()
-    truth = Calibration(matmul_efficiency=0.5, memory_bandwidth_efficiency=0.2)
+    truth = Calibration(matmul_efficiency=0.5, memory_bandwidth_efficiency=0.2, kernel_overhead_s=5e-6)
     result = calibrate(cluster=cluster, measurements=_rows(cluster, truth, noise=(1.1, 0.9, 1.05, 0.95)))
     assert 0.4 < result.calibration.matmul_efficiency < 0.6
     assert 0.0 < result.rms_log_error_after < 0.12 < result.rms_log_error_before
@@ -52,7 +52,7 @@ def test_noisy_rows_leave_a_residual_but_improve():
 
 def test_efficiencies_stay_within_bounds():
     cluster = _cluster()
-    truth = Calibration(matmul_efficiency=0.8, memory_bandwidth_efficiency=0.8)
+    truth = Calibration(matmul_efficiency=0.8, memory_bandwidth_efficiency=0.8, kernel_overhead_s=5e-6)
     rows = _rows(cluster, truth)
     # Efficiencies may not exceed 1: a device measured faster than its peak stays at the bound.
     fast = [row.model_copy(update={"measured_s": row.measured_s / 10}) for row in rows]
