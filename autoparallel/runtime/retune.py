@@ -267,6 +267,7 @@ class Retuner:
         self._cost_calibration, self._stretch_cache = None, {}
         if self.settings.fit_cost_model:
             self._cost_calibration = self._fit_cost_model(summary, imbalance)
+            self._stretch_cache = {}  # the fit may have priced uncalibrated stretches
         stretch = self._stretch(self.plan, imbalance)
         comm = _communication_s(predicted)
         rest = predicted.step_time_s - comm
