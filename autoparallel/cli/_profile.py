@@ -41,7 +41,7 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
     stage.add_argument("--profile", type=Path, required=True, help="hardware profile JSON (autoparallel profile)")
     stage.add_argument("--force", action="store_true", help="accept a profile measured on another device type")
     stage.add_argument("--plans", default="tp2,pp2", help="comma-separated plans: tpN, tpN+sp, ppN (default tp2,pp2)")
-    stage.add_argument("--hidden-size", type=int, default=256)
+    stage.add_argument("--hidden-size", type=int, default=512)
     stage.add_argument("--num-layers", type=int, default=4)
     stage.add_argument("--sequence-tokens", type=int, default=64)
     stage.add_argument("--batch-sequences", type=int, default=2)
