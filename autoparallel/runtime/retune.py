@@ -463,6 +463,9 @@ class Retuner:
             if kind == "keep" or kind not in kinds or plan.predicted is None or key in seen:
                 continue
             seen.add(key)
+            if kind == "reshard" and max(plan.config.etp, self.plan.config.etp) > 1:
+                logger.info("retune: skip reshard %s: checkpoint resharding needs etp 1", _describe(plan))
+                continue
             if kind != "reshard":  # a live change keeps the running expert placement
                 plan = plan.model_copy(update={"expert_placement": self.plan.expert_placement})
             if not self._fits(plan, calibration):
