@@ -10,8 +10,10 @@ Used inside the user's training or inference loop::
             plan = retuner.apply(decision, runtime=handle, optimizer=optimizer)
 
 Every ``every_n_steps`` steps ``observe`` compares the window's median step time, peak memory and
-expert load with the plan's prediction, recalibrates the cost model, re-searches warm-started
-from the current plan, and returns a ``RetuneDecision``. A change is chosen only when its
+expert load with the plan's prediction, recalibrates the cost model (``cost_model.calibrate`` for
+training, plus a residual scale fit), re-searches warm-started from the current plan with the
+recalibrated model, and returns a ``RetuneDecision`` (under torch.distributed: decided on rank 0
+from every rank's window, then broadcast). A change is chosen only when its
 predicted gain over the remaining horizon beats ``safety_factor`` times the change's cost; every
 candidate and the reason for the choice are logged (logger ``autoparallel.retune``).
 
