@@ -139,6 +139,8 @@ def test_unknown_keys_and_newer_versions_are_rejected(inference_plan: ap.Shardin
 
 def test_every_example_plan_validates() -> None:
     documents = [p for p in REPO.glob("examples/**/*.json") if '"schema_version"' in p.read_text()]
+    documents += sorted((REPO / "autoparallel" / "schema" / "examples").glob("*.json"))
+    assert len(documents) >= 4
     for path in documents:
         validate_plan_document(json.loads(path.read_text()))
         ap.load_plan(path)

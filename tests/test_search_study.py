@@ -79,6 +79,17 @@ def test_pareto_front_with_nsga2() -> None:
     assert len({c.extras["batch_size"] for c in result.pareto}) > 1  # the front is traced by the batch
 
 
+def test_training_pareto_trades_step_time_for_memory_headroom() -> None:
+    model, cluster = ap.get_model("tiny-moe"), ap.get_preset("cpu-loopback")
+    workload = Training(sequence_length_tokens=64, global_batch_sequences=8)
+    result = find_plan(model, cluster, workload, objective="pareto", n_trials=60)
+    assert result.objective.names == ("step_time", "memory_headroom") and result.method == "brute_force"
+    front = [c.objective_values(result.objective) for c in result.pareto]
+    assert len(front) >= 2
+    steps, headrooms = zip(*front)
+    assert list(steps) == sorted(steps) and list(headrooms) == sorted(headrooms)  # slower buys more headroom
+
+
 def test_memory_violations_are_constraints_and_counted() -> None:
     model, cluster = ap.get_model("deepseek-v3"), ap.get_preset("dgx-h100", num_nodes=4)
     workload = Inference(prompt_tokens=2048, output_tokens=512)
