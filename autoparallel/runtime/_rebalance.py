@@ -232,13 +232,20 @@ _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_back
 
 def _fresh_copy(template: nn.Module) -> nn.Module:
     """A new expert shaped like ``template``: no gradients, and none of the hooks others put on
-    the template (a profiler's timing hook must not count a received expert twice)."""
-    expert = copy.deepcopy(template)
-    for module in expert.modules():
+    the template (a profiler's timing hook must not count a received expert twice; a data-parallel
+    wrapper's hook state must not be deep-copied). The hooks are set aside while copying."""
+    saved = []
+    for module in template.modules():
         for name in _HOOK_DICTS:
-            hooks = getattr(module, name, None)
+            hooks = module.__dict__.get(name)
             if hooks:
-                hooks.clear()
+                saved.append((module, name, hooks))
+                module.__dict__[name] = type(hooks)()
+    try:
+        expert = copy.deepcopy(template)
+    finally:
+        for module, name, hooks in saved:
+            module.__dict__[name] = hooks
     for parameter in expert.parameters():
         parameter.grad = None
     return expert
