@@ -224,3 +224,16 @@ def test_cost_model_calibrate_refits_the_matmul_efficiency() -> None:
     # The refitted cost model explains most of the 2x; the residual scale is what it could not.
     assert abs(np.log(calibration.time_scale)) < 0.5 * np.log(2.0)
     assert retuner._calibrated_time(plan, 1.0, calibration) == pytest.approx(2.0 * plan.predicted.step_time_s)
+
+
+def test_measurement_from_a_step_profiler_report() -> None:
+    from types import SimpleNamespace
+
+    report = SimpleNamespace(
+        median_step_time_s=0.25, peak_memory_bytes=3e9, comm_time_s=0.05,
+        expert_load={"model.layers.10.mlp.gate": (1, 2, 3), "model.layers.2.mlp.gate": (4, 5, 6)},
+    )
+    measurement = StepMeasurement.from_step_report(report, step=9)
+    assert measurement.step == 9 and measurement.step_time_s == 0.25 and measurement.communication_time_s == 0.05
+    assert measurement.expert_load == ((4.0, 5.0, 6.0), (1.0, 2.0, 3.0))  # layer 2 before layer 10
+    assert summarize([measurement]).expert_load.tolist() == [5.0, 7.0, 9.0]
