@@ -55,7 +55,7 @@ def run_case(*, kind: str, cards: int, seeds: int, trials: int) -> dict:
     median_time, median_cpu = statistics.median(times), statistics.median(cpu_times)
     return {
         "kind": kind, "cards": cards, "space_size": optimum.space_size, "num_meshes": result.num_meshes,
-        "feasible": optimum.num_feasible, "trials": trials, "rows_priced": result.rows_evaluated,
+        "feasible": optimum.num_feasible, "trials": trials, "trials_run": result.num_trials, "rows_priced": result.rows_evaluated,
         "exhaustive_s": optimum.elapsed_s, "optuna_median_s": median_time,
         "exhaustive_cpu_s": exhaustive_cpu_s, "optuna_median_cpu_s": median_cpu,
         "ratio": optimum.elapsed_s / median_time, "cpu_ratio": exhaustive_cpu_s / median_cpu, "regret_median": statistics.median(regrets),
@@ -66,13 +66,13 @@ def run_case(*, kind: str, cards: int, seeds: int, trials: int) -> dict:
 
 def render(rows: list[dict]) -> Table:
     table = Table(title="ref-3t-moe search: Optuna vs exhaustive (dgx-h200)")
-    for column in ("workload", "cards", "layouts", "meshes", "feasible", "trials", "exhaustive wall (cpu)",
+    for column in ("workload", "cards", "layouts", "meshes", "feasible", "method", "trials", "exhaustive wall (cpu)",
                    "Optuna median wall (cpu)", "exhaustive / Optuna wall (cpu)", "regret median", "regret max"):
         table.add_column(column, justify="left" if column == "workload" else "right")
     for r in rows:
         table.add_row(
             r["kind"], f"{r['cards']:,}", f"{r['space_size']:,}", f"{r['num_meshes']:,}", f"{r['feasible']:,}",
-            f"{r['trials']}", f"{r['exhaustive_s']:.1f} s ({r['exhaustive_cpu_s']:.1f} s)",
+            r["method"], f"{r['trials_run']}", f"{r['exhaustive_s']:.1f} s ({r['exhaustive_cpu_s']:.1f} s)",
             f"{r['optuna_median_s']:.2f} s ({r['optuna_median_cpu_s']:.2f} s)", f"{r['ratio']:.1f}x ({r['cpu_ratio']:.1f}x)",
             f"{r['regret_median']:.2%}", f"{r['regret_max']:.2%}",
         )

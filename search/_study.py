@@ -5,8 +5,9 @@ mapped to the nearest legal mesh (L1 distance in levels), so every trial prices 
 Trials are asked in batches; the switch tables of the batch's meshes are priced with one call of
 the vectorized cost model, and each trial is told the value of its best row, with memory and SLO
 violations set as Optuna constraints (``Trial.set_constraint``). When the space has no more meshes
-than the trial budget, every mesh is enqueued instead (brute force). The last ``polish_fraction``
-of the budget walks the neighbours of the best mesh found (a local refinement, still as trials).
+than the trial budget, or few layouts, every mesh is priced instead (brute force) and recorded as
+finished trials. The last ``polish_fraction`` of the budget walks the neighbours of the best mesh
+found (a local refinement, still as trials).
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ class SearchSettings(BaseModel):
     top_k: int = Field(default=5, gt=0, description="alternatives kept in the result")
     polish_fraction: float = Field(default=0.4, ge=0, le=1, description="share of the budget spent around the best mesh")
     brute_force_limit: int | None = Field(default=None, description="meshes; default: the trial budget")
+    brute_force_layouts: int = Field(
+        default=20_000, ge=0, description="also brute-force a space of at most this many layouts (cheaper than a study)"
+    )
     bounds: SearchBounds = SearchBounds()
     study_name: str | None = None
     coordinates: Literal["mesh", "folded"] = Field(
@@ -143,10 +147,12 @@ def find_plan(
         model, cluster, workload, objective=objective, sampler=sampler, storage=storage, seed=seed,
         settings=settings, estimator=estimator,
     )
-    limit = settings.brute_force_limit if settings.brute_force_limit is not None else n_trials
-    method = "brute_force" if problem.space.num_meshes <= limit else _sampler_name(study.sampler)
-    _enqueue_initial(study, problem, method=method, warm_start=warm_start)
-    ran = _run_trials(study, problem, n_trials=n_trials, settings=settings, method=method, progress=progress)
+    method = choose_method(problem, study, n_trials=n_trials, settings=settings)
+    if method == "brute_force":
+        ran = _run_brute_force(study, problem, progress=progress)
+    else:
+        _enqueue_warm_start(study, problem, warm_start=warm_start)
+        ran = _run_trials(study, problem, n_trials=n_trials, settings=settings, progress=progress)
     logger.info("study %s: %d trials this run (%s) over %d meshes", study.study_name, ran, method, problem.space.num_meshes)
     return _collect(study, problem, method=method, ran=ran, elapsed_s=time.perf_counter() - start, storage=storage, settings=settings, seed=seed)
 
@@ -178,6 +184,13 @@ def open_study(model, cluster, workload, *, objective, sampler, storage, seed, s
     return problem, study
 
 
+def choose_method(problem: "_Problem", study: optuna.Study, *, n_trials: int, settings: SearchSettings) -> str:
+    """Brute force when every mesh fits in the trial budget or the whole space is small, else the sampler."""
+    limit = settings.brute_force_limit if settings.brute_force_limit is not None else n_trials
+    small = problem.space.num_meshes <= limit or problem.space.size <= settings.brute_force_layouts
+    return "brute_force" if small else _sampler_name(study.sampler)
+
+
 def _sampler_name(sampler: optuna.samplers.BaseSampler) -> str:
     return {"TPESampler": "tpe", "NSGAIISampler": "nsga2", "RandomSampler": "random"}.get(type(sampler).__name__, type(sampler).__name__)
 
@@ -190,37 +203,63 @@ def _finished(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
 
 
-def _enqueue_initial(study: optuna.Study, problem: _Problem, *, method: str, warm_start: ParallelConfig | None) -> None:
+def _enqueue_warm_start(study: optuna.Study, problem: _Problem, *, warm_start: ParallelConfig | None) -> None:
+    if warm_start is None:
+        return
+    index = problem.space.find_mesh(
+        dp=warm_start.dp, tp=warm_start.tp, pp=warm_start.pp, cp=warm_start.cp, ep=warm_start.ep,
+        etp=warm_start.etp, attention_data_parallel=warm_start.attention_data_parallel,
+    )
+    if index is not None and index not in {_attrs(t).get("mesh_index") for t in _finished(study)}:
+        study.enqueue_trial(problem.level_params(index))
+
+
+def _run_brute_force(study: optuna.Study, problem: _Problem, *, progress, chunk_meshes: int = 256) -> int:
+    """Price every mesh not yet in the study, a chunk per cost-model call, and add each chunk as
+    finished trials (``Study.add_trials``: no sampler involved, constraints included). A killed run
+    loses at most the chunk in flight."""
     done = {_attrs(t).get("mesh_index") for t in _finished(study)}
-    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-    if waiting:
-        return  # a resumed study keeps its queue
-    if warm_start is not None:
-        index = problem.space.find_mesh(
-            dp=warm_start.dp, tp=warm_start.tp, pp=warm_start.pp, cp=warm_start.cp, ep=warm_start.ep,
-            etp=warm_start.etp, attention_data_parallel=warm_start.attention_data_parallel,
-        )
-        if index is not None and index not in done:
-            study.enqueue_trial(problem.level_params(index))
-    if method == "brute_force":
-        for index in range(problem.space.num_meshes):
-            if index not in done:
-                study.enqueue_trial(problem.level_params(index), skip_if_exists=False)
+    todo = [m for m in range(problem.space.num_meshes) if m not in done]
+    total, ran = problem.space.num_meshes, 0
+    distributions = {
+        name: optuna.distributions.IntDistribution(0, int(problem.sampled_levels[:, i].max()))
+        for i, name in enumerate(problem._param_names())
+    }
+    for start in range(0, len(todo), chunk_meshes):
+        priced = problem.price(todo[start : start + chunk_meshes])
+        study.add_trials([_frozen_trial(problem, mesh, result, distributions) for mesh, result in priced.items()])
+        ran += len(priced)
+        if progress is not None:
+            progress(len(done) + ran, total)
+    return ran
 
 
-def _run_trials(study, problem: _Problem, *, n_trials: int, settings: SearchSettings, method: str, progress) -> int:
+def _frozen_trial(problem: _Problem, mesh: int, priced: dict[str, Any], distributions) -> optuna.trial.FrozenTrial:  # noqa: ANN001
+    best: Candidate = priced["best"]
+    values = [float(np.clip(v, -1e30, 1e30)) for v in best.objective_values(problem.objective)]
+    constraints = {f"constraints:{k}": (max(float(v), 0.0) if not best.feasible else 0.0) for k, v in best.violations.items()}
+    return optuna.trial.create_trial(
+        params=problem.level_params(mesh), distributions=distributions, values=values,
+        user_attrs={"result": _result_attr(mesh, priced)}, system_attrs=constraints,
+    )
+
+
+def _result_attr(mesh: int, priced: dict[str, Any]) -> dict[str, Any]:
+    """One attribute per trial (each is a storage transaction): the mesh, the best layout of it,
+    its local Pareto rows and row-level infeasibility counts; Optuna Dashboard shows it."""
+    return {
+        "mesh_index": mesh, "worker_pid": os.getpid(), "candidate": priced["best"].to_attrs(),
+        "infeasible_rows": priced["infeasible_rows"], "rows": priced["rows"], "front": priced["front"],
+    }
+
+
+def _run_trials(study, problem: _Problem, *, n_trials: int, settings: SearchSettings, progress) -> int:
     cache: dict[int, dict[str, Any]] = {}
     ran = 0
     polish_from = int(n_trials * (1 - settings.polish_fraction))
-    total = min(n_trials, problem.space.num_meshes) if method == "brute_force" else n_trials
     while (done := len(_finished(study))) < n_trials:
         size = min(settings.batch_size, n_trials - done)
-        if method == "brute_force":
-            waiting = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
-            if not waiting:
-                break  # every mesh has been priced: the optimum is known, the rest of the budget is moot
-            size = min(size, waiting)
-        elif done >= polish_from:
+        if done >= polish_from:
             _enqueue_neighbours(study, problem, budget=size)
         trials = [study.ask() for _ in range(size)]
         meshes = [problem.suggest(trial) for trial in trials]
@@ -231,21 +270,13 @@ def _run_trials(study, problem: _Problem, *, n_trials: int, settings: SearchSett
             _tell(study, trial, mesh, cache[mesh], problem.objective)
         ran += len(trials)
         if progress is not None:
-            progress(min(done + len(trials), total), total)
+            progress(min(done + len(trials), n_trials), n_trials)
     return ran
 
 
 def _tell(study, trial: optuna.Trial, mesh: int, priced: dict[str, Any], objective: Objective) -> None:
     best: Candidate = priced["best"]
-    # One attribute per trial (each is a storage transaction): the mesh, the best layout of it,
-    # its local Pareto rows and row-level infeasibility counts; Optuna Dashboard shows it.
-    trial.set_user_attr(
-        "result",
-        {
-            "mesh_index": mesh, "worker_pid": os.getpid(), "candidate": best.to_attrs(),
-            "infeasible_rows": priced["infeasible_rows"], "rows": priced["rows"], "front": priced["front"],
-        },
-    )
+    trial.set_user_attr("result", _result_attr(mesh, priced))
     for name, value in best.violations.items():
         trial.set_constraint(name, max(float(value), 0.0) if not best.feasible else 0.0)
     values = [float(np.clip(v, -1e30, 1e30)) for v in best.objective_values(objective)]

@@ -19,7 +19,7 @@ from typing import Any
 import optuna
 
 from search._candidate import SearchResult
-from search._study import SearchSettings, _enqueue_initial, _finished, _sampler_name, find_plan, open_study
+from search._study import SearchSettings, _enqueue_warm_start, _finished, choose_method, find_plan, open_study
 
 
 def run_workers(model, cluster, workload, *, workers: int, storage: str | None = None, n_trials: int = 200, seed: int = 0, settings: SearchSettings | None = None, progress=None, **options: Any) -> SearchResult:  # noqa: ANN001
@@ -31,9 +31,10 @@ def run_workers(model, cluster, workload, *, workers: int, storage: str | None =
         storage = "journal:" + str(Path(tempfile.mkdtemp(prefix="autoparallel-")) / "study.log")
     common = dict(objective=options.get("objective"), sampler=options.get("sampler"), storage=storage, settings=settings)
     problem, study = open_study(model, cluster, workload, seed=seed, estimator=options.get("estimator"), **common)
-    limit = settings.brute_force_limit if settings.brute_force_limit is not None else n_trials
-    method = "brute_force" if problem.space.num_meshes <= limit else _sampler_name(study.sampler)
-    _enqueue_initial(study, problem, method=method, warm_start=options.get("warm_start"))
+    if choose_method(problem, study, n_trials=n_trials, settings=settings) == "brute_force":
+        # One vectorized pass prices every mesh: more processes would only repeat it.
+        return find_plan(model, cluster, workload, storage=storage, n_trials=n_trials, seed=seed, settings=settings, **options)
+    _enqueue_warm_start(study, problem, warm_start=options.get("warm_start"))
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
     worker_options = {k: v for k, v in options.items() if k not in ("progress", "warm_start")}
     processes = [
