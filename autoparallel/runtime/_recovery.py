@@ -27,6 +27,7 @@ __all__ = [
     "guard_step",
     "job_from_plan",
     "largest_legal_world",
+    "live_variant_plans",
     "plan_for_config",
     "rebuild_schedule",
     "recover_job",
@@ -166,6 +167,45 @@ def plan_for_config(
         module_rules=_planner.module_rules(model=model, config=config),
         predicted=predicted, serving=serving,
     )
+
+
+def live_variant_plans(*, plan: ShardingPlan, model: ModelSpec, cluster, workload: Training | Inference,  # noqa: ANN001
+                       space) -> list[ShardingPlan]:  # noqa: ANN001 - search.SearchSpace
+    """``plan``'s mesh with other micro-batch sizes (training) or batch sizes (inference): the
+    legal rows of ``space`` that differ from the running plan only there, priced with one
+    ``cost_model.estimate_table`` call; infeasible rows are dropped."""
+    from cost_model import estimate_table
+    from cost_model._estimate import breakdown_from_row
+    from search._space import config_from_row, row_extras, select
+
+    config = plan.config
+    mesh = space.find_mesh(dp=config.dp, tp=config.tp, pp=config.pp, cp=config.cp, ep=config.ep, etp=config.etp,
+                           attention_data_parallel=config.attention_data_parallel)
+    if mesh is None:
+        return []
+    table = space.expand([mesh])
+    rows = [row for row in range(len(table["mesh_index"])) if _is_live_variant(plan, workload, table, row)]
+    if not rows:
+        return []
+    table = select(table, rows)
+    columns = estimate_table(model, cluster, workload, table)
+    return [
+        plan_for_config(model=model, cluster=cluster, workload=workload, config=config_from_row(table, row),
+                        extras=row_extras(table, row), like=plan, predicted=breakdown_from_row(columns, row))
+        for row in range(len(rows))
+        if bool(columns["feasible"][row])
+    ]
+
+
+def _is_live_variant(plan: ShardingPlan, workload, table, row: int) -> bool:  # noqa: ANN001
+    from search._space import config_from_row, row_extras
+
+    config, candidate, extras = plan.config, config_from_row(table, row), row_extras(table, row)
+    if isinstance(workload, Training):
+        return candidate.model_copy(update={"micro_batch_size": config.micro_batch_size}) == config
+    if candidate != config or plan.serving is None:
+        return False
+    return all(extras.get(k) == getattr(plan.serving, k) for k in ("kv_dtype", "num_redundant_experts") if k in extras)
 
 
 def research_plans(

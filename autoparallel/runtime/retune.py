@@ -493,46 +493,11 @@ class Retuner:
         return load_imbalance(placement=placement, expert_load=load)
 
     def _live_variants(self) -> list[ShardingPlan]:
-        """The current mesh with other micro-batch sizes (training) or batch sizes (inference):
-        the legal rows of the search space that differ from the running plan only there, priced
-        with one ``cost_model.estimate_table`` call; infeasible rows are dropped."""
-        from cost_model import estimate_table
-        from cost_model._estimate import breakdown_from_row
-        from search._space import config_from_row, row_extras, select
+        from autoparallel.runtime._recovery import live_variant_plans
 
-        from autoparallel.runtime._recovery import plan_for_config
-
-        config = self.plan.config
         self.prepare()  # the world does not change while a Retuner lives: enumerate once
-        mesh = self._space.find_mesh(dp=config.dp, tp=config.tp, pp=config.pp, cp=config.cp, ep=config.ep,
-                                     etp=config.etp, attention_data_parallel=config.attention_data_parallel)
-        if mesh is None:
-            return []
-        table = self._space.expand([mesh])
-        rows = [row for row in range(len(table["mesh_index"])) if self._is_live_variant(table, row)]
-        if not rows:
-            return []
-        table = select(table, rows)
-        columns = estimate_table(self.model, self.cluster, self.workload, table)
-        plans = []
-        for row in range(len(rows)):
-            if not bool(columns["feasible"][row]):
-                continue
-            plans.append(plan_for_config(model=self.model, cluster=self.cluster, workload=self.workload,
-                                         config=config_from_row(table, row), extras=row_extras(table, row),
-                                         like=self.plan, predicted=breakdown_from_row(columns, row)))
-        return plans
-
-    def _is_live_variant(self, table, row: int) -> bool:  # noqa: ANN001
-        from search._space import config_from_row, row_extras
-
-        config, candidate, extras = self.plan.config, config_from_row(table, row), row_extras(table, row)
-        if isinstance(self.workload, Training):
-            return candidate.model_copy(update={"micro_batch_size": config.micro_batch_size}) == config
-        serving = self.plan.serving
-        if candidate != config or serving is None:
-            return False
-        return all(extras.get(k) == getattr(serving, k) for k in ("kv_dtype", "num_redundant_experts") if k in extras)
+        return live_variant_plans(plan=self.plan, model=self.model, cluster=self.cluster, workload=self.workload,
+                                  space=self._space)
 
     def _work_ratio(self, plan: ShardingPlan) -> float:
         """Inference: a decode step of ``plan`` serves its own batch; scale its time to the
