@@ -250,12 +250,18 @@ def kernels_per_layer(ctx: TrainingContext) -> tuple[float, float]:
 
 def tensor_parallel_host_time(ctx: TrainingContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Host seconds the tensor-parallel linears add to a forward pass: (dense layer, MoE layer,
-    one linear). A measured hardware profile gives ``sharded_module_overhead_s`` per column/row-
-    parallel linear, forward + backward (DTensor dispatch; ``profilers``); a third is charged
+    one linear). A measured hardware profile gives the seconds per column/row-parallel linear,
+    forward + backward, by the activation bytes entering it (DTensor dispatch and the wait for
+    the slower rank at each split; ``HardwareSpec.sharded_module_time_s``); a third is charged
     here, as the backward is 2 x the forward. Linears: attention (MLA q_b/q, kv_b, o; else q, k,
     v, o), dense FFN or shared experts (3 each); the embedding and LM head use ``one linear``.
     Zero with tp = 1 or without a profile."""
-    per_linear = getattr(ctx.cluster.device, "sharded_module_overhead_s", 0.0) / 3.0
+    device = ctx.cluster.device
+    activation_bytes = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES
+    if hasattr(device, "sharded_module_time_s"):  # measured, by the activation entering the linear
+        per_linear = device.sharded_module_time_s(activation_bytes) / 3.0
+    else:
+        per_linear = getattr(device, "sharded_module_overhead_s", 0.0) / 3.0
     per_linear = np.where(ctx.column("tp") > 1, per_linear, 0.0)
     attention = 3.0 if ctx.model.attention.kind == "mla" else 4.0
     moe = ctx.model.moe

@@ -106,14 +106,10 @@ def profile_hardware(*, grid: ProfileGrid, progress: Progress | None = None, clo
     )
     advance("kernel overhead")
     collectives = _profile_collectives(grid=grid, device=device, source=source, advance=advance) if world > 1 else {}
-    sharded = 0.0
+    sharded, sharded_curve = 0.0, None
     if world > 1:
-        from profilers._sharded import sharded_module_overhead_s
-
-        from profilers._ops import TORCH_DTYPES
-
-        dtype = TORCH_DTYPES["bf16" if "bf16" in grid.dtypes else "fp32"]  # the training precision when measured
-        sharded = sharded_module_overhead_s(device=device, clock=clock, warmup=grid.warmup, repeats=grid.repeats, dtype=dtype)
+        sharded_curve = _sharded_curve(grid=grid, device=device, source=source)
+        sharded = float(sorted(sharded_curve.seconds)[len(sharded_curve.seconds) // 2])
         advance("tensor-parallel module overhead")
     by_dtype = lambda family: {key: _curve(rows, source) for (fam, key), rows in families.items() if fam == family}
     return HardwareProfile(
@@ -127,6 +123,7 @@ def profile_hardware(*, grid: ProfileGrid, progress: Progress | None = None, clo
         kernel_overhead_s=overhead.median_s,
         operator_clock=clock,
         sharded_module_overhead_s=sharded,
+        sharded_linear=sharded_curve,
         gemm=by_dtype("gemm"),
         attention=by_dtype("attention"),
         grouped_gemm=by_dtype("grouped_gemm"),
@@ -134,6 +131,16 @@ def profile_hardware(*, grid: ProfileGrid, progress: Progress | None = None, clo
         norm=_curve(families[("norm", "")], source) if families.get(("norm", "")) else None,
         collectives=collectives,
     )
+
+
+def _sharded_curve(*, grid: ProfileGrid, device: torch.device, source: str) -> MeasuredCurve:
+    from profilers._ops import TORCH_DTYPES
+    from profilers._sharded import sharded_linear_points
+
+    dtype = TORCH_DTYPES["bf16" if "bf16" in grid.dtypes else "fp32"]  # the training precision when measured
+    points = sharded_linear_points(device=device, warmup=grid.warmup, repeats=grid.repeats, dtype=dtype)
+    timings = [(work, Timing(median_s=s, p10_s=s, p90_s=s, repeats=grid.repeats), label) for work, s, label in points]
+    return _curve(timings, source + ", tensor-parallel linear overhead by wall clock")
 
 
 def _profile_collectives(*, grid: ProfileGrid, device: torch.device, source: str, advance: Progress) -> dict:

@@ -28,11 +28,17 @@ def _fwd_bwd(module: nn.Module, x: torch.Tensor):  # noqa: ANN202
     return call
 
 
+SHAPES = ((2, 64, 64), (2, 64, 256), (2, 64, 1024))
+
+
 def sharded_module_overhead_s(
     *, device: torch.device, clock: str, warmup: int, repeats: int, dtype: torch.dtype = torch.float32,
     shape: tuple[int, int, int] = (2, 64, 64),
 ) -> float:
-    """Extra seconds per tensor-parallel linear (forward + backward), max over ranks, >= 0."""
+    """Extra seconds per tensor-parallel linear (forward + backward), max over ranks, >= 0.
+
+    Use the wall clock: the split synchronizes the ranks twice per pair, and waiting for the
+    slower rank is part of what a sharded layer costs."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -50,3 +56,15 @@ def sharded_module_overhead_s(
     overhead = torch.tensor([max(sharded_s - plain_s / world - 2.0 * reduce_s, 0.0) / 2.0], dtype=torch.float64)
     dist.all_reduce(overhead, op=dist.ReduceOp.MAX)
     return float(overhead[0])
+
+
+def sharded_linear_points(
+    *, device: torch.device, warmup: int, repeats: int, dtype: torch.dtype
+) -> list[tuple[float, float, str]]:
+    """(activation bytes, extra wall seconds per linear, label) at each of ``SHAPES``."""
+    element = torch.empty((), dtype=dtype).element_size()
+    points = []
+    for shape in SHAPES:
+        seconds = sharded_module_overhead_s(device=device, clock="wall", warmup=warmup, repeats=repeats, dtype=dtype, shape=shape)
+        points.append((float(shape[0] * shape[1] * shape[2] * element), max(seconds, 1e-7), "x".join(map(str, shape))))
+    return points

@@ -180,6 +180,13 @@ def test_tensor_parallel_host_overhead_is_charged_per_sharded_linear_only_with_t
     assert times["costly", 2] - times["base", 2] == pytest.approx(2 * (4 * 6 + 2) * 1e-3, rel=1e-6)
 
 
+def test_sharded_linear_curve_prices_the_overhead_by_activation_size():
+    document = profile_document()
+    document["sharded_linear"] = curve([1e4, 1e6], [2e-3, 2e-2])
+    spec = HardwareSpec.from_profile(HardwareProfile.model_validate(document))
+    assert spec.sharded_module_time_s([1e3, 1e4, 1e6]) == pytest.approx([2e-3, 2e-3, 2e-2])
+
+
 def test_cluster_prices_profiled_collectives_from_their_measured_curves():
     document = profile_document()
     sizes = [4096.0, 65536.0, 1048576.0]

@@ -94,6 +94,16 @@ class HardwareSpec(BaseModel):
         """Extra host seconds per tensor-parallel linear, forward + backward (0 without a profile)."""
         return 0.0 if self.profile is None else self.profile.sharded_module_overhead_s
 
+    def sharded_module_time_s(self, activation_bytes):
+        """``sharded_module_overhead_s`` at ``activation_bytes`` entering the linear (vectorized):
+        the profile's measured curve where there is one, else the constant."""
+        import numpy as np
+
+        curve = None if self.profile is None else self.profile.sharded_linear
+        if curve is None:
+            return np.broadcast_to(np.float64(self.sharded_module_overhead_s), np.shape(activation_bytes))
+        return curve.time_s(activation_bytes)
+
     @property
     def resolved_device_type(self) -> str:
         """``device_type``, else guessed from the vendor in ``name`` (NVIDIA/AMD -> cuda)."""

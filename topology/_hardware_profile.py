@@ -101,6 +101,9 @@ class HardwareProfile(BaseModel):
     sharded_module_overhead_s: float = Field(
         default=0.0, ge=0, description="extra host seconds per tensor-parallel linear, forward + backward"
     )
+    sharded_linear: MeasuredCurve | None = Field(
+        default=None, description="the same overhead by activation bytes entering the linear (work = bytes)"
+    )
     operator_clock: Literal["wall", "thread"] = Field(
         default="wall", description="wall seconds, or the rank thread's CPU seconds (single-threaded CPU kernels)"
     )
