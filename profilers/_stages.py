@@ -19,15 +19,16 @@ then a test of the model, not of the fit.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Callable, Literal
+from typing import Callable, Iterator, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from cost_model import Calibration, ParallelConfig, StepMeasurement, calibrate, estimate
 from cost_model._common import op_time_s
-from profilers._step import StepReport, _peak_rise_bytes
+from profilers._step import StepReport, _peak_rise_bytes, merge_reports
 from profilers._timing import current_device, measure
 from profilers._training_run import TORCH_DTYPES, TrainingSetup, build_model, measure_training
 from topology import Cluster
@@ -96,6 +97,7 @@ class StagedReport(BaseModel):
     stages: tuple[StageResult, ...]
     calibration: Calibration | None = None
     clock: Literal["wall", "cpu"] = "wall"
+    rounds: int = Field(default=1, ge=1)
 
     @property
     def passed(self) -> bool:
@@ -272,40 +274,61 @@ def run_stages(
     progress: Callable[[str], None] | None = None,
     timeout_s: float = 1800.0,
     clock: str = "wall",
+    rounds: int = 1,
 ) -> StagedReport:
     """Run every stage (see the module docstring) and return predicted vs measured for each.
 
     Single-process stages run with one intra-op thread, like each rank of the plans and of the
     profile. ``cluster`` must have at least as many devices as the largest config. ``clock``:
-    see ``CLOCKS``.
+    see ``CLOCKS``. ``rounds`` > 1 repeats the one-device and plan runs in turn (device, plan 1,
+    plan 2, device, ...) and pools their steps (``merge_reports``): on a shared machine a burst
+    of load then spreads over every stage instead of landing on one.
     """
     if clock not in CLOCKS:
         raise ValueError(f"clock ({clock!r}) must be one of {list(CLOCKS)}")
-    from autoparallel.testing import run_ranks
-
+    if rounds < 1:
+        raise ValueError(f"rounds ({rounds}) must be >= 1")
     say = progress or (lambda text: None)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with _one_thread():
         say("op")
         stages = [check_op(setup=setup, cluster=cluster, clock=clock)]
         say("layer")
         stages.append(check_layer(setup=setup, cluster=cluster, clock=clock))
-        say("one device")
-        config = device_config(setup)
-        device_report = measure_training(setup)
-    finally:
-        torch.set_num_threads(threads)
+    plans = [plan_for(setup=setup, cluster=cluster, config=config) for config in configs]
+    device_runs, plan_runs = [], [[] for _ in plans]
+    for round_index in range(rounds):
+        say(f"one device (round {round_index + 1}/{rounds})")
+        with _one_thread():
+            device_runs.append(measure_training(setup))
+        for plan, runs in zip(plans, plan_runs):
+            say(f"{_config_label(plan.config)} (round {round_index + 1}/{rounds})")
+            runs.append(_run_plan(setup, plan, timeout_s))
+    device_report = merge_reports(device_runs)
+    config = device_config(setup)
     calibration = None
     if calibrate_on_device:
         rows = _device_rows(setup, config, device_report, clock)
         calibration = calibrate(cluster=cluster, measurements=rows, parameters=CALIBRATED).calibration
-    stages.append(_step_result("device", "model, 1 process", setup, cluster, config, [device_report],
-                               calibration, clock))
-    for plan_config in configs:
-        say(_config_label(plan_config))
-        plan = plan_for(setup=setup, cluster=cluster, config=plan_config)
-        reports = run_ranks(_plan_rank, plan_config.world_size, args=(setup, plan.model_dump_json()), timeout_s=timeout_s)
-        stages.append(_step_result("plan", f"model, {_config_label(plan_config)}", setup, cluster,
-                                   plan_config, reports, calibration, clock))
-    return StagedReport(setup=setup, cluster_name=cluster.name, stages=tuple(stages), calibration=calibration, clock=clock)
+    stages.append(_step_result("device", "model, 1 process", setup, cluster, config, [device_report], calibration, clock))
+    for plan, runs in zip(plans, plan_runs):
+        per_rank = [merge_reports([run[rank] for run in runs]) for rank in range(plan.world_size)]
+        stages.append(_step_result("plan", f"model, {_config_label(plan.config)}", setup, cluster, plan.config,
+                                   per_rank, calibration, clock))
+    return StagedReport(setup=setup, cluster_name=cluster.name, stages=tuple(stages), calibration=calibration,
+                        clock=clock, rounds=rounds)
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_plan(setup: TrainingSetup, plan, timeout_s: float) -> list[StepReport]:  # noqa: ANN001 - ShardingPlan
+    from autoparallel.testing import run_ranks
+
+    return run_ranks(_plan_rank, plan.world_size, args=(setup, plan.model_dump_json()), timeout_s=timeout_s)

@@ -305,3 +305,39 @@ class StepProfiler:
             cpu_times_s=tuple(self._cpu),
             phase_cpu_times_s={name: tuple(times) for name, times in self._phase_cpu.items()},
         )
+
+
+def merge_reports(reports: list[StepReport]) -> StepReport:
+    """One report from several runs of the same step (rounds interleaved with other work, so
+    that a burst of load on a shared machine hits some samples, not one run): times are pooled
+    (medians are then over every step), memory peaks are the largest, expert counts are summed."""
+    if not reports:
+        raise ValueError("reports ([]) must hold at least one StepReport")
+
+    def pooled(name: str) -> dict[str, tuple[float, ...]]:
+        keys = dict.fromkeys(key for report in reports for key in getattr(report, name))
+        return {key: tuple(v for report in reports for v in getattr(report, name).get(key, ())) for key in keys}
+
+    def largest(values) -> float | None:  # noqa: ANN001
+        present = [v for v in values if v is not None]
+        return max(present) if present else None
+
+    load: dict[str, tuple[int, ...]] = {}
+    for report in reports:
+        for layer, counts in report.expert_load.items():
+            previous = load.get(layer, (0,) * len(counts))
+            load[layer] = tuple(a + b for a, b in zip(previous, counts))
+    first = reports[0]
+    return StepReport(
+        device_type=first.device_type,
+        step_times_s=tuple(t for r in reports for t in r.step_times_s),
+        phase_times_s=pooled("phase_times_s"),
+        comm_time_s=largest(r.comm_time_s for r in reports),
+        profiled_step_time_s=largest(r.profiled_step_time_s for r in reports),
+        static_memory_bytes=max(r.static_memory_bytes for r in reports),
+        peak_memory_bytes=largest(r.peak_memory_bytes for r in reports),
+        peak_rss_delta_bytes=largest(r.peak_rss_delta_bytes for r in reports),
+        expert_load=load,
+        cpu_times_s=tuple(t for r in reports for t in r.cpu_times_s),
+        phase_cpu_times_s=pooled("phase_cpu_times_s"),
+    )

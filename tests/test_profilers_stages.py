@@ -75,11 +75,13 @@ def test_cli_stage_check_prints_and_writes(tmp_path, tiny_profile, capsys):
     code = cli_main([
         "stage-check", "--profile", str(profile_path), "--plans", "pp2", "--hidden-size", "32", "--num-layers", "2",
         "--sequence-tokens", "16", "--batch-sequences", "2", "--steps", "1", "--no-calibration", "-o", str(output),
+        "--rounds", "2",
     ])
     assert code in (0, 1)  # 1: some stage outside its tolerance, which timing on a shared CPU may be
     document = json.loads(output.read_text())
     assert [s["stage"] for s in document["stages"]] == ["op", "layer", "device", "plan"]
     assert "predicted_bubble_s" in document["stages"][3]["details"] and document["calibration"] is None
+    assert document["rounds"] == 2
     assert "Staged validation" in capsys.readouterr().out
 
 
@@ -99,3 +101,20 @@ def test_plan_names_parse():
     for bad in ("pp2+sp", "tp1", "ep2", ""):
         with pytest.raises(ValueError, match="--plans"):
             _parse_plans(bad, batch_sequences=4)
+
+
+def test_merge_reports_pools_steps_and_keeps_peaks():
+    from profilers import StepReport
+    from profilers._step import merge_reports
+
+    def report(steps, peak, counts):
+        return StepReport(device_type="cpu", step_times_s=steps, phase_times_s={"forward": steps}, comm_time_s=None,
+                          profiled_step_time_s=None, static_memory_bytes=10.0, peak_memory_bytes=peak,
+                          peak_rss_delta_bytes=None, expert_load={"gate": counts}, cpu_times_s=steps)
+
+    merged = merge_reports([report((1.0, 9.0), 20.0, (1, 2)), report((2.0,), 30.0, (3, 4))])
+    assert merged.step_times_s == (1.0, 9.0, 2.0) and merged.median_step_time_s == 2.0
+    assert merged.peak_memory_bytes == 30.0 and merged.expert_load == {"gate": (4, 6)}
+    assert merged.median_phase_s("forward") == 2.0 and merged.comm_time_s is None
+    with pytest.raises(ValueError, match="at least one"):
+        merge_reports([])

@@ -46,6 +46,8 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
     stage.add_argument("--sequence-tokens", type=int, default=64)
     stage.add_argument("--batch-sequences", type=int, default=2)
     stage.add_argument("--steps", type=int, default=4, help="timed steps per run (medians)")
+    stage.add_argument("--rounds", type=int, default=1,
+                       help="repeat the device and plan runs in turn and pool their steps (shared machines)")
     stage.add_argument("--no-calibration", action="store_true", help="compare raw profile predictions only")
     stage.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                        help="wall seconds, or CPU seconds of the ranks against the prediction less the bubble "
@@ -175,7 +177,8 @@ def _stage_check(args: argparse.Namespace) -> int:
     cluster = cluster_from_profile(profile, num_devices=max(2, max(c.world_size for c in configs)))
     with console.status("stage-check") as status:
         report = run_stages(setup=setup, cluster=cluster, configs=configs, calibrate_on_device=not args.no_calibration,
-                            progress=lambda stage: status.update(f"stage-check: {stage}"), clock=args.clock)
+                            progress=lambda stage: status.update(f"stage-check: {stage}"), clock=args.clock,
+                            rounds=args.rounds)
     console.print(_stage_table(report), width=max(console.width, 132))
     if report.calibration is not None:
         fit = report.calibration
@@ -194,7 +197,8 @@ def _percent(value) -> str:  # noqa: ANN001
 def _stage_table(report) -> Table:  # noqa: ANN001 - profilers._stages.StagedReport
     from cost_model._units import human_bytes
 
-    table = Table(title=f"Staged validation on {report.cluster_name}, {report.clock} clock (time tolerance 25%, memory 15%)")
+    title = f"Staged validation on {report.cluster_name}, {report.clock} clock, {report.rounds} round(s)"
+    table = Table(title=f"{title} (time tolerance 25%, memory 15%)")
     for column in ("stage", "what", "predicted", "calibrated", "measured", "error", "memory pred.", "measured",
                    "error", "ok"):
         table.add_column(column, justify="left" if column in ("stage", "what", "ok") else "right")
