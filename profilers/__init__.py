@@ -1,6 +1,18 @@
 """Measuring with torch: operator efficiency curves, collective curves, step/memory/expert-load
 profiles of a running model. torch is imported by the submodules, not here: the profile
-helpers (``cluster_from_profile``, ``fit_link``, ``load_profile``) stay torch-free."""
+helpers (``cluster_from_profile``, ``fit_link``, ``load_profile``) stay torch-free.
+
+The workflow on a machine at hand::
+
+    autoparallel profile --nproc 2 -o profile.json          # launch_profile -> HardwareProfile
+    autoparallel stage-check --profile profile.json          # run_stages: op, layer, device, plans
+
+In Python: ``launch_profile(grid=ProfileGrid.preset("cpu"), num_processes=2)`` measures;
+``cluster_from_profile(profile, num_devices=n)`` (or ``spec.with_profile(profile)`` on a preset)
+makes ``cost_model.estimate`` interpolate the measured curves; ``StepProfiler`` times the steps
+of a model under ``autoparallel.apply_plan`` (phases, communication wait, peak memory, expert
+load); ``cost_model.calibrate`` fits global efficiencies to the measurements.
+"""
 
 from __future__ import annotations
 
