@@ -268,7 +268,8 @@ def _megatron(plan: ShardingPlan, model_path: str) -> Export:
         if c.zero_stage == 2:
             notes.append("Megatron's distributed optimizer shards optimizer states and reduce-scatters gradients (ZeRO-2-like)")
     elif c.zero_stage == 3:
-        args += ["--use-torch-fsdp2"]
+        # Megatron-LM's FSDP2 path wants these companions (its docs: "How to use pytorch FSDP2?")
+        args += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion", "--ckpt-format", "torch_dist"]
         notes.append("ZeRO-3 exported as Megatron's torch FSDP2 path")
     if c.attention_data_parallel:
         dropped.append("attention_data_parallel (an inference layout; Megatron runs attention with tp)")

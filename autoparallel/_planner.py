@@ -337,5 +337,10 @@ def infeasible_error(*, model: ModelSpec, cluster: Cluster, workload, result, es
         f"bottleneck {bottleneck}"
     )
     if bottleneck == "memory" and needed is not None:
-        message += f" (the leanest layout needs {human_bytes(needed)} per device, {human_bytes(cluster.memory_per_device_bytes)} available)"
+        parts = {k[len("memory."):]: v for k, v in best.metrics.items() if k.startswith("memory.")}
+        largest = f"; its largest part is {max(parts, key=parts.get)} ({human_bytes(max(parts.values()))})" if parts else ""
+        message += (
+            f" (the leanest layout needs {human_bytes(needed)} per device, "
+            f"{human_bytes(cluster.memory_per_device_bytes)} available{largest})"
+        )
     return InfeasiblePlanError(message, part=bottleneck, needed_bytes=needed, available_bytes=cluster.memory_per_device_bytes, suggestion=f"smallest fitting size: {where}")

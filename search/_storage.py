@@ -6,7 +6,7 @@ import hashlib
 import json
 from typing import Any
 
-import optuna
+from search._lazy import optuna
 
 #: Sampler names accepted by ``make_sampler``.
 SAMPLERS = ("tpe", "nsga2", "random")

@@ -18,7 +18,7 @@ import time
 from typing import Any, Callable, Literal
 
 import numpy as np
-import optuna
+from search._lazy import optuna
 from pydantic import BaseModel, ConfigDict, Field
 
 from cost_model import Inference, ModelSpec, ParallelConfig, Training

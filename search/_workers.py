@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import optuna
+from search._lazy import optuna
 
 from search._candidate import SearchResult
 from search._study import SearchSettings, _enqueue_warm_start, _finished, choose_method, find_plan, open_study
