@@ -12,7 +12,7 @@ References per stage:
   * plan — the same steps under ``apply_plan`` on forked ranks, against ``estimate`` for the plan.
 
 ``calibrate_on_device=True`` fits the matmul and memory efficiencies on the one-device stage
-(its compute and optimizer time; ``cost_model.calibrate``, starting from the profile's measured
+(its step and optimizer time; ``cost_model.calibrate``, starting from the profile's measured
 per-kernel launch cost) and predicts the plans with that calibration too: a plan's error is
 then a test of the model, not of the fit.
 """
@@ -41,7 +41,7 @@ CLOCKS = ("wall", "cpu")
 _CLOCK = {"wall": "wall", "cpu": "thread"}
 #: The reference model passes an explicit causal mask to SDPA: the math path, scores stored.
 ESTIMATE_OPTIONS = {"flash_attention": False}
-#: Fitted on the one-device stage: compute rows fix the matmul, optimizer rows the memory
+#: Fitted on the one-device stage: the step row fixes the matmul, the optimizer row the memory
 #: efficiency. The fixed cost per kernel is the profile's measured launch cost, not fitted.
 CALIBRATED = ("matmul_efficiency", "memory_bandwidth_efficiency")
 
@@ -248,12 +248,13 @@ def _config_label(config: ParallelConfig) -> str:
 
 
 def _device_rows(setup: TrainingSetup, config: ParallelConfig, report: StepReport, clock: str) -> list[StepMeasurement]:
+    """The whole step (what the stage compares) and its optimizer phase (memory-bound)."""
     spec, workload = setup.spec(), setup.workload(config)
-    compute = report.median_phase_s("forward", clock=clock) + report.median_phase_s("backward", clock=clock)
+    step = report.median_step_time_s if clock == "wall" else report.median_cpu_time_s
     common = dict(model=spec, workload=workload, config=config, options=ESTIMATE_OPTIONS)
     tokens = setup.batch_sequences * setup.sequence_tokens
     return [
-        StepMeasurement(label=f"device compute {tokens} tokens", parts=("compute",), measured_s=compute, **common),
+        StepMeasurement(label=f"device step {tokens} tokens", parts=("step",), measured_s=step, **common),
         StepMeasurement(label=f"device optimizer {tokens} tokens", parts=("optimizer",),
                         measured_s=report.median_phase_s("optimizer", clock=clock), **common),
     ]
