@@ -131,6 +131,8 @@ def _ranks_job(rank: int, world_size: int, plan_json: str, steps: int) -> dict:
         logits_before = applied.module(probe)
     tokens_before = received() - tokens_before
     moved_at = time.perf_counter()
+    if decision.kind != "expert_placement":  # measure the re-placement the Retuner priced anyway
+        decision = decision.overridden("expert_placement")
     retuner.apply(decision, runtime=applied, optimizer=optimizer)
     move_s = time.perf_counter() - moved_at
     time_experts()  # the re-placed experts are new modules on this rank

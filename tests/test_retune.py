@@ -43,8 +43,10 @@ def test_skewed_routing_is_rebalanced_and_the_reason_logged(caplog: pytest.LogCa
     load = zipf_expert_load(num_experts=8, exponent=1.2, total_tokens=4096)
     before = load_imbalance(placement=contiguous_placement(num_experts=8, ep=4), expert_load=load)
     retuner = _retuner(plan, allowed_changes=("expert_placement",), num_redundant_experts=4)
+    # Measured communication well under the prediction: the replicas' gradient sync is cheap here.
+    comm = sum(v for k, v in plan.predicted.time_s.items() if k.endswith("_comm"))
     with caplog.at_level(logging.INFO, logger="autoparallel.retune"):
-        decision = retuner.decide(_steps(plan, scale=1.2, load=load))
+        decision = retuner.decide(_steps(plan, scale=1.2, load=load, communication_time_s=0.05 * comm))
     assert decision.kind == "expert_placement" and decision.changed
     assert decision.calibration.expert_imbalance == pytest.approx(before)
     after = load_imbalance(placement=decision.plan.expert_placement, expert_load=load)
@@ -237,3 +239,33 @@ def test_measurement_from_a_step_profiler_report() -> None:
     assert measurement.step == 9 and measurement.step_time_s == 0.25 and measurement.communication_time_s == 0.05
     assert measurement.expert_load == ((4.0, 5.0, 6.0), (1.0, 2.0, 3.0))  # layer 2 before layer 10
     assert summarize([measurement]).expert_load.tolist() == [5.0, 7.0, 9.0]
+
+
+def test_replicas_are_weighed_against_their_gradient_sync(caplog: pytest.LogCaptureFixture) -> None:
+    plan = _plan(ParallelConfig(dp=4, ep=4, micro_batch_size=4))
+    load = zipf_expert_load(num_experts=8, exponent=1.2, total_tokens=4096)
+    retuner = _retuner(plan, allowed_changes=("expert_placement",), min_relative_gain=0.0)
+    decision = retuner.decide(_steps(plan, scale=1.2, load=load))
+    by_replicas = {c.plan.expert_placement.num_redundant_experts: c for c in decision.candidates}
+    assert set(by_replicas) == {0, 4}  # one replica slot per EP rank, or none
+    with_replicas, without = by_replicas[4], by_replicas[0]
+    assert load_imbalance(placement=with_replicas.plan.expert_placement, expert_load=load) < load_imbalance(
+        placement=without.plan.expert_placement, expert_load=load)
+    # Training pays an all-reduce of the replicated experts' gradients every step.
+    assert retuner._replica_sync_s(with_replicas.plan.expert_placement, decision.calibration) > 0
+    assert retuner._replica_sync_s(without.plan.expert_placement, decision.calibration) == 0
+    chosen = min(decision.candidates, key=lambda c: c.step_time_s)
+    assert decision.plan.expert_placement == chosen.plan.expert_placement
+
+
+
+def test_an_override_takes_the_priced_candidate() -> None:
+    plan = _plan(ParallelConfig(dp=4, ep=4, micro_batch_size=4))
+    load = zipf_expert_load(num_experts=8, exponent=1.2, total_tokens=4096)
+    decision = _retuner(plan, allowed_changes=("expert_placement",), num_redundant_experts=4).decide(
+        _steps(plan, load=load))
+    forced = decision.overridden("expert_placement")
+    assert forced.kind == "expert_placement" and forced.plan.expert_placement.num_redundant_experts == 4
+    assert forced.reason.startswith("override to expert_placement") and decision.reason in forced.reason
+    with pytest.raises(ValueError, match="not among the priced candidates"):
+        decision.overridden("reshard")

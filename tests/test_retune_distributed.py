@@ -160,6 +160,10 @@ def rebalance_case(rank: int, world_size: int, plan_json: str, move: bool) -> di
         part.dispatcher.received_tokens = dict.fromkeys(part.dispatcher.received_tokens, 0)
     before_logits = _logits(applied, probe)
     before = _received_per_ep_rank(applied)
+    # On this CPU cluster the calibrated model may judge the replicas' per-step gradient all-reduce
+    # dearer than the balance they buy in training (test_retune.py covers that verdict); the
+    # mechanism under test here is the move, so the priced re-placement is applied either way.
+    decision = decision if decision.kind == "expert_placement" else decision.overridden("expert_placement")
     if move:
         retuner.apply(decision, runtime=applied, optimizer=optimizer)
     after_logits = _logits(applied, probe)

@@ -87,7 +87,8 @@ class RetuneSettings(BaseModel):
     horizon_steps: int = Field(default=1000, gt=0, description="steps a change has to pay back over")
     min_relative_gain: float = Field(default=0.03, ge=0, description="smaller gains are within measurement noise")
     safety_factor: float = Field(default=1.5, ge=1.0, description="gain * horizon must exceed this x change cost")
-    num_redundant_experts: int | None = Field(default=None, ge=0, description="replica slots; default one per EP rank")
+    num_redundant_experts: int | None = Field(
+        default=None, ge=0, description="replica slots; default: compare one per EP rank with none")
     ranks_per_node: int | None = Field(default=None, gt=0, description="EP ranks per node; default the cluster's")
     live_change_overhead_steps: float = Field(default=1.0, ge=0, description="a live change costs this many steps")
     restart_overhead_s: float = Field(default=120.0, ge=0, description="relaunch + process-group init of a reshard")
@@ -149,6 +150,17 @@ class RetuneDecision(BaseModel):
     @property
     def gain_s_per_step(self) -> float:
         return self.predicted_step_time_s - self.new_step_time_s
+
+    def overridden(self, kind: ChangeKind) -> "RetuneDecision":
+        """This decision made ``kind`` anyway, with the best priced candidate of that kind (an
+        operator's override, e.g. to measure a change the model rejected); the reason says so."""
+        options = [c for c in self.candidates if c.kind == kind]
+        if not options:
+            raise ValueError(f"kind ({kind!r}) was not among the priced candidates {sorted({c.kind for c in self.candidates})}")
+        best = min(options, key=lambda c: c.step_time_s)
+        return self.model_copy(update={"kind": kind, "plan": best.plan, "new_step_time_s": best.step_time_s,
+                                       "change_cost_s": best.change_cost_s,
+                                       "reason": f"override to {kind} ({best.detail}); the Retuner's verdict: {self.reason}"})
 
 
 def routed_expert_time_fraction(*, model: ModelSpec, context_tokens: float) -> float:
@@ -388,28 +400,47 @@ class Retuner:
         return contiguous_placement(num_experts=self.model.moe.num_routed_experts, ep=self.plan.config.ep)
 
     def _placement_candidates(self, load, calibration: Calibration, current: float) -> list[Candidate]:
+        """Re-placements from the measured load. ``num_redundant_experts`` unset: one with a replica
+        slot per EP rank and one without replicas, and the model chooses (replicas balance better
+        but cost memory and, in training, a gradient sync each step). Set: that many replicas, or
+        none if they do not fit in memory."""
         if "expert_placement" not in self.settings.allowed_changes or load is None or self.plan.config.ep == 1:
             return []
-        ep = self.plan.config.ep
-        redundant = ep if self.settings.num_redundant_experts is None else self.settings.num_redundant_experts
-        predicted = self._with_replicas(redundant, calibration)
-        if predicted is None and redundant:  # the replicas do not fit: re-place without them
-            redundant, predicted = 0, self._with_replicas(0, calibration)
-        if predicted is None:
-            logger.info("retune: skip expert_placement: calibrated memory exceeds the device")
-            return []
-        ranks_per_node = self.settings.ranks_per_node or min(ep, self.cluster.devices_per_node)
-        new = balanced_placement(
-            expert_load=load, ep=ep, num_redundant_experts=redundant, ranks_per_node=ranks_per_node
-        )
-        after = load_imbalance(placement=new, expert_load=load)
-        step_time = self._calibrated_time(self.plan, after, calibration)
-        cost = self._placement_change_cost(new)
-        plan = self.plan.model_copy(update={"expert_placement": new, "predicted": predicted})
-        detail = (f"max/mean tokens per EP rank {calibration.expert_imbalance:.2f} -> {after:.2f}, "
-                  f"{redundant} replicas")
-        return [Candidate(kind="expert_placement", plan=plan, step_time_s=step_time, change_cost_s=cost,
-                          gain_s_per_step=current - step_time, detail=detail)]
+        ep, explicit = self.plan.config.ep, self.settings.num_redundant_experts
+        out = []
+        for redundant in dict.fromkeys((ep if explicit is None else explicit, 0)):
+            if out and explicit is not None:
+                break  # an explicit replica count is only replaced by none when it does not fit
+            predicted = self._with_replicas(redundant, calibration)
+            if predicted is None:
+                logger.info("retune: skip expert_placement with %d replicas: calibrated memory exceeds the device", redundant)
+                continue
+            ranks_per_node = self.settings.ranks_per_node or min(ep, self.cluster.devices_per_node)
+            new = balanced_placement(expert_load=load, ep=ep, num_redundant_experts=redundant, ranks_per_node=ranks_per_node)
+            after = load_imbalance(placement=new, expert_load=load)
+            step_time = self._calibrated_time(self.plan, after, calibration) + self._replica_sync_s(new, calibration)
+            plan = self.plan.model_copy(update={"expert_placement": new, "predicted": predicted})
+            detail = f"max/mean tokens per EP rank {calibration.expert_imbalance:.2f} -> {after:.2f}, {redundant} replicas"
+            out.append(Candidate(kind="expert_placement", plan=plan, step_time_s=step_time, detail=detail,
+                                 change_cost_s=self._placement_change_cost(new), gain_s_per_step=current - step_time))
+        return out
+
+    def _replica_sync_s(self, placement: ExpertPlacement, calibration: Calibration) -> float:
+        """Training: per step, the gradients of replicated experts are summed over the EP group
+        (one all-reduce of every replicated expert's gradient, as ``ExpertParallel`` does)."""
+        replicated = sum(1 for ranks in placement.expert_to_ranks if len(set(ranks)) > 1)
+        if not replicated or not isinstance(self.workload, Training):
+            return 0.0
+        from cost_model import dtype_bytes
+
+        ep, config = placement.ep, self.plan.config
+        layers = -(-self.model.num_moe_layers // config.pp)
+        parameters = replicated * layers * self.model.ffn_parameters(self.model.moe.expert_ffn_hidden_size) / config.etp
+        seconds = float(self.cluster.collective_time(
+            "all_reduce", group_size=ep, ranks_per_node=min(ep, self.cluster.devices_per_node),
+            message_bytes=parameters * dtype_bytes(self.workload.precision)))
+        scale = calibration.communication_scale or calibration.time_scale
+        return scale * seconds
 
     def _with_replicas(self, redundant: int, calibration: Calibration):  # noqa: ANN202 - CostBreakdown | None
         """The running plan's cost with ``redundant`` replica slots (training: their weights,
