@@ -9,6 +9,7 @@ and settings (the study name is derived from the problem, or set in ``SearchSett
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import sys
 import tempfile
@@ -23,9 +24,13 @@ from search._study import SearchSettings, _enqueue_warm_start, _finished, choose
 
 
 def run_workers(model, cluster, workload, *, workers: int, storage: str | None = None, n_trials: int = 200, seed: int = 0, settings: SearchSettings | None = None, progress=None, **options: Any) -> SearchResult:  # noqa: ANN001
-    """Run ``workers`` processes on one study; ``storage=None`` uses a temporary journal file."""
+    """Run ``workers`` processes on one study; ``storage=None`` uses a temporary journal file.
+
+    The budget ``n_trials`` is shared: each worker stops once the study holds that many finished
+    trials, so the study may end up to ``(workers - 1) * batch_size`` trials over it."""
     if workers < 1:
         raise ValueError(f"workers ({workers}) must be >= 1")
+    start = time.perf_counter()
     settings = settings or SearchSettings()
     if storage is None:
         storage = "journal:" + str(Path(tempfile.mkdtemp(prefix="autoparallel-")) / "study.log")
@@ -35,6 +40,7 @@ def run_workers(model, cluster, workload, *, workers: int, storage: str | None =
         # One vectorized pass prices every mesh: more processes would only repeat it.
         return find_plan(model, cluster, workload, storage=storage, n_trials=n_trials, seed=seed, settings=settings, **options)
     _enqueue_warm_start(study, problem, warm_start=options.get("warm_start"))
+    before = len(_finished(study))
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
     worker_options = {k: v for k, v in options.items() if k not in ("progress", "warm_start")}
     processes = [
@@ -53,7 +59,8 @@ def run_workers(model, cluster, workload, *, workers: int, storage: str | None =
     if failed:
         raise RuntimeError(f"{len(failed)} of {workers} search workers failed (exit codes {failed})")
     # Collect: the budget is spent, so this runs no trial and ranks what the workers found.
-    return find_plan(model, cluster, workload, storage=storage, n_trials=n_trials, seed=seed, settings=settings, **worker_options)
+    result = find_plan(model, cluster, workload, storage=storage, n_trials=n_trials, seed=seed, settings=settings, **worker_options)
+    return dataclasses.replace(result, elapsed_s=time.perf_counter() - start, num_trials_this_run=result.num_trials - before)
 
 
 def _worker(model, cluster, workload, **kwargs: Any) -> None:  # noqa: ANN001

@@ -156,17 +156,23 @@ def _seconds(value) -> str:  # noqa: ANN001
 
 
 def plan_table(plan) -> Table:  # noqa: ANN001
-    """The best layout and the runners-up: config, TTFT, TPOT, tokens/s per device, memory, bottleneck."""
+    """The best layout and the runners-up: config, TTFT and TPOT (inference) or step time and MFU
+    (training), tokens/s per device, memory per device, bottleneck."""
+    inference = plan.serving is not None
     table = Table(title=f"{plan.provenance.model_name} on {plan.world_size} devices ({plan.provenance.cluster_name})")
-    for column in ("#", "config", "step", "TTFT", "TPOT", "tokens/s/device", "memory/device", "bottleneck"):
-        table.add_column(column, justify="left" if column in ("config", "bottleneck") else "right", no_wrap=column == "config")
+    middle = ("TTFT", "TPOT") if inference else ("step", "MFU")
+    for column in ("#", "config", *middle, "tokens/s/device", "memory/device", "bottleneck"):
+        table.add_column(column, justify="left" if column in ("config", "bottleneck") else "right", overflow="fold")
     rows = [(plan.config, plan.predicted, plan.serving)] + [(a.config, a.predicted, a.serving) for a in plan.alternatives]
     for index, (config, cost, serving) in enumerate(rows):
-        style = "bold green" if index == 0 else None
+        if inference:
+            figures = (_seconds(cost.ttft_s), _seconds(cost.tpot_s))
+        else:
+            figures = (human_seconds(cost.step_time_s), "-" if cost.mfu is None else f"{cost.mfu:.1%}")
         table.add_row(
-            str(index + 1), describe_config(config, serving), human_seconds(cost.step_time_s), _seconds(cost.ttft_s), _seconds(cost.tpot_s),
+            str(index + 1), describe_config(config, serving), *figures,
             f"{cost.tokens_per_s_per_device:,.1f}" if cost.tokens_per_s_per_device is not None else "-",
-            human_bytes(cost.memory_per_device_bytes), cost.bottleneck, style=style,
+            human_bytes(cost.memory_per_device_bytes), cost.bottleneck, style="bold green" if index == 0 else None,
         )
     return table
 
