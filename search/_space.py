@@ -5,9 +5,12 @@ A layout is split in two levels:
 * the **mesh** — the degrees ``tp, pp, cp, ep, etp`` (``dp`` follows from the world size) and,
   for inference, ``attention_data_parallel``. The Optuna study samples these;
 * the **switches** — sequence parallel, ZeRO stage, pipeline schedule and virtual stages,
-  micro-batch size and recompute (training); batch size, KV dtype and redundant experts
-  (inference). For each mesh every legal switch combination is priced at once with the
-  vectorized cost model (a vectorized inner sweep), so one trial is one mesh.
+  micro-batch size and recompute (training); batch size, KV dtype, redundant experts and
+  two-batch overlap (inference). For each mesh every legal switch combination is priced at once
+  with the vectorized cost model (a vectorized inner sweep), so one trial is one mesh.
+
+The prefill/decode device split of a disaggregated deployment is a space of its own: one such
+space per pool (``SearchBounds.phase``) and unit size, combined in ``search._disaggregation``.
 
 Legality comes from ``cost_model._rules`` only: each rule is applied to the distinct values of
 the fields it reads (a few hundred scalar checks), never re-implemented here. Combinations that
