@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from typing import Any, Callable, Literal
 
@@ -151,6 +152,7 @@ def find_plan(
     if method == "brute_force":
         ran = _run_brute_force(study, problem, progress=progress)
     else:
+        _fail_orphans(study)
         _enqueue_warm_start(study, problem, warm_start=warm_start)
         ran = _run_trials(study, problem, n_trials=n_trials, settings=settings, progress=progress)
     logger.info("study %s: %d trials this run (%s) over %d meshes", study.study_name, ran, method, problem.space.num_meshes)
@@ -201,6 +203,35 @@ def _attrs(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
 
 def _finished(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+
+
+_OWNER = {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def _fail_orphans(study: optuna.Study) -> int:
+    """Mark FAIL the RUNNING trials of dead processes on this host (a killed search leaves its
+    in-flight batch RUNNING forever); trials of live workers or of other hosts are left alone."""
+    failed = 0
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        owner = trial.user_attrs.get("owner", {})
+        if owner.get("host") == _OWNER["host"] and owner.get("pid") != os.getpid() and not _alive(owner.get("pid")):
+            study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+            failed += 1
+    if failed:
+        logger.info("marked %d trials of dead workers as failed", failed)
+    return failed
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
 
 
 def _enqueue_warm_start(study: optuna.Study, problem: _Problem, *, warm_start: ParallelConfig | None) -> None:
@@ -262,6 +293,8 @@ def _run_trials(study, problem: _Problem, *, n_trials: int, settings: SearchSett
         if done >= polish_from:
             _enqueue_neighbours(study, problem, budget=size)
         trials = [study.ask() for _ in range(size)]
+        for trial in trials:  # so that a resumed search can tell a dead worker's trial from a live one's
+            trial.set_user_attr("owner", _OWNER)
         meshes = [problem.suggest(trial) for trial in trials]
         missing = [m for m in set(meshes) if m not in cache]
         if missing:

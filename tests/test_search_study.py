@@ -204,6 +204,8 @@ def test_sigkilled_search_resumes_without_losing_trials(tmp_path: Path, qwen) ->
     new_numbers = {t.number for t in after} - {t.number for t in before}
     assert min(new_numbers) > max(t.number for t in before)  # numbering continues
     assert result.best.metrics["step_time_s"] <= best_before + 1e-12
+    study = optuna.load_study(study_name="resume", storage=storage)
+    assert not study.get_trials(states=(optuna.trial.TrialState.RUNNING,))  # the killed batch is marked failed
 
 
 @pytest.mark.slow
@@ -219,3 +221,23 @@ def test_two_worker_processes_share_one_study(tmp_path: Path, qwen) -> None:
     assert len(pids) == 2 and os.getpid() not in pids
     assert len({t.number for t in trials}) == len(trials)
     assert np.isfinite(result.best.metrics["step_time_s"])
+
+
+def test_trials_left_running_by_a_dead_worker_are_failed(tmp_path: Path, qwen) -> None:
+    import socket
+
+    model, cluster = qwen
+    storage = f"sqlite:///{tmp_path / 'orphans.db'}"
+    settings = SearchSettings(bounds=QWEN_BOUNDS, batch_size=4, study_name="orphans")
+    find_plan(model, cluster, QWEN_TRAINING, n_trials=4, storage=storage, settings=settings)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    study = optuna.load_study(study_name="orphans", storage=storage)
+    orphan = study.ask()  # what a worker killed between ask and tell leaves behind
+    orphan.set_user_attr("owner", {"host": socket.gethostname(), "pid": int(dead.stdout)})
+    live = study.ask()  # a live worker's trial (this process) must not be touched
+    live.set_user_attr("owner", {"host": socket.gethostname(), "pid": os.getppid()})
+    result = find_plan(model, cluster, QWEN_TRAINING, n_trials=8, storage=storage, settings=settings)
+    states = {t.number: t.state for t in optuna.load_study(study_name="orphans", storage=storage).get_trials()}
+    assert states[orphan.number] == optuna.trial.TrialState.FAIL
+    assert states[live.number] == optuna.trial.TrialState.RUNNING
+    assert result.num_trials == 8
