@@ -5,6 +5,7 @@ Never imports torch.
 * ``find_plan``: the Optuna study (TPE by default, NSGA-II for Pareto fronts, brute force when
   the space is small), with memory/SLO violations as constraints and resumable storages.
 * ``exhaustive_search``: the baseline that prices the whole space, for regret.
+* ``find_disaggregated``: the best prefill and decode units and their rate-matched device split.
 
 A study kept in a storage (``storage="sqlite:///study.db"``) resumes after a crash and can be
 shared by several workers; Optuna Dashboard opens it: ``optuna-dashboard sqlite:///study.db``
@@ -13,6 +14,7 @@ priced layout, its metrics and violations.
 """
 
 from search._candidate import Candidate, SearchResult
+from search._disaggregation import DisaggregatedResult, find_disaggregated
 from search._exhaustive import ExhaustiveResult, exhaustive_search, regret
 from search._objective import METRICS, Objective, resolve_objective
 from search._space import SearchBounds, SearchSpace
@@ -21,6 +23,7 @@ from search._study import SearchSettings, find_plan
 
 __all__ = [
     "Candidate",
+    "DisaggregatedResult",
     "ExhaustiveResult",
     "METRICS",
     "Objective",
@@ -29,6 +32,7 @@ __all__ = [
     "SearchSettings",
     "SearchSpace",
     "exhaustive_search",
+    "find_disaggregated",
     "find_plan",
     "open_storage",
     "regret",
