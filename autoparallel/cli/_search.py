@@ -89,7 +89,7 @@ def _plan(args: argparse.Namespace) -> int:
     workload = _workload(args)
     console.print(
         f"Planning [bold]{model.name}[/] {workload.kind} on [bold]{cluster.num_devices}[/] x {cluster.device.name} "
-        f"({cluster.name}), {args.trials} trials"
+        f"({cluster.name}); budget {args.trials} trials (a small space is priced whole)"
     )
     with Progress(TextColumn("search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True) as bar:
         task = bar.add_task("search", total=args.trials)
