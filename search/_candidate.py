@@ -41,11 +41,12 @@ class Candidate:
         return value if objective.directions[0] == "minimize" else -value
 
     def to_attrs(self) -> dict[str, Any]:
-        """JSON-able form (Optuna user attributes; the dashboard shows it)."""
+        """JSON-able form (Optuna user attributes; the dashboard shows it). The per-part times are
+        left out (``autoparallel`` re-prices the plans it keeps): they would double every trial."""
         return {
             "config": self.config.model_dump(mode="json"),
             "extras": self.extras,
-            "metrics": {k: _finite(v) for k, v in self.metrics.items()},
+            "metrics": {k: _finite(v) for k, v in self.metrics.items() if not k.startswith(("time.", "hidden."))},
             "violations": {k: _finite(v) for k, v in self.violations.items()},
         }
 
