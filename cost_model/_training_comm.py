@@ -114,7 +114,7 @@ def _kv_width_per_rank(ctx) -> np.ndarray:  # noqa: ANN001
 def _point_to_point(ctx, *, active: np.ndarray, same_node: np.ndarray, message: np.ndarray) -> np.ndarray:  # noqa: ANN001
     return collective_time_s(
         cluster=ctx.cluster, op="send_recv", group_size=np.where(active, 2.0, 1.0),
-        ranks_per_node=np.where(same_node, 2.0, 1.0), message_bytes=message, calibration=ctx.calibration,
+        ranks_per_node=np.where(same_node & active, 2.0, 1.0), message_bytes=message, calibration=ctx.calibration,
     )
 
 

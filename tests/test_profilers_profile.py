@@ -199,3 +199,13 @@ def test_cluster_prices_profiled_collectives_from_their_measured_curves():
     assert cluster.collective_time("all_to_all", group_size=2, ranks_per_node=2, message_bytes=4096.0) == pytest.approx(
         bare.collective_time("all_to_all", group_size=2, ranks_per_node=2, message_bytes=4096.0)
     )  # not measured: the alpha-beta model
+
+
+def test_one_device_profiled_cluster_estimates():
+    from autoparallel import get_model
+    from cost_model import ParallelConfig, Training, estimate
+
+    cluster = cluster_from_profile(HardwareProfile.model_validate(profile_document()), num_devices=1)
+    workload = Training(sequence_length_tokens=64, global_batch_sequences=2)
+    breakdown = estimate(get_model("tiny-moe"), cluster, workload, ParallelConfig())
+    assert breakdown.step_time_s > 0 and breakdown.time_s["pp_comm"] == breakdown.time_s["cp_comm"] == 0.0
