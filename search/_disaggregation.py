@@ -50,9 +50,17 @@ def unit_sizes(*, model: ModelSpec, cluster: Cluster, workload: Inference, limit
 
 
 def unit_cluster(cluster: Cluster, size: int) -> Cluster:
-    """``size`` devices of ``cluster``: whole nodes, or part of one node."""
+    """``size`` devices of ``cluster``: whole nodes, or part of one node (re-validated, so the
+    NIC sharing and measured links stay consistent with the smaller node)."""
     node = cluster.devices_per_node
-    return cluster.model_copy(update={"num_nodes": max(1, size // node), "devices_per_node": min(size, node)})
+    per_node = min(size, node)
+    data = cluster.model_dump() | {
+        "num_nodes": max(1, size // node),
+        "devices_per_node": per_node,
+        "devices_per_nic": math.gcd(cluster.devices_per_nic, per_node),
+        "links": tuple(link for link in cluster.model_dump()["links"] if max(link["from_device"], link["to_device"]) < size),
+    }
+    return Cluster.model_validate(data)
 
 
 def _best_unit(*, model, cluster, workload, phase: str, bounds: SearchBounds, estimator) -> tuple[Candidate, Cluster] | None:  # noqa: ANN001

@@ -169,3 +169,17 @@ def test_prefill_decode_disaggregation_when_it_serves_more() -> None:
     assert any("disaggregation" in item for item in export_plan(plan, format="vllm").dropped)
     no_split = ap.find_plan("deepseek-v3", ap.get_preset("hgx-h800", num_nodes=64), workload, n_trials=8, disaggregate=False, settings=small)
     assert not no_split.disaggregation
+
+
+def test_disaggregation_on_a_node_smaller_than_its_nic_share() -> None:
+    """cpu-loopback shares one NIC among 4 devices: a 2-device unit must stay a valid Cluster."""
+    from search._disaggregation import unit_cluster
+
+    cluster = ap.get_preset("cpu-loopback")
+    unit = unit_cluster(cluster, 2)
+    assert unit.num_devices == 2 and unit.devices_per_node % unit.devices_per_nic == 0
+    assert unit.nodes_per_leaf >= 1
+    plan = ap.find_plan(
+        ap.get_model("tiny-moe"), cluster, ap.Inference(prompt_tokens=64, output_tokens=16), n_trials=50, disaggregate=True
+    )
+    assert plan.world_size == cluster.num_devices
