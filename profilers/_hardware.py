@@ -146,7 +146,9 @@ def _sharded_curve(*, grid: ProfileGrid, device: torch.device, source: str) -> M
 def _profile_collectives(*, grid: ProfileGrid, device: torch.device, source: str, advance: Progress) -> dict:
     groups = GroupCache()
     rows: dict[tuple[str, int], list] = defaultdict(list)
-    points = collective_points(ops=grid.collective_ops, message_bytes=grid.collective_bytes, world_size=dist.get_world_size())
+    points = collective_points(
+        ops=grid.collective_ops, message_bytes=grid.collective_bytes, world_size=dist.get_world_size()
+    )
     for point in points:
         timing = measure_collective(point, groups=groups, device=device, warmup=grid.warmup, repeats=grid.repeats)
         rows[(point.op, point.group_size)].append((float(point.message_bytes), timing, f"{point.message_bytes} B"))

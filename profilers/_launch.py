@@ -17,7 +17,9 @@ from topology import HardwareProfile
 ProgressCallback = Callable[[int, int, str], None]
 
 
-def _run_on_rank(grid: ProfileGrid, threads_per_rank: int, on_progress: ProgressCallback | None, clock: str) -> HardwareProfile:
+def _run_on_rank(
+    grid: ProfileGrid, threads_per_rank: int, on_progress: ProgressCallback | None, clock: str
+) -> HardwareProfile:
     import torch
     import torch.distributed as dist
 

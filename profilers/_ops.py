@@ -150,9 +150,10 @@ def _memory_points(elements: int) -> list[Point]:
         weight = torch.ones(width, device=device)
         return lambda: torch.nn.functional.rms_norm(x, (width,), weight)
 
+    normed = (elements // min(elements, 1024)) * min(elements, 1024)
     return [
         Point("memory", "", f"add N={elements}", 3.0 * 4 * elements, build_add),
-        Point("norm", "", f"rms_norm N={elements}", 2.0 * 4 * (elements // min(elements, 1024)) * min(elements, 1024), build_norm),
+        Point("norm", "", f"rms_norm N={elements}", 2.0 * 4 * normed, build_norm),
     ]
 
 

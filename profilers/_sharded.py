@@ -65,6 +65,8 @@ def sharded_linear_points(
     element = torch.empty((), dtype=dtype).element_size()
     points = []
     for shape in SHAPES:
-        seconds = sharded_module_overhead_s(device=device, clock="wall", warmup=warmup, repeats=repeats, dtype=dtype, shape=shape)
+        seconds = sharded_module_overhead_s(
+            device=device, clock="wall", warmup=warmup, repeats=repeats, dtype=dtype, shape=shape
+        )
         points.append((float(shape[0] * shape[1] * shape[2] * element), max(seconds, 1e-7), "x".join(map(str, shape))))
     return points

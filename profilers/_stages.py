@@ -159,8 +159,9 @@ def check_layer(*, setup: TrainingSetup, cluster: Cluster, clock: str = "wall") 
     timing = measure(_layer_call(layer, hidden), device=device, warmup=1, repeats=5, clock=_CLOCK[clock])
     stored = _stored_by(lambda: layer(hidden))
     config = ParallelConfig(micro_batch_size=setup.batch_sequences)
+    workload = setup.workload(config)
     small, large = (
-        estimate(setup.model_copy(update={"num_layers": n}).spec(), cluster, setup.workload(config), config, **ESTIMATE_OPTIONS)
+        estimate(setup.model_copy(update={"num_layers": n}).spec(), cluster, workload, config, **ESTIMATE_OPTIONS)
         for n in (setup.num_layers, setup.num_layers + 1)
     )
     return StageResult(

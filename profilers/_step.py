@@ -226,7 +226,8 @@ class StepProfiler:
             if indices is None:
                 return
             indices = getattr(indices, "_local_tensor", indices).detach().reshape(-1).to("cpu", torch.int64)
-            num_experts = int(getattr(module, "num_experts", 0) or getattr(module, "out_features", 0) or int(indices.max()) + 1)
+            declared = getattr(module, "num_experts", 0) or getattr(module, "out_features", 0)
+            num_experts = int(declared or int(indices.max()) + 1)
             counts = torch.bincount(indices, minlength=num_experts)
             previous = self._load.get(name)
             self._load[name] = counts if previous is None else previous + counts[: len(previous)]

@@ -22,7 +22,8 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
         description="Run under torchrun (one process per device), or launch --nproc ranks on this host.",
     )
     profile.add_argument("--nproc", type=int, default=1, help="ranks to launch on this host (ignored under torchrun)")
-    profile.add_argument("--grid", choices=("tiny", "cpu", "gpu"), default=None, help="measurement grid (default: by device)")
+    profile.add_argument("--grid", choices=("tiny", "cpu", "gpu"), default=None,
+                         help="measurement grid (default: by device)")
     profile.add_argument("--threads", type=int, default=None, help="intra-op threads per rank (default: cores / nproc)")
     profile.add_argument("--output", "-o", type=Path, default=Path("hardware-profile.json"))
     profile.add_argument("--timeout-s", type=float, default=1800.0)
