@@ -29,138 +29,33 @@ This module imports torch only inside the methods that touch modules.
 from __future__ import annotations
 
 import logging
-import statistics
 import time
-from typing import Any, Callable, Literal
+from typing import Callable
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
 from autoparallel._expert_placement import balanced_placement, contiguous_placement, load_imbalance, placement_moves
 from autoparallel._plan import ExpertPlacement, ShardingPlan
+from autoparallel.runtime._retune_state import (
+    Calibration,
+    Candidate,
+    ChangeKind,
+    RetuneDecision,
+    RetuneSettings,
+    StepMeasurement,
+    WindowSummary,
+    _combine_ranks,
+    _rank,
+    _share_from_rank_zero,
+    summarize,
+)
 from cost_model import InfeasiblePlanError, Inference, ModelSpec, ParallelConfig, Training
 
 __all__ = ["Calibration", "RetuneDecision", "RetuneSettings", "Retuner", "StepMeasurement", "WindowSummary", "summarize"]
 
 logger = logging.getLogger("autoparallel.retune")
 
-ChangeKind = Literal["keep", "expert_placement", "micro_batch", "batch_size", "reshard"]
-_STRICT = ConfigDict(extra="forbid", frozen=True)
 _COMPUTE_PARTS = ("compute", "recompute", "optimizer", "bubble", "prefill", "decode")
-
-
-class StepMeasurement(BaseModel):
-    """What one step of the running job measured (the step profiler fills it)."""
-
-    model_config = _STRICT
-
-    step: int = Field(ge=0)
-    step_time_s: float = Field(gt=0)
-    peak_memory_bytes: float | None = Field(default=None, ge=0)
-    expert_load: tuple[tuple[float, ...], ...] | None = Field(
-        default=None, description="tokens routed to each expert, [moe layer][expert], this step"
-    )
-    communication_time_s: float | None = Field(default=None, ge=0, description="exposed communication, if measured")
-
-
-    @classmethod
-    def from_step_report(cls, report, *, step: int) -> "StepMeasurement":  # noqa: ANN001 - profilers StepReport
-        """One measurement from a ``profilers`` ``StepReport``: its median step time, peak memory,
-        communication wait and router counts (MoE layers in module order, one row per router)."""
-        load = tuple(tuple(float(c) for c in counts) for _, counts in sorted(report.expert_load.items(), key=_layer_order))
-        return cls(step=step, step_time_s=report.median_step_time_s, peak_memory_bytes=report.peak_memory_bytes,
-                   expert_load=load or None, communication_time_s=report.comm_time_s)
-
-
-def _layer_order(item: tuple[str, Any]) -> tuple:
-    """Sort FQNs with their integer parts as numbers (``layers.10`` after ``layers.9``)."""
-    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in item[0].split("."))
-
-
-class RetuneSettings(BaseModel):
-    """When to look, what a change may cost, what counts as noise. Each default is a stated choice."""
-
-    model_config = _STRICT
-
-    every_n_steps: int = Field(default=50, gt=0)
-    warmup_steps: int = Field(default=2, ge=0, description="first steps ignored: lazy init, allocator growth")
-    horizon_steps: int = Field(default=1000, gt=0, description="steps a change has to pay back over")
-    min_relative_gain: float = Field(default=0.03, ge=0, description="smaller gains are within measurement noise")
-    safety_factor: float = Field(default=1.5, ge=1.0, description="gain * horizon must exceed this x change cost")
-    num_redundant_experts: int | None = Field(
-        default=None, ge=0, description="replica slots; default: compare one per EP rank with none")
-    ranks_per_node: int | None = Field(default=None, gt=0, description="EP ranks per node; default the cluster's")
-    live_change_overhead_steps: float = Field(default=1.0, ge=0, description="a live change costs this many steps")
-    restart_overhead_s: float = Field(default=120.0, ge=0, description="relaunch + process-group init of a reshard")
-    checkpoint_bandwidth_bytes_per_s: float = Field(default=2e9, gt=0, description="per device, save and load")
-    search_trials: int = Field(default=16, gt=0, description="re-search budget; warm-started, so a local refinement")
-    max_cp_degree: int | None = Field(default=1, gt=0, description="apply_plan has no context parallel yet: cp 1")
-    fit_cost_model: bool = Field(default=True, description="training: refit matmul efficiency with cost_model.calibrate")
-    calibration_iterations: int = Field(default=8, gt=0, description="Levenberg-Marquardt iterations per window")
-    seed: int = 0
-    allowed_changes: tuple[ChangeKind, ...] = ("expert_placement", "micro_batch", "batch_size", "reshard")
-
-
-class Calibration(BaseModel):
-    """Measured / predicted, fitted on one window of steps."""
-
-    model_config = _STRICT
-
-    method: str
-    time_scale: float = Field(gt=0, description="measured step time / (predicted x expert imbalance)")
-    communication_scale: float | None = None
-    memory_scale: float | None = None
-    expert_imbalance: float = Field(default=1.0, ge=1.0, description="max/mean tokens per EP rank, measured")
-
-
-class Candidate(BaseModel):
-    """One change the Retuner considered, priced with the calibrated model."""
-
-    model_config = _STRICT
-
-    kind: ChangeKind
-    plan: ShardingPlan
-    step_time_s: float
-    change_cost_s: float
-    gain_s_per_step: float
-    detail: str = ""
-
-
-class RetuneDecision(BaseModel):
-    """The Retuner's verdict on one window; ``plan`` is the plan to run next."""
-
-    model_config = _STRICT
-
-    kind: ChangeKind
-    plan: ShardingPlan
-    reason: str
-    step: int
-    measured_step_time_s: float
-    predicted_step_time_s: float
-    new_step_time_s: float
-    change_cost_s: float
-    calibration: Calibration
-    candidates: tuple[Candidate, ...] = ()
-    decision_latency_s: float = 0.0
-
-    @property
-    def changed(self) -> bool:
-        return self.kind != "keep"
-
-    @property
-    def gain_s_per_step(self) -> float:
-        return self.predicted_step_time_s - self.new_step_time_s
-
-    def overridden(self, kind: ChangeKind) -> "RetuneDecision":
-        """This decision made ``kind`` anyway, with the best priced candidate of that kind (an
-        operator's override, e.g. to measure a change the model rejected); the reason says so."""
-        options = [c for c in self.candidates if c.kind == kind]
-        if not options:
-            raise ValueError(f"kind ({kind!r}) was not among the priced candidates {sorted({c.kind for c in self.candidates})}")
-        best = min(options, key=lambda c: c.step_time_s)
-        return self.model_copy(update={"kind": kind, "plan": best.plan, "new_step_time_s": best.step_time_s,
-                                       "change_cost_s": best.change_cost_s,
-                                       "reason": f"override to {kind} ({best.detail}); the Retuner's verdict: {self.reason}"})
 
 
 def routed_expert_time_fraction(*, model: ModelSpec, context_tokens: float) -> float:
@@ -693,30 +588,6 @@ def _net(candidate: Candidate, settings: RetuneSettings) -> float:
     return candidate.gain_s_per_step * settings.horizon_steps - candidate.change_cost_s
 
 
-class WindowSummary(BaseModel):
-    """One window of steps on one rank (or combined over ranks)."""
-
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
-
-    step: int
-    step_time_s: float
-    expert_load: Any = None  # np.ndarray [num_experts], tokens summed over layers and steps
-    peak_memory_bytes: float | None = None
-    communication_time_s: float | None = None
-
-
-def summarize(window: list[StepMeasurement]) -> WindowSummary:
-    """Median step and communication times, summed expert load, largest peak memory."""
-    loads = [np.asarray(m.expert_load, dtype=np.float64) for m in window if m.expert_load is not None]
-    load = np.sum([x.sum(axis=0) if x.ndim == 2 else x for x in loads], axis=0) if loads else None
-    comm = [m.communication_time_s for m in window if m.communication_time_s is not None]
-    memory = [m.peak_memory_bytes for m in window if m.peak_memory_bytes is not None]
-    return WindowSummary(
-        step=window[-1].step, step_time_s=statistics.median(m.step_time_s for m in window), expert_load=load,
-        peak_memory_bytes=max(memory) if memory else None, communication_time_s=statistics.median(comm) if comm else None,
-    )
-
-
 def _batch_size(plan: ShardingPlan) -> float:
     if plan.serving is not None:
         return float(plan.serving.batch_size)
@@ -725,47 +596,6 @@ def _batch_size(plan: ShardingPlan) -> float:
 
 def _communication_s(predicted) -> float:  # noqa: ANN001 - CostBreakdown
     return sum(v for k, v in predicted.time_s.items() if k.endswith("_comm"))
-
-
-def _distributed() -> bool:
-    import sys
-
-    dist = sys.modules.get("torch.distributed")  # never import torch just to ask
-    return dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _rank() -> int:
-    import sys
-
-    return sys.modules["torch.distributed"].get_rank() if _distributed() else 0
-
-
-def _combine_ranks(summary: WindowSummary) -> WindowSummary:
-    """The job's view: slowest rank's times, expert load summed over ranks, largest memory."""
-    if not _distributed():
-        return summary
-    import torch.distributed as dist
-
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, summary.model_dump())
-    loads = [g["expert_load"] for g in gathered if g["expert_load"] is not None]
-    memory = [g["peak_memory_bytes"] for g in gathered if g["peak_memory_bytes"] is not None]
-    comm = [g["communication_time_s"] for g in gathered if g["communication_time_s"] is not None]
-    return WindowSummary(
-        step=summary.step, step_time_s=max(g["step_time_s"] for g in gathered),
-        expert_load=np.sum(loads, axis=0) if loads else None, peak_memory_bytes=max(memory) if memory else None,
-        communication_time_s=max(comm) if comm else None,
-    )
-
-
-def _share_from_rank_zero(decision: "RetuneDecision | None") -> "RetuneDecision":
-    if not _distributed():
-        return decision
-    import torch.distributed as dist
-
-    payload = [decision.model_dump_json() if decision is not None else None]
-    dist.broadcast_object_list(payload, src=0)
-    return RetuneDecision.model_validate_json(payload[0])
 
 
 _DEGREES = ("dp", "tp", "pp", "cp", "ep", "etp", "attention_data_parallel", "virtual_stages")
