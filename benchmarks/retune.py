@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import autoparallel as ap  # noqa: E402
 from autoparallel._expert_placement import zipf_expert_load  # noqa: E402
+from autoparallel.testing import skew_routers  # noqa: E402
 from cost_model import ParallelConfig, Training  # noqa: E402
 
 SEQUENCE_TOKENS = 64
@@ -48,20 +49,6 @@ def _spec():
     return spec.model_copy(update={"moe": moe, "name": "retune-bench-moe"})
 
 
-def _skew(model, *, exponent: float) -> None:
-    """Routers see their input shifted so that log(Zipf popularity) adds to their logits."""
-    import torch
-
-    for name, module in model.named_modules():
-        if name.endswith("mlp.gate"):
-            with torch.no_grad():
-                module.weight.mul_(10.0)
-            weight = module.weight.detach().double()
-            bias = torch.tensor(np.log(zipf_expert_load(num_experts=weight.shape[0], exponent=exponent)))
-            shift = (weight.T @ torch.linalg.solve(weight @ weight.T, bias)).float()
-            module.register_forward_pre_hook(lambda _module, args, shift=shift: (args[0] + shift,))
-
-
 def _ranks_job(rank: int, world_size: int, plan_json: str, steps: int) -> dict:
     import torch
     import torch.nn.functional as F
@@ -72,7 +59,7 @@ def _ranks_job(rank: int, world_size: int, plan_json: str, steps: int) -> dict:
     plan, spec = ap.load_plan(plan_json), _spec()
     model = ReferenceMoETransformer(spec)
     model.init_weights(seed=0)
-    _skew(model, exponent=2.5)
+    skew_routers(model, exponent=2.5)
     applied = ap.apply_plan(model, plan, device_type="cpu")
     optimizer = torch.optim.AdamW(applied.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(rank)

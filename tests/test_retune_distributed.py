@@ -12,7 +12,7 @@ import pytest
 
 import autoparallel as ap
 from autoparallel.runtime._recovery import cluster_for_world, plan_for_config
-from autoparallel.testing import run_ranks
+from autoparallel.testing import run_ranks, skew_routers
 from cost_model import ParallelConfig, Training
 
 pytestmark = pytest.mark.distributed
@@ -58,28 +58,11 @@ def _build(plan, spec, *, sequences: int = GLOBAL_SEQUENCES, skew: float | None 
     model = ReferenceMoETransformer(spec)
     model.init_weights(seed=7)
     if skew is not None:
-        _skew_routing(model, exponent=skew)
+        skew_routers(model, exponent=skew)
     local = sequences // plan.config.dp
     applied = ap.apply_plan(model, plan, loss_fn=_loss, device_type="cpu",
                             num_micro_batches=local // plan.config.micro_batch_size)
     return applied, torch.optim.AdamW(applied.parameters(), lr=LEARNING_RATE)
-
-
-def _skew_routing(model, *, exponent: float) -> None:
-    """Zipf-like routing: each router sees its input shifted along a direction that adds
-    ``log(zipf popularity)`` to its logits (router weights x10 keep routing token-dependent)."""
-    import torch
-
-    from autoparallel._expert_placement import zipf_expert_load
-
-    for name, module in model.named_modules():
-        if name.endswith("mlp.gate"):
-            with torch.no_grad():
-                module.weight.mul_(10.0)
-            weight = module.weight.detach().double()
-            bias = torch.tensor(np.log(zipf_expert_load(num_experts=weight.shape[0], exponent=exponent)))
-            shift = (weight.T @ torch.linalg.solve(weight @ weight.T, bias)).float()
-            module.register_forward_pre_hook(lambda _module, args, shift=shift: (args[0] + shift,))
 
 
 def _local(applied, tensor):

@@ -2,5 +2,6 @@
 
 from autoparallel.testing._multirank import RankFailure, free_port, run_ranks
 from autoparallel.testing._plans import plan_for_config
+from autoparallel.testing._routing import skew_routers
 
-__all__ = ["RankFailure", "free_port", "plan_for_config", "run_ranks"]
+__all__ = ["RankFailure", "free_port", "plan_for_config", "run_ranks", "skew_routers"]
