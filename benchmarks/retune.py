@@ -49,12 +49,30 @@ def _spec():
     return spec.model_copy(update={"moe": moe, "name": "retune-bench-moe"})
 
 
-def _ranks_job(rank: int, world_size: int, plan_json: str, steps: int) -> dict:
+class _ExpertTimer:
+    """CPU seconds this rank spends in its local experts' forward (hooks on each expert, once)."""
+
+    def __init__(self) -> None:
+        self.seconds, self._timed = 0.0, set()
+
+    def attach(self, applied) -> None:  # noqa: ANN001 - AppliedPlan
+        for part in applied.expert_parallel:
+            for _, block in part.blocks:
+                for expert in block.experts.values():
+                    if id(expert) not in self._timed:
+                        self._timed.add(id(expert))
+                        expert.register_forward_pre_hook(lambda *_: self._add(-time.process_time()))
+                        expert.register_forward_hook(lambda *_: self._add(time.process_time()))
+
+    def _add(self, value: float) -> None:
+        self.seconds += value
+
+
+def _setup_rank(plan_json: str):  # noqa: ANN202
+    """The skewed benchmark model under the plan, its optimizer, and per-router token counts."""
     import torch
-    import torch.nn.functional as F
 
     from autoparallel.runtime import ReferenceMoETransformer
-    from autoparallel.runtime.retune import Retuner, RetuneSettings, StepMeasurement
 
     plan, spec = ap.load_plan(plan_json), _spec()
     model = ReferenceMoETransformer(spec)
@@ -62,40 +80,37 @@ def _ranks_job(rank: int, world_size: int, plan_json: str, steps: int) -> dict:
     skew_routers(model, exponent=2.5)
     applied = ap.apply_plan(model, plan, device_type="cpu")
     optimizer = torch.optim.AdamW(applied.parameters(), lr=1e-3)
-    generator = torch.Generator().manual_seed(rank)
-    counts: list[torch.Tensor] = []
+    counts: list = []
     for name, module in applied.module.named_modules():
         if name.endswith("mlp.gate"):
             module.register_forward_hook(lambda _m, _a, out: counts.append(torch.bincount(out[1].reshape(-1), minlength=8)))
+    return plan, spec, applied, optimizer, counts
 
+
+def _ranks_job(rank: int, world_size: int, plan_json: str, steps: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from autoparallel.runtime.retune import Retuner, RetuneSettings, StepMeasurement
+
+    plan, spec, applied, optimizer, counts = _setup_rank(plan_json)
+    generator = torch.Generator().manual_seed(rank)
     cpu_s: list[float] = []
-    expert_s, timed = [0.0], set()
-
-    def time_experts() -> None:
-        """CPU seconds this rank spends in its local experts' forward (hooks on each expert, once)."""
-        for part in applied.expert_parallel:
-            for _, block in part.blocks:
-                for expert in block.experts.values():
-                    if id(expert) in timed:
-                        continue
-                    timed.add(id(expert))
-                    expert.register_forward_pre_hook(lambda *_: expert_s.__setitem__(0, expert_s[0] - time.process_time()))
-                    expert.register_forward_hook(lambda *_: expert_s.__setitem__(0, expert_s[0] + time.process_time()))
-
-    time_experts()
+    timer = _ExpertTimer()
+    timer.attach(applied)
 
     def step() -> float:
         ids = torch.randint(0, spec.vocab_size, (SEQUENCES_PER_RANK, SEQUENCE_TOKENS), generator=generator)
         torch.distributed.barrier()
         start = time.perf_counter()
-        expert_s[0] = 0.0
+        timer.seconds = 0.0
         logits = applied.module(ids)
         F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1)).backward()
         applied.sync_gradients()
         optimizer.step()
         optimizer.zero_grad()
-        cpu_s.append(expert_s[0])
-        expert_s[0] = 0.0
+        cpu_s.append(timer.seconds)
+        timer.seconds = 0.0
         torch.distributed.barrier()
         return time.perf_counter() - start
 
@@ -122,7 +137,7 @@ def _ranks_job(rank: int, world_size: int, plan_json: str, steps: int) -> dict:
         decision = decision.overridden("expert_placement")
     retuner.apply(decision, runtime=applied, optimizer=optimizer)
     move_s = time.perf_counter() - moved_at
-    time_experts()  # the re-placed experts are new modules on this rank
+    timer.attach(applied)  # the re-placed experts are new modules on this rank
     with torch.no_grad():
         logits_after = applied.module(probe)
     tokens_after = received()

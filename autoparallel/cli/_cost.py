@@ -7,6 +7,7 @@ import json
 
 from rich.table import Table
 
+from autoparallel.cli._args import add_job_arguments
 from autoparallel.cli._render import console
 from cost_model._units import human_bytes, human_seconds
 
@@ -26,18 +27,8 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
 
 
 def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="ref-3t-moe", help="catalog name or path to a HuggingFace config.json")
-    parser.add_argument("--cluster", default=DEFAULT_CLUSTER, help="preset name or a Cluster JSON")
-    parser.add_argument("--nodes", type=int, default=DEFAULT_NODES, help="scale the cluster to this many nodes")
-    kind = parser.add_mutually_exclusive_group()
-    kind.add_argument("--training", dest="training", action="store_true", help="a training step (default)")
-    kind.add_argument("--inference", dest="training", action="store_false", help="serving")
-    parser.set_defaults(training=True)
-    parser.add_argument("--sequence-length", type=int, default=4096)
-    parser.add_argument("--global-batch-tokens", type=int, default=16 * 2**20)
+    add_job_arguments(parser, cluster=DEFAULT_CLUSTER, nodes=DEFAULT_NODES, training=True)
     parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8"))
-    parser.add_argument("--prompt-tokens", type=int, default=4096)
-    parser.add_argument("--output-tokens", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=0, help="inference: sequences per replica (0: largest that fits)")
     for axis, default in (("tp", 8), ("pp", 16), ("cp", 1), ("ep", 64), ("etp", 1)):
         parser.add_argument(f"--{axis}", type=int, default=default)

@@ -15,6 +15,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from autoparallel.cli._args import add_job_arguments
 from autoparallel.cli._render import console
 from cost_model._units import human_bytes, human_seconds
 
@@ -38,20 +39,10 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
 
 
 def _plan_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="ref-3t-moe", help="catalog name or path to a HuggingFace config.json")
-    parser.add_argument("--cluster", default=DEFAULT_CLUSTER, help="preset name or a Cluster JSON (e.g. a probe result)")
-    parser.add_argument("--nodes", type=int, default=None, help="scale the cluster to this many nodes")
-    kind = parser.add_mutually_exclusive_group()
-    kind.add_argument("--inference", dest="training", action="store_false", help="plan serving (default)")
-    kind.add_argument("--training", dest="training", action="store_true", help="plan a training job")
-    parser.set_defaults(training=False)
-    parser.add_argument("--prompt-tokens", type=int, default=4096)
-    parser.add_argument("--output-tokens", type=int, default=1024)
+    add_job_arguments(parser, cluster=DEFAULT_CLUSTER, nodes=None, training=False)
     parser.add_argument("--ttft-slo-s", type=float, default=5.0, help="time to first token limit (0: none)")
     parser.add_argument("--tpot-slo-ms", type=float, default=50.0, help="time per output token limit (0: none)")
     parser.add_argument("--no-disaggregation", action="store_true", help="do not price a prefill/decode split")
-    parser.add_argument("--sequence-length", type=int, default=4096, help="training sequence length")
-    parser.add_argument("--global-batch-tokens", type=int, default=16 * 2**20, help="training tokens per step")
     parser.add_argument("--objective", default=None, help="step_time, throughput, tpot, ttft, memory, memory_headroom or pareto")
     parser.add_argument("--trials", type=int, default=DEFAULT_TRIALS)
     parser.add_argument("--sampler", default=None, choices=("tpe", "nsga2", "random"))

@@ -1,0 +1,21 @@
+"""Arguments shared by the commands that describe a job: model, cluster, training or serving."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_job_arguments(parser: argparse.ArgumentParser, *, cluster: str, nodes: int | None, training: bool) -> None:
+    """``--model``, ``--cluster``, ``--nodes``, ``--training``/``--inference`` and the workload sizes;
+    ``training`` picks the default kind of job."""
+    parser.add_argument("--model", default="ref-3t-moe", help="catalog name or path to a HuggingFace config.json")
+    parser.add_argument("--cluster", default=cluster, help="preset name or a Cluster JSON (e.g. a probe result)")
+    parser.add_argument("--nodes", type=int, default=nodes, help="scale the cluster to this many nodes")
+    kind = parser.add_mutually_exclusive_group()
+    kind.add_argument("--training", dest="training", action="store_true", help="a training job" + (" (default)" if training else ""))
+    kind.add_argument("--inference", dest="training", action="store_false", help="serving" + ("" if training else " (default)"))
+    parser.set_defaults(training=training)
+    parser.add_argument("--sequence-length", type=int, default=4096, help="training sequence length")
+    parser.add_argument("--global-batch-tokens", type=int, default=16 * 2**20, help="training tokens per step")
+    parser.add_argument("--prompt-tokens", type=int, default=4096)
+    parser.add_argument("--output-tokens", type=int, default=1024)
