@@ -19,6 +19,13 @@ import torch.distributed as dist
 from torch import nn
 
 from autoparallel._plan import ModuleRule, ShardingPlan, load_plan
+from autoparallel.runtime._context_parallel import (
+    ContextParallel,
+    apply_context_parallel,
+    check_context_parallel_module,
+    check_sequence_length,
+    replica_mesh,
+)
 from autoparallel.runtime._data_parallel import DataParallel, apply_data_parallel
 from autoparallel.runtime._mesh import Meshes, build_meshes, mesh_rank_layout
 from autoparallel.runtime._tensor_parallel import TensorParallel, apply_tensor_parallel, match_rules, walk_modules
@@ -40,6 +47,7 @@ class AppliedPlan:
         modules: this rank's modules: the whole (parallelized) model, or its pipeline chunks.
         pipeline: the ``_pipeline.Pipeline`` (stages + schedule) when pp > 1, else ``None``.
         tensor_parallel, expert_parallel, data_parallel: what each pass did (``None`` if skipped).
+        context_parallel: this rank's cp group and sequence collectives when cp > 1, else ``None``.
     """
 
     plan: ShardingPlan
@@ -49,6 +57,7 @@ class AppliedPlan:
     tensor_parallel: list[TensorParallel] = field(default_factory=list)
     expert_parallel: list[Any] = field(default_factory=list)
     data_parallel: DataParallel | None = None
+    context_parallel: ContextParallel | None = None
 
     @property
     def module(self) -> nn.Module:
@@ -63,6 +72,20 @@ class AppliedPlan:
     @property
     def device(self) -> torch.device:
         return self.meshes.device
+
+    def shard_inputs(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """This rank's tokens of each (batch, sequence, ...) tensor of its data-parallel replica's
+        batch (e.g. ``input_ids, targets``): with cp > 1, chunks ``r`` and ``2*cp-1-r`` of the
+        sequence's ``2*cp`` chunks for cp rank ``r``; with cp == 1, the tensors unchanged.
+        Raises ``ValueError`` when the sequence length is not a multiple of ``2*cp``."""
+        if self.context_parallel is None:
+            return tensors
+        return tuple(self.context_parallel.shard(t, field=f"tensors[{i}]") for i, t in enumerate(tensors))
+
+    def gather_sequence(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Whole sequences in global token order from this rank's local (batch, tokens, ...) part,
+        e.g. logits (collective over cp; unchanged when cp == 1; not autograd-aware)."""
+        return tensor if self.context_parallel is None else self.context_parallel.unshard(tensor)
 
     def parameters(self) -> list[nn.Parameter]:
         """Every parameter this rank holds (for the optimizer), each once."""
@@ -139,6 +162,18 @@ def _check_rules(module: nn.Module, plan: ShardingPlan, names: list[str]) -> dic
     return matches
 
 
+def _check_context_parallel(module: nn.Module, plan: ShardingPlan) -> None:
+    cp = plan.config.cp
+    if cp == 1:
+        return
+    check_context_parallel_module(module, cp=cp)
+    workload = plan.provenance.workload
+    if workload.get("kind") == "inference":
+        raise ValueError(f"cp ({cp}) must be 1 for an inference plan: generation under context parallel is not supported")
+    if workload.get("sequence_length_tokens") is not None:
+        check_sequence_length(int(workload["sequence_length_tokens"]), cp, field="workload.sequence_length_tokens")
+
+
 def check_plan_fits(module: nn.Module, plan: ShardingPlan) -> None:
     """Every check ``apply_plan`` makes before communicating; raises ``ValueError`` naming what differs."""
     if getattr(module, _APPLIED, None) is not None:
@@ -147,8 +182,7 @@ def check_plan_fits(module: nn.Module, plan: ShardingPlan) -> None:
     if world is not None and world != plan.world_size:
         raise ValueError(f"plan world_size ({plan.world_size}) differs from the launched world size ({world})")
     mesh_rank_layout(plan)
-    if plan.config.cp > 1:
-        raise ValueError(f"cp ({plan.config.cp}) must be 1: apply_plan does not implement context parallel")
+    _check_context_parallel(module, plan)
     walked = walk_modules(module)
     _check_model(module, plan, walked)
     _check_rules(module, plan, [name for name, _ in walked])
@@ -242,10 +276,12 @@ def apply_plan(
     applied = AppliedPlan(plan=plan, meshes=meshes, modules=[chunk for _, chunk in stage_modules])
     for _, chunk in stage_modules:
         _parallelize(chunk, plan, meshes, applied)
-    if plan.config.dp > 1:
+    if plan.config.cp > 1:
+        applied.context_parallel = apply_context_parallel(applied.modules, cp_mesh=meshes.dense["cp"])
+    if plan.config.dp * plan.config.cp > 1:  # each cp rank's loss is another replica's, as dp's
         ignored = {p for ep in applied.expert_parallel for p in ep.expert_parameters()}
         applied.data_parallel = apply_data_parallel(
-            applied.modules, plan=plan, dp_mesh=meshes.dense["dp"], ignored=ignored
+            applied.modules, plan=plan, dp_mesh=replica_mesh(meshes.dense), ignored=ignored
         )
     if plan.config.pp > 1:
         applied.pipeline = _build_pipeline(

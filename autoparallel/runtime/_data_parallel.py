@@ -11,6 +11,10 @@
 Each decoder layer (``*.layers.N``) is its own FSDP unit, then the root, as torchtitan does.
 Expert weights under expert parallelism are excluded (``ignored``): their gradients are summed
 over edp by ``ExpertParallel.sync_gradients`` instead.
+
+With context parallel (cp > 1) the mesh given here is dp x cp flattened
+(``_context_parallel.replica_mesh``): each cp rank's loss covers other tokens of the same
+sequences, so dense gradients are averaged (or FSDP-sharded and reduced) over dp * cp ranks.
 """
 
 from __future__ import annotations

@@ -74,6 +74,8 @@ def mesh_rank_layout(plan: ShardingPlan) -> torch.Tensor:
         )
     layout = torch.tensor(ranks, dtype=torch.int64).view(dense)
     _check_increasing(layout)
+    if plan.config.cp > 1 and plan.config.zero_stage > 0:
+        _check_replica_order(layout)
     return layout
 
 
@@ -89,6 +91,16 @@ def _check_increasing(layout: torch.Tensor) -> None:
                 f"rank_to_device places the {axis} group {bad} out of increasing rank order; "
                 f"ranks must increase along the {axis} axis (process groups order ranks by global rank)"
             )
+
+
+def _check_replica_order(layout: torch.Tensor) -> None:
+    """FSDP under context parallel shards over dp x cp flattened (``_context_parallel.replica_mesh``),
+    a DTensor axis too: global ranks must increase along it."""
+    if not bool((layout.flatten(1, 2).diff(dim=1) > 0).all()):
+        raise ValueError(
+            "rank_to_device places a dp x cp group out of increasing rank order; under FSDP with cp > 1 "
+            "ranks must increase along dp x cp flattened (process groups order ranks by global rank)"
+        )
 
 
 def _init_process_group(backend: str | None, device_type: str) -> None:

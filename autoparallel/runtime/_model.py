@@ -130,14 +130,20 @@ class KVCache:
         return sum(t.numel() * t.element_size() for tensors in self.layers.values() for t in tensors)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, offset: int, scale: float) -> torch.Tensor:
-    """Causal attention of queries at positions ``offset + i`` over keys ``0..offset+S-1``.
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, offset: int, scale: float,
+    query_positions: torch.Tensor | None = None, key_positions: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of queries at positions ``offset + i`` over keys ``0..offset+S-1``, or at
+    the given global ``query_positions`` over keys at ``key_positions`` (context parallel).
 
     Inputs are (batch, seq, heads, dim); returns (batch, seq, heads * v_dim).
     """
     query_len, key_len = q.shape[1], k.shape[1]
-    key_positions = torch.arange(key_len, device=q.device)
-    query_positions = torch.arange(query_len, device=q.device) + offset
+    if key_positions is None:
+        key_positions = torch.arange(key_len, device=q.device)
+    if query_positions is None:
+        query_positions = torch.arange(query_len, device=q.device) + offset
     mask = key_positions[None, :] <= query_positions[:, None]
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale
@@ -191,15 +197,37 @@ class Attention(nn.Module):
             self.v_proj = _linear(h, a.num_kv_heads * a.head_dim, bias=bias, **kw)
             self.o_proj = _linear(a.num_heads * a.head_dim, h, **kw)
 
+    # Context parallel (``_context_parallel.ContextParallel``) sets this on an instance: it gives
+    # the global positions of the local tokens and all-gathers keys/values over the cp group.
+    sequence_context = None
+
     def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         offset = 0 if cache is None else cache.length
+        if cache is not None and self.sequence_context is not None:
+            raise ValueError(
+                "generation with a KV cache is not supported under context parallel (cp > 1); "
+                "use an inference plan with cp = 1"
+            )
         if self.attention.kind == "mla":
             return self.o_proj(self._mla(x, offset, cache))
         return self.o_proj(self._gqa(x, offset, cache))
 
+    def _positions(self, x: torch.Tensor, offset: int) -> torch.Tensor:
+        context, seq = self.sequence_context, x.shape[1]
+        if context is None:
+            return torch.arange(offset, offset + seq, device=x.device)
+        return context.positions(seq, device=x.device)
+
+    def _gather_keys(self, x: torch.Tensor, *keys: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
+        """Keys/values of every cp rank and their global positions (unchanged, ``None``, without cp)."""
+        context = self.sequence_context
+        if context is None:
+            return keys, None
+        return context.gather(*keys), context.key_positions(x.shape[1], device=x.device)
+
     def _mla(self, x: torch.Tensor, offset: int, cache: KVCache | None) -> torch.Tensor:
         a, (batch, seq) = self.attention, x.shape[:2]
-        positions = torch.arange(offset, offset + seq, device=x.device)
+        positions = self._positions(x, offset)
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if a.q_lora_rank else self.q_proj(x)
         q = q.view(batch, seq, -1, a.qk_head_dim)
         q_nope, q_rope = q.split([a.qk_nope_head_dim, a.qk_rope_head_dim], dim=-1)
@@ -208,15 +236,18 @@ class Attention(nn.Module):
         k_rope = _rope(self.shared_key_hook(k_rope).unsqueeze(2), positions, theta=self.rope_theta)
         if cache is not None:
             latent, k_rope = cache.update(self.layer_index, latent, k_rope)
+        (latent, k_rope), key_positions = self._gather_keys(x, latent, k_rope)
         kv = self.kv_b_proj(latent).view(batch, latent.shape[1], -1, a.qk_nope_head_dim + a.v_head_dim)
         k_nope, v = kv.split([a.qk_nope_head_dim, a.v_head_dim], dim=-1)
         q = torch.cat([q_nope, _rope(q_rope, positions, theta=self.rope_theta)], dim=-1)
         k = torch.cat([k_nope, k_rope.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
-        return _attend(q, k, v, offset=offset, scale=a.qk_head_dim**-0.5)
+        return _attend(
+            q, k, v, offset=offset, scale=a.qk_head_dim**-0.5, query_positions=positions, key_positions=key_positions
+        )
 
     def _gqa(self, x: torch.Tensor, offset: int, cache: KVCache | None) -> torch.Tensor:
         a, (batch, seq) = self.attention, x.shape[:2]
-        positions = torch.arange(offset, offset + seq, device=x.device)
+        positions = self._positions(x, offset)
         q = _rope(self.q_proj(x).view(batch, seq, -1, a.head_dim), positions, theta=self.rope_theta)
         k, v = self.kv_heads_hook(
             self.k_proj(x).view(batch, seq, -1, a.head_dim), self.v_proj(x).view(batch, seq, -1, a.head_dim)
@@ -224,11 +255,14 @@ class Attention(nn.Module):
         k = _rope(k, positions, theta=self.rope_theta)
         if cache is not None:
             k, v = cache.update(self.layer_index, k, v)
+        (k, v), key_positions = self._gather_keys(x, k, v)
         if q.shape[2] % k.shape[2]:
             raise ValueError(f"local query heads ({q.shape[2]}) must be divisible by local KV heads ({k.shape[2]})")
         group = q.shape[2] // k.shape[2]
         k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
-        return _attend(q, k, v, offset=offset, scale=a.head_dim**-0.5)
+        return _attend(
+            q, k, v, offset=offset, scale=a.head_dim**-0.5, query_positions=positions, key_positions=key_positions
+        )
 
 
 class FeedForward(nn.Module):

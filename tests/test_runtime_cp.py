@@ -1,0 +1,228 @@
+"""Context parallel training equals the single-process reference: cp2 (MLA, GQA), cp2 x tp2,
+cp2 x ep2, dp2 x cp2 under FSDP; a causal mask on local positions fails the same check.
+
+Every rank builds the same reference model, applies a plan made by the plan API
+(``autoparallel.testing.plan_for_config``), takes its data-parallel slice of the batch and its
+cp tokens of every sequence (``AppliedPlan.shard_inputs``), runs one training step and compares
+logits (gathered in global token order), the loss (averaged over cp), every gradient and every
+parameter after one AdamW step with the reference run on the whole batch.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from autoparallel.testing import run_ranks
+
+GRADIENT_TOLERANCE = 1e-5  # relative to the tensor's largest magnitude
+PARAMETER_TOLERANCE = 1e-4  # absolute, after one AdamW step
+SEQUENCE_TOKENS = 16
+SEQUENCES_PER_DP_RANK = 2
+
+
+def _full(tensor):
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def _relative_error(actual, expected) -> float:
+    scale = max(float(expected.abs().max()), 1e-12)
+    return float((actual.detach() - expected.detach()).abs().max()) / scale
+
+
+def _reference_step(model, tokens, targets):
+    import torch
+    import torch.nn.functional as F
+
+    logits = model(tokens)
+    F.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    torch.optim.AdamW(model.parameters(), lr=1e-3).step()
+    return logits.detach(), grads
+
+
+def _break_positions(applied) -> None:
+    """Negative control: the causal mask and RoPE use each rank's LOCAL token positions."""
+    import torch
+
+    from autoparallel.runtime._context_parallel import ContextParallel
+
+    class LocalPositions(ContextParallel):
+        def positions(self, local_tokens, *, device=None):
+            return torch.arange(local_tokens, device=device)
+
+        def key_positions(self, local_tokens, *, device=None):
+            return torch.arange(local_tokens, device=device).repeat(self.size)
+
+    context = applied.context_parallel
+    broken = LocalPositions(group=context.group, rank=context.rank, size=context.size)
+    for module in applied.modules:
+        for submodule in module.modules():
+            if getattr(submodule, "sequence_context", None) is not None:
+                submodule.sequence_context = broken
+
+
+def _cp_rank(rank: int, world_size: int, config_fields: dict, spec_fields: dict, broken: bool) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from autoparallel.runtime import ReferenceMoETransformer, apply_plan, tiny_reference_spec
+    from autoparallel.testing import plan_for_config
+    from cost_model import ParallelConfig
+
+    spec = tiny_reference_spec(**{"num_layers": 2, **spec_fields})  # one dense + one MoE layer
+    config = ParallelConfig(**config_fields)
+    plan = plan_for_config(spec, config)
+    reference = ReferenceMoETransformer(spec)
+    reference.init_weights(seed=0)
+    model = copy.deepcopy(reference)
+    generator = torch.Generator().manual_seed(1)
+    shape = (SEQUENCES_PER_DP_RANK * config.dp, SEQUENCE_TOKENS)
+    tokens = torch.randint(0, spec.vocab_size, shape, generator=generator)
+    targets = torch.randint(0, spec.vocab_size, shape, generator=generator)
+
+    applied = apply_plan(model, plan)
+    if broken:
+        _break_positions(applied)
+    dp_index = applied.meshes.coordinate("dp")
+    local = slice(dp_index * SEQUENCES_PER_DP_RANK, (dp_index + 1) * SEQUENCES_PER_DP_RANK)
+    local_tokens, local_targets = applied.shard_inputs(tokens[local], targets[local])
+    reference_logits, reference_grads = _reference_step(reference, tokens, targets)
+
+    logits = applied.module(local_tokens)
+    loss = F.cross_entropy(logits.flatten(0, 1), local_targets.flatten())
+    loss.backward()
+    applied.sync_gradients()
+    torch.optim.AdamW(applied.parameters(), lr=1e-3).step()
+
+    reference_loss = F.cross_entropy(reference_logits[local].flatten(0, 1), targets[local].flatten())
+    errors = {
+        "logits": _relative_error(applied.gather_sequence(_full(logits)), reference_logits[local]),
+        "loss": _relative_error(applied.context_parallel.average(loss), reference_loss),
+    }
+    reference_parameters = dict(reference.named_parameters())
+    for name, parameter in applied.module.named_parameters():
+        grad = _full(parameter.grad) if parameter.grad is not None else torch.zeros(parameter.shape)
+        errors[f"grad:{name}"] = _relative_error(grad, reference_grads[name])
+        errors[f"param:{name}"] = float((_full(parameter.detach()) - reference_parameters[name].detach()).abs().max())
+    return {"errors": errors, "local_tokens": int(local_tokens.shape[1])}
+
+
+def _run(config_fields: dict, *, spec_fields: dict | None = None, broken: bool = False) -> list[dict]:
+    from cost_model import ParallelConfig
+
+    world = ParallelConfig(**config_fields).world_size
+    return run_ranks(_cp_rank, world, args=(config_fields, spec_fields or {}, broken), timeout_s=120)
+
+
+def _worst(results: list[dict], prefix: str) -> tuple[float, str]:
+    worst = (0.0, "")
+    for result in results:
+        for key, value in result["errors"].items():
+            if key.startswith(prefix) and value > worst[0]:
+                worst = (value, key)
+    return worst
+
+
+def _assert_parity(results: list[dict], *, cp: int) -> None:
+    assert all(result["local_tokens"] == SEQUENCE_TOKENS // cp for result in results)
+    assert all(sum(key.startswith("grad:") for key in result["errors"]) > 10 for result in results)
+    for prefix, tolerance in (("logits", GRADIENT_TOLERANCE), ("loss", GRADIENT_TOLERANCE), ("grad:", GRADIENT_TOLERANCE)):
+        value, key = _worst(results, prefix)
+        assert value <= tolerance, f"{key}: relative error {value:.3g} > {tolerance}"
+    value, key = _worst(results, "param:")
+    assert value <= PARAMETER_TOLERANCE, f"{key}: error {value:.3g} after one AdamW step > {PARAMETER_TOLERANCE}"
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    ("config_fields", "spec_fields"),
+    [
+        pytest.param({"cp": 2}, {}, id="cp2-mla"),
+        pytest.param({"cp": 2}, {"attention": "gqa"}, id="cp2-gqa"),
+        pytest.param({"cp": 2, "tp": 2}, {}, id="cp2xtp2"),
+        pytest.param({"cp": 2, "ep": 2}, {}, id="cp2xep2"),
+        pytest.param({"dp": 2, "cp": 2, "zero_stage": 2}, {"attention": "gqa"}, id="fsdp-dp2xcp2"),
+    ],
+)
+def test_context_parallel_step_equals_reference(config_fields, spec_fields):
+    _assert_parity(_run(config_fields, spec_fields=spec_fields), cp=config_fields["cp"])
+
+
+@pytest.mark.distributed
+def test_local_positions_fail_the_same_check():
+    """Negative control: a causal mask (and RoPE) on local token positions breaks parity."""
+    results = _run({"cp": 2}, broken=True)
+    value, key = _worst(results, "logits")
+    assert value > GRADIENT_TOLERANCE * 100, (key, value)
+    with pytest.raises(AssertionError):
+        _assert_parity(results, cp=2)
+
+
+# ----------------------------------------------------------------------------- single process
+def test_zigzag_chunks_cover_the_sequence_and_balance_causal_work():
+    import torch
+
+    from autoparallel.runtime._context_parallel import zigzag_positions
+
+    for cp in (1, 2, 4):
+        parts = [zigzag_positions(sequence_tokens=32, cp=cp, rank=r) for r in range(cp)]
+        assert torch.equal(torch.cat(parts).sort().values, torch.arange(32))
+        work = {int((part + 1).sum()) for part in parts}  # keys each rank's queries see, causally
+        assert len(work) == 1, (cp, work)
+    assert zigzag_positions(sequence_tokens=8, cp=2, rank=0).tolist() == [0, 1, 6, 7]
+    assert zigzag_positions(sequence_tokens=8, cp=2, rank=1).tolist() == [2, 3, 4, 5]
+
+
+def test_sequence_length_not_a_multiple_of_2cp_is_rejected():
+    import torch
+
+    from autoparallel.runtime import ReferenceMoETransformer, check_plan_fits, tiny_reference_spec
+    from autoparallel.runtime._context_parallel import ContextParallel
+    from autoparallel.testing import plan_for_config
+    from cost_model import ParallelConfig, Training
+
+    context = ContextParallel(group=None, rank=0, size=2)
+    with pytest.raises(ValueError, match=r"input sequence length \(6\) must be a positive multiple of 2\*cp \(4\)"):
+        context.shard(torch.zeros(1, 6, dtype=torch.long))
+    spec = tiny_reference_spec(num_layers=2)
+    workload = Training(sequence_length_tokens=6, global_batch_sequences=2)
+    plan = plan_for_config(spec, ParallelConfig(cp=2), workload=workload)
+    with pytest.raises(ValueError, match=r"workload.sequence_length_tokens \(6\).*2\*cp \(4\)"):
+        check_plan_fits(ReferenceMoETransformer(spec, device="meta"), plan)
+
+
+def test_generation_under_context_parallel_is_a_clear_error():
+    from autoparallel.runtime import KVCache, ReferenceMoETransformer, check_plan_fits, tiny_reference_spec
+    from autoparallel.runtime._context_parallel import ContextParallel
+    from autoparallel.runtime._model import Attention
+    from autoparallel.testing import plan_for_config
+    from cost_model import Inference, ParallelConfig
+
+    spec = tiny_reference_spec(num_layers=2)
+    inference = Inference(prompt_tokens=16, output_tokens=16, concurrency=1)
+    plan = plan_for_config(spec, ParallelConfig(cp=2), workload=inference)
+    with pytest.raises(ValueError, match=r"cp \(2\) must be 1 for an inference plan"):
+        check_plan_fits(ReferenceMoETransformer(spec, device="meta"), plan)
+    model = ReferenceMoETransformer(spec)
+    model.init_weights(seed=0)
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.sequence_context = ContextParallel(group=None, rank=0, size=2)
+    import torch
+
+    with pytest.raises(ValueError, match=r"KV cache is not supported under context parallel"):
+        model(torch.zeros(1, 4, dtype=torch.long), KVCache(capacity_tokens=8))
+
+
+def test_module_without_context_attention_is_rejected():
+    from torch import nn
+
+    from autoparallel.runtime._context_parallel import check_context_parallel_module
+
+    with pytest.raises(ValueError, match=r"cp \(2\) > 1 needs attention modules .*Sequential has none"):
+        check_context_parallel_module(nn.Sequential(nn.Linear(2, 2)), cp=2)
+    check_context_parallel_module(nn.Sequential(nn.Linear(2, 2)), cp=1)
