@@ -13,7 +13,8 @@ Every rank builds the same model from the plan's model name, ``apply_plan`` shar
 stages, tensor / expert / data parallel, as the plan says), and the loop runs forward, backward,
 the gradient sync the plan needs, and an AdamW step. Rank 0 prints the loss of every step.
 The data is synthetic (a fixed set of random sequences the model learns to reproduce): replace
-``synthetic_batch`` with your data loader, sliced by the rank's data-parallel coordinate.
+``synthetic_batch`` with your data loader, sliced by the rank's data-parallel coordinate
+(and, under context parallel, by ``applied.shard_inputs`` into the rank's tokens of each sequence).
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ def train(args: argparse.Namespace) -> list[float]:
     inputs, targets = synthetic_batch(plan=plan, vocab_size=spec.vocab_size, seed=args.seed)
     replicas, replica = plan.config.dp, applied.meshes.coordinate("dp")
     inputs, targets = (t.chunk(replicas)[replica].to(device) for t in (inputs, targets))
+    # Under context parallel (cp > 1) each rank keeps two chunks of every sequence (r and 2*cp-1-r).
+    inputs, targets = applied.shard_inputs(inputs, targets)
 
     rank, losses = dist.get_rank(), []
     if rank == 0:

@@ -1,5 +1,5 @@
 """Context parallel training equals the single-process reference: cp2 (MLA, GQA), cp2 x tp2,
-cp2 x ep2, dp2 x cp2 under FSDP; a causal mask on local positions fails the same check.
+cp2 x ep2, dp2 x cp2 under FSDP, pp2 x cp2; a causal mask on local positions fails the same check.
 
 Every rank builds the same reference model, applies a plan made by the plan API
 (``autoparallel.testing.plan_for_config``), takes its data-parallel slice of the batch and its
@@ -65,6 +65,26 @@ def _break_positions(applied) -> None:
                 submodule.sequence_context = broken
 
 
+def _step(applied, tokens, targets, loss_fn):
+    """One training step on this rank's tokens; (logits, loss) or (None, None) off the last stage."""
+    import torch
+
+    pipeline = applied.pipeline
+    if pipeline is None:
+        logits = applied.module(tokens)
+        loss = loss_fn(logits, targets)
+        loss.backward()
+    elif pipeline.is_first:
+        logits, loss = pipeline.schedule.step(tokens), None
+    else:
+        losses: list = []
+        logits = pipeline.schedule.step(target=targets, losses=losses)
+        loss = torch.stack(losses).mean()
+    applied.sync_gradients()
+    torch.optim.AdamW(applied.parameters(), lr=1e-3).step()
+    return (logits, loss) if pipeline is None or pipeline.is_last else (None, None)
+
+
 def _cp_rank(rank: int, world_size: int, config_fields: dict, spec_fields: dict, broken: bool) -> dict:
     import torch
     import torch.nn.functional as F
@@ -84,7 +104,8 @@ def _cp_rank(rank: int, world_size: int, config_fields: dict, spec_fields: dict,
     tokens = torch.randint(0, spec.vocab_size, shape, generator=generator)
     targets = torch.randint(0, spec.vocab_size, shape, generator=generator)
 
-    applied = apply_plan(model, plan)
+    loss_fn = lambda logits, target: F.cross_entropy(logits.flatten(0, 1), target.flatten())  # noqa: E731
+    applied = apply_plan(model, plan, loss_fn=loss_fn, num_micro_batches=2 if config.pp > 1 else None)
     if broken:
         _break_positions(applied)
     dp_index = applied.meshes.coordinate("dp")
@@ -92,19 +113,15 @@ def _cp_rank(rank: int, world_size: int, config_fields: dict, spec_fields: dict,
     local_tokens, local_targets = applied.shard_inputs(tokens[local], targets[local])
     reference_logits, reference_grads = _reference_step(reference, tokens, targets)
 
-    logits = applied.module(local_tokens)
-    loss = F.cross_entropy(logits.flatten(0, 1), local_targets.flatten())
-    loss.backward()
-    applied.sync_gradients()
-    torch.optim.AdamW(applied.parameters(), lr=1e-3).step()
+    logits, loss = _step(applied, local_tokens, local_targets, loss_fn)
 
     reference_loss = F.cross_entropy(reference_logits[local].flatten(0, 1), targets[local].flatten())
-    errors = {
-        "logits": _relative_error(applied.gather_sequence(_full(logits)), reference_logits[local]),
-        "loss": _relative_error(applied.context_parallel.average(loss), reference_loss),
-    }
+    errors = {}
+    if logits is not None:  # the last pipeline stage (every rank without pipeline parallel)
+        errors["logits"] = _relative_error(applied.gather_sequence(_full(logits)), reference_logits[local])
+        errors["loss"] = _relative_error(applied.context_parallel.average(loss), reference_loss)
     reference_parameters = dict(reference.named_parameters())
-    for name, parameter in applied.module.named_parameters():
+    for name, parameter in (item for module in applied.modules for item in module.named_parameters()):
         grad = _full(parameter.grad) if parameter.grad is not None else torch.zeros(parameter.shape)
         errors[f"grad:{name}"] = _relative_error(grad, reference_grads[name])
         errors[f"param:{name}"] = float((_full(parameter.detach()) - reference_parameters[name].detach()).abs().max())
@@ -135,6 +152,7 @@ def _assert_parity(results: list[dict], *, cp: int) -> None:
         assert value <= tolerance, f"{key}: relative error {value:.3g} > {tolerance}"
     value, key = _worst(results, "param:")
     assert value <= PARAMETER_TOLERANCE, f"{key}: error {value:.3g} after one AdamW step > {PARAMETER_TOLERANCE}"
+    assert any("logits" in result["errors"] for result in results)
 
 
 @pytest.mark.distributed
@@ -146,6 +164,7 @@ def _assert_parity(results: list[dict], *, cp: int) -> None:
         pytest.param({"cp": 2, "tp": 2}, {}, id="cp2xtp2"),
         pytest.param({"cp": 2, "ep": 2}, {}, id="cp2xep2"),
         pytest.param({"dp": 2, "cp": 2, "zero_stage": 2}, {"attention": "gqa"}, id="fsdp-dp2xcp2"),
+        pytest.param({"pp": 2, "cp": 2}, {}, id="pp2xcp2"),
     ],
 )
 def test_context_parallel_step_equals_reference(config_fields, spec_fields):
@@ -160,6 +179,33 @@ def test_local_positions_fail_the_same_check():
     assert value > GRADIENT_TOLERANCE * 100, (key, value)
     with pytest.raises(AssertionError):
         _assert_parity(results, cp=2)
+
+
+def _train_example_rank(rank: int, world_size: int, plan_path: str) -> list[float]:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "train_moe.py"
+    spec = importlib.util.spec_from_file_location("example_train_moe_cp", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example.train(example.parse_args(["--plan", plan_path, "--steps", "6"]))
+
+
+@pytest.mark.distributed
+def test_train_example_runs_a_cp2_plan(tmp_path):
+    """``examples/train_moe.py``'s loop under a cp2 x ep2 plan: every rank sees the same global
+    loss (mean over the cp ranks' local-token losses), and it falls."""
+    import autoparallel as ap
+    from autoparallel.testing import plan_for_config
+    from cost_model import ParallelConfig, Training
+
+    workload = Training(sequence_length_tokens=16, global_batch_sequences=4)
+    plan = plan_for_config(ap.get_model("tiny-moe"), ParallelConfig(cp=2, ep=2), workload=workload)
+    results = run_ranks(_train_example_rank, 2, args=(str(plan.save(tmp_path / "plan.json")),), timeout_s=120)
+    assert results[0] == pytest.approx(results[1], rel=1e-6)
+    losses = results[0]
+    assert len(losses) == 6 and losses[-1] < 0.9 * losses[0], losses
 
 
 # ----------------------------------------------------------------------------- single process
