@@ -169,7 +169,9 @@ def _check_context_parallel(module: nn.Module, plan: ShardingPlan) -> None:
     check_context_parallel_module(module, cp=cp)
     workload = plan.provenance.workload
     if workload.get("kind") == "inference":
-        raise ValueError(f"cp ({cp}) must be 1 for an inference plan: generation under context parallel is not supported")
+        raise ValueError(
+            f"cp ({cp}) must be 1 for an inference plan: generation under context parallel is not supported"
+        )
     if workload.get("sequence_length_tokens") is not None:
         check_sequence_length(int(workload["sequence_length_tokens"]), cp, field="workload.sequence_length_tokens")
 
