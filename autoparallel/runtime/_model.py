@@ -218,7 +218,9 @@ class Attention(nn.Module):
             return torch.arange(offset, offset + seq, device=x.device)
         return context.positions(seq, device=x.device)
 
-    def _gather_keys(self, x: torch.Tensor, *keys: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
+    def _gather_keys(
+        self, x: torch.Tensor, *keys: torch.Tensor
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
         """Keys/values of every cp rank and their global positions (unchanged, ``None``, without cp)."""
         context = self.sequence_context
         if context is None:
