@@ -32,6 +32,13 @@ measured ``EstimateOptions.routing_imbalance`` if larger; redundant experts cost
 and the skew they fix in real routing is not modelled. Inference has
 no backward pass, optimizer or gradients: none of those parts exist here.
 
+Matmuls are rooflines of their FLOPs and weight bytes; the memory passes between them (norms,
+casts to the GEMM dtype, RoPE and MLA's re-expanded keys and values, the MoE permute, activation
+and combine reduction, residual adds: ``_inference_ops.*_side_bytes``) are separate memory-bound
+kernels whose time adds. In a prefill pass, hidden communication holds
+``COMMUNICATION_SM_FRACTION`` of the SMs while it runs, so compute takes that fraction of the
+hidden time longer; decode's low-latency all-to-all holds none.
+
 Efficiencies come from the device's shipped calibration (``_common.Calibration``, shared with
 training): matmuls at ``matmul_efficiency``, core attention at ``attention_efficiency``, and a
 prefill pass pays ``kernel_overhead_s`` per kernel launched (``_training.kernels_per_layer``);
@@ -229,6 +236,18 @@ def _attention_dtype(s: _Setup) -> str:
     return _first_available(s.cluster.device, (s.workload.activation_dtype,))
 
 
+def _cast_bytes(s: _Setup) -> float:
+    """Bytes of a GEMM input element: activations are cast to FP8/INT8 for W8A8 matmuls."""
+    return min(dtype_bytes(_matmul_dtype(s)), dtype_bytes(s.workload.activation_dtype))
+
+
+def _memory_pass(s: _Setup, bytes_moved) -> np.ndarray:
+    """Time of memory-bound element-wise kernels moving ``bytes_moved``."""
+    return op_time_s(
+        flops=0.0, bytes_moved=bytes_moved, hardware=s.cluster.device, dtype=_attention_dtype(s), calibration=s.calibration
+    )
+
+
 def _dispatch_bytes(s: _Setup) -> float:
     """Tokens travel to FP8 experts already quantized (DeepEP FP8 dispatch)."""
     fp8 = s.workload.weight_dtype == "fp8" or s.workload.activation_dtype == "fp8"
@@ -263,11 +282,14 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     head_tokens = p.batch * p.head_tokens / s.column("cp") * np.where(s.attention_dp, tp, 1.0)
     w_head = model.vocab_size * model.hidden_size / tp
     head = _mm(s, 2 * w_head * head_tokens, w_head * wb + head_tokens * model.vocab_size / tp * ops.LOGIT_BYTES)
-    elementwise = ops.ELEMENTWISE_VECTORS_PER_LAYER * model.hidden_size * act * attention_tokens
-    memory_only = op_time_s(
-        flops=0.0, bytes_moved=elementwise, hardware=s.cluster.device, dtype=_attention_dtype(s), calibration=s.calibration
-    )
-    total = total + lay.has_lm_head * head + lay.layers * memory_only
+    cast = _cast_bytes(s)
+    attention_side = ops.attention_side_bytes(model, decode=p.decode, act=act, cast=cast, shard=s.shard) * attention_tokens
+    if not p.decode:  # cached prefix tokens re-expanded for explicit-form MLA
+        prefix_tokens = p.batch * p.cached_tokens / s.column("cp")
+        attention_side = attention_side + ops.prefix_expansion_bytes(model, act=act, shard=s.shard) * prefix_tokens
+    dense_side = ops.dense_ffn_side_bytes(model, model.ffn_hidden_size / tp, act=act, cast=cast)
+    total = total + lay.has_lm_head * head + lay.layers * _memory_pass(s, attention_side)
+    total = total + lay.dense_layers * _memory_pass(s, dense_side * dense_tokens)
     if p.decode:  # decode steps replay CUDA graphs: no per-kernel launch cost
         return total
     launches = lay.dense_layers * s.kernels_per_layer[0] + lay.moe_layers * s.kernels_per_layer[1]
@@ -279,7 +301,7 @@ def _moe_time(s: _Setup, attention_tokens: np.ndarray, rank_tokens: np.ndarray) 
     model, moe = s.model, s.model.moe
     if moe is None:
         return np.zeros_like(attention_tokens)
-    wb, act, h = dtype_bytes(s.workload.weight_dtype), dtype_bytes(s.workload.activation_dtype), model.hidden_size
+    wb, act = dtype_bytes(s.workload.weight_dtype), dtype_bytes(s.workload.activation_dtype)
     ep, etp = s.column("ep"), s.column("etp")
     router = _mm(s, 2.0 * model.router_parameters() * rank_tokens, model.router_parameters() * wb)
     w_shared = moe.num_shared_experts * model.ffn_parameters(moe.shared_ffn_size) / s.shard
@@ -290,9 +312,11 @@ def _moe_time(s: _Setup, attention_tokens: np.ndarray, rank_tokens: np.ndarray) 
     w_expert = model.ffn_parameters(moe.expert_ffn_hidden_size) / etp
     slots = (moe.num_routed_experts + s.column("num_redundant_experts")) / ep
     touched = ops.experts_touched_fraction(group_tokens, top_k=moe.top_k, num_experts=moe.num_routed_experts)
-    activation_bytes = assignments * 3.0 * moe.expert_ffn_hidden_size / etp * act + 2 * assignments * h * act
-    routed = _mm(s, 2 * w_expert * assignments, slots * touched * w_expert * wb + activation_bytes)
-    return router + shared + routed
+    routed = _mm(s, 2 * w_expert * assignments, slots * touched * w_expert * wb)
+    cast = _cast_bytes(s)
+    passes = ops.routed_bytes_per_assignment(model, act=act, cast=cast, etp=etp) * assignments
+    passes = passes + ops.moe_token_bytes(model, act=act, cast=cast, shard=s.shard) * attention_tokens
+    return router + shared + routed + _memory_pass(s, passes)
 
 
 def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
@@ -411,6 +435,8 @@ def _pass_parts(s: _Setup, p: ops.Pass) -> tuple[dict[str, np.ndarray], dict[str
     scale = np.minimum(hideable, busy) / np.where(hideable > 0, hideable, 1.0)
     hidden = {kind: raw[kind] * fractions[kind] * scale for kind in _COMM_PARTS}
     exposed = {part: raw[part] - hidden.get(part, 0.0) for part in INFERENCE_TIME_PARTS}
+    if not p.decode:  # the hidden traffic's kernels hold SMs: compute runs slower meanwhile
+        exposed["compute"] = exposed["compute"] + ops.COMMUNICATION_SM_FRACTION * sum(hidden.values())
     slowest = np.argmax(sum(exposed.values()), axis=0)[None, :]
     pp = s.column("pp")
 

@@ -26,6 +26,11 @@ Sources:
   * Experts touched by ``n`` tokens each choosing ``k`` of ``E``: ``E*(1-(1-k/E)^n)``.
   * Most loaded of ``m`` EP ranks when tokens route uniformly at random (balls into bins,
     Raab & Steger 1998): mean + sqrt(2 mean ln m).
+  * Memory passes between matmuls (``*_side_bytes``): every tensor one kernel writes and the next
+    reads, at the activation width, counted once written and once read; the casts to the GEMM
+    input dtype are kernels of their own (DeepGEMM README: "FP8 casting ... must be handled
+    separately") unless fused into the norm or activation before them, as counted here. They
+    are memory-bound and add to the matmuls' time rather than hiding under their roofline.
 """
 
 from __future__ import annotations
@@ -37,8 +42,10 @@ import numpy as np
 from cost_model._common import mean_attended_tokens
 from cost_model._model_spec import ModelSpec
 
-#: RMSNorm, residual add and RoPE read and write about 12 hidden-size vectors per token per layer.
-ELEMENTWISE_VECTORS_PER_LAYER = 12.0
+#: While hidden communication runs, its kernels hold SMs the matmuls would otherwise use:
+#: DeepSeek-V3 (arXiv:2412.19437, sec. 3.2.2) gives 20 of the H800's 132 SMs to the EP all-to-all.
+#: DeepEP's low-latency (decode) kernels overlap through a receive hook and hold no SM (DeepEP README).
+COMMUNICATION_SM_FRACTION = 20.0 / 132.0
 #: Logits are materialized in fp32 before sampling.
 LOGIT_BYTES = 4.0
 
@@ -149,3 +156,77 @@ def live_activation_elements_per_token(model: ModelSpec, attention_shard: np.nda
     if model.moe is not None:
         ffn = max(ffn, model.moe.shared_ffn_size * model.moe.num_shared_experts, model.moe.expert_ffn_hidden_size)
     return 3.0 * h + np.maximum(attention_width / attention_shard, 3.0 * ffn / attention_shard)
+
+
+def _gated(model: ModelSpec) -> float:
+    return 2.0 if model.ffn_activation == "swiglu" else 1.0
+
+
+def ffn_block_bytes(model: ModelSpec, width, *, act: float, cast: float) -> np.ndarray:
+    """Memory passes of one FFN (dense, or a token's shared experts) of inner ``width`` per token:
+    gate/up output written and read by the activation, which writes the down projection's input
+    in the GEMM dtype; the down projection's output written."""
+    width = np.asarray(width, dtype=np.float64)
+    up = _gated(model) * width
+    return 2.0 * up * act + width * cast + model.hidden_size * act
+
+
+def attention_side_bytes(model: ModelSpec, *, decode: bool, act: float, cast: float, shard) -> np.ndarray:
+    """Memory passes of one attention block per token on one attention rank (heads split over
+    ``shard``): the pre-norm (fused with the cast), MLA's low-rank latents and their norms,
+    queries, keys and values (MLA prefill re-expands keys and values per head through
+    ``kv_b_proj``; MLA decode works on the absorbed latent, DeepSeek-V2 sec. 2.1.2), the
+    attention output and its cast, and the output projection plus residual add (4 vectors)."""
+    a, h = model.attention, model.hidden_size
+    shard = np.asarray(shard, dtype=np.float64)
+    quant = 1.0 if cast < act else 0.0
+    low_rank = 0.0
+    if a.kind == "mla":
+        latents = a.q_lora_rank + a.kv_lora_rank
+        low_rank = 2.0 * (latents + a.qk_rope_head_dim) * act + latents * cast
+    queries, output = a.num_heads * a.qk_head_dim / shard, a.num_heads * a.value_head_dim / shard
+    if a.kind == "mla" and decode:  # queries absorbed into, and outputs read back from, the latent
+        keys_values = a.num_heads * (2 * a.kv_lora_rank + a.qk_rope_head_dim) / shard
+    else:
+        heads = a.num_heads if a.kind == "mla" else a.num_kv_heads
+        split = shard if a.kind == "mla" else kv_head_split(model, shard)
+        keys_values = heads * (a.qk_head_dim + a.value_head_dim) / split
+    per_head = 2.0 * (queries + keys_values) * act + output * (act + quant * (act + cast))
+    return h * (act + cast) + low_rank + per_head + 4.0 * h * act
+
+
+def routed_bytes_per_assignment(model: ModelSpec, *, act: float, cast: float, etp) -> np.ndarray:
+    """Memory passes of one token copy on the expert rank that computes it: the dispatched copy
+    written by the all-to-all, permuted into the grouped GEMM's contiguous layout (read, write;
+    DeepGEMM contiguous layout), the expert FFN (its inner width split over ``etp``), and the
+    output un-permuted and weighted into the combine buffer (read, write)."""
+    moe, h = model.moe, model.hidden_size
+    width = moe.expert_ffn_hidden_size / np.asarray(etp, dtype=np.float64)
+    return 3.0 * h * cast + ffn_block_bytes(model, width, act=act, cast=cast) + 2.0 * h * act
+
+
+def moe_token_bytes(model: ModelSpec, *, act: float, cast: float, shard) -> np.ndarray:
+    """Memory passes of one MoE block per token on its attention rank: the pre-norm (fused with
+    the cast for the dispatch), the shared experts (split over ``shard``), the ``top_k``
+    combined copies written by the all-to-all and read by the weighted reduction, and the
+    residual add of the routed and shared outputs (4 vectors)."""
+    moe, h = model.moe, model.hidden_size
+    shared = moe.num_shared_experts * moe.shared_ffn_size / np.asarray(shard, dtype=np.float64)
+    shared_bytes = np.where(shared > 0, ffn_block_bytes(model, shared, act=act, cast=cast), 0.0)
+    return h * (act + cast) + shared_bytes + 2.0 * moe.top_k * h * act + h * act + 4.0 * h * act
+
+
+def dense_ffn_side_bytes(model: ModelSpec, width, *, act: float, cast: float) -> np.ndarray:
+    """Memory passes of a dense FFN block per token: pre-norm with cast, the FFN, residual add."""
+    h = model.hidden_size
+    return h * (act + cast) + ffn_block_bytes(model, width, act=act, cast=cast) + 4.0 * h * act
+
+
+def prefix_expansion_bytes(model: ModelSpec, *, act: float, shard) -> np.ndarray:
+    """Explicit-form MLA prefill writes, then attention reads, each cached prefix token's per-head
+    keys and values re-expanded from its latent (``prefix_upprojection_flops_per_token``); other
+    attention kinds read their cached keys and values as they are."""
+    a = model.attention
+    if a.kind != "mla":
+        return np.zeros_like(np.asarray(shard, dtype=np.float64))
+    return 2.0 * a.num_heads * (a.qk_head_dim + a.value_head_dim) * act / np.asarray(shard, dtype=np.float64)

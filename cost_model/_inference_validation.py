@@ -19,7 +19,11 @@ Efficiencies are the shared calibration of the device (``cost_model/data/calibra
 the H800 is the H100's GH100 die, so it takes the H100-class entry fitted on the Megatron H100
 training rows. Nothing here is fitted on these two rows: they are an out-of-sample check.
 The published figures are 24-hour production averages, while the model predicts what a fully
-loaded unit serves; requests' prompt lengths are known only through their means.
+loaded unit serves; requests' prompt lengths are known only through their means. Prefill
+attention grows with the square of a prompt's length and every layer's all-to-all waits for the
+busiest of the 32 attention ranks, so a spread of prompt lengths costs more than the mean prompt
+the model prices (DeepSeek's prefill load balancer exists for this); the model has no input for
+that spread, and the prefill row stays above its published figure (see ``validate``).
 """
 
 from __future__ import annotations

@@ -273,3 +273,41 @@ def test_disaggregation_balances_the_two_pools() -> None:
     assert half.prefill_devices + half.decode_devices < split.prefill_devices + split.decode_devices
     with pytest.raises(InfeasiblePlanError, match="devices"):
         disaggregated_split(model=REF, cluster=H100_1024, workload=workload, prefill=prefill, decode=decode, num_devices=256)
+
+
+def test_hidden_prefill_traffic_slows_compute_by_its_sm_share() -> None:
+    """Two-batch-overlap prefill: compute pays COMMUNICATION_SM_FRACTION of the hidden all-to-all
+    time; a faster network hides less and the compute part shrinks by exactly that share."""
+    from cost_model._inference_ops import COMMUNICATION_SM_FRACTION
+
+    table = table_from_columns(dp=32, ep=32, attention_data_parallel=True, batch_size=4, phase=1, two_batch_overlap=True)
+    cluster = get_preset("hgx-h800", num_nodes=4)
+    network = cluster.inter_node
+    faster = cluster.model_copy(update={"inter_node": network.model_copy(update={"bandwidth_bytes_per_s": 4 * network.bandwidth_bytes_per_s})})
+    base, fast = (_run(table, model=DSV3, cluster=c) for c in (cluster, faster))
+    hidden_drop = base["hidden.prefill_ep_comm"][0] - fast["hidden.prefill_ep_comm"][0]
+    assert hidden_drop > 0 and base["time.prefill_ep_comm"][0] == fast["time.prefill_ep_comm"][0] == 0.0
+    compute_drop = base["time.prefill_compute"][0] - fast["time.prefill_compute"][0]
+    assert compute_drop == pytest.approx(COMMUNICATION_SM_FRACTION * hidden_drop, rel=1e-9)
+    decode = _run(table_from_columns(dp=32, ep=32, attention_data_parallel=True, batch_size=64, phase=2, two_batch_overlap=True), model=DSV3, cluster=cluster)
+    decode_fast = _run(table_from_columns(dp=32, ep=32, attention_data_parallel=True, batch_size=64, phase=2, two_batch_overlap=True), model=DSV3, cluster=faster)
+    assert decode["time.decode_compute"][0] == decode_fast["time.decode_compute"][0]  # low-latency kernels hold no SM
+
+
+def test_memory_passes_follow_the_attention_form_the_cast_and_the_shard() -> None:
+    from cost_model._inference_ops import attention_side_bytes, moe_token_bytes, routed_bytes_per_assignment
+
+    h, a = DSV3.hidden_size, DSV3.attention
+    prefill = attention_side_bytes(DSV3, decode=False, act=2.0, cast=1.0, shard=1.0)
+    decode = attention_side_bytes(DSV3, decode=True, act=2.0, cast=1.0, shard=1.0)
+    # explicit prefill re-expands per-head keys and values; absorbed decode moves latent-wide ones
+    assert decode - prefill == 2.0 * a.num_heads * (2 * a.kv_lora_rank + a.qk_rope_head_dim - a.qk_head_dim - a.value_head_dim) * 2.0
+    gqa = [attention_side_bytes(LLAMA, decode=d, act=2.0, cast=2.0, shard=8.0) for d in (False, True)]
+    assert gqa[0] == gqa[1]  # one form for both phases
+    by_shard = [attention_side_bytes(DSV3, decode=False, act=2.0, cast=1.0, shard=t) for t in (1.0, 2.0, 4.0)]
+    assert by_shard[0] - by_shard[1] == pytest.approx(2 * (by_shard[1] - by_shard[2])) and by_shard[2] < by_shard[1]  # heads split over tp
+    bf16 = attention_side_bytes(DSV3, decode=False, act=2.0, cast=2.0, shard=1.0)
+    assert bf16 < prefill  # no cast kernel before the output projection outweighs the wider GEMM inputs
+    routed = routed_bytes_per_assignment(DSV3, act=2.0, cast=1.0, etp=1.0)
+    assert 3 * h * 1.0 + 3 * h * 2.0 < routed < 3 * h * 1.0 + 3 * h * 2.0 + 5 * DSV3.moe.expert_ffn_hidden_size * 2.0
+    assert moe_token_bytes(DSV3, act=2.0, cast=1.0, shard=1.0) > 2 * DSV3.moe.top_k * h * 2.0
