@@ -2,8 +2,9 @@
 
 Order of passes (each one reads only the plan and the meshes): checks -> meshes -> pipeline cut
 (``_pipeline``) -> tensor/sequence parallel (``_tensor_parallel``) -> expert parallel
-(``_expert_parallel``) -> data parallel (``_data_parallel``) -> pipeline schedule. Every check that
-can fail on user input runs before the first collective.
+(``_expert_parallel``) -> context parallel (``_context_parallel``) -> data parallel over dp x cp
+(``_data_parallel``) -> pipeline schedule. Every check that can fail on user input runs before the
+first collective.
 """
 
 from __future__ import annotations
@@ -244,8 +245,10 @@ def apply_plan(
     Mutates ``module``: with pp > 1 the layers of other stages are dropped (and, with virtual
     stages, chunk modules sharing its submodules are made); tp-split weights become DTensors;
     routed-expert containers keep only this rank's experts and MoE blocks get an all-to-all
-    dispatcher; under FSDP (zero_stage >= 1) weights become dp-sharded DTensors. Parameter FQNs
-    are unchanged. Applying a plan twice to one module is an error (``ValueError``), not a no-op.
+    dispatcher; under FSDP (zero_stage >= 1) weights become dp-sharded DTensors (dp x cp with
+    context parallel); with cp > 1 attention modules get a ``sequence_context`` that gathers K/V
+    over cp (feed each rank ``AppliedPlan.shard_inputs`` of its batch). Parameter FQNs are
+    unchanged. Applying a plan twice to one module is an error (``ValueError``), not a no-op.
 
     Needs one process per rank (torchrun or ``autoparallel.testing.run_ranks``); initializes
     the default process group if needed (``backend``, else the device's default). Weights may
