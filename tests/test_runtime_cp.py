@@ -272,3 +272,21 @@ def test_module_without_context_attention_is_rejected():
     with pytest.raises(ValueError, match=r"cp \(2\) > 1 needs attention modules .*Sequential has none"):
         check_context_parallel_module(nn.Sequential(nn.Linear(2, 2)), cp=2)
     check_context_parallel_module(nn.Sequential(nn.Linear(2, 2)), cp=1)
+
+
+def test_fsdp_over_dp_x_cp_needs_increasing_ranks():
+    """FSDP shards over dp x cp flattened: a placement out of rank order there is refused."""
+    from autoparallel.runtime import tiny_reference_spec
+    from autoparallel.runtime._mesh import mesh_rank_layout
+    from autoparallel.testing import plan_for_config
+    from cost_model import ParallelConfig
+
+    spec = tiny_reference_spec(num_layers=2)
+    for zero_stage in (0, 2):
+        plan = plan_for_config(spec, ParallelConfig(dp=2, cp=2, zero_stage=zero_stage))
+        swapped = plan.model_copy(update={"rank_to_device": (0, 2, 1, 3)})  # dp and cp each still increase
+        if zero_stage == 0:
+            assert mesh_rank_layout(swapped).flatten().tolist() == [0, 2, 1, 3]
+        else:
+            with pytest.raises(ValueError, match=r"dp x cp group out of increasing rank order"):
+                mesh_rank_layout(swapped)
