@@ -15,7 +15,7 @@ import torch.distributed as dist  # noqa: E402
 from autoparallel._plan import ModuleRule  # noqa: E402
 from autoparallel.runtime import ReferenceMoETransformer, apply_plan, tiny_reference_spec  # noqa: E402
 from autoparallel.testing import plan_for_config, run_ranks  # noqa: E402
-from cost_model import ParallelConfig  # noqa: E402
+from cost_model import Inference, ParallelConfig  # noqa: E402
 
 
 @pytest.fixture()
@@ -67,8 +67,10 @@ def test_rule_matching_no_module(spec, no_process_group):
 
 
 def test_unsupported_and_conflicting(spec, no_process_group):
-    plan = plan_for_config(spec, ParallelConfig(tp=2, cp=2))
-    with pytest.raises(ValueError, match=r"cp \(2\) must be 1"):
+    # Context parallel trains (tests/test_runtime_cp.py); generating under it is refused.
+    serving = Inference(prompt_tokens=16, output_tokens=16, concurrency=1)
+    plan = plan_for_config(spec, ParallelConfig(tp=2, cp=2), workload=serving)
+    with pytest.raises(ValueError, match=r"cp \(2\) must be 1 for an inference plan"):
         apply_plan(_model(spec), plan)
     plan = plan_for_config(spec, ParallelConfig(tp=2))
     conflicting = plan.module_rules + (ModuleRule(pattern="*.o_proj", style="colwise"),)
