@@ -2,9 +2,9 @@
 
 Layout (load-balanced, "two chunks per rank"): a sequence of ``S`` tokens is cut into ``2*cp``
 chunks of ``S / (2*cp)`` tokens and cp rank ``r`` holds chunks ``r`` and ``2*cp - 1 - r``, so
-under a causal mask every rank does the same attention work (Megatron-core's context parallel;
-Liu et al., Ring Attention, arXiv:2310.01889, with the zigzag balance of Brandon et al.,
-arXiv:2311.09431).
+under a causal mask every rank does the same attention work (the layout of Llama 3, Dubey et al.
+2024, arXiv:2407.21783 sec. 3.3.2, and of Megatron-core's context parallel, whose ring exchange
+is Liu et al.'s Ring Attention, arXiv:2310.01889).
 
 Attention gathers keys and values over the cp group (Llama 3: Dubey et al. 2024, "The Llama 3
 Herd of Models", arXiv:2407.21783 sec. 3.3.2, all-gather K/V then attend locally): each rank's
