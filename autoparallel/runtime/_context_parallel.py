@@ -12,13 +12,16 @@ queries attend to every key of the sequence with the causal mask drawn from *glo
 and RoPE rotates queries and keys by their global positions. MLA gathers its compressed latent
 and RoPE key (the tensors its KV cache holds) rather than the expanded K/V; GQA gathers K and V
 of its (local) KV heads. The gather's backward is a reduce-scatter (sum) of the gradients, so a
-key's gradient from every rank's queries reaches the rank that computed the key.
+key's gradient from every rank's queries reaches the rank that computed the key. Each rank
+receives the other ``cp - 1`` ranks' K/V once per layer forward (and sends back their gradients
+once), the same bytes a ring exchange moves, which is what the cost model prices.
 
 Everything outside attention works token by token on the local tokens. Each rank's loss is the
 mean over its local tokens; every rank holds ``S / cp`` tokens of each sequence, so the mean of
 the cp ranks' losses is the loss over the whole sequence, and averaging gradients over the
 ``dp x cp`` ranks (data parallel's replica mesh, ``replica_mesh``) gives its gradient, exactly as
-averaging over dp does for the batch. Expert gradients are divided by ``dp * cp`` likewise
+averaging over dp does for the batch (every target counts; with ignored targets, weight each
+rank's loss by its share of the counted tokens). Expert gradients are divided by ``dp * cp`` likewise
 (``ExpertParallelGroups.loss_replicas``).
 """
 
