@@ -14,7 +14,9 @@ and RoPE key (the tensors its KV cache holds) rather than the expanded K/V; GQA 
 of its (local) KV heads. The gather's backward is a reduce-scatter (sum) of the gradients, so a
 key's gradient from every rank's queries reaches the rank that computed the key. Each rank
 receives the other ``cp - 1`` ranks' K/V once per layer forward (and sends back their gradients
-once), the same bytes a ring exchange moves, which is what the cost model prices.
+once), the same bytes a ring exchange of those tensors moves. For GQA that is what the cost
+model's ring prices; for MLA the cost model prices the expanded K/V (Megatron-core's MLA with
+CP), more bytes than the latent gathered here.
 
 Everything outside attention works token by token on the local tokens. Each rank's loss is the
 mean over its local tokens; every rank holds ``S / cp`` tokens of each sequence, so the mean of
