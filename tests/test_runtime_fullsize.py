@@ -1,8 +1,16 @@
-"""Full-size ref-3t-moe on the meta device: parameter count, and a 1,024-rank plan applied with the
-``fake`` process-group backend (one process, shapes only)."""
+"""Full-size ref-3t-moe on the meta device: parameter count, and a 1,024-rank plan applied on every
+rank with the ``fake`` process-group backend (shapes only).
+
+Each rank builds only its own part of the model (``build_for_rank``: its pipeline stage, its
+experts), as a real launch does, then ``apply_plan`` shards it; every local parameter shape is
+compared with the plan's split and the rank's weight bytes with the cost model's. The ranks are
+shared between two forked worker processes.
+"""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import re
 
 import numpy as np
@@ -16,6 +24,8 @@ torch = pytest.importorskip("torch")
 WORLD_SIZE = 1024
 CONFIG = ParallelConfig(pp=8, dp=16, tp=8, ep=64, etp=2, sequence_parallel=True, zero_stage=0, pipeline_schedule="1f1b")
 BYTES_PER_PARAMETER = 2  # bf16 weights
+WORKERS = 2
+TIMEOUT_S = 900
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +40,12 @@ def plan(spec):
     return plan_for_config(spec, CONFIG)
 
 
-@pytest.fixture(scope="module")
-def global_shapes(spec):
+def _global_shapes(spec) -> dict[str, tuple[int, ...]]:
     """Unsharded shape of every parameter, by FQN with layer and expert ids normalized."""
     from autoparallel.runtime import ReferenceMoETransformer
 
     small = spec.model_copy(update={"num_layers": spec.moe.num_dense_layers + 1})
-    model = ReferenceMoETransformer(small, device="meta")
+    model = ReferenceMoETransformer(small, experts=[0], device="meta")
     return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 
@@ -46,7 +55,8 @@ def _global_name(name: str, spec) -> str:
         return name
     layer = int(match.group(1))
     representative = layer if layer < spec.moe.num_dense_layers else spec.moe.num_dense_layers
-    return f"model.layers.{representative}.{match.group(2)}"
+    name = f"model.layers.{representative}.{match.group(2)}"
+    return re.sub(r"\.experts\.\d+\.", ".experts.0.", name)
 
 
 def _expected_local_shape(name: str, shape: tuple[int, ...], config: ParallelConfig) -> tuple[int, ...]:
@@ -66,65 +76,101 @@ def _expected_local_shape(name: str, shape: tuple[int, ...], config: ParallelCon
     return tuple(local)
 
 
-def _predicted_weight_bytes(spec, plan, stage: int) -> float:
+def _predicted_weight_bytes(spec, plan) -> dict[int, float]:
+    """The cost model's weight bytes per device, by pipeline stage."""
     from cost_model._common import STAGES, parameters_per_device
     from cost_model._table import configs_to_table
 
     parts = parameters_per_device(model=spec, table=configs_to_table([plan.config]))
-    row = STAGES.index("first" if stage == 0 else "last" if stage == plan.config.pp - 1 else "middle")
-    return float(sum(part[row, 0] for part in parts.values())) * BYTES_PER_PARAMETER
+
+    def row(stage: int) -> int:
+        return STAGES.index("first" if stage == 0 else "last" if stage == plan.config.pp - 1 else "middle")
+
+    return {
+        stage: float(sum(part[row(stage), 0] for part in parts.values())) * BYTES_PER_PARAMETER
+        for stage in range(plan.config.pp)
+    }
 
 
-def _apply_on_rank(rank: int, spec, plan, model=None):
+def _apply_on_rank(rank: int, spec, plan, global_shapes) -> dict:
+    """Build rank ``rank``'s part, apply the plan under a fake process group, and check every
+    local parameter shape against the plan's split; returns what the parent asserts on."""
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from autoparallel.runtime import ReferenceMoETransformer, apply_plan
+    from autoparallel.runtime import apply_plan, build_for_rank
 
     dist.init_process_group("fake", rank=rank, world_size=WORLD_SIZE, store=FakeStore())
     try:
-        if model is None:
-            model = ReferenceMoETransformer(spec, device="meta")
+        model = build_for_rank(spec, plan, rank=rank, device="meta")
         loss_fn = lambda logits, target: F.cross_entropy(logits.flatten(0, 1), target.flatten())  # noqa: E731
         applied = apply_plan(model, plan, loss_fn=loss_fn, num_micro_batches=8)
-        shapes = {}
-        for module in applied.modules:
-            for name, parameter in module.named_parameters():
-                local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
-                shapes[name] = (tuple(parameter.shape), tuple(local.shape))
-        coordinates = {axis: applied.meshes.coordinate(axis) for axis in ("pp", "dp", "tp", "ep", "etp")}
-        return shapes, coordinates
+        mismatches, local_elements, experts = [], 0, {}
+        for name, parameter in applied.module.named_parameters():
+            local = tuple((parameter.to_local() if hasattr(parameter, "to_local") else parameter).shape)
+            expected = _expected_local_shape(name, global_shapes[_global_name(name, spec)], plan.config)
+            if local != expected:
+                mismatches.append((name, local, expected))
+            local_elements += int(np.prod(local))
+            if match := re.match(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.", name):
+                experts.setdefault(int(match.group(1)), set()).add(int(match.group(2)))
+        names = [name for name, _ in applied.module.named_parameters()]
+        return {
+            "rank": rank,
+            "coordinates": {axis: applied.meshes.coordinate(axis) for axis in ("pp", "dp", "tp", "ep", "etp")},
+            "layers": {int(m.group(1)) for name in names if (m := re.match(r"model\.layers\.(\d+)\.", name))},
+            "embedding": "model.embed_tokens.weight" in names,
+            "lm_head": "lm_head.weight" in names,
+            "experts": experts,
+            "mismatches": mismatches,
+            "local_elements": local_elements,
+            "pipeline_stage": applied.pipeline.stages[0].stage_index,
+        }
     finally:
         dist.destroy_process_group()
 
 
+def _apply_on_ranks(ranks: list[int], spec, plan, global_shapes) -> list[dict]:
+    torch.set_num_threads(1)
+    return [_apply_on_rank(rank, spec, plan, global_shapes) for rank in ranks]
+
+
 @pytest.mark.slow
-def test_full_size_parameter_count_and_1024_rank_plan(spec, plan, global_shapes):
+def test_full_size_parameter_count(spec):
     from autoparallel.runtime import ReferenceMoETransformer
 
     full = ReferenceMoETransformer(spec, device="meta")
     assert sum(p.numel() for p in full.parameters()) == spec.num_parameters == 3_001_753_706_496
 
-    # The first rank (first stage, reusing the counted model) and the last rank (last stage, other
-    # dp/tp/ep/etp coordinates). Every rank of a stage holds the same shapes; which experts it
-    # holds follows its ep coordinate, checked here against the plan's placement.
-    for rank, model in ((0, full), (WORLD_SIZE - 1, None)):
-        shapes, coordinates = _apply_on_rank(rank, spec, plan, model)
+
+@pytest.mark.slow
+def test_1024_rank_plan_applied_on_every_rank(spec, plan):
+    global_shapes = _global_shapes(spec)
+    workers = max(1, min(WORKERS, os.cpu_count() or 1))
+    shares = [list(range(worker, WORLD_SIZE, workers)) for worker in range(workers)]
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        pending = pool.starmap_async(_apply_on_ranks, [(share, spec, plan, global_shapes) for share in shares])
+        results = [result for share in pending.get(timeout=TIMEOUT_S) for result in share]
+    assert sorted(r["rank"] for r in results) == list(range(WORLD_SIZE))
+
+    predicted = _predicted_weight_bytes(spec, plan)
+    placement = plan.expert_placement.expert_to_ranks
+    seen_coordinates = set()
+    for result in results:
+        rank, coordinates = result["rank"], result["coordinates"]
+        assert result["mismatches"] == [], (rank, result["mismatches"][:3])
         stage = coordinates["pp"]
         chunk = next(s for s in plan.stages if s.stage == stage)
-        layers = {int(m.group(1)) for name in shapes if (m := re.match(r"model\.layers\.(\d+)\.", name))}
-        assert layers == set(range(chunk.start_layer, chunk.stop_layer))
-        assert ("model.embed_tokens.weight" in shapes) == chunk.has_embedding
-        assert ("lm_head.weight" in shapes) == chunk.has_lm_head
-        held = {e for e, ranks in enumerate(plan.expert_placement.expert_to_ranks) if coordinates["ep"] in ranks}
-        for layer in layers - set(range(spec.moe.num_dense_layers)):
-            experts = {int(m.group(1)) for name in shapes if (m := re.match(rf"model\.layers\.{layer}\.mlp\.experts\.(\d+)\.", name))}
-            assert experts == held and len(held) == spec.moe.num_routed_experts // CONFIG.ep
-        local_elements = 0
-        for name, (_, local_shape) in shapes.items():
-            reference_shape = global_shapes[_global_name(name, spec)]
-            assert local_shape == _expected_local_shape(name, reference_shape, CONFIG), name
-            local_elements += int(np.prod(local_shape))
-        predicted = _predicted_weight_bytes(spec, plan, stage)
-        assert local_elements * BYTES_PER_PARAMETER == pytest.approx(predicted, rel=0.01), (rank, stage)
+        assert result["pipeline_stage"] == chunk.chunk
+        assert result["layers"] == set(range(chunk.start_layer, chunk.stop_layer)), rank
+        assert result["embedding"] == chunk.has_embedding and result["lm_head"] == chunk.has_lm_head, rank
+        held = {e for e, ranks in enumerate(placement) if coordinates["ep"] in ranks}
+        assert len(held) == spec.moe.num_routed_experts // CONFIG.ep
+        moe_layers = result["layers"] - set(range(spec.moe.num_dense_layers))
+        assert set(result["experts"]) == moe_layers and all(e == held for e in result["experts"].values()), rank
+        weight_bytes = result["local_elements"] * BYTES_PER_PARAMETER
+        assert weight_bytes == pytest.approx(predicted[stage], rel=0.01), (rank, stage)
+        seen_coordinates.add(tuple(coordinates.values()))
+    # Every rank sat at its own place in the (pp, dp, tp, ep, etp) grid.
+    assert len(seen_coordinates) == WORLD_SIZE

@@ -15,6 +15,7 @@ from autoparallel.runtime._model import (
     TokenDispatcher,
     tiny_reference_spec,
 )
+from autoparallel.runtime._rank_build import RankParts, build_for_rank, rank_parts
 
 __all__ = [
     "AppliedPlan",
@@ -23,12 +24,15 @@ __all__ = [
     "LocalDispatcher",
     "Meshes",
     "MoEBlock",
+    "RankParts",
     "ReferenceMoETransformer",
     "TokenDispatcher",
     "apply_plan",
+    "build_for_rank",
     "build_meshes",
     "check_plan_fits",
     "default_device_type",
     "greedy_generate",
+    "rank_parts",
     "tiny_reference_spec",
 ]

@@ -29,6 +29,7 @@ from autoparallel.runtime._context_parallel import (
 )
 from autoparallel.runtime._data_parallel import DataParallel, apply_data_parallel
 from autoparallel.runtime._mesh import Meshes, build_meshes, mesh_rank_layout
+from autoparallel.runtime._rank_build import check_rank_part, is_rank_part, whole_module_names
 from autoparallel.runtime._tensor_parallel import TensorParallel, apply_tensor_parallel, match_rules, walk_modules
 
 __all__ = ["AppliedPlan", "apply_plan", "check_plan_fits"]
@@ -116,6 +117,13 @@ def _launched_world_size() -> int | None:
     return int(value) if value else None
 
 
+def _launched_rank() -> int | None:
+    if dist.is_initialized():
+        return dist.get_rank()
+    value = os.environ.get("RANK")
+    return int(value) if value else None
+
+
 def _count_layers(module: nn.Module) -> int | None:
     layers = getattr(getattr(module, "model", module), "layers", None)
     return len(layers) if isinstance(layers, (nn.ModuleDict, nn.ModuleList)) else None
@@ -138,6 +146,15 @@ def _check_model(module: nn.Module, plan: ShardingPlan, walked: list[tuple[str, 
             f"module's model fingerprint ({spec.fingerprint()}, {spec.name!r}) differs from the plan's "
             f"({provenance.model_fingerprint}, {provenance.model_name!r}): the plan is for another model"
         )
+    if is_rank_part(module):  # built for one rank (``build_for_rank``): exactly that rank's parts
+        check_rank_part(module, plan, rank=_launched_rank())
+    else:
+        _check_counts(module, plan, walked)
+    if spec is not None and hasattr(spec, "attention"):
+        plan.config.validate_for(spec)
+
+
+def _check_counts(module: nn.Module, plan: ShardingPlan, walked: list[tuple[str, nn.Module]]) -> None:
     planned_layers = max((stage.stop_layer for stage in plan.stages), default=None)
     layers = _count_layers(module)
     if planned_layers is not None and layers is not None and layers != planned_layers:
@@ -148,8 +165,6 @@ def _check_model(module: nn.Module, plan: ShardingPlan, walked: list[tuple[str, 
         raise ValueError(
             f"module's MoE blocks hold {sorted(experts)} experts; the plan's expert placement has {placement.num_experts}"
         )
-    if spec is not None and hasattr(spec, "attention"):
-        plan.config.validate_for(spec)
 
 
 def _check_rules(module: nn.Module, plan: ShardingPlan, names: list[str]) -> dict[ModuleRule, list[str]]:
@@ -188,7 +203,9 @@ def check_plan_fits(module: nn.Module, plan: ShardingPlan) -> None:
     _check_context_parallel(module, plan)
     walked = walk_modules(module)
     _check_model(module, plan, walked)
-    _check_rules(module, plan, [name for name, _ in walked])
+    names = [name for name, _ in walked]
+    # A rank's part is checked against the whole model's names: rules may name other ranks' modules.
+    _check_rules(module, plan, names + whole_module_names(module) if is_rank_part(module) else names)
 
 
 # ----------------------------------------------------------------------------- passes

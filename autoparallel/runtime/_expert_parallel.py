@@ -45,6 +45,7 @@ __all__ = [
     "all_to_all",
     "apply_expert_parallel",
     "expert_placement_for",
+    "local_experts",
 ]
 
 logger = logging.getLogger(__name__)
@@ -211,7 +212,8 @@ def expert_placement_for(plan: ShardingPlan, *, num_experts: int) -> ExpertPlace
     return placement
 
 
-def _local_experts(placement: ExpertPlacement, ep_rank: int) -> tuple[int, ...]:
+def local_experts(placement: ExpertPlacement, ep_rank: int) -> tuple[int, ...]:
+    """Global ids of the experts EP rank ``ep_rank`` holds under ``placement``, ascending."""
     return tuple(e for e, ranks in enumerate(placement.expert_to_ranks) if ep_rank in ranks)
 
 
@@ -243,20 +245,22 @@ class AllToAllDispatcher:
     def __init__(self, *, placement: ExpertPlacement, groups: ExpertParallelGroups) -> None:
         self.placement, self.groups = placement, groups
         ep = placement.ep
-        held = [_local_experts(placement, rank) for rank in range(ep)]
-        self.local_experts = held[groups.ep_rank]
+        unique = [sorted(set(ranks)) for ranks in placement.expert_to_ranks]
+        held: list[list[int]] = [[] for _ in range(ep)]  # each EP rank's experts, ascending
+        for expert, ranks in enumerate(unique):
+            for rank in ranks:
+                held[rank].append(expert)
+        self.local_experts = tuple(held[groups.ep_rank])
         self.num_slots = max(len(experts) for experts in held)
-        widest = max(len(set(ranks)) for ranks in placement.expert_to_ranks)
-        owners = torch.zeros(placement.num_experts, widest, dtype=torch.long)
-        slot = torch.full((ep, placement.num_experts), -1, dtype=torch.long)
-        for expert, ranks in enumerate(placement.expert_to_ranks):
-            unique = sorted(set(ranks))
-            owners[expert, : len(unique)] = torch.tensor(unique)
-        for rank, experts in enumerate(held):
-            slot[rank, list(experts)] = torch.arange(len(experts))
-        self._owners = owners
-        self._num_replicas = torch.tensor([len(set(r)) for r in placement.expert_to_ranks], dtype=torch.long)
-        self._slot = slot
+        widest = max(len(ranks) for ranks in unique)
+        # owners[e, i]: the i-th EP rank holding expert e (padded with 0 past its replicas);
+        # slot[r, e]: expert e's index among rank r's experts (-1 where r does not hold it).
+        self._owners = torch.tensor([ranks + [0] * (widest - len(ranks)) for ranks in unique], dtype=torch.long)
+        self._num_replicas = torch.tensor([len(ranks) for ranks in unique], dtype=torch.long)
+        self._slot = torch.full((ep, placement.num_experts), -1, dtype=torch.long)
+        rows = [rank for rank, experts in enumerate(held) for _ in experts]
+        columns = [expert for experts in held for expert in experts]
+        self._slot[rows, columns] = torch.tensor([i for experts in held for i in range(len(experts))], dtype=torch.long)
         self.received_tokens: dict[int, int] = {expert: 0 for expert in self.local_experts}
 
     def __call__(self, tokens: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor, experts) -> torch.Tensor:
@@ -362,6 +366,30 @@ def _expert_containers(model: nn.Module, plan: ShardingPlan) -> list[tuple[str, 
     ]
 
 
+def _declared_experts(model: nn.Module, containers: list[tuple[str, nn.Module]]) -> set[int]:
+    """The model's routed-expert counts: a block's int ``num_experts`` where its container holds
+    fewer (a part built for one rank, see ``_rank_build``), else the container's length."""
+    counts = set()
+    for name, container in containers:
+        declared = getattr(_parent(model, name)[0], "num_experts", None)
+        counts.add(declared if isinstance(declared, int) and declared > len(container) else len(container))
+    return counts
+
+
+def _local_container(container: nn.Module, local: tuple[int, ...], *, name: str, num_experts: int) -> nn.ModuleDict:
+    """This rank's experts of ``container``: picked from all ``num_experts``, or, from a container
+    built with only some, checked to be exactly this rank's."""
+    items = container.items() if isinstance(container, nn.ModuleDict) else enumerate(container)
+    experts = {str(key): module for key, module in items}
+    if len(experts) < num_experts and set(experts) != {str(e) for e in local}:
+        held = sorted(int(key) for key in experts)
+        raise ValueError(
+            f"{name} holds experts {held}; this EP rank's experts under the plan are {list(local)} "
+            f"(missing {sorted(set(local) - set(held))}, extra {sorted(set(held) - set(local))})"
+        )
+    return nn.ModuleDict({str(e): experts[str(e)] for e in local})
+
+
 def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:
     parent_name, _, child = name.rpartition(".")
     return (model.get_submodule(parent_name) if parent_name else model), child
@@ -372,12 +400,13 @@ def _slice_linear(linear: nn.Module, *, dim: int, rank: int, parts: int, name: s
     weight = linear.weight
     if weight.shape[dim] % parts:
         raise ValueError(f"{name}.weight dim {dim} ({weight.shape[dim]}) must be divisible by etp ({parts})")
-    linear.weight = nn.Parameter(weight.detach().chunk(parts, dim=dim)[rank].clone(), requires_grad=weight.requires_grad)
+    size = weight.shape[dim] // parts
+    linear.weight = nn.Parameter(weight.detach().narrow(dim, rank * size, size).clone(), requires_grad=weight.requires_grad)
     bias = getattr(linear, "bias", None)
     if bias is not None:
         if dim == 1:
             raise ValueError(f"{name}.bias is not supported with etp ({parts}) > 1 (a row-sliced projection's bias)")
-        linear.bias = nn.Parameter(bias.detach().chunk(parts)[rank].clone(), requires_grad=bias.requires_grad)
+        linear.bias = nn.Parameter(bias.detach().narrow(0, rank * size, size).clone(), requires_grad=bias.requires_grad)
     attribute = "out_features" if dim == 0 else "in_features"
     if hasattr(linear, attribute):
         setattr(linear, attribute, linear.weight.shape[dim])
@@ -520,7 +549,8 @@ def apply_expert_parallel(
 
     Mutates ``model`` in place: each expert container (``*.experts``, a ModuleList or ModuleDict
     of expert FFNs) becomes an ``nn.ModuleDict`` keyed by global expert id holding only this
-    rank's experts (FQNs such as ``mlp.experts.5.gate_proj.weight`` are kept), each expert is
+    rank's experts (FQNs such as ``mlp.experts.5.gate_proj.weight`` are kept; a container
+    already holding fewer than its block's ``num_experts`` must hold exactly those), each expert is
     sliced over etp when ``etp > 1``, and the block's ``dispatcher`` attribute becomes an
     ``AllToAllDispatcher``. The MoE block must route through ``self.dispatcher(tokens,
     weights, expert_ids, self.experts)``, as the reference model in ``autoparallel.runtime``
@@ -545,7 +575,7 @@ def apply_expert_parallel(
     """
     groups = ExpertParallelGroups.from_meshes(plan=plan, moe_mesh=moe_mesh, dense_mesh=dense_mesh)
     containers = _expert_containers(model, plan)
-    num_experts = {len(container) for _, container in containers}
+    num_experts = _declared_experts(model, containers)
     if len(num_experts) > 1:
         raise ValueError(f"expert containers hold different numbers of experts: {sorted(num_experts)}")
     if not num_experts and plan.expert_placement is None:
@@ -558,9 +588,7 @@ def apply_expert_parallel(
         block, child = _parent(model, name)
         if not hasattr(block, "dispatcher"):
             _route_through_dispatcher(block, name=name.rpartition(".")[0])
-        items = container.items() if isinstance(container, nn.ModuleDict) else enumerate(container)
-        experts = {str(key): module for key, module in items}
-        local = nn.ModuleDict({str(e): experts[str(e)] for e in dispatcher.local_experts})
+        local = _local_container(container, dispatcher.local_experts, name=name, num_experts=count)
         if groups.etp_size > 1:
             for key, expert in local.items():
                 _shard_expert(expert, name=f"{name}.{key}", rank=groups.etp_rank, parts=groups.etp_size)

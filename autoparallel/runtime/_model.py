@@ -30,7 +30,7 @@ Sennrich (arXiv:1910.07467); SwiGLU, Shazeer (arXiv:2002.05202); top-k routing w
 from __future__ import annotations
 
 import zlib
-from typing import Callable, Literal, Protocol
+from typing import Callable, Iterable, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -341,17 +341,22 @@ class LocalDispatcher:
 
 class MoEBlock(nn.Module):
     """Routed experts (``experts``, a ``ModuleDict`` keyed by global expert id), shared experts
-    and the router ``gate``. ``dispatcher`` moves tokens to experts (``LocalDispatcher`` here)."""
+    and the router ``gate``. ``dispatcher`` moves tokens to experts (``LocalDispatcher`` here).
 
-    def __init__(self, spec: ModelSpec, *, scoring: RouterScoring, device=None, dtype=None) -> None:
+    ``experts`` (global ids) builds only those routed experts, as an expert-parallel rank holds
+    them; ``num_experts`` stays the model's count (the router scores all of them).
+    """
+
+    def __init__(
+        self, spec: ModelSpec, *, scoring: RouterScoring, experts: Iterable[int] | None = None, device=None, dtype=None
+    ) -> None:
         super().__init__()
         moe: MoESpec = spec.moe
         h, kw = spec.hidden_size, dict(device=device, dtype=dtype)
         self.num_experts = moe.num_routed_experts
         self.gate = Router(h, moe.num_routed_experts, top_k=moe.top_k, scoring=scoring, **kw)
-        self.experts = nn.ModuleDict(
-            {str(e): FeedForward(h, moe.expert_ffn_hidden_size, **kw) for e in range(moe.num_routed_experts)}
-        )
+        held = _held_ids(experts, moe.num_routed_experts, field="experts")
+        self.experts = nn.ModuleDict({str(e): FeedForward(h, moe.expert_ffn_hidden_size, **kw) for e in held})
         self.shared_experts = None
         if moe.num_shared_experts:
             self.shared_experts = FeedForward(h, moe.num_shared_experts * moe.shared_ffn_size, **kw)
@@ -373,14 +378,17 @@ class MoEBlock(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm block: ``h + attn(norm(h))`` then ``h + mlp(norm(h))``."""
 
-    def __init__(self, spec: ModelSpec, *, layer_index: int, scoring: RouterScoring, rope_theta: float, device=None, dtype=None) -> None:
+    def __init__(
+        self, spec: ModelSpec, *, layer_index: int, scoring: RouterScoring, rope_theta: float,
+        experts: Iterable[int] | None = None, device=None, dtype=None,
+    ) -> None:
         super().__init__()
         kw = dict(device=device, dtype=dtype)
         self.input_layernorm = RMSNorm(spec.hidden_size, **kw)
         self.self_attn = Attention(spec, layer_index=layer_index, rope_theta=rope_theta, **kw)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, **kw)
         if spec.is_moe_layer(layer_index):
-            self.mlp: nn.Module = MoEBlock(spec, scoring=scoring, **kw)
+            self.mlp: nn.Module = MoEBlock(spec, scoring=scoring, experts=experts, **kw)
         else:
             self.mlp = FeedForward(spec.hidden_size, spec.ffn_hidden_size, **kw)
 
@@ -390,17 +398,31 @@ class DecoderLayer(nn.Module):
 
 
 class _Backbone(nn.Module):
-    def __init__(self, spec: ModelSpec, *, scoring: RouterScoring, rope_theta: float, device=None, dtype=None) -> None:
+    def __init__(
+        self, spec: ModelSpec, *, scoring: RouterScoring, rope_theta: float, layers: tuple[int, ...],
+        experts: tuple[int, ...] | None, embedding: bool, norm: bool, device=None, dtype=None,
+    ) -> None:
         super().__init__()
         kw = dict(device=device, dtype=dtype)
-        self.embed_tokens: nn.Embedding | None = nn.Embedding(spec.vocab_size, spec.hidden_size, **kw)
+        self.embed_tokens: nn.Embedding | None = nn.Embedding(spec.vocab_size, spec.hidden_size, **kw) if embedding else None
         self.layers = nn.ModuleDict(
             {
-                str(i): DecoderLayer(spec, layer_index=i, scoring=scoring, rope_theta=rope_theta, **kw)
-                for i in range(spec.num_layers)
+                str(i): DecoderLayer(spec, layer_index=i, scoring=scoring, rope_theta=rope_theta, experts=experts, **kw)
+                for i in layers
             }
         )
-        self.norm: RMSNorm | None = RMSNorm(spec.hidden_size, **kw)
+        self.norm: RMSNorm | None = RMSNorm(spec.hidden_size, **kw) if norm else None
+
+
+def _held_ids(ids: Iterable[int] | None, count: int, *, field: str) -> tuple[int, ...]:
+    """``ids`` sorted (all of ``range(count)`` when ``None``); each must lie in ``[0, count)``."""
+    if ids is None:
+        return tuple(range(count))
+    held = tuple(sorted(set(ids)))
+    outside = [i for i in held if not 0 <= i < count]
+    if outside:
+        raise ValueError(f"{field} ({outside}) must be ids in [0, {count})")
+    return held
 
 
 def _check_family(spec: ModelSpec) -> None:
@@ -430,6 +452,12 @@ class ReferenceMoETransformer(nn.Module):
     model of any size); call ``init_weights(seed=...)`` for a deterministic initialization that
     is identical on every process. ``forward(input_ids)`` returns logits (batch, seq, vocab);
     with ``cache`` it attends to and extends the cached prefix.
+
+    A part of the model, as one rank of a plan holds it (``build_for_rank`` picks the parts):
+    ``layers`` (global layer ids, kept in FQNs: ``model.layers.17...``), ``experts`` (global
+    expert ids of every MoE layer), ``embedding`` and ``lm_head`` (the final norm goes with the
+    head). Without the embedding the forward takes hidden states; without the head it returns
+    them. ``spec`` stays the whole model's, so ``apply_plan`` recognizes a part by what it lacks.
     """
 
     def __init__(
@@ -440,14 +468,28 @@ class ReferenceMoETransformer(nn.Module):
         rope_theta: float = 10000.0,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        layers: Iterable[int] | None = None,
+        experts: Iterable[int] | None = None,
+        embedding: bool = True,
+        lm_head: bool = True,
     ) -> None:
         super().__init__()
         _check_family(spec)
+        if spec.tie_word_embeddings and embedding != lm_head:
+            raise ValueError(
+                f"embedding ({embedding}) and lm_head ({lm_head}) must be built together: the spec ties word embeddings"
+            )
+        if experts is not None and spec.moe is None:
+            raise ValueError(f"experts ({sorted(experts)}) must be None for a dense model ({spec.name!r})")
+        held_experts = None if experts is None else _held_ids(experts, spec.moe.num_routed_experts, field="experts")
         self.spec = spec
         kw = dict(device=device, dtype=dtype)
-        self.model = _Backbone(spec, scoring=router_scoring, rope_theta=rope_theta, **kw)
-        self.lm_head: nn.Linear | None = _linear(spec.hidden_size, spec.vocab_size, **kw)
-        if spec.tie_word_embeddings:
+        self.model = _Backbone(
+            spec, scoring=router_scoring, rope_theta=rope_theta, layers=_held_ids(layers, spec.num_layers, field="layers"),
+            experts=held_experts, embedding=embedding, norm=lm_head, **kw,
+        )
+        self.lm_head: nn.Linear | None = _linear(spec.hidden_size, spec.vocab_size, **kw) if lm_head else None
+        if spec.tie_word_embeddings and lm_head:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     @torch.no_grad()

@@ -53,8 +53,9 @@ def _shallow_copy(module: nn.Module) -> nn.Module:
     return clone
 
 
-def _check_layout(model: nn.Module, plan: ShardingPlan) -> None:
-    """The module must have the HF causal-LM layout with layers in a ModuleDict keyed by id."""
+def _check_layout(model: nn.Module, plan: ShardingPlan, pp_rank: int) -> None:
+    """The module must have the HF causal-LM layout with layers in a ModuleDict keyed by id:
+    the whole model's layers, or (a part built for one rank) exactly ``pp_rank``'s."""
     backbone = getattr(model, "model", None)
     layers = getattr(backbone, "layers", None)
     if not isinstance(layers, nn.ModuleDict) or not all(hasattr(backbone, n) for n in ("embed_tokens", "norm")):
@@ -63,11 +64,44 @@ def _check_layout(model: nn.Module, plan: ShardingPlan) -> None:
             "keyed by layer id), model.norm and lm_head to be split into pipeline stages"
         )
     expected = max((stage.stop_layer for stage in plan.stages), default=0)
-    if len(layers) != expected:
+    if _is_stage_part(model, expected):
+        _check_stage_part(model, plan, pp_rank)
+    elif len(layers) != expected:
         raise ValueError(f"module has {len(layers)} layers; the plan's stages cover {expected} layers")
     lm_head = getattr(model, "lm_head", None)
-    if plan.config.pp > 1 and lm_head is not None and lm_head.weight is backbone.embed_tokens.weight:
+    if plan.config.pp > 1 and lm_head is not None and lm_head.weight is getattr(backbone.embed_tokens, "weight", None):
         raise ValueError("tied embeddings (lm_head.weight is embed_tokens.weight) are not supported with pp > 1")
+
+
+def _is_stage_part(model: nn.Module, num_layers: int) -> bool:
+    """A model built with only some of its spec's ``num_layers`` layers, or without its embedding
+    or head (``ReferenceMoETransformer(..., layers=..., embedding=..., lm_head=...)``)."""
+    declared = getattr(getattr(model, "spec", None), "num_layers", None)
+    if declared != num_layers:
+        return False
+    backbone = model.model
+    return len(backbone.layers) != declared or backbone.embed_tokens is None or getattr(model, "lm_head", None) is None
+
+
+def _check_stage_part(model: nn.Module, plan: ShardingPlan, pp_rank: int) -> None:
+    """A stage part must hold exactly ``pp_rank``'s layers, embedding and head; else ValueError."""
+    chunks = stage_chunks(plan, pp_rank)
+    expected = {i for chunk in chunks for i in range(chunk.start_layer, chunk.stop_layer)}
+    held = {int(key) for key in model.model.layers}
+    if held != expected:
+        raise ValueError(
+            f"module holds layers {sorted(held)}; the plan gives pipeline rank {pp_rank} layers {sorted(expected)} "
+            f"(missing {sorted(expected - held)}, extra {sorted(held - expected)})"
+        )
+    for name, held_part, wanted in (
+        ("model.embed_tokens", model.model.embed_tokens is not None, any(c.has_embedding for c in chunks)),
+        ("lm_head", model.lm_head is not None, any(c.has_lm_head for c in chunks)),
+    ):
+        if held_part != wanted:
+            raise ValueError(
+                f"module {'holds' if held_part else 'lacks'} {name}; the plan's chunks of pipeline rank {pp_rank} "
+                f"{'include' if wanted else 'do not include'} it"
+            )
 
 
 def stage_chunks(plan: ShardingPlan, pp_rank: int) -> list[StageLayers]:
@@ -99,9 +133,10 @@ def split_stage_modules(model: nn.Module, *, plan: ShardingPlan, pp_rank: int) -
     With one chunk per rank the model itself is cut in place; with several, each chunk is a
     shallow copy sharing the model's submodules, and the model keeps only what its chunks use.
     Either way the layers (and embedding / head) of other ranks are dropped, so their memory
-    can be freed. Raises ``ValueError`` when the module does not match the plan's layers.
+    can be freed. A model built with only this rank's layers (``_rank_build.build_for_rank``)
+    is used as it is. Raises ``ValueError`` when the module does not match the plan's layers.
     """
-    _check_layout(model, plan)
+    _check_layout(model, plan, pp_rank)
     chunks = stage_chunks(plan, pp_rank)
     if len(chunks) == 1:
         return [(chunks[0], _cut(model, chunks[0], in_place=True))]
