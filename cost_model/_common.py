@@ -89,11 +89,16 @@ class EstimateOptions(BaseModel):
     dropout layers (their masks are stored: Korthikanti et al. 2022 sec. 4.1).
     ``routing_imbalance``: tokens of the busiest expert rank over the mean (>= 1).
     ``fragmentation_fraction``: allocator reserve as a fraction of the other memory parts.
+    ``fused_gradient_accumulation``: with fp32 main gradients, the weight-gradient GEMM adds
+    into them (Megatron-LM ``--gradient-accumulation-fusion``, on by default); off, every
+    micro-batch adds each low-precision gradient into its main gradient in a separate
+    memory-bound pass (Megatron-LM's unfused ``main_grad.add_(grad)`` hook).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     calibration: Calibration | None = None
+    fused_gradient_accumulation: bool = True
     flash_attention: bool = True
     hidden_dropout: bool = False
     attention_dropout: bool = False
@@ -280,7 +285,8 @@ def op_time_s(
 
     Achievable FLOP/s = peak(dtype) x ``hardware.gemm_efficiency(flops / calls)`` x the
     calibration's scale for ``kind`` (``matmul``, or ``attention`` for core-attention kernels);
-    achievable bandwidth = peak x ``hardware.memory_efficiency(bytes / calls)`` x the
+    achievable bandwidth = peak x ``hardware.memory_efficiency(bytes / calls)`` (for ``kind``
+    ``norm``: ``hardware.norm_efficiency``, a measured norm curve where there is one) x the
     calibration's memory scale.
     """
     flops = np.asarray(flops, dtype=np.float64)
@@ -289,7 +295,10 @@ def op_time_s(
     peak = hardware.peak_flops_for(dtype)
     scale = calibration.attention_scale(hardware) if kind == "attention" else calibration.matmul_scale(hardware)
     matmul = hardware.gemm_efficiency(flops / calls, dtype) * scale
-    memory = hardware.memory_efficiency(bytes_moved / calls) * calibration.memory_scale(hardware)
+    bandwidth = hardware.memory_efficiency
+    if kind == "norm" and hasattr(hardware, "norm_efficiency"):  # norm layers: their measured curve
+        bandwidth = hardware.norm_efficiency
+    memory = bandwidth(bytes_moved / calls) * calibration.memory_scale(hardware)
     compute_s = flops / (peak * matmul)
     memory_s = bytes_moved / (hardware.memory_bandwidth_bytes_per_s * memory)
     return np.maximum(compute_s, memory_s)

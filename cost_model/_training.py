@@ -216,10 +216,13 @@ def moe_ffn_time(ctx: TrainingContext) -> np.ndarray:
 
 def layer_elementwise_time(ctx: TrainingContext) -> np.ndarray:
     """Two norms (read+write), two residual adds (2 reads + write), hidden dropout (read, write,
-    1-byte mask) on the hidden-size activation; split over tp with sequence parallel."""
-    passes = 4.0 + 6.0 + (5.0 if ctx.options.hidden_dropout else 0.0)
+    1-byte mask) on the hidden-size activation; split over tp with sequence parallel. The norms
+    are priced as norm kernels (``op_time_s`` kind ``norm``: a measured norm curve if any)."""
+    passes = 6.0 + (5.0 if ctx.options.hidden_dropout else 0.0)
     tokens = np.where(ctx.sequence_parallel, ctx.tokens / ctx.column("tp"), ctx.tokens)
-    return ctx.op(0.0, tokens * ctx.model.hidden_size * passes * ACTIVATION_BYTES)
+    hidden = tokens * ctx.model.hidden_size * ACTIVATION_BYTES
+    norms = ctx.op(0.0, 2.0 * 2.0 * hidden, calls=2.0, kind="norm")
+    return ctx.op(0.0, hidden * passes) + norms
 
 
 def lm_head_time(ctx: TrainingContext) -> np.ndarray:
@@ -269,6 +272,46 @@ def tensor_parallel_host_time(ctx: TrainingContext) -> tuple[np.ndarray, np.ndar
     return (attention + 3.0) * per_linear, (attention + shared) * per_linear, per_linear
 
 
+def sharded_weights_per_rank(ctx: TrainingContext) -> np.ndarray:
+    """Tensor-parallel weight tensors of each pipeline rank (rows ``STAGES``): the linears of
+    ``tensor_parallel_host_time`` plus the vocab-parallel embedding and LM head; 0 with tp = 1."""
+    attention = 3.0 if ctx.model.attention.kind == "mla" else 4.0
+    moe = ctx.model.moe
+    shared = 3.0 if moe is not None and moe.num_shared_experts else 0.0
+    layout = ctx.layout
+    count = layout.dense_layers * (attention + 3.0) + layout.moe_layers * (attention + shared)
+    count = count + layout.has_embedding + layout.has_lm_head
+    return np.where(ctx.column("tp") > 1, count, 0.0)
+
+
+def layer_host_time(ctx: TrainingContext) -> tuple[np.ndarray, np.ndarray]:
+    """Measured host seconds of one (dense, MoE) layer, forward + backward, beyond its kernels'
+    work (``HardwareSpec.layer_host_time_s``: dispatch and autograd bookkeeping of every
+    operator, the intercept of layer time versus work); zeros without a measured profile."""
+    device = ctx.cluster.device
+    if not hasattr(device, "layer_host_time_s"):
+        return np.zeros_like(ctx.tokens), np.zeros_like(ctx.tokens)
+    moe = ctx.model.moe
+    experts = 0.0 if moe is None else moe.num_routed_experts / ctx.column("ep")
+    dense, moe_layer = device.layer_host_time_s(np.broadcast_to(experts, ctx.tokens.shape))
+    return dense, moe_layer
+
+
+def gradient_accumulation_time(ctx: TrainingContext) -> np.ndarray:
+    """Unfused main-gradient accumulation of one micro-batch on each pipeline rank (rows
+    ``STAGES``; ``EstimateOptions.fused_gradient_accumulation``): per parameter, read the 2-byte
+    gradient and read + write the fp32 main gradient. The profile's measured curve prices it
+    where there is one, else the memory roofline; zero when fused or without fp32 main grads."""
+    if ctx.options.fused_gradient_accumulation or not ctx.workload.master_weights_fp32:
+        return np.zeros(ctx.layout.layers.shape)
+    moved = sum(ctx.parameters.values()) * (ACTIVATION_BYTES + 2.0 * ctx.grad_bytes)
+    device = ctx.cluster.device
+    measured = device.gradient_accumulation_time_s(moved) if hasattr(device, "gradient_accumulation_time_s") else None
+    if measured is None:
+        return ctx.op(0.0, moved)
+    return np.asarray(measured) / ctx.calibration.memory_scale(device)
+
+
 # ---------------------------------------------------------------------------- per micro-batch
 @dataclass(frozen=True)
 class MicroBatchTimes:
@@ -287,13 +330,15 @@ def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatc
     dense_launches, moe_launches = kernels_per_layer(ctx)
     overhead = ctx.calibration.kernel_overhead_s
     dense_sharded, moe_sharded, per_sharded = tensor_parallel_host_time(ctx)
+    dense_host, moe_host = layer_host_time(ctx)  # forward + backward: a third here, as backward = 2 x forward
     common = attention_projection_time(ctx) + layer_elementwise_time(ctx)
-    dense_layer = common + core + dense_ffn_time(ctx) + dense_launches * overhead + dense_sharded
-    moe_layer = common + core + moe_ffn_time(ctx) + moe_launches * overhead + moe_sharded
+    dense_layer = common + core + dense_ffn_time(ctx) + dense_launches * overhead + dense_sharded + dense_host / 3.0
+    moe_layer = common + core + moe_ffn_time(ctx) + moe_launches * overhead + moe_sharded + moe_host / 3.0
     layers_forward = layout.dense_layers * dense_layer + layout.moe_layers * moe_layer
     ends = layout.has_embedding * (embedding_time(ctx) + per_sharded) + layout.has_lm_head * (lm_head_time(ctx) + per_sharded)
     core_backward_factor = 2.5 if ctx.options.flash_attention else 2.0
     backward = 2.0 * (layers_forward + ends) + (core_backward_factor - 2.0) * layout.layers * core
+    backward = backward + gradient_accumulation_time(ctx)
     code = np.asarray(ctx.table["recompute"])
     recompute = np.where(
         code == RECOMPUTE_CODES["full"], layers_forward,
@@ -357,6 +402,9 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
     }
     # Forward activation and backward gradient send/recv per micro-batch and model chunk.
     pp_comm = 2.0 * m * ctx.column("virtual_stages") * times.pp_p2p
+    # Each micro-batch's schedule actions on a stage cost host time beyond the send/recv.
+    schedule_s = getattr(ctx.cluster.device, "pipeline_micro_batch_s", 0.0)
+    pp_comm = pp_comm + np.where(ctx.column("pp") > 1, m * ctx.column("virtual_stages") * schedule_s, 0.0)
     columns["time.pp_comm"], columns["hidden.pp_comm"] = pp_comm, np.zeros_like(pp_comm)
     dp_exposed, dp_hidden, optimizer = _dp_and_optimizer(ctx, free_compute=free, times=times)
     columns["time.dp_comm"], columns["hidden.dp_comm"], columns["time.optimizer"] = dp_exposed, dp_hidden, optimizer
@@ -387,11 +435,24 @@ def _dp_and_optimizer(ctx: TrainingContext, *, free_compute: np.ndarray, times: 
     window = np.where(zero == 3, ctx.num_micro_batches, 1.0) * free_compute
     hidden = _hidden(comm, fraction=ctx.calibration.overlap_fraction("dp_comm"), window=window)
     states = np.where(zero >= 1, dense / dp_cp + expert / edp, dense + expert)
-    optimizer = ctx.op(0.0, states * _optimizer_update_bytes(ctx))
+    optimizer = _optimizer_time(ctx, states * _optimizer_update_bytes(ctx))
     total = comm - hidden + optimizer
     worst = np.argmax(total, axis=0)[None, :]
     take = lambda rows: np.take_along_axis(rows, worst, axis=0)[0]  # noqa: E731
     return take(comm - hidden), take(hidden), take(optimizer)
+
+
+def _optimizer_time(ctx: TrainingContext, update_bytes: np.ndarray) -> np.ndarray:
+    """One optimizer step moving ``update_bytes``: the profile's measured optimizer curve (scaled
+    like any measured memory-bound curve by the calibration) where there is one, else the
+    memory roofline; plus the measured extra update cost of each tensor-parallel weight."""
+    device = ctx.cluster.device
+    measured = device.optimizer_time_s(update_bytes) if hasattr(device, "optimizer_time_s") else None
+    if measured is None:
+        seconds = ctx.op(0.0, update_bytes)
+    else:
+        seconds = np.asarray(measured) / ctx.calibration.memory_scale(device)
+    return seconds + sharded_weights_per_rank(ctx) * getattr(device, "sharded_parameter_update_s", 0.0)
 
 
 def _optimizer_update_bytes(ctx: TrainingContext) -> float:

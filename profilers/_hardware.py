@@ -78,7 +78,7 @@ def _curve(rows: list[tuple[float, Timing, str]], source: str) -> MeasuredCurve:
 def count_points(grid: ProfileGrid, world_size: int) -> int:
     """How many points ``profile_hardware`` measures (for a progress bar's total)."""
     collectives = collective_points(ops=grid.collective_ops, message_bytes=grid.collective_bytes, world_size=world_size)
-    return len(operator_points(grid)) + (len(collectives) + 1 if world_size > 1 else 0) + 1
+    return len(operator_points(grid)) + (len(collectives) + 3 if world_size > 1 else 0) + 3
 
 
 def profile_hardware(*, grid: ProfileGrid, progress: Progress | None = None, clock: str = "auto") -> HardwareProfile:
@@ -111,6 +111,9 @@ def profile_hardware(*, grid: ProfileGrid, progress: Progress | None = None, clo
         sharded_curve = _sharded_curve(grid=grid, device=device, source=source)
         sharded = float(sorted(sharded_curve.seconds)[len(sharded_curve.seconds) // 2])
         advance("tensor-parallel module overhead")
+    updates = _update_curves(grid=grid, device=device, source=source, clock=clock)
+    advance("optimizer update and gradient accumulation")
+    host = _host_overhead(grid=grid, device=device, source=source, clock=clock, world=world, advance=advance)
     by_dtype = lambda family: {key: _curve(rows, source) for (fam, key), rows in families.items() if fam == family}
     return HardwareProfile(
         device_type=device.type,
@@ -130,7 +133,64 @@ def profile_hardware(*, grid: ProfileGrid, progress: Progress | None = None, clo
         memory=_curve(families[("memory", "")], source),
         norm=_curve(families[("norm", "")], source) if families.get(("norm", "")) else None,
         collectives=collectives,
+        optimizer=updates[0],
+        gradient_accumulation=updates[1],
+        host=host,
     )
+
+
+def _training_dtype(grid: ProfileGrid) -> torch.dtype:
+    from profilers._ops import TORCH_DTYPES
+
+    return TORCH_DTYPES["bf16" if "bf16" in grid.dtypes else "fp32"]  # the training precision when measured
+
+
+def _mean_seconds(values: list[float]) -> list[float]:
+    """Each value averaged over the ranks (they measured at the same time, as in a real step)."""
+    if not _distributed():
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(tensor)
+    return (tensor / dist.get_world_size()).tolist()
+
+
+def _update_curves(*, grid: ProfileGrid, device: torch.device, source: str, clock: str) -> tuple[MeasuredCurve, MeasuredCurve]:
+    """(optimizer, gradient accumulation) curves (``profilers._host``)."""
+    from profilers._host import update_points
+
+    if _distributed():
+        dist.barrier()
+    curves = []
+    for rows in update_points(parameters=grid.optimizer_parameters, device=device, dtype=_training_dtype(grid),
+                              clock=clock, warmup=grid.warmup, repeats=grid.repeats):
+        seconds = _mean_seconds([s for _, s, _ in rows])
+        timings = [(work, Timing(median_s=t, p10_s=t, p90_s=t, repeats=grid.repeats), label)
+                   for (work, _, label), t in zip(rows, seconds)]
+        curves.append(_curve(timings, source))
+    return curves[0], curves[1]
+
+
+def _host_overhead(*, grid: ProfileGrid, device: torch.device, source: str, clock: str, world: int, advance: Progress):
+    """``HostOverhead``: layer host costs on every rank (averaged), and with ranks the
+    tensor-parallel weight update and pipeline micro-batch costs (``profilers._host``)."""
+    from profilers._host import layer_host_seconds, pipeline_micro_batch_seconds, sharded_update_seconds
+    from topology._hardware_profile import HostOverhead
+
+    if _distributed():
+        dist.barrier()
+    layers = layer_host_seconds(device=device, dtype=_training_dtype(grid), clock=clock, warmup=grid.warmup,
+                                repeats=grid.repeats)
+    names = sorted(layers)
+    fields = dict(zip(names, _mean_seconds([layers[name] for name in names])))
+    advance("decoder layer host cost")
+    if world > 1:
+        fields["sharded_parameter_update_s"] = sharded_update_seconds(
+            device=device, dtype=_training_dtype(grid), clock=clock, warmup=grid.warmup, repeats=grid.repeats)
+        advance("tensor-parallel weight update")
+        fields["pipeline_micro_batch_s"] = pipeline_micro_batch_seconds(device=device, warmup=grid.warmup,
+                                                                        repeats=grid.repeats)
+        advance("pipeline schedule per micro-batch")
+    return HostOverhead(**fields, source=source + ", runtime modules at a vanishing size")
 
 
 def _sharded_curve(*, grid: ProfileGrid, device: torch.device, source: str) -> MeasuredCurve:

@@ -8,7 +8,8 @@ Work per call (the x axis of every curve):
     2·H·(D + D) FLOPs per attended key with (S + 1) / 2 keys per query on average — the same
     count as ``cost_model.ModelSpec.attention_flops_per_token``.
   * grouped expert GEMM, E experts x T tokens each, hidden h, expert FFN f: 2·E·T·h·f FLOPs.
-  * element-wise ``a + b`` over N elements: 3·N·bytes (two reads, one write); RMS norm: 2·N·bytes.
+  * element-wise ``a + b`` over N elements: 3·N·bytes (two reads, one write); RMS norm (the
+    runtime's module, forward + backward, training precision): 3 x 2·N·bytes.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ class ProfileGrid(BaseModel):
     memory_elements: tuple[int, ...] = (1024, 16384, 262144, 1048576, 4194304)
     collective_bytes: tuple[int, ...] = (4096, 65536, 1048576, 8388608)
     collective_ops: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
+    optimizer_parameters: tuple[int, ...] = Field(
+        default=(2**12, 2**15, 2**18, 2**21, 2**24), description="parameters per optimizer-update point"
+    )
     warmup: int = Field(default=2, ge=0)
     repeats: int = Field(default=7, ge=1)
 
@@ -66,7 +70,8 @@ class ProfileGrid(BaseModel):
 _TINY = dict(
     dtypes=("fp32", "bf16"), gemm_sizes=(16, 64, 128), attention_sequence_tokens=(32, 64), expert_tokens=(4, 16),
     num_experts=4, expert_hidden_size=32, expert_ffn_hidden_size=64, memory_elements=(1024, 65536),
-    collective_bytes=(4096, 65536), collective_ops=("all_reduce", "send_recv"), warmup=1, repeats=3,
+    collective_bytes=(4096, 65536), collective_ops=("all_reduce", "send_recv"), optimizer_parameters=(2**10, 2**14),
+    warmup=1, repeats=3,
 )
 _CPU = dict(gemm_max_flops_low_precision=2 * 256**3)
 _GPU = dict(
@@ -76,7 +81,7 @@ _GPU = dict(
     attention_num_heads=16, attention_head_dim=128,
     expert_tokens=(16, 64, 256, 1024, 4096), num_experts=16, expert_hidden_size=4096, expert_ffn_hidden_size=2048,
     memory_elements=(2**16, 2**20, 2**24, 2**27),
-    collective_bytes=(2**16, 2**20, 2**24, 2**27), warmup=5, repeats=15,
+    collective_bytes=(2**16, 2**20, 2**24, 2**27), optimizer_parameters=(2**18, 2**22, 2**26, 2**28), warmup=5, repeats=15,
 )
 
 
@@ -139,21 +144,34 @@ def _grouped_point(tokens: int, dtype: str, grid: ProfileGrid) -> Point:
     return Point("grouped_gemm", dtype, label, 2.0 * experts * tokens * hidden * ffn, build)
 
 
-def _memory_points(elements: int) -> list[Point]:
+def _memory_points(elements: int, norm_dtype: str = "fp32") -> list[Point]:
     def build_add(device: torch.device) -> Callable[[], object]:
         a, b = torch.randn(elements, device=device), torch.randn(elements, device=device)
         return lambda: torch.add(a, b)
 
-    def build_norm(device: torch.device) -> Callable[[], object]:
-        width = min(elements, 1024)
-        x = torch.randn(elements // width, width, device=device)
-        weight = torch.ones(width, device=device)
-        return lambda: torch.nn.functional.rms_norm(x, (width,), weight)
+    width = min(elements, 1024)
+    dtype = TORCH_DTYPES[norm_dtype]
 
-    normed = (elements // min(elements, 1024)) * min(elements, 1024)
+    def build_norm(device: torch.device) -> Callable[[], object]:
+        from autoparallel.runtime._model import RMSNorm
+
+        norm = RMSNorm(width, device=device, dtype=dtype)
+        x = torch.randn(elements // width, width, device=device, dtype=dtype, requires_grad=True)
+        grad = torch.randn(elements // width, width, device=device, dtype=dtype)
+
+        def call() -> None:
+            norm(x).backward(grad)
+            norm.weight.grad = x.grad = None
+
+        return call
+
+    normed = (elements // width) * width
+    element = torch.empty((), dtype=dtype).element_size()
     return [
         Point("memory", "", f"add N={elements}", 3.0 * 4 * elements, build_add),
-        Point("norm", "", f"rms_norm N={elements}", 2.0 * 4 * normed, build_norm),
+        # Work: the forward's read + write, x 3 for forward + backward (backward = 2 x forward,
+        # as the cost model prices every layer operator).
+        Point("norm", "", f"runtime RMSNorm fwd+bwd N={elements} {norm_dtype}", 3.0 * 2.0 * element * normed, build_norm),
     ]
 
 
@@ -166,8 +184,9 @@ def operator_points(grid: ProfileGrid) -> list[Point]:
                 points.append(_gemm_point(size, dtype))
         points += [_attention_point(tokens, dtype, grid) for tokens in grid.attention_sequence_tokens]
         points += [_grouped_point(tokens, dtype, grid) for tokens in grid.expert_tokens]
+    norm_dtype = "bf16" if "bf16" in grid.dtypes else "fp32"  # the training precision when measured
     for elements in grid.memory_elements:
-        points += _memory_points(elements)
+        points += _memory_points(elements, norm_dtype)
     return points
 
 

@@ -40,7 +40,8 @@ TIME_TOLERANCE, MEMORY_TOLERANCE = 0.25, 0.15
 CLOCKS = ("wall", "cpu")
 _CLOCK = {"wall": "wall", "cpu": "thread"}
 #: The reference model passes an explicit causal mask to SDPA: the math path, scores stored.
-ESTIMATE_OPTIONS = {"flash_attention": False}
+#: ``MasterWeightAdam`` adds each bf16 gradient into its fp32 main gradient in a hook: unfused.
+ESTIMATE_OPTIONS = {"flash_attention": False, "fused_gradient_accumulation": False}
 #: Fitted on the one-device stage: the step row fixes the matmul, the optimizer row the memory
 #: efficiency. The fixed cost per kernel is the profile's measured launch cost, not fitted.
 CALIBRATED = ("matmul_efficiency", "memory_bandwidth_efficiency")

@@ -209,3 +209,93 @@ def test_one_device_profiled_cluster_estimates():
     workload = Training(sequence_length_tokens=64, global_batch_sequences=2)
     breakdown = estimate(get_model("tiny-moe"), cluster, workload, ParallelConfig())
     assert breakdown.step_time_s > 0 and breakdown.time_s["pp_comm"] == breakdown.time_s["cp_comm"] == 0.0
+
+
+def _with_host(**fields) -> HardwareProfile:
+    document = profile_document()
+    document.update(fields)
+    return HardwareProfile.model_validate(document)
+
+
+def _host(**values) -> dict:
+    base = {"dense_layer_s": 0.0, "moe_layer_s": 0.0, "routed_expert_s": 0.0, "source": SOURCE}
+    return {**base, **values}
+
+
+def _tiny_estimate(profile: HardwareProfile, config=None, **options):  # noqa: ANN001, ANN202
+    from autoparallel import get_model
+    from cost_model import ParallelConfig, Training, estimate
+
+    workload = Training(sequence_length_tokens=64, global_batch_sequences=4)
+    cluster = cluster_from_profile(profile, num_devices=4)
+    return estimate(get_model("tiny-moe"), cluster, workload, config or ParallelConfig(micro_batch_size=2), **options)
+
+
+def test_profiles_without_the_optional_host_fields_estimate_as_before():
+    base = HardwareProfile.model_validate(profile_document())
+    assert base.optimizer is None and base.gradient_accumulation is None and base.host is None
+    spec = HardwareSpec.from_profile(base)
+    assert spec.optimizer_time_s(1e6) is None and spec.gradient_accumulation_time_s(1e6) is None
+    assert spec.sharded_parameter_update_s == spec.pipeline_micro_batch_s == 0.0
+    assert [float(v) for v in spec.layer_host_time_s(8.0)] == [0.0, 0.0]
+    assert get_preset("dgx-h100").device.layer_host_time_s([4.0])[1].tolist() == [0.0]
+    zeroed = _with_host(host=_host())
+    assert _tiny_estimate(zeroed).step_time_s == pytest.approx(_tiny_estimate(base).step_time_s, rel=1e-12)
+
+
+def test_measured_layer_host_cost_is_charged_per_layer_expert_and_micro_batch():
+    from cost_model import ParallelConfig
+
+    base = _with_host(host=_host())
+    costly = _with_host(host=_host(dense_layer_s=3e-3, moe_layer_s=5e-3, routed_expert_s=1e-3))
+    for config, experts in ((ParallelConfig(micro_batch_size=2), 8), (ParallelConfig(ep=2, dp=2, micro_batch_size=1), 4)):
+        extra = _tiny_estimate(costly, config).time_s["compute"] - _tiny_estimate(base, config).time_s["compute"]
+        micro_batches = 4 // (config.dp * config.micro_batch_size)
+        # tiny-moe: 1 dense + 3 MoE layers; each MoE layer pays its rank's routed experts.
+        assert extra == pytest.approx(micro_batches * (3e-3 + 3 * (5e-3 + experts * 1e-3)), rel=1e-9)
+
+
+def test_measured_optimizer_and_accumulation_curves_price_their_bytes():
+    rate = 2e9  # bytes/s, flat
+    flat = curve([1e3, 1e9], [1e3 / rate, 1e9 / rate])
+    base = HardwareProfile.model_validate(profile_document())
+    measured = _with_host(optimizer=flat, gradient_accumulation=flat)
+    breakdown = _tiny_estimate(measured)
+    from autoparallel import get_model
+
+    parameters = sum(get_model("tiny-moe").parameter_breakdown().values())
+    assert breakdown.time_s["optimizer"] == pytest.approx(parameters * (4 + 3 * 8 + 2) / rate, rel=1e-9)
+    fused = _tiny_estimate(measured).time_s["compute"]
+    assert fused == pytest.approx(_tiny_estimate(base).time_s["compute"], rel=1e-12)  # fused by default
+    unfused = _tiny_estimate(measured, fused_gradient_accumulation=False).time_s["compute"]
+    assert unfused - fused == pytest.approx(2 * parameters * (2 + 4 + 4) / rate, rel=1e-9)  # 2 micro-batches
+    roofline = _tiny_estimate(base, fused_gradient_accumulation=False).time_s["compute"]
+    assert roofline > _tiny_estimate(base).time_s["compute"]  # unmeasured: the memory roofline
+
+
+def test_sharded_weight_update_and_pipeline_schedule_costs_need_their_axis():
+    from cost_model import ParallelConfig
+
+    base = _with_host(host=_host())
+    costly = _with_host(host=_host(sharded_parameter_update_s=1e-3, pipeline_micro_batch_s=2e-3))
+    tp2, pp2 = ParallelConfig(tp=2, micro_batch_size=2), ParallelConfig(pp=2, micro_batch_size=1)
+    for config in (ParallelConfig(micro_batch_size=2), pp2):
+        assert _tiny_estimate(costly, config).time_s["optimizer"] == pytest.approx(
+            _tiny_estimate(base, config).time_s["optimizer"], rel=1e-12)
+    # 4 layers x (3 attention + 3 FFN or shared-expert linears) + embedding + LM head, once per step.
+    extra = _tiny_estimate(costly, tp2).time_s["optimizer"] - _tiny_estimate(base, tp2).time_s["optimizer"]
+    assert extra == pytest.approx((4 * 6 + 2) * 1e-3, rel=1e-9)
+    extra = _tiny_estimate(costly, pp2).time_s["pp_comm"] - _tiny_estimate(base, pp2).time_s["pp_comm"]
+    assert extra == pytest.approx(4 * 2e-3, rel=1e-9)  # 4 micro-batches
+    assert _tiny_estimate(costly, tp2).time_s["pp_comm"] == 0.0
+
+
+@pytest.mark.parametrize("field", ["dense_layer_s", "routed_expert_s", "source"])
+def test_corrupted_host_overhead_is_rejected_by_name(tmp_path, field):
+    document = profile_document()
+    document["host"] = _host(dense_layer_s=1e-3)
+    document["host"][field] = -1.0 if field != "source" else "guessed"
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(ValueError, match=f"host.{field}" if field != "source" else "host"):
+        load_hardware_profile(path)

@@ -49,6 +49,14 @@ def test_single_process_profile_has_every_operator_curve():
     assert profile.kernel_overhead_s > 0 and profile.provenance.startswith("measured")
     spec = HardwareSpec.from_profile(profile)
     assert 0 < float(spec.gemm_efficiency(gemm.work[0], "fp32")) <= 1.0
+    assert profile.norm.labels[0].startswith("runtime RMSNorm fwd+bwd")
+    # The runtime's master-weight AdamW: 30 bytes per parameter; accumulation into main grads: 10.
+    assert profile.optimizer.work == (2**10 * 30.0, 2**14 * 30.0)
+    assert profile.gradient_accumulation.work == (2**10 * 10.0, 2**14 * 10.0)
+    assert profile.optimizer.seconds[1] > profile.gradient_accumulation.seconds[1]  # 10+ passes against one
+    host = profile.host
+    assert host.dense_layer_s > 0 and host.moe_layer_s > 0  # a decoder layer costs host time at any size
+    assert host.sharded_parameter_update_s == host.pipeline_micro_batch_s == 0.0  # no ranks, not measured
 
 
 def _profile_rank(rank: int, world_size: int):
@@ -64,6 +72,8 @@ def test_two_ranks_measure_collectives_and_agree():
     assert len(first.sharded_linear.work) == 3 and first.sharded_module_overhead_s in first.sharded_linear.seconds
     assert first.operator_clock == "thread"  # one intra-op thread per rank on a CPU
     assert first.collectives["all_reduce"][2].work == (4096.0, 65536.0)
+    assert first.host.sharded_parameter_update_s > 0  # a DTensor update dispatches through DTensor
+    assert first.host.pipeline_micro_batch_s >= 0 and first.optimizer is not None
 
 
 @pytest.mark.distributed

@@ -84,6 +84,14 @@ class HardwareSpec(BaseModel):
             return np.broadcast_to(np.float64(self.memory_bandwidth_efficiency), np.shape(bytes_per_call))
         return self.profile.memory.rate_per_s(bytes_per_call) / self.memory_bandwidth_bytes_per_s
 
+    def norm_efficiency(self, bytes_per_call):
+        """Like ``memory_efficiency`` for norm layers: the profile's measured ``norm`` curve where
+        there is one (the runtime's RMSNorm), else ``memory_efficiency`` (vectorized)."""
+        curve = None if self.profile is None else self.profile.norm
+        if curve is None:
+            return self.memory_efficiency(bytes_per_call)
+        return curve.rate_per_s(bytes_per_call) / self.memory_bandwidth_bytes_per_s
+
     @property
     def kernel_overhead_s(self) -> float:
         """Fixed host seconds per operator launch, from the profile (0 without one)."""
@@ -103,6 +111,43 @@ class HardwareSpec(BaseModel):
         if curve is None:
             return np.broadcast_to(np.float64(self.sharded_module_overhead_s), np.shape(activation_bytes))
         return curve.time_s(activation_bytes)
+
+    def optimizer_time_s(self, update_bytes):
+        """Measured seconds of one optimizer step moving ``update_bytes`` (vectorized; the
+        profile's ``optimizer`` curve), or ``None`` without one (the cost model then prices a
+        memory-bound roofline)."""
+        curve = None if self.profile is None else self.profile.optimizer
+        return None if curve is None else curve.time_s(update_bytes)
+
+    def gradient_accumulation_time_s(self, moved_bytes):
+        """Measured seconds of adding gradients into fp32 main gradients, ``moved_bytes`` read and
+        written (vectorized), or ``None`` without the profile's ``gradient_accumulation`` curve."""
+        curve = None if self.profile is None else self.profile.gradient_accumulation
+        return None if curve is None else curve.time_s(moved_bytes)
+
+    def layer_host_time_s(self, routed_experts_per_rank):
+        """Host seconds of one (dense, MoE) decoder layer, forward + backward, beyond its kernels'
+        work (``HostOverhead``; the MoE layer adds each routed expert a rank holds); zeros
+        without a measured profile (vectorized over ``routed_experts_per_rank``)."""
+        import numpy as np
+
+        experts = np.asarray(routed_experts_per_rank, dtype=np.float64)
+        host = None if self.profile is None else self.profile.host
+        if host is None:
+            return np.zeros_like(experts), np.zeros_like(experts)
+        return np.full_like(experts, host.dense_layer_s), host.moe_layer_s + experts * host.routed_expert_s
+
+    @property
+    def sharded_parameter_update_s(self) -> float:
+        """Extra host seconds per tensor-parallel weight per step (0 without a measured profile)."""
+        host = None if self.profile is None else self.profile.host
+        return 0.0 if host is None else host.sharded_parameter_update_s
+
+    @property
+    def pipeline_micro_batch_s(self) -> float:
+        """Extra host seconds per micro-batch per pipeline stage (0 without a measured profile)."""
+        host = None if self.profile is None else self.profile.host
+        return 0.0 if host is None else host.pipeline_micro_batch_s
 
     @property
     def resolved_device_type(self) -> str:

@@ -77,6 +77,36 @@ class MeasuredCurve(BaseModel):
         return np.where(work > 0, work / np.maximum(self.rate_per_s(work), 1e-300), 0.0)
 
 
+class HostOverhead(BaseModel):
+    """Host seconds a roofline of single kernels misses (dispatch, autograd bookkeeping, Python),
+    measured with the runtime's own modules at a vanishing size, where the time is all overhead
+    (the intercept of time versus work; Williams et al.'s roofline has no such term).
+
+    ``dense_layer_s`` / ``moe_layer_s``: forward + backward of one decoder layer (the MoE layer
+    without its routed experts); ``routed_expert_s``: each routed expert a rank holds adds this
+    (the runtime dispatches experts one by one). ``sharded_parameter_update_s``: each
+    tensor-parallel (DTensor) weight adds this to a step (main-gradient accumulation and
+    optimizer update) over a plain tensor of its local shape. ``pipeline_micro_batch_s``: each
+    micro-batch adds this per pipeline stage (the schedule's forward and backward actions, less
+    the send/recv time already priced by the link).
+    """
+
+    model_config = _STRICT
+
+    dense_layer_s: float = Field(ge=0)
+    moe_layer_s: float = Field(ge=0)
+    routed_expert_s: float = Field(ge=0)
+    sharded_parameter_update_s: float = Field(default=0.0, ge=0)
+    pipeline_micro_batch_s: float = Field(default=0.0, ge=0)
+    source: str = Field(description="'measured: <how, where, when>'")
+
+    @model_validator(mode="after")
+    def _check(self) -> "HostOverhead":
+        if not self.source.startswith("measured"):
+            raise ValueError(f"source ({self.source!r}) must start with 'measured'")
+        return self
+
+
 class HardwareProfile(BaseModel):
     """Measured curves of one device type; ``topology.HardwareSpec.with_profile`` attaches it.
 
@@ -85,6 +115,9 @@ class HardwareProfile(BaseModel):
     ``collectives[op][group_size]`` (work = message bytes per rank, nccl-tests "size").
     ``kernel_overhead_s`` is the fixed host cost of one operator launch (dispatch, autograd
     bookkeeping), fitted as the intercept of time versus work of the smallest kernels.
+    Optional (absent in older profiles): ``optimizer`` and ``gradient_accumulation`` curves
+    (work = bytes) and ``host`` overheads of whole layers, sharded weights and pipeline
+    micro-batches (``HostOverhead``).
     """
 
     model_config = _STRICT
@@ -113,6 +146,14 @@ class HardwareProfile(BaseModel):
     memory: MeasuredCurve
     norm: MeasuredCurve | None = Field(default=None, description="RMS norm, work = bytes per call")
     collectives: dict[str, dict[int, MeasuredCurve]] = Field(default_factory=dict)
+    optimizer: MeasuredCurve | None = Field(
+        default=None, description="one optimizer step (AdamW, fp32 master weights), work = update bytes as the "
+        "cost model counts them (parameters x bytes read and written per parameter)",
+    )
+    gradient_accumulation: MeasuredCurve | None = Field(
+        default=None, description="adding low-precision gradients into fp32 main gradients, work = bytes moved",
+    )
+    host: HostOverhead | None = Field(default=None, description="per-layer, per-weight and per-micro-batch host costs")
 
     @model_validator(mode="after")
     def _check(self) -> "HardwareProfile":
