@@ -266,6 +266,8 @@ def apply_plan(
     context parallel); with cp > 1 attention modules get a ``sequence_context`` that gathers K/V
     over cp (feed each rank ``AppliedPlan.shard_inputs`` of its batch). Parameter FQNs are
     unchanged. Applying a plan twice to one module is an error (``ValueError``), not a no-op.
+    A model built with only this rank's part (``build_for_rank``: its stage's layers, its
+    experts) is checked to be exactly that part and not cut again.
 
     Needs one process per rank (torchrun or ``autoparallel.testing.run_ranks``); initializes
     the default process group if needed (``backend``, else the device's default). Weights may
@@ -285,7 +287,8 @@ def apply_plan(
 
     Raises:
         ValueError: before any collective, when the plan's world size differs from the launched
-            one, the plan is for another model (fingerprint, layer or expert count), a module rule
+            one, the plan is for another model (fingerprint, layer or expert count), a model built
+            for a rank is not this rank's part (layers, experts, embedding, head), a module rule
             matches no module, or the plan was already applied to ``module``.
     """
     if not isinstance(plan, ShardingPlan):
