@@ -38,6 +38,10 @@ def _rank_built_case(rank: int, world_size: int, plan_json: str, reference) -> d
         pytest.param(ParallelConfig(pp=2), id="pp2"),
         pytest.param(ParallelConfig(dp=2, ep=2), id="ep2"),
         pytest.param(ParallelConfig(pp=2, dp=2, ep=2), id="pp2xdp2-ep2"),
+        pytest.param(
+            ParallelConfig(pp=2, tp=2, ep=2, pipeline_schedule="interleaved_1f1b", virtual_stages=2),
+            id="pp2-interleaved-tp2xep2",
+        ),
     ],
 )
 def test_rank_built_model_trains_like_the_whole_model(config: ParallelConfig) -> None:
@@ -134,6 +138,13 @@ def test_pipeline_and_expert_passes_check_a_part() -> None:
     no_head = ReferenceMoETransformer(spec, layers=[2, 3], embedding=False, lm_head=False, device="meta")
     with pytest.raises(ValueError, match=r"module lacks lm_head; the plan's chunks of pipeline rank 1 include it"):
         split_stage_modules(no_head, plan=plan, pp_rank=1)
+    interleaved = make_plan(ParallelConfig(pp=2, pipeline_schedule="interleaved_1f1b", virtual_stages=2))
+    part = build_for_rank(spec, interleaved, rank=0, device="meta")
+    assert list(part.model.layers) == ["0", "2"] and part.model.embed_tokens is not None and part.lm_head is None
+    (first, first_module), (second, second_module) = split_stage_modules(part, plan=interleaved, pp_rank=0)
+    assert [first.chunk, second.chunk] == [0, 2]
+    assert list(first_module.model.layers) == ["0"] and list(second_module.model.layers) == ["2"]
+    assert second_module.model.embed_tokens is None
     container = nn.ModuleDict({str(e): nn.Linear(2, 2) for e in (0, 1, 5)})
     with pytest.raises(ValueError, match=r"holds experts \[0, 1, 5\]; .* are \[0, 1, 2\] \(missing \[2\], extra \[5\]\)"):
         _local_container(container, (0, 1, 2), name="model.layers.1.mlp.experts", num_experts=8)
