@@ -129,11 +129,13 @@ def _expert_containers(module: ReferenceMoETransformer) -> Iterator[tuple[str, n
 
 
 def is_rank_part(module: nn.Module) -> bool:
-    """Whether ``module`` is a ``ReferenceMoETransformer`` holding less than its spec's model."""
-    if not isinstance(module, ReferenceMoETransformer):
+    """Whether ``module`` is a ``ReferenceMoETransformer`` holding less than its spec's model
+    (one whose ``spec`` was removed is compared by counts instead, as any module is)."""
+    spec = getattr(module, "spec", None)
+    if not isinstance(module, ReferenceMoETransformer) or spec is None:
         return False
     backbone = module.model
-    if len(backbone.layers) != module.spec.num_layers or backbone.embed_tokens is None or module.lm_head is None:
+    if len(backbone.layers) != spec.num_layers or backbone.embed_tokens is None or module.lm_head is None:
         return True
     return any(len(container) != count for _, container, count in _expert_containers(module))
 
