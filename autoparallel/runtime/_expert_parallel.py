@@ -369,11 +369,8 @@ def _expert_containers(model: nn.Module, plan: ShardingPlan) -> list[tuple[str, 
 def _declared_experts(model: nn.Module, containers: list[tuple[str, nn.Module]]) -> set[int]:
     """The model's routed-expert counts: a block's int ``num_experts`` where its container holds
     fewer (a part built for one rank, see ``_rank_build``), else the container's length."""
-    counts = set()
-    for name, container in containers:
-        declared = getattr(_parent(model, name)[0], "num_experts", None)
-        counts.add(declared if isinstance(declared, int) and declared > len(container) else len(container))
-    return counts
+    declared = [(getattr(_parent(model, name)[0], "num_experts", None), len(c)) for name, c in containers]
+    return {count if isinstance(count, int) and count > held else held for count, held in declared}
 
 
 def _local_container(container: nn.Module, local: tuple[int, ...], *, name: str, num_experts: int) -> nn.ModuleDict:
@@ -399,9 +396,7 @@ def _slice(tensor: torch.Tensor, *, dim: int, start: int, size: int) -> torch.Te
     """A copy of ``tensor``'s rows (``dim`` 0) or columns ``[start, start + size)``; on the meta
     device a new shape-only tensor (a meta ``clone`` costs ~8x more, for nothing)."""
     if tensor.is_meta:
-        shape = list(tensor.shape)
-        shape[dim] = size
-        return torch.empty(shape, dtype=tensor.dtype, device="meta")
+        return tensor.new_empty(tensor.shape[:dim] + (size,) + tensor.shape[dim + 1 :])
     return tensor.detach().narrow(dim, start, size).clone()
 
 

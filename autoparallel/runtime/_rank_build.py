@@ -101,6 +101,8 @@ def build_for_rank(
 
     Pass it to ``apply_plan`` on that rank as the whole model would be; ``init_weights(seed=...)``
     gives its weights the values the whole model's have (values depend only on seed and FQN).
+    Experts are built whole and ``apply_plan`` slices them over etp and shards weights over tp:
+    for a large model build on ``device="meta"``, apply, then ``to_empty`` and ``init_weights``.
 
     Raises:
         ValueError: ``plan`` is for another model (fingerprint), or ``rank`` is not a rank of it.
