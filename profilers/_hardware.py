@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from profilers._collectives import GroupCache, collective_points, measure_collective
 from profilers._ops import Point, ProfileGrid, operator_points, tiny_op_call
-from profilers._timing import Timing, current_device, device_memory_bytes, device_name, measure
+from profilers._timing import Timing, cache_flusher, current_device, device_memory_bytes, device_name, measure
 from topology import HardwareProfile, MeasuredCurve
 
 logger = logging.getLogger(__name__)
@@ -40,11 +40,24 @@ def _mean_over_ranks(timing: Timing) -> Timing:
     return Timing(median_s=float(values[0]), p10_s=float(values[1]), p90_s=float(values[2]), repeats=timing.repeats)
 
 
-def _measure_point(point: Point, *, device: torch.device, grid: ProfileGrid, clock: str) -> Timing:
+def _measure_point(point: Point, *, device: torch.device, grid: ProfileGrid, clock: str, flush=None) -> Timing:  # noqa: ANN001
     call = point.build(device)
     if _distributed():
         dist.barrier()
-    return _mean_over_ranks(measure(call, device=device, warmup=grid.warmup, repeats=grid.repeats, clock=clock))
+    before = flush if point.cold else None
+    return _mean_over_ranks(
+        measure(call, device=device, warmup=grid.warmup, repeats=grid.repeats, clock=clock, before_each=before)
+    )
+
+
+def _common_timestamp() -> str:
+    """Rank 0's UTC time to the second, on every rank (the ranks start at slightly different
+    moments, and every rank must return the same profile)."""
+    now = torch.tensor([datetime.datetime.now(datetime.timezone.utc).timestamp()], dtype=torch.float64)
+    if _distributed():
+        dist.broadcast(now, src=0)
+    moment = datetime.datetime.fromtimestamp(int(now[0]), tz=datetime.timezone.utc)
+    return moment.isoformat()
 
 
 def resolve_clock(clock: str, device: torch.device) -> str:
@@ -89,16 +102,18 @@ def profile_hardware(*, grid: ProfileGrid, progress: Progress | None = None, clo
     clock = resolve_clock(clock, device)
     world = dist.get_world_size() if _distributed() else 1
     backend = dist.get_backend() if _distributed() else "none"
-    when = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+    when = _common_timestamp()
     source = (
         f"measured: autoparallel profile, {world} {device.type} rank(s), backend {backend}, "
         f"{torch.get_num_threads()} thread(s) per rank, operators timed by {clock} clock, "
+        f"GEMMs with caches flushed ({grid.cache_flush_bytes / 2**20:.0f} MiB written before each), "
         f"host {socket.gethostname()}, {when}"
     )
     advance = progress or (lambda label: None)
     families: dict[tuple[str, str], list] = defaultdict(list)
+    flush = cache_flusher(device, grid.cache_flush_bytes)
     for point in operator_points(grid):
-        timing = _measure_point(point, device=device, grid=grid, clock=clock)
+        timing = _measure_point(point, device=device, grid=grid, clock=clock, flush=flush)
         families[(point.family, point.key)].append((point.work, timing, point.label))
         advance(f"{point.family} {point.key} {point.label}".replace("  ", " "))
     overhead = _mean_over_ranks(

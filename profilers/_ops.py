@@ -4,6 +4,8 @@ and norm kernels, each a ``Point`` whose ``build`` allocates inputs and returns 
 Work per call (the x axis of every curve):
   * GEMM ``m x k @ k x n``: 2·m·n·k FLOPs (one multiply-add = 2 FLOPs; Kaplan et al. 2020); a
     point times the forward and both backward layouts of a linear layer (3 GEMMs per call).
+    GEMM and grouped GEMM points are timed with cold caches (``Point.cold``): a training step
+    reads each weight once per pass, from memory, and small GEMMs are then measurably slower.
   * causal attention over S tokens, H heads, head dim D, forward: the score and value products,
     2·H·(D + D) FLOPs per attended key with (S + 1) / 2 keys per query on average — the same
     count as ``cost_model.ModelSpec.attention_flops_per_token``.
@@ -45,6 +47,7 @@ class ProfileGrid(BaseModel):
     optimizer_parameters: tuple[int, ...] = Field(
         default=(2**12, 2**15, 2**18, 2**21, 2**24), description="parameters per optimizer-update point"
     )
+    cache_flush_bytes: int = Field(default=256 * 2**20, gt=0, description="written before each cold-cache call")
     warmup: int = Field(default=2, ge=0)
     repeats: int = Field(default=7, ge=1)
 
@@ -71,7 +74,7 @@ _TINY = dict(
     dtypes=("fp32", "bf16"), gemm_sizes=(16, 64, 128), attention_sequence_tokens=(32, 64), expert_tokens=(4, 16),
     num_experts=4, expert_hidden_size=32, expert_ffn_hidden_size=64, memory_elements=(1024, 65536),
     collective_bytes=(4096, 65536), collective_ops=("all_reduce", "send_recv"), optimizer_parameters=(2**10, 2**14),
-    warmup=1, repeats=3,
+    cache_flush_bytes=64 * 2**20, warmup=1, repeats=3,
 )
 _CPU = dict(gemm_max_flops_low_precision=2 * 256**3)
 _GPU = dict(
@@ -95,6 +98,7 @@ class Point:
     label: str
     work: float
     build: Callable[[torch.device], Callable[[], object]]
+    cold: bool = False  # timed with caches flushed before each call (weights read from memory)
 
 
 def _gemm_point(size: int, dtype: str) -> Point:
@@ -112,7 +116,7 @@ def _gemm_point(size: int, dtype: str) -> Point:
 
         return call
 
-    return Point("gemm", dtype, f"m=n=k={size} (x W^T, dY W, dY^T x)", 3 * 2.0 * size**3, build)
+    return Point("gemm", dtype, f"m=n=k={size} (x W^T, dY W, dY^T x), cold cache", 3 * 2.0 * size**3, build, cold=True)
 
 
 def attention_flops(sequence_tokens: int, num_heads: int, head_dim: int) -> float:
@@ -140,8 +144,8 @@ def _grouped_point(tokens: int, dtype: str, grid: ProfileGrid) -> Point:
         w = torch.randn(experts, hidden, ffn, device=device, dtype=TORCH_DTYPES[dtype])
         return lambda: torch.bmm(x, w)
 
-    label = f"E={experts} T={tokens} h={hidden} f={ffn}"
-    return Point("grouped_gemm", dtype, label, 2.0 * experts * tokens * hidden * ffn, build)
+    label = f"E={experts} T={tokens} h={hidden} f={ffn}, cold cache"
+    return Point("grouped_gemm", dtype, label, 2.0 * experts * tokens * hidden * ffn, build, cold=True)
 
 
 def _memory_points(elements: int, norm_dtype: str = "fp32") -> list[Point]:

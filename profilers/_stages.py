@@ -7,7 +7,8 @@ References per stage:
     against ``cost_model`` 's roofline of that call on the profiled device;
   * layer — forward + backward of one MoE decoder layer, against the cost model's marginal layer
     (the estimate of the model with one more MoE layer minus the model's), time and stored
-    activations;
+    activations (op and layer are timed with caches flushed before each call, as in a step,
+    where each weight is read once per pass);
   * device — full training steps of the reference model on one process, against ``estimate``;
   * plan — the same steps under ``apply_plan`` on forked ranks, against ``estimate`` for the plan.
 
@@ -29,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from cost_model import Calibration, ParallelConfig, StepMeasurement, calibrate, estimate
 from cost_model._common import op_time_s
 from profilers._step import StepReport, _peak_rise_bytes, merge_reports
-from profilers._timing import current_device, measure
+from profilers._timing import cache_flusher, current_device, measure
 from profilers._training_run import TORCH_DTYPES, TrainingSetup, build_model, measure_training
 from topology import Cluster
 
@@ -112,7 +113,8 @@ def check_op(*, setup: TrainingSetup, cluster: Cluster, clock: str = "wall") -> 
     m, k, n = setup.batch_sequences * setup.sequence_tokens, spec.hidden_size, spec.ffn_hidden_size
     dtype = TORCH_DTYPES[setup.precision]
     x, weight = torch.randn(m, k, dtype=dtype, device=device), torch.randn(n, k, dtype=dtype, device=device)
-    timing = measure(lambda: torch.nn.functional.linear(x, weight), device=device, warmup=2, repeats=9, clock=_CLOCK[clock])
+    timing = measure(lambda: torch.nn.functional.linear(x, weight), device=device, warmup=2, repeats=9, clock=_CLOCK[clock],
+                     before_each=cache_flusher(device))  # as in a step: the weight comes from memory
     measured_memory = _allocated_by(lambda: torch.nn.functional.linear(x, weight))
     element = x.element_size()
     predicted = float(op_time_s(
@@ -157,7 +159,8 @@ def check_layer(*, setup: TrainingSetup, cluster: Cluster, clock: str = "wall") 
     layer, device = _moe_layer(model), current_device()
     shape = (setup.batch_sequences, setup.sequence_tokens, setup.hidden_size)
     hidden = torch.randn(shape, dtype=TORCH_DTYPES[setup.precision], device=device, requires_grad=True)
-    timing = measure(_layer_call(layer, hidden), device=device, warmup=1, repeats=5, clock=_CLOCK[clock])
+    timing = measure(_layer_call(layer, hidden), device=device, warmup=1, repeats=5, clock=_CLOCK[clock],
+                     before_each=cache_flusher(device))  # as in a step: weights come from memory
     stored = _stored_by(lambda: layer(hidden))
     config = ParallelConfig(micro_batch_size=setup.batch_sequences)
     workload = setup.workload(config)

@@ -246,16 +246,16 @@ class StepProfiler:
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
-        """Time one whole step; tracks the process RSS peak and, on an accelerator, memory."""
+        """Time one whole step; on an accelerator, track its peak memory. (The process RSS is
+        sampled in ``profiled_step`` only: a sampling thread competes for the GIL and, when every
+        core runs a rank, for a core, and would slow down the steps it times.)"""
         self._reset_device_peak()
         synchronize(self.device)
         start, cpu_start = time.perf_counter(), time.process_time()
-        with _RssSampler() as sampler:
-            yield
-            synchronize(self.device)
+        yield
+        synchronize(self.device)
         self._steps.append(time.perf_counter() - start)
         self._cpu.append(time.process_time() - cpu_start)
-        self._note_rss(sampler.peak)
         self._note_device_peak()
 
     @contextlib.contextmanager
@@ -267,10 +267,11 @@ class StepProfiler:
         self._static = live_tensor_bytes(modules=self.modules, optimizers=self.optimizers)
         synchronize(self.device)
         start = time.perf_counter()
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with _RssSampler() as sampler, profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             yield
             synchronize(self.device)
         self._profiled_s = time.perf_counter() - start
+        self._note_rss(sampler.peak)
         events = list(prof.events())
         self._comm_s = _union_seconds(
             [(e.time_range.start, e.time_range.end) for e in events if _is_comm(e.name)]

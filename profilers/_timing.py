@@ -95,6 +95,7 @@ def measure(
     repeats: int = 5,
     min_sample_s: float = 2e-4,
     clock: str = "wall",
+    before_each: Callable[[], object] | None = None,
 ) -> Timing:
     """Time ``fn``: ``warmup`` untimed calls, then ``repeats`` synchronized samples.
 
@@ -102,13 +103,16 @@ def measure(
     and a synchronize would otherwise dominate microsecond kernels) and reports seconds per call.
     ``clock="thread"`` counts the calling thread's CPU seconds instead of wall seconds: on a CPU
     shared with other jobs it measures the work of a single-threaded kernel, not its wait for a core
-    (meaningless for accelerator kernels and for multi-threaded ones).
+    (meaningless for accelerator kernels and for multi-threaded ones). ``before_each`` runs,
+    untimed, before every call (e.g. ``cache_flusher``), and each sample is then one call.
     """
     if warmup < 0 or repeats < 1:
         raise ValueError(f"warmup ({warmup}) must be >= 0 and repeats ({repeats}) >= 1")
     if clock not in CLOCKS:
         raise ValueError(f"clock ({clock!r}) must be one of {sorted(CLOCKS)}")
     now = CLOCKS[clock]
+    if before_each is not None:
+        return _measure_each(fn, before_each, device=device, warmup=warmup, repeats=repeats, now=now)
     for _ in range(warmup):
         fn()
     synchronize(device)
@@ -132,3 +136,36 @@ def measure(
         p90_s=_percentile(samples, 0.9),
         repeats=repeats,
     )
+
+
+def _summary(samples: list[float], repeats: int) -> Timing:
+    samples = sorted(samples)
+    return Timing(median_s=_percentile(samples, 0.5), p10_s=_percentile(samples, 0.1),
+                  p90_s=_percentile(samples, 0.9), repeats=repeats)
+
+
+def _measure_each(fn, before_each, *, device: torch.device, warmup: int, repeats: int, now) -> Timing:  # noqa: ANN001
+    for _ in range(warmup):
+        before_each()
+        fn()
+    samples = []
+    for _ in range(repeats):
+        before_each()
+        synchronize(device)
+        start = now()
+        fn()
+        synchronize(device)
+        samples.append(max(now() - start, 1e-9))
+    return _summary(samples, repeats)
+
+
+#: Bytes written between cold-cache calls: above any last-level cache (CPU L3, GPU L2), as
+#: ``triton.testing.do_bench`` zeroes a 256 MB buffer before each run to flush the L2 cache.
+CACHE_FLUSH_BYTES = 256 * 2**20
+
+
+def cache_flusher(device: torch.device, nbytes: int = CACHE_FLUSH_BYTES) -> Callable[[], None]:
+    """A call that evicts caches by writing ``nbytes`` on ``device``: kernels timed after it read
+    their operands from memory, as a training step reads each weight once per pass."""
+    buffer = torch.empty(max(nbytes // 4, 1), dtype=torch.float32, device=device)
+    return lambda: buffer.fill_(1.0)
