@@ -56,6 +56,36 @@ def test_rank_built_model_trains_like_the_whole_model(config: ParallelConfig) ->
     assert all(r["built_parameters"] < total for r in built_results)
 
 
+def _meta_part_case(rank: int, world_size: int, plan_json: str, whole) -> dict:
+    """The launch path of a large model: the rank's part on meta, apply, to_empty, init_weights."""
+    import torch
+
+    from autoparallel.runtime import build_for_rank
+
+    plan = ap.load_plan(plan_json)
+    model = build_for_rank(whole.spec, plan, rank=rank, device="meta")
+    applied = ap.apply_plan(model, plan, loss_fn=lambda logits, target: logits.sum(), device_type="cpu")
+    model.to_empty(device="cpu")
+    model.init_weights(seed=7)
+    expected = dict(whole.named_parameters())
+    names = [name for module in applied.modules for name, _ in module.named_parameters()]
+    equal = all(
+        torch.equal(parameter, expected[name]) for module in applied.modules for name, parameter in module.named_parameters()
+    )
+    return {"names": names, "equal": equal}
+
+
+@pytest.mark.distributed
+def test_meta_part_materializes_the_whole_models_values() -> None:
+    plan = make_plan(ParallelConfig(pp=2, dp=2, ep=2))
+    _, whole = fresh_models(plan)
+    results = run_ranks(_meta_part_case, plan.world_size, args=(plan.to_json(), whole), timeout_s=120)
+    assert all(r["equal"] for r in results)
+    held = {name for r in results for name in r["names"]}
+    assert held == {name for name, _ in whole.named_parameters()}
+    assert all(len(r["names"]) < len(held) for r in results)
+
+
 def test_parts_follow_the_plan() -> None:
     from autoparallel.runtime import ReferenceMoETransformer, build_for_rank, rank_parts
 

@@ -70,19 +70,18 @@ def rank_parts(plan: ShardingPlan, *, rank: int, num_experts: int | None = None)
     """
     from autoparallel.runtime._pipeline import stage_chunks  # torch.distributed.pipelining: only when used
 
+    if not plan.stages:
+        raise ValueError("plan.stages is empty: the plan does not say which layers a rank holds")
     pp_rank, ep_rank = _coordinates(plan, rank)
-    chunks = stage_chunks(plan, pp_rank) if plan.stages else []
-    if chunks:
-        layers = tuple(i for chunk in chunks for i in range(chunk.start_layer, chunk.stop_layer))
-    else:
-        raise ValueError("the plan has no stages: it does not say which layers a rank holds")
+    chunks = stage_chunks(plan, pp_rank)
+    layers = sorted(i for chunk in chunks for i in range(chunk.start_layer, chunk.stop_layer))
     if num_experts is None and plan.expert_placement is not None:
         num_experts = plan.expert_placement.num_experts
     experts = None
     if num_experts is not None and plan.config.ep > 1:
         experts = local_experts(expert_placement_for(plan, num_experts=num_experts), ep_rank)
     return RankParts(
-        rank=rank, pp_rank=pp_rank, ep_rank=ep_rank, layers=tuple(sorted(layers)), experts=experts,
+        rank=rank, pp_rank=pp_rank, ep_rank=ep_rank, layers=tuple(layers), experts=experts,
         embedding=any(chunk.has_embedding for chunk in chunks), lm_head=any(chunk.has_lm_head for chunk in chunks),
     )
 
