@@ -239,6 +239,8 @@ def _step_result(stage, name: str, setup: TrainingSetup, cluster: Cluster, confi
         "measured_wall_s": max(r.median_step_time_s for r in reports),
         "measured_cpu_s": max((r.median_cpu_time_s or 0.0) for r in reports),
         **{f"predicted_{k}_s": v for k, v in raw.time_s.items() if v},
+        **{f"measured_{phase}_s": max(r.median_phase_s(phase, clock=clock) for r in reports)
+           for phase in reports[0].phase_times_s},
     }
     return StageResult(
         stage=stage, name=name, reference=f"estimate({_config_label(config)}), {clock} clock",
