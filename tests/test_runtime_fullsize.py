@@ -9,12 +9,13 @@ shared between two forked worker processes.
 
 from __future__ import annotations
 
+import functools
 import gc
+import math
 import multiprocessing
 import os
 import re
 
-import numpy as np
 import pytest
 
 import autoparallel as ap
@@ -93,7 +94,7 @@ def _predicted_weight_bytes(spec, plan) -> dict[int, float]:
     }
 
 
-def _apply_on_rank(rank: int, spec, plan, global_shapes) -> dict:
+def _apply_on_rank(rank: int, spec, plan, expected_shape) -> dict:
     """Build rank ``rank``'s part, apply the plan under a fake process group, and check every
     local parameter shape against the plan's split; returns what the parent asserts on."""
     import torch.distributed as dist
@@ -107,19 +108,20 @@ def _apply_on_rank(rank: int, spec, plan, global_shapes) -> dict:
         model = build_for_rank(spec, plan, rank=rank, device="meta")
         loss_fn = lambda logits, target: F.cross_entropy(logits.flatten(0, 1), target.flatten())  # noqa: E731
         applied = apply_plan(model, plan, loss_fn=loss_fn, num_micro_batches=8)
-        mismatches, local_elements, experts = [], 0, {}
+        mismatches, local_elements, experts, names = [], 0, {}, []
         for name, parameter in applied.module.named_parameters():
             local = tuple((parameter.to_local() if hasattr(parameter, "to_local") else parameter).shape)
-            expected = _expected_local_shape(name, global_shapes[_global_name(name, spec)], plan.config)
-            if local != expected:
-                mismatches.append((name, local, expected))
-            local_elements += int(np.prod(local))
+            if local != expected_shape(name):
+                mismatches.append((name, local, expected_shape(name)))
+            local_elements += math.prod(local)
+            names.append(name)
             if match := re.match(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.", name):
                 experts.setdefault(int(match.group(1)), set()).add(int(match.group(2)))
-        names = [name for name, _ in applied.module.named_parameters()]
+        pp, dp, _, tp = applied.meshes.dense.get_coordinate()
+        _, _, ep, etp = applied.meshes.moe.get_coordinate()
         return {
             "rank": rank,
-            "coordinates": {axis: applied.meshes.coordinate(axis) for axis in ("pp", "dp", "tp", "ep", "etp")},
+            "coordinates": {"pp": pp, "dp": dp, "tp": tp, "ep": ep, "etp": etp},
             "layers": {int(m.group(1)) for name in names if (m := re.match(r"model\.layers\.(\d+)\.", name))},
             "embedding": "model.embed_tokens.weight" in names,
             "lm_head": "lm_head.weight" in names,
@@ -135,12 +137,17 @@ def _apply_on_rank(rank: int, spec, plan, global_shapes) -> dict:
 def _apply_on_ranks(ranks: list[int], spec, plan, global_shapes) -> list[dict]:
     """One worker's ranks. Cyclic garbage collection runs every 32 ranks instead of whenever its
     thresholds trip (each rank makes ~3,000 process groups; automatic passes cost ~15%)."""
+
+    @functools.lru_cache(maxsize=None)  # ranks of one stage share names
+    def expected_shape(name: str) -> tuple[int, ...]:
+        return _expected_local_shape(name, global_shapes[_global_name(name, spec)], plan.config)
+
     torch.set_num_threads(1)
     gc.freeze()
     gc.disable()
     results = []
     for index, rank in enumerate(ranks):
-        results.append(_apply_on_rank(rank, spec, plan, global_shapes))
+        results.append(_apply_on_rank(rank, spec, plan, expected_shape))
         if index % 32 == 31:
             gc.collect()
     return results
