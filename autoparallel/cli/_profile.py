@@ -134,7 +134,8 @@ def _summary(profile) -> Table:  # noqa: ANN001 - topology.HardwareProfile
         for dtype, curve in curves.items():
             table.add_row(f"{family} {dtype}", str(len(curve.work)), _rate(curve.rates_per_s[0], unit),
                           _rate(curve.best_rate_per_s, unit), f"{sorted(curve.spread)[len(curve.spread) // 2]:.0%}")
-    for family, curve in (("memory (add)", profile.memory), ("norm", profile.norm)):
+    optional = (("optimizer (AdamW)", profile.optimizer), ("gradient accumulation", profile.gradient_accumulation))
+    for family, curve in (("memory (add)", profile.memory), ("norm", profile.norm)) + optional:
         if curve is not None:
             table.add_row(family, str(len(curve.work)), _rate(curve.rates_per_s[0], "B"), _rate(curve.best_rate_per_s, "B"),
                           f"{sorted(curve.spread)[len(curve.spread) // 2]:.0%}")
@@ -142,8 +143,16 @@ def _summary(profile) -> Table:  # noqa: ANN001 - topology.HardwareProfile
         for size, curve in by_size.items():
             table.add_row(f"{op} n={size}", str(len(curve.work)), human_seconds(curve.seconds[0]),
                           _rate(curve.best_rate_per_s, "B"), f"{sorted(curve.spread)[len(curve.spread) // 2]:.0%}")
-    table.caption = f"kernel overhead {human_seconds(profile.kernel_overhead_s)}; {profile.provenance}"
+    table.caption = f"kernel overhead {human_seconds(profile.kernel_overhead_s)}{_host_caption(profile.host)}; {profile.provenance}"
     return table
+
+
+def _host_caption(host) -> str:  # noqa: ANN001 - topology HostOverhead or None
+    if host is None:
+        return ""
+    return (f"; host per layer (fwd+bwd) dense {human_seconds(host.dense_layer_s)}, MoE {human_seconds(host.moe_layer_s)} "
+            f"+ {human_seconds(host.routed_expert_s)} per routed expert; per tensor-parallel weight update "
+            f"{human_seconds(host.sharded_parameter_update_s)}; per pipeline micro-batch {human_seconds(host.pipeline_micro_batch_s)}")
 
 
 def _parse_plans(text: str, *, batch_sequences: int):  # noqa: ANN202 - tuple[ParallelConfig, ...]
