@@ -68,11 +68,9 @@ def _meta_part_case(rank: int, world_size: int, plan_json: str, whole) -> dict:
     model.to_empty(device="cpu")
     model.init_weights(seed=7)
     expected = dict(whole.named_parameters())
-    names = [name for module in applied.modules for name, _ in module.named_parameters()]
-    equal = all(
-        torch.equal(parameter, expected[name]) for module in applied.modules for name, parameter in module.named_parameters()
-    )
-    return {"names": names, "equal": equal}
+    parameters = [(name, p) for module in applied.modules for name, p in module.named_parameters()]
+    equal = all(torch.equal(parameter, expected[name]) for name, parameter in parameters)
+    return {"names": [name for name, _ in parameters], "equal": equal}
 
 
 @pytest.mark.distributed
@@ -101,7 +99,8 @@ def test_parts_follow_the_plan() -> None:
         assert [int(k) for k in model.model.layers] == list(parts.layers)
         assert (model.model.embed_tokens is not None) == parts.embedding == chunk.has_embedding
         assert (model.lm_head is not None) == (model.model.norm is not None) == parts.lm_head == chunk.has_lm_head
-        expected_experts = tuple(e for e, ranks in enumerate(plan.expert_placement.expert_to_ranks) if parts.ep_rank in ranks)
+        placement = plan.expert_placement.expert_to_ranks
+        expected_experts = tuple(e for e, ranks in enumerate(placement) if parts.ep_rank in ranks)
         assert parts.experts == expected_experts and len(expected_experts) == 4
         for layer in model.model.layers.values():
             if hasattr(layer.mlp, "experts"):
@@ -136,7 +135,8 @@ def test_a_part_of_another_rank_is_rejected(monkeypatch) -> None:
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "3")
     check_plan_fits(build_for_rank(spec, plan, rank=3, device="meta"), plan)
-    with pytest.raises(ValueError, match=r"differs from what the plan gives rank 3: layers: missing \[2, 3\], extra \[0, 1\]"):
+    mismatch = r"differs from what the plan gives rank 3: layers: missing \[2, 3\], extra \[0, 1\]"
+    with pytest.raises(ValueError, match=mismatch):
         check_plan_fits(build_for_rank(spec, plan, rank=0, device="meta"), plan)
     with pytest.raises(ValueError, match=r"model.layers.2.mlp.experts: missing \[4, 5, 6, 7\], extra \[0, 1, 2, 3\]"):
         check_plan_fits(build_for_rank(spec, plan, rank=2, device="meta"), plan)
@@ -176,7 +176,8 @@ def test_pipeline_and_expert_passes_check_a_part() -> None:
     assert list(first_module.model.layers) == ["0"] and list(second_module.model.layers) == ["2"]
     assert second_module.model.embed_tokens is None
     container = nn.ModuleDict({str(e): nn.Linear(2, 2) for e in (0, 1, 5)})
-    with pytest.raises(ValueError, match=r"holds experts \[0, 1, 5\]; .* are \[0, 1, 2\] \(missing \[2\], extra \[5\]\)"):
+    mismatch = r"holds experts \[0, 1, 5\]; .* are \[0, 1, 2\] \(missing \[2\], extra \[5\]\)"
+    with pytest.raises(ValueError, match=mismatch):
         _local_container(container, (0, 1, 2), name="model.layers.1.mlp.experts", num_experts=8)
 
 

@@ -406,7 +406,8 @@ def _slice_linear(linear: nn.Module, *, dim: int, rank: int, parts: int, name: s
     if weight.shape[dim] % parts:
         raise ValueError(f"{name}.weight dim {dim} ({weight.shape[dim]}) must be divisible by etp ({parts})")
     size = weight.shape[dim] // parts
-    linear.weight = nn.Parameter(_slice(weight, dim=dim, start=rank * size, size=size), requires_grad=weight.requires_grad)
+    sliced = _slice(weight, dim=dim, start=rank * size, size=size)
+    linear.weight = nn.Parameter(sliced, requires_grad=weight.requires_grad)
     bias = getattr(linear, "bias", None)
     if bias is not None:
         if dim == 1:

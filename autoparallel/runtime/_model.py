@@ -415,7 +415,9 @@ class _Backbone(nn.Module):
     ) -> None:
         super().__init__()
         kw = dict(device=device, dtype=dtype)
-        self.embed_tokens: nn.Embedding | None = nn.Embedding(spec.vocab_size, spec.hidden_size, **kw) if embedding else None
+        self.embed_tokens: nn.Embedding | None = None
+        if embedding:
+            self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size, **kw)
         self.layers = nn.ModuleDict(
             {
                 str(i): DecoderLayer(spec, layer_index=i, scoring=scoring, rope_theta=rope_theta, experts=experts, **kw)
@@ -495,9 +497,10 @@ class ReferenceMoETransformer(nn.Module):
         held_experts = None if experts is None else _held_ids(experts, spec.moe.num_routed_experts, field="experts")
         self.spec = spec
         kw = dict(device=device, dtype=dtype)
+        held_layers = _held_ids(layers, spec.num_layers, field="layers")
         self.model = _Backbone(
-            spec, scoring=router_scoring, rope_theta=rope_theta, layers=_held_ids(layers, spec.num_layers, field="layers"),
-            experts=held_experts, embedding=embedding, norm=lm_head, **kw,
+            spec, scoring=router_scoring, rope_theta=rope_theta, layers=held_layers, experts=held_experts,
+            embedding=embedding, norm=lm_head, **kw,
         )
         self.lm_head: nn.Linear | None = _linear(spec.hidden_size, spec.vocab_size, **kw) if lm_head else None
         if spec.tie_word_embeddings and lm_head:

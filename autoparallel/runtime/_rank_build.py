@@ -156,7 +156,8 @@ def _part_differences(module: ReferenceMoETransformer, parts: RankParts) -> list
         ("lm_head", module.lm_head is not None, parts.lm_head),
     ):
         if held != expected:
-            found.append(f"{name}: {'held' if held else 'not held'}, the plan {'gives' if expected else 'does not give'} it")
+            gives = "gives" if expected else "does not give"
+            found.append(f"{name}: {'held' if held else 'not held'}, the plan {gives} it")
     for name, container, count in _expert_containers(module):
         expected = range(count) if parts.experts is None else parts.experts
         found.append(_difference(name, [int(key) for key in container], expected))
@@ -170,7 +171,9 @@ def check_rank_part(module: ReferenceMoETransformer, plan: ShardingPlan, *, rank
     if rank is not None:
         differences = _part_differences(module, rank_parts(plan, rank=rank, num_experts=num_experts))
         if differences:
-            raise ValueError(f"the module built for a rank differs from what the plan gives rank {rank}: " + "; ".join(differences))
+            raise ValueError(
+                f"the module built for a rank differs from what the plan gives rank {rank}: " + "; ".join(differences)
+            )
         return
     config = plan.config
     moe = mesh_rank_layout(plan).reshape(config.pp, config.edp, config.ep, config.etp)
