@@ -1,6 +1,6 @@
 """autoparallel: find how to split a huge Mixture-of-Experts model across accelerators, then do it.
 
-``import autoparallel as ap`` never imports torch; ``ap.apply_plan`` and ``ap.Retuner`` load the
+``import autoparallel as ap`` never imports torch; ``ap.apply_plan``, ``ap.build_for_rank`` and ``ap.Retuner`` load the
 torch runtime on first use.
 """
 
@@ -28,6 +28,7 @@ _LAZY = {
     "estimate": ("cost_model", "estimate"),
     "find_plan": ("autoparallel._planner", "find_plan"),
     "apply_plan": ("autoparallel.runtime", "apply_plan"),
+    "build_for_rank": ("autoparallel.runtime", "build_for_rank"),
     "Retuner": ("autoparallel.runtime.retune", "Retuner"),
 }
 
@@ -45,6 +46,7 @@ __all__ = [
     "Training",
     "__version__",
     "apply_plan",
+    "build_for_rank",
     "estimate",
     "find_plan",
     "get_model",
