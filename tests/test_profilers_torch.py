@@ -30,6 +30,19 @@ def test_measure_reports_median_of_synchronized_samples():
         measure(lambda: None, device=torch.device("cpu"), clock="sundial")
 
 
+def test_cold_cache_measurement_flushes_before_every_untimed_call():
+    from profilers._timing import cache_flusher
+
+    calls, flushes = [], []
+    flush = cache_flusher(torch.device("cpu"), 1 << 20)
+    timing = measure(lambda: calls.append(1), device=torch.device("cpu"), warmup=2, repeats=5,
+                     before_each=lambda: (flushes.append(1), flush()))
+    assert len(calls) == len(flushes) == 7 and timing.repeats == 5  # one call per sample, none batched
+    # The flush is not timed: a slow flush before a no-op call leaves the call's time tiny.
+    slow = measure(lambda: None, device=torch.device("cpu"), warmup=0, repeats=3, before_each=lambda: time.sleep(0.01))
+    assert slow.median_s < 0.005
+
+
 def test_grid_rejects_unknown_names():
     with pytest.raises(ValueError, match="dtypes entry .'int3'"):
         ProfileGrid(dtypes=("fp32", "int3"))
