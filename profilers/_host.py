@@ -97,20 +97,15 @@ def _fwd_bwd(layer: torch.nn.Module, *, device: torch.device, dtype: torch.dtype
 
 def layer_host_seconds(*, device: torch.device, dtype: torch.dtype, clock: str, warmup: int, repeats: int) -> dict[str, float]:
     """``dense_layer_s``, ``moe_layer_s`` (without routed experts) and ``routed_expert_s``."""
-    seconds = {}
-    for experts in (2, _MANY_EXPERTS):
-        dense, moe = _tiny_layers(experts, device=device, dtype=dtype)
-        for name, layer in (("dense", dense), ("moe", moe)):
-            if name == "dense" and experts != 2:
-                continue
-            call = _fwd_bwd(layer, device=device, dtype=dtype)
-            seconds[(name, experts)] = measure(call, device=device, warmup=warmup + 2, repeats=repeats, clock=clock).median_s
-    per_expert = max((seconds[("moe", _MANY_EXPERTS)] - seconds[("moe", 2)]) / (_MANY_EXPERTS - 2.0), 0.0)
-    return {
-        "dense_layer_s": seconds[("dense", 2)],
-        "moe_layer_s": max(seconds[("moe", 2)] - 2.0 * per_expert, 0.0),
-        "routed_expert_s": per_expert,
-    }
+    def seconds(layer: torch.nn.Module) -> float:
+        call = _fwd_bwd(layer, device=device, dtype=dtype)
+        return measure(call, device=device, warmup=warmup + 2, repeats=repeats, clock=clock).median_s
+
+    dense, few = _tiny_layers(2, device=device, dtype=dtype)
+    _, many = _tiny_layers(_MANY_EXPERTS, device=device, dtype=dtype)
+    dense_s, few_s, many_s = seconds(dense), seconds(few), seconds(many)
+    per_expert = max((many_s - few_s) / (_MANY_EXPERTS - 2.0), 0.0)
+    return {"dense_layer_s": dense_s, "moe_layer_s": max(few_s - 2.0 * per_expert, 0.0), "routed_expert_s": per_expert}
 
 
 def sharded_update_seconds(

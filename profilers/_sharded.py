@@ -28,7 +28,7 @@ def _fwd_bwd(module: nn.Module, x: torch.Tensor):  # noqa: ANN202
     return call
 
 
-SHAPES = ((2, 64, 64), (2, 64, 256), (2, 64, 1024))
+SHAPES = ((2, 64, 64), (2, 64, 256), (2, 64, 512), (2, 64, 1024))
 
 
 def sharded_module_overhead_s(
