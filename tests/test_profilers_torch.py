@@ -83,6 +83,7 @@ def test_two_ranks_measure_collectives_and_agree():
     assert set(first.collectives) == {"all_reduce", "send_recv"}
     assert first.sharded_module_overhead_s > 0  # DTensor dispatch costs host time on every rank
     assert len(first.sharded_linear.work) == 4 and first.sharded_module_overhead_s in first.sharded_linear.seconds
+    assert list(first.sharded_linear.seconds) == sorted(first.sharded_linear.seconds)  # running max over sizes
     assert first.operator_clock == "thread"  # one intra-op thread per rank on a CPU
     assert first.collectives["all_reduce"][2].work == (4096.0, 65536.0)
     assert first.host.sharded_parameter_update_s > 0  # a DTensor update dispatches through DTensor
