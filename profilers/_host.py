@@ -109,10 +109,12 @@ def layer_host_seconds(*, device: torch.device, dtype: torch.dtype, clock: str, 
 
 
 def sharded_update_seconds(
-    *, device: torch.device, dtype: torch.dtype, clock: str, warmup: int, repeats: int, count: int = 8
+    *, device: torch.device, dtype: torch.dtype, clock: str, warmup: int, repeats: int, count: int = 8,
+    shape: tuple[int, int] = (256, 256),
 ) -> float:
     """Extra seconds per tensor-parallel weight per step (main-gradient accumulation + optimizer
-    update) over plain tensors of the local shape; the slowest rank's, >= 0. Element-wise ops on
+    update) over plain tensors of the local shape (``shape``: the global weight, split on its
+    first dimension); the slowest rank's, >= 0. Element-wise ops on
     a sharded DTensor communicate nothing: the extra is host dispatch, so the operator clock
     (thread CPU time for single-threaded CPU ranks) measures it."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -120,7 +122,6 @@ def sharded_update_seconds(
 
     world = dist.get_world_size()
     mesh = init_device_mesh(device.type, (world,))
-    shape = (256, 256)
     local = [torch.nn.Parameter(torch.randn(shape[0] // world, shape[1], device=device, dtype=dtype)) for _ in range(count)]
     sharded = [torch.nn.Parameter(distribute_tensor(torch.randn(shape, device=device, dtype=dtype), mesh, [Shard(0)]))
                for _ in range(count)]
