@@ -356,10 +356,17 @@ def _micro_batch_comm(ctx: TrainingContext, times: CollectiveTimes) -> dict[str,
     layout = ctx.layout
     passes = 2.0 + (np.asarray(ctx.table["recompute"]) == RECOMPUTE_CODES["full"])
     tp_layer = np.where(ctx.sequence_parallel, times.tp_split, times.tp_all_reduce)
+    # A blocking collective between compute segments waits for the ranks' wake-up beyond its
+    # own time (measured, ``HardwareSpec.collective_sync_s``; 0 without a profile).
+    sync = getattr(ctx.cluster.device, "collective_sync_s", 0.0)
+    tp_count = passes * layout.layers * 2.0 + layout.has_embedding
     return {
         # Two collectives per layer and pass; the vocab-parallel embedding all-reduces once.
-        "tp_comm": passes * layout.layers * 2.0 * tp_layer + layout.has_embedding * times.tp_all_reduce,
-        "ep_comm": passes * layout.moe_layers * times.ep_exchange,
+        "tp_comm": passes * layout.layers * 2.0 * tp_layer + layout.has_embedding * times.tp_all_reduce
+        + np.where(ctx.column("tp") > 1, tp_count * sync, 0.0),
+        # Dispatch and combine: two all-to-alls per MoE layer and pass.
+        "ep_comm": passes * layout.moe_layers * times.ep_exchange
+        + np.where(ctx.column("ep") > 1, passes * layout.moe_layers * 2.0 * sync, 0.0),
         # The backward ring carries K/V and their gradients: twice the forward traffic.
         "cp_comm": (passes + 1.0) * layout.layers * times.cp_ring,
     }

@@ -92,7 +92,7 @@ def _curve(rows: list[tuple[float, Timing, str]], source: str) -> MeasuredCurve:
 def count_points(grid: ProfileGrid, world_size: int) -> int:
     """How many points ``profile_hardware`` measures (for a progress bar's total)."""
     collectives = collective_points(ops=grid.collective_ops, message_bytes=grid.collective_bytes, world_size=world_size)
-    return len(operator_points(grid)) + (len(collectives) + 3 if world_size > 1 else 0) + 3
+    return len(operator_points(grid)) + (len(collectives) + 4 if world_size > 1 else 0) + 3
 
 
 def profile_hardware(*, grid: ProfileGrid, progress: Progress | None = None, clock: str = "auto") -> HardwareProfile:
@@ -189,7 +189,9 @@ def _update_curves(*, grid: ProfileGrid, device: torch.device, source: str, cloc
 def _host_overhead(*, grid: ProfileGrid, device: torch.device, source: str, clock: str, world: int, advance: Progress):
     """``HostOverhead``: layer host costs on every rank (averaged), and with ranks the
     tensor-parallel weight update and pipeline micro-batch costs (``profilers._host``)."""
-    from profilers._host import layer_host_seconds, pipeline_micro_batch_seconds, sharded_update_seconds
+    from profilers._host import (
+        collective_sync_seconds, layer_host_seconds, pipeline_micro_batch_seconds, sharded_update_seconds,
+    )
     from topology._hardware_profile import HostOverhead
 
     if _distributed():
@@ -206,6 +208,9 @@ def _host_overhead(*, grid: ProfileGrid, device: torch.device, source: str, cloc
         fields["pipeline_micro_batch_s"] = pipeline_micro_batch_seconds(device=device, warmup=grid.warmup,
                                                                         repeats=grid.repeats)
         advance("pipeline schedule per micro-batch")
+        fields["collective_sync_s"] = collective_sync_seconds(device=device, dtype=_training_dtype(grid),
+                                                              warmup=grid.warmup, repeats=grid.repeats)
+        advance("collective after compute")
     return HostOverhead(**fields, source=source + ", runtime modules at a vanishing size")
 
 

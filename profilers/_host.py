@@ -14,7 +14,8 @@
 * With ranks: the extra step cost of a tensor-parallel (DTensor) weight over a plain tensor of
   its local shape, and the per-micro-batch cost of a ``torch.distributed.pipelining`` 1F1B
   schedule (the slope of step time over micro-batch count with stages doing almost no work,
-  less the send/recv of the boundary activation, priced apart).
+  less the send/recv of the boundary activation, priced apart), and the extra time of a
+  blocking all-reduce issued right after a compute segment over the same all-reduce alone.
 """
 
 from __future__ import annotations
@@ -196,3 +197,31 @@ def _send_recv_s(shape: tuple[int, ...], *, device: torch.device, repeats: int) 
 
     dist.barrier()
     return measure(ping, device=device, warmup=2, repeats=repeats, min_sample_s=0.0, clock="wall").median_s / 2.0
+
+
+def collective_sync_seconds(*, device: torch.device, dtype: torch.dtype, warmup: int, repeats: int) -> float:
+    """Extra wall seconds of an all-reduce (128 KiB) issued right after a GEMM, over the GEMM and
+    the all-reduce timed apart: in a step, collectives sit between compute segments; the slowest
+    rank's, >= 0."""
+    x = torch.randn(128, 512, device=device, dtype=dtype)
+    weight = torch.randn(256, 512, device=device, dtype=dtype)
+    buffer = torch.zeros(2**16, device=device, dtype=dtype)
+
+    def compute() -> None:
+        torch.nn.functional.linear(x, weight)
+
+    def reduce() -> None:
+        dist.all_reduce(buffer)
+
+    def both() -> None:
+        compute()
+        reduce()
+
+    seconds = []
+    for call in (compute, reduce, both):
+        dist.barrier()
+        seconds.append(measure(call, device=device, warmup=warmup + 3, repeats=max(repeats, 15), min_sample_s=0.0,
+                               clock="wall").median_s)
+    extra = torch.tensor([max(seconds[2] - seconds[0] - seconds[1], 0.0)], dtype=torch.float64)
+    dist.all_reduce(extra, op=dist.ReduceOp.MAX)
+    return float(extra[0])

@@ -299,3 +299,19 @@ def test_corrupted_host_overhead_is_rejected_by_name(tmp_path, field):
     path.write_text(json.dumps(document))
     with pytest.raises(ValueError, match=f"host.{field}" if field != "source" else "host"):
         load_hardware_profile(path)
+
+
+def test_collective_sync_cost_is_charged_per_blocking_tp_and_ep_collective():
+    from cost_model import ParallelConfig
+
+    base = _with_host(host=_host())
+    costly = _with_host(host=_host(collective_sync_s=1e-3))
+    assert HardwareSpec.from_profile(costly).collective_sync_s == 1e-3
+    one = ParallelConfig(micro_batch_size=2)
+    assert _tiny_estimate(costly, one).step_time_s == pytest.approx(_tiny_estimate(base, one).step_time_s, rel=1e-12)
+    tp2 = ParallelConfig(tp=2, micro_batch_size=2)
+    extra = _tiny_estimate(costly, tp2).time_s["tp_comm"] - _tiny_estimate(base, tp2).time_s["tp_comm"]
+    assert extra == pytest.approx(2 * (2 * 4 * 2 + 1) * 1e-3, rel=1e-9)  # 2 micro-batches x (2 passes x 4 layers x 2 + embedding)
+    ep2 = ParallelConfig(ep=2, dp=2, micro_batch_size=1)
+    extra = _tiny_estimate(costly, ep2).time_s["ep_comm"] - _tiny_estimate(base, ep2).time_s["ep_comm"]
+    assert extra == pytest.approx(2 * (2 * 3 * 2) * 1e-3, rel=1e-9)  # 2 micro-batches x 2 passes x 3 MoE layers x 2 all-to-alls

@@ -87,7 +87,7 @@ def test_two_ranks_measure_collectives_and_agree():
     assert first.operator_clock == "thread"  # one intra-op thread per rank on a CPU
     assert first.collectives["all_reduce"][2].work == (4096.0, 65536.0)
     assert first.host.sharded_parameter_update_s > 0  # a DTensor update dispatches through DTensor
-    assert first.host.pipeline_micro_batch_s >= 0 and first.optimizer is not None
+    assert first.host.pipeline_micro_batch_s >= 0 and first.host.collective_sync_s >= 0 and first.optimizer is not None
 
 
 @pytest.mark.distributed

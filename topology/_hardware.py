@@ -150,6 +150,12 @@ class HardwareSpec(BaseModel):
         return 0.0 if host is None else host.pipeline_micro_batch_s
 
     @property
+    def collective_sync_s(self) -> float:
+        """Extra seconds of a blocking collective between compute segments (0 without a profile)."""
+        host = None if self.profile is None else self.profile.host
+        return 0.0 if host is None else host.collective_sync_s
+
+    @property
     def resolved_device_type(self) -> str:
         """``device_type``, else guessed from the vendor in ``name`` (NVIDIA/AMD -> cuda)."""
         if self.device_type:

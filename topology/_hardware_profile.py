@@ -88,7 +88,9 @@ class HostOverhead(BaseModel):
     tensor-parallel (DTensor) weight adds this to a step (main-gradient accumulation and
     optimizer update) over a plain tensor of its local shape. ``pipeline_micro_batch_s``: each
     micro-batch adds this per pipeline stage (the schedule's forward and backward actions, less
-    the send/recv time already priced by the link).
+    the send/recv time already priced by the link). ``collective_sync_s``: a blocking collective
+    right after a compute segment takes this longer than the collective alone (the ranks, and
+    the transport's threads, wake up after the compute).
     """
 
     model_config = _STRICT
@@ -98,6 +100,7 @@ class HostOverhead(BaseModel):
     routed_expert_s: float = Field(ge=0)
     sharded_parameter_update_s: float = Field(default=0.0, ge=0)
     pipeline_micro_batch_s: float = Field(default=0.0, ge=0)
+    collective_sync_s: float = Field(default=0.0, ge=0)
     source: str = Field(description="'measured: <how, where, when>'")
 
     @model_validator(mode="after")

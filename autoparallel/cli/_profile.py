@@ -152,7 +152,8 @@ def _host_caption(host) -> str:  # noqa: ANN001 - topology HostOverhead or None
         return ""
     return (f"; host per layer (fwd+bwd) dense {human_seconds(host.dense_layer_s)}, MoE {human_seconds(host.moe_layer_s)} "
             f"+ {human_seconds(host.routed_expert_s)} per routed expert; per tensor-parallel weight update "
-            f"{human_seconds(host.sharded_parameter_update_s)}; per pipeline micro-batch {human_seconds(host.pipeline_micro_batch_s)}")
+            f"{human_seconds(host.sharded_parameter_update_s)}; per pipeline micro-batch {human_seconds(host.pipeline_micro_batch_s)}; "
+            f"per collective after compute {human_seconds(host.collective_sync_s)}")
 
 
 def _parse_plans(text: str, *, batch_sequences: int):  # noqa: ANN202 - tuple[ParallelConfig, ...]
