@@ -50,7 +50,13 @@ from cost_model._common import (
 )
 from cost_model._model_spec import ModelSpec
 from cost_model._table import CONFIG_COLUMNS, RECOMPUTE_CODES, SCHEDULE_CODES, select_rows, table_length
-from cost_model._training_comm import ACTIVATION_BYTES, CollectiveTimes, sharded_parameters, table_collective_times
+from cost_model._training_comm import (
+    ACTIVATION_BYTES,
+    CollectiveTimes,
+    mla_backward_widths,
+    sharded_parameters,
+    table_collective_times,
+)
 from cost_model._workload import Training
 
 #: ``time.<part>`` columns of a training estimate; they sum to ``step_time_s``.
@@ -359,10 +365,13 @@ def _micro_batch_comm(ctx: TrainingContext, times: CollectiveTimes) -> dict[str,
     # A blocking collective between compute segments waits for the ranks' wake-up beyond its
     # own time (measured, ``HardwareSpec.collective_sync_s``; 0 without a profile).
     sync = getattr(ctx.cluster.device, "collective_sync_s", 0.0)
-    tp_count = passes * layout.layers * 2.0 + layout.has_embedding
+    mla_extra = max(len(mla_backward_widths(ctx.model)) - 1.0, 0.0)
+    mla_backward = np.where(ctx.sequence_parallel, 0.0, layout.layers * times.tp_mla_backward)
+    tp_count = passes * layout.layers * 2.0 + layout.has_embedding + np.where(ctx.sequence_parallel, 0.0, layout.layers * mla_extra)
     return {
-        # Two collectives per layer and pass; the vocab-parallel embedding all-reduces once.
-        "tp_comm": passes * layout.layers * 2.0 * tp_layer + layout.has_embedding * times.tp_all_reduce
+        # Two collectives per layer and pass (MLA: more in backward without SP); the
+        # vocab-parallel embedding all-reduces once.
+        "tp_comm": passes * layout.layers * 2.0 * tp_layer + layout.has_embedding * times.tp_all_reduce + mla_backward
         + np.where(ctx.column("tp") > 1, tp_count * sync, 0.0),
         # Dispatch and combine: two all-to-alls per MoE layer and pass.
         "ep_comm": passes * layout.moe_layers * times.ep_exchange

@@ -35,6 +35,7 @@ class CollectiveTimes:
 
     tp_all_reduce: np.ndarray  # the hidden activation, all-reduce over tp
     tp_split: np.ndarray  # the same as reduce-scatter + all-gather (sequence parallel)
+    tp_mla_backward: np.ndarray  # MLA without SP: backward all-reduces beyond the attention input's
     ep_exchange: np.ndarray  # dispatch + combine all-to-all, expert-TP gather + scatter
     cp_ring: np.ndarray  # the cp - 1 ring steps of one layer
     pp_p2p: np.ndarray  # one boundary send/recv
@@ -77,7 +78,8 @@ def collective_times(ctx) -> CollectiveTimes:  # noqa: ANN001
     tp_all_reduce, tp_split = _tp(ctx)
     dp_all_reduce, dp_sharded, dp_fsdp = _dp(ctx)
     return CollectiveTimes(
-        tp_all_reduce=tp_all_reduce, tp_split=tp_split, ep_exchange=_ep(ctx), cp_ring=_cp(ctx), pp_p2p=_pp(ctx),
+        tp_all_reduce=tp_all_reduce, tp_split=tp_split, tp_mla_backward=_tp_mla_backward(ctx, tp_all_reduce),
+        ep_exchange=_ep(ctx), cp_ring=_cp(ctx), pp_p2p=_pp(ctx),
         dp_all_reduce=dp_all_reduce, dp_sharded=dp_sharded, dp_fsdp=dp_fsdp,
     )
 
@@ -90,6 +92,33 @@ def _tp(ctx) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
         "all_gather", axis="tp", group_size=tp, message_bytes=message
     )
     return all_reduce, split
+
+
+def mla_backward_widths(model) -> tuple[int, ...]:  # noqa: ANN001 - ModelSpec
+    """Widths of the replicated tensors whose gradients MLA all-reduces over tp in backward: the
+    per-head up-projections (column-parallel) read the replicated query and KV latents, and every
+    head's RoPE key is one shared vector, so each input's gradient is a sum over the tp ranks'
+    heads (DeepSeek-V2, arXiv:2405.04434, sec. 2.1; Megatron-core MLA's column-parallel
+    ``linear_q_up_proj`` / ``linear_kv_up_proj``). Without query compression the query projection
+    reads the layer input itself. Empty for other attention kinds."""
+    a = model.attention
+    if a.kind != "mla":
+        return ()
+    return (a.q_lora_rank or model.hidden_size, a.kv_lora_rank, a.qk_rope_head_dim)
+
+
+def _tp_mla_backward(ctx, hidden_all_reduce: np.ndarray) -> np.ndarray:  # noqa: ANN001
+    """Backward seconds per layer of MLA's input-gradient all-reduces (``mla_backward_widths``)
+    beyond the one all-reduce of the hidden-size attention input that ``tp_all_reduce`` counts."""
+    widths = mla_backward_widths(ctx.model)
+    if not widths:
+        return np.zeros_like(hidden_all_reduce)
+    tp = ctx.column("tp")
+    each = [
+        ctx.collective("all_reduce", axis="tp", group_size=tp, message_bytes=ctx.tokens * width * ACTIVATION_BYTES)
+        for width in widths
+    ]
+    return sum(each) - hidden_all_reduce
 
 
 def _ep(ctx) -> np.ndarray:  # noqa: ANN001

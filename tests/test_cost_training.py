@@ -316,3 +316,26 @@ def test_context_parallel_trades_activations_for_ring_traffic() -> None:
     ring = columns["time.cp_comm"] + columns["hidden.cp_comm"]
     assert ring[0] == 0 < ring[1] < ring[2]
     assert columns["memory.activations"][0] > columns["memory.activations"][1] > columns["memory.activations"][2]
+
+
+def test_mla_without_sp_all_reduces_each_replicated_latent_in_backward() -> None:
+    """With latency-only collectives the TP time counts collectives: per layer a GQA layer has 2
+    all-reduces in forward and 2 in backward; MLA's backward all-reduces its query latent, KV
+    latent and shared RoPE key instead of the one attention input (the runtime issues the same)."""
+    from cost_model import AttentionSpec
+
+    mla = get_model("tiny-moe")
+    a = mla.attention
+    gqa = mla.model_copy(update={"attention": AttentionSpec(kind="gqa", num_heads=a.num_heads, num_kv_heads=a.num_heads, head_dim=a.v_head_dim)})
+    cluster = get_preset("dgx-h100", num_nodes=1)
+    link = cluster.intra_node
+    latency_only = cluster.model_copy(update={"intra_node": link.model_copy(update={"bandwidth_bytes_per_s": 1e30})})
+    workload = Training(sequence_length_tokens=64, global_batch_tokens=64 * 8)
+    table = configs_to_table([ParallelConfig(dp=4, tp=2, ep=1), ParallelConfig(dp=4, tp=2, ep=1, sequence_parallel=True)])
+    tp = {
+        name: (lambda c: c["time.tp_comm"] + c["hidden.tp_comm"])(estimate_table(model, latency_only, workload, table, options=NEUTRAL))
+        for name, model in (("mla", mla), ("gqa", gqa))
+    }
+    layers = mla.num_layers
+    assert tp["mla"][0] / tp["gqa"][0] == pytest.approx((4 * layers + 1 + 2 * layers) / (4 * layers + 1), rel=1e-6)
+    assert tp["mla"][1] == pytest.approx(tp["gqa"][1], rel=1e-6)  # sequence parallel: unchanged
