@@ -37,7 +37,7 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
         "stage-check",
         help="staged validation: an op, a layer, one device, then tp2 and pp2 plans, predicted vs measured",
         description="Measures the small reference MoE model on this host (gloo ranks) and compares each stage "
-        "with the cost model loaded with a hardware profile (time within 25%%, memory within 15%%).",
+        "with the cost model loaded with a hardware profile (time within 25%, memory within 15%).",
     )
     stage.add_argument("--profile", type=Path, required=True, help="hardware profile JSON (autoparallel profile)")
     stage.add_argument("--force", action="store_true", help="accept a profile measured on another device type")
