@@ -14,34 +14,19 @@ import copy
 
 import pytest
 
-from autoparallel.testing import run_ranks
+from autoparallel.testing import (
+    GRADIENT_TOLERANCE,
+    assert_parity,
+    full_tensor,
+    parameter_errors,
+    reference_step,
+    relative_error,
+    run_ranks,
+    worst_error,
+)
 
-GRADIENT_TOLERANCE = 1e-5  # relative to the tensor's largest magnitude
-PARAMETER_TOLERANCE = 1e-4  # absolute, after one AdamW step
 SEQUENCE_TOKENS = 16
 SEQUENCES_PER_DP_RANK = 2
-
-
-def _full(tensor):
-    from torch.distributed.tensor import DTensor
-
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-
-
-def _relative_error(actual, expected) -> float:
-    scale = max(float(expected.abs().max()), 1e-12)
-    return float((actual.detach() - expected.detach()).abs().max()) / scale
-
-
-def _reference_step(model, tokens, targets):
-    import torch
-    import torch.nn.functional as F
-
-    logits = model(tokens)
-    F.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
-    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
-    torch.optim.AdamW(model.parameters(), lr=1e-3).step()
-    return logits.detach(), grads
 
 
 def _break_positions(applied) -> None:
@@ -111,20 +96,16 @@ def _cp_rank(rank: int, world_size: int, config_fields: dict, spec_fields: dict,
     dp_index = applied.meshes.coordinate("dp")
     local = slice(dp_index * SEQUENCES_PER_DP_RANK, (dp_index + 1) * SEQUENCES_PER_DP_RANK)
     local_tokens, local_targets = applied.shard_inputs(tokens[local], targets[local])
-    reference_logits, reference_grads = _reference_step(reference, tokens, targets)
+    reference_logits, reference_grads = reference_step(reference, tokens, targets)
 
     logits, loss = _step(applied, local_tokens, local_targets, loss_fn)
 
     reference_loss = F.cross_entropy(reference_logits[local].flatten(0, 1), targets[local].flatten())
     errors = {}
     if logits is not None:  # the last pipeline stage (every rank without pipeline parallel)
-        errors["logits"] = _relative_error(applied.gather_sequence(_full(logits)), reference_logits[local])
-        errors["loss"] = _relative_error(applied.context_parallel.average(loss), reference_loss)
-    reference_parameters = dict(reference.named_parameters())
-    for name, parameter in (item for module in applied.modules for item in module.named_parameters()):
-        grad = _full(parameter.grad) if parameter.grad is not None else torch.zeros(parameter.shape)
-        errors[f"grad:{name}"] = _relative_error(grad, reference_grads[name])
-        errors[f"param:{name}"] = float((_full(parameter.detach()) - reference_parameters[name].detach()).abs().max())
+        errors["logits"] = relative_error(applied.gather_sequence(full_tensor(logits)), reference_logits[local])
+        errors["loss"] = relative_error(applied.context_parallel.average(loss), reference_loss)
+    errors.update(parameter_errors(applied.modules, reference, reference_grads))
     return {"errors": errors, "local_tokens": int(local_tokens.shape[1])}
 
 
@@ -135,24 +116,10 @@ def _run(config_fields: dict, *, spec_fields: dict | None = None, broken: bool =
     return run_ranks(_cp_rank, world, args=(config_fields, spec_fields or {}, broken), timeout_s=120)
 
 
-def _worst(results: list[dict], prefix: str) -> tuple[float, str]:
-    worst = (0.0, "")
-    for result in results:
-        for key, value in result["errors"].items():
-            if key.startswith(prefix) and value > worst[0]:
-                worst = (value, key)
-    return worst
-
-
 def _assert_parity(results: list[dict], *, cp: int) -> None:
     assert all(result["local_tokens"] == SEQUENCE_TOKENS // cp for result in results)
     assert all(sum(key.startswith("grad:") for key in result["errors"]) > 10 for result in results)
-    for prefix, tolerance in (("logits", GRADIENT_TOLERANCE), ("loss", GRADIENT_TOLERANCE), ("grad:", GRADIENT_TOLERANCE)):
-        value, key = _worst(results, prefix)
-        assert value <= tolerance, f"{key}: relative error {value:.3g} > {tolerance}"
-    value, key = _worst(results, "param:")
-    assert value <= PARAMETER_TOLERANCE, f"{key}: error {value:.3g} after one AdamW step > {PARAMETER_TOLERANCE}"
-    assert any("logits" in result["errors"] for result in results)
+    assert_parity(results)
 
 
 @pytest.mark.distributed
@@ -175,7 +142,7 @@ def test_context_parallel_step_equals_reference(config_fields, spec_fields):
 def test_local_positions_fail_the_same_check():
     """Negative control: a causal mask (and RoPE) on local token positions breaks parity."""
     results = _run({"cp": 2}, broken=True)
-    value, key = _worst(results, "logits")
+    value, key = worst_error(results, "logits")
     assert value > GRADIENT_TOLERANCE * 100, (key, value)
     with pytest.raises(AssertionError):
         _assert_parity(results, cp=2)

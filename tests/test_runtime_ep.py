@@ -18,7 +18,7 @@ import pytest
 import autoparallel as ap
 from autoparallel._expert_placement import balanced_placement
 from autoparallel._plan import ShardingPlan
-from autoparallel.testing import plan_for_config, run_ranks
+from autoparallel.testing import full_tensor, plan_for_config, run_ranks
 from cost_model import ParallelConfig, Training
 
 GRAD_RTOL = 1e-5
@@ -60,12 +60,6 @@ def _loss(logits, targets):
     import torch.nn.functional as F
 
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
-
-
-def _full(tensor):
-    from torch.distributed.tensor import DTensor
-
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def _reference_view(name: str, tensor, local, plan, meshes):
@@ -121,7 +115,7 @@ def check_case(rank: int, world_size: int, plan_json: str, options: dict, refere
     errors = {"logits": (0.0, ""), "loss": (0.0, ""), "grad": (0.0, ""), "param": (0.0, ""), "checked": 0}
     if logits is not None:
         local_reference = reference_logits[start : start + SEQUENCES_PER_RANK]
-        errors["logits"] = (_relative(_full(logits), local_reference), "logits")
+        errors["logits"] = (_relative(full_tensor(logits), local_reference), "logits")
         errors["loss"] = (_relative(loss.detach(), _loss(local_reference, local_targets)), "loss")
     errors.update(_compare(modules, reference, plan, meshes, kind="grad"))
     torch.optim.AdamW(applied.parameters(), lr=LEARNING_RATE).step()
@@ -142,11 +136,11 @@ def _compare(modules, reference, plan, meshes, *, kind: str) -> dict:
             if kind == "grad":
                 if parameter.grad is None:
                     return {kind: (float("inf"), f"{name} has no gradient")}
-                local = _full(parameter.grad)
+                local = full_tensor(parameter.grad)
                 expected = _reference_view(name, reference_parameters[name].grad, local, plan, meshes)
                 error = _relative(local, expected)
             else:
-                local = _full(parameter.detach())
+                local = full_tensor(parameter.detach())
                 expected = _reference_view(name, reference_parameters[name].detach(), local, plan, meshes)
                 error = float((local - expected).abs().max())
             if error >= worst_error:

@@ -12,37 +12,21 @@ import copy
 
 import pytest
 
-from autoparallel.testing import run_ranks
+from autoparallel.testing import (
+    GRADIENT_TOLERANCE,
+    assert_parity,
+    full_tensor,
+    parameter_errors,
+    reference_step,
+    relative_error,
+    run_ranks,
+    worst_error,
+)
 
 pytestmark = pytest.mark.distributed
 
-GRADIENT_TOLERANCE = 1e-5  # relative to the tensor's largest magnitude
-PARAMETER_TOLERANCE = 1e-4  # absolute, after one AdamW step
 SEQUENCE_TOKENS = 8
 SEQUENCES_PER_DP_RANK = 4
-
-
-def _full(tensor):
-    from torch.distributed.tensor import DTensor
-
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-
-
-def _relative_error(actual, expected) -> float:
-    scale = max(float(expected.abs().max()), 1e-12)
-    return float((actual.detach() - expected.detach()).abs().max()) / scale
-
-
-def _reference_step(model, tokens, targets):
-    import torch
-    import torch.nn.functional as F
-
-    logits = model(tokens)
-    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-    loss.backward()
-    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
-    torch.optim.AdamW(model.parameters(), lr=1e-3).step()
-    return logits.detach(), grads
 
 
 def _sharded_step(applied, tokens, targets, *, broken: str | None):
@@ -103,23 +87,16 @@ def _parity_rank(rank: int, world_size: int, config_fields: dict, spec_fields: d
     _break(applied, broken)
     dp_index = applied.meshes.coordinate("dp")
     local = slice(dp_index * SEQUENCES_PER_DP_RANK, (dp_index + 1) * SEQUENCES_PER_DP_RANK)
-    reference_logits, reference_grads = _reference_step(reference, tokens, targets)
+    reference_logits, reference_grads = reference_step(reference, tokens, targets)
     logits, loss = _sharded_step(applied, tokens[local], targets[local], broken=broken)
 
     errors: dict[str, float] = {}
     if logits is not None:
-        errors["logits"] = _relative_error(_full(logits), reference_logits[local])
+        errors["logits"] = relative_error(full_tensor(logits), reference_logits[local])
         reference_loss = F.cross_entropy(reference_logits[local].flatten(0, 1), targets[local].flatten())
-        errors["loss"] = _relative_error(loss.reshape(()), reference_loss)
-    reference_parameters = dict(reference.named_parameters())
-    names = []
-    for module in applied.modules:
-        for name, parameter in module.named_parameters():
-            names.append(name)
-            grad = _full(parameter.grad) if parameter.grad is not None else torch.zeros(parameter.shape)
-            errors[f"grad:{name}"] = _relative_error(grad, reference_grads[name])
-            errors[f"param:{name}"] = float((_full(parameter.detach()) - reference_parameters[name].detach()).abs().max())
-    return {"errors": errors, "num_parameters": len(names)}
+        errors["loss"] = relative_error(loss.reshape(()), reference_loss)
+    errors.update(parameter_errors(applied.modules, reference, reference_grads))
+    return {"errors": errors, "num_parameters": sum(key.startswith("param:") for key in errors)}
 
 
 def _run(config_fields: dict, *, spec_fields: dict | None = None, broken: str | None = None) -> list[dict]:
@@ -129,23 +106,9 @@ def _run(config_fields: dict, *, spec_fields: dict | None = None, broken: str | 
     return run_ranks(_parity_rank, world, args=(config_fields, spec_fields or {}, broken), timeout_s=150)
 
 
-def _worst(results: list[dict], prefix: str) -> tuple[float, str]:
-    worst = (0.0, "")
-    for result in results:
-        for key, value in result["errors"].items():
-            if key.startswith(prefix) and value > worst[0]:
-                worst = (value, key)
-    return worst
-
-
 def _assert_parity(results: list[dict]) -> None:
     assert all(result["num_parameters"] > 0 for result in results)
-    for prefix, tolerance in (("logits", GRADIENT_TOLERANCE), ("loss", GRADIENT_TOLERANCE), ("grad:", GRADIENT_TOLERANCE)):
-        value, key = _worst(results, prefix)
-        assert value <= tolerance, f"{key}: relative error {value:.3g} > {tolerance}"
-    value, key = _worst(results, "param:")
-    assert value <= PARAMETER_TOLERANCE, f"{key}: error {value:.3g} after one AdamW step > {PARAMETER_TOLERANCE}"
-    assert any(key == "logits" for result in results for key in result["errors"])
+    assert_parity(results)
 
 
 @pytest.mark.parametrize(
@@ -173,7 +136,7 @@ def test_gqa_tp2_equals_reference(num_kv_heads):
 def test_broken_sync_fails_the_same_check():
     """Negative control: without the tp sum of MLA's shared RoPE-key gradient the check fails."""
     results = _run({"tp": 2}, broken="shared_key")
-    value, key = _worst(results, "grad:")
+    value, key = worst_error(results, "grad:")
     assert value > GRADIENT_TOLERANCE * 100, (key, value)
     with pytest.raises(AssertionError):
         _assert_parity(results)
@@ -188,8 +151,6 @@ def test_interleaved_pipeline_with_tensor_parallel_equals_reference():
 def _meta_init_rank(rank: int, world_size: int, config_fields: dict) -> float:
     """Build on meta, apply the plan, materialize, init: every local weight equals the whole
     model's initialized weight (sliced where sharded). Returns the largest difference."""
-    import torch
-
     from autoparallel.runtime import ReferenceMoETransformer, apply_plan, tiny_reference_spec
     from autoparallel.testing import plan_for_config
     from cost_model import ParallelConfig
@@ -204,7 +165,7 @@ def _meta_init_rank(rank: int, world_size: int, config_fields: dict) -> float:
     whole = dict(reference.named_parameters())
     worst = 0.0
     for name, parameter in applied.module.named_parameters():
-        worst = max(worst, float((_full(parameter.detach()) - whole[name].detach()).abs().max()))
+        worst = max(worst, float((full_tensor(parameter.detach()) - whole[name].detach()).abs().max()))
     return worst
 
 
