@@ -238,7 +238,7 @@ def _axis_values(space: SearchSpace, axis: str) -> list[int]:
 
 
 def _enumerate_meshes(space: SearchSpace) -> Table:
-    model, world = space.model, space.world_size
+    world = space.world_size
     table: Table = {"tp": np.array(_axis_values(space, "tp"), dtype=np.int64)}
     table = cross(table, {"pp": np.array(_axis_values(space, "pp"), dtype=np.int64)})
     table = select(table, world % (table["tp"] * table["pp"]) == 0)

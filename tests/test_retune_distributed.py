@@ -115,7 +115,6 @@ def _received_per_ep_rank(applied) -> int:
 
 # --------------------------------------------------------------------------- live re-placement
 def rebalance_case(rank: int, world_size: int, plan_json: str, move: bool) -> dict:
-    import torch
     import torch.distributed as dist
 
     from autoparallel.runtime.retune import Retuner, RetuneSettings, StepMeasurement
