@@ -284,7 +284,7 @@ def predict_all(*, model: ModelSpec, cluster: Cluster, workload, candidates) -> 
     if isinstance(workload, Inference):
         import numpy as np
 
-        from cost_model._inference import ServingConfig
+        from cost_model._serving_columns import ServingConfig
 
         rows = [
             ServingConfig(**{k: v for k, v in c.extras.items() if k in ServingConfig.model_fields}).columns(workload=workload)

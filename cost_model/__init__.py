@@ -4,12 +4,13 @@ from cost_model._breakdown import CostBreakdown, InfeasiblePlanError
 from cost_model._calibrate import CalibrationResult, StepMeasurement, calibrate
 from cost_model._common import Calibration, EstimateOptions
 from cost_model._estimate import estimate, estimate_table
-from cost_model._inference import ServingConfig, estimate_inference_table
+from cost_model._inference import estimate_inference_table
 from cost_model._inference_validation import ValidationRow, validate_dsv3_day6
 from cost_model._model_spec import AttentionSpec, ModelSpec, MoESpec
 from cost_model._parallel import ParallelConfig
 from cost_model._rules import check_parallel_config, check_sequence_fits, split_layers
 from cost_model._serving import DisaggregatedSplit, PoolConfig, disaggregated_split
+from cost_model._serving_columns import ServingConfig
 from cost_model._sweep import SequenceSweep, sequence_sweep
 from cost_model._table import configs_to_table, table_from_columns, table_length, table_row
 from cost_model._units import DTYPE_BYTES, dtype_bytes

@@ -86,7 +86,7 @@ def estimate(model: ModelSpec, cluster, workload: Training | Inference, config: 
         )
     if isinstance(workload, Inference):
         from cost_model._inference import REASON_CODES as inference_reasons
-        from cost_model._inference import ServingConfig
+        from cost_model._serving_columns import ServingConfig
 
         serving = ServingConfig(**{k: v for k, v in options.items() if k in ServingConfig.model_fields})
         rest = EstimateOptions(**{k: v for k, v in options.items() if k not in ServingConfig.model_fields})

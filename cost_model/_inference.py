@@ -1,7 +1,7 @@
 """Inference cost over a config table: TTFT, TPOT, memory, the largest batch and tokens/s.
 
 ``estimate_inference_table`` evaluates every row of a config table (``cost_model._table``) at
-once. Extra columns it reads (``INFERENCE_COLUMNS``; absent = default):
+once. Extra columns it reads (``_serving_columns.INFERENCE_COLUMNS``; absent = default):
 
 ===================== ======= ===============================================================
 ``batch_size``        int     sequences per attention replica (a DP replica, or each tp rank
@@ -60,10 +60,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from types import SimpleNamespace
-from typing import Literal, Mapping
+from typing import Mapping
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
 from cost_model import _inference_ops as ops
 from cost_model._common import (
@@ -80,43 +79,17 @@ from cost_model._common import (
     stage_layout,
 )
 from cost_model._model_spec import ModelSpec
+from cost_model._serving_columns import KV_DTYPE_CODES, PHASE_CODES, checked_columns
 from cost_model._table import table_length
 from cost_model._training import kernels_per_layer
-from cost_model._units import Dtype, dtype_bytes
+from cost_model._units import dtype_bytes
 from cost_model._workload import Inference
 
-PHASE_CODES: dict[str, int] = {"both": 0, "prefill": 1, "decode": 2}
-KV_DTYPE_CODES: dict[str, int] = {"bf16": 0, "fp8": 1, "int8": 2, "int4": 3, "fp16": 4, "fp32": 5}
-INFERENCE_COLUMNS: tuple[str, ...] = ("batch_size", "num_redundant_experts", "kv_dtype", "phase", "two_batch_overlap")
 INFERENCE_TIME_PARTS: tuple[str, ...] = ("compute", "attention", "tp_comm", "ep_comm", "cp_comm", "pp_comm")
 INFERENCE_MEMORY_PARTS: tuple[str, ...] = ("weights", "kv_cache", "activations", "comm_buffers", "fragmentation")
 _COMM_PARTS = ("tp_comm", "ep_comm", "cp_comm", "pp_comm")
 #: MoE combine runs in bf16 even when the dispatch is fp8 (DeepSeek-V3 report sec. 3.3; DeepEP).
 COMBINE_BYTES = 2.0
-
-
-class ServingConfig(BaseModel):
-    """Serving knobs of one config (the scalar face of ``INFERENCE_COLUMNS``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    batch_size: int = Field(default=0, ge=0, description="sequences per attention replica; 0 = largest that fits")
-    num_redundant_experts: int = Field(default=0, ge=0)
-    kv_dtype: Dtype | None = Field(default=None, description="None = the workload's kv_dtype")
-    phase: Literal["both", "prefill", "decode"] = "both"
-    two_batch_overlap: bool = False
-
-    def columns(self, *, workload: Inference, length: int = 1) -> dict[str, np.ndarray]:
-        """The extra table columns of this serving config, ``length`` rows."""
-        kv_dtype = self.kv_dtype or workload.kv_dtype
-        values = {
-            "batch_size": self.batch_size,
-            "num_redundant_experts": self.num_redundant_experts,
-            "kv_dtype": KV_DTYPE_CODES[kv_dtype],
-            "phase": PHASE_CODES[self.phase],
-            "two_batch_overlap": self.two_batch_overlap,
-        }
-        return {name: np.full(length, value) for name, value in values.items()}
 
 
 @dataclass(frozen=True)
@@ -164,25 +137,6 @@ class _Setup:
         return self.stage_ranks / (self.column("cp") * self.shard)
 
 
-def _checked_columns(table: Mapping[str, np.ndarray], workload: Inference) -> dict[str, np.ndarray]:
-    """The table with defaults for absent ``INFERENCE_COLUMNS``; raises ``ValueError`` naming a
-    column whose values break its rule."""
-    n = table_length(table)
-    defaults = {
-        "batch_size": 0, "num_redundant_experts": 0, "kv_dtype": KV_DTYPE_CODES[workload.kv_dtype],
-        "phase": PHASE_CODES["both"], "two_batch_overlap": False,
-    }
-    table = {**{name: np.full(n, value) for name, value in defaults.items()}, **table}
-    for name in ("batch_size", "num_redundant_experts"):
-        if np.any(np.asarray(table[name]) < 0):
-            raise ValueError(f"{name} ({int(np.min(table[name]))}) must be >= 0")
-    for name, codes in (("kv_dtype", KV_DTYPE_CODES), ("phase", PHASE_CODES)):
-        values = np.asarray(table[name], dtype=np.int64)
-        if values.min(initial=0) < 0 or values.max(initial=0) >= len(codes):
-            raise ValueError(f"{name} codes ({sorted(set(values.tolist()))}) must be in {codes}")
-    return table
-
-
 def _setup(
     *, model: ModelSpec, cluster, workload: Inference, table: Mapping[str, np.ndarray], options: EstimateOptions,
     prompt_tokens=None,
@@ -190,7 +144,7 @@ def _setup(
     """Shared arrays of one evaluation. ``prompt_tokens`` (per row) overrides the workload's."""
     if workload.kind != "inference":
         raise ValueError(f"workload.kind ({workload.kind!r}) must be 'inference' for estimate_inference_table")
-    table = _checked_columns(table, workload)
+    table = checked_columns(table, workload)
     n = table_length(table)
     layout = stage_layout(model=model, pp=table["pp"], virtual_stages=table["virtual_stages"])
     local = ranks_per_node(table=table, devices_per_node=cluster.devices_per_node)

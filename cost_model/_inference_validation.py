@@ -34,9 +34,10 @@ from importlib import resources
 from typing import NamedTuple
 
 from cost_model._common import Calibration, EstimateOptions, calibration_for
-from cost_model._inference import ServingConfig, estimate_inference_table
+from cost_model._inference import estimate_inference_table
 from cost_model._model_spec import ModelSpec
 from cost_model._parallel import ParallelConfig
+from cost_model._serving_columns import ServingConfig
 from cost_model._table import configs_to_table
 from cost_model._workload import Inference
 

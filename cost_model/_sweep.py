@@ -99,7 +99,8 @@ def sequence_sweep(
 
 
 def _inference_rows(model, cluster, workload, config, lengths, serving, options) -> dict[str, np.ndarray]:
-    from cost_model._inference import ServingConfig, estimate_inference_table
+    from cost_model._inference import estimate_inference_table
+    from cost_model._serving_columns import ServingConfig
 
     serving = serving or ServingConfig(batch_size=1)
     table = configs_to_table([config] * lengths.size, **serving.columns(workload=workload, length=lengths.size))

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from cost_model import InfeasiblePlanError, Inference, ModelSpec, PoolConfig, disaggregated_split
-from cost_model._inference import ServingConfig
+from cost_model._serving_columns import ServingConfig
 from search._candidate import Candidate
 from search._exhaustive import exhaustive_search
 from search._space import SearchBounds, divisors

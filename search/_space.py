@@ -219,7 +219,7 @@ def row_extras(table: Table, index: int) -> dict:
     skip = set(ParallelConfig.model_fields) | {"mesh_index"}
     extras = {k: (v[index].item() if hasattr(v[index], "item") else v[index]) for k, v in table.items() if k not in skip}
     if "kv_dtype" in extras:
-        from cost_model._inference import KV_DTYPE_CODES, PHASE_CODES
+        from cost_model._serving_columns import KV_DTYPE_CODES, PHASE_CODES
 
         extras["kv_dtype"] = {code: name for name, code in KV_DTYPE_CODES.items()}[int(extras["kv_dtype"])]
         extras["phase"] = {code: name for name, code in PHASE_CODES.items()}[int(extras.get("phase", 0))]
@@ -358,7 +358,7 @@ def kv_dtype_choices(space: SearchSpace) -> list[str]:
 def _inference_switches(space: SearchSpace, *, tp: int, pp: int, ep: int) -> Table:
     """Batch size per attention replica (0 = the largest that memory and the SLOs allow, or what a
     fixed ``concurrency`` needs), KV dtype (cost-model codes), redundant experts, two-batch overlap."""
-    from cost_model._inference import KV_DTYPE_CODES
+    from cost_model._serving_columns import KV_DTYPE_CODES
 
     bounds, workload = space.bounds, space.workload
     sweep = bounds.batch_size_sweep and workload.concurrency is None
@@ -367,7 +367,7 @@ def _inference_switches(space: SearchSpace, *, tp: int, pp: int, ep: int) -> Tab
     table = cross(table, _column("kv_dtype", [KV_DTYPE_CODES[d] for d in kv_dtype_choices(space)], np.int64))
     redundant = [0] if ep == 1 or space.model.moe is None else sorted({m * ep for m in bounds.redundant_expert_multiples})
     table = cross(table, _column("num_redundant_experts", redundant, np.int64))
-    from cost_model._inference import PHASE_CODES
+    from cost_model._serving_columns import PHASE_CODES
 
     overlap = [False, True] if bounds.two_batch_overlap and (tp > 1 or ep > 1) else [False]
     table = cross(table, _column("two_batch_overlap", overlap, bool))

@@ -19,7 +19,8 @@ from cost_model import (
     estimate_inference_table,
     table_from_columns,
 )
-from cost_model._inference import KV_DTYPE_CODES, PHASE_CODES, REASON_CODES
+from cost_model._inference import REASON_CODES
+from cost_model._serving_columns import KV_DTYPE_CODES, PHASE_CODES
 from cost_model._inference_ops import attention_flops_per_key, kv_bytes_per_sequence_layer, mean_attended_between
 from topology import get_preset
 

@@ -80,7 +80,7 @@ def test_experts_rules_and_prediction(plan: ap.ShardingPlan) -> None:
     workload = Training(**workload) if workload["kind"] == "training" else Inference(**workload)
     extras = {}
     if plan.serving is not None:
-        from cost_model._inference import ServingConfig
+        from cost_model._serving_columns import ServingConfig
 
         serving = plan.serving
         extras = ServingConfig(**serving.model_dump()).columns(workload=workload)
