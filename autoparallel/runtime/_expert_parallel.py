@@ -37,6 +37,15 @@ import torch.distributed as dist
 from torch import nn
 
 from autoparallel._plan import ExpertPlacement, ShardingPlan
+from autoparallel.runtime._row_collectives import (
+    GatherRows,
+    SplitRows,
+    all_to_all,
+    gather_counts,
+    gather_rows,
+    raw_all_to_all,
+    row_sizes,
+)
 
 __all__ = [
     "AllToAllDispatcher",
@@ -55,84 +64,6 @@ logger = logging.getLogger(__name__)
 # llama names and Mixtral's w1, w3 (gate, up) and w2 (down)).
 _COLUMN_PROJECTIONS = ("gate_proj", "up_proj", "w1", "w3")
 _ROW_PROJECTIONS = ("down_proj", "w2")
-
-
-# --------------------------------------------------------------------------- collectives
-def _group_size(group: dist.ProcessGroup | None) -> int:
-    return 1 if group is None else dist.get_world_size(group)
-
-
-def _raw_all_to_all(x: torch.Tensor, output_splits: list[int], input_splits: list[int], group) -> torch.Tensor:
-    out = x.new_empty((sum(output_splits),) + tuple(x.shape[1:]))
-    dist.all_to_all_single(out, x.contiguous(), output_splits, input_splits, group=group)
-    return out
-
-
-class _AllToAll(torch.autograd.Function):
-    """``all_to_all_single`` with uneven row splits; backward is the inverse exchange."""
-
-    @staticmethod
-    def forward(ctx, x, output_splits, input_splits, group):  # noqa: ANN001, ANN205 - autograd API
-        ctx.group, ctx.output_splits, ctx.input_splits = group, output_splits, input_splits
-        return _raw_all_to_all(x, output_splits, input_splits, group)
-
-    @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001, ANN205
-        return _raw_all_to_all(grad, ctx.input_splits, ctx.output_splits, ctx.group), None, None, None
-
-
-def all_to_all(x: torch.Tensor, *, output_splits: list[int], input_splits: list[int], group) -> torch.Tensor:
-    """Differentiable ``all_to_all_single`` of the rows of ``x`` (identity on a group of one)."""
-    if _group_size(group) == 1:
-        return x
-    return _AllToAll.apply(x, list(output_splits), list(input_splits), group)
-
-
-def _gather_rows(x: torch.Tensor, sizes: list[int], group) -> torch.Tensor:
-    """All-gather rows of different counts (``sizes[i]`` from rank i), as one all-to-all."""
-    size = len(sizes)
-    return _raw_all_to_all(x.repeat((size,) + (1,) * (x.dim() - 1)), sizes, [x.shape[0]] * size, group)
-
-
-class _SplitRows(torch.autograd.Function):
-    """Keep this rank's slice of rows a group holds identically; backward all-gathers the slices."""
-
-    @staticmethod
-    def forward(ctx, x, sizes, rank, group):  # noqa: ANN001, ANN205
-        ctx.sizes, ctx.group = sizes, group
-        start = sum(sizes[:rank])
-        return x[start : start + sizes[rank]].clone()
-
-    @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001, ANN205
-        return _gather_rows(grad.contiguous(), ctx.sizes, ctx.group), None, None, None
-
-
-class _GatherRows(torch.autograd.Function):
-    """All-gather slices into the rows every rank of a group holds; backward keeps this rank's
-    slice (the gradient of a replicated activation is already whole on every rank)."""
-
-    @staticmethod
-    def forward(ctx, x, sizes, rank, group):  # noqa: ANN001, ANN205
-        ctx.sizes, ctx.rank = sizes, rank
-        return _gather_rows(x, sizes, group)
-
-    @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001, ANN205
-        start = sum(ctx.sizes[: ctx.rank])
-        return grad[start : start + ctx.sizes[ctx.rank]].clone(), None, None, None
-
-
-def _gather_counts(count: int, group, size: int, device: torch.device) -> list[int]:
-    gathered = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(size)]
-    dist.all_gather(gathered, torch.tensor([count], dtype=torch.long, device=device), group=group)
-    return [int(value) for value in torch.cat(gathered).tolist()]
-
-
-def _row_sizes(num_rows: int, parts: int) -> list[int]:
-    """Row counts of ``torch.tensor_split(rows, parts)``: the first ``num_rows % parts`` get one more."""
-    base, extra = divmod(num_rows, parts)
-    return [base + (1 if index < extra else 0) for index in range(parts)]
 
 
 # --------------------------------------------------------------------------- groups and placement
@@ -266,14 +197,14 @@ class AllToAllDispatcher:
     def __call__(self, tokens: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor, experts) -> torch.Tensor:
         hidden, topk_weights, topk_ids, groups = tokens, weights, expert_ids, self.groups
         if groups.split_size > 1:
-            sizes = _row_sizes(hidden.shape[0], groups.split_size)
-            hidden = _SplitRows.apply(hidden, sizes, groups.split_rank, groups.split_group)
-            topk_weights = _SplitRows.apply(topk_weights, sizes, groups.split_rank, groups.split_group)
+            sizes = row_sizes(hidden.shape[0], groups.split_size)
+            hidden = SplitRows.apply(hidden, sizes, groups.split_rank, groups.split_group)
+            topk_weights = SplitRows.apply(topk_weights, sizes, groups.split_rank, groups.split_group)
             start = sum(sizes[: groups.split_rank])
             topk_ids = topk_ids[start : start + sizes[groups.split_rank]]
         routed = self._dispatch_combine(hidden, topk_ids, topk_weights, experts)
         if groups.split_size > 1:
-            routed = _GatherRows.apply(routed, sizes, groups.split_rank, groups.split_group)
+            routed = GatherRows.apply(routed, sizes, groups.split_rank, groups.split_group)
         return routed
 
     def _route(self, topk_ids: torch.Tensor) -> _Routing:
@@ -296,7 +227,7 @@ class AllToAllDispatcher:
         key = dest * slots + self._slot[dest, expert]
         send_order = torch.argsort(key, stable=True)
         send_counts = torch.bincount(key, minlength=ep * slots)
-        recv_counts = _raw_all_to_all(send_counts, [slots] * ep, [slots] * ep, groups.ep_group) if ep > 1 else send_counts
+        recv_counts = raw_all_to_all(send_counts, [slots] * ep, [slots] * ep, groups.ep_group) if ep > 1 else send_counts
         recv_counts = recv_counts.view(ep, slots)
         slot_ids = torch.arange(slots, device=device).repeat(ep)
         return _Routing(
@@ -322,12 +253,12 @@ class AllToAllDispatcher:
         """Apply local experts to the rows they received; with etp, on the etp group's rows."""
         groups = self.groups
         if groups.etp_size > 1:
-            counts = _gather_counts(received.shape[0], groups.etp_group, groups.etp_size, received.device)
+            counts = gather_counts(received.shape[0], groups.etp_group, groups.etp_size, received.device)
             rows = all_to_all(
                 received.repeat(groups.etp_size, 1), output_splits=counts,
                 input_splits=[received.shape[0]] * groups.etp_size, group=groups.etp_group,
             )
-            slot_of_row = _gather_rows(received_slot, counts, groups.etp_group)
+            slot_of_row = gather_rows(received_slot, counts, groups.etp_group)
         else:
             rows, slot_of_row = received, received_slot
         outputs = self._apply_slots(rows, slot_of_row, experts)
