@@ -10,6 +10,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from autoparallel._plan import ShardingPlan
+from cost_model import Inference, ParallelConfig
 
 ChangeKind = Literal["keep", "expert_placement", "micro_batch", "batch_size", "reshard"]
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -191,3 +192,44 @@ def _share_from_rank_zero(decision: "RetuneDecision | None") -> "RetuneDecision"
     payload = [decision.model_dump_json() if decision is not None else None]
     dist.broadcast_object_list(payload, src=0)
     return RetuneDecision.model_validate_json(payload[0])
+
+
+def plan_batch_size(plan: ShardingPlan) -> float:
+    """Sequences per replica of an inference plan, else the predicted micro-batch size."""
+    if plan.serving is not None:
+        return float(plan.serving.batch_size)
+    return float(plan.predicted.batch_size or 1) if plan.predicted is not None else 1.0
+
+
+def communication_s(predicted) -> float:  # noqa: ANN001 - CostBreakdown
+    """Exposed communication seconds of a prediction."""
+    return sum(v for k, v in predicted.time_s.items() if k.endswith("_comm"))
+
+
+_DEGREES = ("dp", "tp", "pp", "cp", "ep", "etp", "attention_data_parallel", "virtual_stages")
+
+
+def change_kind(old: ShardingPlan, new: ShardingPlan, workload) -> ChangeKind:  # noqa: ANN001
+    """What it takes to go from plan ``old`` to ``new``: nothing, a live change, or a reshard."""
+    a, b = old.config, new.config
+    if any(getattr(a, name) != getattr(b, name) for name in _DEGREES):
+        return "reshard"
+    rest = {k for k in ParallelConfig.model_fields if getattr(a, k) != getattr(b, k)}
+    if isinstance(workload, Inference):
+        if rest - {"micro_batch_size"}:
+            return "reshard"
+        old_batch = None if old.serving is None else old.serving.batch_size
+        new_batch = None if new.serving is None else new.serving.batch_size
+        return "batch_size" if old_batch != new_batch else "keep"
+    if not rest:
+        return "keep"
+    # Schedule, recompute or ZeRO stage rebuild the job from a checkpoint, like a degree change.
+    return "micro_batch" if rest == {"micro_batch_size"} else "reshard"
+
+
+def describe_plan(plan: ShardingPlan) -> str:
+    """Short text of a plan's degrees and batch, for logs and decisions."""
+    config = plan.config
+    degrees = " ".join(f"{k}{getattr(config, k)}" for k in ("pp", "dp", "cp", "tp", "ep", "etp") if getattr(config, k) > 1)
+    batch = f"batch {plan.serving.batch_size}" if plan.serving is not None else f"mbs{config.micro_batch_size}"
+    return f"{degrees or 'one device'} {batch}"

@@ -45,11 +45,15 @@ from autoparallel.runtime._retune_state import (
     StepMeasurement,
     WindowSummary,
     _combine_ranks,
+    change_kind,
+    communication_s,
+    describe_plan,
+    plan_batch_size,
     _rank,
     _share_from_rank_zero,
     summarize,
 )
-from cost_model import InfeasiblePlanError, Inference, ModelSpec, ParallelConfig, Training
+from cost_model import InfeasiblePlanError, Inference, ModelSpec, Training
 
 __all__ = ["Calibration", "RetuneDecision", "RetuneSettings", "Retuner", "StepMeasurement", "WindowSummary", "summarize"]
 
@@ -178,7 +182,7 @@ class Retuner:
             self._cost_calibration = self._fit_cost_model(summary, imbalance)
             self._stretch_cache = {}  # the fit may have priced uncalibrated stretches
         stretch = self._stretch(self.plan, imbalance)
-        comm = _communication_s(predicted)
+        comm = communication_s(predicted)
         rest = predicted.step_time_s - comm
         time_scale, comm_scale = summary.step_time_s / (predicted.step_time_s * stretch), None
         measured_comm = summary.communication_time_s
@@ -284,7 +288,7 @@ class Retuner:
         """A plan's step time under the fitted model (see ``calibrate``) at expert imbalance ``imbalance``."""
         predicted = plan.predicted
         stretch = self._stretch(plan, imbalance)
-        comm = _communication_s(predicted)
+        comm = communication_s(predicted)
         comm_scale = calibration.time_scale if calibration.communication_scale is None else calibration.communication_scale
         return stretch * (calibration.time_scale * (predicted.step_time_s - comm) + comm_scale * comm)
 
@@ -386,18 +390,18 @@ class Retuner:
             plans += self._research()
         out, seen = [], set()
         for plan in plans:
-            kind = _change_kind(self.plan, plan, self.workload)
+            kind = change_kind(self.plan, plan, self.workload)
             key = (plan.config, plan.serving)
             if kind == "keep" or kind not in kinds or plan.predicted is None or key in seen:
                 continue
             seen.add(key)
             if kind == "reshard" and max(plan.config.etp, self.plan.config.etp) > 1:
-                logger.info("retune: skip reshard %s: checkpoint resharding needs etp 1", _describe(plan))
+                logger.info("retune: skip reshard %s: checkpoint resharding needs etp 1", describe_plan(plan))
                 continue
             if kind != "reshard":  # a live change keeps the running expert placement
                 plan = plan.model_copy(update={"expert_placement": self.plan.expert_placement})
             if not self._fits(plan, calibration):
-                logger.info("retune: skip %s %s: calibrated memory exceeds the device", kind, _describe(plan))
+                logger.info("retune: skip %s %s: calibrated memory exceeds the device", kind, describe_plan(plan))
                 continue
             out.append((kind, plan, self._imbalance_under(plan, load)))
         self._prefetch_stretch([(plan, imbalance) for _, plan, imbalance in out])
@@ -405,7 +409,7 @@ class Retuner:
         for kind, plan, imbalance in out:
             step_time = self._calibrated_time(plan, imbalance, calibration) * self._work_ratio(plan)
             candidates.append(Candidate(kind=kind, plan=plan, step_time_s=step_time, gain_s_per_step=current - step_time,
-                                        change_cost_s=self._change_cost(kind, current), detail=_describe(plan)))
+                                        change_cost_s=self._change_cost(kind, current), detail=describe_plan(plan)))
         return candidates
 
     def _imbalance_under(self, plan: ShardingPlan, load) -> float:  # noqa: ANN001
@@ -430,7 +434,7 @@ class Retuner:
         running batch, so candidates are compared on the same work (seconds per token)."""
         if not isinstance(self.workload, Inference):
             return 1.0
-        return _batch_size(self.plan) / _batch_size(plan)
+        return plan_batch_size(self.plan) / plan_batch_size(plan)
 
     def _fits(self, plan: ShardingPlan, calibration: Calibration) -> bool:
         scale = calibration.memory_scale or 1.0
@@ -586,41 +590,3 @@ class Retuner:
 
 def _net(candidate: Candidate, settings: RetuneSettings) -> float:
     return candidate.gain_s_per_step * settings.horizon_steps - candidate.change_cost_s
-
-
-def _batch_size(plan: ShardingPlan) -> float:
-    if plan.serving is not None:
-        return float(plan.serving.batch_size)
-    return float(plan.predicted.batch_size or 1) if plan.predicted is not None else 1.0
-
-
-def _communication_s(predicted) -> float:  # noqa: ANN001 - CostBreakdown
-    return sum(v for k, v in predicted.time_s.items() if k.endswith("_comm"))
-
-
-_DEGREES = ("dp", "tp", "pp", "cp", "ep", "etp", "attention_data_parallel", "virtual_stages")
-
-
-def _change_kind(old: ShardingPlan, new: ShardingPlan, workload) -> ChangeKind:  # noqa: ANN001
-    """What it takes to go from plan ``old`` to ``new``: nothing, a live change, or a reshard."""
-    a, b = old.config, new.config
-    if any(getattr(a, name) != getattr(b, name) for name in _DEGREES):
-        return "reshard"
-    rest = {k for k in ParallelConfig.model_fields if getattr(a, k) != getattr(b, k)}
-    if isinstance(workload, Inference):
-        if rest - {"micro_batch_size"}:
-            return "reshard"
-        old_batch = None if old.serving is None else old.serving.batch_size
-        new_batch = None if new.serving is None else new.serving.batch_size
-        return "batch_size" if old_batch != new_batch else "keep"
-    if not rest:
-        return "keep"
-    # Schedule, recompute or ZeRO stage rebuild the job from a checkpoint, like a degree change.
-    return "micro_batch" if rest == {"micro_batch_size"} else "reshard"
-
-
-def _describe(plan: ShardingPlan) -> str:
-    config = plan.config
-    degrees = " ".join(f"{k}{getattr(config, k)}" for k in ("pp", "dp", "cp", "tp", "ep", "etp") if getattr(config, k) > 1)
-    batch = f"batch {plan.serving.batch_size}" if plan.serving is not None else f"mbs{config.micro_batch_size}"
-    return f"{degrees or 'one device'} {batch}"
