@@ -6,28 +6,10 @@ from __future__ import annotations
 import json
 import shlex
 
-import optuna
 import pytest
 
 import autoparallel as ap
 from autoparallel._export import FORMATS, Export, export_plan
-from cost_model import Inference, Training
-from search import SearchBounds, SearchSettings
-
-optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-@pytest.fixture(scope="module")
-def training_plan() -> ap.ShardingPlan:
-    bounds = SearchBounds(zero_stages=(1, 3), recompute_policies=("none", "selective"), max_micro_batch_size=2)
-    workload = Training(sequence_length_tokens=4096, global_batch_sequences=256)
-    return ap.find_plan("qwen3-235b-a22b", ap.get_preset("dgx-h100", num_nodes=8), workload, n_trials=24, settings=SearchSettings(bounds=bounds))
-
-
-@pytest.fixture(scope="module")
-def inference_plan() -> ap.ShardingPlan:
-    workload = Inference(prompt_tokens=2048, output_tokens=512, tpot_slo_s=0.05)
-    return ap.find_plan("deepseek-v3", ap.get_preset("dgx-h100", num_nodes=16), workload, n_trials=24, seed=1)
 
 
 def _with(plan: ap.ShardingPlan, **config) -> ap.ShardingPlan:

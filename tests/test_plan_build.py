@@ -8,7 +8,6 @@ from math import prod
 from pathlib import Path
 
 import numpy as np
-import optuna
 import pytest
 
 import autoparallel as ap
@@ -16,23 +15,9 @@ from autoparallel._module_rules import module_rules_for
 from autoparallel._planner import pipeline_stages
 from autoparallel.schema import load_schema, plan_json_schema, validate_plan_document
 from cost_model import Inference, Training, configs_to_table, estimate_table
-from search import SearchBounds, SearchSettings
+from search import SearchSettings
 
 REPO = Path(__file__).resolve().parents[1]
-optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-@pytest.fixture(scope="module")
-def training_plan() -> ap.ShardingPlan:
-    bounds = SearchBounds(zero_stages=(1, 3), recompute_policies=("none", "full"), max_micro_batch_size=2)
-    workload = Training(sequence_length_tokens=4096, global_batch_sequences=256)
-    return ap.find_plan("qwen3-235b-a22b", ap.get_preset("dgx-h100", num_nodes=8), workload, n_trials=40, settings=SearchSettings(bounds=bounds))
-
-
-@pytest.fixture(scope="module")
-def inference_plan() -> ap.ShardingPlan:
-    workload = Inference(prompt_tokens=2048, output_tokens=512, tpot_slo_s=0.05)
-    return ap.find_plan("deepseek-v3", ap.get_preset("dgx-h100", num_nodes=16), workload, n_trials=40, seed=1)
 
 
 @pytest.fixture(params=["training", "inference"])
