@@ -5,7 +5,7 @@ from cost_model._calibrate import CalibrationResult, StepMeasurement, calibrate
 from cost_model._common import Calibration, EstimateOptions
 from cost_model._estimate import estimate, estimate_table
 from cost_model._inference import estimate_inference_table
-from cost_model._inference_validation import ValidationRow, validate_dsv3_day6
+from cost_model._inference_validation import ValidationRow, validate_dsv3_day6, validate_dsv3_profile
 from cost_model._model_spec import AttentionSpec, ModelSpec, MoESpec
 from cost_model._parallel import ParallelConfig
 from cost_model._rules import check_parallel_config, check_sequence_fits, split_layers
@@ -51,4 +51,5 @@ __all__ = [
     "table_length",
     "table_row",
     "validate_dsv3_day6",
+    "validate_dsv3_profile",
 ]

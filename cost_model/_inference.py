@@ -19,8 +19,11 @@ once. Extra columns it reads (``_serving_columns.INFERENCE_COLUMNS``; absent = d
 ===================== ======= ===============================================================
 
 Time model: a decode step is one pass of one token per sequence at the mean decode context
-``prompt + (output + 1) / 2``; prefill is one pass over the ``prompt * (1 - prefix_cache_hit_rate)``
-uncached tokens, attending the whole prompt. A pipeline of ``pp`` ranks keeps ``pp``
+``prompt + (output * (1 + output_tokens_cv^2) + 1) / 2`` (the mean over output tokens: a request
+of ``O`` outputs contributes ``O`` tokens at contexts ``P + 1 .. P + O``); prefill is one pass over the ``prompt * (1 - prefix_cache_hit_rate)``
+uncached tokens, attending the whole prompt; its attention is priced at the token-weighted mean
+prompt ``prompt * (1 + prompt_tokens_cv^2)`` (a token's causal context grows with its request's
+length, so a mix of lengths averages ``E[P^2] / E[P]`` keys per token). A pipeline of ``pp`` ranks keeps ``pp``
 micro-batches in flight, so TPOT and TTFT are ``pp`` times the slowest rank's pass time, and
 every rank holds the KV cache of ``pp`` micro-batches. Decoding sequences hold the cache of the
 mean decode context (continuous batching keeps sequences at every point of their output),
@@ -277,7 +280,8 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     """Core attention (scores and values) of one layer, (n,) seconds."""
     model = s.model
     queries = p.batch * p.new_tokens / (s.column("cp") * s.shard)
-    keys = ops.mean_attended_between(model, p.cached_tokens + 1.0, p.cached_tokens + p.new_tokens)
+    spread = 1.0 if p.decode else 1.0 + s.workload.prompt_tokens_cv**2  # E[P^2]/E[P]^2 of the prompt mix
+    keys = ops.mean_attended_between(model, p.cached_tokens * spread + 1.0, (p.cached_tokens + p.new_tokens) * spread)
     flops = queries * keys * ops.attention_flops_per_key(model, decode=p.decode)
     if not p.decode:
         prefix = p.batch * p.cached_tokens / (s.column("cp") * s.shard)
@@ -406,7 +410,8 @@ def _passes(s: _Setup, batch: np.ndarray) -> tuple[ops.Pass, ops.Pass]:
     ones = np.ones_like(batch, dtype=np.float64)
     cached = np.floor(s.prompt_tokens * s.workload.prefix_cache_hit_rate)
     prefill = ops.Pass(batch, s.prompt_tokens - cached, cached, ones, decode=False)
-    decode_context = s.prompt_tokens + (s.output_tokens + 1.0) / 2.0
+    outputs = s.output_tokens * (1.0 + s.workload.output_tokens_cv**2)  # E[O^2]/E[O], token-weighted
+    decode_context = s.prompt_tokens + (outputs + 1.0) / 2.0
     decode = ops.Pass(batch, ones, decode_context - 1.0, ones, decode=True)
     return prefill, decode
 

@@ -56,7 +56,14 @@ class Training(BaseModel):
 
 
 class Inference(BaseModel):
-    """Serving requests of ``prompt_tokens`` in and ``output_tokens`` out.
+    """Serving requests of ``prompt_tokens`` in and ``output_tokens`` out (means over requests).
+
+    ``prompt_tokens_cv`` is the spread of prompt lengths across requests (standard deviation over
+    mean). Prefill attention grows with the square of each prompt's length, so a mix of lengths
+    costs more per token than its mean prompt: the model prices prefill attention at the
+    token-weighted mean prompt ``E[P^2] / E[P] = prompt_tokens * (1 + cv^2)``. 0 = every request
+    has the mean length. ``output_tokens_cv`` likewise: a decoding token's context averages
+    ``prompt_tokens + (output_tokens * (1 + cv^2) + 1) / 2`` over the output tokens of the mix.
 
     Load is either a fixed ``concurrency`` (requests in flight) or a ``request_rate_per_s``;
     with neither, the search picks the largest batch that memory and the SLOs allow.
@@ -75,6 +82,8 @@ class Inference(BaseModel):
     kv_dtype: Dtype = "bf16"
     activation_dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
     prefix_cache_hit_rate: float = Field(default=0.0, ge=0.0, lt=1.0)
+    prompt_tokens_cv: float = Field(default=0.0, ge=0.0, le=10.0)
+    output_tokens_cv: float = Field(default=0.0, ge=0.0, le=10.0)
     disaggregation_allowed: bool = True
     kv_block_tokens: int = Field(default=64, gt=0)
 

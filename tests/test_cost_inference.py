@@ -192,6 +192,35 @@ def test_prefix_cache_hits_skip_prefill_compute() -> None:
     assert warm["memory.kv_cache"][0] == cold["memory.kv_cache"][0]  # the whole prompt is cached either way
 
 
+def test_prompt_length_spread_prices_prefill_attention_at_the_token_weighted_mean() -> None:
+    """A token's causal context grows with its request's length: a mix of prompts with
+    coefficient of variation cv costs E[P^2]/E[P] = P(1 + cv^2) keys per token; nothing else moves."""
+    table = table_from_columns(dp=16, tp=8, ep=128, attention_data_parallel=True, batch_size=4, phase=0)
+    even = _run(table)
+    for cv in (0.5, 1.0):
+        spread = _run(table, workload=WORKLOAD.model_copy(update={"prompt_tokens_cv": cv}))
+        ratio = spread["time.prefill_attention"][0] / even["time.prefill_attention"][0]
+        keys = mean_attended_between(REF, 1.0, WORKLOAD.prompt_tokens * (1 + cv**2)) / mean_attended_between(REF, 1.0, WORKLOAD.prompt_tokens)
+        assert ratio == pytest.approx(float(keys), rel=0.02) and ratio > 1.2
+        for part in ("time.prefill_compute", "time.decode_attention", "time.decode_compute", "memory_per_device_bytes"):
+            assert spread[part][0] == even[part][0], part
+        assert spread["ttft_s"][0] > even["ttft_s"][0]
+    with pytest.raises(ValueError, match="prompt_tokens_cv"):
+        Inference(prompt_tokens=100, output_tokens=10, prompt_tokens_cv=-0.1)
+
+
+def test_output_length_spread_lengthens_the_mean_decode_context() -> None:
+    """Decoding tokens of a mix of output lengths sit at P + (E[O^2]/E[O] + 1) / 2 on average."""
+    table = table_from_columns(dp=16, tp=8, ep=128, attention_data_parallel=True, batch_size=4, phase=2)
+    even = _run(table)
+    spread = _run(table, workload=WORKLOAD.model_copy(update={"output_tokens_cv": 1.0}))
+    longer = _run(table, workload=WORKLOAD.model_copy(update={"output_tokens": 2 * WORKLOAD.output_tokens}))
+    for part in ("time.decode_attention", "memory.kv_cache", "tpot_s"):
+        assert spread[part][0] == pytest.approx(longer[part][0], rel=1e-9), part  # O (1 + 1^2) = 2 O
+        assert spread[part][0] > even[part][0], part
+    assert spread["time.decode_compute"][0] == even["time.decode_compute"][0]
+
+
 def test_paged_blocks_round_the_cache_up() -> None:
     table = table_from_columns(dp=64, ep=64, batch_size=1, phase=1)
     odd = Inference(prompt_tokens=1000, output_tokens=10, kv_block_tokens=256)

@@ -19,3 +19,11 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, cluster: str, nodes: i
     parser.add_argument("--global-batch-tokens", type=int, default=16 * 2**20, help="training tokens per step")
     parser.add_argument("--prompt-tokens", type=int, default=4096)
     parser.add_argument("--output-tokens", type=int, default=1024)
+    parser.add_argument(
+        "--prompt-tokens-cv", type=float, default=0.0,
+        help="spread of prompt lengths across requests (std / mean); prefill attention is priced at E[P^2]/E[P]",
+    )
+    parser.add_argument(
+        "--output-tokens-cv", type=float, default=0.0, help="spread of output lengths across requests (std / mean)"
+    )
+    parser.add_argument("--prefix-cache-hit-rate", type=float, default=0.0, help="share of prompt tokens served from the KV cache")

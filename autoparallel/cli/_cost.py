@@ -68,7 +68,10 @@ def _estimate(args: argparse.Namespace) -> int:
         )
         breakdown = estimate(model, cluster, workload, config)
     else:
-        workload = Inference(prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens)
+        workload = Inference(
+            prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, prompt_tokens_cv=args.prompt_tokens_cv,
+            output_tokens_cv=args.output_tokens_cv, prefix_cache_hit_rate=args.prefix_cache_hit_rate,
+        )
         breakdown = estimate(model, cluster, workload, config, batch_size=args.batch_size)
     if args.json:
         console.print_json(breakdown.model_dump_json())

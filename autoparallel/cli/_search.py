@@ -63,6 +63,9 @@ def _workload(args: argparse.Namespace):  # noqa: ANN202
     return Inference(
         prompt_tokens=args.prompt_tokens,
         output_tokens=args.output_tokens,
+        prompt_tokens_cv=args.prompt_tokens_cv,
+        output_tokens_cv=args.output_tokens_cv,
+        prefix_cache_hit_rate=args.prefix_cache_hit_rate,
         ttft_slo_s=args.ttft_slo_s or None,
         tpot_slo_s=(args.tpot_slo_ms / 1e3) or None,
         disaggregation_allowed=not args.no_disaggregation,
