@@ -210,14 +210,11 @@ def _profile_case(record: dict) -> tuple[Inference, ServingConfig, float, str]:
     if record["phase"] == "prefill":
         workload = Inference(prompt_tokens=record["prompt_tokens"], output_tokens=1, **precision)
         batch = record["tokens_per_device"] // record["prompt_tokens"]
-        return workload, _serving(batch, "prefill"), float(record["input_tokens_per_s_per_node"]), "input tokens/s per node"
+        serving = ServingConfig(batch_size=batch, phase="prefill", two_batch_overlap=True)
+        return workload, serving, float(record["input_tokens_per_s_per_node"]), "input tokens/s per node"
     workload = Inference(prompt_tokens=record["kv_cache_tokens"], output_tokens=1, **precision)
-    serving = _serving(record["sequences_per_device"], "decode")
+    serving = ServingConfig(batch_size=record["sequences_per_device"], phase="decode", two_batch_overlap=True)
     return workload, serving, float(record["output_tokens_per_s_per_node"]), "output tokens/s per node"
-
-
-def _serving(batch: int, phase: str) -> ServingConfig:
-    return ServingConfig(batch_size=batch, phase=phase, two_batch_overlap=True)
 
 
 def validate_dsv3_profile(*, calibration: Calibration | None = None) -> list[ValidationRow]:
