@@ -1,0 +1,165 @@
+"""The report's PNG figures, drawn with matplotlib's Agg backend from the steps' results only
+(every plotted number is one the report's JSON holds)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autoparallel.day0._run import Day0Context, StepSkipped
+
+FIGURES = {
+    "pareto": "pareto.png",
+    "time": "time_breakdown.png",
+    "memory": "memory_breakdown.png",
+    "topology": "topology.png",
+    "sweep": "context_sweep.png",
+    "coverage": "coverage.png",
+}
+_STATUS_COLORS = {"native": "#2e7d32", "composite": "#1565c0", "fallback": "#ef6c00", "missing": "#c62828"}
+_DPI = 80
+
+
+def _pyplot():  # noqa: ANN202
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(figure, path: Path) -> Path:  # noqa: ANN001
+    figure.tight_layout()
+    figure.savefig(path, dpi=_DPI)
+    _pyplot().close(figure)
+    return path
+
+
+def _plans(context: Day0Context) -> dict[str, dict]:
+    return {kind: context.results[f"plan-{kind}"] for kind in ("training", "serving") if f"plan-{kind}" in context.results}
+
+
+def _front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Points no other point beats on both less memory and more tokens/s (sorted by memory)."""
+    front, best = [], -1.0
+    for memory, rate in sorted(points, key=lambda p: (p[0], -p[1])):
+        if rate > best:
+            front.append((memory, rate))
+            best = rate
+    return front
+
+
+def pareto_figure(context: Day0Context, path: Path) -> Path | None:
+    plans = _plans(context)
+    if not plans:
+        return None
+    plt = _pyplot()
+    figure, axes = plt.subplots(1, len(plans), figsize=(5 * len(plans), 3.6), squeeze=False)
+    for axis, (kind, planned) in zip(axes[0], plans.items()):
+        points = [(c["memory_per_device_bytes"] / 1e9, c["tokens_per_s_per_device"] or 0.0) for c in planned["candidates"]]
+        axis.scatter(*zip(*points), color="#90a4ae", label="layouts kept by the search")
+        front = _front(points)
+        axis.plot(*zip(*front), color="#1565c0", marker="o", label="Pareto front")
+        axis.scatter([points[0][0]], [points[0][1]], color="#c62828", marker="*", s=160, zorder=3, label="chosen")
+        axis.set(xlabel="memory per device (GB)", ylabel="tokens/s per device", title=f"{kind}: {planned['num_devices']} devices")
+        axis.legend(fontsize=7)
+    return _save(figure, path)
+
+
+def _stacked(context: Day0Context, path: Path, *, part: str, scale: float, unit: str) -> Path | None:
+    plans = _plans(context)
+    if not plans:
+        return None
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(7, 1.2 + 0.9 * len(plans)))
+    names = sorted({name for p in plans.values() for name, v in p["estimate"][part].items() if v > 0})
+    colors = plt.get_cmap("tab20")
+    for row, (kind, planned) in enumerate(plans.items()):
+        left = 0.0
+        for index, name in enumerate(names):
+            value = planned["estimate"][part].get(name, 0.0) / scale
+            axis.barh(row, value, left=left, color=colors(index % 20), label=name if row == 0 else None)
+            left += value
+        if part == "memory_bytes":
+            axis.plot([planned["estimate"]["memory_capacity_bytes"] / scale] * 2, [row - 0.4, row + 0.4], color="black")
+    axis.set_yticks(range(len(plans)), list(plans))
+    axis.set_xlabel(unit)
+    axis.set_title("time per step by part" if part == "time_s" else "memory per device by part (line: capacity)")
+    axis.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.35 - 0.1 * len(plans)))
+    return _save(figure, path)
+
+
+def topology_figure(context: Day0Context, path: Path) -> Path | None:
+    cluster = context.cluster
+    shown = cluster if cluster.num_devices >= 2 * cluster.devices_per_node else cluster.with_nodes(2)
+    if shown.num_devices > 64:
+        shown = shown.with_nodes(max(1, 64 // shown.devices_per_node))
+    matrix = shown.bandwidth_matrix() / 1e9
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(4.6, 3.8))
+    image = axis.imshow(matrix, cmap="viridis")
+    figure.colorbar(image, ax=axis, label="GB/s per direction")
+    axis.set(xlabel="device", ylabel="device",
+             title=f"{cluster.name}: {shown.num_nodes} nodes x {shown.devices_per_node} shown")
+    return _save(figure, path)
+
+
+def sweep_figure(context: Day0Context, path: Path) -> Path | None:
+    sweep = context.results.get("sweep")
+    if sweep is None:
+        return None
+    rows = [row for row in sweep["rows"] if row["latency_s"] is not None]
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(5.5, 3.6))
+    axis.loglog([r["lengths"] for r in rows], [r["latency_s"] for r in rows], marker="o", color="#1565c0")
+    if sweep["superlinear_length"]:
+        axis.axvline(sweep["superlinear_length"], color="#c62828", linestyle="--",
+                     label=f"super-linear from {sweep['superlinear_length']:,} tokens")
+        axis.legend(fontsize=7)
+    axis.set(xlabel="tokens", ylabel=f"{sweep['latency']} (s)", title=f"{sweep['plan']} plan: {sweep['layout']}")
+    axis.title.set_fontsize(8)
+    return _save(figure, path)
+
+
+def coverage_figure(context: Day0Context, path: Path) -> Path | None:
+    coverage = context.results.get("coverage")
+    if coverage is None:
+        return None
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(6, 2.6))
+    measures = [("flop", "FLOPs"), ("byte", "bytes"), ("count", "operators")]
+    for row, (measure, label) in enumerate(measures):
+        left = 0.0
+        for status, color in _STATUS_COLORS.items():
+            share = coverage["shares"][measure][status]
+            axis.barh(row, share * 100, left=left, color=color, label=status if row == 0 else None)
+            left += share * 100
+    axis.set_yticks(range(len(measures)), [label for _, label in measures])
+    axis.set(xlabel="% of the model", xlim=(0, 100),
+             title=f"operator coverage on {coverage['device']} ({coverage['dispatch_key']}), {coverage['num_operators']} operators")
+    axis.legend(fontsize=7, ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.12))
+    return _save(figure, path)
+
+
+def step_figures(context: Day0Context, records) -> list[Path]:  # noqa: ANN001
+    folder = context.folder / "figures"
+    folder.mkdir(exist_ok=True)
+    drawers = {
+        "pareto": pareto_figure,
+        "time": lambda c, p: _stacked(c, p, part="time_s", scale=1.0, unit="seconds"),
+        "memory": lambda c, p: _stacked(c, p, part="memory_bytes", scale=1e9, unit="GB"),
+        "topology": topology_figure,
+        "sweep": sweep_figure,
+        "coverage": coverage_figure,
+    }
+    drawn, missing = {}, {}
+    for name, drawer in drawers.items():
+        result = drawer(context, folder / FIGURES[name])
+        if result is None:
+            missing[name] = "its step did not run (see the steps table)"
+        else:
+            drawn[name] = str(Path("figures") / FIGURES[name])
+    if not drawn:
+        raise StepSkipped("nothing to draw")
+    context.results["figures"] = {"drawn": drawn, "not_drawn": missing}
+    return [context.folder / p for p in drawn.values()]
