@@ -30,6 +30,7 @@ _LAZY = {
     "apply_plan": ("autoparallel.runtime", "apply_plan"),
     "build_for_rank": ("autoparallel.runtime", "build_for_rank"),
     "Retuner": ("autoparallel.runtime.retune", "Retuner"),
+    "operator_coverage": ("autoparallel.day0", "operator_coverage"),
 }
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "list_models",
     "list_presets",
     "load_plan",
+    "operator_coverage",
     "Retuner",
 ]
 

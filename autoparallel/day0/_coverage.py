@@ -42,18 +42,45 @@ Status = Literal["native", "composite", "fallback", "missing"]
 STATUSES: tuple[str, ...] = ("native", "composite", "fallback", "missing")
 PHASES: tuple[str, ...] = ("training", "prefill", "decode")
 #: In-tree dispatch keys by torch device type; out-of-tree devices use PrivateUse1.
-IN_TREE_KEYS = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "mps": "MPS", "hpu": "HPU", "mtia": "MTIA"}
+IN_TREE_KEYS = {
+    "cpu": "CPU",
+    "cuda": "CUDA",
+    "xpu": "XPU",
+    "mps": "MPS",
+    "hpu": "HPU",
+    "mtia": "MTIA",
+}
 #: Device names the command accepts besides the in-tree ones (registered through PrivateUse1).
 OUT_OF_TREE_DEVICES = ("musa", "npu", "privateuseone")
 #: Kernels the dispatcher runs for any backend by calling other operators. (Structured kernels'
 #: ``CompositeExplicitAutogradNonFunctional`` entries need the backend's own out= kernel: not here.)
 _COMPOSITE_KEYS = ("CompositeImplicitAutograd", "CompositeExplicitAutograd")
 #: Reductions and normalizations priced at one FLOP per input element.
-_REDUCTIONS = frozenset({
-    "sum", "mean", "amax", "amin", "max", "min", "_softmax", "_log_softmax", "_softmax_backward_data",
-    "_log_softmax_backward_data", "topk", "sort", "argmax", "norm", "linalg_vector_norm", "var_mean", "cumsum",
-    "nll_loss_forward", "nll_loss_backward", "_fused_rms_norm", "_fused_rms_norm_backward",
-})
+_REDUCTIONS = frozenset(
+    {
+        "sum",
+        "mean",
+        "amax",
+        "amin",
+        "max",
+        "min",
+        "_softmax",
+        "_log_softmax",
+        "_softmax_backward_data",
+        "_log_softmax_backward_data",
+        "topk",
+        "sort",
+        "argmax",
+        "norm",
+        "linalg_vector_norm",
+        "var_mean",
+        "cumsum",
+        "nll_loss_forward",
+        "nll_loss_backward",
+        "_fused_rms_norm",
+        "_fused_rms_norm_backward",
+    }
+)
 
 
 class OperatorCoverage(BaseModel):
@@ -85,11 +112,17 @@ class CoverageReport(BaseModel):
     traced_spec: dict
     operators: tuple[OperatorCoverage, ...]
 
-    def share_by_status(self, *, measure: Literal["flop", "byte", "count"] = "flop") -> dict[str, float]:
+    def share_by_status(
+        self, *, measure: Literal["flop", "byte", "count"] = "flop"
+    ) -> dict[str, float]:
         """Share of the model's FLOPs (``flop``), bytes (``byte``) or operators (``count``) per status."""
         shares = dict.fromkeys(STATUSES, 0.0)
         for operator in self.operators:
-            value = {"flop": operator.flop_share, "byte": operator.byte_share, "count": 1.0 / len(self.operators)}
+            value = {
+                "flop": operator.flop_share,
+                "byte": operator.byte_share,
+                "count": 1.0 / len(self.operators),
+            }
             shares[operator.status] += value[measure]
         return shares
 
@@ -124,14 +157,19 @@ def dispatch_key_for(device: str) -> str:
         valid = sorted({*IN_TREE_KEYS, *OUT_OF_TREE_DEVICES, privateuse1_name})
         raise ValueError(f"device ({device!r}) must be one of {valid}")
     if device != "cpu" and not _in_tree_available(device):
-        raise ValueError(f"device ({device!r}) is not present: torch.{device}.is_available() is False on this machine")
+        raise ValueError(
+            f"device ({device!r}) is not present: torch.{device}.is_available() is False on this machine"
+        )
     return IN_TREE_KEYS[device]
 
 
 def _privateuse1_registered() -> bool:
     import torch
 
-    return any(name.startswith("aten::") for name in torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1"))
+    return any(
+        name.startswith("aten::")
+        for name in torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1")
+    )
 
 
 def _in_tree_available(device: str) -> bool:
@@ -165,16 +203,21 @@ class _Classifier:
         self.dispatch_key = dispatch_key
         self.samples = samples
         self.decompositions = decomposition_table
-        self.has_fallback = torch._C._dispatch_has_backend_fallback(getattr(torch._C.DispatchKey, dispatch_key))
+        self.has_fallback = torch._C._dispatch_has_backend_fallback(
+            getattr(torch._C.DispatchKey, dispatch_key)
+        )
         self.known: dict = {}
 
-    def __call__(self, func, *, depth: int = 0) -> tuple[str, str]:  # noqa: ANN001 - torch OpOverload
+    def __call__(self, func, *, depth: int = 0) -> tuple[str, str]:
         if func not in self.known:
-            self.known[func] = ("missing", "decomposes into itself")  # a cycle guard while resolving
+            self.known[func] = (
+                "missing",
+                "decomposes into itself",
+            )  # a cycle guard while resolving
             self.known[func] = self._resolve(func, depth)
         return self.known[func]
 
-    def _resolve(self, func, depth: int) -> tuple[str, str]:  # noqa: ANN001
+    def _resolve(self, func, depth: int) -> tuple[str, str]:
         import torch
 
         has_kernel, key = torch._C._dispatch_has_kernel_for_dispatch_key, self.dispatch_key
@@ -193,12 +236,23 @@ class _Classifier:
                 if _ORDER[worst] <= _ORDER["composite"]:
                     return "composite", f"torch._decomp decomposition into {names}"
                 blocked = "; its decomposition needs " + ", ".join(
-                    sorted(f"{part.name()} ({status})" for part, status in statuses.items() if status == worst))
+                    sorted(
+                        f"{part.name()} ({status})"
+                        for part, status in statuses.items()
+                        if status == worst
+                    )
+                )
         if self.has_fallback:
-            return "fallback", f"boxed fallback registered for {key} (runs elsewhere, copies back){blocked}"
-        return "missing", f"no {key} kernel, composite kernel, usable decomposition or fallback{blocked}"
+            return (
+                "fallback",
+                f"boxed fallback registered for {key} (runs elsewhere, copies back){blocked}",
+            )
+        return (
+            "missing",
+            f"no {key} kernel, composite kernel, usable decomposition or fallback{blocked}",
+        )
 
-    def _decomposed_into(self, func) -> set:  # noqa: ANN001
+    def _decomposed_into(self, func) -> set:
         """Operators the decomposition of ``func`` runs on the recorded call (empty if it fails)."""
         args, kwargs = self.samples[func]
         recorder = _recorder()
@@ -222,21 +276,29 @@ class _Tally:
     phases: set[str] = field(default_factory=set)
 
 
-def _tensor_bytes(values) -> float:  # noqa: ANN001 - pytree of args
+def _tensor_bytes(values) -> float:
     import torch
     from torch.utils._pytree import tree_leaves
 
-    return float(sum(t.numel() * t.element_size() for t in tree_leaves(values) if isinstance(t, torch.Tensor)))
+    return float(
+        sum(
+            t.numel() * t.element_size() for t in tree_leaves(values) if isinstance(t, torch.Tensor)
+        )
+    )
 
 
-def _numel(values) -> int:  # noqa: ANN001
+def _numel(values) -> int:
     import torch
     from torch.utils._pytree import tree_leaves
 
-    return sum(t.numel() for t in tree_leaves(values) if isinstance(t, torch.Tensor) and t.is_floating_point())
+    return sum(
+        t.numel()
+        for t in tree_leaves(values)
+        if isinstance(t, torch.Tensor) and t.is_floating_point()
+    )
 
 
-def count_flops(func, args, kwargs, out) -> float:  # noqa: ANN001 - torch OpOverload and its call
+def count_flops(func, args, kwargs, out) -> float:
     """FLOPs of one call (module docstring)."""
     import torch
     from torch.utils.flop_counter import flop_registry
@@ -253,14 +315,14 @@ def count_flops(func, args, kwargs, out) -> float:  # noqa: ANN001 - torch OpOve
     return 0.0
 
 
-def _copied(values):  # noqa: ANN001, ANN202 - pytree of args
+def _copied(values):
     import torch
     from torch.utils._pytree import tree_map
 
     return tree_map(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, values)
 
 
-def _recorder():  # noqa: ANN202 - a TorchDispatchMode subclass instance
+def _recorder():
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Recorder(TorchDispatchMode):
@@ -270,7 +332,7 @@ def _recorder():  # noqa: ANN202 - a TorchDispatchMode subclass instance
             self.tallies: dict = {}
             self.samples: dict = {}
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
             if func.namespace != "aten":  # profiler markers and the like are not operators
@@ -281,7 +343,9 @@ def _recorder():  # noqa: ANN202 - a TorchDispatchMode subclass instance
             tally.calls += 1
             tally.phases.add(self.phase)
             tally.flops += count_flops(func, args, kwargs, out)
-            tally.bytes += 0.0 if func.is_view else _tensor_bytes((args, kwargs)) + _tensor_bytes(out)
+            tally.bytes += (
+                0.0 if func.is_view else _tensor_bytes((args, kwargs)) + _tensor_bytes(out)
+            )
             return out
 
     return Recorder()
@@ -296,22 +360,46 @@ def small_width_spec(spec: ModelSpec) -> ModelSpec:
     attention = spec.attention
     if attention.kind == "mla":
         head = hidden // heads
-        attention = attention.model_copy(update=dict(
-            num_heads=heads, num_kv_heads=heads, head_dim=head + head // 2, q_lora_rank=hidden // 2 if attention.q_lora_rank else 0,
-            kv_lora_rank=hidden // 4, qk_nope_head_dim=head, qk_rope_head_dim=head // 2, v_head_dim=head,
-        ))
+        attention = attention.model_copy(
+            update={
+                "num_heads": heads,
+                "num_kv_heads": heads,
+                "head_dim": head + head // 2,
+                "q_lora_rank": hidden // 2 if attention.q_lora_rank else 0,
+                "kv_lora_rank": hidden // 4,
+                "qk_nope_head_dim": head,
+                "qk_rope_head_dim": head // 2,
+                "v_head_dim": head,
+            }
+        )
     else:
         kv_heads = heads if attention.num_kv_heads == attention.num_heads else heads // 2
-        attention = attention.model_copy(update=dict(num_heads=heads, num_kv_heads=kv_heads, head_dim=hidden // heads))
-    update = dict(name=f"{spec.name}-small-width", hidden_size=hidden, vocab_size=256, ffn_hidden_size=2 * hidden,
-                  attention=attention, max_context_tokens=256, num_layers=1)
+        attention = attention.model_copy(
+            update={"num_heads": heads, "num_kv_heads": kv_heads, "head_dim": hidden // heads}
+        )
+    update = {
+        "name": f"{spec.name}-small-width",
+        "hidden_size": hidden,
+        "vocab_size": 256,
+        "ffn_hidden_size": 2 * hidden,
+        "attention": attention,
+        "max_context_tokens": 256,
+        "num_layers": 1,
+    }
     if spec.moe is not None:
         moe = spec.moe
         dense = min(1, moe.num_dense_layers)
-        update["moe"] = moe.model_copy(update=dict(
-            num_routed_experts=8, top_k=min(moe.top_k, 4), expert_ffn_hidden_size=hidden // 2, num_dense_layers=dense,
-            shared_expert_ffn_hidden_size=hidden // 2 if moe.shared_expert_ffn_hidden_size else None,
-        ))
+        update["moe"] = moe.model_copy(
+            update={
+                "num_routed_experts": 8,
+                "top_k": min(moe.top_k, 4),
+                "expert_ffn_hidden_size": hidden // 2,
+                "num_dense_layers": dense,
+                "shared_expert_ffn_hidden_size": hidden // 2
+                if moe.shared_expert_ffn_hidden_size
+                else None,
+            }
+        )
         update["num_layers"] = dense + 1
     return spec.model_copy(update=update)
 
@@ -332,7 +420,7 @@ def router_scoring(model: str | Path | ModelSpec) -> str:
     return "sigmoid" if data.get("scoring_func") == "sigmoid" else "softmax"
 
 
-def _run_paths(module, recorder, *, tokens: int, seed: int) -> None:  # noqa: ANN001
+def _run_paths(module, recorder, *, tokens: int, seed: int) -> None:
     import torch
 
     from autoparallel.runtime import KVCache
@@ -376,7 +464,9 @@ def operator_coverage(
     spec = model if isinstance(model, ModelSpec) else get_model(model)
     small = small_width_spec(spec)
     recorder = _trace(small, scoring=router_scoring(model), tokens=tokens, seed=seed)
-    return _report(spec=spec, small=small, device=device, dispatch_key=dispatch_key, recorder=recorder)
+    return _report(
+        spec=spec, small=small, device=device, dispatch_key=dispatch_key, recorder=recorder
+    )
 
 
 def _trace(small: ModelSpec, *, scoring: str, tokens: int, seed: int) -> dict:
@@ -392,7 +482,9 @@ def _trace(small: ModelSpec, *, scoring: str, tokens: int, seed: int) -> dict:
     return recorder
 
 
-def _report(*, spec: ModelSpec, small: ModelSpec, device: str, dispatch_key: str, recorder) -> CoverageReport:  # noqa: ANN001
+def _report(
+    *, spec: ModelSpec, small: ModelSpec, device: str, dispatch_key: str, recorder
+) -> CoverageReport:
     tallies = recorder.tallies
     classify = _Classifier(dispatch_key=dispatch_key, samples=recorder.samples)
     total_flops = sum(t.flops for t in tallies.values())
@@ -400,13 +492,25 @@ def _report(*, spec: ModelSpec, small: ModelSpec, device: str, dispatch_key: str
     rows = []
     for func, tally in tallies.items():
         status, reason = classify(func)
-        rows.append(OperatorCoverage(
-            name=func.name(), status=status, reason=reason, phases=tuple(p for p in PHASES if p in tally.phases),
-            calls=tally.calls, flops=tally.flops, bytes=tally.bytes,
-            flop_share=tally.flops / total_flops, byte_share=tally.bytes / total_bytes,
-        ))
+        rows.append(
+            OperatorCoverage(
+                name=func.name(),
+                status=status,
+                reason=reason,
+                phases=tuple(p for p in PHASES if p in tally.phases),
+                calls=tally.calls,
+                flops=tally.flops,
+                bytes=tally.bytes,
+                flop_share=tally.flops / total_flops,
+                byte_share=tally.bytes / total_bytes,
+            )
+        )
     rows.sort(key=lambda row: (-row.flop_share, -row.byte_share, row.name))
     return CoverageReport(
-        model_name=spec.name, device=device, dispatch_key=dispatch_key, has_fallback=classify.has_fallback,
-        traced_spec=small.model_dump(mode="json"), operators=tuple(rows),
+        model_name=spec.name,
+        device=device,
+        dispatch_key=dispatch_key,
+        has_fallback=classify.has_fallback,
+        traced_spec=small.model_dump(mode="json"),
+        operators=tuple(rows),
     )

@@ -15,11 +15,16 @@ FIGURES = {
     "sweep": "context_sweep.png",
     "coverage": "coverage.png",
 }
-_STATUS_COLORS = {"native": "#2e7d32", "composite": "#1565c0", "fallback": "#ef6c00", "missing": "#c62828"}
+_STATUS_COLORS = {
+    "native": "#2e7d32",
+    "composite": "#1565c0",
+    "fallback": "#ef6c00",
+    "missing": "#c62828",
+}
 _DPI = 80
 
 
-def _pyplot():  # noqa: ANN202
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -28,7 +33,7 @@ def _pyplot():  # noqa: ANN202
     return plt
 
 
-def _save(figure, path: Path) -> Path:  # noqa: ANN001
+def _save(figure, path: Path) -> Path:
     figure.tight_layout()
     figure.savefig(path, dpi=_DPI)
     _pyplot().close(figure)
@@ -36,7 +41,11 @@ def _save(figure, path: Path) -> Path:  # noqa: ANN001
 
 
 def _plans(context: Day0Context) -> dict[str, dict]:
-    return {kind: context.results[f"plan-{kind}"] for kind in ("training", "serving") if f"plan-{kind}" in context.results}
+    return {
+        kind: context.results[f"plan-{kind}"]
+        for kind in ("training", "serving")
+        if f"plan-{kind}" in context.results
+    }
 
 
 def _front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -56,42 +65,75 @@ def pareto_figure(context: Day0Context, path: Path) -> Path | None:
     plt = _pyplot()
     figure, axes = plt.subplots(1, len(plans), figsize=(5 * len(plans), 3.6), squeeze=False)
     for axis, (kind, planned) in zip(axes[0], plans.items()):
-        points = [(c["memory_per_device_bytes"] / 1e9, c["tokens_per_s_per_device"] or 0.0) for c in planned["candidates"]]
+        points = [
+            (c["memory_per_device_bytes"] / 1e9, c["tokens_per_s_per_device"] or 0.0)
+            for c in planned["candidates"]
+        ]
         axis.scatter(*zip(*points), color="#90a4ae", label="layouts kept by the search")
         front = _front(points)
         axis.plot(*zip(*front), color="#1565c0", marker="o", label="Pareto front")
-        axis.scatter([points[0][0]], [points[0][1]], color="#c62828", marker="*", s=160, zorder=3, label="chosen")
-        axis.set(xlabel="memory per device (GB)", ylabel="tokens/s per device", title=f"{kind}: {planned['num_devices']} devices")
+        axis.scatter(
+            [points[0][0]],
+            [points[0][1]],
+            color="#c62828",
+            marker="*",
+            s=160,
+            zorder=3,
+            label="chosen",
+        )
+        axis.set(
+            xlabel="memory per device (GB)",
+            ylabel="tokens/s per device",
+            title=f"{kind}: {planned['num_devices']} devices",
+        )
         axis.legend(fontsize=7)
     return _save(figure, path)
 
 
-def _stacked(context: Day0Context, path: Path, *, part: str, scale: float, unit: str) -> Path | None:
+def _stacked(
+    context: Day0Context, path: Path, *, part: str, scale: float, unit: str
+) -> Path | None:
     plans = _plans(context)
     if not plans:
         return None
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(7, 1.2 + 0.9 * len(plans)))
-    names = sorted({name for p in plans.values() for name, v in p["estimate"][part].items() if v > 0})
+    names = sorted(
+        {name for p in plans.values() for name, v in p["estimate"][part].items() if v > 0}
+    )
     colors = plt.get_cmap("tab20")
     for row, (kind, planned) in enumerate(plans.items()):
         left = 0.0
         for index, name in enumerate(names):
             value = planned["estimate"][part].get(name, 0.0) / scale
-            axis.barh(row, value, left=left, color=colors(index % 20), label=name if row == 0 else None)
+            axis.barh(
+                row, value, left=left, color=colors(index % 20), label=name if row == 0 else None
+            )
             left += value
         if part == "memory_bytes":
-            axis.plot([planned["estimate"]["memory_capacity_bytes"] / scale] * 2, [row - 0.4, row + 0.4], color="black")
+            axis.plot(
+                [planned["estimate"]["memory_capacity_bytes"] / scale] * 2,
+                [row - 0.4, row + 0.4],
+                color="black",
+            )
     axis.set_yticks(range(len(plans)), list(plans))
     axis.set_xlabel(unit)
-    axis.set_title("time per step by part" if part == "time_s" else "memory per device by part (line: capacity)")
-    axis.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.35 - 0.1 * len(plans)))
+    axis.set_title(
+        "time per step by part"
+        if part == "time_s"
+        else "memory per device by part (line: capacity)"
+    )
+    axis.legend(
+        fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.35 - 0.1 * len(plans))
+    )
     return _save(figure, path)
 
 
 def topology_figure(context: Day0Context, path: Path) -> Path | None:
     cluster = context.cluster
-    shown = cluster if cluster.num_devices >= 2 * cluster.devices_per_node else cluster.with_nodes(2)
+    shown = (
+        cluster if cluster.num_devices >= 2 * cluster.devices_per_node else cluster.with_nodes(2)
+    )
     if shown.num_devices > 64:
         shown = shown.with_nodes(max(1, 64 // shown.devices_per_node))
     matrix = shown.bandwidth_matrix() / 1e9
@@ -99,8 +141,11 @@ def topology_figure(context: Day0Context, path: Path) -> Path | None:
     figure, axis = plt.subplots(figsize=(4.6, 3.8))
     image = axis.imshow(matrix, cmap="viridis")
     figure.colorbar(image, ax=axis, label="GB/s per direction")
-    axis.set(xlabel="device", ylabel="device",
-             title=f"{cluster.name}: {shown.num_nodes} nodes x {shown.devices_per_node} shown")
+    axis.set(
+        xlabel="device",
+        ylabel="device",
+        title=f"{cluster.name}: {shown.num_nodes} nodes x {shown.devices_per_node} shown",
+    )
     return _save(figure, path)
 
 
@@ -111,12 +156,22 @@ def sweep_figure(context: Day0Context, path: Path) -> Path | None:
     rows = [row for row in sweep["rows"] if row["latency_s"] is not None]
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(5.5, 3.6))
-    axis.loglog([r["lengths"] for r in rows], [r["latency_s"] for r in rows], marker="o", color="#1565c0")
+    axis.loglog(
+        [r["lengths"] for r in rows], [r["latency_s"] for r in rows], marker="o", color="#1565c0"
+    )
     if sweep["superlinear_length"]:
-        axis.axvline(sweep["superlinear_length"], color="#c62828", linestyle="--",
-                     label=f"super-linear from {sweep['superlinear_length']:,} tokens")
+        axis.axvline(
+            sweep["superlinear_length"],
+            color="#c62828",
+            linestyle="--",
+            label=f"super-linear from {sweep['superlinear_length']:,} tokens",
+        )
         axis.legend(fontsize=7)
-    axis.set(xlabel="tokens", ylabel=f"{sweep['latency']} (s)", title=f"{sweep['plan']} plan: {sweep['layout']}")
+    axis.set(
+        xlabel="tokens",
+        ylabel=f"{sweep['latency']} (s)",
+        title=f"{sweep['plan']} plan: {sweep['layout']}",
+    )
     axis.title.set_fontsize(8)
     return _save(figure, path)
 
@@ -135,13 +190,16 @@ def coverage_figure(context: Day0Context, path: Path) -> Path | None:
             axis.barh(row, share * 100, left=left, color=color, label=status if row == 0 else None)
             left += share * 100
     axis.set_yticks(range(len(measures)), [label for _, label in measures])
-    axis.set(xlabel="% of the model", xlim=(0, 100),
-             title=f"operator coverage on {coverage['device']} ({coverage['dispatch_key']}), {coverage['num_operators']} operators")
+    axis.set(
+        xlabel="% of the model",
+        xlim=(0, 100),
+        title=f"operator coverage on {coverage['device']} ({coverage['dispatch_key']}), {coverage['num_operators']} operators",
+    )
     axis.legend(fontsize=7, ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.12))
     return _save(figure, path)
 
 
-def step_figures(context: Day0Context, records) -> list[Path]:  # noqa: ANN001
+def step_figures(context: Day0Context, records) -> list[Path]:
     folder = context.folder / "figures"
     folder.mkdir(exist_ok=True)
     drawers = {

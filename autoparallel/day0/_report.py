@@ -10,8 +10,17 @@ from autoparallel.day0._run import STEPS, Day0Context, StepRecord, _json_default
 from cost_model._units import human_bytes, human_count, human_seconds
 
 SECTIONS = (
-    "Summary", "Steps", "Model", "Operator coverage", "Cluster", "Training plan", "Serving plan", "Engine launch files",
-    "Staged checks", "Long-context sweep", "Figures",
+    "Summary",
+    "Steps",
+    "Model",
+    "Operator coverage",
+    "Cluster",
+    "Training plan",
+    "Serving plan",
+    "Engine launch files",
+    "Staged checks",
+    "Long-context sweep",
+    "Figures",
 )
 
 
@@ -20,7 +29,7 @@ def _skipped(records: dict[str, StepRecord], step: str) -> str:
     return f"*{record.status}*: {record.reason or 'see the steps table'}\n"
 
 
-def _model(context: Day0Context, records) -> str:  # noqa: ANN001
+def _model(context: Day0Context, records) -> str:
     d = context.results.get("describe")
     if d is None:
         return _skipped(records, "describe")
@@ -35,32 +44,44 @@ def _model(context: Day0Context, records) -> str:  # noqa: ANN001
     )
 
 
-def _coverage(context: Day0Context, records) -> str:  # noqa: ANN001
+def _coverage(context: Day0Context, records) -> str:
     c = context.results.get("coverage")
     if c is None:
         return _skipped(records, "coverage")
     flop, byte = c["shares"]["flop"], c["shares"]["byte"]
     lines = [
-        f"{c['num_operators']} ATen operators recorded (training step, prefill, decode of the reference module at small "
-        f"width), classified for `{c['device']}` (dispatch key {c['dispatch_key']}; `ap.operator_coverage`, "
-        f"file {c['file']}).\n",
-        "| status | FLOP share | byte share |", "|---|---:|---:|",
+        (
+            f"{c['num_operators']} ATen operators recorded (training step, prefill, decode of the reference module at small "
+            f"width), classified for `{c['device']}` (dispatch key {c['dispatch_key']}; `ap.operator_coverage`, "
+            f"file {c['file']}).\n"
+        ),
+        "| status | FLOP share | byte share |",
+        "|---|---:|---:|",
         *[f"| {s} | {flop[s]:.1%} | {byte[s]:.1%} |" for s in flop],
-        "", "Operators that are not native, by FLOP share:", "",
-        "| operator | status | FLOPs | bytes | why |", "|---|---|---:|---:|---|",
-        *[f"| `{o['name']}` | {o['status']} | {o['flop_share']:.2%} | {o['byte_share']:.2%} | {o['reason']} |"
-          for o in c["not_native"][:15]],
+        "",
+        "Operators that are not native, by FLOP share:",
+        "",
+        "| operator | status | FLOPs | bytes | why |",
+        "|---|---|---:|---:|---|",
+        *[
+            f"| `{o['name']}` | {o['status']} | {o['flop_share']:.2%} | {o['byte_share']:.2%} | {o['reason']} |"
+            for o in c["not_native"][:15]
+        ],
     ]
     if len(c["not_native"]) > 15:
         lines.append(f"\n... and {len(c['not_native']) - 15} more in {c['file']}.")
     return "\n".join(lines) + "\n"
 
 
-def _cluster(context: Day0Context, records) -> str:  # noqa: ANN001
+def _cluster(context: Day0Context, records) -> str:
     c = context.results.get("cluster")
     if c is None:
         return _skipped(records, "cluster")
-    uncertain = f" Values the source marks uncertain: {', '.join(c['uncertain'])}." if c["uncertain"] else ""
+    uncertain = (
+        f" Values the source marks uncertain: {', '.join(c['uncertain'])}."
+        if c["uncertain"]
+        else ""
+    )
     return (
         f"{c['name']} ({c['source']}): {c['num_nodes']} x {c['devices_per_node']} {c['device']} ({c['device_type']}), "
         f"{human_bytes(c['memory_per_device_bytes'])} per device (provenance: {c['provenance']}).{uncertain}\n\n"
@@ -68,80 +89,123 @@ def _cluster(context: Day0Context, records) -> str:  # noqa: ANN001
     )
 
 
-def _plan(context: Day0Context, records, kind: str) -> str:  # noqa: ANN001
+def _plan(context: Day0Context, records, kind: str) -> str:
     p = context.results.get(f"plan-{kind}")
     if p is None:
         return _skipped(records, f"plan-{kind}")
     e, source = p["estimate"], f"`ap.estimate` on {p['plan_file']} with {p['cluster_file']}"
     search = p["search"]
-    lines = [f"Chosen layout: **{p['layout']}** on {p['num_devices']:,} devices ({p['num_nodes']:,} nodes): ranked first "
-             f"by `ap.find_plan` ({search.get('method', '?')}, {search.get('rows_evaluated', 0):,} layouts priced of "
-             f"{search.get('space_size', 0):,}; trial budget {context.options.trials}).", ""]
+    lines = [
+        (
+            f"Chosen layout: **{p['layout']}** on {p['num_devices']:,} devices ({p['num_nodes']:,} nodes): ranked first "
+            f"by `ap.find_plan` ({search.get('method', '?')}, {search.get('rows_evaluated', 0):,} layouts priced of "
+            f"{search.get('space_size', 0):,}; trial budget {context.options.trials})."
+        ),
+        "",
+    ]
     if p["tried"]:
-        lines.append(f"Why {p['num_devices']:,} devices: the smallest size tried on which a layout fits; sizes "
-                     "start at the given cluster, then powers of two of nodes from the memory lower bound "
-                     "(weights for serving, 18 bytes per parameter for training, Korthikanti et al. 2022):")
+        lines.append(
+            f"Why {p['num_devices']:,} devices: the smallest size tried on which a layout fits; sizes "
+            "start at the given cluster, then powers of two of nodes from the memory lower bound "
+            "(weights for serving, 18 bytes per parameter for training, Korthikanti et al. 2022):"
+        )
     for tried in p["tried"]:
         lines.append(f"- {tried['devices']:,} devices: no layout fits — {tried['why_not']}")
     if p["slo_note"]:
         lines.append(f"- {p['slo_note']}")
     lines += ["", f"Predicted ({source}):", ""]
-    figures = [("step time", human_seconds(e["step_time_s"])),
-               ("memory per device", f"{human_bytes(e['memory_per_device_bytes'])} of {human_bytes(e['memory_capacity_bytes'])}"),
-               ("tokens/s per device", f"{e['tokens_per_s_per_device']:,.2f}" if e["tokens_per_s_per_device"] else "-"),
-               ("bottleneck", e["bottleneck"])]
+    figures = [
+        ("step time", human_seconds(e["step_time_s"])),
+        (
+            "memory per device",
+            f"{human_bytes(e['memory_per_device_bytes'])} of {human_bytes(e['memory_capacity_bytes'])}",
+        ),
+        (
+            "tokens/s per device",
+            f"{e['tokens_per_s_per_device']:,.2f}" if e["tokens_per_s_per_device"] else "-",
+        ),
+        ("bottleneck", e["bottleneck"]),
+    ]
     if kind == "training":
         figures.insert(1, ("MFU", f"{e['mfu']:.1%}" if e["mfu"] is not None else "-"))
     else:
         figures[1:1] = [("TTFT", human_seconds(e["ttft_s"])), ("TPOT", human_seconds(e["tpot_s"]))]
     lines += [f"- {name}: {value}" for name, value in figures]
-    lines += ["", "| # | layout | tokens/s/device | memory/device | bottleneck |", "|---:|---|---:|---:|---|"]
-    lines += [f"| {c['rank']} | {c['layout']} | {(c['tokens_per_s_per_device'] or 0):,.2f} | "
-              f"{human_bytes(c['memory_per_device_bytes'])} | {c['bottleneck']} |" for c in p["candidates"]]
+    lines += [
+        "",
+        "| # | layout | tokens/s/device | memory/device | bottleneck |",
+        "|---:|---|---:|---:|---|",
+    ]
+    lines += [
+        f"| {c['rank']} | {c['layout']} | {(c['tokens_per_s_per_device'] or 0):,.2f} | "
+        f"{human_bytes(c['memory_per_device_bytes'])} | {c['bottleneck']} |"
+        for c in p["candidates"]
+    ]
     return "\n".join(lines) + "\n"
 
 
-def _exports(context: Day0Context, records) -> str:  # noqa: ANN001
+def _exports(context: Day0Context, records) -> str:
     exports = context.results.get("export")
     if exports is None:
         return _skipped(records, "export")
     lines = []
     for kind, x in exports.items():
-        lines.append(f"- {kind}, {x['engine']} (`autoparallel._export.export_plan`): " + ", ".join(f"`{f}`" for f in x["files"]))
+        lines.append(
+            f"- {kind}, {x['engine']} (`autoparallel._export.export_plan`): "
+            + ", ".join(f"`{f}`" for f in x["files"])
+        )
         lines += [f"  - dropped: {item}" for item in x["dropped"]]
     return "\n".join(lines) + "\n"
 
 
-def _stages(context: Day0Context, records) -> str:  # noqa: ANN001
+def _stages(context: Day0Context, records) -> str:
     s = context.results.get("stages")
     if s is None:
-        return _skipped(records, "stages") + "\ntp2 and pp2: not run (the staged checks did not run).\n"
-    lines = [f"Measured on this machine with a small reference-family model (`profilers.run_stages`, {s['file']}):", "",
-             "| stage | what | predicted | measured | error | within tolerance |", "|---|---|---:|---:|---:|---|"]
-    lines += [f"| {r['stage']} | {r['name']} | {human_seconds(r['calibrated_time_s'] or r['predicted_time_s'])} | "
-              f"{human_seconds(r['measured_time_s'])} | {r['time_error']:+.0%} | {'yes' if r['passed'] else 'no'} |"
-              for r in s["rows"]]
+        return (
+            _skipped(records, "stages")
+            + "\ntp2 and pp2: not run (the staged checks did not run).\n"
+        )
+    lines = [
+        f"Measured on this machine with a small reference-family model (`profilers.run_stages`, {s['file']}):",
+        "",
+        "| stage | what | predicted | measured | error | within tolerance |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    lines += [
+        f"| {r['stage']} | {r['name']} | {human_seconds(r['calibrated_time_s'] or r['predicted_time_s'])} | "
+        f"{human_seconds(r['measured_time_s'])} | {r['time_error']:+.0%} | {'yes' if r['passed'] else 'no'} |"
+        for r in s["rows"]
+    ]
     return "\n".join(lines) + f"\n\n{s['multi_device']}.\n"
 
 
-def _sweep(context: Day0Context, records) -> str:  # noqa: ANN001
+def _sweep(context: Day0Context, records) -> str:
     s = context.results.get("sweep")
     if s is None:
         return _skipped(records, "sweep")
     point = s["superlinear_length"]
-    verdict = (f"latency turns super-linear (local exponent > {s['threshold']}) at **{point:,} tokens**" if point
-               else f"latency stays below exponent {s['threshold']} over the whole sweep")
-    lines = [f"{s['plan']} plan ({s['layout']}), {s['latency']}, `cost_model.sequence_sweep`: {verdict}.", "",
-             "| tokens | latency | exponent | memory/device | fits |", "|---:|---:|---:|---:|---|"]
+    verdict = (
+        f"latency turns super-linear (local exponent > {s['threshold']}) at **{point:,} tokens**"
+        if point
+        else f"latency stays below exponent {s['threshold']} over the whole sweep"
+    )
+    lines = [
+        f"{s['plan']} plan ({s['layout']}), {s['latency']}, `cost_model.sequence_sweep`: {verdict}.",
+        "",
+        "| tokens | latency | exponent | memory/device | fits |",
+        "|---:|---:|---:|---:|---|",
+    ]
     for r in s["rows"]:
         latency = human_seconds(r["latency_s"]) if r["latency_s"] is not None else "-"
         exponent = f"{r['scaling_exponent']:.2f}" if r["scaling_exponent"] is not None else "-"
-        lines.append(f"| {r['lengths']:,} | {latency} | {exponent} | {human_bytes(r['memory_per_device_bytes'])} | "
-                     f"{'yes' if r['feasible'] else 'no'} |")
+        lines.append(
+            f"| {r['lengths']:,} | {latency} | {exponent} | {human_bytes(r['memory_per_device_bytes'])} | "
+            f"{'yes' if r['feasible'] else 'no'} |"
+        )
     return "\n".join(lines) + "\n"
 
 
-def _figures(context: Day0Context, records) -> str:  # noqa: ANN001
+def _figures(context: Day0Context, records) -> str:
     f = context.results.get("figures")
     if f is None:
         return _skipped(records, "figures")
@@ -150,21 +214,28 @@ def _figures(context: Day0Context, records) -> str:  # noqa: ANN001
     return "\n\n".join(lines) + "\n"
 
 
-def _summary(context: Day0Context, records) -> str:  # noqa: ANN001
+def _summary(context: Day0Context, records) -> str:
     lines = []
     for kind in ("training", "serving"):
         p = context.results.get(f"plan-{kind}")
         if p is not None:
-            lines.append(f"- {kind}: **{p['layout']}** on {p['num_devices']:,} devices, bottleneck {p['estimate']['bottleneck']}")
+            lines.append(
+                f"- {kind}: **{p['layout']}** on {p['num_devices']:,} devices, bottleneck {p['estimate']['bottleneck']}"
+            )
     c = context.results.get("coverage")
     if c is not None:
         native = c["shares"]["flop"]["native"]
-        lines.append(f"- operators on {c['device']}: {native:.1%} of FLOPs run natively, "
-                     f"{len(c['not_native'])} operators are not native")
+        lines.append(
+            f"- operators on {c['device']}: {native:.1%} of FLOPs run natively, "
+            f"{len(c['not_native'])} operators are not native"
+        )
     s = context.results.get("sweep")
     if s is not None:
-        lines.append(f"- long context: super-linear from {s['superlinear_length']:,} tokens" if s["superlinear_length"]
-                     else "- long context: no super-linear point in the sweep")
+        lines.append(
+            f"- long context: super-linear from {s['superlinear_length']:,} tokens"
+            if s["superlinear_length"]
+            else "- long context: no super-linear point in the sweep"
+        )
     skipped = [n for n, r in records.items() if r.status == "skipped"]
     lines.append(f"- skipped here: {', '.join(skipped) if skipped else 'none'}")
     return "\n".join(lines) + "\n"
@@ -172,23 +243,34 @@ def _summary(context: Day0Context, records) -> str:  # noqa: ANN001
 
 def _steps_table(records: dict[str, StepRecord]) -> str:
     lines = ["| step | status | seconds | note |", "|---|---|---:|---|"]
-    lines += [f"| {name} | {r.status} | {r.elapsed_s:.1f} | {r.reason} |" for name, r in records.items()]
+    lines += [
+        f"| {name} | {r.status} | {r.elapsed_s:.1f} | {r.reason} |" for name, r in records.items()
+    ]
     return "\n".join(lines) + "\n"
 
 
 def render_markdown(context: Day0Context, records: dict[str, StepRecord]) -> str:
     bodies = {
-        "Summary": _summary, "Steps": lambda c, r: _steps_table(r), "Model": _model, "Operator coverage": _coverage,
-        "Cluster": _cluster, "Training plan": lambda c, r: _plan(c, r, "training"),
-        "Serving plan": lambda c, r: _plan(c, r, "serving"), "Engine launch files": _exports, "Staged checks": _stages,
-        "Long-context sweep": _sweep, "Figures": _figures,
+        "Summary": _summary,
+        "Steps": lambda c, r: _steps_table(r),
+        "Model": _model,
+        "Operator coverage": _coverage,
+        "Cluster": _cluster,
+        "Training plan": lambda c, r: _plan(c, r, "training"),
+        "Serving plan": lambda c, r: _plan(c, r, "serving"),
+        "Engine launch files": _exports,
+        "Staged checks": _stages,
+        "Long-context sweep": _sweep,
+        "Figures": _figures,
     }
     title = f"# Day-0 report: {context.model.name} on {context.cluster.name}\n\n"
     return title + "\n".join(f"## {name}\n\n{bodies[name](context, records)}" for name in SECTIONS)
 
 
-def step_report(context: Day0Context, records) -> list[Path]:  # noqa: ANN001
-    final = {name: (StepRecord(status="done") if name == "report" else records[name]) for name in STEPS}
+def step_report(context: Day0Context, records) -> list[Path]:
+    final = {
+        name: (StepRecord(status="done") if name == "report" else records[name]) for name in STEPS
+    }
     markdown = context.folder / "report.md"
     markdown.write_text(render_markdown(context, final))
     document = {

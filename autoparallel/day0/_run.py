@@ -12,9 +12,10 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from cost_model import ModelSpec
 from topology import Cluster
@@ -22,7 +23,16 @@ from topology import Cluster
 logger = logging.getLogger(__name__)
 
 STEPS: tuple[str, ...] = (
-    "describe", "coverage", "cluster", "plan-training", "plan-serving", "export", "stages", "sweep", "figures", "report",
+    "describe",
+    "coverage",
+    "cluster",
+    "plan-training",
+    "plan-serving",
+    "export",
+    "stages",
+    "sweep",
+    "figures",
+    "report",
 )
 STATE_FILE = "day0-state.json"
 SERVING_ENGINES = ("vllm", "sglang", "trtllm")
@@ -57,11 +67,17 @@ class Day0Options:
     def kinds(self) -> tuple[str, ...]:
         if not (self.training or self.serving):
             return ("training", "serving")
-        return tuple(kind for kind, wanted in (("training", self.training), ("serving", self.serving)) if wanted)
+        return tuple(
+            kind
+            for kind, wanted in (("training", self.training), ("serving", self.serving))
+            if wanted
+        )
 
     def fingerprint(self) -> str:
         """Hash of the inputs a resumed run must share (the config's content, not its path)."""
-        data = {k: str(v) for k, v in asdict(self).items() if k not in ("output_dir", "config_path")}
+        data = {
+            k: str(v) for k, v in asdict(self).items() if k not in ("output_dir", "config_path")
+        }
         data["config"] = hashlib.sha256(Path(self.config_path).read_bytes()).hexdigest()
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -105,7 +121,9 @@ def check_inputs(options: Day0Options) -> Day0Context:
     dispatch_key_for(device)  # raises: device type not present
     cluster = _load_cluster(options.cluster, local_device=local)
     if options.engine is not None and options.engine not in SERVING_ENGINES + TRAINING_ENGINES:
-        raise ValueError(f"engine ({options.engine!r}) must be one of {list(SERVING_ENGINES + TRAINING_ENGINES)}")
+        raise ValueError(
+            f"engine ({options.engine!r}) must be one of {list(SERVING_ENGINES + TRAINING_ENGINES)}"
+        )
     if options.trials < 1:
         raise ValueError(f"trials ({options.trials}) must be >= 1")
     if options.nodes is not None and options.nodes < 1:
@@ -127,12 +145,16 @@ def _load_model(config_path: Path) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        raise ValueError(f"config ({str(config_path)!r}) must be an existing HuggingFace config.json file")
+        raise ValueError(
+            f"config ({str(config_path)!r}) must be an existing HuggingFace config.json file"
+        )
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise ValueError(f"config ({str(path)!r}) is not valid JSON: {error}") from error
-    return ModelSpec.from_hf_config(data, name=str(data.get("_name_or_path") or path.parent.name or "model"))
+    return ModelSpec.from_hf_config(
+        data, name=str(data.get("_name_or_path") or path.parent.name or "model")
+    )
 
 
 def _load_cluster(text: str, *, local_device: str) -> Cluster:
@@ -142,7 +164,9 @@ def _load_cluster(text: str, *, local_device: str) -> Cluster:
 
     if not text.endswith(".json"):
         if text not in list_presets():
-            raise ValueError(f"cluster ({text!r}) must be a preset ({', '.join(list_presets())}) or a probe .json file")
+            raise ValueError(
+                f"cluster ({text!r}) must be a preset ({', '.join(list_presets())}) or a probe .json file"
+            )
         return get_preset(text)
     path = Path(text)
     if not path.is_file():
@@ -180,9 +204,15 @@ def load_state(options: Day0Options) -> tuple[dict[str, StepRecord], dict[str, A
     return records, state.get("results", {})
 
 
-def save_state(options: Day0Options, records: dict[str, StepRecord], results: dict[str, Any]) -> Path:
+def save_state(
+    options: Day0Options, records: dict[str, StepRecord], results: dict[str, Any]
+) -> Path:
     path = _state_path(options)
-    state = {"fingerprint": options.fingerprint(), "steps": {n: asdict(r) for n, r in records.items()}, "results": results}
+    state = {
+        "fingerprint": options.fingerprint(),
+        "steps": {n: asdict(r) for n, r in records.items()},
+        "results": results,
+    }
     path.write_text(json.dumps(state, indent=1, default=_json_default) + "\n")
     return path
 
@@ -197,7 +227,9 @@ def _json_default(value: Any) -> Any:
 Progress = Callable[[str, StepRecord], None]
 
 
-def run_day0(options: Day0Options, *, resume: bool = False, progress: Progress | None = None) -> dict[str, StepRecord]:
+def run_day0(
+    options: Day0Options, *, resume: bool = False, progress: Progress | None = None
+) -> dict[str, StepRecord]:
     """Run (or resume) every step; returns the step records. Raises ``ValueError`` for bad
     inputs before any step, and re-raises a failing step's error after saving the state."""
     from autoparallel.day0 import _steps
@@ -212,10 +244,19 @@ def run_day0(options: Day0Options, *, resume: bool = False, progress: Progress |
     for name in STEPS:
         record = records[name]
         if record.status in ("done", "skipped"):
-            say(name, StepRecord(status="resumed", reason=f"{record.status} in an earlier run", files=record.files))
+            say(
+                name,
+                StepRecord(
+                    status="resumed",
+                    reason=f"{record.status} in an earlier run",
+                    files=record.files,
+                ),
+            )
             continue
         say(name, StepRecord(status="running"))
-        records[name] = _run_step(name, getattr(_steps, "step_" + name.replace("-", "_")), context, records)
+        records[name] = _run_step(
+            name, getattr(_steps, "step_" + name.replace("-", "_")), context, records
+        )
         save_state(options, records, context.results)
         say(name, records[name])
         if records[name].status == "failed":
@@ -229,13 +270,23 @@ class Day0StepError(RuntimeError):
         super().__init__(f"step {step} failed: {reason} (fix it and rerun with --resume)")
 
 
-def _run_step(name: str, function, context: Day0Context, records: dict[str, StepRecord]) -> StepRecord:  # noqa: ANN001
+def _run_step(
+    name: str, function, context: Day0Context, records: dict[str, StepRecord]
+) -> StepRecord:
     start = time.perf_counter()
     try:
         files = function(context, records) or []
     except StepSkipped as skipped:
-        return StepRecord(status="skipped", reason=str(skipped), elapsed_s=time.perf_counter() - start)
-    except Exception as error:  # noqa: BLE001 - recorded, then re-raised by run_day0 as a step failure
+        return StepRecord(
+            status="skipped", reason=str(skipped), elapsed_s=time.perf_counter() - start
+        )
+    except Exception as error:
         logger.exception("day0 step %s failed", name)
-        return StepRecord(status="failed", reason=f"{type(error).__name__}: {error}", elapsed_s=time.perf_counter() - start)
-    return StepRecord(status="done", elapsed_s=time.perf_counter() - start, files=[str(f) for f in files])
+        return StepRecord(
+            status="failed",
+            reason=f"{type(error).__name__}: {error}",
+            elapsed_s=time.perf_counter() - start,
+        )
+    return StepRecord(
+        status="done", elapsed_s=time.perf_counter() - start, files=[str(f) for f in files]
+    )
