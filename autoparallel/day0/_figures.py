@@ -93,39 +93,28 @@ def pareto_figure(context: Day0Context, path: Path) -> Path | None:
 def _stacked(
     context: Day0Context, path: Path, *, part: str, scale: float, unit: str
 ) -> Path | None:
+    """One horizontal stacked bar per plan, each on its own axis (training and serving steps
+    differ by orders of magnitude); memory bars carry the capacity as a black line."""
     plans = _plans(context)
     if not plans:
         return None
     plt = _pyplot()
-    figure, axis = plt.subplots(figsize=(7, 1.2 + 0.9 * len(plans)))
-    names = sorted(
-        {name for p in plans.values() for name, v in p["estimate"][part].items() if v > 0}
-    )
+    figure, axes = plt.subplots(len(plans), 1, figsize=(7.5, 1.3 + 1.1 * len(plans)), squeeze=False)
     colors = plt.get_cmap("tab20")
-    for row, (kind, planned) in enumerate(plans.items()):
+    for axis, (kind, planned) in zip(axes[:, 0], plans.items()):
         left = 0.0
-        for index, name in enumerate(names):
-            value = planned["estimate"][part].get(name, 0.0) / scale
-            axis.barh(
-                row, value, left=left, color=colors(index % 20), label=name if row == 0 else None
-            )
-            left += value
+        parts = sorted(planned["estimate"][part].items(), key=lambda item: -item[1])
+        for index, (name, value) in enumerate(item for item in parts if item[1] > 0):
+            axis.barh(0, value / scale, left=left, color=colors(index % 20), label=name)
+            left += value / scale
         if part == "memory_bytes":
-            axis.plot(
-                [planned["estimate"]["memory_capacity_bytes"] / scale] * 2,
-                [row - 0.4, row + 0.4],
-                color="black",
-            )
-    axis.set_yticks(range(len(plans)), list(plans))
-    axis.set_xlabel(unit)
-    axis.set_title(
-        "time per step by part"
-        if part == "time_s"
-        else "memory per device by part (line: capacity)"
-    )
-    axis.legend(
-        fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.35 - 0.1 * len(plans))
-    )
+            capacity = planned["estimate"]["memory_capacity_bytes"] / scale
+            axis.axvline(capacity, color="black", label="capacity")
+        axis.set_yticks([0], [kind])
+        axis.set_xlabel(unit)
+        axis.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    title = "time per step by part" if part == "time_s" else "memory per device by part"
+    axes[0, 0].set_title(title)
     return _save(figure, path)
 
 
@@ -154,11 +143,25 @@ def sweep_figure(context: Day0Context, path: Path) -> Path | None:
     if sweep is None:
         return None
     rows = [row for row in sweep["rows"] if row["latency_s"] is not None]
+    fits = [row for row in rows if row["feasible"]]
+    spills = [row for row in rows if not row["feasible"]]
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(5.5, 3.6))
     axis.loglog(
-        [r["lengths"] for r in rows], [r["latency_s"] for r in rows], marker="o", color="#1565c0"
+        [r["lengths"] for r in fits],
+        [r["latency_s"] for r in fits],
+        marker="o",
+        color="#1565c0",
+        label="fits in memory",
     )
+    if spills:
+        axis.scatter(
+            [r["lengths"] for r in spills],
+            [r["latency_s"] for r in spills],
+            marker="x",
+            color="#90a4ae",
+            label="does not fit",
+        )
     if sweep["superlinear_length"]:
         axis.axvline(
             sweep["superlinear_length"],
@@ -166,7 +169,7 @@ def sweep_figure(context: Day0Context, path: Path) -> Path | None:
             linestyle="--",
             label=f"super-linear from {sweep['superlinear_length']:,} tokens",
         )
-        axis.legend(fontsize=7)
+    axis.legend(fontsize=7)
     axis.set(
         xlabel="tokens",
         ylabel=f"{sweep['latency']} (s)",
@@ -181,7 +184,7 @@ def coverage_figure(context: Day0Context, path: Path) -> Path | None:
     if coverage is None:
         return None
     plt = _pyplot()
-    figure, axis = plt.subplots(figsize=(6, 2.6))
+    figure, axis = plt.subplots(figsize=(7, 2.6))
     measures = [("flop", "FLOPs"), ("byte", "bytes"), ("count", "operators")]
     for row, (measure, label) in enumerate(measures):
         left = 0.0
@@ -195,7 +198,7 @@ def coverage_figure(context: Day0Context, path: Path) -> Path | None:
         xlim=(0, 100),
         title=f"operator coverage on {coverage['device']} ({coverage['dispatch_key']}), {coverage['num_operators']} operators",
     )
-    axis.legend(fontsize=7, ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.12))
+    axis.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     return _save(figure, path)
 
 

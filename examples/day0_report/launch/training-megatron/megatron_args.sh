@@ -1,0 +1,13 @@
+torchrun pretrain_gpt.py \
+    --num-layers 61 \
+    --seq-length 4096 \
+    --tensor-model-parallel-size 1 \
+    --pipeline-model-parallel-size 1 \
+    --context-parallel-size 256 \
+    --micro-batch-size 1 \
+    --global-batch-size 4096 \
+    --expert-model-parallel-size 128 \
+    --expert-tensor-parallel-size 1 \
+    --use-torch-fsdp2 \
+    --no-gradient-accumulation-fusion \
+    --ckpt-format torch_dist
