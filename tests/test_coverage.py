@@ -117,6 +117,9 @@ def test_a_privateuse1_name_with_no_kernels_is_not_present(privateuse1_reports):
 
 
 def test_cpu_coverage_records_every_path_and_its_shares_sum_to_one():
+    import autoparallel as ap
+
+    assert ap.operator_coverage is operator_coverage
     report = operator_coverage("tiny-moe", device="cpu")
     phases = {phase for operator in report.operators for phase in operator.phases}
     assert phases == {"training", "prefill", "decode"}

@@ -152,6 +152,10 @@ def test_the_sweep_and_coverage_sections_report_their_findings(deepseek_report):
         assert max(exponents) <= sweep["threshold"]
     coverage = report["results"]["coverage"]
     assert coverage["device"] == "cpu"
+    recorded = json.loads((deepseek_report / "coverage.json").read_text())["operators"]
+    assert "aten::sigmoid" in {
+        o["name"] for o in recorded
+    }  # DeepSeek-V3's router scores by sigmoid
     assert sum(coverage["shares"]["flop"].values()) == pytest.approx(1.0)
     markdown = (deepseek_report / "report.md").read_text()
     native = coverage["shares"]["flop"]["native"]

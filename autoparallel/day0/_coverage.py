@@ -445,7 +445,12 @@ def _run_paths(module, recorder, *, tokens: int, seed: int) -> None:
 
 
 def operator_coverage(
-    model: ModelSpec | str | Path, *, device: str = "cpu", tokens: int = 16, seed: int = 0
+    model: ModelSpec | str | Path,
+    *,
+    device: str = "cpu",
+    scoring: Literal["softmax", "sigmoid"] | None = None,
+    tokens: int = 16,
+    seed: int = 0,
 ) -> CoverageReport:
     """Record the operators of ``model`` 's reference module and classify them for ``device``.
 
@@ -453,7 +458,9 @@ def operator_coverage(
     a torch device type present on this machine (``cpu``, ``cuda``, ``xpu``, ...) or the name of
     the PrivateUse1 backend (``musa``, ``npu``, or whatever ``rename_privateuse1_backend`` set).
     The module runs on the CPU (the target backend need not run it: the dispatcher's tables say
-    how it would); ``tokens`` is the training/prefill sequence length. Nothing is mutated.
+    how it would); ``tokens`` is the training/prefill sequence length. ``scoring`` is the
+    router's (default: ``sigmoid`` where the config says ``scoring_func: sigmoid``, else
+    ``softmax``; a ``ModelSpec`` carries no scoring). Nothing is mutated.
 
     Raises:
         ValueError: the device is not present, or the model is outside the reference family.
@@ -463,7 +470,8 @@ def operator_coverage(
     dispatch_key = dispatch_key_for(device)
     spec = model if isinstance(model, ModelSpec) else get_model(model)
     small = small_width_spec(spec)
-    recorder = _trace(small, scoring=router_scoring(model), tokens=tokens, seed=seed)
+    scoring = scoring or router_scoring(model)
+    recorder = _trace(small, scoring=scoring, tokens=tokens, seed=seed)
     return _report(
         spec=spec, small=small, device=device, dispatch_key=dispatch_key, recorder=recorder
     )

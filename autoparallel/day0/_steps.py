@@ -57,12 +57,16 @@ def step_describe(context: Day0Context, records) -> list[Path]:
 
 # ---------------------------------------------------------------------------- coverage
 def step_coverage(context: Day0Context, records) -> list[Path]:
-    from autoparallel.day0._coverage import operator_coverage
+    from autoparallel.day0._coverage import operator_coverage, router_scoring
 
     if not context.options.coverage:
         raise StepSkipped("turned off (--no-coverage)")
     try:
-        report = operator_coverage(context.model, device=context.local_device)
+        report = operator_coverage(
+            context.model,
+            device=context.local_device,
+            scoring=router_scoring(context.options.config_path),
+        )
     except ValueError as error:  # the reference module does not implement this model family
         raise StepSkipped(f"the reference module cannot run this model: {error}") from error
     path = report.save(context.folder / "coverage.json")
