@@ -311,3 +311,38 @@ def test_a_device_type_not_present_and_bad_names_are_refused(tmp_path):
         check_inputs(_options(tmp_path, config, engine="ollama"))
     with pytest.raises(ValueError, match="must be an existing HuggingFace config.json"):
         check_inputs(_options(tmp_path, tmp_path / "missing.json"))
+
+
+@pytest.mark.distributed
+def test_probe_ranks_measures_this_machine_under_torchrun_and_plans_on_it(tmp_path):
+    config = _config(tmp_path / "model", "tiny-moe")
+    output = tmp_path / "report"
+    arguments = ["day0", str(config), "--cluster", "cpu-loopback", "--probe-ranks", "2"]
+    arguments += ["--output-dir", str(output), "--serving", "--no-stages", "--no-coverage"]
+    assert main([*arguments, "--trials", "4"]) == 0
+    probed = Cluster.load(output / "probe-cluster.json")
+    assert probed.provenance.startswith("measured:") and probed.num_devices == 2
+    assert Cluster.load(output / "cluster.json") == probed
+    report = json.loads((output / "report.json").read_text())
+    assert report["results"]["cluster"]["source"] == "probe"
+    planned = Cluster.load(output / report["results"]["plan-serving"]["cluster_file"])
+    assert planned.device == probed.device  # the plan was priced on the measured devices
+    assert "under torchrun on 2 local ranks" in _section(
+        (output / "report.md").read_text(), "Cluster"
+    )
+
+
+def test_probe_ranks_needs_a_preset_of_this_machine(tmp_path):
+    config = _config(tmp_path / "model", "tiny-moe")
+    with pytest.raises(
+        ValueError, match=r"probe_ranks \(2\) measures this machine's 'cpu' devices"
+    ):
+        check_inputs(
+            Day0Options(config_path=config, cluster="dgx-h100", output_dir=tmp_path, probe_ranks=2)
+        )
+    with pytest.raises(ValueError, match=r"probe_ranks \(1\) must be 0"):
+        check_inputs(
+            Day0Options(
+                config_path=config, cluster="cpu-loopback", output_dir=tmp_path, probe_ranks=1
+            )
+        )

@@ -64,6 +64,12 @@ def register(subparsers) -> None:
         default=None,
         help="plan on this many nodes (default: the smallest that fits)",
     )
+    day0.add_argument(
+        "--probe-ranks",
+        type=int,
+        default=0,
+        help="measure this machine with `autoparallel probe` on N ranks under torchrun (preset: peaks)",
+    )
     day0.add_argument("--trials", type=int, default=60, help="search budget per plan")
     day0.add_argument("--no-coverage", action="store_true", help="skip the operator coverage step")
     day0.add_argument(
@@ -129,6 +135,7 @@ def _day0(args: argparse.Namespace) -> int:
         serving=args.serving,
         device=args.device,
         nodes=args.nodes,
+        probe_ranks=args.probe_ranks,
         trials=args.trials,
         coverage=not args.no_coverage,
         stages=not args.no_stages,

@@ -52,6 +52,7 @@ class Day0Options:
     serving: bool = False
     device: str | None = None
     nodes: int | None = None
+    probe_ranks: int = 0
     trials: int = 60
     coverage: bool = True
     stages: bool = True
@@ -128,6 +129,7 @@ def check_inputs(options: Day0Options) -> Day0Context:
         raise ValueError(f"trials ({options.trials}) must be >= 1")
     if options.nodes is not None and options.nodes < 1:
         raise ValueError(f"nodes ({options.nodes}) must be >= 1")
+    _check_probe(options, cluster=cluster, local_device=local)
     return Day0Context(options=options, model=model, cluster=cluster, local_device=device)
 
 
@@ -179,6 +181,23 @@ def _load_cluster(text: str, *, local_device: str) -> Cluster:
             f"({cluster.device.name}), this machine has {local_device!r}; probe this cluster or pass a preset"
         )
     return cluster
+
+
+def _check_probe(options: Day0Options, *, cluster: Cluster, local_device: str) -> None:
+    if options.probe_ranks == 0:
+        return
+    if options.probe_ranks < 2:
+        raise ValueError(f"probe_ranks ({options.probe_ranks}) must be 0 (no probe) or >= 2")
+    if options.cluster.endswith(".json"):
+        raise ValueError(
+            f"probe_ranks ({options.probe_ranks}) measures this machine; pass a preset, not {options.cluster!r}"
+        )
+    device_type = cluster.device.resolved_device_type
+    if device_type != local_device:
+        raise ValueError(
+            f"probe_ranks ({options.probe_ranks}) measures this machine's {local_device!r} devices; "
+            f"the preset {options.cluster!r} describes {device_type!r} devices"
+        )
 
 
 # ---------------------------------------------------------------------------- state
@@ -238,6 +257,8 @@ def run_day0(
     options.output_dir.mkdir(parents=True, exist_ok=True)
     if resume:
         records, context.results = load_state(options)
+        if records["cluster"].status == "done":  # later steps plan on the cluster that step chose
+            context.cluster = Cluster.load(options.output_dir / context.results["cluster"]["file"])
     else:
         records = {name: StepRecord() for name in STEPS}
     say = progress or (lambda name, record: None)

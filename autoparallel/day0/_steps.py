@@ -13,6 +13,7 @@ import numpy as np
 from autoparallel.day0._figures import step_figures
 from autoparallel.day0._report import step_report
 from autoparallel.day0._run import DEFAULT_ENGINES, SERVING_ENGINES, Day0Context, StepSkipped
+from topology import Cluster
 
 __all__ = [
     "step_cluster",
@@ -104,13 +105,67 @@ def step_coverage(context: Day0Context, records) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------- cluster
+PROBE_TIMEOUT_S = 600.0
+
+
+def probe_under_torchrun(*, num_ranks: int, preset: str, output: Path) -> Path:
+    """Run ``autoparallel probe`` on ``num_ranks`` local ranks (``torch.distributed.run``) with
+    ``preset`` supplying the peaks and the scale-out tier; returns the cluster JSON it wrote."""
+    import os
+    import subprocess
+    import sys
+
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={num_ranks}", "-m", "autoparallel.cli", "probe",
+        "--output", str(output), "--preset", preset,
+    ]  # fmt: skip
+    environment = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=PROBE_TIMEOUT_S,
+        check=False,
+    )
+    if done.returncode != 0 or not output.is_file():
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"the probe under torchrun exited {done.returncode}: {' / '.join(tail)}")
+    return output
+
+
+def _probe_note(context: Day0Context, measured: bool) -> str:
+    if context.options.probe_ranks:
+        return (
+            f"ran `autoparallel probe` under torchrun on {context.options.probe_ranks} local ranks "
+            f"(peaks and scale-out tier from the preset {context.options.cluster!r})"
+        )
+    if measured:
+        return "used the probe file given"
+    return (
+        f"not run: the preset {context.cluster.name!r} was given; to measure this cluster pass "
+        "--probe-ranks N, or run `torchrun --nproc-per-node N -m autoparallel.cli probe` and pass "
+        "--cluster cluster.json"
+    )
+
+
 def step_cluster(context: Day0Context, records) -> list[Path]:
+    files = []
+    if context.options.probe_ranks:
+        probed = probe_under_torchrun(
+            num_ranks=context.options.probe_ranks,
+            preset=context.options.cluster,
+            output=context.folder / "probe-cluster.json",
+        )
+        context.cluster = Cluster.load(probed)
+        files.append(probed)
     cluster = context.cluster
     path = cluster.save(context.folder / "cluster.json")
     measured = cluster.provenance.startswith("measured")
     context.results["cluster"] = {
         "name": cluster.name,
-        "source": "probe file" if measured else "preset",
+        "source": "probe" if measured else "preset",
         "provenance": cluster.provenance,
         "device": cluster.device.name,
         "device_type": cluster.device.resolved_device_type,
@@ -119,14 +174,9 @@ def step_cluster(context: Day0Context, records) -> list[Path]:
         "memory_per_device_bytes": cluster.memory_per_device_bytes,
         "uncertain": list(cluster.device.uncertain),
         "file": path.name,
-        "probe": "used the probe file given"
-        if measured
-        else (
-            f"not run: the preset {cluster.name!r} was given; to measure this cluster run "
-            "`torchrun --nproc-per-node N -m autoparallel.cli probe` and pass --cluster cluster.json"
-        ),
+        "probe": _probe_note(context, measured),
     }
-    return [path]
+    return [*files, path]
 
 
 # ---------------------------------------------------------------------------- plans
@@ -419,7 +469,6 @@ def sweep_lengths(model) -> list[int]:
 def step_sweep(context: Day0Context, records) -> list[Path]:
     from autoparallel import load_plan
     from cost_model import sequence_sweep
-    from topology import Cluster
 
     kind = next((k for k in ("serving", "training") if f"plan-{k}" in context.results), None)
     if kind is None:
