@@ -83,10 +83,20 @@ def test_a_privateuse1_backend_reports_its_kernels_native_and_the_rest_composite
         "aten::add.Tensor",
         "aten::mul.Tensor",
     }
-    # view-like operators with a CompositeExplicitAutograd kernel, and in-place ones whose
-    # decomposition only needs the registered kernels, are composite
-    assert status["aten::t"] == "composite"
-    assert status["aten::mul_.Tensor"] == "composite"
+    reasons = {operator["name"]: operator["reason"] for operator in report["operators"]}
+    # a CompositeExplicitAutograd kernel that only calls registered kernels is composite ...
+    assert (
+        status["aten::mul.Scalar"] == "composite"
+        and "aten::mul.Tensor" in reasons["aten::mul.Scalar"]
+    )
+    # ... and so is a torch._decomp decomposition into registered kernels (x**2 -> x * x)
+    assert status["aten::pow.Tensor_Scalar"] == "composite"
+    assert "decomposition into aten::mul.Tensor" in reasons["aten::pow.Tensor_Scalar"]
+    # ... one that needs an operator the backend lacks is not (t -> transpose -> as_strided)
+    assert (
+        status["aten::t"] == "missing"
+        and "needs aten::transpose.int (missing)" in reasons["aten::t"]
+    )
     # kernels the backend lacks with no usable decomposition are missing (no fallback registered)
     assert status["aten::bmm"] == "missing" and status["aten::topk"] == "missing"
     assert "fallback" not in status.values()

@@ -3,14 +3,14 @@
 The reference module is built for a small-width copy of the model's spec (same attention kind,
 dense and MoE layers, shared experts, router scoring: the same operator set at toy sizes) and
 run on the CPU under a ``TorchDispatchMode`` through four paths: a training step (forward,
-backward, AdamW update), a prefill pass and decode steps with the KV cache. Every operator
+backward, a multi-tensor AdamW update as on accelerators), a prefill pass and decode steps with the KV cache. Every operator
 overload seen there is classified for the target device's dispatch key with the dispatcher's own
 registration tables (``torch._C._dispatch_has_kernel_for_dispatch_key`` and friends):
 
 * ``native`` — a kernel is registered for the key itself (CUDA, XPU, PrivateUse1, ...);
-* ``composite`` — no kernel for the key, but the operator decomposes into other operators: a
-  ``CompositeImplicitAutograd`` / ``CompositeExplicitAutograd`` kernel, or a decomposition in
-  ``torch._decomp.decomposition_table`` whose operators (traced on a recorded call) are all
+* ``composite`` — no kernel for the key, but the operator decomposes into operators that run: a
+  ``CompositeImplicitAutograd`` / ``CompositeExplicitAutograd`` kernel or a decomposition in
+  ``torch._decomp.decomposition_table``, whose operators (traced on a recorded call) are all
   native or composite themselves;
 * ``fallback`` — neither, but the backend registered a boxed fallback (out-of-tree backends
   such as torch_npu and torch_musa route unsupported operators to the CPU this way);
@@ -189,6 +189,7 @@ def local_device() -> str:
 
 # ---------------------------------------------------------------------------- classification
 _ORDER = {status: index for index, status in enumerate(STATUSES)}
+DECOMPOSITION = "torch._decomp decomposition"
 _MAX_DEPTH = 4
 
 
@@ -220,51 +221,59 @@ class _Classifier:
     def _resolve(self, func, depth: int) -> tuple[str, str]:
         import torch
 
-        has_kernel, key = torch._C._dispatch_has_kernel_for_dispatch_key, self.dispatch_key
-        if has_kernel(func.name(), key):
+        key = self.dispatch_key
+        if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), key):
             return "native", f"kernel registered for {key}"
-        for composite_key in _COMPOSITE_KEYS:
-            if has_kernel(func.name(), composite_key):
-                return "composite", f"{composite_key} kernel (decomposes into other operators)"
+        if func.namespace == "prims":  # eager prims run ATen outside what a trace can see
+            return "missing", f"prims operator with no {key} kernel"
         blocked = ""
-        if func in self.decompositions and func in self.samples and depth < _MAX_DEPTH:
-            parts = self._decomposed_into(func)
-            if parts:
-                statuses = {part: self(part, depth=depth + 1)[0] for part in parts}
-                worst = max(statuses.values(), key=_ORDER.__getitem__)
-                names = ", ".join(sorted(part.name() for part in parts))
-                if _ORDER[worst] <= _ORDER["composite"]:
-                    return "composite", f"torch._decomp decomposition into {names}"
-                blocked = "; its decomposition needs " + ", ".join(
-                    sorted(
-                        f"{part.name()} ({status})"
-                        for part, status in statuses.items()
-                        if status == worst
-                    )
-                )
-        if self.has_fallback:
-            return (
-                "fallback",
-                f"boxed fallback registered for {key} (runs elsewhere, copies back){blocked}",
+        for route in self._routes(func):
+            parts = self._traced(func, route) if depth < _MAX_DEPTH else None
+            if parts is None:  # not traceable here: a composite kernel still runs on any backend
+                if route != DECOMPOSITION:
+                    return "composite", f"{route} kernel (its operators not traced)"
+                continue
+            statuses = {part: self(part, depth=depth + 1)[0] for part in parts}
+            worst = max(statuses.values(), key=_ORDER.__getitem__, default="native")
+            if _ORDER[worst] <= _ORDER["composite"]:
+                names = ", ".join(sorted(part.name() for part in parts)) or "no other operator"
+                return "composite", f"{route} into {names}"
+            needs = sorted(
+                f"{p.name()} ({status})" for p, status in statuses.items() if status == worst
             )
-        return (
-            "missing",
-            f"no {key} kernel, composite kernel, usable decomposition or fallback{blocked}",
-        )
+            blocked += f"; its {route} needs {', '.join(needs)}"
+        if self.has_fallback:
+            return "fallback", f"boxed fallback registered for {key} (runs elsewhere){blocked}"
+        return "missing", f"no {key} kernel, no runnable composite, no fallback{blocked}"
 
-    def _decomposed_into(self, func) -> set:
-        """Operators the decomposition of ``func`` runs on the recorded call (empty if it fails)."""
-        args, kwargs = self.samples[func]
-        recorder = _recorder()
+    def _routes(self, func) -> list[str]:
+        """Ways ``func`` can run without a kernel of its own: composite kernels, a decomposition."""
+        import torch
+
+        has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+        routes = [key for key in _COMPOSITE_KEYS if has_kernel(func.name(), key)]
+        return routes + ([DECOMPOSITION] if func in self.decompositions else [])
+
+    def _traced(self, func, route: str) -> set | None:
+        """Operators ``route`` runs for the recorded call of ``func`` (None: it cannot run here)."""
+        import torch
+
+        if func not in self.samples:
+            return None
+        args, kwargs = _copied(self.samples[func])
+        recorder = _recorder(namespaces=("aten", "prims"))
         try:
             with recorder:
-                self.decompositions[func](*args, **kwargs)
-        except Exception as error:  # noqa: BLE001 - a decomposition that cannot run is not usable
-            logger.info("decomposition of %s did not run: %s", func.name(), error)
-            return set()
+                if route == DECOMPOSITION:
+                    self.decompositions[func](*args, **kwargs)
+                else:  # run that kernel itself, whatever kernel the CPU would pick
+                    keys = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, route))
+                    func.redispatch(keys, *args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - a route that cannot run is not usable
+            logger.info("%s of %s did not run: %s", route, func.name(), error)
+            return None
         self.samples.update({k: v for k, v in recorder.samples.items() if k not in self.samples})
-        parts = set(recorder.tallies)
-        return set() if func in parts else parts
+        return set(recorder.tallies)
 
 
 # ---------------------------------------------------------------------------- recording
@@ -322,12 +331,15 @@ def _copied(values):
     return tree_map(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, values)
 
 
-def _recorder():
+def _recorder(*, namespaces: tuple[str, ...] = ("aten",)):
+    """A dispatch mode tallying the operators of ``namespaces`` (the model's: ATen; inside a
+    decomposition also ``prims``, which a backend must run too)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Recorder(TorchDispatchMode):
         def __init__(self) -> None:
             super().__init__()
+            self.namespaces = namespaces
             self.phase = "training"
             self.tallies: dict = {}
             self.samples: dict = {}
@@ -335,7 +347,7 @@ def _recorder():
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
-            if func.namespace != "aten":  # profiler markers and the like are not operators
+            if func.namespace not in self.namespaces:  # profiler markers are not operators
                 return out
             if func not in self.samples:  # one call kept (copied) to trace its decomposition later
                 self.samples[func] = _copied((args, kwargs))
@@ -428,7 +440,8 @@ def _run_paths(module, recorder, *, tokens: int, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
     vocab = module.spec.vocab_size
     ids = torch.randint(vocab, (2, tokens), generator=generator)
-    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
+    # foreach: the multi-tensor kernels AdamW picks on accelerators (cuda, xpu, PrivateUse1)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3, foreach=True)
     with recorder:
         recorder.phase = "training"
         logits = module(ids[:, :-1])
