@@ -18,7 +18,7 @@ import torch
 
 from autoparallel.cli import main
 from autoparallel.day0 import operator_coverage
-from autoparallel.day0._coverage import count_flops, dispatch_key_for, small_width_spec
+from autoparallel.day0._coverage import count_bytes, count_flops, dispatch_key_for, small_width_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -148,6 +148,17 @@ def test_flops_are_counted_from_shapes():
     summed = torch.ops.aten.add.Tensor(a, a)
     assert count_flops(torch.ops.aten.add.Tensor, (a, a), {}, summed) == 32
     assert count_flops(torch.ops.aten.view.default, (a, [32]), {}, a.view(32)) == 0
+    lists = ([a, b],)
+    assert count_flops(torch.ops.aten._foreach_sqrt.default, lists, {}, [a, b]) == 32 + 128
+
+
+def test_bytes_are_what_a_call_reads_and_writes():
+    a = torch.ones(4, 8)  # 128 bytes in fp32
+    summed = torch.ops.aten.add.Tensor(a, a)
+    assert count_bytes(torch.ops.aten.add.Tensor, (a, a), {}, summed) == 3 * 128
+    assert count_bytes(torch.ops.aten._unsafe_view.default, (a, [32]), {}, a.view(32)) == 0
+    zeros = torch.ops.aten.zeros_like.default(a)
+    assert count_bytes(torch.ops.aten.zeros_like.default, (a,), {}, zeros) == 128
 
 
 def test_the_small_width_copy_keeps_the_model_family():

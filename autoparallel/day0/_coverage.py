@@ -19,8 +19,9 @@ registration tables (``torch._C._dispatch_has_kernel_for_dispatch_key`` and frie
 Out-of-tree backends (MUSA, Ascend NPU, ...) plug in through ``PrivateUse1``; the device name is
 whatever ``torch.utils.rename_privateuse1_backend`` set. FLOPs are counted per call from shapes:
 matrix products, attention and convolutions with ``torch.utils.flop_counter``'s formulas
-(2·M·N·K per product), element-wise operators one FLOP per output element, reductions one per
-input element; bytes are the tensor bytes each call reads and writes (views move none). Shares
+(2·M·N·K per product), element-wise operators (``_foreach_`` lists included) one FLOP per
+output element, reductions one per input element; bytes are the tensor bytes each call reads and
+writes (views move none, factories only write their output). Shares
 are of the small-width copy's totals over every path, so they sum to 1 by construction.
 """
 
@@ -56,6 +57,12 @@ OUT_OF_TREE_DEVICES = ("musa", "npu", "privateuseone")
 #: ``CompositeExplicitAutogradNonFunctional`` entries need the backend's own out= kernel: not here.)
 _COMPOSITE_KEYS = ("CompositeImplicitAutograd", "CompositeExplicitAutograd")
 #: Reductions and normalizations priced at one FLOP per input element.
+#: Operators returning an alias of their input (no data moved) that the schema does not mark a view.
+_ALIASING = frozenset({"_unsafe_view", "alias", "lift_fresh", "detach", "_reshape_alias"})
+#: Operators that only write their output.
+_FACTORIES = frozenset(
+    {"empty", "empty_strided", "zeros", "ones", "full", "arange", "scalar_tensor"}
+)
 _REDUCTIONS = frozenset(
     {
         "sum",
@@ -315,13 +322,29 @@ def count_flops(func, args, kwargs, out) -> float:
     packet = func._overloadpacket
     if packet in flop_registry:
         return float(flop_registry[packet](*args, **kwargs, out_val=out))
-    if func.is_view:
+    if _aliases(func):
         return 0.0
     if torch.Tag.pointwise in func.tags:
         return float(_numel(out))
+    if packet.__name__.startswith("_foreach_"):  # element-wise over a list of tensors
+        return float(_numel(args[0]))
     if packet.__name__ in _REDUCTIONS:
         return float(max((_numel(arg) for arg in args), default=0))
     return 0.0
+
+
+def count_bytes(func, args, kwargs, out) -> float:
+    """Tensor bytes one call reads and writes: none for a view, only the output for a factory."""
+    if _aliases(func):
+        return 0.0
+    name = func._overloadpacket.__name__
+    if name in _FACTORIES or name.endswith("_like") or name.startswith("new_"):
+        return _tensor_bytes(out)
+    return _tensor_bytes((args, kwargs)) + _tensor_bytes(out)
+
+
+def _aliases(func) -> bool:
+    return func.is_view or func._overloadpacket.__name__ in _ALIASING
 
 
 def _copied(values):
@@ -355,9 +378,7 @@ def _recorder(*, namespaces: tuple[str, ...] = ("aten",)):
             tally.calls += 1
             tally.phases.add(self.phase)
             tally.flops += count_flops(func, args, kwargs, out)
-            tally.bytes += (
-                0.0 if func.is_view else _tensor_bytes((args, kwargs)) + _tensor_bytes(out)
-            )
+            tally.bytes += count_bytes(func, args, kwargs, out)
             return out
 
     return Recorder()
