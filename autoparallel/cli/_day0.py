@@ -23,7 +23,8 @@ def register(subparsers) -> None:
     coverage.add_argument(
         "--device",
         default=None,
-        help=f"device type ({', '.join(DEVICES)}, or the PrivateUse1 backend's name; default: this machine's)",
+        help=f"device type ({', '.join(DEVICES)}, or the PrivateUse1 backend's name; "
+        "default: this machine's)",
     )
     coverage.add_argument(
         "--output", "-o", type=Path, default=None, help="write the full report as JSON"
@@ -68,7 +69,8 @@ def register(subparsers) -> None:
         "--probe-ranks",
         type=int,
         default=0,
-        help="measure this machine with `autoparallel probe` on N ranks under torchrun (preset: peaks)",
+        help="measure this machine: `autoparallel probe` on N ranks under torchrun "
+        "(the preset gives the peaks)",
     )
     day0.add_argument("--trials", type=int, default=60, help="search budget per plan")
     day0.add_argument("--no-coverage", action="store_true", help="skip the operator coverage step")

@@ -3,7 +3,8 @@
 The reference module is built for a small-width copy of the model's spec (same attention kind,
 dense and MoE layers, shared experts, router scoring: the same operator set at toy sizes) and
 run on the CPU under a ``TorchDispatchMode`` through four paths: a training step (forward,
-backward, a multi-tensor AdamW update as on accelerators), a prefill pass and decode steps with the KV cache. Every operator
+backward, a multi-tensor AdamW update as on accelerators), a prefill pass and decode steps
+with the KV cache. Every operator
 overload seen there is classified for the target device's dispatch key with the dispatcher's own
 registration tables (``torch._C._dispatch_has_kernel_for_dispatch_key`` and friends):
 
@@ -122,7 +123,8 @@ class CoverageReport(BaseModel):
     def share_by_status(
         self, *, measure: Literal["flop", "byte", "count"] = "flop"
     ) -> dict[str, float]:
-        """Share of the model's FLOPs (``flop``), bytes (``byte``) or operators (``count``) per status."""
+        """Share of the model's FLOPs (``flop``), bytes (``byte``) or operators (``count``) per
+        status."""
         shares = dict.fromkeys(STATUSES, 0.0)
         for operator in self.operators:
             value = {
@@ -157,7 +159,8 @@ def dispatch_key_for(device: str) -> str:
         return "PrivateUse1"
     if device in OUT_OF_TREE_DEVICES:
         raise ValueError(
-            f"device ({device!r}) is not present: the PrivateUse1 backend is named {privateuse1_name!r} "
+            f"device ({device!r}) is not present: the PrivateUse1 backend is named "
+            f"{privateuse1_name!r} "
             f"(import the backend's extension, e.g. torch_{device}, first)"
         )
     if device not in IN_TREE_KEYS:
@@ -165,7 +168,8 @@ def dispatch_key_for(device: str) -> str:
         raise ValueError(f"device ({device!r}) must be one of {valid}")
     if device != "cpu" and not _in_tree_available(device):
         raise ValueError(
-            f"device ({device!r}) is not present: torch.{device}.is_available() is False on this machine"
+            f"device ({device!r}) is not present: torch.{device}.is_available() is False "
+            "on this machine"
         )
     return IN_TREE_KEYS[device]
 
@@ -438,7 +442,8 @@ def small_width_spec(spec: ModelSpec) -> ModelSpec:
 
 
 def router_scoring(model: str | Path | ModelSpec) -> str:
-    """``sigmoid`` when the model's config says ``scoring_func: sigmoid`` (DeepSeek-V3), else ``softmax``."""
+    """``sigmoid`` when the model's config says ``scoring_func: sigmoid`` (DeepSeek-V3), else
+    ``softmax``."""
     from autoparallel._catalog import catalog_config, list_models
 
     if isinstance(model, ModelSpec):

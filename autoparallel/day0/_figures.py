@@ -196,7 +196,8 @@ def coverage_figure(context: Day0Context, path: Path) -> Path | None:
     axis.set(
         xlabel="% of the model",
         xlim=(0, 100),
-        title=f"operator coverage on {coverage['device']} ({coverage['dispatch_key']}), {coverage['num_operators']} operators",
+        title=f"operator coverage on {coverage['device']} ({coverage['dispatch_key']}), "
+        f"{coverage['num_operators']} operators",
     )
     axis.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     return _save(figure, path)

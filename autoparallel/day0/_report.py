@@ -1,4 +1,5 @@
-"""``report.md`` and ``report.json``: what each step decided and why, every number with its source."""
+"""``report.md`` and ``report.json``: what each step decided and why, each number with its
+source."""
 
 from __future__ import annotations
 
@@ -34,12 +35,15 @@ def _model(context: Day0Context, records) -> str:
     if d is None:
         return _skipped(records, "describe")
     source = f"`ModelSpec.from_hf_config({context.options.config_path.name})`"
+    total, active = human_count(d["num_parameters"]), human_count(d["num_active_parameters"])
+    kv_bytes, flops = d["kv_cache_bytes_per_token_bf16"], d["forward_flops_per_token_4k"]
     return (
-        f"{d['model_name']}: {d['num_layers']} layers, hidden {d['hidden_size']:,}, {d['attention'].upper()} attention, "
-        f"{d['num_routed_experts']} routed experts top-{d['top_k']} ({source}).\n\n"
-        f"- parameters: {human_count(d['num_parameters'])} total, {human_count(d['num_active_parameters'])} active per token\n"
-        f"- weights in bf16: {human_bytes(d['weight_bytes_bf16'])}; KV cache {d['kv_cache_bytes_per_token_bf16']:,.0f} "
-        f"bytes per token (bf16)\n- forward FLOPs per token at 4,096 context: {d['forward_flops_per_token_4k']:.3e}\n"
+        f"{d['model_name']}: {d['num_layers']} layers, hidden {d['hidden_size']:,}, "
+        f"{d['attention'].upper()} attention, {d['num_routed_experts']} routed experts "
+        f"top-{d['top_k']} ({source}).\n\n"
+        f"- parameters: {total} total, {active} active per token\n"
+        f"- weights in bf16: {human_bytes(d['weight_bytes_bf16'])}; KV cache {kv_bytes:,.0f} bytes "
+        f"per token (bf16)\n- forward FLOPs per token at 4,096 context: {flops:.3e}\n"
         f"- context: {d['max_context_tokens']:,} tokens\n"
     )
 
@@ -51,9 +55,10 @@ def _coverage(context: Day0Context, records) -> str:
     flop, byte = c["shares"]["flop"], c["shares"]["byte"]
     lines = [
         (
-            f"{c['num_operators']} ATen operators recorded (training step, prefill, decode of the reference module at small "
-            f"width), classified for `{c['device']}` (dispatch key {c['dispatch_key']}; `ap.operator_coverage`, "
-            f"file {c['file']}).\n"
+            f"{c['num_operators']} ATen operators recorded (training step, prefill, decode of the "
+            f"reference module at small width), classified for `{c['device']}` (dispatch key "
+            f"{c['dispatch_key']}; `ap.operator_coverage`, file {c['file']}). Shares are of the "
+            "small-width copy's FLOPs and bytes, counted per call from shapes.\n"
         ),
         "| status | FLOP share | byte share |",
         "|---|---:|---:|",
@@ -63,14 +68,16 @@ def _coverage(context: Day0Context, records) -> str:
         "",
         "| operator | status | FLOPs | bytes | why |",
         "|---|---|---:|---:|---|",
-        *[
-            f"| `{o['name']}` | {o['status']} | {o['flop_share']:.2%} | {o['byte_share']:.2%} | {o['reason']} |"
-            for o in c["not_native"][:15]
-        ],
+        *[_operator_row(o) for o in c["not_native"][:15]],
     ]
     if len(c["not_native"]) > 15:
         lines.append(f"\n... and {len(c['not_native']) - 15} more in {c['file']}.")
     return "\n".join(lines) + "\n"
+
+
+def _operator_row(o: dict) -> str:
+    shares = f"{o['flop_share']:.2%} | {o['byte_share']:.2%}"
+    return f"| `{o['name']}` | {o['status']} | {shares} | {o['reason']} |"
 
 
 def _cluster(context: Day0Context, records) -> str:
@@ -83,8 +90,9 @@ def _cluster(context: Day0Context, records) -> str:
         else ""
     )
     return (
-        f"{c['name']} ({c['source']}): {c['num_nodes']} x {c['devices_per_node']} {c['device']} ({c['device_type']}), "
-        f"{human_bytes(c['memory_per_device_bytes'])} per device (provenance: {c['provenance']}).{uncertain}\n\n"
+        f"{c['name']} ({c['source']}): {c['num_nodes']} x {c['devices_per_node']} {c['device']} "
+        f"({c['device_type']}), {human_bytes(c['memory_per_device_bytes'])} per device "
+        f"(provenance: {c['provenance']}).{uncertain}\n\n"
         f"Probe: {c['probe']}.\n"
     )
 
@@ -97,15 +105,17 @@ def _plan(context: Day0Context, records, kind: str) -> str:
     search = p["search"]
     lines = [
         (
-            f"Chosen layout: **{p['layout']}** on {p['num_devices']:,} devices ({p['num_nodes']:,} nodes): ranked first "
-            f"by `ap.find_plan` ({search.get('method', '?')}, {search.get('rows_evaluated', 0):,} layouts priced of "
+            f"Chosen layout: **{p['layout']}** on {p['num_devices']:,} devices "
+            f"({p['num_nodes']:,} nodes): ranked first by `ap.find_plan` "
+            f"({search.get('method', '?')}, {search.get('rows_evaluated', 0):,} layouts priced of "
             f"{search.get('space_size', 0):,}; trial budget {context.options.trials})."
         ),
         "",
     ]
     if p["tried"]:
         lines.append(
-            f"Why {p['num_devices']:,} devices: the smallest size tried on which a layout fits; sizes "
+            f"Why {p['num_devices']:,} devices: the smallest size tried on which a layout fits; "
+            "sizes "
             "start at the given cluster, then powers of two of nodes from the memory lower bound "
             "(weights for serving, 18 bytes per parameter for training, Korthikanti et al. 2022):"
         )
@@ -113,12 +123,18 @@ def _plan(context: Day0Context, records, kind: str) -> str:
         lines.append(f"- {tried['devices']:,} devices: no layout fits — {tried['why_not']}")
     if p["slo_note"]:
         lines.append(f"- {p['slo_note']}")
+    if "deployment" in search:
+        why = search.get("disaggregation", "it serves more output tokens/s per device")
+        lines += ["", f"Deployment: {search['deployment']} prefill and decode ({why})."]
     lines += ["", f"Predicted ({source}):", ""]
     figures = [
         ("step time", human_seconds(e["step_time_s"])),
         (
             "memory per device",
-            f"{human_bytes(e['memory_per_device_bytes'])} of {human_bytes(e['memory_capacity_bytes'])}",
+            (
+                f"{human_bytes(e['memory_per_device_bytes'])} of "
+                f"{human_bytes(e['memory_capacity_bytes'])}"
+            ),
         ),
         (
             "tokens/s per device",
@@ -166,14 +182,19 @@ def _stages(context: Day0Context, records) -> str:
             + "\ntp2 and pp2: not run (the staged checks did not run).\n"
         )
     lines = [
-        f"Measured on this machine with a small reference-family model (`profilers.run_stages`, {s['file']}):",
+        (
+            "Measured on this machine with a small reference-family model "
+            f"(`profilers.run_stages`, {s['file']}):"
+        ),
         "",
         "| stage | what | predicted | measured | error | within tolerance |",
         "|---|---|---:|---:|---:|---|",
     ]
     lines += [
-        f"| {r['stage']} | {r['name']} | {human_seconds(r['calibrated_time_s'] or r['predicted_time_s'])} | "
-        f"{human_seconds(r['measured_time_s'])} | {r['time_error']:+.0%} | {'yes' if r['passed'] else 'no'} |"
+        f"| {r['stage']} | {r['name']} | "
+        f"{human_seconds(r['calibrated_time_s'] or r['predicted_time_s'])} | "
+        f"{human_seconds(r['measured_time_s'])} | {r['time_error']:+.0%} | "
+        f"{'yes' if r['passed'] else 'no'} |"
         for r in s["rows"]
     ]
     return "\n".join(lines) + f"\n\n{s['multi_device']}.\n"
@@ -190,7 +211,10 @@ def _sweep(context: Day0Context, records) -> str:
         else f"latency stays below exponent {s['threshold']} over the whole sweep"
     )
     lines = [
-        f"{s['plan']} plan ({s['layout']}), {s['latency']}, `cost_model.sequence_sweep`: {verdict}.",
+        (
+            f"{s['plan']} plan ({s['layout']}), {s['latency']}, `cost_model.sequence_sweep`: "
+            f"{verdict}."
+        ),
         "",
         "| tokens | latency | exponent | memory/device | fits |",
         "|---:|---:|---:|---:|---|",
@@ -199,7 +223,8 @@ def _sweep(context: Day0Context, records) -> str:
         latency = human_seconds(r["latency_s"]) if r["latency_s"] is not None else "-"
         exponent = f"{r['scaling_exponent']:.2f}" if r["scaling_exponent"] is not None else "-"
         lines.append(
-            f"| {r['lengths']:,} | {latency} | {exponent} | {human_bytes(r['memory_per_device_bytes'])} | "
+            f"| {r['lengths']:,} | {latency} | {exponent} | "
+            f"{human_bytes(r['memory_per_device_bytes'])} | "
             f"{'yes' if r['feasible'] else 'no'} |"
         )
     return "\n".join(lines) + "\n"
@@ -220,7 +245,8 @@ def _summary(context: Day0Context, records) -> str:
         p = context.results.get(f"plan-{kind}")
         if p is not None:
             lines.append(
-                f"- {kind}: **{p['layout']}** on {p['num_devices']:,} devices, bottleneck {p['estimate']['bottleneck']}"
+                f"- {kind}: **{p['layout']}** on {p['num_devices']:,} devices, "
+                f"bottleneck {p['estimate']['bottleneck']}"
             )
     c = context.results.get("coverage")
     if c is not None:

@@ -99,6 +99,7 @@ class Day0Context:
     model: ModelSpec
     cluster: Cluster
     local_device: str
+    coverage_device: str
     results: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -130,7 +131,9 @@ def check_inputs(options: Day0Options) -> Day0Context:
     if options.nodes is not None and options.nodes < 1:
         raise ValueError(f"nodes ({options.nodes}) must be >= 1")
     _check_probe(options, cluster=cluster, local_device=local)
-    return Day0Context(options=options, model=model, cluster=cluster, local_device=device)
+    return Day0Context(
+        options=options, model=model, cluster=cluster, local_device=local, coverage_device=device
+    )
 
 
 def _require_matplotlib() -> None:
@@ -138,7 +141,8 @@ def _require_matplotlib() -> None:
         import matplotlib  # noqa: F401
     except ImportError as error:
         raise ValueError(
-            "matplotlib is not installed: day0 draws its figures with it; pip install 'moe-autoparallel[report]'"
+            "matplotlib is not installed: day0 draws its figures with it; "
+            "pip install 'moe-autoparallel[report]'"
         ) from error
 
 
@@ -167,7 +171,8 @@ def _load_cluster(text: str, *, local_device: str) -> Cluster:
     if not text.endswith(".json"):
         if text not in list_presets():
             raise ValueError(
-                f"cluster ({text!r}) must be a preset ({', '.join(list_presets())}) or a probe .json file"
+                f"cluster ({text!r}) must be a preset ({', '.join(list_presets())}) "
+                "or a probe .json file"
             )
         return get_preset(text)
     path = Path(text)
@@ -178,7 +183,8 @@ def _load_cluster(text: str, *, local_device: str) -> Cluster:
     if cluster.provenance.startswith("measured") and measured_on != local_device:
         raise ValueError(
             f"cluster ({text!r}) was probed on another cluster: its devices are {measured_on!r} "
-            f"({cluster.device.name}), this machine has {local_device!r}; probe this cluster or pass a preset"
+            f"({cluster.device.name}), this machine has {local_device!r}; probe this cluster "
+            "or pass a preset"
         )
     return cluster
 
@@ -190,13 +196,14 @@ def _check_probe(options: Day0Options, *, cluster: Cluster, local_device: str) -
         raise ValueError(f"probe_ranks ({options.probe_ranks}) must be 0 (no probe) or >= 2")
     if options.cluster.endswith(".json"):
         raise ValueError(
-            f"probe_ranks ({options.probe_ranks}) measures this machine; pass a preset, not {options.cluster!r}"
+            f"probe_ranks ({options.probe_ranks}) measures this machine; pass a preset, "
+            f"not {options.cluster!r}"
         )
     device_type = cluster.device.resolved_device_type
     if device_type != local_device:
         raise ValueError(
-            f"probe_ranks ({options.probe_ranks}) measures this machine's {local_device!r} devices; "
-            f"the preset {options.cluster!r} describes {device_type!r} devices"
+            f"probe_ranks ({options.probe_ranks}) measures this machine's {local_device!r} "
+            f"devices; the preset {options.cluster!r} describes {device_type!r} devices"
         )
 
 

@@ -65,7 +65,7 @@ def step_coverage(context: Day0Context, records) -> list[Path]:
     try:
         report = operator_coverage(
             context.model,
-            device=context.local_device,
+            device=context.coverage_device,
             scoring=router_scoring(context.options.config_path),
         )
     except ValueError as error:  # the reference module does not implement this model family
@@ -243,7 +243,7 @@ def _search(context: Day0Context, kind: str, *, with_slos: bool):
         except InfeasiblePlanError as error:
             tried.append({"nodes": nodes, "devices": cluster.num_devices, "why_not": str(error)})
             if error.part != "memory" and nodes > context.cluster.num_nodes:
-                break  # an SLO binds, not memory: more nodes of this cluster do not help (the planner says so)
+                break  # an SLO binds, not memory: the planner finds no size of this cluster
             continue
         return plan, cluster, workload, tried
     return None, None, workload, tried
@@ -258,8 +258,9 @@ def _plan(context: Day0Context, kind: str) -> list[Path]:
     slo_note = ""
     if plan is None and kind == "serving":
         slo_note = (
-            f"no size tried (up to {tried[-1]['devices']:,} devices) meets the SLOs (TTFT <= {context.options.ttft_slo_s} s, "
-            f"TPOT <= {context.options.tpot_slo_s} s) on {context.cluster.device.name}; planned without SLOs"
+            f"no size tried (up to {tried[-1]['devices']:,} devices) meets the SLOs "
+            f"(TTFT <= {context.options.ttft_slo_s} s, TPOT <= {context.options.tpot_slo_s} s) "
+            f"on {context.cluster.device.name}; planned without SLOs"
         )
         plan, cluster, workload, more = _search(context, kind, with_slos=False)
         tried += more
