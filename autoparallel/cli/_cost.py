@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from autoparallel.cli._args import add_job_arguments, non_negative_int, positive_int
 from autoparallel.cli._render import console, fit_words, print_json

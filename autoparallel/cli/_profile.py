@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 
 from rich.table import Table
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 
 from autoparallel.cli._args import output_file, positive_float, positive_int
-from autoparallel.cli._render import add_json_flag, console, fit_words, print_json
+from autoparallel.cli._render import add_json_flag, console, console_error, error_console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
 from cost_model._units import human_bytes
 
@@ -87,7 +88,7 @@ def _print_sources(cluster) -> None:  # noqa: ANN001
 def _probe(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
-    from topology import ProbeSettings, get_preset, probe
+    from topology import ProbeRankError, ProbeSettings, get_preset, probe
 
     settings = ProbeSettings(
         p2p_message_bytes=args.p2p_bytes, collective_message_bytes=tuple(args.sizes) if args.sizes else None,
@@ -95,13 +96,25 @@ def _probe(args: argparse.Namespace) -> int:
     )
     base = get_preset(args.preset) if args.preset else None
     is_rank0 = int(os.environ.get("RANK", "0")) == 0
-    with Progress(console=console, disable=not is_rank0 or args.json, transient=False) as bar:
+    interactive = console.is_terminal and not args.json
+    with Progress(console=console, disable=not (is_rank0 and interactive), transient=False) as bar:
         task = bar.add_task("probing", total=None)
 
         def progress(label: str, done: int, total: int) -> None:
-            bar.update(task, description=label, completed=done, total=total)
+            if interactive:
+                bar.update(task, description=label, completed=done, total=total)
+            elif is_rank0:  # a log line per step where no live bar can be drawn (CI, a pipe)
+                error_console.print(f"probe: {label} ({done}/{total})", highlight=False, markup=False)
 
-        report = probe(settings=settings, base=base, output=args.output, report=args.report, progress=progress)
+        try:
+            report = probe(settings=settings, base=base, output=args.output, report=args.report, progress=progress)
+        except ProbeRankError as error:
+            # One line, then leave at once: the process group is broken and an orderly interpreter
+            # shutdown could wait on it; the launcher sees the failure and ends the other ranks.
+            console_error(str(error))
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
     if report is not None and args.json:
         print_json(report.model_dump_json())
         return 0
