@@ -24,7 +24,7 @@ from autoparallel._plan import (
     StageLayers,
 )
 from cost_model import CostBreakdown, InfeasiblePlanError, Inference, ModelSpec, ParallelConfig, Training, split_layers
-from cost_model._units import human_bytes
+from cost_model._units import human_bytes, human_seconds
 from topology import Cluster
 
 logger = logging.getLogger(__name__)
@@ -121,8 +121,11 @@ def resolve_cluster(cluster: Cluster | str, *, num_nodes: int | None = None) -> 
 
     if isinstance(cluster, Cluster):
         resolved = cluster
-    elif str(cluster).endswith(".json") and Path(cluster).exists():
-        resolved = Cluster.model_validate_json(Path(cluster).read_text())
+    elif str(cluster).endswith(".json") or Path(cluster).is_file():
+        path = Path(cluster)
+        if not path.is_file():
+            raise ValueError(f"cluster ({str(cluster)!r}) looks like a Cluster JSON file, but no such file exists")
+        resolved = Cluster.model_validate_json(path.read_text())
     else:
         return get_preset(str(cluster), num_nodes=num_nodes)
     return resolved if num_nodes is None else resolved.with_nodes(num_nodes)
@@ -336,6 +339,17 @@ def infeasible_error(*, model: ModelSpec, cluster: Cluster, workload, result, es
         f"no layout of {model.name} fits on {cluster.num_devices} devices of {cluster.device.name}: "
         f"bottleneck {bottleneck}"
     )
+    if bottleneck in ("ttft_slo", "tpot_slo"):
+        metric = bottleneck.replace("_slo", "_s")
+        limit = workload.ttft_slo_s if bottleneck == "ttft_slo" else workload.tpot_slo_s
+        reached = best.metrics.get(metric)
+        name = metric[: -len("_s")].upper()
+        if reached is not None and limit:
+            message += (
+                f" (the least-violating layout reaches {name} {human_seconds(reached)} against the "
+                f"{human_seconds(limit)} SLO, {reached / limit - 1.0:.0%} over)"
+            )
+        return InfeasiblePlanError(message, part=bottleneck, suggestion=f"smallest size meeting it: {where}")
     if bottleneck == "memory" and needed is not None:
         parts = {k[len("memory."):]: v for k, v in best.metrics.items() if k.startswith("memory.")}
         largest = f"; its largest part is {max(parts, key=parts.get)} ({human_bytes(max(parts.values()))})" if parts else ""

@@ -16,7 +16,7 @@ import os
 import re
 from pathlib import Path
 
-from autoparallel.testing import free_port
+from autoparallel.runtime import free_port
 from topology import ProbeSettings, get_preset, list_presets, probe
 
 RESULTS = Path(__file__).resolve().parent / "results"

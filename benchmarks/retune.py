@@ -91,7 +91,7 @@ def _ranks_job(rank: int, world_size: int, plan_json: str, steps: int) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from autoparallel.runtime.retune import Retuner, RetuneSettings, StepMeasurement
+    from autoparallel.runtime.retune import MeasuredStep, Retuner, RetuneSettings
 
     plan, spec, applied, optimizer, counts = _setup_rank(plan_json)
     generator = torch.Generator().manual_seed(rank)
@@ -126,7 +126,7 @@ def _ranks_job(rank: int, world_size: int, plan_json: str, steps: int) -> dict:
         elapsed = step()
         before.append(elapsed)
         load = tuple(tuple(float(v) for v in c) for c in counts)
-        decision = retuner.observe(StepMeasurement(step=index, step_time_s=elapsed, expert_load=load)) or decision
+        decision = retuner.observe(MeasuredStep(step=index, step_time_s=elapsed, expert_load=load)) or decision
     probe = torch.randint(0, spec.vocab_size, (SEQUENCES_PER_RANK, SEQUENCE_TOKENS), generator=torch.Generator().manual_seed(99))
     tokens_before = received()
     with torch.no_grad():
@@ -157,7 +157,7 @@ def _workload(plan) -> Training:
 
 def live_replacement(steps: int) -> None:
     from autoparallel.runtime._recovery import cluster_for_world, plan_for_config
-    from autoparallel.testing import run_ranks
+    from autoparallel.runtime import run_ranks
 
     spec, config = _spec(), ParallelConfig(dp=4, ep=4)
     workload = Training(sequence_length_tokens=SEQUENCE_TOKENS, global_batch_sequences=SEQUENCES_PER_RANK * 4)
@@ -192,7 +192,7 @@ def live_replacement(steps: int) -> None:
 def decision_latency(repeats: int) -> None:
     import optuna
 
-    from autoparallel.runtime.retune import Retuner, RetuneSettings, StepMeasurement
+    from autoparallel.runtime.retune import MeasuredStep, Retuner, RetuneSettings
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     model = ap.get_model("ref-3t-moe")
@@ -219,7 +219,7 @@ def decision_latency(repeats: int) -> None:
         num_experts=model.moe.num_routed_experts, ep=plan.config.ep), expert_load=load)
     skewed_s = float(estimate_table(model, cluster, workload, configs_to_table([plan.config]),
                                     options=EstimateOptions(routing_imbalance=skew))["step_time_s"][0])
-    window = [StepMeasurement(step=i, step_time_s=skewed_s * 1.1, expert_load=(tuple(load),)) for i in range(4)]
+    window = [MeasuredStep(step=i, step_time_s=skewed_s * 1.1, expert_load=(tuple(load),)) for i in range(4)]
     latencies, decision = [], None
     for _ in range(repeats):
         start = time.perf_counter()

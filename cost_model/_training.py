@@ -479,10 +479,18 @@ def _optimizer_update_bytes(ctx: TrainingContext) -> float:
 
 
 def model_flops_per_step(*, model: ModelSpec, workload: Training) -> float:
-    """Model FLOPs of one step: 3 x forward (forward + 2 x backward), full attention square
-    counted as PaLM (Chowdhery et al. 2022, Appendix B) and Megatron's formula do; no recompute."""
-    s = workload.sequence_length_tokens
-    return 3.0 * model.forward_flops_per_token(s) * workload.tokens_per_step
+    """Model FLOPs of one step: 3 x forward (forward + 2 x backward), no recompute.
+
+    Core attention counts the keys a causal query attends (mean (S+1)/2 for full attention), as
+    FlashAttention-2 (Dao 2023, sec. 4.1) counts causal FLOPs: half the square. PaLM's convention
+    (Chowdhery et al. 2022, App. B) counts the whole square, which at S >> hidden exceeds the
+    FLOPs executed up to 2x and would report an MFU above 100%.
+    """
+    attention = model.attention
+    per_key = 2.0 * attention.num_heads * (attention.qk_head_dim + attention.value_head_dim)
+    attended = float(mean_attended_tokens(attention=attention, sequence_tokens=workload.sequence_length_tokens))
+    forward = 2.0 * model.matmul_parameters_per_token() + model.num_layers * per_key * attended
+    return 3.0 * forward * workload.tokens_per_step
 
 
 __all__ = ["TRAINING_TIME_PARTS", "model_flops_per_step", "training_context", "training_time_columns"]

@@ -2,7 +2,7 @@
 
 Under torchrun (``WORLD_SIZE`` set) each launched process joins the process group and measures;
 otherwise ``num_processes`` gloo/default-backend ranks are forked on this host
-(``autoparallel.testing.run_ranks``: fork start-up costs milliseconds where spawn costs seconds).
+(``autoparallel.runtime.run_ranks``: fork start-up costs milliseconds where spawn costs seconds).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def launch_profile(
         return _under_torchrun(grid, threads_per_rank, on_progress, clock)
     if num_processes == 1:
         return _run_on_rank(grid, threads_per_rank, on_progress, clock)
-    from autoparallel.testing import run_ranks
+    from autoparallel.runtime import run_ranks
 
     results = run_ranks(
         _forked_rank, num_processes, args=(grid, threads_per_rank, on_progress, clock), timeout_s=timeout_s,

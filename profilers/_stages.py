@@ -337,6 +337,6 @@ def _one_thread() -> Iterator[None]:
 
 
 def _run_plan(setup: TrainingSetup, plan, timeout_s: float) -> list[StepReport]:  # noqa: ANN001 - ShardingPlan
-    from autoparallel.testing import run_ranks
+    from autoparallel.runtime import run_ranks
 
     return run_ranks(_plan_rank, plan.world_size, args=(setup, plan.model_dump_json()), timeout_s=timeout_s)

@@ -8,59 +8,25 @@ on an accelerator run asynchronously, so every timed region is bracketed by a sy
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+from topology.devices import current_device, device_memory_bytes, device_name
+from topology.devices import synchronize_device as synchronize
 
-def current_device() -> torch.device:
-    """The current accelerator (cuda, xpu, mps, ...) or ``cpu``."""
-    accelerator = torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None
-    return torch.device(accelerator) if accelerator is not None else torch.device("cpu")
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued kernels on ``device`` where its module can (no-op on cpu)."""
-    module = torch.get_device_module(device)
-    sync = getattr(module, "synchronize", None)
-    if sync is not None and device.type != "cpu":
-        sync()
-
-
-def device_name(device: torch.device) -> str:
-    """Human name of the device: the accelerator's product name, else the CPU model."""
-    if device.type != "cpu":
-        module = torch.get_device_module(device)
-        getter = getattr(module, "get_device_name", None)
-        if getter is not None:
-            return str(getter())
-        return device.type
-    return _cpu_model_name()
-
-
-def _cpu_model_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine() or "cpu"
-
-
-def device_memory_bytes(device: torch.device, *, ranks_per_host: int = 1) -> float:
-    """Memory of one device; on cpu the host RAM shared by ``ranks_per_host`` ranks."""
-    if device.type != "cpu":
-        module = torch.get_device_module(device)
-        return float(module.get_device_properties(device).total_memory)
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return float(total) / max(ranks_per_host, 1)
+__all__ = [
+    "CLOCKS",
+    "Timing",
+    "cache_flusher",
+    "current_device",
+    "device_memory_bytes",
+    "device_name",
+    "measure",
+    "synchronize",
+]
 
 
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}

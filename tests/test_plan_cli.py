@@ -43,7 +43,7 @@ def test_default_plan_is_fast_and_valid(default_plan) -> None:
     assert plan.provenance.model_name == "ref-3t-moe" and plan.provenance.cluster_name == "gb200-nvl72"
     assert plan.serving is not None and plan.provenance.workload["kind"] == "inference"
     assert plan.predicted.tpot_s <= 0.05 and plan.predicted.ttft_s <= 5.0
-    for heading in ("TTFT", "TPOT", "tokens/s/device", "memory/device", "bottleneck"):
+    for heading in ("TTFT", "TPOT", "tok/s/dev", "mem/dev", "bottleneck"):
         assert heading in stdout
     assert "wrote plan.json" in stdout
 

@@ -14,7 +14,7 @@ import pytest
 import autoparallel as ap
 from autoparallel._expert_placement import contiguous_placement, load_imbalance, zipf_expert_load
 from autoparallel.runtime._recovery import cluster_for_world, largest_legal_world, plan_for_config
-from autoparallel.runtime.retune import Retuner, RetuneSettings, StepMeasurement, summarize
+from autoparallel.runtime.retune import MeasuredStep, Retuner, RetuneSettings, summarize
 from cost_model import Inference, ParallelConfig, Training
 
 MODEL = ap.get_model("tiny-moe")
@@ -29,7 +29,7 @@ def _plan(config: ParallelConfig, workload=TRAINING):
 def _steps(plan, *, count: int = 4, scale: float = 1.0, load=None, start: int = 0, **fields):
     expert_load = None if load is None else (tuple(float(x) for x in load),)
     return [
-        StepMeasurement(step=start + i, step_time_s=plan.predicted.step_time_s * scale, expert_load=expert_load, **fields)
+        MeasuredStep(step=start + i, step_time_s=plan.predicted.step_time_s * scale, expert_load=expert_load, **fields)
         for i in range(count)
     ]
 
@@ -133,7 +133,7 @@ def test_calibration_fits_time_communication_and_memory() -> None:
     assert fitted.time_scale == pytest.approx((2.0 * predicted.step_time_s - measured_comm) / rest)
     assert fitted.memory_scale == pytest.approx(1.5)
     # The fitted model reproduces the measurement it was fitted on.
-    assert retuner._calibrated_time(plan, 1.0, fitted) == pytest.approx(2.0 * predicted.step_time_s)
+    assert retuner.policy._calibrated_time(plan, 1.0, fitted) == pytest.approx(2.0 * predicted.step_time_s)
 
 
 def test_observe_decides_every_n_steps_after_warmup() -> None:
@@ -221,11 +221,11 @@ def test_cost_model_calibrate_refits_the_matmul_efficiency() -> None:
     retuner = _retuner(plan)
     calibration = retuner.calibrate(summarize(_steps(plan, scale=2.0)))
     assert calibration.method.startswith("cost_model.calibrate")
-    fitted = retuner._cost_calibration
+    fitted = retuner.policy._cost_calibration
     assert fitted is not None and fitted.matmul_efficiency < CLUSTER.device.matmul_efficiency
     # The refitted cost model explains most of the 2x; the residual scale is what it could not.
     assert abs(np.log(calibration.time_scale)) < 0.5 * np.log(2.0)
-    assert retuner._calibrated_time(plan, 1.0, calibration) == pytest.approx(2.0 * plan.predicted.step_time_s)
+    assert retuner.policy._calibrated_time(plan, 1.0, calibration) == pytest.approx(2.0 * plan.predicted.step_time_s)
 
 
 def test_measurement_from_a_step_profiler_report() -> None:
@@ -235,7 +235,7 @@ def test_measurement_from_a_step_profiler_report() -> None:
         median_step_time_s=0.25, peak_memory_bytes=3e9, comm_time_s=0.05,
         expert_load={"model.layers.10.mlp.gate": (1, 2, 3), "model.layers.2.mlp.gate": (4, 5, 6)},
     )
-    measurement = StepMeasurement.from_step_report(report, step=9)
+    measurement = MeasuredStep.from_step_report(report, step=9)
     assert measurement.step == 9 and measurement.step_time_s == 0.25 and measurement.communication_time_s == 0.05
     assert measurement.expert_load == ((4.0, 5.0, 6.0), (1.0, 2.0, 3.0))  # layer 2 before layer 10
     assert summarize([measurement]).expert_load.tolist() == [5.0, 7.0, 9.0]
@@ -252,8 +252,8 @@ def test_replicas_are_weighed_against_their_gradient_sync(caplog: pytest.LogCapt
     assert load_imbalance(placement=with_replicas.plan.expert_placement, expert_load=load) < load_imbalance(
         placement=without.plan.expert_placement, expert_load=load)
     # Training pays an all-reduce of the replicated experts' gradients every step.
-    assert retuner._replica_sync_s(with_replicas.plan.expert_placement, decision.calibration) > 0
-    assert retuner._replica_sync_s(without.plan.expert_placement, decision.calibration) == 0
+    assert retuner.policy._replica_sync_s(with_replicas.plan.expert_placement, decision.calibration) > 0
+    assert retuner.policy._replica_sync_s(without.plan.expert_placement, decision.calibration) == 0
     chosen = min(decision.candidates, key=lambda c: c.step_time_s)
     assert decision.plan.expert_placement == chosen.plan.expert_placement
 
@@ -269,3 +269,47 @@ def test_an_override_takes_the_priced_candidate() -> None:
     assert forced.reason.startswith("override to expert_placement") and decision.reason in forced.reason
     with pytest.raises(ValueError, match="not among the priced candidates"):
         decision.overridden("reshard")
+
+
+def test_the_policy_decides_without_torch() -> None:
+    """``autoparallel.retune`` is the torch-free half: a policy alone turns measured steps into a
+    decision in a process where importing torch fails."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import autoparallel as ap\n"
+        "from autoparallel.retune import MeasuredStep, RetunePolicy, RetuneSettings\n"
+        "from autoparallel.retune._replan import plan_for_config\n"
+        "from cost_model import ParallelConfig, Training\n"
+        "model, cluster = ap.get_model('tiny-moe'), ap.get_preset('cpu-loopback')\n"
+        "workload = Training(sequence_length_tokens=16, global_batch_sequences=16)\n"
+        "plan = plan_for_config(model=model, cluster=cluster, workload=workload, config=ParallelConfig(dp=4, ep=4))\n"
+        "policy = RetunePolicy(plan, model=model, cluster=cluster, workload=workload,\n"
+        "                      settings=RetuneSettings(allowed_changes=('expert_placement',)))\n"
+        "load = (tuple([400.0] + [10.0] * 7),)\n"
+        "steps = [MeasuredStep(step=i, step_time_s=plan.predicted.step_time_s * 1.5, expert_load=load) for i in range(4)]\n"
+        "decision = policy.decide(steps)\n"
+        "print(decision.kind, decision.calibration.expert_imbalance > 1)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    kind, skewed = result.stdout.split()
+    assert skewed == "True" and kind in ("expert_placement", "keep")
+
+
+def test_serving_skew_is_priced_by_the_cost_model() -> None:
+    """The stretch a measured expert skew puts on a serving plan is the cost model's own decode
+    step at that routing imbalance, not a re-derived share of the step."""
+    from cost_model import EstimateOptions, ServingConfig, configs_to_table, estimate_table
+
+    workload = Inference(prompt_tokens=64, output_tokens=64)
+    plan = plan_for_config(model=MODEL, cluster=CLUSTER, workload=workload, config=ParallelConfig(dp=4, ep=4),
+                           extras={"batch_size": 8, "kv_dtype": "bf16", "num_redundant_experts": 0})
+    retuner = Retuner(plan, model=MODEL, cluster=CLUSTER, workload=workload)
+    serving = ServingConfig(batch_size=8).columns(workload=workload)
+    table = configs_to_table([plan.config], **serving)
+    skewed = estimate_table(MODEL, CLUSTER, workload, table, options=EstimateOptions(routing_imbalance=3.0))
+    expected = float(skewed["step_time_s"][0]) / plan.predicted.step_time_s
+    assert expected > 1.0
+    assert retuner.policy._stretch(plan, 3.0) == pytest.approx(expected)

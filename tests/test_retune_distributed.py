@@ -117,7 +117,7 @@ def _received_per_ep_rank(applied) -> int:
 def rebalance_case(rank: int, world_size: int, plan_json: str, move: bool) -> dict:
     import torch.distributed as dist
 
-    from autoparallel.runtime.retune import Retuner, RetuneSettings, StepMeasurement
+    from autoparallel.runtime.retune import MeasuredStep, Retuner, RetuneSettings
     from profilers._step import StepProfiler
 
     plan = ap.load_plan(plan_json)
@@ -135,7 +135,7 @@ def rebalance_case(rank: int, world_size: int, plan_json: str, move: bool) -> di
                 _train_step(applied, optimizer, *_batch(spec, step))
             cumulative = np.array([counts for _, counts in sorted(profiler.report().expert_load.items())], dtype=float)
             load, seen = tuple(map(tuple, cumulative - seen)), cumulative  # this step's router counts
-            decision = retuner.observe(StepMeasurement(step=step, step_time_s=profiler.report().step_times_s[-1],
+            decision = retuner.observe(MeasuredStep(step=step, step_time_s=profiler.report().step_times_s[-1],
                                                        expert_load=load))
     probe = _batch(spec, 99, 8 * GLOBAL_SEQUENCES)[0]
     for part in applied.expert_parallel:
@@ -193,7 +193,7 @@ def test_skewed_experts_are_replaced_live_with_outputs_unchanged(zero_stage: int
 def micro_batch_case(rank: int, world_size: int, plan_json: str, retune: bool) -> dict:
     """pp2: with ``retune`` the Retuner picks a new micro-batch size and rebuilds the schedule
     live; else the pipeline is built for that size from the start. Then one step."""
-    from autoparallel.runtime.retune import Retuner, RetuneSettings, StepMeasurement
+    from autoparallel.runtime.retune import MeasuredStep, Retuner, RetuneSettings
 
     plan = ap.load_plan(plan_json)
     spec = ap.get_model(plan.provenance.model_name)
@@ -202,7 +202,7 @@ def micro_batch_case(rank: int, world_size: int, plan_json: str, retune: bool) -
     if retune:
         retuner = Retuner(plan, model=spec, cluster=cluster_for_world(ap.get_preset(CLUSTER), 2), workload=_workload(),
                           settings=RetuneSettings(every_n_steps=1, warmup_steps=0, allowed_changes=("micro_batch",)))
-        decision = retuner.observe(StepMeasurement(step=0, step_time_s=plan.predicted.step_time_s))
+        decision = retuner.observe(MeasuredStep(step=0, step_time_s=plan.predicted.step_time_s))
         retuner.apply(decision, runtime=applied, optimizer=optimizer)
     loss = _train_step(applied, optimizer, *_batch(spec, 0))
     return {"before": before, "after": applied.pipeline.num_micro_batches, "loss": loss,
@@ -278,7 +278,7 @@ def test_reshard_by_checkpoint_keeps_the_model(tmp_path, before: ParallelConfig,
 
 def inplace_reshard_case(rank: int, world_size: int, old_json: str, new_json: str, root: str) -> dict:
     """The Retuner finds the running layout slow, chooses the faster one and reshards in place."""
-    from autoparallel.runtime.retune import Retuner, RetuneSettings, StepMeasurement
+    from autoparallel.runtime.retune import MeasuredStep, Retuner, RetuneSettings
 
     old, new = ap.load_plan(old_json), ap.load_plan(new_json)
     spec = ap.get_model(old.provenance.model_name)
@@ -290,7 +290,7 @@ def inplace_reshard_case(rank: int, world_size: int, old_json: str, new_json: st
                       search=lambda current: [new],
                       settings=RetuneSettings(every_n_steps=1, warmup_steps=0, allowed_changes=("reshard",),
                                               horizon_steps=10**6, restart_overhead_s=1.0))
-    decision = retuner.observe(StepMeasurement(step=1, step_time_s=old.predicted.step_time_s))
+    decision = retuner.observe(MeasuredStep(step=1, step_time_s=old.predicted.step_time_s))
     applied, optimizer = retuner.reshard(decision, modules=applied, optimizer=optimizer, step=1, checkpoint=root,
                                          build=lambda plan: _build(plan, spec))
     after = _logits(applied, probe)

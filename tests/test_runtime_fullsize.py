@@ -161,15 +161,35 @@ def test_full_size_parameter_count(spec):
     assert sum(p.numel() for p in full.parameters()) == spec.num_parameters == 3_001_753_706_496
 
 
-@pytest.mark.slow
-def test_1024_rank_plan_applied_on_every_rank(spec, plan):
+def sampled_ranks() -> list[int]:
+    """8 ranks of every pipeline stage (each stage holds 128 consecutive ranks), spread so that
+    every tp index and 64 different ep coordinates occur, plus the first and last rank. The sweep
+    over all 1,024 ranks is ``benchmarks/rank_sweep.py``."""
+    per_stage = WORLD_SIZE // CONFIG.pp
+    ranks = {stage * per_stage + (17 * k + 2 * stage) % per_stage for stage in range(CONFIG.pp) for k in range(8)}
+    return sorted(ranks | {0, WORLD_SIZE - 1})
+
+
+def apply_on_ranks_in_parallel(ranks: list[int], spec, plan) -> list[dict]:
     global_shapes = _global_shapes(spec)
     workers = max(1, min(WORKERS, os.cpu_count() or 1))
-    shares = [list(range(worker, WORLD_SIZE, workers)) for worker in range(workers)]
+    shares = [ranks[worker::workers] for worker in range(workers)]
     with multiprocessing.get_context("fork").Pool(workers) as pool:
         pending = pool.starmap_async(_apply_on_ranks, [(share, spec, plan, global_shapes) for share in shares])
-        results = [result for share in pending.get(timeout=TIMEOUT_S) for result in share]
-    assert sorted(r["rank"] for r in results) == list(range(WORLD_SIZE))
+        return [result for share in pending.get(timeout=TIMEOUT_S) for result in share]
+
+
+@pytest.mark.slow
+def test_1024_rank_plan_applied_on_sampled_ranks(spec, plan):
+    ranks = sampled_ranks()
+    results = apply_on_ranks_in_parallel(ranks, spec, plan)
+    check_rank_results(results, ranks, spec, plan)
+    tp_indices = {r["coordinates"]["tp"] for r in results}
+    assert tp_indices == set(range(CONFIG.tp)) and {r["coordinates"]["pp"] for r in results} == set(range(CONFIG.pp))
+
+
+def check_rank_results(results: list[dict], ranks: list[int], spec, plan) -> None:
+    assert sorted(r["rank"] for r in results) == sorted(ranks)
 
     predicted = _predicted_weight_bytes(spec, plan)
     placement = plan.expert_placement.expert_to_ranks
@@ -190,4 +210,4 @@ def test_1024_rank_plan_applied_on_every_rank(spec, plan):
         assert weight_bytes == pytest.approx(predicted[stage], rel=0.01), (rank, stage)
         seen_coordinates.add(tuple(coordinates.values()))
     # Every rank sat at its own place in the (pp, dp, tp, ep, etp) grid.
-    assert len(seen_coordinates) == WORLD_SIZE
+    assert len(seen_coordinates) == len(ranks)

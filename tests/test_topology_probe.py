@@ -88,7 +88,7 @@ def test_slowed_sends_show_up_as_the_slowest_link() -> None:
 
 @pytest.mark.distributed
 def test_a_dead_rank_is_named_within_the_timeout() -> None:
-    from autoparallel.testing._multirank import preload_torch
+    from autoparallel.runtime._ranks import preload_torch
 
     preload_torch()  # time the probe, not the first import of torch's distributed stack
     start = time.monotonic()

@@ -10,11 +10,17 @@ surviving rank posts that it failed, then waits for the others) and raised as
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import os
+import signal
+import socket
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from topology.devices import synchronize_device as synchronize
 
 
 class ProbeRankError(RuntimeError):
@@ -38,41 +44,21 @@ class Timing:
         return cls(median_s=median, spread=(max(samples) - min(samples)) / median if median > 0 else 0.0)
 
 
-def device_and_backend() -> tuple[object, str]:
-    """The torch device this rank measures and its default process-group backend."""
-    import torch
-    import torch.distributed as dist
-
-    accelerator = torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None
-    if accelerator is None:
-        return torch.device("cpu"), dist.get_default_backend_for_device("cpu")
-    index = torch.accelerator.current_device_index()
-    return torch.device(accelerator.type, index), dist.get_default_backend_for_device(accelerator.type)
-
-
-def bind_local_device() -> None:
-    """Under torchrun, put this process on accelerator ``LOCAL_RANK`` (no-op on the CPU)."""
-    import os
-
-    import torch
-
-    if hasattr(torch, "accelerator") and torch.accelerator.current_accelerator() is not None:
-        torch.accelerator.set_device_index(int(os.environ.get("LOCAL_RANK", "0")))
-
-
-def synchronize(device) -> None:
-    import torch
-
-    if device.type != "cpu":
-        torch.get_device_module(device.type).synchronize(device)
-
-
 class RankMonitor:
     """Runs each communicating step with a timeout and names the ranks behind a failure."""
 
-    def __init__(self, *, rank: int, world_size: int, timeout_s: float, prefix: str) -> None:
+    #: Longest wait, past the operation timeout, for the other ranks to post a failure or a finish.
+    #: Ranks blocked on the same step time out within about one timeout of each other; a few
+    #: seconds more tell a stopped rank from a slow one without doubling the time to exit.
+    DIAGNOSIS_LIMIT_S = 5.0
+
+    def __init__(self, *, rank: int, world_size: int, timeout_s: float, prefix: str,
+                 stop_silent_local_ranks: bool = True) -> None:
         self.rank, self.world_size, self.timeout_s, self.prefix = rank, world_size, timeout_s, prefix
+        self.stop_silent_local_ranks = stop_silent_local_ranks
         self._store = _default_store()
+        if self._store is not None:
+            self._store.set(f"{self.prefix}/process/{self.rank}", f"{socket.gethostname()}:{os.getpid()}")
 
     @property
     def timeout(self) -> datetime.timedelta:
@@ -92,6 +78,8 @@ class RankMonitor:
             suspects = silent or [peer for peer in (peers or []) if peer != self.rank]
             cause = f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
             names = ", ".join(f"rank {peer}" for peer in suspects) or "an unidentified rank"
+            if self.stop_silent_local_ranks and silent:
+                self._stop_local(silent)
             raise ProbeRankError(
                 f"probe step '{label}' failed on rank {self.rank}: {names} did not respond within "
                 f"{self.timeout_s:g} s (dead, hung or unreachable). Cause seen: {cause}",
@@ -103,14 +91,14 @@ class RankMonitor:
             self._store.set(f"{self.prefix}/finished/{self.rank}", "1")
 
     def _diagnose(self, label: str) -> list[int]:
-        """Post this rank's failure, then wait (two timeouts) for every other rank
+        """Post this rank's failure, then wait (two timeouts, at most ``DIAGNOSIS_LIMIT_S``) for every other rank
         to post a failure or a finish; the ones that stay silent are the culprits."""
         if self._store is None:
             return []
         silent = None
         try:
             self._store.set(f"{self.prefix}/failed/{self.rank}", label)
-            deadline = time.monotonic() + self.timeout_s * 2.0 + 0.5
+            deadline = time.monotonic() + min(self.timeout_s * 2.0, self.DIAGNOSIS_LIMIT_S) + 0.5
             others = [peer for peer in range(self.world_size) if peer != self.rank]
             while True:
                 silent = [peer for peer in others if not self._posted(peer)]
@@ -120,6 +108,21 @@ class RankMonitor:
         except Exception:  # noqa: BLE001 - the store is gone: its host (rank 0 under fork) exited
             # Keep what the last poll saw; with no poll at all, the store's host is the suspect.
             return silent if silent is not None else [0]
+
+    def _stop_local(self, ranks: list[int]) -> None:
+        """SIGKILL the silent ranks that run on this host: a stopped (SIGSTOP) or deadlocked rank
+        never exits by itself, and a launcher such as torchrun waits for every rank, so the
+        probe would never end. Its measurements are lost either way."""
+        host = socket.gethostname()
+        for peer in ranks:
+            try:
+                where = self._store.get(f"{self.prefix}/process/{peer}").decode()
+            except Exception:  # noqa: BLE001 - the peer never registered, or the store is gone
+                continue
+            peer_host, _, pid = where.rpartition(":")
+            if peer_host == host and pid.isdigit() and int(pid) != os.getpid():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(pid), signal.SIGKILL)
 
     def _posted(self, peer: int) -> bool:
         keys = [f"{self.prefix}/failed/{peer}", f"{self.prefix}/finished/{peer}"]
@@ -248,28 +251,3 @@ def time_copy(*, num_bytes: int, repeats: int, warmup: int, device) -> tuple[lis
         if index >= warmup:
             samples.append(time.perf_counter() - start)
     return samples, 2.0 * source.numel() * 4
-
-
-def device_memory_bytes(device, local_world_size: int) -> float:
-    """Memory of this device; on the CPU the host's physical memory split among its ranks."""
-    import os
-
-    import torch
-
-    if device.type == "cpu":
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / max(local_world_size, 1)
-    module = torch.get_device_module(device.type)
-    if hasattr(module, "get_device_properties"):
-        return float(module.get_device_properties(device).total_memory)
-    return float(module.mem_get_info(device)[1])
-
-
-def device_name(device) -> str:
-    import platform
-
-    import torch
-
-    if device.type == "cpu":
-        return f"CPU ({platform.processor() or platform.machine()})"
-    module = torch.get_device_module(device.type)
-    return module.get_device_name(device) if hasattr(module, "get_device_name") else device.type

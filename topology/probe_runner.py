@@ -52,6 +52,8 @@ class ProbeSettings(BaseModel):
     max_all_pairs_ranks: int = Field(default=64, gt=1)
     sampled_peers_per_rank: int = Field(default=8, ge=0)
     run_name: str | None = None
+    stop_silent_local_ranks: bool = Field(
+        default=True, description="SIGKILL a rank on this host that stopped answering, so the launcher can exit")
 
     @field_validator("collective_ops")
     @classmethod
@@ -171,16 +173,18 @@ def probe_rank(rank: int, world_size: int, *, settings: ProbeSettings | None = N
     ranks that stopped answering (within about twice ``operation_timeout_s``)."""
     import torch.distributed as dist
 
+    from topology import devices
     from topology import probe_measure as measure
 
     settings, hooks = settings or ProbeSettings(), hooks or ProbeHooks()
-    device, backend = measure.device_and_backend()
+    device, backend = devices.device_and_backend()
     chosen = _defaults(settings, device.type, world_size)
     run_name = [settings.run_name or datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")]
     dist.broadcast_object_list(run_name, src=0)  # one name (and store prefix) for every rank
     run_name = run_name[0]
     monitor = measure.RankMonitor(rank=rank, world_size=world_size, timeout_s=settings.operation_timeout_s,
-                                  prefix=f"autoparallel-probe/{run_name}")
+                                  prefix=f"autoparallel-probe/{run_name}",
+                                  stop_silent_local_ranks=settings.stop_silent_local_ranks)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     steps = _Steps(rank=rank, hooks=hooks, progress=progress, total=_count_steps(world_size, settings, chosen))
     # Every blocking call without a timeout (group creation, object gather) sits right behind a
@@ -198,8 +202,8 @@ def probe_rank(rank: int, world_size: int, *, settings: ProbeSettings | None = N
         return None
     all_links = [link for part, _ in gathered for link in part]
     all_compute = [row for _, part in gathered for row in part]
-    identity = _Identity(run_name, backend, device.type, measure.device_name(device),
-                         measure.device_memory_bytes(device, local_world), world_size, local_world)
+    identity = _Identity(run_name, backend, device.type, devices.device_name(device),
+                         devices.device_memory_bytes(device, ranks_per_host=local_world), world_size, local_world)
     cluster = build_cluster(identity=identity, links=all_links, collectives=collectives, compute=all_compute, base=base)
     return ProbeReport(run_name=run_name, backend=backend, device_type=device.type, world_size=world_size,
                        devices_per_node=cluster.devices_per_node, p2p=tuple(all_links),
@@ -415,21 +419,28 @@ def probe(*, settings: ProbeSettings | None = None, base: Cluster | None = None,
     """
     import torch.distributed as dist
 
+    from topology import devices
     from topology import probe_measure as measure
 
     settings = settings or ProbeSettings()
     created = not dist.is_initialized()
     if created:
-        measure.bind_local_device()
-        _device_, backend = measure.device_and_backend()
+        devices.bind_local_device()
+        _device_, backend = devices.device_and_backend()
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=max(settings.operation_timeout_s * 4, 60)))
     try:
         result = probe_rank(dist.get_rank(), dist.get_world_size(), settings=settings, base=base, progress=progress, hooks=hooks)
-        if result is not None and output is not None:
-            result.cluster.save(output)
-        if result is not None and report is not None:
-            result.save(report)
-        return result
-    finally:
+    except measure.ProbeRankError:
+        # The process group is broken: tearing it down would wait for the silent rank forever.
+        raise
+    except BaseException:
         if created:
             dist.destroy_process_group()
+        raise
+    if result is not None and output is not None:
+        result.cluster.save(output)
+    if result is not None and report is not None:
+        result.save(report)
+    if created:
+        dist.destroy_process_group()
+    return result

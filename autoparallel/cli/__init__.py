@@ -10,6 +10,9 @@ import argparse
 import logging
 import sys
 from importlib import import_module
+from typing import NoReturn
+
+from pydantic import ValidationError
 
 _COMMAND_MODULES = (
     "autoparallel.cli._models",  # models, describe
@@ -21,8 +24,19 @@ _COMMAND_MODULES = (
 )
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Bad arguments end in one line naming the command and the argument (exit 2); ``--help``
+    still shows the full usage. Sub-command parsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        from autoparallel.cli._render import console_error
+
+        console_error(f"{self.prog}: {message} (see {self.prog} --help)")
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="autoparallel",
         description="Find and apply parallel layouts (TP/PP/EP/CP/DP) for huge MoE models.",
     )
@@ -34,19 +48,51 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
+    """Run one command; user errors, missing files and Ctrl-C end in one line on stderr."""
     from autoparallel.cli._render import console_error
 
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        logging.basicConfig(
+            level=logging.INFO if args.verbose else logging.WARNING,
+            format="%(levelname)s %(name)s: %(message)s",
+        )
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
         return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        console_error("interrupted (Ctrl-C); a search with --storage resumes from its study")
+        return 130
+    except ValidationError as error:  # a JSON file or value that does not fit its model
+        console_error(_describe_validation_error(error))
+        return 2
     except ValueError as error:  # user errors (incl. InfeasiblePlanError): one clear line, exit 2
         console_error(str(error))
         return 2
+    except OSError as error:  # a missing file, a folder where a file belongs, no permission
+        console_error(_describe_os_error(error))
+        return 2
+
+
+def _describe_validation_error(error: ValidationError, *, shown: int = 4) -> str:
+    problems = [
+        f"{'.'.join(str(part) for part in item['loc']) or '(document)'}: {item['msg']}" for item in error.errors()
+    ]
+    more = f"; and {len(problems) - shown} more" if len(problems) > shown else ""
+    return f"{error.title}: " + "; ".join(problems[:shown]) + more
+
+
+def _describe_os_error(error: OSError) -> str:
+    reasons = {
+        FileNotFoundError: "no such file or folder",
+        IsADirectoryError: "is a folder, not a file",
+        NotADirectoryError: "a part of the path is not a folder",
+        PermissionError: "permission denied",
+    }
+    reason = reasons.get(type(error), error.strerror or str(error))
+    return f"{error.filename}: {reason}" if error.filename else f"{reason}: {error}"
 
 
 if __name__ == "__main__":

@@ -3,6 +3,68 @@
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+
+def _number(kind: type, *, minimum: float, inclusive: bool, maximum: float | None = None) -> Callable[[str], float]:
+    rule = f"{'>=' if inclusive else '>'} {minimum:g}" + (f" and < {maximum:g}" if maximum is not None else "")
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        too_small = value < minimum if inclusive else value <= minimum
+        if too_small or (maximum is not None and value >= maximum):
+            raise argparse.ArgumentTypeError(f"{text} must be {rule}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+positive_int = _number(int, minimum=0, inclusive=False)
+non_negative_int = _number(int, minimum=0, inclusive=True)
+positive_float = _number(float, minimum=0.0, inclusive=False)
+non_negative_float = _number(float, minimum=0.0, inclusive=True)
+fraction = _number(float, minimum=0.0, inclusive=True, maximum=1.0)
+
+
+def output_file(text: str) -> Path:
+    """A file path to write: its folder must exist and be writable, and it must not be a folder.
+    Checked when the arguments are parsed, so a long search never ends on a bad path."""
+    path = Path(text)
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give a file name")
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"folder {str(folder)!r} of {text} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"folder {str(folder)!r} of {text} is not writable")
+    return path
+
+
+def output_folder(text: str) -> Path:
+    """A folder to write into: created if missing, but its parent must exist and it must not be a file."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not path.exists() and not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"parent folder {str(parent)!r} of {text} does not exist")
+    return path
+
+
+def input_file(text: str) -> Path:
+    """An existing file to read (not a folder)."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"{text}: no such file")
+    return path
 
 
 def add_job_arguments(parser: argparse.ArgumentParser, *, cluster: str, nodes: int | None, training: bool) -> None:
@@ -10,20 +72,39 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, cluster: str, nodes: i
     ``training`` picks the default kind of job."""
     parser.add_argument("--model", default="ref-3t-moe", help="catalog name or path to a HuggingFace config.json")
     parser.add_argument("--cluster", default=cluster, help="preset name or a Cluster JSON (e.g. a probe result)")
-    parser.add_argument("--nodes", type=int, default=nodes, help="scale the cluster to this many nodes")
+    parser.add_argument("--nodes", type=positive_int, default=nodes, help="scale the cluster to this many nodes")
     kind = parser.add_mutually_exclusive_group()
     kind.add_argument("--training", dest="training", action="store_true", help="a training job" + (" (default)" if training else ""))
     kind.add_argument("--inference", dest="training", action="store_false", help="serving" + ("" if training else " (default)"))
     parser.set_defaults(training=training)
-    parser.add_argument("--sequence-length", type=int, default=4096, help="training sequence length")
-    parser.add_argument("--global-batch-tokens", type=int, default=16 * 2**20, help="training tokens per step")
-    parser.add_argument("--prompt-tokens", type=int, default=4096)
-    parser.add_argument("--output-tokens", type=int, default=1024)
+    parser.add_argument("--sequence-length", type=positive_int, default=4096, help="training sequence length")
+    parser.add_argument("--global-batch-tokens", type=positive_int, default=16 * 2**20, help="training tokens per step")
+    parser.add_argument("--prompt-tokens", type=positive_int, default=4096)
+    parser.add_argument("--output-tokens", type=positive_int, default=1024)
     parser.add_argument(
-        "--prompt-tokens-cv", type=float, default=0.0,
+        "--prompt-tokens-cv", type=non_negative_float, default=0.0,
         help="spread of prompt lengths across requests (std / mean); prefill attention is priced at E[P^2]/E[P]",
     )
     parser.add_argument(
-        "--output-tokens-cv", type=float, default=0.0, help="spread of output lengths across requests (std / mean)"
+        "--output-tokens-cv", type=non_negative_float, default=0.0, help="spread of output lengths across requests (std / mean)"
     )
-    parser.add_argument("--prefix-cache-hit-rate", type=float, default=0.0, help="share of prompt tokens served from the KV cache")
+    parser.add_argument("--prefix-cache-hit-rate", type=fraction, default=0.0, help="share of prompt tokens served from the KV cache")
+
+
+def storage_url(text: str) -> str:
+    """An Optuna storage: ``sqlite:///FILE`` (its folder must exist), ``journal:FILE`` or another
+    RDB URL (``postgresql://user@host:port/db``, ``mysql://...``)."""
+    if text.startswith("journal:") or text.endswith((".log", ".journal")):
+        path = Path(text.removeprefix("journal:").removeprefix("///"))
+    elif text.startswith("sqlite:///"):
+        path = Path(text[len("sqlite:///") :])
+    elif "://" in text and text.split("://", 1)[0] and text.split("://", 1)[1]:
+        return text
+    else:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must be sqlite:///FILE, journal:FILE or an RDB URL such as postgresql://user@host:5432/db"
+        )
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir() or not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: {path} must be a file in an existing folder")
+    return text

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from rich.table import Table
-
-from autoparallel.cli._args import add_job_arguments
-from autoparallel.cli._render import console
+from autoparallel.cli._args import add_job_arguments, non_negative_int, positive_int
+from autoparallel.cli._render import console, fit_words, print_json
+from autoparallel.cli._render import table as table_of
 from cost_model._units import human_bytes, human_seconds
 
 DEFAULT_CLUSTER = "dgx-h200"
@@ -29,16 +27,16 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
 def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
     add_job_arguments(parser, cluster=DEFAULT_CLUSTER, nodes=DEFAULT_NODES, training=True)
     parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8"))
-    parser.add_argument("--batch-size", type=int, default=0, help="inference: sequences per replica (0: largest that fits)")
+    parser.add_argument("--batch-size", type=non_negative_int, default=0, help="inference: sequences per replica (0: largest that fits)")
     for axis, default in (("tp", 8), ("pp", 16), ("cp", 1), ("ep", 64), ("etp", 1)):
-        parser.add_argument(f"--{axis}", type=int, default=default)
-    parser.add_argument("--dp", type=int, default=None, help="default: the devices left after tp*pp*cp")
+        parser.add_argument(f"--{axis}", type=positive_int, default=default)
+    parser.add_argument("--dp", type=positive_int, default=None, help="default: the devices left after tp*pp*cp")
     parser.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--attention-data-parallel", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--zero-stage", type=int, default=1, choices=(0, 1, 2, 3))
     parser.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"))
-    parser.add_argument("--virtual-stages", type=int, default=1)
-    parser.add_argument("--micro-batch-size", type=int, default=1)
+    parser.add_argument("--virtual-stages", type=positive_int, default=1)
+    parser.add_argument("--micro-batch-size", type=positive_int, default=1)
     parser.add_argument("--recompute", default="full", choices=("none", "selective", "full"))
     parser.add_argument("--json", action="store_true", help="print the CostBreakdown as JSON")
 
@@ -74,7 +72,7 @@ def _estimate(args: argparse.Namespace) -> int:
         )
         breakdown = estimate(model, cluster, workload, config, batch_size=args.batch_size)
     if args.json:
-        console.print_json(breakdown.model_dump_json())
+        print_json(breakdown.model_dump_json())
         return 0
     from cost_model._common import calibration_for
 
@@ -87,20 +85,23 @@ def _estimate(args: argparse.Namespace) -> int:
 
 
 def _print_breakdown(breakdown) -> None:  # noqa: ANN001 - CostBreakdown
-    times = Table(title=f"Time per step: {human_seconds(breakdown.step_time_s)} (bottleneck: {breakdown.bottleneck})")
-    for column in ("part", "exposed", "hidden", "share"):
-        times.add_column(column, justify="left" if column == "part" else "right")
+    times = table_of(
+        f"Time per step: {human_seconds(breakdown.step_time_s)} (bottleneck: {breakdown.bottleneck})",
+        {"part": "text", "exposed": "number", "hidden": "number", "share": "number"},
+    )
     for part, seconds in breakdown.time_s.items():
         hidden = breakdown.hidden_time_s.get(part, 0.0)
         share = seconds / breakdown.step_time_s if breakdown.step_time_s else 0.0
         times.add_row(part, human_seconds(seconds), human_seconds(hidden) if hidden else "-", f"{100 * share:.1f}%")
-    console.print(times)
-    memory = Table(title=f"Memory per device: {human_bytes(breakdown.memory_per_device_bytes)} of {human_bytes(breakdown.memory_capacity_bytes)}")
-    memory.add_column("part")
-    memory.add_column("bytes", justify="right")
+    console.print(fit_words(times))
+    memory = table_of(
+        f"Memory per device: {human_bytes(breakdown.memory_per_device_bytes)} of "
+        f"{human_bytes(breakdown.memory_capacity_bytes)}",
+        {"part": "text", "bytes": "number"},
+    )
     for part, value in breakdown.memory_bytes.items():
         memory.add_row(part, human_bytes(value))
-    console.print(memory)
+    console.print(fit_words(memory))
     figures = {"MFU": breakdown.mfu, "tokens/s/device": breakdown.tokens_per_s_per_device, "TTFT": breakdown.ttft_s,
                "TPOT": breakdown.tpot_s, "batch size": breakdown.batch_size}
     for name, value in figures.items():
@@ -127,7 +128,7 @@ def _validate(args: argparse.Namespace) -> int:
     summary = summarize(rows)
     if args.json:
         payload = [dict(row.model_dump(), error=row.error) for row in rows]
-        console.print_json(json.dumps({"rows": payload, "summary": summary}))
+        print_json({"rows": payload, "summary": summary})
     else:
         _print_validation(rows, summary, TOLERANCES)
     outside = [table for table, figures in summary.items() if not _within(figures, TOLERANCES.get(table))]
@@ -143,22 +144,23 @@ def _within(figures: dict, tolerance) -> bool:  # noqa: ANN001
 
 def _print_validation(rows, summary, tolerances) -> None:  # noqa: ANN001
     for table_name in summary:
-        table = Table(title=table_name)
-        for column in ("run", "metric", "predicted", "published", "error"):
-            table.add_column(column, justify="left" if column in ("run", "metric") else "right")
+        table = table_of(table_name, {"run": "text", "metric": "text", "predicted": "number", "published": "number",
+                                      "error": "number"})
         for row in (r for r in rows if r.table == table_name):
             color = "green" if abs(row.error) <= 0.05 else "yellow" if abs(row.error) <= 0.12 else "red"
             table.add_row(row.run, f"{row.metric} [{row.unit}]", f"{row.predicted:,.3f}", f"{row.published:,.3f}",
                           f"[{color}]{100 * row.error:+.1f}%[/]")
-        console.print(table)
-    overview = Table(title="Mean and max absolute error per table")
-    overview.add_column("table", no_wrap=True, min_width=26)
-    for column in ("rows", "mean |error|", "max |error|", "tolerance (mean / max)", "within"):
-        overview.add_column(column, justify="right")
+        console.print(fit_words(table))
+    overview = table_of("Mean and max absolute error per table", {"table": "text", "rows": "number",
+                        "mean |err|": "number", "max |err|": "number", "bound mean/max": "number",
+                        "within": "text"})
     for table_name, figures in summary.items():
         tolerance = tolerances.get(table_name)
         label = "-" if tolerance is None else " / ".join("-" if t is None else f"{100 * t:.0f}%" for t in tolerance)
-        ok = _within(figures, tolerance)
+        if tolerance is None:  # a sensitivity or context table: no bound, so no verdict
+            verdict = "- (no bound)"
+        else:
+            verdict = "[green]yes[/]" if _within(figures, tolerance) else "[red]no[/]"
         overview.add_row(table_name, str(figures["count"]), f"{100 * figures['mean_abs_error']:.1f}%",
-                         f"{100 * figures['max_abs_error']:.1f}%", label, "[green]yes[/]" if ok else "[red]no[/]")
-    console.print(overview)
+                         f"{100 * figures['max_abs_error']:.1f}%", label, verdict)
+    console.print(fit_words(overview))

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import argparse
 
-from rich.table import Table
 
 from autoparallel._catalog import DEFAULT_MODEL, get_model, list_models
-from autoparallel.cli._render import console
+from autoparallel.cli._render import add_json_flag, console, fit_words, print_json
+from autoparallel.cli._render import table as table_of
 from cost_model import ModelSpec
 from cost_model._units import human_bytes, human_count
 
 
 def register(subparsers) -> None:  # noqa: ANN001
     models = subparsers.add_parser("models", help="list the model catalog")
+    add_json_flag(models)
     models.set_defaults(func=_models)
     describe = subparsers.add_parser("describe", help="parameters, bytes, FLOPs and KV cache of a model")
     describe.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="catalog name or path to config.json")
+    add_json_flag(describe)
     describe.set_defaults(func=_describe)
 
 
@@ -27,12 +29,15 @@ def _attention_label(model: ModelSpec) -> str:
 
 
 def _models(args: argparse.Namespace) -> int:
-    table = Table(title="Model catalog")
-    for column in ("name", "total params", "active params", "layers", "experts", "attention", "context"):
-        table.add_column(column, justify="left" if column in ("name", "attention") else "right")
+    if args.json:
+        print_json([_model_summary(get_model(name)) for name in list_models()])
+        return 0
+    table = table_of("Model catalog", {"name": "text", "params": "number", "active": "number",
+                                       "layers": "number", "experts": "text", "attention": "text", "context": "number"})
+    table.caption = "experts: routed+shared/top-k; context: longest sequence in K = 1,024 tokens"
     for name in list_models():
         model = get_model(name)
-        experts = "-" if model.moe is None else f"{model.moe.num_routed_experts}+{model.moe.num_shared_experts} top-{model.moe.top_k}"
+        experts = "-" if model.moe is None else f"{model.moe.num_routed_experts}+{model.moe.num_shared_experts}/{model.moe.top_k}"
         table.add_row(
             name,
             human_count(model.num_parameters),
@@ -40,26 +45,60 @@ def _models(args: argparse.Namespace) -> int:
             str(model.num_layers),
             experts,
             _attention_label(model),
-            f"{model.max_context_tokens:,}",
+            f"{model.max_context_tokens / 1024:.0f}K",
         )
-    console.print(table)
+    console.print(fit_words(table))
     return 0
+
+
+def _model_summary(model: ModelSpec) -> dict:
+    moe = model.moe
+    return {
+        "name": model.name,
+        "num_parameters": model.num_parameters,
+        "num_active_parameters": model.num_active_parameters,
+        "num_layers": model.num_layers,
+        "num_routed_experts": None if moe is None else moe.num_routed_experts,
+        "num_shared_experts": None if moe is None else moe.num_shared_experts,
+        "top_k": None if moe is None else moe.top_k,
+        "attention": _attention_label(model),
+        "max_context_tokens": model.max_context_tokens,
+    }
+
+
+def _description(model: ModelSpec) -> dict:
+    contexts = [c for c in (4096, 32768, 131072, model.max_context_tokens) if c <= model.max_context_tokens]
+    return {
+        **_model_summary(model),
+        "parameters": model.parameter_breakdown(),
+        "active_parameters": model.active_parameter_breakdown(),
+        "by_dtype": {
+            dtype: {
+                "weight_bytes": model.weight_bytes(dtype),
+                "kv_cache_bytes_per_token": model.kv_cache_bytes_per_token(dtype),
+                "kv_cache_bytes_at_max_context": model.kv_cache_bytes(model.max_context_tokens, dtype),
+            }
+            for dtype in ("bf16", "fp8", "int8", "int4")
+        },
+        "forward_flops_per_token": {str(c): model.forward_flops_per_token(c) for c in contexts},
+    }
 
 
 def _describe(args: argparse.Namespace) -> int:
     model = get_model(args.model)
+    if args.json:
+        print_json(_description(model))
+        return 0
     total, active = model.parameter_breakdown(), model.active_parameter_breakdown()
-    params = Table(title=f"{model.name}: parameters by component")
-    for column in ("component", "total", "active per token"):
-        params.add_column(column, justify="right" if column != "component" else "left")
+    params = table_of(f"{model.name}: parameters by component",
+                      {"component": "text", "total": "number", "active per token": "number"})
     for part in total:
         params.add_row(part, human_count(total[part]), human_count(active[part]))
     params.add_row("[bold]total", f"[bold]{human_count(model.num_parameters)}", f"[bold]{human_count(model.num_active_parameters)}")
-    console.print(params)
+    console.print(fit_words(params))
 
-    sizes = Table(title="Weights and KV cache")
-    for column in ("dtype", "weight bytes", "KV bytes / token", f"KV bytes @ {model.max_context_tokens:,} tokens"):
-        sizes.add_column(column, justify="right")
+    sizes = table_of("Weights and KV cache", {"dtype": "text", "weights": "number", "KV / token": "number",
+                     f"KV @ {model.max_context_tokens:,}": "number"})
     for dtype in ("bf16", "fp8", "int8", "int4"):
         sizes.add_row(
             dtype,
@@ -67,10 +106,8 @@ def _describe(args: argparse.Namespace) -> int:
             f"{model.kv_cache_bytes_per_token(dtype):,.0f}",
             human_bytes(model.kv_cache_bytes(model.max_context_tokens, dtype)),
         )
-    console.print(sizes)
-    flops = Table(title="Forward FLOPs per token")
-    flops.add_column("context tokens", justify="right")
-    flops.add_column("FLOPs / token", justify="right")
+    console.print(fit_words(sizes))
+    flops = table_of("Forward FLOPs per token", {"context tokens": "number", "FLOPs / token": "number"})
     for context in (4096, 32768, 131072, model.max_context_tokens):
         if context <= model.max_context_tokens:
             flops.add_row(f"{context:,}", f"{model.forward_flops_per_token(context):.3e}")

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 
 from rich.table import Table
 
-from autoparallel.cli._render import console
+from autoparallel.cli._args import input_file, output_file, positive_float, positive_int
+from autoparallel.cli._render import add_json_flag, console, print_json
 from cost_model._units import human_seconds
 
 
@@ -21,16 +21,17 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
         help="measure GEMM/attention/expert/memory/collective efficiency curves; write a hardware profile JSON",
         description="Run under torchrun (one process per device), or launch --nproc ranks on this host.",
     )
-    profile.add_argument("--nproc", type=int, default=1, help="ranks to launch on this host (ignored under torchrun)")
+    profile.add_argument("--nproc", type=positive_int, default=1, help="ranks to launch on this host (ignored under torchrun)")
     profile.add_argument("--grid", choices=("tiny", "cpu", "gpu"), default=None,
                          help="measurement grid (default: by device)")
-    profile.add_argument("--threads", type=int, default=None, help="intra-op threads per rank (default: cores / nproc)")
-    profile.add_argument("--output", "-o", type=Path, default=Path("hardware-profile.json"))
-    profile.add_argument("--timeout-s", type=float, default=1800.0)
+    profile.add_argument("--threads", type=positive_int, default=None, help="intra-op threads per rank (default: cores / nproc)")
+    profile.add_argument("--output", "-o", type=output_file, default="hardware-profile.json")
+    profile.add_argument("--timeout-s", type=positive_float, default=1800.0)
     profile.add_argument("--compare-preset", default=None, metavar="PRESET",
                          help="also print measured GEMM efficiency against this cluster preset's device")
     profile.add_argument("--clock", choices=("auto", "wall", "thread"), default="auto",
                          help="operator timing: auto = thread CPU time for 1-thread CPU ranks, else wall")
+    add_json_flag(profile)
     profile.set_defaults(func=_profile)
 
     stage = subparsers.add_parser(
@@ -39,21 +40,22 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
         description="Measures the small reference MoE model on this host (gloo ranks) and compares each stage "
         "with the cost model loaded with a hardware profile (time within 25%, memory within 15%).",
     )
-    stage.add_argument("--profile", type=Path, required=True, help="hardware profile JSON (autoparallel profile)")
+    stage.add_argument("--profile", type=input_file, required=True, help="hardware profile JSON (autoparallel profile)")
     stage.add_argument("--force", action="store_true", help="accept a profile measured on another device type")
     stage.add_argument("--plans", default="tp2,pp2", help="comma-separated plans: tpN, tpN+sp, ppN (default tp2,pp2)")
-    stage.add_argument("--hidden-size", type=int, default=512)
-    stage.add_argument("--num-layers", type=int, default=4)
-    stage.add_argument("--sequence-tokens", type=int, default=64)
-    stage.add_argument("--batch-sequences", type=int, default=2)
-    stage.add_argument("--steps", type=int, default=4, help="timed steps per run (medians)")
-    stage.add_argument("--rounds", type=int, default=1,
+    stage.add_argument("--hidden-size", type=positive_int, default=512)
+    stage.add_argument("--num-layers", type=positive_int, default=4)
+    stage.add_argument("--sequence-tokens", type=positive_int, default=64)
+    stage.add_argument("--batch-sequences", type=positive_int, default=2)
+    stage.add_argument("--steps", type=positive_int, default=4, help="timed steps per run (medians)")
+    stage.add_argument("--rounds", type=positive_int, default=1,
                        help="repeat the device and plan runs in turn and pool their steps (shared machines)")
     stage.add_argument("--no-calibration", action="store_true", help="compare raw profile predictions only")
     stage.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                        help="wall seconds, or CPU seconds of the ranks against the prediction less the bubble "
                        "(for a CPU shared with other jobs)")
-    stage.add_argument("--output", "-o", type=Path, default=None, help="write the report as JSON")
+    stage.add_argument("--output", "-o", type=output_file, default=None, help="write the report as JSON")
+    add_json_flag(stage)
     stage.set_defaults(func=_stage_check)
 
 
@@ -86,11 +88,14 @@ def _profile(args: argparse.Namespace) -> int:
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(world, 1))
     profile = launch_profile(
         grid=ProfileGrid.preset(grid_name), num_processes=args.nproc, threads_per_rank=threads,
-        timeout_s=args.timeout_s, on_progress=_Bar(), clock=args.clock,
+        timeout_s=args.timeout_s, on_progress=None if args.json else _Bar(), clock=args.clock,
     )
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
     path = profile.save(args.output)
+    if args.json:
+        print_json(profile.model_dump_json())
+        return 0
     console.print(_summary(profile))
     if args.compare_preset:
         console.print(_preset_comparison(profile, args.compare_preset))
@@ -190,14 +195,17 @@ def _stage_check(args: argparse.Namespace) -> int:
         report = run_stages(setup=setup, cluster=cluster, configs=configs, calibrate_on_device=not args.no_calibration,
                             progress=lambda stage: status.update(f"stage-check: {stage}"), clock=args.clock,
                             rounds=args.rounds)
+    if args.output is not None:
+        args.output.write_text(report.model_dump_json(indent=1) + "\n")
+    if args.json:
+        print_json(report.model_dump_json())
+        return 0 if report.passed else 1
     console.print(_stage_table(report), width=max(console.width, 132))
     if report.calibration is not None:
         fit = report.calibration
         console.print(f"calibration (fitted on the one-device stage): matmul_efficiency {fit.matmul_efficiency:.3g}, "
                       f"memory_bandwidth_efficiency {fit.memory_bandwidth_efficiency:.3g}, "
                       f"kernel_overhead_s {fit.kernel_overhead_s:.3g}")
-    if args.output is not None:
-        args.output.write_text(report.model_dump_json(indent=1) + "\n")
     return 0 if report.passed else 1
 
 

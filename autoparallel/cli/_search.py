@@ -10,13 +10,23 @@ A study kept in ``--storage sqlite:///study.db`` can be opened with Optuna Dashb
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from autoparallel.cli._args import add_job_arguments
-from autoparallel.cli._render import console
+from autoparallel.cli._args import (
+    add_job_arguments,
+    input_file,
+    non_negative_float,
+    output_file,
+    output_folder,
+    positive_int,
+    storage_url,
+)
+from autoparallel.cli._render import add_json_flag, console, fit_words, print_json
+from autoparallel.cli._render import table as table_of
 from cost_model._units import human_bytes, human_seconds
 
 DEFAULT_CLUSTER = "gb200-nvl72"
@@ -28,31 +38,34 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
     _plan_arguments(plan)
     plan.set_defaults(func=_plan)
     explain = subparsers.add_parser("explain", help="breakdown, bottleneck and runners-up of a plan")
-    explain.add_argument("plan", nargs="?", default="plan.json")
+    explain.add_argument("plan", nargs="?", default="plan.json", type=input_file)
+    add_json_flag(explain)
     explain.set_defaults(func=_explain)
     export = subparsers.add_parser("export", help="launch arguments / config file of an engine")
-    export.add_argument("plan", nargs="?", default="plan.json")
+    export.add_argument("plan", nargs="?", default="plan.json", type=input_file)
     export.add_argument("--format", required=True, choices=("vllm", "sglang", "trtllm", "megatron", "torchtitan", "deepspeed"))
     export.add_argument("--model-path", default=None, help="checkpoint path or hub id (default: the plan's model name)")
-    export.add_argument("--output-dir", type=Path, default=None, help="write the files here instead of printing them")
+    export.add_argument("--output-dir", type=output_folder, default=None, help="write the files here instead of printing them")
+    add_json_flag(export)
     export.set_defaults(func=_export)
 
 
 def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     add_job_arguments(parser, cluster=DEFAULT_CLUSTER, nodes=None, training=False)
-    parser.add_argument("--ttft-slo-s", type=float, default=5.0, help="time to first token limit (0: none)")
-    parser.add_argument("--tpot-slo-ms", type=float, default=50.0, help="time per output token limit (0: none)")
+    parser.add_argument("--ttft-slo-s", type=non_negative_float, default=5.0, help="time to first token limit (0: none)")
+    parser.add_argument("--tpot-slo-ms", type=non_negative_float, default=50.0, help="time per output token limit (0: none)")
     parser.add_argument("--no-disaggregation", action="store_true", help="do not price a prefill/decode split")
     parser.add_argument("--objective", default=None, help="step_time, throughput, tpot, ttft, memory, memory_headroom or pareto")
-    parser.add_argument("--trials", type=int, default=DEFAULT_TRIALS)
+    parser.add_argument("--trials", type=positive_int, default=DEFAULT_TRIALS)
     parser.add_argument("--sampler", default=None, choices=("tpe", "nsga2", "random"))
     parser.add_argument(
-        "--storage", default=None,
+        "--storage", default=None, type=storage_url,
         help="sqlite:///study.db, any RDB URL or journal:PATH (resumable; view with: optuna-dashboard sqlite:///study.db)",
     )
-    parser.add_argument("--workers", type=int, default=1, help="worker processes searching one study")
+    parser.add_argument("--workers", type=positive_int, default=1, help="worker processes searching one study")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", type=Path, default=Path("plan.json"))
+    parser.add_argument("--output", type=output_file, default="plan.json")
+    add_json_flag(parser)
 
 
 def _workload(args: argparse.Namespace):  # noqa: ANN202
@@ -81,11 +94,15 @@ def _plan(args: argparse.Namespace) -> int:
     model = resolve_model(args.model)
     cluster = resolve_cluster(args.cluster, num_nodes=args.nodes)
     workload = _workload(args)
-    console.print(
-        f"Planning [bold]{model.name}[/] {workload.kind} on [bold]{cluster.num_devices}[/] x {cluster.device.name} "
-        f"({cluster.name}); budget {args.trials} trials (a small space is priced whole)"
-    )
-    with Progress(TextColumn("search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True) as bar:
+    if not args.json:
+        console.print(
+            f"Planning [bold]{model.name}[/] {workload.kind} on [bold]{cluster.num_devices}[/] x "
+            f"{cluster.device.name} ({cluster.name}); budget {args.trials} trials (a small space is priced whole)"
+        )
+    with Progress(
+        TextColumn("search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, transient=True, disable=args.json,
+    ) as bar:
         task = bar.add_task("search", total=args.trials)
         plan = find_plan(
             model, cluster, workload, objective=args.objective, n_trials=args.trials, sampler=args.sampler,
@@ -93,6 +110,9 @@ def _plan(args: argparse.Namespace) -> int:
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
     path = plan.save(args.output)
+    if args.json:
+        print_json({"output": str(path), "plan": json.loads(plan.to_json())})
+        return 0
     console.print(plan_table(plan))
     search = plan.provenance.search
     console.print(
@@ -153,10 +173,11 @@ def plan_table(plan) -> Table:  # noqa: ANN001
     """The best layout and the runners-up: config, TTFT and TPOT (inference) or step time and MFU
     (training), tokens/s per device, memory per device, bottleneck."""
     inference = plan.serving is not None
-    table = Table(title=f"{plan.provenance.model_name} on {plan.world_size} devices ({plan.provenance.cluster_name})")
-    middle = ("TTFT", "TPOT") if inference else ("step", "MFU")
-    for column in ("#", "config", *middle, "tokens/s/device", "memory/device", "bottleneck"):
-        table.add_column(column, justify="left" if column in ("config", "bottleneck") else "right", overflow="fold")
+    middle = {"TTFT": "number", "TPOT": "number"} if inference else {"step": "number", "MFU": "number"}
+    columns = {"#": "number", "config": "text", **middle, "tok/s/dev": "number", "mem/dev": "number",
+               "bottleneck": "text"}
+    table = table_of(f"{plan.provenance.model_name} on {plan.world_size} devices ({plan.provenance.cluster_name})",
+                     columns)
     rows = [(plan.config, plan.predicted, plan.serving)] + [(a.config, a.predicted, a.serving) for a in plan.alternatives]
     for index, (config, cost, serving) in enumerate(rows):
         if inference:
@@ -168,6 +189,7 @@ def plan_table(plan) -> Table:  # noqa: ANN001
             f"{cost.tokens_per_s_per_device:,.1f}" if cost.tokens_per_s_per_device is not None else "-",
             human_bytes(cost.memory_per_device_bytes), cost.bottleneck, style="bold green" if index == 0 else None,
         )
+    fit_words(table)
     return table
 
 
@@ -176,6 +198,9 @@ def _explain(args: argparse.Namespace) -> int:
 
     plan = load_plan(Path(args.plan))
     cost = plan.predicted
+    if args.json:
+        print_json(_explanation(plan))
+        return 0
     console.print(f"[bold]{plan.provenance.model_name}[/] on {plan.world_size} devices of {plan.provenance.cluster_name}: {describe_config(plan.config, plan.serving)}")
     console.print(plan_table(plan))
     if cost is not None:
@@ -189,25 +214,39 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explanation(plan) -> dict:  # noqa: ANN001
+    """What ``explain`` prints, as data: the layout, its predicted cost and why the others lost."""
+    cost = plan.predicted
+    return {
+        "model": plan.provenance.model_name,
+        "cluster": plan.provenance.cluster_name,
+        "world_size": plan.world_size,
+        "layout": describe_config(plan.config, plan.serving),
+        "config": plan.config.model_dump(mode="json"),
+        "predicted": None if cost is None else cost.model_dump(mode="json"),
+        "bottleneck": None if cost is None else cost.bottleneck,
+        "alternatives": [
+            {"layout": describe_config(a.config, a.serving), "reason_lost": a.reason_lost} for a in plan.alternatives
+        ],
+        "deployment": deployment_line(plan).replace("[bold]", "").replace("[/]", "") or None,
+    }
+
+
 def _time_table(cost) -> Table:  # noqa: ANN001
-    table = Table(title="time per step")
-    for column in ("part", "exposed", "hidden", "share"):
-        table.add_column(column, justify="left" if column == "part" else "right")
+    table = table_of("time per step", {"part": "text", "exposed": "number", "hidden": "number", "share": "number"})
     for part, seconds in sorted(cost.time_s.items(), key=lambda item: -item[1]):
         share = seconds / cost.step_time_s if cost.step_time_s else 0.0
         table.add_row(part, human_seconds(seconds), human_seconds(cost.hidden_time_s.get(part, 0.0)), f"{share:.1%}")
     table.add_row("[bold]total", f"[bold]{human_seconds(cost.step_time_s)}", "", "")
-    return table
+    return fit_words(table)
 
 
 def _memory_table(cost) -> Table:  # noqa: ANN001
-    table = Table(title="memory per device")
-    table.add_column("part")
-    table.add_column("bytes", justify="right")
+    table = table_of("memory per device", {"part": "text", "bytes": "number"})
     for part, value in sorted(cost.memory_bytes.items(), key=lambda item: -item[1]):
         table.add_row(part, human_bytes(value))
     table.add_row("[bold]total", f"[bold]{human_bytes(cost.memory_per_device_bytes)} of {human_bytes(cost.memory_capacity_bytes)}")
-    return table
+    return fit_words(table)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -215,6 +254,9 @@ def _export(args: argparse.Namespace) -> int:
     from autoparallel._plan import load_plan
 
     result = export_plan(load_plan(Path(args.plan)), format=args.format, model_path=args.model_path)
+    if args.json:
+        print_json({"format": args.format, "files": dict(result.files), "dropped": list(result.dropped)})
+        return 0
     if args.output_dir is None:
         console.print(result.render(), highlight=False, markup=False)
         return 0

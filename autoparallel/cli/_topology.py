@@ -4,31 +4,36 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
-from rich.table import Table
 
-from autoparallel.cli._render import console
+from autoparallel.cli._args import output_file, positive_float, positive_int
+from autoparallel.cli._render import add_json_flag, console, console_error, error_console, fit_words, print_json
+from autoparallel.cli._render import table as table_of
+from cost_model._units import human_bytes
 
 
 def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
     """Add this group's subcommands."""
     clusters = subparsers.add_parser("clusters", help="list the cluster presets (cited hardware and interconnect)")
     clusters.add_argument("names", nargs="*", help="presets to show (default: all)")
-    clusters.add_argument("--nodes", type=int, default=None, help="scale every listed preset to N nodes")
+    clusters.add_argument("--nodes", type=positive_int, default=None, help="scale every listed preset to N nodes")
     clusters.add_argument("--sources", action="store_true", help="also print where every value comes from")
+    add_json_flag(clusters)
     clusters.set_defaults(func=_clusters)
 
     probe = subparsers.add_parser(
         "probe", help="measure this cluster (run under torchrun: torchrun --nproc-per-node N -m autoparallel.cli probe)"
     )
-    probe.add_argument("--output", default="cluster.json", help="cluster JSON written by rank 0")
-    probe.add_argument("--report", default=None, help="full measurement report JSON (p2p matrix, collectives, compute)")
+    probe.add_argument("--output", type=output_file, default="cluster.json", help="cluster JSON written by rank 0")
+    probe.add_argument("--report", type=output_file, default=None, help="full measurement report JSON (p2p matrix, collectives, compute)")
     probe.add_argument("--preset", default=None, help="preset the device peaks and scale-out tier are taken from")
-    probe.add_argument("--p2p-bytes", type=int, default=None, help="point-to-point message size")
-    probe.add_argument("--sizes", type=int, nargs="+", default=None, help="collective message sizes in bytes")
-    probe.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement (>= 5)")
-    probe.add_argument("--timeout-s", type=float, default=60.0, help="per-operation timeout; a silent rank is named")
+    probe.add_argument("--p2p-bytes", type=positive_int, default=None, help="point-to-point message size")
+    probe.add_argument("--sizes", type=positive_int, nargs="+", default=None, help="collective message sizes in bytes")
+    probe.add_argument("--repeats", type=positive_int, default=5, help="timed repeats per measurement (>= 5)")
+    probe.add_argument("--timeout-s", type=positive_float, default=60.0, help="per-operation timeout; a silent rank is named")
     probe.add_argument("--run-name", default=None, help="name recorded in the measured provenance")
+    add_json_flag(probe)
     probe.set_defaults(func=_probe)
 
 
@@ -41,23 +46,29 @@ def _clusters(args: argparse.Namespace) -> int:
 
     names = args.names or list_presets()
     clusters = [get_preset(name, num_nodes=args.nodes) for name in names]
-    table = Table(title="Cluster presets" + (f" scaled to {args.nodes} nodes" if args.nodes else ""),
-                  caption="bandwidths per device and direction; uncertain: values the sources mark as estimates")
-    for column, width in (("name", 14), ("device", 10), ("devices", 0), ("bf16 TF/s", 0), ("memory GB", 0), ("TB/s", 0),
-                          ("scale-up GB/s", 0), ("scale-out GB/s", 0), ("fabrics", 10), ("uncertain", 0)):
-        table.add_column(column, justify="left" if width else "right", min_width=width or None,
-                         no_wrap=column == "name", overflow="fold")
+    if args.json:
+        print_json([cluster.model_dump(mode="json") for cluster in clusters])
+        return 0
+    scaled = f" scaled to {args.nodes} nodes" if args.nodes else ""
+    devices = table_of(f"Cluster presets{scaled}: devices", {"name": "text", "device": "text", "devices": "number",
+                       "bf16 TF/s": "number", "memory": "number", "TB/s": "number"})
+    networks = table_of(f"Cluster presets{scaled}: interconnect", {"name": "text", "scale-up GB/s": "number",
+                        "scale-out GB/s": "number", "fabrics": "text", "uncertain": "number"})
+    networks.caption = "GB/s per device and direction; uncertain: values the sources mark as estimates"
     for cluster in clusters:
         device = cluster.device
         bf16 = device.peak_flops.get("bf16") or max(device.peak_flops.values())
-        table.add_row(
+        devices.add_row(
             cluster.name, device.name, f"{cluster.num_nodes}x{cluster.devices_per_node}",
-            f"{bf16 / 1e12:,.0f}" if bf16 >= 10e12 else f"{bf16 / 1e12:.2f}",
-            f"{device.memory_bytes / 1e9:,.0f}", f"{device.memory_bandwidth_bytes_per_s / 1e12:.2f}",
-            _gbps(cluster.intra_node.bandwidth_bytes_per_s), _gbps(cluster.inter_node.bandwidth_bytes_per_s),
+            f"{bf16 / 1e12:,.0f}" if bf16 >= 10e12 else f"{bf16 / 1e12:.2f}", human_bytes(device.memory_bytes),
+            f"{device.memory_bandwidth_bytes_per_s / 1e12:.2f}",
+        )
+        networks.add_row(
+            cluster.name, _gbps(cluster.intra_node.bandwidth_bytes_per_s), _gbps(cluster.inter_node.bandwidth_bytes_per_s),
             f"{cluster.intra_node.kind}, {cluster.inter_node.kind}", str(len(device.uncertain)),
         )
-    console.print(table)
+    console.print(fit_words(devices))
+    console.print(fit_words(networks))
     if args.sources:
         for cluster in clusters:
             _print_sources(cluster)
@@ -65,9 +76,7 @@ def _clusters(args: argparse.Namespace) -> int:
 
 
 def _print_sources(cluster) -> None:  # noqa: ANN001
-    table = Table(title=f"{cluster.name}: sources", show_lines=True)
-    table.add_column("value")
-    table.add_column("source", overflow="fold")
+    table = table_of(f"{cluster.name}: sources", {"value": "text", "source": "text"})
     for field, source in cluster.device.sources.items():
         table.add_row(f"device.{field}", source)
     table.add_row("intra_node", cluster.intra_node.source)
@@ -79,7 +88,7 @@ def _print_sources(cluster) -> None:  # noqa: ANN001
 def _probe(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
-    from topology import ProbeSettings, get_preset, probe
+    from topology import ProbeRankError, ProbeSettings, get_preset, probe
 
     settings = ProbeSettings(
         p2p_message_bytes=args.p2p_bytes, collective_message_bytes=tuple(args.sizes) if args.sizes else None,
@@ -87,13 +96,28 @@ def _probe(args: argparse.Namespace) -> int:
     )
     base = get_preset(args.preset) if args.preset else None
     is_rank0 = int(os.environ.get("RANK", "0")) == 0
-    with Progress(console=console, disable=not is_rank0, transient=False) as bar:
+    interactive = console.is_terminal and not args.json
+    with Progress(console=console, disable=not (is_rank0 and interactive), transient=False) as bar:
         task = bar.add_task("probing", total=None)
 
         def progress(label: str, done: int, total: int) -> None:
-            bar.update(task, description=label, completed=done, total=total)
+            if interactive:
+                bar.update(task, description=label, completed=done, total=total)
+            elif is_rank0:  # a log line per step where no live bar can be drawn (CI, a pipe)
+                error_console.print(f"probe: {label} ({done}/{total})", highlight=False, markup=False)
 
-        report = probe(settings=settings, base=base, output=args.output, report=args.report, progress=progress)
+        try:
+            report = probe(settings=settings, base=base, output=args.output, report=args.report, progress=progress)
+        except ProbeRankError as error:
+            # One line, then leave at once: the process group is broken and an orderly interpreter
+            # shutdown could wait on it; the launcher sees the failure and ends the other ranks.
+            console_error(str(error))
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+    if report is not None and args.json:
+        print_json(report.model_dump_json())
+        return 0
     if report is not None and report.p2p:
         slowest = report.slowest_link()
         console.print(

@@ -16,6 +16,7 @@ from autoparallel.runtime._model import (
     tiny_reference_spec,
 )
 from autoparallel.runtime._rank_build import RankParts, build_for_rank, rank_parts
+from autoparallel.runtime._ranks import RankFailure, free_port, run_ranks
 
 __all__ = [
     "AppliedPlan",
@@ -24,6 +25,7 @@ __all__ = [
     "LocalDispatcher",
     "Meshes",
     "MoEBlock",
+    "RankFailure",
     "RankParts",
     "ReferenceMoETransformer",
     "TokenDispatcher",
@@ -32,7 +34,9 @@ __all__ = [
     "build_meshes",
     "check_plan_fits",
     "default_device_type",
+    "free_port",
     "greedy_generate",
     "rank_parts",
+    "run_ranks",
     "tiny_reference_spec",
 ]

@@ -269,7 +269,7 @@ def apply_plan(
     A model built with only this rank's part (``build_for_rank``: its stage's layers, its
     experts) is checked to be exactly that part and not cut again.
 
-    Needs one process per rank (torchrun or ``autoparallel.testing.run_ranks``); initializes
+    Needs one process per rank (torchrun or ``autoparallel.runtime.run_ranks``); initializes
     the default process group if needed (``backend``, else the device's default). Weights may
     be on ``device_type``'s device, on CPU (moved), or on the meta device (shapes only).
 

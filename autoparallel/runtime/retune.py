@@ -5,7 +5,7 @@ Used inside the user's training or inference loop::
     retuner = ap.Retuner(plan, model=spec, cluster=cluster, workload=workload)
     for step in range(num_steps):
         ...one step...
-        decision = retuner.observe(StepMeasurement(step=step, step_time_s=..., expert_load=...))
+        decision = retuner.observe(MeasuredStep(step=step, step_time_s=..., expert_load=...))
         if decision is not None and decision.changed:
             plan = retuner.apply(decision, runtime=handle, optimizer=optimizer)
 
@@ -23,64 +23,41 @@ size (inference), live; new tp/pp/ep degrees by a resharded ``torch.distributed.
 (``save_checkpoint`` under the old plan, ``load_checkpoint`` under the new). ``Retuner.recover``
 restarts after a lost rank on the largest legal world the survivors allow.
 
-This module imports torch only inside the methods that touch modules.
+The decisions are ``autoparallel.retune.RetunePolicy``'s (torch-free); this class only gathers
+windows across ranks, shares the decision and applies it. It imports torch only inside the
+methods that touch modules or process groups.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from typing import Callable
+import sys
+from collections.abc import Callable
 
 import numpy as np
 
-from autoparallel._expert_placement import balanced_placement, contiguous_placement, load_imbalance, placement_moves
-from autoparallel._plan import ExpertPlacement, ShardingPlan
-from autoparallel.runtime._retune_state import (
-    Calibration,
-    Candidate,
-    ChangeKind,
+from autoparallel._plan import ShardingPlan
+from autoparallel.retune import (
+    MeasuredStep,
+    RetuneCalibration,
     RetuneDecision,
+    RetunePolicy,
     RetuneSettings,
-    StepMeasurement,
     WindowSummary,
-    _combine_ranks,
-    change_kind,
-    communication_s,
-    describe_plan,
-    plan_batch_size,
-    _rank,
-    _share_from_rank_zero,
     summarize,
 )
-from cost_model import InfeasiblePlanError, Inference, ModelSpec, Training
+from cost_model import Inference, ModelSpec, Training
 
-__all__ = ["Calibration", "RetuneDecision", "RetuneSettings", "Retuner", "StepMeasurement", "WindowSummary", "summarize"]
+__all__ = ["MeasuredStep", "RetuneCalibration", "RetuneDecision", "RetuneSettings", "Retuner", "WindowSummary", "summarize"]
 
 logger = logging.getLogger("autoparallel.retune")
 
-_COMPUTE_PARTS = ("compute", "recompute", "optimizer", "bubble", "prefill", "decode")
-
-
-def routed_expert_time_fraction(*, model: ModelSpec, context_tokens: float) -> float:
-    """Share of a token's forward FLOPs spent in routed experts (2 x active routed parameters,
-    Kaplan et al. 2020's 2N rule, over ``ModelSpec.forward_flops_per_token``)."""
-    if model.moe is None:
-        return 0.0
-    routed = model.active_parameter_breakdown()["routed_experts"]
-    return 2.0 * routed / model.forward_flops_per_token(context_tokens)
-
 
 class Retuner:
-    """Online re-tuning of one job's ``ShardingPlan``; see the module docstring for the loop.
+    """Online re-tuning of one torch job's ``ShardingPlan``; see the module docstring for the loop.
 
-    Args:
-        plan: the plan the job runs now (its ``predicted`` cost is the baseline).
-        model, cluster, workload: what the plan was made for; re-planning uses the same.
-        settings: thresholds and cadence (``RetuneSettings``).
-        search: ``search(current_plan) -> list[ShardingPlan]``, the re-search warm-started from
-            the current plan (default: ``autoparallel.find_plan`` with the current config
-            enqueued as its first trial, and plans for its ranked alternatives).
+    Arguments are ``RetunePolicy``'s. ``policy`` holds the decision logic; ``plan`` is the plan
+    in force (updated by ``apply`` and ``reshard``).
     """
 
     def __init__(
@@ -93,35 +70,35 @@ class Retuner:
         settings: RetuneSettings | None = None,
         search: Callable[[ShardingPlan], list[ShardingPlan]] | None = None,
     ) -> None:
-        if plan.predicted is None:
-            raise ValueError("plan.predicted (None) must hold the plan's predicted cost; build plans with find_plan")
-        self.plan, self.model, self.cluster, self.workload = plan, model, cluster, workload
-        self.settings = settings or RetuneSettings()
-        self._search = search
-        self._window: list[StepMeasurement] = []
+        self.policy = RetunePolicy(plan, model=model, cluster=cluster, workload=workload, settings=settings,
+                                   search=search)
+        self._window: list[MeasuredStep] = []
         self._steps_seen = 0
-        self._space = None
-        self._stretch_cache: dict = {}
-        self._cost_calibration = None  # cost_model.Calibration fitted on the last window
         self.decisions: list[RetuneDecision] = []
 
-    def prepare(self) -> "Retuner":
-        """Enumerate the legal layouts of this world once, ahead of the first decision (the space
-        depends on the model, world and workload, never on measurements); returns ``self``."""
-        from search import SearchSpace
+    @property
+    def plan(self) -> ShardingPlan:
+        return self.policy.plan
 
-        if self._space is None:
-            self._space = SearchSpace(model=self.model, workload=self.workload, world_size=self.plan.world_size,
-                                      devices_per_node=self.cluster.devices_per_node, bounds=self._bounds())
+    @plan.setter
+    def plan(self, plan: ShardingPlan) -> None:
+        self.policy.plan = plan
+
+    @property
+    def settings(self) -> RetuneSettings:
+        return self.policy.settings
+
+    def prepare(self) -> "Retuner":
+        """Enumerate this world's legal layouts ahead of the first decision; returns ``self``."""
+        self.policy.prepare()
         return self
 
-    def _bounds(self):  # noqa: ANN202 - search.SearchBounds
-        from search import SearchBounds
-
-        return SearchBounds(max_cp_degree=self.settings.max_cp_degree)
+    def calibrate(self, summary: WindowSummary) -> RetuneCalibration:
+        """``RetunePolicy.calibrate`` on one window summary."""
+        return self.policy.calibrate(summary)
 
     # ------------------------------------------------------------------ the loop
-    def observe(self, measurement: StepMeasurement) -> RetuneDecision | None:
+    def observe(self, measurement: MeasuredStep) -> RetuneDecision | None:
         """Record one step; every ``every_n_steps`` steps return a decision (else ``None``)."""
         self._steps_seen += 1
         if self._steps_seen > self.settings.warmup_steps:
@@ -132,342 +109,22 @@ class Retuner:
         self._window = []
         return decision
 
-    def decide(self, window: list[StepMeasurement] | None = None) -> RetuneDecision:
-        """Compare ``window`` (default: the steps observed since the last decision) with the plan's
-        prediction, recalibrate, re-plan, and choose; logs every candidate and the reason.
+    def decide(self, window: list[MeasuredStep] | None = None) -> RetuneDecision:
+        """Decide on ``window`` (default: the steps observed since the last decision).
 
         Under torch.distributed every rank must call it (``observe`` does, on the same step): the
         ranks' windows are combined (slowest median step, summed expert load, largest memory),
-        rank 0 decides and the decision is broadcast, so every rank applies the same change.
+        rank 0 decides with the policy and the decision is broadcast, so every rank applies the
+        same change.
         """
         window = list(self._window if window is None else window)
         if not window:
             raise ValueError("window (0 measurements) must hold at least one measured step")
-        started = time.perf_counter()
         summary = _combine_ranks(summarize(window))
-        decision = None
-        if _rank() == 0:
-            calibration = self.calibrate(summary)
-            current = self._calibrated_time(self.plan, calibration.expert_imbalance, calibration)
-            candidates = self._placement_candidates(summary.expert_load, calibration, current)
-            candidates += self._search_candidates(calibration, current, summary.expert_load)
-            decision = self._choose(candidates, summary=summary, current=current, calibration=calibration)
+        decision = self.policy.decide(summary) if _rank() == 0 else None
         decision = _share_from_rank_zero(decision)
-        decision = decision.model_copy(update={"decision_latency_s": time.perf_counter() - started})
         self.decisions.append(decision)
         return decision
-
-    # ------------------------------------------------------------------ calibration
-    def calibrate(self, summary: "WindowSummary") -> Calibration:
-        """Fit measured / predicted on one window.
-
-        Training: first ``cost_model.calibrate`` refits the device's matmul efficiency so that the
-        cost model, at the measured expert imbalance, predicts the measured step; every candidate
-        (and the re-search) is then priced with that calibration. What one parameter cannot
-        explain is left to the scale fit below (the whole fit for inference).
-
-        The plan's prediction assumes balanced experts; the measured max/mean tokens per EP rank
-        ``r`` stretches the step by ``s(r)`` (expert GEMMs and the EP all-to-all wait for the
-        busiest rank; see ``_stretch``): ``t = s(r) * (a * t_rest + b * t_comm)`` with ``t_comm``
-        the predicted exposed communication. Without measured communication time
-        ``a = b`` is the one number fitted (``time_scale``); with it, ``b`` is fitted on the
-        communication and ``a`` on the rest. With measured peak memory, a memory scale too.
-        """
-        predicted = self.plan.predicted
-        imbalance = 1.0
-        if summary.expert_load is not None and self.plan.config.ep > 1:
-            imbalance = load_imbalance(placement=self._placement(), expert_load=summary.expert_load)
-        self._cost_calibration, self._stretch_cache = None, {}
-        if self.settings.fit_cost_model:
-            self._cost_calibration = self._fit_cost_model(summary, imbalance)
-            self._stretch_cache = {}  # the fit may have priced uncalibrated stretches
-        stretch = self._stretch(self.plan, imbalance)
-        comm = communication_s(predicted)
-        rest = predicted.step_time_s - comm
-        time_scale, comm_scale = summary.step_time_s / (predicted.step_time_s * stretch), None
-        measured_comm = summary.communication_time_s
-        if measured_comm is not None and comm > 0 and rest > 0 and measured_comm < summary.step_time_s:
-            comm_scale = measured_comm / (comm * stretch)
-            time_scale = (summary.step_time_s - measured_comm) / (rest * stretch)
-        memory_scale = None
-        if summary.peak_memory_bytes is not None and predicted.memory_per_device_bytes > 0:
-            memory_scale = summary.peak_memory_bytes / predicted.memory_per_device_bytes
-        return Calibration(
-            method=("cost_model.calibrate (matmul_efficiency) + residual scale" if self._cost_calibration is not None
-                    else "scale fit (retune)"),
-            time_scale=time_scale, communication_scale=comm_scale,
-            memory_scale=memory_scale, expert_imbalance=max(1.0, imbalance),
-        )
-
-    def _expert_fraction(self, predicted) -> float:  # noqa: ANN001 - CostBreakdown
-        """Share of the predicted step that waits for the busiest EP rank."""
-        if predicted.step_time_s <= 0:
-            return 0.0
-        compute = sum(predicted.time_s.get(k, 0.0) for k in _COMPUTE_PARTS)
-        context = self._context_tokens()
-        routed = compute * routed_expert_time_fraction(model=self.model, context_tokens=context)
-        return min(1.0, (routed + predicted.time_s.get("ep_comm", 0.0)) / predicted.step_time_s)
-
-    def _context_tokens(self) -> float:
-        if isinstance(self.workload, Training):
-            return (self.workload.sequence_length_tokens + 1) / 2.0
-        return float(self.workload.prompt_tokens + self.workload.output_tokens / 2.0)
-
-    def _stretch(self, plan: ShardingPlan, imbalance: float) -> float:
-        """The cost model's step time for ``plan`` at expert imbalance ``imbalance`` — with the
-        efficiencies ``cost_model.calibrate`` fitted on the last window when there are some — over
-        the plan's own (balanced, uncalibrated) prediction.
-
-        Training: ``cost_model.estimate_table`` with ``EstimateOptions(routing_imbalance=r,
-        calibration=...)`` (the busiest rank's expert GEMMs and all-to-all messages). Inference:
-        a first-order model, the routed-expert share ``f`` of the step grows by ``r``: ``1 + f (r - 1)``.
-        """
-        imbalance = max(float(imbalance), 1.0)
-        if imbalance == 1.0 and self._cost_calibration is None:
-            return 1.0
-        key = (plan.config, round(imbalance, 6))
-        if key not in self._stretch_cache:
-            self._prefetch_stretch([(plan, imbalance)])
-        return self._stretch_cache[key]
-
-    def _prefetch_stretch(self, pairs: list[tuple[ShardingPlan, float]]) -> None:
-        """Fill the stretch cache for many (plan, imbalance) pairs: one table per imbalance."""
-        groups: dict[float, list[ShardingPlan]] = {}
-        for plan, imbalance in pairs:
-            key = round(max(float(imbalance), 1.0), 6)
-            if (key > 1.0 or self._cost_calibration is not None) and (plan.config, key) not in self._stretch_cache:
-                groups.setdefault(key, []).append(plan)
-        for imbalance, plans in groups.items():
-            times = None
-            if isinstance(self.workload, Training):
-                from cost_model import estimate_table
-                from cost_model._common import EstimateOptions
-                from cost_model._table import configs_to_table
-
-                table = configs_to_table([plan.config for plan in plans])
-                options = EstimateOptions(routing_imbalance=imbalance, calibration=self._cost_calibration)
-                times = estimate_table(self.model, self.cluster, self.workload, table, options=options)["step_time_s"]
-            for index, plan in enumerate(plans):
-                if times is not None:
-                    stretch = float(times[index]) / plan.predicted.step_time_s
-                else:
-                    stretch = 1.0 + self._expert_fraction(plan.predicted) * (imbalance - 1.0)
-                self._stretch_cache[(plan.config, imbalance)] = stretch
-
-    def _fit_cost_model(self, summary: "WindowSummary", imbalance: float):  # noqa: ANN202 - cost_model Calibration | None
-        """``cost_model.calibrate`` on the window (training): the matmul efficiency that makes the
-        cost model, at the measured imbalance, predict the measured step; ``None`` when it cannot."""
-        if not isinstance(self.workload, Training):
-            return None
-        import cost_model
-
-        def fit(measured_s: float, options: dict):  # noqa: ANN202
-            row = cost_model.StepMeasurement(label=f"step {summary.step}", model=self.model, workload=self.workload,
-                                             config=self.plan.config, measured_s=measured_s, options=options)
-            return cost_model.calibrate(cluster=self.cluster, measurements=[row], parameters=("matmul_efficiency",),
-                                        initial=start, max_iterations=self.settings.calibration_iterations).calibration
-
-        from cost_model._common import calibration_for
-
-        start = calibration_for(self.cluster.device)  # the calibration the plan was priced with
-
-        try:
-            return fit(summary.step_time_s, {"routing_imbalance": max(imbalance, 1.0)})
-        except InfeasiblePlanError:
-            # The cost model's memory at this skew exceeds the device, yet the job runs: fit the
-            # balanced step instead (the measured time over the uncalibrated skew stretch).
-            try:
-                return fit(summary.step_time_s / self._stretch(self.plan, imbalance), {})
-            except (ValueError, ArithmeticError) as error:
-                logger.info("retune: cost_model.calibrate failed (%s); scale fit only", error)
-        except (ValueError, ArithmeticError) as error:
-            logger.info("retune: cost_model.calibrate failed (%s); scale fit only", error)
-        return None
-
-    def _calibrated_time(self, plan: ShardingPlan, imbalance: float, calibration: Calibration) -> float:
-        """A plan's step time under the fitted model (see ``calibrate``) at expert imbalance ``imbalance``."""
-        predicted = plan.predicted
-        stretch = self._stretch(plan, imbalance)
-        comm = communication_s(predicted)
-        comm_scale = calibration.time_scale if calibration.communication_scale is None else calibration.communication_scale
-        return stretch * (calibration.time_scale * (predicted.step_time_s - comm) + comm_scale * comm)
-
-    # ------------------------------------------------------------------ candidates
-    def _placement(self) -> ExpertPlacement:
-        if self.plan.expert_placement is not None:
-            return self.plan.expert_placement
-        return contiguous_placement(num_experts=self.model.moe.num_routed_experts, ep=self.plan.config.ep)
-
-    def _placement_candidates(self, load, calibration: Calibration, current: float) -> list[Candidate]:
-        """Re-placements from the measured load. ``num_redundant_experts`` unset: one with a replica
-        slot per EP rank and one without replicas, and the model chooses (replicas balance better
-        but cost memory and, in training, a gradient sync each step). Set: that many replicas, or
-        none if they do not fit in memory."""
-        if "expert_placement" not in self.settings.allowed_changes or load is None or self.plan.config.ep == 1:
-            return []
-        ep, explicit = self.plan.config.ep, self.settings.num_redundant_experts
-        out = []
-        for redundant in dict.fromkeys((ep if explicit is None else explicit, 0)):
-            if out and explicit is not None:
-                break  # an explicit replica count is only replaced by none when it does not fit
-            predicted = self._with_replicas(redundant, calibration)
-            if predicted is None:
-                logger.info("retune: skip expert_placement with %d replicas: calibrated memory exceeds the device", redundant)
-                continue
-            ranks_per_node = self.settings.ranks_per_node or min(ep, self.cluster.devices_per_node)
-            new = balanced_placement(expert_load=load, ep=ep, num_redundant_experts=redundant, ranks_per_node=ranks_per_node)
-            after = load_imbalance(placement=new, expert_load=load)
-            step_time = self._calibrated_time(self.plan, after, calibration) + self._replica_sync_s(new, calibration)
-            plan = self.plan.model_copy(update={"expert_placement": new, "predicted": predicted})
-            detail = f"max/mean tokens per EP rank {calibration.expert_imbalance:.2f} -> {after:.2f}, {redundant} replicas"
-            out.append(Candidate(kind="expert_placement", plan=plan, step_time_s=step_time, detail=detail,
-                                 change_cost_s=self._placement_change_cost(new), gain_s_per_step=current - step_time))
-        return out
-
-    def _replica_sync_s(self, placement: ExpertPlacement, calibration: Calibration) -> float:
-        """Training: per step, the gradients of replicated experts are summed over the EP group
-        (one all-reduce of every replicated expert's gradient, as ``ExpertParallel`` does)."""
-        replicated = sum(1 for ranks in placement.expert_to_ranks if len(set(ranks)) > 1)
-        if not replicated or not isinstance(self.workload, Training):
-            return 0.0
-        from cost_model import dtype_bytes
-
-        ep, config = placement.ep, self.plan.config
-        layers = -(-self.model.num_moe_layers // config.pp)
-        parameters = replicated * layers * self.model.ffn_parameters(self.model.moe.expert_ffn_hidden_size) / config.etp
-        seconds = float(self.cluster.collective_time(
-            "all_reduce", group_size=ep, ranks_per_node=min(ep, self.cluster.devices_per_node),
-            message_bytes=parameters * dtype_bytes(self.workload.precision)))
-        scale = calibration.communication_scale or calibration.time_scale
-        return scale * seconds
-
-    def _with_replicas(self, redundant: int, calibration: Calibration):  # noqa: ANN202 - CostBreakdown | None
-        """The running plan's cost with ``redundant`` replica slots (training: their weights,
-        gradients and optimizer states count in memory), or ``None`` if the calibrated memory no
-        longer fits the device. Inference plans are returned unchanged (their serving settings
-        price replicas at planning time)."""
-        predicted = self.plan.predicted
-        if redundant and isinstance(self.workload, Training):
-            from cost_model import estimate_table
-            from cost_model._estimate import breakdown_from_row
-            from cost_model._table import configs_to_table
-
-            table = configs_to_table([self.plan.config], num_redundant_experts=[redundant])
-            predicted = breakdown_from_row(estimate_table(self.model, self.cluster, self.workload, table), 0)
-        scale = max(calibration.memory_scale or 1.0, 1.0)
-        return predicted if predicted.memory_per_device_bytes * scale <= predicted.memory_capacity_bytes else None
-
-    def _placement_change_cost(self, new: ExpertPlacement) -> float:
-        """Seconds to move expert weights (and, training, their optimizer state): the busiest
-        receiver's bytes over one point-to-point link (``Cluster.collective_time``)."""
-        moves = placement_moves(old=self._placement(), new=new)
-        if not moves:
-            return 0.0
-        received = np.bincount([m.target_rank for m in moves], minlength=new.ep).max()
-        expert_parameters = self.model.ffn_parameters(self.model.moe.expert_ffn_hidden_size) / self.plan.config.etp
-        moe_layers_per_stage = -(-self.model.num_moe_layers // self.plan.config.pp)
-        bytes_per_parameter = self._state_bytes_per_parameter()
-        message = float(received * expert_parameters * moe_layers_per_stage * bytes_per_parameter)
-        ranks_per_node = min(new.ep, self.cluster.devices_per_node)
-        return float(self.cluster.collective_time("send_recv", group_size=2, ranks_per_node=min(2, ranks_per_node), message_bytes=message))
-
-    def _state_bytes_per_parameter(self) -> float:
-        from cost_model import dtype_bytes
-
-        if isinstance(self.workload, Inference):
-            return dtype_bytes(self.workload.weight_dtype)
-        weights = dtype_bytes(self.workload.precision)
-        if self.workload.optimizer == "adam":  # fp32 master + two moments (Rajbhandari et al. 2020, sec. 3.1)
-            return weights + (4.0 if self.workload.master_weights_fp32 else 0.0) + 8.0
-        return weights + (4.0 if self.workload.master_weights_fp32 else 0.0)
-
-    def _search_candidates(self, calibration: Calibration, current: float, load) -> list[Candidate]:
-        kinds = set(self.settings.allowed_changes) - {"expert_placement"}
-        if not kinds:
-            return []
-        plans = self._live_variants() if kinds & {"micro_batch", "batch_size"} else []
-        if "reshard" in kinds:
-            plans += self._research()
-        out, seen = [], set()
-        for plan in plans:
-            kind = change_kind(self.plan, plan, self.workload)
-            key = (plan.config, plan.serving)
-            if kind == "keep" or kind not in kinds or plan.predicted is None or key in seen:
-                continue
-            seen.add(key)
-            if kind == "reshard" and max(plan.config.etp, self.plan.config.etp) > 1:
-                logger.info("retune: skip reshard %s: checkpoint resharding needs etp 1", describe_plan(plan))
-                continue
-            if kind != "reshard":  # a live change keeps the running expert placement
-                plan = plan.model_copy(update={"expert_placement": self.plan.expert_placement})
-            if not self._fits(plan, calibration):
-                logger.info("retune: skip %s %s: calibrated memory exceeds the device", kind, describe_plan(plan))
-                continue
-            out.append((kind, plan, self._imbalance_under(plan, load)))
-        self._prefetch_stretch([(plan, imbalance) for _, plan, imbalance in out])
-        candidates = []
-        for kind, plan, imbalance in out:
-            step_time = self._calibrated_time(plan, imbalance, calibration) * self._work_ratio(plan)
-            candidates.append(Candidate(kind=kind, plan=plan, step_time_s=step_time, gain_s_per_step=current - step_time,
-                                        change_cost_s=self._change_cost(kind, current), detail=describe_plan(plan)))
-        return candidates
-
-    def _imbalance_under(self, plan: ShardingPlan, load) -> float:  # noqa: ANN001
-        """Measured load's max/mean per EP rank under ``plan``: its placement when it keeps the
-        running EP degree, else the contiguous default of its degree."""
-        if load is None or plan.config.ep == 1:
-            return 1.0
-        same = plan.config.ep == self.plan.config.ep and plan.expert_placement is not None
-        placement = plan.expert_placement if same else contiguous_placement(
-            num_experts=self.model.moe.num_routed_experts, ep=plan.config.ep)
-        return load_imbalance(placement=placement, expert_load=load)
-
-    def _live_variants(self) -> list[ShardingPlan]:
-        from autoparallel.runtime._recovery import live_variant_plans
-
-        self.prepare()  # the world does not change while a Retuner lives: enumerate once
-        return live_variant_plans(plan=self.plan, model=self.model, cluster=self.cluster, workload=self.workload,
-                                  space=self._space)
-
-    def _work_ratio(self, plan: ShardingPlan) -> float:
-        """Inference: a decode step of ``plan`` serves its own batch; scale its time to the
-        running batch, so candidates are compared on the same work (seconds per token)."""
-        if not isinstance(self.workload, Inference):
-            return 1.0
-        return plan_batch_size(self.plan) / plan_batch_size(plan)
-
-    def _fits(self, plan: ShardingPlan, calibration: Calibration) -> bool:
-        scale = calibration.memory_scale or 1.0
-        return plan.predicted.memory_per_device_bytes * max(scale, 1.0) <= plan.predicted.memory_capacity_bytes
-
-    def _change_cost(self, kind: ChangeKind, current: float) -> float:
-        if kind in ("micro_batch", "batch_size"):
-            return self.settings.live_change_overhead_steps * current
-        memory = self.plan.predicted.memory_bytes
-        state = sum(memory.get(k, 0.0) for k in ("weights", "optimizer_states"))
-        return 2.0 * state / self.settings.checkpoint_bandwidth_bytes_per_s + self.settings.restart_overhead_s
-
-    def _research(self) -> list[ShardingPlan]:
-        """Plans from a search warm-started with the current plan (its config is the first trial)."""
-        if self._search is not None:
-            return list(self._search(self.plan))
-        from autoparallel.runtime._recovery import research_plans
-
-        return research_plans(
-            plan=self.plan, model=self.model, cluster=self.cluster, workload=self.workload,
-            n_trials=self.settings.search_trials, seed=self.settings.seed, bounds=self._bounds(),
-            estimator=self._calibrated_estimator(),
-        )
-
-    def _calibrated_estimator(self):  # noqa: ANN202 - search Estimator | None
-        """``cost_model.estimate_table`` with the last window's fitted calibration, for the re-search."""
-        if self._cost_calibration is None:
-            return None
-        from cost_model import estimate_table
-        from cost_model._common import EstimateOptions
-
-        options = EstimateOptions(calibration=self._cost_calibration)
-        return lambda model, cluster, workload, table: estimate_table(model, cluster, workload, table, options=options)
 
     # ------------------------------------------------------------------ acting
     def apply(self, decision: RetuneDecision, *, runtime=None, optimizer=None) -> ShardingPlan:  # noqa: ANN001
@@ -551,42 +208,42 @@ class Retuner:
         return Recovery(retuner=retuner, plan=plan, built=built, step=info.step, extra=info.extra,
                         world_size=plan.world_size, previous_world_size=info.plan.world_size)
 
-    # ------------------------------------------------------------------ the choice
-    def _choose(self, candidates, *, summary: "WindowSummary", current: float, calibration: Calibration) -> RetuneDecision:
-        settings = self.settings
-        best, reasons = None, []
-        for candidate in sorted(candidates, key=lambda c: c.step_time_s):
-            payback = candidate.gain_s_per_step * settings.horizon_steps
-            relative = candidate.gain_s_per_step / current if current > 0 else 0.0
-            verdict = (
-                "slower" if relative <= 0
-                else "gain below noise" if relative < settings.min_relative_gain
-                else "does not pay back its cost" if payback < settings.safety_factor * candidate.change_cost_s
-                else "accepted"
-            )
-            line = (f"{candidate.kind} ({candidate.detail}): {current:.4g} s -> {candidate.step_time_s:.4g} s per step "
-                    f"({relative:+.1%}), gain over {settings.horizon_steps} steps {payback:.3g} s vs change cost "
-                    f"{candidate.change_cost_s:.3g} s x {settings.safety_factor}: {verdict}")
-            logger.info("retune: %s", line)
-            reasons.append(line)
-            if verdict == "accepted" and (best is None or _net(best, settings) < _net(candidate, settings)):
-                best = candidate
-        step, measured = summary.step, summary.step_time_s
-        head = (f"measured {measured:.4g} s/step vs predicted {self.plan.predicted.step_time_s:.4g} s "
-                f"(scale {calibration.time_scale:.3g}, expert imbalance {calibration.expert_imbalance:.2f})")
-        if best is None:
-            reason = f"{head}; keep the plan: " + ("; ".join(reasons) if reasons else "no candidate")
-            logger.info("retune: step %d: %s", step, reason)
-            return RetuneDecision(kind="keep", plan=self.plan, reason=reason, step=step, measured_step_time_s=measured,
-                                  predicted_step_time_s=current, new_step_time_s=current, change_cost_s=0.0,
-                                  calibration=calibration, candidates=tuple(candidates))
-        reason = f"{head}; change {best.kind}: {best.detail}; predicted {current:.4g} -> {best.step_time_s:.4g} s/step, " \
-                 f"pays back {best.change_cost_s:.3g} s in {best.change_cost_s / best.gain_s_per_step:.1f} steps"
-        logger.info("retune: step %d: %s", step, reason)
-        return RetuneDecision(kind=best.kind, plan=best.plan, reason=reason, step=step, measured_step_time_s=measured,
-                              predicted_step_time_s=current, new_step_time_s=best.step_time_s,
-                              change_cost_s=best.change_cost_s, calibration=calibration, candidates=tuple(candidates))
 
 
-def _net(candidate: Candidate, settings: RetuneSettings) -> float:
-    return candidate.gain_s_per_step * settings.horizon_steps - candidate.change_cost_s
+# ---------------------------------------------------------------------- ranks
+def _distributed() -> bool:
+    dist = sys.modules.get("torch.distributed")  # never import torch just to ask
+    return dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _rank() -> int:
+    return sys.modules["torch.distributed"].get_rank() if _distributed() else 0
+
+
+def _combine_ranks(summary: WindowSummary) -> WindowSummary:
+    """The job's view: slowest rank's times, expert load summed over ranks, largest memory."""
+    if not _distributed():
+        return summary
+    import torch.distributed as dist
+
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, summary.model_dump())
+    loads = [g["expert_load"] for g in gathered if g["expert_load"] is not None]
+    memory = [g["peak_memory_bytes"] for g in gathered if g["peak_memory_bytes"] is not None]
+    comm = [g["communication_time_s"] for g in gathered if g["communication_time_s"] is not None]
+    return WindowSummary(
+        step=summary.step, step_time_s=max(g["step_time_s"] for g in gathered),
+        expert_load=np.sum(loads, axis=0) if loads else None, peak_memory_bytes=max(memory) if memory else None,
+        communication_time_s=max(comm) if comm else None,
+    )
+
+
+def _share_from_rank_zero(decision: RetuneDecision | None) -> RetuneDecision:
+    if not _distributed():
+        assert decision is not None  # rank 0 of a single process always decides
+        return decision
+    import torch.distributed as dist
+
+    payload = [decision.model_dump_json() if decision is not None else None]
+    dist.broadcast_object_list(payload, src=0)
+    return RetuneDecision.model_validate_json(payload[0])

@@ -1,6 +1,6 @@
 """Helpers to run multi-rank torch.distributed code in one test process (fork + gloo on 127.0.0.1)."""
 
-from autoparallel.testing._multirank import RankFailure, free_port, run_ranks
+from autoparallel.runtime import RankFailure, free_port, run_ranks
 from autoparallel.testing._parity import (
     GRADIENT_TOLERANCE,
     PARAMETER_TOLERANCE,

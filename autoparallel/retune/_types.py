@@ -1,5 +1,5 @@
-"""The Retuner's data: measurements, settings, calibration, candidates, decisions and the window
-summary, plus how ranks share them (torch.distributed only when a job is already running)."""
+"""The Retuner's data: measured steps, settings, calibration, candidates, decisions and the window
+summary. Torch-free; ``autoparallel.runtime.Retuner`` shares them between ranks."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from cost_model import Inference, ParallelConfig
 ChangeKind = Literal["keep", "expert_placement", "micro_batch", "batch_size", "reshard"]
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
-class StepMeasurement(BaseModel):
+class MeasuredStep(BaseModel):
     """What one step of the running job measured (the step profiler fills it)."""
 
     model_config = _STRICT
@@ -30,7 +30,7 @@ class StepMeasurement(BaseModel):
 
 
     @classmethod
-    def from_step_report(cls, report, *, step: int) -> "StepMeasurement":  # noqa: ANN001 - profilers StepReport
+    def from_step_report(cls, report, *, step: int) -> "MeasuredStep":  # noqa: ANN001 - profilers StepReport
         """One measurement from a ``profilers`` ``StepReport``: its median step time, peak memory,
         communication wait and router counts (MoE layers in module order, one row per router)."""
         load = tuple(tuple(float(c) for c in counts) for _, counts in sorted(report.expert_load.items(), key=_layer_order))
@@ -67,7 +67,7 @@ class RetuneSettings(BaseModel):
     allowed_changes: tuple[ChangeKind, ...] = ("expert_placement", "micro_batch", "batch_size", "reshard")
 
 
-class Calibration(BaseModel):
+class RetuneCalibration(BaseModel):
     """Measured / predicted, fitted on one window of steps."""
 
     model_config = _STRICT
@@ -79,7 +79,7 @@ class Calibration(BaseModel):
     expert_imbalance: float = Field(default=1.0, ge=1.0, description="max/mean tokens per EP rank, measured")
 
 
-class Candidate(BaseModel):
+class RetuneCandidate(BaseModel):
     """One change the Retuner considered, priced with the calibrated model."""
 
     model_config = _STRICT
@@ -105,8 +105,8 @@ class RetuneDecision(BaseModel):
     predicted_step_time_s: float
     new_step_time_s: float
     change_cost_s: float
-    calibration: Calibration
-    candidates: tuple[Candidate, ...] = ()
+    calibration: RetuneCalibration
+    candidates: tuple[RetuneCandidate, ...] = ()
     decision_latency_s: float = 0.0
 
     @property
@@ -141,7 +141,7 @@ class WindowSummary(BaseModel):
     communication_time_s: float | None = None
 
 
-def summarize(window: list[StepMeasurement]) -> WindowSummary:
+def summarize(window: list[MeasuredStep]) -> WindowSummary:
     """Median step and communication times, summed expert load, largest peak memory."""
     loads = [np.asarray(m.expert_load, dtype=np.float64) for m in window if m.expert_load is not None]
     load = np.sum([x.sum(axis=0) if x.ndim == 2 else x for x in loads], axis=0) if loads else None
@@ -151,47 +151,6 @@ def summarize(window: list[StepMeasurement]) -> WindowSummary:
         step=window[-1].step, step_time_s=statistics.median(m.step_time_s for m in window), expert_load=load,
         peak_memory_bytes=max(memory) if memory else None, communication_time_s=statistics.median(comm) if comm else None,
     )
-
-
-def _distributed() -> bool:
-    import sys
-
-    dist = sys.modules.get("torch.distributed")  # never import torch just to ask
-    return dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _rank() -> int:
-    import sys
-
-    return sys.modules["torch.distributed"].get_rank() if _distributed() else 0
-
-
-def _combine_ranks(summary: WindowSummary) -> WindowSummary:
-    """The job's view: slowest rank's times, expert load summed over ranks, largest memory."""
-    if not _distributed():
-        return summary
-    import torch.distributed as dist
-
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, summary.model_dump())
-    loads = [g["expert_load"] for g in gathered if g["expert_load"] is not None]
-    memory = [g["peak_memory_bytes"] for g in gathered if g["peak_memory_bytes"] is not None]
-    comm = [g["communication_time_s"] for g in gathered if g["communication_time_s"] is not None]
-    return WindowSummary(
-        step=summary.step, step_time_s=max(g["step_time_s"] for g in gathered),
-        expert_load=np.sum(loads, axis=0) if loads else None, peak_memory_bytes=max(memory) if memory else None,
-        communication_time_s=max(comm) if comm else None,
-    )
-
-
-def _share_from_rank_zero(decision: "RetuneDecision | None") -> "RetuneDecision":
-    if not _distributed():
-        return decision
-    import torch.distributed as dist
-
-    payload = [decision.model_dump_json() if decision is not None else None]
-    dist.broadcast_object_list(payload, src=0)
-    return RetuneDecision.model_validate_json(payload[0])
 
 
 def plan_batch_size(plan: ShardingPlan) -> float:

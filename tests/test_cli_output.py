@@ -1,0 +1,202 @@
+"""The CLI as scripts and people meet it: one-line errors (exit 2) before any work, Ctrl-C, ``--json``
+on every command that prints results, tables that fit 80 columns, unwrapped output in pipes."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from autoparallel.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL_TRAINING = ["--model", "tiny-moe", "--cluster", "cpu-loopback", "--training", "--sequence-length", "16",
+                  "--global-batch-tokens", "128"]
+
+
+@pytest.fixture(scope="module")
+def small_plan(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "plan.json"
+    assert main(["plan", *SMALL_TRAINING, "--trials", "20", "--output", str(path), "--json"]) == 0
+    return path
+
+
+def _bad_invocations(tmp_path: Path) -> dict[str, list[str]]:
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "not-json.json").write_text("not json")
+    (tmp_path / "empty.json").write_text("{}")
+    return {
+        "tp 0": ["estimate", "--tp", "0"],
+        "tp not an integer": ["estimate", "--tp", "two"],
+        "nodes 0": ["estimate", "--nodes", "0"],
+        "negative sequence": ["estimate", "--sequence-length", "-5"],
+        "tp not dividing heads": ["estimate", "--tp", "3"],
+        "workers 0": ["plan", "--workers", "0"],
+        "workers -2": ["plan", "--workers", "-2"],
+        "trials 0": ["plan", "--trials", "0"],
+        "output in a missing folder": ["plan", "--output", str(tmp_path / "missing" / "plan.json")],
+        "output is a folder": ["plan", "--output", str(tmp_path / "folder")],
+        "storage not a URL": ["plan", "--storage", "study.db"],
+        "sqlite in a missing folder": ["plan", "--storage", f"sqlite:///{tmp_path}/missing/s.db"],
+        "negative SLO": ["plan", "--tpot-slo-ms", "-1"],
+        "hit rate 1.5": ["plan", "--prefix-cache-hit-rate", "1.5"],
+        "missing cluster JSON": ["plan", "--cluster", str(tmp_path / "cluster.json")],
+        "cluster JSON of the wrong shape": ["plan", "--cluster", str(tmp_path / "empty.json")],
+        "unknown preset": ["clusters", "no-such-preset"],
+        "unknown model": ["describe", "no-such-model"],
+        "explain a missing file": ["explain", str(tmp_path / "missing.json")],
+        "explain a folder": ["explain", str(tmp_path / "folder")],
+        "explain not JSON": ["explain", str(tmp_path / "not-json.json")],
+        "export a missing file": ["export", str(tmp_path / "missing.json"), "--format", "vllm"],
+        "export into a file": ["export", str(tmp_path / "not-json.json"), "--format", "vllm", "--output-dir",
+                               str(tmp_path / "not-json.json")],
+        "export an empty plan": ["export", str(tmp_path / "empty.json"), "--format", "vllm"],
+        "validate an unknown table": ["validate", "--table", "no-such-table"],
+        "profile into a missing folder": ["profile", "--output", str(tmp_path / "missing" / "p.json")],
+        "stage-check a missing profile": ["stage-check", "--profile", str(tmp_path / "missing.json")],
+        "probe report into a missing folder": ["probe", "--report", str(tmp_path / "missing" / "r.json")],
+    }
+
+
+def test_every_bad_argument_is_one_line_with_exit_2_before_any_work(tmp_path, capsys):
+    for name, argv in _bad_invocations(tmp_path).items():
+        with pytest.raises(SystemExit) as exited:
+            code = main(argv)
+            raise SystemExit(code)
+        captured = capsys.readouterr()
+        lines = [line for line in captured.err.splitlines() if line.strip()]
+        assert exited.value.code == 2, name
+        assert len(lines) == 1 and lines[0].startswith("error:"), (name, captured.err)
+        assert "Traceback" not in captured.err and captured.out == "", name
+    assert not (tmp_path / "missing").exists()
+
+
+def test_a_missing_cluster_file_is_not_called_an_unknown_preset(tmp_path, capsys):
+    assert main(["plan", "--cluster", str(tmp_path / "mine.json")]) == 2
+    error = capsys.readouterr().err
+    assert "no such file" in error and "preset" not in error
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
+    environment = dict(os.environ, PYTHONPATH=str(REPO))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "autoparallel.cli", "plan", "--training", "--trials", "100000", "--storage",
+         f"sqlite:///{tmp_path}/s.db", "--output", str(tmp_path / "plan.json")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, cwd=tmp_path,
+    )
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "s.db").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    process.send_signal(signal.SIGINT)
+    _, error = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert "Traceback" not in error
+    assert [line for line in error.splitlines() if line.strip()][-1].startswith("error: interrupted")
+
+
+def test_json_on_every_command_that_prints_results(small_plan, capsys):
+    commands = {
+        "models": ["models", "--json"],
+        "describe": ["describe", "tiny-moe", "--json"],
+        "clusters": ["clusters", "cpu-loopback", "--json"],
+        "estimate": ["estimate", "--model", "tiny-moe", "--cluster", "cpu-loopback", "--nodes", "1", "--tp", "1", "--pp", "1",
+                     "--ep", "1", "--sequence-length", "16", "--global-batch-tokens", "128", "--json"],
+        "validate": ["validate", "--table", "megatron_sc21_table1", "--json"],
+        "explain": ["explain", str(small_plan), "--json"],
+        "export": ["export", str(small_plan), "--format", "torchtitan", "--json"],
+    }
+    for name, argv in commands.items():
+        assert main(argv) == 0, name
+        document = json.loads(capsys.readouterr().out)
+        assert document, name
+    assert main(["models", "--json"]) == 0
+    names = {row["name"] for row in json.loads(capsys.readouterr().out)}
+    assert {"ref-3t-moe", "deepseek-v3", "tiny-moe"} <= names
+
+
+def test_plan_json_is_the_written_plan(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    assert main(["plan", *SMALL_TRAINING, "--trials", "10", "--output", str(path), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["output"] == str(path)
+    assert document["plan"] == json.loads(path.read_text())
+
+
+def _render_at_80(module, call) -> str:  # noqa: ANN001
+    console = Console(width=80, record=True, file=io.StringIO())
+    module.console = console
+    call()
+    return console.export_text()
+
+
+def test_tables_fit_80_columns_without_cutting_names_or_numbers(small_plan, monkeypatch):
+    import autoparallel.cli._cost as cost
+    import autoparallel.cli._models as models
+    import autoparallel.cli._search as search
+    import autoparallel.cli._topology as topology
+    from autoparallel import load_plan
+    from topology import list_presets
+
+    for module in (cost, models, search, topology):
+        monkeypatch.setattr(module, "console", module.console)
+    plan = load_plan(small_plan)
+    texts = {
+        "models": _render_at_80(models, lambda: models._models(argparse.Namespace(json=False))),
+        "describe": _render_at_80(models, lambda: models._describe(argparse.Namespace(json=False, model="ref-3t-moe"))),
+        "clusters": _render_at_80(topology, lambda: topology._clusters(
+            argparse.Namespace(names=[], nodes=None, sources=False, json=False))),
+        "explain": _render_at_80(search, lambda: search._explain(argparse.Namespace(plan=str(small_plan), json=False))),
+        "estimate": _render_at_80(cost, lambda: cost._print_breakdown(plan.predicted)),
+    }
+    for name, text in texts.items():
+        assert max(len(line.rstrip()) for line in text.splitlines()) <= 80, name
+        assert "…" not in text, name
+    words = set(texts["models"].split())
+    assert {"megatron-h100-gpt-119b", "ref-3t-moe", "768+1/8", "3.00", "1024K"} <= words
+    assert set(list_presets()) <= set(texts["clusters"].split())
+    assert "2,250" in texts["clusters"].split()
+    assert "recompute=selective" in texts["explain"] or "recompute" not in texts["explain"]
+
+
+def test_output_to_a_pipe_is_never_wrapped():
+    environment = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="40")
+    result = subprocess.run(
+        [sys.executable, "-m", "autoparallel.cli", "clusters", "dgx-h100", "--sources"],
+        capture_output=True, text=True, env=environment, check=True,
+    )
+    from topology import get_preset
+
+    source = get_preset("dgx-h100").device.sources["peak_flops"]
+    assert any(source in line for line in result.stdout.splitlines())
+
+
+def test_mfu_never_exceeds_one_at_a_million_tokens(capsys):
+    argv = ["estimate", "--model", "tiny-moe", "--cluster", "dgx-b200", "--nodes", "16", "--tp", "1", "--pp", "1",
+            "--ep", "2", "--dp", "128", "--sequence-length", "1048576", "--global-batch-tokens", "536870912", "--json"]
+    assert main(argv) == 0
+    assert 0 < json.loads(capsys.readouterr().out)["mfu"] < 1
+
+
+def test_a_table_without_a_bound_gets_no_verdict(capsys):
+    assert main(["validate", "--table", "dsv3_day6_by_prompt_cv"]) == 0
+    overview = capsys.readouterr().out.split("Mean and max absolute error per table")[1]
+    row = next(line for line in overview.splitlines() if "dsv3_day6_by_prompt_cv" in line)
+    assert "no bound" in row and "yes" not in row
+
+
+def test_an_unreachable_latency_slo_is_reported_in_seconds(capsys):
+    argv = ["plan", "--model", "deepseek-v3", "--cluster", "dgx-h100", "--nodes", "4", "--tpot-slo-ms", "0.01",
+            "--no-disaggregation", "--trials", "10", "--output", os.devnull]
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert "TPOT" in error and "SLO" in error and " GB" not in error
