@@ -27,6 +27,11 @@ class Training(BaseModel):
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     optimizer: Literal["adam", "sgd"] = "adam"
     master_weights_fp32: bool = True
+    #: Main-gradient dtype: fp32 (Megatron ``--accumulate-allreduce-grads-in-fp32``) or bf16
+    #: (``--grad-reduce-in-bf16``); without fp32 master weights gradients are bf16 either way.
+    gradient_dtype: Literal["fp32", "bf16"] = "fp32"
+    #: Scaling recipe when ``precision`` is fp8 (``cost_model._precision.FP8_RECIPES``).
+    fp8_recipe: Literal["delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"] = "tensorwise"
 
     @model_validator(mode="after")
     def _check(self) -> "Training":
