@@ -82,3 +82,21 @@ def fp8_twin_speedups() -> list[dict]:
             }
         )
     return rows
+
+
+def fp8_twin_rows() -> list:
+    """The twins as ``ValidationRow``s: table ``fp8_twins`` (bounded, each within
+    ``FP8_TWIN_TOLERANCE``) and ``fp8_twins_excluded`` (shown with the source's reason)."""
+    from cost_model._validation import ValidationRow
+
+    return [
+        ValidationRow(
+            table="fp8_twins_excluded" if row["excluded"] else "fp8_twins",
+            run=row["run"],
+            metric="fp8/bf16 throughput",
+            unit="x",
+            predicted=row["predicted"],
+            published=row["published"],
+        )
+        for row in fp8_twin_speedups()
+    ]
