@@ -11,13 +11,8 @@ ROOT = sys.argv[1]
 DEVICES = {"H100": "h100_sxm", "B200": "b200_sxm", "GB200": "gb200"}
 out = {}
 for name, folder in DEVICES.items():
-    t = pq.read_table(
-        f"{ROOT}/{folder}/gemm/trtllm/1.3.0rc20/gemm_perf.parquet"
-    ).to_pydict()
-    cols = {
-        c: np.array(t[c])
-        for c in ("m", "n", "k", "latency", "gemm_dtype", "kernel_source")
-    }
+    t = pq.read_table(f"{ROOT}/{folder}/gemm/trtllm/1.3.0rc20/gemm_perf.parquet").to_pydict()
+    cols = {c: np.array(t[c]) for c in ("m", "n", "k", "latency", "gemm_dtype", "kernel_source")}
     rates = {}
     for dtype in ("bfloat16", "fp8", "fp8_block"):
         sel = (
@@ -29,9 +24,7 @@ for name, folder in DEVICES.items():
         for m, n, k, lat in zip(
             cols["m"][sel], cols["n"][sel], cols["k"][sel], cols["latency"][sel]
         ):
-            rates.setdefault((int(m), int(n), int(k)), {})[dtype] = (
-                2.0 * m * n * k / (lat * 1e-3)
-            )
+            rates.setdefault((int(m), int(n), int(k)), {})[dtype] = 2.0 * m * n * k / (lat * 1e-3)
     points = []
     edges = 2.0 ** np.arange(28, 46)
     for low, high in itertools.pairwise(edges):

@@ -104,9 +104,7 @@ def fp8_gemm_speedup(*, hardware, recipe: str, flops_per_call) -> np.ndarray:
     ends of the measured range); a device without a curve takes the H100 MAMF ratio scaled by its
     own fp8/bf16 peak ratio (vectorized)."""
     if recipe not in FP8_RECIPES:
-        raise ValueError(
-            f"fp8_recipe ({recipe!r}) must be one of {sorted(FP8_RECIPES)}"
-        )
+        raise ValueError(f"fp8_recipe ({recipe!r}) must be one of {sorted(FP8_RECIPES)}")
     points = _curve_points(hardware.name, RECIPE_CURVE[recipe])
     flops = np.maximum(np.asarray(flops_per_call, dtype=np.float64), 1.0)
     if points is None:
@@ -117,9 +115,7 @@ def fp8_gemm_speedup(*, hardware, recipe: str, flops_per_call) -> np.ndarray:
     return np.interp(np.log(flops), log_flops, speedup)
 
 
-def training_op_time_s(
-    ctx, *, flops, bytes_moved, calls, kind: str, role: str
-) -> np.ndarray:
+def training_op_time_s(ctx, *, flops, bytes_moved, calls, kind: str, role: str) -> np.ndarray:
     """Roofline time of one training operator under the workload's precision.
 
     bf16/fp16 training: one roofline in that dtype. fp8 training: a GEMM whose ``role`` is in
@@ -171,9 +167,7 @@ def _attention_widths(model, tp) -> tuple[np.ndarray, np.ndarray]:
             + attention.qk_rope_head_dim
             + heads * (attention.qk_nope_head_dim + attention.value_head_dim),
         )
-        return query[0] + key_value[0] + out_proj[0], query[1] + key_value[
-            1
-        ] + out_proj[1]
+        return query[0] + key_value[0] + out_proj[0], query[1] + key_value[1] + out_proj[1]
     qkv_out = (
         attention.num_heads * attention.qk_head_dim
         + 2.0 * attention.num_kv_heads * attention.head_dim
@@ -195,13 +189,11 @@ def _layer_quantized_elements(ctx, *, moe: bool) -> tuple[np.ndarray, np.ndarray
     weights = model.attention_parameters() / tp
     if not moe or model.moe is None:
         ffn_in, ffn_out = _ffn_widths(model, model.ffn_hidden_size / tp)
-        return elements + ctx.tokens * (
-            ffn_in + ffn_out
-        ), weights + model.ffn_parameters(model.ffn_hidden_size) / tp
+        return elements + ctx.tokens * (ffn_in + ffn_out), weights + model.ffn_parameters(
+            model.ffn_hidden_size
+        ) / tp
     spec = model.moe
-    expert_in, expert_out = _ffn_widths(
-        model, spec.expert_ffn_hidden_size / ctx.column("etp")
-    )
+    expert_in, expert_out = _ffn_widths(model, spec.expert_ffn_hidden_size / ctx.column("etp"))
     routed = ctx.moe_tokens * spec.top_k * ctx.options.routing_imbalance
     elements = elements + routed * (expert_in + expert_out)
     experts_per_rank = spec.num_routed_experts / ctx.column("ep")
@@ -214,8 +206,7 @@ def _layer_quantized_elements(ctx, *, moe: bool) -> tuple[np.ndarray, np.ndarray
         )
         elements = elements + ctx.tokens * (shared_in + shared_out)
         weights = (
-            weights
-            + spec.num_shared_experts * model.ffn_parameters(spec.shared_ffn_size) / tp
+            weights + spec.num_shared_experts * model.ffn_parameters(spec.shared_ffn_size) / tp
         )
     return elements, weights
 
@@ -228,10 +219,7 @@ def quantization_time_s(ctx, *, moe: bool) -> np.ndarray:
     if ctx.workload.precision != "fp8":
         return np.zeros_like(ctx.tokens)
     elements, weights = _layer_quantized_elements(ctx, moe=moe)
-    moved = (
-        FP8_RECIPES[ctx.workload.fp8_recipe] * elements
-        + WEIGHT_QUANTIZATION_BYTES * weights
-    )
+    moved = FP8_RECIPES[ctx.workload.fp8_recipe] * elements + WEIGHT_QUANTIZATION_BYTES * weights
     return op_time_s(
         flops=0.0,
         bytes_moved=moved,

@@ -40,9 +40,7 @@ def _throughput(record: dict, *, model: ModelSpec, precision: str) -> float:
     from topology import get_preset
 
     preset = get_preset(record["preset"])
-    cluster = preset.with_nodes(
-        max(1, math.ceil(record["gpus"] / preset.devices_per_node))
-    )
+    cluster = preset.with_nodes(max(1, math.ceil(record["gpus"] / preset.devices_per_node)))
     config = ParallelConfig(**record["layout"])
     workload = Training(
         sequence_length_tokens=record["sequence_length"],
@@ -53,9 +51,7 @@ def _throughput(record: dict, *, model: ModelSpec, precision: str) -> float:
     columns = estimate_table(
         model, cluster, workload, configs_to_table([config]), options=EstimateOptions()
     )
-    return workload.tokens_per_step / (
-        float(columns["step_time_s"][0]) * config.world_size
-    )
+    return workload.tokens_per_step / (float(columns["step_time_s"][0]) * config.world_size)
 
 
 def fp8_twin_speedups() -> list[dict]:
@@ -75,9 +71,7 @@ def fp8_twin_speedups() -> list[dict]:
                 / record["bf16_tokens_per_s_per_gpu"],
                 "predicted": fp8 / bf16,
                 "bf16_predicted_tokens_per_s_per_gpu": bf16,
-                "bf16_published_tokens_per_s_per_gpu": record[
-                    "bf16_tokens_per_s_per_gpu"
-                ],
+                "bf16_published_tokens_per_s_per_gpu": record["bf16_tokens_per_s_per_gpu"],
                 "excluded": record.get("excluded"),
             }
         )
