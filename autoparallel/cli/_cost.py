@@ -7,7 +7,13 @@ import json
 
 from rich.table import Table
 
-from autoparallel.cli._args import add_job_arguments
+from autoparallel.cli._args import (
+    add_inter_node_argument,
+    add_job_arguments,
+    inter_node_bytes_per_s,
+    training_options,
+    with_network_override,
+)
 from autoparallel.cli._render import console
 from cost_model._units import human_bytes, human_seconds
 
@@ -23,12 +29,12 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
     validate.add_argument("--table", action="append", default=None, help="only this published table (repeatable)")
     validate.add_argument("--json", action="store_true", help="print the rows as JSON instead of tables")
     validate.add_argument("--strict", action="store_true", help="exit 1 when a table is outside its tolerance")
+    add_inter_node_argument(validate)
     validate.set_defaults(func=_validate)
 
 
 def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
     add_job_arguments(parser, cluster=DEFAULT_CLUSTER, nodes=DEFAULT_NODES, training=True)
-    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8"))
     parser.add_argument("--batch-size", type=int, default=0, help="inference: sequences per replica (0: largest that fits)")
     for axis, default in (("tp", 8), ("pp", 16), ("cp", 1), ("ep", 64), ("etp", 1)):
         parser.add_argument(f"--{axis}", type=int, default=default)
@@ -60,11 +66,12 @@ def _estimate(args: argparse.Namespace) -> int:
     from cost_model import Inference, Training, estimate
 
     model = resolve_model(args.model)
-    cluster = resolve_cluster(args.cluster, num_nodes=args.nodes)
+    cluster = with_network_override(resolve_cluster(args.cluster, num_nodes=args.nodes), args)
     config = _config(args, cluster.num_devices)
     if args.training:
         workload = Training(
-            sequence_length_tokens=args.sequence_length, global_batch_tokens=args.global_batch_tokens, precision=args.precision
+            sequence_length_tokens=args.sequence_length, global_batch_tokens=args.global_batch_tokens,
+            **training_options(args),
         )
         breakdown = estimate(model, cluster, workload, config)
     else:
@@ -117,8 +124,10 @@ def _print_breakdown(breakdown) -> None:  # noqa: ANN001 - CostBreakdown
 
 def _validate(args: argparse.Namespace) -> int:
     from cost_model._validation import TOLERANCES, summarize, validate_published
+    from topology import network_override
 
-    rows = validate_published()
+    with network_override(inter_node_bytes_per_s=inter_node_bytes_per_s(args)):
+        rows = validate_published()
     if args.table:
         unknown = set(args.table) - {row.table for row in rows}
         if unknown:

@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from autoparallel.cli._args import add_job_arguments
+from autoparallel.cli._args import add_job_arguments, training_options, with_network_override
 from autoparallel.cli._render import console
 from cost_model._units import human_bytes, human_seconds
 
@@ -59,7 +59,10 @@ def _workload(args: argparse.Namespace):  # noqa: ANN202
     from cost_model import Inference, Training
 
     if args.training:
-        return Training(sequence_length_tokens=args.sequence_length, global_batch_tokens=args.global_batch_tokens)
+        return Training(
+            sequence_length_tokens=args.sequence_length, global_batch_tokens=args.global_batch_tokens,
+            **training_options(args),
+        )
     return Inference(
         prompt_tokens=args.prompt_tokens,
         output_tokens=args.output_tokens,
@@ -79,7 +82,7 @@ def _plan(args: argparse.Namespace) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     model = resolve_model(args.model)
-    cluster = resolve_cluster(args.cluster, num_nodes=args.nodes)
+    cluster = with_network_override(resolve_cluster(args.cluster, num_nodes=args.nodes), args)
     workload = _workload(args)
     console.print(
         f"Planning [bold]{model.name}[/] {workload.kind} on [bold]{cluster.num_devices}[/] x {cluster.device.name} "

@@ -65,14 +65,15 @@ def _clusters(args: argparse.Namespace) -> int:
 
 
 def _print_sources(cluster) -> None:  # noqa: ANN001
+    from topology import value_status
+
     table = Table(title=f"{cluster.name}: sources", show_lines=True)
     table.add_column("value")
+    table.add_column("status")
     table.add_column("source", overflow="fold")
-    for field, source in cluster.device.sources.items():
-        table.add_row(f"device.{field}", source)
-    table.add_row("intra_node", cluster.intra_node.source)
-    table.add_row("inter_node", cluster.inter_node.source)
-    table.add_row("cluster", cluster.provenance)
+    for name, source in value_status(cluster).items():
+        status, text = source
+        table.add_row(name, "[yellow]uncertain[/]" if status == "uncertain" else status, text)
     console.print(table)
 
 
