@@ -44,6 +44,7 @@ def record_case(record: dict):  # noqa: ANN201 - (model, cluster, workload, conf
         global_batch_sequences=record["global_batch_sequences"],
         precision=record["precision"],
         fp8_recipe=record["fp8_recipe"],
+        gradient_dtype=record.get("gradient_dtype", "fp32"),
     )
     return model, cluster, workload, ParallelConfig(**record["layout"])
 

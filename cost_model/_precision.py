@@ -21,8 +21,10 @@ memory-bound pass priced at the device's bandwidth:
 * ``delayed`` — per-tensor scale from an amax history (Transformer Engine ``DelayedScaling``):
   one fused cast + transpose + amax kernel, read 2 bytes, write the fp8 copy and its transpose
   (Hopper fp8 GEMMs take only the TN layout): 4 bytes;
-* ``tensorwise`` — per-tensor scale of the current tensor (TE ``Float8CurrentScaling``, torchao
-  ``tensorwise``): an amax pass first, then the cast + transpose: 6 bytes;
+* ``current`` — per-tensor scale of the current tensor (Transformer Engine
+  ``Float8CurrentScaling``, NeMo's "FP8-CS"): an amax pass first, then the cast + transpose:
+  6 bytes;
+* ``tensorwise`` — the same scaling in torchao (``Float8Linear`` ``tensorwise``): 6 bytes;
 * ``rowwise`` — torchao ``rowwise``: a scale per row of the tensor and another per column of its
   transpose, each an amax and a cast pass: 10 bytes;
 * ``blockwise`` — DeepSeek-V3 fine-grained 1x128 activation / 128x128 weight tiles (sec. 3.3.2):
@@ -30,9 +32,15 @@ memory-bound pass priced at the device's bandwidth:
 * ``mxfp8`` — Blackwell block-scaled MXFP8 (1x32 blocks, E8M0 scales; OCP MX spec v1.0): row-
   and column-wise copies from one read, 4 bytes plus 2/32 of scales.
 
+Saved activations: Transformer Engine keeps the fp8 copy of each fp8 GEMM's input for its
+backward (``delayed``, ``current``, ``blockwise``, ``mxfp8``; DeepSeek-V3 sec. 3.3.3 likewise
+caches the linear layers' inputs in fp8), halving those tensors; torchao's ``Float8Linear``
+(``tensorwise``, ``rowwise``) saves the bf16 input and casts it again in backward
+(``FP8_CACHED_INPUT_RECIPES``, used by ``cost_model._memory``).
+
 Weights are quantized once per micro-batch (read 2, write the fp8 copy and its transpose: 4 bytes
 per parameter). The fp8 GEMM's speed over bf16 at each size is an operator measurement
-(``data/fp8_gemm_curves.json``: per-tensor fp8 for ``delayed``/``tensorwise``, block-scaled
+(``data/fp8_gemm_curves.json``: per-tensor fp8 for ``delayed``/``current``/``tensorwise``, block-scaled
 fp8 for ``blockwise``/``mxfp8``; ``rowwise`` uses the block-scaled curve, the nearest measured
 scaled kernel). The bf16 GEMM time is the calibrated one, so fp8 inherits the calibration and
 adds only the measured ratio.
@@ -50,6 +58,7 @@ import numpy as np
 from cost_model._common import op_time_s
 
 __all__ = [
+    "FP8_CACHED_INPUT_RECIPES",
     "FP8_RECIPES",
     "FP8_ROLES",
     "fp8_gemm_speedup",
@@ -61,14 +70,18 @@ __all__ = [
 #: quantization kernels (see the module docstring).
 FP8_RECIPES: dict[str, float] = {
     "delayed": 4.0,
+    "current": 6.0,
     "tensorwise": 6.0,
     "rowwise": 10.0,
     "blockwise": 4.0,
     "mxfp8": 4.0625,
 }
+#: Recipes whose framework saves the fp8 copy of a GEMM input for the backward pass.
+FP8_CACHED_INPUT_RECIPES: frozenset[str] = frozenset({"delayed", "current", "blockwise", "mxfp8"})
 #: The measured GEMM curve each recipe runs on.
 RECIPE_CURVE: dict[str, str] = {
     "delayed": "tensorwise",
+    "current": "tensorwise",
     "tensorwise": "tensorwise",
     "rowwise": "blockwise",
     "blockwise": "blockwise",

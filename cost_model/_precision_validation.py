@@ -47,6 +47,7 @@ def _throughput(record: dict, *, model: ModelSpec, precision: str) -> float:
         global_batch_sequences=record["global_batch_sequences"],
         precision=precision,
         fp8_recipe=record["fp8_recipe"],
+        gradient_dtype=record.get("gradient_dtype", "fp32"),
     )
     columns = estimate_table(
         model, cluster, workload, configs_to_table([config]), options=EstimateOptions()

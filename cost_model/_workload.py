@@ -31,7 +31,7 @@ class Training(BaseModel):
     #: (``--grad-reduce-in-bf16``); without fp32 master weights gradients are bf16 either way.
     gradient_dtype: Literal["fp32", "bf16"] = "fp32"
     #: Scaling recipe when ``precision`` is fp8 (``cost_model._precision.FP8_RECIPES``).
-    fp8_recipe: Literal["delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"] = "tensorwise"
+    fp8_recipe: Literal["delayed", "current", "tensorwise", "rowwise", "blockwise", "mxfp8"] = "current"
 
     @model_validator(mode="after")
     def _check(self) -> "Training":

@@ -30,7 +30,7 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, cluster: str, nodes: i
     add_inter_node_argument(parser)
     parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8"), help="training precision")
     parser.add_argument(
-        "--fp8-recipe", default="tensorwise", choices=("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"),
+        "--fp8-recipe", default="current", choices=("delayed", "current", "tensorwise", "rowwise", "blockwise", "mxfp8"),
         help="fp8 scaling recipe (with --precision fp8)",
     )
     parser.add_argument("--gradient-dtype", default="fp32", choices=("fp32", "bf16"), help="main-gradient dtype")
