@@ -32,7 +32,7 @@ def blackwell_records() -> tuple[dict, ...]:
     return tuple(json.loads(text)["records"])
 
 
-def record_case(record: dict):  # noqa: ANN201 - (model, cluster, workload, config)
+def record_case(record: dict):
     """The model, cluster (the preset scaled to the run's GPUs), workload and layout of a record."""
     from topology import get_preset
 
@@ -55,7 +55,9 @@ def predicted_throughput(record: dict) -> tuple[float, float]:
     table = configs_to_table([config])
     columns = estimate_table(model, cluster, workload, table, options=EstimateOptions())
     step = float(columns["step_time_s"][0])
-    return workload.tokens_per_step / (step * config.world_size), float(columns["memory_per_device_bytes"][0])
+    return workload.tokens_per_step / (step * config.world_size), float(
+        columns["memory_per_device_bytes"][0]
+    )
 
 
 def blackwell_rows() -> list:
@@ -67,8 +69,12 @@ def blackwell_rows() -> list:
         tokens, _ = predicted_throughput(record)
         rows.append(
             ValidationRow(
-                table="blackwell_training", run=record["run"], metric="tokens_per_s_per_gpu",
-                unit="tokens/s", predicted=tokens, published=float(record["tokens_per_s_per_gpu"]),
+                table="blackwell_training",
+                run=record["run"],
+                metric="tokens_per_s_per_gpu",
+                unit="tokens/s",
+                predicted=tokens,
+                published=float(record["tokens_per_s_per_gpu"]),
             )
         )
     return rows

@@ -15,12 +15,13 @@ presets' sources, and checked on published Blackwell runs that nothing was fitte
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["transferred_calibration"]
 
 
-def transferred_calibration(hardware, calibrations: Sequence[Any]):  # noqa: ANN001, ANN201 - HardwareSpec, Calibration
+def transferred_calibration(hardware, calibrations: Sequence[Any]):
     """The reference calibration carried over to ``hardware`` (see the module docstring), or None
     when the preset names no reference, no shipped calibration matches it, or the matching one
     does not record the preset it was fitted on."""
@@ -30,7 +31,9 @@ def transferred_calibration(hardware, calibrations: Sequence[Any]):  # noqa: ANN
     matched = next((c for c in calibrations if re.search(c.device_pattern, reference)), None)
     if matched is None or "preset" not in matched.fit:
         return None
-    from topology import get_preset  # topology imports nothing from cost_model; kept local for import order
+    from topology import (
+        get_preset,
+    )  # topology imports nothing from cost_model; kept local for import order
 
     source = get_preset(matched.fit["preset"]).device
     matmul_ratio = hardware.matmul_efficiency / source.matmul_efficiency
@@ -40,13 +43,18 @@ def transferred_calibration(hardware, calibrations: Sequence[Any]):  # noqa: ANN
         return None if value is None else min(1.0, value * ratio)
 
     fit = {
-        "transferred_from": matched.device_pattern, "preset": matched.fit["preset"],
+        "transferred_from": matched.device_pattern,
+        "preset": matched.fit["preset"],
         "matmul_ceiling_ratio": round(matmul_ratio, 4),
     }
-    return matched.model_copy(update={
-        "device_pattern": re.escape(hardware.name),
-        "matmul_efficiency": carried(matched.matmul_efficiency, matmul_ratio),
-        "attention_efficiency": carried(matched.attention_efficiency, matmul_ratio),
-        "memory_bandwidth_efficiency": carried(matched.memory_bandwidth_efficiency, memory_ratio),
-        "fit": fit,
-    })
+    return matched.model_copy(
+        update={
+            "device_pattern": re.escape(hardware.name),
+            "matmul_efficiency": carried(matched.matmul_efficiency, matmul_ratio),
+            "attention_efficiency": carried(matched.attention_efficiency, matmul_ratio),
+            "memory_bandwidth_efficiency": carried(
+                matched.memory_bandwidth_efficiency, memory_ratio
+            ),
+            "fit": fit,
+        }
+    )

@@ -55,14 +55,16 @@ def value_status(cluster: Cluster) -> dict[str, tuple[str, str]]:
     cluster provenance when its source text says UNCERTAIN (no source for that exact SKU).
     """
     device = cluster.device
+
+    def label(source: str, *, listed: bool = False) -> str:
+        return "uncertain" if listed or "UNCERTAIN" in source else "sourced" if source else "missing"
+
+    fields = ("peak_flops", "matmul_efficiency", "memory_bytes", "memory_bandwidth_bytes_per_s", *device.sources)
     status: dict[str, tuple[str, str]] = {}
-    for field in ("peak_flops", "matmul_efficiency", "memory_bytes", "memory_bandwidth_bytes_per_s"):
+    for field in dict.fromkeys(fields):
         source = device.sources.get(field, "")
-        label = "uncertain" if field in device.uncertain or "UNCERTAIN" in source else "sourced" if source else "missing"
-        status[f"device.{field}"] = (label, source)
-    for field, source in device.sources.items():
-        status.setdefault(f"device.{field}", ("uncertain" if field in device.uncertain else "sourced", source))
+        status[f"device.{field}"] = (label(source, listed=field in device.uncertain), source)
     for name, source in (("intra_node", cluster.intra_node.source), ("inter_node", cluster.inter_node.source),
                          ("cluster", cluster.provenance)):
-        status[name] = ("uncertain" if "UNCERTAIN" in source else "sourced" if source else "missing", source)
+        status[name] = (label(source), source)
     return status
