@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from cost_model._common import MEMORY_PARTS, STAGES, memory_reason
-from cost_model._precision import FP8_CACHED_INPUT_RECIPES
+from cost_model._precision import FP8_CACHED_INPUT_RECIPES, bf16_layer_fraction
 from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES
 from cost_model._training import ACTIVATION_BYTES, TrainingContext
 
@@ -92,7 +92,7 @@ def _fp8_cached_input_saving(ctx: TrainingContext, *, moe: bool) -> np.ndarray:
         shared_width = spec.num_shared_experts * spec.shared_ffn_size / tp
         expert_inputs = routed * (model.hidden_size + spec.expert_ffn_hidden_size / ctx.column("etp"))
         elements = hidden + out_projection + expert_inputs + ctx.tokens * shared_width
-    return elements * (ACTIVATION_BYTES - 1.0)
+    return elements * (ACTIVATION_BYTES - 1.0) * (1.0 - bf16_layer_fraction(ctx))
 
 
 def _ffn_activation_bytes(ctx: TrainingContext, *, width) -> np.ndarray:

@@ -61,6 +61,7 @@ __all__ = [
     "FP8_CACHED_INPUT_RECIPES",
     "FP8_RECIPES",
     "FP8_ROLES",
+    "bf16_layer_fraction",
     "fp8_gemm_speedup",
     "quantization_time_s",
     "training_op_time_s",
@@ -157,7 +158,31 @@ def training_op_time_s(ctx, *, flops, bytes_moved, calls, kind: str, role: str) 
     speedup = fp8_gemm_speedup(
         hardware=hardware, recipe=workload.fp8_recipe, flops_per_call=per_call
     )
-    return np.maximum(roofline(flops, 0.0) / speedup, roofline(0.0, bytes_moved))
+    fp8 = np.maximum(roofline(flops, 0.0) / speedup, roofline(0.0, bytes_moved))
+    kept = bf16_layer_fraction(ctx)
+    if not np.any(kept):
+        return fp8
+    return fp8 * (1.0 - kept) + roofline(flops, bytes_moved) * kept
+
+
+def bf16_layer_fraction(ctx):  # -> float or (3, n) array over the rows STAGES
+    """Share of each pipeline rank's layers whose GEMMs stay in bf16 in fp8 training: the first
+    ``fp8_bf16_layers_at_start`` and last ``fp8_bf16_layers_at_end`` layers of the model
+    (Megatron-LM ``--first-last-layers-bf16 --num-layers-at-start-in-bf16 N
+    --num-layers-at-end-in-bf16 M``), held by the first and the last pipeline rank (with
+    ``pp == 1`` one rank holds both ends; with ``pp == 2`` the middle row repeats the first).
+    Within a rank the kept layers are priced as an average over its layers; 0.0 when none."""
+    workload = ctx.workload
+    start, end = workload.fp8_bf16_layers_at_start, workload.fp8_bf16_layers_at_end
+    if workload.precision != "fp8" or not (start or end):
+        return 0.0
+    layers = np.asarray(ctx.layout.layers, dtype=np.float64)
+    pp = ctx.column("pp")
+    single = np.minimum(start + end, layers[0])
+    first = np.where(pp == 1, single, np.minimum(start, layers[0]))
+    last = np.where(pp == 1, single, np.minimum(end, layers[2]))
+    middle = np.where(pp <= 2, first, 0.0)
+    return np.stack([first, middle, last]) / np.maximum(layers, 1.0)
 
 
 def _attention_widths(model, tp) -> tuple[np.ndarray, np.ndarray]:
@@ -232,6 +257,7 @@ def quantization_time_s(ctx, *, moe: bool) -> np.ndarray:
     if ctx.workload.precision != "fp8":
         return np.zeros_like(ctx.tokens)
     elements, weights = _layer_quantized_elements(ctx, moe=moe)
+    fp8_share = 1.0 - bf16_layer_fraction(ctx)
     moved = FP8_RECIPES[ctx.workload.fp8_recipe] * elements + WEIGHT_QUANTIZATION_BYTES * weights
     return op_time_s(
         flops=0.0,
@@ -240,4 +266,4 @@ def quantization_time_s(ctx, *, moe: bool) -> np.ndarray:
         dtype="bf16",
         calibration=ctx.calibration,
         calls=8.0,
-    )
+    ) * fp8_share

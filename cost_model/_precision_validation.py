@@ -12,6 +12,7 @@ import json
 import math
 from functools import lru_cache
 from importlib import resources
+from typing import Literal
 
 from cost_model._common import EstimateOptions
 from cost_model._estimate import estimate_table
@@ -36,7 +37,7 @@ def _model(record: dict) -> ModelSpec:
     return ModelSpec.from_hf_config(record["model"], name=record["run"].split(" ")[0])
 
 
-def _throughput(record: dict, *, model: ModelSpec, precision: str) -> float:
+def _throughput(record: dict, *, model: ModelSpec, precision: Literal["bf16", "fp8"]) -> float:
     from topology import get_preset
 
     preset = get_preset(record["preset"])

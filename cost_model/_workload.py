@@ -32,6 +32,9 @@ class Training(BaseModel):
     gradient_dtype: Literal["fp32", "bf16"] = "fp32"
     #: Scaling recipe when ``precision`` is fp8 (``cost_model._precision.FP8_RECIPES``).
     fp8_recipe: Literal["delayed", "current", "tensorwise", "rowwise", "blockwise", "mxfp8"] = "current"
+    #: Layers at each end kept in bf16 under fp8 (Megatron ``--first-last-layers-bf16``).
+    fp8_bf16_layers_at_start: int = Field(default=0, ge=0)
+    fp8_bf16_layers_at_end: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _check(self) -> "Training":

@@ -19,7 +19,7 @@ from cost_model._precision_validation import (
     fp8_twin_speedups,
 )
 from cost_model._table import configs_to_table
-from cost_model._training import training_context
+from cost_model._training import attention_projection_time, training_context
 from topology import get_preset
 
 LLAMA_8B = {
@@ -158,3 +158,19 @@ def test_twins_on_devices_with_a_measured_fp8_gemm_curve_are_within_tolerance() 
     assert len(rows) >= 8
     errors = {row["run"]: row["predicted"] / row["published"] - 1.0 for row in rows}
     assert all(abs(error) <= FP8_TWIN_TOLERANCE for error in errors.values()), errors
+
+
+def test_first_and_last_layers_in_bf16_slow_the_end_ranks_only(model) -> None:
+    cluster = get_preset("dgx-h100", num_nodes=2)
+    config = ParallelConfig(dp=4, pp=4, micro_batch_size=1, recompute="selective", zero_stage=1)
+    table = configs_to_table([config])
+    times = {}
+    for name, edges in (("fp8", 0), ("edges", 2)):
+        workload = Training(
+            sequence_length_tokens=8192, global_batch_sequences=32, precision="fp8",
+            fp8_bf16_layers_at_start=edges, fp8_bf16_layers_at_end=edges,
+        )
+        ctx = training_context(model=model, cluster=cluster, workload=workload, table=table, options=EstimateOptions())
+        times[name] = np.broadcast_to(attention_projection_time(ctx), (3, 1))[:, 0]
+    assert times["edges"][0] > times["fp8"][0] and times["edges"][2] > times["fp8"][2]
+    assert times["edges"][1] == pytest.approx(times["fp8"][1])  # a middle rank holds no end layer

@@ -33,6 +33,9 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, cluster: str, nodes: i
         "--fp8-recipe", default="current", choices=("delayed", "current", "tensorwise", "rowwise", "blockwise", "mxfp8"),
         help="fp8 scaling recipe (with --precision fp8)",
     )
+    parser.add_argument(
+        "--fp8-bf16-layers", type=int, default=0, help="with fp8: keep this many layers at each end in bf16"
+    )
     parser.add_argument("--gradient-dtype", default="fp32", choices=("fp32", "bf16"), help="main-gradient dtype")
     parser.add_argument(
         "--master-weights", default="fp32", choices=("fp32", "bf16"), help="optimizer master weights (bf16: none kept)"
@@ -67,4 +70,5 @@ def training_options(args: argparse.Namespace) -> dict:
     return {
         "precision": args.precision, "fp8_recipe": args.fp8_recipe, "gradient_dtype": args.gradient_dtype,
         "master_weights_fp32": args.master_weights == "fp32",
+        "fp8_bf16_layers_at_start": args.fp8_bf16_layers, "fp8_bf16_layers_at_end": args.fp8_bf16_layers,
     }

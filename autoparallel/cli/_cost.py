@@ -88,6 +88,8 @@ def _estimate(args: argparse.Namespace) -> int:
     title = f"{model.name} on {cluster.num_devices} x {cluster.device.name} ({cluster.name})"
     calibration = calibration_for(cluster.device)
     fitted = f"fitted for {calibration.device_pattern!r}" if calibration.fit else "none (preset efficiencies)"
+    if "transferred_from" in calibration.fit:
+        fitted = f"carried over from {calibration.fit['transferred_from']!r} (relative to the matmul ceilings)"
     console.print(f"[bold]{title}[/]\n{config!r}\ncalibration: {fitted}")
     _print_breakdown(breakdown)
     return 0
