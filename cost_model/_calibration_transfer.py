@@ -18,24 +18,22 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from topology import get_preset
+
 __all__ = ["transferred_calibration"]
 
 
 def transferred_calibration(hardware, calibrations: Sequence[Any]):
     """The reference calibration carried over to ``hardware`` (see the module docstring), or None
-    when the preset names no reference, no shipped calibration matches it, or the matching one
-    does not record the preset it was fitted on."""
+    when the device names no ``calibration_reference`` preset or no shipped calibration matches
+    that preset's device."""
     reference = getattr(hardware, "calibration_reference", None)
     if not reference:
         return None
-    matched = next((c for c in calibrations if re.search(c.device_pattern, reference)), None)
-    if matched is None or "preset" not in matched.fit:
+    source = get_preset(reference).device
+    matched = next((c for c in calibrations if re.search(c.device_pattern, source.name)), None)
+    if matched is None:
         return None
-    from topology import (
-        get_preset,
-    )  # topology imports nothing from cost_model; kept local for import order
-
-    source = get_preset(matched.fit["preset"]).device
     matmul_ratio = hardware.matmul_efficiency / source.matmul_efficiency
     memory_ratio = hardware.memory_bandwidth_efficiency / source.memory_bandwidth_efficiency
 
@@ -44,7 +42,7 @@ def transferred_calibration(hardware, calibrations: Sequence[Any]):
 
     fit = {
         "transferred_from": matched.device_pattern,
-        "preset": matched.fit["preset"],
+        "preset": reference,
         "matmul_ceiling_ratio": round(matmul_ratio, 4),
     }
     return matched.model_copy(
@@ -52,9 +50,7 @@ def transferred_calibration(hardware, calibrations: Sequence[Any]):
             "device_pattern": re.escape(hardware.name),
             "matmul_efficiency": carried(matched.matmul_efficiency, matmul_ratio),
             "attention_efficiency": carried(matched.attention_efficiency, matmul_ratio),
-            "memory_bandwidth_efficiency": carried(
-                matched.memory_bandwidth_efficiency, memory_ratio
-            ),
+            "memory_bandwidth_efficiency": carried(matched.memory_bandwidth_efficiency, memory_ratio),
             "fit": fit,
         }
     )

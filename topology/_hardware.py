@@ -28,7 +28,7 @@ class HardwareSpec(BaseModel):
     profile: HardwareProfile | None = Field(default=None, description="measured curves (``profilers``)")
     calibration_reference: str | None = Field(
         default=None,
-        description="name of a calibrated device whose fitted efficiencies carry over (relative to the "
+        description="preset of a calibrated device whose fitted efficiencies carry over (relative to the "
         "matmul ceilings) when no run of this device was fitted (cost_model._calibration_transfer)",
     )
 
