@@ -35,6 +35,7 @@ from typing import Any, Mapping
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from cost_model._calibration_transfer import transferred_calibration
 from cost_model._model_spec import AttentionSpec, ModelSpec
 
 STAGES: tuple[str, ...] = ("first", "middle", "last")
@@ -164,7 +165,8 @@ def calibration_for(hardware) -> Calibration:  # noqa: ANN001 - topology.Hardwar
     for calibration in _shipped_calibrations():
         if re.search(calibration.device_pattern, hardware.name):
             return calibration
-    return Calibration()
+    # A generation without fitted runs: its preset's reference calibration carried over.
+    return transferred_calibration(hardware, _shipped_calibrations()) or Calibration()
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from cost_model._common import MEMORY_PARTS, STAGES, memory_reason
+from cost_model._precision import FP8_CACHED_INPUT_RECIPES, bf16_layer_fraction
 from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES
 from cost_model._training import ACTIVATION_BYTES, TrainingContext
 
@@ -64,7 +65,34 @@ def _layer_activation_bytes(ctx: TrainingContext, *, moe: bool) -> np.ndarray:
         latents = attention.q_lora_rank + attention.kv_lora_rank + attention.qk_rope_head_dim
         sharded = sharded + tokens * latents * ACTIVATION_BYTES
     sharded = sharded + (_moe_activation_bytes(ctx) if moe else _ffn_activation_bytes(ctx, width=model.ffn_hidden_size / tp))
-    return replicated + sharded + _score_bytes(ctx)
+    return replicated + sharded + _score_bytes(ctx) - _fp8_cached_input_saving(ctx, moe=moe)
+
+
+def _fp8_cached_input_saving(ctx: TrainingContext, *, moe: bool) -> np.ndarray:
+    """Bytes one layer saves per micro-batch when its fp8 GEMMs keep their inputs for the backward
+    pass in fp8 (1 byte instead of 2): Transformer Engine's recipes (``FP8_CACHED_INPUT_RECIPES``;
+    DeepSeek-V3 report sec. 3.3.3 caches the linear layers' inputs in fp8 the same way).
+
+    The inputs counted are those of the fp8 GEMMs in the accounting above: the QKV and (dense)
+    FC1 input (the norm output; split by tp with SP, the sharded copy is kept and re-gathered,
+    Korthikanti sec. 4.2.2), the output-projection input, the FC2 input; in an MoE layer the
+    routed tokens entering the experts' FC1 and FC2 and the shared expert's FC2 input (the MoE
+    layer's input stays bf16 for the router)."""
+    workload = ctx.workload
+    if workload.precision != "fp8" or workload.fp8_recipe not in FP8_CACHED_INPUT_RECIPES:
+        return np.zeros_like(ctx.tokens)
+    model, tp = ctx.model, ctx.column("tp")
+    hidden = np.where(ctx.sequence_parallel, ctx.tokens * model.hidden_size / tp, ctx.tokens * model.hidden_size)
+    out_projection = ctx.tokens * model.attention.num_heads / tp * model.attention.value_head_dim
+    if not moe or model.moe is None:
+        elements = 2.0 * hidden + out_projection + ctx.tokens * model.ffn_hidden_size / tp
+    else:
+        spec = model.moe
+        routed = ctx.moe_tokens * spec.top_k * ctx.options.routing_imbalance
+        shared_width = spec.num_shared_experts * spec.shared_ffn_size / tp
+        expert_inputs = routed * (model.hidden_size + spec.expert_ffn_hidden_size / ctx.column("etp"))
+        elements = hidden + out_projection + expert_inputs + ctx.tokens * shared_width
+    return elements * (ACTIVATION_BYTES - 1.0) * (1.0 - bf16_layer_fraction(ctx))
 
 
 def _ffn_activation_bytes(ctx: TrainingContext, *, width) -> np.ndarray:
@@ -77,7 +105,7 @@ def _moe_activation_bytes(ctx: TrainingContext) -> np.ndarray:
     moe, h = ctx.model.moe, ctx.model.hidden_size
     routed = ctx.moe_tokens * moe.top_k * ctx.options.routing_imbalance
     fc1 = 2.0 if ctx.model.ffn_activation == "swiglu" else 1.0
-    experts = routed * (h + moe.expert_ffn_hidden_size * (fc1 + 1.0)) * ACTIVATION_BYTES
+    experts = routed * (h + moe.expert_ffn_hidden_size / ctx.column("etp") * (fc1 + 1.0)) * ACTIVATION_BYTES
     router = ctx.moe_tokens * moe.num_routed_experts * 4.0 * 2.0  # fp32 logits and probabilities
     shared_width = moe.num_shared_experts * moe.shared_ffn_size / ctx.column("tp")
     return experts + router + _ffn_activation_bytes(ctx, width=shared_width)

@@ -43,12 +43,12 @@ from cost_model._common import (
     StageLayout,
     collective_time_s,
     mean_attended_tokens,
-    op_time_s,
     parameters_per_device,
     ranks_per_node,
     stage_layout,
 )
 from cost_model._model_spec import ModelSpec
+from cost_model._precision import quantization_time_s, training_op_time_s
 from cost_model._table import CONFIG_COLUMNS, RECOMPUTE_CODES, SCHEDULE_CODES, select_rows, table_length
 from cost_model._training_comm import (
     ACTIVATION_BYTES,
@@ -120,16 +120,12 @@ class TrainingContext:
     @property
     def grad_bytes(self) -> float:
         """fp32 main gradients with fp32 master weights (Megatron-LM's ``main_grad``), else 2."""
-        return 4.0 if self.workload.master_weights_fp32 else 2.0
+        return 4.0 if self.workload.master_weights_fp32 and self.workload.gradient_dtype == "fp32" else 2.0
 
-    def op(self, flops, bytes_moved, calls=1.0, kind: str = "matmul") -> np.ndarray:
-        """Roofline time; fp8 training runs its GEMMs in fp8 but core attention in bf16
-        (DeepSeek-V3 report sec. 3.3.1: attention stays in higher precision)."""
-        dtype = "bf16" if kind == "attention" and self.workload.precision == "fp8" else self.workload.precision
-        return op_time_s(
-            flops=flops, bytes_moved=bytes_moved, hardware=self.cluster.device, dtype=dtype,
-            calibration=self.calibration, calls=calls, kind=kind,
-        )
+    def op(self, flops, bytes_moved, calls=1.0, kind: str = "matmul", role: str = "linear") -> np.ndarray:
+        """Roofline time under the workload's precision; in fp8 training only the GEMMs whose
+        ``role`` runs in fp8 (``_precision.FP8_ROLES``) take the measured fp8 speed-up."""
+        return training_op_time_s(self, flops=flops, bytes_moved=bytes_moved, calls=calls, kind=kind, role=role)
 
     def collective(self, op: str, *, axis: str, group_size, message_bytes) -> np.ndarray:
         return collective_time_s(
@@ -206,11 +202,11 @@ def moe_ffn_time(ctx: TrainingContext) -> np.ndarray:
     experts_per_rank = moe.num_routed_experts / ctx.column("ep")
     expert = model.ffn_parameters(moe.expert_ffn_hidden_size)
     expert_weight_bytes = experts_per_rank * expert / ctx.column("etp") * 2.0
-    router = ctx.op(2.0 * ctx.moe_tokens * h * moe.num_routed_experts, ctx.moe_tokens * h * ACTIVATION_BYTES)
+    router = ctx.op(2.0 * ctx.moe_tokens * h * moe.num_routed_experts, ctx.moe_tokens * h * ACTIVATION_BYTES, role="router")
     experts = ctx.op(
         2.0 * routed_tokens * expert,
         expert_weight_bytes + routed_tokens * 2.0 * (h + moe.expert_ffn_hidden_size) * ACTIVATION_BYTES,
-        calls=experts_per_rank,
+        calls=experts_per_rank, role="expert",
     )
     elementwise = routed_tokens * (4.0 * h + moe.expert_ffn_hidden_size * _activation_passes(ctx)) * ACTIVATION_BYTES
     shared = moe.num_shared_experts * model.ffn_parameters(moe.shared_ffn_size) / ctx.column("tp")
@@ -235,7 +231,7 @@ def lm_head_time(ctx: TrainingContext) -> np.ndarray:
     """Vocabulary-parallel output projection and cross-entropy (fp32 logits read/written 3 times)."""
     model = ctx.model
     vocab = model.vocab_size / ctx.column("tp")
-    matmul = ctx.op(2.0 * ctx.tokens * model.hidden_size * vocab, model.hidden_size * vocab * 2.0)
+    matmul = ctx.op(2.0 * ctx.tokens * model.hidden_size * vocab, model.hidden_size * vocab * 2.0, role="lm_head")
     return matmul + ctx.op(0.0, ctx.tokens * vocab * 4.0 * 3.0)
 
 
@@ -340,6 +336,9 @@ def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatc
     common = attention_projection_time(ctx) + layer_elementwise_time(ctx)
     dense_layer = common + core + dense_ffn_time(ctx) + dense_launches * overhead + dense_sharded + dense_host / 3.0
     moe_layer = common + core + moe_ffn_time(ctx) + moe_launches * overhead + moe_sharded + moe_host / 3.0
+    # fp8 quantization kernels, forward + backward: a third here, as backward = 2 x forward.
+    dense_layer = dense_layer + quantization_time_s(ctx, moe=False) / 3.0
+    moe_layer = moe_layer + quantization_time_s(ctx, moe=True) / 3.0
     layers_forward = layout.dense_layers * dense_layer + layout.moe_layers * moe_layer
     ends = layout.has_embedding * (embedding_time(ctx) + per_sharded) + layout.has_lm_head * (lm_head_time(ctx) + per_sharded)
     core_backward_factor = 2.5 if ctx.options.flash_attention else 2.0

@@ -75,6 +75,8 @@ TOLERANCES: dict[str, tuple[float | None, float | None]] = {
     "megatron_readme_h100": (0.07, None),
     "dsv3_day6": (None, 0.25),
     "dsv3_profile": (None, 0.10),
+    "fp8_twins": (None, 0.10),
+    "blackwell_training": (0.10, None),
 }
 
 
@@ -307,7 +309,11 @@ def inference_rows() -> list[ValidationRow]:
 
 def validate_published(*, include_inference: bool = True) -> list[ValidationRow]:
     """Every comparison of the published table, in table order."""
-    return training_rows() + (inference_rows() if include_inference else [])
+    from cost_model._blackwell_validation import blackwell_rows
+    from cost_model._precision_validation import fp8_twin_rows
+
+    extra = fp8_twin_rows() + blackwell_rows()
+    return training_rows() + extra + (inference_rows() if include_inference else [])
 
 
 def summarize(rows: list[ValidationRow]) -> dict[str, dict[str, float]]:

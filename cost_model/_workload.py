@@ -27,6 +27,14 @@ class Training(BaseModel):
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     optimizer: Literal["adam", "sgd"] = "adam"
     master_weights_fp32: bool = True
+    #: Main-gradient dtype: fp32 (Megatron ``--accumulate-allreduce-grads-in-fp32``) or bf16
+    #: (``--grad-reduce-in-bf16``); without fp32 master weights gradients are bf16 either way.
+    gradient_dtype: Literal["fp32", "bf16"] = "fp32"
+    #: Scaling recipe when ``precision`` is fp8 (``cost_model._precision.FP8_RECIPES``).
+    fp8_recipe: Literal["delayed", "current", "tensorwise", "rowwise", "blockwise", "mxfp8"] = "current"
+    #: Layers at each end kept in bf16 under fp8 (Megatron ``--first-last-layers-bf16``).
+    fp8_bf16_layers_at_start: int = Field(default=0, ge=0)
+    fp8_bf16_layers_at_end: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _check(self) -> "Training":

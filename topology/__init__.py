@@ -5,7 +5,7 @@ from topology._cluster import COLLECTIVE_OPS, Cluster, DeviceLink, LinkTier
 from topology._hardware import HardwareSpec
 from topology._hardware_profile import HardwareProfile, MeasuredCurve, load_hardware_profile
 from topology._placement import AxisTraffic, axis_groups, mesh_comm_time, place_mesh
-from topology._presets import get_preset, list_presets
+from topology._presets import get_preset, list_presets, network_override, value_status
 from topology.probe_measure import ProbeRankError
 from topology.probe_runner import ProbeHooks, ProbeReport, ProbeSettings, probe
 
@@ -23,10 +23,12 @@ __all__ = [
     "load_hardware_profile",
     "MeasuredCurve",
     "mesh_comm_time",
+    "network_override",
     "place_mesh",
     "probe",
     "ProbeHooks",
     "ProbeRankError",
     "ProbeReport",
     "ProbeSettings",
+    "value_status",
 ]

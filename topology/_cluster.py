@@ -262,3 +262,15 @@ class Cluster(_Strict):
         links = tuple(link for link in self.links if link.from_device < limit and link.to_device < limit)
         data = self.model_dump() | {"num_nodes": num_nodes, "name": f"{self.name.split('@')[0]}@{num_nodes}n", "links": links}
         return Cluster.model_validate(data)
+
+    def with_inter_node_bandwidth(self, bandwidth_bytes_per_s: float, *, source: str = "") -> "Cluster":
+        """The same cluster with a different scale-out bandwidth per device and direction (a slower
+        or faster inter-node fabric than the preset's); the tier's efficiency and latency are kept
+        and its source records the override."""
+        if not bandwidth_bytes_per_s > 0:
+            raise ValueError(f"inter-node bandwidth_bytes_per_s ({bandwidth_bytes_per_s}) must be > 0")
+        note = f"override: {bandwidth_bytes_per_s * 8 / 1e9:g} Gb/s per device{f' ({source})' if source else ''}"
+        inter = self.inter_node.model_copy(
+            update={"bandwidth_bytes_per_s": float(bandwidth_bytes_per_s), "source": f"{note}; was {self.inter_node.source}"}
+        )
+        return self.model_copy(update={"inter_node": inter, "links": self.links})

@@ -26,6 +26,11 @@ class HardwareSpec(BaseModel):
     uncertain: tuple[str, ...] = ()
     device_type: str | None = Field(default=None, description="torch device type (cpu, cuda, ...); None: from name")
     profile: HardwareProfile | None = Field(default=None, description="measured curves (``profilers``)")
+    calibration_reference: str | None = Field(
+        default=None,
+        description="preset of a calibrated device whose fitted efficiencies carry over (relative to the "
+        "matmul ceilings) when no run of this device was fitted (cost_model._calibration_transfer)",
+    )
 
     @field_validator("peak_flops")
     @classmethod

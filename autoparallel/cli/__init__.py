@@ -53,7 +53,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exited:  # --help (0) or a bad argument, already reported in one line (2)
+            return exited.code if isinstance(exited.code, int) else 2
         logging.basicConfig(
             level=logging.INFO if args.verbose else logging.WARNING,
             format="%(levelname)s %(name)s: %(message)s",

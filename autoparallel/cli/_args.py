@@ -89,7 +89,51 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, cluster: str, nodes: i
         "--output-tokens-cv", type=non_negative_float, default=0.0, help="spread of output lengths across requests (std / mean)"
     )
     parser.add_argument("--prefix-cache-hit-rate", type=fraction, default=0.0, help="share of prompt tokens served from the KV cache")
+    add_inter_node_argument(parser)
+    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8"), help="training precision")
+    parser.add_argument(
+        "--fp8-recipe", default="current", choices=("delayed", "current", "tensorwise", "rowwise", "blockwise", "mxfp8"),
+        help="fp8 scaling recipe (with --precision fp8)",
+    )
+    parser.add_argument(
+        "--fp8-bf16-layers", type=non_negative_int, default=0, help="with fp8: keep this many layers at each end in bf16"
+    )
+    parser.add_argument("--gradient-dtype", default="fp32", choices=("fp32", "bf16"), help="main-gradient dtype")
+    parser.add_argument(
+        "--master-weights", default="fp32", choices=("fp32", "bf16"), help="optimizer master weights (bf16: none kept)"
+    )
 
+
+def add_inter_node_argument(parser: argparse.ArgumentParser) -> None:
+    """``--inter-node-gbps``: override the cluster's scale-out bandwidth per device and direction."""
+    parser.add_argument(
+        "--inter-node-gbps", type=positive_float, default=None,
+        help="scale-out bandwidth per device and direction in Gb/s, replacing the cluster's (e.g. a slower fabric)",
+    )
+
+
+def inter_node_bytes_per_s(args: argparse.Namespace) -> float | None:
+    """``--inter-node-gbps`` in bytes/s (None when not given); a non-positive value is an error."""
+    if args.inter_node_gbps is None:
+        return None
+    if args.inter_node_gbps <= 0:
+        raise ValueError(f"--inter-node-gbps ({args.inter_node_gbps}) must be > 0")
+    return args.inter_node_gbps * 1e9 / 8.0
+
+
+def with_network_override(cluster, args: argparse.Namespace):  # noqa: ANN001, ANN201 - topology.Cluster
+    """``cluster`` with ``--inter-node-gbps`` applied, if given."""
+    override = inter_node_bytes_per_s(args)
+    return cluster if override is None else cluster.with_inter_node_bandwidth(override, source="--inter-node-gbps")
+
+
+def training_options(args: argparse.Namespace) -> dict:
+    """The ``Training`` fields the precision arguments set."""
+    return {
+        "precision": args.precision, "fp8_recipe": args.fp8_recipe, "gradient_dtype": args.gradient_dtype,
+        "master_weights_fp32": args.master_weights == "fp32",
+        "fp8_bf16_layers_at_start": args.fp8_bf16_layers, "fp8_bf16_layers_at_end": args.fp8_bf16_layers,
+    }
 
 def storage_url(text: str) -> str:
     """An Optuna storage: ``sqlite:///FILE`` (its folder must exist), ``journal:FILE`` or another

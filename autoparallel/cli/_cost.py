@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from autoparallel.cli._args import add_job_arguments, non_negative_int, positive_int
+from autoparallel.cli._args import (
+    add_inter_node_argument,
+    add_job_arguments,
+    inter_node_bytes_per_s,
+    non_negative_int,
+    positive_int,
+    training_options,
+    with_network_override,
+)
 from autoparallel.cli._render import console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
 from cost_model._units import human_bytes, human_seconds
@@ -21,12 +29,12 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
     validate.add_argument("--table", action="append", default=None, help="only this published table (repeatable)")
     validate.add_argument("--json", action="store_true", help="print the rows as JSON instead of tables")
     validate.add_argument("--strict", action="store_true", help="exit 1 when a table is outside its tolerance")
+    add_inter_node_argument(validate)
     validate.set_defaults(func=_validate)
 
 
 def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
     add_job_arguments(parser, cluster=DEFAULT_CLUSTER, nodes=DEFAULT_NODES, training=True)
-    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8"))
     parser.add_argument("--batch-size", type=non_negative_int, default=0, help="inference: sequences per replica (0: largest that fits)")
     for axis, default in (("tp", 8), ("pp", 16), ("cp", 1), ("ep", 64), ("etp", 1)):
         parser.add_argument(f"--{axis}", type=positive_int, default=default)
@@ -58,11 +66,12 @@ def _estimate(args: argparse.Namespace) -> int:
     from cost_model import Inference, Training, estimate
 
     model = resolve_model(args.model)
-    cluster = resolve_cluster(args.cluster, num_nodes=args.nodes)
+    cluster = with_network_override(resolve_cluster(args.cluster, num_nodes=args.nodes), args)
     config = _config(args, cluster.num_devices)
     if args.training:
         workload = Training(
-            sequence_length_tokens=args.sequence_length, global_batch_tokens=args.global_batch_tokens, precision=args.precision
+            sequence_length_tokens=args.sequence_length, global_batch_tokens=args.global_batch_tokens,
+            **training_options(args),
         )
         breakdown = estimate(model, cluster, workload, config)
     else:
@@ -79,6 +88,8 @@ def _estimate(args: argparse.Namespace) -> int:
     title = f"{model.name} on {cluster.num_devices} x {cluster.device.name} ({cluster.name})"
     calibration = calibration_for(cluster.device)
     fitted = f"fitted for {calibration.device_pattern!r}" if calibration.fit else "none (preset efficiencies)"
+    if "transferred_from" in calibration.fit:
+        fitted = f"carried over from {calibration.fit['transferred_from']!r} (relative to the matmul ceilings)"
     console.print(f"[bold]{title}[/]\n{config!r}\ncalibration: {fitted}")
     _print_breakdown(breakdown)
     return 0
@@ -118,8 +129,10 @@ def _print_breakdown(breakdown) -> None:  # noqa: ANN001 - CostBreakdown
 
 def _validate(args: argparse.Namespace) -> int:
     from cost_model._validation import TOLERANCES, summarize, validate_published
+    from topology import network_override
 
-    rows = validate_published()
+    with network_override(inter_node_bytes_per_s=inter_node_bytes_per_s(args)):
+        rows = validate_published()
     if args.table:
         unknown = set(args.table) - {row.table for row in rows}
         if unknown:

@@ -24,6 +24,8 @@ from autoparallel.cli._args import (
     output_folder,
     positive_int,
     storage_url,
+    training_options,
+    with_network_override,
 )
 from autoparallel.cli._render import add_json_flag, console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
@@ -72,7 +74,10 @@ def _workload(args: argparse.Namespace):  # noqa: ANN202
     from cost_model import Inference, Training
 
     if args.training:
-        return Training(sequence_length_tokens=args.sequence_length, global_batch_tokens=args.global_batch_tokens)
+        return Training(
+            sequence_length_tokens=args.sequence_length, global_batch_tokens=args.global_batch_tokens,
+            **training_options(args),
+        )
     return Inference(
         prompt_tokens=args.prompt_tokens,
         output_tokens=args.output_tokens,
@@ -92,7 +97,7 @@ def _plan(args: argparse.Namespace) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     model = resolve_model(args.model)
-    cluster = resolve_cluster(args.cluster, num_nodes=args.nodes)
+    cluster = with_network_override(resolve_cluster(args.cluster, num_nodes=args.nodes), args)
     workload = _workload(args)
     if not args.json:
         console.print(

@@ -76,12 +76,11 @@ def _clusters(args: argparse.Namespace) -> int:
 
 
 def _print_sources(cluster) -> None:  # noqa: ANN001
-    table = table_of(f"{cluster.name}: sources", {"value": "text", "source": "text"})
-    for field, source in cluster.device.sources.items():
-        table.add_row(f"device.{field}", source)
-    table.add_row("intra_node", cluster.intra_node.source)
-    table.add_row("inter_node", cluster.inter_node.source)
-    table.add_row("cluster", cluster.provenance)
+    from topology import value_status
+
+    table = table_of(f"{cluster.name}: sources", {"value": "text", "status": "text", "source": "text"})
+    for name, (status, text) in value_status(cluster).items():
+        table.add_row(name, "[yellow]uncertain[/]" if status == "uncertain" else status, text)
     console.print(table)
 
 

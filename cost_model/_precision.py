@@ -1,0 +1,269 @@
+"""FP8 training priced per operator: which GEMMs run in fp8 under each recipe, their measured
+speed-up over bf16, and the extra quantization kernels.
+
+What runs in fp8 (every recipe):
+
+* the linear layers of attention (Q/K/V/O; MLA's down and up projections), the dense FFN, the
+  routed and the shared experts — forward (``fprop``), input gradient (``dgrad``) and weight
+  gradient (``wgrad``) GEMMs (Micikevicius et al., "FP8 Formats for Deep Learning",
+  arXiv:2209.05433, sec. 4; Transformer Engine ``te.Linear`` under ``fp8_autocast``);
+* *not* core attention (FlashAttention in bf16; Transformer Engine's fp8 attention is off by
+  default), norms, activations, the MoE router/gating and the output head with its softmax, nor
+  the embedding — DeepSeek-V3 report (arXiv:2412.19437) sec. 3.3.1: "the embedding module, the
+  output head, MoE gating modules, normalization operators, and attention operators" keep their
+  original precision; torchtitan's float8 converter skips the ``output`` layer by default
+  (``filter_fqns``); the optimizer and master weights stay fp32.
+
+Recipes (``Training.fp8_recipe``) and the bytes their quantization kernels move per element of
+each fp8 GEMM's input activation (forward) and output gradient (backward); each kernel is a
+memory-bound pass priced at the device's bandwidth:
+
+* ``delayed`` — per-tensor scale from an amax history (Transformer Engine ``DelayedScaling``):
+  one fused cast + transpose + amax kernel, read 2 bytes, write the fp8 copy and its transpose
+  (Hopper fp8 GEMMs take only the TN layout): 4 bytes;
+* ``current`` — per-tensor scale of the current tensor (Transformer Engine
+  ``Float8CurrentScaling``, NeMo's "FP8-CS"): an amax pass first, then the cast + transpose:
+  6 bytes;
+* ``tensorwise`` — the same scaling in torchao (``Float8Linear`` ``tensorwise``): 6 bytes;
+* ``rowwise`` — torchao ``rowwise``: a scale per row of the tensor and another per column of its
+  transpose, each an amax and a cast pass: 10 bytes;
+* ``blockwise`` — DeepSeek-V3 fine-grained 1x128 activation / 128x128 weight tiles (sec. 3.3.2):
+  scales are local to a tile, one fused read, both orientations written: 4 bytes;
+* ``mxfp8`` — Blackwell block-scaled MXFP8 (1x32 blocks, E8M0 scales; OCP MX spec v1.0): row-
+  and column-wise copies from one read, 4 bytes plus 2/32 of scales.
+
+Saved activations: Transformer Engine keeps the fp8 copy of each fp8 GEMM's input for its
+backward (``delayed``, ``current``, ``blockwise``, ``mxfp8``; DeepSeek-V3 sec. 3.3.3 likewise
+caches the linear layers' inputs in fp8), halving those tensors; torchao's ``Float8Linear``
+(``tensorwise``, ``rowwise``) saves the bf16 input and casts it again in backward
+(``FP8_CACHED_INPUT_RECIPES``, used by ``cost_model._memory``).
+
+Weights are quantized once per micro-batch (read 2, write the fp8 copy and its transpose: 4 bytes
+per parameter). The fp8 GEMM's speed over bf16 at each size is an operator measurement
+(``data/fp8_gemm_curves.json``: per-tensor fp8 for ``delayed``/``current``/``tensorwise``, block-scaled
+fp8 for ``blockwise``/``mxfp8``; ``rowwise`` uses the block-scaled curve, the nearest measured
+scaled kernel). The bf16 GEMM time is the calibrated one, so fp8 inherits the calibration and
+adds only the measured ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from importlib import resources
+
+import numpy as np
+
+from cost_model._common import op_time_s
+
+__all__ = [
+    "FP8_CACHED_INPUT_RECIPES",
+    "FP8_RECIPES",
+    "FP8_ROLES",
+    "bf16_layer_fraction",
+    "fp8_gemm_speedup",
+    "quantization_time_s",
+    "training_op_time_s",
+]
+
+#: Bytes moved per element of a GEMM input (activation or output gradient) by each recipe's
+#: quantization kernels (see the module docstring).
+FP8_RECIPES: dict[str, float] = {
+    "delayed": 4.0,
+    "current": 6.0,
+    "tensorwise": 6.0,
+    "rowwise": 10.0,
+    "blockwise": 4.0,
+    "mxfp8": 4.0625,
+}
+#: Recipes whose framework saves the fp8 copy of a GEMM input for the backward pass.
+FP8_CACHED_INPUT_RECIPES: frozenset[str] = frozenset({"delayed", "current", "blockwise", "mxfp8"})
+#: The measured GEMM curve each recipe runs on.
+RECIPE_CURVE: dict[str, str] = {
+    "delayed": "tensorwise",
+    "current": "tensorwise",
+    "tensorwise": "tensorwise",
+    "rowwise": "blockwise",
+    "blockwise": "blockwise",
+    "mxfp8": "blockwise",
+}
+#: GEMM roles that run in fp8; ``router`` and ``lm_head`` keep bf16/fp32 (DeepSeek-V3 sec. 3.3.1).
+FP8_ROLES: tuple[str, ...] = ("linear", "expert")
+#: Bytes per parameter of quantizing a weight (read bf16, write the fp8 copy and its transpose).
+WEIGHT_QUANTIZATION_BYTES = 4.0
+
+
+@lru_cache(maxsize=1)
+def _curves() -> dict:
+    text = (resources.files("cost_model") / "data" / "fp8_gemm_curves.json").read_text()
+    return json.loads(text)
+
+
+@lru_cache(maxsize=64)
+def _curve_points(device_name: str, curve: str) -> tuple[np.ndarray, np.ndarray] | None:
+    data = _curves()
+    for key, pattern in data["device_patterns"].items():
+        if re.search(pattern, device_name):
+            points = data["curves"][key]
+            return (
+                np.log([p["flops_per_call"] for p in points]),
+                np.array([p[f"{curve}_speedup"] for p in points]),
+            )
+    return None
+
+
+def fp8_gemm_speedup(*, hardware, recipe: str, flops_per_call) -> np.ndarray:
+    """Measured fp8/bf16 rate of one GEMM of ``flops_per_call`` (log-interpolated, clamped at the
+    ends of the measured range); a device without a curve takes the H100 MAMF ratio scaled by its
+    own fp8/bf16 peak ratio (vectorized)."""
+    if recipe not in FP8_RECIPES:
+        raise ValueError(f"fp8_recipe ({recipe!r}) must be one of {sorted(FP8_RECIPES)}")
+    points = _curve_points(hardware.name, RECIPE_CURVE[recipe])
+    flops = np.maximum(np.asarray(flops_per_call, dtype=np.float64), 1.0)
+    if points is None:
+        fallback = _curves()["fallback"]["speedup"]
+        ratio = hardware.peak_flops_for("fp8") / hardware.peak_flops_for("bf16") / 2.0
+        return np.broadcast_to(fallback * ratio, flops.shape)
+    log_flops, speedup = points
+    return np.interp(np.log(flops), log_flops, speedup)
+
+
+def training_op_time_s(ctx, *, flops, bytes_moved, calls, kind: str, role: str) -> np.ndarray:
+    """Roofline time of one training operator under the workload's precision.
+
+    bf16/fp16 training: one roofline in that dtype. fp8 training: a GEMM whose ``role`` is in
+    ``FP8_ROLES`` takes its calibrated bf16 compute time divided by the measured fp8 speed-up at
+    its size (``fp8_gemm_speedup``); every other operator (core attention, router, output head,
+    memory-bound passes) runs in bf16."""
+    workload, hardware = ctx.workload, ctx.cluster.device
+    high = "bf16" if workload.precision == "fp8" else workload.precision
+
+    def roofline(flops_part, bytes_part) -> np.ndarray:
+        return op_time_s(
+            flops=flops_part,
+            bytes_moved=bytes_part,
+            hardware=hardware,
+            dtype=high,
+            calibration=ctx.calibration,
+            calls=calls,
+            kind=kind,
+        )
+
+    if workload.precision != "fp8" or kind != "matmul" or role not in FP8_ROLES:
+        return roofline(flops, bytes_moved)
+    per_call = np.asarray(flops, dtype=np.float64) / np.maximum(
+        np.asarray(calls, dtype=np.float64), 1.0
+    )
+    speedup = fp8_gemm_speedup(
+        hardware=hardware, recipe=workload.fp8_recipe, flops_per_call=per_call
+    )
+    fp8 = np.maximum(roofline(flops, 0.0) / speedup, roofline(0.0, bytes_moved))
+    kept = bf16_layer_fraction(ctx)
+    if not np.any(kept):
+        return fp8
+    return fp8 * (1.0 - kept) + roofline(flops, bytes_moved) * kept
+
+
+def bf16_layer_fraction(ctx):  # -> float or (3, n) array over the rows STAGES
+    """Share of each pipeline rank's layers whose GEMMs stay in bf16 in fp8 training: the first
+    ``fp8_bf16_layers_at_start`` and last ``fp8_bf16_layers_at_end`` layers of the model
+    (Megatron-LM ``--first-last-layers-bf16 --num-layers-at-start-in-bf16 N
+    --num-layers-at-end-in-bf16 M``), held by the first and the last pipeline rank (with
+    ``pp == 1`` one rank holds both ends; with ``pp == 2`` the middle row repeats the first).
+    Within a rank the kept layers are priced as an average over its layers; 0.0 when none."""
+    workload = ctx.workload
+    start, end = workload.fp8_bf16_layers_at_start, workload.fp8_bf16_layers_at_end
+    if workload.precision != "fp8" or not (start or end):
+        return 0.0
+    layers = np.asarray(ctx.layout.layers, dtype=np.float64)
+    pp = ctx.column("pp")
+    single = np.minimum(start + end, layers[0])
+    first = np.where(pp == 1, single, np.minimum(start, layers[0]))
+    last = np.where(pp == 1, single, np.minimum(end, layers[2]))
+    middle = np.where(pp <= 2, first, 0.0)
+    return np.stack([first, middle, last]) / np.maximum(layers, 1.0)
+
+
+def _attention_widths(model, tp) -> tuple[np.ndarray, np.ndarray]:
+    """(input, output) elements per token of one layer's attention projections on one rank:
+    column-parallel GEMMs read the whole hidden vector and write a 1/tp share, row-parallel ones
+    the reverse; MLA's down-projections are replicated."""
+    attention, hidden = model.attention, model.hidden_size
+    heads = attention.num_heads / tp
+    out_proj = (heads * attention.value_head_dim, hidden)
+    if attention.kind == "mla":
+        q_rank, kv_rank = attention.q_lora_rank, attention.kv_lora_rank
+        query = (
+            (hidden + q_rank, q_rank + heads * attention.qk_head_dim)
+            if q_rank
+            else (hidden, heads * attention.qk_head_dim)
+        )
+        key_value = (
+            hidden + kv_rank,
+            kv_rank
+            + attention.qk_rope_head_dim
+            + heads * (attention.qk_nope_head_dim + attention.value_head_dim),
+        )
+        return query[0] + key_value[0] + out_proj[0], query[1] + key_value[1] + out_proj[1]
+    qkv_out = (
+        attention.num_heads * attention.qk_head_dim
+        + 2.0 * attention.num_kv_heads * attention.head_dim
+    ) / tp
+    return hidden + out_proj[0], qkv_out + out_proj[1]
+
+
+def _ffn_widths(model, width) -> tuple[np.ndarray, np.ndarray]:
+    """(input, output) elements per token of an FFN of ``width`` per rank (FC1 then FC2)."""
+    fc1 = 2.0 if model.ffn_activation == "swiglu" else 1.0
+    return model.hidden_size + width, fc1 * width + model.hidden_size
+
+
+def _layer_quantized_elements(ctx, *, moe: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(activation and gradient elements, weight parameters) one layer quantizes per micro-batch."""
+    model, tp = ctx.model, ctx.column("tp")
+    attention_in, attention_out = _attention_widths(model, tp)
+    elements = ctx.tokens * (attention_in + attention_out)
+    weights = model.attention_parameters() / tp
+    if not moe or model.moe is None:
+        ffn_in, ffn_out = _ffn_widths(model, model.ffn_hidden_size / tp)
+        return elements + ctx.tokens * (ffn_in + ffn_out), weights + model.ffn_parameters(
+            model.ffn_hidden_size
+        ) / tp
+    spec = model.moe
+    expert_in, expert_out = _ffn_widths(model, spec.expert_ffn_hidden_size / ctx.column("etp"))
+    routed = ctx.moe_tokens * spec.top_k * ctx.options.routing_imbalance
+    elements = elements + routed * (expert_in + expert_out)
+    experts_per_rank = spec.num_routed_experts / ctx.column("ep")
+    weights = weights + experts_per_rank * model.ffn_parameters(
+        spec.expert_ffn_hidden_size
+    ) / ctx.column("etp")
+    if spec.num_shared_experts:
+        shared_in, shared_out = _ffn_widths(
+            model, spec.num_shared_experts * spec.shared_ffn_size / tp
+        )
+        elements = elements + ctx.tokens * (shared_in + shared_out)
+        weights = (
+            weights + spec.num_shared_experts * model.ffn_parameters(spec.shared_ffn_size) / tp
+        )
+    return elements, weights
+
+
+def quantization_time_s(ctx, *, moe: bool) -> np.ndarray:
+    """Seconds of the fp8 quantization kernels of one layer and micro-batch, forward + backward
+    (casts, amax reductions, transposed copies of every fp8 GEMM's input activation and output
+    gradient, and of its weight): ``FP8_RECIPES[recipe]`` bytes per element plus
+    ``WEIGHT_QUANTIZATION_BYTES`` per parameter, a memory-bound pass; 0 unless training in fp8."""
+    if ctx.workload.precision != "fp8":
+        return np.zeros_like(ctx.tokens)
+    elements, weights = _layer_quantized_elements(ctx, moe=moe)
+    fp8_share = 1.0 - bf16_layer_fraction(ctx)
+    moved = FP8_RECIPES[ctx.workload.fp8_recipe] * elements + WEIGHT_QUANTIZATION_BYTES * weights
+    return op_time_s(
+        flops=0.0,
+        bytes_moved=moved,
+        hardware=ctx.cluster.device,
+        dtype="bf16",
+        calibration=ctx.calibration,
+        calls=8.0,
+    ) * fp8_share

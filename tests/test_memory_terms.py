@@ -1,0 +1,142 @@
+"""Memory terms of cost_model._memory reviewed against published breakdowns and runs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from cost_model import ParallelConfig, Training
+from cost_model._blackwell_validation import blackwell_records, record_case
+from cost_model._common import EstimateOptions
+from cost_model._estimate import estimate_table
+from cost_model._memory import stage_memory
+from cost_model._model_spec import ModelSpec
+from cost_model._precision_validation import fp8_twin_records
+from cost_model._table import configs_to_table
+from cost_model._training import training_context
+from topology import get_preset
+
+MOE = {
+    "model_type": "qwen3_moe",
+    "num_hidden_layers": 4,
+    "hidden_size": 2048,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_experts": 64,
+    "num_experts_per_tok": 8,
+    "vocab_size": 32000,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": False,
+}
+
+
+def _memory(model, config, **workload) -> dict[str, float]:
+    training = Training(sequence_length_tokens=4096, global_batch_sequences=64, **workload)
+    ctx = training_context(
+        model=model,
+        cluster=get_preset("dgx-h100", num_nodes=4),
+        workload=training,
+        table=configs_to_table([config]),
+        options=EstimateOptions(),
+    )
+    return {part: float(rows[0, 0]) for part, rows in stage_memory(ctx).items()}
+
+
+@pytest.fixture(scope="module")
+def moe_model() -> ModelSpec:
+    return ModelSpec.from_hf_config(MOE, name="small-moe")
+
+
+def test_transformer_engine_fp8_keeps_gemm_inputs_in_fp8_torchao_keeps_bf16(moe_model) -> None:
+    config = ParallelConfig(dp=8, ep=8, micro_batch_size=1, recompute="none")
+    bf16 = _memory(moe_model, config)["activations"]
+    te = _memory(moe_model, config, precision="fp8", fp8_recipe="current")["activations"]
+    torchao = _memory(moe_model, config, precision="fp8", fp8_recipe="tensorwise")["activations"]
+    assert torchao == pytest.approx(bf16)
+    assert 0.6 * bf16 < te < 0.95 * bf16
+
+
+def test_expert_activations_split_over_expert_tensor_parallel(moe_model) -> None:
+    whole = _memory(
+        moe_model,
+        ParallelConfig(dp=8, tp=2, ep=4, etp=1, micro_batch_size=1, sequence_parallel=True),
+    )
+    split = _memory(
+        moe_model,
+        ParallelConfig(dp=8, tp=2, ep=4, etp=2, micro_batch_size=1, sequence_parallel=True),
+    )
+    assert split["activations"] < whole["activations"]
+
+
+def test_bf16_main_gradients_and_sharding_follow_the_zero_stage(moe_model) -> None:
+    config = ParallelConfig(dp=16, ep=8, micro_batch_size=1, zero_stage=1)
+    fp32 = _memory(moe_model, config)
+    bf16 = _memory(moe_model, config, gradient_dtype="bf16")
+    assert bf16["gradients"] == pytest.approx(fp32["gradients"] / 2.0)
+    assert bf16["optimizer_states"] == pytest.approx(fp32["optimizer_states"])
+    zero2 = _memory(moe_model, config.model_copy(update={"zero_stage": 2}))
+    assert zero2["gradients"] < fp32["gradients"] / 2.0  # dense over dp=16, experts over edp=2
+
+
+def _fits(model, cluster, workload, config) -> bool:
+    columns = estimate_table(
+        model, cluster, workload, configs_to_table([config]), options=EstimateOptions()
+    )
+    return bool(columns["memory_per_device_bytes"][0] <= cluster.device.memory_bytes)
+
+
+def test_published_blackwell_runs_fit_unless_their_recipe_uses_a_technique_the_model_lacks() -> (
+    None
+):
+    outcomes = {}
+    for record in blackwell_records():
+        model, cluster, workload, config = record_case(record)
+        outcomes[record["run"]] = (
+            _fits(model, cluster, workload, config),
+            record.get("memory_note"),
+        )
+    assert len(outcomes) >= 8
+    unexplained = [run for run, (fits, note) in outcomes.items() if not fits and not note]
+    assert not unexplained
+    assert all(
+        not fits for fits, note in outcomes.values() if note
+    )  # a note is only kept while it is needed
+
+
+def test_published_twin_runs_fit_unless_noted() -> None:
+    for record in fp8_twin_records():
+        preset = get_preset(record["preset"])
+        cluster = preset.with_nodes(max(1, math.ceil(record["gpus"] / preset.devices_per_node)))
+        model = ModelSpec.from_hf_config(record["model"], name="twin")
+        workload = Training(
+            sequence_length_tokens=record["sequence_length"],
+            global_batch_sequences=record["global_batch_sequences"],
+            precision="fp8",
+            fp8_recipe=record["fp8_recipe"],
+            gradient_dtype=record.get("gradient_dtype", "fp32"),
+        )
+        fits = _fits(model, cluster, workload, ParallelConfig(**record["layout"]))
+        assert fits or record.get("memory_note"), record["run"]
+
+
+def test_fp8_cached_inputs_cut_the_activation_of_a_405b_pipeline_rank() -> None:
+    record = next(r for r in blackwell_records() if r["run"] == "llama3.1-405b 256xGB200 fp8-cs")
+    model, cluster, workload, config = record_case(record)
+    bf16 = workload.model_copy(update={"precision": "bf16"})
+    parts = {}
+    for name, load in (("fp8", workload), ("bf16", bf16)):
+        ctx = training_context(
+            model=model,
+            cluster=cluster,
+            workload=load,
+            table=configs_to_table([config]),
+            options=EstimateOptions(),
+        )
+        parts[name] = stage_memory(ctx)["activations"]
+    ratio = parts["fp8"] / parts["bf16"]
+    assert np.all((ratio > 0.7) & (ratio < 0.9))

@@ -1,0 +1,176 @@
+"""FP8 training priced per operator (cost_model._precision) and its bf16/fp8 twin validation."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import numpy as np
+import pytest
+
+from cost_model import ParallelConfig, Training, estimate
+from cost_model._common import EstimateOptions
+from cost_model._memory import stage_memory
+from cost_model._model_spec import ModelSpec
+from cost_model._precision import FP8_RECIPES, fp8_gemm_speedup, quantization_time_s
+from cost_model._precision_validation import (
+    FP8_TWIN_TOLERANCE,
+    fp8_twin_records,
+    fp8_twin_speedups,
+)
+from cost_model._table import configs_to_table
+from cost_model._training import attention_projection_time, training_context
+from topology import get_preset
+
+LLAMA_8B = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": False,
+}
+
+
+@pytest.fixture(scope="module")
+def model() -> ModelSpec:
+    return ModelSpec.from_hf_config(LLAMA_8B, name="llama3-8b")
+
+
+def _context(model, *, precision: str, recipe: str = "tensorwise"):
+    workload = Training(
+        sequence_length_tokens=8192,
+        global_batch_sequences=8,
+        precision=precision,
+        fp8_recipe=recipe,
+    )
+    table = configs_to_table(
+        [ParallelConfig(dp=8, zero_stage=1, micro_batch_size=1, recompute="selective")]
+    )
+    return training_context(
+        model=model,
+        cluster=get_preset("dgx-h100"),
+        workload=workload,
+        table=table,
+        options=EstimateOptions(),
+    )
+
+
+def test_fp8_gemm_speedup_grows_with_size_and_stays_below_the_peak_ratio() -> None:
+    device = get_preset("dgx-h100").device
+    sizes = np.array([1e9, 1e11, 1e12, 1e13])
+    speedup = fp8_gemm_speedup(hardware=device, recipe="tensorwise", flops_per_call=sizes)
+    assert np.all(np.diff(speedup) > 0)
+    peak_ratio = device.peak_flops_for("fp8") / device.peak_flops_for("bf16")
+    assert speedup[0] < 1.0
+    assert 1.5 < speedup[-1] < peak_ratio
+    blockwise = fp8_gemm_speedup(hardware=device, recipe="blockwise", flops_per_call=1e12)
+    assert blockwise < speedup[2]
+
+
+def test_unknown_recipe_is_rejected_naming_the_choices() -> None:
+    with pytest.raises(ValueError, match="fp8_recipe"):
+        fp8_gemm_speedup(hardware=get_preset("dgx-h100").device, recipe="int8", flops_per_call=1e12)
+
+
+def test_only_fp8_roles_speed_up_router_head_and_attention_stay_bf16(model) -> None:
+    bf16, fp8 = _context(model, precision="bf16"), _context(model, precision="fp8")
+    flops, moved = np.array([1e12]), np.array([1e9])
+    for role in ("router", "lm_head"):
+        assert fp8.op(flops, moved, role=role) == pytest.approx(bf16.op(flops, moved, role=role))
+    assert fp8.op(flops, moved, kind="attention") == pytest.approx(
+        bf16.op(flops, moved, kind="attention")
+    )
+    assert fp8.op(flops, moved, role="linear") < 0.7 * bf16.op(flops, moved, role="linear")
+
+
+def test_quantization_kernels_cost_nothing_in_bf16_and_follow_the_recipe_bytes(
+    model,
+) -> None:
+    assert quantization_time_s(_context(model, precision="bf16"), moe=False)[0] == 0.0
+    times = {
+        recipe: quantization_time_s(_context(model, precision="fp8", recipe=recipe), moe=False)[0]
+        for recipe in FP8_RECIPES
+    }
+    assert times["delayed"] > 0.0
+    assert times["rowwise"] > times["tensorwise"] > times["delayed"]
+
+
+def test_fp8_step_is_faster_than_bf16_but_far_from_twice(model) -> None:
+    cluster = get_preset("dgx-h100")
+    config = ParallelConfig(dp=8, zero_stage=3, micro_batch_size=1, recompute="selective")
+    steps = {
+        precision: estimate(
+            model,
+            cluster,
+            Training(
+                sequence_length_tokens=8192,
+                global_batch_sequences=8,
+                precision=precision,
+            ),
+            config,
+        ).step_time_s
+        for precision in ("bf16", "fp8")
+    }
+    assert 1.05 < steps["bf16"] / steps["fp8"] < 1.6
+
+
+def test_bf16_main_gradients_halve_gradient_memory(model) -> None:
+    table = configs_to_table(
+        [ParallelConfig(dp=8, zero_stage=0, micro_batch_size=1, recompute="full")]
+    )
+    memory = {}
+    for dtype in ("fp32", "bf16"):
+        workload = Training(
+            sequence_length_tokens=8192, global_batch_sequences=8, gradient_dtype=dtype
+        )
+        ctx = training_context(
+            model=model,
+            cluster=get_preset("dgx-h100"),
+            workload=workload,
+            table=table,
+            options=EstimateOptions(),
+        )
+        memory[dtype] = stage_memory(ctx)["gradients"][0, 0]
+    assert memory["bf16"] == pytest.approx(memory["fp32"] / 2.0)
+
+
+def test_twin_runs_are_validation_rows_from_two_or_more_sources_never_fit_inputs() -> None:
+    records = fp8_twin_records()
+    bounded = [r for r in records if not r.get("excluded")]
+    assert len(bounded) >= 10
+    assert len({r["source"].split(",")[0].split(";")[0] for r in bounded}) >= 2
+    curves = (resources.files("cost_model") / "data" / "fp8_gemm_curves.json").read_text()
+    assert "fp8_twins" not in curves and "tokens_per_s" not in curves
+    source = (resources.files("cost_model") / "_precision.py").read_text()
+    assert "fp8_twins" not in source
+    assert all(r["source"] and r["bf16_tokens_per_s_per_gpu"] > 0 for r in records)
+    assert all(json.dumps(r["layout"]) for r in records)
+
+
+def test_twins_on_devices_with_a_measured_fp8_gemm_curve_are_within_tolerance() -> None:
+    rows = [
+        row for row in fp8_twin_speedups() if not row["excluded"] and "MI300X" not in row["run"]
+    ]
+    assert len(rows) >= 8
+    errors = {row["run"]: row["predicted"] / row["published"] - 1.0 for row in rows}
+    assert all(abs(error) <= FP8_TWIN_TOLERANCE for error in errors.values()), errors
+
+
+def test_first_and_last_layers_in_bf16_slow_the_end_ranks_only(model) -> None:
+    cluster = get_preset("dgx-h100", num_nodes=2)
+    config = ParallelConfig(dp=4, pp=4, micro_batch_size=1, recompute="selective", zero_stage=1)
+    table = configs_to_table([config])
+    times = {}
+    for name, edges in (("fp8", 0), ("edges", 2)):
+        workload = Training(
+            sequence_length_tokens=8192, global_batch_sequences=32, precision="fp8",
+            fp8_bf16_layers_at_start=edges, fp8_bf16_layers_at_end=edges,
+        )
+        ctx = training_context(model=model, cluster=cluster, workload=workload, table=table, options=EstimateOptions())
+        times[name] = np.broadcast_to(attention_projection_time(ctx), (3, 1))[:, 0]
+    assert times["edges"][0] > times["fp8"][0] and times["edges"][2] > times["fp8"][2]
+    assert times["edges"][1] == pytest.approx(times["fp8"][1])  # a middle rank holds no end layer

@@ -1,0 +1,51 @@
+"""Published B200/GB200 training runs: validation rows only, and what the uncalibrated model does on them."""
+
+from __future__ import annotations
+
+import json
+import re
+from importlib import resources
+
+import numpy as np
+
+from cost_model._blackwell_validation import blackwell_records, blackwell_rows
+from cost_model._validation import TOLERANCES
+from topology import get_preset
+
+
+def _is_moe(record: dict) -> bool:
+    return any(
+        key in record["model"] for key in ("num_experts", "n_routed_experts", "num_local_experts")
+    )
+
+
+def test_runs_come_from_two_or_more_sources_and_none_is_a_fit_input() -> None:
+    records = blackwell_records()
+    assert len(records) >= 8
+    assert len({r["source"].split(",")[0] for r in records}) >= 2
+    calibration = json.loads(
+        (resources.files("cost_model") / "data" / "calibration.json").read_text()
+    )
+    fitted_rows = {
+        row for entry in calibration["calibrations"] for row in entry.get("fit", {}).get("rows", [])
+    }
+    assert not any(r["run"] in row for r in records for row in fitted_rows)
+    for preset in ("dgx-b200", "gb200-nvl72"):
+        name = get_preset(preset).device.name
+        assert not any(
+            re.search(entry["device_pattern"], name) for entry in calibration["calibrations"]
+        )
+
+
+def test_validate_bounds_the_table_by_the_acceptance_mean() -> None:
+    assert TOLERANCES["blackwell_training"] == (0.10, None)
+
+
+def test_dense_runs_are_within_ten_percent_on_average() -> None:
+    errors = [
+        abs(row.error)
+        for row, record in zip(blackwell_rows(), blackwell_records())
+        if not _is_moe(record)
+    ]
+    assert len(errors) >= 8
+    assert np.mean(errors) <= 0.10
