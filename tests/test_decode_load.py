@@ -142,7 +142,7 @@ def test_busiest_rank_factor_edges() -> None:
 
 # --------------------------------------------------------------------------- a known TPOT
 # Mixtral-8x22B (56 layers, hidden 6144, 48 query / 8 KV heads of 128, 8 experts of FFN 16384,
-# top-2, vocabulary 32000) in FP8 on one B200 (8.0 TB/s HBM, shared/reference/hardware.json),
+# top-2, vocabulary 32000) in FP8 on one B200 (8.0 TB/s HBM, as the dgx-b200 preset cites),
 # tp = ep = 1: no communication at all. A decode step at batch B is memory-bound (B <= 4 tokens
 # against ~140 GB of weights): it must read the attention weights, the LM head, the experts
 # that at least one of the B tokens chose (the expected fraction 1 - (1 - 2/8)^B per layer) and
@@ -151,7 +151,7 @@ def test_busiest_rank_factor_edges() -> None:
 # reach 80-90% of HBM peak (FlashMLA README: 3000 GB/s of the H800's 3350 in its memory-bound
 # setting), and a short prompt (256 tokens against 1024 outputs) keeps the amortized prefill
 # under 1% of a step. Reading every expert at B = 1 would be 3.6x the lower bound; taking the
-# touched fraction per sequence instead of per batch halves the B = 4 bytes.
+# touched fraction per sequence instead of per batch cuts the B = 4 bytes to 0.4x.
 PROMPT_TOKENS, OUTPUT_TOKENS = 256, 1024
 B200_PEAK_BYTES_PER_S = 8.0e12
 
