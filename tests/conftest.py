@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import resource
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,17 @@ def _processes_started() -> tuple[int, float]:
     """Forks so far, and CPU seconds of finished children (torchrun and other subprocesses)."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return _FORKS[0], children.ru_utime + children.ru_stime
+
+
+def _live_children() -> int:
+    """Children still running (e.g. a Popen left to a fixture's teardown); 0 where /proc is absent."""
+    count = 0
+    for listing in Path("/proc/self/task").glob("*/children"):
+        try:
+            count += len(listing.read_text().split())
+        except OSError:
+            continue
+    return count
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -34,7 +46,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if call.when != "call" or not report.passed or item.get_closest_marker("distributed") is None:
         return
     before = item.stash.get(_STARTED_BEFORE, None)
-    if before is not None and _processes_started() == before:
+    if before is not None and _processes_started() == before and _live_children() == 0:
         report.outcome = "failed"
         report.longrepr = (
             f"{item.nodeid} is marked distributed but started no process: "
