@@ -1,11 +1,60 @@
-"""Shared test configuration: GPU tests skip where no accelerator is present; plans found once
-for the plan and export tests."""
+"""Shared test configuration: GPU tests skip where no accelerator is present; a test marked
+``distributed`` fails if it starts no process; plans found once for the plan and export tests."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import resource
+from pathlib import Path
 
 import pytest
+
+_FORKS = [0]  # os.fork() calls in this process: forked ranks and multiprocessing workers
+os.register_at_fork(after_in_parent=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
+
+
+def _processes_started() -> tuple[int, float]:
+    """Forks so far, and CPU seconds of finished children (torchrun and other subprocesses)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return _FORKS[0], children.ru_utime + children.ru_stime
+
+
+def _live_children() -> int:
+    """Children still running (e.g. a Popen left to a fixture's teardown); 0 where /proc is absent."""
+    count = 0
+    for listing in Path("/proc/self/task").glob("*/children"):
+        try:
+            count += len(listing.read_text().split())
+        except OSError:
+            continue
+    return count
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    item.stash[_STARTED_BEFORE] = _processes_started()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A test marked ``distributed`` that passes without forking or reaping a child process is
+    reported failed: the mark selects the multi-process tests and must not drift."""
+    outcome = yield
+    report = outcome.get_result()
+    if call.when != "call" or not report.passed or item.get_closest_marker("distributed") is None:
+        return
+    before = item.stash.get(_STARTED_BEFORE, None)
+    if before is not None and _processes_started() == before and _live_children() == 0:
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid} is marked distributed but started no process: "
+            "remove the mark, or run its ranks (run_ranks, torchrun)"
+        )
+
+
+_STARTED_BEFORE = pytest.StashKey[tuple]()
 
 
 def _has_cuda() -> bool:

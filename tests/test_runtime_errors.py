@@ -7,15 +7,16 @@ init from the environment) would fail with a different error than the one assert
 from __future__ import annotations
 
 import pytest
+import torch.distributed as dist
 
-pytest.importorskip("torch")
-
-import torch.distributed as dist  # noqa: E402
-
-from autoparallel._plan import ModuleRule  # noqa: E402
-from autoparallel.runtime import ReferenceMoETransformer, apply_plan, tiny_reference_spec  # noqa: E402
-from autoparallel.testing import plan_for_config, run_ranks  # noqa: E402
-from cost_model import Inference, ParallelConfig  # noqa: E402
+from autoparallel._plan import ModuleRule
+from autoparallel.runtime import (
+    ReferenceMoETransformer,
+    apply_plan,
+    tiny_reference_spec,
+)
+from autoparallel.testing import plan_for_config, run_ranks
+from cost_model import Inference, ParallelConfig
 
 
 @pytest.fixture()

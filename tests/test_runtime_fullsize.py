@@ -17,11 +17,12 @@ import os
 import re
 
 import pytest
+import torch
 
 import autoparallel as ap
 from cost_model import ParallelConfig
 
-torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.distributed  # two forked worker processes share the ranks
 
 WORLD_SIZE = 1024
 CONFIG = ParallelConfig(pp=8, dp=16, tp=8, ep=64, etp=2, sequence_parallel=True, zero_stage=0, pipeline_schedule="1f1b")

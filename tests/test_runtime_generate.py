@@ -8,8 +8,6 @@ import pytest
 
 from autoparallel.testing import run_ranks
 
-pytestmark = pytest.mark.distributed
-
 PROMPT_TOKENS = 6
 NEW_TOKENS = 32
 SEQUENCES_PER_RANK = 2
@@ -60,6 +58,7 @@ def _generate_rank(rank: int, world_size: int, config_fields: dict, spec_fields:
     }
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize(
     ("config_fields", "spec_fields"),
     [

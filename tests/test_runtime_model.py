@@ -4,13 +4,12 @@ KV-cache decoding equals full recomputation, routing; and meshes from a plan (fa
 from __future__ import annotations
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-import autoparallel as ap  # noqa: E402
-from autoparallel.runtime import KVCache, ReferenceMoETransformer, tiny_reference_spec  # noqa: E402
-from autoparallel.runtime._model import MoEBlock, Router  # noqa: E402
-from cost_model import ModelSpec, ParallelConfig  # noqa: E402
+import autoparallel as ap
+from autoparallel.runtime import KVCache, ReferenceMoETransformer, tiny_reference_spec
+from autoparallel.runtime._model import MoEBlock, Router
+from cost_model import ModelSpec, ParallelConfig
 
 
 def _variants() -> list[ModelSpec]:

@@ -8,14 +8,16 @@ that is not the rank's own is rejected with a ``ValueError`` naming the differen
 from __future__ import annotations
 
 import pytest
+from test_runtime_ep import (
+    assert_equal_to_reference,
+    check_case,
+    fresh_models,
+    make_plan,
+)
 
 import autoparallel as ap
 from autoparallel.testing import run_ranks
 from cost_model import ParallelConfig
-
-pytest.importorskip("torch")
-
-from test_runtime_ep import assert_equal_to_reference, check_case, fresh_models, make_plan  # noqa: E402
 
 KEYS = ("logits", "loss", "grad", "param", "checked", "local_experts")
 
