@@ -184,7 +184,7 @@ def provenance(*, model: ModelSpec, cluster: Cluster, workload, result) -> Prove
             "study_name": result.study_name,
             "devices_per_node": cluster.devices_per_node,
             "storage": result.storage,
-            **{k: v for k, v in result.settings.items() if k in ("seed", "batch_size", "polish_fraction")},
+            **{k: v for k, v in result.settings.items() if k in ("seed", "batch_size", "polish_fraction", "idle_reason")},
         },
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     )

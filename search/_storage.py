@@ -55,7 +55,7 @@ def database_url(url: str) -> str:
         module, package = _DRIVERS.get(driver, (driver, driver))
         if importlib.util.find_spec(module) is None:
             raise ValueError(
-                f"storage ({_redacted(url)}) needs the {driver} driver: pip install '{package}' "
+                f"storage ({redacted(url)}) needs the {driver} driver: pip install '{package}' "
                 f"(or 'moe-autoparallel[{_EXTRAS[dialect]}]')"
             )
         return url
@@ -63,13 +63,15 @@ def database_url(url: str) -> str:
         if importlib.util.find_spec(_DRIVERS[candidate][0]) is not None:
             return f"{dialect}+{candidate}://{rest}"
     raise ValueError(
-        f"storage ({_redacted(url)}) needs a {dialect} driver: pip install 'moe-autoparallel[{_EXTRAS[dialect]}]' "
+        f"storage ({redacted(url)}) needs a {dialect} driver: pip install 'moe-autoparallel[{_EXTRAS[dialect]}]' "
         f"(or '{_DRIVERS[_DEFAULT_DRIVERS[dialect][0]][1]}')"
     )
 
 
-def _redacted(url: str) -> str:
+def redacted(url: str | None) -> str | None:
     """The URL without its password (errors are printed and logged)."""
+    if url is None:
+        return None
     scheme, separator, rest = url.partition("://")
     credentials, at, host = rest.rpartition("@")
     if not at or ":" not in credentials:

@@ -28,7 +28,7 @@ from search._objective import Estimator, Objective, default_estimator, evaluate,
 from search._idle import DeviceChoice, device_choices
 from search._liveness import ask, beating, fail_orphans, fail_stale, owner
 from search._space import MESH_AXES, SearchBounds, SearchSpace, empty_space_reason
-from search._storage import _retry_creation, creation_lock, make_sampler, open_storage, study_name_for
+from search._storage import _retry_creation, creation_lock, make_sampler, open_storage, redacted, study_name_for
 from search._study_job import check_or_record_job, job_fingerprint, job_record
 from topology import Cluster
 
@@ -435,7 +435,7 @@ def _collect(study, problem: _Problem, *, method, ran, elapsed_s, storage, setti
         num_meshes=problem.space.num_meshes, num_trials=len(trials), num_trials_this_run=ran,
         rows_evaluated=rows, infeasible_trials=infeasible_trials, infeasible_rows=infeasible_rows,
         elapsed_s=elapsed_s, study_name=study.study_name,
-        storage=storage if storage is None or isinstance(storage, str) else type(storage).__name__,
+        storage=redacted(storage) if storage is None or isinstance(storage, str) else type(storage).__name__,
         settings={"sampler": method, "seed": seed, **settings.model_dump(mode="json", exclude={"study_name"})},
     )
 
