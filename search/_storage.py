@@ -176,8 +176,10 @@ def creation_lock(url: "str | optuna.storages.BaseStorage | None") -> Iterator[N
 
 def close_storage(storage: "optuna.storages.BaseStorage | None") -> None:
     """Close the storage's pooled connections (before ``fork()``: a child must open its own)."""
-    engine = getattr(storage, "engine", None)
+    backend = getattr(storage, "_backend", storage)  # a study wraps an RDB storage in a cache
+    engine = getattr(backend, "engine", None)
     if engine is not None:
+        backend.scoped_session.remove()
         engine.dispose()
 
 
