@@ -20,7 +20,7 @@ from typing import Any, Callable, Literal
 
 import numpy as np
 from search._lazy import optuna
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cost_model import Inference, ModelSpec, ParallelConfig, Training
 from search._candidate import Candidate, SearchResult, best_row, candidate_at, pareto_rows
@@ -66,6 +66,13 @@ class SearchSettings(BaseModel):
         default="folded",
         description="sample ep (mesh) or the expert-data-parallel degree edp (folded; fewer stuck seeds on ref-3t-moe)",
     )
+
+    @model_validator(mode="after")
+    def _grace_after_heartbeat(self) -> "SearchSettings":
+        interval, grace = self.heartbeat_interval_s, self.grace_period_s
+        if interval is not None and grace is not None and grace <= interval:
+            raise ValueError(f"grace_period_s ({grace}) must be > heartbeat_interval_s ({interval}): a live trial would be failed")
+        return self
 
 
 class _Problem:
@@ -336,7 +343,10 @@ def _run_trials(study, problem: _Problem, *, n_trials: int, settings: SearchSett
             if missing:
                 cache.update(problem.price(missing))
             for trial, mesh in zip(trials, meshes):
-                _tell(study, trial, mesh, cache[mesh], problem.objective)
+                try:
+                    _tell(study, trial, mesh, cache[mesh], problem.objective)
+                except optuna.exceptions.UpdateFinishedTrialError:  # failed as stale meanwhile: it is retried
+                    logger.warning("trial %d was failed by another worker (no heartbeat for the grace period)", trial.number)
         ran += len(trials)
         if progress is not None:
             progress(min(done + len(trials), n_trials), n_trials)

@@ -21,7 +21,7 @@ from search import SearchBounds, SearchSettings
 from search._workers import run_workers
 
 REPO = Path(__file__).resolve().parents[1]
-BUDGET = 96
+BUDGET = 64
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
