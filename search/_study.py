@@ -383,14 +383,16 @@ def _enqueue_neighbours(study, problem: _Problem, *, budget: int) -> None:
     best = _best_trial(study, problem.objective)
     if best is None or not problem.axes:
         return
-    seen = {_attrs(t).get("mesh_index") for t in study.get_trials(deepcopy=False)} | problem.enqueued
+    trials = study.get_trials(deepcopy=False)
+    # Meshes priced, and meshes any worker has enqueued and not priced yet (no double work).
+    seen = {_attrs(t).get("mesh_index") for t in trials} | {t.user_attrs.get("enqueued_mesh") for t in trials} | problem.enqueued
     center = _attrs(best)["mesh_index"]
     (lines_a, near_a), (lines_b, near_b) = _moves(problem.levels, center), _moves(problem.folded_levels, center)
     order = np.concatenate([_round_robin(lines_a + lines_b), near_a, near_b])
     picked = [i for i in dict.fromkeys(int(i) for i in order) if i not in seen][:budget]
     for index in picked:
         problem.enqueued.add(index)
-        study.enqueue_trial(problem.level_params(index))
+        study.enqueue_trial(problem.level_params(index), user_attrs={"enqueued_mesh": index})
 
 
 def _moves(levels: np.ndarray, center: int) -> tuple[list[np.ndarray], np.ndarray]:

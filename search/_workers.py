@@ -70,9 +70,12 @@ def _run_on(model, cluster, workload, *, workers: int, storage: str, n_trials: i
     close_storage(study._storage)  # no connection crosses fork()
     del study
     final = dict(search, storage=storage, n_trials=n_trials, seed=seed, settings=settings)
+    # The workers share the batch: as many trials in flight as one process would have, so the
+    # sampler's random start and its model see as many told trials as in one process.
+    shared_batch = settings.model_copy(update={"batch_size": max(1, -(-settings.batch_size // workers))})
     if single:  # one vectorized pass prices every mesh (or nothing runs): more processes would repeat it
         return search_devices(model, cluster, workload, progress=progress, warm_start=options.get("warm_start"), **final)
-    processes = _start(model, cluster, workload, workers=workers, search=final)
+    processes = _start(model, cluster, workload, workers=workers, search=dict(final, settings=shared_batch))
     dead = _wait(processes, storage=storage, study_name=study_name, n_trials=n_trials, progress=progress)
     if dead:
         logger.warning("%d of %d search workers died (exit codes %s); finishing the budget here", len(dead), workers, dead)
