@@ -26,19 +26,19 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
-import optuna  # noqa: E402
+import optuna
 
-import autoparallel as ap  # noqa: E402
-from autoparallel.testing.postgres import PostgresServer, unavailable_reason  # noqa: E402
-from cost_model import Training  # noqa: E402
-from search import SearchSettings, find_plan, open_storage  # noqa: E402
-from search._storage import close_storage  # noqa: E402
-from search._workers import run_workers  # noqa: E402
+import autoparallel as ap
+from autoparallel.testing.postgres import PostgresServer, unavailable_reason
+from cost_model import Training
+from search import SearchSettings, find_plan, open_storage
+from search._storage import close_storage
+from search._workers import run_workers
 
 WORKLOAD = Training(sequence_length_tokens=4096, global_batch_tokens=16 * 2**20)
 
 
-def _problem(nodes: int):  # noqa: ANN202
+def _problem(nodes: int):
     return ap.get_model("ref-3t-moe"), ap.get_preset("dgx-h200", num_nodes=nodes)
 
 

@@ -27,7 +27,7 @@ class DeviceChoice:
     idle_reason: str
 
 
-def device_choices(*, model, cluster: Cluster, workload, bounds: SearchBounds, mode: str) -> list[DeviceChoice]:  # noqa: ANN001
+def device_choices(*, model, cluster: Cluster, workload, bounds: SearchBounds, mode: str) -> list[DeviceChoice]:
     """The clusters to search, whole cluster first. Raises ``ValueError`` naming the blocker when
     none has a legal layout (or the whole cluster has none and ``mode`` is ``never``)."""
     full = _space(model=model, cluster=cluster, workload=workload, bounds=bounds)
@@ -48,7 +48,7 @@ def device_choices(*, model, cluster: Cluster, workload, bounds: SearchBounds, m
     return choices
 
 
-def _smaller_node_counts(*, model, cluster: Cluster, workload, bounds: SearchBounds) -> list[int]:  # noqa: ANN001
+def _smaller_node_counts(*, model, cluster: Cluster, workload, bounds: SearchBounds) -> list[int]:
     """The largest node count below the cluster's with a legal layout, and the largest power of
     two below it with one (the same count once)."""
     found: list[int] = []
@@ -63,5 +63,5 @@ def _smaller_node_counts(*, model, cluster: Cluster, workload, bounds: SearchBou
     return found
 
 
-def _space(*, model, cluster: Cluster, workload, bounds: SearchBounds) -> SearchSpace:  # noqa: ANN001
+def _space(*, model, cluster: Cluster, workload, bounds: SearchBounds) -> SearchSpace:
     return SearchSpace(model=model, workload=workload, world_size=cluster.num_devices, devices_per_node=cluster.devices_per_node, bounds=bounds)

@@ -20,9 +20,10 @@ import logging
 import os
 import socket
 import threading
+import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from search._lazy import optuna
 
@@ -34,15 +35,22 @@ def owner() -> dict[str, object]:
     return {"host": socket.gethostname(), "pid": os.getpid()}
 
 
-def fail_orphans(study: optuna.Study) -> int:
+def fail_orphans(study: optuna.Study, *, ownerless_wait_s: float = 1.0) -> int:
     """Fail (and enqueue again) the RUNNING trials of dead processes on this host; trials of live
-    workers or of other hosts are left alone (the heartbeat covers those)."""
+    workers or of other hosts are left alone (the heartbeat covers those). A trial that names no
+    owner was asked by a process killed before it could write its name (a live worker writes it
+    within milliseconds): one still nameless after ``ownerless_wait_s`` is failed too."""
     me = owner()
-    orphans = [
-        trial
-        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-        if _is_orphan(trial.user_attrs.get("owner", {}), me)
-    ]
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    orphans = [trial for trial in running if _is_orphan(trial.user_attrs.get("owner", {}), me)]
+    nameless = {trial.number for trial in running if "owner" not in trial.user_attrs}
+    if nameless:
+        time.sleep(ownerless_wait_s)
+        orphans += [
+            trial
+            for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+            if trial.number in nameless and "owner" not in trial.user_attrs
+        ]
     failed = [trial for trial in orphans if _fail(study, trial)]
     if failed:
         logger.info("marked %d trials of dead workers as failed", len(failed))
@@ -67,7 +75,7 @@ def _fail(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
     return True
 
 
-def _stale_callback(storage):  # noqa: ANN001, ANN202
+def _stale_callback(storage):
     getter = getattr(storage, "get_heartbeat_stale_trial_callback", None) or getattr(storage, "get_failed_trial_callback", None)
     return getter() if getter is not None else None
 
@@ -110,16 +118,23 @@ def ask(study: optuna.Study) -> optuna.Trial:
         return study.ask()
 
 
+def claim(study: optuna.Study, trial: optuna.Trial, me: dict[str, object]) -> None:
+    """Mark a just-asked trial as this process's: its owner, and its first heartbeat (a trial
+    with no heartbeat is never found stale)."""
+    trial.set_user_attr("owner", me)
+    if heartbeat_enabled(study):
+        study._storage.record_heartbeat(trial._trial_id)
+
+
 @contextlib.contextmanager
 def beating(study: optuna.Study, trials: list[optuna.Trial]) -> Iterator[None]:
-    """Record a heartbeat for each of ``trials`` now and every interval until the block ends."""
+    """Record a heartbeat for each of ``trials`` every interval until the block ends (``claim``
+    recorded the first one)."""
     if not heartbeat_enabled(study) or not trials:
         yield
         return
     storage, stop = study._storage, threading.Event()
     ids = [trial._trial_id for trial in trials]
-    for trial_id in ids:
-        storage.record_heartbeat(trial_id)
 
     def beat() -> None:
         while not stop.wait(storage.get_heartbeat_interval()):

@@ -18,7 +18,8 @@ import logging
 import random
 import time
 import warnings
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from search._lazy import optuna
 
@@ -82,7 +83,7 @@ def redacted(url: str | None) -> str | None:
 
 
 def open_storage(
-    url: "str | optuna.storages.BaseStorage | None",
+    url: str | optuna.storages.BaseStorage | None,
     *,
     heartbeat_interval_s: int | None = 5,
     grace_period_s: int | None = 20,
@@ -98,7 +99,7 @@ def open_storage(
     if url.startswith("journal:") or url.endswith((".log", ".journal")):
         from optuna.storages.journal import JournalFileBackend, JournalStorage
 
-        path = url[len("journal:") :] if url.startswith("journal:") else url
+        path = url.removeprefix("journal:")
         return JournalStorage(JournalFileBackend(path.removeprefix("///")))
     if "://" not in url:
         raise ValueError(
@@ -127,7 +128,7 @@ def _heartbeat_options(interval_s: int | None, grace_s: int | None, max_retry: i
     return {"heartbeat_interval": interval_s, "grace_period": grace_s, name: retry(max_retry=max_retry)}
 
 
-def _retry_creation(create, *, attempts: int = 8):  # noqa: ANN001, ANN202
+def _retry_creation(create, *, attempts: int = 8):
     """``create()``, retried when another process created the same tables, types or rows at the
     same moment (PostgreSQL's ``CREATE TYPE`` race, SQLite's ``table already exists``)."""
     import sqlalchemy.exc
@@ -150,7 +151,7 @@ def _is_creation_race(error: Exception) -> bool:
 
 
 @contextlib.contextmanager
-def creation_lock(url: "str | optuna.storages.BaseStorage | None") -> Iterator[None]:
+def creation_lock(url: str | optuna.storages.BaseStorage | None) -> Iterator[None]:
     """Hold a database-wide lock while the schema and the study are created or checked, so that
     workers starting together create them once (PostgreSQL ``pg_advisory_lock``, MySQL
     ``GET_LOCK``); other storages need none (in-memory, journal) or retry (SQLite)."""
@@ -180,7 +181,7 @@ def creation_lock(url: "str | optuna.storages.BaseStorage | None") -> Iterator[N
         engine.dispose()
 
 
-def close_storage(storage: "optuna.storages.BaseStorage | None") -> None:
+def close_storage(storage: optuna.storages.BaseStorage | None) -> None:
     """Close the storage's pooled connections (before ``fork()``: a child must open its own)."""
     backend = getattr(storage, "_backend", storage)  # a study wraps an RDB storage in a cache
     engine = getattr(backend, "engine", None)
@@ -203,7 +204,7 @@ def _engine_options(url: str) -> dict[str, Any]:
     return {}
 
 
-def _sqlite_creator(url: str):  # noqa: ANN202
+def _sqlite_creator(url: str):
     """SQLite connections in WAL mode with ``synchronous=NORMAL``: a commit is durable once the
     process has written it (a killed process loses nothing; only a power loss could), readers do
     not block the writer, and commits skip the per-transaction fsync that otherwise dominates a

@@ -16,19 +16,39 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import numpy as np
-from search._lazy import optuna
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cost_model import Inference, ModelSpec, ParallelConfig, Training
-from search._candidate import Candidate, SearchResult, best_row, candidate_at, pareto_rows
-from search._objective import Estimator, Objective, default_estimator, evaluate, resolve_objective
+from search._candidate import (
+    Candidate,
+    SearchResult,
+    best_row,
+    candidate_at,
+    pareto_rows,
+)
 from search._idle import DeviceChoice, device_choices
-from search._liveness import ask, beating, fail_orphans, fail_stale, owner
+from search._lazy import optuna
+from search._liveness import ask, beating, claim, fail_orphans, fail_stale, owner
+from search._objective import (
+    Estimator,
+    Objective,
+    default_estimator,
+    evaluate,
+    resolve_objective,
+)
 from search._space import MESH_AXES, SearchBounds, SearchSpace, empty_space_reason
-from search._storage import _retry_creation, creation_lock, make_sampler, open_storage, redacted, study_name_for
+from search._storage import (
+    _retry_creation,
+    creation_lock,
+    make_sampler,
+    open_storage,
+    redacted,
+    study_name_for,
+)
 from search._study_job import check_or_record_job, job_fingerprint, job_record
 from topology import Cluster
 
@@ -68,7 +88,7 @@ class SearchSettings(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _grace_after_heartbeat(self) -> "SearchSettings":
+    def _grace_after_heartbeat(self) -> SearchSettings:
         interval, grace = self.heartbeat_interval_s, self.grace_period_s
         if interval is not None and grace is not None and grace <= interval:
             raise ValueError(f"grace_period_s ({grace}) must be > heartbeat_interval_s ({interval}): a live trial would be failed")
@@ -164,16 +184,26 @@ def find_plan(
     settings = settings or SearchSettings()
     if n_trials < 0:
         raise ValueError(f"n_trials ({n_trials}) must be >= 0 (0: write the result of the trials the study holds)")
-    options = dict(
-        objective=objective, n_trials=n_trials, sampler=sampler, storage=storage, seed=seed, settings=settings,
-        estimator=estimator, progress=progress, warm_start=warm_start,
-    )
+    options = {
+        "objective": objective, "n_trials": n_trials, "sampler": sampler, "storage": storage, "seed": seed,
+        "settings": settings, "estimator": estimator, "progress": progress, "warm_start": warm_start,
+    }
     choices = device_choices(model=model, cluster=cluster, workload=workload, bounds=settings.bounds, mode=settings.idle_devices)
-    results = [with_devices(search_devices(model, choice.cluster, workload, **options), choice=choice) for choice in choices]
+    results = [
+        with_devices(search_devices(model, choice.cluster, workload, **dict(options, settings=settings_for(settings, choice, alone=len(choices) == 1))), choice=choice)
+        for choice in choices
+    ]
     return best_of(results)
 
 
-def search_devices(model, cluster, workload, *, n_trials: int, settings: SearchSettings, progress=None, warm_start=None, clean_orphans: bool = True, **options: Any) -> SearchResult:  # noqa: ANN001
+def settings_for(settings: SearchSettings, choice: DeviceChoice, *, alone: bool) -> SearchSettings:
+    """A named study holds one job: a smaller node count searched beside another gets its own name."""
+    if settings.study_name is None or not choice.idle_reason or alone:
+        return settings
+    return settings.model_copy(update={"study_name": f"{settings.study_name}@{choice.cluster.num_nodes}n"})
+
+
+def search_devices(model, cluster, workload, *, n_trials: int, settings: SearchSettings, progress=None, warm_start=None, clean_orphans: bool = True, **options: Any) -> SearchResult:
     """``find_plan`` on exactly ``cluster``'s devices. ``clean_orphans=False`` in the workers of
     ``run_workers``: their parent cleans the study once before starting them."""
     start = time.perf_counter()
@@ -191,7 +221,7 @@ def search_devices(model, cluster, workload, *, n_trials: int, settings: SearchS
     return _collect(study, problem, method=method, ran=ran, elapsed_s=time.perf_counter() - start, storage=options["storage"], settings=settings, seed=options["seed"])
 
 
-def _run(study, problem: "_Problem", *, method: str, n_trials: int, settings: SearchSettings, progress, warm_start, clean_orphans: bool) -> int:  # noqa: ANN001
+def _run(study, problem: _Problem, *, method: str, n_trials: int, settings: SearchSettings, progress, warm_start, clean_orphans: bool) -> int:
     if method == "brute_force":
         return _run_brute_force(study, problem, progress=progress)
     if clean_orphans:
@@ -208,14 +238,14 @@ def with_devices(result: SearchResult, *, choice: DeviceChoice) -> SearchResult:
 
 def best_of(results: list[SearchResult]) -> SearchResult:
     """The result whose best candidate ranks first (feasible first, then the objective)."""
-    def key(result: SearchResult):  # noqa: ANN202
+    def key(result: SearchResult):
         best = result.best
         return (not best.feasible, best.worst_violation if not best.feasible else best.score(result.objective))
 
     return min(results, key=key)
 
 
-def open_study(model, cluster, workload, *, objective, sampler, storage, seed, settings: SearchSettings, estimator=None):  # noqa: ANN001
+def open_study(model, cluster, workload, *, objective, sampler, storage, seed, settings: SearchSettings, estimator=None):
     """The problem (space, objective, estimator) and its Optuna study, created or loaded by name.
 
     Creation runs under the storage's creation lock; an existing study must hold the same job
@@ -246,7 +276,7 @@ def open_study(model, cluster, workload, *, objective, sampler, storage, seed, s
     return problem, study
 
 
-def choose_method(problem: "_Problem", study: optuna.Study, *, n_trials: int, settings: SearchSettings) -> str:
+def choose_method(problem: _Problem, study: optuna.Study, *, n_trials: int, settings: SearchSettings) -> str:
     """Brute force when every mesh fits in the trial budget or the whole space is small, else the sampler."""
     limit = settings.brute_force_limit if settings.brute_force_limit is not None else n_trials
     small = problem.space.num_meshes <= limit or problem.space.size <= settings.brute_force_layouts
@@ -302,7 +332,7 @@ def _run_brute_force(study: optuna.Study, problem: _Problem, *, progress, chunk_
             progress(len(done) + len(priced), total)
 
 
-def _frozen_trial(problem: _Problem, mesh: int, priced: dict[str, Any], distributions) -> optuna.trial.FrozenTrial:  # noqa: ANN001
+def _frozen_trial(problem: _Problem, mesh: int, priced: dict[str, Any], distributions) -> optuna.trial.FrozenTrial:
     best: Candidate = priced["best"]
     values = [float(np.clip(v, -1e30, 1e30)) for v in best.objective_values(problem.objective)]
     constraints = {f"constraints:{k}": (max(float(v), 0.0) if not best.feasible else 0.0) for k, v in best.violations.items()}
@@ -329,15 +359,20 @@ def _run_trials(study, problem: _Problem, *, n_trials: int, settings: SearchSett
     ran = 0
     polish_from = int(n_trials * (1 - settings.polish_fraction))
     me = owner()
-    while (done := num_finished(study)) < n_trials:
+    while True:
         fail_stale(study)
-        size = min(settings.batch_size, n_trials - done)
-        if done >= polish_from:
+        done = num_finished(study)
+        # Past the budget, still run the retries of trials failed as stale (a killed worker's batch).
+        size = min(settings.batch_size, n_trials - done) if done < n_trials else _waiting_retries(study)
+        if size <= 0:
+            break
+        if polish_from <= done < n_trials:
             _enqueue_neighbours(study, problem, budget=size)
-        trials = [ask(study) for _ in range(size)]
+        trials = []
+        for _ in range(size):  # each trial is claimed at once: a dead worker's trial is then found
+            trials.append(ask(study))
+            claim(study, trials[-1], me)
         with beating(study, trials):
-            for trial in trials:  # so that a resumed search can tell a dead worker's trial from a live one's
-                trial.set_user_attr("owner", me)
             meshes = [problem.suggest(trial) for trial in trials]
             missing = [m for m in set(meshes) if m not in cache]
             if missing:
@@ -351,6 +386,11 @@ def _run_trials(study, problem: _Problem, *, n_trials: int, settings: SearchSett
         if progress is not None:
             progress(min(done + len(trials), n_trials), n_trials)
     return ran
+
+
+def _waiting_retries(study: optuna.Study) -> int:
+    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    return sum("failed_trial" in trial.system_attrs for trial in waiting)
 
 
 def _tell(study, trial: optuna.Trial, mesh: int, priced: dict[str, Any], objective: Objective) -> None:

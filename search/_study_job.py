@@ -12,9 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from search._lazy import optuna
-
 from cost_model import Inference, ModelSpec, Training
+from search._lazy import optuna
 from search._space import SearchBounds
 from topology import Cluster
 
@@ -36,7 +35,7 @@ class StudyJob:
     num_complete_trials: int
 
 
-def job_fingerprint(*, model, cluster, workload, objective, settings) -> dict[str, Any]:  # noqa: ANN001
+def job_fingerprint(*, model, cluster, workload, objective, settings) -> dict[str, Any]:
     """The values two workers must share to search one study (readable where short)."""
     return {
         "model": f"{model.name} ({model.fingerprint()})",
@@ -48,7 +47,7 @@ def job_fingerprint(*, model, cluster, workload, objective, settings) -> dict[st
     }
 
 
-def job_record(*, model, cluster, workload) -> dict[str, Any]:  # noqa: ANN001
+def job_record(*, model, cluster, workload) -> dict[str, Any]:
     return {
         "model": model.model_dump(mode="json"),
         "cluster": cluster.model_dump(mode="json"),
@@ -83,7 +82,7 @@ def _short(value: Any) -> str:
     return str(value)
 
 
-def load_study_job(*, storage: "str | optuna.storages.BaseStorage", study_name: str | None) -> StudyJob:
+def load_study_job(*, storage: str | optuna.storages.BaseStorage, study_name: str | None) -> StudyJob:
     """The job of the study ``study_name`` in ``storage`` (the only study there when None)."""
     from search._storage import open_storage
 

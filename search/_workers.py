@@ -32,7 +32,15 @@ from search._lazy import optuna
 from search._liveness import alive, fail_orphans, fail_stale
 from search._storage import close_storage, open_storage
 from search._study import (
-    SearchSettings, _enqueue_warm_start, best_of, choose_method, num_finished, open_study, search_devices, with_devices,
+    SearchSettings,
+    _enqueue_warm_start,
+    best_of,
+    choose_method,
+    num_finished,
+    open_study,
+    search_devices,
+    settings_for,
+    with_devices,
 )
 
 logger = logging.getLogger(__name__)
@@ -40,7 +48,7 @@ logger = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def run_workers(model, cluster, workload, *, workers: int, storage: str | None = None, n_trials: int = 200, seed: int = 0, settings: SearchSettings | None = None, progress=None, **options: Any) -> SearchResult:  # noqa: ANN001
+def run_workers(model, cluster, workload, *, workers: int, storage: str | None = None, n_trials: int = 200, seed: int = 0, settings: SearchSettings | None = None, progress=None, **options: Any) -> SearchResult:
     """Run ``workers`` processes on one study; ``storage=None`` uses a temporary journal file.
 
     The budget ``n_trials`` is shared: each worker stops once the study holds that many finished
@@ -53,13 +61,16 @@ def run_workers(model, cluster, workload, *, workers: int, storage: str | None =
     if storage is None:
         storage = "journal:" + str(Path(tempfile.mkdtemp(prefix="autoparallel-")) / "study.log")
     choices = device_choices(model=model, cluster=cluster, workload=workload, bounds=settings.bounds, mode=settings.idle_devices)
-    common = dict(workers=workers, storage=storage, n_trials=n_trials, seed=seed, settings=settings, progress=progress, options=options)
-    return best_of([with_devices(_run_on(model, choice.cluster, workload, **common), choice=choice) for choice in choices])
+    common = {"workers": workers, "storage": storage, "n_trials": n_trials, "seed": seed, "progress": progress, "options": options}
+    return best_of([
+        with_devices(_run_on(model, choice.cluster, workload, settings=settings_for(settings, choice, alone=len(choices) == 1), **common), choice=choice)
+        for choice in choices
+    ])
 
 
-def _run_on(model, cluster, workload, *, workers: int, storage: str, n_trials: int, seed: int, settings: SearchSettings, progress, options: dict) -> SearchResult:  # noqa: ANN001
+def _run_on(model, cluster, workload, *, workers: int, storage: str, n_trials: int, seed: int, settings: SearchSettings, progress, options: dict) -> SearchResult:
     start = time.perf_counter()
-    search = dict(objective=options.get("objective"), sampler=options.get("sampler"), estimator=options.get("estimator"))
+    search = {name: options.get(name) for name in ("objective", "sampler", "estimator")}
     problem, study = open_study(model, cluster, workload, storage=storage, seed=seed, settings=settings, **search)
     single = n_trials == 0 or choose_method(problem, study, n_trials=n_trials, settings=settings) == "brute_force"
     if not single:  # clean once, before the workers start
@@ -84,7 +95,7 @@ def _run_on(model, cluster, workload, *, workers: int, storage: str, n_trials: i
     return dataclasses.replace(result, elapsed_s=time.perf_counter() - start, num_trials_this_run=result.num_trials - before)
 
 
-def _start(model, cluster, workload, *, workers: int, search: dict) -> list:  # noqa: ANN001
+def _start(model, cluster, workload, *, workers: int, search: dict) -> list:
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
     parent = os.getpid()
     processes = [
@@ -99,7 +110,7 @@ def _start(model, cluster, workload, *, workers: int, search: dict) -> list:  # 
     return processes
 
 
-def _worker(model, cluster, workload, parent: int, **search: Any) -> None:  # noqa: ANN001
+def _worker(model, cluster, workload, parent: int, **search: Any) -> None:
     _die_with_parent(parent)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -121,7 +132,7 @@ def _die_with_parent(parent: int) -> None:
         os._exit(3)
 
 
-def _wait(processes, *, storage: str, study_name: str, n_trials: int, progress) -> list[int]:  # noqa: ANN001
+def _wait(processes, *, storage: str, study_name: str, n_trials: int, progress) -> list[int]:
     """Wait for the workers, reporting progress from this process's own connection; the exit
     codes of those that failed."""
     watched = optuna.load_study(study_name=study_name, storage=open_storage(storage, heartbeat_interval_s=None))

@@ -27,8 +27,8 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 def _command(database: Path, output: Path) -> list[str]:
     return [
-        sys.executable, "-m", "autoparallel.cli", "plan", "--training", "--model", "qwen3-235b-a22b",
-        "--cluster", "dgx-h100", "--nodes", "8", "--sequence-length", "4096", "--global-batch-tokens", "1048576",
+        sys.executable, "-m", "autoparallel.cli", "plan", "--training", "--model", "tiny-moe",
+        "--cluster", "dgx-h100", "--nodes", "4", "--sequence-length", "4096", "--global-batch-tokens", "1048576",
         "--trials", str(BUDGET), "--workers", "2", "--storage", f"sqlite:///{database}", "--output", str(output),
     ]
 
@@ -93,14 +93,14 @@ def test_kill_9_then_the_same_command_completes(victim: str, tmp_path: Path) -> 
         assert first_exit == 0, process.stdout.read().decode()[-3000:]
     before = _complete(database)
     assert before
-    again = subprocess.run(_command(database, output), env=env, capture_output=True, text=True, timeout=120)
+    again = subprocess.run(_command(database, output), check=False, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     states = _states(database)
     after = _complete(database)
     assert before <= after, "a finished trial was lost"
     assert len(after) >= BUDGET
-    assert "RUNNING" not in states.values()
-    assert ap.load_plan(output).world_size == 64
+    assert "RUNNING" not in states.values(), _running_detail(database)
+    assert ap.load_plan(output).world_size == 32
 
 
 def test_no_sqlite_connection_crosses_fork(tmp_path: Path) -> None:
@@ -124,3 +124,11 @@ def test_no_sqlite_connection_crosses_fork(tmp_path: Path) -> None:
     assert len(open_at_fork) >= 2 and not any(open_at_fork), open_at_fork
     pids = {t.user_attrs["owner"]["pid"] for t in optuna.load_study(study_name="fork", storage=f"sqlite:///{database}").get_trials()}
     assert len(pids) == 2 and parent not in pids  # each worker owns its trials
+
+
+def _running_detail(database: Path) -> list:
+    with sqlite3.connect(database, timeout=30) as connection:
+        return connection.execute(
+            "SELECT t.number, t.state, a.key, a.value_json FROM trials t LEFT JOIN trial_user_attributes a ON a.trial_id = t.trial_id "
+            "WHERE t.state != 'COMPLETE' AND (a.key IS NULL OR a.key != 'result')"
+        ).fetchall()

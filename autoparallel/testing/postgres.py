@@ -57,7 +57,7 @@ class PostgresServer:
         self.folder, self.port, self.binaries = folder, port, binaries
 
     @classmethod
-    def start(cls, *, durable: bool = False, timeout_s: float = 60.0) -> "PostgresServer":
+    def start(cls, *, durable: bool = False, timeout_s: float = 60.0) -> PostgresServer:
         """A new server. ``durable=False`` turns fsync off (tests; a killed *server* may lose
         data, a killed client never does); benchmarks keep PostgreSQL's defaults."""
         binaries = server_binaries()
@@ -79,7 +79,7 @@ class PostgresServer:
         command = [str(self.binaries / program), *arguments]
         if os.geteuid() == 0:
             command = ["runuser", "-u", _SERVER_USER, "--", *command]
-        done = subprocess.run(command, capture_output=True, text=True, cwd=self.folder)
+        done = subprocess.run(command, check=False, capture_output=True, text=True, cwd=self.folder)
         if done.returncode:
             log = (self.folder / "server.log").read_text() if (self.folder / "server.log").exists() else ""
             raise RuntimeError(f"{program} failed ({done.returncode}): {done.stderr.strip()} {log[-2000:]}")
