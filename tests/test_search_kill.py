@@ -122,7 +122,8 @@ def test_no_sqlite_connection_crosses_fork(tmp_path: Path) -> None:
     )
     assert result.num_trials >= 16
     assert len(open_at_fork) >= 2 and not any(open_at_fork), open_at_fork
-    pids = {t.user_attrs["owner"]["pid"] for t in optuna.load_study(study_name="fork", storage=f"sqlite:///{database}").get_trials()}
+    complete = optuna.load_study(study_name="fork", storage=f"sqlite:///{database}").get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    pids = {t.user_attrs["owner"]["pid"] for t in complete}
     assert len(pids) == 2 and parent not in pids  # each worker owns its trials
 
 
