@@ -62,12 +62,14 @@ def find_plan(
 
     model, cluster = resolve_model(model), resolve_cluster(cluster)
     options = dict(objective=objective, n_trials=n_trials, sampler=sampler, storage=storage, seed=seed, **search_options)
-    if workers > 1:
+    if workers != 1:  # run_workers names a count below 1
         from search._workers import run_workers
 
         result = run_workers(model, cluster, workload, workers=workers, **options)
     else:
         result = search_plan(model, cluster, workload, **options)
+    if result.settings.get("num_nodes_used", cluster.num_nodes) != cluster.num_nodes:  # whole nodes left idle
+        cluster = cluster.with_nodes(result.settings["num_nodes_used"])
     if not result.feasible:
         raise infeasible_error(model=model, cluster=cluster, workload=workload, result=result, **_estimator_option(search_options))
     plan = build_plan(model=model, cluster=cluster, workload=workload, result=result)
@@ -185,7 +187,7 @@ def provenance(*, model: ModelSpec, cluster: Cluster, workload, result) -> Prove
             "study_name": result.study_name,
             "devices_per_node": cluster.devices_per_node,
             "storage": result.storage,
-            **{k: v for k, v in result.settings.items() if k in ("seed", "batch_size", "polish_fraction")},
+            **{k: v for k, v in result.settings.items() if k in ("seed", "batch_size", "polish_fraction", "idle_reason")},
         },
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     )

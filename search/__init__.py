@@ -18,8 +18,9 @@ from search._disaggregation import DisaggregatedResult, find_disaggregated
 from search._exhaustive import ExhaustiveResult, exhaustive_search, regret
 from search._objective import METRICS, Objective, resolve_objective
 from search._space import SearchBounds, SearchSpace
-from search._storage import open_storage
+from search._storage import database_url, open_storage
 from search._study import SearchSettings, find_plan
+from search._study_job import StudyJob, load_study_job
 
 __all__ = [
     "Candidate",
@@ -31,9 +32,12 @@ __all__ = [
     "SearchResult",
     "SearchSettings",
     "SearchSpace",
+    "StudyJob",
+    "database_url",
     "exhaustive_search",
     "find_disaggregated",
     "find_plan",
+    "load_study_job",
     "open_storage",
     "regret",
     "resolve_objective",

@@ -142,6 +142,10 @@ class SearchSpace:
         self._switch_cache: dict[tuple, Table] = {}
         self._memo: dict[str, dict] = {}
         self.mesh = _enumerate_meshes(self)
+        #: Data-parallel degrees of the meshes that pass the model's rules, before the switches
+        #: (``empty_space_reason`` names the blocker from them).
+        self.rule_legal_dp = sorted(set(self.mesh["dp"].tolist()))
+        self._rule_legal_meshes = dict(self.mesh)
         # A mesh none of whose switch combinations is legal (e.g. no micro-batch size divides the
         # batch per replica) holds no layout: drop it.
         self.mesh = select(self.mesh, self.switch_counts() > 0)
@@ -184,6 +188,10 @@ class SearchSpace:
             yield self.expand(np.arange(start, stop))
             start = stop
 
+    def axis_values(self, axis: str) -> list[int]:
+        """Degrees of ``axis`` within the bounds that divide the world size (before the model's rules)."""
+        return _axis_values(self, axis)
+
     def find_mesh(self, **degrees: int | bool) -> int | None:
         """Index of the mesh with these values (missing axes: any), or None if it is not legal."""
         mask = np.ones(self.num_meshes, dtype=bool)
@@ -224,6 +232,46 @@ def row_extras(table: Table, index: int) -> dict:
         extras["kv_dtype"] = {code: name for name, code in KV_DTYPE_CODES.items()}[int(extras["kv_dtype"])]
         extras["phase"] = {code: name for name, code in PHASE_CODES.items()}[int(extras.get("phase", 0))]
     return extras
+
+
+# ---------------------------------------------------------------------------- empty spaces
+def factorization(n: int) -> str:
+    """``1000`` -> ``"2^3·5^3"`` (``"1"`` for 1)."""
+    factors, divisor = {}, 2
+    while divisor * divisor <= n:
+        while n % divisor == 0:
+            factors[divisor] = factors.get(divisor, 0) + 1
+            n //= divisor
+        divisor += 1
+    if n > 1:
+        factors[n] = factors.get(n, 0) + 1
+    return "·".join(f"{p}^{e}" if e > 1 else str(p) for p, e in sorted(factors.items())) or "1"
+
+
+def empty_space_reason(space: SearchSpace) -> str:
+    """Why ``space`` holds no layout, with the numbers: for training, usually that every mesh the
+    model's rules allow leaves the data-parallel degree a factor the global batch lacks."""
+    world = space.world_size
+    head = f"no legal layout of {space.model.name} on {world} devices ({factorization(world)})"
+    if not space.rule_legal_dp:
+        return f"{head}: every mesh breaks a rule of cost_model._rules (heads, experts, layers against the world size)"
+    if not space.is_training:
+        return f"{head}: no serving setting (batch, KV dtype, redundant experts) is legal on any of its meshes"
+    batch = space.workload.global_batch_sequences
+    meshes = space._rule_legal_meshes
+    missing = meshes["dp"] // np.gcd(meshes["dp"], batch)
+    closest = int(np.argmin(missing))
+    tp, pp, cp, dp = (int(meshes[a][closest]) for a in ("tp", "pp", "cp", "dp"))
+    if missing[closest] == 1:
+        return f"{head}: no micro-batch size up to {space.bounds.max_micro_batch_size} divides the batch per replica"
+    factor = int(missing[closest])
+    return (
+        f"{head}: the global batch of {batch} sequences ({factorization(batch)}) must split evenly over dp, "
+        f"and every mesh the model allows leaves dp a factor {factorization(factor)} the batch lacks "
+        f"(closest: tp{tp} pp{pp} cp{cp} leaves dp {dp}; tp is at most {max(space.axis_values('tp'))}, "
+        f"pp at most {space.model.num_layers} stages, cp must divide the {space.workload.sequence_length_tokens}-token sequence); "
+        f"use a global batch that is a multiple of {int(np.lcm(batch, factor))} sequences, or fewer devices"
+    )
 
 
 # ---------------------------------------------------------------------------- meshes

@@ -12,21 +12,44 @@ found (a local refinement, still as trials).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-import socket
 import time
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import numpy as np
-from search._lazy import optuna
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cost_model import Inference, ModelSpec, ParallelConfig, Training
-from search._candidate import Candidate, SearchResult, best_row, candidate_at, pareto_rows
-from search._objective import Estimator, Objective, default_estimator, evaluate, resolve_objective
-from search._space import MESH_AXES, SearchBounds, SearchSpace
-from search._storage import make_sampler, open_storage, study_name_for
+from search._candidate import (
+    Candidate,
+    SearchResult,
+    best_row,
+    candidate_at,
+    pareto_rows,
+)
+from search._idle import DeviceChoice, device_choices
+from search._lazy import optuna
+from search._liveness import ask, beating, claim, fail_orphans, fail_stale, owner
+from search._objective import (
+    Estimator,
+    Objective,
+    default_estimator,
+    evaluate,
+    resolve_objective,
+)
+from search._space import MESH_AXES, SearchBounds, SearchSpace, empty_space_reason
+from search._storage import (
+    _retry_creation,
+    creation_lock,
+    make_sampler,
+    open_storage,
+    redacted,
+    study_name_for,
+)
+from search._study_job import check_or_record_job, job_fingerprint, job_record
 from topology import Cluster
 
 logger = logging.getLogger(__name__)
@@ -48,10 +71,28 @@ class SearchSettings(BaseModel):
     )
     bounds: SearchBounds = SearchBounds()
     study_name: str | None = None
+    heartbeat_interval_s: int | None = Field(
+        default=5, gt=0, description="RDB storages: seconds between heartbeats of in-flight trials (None: off)"
+    )
+    grace_period_s: int | None = Field(
+        default=20, gt=0, description="a trial without a heartbeat for this long is failed and retried"
+    )
+    idle_devices: Literal["never", "when_needed", "compare"] = Field(
+        default="when_needed",
+        description="plan on fewer whole nodes when no layout uses them all (when_needed), or also "
+        "search the largest smaller legal node count and keep the faster plan (compare)",
+    )
     coordinates: Literal["mesh", "folded"] = Field(
         default="folded",
         description="sample ep (mesh) or the expert-data-parallel degree edp (folded; fewer stuck seeds on ref-3t-moe)",
     )
+
+    @model_validator(mode="after")
+    def _grace_after_heartbeat(self) -> SearchSettings:
+        interval, grace = self.heartbeat_interval_s, self.grace_period_s
+        if interval is not None and grace is not None and grace <= interval:
+            raise ValueError(f"grace_period_s ({grace}) must be > heartbeat_interval_s ({interval}): a live trial would be failed")
+        return self
 
 
 class _Problem:
@@ -140,27 +181,75 @@ def find_plan(
     Returns the ranked result; no feasible layout at all is a result too (``result.feasible``
     is False) — ``autoparallel.find_plan`` turns it into ``InfeasiblePlanError``.
     """
-    start = time.perf_counter()
     settings = settings or SearchSettings()
-    if n_trials <= 0:
-        raise ValueError(f"n_trials ({n_trials}) must be > 0")
-    problem, study = open_study(
-        model, cluster, workload, objective=objective, sampler=sampler, storage=storage, seed=seed,
-        settings=settings, estimator=estimator,
-    )
-    method = choose_method(problem, study, n_trials=n_trials, settings=settings)
-    if method == "brute_force":
-        ran = _run_brute_force(study, problem, progress=progress)
+    if n_trials < 0:
+        raise ValueError(f"n_trials ({n_trials}) must be >= 0 (0: write the result of the trials the study holds)")
+    options = {
+        "objective": objective, "n_trials": n_trials, "sampler": sampler, "storage": storage, "seed": seed,
+        "settings": settings, "estimator": estimator, "progress": progress, "warm_start": warm_start,
+    }
+    choices = device_choices(model=model, cluster=cluster, workload=workload, bounds=settings.bounds, mode=settings.idle_devices)
+    results = [
+        with_devices(search_devices(model, choice.cluster, workload, **dict(options, settings=settings_for(settings, choice, alone=len(choices) == 1))), choice=choice)
+        for choice in choices
+    ]
+    return best_of(results)
+
+
+def settings_for(settings: SearchSettings, choice: DeviceChoice, *, alone: bool) -> SearchSettings:
+    """A named study holds one job: a smaller node count searched beside another gets its own name."""
+    if settings.study_name is None or not choice.idle_reason or alone:
+        return settings
+    return settings.model_copy(update={"study_name": f"{settings.study_name}@{choice.cluster.num_nodes}n"})
+
+
+def search_devices(model, cluster, workload, *, n_trials: int, settings: SearchSettings, progress=None, warm_start=None, clean_orphans: bool = True, **options: Any) -> SearchResult:
+    """``find_plan`` on exactly ``cluster``'s devices. ``clean_orphans=False`` in the workers of
+    ``run_workers``: their parent cleans the study once before starting them."""
+    start = time.perf_counter()
+    problem, study = open_study(model, cluster, workload, settings=settings, **options)
+    if n_trials == 0:
+        if not _finished(study):
+            raise ValueError(f"study ({study.study_name!r}) holds no finished trial to write a plan from")
+        method, ran = "from_study", 0
     else:
-        _fail_orphans(study)
-        _enqueue_warm_start(study, problem, warm_start=warm_start)
-        ran = _run_trials(study, problem, n_trials=n_trials, settings=settings, progress=progress)
+        method = choose_method(problem, study, n_trials=n_trials, settings=settings)
+        ran = _run(study, problem, method=method, n_trials=n_trials, settings=settings, progress=progress,
+                   warm_start=warm_start, clean_orphans=clean_orphans)
+    fail_stale(study)
     logger.info("study %s: %d trials this run (%s) over %d meshes", study.study_name, ran, method, problem.space.num_meshes)
-    return _collect(study, problem, method=method, ran=ran, elapsed_s=time.perf_counter() - start, storage=storage, settings=settings, seed=seed)
+    return _collect(study, problem, method=method, ran=ran, elapsed_s=time.perf_counter() - start, storage=options["storage"], settings=settings, seed=options["seed"])
 
 
-def open_study(model, cluster, workload, *, objective, sampler, storage, seed, settings: SearchSettings, estimator=None):  # noqa: ANN001
-    """The problem (space, objective, estimator) and its Optuna study, created or loaded by name."""
+def _run(study, problem: _Problem, *, method: str, n_trials: int, settings: SearchSettings, progress, warm_start, clean_orphans: bool) -> int:
+    if method == "brute_force":
+        return _run_brute_force(study, problem, progress=progress)
+    if clean_orphans:
+        fail_orphans(study)
+    _enqueue_warm_start(study, problem, warm_start=warm_start)
+    return _run_trials(study, problem, n_trials=n_trials, settings=settings, progress=progress)
+
+
+def with_devices(result: SearchResult, *, choice: DeviceChoice) -> SearchResult:
+    """``result`` stating the devices it used (``settings['num_nodes_used']``) and why some idle."""
+    used = {"num_nodes_used": choice.cluster.num_nodes, "num_devices_used": choice.cluster.num_devices, "idle_reason": choice.idle_reason}
+    return dataclasses.replace(result, settings={**result.settings, **used})
+
+
+def best_of(results: list[SearchResult]) -> SearchResult:
+    """The result whose best candidate ranks first (feasible first, then the objective)."""
+    def key(result: SearchResult):
+        best = result.best
+        return (not best.feasible, best.worst_violation if not best.feasible else best.score(result.objective))
+
+    return min(results, key=key)
+
+
+def open_study(model, cluster, workload, *, objective, sampler, storage, seed, settings: SearchSettings, estimator=None):
+    """The problem (space, objective, estimator) and its Optuna study, created or loaded by name.
+
+    Creation runs under the storage's creation lock; an existing study must hold the same job
+    (``search._study_job``)."""
     objective = resolve_objective(objective, workload)
     if objective.is_multi and not settings.bounds.batch_size_sweep:
         # A throughput/latency front is traced by the batch size: let the study see every batch.
@@ -170,23 +259,24 @@ def open_study(model, cluster, workload, *, objective, sampler, storage, seed, s
         estimator=estimator or default_estimator(), bounds=settings.bounds, coordinates=settings.coordinates,
     )
     if problem.space.num_meshes == 0:
-        raise ValueError(
-            f"no legal layout of {model.name} on {cluster.num_devices} devices: every mesh breaks a rule "
-            f"of cost_model._rules (check heads, experts and layers against the world size)"
-        )
+        raise ValueError(empty_space_reason(problem.space))
     name = settings.study_name or study_name_for(
         model=model.name, kind=workload.kind, world_size=cluster.num_devices, model_fingerprint=model.fingerprint(),
         cluster=cluster.fingerprint(), workload=workload.model_dump(mode="json"), objective=objective.names,
         bounds=settings.bounds.model_dump(mode="json"), coordinates=settings.coordinates,
     )
-    study = optuna.create_study(
-        storage=open_storage(storage), sampler=make_sampler(sampler, seed=seed, multi_objective=objective.is_multi),
-        study_name=name, directions=list(objective.directions), load_if_exists=True,
-    )
+    fingerprint = job_fingerprint(model=model, cluster=cluster, workload=workload, objective=objective, settings=settings)
+    with creation_lock(storage):
+        opened = open_storage(storage, heartbeat_interval_s=settings.heartbeat_interval_s, grace_period_s=settings.grace_period_s)
+        study = _retry_creation(lambda: optuna.create_study(
+            storage=opened, sampler=make_sampler(sampler, seed=seed, multi_objective=objective.is_multi),
+            study_name=name, directions=list(objective.directions), load_if_exists=True,
+        ))
+        check_or_record_job(study, fingerprint=fingerprint, record=job_record(model=model, cluster=cluster, workload=workload))
     return problem, study
 
 
-def choose_method(problem: "_Problem", study: optuna.Study, *, n_trials: int, settings: SearchSettings) -> str:
+def choose_method(problem: _Problem, study: optuna.Study, *, n_trials: int, settings: SearchSettings) -> str:
     """Brute force when every mesh fits in the trial budget or the whole space is small, else the sampler."""
     limit = settings.brute_force_limit if settings.brute_force_limit is not None else n_trials
     small = problem.space.num_meshes <= limit or problem.space.size <= settings.brute_force_layouts
@@ -205,33 +295,9 @@ def _finished(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
 
 
-_OWNER = {"host": socket.gethostname(), "pid": os.getpid()}
-
-
-def _fail_orphans(study: optuna.Study) -> int:
-    """Mark FAIL the RUNNING trials of dead processes on this host (a killed search leaves its
-    in-flight batch RUNNING forever); trials of live workers or of other hosts are left alone."""
-    failed = 0
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        owner = trial.user_attrs.get("owner", {})
-        if owner.get("host") == _OWNER["host"] and owner.get("pid") != os.getpid() and not _alive(owner.get("pid")):
-            study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-            failed += 1
-    if failed:
-        logger.info("marked %d trials of dead workers as failed", failed)
-    return failed
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
+def num_finished(study: optuna.Study) -> int:
+    """Finished trials, counted by the storage (cheaper than reading them)."""
+    return study._storage.get_n_trials(study._study_id, state=optuna.trial.TrialState.COMPLETE)
 
 
 def _enqueue_warm_start(study: optuna.Study, problem: _Problem, *, warm_start: ParallelConfig | None) -> None:
@@ -249,23 +315,24 @@ def _run_brute_force(study: optuna.Study, problem: _Problem, *, progress, chunk_
     """Price every mesh not yet in the study, a chunk per cost-model call, and add each chunk as
     finished trials (``Study.add_trials``: no sampler involved, constraints included). A killed run
     loses at most the chunk in flight."""
-    done = {_attrs(t).get("mesh_index") for t in _finished(study)}
-    todo = [m for m in range(problem.space.num_meshes) if m not in done]
     total, ran = problem.space.num_meshes, 0
     distributions = {
         name: optuna.distributions.IntDistribution(0, int(problem.sampled_levels[:, i].max()))
         for i, name in enumerate(problem._param_names())
     }
-    for start in range(0, len(todo), chunk_meshes):
-        priced = problem.price(todo[start : start + chunk_meshes])
+    while True:  # re-read what is done before each chunk: workers elsewhere may be pricing too
+        done = {_attrs(t).get("mesh_index") for t in _finished(study)}
+        todo = [m for m in range(problem.space.num_meshes) if m not in done][:chunk_meshes]
+        if not todo:
+            return ran
+        priced = problem.price(todo)
         study.add_trials([_frozen_trial(problem, mesh, result, distributions) for mesh, result in priced.items()])
         ran += len(priced)
         if progress is not None:
-            progress(len(done) + ran, total)
-    return ran
+            progress(len(done) + len(priced), total)
 
 
-def _frozen_trial(problem: _Problem, mesh: int, priced: dict[str, Any], distributions) -> optuna.trial.FrozenTrial:  # noqa: ANN001
+def _frozen_trial(problem: _Problem, mesh: int, priced: dict[str, Any], distributions) -> optuna.trial.FrozenTrial:
     best: Candidate = priced["best"]
     values = [float(np.clip(v, -1e30, 1e30)) for v in best.objective_values(problem.objective)]
     constraints = {f"constraints:{k}": (max(float(v), 0.0) if not best.feasible else 0.0) for k, v in best.violations.items()}
@@ -285,26 +352,45 @@ def _result_attr(mesh: int, priced: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_trials(study, problem: _Problem, *, n_trials: int, settings: SearchSettings, progress) -> int:
+    """Ask, price and tell batches until the study holds ``n_trials`` finished trials. Each batch
+    first fails the stale trials of dead workers (they are enqueued again), and keeps a heartbeat
+    on its own trials while they are priced."""
     cache: dict[int, dict[str, Any]] = {}
     ran = 0
     polish_from = int(n_trials * (1 - settings.polish_fraction))
-    while (done := len(_finished(study))) < n_trials:
-        size = min(settings.batch_size, n_trials - done)
-        if done >= polish_from:
+    me = owner()
+    while True:
+        fail_stale(study)
+        done = num_finished(study)
+        # Past the budget, still run the retries of trials failed as stale (a killed worker's batch).
+        size = min(settings.batch_size, n_trials - done) if done < n_trials else _waiting_retries(study)
+        if size <= 0:
+            break
+        if polish_from <= done < n_trials:
             _enqueue_neighbours(study, problem, budget=size)
-        trials = [study.ask() for _ in range(size)]
-        for trial in trials:  # so that a resumed search can tell a dead worker's trial from a live one's
-            trial.set_user_attr("owner", _OWNER)
-        meshes = [problem.suggest(trial) for trial in trials]
-        missing = [m for m in set(meshes) if m not in cache]
-        if missing:
-            cache.update(problem.price(missing))
-        for trial, mesh in zip(trials, meshes):
-            _tell(study, trial, mesh, cache[mesh], problem.objective)
+        trials = []
+        for _ in range(size):  # each trial is claimed at once: a dead worker's trial is then found
+            trials.append(ask(study))
+            claim(study, trials[-1], me)
+        with beating(study, trials):
+            meshes = [problem.suggest(trial) for trial in trials]
+            missing = [m for m in set(meshes) if m not in cache]
+            if missing:
+                cache.update(problem.price(missing))
+            for trial, mesh in zip(trials, meshes):
+                try:
+                    _tell(study, trial, mesh, cache[mesh], problem.objective)
+                except optuna.exceptions.UpdateFinishedTrialError:  # failed as stale meanwhile: it is retried
+                    logger.warning("trial %d was failed by another worker (no heartbeat for the grace period)", trial.number)
         ran += len(trials)
         if progress is not None:
             progress(min(done + len(trials), n_trials), n_trials)
     return ran
+
+
+def _waiting_retries(study: optuna.Study) -> int:
+    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    return sum("failed_trial" in trial.system_attrs for trial in waiting)
 
 
 def _tell(study, trial: optuna.Trial, mesh: int, priced: dict[str, Any], objective: Objective) -> None:
@@ -337,14 +423,16 @@ def _enqueue_neighbours(study, problem: _Problem, *, budget: int) -> None:
     best = _best_trial(study, problem.objective)
     if best is None or not problem.axes:
         return
-    seen = {_attrs(t).get("mesh_index") for t in study.get_trials(deepcopy=False)} | problem.enqueued
+    trials = study.get_trials(deepcopy=False)
+    # Meshes priced, and meshes any worker has enqueued and not priced yet (no double work).
+    seen = {_attrs(t).get("mesh_index") for t in trials} | {t.user_attrs.get("enqueued_mesh") for t in trials} | problem.enqueued
     center = _attrs(best)["mesh_index"]
     (lines_a, near_a), (lines_b, near_b) = _moves(problem.levels, center), _moves(problem.folded_levels, center)
     order = np.concatenate([_round_robin(lines_a + lines_b), near_a, near_b])
     picked = [i for i in dict.fromkeys(int(i) for i in order) if i not in seen][:budget]
     for index in picked:
         problem.enqueued.add(index)
-        study.enqueue_trial(problem.level_params(index))
+        study.enqueue_trial(problem.level_params(index), user_attrs={"enqueued_mesh": index})
 
 
 def _moves(levels: np.ndarray, center: int) -> tuple[list[np.ndarray], np.ndarray]:
@@ -399,7 +487,7 @@ def _collect(study, problem: _Problem, *, method, ran, elapsed_s, storage, setti
         num_meshes=problem.space.num_meshes, num_trials=len(trials), num_trials_this_run=ran,
         rows_evaluated=rows, infeasible_trials=infeasible_trials, infeasible_rows=infeasible_rows,
         elapsed_s=elapsed_s, study_name=study.study_name,
-        storage=storage if storage is None or isinstance(storage, str) else type(storage).__name__,
+        storage=redacted(storage) if storage is None or isinstance(storage, str) else type(storage).__name__,
         settings={"sampler": method, "seed": seed, **settings.model_dump(mode="json", exclude={"study_name"})},
     )
 

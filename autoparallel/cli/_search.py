@@ -65,9 +65,26 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
         help="sqlite:///study.db, any RDB URL or journal:PATH (resumable; view with: optuna-dashboard sqlite:///study.db)",
     )
     parser.add_argument("--workers", type=positive_int, default=1, help="worker processes searching one study")
+    parser.add_argument(
+        "--study", default=None,
+        help="study name in --storage (default: derived from the job); workers on other machines join it by name",
+    )
+    parser.add_argument(
+        "--from-study", action="store_true",
+        help="write the plan from the study's finished trials without searching (the job is read from the study)",
+    )
+    parser.add_argument(
+        "--idle-devices", default="when_needed", choices=("never", "when_needed", "compare"),
+        help="plan on fewer whole nodes when no layout uses them all (when_needed), or also compare them (compare)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=output_file, default="plan.json")
     add_json_flag(parser)
+    parser.set_defaults(job_defaults={name: parser.get_default(name) for name in _JOB_ARGUMENTS})
+
+
+#: Arguments that describe the job; ``--from-study`` reads the job from the study instead.
+_JOB_ARGUMENTS = ("model", "cluster", "nodes", "training", "objective", "sequence_length", "global_batch_tokens", "prompt_tokens", "output_tokens")
 
 
 def _workload(args: argparse.Namespace):  # noqa: ANN202
@@ -94,11 +111,17 @@ def _plan(args: argparse.Namespace) -> int:
     import optuna
 
     from autoparallel._planner import find_plan, resolve_cluster, resolve_model
+    from search import SearchSettings
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if args.workers < 1:
+        raise ValueError(f"--workers ({args.workers}) must be >= 1")
+    if args.from_study:
+        return _plan_from_study(args)
     model = resolve_model(args.model)
     cluster = with_network_override(resolve_cluster(args.cluster, num_nodes=args.nodes), args)
     workload = _workload(args)
+    settings = SearchSettings(study_name=args.study, idle_devices=args.idle_devices)
     if not args.json:
         console.print(
             f"Planning [bold]{model.name}[/] {workload.kind} on [bold]{cluster.num_devices}[/] x "
@@ -111,11 +134,38 @@ def _plan(args: argparse.Namespace) -> int:
         task = bar.add_task("search", total=args.trials)
         plan = find_plan(
             model, cluster, workload, objective=args.objective, n_trials=args.trials, sampler=args.sampler,
-            storage=args.storage, seed=args.seed, workers=args.workers,
+            storage=args.storage, seed=args.seed, workers=args.workers, settings=settings,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
-    path = plan.save(args.output)
-    if args.json:
+    return _write(plan, args.output, as_json=args.json)
+
+
+def _plan_from_study(args: argparse.Namespace) -> int:
+    """``plan --from-study``: rank the trials a (finished) study holds and write the plan."""
+    from autoparallel._planner import find_plan
+    from search import SearchSettings, load_study_job
+
+    if args.storage is None:
+        raise ValueError("--from-study (True) needs --storage: the URL of the study's database")
+    given = [f"--{name.replace('_', '-')}" for name, default in args.job_defaults.items() if getattr(args, name) != default]
+    if given:
+        raise ValueError(f"--from-study reads the job from the study; drop {', '.join(given)}")
+    job = load_study_job(storage=args.storage, study_name=args.study)
+    console.print(
+        f"Writing the plan of study [bold]{job.study_name}[/] ({job.num_complete_trials} finished trials): "
+        f"{job.model.name} {job.workload.kind} on {job.cluster.num_devices} x {job.cluster.device.name}"
+    )
+    settings = SearchSettings(study_name=job.study_name, bounds=job.bounds, coordinates=job.coordinates, idle_devices="never")
+    plan = find_plan(
+        job.model, job.cluster, job.workload, objective=job.objective if len(job.objective) > 1 else job.objective[0],
+        n_trials=0, storage=args.storage, settings=settings,
+    )
+    return _write(plan, args.output, as_json=args.json)
+
+
+def _write(plan, output: Path, *, as_json: bool = False) -> int:  # noqa: ANN001
+    path = plan.save(output)
+    if as_json:
         print_json({"output": str(path), "plan": json.loads(plan.to_json())})
         return 0
     console.print(plan_table(plan))
@@ -125,6 +175,8 @@ def _plan(args: argparse.Namespace) -> int:
         f"{search['num_trials']} trials, {search['rows_evaluated']:,} layouts priced in {search['elapsed_s']:.1f} s; "
         f"infeasible layouts: {_counts(search['infeasible_layouts'])}"
     )
+    if search.get("idle_reason"):
+        console.print(f"devices: {search['idle_reason']}", highlight=False, markup=False)
     if line := deployment_line(plan):
         console.print(line)
     console.print(f"wrote [bold]{path}[/]")
