@@ -22,7 +22,6 @@ import torch
 import autoparallel as ap
 from cost_model import ParallelConfig
 
-pytestmark = pytest.mark.distributed  # two forked worker processes share the ranks
 
 WORLD_SIZE = 1024
 CONFIG = ParallelConfig(pp=8, dp=16, tp=8, ep=64, etp=2, sequence_parallel=True, zero_stage=0, pipeline_schedule="1f1b")
@@ -181,6 +180,7 @@ def apply_on_ranks_in_parallel(ranks: list[int], spec, plan) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.distributed  # two forked worker processes share the ranks
 def test_1024_rank_plan_applied_on_sampled_ranks(spec, plan):
     ranks = sampled_ranks()
     results = apply_on_ranks_in_parallel(ranks, spec, plan)

@@ -112,4 +112,4 @@ def test_workers_below_one_is_a_one_line_error(workers: str, capsys) -> None:
     assert main(["plan", "--workers", workers, "--output", "/nonexistent/plan.json"]) == 2
     err = capsys.readouterr()
     text = (err.err + err.out).strip()
-    assert f"--workers ({workers}) must be >= 1" in text and len(text.splitlines()) == 1
+    assert f"--workers: {workers} must be > 0" in text and len(text.splitlines()) == 1

@@ -21,7 +21,7 @@ TESTS = Path(__file__).resolve().parent
 TEST_FILES = sorted(TESTS.glob("test_*.py"))
 LAUNCH_NAMES = {"run_ranks", "start_processes", "multiprocessing"}
 LAUNCH_STRINGS = {"torch.distributed.run", "torchrun"}
-ALLOWED_ABSOLUTE_PREFIXES = ("/tmp", "/dev/", "/proc/")
+ALLOWED_ABSOLUTE_PREFIXES = ("/tmp", "/dev/", "/proc")
 PATH_OPENERS = {"Path", "PurePath", "open", "joinpath"}
 
 
