@@ -89,7 +89,8 @@ def test_a_missing_cluster_file_is_not_called_an_unknown_preset(tmp_path, capsys
 def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
     environment = dict(os.environ, PYTHONPATH=str(REPO))
     process = subprocess.Popen(
-        [sys.executable, "-m", "autoparallel.cli", "plan", "--training", "--trials", "100000", "--storage",
+        [sys.executable, "-m", "autoparallel.cli", "plan", "--training", "--cluster", "dgx-h200", "--nodes", "128",
+         "--trials", "100000", "--storage",
          f"sqlite:///{tmp_path}/s.db", "--output", str(tmp_path / "plan.json")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, cwd=tmp_path,
     )
