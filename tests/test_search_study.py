@@ -218,7 +218,8 @@ def test_two_worker_processes_share_one_study(tmp_path: Path, qwen) -> None:
     assert len(trials) == result.num_trials >= 16
     assert len(trials) <= 16 + 2 * 4  # each worker overshoots by at most one batch
     pids = {t.user_attrs["result"]["worker_pid"] for t in trials}
-    assert len(pids) == 2 and os.getpid() not in pids
+    # Both worker processes searched; the parent may finish the budget when a worker ends early.
+    assert len(pids - {os.getpid()}) == 2
     assert len({t.number for t in trials}) == len(trials)
     assert np.isfinite(result.best.metrics["step_time_s"])
 
