@@ -37,7 +37,7 @@ class PlanError(ValueError):
 
 def _short(value: Any) -> str:
     text = str(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def check_schema_version(value: Any, *, upgraded: bool) -> None:
