@@ -87,7 +87,8 @@ class MeshAxis(BaseModel):
 
 
 class StageLayers(BaseModel):
-    """Pipeline chunk ``chunk`` (= stage for 1 virtual stage) holds layers ``[start_layer, stop_layer)``.
+    """Pipeline chunk ``chunk`` (= stage for 1 virtual stage) holds layers
+    ``[start_layer, stop_layer)``.
 
     With interleaving, rank ``stage`` holds chunks ``stage, stage + pp, stage + 2 pp, ...``.
     """
@@ -137,9 +138,7 @@ class ServingSettings(BaseModel):
 
     model_config = _STRICT
 
-    batch_size: int = Field(
-        gt=0, description="sequences in flight per attention replica"
-    )
+    batch_size: int = Field(gt=0, description="sequences in flight per attention replica")
     kv_dtype: Dtype = "bf16"
     num_redundant_experts: int = Field(default=0, ge=0)
     two_batch_overlap: bool = False
