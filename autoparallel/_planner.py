@@ -34,7 +34,6 @@ from cost_model import (
     CostBreakdown,
     InfeasiblePlanError,
     Inference,
-    Layout,
     ModelSpec,
     Training,
 )
@@ -166,16 +165,9 @@ def _rebuilt(
         model=model,
         cluster=cluster,
         job=plan.job,
-        layout=plan_layout(plan),
+        layout=plan.layout,
         predicted=plan.predicted,
         record=record,
-    )
-
-
-def plan_layout(plan: ShardingPlan) -> Layout:
-    """The ``Layout`` a plan was priced with."""
-    return Layout(
-        config=plan.config, serving=None if plan.serving is None else plan.serving.serving_config()
     )
 
 

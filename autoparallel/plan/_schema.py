@@ -18,7 +18,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from cost_model import CostBreakdown, ModelSpec, ParallelConfig, ServingConfig, Workload
+from cost_model import (
+    CostBreakdown,
+    Layout,
+    ModelSpec,
+    ParallelConfig,
+    ServingConfig,
+    Workload,
+)
 from cost_model._units import Dtype
 
 __all__ = [
@@ -186,6 +193,11 @@ class Pool(BaseModel):
     def num_devices(self) -> int:
         return self.num_units * self.devices_per_unit
 
+    @property
+    def layout(self) -> Layout:
+        """The ``Layout`` one unit of this pool was priced with, for its phase."""
+        return Layout(config=self.config, serving=self.serving.serving_config(phase=self.role))
+
 
 class Deployment(BaseModel):
     """Colocated (the plan's own layout on every device) or disaggregated (the prefill and decode
@@ -248,6 +260,12 @@ class ShardingPlan(BaseModel):
 
     def __hash__(self) -> int:
         return hash(self.to_json())
+
+    @property
+    def layout(self) -> Layout:
+        """The ``Layout`` the plan was priced with (its config and serving settings)."""
+        serving = None if self.serving is None else self.serving.serving_config()
+        return Layout(config=self.config, serving=serving)
 
     @property
     def disaggregated(self) -> bool:
