@@ -31,16 +31,18 @@ from autoparallel.plan._schema import (
 )
 from autoparallel.plan._validate import check_layout
 from cost_model import (
+    DENSE_MESH_ORDER,
+    MOE_MESH_ORDER,
     CostBreakdown,
     Inference,
+    Layout,
     ModelSpec,
     ParallelConfig,
     Training,
+    axis_degrees,
     estimate,
     split_layers,
 )
-from cost_model._axes import DENSE_MESH_ORDER, MOE_MESH_ORDER, axis_degrees
-from cost_model._layout import Layout
 from topology import Cluster
 
 __all__ = [

@@ -11,12 +11,14 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from cost_model import Training, check_parallel_config, check_sequence_fits
-from cost_model._axes import (
+from cost_model import (
     ALL_AXES,
     DENSE_MESH_ORDER,
     MOE_MESH_ORDER,
+    Training,
     axis_degrees,
+    check_parallel_config,
+    check_sequence_fits,
     describe_layout,
 )
 
