@@ -179,3 +179,57 @@ def test_build_plan_refuses_a_layout_the_model_does_not_allow() -> None:
             layout=Layout(config=ParallelConfig(dp=3, ep=3)),
             predicted=None,
         )
+
+
+def _as_version_1(plan: ap.ShardingPlan, *, dense_moe_view: bool = False) -> dict:
+    """The version-1 document the producers of that version wrote for ``plan``."""
+    document = json.loads(plan.to_json())
+    provenance = document["provenance"]
+    provenance["workload"] = document.pop("job")
+    provenance["search"] = provenance["search"] or {}
+    for key in ("model", "devices_per_node", "deployment"):
+        document.pop(key)
+    document.update(schema_version=1, disaggregation=[])
+    if dense_moe_view:  # the profilers' staged checks wrote the MoE view even for dense models
+        config = plan.config
+        document["moe_mesh_axes"] = [
+            {"name": "pp", "size": config.pp},
+            {"name": "edp", "size": config.dp * config.cp * config.tp},
+            {"name": "ep", "size": 1},
+            {"name": "etp", "size": 1},
+        ]
+    if document["serving"] is not None:
+        document["serving"].pop("all_to_all_backend")
+    return document
+
+
+@pytest.mark.parametrize(
+    ("model", "config", "dense_moe_view"),
+    [
+        ("tiny-moe", ParallelConfig(tp=2, pp=2, ep=2), False),
+        ("megatron-gpt-1.7b", ParallelConfig(tp=2, pp=2), True),
+        ("megatron-gpt-1.7b", ParallelConfig(dp=4), False),
+    ],
+)
+def test_version_1_plans_of_the_old_producers_upgrade(model, config, dense_moe_view) -> None:
+    from autoparallel.testing import plan_for_config
+
+    plan = plan_for_config(ap.get_model(model), config)
+    old = _as_version_1(plan, dense_moe_view=dense_moe_view)
+    assert "devices_per_node" not in old["provenance"]["search"]  # taken from the cluster preset
+    assert ap.load_plan(old) == plan
+
+
+def test_a_version_1_plan_of_a_model_outside_the_catalog_is_named() -> None:
+    from autoparallel.testing import plan_for_config
+
+    old = _as_version_1(plan_for_config(ap.get_model("tiny-moe"), ParallelConfig(dp=2)))
+    old["provenance"]["model_name"] = "my-model"
+    with pytest.raises(
+        PlanError, match=r"plan provenance.model_name \(my-model\): .* in the catalog"
+    ):
+        ap.load_plan(old)
+    old["provenance"]["model_name"] = "tiny-moe"
+    old["provenance"]["model_fingerprint"] = "beef"
+    with pytest.raises(PlanError, match=r"plan provenance.model_fingerprint \(beef\): must equal"):
+        ap.load_plan(old)

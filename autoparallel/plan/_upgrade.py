@@ -73,6 +73,8 @@ def upgrade_v1(document: dict[str, Any]) -> dict[str, Any]:
         devices_per_node=_devices_per_node(provenance, search),
         deployment=_deployment(document, search),
     )
+    if model.moe is None:  # some version-1 producers wrote an (all-ones) MoE view for dense models
+        upgraded["moe_mesh_axes"] = []
     return upgraded
 
 
