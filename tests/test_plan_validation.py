@@ -708,3 +708,22 @@ def test_the_runtime_refuses_a_plan_whose_world_size_disagrees() -> None:
         match=r"rank_to_device \(length 4\) must be a permutation of range\(world_size = 4\)",
     ):
         mesh_rank_layout(shuffled)
+
+
+def test_a_corrupt_plan_exits_2_from_the_installed_command(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "plan.json"
+    path.write_text(_edited(INFERENCE, _layout(tp=3, dp=8, ep=24)))
+    env = dict(os.environ, PYTHONPATH=str(EXAMPLES.parents[2]), COLUMNS="200")
+    done = subprocess.run(
+        [sys.executable, "-m", "autoparallel.cli", "export", str(path), "--format", "sglang"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "num_attention_heads (128) must be divisible by tp (3)" in done.stderr
