@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from autoparallel._expert_placement import ExpertMove, placement_moves, rank_experts
-from autoparallel._plan import ExpertPlacement
+from autoparallel.plan import ExpertPlacement
 
 
 def _placement(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from autoparallel._plan import ModuleRule
+from autoparallel.plan import ModuleRule
 from autoparallel.runtime import (
     ReferenceMoETransformer,
     apply_plan,

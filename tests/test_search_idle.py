@@ -104,7 +104,7 @@ def test_planner_writes_the_plan_on_the_devices_it_uses(model, tmp_path) -> None
     plan = ap.load_plan(output)
     used = plan.config.dp * plan.config.tp * plan.config.pp * plan.config.cp
     assert plan.world_size == used < 1000 and used % 8 == 0
-    assert "devices idle" in plan.provenance.search["idle_reason"]
+    assert "devices idle" in plan.provenance.search.idle_reason
 
 
 @pytest.mark.parametrize("workers", ["0", "-2"])

@@ -192,7 +192,7 @@ def test_three_worker_plan_matches_the_single_process_plan(server, tmp_path: Pat
     output = tmp_path / "plan.json"
     assert main(["plan", "--from-study", "--storage", url, "--study", "shared", "--output", str(output)]) == 0
     plan = ap.load_plan(output)
-    assert plan.config == shared.best.config and plan.provenance.search["method"] == "from_study"
+    assert plan.config == shared.best.config and plan.provenance.search.method == "from_study"
     assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in _trials(url, "shared")) == shared.num_trials
 
 

@@ -29,6 +29,7 @@ from autoparallel.cli._args import (
 )
 from autoparallel.cli._render import add_json_flag, console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
+from cost_model import describe_layout
 from cost_model._units import human_bytes, human_seconds
 
 DEFAULT_CLUSTER = "gb200-nvl72"
@@ -171,12 +172,12 @@ def _write(plan, output: Path, *, as_json: bool = False) -> int:  # noqa: ANN001
     console.print(plan_table(plan))
     search = plan.provenance.search
     console.print(
-        f"space {search['space_size']:,} layouts ({search['num_meshes']:,} meshes); {search['method']} "
-        f"{search['num_trials']} trials, {search['rows_evaluated']:,} layouts priced in {search['elapsed_s']:.1f} s; "
-        f"infeasible layouts: {_counts(search['infeasible_layouts'])}"
+        f"space {search.space_size:,} layouts ({search.num_meshes:,} meshes); {search.method} "
+        f"{search.num_trials} trials, {search.rows_evaluated:,} layouts priced in {search.elapsed_s:.1f} s; "
+        f"infeasible layouts: {_counts(search.infeasible_layouts)}"
     )
-    if search.get("idle_reason"):
-        console.print(f"devices: {search['idle_reason']}", highlight=False, markup=False)
+    if search.idle_reason:
+        console.print(f"devices: {search.idle_reason}", highlight=False, markup=False)
     if line := deployment_line(plan):
         console.print(line)
     console.print(f"wrote [bold]{path}[/]")
@@ -185,18 +186,18 @@ def _write(plan, output: Path, *, as_json: bool = False) -> int:  # noqa: ANN001
 
 def deployment_line(plan) -> str:  # noqa: ANN001
     """Colocated vs disaggregated serving, when the plan priced both."""
-    if not plan.disaggregation:
+    deployment = plan.deployment
+    if not deployment.pools:
         return ""
-    search = plan.provenance.search
-    pools = " + ".join(
-        f"{p.phase} {p.num_devices} devices (units tp{p.config.tp} pp{p.config.pp} dp{p.config.dp} ep{p.config.ep}"
-        f"{' attn-dp' if p.config.attention_data_parallel else ''})"
-        for p in plan.disaggregation
-    )
+    pools = " + ".join(f"{p.role} {p.num_devices} devices (units {describe_layout(p.config)})" for p in deployment.pools)
+    colocated = deployment.colocated_output_tokens_per_s_per_device
+    disaggregated = deployment.disaggregated_output_tokens_per_s_per_device
+    if colocated is None or disaggregated is None:
+        return f"deployment: [bold]{deployment.kind}[/] ({pools})"
     return (
-        f"deployment: [bold]{search['deployment']}[/] — colocated {search['colocated_output_tokens_per_s_per_device']:,.1f} "
-        f"vs disaggregated {search['disaggregated_output_tokens_per_s_per_device']:,.1f} output tokens/s per device "
-        f"({pools}; the {search['disaggregated_bottleneck']} pool binds)"
+        f"deployment: [bold]{deployment.kind}[/] — colocated {colocated:,.1f} "
+        f"vs disaggregated {disaggregated:,.1f} output tokens/s per device "
+        f"({pools}; the {deployment.bottleneck} pool binds)"
     )
 
 
@@ -251,7 +252,7 @@ def plan_table(plan) -> Table:  # noqa: ANN001
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from autoparallel._plan import load_plan
+    from autoparallel.plan import load_plan
 
     plan = load_plan(Path(args.plan))
     cost = plan.predicted
@@ -308,7 +309,7 @@ def _memory_table(cost) -> Table:  # noqa: ANN001
 
 def _export(args: argparse.Namespace) -> int:
     from autoparallel._export import export_plan
-    from autoparallel._plan import load_plan
+    from autoparallel.plan import load_plan
 
     result = export_plan(load_plan(Path(args.plan)), format=args.format, model_path=args.model_path)
     if args.json:

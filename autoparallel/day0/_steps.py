@@ -284,9 +284,7 @@ def _plan(context: Day0Context, kind: str) -> list[Path]:
         "serving_options": options,
         "layout": _layout(plan),
         "estimate": cost.model_dump(mode="json"),
-        "search": {
-            k: v for k, v in plan.provenance.search.items() if isinstance(v, (int, float, str))
-        },
+        "search": _search_summary(plan),
         "candidates": [_candidate(plan.config, plan.predicted, plan.serving, rank=1)]
         + [
             _candidate(a.config, a.predicted, a.serving, rank=i + 2)
@@ -297,7 +295,20 @@ def _plan(context: Day0Context, kind: str) -> list[Path]:
 
 
 def _serving_options(plan) -> dict:
-    return {} if plan.serving is None else plan.serving.model_dump(mode="json")
+    return {} if plan.serving is None else plan.serving.serving_config().model_dump(mode="json")
+
+
+def _search_summary(plan) -> dict:
+    """The search record's scalars, and the deployment when a prefill/decode split was priced."""
+    record = plan.provenance.search
+    values = {} if record is None else record.model_dump(mode="json")
+    summary = {k: v for k, v in values.items() if isinstance(v, (int, float, str))}
+    deployment = plan.deployment
+    if deployment.pools or deployment.note:
+        summary["deployment"] = deployment.kind
+        if deployment.note:
+            summary["disaggregation"] = deployment.note
+    return summary
 
 
 def _layout(plan) -> str:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from autoparallel._expert_placement import balanced_placement, contiguous_placement, load_imbalance, placement_moves
-from autoparallel._plan import ExpertPlacement, ShardingPlan
+from autoparallel.plan import ExpertPlacement, ShardingPlan
 from autoparallel.retune._types import (
     ChangeKind,
     MeasuredStep,

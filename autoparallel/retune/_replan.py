@@ -5,10 +5,9 @@ largest legal world a set of surviving ranks allows."""
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from autoparallel._plan import Provenance, ShardingPlan
-from cost_model import InfeasiblePlanError, Inference, ModelSpec, ParallelConfig, Training
+from autoparallel.plan import PlanRecord, ShardingPlan, build_plan
+from cost_model import InfeasiblePlanError, Inference, Layout, ModelSpec, ParallelConfig, ServingConfig, Training
 
 logger = logging.getLogger("autoparallel.retune")
 
@@ -52,45 +51,23 @@ def largest_legal_world(*, model: ModelSpec, cluster, workload: Training | Infer
 
 def plan_for_config(
     *, model: ModelSpec, cluster, workload: Training | Inference, config: ParallelConfig,  # noqa: ANN001
-    extras: dict[str, Any] | None = None, like: ShardingPlan | None = None, predicted=None,  # noqa: ANN001
+    serving: ServingConfig | None = None, like: ShardingPlan | None = None, predicted=None,  # noqa: ANN001
 ) -> ShardingPlan:
-    """A ``ShardingPlan`` for one given config, built by the planner's pure functions; provenance
-    is copied from ``like`` when given (a re-planned variant of a running plan). ``predicted``
-    (a ``CostBreakdown`` already computed for this config) skips ``cost_model.estimate``.
+    """The ``ShardingPlan`` of one given layout, ``config`` with the inference ``serving``
+    settings (``autoparallel.plan.build_plan``); the search
+    record and time of creation are copied from ``like`` when given (a re-planned variant of a
+    running plan). ``predicted`` (a ``CostBreakdown`` already computed for this layout on
+    ``cluster``) skips ``cost_model.estimate``.
 
     Raises:
-        InfeasiblePlanError: the config does not fit (from ``cost_model.estimate``).
+        InfeasiblePlanError: the layout does not fit (from ``cost_model.estimate``).
     """
-    import cost_model
-    from autoparallel import _planner
-
-    extras = dict(extras or {})
-    estimate_extras = {k: extras[k] for k in ("batch_size", "kv_dtype", "num_redundant_experts") if k in extras}
-    if predicted is None:
-        predicted = cost_model.estimate(model, cluster, workload, config, **estimate_extras)
-    serving = None
-    if "batch_size" in extras:
-        from autoparallel._plan import ServingSettings
-
-        serving = ServingSettings(batch_size=max(int(extras["batch_size"]) or int(predicted.batch_size or 1), 1),
-                                  kv_dtype=str(extras.get("kv_dtype", "bf16")),
-                                  num_redundant_experts=int(extras.get("num_redundant_experts", 0)))
-    provenance = like.provenance if like is not None else Provenance(
-        library_version="", model_name=model.name, model_fingerprint=model.fingerprint(), cluster_name=cluster.name,
-        cluster_fingerprint=cluster.fingerprint(), workload=workload.model_dump(mode="json"),
-    )
-    if like is not None and (like.world_size != config.world_size or like.provenance.cluster_fingerprint != cluster.fingerprint()):
-        provenance = provenance.model_copy(update={"cluster_name": cluster.name, "cluster_fingerprint": cluster.fingerprint()})
-    return ShardingPlan(
-        provenance=provenance, world_size=config.world_size, config=config,
-        mesh_axes=_planner.dense_mesh_axes(config),
-        moe_mesh_axes=_planner.moe_mesh_axes(config) if model.moe is not None else (),
-        rank_to_device=_planner.rank_to_device(cluster=cluster, config=config),
-        stages=_planner.pipeline_stages(num_layers=model.num_layers, config=config),
-        expert_placement=_planner.expert_placement(model=model, config=config, extras=extras),
-        module_rules=_planner.module_rules(model=model, config=config),
-        predicted=predicted, serving=serving,
-    )
+    record = PlanRecord()
+    if like is not None:
+        record = PlanRecord(search=like.provenance.search, library_version=like.provenance.library_version,
+                            created_at=like.provenance.created_at)
+    return build_plan(model=model, cluster=cluster, job=workload, layout=Layout(config=config, serving=serving),
+                      predicted="estimate" if predicted is None else predicted, record=record)
 
 
 def live_variant_plans(*, plan: ShardingPlan, model: ModelSpec, cluster, workload: Training | Inference,  # noqa: ANN001
@@ -100,7 +77,8 @@ def live_variant_plans(*, plan: ShardingPlan, model: ModelSpec, cluster, workloa
     ``cost_model.estimate_table`` call; infeasible rows are dropped."""
     from cost_model import estimate_table
     from cost_model._estimate import breakdown_from_row
-    from search._space import config_from_row, row_extras, select
+    from search._candidate import layout_at
+    from search._space import select
 
     config = plan.config
     mesh = space.find_mesh(dp=config.dp, tp=config.tp, pp=config.pp, cp=config.cp, ep=config.ep, etp=config.etp,
@@ -114,10 +92,11 @@ def live_variant_plans(*, plan: ShardingPlan, model: ModelSpec, cluster, workloa
     table = select(table, rows)
     columns = estimate_table(model, cluster, workload, table)
     return [
-        plan_for_config(model=model, cluster=cluster, workload=workload, config=config_from_row(table, row),
-                        extras=row_extras(table, row), like=plan, predicted=breakdown_from_row(columns, row))
+        plan_for_config(model=model, cluster=cluster, workload=workload, config=layout.config, serving=layout.serving,
+                        like=plan, predicted=breakdown_from_row(columns, row))
         for row in range(len(rows))
         if bool(columns["feasible"][row])
+        for layout in [layout_at(table, row)]
     ]
 
 
@@ -147,10 +126,10 @@ def research_plans(
                                   settings=settings, estimator=estimator)
     plans = [best]
     for alternative in best.alternatives:
-        extras = {} if alternative.serving is None else alternative.serving.model_dump()
+        serving = None if alternative.serving is None else alternative.serving.serving_config()
         try:
             plans.append(plan_for_config(model=model, cluster=cluster, workload=workload, config=alternative.config,
-                                         extras=extras, like=best, predicted=alternative.predicted))
+                                         serving=serving, like=best, predicted=alternative.predicted))
         except InfeasiblePlanError as error:  # a runner-up that does not fit is no candidate
             logger.info("re-plan: alternative %s skipped: %s", alternative.config, error)
     return plans

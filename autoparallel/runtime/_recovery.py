@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 from pydantic import BaseModel, ConfigDict
 
-from autoparallel._plan import ShardingPlan
+from autoparallel.plan import ShardingPlan, load_plan
 from autoparallel.retune._replan import (
     cluster_for_world,
     largest_legal_world,
@@ -110,14 +110,11 @@ class Recovery(BaseModel):
 
 def job_from_plan(plan: ShardingPlan, *, model, cluster, workload):  # noqa: ANN001, ANN202
     """Model, cluster and workload a plan names, unless given."""
-    from pydantic import TypeAdapter
+    from autoparallel._planner import resolve_cluster
 
-    from autoparallel._planner import resolve_cluster, resolve_model
-    from cost_model import Workload
-
-    model = model or resolve_model(plan.provenance.model_name)
+    model = model or plan.model
     cluster = cluster or resolve_cluster(plan.provenance.cluster_name.split("@")[0])
-    workload = workload or TypeAdapter(Workload).validate_python(plan.provenance.workload)
+    workload = workload or plan.job
     return model, cluster, workload
 
 
@@ -159,7 +156,7 @@ def recover_job(checkpoint, *, build, model, cluster, workload, n_trials: int, s
         plan = autoparallel.find_plan(model, sized, workload, n_trials=n_trials, seed=seed, warm_start=warm, settings=settings)
         shared = [plan.to_json()]
     dist.broadcast_object_list(shared, src=0)
-    plan = ShardingPlan.model_validate_json(shared[0])
+    plan = load_plan(shared[0])
     logger.info("recovery: checkpoint of step %d saved on %d ranks; %d launched; re-planned for %d ranks: %s",
                 info.step, info.plan.world_size, launched, world, plan.config)
     if not shrink_world(world):

@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from autoparallel._plan import ShardingPlan
+from autoparallel.plan import ShardingPlan
 from autoparallel.retune import (
     MeasuredStep,
     RetuneCalibration,
