@@ -42,6 +42,8 @@ def find_plan(
     seed: int = 0,
     workers: int = 1,
     disaggregate: bool | None = None,
+    engine: str | None = None,
+    engine_version: str | None = None,
     **search_options: Any,
 ) -> ShardingPlan:
     """Search the layouts of ``model`` on ``cluster`` for ``workload`` and return the best plan.
@@ -53,6 +55,8 @@ def find_plan(
     ``disaggregate`` (default: ``workload.disaggregation_allowed``) also prices a prefill/decode
     split (``search._disaggregation``) and records its pools in ``plan.disaggregation``;
     ``provenance.search["deployment"]`` says which of the two serves more tokens per device.
+    ``engine`` (``vllm``, ``sglang``, ``trtllm``, ``megatron``, ``torchtitan``, ``deepspeed``)
+    keeps only layouts that engine runs at ``engine_version`` (default: its current release).
 
     Raises:
         InfeasiblePlanError: no layout fits; names the bottleneck and the smallest card count
@@ -61,6 +65,10 @@ def find_plan(
     from search import find_plan as search_plan
 
     model, cluster = resolve_model(model), resolve_cluster(cluster)
+    if engine is not None:
+        from search._engines import engine_search_settings
+
+        search_options["settings"] = engine_search_settings(search_options.get("settings"), engine=engine, version=engine_version, workload=workload)
     options = dict(objective=objective, n_trials=n_trials, sampler=sampler, storage=storage, seed=seed, **search_options)
     if workers > 1:
         from search._workers import run_workers
@@ -72,15 +80,16 @@ def find_plan(
         raise infeasible_error(model=model, cluster=cluster, workload=workload, result=result, **_estimator_option(search_options))
     plan = build_plan(model=model, cluster=cluster, workload=workload, result=result)
     if isinstance(workload, Inference) and (workload.disaggregation_allowed if disaggregate is None else disaggregate):
-        plan = with_disaggregation(plan, model=model, cluster=cluster, workload=workload, **_estimator_option(search_options))
+        bounds = search_options["settings"].bounds if engine is not None else None
+        plan = with_disaggregation(plan, model=model, cluster=cluster, workload=workload, bounds=bounds, **_estimator_option(search_options))
     return plan
 
 
-def with_disaggregation(plan: ShardingPlan, *, model: ModelSpec, cluster: Cluster, workload: Inference, estimator=None) -> ShardingPlan:  # noqa: ANN001
+def with_disaggregation(plan: ShardingPlan, *, model: ModelSpec, cluster: Cluster, workload: Inference, estimator=None, bounds=None) -> ShardingPlan:  # noqa: ANN001
     """``plan`` with the best prefill/decode pools and which deployment wins (output tokens/s per device)."""
     from search._disaggregation import find_disaggregated
 
-    found = find_disaggregated(model, cluster, workload, estimator=estimator)
+    found = find_disaggregated(model, cluster, workload, estimator=estimator, bounds=bounds)
     if found is None:
         search = {**plan.provenance.search, "deployment": "colocated", "disaggregation": "no unit of a pool fits"}
         return plan.model_copy(update={"provenance": plan.provenance.model_copy(update={"search": search})})
