@@ -20,10 +20,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from cost_model import ParallelConfig
 from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES
 
 _RULES_PATH = Path(__file__).resolve().parents[1] / "cost_model" / "data" / "engine_rules.json"
 _CODES = {"pipeline_schedule": SCHEDULE_CODES, "recompute": RECOMPUTE_CODES}
+_DEFAULTS = {name: _CODES[name][field.default] if name in _CODES else field.default for name, field in ParallelConfig.model_fields.items()}
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,8 @@ def _length(table: Mapping[str, np.ndarray]) -> int:
 def _names(table: Mapping[str, np.ndarray], context: LayoutContext) -> dict[str, Any]:
     length = _length(table)
     column = lambda name, default: np.asarray(table[name]) if name in table else np.full(length, default)  # noqa: E731
-    names = {name: np.asarray(values) for name, values in table.items()}
+    names = {name: column(name, _DEFAULTS[name]) for name in _DEFAULTS}
+    names.update({name: np.asarray(values) for name, values in table.items()})
     names["two_batch_overlap"] = column("two_batch_overlap", False).astype(bool)
     names["num_redundant_experts"] = column("num_redundant_experts", 0)
     tp, ep, etp = names["tp"], names["ep"], names["etp"]

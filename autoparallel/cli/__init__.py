@@ -17,6 +17,7 @@ _COMMAND_MODULES = (
     "autoparallel.cli._cost",  # estimate, validate
     "autoparallel.cli._search",  # plan, explain, export
     "autoparallel.cli._profile",  # profile, stage-check
+    "autoparallel.cli._engines",  # import-config
 )
 
 

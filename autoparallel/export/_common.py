@@ -76,8 +76,7 @@ def rule_violations(plan: ShardingPlan, config: ParallelConfig, *, engine: str, 
     """Messages of the rules of ``engine`` that ``config`` (with the plan's serving settings) breaks."""
     from cost_model._table import configs_to_table
 
-    serving = plan.serving
-    table = configs_to_table([config], two_batch_overlap=[bool(serving and serving.two_batch_overlap)])
+    table = configs_to_table([config], two_batch_overlap=[_two_batch_overlap(plan, config)])
     verdicts = violated_rules(table, context=layout_context(plan), engine=engine, version=version)
     rules = {rule.id: rule for rule in rules_for(engine, version)}
     return [f"{rules[rid].message} [{rid}: {rules[rid].source}]" for rid, hit in verdicts.items() if bool(hit[0])]
@@ -119,8 +118,14 @@ def serving_view(plan: ShardingPlan, config: ParallelConfig, num_devices: int) -
         batch_size=serving.batch_size if serving else config.micro_batch_size,
         kv_dtype=serving.kv_dtype if serving else "bf16",
         num_redundant_experts=serving.num_redundant_experts if serving else 0,
-        two_batch_overlap=serving.two_batch_overlap if serving else False,
+        two_batch_overlap=_two_batch_overlap(plan, config),
     )
+
+
+def _two_batch_overlap(plan: ShardingPlan, config: ParallelConfig) -> bool:
+    """The plan's two-batch overlap belongs to its colocated layout; a disaggregated pool's own
+    serving settings are not in schema 1, so its recipe leaves the overlap off."""
+    return bool(plan.serving and plan.serving.two_batch_overlap and config is plan.config)
 
 
 def training_only(config: ParallelConfig) -> list[str]:

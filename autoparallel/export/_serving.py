@@ -59,7 +59,8 @@ def vllm(plan: ShardingPlan, recipe: Recipe) -> Export:
         files.update(pool_files)
         notes += pool_notes
     if len(files) > 1:
-        notes.append("prefill and decode pools exchange KV caches through a KV connector (--kv-transfer-config) and a proxy in front")
+        notes.append("prefill and decode pools exchange KV caches through NixlConnector (--kv-transfer-config); "
+                     "a disaggregated-serving proxy in front sends each request to a prefill and then a decode deployment")
     steps = [f"MASTER_ADDR=<address of node 0 of the deployment> bash {file} (on the node the file names)" for file in files]
     files["README_vllm.md"] = readme(title="vLLM launch recipe", recipe=recipe, steps=steps, dropped=dropped, notes=notes, layout=describe(plan.config))
     return Export("vllm", files, tuple(dropped), tuple(notes), recipe.version)
@@ -80,6 +81,8 @@ def _vllm_pool(plan: ShardingPlan, config: ParallelConfig, devices: int, recipe:
     args += ["--kv-cache-dtype", "fp8" if s.kv_dtype == "fp8" else "auto", "--max-num-seqs", str(s.batch_size)]
     if s.two_batch_overlap and config.ep > 1:
         args.append("--enable-dbo")
+    if phase != "colocated":  # vLLM's disaggregated prefill: both pools run a KV connector
+        args += ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})]
     notes = [f"{phase}: {s.num_instances} deployment(s) of {group} devices on {nodes} node(s) each, behind a load balancer"]
     env = {"VLLM_PP_LAYER_PARTITION": value for value in _pipeline_partition(plan, config).values()}
     header = [f"vLLM {recipe.version}, {phase} pool: {describe(config)}", f"{s.num_instances} x {group} devices"]
@@ -180,4 +183,6 @@ def _trtllm_options(plan: ShardingPlan, config: ParallelConfig, s) -> str:  # no
     if s.num_redundant_experts and plan.expert_placement is not None:
         slots = plan.expert_placement.num_experts + s.num_redundant_experts
         options.append(f"moe_config:\n  load_balancer:\n    num_slots: {slots}")
+    if config is not plan.config:  # a pool of a disaggregated deployment (trtllm-serve disaggregated)
+        options.append("cache_transceiver_config:\n  backend: DEFAULT")
     return "\n".join(options) + "\n"
