@@ -103,5 +103,5 @@ def find_disaggregated(
 
 
 def _pool(candidate: Candidate) -> PoolConfig:
-    known = {k: v for k, v in candidate.extras.items() if k in ServingConfig.model_fields and k != "phase"}
-    return PoolConfig(config=candidate.config, serving=ServingConfig(**known))
+    serving = candidate.serving or ServingConfig()
+    return PoolConfig(config=candidate.config, serving=serving.model_copy(update={"phase": "both"}))

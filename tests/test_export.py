@@ -23,7 +23,9 @@ def _with(plan: ap.ShardingPlan, **config) -> ap.ShardingPlan:
 
 def _colocated(plan: ap.ShardingPlan) -> ap.ShardingPlan:
     """The plan served colocated (its pools dropped), so one launch file holds its layout."""
-    return plan.model_copy(update={"disaggregation": ()})
+    from autoparallel.plan import Deployment
+
+    return plan.model_copy(update={"deployment": Deployment()})
 
 
 def _flags(command: str) -> dict[str, str | bool]:

@@ -75,8 +75,7 @@ def test_every_rule_names_its_version_and_source() -> None:
 
 # ---------------------------------------------------------------------------- recipes
 def test_node_counts_round_up_and_model_is_named(inference_plan) -> None:
-    plan = inference_plan.model_copy(update={"provenance": inference_plan.provenance.model_copy(
-        update={"search": {**inference_plan.provenance.search, "devices_per_node": 7}})})
+    plan = inference_plan.model_copy(update={"devices_per_node": 7})
     result = export_plan(plan, format="megatron" if plan.serving is None else "sglang")
     text = result.render()
     assert "deepseek-ai/DeepSeek-V3" in text and "--model-path deepseek-v3 " not in text
@@ -153,11 +152,11 @@ def test_export_then_import_returns_the_layout(format: str) -> None:
     training = engine_role(format) == "training"
     plan = ap.find_plan("mixtral-8x22b" if training else "deepseek-v3", ap.get_preset("dgx-h100", num_nodes=8 if training else 16),
                         TRAINING if training else INFERENCE, n_trials=20, engine=format)
-    pools = _pools(plan) if engine_role(format) == "serving" else [("", plan.config, plan.world_size)]
+    pools = _pools(plan) if engine_role(format) == "serving" else [("", plan.config, plan.world_size, None)]
     files = export_plan(plan, format=format).files
     checked = 0
-    for name, config, _ in pools:
-        if rule_violations(plan, config, engine=format):
+    for name, config, _, settings in pools:
+        if rule_violations(plan, config, engine=format, serving=settings):
             continue  # the engine cannot express this pool's layout (listed as dropped)
         pool_files = {k: v for k, v in files.items() if f"_{name}" in k or not name}
         back = import_config(format, pool_files, pp=config.pp, ep=config.ep)

@@ -31,7 +31,7 @@ def engines_line(plan) -> str:  # noqa: ANN001
 
 
 def export_command(args: argparse.Namespace) -> int:
-    from autoparallel._plan import load_plan
+    from autoparallel.plan import load_plan
     from autoparallel.export import export_plan
 
     result = export_plan(load_plan(Path(args.plan)), format=args.format, model_path=args.model_path, engine_version=args.engine_version)

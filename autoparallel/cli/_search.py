@@ -17,6 +17,7 @@ from rich.table import Table
 
 from autoparallel.cli._args import add_job_arguments
 from autoparallel.cli._render import console
+from cost_model import describe_layout
 from cost_model._units import human_bytes, human_seconds
 
 DEFAULT_CLUSTER = "gb200-nvl72"
@@ -100,9 +101,9 @@ def _plan(args: argparse.Namespace) -> int:
     console.print(plan_table(plan))
     search = plan.provenance.search
     console.print(
-        f"space {search['space_size']:,} layouts ({search['num_meshes']:,} meshes); {search['method']} "
-        f"{search['num_trials']} trials, {search['rows_evaluated']:,} layouts priced in {search['elapsed_s']:.1f} s; "
-        f"infeasible layouts: {_counts(search['infeasible_layouts'])}"
+        f"space {search.space_size:,} layouts ({search.num_meshes:,} meshes); {search.method} "
+        f"{search.num_trials} trials, {search.rows_evaluated:,} layouts priced in {search.elapsed_s:.1f} s; "
+        f"infeasible layouts: {_counts(search.infeasible_layouts)}"
     )
     if line := deployment_line(plan):
         console.print(line)
@@ -115,18 +116,14 @@ def _plan(args: argparse.Namespace) -> int:
 
 def deployment_line(plan) -> str:  # noqa: ANN001
     """Colocated vs disaggregated serving, when the plan priced both."""
-    if not plan.disaggregation:
+    deployment = plan.deployment
+    if not deployment.pools:
         return ""
-    search = plan.provenance.search
-    pools = " + ".join(
-        f"{p.phase} {p.num_devices} devices (units tp{p.config.tp} pp{p.config.pp} dp{p.config.dp} ep{p.config.ep}"
-        f"{' attn-dp' if p.config.attention_data_parallel else ''})"
-        for p in plan.disaggregation
-    )
+    pools = " + ".join(f"{p.role} {p.num_devices} devices (units {describe_layout(p.config)})" for p in deployment.pools)
     return (
-        f"deployment: [bold]{search['deployment']}[/] — colocated {search['colocated_output_tokens_per_s_per_device']:,.1f} "
-        f"vs disaggregated {search['disaggregated_output_tokens_per_s_per_device']:,.1f} output tokens/s per device "
-        f"({pools}; the {search['disaggregated_bottleneck']} pool binds)"
+        f"deployment: [bold]{deployment.kind}[/] — colocated {deployment.colocated_output_tokens_per_s_per_device:,.1f} "
+        f"vs disaggregated {deployment.disaggregated_output_tokens_per_s_per_device:,.1f} output tokens/s per device "
+        f"({pools}; the {deployment.bottleneck} pool binds)"
     )
 
 
@@ -179,7 +176,7 @@ def plan_table(plan) -> Table:  # noqa: ANN001
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from autoparallel._plan import load_plan
+    from autoparallel.plan import load_plan
 
     plan = load_plan(Path(args.plan))
     cost = plan.predicted

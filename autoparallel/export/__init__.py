@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from autoparallel._plan import ShardingPlan
+from autoparallel.plan import ShardingPlan
 from autoparallel.export._common import FORMATS, Export, Recipe, recipe, rule_violations, runnable_engines
 from autoparallel.export._import import import_config
 from autoparallel.export._serving import sglang, trtllm, vllm

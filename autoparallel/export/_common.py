@@ -7,8 +7,8 @@ import math
 import shlex
 from dataclasses import dataclass, field
 
-from autoparallel._plan import ShardingPlan
-from cost_model import ParallelConfig
+from autoparallel.plan import ServingSettings, ShardingPlan
+from cost_model import ParallelConfig, Training
 from search._engines import LayoutContext, engine_data, engine_info, resolve_version, rules_for, violated_rules
 
 FORMATS = ("vllm", "sglang", "trtllm", "megatron", "torchtitan", "deepspeed")
@@ -54,29 +54,28 @@ class Recipe:
 
 def recipe(plan: ShardingPlan, *, engine: str, version: str | None, model_path: str | None) -> Recipe:
     version = resolve_version(engine, version)
-    known = engine_data()["model_ids"].get(plan.provenance.model_name)
+    known = engine_data()["model_ids"].get(plan.model.name)
     path = model_path or known or MODEL_PATH_PLACEHOLDER
     return Recipe(engine=engine, version=version, model_path=path, model_known=model_path is not None or known is not None,
-                  devices_per_node=devices_per_node(plan))
-
-
-def devices_per_node(plan: ShardingPlan) -> int:
-    return int(plan.provenance.search.get("devices_per_node", 8))
+                  devices_per_node=plan.devices_per_node)
 
 
 def layout_context(plan: ShardingPlan) -> LayoutContext:
     return LayoutContext(
-        num_layers=plan.stages[-1].stop_layer,
-        moe=bool(plan.moe_mesh_axes) or plan.expert_placement is not None,
-        training=plan.provenance.workload.get("kind") == "training",
+        num_layers=plan.model.num_layers,
+        moe=plan.model.moe is not None,
+        training=isinstance(plan.job, Training),
     )
 
 
-def rule_violations(plan: ShardingPlan, config: ParallelConfig, *, engine: str, version: str | None = None) -> list[str]:
-    """Messages of the rules of ``engine`` that ``config`` (with the plan's serving settings) breaks."""
+def rule_violations(
+    plan: ShardingPlan, config: ParallelConfig, *, engine: str, version: str | None = None, serving: ServingSettings | None = None
+) -> list[str]:
+    """Messages of the rules of ``engine`` that ``config`` with ``serving`` (default: the plan's) breaks."""
     from cost_model._table import configs_to_table
 
-    table = configs_to_table([config], two_batch_overlap=[_two_batch_overlap(plan, config)])
+    serving = serving or plan.serving
+    table = configs_to_table([config], two_batch_overlap=[bool(serving and serving.two_batch_overlap)])
     verdicts = violated_rules(table, context=layout_context(plan), engine=engine, version=version)
     rules = {rule.id: rule for rule in rules_for(engine, version)}
     return [f"{rules[rid].message} [{rid}: {rules[rid].source}]" for rid, hit in verdicts.items() if bool(hit[0])]
@@ -106,10 +105,9 @@ class Serving:
     two_batch_overlap: bool
 
 
-def serving_view(plan: ShardingPlan, config: ParallelConfig, num_devices: int) -> Serving:
+def serving_view(plan: ShardingPlan, config: ParallelConfig, num_devices: int, serving: ServingSettings | None) -> Serving:
     attention_tp = 1 if config.attention_data_parallel else config.tp
     instance = max(config.tp, config.ep * config.etp)
-    serving = plan.serving
     return Serving(
         instance_size=instance,
         attention_tp=attention_tp,
@@ -118,14 +116,8 @@ def serving_view(plan: ShardingPlan, config: ParallelConfig, num_devices: int) -
         batch_size=serving.batch_size if serving else config.micro_batch_size,
         kv_dtype=serving.kv_dtype if serving else "bf16",
         num_redundant_experts=serving.num_redundant_experts if serving else 0,
-        two_batch_overlap=_two_batch_overlap(plan, config),
+        two_batch_overlap=serving.two_batch_overlap if serving else False,
     )
-
-
-def _two_batch_overlap(plan: ShardingPlan, config: ParallelConfig) -> bool:
-    """The plan's two-batch overlap belongs to its colocated layout; a disaggregated pool's own
-    serving settings are not in schema 1, so its recipe leaves the overlap off."""
-    return bool(plan.serving and plan.serving.two_batch_overlap and config is plan.config)
 
 
 def training_only(config: ParallelConfig) -> list[str]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from autoparallel._plan import ShardingPlan
+from autoparallel.plan import ServingSettings, ShardingPlan
 from autoparallel.export._common import (
     Export,
     Recipe,
@@ -34,12 +34,12 @@ DP_RPC_PORT = 13345
 SGLANG_PORT = 5000
 
 
-def _pools(plan: ShardingPlan) -> list[tuple[str, ParallelConfig, int]]:
-    """(name, unit config, devices) of each deployment pool: the colocated layout, or prefill and
-    decode pools when the plan chose disaggregation."""
-    if plan.disaggregation and plan.provenance.search.get("deployment") == "disaggregated":
-        return [(pool.phase, pool.config, pool.num_devices) for pool in plan.disaggregation]
-    return [("colocated", plan.config, plan.world_size)]
+def _pools(plan: ShardingPlan) -> list[tuple[str, ParallelConfig, int, ServingSettings | None]]:
+    """(name, unit config, devices, serving settings) of each deployment pool: the colocated
+    layout, or the prefill and decode pools (each with its own settings) of a disaggregated plan."""
+    if plan.disaggregated:
+        return [(pool.role, pool.config, pool.num_devices, pool.serving) for pool in plan.deployment.pools]
+    return [("colocated", plan.config, plan.world_size, plan.serving)]
 
 
 def _pipeline_partition(plan: ShardingPlan, config: ParallelConfig) -> dict[str, str]:
@@ -52,10 +52,10 @@ def _pipeline_partition(plan: ShardingPlan, config: ParallelConfig) -> dict[str,
 # ---------------------------------------------------------------------------- vLLM
 def vllm(plan: ShardingPlan, recipe: Recipe) -> Export:
     files, dropped, notes = {}, [], []
-    for name, config, devices in _pools(plan):
+    for name, config, devices, settings in _pools(plan):
         dropped += [f"{name}: {item}" for item in training_only(config)]
-        dropped += [f"{name}: {item}" for item in rule_violations(plan, config, engine="vllm", version=recipe.version)]
-        pool_files, pool_notes = _vllm_pool(plan, config, devices, recipe, phase=name)
+        dropped += [f"{name}: {item}" for item in rule_violations(plan, config, engine="vllm", version=recipe.version, serving=settings)]
+        pool_files, pool_notes = _vllm_pool(plan, config, devices, settings, recipe, phase=name)
         files.update(pool_files)
         notes += pool_notes
     if len(files) > 1:
@@ -66,9 +66,9 @@ def vllm(plan: ShardingPlan, recipe: Recipe) -> Export:
     return Export("vllm", files, tuple(dropped), tuple(notes), recipe.version)
 
 
-def _vllm_pool(plan: ShardingPlan, config: ParallelConfig, devices: int, recipe: Recipe, *, phase: str) -> tuple[dict[str, str], list[str]]:
+def _vllm_pool(plan: ShardingPlan, config: ParallelConfig, devices: int, settings: ServingSettings | None, recipe: Recipe, *, phase: str) -> tuple[dict[str, str], list[str]]:
     """One launch file per node of a deployment (node 0 serves the API; the others run headless)."""
-    s = serving_view(plan, config, devices)
+    s = serving_view(plan, config, devices, settings)
     group = config.pp * s.instance_size  # devices of one vLLM deployment
     nodes = recipe.nodes(group)
     args = ["vllm", "serve", recipe.model_path, "--dtype", "bfloat16", "--tensor-parallel-size", str(s.attention_tp),
@@ -112,10 +112,10 @@ def _vllm_node(config: ParallelConfig, replicas: int, nodes: int, node: int, not
 # ---------------------------------------------------------------------------- SGLang
 def sglang(plan: ShardingPlan, recipe: Recipe) -> Export:
     files, dropped, notes = {}, [], []
-    for name, config, devices in _pools(plan):
+    for name, config, devices, settings in _pools(plan):
         dropped += [f"{name}: {item}" for item in training_only(config)]
-        dropped += [f"{name}: {item}" for item in rule_violations(plan, config, engine="sglang", version=recipe.version)]
-        files[f"launch_sglang_{name}.sh"], pool_notes = _sglang_pool(plan, config, devices, recipe, phase=name)
+        dropped += [f"{name}: {item}" for item in rule_violations(plan, config, engine="sglang", version=recipe.version, serving=settings)]
+        files[f"launch_sglang_{name}.sh"], pool_notes = _sglang_pool(plan, config, devices, settings, recipe, phase=name)
         notes += pool_notes
     if len(files) > 1:
         notes.append("put sglang-router in PD mode in front: --pd-disaggregation --prefill <prefill urls> --decode <decode urls>")
@@ -124,8 +124,8 @@ def sglang(plan: ShardingPlan, recipe: Recipe) -> Export:
     return Export("sglang", files, tuple(dropped), tuple(notes), recipe.version)
 
 
-def _sglang_pool(plan: ShardingPlan, config: ParallelConfig, devices: int, recipe: Recipe, *, phase: str) -> tuple[str, list[str]]:
-    s = serving_view(plan, config, devices)
+def _sglang_pool(plan: ShardingPlan, config: ParallelConfig, devices: int, settings: ServingSettings | None, recipe: Recipe, *, phase: str) -> tuple[str, list[str]]:
+    s = serving_view(plan, config, devices, settings)
     group = config.pp * s.instance_size
     args = ["python", "-m", "sglang.launch_server", "--model-path", recipe.model_path, "--dtype", "bfloat16",
             "--tp-size", str(s.instance_size), "--pp-size", str(config.pp)]
@@ -157,10 +157,10 @@ def _sglang_pool(plan: ShardingPlan, config: ParallelConfig, devices: int, recip
 # ---------------------------------------------------------------------------- TensorRT-LLM
 def trtllm(plan: ShardingPlan, recipe: Recipe) -> Export:
     files, dropped, notes = {}, [], []
-    for name, config, devices in _pools(plan):
+    for name, config, devices, settings in _pools(plan):
         dropped += [f"{name}: {item}" for item in training_only(config)]
-        dropped += [f"{name}: {item}" for item in rule_violations(plan, config, engine="trtllm", version=recipe.version)]
-        s = serving_view(plan, config, devices)
+        dropped += [f"{name}: {item}" for item in rule_violations(plan, config, engine="trtllm", version=recipe.version, serving=settings)]
+        s = serving_view(plan, config, devices, settings)
         options_name = f"extra_llm_api_options_{name}.yaml"
         args = ["trtllm-serve", recipe.model_path, "--tp_size", str(s.instance_size), "--pp_size", str(config.pp),
                 "--ep_size", str(config.ep), "--max_batch_size", str(s.batch_size * s.attention_replicas),

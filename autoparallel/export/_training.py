@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 
-from autoparallel._plan import ShardingPlan
+from autoparallel.plan import ShardingPlan
 from autoparallel.export._common import Export, Recipe, command, describe, readme, rule_violations, script, stage_sizes
-from cost_model import ModelSpec
+from cost_model import ModelSpec, Training
 from search._engines import engine_data, version_key
 
 MASTER_PORT = 29500
@@ -23,10 +23,10 @@ MASTER_PORT = 29500
 
 def _batch(plan: ShardingPlan) -> tuple[int, int]:
     """(sequence length, global batch in sequences); an inference plan gives (prompt, dp x micro)."""
-    workload = plan.provenance.workload
-    if workload.get("kind") == "training":
-        return int(workload["sequence_length_tokens"]), int(workload["global_batch_sequences"])
-    return int(workload["prompt_tokens"]), plan.config.dp * plan.config.micro_batch_size
+    job = plan.job
+    if isinstance(job, Training):
+        return job.sequence_length_tokens, int(job.global_batch_sequences)
+    return job.prompt_tokens, plan.config.dp * plan.config.micro_batch_size
 
 
 def _serving_dropped(plan: ShardingPlan, engine: str) -> list[str]:
@@ -37,13 +37,8 @@ def _serving_dropped(plan: ShardingPlan, engine: str) -> list[str]:
             f"two-batch overlap {serving.two_batch_overlap}) have no {engine} setting"]
 
 
-def _model(plan: ShardingPlan) -> ModelSpec | None:
-    from autoparallel._catalog import get_model
-
-    try:
-        return get_model(plan.provenance.model_name)
-    except ValueError:
-        return None
+def _model(plan: ShardingPlan) -> ModelSpec:
+    return plan.model
 
 
 def torchrun(plan: ShardingPlan, recipe: Recipe, entry: list[str]) -> list[str]:
@@ -66,7 +61,7 @@ def megatron(plan: ShardingPlan, recipe: Recipe) -> Export:
     dropped = _serving_dropped(plan, "Megatron-LM") + rule_violations(plan, c, engine="megatron", version=recipe.version)
     notes: list[str] = []
     sequence, batch = _batch(plan)
-    args = ["--num-layers", str(plan.stages[-1].stop_layer), "--seq-length", str(sequence), "--bf16",
+    args = ["--num-layers", str(plan.model.num_layers), "--seq-length", str(sequence), "--bf16",
             *_megatron_model(_model(plan), recipe, notes),
             "--tensor-model-parallel-size", str(c.tp), "--pipeline-model-parallel-size", str(c.pp),
             "--context-parallel-size", str(c.cp), "--micro-batch-size", str(c.micro_batch_size), "--global-batch-size", str(batch)]
@@ -93,12 +88,9 @@ def megatron(plan: ShardingPlan, recipe: Recipe) -> Export:
     return Export("megatron", files, tuple(dropped), tuple(notes), recipe.version)
 
 
-def _megatron_model(model: ModelSpec | None, recipe: Recipe, notes: list[str]) -> list[str]:
+def _megatron_model(model: ModelSpec, recipe: Recipe, notes: list[str]) -> list[str]:
     """Model-shape arguments (Megatron builds the model from them; arguments.py names)."""
     args = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", recipe.model_path]
-    if model is None:
-        notes.append("model shape unknown to the catalog: add --hidden-size, --num-attention-heads, --ffn-hidden-size")
-        return args
     attention = model.attention
     args += ["--hidden-size", str(model.hidden_size), "--ffn-hidden-size", str(model.ffn_hidden_size),
              "--num-attention-heads", str(attention.num_heads), "--max-position-embeddings", str(model.max_context_tokens),
@@ -191,11 +183,11 @@ def _titan_parallelism(plan: ShardingPlan) -> list[str]:
 
 def _torchtitan_config(plan: ShardingPlan, notes: list[str], dropped: list[str]) -> tuple[str, str]:
     configs = engine_data()["torchtitan_configs"]
-    name = plan.provenance.model_name
+    name = plan.model.name
     if name in configs:
         return tuple(configs[name])  # type: ignore[return-value]
     model = _model(plan)
-    family = "_family_dense" if model is None or model.moe is None else ("_family_moe_mla" if model.attention.kind == "mla" else "_family_moe")
+    family = "_family_dense" if model.moe is None else ("_family_moe_mla" if model.attention.kind == "mla" else "_family_moe")
     module, config = configs[family]
     dropped.append(f"model shape: torchtitan {module} has no config for {name}; exported with {config} "
                    f"(write a config_registry function with {name}'s shape and pass it as --config)")
@@ -221,8 +213,8 @@ def _torchtitan_toml(plan: ShardingPlan, recipe: Recipe, dropped: list[str], not
     shard, replicate = (c.dp, 1) if c.zero_stage >= 1 else (1, c.dp)
     schedule = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B", "zero_bubble": "1F1B"}[c.pipeline_schedule]
     model = _model(plan)
-    flavor = "671B" if plan.provenance.model_name == "deepseek-v3" else "405B"
-    name = "deepseek_v3" if model is not None and model.moe is not None else "llama3"
+    flavor = "671B" if plan.model.name == "deepseek-v3" else "405B"
+    name = "deepseek_v3" if model.moe is not None else "llama3"
     lines = ["[model]", f'name = "{name}"', f'flavor = "{flavor}"', f'hf_assets_path = "{recipe.model_path}"', "",
              "[training]", f"seq_len = {sequence}", f"global_batch_size = {batch}", f"local_batch_size = {local}", "",
              "[parallelism]", f"data_parallel_replicate_degree = {replicate}", f"data_parallel_shard_degree = {shard}",
