@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import ast
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -25,7 +26,10 @@ from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES
 
 _RULES_PATH = Path(__file__).resolve().parents[1] / "cost_model" / "data" / "engine_rules.json"
 _CODES = {"pipeline_schedule": SCHEDULE_CODES, "recompute": RECOMPUTE_CODES}
-_DEFAULTS = {name: _CODES[name][field.default] if name in _CODES else field.default for name, field in ParallelConfig.model_fields.items()}
+_DEFAULTS = {
+    name: _CODES[name][field.default] if name in _CODES else field.default
+    for name, field in ParallelConfig.model_fields.items()
+}
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,9 @@ class EngineRule:
 
     def applies_to(self, version: str) -> bool:
         key = version_key(version)
-        return (self.since is None or key >= version_key(self.since)) and (self.until is None or key < version_key(self.until))
+        return (self.since is None or key >= version_key(self.since)) and (
+            self.until is None or key < version_key(self.until)
+        )
 
 
 @dataclass(frozen=True)
@@ -60,7 +66,9 @@ def version_key(version: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in version.split("."))
     except ValueError:
-        raise ValueError(f"engine version ({version!r}) must be dotted numbers such as 0.5.23") from None
+        raise ValueError(
+            f"engine version ({version!r}) must be dotted numbers such as 0.5.23"
+        ) from None
 
 
 @lru_cache(maxsize=1)
@@ -86,7 +94,9 @@ def resolve_version(engine: str, version: str | None) -> str:
         return info["current"]
     version_key(version)
     if version not in info["versions"]:
-        raise ValueError(f"engine_version ({version!r}) of {engine} must be one of {info['versions']} (the versions whose rules are recorded)")
+        raise ValueError(
+            f"engine_version ({version!r}) of {engine} must be one of {info['versions']} (the versions whose rules are recorded)"
+        )
     return version
 
 
@@ -96,13 +106,28 @@ def rules_for(engine: str, version: str | None = None) -> tuple[EngineRule, ...]
     return tuple(rule for rule in rules if rule.applies_to(version))
 
 
-def violated_rules(table: Mapping[str, np.ndarray], *, context: LayoutContext, engine: str, version: str | None = None) -> dict[str, np.ndarray]:
+def violated_rules(
+    table: Mapping[str, np.ndarray],
+    *,
+    context: LayoutContext,
+    engine: str,
+    version: str | None = None,
+) -> dict[str, np.ndarray]:
     """Rule id -> boolean column, True on the rows that rule rejects."""
     names = _names(table, context)
-    return {rule.id: np.broadcast_to(_evaluate(rule.when, names), (_length(table),)) for rule in rules_for(engine, version)}
+    return {
+        rule.id: np.broadcast_to(_evaluate(rule.when, names), (_length(table),))
+        for rule in rules_for(engine, version)
+    }
 
 
-def allowed_rows(table: Mapping[str, np.ndarray], *, context: LayoutContext, engine: str, version: str | None = None) -> np.ndarray:
+def allowed_rows(
+    table: Mapping[str, np.ndarray],
+    *,
+    context: LayoutContext,
+    engine: str,
+    version: str | None = None,
+) -> np.ndarray:
     """True on the rows of ``table`` that no rule of ``engine`` rejects."""
     allowed = np.ones(_length(table), dtype=bool)
     for rejected in violated_rules(table, context=context, engine=engine, version=version).values():
@@ -110,7 +135,9 @@ def allowed_rows(table: Mapping[str, np.ndarray], *, context: LayoutContext, eng
     return allowed
 
 
-def restrict_switches(space: Any, index: int, switches: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def restrict_switches(
+    space: Any, index: int, switches: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
     """The switch rows of mesh ``index`` of ``space`` that ``space.bounds.engine`` runs (all when no engine)."""
     engine = getattr(space.bounds, "engine", None)
     if engine is None:
@@ -121,8 +148,14 @@ def restrict_switches(space: Any, index: int, switches: dict[str, np.ndarray]) -
     def build() -> dict[str, np.ndarray]:
         length = _length(switches)
         full = {**{k: np.repeat(v, length) for k, v in mesh_row.items()}, **switches}
-        context = LayoutContext(num_layers=space.model.num_layers, moe=space.model.moe is not None, training=space.is_training)
-        keep = allowed_rows(full, context=context, engine=engine, version=space.bounds.engine_version)
+        context = LayoutContext(
+            num_layers=space.model.num_layers,
+            moe=space.model.moe is not None,
+            training=space.is_training,
+        )
+        keep = allowed_rows(
+            full, context=context, engine=engine, version=space.bounds.engine_version
+        )
         return {name: column[keep] for name, column in switches.items()}
 
     return space.memo("engine", key, build)
@@ -135,7 +168,9 @@ def _length(table: Mapping[str, np.ndarray]) -> int:
 
 def _names(table: Mapping[str, np.ndarray], context: LayoutContext) -> dict[str, Any]:
     length = _length(table)
-    column = lambda name, default: np.asarray(table[name]) if name in table else np.full(length, default)  # noqa: E731
+    column = lambda name, default: (
+        np.asarray(table[name]) if name in table else np.full(length, default)
+    )
     names = {name: column(name, _DEFAULTS[name]) for name in _DEFAULTS}
     names.update({name: np.asarray(values) for name, values in table.items()})
     names["two_batch_overlap"] = column("two_batch_overlap", False).astype(bool)
@@ -159,14 +194,29 @@ class _Evaluator(ast.NodeVisitor):
     """Vectorized evaluation of the rule grammar: names, numbers, strings of coded columns,
     ``and or not``, comparisons (``in`` a tuple), ``+ - * // %``."""
 
-    _ARITHMETIC = {ast.Add: np.add, ast.Sub: np.subtract, ast.Mult: np.multiply, ast.FloorDiv: np.floor_divide, ast.Mod: np.mod}
-    _COMPARE = {ast.Eq: np.equal, ast.NotEq: np.not_equal, ast.Lt: np.less, ast.LtE: np.less_equal, ast.Gt: np.greater, ast.GtE: np.greater_equal}
+    _ARITHMETIC: ClassVar[dict] = {
+        ast.Add: np.add,
+        ast.Sub: np.subtract,
+        ast.Mult: np.multiply,
+        ast.FloorDiv: np.floor_divide,
+        ast.Mod: np.mod,
+    }
+    _COMPARE: ClassVar[dict] = {
+        ast.Eq: np.equal,
+        ast.NotEq: np.not_equal,
+        ast.Lt: np.less,
+        ast.LtE: np.less_equal,
+        ast.Gt: np.greater,
+        ast.GtE: np.greater_equal,
+    }
 
     def __init__(self, names: Mapping[str, Any]) -> None:
         self.names = names
 
     def generic_visit(self, node: ast.AST) -> Any:
-        raise ValueError(f"engine rule syntax ({ast.unparse(node)!r}) is not part of the rule grammar")
+        raise ValueError(
+            f"engine rule syntax ({ast.unparse(node)!r}) is not part of the rule grammar"
+        )
 
     def visit_Name(self, node: ast.Name) -> Any:
         if node.id not in self.names:
@@ -203,7 +253,9 @@ class _Evaluator(ast.NodeVisitor):
                 left, left_node = self.visit(right_node), right_node
         return result
 
-    def _compare(self, operator: ast.cmpop, left: Any, left_node: ast.AST, right_node: ast.AST) -> Any:
+    def _compare(
+        self, operator: ast.cmpop, left: Any, left_node: ast.AST, right_node: ast.AST
+    ) -> Any:
         codes = _CODES.get(left_node.id) if isinstance(left_node, ast.Name) else None
         if isinstance(operator, (ast.In, ast.NotIn)):
             if not isinstance(right_node, ast.Tuple):
@@ -225,7 +277,9 @@ class _Evaluator(ast.NodeVisitor):
         return value
 
 
-def engine_search_settings(settings: Any, *, engine: str, version: str | None, workload: Any) -> Any:
+def engine_search_settings(
+    settings: Any, *, engine: str, version: str | None, workload: Any
+) -> Any:
     """``settings`` (a ``SearchSettings`` or None) whose bounds keep only what ``engine`` runs.
 
     Raises ValueError when the engine's role (training or serving) is not the workload's kind.

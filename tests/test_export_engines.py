@@ -14,18 +14,34 @@ from autoparallel.export import FORMATS, export_plan, import_config
 from autoparallel.export._import import flags
 from cost_model import Inference, Training
 from search import SearchBounds
-from search._engines import LayoutContext, engine_data, engine_search_settings, rules_for, violated_rules
+from search._engines import (
+    LayoutContext,
+    engine_data,
+    engine_search_settings,
+    rules_for,
+    violated_rules,
+)
 from search._space import SearchSpace
 
 TRAINING = Training(sequence_length_tokens=4096, global_batch_sequences=256)
 INFERENCE = Inference(prompt_tokens=2048, output_tokens=512, tpot_slo_s=0.05)
-ROLE_RULES = {rule["id"] for rule in engine_data()["rules"] if rule["when"] in ("training", "not training")}
+ROLE_RULES = {
+    rule["id"] for rule in engine_data()["rules"] if rule["when"] in ("training", "not training")
+}
 
 
 def _space(engine: str | None, *, training: bool) -> SearchSpace:
     model = get_model("mixtral-8x22b" if training else "deepseek-v3")
-    bounds = SearchBounds(engine=engine, virtual_stage_choices=(2,), max_micro_batch_size=2, max_cp_degree=4)
-    return SearchSpace(model=model, workload=TRAINING if training else INFERENCE, world_size=32, devices_per_node=8, bounds=bounds)
+    bounds = SearchBounds(
+        engine=engine, virtual_stage_choices=(2,), max_micro_batch_size=2, max_cp_degree=4
+    )
+    return SearchSpace(
+        model=model,
+        workload=TRAINING if training else INFERENCE,
+        world_size=32,
+        devices_per_node=8,
+        bounds=bounds,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +59,17 @@ def spaces() -> dict:
 
 
 def _rule_cases() -> list[tuple[str, str]]:
-    return [(rule["engine"], rule["id"]) for rule in engine_data()["rules"] if rule["id"] not in ROLE_RULES and rule.get("until") is None]
+    return [
+        (rule["engine"], rule["id"])
+        for rule in engine_data()["rules"]
+        if rule["id"] not in ROLE_RULES and rule.get("until") is None
+    ]
 
 
 @pytest.mark.parametrize("engine,rule_id", _rule_cases())
-def test_engine_search_never_returns_a_layout_the_rule_rejects(engine: str, rule_id: str, spaces) -> None:
+def test_engine_search_never_returns_a_layout_the_rule_rejects(
+    engine: str, rule_id: str, spaces
+) -> None:
     training = engine_data()["engines"][engine]["role"] == "training"
     free_space, free = spaces(None, training)
     context = LayoutContext(num_layers=free_space.model.num_layers, moe=True, training=training)
@@ -59,9 +81,13 @@ def test_engine_search_never_returns_a_layout_the_rule_rejects(engine: str, rule
 
 
 def test_role_rules_reject_the_wrong_workload() -> None:
-    with pytest.raises(ValueError, match=r"\('megatron'\) is a training engine; the workload is inference"):
+    with pytest.raises(
+        ValueError, match=r"\('megatron'\) is a training engine; the workload is inference"
+    ):
         engine_search_settings(None, engine="megatron", version=None, workload=INFERENCE)
-    with pytest.raises(ValueError, match=r"\('vllm'\) is a serving engine; the workload is training"):
+    with pytest.raises(
+        ValueError, match=r"\('vllm'\) is a serving engine; the workload is training"
+    ):
         engine_search_settings(None, engine="vllm", version=None, workload=TRAINING)
     with pytest.raises(ValueError, match="engine_version .* must be one of"):
         engine_search_settings(None, engine="vllm", version="0.1.0", workload=INFERENCE)
@@ -69,8 +95,12 @@ def test_role_rules_reject_the_wrong_workload() -> None:
 
 def test_every_rule_names_its_version_and_source() -> None:
     for rule in engine_data()["rules"]:
-        assert rule["source"] and rule["since"] and rule["kind"] in ("refused", "inexpressible"), rule["id"]
-    assert {r.id for r in rules_for("torchtitan", "0.2.2")} != {r.id for r in rules_for("torchtitan", "0.3.0")}
+        assert rule["source"] and rule["since"] and rule["kind"] in ("refused", "inexpressible"), (
+            rule["id"]
+        )
+    assert {r.id for r in rules_for("torchtitan", "0.2.2")} != {
+        r.id for r in rules_for("torchtitan", "0.3.0")
+    }
 
 
 # ---------------------------------------------------------------------------- recipes
@@ -89,7 +119,9 @@ def test_node_counts_round_up_and_model_is_named(inference_plan) -> None:
 def test_megatron_recipe_is_complete(training_plan) -> None:
     found = flags(export_plan(training_plan, format="megatron").files["megatron_args.sh"])
     model = get_model(training_plan.provenance.model_name)
-    assert found["--hidden-size"] == str(model.hidden_size) and found["--num-experts"] == str(model.moe.num_routed_experts)
+    assert found["--hidden-size"] == str(model.hidden_size) and found["--num-experts"] == str(
+        model.moe.num_routed_experts
+    )
     assert found["--bf16"] is True and found["--nnodes"] == "8" and found["--nproc-per-node"] == "8"
     assert found["--tokenizer-model"] == "Qwen/Qwen3-235B-A22B"
 
@@ -97,8 +129,12 @@ def test_megatron_recipe_is_complete(training_plan) -> None:
 def test_uneven_pipeline_goes_to_megatron_layout(training_plan) -> None:
     from tests.test_export import _with
 
-    plan = _with(training_plan, pp=3, dp=2, tp=8, cp=1, ep=16, pipeline_schedule="1f1b").model_copy(update={"world_size": 48})
-    layout = flags(export_plan(plan, format="megatron").files["megatron_args.sh"])["--pipeline-model-parallel-layout"]
+    plan = _with(training_plan, pp=3, dp=2, tp=8, cp=1, ep=16, pipeline_schedule="1f1b").model_copy(
+        update={"world_size": 48}
+    )
+    layout = flags(export_plan(plan, format="megatron").files["megatron_args.sh"])[
+        "--pipeline-model-parallel-layout"
+    ]
     sizes = [s.stop_layer - s.start_layer for s in plan.stages]
     assert layout.startswith("E") and layout.endswith("L") and layout.count("|") == 2
     assert [int(part.strip("EL").split("*")[1]) for part in layout.split("|")] == sizes
@@ -108,14 +144,23 @@ def test_deepspeed_batch_identity_excludes_tp_pp_cp(training_plan) -> None:
     c = training_plan.config
     config = json.loads(export_plan(training_plan, format="deepspeed").files["ds_config.json"])
     dp_world = training_plan.world_size // (c.tp * c.pp * c.cp)
-    assert config["train_batch_size"] == config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * dp_world
+    assert (
+        config["train_batch_size"]
+        == config["train_micro_batch_size_per_gpu"]
+        * config["gradient_accumulation_steps"]
+        * dp_world
+    )
 
 
 def test_torchtitan_current_release_is_a_command_line_and_old_one_toml(training_plan) -> None:
     current = export_plan(training_plan, format="torchtitan")
-    assert current.engine_version == "0.3.0" and not any(name.endswith(".toml") for name in current.files)
+    assert current.engine_version == "0.3.0" and not any(
+        name.endswith(".toml") for name in current.files
+    )
     found = flags(current.files["launch_torchtitan.sh"])
-    assert found["--module"] == "qwen3" and found["--parallelism.tensor_parallel_degree"] == str(training_plan.config.tp)
+    assert found["--module"] == "qwen3" and found["--parallelism.tensor_parallel_degree"] == str(
+        training_plan.config.tp
+    )
     old = export_plan(training_plan, format="torchtitan", engine_version="0.2.2")
     assert "torchtitan.toml" in old.files and "[parallelism]" in old.files["torchtitan.toml"]
 
@@ -136,23 +181,39 @@ def _key(config, engine: str) -> tuple:
         attention_tp = 1 if config.attention_data_parallel else config.tp
         return (instance, attention_tp, config.pp, config.ep, config.etp)
     zero = config.zero_stage if config.dp * config.cp > 1 else 0
-    return (config.dp, config.tp, config.pp, config.cp, config.ep, config.etp if config.ep > 1 else 1, zero,
-            config.micro_batch_size, config.recompute if engine != "deepspeed" else config.recompute != "none",
-            config.virtual_stages)
+    return (
+        config.dp,
+        config.tp,
+        config.pp,
+        config.cp,
+        config.ep,
+        config.etp if config.ep > 1 else 1,
+        zero,
+        config.micro_batch_size,
+        config.recompute if engine != "deepspeed" else config.recompute != "none",
+        config.virtual_stages,
+    )
 
 
 @pytest.mark.parametrize("format", FORMATS)
 def test_export_then_import_returns_the_layout(format: str) -> None:
+    import autoparallel as ap
     from autoparallel.export._common import engine_role, rule_violations
-
     from autoparallel.export._serving import _pools
 
-    import autoparallel as ap
-
     training = engine_role(format) == "training"
-    plan = ap.find_plan("mixtral-8x22b" if training else "deepseek-v3", ap.get_preset("dgx-h100", num_nodes=8 if training else 16),
-                        TRAINING if training else INFERENCE, n_trials=20, engine=format)
-    pools = _pools(plan) if engine_role(format) == "serving" else [("", plan.config, plan.world_size, None)]
+    plan = ap.find_plan(
+        "mixtral-8x22b" if training else "deepseek-v3",
+        ap.get_preset("dgx-h100", num_nodes=8 if training else 16),
+        TRAINING if training else INFERENCE,
+        n_trials=20,
+        engine=format,
+    )
+    pools = (
+        _pools(plan)
+        if engine_role(format) == "serving"
+        else [("", plan.config, plan.world_size, None)]
+    )
     files = export_plan(plan, format=format).files
     checked = 0
     for name, config, _, settings in pools:

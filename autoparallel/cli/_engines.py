@@ -11,16 +11,26 @@ import sys
 from pathlib import Path
 
 
-def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
-    parser = subparsers.add_parser("import-config", help="read an engine's launch arguments/config back into a parallel layout")
-    parser.add_argument("engine", choices=("vllm", "sglang", "trtllm", "megatron", "torchtitan", "deepspeed"))
-    parser.add_argument("files", nargs="+", type=Path, help="launch script(s) and config file(s) of the engine")
-    parser.add_argument("--pp", type=int, default=1, help="DeepSpeed: pipeline stages (set in model code)")
-    parser.add_argument("--ep", type=int, default=1, help="DeepSpeed: expert-parallel size (set in model code)")
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "import-config", help="read an engine's launch arguments/config back into a parallel layout"
+    )
+    parser.add_argument(
+        "engine", choices=("vllm", "sglang", "trtllm", "megatron", "torchtitan", "deepspeed")
+    )
+    parser.add_argument(
+        "files", nargs="+", type=Path, help="launch script(s) and config file(s) of the engine"
+    )
+    parser.add_argument(
+        "--pp", type=int, default=1, help="DeepSpeed: pipeline stages (set in model code)"
+    )
+    parser.add_argument(
+        "--ep", type=int, default=1, help="DeepSpeed: expert-parallel size (set in model code)"
+    )
     parser.set_defaults(func=_import_config)
 
 
-def engines_line(plan) -> str:  # noqa: ANN001
+def engines_line(plan) -> str:
     """Which engines (current releases) run the plan's layout, and why the others do not."""
     from autoparallel.export import runnable_engines
 
@@ -31,10 +41,15 @@ def engines_line(plan) -> str:  # noqa: ANN001
 
 
 def export_command(args: argparse.Namespace) -> int:
-    from autoparallel.plan import load_plan
     from autoparallel.export import export_plan
+    from autoparallel.plan import load_plan
 
-    result = export_plan(load_plan(Path(args.plan)), format=args.format, model_path=args.model_path, engine_version=args.engine_version)
+    result = export_plan(
+        load_plan(Path(args.plan)),
+        format=args.format,
+        model_path=args.model_path,
+        engine_version=args.engine_version,
+    )
     if args.output_dir is None:
         sys.stdout.write(result.render())
         return 0
@@ -57,6 +72,8 @@ def _import_config(args: argparse.Namespace) -> int:
     missing = [str(path) for path in args.files if not path.exists()]
     if missing:
         raise ValueError(f"files ({', '.join(missing)}) do not exist")
-    config = import_config(args.engine, {path.name: path.read_text() for path in args.files}, pp=args.pp, ep=args.ep)
+    config = import_config(
+        args.engine, {path.name: path.read_text() for path in args.files}, pp=args.pp, ep=args.ep
+    )
     sys.stdout.write(describe_config(config) + "\n" + config.model_dump_json() + "\n")
     return 0

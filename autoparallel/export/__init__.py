@@ -17,25 +17,50 @@ instances behind a router.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from autoparallel.plan import ShardingPlan
-from autoparallel.export._common import FORMATS, Export, Recipe, recipe, rule_violations, runnable_engines
+from autoparallel.export._common import (
+    FORMATS,
+    Export,
+    Recipe,
+    recipe,
+    rule_violations,
+    runnable_engines,
+)
 from autoparallel.export._import import import_config
 from autoparallel.export._serving import sglang, trtllm, vllm
 from autoparallel.export._training import deepspeed, megatron, torchtitan
+from autoparallel.plan import ShardingPlan
 
-__all__ = ["FORMATS", "Export", "export_plan", "import_config", "rule_violations", "runnable_engines"]
+__all__ = [
+    "FORMATS",
+    "Export",
+    "export_plan",
+    "import_config",
+    "rule_violations",
+    "runnable_engines",
+]
 
 _EXPORTERS: dict[str, Callable[[ShardingPlan, Recipe], Export]] = {
-    "vllm": vllm, "sglang": sglang, "trtllm": trtllm, "megatron": megatron, "torchtitan": torchtitan, "deepspeed": deepspeed,
+    "vllm": vllm,
+    "sglang": sglang,
+    "trtllm": trtllm,
+    "megatron": megatron,
+    "torchtitan": torchtitan,
+    "deepspeed": deepspeed,
 }
 
 
 def export_plan(
-    plan: ShardingPlan, *, format: str, model_path: str | None = None, engine_version: str | None = None  # noqa: A002 - CLI word
+    plan: ShardingPlan,
+    *,
+    format: str,
+    model_path: str | None = None,
+    engine_version: str | None = None,
 ) -> Export:
     """The ``format`` launch recipe of ``plan`` for ``engine_version`` (default: current release)."""
     if format not in _EXPORTERS:
         raise ValueError(f"format ({format!r}) must be one of {list(FORMATS)}")
-    return _EXPORTERS[format](plan, recipe(plan, engine=format, version=engine_version, model_path=model_path))
+    return _EXPORTERS[format](
+        plan, recipe(plan, engine=format, version=engine_version, model_path=model_path)
+    )

@@ -9,7 +9,14 @@ from dataclasses import dataclass, field
 
 from autoparallel.plan import ServingSettings, ShardingPlan
 from cost_model import ParallelConfig, Training
-from search._engines import LayoutContext, engine_data, engine_info, resolve_version, rules_for, violated_rules
+from search._engines import (
+    LayoutContext,
+    engine_data,
+    engine_info,
+    resolve_version,
+    rules_for,
+    violated_rules,
+)
 
 FORMATS = ("vllm", "sglang", "trtllm", "megatron", "torchtitan", "deepspeed")
 MODEL_PATH_PLACEHOLDER = "${MODEL_PATH}"
@@ -52,12 +59,19 @@ class Recipe:
         return min(num_devices, self.devices_per_node)
 
 
-def recipe(plan: ShardingPlan, *, engine: str, version: str | None, model_path: str | None) -> Recipe:
+def recipe(
+    plan: ShardingPlan, *, engine: str, version: str | None, model_path: str | None
+) -> Recipe:
     version = resolve_version(engine, version)
     known = engine_data()["model_ids"].get(plan.model.name)
     path = model_path or known or MODEL_PATH_PLACEHOLDER
-    return Recipe(engine=engine, version=version, model_path=path, model_known=model_path is not None or known is not None,
-                  devices_per_node=plan.devices_per_node)
+    return Recipe(
+        engine=engine,
+        version=version,
+        model_path=path,
+        model_known=model_path is not None or known is not None,
+        devices_per_node=plan.devices_per_node,
+    )
 
 
 def layout_context(plan: ShardingPlan) -> LayoutContext:
@@ -69,16 +83,27 @@ def layout_context(plan: ShardingPlan) -> LayoutContext:
 
 
 def rule_violations(
-    plan: ShardingPlan, config: ParallelConfig, *, engine: str, version: str | None = None, serving: ServingSettings | None = None
+    plan: ShardingPlan,
+    config: ParallelConfig,
+    *,
+    engine: str,
+    version: str | None = None,
+    serving: ServingSettings | None = None,
 ) -> list[str]:
     """Messages of the rules of ``engine`` that ``config`` with ``serving`` (default: the plan's) breaks."""
     from cost_model._table import configs_to_table
 
     serving = serving or plan.serving
-    table = configs_to_table([config], two_batch_overlap=[bool(serving and serving.two_batch_overlap)])
+    table = configs_to_table(
+        [config], two_batch_overlap=[bool(serving and serving.two_batch_overlap)]
+    )
     verdicts = violated_rules(table, context=layout_context(plan), engine=engine, version=version)
     rules = {rule.id: rule for rule in rules_for(engine, version)}
-    return [f"{rules[rid].message} [{rid}: {rules[rid].source}]" for rid, hit in verdicts.items() if bool(hit[0])]
+    return [
+        f"{rules[rid].message} [{rid}: {rules[rid].source}]"
+        for rid, hit in verdicts.items()
+        if bool(hit[0])
+    ]
 
 
 def runnable_engines(plan: ShardingPlan) -> dict[str, list[str]]:
@@ -105,7 +130,9 @@ class Serving:
     two_batch_overlap: bool
 
 
-def serving_view(plan: ShardingPlan, config: ParallelConfig, num_devices: int, serving: ServingSettings | None) -> Serving:
+def serving_view(
+    plan: ShardingPlan, config: ParallelConfig, num_devices: int, serving: ServingSettings | None
+) -> Serving:
     attention_tp = 1 if config.attention_data_parallel else config.tp
     instance = max(config.tp, config.ep * config.etp)
     return Serving(
@@ -124,11 +151,15 @@ def training_only(config: ParallelConfig) -> list[str]:
     """Training settings a serving engine has no flag for."""
     dropped = []
     if config.zero_stage:
-        dropped.append(f"zero_stage {config.zero_stage} (a training setting; serving holds no optimizer state)")
+        dropped.append(
+            f"zero_stage {config.zero_stage} (a training setting; serving holds no optimizer state)"
+        )
     if config.recompute != "none":
         dropped.append(f"recompute {config.recompute!r} (a training setting)")
     if config.pp > 1 and (config.pipeline_schedule != "1f1b" or config.virtual_stages > 1):
-        dropped.append(f"pipeline_schedule {config.pipeline_schedule!r} x{config.virtual_stages} (serving engines run their own pipeline)")
+        dropped.append(
+            f"pipeline_schedule {config.pipeline_schedule!r} x{config.virtual_stages} (serving engines run their own pipeline)"
+        )
     if config.cp > 1:
         dropped.append(f"cp {config.cp} (context parallel is not a serving option of this engine)")
     return dropped
@@ -165,24 +196,55 @@ def _quote(word: str) -> str:
 
 
 def script(body: str, *, header: list[str]) -> str:
-    lines = ["#!/usr/bin/env bash", *[f"# {line}" for line in header], "set -euo pipefail", body.rstrip("\n")]
+    lines = [
+        "#!/usr/bin/env bash",
+        *[f"# {line}" for line in header],
+        "set -euo pipefail",
+        body.rstrip("\n"),
+    ]
     return "\n".join(lines) + "\n"
 
 
-def readme(*, title: str, recipe: Recipe, steps: list[str], dropped: list[str], notes: list[str], layout: str) -> str:
+def readme(
+    *,
+    title: str,
+    recipe: Recipe,
+    steps: list[str],
+    dropped: list[str],
+    notes: list[str],
+    layout: str,
+) -> str:
     """The note file of an export: what it is, how to launch it, what it drops."""
-    lines = [f"# {title}", "", f"Engine: {recipe.engine} {recipe.version}. Layout: {layout}.", f"Model: {recipe.model_path}"]
+    lines = [
+        f"# {title}",
+        "",
+        f"Engine: {recipe.engine} {recipe.version}. Layout: {layout}.",
+        f"Model: {recipe.model_path}",
+    ]
     if not recipe.model_known:
-        lines.append("Set MODEL_PATH to the checkpoint folder (or hub id) of this model before launching.")
-    lines += ["", "## Launch", ""] + [f"{index}. {step}" for index, step in enumerate(steps, start=1)]
+        lines.append(
+            "Set MODEL_PATH to the checkpoint folder (or hub id) of this model before launching."
+        )
+    lines += ["", "## Launch", ""] + [
+        f"{index}. {step}" for index, step in enumerate(steps, start=1)
+    ]
     if notes:
         lines += ["", "## Notes", ""] + [f"- {note}" for note in notes]
-    lines += ["", "## Not expressed by this engine", ""] + ([f"- {item}" for item in dropped] or ["- nothing"])
+    lines += ["", "## Not expressed by this engine", ""] + (
+        [f"- {item}" for item in dropped] or ["- nothing"]
+    )
     return "\n".join(lines) + "\n"
 
 
 def describe(config: ParallelConfig) -> str:
-    words = [f"tp{config.tp}", f"pp{config.pp}", f"dp{config.dp}", f"cp{config.cp}", f"ep{config.ep}", f"etp{config.etp}"]
+    words = [
+        f"tp{config.tp}",
+        f"pp{config.pp}",
+        f"dp{config.dp}",
+        f"cp{config.cp}",
+        f"ep{config.ep}",
+        f"etp{config.etp}",
+    ]
     words += ["attn-dp"] if config.attention_data_parallel else []
     words += ["sp"] if config.sequence_parallel else []
     return " ".join(words)

@@ -17,13 +17,21 @@ import shlex
 from cost_model import ParallelConfig
 
 
-def import_config(engine: str, files: dict[str, str] | str, *, pp: int = 1, ep: int = 1) -> ParallelConfig:
+def import_config(
+    engine: str, files: dict[str, str] | str, *, pp: int = 1, ep: int = 1
+) -> ParallelConfig:
     """The layout of ``engine``'s launch files (name -> text) or of one command line (a string).
 
     Raises ValueError naming the flag when a value is missing or not a number.
     """
     files = {"command.sh": files} if isinstance(files, str) else files
-    readers = {"vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm, "megatron": _megatron, "torchtitan": _torchtitan}
+    readers = {
+        "vllm": _vllm,
+        "sglang": _sglang,
+        "trtllm": _trtllm,
+        "megatron": _megatron,
+        "torchtitan": _torchtitan,
+    }
     if engine == "deepspeed":
         return _deepspeed(files, pp=pp, ep=ep)
     if engine not in readers:
@@ -33,7 +41,11 @@ def import_config(engine: str, files: dict[str, str] | str, *, pp: int = 1, ep: 
 
 def flags(text: str) -> dict[str, str | bool]:
     """``--flag value`` pairs of a shell command (line continuations and comments removed)."""
-    lines = [line for line in text.replace("\\\n", " ").splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    lines = [
+        line
+        for line in text.replace("\\\n", " ").splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
     words = [w for line in lines for w in shlex.split(line) if "=" not in w or w.startswith("--")]
     found: dict[str, str | bool] = {}
     for index, word in enumerate(words):
@@ -56,24 +68,37 @@ def _number(found: dict[str, str | bool], name: str, default: int) -> int:
 
 
 def _launch(files: dict[str, str], marker: str) -> dict[str, str | bool]:
-    for name, text in files.items():
+    for text in files.values():
         if marker in text:
             return flags(text)
     raise ValueError(f"no launch command containing {marker!r} among {list(files)}")
 
 
-def _serving(*, instance: int, attention_tp: int, pp: int, ep: int, etp: int, instances: int = 1) -> ParallelConfig:
+def _serving(
+    *, instance: int, attention_tp: int, pp: int, ep: int, etp: int, instances: int = 1
+) -> ParallelConfig:
     adp = attention_tp == 1 and instance > 1
     tp = instance if adp else attention_tp
-    return ParallelConfig(tp=tp, pp=pp, dp=instances * instance // tp, ep=ep, etp=etp, attention_data_parallel=adp)
+    return ParallelConfig(
+        tp=tp, pp=pp, dp=instances * instance // tp, ep=ep, etp=etp, attention_data_parallel=adp
+    )
 
 
 def _vllm(files: dict[str, str]) -> ParallelConfig:
     found = _launch(files, "vllm serve")
-    attention_tp, replicas = _number(found, "--tensor-parallel-size", 1), _number(found, "--data-parallel-size", 1)
+    attention_tp, replicas = (
+        _number(found, "--tensor-parallel-size", 1),
+        _number(found, "--data-parallel-size", 1),
+    )
     instance = attention_tp * replicas
     ep, etp = (instance, 1) if found.get("--enable-expert-parallel") else (1, instance)
-    return _serving(instance=instance, attention_tp=attention_tp, pp=_number(found, "--pipeline-parallel-size", 1), ep=ep, etp=etp)
+    return _serving(
+        instance=instance,
+        attention_tp=attention_tp,
+        pp=_number(found, "--pipeline-parallel-size", 1),
+        ep=ep,
+        etp=etp,
+    )
 
 
 def _sglang(files: dict[str, str]) -> ParallelConfig:
@@ -82,7 +107,13 @@ def _sglang(files: dict[str, str]) -> ParallelConfig:
     replicas = _number(found, "--attn-dp-size", 1)
     if found.get("--enable-dp-attention"):
         replicas = _number(found, "--dp-size", 1)
-    return _serving(instance=instance, attention_tp=instance // replicas, pp=_number(found, "--pp-size", 1), ep=ep, etp=instance // ep)
+    return _serving(
+        instance=instance,
+        attention_tp=instance // replicas,
+        pp=_number(found, "--pp-size", 1),
+        ep=ep,
+        etp=instance // ep,
+    )
 
 
 def _trtllm(files: dict[str, str]) -> ParallelConfig:
@@ -90,7 +121,13 @@ def _trtllm(files: dict[str, str]) -> ParallelConfig:
     instance, ep = _number(found, "--tp_size", 1), _number(found, "--ep_size", 1)
     options = "\n".join(text for name, text in files.items() if name.endswith((".yaml", ".yml")))
     attention_dp = re.search(r"^enable_attention_dp:\s*true", options, re.MULTILINE) is not None
-    return _serving(instance=instance, attention_tp=1 if attention_dp else instance, pp=_number(found, "--pp_size", 1), ep=ep, etp=instance // ep)
+    return _serving(
+        instance=instance,
+        attention_tp=1 if attention_dp else instance,
+        pp=_number(found, "--pp_size", 1),
+        ep=ep,
+        etp=instance // ep,
+    )
 
 
 def _world(found: dict[str, str | bool]) -> int:
@@ -99,47 +136,129 @@ def _world(found: dict[str, str | bool]) -> int:
 
 def _megatron(files: dict[str, str]) -> ParallelConfig:
     found = _launch(files, "pretrain_gpt.py")
-    tp, pp, cp = (_number(found, name, 1) for name in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size"))
+    tp, pp, cp = (
+        _number(found, name, 1)
+        for name in (
+            "--tensor-model-parallel-size",
+            "--pipeline-model-parallel-size",
+            "--context-parallel-size",
+        )
+    )
     virtual = 1
     if "--pipeline-model-parallel-layout" in found:
         virtual = max(1, str(found["--pipeline-model-parallel-layout"]).count("|") + 1) // pp
-    zero = 3 if found.get("--use-torch-fsdp2") else 1 if found.get("--use-distributed-optimizer") else 0
+    zero = (
+        3
+        if found.get("--use-torch-fsdp2")
+        else 1
+        if found.get("--use-distributed-optimizer")
+        else 0
+    )
     recompute = str(found.get("--recompute-granularity", "none"))
     return ParallelConfig(
-        tp=tp, pp=pp, cp=cp, dp=_world(found) // (tp * pp * cp), ep=_number(found, "--expert-model-parallel-size", 1),
-        etp=_number(found, "--expert-tensor-parallel-size", tp), sequence_parallel=bool(found.get("--sequence-parallel")),
-        zero_stage=zero, pipeline_schedule="interleaved_1f1b" if virtual > 1 else "1f1b", virtual_stages=virtual,
-        micro_batch_size=_number(found, "--micro-batch-size", 1), recompute=recompute,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        dp=_world(found) // (tp * pp * cp),
+        ep=_number(found, "--expert-model-parallel-size", 1),
+        etp=_number(found, "--expert-tensor-parallel-size", tp),
+        sequence_parallel=bool(found.get("--sequence-parallel")),
+        zero_stage=zero,
+        pipeline_schedule="interleaved_1f1b" if virtual > 1 else "1f1b",
+        virtual_stages=virtual,
+        micro_batch_size=_number(found, "--micro-batch-size", 1),
+        recompute=recompute,
     )
 
 
 def _torchtitan(files: dict[str, str]) -> ParallelConfig:
     found = _launch(files, "torchtitan.train")
     if "--job.config_file" in found:
-        raise ValueError("torchtitan TOML jobs (0.2.x) are read as exported; import the 0.3 command line")
-    get = lambda name, default: _number(found, f"--parallelism.{name}", default)  # noqa: E731
-    replicate, shard = get("data_parallel_replicate_degree", 1), get("data_parallel_shard_degree", 1)
-    zero = 0 if shard == 1 else 2 if found.get("--parallelism.fsdp_reshard_after_forward") == "never" else 3
+        raise ValueError(
+            "torchtitan TOML jobs (0.2.x) are read as exported; import the 0.3 command line"
+        )
+    get = lambda name, default: _number(found, f"--parallelism.{name}", default)
+    replicate, shard = (
+        get("data_parallel_replicate_degree", 1),
+        get("data_parallel_shard_degree", 1),
+    )
+    zero = (
+        0
+        if shard == 1
+        else 2
+        if found.get("--parallelism.fsdp_reshard_after_forward") == "never"
+        else 3
+    )
     pp = get("pipeline_parallel_degree", 1)
-    parts = json.loads(str(found.get("--parallelism.module_fqns_per_model_part", "[]")))
+    parts = _titan_parts(files)
     virtual = max(1, len(parts) // pp) if parts else 1
-    schedule = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "interleaved_1f1b"}[str(found.get("--parallelism.pipeline_parallel_schedule", "1F1B"))]
+    schedule = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "interleaved_1f1b"}[
+        str(found.get("--parallelism.pipeline_parallel_schedule", "1F1B"))
+    ]
     tp = get("tensor_parallel_degree", 1)
     return ParallelConfig(
-        tp=tp, pp=pp, cp=get("context_parallel_degree", 1), dp=replicate * shard, ep=get("expert_parallel_degree", 1), etp=1,
-        sequence_parallel=tp > 1 and "--parallelism.no-enable_sequence_parallel" not in found, zero_stage=zero,
-        pipeline_schedule=schedule, virtual_stages=virtual, micro_batch_size=get("pipeline_parallel_microbatch_size", 1),
-        recompute=str(found.get("--activation_checkpoint", "none")),
+        tp=tp,
+        pp=pp,
+        cp=get("context_parallel_degree", 1),
+        dp=replicate * shard,
+        ep=get("expert_parallel_degree", 1),
+        etp=1,
+        sequence_parallel=tp > 1 and "--parallelism.no-enable_sequence_parallel" not in found,
+        zero_stage=zero,
+        pipeline_schedule=schedule,
+        virtual_stages=virtual,
+        micro_batch_size=get("pipeline_parallel_microbatch_size", 1),
+        recompute=_titan_recompute(files),
     )
 
 
+def _titan_parts(files: dict[str, str]) -> list[list[str]]:
+    """The words after ``--parallelism.module_fqns_per_model_part``, each a comma-joined part."""
+    text = "\n".join(text for name, text in files.items() if "torchtitan.train" in text and not name.endswith(".md"))
+    text = text.replace("\\\n", " ")
+    words = shlex.split(
+        "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    )
+    if "--parallelism.module_fqns_per_model_part" not in words:
+        return []
+    parts = []
+    for word in words[words.index("--parallelism.module_fqns_per_model_part") + 1 :]:
+        if word.startswith("--") or ":" in word:
+            break
+        parts.append(word.split(","))
+    return parts
+
+
+def _titan_recompute(files: dict[str, str]) -> str:
+    scripts = "\n".join(text for name, text in files.items() if not name.endswith(".md"))
+    found = re.search(r"activation-checkpoint:(none|selective|full)", scripts)
+    return found.group(1) if found else "none"
+
+
 def _deepspeed(files: dict[str, str], *, pp: int, ep: int) -> ParallelConfig:
-    config = next((json.loads(text) for name, text in files.items() if name.endswith(".json")), None)
+    config = next(
+        (json.loads(text) for name, text in files.items() if name.endswith(".json")), None
+    )
     if config is None:
         raise ValueError(f"no DeepSpeed config (.json) among {list(files)}")
-    world = _world(_launch(files, "--deepspeed_config")) if any("--deepspeed_config" in t for t in files.values()) else None
+    world = (
+        _world(_launch(files, "--deepspeed_config"))
+        if any("--deepspeed_config" in t for t in files.values())
+        else None
+    )
     tp = int(config.get("tensor_parallel", {}).get("autotp_size", 1))
-    micro, steps = int(config["train_micro_batch_size_per_gpu"]), int(config.get("gradient_accumulation_steps", 1))
+    micro, steps = (
+        int(config["train_micro_batch_size_per_gpu"]),
+        int(config.get("gradient_accumulation_steps", 1)),
+    )
     dp = world // (tp * pp) if world else int(config["train_batch_size"]) // (micro * steps)
     recompute = "full" if "activation_checkpointing" in config else "none"
-    return ParallelConfig(tp=tp, pp=pp, dp=dp, ep=ep, zero_stage=int(config["zero_optimization"]["stage"]), micro_batch_size=micro, recompute=recompute)
+    return ParallelConfig(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        ep=ep,
+        zero_stage=int(config["zero_optimization"]["stage"]),
+        micro_batch_size=micro,
+        recompute=recompute,
+    )

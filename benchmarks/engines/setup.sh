@@ -9,7 +9,7 @@
 #
 # How each engine is installed, and why:
 # - deepspeed:   pip, with DS_BUILD_OPS=0 (no CUDA extension is compiled; DeepSpeedConfig is pure Python).
-# - torchtitan:  pip (its deps are CPU-safe).
+# - torchtitan:  pip, plus torchao/triton/rich that its model config registries import.
 # - megatron:    megatron-core from pip (no deps: its extras pull CUDA builds) + the Megatron-LM
 #                repository's megatron/training package at tag core_v<version>, which holds the
 #                training argument parser (arguments.py). Set MEGATRON_LM_SRC to a Megatron-LM git
@@ -40,31 +40,34 @@ setup_deepspeed() {
 setup_torchtitan() {
     local py; py="$(venv torchtitan)"
     "$py" -m pip install -q "torchtitan==${TORCHTITAN_VERSION:-0.3.0}"
+    # imported by its model registries (float8 converters, kernels); nothing is run on a GPU
+    "$py" -m pip install -q ${TORCHTITAN_DEPS:-torchao triton rich}
 }
 
 setup_megatron() {
     local version="${MEGATRON_VERSION:-0.16.1}" py src
     py="$(venv megatron)"
     "$py" -m pip install -q --no-deps "megatron-core==$version"
-    "$py" -m pip install -q numpy packaging pyyaml einops
+    "$py" -m pip install -q numpy packaging pyyaml einops six pydantic
     src="${MEGATRON_LM_SRC:-$VENVS/Megatron-LM}"
-    [ -d "$src" ] || git clone -q https://github.com/NVIDIA/Megatron-LM "$src"
+    [ -d "$src" ] || git clone -q --filter=blob:none https://github.com/NVIDIA/Megatron-LM "$src"
     local target="$VENVS/megatron/megatron-lm-training"
     rm -rf "$target" && mkdir -p "$target"
-    git -C "$src" archive "core_v$version" megatron/training | tar -x -C "$target"
+    git -C "$src" archive "core_v$version" megatron/training megatron/legacy megatron/post_training megatron/rl | tar -x -C "$target"
     echo "$target" > "$("$py" -c 'import site; print(site.getsitepackages()[0])')/megatron_training.pth"
 }
 
 setup_sglang() {
     local py; py="$(venv sglang)"
     "$py" -m pip install -q --no-deps "sglang==${SGLANG_VERSION:-0.5.23}"
-    "$py" -m pip install -q ${SGLANG_DEPS:-requests orjson psutil pydantic numpy packaging transformers fastapi uvicorn aiohttp pyzmq uvloop}
+    "$py" -m pip install -q ${SGLANG_DEPS:-requests orjson psutil pydantic numpy packaging transformers fastapi uvicorn aiohttp pyzmq uvloop pybase64 triton pillow msgspec ipython}
 }
 
 setup_vllm() {
     local py; py="$(venv vllm)"
     "$py" -m pip install -q --no-deps "vllm==${VLLM_VERSION:-0.33.0}"
-    "$py" -m pip install -q ${VLLM_DEPS:-transformers pydantic msgspec cloudpickle psutil pyzmq regex cachetools sentencepiece tokenizers protobuf fastapi uvicorn prometheus_client openai aiohttp requests tqdm blake3 pybase64 cbor2 gguf numpy}
+    "$py" -m pip install -q ${VLLM_DEPS:-transformers pydantic msgspec cloudpickle psutil pyzmq regex cachetools sentencepiece tokenizers protobuf fastapi uvicorn prometheus_client openai aiohttp requests tqdm blake3 pybase64 cbor2 gguf numpy
+        openai-harmony pillow py-cpuinfo partial-json-parser xgrammar llguidance watchfiles orjson uvloop}
 }
 
 for engine in "${@:-deepspeed torchtitan megatron sglang vllm}"; do
