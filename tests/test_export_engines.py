@@ -224,3 +224,36 @@ def test_export_then_import_returns_the_layout(format: str) -> None:
         assert _key(back, format) == _key(config, format)
         checked += 1
     assert checked == len(pools), "a plan searched for the engine is expressed whole"
+
+
+def test_sglang_reads_the_plans_expert_placement(inference_plan) -> None:
+    from autoparallel.plan import Deployment
+
+    plan = inference_plan.model_copy(update={"deployment": Deployment()})
+    placement = plan.expert_placement
+    if placement is None or placement.ep != plan.config.ep or plan.config.ep == 1:
+        pytest.skip("the fixture plan has no expert-parallel placement")
+    files = export_plan(plan, format="sglang").files
+    assert flags(files["launch_sglang_colocated.sh"])["--init-expert-location"] == "sglang_expert_location.json"
+    rows = json.loads(files["sglang_expert_location.json"])["physical_to_logical_map"]
+    assert len(rows) == plan.model.num_layers
+    slots = placement.slots_per_rank
+    for expert, ranks in enumerate(placement.expert_to_ranks):  # every replica sits in a slot of its rank
+        for rank in ranks:
+            assert expert in rows[0][rank * slots : (rank + 1) * slots]
+    assert sorted(set(rows[0])) == list(range(placement.num_experts))
+
+
+def test_export_text_is_a_valid_shell_script_at_any_width(inference_plan, tmp_path, monkeypatch) -> None:
+    import subprocess
+
+    from autoparallel.cli import main
+
+    path = tmp_path / "plan.json"
+    inference_plan.save(path)
+    monkeypatch.setenv("COLUMNS", "40")
+    out = tmp_path / "out"
+    assert main(["export", str(path), "--format", "sglang", "--output-dir", str(out)]) == 0
+    assert (out / "README_sglang.md").exists()
+    for script in out.glob("*.sh"):
+        assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0, script.read_text()

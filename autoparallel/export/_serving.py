@@ -32,6 +32,7 @@ from cost_model import ParallelConfig
 
 DP_RPC_PORT = 13345
 SGLANG_PORT = 5000
+SGLANG_EXPERT_LOCATION = "sglang_expert_location.json"
 
 
 def _pools(plan: ShardingPlan) -> list[tuple[str, ParallelConfig, int, ServingSettings | None]]:
@@ -200,7 +201,9 @@ def sglang(plan: ShardingPlan, recipe: Recipe) -> Export:
             plan, config, devices, settings, recipe, phase=name
         )
         notes += pool_notes
-    if len(files) > 1:
+    if (location := sglang_expert_location(plan, plan.config)) is not None:
+        files[SGLANG_EXPERT_LOCATION] = location
+    if len(files) > 1 + (SGLANG_EXPERT_LOCATION in files):
         notes.append(
             "put sglang-router in PD mode in front: --pd-disaggregation --prefill <prefill urls> --decode <decode urls>"
         )
@@ -252,6 +255,8 @@ def _sglang_pool(
             args += ["--deepep-mode", "low_latency" if phase == "decode" else "normal"]
     if s.num_redundant_experts:
         args += ["--ep-num-redundant-experts", str(s.num_redundant_experts), "--enable-eplb"]
+    if sglang_expert_location(plan, config) is not None:
+        args += ["--init-expert-location", SGLANG_EXPERT_LOCATION]
     args += [
         "--kv-cache-dtype",
         "fp8_e4m3" if s.kv_dtype == "fp8" else "auto",
@@ -285,6 +290,22 @@ def _sglang_pool(
         f"{s.num_instances} x {group} devices",
     ]
     return script(command(args, env=env), header=header), notes
+
+
+def sglang_expert_location(plan: ShardingPlan, config: ParallelConfig) -> str | None:
+    """The plan's expert placement as SGLang's ``--init-expert-location`` JSON: for every layer,
+    ``physical_to_logical_map`` lists the expert held in each physical slot, EP rank after EP rank
+    (``sglang/srt/eplb/expert_location.py`` ``init_by_mapping``; one row per hidden layer)."""
+    placement = plan.expert_placement
+    if placement is None or config is not plan.config or placement.ep != config.ep or config.ep == 1:
+        return None
+    slots: list[list[int]] = [[] for _ in range(placement.ep)]
+    for expert, ranks in enumerate(placement.expert_to_ranks):
+        for rank in ranks:
+            slots[rank].append(expert)
+    assert all(len(rank_slots) == placement.slots_per_rank for rank_slots in slots), "placement slots"
+    row = [expert for rank_slots in slots for expert in rank_slots]
+    return json.dumps({"physical_to_logical_map": [row] * plan.model.num_layers}) + "\n"
 
 
 # ---------------------------------------------------------------------------- TensorRT-LLM

@@ -79,7 +79,7 @@ def parse_vllm(env: dict, words: list[str]) -> dict:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     os.environ.update(env)
-    parser = FlexibleArgumentParser()
+    parser = FlexibleArgumentParser()  # VLLM_TARGET_DEVICE=cpu is set before vllm is imported (main)
     ServeSubcommand().subparser_init(parser.add_subparsers())
     args = parser.parse_args(words[1:])
     validate_parsed_serve_args(args)
@@ -297,6 +297,8 @@ def parse_deepspeed(env: dict, words: list[str], folder: Path) -> dict:
 
 def main() -> None:
     engine, folder = sys.argv[1], Path(sys.argv[2])
+    if engine == "vllm":
+        os.environ["VLLM_TARGET_DEVICE"] = "cpu"  # the CUDA wheel cannot find a GPU; its CPU platform parses
     for path in sorted(folder.glob("*.sh")):
         node = re.search(r"_node(\d+)\.sh$", path.name)
         env, words = command_words(path.read_text(), node_rank=int(node.group(1)) if node else 0)
