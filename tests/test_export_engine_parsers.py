@@ -5,6 +5,7 @@ Skipped, with the reason, for an engine whose venv is not installed."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ _spec = importlib.util.spec_from_file_location(
     "check_exports", ROOT / "benchmarks" / "engines" / "check_exports.py"
 )
 check_exports = importlib.util.module_from_spec(_spec)
+sys.modules["check_exports"] = check_exports  # dataclasses resolve their module by name
 _spec.loader.exec_module(check_exports)
 
 pytestmark = pytest.mark.engines

@@ -332,6 +332,8 @@ def trtllm(plan: ShardingPlan, recipe: Recipe) -> Export:
             str(config.ep),
             "--max_batch_size",
             str(s.batch_size * s.attention_replicas),
+            "--gpus_per_node",
+            str(min(plan.devices_per_node, config.pp * s.instance_size)),
             "--extra_llm_api_options",
             options_name,
         ]

@@ -33,7 +33,7 @@ import autoparallel as ap
 from autoparallel.export import export_plan
 from autoparallel.export._common import serving_view
 from autoparallel.export._import import flags
-from autoparallel.export._serving import _pools
+from autoparallel.export._serving import _pools, sglang_expert_location
 from cost_model import Inference, Training
 from search._engines import engine_info
 
@@ -41,8 +41,10 @@ HERE = Path(__file__).resolve().parent
 VENVS = HERE / ".venvs"
 TRAINING_ENGINES = ("megatron", "torchtitan", "deepspeed")
 SERVING_ENGINES = ("vllm", "sglang", "trtllm")
-# TensorRT-LLM 1.1 documented options (trtllm-serve --help; LLM API TorchLlmArgs reference).
+# TensorRT-LLM options as its source defines them (tensorrt_llm/commands/serve.py click options;
+# tensorrt_llm/llmapi/llm_args.py fields), see cost_model/data/engine_rules.json "trtllm".
 TRTLLM_OPTIONS = {
+    "--gpus_per_node",
     "--tp_size",
     "--pp_size",
     "--ep_size",
@@ -217,6 +219,8 @@ def expected_serving(plan: ap.ShardingPlan, engine: str, pool: tuple, file: str)
         "kv_dtype": "fp8_e4m3" if s.kv_dtype == "fp8" else "auto",
         "disaggregation_mode": "null" if role == "colocated" else role,
     }
+    if sglang_expert_location(plan, config) is not None:
+        values["init_expert_location"] = "sglang_expert_location.json"
     return values
 
 
@@ -272,8 +276,14 @@ def trtllm_check(result, plan: ap.ShardingPlan) -> list[dict]:
             "pp": int(found["--pp_size"]),
             "ep": int(found["--ep_size"]),
             "attention_dp": "enable_attention_dp: true" in yaml_text,
+            "moe_tp": _yaml_int(yaml_text, "moe_tensor_parallel_size"),
+            "max_batch": int(found["--max_batch_size"]),
+            "gpus_per_node": int(found["--gpus_per_node"]),
         }
         expected = {
+            "moe_tp": s.instance_size // config.ep,
+            "max_batch": s.batch_size * s.attention_replicas,
+            "gpus_per_node": min(plan.devices_per_node, config.pp * s.instance_size),
             "tp": s.instance_size,
             "pp": config.pp,
             "ep": config.ep,
@@ -289,6 +299,13 @@ def trtllm_check(result, plan: ap.ShardingPlan) -> list[dict]:
             }
         )
     return answers
+
+
+def _yaml_int(text: str, key: str) -> int | None:
+    for line in text.splitlines():
+        if line.startswith(f"{key}:"):
+            return int(line.split(":", 1)[1])
+    return None
 
 
 def check(spec: PlanSpec, engine: str, workdir: Path) -> list[dict]:
@@ -359,8 +376,8 @@ def main() -> int:
 
 def summary(rows: list[dict], engines: list[str]) -> str:
     lines = [
-        "| engine | version | exports | accepted | values checked | mismatches |",
-        "|---|---|---|---|---|---|",
+        "| engine | version | plans | launch files | accepted as written | values checked | mismatches |",
+        "|---|---|---|---|---|---|---|",
     ]
     for engine in engines:
         mine = [r for r in rows if r["engine"] == engine]
@@ -371,7 +388,8 @@ def summary(rows: list[dict], engines: list[str]) -> str:
         how = " (documented options)" if engine == "trtllm" else ""
         status = f"{len(accepted)}/{len(ran)}" if ran else "not installed"
         lines.append(
-            f"| {engine}{how} | {engine_info(engine)['current']} | {len(mine)} | {status} | {checked} | {wrong} |"
+            f"| {engine}{how} | {engine_info(engine)['current']} | {len({r['plan'] for r in mine})} | "
+            f"{len(mine)} | {status} | {checked} | {wrong} |"
         )
     return "\n".join(lines)
 

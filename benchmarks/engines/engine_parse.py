@@ -136,6 +136,7 @@ def parse_sglang(env: dict, words: list[str]) -> dict:
         "num_redundant_experts": args.ep_num_redundant_experts,
         "disaggregation_mode": args.disaggregation_mode,
         "model": args.model_path,
+        "init_expert_location": args.init_expert_location,
         "pp_layer_partition": env.get("SGLANG_PP_LAYER_PARTITION"),
     }
 
