@@ -11,7 +11,7 @@ import pytest
 
 from autoparallel._catalog import get_model
 from autoparallel.export import FORMATS, export_plan, import_config
-from autoparallel.export._import import flags
+from autoparallel.export._import import flags, layout_key
 from cost_model import Inference, Training
 from search import SearchBounds
 from search._engines import (
@@ -26,14 +26,22 @@ from search._space import SearchSpace
 TRAINING = Training(sequence_length_tokens=4096, global_batch_sequences=256)
 INFERENCE = Inference(prompt_tokens=2048, output_tokens=512, tpot_slo_s=0.05)
 ROLE_RULES = {
-    rule["id"] for rule in engine_data()["rules"] if rule["when"] in ("training", "not training")
+    rule["id"]
+    for rule in engine_data()["rules"]
+    if rule["when"] in ("training", "not training")
 }
 
 
-def _space(engine: str | None, *, training: bool) -> SearchSpace:
+def _space(
+    engine: str | None, *, training: bool, version: str | None = None
+) -> SearchSpace:
     model = get_model("mixtral-8x22b" if training else "deepseek-v3")
     bounds = SearchBounds(
-        engine=engine, virtual_stage_choices=(2,), max_micro_batch_size=2, max_cp_degree=4
+        engine=engine,
+        engine_version=version,
+        virtual_stage_choices=(2,),
+        max_micro_batch_size=2,
+        max_cp_degree=4,
     )
     return SearchSpace(
         model=model,
@@ -48,43 +56,55 @@ def _space(engine: str | None, *, training: bool) -> SearchSpace:
 def spaces() -> dict:
     cache: dict = {}
 
-    def get(engine: str | None, training: bool):
-        key = (engine, training)
+    def get(engine: str | None, training: bool, version: str | None = None):
+        key = (engine, training, version)
         if key not in cache:
-            space = _space(engine, training=training)
+            space = _space(engine, training=training, version=version)
             cache[key] = (space, space.expand(np.arange(space.num_meshes)))
         return cache[key]
 
     return get
 
 
-def _rule_cases() -> list[tuple[str, str]]:
+def _rule_cases() -> list[tuple[str, str, str | None]]:
+    """Every rule but the role ones, at the first version it applies to when it has an end."""
+    rules = [rule for rule in engine_data()["rules"] if rule["id"] not in ROLE_RULES]
     return [
-        (rule["engine"], rule["id"])
-        for rule in engine_data()["rules"]
-        if rule["id"] not in ROLE_RULES and rule.get("until") is None
+        (rule["engine"], rule["id"], rule["since"] if rule.get("until") else None)
+        for rule in rules
     ]
 
 
-@pytest.mark.parametrize("engine,rule_id", _rule_cases())
+@pytest.mark.parametrize("engine,rule_id,version", _rule_cases())
 def test_engine_search_never_returns_a_layout_the_rule_rejects(
-    engine: str, rule_id: str, spaces
+    engine: str, rule_id: str, version: str | None, spaces
 ) -> None:
     training = engine_data()["engines"][engine]["role"] == "training"
     free_space, free = spaces(None, training)
-    context = LayoutContext(num_layers=free_space.model.num_layers, moe=True, training=training)
-    before = violated_rules(free, context=context, engine=engine)[rule_id]
-    assert before.any(), f"control: the unrestricted space has layouts {rule_id} rejects"
-    space, table = spaces(engine, training)
+    context = LayoutContext(
+        num_layers=free_space.model.num_layers, moe=True, training=training
+    )
+    before = violated_rules(free, context=context, engine=engine, version=version)[
+        rule_id
+    ]
+    assert before.any(), (
+        f"control: the unrestricted space has layouts {rule_id} rejects"
+    )
+    space, table = spaces(engine, training, version)
     assert space.size > 0
-    assert not violated_rules(table, context=context, engine=engine)[rule_id].any()
+    assert not violated_rules(table, context=context, engine=engine, version=version)[
+        rule_id
+    ].any()
 
 
 def test_role_rules_reject_the_wrong_workload() -> None:
     with pytest.raises(
-        ValueError, match=r"\('megatron'\) is a training engine; the workload is inference"
+        ValueError,
+        match=r"\('megatron'\) is a training engine; the workload is inference",
     ):
-        engine_search_settings(None, engine="megatron", version=None, workload=INFERENCE)
+        engine_search_settings(
+            None, engine="megatron", version=None, workload=INFERENCE
+        )
     with pytest.raises(
         ValueError, match=r"\('vllm'\) is a serving engine; the workload is training"
     ):
@@ -95,9 +115,11 @@ def test_role_rules_reject_the_wrong_workload() -> None:
 
 def test_every_rule_names_its_version_and_source() -> None:
     for rule in engine_data()["rules"]:
-        assert rule["source"] and rule["since"] and rule["kind"] in ("refused", "inexpressible"), (
-            rule["id"]
-        )
+        assert (
+            rule["source"]
+            and rule["since"]
+            and rule["kind"] in ("refused", "inexpressible")
+        ), rule["id"]
     assert {r.id for r in rules_for("torchtitan", "0.2.2")} != {
         r.id for r in rules_for("torchtitan", "0.3.0")
     }
@@ -117,21 +139,27 @@ def test_node_counts_round_up_and_model_is_named(inference_plan) -> None:
 
 
 def test_megatron_recipe_is_complete(training_plan) -> None:
-    found = flags(export_plan(training_plan, format="megatron").files["megatron_args.sh"])
-    model = get_model(training_plan.provenance.model_name)
-    assert found["--hidden-size"] == str(model.hidden_size) and found["--num-experts"] == str(
-        model.moe.num_routed_experts
+    found = flags(
+        export_plan(training_plan, format="megatron").files["megatron_args.sh"]
     )
-    assert found["--bf16"] is True and found["--nnodes"] == "8" and found["--nproc-per-node"] == "8"
+    model = get_model(training_plan.provenance.model_name)
+    assert found["--hidden-size"] == str(model.hidden_size) and found[
+        "--num-experts"
+    ] == str(model.moe.num_routed_experts)
+    assert (
+        found["--bf16"] is True
+        and found["--nnodes"] == "8"
+        and found["--nproc-per-node"] == "8"
+    )
     assert found["--tokenizer-model"] == "Qwen/Qwen3-235B-A22B"
 
 
 def test_uneven_pipeline_goes_to_megatron_layout(training_plan) -> None:
     from tests.test_export import _with
 
-    plan = _with(training_plan, pp=3, dp=2, tp=8, cp=1, ep=16, pipeline_schedule="1f1b").model_copy(
-        update={"world_size": 48}
-    )
+    plan = _with(
+        training_plan, pp=3, dp=2, tp=8, cp=1, ep=16, pipeline_schedule="1f1b"
+    ).model_copy(update={"world_size": 48})
     layout = flags(export_plan(plan, format="megatron").files["megatron_args.sh"])[
         "--pipeline-model-parallel-layout"
     ]
@@ -142,7 +170,9 @@ def test_uneven_pipeline_goes_to_megatron_layout(training_plan) -> None:
 
 def test_deepspeed_batch_identity_excludes_tp_pp_cp(training_plan) -> None:
     c = training_plan.config
-    config = json.loads(export_plan(training_plan, format="deepspeed").files["ds_config.json"])
+    config = json.loads(
+        export_plan(training_plan, format="deepspeed").files["ds_config.json"]
+    )
     dp_world = training_plan.world_size // (c.tp * c.pp * c.cp)
     assert (
         config["train_batch_size"]
@@ -152,49 +182,35 @@ def test_deepspeed_batch_identity_excludes_tp_pp_cp(training_plan) -> None:
     )
 
 
-def test_torchtitan_current_release_is_a_command_line_and_old_one_toml(training_plan) -> None:
+def test_torchtitan_current_release_is_a_command_line_and_old_one_toml(
+    training_plan,
+) -> None:
     current = export_plan(training_plan, format="torchtitan")
     assert current.engine_version == "0.3.0" and not any(
         name.endswith(".toml") for name in current.files
     )
     found = flags(current.files["launch_torchtitan.sh"])
-    assert found["--module"] == "qwen3" and found["--parallelism.tensor_parallel_degree"] == str(
-        training_plan.config.tp
-    )
+    assert found["--module"] == "qwen3" and found[
+        "--parallelism.tensor_parallel_degree"
+    ] == str(training_plan.config.tp)
     old = export_plan(training_plan, format="torchtitan", engine_version="0.2.2")
-    assert "torchtitan.toml" in old.files and "[parallelism]" in old.files["torchtitan.toml"]
+    assert (
+        "torchtitan.toml" in old.files
+        and "[parallelism]" in old.files["torchtitan.toml"]
+    )
 
 
 def test_every_export_has_a_readme_note(training_plan, inference_plan) -> None:
     for plan in (training_plan, inference_plan):
         for format in FORMATS:
             files = export_plan(plan, format=format).files
-            assert f"README_{format}.md" in files and "## Launch" in files[f"README_{format}.md"]
+            assert (
+                f"README_{format}.md" in files
+                and "## Launch" in files[f"README_{format}.md"]
+            )
 
 
 # ---------------------------------------------------------------------------- round trip
-def _key(config, engine: str) -> tuple:
-    from autoparallel.export._common import engine_role
-
-    if engine_role(engine) == "serving":
-        instance = max(config.tp, config.ep * config.etp)
-        attention_tp = 1 if config.attention_data_parallel else config.tp
-        return (instance, attention_tp, config.pp, config.ep, config.etp)
-    zero = config.zero_stage if config.dp * config.cp > 1 else 0
-    return (
-        config.dp,
-        config.tp,
-        config.pp,
-        config.cp,
-        config.ep,
-        config.etp if config.ep > 1 else 1,
-        zero,
-        config.micro_batch_size,
-        config.recompute if engine != "deepspeed" else config.recompute != "none",
-        config.virtual_stages,
-    )
-
-
 @pytest.mark.parametrize("format", FORMATS)
 def test_export_then_import_returns_the_layout(format: str) -> None:
     import autoparallel as ap
@@ -221,7 +237,10 @@ def test_export_then_import_returns_the_layout(format: str) -> None:
             continue  # the engine cannot express this pool's layout (listed as dropped)
         pool_files = {k: v for k, v in files.items() if f"_{name}" in k or not name}
         back = import_config(format, pool_files, pp=config.pp, ep=config.ep)
-        assert _key(back, format) == _key(config, format)
+        moe = plan.model.moe is not None
+        assert layout_key(back, engine=format, moe=moe) == layout_key(
+            config, engine=format, moe=moe
+        )
         checked += 1
     assert checked == len(pools), "a plan searched for the engine is expressed whole"
 
@@ -234,17 +253,24 @@ def test_sglang_reads_the_plans_expert_placement(inference_plan) -> None:
     if placement is None or placement.ep != plan.config.ep or plan.config.ep == 1:
         pytest.skip("the fixture plan has no expert-parallel placement")
     files = export_plan(plan, format="sglang").files
-    assert flags(files["launch_sglang_colocated.sh"])["--init-expert-location"] == "sglang_expert_location.json"
+    assert (
+        flags(files["launch_sglang_colocated.sh"])["--init-expert-location"]
+        == "sglang_expert_location.json"
+    )
     rows = json.loads(files["sglang_expert_location.json"])["physical_to_logical_map"]
     assert len(rows) == plan.model.num_layers
     slots = placement.slots_per_rank
-    for expert, ranks in enumerate(placement.expert_to_ranks):  # every replica sits in a slot of its rank
+    for expert, ranks in enumerate(
+        placement.expert_to_ranks
+    ):  # every replica sits in a slot of its rank
         for rank in ranks:
             assert expert in rows[0][rank * slots : (rank + 1) * slots]
     assert sorted(set(rows[0])) == list(range(placement.num_experts))
 
 
-def test_export_text_is_a_valid_shell_script_at_any_width(inference_plan, tmp_path, monkeypatch) -> None:
+def test_export_text_is_a_valid_shell_script_at_any_width(
+    inference_plan, tmp_path, monkeypatch
+) -> None:
     import subprocess
 
     from autoparallel.cli import main
@@ -253,7 +279,11 @@ def test_export_text_is_a_valid_shell_script_at_any_width(inference_plan, tmp_pa
     inference_plan.save(path)
     monkeypatch.setenv("COLUMNS", "40")
     out = tmp_path / "out"
-    assert main(["export", str(path), "--format", "sglang", "--output-dir", str(out)]) == 0
+    assert (
+        main(["export", str(path), "--format", "sglang", "--output-dir", str(out)]) == 0
+    )
     assert (out / "README_sglang.md").exists()
     for script in out.glob("*.sh"):
-        assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0, script.read_text()
+        assert (
+            subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+        ), script.read_text()

@@ -13,19 +13,30 @@ from pathlib import Path
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "import-config", help="read an engine's launch arguments/config back into a parallel layout"
+        "import-config",
+        help="read an engine's launch arguments/config back into a parallel layout",
     )
     parser.add_argument(
-        "engine", choices=("vllm", "sglang", "trtllm", "megatron", "torchtitan", "deepspeed")
+        "engine",
+        choices=("vllm", "sglang", "trtllm", "megatron", "torchtitan", "deepspeed"),
     )
     parser.add_argument(
-        "files", nargs="+", type=Path, help="launch script(s) and config file(s) of the engine"
+        "files",
+        nargs="+",
+        type=Path,
+        help="launch script(s) and config file(s) of the engine",
     )
     parser.add_argument(
-        "--pp", type=int, default=1, help="DeepSpeed: pipeline stages (set in model code)"
+        "--pp",
+        type=int,
+        default=1,
+        help="DeepSpeed: pipeline stages (set in model code)",
     )
     parser.add_argument(
-        "--ep", type=int, default=1, help="DeepSpeed: expert-parallel size (set in model code)"
+        "--ep",
+        type=int,
+        default=1,
+        help="DeepSpeed: expert-parallel size (set in model code)",
     )
     parser.set_defaults(func=_import_config)
 
@@ -36,7 +47,11 @@ def engines_line(plan) -> str:
 
     parts = []
     for engine, broken in runnable_engines(plan).items():
-        parts.append(f"{engine} yes" if not broken else f"{engine} no ({broken[0].split(' [')[0]})")
+        parts.append(
+            f"{engine} yes"
+            if not broken
+            else f"{engine} no ({broken[0].split(' [')[0]})"
+        )
     return "engines: " + "; ".join(parts)
 
 
@@ -73,7 +88,10 @@ def _import_config(args: argparse.Namespace) -> int:
     if missing:
         raise ValueError(f"files ({', '.join(missing)}) do not exist")
     config = import_config(
-        args.engine, {path.name: path.read_text() for path in args.files}, pp=args.pp, ep=args.ep
+        args.engine,
+        {path.name: path.read_text() for path in args.files},
+        pp=args.pp,
+        ep=args.ep,
     )
     sys.stdout.write(describe_config(config) + "\n" + config.model_dump_json() + "\n")
     return 0

@@ -35,8 +35,44 @@ def import_config(
     if engine == "deepspeed":
         return _deepspeed(files, pp=pp, ep=ep)
     if engine not in readers:
-        raise ValueError(f"engine ({engine!r}) must be one of {[*readers, 'deepspeed']}")
+        raise ValueError(
+            f"engine ({engine!r}) must be one of {[*readers, 'deepspeed']}"
+        )
     return readers[engine](files)
+
+
+def layout_key(config: ParallelConfig, *, engine: str, moe: bool = True) -> tuple:
+    """What of a layout ``engine``'s launch arguments hold, in comparable form: for serving, the
+    instance shape (size, attention tp, pp, ep, etp); for training, the degrees, micro-batch,
+    sharding (only meaningful with more than one data-parallel rank), recompute, sequence parallel
+    and pipeline chunks. DeepSpeed checkpoints whole layers, so its recompute is on or off. A dense
+    model (``moe=False``) has no expert axes to compare."""
+    if not moe:
+        config = config.model_copy(update={"ep": 1, "etp": 1})
+    if engine in ("vllm", "sglang", "trtllm"):
+        instance = max(config.tp, config.ep * config.etp)
+        attention_tp = 1 if config.attention_data_parallel else config.tp
+        return (instance, attention_tp, config.pp, config.ep, config.etp)
+    zero = config.zero_stage if config.dp * config.cp > 1 else 0
+    recompute = (
+        config.recompute != "none" if engine == "deepspeed" else config.recompute
+    )
+    sequence_parallel = (
+        config.sequence_parallel and config.tp > 1 and engine != "deepspeed"
+    )
+    return (
+        config.dp,
+        config.tp,
+        config.pp,
+        config.cp,
+        config.ep,
+        config.etp if config.ep > 1 else 1,
+        zero,
+        config.micro_batch_size,
+        recompute,
+        sequence_parallel,
+        config.virtual_stages,
+    )
 
 
 def flags(text: str) -> dict[str, str | bool]:
@@ -46,7 +82,12 @@ def flags(text: str) -> dict[str, str | bool]:
         for line in text.replace("\\\n", " ").splitlines()
         if line.strip() and not line.lstrip().startswith("#")
     ]
-    words = [w for line in lines for w in shlex.split(line) if "=" not in w or w.startswith("--")]
+    words = [
+        w
+        for line in lines
+        for w in shlex.split(line)
+        if "=" not in w or w.startswith("--")
+    ]
     found: dict[str, str | bool] = {}
     for index, word in enumerate(words):
         if word.startswith("--"):
@@ -80,7 +121,12 @@ def _serving(
     adp = attention_tp == 1 and instance > 1
     tp = instance if adp else attention_tp
     return ParallelConfig(
-        tp=tp, pp=pp, dp=instances * instance // tp, ep=ep, etp=etp, attention_data_parallel=adp
+        tp=tp,
+        pp=pp,
+        dp=instances * instance // tp,
+        ep=ep,
+        etp=etp,
+        attention_data_parallel=adp,
     )
 
 
@@ -119,8 +165,12 @@ def _sglang(files: dict[str, str]) -> ParallelConfig:
 def _trtllm(files: dict[str, str]) -> ParallelConfig:
     found = _launch(files, "trtllm-serve")
     instance, ep = _number(found, "--tp_size", 1), _number(found, "--ep_size", 1)
-    options = "\n".join(text for name, text in files.items() if name.endswith((".yaml", ".yml")))
-    attention_dp = re.search(r"^enable_attention_dp:\s*true", options, re.MULTILINE) is not None
+    options = "\n".join(
+        text for name, text in files.items() if name.endswith((".yaml", ".yml"))
+    )
+    attention_dp = (
+        re.search(r"^enable_attention_dp:\s*true", options, re.MULTILINE) is not None
+    )
     return _serving(
         instance=instance,
         attention_tp=1 if attention_dp else instance,
@@ -146,7 +196,9 @@ def _megatron(files: dict[str, str]) -> ParallelConfig:
     )
     virtual = 1
     if "--pipeline-model-parallel-layout" in found:
-        virtual = max(1, str(found["--pipeline-model-parallel-layout"]).count("|") + 1) // pp
+        virtual = (
+            max(1, str(found["--pipeline-model-parallel-layout"]).count("|") + 1) // pp
+        )
     zero = (
         3
         if found.get("--use-torch-fsdp2")
@@ -182,28 +234,28 @@ def _torchtitan(files: dict[str, str]) -> ParallelConfig:
         get("data_parallel_replicate_degree", 1),
         get("data_parallel_shard_degree", 1),
     )
-    zero = (
-        0
-        if shard == 1
-        else 2
-        if found.get("--parallelism.fsdp_reshard_after_forward") == "never"
-        else 3
-    )
-    pp = get("pipeline_parallel_degree", 1)
+    pp, cp = get("pipeline_parallel_degree", 1), get("context_parallel_degree", 1)
+    # torchtitan shards over dp_shard x cp; "default" resolves to never with PP (its fsdp.py)
+    policy = str(found.get("--parallelism.fsdp_reshard_after_forward", "default"))
+    keeps = policy == "never" or (policy == "default" and pp > 1)
+    zero = 0 if shard * cp == 1 else 2 if keeps else 3
     parts = _titan_parts(files)
     virtual = max(1, len(parts) // pp) if parts else 1
-    schedule = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "interleaved_1f1b"}[
-        str(found.get("--parallelism.pipeline_parallel_schedule", "1F1B"))
-    ]
+    schedule = {
+        "GPipe": "gpipe",
+        "1F1B": "1f1b",
+        "Interleaved1F1B": "interleaved_1f1b",
+    }[str(found.get("--parallelism.pipeline_parallel_schedule", "1F1B"))]
     tp = get("tensor_parallel_degree", 1)
     return ParallelConfig(
         tp=tp,
         pp=pp,
-        cp=get("context_parallel_degree", 1),
+        cp=cp,
         dp=replicate * shard,
         ep=get("expert_parallel_degree", 1),
         etp=1,
-        sequence_parallel=tp > 1 and "--parallelism.no-enable_sequence_parallel" not in found,
+        sequence_parallel=tp > 1
+        and "--parallelism.no-enable_sequence_parallel" not in found,
         zero_stage=zero,
         pipeline_schedule=schedule,
         virtual_stages=virtual,
@@ -214,10 +266,16 @@ def _torchtitan(files: dict[str, str]) -> ParallelConfig:
 
 def _titan_parts(files: dict[str, str]) -> list[list[str]]:
     """The words after ``--parallelism.module_fqns_per_model_part``, each a comma-joined part."""
-    text = "\n".join(text for name, text in files.items() if "torchtitan.train" in text and not name.endswith(".md"))
+    text = "\n".join(
+        text
+        for name, text in files.items()
+        if "torchtitan.train" in text and not name.endswith(".md")
+    )
     text = text.replace("\\\n", " ")
     words = shlex.split(
-        "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+        "\n".join(
+            line for line in text.splitlines() if not line.lstrip().startswith("#")
+        )
     )
     if "--parallelism.module_fqns_per_model_part" not in words:
         return []
@@ -230,14 +288,17 @@ def _titan_parts(files: dict[str, str]) -> list[list[str]]:
 
 
 def _titan_recompute(files: dict[str, str]) -> str:
-    scripts = "\n".join(text for name, text in files.items() if not name.endswith(".md"))
+    scripts = "\n".join(
+        text for name, text in files.items() if not name.endswith(".md")
+    )
     found = re.search(r"activation-checkpoint:(none|selective|full)", scripts)
     return found.group(1) if found else "none"
 
 
 def _deepspeed(files: dict[str, str], *, pp: int, ep: int) -> ParallelConfig:
     config = next(
-        (json.loads(text) for name, text in files.items() if name.endswith(".json")), None
+        (json.loads(text) for name, text in files.items() if name.endswith(".json")),
+        None,
     )
     if config is None:
         raise ValueError(f"no DeepSpeed config (.json) among {list(files)}")
@@ -251,7 +312,11 @@ def _deepspeed(files: dict[str, str], *, pp: int, ep: int) -> ParallelConfig:
         int(config["train_micro_batch_size_per_gpu"]),
         int(config.get("gradient_accumulation_steps", 1)),
     )
-    dp = world // (tp * pp) if world else int(config["train_batch_size"]) // (micro * steps)
+    dp = (
+        world // (tp * pp)
+        if world
+        else int(config["train_batch_size"]) // (micro * steps)
+    )
     recompute = "full" if "activation_checkpointing" in config else "none"
     return ParallelConfig(
         tp=tp,

@@ -35,7 +35,9 @@ SGLANG_PORT = 5000
 SGLANG_EXPERT_LOCATION = "sglang_expert_location.json"
 
 
-def _pools(plan: ShardingPlan) -> list[tuple[str, ParallelConfig, int, ServingSettings | None]]:
+def _pools(
+    plan: ShardingPlan,
+) -> list[tuple[str, ParallelConfig, int, ServingSettings | None]]:
     """(name, unit config, devices, serving settings) of each deployment pool: the colocated
     layout, or the prefill and decode pools (each with its own settings) of a disaggregated plan."""
     if plan.disaggregated:
@@ -67,7 +69,9 @@ def vllm(plan: ShardingPlan, recipe: Recipe) -> Export:
                 plan, config, engine="vllm", version=recipe.version, serving=settings
             )
         ]
-        pool_files, pool_notes = _vllm_pool(plan, config, devices, settings, recipe, phase=name)
+        pool_files, pool_notes = _vllm_pool(
+            plan, config, devices, settings, recipe, phase=name
+        )
         files.update(pool_files)
         notes += pool_notes
     if len(files) > 1:
@@ -137,7 +141,9 @@ def _vllm_pool(
     ]
     if s.two_batch_overlap and config.ep > 1:
         args.append("--enable-dbo")
-    if phase != "colocated":  # vLLM's disaggregated prefill: both pools run a KV connector
+    if (
+        phase != "colocated"
+    ):  # vLLM's disaggregated prefill: both pools run a KV connector
         args += [
             "--kv-transfer-config",
             json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"}),
@@ -151,10 +157,14 @@ def _vllm_pool(
         f"{s.num_instances} x {group} devices",
     ]
     if nodes == 1:
-        return {f"launch_vllm_{phase}.sh": script(command(args, env=env), header=header)}, notes
+        return {
+            f"launch_vllm_{phase}.sh": script(command(args, env=env), header=header)
+        }, notes
     files = {}
     for node in range(nodes):
-        node_args = args + _vllm_node(config, s.attention_replicas, nodes, node, notes, phase)
+        node_args = args + _vllm_node(
+            config, s.attention_replicas, nodes, node, notes, phase
+        )
         files[f"launch_vllm_{phase}_node{node}.sh"] = script(
             command(node_args, env=env), header=header + [f"node {node} of {nodes}"]
         )
@@ -162,7 +172,12 @@ def _vllm_pool(
 
 
 def _vllm_node(
-    config: ParallelConfig, replicas: int, nodes: int, node: int, notes: list[str], phase: str
+    config: ParallelConfig,
+    replicas: int,
+    nodes: int,
+    node: int,
+    notes: list[str],
+    phase: str,
 ) -> list[str]:
     """Per-node arguments: each node runs ``replicas / nodes`` local DP ranks; node 0 serves the
     API, the others run ``--headless`` from their start rank. When the DP ranks do not split
@@ -172,7 +187,14 @@ def _vllm_node(
             notes.append(
                 f"{phase}: {replicas} DP rank(s) over {nodes} nodes: tensor/pipeline groups span nodes (--nnodes/--node-rank)"
             )
-        args = ["--nnodes", str(nodes), "--node-rank", str(node), "--master-addr", "${MASTER_ADDR}"]
+        args = [
+            "--nnodes",
+            str(nodes),
+            "--node-rank",
+            str(node),
+            "--master-addr",
+            "${MASTER_ADDR}",
+        ]
         return args + (["--headless"] if node else [])
     local = replicas // nodes
     args = [
@@ -183,7 +205,9 @@ def _vllm_node(
         "--data-parallel-rpc-port",
         str(DP_RPC_PORT),
     ]
-    return args + (["--headless", "--data-parallel-start-rank", str(node * local)] if node else [])
+    return args + (
+        ["--headless", "--data-parallel-start-rank", str(node * local)] if node else []
+    )
 
 
 # ---------------------------------------------------------------------------- SGLang
@@ -250,11 +274,20 @@ def _sglang_pool(
         args += ["--attn-dp-size", str(s.attention_replicas)]
     deepep = config.ep > 1 and config.ep == s.instance_size
     if config.ep > 1:
-        args += ["--ep-size", str(config.ep), "--moe-a2a-backend", "deepep" if deepep else "none"]
+        args += [
+            "--ep-size",
+            str(config.ep),
+            "--moe-a2a-backend",
+            "deepep" if deepep else "none",
+        ]
         if deepep:
             args += ["--deepep-mode", "low_latency" if phase == "decode" else "normal"]
     if s.num_redundant_experts:
-        args += ["--ep-num-redundant-experts", str(s.num_redundant_experts), "--enable-eplb"]
+        args += [
+            "--ep-num-redundant-experts",
+            str(s.num_redundant_experts),
+            "--enable-eplb",
+        ]
     if sglang_expert_location(plan, config) is not None:
         args += ["--init-expert-location", SGLANG_EXPERT_LOCATION]
     args += [
@@ -297,13 +330,20 @@ def sglang_expert_location(plan: ShardingPlan, config: ParallelConfig) -> str | 
     ``physical_to_logical_map`` lists the expert held in each physical slot, EP rank after EP rank
     (``sglang/srt/eplb/expert_location.py`` ``init_by_mapping``; one row per hidden layer)."""
     placement = plan.expert_placement
-    if placement is None or config is not plan.config or placement.ep != config.ep or config.ep == 1:
+    if (
+        placement is None
+        or config is not plan.config
+        or placement.ep != config.ep
+        or config.ep == 1
+    ):
         return None
     slots: list[list[int]] = [[] for _ in range(placement.ep)]
     for expert, ranks in enumerate(placement.expert_to_ranks):
         for rank in ranks:
             slots[rank].append(expert)
-    assert all(len(rank_slots) == placement.slots_per_rank for rank_slots in slots), "placement slots"
+    assert all(len(rank_slots) == placement.slots_per_rank for rank_slots in slots), (
+        "placement slots"
+    )
     row = [expert for rank_slots in slots for expert in rank_slots]
     return json.dumps({"physical_to_logical_map": [row] * plan.model.num_layers}) + "\n"
 

@@ -159,7 +159,8 @@ def megatron(plan: ShardingPlan, recipe: Recipe) -> Export:
     connections = "32" if c.zero_stage == 3 else "1"
     files = {
         file: script(
-            command(words, env={"CUDA_DEVICE_MAX_CONNECTIONS": connections}), header=header
+            command(words, env={"CUDA_DEVICE_MAX_CONNECTIONS": connections}),
+            header=header,
         )
     }
     files["README_megatron.md"] = readme(
@@ -175,7 +176,12 @@ def megatron(plan: ShardingPlan, recipe: Recipe) -> Export:
 
 def _megatron_model(model: ModelSpec, recipe: Recipe, notes: list[str]) -> list[str]:
     """Model-shape arguments (Megatron builds the model from them; arguments.py names)."""
-    args = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", recipe.model_path]
+    args = [
+        "--tokenizer-type",
+        "HuggingFaceTokenizer",
+        "--tokenizer-model",
+        recipe.model_path,
+    ]
     attention = model.attention
     args += [
         "--hidden-size",
@@ -196,7 +202,9 @@ def _megatron_model(model: ModelSpec, recipe: Recipe, notes: list[str]) -> list[
     args += ["--swiglu"] if model.ffn_activation == "swiglu" else []
     args += [] if model.linear_bias else ["--disable-bias-linear"]
     args += ["--add-qkv-bias"] if model.qkv_bias and not model.linear_bias else []
-    args += [] if model.tie_word_embeddings else ["--untie-embeddings-and-output-weights"]
+    args += (
+        [] if model.tie_word_embeddings else ["--untie-embeddings-and-output-weights"]
+    )
     if attention.kind == "mla":
         args += [
             "--multi-latent-attention",
@@ -209,11 +217,19 @@ def _megatron_model(model: ModelSpec, recipe: Recipe, notes: list[str]) -> list[
             "--v-head-dim",
             str(attention.v_head_dim),
         ]
-        args += ["--q-lora-rank", str(attention.q_lora_rank)] if attention.q_lora_rank else []
+        args += (
+            ["--q-lora-rank", str(attention.q_lora_rank)]
+            if attention.q_lora_rank
+            else []
+        )
     else:
         args += ["--kv-channels", str(attention.head_dim)]
         if attention.num_kv_heads != attention.num_heads:
-            args += ["--group-query-attention", "--num-query-groups", str(attention.num_kv_heads)]
+            args += [
+                "--group-query-attention",
+                "--num-query-groups",
+                str(attention.num_kv_heads),
+            ]
     if model.moe is not None:
         moe = model.moe
         dense, sparse = moe.num_dense_layers, model.num_layers - moe.num_dense_layers
@@ -242,7 +258,9 @@ def megatron_layout(plan: ShardingPlan) -> str:
     parts = []
     for stage in sorted(plan.stages, key=lambda s: s.chunk):
         size = stage.stop_layer - stage.start_layer
-        text = ("E" if stage.has_embedding else "") + (f"t*{size}" if size > 1 else "t" * size)
+        text = ("E" if stage.has_embedding else "") + (
+            f"t*{size}" if size > 1 else "t" * size
+        )
         text += "L" if stage.has_lm_head else ""
         parts.append(text)
     return "|".join(parts)
@@ -336,7 +354,7 @@ def _titan_parallelism(plan: ShardingPlan) -> list[str]:
         "--parallelism.data_parallel_shard_degree",
         str(shard),
         "--parallelism.fsdp_reshard_after_forward",
-        "never" if c.zero_stage in (1, 2) else "default",
+        _reshard(c.zero_stage),
         "--parallelism.tensor_parallel_degree",
         str(c.tp),
         "--parallelism.enable_sequence_parallel"
@@ -355,7 +373,16 @@ def _titan_parallelism(plan: ShardingPlan) -> list[str]:
     ]
 
 
-def _torchtitan_config(plan: ShardingPlan, notes: list[str], dropped: list[str]) -> tuple[str, str]:
+def _reshard(zero_stage: int) -> str:
+    """FSDP2's reshard-after-forward policy of a ZeRO stage: ``never`` keeps the gathered
+    parameters (ZeRO-2), ``always`` frees them (ZeRO-3); torchtitan's ``default`` means ``never``
+    with pipeline parallel (torchtitan/distributed/fsdp.py), so it is never used."""
+    return "never" if zero_stage in (1, 2) else "always"
+
+
+def _torchtitan_config(
+    plan: ShardingPlan, notes: list[str], dropped: list[str]
+) -> tuple[str, str]:
     configs = engine_data()["torchtitan_configs"]
     name = plan.model.name
     if name in configs:
@@ -416,7 +443,7 @@ def _torchtitan_toml(
         "[parallelism]",
         f"data_parallel_replicate_degree = {replicate}",
         f"data_parallel_shard_degree = {shard}",
-        f'fsdp_reshard_after_forward = "{"never" if c.zero_stage in (1, 2) else "default"}"',
+        f'fsdp_reshard_after_forward = "{_reshard(c.zero_stage)}"',
         f"tensor_parallel_degree = {c.tp}",
         f"context_parallel_degree = {c.cp}",
         f"pipeline_parallel_degree = {c.pp}",
@@ -434,7 +461,9 @@ def _torchtitan_toml(
     )
     files = {
         "torchtitan.toml": "\n".join(lines) + "\n",
-        file: script(command(words), header=[f"torchtitan {recipe.version}: {describe(c)}"]),
+        file: script(
+            command(words), header=[f"torchtitan {recipe.version}: {describe(c)}"]
+        ),
     }
     files["README_torchtitan.md"] = readme(
         title="torchtitan launch recipe (TOML)",
@@ -476,14 +505,20 @@ def deepspeed(plan: ShardingPlan, recipe: Recipe) -> Export:
             f"pipeline: deepspeed.pipe.PipelineModule(num_stages={c.pp}, partition_method='custom' stage layers {stage_sizes(plan)})"
         )
     if c.ep > 1:
-        notes.append(f"experts: deepspeed.moe.layer.MoE(ep_size={c.ep}) in the model code")
+        notes.append(
+            f"experts: deepspeed.moe.layer.MoE(ep_size={c.ep}) in the model code"
+        )
     file = "launch_deepspeed.sh"
     words = torchrun(
-        plan, recipe, ["train.py", "--deepspeed", "--deepspeed_config", "ds_config.json"]
+        plan,
+        recipe,
+        ["train.py", "--deepspeed", "--deepspeed_config", "ds_config.json"],
     )
     files = {
         "ds_config.json": json.dumps(config, indent=2) + "\n",
-        file: script(command(words), header=[f"DeepSpeed {recipe.version}: {describe(c)}"]),
+        file: script(
+            command(words), header=[f"DeepSpeed {recipe.version}: {describe(c)}"]
+        ),
     }
     files["README_deepspeed.md"] = readme(
         title="DeepSpeed launch recipe",

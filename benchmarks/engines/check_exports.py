@@ -30,9 +30,9 @@ from pathlib import Path
 import optuna
 
 import autoparallel as ap
-from autoparallel.export import export_plan
+from autoparallel.export import export_plan, import_config
 from autoparallel.export._common import serving_view
-from autoparallel.export._import import flags
+from autoparallel.export._import import flags, layout_key
 from autoparallel.export._serving import _pools, sglang_expert_location
 from cost_model import Inference, Training
 from search._engines import engine_info
@@ -86,7 +86,9 @@ PLANS = (
         16,
         Training(sequence_length_tokens=2048, global_batch_sequences=1536),
     ),
-    PlanSpec("llama-3.1-405b training, 32 nodes", "llama-3.1-405b", "dgx-h100", 32, TRAIN),
+    PlanSpec(
+        "llama-3.1-405b training, 32 nodes", "llama-3.1-405b", "dgx-h100", 32, TRAIN
+    ),
     PlanSpec(
         "megatron-gpt-1.7b training, 1 node",
         "megatron-gpt-1.7b",
@@ -96,7 +98,9 @@ PLANS = (
     ),
     PlanSpec("mixtral-8x22b training, 8 nodes", "mixtral-8x22b", "dgx-h100", 8, TRAIN),
     PlanSpec("deepseek-v3 training, 64 nodes", "deepseek-v3", "hgx-h800", 64, TRAIN),
-    PlanSpec("qwen3-235b-a22b training, 16 nodes", "qwen3-235b-a22b", "dgx-h200", 16, TRAIN),
+    PlanSpec(
+        "qwen3-235b-a22b training, 16 nodes", "qwen3-235b-a22b", "dgx-h200", 16, TRAIN
+    ),
     PlanSpec("deepseek-v3 serving, 2 nodes", "deepseek-v3", "dgx-h200", 2, SERVE),
     PlanSpec("deepseek-v3 serving, 16 nodes", "deepseek-v3", "dgx-h100", 16, SERVE),
     PlanSpec(
@@ -108,7 +112,9 @@ PLANS = (
         disaggregate=True,
     ),
     PlanSpec("llama-3.1-405b serving, 2 nodes", "llama-3.1-405b", "dgx-h100", 2, SERVE),
-    PlanSpec("qwen3-235b-a22b serving, 1 node", "qwen3-235b-a22b", "dgx-h200", 1, SERVE),
+    PlanSpec(
+        "qwen3-235b-a22b serving, 1 node", "qwen3-235b-a22b", "dgx-h200", 1, SERVE
+    ),
     PlanSpec("mixtral-8x22b serving, 1 node", "mixtral-8x22b", "dgx-h100", 1, SERVE),
 )
 
@@ -131,7 +137,9 @@ def expected_training(plan: ap.ShardingPlan, engine: str) -> dict:
     c, job = plan.config, plan.job
     batch = int(job.global_batch_sequences)
     nodes = -(-plan.world_size // plan.devices_per_node)
-    sizes = [s.stop_layer - s.start_layer for s in sorted(plan.stages, key=lambda s: s.chunk)]
+    sizes = [
+        s.stop_layer - s.start_layer for s in sorted(plan.stages, key=lambda s: s.chunk)
+    ]
     values = {
         "nnodes": nodes,
         "nproc_per_node": min(plan.world_size, plan.devices_per_node),
@@ -143,19 +151,27 @@ def expected_training(plan: ap.ShardingPlan, engine: str) -> dict:
         "grad_accumulation": batch // (c.micro_batch_size * c.dp),
     }
     if engine == "deepspeed":
-        values.update(zero=c.zero_stage, recompute="full" if c.recompute != "none" else "none")
+        values.update(
+            zero=c.zero_stage, recompute="full" if c.recompute != "none" else "none"
+        )
         return values
-    values.update(pp=c.pp, cp=c.cp, ep=c.ep, sequence_parallel=c.sequence_parallel and c.tp > 1)
+    values.update(
+        pp=c.pp, cp=c.cp, ep=c.ep, sequence_parallel=c.sequence_parallel and c.tp > 1
+    )
     if engine == "megatron":
         zero = (
-            {0: 0, 1: 1, 2: 1, 3: 3}[c.zero_stage] if c.dp * c.cp > 1 or c.zero_stage == 3 else None
+            {0: 0, 1: 1, 2: 1, 3: 3}[c.zero_stage]
+            if c.dp * c.cp > 1 or c.zero_stage == 3
+            else None
         )
         values.update(
             etp=c.etp if plan.model.moe is not None else c.tp,
             virtual_stages=c.virtual_stages,
             recompute=c.recompute,
         )
-        values.update(num_layers=plan.model.num_layers, hidden_size=plan.model.hidden_size)
+        values.update(
+            num_layers=plan.model.num_layers, hidden_size=plan.model.hidden_size
+        )
         if zero is not None:
             values["zero"] = zero
         if c.pp > 1 and (c.virtual_stages > 1 or len(set(sizes)) > 1):
@@ -163,7 +179,9 @@ def expected_training(plan: ap.ShardingPlan, engine: str) -> dict:
     if engine == "torchtitan":
         if c.pp > 1:
             values["pipeline_layers"] = sizes
-            values["grad_accumulation"] = 1  # pipeline micro-batches carry the accumulation
+            values["grad_accumulation"] = (
+                1  # pipeline micro-batches carry the accumulation
+            )
             values["pipeline_schedule"] = {
                 "gpipe": "GPipe",
                 "1f1b": "1F1B",
@@ -172,14 +190,17 @@ def expected_training(plan: ap.ShardingPlan, engine: str) -> dict:
         values["recompute"] = c.recompute
         values["dtype"] = "bfloat16"
         values.update(
-            dp_shard=c.dp if c.zero_stage else 1, dp_replicate=1 if c.zero_stage else c.dp
+            dp_shard=c.dp if c.zero_stage else 1,
+            dp_replicate=1 if c.zero_stage else c.dp,
         )
         if c.zero_stage and c.dp > 1:
-            values["reshard_after_forward"] = "never" if c.zero_stage == 2 else "default"
+            values["reshard_after_forward"] = "never" if c.zero_stage == 2 else "always"
     return values
 
 
-def expected_serving(plan: ap.ShardingPlan, engine: str, pool: tuple, file: str) -> dict:
+def expected_serving(
+    plan: ap.ShardingPlan, engine: str, pool: tuple, file: str
+) -> dict:
     role, config, devices, settings = pool
     s = serving_view(plan, config, devices, settings)
     group = config.pp * s.instance_size
@@ -201,7 +222,9 @@ def expected_serving(plan: ap.ShardingPlan, engine: str, pool: tuple, file: str)
         if nodes > 1 and s.attention_replicas % nodes == 0:
             local = s.attention_replicas // nodes
             values.update(
-                dp_local=local, headless=node > 0, dp_start_rank=node * local if node else None
+                dp_local=local,
+                headless=node > 0,
+                dp_start_rank=node * local if node else None,
             )
         elif nodes > 1:
             values.update(nnodes=nodes, node_rank=node)
@@ -244,7 +267,9 @@ def run_engine(engine: str, folder: Path, env: dict[str, str]) -> list[dict]:
         env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), **env},
         timeout=900,
     )
-    answers = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    answers = [
+        json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")
+    ]
     if not answers:
         answers = [
             {
@@ -324,9 +349,12 @@ def check(spec: PlanSpec, engine: str, workdir: Path) -> list[dict]:
                 answer["expected"] = expected_training(plan, engine)
             else:
                 pool = next(
-                    (p for p in _pools(plan) if f"_{p[0]}" in answer["file"]), _pools(plan)[0]
+                    (p for p in _pools(plan) if f"_{p[0]}" in answer["file"]),
+                    _pools(plan)[0],
                 )
-                answer["expected"] = expected_serving(plan, engine, pool, answer["file"])
+                answer["expected"] = expected_serving(
+                    plan, engine, pool, answer["file"]
+                )
     for answer in answers:
         got = answer["values"]
         answer["mismatches"] = {
@@ -335,20 +363,48 @@ def check(spec: PlanSpec, engine: str, workdir: Path) -> list[dict]:
             if answer["accepted"] and str(got.get(k, "missing")) != str(v)
         }
         answer.update(
-            plan=spec.name, engine=engine, layout=str(plan.config), dropped=list(result.dropped)
+            plan=spec.name,
+            engine=engine,
+            layout=str(plan.config),
+            dropped=list(result.dropped),
         )
+        answer["round_trip"] = round_trip(plan, engine, result, answer["file"])
     return answers
+
+
+def round_trip(plan: ap.ShardingPlan, engine: str, result, file: str) -> bool:
+    """``import_config`` of the launch file's pool equals that pool's layout (``layout_key``)."""
+    if engine in TRAINING_ENGINES:
+        config, files = plan.config, result.files
+    else:
+        role, config, _, _ = next(
+            (p for p in _pools(plan) if f"_{p[0]}" in file), _pools(plan)[0]
+        )
+        files = {
+            name: text for name, text in result.files.items() if f"_{role}" in name
+        }
+    back = import_config(engine, files, pp=config.pp, ep=config.ep)
+    moe = plan.model.moe is not None
+    return layout_key(back, engine=engine, moe=moe) == layout_key(
+        config, engine=engine, moe=moe
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engines", default=",".join(TRAINING_ENGINES + SERVING_ENGINES))
-    parser.add_argument("--plans", default=None, help="comma-separated plan indices (default: all)")
+    parser.add_argument(
+        "--engines", default=",".join(TRAINING_ENGINES + SERVING_ENGINES)
+    )
+    parser.add_argument(
+        "--plans", default=None, help="comma-separated plan indices (default: all)"
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     engines = args.engines.split(",")
-    chosen = [PLANS[int(i)] for i in args.plans.split(",")] if args.plans else list(PLANS)
+    chosen = (
+        [PLANS[int(i)] for i in args.plans.split(",")] if args.plans else list(PLANS)
+    )
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as workdir:
         for spec in chosen:
@@ -363,7 +419,12 @@ def main() -> int:
                         if answer["accepted"] is False
                         else "not run"
                     )
-                    extra = f" mismatches {answer['mismatches']}" if answer["mismatches"] else ""
+                    extra = (
+                        f" mismatches {answer['mismatches']}"
+                        if answer["mismatches"]
+                        else ""
+                    )
+                    extra += "" if answer["round_trip"] else " IMPORT DIFFERS"
                     print(
                         f"{engine:10s} {spec.name:40s} {answer['file']:34s} {verdict}{extra}{'' if answer['accepted'] else ': ' + str(answer['error'])}",
                         flush=True,
@@ -371,13 +432,17 @@ def main() -> int:
     print(summary(rows, engines))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1, default=str))
-    return 0 if all(r["accepted"] is not False and not r["mismatches"] for r in rows) else 1
+    ok = all(
+        r["accepted"] is not False and not r["mismatches"] and r["round_trip"]
+        for r in rows
+    )
+    return 0 if ok else 1
 
 
 def summary(rows: list[dict], engines: list[str]) -> str:
     lines = [
-        "| engine | version | plans | launch files | accepted as written | values checked | mismatches |",
-        "|---|---|---|---|---|---|---|",
+        "| engine | version | plans | launch files | accepted as written | values checked | mismatches | import round trip |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for engine in engines:
         mine = [r for r in rows if r["engine"] == engine]
@@ -385,11 +450,11 @@ def summary(rows: list[dict], engines: list[str]) -> str:
         accepted = [r for r in ran if r["accepted"]]
         checked = sum(len(r.get("expected", {})) for r in accepted)
         wrong = sum(len(r["mismatches"]) for r in accepted)
-        how = " (documented options)" if engine == "trtllm" else ""
+        how = " (options in its source)" if engine == "trtllm" else ""
         status = f"{len(accepted)}/{len(ran)}" if ran else "not installed"
         lines.append(
             f"| {engine}{how} | {engine_info(engine)['current']} | {len({r['plan'] for r in mine})} | "
-            f"{len(mine)} | {status} | {checked} | {wrong} |"
+            f"{len(mine)} | {status} | {checked} | {wrong} | {sum(r['round_trip'] for r in mine)}/{len(mine)} |"
         )
     return "\n".join(lines)
 

@@ -79,7 +79,9 @@ def parse_vllm(env: dict, words: list[str]) -> dict:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     os.environ.update(env)
-    parser = FlexibleArgumentParser()  # VLLM_TARGET_DEVICE=cpu is set before vllm is imported (main)
+    parser = (
+        FlexibleArgumentParser()
+    )  # VLLM_TARGET_DEVICE=cpu is set before vllm is imported (main)
     ServeSubcommand().subparser_init(parser.add_subparsers())
     args = parser.parse_args(words[1:])
     validate_parsed_serve_args(args)
@@ -203,7 +205,11 @@ def _megatron_layers(layout) -> list[int]:
     for virtual in range(vpp):
         for rank in range(pp):
             chunks.append(
-                sum(1 for kind in layout.layout[rank][virtual] if "decoder" in str(kind).lower())
+                sum(
+                    1
+                    for kind in layout.layout[rank][virtual]
+                    if "decoder" in str(kind).lower()
+                )
             )
     return chunks
 
@@ -234,7 +240,13 @@ def parse_torchtitan(env: dict, words: list[str]) -> dict:
     dp = dims.dp_replicate * dims.dp_shard
     parts = p.module_fqns_per_model_part
     ac_name = type(config.activation_checkpoint).__qualname__.lower()
-    ac = "selective" if "selective" in ac_name else "full" if "full" in ac_name else "none"
+    ac = (
+        "selective"
+        if "selective" in ac_name
+        else "full"
+        if "full" in ac_name
+        else "none"
+    )
     return {
         **launch,
         "tp": dims.tp,
@@ -250,9 +262,12 @@ def parse_torchtitan(env: dict, words: list[str]) -> dict:
         if dims.pp > 1
         else training.local_batch_size,
         "global_batch": training.global_batch_size,
-        "grad_accumulation": training.global_batch_size // (training.local_batch_size * dp),
+        "grad_accumulation": training.global_batch_size
+        // (training.local_batch_size * dp),
         "pipeline_schedule": p.pipeline_parallel_schedule,
-        "pipeline_layers": [sum(1 for name in part if name.startswith("layers.")) for part in parts]
+        "pipeline_layers": [
+            sum(1 for name in part if name.startswith("layers.")) for part in parts
+        ]
         if parts
         else None,
         "recompute": ac,
@@ -273,7 +288,11 @@ def parse_deepspeed(env: dict, words: list[str], folder: Path) -> dict:
     from deepspeed.runtime.config import DeepSpeedConfig
 
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="29533",
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
     )
     if not deepspeed.comm.is_initialized():
         deepspeed.init_distributed(dist_backend="gloo")
@@ -299,10 +318,14 @@ def parse_deepspeed(env: dict, words: list[str], folder: Path) -> dict:
 def main() -> None:
     engine, folder = sys.argv[1], Path(sys.argv[2])
     if engine == "vllm":
-        os.environ["VLLM_TARGET_DEVICE"] = "cpu"  # the CUDA wheel cannot find a GPU; its CPU platform parses
+        os.environ["VLLM_TARGET_DEVICE"] = (
+            "cpu"  # the CUDA wheel cannot find a GPU; its CPU platform parses
+        )
     for path in sorted(folder.glob("*.sh")):
         node = re.search(r"_node(\d+)\.sh$", path.name)
-        env, words = command_words(path.read_text(), node_rank=int(node.group(1)) if node else 0)
+        env, words = command_words(
+            path.read_text(), node_rank=int(node.group(1)) if node else 0
+        )
         captured = io.StringIO()
         try:
             with contextlib.redirect_stderr(captured):
@@ -317,7 +340,12 @@ def main() -> None:
                     }[engine](env, words)
             print(
                 json.dumps(
-                    {"file": path.name, "accepted": True, "error": None, "values": values},
+                    {
+                        "file": path.name,
+                        "accepted": True,
+                        "error": None,
+                        "values": values,
+                    },
                     default=str,
                 ),
                 flush=True,
