@@ -19,7 +19,9 @@ from autoparallel.plan import (
     ShardingPlan,
     build_plan,
 )
-from autoparallel.plan._build import (  # noqa: F401 - the plan-building parts, also reachable from here
+
+# the plan-building parts, also reachable from here
+from autoparallel.plan._build import (  # noqa: F401
     dense_mesh_axes,
     expert_placement,
     module_rules,
@@ -32,7 +34,6 @@ from cost_model import (
     CostBreakdown,
     InfeasiblePlanError,
     Inference,
-    Layout,
     ModelSpec,
     Training,
 )
@@ -80,8 +81,17 @@ def find_plan(
     if engine is not None:
         from search._engines import engine_search_settings
 
-        search_options["settings"] = engine_search_settings(search_options.get("settings"), engine=engine, version=engine_version, workload=workload)
-    options = dict(objective=objective, n_trials=n_trials, sampler=sampler, storage=storage, seed=seed, **search_options)
+        search_options["settings"] = engine_search_settings(
+            search_options.get("settings"), engine=engine, version=engine_version, workload=workload
+        )
+    options = dict(
+        objective=objective,
+        n_trials=n_trials,
+        sampler=sampler,
+        storage=storage,
+        seed=seed,
+        **search_options,
+    )
     if workers > 1:
         from search._workers import run_workers
 
@@ -89,16 +99,39 @@ def find_plan(
     else:
         result = search_plan(model, cluster, workload, **options)
     if not result.feasible:
-        raise infeasible_error(model=model, cluster=cluster, workload=workload, result=result, **_estimator_option(search_options))
+        raise infeasible_error(
+            model=model,
+            cluster=cluster,
+            workload=workload,
+            result=result,
+            **_estimator_option(search_options),
+        )
     plan = plan_from_search(model=model, cluster=cluster, workload=workload, result=result)
-    if isinstance(workload, Inference) and (workload.disaggregation_allowed if disaggregate is None else disaggregate):
-        bounds = search_options["settings"].bounds if engine is not None else None
-        plan = with_disaggregation(plan, model=model, cluster=cluster, workload=workload, bounds=bounds, **_estimator_option(search_options))
+    if isinstance(workload, Inference) and (
+        workload.disaggregation_allowed if disaggregate is None else disaggregate
+    ):
+        plan = with_disaggregation(
+            plan,
+            model=model,
+            cluster=cluster,
+            workload=workload,
+            bounds=search_options["settings"].bounds if engine is not None else None,
+            **_estimator_option(search_options),
+        )
     return plan
 
 
-def with_disaggregation(plan: ShardingPlan, *, model: ModelSpec, cluster: Cluster, workload: Inference, estimator=None, bounds=None) -> ShardingPlan:  # noqa: ANN001
-    """``plan`` with the best prefill/decode pools and which deployment wins (output tokens/s per device)."""
+def with_disaggregation(
+    plan: ShardingPlan,
+    *,
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Inference,
+    estimator=None,
+    bounds=None,  # noqa: ANN001 - search.SearchBounds (e.g. an engine's), None: the defaults
+) -> ShardingPlan:
+    """``plan`` with the best prefill/decode pools and which deployment wins (output tokens/s
+    per device)."""
     from search._disaggregation import find_disaggregated
 
     found = find_disaggregated(model, cluster, workload, estimator=estimator, bounds=bounds)
@@ -113,7 +146,16 @@ def with_disaggregation(plan: ShardingPlan, *, model: ModelSpec, cluster: Cluste
         (cost,) = predict_all(model=model, cluster=unit, workload=workload, candidates=[candidate])
         size = candidate.config.world_size
         serving = serving_settings(layout=candidate.layout, job=workload, predicted=cost)
-        pools.append(Pool(role=role, num_units=devices // size, devices_per_unit=size, config=candidate.config, serving=serving, predicted=cost))
+        pools.append(
+            Pool(
+                role=role,
+                num_units=devices // size,
+                devices_per_unit=size,
+                config=candidate.config,
+                serving=serving,
+                predicted=cost,
+            )
+        )
     colocated = plan.predicted.tokens_per_s_per_device or 0.0
     deployment = Deployment(
         kind="disaggregated" if found.output_tokens_per_s_per_device > colocated else "colocated",
@@ -125,18 +167,25 @@ def with_disaggregation(plan: ShardingPlan, *, model: ModelSpec, cluster: Cluste
     return _rebuilt(plan, model=model, cluster=cluster, deployment=deployment)
 
 
-def _rebuilt(plan: ShardingPlan, *, model: ModelSpec, cluster: Cluster, deployment: Deployment) -> ShardingPlan:
+def _rebuilt(
+    plan: ShardingPlan, *, model: ModelSpec, cluster: Cluster, deployment: Deployment
+) -> ShardingPlan:
     """``plan`` built again with ``deployment`` (same layout, price and record otherwise)."""
     record = PlanRecord(
-        alternatives=plan.alternatives, search=plan.provenance.search, deployment=deployment,
-        library_version=plan.provenance.library_version, created_at=plan.provenance.created_at,
+        alternatives=plan.alternatives,
+        search=plan.provenance.search,
+        deployment=deployment,
+        library_version=plan.provenance.library_version,
+        created_at=plan.provenance.created_at,
     )
-    return build_plan(model=model, cluster=cluster, job=plan.job, layout=plan_layout(plan), predicted=plan.predicted, record=record)
-
-
-def plan_layout(plan: ShardingPlan) -> Layout:
-    """The ``Layout`` a plan was priced with."""
-    return Layout(config=plan.config, serving=None if plan.serving is None else plan.serving.serving_config())
+    return build_plan(
+        model=model,
+        cluster=cluster,
+        job=plan.job,
+        layout=plan.layout,
+        predicted=plan.predicted,
+        record=record,
+    )
 
 
 def _estimator_option(options: dict[str, Any]) -> dict[str, Any]:
@@ -165,21 +214,37 @@ def resolve_cluster(cluster: Cluster | str, *, num_nodes: int | None = None) -> 
 
 
 # ---------------------------------------------------------------------------- plan building
-def plan_from_search(*, model: ModelSpec, cluster: Cluster, workload: Training | Inference, result) -> ShardingPlan:
+def plan_from_search(
+    *, model: ModelSpec, cluster: Cluster, workload: Training | Inference, result
+) -> ShardingPlan:
     """The plan of ``result.best`` with ``result.ranked[1:]`` as alternatives, all priced in one
     table (the price of each layout in the rank placement ``build_plan`` writes)."""
-    predicted, *others = predict_all(model=model, cluster=cluster, workload=workload, candidates=result.ranked)
+    predicted, *others = predict_all(
+        model=model, cluster=cluster, workload=workload, candidates=result.ranked
+    )
     alternatives = tuple(
         Alternative(
             config=other.config,
             predicted=other_cost,
-            reason_lost=reason_lost(winner=predicted, loser=other_cost, objective=result.objective, loser_feasible=other.feasible),
+            reason_lost=reason_lost(
+                winner=predicted,
+                loser=other_cost,
+                objective=result.objective,
+                loser_feasible=other.feasible,
+            ),
             serving=serving_settings(layout=other.layout, job=workload, predicted=other_cost),
         )
         for other, other_cost in zip(result.ranked[1:], others)
     )
     record = PlanRecord(alternatives=alternatives, search=search_record(result))
-    return build_plan(model=model, cluster=cluster, job=workload, layout=result.best.layout, predicted=predicted, record=record)
+    return build_plan(
+        model=model,
+        cluster=cluster,
+        job=workload,
+        layout=result.best.layout,
+        predicted=predicted,
+        record=record,
+    )
 
 
 def search_record(result) -> SearchRecord:
@@ -214,13 +279,19 @@ def predict_all(*, model: ModelSpec, cluster: Cluster, workload, candidates) -> 
 
         from cost_model._serving_columns import ServingConfig
 
-        rows = [(c.layout.serving or ServingConfig()).columns(workload=workload) for c in candidates]
+        rows = [
+            (c.layout.serving or ServingConfig()).columns(workload=workload) for c in candidates
+        ]
         extras = {name: np.concatenate([row[name] for row in rows]) for name in rows[0]}
-    columns = estimate_table(model, cluster, workload, configs_to_table([c.config for c in candidates], **extras))
+    columns = estimate_table(
+        model, cluster, workload, configs_to_table([c.config for c in candidates], **extras)
+    )
     return [breakdown_from_row(columns, index) for index in range(len(candidates))]
 
 
-def reason_lost(*, winner: CostBreakdown, loser: CostBreakdown, objective, loser_feasible: bool) -> str:
+def reason_lost(
+    *, winner: CostBreakdown, loser: CostBreakdown, objective, loser_feasible: bool
+) -> str:
     """Why ``loser`` ranks below ``winner``: the objective gap and the part that grew most."""
     if not loser_feasible:
         return f"infeasible: needs {human_bytes(loser.memory_per_device_bytes)} of {human_bytes(loser.memory_capacity_bytes)} per device or misses an SLO"
@@ -231,7 +302,10 @@ def reason_lost(*, winner: CostBreakdown, loser: CostBreakdown, objective, loser
         gap = -gap
     worse = "higher" if direction == "minimize" else "lower"
     text = f"{column} {abs(gap):.1%} {worse}" if gap else f"{column} equal"
-    grown = {k: loser.time_s.get(k, 0.0) - winner.time_s.get(k, 0.0) for k in set(loser.time_s) | set(winner.time_s)}
+    grown = {
+        k: loser.time_s.get(k, 0.0) - winner.time_s.get(k, 0.0)
+        for k in set(loser.time_s) | set(winner.time_s)
+    }
     if grown:
         part = max(grown, key=grown.get)
         if grown[part] > 0:
@@ -247,7 +321,9 @@ def _metric(breakdown: CostBreakdown, column: str) -> float:
 
 
 # ---------------------------------------------------------------------------- infeasible
-def infeasible_error(*, model: ModelSpec, cluster: Cluster, workload, result, estimator=None) -> InfeasiblePlanError:
+def infeasible_error(
+    *, model: ModelSpec, cluster: Cluster, workload, result, estimator=None
+) -> InfeasiblePlanError:
     """``InfeasiblePlanError`` naming the bottleneck of the least-violating layout and the
     smallest card count (in whole nodes of this cluster) where some layout fits."""
     from search._feasibility import smallest_feasible_devices
@@ -255,17 +331,37 @@ def infeasible_error(*, model: ModelSpec, cluster: Cluster, workload, result, es
     best = result.best
     bottleneck = max(best.violations, key=best.violations.get)
     needed = best.metrics.get("memory_per_device_bytes")
-    smallest = smallest_feasible_devices(model=model, cluster=cluster, workload=workload, objective=result.objective, estimator=estimator)
-    where = f"at least {smallest} devices ({smallest // cluster.devices_per_node} nodes of {cluster.name.split('@')[0]})" if smallest else "no cluster size up to the search limit"
+    smallest = smallest_feasible_devices(
+        model=model,
+        cluster=cluster,
+        workload=workload,
+        objective=result.objective,
+        estimator=estimator,
+    )
+    where = (
+        f"at least {smallest} devices ({smallest // cluster.devices_per_node} nodes of {cluster.name.split('@')[0]})"
+        if smallest
+        else "no cluster size up to the search limit"
+    )
     message = (
         f"no layout of {model.name} fits on {cluster.num_devices} devices of {cluster.device.name}: "
         f"bottleneck {bottleneck}"
     )
     if bottleneck == "memory" and needed is not None:
-        parts = {k[len("memory."):]: v for k, v in best.metrics.items() if k.startswith("memory.")}
-        largest = f"; its largest part is {max(parts, key=parts.get)} ({human_bytes(max(parts.values()))})" if parts else ""
+        parts = {k[len("memory.") :]: v for k, v in best.metrics.items() if k.startswith("memory.")}
+        largest = (
+            f"; its largest part is {max(parts, key=parts.get)} ({human_bytes(max(parts.values()))})"
+            if parts
+            else ""
+        )
         message += (
             f" (the leanest layout needs {human_bytes(needed)} per device, "
             f"{human_bytes(cluster.memory_per_device_bytes)} available{largest})"
         )
-    return InfeasiblePlanError(message, part=bottleneck, needed_bytes=needed, available_bytes=cluster.memory_per_device_bytes, suggestion=f"smallest fitting size: {where}")
+    return InfeasiblePlanError(
+        message,
+        part=bottleneck,
+        needed_bytes=needed,
+        available_bytes=cluster.memory_per_device_bytes,
+        suggestion=f"smallest fitting size: {where}",
+    )

@@ -65,9 +65,7 @@ _DESCRIBE_ORDER: tuple[Axis, ...] = (
 )
 
 
-def axis_degrees(
-    config: ParallelConfig, axes: tuple[Axis, ...]
-) -> tuple[tuple[str, int], ...]:
+def axis_degrees(config: ParallelConfig, axes: tuple[Axis, ...]) -> tuple[tuple[str, int], ...]:
     """``(name, degree)`` of each of ``axes`` in ``config``, e.g. for a mesh."""
     return tuple((axis.value, int(getattr(config, axis.value))) for axis in axes)
 

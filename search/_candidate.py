@@ -53,7 +53,11 @@ class Candidate:
         return {
             "config": self.config.model_dump(mode="json"),
             "serving": None if self.serving is None else self.serving.model_dump(mode="json"),
-            "metrics": {k: _finite(v) for k, v in self.metrics.items() if not k.startswith(("time.", "hidden."))},
+            "metrics": {
+                k: _finite(v)
+                for k, v in self.metrics.items()
+                if not k.startswith(("time.", "hidden."))
+            },
             "violations": {k: _finite(v) for k, v in self.violations.items()},
         }
 
@@ -79,8 +83,13 @@ def _stored_layout(attrs: dict[str, Any]) -> Layout:
     serving settings were typed, the serving columns among ``extras``)."""
     serving = attrs.get("serving")
     if serving is None and "extras" in attrs:
-        serving = {k: v for k, v in attrs["extras"].items() if k in ServingConfig.model_fields} or None
-    return Layout(config=ParallelConfig.model_validate(attrs["config"]), serving=None if serving is None else ServingConfig(**serving))
+        serving = {
+            k: v for k, v in attrs["extras"].items() if k in ServingConfig.model_fields
+        } or None
+    return Layout(
+        config=ParallelConfig.model_validate(attrs["config"]),
+        serving=None if serving is None else ServingConfig(**serving),
+    )
 
 
 def layout_at(table: dict[str, np.ndarray], index: int) -> Layout:
@@ -88,7 +97,9 @@ def layout_at(table: dict[str, np.ndarray], index: int) -> Layout:
     the inference columns."""
     extras = row_extras(table, index)
     serving = {k: v for k, v in extras.items() if k in ServingConfig.model_fields}
-    return Layout(config=config_from_row(table, index), serving=ServingConfig(**serving) if serving else None)
+    return Layout(
+        config=config_from_row(table, index), serving=ServingConfig(**serving) if serving else None
+    )
 
 
 def _finite(value: float) -> float:
@@ -100,7 +111,9 @@ def candidate_at(evaluation: Evaluation, index: int) -> Candidate:
     table = evaluation.table
     return Candidate(
         layout=layout_at(table, index),
-        metrics={k: float(np.asarray(v)[index]) for k, v in evaluation.metrics.items() if np.ndim(v) == 1},
+        metrics={
+            k: float(np.asarray(v)[index]) for k, v in evaluation.metrics.items() if np.ndim(v) == 1
+        },
         violations={k: float(v[index]) for k, v in evaluation.violations.items()},
     )
 
@@ -116,14 +129,17 @@ def best_row(evaluation: Evaluation, objective: Objective, rows: np.ndarray) -> 
     return int(rows[np.argmin(evaluation.worst_violation[rows])])
 
 
-def pareto_rows(evaluation: Evaluation, objective: Objective, rows: np.ndarray, *, limit: int = 8) -> list[int]:
+def pareto_rows(
+    evaluation: Evaluation, objective: Objective, rows: np.ndarray, *, limit: int = 8
+) -> list[int]:
     """Feasible non-dominated rows among ``rows`` (both objectives oriented lower-is-better)."""
     rows = rows[evaluation.feasible[rows]]
     if not len(rows):
         return []
     points = np.stack(
         [
-            np.asarray(evaluation.metrics[c], dtype=np.float64)[rows] * (1 if d == "minimize" else -1)
+            np.asarray(evaluation.metrics[c], dtype=np.float64)[rows]
+            * (1 if d == "minimize" else -1)
             for c, d in zip(objective.columns, objective.directions)
         ],
         axis=1,

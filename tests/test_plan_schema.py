@@ -36,23 +36,20 @@ CONSTRUCTION = re.compile(r"\bShardingPlan(\.model_construct)?\s*\(")
 
 
 def construction_sites(root: Path, folders: tuple[str, ...]) -> list[str]:
-    """``file:line`` of every call of the plan class (or its ``model_construct``) under ``folders``."""
+    """``file:line`` of every call of the plan class (or its ``model_construct``) under
+    ``folders``."""
     sites = []
     for folder in folders:
         for path in sorted((root / folder).rglob("*.py")):
             for number, line in enumerate(path.read_text().splitlines(), start=1):
-                if CONSTRUCTION.search(line) and not line.lstrip().startswith(
-                    ("class ", "#")
-                ):
+                if CONSTRUCTION.search(line) and not line.lstrip().startswith(("class ", "#")):
                     sites.append(f"{path.relative_to(root)}:{number}")
     return sites
 
 
 def test_exactly_one_place_constructs_a_sharding_plan() -> None:
     sites = construction_sites(REPO, SOURCE_FOLDERS)
-    assert len(sites) == 1 and sites[0].startswith("autoparallel/plan/_build.py:"), (
-        sites
-    )
+    assert len(sites) == 1 and sites[0].startswith("autoparallel/plan/_build.py:"), sites
 
 
 def test_the_search_for_construction_sites_is_not_blind(tmp_path: Path) -> None:
@@ -83,9 +80,7 @@ def test_every_version_1_plan_loads_and_upgrades(path: Path) -> None:
     search = old["provenance"].get("search", {})
     expected_per_node = (
         search.get("devices_per_node")
-        or ap.get_preset(
-            old["provenance"]["cluster_name"].split("@")[0]
-        ).devices_per_node
+        or ap.get_preset(old["provenance"]["cluster_name"].split("@")[0]).devices_per_node
     )
     assert plan.devices_per_node == expected_per_node
     assert (
@@ -107,9 +102,7 @@ def test_every_version_1_plan_loads_and_upgrades(path: Path) -> None:
 
 
 def test_examples_are_version_2_upgrades_of_the_version_1_plans() -> None:
-    assert [p.name for p in EXAMPLES] == [p.name for p in V1_PLANS] and len(
-        EXAMPLES
-    ) >= 4
+    assert [p.name for p in EXAMPLES] == [p.name for p in V1_PLANS] and len(EXAMPLES) >= 4
     for example, old in zip(EXAMPLES, V1_PLANS):
         document = json.loads(example.read_text())
         assert document["schema_version"] == 2
@@ -141,9 +134,7 @@ def test_a_version_1_document_is_not_a_version_2_one() -> None:
         validate_plan_document(document)
     upgraded = json.loads(ap.load_plan(document).to_json())
     validate_plan_document(upgraded)
-    with pytest.raises(
-        ValueError, match="schema_version: 1 is less than the minimum of 2"
-    ):
+    with pytest.raises(ValueError, match="schema_version: 1 is less than the minimum of 2"):
         validate_plan_document({**upgraded, "schema_version": 1})
 
 
@@ -156,9 +147,7 @@ def test_typed_fields_replace_the_string_keys() -> None:
         serving=ServingConfig(batch_size=0, two_batch_overlap=True),
     )
     plan = build_plan(model=model, cluster=cluster, job=job, layout=layout)
-    assert plan.devices_per_node == cluster.devices_per_node and isinstance(
-        plan.job, Inference
-    )
+    assert plan.devices_per_node == cluster.devices_per_node and isinstance(plan.job, Inference)
     assert plan.serving.kv_dtype == "fp8" and plan.serving.two_batch_overlap
     assert (
         plan.serving.batch_size == plan.predicted.batch_size >= 1
@@ -190,3 +179,57 @@ def test_build_plan_refuses_a_layout_the_model_does_not_allow() -> None:
             layout=Layout(config=ParallelConfig(dp=3, ep=3)),
             predicted=None,
         )
+
+
+def _as_version_1(plan: ap.ShardingPlan, *, dense_moe_view: bool = False) -> dict:
+    """The version-1 document the producers of that version wrote for ``plan``."""
+    document = json.loads(plan.to_json())
+    provenance = document["provenance"]
+    provenance["workload"] = document.pop("job")
+    provenance["search"] = provenance["search"] or {}
+    for key in ("model", "devices_per_node", "deployment"):
+        document.pop(key)
+    document.update(schema_version=1, disaggregation=[])
+    if dense_moe_view:  # the profilers' staged checks wrote the MoE view even for dense models
+        config = plan.config
+        document["moe_mesh_axes"] = [
+            {"name": "pp", "size": config.pp},
+            {"name": "edp", "size": config.dp * config.cp * config.tp},
+            {"name": "ep", "size": 1},
+            {"name": "etp", "size": 1},
+        ]
+    if document["serving"] is not None:
+        document["serving"].pop("all_to_all_backend")
+    return document
+
+
+@pytest.mark.parametrize(
+    ("model", "config", "dense_moe_view"),
+    [
+        ("tiny-moe", ParallelConfig(tp=2, pp=2, ep=2), False),
+        ("megatron-gpt-1.7b", ParallelConfig(tp=2, pp=2), True),
+        ("megatron-gpt-1.7b", ParallelConfig(dp=4), False),
+    ],
+)
+def test_version_1_plans_of_the_old_producers_upgrade(model, config, dense_moe_view) -> None:
+    from autoparallel.testing import plan_for_config
+
+    plan = plan_for_config(ap.get_model(model), config)
+    old = _as_version_1(plan, dense_moe_view=dense_moe_view)
+    assert "devices_per_node" not in old["provenance"]["search"]  # taken from the cluster preset
+    assert ap.load_plan(old) == plan
+
+
+def test_a_version_1_plan_of_a_model_outside_the_catalog_is_named() -> None:
+    from autoparallel.testing import plan_for_config
+
+    old = _as_version_1(plan_for_config(ap.get_model("tiny-moe"), ParallelConfig(dp=2)))
+    old["provenance"]["model_name"] = "my-model"
+    with pytest.raises(
+        PlanError, match=r"plan provenance.model_name \(my-model\): .* in the catalog"
+    ):
+        ap.load_plan(old)
+    old["provenance"]["model_name"] = "tiny-moe"
+    old["provenance"]["model_fingerprint"] = "beef"
+    with pytest.raises(PlanError, match=r"plan provenance.model_fingerprint \(beef\): must equal"):
+        ap.load_plan(old)

@@ -87,9 +87,7 @@ def _layout(**degrees: int) -> Edit:
     def edit(document: dict[str, Any]) -> None:
         config = document["config"]
         config.update(degrees)
-        document["mesh_axes"] = [
-            {"name": n, "size": config[n]} for n in ("pp", "dp", "cp", "tp")
-        ]
+        document["mesh_axes"] = [{"name": n, "size": config[n]} for n in ("pp", "dp", "cp", "tp")]
         stage_ranks = config["dp"] * config["cp"] * config["tp"]
         edp = stage_ranks // (config["ep"] * config["etp"])
         document["moe_mesh_axes"] = [
@@ -276,7 +274,10 @@ CORRUPTIONS: dict[str, tuple[str, Callable[[str], str] | Edit, str]] = {
     "rank_map_repeats_a_device": (
         INFERENCE,
         _set("rank_to_device.5", 0),
-        r"plan rank_to_device \(device 0 repeated\): must be a permutation of range\(world_size = 72\)",
+        (
+            r"plan rank_to_device \(device 0 repeated\): "
+            r"must be a permutation of range\(world_size = 72\)"
+        ),
     ),
     "rank_map_device_9999": (
         TRAINING,
@@ -341,7 +342,10 @@ CORRUPTIONS: dict[str, tuple[str, Callable[[str], str] | Edit, str]] = {
     "expert_on_rank_9999": (
         INFERENCE,
         _set("expert_placement.expert_to_ranks.3", [9999]),
-        r"plan expert_placement.expert_to_ranks\[3\] \(\[9999\]\): EP ranks must be in range\(ep = 24\)",
+        (
+            r"plan expert_placement.expert_to_ranks\[3\] \(\[9999\]\): "
+            r"EP ranks must be in range\(ep = 24\)"
+        ),
     ),
     "expert_map_truncated": (
         INFERENCE,
@@ -425,16 +429,12 @@ CORRUPTIONS: dict[str, tuple[str, Callable[[str], str] | Edit, str]] = {
     ),
     "batch_not_divisible": (
         TRAINING,
-        _many(
-            _set("job.global_batch_sequences", 1000), _delete("job.global_batch_tokens")
-        ),
+        _many(_set("job.global_batch_sequences", 1000), _delete("job.global_batch_tokens")),
         r"global_batch_sequences \(1000\) must be divisible by dp \* micro_batch_size",
     ),
     "sequence_not_divisible_by_2cp": (
         TRAINING,
-        _many(
-            _set("job.sequence_length_tokens", 4098), _delete("job.global_batch_tokens")
-        ),
+        _many(_set("job.sequence_length_tokens", 4098), _delete("job.global_batch_tokens")),
         r"sequence_length_tokens \(4098\) must be divisible by 2\*cp \(4\)",
     ),
     "attention_data_parallel_in_training": (
@@ -465,7 +465,10 @@ CORRUPTIONS: dict[str, tuple[str, Callable[[str], str] | Edit, str]] = {
     "pool_unit_size_wrong": (
         DISAGGREGATED,
         _set("deployment.pools.0.devices_per_unit", 7),
-        r"plan deployment.pools\[0\].config \(.*\): dp\*cp\*tp\*pp \(.*\) must equal world_size \(7\)",
+        (
+            r"plan deployment.pools\[0\].config \(.*\): "
+            r"dp\*cp\*tp\*pp \(.*\) must equal world_size \(7\)"
+        ),
     ),
     "pools_beyond_the_world": (
         DISAGGREGATED,
@@ -475,7 +478,10 @@ CORRUPTIONS: dict[str, tuple[str, Callable[[str], str] | Edit, str]] = {
     "disaggregated_without_pools": (
         DISAGGREGATED,
         _set("deployment.pools", []),
-        r"plan deployment.pools \(\[\]\): a disaggregated deployment has one prefill and one decode pool",
+        (
+            r"plan deployment.pools \(\[\]\): "
+            r"a disaggregated deployment has one prefill and one decode pool"
+        ),
     ),
     "pool_role_unknown": (
         DISAGGREGATED,
@@ -521,17 +527,13 @@ def test_the_table_is_large_and_every_base_plan_is_valid() -> None:
     assert len(CORRUPTIONS) >= 48
     for base in (INFERENCE, TRAINING, DISAGGREGATED):
         assert ap.load_plan(base).schema_version == 2
-    assert (
-        main(["explain", str(EXAMPLES / "ref-3t-moe_inference_gb200-nvl72.json")]) == 0
-    )
+    assert main(["explain", str(EXAMPLES / "ref-3t-moe_inference_gb200-nvl72.json")]) == 0
 
 
 def test_missing_files_and_folders_are_named(tmp_path: Path, capsys) -> None:
     with pytest.raises(PlanError, match=r"plan path \(.*nothing.json\): no such file"):
         ap.load_plan(tmp_path / "nothing.json")
-    with pytest.raises(
-        PlanError, match=r"plan path \(.*\): is a folder, not a plan file"
-    ):
+    with pytest.raises(PlanError, match=r"plan path \(.*\): is a folder, not a plan file"):
         ap.load_plan(tmp_path)
     assert main(["explain", str(tmp_path / "nothing.json")]) == 2
     assert "no such file" in " ".join(capsys.readouterr().err.split())
@@ -540,9 +542,7 @@ def test_missing_files_and_folders_are_named(tmp_path: Path, capsys) -> None:
 # ---------------------------------------------------------------------------- random corruptions
 def _small_plan() -> dict[str, Any]:
     """A tiny-moe plan with every axis > 1 but cp: tp2 pp2 dp2 ep2 on 8 ranks."""
-    plan = plan_for_config(
-        ap.get_model("tiny-moe"), ParallelConfig(tp=2, pp=2, dp=2, ep=2)
-    )
+    plan = plan_for_config(ap.get_model("tiny-moe"), ParallelConfig(tp=2, pp=2, dp=2, ep=2))
     return json.loads(plan.to_json())
 
 
@@ -556,11 +556,7 @@ def _integer_paths(document: Any, prefix: tuple = ()) -> list[tuple]:
     if isinstance(document, int):
         return [prefix]
     if isinstance(document, dict):
-        return [
-            p
-            for key, value in document.items()
-            for p in _integer_paths(value, (*prefix, key))
-        ]
+        return [p for key, value in document.items() for p in _integer_paths(value, (*prefix, key))]
     if isinstance(document, list):
         return [
             p
@@ -634,10 +630,7 @@ def _consistent(document: dict[str, Any]) -> bool:
         and placement["num_experts"]
         == model["moe"]["num_routed_experts"]
         == len(placement["expert_to_ranks"])
-        and all(
-            ranks and len(set(ranks)) == len(ranks)
-            for ranks in placement["expert_to_ranks"]
-        )
+        and all(ranks and len(set(ranks)) == len(ranks) for ranks in placement["expert_to_ranks"])
         and set(held) <= set(range(ep))
         and slots % ep == 0
         and all(held[r] == slots // ep for r in range(ep))
@@ -692,7 +685,7 @@ def test_the_random_search_finds_a_rule_switched_off(rule: str, monkeypatch) -> 
         test_random_corruptions_never_yield_an_accepted_inconsistent_plan()
 
 
-# ---------------------------------------------------------------------------- the runtime's own check
+# ------------------------------------------------------------------------ the runtime's own check
 def test_the_runtime_refuses_a_plan_whose_world_size_disagrees() -> None:
     pytest.importorskip("torch")
     from autoparallel.runtime._mesh import mesh_rank_layout
@@ -715,3 +708,22 @@ def test_the_runtime_refuses_a_plan_whose_world_size_disagrees() -> None:
         match=r"rank_to_device \(length 4\) must be a permutation of range\(world_size = 4\)",
     ):
         mesh_rank_layout(shuffled)
+
+
+def test_a_corrupt_plan_exits_2_from_the_installed_command(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "plan.json"
+    path.write_text(_edited(INFERENCE, _layout(tp=3, dp=8, ep=24)))
+    env = dict(os.environ, PYTHONPATH=str(EXAMPLES.parents[2]), COLUMNS="200")
+    done = subprocess.run(
+        [sys.executable, "-m", "autoparallel.cli", "export", str(path), "--format", "sglang"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "num_attention_heads (128) must be divisible by tp (3)" in done.stderr

@@ -120,9 +120,13 @@ def deployment_line(plan) -> str:  # noqa: ANN001
     if not deployment.pools:
         return ""
     pools = " + ".join(f"{p.role} {p.num_devices} devices (units {describe_layout(p.config)})" for p in deployment.pools)
+    colocated = deployment.colocated_output_tokens_per_s_per_device
+    disaggregated = deployment.disaggregated_output_tokens_per_s_per_device
+    if colocated is None or disaggregated is None:
+        return f"deployment: [bold]{deployment.kind}[/] ({pools})"
     return (
-        f"deployment: [bold]{deployment.kind}[/] — colocated {deployment.colocated_output_tokens_per_s_per_device:,.1f} "
-        f"vs disaggregated {deployment.disaggregated_output_tokens_per_s_per_device:,.1f} output tokens/s per device "
+        f"deployment: [bold]{deployment.kind}[/] — colocated {colocated:,.1f} "
+        f"vs disaggregated {disaggregated:,.1f} output tokens/s per device "
         f"({pools}; the {deployment.bottleneck} pool binds)"
     )
 

@@ -31,16 +31,18 @@ from autoparallel.plan._schema import (
 )
 from autoparallel.plan._validate import check_layout
 from cost_model import (
+    DENSE_MESH_ORDER,
+    MOE_MESH_ORDER,
     CostBreakdown,
     Inference,
+    Layout,
     ModelSpec,
     ParallelConfig,
     Training,
+    axis_degrees,
     estimate,
     split_layers,
 )
-from cost_model._axes import DENSE_MESH_ORDER, MOE_MESH_ORDER, axis_degrees
-from cost_model._layout import Layout
 from topology import Cluster
 
 __all__ = [
@@ -54,7 +56,7 @@ __all__ = [
     "serving_settings",
 ]
 
-ESTIMATE = "estimate"
+ESTIMATE: Literal["estimate"] = "estimate"
 
 
 @dataclass(frozen=True)
@@ -96,11 +98,13 @@ def build_plan(
     )  # before building its parts
     if config.world_size > cluster.num_devices:
         raise ValueError(
-            f"dp*cp*tp*pp ({config.world_size}) must be <= the cluster's devices ({cluster.num_devices})"
+            f"dp*cp*tp*pp ({config.world_size}) must be <= the cluster's devices "
+            f"({cluster.num_devices})"
         )
     placement = rank_placement(config)
+    price: CostBreakdown | None
     if predicted == ESTIMATE:
-        predicted = estimate(
+        price = estimate(
             model,
             cluster,
             job,
@@ -108,6 +112,8 @@ def build_plan(
             **layout.estimate_options(),
             **(estimate_options or {}),
         )
+    else:
+        price = predicted
     return ShardingPlan(
         provenance=_provenance(model=model, cluster=cluster, record=record),
         model=model,
@@ -115,7 +121,7 @@ def build_plan(
         world_size=config.world_size,
         devices_per_node=cluster.devices_per_node,
         config=config,
-        serving=serving_settings(layout=layout, job=job, predicted=predicted),
+        serving=serving_settings(layout=layout, job=job, predicted=price),
         mesh_axes=dense_mesh_axes(config),
         moe_mesh_axes=moe_mesh_axes(config) if model.moe is not None else (),
         rank_to_device=placement,
@@ -124,15 +130,13 @@ def build_plan(
             model=model, config=config, num_redundant_experts=_redundant(layout)
         ),
         module_rules=module_rules(model=model, config=config),
-        predicted=predicted,
+        predicted=price,
         alternatives=record.alternatives,
         deployment=record.deployment,
     )
 
 
-def _provenance(
-    *, model: ModelSpec, cluster: Cluster, record: PlanRecord
-) -> Provenance:
+def _provenance(*, model: ModelSpec, cluster: Cluster, record: PlanRecord) -> Provenance:
     import autoparallel
 
     created = record.created_at
@@ -158,16 +162,14 @@ def _redundant(layout: Layout) -> int:
 def dense_mesh_axes(config: ParallelConfig) -> tuple[MeshAxis, ...]:
     """Outermost first, Megatron's rank order: rank = tp_i + tp*(cp_i + cp*(dp_i + dp*pp_i))."""
     return tuple(
-        MeshAxis(name=name, size=size)
-        for name, size in axis_degrees(config, DENSE_MESH_ORDER)
+        MeshAxis(name=name, size=size) for name, size in axis_degrees(config, DENSE_MESH_ORDER)
     )
 
 
 def moe_mesh_axes(config: ParallelConfig) -> tuple[MeshAxis, ...]:
     """The MoE view of the same ranks (parallel folding): pp, edp, ep, etp, etp innermost."""
     return tuple(
-        MeshAxis(name=name, size=size)
-        for name, size in axis_degrees(config, MOE_MESH_ORDER)
+        MeshAxis(name=name, size=size) for name, size in axis_degrees(config, MOE_MESH_ORDER)
     )
 
 
@@ -177,9 +179,7 @@ def rank_placement(config: ParallelConfig) -> tuple[int, ...]:
     return tuple(range(config.world_size))
 
 
-def pipeline_stages(
-    *, num_layers: int, config: ParallelConfig
-) -> tuple[StageLayers, ...]:
+def pipeline_stages(*, num_layers: int, config: ParallelConfig) -> tuple[StageLayers, ...]:
     """Chunk c of ``pp * virtual_stages`` holds ``split_layers``'s c-th range, on rank c mod pp."""
     num_chunks = config.pp * config.virtual_stages
     ranges = split_layers(num_layers, num_chunks)

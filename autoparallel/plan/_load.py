@@ -98,11 +98,7 @@ def plan_error(error: ValidationError) -> PlanError:
 def _dotted(location: tuple) -> str:
     text = ""
     for part in location:
-        text += (
-            f"[{part}]"
-            if isinstance(part, int)
-            else (f".{part}" if text else str(part))
-        )
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text
 
 
@@ -117,16 +113,10 @@ def _valid_keys(location: tuple) -> list[str]:
         if isinstance(part, int):
             continue
         models = _models_in(annotation)
-        tagged = [
-            m
-            for m in models
-            if getattr(m.model_fields.get("kind"), "default", None) == part
-        ]
+        tagged = [m for m in models if getattr(m.model_fields.get("kind"), "default", None) == part]
         holding = [m for m in models if part in m.model_fields]
         annotation = (
-            tagged[0]
-            if tagged
-            else (holding[0].model_fields[part].annotation if holding else None)
+            tagged[0] if tagged else (holding[0].model_fields[part].annotation if holding else None)
         )
     models = _models_in(annotation)
     return sorted(models[0].model_fields) if models else []
@@ -138,6 +128,4 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
 
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
-    return [
-        model for argument in get_args(annotation) for model in _models_in(argument)
-    ]
+    return [model for argument in get_args(annotation) for model in _models_in(argument)]

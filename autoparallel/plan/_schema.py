@@ -18,7 +18,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from cost_model import CostBreakdown, ModelSpec, ParallelConfig, ServingConfig, Workload
+from cost_model import (
+    CostBreakdown,
+    Layout,
+    ModelSpec,
+    ParallelConfig,
+    ServingConfig,
+    Workload,
+)
 from cost_model._units import Dtype
 
 __all__ = [
@@ -87,7 +94,8 @@ class MeshAxis(BaseModel):
 
 
 class StageLayers(BaseModel):
-    """Pipeline chunk ``chunk`` (= stage for 1 virtual stage) holds layers ``[start_layer, stop_layer)``.
+    """Pipeline chunk ``chunk`` (= stage for 1 virtual stage) holds layers
+    ``[start_layer, stop_layer)``.
 
     With interleaving, rank ``stage`` holds chunks ``stage, stage + pp, stage + 2 pp, ...``.
     """
@@ -137,9 +145,7 @@ class ServingSettings(BaseModel):
 
     model_config = _STRICT
 
-    batch_size: int = Field(
-        gt=0, description="sequences in flight per attention replica"
-    )
+    batch_size: int = Field(gt=0, description="sequences in flight per attention replica")
     kv_dtype: Dtype = "bf16"
     num_redundant_experts: int = Field(default=0, ge=0)
     two_batch_overlap: bool = False
@@ -186,6 +192,11 @@ class Pool(BaseModel):
     @property
     def num_devices(self) -> int:
         return self.num_units * self.devices_per_unit
+
+    @property
+    def layout(self) -> Layout:
+        """The ``Layout`` one unit of this pool was priced with, for its phase."""
+        return Layout(config=self.config, serving=self.serving.serving_config(phase=self.role))
 
 
 class Deployment(BaseModel):
@@ -249,6 +260,12 @@ class ShardingPlan(BaseModel):
 
     def __hash__(self) -> int:
         return hash(self.to_json())
+
+    @property
+    def layout(self) -> Layout:
+        """The ``Layout`` the plan was priced with (its config and serving settings)."""
+        serving = None if self.serving is None else self.serving.serving_config()
+        return Layout(config=self.config, serving=serving)
 
     @property
     def disaggregated(self) -> bool:

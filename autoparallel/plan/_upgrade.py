@@ -63,9 +63,7 @@ def upgrade_v1(document: dict[str, Any]) -> dict[str, Any]:
     search = dict(provenance.get("search") or {})
     model = _catalog_model(provenance)
     upgraded = {
-        key: value
-        for key, value in document.items()
-        if key not in ("provenance", "disaggregation")
+        key: value for key, value in document.items() if key not in ("provenance", "disaggregation")
     }
     upgraded.update(
         schema_version=2,
@@ -75,6 +73,8 @@ def upgrade_v1(document: dict[str, Any]) -> dict[str, Any]:
         devices_per_node=_devices_per_node(provenance, search),
         deployment=_deployment(document, search),
     )
+    if model.moe is None:  # some version-1 producers wrote an (all-ones) MoE view for dense models
+        upgraded["moe_mesh_axes"] = []
     return upgraded
 
 
@@ -106,13 +106,15 @@ def _catalog_model(provenance: dict[str, Any]):
         raise PlanError(
             field="provenance.model_name",
             value=name,
-            rule="a version-1 plan names its model; it must be in the catalog to upgrade (re-plan otherwise)",
+            rule="a version-1 plan names its model; it must be in the catalog to upgrade "
+            "(re-plan otherwise)",
         ) from None
     if provenance.get("model_fingerprint") != model.fingerprint():
         raise PlanError(
             field="provenance.model_fingerprint",
             value=provenance.get("model_fingerprint"),
-            rule=f"must equal the catalog's {name!r} ({model.fingerprint()}) to upgrade a version-1 plan",
+            rule=f"must equal the catalog's {name!r} ({model.fingerprint()}) to upgrade a "
+            "version-1 plan",
         )
     return model
 
@@ -167,11 +169,7 @@ def _pool(pool: dict[str, Any], document: dict[str, Any]) -> dict[str, Any]:
         )
     predicted = pool.get("predicted") or {}
     colocated = document.get("serving") or {}
-    serving = {
-        "batch_size": int(
-            predicted.get("batch_size") or colocated.get("batch_size") or 1
-        )
-    }
+    serving = {"batch_size": int(predicted.get("batch_size") or colocated.get("batch_size") or 1)}
     if (
         "kv_dtype" in colocated
     ):  # the same job's KV cache; the pool's other settings were not recorded

@@ -11,12 +11,14 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from cost_model import Training, check_parallel_config, check_sequence_fits
-from cost_model._axes import (
+from cost_model import (
     ALL_AXES,
     DENSE_MESH_ORDER,
     MOE_MESH_ORDER,
+    Training,
     axis_degrees,
+    check_parallel_config,
+    check_sequence_fits,
     describe_layout,
 )
 
@@ -54,7 +56,8 @@ def check_schema_version(value: Any, *, upgraded: bool) -> None:
         raise PlanError(
             field="schema_version",
             value=value,
-            rule=f"is newer than this library supports ({SCHEMA_VERSION}); upgrade moe-autoparallel to read this plan",
+            rule=f"is newer than this library supports ({SCHEMA_VERSION}); "
+            "upgrade moe-autoparallel to read this plan",
         )
     if value < 1:
         raise PlanError(
@@ -66,7 +69,8 @@ def check_schema_version(value: Any, *, upgraded: bool) -> None:
         raise PlanError(
             field="schema_version",
             value=value,
-            rule=f"a plan object is version {SCHEMA_VERSION}; older documents are upgraded by load_plan",
+            rule=f"a plan object is version {SCHEMA_VERSION}; "
+            "older documents are upgraded by load_plan",
         )
 
 
@@ -91,17 +95,13 @@ def check_plan(plan: ShardingPlan) -> None:
     _check_deployment(plan)
 
 
-def check_layout(
-    config: ParallelConfig, *, model: ModelSpec, world_size: int, field: str
-) -> None:
+def check_layout(config: ParallelConfig, *, model: ModelSpec, world_size: int, field: str) -> None:
     """``cost_model.check_parallel_config``: dims multiply to ``world_size``, degrees divide
     heads, KV heads, FFN and experts, pipeline chunks fit the layers."""
     try:
         check_parallel_config(config, model, world_size)
     except ValueError as error:
-        raise PlanError(
-            field=field, value=describe_layout(config), rule=str(error)
-        ) from None
+        raise PlanError(field=field, value=describe_layout(config), rule=str(error)) from None
 
 
 def _check_provenance(plan: ShardingPlan) -> None:
@@ -144,11 +144,11 @@ def _check_job(plan: ShardingPlan) -> None:
         )
     try:
         check_sequence_fits(config, job.sequence_length_tokens)
-        config.num_micro_batches(job.global_batch_sequences)
+        config.num_micro_batches(
+            int(job.global_batch_sequences or 0)
+        )  # derived by Training's validator
     except ValueError as error:
-        raise PlanError(
-            field="config", value=describe_layout(config), rule=str(error)
-        ) from None
+        raise PlanError(field="config", value=describe_layout(config), rule=str(error)) from None
 
 
 def _check_meshes(plan: ShardingPlan) -> None:
@@ -161,9 +161,7 @@ def _check_meshes(plan: ShardingPlan) -> None:
             rule=f"must be the config's dense mesh {dict(expected)}",
         )
     moe = tuple((axis.name, axis.size) for axis in plan.moe_mesh_axes)
-    expected_moe = (
-        axis_degrees(plan.config, MOE_MESH_ORDER) if plan.model.moe is not None else ()
-    )
+    expected_moe = axis_degrees(plan.config, MOE_MESH_ORDER) if plan.model.moe is not None else ()
     if moe != expected_moe:
         rule = (
             f"must be the config's MoE view {dict(expected_moe)}"
@@ -183,14 +181,8 @@ def _check_rank_map(plan: ShardingPlan) -> None:
         )
     if sorted(ranks) != list(range(world)):
         stray = sorted(set(ranks) - set(range(world)))
-        repeated = sorted(
-            device for device, count in Counter(ranks).items() if count > 1
-        )
-        found = (
-            f"device {stray[0]} out of range"
-            if stray
-            else f"device {repeated[0]} repeated"
-        )
+        repeated = sorted(device for device, count in Counter(ranks).items() if count > 1)
+        found = f"device {stray[0]} out of range" if stray else f"device {repeated[0]} repeated"
         raise PlanError(
             field="rank_to_device",
             value=found,
@@ -206,7 +198,8 @@ def _check_stages(
         raise PlanError(
             field="stages",
             value=f"{len(stages)} chunks",
-            rule=f"must hold pp*virtual_stages ({config.pp}*{config.virtual_stages} = {num_chunks}) chunks",
+            rule=f"must hold pp*virtual_stages ({config.pp}*{config.virtual_stages} = "
+            f"{num_chunks}) chunks",
         )
     start = 0
     for index, stage in enumerate(stages):
@@ -215,22 +208,19 @@ def _check_stages(
             raise PlanError(
                 field=f"{where}.chunk/stage",
                 value=f"{stage.chunk}/{stage.stage}",
-                rule=f"must be {index}/{index % config.pp} (chunks in order, chunk c on pipeline rank c mod pp)",
+                rule=f"must be {index}/{index % config.pp} "
+                "(chunks in order, chunk c on pipeline rank c mod pp)",
             )
         if stage.start_layer != start:
             rule = f"must be {start}: chunks cover the layers in order, without gap or overlap"
-            raise PlanError(
-                field=f"{where}.start_layer", value=stage.start_layer, rule=rule
-            )
+            raise PlanError(field=f"{where}.start_layer", value=stage.start_layer, rule=rule)
         if stage.stop_layer <= stage.start_layer:
             raise PlanError(
                 field=f"{where}.stop_layer",
                 value=stage.stop_layer,
                 rule=f"must be > start_layer ({stage.start_layer})",
             )
-        if stage.has_embedding != (index == 0) or stage.has_lm_head != (
-            index == num_chunks - 1
-        ):
+        if stage.has_embedding != (index == 0) or stage.has_lm_head != (index == num_chunks - 1):
             rule = "the embedding belongs to the first chunk only and the LM head to the last only"
             raise PlanError(
                 field=f"{where}.has_embedding/has_lm_head",
@@ -328,7 +318,8 @@ def check_expert_map(placement: ExpertPlacement, *, field: str) -> None:
             raise PlanError(
                 field=f"{field}.expert_to_ranks",
                 value=f"EP rank {rank} holds {held[rank]}",
-                rule=f"every EP rank must hold (num_experts + num_redundant_experts) / ep = {slots // ep} experts",
+                rule="every EP rank must hold (num_experts + num_redundant_experts) / ep = "
+                f"{slots // ep} experts",
             )
 
 
@@ -345,9 +336,7 @@ def _check_rules(plan: ShardingPlan) -> None:
 
 def _check_deployment(plan: ShardingPlan) -> None:
     deployment = plan.deployment
-    if isinstance(plan.job, Training) and (
-        deployment.pools or deployment.kind != "colocated"
-    ):
+    if isinstance(plan.job, Training) and (deployment.pools or deployment.kind != "colocated"):
         raise PlanError(
             field="deployment.kind",
             value=deployment.kind,

@@ -32,6 +32,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from autoparallel.plan import ShardingPlan
+from cost_model import DENSE_MESH_ORDER, Axis, axis_degrees
 
 __all__ = [
     "CheckpointInfo",
@@ -290,5 +291,5 @@ def _check_supported(plan: ShardingPlan) -> None:
 
 
 def _degrees(plan: ShardingPlan) -> str:
-    config = plan.config
-    return " ".join(f"{k}{getattr(config, k)}" for k in ("pp", "dp", "cp", "tp", "ep", "etp")) + f" on {plan.world_size}"
+    degrees = axis_degrees(plan.config, (*DENSE_MESH_ORDER, Axis.EP, Axis.ETP))
+    return " ".join(f"{name}{degree}" for name, degree in degrees) + f" on {plan.world_size}"

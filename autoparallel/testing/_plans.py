@@ -29,8 +29,18 @@ def plan_for_config(
 
     config.validate_for(model, config.world_size)
     if workload is None:
-        workload = Training(sequence_length_tokens=16, global_batch_sequences=4 * config.dp * config.micro_batch_size)
+        workload = Training(
+            sequence_length_tokens=16,
+            global_batch_sequences=4 * config.dp * config.micro_batch_size,
+        )
     per_node = get_preset(cluster_name).devices_per_node
     cluster = get_preset(cluster_name, num_nodes=-(-config.world_size // per_node))
     record = PlanRecord(library_version="test", created_at="")  # the same plan in every process
-    return build_plan(model=model, cluster=cluster, job=workload, layout=Layout(config=config), predicted=None, record=record)
+    return build_plan(
+        model=model,
+        cluster=cluster,
+        job=workload,
+        layout=Layout(config=config),
+        predicted=None,
+        record=record,
+    )
