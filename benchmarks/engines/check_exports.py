@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -38,7 +39,7 @@ from cost_model import Inference, Training
 from search._engines import engine_info
 
 HERE = Path(__file__).resolve().parent
-VENVS = HERE / ".venvs"
+VENVS = Path(os.environ.get("ENGINES_VENV_DIR", Path.home() / ".cache" / "autoparallel" / "engine-venvs"))
 TRAINING_ENGINES = ("megatron", "torchtitan", "deepspeed")
 SERVING_ENGINES = ("vllm", "sglang", "trtllm")
 # TensorRT-LLM options as its source defines them (tensorrt_llm/commands/serve.py click options;

@@ -4,8 +4,9 @@
 #
 #   bash benchmarks/engines/setup.sh [ENGINE ...]     # default: all of them
 #
-# Venvs go to $ENGINES_VENV_DIR (default benchmarks/engines/.venvs/<engine>). Versions are the
-# releases the exports are stamped for (autoparallel/export/data/engine_rules.json "current").
+# Venvs go to $ENGINES_VENV_DIR/<engine> (default ~/.cache/autoparallel/engine-venvs, outside the
+# source tree). Versions are the releases the exports are stamped for
+# (cost_model/data/engine_rules.json "current").
 #
 # How each engine is installed, and why:
 # - deepspeed:   pip, with DS_BUILD_OPS=0 (no CUDA extension is compiled; DeepSpeedConfig is pure Python).
@@ -18,8 +19,7 @@
 # - vllm:        pip --no-deps (the wheel is CUDA-built; only its Python argument parsing is used)
 #                + the packages vllm/engine/arg_utils.py imports.
 set -euo pipefail
-HERE="$(cd "$(dirname "$0")" && pwd)"
-VENVS="${ENGINES_VENV_DIR:-$HERE/.venvs}"
+VENVS="${ENGINES_VENV_DIR:-$HOME/.cache/autoparallel/engine-venvs}"
 PYTHON="${PYTHON:-python3}"
 TORCH="torch==2.13.0"
 mkdir -p "$VENVS"
