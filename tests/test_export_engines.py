@@ -287,3 +287,73 @@ def test_export_text_is_a_valid_shell_script_at_any_width(
         assert (
             subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
         ), script.read_text()
+
+
+def test_each_pool_gets_its_own_settings_and_a_prefill_pool_no_overlap_without_a2a(
+    inference_plan,
+) -> None:
+    from autoparallel.plan import Deployment, Pool, ServingSettings
+    from cost_model import ParallelConfig
+
+    prefill = ParallelConfig(
+        tp=8, dp=1, ep=1, etp=8
+    )  # experts over tp: no all-to-all backend
+    decode = ParallelConfig(tp=8, dp=2, ep=16, etp=1, attention_data_parallel=True)
+    pools = (
+        Pool(
+            role="prefill",
+            num_units=2,
+            devices_per_unit=8,
+            config=prefill,
+            serving=ServingSettings(batch_size=4, two_batch_overlap=True),
+        ),
+        Pool(
+            role="decode",
+            num_units=1,
+            devices_per_unit=16,
+            config=decode,
+            serving=ServingSettings(
+                batch_size=64, kv_dtype="fp8", two_batch_overlap=True
+            ),
+        ),
+    )
+    plan = inference_plan.model_copy(
+        update={"deployment": Deployment(kind="disaggregated", pools=pools)}
+    )
+    result = export_plan(plan, format="sglang")
+    prefill_flags = flags(result.files["launch_sglang_prefill.sh"])
+    decode_flags = flags(result.files["launch_sglang_decode.sh"])
+    assert (
+        "--enable-two-batch-overlap" not in prefill_flags
+        and prefill_flags["--tp-size"] == "8"
+    )
+    assert any(
+        item.startswith("prefill: two-batch overlap needs an all-to-all backend")
+        for item in result.dropped
+    )
+    assert (
+        decode_flags["--enable-two-batch-overlap"] is True
+        and decode_flags["--moe-a2a-backend"] == "deepep"
+    )
+    assert (
+        decode_flags["--max-running-requests"] == str(64 * 16)
+        and decode_flags["--kv-cache-dtype"] == "fp8_e4m3"
+    )
+    assert (
+        prefill_flags["--max-running-requests"] == "4"
+        and decode_flags["--disaggregation-mode"] == "decode"
+    )
+
+
+def test_stdout_export_is_the_plain_render(
+    inference_plan, tmp_path, capsys, monkeypatch
+) -> None:
+    from autoparallel.cli import main
+
+    path = tmp_path / "plan.json"
+    inference_plan.save(path)
+    monkeypatch.setenv("COLUMNS", "30")
+    assert main(["export", str(path), "--format", "vllm"]) == 0
+    assert (
+        capsys.readouterr().out == export_plan(inference_plan, format="vllm").render()
+    )
