@@ -357,3 +357,16 @@ def test_stdout_export_is_the_plain_render(
     assert (
         capsys.readouterr().out == export_plan(inference_plan, format="vllm").render()
     )
+
+
+def test_plan_lists_the_engines_that_run_it(training_plan) -> None:
+    from autoparallel.cli._engines import engines_line
+    from autoparallel.export import runnable_engines
+
+    line = engines_line(training_plan)
+    verdicts = runnable_engines(training_plan)
+    assert (
+        line.startswith("training engines that run this layout:") and "vllm" not in line
+    )
+    for engine in ("megatron", "torchtitan", "deepspeed"):
+        assert (f"{engine} yes" in line) == (not verdicts[engine])

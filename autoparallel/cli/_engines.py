@@ -44,15 +44,19 @@ def register(subparsers) -> None:
 def engines_line(plan) -> str:
     """Which engines (current releases) run the plan's layout, and why the others do not."""
     from autoparallel.export import runnable_engines
+    from autoparallel.export._common import engine_role
 
+    role = "serving" if plan.serving is not None else "training"
     parts = []
     for engine, broken in runnable_engines(plan).items():
+        if engine_role(engine) != role:
+            continue
         parts.append(
             f"{engine} yes"
             if not broken
             else f"{engine} no ({broken[0].split(' [')[0]})"
         )
-    return "engines: " + "; ".join(parts)
+    return f"{role} engines that run this layout: " + "; ".join(parts)
 
 
 def export_command(args: argparse.Namespace) -> int:
