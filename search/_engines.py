@@ -24,9 +24,7 @@ import numpy as np
 from cost_model import ParallelConfig
 from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES
 
-_RULES_PATH = (
-    Path(__file__).resolve().parents[1] / "cost_model" / "data" / "engine_rules.json"
-)
+_RULES_PATH = Path(__file__).resolve().parents[1] / "cost_model" / "data" / "engine_rules.json"
 _CODES = {"pipeline_schedule": SCHEDULE_CODES, "recompute": RECOMPUTE_CODES}
 _DEFAULTS = {
     name: _CODES[name][field.default] if name in _CODES else field.default
@@ -104,9 +102,7 @@ def resolve_version(engine: str, version: str | None) -> str:
 
 def rules_for(engine: str, version: str | None = None) -> tuple[EngineRule, ...]:
     version = resolve_version(engine, version)
-    rules = (
-        EngineRule(**row) for row in engine_data()["rules"] if row["engine"] == engine
-    )
+    rules = (EngineRule(**row) for row in engine_data()["rules"] if row["engine"] == engine)
     return tuple(rule for rule in rules if rule.applies_to(version))
 
 
@@ -134,9 +130,7 @@ def allowed_rows(
 ) -> np.ndarray:
     """True on the rows of ``table`` that no rule of ``engine`` rejects."""
     allowed = np.ones(_length(table), dtype=bool)
-    for rejected in violated_rules(
-        table, context=context, engine=engine, version=version
-    ).values():
+    for rejected in violated_rules(table, context=context, engine=engine, version=version).values():
         allowed &= ~rejected
     return allowed
 
@@ -177,15 +171,13 @@ def _names(table: Mapping[str, np.ndarray], context: LayoutContext) -> dict[str,
     column = lambda name, default: (
         np.asarray(table[name]) if name in table else np.full(length, default)
     )
-    names = {name: column(name, _DEFAULTS[name]) for name in _DEFAULTS}
+    names: dict[str, Any] = {name: column(name, _DEFAULTS[name]) for name in _DEFAULTS}
     names.update({name: np.asarray(values) for name, values in table.items()})
     names["two_batch_overlap"] = column("two_batch_overlap", False).astype(bool)
     names["num_redundant_experts"] = column("num_redundant_experts", 0)
     tp, ep, etp = names["tp"], names["ep"], names["etp"]
     names["instance_size"] = np.maximum(tp, ep * etp)
-    names["attention_tp"] = np.where(
-        names["attention_data_parallel"].astype(bool), 1, tp
-    )
+    names["attention_tp"] = np.where(names["attention_data_parallel"].astype(bool), 1, tp)
     names["attention_replicas"] = names["instance_size"] // names["attention_tp"]
     names["num_chunks"] = names["pp"] * names["virtual_stages"]
     names["num_layers"] = context.num_layers
@@ -195,9 +187,7 @@ def _names(table: Mapping[str, np.ndarray], context: LayoutContext) -> dict[str,
 
 
 def _evaluate(expression: str, names: Mapping[str, Any]) -> np.ndarray:
-    return np.asarray(
-        _Evaluator(names).visit(ast.parse(expression, mode="eval").body), dtype=bool
-    )
+    return np.asarray(_Evaluator(names).visit(ast.parse(expression, mode="eval").body), dtype=bool)
 
 
 class _Evaluator(ast.NodeVisitor):
@@ -230,9 +220,7 @@ class _Evaluator(ast.NodeVisitor):
 
     def visit_Name(self, node: ast.Name) -> Any:
         if node.id not in self.names:
-            raise ValueError(
-                f"engine rule name ({node.id!r}) must be one of {sorted(self.names)}"
-            )
+            raise ValueError(f"engine rule name ({node.id!r}) must be one of {sorted(self.names)}")
         return self.names[node.id]
 
     def visit_Constant(self, node: ast.Constant) -> Any:
@@ -260,9 +248,7 @@ class _Evaluator(ast.NodeVisitor):
     def visit_Compare(self, node: ast.Compare) -> Any:
         result, left, left_node = True, self.visit(node.left), node.left
         for operator, right_node in zip(node.ops, node.comparators):
-            result = np.logical_and(
-                result, self._compare(operator, left, left_node, right_node)
-            )
+            result = np.logical_and(result, self._compare(operator, left, left_node, right_node))
             if not isinstance(right_node, ast.Tuple):
                 left, left_node = self.visit(right_node), right_node
         return result
@@ -274,9 +260,7 @@ class _Evaluator(ast.NodeVisitor):
         if isinstance(operator, (ast.In, ast.NotIn)):
             if not isinstance(right_node, ast.Tuple):
                 return self.generic_visit(right_node)
-            values = [
-                self._coded(codes, self.visit(element)) for element in right_node.elts
-            ]
+            values = [self._coded(codes, self.visit(element)) for element in right_node.elts]
             found = np.isin(left, values)
             return found if isinstance(operator, ast.In) else ~found
         compare = self._COMPARE.get(type(operator))
@@ -288,9 +272,7 @@ class _Evaluator(ast.NodeVisitor):
     def _coded(codes: dict[str, int] | None, value: Any) -> Any:
         if codes is not None and isinstance(value, str):
             if value not in codes:
-                raise ValueError(
-                    f"engine rule value ({value!r}) must be one of {list(codes)}"
-                )
+                raise ValueError(f"engine rule value ({value!r}) must be one of {list(codes)}")
             return codes[value]
         return value
 
@@ -307,11 +289,7 @@ def engine_search_settings(
     version = resolve_version(engine, version)
     role, kind = engine_info(engine)["role"], getattr(workload, "kind", None)
     if (role == "training") != (kind == "training"):
-        raise ValueError(
-            f"engine ({engine!r}) is a {role} engine; the workload is {kind}"
-        )
+        raise ValueError(f"engine ({engine!r}) is a {role} engine; the workload is {kind}")
     settings = settings or SearchSettings()
-    bounds = settings.bounds.model_copy(
-        update={"engine": engine, "engine_version": version}
-    )
+    bounds = settings.bounds.model_copy(update={"engine": engine, "engine_version": version})
     return settings.model_copy(update={"bounds": bounds})

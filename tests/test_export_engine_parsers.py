@@ -33,13 +33,8 @@ CASES = [
 def test_engine_accepts_the_export_and_resolves_the_plan(
     engine: str, plan_index: int, tmp_path: Path
 ) -> None:
-    if (
-        engine != "trtllm"
-        and not (check_exports.VENVS / engine / "bin" / "python").exists()
-    ):
-        pytest.skip(
-            f"{engine} is not installed (bash benchmarks/engines/setup.sh {engine})"
-        )
+    if engine != "trtllm" and not (check_exports.VENVS / engine / "bin" / "python").exists():
+        pytest.skip(f"{engine} is not installed (bash benchmarks/engines/setup.sh {engine})")
     answers = check_exports.check(check_exports.PLANS[plan_index], engine, tmp_path)
     assert answers
     for answer in answers:

@@ -26,15 +26,11 @@ from search._space import SearchSpace
 TRAINING = Training(sequence_length_tokens=4096, global_batch_sequences=256)
 INFERENCE = Inference(prompt_tokens=2048, output_tokens=512, tpot_slo_s=0.05)
 ROLE_RULES = {
-    rule["id"]
-    for rule in engine_data()["rules"]
-    if rule["when"] in ("training", "not training")
+    rule["id"] for rule in engine_data()["rules"] if rule["when"] in ("training", "not training")
 }
 
 
-def _space(
-    engine: str | None, *, training: bool, version: str | None = None
-) -> SearchSpace:
+def _space(engine: str | None, *, training: bool, version: str | None = None) -> SearchSpace:
     model = get_model("mixtral-8x22b" if training else "deepseek-v3")
     bounds = SearchBounds(
         engine=engine,
@@ -70,8 +66,7 @@ def _rule_cases() -> list[tuple[str, str, str | None]]:
     """Every rule but the role ones, at the first version it applies to when it has an end."""
     rules = [rule for rule in engine_data()["rules"] if rule["id"] not in ROLE_RULES]
     return [
-        (rule["engine"], rule["id"], rule["since"] if rule.get("until") else None)
-        for rule in rules
+        (rule["engine"], rule["id"], rule["since"] if rule.get("until") else None) for rule in rules
     ]
 
 
@@ -81,20 +76,12 @@ def test_engine_search_never_returns_a_layout_the_rule_rejects(
 ) -> None:
     training = engine_data()["engines"][engine]["role"] == "training"
     free_space, free = spaces(None, training)
-    context = LayoutContext(
-        num_layers=free_space.model.num_layers, moe=True, training=training
-    )
-    before = violated_rules(free, context=context, engine=engine, version=version)[
-        rule_id
-    ]
-    assert before.any(), (
-        f"control: the unrestricted space has layouts {rule_id} rejects"
-    )
+    context = LayoutContext(num_layers=free_space.model.num_layers, moe=True, training=training)
+    before = violated_rules(free, context=context, engine=engine, version=version)[rule_id]
+    assert before.any(), f"control: the unrestricted space has layouts {rule_id} rejects"
     space, table = spaces(engine, training, version)
     assert space.size > 0
-    assert not violated_rules(table, context=context, engine=engine, version=version)[
-        rule_id
-    ].any()
+    assert not violated_rules(table, context=context, engine=engine, version=version)[rule_id].any()
 
 
 def test_role_rules_reject_the_wrong_workload() -> None:
@@ -102,9 +89,7 @@ def test_role_rules_reject_the_wrong_workload() -> None:
         ValueError,
         match=r"\('megatron'\) is a training engine; the workload is inference",
     ):
-        engine_search_settings(
-            None, engine="megatron", version=None, workload=INFERENCE
-        )
+        engine_search_settings(None, engine="megatron", version=None, workload=INFERENCE)
     with pytest.raises(
         ValueError, match=r"\('vllm'\) is a serving engine; the workload is training"
     ):
@@ -115,11 +100,9 @@ def test_role_rules_reject_the_wrong_workload() -> None:
 
 def test_every_rule_names_its_version_and_source() -> None:
     for rule in engine_data()["rules"]:
-        assert (
-            rule["source"]
-            and rule["since"]
-            and rule["kind"] in ("refused", "inexpressible")
-        ), rule["id"]
+        assert rule["source"] and rule["since"] and rule["kind"] in ("refused", "inexpressible"), (
+            rule["id"]
+        )
     assert {r.id for r in rules_for("torchtitan", "0.2.2")} != {
         r.id for r in rules_for("torchtitan", "0.3.0")
     }
@@ -139,27 +122,21 @@ def test_node_counts_round_up_and_model_is_named(inference_plan) -> None:
 
 
 def test_megatron_recipe_is_complete(training_plan) -> None:
-    found = flags(
-        export_plan(training_plan, format="megatron").files["megatron_args.sh"]
-    )
+    found = flags(export_plan(training_plan, format="megatron").files["megatron_args.sh"])
     model = get_model(training_plan.provenance.model_name)
-    assert found["--hidden-size"] == str(model.hidden_size) and found[
-        "--num-experts"
-    ] == str(model.moe.num_routed_experts)
-    assert (
-        found["--bf16"] is True
-        and found["--nnodes"] == "8"
-        and found["--nproc-per-node"] == "8"
+    assert found["--hidden-size"] == str(model.hidden_size) and found["--num-experts"] == str(
+        model.moe.num_routed_experts
     )
+    assert found["--bf16"] is True and found["--nnodes"] == "8" and found["--nproc-per-node"] == "8"
     assert found["--tokenizer-model"] == "Qwen/Qwen3-235B-A22B"
 
 
 def test_uneven_pipeline_goes_to_megatron_layout(training_plan) -> None:
     from tests.test_export import _with
 
-    plan = _with(
-        training_plan, pp=3, dp=2, tp=8, cp=1, ep=16, pipeline_schedule="1f1b"
-    ).model_copy(update={"world_size": 48})
+    plan = _with(training_plan, pp=3, dp=2, tp=8, cp=1, ep=16, pipeline_schedule="1f1b").model_copy(
+        update={"world_size": 48}
+    )
     layout = flags(export_plan(plan, format="megatron").files["megatron_args.sh"])[
         "--pipeline-model-parallel-layout"
     ]
@@ -170,9 +147,7 @@ def test_uneven_pipeline_goes_to_megatron_layout(training_plan) -> None:
 
 def test_deepspeed_batch_identity_excludes_tp_pp_cp(training_plan) -> None:
     c = training_plan.config
-    config = json.loads(
-        export_plan(training_plan, format="deepspeed").files["ds_config.json"]
-    )
+    config = json.loads(export_plan(training_plan, format="deepspeed").files["ds_config.json"])
     dp_world = training_plan.world_size // (c.tp * c.pp * c.cp)
     assert (
         config["train_batch_size"]
@@ -190,24 +165,18 @@ def test_torchtitan_current_release_is_a_command_line_and_old_one_toml(
         name.endswith(".toml") for name in current.files
     )
     found = flags(current.files["launch_torchtitan.sh"])
-    assert found["--module"] == "qwen3" and found[
-        "--parallelism.tensor_parallel_degree"
-    ] == str(training_plan.config.tp)
-    old = export_plan(training_plan, format="torchtitan", engine_version="0.2.2")
-    assert (
-        "torchtitan.toml" in old.files
-        and "[parallelism]" in old.files["torchtitan.toml"]
+    assert found["--module"] == "qwen3" and found["--parallelism.tensor_parallel_degree"] == str(
+        training_plan.config.tp
     )
+    old = export_plan(training_plan, format="torchtitan", engine_version="0.2.2")
+    assert "torchtitan.toml" in old.files and "[parallelism]" in old.files["torchtitan.toml"]
 
 
 def test_every_export_has_a_readme_note(training_plan, inference_plan) -> None:
     for plan in (training_plan, inference_plan):
         for format in FORMATS:
             files = export_plan(plan, format=format).files
-            assert (
-                f"README_{format}.md" in files
-                and "## Launch" in files[f"README_{format}.md"]
-            )
+            assert f"README_{format}.md" in files and "## Launch" in files[f"README_{format}.md"]
 
 
 # ---------------------------------------------------------------------------- round trip
@@ -279,14 +248,12 @@ def test_export_text_is_a_valid_shell_script_at_any_width(
     inference_plan.save(path)
     monkeypatch.setenv("COLUMNS", "40")
     out = tmp_path / "out"
-    assert (
-        main(["export", str(path), "--format", "sglang", "--output-dir", str(out)]) == 0
-    )
+    assert main(["export", str(path), "--format", "sglang", "--output-dir", str(out)]) == 0
     assert (out / "README_sglang.md").exists()
     for script in out.glob("*.sh"):
-        assert (
-            subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
-        ), script.read_text()
+        assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0, (
+            script.read_text()
+        )
 
 
 def test_each_pool_gets_its_own_settings_and_a_prefill_pool_no_overlap_without_a2a(
@@ -295,9 +262,7 @@ def test_each_pool_gets_its_own_settings_and_a_prefill_pool_no_overlap_without_a
     from autoparallel.plan import Deployment, Pool, ServingSettings
     from cost_model import ParallelConfig
 
-    prefill = ParallelConfig(
-        tp=8, dp=1, ep=1, etp=8
-    )  # experts over tp: no all-to-all backend
+    prefill = ParallelConfig(tp=8, dp=1, ep=1, etp=8)  # experts over tp: no all-to-all backend
     decode = ParallelConfig(tp=8, dp=2, ep=16, etp=1, attention_data_parallel=True)
     pools = (
         Pool(
@@ -312,9 +277,7 @@ def test_each_pool_gets_its_own_settings_and_a_prefill_pool_no_overlap_without_a
             num_units=1,
             devices_per_unit=16,
             config=decode,
-            serving=ServingSettings(
-                batch_size=64, kv_dtype="fp8", two_batch_overlap=True
-            ),
+            serving=ServingSettings(batch_size=64, kv_dtype="fp8", two_batch_overlap=True),
         ),
     )
     plan = inference_plan.model_copy(
@@ -323,10 +286,7 @@ def test_each_pool_gets_its_own_settings_and_a_prefill_pool_no_overlap_without_a
     result = export_plan(plan, format="sglang")
     prefill_flags = flags(result.files["launch_sglang_prefill.sh"])
     decode_flags = flags(result.files["launch_sglang_decode.sh"])
-    assert (
-        "--enable-two-batch-overlap" not in prefill_flags
-        and prefill_flags["--tp-size"] == "8"
-    )
+    assert "--enable-two-batch-overlap" not in prefill_flags and prefill_flags["--tp-size"] == "8"
     assert any(
         item.startswith("prefill: two-batch overlap needs an all-to-all backend")
         for item in result.dropped
@@ -345,18 +305,14 @@ def test_each_pool_gets_its_own_settings_and_a_prefill_pool_no_overlap_without_a
     )
 
 
-def test_stdout_export_is_the_plain_render(
-    inference_plan, tmp_path, capsys, monkeypatch
-) -> None:
+def test_stdout_export_is_the_plain_render(inference_plan, tmp_path, capsys, monkeypatch) -> None:
     from autoparallel.cli import main
 
     path = tmp_path / "plan.json"
     inference_plan.save(path)
     monkeypatch.setenv("COLUMNS", "30")
     assert main(["export", str(path), "--format", "vllm"]) == 0
-    assert (
-        capsys.readouterr().out == export_plan(inference_plan, format="vllm").render()
-    )
+    assert capsys.readouterr().out == export_plan(inference_plan, format="vllm").render()
 
 
 def test_plan_lists_the_engines_that_run_it(training_plan) -> None:
@@ -365,8 +321,6 @@ def test_plan_lists_the_engines_that_run_it(training_plan) -> None:
 
     line = engines_line(training_plan)
     verdicts = runnable_engines(training_plan)
-    assert (
-        line.startswith("training engines that run this layout:") and "vllm" not in line
-    )
+    assert line.startswith("training engines that run this layout:") and "vllm" not in line
     for engine in ("megatron", "torchtitan", "deepspeed"):
         assert (f"{engine} yes" in line) == (not verdicts[engine])

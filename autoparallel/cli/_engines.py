@@ -51,11 +51,7 @@ def engines_line(plan) -> str:
     for engine, broken in runnable_engines(plan).items():
         if engine_role(engine) != role:
             continue
-        parts.append(
-            f"{engine} yes"
-            if not broken
-            else f"{engine} no ({broken[0].split(' [')[0]})"
-        )
+        parts.append(f"{engine} yes" if not broken else f"{engine} no ({broken[0].split(' [')[0]})")
     return f"{role} engines that run this layout: " + "; ".join(parts)
 
 

@@ -97,9 +97,7 @@ def rule_violations(
     table = configs_to_table(
         [config], two_batch_overlap=[bool(serving and serving.two_batch_overlap)]
     )
-    verdicts = violated_rules(
-        table, context=layout_context(plan), engine=engine, version=version
-    )
+    verdicts = violated_rules(table, context=layout_context(plan), engine=engine, version=version)
     rules = {rule.id: rule for rule in rules_for(engine, version)}
     return [
         f"{rules[rid].message} [{rid}: {rules[rid].source}]"
@@ -110,9 +108,7 @@ def rule_violations(
 
 def runnable_engines(plan: ShardingPlan) -> dict[str, list[str]]:
     """Engine -> the rules (current release) its layout breaks; an empty list means it runs the plan."""
-    return {
-        engine: rule_violations(plan, plan.config, engine=engine) for engine in FORMATS
-    }
+    return {engine: rule_violations(plan, plan.config, engine=engine) for engine in FORMATS}
 
 
 def engine_role(engine: str) -> str:
@@ -163,23 +159,17 @@ def training_only(config: ParallelConfig) -> list[str]:
         )
     if config.recompute != "none":
         dropped.append(f"recompute {config.recompute!r} (a training setting)")
-    if config.pp > 1 and (
-        config.pipeline_schedule != "1f1b" or config.virtual_stages > 1
-    ):
+    if config.pp > 1 and (config.pipeline_schedule != "1f1b" or config.virtual_stages > 1):
         dropped.append(
             f"pipeline_schedule {config.pipeline_schedule!r} x{config.virtual_stages} (serving engines run their own pipeline)"
         )
     if config.cp > 1:
-        dropped.append(
-            f"cp {config.cp} (context parallel is not a serving option of this engine)"
-        )
+        dropped.append(f"cp {config.cp} (context parallel is not a serving option of this engine)")
     return dropped
 
 
 def stage_sizes(plan: ShardingPlan) -> list[int]:
-    return [
-        s.stop_layer - s.start_layer for s in sorted(plan.stages, key=lambda s: s.chunk)
-    ]
+    return [s.stop_layer - s.start_layer for s in sorted(plan.stages, key=lambda s: s.chunk)]
 
 
 def uneven(plan: ShardingPlan) -> bool:
@@ -203,12 +193,7 @@ def command(words: list[str], *, env: dict[str, str] | None = None) -> str:
 
 
 def _quote(word: str) -> str:
-    if (
-        word.startswith("${")
-        and word.endswith("}")
-        or word.startswith("${")
-        and ":" in word
-    ):
+    if word.startswith("${") and word.endswith("}") or word.startswith("${") and ":" in word:
         return f'"{word}"' if " " in word else word
     return shlex.quote(word)
 

@@ -35,9 +35,7 @@ def import_config(
     if engine == "deepspeed":
         return _deepspeed(files, pp=pp, ep=ep)
     if engine not in readers:
-        raise ValueError(
-            f"engine ({engine!r}) must be one of {[*readers, 'deepspeed']}"
-        )
+        raise ValueError(f"engine ({engine!r}) must be one of {[*readers, 'deepspeed']}")
     return readers[engine](files)
 
 
@@ -54,12 +52,8 @@ def layout_key(config: ParallelConfig, *, engine: str, moe: bool = True) -> tupl
         attention_tp = 1 if config.attention_data_parallel else config.tp
         return (instance, attention_tp, config.pp, config.ep, config.etp)
     zero = config.zero_stage if config.dp * config.cp > 1 else 0
-    recompute = (
-        config.recompute != "none" if engine == "deepspeed" else config.recompute
-    )
-    sequence_parallel = (
-        config.sequence_parallel and config.tp > 1 and engine != "deepspeed"
-    )
+    recompute = config.recompute != "none" if engine == "deepspeed" else config.recompute
+    sequence_parallel = config.sequence_parallel and config.tp > 1 and engine != "deepspeed"
     return (
         config.dp,
         config.tp,
@@ -82,12 +76,7 @@ def flags(text: str) -> dict[str, str | bool]:
         for line in text.replace("\\\n", " ").splitlines()
         if line.strip() and not line.lstrip().startswith("#")
     ]
-    words = [
-        w
-        for line in lines
-        for w in shlex.split(line)
-        if "=" not in w or w.startswith("--")
-    ]
+    words = [w for line in lines for w in shlex.split(line) if "=" not in w or w.startswith("--")]
     found: dict[str, str | bool] = {}
     for index, word in enumerate(words):
         if word.startswith("--"):
@@ -165,12 +154,8 @@ def _sglang(files: dict[str, str]) -> ParallelConfig:
 def _trtllm(files: dict[str, str]) -> ParallelConfig:
     found = _launch(files, "trtllm-serve")
     instance, ep = _number(found, "--tp_size", 1), _number(found, "--ep_size", 1)
-    options = "\n".join(
-        text for name, text in files.items() if name.endswith((".yaml", ".yml"))
-    )
-    attention_dp = (
-        re.search(r"^enable_attention_dp:\s*true", options, re.MULTILINE) is not None
-    )
+    options = "\n".join(text for name, text in files.items() if name.endswith((".yaml", ".yml")))
+    attention_dp = re.search(r"^enable_attention_dp:\s*true", options, re.MULTILINE) is not None
     return _serving(
         instance=instance,
         attention_tp=1 if attention_dp else instance,
@@ -196,9 +181,7 @@ def _megatron(files: dict[str, str]) -> ParallelConfig:
     )
     virtual = 1
     if "--pipeline-model-parallel-layout" in found:
-        virtual = (
-            max(1, str(found["--pipeline-model-parallel-layout"]).count("|") + 1) // pp
-        )
+        virtual = max(1, str(found["--pipeline-model-parallel-layout"]).count("|") + 1) // pp
     zero = (
         3
         if found.get("--use-torch-fsdp2")
@@ -254,8 +237,7 @@ def _torchtitan(files: dict[str, str]) -> ParallelConfig:
         dp=replicate * shard,
         ep=get("expert_parallel_degree", 1),
         etp=1,
-        sequence_parallel=tp > 1
-        and "--parallelism.no-enable_sequence_parallel" not in found,
+        sequence_parallel=tp > 1 and "--parallelism.no-enable_sequence_parallel" not in found,
         zero_stage=zero,
         pipeline_schedule=schedule,
         virtual_stages=virtual,
@@ -273,9 +255,7 @@ def _titan_parts(files: dict[str, str]) -> list[list[str]]:
     )
     text = text.replace("\\\n", " ")
     words = shlex.split(
-        "\n".join(
-            line for line in text.splitlines() if not line.lstrip().startswith("#")
-        )
+        "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     )
     if "--parallelism.module_fqns_per_model_part" not in words:
         return []
@@ -288,9 +268,7 @@ def _titan_parts(files: dict[str, str]) -> list[list[str]]:
 
 
 def _titan_recompute(files: dict[str, str]) -> str:
-    scripts = "\n".join(
-        text for name, text in files.items() if not name.endswith(".md")
-    )
+    scripts = "\n".join(text for name, text in files.items() if not name.endswith(".md"))
     found = re.search(r"activation-checkpoint:(none|selective|full)", scripts)
     return found.group(1) if found else "none"
 
@@ -312,11 +290,7 @@ def _deepspeed(files: dict[str, str], *, pp: int, ep: int) -> ParallelConfig:
         int(config["train_micro_batch_size_per_gpu"]),
         int(config.get("gradient_accumulation_steps", 1)),
     )
-    dp = (
-        world // (tp * pp)
-        if world
-        else int(config["train_batch_size"]) // (micro * steps)
-    )
+    dp = world // (tp * pp) if world else int(config["train_batch_size"]) // (micro * steps)
     recompute = "full" if "activation_checkpointing" in config else "none"
     return ParallelConfig(
         tp=tp,

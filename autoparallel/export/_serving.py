@@ -69,9 +69,7 @@ def vllm(plan: ShardingPlan, recipe: Recipe) -> Export:
                 plan, config, engine="vllm", version=recipe.version, serving=settings
             )
         ]
-        pool_files, pool_notes = _vllm_pool(
-            plan, config, devices, settings, recipe, phase=name
-        )
+        pool_files, pool_notes = _vllm_pool(plan, config, devices, settings, recipe, phase=name)
         files.update(pool_files)
         notes += pool_notes
     if len(files) > 1:
@@ -141,9 +139,7 @@ def _vllm_pool(
     ]
     if s.two_batch_overlap and config.ep > 1:
         args.append("--enable-dbo")
-    if (
-        phase != "colocated"
-    ):  # vLLM's disaggregated prefill: both pools run a KV connector
+    if phase != "colocated":  # vLLM's disaggregated prefill: both pools run a KV connector
         args += [
             "--kv-transfer-config",
             json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"}),
@@ -157,14 +153,10 @@ def _vllm_pool(
         f"{s.num_instances} x {group} devices",
     ]
     if nodes == 1:
-        return {
-            f"launch_vllm_{phase}.sh": script(command(args, env=env), header=header)
-        }, notes
+        return {f"launch_vllm_{phase}.sh": script(command(args, env=env), header=header)}, notes
     files = {}
     for node in range(nodes):
-        node_args = args + _vllm_node(
-            config, s.attention_replicas, nodes, node, notes, phase
-        )
+        node_args = args + _vllm_node(config, s.attention_replicas, nodes, node, notes, phase)
         files[f"launch_vllm_{phase}_node{node}.sh"] = script(
             command(node_args, env=env), header=header + [f"node {node} of {nodes}"]
         )
@@ -205,9 +197,7 @@ def _vllm_node(
         "--data-parallel-rpc-port",
         str(DP_RPC_PORT),
     ]
-    return args + (
-        ["--headless", "--data-parallel-start-rank", str(node * local)] if node else []
-    )
+    return args + (["--headless", "--data-parallel-start-rank", str(node * local)] if node else [])
 
 
 # ---------------------------------------------------------------------------- SGLang

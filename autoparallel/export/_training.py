@@ -202,9 +202,7 @@ def _megatron_model(model: ModelSpec, recipe: Recipe, notes: list[str]) -> list[
     args += ["--swiglu"] if model.ffn_activation == "swiglu" else []
     args += [] if model.linear_bias else ["--disable-bias-linear"]
     args += ["--add-qkv-bias"] if model.qkv_bias and not model.linear_bias else []
-    args += (
-        [] if model.tie_word_embeddings else ["--untie-embeddings-and-output-weights"]
-    )
+    args += [] if model.tie_word_embeddings else ["--untie-embeddings-and-output-weights"]
     if attention.kind == "mla":
         args += [
             "--multi-latent-attention",
@@ -217,11 +215,7 @@ def _megatron_model(model: ModelSpec, recipe: Recipe, notes: list[str]) -> list[
             "--v-head-dim",
             str(attention.v_head_dim),
         ]
-        args += (
-            ["--q-lora-rank", str(attention.q_lora_rank)]
-            if attention.q_lora_rank
-            else []
-        )
+        args += ["--q-lora-rank", str(attention.q_lora_rank)] if attention.q_lora_rank else []
     else:
         args += ["--kv-channels", str(attention.head_dim)]
         if attention.num_kv_heads != attention.num_heads:
@@ -258,9 +252,7 @@ def megatron_layout(plan: ShardingPlan) -> str:
     parts = []
     for stage in sorted(plan.stages, key=lambda s: s.chunk):
         size = stage.stop_layer - stage.start_layer
-        text = ("E" if stage.has_embedding else "") + (
-            f"t*{size}" if size > 1 else "t" * size
-        )
+        text = ("E" if stage.has_embedding else "") + (f"t*{size}" if size > 1 else "t" * size)
         text += "L" if stage.has_lm_head else ""
         parts.append(text)
     return "|".join(parts)
@@ -380,9 +372,7 @@ def _reshard(zero_stage: int) -> str:
     return "never" if zero_stage in (1, 2) else "always"
 
 
-def _torchtitan_config(
-    plan: ShardingPlan, notes: list[str], dropped: list[str]
-) -> tuple[str, str]:
+def _torchtitan_config(plan: ShardingPlan, notes: list[str], dropped: list[str]) -> tuple[str, str]:
     configs = engine_data()["torchtitan_configs"]
     name = plan.model.name
     if name in configs:
@@ -461,9 +451,7 @@ def _torchtitan_toml(
     )
     files = {
         "torchtitan.toml": "\n".join(lines) + "\n",
-        file: script(
-            command(words), header=[f"torchtitan {recipe.version}: {describe(c)}"]
-        ),
+        file: script(command(words), header=[f"torchtitan {recipe.version}: {describe(c)}"]),
     }
     files["README_torchtitan.md"] = readme(
         title="torchtitan launch recipe (TOML)",
@@ -505,9 +493,7 @@ def deepspeed(plan: ShardingPlan, recipe: Recipe) -> Export:
             f"pipeline: deepspeed.pipe.PipelineModule(num_stages={c.pp}, partition_method='custom' stage layers {stage_sizes(plan)})"
         )
     if c.ep > 1:
-        notes.append(
-            f"experts: deepspeed.moe.layer.MoE(ep_size={c.ep}) in the model code"
-        )
+        notes.append(f"experts: deepspeed.moe.layer.MoE(ep_size={c.ep}) in the model code")
     file = "launch_deepspeed.sh"
     words = torchrun(
         plan,
@@ -516,9 +502,7 @@ def deepspeed(plan: ShardingPlan, recipe: Recipe) -> Export:
     )
     files = {
         "ds_config.json": json.dumps(config, indent=2) + "\n",
-        file: script(
-            command(words), header=[f"DeepSpeed {recipe.version}: {describe(c)}"]
-        ),
+        file: script(command(words), header=[f"DeepSpeed {recipe.version}: {describe(c)}"]),
     }
     files["README_deepspeed.md"] = readme(
         title="DeepSpeed launch recipe",

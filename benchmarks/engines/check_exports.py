@@ -39,7 +39,9 @@ from cost_model import Inference, Training
 from search._engines import engine_info
 
 HERE = Path(__file__).resolve().parent
-VENVS = Path(os.environ.get("ENGINES_VENV_DIR", Path.home() / ".cache" / "autoparallel" / "engine-venvs"))
+VENVS = Path(
+    os.environ.get("ENGINES_VENV_DIR", Path.home() / ".cache" / "autoparallel" / "engine-venvs")
+)
 TRAINING_ENGINES = ("megatron", "torchtitan", "deepspeed")
 SERVING_ENGINES = ("vllm", "sglang", "trtllm")
 # TensorRT-LLM options as its source defines them (tensorrt_llm/commands/serve.py click options;
@@ -87,9 +89,7 @@ PLANS = (
         16,
         Training(sequence_length_tokens=2048, global_batch_sequences=1536),
     ),
-    PlanSpec(
-        "llama-3.1-405b training, 32 nodes", "llama-3.1-405b", "dgx-h100", 32, TRAIN
-    ),
+    PlanSpec("llama-3.1-405b training, 32 nodes", "llama-3.1-405b", "dgx-h100", 32, TRAIN),
     PlanSpec(
         "megatron-gpt-1.7b training, 1 node",
         "megatron-gpt-1.7b",
@@ -99,9 +99,7 @@ PLANS = (
     ),
     PlanSpec("mixtral-8x22b training, 8 nodes", "mixtral-8x22b", "dgx-h100", 8, TRAIN),
     PlanSpec("deepseek-v3 training, 64 nodes", "deepseek-v3", "hgx-h800", 64, TRAIN),
-    PlanSpec(
-        "qwen3-235b-a22b training, 16 nodes", "qwen3-235b-a22b", "dgx-h200", 16, TRAIN
-    ),
+    PlanSpec("qwen3-235b-a22b training, 16 nodes", "qwen3-235b-a22b", "dgx-h200", 16, TRAIN),
     PlanSpec("deepseek-v3 serving, 2 nodes", "deepseek-v3", "dgx-h200", 2, SERVE),
     PlanSpec("deepseek-v3 serving, 16 nodes", "deepseek-v3", "dgx-h100", 16, SERVE),
     PlanSpec(
@@ -113,9 +111,7 @@ PLANS = (
         disaggregate=True,
     ),
     PlanSpec("llama-3.1-405b serving, 2 nodes", "llama-3.1-405b", "dgx-h100", 2, SERVE),
-    PlanSpec(
-        "qwen3-235b-a22b serving, 1 node", "qwen3-235b-a22b", "dgx-h200", 1, SERVE
-    ),
+    PlanSpec("qwen3-235b-a22b serving, 1 node", "qwen3-235b-a22b", "dgx-h200", 1, SERVE),
     PlanSpec("mixtral-8x22b serving, 1 node", "mixtral-8x22b", "dgx-h100", 1, SERVE),
 )
 
@@ -138,9 +134,7 @@ def expected_training(plan: ap.ShardingPlan, engine: str) -> dict:
     c, job = plan.config, plan.job
     batch = int(job.global_batch_sequences)
     nodes = -(-plan.world_size // plan.devices_per_node)
-    sizes = [
-        s.stop_layer - s.start_layer for s in sorted(plan.stages, key=lambda s: s.chunk)
-    ]
+    sizes = [s.stop_layer - s.start_layer for s in sorted(plan.stages, key=lambda s: s.chunk)]
     values = {
         "nnodes": nodes,
         "nproc_per_node": min(plan.world_size, plan.devices_per_node),
@@ -152,27 +146,19 @@ def expected_training(plan: ap.ShardingPlan, engine: str) -> dict:
         "grad_accumulation": batch // (c.micro_batch_size * c.dp),
     }
     if engine == "deepspeed":
-        values.update(
-            zero=c.zero_stage, recompute="full" if c.recompute != "none" else "none"
-        )
+        values.update(zero=c.zero_stage, recompute="full" if c.recompute != "none" else "none")
         return values
-    values.update(
-        pp=c.pp, cp=c.cp, ep=c.ep, sequence_parallel=c.sequence_parallel and c.tp > 1
-    )
+    values.update(pp=c.pp, cp=c.cp, ep=c.ep, sequence_parallel=c.sequence_parallel and c.tp > 1)
     if engine == "megatron":
         zero = (
-            {0: 0, 1: 1, 2: 1, 3: 3}[c.zero_stage]
-            if c.dp * c.cp > 1 or c.zero_stage == 3
-            else None
+            {0: 0, 1: 1, 2: 1, 3: 3}[c.zero_stage] if c.dp * c.cp > 1 or c.zero_stage == 3 else None
         )
         values.update(
             etp=c.etp if plan.model.moe is not None else c.tp,
             virtual_stages=c.virtual_stages,
             recompute=c.recompute,
         )
-        values.update(
-            num_layers=plan.model.num_layers, hidden_size=plan.model.hidden_size
-        )
+        values.update(num_layers=plan.model.num_layers, hidden_size=plan.model.hidden_size)
         if zero is not None:
             values["zero"] = zero
         if c.pp > 1 and (c.virtual_stages > 1 or len(set(sizes)) > 1):
@@ -180,9 +166,7 @@ def expected_training(plan: ap.ShardingPlan, engine: str) -> dict:
     if engine == "torchtitan":
         if c.pp > 1:
             values["pipeline_layers"] = sizes
-            values["grad_accumulation"] = (
-                1  # pipeline micro-batches carry the accumulation
-            )
+            values["grad_accumulation"] = 1  # pipeline micro-batches carry the accumulation
             values["pipeline_schedule"] = {
                 "gpipe": "GPipe",
                 "1f1b": "1F1B",
@@ -199,9 +183,7 @@ def expected_training(plan: ap.ShardingPlan, engine: str) -> dict:
     return values
 
 
-def expected_serving(
-    plan: ap.ShardingPlan, engine: str, pool: tuple, file: str
-) -> dict:
+def expected_serving(plan: ap.ShardingPlan, engine: str, pool: tuple, file: str) -> dict:
     role, config, devices, settings = pool
     s = serving_view(plan, config, devices, settings)
     group = config.pp * s.instance_size
@@ -268,9 +250,7 @@ def run_engine(engine: str, folder: Path, env: dict[str, str]) -> list[dict]:
         env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), **env},
         timeout=900,
     )
-    answers = [
-        json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")
-    ]
+    answers = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     if not answers:
         answers = [
             {
@@ -353,9 +333,7 @@ def check(spec: PlanSpec, engine: str, workdir: Path) -> list[dict]:
                     (p for p in _pools(plan) if f"_{p[0]}" in answer["file"]),
                     _pools(plan)[0],
                 )
-                answer["expected"] = expected_serving(
-                    plan, engine, pool, answer["file"]
-                )
+                answer["expected"] = expected_serving(plan, engine, pool, answer["file"])
     for answer in answers:
         got = answer["values"]
         answer["mismatches"] = {
@@ -378,34 +356,22 @@ def round_trip(plan: ap.ShardingPlan, engine: str, result, file: str) -> bool:
     if engine in TRAINING_ENGINES:
         config, files = plan.config, result.files
     else:
-        role, config, _, _ = next(
-            (p for p in _pools(plan) if f"_{p[0]}" in file), _pools(plan)[0]
-        )
-        files = {
-            name: text for name, text in result.files.items() if f"_{role}" in name
-        }
+        role, config, _, _ = next((p for p in _pools(plan) if f"_{p[0]}" in file), _pools(plan)[0])
+        files = {name: text for name, text in result.files.items() if f"_{role}" in name}
     back = import_config(engine, files, pp=config.pp, ep=config.ep)
     moe = plan.model.moe is not None
-    return layout_key(back, engine=engine, moe=moe) == layout_key(
-        config, engine=engine, moe=moe
-    )
+    return layout_key(back, engine=engine, moe=moe) == layout_key(config, engine=engine, moe=moe)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--engines", default=",".join(TRAINING_ENGINES + SERVING_ENGINES)
-    )
-    parser.add_argument(
-        "--plans", default=None, help="comma-separated plan indices (default: all)"
-    )
+    parser.add_argument("--engines", default=",".join(TRAINING_ENGINES + SERVING_ENGINES))
+    parser.add_argument("--plans", default=None, help="comma-separated plan indices (default: all)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     engines = args.engines.split(",")
-    chosen = (
-        [PLANS[int(i)] for i in args.plans.split(",")] if args.plans else list(PLANS)
-    )
+    chosen = [PLANS[int(i)] for i in args.plans.split(",")] if args.plans else list(PLANS)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as workdir:
         for spec in chosen:
@@ -420,11 +386,7 @@ def main() -> int:
                         if answer["accepted"] is False
                         else "not run"
                     )
-                    extra = (
-                        f" mismatches {answer['mismatches']}"
-                        if answer["mismatches"]
-                        else ""
-                    )
+                    extra = f" mismatches {answer['mismatches']}" if answer["mismatches"] else ""
                     extra += "" if answer["round_trip"] else " IMPORT DIFFERS"
                     print(
                         f"{engine:10s} {spec.name:40s} {answer['file']:34s} {verdict}{extra}{'' if answer['accepted'] else ': ' + str(answer['error'])}",
@@ -433,10 +395,7 @@ def main() -> int:
     print(summary(rows, engines))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1, default=str))
-    ok = all(
-        r["accepted"] is not False and not r["mismatches"] and r["round_trip"]
-        for r in rows
-    )
+    ok = all(r["accepted"] is not False and not r["mismatches"] and r["round_trip"] for r in rows)
     return 0 if ok else 1
 
 

@@ -205,11 +205,7 @@ def _megatron_layers(layout) -> list[int]:
     for virtual in range(vpp):
         for rank in range(pp):
             chunks.append(
-                sum(
-                    1
-                    for kind in layout.layout[rank][virtual]
-                    if "decoder" in str(kind).lower()
-                )
+                sum(1 for kind in layout.layout[rank][virtual] if "decoder" in str(kind).lower())
             )
     return chunks
 
@@ -240,13 +236,7 @@ def parse_torchtitan(env: dict, words: list[str]) -> dict:
     dp = dims.dp_replicate * dims.dp_shard
     parts = p.module_fqns_per_model_part
     ac_name = type(config.activation_checkpoint).__qualname__.lower()
-    ac = (
-        "selective"
-        if "selective" in ac_name
-        else "full"
-        if "full" in ac_name
-        else "none"
-    )
+    ac = "selective" if "selective" in ac_name else "full" if "full" in ac_name else "none"
     return {
         **launch,
         "tp": dims.tp,
@@ -262,12 +252,9 @@ def parse_torchtitan(env: dict, words: list[str]) -> dict:
         if dims.pp > 1
         else training.local_batch_size,
         "global_batch": training.global_batch_size,
-        "grad_accumulation": training.global_batch_size
-        // (training.local_batch_size * dp),
+        "grad_accumulation": training.global_batch_size // (training.local_batch_size * dp),
         "pipeline_schedule": p.pipeline_parallel_schedule,
-        "pipeline_layers": [
-            sum(1 for name in part if name.startswith("layers.")) for part in parts
-        ]
+        "pipeline_layers": [sum(1 for name in part if name.startswith("layers.")) for part in parts]
         if parts
         else None,
         "recompute": ac,
@@ -323,9 +310,7 @@ def main() -> None:
         )
     for path in sorted(folder.glob("*.sh")):
         node = re.search(r"_node(\d+)\.sh$", path.name)
-        env, words = command_words(
-            path.read_text(), node_rank=int(node.group(1)) if node else 0
-        )
+        env, words = command_words(path.read_text(), node_rank=int(node.group(1)) if node else 0)
         captured = io.StringIO()
         try:
             with contextlib.redirect_stderr(captured):
