@@ -246,7 +246,9 @@ def test_export_text_is_a_valid_shell_script_at_any_width(
 
     path = tmp_path / "plan.json"
     inference_plan.save(path)
-    monkeypatch.setenv("COLUMNS", "40")
+    from autoparallel.cli import _render
+
+    monkeypatch.setattr(_render.console, "_width", 40)  # a narrow terminal, for the rich console
     out = tmp_path / "out"
     assert main(["export", str(path), "--format", "sglang", "--output-dir", str(out)]) == 0
     assert (out / "README_sglang.md").exists()
@@ -310,7 +312,9 @@ def test_stdout_export_is_the_plain_render(inference_plan, tmp_path, capsys, mon
 
     path = tmp_path / "plan.json"
     inference_plan.save(path)
-    monkeypatch.setenv("COLUMNS", "30")
+    from autoparallel.cli import _render
+
+    monkeypatch.setattr(_render.console, "_width", 30)  # a narrow terminal, for the rich console
     assert main(["export", str(path), "--format", "vllm"]) == 0
     assert capsys.readouterr().out == export_plan(inference_plan, format="vllm").render()
 
