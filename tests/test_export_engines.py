@@ -328,3 +328,15 @@ def test_plan_lists_the_engines_that_run_it(training_plan) -> None:
     assert line.startswith("training engines that run this layout:") and "vllm" not in line
     for engine in ("megatron", "torchtitan", "deepspeed"):
         assert (f"{engine} yes" in line) == (not verdicts[engine])
+
+
+def test_a_world_of_part_nodes_is_named_not_rounded_down(training_plan) -> None:
+    plan = training_plan.model_copy(update={"devices_per_node": 48})  # 64 devices: 1 1/3 nodes
+    for format in ("megatron", "torchtitan", "deepspeed"):
+        result = export_plan(plan, format=format)
+        script = next(text for name, text in result.files.items() if name.endswith(".sh"))
+        assert flags(script)["--nnodes"] == "2"
+        assert any(
+            item.startswith("world 64 is not a whole number of 48-device nodes")
+            for item in result.dropped
+        )

@@ -54,6 +54,17 @@ def _model(plan: ShardingPlan) -> ModelSpec:
     return plan.model
 
 
+def _partial_node(plan: ShardingPlan, recipe: Recipe) -> list[str]:
+    """torchrun starts the same number of processes on every node: a world that is not a whole
+    number of nodes cannot be launched as one job."""
+    per_node = recipe.devices_per_node
+    if plan.world_size <= per_node or plan.world_size % per_node == 0:
+        return []
+    nodes = recipe.nodes(plan.world_size)
+    message = f"world {plan.world_size} is not a whole number of {per_node}-device nodes: "
+    return [message + f"torchrun runs {per_node} processes on each of {nodes} nodes"]
+
+
 def torchrun(plan: ShardingPlan, recipe: Recipe, entry: list[str]) -> list[str]:
     nodes = recipe.nodes(plan.world_size)
     return [
@@ -84,8 +95,10 @@ def _steps(plan: ShardingPlan, recipe: Recipe, file: str) -> list[str]:
 # ---------------------------------------------------------------------------- Megatron-LM
 def megatron(plan: ShardingPlan, recipe: Recipe) -> Export:
     c = plan.config
-    dropped = _serving_dropped(plan, "Megatron-LM") + rule_violations(
-        plan, c, engine="megatron", version=recipe.version
+    dropped = (
+        _serving_dropped(plan, "Megatron-LM")
+        + _partial_node(plan, recipe)
+        + rule_violations(plan, c, engine="megatron", version=recipe.version)
     )
     notes: list[str] = []
     sequence, batch = _batch(plan)
@@ -272,8 +285,10 @@ def megatron_pipeline(plan: ShardingPlan) -> list[str]:
 # ---------------------------------------------------------------------------- torchtitan
 def torchtitan(plan: ShardingPlan, recipe: Recipe) -> Export:
     c = plan.config
-    dropped = _serving_dropped(plan, "torchtitan") + rule_violations(
-        plan, c, engine="torchtitan", version=recipe.version
+    dropped = (
+        _serving_dropped(plan, "torchtitan")
+        + _partial_node(plan, recipe)
+        + rule_violations(plan, c, engine="torchtitan", version=recipe.version)
     )
     notes: list[str] = []
     if version_key(recipe.version) < (0, 3, 0):
@@ -468,8 +483,10 @@ def _torchtitan_toml(
 def deepspeed(plan: ShardingPlan, recipe: Recipe) -> Export:
     c = plan.config
     _, batch = _batch(plan)
-    dropped = _serving_dropped(plan, "DeepSpeed") + rule_violations(
-        plan, c, engine="deepspeed", version=recipe.version
+    dropped = (
+        _serving_dropped(plan, "DeepSpeed")
+        + _partial_node(plan, recipe)
+        + rule_violations(plan, c, engine="deepspeed", version=recipe.version)
     )
     config: dict = {
         "train_batch_size": batch,
