@@ -55,6 +55,8 @@ def find_plan(
     seed: int = 0,
     workers: int = 1,
     disaggregate: bool | None = None,
+    engine: str | None = None,
+    engine_version: str | None = None,
     **search_options: Any,
 ) -> ShardingPlan:
     """Search the layouts of ``model`` on ``cluster`` for ``workload`` and return the best plan.
@@ -66,6 +68,8 @@ def find_plan(
     ``disaggregate`` (default: ``workload.disaggregation_allowed``) also prices a prefill/decode
     split (``search._disaggregation``) and records its pools in ``plan.deployment.pools``;
     ``plan.deployment.kind`` says which of the two serves more tokens per device.
+    ``engine`` (``vllm``, ``sglang``, ``trtllm``, ``megatron``, ``torchtitan``, ``deepspeed``)
+    keeps only layouts that engine runs at ``engine_version`` (default: its current release).
 
     Raises:
         InfeasiblePlanError: no layout fits; names the bottleneck and the smallest card count
@@ -74,6 +78,12 @@ def find_plan(
     from search import find_plan as search_plan
 
     model, cluster = resolve_model(model), resolve_cluster(cluster)
+    if engine is not None:
+        from search._engines import engine_search_settings
+
+        search_options["settings"] = engine_search_settings(
+            search_options.get("settings"), engine=engine, version=engine_version, workload=workload
+        )
     options = dict(
         objective=objective,
         n_trials=n_trials,
@@ -107,19 +117,26 @@ def find_plan(
             model=model,
             cluster=cluster,
             workload=workload,
+            bounds=search_options["settings"].bounds if engine is not None else None,
             **_estimator_option(search_options),
         )
     return plan
 
 
 def with_disaggregation(
-    plan: ShardingPlan, *, model: ModelSpec, cluster: Cluster, workload: Inference, estimator=None
+    plan: ShardingPlan,
+    *,
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Inference,
+    estimator=None,
+    bounds=None,  # noqa: ANN001 - search.SearchBounds (e.g. an engine's), None: the defaults
 ) -> ShardingPlan:
     """``plan`` with the best prefill/decode pools and which deployment wins (output tokens/s
     per device)."""
     from search._disaggregation import find_disaggregated
 
-    found = find_disaggregated(model, cluster, workload, estimator=estimator)
+    found = find_disaggregated(model, cluster, workload, estimator=estimator, bounds=bounds)
     if found is None:
         deployment = Deployment(kind="colocated", note="no unit of a pool fits")
         return _rebuilt(plan, model=model, cluster=cluster, deployment=deployment)

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cost_model import Inference, ModelSpec, ParallelConfig, Training, check_parallel_config, check_sequence_fits
 from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES, table_from_columns, table_row
+from search._engines import restrict_switches
 
 Table = dict[str, np.ndarray]
 
@@ -61,6 +62,8 @@ class SearchBounds(BaseModel):
     phase: Literal["both", "prefill", "decode"] = Field(
         default="both", description="inference: colocated serving, or one pool of a disaggregated deployment"
     )
+    engine: str | None = Field(default=None, description="keep only layouts this engine runs (search._engines)")
+    engine_version: str | None = Field(default=None, description="default: the engine's current release")
 
 
 # ---------------------------------------------------------------------------- integer helpers
@@ -207,7 +210,7 @@ class SearchSpace:
         if key not in self._switch_cache:
             build = _training_switches if self.is_training else _inference_switches
             self._switch_cache[key] = build(self, **dict(zip(names, key)))
-        return self._switch_cache[key]
+        return restrict_switches(self, index, self._switch_cache[key])
 
     def memo(self, name: str, key: tuple, build: Callable[[], object]):
         """Per-space memo of small rule results (legal pipeline options of a pp, ...)."""

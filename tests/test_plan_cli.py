@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import autoparallel as ap
-from autoparallel._export import FORMATS
+from autoparallel.export import FORMATS
 from autoparallel.cli import main
 from autoparallel.schema import validate_plan_document
 

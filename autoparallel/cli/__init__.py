@@ -21,6 +21,7 @@ _COMMAND_MODULES = (
     "autoparallel.cli._search",  # plan, explain, export
     "autoparallel.cli._profile",  # profile, stage-check
     "autoparallel.cli._day0",  # coverage, day0
+    "autoparallel.cli._engines",  # import-config
 )
 
 

@@ -47,7 +47,8 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
     export = subparsers.add_parser("export", help="launch arguments / config file of an engine")
     export.add_argument("plan", nargs="?", default="plan.json", type=input_file)
     export.add_argument("--format", required=True, choices=("vllm", "sglang", "trtllm", "megatron", "torchtitan", "deepspeed"))
-    export.add_argument("--model-path", default=None, help="checkpoint path or hub id (default: the plan's model name)")
+    export.add_argument("--model-path", default=None, help="checkpoint path or hub id (default: the model's hub id, else ${MODEL_PATH})")
+    export.add_argument("--engine-version", default=None, help="engine release the recipe is for (default: the current one)")
     export.add_argument("--output-dir", type=output_folder, default=None, help="write the files here instead of printing them")
     add_json_flag(export)
     export.set_defaults(func=_export)
@@ -80,6 +81,9 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=output_file, default="plan.json")
+    parser.add_argument("--engine", default=None, choices=("vllm", "sglang", "trtllm", "megatron", "torchtitan", "deepspeed"),
+                        help="keep only layouts this engine runs")
+    parser.add_argument("--engine-version", default=None, help="with --engine: its release (default: the current one)")
     add_json_flag(parser)
     parser.set_defaults(job_defaults={name: parser.get_default(name) for name in _JOB_ARGUMENTS})
 
@@ -136,6 +140,7 @@ def _plan(args: argparse.Namespace) -> int:
         plan = find_plan(
             model, cluster, workload, objective=args.objective, n_trials=args.trials, sampler=args.sampler,
             storage=args.storage, seed=args.seed, workers=args.workers, settings=settings,
+            engine=args.engine, engine_version=args.engine_version,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
     return _write(plan, args.output, as_json=args.json)
@@ -180,6 +185,9 @@ def _write(plan, output: Path, *, as_json: bool = False) -> int:  # noqa: ANN001
         console.print(f"devices: {search.idle_reason}", highlight=False, markup=False)
     if line := deployment_line(plan):
         console.print(line)
+    from autoparallel.cli._engines import engines_line
+
+    console.print(engines_line(plan), highlight=False, markup=False)
     console.print(f"wrote [bold]{path}[/]")
     return 0
 
@@ -308,20 +316,6 @@ def _memory_table(cost) -> Table:  # noqa: ANN001
 
 
 def _export(args: argparse.Namespace) -> int:
-    from autoparallel._export import export_plan
-    from autoparallel.plan import load_plan
+    from autoparallel.cli._engines import export_command
 
-    result = export_plan(load_plan(Path(args.plan)), format=args.format, model_path=args.model_path)
-    if args.json:
-        print_json({"format": args.format, "files": dict(result.files), "dropped": list(result.dropped)})
-        return 0
-    if args.output_dir is None:
-        console.print(result.render(), highlight=False, markup=False)
-        return 0
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    for name, content in result.files.items():
-        (args.output_dir / name).write_text(content)
-        console.print(f"wrote {args.output_dir / name}")
-    for item in result.dropped:
-        console.print(f"dropped: {item}", highlight=False, markup=False)
-    return 0
+    return export_command(args)

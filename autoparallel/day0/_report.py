@@ -167,7 +167,7 @@ def _exports(context: Day0Context, records) -> str:
     lines = []
     for kind, x in exports.items():
         lines.append(
-            f"- {kind}, {x['engine']} (`autoparallel._export.export_plan`): "
+            f"- {kind}, {x['engine']} (`autoparallel.export.export_plan`): "
             + ", ".join(f"`{f}`" for f in x["files"])
         )
         lines += [f"  - dropped: {item}" for item in x["dropped"]]

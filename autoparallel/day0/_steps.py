@@ -367,7 +367,7 @@ def _engine(context: Day0Context, kind: str) -> str:
 
 def step_export(context: Day0Context, records) -> list[Path]:
     from autoparallel import load_plan
-    from autoparallel._export import export_plan
+    from autoparallel.export import export_plan
 
     files, exports = [], {}
     for kind in ("training", "serving"):
