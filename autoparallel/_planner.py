@@ -152,7 +152,9 @@ def build_plan(*, model: ModelSpec, cluster: Cluster, workload: Training | Infer
         rank_to_device=rank_to_device(cluster=cluster, config=config, predicted=predicted),
         stages=pipeline_stages(num_layers=model.num_layers, config=config),
         expert_placement=expert_placement(model=model, config=config, extras=best.extras),
-        module_rules=module_rules(model=model, config=config),
+        module_rules=module_rules(
+            model=model, config=config, num_redundant_experts=int(best.extras.get("num_redundant_experts", 0))
+        ),
         predicted=predicted,
         alternatives=alternatives,
         serving=serving_settings(best),
@@ -254,10 +256,10 @@ def expert_placement(*, model: ModelSpec, config: ParallelConfig, extras: dict[s
     return balanced_placement(expert_load=np.ones(num_experts), ep=config.ep, num_redundant_experts=redundant)
 
 
-def module_rules(*, model: ModelSpec, config: ParallelConfig) -> tuple[ModuleRule, ...]:
+def module_rules(*, model: ModelSpec, config: ParallelConfig, num_redundant_experts: int = 0) -> tuple[ModuleRule, ...]:
     from autoparallel._module_rules import module_rules_for
 
-    return module_rules_for(model=model, config=config)
+    return module_rules_for(model=model, config=config, num_redundant_experts=num_redundant_experts)
 
 
 def serving_settings(candidate) -> ServingSettings | None:  # noqa: ANN001 - search.Candidate

@@ -82,6 +82,7 @@ from cost_model._common import (
     stage_layout,
 )
 from cost_model._model_spec import ModelSpec
+from cost_model._precision import check_serving_precision
 from cost_model._serving_columns import KV_DTYPE_CODES, PHASE_CODES, checked_columns
 from cost_model._table import table_length
 from cost_model._training import kernels_per_layer
@@ -183,9 +184,12 @@ def _first_available(hardware, names: tuple[str, ...]) -> str:
 
 
 def _matmul_dtype(s: _Setup) -> str:
-    """FP8 weights run FP8 GEMMs (W8A8, DeepSeek-V3 sec. 3.3); int4 weights are weight-only."""
+    """FP8 weights run FP8 GEMMs (W8A8, DeepSeek-V3 sec. 3.3), NVFP4 weights FP4 GEMMs (W4A4 on
+    Blackwell); int4 weights are weight-only, and so are FP8 weights on a device without FP8
+    tensor cores. A dtype with no such path raises (``_precision.check_serving_precision``)."""
     weight = s.workload.weight_dtype
-    chains = {"fp8": ("fp8",), "int8": ("int8", "fp8"), "int4": (s.workload.activation_dtype,)}
+    check_serving_precision(weight_dtype=weight, kv_dtype=s.workload.kv_dtype, hardware=s.cluster.device)
+    chains = {"fp8": ("fp8",), "fp4": ("fp4",), "int8": ("int8", "fp8"), "int4": (s.workload.activation_dtype,)}
     return _first_available(s.cluster.device, chains.get(weight, (weight,)))
 
 

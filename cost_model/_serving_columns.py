@@ -13,7 +13,7 @@ from cost_model._units import Dtype
 from cost_model._workload import Inference
 
 PHASE_CODES: dict[str, int] = {"both": 0, "prefill": 1, "decode": 2}
-KV_DTYPE_CODES: dict[str, int] = {"bf16": 0, "fp8": 1, "int8": 2, "int4": 3, "fp16": 4, "fp32": 5}
+KV_DTYPE_CODES: dict[str, int] = {"bf16": 0, "fp8": 1, "int8": 2, "int4": 3, "fp16": 4, "fp32": 5, "fp4": 6}
 INFERENCE_COLUMNS: tuple[str, ...] = ("batch_size", "num_redundant_experts", "kv_dtype", "phase", "two_batch_overlap")
 
 

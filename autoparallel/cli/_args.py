@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+SERVING_DTYPES = ("bf16", "fp16", "fp8", "fp4", "int8", "int4")
+
 
 def add_job_arguments(parser: argparse.ArgumentParser, *, cluster: str, nodes: int | None, training: bool) -> None:
     """``--model``, ``--cluster``, ``--nodes``, ``--training``/``--inference`` and the workload sizes;
@@ -27,3 +29,18 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, cluster: str, nodes: i
         "--output-tokens-cv", type=float, default=0.0, help="spread of output lengths across requests (std / mean)"
     )
     parser.add_argument("--prefix-cache-hit-rate", type=float, default=0.0, help="share of prompt tokens served from the KV cache")
+    parser.add_argument(
+        "--weight-dtype", default=None, choices=SERVING_DTYPES,
+        help="serving: weight precision (default: the checkpoint's, from the catalog / config.json)",
+    )
+    parser.add_argument("--kv-dtype", default=None, choices=SERVING_DTYPES, help="serving: KV-cache precision (default bf16)")
+
+
+def serving_precision(args: argparse.Namespace) -> dict[str, str]:
+    """``weight_dtype`` / ``kv_dtype`` of an inference workload: the flags, else the checkpoint's
+    released dtype for the weights (``autoparallel._catalog.checkpoint_dtype``)."""
+    from autoparallel._catalog import checkpoint_dtype
+
+    precision = {"weight_dtype": args.weight_dtype or checkpoint_dtype(args.model)}
+    return precision | ({"kv_dtype": args.kv_dtype} if args.kv_dtype else {})
+

@@ -7,7 +7,7 @@ import json
 
 from rich.table import Table
 
-from autoparallel.cli._args import add_job_arguments
+from autoparallel.cli._args import add_job_arguments, serving_precision
 from autoparallel.cli._render import console
 from cost_model._units import human_bytes, human_seconds
 
@@ -28,7 +28,10 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
 
 def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
     add_job_arguments(parser, cluster=DEFAULT_CLUSTER, nodes=DEFAULT_NODES, training=True)
-    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8"))
+    parser.add_argument(
+        "--precision", default=None, choices=("bf16", "fp16", "fp8"),
+        help="training precision (default bf16); serving: the weight dtype, as --weight-dtype",
+    )
     parser.add_argument("--batch-size", type=int, default=0, help="inference: sequences per replica (0: largest that fits)")
     for axis, default in (("tp", 8), ("pp", 16), ("cp", 1), ("ep", 64), ("etp", 1)):
         parser.add_argument(f"--{axis}", type=int, default=default)
@@ -64,13 +67,15 @@ def _estimate(args: argparse.Namespace) -> int:
     config = _config(args, cluster.num_devices)
     if args.training:
         workload = Training(
-            sequence_length_tokens=args.sequence_length, global_batch_tokens=args.global_batch_tokens, precision=args.precision
+            sequence_length_tokens=args.sequence_length, global_batch_tokens=args.global_batch_tokens,
+            precision=args.precision or "bf16",
         )
         breakdown = estimate(model, cluster, workload, config)
     else:
         workload = Inference(
             prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, prompt_tokens_cv=args.prompt_tokens_cv,
             output_tokens_cv=args.output_tokens_cv, prefix_cache_hit_rate=args.prefix_cache_hit_rate,
+            **_inference_precision(args),
         )
         breakdown = estimate(model, cluster, workload, config, batch_size=args.batch_size)
     if args.json:
@@ -84,6 +89,17 @@ def _estimate(args: argparse.Namespace) -> int:
     console.print(f"[bold]{title}[/]\n{config!r}\ncalibration: {fitted}")
     _print_breakdown(breakdown)
     return 0
+
+
+def _inference_precision(args: argparse.Namespace) -> dict[str, str]:
+    """``--precision`` of a serving estimate is its weight dtype; it may not contradict ``--weight-dtype``."""
+    if args.precision and args.weight_dtype and args.precision != args.weight_dtype:
+        raise ValueError(
+            f"--precision ({args.precision}) and --weight-dtype ({args.weight_dtype}) must agree for --inference"
+        )
+    if args.precision:
+        args = argparse.Namespace(**{**vars(args), "weight_dtype": args.precision})
+    return serving_precision(args)
 
 
 def _print_breakdown(breakdown) -> None:  # noqa: ANN001 - CostBreakdown

@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from autoparallel.cli._args import add_job_arguments
+from autoparallel.cli._args import add_job_arguments, serving_precision
 from autoparallel.cli._render import console
 from cost_model._units import human_bytes, human_seconds
 
@@ -69,6 +69,7 @@ def _workload(args: argparse.Namespace):  # noqa: ANN202
         ttft_slo_s=args.ttft_slo_s or None,
         tpot_slo_s=(args.tpot_slo_ms / 1e3) or None,
         disaggregation_allowed=not args.no_disaggregation,
+        **serving_precision(args),
     )
 
 
