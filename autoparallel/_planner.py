@@ -98,9 +98,24 @@ def with_disaggregation(plan: ShardingPlan, *, model: ModelSpec, cluster: Cluste
         "colocated_output_tokens_per_s_per_device": colocated,
         "disaggregated_output_tokens_per_s_per_device": found.output_tokens_per_s_per_device,
         "disaggregated_bottleneck": found.bottleneck,
+        "disaggregated_units": {"prefill": found.prefill_units, "decode": found.decode_units},
+        "disaggregated_pool_serving": {
+            phase: _pool_serving(candidate, phase) for phase, candidate in (("prefill", found.prefill), ("decode", found.decode))
+        },
+        "disaggregated_splits_considered": [
+            {"prefill_unit_devices": p, "decode_unit_devices": d, "output_tokens_per_s_per_device": round(r, 3)}
+            for p, d, r in found.considered
+        ],
     }
     provenance = plan.provenance.model_copy(update={"search": search})
     return plan.model_copy(update={"disaggregation": tuple(pools), "provenance": provenance})
+
+
+def _pool_serving(candidate, phase: str) -> dict[str, Any]:  # noqa: ANN001 - search.Candidate
+    """A pool's own serving settings (``search._disaggregation._pool``), as plain data."""
+    from search._disaggregation import _pool
+
+    return _pool(candidate, phase).serving.model_dump(mode="json", exclude={"phase"})
 
 
 def _estimator_option(options: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,8 @@ once. Extra columns it reads (``_serving_columns.INFERENCE_COLUMNS``; absent = d
                               hides behind the other's compute (DeepSeek's dual micro-batch
                               overlap, SGLang ``--enable-two-batch-overlap``); each
                               micro-batch reads the weights again
+``a2a_backend``       int     code in ``A2A_BACKEND_CODES``: DeepEP ``normal`` (per-node
+                              de-duplicated) or ``low_latency`` kernels; ``auto`` = by phase
 ===================== ======= ===============================================================
 
 Time model: a decode step is one pass of one token per sequence at the mean decode context
@@ -83,7 +85,7 @@ from cost_model._common import (
 )
 from cost_model._model_spec import ModelSpec
 from cost_model._precision import check_serving_precision
-from cost_model._serving_columns import KV_DTYPE_CODES, PHASE_CODES, checked_columns
+from cost_model._serving_columns import A2A_BACKEND_CODES, KV_DTYPE_CODES, PHASE_CODES, checked_columns
 from cost_model._table import table_length
 from cost_model._training import kernels_per_layer
 from cost_model._units import dtype_bytes
@@ -306,7 +308,7 @@ def _collective(s: _Setup, op: str, axis: str, group, message) -> np.ndarray:
     )
 
 
-def _expert_all_to_all(s: _Setup, rank_tokens: np.ndarray, element_bytes: float, *, node_dedup: bool) -> np.ndarray:
+def _expert_all_to_all(s: _Setup, rank_tokens: np.ndarray, element_bytes: float, *, node_dedup) -> np.ndarray:
     """One MoE dispatch (or combine) as DeepEP runs it: every rank writes straight to its peers,
     NVLink and RDMA at once, so the time is the slower tier's bytes over its bandwidth plus one
     latency (DeepEP README; not the n-1 rounds of a pairwise all-to-all). Each tier is priced by
@@ -323,8 +325,8 @@ def _expert_all_to_all(s: _Setup, rank_tokens: np.ndarray, element_bytes: float,
     token_bytes = rank_tokens * h * element_bytes
     intra_bytes = token_bytes * copies * (local - 1.0) / ep
     remote_copies = copies * (ep - local) / ep
-    if node_dedup:  # distinct remote nodes among the copies' destinations
-        remote_copies = np.minimum(remote_copies, (nodes - 1.0) * (1.0 - np.power(1.0 - 1.0 / nodes, copies)))
+    distinct_nodes = (nodes - 1.0) * (1.0 - np.power(1.0 - 1.0 / nodes, copies))  # remote nodes among the copies
+    remote_copies = np.where(node_dedup, np.minimum(remote_copies, distinct_nodes), remote_copies)
     inter_bytes = token_bytes * remote_copies
 
     def point_to_point(ranks_per_node, message) -> np.ndarray:
@@ -359,8 +361,12 @@ def _comm_times(s: _Setup, p: ops.Pass) -> dict[str, np.ndarray]:
         tp_time = np.where(s.attention_dp, lay.dense_layers * gather_scatter, tp_time)
     ep_time = zero
     if model.moe is not None and np.any(ep > 1):
-        dispatch = _expert_all_to_all(s, rank_tokens, _dispatch_bytes(s), node_dedup=not p.decode)
-        combine = _expert_all_to_all(s, rank_tokens, COMBINE_BYTES, node_dedup=not p.decode)
+        backend = np.asarray(s.table["a2a_backend"], dtype=np.int64)
+        normal = np.where(backend == A2A_BACKEND_CODES["auto"], not p.decode, backend == A2A_BACKEND_CODES["normal"])
+        # NVFP4 experts take an FP8 dispatch as well (DeepEP dispatches FP8 or BF16 tokens).
+        dispatch_bytes = 1.0 if s.workload.weight_dtype == "fp4" else _dispatch_bytes(s)
+        dispatch = _expert_all_to_all(s, rank_tokens, dispatch_bytes, node_dedup=normal)
+        combine = _expert_all_to_all(s, rank_tokens, COMBINE_BYTES, node_dedup=normal)
         ep_time = lay.moe_layers * (dispatch + combine)
     cp_time = zero
     if np.any(cp > 1) and p.decode:  # merge the partial softmax results of each sequence's cp shards

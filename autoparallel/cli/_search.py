@@ -113,14 +113,24 @@ def deployment_line(plan) -> str:  # noqa: ANN001
         return ""
     search = plan.provenance.search
     pools = " + ".join(
-        f"{p.phase} {p.num_devices} devices (units tp{p.config.tp} pp{p.config.pp} dp{p.config.dp} ep{p.config.ep}"
+        f"{p.phase} {p.num_devices} devices (units of {p.config.world_size}: tp{p.config.tp} pp{p.config.pp} dp{p.config.dp} ep{p.config.ep}"
         f"{' attn-dp' if p.config.attention_data_parallel else ''})"
         for p in plan.disaggregation
     )
+    considered = search.get("disaggregated_splits_considered", [])
+    splits = ", ".join(
+        f"{c['prefill_unit_devices']}/{c['decode_unit_devices']}: {c['output_tokens_per_s_per_device']:,.0f}" for c in considered[:6]
+    )
+    colocated = search["colocated_output_tokens_per_s_per_device"]
+    disaggregated = search["disaggregated_output_tokens_per_s_per_device"]
+    winner, loser = (("colocated", "disaggregated") if search["deployment"] == "colocated" else ("disaggregated", "colocated"))
+    ratio = max(colocated, disaggregated) / max(min(colocated, disaggregated), 1e-12)
     return (
-        f"deployment: [bold]{search['deployment']}[/] — colocated {search['colocated_output_tokens_per_s_per_device']:,.1f} "
-        f"vs disaggregated {search['disaggregated_output_tokens_per_s_per_device']:,.1f} output tokens/s per device "
-        f"({pools}; the {search['disaggregated_bottleneck']} pool binds)"
+        f"deployment: [bold]{search['deployment']}[/] — colocated {colocated:,.1f} "
+        f"vs disaggregated {disaggregated:,.1f} output tokens/s per device "
+        f"({pools}; the {search['disaggregated_bottleneck']} pool binds)\n"
+        f"why: {winner} serves {ratio:.2f}x the output tokens per device of the best {loser} deployment; "
+        f"{len(considered)} pool pairs priced (prefill/decode unit devices: tokens/s/device) {splits}"
     )
 
 
