@@ -83,6 +83,7 @@ from cost_model._common import (
     ranks_per_node,
     stage_layout,
 )
+from cost_model._kernel_curves import grouped_gemm_efficiency, grouped_gemm_ideal_s
 from cost_model._model_spec import ModelSpec
 from cost_model._precision import check_serving_precision
 from cost_model._serving_columns import A2A_BACKEND_CODES, KV_DTYPE_CODES, PHASE_CODES, checked_columns
@@ -241,7 +242,7 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     w_dense = model.ffn_parameters(model.ffn_hidden_size) / tp
     dense_tokens = np.where(s.attention_dp, attention_tokens * tp, attention_tokens)
     total = total + lay.dense_layers * _mm(s, 2 * w_dense * dense_tokens, w_dense * wb)
-    total = total + lay.moe_layers * _moe_time(s, attention_tokens, rank_tokens)
+    total = total + lay.moe_layers * _moe_time(s, attention_tokens, rank_tokens, decode=p.decode)
     head_tokens = p.batch * p.head_tokens / s.column("cp") * np.where(s.attention_dp, tp, 1.0)
     w_head = model.vocab_size * model.hidden_size / tp
     head = _mm(s, 2 * w_head * head_tokens, w_head * wb + head_tokens * model.vocab_size / tp * ops.LOGIT_BYTES)
@@ -259,8 +260,15 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     return total + launches * s.calibration.kernel_overhead_s
 
 
-def _moe_time(s: _Setup, attention_tokens: np.ndarray, rank_tokens: np.ndarray) -> np.ndarray:
-    """Router, shared experts and routed experts of one MoE layer, (n,) seconds."""
+def _moe_time(s: _Setup, attention_tokens: np.ndarray, rank_tokens: np.ndarray, *, decode: bool = True) -> np.ndarray:
+    """Router, shared experts and routed experts of one MoE layer, (n,) seconds.
+
+    Decode steps price the routed experts as the grouped GEMMs that run (``_grouped_experts_time``:
+    M = tokens per expert, measured curves). Prefill keeps the calibrated roofline: its experts
+    run DeepGEMM's contiguous-layout grouped GEMM behind DeepEP's normal kernels, which reaches
+    about 0.75 of FP8 peak at large M (DeepGEMM README, H800), while the imported tables' large-M
+    kernels (TRT-LLM CUTLASS, Triton) measure 0.3-0.5; until DeepGEMM's own tables are imported
+    the imported curves would misprice it."""
     model, moe = s.model, s.model.moe
     if moe is None:
         return np.zeros_like(attention_tokens)
@@ -275,11 +283,34 @@ def _moe_time(s: _Setup, attention_tokens: np.ndarray, rank_tokens: np.ndarray) 
     w_expert = model.ffn_parameters(moe.expert_ffn_hidden_size) / etp
     slots = (moe.num_routed_experts + s.column("num_redundant_experts")) / ep
     touched = ops.experts_touched_fraction(group_tokens, top_k=moe.top_k, num_experts=moe.num_routed_experts)
-    routed = _mm(s, 2 * w_expert * assignments, slots * touched * w_expert * wb)
     cast = _cast_bytes(s)
-    passes = ops.routed_bytes_per_assignment(model, act=act, cast=cast, etp=etp) * assignments
-    passes = passes + ops.moe_token_bytes(model, act=act, cast=cast, shard=s.shard) * attention_tokens
-    return router + shared + routed + _memory_pass(s, passes)
+    side = ops.routed_bytes_per_assignment(model, act=act, cast=cast, etp=etp)
+    token_passes = _memory_pass(s, ops.moe_token_bytes(model, act=act, cast=cast, shard=s.shard) * attention_tokens)
+    measured = _grouped_experts_time(s, assignments=assignments, slots=slots, touched=touched, side_bytes=side) if decode else None
+    if measured is not None:
+        return router + shared + measured + token_passes
+    routed = _mm(s, 2 * w_expert * assignments, slots * touched * w_expert * wb)
+    return router + shared + routed + _memory_pass(s, side * assignments) + token_passes
+
+
+def _grouped_experts_time(s: _Setup, *, assignments, slots, touched, side_bytes) -> np.ndarray | None:
+    """The busiest rank's grouped expert GEMMs as they run: ``slots`` experts of M = tokens per
+    expert each, at the measured efficiency for that M, expert count and weight dtype
+    (``_kernel_curves``, imported operator tables); None where no curve covers the device and
+    dtype. The expert FFN width is this model's, split over etp."""
+    moe, dtype = s.model.moe, s.workload.weight_dtype
+    tokens_per_expert = assignments / slots
+    efficiency = grouped_gemm_efficiency(
+        device_name=s.cluster.device.name, dtype=dtype, tokens_per_expert=tokens_per_expert, experts_per_device=slots
+    )
+    if efficiency is None:
+        return None
+    ideal = grouped_gemm_ideal_s(
+        hardware=s.cluster.device, dtype=dtype, tokens_per_expert=tokens_per_expert, experts_per_device=slots,
+        touched_fraction=touched, side_bytes_per_assignment=side_bytes, hidden_size=s.model.hidden_size,
+        expert_ffn_size=moe.expert_ffn_hidden_size / s.column("etp"),
+    )
+    return ideal / efficiency
 
 
 def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:

@@ -1,0 +1,174 @@
+"""Import public per-operator kernel tables into the cost model's kernel curves (fit inputs).
+
+Source: NVIDIA's ``aiconfigurator-core`` package (PyPI, Apache-2.0), whose wheel ships
+per-operator latency tables measured per device, engine and engine version under
+``aiconfigurator_core/systems/data/<device>/<op>/<engine>/<version>/*.parquet``. Only
+operator tables are read — the fused MoE expert layer (``moe/*/moe_perf.parquet``) and MLA
+decode attention (``mla/*/generation_mla_perf.parquet``). End-to-end tables of whole serving
+runs in the same package (``silicon_sample.csv``) are never opened: they are validation data,
+not fit input (DESIGN.md, "Fidelity").
+
+Each measured point becomes an *efficiency*: the project's own ideal time for the same work
+(``cost_model._kernel_curves.grouped_gemm_ideal_s`` / ``mla_decode_ideal_s``, rooflines at the
+device's peak FLOP/s and memory bandwidth) over the measured latency. The reduced curves —
+efficiency at a fixed log grid of tokens per expert for each number of experts per device, one
+per (device, engine, dtype); efficiency by context length for MLA decode — are written as one
+small JSON file with the package, version, file and licence of every curve.
+
+Re-run: ``autoparallel profile --import-aiconfigurator PATH`` (PATH: an unpacked wheel or the
+``aiconfigurator_core`` folder); needs ``pyarrow`` (``pip install pyarrow``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+
+from cost_model._kernel_curves import (
+    GROUPED_GEMM_SHAPE,
+    TOKENS_PER_EXPERT_GRID,
+    grouped_gemm_ideal_s,
+    matmul_dtype_of,
+    mla_decode_ideal_s,
+)
+from cost_model._inference_ops import routed_bytes_per_assignment
+from cost_model._units import dtype_bytes
+from topology import get_preset
+
+logger = logging.getLogger(__name__)
+
+PACKAGE = "aiconfigurator-core"
+#: aiconfigurator device folder -> the preset whose peaks price the ideal time.
+DEVICES = {"h100_sxm": "dgx-h100", "h200_sxm": "dgx-h200", "b200_sxm": "dgx-b200", "gb200": "gb200-nvl72"}
+#: aiconfigurator dtype names -> the project's weight dtypes (block-scaled FP8 is DeepSeek's).
+DTYPES = {"bfloat16": "bf16", "fp8_block": "fp8", "nvfp4": "fp4", "int4_wo": "int4"}
+ENGINES = ("trtllm", "sglang", "vllm")
+FORBIDDEN_FILE = "silicon_sample"
+MLA_BATCH = 64  # decode sequences per MLA call of the imported rows (128 heads: one rank, tp 1)
+
+
+def _read(path: Path) -> list[dict]:
+    if FORBIDDEN_FILE in path.name:
+        raise ValueError(f"file ({path.name}) holds end-to-end runs: validation data, never a fit input")
+    try:
+        import pyarrow.parquet as parquet
+    except ImportError:
+        raise ImportError("importing aiconfigurator tables needs pyarrow: pip install pyarrow") from None
+    return parquet.read_table(path).to_pylist()
+
+
+def _version_key(version: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else -1 for p in re.split(r"[.a-z]+", version) if p)
+
+
+def _latest_tables(root: Path, device: str, op: str, engine: str, name: str) -> list[Path]:
+    folder = root / "systems" / "data" / device / op / engine
+    versions = sorted((p for p in folder.glob("*") if (p / name).exists()), key=lambda p: _version_key(p.name))
+    return [v / name for v in reversed(versions)]
+
+
+def _grouped_gemm_curves(root: Path, device: str, engine: str) -> list[dict]:
+    """One curve per dtype from the newest table that has the DeepSeek-V3 expert shape."""
+    hardware = get_preset(DEVICES[device]).device
+    shape = GROUPED_GEMM_SHAPE
+    curves, done = [], set()
+    for path in _latest_tables(root, device, "moe", engine, "moe_perf.parquet"):
+        points: dict[tuple[str, int, int], float] = {}
+        for row in _read(path):
+            dtype = DTYPES.get(row["moe_dtype"])
+            keep = (row["hidden_size"], row["inter_size"], row["num_experts"], row["topk"]) == shape
+            if dtype is None or dtype in done or not keep or row["moe_tp_size"] != 1 or row["distribution"] != "balanced":
+                continue
+            key = (dtype, int(row["moe_ep_size"]), int(row["num_tokens"]))
+            points[key] = min(points.get(key, np.inf), float(row["latency"]) * 1e-3)  # fastest kernel, ms -> s
+        for dtype in sorted({k[0] for k in points} - done):
+            curve = _reduce_grouped(points, dtype=dtype, hardware=hardware)
+            if curve:
+                curves.append({"device": hardware.name, "engine": engine, "dtype": dtype,
+                               "file": str(path.relative_to(root.parent)), **curve})
+                done.add(dtype)
+    return curves
+
+
+def _reduce_grouped(points: dict, *, dtype: str, hardware) -> dict:  # noqa: ANN001 - HardwareSpec
+    """Efficiency on ``TOKENS_PER_EXPERT_GRID`` for each measured experts-per-device count."""
+    hidden, inter, experts, top_k = GROUPED_GEMM_SHAPE
+    rows = {}
+    for ep in sorted({k[1] for k in points if k[0] == dtype}):
+        tokens = np.array(sorted(k[2] for k in points if k[:2] == (dtype, ep)), dtype=np.float64)
+        measured = np.array([points[(dtype, ep, int(t))] for t in tokens])
+        per_expert = tokens * top_k / experts
+        ideal = grouped_gemm_ideal_s(
+            hardware=hardware, dtype=dtype, tokens_per_expert=per_expert, experts_per_device=experts / ep,
+            touched_fraction=np.minimum(1.0, tokens * top_k / experts), side_bytes_per_assignment=_side_bytes(dtype),
+        )
+        efficiency = np.interp(np.log(TOKENS_PER_EXPERT_GRID), np.log(per_expert), ideal / measured)
+        if len(tokens) >= 4:
+            rows[str(experts // ep)] = [round(float(e), 4) for e in np.clip(efficiency, 1e-3, 1.0)]
+    return {"experts_per_device": rows} if rows else {}
+
+
+def _side_bytes(dtype: str) -> float:
+    """Memory passes per token copy of the fused MoE kernel, as the cost model counts them for
+    DeepSeek-V3 (the shape of the imported rows) with bf16 activations."""
+    from autoparallel._catalog import get_model
+
+    cast = min(dtype_bytes(matmul_dtype_of(dtype)), 2.0)
+    return float(routed_bytes_per_assignment(get_model("deepseek-v3"), act=2.0, cast=cast, etp=1.0))
+
+
+def _mla_curves(root: Path, device: str, engine: str) -> list[dict]:
+    """MLA decode: efficiency by context length at 128 heads (DeepSeek-V3 attention, one query)."""
+    hardware = get_preset(DEVICES[device]).device
+    for path in _latest_tables(root, device, "mla", engine, "generation_mla_perf.parquet"):
+        rows = _read(path)
+        by_key: dict[tuple, list[float]] = {}
+        for row in rows:
+            if row["num_heads"] != 128 or row["batch_size"] != MLA_BATCH or row["kv_cache_dtype"] != "bfloat16":
+                continue
+            context = int(row["isl"]) + int(row["step"])  # keys attended by the decoded token
+            by_key.setdefault((context,), []).append(float(row["latency"]) * 1e-3)
+        if len(by_key) < 4:
+            continue
+        contexts = np.array(sorted(k[0] for k in by_key), dtype=np.float64)
+        measured = np.array([min(by_key[(int(c),)]) for c in contexts])
+        ideal = mla_decode_ideal_s(hardware=hardware, batch=MLA_BATCH, context_tokens=contexts, heads=128)
+        return [{"device": hardware.name, "engine": engine, "dtype": "bf16", "batch": MLA_BATCH,
+                 "file": str(path.relative_to(root.parent)), "context_tokens": contexts.tolist(),
+                 "efficiency": [round(float(e), 4) for e in np.clip(ideal / measured, 1e-3, 1.0)]}]
+    return []
+
+
+def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
+    """The reduced kernel curves of an unpacked ``aiconfigurator_core`` package at ``path``."""
+    root = Path(path)
+    if (root / "aiconfigurator_core").is_dir():
+        root = root / "aiconfigurator_core"
+    if not (root / "systems" / "data").is_dir():
+        raise ValueError(f"path ({path}) must be an unpacked aiconfigurator-core wheel (no systems/data folder)")
+    grouped, mla = [], []
+    for device in DEVICES:
+        for engine in ENGINES:
+            grouped += _grouped_gemm_curves(root, device, engine)
+            mla += _mla_curves(root, device, engine)
+    return {
+        "_source": f"{PACKAGE} {version} (PyPI wheel, NVIDIA, Apache-2.0): per-operator tables under "
+        "aiconfigurator_core/systems/data; each curve names its file. Derived by autoparallel._kernel_import "
+        "(efficiency = the cost model's ideal time / measured latency); silicon_sample.csv is never read.",
+        "_license": "Apache-2.0 (derived data; copyright NVIDIA CORPORATION & AFFILIATES for the measurements)",
+        "kind": "fit_input",
+        "tokens_per_expert_grid": TOKENS_PER_EXPERT_GRID.tolist(),
+        "grouped_gemm": grouped,
+        "mla_decode": mla,
+    }
+
+
+def write_kernel_curves(path: str | Path, *, output: str | Path, version: str) -> dict:
+    """Import and write the curves as JSON; returns them."""
+    curves = import_aiconfigurator(path, version=version)
+    Path(output).write_text(json.dumps(curves, indent=1) + "\n")
+    return curves

@@ -1,0 +1,117 @@
+"""Kernel efficiency by real shape, from imported per-operator tables (fit inputs).
+
+A serving layer's routed experts run as grouped GEMMs whose M is the tokens each expert gets —
+a few to a few hundred — not one matmul over all of a rank's tokens. Their efficiency is a
+measured curve: ``ideal time / measured latency`` as a function of tokens per expert, experts per
+device and weight dtype, where the ideal time is the cost model's own for the same work
+(``grouped_gemm_ideal_s``: the roofline of the expert FFNs' FLOPs and weight bytes, plus the
+permute / activation / un-permute memory passes that the fused MoE kernel also runs,
+``_inference_ops.routed_bytes_per_assignment``). MLA decode attention likewise has an efficiency
+by context length (``mla_decode_ideal_s``: absorbed-form FLOPs and latent-cache bytes).
+
+The curves live in ``cost_model/data/kernel_curves.json``, written by
+``autoparallel profile --import-aiconfigurator`` from NVIDIA's aiconfigurator-core operator
+tables (Apache-2.0; every curve names its file). Where several engines measured one device and
+dtype, the best efficiency at each point is used: the fastest kernel measured for that shape
+(TRT-LLM's CUTLASS grouped GEMM where the Triton kernels of untuned configs fall behind), the
+one a deployment tuned for its shape runs. A device or dtype without a curve returns
+``None`` and the caller keeps its roofline pricing. Interpolation: linear in log(tokens per
+expert) (clamped at the grid's ends) and in log(experts per device) between measured counts.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+
+import numpy as np
+
+from cost_model._units import dtype_bytes
+
+#: (hidden, expert FFN width, routed experts, top-k) of the imported MoE rows: DeepSeek-V3's.
+GROUPED_GEMM_SHAPE = (7168, 2048, 256, 8)
+#: Tokens per expert at which curves are stored: 1/32 .. 512 by powers of two.
+TOKENS_PER_EXPERT_GRID = np.exp2(np.arange(-5.0, 10.0))
+_FILE = "kernel_curves.json"
+_WEIGHT_ONLY = {"int4": "bf16"}  # dtype the GEMM runs in for weight-only formats
+
+
+def matmul_dtype_of(weight_dtype: str) -> str:
+    return _WEIGHT_ONLY.get(weight_dtype, weight_dtype)
+
+
+def grouped_gemm_ideal_s(
+    *, hardware, dtype: str, tokens_per_expert, experts_per_device, touched_fraction, side_bytes_per_assignment=0.0,
+    hidden_size: int = GROUPED_GEMM_SHAPE[0], expert_ffn_size: int = GROUPED_GEMM_SHAPE[1],
+) -> np.ndarray:
+    """Roofline seconds of one device's grouped expert GEMMs (SwiGLU: 3 matrices per expert) plus
+    their memory passes: max(FLOPs / peak, weight bytes / bandwidth) + side bytes / bandwidth."""
+    assignments = np.asarray(tokens_per_expert, dtype=np.float64) * np.asarray(experts_per_device, dtype=np.float64)
+    weights_per_expert = 3.0 * hidden_size * expert_ffn_size
+    flops = 2.0 * weights_per_expert * assignments
+    weight_bytes = np.asarray(experts_per_device) * np.asarray(touched_fraction) * weights_per_expert * dtype_bytes(dtype)
+    bandwidth = hardware.memory_bandwidth_bytes_per_s
+    compute_s = flops / hardware.peak_flops_for(matmul_dtype_of(dtype))
+    side_s = np.asarray(side_bytes_per_assignment) * assignments / bandwidth
+    return np.maximum(compute_s, weight_bytes / bandwidth) + side_s
+
+
+def mla_decode_ideal_s(*, hardware, batch, context_tokens, heads: int, kv_lora_rank: int = 512, rope_dim: int = 64,
+                       kv_bytes: float = 2.0) -> np.ndarray:
+    """Roofline seconds of one MLA decode attention layer in absorbed form (DeepSeek-V2 sec.
+    2.1.2; FlashMLA): ``2*heads*(2*kv_lora_rank + rope)`` FLOPs per cached key, the latent read once."""
+    keys = np.asarray(batch, dtype=np.float64) * np.asarray(context_tokens, dtype=np.float64)
+    flops = keys * 2.0 * heads * (2 * kv_lora_rank + rope_dim)
+    cache_bytes = keys * (kv_lora_rank + rope_dim) * kv_bytes
+    return np.maximum(flops / hardware.peak_flops_for("bf16"), cache_bytes / hardware.memory_bandwidth_bytes_per_s)
+
+
+@lru_cache(maxsize=1)
+def kernel_curves() -> dict:
+    """The shipped curves (``cost_model/data/kernel_curves.json``); empty when absent."""
+    folder = resources.files("cost_model") / "data"
+    path = folder / _FILE
+    return json.loads(path.read_text()) if path.is_file() else {"grouped_gemm": [], "mla_decode": []}
+
+
+@lru_cache(maxsize=64)
+def _grouped_table(device_name: str, dtype: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(log2 experts per device, efficiency [counts x grid]): the best over engines."""
+    curves = [c for c in kernel_curves()["grouped_gemm"] if c["device"] == device_name and c["dtype"] == dtype]
+    if not curves:
+        return None
+    counts = sorted({int(k) for c in curves for k in c["experts_per_device"]})
+    grid = np.array(
+        [np.max([c["experts_per_device"][str(n)] for c in curves if str(n) in c["experts_per_device"]], axis=0) for n in counts]
+    )
+    return np.log2(np.array(counts, dtype=np.float64)), grid
+
+
+def grouped_gemm_efficiency(*, device_name: str, dtype: str, tokens_per_expert, experts_per_device) -> np.ndarray | None:
+    """Measured efficiency of grouped expert GEMMs (see the module docstring), or None."""
+    table = _grouped_table(device_name, dtype)
+    if table is None:
+        return None
+    log_counts, grid = table
+    log_tokens = np.log(np.maximum(np.asarray(tokens_per_expert, dtype=np.float64), 1e-9))
+    along = np.stack([np.interp(log_tokens, np.log(TOKENS_PER_EXPERT_GRID), row) for row in grid])  # counts x n
+    where = np.log2(np.maximum(np.asarray(experts_per_device, dtype=np.float64), 1e-9))
+    where = np.broadcast_to(where, along.shape[1:])
+    if len(log_counts) == 1:
+        return along[0]
+    index = np.clip(np.searchsorted(log_counts, where) - 1, 0, len(log_counts) - 2)
+    low, high = log_counts[index], log_counts[index + 1]
+    weight = np.clip((where - low) / (high - low), 0.0, 1.0)
+    columns = np.arange(along.shape[1])
+    return (1 - weight) * along[index, columns] + weight * along[index + 1, columns]
+
+
+def mla_decode_efficiency(*, device_name: str, context_tokens) -> np.ndarray | None:
+    """Measured MLA decode efficiency at ``context_tokens`` (best over engines), or None."""
+    curves = [c for c in kernel_curves()["mla_decode"] if c["device"] == device_name]
+    if not curves:
+        return None
+    log_context = np.log(np.maximum(np.asarray(context_tokens, dtype=np.float64), 1.0))
+    values = [np.interp(log_context, np.log(c["context_tokens"]), c["efficiency"]) for c in curves]
+    return np.max(values, axis=0)
