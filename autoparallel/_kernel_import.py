@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cost_model._inference_ops import routed_bytes_per_assignment
 from cost_model._kernel_curves import (
     GROUPED_GEMM_SHAPE,
     TOKENS_PER_EXPERT_GRID,
@@ -35,7 +36,6 @@ from cost_model._kernel_curves import (
     matmul_dtype_of,
     mla_decode_ideal_s,
 )
-from cost_model._inference_ops import routed_bytes_per_assignment
 from cost_model._units import dtype_bytes
 from topology import get_preset
 
@@ -43,31 +43,49 @@ logger = logging.getLogger(__name__)
 
 PACKAGE = "aiconfigurator-core"
 #: aiconfigurator device folder -> the preset whose peaks price the ideal time.
-DEVICES = {"h100_sxm": "dgx-h100", "h200_sxm": "dgx-h200", "b200_sxm": "dgx-b200", "gb200": "gb200-nvl72"}
+DEVICES = {
+    "h100_sxm": "dgx-h100",
+    "h200_sxm": "dgx-h200",
+    "b200_sxm": "dgx-b200",
+    "gb200": "gb200-nvl72",
+}
 #: aiconfigurator dtype names -> the project's weight dtypes (block-scaled FP8 is DeepSeek's).
 DTYPES = {"bfloat16": "bf16", "fp8_block": "fp8", "nvfp4": "fp4", "int4_wo": "int4"}
 ENGINES = ("trtllm", "sglang", "vllm")
 FORBIDDEN_FILE = "silicon_sample"
-MLA_BATCH = 64  # decode sequences per MLA call of the imported rows (128 heads: one rank, tp 1)
+MLA_BATCH = (
+    64  # decode sequences per MLA call of the imported rows (128 heads: one rank, tp 1)
+)
 
 
 def _read(path: Path) -> list[dict]:
     if FORBIDDEN_FILE in path.name:
-        raise ValueError(f"file ({path.name}) holds end-to-end runs: validation data, never a fit input")
+        raise ValueError(
+            f"file ({path.name}) holds end-to-end runs: validation data, never a fit input"
+        )
     try:
-        import pyarrow.parquet as parquet
+        from pyarrow import parquet
     except ImportError:
-        raise ImportError("importing aiconfigurator tables needs pyarrow: pip install pyarrow") from None
+        raise ImportError(
+            "importing aiconfigurator tables needs pyarrow: pip install pyarrow"
+        ) from None
     return parquet.read_table(path).to_pylist()
 
 
 def _version_key(version: str) -> tuple:
-    return tuple(int(p) if p.isdigit() else -1 for p in re.split(r"[.a-z]+", version) if p)
+    return tuple(
+        int(p) if p.isdigit() else -1 for p in re.split(r"[.a-z]+", version) if p
+    )
 
 
-def _latest_tables(root: Path, device: str, op: str, engine: str, name: str) -> list[Path]:
+def _latest_tables(
+    root: Path, device: str, op: str, engine: str, name: str
+) -> list[Path]:
     folder = root / "systems" / "data" / device / op / engine
-    versions = sorted((p for p in folder.glob("*") if (p / name).exists()), key=lambda p: _version_key(p.name))
+    versions = sorted(
+        (p for p in folder.glob("*") if (p / name).exists()),
+        key=lambda p: _version_key(p.name),
+    )
     return [v / name for v in reversed(versions)]
 
 
@@ -80,35 +98,65 @@ def _grouped_gemm_curves(root: Path, device: str, engine: str) -> list[dict]:
         points: dict[tuple[str, int, int], float] = {}
         for row in _read(path):
             dtype = DTYPES.get(row["moe_dtype"])
-            keep = (row["hidden_size"], row["inter_size"], row["num_experts"], row["topk"]) == shape
-            if dtype is None or dtype in done or not keep or row["moe_tp_size"] != 1 or row["distribution"] != "balanced":
+            keep = (
+                row["hidden_size"],
+                row["inter_size"],
+                row["num_experts"],
+                row["topk"],
+            ) == shape
+            if (
+                dtype is None
+                or dtype in done
+                or not keep
+                or row["moe_tp_size"] != 1
+                or row["distribution"] != "balanced"
+            ):
                 continue
             key = (dtype, int(row["moe_ep_size"]), int(row["num_tokens"]))
-            points[key] = min(points.get(key, np.inf), float(row["latency"]) * 1e-3)  # fastest kernel, ms -> s
+            points[key] = min(
+                points.get(key, np.inf), float(row["latency"]) * 1e-3
+            )  # fastest kernel, ms -> s
         for dtype in sorted({k[0] for k in points} - done):
             curve = _reduce_grouped(points, dtype=dtype, hardware=hardware)
             if curve:
-                curves.append({"device": hardware.name, "engine": engine, "dtype": dtype,
-                               "file": str(path.relative_to(root.parent)), **curve})
+                curves.append(
+                    {
+                        "device": hardware.name,
+                        "engine": engine,
+                        "dtype": dtype,
+                        "file": str(path.relative_to(root.parent)),
+                        **curve,
+                    }
+                )
                 done.add(dtype)
     return curves
 
 
-def _reduce_grouped(points: dict, *, dtype: str, hardware) -> dict:  # noqa: ANN001 - HardwareSpec
+def _reduce_grouped(points: dict, *, dtype: str, hardware) -> dict:
     """Efficiency on ``TOKENS_PER_EXPERT_GRID`` for each measured experts-per-device count."""
-    hidden, inter, experts, top_k = GROUPED_GEMM_SHAPE
+    _hidden, _inter, experts, top_k = GROUPED_GEMM_SHAPE
     rows = {}
     for ep in sorted({k[1] for k in points if k[0] == dtype}):
-        tokens = np.array(sorted(k[2] for k in points if k[:2] == (dtype, ep)), dtype=np.float64)
+        tokens = np.array(
+            sorted(k[2] for k in points if k[:2] == (dtype, ep)), dtype=np.float64
+        )
         measured = np.array([points[(dtype, ep, int(t))] for t in tokens])
         per_expert = tokens * top_k / experts
         ideal = grouped_gemm_ideal_s(
-            hardware=hardware, dtype=dtype, tokens_per_expert=per_expert, experts_per_device=experts / ep,
-            touched_fraction=np.minimum(1.0, tokens * top_k / experts), side_bytes_per_assignment=_side_bytes(dtype),
+            hardware=hardware,
+            dtype=dtype,
+            tokens_per_expert=per_expert,
+            experts_per_device=experts / ep,
+            touched_fraction=np.minimum(1.0, tokens * top_k / experts),
+            side_bytes_per_assignment=_side_bytes(dtype),
         )
-        efficiency = np.interp(np.log(TOKENS_PER_EXPERT_GRID), np.log(per_expert), ideal / measured)
+        efficiency = np.interp(
+            np.log(TOKENS_PER_EXPERT_GRID), np.log(per_expert), ideal / measured
+        )
         if len(tokens) >= 4:
-            rows[str(experts // ep)] = [round(float(e), 4) for e in np.clip(efficiency, 1e-3, 1.0)]
+            rows[str(experts // ep)] = [
+                round(float(e), 4) for e in np.clip(efficiency, 1e-3, 1.0)
+            ]
     return {"experts_per_device": rows} if rows else {}
 
 
@@ -118,28 +166,52 @@ def _side_bytes(dtype: str) -> float:
     from autoparallel._catalog import get_model
 
     cast = min(dtype_bytes(matmul_dtype_of(dtype)), 2.0)
-    return float(routed_bytes_per_assignment(get_model("deepseek-v3"), act=2.0, cast=cast, etp=1.0))
+    return float(
+        routed_bytes_per_assignment(
+            get_model("deepseek-v3"), act=2.0, cast=cast, etp=1.0
+        )
+    )
 
 
 def _mla_curves(root: Path, device: str, engine: str) -> list[dict]:
     """MLA decode: efficiency by context length at 128 heads (DeepSeek-V3 attention, one query)."""
     hardware = get_preset(DEVICES[device]).device
-    for path in _latest_tables(root, device, "mla", engine, "generation_mla_perf.parquet"):
+    for path in _latest_tables(
+        root, device, "mla", engine, "generation_mla_perf.parquet"
+    ):
         rows = _read(path)
         by_key: dict[tuple, list[float]] = {}
         for row in rows:
-            if row["num_heads"] != 128 or row["batch_size"] != MLA_BATCH or row["kv_cache_dtype"] != "bfloat16":
+            if (
+                row["num_heads"] != 128
+                or row["batch_size"] != MLA_BATCH
+                or row["kv_cache_dtype"] != "bfloat16"
+            ):
                 continue
-            context = int(row["isl"]) + int(row["step"])  # keys attended by the decoded token
+            context = int(row["isl"]) + int(
+                row["step"]
+            )  # keys attended by the decoded token
             by_key.setdefault((context,), []).append(float(row["latency"]) * 1e-3)
         if len(by_key) < 4:
             continue
         contexts = np.array(sorted(k[0] for k in by_key), dtype=np.float64)
         measured = np.array([min(by_key[(int(c),)]) for c in contexts])
-        ideal = mla_decode_ideal_s(hardware=hardware, batch=MLA_BATCH, context_tokens=contexts, heads=128)
-        return [{"device": hardware.name, "engine": engine, "dtype": "bf16", "batch": MLA_BATCH,
-                 "file": str(path.relative_to(root.parent)), "context_tokens": contexts.tolist(),
-                 "efficiency": [round(float(e), 4) for e in np.clip(ideal / measured, 1e-3, 1.0)]}]
+        ideal = mla_decode_ideal_s(
+            hardware=hardware, batch=MLA_BATCH, context_tokens=contexts, heads=128
+        )
+        return [
+            {
+                "device": hardware.name,
+                "engine": engine,
+                "dtype": "bf16",
+                "batch": MLA_BATCH,
+                "file": str(path.relative_to(root.parent)),
+                "context_tokens": contexts.tolist(),
+                "efficiency": [
+                    round(float(e), 4) for e in np.clip(ideal / measured, 1e-3, 1.0)
+                ],
+            }
+        ]
     return []
 
 
@@ -149,7 +221,9 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
     if (root / "aiconfigurator_core").is_dir():
         root = root / "aiconfigurator_core"
     if not (root / "systems" / "data").is_dir():
-        raise ValueError(f"path ({path}) must be an unpacked aiconfigurator-core wheel (no systems/data folder)")
+        raise ValueError(
+            f"path ({path}) must be an unpacked aiconfigurator-core wheel (no systems/data folder)"
+        )
     grouped, mla = [], []
     for device in DEVICES:
         for engine in ENGINES:

@@ -42,29 +42,56 @@ def matmul_dtype_of(weight_dtype: str) -> str:
 
 
 def grouped_gemm_ideal_s(
-    *, hardware, dtype: str, tokens_per_expert, experts_per_device, touched_fraction, side_bytes_per_assignment=0.0,
-    hidden_size: int = GROUPED_GEMM_SHAPE[0], expert_ffn_size: int = GROUPED_GEMM_SHAPE[1],
+    *,
+    hardware,
+    dtype: str,
+    tokens_per_expert,
+    experts_per_device,
+    touched_fraction,
+    side_bytes_per_assignment=0.0,
+    hidden_size: int = GROUPED_GEMM_SHAPE[0],
+    expert_ffn_size: int = GROUPED_GEMM_SHAPE[1],
 ) -> np.ndarray:
     """Roofline seconds of one device's grouped expert GEMMs (SwiGLU: 3 matrices per expert) plus
     their memory passes: max(FLOPs / peak, weight bytes / bandwidth) + side bytes / bandwidth."""
-    assignments = np.asarray(tokens_per_expert, dtype=np.float64) * np.asarray(experts_per_device, dtype=np.float64)
+    assignments = np.asarray(tokens_per_expert, dtype=np.float64) * np.asarray(
+        experts_per_device, dtype=np.float64
+    )
     weights_per_expert = 3.0 * hidden_size * expert_ffn_size
     flops = 2.0 * weights_per_expert * assignments
-    weight_bytes = np.asarray(experts_per_device) * np.asarray(touched_fraction) * weights_per_expert * dtype_bytes(dtype)
+    weight_bytes = (
+        np.asarray(experts_per_device)
+        * np.asarray(touched_fraction)
+        * weights_per_expert
+        * dtype_bytes(dtype)
+    )
     bandwidth = hardware.memory_bandwidth_bytes_per_s
     compute_s = flops / hardware.peak_flops_for(matmul_dtype_of(dtype))
     side_s = np.asarray(side_bytes_per_assignment) * assignments / bandwidth
     return np.maximum(compute_s, weight_bytes / bandwidth) + side_s
 
 
-def mla_decode_ideal_s(*, hardware, batch, context_tokens, heads: int, kv_lora_rank: int = 512, rope_dim: int = 64,
-                       kv_bytes: float = 2.0) -> np.ndarray:
+def mla_decode_ideal_s(
+    *,
+    hardware,
+    batch,
+    context_tokens,
+    heads: int,
+    kv_lora_rank: int = 512,
+    rope_dim: int = 64,
+    kv_bytes: float = 2.0,
+) -> np.ndarray:
     """Roofline seconds of one MLA decode attention layer in absorbed form (DeepSeek-V2 sec.
     2.1.2; FlashMLA): ``2*heads*(2*kv_lora_rank + rope)`` FLOPs per cached key, the latent read once."""
-    keys = np.asarray(batch, dtype=np.float64) * np.asarray(context_tokens, dtype=np.float64)
+    keys = np.asarray(batch, dtype=np.float64) * np.asarray(
+        context_tokens, dtype=np.float64
+    )
     flops = keys * 2.0 * heads * (2 * kv_lora_rank + rope_dim)
     cache_bytes = keys * (kv_lora_rank + rope_dim) * kv_bytes
-    return np.maximum(flops / hardware.peak_flops_for("bf16"), cache_bytes / hardware.memory_bandwidth_bytes_per_s)
+    return np.maximum(
+        flops / hardware.peak_flops_for("bf16"),
+        cache_bytes / hardware.memory_bandwidth_bytes_per_s,
+    )
 
 
 @lru_cache(maxsize=1)
@@ -72,30 +99,56 @@ def kernel_curves() -> dict:
     """The shipped curves (``cost_model/data/kernel_curves.json``); empty when absent."""
     folder = resources.files("cost_model") / "data"
     path = folder / _FILE
-    return json.loads(path.read_text()) if path.is_file() else {"grouped_gemm": [], "mla_decode": []}
+    return (
+        json.loads(path.read_text())
+        if path.is_file()
+        else {"grouped_gemm": [], "mla_decode": []}
+    )
 
 
 @lru_cache(maxsize=64)
-def _grouped_table(device_name: str, dtype: str) -> tuple[np.ndarray, np.ndarray] | None:
+def _grouped_table(
+    device_name: str, dtype: str
+) -> tuple[np.ndarray, np.ndarray] | None:
     """(log2 experts per device, efficiency [counts x grid]): the best over engines."""
-    curves = [c for c in kernel_curves()["grouped_gemm"] if c["device"] == device_name and c["dtype"] == dtype]
+    curves = [
+        c
+        for c in kernel_curves()["grouped_gemm"]
+        if c["device"] == device_name and c["dtype"] == dtype
+    ]
     if not curves:
         return None
     counts = sorted({int(k) for c in curves for k in c["experts_per_device"]})
     grid = np.array(
-        [np.max([c["experts_per_device"][str(n)] for c in curves if str(n) in c["experts_per_device"]], axis=0) for n in counts]
+        [
+            np.max(
+                [
+                    c["experts_per_device"][str(n)]
+                    for c in curves
+                    if str(n) in c["experts_per_device"]
+                ],
+                axis=0,
+            )
+            for n in counts
+        ]
     )
     return np.log2(np.array(counts, dtype=np.float64)), grid
 
 
-def grouped_gemm_efficiency(*, device_name: str, dtype: str, tokens_per_expert, experts_per_device) -> np.ndarray | None:
+def grouped_gemm_efficiency(
+    *, device_name: str, dtype: str, tokens_per_expert, experts_per_device
+) -> np.ndarray | None:
     """Measured efficiency of grouped expert GEMMs (see the module docstring), or None."""
     table = _grouped_table(device_name, dtype)
     if table is None:
         return None
     log_counts, grid = table
-    log_tokens = np.log(np.maximum(np.asarray(tokens_per_expert, dtype=np.float64), 1e-9))
-    along = np.stack([np.interp(log_tokens, np.log(TOKENS_PER_EXPERT_GRID), row) for row in grid])  # counts x n
+    log_tokens = np.log(
+        np.maximum(np.asarray(tokens_per_expert, dtype=np.float64), 1e-9)
+    )
+    along = np.stack(
+        [np.interp(log_tokens, np.log(TOKENS_PER_EXPERT_GRID), row) for row in grid]
+    )  # counts x n
     where = np.log2(np.maximum(np.asarray(experts_per_device, dtype=np.float64), 1e-9))
     where = np.broadcast_to(where, along.shape[1:])
     if len(log_counts) == 1:
@@ -113,5 +166,8 @@ def mla_decode_efficiency(*, device_name: str, context_tokens) -> np.ndarray | N
     if not curves:
         return None
     log_context = np.log(np.maximum(np.asarray(context_tokens, dtype=np.float64), 1.0))
-    values = [np.interp(log_context, np.log(c["context_tokens"]), c["efficiency"]) for c in curves]
+    values = [
+        np.interp(log_context, np.log(c["context_tokens"]), c["efficiency"])
+        for c in curves
+    ]
     return np.max(values, axis=0)

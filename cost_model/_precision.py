@@ -24,7 +24,7 @@ NATIVE_ONLY_DTYPES: tuple[str, ...] = ("fp4",)
 _TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
-def check_serving_precision(*, weight_dtype: str, kv_dtype: str, hardware) -> None:  # noqa: ANN001 - HardwareSpec
+def check_serving_precision(*, weight_dtype: str, kv_dtype: str, hardware) -> None:
     """Raise ``ValueError`` naming the field when ``hardware`` cannot run a requested dtype."""
     for field, dtype in (("weight_dtype", weight_dtype), ("kv_dtype", kv_dtype)):
         if dtype in NATIVE_ONLY_DTYPES and dtype not in hardware.peak_flops:

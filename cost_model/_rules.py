@@ -20,7 +20,7 @@ def _divides(name: str, value: int, by_name: str, by: int) -> None:
 
 
 def check_parallel_config(
-    config: "ParallelConfig", model: "ModelSpec", world_size: int | None = None, *, num_redundant_experts: int | None = 0
+    config: ParallelConfig, model: ModelSpec, world_size: int | None = None, *, num_redundant_experts: int | None = 0
 ) -> None:
     """Raise ``ValueError`` for the first rule ``config`` breaks for ``model`` on ``world_size``.
 
@@ -51,7 +51,7 @@ def check_parallel_config(
     _check_experts(config, model, num_redundant_experts)
 
 
-def _check_pipeline(config: "ParallelConfig", model: "ModelSpec") -> None:
+def _check_pipeline(config: ParallelConfig, model: ModelSpec) -> None:
     chunks = config.pp * config.virtual_stages
     if chunks > model.num_layers:
         raise ValueError(
@@ -78,7 +78,7 @@ def minimum_redundant_experts(*, num_experts: int, ep: int) -> int:
     return -num_experts % ep
 
 
-def _check_experts(config: "ParallelConfig", model: "ModelSpec", num_redundant_experts: int | None) -> None:
+def _check_experts(config: ParallelConfig, model: ModelSpec, num_redundant_experts: int | None) -> None:
     moe = model.moe
     if moe is None:
         if config.ep > 1 or config.etp > 1:
@@ -96,7 +96,7 @@ def _check_experts(config: "ParallelConfig", model: "ModelSpec", num_redundant_e
     _divides("moe_intermediate_size", moe.expert_ffn_hidden_size, "etp", config.etp)
 
 
-def check_sequence_fits(config: "ParallelConfig", sequence_length_tokens: int) -> None:
+def check_sequence_fits(config: ParallelConfig, sequence_length_tokens: int) -> None:
     """Context parallel splits each sequence in 2*cp chunks (load-balanced causal ring)."""
     if config.cp > 1:
         _divides("sequence_length_tokens", sequence_length_tokens, "2*cp", 2 * config.cp)

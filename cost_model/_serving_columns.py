@@ -3,7 +3,8 @@ face, ``ServingConfig``; ``checked_columns`` fills absent columns and checks the
 
 from __future__ import annotations
 
-from typing import Literal, Mapping
+from collections.abc import Mapping
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field

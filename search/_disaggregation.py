@@ -14,7 +14,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cost_model import InfeasiblePlanError, Inference, ModelSpec, PoolConfig, disaggregated_split
+from cost_model import (
+    InfeasiblePlanError,
+    Inference,
+    ModelSpec,
+    PoolConfig,
+    disaggregated_split,
+)
 from cost_model._serving_columns import ServingConfig
 from search._candidate import Candidate
 from search._exhaustive import exhaustive_search
@@ -60,8 +66,14 @@ def unit_sizes(*, model: ModelSpec, cluster: Cluster, workload: Inference) -> li
     node = cluster.devices_per_node
     options = [d for d in divisors(node) if d >= smallest]
     if node > RACK_TRAY_DEVICES:
-        options += [t for t in range(RACK_TRAY_DEVICES, node, RACK_TRAY_DEVICES) if t >= smallest]
-    options += [node * k for k in range(1, cluster.num_nodes + 1) if node * k >= smallest]
+        options += [
+            t
+            for t in range(RACK_TRAY_DEVICES, node, RACK_TRAY_DEVICES)
+            if t >= smallest
+        ]
+    options += [
+        node * k for k in range(1, cluster.num_nodes + 1) if node * k >= smallest
+    ]
     fewest = min(options, default=cluster.num_devices)
     return sorted({u for u in options if u + fewest <= cluster.num_devices})
 
@@ -75,19 +87,29 @@ def unit_cluster(cluster: Cluster, size: int) -> Cluster:
         "num_nodes": max(1, size // node),
         "devices_per_node": per_node,
         "devices_per_nic": math.gcd(cluster.devices_per_nic, per_node),
-        "links": tuple(link for link in cluster.model_dump()["links"] if max(link["from_device"], link["to_device"]) < size),
+        "links": tuple(
+            link
+            for link in cluster.model_dump()["links"]
+            if max(link["from_device"], link["to_device"]) < size
+        ),
     }
     return Cluster.model_validate(data)
 
 
-def _best_units(*, model, cluster, workload, phase: str, bounds: SearchBounds, estimator) -> dict[int, tuple[Candidate, Cluster]]:  # noqa: ANN001
+def _best_units(
+    *, model, cluster, workload, phase: str, bounds: SearchBounds, estimator
+) -> dict[int, tuple[Candidate, Cluster]]:
     """The best feasible layout of one unit of each size for ``phase`` (by tokens/s per device)."""
     best = {}
     for size in unit_sizes(model=model, cluster=cluster, workload=workload):
         unit = unit_cluster(cluster, size)
         try:
             found = exhaustive_search(
-                model, unit, workload, bounds=bounds.model_copy(update={"phase": phase}), estimator=estimator
+                model,
+                unit,
+                workload,
+                bounds=bounds.model_copy(update={"phase": phase}),
+                estimator=estimator,
             ).best
         except ValueError:  # no legal layout on this many devices
             continue
@@ -97,7 +119,12 @@ def _best_units(*, model, cluster, workload, phase: str, bounds: SearchBounds, e
 
 
 def find_disaggregated(
-    model: ModelSpec, cluster: Cluster, workload: Inference, *, bounds: SearchBounds | None = None, estimator=None  # noqa: ANN001
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Inference,
+    *,
+    bounds: SearchBounds | None = None,
+    estimator=None,
 ) -> DisaggregatedResult | None:
     """The best disaggregated deployment on ``cluster``, or None when no unit of a pool fits.
 
@@ -107,7 +134,14 @@ def find_disaggregated(
     """
     bounds = bounds or SearchBounds()
     units = {
-        phase: _best_units(model=model, cluster=cluster, workload=workload, phase=phase, bounds=bounds, estimator=estimator)
+        phase: _best_units(
+            model=model,
+            cluster=cluster,
+            workload=workload,
+            phase=phase,
+            bounds=bounds,
+            estimator=estimator,
+        )
         for phase in ("prefill", "decode")
     }
     priced = []
@@ -115,23 +149,43 @@ def find_disaggregated(
         for decode_size, (decode, decode_unit) in units["decode"].items():
             try:
                 split = disaggregated_split(
-                    model=model, cluster=cluster, workload=workload,
-                    prefill=_pool(prefill, "prefill"), decode=_pool(decode, "decode"),
+                    model=model,
+                    cluster=cluster,
+                    workload=workload,
+                    prefill=_pool(prefill, "prefill"),
+                    decode=_pool(decode, "decode"),
                 )
             except InfeasiblePlanError:
                 continue
             used = split.prefill_devices + split.decode_devices
             rate = split.output_tokens_per_s / used
-            priced.append((rate, prefill_size, decode_size, split, prefill, decode, prefill_unit, decode_unit))
+            priced.append(
+                (
+                    rate,
+                    prefill_size,
+                    decode_size,
+                    split,
+                    prefill,
+                    decode,
+                    prefill_unit,
+                    decode_unit,
+                )
+            )
     if not priced:
         return None
     priced.sort(key=lambda entry: -entry[0])
     rate, _, _, split, prefill, decode, prefill_unit, decode_unit = priced[0]
     return DisaggregatedResult(
-        prefill=prefill, decode=decode, prefill_cluster=prefill_unit, decode_cluster=decode_unit,
-        prefill_devices=split.prefill_devices, decode_devices=split.decode_devices,
-        output_tokens_per_s_per_device=rate, bottleneck=split.bottleneck,
-        prefill_units=split.prefill_units, decode_units=split.decode_units,
+        prefill=prefill,
+        decode=decode,
+        prefill_cluster=prefill_unit,
+        decode_cluster=decode_unit,
+        prefill_devices=split.prefill_devices,
+        decode_devices=split.decode_devices,
+        output_tokens_per_s_per_device=rate,
+        bottleneck=split.bottleneck,
+        prefill_units=split.prefill_units,
+        decode_units=split.decode_units,
         considered=tuple((p, d, r) for r, p, d, *_ in priced),
     )
 
@@ -139,7 +193,11 @@ def find_disaggregated(
 def _pool(candidate: Candidate, phase: str) -> PoolConfig:
     """The unit's layout and its own serving settings: the batch, KV dtype, redundant experts and
     two-batch overlap it was searched with, and its phase's all-to-all backend."""
-    known = {k: v for k, v in candidate.extras.items() if k in ServingConfig.model_fields and k != "phase"}
+    known = {
+        k: v
+        for k, v in candidate.extras.items()
+        if k in ServingConfig.model_fields and k != "phase"
+    }
     if "a2a_backend" in ServingConfig.model_fields:
         known["a2a_backend"] = POOL_A2A_BACKEND[phase]
     return PoolConfig(config=candidate.config, serving=ServingConfig(**known))

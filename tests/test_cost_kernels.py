@@ -1,0 +1,120 @@
+"""Kernel curves imported from public operator tables: provenance, shape, and use in decode."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autoparallel import get_model
+from autoparallel._kernel_import import _read
+from cost_model import Inference, estimate_inference_table, table_from_columns
+from cost_model._kernel_curves import (
+    grouped_gemm_efficiency,
+    kernel_curves,
+    mla_decode_efficiency,
+)
+from cost_model._serving_columns import PHASE_CODES
+from topology import get_preset
+
+DATA = Path(__file__).resolve().parents[1] / "cost_model" / "data"
+
+
+def test_curves_are_fit_inputs_with_a_source_file_each_and_no_end_to_end_table() -> (
+    None
+):
+    curves = kernel_curves()
+    assert curves["kind"] == "fit_input" and "Apache-2.0" in curves["_license"]
+    assert "aiconfigurator-core 0.12.0" in curves["_source"]
+    files = [c["file"] for c in curves["grouped_gemm"] + curves["mla_decode"]]
+    assert files and all(
+        f.startswith("aiconfigurator_core/systems/data/") and f.endswith(".parquet")
+        for f in files
+    )
+    assert not any("silicon_sample" in f for f in files)
+    devices = {c["device"] for c in curves["grouped_gemm"]}
+    assert {"NVIDIA H100 SXM", "NVIDIA H200 SXM", "NVIDIA B200 SXM"} <= devices
+    assert {c["dtype"] for c in curves["grouped_gemm"]} >= {
+        "bf16",
+        "fp8",
+        "fp4",
+        "int4",
+    }
+
+
+def test_fit_inputs_and_validation_rows_share_no_source() -> None:
+    validation = " ".join(
+        p.read_text() for p in DATA.glob("*.json") if p.name != "kernel_curves.json"
+    )
+    for curve in kernel_curves()["grouped_gemm"] + kernel_curves()["mla_decode"]:
+        assert curve["file"] not in validation
+
+
+def test_importer_refuses_the_end_to_end_table() -> None:
+    with pytest.raises(ValueError, match="validation data, never a fit input"):
+        _read(Path("aiconfigurator_core/systems/data/h200_sxm/silicon_sample.csv"))
+
+
+def test_small_grouped_gemms_run_far_below_their_roofline() -> None:
+    tokens = np.array([1 / 32, 1.0, 64.0])
+    efficiency = grouped_gemm_efficiency(
+        device_name="NVIDIA H200 SXM",
+        dtype="fp8",
+        tokens_per_expert=tokens,
+        experts_per_device=8,
+    )
+    assert np.all((efficiency > 0) & (efficiency <= 1))
+    assert (
+        efficiency[0] < 0.5 * efficiency[1]
+    )  # a few tokens spread over 8 experts: launch-bound
+    assert (
+        grouped_gemm_efficiency(
+            device_name="no such device",
+            dtype="fp8",
+            tokens_per_expert=tokens,
+            experts_per_device=8,
+        )
+        is None
+    )
+    mla = mla_decode_efficiency(
+        device_name="NVIDIA H200 SXM", context_tokens=np.array([16.0, 8192.0])
+    )
+    assert (
+        mla[0] < mla[1] <= 1.0
+    )  # long contexts stream the latent cache near bandwidth
+
+
+def test_decode_prices_routed_experts_at_the_measured_grouped_gemm_efficiency() -> None:
+    model = get_model("deepseek-v3")
+    workload = Inference(prompt_tokens=2048, output_tokens=256, weight_dtype="fp8")
+    table = table_from_columns(
+        dp=8, tp=1, ep=8, batch_size=8, phase=PHASE_CODES["decode"]
+    )
+    h200 = estimate_inference_table(
+        model=model, cluster=get_preset("dgx-h200"), workload=workload, table=table
+    )
+    # the same device without curves (renamed) falls back to the calibrated roofline
+    plain = get_preset("dgx-h200")
+    renamed = plain.model_copy(
+        update={
+            "device": plain.device.model_copy(
+                update={"name": "NVIDIA H200 SXM (no curves)"}
+            )
+        }
+    )
+    roofline = estimate_inference_table(
+        model=model, cluster=renamed, workload=workload, table=table
+    )
+    assert h200["time.decode_compute"][0] != pytest.approx(
+        roofline["time.decode_compute"][0], rel=1e-3
+    )
+    assert h200["time.decode_attention"][0] == pytest.approx(
+        roofline["time.decode_attention"][0]
+    )
+
+
+def test_committed_curves_are_small() -> None:
+    assert (DATA / "kernel_curves.json").stat().st_size < 200_000
+    json.loads((DATA / "kernel_curves.json").read_text())

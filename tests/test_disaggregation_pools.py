@@ -1,0 +1,51 @@
+"""Disaggregation without a box: unit sizes, asymmetric pools and per-pool serving settings."""
+
+from __future__ import annotations
+
+from autoparallel import get_model
+from cost_model import Inference, ParallelConfig
+from search._candidate import Candidate
+from search._disaggregation import _pool, unit_sizes
+from topology import get_preset
+
+REF = get_model("ref-3t-moe")
+WORKLOAD = Inference(prompt_tokens=4096, output_tokens=1024, weight_dtype="fp8")
+
+
+def test_nvl72_unit_sizes_are_not_limited_to_divisors_or_half_the_rack() -> None:
+    sizes = unit_sizes(model=REF, cluster=get_preset("gb200-nvl72"), workload=WORKLOAD)
+    smallest = -(
+        -REF.weight_bytes("fp8") // get_preset("gb200-nvl72").memory_per_device_bytes
+    )
+    assert min(sizes) >= smallest
+    assert {20, 24, 28, 32, 36, 40, 48} <= set(
+        sizes
+    )  # 48 + a 24-device unit: asymmetric pools
+    assert max(sizes) + min(sizes) <= 72
+
+
+def test_eight_gpu_nodes_offer_whole_nodes_up_to_the_cluster_less_one_unit() -> None:
+    model = get_model("deepseek-v3")
+    sizes = unit_sizes(
+        model=model, cluster=get_preset("dgx-h200", num_nodes=6), workload=WORKLOAD
+    )
+    assert sizes == [8, 16, 24, 32, 40]
+
+
+def test_each_pool_keeps_its_own_serving_settings() -> None:
+    config = ParallelConfig(dp=8, ep=8)
+    extras = {
+        "batch_size": 64,
+        "kv_dtype": "fp8",
+        "num_redundant_experts": 8,
+        "two_batch_overlap": True,
+        "phase": "prefill",
+    }
+    candidate = Candidate(config=config, extras=extras, metrics={}, violations={})
+    prefill, decode = _pool(candidate, "prefill"), _pool(candidate, "decode")
+    assert (
+        prefill.serving.a2a_backend == "normal"
+        and decode.serving.a2a_backend == "low_latency"
+    )
+    assert prefill.serving.batch_size == 64 and prefill.serving.two_batch_overlap
+    assert prefill.serving.num_redundant_experts == 8
