@@ -83,7 +83,7 @@ from cost_model._common import (
     ranks_per_node,
     stage_layout,
 )
-from cost_model._kernel_curves import grouped_gemm_efficiency, grouped_gemm_ideal_s
+from cost_model._kernel_curves import grouped_gemm_efficiency, grouped_gemm_ideal_s, mla_decode_efficiency
 from cost_model._model_spec import ModelSpec
 from cost_model._precision import check_serving_precision
 from cost_model._serving_columns import A2A_BACKEND_CODES, KV_DTYPE_CODES, PHASE_CODES, checked_columns
@@ -326,6 +326,12 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     kv_fraction = 1.0 / (ops.kv_head_split(model, s.shard) * s.column("cp"))
     read_tokens = ops.kv_read_tokens(model, p.cached_tokens + p.new_tokens)
     kv_read = p.batch * ops.kv_bytes_per_sequence_layer(model, read_tokens, s.kv_element_bytes, block_tokens=1)
+    if p.decode and model.attention.kind == "mla":  # FlashMLA-class kernels at their measured efficiency
+        efficiency = mla_decode_efficiency(device_name=s.cluster.device.name, context_tokens=read_tokens)
+        if efficiency is not None:
+            hardware = s.cluster.device
+            compute_s = flops / hardware.peak_flops_for(_attention_dtype(s))
+            return np.maximum(compute_s, kv_read * kv_fraction / hardware.memory_bandwidth_bytes_per_s) / efficiency
     return op_time_s(
         flops=flops, bytes_moved=kv_read * kv_fraction, hardware=s.cluster.device, dtype=_attention_dtype(s),
         calibration=s.calibration, kind="attention",

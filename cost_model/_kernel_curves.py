@@ -34,6 +34,9 @@ GROUPED_GEMM_SHAPE = (7168, 2048, 256, 8)
 #: Tokens per expert at which curves are stored: 1/32 .. 512 by powers of two.
 TOKENS_PER_EXPERT_GRID = np.exp2(np.arange(-5.0, 10.0))
 _FILE = "kernel_curves.json"
+#: Devices whose kernels are another's: the H800 is the H100 SXM's export variant, with the same
+#: SMs, clocks and HBM3 and a narrower NVLink (NVIDIA H800 datasheet), which kernels do not see.
+DEVICE_ALIASES = {"NVIDIA H800 SXM": "NVIDIA H100 SXM"}
 _WEIGHT_ONLY = {"int4": "bf16"}  # dtype the GEMM runs in for weight-only formats
 
 
@@ -111,6 +114,7 @@ def _grouped_table(
     device_name: str, dtype: str
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """(log2 experts per device, efficiency [counts x grid]): the best over engines."""
+    device_name = DEVICE_ALIASES.get(device_name, device_name)
     curves = [
         c
         for c in kernel_curves()["grouped_gemm"]
@@ -162,6 +166,7 @@ def grouped_gemm_efficiency(
 
 def mla_decode_efficiency(*, device_name: str, context_tokens) -> np.ndarray | None:
     """Measured MLA decode efficiency at ``context_tokens`` (best over engines), or None."""
+    device_name = DEVICE_ALIASES.get(device_name, device_name)
     curves = [c for c in kernel_curves()["mla_decode"] if c["device"] == device_name]
     if not curves:
         return None

@@ -110,9 +110,8 @@ def test_decode_prices_routed_experts_at_the_measured_grouped_gemm_efficiency() 
     assert h200["time.decode_compute"][0] != pytest.approx(
         roofline["time.decode_compute"][0], rel=1e-3
     )
-    assert h200["time.decode_attention"][0] == pytest.approx(
-        roofline["time.decode_attention"][0]
-    )
+    # MLA decode attention is priced from its measured curve too
+    assert h200["time.decode_attention"][0] != pytest.approx(roofline["time.decode_attention"][0], rel=1e-3)
 
 
 def test_committed_curves_are_small() -> None:
