@@ -83,7 +83,7 @@ from cost_model._common import (
     ranks_per_node,
     stage_layout,
 )
-from cost_model._kernel_curves import grouped_gemm_efficiency, grouped_gemm_ideal_s, mla_decode_efficiency
+from cost_model._kernel_curves import grouped_experts_time_s, mla_decode_time_s
 from cost_model._model_spec import ModelSpec
 from cost_model._precision import check_serving_precision
 from cost_model._serving_columns import A2A_BACKEND_CODES, KV_DTYPE_CODES, PHASE_CODES, checked_columns
@@ -286,31 +286,17 @@ def _moe_time(s: _Setup, attention_tokens: np.ndarray, rank_tokens: np.ndarray, 
     cast = _cast_bytes(s)
     side = ops.routed_bytes_per_assignment(model, act=act, cast=cast, etp=etp)
     token_passes = _memory_pass(s, ops.moe_token_bytes(model, act=act, cast=cast, shard=s.shard) * attention_tokens)
-    measured = _grouped_experts_time(s, assignments=assignments, slots=slots, touched=touched, side_bytes=side) if decode else None
+    measured = None
+    if decode:  # M = tokens per expert slot on the busiest rank; the expert width split over etp
+        measured = grouped_experts_time_s(
+            hardware=s.cluster.device, dtype=s.workload.weight_dtype, tokens_per_expert=assignments / slots,
+            experts_per_device=slots, touched_fraction=touched, side_bytes_per_assignment=side,
+            hidden_size=model.hidden_size, expert_ffn_size=moe.expert_ffn_hidden_size / etp,
+        )
     if measured is not None:
         return router + shared + measured + token_passes
     routed = _mm(s, 2 * w_expert * assignments, slots * touched * w_expert * wb)
     return router + shared + routed + _memory_pass(s, side * assignments) + token_passes
-
-
-def _grouped_experts_time(s: _Setup, *, assignments, slots, touched, side_bytes) -> np.ndarray | None:
-    """The busiest rank's grouped expert GEMMs as they run: ``slots`` experts of M = tokens per
-    expert each, at the measured efficiency for that M, expert count and weight dtype
-    (``_kernel_curves``, imported operator tables); None where no curve covers the device and
-    dtype. The expert FFN width is this model's, split over etp."""
-    moe, dtype = s.model.moe, s.workload.weight_dtype
-    tokens_per_expert = assignments / slots
-    efficiency = grouped_gemm_efficiency(
-        device_name=s.cluster.device.name, dtype=dtype, tokens_per_expert=tokens_per_expert, experts_per_device=slots
-    )
-    if efficiency is None:
-        return None
-    ideal = grouped_gemm_ideal_s(
-        hardware=s.cluster.device, dtype=dtype, tokens_per_expert=tokens_per_expert, experts_per_device=slots,
-        touched_fraction=touched, side_bytes_per_assignment=side_bytes, hidden_size=s.model.hidden_size,
-        expert_ffn_size=moe.expert_ffn_hidden_size / s.column("etp"),
-    )
-    return ideal / efficiency
 
 
 def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
@@ -327,11 +313,12 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     read_tokens = ops.kv_read_tokens(model, p.cached_tokens + p.new_tokens)
     kv_read = p.batch * ops.kv_bytes_per_sequence_layer(model, read_tokens, s.kv_element_bytes, block_tokens=1)
     if p.decode and model.attention.kind == "mla":  # FlashMLA-class kernels at their measured efficiency
-        efficiency = mla_decode_efficiency(device_name=s.cluster.device.name, context_tokens=read_tokens)
-        if efficiency is not None:
-            hardware = s.cluster.device
-            compute_s = flops / hardware.peak_flops_for(_attention_dtype(s))
-            return np.maximum(compute_s, kv_read * kv_fraction / hardware.memory_bandwidth_bytes_per_s) / efficiency
+        measured = mla_decode_time_s(
+            hardware=s.cluster.device, dtype=_attention_dtype(s), flops=flops, bytes_moved=kv_read * kv_fraction,
+            context_tokens=read_tokens,
+        )
+        if measured is not None:
+            return measured
     return op_time_s(
         flops=flops, bytes_moved=kv_read * kv_fraction, hardware=s.cluster.device, dtype=_attention_dtype(s),
         calibration=s.calibration, kind="attention",

@@ -176,3 +176,34 @@ def mla_decode_efficiency(*, device_name: str, context_tokens) -> np.ndarray | N
         for c in curves
     ]
     return np.max(values, axis=0)
+
+
+def grouped_experts_time_s(
+    *, hardware, dtype: str, tokens_per_expert, experts_per_device, touched_fraction, side_bytes_per_assignment,
+    hidden_size: int, expert_ffn_size,
+) -> np.ndarray | None:
+    """One device's routed experts as the grouped GEMMs that run: ``experts_per_device`` experts of
+    M = ``tokens_per_expert`` each, the ideal time over the measured efficiency for that M, expert
+    count and weight dtype; None where no curve covers the device and dtype."""
+    efficiency = grouped_gemm_efficiency(
+        device_name=hardware.name, dtype=dtype, tokens_per_expert=tokens_per_expert,
+        experts_per_device=experts_per_device,
+    )
+    if efficiency is None:
+        return None
+    ideal = grouped_gemm_ideal_s(
+        hardware=hardware, dtype=dtype, tokens_per_expert=tokens_per_expert, experts_per_device=experts_per_device,
+        touched_fraction=touched_fraction, side_bytes_per_assignment=side_bytes_per_assignment,
+        hidden_size=hidden_size, expert_ffn_size=expert_ffn_size,
+    )
+    return ideal / efficiency
+
+
+def mla_decode_time_s(*, hardware, dtype: str, flops, bytes_moved, context_tokens) -> np.ndarray | None:
+    """MLA decode attention: its roofline (``flops`` at the ``dtype`` peak, ``bytes_moved`` of
+    latent cache at the memory bandwidth) over the measured efficiency at ``context_tokens``."""
+    efficiency = mla_decode_efficiency(device_name=hardware.name, context_tokens=context_tokens)
+    if efficiency is None:
+        return None
+    compute_s = np.asarray(flops) / hardware.peak_flops_for(dtype)
+    return np.maximum(compute_s, np.asarray(bytes_moved) / hardware.memory_bandwidth_bytes_per_s) / efficiency
