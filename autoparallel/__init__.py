@@ -10,7 +10,7 @@ from importlib import import_module
 from typing import Any
 
 from autoparallel._catalog import DEFAULT_MODEL, get_model, list_models
-from autoparallel._plan import SCHEMA_VERSION, ShardingPlan, load_plan
+from autoparallel.plan import SCHEMA_VERSION, PlanError, ShardingPlan, build_plan, load_plan
 from cost_model import (
     CostBreakdown,
     InfeasiblePlanError,
@@ -41,11 +41,13 @@ __all__ = [
     "Inference",
     "ModelSpec",
     "ParallelConfig",
+    "PlanError",
     "SCHEMA_VERSION",
     "ShardingPlan",
     "Training",
     "__version__",
     "apply_plan",
+    "build_plan",
     "build_for_rank",
     "estimate",
     "find_plan",

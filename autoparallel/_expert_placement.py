@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from autoparallel._plan import ExpertPlacement
+from autoparallel.plan import ExpertPlacement
 
 __all__ = [
     "ExpertMove",

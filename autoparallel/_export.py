@@ -26,7 +26,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Callable
 
-from autoparallel._plan import ShardingPlan
+from autoparallel.plan import Deployment, ShardingPlan
+from cost_model import Training
 
 FORMATS = ("vllm", "sglang", "trtllm", "megatron", "torchtitan", "deepspeed")
 
@@ -187,27 +188,27 @@ def _sglang(plan: ShardingPlan, model_path: str) -> Export:
         dropped.append(uneven)
     notes = (f"{s.num_instances} instances behind sglang-router; MoE tp per expert = tp-size / ep-size = {s.instance_size // c.ep}",)
     files = {"launch_sglang.sh": _command(args)}
-    for pool in plan.disaggregation if _disaggregated(plan) else ():
-        unit = plan.model_copy(update={"config": pool.config, "world_size": pool.config.world_size, "disaggregation": ()})
+    for pool in plan.deployment.pools if _disaggregated(plan) else ():
+        unit = plan.model_copy(update={"config": pool.config, "world_size": pool.devices_per_unit, "serving": pool.serving,
+                                       "deployment": Deployment()})
         unit_args = _sglang(unit, model_path).files["launch_sglang.sh"].rstrip("\n")
-        units = pool.num_devices // pool.config.world_size
-        files[f"launch_sglang_{pool.phase}.sh"] = f"# {units} units of {pool.config.world_size} devices\n{unit_args} \\\n    --disaggregation-mode {pool.phase}\n"
+        files[f"launch_sglang_{pool.role}.sh"] = f"# {pool.num_units} units of {pool.devices_per_unit} devices\n{unit_args} \\\n    --disaggregation-mode {pool.role}\n"
     return Export("sglang", files, tuple(dropped), notes)
 
 
 def _disaggregated(plan: ShardingPlan) -> bool:
-    return bool(plan.disaggregation) and plan.provenance.search.get("deployment") == "disaggregated"
+    return plan.disaggregated
 
 
 def _disaggregation_dropped(plan: ShardingPlan, engine: str) -> list[str]:
     if not _disaggregated(plan):
         return []
-    pools = ", ".join(f"{p.phase} {p.num_devices} devices" for p in plan.disaggregation)
+    pools = ", ".join(f"{p.role} {p.num_devices} devices" for p in plan.deployment.pools)
     return [f"prefill/decode disaggregation ({pools}): {engine} needs a KV-transfer deployment; the colocated layout is exported"]
 
 
 def _devices_per_node(plan: ShardingPlan) -> int:
-    return int(plan.provenance.search.get("devices_per_node", 8))
+    return plan.devices_per_node
 
 
 def _trtllm(plan: ShardingPlan, model_path: str) -> Export:
@@ -241,10 +242,10 @@ def _trtllm(plan: ShardingPlan, model_path: str) -> Export:
 # ---------------------------------------------------------------------------- training engines
 def _batch(plan: ShardingPlan) -> tuple[int, int]:
     """(sequence length, global batch in sequences) of the plan's workload (inference: prompt, dp x batch)."""
-    workload = plan.provenance.workload
-    if workload.get("kind") == "training":
-        return int(workload["sequence_length_tokens"]), int(workload["global_batch_sequences"])
-    return int(workload["prompt_tokens"]), plan.config.dp * plan.config.micro_batch_size
+    job = plan.job
+    if isinstance(job, Training):
+        return job.sequence_length_tokens, int(job.global_batch_sequences)
+    return job.prompt_tokens, plan.config.dp * plan.config.micro_batch_size
 
 
 def _megatron(plan: ShardingPlan, model_path: str) -> Export:

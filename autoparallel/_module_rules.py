@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from autoparallel._plan import ModuleRule
+from autoparallel.plan import ModuleRule
 from cost_model import ModelSpec, ParallelConfig
 
 __all__ = ["ExpertNaming", "module_rules_for"]

@@ -10,7 +10,7 @@ Make an inference plan for the ranks you will launch, then start one process per
 Prompt and output lengths default to the plan's workload and the prompts per replica to the
 plan's batch size (the largest the planner found to fit: pass ``--batch-size`` for a quick run).
 The example serves prefill and decode on the same ranks (``--no-disaggregation``); a plan with
-separate prefill and decode pools would launch each pool with its own ``PhasePlan``.
+separate prefill and decode pools would launch each pool with its own ``Pool`` (``plan.deployment.pools``).
 
 Every rank builds the same model, ``apply_plan`` shards it (tensor parallel or attention data
 parallel for attention, expert parallel for the experts, as the plan says) and each replica
@@ -55,15 +55,15 @@ def generate(args: argparse.Namespace) -> dict:
     """Apply the plan, decode this rank's prompts and return what ``main`` prints (rank 0's
     view: throughput over the slowest rank, rank 0's tokens, the reference check)."""
     plan = ap.load_plan(args.plan)
-    workload = plan.provenance.workload
-    if workload.get("kind") != "inference":
-        raise SystemExit(f"{args.plan} is a {workload.get('kind')} plan; make one with --inference")
+    workload = plan.job
+    if workload.kind != "inference":
+        raise SystemExit(f"{args.plan} is a {workload.kind} plan; make one with --inference")
     if plan.config.pp > 1:
         raise SystemExit(f"this example decodes without a pipeline; the plan has pp = {plan.config.pp}")
-    prompt_tokens = args.prompt_tokens or int(workload["prompt_tokens"])
-    new_tokens = args.new_tokens or int(workload["output_tokens"])
+    prompt_tokens = args.prompt_tokens or workload.prompt_tokens
+    new_tokens = args.new_tokens or workload.output_tokens
     batch_size = args.batch_size or (plan.serving.batch_size if plan.serving else 1)
-    spec = ap.get_model(plan.provenance.model_name)
+    spec = plan.model
 
     model = ReferenceMoETransformer(spec)
     model.init_weights(seed=args.seed)

@@ -47,8 +47,8 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def synthetic_batch(*, plan: ap.ShardingPlan, vocab_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The global batch the plan was made for: ``global_batch_sequences`` sequences of
     ``sequence_length_tokens + 1`` tokens, split into inputs and next-token targets."""
-    workload = plan.provenance.workload
-    shape = (int(workload["global_batch_sequences"]), int(workload["sequence_length_tokens"]) + 1)
+    job = plan.job
+    shape = (int(job.global_batch_sequences), job.sequence_length_tokens + 1)
     tokens = torch.randint(0, vocab_size, shape, generator=torch.Generator().manual_seed(seed))
     return tokens[:, :-1], tokens[:, 1:]
 
@@ -66,9 +66,9 @@ def train(args: argparse.Namespace) -> list[float]:
     """Apply the plan and run ``args.steps`` optimizer steps; rank 0 prints each step's loss.
     Returns the global mean loss of every step."""
     plan = ap.load_plan(args.plan)
-    if plan.provenance.workload.get("kind") != "training":
-        raise SystemExit(f"{args.plan} is a {plan.provenance.workload.get('kind')} plan; make one with --training")
-    spec = ap.get_model(plan.provenance.model_name)
+    if plan.job.kind != "training":
+        raise SystemExit(f"{args.plan} is a {plan.job.kind} plan; make one with --training")
+    spec = plan.model
 
     # The same weights on every rank: build whole, initialize from one seed, then shard.
     model = ReferenceMoETransformer(spec)

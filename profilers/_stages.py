@@ -27,7 +27,7 @@ from typing import Callable, Iterator, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from cost_model import Calibration, ParallelConfig, StepMeasurement, calibrate, estimate
+from cost_model import Axis, Calibration, Layout, ParallelConfig, StepMeasurement, axis_degrees, calibrate, estimate
 from cost_model._common import op_time_s
 from profilers._step import StepReport, _peak_rise_bytes, merge_reports
 from profilers._timing import cache_flusher, current_device, measure
@@ -195,24 +195,10 @@ def device_config(setup: TrainingSetup) -> ParallelConfig:
 
 def plan_for(*, setup: TrainingSetup, cluster: Cluster, config: ParallelConfig):  # noqa: ANN201 - ShardingPlan
     """The ``ShardingPlan`` the planner writes for ``config`` (stages, meshes, rules, prediction)."""
-    import autoparallel
-    from autoparallel import _planner
-    from autoparallel._plan import Provenance, ShardingPlan
+    from autoparallel.plan import build_plan
 
     spec, workload = setup.spec(), setup.workload(config)
-    return ShardingPlan(
-        provenance=Provenance(
-            library_version=autoparallel.__version__, model_name=spec.name, model_fingerprint=spec.fingerprint(),
-            cluster_name=cluster.name, cluster_fingerprint=cluster.fingerprint(), workload=workload.model_dump(mode="json"),
-        ),
-        world_size=config.world_size, config=config,
-        mesh_axes=_planner.dense_mesh_axes(config), moe_mesh_axes=_planner.moe_mesh_axes(config),
-        rank_to_device=_planner.rank_to_device(cluster=cluster, config=config),
-        stages=_planner.pipeline_stages(num_layers=spec.num_layers, config=config),
-        expert_placement=_planner.expert_placement(model=spec, config=config, extras={}),
-        module_rules=_planner.module_rules(model=spec, config=config),
-        predicted=estimate(spec, cluster, workload, config, **ESTIMATE_OPTIONS),
-    )
+    return build_plan(model=spec, cluster=cluster, job=workload, layout=Layout(config=config), estimate_options=ESTIMATE_OPTIONS)
 
 
 def _measured_step(reports: list[StepReport], clock: str) -> tuple[float, float]:
@@ -250,7 +236,7 @@ def _step_result(stage, name: str, setup: TrainingSetup, cluster: Cluster, confi
 
 
 def _config_label(config: ParallelConfig) -> str:
-    degrees = [f"{axis}{getattr(config, axis)}" for axis in ("dp", "tp", "pp", "ep") if getattr(config, axis) > 1]
+    degrees = [f"{axis}{degree}" for axis, degree in axis_degrees(config, (Axis.DP, Axis.TP, Axis.PP, Axis.EP)) if degree > 1]
     return " ".join(degrees) + (" sp" if config.sequence_parallel else "") or "1 device"
 
 

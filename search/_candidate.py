@@ -8,21 +8,28 @@ from typing import Any
 
 import numpy as np
 
-from cost_model import ParallelConfig
+from cost_model import Layout, ParallelConfig, ServingConfig
 from search._objective import Evaluation, Objective
 from search._space import config_from_row, row_extras
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """A layout (``config`` + inference ``extras`` such as batch size), its predicted metrics and
-    its normalized constraint violations (> 0 violated)."""
+    """A ``Layout`` (config + inference serving settings such as the batch size), its predicted
+    metrics and its normalized constraint violations (> 0 violated)."""
 
-    config: ParallelConfig
-    extras: dict[str, Any]
+    layout: Layout
     metrics: dict[str, float]
     violations: dict[str, float]
     trial_number: int | None = None
+
+    @property
+    def config(self) -> ParallelConfig:
+        return self.layout.config
+
+    @property
+    def serving(self) -> ServingConfig | None:
+        return self.layout.serving
 
     @property
     def feasible(self) -> bool:
@@ -45,27 +52,43 @@ class Candidate:
         left out (``autoparallel`` re-prices the plans it keeps): they would double every trial."""
         return {
             "config": self.config.model_dump(mode="json"),
-            "extras": self.extras,
+            "serving": None if self.serving is None else self.serving.model_dump(mode="json"),
             "metrics": {k: _finite(v) for k, v in self.metrics.items() if not k.startswith(("time.", "hidden."))},
             "violations": {k: _finite(v) for k, v in self.violations.items()},
         }
 
     @classmethod
-    def from_attrs(cls, attrs: dict[str, Any], *, trial_number: int | None = None) -> "Candidate":
+    def from_attrs(cls, attrs: dict[str, Any], *, trial_number: int | None = None) -> Candidate:
         return cls(
-            config=ParallelConfig.model_validate(attrs["config"]),
-            extras=dict(attrs["extras"]),
+            layout=_stored_layout(attrs),
             metrics={k: float(v) for k, v in attrs["metrics"].items()},
             violations={k: float(v) for k, v in attrs["violations"].items()},
             trial_number=trial_number,
         )
 
-    def with_trial(self, number: int) -> "Candidate":
-        return Candidate(self.config, self.extras, self.metrics, self.violations, number)
+    def with_trial(self, number: int) -> Candidate:
+        return Candidate(self.layout, self.metrics, self.violations, number)
 
     def mesh_key(self) -> tuple:
         c = self.config
         return (c.dp, c.tp, c.pp, c.cp, c.ep, c.etp, c.attention_data_parallel)
+
+
+def _stored_layout(attrs: dict[str, Any]) -> Layout:
+    """The layout of a stored trial: ``config`` and ``serving`` (or, in studies written before
+    serving settings were typed, the serving columns among ``extras``)."""
+    serving = attrs.get("serving")
+    if serving is None and "extras" in attrs:
+        serving = {k: v for k, v in attrs["extras"].items() if k in ServingConfig.model_fields} or None
+    return Layout(config=ParallelConfig.model_validate(attrs["config"]), serving=None if serving is None else ServingConfig(**serving))
+
+
+def layout_at(table: dict[str, np.ndarray], index: int) -> Layout:
+    """The ``Layout`` of row ``index`` of a config table: serving settings when the table has
+    the inference columns."""
+    extras = row_extras(table, index)
+    serving = {k: v for k, v in extras.items() if k in ServingConfig.model_fields}
+    return Layout(config=config_from_row(table, index), serving=ServingConfig(**serving) if serving else None)
 
 
 def _finite(value: float) -> float:
@@ -76,8 +99,7 @@ def _finite(value: float) -> float:
 def candidate_at(evaluation: Evaluation, index: int) -> Candidate:
     table = evaluation.table
     return Candidate(
-        config=config_from_row(table, index),
-        extras=row_extras(table, index),
+        layout=layout_at(table, index),
         metrics={k: float(np.asarray(v)[index]) for k, v in evaluation.metrics.items() if np.ndim(v) == 1},
         violations={k: float(v[index]) for k, v in evaluation.violations.items()},
     )

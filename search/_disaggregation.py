@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from cost_model import (
     InfeasiblePlanError,
     Inference,
+    Layout,
     ModelSpec,
     PoolConfig,
     disaggregated_split,
@@ -176,8 +177,8 @@ def find_disaggregated(
     priced.sort(key=lambda entry: -entry[0])
     rate, _, _, split, prefill, decode, prefill_unit, decode_unit = priced[0]
     return DisaggregatedResult(
-        prefill=prefill,
-        decode=decode,
+        prefill=_with_pool_serving(prefill, "prefill"),
+        decode=_with_pool_serving(decode, "decode"),
         prefill_cluster=prefill_unit,
         decode_cluster=decode_unit,
         prefill_devices=split.prefill_devices,
@@ -193,11 +194,12 @@ def find_disaggregated(
 def _pool(candidate: Candidate, phase: str) -> PoolConfig:
     """The unit's layout and its own serving settings: the batch, KV dtype, redundant experts and
     two-batch overlap it was searched with, and its phase's all-to-all backend."""
-    known = {
-        k: v
-        for k, v in candidate.extras.items()
-        if k in ServingConfig.model_fields and k != "phase"
-    }
-    if "a2a_backend" in ServingConfig.model_fields:
-        known["a2a_backend"] = POOL_A2A_BACKEND[phase]
-    return PoolConfig(config=candidate.config, serving=ServingConfig(**known))
+    serving = candidate.serving or ServingConfig()
+    update = {"phase": "both", "a2a_backend": POOL_A2A_BACKEND[phase]}
+    return PoolConfig(config=candidate.config, serving=serving.model_copy(update=update))
+
+
+def _with_pool_serving(candidate: Candidate, phase: str) -> Candidate:
+    """``candidate`` whose layout carries its pool's serving settings (the plan records them)."""
+    layout = Layout(config=candidate.config, serving=_pool(candidate, phase).serving)
+    return Candidate(layout, candidate.metrics, candidate.violations, candidate.trial_number)

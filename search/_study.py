@@ -418,7 +418,7 @@ def _pareto(trials, objective: Objective) -> tuple[Candidate, ...]:
     front = sorted((c for c, keep in zip(pool, mask) if keep), key=lambda c: c.objective_values(objective)[0])
     unique, seen = [], set()
     for c in front:
-        key = (c.config, tuple(sorted(c.extras.items())))
+        key = c.layout
         if key not in seen:
             seen.add(key)
             unique.append(c)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from autoparallel import get_model
-from cost_model import Inference, ParallelConfig
+from cost_model import Inference, Layout, ParallelConfig, ServingConfig
 from search._candidate import Candidate
 from search._disaggregation import _pool, unit_sizes
 from topology import get_preset
@@ -33,15 +33,10 @@ def test_eight_gpu_nodes_offer_whole_nodes_up_to_the_cluster_less_one_unit() -> 
 
 
 def test_each_pool_keeps_its_own_serving_settings() -> None:
-    config = ParallelConfig(dp=8, ep=8)
-    extras = {
-        "batch_size": 64,
-        "kv_dtype": "fp8",
-        "num_redundant_experts": 8,
-        "two_batch_overlap": True,
-        "phase": "prefill",
-    }
-    candidate = Candidate(config=config, extras=extras, metrics={}, violations={})
+    serving = ServingConfig(
+        batch_size=64, kv_dtype="fp8", num_redundant_experts=8, two_batch_overlap=True, phase="prefill"
+    )
+    candidate = Candidate(Layout(config=ParallelConfig(dp=8, ep=8), serving=serving), metrics={}, violations={})
     prefill, decode = _pool(candidate, "prefill"), _pool(candidate, "decode")
     assert (
         prefill.serving.a2a_backend == "normal"

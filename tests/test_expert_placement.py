@@ -16,7 +16,7 @@ from autoparallel._expert_placement import (
     rank_experts,
     zipf_expert_load,
 )
-from autoparallel._plan import ExpertPlacement
+from autoparallel.plan import ExpertPlacement
 
 
 def _check_shape(placement: ExpertPlacement, *, num_experts: int, ep: int, redundant: int) -> None:

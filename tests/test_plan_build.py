@@ -12,7 +12,7 @@ import pytest
 
 import autoparallel as ap
 from autoparallel._module_rules import module_rules_for
-from autoparallel._planner import pipeline_stages
+from autoparallel.plan._build import pipeline_stages
 from autoparallel.schema import load_schema, plan_json_schema, validate_plan_document
 from cost_model import Inference, Training, configs_to_table, estimate_table
 from search import SearchSettings
@@ -61,14 +61,11 @@ def test_experts_rules_and_prediction(plan: ap.ShardingPlan) -> None:
     assert np.all(np.bincount(held, minlength=placement.ep) == placement.slots_per_rank)
     assert plan.module_rules == module_rules_for(model=model, config=plan.config)
     cluster = ap.get_preset("dgx-h100", num_nodes=plan.world_size // 8)
-    workload = ap.load_plan(plan.to_json()).provenance.workload
-    workload = Training(**workload) if workload["kind"] == "training" else Inference(**workload)
+    workload = ap.load_plan(plan.to_json()).job
+    assert isinstance(workload, Training if plan.serving is None else Inference)
     extras = {}
     if plan.serving is not None:
-        from cost_model._serving_columns import ServingConfig
-
-        serving = plan.serving
-        extras = ServingConfig(**serving.model_dump()).columns(workload=workload)
+        extras = plan.serving.serving_config().columns(workload=workload)
     columns = estimate_table(model, cluster, workload, configs_to_table([plan.config], **extras))
     assert plan.predicted.step_time_s == pytest.approx(float(columns["step_time_s"][0]), rel=1e-9)
     assert plan.predicted.memory_per_device_bytes <= plan.predicted.memory_capacity_bytes
@@ -91,11 +88,12 @@ def test_provenance(plan: ap.ShardingPlan) -> None:
     assert provenance.model_fingerprint == model.fingerprint()
     assert provenance.library_version == ap.__version__
     search = provenance.search
-    assert search["space_size"] > search["num_meshes"] > 0 and provenance.created_at
-    if search["space_size"] <= 20_000:  # a small space is priced whole (brute force), one trial per mesh
-        assert search["method"] == "brute_force" and search["num_trials"] == search["num_meshes"]
+    assert search.space_size > search.num_meshes > 0 and provenance.created_at
+    if search.space_size <= 20_000:  # a small space is priced whole (brute force), one trial per mesh
+        assert search.method == "brute_force" and search.num_trials == search.num_meshes
     else:
-        assert search["method"] == "tpe" and search["num_trials"] == 40
+        assert search.method == "tpe" and search.num_trials == 40
+    assert plan.devices_per_node == 8 and plan.model == model
 
 
 def test_json_round_trip_and_schema(plan: ap.ShardingPlan, tmp_path: Path) -> None:
@@ -113,7 +111,7 @@ def test_shipped_schema_matches_the_model() -> None:
 def test_unknown_keys_and_newer_versions_are_rejected(inference_plan: ap.ShardingPlan) -> None:
     document = json.loads(inference_plan.to_json())
     document["provenance"]["colour"] = "blue"
-    with pytest.raises(ValueError, match="unknown key 'colour' at provenance.*valid keys there: cluster_fingerprint"):
+    with pytest.raises(ValueError, match="plan provenance.colour \\(unknown key\\): valid keys there: cluster_fingerprint"):
         ap.load_plan(document)
     with pytest.raises(ValueError, match="provenance: Additional properties are not allowed"):
         validate_plan_document(document)
@@ -140,20 +138,21 @@ def test_prefill_decode_disaggregation_when_it_serves_more() -> None:
     workload = Inference(prompt_tokens=4096, output_tokens=1024, ttft_slo_s=1.0, tpot_slo_s=0.03)
     small = SearchSettings(brute_force_layouts=0)  # a short study is enough here
     plan = ap.find_plan("deepseek-v3", ap.get_preset("hgx-h800", num_nodes=64), workload, n_trials=24, settings=small)
-    search = plan.provenance.search
-    assert [pool.phase for pool in plan.disaggregation] == ["prefill", "decode"]
-    assert search["deployment"] == "disaggregated"
-    assert search["disaggregated_output_tokens_per_s_per_device"] > search["colocated_output_tokens_per_s_per_device"]
-    for pool in plan.disaggregation:
-        assert pool.num_devices % pool.config.world_size == 0 and pool.predicted is not None
-    assert sum(pool.num_devices for pool in plan.disaggregation) <= plan.world_size
+    deployment = plan.deployment
+    assert [pool.role for pool in deployment.pools] == ["prefill", "decode"]
+    assert deployment.kind == "disaggregated" and plan.disaggregated
+    assert deployment.disaggregated_output_tokens_per_s_per_device > deployment.colocated_output_tokens_per_s_per_device
+    for pool in deployment.pools:
+        assert pool.devices_per_unit == pool.config.world_size and pool.predicted is not None
+        assert pool.serving.batch_size == pool.predicted.batch_size  # each pool records its own batch
+    assert sum(pool.num_devices for pool in deployment.pools) <= plan.world_size
     assert ap.load_plan(plan.to_json()) == plan
     sglang = export_plan(plan, format="sglang")
     assert "--disaggregation-mode prefill" in sglang.files["launch_sglang_prefill.sh"]
     assert "--disaggregation-mode decode" in sglang.files["launch_sglang_decode.sh"]
     assert any("disaggregation" in item for item in export_plan(plan, format="vllm").dropped)
     no_split = ap.find_plan("deepseek-v3", ap.get_preset("hgx-h800", num_nodes=64), workload, n_trials=8, disaggregate=False, settings=small)
-    assert not no_split.disaggregation
+    assert not no_split.deployment.pools and no_split.deployment.kind == "colocated"
 
 
 def test_disaggregation_on_a_node_smaller_than_its_nic_share() -> None:

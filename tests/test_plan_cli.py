@@ -41,7 +41,7 @@ def test_default_plan_is_fast_and_valid(default_plan) -> None:
     validate_plan_document(document)
     plan = ap.load_plan(path)
     assert plan.provenance.model_name == "ref-3t-moe" and plan.provenance.cluster_name == "gb200-nvl72"
-    assert plan.serving is not None and plan.provenance.workload["kind"] == "inference"
+    assert plan.serving is not None and plan.job.kind == "inference"
     assert plan.predicted.tpot_s <= 0.05 and plan.predicted.ttft_s <= 5.0
     for heading in ("TTFT", "TPOT", "tokens/s/device", "memory/device", "bottleneck"):
         assert heading in stdout
@@ -69,7 +69,7 @@ def test_small_training_plan_for_the_cpu_examples(tmp_path: Path, capsys) -> Non
     ])
     assert code == 0
     plan = ap.load_plan(output)
-    assert plan.world_size == 4 and plan.provenance.search["method"] == "brute_force"
+    assert plan.world_size == 4 and plan.provenance.search.method == "brute_force"
 
 
 def test_user_errors_exit_2_and_name_the_problem(tmp_path: Path, capsys) -> None:

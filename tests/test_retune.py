@@ -15,7 +15,7 @@ import autoparallel as ap
 from autoparallel._expert_placement import contiguous_placement, load_imbalance, zipf_expert_load
 from autoparallel.runtime._recovery import cluster_for_world, largest_legal_world, plan_for_config
 from autoparallel.runtime.retune import Retuner, RetuneSettings, StepMeasurement, summarize
-from cost_model import Inference, ParallelConfig, Training
+from cost_model import Inference, ParallelConfig, ServingConfig, Training
 
 MODEL = ap.get_model("tiny-moe")
 CLUSTER = ap.get_preset("cpu-loopback")
@@ -88,7 +88,8 @@ def _faster(plan, *, factor: float):
         update={"step_time_s": plan.predicted.step_time_s / factor,
                 "time_s": {k: v / factor for k, v in plan.predicted.time_s.items()}}
     )
-    return plan.model_copy(update={"config": plan.config.model_copy(update={"dp": 2, "tp": 2}), "predicted": predicted})
+    config = plan.config.model_copy(update={"dp": 2, "tp": 2})
+    return plan_for_config(model=MODEL, cluster=CLUSTER, workload=plan.job, config=config, predicted=predicted)
 
 
 def test_a_reshard_must_pay_back_its_restart() -> None:
@@ -148,7 +149,7 @@ def test_observe_decides_every_n_steps_after_warmup() -> None:
 def test_inference_batch_size_is_compared_per_token() -> None:
     workload = Inference(prompt_tokens=64, output_tokens=64)
     plan = plan_for_config(model=MODEL, cluster=CLUSTER, workload=workload, config=ParallelConfig(dp=4),
-                           extras={"batch_size": 1, "kv_dtype": "bf16", "num_redundant_experts": 0})
+                           serving=ServingConfig(batch_size=1, kv_dtype="bf16", num_redundant_experts=0))
     retuner = Retuner(plan, model=MODEL, cluster=CLUSTER, workload=workload,
                       settings=RetuneSettings(allowed_changes=("batch_size",)))
     decision = retuner.decide(_steps(plan))

@@ -203,8 +203,11 @@ def test_sequence_length_not_a_multiple_of_2cp_is_rejected():
         context.shard(torch.zeros(1, 6, dtype=torch.long))
     spec = tiny_reference_spec(num_layers=2)
     workload = Training(sequence_length_tokens=6, global_batch_sequences=2)
-    plan = plan_for_config(spec, ParallelConfig(cp=2), workload=workload)
-    with pytest.raises(ValueError, match=r"workload.sequence_length_tokens \(6\).*2\*cp \(4\)"):
+    with pytest.raises(ValueError, match=r"plan config \(cp2\): sequence_length_tokens \(6\) must be divisible by 2\*cp \(4\)"):
+        plan_for_config(spec, ParallelConfig(cp=2), workload=workload)  # the plan itself refuses it
+    valid = plan_for_config(spec, ParallelConfig(cp=2), workload=Training(sequence_length_tokens=8, global_batch_sequences=2))
+    plan = valid.model_copy(update={"job": workload})  # edited after validation: the runtime checks again
+    with pytest.raises(ValueError, match=r"job.sequence_length_tokens \(6\).*2\*cp \(4\)"):
         check_plan_fits(ReferenceMoETransformer(spec, device="meta"), plan)
 
 

@@ -17,7 +17,7 @@ import pytest
 
 import autoparallel as ap
 from autoparallel._expert_placement import balanced_placement
-from autoparallel._plan import ShardingPlan
+from autoparallel.plan import ShardingPlan
 from autoparallel.testing import full_tensor, plan_for_config, run_ranks
 from cost_model import ParallelConfig, Training
 
@@ -234,7 +234,7 @@ def test_negative_control_without_expert_gradient_sync_fails() -> None:
 
 
 def test_placement_that_does_not_fit_the_module_is_rejected() -> None:
-    from autoparallel._plan import ExpertPlacement
+    from autoparallel.plan import ExpertPlacement
     from autoparallel.runtime._expert_parallel import expert_placement_for
 
     plan = make_plan(ParallelConfig(dp=2, ep=2))

@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402
 
-from autoparallel._plan import ModuleRule  # noqa: E402
+from autoparallel.plan import ModuleRule  # noqa: E402
 from autoparallel.runtime import ReferenceMoETransformer, apply_plan, tiny_reference_spec  # noqa: E402
 from autoparallel.testing import plan_for_config, run_ranks  # noqa: E402
 from cost_model import Inference, ParallelConfig  # noqa: E402

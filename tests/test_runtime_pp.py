@@ -90,7 +90,10 @@ def test_schedule_and_layout_errors_name_the_rule() -> None:
     tied = ReferenceMoETransformer(tiny_reference_spec(tie_word_embeddings=True), device="meta")
     with pytest.raises(ValueError, match=r"tied embeddings .* not supported with pp > 1"):
         split_stage_modules(tied, plan=make_plan(ParallelConfig(pp=2)), pp_rank=0)
-    plan = make_plan(ParallelConfig(pp=2, micro_batch_size=3))
+    from autoparallel import get_model
+    from autoparallel.testing import plan_for_config
+
+    plan = plan_for_config(get_model("tiny-moe"), ParallelConfig(pp=2, micro_batch_size=3))  # a batch of 12
     with pytest.raises(ValueError, match=r"local_batch_sequences \(4\) must be divisible by micro_batch_size \(3\)"):
         num_micro_batches_for(plan, local_batch_sequences=4)
     interleaved = make_plan(ParallelConfig(pp=2, pipeline_schedule="interleaved_1f1b", virtual_stages=2))

@@ -76,7 +76,7 @@ def test_pareto_front_with_nsga2() -> None:
     for throughput, tpot in front:  # nobody on the front is dominated by another point of it
         assert not any(t2 >= throughput and p2 <= tpot and (t2, p2) != (throughput, tpot) for t2, p2 in front)
     assert [t for t, _ in front] == sorted(t for t, _ in front)
-    assert len({c.extras["batch_size"] for c in result.pareto}) > 1  # the front is traced by the batch
+    assert len({c.serving.batch_size for c in result.pareto}) > 1  # the front is traced by the batch
 
 
 def test_training_pareto_trades_step_time_for_memory_headroom() -> None:

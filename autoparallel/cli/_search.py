@@ -17,6 +17,7 @@ from rich.table import Table
 
 from autoparallel.cli._args import add_job_arguments, serving_precision
 from autoparallel.cli._render import console
+from cost_model import describe_layout
 from cost_model._units import human_bytes, human_seconds
 
 DEFAULT_CLUSTER = "gb200-nvl72"
@@ -97,9 +98,9 @@ def _plan(args: argparse.Namespace) -> int:
     console.print(plan_table(plan))
     search = plan.provenance.search
     console.print(
-        f"space {search['space_size']:,} layouts ({search['num_meshes']:,} meshes); {search['method']} "
-        f"{search['num_trials']} trials, {search['rows_evaluated']:,} layouts priced in {search['elapsed_s']:.1f} s; "
-        f"infeasible layouts: {_counts(search['infeasible_layouts'])}"
+        f"space {search.space_size:,} layouts ({search.num_meshes:,} meshes); {search.method} "
+        f"{search.num_trials} trials, {search.rows_evaluated:,} layouts priced in {search.elapsed_s:.1f} s; "
+        f"infeasible layouts: {_counts(search.infeasible_layouts)}"
     )
     if line := deployment_line(plan):
         console.print(line)
@@ -109,28 +110,25 @@ def _plan(args: argparse.Namespace) -> int:
 
 def deployment_line(plan) -> str:  # noqa: ANN001
     """Colocated vs disaggregated serving, when the plan priced both."""
-    if not plan.disaggregation:
-        return ""
-    search = plan.provenance.search
+    deployment = plan.deployment
+    if not deployment.pools:
+        return f"deployment: [bold]{deployment.kind}[/] — {deployment.note}" if deployment.note else ""
     pools = " + ".join(
-        f"{p.phase} {p.num_devices} devices (units of {p.config.world_size}: tp{p.config.tp} pp{p.config.pp} dp{p.config.dp} ep{p.config.ep}"
-        f"{' attn-dp' if p.config.attention_data_parallel else ''})"
-        for p in plan.disaggregation
+        f"{p.role} {p.num_units} x {p.devices_per_unit} devices (units {describe_layout(p.config)}, "
+        f"batch {p.serving.batch_size}, a2a {p.serving.all_to_all_backend}"
+        f"{', two-batch overlap' if p.serving.two_batch_overlap else ''})"
+        for p in deployment.pools
     )
-    considered = search.get("disaggregated_splits_considered", [])
-    splits = ", ".join(
-        f"{c['prefill_unit_devices']}/{c['decode_unit_devices']}: {c['output_tokens_per_s_per_device']:,.0f}" for c in considered[:6]
-    )
-    colocated = search["colocated_output_tokens_per_s_per_device"]
-    disaggregated = search["disaggregated_output_tokens_per_s_per_device"]
-    winner, loser = (("colocated", "disaggregated") if search["deployment"] == "colocated" else ("disaggregated", "colocated"))
+    colocated = deployment.colocated_output_tokens_per_s_per_device or 0.0
+    disaggregated = deployment.disaggregated_output_tokens_per_s_per_device or 0.0
+    loser = "disaggregated" if deployment.kind == "colocated" else "colocated"
     ratio = max(colocated, disaggregated) / max(min(colocated, disaggregated), 1e-12)
     return (
-        f"deployment: [bold]{search['deployment']}[/] — colocated {colocated:,.1f} "
+        f"deployment: [bold]{deployment.kind}[/] — colocated {colocated:,.1f} "
         f"vs disaggregated {disaggregated:,.1f} output tokens/s per device "
-        f"({pools}; the {search['disaggregated_bottleneck']} pool binds)\n"
-        f"why: {winner} serves {ratio:.2f}x the output tokens per device of the best {loser} deployment; "
-        f"{len(considered)} pool pairs priced (prefill/decode unit devices: tokens/s/device) {splits}"
+        f"({pools}; the {deployment.bottleneck} pool binds)\n"
+        f"why: {deployment.kind} serves {ratio:.2f}x the output tokens per device of the best {loser} deployment"
+        + (f"; {deployment.note}" if deployment.note else "")
     )
 
 
@@ -183,7 +181,7 @@ def plan_table(plan) -> Table:  # noqa: ANN001
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from autoparallel._plan import load_plan
+    from autoparallel.plan import load_plan
 
     plan = load_plan(Path(args.plan))
     cost = plan.predicted
@@ -223,7 +221,7 @@ def _memory_table(cost) -> Table:  # noqa: ANN001
 
 def _export(args: argparse.Namespace) -> int:
     from autoparallel._export import export_plan
-    from autoparallel._plan import load_plan
+    from autoparallel.plan import load_plan
 
     result = export_plan(load_plan(Path(args.plan)), format=args.format, model_path=args.model_path)
     if args.output_dir is None:

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autoparallel._plan import ModuleRule, ShardingPlan, load_plan
+from autoparallel.plan import ModuleRule, ShardingPlan, load_plan
 from autoparallel.runtime._context_parallel import (
     ContextParallel,
     apply_context_parallel,
@@ -184,13 +184,12 @@ def _check_context_parallel(module: nn.Module, plan: ShardingPlan) -> None:
     if cp == 1:
         return
     check_context_parallel_module(module, cp=cp)
-    workload = plan.provenance.workload
-    if workload.get("kind") == "inference":
+    workload = plan.job
+    if workload.kind == "inference":
         raise ValueError(
             f"cp ({cp}) must be 1 for an inference plan: generation under context parallel is not supported"
         )
-    if workload.get("sequence_length_tokens") is not None:
-        check_sequence_length(int(workload["sequence_length_tokens"]), cp, field="workload.sequence_length_tokens")
+    check_sequence_length(workload.sequence_length_tokens, cp, field="job.sequence_length_tokens")
 
 
 def check_plan_fits(module: nn.Module, plan: ShardingPlan) -> None:

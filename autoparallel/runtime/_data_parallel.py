@@ -28,7 +28,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from autoparallel._plan import ShardingPlan
+from autoparallel.plan import ShardingPlan
 
 __all__ = ["DataParallel", "apply_data_parallel"]
 

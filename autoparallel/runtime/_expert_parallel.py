@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autoparallel._plan import ExpertPlacement, ShardingPlan
+from autoparallel.plan import ExpertPlacement, ShardingPlan
 from autoparallel.runtime._row_collectives import (
     GatherRows,
     SplitRows,

@@ -19,12 +19,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from autoparallel._plan import ShardingPlan
+from autoparallel.plan import ShardingPlan
+from cost_model import DENSE_MESH_ORDER, MOE_MESH_ORDER
 
 __all__ = ["DENSE_AXES", "MOE_AXES", "Meshes", "build_meshes", "default_device_type", "mesh_rank_layout"]
 
-DENSE_AXES = ("pp", "dp", "cp", "tp")
-MOE_AXES = ("pp", "edp", "ep", "etp")
+DENSE_AXES = tuple(axis.value for axis in DENSE_MESH_ORDER)
+MOE_AXES = tuple(axis.value for axis in MOE_MESH_ORDER)
 
 
 @dataclass(frozen=True)

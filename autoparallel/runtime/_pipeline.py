@@ -34,7 +34,7 @@ from torch.distributed.pipelining import (
     ScheduleInterleavedZeroBubble,
 )
 
-from autoparallel._plan import ShardingPlan, StageLayers
+from autoparallel.plan import ShardingPlan, StageLayers
 
 __all__ = ["Pipeline", "StepOutput", "build_pipeline", "num_micro_batches_for", "split_stage_modules", "stage_chunks"]
 
@@ -162,7 +162,7 @@ def num_micro_batches_for(plan: ShardingPlan, *, local_batch_sequences: int | No
     by ``config.micro_batch_size``; both must divide."""
     config = plan.config
     if local_batch_sequences is None:
-        global_batch = plan.provenance.workload.get("global_batch_sequences")
+        global_batch = getattr(plan.job, "global_batch_sequences", None)
         if not global_batch:
             raise ValueError("the plan's workload has no global_batch_sequences; pass local_batch_sequences")
         return config.num_micro_batches(int(global_batch))

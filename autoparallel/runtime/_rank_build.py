@@ -22,7 +22,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from autoparallel._plan import ShardingPlan
+from autoparallel.plan import ShardingPlan
 from autoparallel.runtime._expert_parallel import expert_placement_for, local_experts
 from autoparallel.runtime._mesh import mesh_rank_layout
 from autoparallel.runtime._model import ReferenceMoETransformer, RouterScoring

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from autoparallel._expert_placement import ExpertMove, placement_moves, rank_experts
-from autoparallel._plan import ExpertPlacement
+from autoparallel.plan import ExpertPlacement
 from autoparallel.runtime._expert_parallel import AllToAllDispatcher, ExpertParallel
 
 __all__ = ["RebalanceReport", "rebalance_experts"]

@@ -17,8 +17,8 @@ from typing import Any, Iterator
 
 from pydantic import BaseModel, ConfigDict
 
-from autoparallel._plan import Provenance, ShardingPlan
-from cost_model import InfeasiblePlanError, Inference, ModelSpec, ParallelConfig, Training
+from autoparallel.plan import PlanRecord, ShardingPlan, build_plan, load_plan
+from cost_model import InfeasiblePlanError, Inference, Layout, ModelSpec, ParallelConfig, ServingConfig, Training
 
 __all__ = [
     "RankLostError",
@@ -128,45 +128,23 @@ def largest_legal_world(*, model: ModelSpec, cluster, workload: Training | Infer
 
 def plan_for_config(
     *, model: ModelSpec, cluster, workload: Training | Inference, config: ParallelConfig,  # noqa: ANN001
-    extras: dict[str, Any] | None = None, like: ShardingPlan | None = None, predicted=None,  # noqa: ANN001
+    serving: ServingConfig | None = None, like: ShardingPlan | None = None, predicted=None,  # noqa: ANN001
 ) -> ShardingPlan:
-    """A ``ShardingPlan`` for one given config, built by the planner's pure functions; provenance
-    is copied from ``like`` when given (a re-planned variant of a running plan). ``predicted``
-    (a ``CostBreakdown`` already computed for this config) skips ``cost_model.estimate``.
+    """The ``ShardingPlan`` of one given layout, ``config`` with the inference ``serving``
+    settings (``autoparallel.plan.build_plan``); the search
+    record and time of creation are copied from ``like`` when given (a re-planned variant of a
+    running plan). ``predicted`` (a ``CostBreakdown`` already computed for this layout on
+    ``cluster``) skips ``cost_model.estimate``.
 
     Raises:
-        InfeasiblePlanError: the config does not fit (from ``cost_model.estimate``).
+        InfeasiblePlanError: the layout does not fit (from ``cost_model.estimate``).
     """
-    import cost_model
-    from autoparallel import _planner
-
-    extras = dict(extras or {})
-    estimate_extras = {k: extras[k] for k in ("batch_size", "kv_dtype", "num_redundant_experts") if k in extras}
-    if predicted is None:
-        predicted = cost_model.estimate(model, cluster, workload, config, **estimate_extras)
-    serving = None
-    if "batch_size" in extras:
-        from autoparallel._plan import ServingSettings
-
-        serving = ServingSettings(batch_size=max(int(extras["batch_size"]) or int(predicted.batch_size or 1), 1),
-                                  kv_dtype=str(extras.get("kv_dtype", "bf16")),
-                                  num_redundant_experts=int(extras.get("num_redundant_experts", 0)))
-    provenance = like.provenance if like is not None else Provenance(
-        library_version="", model_name=model.name, model_fingerprint=model.fingerprint(), cluster_name=cluster.name,
-        cluster_fingerprint=cluster.fingerprint(), workload=workload.model_dump(mode="json"),
-    )
-    if like is not None and (like.world_size != config.world_size or like.provenance.cluster_fingerprint != cluster.fingerprint()):
-        provenance = provenance.model_copy(update={"cluster_name": cluster.name, "cluster_fingerprint": cluster.fingerprint()})
-    return ShardingPlan(
-        provenance=provenance, world_size=config.world_size, config=config,
-        mesh_axes=_planner.dense_mesh_axes(config),
-        moe_mesh_axes=_planner.moe_mesh_axes(config) if model.moe is not None else (),
-        rank_to_device=_planner.rank_to_device(cluster=cluster, config=config),
-        stages=_planner.pipeline_stages(num_layers=model.num_layers, config=config),
-        expert_placement=_planner.expert_placement(model=model, config=config, extras=extras),
-        module_rules=_planner.module_rules(model=model, config=config),
-        predicted=predicted, serving=serving,
-    )
+    record = PlanRecord()
+    if like is not None:
+        record = PlanRecord(search=like.provenance.search, library_version=like.provenance.library_version,
+                            created_at=like.provenance.created_at)
+    return build_plan(model=model, cluster=cluster, job=workload, layout=Layout(config=config, serving=serving),
+                      predicted="estimate" if predicted is None else predicted, record=record)
 
 
 def live_variant_plans(*, plan: ShardingPlan, model: ModelSpec, cluster, workload: Training | Inference,  # noqa: ANN001
@@ -176,7 +154,8 @@ def live_variant_plans(*, plan: ShardingPlan, model: ModelSpec, cluster, workloa
     ``cost_model.estimate_table`` call; infeasible rows are dropped."""
     from cost_model import estimate_table
     from cost_model._estimate import breakdown_from_row
-    from search._space import config_from_row, row_extras, select
+    from search._candidate import layout_at
+    from search._space import select
 
     config = plan.config
     mesh = space.find_mesh(dp=config.dp, tp=config.tp, pp=config.pp, cp=config.cp, ep=config.ep, etp=config.etp,
@@ -190,10 +169,11 @@ def live_variant_plans(*, plan: ShardingPlan, model: ModelSpec, cluster, workloa
     table = select(table, rows)
     columns = estimate_table(model, cluster, workload, table)
     return [
-        plan_for_config(model=model, cluster=cluster, workload=workload, config=config_from_row(table, row),
-                        extras=row_extras(table, row), like=plan, predicted=breakdown_from_row(columns, row))
+        plan_for_config(model=model, cluster=cluster, workload=workload, config=layout.config, serving=layout.serving,
+                        like=plan, predicted=breakdown_from_row(columns, row))
         for row in range(len(rows))
         if bool(columns["feasible"][row])
+        for layout in [layout_at(table, row)]
     ]
 
 
@@ -223,10 +203,10 @@ def research_plans(
                                   settings=settings, estimator=estimator)
     plans = [best]
     for alternative in best.alternatives:
-        extras = {} if alternative.serving is None else alternative.serving.model_dump()
+        serving = None if alternative.serving is None else alternative.serving.serving_config()
         try:
             plans.append(plan_for_config(model=model, cluster=cluster, workload=workload, config=alternative.config,
-                                         extras=extras, like=best, predicted=alternative.predicted))
+                                         serving=serving, like=best, predicted=alternative.predicted))
         except InfeasiblePlanError as error:  # a runner-up that does not fit is no candidate
             logger.info("re-plan: alternative %s skipped: %s", alternative.config, error)
     return plans
@@ -249,14 +229,11 @@ class Recovery(BaseModel):
 
 def job_from_plan(plan: ShardingPlan, *, model, cluster, workload):  # noqa: ANN001, ANN202
     """Model, cluster and workload a plan names, unless given."""
-    from pydantic import TypeAdapter
+    from autoparallel._planner import resolve_cluster
 
-    from autoparallel._planner import resolve_cluster, resolve_model
-    from cost_model import Workload
-
-    model = model or resolve_model(plan.provenance.model_name)
+    model = model or plan.model
     cluster = cluster or resolve_cluster(plan.provenance.cluster_name.split("@")[0])
-    workload = workload or TypeAdapter(Workload).validate_python(plan.provenance.workload)
+    workload = workload or plan.job
     return model, cluster, workload
 
 
@@ -298,7 +275,7 @@ def recover_job(checkpoint, *, build, model, cluster, workload, n_trials: int, s
         plan = autoparallel.find_plan(model, sized, workload, n_trials=n_trials, seed=seed, warm_start=warm, settings=settings)
         shared = [plan.to_json()]
     dist.broadcast_object_list(shared, src=0)
-    plan = ShardingPlan.model_validate_json(shared[0])
+    plan = load_plan(shared[0])
     logger.info("recovery: checkpoint of step %d saved on %d ranks; %d launched; re-planned for %d ranks: %s",
                 info.step, info.plan.world_size, launched, world, plan.config)
     if not shrink_world(world):

@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from autoparallel._plan import ShardingPlan
+from autoparallel.plan import ShardingPlan
 
 __all__ = [
     "CheckpointInfo",

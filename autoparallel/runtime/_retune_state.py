@@ -9,7 +9,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from autoparallel._plan import ShardingPlan
+from autoparallel.plan import ShardingPlan
 from cost_model import Inference, ParallelConfig
 
 ChangeKind = Literal["keep", "expert_placement", "micro_batch", "batch_size", "reshard"]

@@ -39,7 +39,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from autoparallel._plan import ModuleRule, ShardingPlan
+from autoparallel.plan import ModuleRule, ShardingPlan
 
 __all__ = ["SelectKVHeads", "SumGradientOverGroup", "TensorParallel", "apply_tensor_parallel", "iter_module_names", "match_rules", "walk_modules"]
 

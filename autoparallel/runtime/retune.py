@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 
 from autoparallel._expert_placement import balanced_placement, contiguous_placement, load_imbalance, placement_moves
-from autoparallel._plan import ExpertPlacement, ShardingPlan
+from autoparallel.plan import ExpertPlacement, ShardingPlan
 from autoparallel.runtime._retune_state import (
     Calibration,
     Candidate,

@@ -2,7 +2,7 @@
 
 The file is generated from the pydantic model (``plan_json_schema``) and kept in the package so
 that tools in any language can validate a plan; a test checks it matches the model. Regenerate it
-with ``python -m autoparallel.schema`` after changing ``autoparallel/_plan.py``.
+with ``python -m autoparallel.schema`` (``--stdout`` prints it instead) after changing ``autoparallel/plan/``.
 """
 
 from __future__ import annotations
@@ -12,17 +12,18 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SCHEMA_FILE", "load_schema", "plan_json_schema", "validate_plan_document", "write_schema"]
+__all__ = ["SCHEMA_FILE", "load_schema", "plan_json_schema", "schema_text", "validate_plan_document", "write_schema"]
 
 SCHEMA_FILE = "sharding_plan.schema.json"
 
 
 def plan_json_schema() -> dict[str, Any]:
     """The schema generated from ``ShardingPlan`` (unknown keys rejected, version bounded)."""
-    from autoparallel._plan import SCHEMA_VERSION, ShardingPlan
+    from autoparallel.plan import SCHEMA_VERSION, ShardingPlan
 
     schema = ShardingPlan.model_json_schema(mode="validation")
-    schema["properties"]["schema_version"]["maximum"] = SCHEMA_VERSION
+    # a version-1 document is upgraded by ``load_plan``; this schema describes version 2 only
+    schema["properties"]["schema_version"].update(minimum=SCHEMA_VERSION, maximum=SCHEMA_VERSION)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"https://moe-autoparallel/schema/sharding_plan/v{SCHEMA_VERSION}.json",
@@ -35,9 +36,14 @@ def load_schema() -> dict[str, Any]:
     return json.loads((resources.files("autoparallel.schema") / SCHEMA_FILE).read_text())
 
 
+def schema_text() -> str:
+    """The schema as the shipped file holds it."""
+    return json.dumps(plan_json_schema(), indent=2, sort_keys=True) + "\n"
+
+
 def write_schema(path: str | Path | None = None) -> Path:
     target = Path(path) if path is not None else Path(__file__).with_name(SCHEMA_FILE)
-    target.write_text(json.dumps(plan_json_schema(), indent=2, sort_keys=True) + "\n")
+    target.write_text(schema_text())
     return target
 
 

@@ -1,5 +1,11 @@
-"""``python -m autoparallel.schema``: regenerate the shipped JSON Schema file."""
+"""``python -m autoparallel.schema``: regenerate the shipped JSON Schema file of the plan
+(version 2); ``--stdout`` prints the schema instead of writing the file."""
 
-from autoparallel.schema import write_schema
+import sys
 
-print(write_schema())  # noqa: T201 - a developer script, not library code
+from autoparallel.schema import schema_text, write_schema
+
+if "--stdout" in sys.argv[1:]:
+    sys.stdout.write(schema_text())
+else:
+    sys.stdout.write(f"{write_schema()}\n")
