@@ -67,6 +67,7 @@ class _Serving:
     kv_dtype: str
     num_redundant_experts: int
     two_batch_overlap: bool
+    all_to_all_backend: str = "auto"
 
 
 def _serving(plan: ShardingPlan) -> _Serving:
@@ -83,6 +84,7 @@ def _serving(plan: ShardingPlan) -> _Serving:
         kv_dtype=serving.kv_dtype if serving else "bf16",
         num_redundant_experts=serving.num_redundant_experts if serving else 0,
         two_batch_overlap=serving.two_batch_overlap if serving else False,
+        all_to_all_backend=serving.all_to_all_backend if serving else "auto",
     )
 
 
@@ -171,6 +173,8 @@ def _sglang(plan: ShardingPlan, model_path: str) -> Export:
         args += ["--dp-size", str(s.attention_replicas), "--enable-dp-attention"]
     if c.ep > 1:
         args += ["--ep-size", str(c.ep), "--moe-a2a-backend", "deepep"]
+        if s.all_to_all_backend != "auto":  # a pool's own DeepEP kernels (normal prefill, low-latency decode)
+            args += ["--deepep-mode", s.all_to_all_backend]
     if s.num_redundant_experts:
         args += ["--ep-num-redundant-experts", str(s.num_redundant_experts), "--enable-eplb"]
     kv = _kv_dtype(s.kv_dtype, {"bf16": "auto", "fp8": "fp8_e4m3"})

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from autoparallel import get_model
 from cost_model import Inference, Layout, ParallelConfig, ServingConfig
 from search._candidate import Candidate
 from search._disaggregation import _pool, unit_sizes
 from topology import get_preset
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "autoparallel" / "schema" / "examples"
 REF = get_model("ref-3t-moe")
 WORKLOAD = Inference(prompt_tokens=4096, output_tokens=1024, weight_dtype="fp8")
 
@@ -44,3 +47,20 @@ def test_each_pool_keeps_its_own_serving_settings() -> None:
     )
     assert prefill.serving.batch_size == 64 and prefill.serving.two_batch_overlap
     assert prefill.serving.num_redundant_experts == 8
+
+
+def test_sglang_pool_exports_run_their_own_deepep_mode() -> None:
+    from autoparallel._export import export_plan
+    from autoparallel.plan import load_plan
+
+    plan = load_plan(EXAMPLES / "deepseek-v3_disaggregated_512xh800.json")
+    backend = {"prefill": "normal", "decode": "low_latency"}
+    pools = tuple(
+        pool.model_copy(update={"serving": pool.serving.model_copy(update={"all_to_all_backend": backend[pool.role]})})
+        for pool in plan.deployment.pools
+    )
+    plan = plan.model_copy(update={"deployment": plan.deployment.model_copy(update={"pools": pools})})
+    files = export_plan(plan, format="sglang", model_path="deepseek-ai/DeepSeek-V3").files
+    assert "--deepep-mode normal" in files["launch_sglang_prefill.sh"]
+    assert "--deepep-mode low_latency" in files["launch_sglang_decode.sh"]
+    assert "--deepep-mode" not in files["launch_sglang.sh"]  # the colocated layout keeps the engine's default
