@@ -24,6 +24,7 @@ CONFIG = ParallelConfig(dp=16, tp=1, ep=16, attention_data_parallel=False)
         ("deepseek-v3", "fp8"),
         ("kimi-k2", "fp8"),
         ("qwen3-235b-a22b", "bf16"),
+        ("qwen3-235b-a22b-fp8", "fp8"),
         ("ref-3t-moe", "fp8"),
     ],
 )
