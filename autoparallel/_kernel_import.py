@@ -28,7 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-from cost_model._inference_ops import routed_bytes_per_assignment
+from cost_model._inference_ops import (
+    attention_flops_per_key,
+    routed_bytes_per_assignment,
+)
 from cost_model._kernel_curves import (
     GROUPED_GEMM_SHAPE,
     TOKENS_PER_EXPERT_GRID,
@@ -173,40 +176,61 @@ def _side_bytes(dtype: str) -> float:
     )
 
 
-def _mla_curves(root: Path, device: str, engine: str) -> list[dict]:
-    """MLA decode: efficiency by context length at 128 heads (DeepSeek-V3 attention, one query)."""
+#: MLA operator tables: (file, batch of the kept rows, ideal-time function of (hardware, batch, tokens)).
+_MLA_TABLES = {
+    "mla_decode": ("generation_mla_perf.parquet", MLA_BATCH),
+    "mla_prefill": ("context_mla_perf.parquet", 1),
+}
+
+
+def _mla_ideal_s(kind: str, *, hardware, batch: int, tokens: np.ndarray) -> np.ndarray:
+    """Ideal seconds of one MLA layer of DeepSeek-V3 (128 heads): absorbed-form decode of one
+    token at ``tokens`` context, or an explicit-form causal prefill of a ``tokens`` prompt."""
+    if kind == "mla_decode":
+        return mla_decode_ideal_s(
+            hardware=hardware, batch=batch, context_tokens=tokens, heads=128
+        )
+    from autoparallel._catalog import get_model
+
+    per_key = attention_flops_per_key(get_model("deepseek-v3"), decode=False)
+    flops = (
+        batch * tokens * (tokens + 1.0) / 2.0 * per_key
+    )  # causal: query i attends i keys
+    return flops / hardware.peak_flops_for("bf16")
+
+
+def _mla_curves(root: Path, device: str, engine: str, kind: str) -> list[dict]:
+    """MLA attention efficiency by context (decode) or prompt (prefill) length, 128 heads on one
+    rank (DeepSeek-V3's attention), bf16 cache, from the newest table that has 4+ lengths."""
     hardware = get_preset(DEVICES[device]).device
-    for path in _latest_tables(
-        root, device, "mla", engine, "generation_mla_perf.parquet"
-    ):
-        rows = _read(path)
-        by_key: dict[tuple, list[float]] = {}
-        for row in rows:
+    name, batch = _MLA_TABLES[kind]
+    for path in _latest_tables(root, device, "mla", engine, name):
+        by_length: dict[int, float] = {}
+        for row in _read(path):
             if (
                 row["num_heads"] != 128
-                or row["batch_size"] != MLA_BATCH
+                or row["batch_size"] != batch
                 or row["kv_cache_dtype"] != "bfloat16"
             ):
                 continue
-            context = int(row["isl"]) + int(
-                row["step"]
-            )  # keys attended by the decoded token
-            by_key.setdefault((context,), []).append(float(row["latency"]) * 1e-3)
-        if len(by_key) < 4:
+            # keys the decoded token attends (context + itself), or the prompt's length
+            length = int(row["isl"]) + (int(row["step"]) if kind == "mla_decode" else 0)
+            by_length[length] = min(
+                by_length.get(length, np.inf), float(row["latency"]) * 1e-3
+            )
+        if len(by_length) < 4:
             continue
-        contexts = np.array(sorted(k[0] for k in by_key), dtype=np.float64)
-        measured = np.array([min(by_key[(int(c),)]) for c in contexts])
-        ideal = mla_decode_ideal_s(
-            hardware=hardware, batch=MLA_BATCH, context_tokens=contexts, heads=128
-        )
+        lengths = np.array(sorted(by_length), dtype=np.float64)
+        measured = np.array([by_length[int(n)] for n in lengths])
+        ideal = _mla_ideal_s(kind, hardware=hardware, batch=batch, tokens=lengths)
         return [
             {
                 "device": hardware.name,
                 "engine": engine,
                 "dtype": "bf16",
-                "batch": MLA_BATCH,
+                "batch": batch,
                 "file": str(path.relative_to(root.parent)),
-                "context_tokens": contexts.tolist(),
+                "context_tokens": lengths.tolist(),
                 "efficiency": [
                     round(float(e), 4) for e in np.clip(ideal / measured, 1e-3, 1.0)
                 ],
@@ -224,11 +248,12 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
         raise ValueError(
             f"path ({path}) must be an unpacked aiconfigurator-core wheel (no systems/data folder)"
         )
-    grouped, mla = [], []
+    grouped, mla, prefill = [], [], []
     for device in DEVICES:
         for engine in ENGINES:
             grouped += _grouped_gemm_curves(root, device, engine)
-            mla += _mla_curves(root, device, engine)
+            mla += _mla_curves(root, device, engine, "mla_decode")
+            prefill += _mla_curves(root, device, engine, "mla_prefill")
     return {
         "_source": f"{PACKAGE} {version} (PyPI wheel, NVIDIA, Apache-2.0): per-operator tables under "
         "aiconfigurator_core/systems/data; each curve names its file. Derived by autoparallel._kernel_import "
@@ -238,6 +263,7 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
         "tokens_per_expert_grid": TOKENS_PER_EXPERT_GRID.tolist(),
         "grouped_gemm": grouped,
         "mla_decode": mla,
+        "mla_prefill": prefill,
     }
 
 

@@ -15,7 +15,13 @@ tables (Apache-2.0; every curve names its file). Where several engines measured 
 dtype, the best efficiency at each point is used: the fastest kernel measured for that shape
 (TRT-LLM's CUTLASS grouped GEMM where the Triton kernels of untuned configs fall behind), the
 one a deployment tuned for its shape runs. A device or dtype without a curve returns
-``None`` and the caller keeps its roofline pricing. Interpolation: linear in log(tokens per
+``None`` and the caller keeps its roofline pricing.
+
+Prefill is priced with them only where they are the whole story. The MLA prefill curves
+(``mla_prefill``) are imported but not used: at the measured 0.46-0.58 efficiency on 2-12K-token
+prompts (against the training-fitted 0.3 the prefill pass uses today), DeepSeek's Day-6 prefill
+unit is predicted 34% above its published rate while its GEMMs stay at the training-fitted
+matmul efficiency; pricing prefill from operator curves needs the dense GEMM curves too. Interpolation: linear in log(tokens per
 expert) (clamped at the grid's ends) and in log(experts per device) between measured counts.
 """
 
@@ -164,46 +170,68 @@ def grouped_gemm_efficiency(
     return (1 - weight) * along[index, columns] + weight * along[index + 1, columns]
 
 
-def mla_decode_efficiency(*, device_name: str, context_tokens) -> np.ndarray | None:
-    """Measured MLA decode efficiency at ``context_tokens`` (best over engines), or None."""
+def mla_efficiency(*, kind: str, device_name: str, tokens) -> np.ndarray | None:
+    """Measured MLA efficiency (best over engines), or None: ``kind`` ``mla_decode`` at a
+    context of ``tokens``, or ``mla_prefill`` of a ``tokens``-long prompt."""
     device_name = DEVICE_ALIASES.get(device_name, device_name)
-    curves = [c for c in kernel_curves()["mla_decode"] if c["device"] == device_name]
+    curves = [c for c in kernel_curves().get(kind, ()) if c["device"] == device_name]
     if not curves:
         return None
-    log_context = np.log(np.maximum(np.asarray(context_tokens, dtype=np.float64), 1.0))
+    log_tokens = np.log(np.maximum(np.asarray(tokens, dtype=np.float64), 1.0))
     values = [
-        np.interp(log_context, np.log(c["context_tokens"]), c["efficiency"])
+        np.interp(log_tokens, np.log(c["context_tokens"]), c["efficiency"])
         for c in curves
     ]
     return np.max(values, axis=0)
 
 
 def grouped_experts_time_s(
-    *, hardware, dtype: str, tokens_per_expert, experts_per_device, touched_fraction, side_bytes_per_assignment,
-    hidden_size: int, expert_ffn_size,
+    *,
+    hardware,
+    dtype: str,
+    tokens_per_expert,
+    experts_per_device,
+    touched_fraction,
+    side_bytes_per_assignment,
+    hidden_size: int,
+    expert_ffn_size,
 ) -> np.ndarray | None:
     """One device's routed experts as the grouped GEMMs that run: ``experts_per_device`` experts of
     M = ``tokens_per_expert`` each, the ideal time over the measured efficiency for that M, expert
     count and weight dtype; None where no curve covers the device and dtype."""
     efficiency = grouped_gemm_efficiency(
-        device_name=hardware.name, dtype=dtype, tokens_per_expert=tokens_per_expert,
+        device_name=hardware.name,
+        dtype=dtype,
+        tokens_per_expert=tokens_per_expert,
         experts_per_device=experts_per_device,
     )
     if efficiency is None:
         return None
     ideal = grouped_gemm_ideal_s(
-        hardware=hardware, dtype=dtype, tokens_per_expert=tokens_per_expert, experts_per_device=experts_per_device,
-        touched_fraction=touched_fraction, side_bytes_per_assignment=side_bytes_per_assignment,
-        hidden_size=hidden_size, expert_ffn_size=expert_ffn_size,
+        hardware=hardware,
+        dtype=dtype,
+        tokens_per_expert=tokens_per_expert,
+        experts_per_device=experts_per_device,
+        touched_fraction=touched_fraction,
+        side_bytes_per_assignment=side_bytes_per_assignment,
+        hidden_size=hidden_size,
+        expert_ffn_size=expert_ffn_size,
     )
     return ideal / efficiency
 
 
-def mla_decode_time_s(*, hardware, dtype: str, flops, bytes_moved, context_tokens) -> np.ndarray | None:
-    """MLA decode attention: its roofline (``flops`` at the ``dtype`` peak, ``bytes_moved`` of
-    latent cache at the memory bandwidth) over the measured efficiency at ``context_tokens``."""
-    efficiency = mla_decode_efficiency(device_name=hardware.name, context_tokens=context_tokens)
+def mla_time_s(
+    *, kind: str, hardware, dtype: str, flops, bytes_moved, tokens
+) -> np.ndarray | None:
+    """MLA attention of one layer: its roofline (``flops`` at the ``dtype`` peak, ``bytes_moved``
+    at the memory bandwidth) over the measured efficiency (``mla_efficiency``); None without a curve."""
+    efficiency = mla_efficiency(kind=kind, device_name=hardware.name, tokens=tokens)
     if efficiency is None:
         return None
     compute_s = np.asarray(flops) / hardware.peak_flops_for(dtype)
-    return np.maximum(compute_s, np.asarray(bytes_moved) / hardware.memory_bandwidth_bytes_per_s) / efficiency
+    return (
+        np.maximum(
+            compute_s, np.asarray(bytes_moved) / hardware.memory_bandwidth_bytes_per_s
+        )
+        / efficiency
+    )

@@ -196,10 +196,14 @@ def _pool(candidate: Candidate, phase: str) -> PoolConfig:
     two-batch overlap it was searched with, and its phase's all-to-all backend."""
     serving = candidate.serving or ServingConfig()
     update = {"phase": "both", "a2a_backend": POOL_A2A_BACKEND[phase]}
-    return PoolConfig(config=candidate.config, serving=serving.model_copy(update=update))
+    return PoolConfig(
+        config=candidate.config, serving=serving.model_copy(update=update)
+    )
 
 
 def _with_pool_serving(candidate: Candidate, phase: str) -> Candidate:
     """``candidate`` whose layout carries its pool's serving settings (the plan records them)."""
     layout = Layout(config=candidate.config, serving=_pool(candidate, phase).serving)
-    return Candidate(layout, candidate.metrics, candidate.violations, candidate.trial_number)
+    return Candidate(
+        layout, candidate.metrics, candidate.violations, candidate.trial_number
+    )

@@ -14,7 +14,7 @@ from cost_model import Inference, estimate_inference_table, table_from_columns
 from cost_model._kernel_curves import (
     grouped_gemm_efficiency,
     kernel_curves,
-    mla_decode_efficiency,
+    mla_efficiency,
 )
 from cost_model._serving_columns import PHASE_CODES
 from topology import get_preset
@@ -28,7 +28,10 @@ def test_curves_are_fit_inputs_with_a_source_file_each_and_no_end_to_end_table()
     curves = kernel_curves()
     assert curves["kind"] == "fit_input" and "Apache-2.0" in curves["_license"]
     assert "aiconfigurator-core 0.12.0" in curves["_source"]
-    files = [c["file"] for c in curves["grouped_gemm"] + curves["mla_decode"]]
+    files = [
+        c["file"]
+        for c in curves["grouped_gemm"] + curves["mla_decode"] + curves["mla_prefill"]
+    ]
     assert files and all(
         f.startswith("aiconfigurator_core/systems/data/") and f.endswith(".parquet")
         for f in files
@@ -48,7 +51,8 @@ def test_fit_inputs_and_validation_rows_share_no_source() -> None:
     validation = " ".join(
         p.read_text() for p in DATA.glob("*.json") if p.name != "kernel_curves.json"
     )
-    for curve in kernel_curves()["grouped_gemm"] + kernel_curves()["mla_decode"]:
+    curves = kernel_curves()
+    for curve in curves["grouped_gemm"] + curves["mla_decode"] + curves["mla_prefill"]:
         assert curve["file"] not in validation
 
 
@@ -78,12 +82,14 @@ def test_small_grouped_gemms_run_far_below_their_roofline() -> None:
         )
         is None
     )
-    mla = mla_decode_efficiency(
-        device_name="NVIDIA H200 SXM", context_tokens=np.array([16.0, 8192.0])
-    )
-    assert (
-        mla[0] < mla[1] <= 1.0
-    )  # long contexts stream the latent cache near bandwidth
+    for kind in (
+        "mla_decode",
+        "mla_prefill",
+    ):  # long contexts and prompts keep the tensor cores busy
+        mla = mla_efficiency(
+            kind=kind, device_name="NVIDIA H200 SXM", tokens=np.array([16.0, 8192.0])
+        )
+        assert 0 < mla[0] < mla[1] <= 1.0, kind
 
 
 def test_decode_prices_routed_experts_at_the_measured_grouped_gemm_efficiency() -> None:
@@ -111,7 +117,9 @@ def test_decode_prices_routed_experts_at_the_measured_grouped_gemm_efficiency() 
         roofline["time.decode_compute"][0], rel=1e-3
     )
     # MLA decode attention is priced from its measured curve too
-    assert h200["time.decode_attention"][0] != pytest.approx(roofline["time.decode_attention"][0], rel=1e-3)
+    assert h200["time.decode_attention"][0] != pytest.approx(
+        roofline["time.decode_attention"][0], rel=1e-3
+    )
 
 
 def test_committed_curves_are_small() -> None:

@@ -37,9 +37,17 @@ def test_eight_gpu_nodes_offer_whole_nodes_up_to_the_cluster_less_one_unit() -> 
 
 def test_each_pool_keeps_its_own_serving_settings() -> None:
     serving = ServingConfig(
-        batch_size=64, kv_dtype="fp8", num_redundant_experts=8, two_batch_overlap=True, phase="prefill"
+        batch_size=64,
+        kv_dtype="fp8",
+        num_redundant_experts=8,
+        two_batch_overlap=True,
+        phase="prefill",
     )
-    candidate = Candidate(Layout(config=ParallelConfig(dp=8, ep=8), serving=serving), metrics={}, violations={})
+    candidate = Candidate(
+        Layout(config=ParallelConfig(dp=8, ep=8), serving=serving),
+        metrics={},
+        violations={},
+    )
     prefill, decode = _pool(candidate, "prefill"), _pool(candidate, "decode")
     assert (
         prefill.serving.a2a_backend == "normal"
@@ -56,11 +64,23 @@ def test_sglang_pool_exports_run_their_own_deepep_mode() -> None:
     plan = load_plan(EXAMPLES / "deepseek-v3_disaggregated_512xh800.json")
     backend = {"prefill": "normal", "decode": "low_latency"}
     pools = tuple(
-        pool.model_copy(update={"serving": pool.serving.model_copy(update={"all_to_all_backend": backend[pool.role]})})
+        pool.model_copy(
+            update={
+                "serving": pool.serving.model_copy(
+                    update={"all_to_all_backend": backend[pool.role]}
+                )
+            }
+        )
         for pool in plan.deployment.pools
     )
-    plan = plan.model_copy(update={"deployment": plan.deployment.model_copy(update={"pools": pools})})
-    files = export_plan(plan, format="sglang", model_path="deepseek-ai/DeepSeek-V3").files
+    plan = plan.model_copy(
+        update={"deployment": plan.deployment.model_copy(update={"pools": pools})}
+    )
+    files = export_plan(
+        plan, format="sglang", model_path="deepseek-ai/DeepSeek-V3"
+    ).files
     assert "--deepep-mode normal" in files["launch_sglang_prefill.sh"]
     assert "--deepep-mode low_latency" in files["launch_sglang_decode.sh"]
-    assert "--deepep-mode" not in files["launch_sglang.sh"]  # the colocated layout keeps the engine's default
+    assert (
+        "--deepep-mode" not in files["launch_sglang.sh"]
+    )  # the colocated layout keeps the engine's default
