@@ -64,7 +64,9 @@ def find_plan(
     study (``storage`` is then required, or a temporary journal file is used). For inference,
     ``disaggregate`` (default: ``workload.disaggregation_allowed``) also prices a prefill/decode
     split (``search._disaggregation``) and records its pools in ``plan.deployment.pools``;
-    ``plan.deployment.kind`` says which of the two serves more tokens per device.
+    ``plan.deployment.kind`` says which of the two serves more tokens per device. An inference
+    ``workload`` that leaves ``weight_dtype`` unset serves a catalog name or config.json path in
+    its released checkpoint's dtype (``autoparallel._catalog.checkpoint_dtype``: DeepSeek-V3 fp8).
 
     Raises:
         InfeasiblePlanError: no layout fits; names the bottleneck and the smallest card count
@@ -72,6 +74,10 @@ def find_plan(
     """
     from search import find_plan as search_plan
 
+    if isinstance(workload, Inference) and isinstance(model, str) and "weight_dtype" not in workload.model_fields_set:
+        from autoparallel._catalog import checkpoint_dtype
+
+        workload = workload.model_copy(update={"weight_dtype": checkpoint_dtype(model)})
     model, cluster = resolve_model(model), resolve_cluster(cluster)
     options = dict(objective=objective, n_trials=n_trials, sampler=sampler, storage=storage, seed=seed, **search_options)
     if workers > 1:

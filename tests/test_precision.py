@@ -142,3 +142,14 @@ def test_cli_rejects_fp4_on_hopper_with_exit_code_2(capsys) -> None:
     ]
     assert main(argv) == 2
     assert "weight_dtype ('fp4')" in capsys.readouterr().err.replace("\n", " ")
+
+
+def test_python_find_plan_serves_a_catalog_model_in_its_checkpoint_dtype() -> None:
+    from autoparallel import find_plan
+
+    workload = Inference(prompt_tokens=1024, output_tokens=128)
+    plan = find_plan("deepseek-v3", "dgx-h200", workload, n_trials=4, disaggregate=False)
+    assert plan.job.weight_dtype == "fp8"
+    explicit = Inference(prompt_tokens=1024, output_tokens=128, weight_dtype="bf16")
+    two_nodes = get_preset("dgx-h200", num_nodes=2)
+    assert find_plan("deepseek-v3", two_nodes, explicit, n_trials=4, disaggregate=False).job.weight_dtype == "bf16"
