@@ -125,3 +125,66 @@ def test_decode_prices_routed_experts_at_the_measured_grouped_gemm_efficiency() 
 def test_committed_curves_are_small() -> None:
     assert (DATA / "kernel_curves.json").stat().st_size < 200_000
     json.loads((DATA / "kernel_curves.json").read_text())
+
+
+def _write_moe_table(folder: Path, *, efficiency: float) -> None:
+    """A synthetic aiconfigurator MoE table whose latencies are the ideal time over ``efficiency``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from autoparallel._kernel_import import _side_bytes
+    from cost_model._kernel_curves import grouped_gemm_ideal_s
+
+    hardware = get_preset("dgx-h200").device
+    rows = []
+    for ep in (8, 32):
+        for tokens in (1, 16, 256, 4096):
+            ideal = grouped_gemm_ideal_s(
+                hardware=hardware,
+                dtype="fp8",
+                tokens_per_expert=tokens * 8 / 256,
+                experts_per_device=256 / ep,
+                touched_fraction=min(1.0, tokens * 8 / 256),
+                side_bytes_per_assignment=_side_bytes("fp8"),
+            )
+            rows.append(
+                {
+                    "moe_dtype": "fp8_block",
+                    "num_tokens": tokens,
+                    "hidden_size": 7168,
+                    "inter_size": 2048,
+                    "topk": 8,
+                    "num_experts": 256,
+                    "moe_tp_size": 1,
+                    "moe_ep_size": ep,
+                    "distribution": "balanced",
+                    "latency": float(ideal) / efficiency * 1e3,
+                }
+            )
+    folder.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows), folder / "moe_perf.parquet")
+
+
+def test_importer_recovers_the_efficiency_of_a_synthetic_table(tmp_path: Path) -> None:
+    from autoparallel._kernel_import import import_aiconfigurator
+
+    root = tmp_path / "aiconfigurator_core"
+    _write_moe_table(
+        root / "systems" / "data" / "h200_sxm" / "moe" / "trtllm" / "9.9",
+        efficiency=0.4,
+    )
+    curves = import_aiconfigurator(tmp_path, version="test")
+    (curve,) = curves["grouped_gemm"]
+    assert (
+        curve["device"] == "NVIDIA H200 SXM"
+        and curve["dtype"] == "fp8"
+        and curve["engine"] == "trtllm"
+    )
+    assert (
+        curve["file"]
+        == "aiconfigurator_core/systems/data/h200_sxm/moe/trtllm/9.9/moe_perf.parquet"
+    )
+    assert set(curve["experts_per_device"]) == {"32", "8"}
+    for values in curve["experts_per_device"].values():
+        np.testing.assert_allclose(values, 0.4, rtol=1e-3)
+    assert curves["mla_decode"] == [] and curves["kind"] == "fit_input"

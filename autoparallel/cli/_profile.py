@@ -87,7 +87,8 @@ def _profile(args: argparse.Namespace) -> int:
         from autoparallel._kernel_import import write_kernel_curves
 
         curves = write_kernel_curves(args.import_aiconfigurator, output=args.output, version=args.aiconfigurator_version)
-        console.print(f"wrote {args.output}: {len(curves['grouped_gemm'])} grouped-GEMM and {len(curves['mla_decode'])} MLA decode curves")
+        console.print(f"wrote {args.output}: {len(curves['grouped_gemm'])} grouped-GEMM, {len(curves['mla_decode'])} MLA decode "
+                      f"and {len(curves['mla_prefill'])} MLA prefill curves")
         return 0
     from profilers import ProfileGrid, current_device, launch_profile
 
