@@ -35,6 +35,7 @@ from cost_model._inference_ops import (
 from cost_model._kernel_curves import (
     GROUPED_GEMM_SHAPE,
     TOKENS_PER_EXPERT_GRID,
+    expert_all_to_all_bytes,
     grouped_gemm_ideal_s,
     matmul_dtype_of,
     mla_decode_ideal_s,
@@ -264,6 +265,7 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
         "grouped_gemm": grouped,
         "mla_decode": mla,
         "mla_prefill": prefill,
+        "deepep_low_latency": fit_deepep_low_latency(root),
     }
 
 
@@ -272,3 +274,105 @@ def write_kernel_curves(path: str | Path, *, output: str | Path, version: str) -
     curves = import_aiconfigurator(path, version=version)
     Path(output).write_text(json.dumps(curves, indent=1) + "\n")
     return curves
+
+
+#: DeepEP low-latency tables measured on 1-8 nodes of 8 GPUs (hidden 7168, top-8 of 256 experts).
+DEEPEP_LOW_LATENCY_TABLE = (
+    "h200_sxm/comm/sglang/0.5.6.post2/wideep_deepep_ll_perf.parquet"
+)
+_DEEPEP_GRID = {
+    "latency_s": np.linspace(0.0, 40e-6, 81),
+    "nvlink_efficiency": np.linspace(0.05, 1.0, 96),
+    "rdma_efficiency": np.linspace(0.05, 1.2, 116),
+}
+
+
+def _deepep_points(rows: list[dict], *, direction: str) -> np.ndarray:
+    """(nodes, intra bytes, inter bytes, seconds) per row, the bytes as the cost model counts them
+    (``cost_model._kernel_curves.expert_all_to_all_bytes``: FP8 dispatch, BF16 combine)."""
+    element = {"dispatch": 1.0, "combine": 2.0}[direction]
+    points = []
+    for row in rows:
+        if (row["hidden_size"], row["num_topk"], row["num_experts"]) != (7168, 8, 256):
+            continue
+        nodes = int(row["node_num"])
+        intra, inter = expert_all_to_all_bytes(
+            rank_tokens=float(row["num_token"]),
+            hidden_size=7168,
+            element_bytes=element,
+            copies=8.0,
+            ep=8.0 * nodes,
+            local=8.0,
+            node_dedup=False,
+        )
+        points.append(
+            (
+                nodes,
+                float(intra),
+                float(inter),
+                float(row[f"{direction}_avg_t_us"]) * 1e-6,
+            )
+        )
+    return np.array(points)
+
+
+def _fit_deepep(points: np.ndarray, hardware_links) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+    """Grid least squares on log(predicted / measured) of ``deepep_low_latency_s``; returns the
+    parameters and the relative errors."""
+    grid = np.stack(np.meshgrid(*_DEEPEP_GRID.values(), indexing="ij"), -1).reshape(
+        -1, 3
+    )
+    intra_bw, inter_bw = hardware_links
+    predicted = grid[:, :1] + np.maximum(
+        points[None, :, 1] / (intra_bw * grid[:, 1:2]),
+        points[None, :, 2] / (inter_bw * grid[:, 2:3]),
+    )
+    best = grid[np.argmin((np.log(predicted / points[None, :, 3]) ** 2).sum(axis=1))]
+    fitted = best[0] + np.maximum(
+        points[:, 1] / (intra_bw * best[1]), points[:, 2] / (inter_bw * best[2])
+    )
+    return best, fitted / points[:, 3] - 1.0
+
+
+def fit_deepep_low_latency(root: Path) -> dict:
+    """DeepEP low-latency dispatch / combine: a fixed latency plus the slower tier's bytes over
+    its preset peak bandwidth times a fitted efficiency, fitted on the H200 operator table; with
+    each multi-node count held out in turn (the single-node points alone fix the NVLink term)."""
+    path = root / "systems" / "data" / DEEPEP_LOW_LATENCY_TABLE
+    if not path.exists():
+        return {}
+    cluster = get_preset("dgx-h200")
+    links = (
+        cluster.intra_node.bandwidth_bytes_per_s,
+        cluster.inter_node.bandwidth_bytes_per_s,
+    )
+    rows = _read(path)
+    fits = {}
+    for direction in ("dispatch", "combine"):
+        points = _deepep_points(rows, direction=direction)
+        best, errors = _fit_deepep(points, links)
+        held_out = {}
+        for nodes in (2, 4, 8):
+            kept, out = points[points[:, 0] != nodes], points[points[:, 0] == nodes]
+            params, _ = _fit_deepep(kept, links)
+            predicted = params[0] + np.maximum(
+                out[:, 1] / (links[0] * params[1]), out[:, 2] / (links[1] * params[2])
+            )
+            held_out[str(nodes)] = round(
+                float(np.mean(np.abs(predicted / out[:, 3] - 1.0))), 3
+            )
+        fits[direction] = {
+            **{
+                name: round(float(value), 9 if name == "latency_s" else 3)
+                for name, value in zip(_DEEPEP_GRID, best)
+            },
+            "points": len(points),
+            "mean_abs_error": round(float(np.mean(np.abs(errors))), 3),
+            "max_abs_error": round(float(np.max(np.abs(errors))), 3),
+            "held_out_node_count_mean_abs_error": held_out,
+        }
+    return {
+        "file": f"aiconfigurator_core/systems/data/{DEEPEP_LOW_LATENCY_TABLE}",
+        "preset": "dgx-h200",
+        **fits,
+    }

@@ -83,7 +83,7 @@ from cost_model._common import (
     ranks_per_node,
     stage_layout,
 )
-from cost_model._kernel_curves import grouped_experts_time_s, mla_time_s
+from cost_model._kernel_curves import deepep_low_latency_s, expert_all_to_all_bytes, grouped_experts_time_s, mla_time_s
 from cost_model._model_spec import ModelSpec
 from cost_model._precision import check_serving_precision
 from cost_model._serving_columns import A2A_BACKEND_CODES, KV_DTYPE_CODES, PHASE_CODES, checked_columns
@@ -332,26 +332,21 @@ def _collective(s: _Setup, op: str, axis: str, group, message) -> np.ndarray:
     )
 
 
-def _expert_all_to_all(s: _Setup, rank_tokens: np.ndarray, element_bytes: float, *, node_dedup) -> np.ndarray:
+def _expert_all_to_all(s: _Setup, rank_tokens: np.ndarray, element_bytes: float, *, node_dedup, direction: str) -> np.ndarray:
     """One MoE dispatch (or combine) as DeepEP runs it: every rank writes straight to its peers,
     NVLink and RDMA at once, so the time is the slower tier's bytes over its bandwidth plus one
-    latency (DeepEP README; not the n-1 rounds of a pairwise all-to-all). Each tier is priced by
-    the topology as a point-to-point transfer. Each token goes to ``top_k`` experts, each held by
-    ``etp`` ranks. Prefill ("normal" kernels, ``node_dedup``) sends a token once per remote node
-    and forwards it over NVLink there; decode ("low-latency" kernels) sends every copy over RDMA.
-    Destinations are uniform over the group's ``ep`` ranks on ``ep / L`` nodes (``L`` per node).
-    """
-    moe, h = s.model.moe, s.model.hidden_size
-    ep, etp = s.column("ep"), s.column("etp")
+    latency (DeepEP README; not the n-1 rounds of a pairwise all-to-all); the bytes per tier are
+    ``_kernel_curves.expert_all_to_all_bytes``. Low-latency kernels (``node_dedup`` False) take
+    the latency and tier efficiencies fitted on DeepEP's measured low-latency kernels
+    (``_kernel_curves.deepep_low_latency_s``); normal kernels are priced by the topology as
+    point-to-point transfers on each tier."""
+    ep = s.column("ep")
     local = np.minimum(s.group_local["ep"], ep)
-    nodes = ep / local
-    copies = moe.top_k * etp
-    token_bytes = rank_tokens * h * element_bytes
-    intra_bytes = token_bytes * copies * (local - 1.0) / ep
-    remote_copies = copies * (ep - local) / ep
-    distinct_nodes = (nodes - 1.0) * (1.0 - np.power(1.0 - 1.0 / nodes, copies))  # remote nodes among the copies
-    remote_copies = np.where(node_dedup, np.minimum(remote_copies, distinct_nodes), remote_copies)
-    inter_bytes = token_bytes * remote_copies
+    intra_bytes, inter_bytes = expert_all_to_all_bytes(
+        rank_tokens=rank_tokens, hidden_size=s.model.hidden_size, element_bytes=element_bytes,
+        copies=s.model.moe.top_k * s.column("etp"), ep=ep, local=local, node_dedup=node_dedup,
+    )
+    remote = ep > local
 
     def point_to_point(ranks_per_node, message) -> np.ndarray:
         return collective_time_s(
@@ -359,7 +354,12 @@ def _expert_all_to_all(s: _Setup, rank_tokens: np.ndarray, element_bytes: float,
             calibration=s.calibration,
         )
 
-    seconds = np.maximum(point_to_point(2.0, intra_bytes), np.where(nodes > 1, point_to_point(1.0, inter_bytes), 0.0))
+    seconds = np.maximum(point_to_point(2.0, intra_bytes), np.where(remote, point_to_point(1.0, inter_bytes), 0.0))
+    measured = deepep_low_latency_s(
+        direction=direction, intra_bytes=intra_bytes, inter_bytes=np.where(remote, inter_bytes, 0.0), cluster=s.cluster
+    )
+    if measured is not None:
+        seconds = np.where(node_dedup, seconds, measured)
     return np.where(ep > 1, seconds, 0.0)
 
 
@@ -389,8 +389,8 @@ def _comm_times(s: _Setup, p: ops.Pass) -> dict[str, np.ndarray]:
         normal = np.where(backend == A2A_BACKEND_CODES["auto"], not p.decode, backend == A2A_BACKEND_CODES["normal"])
         # NVFP4 experts take an FP8 dispatch as well (DeepEP dispatches FP8 or BF16 tokens).
         dispatch_bytes = 1.0 if s.workload.weight_dtype == "fp4" else _dispatch_bytes(s)
-        dispatch = _expert_all_to_all(s, rank_tokens, dispatch_bytes, node_dedup=normal)
-        combine = _expert_all_to_all(s, rank_tokens, COMBINE_BYTES, node_dedup=normal)
+        dispatch = _expert_all_to_all(s, rank_tokens, dispatch_bytes, node_dedup=normal, direction="dispatch")
+        combine = _expert_all_to_all(s, rank_tokens, COMBINE_BYTES, node_dedup=normal, direction="combine")
         ep_time = lay.moe_layers * (dispatch + combine)
     cp_time = zero
     if np.any(cp > 1) and p.decode:  # merge the partial softmax results of each sequence's cp shards

@@ -235,3 +235,51 @@ def mla_time_s(
         )
         / efficiency
     )
+
+
+def expert_all_to_all_bytes(
+    *,
+    rank_tokens,
+    hidden_size: int,
+    element_bytes: float,
+    copies,
+    ep,
+    local,
+    node_dedup,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(NVLink, RDMA) bytes one rank sends in a DeepEP dispatch or combine. Each of its tokens goes
+    to ``copies`` expert ranks (top-k x etp), uniform over the ``ep`` ranks of ``ep / local``
+    nodes; "normal" kernels (``node_dedup``) send a token once per distinct remote node and
+    forward it over NVLink there, "low-latency" kernels send every remote copy (DeepEP README)."""
+    ep, local = np.asarray(ep, dtype=np.float64), np.asarray(local, dtype=np.float64)
+    nodes = ep / local
+    token_bytes = (
+        np.asarray(rank_tokens, dtype=np.float64) * hidden_size * element_bytes
+    )
+    intra = token_bytes * copies * (local - 1.0) / ep
+    remote_copies = copies * (ep - local) / ep
+    distinct_nodes = (nodes - 1.0) * (1.0 - np.power(1.0 - 1.0 / nodes, copies))
+    remote_copies = np.where(
+        node_dedup, np.minimum(remote_copies, distinct_nodes), remote_copies
+    )
+    return intra, token_bytes * remote_copies
+
+
+def deepep_low_latency_s(
+    *, direction: str, intra_bytes, inter_bytes, cluster
+) -> np.ndarray | None:
+    """DeepEP low-latency ``direction`` (dispatch or combine) of one layer: the fitted fixed
+    latency plus the slower tier's bytes over its preset peak bandwidth times the fitted
+    efficiency (``kernel_curves.json`` ``deepep_low_latency``: fitted on NVIDIA's H200 operator
+    table, 1-8 nodes, and assumed to carry to other NVLink/RDMA fabrics as fractions of their
+    peaks); None when the shipped curves hold no fit. The training-fitted collective efficiency
+    does not apply: these are not NCCL collectives."""
+    fit = kernel_curves().get("deepep_low_latency")
+    if not fit:
+        return None
+    params = fit[direction]
+    nvlink = cluster.intra_node.bandwidth_bytes_per_s * params["nvlink_efficiency"]
+    rdma = cluster.inter_node.bandwidth_bytes_per_s * params["rdma_efficiency"]
+    return params["latency_s"] + np.maximum(
+        np.asarray(intra_bytes) / nvlink, np.asarray(inter_bytes) / rdma
+    )

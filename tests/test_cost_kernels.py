@@ -187,4 +187,47 @@ def test_importer_recovers_the_efficiency_of_a_synthetic_table(tmp_path: Path) -
     assert set(curve["experts_per_device"]) == {"32", "8"}
     for values in curve["experts_per_device"].values():
         np.testing.assert_allclose(values, 0.4, rtol=1e-3)
-    assert curves["mla_decode"] == [] and curves["kind"] == "fit_input"
+    assert (
+        curves["mla_decode"] == []
+        and curves["deepep_low_latency"] == {}
+        and curves["kind"] == "fit_input"
+    )
+
+
+def test_deepep_low_latency_fit_is_an_operator_fit_with_held_out_error() -> None:
+    fit = kernel_curves()["deepep_low_latency"]
+    assert (
+        fit["file"].endswith("wideep_deepep_ll_perf.parquet")
+        and "silicon_sample" not in fit["file"]
+    )
+    grid = {
+        "latency_s": (0.0, 40e-6),
+        "nvlink_efficiency": (0.05, 1.0),
+        "rdma_efficiency": (0.05, 1.2),
+    }
+    for direction in ("dispatch", "combine"):
+        params = fit[direction]
+        for name, (low, high) in grid.items():
+            assert low < params[name] < high, (
+                direction,
+                name,
+            )  # no parameter at a bound
+        assert (
+            params["mean_abs_error"] < 0.2
+            and max(params["held_out_node_count_mean_abs_error"].values()) < 0.2
+        )
+
+
+def test_low_latency_all_to_all_pays_the_measured_fixed_latency() -> None:
+    from cost_model._kernel_curves import deepep_low_latency_s
+
+    cluster = get_preset("dgx-h200", num_nodes=8)
+    one_token = deepep_low_latency_s(
+        direction="dispatch",
+        intra_bytes=7168.0,
+        inter_bytes=7 * 7168.0,
+        cluster=cluster,
+    )
+    assert (
+        one_token > 15e-6
+    )  # DeepEP's measured floor: ~16 us for a single token on 8 nodes
