@@ -316,7 +316,7 @@ def _deepep_points(rows: list[dict], *, direction: str) -> np.ndarray:
     return np.array(points)
 
 
-def _fit_deepep(points: np.ndarray, hardware_links) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+def _fit_deepep(points: np.ndarray, hardware_links) -> tuple[np.ndarray, np.ndarray]:
     """Grid least squares on log(predicted / measured) of ``deepep_low_latency_s``; returns the
     parameters and the relative errors."""
     grid = np.stack(np.meshgrid(*_DEEPEP_GRID.values(), indexing="ij"), -1).reshape(
