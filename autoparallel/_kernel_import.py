@@ -272,7 +272,10 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
 def write_kernel_curves(path: str | Path, *, output: str | Path, version: str) -> dict:
     """Import and write the curves as JSON; returns them."""
     curves = import_aiconfigurator(path, version=version)
-    Path(output).write_text(json.dumps(curves, indent=1) + "\n")
+    text = json.dumps(curves, indent=1)
+    # one line per list of numbers: the file stays small and a re-import diffs point by point
+    text = re.sub(r"\[\s*([-0-9.e,\s]+?)\s*\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text)
+    Path(output).write_text(text + "\n")
     return curves
 
 
