@@ -48,6 +48,10 @@ Efficiencies come from the device's shipped calibration (``_common.Calibration``
 training): matmuls at ``matmul_efficiency``, core attention at ``attention_efficiency``, and a
 prefill pass pays ``kernel_overhead_s`` per kernel launched (``_training.kernels_per_layer``);
 decode steps do not, as serving engines replay them from CUDA graphs (vLLM, SGLang, DeepSeek).
+Where imported operator tables cover the device (``_kernel_curves``), a decode step's routed
+experts run as grouped GEMMs at their measured efficiency for M = tokens per expert, MLA decode
+attention at its measured efficiency by context length, and DeepEP's low-latency all-to-all at
+its measured latency and bandwidths.
 
 Output columns: ``time.<phase>_<part>`` for parts ``INFERENCE_TIME_PARTS`` (exposed seconds;
 they sum to ``step_time_s``) and ``hidden.<phase>_<kind>`` for the communication kinds (seconds
