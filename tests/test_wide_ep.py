@@ -91,3 +91,39 @@ def test_low_latency_all_to_all_sends_every_copy_and_normal_deduplicates_per_nod
     assert (
         ep_comm[1] > ep_comm[0] > 0
     )  # 8 copies over RDMA vs at most one per remote node
+
+
+def test_estimate_cli_fills_ep72_with_the_fewest_redundant_slots(capsys) -> None:
+    import json
+
+    from autoparallel.cli import main
+
+    argv = [
+        "estimate",
+        "--inference",
+        "--cluster",
+        "gb200-nvl72",
+        "--nodes",
+        "1",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--ep",
+        "72",
+        "--batch-size",
+        "4",
+        "--json",
+    ]
+    assert main(argv) == 0
+    wide = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--num-redundant-experts", "96"]) == 0
+    more = json.loads(capsys.readouterr().out)
+    expert_bytes = REF.num_moe_layers * REF.ffn_parameters(
+        REF.moe.expert_ffn_hidden_size
+    )  # one fp8 slot per layer
+    extra = more["memory_bytes"]["weights"] - wide["memory_bytes"]["weights"]
+    assert extra == pytest.approx(expert_bytes * (96 - 24) / 72)
+    assert (
+        main([*argv[:-1], "--num-redundant-experts", "0"]) == 2
+    )  # 768 experts do not split over 72 ranks

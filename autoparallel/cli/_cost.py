@@ -9,6 +9,7 @@ from rich.table import Table
 
 from autoparallel.cli._args import add_job_arguments, serving_precision
 from autoparallel.cli._render import console
+from cost_model._rules import minimum_redundant_experts
 from cost_model._units import human_bytes, human_seconds
 
 DEFAULT_CLUSTER = "dgx-h200"
@@ -33,6 +34,10 @@ def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
         help="training precision (default bf16); serving: the weight dtype, as --weight-dtype",
     )
     parser.add_argument("--batch-size", type=int, default=0, help="inference: sequences per replica (0: largest that fits)")
+    parser.add_argument(
+        "--num-redundant-experts", type=int, default=None,
+        help="inference: extra expert slots over the ep ranks (default: the fewest that fill every rank, EPLB)",
+    )
     for axis, default in (("tp", 8), ("pp", 16), ("cp", 1), ("ep", 64), ("etp", 1)):
         parser.add_argument(f"--{axis}", type=int, default=default)
     parser.add_argument("--dp", type=int, default=None, help="default: the devices left after tp*pp*cp")
@@ -77,7 +82,10 @@ def _estimate(args: argparse.Namespace) -> int:
             output_tokens_cv=args.output_tokens_cv, prefix_cache_hit_rate=args.prefix_cache_hit_rate,
             **_inference_precision(args),
         )
-        breakdown = estimate(model, cluster, workload, config, batch_size=args.batch_size)
+        redundant = args.num_redundant_experts
+        if redundant is None:
+            redundant = minimum_redundant_experts(num_experts=model.moe.num_routed_experts, ep=args.ep) if model.moe else 0
+        breakdown = estimate(model, cluster, workload, config, batch_size=args.batch_size, num_redundant_experts=redundant)
     if args.json:
         console.print_json(breakdown.model_dump_json())
         return 0
