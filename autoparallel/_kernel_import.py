@@ -178,9 +178,10 @@ def _side_bytes(dtype: str) -> float:
 
 
 #: MLA operator tables: (file, batch of the kept rows, ideal-time function of (hardware, batch, tokens)).
+#: MLA operator tables: file, and the batch sizes kept (decode: all; prefill: one prompt).
 _MLA_TABLES = {
-    "mla_decode": ("generation_mla_perf.parquet", MLA_BATCH),
-    "mla_prefill": ("context_mla_perf.parquet", 1),
+    "mla_decode": ("generation_mla_perf.parquet", None),
+    "mla_prefill": ("context_mla_perf.parquet", (1,)),
 }
 
 
@@ -200,41 +201,54 @@ def _mla_ideal_s(kind: str, *, hardware, batch: int, tokens: np.ndarray) -> np.n
     return flops / hardware.peak_flops_for("bf16")
 
 
-def _mla_curves(root: Path, device: str, engine: str, kind: str) -> list[dict]:
-    """MLA attention efficiency by context (decode) or prompt (prefill) length, 128 heads on one
-    rank (DeepSeek-V3's attention), bf16 cache, from the newest table that has 4+ lengths."""
-    hardware = get_preset(DEVICES[device]).device
-    name, batch = _MLA_TABLES[kind]
-    for path in _latest_tables(root, device, "mla", engine, name):
-        by_length: dict[int, float] = {}
-        for row in _read(path):
-            if (
-                row["num_heads"] != 128
-                or row["batch_size"] != batch
-                or row["kv_cache_dtype"] != "bfloat16"
-            ):
-                continue
-            # keys the decoded token attends (context + itself), or the prompt's length
-            length = int(row["isl"]) + (int(row["step"]) if kind == "mla_decode" else 0)
-            by_length[length] = min(
-                by_length.get(length, np.inf), float(row["latency"]) * 1e-3
-            )
-        if len(by_length) < 4:
+def _mla_latencies(path: Path, kind: str) -> dict[int, dict[int, float]]:
+    """Fastest measured seconds by batch, then by length: keys the decoded token attends (context
+    plus itself) or the prompt's length; 128 heads on one rank, bf16 cache."""
+    keep = _MLA_TABLES[kind][1]
+    table: dict[int, dict[int, float]] = {}
+    for row in _read(path):
+        batch = int(row["batch_size"])
+        if (
+            row["num_heads"] != 128
+            or row["kv_cache_dtype"] != "bfloat16"
+            or (keep and batch not in keep)
+        ):
             continue
-        lengths = np.array(sorted(by_length), dtype=np.float64)
-        measured = np.array([by_length[int(n)] for n in lengths])
-        ideal = _mla_ideal_s(kind, hardware=hardware, batch=batch, tokens=lengths)
+        length = int(row["isl"]) + (int(row["step"]) if kind == "mla_decode" else 0)
+        lengths = table.setdefault(batch, {})
+        lengths[length] = min(lengths.get(length, np.inf), float(row["latency"]) * 1e-3)
+    return {batch: lengths for batch, lengths in table.items() if len(lengths) >= 4}
+
+
+def _mla_curves(root: Path, device: str, engine: str, kind: str) -> list[dict]:
+    """MLA attention efficiency by length for each measured batch (DeepSeek-V3's attention), from
+    the newest table with 4+ lengths: on the lengths of the smallest batch, each batch's curve
+    interpolated in log(length) and held beyond its longest measured length."""
+    hardware = get_preset(DEVICES[device]).device
+    for path in _latest_tables(root, device, "mla", engine, _MLA_TABLES[kind][0]):
+        table = _mla_latencies(path, kind)
+        if not table:
+            continue
+        grid = np.array(sorted(table[min(table)]), dtype=np.float64)
+        by_batch = {}
+        for batch, lengths in sorted(table.items()):
+            measured_at = np.array(sorted(lengths), dtype=np.float64)
+            ideal = _mla_ideal_s(
+                kind, hardware=hardware, batch=batch, tokens=measured_at
+            )
+            efficiency = ideal / np.array([lengths[int(n)] for n in measured_at])
+            values = np.interp(np.log(grid), np.log(measured_at), efficiency)
+            by_batch[str(batch)] = [
+                round(float(e), 4) for e in np.clip(values, 1e-3, 1.0)
+            ]
         return [
             {
                 "device": hardware.name,
                 "engine": engine,
                 "dtype": "bf16",
-                "batch": batch,
                 "file": str(path.relative_to(root.parent)),
-                "context_tokens": lengths.tolist(),
-                "efficiency": [
-                    round(float(e), 4) for e in np.clip(ideal / measured, 1e-3, 1.0)
-                ],
+                "context_tokens": grid.tolist(),
+                "efficiency_by_batch": by_batch,
             }
         ]
     return []
@@ -274,7 +288,11 @@ def write_kernel_curves(path: str | Path, *, output: str | Path, version: str) -
     curves = import_aiconfigurator(path, version=version)
     text = json.dumps(curves, indent=1)
     # one line per list of numbers: the file stays small and a re-import diffs point by point
-    text = re.sub(r"\[\s*([-0-9.e,\s]+?)\s*\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text)
+    text = re.sub(
+        r"\[\s*([-0-9.e,\s]+?)\s*\]",
+        lambda m: "[" + " ".join(m.group(1).split()) + "]",
+        text,
+    )
     Path(output).write_text(text + "\n")
     return curves
 

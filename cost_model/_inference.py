@@ -87,7 +87,7 @@ from cost_model._common import (
     ranks_per_node,
     stage_layout,
 )
-from cost_model._kernel_curves import deepep_low_latency_s, expert_all_to_all_bytes, grouped_experts_time_s, mla_time_s
+from cost_model._kernel_curves import MLA_CURVE_HEADS, deepep_low_latency_s, expert_all_to_all_bytes, grouped_experts_time_s, mla_time_s
 from cost_model._model_spec import ModelSpec
 from cost_model._precision import check_serving_precision
 from cost_model._serving_columns import A2A_BACKEND_CODES, KV_DTYPE_CODES, PHASE_CODES, checked_columns
@@ -317,9 +317,12 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     read_tokens = ops.kv_read_tokens(model, p.cached_tokens + p.new_tokens)
     kv_read = p.batch * ops.kv_bytes_per_sequence_layer(model, read_tokens, s.kv_element_bytes, block_tokens=1)
     if p.decode and model.attention.kind == "mla":  # FlashMLA-class kernels at their measured efficiency
+        # one call per rank: its sequences, over its share of the heads (a fraction of a curve's
+        # 128-head sequence) and of each context (cp)
+        sequences = p.batch * model.attention.num_heads / (s.shard * MLA_CURVE_HEADS)
         measured = mla_time_s(
             kind="mla_decode", hardware=s.cluster.device, dtype=_attention_dtype(s), flops=flops,
-            bytes_moved=kv_read * kv_fraction, tokens=read_tokens,
+            bytes_moved=kv_read * kv_fraction, tokens=read_tokens / s.column("cp"), batch=sequences,
         )
         if measured is not None:  # (prefill keeps the calibrated efficiency: see _kernel_curves)
             return measured

@@ -37,6 +37,8 @@ from cost_model._units import dtype_bytes
 
 #: (hidden, expert FFN width, routed experts, top-k) of the imported MoE rows: DeepSeek-V3's.
 GROUPED_GEMM_SHAPE = (7168, 2048, 256, 8)
+#: Heads of the imported MLA rows (DeepSeek-V3's 128, one rank): the unit of a curve's batch.
+MLA_CURVE_HEADS = 128
 #: Tokens per expert at which curves are stored: 1/32 .. 512 by powers of two.
 TOKENS_PER_EXPERT_GRID = np.exp2(np.arange(-5.0, 10.0))
 _FILE = "kernel_curves.json"
@@ -154,35 +156,62 @@ def grouped_gemm_efficiency(
         return None
     log_counts, grid = table
     log_tokens = np.log(
-        np.maximum(np.asarray(tokens_per_expert, dtype=np.float64), 1e-9)
+        np.maximum(np.atleast_1d(np.asarray(tokens_per_expert, dtype=np.float64)), 1e-9)
     )
     along = np.stack(
         [np.interp(log_tokens, np.log(TOKENS_PER_EXPERT_GRID), row) for row in grid]
     )  # counts x n
     where = np.log2(np.maximum(np.asarray(experts_per_device, dtype=np.float64), 1e-9))
-    where = np.broadcast_to(where, along.shape[1:])
-    if len(log_counts) == 1:
-        return along[0]
-    index = np.clip(np.searchsorted(log_counts, where) - 1, 0, len(log_counts) - 2)
-    low, high = log_counts[index], log_counts[index + 1]
-    weight = np.clip((where - low) / (high - low), 0.0, 1.0)
-    columns = np.arange(along.shape[1])
-    return (1 - weight) * along[index, columns] + weight * along[index + 1, columns]
+    return _between_rows(along, log_counts, np.broadcast_to(where, along.shape[1:]))
 
 
-def mla_efficiency(*, kind: str, device_name: str, tokens) -> np.ndarray | None:
+def mla_efficiency(
+    *, kind: str, device_name: str, tokens, batch=1.0
+) -> np.ndarray | None:
     """Measured MLA efficiency (best over engines), or None: ``kind`` ``mla_decode`` at a
-    context of ``tokens``, or ``mla_prefill`` of a ``tokens``-long prompt."""
+    context of ``tokens``, or ``mla_prefill`` of a ``tokens``-long prompt, for ``batch``
+    sequences of 128 heads per call (a call over fewer heads counts as that fraction of a
+    sequence). Interpolated in log(length) and log(batch), held beyond the measured range."""
     device_name = DEVICE_ALIASES.get(device_name, device_name)
     curves = [c for c in kernel_curves().get(kind, ()) if c["device"] == device_name]
     if not curves:
         return None
-    log_tokens = np.log(np.maximum(np.asarray(tokens, dtype=np.float64), 1.0))
-    values = [
-        np.interp(log_tokens, np.log(c["context_tokens"]), c["efficiency"])
-        for c in curves
-    ]
+    log_tokens = np.log(
+        np.maximum(np.atleast_1d(np.asarray(tokens, dtype=np.float64)), 1.0)
+    )
+    log_batch = np.log2(np.maximum(np.asarray(batch, dtype=np.float64), 1.0))
+    values = []
+    for curve in curves:
+        batches = sorted(curve["efficiency_by_batch"], key=float)
+        rows = np.stack(
+            [
+                np.interp(
+                    log_tokens,
+                    np.log(curve["context_tokens"]),
+                    curve["efficiency_by_batch"][b],
+                )
+                for b in batches
+            ]
+        )
+        log_batches = np.log2(np.array([float(b) for b in batches]))
+        values.append(
+            _between_rows(rows, log_batches, np.broadcast_to(log_batch, rows.shape[1:]))
+        )
     return np.max(values, axis=0)
+
+
+def _between_rows(
+    rows: np.ndarray, row_keys: np.ndarray, where: np.ndarray
+) -> np.ndarray:
+    """Linear interpolation between ``rows`` (keys ascending) at ``where``, clamped at the ends."""
+    if len(row_keys) == 1:
+        return rows[0]
+    index = np.clip(np.searchsorted(row_keys, where) - 1, 0, len(row_keys) - 2)
+    weight = np.clip(
+        (where - row_keys[index]) / (row_keys[index + 1] - row_keys[index]), 0.0, 1.0
+    )
+    columns = np.arange(rows.shape[1])
+    return (1 - weight) * rows[index, columns] + weight * rows[index + 1, columns]
 
 
 def grouped_experts_time_s(
@@ -221,11 +250,14 @@ def grouped_experts_time_s(
 
 
 def mla_time_s(
-    *, kind: str, hardware, dtype: str, flops, bytes_moved, tokens
+    *, kind: str, hardware, dtype: str, flops, bytes_moved, tokens, batch=1.0
 ) -> np.ndarray | None:
     """MLA attention of one layer: its roofline (``flops`` at the ``dtype`` peak, ``bytes_moved``
-    at the memory bandwidth) over the measured efficiency (``mla_efficiency``); None without a curve."""
-    efficiency = mla_efficiency(kind=kind, device_name=hardware.name, tokens=tokens)
+    at the memory bandwidth) over the measured efficiency (``mla_efficiency`` at ``tokens`` and
+    ``batch``); None without a curve."""
+    efficiency = mla_efficiency(
+        kind=kind, device_name=hardware.name, tokens=tokens, batch=batch
+    )
     if efficiency is None:
         return None
     compute_s = np.asarray(flops) / hardware.peak_flops_for(dtype)

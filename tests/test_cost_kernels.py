@@ -231,3 +231,31 @@ def test_low_latency_all_to_all_pays_the_measured_fixed_latency() -> None:
     assert (
         one_token > 15e-6
     )  # DeepEP's measured floor: ~16 us for a single token on 8 nodes
+
+
+def test_mla_decode_is_far_less_efficient_for_a_few_sequences() -> None:
+    efficiency = [
+        mla_efficiency(
+            kind="mla_decode",
+            device_name="NVIDIA H200 SXM",
+            tokens=np.array([4096.0]),
+            batch=b,
+        )[0]
+        for b in (1, 4, 16, 64)
+    ]
+    assert np.all(np.diff(efficiency) > 0) and efficiency[0] < 0.25 * efficiency[-1]
+    model = get_model("deepseek-v3")
+    workload = Inference(prompt_tokens=4096, output_tokens=256, weight_dtype="fp8")
+    table = table_from_columns(
+        length=2,
+        dp=8,
+        tp=1,
+        ep=8,
+        batch_size=np.array([1, 64]),
+        phase=PHASE_CODES["decode"],
+    )
+    out = estimate_inference_table(
+        model=model, cluster=get_preset("dgx-h200"), workload=workload, table=table
+    )
+    per_sequence = out["time.decode_attention"] / np.array([1.0, 64.0])
+    assert per_sequence[0] > 3 * per_sequence[1]
