@@ -10,6 +10,7 @@ from importlib import resources
 from pathlib import Path
 
 from cost_model import ModelSpec
+from cost_model._serving_precision import checkpoint_dtype as parse_checkpoint_dtype
 
 DEFAULT_MODEL = "ref-3t-moe"
 
@@ -40,3 +41,18 @@ def get_model(name_or_path: str | Path) -> ModelSpec:
         f"model ({text!r}) is neither a catalog name nor an existing config.json path; "
         f"catalog names: {', '.join(list_models())}"
     )
+
+
+def checkpoint_dtype(name_or_path: str | Path) -> str:
+    """The weight dtype model ``name_or_path``'s released checkpoint is in (the serving default):
+    a catalog entry's ``quantization_config`` / ``_checkpoint_dtype`` (``cost_model._serving_precision``),
+    or a ``config.json``'s own; ``bf16`` for a ``ModelSpec`` built elsewhere."""
+    text = str(name_or_path)
+    if text in list_models():
+        return parse_checkpoint_dtype(catalog_config(text))
+    path = Path(text)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return parse_checkpoint_dtype(json.loads(path.read_text()))
+    return "bf16"

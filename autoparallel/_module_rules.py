@@ -146,7 +146,7 @@ def _embedding_and_norm_rules(model: ModelSpec, config: ParallelConfig) -> list[
 
 
 def module_rules_for(
-    *, model: ModelSpec, config: ParallelConfig, naming: ExpertNaming = "hf"
+    *, model: ModelSpec, config: ParallelConfig, naming: ExpertNaming = "hf", num_redundant_experts: int = 0
 ) -> tuple[ModuleRule, ...]:
     """The module rules of ``config`` for ``model`` (HuggingFace / DeepSeek-V3 module names).
 
@@ -159,7 +159,7 @@ def module_rules_for(
     """
     if naming not in _EXPERT_PROJECTIONS:
         raise ValueError(f"naming ({naming!r}) must be one of {sorted(_EXPERT_PROJECTIONS)}")
-    config.validate_for(model)
+    config.validate_for(model, num_redundant_experts=num_redundant_experts)
     rules = (
         _embedding_and_norm_rules(model, config)
         + _attention_rules(model, config)

@@ -69,7 +69,9 @@ def find_plan(
     split (``search._disaggregation``) and records its pools in ``plan.deployment.pools``;
     ``plan.deployment.kind`` says which of the two serves more tokens per device.
     ``engine`` (``vllm``, ``sglang``, ``trtllm``, ``megatron``, ``torchtitan``, ``deepspeed``)
-    keeps only layouts that engine runs at ``engine_version`` (default: its current release).
+    keeps only layouts that engine runs at ``engine_version`` (default: its current release). An inference
+    ``workload`` that leaves ``weight_dtype`` unset serves a catalog name or config.json path in
+    its released checkpoint's dtype (``autoparallel._catalog.checkpoint_dtype``: DeepSeek-V3 fp8).
 
     Raises:
         InfeasiblePlanError: no layout fits; names the bottleneck and the smallest card count
@@ -77,6 +79,10 @@ def find_plan(
     """
     from search import find_plan as search_plan
 
+    if isinstance(workload, Inference) and isinstance(model, str) and "weight_dtype" not in workload.model_fields_set:
+        from autoparallel._catalog import checkpoint_dtype
+
+        workload = workload.model_copy(update={"weight_dtype": checkpoint_dtype(model)})
     model, cluster = resolve_model(model), resolve_cluster(cluster)
     if engine is not None:
         from search._engines import engine_search_settings
@@ -165,8 +171,15 @@ def with_disaggregation(
         colocated_output_tokens_per_s_per_device=colocated,
         disaggregated_output_tokens_per_s_per_device=found.output_tokens_per_s_per_device,
         bottleneck=found.bottleneck,
+        note=_pairs_note(found),
     )
     return _rebuilt(plan, model=model, cluster=cluster, deployment=deployment)
+
+
+def _pairs_note(found) -> str:  # noqa: ANN001 - search.DisaggregatedResult
+    """The unit-size pairs the split was chosen from, best first (why this split)."""
+    pairs = ", ".join(f"{p}/{d}: {r:,.0f}" for p, d, r in found.considered[:6])
+    return f"{len(found.considered)} prefill/decode unit-size pairs priced (devices per unit: output tokens/s/device) {pairs}"
 
 
 def _rebuilt(

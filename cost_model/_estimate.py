@@ -79,7 +79,7 @@ def estimate(model: ModelSpec, cluster, workload: Training | Inference, config: 
     Raises ``ValueError`` for a config the model's rules reject and ``InfeasiblePlanError``
     naming the memory part (or SLO) that does not fit.
     """
-    config.validate_for(model)
+    config.validate_for(model, num_redundant_experts=int(options.get("num_redundant_experts", 0)))
     if config.world_size > cluster.num_devices:
         raise ValueError(
             f"dp*cp*tp*pp ({config.world_size}) must be <= the cluster's devices ({cluster.num_devices})"

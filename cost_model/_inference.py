@@ -16,6 +16,8 @@ once. Extra columns it reads (``_serving_columns.INFERENCE_COLUMNS``; absent = d
                               hides behind the other's compute (DeepSeek's dual micro-batch
                               overlap, SGLang ``--enable-two-batch-overlap``); each
                               micro-batch reads the weights again
+``a2a_backend``       int     code in ``A2A_BACKEND_CODES``: DeepEP ``normal`` (per-node
+                              de-duplicated) or ``low_latency`` kernels; ``auto`` = by phase
 ===================== ======= ===============================================================
 
 Time model: a decode step is one pass of one token per sequence at the mean decode context
@@ -46,6 +48,10 @@ Efficiencies come from the device's shipped calibration (``_common.Calibration``
 training): matmuls at ``matmul_efficiency``, core attention at ``attention_efficiency``, and a
 prefill pass pays ``kernel_overhead_s`` per kernel launched (``_training.kernels_per_layer``);
 decode steps do not, as serving engines replay them from CUDA graphs (vLLM, SGLang, DeepSeek).
+Where imported operator tables cover the device (``_kernel_curves``), a decode step's routed
+experts run as grouped GEMMs at their measured efficiency for M = tokens per expert, MLA decode
+attention at its measured efficiency by context length, and DeepEP's low-latency all-to-all at
+its measured latency and bandwidths.
 
 Output columns: ``time.<phase>_<part>`` for parts ``INFERENCE_TIME_PARTS`` (exposed seconds;
 they sum to ``step_time_s``) and ``hidden.<phase>_<kind>`` for the communication kinds (seconds
@@ -81,8 +87,10 @@ from cost_model._common import (
     ranks_per_node,
     stage_layout,
 )
+from cost_model._kernel_curves import MLA_CURVE_HEADS, deepep_low_latency_s, expert_all_to_all_bytes, grouped_experts_time_s, mla_time_s
 from cost_model._model_spec import ModelSpec
-from cost_model._serving_columns import KV_DTYPE_CODES, PHASE_CODES, checked_columns
+from cost_model._serving_precision import check_serving_precision
+from cost_model._serving_columns import A2A_BACKEND_CODES, KV_DTYPE_CODES, PHASE_CODES, checked_columns
 from cost_model._table import table_length
 from cost_model._training import kernels_per_layer
 from cost_model._units import dtype_bytes
@@ -183,9 +191,12 @@ def _first_available(hardware, names: tuple[str, ...]) -> str:
 
 
 def _matmul_dtype(s: _Setup) -> str:
-    """FP8 weights run FP8 GEMMs (W8A8, DeepSeek-V3 sec. 3.3); int4 weights are weight-only."""
+    """FP8 weights run FP8 GEMMs (W8A8, DeepSeek-V3 sec. 3.3), NVFP4 weights FP4 GEMMs (W4A4 on
+    Blackwell); int4 weights are weight-only, and so are FP8 weights on a device without FP8
+    tensor cores. A dtype with no such path raises (``_serving_precision.check_serving_precision``)."""
     weight = s.workload.weight_dtype
-    chains = {"fp8": ("fp8",), "int8": ("int8", "fp8"), "int4": (s.workload.activation_dtype,)}
+    check_serving_precision(weight_dtype=weight, kv_dtype=s.workload.kv_dtype, hardware=s.cluster.device)
+    chains = {"fp8": ("fp8",), "fp4": ("fp4",), "int8": ("int8", "fp8"), "int4": (s.workload.activation_dtype,)}
     return _first_available(s.cluster.device, chains.get(weight, (weight,)))
 
 
@@ -235,7 +246,7 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     w_dense = model.ffn_parameters(model.ffn_hidden_size) / tp
     dense_tokens = np.where(s.attention_dp, attention_tokens * tp, attention_tokens)
     total = total + lay.dense_layers * _mm(s, 2 * w_dense * dense_tokens, w_dense * wb)
-    total = total + lay.moe_layers * _moe_time(s, attention_tokens, rank_tokens)
+    total = total + lay.moe_layers * _moe_time(s, attention_tokens, rank_tokens, decode=p.decode)
     head_tokens = p.batch * p.head_tokens / s.column("cp") * np.where(s.attention_dp, tp, 1.0)
     w_head = model.vocab_size * model.hidden_size / tp
     head = _mm(s, 2 * w_head * head_tokens, w_head * wb + head_tokens * model.vocab_size / tp * ops.LOGIT_BYTES)
@@ -253,8 +264,15 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     return total + launches * s.calibration.kernel_overhead_s
 
 
-def _moe_time(s: _Setup, attention_tokens: np.ndarray, rank_tokens: np.ndarray) -> np.ndarray:
-    """Router, shared experts and routed experts of one MoE layer, (n,) seconds."""
+def _moe_time(s: _Setup, attention_tokens: np.ndarray, rank_tokens: np.ndarray, *, decode: bool = True) -> np.ndarray:
+    """Router, shared experts and routed experts of one MoE layer, (n,) seconds.
+
+    Decode steps price the routed experts as the grouped GEMMs that run (``_grouped_experts_time``:
+    M = tokens per expert, measured curves). Prefill keeps the calibrated roofline: its experts
+    run DeepGEMM's contiguous-layout grouped GEMM behind DeepEP's normal kernels, which reaches
+    about 0.75 of FP8 peak at large M (DeepGEMM README, H800), while the imported tables' large-M
+    kernels (TRT-LLM CUTLASS, Triton) measure 0.3-0.5; until DeepGEMM's own tables are imported
+    the imported curves would misprice it."""
     model, moe = s.model, s.model.moe
     if moe is None:
         return np.zeros_like(attention_tokens)
@@ -269,11 +287,20 @@ def _moe_time(s: _Setup, attention_tokens: np.ndarray, rank_tokens: np.ndarray) 
     w_expert = model.ffn_parameters(moe.expert_ffn_hidden_size) / etp
     slots = (moe.num_routed_experts + s.column("num_redundant_experts")) / ep
     touched = ops.experts_touched_fraction(group_tokens, top_k=moe.top_k, num_experts=moe.num_routed_experts)
-    routed = _mm(s, 2 * w_expert * assignments, slots * touched * w_expert * wb)
     cast = _cast_bytes(s)
-    passes = ops.routed_bytes_per_assignment(model, act=act, cast=cast, etp=etp) * assignments
-    passes = passes + ops.moe_token_bytes(model, act=act, cast=cast, shard=s.shard) * attention_tokens
-    return router + shared + routed + _memory_pass(s, passes)
+    side = ops.routed_bytes_per_assignment(model, act=act, cast=cast, etp=etp)
+    token_passes = _memory_pass(s, ops.moe_token_bytes(model, act=act, cast=cast, shard=s.shard) * attention_tokens)
+    measured = None
+    if decode:  # M = tokens per expert slot on the busiest rank; the expert width split over etp
+        measured = grouped_experts_time_s(
+            hardware=s.cluster.device, dtype=s.workload.weight_dtype, tokens_per_expert=assignments / slots,
+            experts_per_device=slots, touched_fraction=touched, side_bytes_per_assignment=side,
+            hidden_size=model.hidden_size, expert_ffn_size=moe.expert_ffn_hidden_size / etp,
+        )
+    if measured is not None:
+        return router + shared + measured + token_passes
+    routed = _mm(s, 2 * w_expert * assignments, slots * touched * w_expert * wb)
+    return router + shared + routed + _memory_pass(s, side * assignments) + token_passes
 
 
 def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
@@ -289,6 +316,16 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     kv_fraction = 1.0 / (ops.kv_head_split(model, s.shard) * s.column("cp"))
     read_tokens = ops.kv_read_tokens(model, p.cached_tokens + p.new_tokens)
     kv_read = p.batch * ops.kv_bytes_per_sequence_layer(model, read_tokens, s.kv_element_bytes, block_tokens=1)
+    if p.decode and model.attention.kind == "mla":  # FlashMLA-class kernels at their measured efficiency
+        # one call per rank: its sequences, over its share of the heads (a fraction of a curve's
+        # 128-head sequence) and of each context (cp)
+        sequences = p.batch * model.attention.num_heads / (s.shard * MLA_CURVE_HEADS)
+        measured = mla_time_s(
+            kind="mla_decode", hardware=s.cluster.device, dtype=_attention_dtype(s), flops=flops,
+            bytes_moved=kv_read * kv_fraction, tokens=read_tokens / s.column("cp"), batch=sequences,
+        )
+        if measured is not None:  # (prefill keeps the calibrated efficiency: see _kernel_curves)
+            return measured
     return op_time_s(
         flops=flops, bytes_moved=kv_read * kv_fraction, hardware=s.cluster.device, dtype=_attention_dtype(s),
         calibration=s.calibration, kind="attention",
@@ -302,26 +339,21 @@ def _collective(s: _Setup, op: str, axis: str, group, message) -> np.ndarray:
     )
 
 
-def _expert_all_to_all(s: _Setup, rank_tokens: np.ndarray, element_bytes: float, *, node_dedup: bool) -> np.ndarray:
+def _expert_all_to_all(s: _Setup, rank_tokens: np.ndarray, element_bytes: float, *, node_dedup, direction: str) -> np.ndarray:
     """One MoE dispatch (or combine) as DeepEP runs it: every rank writes straight to its peers,
     NVLink and RDMA at once, so the time is the slower tier's bytes over its bandwidth plus one
-    latency (DeepEP README; not the n-1 rounds of a pairwise all-to-all). Each tier is priced by
-    the topology as a point-to-point transfer. Each token goes to ``top_k`` experts, each held by
-    ``etp`` ranks. Prefill ("normal" kernels, ``node_dedup``) sends a token once per remote node
-    and forwards it over NVLink there; decode ("low-latency" kernels) sends every copy over RDMA.
-    Destinations are uniform over the group's ``ep`` ranks on ``ep / L`` nodes (``L`` per node).
-    """
-    moe, h = s.model.moe, s.model.hidden_size
-    ep, etp = s.column("ep"), s.column("etp")
+    latency (DeepEP README; not the n-1 rounds of a pairwise all-to-all); the bytes per tier are
+    ``_kernel_curves.expert_all_to_all_bytes``. Low-latency kernels (``node_dedup`` False) take
+    the latency and tier efficiencies fitted on DeepEP's measured low-latency kernels
+    (``_kernel_curves.deepep_low_latency_s``); normal kernels are priced by the topology as
+    point-to-point transfers on each tier."""
+    ep = s.column("ep")
     local = np.minimum(s.group_local["ep"], ep)
-    nodes = ep / local
-    copies = moe.top_k * etp
-    token_bytes = rank_tokens * h * element_bytes
-    intra_bytes = token_bytes * copies * (local - 1.0) / ep
-    remote_copies = copies * (ep - local) / ep
-    if node_dedup:  # distinct remote nodes among the copies' destinations
-        remote_copies = np.minimum(remote_copies, (nodes - 1.0) * (1.0 - np.power(1.0 - 1.0 / nodes, copies)))
-    inter_bytes = token_bytes * remote_copies
+    intra_bytes, inter_bytes = expert_all_to_all_bytes(
+        rank_tokens=rank_tokens, hidden_size=s.model.hidden_size, element_bytes=element_bytes,
+        copies=s.model.moe.top_k * s.column("etp"), ep=ep, local=local, node_dedup=node_dedup,
+    )
+    remote = ep > local
 
     def point_to_point(ranks_per_node, message) -> np.ndarray:
         return collective_time_s(
@@ -329,7 +361,12 @@ def _expert_all_to_all(s: _Setup, rank_tokens: np.ndarray, element_bytes: float,
             calibration=s.calibration,
         )
 
-    seconds = np.maximum(point_to_point(2.0, intra_bytes), np.where(nodes > 1, point_to_point(1.0, inter_bytes), 0.0))
+    seconds = np.maximum(point_to_point(2.0, intra_bytes), np.where(remote, point_to_point(1.0, inter_bytes), 0.0))
+    measured = deepep_low_latency_s(
+        direction=direction, intra_bytes=intra_bytes, inter_bytes=np.where(remote, inter_bytes, 0.0), cluster=s.cluster
+    )
+    if measured is not None:
+        seconds = np.where(node_dedup, seconds, measured)
     return np.where(ep > 1, seconds, 0.0)
 
 
@@ -355,8 +392,12 @@ def _comm_times(s: _Setup, p: ops.Pass) -> dict[str, np.ndarray]:
         tp_time = np.where(s.attention_dp, lay.dense_layers * gather_scatter, tp_time)
     ep_time = zero
     if model.moe is not None and np.any(ep > 1):
-        dispatch = _expert_all_to_all(s, rank_tokens, _dispatch_bytes(s), node_dedup=not p.decode)
-        combine = _expert_all_to_all(s, rank_tokens, COMBINE_BYTES, node_dedup=not p.decode)
+        backend = np.asarray(s.table["a2a_backend"], dtype=np.int64)
+        normal = np.where(backend == A2A_BACKEND_CODES["auto"], not p.decode, backend == A2A_BACKEND_CODES["normal"])
+        # NVFP4 experts take an FP8 dispatch as well (DeepEP dispatches FP8 or BF16 tokens).
+        dispatch_bytes = 1.0 if s.workload.weight_dtype == "fp4" else _dispatch_bytes(s)
+        dispatch = _expert_all_to_all(s, rank_tokens, dispatch_bytes, node_dedup=normal, direction="dispatch")
+        combine = _expert_all_to_all(s, rank_tokens, COMBINE_BYTES, node_dedup=normal, direction="combine")
         ep_time = lay.moe_layers * (dispatch + combine)
     cp_time = zero
     if np.any(cp > 1) and p.decode:  # merge the partial softmax results of each sequence's cp shards

@@ -61,8 +61,9 @@ class ParallelConfig(BaseModel):
             )
         return global_batch_sequences // per_replica
 
-    def validate_for(self, model, world_size: int | None = None) -> None:  # noqa: ANN001 - ModelSpec
-        """Raise ``ValueError`` naming the first rule this config breaks for ``model``."""
+    def validate_for(self, model, world_size: int | None = None, *, num_redundant_experts: int = 0) -> None:  # noqa: ANN001
+        """Raise ``ValueError`` naming the first rule this config breaks for ``model`` (with
+        ``num_redundant_experts`` extra expert slots over the ep ranks)."""
         from cost_model._rules import check_parallel_config
 
-        check_parallel_config(self, model, world_size)
+        check_parallel_config(self, model, world_size, num_redundant_experts=num_redundant_experts)

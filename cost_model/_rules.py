@@ -19,8 +19,16 @@ def _divides(name: str, value: int, by_name: str, by: int) -> None:
         raise ValueError(f"{name} ({value}) must be divisible by {by_name} ({by})")
 
 
-def check_parallel_config(config: "ParallelConfig", model: "ModelSpec", world_size: int | None = None) -> None:
-    """Raise ``ValueError`` for the first rule ``config`` breaks for ``model`` on ``world_size``."""
+def check_parallel_config(
+    config: ParallelConfig, model: ModelSpec, world_size: int | None = None, *, num_redundant_experts: int | None = 0
+) -> None:
+    """Raise ``ValueError`` for the first rule ``config`` breaks for ``model`` on ``world_size``.
+
+    ``num_redundant_experts``: extra routed-expert slots spread over the ep ranks (DeepSeek EPLB);
+    ``ep`` must divide ``num_routed_experts + num_redundant_experts`` (0, the default: training
+    and a layout without replicas). ``None`` = not fixed yet (the serving search): any ep is
+    legal, since ``minimum_redundant_experts`` slots make the per-rank count whole.
+    """
     if world_size is not None and config.world_size != world_size:
         raise ValueError(
             f"dp*cp*tp*pp ({config.dp}*{config.cp}*{config.tp}*{config.pp} = {config.world_size}) "
@@ -40,10 +48,10 @@ def check_parallel_config(config: "ParallelConfig", model: "ModelSpec", world_si
     if config.sequence_parallel and config.tp == 1:
         raise ValueError("sequence_parallel (True) requires tp > 1 (tp is 1)")
     _check_pipeline(config, model)
-    _check_experts(config, model)
+    _check_experts(config, model, num_redundant_experts)
 
 
-def _check_pipeline(config: "ParallelConfig", model: "ModelSpec") -> None:
+def _check_pipeline(config: ParallelConfig, model: ModelSpec) -> None:
     chunks = config.pp * config.virtual_stages
     if chunks > model.num_layers:
         raise ValueError(
@@ -64,19 +72,31 @@ def _check_pipeline(config: "ParallelConfig", model: "ModelSpec") -> None:
         )
 
 
-def _check_experts(config: "ParallelConfig", model: "ModelSpec") -> None:
+def minimum_redundant_experts(*, num_experts: int, ep: int) -> int:
+    """Fewest extra expert slots that give every one of ``ep`` ranks the same whole number of
+    slots: 256 experts over EP 72 need 32 (4 slots each, DeepSeek's 256 + 32 redundant)."""
+    return -num_experts % ep
+
+
+def _check_experts(config: ParallelConfig, model: ModelSpec, num_redundant_experts: int | None) -> None:
     moe = model.moe
     if moe is None:
         if config.ep > 1 or config.etp > 1:
             raise ValueError(f"ep ({config.ep}) and etp ({config.etp}) must be 1 for a dense model")
         return
-    _divides("num_routed_experts", moe.num_routed_experts, "ep", config.ep)
+    if num_redundant_experts is not None and num_redundant_experts < 0:
+        raise ValueError(f"num_redundant_experts ({num_redundant_experts}) must be >= 0")
+    if num_redundant_experts == 0:
+        _divides("num_routed_experts", moe.num_routed_experts, "ep", config.ep)
+    elif num_redundant_experts is not None:
+        slots = moe.num_routed_experts + num_redundant_experts
+        _divides("num_routed_experts + num_redundant_experts", slots, "ep", config.ep)
     stage_ranks = config.dp * config.cp * config.tp
     _divides("dp*cp*tp", stage_ranks, "ep*etp", config.ep * config.etp)
     _divides("moe_intermediate_size", moe.expert_ffn_hidden_size, "etp", config.etp)
 
 
-def check_sequence_fits(config: "ParallelConfig", sequence_length_tokens: int) -> None:
+def check_sequence_fits(config: ParallelConfig, sequence_length_tokens: int) -> None:
     """Context parallel splits each sequence in 2*cp chunks (load-balanced causal ring)."""
     if config.cp > 1:
         _divides("sequence_length_tokens", sequence_length_tokens, "2*cp", 2 * config.cp)

@@ -13,13 +13,16 @@ MB = 1e6
 GB = 1e9
 TB = 1e12
 
-Dtype = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
+Dtype = Literal["fp32", "bf16", "fp16", "fp8", "fp4", "int8", "int4"]
 
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4.0,
     "bf16": 2.0,
     "fp16": 2.0,
     "fp8": 1.0,
+    # NVFP4: 4-bit E2M1 values plus one E4M3 scale per 16-element block (NVIDIA, "Introducing
+    # NVFP4 for efficient and accurate low-precision inference", developer blog, 2025).
+    "fp4": 0.5 + 1.0 / 16.0,
     "int8": 1.0,
     "int4": 0.5,
 }

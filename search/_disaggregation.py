@@ -14,19 +14,36 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cost_model import InfeasiblePlanError, Inference, ModelSpec, PoolConfig, disaggregated_split
+from cost_model import (
+    InfeasiblePlanError,
+    Inference,
+    Layout,
+    ModelSpec,
+    PoolConfig,
+    disaggregated_split,
+)
 from cost_model._serving_columns import ServingConfig
 from search._candidate import Candidate
 from search._exhaustive import exhaustive_search
 from search._space import SearchBounds, divisors
 from topology import Cluster
 
-MAX_UNIT_SIZES = 3
+#: Serving settings a pool's unit takes for its phase: the prefill pool runs DeepEP's "normal"
+#: (throughput, NVLink-forwarded) all-to-all, the decode pool its "low-latency" kernels (DeepEP
+#: README; SGLang's ``--deepep-mode normal|low_latency`` per pool in its disaggregated examples).
+POOL_A2A_BACKEND = {"prefill": "normal", "decode": "low_latency"}
+#: GPUs per compute tray of a rack-scale NVLink domain (GB200 NVL72: 18 trays of 4 GPUs, NVIDIA
+#: GB200 NVL72 product page): the granularity of a unit inside such a domain.
+RACK_TRAY_DEVICES = 4
 
 
 @dataclass(frozen=True)
 class DisaggregatedResult:
-    """Best unit of each pool and the split; ``output_tokens_per_s_per_device`` over the devices used."""
+    """Best unit of each pool and the split; ``output_tokens_per_s_per_device`` over the devices used.
+
+    ``considered`` lists every (prefill unit size, decode unit size, output tokens/s per device)
+    pair that was priced, best first: the reason the chosen split won.
+    """
 
     prefill: Candidate
     decode: Candidate
@@ -36,17 +53,30 @@ class DisaggregatedResult:
     decode_devices: int
     output_tokens_per_s_per_device: float
     bottleneck: str
+    prefill_units: int = 1
+    decode_units: int = 1
+    considered: tuple[tuple[int, int, float], ...] = ()
 
 
-def unit_sizes(*, model: ModelSpec, cluster: Cluster, workload: Inference, limit: int = MAX_UNIT_SIZES) -> list[int]:
-    """The smallest unit sizes that can hold the weights (whole nodes, or divisors of one big node),
-    at most half the cluster so that both pools fit."""
+def unit_sizes(*, model: ModelSpec, cluster: Cluster, workload: Inference) -> list[int]:
+    """Every unit size that can hold the weights and leaves room for a unit of the other pool:
+    divisors of one node, whole numbers of nodes (a unit spans whole nodes or part of one) and,
+    in a rack-scale NVLink domain, any number of its ``RACK_TRAY_DEVICES``-GPU trays."""
     weights = model.weight_bytes(workload.weight_dtype)
     smallest = math.ceil(weights / cluster.memory_per_device_bytes)
     node = cluster.devices_per_node
-    options = [d for d in divisors(node) if d >= smallest] if smallest <= node else []
-    options += [node * k for k in divisors(cluster.num_nodes) if node * k >= smallest]
-    return sorted({u for u in options if 2 * u <= cluster.num_devices})[:limit]
+    options = [d for d in divisors(node) if d >= smallest]
+    if node > RACK_TRAY_DEVICES:
+        options += [
+            t
+            for t in range(RACK_TRAY_DEVICES, node, RACK_TRAY_DEVICES)
+            if t >= smallest
+        ]
+    options += [
+        node * k for k in range(1, cluster.num_nodes + 1) if node * k >= smallest
+    ]
+    fewest = min(options, default=cluster.num_devices)
+    return sorted({u for u in options if u + fewest <= cluster.num_devices})
 
 
 def unit_cluster(cluster: Cluster, size: int) -> Cluster:
@@ -58,50 +88,122 @@ def unit_cluster(cluster: Cluster, size: int) -> Cluster:
         "num_nodes": max(1, size // node),
         "devices_per_node": per_node,
         "devices_per_nic": math.gcd(cluster.devices_per_nic, per_node),
-        "links": tuple(link for link in cluster.model_dump()["links"] if max(link["from_device"], link["to_device"]) < size),
+        "links": tuple(
+            link
+            for link in cluster.model_dump()["links"]
+            if max(link["from_device"], link["to_device"]) < size
+        ),
     }
     return Cluster.model_validate(data)
 
 
-def _best_unit(*, model, cluster, workload, phase: str, bounds: SearchBounds, estimator) -> tuple[Candidate, Cluster] | None:  # noqa: ANN001
-    best = None
+def _best_units(
+    *, model, cluster, workload, phase: str, bounds: SearchBounds, estimator
+) -> dict[int, tuple[Candidate, Cluster]]:
+    """The best feasible layout of one unit of each size for ``phase`` (by tokens/s per device)."""
+    best = {}
     for size in unit_sizes(model=model, cluster=cluster, workload=workload):
         unit = unit_cluster(cluster, size)
         try:
             found = exhaustive_search(
-                model, unit, workload, bounds=bounds.model_copy(update={"phase": phase}), estimator=estimator
+                model,
+                unit,
+                workload,
+                bounds=bounds.model_copy(update={"phase": phase}),
+                estimator=estimator,
             ).best
         except ValueError:  # no legal layout on this many devices
             continue
-        rate = found.metrics["tokens_per_s_per_device"]
-        if found.feasible and (best is None or rate > best[0].metrics["tokens_per_s_per_device"]):
-            best = (found, unit)
+        if found.feasible:
+            best[size] = (found, unit)
     return best
 
 
 def find_disaggregated(
-    model: ModelSpec, cluster: Cluster, workload: Inference, *, bounds: SearchBounds | None = None, estimator=None  # noqa: ANN001
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Inference,
+    *,
+    bounds: SearchBounds | None = None,
+    estimator=None,
 ) -> DisaggregatedResult | None:
-    """The best disaggregated deployment on ``cluster``, or None when no unit of a pool fits."""
+    """The best disaggregated deployment on ``cluster``, or None when no unit of a pool fits.
+
+    Every pair of unit sizes is split by rate matching (``cost_model.disaggregated_split``:
+    several units per pool, pools of any size), so the pools may be asymmetric (16 + 56 devices
+    of a 72-GPU NVLink domain); the pair serving the most output tokens/s per device used wins.
+    """
     bounds = bounds or SearchBounds()
-    prefill = _best_unit(model=model, cluster=cluster, workload=workload, phase="prefill", bounds=bounds, estimator=estimator)
-    decode = _best_unit(model=model, cluster=cluster, workload=workload, phase="decode", bounds=bounds, estimator=estimator)
-    if prefill is None or decode is None:
-        return None
-    try:
-        split = disaggregated_split(
-            model=model, cluster=cluster, workload=workload, prefill=_pool(prefill[0]), decode=_pool(decode[0])
+    units = {
+        phase: _best_units(
+            model=model,
+            cluster=cluster,
+            workload=workload,
+            phase=phase,
+            bounds=bounds,
+            estimator=estimator,
         )
-    except InfeasiblePlanError:
+        for phase in ("prefill", "decode")
+    }
+    priced = []
+    for prefill_size, (prefill, prefill_unit) in units["prefill"].items():
+        for decode_size, (decode, decode_unit) in units["decode"].items():
+            try:
+                split = disaggregated_split(
+                    model=model,
+                    cluster=cluster,
+                    workload=workload,
+                    prefill=_pool(prefill, "prefill"),
+                    decode=_pool(decode, "decode"),
+                )
+            except InfeasiblePlanError:
+                continue
+            used = split.prefill_devices + split.decode_devices
+            rate = split.output_tokens_per_s / used
+            priced.append(
+                (
+                    rate,
+                    prefill_size,
+                    decode_size,
+                    split,
+                    prefill,
+                    decode,
+                    prefill_unit,
+                    decode_unit,
+                )
+            )
+    if not priced:
         return None
-    used = split.prefill_devices + split.decode_devices
+    priced.sort(key=lambda entry: -entry[0])
+    rate, _, _, split, prefill, decode, prefill_unit, decode_unit = priced[0]
     return DisaggregatedResult(
-        prefill=prefill[0], decode=decode[0], prefill_cluster=prefill[1], decode_cluster=decode[1],
-        prefill_devices=split.prefill_devices, decode_devices=split.decode_devices,
-        output_tokens_per_s_per_device=split.output_tokens_per_s / used, bottleneck=split.bottleneck,
+        prefill=_with_pool_serving(prefill, "prefill"),
+        decode=_with_pool_serving(decode, "decode"),
+        prefill_cluster=prefill_unit,
+        decode_cluster=decode_unit,
+        prefill_devices=split.prefill_devices,
+        decode_devices=split.decode_devices,
+        output_tokens_per_s_per_device=rate,
+        bottleneck=split.bottleneck,
+        prefill_units=split.prefill_units,
+        decode_units=split.decode_units,
+        considered=tuple((p, d, r) for r, p, d, *_ in priced),
     )
 
 
-def _pool(candidate: Candidate) -> PoolConfig:
+def _pool(candidate: Candidate, phase: str) -> PoolConfig:
+    """The unit's layout and its own serving settings: the batch, KV dtype, redundant experts and
+    two-batch overlap it was searched with, and its phase's all-to-all backend."""
     serving = candidate.serving or ServingConfig()
-    return PoolConfig(config=candidate.config, serving=serving.model_copy(update={"phase": "both"}))
+    update = {"phase": "both", "a2a_backend": POOL_A2A_BACKEND[phase]}
+    return PoolConfig(
+        config=candidate.config, serving=serving.model_copy(update=update)
+    )
+
+
+def _with_pool_serving(candidate: Candidate, phase: str) -> Candidate:
+    """``candidate`` whose layout carries its pool's serving settings (the plan records them)."""
+    layout = Layout(config=candidate.config, serving=_pool(candidate, phase).serving)
+    return Candidate(
+        layout, candidate.metrics, candidate.violations, candidate.trial_number
+    )

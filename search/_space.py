@@ -26,6 +26,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from cost_model import Inference, ModelSpec, ParallelConfig, Training, check_parallel_config, check_sequence_fits
+from cost_model._rules import minimum_redundant_experts
 from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES, table_from_columns, table_row
 from search._engines import restrict_switches
 
@@ -332,7 +333,10 @@ def _mesh_legal(space: SearchSpace, table: Table) -> np.ndarray:
     legal &= legal_by_rule(
         table,
         ("stage_ranks", "ep", "etp"),
-        lambda stage_ranks, ep, etp: check_parallel_config(ParallelConfig(dp=stage_ranks, ep=ep, etp=etp), model),
+        lambda stage_ranks, ep, etp: check_parallel_config(
+            ParallelConfig(dp=stage_ranks, ep=ep, etp=etp), model,
+            num_redundant_experts=0 if space.is_training else None,  # serving: EPLB slots fill the ranks
+        ),
     )
     sequence = space.workload.sequence_length_tokens if space.is_training else space.workload.prompt_tokens
     legal &= legal_by_rule(table, ("cp",), lambda cp: check_sequence_fits(ParallelConfig(cp=cp), sequence))
@@ -403,7 +407,7 @@ def _training_switches(space: SearchSpace, *, dp: int, tp: int, pp: int, cp: int
 def kv_dtype_choices(space: SearchSpace) -> list[str]:
     if space.bounds.kv_dtypes is not None:
         return list(space.bounds.kv_dtypes)
-    return sorted({space.workload.kv_dtype, "fp8"}, key=["fp32", "bf16", "fp16", "fp8", "int8", "int4"].index)
+    return sorted({space.workload.kv_dtype, "fp8"}, key=["fp32", "bf16", "fp16", "fp8", "fp4", "int8", "int4"].index)
 
 
 def _inference_switches(space: SearchSpace, *, tp: int, pp: int, ep: int) -> Table:
@@ -416,7 +420,10 @@ def _inference_switches(space: SearchSpace, *, tp: int, pp: int, ep: int) -> Tab
     batches = [0] + powers_of_two_up_to(bounds.max_batch_size) if sweep else [0]
     table = _column("batch_size", batches, np.int64)
     table = cross(table, _column("kv_dtype", [KV_DTYPE_CODES[d] for d in kv_dtype_choices(space)], np.int64))
-    redundant = [0] if ep == 1 or space.model.moe is None else sorted({m * ep for m in bounds.redundant_expert_multiples})
+    redundant = [0]
+    if ep > 1 and space.model.moe is not None:  # the fewest slots that fill every rank, plus whole rounds
+        fewest = minimum_redundant_experts(num_experts=space.model.moe.num_routed_experts, ep=ep)
+        redundant = sorted({fewest + m * ep for m in bounds.redundant_expert_multiples})
     table = cross(table, _column("num_redundant_experts", redundant, np.int64))
     from cost_model._serving_columns import PHASE_CODES
 

@@ -81,8 +81,13 @@ def test_h800_takes_the_h100_class_calibration_and_it_matters() -> None:
     assert calibration_for(h800) == calibration_for(h100)
     neutral = validate_dsv3_day6(calibration=Calibration())
     shipped = validate_dsv3_day6()
-    assert all(n.predicted > s.predicted for n, s in zip(neutral, shipped))
-    assert all(row.error > 0.5 for row in neutral)
+    prefill = [(n, s) for n, s in zip(neutral, shipped) if "prefill" in n.name]
+    decode = [(n, s) for n, s in zip(neutral, shipped) if "decode" in n.name]
+    assert prefill and decode
+    assert all(n.predicted > s.predicted and n.error > 0.5 for n, s in prefill)
+    # decode's kernels (grouped expert GEMMs, MLA decode) are priced from imported operator
+    # curves, so no calibrated efficiency reaches the decode row
+    assert all(n.predicted == pytest.approx(s.predicted, rel=1e-9) for n, s in decode)
 
 
 def test_units_and_workload_follow_the_published_records() -> None:

@@ -66,6 +66,8 @@ def input_file(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"{text}: no such file")
     return path
 
+SERVING_DTYPES = ("bf16", "fp16", "fp8", "fp4", "int8", "int4")
+
 
 def add_job_arguments(parser: argparse.ArgumentParser, *, cluster: str, nodes: int | None, training: bool) -> None:
     """``--model``, ``--cluster``, ``--nodes``, ``--training``/``--inference`` and the workload sizes;
@@ -89,8 +91,16 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, cluster: str, nodes: i
         "--output-tokens-cv", type=non_negative_float, default=0.0, help="spread of output lengths across requests (std / mean)"
     )
     parser.add_argument("--prefix-cache-hit-rate", type=fraction, default=0.0, help="share of prompt tokens served from the KV cache")
+    parser.add_argument(
+        "--weight-dtype", default=None, choices=SERVING_DTYPES,
+        help="serving: weight precision (default: the checkpoint's, from the catalog / config.json)",
+    )
+    parser.add_argument("--kv-dtype", default=None, choices=SERVING_DTYPES, help="serving: KV-cache precision (default bf16)")
     add_inter_node_argument(parser)
-    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8"), help="training precision")
+    parser.add_argument(
+        "--precision", default=None, choices=("bf16", "fp16", "fp8"),
+        help="training precision (default bf16); serving: the weight dtype, as --weight-dtype",
+    )
     parser.add_argument(
         "--fp8-recipe", default="current", choices=("delayed", "current", "tensorwise", "rowwise", "blockwise", "mxfp8"),
         help="fp8 scaling recipe (with --precision fp8)",
@@ -130,10 +140,24 @@ def with_network_override(cluster, args: argparse.Namespace):  # noqa: ANN001, A
 def training_options(args: argparse.Namespace) -> dict:
     """The ``Training`` fields the precision arguments set."""
     return {
-        "precision": args.precision, "fp8_recipe": args.fp8_recipe, "gradient_dtype": args.gradient_dtype,
+        "precision": args.precision or "bf16", "fp8_recipe": args.fp8_recipe, "gradient_dtype": args.gradient_dtype,
         "master_weights_fp32": args.master_weights == "fp32",
         "fp8_bf16_layers_at_start": args.fp8_bf16_layers, "fp8_bf16_layers_at_end": args.fp8_bf16_layers,
     }
+
+
+def serving_precision(args: argparse.Namespace) -> dict[str, str]:
+    """``weight_dtype`` / ``kv_dtype`` of an inference workload: ``--weight-dtype`` (or
+    ``--precision``, which must agree with it), else the checkpoint's released dtype for the
+    weights (``autoparallel._catalog.checkpoint_dtype``)."""
+    from autoparallel._catalog import checkpoint_dtype
+
+    given = getattr(args, "precision", None)
+    if given and args.weight_dtype and given != args.weight_dtype:
+        raise ValueError(f"--precision ({given}) and --weight-dtype ({args.weight_dtype}) must agree for --inference")
+    precision = {"weight_dtype": args.weight_dtype or given or checkpoint_dtype(args.model)}
+    return precision | ({"kv_dtype": args.kv_dtype} if args.kv_dtype else {})
+
 
 def storage_url(text: str) -> str:
     """An Optuna storage: ``sqlite:///FILE`` (its folder must exist), ``journal:FILE`` or another

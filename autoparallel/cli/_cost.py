@@ -10,11 +10,13 @@ from autoparallel.cli._args import (
     inter_node_bytes_per_s,
     non_negative_int,
     positive_int,
+    serving_precision,
     training_options,
     with_network_override,
 )
 from autoparallel.cli._render import console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
+from cost_model._rules import minimum_redundant_experts
 from cost_model._units import human_bytes, human_seconds
 
 DEFAULT_CLUSTER = "dgx-h200"
@@ -36,6 +38,10 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
 def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
     add_job_arguments(parser, cluster=DEFAULT_CLUSTER, nodes=DEFAULT_NODES, training=True)
     parser.add_argument("--batch-size", type=non_negative_int, default=0, help="inference: sequences per replica (0: largest that fits)")
+    parser.add_argument(
+        "--num-redundant-experts", type=non_negative_int, default=None,
+        help="inference: extra expert slots over the ep ranks (default: the fewest that fill every rank, EPLB)",
+    )
     for axis, default in (("tp", 8), ("pp", 16), ("cp", 1), ("ep", 64), ("etp", 1)):
         parser.add_argument(f"--{axis}", type=positive_int, default=default)
     parser.add_argument("--dp", type=positive_int, default=None, help="default: the devices left after tp*pp*cp")
@@ -78,8 +84,12 @@ def _estimate(args: argparse.Namespace) -> int:
         workload = Inference(
             prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, prompt_tokens_cv=args.prompt_tokens_cv,
             output_tokens_cv=args.output_tokens_cv, prefix_cache_hit_rate=args.prefix_cache_hit_rate,
+            **serving_precision(args),
         )
-        breakdown = estimate(model, cluster, workload, config, batch_size=args.batch_size)
+        redundant = args.num_redundant_experts
+        if redundant is None:
+            redundant = minimum_redundant_experts(num_experts=model.moe.num_routed_experts, ep=args.ep) if model.moe else 0
+        breakdown = estimate(model, cluster, workload, config, batch_size=args.batch_size, num_redundant_experts=redundant)
     if args.json:
         print_json(breakdown.model_dump_json())
         return 0
@@ -93,6 +103,7 @@ def _estimate(args: argparse.Namespace) -> int:
     console.print(f"[bold]{title}[/]\n{config!r}\ncalibration: {fitted}")
     _print_breakdown(breakdown)
     return 0
+
 
 
 def _print_breakdown(breakdown) -> None:  # noqa: ANN001 - CostBreakdown

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 from rich.table import Table
 
@@ -31,6 +32,10 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
                          help="also print measured GEMM efficiency against this cluster preset's device")
     profile.add_argument("--clock", choices=("auto", "wall", "thread"), default="auto",
                          help="operator timing: auto = thread CPU time for 1-thread CPU ranks, else wall")
+    profile.add_argument("--import-aiconfigurator", type=Path, default=None, metavar="PATH",
+                         help="instead of measuring: reduce an unpacked aiconfigurator-core wheel's operator tables "
+                         "into kernel curves (written to --output)")
+    profile.add_argument("--aiconfigurator-version", default="0.12.0", help="version of the imported package")
     add_json_flag(profile)
     profile.set_defaults(func=_profile)
 
@@ -81,6 +86,13 @@ class _Bar:
 
 
 def _profile(args: argparse.Namespace) -> int:
+    if args.import_aiconfigurator is not None:
+        from autoparallel._kernel_import import write_kernel_curves
+
+        curves = write_kernel_curves(args.import_aiconfigurator, output=args.output, version=args.aiconfigurator_version)
+        console.print(f"wrote {args.output}: {len(curves['grouped_gemm'])} grouped-GEMM, {len(curves['mla_decode'])} MLA decode "
+                      f"and {len(curves['mla_prefill'])} MLA prefill curves")
+        return 0
     from profilers import ProfileGrid, current_device, launch_profile
 
     grid_name = args.grid or ("cpu" if current_device().type == "cpu" else "gpu")

@@ -23,6 +23,7 @@ from autoparallel.cli._args import (
     output_file,
     output_folder,
     positive_int,
+    serving_precision,
     storage_url,
     training_options,
     with_network_override,
@@ -109,6 +110,7 @@ def _workload(args: argparse.Namespace):  # noqa: ANN202
         ttft_slo_s=args.ttft_slo_s or None,
         tpot_slo_s=(args.tpot_slo_ms / 1e3) or None,
         disaggregation_allowed=not args.no_disaggregation,
+        **serving_precision(args),
     )
 
 
@@ -196,16 +198,23 @@ def deployment_line(plan) -> str:  # noqa: ANN001
     """Colocated vs disaggregated serving, when the plan priced both."""
     deployment = plan.deployment
     if not deployment.pools:
-        return ""
-    pools = " + ".join(f"{p.role} {p.num_devices} devices (units {describe_layout(p.config)})" for p in deployment.pools)
-    colocated = deployment.colocated_output_tokens_per_s_per_device
-    disaggregated = deployment.disaggregated_output_tokens_per_s_per_device
-    if colocated is None or disaggregated is None:
-        return f"deployment: [bold]{deployment.kind}[/] ({pools})"
+        return f"deployment: [bold]{deployment.kind}[/] — {deployment.note}" if deployment.note else ""
+    pools = " + ".join(
+        f"{p.role} {p.num_units} x {p.devices_per_unit} devices (units {describe_layout(p.config)}, "
+        f"batch {p.serving.batch_size}, a2a {p.serving.all_to_all_backend}"
+        f"{', two-batch overlap' if p.serving.two_batch_overlap else ''})"
+        for p in deployment.pools
+    )
+    colocated = deployment.colocated_output_tokens_per_s_per_device or 0.0
+    disaggregated = deployment.disaggregated_output_tokens_per_s_per_device or 0.0
+    loser = "disaggregated" if deployment.kind == "colocated" else "colocated"
+    ratio = max(colocated, disaggregated) / max(min(colocated, disaggregated), 1e-12)
     return (
         f"deployment: [bold]{deployment.kind}[/] — colocated {colocated:,.1f} "
         f"vs disaggregated {disaggregated:,.1f} output tokens/s per device "
-        f"({pools}; the {deployment.bottleneck} pool binds)"
+        f"({pools}; the {deployment.bottleneck} pool binds)\n"
+        f"why: {deployment.kind} serves {ratio:.2f}x the output tokens per device of the best {loser} deployment"
+        + (f"; {deployment.note}" if deployment.note else "")
     )
 
 

@@ -128,6 +128,7 @@ class Serving:
     kv_dtype: str
     num_redundant_experts: int
     two_batch_overlap: bool
+    all_to_all_backend: str = "auto"  # DeepEP "normal" / "low_latency", or the engine's choice
 
 
 def serving_view(
@@ -147,6 +148,7 @@ def serving_view(
         kv_dtype=serving.kv_dtype if serving else "bf16",
         num_redundant_experts=serving.num_redundant_experts if serving else 0,
         two_batch_overlap=serving.two_batch_overlap if serving else False,
+        all_to_all_backend=serving.all_to_all_backend if serving else "auto",
     )
 
 

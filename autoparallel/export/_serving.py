@@ -119,11 +119,10 @@ def _vllm_pool(
         str(s.attention_replicas),
     ]
     if config.ep > 1:
-        backend = (
-            "deepep_low_latency"
-            if phase == "decode" or s.two_batch_overlap
-            else "deepep_high_throughput"
-        )
+        low_latency = phase == "decode" or s.two_batch_overlap
+        if s.all_to_all_backend != "auto":  # the kernels the plan priced for this pool
+            low_latency = s.all_to_all_backend == "low_latency"
+        backend = "deepep_low_latency" if low_latency else "deepep_high_throughput"
         args += ["--enable-expert-parallel", "--all2all-backend", backend]
     if s.num_redundant_experts:
         args += [
@@ -271,7 +270,10 @@ def _sglang_pool(
             "deepep" if deepep else "none",
         ]
         if deepep:
-            args += ["--deepep-mode", "low_latency" if phase == "decode" else "normal"]
+            mode = s.all_to_all_backend  # the kernels the plan priced for this pool
+            if mode == "auto":
+                mode = "low_latency" if phase == "decode" else "normal"
+            args += ["--deepep-mode", mode]
     if s.num_redundant_experts:
         args += [
             "--ep-num-redundant-experts",

@@ -94,7 +94,8 @@ def build_plan(
     """
     config = layout.config
     check_layout(
-        config, model=model, world_size=config.world_size, field="config"
+        config, model=model, world_size=config.world_size, field="config",
+        num_redundant_experts=_redundant(layout),
     )  # before building its parts
     if config.world_size > cluster.num_devices:
         raise ValueError(
@@ -129,7 +130,7 @@ def build_plan(
         expert_placement=expert_placement(
             model=model, config=config, num_redundant_experts=_redundant(layout)
         ),
-        module_rules=module_rules(model=model, config=config),
+        module_rules=module_rules(model=model, config=config, num_redundant_experts=_redundant(layout)),
         predicted=price,
         alternatives=record.alternatives,
         deployment=record.deployment,
@@ -217,10 +218,10 @@ def expert_placement(
     )
 
 
-def module_rules(*, model: ModelSpec, config: ParallelConfig) -> tuple[ModuleRule, ...]:
+def module_rules(*, model: ModelSpec, config: ParallelConfig, num_redundant_experts: int = 0) -> tuple[ModuleRule, ...]:
     from autoparallel._module_rules import module_rules_for
 
-    return module_rules_for(model=model, config=config)
+    return module_rules_for(model=model, config=config, num_redundant_experts=num_redundant_experts)
 
 
 def serving_settings(
@@ -244,4 +245,5 @@ def serving_settings(
         kv_dtype=serving.kv_dtype or job.kv_dtype,
         num_redundant_experts=serving.num_redundant_experts,
         two_batch_overlap=serving.two_batch_overlap,
+        all_to_all_backend=serving.a2a_backend,
     )

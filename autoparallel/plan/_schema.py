@@ -165,6 +165,7 @@ class ServingSettings(BaseModel):
             kv_dtype=self.kv_dtype,
             phase=phase,
             two_batch_overlap=self.two_batch_overlap,
+            a2a_backend=self.all_to_all_backend,
         )
 
 

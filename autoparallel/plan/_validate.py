@@ -78,7 +78,10 @@ def check_plan(plan: ShardingPlan) -> None:
     """Raise ``PlanError`` for the first rule ``plan`` breaks."""
     model = plan.model
     _check_provenance(plan)
-    check_layout(plan.config, model=model, world_size=plan.world_size, field="config")
+    check_layout(
+        plan.config, model=model, world_size=plan.world_size, field="config",
+        num_redundant_experts=_redundant_slots(plan.serving),
+    )
     _check_job(plan)
     _check_meshes(plan)
     _check_rank_map(plan)
@@ -91,15 +94,23 @@ def check_plan(plan: ShardingPlan) -> None:
             model=model,
             world_size=plan.world_size,
             field=f"alternatives[{index}].config",
+            num_redundant_experts=_redundant_slots(alternative.serving),
         )
     _check_deployment(plan)
 
 
-def check_layout(config: ParallelConfig, *, model: ModelSpec, world_size: int, field: str) -> None:
+def _redundant_slots(serving) -> int:  # noqa: ANN001 - ServingSettings | None
+    return 0 if serving is None else serving.num_redundant_experts
+
+
+def check_layout(
+    config: ParallelConfig, *, model: ModelSpec, world_size: int, field: str, num_redundant_experts: int = 0
+) -> None:
     """``cost_model.check_parallel_config``: dims multiply to ``world_size``, degrees divide
-    heads, KV heads, FFN and experts, pipeline chunks fit the layers."""
+    heads, KV heads, FFN and experts (routed + ``num_redundant_experts`` slots), pipeline chunks
+    fit the layers."""
     try:
-        check_parallel_config(config, model, world_size)
+        check_parallel_config(config, model, world_size, num_redundant_experts=num_redundant_experts)
     except ValueError as error:
         raise PlanError(field=field, value=describe_layout(config), rule=str(error)) from None
 
@@ -348,6 +359,7 @@ def _check_deployment(plan: ShardingPlan) -> None:
             model=plan.model,
             world_size=pool.devices_per_unit,
             field=f"deployment.pools[{index}].config",
+            num_redundant_experts=_redundant_slots(pool.serving),
         )
     used = sum(pool.num_devices for pool in deployment.pools)
     if used > plan.world_size:

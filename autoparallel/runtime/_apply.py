@@ -151,7 +151,8 @@ def _check_model(module: nn.Module, plan: ShardingPlan, walked: list[tuple[str, 
     else:
         _check_counts(module, plan, walked)
     if spec is not None and hasattr(spec, "attention"):
-        plan.config.validate_for(spec)
+        redundant = plan.expert_placement.num_redundant_experts if plan.expert_placement is not None else 0
+        plan.config.validate_for(spec, num_redundant_experts=redundant)
 
 
 def _check_counts(module: nn.Module, plan: ShardingPlan, walked: list[tuple[str, nn.Module]]) -> None:

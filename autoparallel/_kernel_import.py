@@ -1,0 +1,399 @@
+"""Import public per-operator kernel tables into the cost model's kernel curves (fit inputs).
+
+Source: NVIDIA's ``aiconfigurator-core`` package (PyPI, Apache-2.0), whose wheel ships
+per-operator latency tables measured per device, engine and engine version under
+``aiconfigurator_core/systems/data/<device>/<op>/<engine>/<version>/*.parquet``. Only
+operator tables are read — the fused MoE expert layer (``moe/*/moe_perf.parquet``) and MLA
+decode attention (``mla/*/generation_mla_perf.parquet``). End-to-end tables of whole serving
+runs in the same package (``silicon_sample.csv``) are never opened: they are validation data,
+not fit input (DESIGN.md, "Fidelity").
+
+Each measured point becomes an *efficiency*: the project's own ideal time for the same work
+(``cost_model._kernel_curves.grouped_gemm_ideal_s`` / ``mla_decode_ideal_s``, rooflines at the
+device's peak FLOP/s and memory bandwidth) over the measured latency. The reduced curves —
+efficiency at a fixed log grid of tokens per expert for each number of experts per device, one
+per (device, engine, dtype); efficiency by context length for MLA decode — are written as one
+small JSON file with the package, version, file and licence of every curve.
+
+Re-run: ``autoparallel profile --import-aiconfigurator PATH`` (PATH: an unpacked wheel or the
+``aiconfigurator_core`` folder); needs ``pyarrow`` (``pip install pyarrow``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+
+from cost_model._inference_ops import (
+    attention_flops_per_key,
+    routed_bytes_per_assignment,
+)
+from cost_model._kernel_curves import (
+    GROUPED_GEMM_SHAPE,
+    TOKENS_PER_EXPERT_GRID,
+    expert_all_to_all_bytes,
+    grouped_gemm_ideal_s,
+    matmul_dtype_of,
+    mla_decode_ideal_s,
+)
+from cost_model._units import dtype_bytes
+from topology import get_preset
+
+logger = logging.getLogger(__name__)
+
+PACKAGE = "aiconfigurator-core"
+#: aiconfigurator device folder -> the preset whose peaks price the ideal time.
+DEVICES = {
+    "h100_sxm": "dgx-h100",
+    "h200_sxm": "dgx-h200",
+    "b200_sxm": "dgx-b200",
+    "gb200": "gb200-nvl72",
+}
+#: aiconfigurator dtype names -> the project's weight dtypes (block-scaled FP8 is DeepSeek's).
+DTYPES = {"bfloat16": "bf16", "fp8_block": "fp8", "nvfp4": "fp4", "int4_wo": "int4"}
+ENGINES = ("trtllm", "sglang", "vllm")
+FORBIDDEN_FILE = "silicon_sample"
+MLA_BATCH = (
+    64  # decode sequences per MLA call of the imported rows (128 heads: one rank, tp 1)
+)
+
+
+def _read(path: Path) -> list[dict]:
+    if FORBIDDEN_FILE in path.name:
+        raise ValueError(
+            f"file ({path.name}) holds end-to-end runs: validation data, never a fit input"
+        )
+    try:
+        from pyarrow import parquet
+    except ImportError:
+        raise ImportError(
+            "importing aiconfigurator tables needs pyarrow: pip install pyarrow"
+        ) from None
+    return parquet.read_table(path).to_pylist()
+
+
+def _version_key(version: str) -> tuple:
+    return tuple(
+        int(p) if p.isdigit() else -1 for p in re.split(r"[.a-z]+", version) if p
+    )
+
+
+def _latest_tables(
+    root: Path, device: str, op: str, engine: str, name: str
+) -> list[Path]:
+    folder = root / "systems" / "data" / device / op / engine
+    versions = sorted(
+        (p for p in folder.glob("*") if (p / name).exists()),
+        key=lambda p: _version_key(p.name),
+    )
+    return [v / name for v in reversed(versions)]
+
+
+def _grouped_gemm_curves(root: Path, device: str, engine: str) -> list[dict]:
+    """One curve per dtype from the newest table that has the DeepSeek-V3 expert shape."""
+    hardware = get_preset(DEVICES[device]).device
+    shape = GROUPED_GEMM_SHAPE
+    curves, done = [], set()
+    for path in _latest_tables(root, device, "moe", engine, "moe_perf.parquet"):
+        points: dict[tuple[str, int, int], float] = {}
+        for row in _read(path):
+            dtype = DTYPES.get(row["moe_dtype"])
+            keep = (
+                row["hidden_size"],
+                row["inter_size"],
+                row["num_experts"],
+                row["topk"],
+            ) == shape
+            if (
+                dtype is None
+                or dtype in done
+                or not keep
+                or row["moe_tp_size"] != 1
+                or row["distribution"] != "balanced"
+            ):
+                continue
+            key = (dtype, int(row["moe_ep_size"]), int(row["num_tokens"]))
+            points[key] = min(
+                points.get(key, np.inf), float(row["latency"]) * 1e-3
+            )  # fastest kernel, ms -> s
+        for dtype in sorted({k[0] for k in points} - done):
+            curve = _reduce_grouped(points, dtype=dtype, hardware=hardware)
+            if curve:
+                curves.append(
+                    {
+                        "device": hardware.name,
+                        "engine": engine,
+                        "dtype": dtype,
+                        "file": str(path.relative_to(root.parent)),
+                        **curve,
+                    }
+                )
+                done.add(dtype)
+    return curves
+
+
+def _reduce_grouped(points: dict, *, dtype: str, hardware) -> dict:
+    """Efficiency on ``TOKENS_PER_EXPERT_GRID`` for each measured experts-per-device count."""
+    _hidden, _inter, experts, top_k = GROUPED_GEMM_SHAPE
+    rows = {}
+    for ep in sorted({k[1] for k in points if k[0] == dtype}):
+        tokens = np.array(
+            sorted(k[2] for k in points if k[:2] == (dtype, ep)), dtype=np.float64
+        )
+        measured = np.array([points[(dtype, ep, int(t))] for t in tokens])
+        per_expert = tokens * top_k / experts
+        ideal = grouped_gemm_ideal_s(
+            hardware=hardware,
+            dtype=dtype,
+            tokens_per_expert=per_expert,
+            experts_per_device=experts / ep,
+            touched_fraction=np.minimum(1.0, tokens * top_k / experts),
+            side_bytes_per_assignment=_side_bytes(dtype),
+        )
+        efficiency = np.interp(
+            np.log(TOKENS_PER_EXPERT_GRID), np.log(per_expert), ideal / measured
+        )
+        if len(tokens) >= 4:
+            rows[str(experts // ep)] = [
+                round(float(e), 4) for e in np.clip(efficiency, 1e-3, 1.0)
+            ]
+    return {"experts_per_device": rows} if rows else {}
+
+
+def _side_bytes(dtype: str) -> float:
+    """Memory passes per token copy of the fused MoE kernel, as the cost model counts them for
+    DeepSeek-V3 (the shape of the imported rows) with bf16 activations."""
+    from autoparallel._catalog import get_model
+
+    cast = min(dtype_bytes(matmul_dtype_of(dtype)), 2.0)
+    return float(
+        routed_bytes_per_assignment(
+            get_model("deepseek-v3"), act=2.0, cast=cast, etp=1.0
+        )
+    )
+
+
+#: MLA operator tables: (file, batch of the kept rows, ideal-time function of (hardware, batch, tokens)).
+#: MLA operator tables: file, and the batch sizes kept (decode: all; prefill: one prompt).
+_MLA_TABLES = {
+    "mla_decode": ("generation_mla_perf.parquet", None),
+    "mla_prefill": ("context_mla_perf.parquet", (1,)),
+}
+
+
+def _mla_ideal_s(kind: str, *, hardware, batch: int, tokens: np.ndarray) -> np.ndarray:
+    """Ideal seconds of one MLA layer of DeepSeek-V3 (128 heads): absorbed-form decode of one
+    token at ``tokens`` context, or an explicit-form causal prefill of a ``tokens`` prompt."""
+    if kind == "mla_decode":
+        return mla_decode_ideal_s(
+            hardware=hardware, batch=batch, context_tokens=tokens, heads=128
+        )
+    from autoparallel._catalog import get_model
+
+    per_key = attention_flops_per_key(get_model("deepseek-v3"), decode=False)
+    flops = (
+        batch * tokens * (tokens + 1.0) / 2.0 * per_key
+    )  # causal: query i attends i keys
+    return flops / hardware.peak_flops_for("bf16")
+
+
+def _mla_latencies(path: Path, kind: str) -> dict[int, dict[int, float]]:
+    """Fastest measured seconds by batch, then by length: keys the decoded token attends (context
+    plus itself) or the prompt's length; 128 heads on one rank, bf16 cache."""
+    keep = _MLA_TABLES[kind][1]
+    table: dict[int, dict[int, float]] = {}
+    for row in _read(path):
+        batch = int(row["batch_size"])
+        if (
+            row["num_heads"] != 128
+            or row["kv_cache_dtype"] != "bfloat16"
+            or (keep and batch not in keep)
+        ):
+            continue
+        length = int(row["isl"]) + (int(row["step"]) if kind == "mla_decode" else 0)
+        lengths = table.setdefault(batch, {})
+        lengths[length] = min(lengths.get(length, np.inf), float(row["latency"]) * 1e-3)
+    return {batch: lengths for batch, lengths in table.items() if len(lengths) >= 4}
+
+
+def _mla_curves(root: Path, device: str, engine: str, kind: str) -> list[dict]:
+    """MLA attention efficiency by length for each measured batch (DeepSeek-V3's attention), from
+    the newest table with 4+ lengths: on the lengths of the smallest batch, each batch's curve
+    interpolated in log(length) and held beyond its longest measured length."""
+    hardware = get_preset(DEVICES[device]).device
+    for path in _latest_tables(root, device, "mla", engine, _MLA_TABLES[kind][0]):
+        table = _mla_latencies(path, kind)
+        if not table:
+            continue
+        grid = np.array(sorted(table[min(table)]), dtype=np.float64)
+        by_batch = {}
+        for batch, lengths in sorted(table.items()):
+            measured_at = np.array(sorted(lengths), dtype=np.float64)
+            ideal = _mla_ideal_s(
+                kind, hardware=hardware, batch=batch, tokens=measured_at
+            )
+            efficiency = ideal / np.array([lengths[int(n)] for n in measured_at])
+            values = np.interp(np.log(grid), np.log(measured_at), efficiency)
+            by_batch[str(batch)] = [
+                round(float(e), 4) for e in np.clip(values, 1e-3, 1.0)
+            ]
+        return [
+            {
+                "device": hardware.name,
+                "engine": engine,
+                "dtype": "bf16",
+                "file": str(path.relative_to(root.parent)),
+                "context_tokens": grid.tolist(),
+                "efficiency_by_batch": by_batch,
+            }
+        ]
+    return []
+
+
+def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
+    """The reduced kernel curves of an unpacked ``aiconfigurator_core`` package at ``path``."""
+    root = Path(path)
+    if (root / "aiconfigurator_core").is_dir():
+        root = root / "aiconfigurator_core"
+    if not (root / "systems" / "data").is_dir():
+        raise ValueError(
+            f"path ({path}) must be an unpacked aiconfigurator-core wheel (no systems/data folder)"
+        )
+    grouped, mla, prefill = [], [], []
+    for device in DEVICES:
+        for engine in ENGINES:
+            grouped += _grouped_gemm_curves(root, device, engine)
+            mla += _mla_curves(root, device, engine, "mla_decode")
+            prefill += _mla_curves(root, device, engine, "mla_prefill")
+    return {
+        "_source": f"{PACKAGE} {version} (PyPI wheel, NVIDIA, Apache-2.0): per-operator tables under "
+        "aiconfigurator_core/systems/data; each curve names its file. Derived by autoparallel._kernel_import "
+        "(efficiency = the cost model's ideal time / measured latency); silicon_sample.csv is never read.",
+        "_license": "Apache-2.0 (derived data; copyright NVIDIA CORPORATION & AFFILIATES for the measurements)",
+        "kind": "fit_input",
+        "tokens_per_expert_grid": TOKENS_PER_EXPERT_GRID.tolist(),
+        "grouped_gemm": grouped,
+        "mla_decode": mla,
+        "mla_prefill": prefill,
+        "deepep_low_latency": fit_deepep_low_latency(root),
+    }
+
+
+def write_kernel_curves(path: str | Path, *, output: str | Path, version: str) -> dict:
+    """Import and write the curves as JSON; returns them."""
+    curves = import_aiconfigurator(path, version=version)
+    text = json.dumps(curves, indent=1)
+    # one line per list of numbers: the file stays small and a re-import diffs point by point
+    text = re.sub(
+        r"\[\s*([-0-9.e,\s]+?)\s*\]",
+        lambda m: "[" + " ".join(m.group(1).split()) + "]",
+        text,
+    )
+    Path(output).write_text(text + "\n")
+    return curves
+
+
+#: DeepEP low-latency tables measured on 1-8 nodes of 8 GPUs (hidden 7168, top-8 of 256 experts).
+DEEPEP_LOW_LATENCY_TABLE = (
+    "h200_sxm/comm/sglang/0.5.6.post2/wideep_deepep_ll_perf.parquet"
+)
+_DEEPEP_GRID = {
+    "latency_s": np.linspace(0.0, 40e-6, 81),
+    "nvlink_efficiency": np.linspace(0.05, 1.0, 96),
+    "rdma_efficiency": np.linspace(0.05, 1.2, 116),
+}
+
+
+def _deepep_points(rows: list[dict], *, direction: str) -> np.ndarray:
+    """(nodes, intra bytes, inter bytes, seconds) per row, the bytes as the cost model counts them
+    (``cost_model._kernel_curves.expert_all_to_all_bytes``: FP8 dispatch, BF16 combine)."""
+    element = {"dispatch": 1.0, "combine": 2.0}[direction]
+    points = []
+    for row in rows:
+        if (row["hidden_size"], row["num_topk"], row["num_experts"]) != (7168, 8, 256):
+            continue
+        nodes = int(row["node_num"])
+        intra, inter = expert_all_to_all_bytes(
+            rank_tokens=float(row["num_token"]),
+            hidden_size=7168,
+            element_bytes=element,
+            copies=8.0,
+            ep=8.0 * nodes,
+            local=8.0,
+            node_dedup=False,
+        )
+        points.append(
+            (
+                nodes,
+                float(intra),
+                float(inter),
+                float(row[f"{direction}_avg_t_us"]) * 1e-6,
+            )
+        )
+    return np.array(points)
+
+
+def _fit_deepep(points: np.ndarray, hardware_links) -> tuple[np.ndarray, np.ndarray]:
+    """Grid least squares on log(predicted / measured) of ``deepep_low_latency_s``; returns the
+    parameters and the relative errors."""
+    grid = np.stack(np.meshgrid(*_DEEPEP_GRID.values(), indexing="ij"), -1).reshape(
+        -1, 3
+    )
+    intra_bw, inter_bw = hardware_links
+    predicted = grid[:, :1] + np.maximum(
+        points[None, :, 1] / (intra_bw * grid[:, 1:2]),
+        points[None, :, 2] / (inter_bw * grid[:, 2:3]),
+    )
+    best = grid[np.argmin((np.log(predicted / points[None, :, 3]) ** 2).sum(axis=1))]
+    fitted = best[0] + np.maximum(
+        points[:, 1] / (intra_bw * best[1]), points[:, 2] / (inter_bw * best[2])
+    )
+    return best, fitted / points[:, 3] - 1.0
+
+
+def fit_deepep_low_latency(root: Path) -> dict:
+    """DeepEP low-latency dispatch / combine: a fixed latency plus the slower tier's bytes over
+    its preset peak bandwidth times a fitted efficiency, fitted on the H200 operator table; with
+    each multi-node count held out in turn (the single-node points alone fix the NVLink term)."""
+    path = root / "systems" / "data" / DEEPEP_LOW_LATENCY_TABLE
+    if not path.exists():
+        return {}
+    cluster = get_preset("dgx-h200")
+    links = (
+        cluster.intra_node.bandwidth_bytes_per_s,
+        cluster.inter_node.bandwidth_bytes_per_s,
+    )
+    rows = _read(path)
+    fits = {}
+    for direction in ("dispatch", "combine"):
+        points = _deepep_points(rows, direction=direction)
+        best, errors = _fit_deepep(points, links)
+        held_out = {}
+        for nodes in (2, 4, 8):
+            kept, out = points[points[:, 0] != nodes], points[points[:, 0] == nodes]
+            params, _ = _fit_deepep(kept, links)
+            predicted = params[0] + np.maximum(
+                out[:, 1] / (links[0] * params[1]), out[:, 2] / (links[1] * params[2])
+            )
+            held_out[str(nodes)] = round(
+                float(np.mean(np.abs(predicted / out[:, 3] - 1.0))), 3
+            )
+        fits[direction] = {
+            **{
+                name: round(float(value), 9 if name == "latency_s" else 3)
+                for name, value in zip(_DEEPEP_GRID, best)
+            },
+            "points": len(points),
+            "mean_abs_error": round(float(np.mean(np.abs(errors))), 3),
+            "max_abs_error": round(float(np.max(np.abs(errors))), 3),
+            "held_out_node_count_mean_abs_error": held_out,
+        }
+    return {
+        "file": f"aiconfigurator_core/systems/data/{DEEPEP_LOW_LATENCY_TABLE}",
+        "preset": "dgx-h200",
+        **fits,
+    }

@@ -1,0 +1,317 @@
+"""Kernel efficiency by real shape, from imported per-operator tables (fit inputs).
+
+A serving layer's routed experts run as grouped GEMMs whose M is the tokens each expert gets —
+a few to a few hundred — not one matmul over all of a rank's tokens. Their efficiency is a
+measured curve: ``ideal time / measured latency`` as a function of tokens per expert, experts per
+device and weight dtype, where the ideal time is the cost model's own for the same work
+(``grouped_gemm_ideal_s``: the roofline of the expert FFNs' FLOPs and weight bytes, plus the
+permute / activation / un-permute memory passes that the fused MoE kernel also runs,
+``_inference_ops.routed_bytes_per_assignment``). MLA decode attention likewise has an efficiency
+by context length (``mla_decode_ideal_s``: absorbed-form FLOPs and latent-cache bytes).
+
+The curves live in ``cost_model/data/kernel_curves.json``, written by
+``autoparallel profile --import-aiconfigurator`` from NVIDIA's aiconfigurator-core operator
+tables (Apache-2.0; every curve names its file). Where several engines measured one device and
+dtype, the best efficiency at each point is used: the fastest kernel measured for that shape
+(TRT-LLM's CUTLASS grouped GEMM where the Triton kernels of untuned configs fall behind), the
+one a deployment tuned for its shape runs. A device or dtype without a curve returns
+``None`` and the caller keeps its roofline pricing.
+
+Prefill is priced with them only where they are the whole story. The MLA prefill curves
+(``mla_prefill``) are imported but not used: at the measured 0.46-0.58 efficiency on 2-12K-token
+prompts (against the training-fitted 0.3 the prefill pass uses today), DeepSeek's Day-6 prefill
+unit is predicted 34% above its published rate while its GEMMs stay at the training-fitted
+matmul efficiency; pricing prefill from operator curves needs the dense GEMM curves too. Interpolation: linear in log(tokens per
+expert) (clamped at the grid's ends) and in log(experts per device) between measured counts.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+
+import numpy as np
+
+from cost_model._units import dtype_bytes
+
+#: (hidden, expert FFN width, routed experts, top-k) of the imported MoE rows: DeepSeek-V3's.
+GROUPED_GEMM_SHAPE = (7168, 2048, 256, 8)
+#: Heads of the imported MLA rows (DeepSeek-V3's 128, one rank): the unit of a curve's batch.
+MLA_CURVE_HEADS = 128
+#: Tokens per expert at which curves are stored: 1/32 .. 512 by powers of two.
+TOKENS_PER_EXPERT_GRID = np.exp2(np.arange(-5.0, 10.0))
+_FILE = "kernel_curves.json"
+#: Devices whose kernels are another's: the H800 is the H100 SXM's export variant, with the same
+#: SMs, clocks and HBM3 and a narrower NVLink (NVIDIA H800 datasheet), which kernels do not see.
+DEVICE_ALIASES = {"NVIDIA H800 SXM": "NVIDIA H100 SXM"}
+_WEIGHT_ONLY = {"int4": "bf16"}  # dtype the GEMM runs in for weight-only formats
+
+
+def matmul_dtype_of(weight_dtype: str) -> str:
+    return _WEIGHT_ONLY.get(weight_dtype, weight_dtype)
+
+
+def grouped_gemm_ideal_s(
+    *,
+    hardware,
+    dtype: str,
+    tokens_per_expert,
+    experts_per_device,
+    touched_fraction,
+    side_bytes_per_assignment=0.0,
+    hidden_size: int = GROUPED_GEMM_SHAPE[0],
+    expert_ffn_size: int = GROUPED_GEMM_SHAPE[1],
+) -> np.ndarray:
+    """Roofline seconds of one device's grouped expert GEMMs (SwiGLU: 3 matrices per expert) plus
+    their memory passes: max(FLOPs / peak, weight bytes / bandwidth) + side bytes / bandwidth."""
+    assignments = np.asarray(tokens_per_expert, dtype=np.float64) * np.asarray(
+        experts_per_device, dtype=np.float64
+    )
+    weights_per_expert = 3.0 * hidden_size * expert_ffn_size
+    flops = 2.0 * weights_per_expert * assignments
+    weight_bytes = (
+        np.asarray(experts_per_device)
+        * np.asarray(touched_fraction)
+        * weights_per_expert
+        * dtype_bytes(dtype)
+    )
+    bandwidth = hardware.memory_bandwidth_bytes_per_s
+    compute_s = flops / hardware.peak_flops_for(matmul_dtype_of(dtype))
+    side_s = np.asarray(side_bytes_per_assignment) * assignments / bandwidth
+    return np.maximum(compute_s, weight_bytes / bandwidth) + side_s
+
+
+def mla_decode_ideal_s(
+    *,
+    hardware,
+    batch,
+    context_tokens,
+    heads: int,
+    kv_lora_rank: int = 512,
+    rope_dim: int = 64,
+    kv_bytes: float = 2.0,
+) -> np.ndarray:
+    """Roofline seconds of one MLA decode attention layer in absorbed form (DeepSeek-V2 sec.
+    2.1.2; FlashMLA): ``2*heads*(2*kv_lora_rank + rope)`` FLOPs per cached key, the latent read once."""
+    keys = np.asarray(batch, dtype=np.float64) * np.asarray(
+        context_tokens, dtype=np.float64
+    )
+    flops = keys * 2.0 * heads * (2 * kv_lora_rank + rope_dim)
+    cache_bytes = keys * (kv_lora_rank + rope_dim) * kv_bytes
+    return np.maximum(
+        flops / hardware.peak_flops_for("bf16"),
+        cache_bytes / hardware.memory_bandwidth_bytes_per_s,
+    )
+
+
+@lru_cache(maxsize=1)
+def kernel_curves() -> dict:
+    """The shipped curves (``cost_model/data/kernel_curves.json``); empty when absent."""
+    folder = resources.files("cost_model") / "data"
+    path = folder / _FILE
+    return (
+        json.loads(path.read_text())
+        if path.is_file()
+        else {"grouped_gemm": [], "mla_decode": []}
+    )
+
+
+@lru_cache(maxsize=64)
+def _grouped_table(
+    device_name: str, dtype: str
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(log2 experts per device, efficiency [counts x grid]): the best over engines."""
+    device_name = DEVICE_ALIASES.get(device_name, device_name)
+    curves = [
+        c
+        for c in kernel_curves()["grouped_gemm"]
+        if c["device"] == device_name and c["dtype"] == dtype
+    ]
+    if not curves:
+        return None
+    counts = sorted({int(k) for c in curves for k in c["experts_per_device"]})
+    grid = np.array(
+        [
+            np.max(
+                [
+                    c["experts_per_device"][str(n)]
+                    for c in curves
+                    if str(n) in c["experts_per_device"]
+                ],
+                axis=0,
+            )
+            for n in counts
+        ]
+    )
+    return np.log2(np.array(counts, dtype=np.float64)), grid
+
+
+def grouped_gemm_efficiency(
+    *, device_name: str, dtype: str, tokens_per_expert, experts_per_device
+) -> np.ndarray | None:
+    """Measured efficiency of grouped expert GEMMs (see the module docstring), or None."""
+    table = _grouped_table(device_name, dtype)
+    if table is None:
+        return None
+    log_counts, grid = table
+    log_tokens = np.log(
+        np.maximum(np.atleast_1d(np.asarray(tokens_per_expert, dtype=np.float64)), 1e-9)
+    )
+    along = np.stack(
+        [np.interp(log_tokens, np.log(TOKENS_PER_EXPERT_GRID), row) for row in grid]
+    )  # counts x n
+    where = np.log2(np.maximum(np.asarray(experts_per_device, dtype=np.float64), 1e-9))
+    return _between_rows(along, log_counts, np.broadcast_to(where, along.shape[1:]))
+
+
+def mla_efficiency(
+    *, kind: str, device_name: str, tokens, batch=1.0
+) -> np.ndarray | None:
+    """Measured MLA efficiency (best over engines), or None: ``kind`` ``mla_decode`` at a
+    context of ``tokens``, or ``mla_prefill`` of a ``tokens``-long prompt, for ``batch``
+    sequences of 128 heads per call (a call over fewer heads counts as that fraction of a
+    sequence). Interpolated in log(length) and log(batch), held beyond the measured range."""
+    device_name = DEVICE_ALIASES.get(device_name, device_name)
+    curves = [c for c in kernel_curves().get(kind, ()) if c["device"] == device_name]
+    if not curves:
+        return None
+    log_tokens = np.log(
+        np.maximum(np.atleast_1d(np.asarray(tokens, dtype=np.float64)), 1.0)
+    )
+    log_batch = np.log2(np.maximum(np.asarray(batch, dtype=np.float64), 1.0))
+    values = []
+    for curve in curves:
+        batches = sorted(curve["efficiency_by_batch"], key=float)
+        rows = np.stack(
+            [
+                np.interp(
+                    log_tokens,
+                    np.log(curve["context_tokens"]),
+                    curve["efficiency_by_batch"][b],
+                )
+                for b in batches
+            ]
+        )
+        log_batches = np.log2(np.array([float(b) for b in batches]))
+        values.append(
+            _between_rows(rows, log_batches, np.broadcast_to(log_batch, rows.shape[1:]))
+        )
+    return np.max(values, axis=0)
+
+
+def _between_rows(
+    rows: np.ndarray, row_keys: np.ndarray, where: np.ndarray
+) -> np.ndarray:
+    """Linear interpolation between ``rows`` (keys ascending) at ``where``, clamped at the ends."""
+    if len(row_keys) == 1:
+        return rows[0]
+    index = np.clip(np.searchsorted(row_keys, where) - 1, 0, len(row_keys) - 2)
+    weight = np.clip(
+        (where - row_keys[index]) / (row_keys[index + 1] - row_keys[index]), 0.0, 1.0
+    )
+    columns = np.arange(rows.shape[1])
+    return (1 - weight) * rows[index, columns] + weight * rows[index + 1, columns]
+
+
+def grouped_experts_time_s(
+    *,
+    hardware,
+    dtype: str,
+    tokens_per_expert,
+    experts_per_device,
+    touched_fraction,
+    side_bytes_per_assignment,
+    hidden_size: int,
+    expert_ffn_size,
+) -> np.ndarray | None:
+    """One device's routed experts as the grouped GEMMs that run: ``experts_per_device`` experts of
+    M = ``tokens_per_expert`` each, the ideal time over the measured efficiency for that M, expert
+    count and weight dtype; None where no curve covers the device and dtype."""
+    efficiency = grouped_gemm_efficiency(
+        device_name=hardware.name,
+        dtype=dtype,
+        tokens_per_expert=tokens_per_expert,
+        experts_per_device=experts_per_device,
+    )
+    if efficiency is None:
+        return None
+    ideal = grouped_gemm_ideal_s(
+        hardware=hardware,
+        dtype=dtype,
+        tokens_per_expert=tokens_per_expert,
+        experts_per_device=experts_per_device,
+        touched_fraction=touched_fraction,
+        side_bytes_per_assignment=side_bytes_per_assignment,
+        hidden_size=hidden_size,
+        expert_ffn_size=expert_ffn_size,
+    )
+    return ideal / efficiency
+
+
+def mla_time_s(
+    *, kind: str, hardware, dtype: str, flops, bytes_moved, tokens, batch=1.0
+) -> np.ndarray | None:
+    """MLA attention of one layer: its roofline (``flops`` at the ``dtype`` peak, ``bytes_moved``
+    at the memory bandwidth) over the measured efficiency (``mla_efficiency`` at ``tokens`` and
+    ``batch``); None without a curve."""
+    efficiency = mla_efficiency(
+        kind=kind, device_name=hardware.name, tokens=tokens, batch=batch
+    )
+    if efficiency is None:
+        return None
+    compute_s = np.asarray(flops) / hardware.peak_flops_for(dtype)
+    return (
+        np.maximum(
+            compute_s, np.asarray(bytes_moved) / hardware.memory_bandwidth_bytes_per_s
+        )
+        / efficiency
+    )
+
+
+def expert_all_to_all_bytes(
+    *,
+    rank_tokens,
+    hidden_size: int,
+    element_bytes: float,
+    copies,
+    ep,
+    local,
+    node_dedup,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(NVLink, RDMA) bytes one rank sends in a DeepEP dispatch or combine. Each of its tokens goes
+    to ``copies`` expert ranks (top-k x etp), uniform over the ``ep`` ranks of ``ep / local``
+    nodes; "normal" kernels (``node_dedup``) send a token once per distinct remote node and
+    forward it over NVLink there, "low-latency" kernels send every remote copy (DeepEP README)."""
+    ep, local = np.asarray(ep, dtype=np.float64), np.asarray(local, dtype=np.float64)
+    nodes = ep / local
+    token_bytes = (
+        np.asarray(rank_tokens, dtype=np.float64) * hidden_size * element_bytes
+    )
+    intra = token_bytes * copies * (local - 1.0) / ep
+    remote_copies = copies * (ep - local) / ep
+    distinct_nodes = (nodes - 1.0) * (1.0 - np.power(1.0 - 1.0 / nodes, copies))
+    remote_copies = np.where(
+        node_dedup, np.minimum(remote_copies, distinct_nodes), remote_copies
+    )
+    return intra, token_bytes * remote_copies
+
+
+def deepep_low_latency_s(
+    *, direction: str, intra_bytes, inter_bytes, cluster
+) -> np.ndarray | None:
+    """DeepEP low-latency ``direction`` (dispatch or combine) of one layer: the fitted fixed
+    latency plus the slower tier's bytes over its preset peak bandwidth times the fitted
+    efficiency (``kernel_curves.json`` ``deepep_low_latency``: fitted on NVIDIA's H200 operator
+    table, 1-8 nodes, and assumed to carry to other NVLink/RDMA fabrics as fractions of their
+    peaks); None when the shipped curves hold no fit. The training-fitted collective efficiency
+    does not apply: these are not NCCL collectives."""
+    fit = kernel_curves().get("deepep_low_latency")
+    if not fit:
+        return None
+    params = fit[direction]
+    nvlink = cluster.intra_node.bandwidth_bytes_per_s * params["nvlink_efficiency"]
+    rdma = cluster.inter_node.bandwidth_bytes_per_s * params["rdma_efficiency"]
+    return params["latency_s"] + np.maximum(
+        np.asarray(intra_bytes) / nvlink, np.asarray(inter_bytes) / rdma
+    )

@@ -1,0 +1,261 @@
+"""Kernel curves imported from public operator tables: provenance, shape, and use in decode."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autoparallel import get_model
+from autoparallel._kernel_import import _read
+from cost_model import Inference, estimate_inference_table, table_from_columns
+from cost_model._kernel_curves import (
+    grouped_gemm_efficiency,
+    kernel_curves,
+    mla_efficiency,
+)
+from cost_model._serving_columns import PHASE_CODES
+from topology import get_preset
+
+DATA = Path(__file__).resolve().parents[1] / "cost_model" / "data"
+
+
+def test_curves_are_fit_inputs_with_a_source_file_each_and_no_end_to_end_table() -> (
+    None
+):
+    curves = kernel_curves()
+    assert curves["kind"] == "fit_input" and "Apache-2.0" in curves["_license"]
+    assert "aiconfigurator-core 0.12.0" in curves["_source"]
+    files = [
+        c["file"]
+        for c in curves["grouped_gemm"] + curves["mla_decode"] + curves["mla_prefill"]
+    ]
+    assert files and all(
+        f.startswith("aiconfigurator_core/systems/data/") and f.endswith(".parquet")
+        for f in files
+    )
+    assert not any("silicon_sample" in f for f in files)
+    devices = {c["device"] for c in curves["grouped_gemm"]}
+    assert {"NVIDIA H100 SXM", "NVIDIA H200 SXM", "NVIDIA B200 SXM"} <= devices
+    assert {c["dtype"] for c in curves["grouped_gemm"]} >= {
+        "bf16",
+        "fp8",
+        "fp4",
+        "int4",
+    }
+
+
+def test_fit_inputs_and_validation_rows_share_no_source() -> None:
+    validation = " ".join(
+        p.read_text() for p in DATA.glob("*.json") if p.name != "kernel_curves.json"
+    )
+    curves = kernel_curves()
+    for curve in curves["grouped_gemm"] + curves["mla_decode"] + curves["mla_prefill"]:
+        assert curve["file"] not in validation
+
+
+def test_importer_refuses_the_end_to_end_table() -> None:
+    with pytest.raises(ValueError, match="validation data, never a fit input"):
+        _read(Path("aiconfigurator_core/systems/data/h200_sxm/silicon_sample.csv"))
+
+
+def test_small_grouped_gemms_run_far_below_their_roofline() -> None:
+    tokens = np.array([1 / 32, 1.0, 64.0])
+    efficiency = grouped_gemm_efficiency(
+        device_name="NVIDIA H200 SXM",
+        dtype="fp8",
+        tokens_per_expert=tokens,
+        experts_per_device=8,
+    )
+    assert np.all((efficiency > 0) & (efficiency <= 1))
+    assert (
+        efficiency[0] < 0.5 * efficiency[1]
+    )  # a few tokens spread over 8 experts: launch-bound
+    assert (
+        grouped_gemm_efficiency(
+            device_name="no such device",
+            dtype="fp8",
+            tokens_per_expert=tokens,
+            experts_per_device=8,
+        )
+        is None
+    )
+    for kind in (
+        "mla_decode",
+        "mla_prefill",
+    ):  # long contexts and prompts keep the tensor cores busy
+        mla = mla_efficiency(
+            kind=kind, device_name="NVIDIA H200 SXM", tokens=np.array([16.0, 8192.0])
+        )
+        assert 0 < mla[0] < mla[1] <= 1.0, kind
+
+
+def test_decode_prices_routed_experts_at_the_measured_grouped_gemm_efficiency() -> None:
+    model = get_model("deepseek-v3")
+    workload = Inference(prompt_tokens=2048, output_tokens=256, weight_dtype="fp8")
+    table = table_from_columns(
+        dp=8, tp=1, ep=8, batch_size=8, phase=PHASE_CODES["decode"]
+    )
+    h200 = estimate_inference_table(
+        model=model, cluster=get_preset("dgx-h200"), workload=workload, table=table
+    )
+    # the same device without curves (renamed) falls back to the calibrated roofline
+    plain = get_preset("dgx-h200")
+    renamed = plain.model_copy(
+        update={
+            "device": plain.device.model_copy(
+                update={"name": "NVIDIA H200 SXM (no curves)"}
+            )
+        }
+    )
+    roofline = estimate_inference_table(
+        model=model, cluster=renamed, workload=workload, table=table
+    )
+    assert h200["time.decode_compute"][0] != pytest.approx(
+        roofline["time.decode_compute"][0], rel=1e-3
+    )
+    # MLA decode attention is priced from its measured curve too
+    assert h200["time.decode_attention"][0] != pytest.approx(
+        roofline["time.decode_attention"][0], rel=1e-3
+    )
+
+
+def test_committed_curves_are_small() -> None:
+    assert (DATA / "kernel_curves.json").stat().st_size < 200_000
+    json.loads((DATA / "kernel_curves.json").read_text())
+
+
+def _write_moe_table(folder: Path, *, efficiency: float) -> None:
+    """A synthetic aiconfigurator MoE table whose latencies are the ideal time over ``efficiency``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from autoparallel._kernel_import import _side_bytes
+    from cost_model._kernel_curves import grouped_gemm_ideal_s
+
+    hardware = get_preset("dgx-h200").device
+    rows = []
+    for ep in (8, 32):
+        for tokens in (1, 16, 256, 4096):
+            ideal = grouped_gemm_ideal_s(
+                hardware=hardware,
+                dtype="fp8",
+                tokens_per_expert=tokens * 8 / 256,
+                experts_per_device=256 / ep,
+                touched_fraction=min(1.0, tokens * 8 / 256),
+                side_bytes_per_assignment=_side_bytes("fp8"),
+            )
+            rows.append(
+                {
+                    "moe_dtype": "fp8_block",
+                    "num_tokens": tokens,
+                    "hidden_size": 7168,
+                    "inter_size": 2048,
+                    "topk": 8,
+                    "num_experts": 256,
+                    "moe_tp_size": 1,
+                    "moe_ep_size": ep,
+                    "distribution": "balanced",
+                    "latency": float(ideal) / efficiency * 1e3,
+                }
+            )
+    folder.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows), folder / "moe_perf.parquet")
+
+
+def test_importer_recovers_the_efficiency_of_a_synthetic_table(tmp_path: Path) -> None:
+    from autoparallel._kernel_import import import_aiconfigurator
+
+    root = tmp_path / "aiconfigurator_core"
+    _write_moe_table(
+        root / "systems" / "data" / "h200_sxm" / "moe" / "trtllm" / "9.9",
+        efficiency=0.4,
+    )
+    curves = import_aiconfigurator(tmp_path, version="test")
+    (curve,) = curves["grouped_gemm"]
+    assert (
+        curve["device"] == "NVIDIA H200 SXM"
+        and curve["dtype"] == "fp8"
+        and curve["engine"] == "trtllm"
+    )
+    assert (
+        curve["file"]
+        == "aiconfigurator_core/systems/data/h200_sxm/moe/trtllm/9.9/moe_perf.parquet"
+    )
+    assert set(curve["experts_per_device"]) == {"32", "8"}
+    for values in curve["experts_per_device"].values():
+        np.testing.assert_allclose(values, 0.4, rtol=1e-3)
+    assert (
+        curves["mla_decode"] == []
+        and curves["deepep_low_latency"] == {}
+        and curves["kind"] == "fit_input"
+    )
+
+
+def test_deepep_low_latency_fit_is_an_operator_fit_with_held_out_error() -> None:
+    fit = kernel_curves()["deepep_low_latency"]
+    assert (
+        fit["file"].endswith("wideep_deepep_ll_perf.parquet")
+        and "silicon_sample" not in fit["file"]
+    )
+    grid = {
+        "latency_s": (0.0, 40e-6),
+        "nvlink_efficiency": (0.05, 1.0),
+        "rdma_efficiency": (0.05, 1.2),
+    }
+    for direction in ("dispatch", "combine"):
+        params = fit[direction]
+        for name, (low, high) in grid.items():
+            assert low < params[name] < high, (
+                direction,
+                name,
+            )  # no parameter at a bound
+        assert (
+            params["mean_abs_error"] < 0.2
+            and max(params["held_out_node_count_mean_abs_error"].values()) < 0.2
+        )
+
+
+def test_low_latency_all_to_all_pays_the_measured_fixed_latency() -> None:
+    from cost_model._kernel_curves import deepep_low_latency_s
+
+    cluster = get_preset("dgx-h200", num_nodes=8)
+    one_token = deepep_low_latency_s(
+        direction="dispatch",
+        intra_bytes=7168.0,
+        inter_bytes=7 * 7168.0,
+        cluster=cluster,
+    )
+    assert (
+        one_token > 15e-6
+    )  # DeepEP's measured floor: ~16 us for a single token on 8 nodes
+
+
+def test_mla_decode_is_far_less_efficient_for_a_few_sequences() -> None:
+    efficiency = [
+        mla_efficiency(
+            kind="mla_decode",
+            device_name="NVIDIA H200 SXM",
+            tokens=np.array([4096.0]),
+            batch=b,
+        )[0]
+        for b in (1, 4, 16, 64)
+    ]
+    assert np.all(np.diff(efficiency) > 0) and efficiency[0] < 0.25 * efficiency[-1]
+    model = get_model("deepseek-v3")
+    workload = Inference(prompt_tokens=4096, output_tokens=256, weight_dtype="fp8")
+    table = table_from_columns(
+        length=2,
+        dp=8,
+        tp=1,
+        ep=8,
+        batch_size=np.array([1, 64]),
+        phase=PHASE_CODES["decode"],
+    )
+    out = estimate_inference_table(
+        model=model, cluster=get_preset("dgx-h200"), workload=workload, table=table
+    )
+    per_sequence = out["time.decode_attention"] / np.array([1.0, 64.0])
+    assert per_sequence[0] > 3 * per_sequence[1]

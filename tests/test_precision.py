@@ -1,0 +1,155 @@
+"""Serving precision: checkpoint dtypes from the catalog, fp4 only where the device runs it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autoparallel import get_model
+from autoparallel._catalog import checkpoint_dtype
+from autoparallel.cli import main
+from cost_model import Inference, ParallelConfig, estimate
+from cost_model._serving_precision import checkpoint_dtype as parse_checkpoint_dtype
+from cost_model._units import dtype_bytes
+from topology import get_preset
+
+DSV3 = get_model("deepseek-v3")
+CONFIG = ParallelConfig(dp=16, tp=1, ep=16, attention_data_parallel=False)
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype"),
+    [
+        ("deepseek-v3", "fp8"),
+        ("kimi-k2", "fp8"),
+        ("qwen3-235b-a22b", "bf16"),
+        ("qwen3-235b-a22b-fp8", "fp8"),
+        ("ref-3t-moe", "fp8"),
+    ],
+)
+def test_catalog_records_the_released_checkpoint_dtype(name: str, dtype: str) -> None:
+    assert checkpoint_dtype(name) == dtype
+
+
+def test_quantization_configs_parse_to_their_dtype() -> None:
+    assert (
+        parse_checkpoint_dtype({"quantization_config": {"quant_method": "fp8"}})
+        == "fp8"
+    )
+    assert (
+        parse_checkpoint_dtype(
+            {"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}
+        )
+        == "fp4"
+    )
+    int4 = {
+        "quant_method": "compressed-tensors",
+        "config_groups": {"g": {"weights": {"num_bits": 4}}},
+    }
+    assert parse_checkpoint_dtype({"quantization_config": int4}) == "int4"
+    assert parse_checkpoint_dtype({"torch_dtype": "float16"}) == "fp16"
+    assert parse_checkpoint_dtype({}) == "bf16"
+
+
+def test_fp4_on_h100_is_an_error_naming_the_field_and_the_device() -> None:
+    workload = Inference(prompt_tokens=1024, output_tokens=128, weight_dtype="fp4")
+    with pytest.raises(
+        ValueError, match=r"weight_dtype \('fp4'\) cannot run natively on NVIDIA H100"
+    ):
+        estimate(
+            DSV3, get_preset("dgx-h100", num_nodes=2), workload, CONFIG, batch_size=8
+        )
+    kv = Inference(
+        prompt_tokens=1024, output_tokens=128, weight_dtype="fp8", kv_dtype="fp4"
+    )
+    with pytest.raises(ValueError, match=r"kv_dtype \('fp4'\)"):
+        estimate(DSV3, get_preset("dgx-h100", num_nodes=2), kv, CONFIG, batch_size=8)
+
+
+def test_fp4_on_b200_halves_the_fp8_weights_and_runs_faster_matmuls() -> None:
+    cluster = get_preset("dgx-b200", num_nodes=2)
+    costs = {
+        dtype: estimate(
+            DSV3,
+            cluster,
+            Inference(prompt_tokens=1024, output_tokens=128, weight_dtype=dtype),
+            CONFIG,
+            batch_size=8,
+        )
+        for dtype in ("fp8", "fp4")
+    }
+    ratio = costs["fp4"].memory_bytes["weights"] / costs["fp8"].memory_bytes["weights"]
+    assert ratio == pytest.approx(dtype_bytes("fp4") / dtype_bytes("fp8"))
+    assert costs["fp4"].ttft_s < costs["fp8"].ttft_s
+
+
+def _estimate_json(capsys, *flags: str) -> dict:
+    argv = [
+        "estimate",
+        "--inference",
+        "--model",
+        "deepseek-v3",
+        "--cluster",
+        "dgx-h200",
+        "--nodes",
+        "2",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--ep",
+        "16",
+        "--batch-size",
+        "8",
+        "--json",
+        *flags,
+    ]
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_estimate_inference_precision_is_applied_not_ignored(capsys) -> None:
+    default = _estimate_json(capsys)  # the catalog's fp8 checkpoint
+    bf16 = _estimate_json(capsys, "--weight-dtype", "bf16")
+    fp8 = _estimate_json(capsys, "--precision", "fp8")
+    assert fp8["memory_bytes"]["weights"] == pytest.approx(
+        default["memory_bytes"]["weights"]
+    )
+    assert bf16["memory_bytes"]["weights"] == pytest.approx(
+        2 * fp8["memory_bytes"]["weights"]
+    )
+
+
+def test_cli_rejects_fp4_on_hopper_with_exit_code_2(capsys) -> None:
+    argv = [
+        "estimate",
+        "--inference",
+        "--model",
+        "deepseek-v3",
+        "--cluster",
+        "dgx-h100",
+        "--nodes",
+        "2",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--ep",
+        "16",
+        "--weight-dtype",
+        "fp4",
+    ]
+    assert main(argv) == 2
+    assert "weight_dtype ('fp4')" in capsys.readouterr().err.replace("\n", " ")
+
+
+def test_python_find_plan_serves_a_catalog_model_in_its_checkpoint_dtype() -> None:
+    from autoparallel import find_plan
+
+    workload = Inference(prompt_tokens=1024, output_tokens=128)
+    plan = find_plan("deepseek-v3", "dgx-h200", workload, n_trials=4, disaggregate=False)
+    assert plan.job.weight_dtype == "fp8"
+    explicit = Inference(prompt_tokens=1024, output_tokens=128, weight_dtype="bf16")
+    two_nodes = get_preset("dgx-h200", num_nodes=2)
+    assert find_plan("deepseek-v3", two_nodes, explicit, n_trials=4, disaggregate=False).job.weight_dtype == "bf16"
