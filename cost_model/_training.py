@@ -42,6 +42,7 @@ from cost_model._common import (
     EstimateOptions,
     StageLayout,
     collective_time_s,
+    layer_weights_per_device,
     mean_attended_tokens,
     op_time_s,
     parameters_per_device,
@@ -146,7 +147,10 @@ def training_context(*, model, cluster, workload: Training, table, options: Esti
     return TrainingContext(
         model=model, cluster=cluster, workload=workload, options=options,
         calibration=options.calibration_for(cluster.device), table=table,
-        layout=stage_layout(model=model, pp=table["pp"], virtual_stages=table["virtual_stages"]),
+        layout=stage_layout(
+            model=model, pp=table["pp"], virtual_stages=table["virtual_stages"],
+            layer_weights=layer_weights_per_device(model=model, table=table),
+        ),
         local=ranks_per_node(table=table, devices_per_node=cluster.devices_per_node),
         num_micro_batches=np.maximum(batch // per_replica, 1).astype(np.float64),
         batch_divides=(batch % per_replica) == 0,
