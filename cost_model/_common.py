@@ -248,7 +248,7 @@ def _chunk_sizes(num_layers: int, num_chunks: int) -> list[int]:
 
 
 @lru_cache(maxsize=4096)
-def _rank_rows(num_layers: int, num_dense: int, pp: int, v: int):  # noqa: ANN202 - private
+def _rank_rows(num_layers: int, num_dense: int, pp: int, v: int) -> tuple:
     """((layers, dense) of rank 0, the distinct (layers, dense) of the middle ranks, of the
     last rank) for one (pp, virtual_stages)."""
     pp, v = max(pp, 1), max(v, 1)

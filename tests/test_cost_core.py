@@ -117,7 +117,7 @@ def test_stage_rows_are_named() -> None:
 
 
 @pytest.mark.parametrize("pp", [32, 48])
-@pytest.mark.parametrize("mesh", [dict(dp=8, ep=8), dict(dp=4, tp=2, ep=8), dict(dp=16, ep=16, etp=1)])
+@pytest.mark.parametrize("mesh", [{"dp": 8, "ep": 8}, {"dp": 4, "tp": 2, "ep": 8}, {"dp": 16, "ep": 16, "etp": 1}])
 def test_fullest_pipeline_rank_holds_at_least_the_average(pp: int, mesh: dict) -> None:
     """ref-3t-moe's 3 dense layers spill past the first chunk at pp 32 and 48; the ranks the
     layout reports must include one holding at least the average parameters per rank."""
