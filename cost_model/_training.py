@@ -332,6 +332,8 @@ class MicroBatchTimes:
     recompute: np.ndarray
     core_attention: np.ndarray  # forward + backward + recompute of core attention (CP overlap window)
     comm: dict[str, np.ndarray]  # tp_comm, ep_comm, cp_comm: total per micro-batch
+    dense_layer_forward: np.ndarray  # (n,) one dense layer's forward (ZeRO-3 per-layer overlap window)
+    moe_layer_forward: np.ndarray  # (n,) one MoE layer's forward
 
 
 def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatchTimes:
@@ -358,6 +360,8 @@ def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatc
     return MicroBatchTimes(
         forward=layers_forward + ends, backward=backward, recompute=recompute,
         core_attention=core_total, comm=_micro_batch_comm(ctx, times),
+        dense_layer_forward=np.broadcast_to(dense_layer, ctx.tokens.shape),
+        moe_layer_forward=np.broadcast_to(moe_layer, ctx.tokens.shape),
     )
 
 
@@ -420,13 +424,18 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
         "time.bubble": _bubble(ctx, micro_batch=pick(per_micro_batch), forward_share=pick(mb.forward / compute)),
         "bottleneck_stage": slowest[0],
     }
-    # Forward activation and backward gradient send/recv per micro-batch and model chunk.
-    pp_comm = 2.0 * m * ctx.column("virtual_stages") * times.pp_p2p
+    # Forward activation and backward gradient send/recv per micro-batch and model chunk, plus
+    # the pipeline fill and flush: the first micro-batch's activation crosses pp*v - 1 chunk
+    # boundaries before the last stage starts, its gradient as many on the way back (the
+    # latency the bubble's compute-only count leaves out; Narayanan et al. SC'21 sec. 2.2).
+    v = ctx.column("virtual_stages")
+    hops = np.where(ctx.column("pp") > 1, ctx.column("pp") * v - 1.0, 0.0)
+    pp_comm = 2.0 * (m * v + hops) * times.pp_p2p
     # Each micro-batch's schedule actions on a stage cost host time beyond the send/recv.
     schedule_s = getattr(ctx.cluster.device, "pipeline_micro_batch_s", 0.0)
     pp_comm = pp_comm + np.where(ctx.column("pp") > 1, m * ctx.column("virtual_stages") * schedule_s, 0.0)
     columns["time.pp_comm"], columns["hidden.pp_comm"] = pp_comm, np.zeros_like(pp_comm)
-    dp_exposed, dp_hidden, optimizer = _dp_and_optimizer(ctx, free_compute=free, times=times)
+    dp_exposed, dp_hidden, optimizer = _dp_and_optimizer(ctx, free_compute=free, times=times, mb=mb)
     columns["time.dp_comm"], columns["hidden.dp_comm"], columns["time.optimizer"] = dp_exposed, dp_hidden, optimizer
     columns["step_time_s"] = sum(columns[f"time.{part}"] for part in TRAINING_TIME_PARTS)
     return columns
@@ -442,24 +451,104 @@ def _bubble(ctx: TrainingContext, *, micro_batch: np.ndarray, forward_share: np.
     return (pp - 1.0) * micro_batch * factor
 
 
-def _dp_and_optimizer(ctx: TrainingContext, *, free_compute: np.ndarray, times: CollectiveTimes):
+def _dp_and_optimizer(ctx: TrainingContext, *, free_compute: np.ndarray, times: CollectiveTimes, mb: MicroBatchTimes):
     """Exposed and hidden gradient/parameter traffic and the optimizer step of the rank where
-    they take longest. Gradient reduction overlaps the last micro-batch's backward, the
-    parameter all-gather the first forward (one micro-batch of compute not already hiding
-    TP/EP/CP traffic: ``free_compute``); under ZeRO-3 every micro-batch's."""
-    dense, expert = sharded_parameters(ctx)
-    dp_cp = ctx.column("dp") * ctx.column("cp")
-    edp = dp_cp * ctx.column("tp") / (ctx.column("ep") * ctx.column("etp"))
-    zero = np.asarray(ctx.table["zero_stage"])
-    comm = np.where(zero == 0, times.dp_all_reduce, np.where(zero == 3, ctx.num_micro_batches * times.dp_fsdp, times.dp_sharded))
-    window = np.where(zero == 3, ctx.num_micro_batches, 1.0) * free_compute
-    hidden = _hidden(comm, fraction=ctx.calibration.overlap_fraction("dp_comm"), window=window)
-    states = np.where(zero >= 1, dense / dp_cp + expert / edp, dense + expert)
-    optimizer = _optimizer_time(ctx, states * _optimizer_update_bytes(ctx))
+    they take longest (``_data_parallel_comm``, ``_optimizer_step_time``)."""
+    comm, hidden = _data_parallel_comm(ctx, free_compute=free_compute, times=times, mb=mb)
+    optimizer = _optimizer_step_time(ctx)
     total = comm - hidden + optimizer
     worst = np.argmax(total, axis=0)[None, :]
     take = lambda rows: np.take_along_axis(rows, worst, axis=0)[0]  # noqa: E731
     return take(comm - hidden), take(hidden), take(optimizer)
+
+
+def _data_parallel_comm(ctx: TrainingContext, *, free_compute, times: CollectiveTimes, mb: MicroBatchTimes):
+    """(total, hidden) data-parallel seconds per step on each pipeline rank (3, n).
+
+    * ZeRO-0: one gradient all-reduce, bucketed under the last micro-batch's backward
+      (PyTorch DDP, Li et al. VLDB 2020; Megatron ``--overlap-grad-reduce``).
+    * ZeRO-1 (Megatron-core distributed optimizer): one gradient reduce-scatter after the last
+      micro-batch and one all-gather of the updated weights, each under one micro-batch.
+    * ZeRO-2: gradients are partitioned as they are produced, so every micro-batch reduce-
+      scatters its gradients (DeepSpeed ``reduce_scatter`` per micro-batch, ZeRO SC'20 sec. 5.2),
+      each under its own backward; one weight all-gather.
+    * ZeRO-3/FSDP: per layer (``_fsdp_comm``).
+    ``free_compute``: one micro-batch's compute not already hiding TP/EP/CP traffic.
+    """
+    zero = np.asarray(ctx.table["zero_stage"])
+    m = ctx.num_micro_batches
+    scatter = np.where(zero == 2, m, 1.0) * times.dp_gradient_scatter
+    whole = np.where(zero == 0, times.dp_all_reduce, scatter + times.dp_weight_gather)
+    window = np.where(zero == 2, m, 1.0) * free_compute
+    whole_hidden = _hidden(whole, fraction=ctx.calibration.overlap_fraction("dp_comm"), window=window)
+    compute = mb.forward + mb.backward + mb.recompute
+    free_share = np.where(compute > 0, free_compute / np.maximum(compute, 1e-30), 0.0)
+    fsdp_total, fsdp_exposed = _fsdp_comm(ctx, times=times, mb=mb, free_share=free_share)
+    comm = np.where(zero == 3, fsdp_total, whole)
+    return comm, np.where(zero == 3, fsdp_total - fsdp_exposed, whole_hidden)
+
+
+def _fsdp_comm(ctx: TrainingContext, *, times: CollectiveTimes, mb: MicroBatchTimes, free_share: np.ndarray):
+    """(total, exposed) ZeRO-3/FSDP seconds per step on each pipeline rank (3, n).
+
+    Each micro-batch gathers every layer's weights before its forward and again before its
+    backward, and reduce-scatters its gradients after it (FSDP2 ``reshard_after_forward``;
+    Zhao et al., PyTorch FSDP, VLDB 2023 sec. 3.3-4; DeepSpeed ZeRO-3). With one layer of
+    prefetch the next layer's gather runs under this layer's compute, so a layer exposes
+    max(0, gather - compute) in forward and max(0, gather + reduce-scatter - compute) in
+    backward; the first gather of each pass and the last reduce-scatter have nothing to hide
+    behind, nor do the embedding and LM head of the root module (kept unsharded between
+    forward and backward: one gather, one reduce-scatter). A layer's window is the share
+    ``free_share`` of its compute that is not already hiding TP/EP/CP traffic.
+    """
+    layer, layout = times.fsdp_layer, ctx.layout
+    overlap = ctx.calibration.overlap_fraction("dp_comm") * free_share
+    full = np.asarray(ctx.table["recompute"]) == RECOMPUTE_CODES["full"]
+    backward_factor = 2.0 + full  # backward = 2 x forward, plus the recomputed forward
+    exposed, total = 0.0, 0.0
+    for count, gather, scatter, forward in (
+        (layout.dense_layers, layer.dense_gather, layer.dense_scatter, mb.dense_layer_forward),
+        (layout.moe_layers, layer.moe_gather, layer.moe_scatter, mb.moe_layer_forward),
+    ):
+        forward_exposed = np.maximum(gather - overlap * forward, 0.0)
+        backward_exposed = np.maximum(gather + scatter - overlap * backward_factor * forward, 0.0)
+        exposed = exposed + count * (forward_exposed + backward_exposed)
+        total = total + count * (2.0 * gather + scatter)
+    first_dense = layout.dense_layers > 0
+    first_gather = np.where(first_dense, layer.dense_gather, layer.moe_gather)
+    first_forward = np.where(first_dense, mb.dense_layer_forward, mb.moe_layer_forward)
+    last_scatter = np.where(layout.moe_layers > 0, layer.moe_scatter, layer.dense_scatter)
+    last_backward = backward_factor * np.where(layout.moe_layers > 0, mb.moe_layer_forward, mb.dense_layer_forward)
+    edges = np.minimum(first_gather, overlap * first_forward) * 2.0 + np.minimum(last_scatter, overlap * last_backward)
+    ends = layer.ends_gather + layer.ends_scatter
+    m = ctx.num_micro_batches
+    return m * (total + ends), m * (exposed + np.where(layout.layers > 0, edges, 0.0) + ends)
+
+
+def _optimizer_step_time(ctx: TrainingContext) -> np.ndarray:
+    """Once per step on each rank (3, n): the gradient-norm reduction and clipping, then the
+    optimizer update over the rank's shard of the states (``_optimizer_time``)."""
+    dense, expert = sharded_parameters(ctx)
+    dp_cp = ctx.column("dp") * ctx.column("cp")
+    edp = dp_cp * ctx.column("tp") / (ctx.column("ep") * ctx.column("etp"))
+    zero = np.asarray(ctx.table["zero_stage"])
+    states = np.where(zero >= 1, dense / dp_cp + expert / edp, dense + expert)
+    return _optimizer_time(ctx, states * _optimizer_update_bytes(ctx)) + _gradient_clip_time(ctx, local_parameters=states)
+
+
+def _gradient_clip_time(ctx: TrainingContext, *, local_parameters: np.ndarray) -> np.ndarray:
+    """Global gradient-norm clipping (Megatron-LM ``clip_grad_norm_fp32``; torch
+    ``clip_grad_norm_``): one read of the local gradients for their norm, an all-reduce of
+    one fp32 scalar over every rank (its latency grows with the world size), one read + write
+    to scale them; a second scalar all-reduce for the logged loss."""
+    moved = local_parameters * ctx.grad_bytes * 3.0
+    world = ctx.column("dp") * ctx.column("cp") * ctx.column("tp") * ctx.column("pp")
+    per_node = np.minimum(world, ctx.cluster.devices_per_node)
+    scalar = collective_time_s(
+        cluster=ctx.cluster, op="all_reduce", group_size=world, ranks_per_node=per_node,
+        message_bytes=np.full(world.shape, 4.0), calibration=ctx.calibration,
+    )
+    return ctx.op(0.0, moved, calls=2.0) + 2.0 * scalar
 
 
 def _optimizer_time(ctx: TrainingContext, update_bytes: np.ndarray) -> np.ndarray:
