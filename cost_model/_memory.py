@@ -25,6 +25,7 @@ import numpy as np
 from cost_model._common import MEMORY_PARTS, STAGES, memory_reason
 from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES
 from cost_model._training import ACTIVATION_BYTES, TrainingContext
+from cost_model._training_comm import sharding_buffer_bytes
 
 __all__ = ["memory_columns", "stage_memory"]
 
@@ -130,7 +131,8 @@ def _comm_buffer_bytes(ctx: TrainingContext) -> np.ndarray:
     if ctx.model.moe is not None:
         routed = ctx.moe_tokens * ctx.model.moe.top_k * ctx.options.routing_imbalance
         ep_buffers = np.where(ctx.column("ep") > 1, 2.0 * routed * ctx.model.hidden_size * ACTIVATION_BYTES, 0.0)
-    return np.broadcast_to(tp_buffers + pp_buffers + ep_buffers, ctx.layout.layers.shape)
+    buffers = np.broadcast_to(tp_buffers + pp_buffers + ep_buffers, ctx.layout.layers.shape)
+    return buffers + sharding_buffer_bytes(ctx)  # ZeRO-2/3 gathered weights and gradient bucket
 
 
 def stage_memory(ctx: TrainingContext) -> dict[str, np.ndarray]:

@@ -244,3 +244,24 @@ def layer_parameter_split(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # 
         moe.expert_ffn_hidden_size
     ) / ctx.column("etp")
     return dense_layer, moe_layer - experts, np.broadcast_to(experts, moe_layer.shape)
+
+
+def sharding_buffer_bytes(ctx) -> np.ndarray:  # noqa: ANN001
+    """Bytes per device (3, n) that sharded data parallelism holds beyond the shards.
+
+    ZeRO-3/FSDP: the unsharded bf16 weights of the layer being computed and of the one being
+    prefetched (FSDP2's default one-layer prefetch; Zhao et al., PyTorch FSDP, VLDB 2023 sec.
+    3.3), the root's embedding and LM head kept unsharded between forward and backward, and one
+    layer's unsharded gradients waiting for their reduce-scatter. ZeRO-2: that gradient bucket
+    (gradients are partitioned as they are reduced; ZeRO SC'20 sec. 5.2). ZeRO-0/1 reduce in
+    place in the whole gradient buffer the ``gradients`` part already counts.
+    """
+    dense_layer, moe_dense, moe_expert = layer_parameter_split(ctx)
+    layer = np.maximum(dense_layer, moe_dense + moe_expert)
+    zero = np.asarray(ctx.table["zero_stage"])
+    parts = dict(ctx.parameters)
+    ends = parts["embedding"] + parts["lm_head"]
+    occupied = ctx.layout.layers > 0
+    gathered = np.where(zero == 3, occupied * 2.0 * layer * 2.0 + ends * 2.0, 0.0)
+    bucket = np.where(zero >= 2, occupied * layer * ctx.grad_bytes, 0.0)
+    return gathered + bucket

@@ -400,3 +400,16 @@ def test_pipeline_fill_and_flush_latency_is_charged() -> None:
     assert np.all(per_hop > 0)
     # Without the fill/flush hops the per-micro-batch count alone would not explain the total.
     assert np.all(columns["time.pp_comm"] > 2.0 * np.array([64 / 16, 64 / 4]) * per_hop)
+
+
+def test_fsdp_holds_two_gathered_layers_and_a_gradient_bucket() -> None:
+    """ZeRO-3 adds 2 unsharded bf16 layers + the root's embedding/LM head + one layer of fp32
+    gradients to the communication buffers; ZeRO-2 only the gradient bucket; ZeRO-1 neither."""
+    cluster = get_preset("dgx-h100", num_nodes=2)
+    workload = Training(sequence_length_tokens=8192, global_batch_sequences=16)
+    configs = [ParallelConfig(dp=16, zero_stage=z, recompute="full") for z in (1, 2, 3)]
+    buffers = estimate_table(LLAMA_8B, cluster, workload, configs_to_table(configs), options=NEUTRAL)["memory.comm_buffers"]
+    layer = LLAMA_8B.attention_parameters() + LLAMA_8B.ffn_parameters(LLAMA_8B.ffn_hidden_size) + LLAMA_8B.layer_norm_parameters()
+    ends = LLAMA_8B.embedding_parameters() + LLAMA_8B.vocab_size * LLAMA_8B.hidden_size  # untied head
+    assert buffers[1] - buffers[0] == pytest.approx(layer * 4.0, rel=1e-9)
+    assert buffers[2] - buffers[1] == pytest.approx(2 * layer * 2.0 + ends * 2.0, rel=1e-9)
