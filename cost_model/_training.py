@@ -49,6 +49,7 @@ from cost_model._common import (
     ranks_per_node,
     stage_layout,
 )
+from cost_model._frameworks import FrameworkProfile, framework_profile
 from cost_model._model_spec import ModelSpec
 from cost_model._table import CONFIG_COLUMNS, RECOMPUTE_CODES, SCHEDULE_CODES, select_rows, table_length
 from cost_model._training_comm import (
@@ -123,6 +124,29 @@ class TrainingContext:
         """fp32 main gradients with fp32 master weights (Megatron-LM's ``main_grad``), else 2."""
         return 4.0 if self.workload.master_weights_fp32 else 2.0
 
+    @cached_property
+    def framework(self) -> FrameworkProfile | None:
+        name = self.workload.framework
+        return None if name is None else framework_profile(name)
+
+    @property
+    def reduce_bytes(self) -> float:
+        """Bytes per gradient element the data-parallel reduction moves: the framework's
+        reduction dtype, else the main gradients' (``grad_bytes``)."""
+        return self.grad_bytes if self.framework is None else float(self.framework.gradient_reduce_bytes)
+
+    @property
+    def dp_overlap(self) -> float:
+        """Fraction of data-parallel traffic that may hide behind compute: the framework's
+        overlap features, else the calibration's."""
+        if self.framework is None:
+            return self.calibration.overlap_fraction("dp_comm")
+        return self.framework.dp_comm_overlap
+
+    @property
+    def zero2_reduce_every_micro_batch(self) -> bool:
+        return True if self.framework is None else self.framework.zero2_reduce_every_micro_batch
+
     def op(self, flops, bytes_moved, calls=1.0, kind: str = "matmul") -> np.ndarray:
         """Roofline time; fp8 training runs its GEMMs in fp8 but core attention in bf16
         (DeepSeek-V3 report sec. 3.3.1: attention stays in higher precision)."""
@@ -142,6 +166,12 @@ class TrainingContext:
 def training_context(*, model, cluster, workload: Training, table, options: EstimateOptions) -> TrainingContext:
     """Derive the shared per-table quantities (stage layout, placement, micro-batch count)."""
     table_length(table)
+    if workload.framework is not None:  # the framework's kernels replace the option defaults
+        profile = framework_profile(workload.framework)
+        options = options.model_copy(update={
+            "flash_attention": profile.flash_attention,
+            "fused_gradient_accumulation": profile.fused_gradient_accumulation,
+        })
     per_replica = np.asarray(table["dp"], dtype=np.int64) * np.asarray(table["micro_batch_size"], dtype=np.int64)
     batch = workload.global_batch_sequences
     return TrainingContext(
@@ -476,11 +506,11 @@ def _data_parallel_comm(ctx: TrainingContext, *, free_compute, times: Collective
     ``free_compute``: one micro-batch's compute not already hiding TP/EP/CP traffic.
     """
     zero = np.asarray(ctx.table["zero_stage"])
-    m = ctx.num_micro_batches
-    scatter = np.where(zero == 2, m, 1.0) * times.dp_gradient_scatter
-    whole = np.where(zero == 0, times.dp_all_reduce, scatter + times.dp_weight_gather)
-    window = np.where(zero == 2, m, 1.0) * free_compute
-    whole_hidden = _hidden(whole, fraction=ctx.calibration.overlap_fraction("dp_comm"), window=window)
+    every = (zero == 2) & ctx.zero2_reduce_every_micro_batch
+    scatters = np.where(every, ctx.num_micro_batches, 1.0)
+    whole = np.where(zero == 0, times.dp_all_reduce, scatters * times.dp_gradient_scatter + times.dp_weight_gather)
+    window = scatters * free_compute
+    whole_hidden = _hidden(whole, fraction=ctx.dp_overlap, window=window)
     compute = mb.forward + mb.backward + mb.recompute
     free_share = np.where(compute > 0, free_compute / np.maximum(compute, 1e-30), 0.0)
     fsdp_total, fsdp_exposed = _fsdp_comm(ctx, times=times, mb=mb, free_share=free_share)
@@ -502,7 +532,7 @@ def _fsdp_comm(ctx: TrainingContext, *, times: CollectiveTimes, mb: MicroBatchTi
     ``free_share`` of its compute that is not already hiding TP/EP/CP traffic.
     """
     layer, layout = times.fsdp_layer, ctx.layout
-    overlap = ctx.calibration.overlap_fraction("dp_comm") * free_share
+    overlap = ctx.dp_overlap * free_share
     full = np.asarray(ctx.table["recompute"]) == RECOMPUTE_CODES["full"]
     backward_factor = 2.0 + full  # backward = 2 x forward, plus the recomputed forward
     exposed, total = 0.0, 0.0

@@ -196,7 +196,7 @@ def _dp(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # noqa: ANN001
     dense, expert = sharded_parameters(ctx)
     totals = [np.zeros(dense.shape) for _ in range(3)]
     for params, group, axis in _dp_groups(ctx, dense=dense, expert=expert):
-        grads, weights = params * ctx.grad_bytes, params * 2.0
+        grads, weights = params * ctx.reduce_bytes, params * 2.0
         totals[0] += ctx.collective("all_reduce", axis=axis, group_size=group, message_bytes=grads)
         totals[1] += ctx.collective("reduce_scatter", axis=axis, group_size=group, message_bytes=grads)
         totals[2] += ctx.collective("all_gather", axis=axis, group_size=group, message_bytes=weights)
@@ -226,7 +226,7 @@ def _fsdp_layer(ctx) -> FsdpLayerTimes:  # noqa: ANN001
         for params, group, axis in _dp_groups(ctx, dense=dense, expert=expert):
             gather = gather + ctx.collective("all_gather", axis=axis, group_size=group, message_bytes=params * 2.0)
             scatter = scatter + ctx.collective(
-                "reduce_scatter", axis=axis, group_size=group, message_bytes=params * ctx.grad_bytes
+                "reduce_scatter", axis=axis, group_size=group, message_bytes=params * ctx.reduce_bytes
             )
         times[f"{name}_gather"], times[f"{name}_scatter"] = gather, scatter
     return FsdpLayerTimes(**times)

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from autoparallel.cli._args import add_job_arguments
 from autoparallel.cli._render import console
+from cost_model._frameworks import framework_names
 from cost_model._units import human_bytes, human_seconds
 
 DEFAULT_CLUSTER = "dgx-h200"
@@ -29,6 +30,7 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
 def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
     add_job_arguments(parser, cluster=DEFAULT_CLUSTER, nodes=DEFAULT_NODES, training=True)
     parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8"))
+    parser.add_argument("--framework", default=None, choices=framework_names(), help="training software profile")
     parser.add_argument("--batch-size", type=int, default=0, help="inference: sequences per replica (0: largest that fits)")
     for axis, default in (("tp", 8), ("pp", 16), ("cp", 1), ("ep", 64), ("etp", 1)):
         parser.add_argument(f"--{axis}", type=int, default=default)
@@ -64,7 +66,8 @@ def _estimate(args: argparse.Namespace) -> int:
     config = _config(args, cluster.num_devices)
     if args.training:
         workload = Training(
-            sequence_length_tokens=args.sequence_length, global_batch_tokens=args.global_batch_tokens, precision=args.precision
+            sequence_length_tokens=args.sequence_length, global_batch_tokens=args.global_batch_tokens, precision=args.precision,
+            framework=args.framework,
         )
         breakdown = estimate(model, cluster, workload, config)
     else:
