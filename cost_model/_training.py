@@ -143,6 +143,21 @@ class TrainingContext:
             return self.calibration.overlap_fraction("dp_comm")
         return self.framework.dp_comm_overlap
 
+    def overlap_fraction(self, kind: str):  # noqa: ANN201 - float or (n,) array
+        """Fraction of a TP/EP/CP communication kind that may hide behind compute. With a
+        framework, tensor-parallel overlap is its feature (Megatron-core ``--tp-comm-overlap``
+        pipelines the sequence-parallel all-gather / reduce-scatter with the GEMMs, only with
+        sequence parallel); the rest, and everything without a framework, the calibration's."""
+        if kind == "tp_comm" and self.framework is not None:
+            return np.where(self.sequence_parallel, self.framework.tp_comm_overlap, 0.0)
+        return self.calibration.overlap_fraction(kind)
+
+    @property
+    def fused_elementwise(self) -> bool:
+        """Fused norm, activation and rotary kernels (every framework profile says; True
+        without one, the Megatron-core default the calibrations were fitted with)."""
+        return True if self.framework is None else self.framework.fused_elementwise
+
     @property
     def zero2_reduce_every_micro_batch(self) -> bool:
         return True if self.framework is None else self.framework.zero2_reduce_every_micro_batch
@@ -218,8 +233,12 @@ def core_attention_time(ctx: TrainingContext) -> np.ndarray:
 
 
 def _activation_passes(ctx: TrainingContext) -> float:
-    """Reads + writes of the activation function per element of its output (GELU 2, SwiGLU 3)."""
-    return 3.0 if ctx.model.ffn_activation == "swiglu" else 2.0
+    """Reads + writes of the activation function per element of its output: fused GELU 2,
+    fused SwiGLU 3 (read gate and up, write); eager PyTorch runs SwiGLU as ``silu(gate)``
+    (read, write) then ``* up`` (two reads, a write): 5 (``fused_elementwise`` off)."""
+    if ctx.model.ffn_activation != "swiglu":
+        return 2.0
+    return 3.0 if ctx.fused_elementwise else 5.0
 
 
 def dense_ffn_time(ctx: TrainingContext) -> np.ndarray:
@@ -257,12 +276,34 @@ def moe_ffn_time(ctx: TrainingContext) -> np.ndarray:
 def layer_elementwise_time(ctx: TrainingContext) -> np.ndarray:
     """Two norms (read+write), two residual adds (2 reads + write), hidden dropout (read, write,
     1-byte mask) on the hidden-size activation; split over tp with sequence parallel. The norms
-    are priced as norm kernels (``op_time_s`` kind ``norm``: a measured norm curve if any)."""
+    are priced as norm kernels (``op_time_s`` kind ``norm``: a measured norm curve if any).
+    Eager RMSNorm (``fused_elementwise`` off: ``x.float()``, ``pow(2).mean()``, ``x * rsqrt``,
+    ``type_as``, ``* weight`` as separate kernels) moves 36 bytes per element against the
+    fused kernel's 4: 9x. Rotary embeddings of the query and key heads (``rotary_time``)."""
     passes = 6.0 + (5.0 if ctx.options.hidden_dropout else 0.0)
     tokens = np.where(ctx.sequence_parallel, ctx.tokens / ctx.column("tp"), ctx.tokens)
     hidden = tokens * ctx.model.hidden_size * ACTIVATION_BYTES
-    norms = ctx.op(0.0, 2.0 * 2.0 * hidden, calls=2.0, kind="norm")
-    return ctx.op(0.0, hidden * passes) + norms
+    norm_factor = 1.0 if ctx.fused_elementwise else 9.0
+    norms = ctx.op(0.0, 2.0 * 2.0 * hidden * norm_factor, calls=2.0, kind="norm")
+    return ctx.op(0.0, hidden * passes) + norms + rotary_time(ctx)
+
+
+def rotary_time(ctx: TrainingContext) -> np.ndarray:
+    """Rotary position embedding of one layer's query and key heads (Su et al., RoFormer,
+    arXiv:2104.09864): a fused kernel reads and writes each bf16 element (4 bytes; Megatron-core
+    / TransformerEngine fused RoPE); eager complex multiplication (``view_as_complex`` of the
+    fp32 copy, multiply by the fp32 frequencies, ``view_as_real``, ``type_as``) moves 28.
+    Zero for learned positions."""
+    if ctx.model.position_embedding != "rope":
+        return np.zeros_like(ctx.tokens)
+    attention = ctx.model.attention
+    if attention.kind == "mla":
+        width = (attention.num_heads / ctx.column("tp") + 1.0) * attention.qk_rope_head_dim
+    else:
+        kv_heads = np.maximum(attention.num_kv_heads / ctx.column("tp"), 1.0)
+        width = (attention.num_heads / ctx.column("tp") + kv_heads) * attention.head_dim
+    per_element = 4.0 if ctx.fused_elementwise else 28.0
+    return ctx.op(0.0, ctx.tokens * width * per_element)
 
 
 def lm_head_time(ctx: TrainingContext) -> np.ndarray:
@@ -384,7 +425,7 @@ def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatc
     code = np.asarray(ctx.table["recompute"])
     recompute = np.where(
         code == RECOMPUTE_CODES["full"], layers_forward,
-        np.where(code == RECOMPUTE_CODES["selective"], layout.layers * core, 0.0),
+        np.where(code == RECOMPUTE_CODES["selective"], _selective_recompute(ctx, layers_forward=layers_forward, core=core), 0.0),
     )
     core_total = layout.layers * core * (1.0 + core_backward_factor) + np.where(code > 0, layout.layers * core, 0.0)
     return MicroBatchTimes(
@@ -393,6 +434,18 @@ def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatc
         dense_layer_forward=np.broadcast_to(dense_layer, ctx.tokens.shape),
         moe_layer_forward=np.broadcast_to(moe_layer, ctx.tokens.shape),
     )
+
+
+def _selective_recompute(ctx: TrainingContext, *, layers_forward: np.ndarray, core: np.ndarray) -> np.ndarray:
+    """Forward seconds selective recompute repeats in backward. Megatron's selective recompute
+    repeats core attention (Korthikanti et al. 2022 sec. 5); torchtitan's op-level selective
+    checkpointing saves every second matmul output, the attention output and the collectives,
+    and recomputes the rest: half the matmul and elementwise forward, not core attention
+    (torchtitan ``_apply_op_sac``, ``_save_list``). The framework profile says which."""
+    layers = ctx.layout.layers
+    if ctx.framework is not None and ctx.framework.selective_recompute == "every_second_matmul":
+        return 0.5 * (layers_forward - layers * core)
+    return layers * core
 
 
 def _micro_batch_comm(ctx: TrainingContext, times: CollectiveTimes) -> dict[str, np.ndarray]:
@@ -436,7 +489,7 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
     for kind in ("cp_comm", "tp_comm", "ep_comm"):
         comm = mb.comm[kind]
         window = np.minimum(mb.core_attention, free) if kind == "cp_comm" else free
-        hidden[kind] = _hidden(comm, fraction=ctx.calibration.overlap_fraction(kind), window=window)
+        hidden[kind] = _hidden(comm, fraction=ctx.overlap_fraction(kind), window=window)
         exposed[kind] = comm - hidden[kind]
         free = free - hidden[kind]
     per_micro_batch = compute + sum(exposed.values())
