@@ -24,7 +24,7 @@ import numpy as np
 
 from cost_model._common import MEMORY_PARTS, STAGES, memory_reason
 from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES
-from cost_model._training import ACTIVATION_BYTES, TrainingContext
+from cost_model._training import ACTIVATION_BYTES, TrainingContext, op_level_selective_bytes
 from cost_model._training_comm import sharding_buffer_bytes
 
 __all__ = ["memory_columns", "stage_memory"]
@@ -110,6 +110,7 @@ def _activation_bytes(ctx: TrainingContext) -> np.ndarray:
     moe = _layer_activation_bytes(ctx, moe=True) if ctx.model.moe is not None else dense
     full_layers = layout.dense_layers * dense + layout.moe_layers * moe
     selective_layers = full_layers - layout.layers * _score_bytes(ctx)
+    selective_layers = op_level_selective_bytes(ctx, default=selective_layers)  # torchtitan-style op SAC
     checkpoint = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES
     checkpoint = np.where(ctx.sequence_parallel, checkpoint / ctx.column("tp"), checkpoint)
     code = np.asarray(ctx.table["recompute"])

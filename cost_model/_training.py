@@ -448,6 +448,26 @@ def _selective_recompute(ctx: TrainingContext, *, layers_forward: np.ndarray, co
     return layers * core
 
 
+def op_level_selective_bytes(ctx: TrainingContext, *, default: np.ndarray) -> np.ndarray:
+    """Activation bytes per micro-batch on each rank (3, n) under selective recompute, where
+    the framework checkpoints at operator level (``_selective_recompute``): each layer keeps
+    its input, every second matmul output (half of the Q, K, V, output, gate, up and down
+    projection outputs), the attention output and its fp32 log-sum-exp. ``default`` (the
+    Megatron accounting) elsewhere, and for MoE layers."""
+    if ctx.framework is None or ctx.framework.selective_recompute != "every_second_matmul":
+        return default
+    model, attention, tp = ctx.model, ctx.model.attention, ctx.column("tp")
+    heads, kv_heads = attention.num_heads / tp, np.maximum(attention.num_kv_heads / tp, 1.0)
+    h, ffn = model.hidden_size, model.ffn_hidden_size / tp
+    projections = heads * attention.qk_head_dim + kv_heads * (attention.qk_head_dim + attention.value_head_dim) + h
+    matmul_outputs = projections + ffn * (2.0 if model.ffn_activation == "swiglu" else 1.0) + h
+    kept = 0.5 * matmul_outputs + heads * attention.value_head_dim + h
+    per_layer = ctx.tokens * (kept * ACTIVATION_BYTES + heads * 4.0)
+    dense = ctx.layout.dense_layers * per_layer
+    moe_share = np.where(ctx.layout.layers > 0, ctx.layout.moe_layers / np.maximum(ctx.layout.layers, 1), 0.0)
+    return dense + moe_share * default
+
+
 def _micro_batch_comm(ctx: TrainingContext, times: CollectiveTimes) -> dict[str, np.ndarray]:
     """TP, EP and CP seconds of one micro-batch per rank: forward, backward, full recompute."""
     layout = ctx.layout
