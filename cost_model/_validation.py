@@ -80,6 +80,9 @@ TOLERANCES: dict[str, tuple[float | None, float | None]] = {
     "megatron_readme_h100": (0.09, None),
     "torchtitan_a100_fsdp": (0.06, 0.15),
     "llama3_table4": (0.08, 0.10),
+    # Not bounded: Blackwell has no calibration yet and small-expert MoE layers (Qwen3-30B-A3B)
+    # are priced far too fast; the rows are shown so that the gap stays visible.
+    "megatron_bridge_perf": (None, None),
     "dsv3_day6": (None, 0.25),
     "dsv3_profile": (None, 0.10),
 }
@@ -390,8 +393,8 @@ def _log_errors(cases: list[Case], calibration: Calibration) -> np.ndarray:
 
 
 def fit_calibration(hardware: str, *, max_evaluations: int = 400, cases: list[Case] | None = None) -> Calibration:
-    """Least-squares fit of ``FIT_PARAMETERS[hardware]`` on the log-errors of the published
-    throughput figures of that hardware (``cases``: all of them by default; Nelder-Mead,
+    """Robust fit (``robust_loss``) of ``FIT_PARAMETERS[hardware]`` on the log-errors of the
+    published throughput figures of that hardware (``cases``: all of them by default; Nelder-Mead,
     bounds by clipping). The returned calibration's ``fit`` records the rows, the start and
     the residuals."""
     names = FIT_PARAMETERS[hardware]
@@ -401,13 +404,13 @@ def fit_calibration(hardware: str, *, max_evaluations: int = 400, cases: list[Ca
     start = np.array([_start_value(name, device) for name in names])
 
     def loss(x: np.ndarray) -> float:
-        return float(np.sum(_log_errors(cases, calibration_with(names, x)) ** 2))
+        return robust_loss(_log_errors(cases, calibration_with(names, x)))
 
     best = _nelder_mead(loss, start, max_evaluations=max_evaluations)
     fitted = calibration_with(names, best, device_pattern=DEVICE_PATTERNS[hardware])
     rows = [row for case in cases for row in run_case(case, calibration=fitted)]
     fit = {
-        "method": "least squares on log(predicted/published), Nelder-Mead, bounds by clipping",
+        "method": "Cauchy loss on log(predicted/published), scale 0.2, Nelder-Mead, bounds by clipping",
         "rows": [f"{row.table}:{row.run}:{row.metric}" for row in rows],
         "residuals": [round(row.error, 4) for row in rows],
         "rms_log_error": round(float(np.sqrt(np.mean(np.log([r.predicted / r.published for r in rows]) ** 2))), 4),
@@ -415,6 +418,18 @@ def fit_calibration(hardware: str, *, max_evaluations: int = 400, cases: list[Ca
         "preset": PRESETS[hardware],
     }
     return fitted.model_copy(update={"fit": fit})
+
+
+#: Scale of the robust loss: log-errors well inside it count as squares, far outside it they
+#: count only logarithmically, so a few runs whose physics the model lacks (small-expert MoE
+#: layers priced too fast) do not drag the global parameters of every other run.
+ROBUST_SCALE = 0.2
+
+
+def robust_loss(log_errors: np.ndarray) -> float:
+    """Cauchy loss sum(log(1 + (r / scale)^2)) of the log-errors ``r`` (Hampel et al., Robust
+    Statistics, 1986; scipy.optimize.least_squares ``loss="cauchy"``)."""
+    return float(np.sum(np.log1p((np.asarray(log_errors) / ROBUST_SCALE) ** 2)))
 
 
 def _start_value(name: str, device) -> float:  # noqa: ANN001

@@ -24,6 +24,7 @@ from cost_model._validation import (
     _nelder_mead,
     calibration_with,
     published_records,
+    robust_loss,
     run_case,
     summarize,
     training_cases,
@@ -43,7 +44,7 @@ def test_every_training_table_is_within_its_tolerance(rows) -> None:
     summary = summarize(rows)
     assert set(summary) == {
         "megatron_sc21_table1", "korthikanti_table5", "megatron_readme_2022_mfu", "megatron_readme_h100", "korthikanti_fig1_memory",
-        "torchtitan_a100_fsdp", "llama3_table4",
+        "torchtitan_a100_fsdp", "llama3_table4", "megatron_bridge_perf",
     }
     for table, figures in summary.items():
         mean, largest = TOLERANCES.get(table, (0.05, 0.12))
@@ -94,7 +95,10 @@ def test_shipped_calibrations_are_documented_fits() -> None:
     for entry in document["calibrations"]:
         fit = entry["fit"]
         assert len(fit["rows"]) == len(fit["residuals"]) >= 9
-        assert max(abs(r) for r in fit["residuals"]) < 0.2
+        # A robust fit: most rows close, a few (small-expert MoE runs) far; the A100 rows all close.
+        assert np.median(np.abs(fit["residuals"])) < 0.1
+        if entry["device_pattern"] == "A100":
+            assert max(abs(r) for r in fit["residuals"]) < 0.15
         assert fit["preset"] in ("dgx-a100", "dgx-h100")
 
 
@@ -106,12 +110,12 @@ def test_calibration_is_chosen_by_hardware_type() -> None:
 
 
 def test_shipped_a100_fit_is_a_local_least_squares_optimum() -> None:
-    """Moving the fitted matmul efficiency either way makes the A100 residuals worse."""
+    """Moving the fitted matmul efficiency either way makes the A100 fit loss worse."""
     names = FIT_PARAMETERS["A100"]
     shipped = calibration_for(get_preset("dgx-a100").device)
     values = np.array([getattr(shipped, name) for name in names])
     cases = [c for c in training_cases() if c.hardware == "A100"]
-    loss = {step: float(np.sum(_log_errors(cases, calibration_with(names, values * np.array([step, 1]))) ** 2))
+    loss = {step: robust_loss(_log_errors(cases, calibration_with(names, values * np.array([step, 1]))))
             for step in (0.95, 1.0, 1.05)}
     assert loss[1.0] < loss[0.95] and loss[1.0] < loss[1.05]
 
@@ -208,8 +212,9 @@ def test_leave_one_source_out_never_fits_on_the_source_it_predicts(monkeypatch) 
 
 def test_the_published_set_spans_sources_hardware_and_kinds() -> None:
     cases = training_cases()
-    assert len(cases) >= 40 and len({c.source for c in cases}) >= 5
-    assert {c.hardware for c in cases} >= {"A100", "H100"}
+    assert len(cases) >= 60 and len({c.source for c in cases}) >= 6
+    assert {c.hardware for c in cases} >= {"A100", "H100", "B200", "GB200"}  # three generations
+    assert any(c.model.moe is not None and c.config.ep > 1 for c in cases)
     assert any(c.config.zero_stage == 3 for c in cases)
     assert any(c.config.cp > 1 for c in cases)
     assert all(r.get("source") and r.get("source_id") for r in published_records() if r.get("format") == "run")
