@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -94,6 +94,16 @@ class EstimateOptions(BaseModel):
     into them (Megatron-LM ``--gradient-accumulation-fusion``, on by default); off, every
     micro-batch adds each low-precision gradient into its main gradient in a separate
     memory-bound pass (Megatron-LM's unfused ``main_grad.add_(grad)`` hook).
+    Training MoE traffic: ``expert_dispatcher`` ``all_to_all`` (NCCL all-to-all, Megatron-core's
+    alltoall dispatcher) or ``deepep`` (DeepEP kernels: node de-duplication, NVLink and RDMA at
+    once; ``expert_dispatch_time_s``); ``expert_dispatch_fp8``: dispatch in fp8 with its
+    per-128 scales, combine in bf16 (DeepSeek-V3 report sec. 3.3); ``max_routed_nodes``:
+    node-limited routing. ``bidirectional_pipeline``: a DualPipe-style schedule (DeepSeek-V3
+    report sec. 3.2.1) that runs a forward and a backward chunk together so each one's EP
+    all-to-all hides behind the other's compute, with the bubble (pp/2 - 1)(F&B + B - 3W)
+    instead of 1F1B's (pp - 1)(F + B). ``context_parallel``: ``ring`` (K/V blocks passed
+    around the ring under attention; Liu et al.) or ``all_gather`` (K/V all-gathered before
+    attention and their gradients reduce-scattered after, exposed; Llama 3 report sec. 3.3.2).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -105,6 +115,11 @@ class EstimateOptions(BaseModel):
     attention_dropout: bool = False
     routing_imbalance: float = Field(default=1.0, ge=1.0)
     fragmentation_fraction: float = Field(default=0.05, ge=0.0, lt=1.0)
+    expert_dispatcher: Literal["all_to_all", "deepep"] = "all_to_all"
+    expert_dispatch_fp8: bool = False
+    max_routed_nodes: int | None = Field(default=None, gt=0)
+    bidirectional_pipeline: bool = False
+    context_parallel: Literal["ring", "all_gather"] = "ring"
 
     def calibration_for(self, hardware) -> "Calibration":  # noqa: ANN001
         return self.calibration if self.calibration is not None else calibration_for(hardware)
@@ -425,6 +440,43 @@ def collective_time_s(*, cluster, op: str, group_size, ranks_per_node, message_b
 
 
 _DISTINCT_MIN_SIZE = 4096
+
+
+def expert_dispatch_time_s(
+    *, cluster, calibration: Calibration, hidden_size: int, top_k: int, ep, etp, ep_per_node, rank_tokens,
+    element_bytes: float, node_dedup: bool, max_routed_nodes: int | None = None,
+) -> np.ndarray:
+    """One MoE dispatch (or combine) as DeepEP runs it: every rank writes straight to its peers,
+    NVLink and RDMA at once, so the time is the slower tier's bytes over its bandwidth plus one
+    latency (DeepEP README; not the n-1 rounds of a pairwise all-to-all). Each tier is priced by
+    the topology as a point-to-point transfer. Each token goes to ``top_k`` experts, each held by
+    ``etp`` ranks. With ``node_dedup`` (DeepEP "normal" kernels) a token is sent once per
+    remote node and forwarded over NVLink there; without, every copy crosses RDMA. Destinations
+    are uniform over the group's ``ep`` ranks on ``ep / L`` nodes (``L`` = ``ep_per_node``);
+    node-limited routing (DeepSeek-V3 report sec. 2.1.2: each token to at most M nodes) caps the
+    distinct remote nodes at ``max_routed_nodes``. Shared by training and inference.
+    """
+    ep, etp = np.asarray(ep, dtype=np.float64), np.asarray(etp, dtype=np.float64)
+    local = np.minimum(np.asarray(ep_per_node, dtype=np.float64), ep)
+    nodes = ep / local
+    copies = top_k * etp
+    token_bytes = np.asarray(rank_tokens, dtype=np.float64) * hidden_size * element_bytes
+    intra_bytes = token_bytes * copies * (local - 1.0) / ep
+    remote_copies = copies * (ep - local) / ep
+    if node_dedup:  # distinct remote nodes among the copies' destinations
+        remote_copies = np.minimum(remote_copies, (nodes - 1.0) * (1.0 - np.power(1.0 - 1.0 / nodes, copies)))
+    if max_routed_nodes is not None:
+        remote_copies = np.minimum(remote_copies, np.where(node_dedup, float(max_routed_nodes), copies))
+    inter_bytes = token_bytes * remote_copies
+
+    def point_to_point(ranks_per_node, message) -> np.ndarray:  # noqa: ANN001
+        return collective_time_s(
+            cluster=cluster, op="send_recv", group_size=2.0, ranks_per_node=ranks_per_node, message_bytes=message,
+            calibration=calibration,
+        )
+
+    seconds = np.maximum(point_to_point(2.0, intra_bytes), np.where(nodes > 1, point_to_point(1.0, inter_bytes), 0.0))
+    return np.where(ep > 1, seconds, 0.0)
 
 
 def mean_attended_tokens(*, attention: AttentionSpec, sequence_tokens) -> np.ndarray:

@@ -75,6 +75,7 @@ from cost_model._common import (
     StageLayout,
     attention_parameters_per_device,
     collective_time_s,
+    expert_dispatch_time_s,
     memory_reason,
     op_time_s,
     parameters_per_device,
@@ -303,34 +304,13 @@ def _collective(s: _Setup, op: str, axis: str, group, message) -> np.ndarray:
 
 
 def _expert_all_to_all(s: _Setup, rank_tokens: np.ndarray, element_bytes: float, *, node_dedup: bool) -> np.ndarray:
-    """One MoE dispatch (or combine) as DeepEP runs it: every rank writes straight to its peers,
-    NVLink and RDMA at once, so the time is the slower tier's bytes over its bandwidth plus one
-    latency (DeepEP README; not the n-1 rounds of a pairwise all-to-all). Each tier is priced by
-    the topology as a point-to-point transfer. Each token goes to ``top_k`` experts, each held by
-    ``etp`` ranks. Prefill ("normal" kernels, ``node_dedup``) sends a token once per remote node
-    and forwards it over NVLink there; decode ("low-latency" kernels) sends every copy over RDMA.
-    Destinations are uniform over the group's ``ep`` ranks on ``ep / L`` nodes (``L`` per node).
-    """
-    moe, h = s.model.moe, s.model.hidden_size
-    ep, etp = s.column("ep"), s.column("etp")
-    local = np.minimum(s.group_local["ep"], ep)
-    nodes = ep / local
-    copies = moe.top_k * etp
-    token_bytes = rank_tokens * h * element_bytes
-    intra_bytes = token_bytes * copies * (local - 1.0) / ep
-    remote_copies = copies * (ep - local) / ep
-    if node_dedup:  # distinct remote nodes among the copies' destinations
-        remote_copies = np.minimum(remote_copies, (nodes - 1.0) * (1.0 - np.power(1.0 - 1.0 / nodes, copies)))
-    inter_bytes = token_bytes * remote_copies
-
-    def point_to_point(ranks_per_node, message) -> np.ndarray:
-        return collective_time_s(
-            cluster=s.cluster, op="send_recv", group_size=2.0, ranks_per_node=ranks_per_node, message_bytes=message,
-            calibration=s.calibration,
-        )
-
-    seconds = np.maximum(point_to_point(2.0, intra_bytes), np.where(nodes > 1, point_to_point(1.0, inter_bytes), 0.0))
-    return np.where(ep > 1, seconds, 0.0)
+    """One MoE dispatch (or combine) as DeepEP runs it (``_common.expert_dispatch_time_s``):
+    prefill ("normal" kernels) de-duplicates per node, decode ("low-latency") does not."""
+    return expert_dispatch_time_s(
+        cluster=s.cluster, calibration=s.calibration, hidden_size=s.model.hidden_size, top_k=s.model.moe.top_k,
+        ep=s.column("ep"), etp=s.column("etp"), ep_per_node=s.group_local["ep"], rank_tokens=rank_tokens,
+        element_bytes=element_bytes, node_dedup=node_dedup,
+    )
 
 
 def _comm_times(s: _Setup, p: ops.Pass) -> dict[str, np.ndarray]:

@@ -147,7 +147,13 @@ class TrainingContext:
         """Fraction of a TP/EP/CP communication kind that may hide behind compute. With a
         framework, tensor-parallel overlap is its feature (Megatron-core ``--tp-comm-overlap``
         pipelines the sequence-parallel all-gather / reduce-scatter with the GEMMs, only with
-        sequence parallel); the rest, and everything without a framework, the calibration's."""
+        sequence parallel); a bidirectional (DualPipe-style) schedule hides the EP all-to-all
+        behind the paired chunk's compute; an all-gather context parallel is exposed; the
+        rest, and everything without a framework, the calibration's."""
+        if kind == "ep_comm" and self.options.bidirectional_pipeline:
+            return 1.0
+        if kind == "cp_comm" and self.options.context_parallel == "all_gather":
+            return 0.0
         if kind == "tp_comm" and self.framework is not None:
             return np.where(self.sequence_parallel, self.framework.tp_comm_overlap, 0.0)
         return self.calibration.overlap_fraction(kind)
@@ -484,8 +490,9 @@ def _micro_batch_comm(ctx: TrainingContext, times: CollectiveTimes) -> dict[str,
         # vocab-parallel embedding all-reduces once.
         "tp_comm": passes * layout.layers * 2.0 * tp_layer + layout.has_embedding * times.tp_all_reduce + mla_backward
         + np.where(ctx.column("tp") > 1, tp_count * sync, 0.0),
-        # Dispatch and combine: two all-to-alls per MoE layer and pass.
-        "ep_comm": passes * layout.moe_layers * times.ep_exchange
+        # Dispatch and combine: two all-to-alls per MoE layer and pass (forward and recompute
+        # forward may dispatch in fp8; backward exchanges bf16 gradients).
+        "ep_comm": layout.moe_layers * ((passes - 1.0) * times.ep_exchange + times.ep_exchange_backward)
         + np.where(ctx.column("ep") > 1, passes * layout.moe_layers * 2.0 * sync, 0.0),
         # The backward ring carries K/V and their gradients: twice the forward traffic.
         "cp_comm": (passes + 1.0) * layout.layers * times.cp_ring,
@@ -545,12 +552,19 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
 
 
 def _bubble(ctx: TrainingContext, *, micro_batch: np.ndarray, forward_share: np.ndarray) -> np.ndarray:
+    """(pp - 1) micro-batches of idle time, scaled by the schedule: 1/v interleaved (Narayanan
+    et al. SC'21), the forward share for ZB-H1 (Qi et al.), and for a bidirectional schedule
+    DualPipe's (pp/2 - 1)(F&B + B - 3W) with the weight-gradient half of B deferred (W = B/2,
+    F&B = F + B): (pp/2 - 1)(F + B/2) (DeepSeek-V3 report Table 2)."""
     pp, v = ctx.column("pp"), ctx.column("virtual_stages")
     schedule = np.asarray(ctx.table["pipeline_schedule"])
     factor = np.where(
         schedule == SCHEDULE_CODES["interleaved_1f1b"], 1.0 / v,
         np.where(schedule == SCHEDULE_CODES["zero_bubble"], forward_share, 1.0),
     )
+    if ctx.options.bidirectional_pipeline:
+        half = np.maximum(pp / 2.0 - 1.0, 0.0) / np.maximum(pp - 1.0, 1.0)
+        factor = half * (0.5 + 0.5 * forward_share)
     return (pp - 1.0) * micro_batch * factor
 
 

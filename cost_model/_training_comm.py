@@ -8,8 +8,9 @@ counts and overlap are applied by ``_training``.
 Sources: TP all-reduce, or reduce-scatter + all-gather with SP, of the hidden activation
 (Shoeybi et al. 2019 sec. 3; Korthikanti et al. 2022 sec. 4.2.2); EP all-to-all dispatch and
 combine of tokens x top-k x hidden x imbalance, with the expert-TP gather/scatter (DeepSeek-V3
-report, arXiv:2412.19437, sec. 3.2.2; Megatron-core MoE); CP ring: one K/V block per step,
-cp - 1 steps per layer (Liu et al., arXiv:2310.01889); PP: each tp rank sends 1/tp of the boundary
+report, arXiv:2412.19437, sec. 3.2.2; Megatron-core MoE), or DeepEP's de-duplicated dispatch
+shared with the inference path, fp8 dispatch / bf16 combine; CP ring: one K/V block per step,
+cp - 1 steps per layer (Liu et al., arXiv:2310.01889), or an all-gather of K/V (Llama 3); PP: each tp rank sends 1/tp of the boundary
 activation (Narayanan et al. SC'21 sec. 4.1); DP: gradient all-reduce, or reduce-scatter of
 gradients + all-gather of bf16 weights (ZeRO-1/2), or per layer and micro-batch an all-gather
 before its forward and again before its backward and a reduce-scatter after it (ZeRO-3/FSDP)
@@ -22,7 +23,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from cost_model._common import collective_time_s, layer_weights_per_device
+from cost_model._common import collective_time_s, expert_dispatch_time_s, layer_weights_per_device
 
 ACTIVATION_BYTES = 2.0  # bf16/fp16 activations (fp8 training keeps bf16 activations between GEMMs)
 #: Columns that decide every collective's group, placement and message.
@@ -55,7 +56,8 @@ class CollectiveTimes:
     tp_all_reduce: np.ndarray  # the hidden activation, all-reduce over tp
     tp_split: np.ndarray  # the same as reduce-scatter + all-gather (sequence parallel)
     tp_mla_backward: np.ndarray  # MLA without SP: backward all-reduces beyond the attention input's
-    ep_exchange: np.ndarray  # dispatch + combine all-to-all, expert-TP gather + scatter
+    ep_exchange: np.ndarray  # forward dispatch + combine, expert-TP gather + scatter
+    ep_exchange_backward: np.ndarray  # the same in backward (gradients, bf16)
     cp_ring: np.ndarray  # the cp - 1 ring steps of one layer
     pp_p2p: np.ndarray  # one boundary send/recv
     dp_all_reduce: np.ndarray  # (3, n) gradients, dense over dp*cp plus experts over edp
@@ -99,9 +101,10 @@ def table_collective_times(ctx) -> CollectiveTimes:  # noqa: ANN001 - _training.
 def collective_times(ctx) -> CollectiveTimes:  # noqa: ANN001
     tp_all_reduce, tp_split = _tp(ctx)
     dp_all_reduce, dp_gradient_scatter, dp_weight_gather = _dp(ctx)
+    ep_forward, ep_backward = _ep(ctx)
     return CollectiveTimes(
         tp_all_reduce=tp_all_reduce, tp_split=tp_split, tp_mla_backward=_tp_mla_backward(ctx, tp_all_reduce),
-        ep_exchange=_ep(ctx), cp_ring=_cp(ctx), pp_p2p=_pp(ctx),
+        ep_exchange=ep_forward, ep_exchange_backward=ep_backward, cp_ring=_cp(ctx), pp_p2p=_pp(ctx),
         dp_all_reduce=dp_all_reduce, dp_gradient_scatter=dp_gradient_scatter, dp_weight_gather=dp_weight_gather,
         fsdp_layer=_fsdp_layer(ctx),
     )
@@ -144,16 +147,43 @@ def _tp_mla_backward(ctx, hidden_all_reduce: np.ndarray) -> np.ndarray:  # noqa:
     return sum(each) - hidden_all_reduce
 
 
-def _ep(ctx) -> np.ndarray:  # noqa: ANN001
+#: fp8 dispatch: one byte per element plus one fp32 scale per 128 elements (DeepSeek-V3 report
+#: sec. 3.3.2, the 1x128 activation tiles).
+FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0
+
+
+def _ep(ctx) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+    """(forward, backward) seconds of one MoE layer's dispatch + combine and the expert-TP
+    gather/scatter. The forward dispatch may travel in fp8 (``expert_dispatch_fp8``); the
+    combine and both backward exchanges (gradients) in bf16."""
     moe = ctx.model.moe
     if moe is None:
-        return np.zeros_like(ctx.tokens)
-    message = ctx.moe_tokens * moe.top_k * ctx.options.routing_imbalance * ctx.model.hidden_size * ACTIVATION_BYTES
-    a2a = ctx.collective("all_to_all", axis="ep", group_size=ctx.column("ep"), message_bytes=message)
+        zero = np.zeros_like(ctx.tokens)
+        return zero, zero
+    tokens = ctx.moe_tokens * ctx.options.routing_imbalance
+    dispatch_bytes = FP8_DISPATCH_BYTES if ctx.options.expert_dispatch_fp8 else ACTIVATION_BYTES
+    forward = _exchange(ctx, tokens, dispatch_bytes) + _exchange(ctx, tokens, ACTIVATION_BYTES)
+    backward = 2.0 * _exchange(ctx, tokens, ACTIVATION_BYTES)
+    message = tokens * moe.top_k * ctx.model.hidden_size * ACTIVATION_BYTES
     etp = ctx.column("etp")
     gather = ctx.collective("all_gather", axis="etp", group_size=etp, message_bytes=message * etp)
     scatter = ctx.collective("reduce_scatter", axis="etp", group_size=etp, message_bytes=message * etp)
-    return 2.0 * a2a + gather + scatter
+    return forward + gather + scatter, backward + gather + scatter
+
+
+def _exchange(ctx, tokens: np.ndarray, element_bytes: float) -> np.ndarray:  # noqa: ANN001
+    """One dispatch or combine: an NCCL all-to-all of every routed copy (Megatron-core's
+    alltoall dispatcher), or DeepEP's kernels (``_common.expert_dispatch_time_s``, the formula
+    the inference path uses: per-node de-duplication, node-limited routing)."""
+    moe = ctx.model.moe
+    if ctx.options.expert_dispatcher == "deepep":
+        return expert_dispatch_time_s(
+            cluster=ctx.cluster, calibration=ctx.calibration, hidden_size=ctx.model.hidden_size, top_k=moe.top_k,
+            ep=ctx.column("ep"), etp=ctx.column("etp"), ep_per_node=ctx.local["ep"], rank_tokens=tokens,
+            element_bytes=element_bytes, node_dedup=True, max_routed_nodes=ctx.options.max_routed_nodes,
+        )
+    message = tokens * moe.top_k * ctx.model.hidden_size * element_bytes
+    return ctx.collective("all_to_all", axis="ep", group_size=ctx.column("ep"), message_bytes=message)
 
 
 def _kv_width_per_rank(ctx) -> np.ndarray:  # noqa: ANN001
@@ -171,8 +201,14 @@ def _point_to_point(ctx, *, active: np.ndarray, same_node: np.ndarray, message: 
 
 
 def _cp(ctx) -> np.ndarray:  # noqa: ANN001
+    """One layer's forward context-parallel exchange: the cp - 1 ring steps of one K/V block
+    (``ring``), or one all-gather of every rank's K/V (``all_gather``, Llama 3 report sec.
+    3.3.2; its backward re-gathers and reduce-scatters the same size)."""
     cp = ctx.column("cp")
     block = ctx.tokens * _kv_width_per_rank(ctx) * ACTIVATION_BYTES
+    if ctx.options.context_parallel == "all_gather":
+        gathered = ctx.collective("all_gather", axis="cp", group_size=cp, message_bytes=block * cp)
+        return np.where(cp > 1, gathered, 0.0)
     step = _point_to_point(ctx, active=cp > 1, same_node=ctx.local["cp"] >= cp, message=block)
     return (cp - 1.0) * step
 

@@ -79,7 +79,7 @@ TOLERANCES: dict[str, tuple[float | None, float | None]] = {
     "korthikanti_fig1_memory": (None, 0.05),
     "megatron_readme_h100": (0.09, None),
     "torchtitan_a100_fsdp": (0.06, 0.15),
-    "llama3_table4": (0.08, 0.10),
+    "llama3_table4": (0.08, 0.12),
     # Not bounded: Blackwell has no calibration yet and small-expert MoE layers (Qwen3-30B-A3B)
     # are priced far too fast; the rows are shown so that the gap stays visible.
     "megatron_bridge_perf": (None, None),
@@ -118,6 +118,7 @@ class Case:
     software: str
     metrics: tuple[tuple[str, str, float, Callable[[dict, "Case"], float]], ...] = field(default=())
     source_id: str = ""
+    estimate_options: tuple[tuple[str, Any], ...] = ()  # EstimateOptions facts of the run
 
     @property
     def source(self) -> str:
@@ -239,7 +240,7 @@ def _generic_cases() -> list[Case]:
     for r in (r for r in published_records() if r.get("format") == "run"):
         cases.append(Case(
             r["table"], r["run"], r["hardware"], run_model(r), run_workload(r), run_config(r), "framework",
-            (run_metric(r),), source_id=r["source_id"],
+            (run_metric(r),), source_id=r["source_id"], estimate_options=tuple(r.get("estimate_options", {}).items()),
         ))
     return cases
 
@@ -261,7 +262,7 @@ def _options(case: Case, calibration: Calibration | None, cluster) -> EstimateOp
     base = calibration if calibration is not None else calibration_for(cluster.device)
     software = SOFTWARE.get(case.software, {})
     dropout = {key: software[key] for key in ("hidden_dropout", "attention_dropout") if key in software}
-    return EstimateOptions(calibration=base, **dropout)
+    return EstimateOptions(calibration=base, **dropout, **dict(case.estimate_options))
 
 
 def _workload(case: Case) -> Training:
