@@ -23,7 +23,11 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from cost_model._common import collective_time_s, expert_dispatch_time_s, layer_weights_per_device
+from cost_model._common import (
+    collective_time_s,
+    expert_dispatch_time_s,
+    layer_weights_per_device,
+)
 
 ACTIVATION_BYTES = 2.0  # bf16/fp16 activations (fp8 training keeps bf16 activations between GEMMs)
 #: Columns that decide every collective's group, placement and message.
