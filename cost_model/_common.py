@@ -30,13 +30,14 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from cost_model._calibration_transfer import transferred_calibration
 from cost_model._model_spec import AttentionSpec, ModelSpec
+from cost_model._rules import split_layers
 
 STAGES: tuple[str, ...] = ("first", "middle", "last")
 
@@ -94,6 +95,16 @@ class EstimateOptions(BaseModel):
     into them (Megatron-LM ``--gradient-accumulation-fusion``, on by default); off, every
     micro-batch adds each low-precision gradient into its main gradient in a separate
     memory-bound pass (Megatron-LM's unfused ``main_grad.add_(grad)`` hook).
+    Training MoE traffic: ``expert_dispatcher`` ``all_to_all`` (NCCL all-to-all, Megatron-core's
+    alltoall dispatcher) or ``deepep`` (DeepEP kernels: node de-duplication, NVLink and RDMA at
+    once; ``expert_dispatch_time_s``); ``expert_dispatch_fp8``: dispatch in fp8 with its
+    per-128 scales, combine in bf16 (DeepSeek-V3 report sec. 3.3); ``max_routed_nodes``:
+    node-limited routing. ``bidirectional_pipeline``: a DualPipe-style schedule (DeepSeek-V3
+    report sec. 3.2.1) that runs a forward and a backward chunk together so each one's EP
+    all-to-all hides behind the other's compute, with the bubble (pp/2 - 1)(F&B + B - 3W)
+    instead of 1F1B's (pp - 1)(F + B). ``context_parallel``: ``ring`` (K/V blocks passed
+    around the ring under attention; Liu et al.) or ``all_gather`` (K/V all-gathered before
+    attention and their gradients reduce-scattered after, exposed; Llama 3 report sec. 3.3.2).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -105,6 +116,11 @@ class EstimateOptions(BaseModel):
     attention_dropout: bool = False
     routing_imbalance: float = Field(default=1.0, ge=1.0)
     fragmentation_fraction: float = Field(default=0.05, ge=0.0, lt=1.0)
+    expert_dispatcher: Literal["all_to_all", "deepep"] = "all_to_all"
+    expert_dispatch_fp8: bool = False
+    max_routed_nodes: int | None = Field(default=None, gt=0)
+    bidirectional_pipeline: bool = False
+    context_parallel: Literal["ring", "all_gather"] = "ring"
 
     def calibration_for(self, hardware) -> "Calibration":  # noqa: ANN001
         return self.calibration if self.calibration is not None else calibration_for(hardware)
@@ -187,34 +203,78 @@ def _int(table: Mapping[str, np.ndarray], name: str) -> np.ndarray:
     return np.asarray(table[name], dtype=np.int64)
 
 
-def stage_layout(*, model: ModelSpec, pp: np.ndarray, virtual_stages: np.ndarray) -> StageLayout:
-    """Layers per pipeline rank, vectorized ``split_layers`` over ``pp * virtual_stages`` chunks.
+def stage_layout(
+    *, model: ModelSpec, pp: np.ndarray, virtual_stages: np.ndarray, layer_weights: tuple | None = None
+) -> StageLayout:
+    """Layers per pipeline rank: the first, the fullest middle and the last rank of each config.
 
-    A rank of an interleaved schedule holds ``virtual_stages`` chunks; its middle chunks are
-    counted at the larger chunk size (worst case). The leading dense layers of an MoE model sit
-    on the first rank; any overflow goes to the next rank.
+    Chunks follow ``split_layers`` over ``pp * virtual_stages`` chunks; rank r of an interleaved
+    schedule holds chunks r, r + pp, ... (Megatron-LM's virtual pipeline order); the leading
+    dense layers of an MoE model are the first layers, so they fill rank 0 and spill into the
+    next ranks. The middle row is the middle rank that holds the most: the one with the largest
+    ``dense_weight * dense_layers + moe_weight * moe_layers`` (``layer_weights``, parameters of
+    one dense and one MoE layer per device, shape (n,) or scalars; default: whole layers), so a
+    rank whose dense layers spilled over is not taken for the rank full of MoE layers. With
+    ``pp`` <= 2 the middle row repeats the first.
     """
     pp = np.asarray(pp, dtype=np.int64)
-    v = np.asarray(virtual_stages, dtype=np.int64)
-    total = model.num_layers
-    chunks = pp * v
-    base, extra = np.divmod(total, chunks)
-    middle_chunk = base + (extra > 0)
-    first_chunk = np.where(chunks == 1, total, base + ((extra == chunks - 1) & (extra > 0)))
-    last_chunk = np.where(chunks == 1, total, base)
-    first = first_chunk + (v - 1) * middle_chunk
-    last = np.where(pp == 1, first, last_chunk + (v - 1) * middle_chunk)
-    middle = np.where(pp >= 3, v * middle_chunk, first)
-    layers = np.stack([first, middle, last])
-    num_dense = model.num_dense_ffn_layers
-    dense_first = np.minimum(num_dense, first_chunk)
-    overflow = num_dense - dense_first
-    dense_middle = np.where(pp >= 3, np.minimum(overflow, middle), dense_first)
-    dense_last = np.where(pp == 1, dense_first, np.where(pp == 2, np.minimum(overflow, last), 0))
-    dense = np.stack([dense_first, dense_middle, dense_last])
-    has_embedding = np.stack([np.ones(pp.shape, dtype=bool), pp <= 2, pp == 1])
-    has_lm_head = np.stack([pp == 1, pp == 1, np.ones(pp.shape, dtype=bool)])
+    v = np.broadcast_to(np.asarray(virtual_stages, dtype=np.int64), pp.shape)
+    key = pp * 4096 + v
+    distinct, inverse = np.unique(key, return_inverse=True)
+    rows = [_rank_rows(model.num_layers, model.num_dense_ffn_layers, int(k) // 4096, int(k) % 4096) for k in distinct]
+    width = max(len(row[1]) for row in rows)
+    ends = np.array([[row[0][0], row[0][1], row[2][0], row[2][1]] for row in rows], dtype=np.int64)[inverse.reshape(-1)]
+    padded = [list(row[1]) + [row[1][-1]] * (width - len(row[1])) for row in rows]
+    middle = np.array(padded, dtype=np.int64)[inverse.reshape(-1)]  # (n, width, 2) of (layers, dense)
+    dense_weight, moe_weight = layer_weights if layer_weights is not None else _whole_layer_weights(model)
+    dense_weight = np.broadcast_to(np.asarray(dense_weight, dtype=np.float64), pp.shape).reshape(-1, 1)
+    moe_weight = np.broadcast_to(np.asarray(moe_weight, dtype=np.float64), pp.shape).reshape(-1, 1)
+    load = middle[..., 1] * dense_weight + (middle[..., 0] - middle[..., 1]) * moe_weight + middle[..., 0] * 1e-9
+    pick = np.take_along_axis(middle, np.argmax(load, axis=1)[:, None, None], axis=1)[:, 0]
+    shape = pp.shape
+    layers = np.stack([ends[:, 0], pick[:, 0], ends[:, 2]]).reshape((3, *shape))
+    dense = np.stack([ends[:, 1], pick[:, 1], ends[:, 3]]).reshape((3, *shape))
+    has_embedding = np.stack([np.ones(shape, dtype=bool), pp <= 2, pp == 1])
+    has_lm_head = np.stack([pp == 1, pp == 1, np.ones(shape, dtype=bool)])
     return StageLayout(layers=layers, moe_layers=layers - dense, has_embedding=has_embedding, has_lm_head=has_lm_head)
+
+
+def _whole_layer_weights(model: ModelSpec) -> tuple[float, float]:
+    """Parameters of one dense and one MoE layer, unsharded."""
+    common = model.attention_parameters() + model.layer_norm_parameters()
+    dense = common + model.ffn_parameters(model.ffn_hidden_size)
+    moe = model.moe
+    if moe is None:
+        return float(dense), float(dense)
+    experts = moe.num_routed_experts * model.ffn_parameters(moe.expert_ffn_hidden_size)
+    shared = moe.num_shared_experts * model.ffn_parameters(moe.shared_ffn_size)
+    return float(dense), float(common + experts + shared + model.router_parameters())
+
+
+def _chunk_sizes(num_layers: int, num_chunks: int) -> list[int]:
+    """``split_layers`` chunk sizes; more chunks than layers leaves empty chunks (an illegal
+    config the caller reports, priced rather than raised here)."""
+    if 1 <= num_chunks <= num_layers:
+        return [stop - start for start, stop in split_layers(num_layers, num_chunks)]
+    base, extra = divmod(num_layers, num_chunks)
+    sizes = [base] * num_chunks
+    order = sorted(range(num_chunks), key=lambda i: (i in (0, num_chunks - 1), abs(i - (num_chunks - 1) / 2)))
+    for index in order[:extra]:
+        sizes[index] += 1
+    return sizes
+
+
+@lru_cache(maxsize=4096)
+def _rank_rows(num_layers: int, num_dense: int, pp: int, v: int) -> tuple:
+    """((layers, dense) of rank 0, the distinct (layers, dense) of the middle ranks, of the
+    last rank) for one (pp, virtual_stages)."""
+    pp, v = max(pp, 1), max(v, 1)
+    sizes = _chunk_sizes(num_layers, pp * v)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    dense = np.clip(num_dense - starts, 0, sizes)
+    per_rank = [(int(sum(sizes[r::pp])), int(dense[r::pp].sum())) for r in range(pp)]
+    middle = sorted(set(per_rank[1:-1])) if pp >= 3 else [per_rank[0]]
+    return per_rank[0], tuple(middle), per_rank[-1]
 
 
 def attention_replicated_parameters(model: ModelSpec) -> int:
@@ -237,6 +297,22 @@ def attention_parameters_per_device(*, model: ModelSpec, table: Mapping[str, np.
     return replicated + (model.attention_parameters() - replicated) / shard
 
 
+def layer_weights_per_device(*, model: ModelSpec, table: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Parameters of one dense and one MoE layer on one device (shape (n,)), the weights
+    ``stage_layout`` uses to find the fullest middle rank."""
+    tp, ep, etp = _int(table, "tp"), _int(table, "ep"), _int(table, "etp")
+    common = attention_parameters_per_device(model=model, table=table) + model.layer_norm_parameters()
+    dense = common + model.ffn_parameters(model.ffn_hidden_size) / tp
+    moe = model.moe
+    if moe is None:
+        return dense, dense
+    redundant = np.asarray(table.get("num_redundant_experts", 0), dtype=np.float64)
+    experts = (moe.num_routed_experts + redundant) / ep * model.ffn_parameters(moe.expert_ffn_hidden_size) / etp
+    dense_shard = np.where(np.asarray(table["attention_data_parallel"], dtype=bool), 1, tp)
+    shared = moe.num_shared_experts * model.ffn_parameters(moe.shared_ffn_size) / dense_shard
+    return dense, common + experts + shared + model.router_parameters()
+
+
 def parameters_per_device(
     *, model: ModelSpec, table: Mapping[str, np.ndarray], layout: StageLayout | None = None
 ) -> dict[str, np.ndarray]:
@@ -251,7 +327,10 @@ def parameters_per_device(
     """
     tp, ep, etp = _int(table, "tp"), _int(table, "ep"), _int(table, "etp")
     if layout is None:
-        layout = stage_layout(model=model, pp=_int(table, "pp"), virtual_stages=_int(table, "virtual_stages"))
+        layout = stage_layout(
+            model=model, pp=_int(table, "pp"), virtual_stages=_int(table, "virtual_stages"),
+            layer_weights=layer_weights_per_device(model=model, table=table),
+        )
     attention_dp = np.asarray(table["attention_data_parallel"], dtype=bool)
     dense_shard = np.where(attention_dp, 1, tp)
     parts = {
@@ -363,6 +442,43 @@ def collective_time_s(*, cluster, op: str, group_size, ranks_per_node, message_b
 
 
 _DISTINCT_MIN_SIZE = 4096
+
+
+def expert_dispatch_time_s(
+    *, cluster, calibration: Calibration, hidden_size: int, top_k: int, ep, etp, ep_per_node, rank_tokens,
+    element_bytes: float, node_dedup: bool, max_routed_nodes: int | None = None,
+) -> np.ndarray:
+    """One MoE dispatch (or combine) as DeepEP runs it: every rank writes straight to its peers,
+    NVLink and RDMA at once, so the time is the slower tier's bytes over its bandwidth plus one
+    latency (DeepEP README; not the n-1 rounds of a pairwise all-to-all). Each tier is priced by
+    the topology as a point-to-point transfer. Each token goes to ``top_k`` experts, each held by
+    ``etp`` ranks. With ``node_dedup`` (DeepEP "normal" kernels) a token is sent once per
+    remote node and forwarded over NVLink there; without, every copy crosses RDMA. Destinations
+    are uniform over the group's ``ep`` ranks on ``ep / L`` nodes (``L`` = ``ep_per_node``);
+    node-limited routing (DeepSeek-V3 report sec. 2.1.2: each token to at most M nodes) caps the
+    distinct remote nodes at ``max_routed_nodes``. Shared by training and inference.
+    """
+    ep, etp = np.asarray(ep, dtype=np.float64), np.asarray(etp, dtype=np.float64)
+    local = np.minimum(np.asarray(ep_per_node, dtype=np.float64), ep)
+    nodes = ep / local
+    copies = top_k * etp
+    token_bytes = np.asarray(rank_tokens, dtype=np.float64) * hidden_size * element_bytes
+    intra_bytes = token_bytes * copies * (local - 1.0) / ep
+    remote_copies = copies * (ep - local) / ep
+    if node_dedup:  # distinct remote nodes among the copies' destinations
+        remote_copies = np.minimum(remote_copies, (nodes - 1.0) * (1.0 - np.power(1.0 - 1.0 / nodes, copies)))
+    if max_routed_nodes is not None:
+        remote_copies = np.minimum(remote_copies, np.where(node_dedup, float(max_routed_nodes), copies))
+    inter_bytes = token_bytes * remote_copies
+
+    def point_to_point(ranks_per_node, message) -> np.ndarray:  # noqa: ANN001
+        return collective_time_s(
+            cluster=cluster, op="send_recv", group_size=2.0, ranks_per_node=ranks_per_node, message_bytes=message,
+            calibration=calibration,
+        )
+
+    seconds = np.maximum(point_to_point(2.0, intra_bytes), np.where(nodes > 1, point_to_point(1.0, inter_bytes), 0.0))
+    return np.where(ep > 1, seconds, 0.0)
 
 
 def mean_attended_tokens(*, attention: AttentionSpec, sequence_tokens) -> np.ndarray:

@@ -25,7 +25,8 @@ import numpy as np
 from cost_model._common import MEMORY_PARTS, STAGES, memory_reason
 from cost_model._precision import FP8_CACHED_INPUT_RECIPES, bf16_layer_fraction
 from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES
-from cost_model._training import ACTIVATION_BYTES, TrainingContext
+from cost_model._training import ACTIVATION_BYTES, TrainingContext, op_level_selective_bytes
+from cost_model._training_comm import sharding_buffer_bytes
 
 __all__ = ["memory_columns", "stage_memory"]
 
@@ -137,6 +138,7 @@ def _activation_bytes(ctx: TrainingContext) -> np.ndarray:
     moe = _layer_activation_bytes(ctx, moe=True) if ctx.model.moe is not None else dense
     full_layers = layout.dense_layers * dense + layout.moe_layers * moe
     selective_layers = full_layers - layout.layers * _score_bytes(ctx)
+    selective_layers = op_level_selective_bytes(ctx, default=selective_layers)  # torchtitan-style op SAC
     checkpoint = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES
     checkpoint = np.where(ctx.sequence_parallel, checkpoint / ctx.column("tp"), checkpoint)
     code = np.asarray(ctx.table["recompute"])
@@ -158,7 +160,8 @@ def _comm_buffer_bytes(ctx: TrainingContext) -> np.ndarray:
     if ctx.model.moe is not None:
         routed = ctx.moe_tokens * ctx.model.moe.top_k * ctx.options.routing_imbalance
         ep_buffers = np.where(ctx.column("ep") > 1, 2.0 * routed * ctx.model.hidden_size * ACTIVATION_BYTES, 0.0)
-    return np.broadcast_to(tp_buffers + pp_buffers + ep_buffers, ctx.layout.layers.shape)
+    buffers = np.broadcast_to(tp_buffers + pp_buffers + ep_buffers, ctx.layout.layers.shape)
+    return buffers + sharding_buffer_bytes(ctx)  # ZeRO-2/3 gathered weights and gradient bucket
 
 
 def stage_memory(ctx: TrainingContext) -> dict[str, np.ndarray]:

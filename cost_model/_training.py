@@ -30,33 +30,42 @@ and (p - 1) forward times for the zero-bubble schedule ZB-H1 (Qi et al., arXiv:2
 
 from __future__ import annotations
 
+
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Mapping
+from typing import Literal, Mapping
 
 import numpy as np
 
 from cost_model._common import (
-    attention_parameters_per_device,
     Calibration,
     EstimateOptions,
     StageLayout,
+    attention_parameters_per_device,
     collective_time_s,
+    layer_weights_per_device,
     mean_attended_tokens,
     parameters_per_device,
     ranks_per_node,
     stage_layout,
 )
+from cost_model._frameworks import FrameworkProfile, framework_profile
 from cost_model._model_spec import ModelSpec
 from cost_model._precision import quantization_time_s, training_op_time_s
-from cost_model._table import CONFIG_COLUMNS, RECOMPUTE_CODES, SCHEDULE_CODES, select_rows, table_length
+from cost_model._table import (
+    CONFIG_COLUMNS,
+    RECOMPUTE_CODES,
+    SCHEDULE_CODES,
+    select_rows,
+    table_length,
+)
 from cost_model._training_comm import (
     ACTIVATION_BYTES,
     CollectiveTimes,
     mla_backward_widths,
-    sharded_parameters,
     table_collective_times,
 )
+from cost_model._training_dp import dp_and_optimizer, hidden_seconds
 from cost_model._workload import Training
 
 #: ``time.<part>`` columns of a training estimate; they sum to ``step_time_s``.
@@ -122,6 +131,50 @@ class TrainingContext:
         """fp32 main gradients with fp32 master weights (Megatron-LM's ``main_grad``), else 2."""
         return 4.0 if self.workload.master_weights_fp32 and self.workload.gradient_dtype == "fp32" else 2.0
 
+    @cached_property
+    def framework(self) -> FrameworkProfile | None:
+        name = self.workload.framework
+        return None if name is None else framework_profile(name)
+
+    @property
+    def reduce_bytes(self) -> float:
+        """Bytes per gradient element the data-parallel reduction moves: the framework's
+        reduction dtype, else the main gradients' (``grad_bytes``)."""
+        return self.grad_bytes if self.framework is None else float(self.framework.gradient_reduce_bytes)
+
+    @property
+    def dp_overlap(self) -> float:
+        """Fraction of data-parallel traffic that may hide behind compute: the framework's
+        overlap features, else the calibration's."""
+        if self.framework is None:
+            return self.calibration.overlap_fraction("dp_comm")
+        return self.framework.dp_comm_overlap
+
+    def overlap_fraction(self, kind: str):  # noqa: ANN201 - float or (n,) array
+        """Fraction of a TP/EP/CP communication kind that may hide behind compute. With a
+        framework, tensor-parallel overlap is its feature (Megatron-core ``--tp-comm-overlap``
+        pipelines the sequence-parallel all-gather / reduce-scatter with the GEMMs, only with
+        sequence parallel); a bidirectional (DualPipe-style) schedule hides the EP all-to-all
+        behind the paired chunk's compute; an all-gather context parallel is exposed; the
+        rest, and everything without a framework, the calibration's."""
+        if kind == "ep_comm" and self.options.bidirectional_pipeline:
+            return 1.0
+        if kind == "cp_comm" and self.options.context_parallel == "all_gather":
+            return 0.0
+        if kind == "tp_comm" and self.framework is not None:
+            return np.where(self.sequence_parallel, self.framework.tp_comm_overlap, 0.0)
+        return self.calibration.overlap_fraction(kind)
+
+    @property
+    def fused_elementwise(self) -> bool:
+        """Fused norm, activation and rotary kernels (every framework profile says; True
+        without one, the Megatron-core default the calibrations were fitted with)."""
+        return True if self.framework is None else self.framework.fused_elementwise
+
+    @property
+    def zero2_reduce_every_micro_batch(self) -> bool:
+        return True if self.framework is None else self.framework.zero2_reduce_every_micro_batch
+
     def op(self, flops, bytes_moved, calls=1.0, kind: str = "matmul", role: str = "linear") -> np.ndarray:
         """Roofline time under the workload's precision; in fp8 training only the GEMMs whose
         ``role`` runs in fp8 (``_precision.FP8_ROLES``) take the measured fp8 speed-up."""
@@ -137,12 +190,21 @@ class TrainingContext:
 def training_context(*, model, cluster, workload: Training, table, options: EstimateOptions) -> TrainingContext:
     """Derive the shared per-table quantities (stage layout, placement, micro-batch count)."""
     table_length(table)
+    if workload.framework is not None:  # the framework's kernels replace the option defaults
+        profile = framework_profile(workload.framework)
+        options = options.model_copy(update={
+            "flash_attention": profile.flash_attention,
+            "fused_gradient_accumulation": profile.fused_gradient_accumulation,
+        })
     per_replica = np.asarray(table["dp"], dtype=np.int64) * np.asarray(table["micro_batch_size"], dtype=np.int64)
     batch = workload.global_batch_sequences
     return TrainingContext(
         model=model, cluster=cluster, workload=workload, options=options,
         calibration=options.calibration_for(cluster.device), table=table,
-        layout=stage_layout(model=model, pp=table["pp"], virtual_stages=table["virtual_stages"]),
+        layout=stage_layout(
+            model=model, pp=table["pp"], virtual_stages=table["virtual_stages"],
+            layer_weights=layer_weights_per_device(model=model, table=table),
+        ),
         local=ranks_per_node(table=table, devices_per_node=cluster.devices_per_node),
         num_micro_batches=np.maximum(batch // per_replica, 1).astype(np.float64),
         batch_divides=(batch % per_replica) == 0,
@@ -180,8 +242,12 @@ def core_attention_time(ctx: TrainingContext) -> np.ndarray:
 
 
 def _activation_passes(ctx: TrainingContext) -> float:
-    """Reads + writes of the activation function per element of its output (GELU 2, SwiGLU 3)."""
-    return 3.0 if ctx.model.ffn_activation == "swiglu" else 2.0
+    """Reads + writes of the activation function per element of its output: fused GELU 2,
+    fused SwiGLU 3 (read gate and up, write); eager PyTorch runs SwiGLU as ``silu(gate)``
+    (read, write) then ``* up`` (two reads, a write): 5 (``fused_elementwise`` off)."""
+    if ctx.model.ffn_activation != "swiglu":
+        return 2.0
+    return 3.0 if ctx.fused_elementwise else 5.0
 
 
 def dense_ffn_time(ctx: TrainingContext) -> np.ndarray:
@@ -219,12 +285,34 @@ def moe_ffn_time(ctx: TrainingContext) -> np.ndarray:
 def layer_elementwise_time(ctx: TrainingContext) -> np.ndarray:
     """Two norms (read+write), two residual adds (2 reads + write), hidden dropout (read, write,
     1-byte mask) on the hidden-size activation; split over tp with sequence parallel. The norms
-    are priced as norm kernels (``op_time_s`` kind ``norm``: a measured norm curve if any)."""
+    are priced as norm kernels (``op_time_s`` kind ``norm``: a measured norm curve if any).
+    Eager RMSNorm (``fused_elementwise`` off: ``x.float()``, ``pow(2).mean()``, ``x * rsqrt``,
+    ``type_as``, ``* weight`` as separate kernels) moves 36 bytes per element against the
+    fused kernel's 4: 9x. Rotary embeddings of the query and key heads (``rotary_time``)."""
     passes = 6.0 + (5.0 if ctx.options.hidden_dropout else 0.0)
     tokens = np.where(ctx.sequence_parallel, ctx.tokens / ctx.column("tp"), ctx.tokens)
     hidden = tokens * ctx.model.hidden_size * ACTIVATION_BYTES
-    norms = ctx.op(0.0, 2.0 * 2.0 * hidden, calls=2.0, kind="norm")
-    return ctx.op(0.0, hidden * passes) + norms
+    norm_factor = 1.0 if ctx.fused_elementwise else 9.0
+    norms = ctx.op(0.0, 2.0 * 2.0 * hidden * norm_factor, calls=2.0, kind="norm")
+    return ctx.op(0.0, hidden * passes) + norms + rotary_time(ctx)
+
+
+def rotary_time(ctx: TrainingContext) -> np.ndarray:
+    """Rotary position embedding of one layer's query and key heads (Su et al., RoFormer,
+    arXiv:2104.09864): a fused kernel reads and writes each bf16 element (4 bytes; Megatron-core
+    / TransformerEngine fused RoPE); eager complex multiplication (``view_as_complex`` of the
+    fp32 copy, multiply by the fp32 frequencies, ``view_as_real``, ``type_as``) moves 28.
+    Zero for learned positions."""
+    if ctx.model.position_embedding != "rope":
+        return np.zeros_like(ctx.tokens)
+    attention = ctx.model.attention
+    if attention.kind == "mla":
+        width = (attention.num_heads / ctx.column("tp") + 1.0) * attention.qk_rope_head_dim
+    else:
+        kv_heads = np.maximum(attention.num_kv_heads / ctx.column("tp"), 1.0)
+        width = (attention.num_heads / ctx.column("tp") + kv_heads) * attention.head_dim
+    per_element = 4.0 if ctx.fused_elementwise else 28.0
+    return ctx.op(0.0, ctx.tokens * width * per_element)
 
 
 def lm_head_time(ctx: TrainingContext) -> np.ndarray:
@@ -274,18 +362,6 @@ def tensor_parallel_host_time(ctx: TrainingContext) -> tuple[np.ndarray, np.ndar
     return (attention + 3.0) * per_linear, (attention + shared) * per_linear, per_linear
 
 
-def sharded_weights_per_rank(ctx: TrainingContext) -> np.ndarray:
-    """Tensor-parallel weight tensors of each pipeline rank (rows ``STAGES``): the linears of
-    ``tensor_parallel_host_time`` plus the vocab-parallel embedding and LM head; 0 with tp = 1."""
-    attention = 3.0 if ctx.model.attention.kind == "mla" else 4.0
-    moe = ctx.model.moe
-    shared = 3.0 if moe is not None and moe.num_shared_experts else 0.0
-    layout = ctx.layout
-    count = layout.dense_layers * (attention + 3.0) + layout.moe_layers * (attention + shared)
-    count = count + layout.has_embedding + layout.has_lm_head
-    return np.where(ctx.column("tp") > 1, count, 0.0)
-
-
 def layer_host_time(ctx: TrainingContext) -> tuple[np.ndarray, np.ndarray]:
     """Measured host seconds of one (dense, MoE) layer, forward + backward, beyond its kernels'
     work (``HardwareSpec.layer_host_time_s``: dispatch and autograd bookkeeping of every
@@ -324,6 +400,8 @@ class MicroBatchTimes:
     recompute: np.ndarray
     core_attention: np.ndarray  # forward + backward + recompute of core attention (CP overlap window)
     comm: dict[str, np.ndarray]  # tp_comm, ep_comm, cp_comm: total per micro-batch
+    dense_layer_forward: np.ndarray  # (n,) one dense layer's forward (ZeRO-3 per-layer overlap window)
+    moe_layer_forward: np.ndarray  # (n,) one MoE layer's forward
 
 
 def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatchTimes:
@@ -347,13 +425,47 @@ def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatc
     code = np.asarray(ctx.table["recompute"])
     recompute = np.where(
         code == RECOMPUTE_CODES["full"], layers_forward,
-        np.where(code == RECOMPUTE_CODES["selective"], layout.layers * core, 0.0),
+        np.where(code == RECOMPUTE_CODES["selective"], _selective_recompute(ctx, layers_forward=layers_forward, core=core), 0.0),
     )
     core_total = layout.layers * core * (1.0 + core_backward_factor) + np.where(code > 0, layout.layers * core, 0.0)
     return MicroBatchTimes(
         forward=layers_forward + ends, backward=backward, recompute=recompute,
         core_attention=core_total, comm=_micro_batch_comm(ctx, times),
+        dense_layer_forward=np.broadcast_to(dense_layer, ctx.tokens.shape),
+        moe_layer_forward=np.broadcast_to(moe_layer, ctx.tokens.shape),
     )
+
+
+def _selective_recompute(ctx: TrainingContext, *, layers_forward: np.ndarray, core: np.ndarray) -> np.ndarray:
+    """Forward seconds selective recompute repeats in backward. Megatron's selective recompute
+    repeats core attention (Korthikanti et al. 2022 sec. 5); torchtitan's op-level selective
+    checkpointing saves every second matmul output, the attention output and the collectives,
+    and recomputes the rest: half the matmul and elementwise forward, not core attention
+    (torchtitan ``_apply_op_sac``, ``_save_list``). The framework profile says which."""
+    layers = ctx.layout.layers
+    if ctx.framework is not None and ctx.framework.selective_recompute == "every_second_matmul":
+        return 0.5 * (layers_forward - layers * core)
+    return layers * core
+
+
+def op_level_selective_bytes(ctx: TrainingContext, *, default: np.ndarray) -> np.ndarray:
+    """Activation bytes per micro-batch on each rank (3, n) under selective recompute, where
+    the framework checkpoints at operator level (``_selective_recompute``): each layer keeps
+    its input, every second matmul output (half of the Q, K, V, output, gate, up and down
+    projection outputs), the attention output and its fp32 log-sum-exp. ``default`` (the
+    Megatron accounting) elsewhere, and for MoE layers."""
+    if ctx.framework is None or ctx.framework.selective_recompute != "every_second_matmul":
+        return default
+    model, attention, tp = ctx.model, ctx.model.attention, ctx.column("tp")
+    heads, kv_heads = attention.num_heads / tp, np.maximum(attention.num_kv_heads / tp, 1.0)
+    h, ffn = model.hidden_size, model.ffn_hidden_size / tp
+    projections = heads * attention.qk_head_dim + kv_heads * (attention.qk_head_dim + attention.value_head_dim) + h
+    matmul_outputs = projections + ffn * (2.0 if model.ffn_activation == "swiglu" else 1.0) + h
+    kept = 0.5 * matmul_outputs + heads * attention.value_head_dim + h
+    per_layer = ctx.tokens * (kept * ACTIVATION_BYTES + heads * 4.0)
+    dense = ctx.layout.dense_layers * per_layer
+    moe_share = np.where(ctx.layout.layers > 0, ctx.layout.moe_layers / np.maximum(ctx.layout.layers, 1), 0.0)
+    return dense + moe_share * default
 
 
 def _micro_batch_comm(ctx: TrainingContext, times: CollectiveTimes) -> dict[str, np.ndarray]:
@@ -372,17 +484,13 @@ def _micro_batch_comm(ctx: TrainingContext, times: CollectiveTimes) -> dict[str,
         # vocab-parallel embedding all-reduces once.
         "tp_comm": passes * layout.layers * 2.0 * tp_layer + layout.has_embedding * times.tp_all_reduce + mla_backward
         + np.where(ctx.column("tp") > 1, tp_count * sync, 0.0),
-        # Dispatch and combine: two all-to-alls per MoE layer and pass.
-        "ep_comm": passes * layout.moe_layers * times.ep_exchange
+        # Dispatch and combine: two all-to-alls per MoE layer and pass (forward and recompute
+        # forward may dispatch in fp8; backward exchanges bf16 gradients).
+        "ep_comm": layout.moe_layers * ((passes - 1.0) * times.ep_exchange + times.ep_exchange_backward)
         + np.where(ctx.column("ep") > 1, passes * layout.moe_layers * 2.0 * sync, 0.0),
         # The backward ring carries K/V and their gradients: twice the forward traffic.
         "cp_comm": (passes + 1.0) * layout.layers * times.cp_ring,
     }
-
-
-def _hidden(comm: np.ndarray, *, fraction: float, window: np.ndarray) -> np.ndarray:
-    """Seconds of ``comm`` hidden behind ``window`` seconds of independent compute."""
-    return np.minimum(fraction * comm, window)
 
 
 # ---------------------------------------------------------------------------- the step
@@ -397,7 +505,7 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
     for kind in ("cp_comm", "tp_comm", "ep_comm"):
         comm = mb.comm[kind]
         window = np.minimum(mb.core_attention, free) if kind == "cp_comm" else free
-        hidden[kind] = _hidden(comm, fraction=ctx.calibration.overlap_fraction(kind), window=window)
+        hidden[kind] = hidden_seconds(comm, fraction=ctx.overlap_fraction(kind), window=window)
         exposed[kind] = comm - hidden[kind]
         free = free - hidden[kind]
     per_micro_batch = compute + sum(exposed.values())
@@ -415,79 +523,62 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
         "time.bubble": _bubble(ctx, micro_batch=pick(per_micro_batch), forward_share=pick(mb.forward / compute)),
         "bottleneck_stage": slowest[0],
     }
-    # Forward activation and backward gradient send/recv per micro-batch and model chunk.
-    pp_comm = 2.0 * m * ctx.column("virtual_stages") * times.pp_p2p
+    # Forward activation and backward gradient send/recv per micro-batch and model chunk, plus
+    # the pipeline fill and flush: the first micro-batch's activation crosses pp*v - 1 chunk
+    # boundaries before the last stage starts, its gradient as many on the way back (the
+    # latency the bubble's compute-only count leaves out; Narayanan et al. SC'21 sec. 2.2).
+    v = ctx.column("virtual_stages")
+    hops = np.where(ctx.column("pp") > 1, ctx.column("pp") * v - 1.0, 0.0)
+    pp_comm = 2.0 * (m * v + hops) * times.pp_p2p
     # Each micro-batch's schedule actions on a stage cost host time beyond the send/recv.
     schedule_s = getattr(ctx.cluster.device, "pipeline_micro_batch_s", 0.0)
     pp_comm = pp_comm + np.where(ctx.column("pp") > 1, m * ctx.column("virtual_stages") * schedule_s, 0.0)
     columns["time.pp_comm"], columns["hidden.pp_comm"] = pp_comm, np.zeros_like(pp_comm)
-    dp_exposed, dp_hidden, optimizer = _dp_and_optimizer(ctx, free_compute=free, times=times)
+    dp_exposed, dp_hidden, optimizer = dp_and_optimizer(ctx, free_compute=free, times=times, mb=mb)
     columns["time.dp_comm"], columns["hidden.dp_comm"], columns["time.optimizer"] = dp_exposed, dp_hidden, optimizer
     columns["step_time_s"] = sum(columns[f"time.{part}"] for part in TRAINING_TIME_PARTS)
     return columns
 
 
 def _bubble(ctx: TrainingContext, *, micro_batch: np.ndarray, forward_share: np.ndarray) -> np.ndarray:
+    """(pp - 1) micro-batches of idle time, scaled by the schedule: 1/v interleaved (Narayanan
+    et al. SC'21), the forward share for ZB-H1 (Qi et al.), and for a bidirectional schedule
+    DualPipe's (pp/2 - 1)(F&B + B - 3W) with the weight-gradient half of B deferred (W = B/2,
+    F&B = F + B): (pp/2 - 1)(F + B/2) (DeepSeek-V3 report Table 2)."""
     pp, v = ctx.column("pp"), ctx.column("virtual_stages")
     schedule = np.asarray(ctx.table["pipeline_schedule"])
     factor = np.where(
         schedule == SCHEDULE_CODES["interleaved_1f1b"], 1.0 / v,
         np.where(schedule == SCHEDULE_CODES["zero_bubble"], forward_share, 1.0),
     )
+    if ctx.options.bidirectional_pipeline:
+        half = np.maximum(pp / 2.0 - 1.0, 0.0) / np.maximum(pp - 1.0, 1.0)
+        factor = half * (0.5 + 0.5 * forward_share)
     return (pp - 1.0) * micro_batch * factor
 
 
-def _dp_and_optimizer(ctx: TrainingContext, *, free_compute: np.ndarray, times: CollectiveTimes):
-    """Exposed and hidden gradient/parameter traffic and the optimizer step of the rank where
-    they take longest. Gradient reduction overlaps the last micro-batch's backward, the
-    parameter all-gather the first forward (one micro-batch of compute not already hiding
-    TP/EP/CP traffic: ``free_compute``); under ZeRO-3 every micro-batch's."""
-    dense, expert = sharded_parameters(ctx)
-    dp_cp = ctx.column("dp") * ctx.column("cp")
-    edp = dp_cp * ctx.column("tp") / (ctx.column("ep") * ctx.column("etp"))
-    zero = np.asarray(ctx.table["zero_stage"])
-    comm = np.where(zero == 0, times.dp_all_reduce, np.where(zero == 3, ctx.num_micro_batches * times.dp_fsdp, times.dp_sharded))
-    window = np.where(zero == 3, ctx.num_micro_batches, 1.0) * free_compute
-    hidden = _hidden(comm, fraction=ctx.calibration.overlap_fraction("dp_comm"), window=window)
-    states = np.where(zero >= 1, dense / dp_cp + expert / edp, dense + expert)
-    optimizer = _optimizer_time(ctx, states * _optimizer_update_bytes(ctx))
-    total = comm - hidden + optimizer
-    worst = np.argmax(total, axis=0)[None, :]
-    take = lambda rows: np.take_along_axis(rows, worst, axis=0)[0]  # noqa: E731
-    return take(comm - hidden), take(hidden), take(optimizer)
-
-
-def _optimizer_time(ctx: TrainingContext, update_bytes: np.ndarray) -> np.ndarray:
-    """One optimizer step moving ``update_bytes``: the profile's measured optimizer curve (scaled
-    like any measured memory-bound curve by the calibration) where there is one, else the
-    memory roofline; plus the measured extra update cost of each tensor-parallel weight."""
-    device = ctx.cluster.device
-    measured = device.optimizer_time_s(update_bytes) if hasattr(device, "optimizer_time_s") else None
-    if measured is None:
-        seconds = ctx.op(0.0, update_bytes)
-    else:
-        seconds = np.asarray(measured) / ctx.calibration.memory_scale(device)
-    return seconds + sharded_weights_per_rank(ctx) * getattr(device, "sharded_parameter_update_s", 0.0)
-
-
-def _optimizer_update_bytes(ctx: TrainingContext) -> float:
-    """Bytes read and written per parameter by one optimizer step: read the gradient, read and
-    write each fp32 state (master weight, Adam m and v; SGD momentum), write the bf16 weight."""
-    states = (2 if ctx.workload.optimizer == "adam" else 1) + (1 if ctx.workload.master_weights_fp32 else 0)
-    return ctx.grad_bytes + states * 2.0 * 4.0 + 2.0
-
-
-def model_flops_per_step(*, model: ModelSpec, workload: Training) -> float:
+def model_flops_per_step(
+    *, model: ModelSpec, workload: Training, attention: Literal["causal", "full_square"] = "causal"
+) -> float:
     """Model FLOPs of one step: 3 x forward (forward + 2 x backward), no recompute.
 
-    Core attention counts the keys a causal query attends (mean (S+1)/2 for full attention), as
-    FlashAttention-2 (Dao 2023, sec. 4.1) counts causal FLOPs: half the square. PaLM's convention
-    (Chowdhery et al. 2022, App. B) counts the whole square, which at S >> hidden exceeds the
-    FLOPs executed up to 2x and would report an MFU above 100%.
+    ``attention="causal"`` counts the keys a causal query attends (mean (S+1)/2 for full
+    attention), as FlashAttention-2 (Dao 2023, sec. 4.1) counts causal FLOPs: half the square; the
+    MFU this library reports uses it, so that it never exceeds 100% at S >> hidden.
+    ``attention="full_square"`` counts every query against all S keys: the convention of PaLM
+    (Chowdhery et al. 2022, App. B), Megatron-LM's ``num_floating_point_operations`` and
+    torchtitan's ``get_num_flop_per_token``, in which published MFU figures are stated; a
+    published MFU is compared in its own convention.
     """
-    attention = model.attention
-    per_key = 2.0 * attention.num_heads * (attention.qk_head_dim + attention.value_head_dim)
-    attended = float(mean_attended_tokens(attention=attention, sequence_tokens=workload.sequence_length_tokens))
+    spec = model.attention
+    per_key = 2.0 * spec.num_heads * (spec.qk_head_dim + spec.value_head_dim)
+    sequence = workload.sequence_length_tokens
+    if attention == "full_square":
+        attended = float(sequence)
+    elif attention == "causal":
+        attended = float(mean_attended_tokens(attention=spec, sequence_tokens=sequence))
+    else:
+        raise ValueError(f"attention ({attention!r}) must be 'causal' or 'full_square'")
     forward = 2.0 * model.matmul_parameters_per_token() + model.num_layers * per_key * attended
     return 3.0 * forward * workload.tokens_per_step
 

@@ -8,11 +8,13 @@ counts and overlap are applied by ``_training``.
 Sources: TP all-reduce, or reduce-scatter + all-gather with SP, of the hidden activation
 (Shoeybi et al. 2019 sec. 3; Korthikanti et al. 2022 sec. 4.2.2); EP all-to-all dispatch and
 combine of tokens x top-k x hidden x imbalance, with the expert-TP gather/scatter (DeepSeek-V3
-report, arXiv:2412.19437, sec. 3.2.2; Megatron-core MoE); CP ring: one K/V block per step,
-cp - 1 steps per layer (Liu et al., arXiv:2310.01889); PP: each tp rank sends 1/tp of the boundary
+report, arXiv:2412.19437, sec. 3.2.2; Megatron-core MoE), or DeepEP's de-duplicated dispatch
+shared with the inference path, fp8 dispatch / bf16 combine; CP ring: one K/V block per step,
+cp - 1 steps per layer (Liu et al., arXiv:2310.01889), or an all-gather of K/V (Llama 3); PP: each tp rank sends 1/tp of the boundary
 activation (Narayanan et al. SC'21 sec. 4.1); DP: gradient all-reduce, or reduce-scatter of
-gradients + all-gather of bf16 weights (ZeRO-1/2), or per micro-batch one reduce-scatter and two
-all-gathers (ZeRO-3/FSDP) (Rajbhandari et al., ZeRO, SC'20 sec. 7).
+gradients + all-gather of bf16 weights (ZeRO-1/2), or per layer and micro-batch an all-gather
+before its forward and again before its backward and a reduce-scatter after it (ZeRO-3/FSDP)
+(Rajbhandari et al., ZeRO, SC'20 sec. 7).
 """
 
 from __future__ import annotations
@@ -21,12 +23,34 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from cost_model._common import collective_time_s
+from cost_model._common import (
+    collective_time_s,
+    expert_dispatch_time_s,
+    layer_weights_per_device,
+)
 
 ACTIVATION_BYTES = 2.0  # bf16/fp16 activations (fp8 training keeps bf16 activations between GEMMs)
 #: Columns that decide every collective's group, placement and message.
 MESH_COLUMNS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep", "etp", "micro_batch_size", "virtual_stages")
 _DISTINCT_MIN_ROWS = 2048
+
+
+@dataclass(frozen=True)
+class FsdpLayerTimes:
+    """ZeRO-3/FSDP collectives of one layer, seconds per row (n,): all-gather of its bf16
+    weights (before its forward, and again before its backward) and reduce-scatter of its
+    gradients after its backward, for a dense and an MoE layer (the MoE layer's experts over
+    edp, the rest over dp*cp); ``ends_*`` the embedding and LM head of a rank, (3, n)."""
+
+    dense_gather: np.ndarray
+    dense_scatter: np.ndarray
+    moe_gather: np.ndarray
+    moe_scatter: np.ndarray
+    ends_gather: np.ndarray
+    ends_scatter: np.ndarray
+
+    def take(self, index: np.ndarray) -> "FsdpLayerTimes":
+        return FsdpLayerTimes(**{f.name: getattr(self, f.name)[..., index] for f in fields(self)})
 
 
 @dataclass(frozen=True)
@@ -36,15 +60,19 @@ class CollectiveTimes:
     tp_all_reduce: np.ndarray  # the hidden activation, all-reduce over tp
     tp_split: np.ndarray  # the same as reduce-scatter + all-gather (sequence parallel)
     tp_mla_backward: np.ndarray  # MLA without SP: backward all-reduces beyond the attention input's
-    ep_exchange: np.ndarray  # dispatch + combine all-to-all, expert-TP gather + scatter
+    ep_exchange: np.ndarray  # forward dispatch + combine, expert-TP gather + scatter
+    ep_exchange_backward: np.ndarray  # the same in backward (gradients, bf16)
     cp_ring: np.ndarray  # the cp - 1 ring steps of one layer
     pp_p2p: np.ndarray  # one boundary send/recv
     dp_all_reduce: np.ndarray  # (3, n) gradients, dense over dp*cp plus experts over edp
-    dp_sharded: np.ndarray  # (3, n) ZeRO-1/2: reduce-scatter gradients + all-gather weights
-    dp_fsdp: np.ndarray  # (3, n) ZeRO-3: per micro-batch reduce-scatter + 2 all-gathers
+    dp_gradient_scatter: np.ndarray  # (3, n) ZeRO-1/2: reduce-scatter of the rank's gradients
+    dp_weight_gather: np.ndarray  # (3, n) ZeRO-1/2: all-gather of the rank's updated bf16 weights
+    fsdp_layer: FsdpLayerTimes
 
     def take(self, index: np.ndarray) -> "CollectiveTimes":
-        return CollectiveTimes(**{f.name: getattr(self, f.name)[..., index] for f in fields(self)})
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return CollectiveTimes(**{name: value.take(index) if isinstance(value, FsdpLayerTimes) else value[..., index]
+                                  for name, value in values.items()})
 
 
 def distinct_rows(table, columns: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -76,11 +104,13 @@ def table_collective_times(ctx) -> CollectiveTimes:  # noqa: ANN001 - _training.
 
 def collective_times(ctx) -> CollectiveTimes:  # noqa: ANN001
     tp_all_reduce, tp_split = _tp(ctx)
-    dp_all_reduce, dp_sharded, dp_fsdp = _dp(ctx)
+    dp_all_reduce, dp_gradient_scatter, dp_weight_gather = _dp(ctx)
+    ep_forward, ep_backward = _ep(ctx)
     return CollectiveTimes(
         tp_all_reduce=tp_all_reduce, tp_split=tp_split, tp_mla_backward=_tp_mla_backward(ctx, tp_all_reduce),
-        ep_exchange=_ep(ctx), cp_ring=_cp(ctx), pp_p2p=_pp(ctx),
-        dp_all_reduce=dp_all_reduce, dp_sharded=dp_sharded, dp_fsdp=dp_fsdp,
+        ep_exchange=ep_forward, ep_exchange_backward=ep_backward, cp_ring=_cp(ctx), pp_p2p=_pp(ctx),
+        dp_all_reduce=dp_all_reduce, dp_gradient_scatter=dp_gradient_scatter, dp_weight_gather=dp_weight_gather,
+        fsdp_layer=_fsdp_layer(ctx),
     )
 
 
@@ -121,16 +151,43 @@ def _tp_mla_backward(ctx, hidden_all_reduce: np.ndarray) -> np.ndarray:  # noqa:
     return sum(each) - hidden_all_reduce
 
 
-def _ep(ctx) -> np.ndarray:  # noqa: ANN001
+#: fp8 dispatch: one byte per element plus one fp32 scale per 128 elements (DeepSeek-V3 report
+#: sec. 3.3.2, the 1x128 activation tiles).
+FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0
+
+
+def _ep(ctx) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+    """(forward, backward) seconds of one MoE layer's dispatch + combine and the expert-TP
+    gather/scatter. The forward dispatch may travel in fp8 (``expert_dispatch_fp8``); the
+    combine and both backward exchanges (gradients) in bf16."""
     moe = ctx.model.moe
     if moe is None:
-        return np.zeros_like(ctx.tokens)
-    message = ctx.moe_tokens * moe.top_k * ctx.options.routing_imbalance * ctx.model.hidden_size * ACTIVATION_BYTES
-    a2a = ctx.collective("all_to_all", axis="ep", group_size=ctx.column("ep"), message_bytes=message)
+        zero = np.zeros_like(ctx.tokens)
+        return zero, zero
+    tokens = ctx.moe_tokens * ctx.options.routing_imbalance
+    dispatch_bytes = FP8_DISPATCH_BYTES if ctx.options.expert_dispatch_fp8 else ACTIVATION_BYTES
+    forward = _exchange(ctx, tokens, dispatch_bytes) + _exchange(ctx, tokens, ACTIVATION_BYTES)
+    backward = 2.0 * _exchange(ctx, tokens, ACTIVATION_BYTES)
+    message = tokens * moe.top_k * ctx.model.hidden_size * ACTIVATION_BYTES
     etp = ctx.column("etp")
     gather = ctx.collective("all_gather", axis="etp", group_size=etp, message_bytes=message * etp)
     scatter = ctx.collective("reduce_scatter", axis="etp", group_size=etp, message_bytes=message * etp)
-    return 2.0 * a2a + gather + scatter
+    return forward + gather + scatter, backward + gather + scatter
+
+
+def _exchange(ctx, tokens: np.ndarray, element_bytes: float) -> np.ndarray:  # noqa: ANN001
+    """One dispatch or combine: an NCCL all-to-all of every routed copy (Megatron-core's
+    alltoall dispatcher), or DeepEP's kernels (``_common.expert_dispatch_time_s``, the formula
+    the inference path uses: per-node de-duplication, node-limited routing)."""
+    moe = ctx.model.moe
+    if ctx.options.expert_dispatcher == "deepep":
+        return expert_dispatch_time_s(
+            cluster=ctx.cluster, calibration=ctx.calibration, hidden_size=ctx.model.hidden_size, top_k=moe.top_k,
+            ep=ctx.column("ep"), etp=ctx.column("etp"), ep_per_node=ctx.local["ep"], rank_tokens=tokens,
+            element_bytes=element_bytes, node_dedup=True, max_routed_nodes=ctx.options.max_routed_nodes,
+        )
+    message = tokens * moe.top_k * ctx.model.hidden_size * element_bytes
+    return ctx.collective("all_to_all", axis="ep", group_size=ctx.column("ep"), message_bytes=message)
 
 
 def _kv_width_per_rank(ctx) -> np.ndarray:  # noqa: ANN001
@@ -148,8 +205,14 @@ def _point_to_point(ctx, *, active: np.ndarray, same_node: np.ndarray, message: 
 
 
 def _cp(ctx) -> np.ndarray:  # noqa: ANN001
+    """One layer's forward context-parallel exchange: the cp - 1 ring steps of one K/V block
+    (``ring``), or one all-gather of every rank's K/V (``all_gather``, Llama 3 report sec.
+    3.3.2; its backward re-gathers and reduce-scatters the same size)."""
     cp = ctx.column("cp")
     block = ctx.tokens * _kv_width_per_rank(ctx) * ACTIVATION_BYTES
+    if ctx.options.context_parallel == "all_gather":
+        gathered = ctx.collective("all_gather", axis="cp", group_size=cp, message_bytes=block * cp)
+        return np.where(cp > 1, gathered, 0.0)
     step = _point_to_point(ctx, active=cp > 1, same_node=ctx.local["cp"] >= cp, message=block)
     return (cp - 1.0) * step
 
@@ -168,15 +231,77 @@ def sharded_parameters(ctx) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
 
 
 def _dp(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # noqa: ANN001
+    """Whole-rank data-parallel collectives (3, n): gradient all-reduce (ZeRO-0), gradient
+    reduce-scatter and weight all-gather (ZeRO-1/2; Megatron-core distributed optimizer)."""
     dense, expert = sharded_parameters(ctx)
+    totals = [np.zeros(dense.shape) for _ in range(3)]
+    for params, group, axis in _dp_groups(ctx, dense=dense, expert=expert):
+        grads, weights = params * ctx.reduce_bytes, params * 2.0
+        totals[0] += ctx.collective("all_reduce", axis=axis, group_size=group, message_bytes=grads)
+        totals[1] += ctx.collective("reduce_scatter", axis=axis, group_size=group, message_bytes=grads)
+        totals[2] += ctx.collective("all_gather", axis=axis, group_size=group, message_bytes=weights)
+    return tuple(totals)
+
+
+def _dp_groups(ctx, *, dense, expert) -> tuple:  # noqa: ANN001
+    """(parameters, group size, placement axis) of the dense (dp*cp) and expert (edp) groups."""
     dp_cp = ctx.column("dp") * ctx.column("cp")
     edp = dp_cp * ctx.column("tp") / (ctx.column("ep") * ctx.column("etp"))
-    totals = [np.zeros(dense.shape) for _ in range(3)]
-    for params, group, axis in ((dense, dp_cp, "dp_cp"), (expert, edp, "edp")):
-        grads, weights = params * ctx.grad_bytes, params * 2.0
-        scatter = ctx.collective("reduce_scatter", axis=axis, group_size=group, message_bytes=grads)
-        gather = ctx.collective("all_gather", axis=axis, group_size=group, message_bytes=weights)
-        totals[0] += ctx.collective("all_reduce", axis=axis, group_size=group, message_bytes=grads)
-        totals[1] += scatter + gather
-        totals[2] += scatter + 2.0 * gather
-    return tuple(totals)
+    return ((dense, dp_cp, "dp_cp"), (expert, edp, "edp"))
+
+
+def _fsdp_layer(ctx) -> FsdpLayerTimes:  # noqa: ANN001
+    """Per-layer ZeRO-3/FSDP collectives: FSDP2 wraps each transformer block (torchtitan's
+    ``apply_fsdp``), DeepSpeed ZeRO-3 fetches each submodule's parameters on first use
+    (Rajbhandari et al., ZeRO, SC'20 sec. 7.3; ZeRO-Infinity, SC'21 sec. 6). Messages are the
+    full unsharded layer (nccl-tests size); the group's path (NVLink inside a node, the node's
+    NICs shared by the node's concurrent groups across nodes) comes from ``collective_time``."""
+    dense_layer, moe_dense, moe_expert = layer_parameter_split(ctx)
+    parts = dict(ctx.parameters)
+    ends = parts["embedding"] + parts["lm_head"]
+    zero = np.zeros_like(ends)
+    times = {}
+    for name, dense, expert in (("dense", dense_layer, 0.0 * dense_layer), ("moe", moe_dense, moe_expert), ("ends", ends, zero)):
+        gather, scatter = 0.0, 0.0
+        for params, group, axis in _dp_groups(ctx, dense=dense, expert=expert):
+            gather = gather + ctx.collective("all_gather", axis=axis, group_size=group, message_bytes=params * 2.0)
+            scatter = scatter + ctx.collective(
+                "reduce_scatter", axis=axis, group_size=group, message_bytes=params * ctx.reduce_bytes
+            )
+        times[f"{name}_gather"], times[f"{name}_scatter"] = gather, scatter
+    return FsdpLayerTimes(**times)
+
+
+def layer_parameter_split(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # noqa: ANN001
+    """Parameters per device (n,) of one dense layer, and of one MoE layer without and with only
+    its routed experts (the experts reduce over edp, the rest over dp*cp)."""
+    dense_layer, moe_layer = layer_weights_per_device(model=ctx.model, table=ctx.table)
+    moe = ctx.model.moe
+    if moe is None:
+        return dense_layer, moe_layer, np.zeros_like(moe_layer)
+    redundant = np.asarray(ctx.table.get("num_redundant_experts", 0), dtype=np.float64)
+    experts = (moe.num_routed_experts + redundant) / ctx.column("ep") * ctx.model.ffn_parameters(
+        moe.expert_ffn_hidden_size
+    ) / ctx.column("etp")
+    return dense_layer, moe_layer - experts, np.broadcast_to(experts, moe_layer.shape)
+
+
+def sharding_buffer_bytes(ctx) -> np.ndarray:  # noqa: ANN001
+    """Bytes per device (3, n) that sharded data parallelism holds beyond the shards.
+
+    ZeRO-3/FSDP: the unsharded bf16 weights of the layer being computed and of the one being
+    prefetched (FSDP2's default one-layer prefetch; Zhao et al., PyTorch FSDP, VLDB 2023 sec.
+    3.3), the root's embedding and LM head kept unsharded between forward and backward, and one
+    layer's unsharded gradients waiting for their reduce-scatter. ZeRO-2: that gradient bucket
+    (gradients are partitioned as they are reduced; ZeRO SC'20 sec. 5.2). ZeRO-0/1 reduce in
+    place in the whole gradient buffer the ``gradients`` part already counts.
+    """
+    dense_layer, moe_dense, moe_expert = layer_parameter_split(ctx)
+    layer = np.maximum(dense_layer, moe_dense + moe_expert)
+    zero = np.asarray(ctx.table["zero_stage"])
+    parts = dict(ctx.parameters)
+    ends = parts["embedding"] + parts["lm_head"]
+    occupied = ctx.layout.layers > 0
+    gathered = np.where(zero == 3, occupied * 2.0 * layer * 2.0 + ends * 2.0, 0.0)
+    bucket = np.where(zero >= 2, occupied * layer * ctx.grad_bytes, 0.0)
+    return gathered + bucket

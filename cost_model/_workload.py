@@ -15,7 +15,10 @@ class Training(BaseModel):
     """One optimizer step over ``global_batch_sequences`` sequences of ``sequence_length_tokens``.
 
     Give the batch either in sequences or in tokens (``global_batch_tokens`` must then be a
-    multiple of the sequence length); the other is derived.
+    multiple of the sequence length); the other is derived. ``framework`` names a profile of
+    ``data/framework_profiles.json`` (megatron-core, deepspeed, torchtitan, ...): its
+    data-parallel overlap, gradient-reduction dtype and ZeRO-2 reduction rule are priced;
+    None keeps the calibration's overlap and the precision's gradients.
     """
 
     model_config = _STRICT
@@ -35,9 +38,14 @@ class Training(BaseModel):
     #: Layers at each end kept in bf16 under fp8 (Megatron ``--first-last-layers-bf16``).
     fp8_bf16_layers_at_start: int = Field(default=0, ge=0)
     fp8_bf16_layers_at_end: int = Field(default=0, ge=0)
+    framework: str | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "Training":
+        if self.framework is not None:
+            from cost_model._frameworks import framework_profile
+
+            framework_profile(self.framework)  # raises naming the known profiles
         seqs, tokens = self.global_batch_sequences, self.global_batch_tokens
         if seqs is None and tokens is None:
             raise ValueError("global_batch_sequences or global_batch_tokens must be given")

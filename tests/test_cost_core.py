@@ -114,3 +114,38 @@ def test_mean_attended_tokens_matches_a_direct_sum() -> None:
 
 def test_stage_rows_are_named() -> None:
     assert STAGES == ("first", "middle", "last")
+
+
+@pytest.mark.parametrize("pp", [32, 48])
+@pytest.mark.parametrize("mesh", [{"dp": 8, "ep": 8}, {"dp": 4, "tp": 2, "ep": 8}, {"dp": 16, "ep": 16, "etp": 1}])
+def test_fullest_pipeline_rank_holds_at_least_the_average(pp: int, mesh: dict) -> None:
+    """ref-3t-moe's 3 dense layers spill past the first chunk at pp 32 and 48; the ranks the
+    layout reports must include one holding at least the average parameters per rank."""
+    model = get_model("ref-3t-moe")
+    table = configs_to_table([ParallelConfig(pp=pp, **mesh)])
+    per_rank = sum(parameters_per_device(model=model, table=table).values())[:, 0]
+    # Every rank's parameters, summed over all pp ranks of one (tp, ep) slice, by hand.
+    rows = []
+    for start, stop in split_layers(model.num_layers, pp):
+        dense = max(0, min(model.num_dense_ffn_layers, stop) - start)
+        rows.append((stop - start, dense))
+    one = configs_to_table([ParallelConfig(pp=1, **mesh)])
+    whole = sum(parameters_per_device(model=model, table=one).values())[0, 0]
+    average = whole / pp
+    assert per_rank.max() >= average
+    # The middle row is a real rank: its (layers, dense) pair occurs among the middle ranks.
+    layout = stage_layout(model=model, pp=np.array([pp]), virtual_stages=np.array([1]))
+    middle = (int(layout.layers[1, 0]), int(layout.dense_layers[1, 0]))
+    assert middle in rows[1:-1]
+    assert middle[1] == 0  # MoE layers are the heavier ones for ref-3t-moe
+
+
+@pytest.mark.parametrize("pp,v", [(4, 2), (8, 5), (16, 5), (3, 3)])
+def test_interleaved_layout_counts_each_ranks_chunks(pp: int, v: int) -> None:
+    model = get_model("ref-3t-moe")
+    layout = stage_layout(model=model, pp=np.array([pp]), virtual_stages=np.array([v]))
+    sizes = [stop - start for start, stop in split_layers(model.num_layers, pp * v)]
+    per_rank = [sum(sizes[r::pp]) for r in range(pp)]
+    assert layout.layers[0, 0] == per_rank[0]
+    assert layout.layers[2, 0] == per_rank[-1]
+    assert layout.layers[1, 0] in per_rank[1:-1] or pp < 3

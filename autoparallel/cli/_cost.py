@@ -17,6 +17,7 @@ from autoparallel.cli._args import (
 from autoparallel.cli._render import console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
 from cost_model._rules import minimum_redundant_experts
+from cost_model._frameworks import framework_names
 from cost_model._units import human_bytes, human_seconds
 
 DEFAULT_CLUSTER = "dgx-h200"
@@ -32,11 +33,17 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
     validate.add_argument("--json", action="store_true", help="print the rows as JSON instead of tables")
     validate.add_argument("--strict", action="store_true", help="exit 1 when a table is outside its tolerance")
     add_inter_node_argument(validate)
+    validate.add_argument(
+        "--loso", action=argparse.BooleanOptionalAction, default=True,
+        help="refit the calibration once per source left out and report the leave-one-source-out error (about a minute)",
+    )
+    validate.add_argument("--loso-evaluations", type=positive_int, default=80, help="loss evaluations per leave-one-out fit")
     validate.set_defaults(func=_validate)
 
 
 def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
     add_job_arguments(parser, cluster=DEFAULT_CLUSTER, nodes=DEFAULT_NODES, training=True)
+    parser.add_argument("--framework", default=None, choices=framework_names(), help="training software profile")
     parser.add_argument("--batch-size", type=non_negative_int, default=0, help="inference: sequences per replica (0: largest that fits)")
     parser.add_argument(
         "--num-redundant-experts", type=non_negative_int, default=None,
@@ -78,6 +85,7 @@ def _estimate(args: argparse.Namespace) -> int:
         workload = Training(
             sequence_length_tokens=args.sequence_length, global_batch_tokens=args.global_batch_tokens,
             **training_options(args),
+            framework=args.framework,
         )
         breakdown = estimate(model, cluster, workload, config)
     else:
@@ -150,13 +158,44 @@ def _validate(args: argparse.Namespace) -> int:
             raise ValueError(f"--table ({sorted(unknown)}) must name published tables: {sorted({r.table for r in rows})}")
         rows = [row for row in rows if row.table in args.table]
     summary = summarize(rows)
+    generalization = _generalization(args) if args.loso and not args.table else None
     if args.json:
         payload = [dict(row.model_dump(), error=row.error) for row in rows]
-        print_json({"rows": payload, "summary": summary})
+        print_json({"rows": payload, "summary": summary, "training_runs": generalization})
     else:
         _print_validation(rows, summary, TOLERANCES)
+        if generalization is not None:
+            _print_generalization(generalization)
     outside = [table for table, figures in summary.items() if not _within(figures, TOLERANCES.get(table))]
     return 1 if args.strict and outside else 0
+
+
+def _generalization(args: argparse.Namespace) -> dict:
+    """Fit error and leave-one-source-out error over every published training throughput run."""
+    from dataclasses import asdict
+
+    from cost_model._cross_validation import error_summary, leave_one_source_out
+    from cost_model._validation import run_case, training_cases
+
+    cases = training_cases()
+    fitted = [row for case in cases for row in run_case(case)]
+    held_out = leave_one_source_out(max_evaluations=args.loso_evaluations, cases=cases)
+    return {
+        "fit": asdict(error_summary(fitted, cases)),
+        "leave_one_source_out": asdict(error_summary(held_out, cases)),
+    }
+
+
+def _print_generalization(figures: dict) -> None:
+    table = Table(title="Training runs: fit error and leave-one-source-out error (the figure to quote)")
+    for column in ("calibration", "runs", "sources", "mean |error|", "max |error|"):
+        table.add_column(column, justify="left" if column == "calibration" else "right")
+    labels = {"fit": "fitted on every run", "leave_one_source_out": "each source predicted by a fit without it"}
+    for key, label in labels.items():
+        f = figures[key]
+        table.add_row(label, str(f["count"]), str(f["sources"]), f"{100 * f['mean_abs_error']:.1f}%",
+                      f"{100 * f['max_abs_error']:.1f}%")
+    console.print(table)
 
 
 def _within(figures: dict, tolerance) -> bool:  # noqa: ANN001

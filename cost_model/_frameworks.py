@@ -1,0 +1,55 @@
+"""Framework profiles: the software facts of Megatron-core, DeepSpeed and torchtitan/FSDP2.
+
+A profile names what a framework runs by default (fused attention, fused gradient
+accumulation, fused norm/activation/rotary kernels, what selective recompute repeats, tensor- and data-parallel overlap, the dtype gradients are reduced in, whether ZeRO-2 reduces
+every micro-batch); each comes with its source in ``data/framework_profiles.json``. They are
+facts of the software, never fitted: the differences between frameworks enter the cost model
+through these named features, not through a per-run efficiency factor.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["FrameworkProfile", "framework_names", "framework_profile"]
+
+
+class FrameworkProfile(BaseModel):
+    """One framework's defaults (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    flash_attention: bool
+    fused_gradient_accumulation: bool
+    fused_elementwise: bool
+    selective_recompute: Literal["attention_core", "every_second_matmul"]
+    dp_comm_overlap: float = Field(ge=0.0, le=1.0)
+    tp_comm_overlap: float = Field(ge=0.0, le=1.0)
+    gradient_reduce_bytes: int = Field(ge=1, le=4)
+    zero2_reduce_every_micro_batch: bool
+    source: str = Field(min_length=1)
+
+
+@lru_cache(maxsize=1)
+def _profiles() -> dict[str, FrameworkProfile]:
+    text = (resources.files("cost_model") / "data" / "framework_profiles.json").read_text()
+    profiles = (FrameworkProfile.model_validate(entry) for entry in json.loads(text)["profiles"])
+    return {profile.name: profile for profile in profiles}
+
+
+def framework_names() -> tuple[str, ...]:
+    return tuple(_profiles())
+
+
+def framework_profile(name: str) -> FrameworkProfile:
+    """The shipped profile called ``name``; ``ValueError`` naming the known ones otherwise."""
+    profiles = _profiles()
+    if name not in profiles:
+        raise ValueError(f"framework ({name!r}) must be one of {sorted(profiles)}")
+    return profiles[name]

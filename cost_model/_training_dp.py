@@ -1,0 +1,160 @@
+"""Data-parallel traffic and the once-per-step optimizer work of a training step.
+
+ZeRO-0/1/2 reduce and gather a rank's whole parameters once per step (ZeRO-2 reduce-scatters
+every micro-batch where the framework does); ZeRO-3/FSDP gathers and reduce-scatters per layer
+and micro-batch with a one-layer prefetch window; the optimizer step moves the rank's shard of
+the states at memory bandwidth and the gradient-norm clipping adds two passes and scalar
+all-reduces over every rank. Split from ``_training`` (which calls ``dp_and_optimizer``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from cost_model._common import collective_time_s
+from cost_model._table import RECOMPUTE_CODES
+from cost_model._training_comm import CollectiveTimes, sharded_parameters
+
+if TYPE_CHECKING:
+    from cost_model._training import MicroBatchTimes, TrainingContext
+
+__all__ = ["dp_and_optimizer", "hidden_seconds", "sharded_weights_per_rank"]
+
+
+def hidden_seconds(comm: np.ndarray, *, fraction: float, window: np.ndarray) -> np.ndarray:
+    """Seconds of ``comm`` hidden behind ``window`` seconds of independent compute."""
+    return np.minimum(fraction * comm, window)
+
+
+def sharded_weights_per_rank(ctx: TrainingContext) -> np.ndarray:
+    """Tensor-parallel weight tensors of each pipeline rank (rows ``STAGES``): the linears of
+    ``tensor_parallel_host_time`` plus the vocab-parallel embedding and LM head; 0 with tp = 1."""
+    attention = 3.0 if ctx.model.attention.kind == "mla" else 4.0
+    moe = ctx.model.moe
+    shared = 3.0 if moe is not None and moe.num_shared_experts else 0.0
+    layout = ctx.layout
+    count = layout.dense_layers * (attention + 3.0) + layout.moe_layers * (attention + shared)
+    count = count + layout.has_embedding + layout.has_lm_head
+    return np.where(ctx.column("tp") > 1, count, 0.0)
+
+
+def dp_and_optimizer(ctx: TrainingContext, *, free_compute: np.ndarray, times: CollectiveTimes, mb: MicroBatchTimes):
+    """Exposed and hidden gradient/parameter traffic and the optimizer step of the rank where
+    they take longest (``_data_parallel_comm``, ``_optimizer_step_time``)."""
+    comm, hidden = _data_parallel_comm(ctx, free_compute=free_compute, times=times, mb=mb)
+    optimizer = _optimizer_step_time(ctx)
+    total = comm - hidden + optimizer
+    worst = np.argmax(total, axis=0)[None, :]
+    take = lambda rows: np.take_along_axis(rows, worst, axis=0)[0]  # noqa: E731
+    return take(comm - hidden), take(hidden), take(optimizer)
+
+
+def _data_parallel_comm(ctx: TrainingContext, *, free_compute, times: CollectiveTimes, mb: MicroBatchTimes):
+    """(total, hidden) data-parallel seconds per step on each pipeline rank (3, n).
+
+    * ZeRO-0: one gradient all-reduce, bucketed under the last micro-batch's backward
+      (PyTorch DDP, Li et al. VLDB 2020; Megatron ``--overlap-grad-reduce``).
+    * ZeRO-1 (Megatron-core distributed optimizer): one gradient reduce-scatter after the last
+      micro-batch and one all-gather of the updated weights, each under one micro-batch.
+    * ZeRO-2: gradients are partitioned as they are produced, so every micro-batch reduce-
+      scatters its gradients (DeepSpeed ``reduce_scatter`` per micro-batch, ZeRO SC'20 sec. 5.2),
+      each under its own backward; one weight all-gather.
+    * ZeRO-3/FSDP: per layer (``_fsdp_comm``).
+    ``free_compute``: one micro-batch's compute not already hiding TP/EP/CP traffic.
+    """
+    zero = np.asarray(ctx.table["zero_stage"])
+    every = (zero == 2) & ctx.zero2_reduce_every_micro_batch
+    scatters = np.where(every, ctx.num_micro_batches, 1.0)
+    whole = np.where(zero == 0, times.dp_all_reduce, scatters * times.dp_gradient_scatter + times.dp_weight_gather)
+    window = scatters * free_compute
+    whole_hidden = hidden_seconds(whole, fraction=ctx.dp_overlap, window=window)
+    compute = mb.forward + mb.backward + mb.recompute
+    free_share = np.where(compute > 0, free_compute / np.maximum(compute, 1e-30), 0.0)
+    fsdp_total, fsdp_exposed = _fsdp_comm(ctx, times=times, mb=mb, free_share=free_share)
+    comm = np.where(zero == 3, fsdp_total, whole)
+    return comm, np.where(zero == 3, fsdp_total - fsdp_exposed, whole_hidden)
+
+
+def _fsdp_comm(ctx: TrainingContext, *, times: CollectiveTimes, mb: MicroBatchTimes, free_share: np.ndarray):
+    """(total, exposed) ZeRO-3/FSDP seconds per step on each pipeline rank (3, n).
+
+    Each micro-batch gathers every layer's weights before its forward and again before its
+    backward, and reduce-scatters its gradients after it (FSDP2 ``reshard_after_forward``;
+    Zhao et al., PyTorch FSDP, VLDB 2023 sec. 3.3-4; DeepSpeed ZeRO-3). With one layer of
+    prefetch the next layer's gather runs under this layer's compute, so a layer exposes
+    max(0, gather - compute) in forward and max(0, gather + reduce-scatter - compute) in
+    backward; the first gather of each pass and the last reduce-scatter have nothing to hide
+    behind, nor do the embedding and LM head of the root module (kept unsharded between
+    forward and backward: one gather, one reduce-scatter). A layer's window is the share
+    ``free_share`` of its compute that is not already hiding TP/EP/CP traffic.
+    """
+    layer, layout = times.fsdp_layer, ctx.layout
+    overlap = ctx.dp_overlap * free_share
+    full = np.asarray(ctx.table["recompute"]) == RECOMPUTE_CODES["full"]
+    backward_factor = 2.0 + full  # backward = 2 x forward, plus the recomputed forward
+    exposed, total = 0.0, 0.0
+    for count, gather, scatter, forward in (
+        (layout.dense_layers, layer.dense_gather, layer.dense_scatter, mb.dense_layer_forward),
+        (layout.moe_layers, layer.moe_gather, layer.moe_scatter, mb.moe_layer_forward),
+    ):
+        forward_exposed = np.maximum(gather - overlap * forward, 0.0)
+        backward_exposed = np.maximum(gather + scatter - overlap * backward_factor * forward, 0.0)
+        exposed = exposed + count * (forward_exposed + backward_exposed)
+        total = total + count * (2.0 * gather + scatter)
+    first_dense = layout.dense_layers > 0
+    first_gather = np.where(first_dense, layer.dense_gather, layer.moe_gather)
+    first_forward = np.where(first_dense, mb.dense_layer_forward, mb.moe_layer_forward)
+    last_scatter = np.where(layout.moe_layers > 0, layer.moe_scatter, layer.dense_scatter)
+    last_backward = backward_factor * np.where(layout.moe_layers > 0, mb.moe_layer_forward, mb.dense_layer_forward)
+    edges = np.minimum(first_gather, overlap * first_forward) * 2.0 + np.minimum(last_scatter, overlap * last_backward)
+    ends = layer.ends_gather + layer.ends_scatter
+    m = ctx.num_micro_batches
+    return m * (total + ends), m * (exposed + np.where(layout.layers > 0, edges, 0.0) + ends)
+
+
+def _optimizer_step_time(ctx: TrainingContext) -> np.ndarray:
+    """Once per step on each rank (3, n): the gradient-norm reduction and clipping, then the
+    optimizer update over the rank's shard of the states (``_optimizer_time``)."""
+    dense, expert = sharded_parameters(ctx)
+    dp_cp = ctx.column("dp") * ctx.column("cp")
+    edp = dp_cp * ctx.column("tp") / (ctx.column("ep") * ctx.column("etp"))
+    zero = np.asarray(ctx.table["zero_stage"])
+    states = np.where(zero >= 1, dense / dp_cp + expert / edp, dense + expert)
+    return _optimizer_time(ctx, states * _optimizer_update_bytes(ctx)) + _gradient_clip_time(ctx, local_parameters=states)
+
+
+def _gradient_clip_time(ctx: TrainingContext, *, local_parameters: np.ndarray) -> np.ndarray:
+    """Global gradient-norm clipping (Megatron-LM ``clip_grad_norm_fp32``; torch
+    ``clip_grad_norm_``): one read of the local gradients for their norm, an all-reduce of
+    one fp32 scalar over every rank (its latency grows with the world size), one read + write
+    to scale them; a second scalar all-reduce for the logged loss."""
+    moved = local_parameters * ctx.grad_bytes * 3.0
+    world = ctx.column("dp") * ctx.column("cp") * ctx.column("tp") * ctx.column("pp")
+    per_node = np.minimum(world, ctx.cluster.devices_per_node)
+    scalar = collective_time_s(
+        cluster=ctx.cluster, op="all_reduce", group_size=world, ranks_per_node=per_node,
+        message_bytes=np.full(world.shape, 4.0), calibration=ctx.calibration,
+    )
+    return ctx.op(0.0, moved, calls=2.0) + 2.0 * scalar
+
+
+def _optimizer_time(ctx: TrainingContext, update_bytes: np.ndarray) -> np.ndarray:
+    """One optimizer step moving ``update_bytes``: the profile's measured optimizer curve (scaled
+    like any measured memory-bound curve by the calibration) where there is one, else the
+    memory roofline; plus the measured extra update cost of each tensor-parallel weight."""
+    device = ctx.cluster.device
+    measured = device.optimizer_time_s(update_bytes) if hasattr(device, "optimizer_time_s") else None
+    if measured is None:
+        seconds = ctx.op(0.0, update_bytes)
+    else:
+        seconds = np.asarray(measured) / ctx.calibration.memory_scale(device)
+    return seconds + sharded_weights_per_rank(ctx) * getattr(device, "sharded_parameter_update_s", 0.0)
+
+
+def _optimizer_update_bytes(ctx: TrainingContext) -> float:
+    """Bytes read and written per parameter by one optimizer step: read the gradient, read and
+    write each fp32 state (master weight, Adam m and v; SGD momentum), write the bf16 weight."""
+    states = (2 if ctx.workload.optimizer == "adam" else 1) + (1 if ctx.workload.master_weights_fp32 else 0)
+    return ctx.grad_bytes + states * 2.0 * 4.0 + 2.0

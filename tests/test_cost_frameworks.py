@@ -1,0 +1,59 @@
+"""Framework profiles: named, sourced software facts that change the priced step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cost_model import EstimateOptions, ParallelConfig, Training, estimate_table
+from cost_model._common import Calibration
+from cost_model._frameworks import framework_names, framework_profile
+from cost_model._table import configs_to_table
+from cost_model._validation import gpt_model
+from topology import get_preset
+
+MODEL = gpt_model(name="gpt-13b-like", heads=40, hidden=5120, layers=40, vocab=32000, sequence=4096, tied=False)
+CLUSTER = get_preset("dgx-a100", num_nodes=8)
+NEUTRAL = EstimateOptions(calibration=Calibration())
+
+
+def _columns(framework: str | None, zero_stage: int, micro_batches: int = 1) -> dict[str, np.ndarray]:
+    workload = Training(sequence_length_tokens=4096, global_batch_sequences=64 * micro_batches, framework=framework)
+    config = ParallelConfig(dp=64, zero_stage=zero_stage, recompute="selective")
+    return estimate_table(MODEL, CLUSTER, workload, configs_to_table([config]), options=NEUTRAL)
+
+
+def test_every_profile_has_a_source_and_the_named_frameworks_exist() -> None:
+    assert {"megatron-core", "deepspeed", "torchtitan"} <= set(framework_names())
+    assert all(len(framework_profile(name).source) > 40 for name in framework_names())
+
+
+def test_an_unknown_framework_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="framework .*'nope'.* must be one of"):
+        Training(sequence_length_tokens=2048, global_batch_sequences=8, framework="nope")
+
+
+def test_bf16_gradient_reduction_moves_less_than_fp32() -> None:
+    """Megatron-core reduces gradients in bf16 by default, torchtitan's FSDP2 policy in fp32:
+    the ZeRO-1 traffic (one reduce-scatter + one all-gather) differs by the gradient half."""
+    megatron, torchtitan = _columns("megatron-core", 1), _columns("torchtitan", 1)
+    total = {name: c["time.dp_comm"][0] + c["hidden.dp_comm"][0] for name, c in (("m", megatron), ("t", torchtitan))}
+    assert total["m"] < total["t"]
+    assert framework_profile("megatron-core").gradient_reduce_bytes == 2
+    assert framework_profile("torchtitan").gradient_reduce_bytes == 4
+
+
+def test_no_overlap_profile_exposes_all_gradient_traffic() -> None:
+    old = _columns("megatron-lm-2021", 0)
+    assert old["hidden.dp_comm"][0] == 0.0 and old["time.dp_comm"][0] > 0.0
+    core = _columns("megatron-core", 0)
+    assert core["hidden.dp_comm"][0] > 0.0
+
+
+def test_zero2_reduces_per_micro_batch_only_where_the_framework_does() -> None:
+    deepspeed, megatron = _columns("deepspeed", 2, micro_batches=4), _columns("megatron-core", 2, micro_batches=4)
+    deepspeed_one = _columns("deepspeed", 2, micro_batches=1)
+    megatron_one = _columns("megatron-core", 2, micro_batches=1)
+    traffic = lambda c: c["time.dp_comm"][0] + c["hidden.dp_comm"][0]
+    assert traffic(deepspeed) > 2.0 * traffic(deepspeed_one)
+    assert traffic(megatron) == pytest.approx(traffic(megatron_one), rel=1e-9)

@@ -1,0 +1,84 @@
+"""Schedules and exchanges that hide or shrink communication: DeepEP dispatch (shared with the
+inference path), fp8 dispatch, node-limited routing, a bidirectional pipeline, all-gather CP."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autoparallel import get_model
+from cost_model import EstimateOptions, ParallelConfig, Training, estimate_table
+from cost_model._common import Calibration, expert_dispatch_time_s
+from cost_model._table import configs_to_table
+from cost_model._training import training_context
+from cost_model._training_comm import FP8_DISPATCH_BYTES, collective_times
+from topology import get_preset
+
+MODEL = get_model("deepseek-v3")
+CLUSTER = get_preset("dgx-h100", num_nodes=32)
+WORKLOAD = Training(sequence_length_tokens=4096, global_batch_sequences=512)
+CONFIG = ParallelConfig(dp=32, pp=8, ep=32, recompute="none", pipeline_schedule="1f1b")
+
+
+def _options(**changes) -> EstimateOptions:
+    return EstimateOptions(calibration=Calibration(), **changes)
+
+
+def _times(**changes):
+    ctx = training_context(model=MODEL, cluster=CLUSTER, workload=WORKLOAD, table=configs_to_table([CONFIG]), options=_options(**changes))
+    return ctx, collective_times(ctx)
+
+
+def test_deepep_dispatch_deduplicates_per_node_and_beats_the_all_to_all() -> None:
+    _, plain = _times()
+    _, deepep = _times(expert_dispatcher="deepep")
+    assert deepep.ep_exchange[0] < plain.ep_exchange[0]
+
+
+def test_training_and_inference_price_a_deepep_dispatch_with_one_formula() -> None:
+    ctx, times = _times(expert_dispatcher="deepep")
+    tokens = ctx.moe_tokens * ctx.options.routing_imbalance
+    by_hand = sum(
+        expert_dispatch_time_s(
+            cluster=CLUSTER, calibration=ctx.calibration, hidden_size=MODEL.hidden_size, top_k=MODEL.moe.top_k,
+            ep=32, etp=1, ep_per_node=ctx.local["ep"], rank_tokens=tokens, element_bytes=2.0, node_dedup=True,
+        )
+        for _ in range(2)
+    )
+    assert times.ep_exchange[0] == pytest.approx(float(np.asarray(by_hand)[0]), rel=1e-12)
+
+
+def test_fp8_dispatch_shrinks_only_the_forward_dispatch() -> None:
+    _, bf16 = _times(expert_dispatcher="deepep")
+    _, fp8 = _times(expert_dispatcher="deepep", expert_dispatch_fp8=True)
+    assert fp8.ep_exchange[0] < bf16.ep_exchange[0]
+    assert fp8.ep_exchange_backward[0] == pytest.approx(bf16.ep_exchange_backward[0])
+    assert 1.0 < FP8_DISPATCH_BYTES < 2.0
+
+
+def test_node_limited_routing_caps_the_remote_copies() -> None:
+    _, free = _times(expert_dispatcher="deepep")
+    _, limited = _times(expert_dispatcher="deepep", max_routed_nodes=1)
+    assert limited.ep_exchange[0] < free.ep_exchange[0]
+
+
+def _columns(**changes) -> dict[str, np.ndarray]:
+    return estimate_table(MODEL, CLUSTER, WORKLOAD, configs_to_table([CONFIG]), options=_options(**changes))
+
+
+def test_a_bidirectional_pipeline_hides_the_expert_exchange_and_halves_the_bubble() -> None:
+    one_f_one_b, dual = _columns(), _columns(bidirectional_pipeline=True)
+    assert dual["hidden.ep_comm"][0] > 0.0 == one_f_one_b["hidden.ep_comm"][0]
+    assert dual["time.ep_comm"][0] < one_f_one_b["time.ep_comm"][0]
+    assert dual["time.bubble"][0] < 0.5 * one_f_one_b["time.bubble"][0]
+
+
+def test_all_gather_context_parallel_is_exposed_and_ring_hides() -> None:
+    model = get_model("llama-3.1-405b")
+    cluster = get_preset("dgx-h100", num_nodes=64)
+    workload = Training(sequence_length_tokens=131072, global_batch_sequences=16)
+    config = configs_to_table([ParallelConfig(dp=2, tp=8, pp=2, cp=16, sequence_parallel=True, recompute="full")])
+    ring = estimate_table(model, cluster, workload, config, options=_options())
+    gather = estimate_table(model, cluster, workload, config, options=_options(context_parallel="all_gather"))
+    assert gather["hidden.cp_comm"][0] == 0.0 < gather["time.cp_comm"][0]
+    assert ring["hidden.cp_comm"][0] > 0.0
