@@ -83,6 +83,7 @@ from cost_model._common import (
 )
 from cost_model._model_spec import ModelSpec
 from cost_model._serving_columns import KV_DTYPE_CODES, PHASE_CODES, checked_columns
+from cost_model._serving_load import ServingProfile, serving_profile
 from cost_model._table import table_length
 from cost_model._training import kernels_per_layer
 from cost_model._units import dtype_bytes
@@ -115,6 +116,7 @@ class _Setup:
     kernels_per_layer: tuple[float, float]  # (dense, MoE) layer, forward
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
+    profile: ServingProfile
 
     def column(self, name: str) -> np.ndarray:
         """A table column as float64, converted once."""
@@ -170,6 +172,7 @@ def _setup(
         kernels_per_layer=kernels_per_layer(SimpleNamespace(model=model, options=options)),
         prompt_tokens=np.broadcast_to(np.asarray(prompt, dtype=np.float64), (n,)),
         output_tokens=np.full(n, float(workload.output_tokens)),
+        profile=serving_profile(workload.serving_engine),
     )
 
 
@@ -247,10 +250,22 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     dense_side = ops.dense_ffn_side_bytes(model, model.ffn_hidden_size / tp, act=act, cast=cast)
     total = total + lay.has_lm_head * head + lay.layers * _memory_pass(s, attention_side)
     total = total + lay.dense_layers * _memory_pass(s, dense_side * dense_tokens)
-    if p.decode:  # decode steps replay CUDA graphs: no per-kernel launch cost
-        return total
-    launches = lay.dense_layers * s.kernels_per_layer[0] + lay.moe_layers * s.kernels_per_layer[1]
-    return total + launches * s.calibration.kernel_overhead_s
+    # Two overlapped micro-batches run on two streams: one's launch gaps fill with the other's
+    # kernels, so a pass pays the floor once, not once per micro-batch.
+    return total + _kernels_per_pass(s) * s.profile.kernel_floor_s / np.where(s.two_batch, 2.0, 1.0)
+
+
+def _kernels_per_pass(s: _Setup) -> np.ndarray:
+    """Kernels one pass runs on each pipeline rank, (3, n): each layer's compute kernels
+    (``_training.kernels_per_layer``) and its collectives (TP all-reduces after attention and
+    FFN, or the attention-DP gather/scatter of a dense FFN; EP dispatch and combine). Each pays
+    the engine's per-kernel floor, in prefill and decode alike: a CUDA graph removes the CPU
+    launch, not the GPU's launch-to-launch gap and wave tail (``data/serving_profiles.json``)."""
+    lay, tp, ep = s.layout, s.column("tp"), s.column("ep")
+    kernels = lay.dense_layers * s.kernels_per_layer[0] + lay.moe_layers * s.kernels_per_layer[1]
+    tp_calls = np.where(s.attention_dp, 2.0 * lay.dense_layers, 2.0 * lay.layers) * (tp > 1)
+    ep_calls = 2.0 * lay.moe_layers * (ep > 1)
+    return kernels + tp_calls + ep_calls
 
 
 def _moe_time(s: _Setup, attention_tokens: np.ndarray, rank_tokens: np.ndarray) -> np.ndarray:
@@ -497,80 +512,5 @@ def _timing(s: _Setup, batch: np.ndarray, *, with_ttft: bool = True) -> _Timing:
     return _Timing(time, hidden, prefill_s, sum(dec_exposed.values()), sum(time.values()), ttft)
 
 
-def _slo_ok(s: _Setup, timing: _Timing) -> tuple[np.ndarray, np.ndarray]:
-    """(TTFT within its SLO, TPOT within its SLO) per row; rows of a phase without one pass."""
-    w = s.workload
-    ttft_ok = (s.phase == PHASE_CODES["decode"]) | (timing.ttft_s <= (w.ttft_slo_s or np.inf))
-    tpot_ok = (s.phase == PHASE_CODES["prefill"]) | (timing.step_s <= (w.tpot_slo_s or np.inf))
-    return ttft_ok, tpot_ok
-
-
-def _choose_batch(s: _Setup) -> np.ndarray:
-    """Sequences per replica: the column if > 0; else what ``concurrency`` needs; else the largest
-    that memory holds (memory is affine in the batch) and, by bisection, meets the SLOs."""
-    n = s.phase.shape[0]
-    ones = np.ones(n)
-    first, second = sum(_memory_parts(s, ones).values()), sum(_memory_parts(s, 2 * ones).values())
-    per_sequence = second - first
-    fits = np.floor((s.cluster.memory_per_device_bytes - (first - per_sequence)) / per_sequence)
-    given = s.column("batch_size")
-    w = s.workload
-    if w.concurrency is not None:
-        wanted = np.ceil(w.concurrency / (s.replicas * s.column("pp")))
-        return np.where(given > 0, given, wanted)
-    batch = np.where(given > 0, given, np.maximum(fits, 1.0))
-    searching = (given == 0) & (fits > 1)
-    if (w.ttft_slo_s is None and w.tpot_slo_s is None) or not searching.any():
-        return batch
-    low, high = np.ones(n), np.where(searching, fits, 1.0)
-    while np.any(low < high):
-        middle = np.floor((low + high + 1) / 2)
-        ok = np.logical_and(*_slo_ok(s, _timing(s, middle, with_ttft=w.ttft_slo_s is not None)))
-        low, high = np.where(ok, middle, low), np.where(ok, high, middle - 1)
-    return np.where(searching, low, batch)
-
-
-def estimate_inference_table(
-    *, model: ModelSpec, cluster, workload: Inference, table: Mapping[str, np.ndarray],
-    options: EstimateOptions | None = None, prompt_tokens=None,
-) -> dict[str, np.ndarray]:
-    """Inference cost of every row of ``table`` (see the module docstring for columns).
-
-    ``options`` supplies the calibration (default: the shipped one for the device) and the
-    fragmentation reserve. ``prompt_tokens``, an array over rows, overrides
-    ``workload.prompt_tokens`` (sequence sweeps). Rows are not checked against the model's rules
-    here (``check_parallel_config`` does that).
-    """
-    s = _setup(
-        model=model, cluster=cluster, workload=workload, table=table, options=options or EstimateOptions(),
-        prompt_tokens=prompt_tokens,
-    )
-    batch = _choose_batch(s)
-    timing = _timing(s, batch)
-    memory = _memory_parts(s, batch)
-    is_prefill, is_decode = s.phase == PHASE_CODES["prefill"], s.phase == PHASE_CODES["decode"]
-    ranks = s.stage_ranks
-    prefill_rate = batch * s.prompt_tokens * s.replicas / (timing.prefill_s * ranks)
-    decode_rate = batch * s.replicas / (timing.decode_s * ranks)
-    capacity = s.cluster.memory_per_device_bytes
-    ttft_ok, tpot_ok = _slo_ok(s, timing)
-    reason = memory_reason(memory=memory, capacity_bytes=capacity)
-    slo = np.where(~ttft_ok, REASON_CODES["ttft_slo"], np.where(~tpot_ok, REASON_CODES["tpot_slo"], REASON_CODES["feasible"]))
-    reason = np.where(reason != 0, reason, slo)
-    columns = {f"time.{k}": v for k, v in timing.time.items()}
-    columns.update({f"hidden.{k}": v for k, v in timing.hidden.items()})
-    columns.update({f"memory.{k}": v for k, v in memory.items()})
-    columns.update(
-        step_time_s=timing.step_s,
-        ttft_s=np.where(is_decode, np.nan, timing.ttft_s),
-        tpot_s=np.where(is_prefill, np.nan, timing.step_s),
-        tokens_per_s_per_device=np.where(is_prefill, prefill_rate, batch * s.replicas / (timing.step_s * ranks)),
-        prefill_tokens_per_s_per_device=prefill_rate,
-        decode_tokens_per_s_per_device=decode_rate,
-        batch_size=batch.astype(np.int64),
-        memory_per_device_bytes=sum(memory.values()),
-        memory_capacity_bytes=np.full(batch.shape, float(capacity)),
-        feasible=reason == REASON_CODES["feasible"],
-        reason=reason.astype(np.int64),
-    )
-    return columns
+# The table entry point prices the load on top of these passes; it imports the helpers above.
+from cost_model._inference_load import estimate_inference_table  # noqa: E402

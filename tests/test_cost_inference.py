@@ -241,7 +241,7 @@ def test_largest_batch_fits_and_one_more_does_not() -> None:
 
 
 def test_tpot_slo_picks_the_largest_batch_that_meets_it() -> None:
-    slo = 0.03
+    slo = 0.05  # the per-kernel floor (serving profile) puts batch 1 of this layout near 39 ms
     workload = WORKLOAD.model_copy(update={"tpot_slo_s": slo})
     table = table_from_columns(dp=128, tp=8, ep=256, attention_data_parallel=True, phase=2, two_batch_overlap=True)
     out = _run(table, workload=workload)

@@ -1,0 +1,228 @@
+"""Iteration-level discrete-event simulator of one serving replica (continuous batching).
+
+It runs the policy ``_serving_load`` prices in closed form, request by request and iteration
+by iteration, with the same iteration cost (``IterationCost``): what it adds is the dynamics
+the closed form averages away — bursts of arrivals, the order of prompts in the queue, a
+request's iterations mixing different prefill loads, admission stalls.
+
+Policy (vLLM V1 scheduler, SGLang's with chunked prefill, TensorRT-LLM's in-flight batching;
+Yu et al., Orca, OSDI'22; Kwon et al., vLLM, SOSP'23; Agrawal et al., Sarathi-Serve, OSDI'24):
+each iteration first runs one token of every decoding request, then fills the rest of the
+``max_batched_tokens`` budget with prompt chunks of waiting requests in arrival order; a
+waiting request is admitted (its KV blocks taken) while fewer than ``max_running`` requests hold
+the cache. A request's first token comes at the end of the iteration that finishes its prompt;
+its remaining ``O - 1`` tokens take one iteration each. TTFT, TPOT (``(e2e - ttft) / (O - 1)``,
+as ``vllm bench serve`` and ``sglang.bench_serving`` report it) and the end-to-end latency add
+the engine's per-request overhead. Load is closed-loop (``concurrency`` clients, each sending
+its next request when the previous completes) or open-loop (Poisson ``request_rate_per_s``),
+as in Vidur (Agrawal et al., MLSys'24) and DistServe's simulator (Zhong et al., OSDI'24).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_model._serving_load import GRID_TOKENS, IterationCost, LoadPolicy
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """Per-request times of the requests measured (after the warm-up), and the throughput."""
+
+    ttft_s: np.ndarray
+    tpot_s: np.ndarray
+    e2e_s: np.ndarray
+    requests_per_s: float
+    output_tokens_per_s: float
+    iterations: int
+    simulated_s: float
+
+    def summary(self) -> dict[str, float]:
+        """Mean, p50, p90 and p99 of TTFT, TPOT and end-to-end latency, in seconds."""
+        figures: dict[str, float] = {}
+        for name, values in (("ttft", self.ttft_s), ("tpot", self.tpot_s), ("e2e", self.e2e_s)):
+            figures[f"{name}_mean_s"] = float(np.mean(values))
+            for p in (50, 90, 99):
+                figures[f"{name}_p{p}_s"] = float(np.percentile(values, p))
+        figures["requests_per_s"] = self.requests_per_s
+        figures["output_tokens_per_s"] = self.output_tokens_per_s
+        return figures
+
+
+class _ScalarCost:
+    """``IterationCost`` of one row as plain floats (a numpy call per iteration costs more than
+    the iteration's bookkeeping)."""
+
+    def __init__(self, cost: IterationCost) -> None:
+        self.grid = [float(x) for x in GRID_TOKENS]
+        self.linear = [float(y) for y in cost.linear_s[0]]
+        self.decode = float(cost.decode_attention_s[0])
+        self.prefill = float(cost.prefill_token_s[0])
+        self.floor = float(cost.floor_s[0])
+
+    def __call__(self, decodes: int, prefill_tokens: int) -> float:
+        tokens = max(float(decodes + prefill_tokens), 1.0)
+        upper = min(max(bisect.bisect_left(self.grid, tokens), 1), len(self.grid) - 1)
+        x0, x1, y0, y1 = self.grid[upper - 1], self.grid[upper], self.linear[upper - 1], self.linear[upper]
+        linear = y0 + (tokens - x0) * (y1 - y0) / (x1 - x0)
+        return linear + self.decode * decodes + self.prefill * prefill_tokens + self.floor
+
+
+def _lengths(rng: np.random.Generator, mean: float, cv: float, count: int) -> np.ndarray:
+    """Request lengths of the given mean and spread (gamma-distributed when cv > 0), >= 1."""
+    if cv <= 0:
+        return np.full(count, max(int(round(mean)), 1), dtype=np.int64)
+    shape = 1.0 / cv**2
+    return np.maximum(np.rint(rng.gamma(shape, mean / shape, count)), 1).astype(np.int64)
+
+
+class _Requests:
+    """Columns of every request issued; lengths are drawn in blocks as requests arrive."""
+
+    def __init__(self, *, rng: np.random.Generator, prompt_tokens: float, output_tokens: float, prompt_cv: float, output_cv: float) -> None:
+        self.arrival: list[float] = []
+        self.first_token: list[float] = []
+        self.finish: list[float] = []
+        self._draw = lambda count: (
+            _lengths(rng, prompt_tokens, prompt_cv, count), _lengths(rng, output_tokens, output_cv, count)
+        )
+        self.prompt, self.output = self._draw(4096)
+
+    def add(self, arrival: float) -> int:
+        """Issue a request arriving at ``arrival``; its id."""
+        rid = len(self.arrival)
+        if rid >= self.prompt.size:
+            more_prompt, more_output = self._draw(self.prompt.size)
+            self.prompt, self.output = np.concatenate([self.prompt, more_prompt]), np.concatenate([self.output, more_output])
+        self.arrival.append(arrival)
+        self.first_token.append(np.nan)
+        self.finish.append(np.nan)
+        return rid
+
+
+def simulate(
+    *, cost: IterationCost, policy: LoadPolicy, concurrency: int | None = None, request_rate_per_s: float | None = None,
+    duration_s: float = 60.0, prompt_tokens_cv: float = 0.0, output_tokens_cv: float = 0.0,
+    warmup_fraction: float = 0.2, seed: int = 0,
+) -> SimulationResult:
+    """Serve ``duration_s`` of traffic on one replica whose iteration costs ``cost`` (one row).
+
+    ``policy`` holds scalars: mean uncached prompt and output tokens, ``max_running``, the token
+    budget and the per-request overhead. Requests arriving in the first ``warmup_fraction`` of
+    the run are served but not measured (the closed loop starts with all clients at once), nor
+    are those finishing after ``duration_s`` (no new request arrives then: the load drains).
+    """
+    if (concurrency is None) == (request_rate_per_s is None):
+        raise ValueError("give concurrency or request_rate_per_s (one of them)")
+    if concurrency is not None and concurrency <= 0:
+        raise ValueError(f"concurrency ({concurrency}) must be > 0")
+    if request_rate_per_s is not None and request_rate_per_s <= 0:
+        raise ValueError(f"request_rate_per_s ({request_rate_per_s}) must be > 0")
+    rng = np.random.default_rng(seed)
+    if request_rate_per_s is not None:
+        gaps = rng.exponential(1.0 / request_rate_per_s, int(request_rate_per_s * duration_s * 1.2) + 16)
+        arrivals = np.cumsum(gaps)
+        arrivals = list(arrivals[arrivals < duration_s])
+    else:
+        arrivals = [0.0] * int(concurrency)
+    requests = _Requests(
+        rng=rng, prompt_tokens=float(np.asarray(policy.prompt_tokens).ravel()[0]),
+        output_tokens=float(np.asarray(policy.output_tokens).ravel()[0]), prompt_cv=prompt_tokens_cv,
+        output_cv=output_tokens_cv,
+    )
+    state = _run(
+        cost=_ScalarCost(cost), policy=policy, requests=requests, arrivals=arrivals, closed=concurrency is not None,
+        duration_s=duration_s,
+    )
+    return _result(requests, state, policy=policy, warmup_s=warmup_fraction * duration_s, duration_s=duration_s)
+
+
+def _run(*, cost: _ScalarCost, policy: LoadPolicy, requests: _Requests, arrivals: list, closed: bool, duration_s: float) -> dict:
+    budget = int(policy.max_batched_tokens)
+    max_running = max(int(np.asarray(policy.max_running).ravel()[0]), 1)
+    pending = deque(arrivals)  # arrival times not yet in the queue, in order
+    waiting: deque[int] = deque()  # request ids whose prompt is not finished, FCFS
+    remaining: dict[int, int] = {}
+    admitted: set[int] = set()
+    finishing: list[tuple[int, int]] = []  # (iteration of the last token, request id)
+    decoding, running, now, iteration = 0, 0, 0.0, 0
+    while pending or waiting or decoding:
+        if not waiting and not decoding and pending and pending[0] > now:
+            now = pending[0]
+        while pending and pending[0] <= now:
+            rid = requests.add(pending.popleft())
+            remaining[rid] = int(requests.prompt[rid])
+            waiting.append(rid)
+        left = budget - decoding
+        done_prefill = []
+        for rid in waiting:
+            if left <= 0:
+                break
+            if rid not in admitted:
+                if running >= max_running:
+                    break
+                admitted.add(rid)
+                running += 1
+            chunk = min(remaining[rid], left)
+            remaining[rid] -= chunk
+            left -= chunk
+            if remaining[rid] == 0:
+                done_prefill.append(rid)
+        for rid in done_prefill:  # arrival order: the finished prompts are the queue's head
+            waiting.popleft()
+            del remaining[rid]
+        prefill_tokens = budget - decoding - left
+        if prefill_tokens == 0 and decoding == 0:  # blocked: nothing can run until an arrival
+            if not pending:
+                break
+            now = max(now, pending[0])
+            continue
+        now += cost(decoding, prefill_tokens)
+        iteration += 1
+        while finishing and finishing[0][0] == iteration:
+            _, rid = heapq.heappop(finishing)
+            requests.finish[rid] = now
+            decoding -= 1
+            running -= 1
+            if closed and now < duration_s:
+                pending.append(now)
+        for rid in done_prefill:
+            requests.first_token[rid] = now
+            outputs = int(requests.output[rid])
+            if outputs <= 1:
+                requests.finish[rid] = now
+                running -= 1
+                if closed and now < duration_s:
+                    pending.append(now)
+            else:
+                heapq.heappush(finishing, (iteration + outputs - 1, rid))
+                decoding += 1
+    return {"iterations": iteration, "now": now}
+
+
+def _result(requests: _Requests, state: dict, *, policy: LoadPolicy, warmup_s: float, duration_s: float) -> SimulationResult:
+    arrival = np.asarray(requests.arrival)
+    first = np.asarray(requests.first_token)
+    finish = np.asarray(requests.finish)
+    outputs = requests.output[: arrival.size]
+    done = np.isfinite(finish)
+    measured = done & (arrival >= warmup_s) & (finish <= duration_s)  # steady state: no start, no drain
+    if not measured.any():
+        measured = done
+    overhead = float(policy.request_overhead_s)
+    ttft = first[measured] - arrival[measured] + overhead
+    tpot = np.where(outputs[measured] > 1, (finish[measured] - first[measured]) / np.maximum(outputs[measured] - 1, 1), 0.0)
+    e2e = finish[measured] - arrival[measured] + overhead
+    window = max(min(duration_s, state["now"]) - warmup_s, 1e-9)
+    in_window = done & (finish >= warmup_s) & (finish <= duration_s)
+    completed = float(np.count_nonzero(in_window))
+    return SimulationResult(
+        ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, requests_per_s=completed / window,
+        output_tokens_per_s=float(outputs[in_window].sum()) / window, iterations=int(state["iterations"]),
+        simulated_s=float(state["now"]),
+    )
