@@ -286,7 +286,8 @@ def _times(ttft, iteration, output, rate, running, spread, *, wait, busy, residu
     load = np.clip(busy, 1e-9, 1.0)
     for p in Z_SCORES:
         tail = np.where(p > 1.0 - load, wait / load * np.log(np.maximum(load / (1.0 - p), 1.0)), 0.0)
-        quantile = ttft - wait + np.where(np.isfinite(wait), tail, np.inf)
+        finite = np.isfinite(wait)
+        quantile = np.where(finite, ttft - np.where(finite, wait, 0.0) + np.where(finite, tail, 0.0), np.inf)
         if residual is not None:
             quantile = quantile - residual[0] + residual[1][p]
         ttft_quantiles[p] = quantile

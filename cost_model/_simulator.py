@@ -108,7 +108,7 @@ class _Requests:
 def simulate(
     *, cost: IterationCost, policy: LoadPolicy, concurrency: int | None = None, request_rate_per_s: float | None = None,
     duration_s: float = 60.0, prompt_tokens_cv: float = 0.0, output_tokens_cv: float = 0.0,
-    warmup_fraction: float = 0.2, seed: int = 0,
+    warmup_fraction: float = 0.2, seed: int = 0, num_requests: int | None = None,
 ) -> SimulationResult:
     """Serve ``duration_s`` of traffic on one replica whose iteration costs ``cost`` (one row).
 
@@ -116,6 +116,8 @@ def simulate(
     budget and the per-request overhead. Requests arriving in the first ``warmup_fraction`` of
     the run are served but not measured (the closed loop starts with all clients at once), nor
     are those finishing after ``duration_s`` (no new request arrives then: the load drains).
+    ``num_requests`` runs a benchmark's protocol instead: exactly that many requests (the
+    clients start together), all measured, however long they take.
     """
     if (concurrency is None) == (request_rate_per_s is None):
         raise ValueError("give concurrency or request_rate_per_s (one of them)")
@@ -135,14 +137,23 @@ def simulate(
         output_tokens=float(np.asarray(policy.output_tokens).ravel()[0]), prompt_cv=prompt_tokens_cv,
         output_cv=output_tokens_cv,
     )
+    if num_requests is not None:
+        if num_requests <= 0:
+            raise ValueError(f"num_requests ({num_requests}) must be > 0")
+        arrivals = arrivals[:num_requests]
     state = _run(
         cost=_ScalarCost(cost), policy=policy, requests=requests, arrivals=arrivals, closed=concurrency is not None,
-        duration_s=duration_s,
+        duration_s=np.inf if num_requests is not None else duration_s, limit=num_requests,
     )
+    if num_requests is not None:
+        return _result(requests, state, policy=policy, warmup_s=0.0, duration_s=np.inf)
     return _result(requests, state, policy=policy, warmup_s=warmup_fraction * duration_s, duration_s=duration_s)
 
 
-def _run(*, cost: _ScalarCost, policy: LoadPolicy, requests: _Requests, arrivals: list, closed: bool, duration_s: float) -> dict:
+def _run(
+    *, cost: _ScalarCost, policy: LoadPolicy, requests: _Requests, arrivals: list, closed: bool, duration_s: float,
+    limit: int | None = None,
+) -> dict:
     budget = int(policy.max_batched_tokens)
     max_running = max(int(np.asarray(policy.max_running).ravel()[0]), 1)
     pending = deque(arrivals)  # arrival times not yet in the queue, in order
@@ -189,7 +200,7 @@ def _run(*, cost: _ScalarCost, policy: LoadPolicy, requests: _Requests, arrivals
             requests.finish[rid] = now
             decoding -= 1
             running -= 1
-            if closed and now < duration_s:
+            if closed and now < duration_s and (limit is None or len(requests.arrival) + len(pending) < limit):
                 pending.append(now)
         for rid in done_prefill:
             requests.first_token[rid] = now
@@ -197,7 +208,7 @@ def _run(*, cost: _ScalarCost, policy: LoadPolicy, requests: _Requests, arrivals
             if outputs <= 1:
                 requests.finish[rid] = now
                 running -= 1
-                if closed and now < duration_s:
+                if closed and now < duration_s and (limit is None or len(requests.arrival) + len(pending) < limit):
                     pending.append(now)
             else:
                 heapq.heappush(finishing, (iteration + outputs - 1, rid))
@@ -218,7 +229,7 @@ def _result(requests: _Requests, state: dict, *, policy: LoadPolicy, warmup_s: f
     ttft = first[measured] - arrival[measured] + overhead
     tpot = np.where(outputs[measured] > 1, (finish[measured] - first[measured]) / np.maximum(outputs[measured] - 1, 1), 0.0)
     e2e = finish[measured] - arrival[measured] + overhead
-    window = max(min(duration_s, state["now"]) - warmup_s, 1e-9)
+    window = max(min(duration_s, state["now"]) - warmup_s, 1e-9)  # the whole run for a fixed request count
     in_window = done & (finish >= warmup_s) & (finish <= duration_s)
     completed = float(np.count_nonzero(in_window))
     return SimulationResult(
@@ -226,3 +237,71 @@ def _result(requests: _Requests, state: dict, *, policy: LoadPolicy, warmup_s: f
         output_tokens_per_s=float(outputs[in_window].sum()) / window, iterations=int(state["iterations"]),
         simulated_s=float(state["now"]),
     )
+
+
+# ------------------------------------------------------------------------------ one layout
+@dataclass(frozen=True)
+class LayoutSimulation:
+    """The simulator's figures for one layout, with the load it ran and the closed form's."""
+
+    result: SimulationResult
+    concurrency_per_replica: int | None
+    request_rate_per_s_per_replica: float | None
+    replicas: float
+    closed_form: dict[str, float]
+
+    def meets(self, workload) -> bool:  # noqa: ANN001 - Inference
+        """p90 TTFT and p90 TPOT within the workload's SLOs (an unset SLO holds)."""
+        figures = self.result.summary()
+        ttft_ok = workload.ttft_slo_s is None or figures["ttft_p90_s"] <= workload.ttft_slo_s
+        return ttft_ok and (workload.tpot_slo_s is None or figures["tpot_p90_s"] <= workload.tpot_slo_s)
+
+
+def simulate_layout(
+    *, model, cluster, workload, config, serving=None, options=None, concurrency_per_replica: int | None = None,  # noqa: ANN001
+    duration_s: float | None = None, seed: int = 0,
+) -> LayoutSimulation:
+    """Simulate one replica of a colocated ``config`` (phase ``both``).
+
+    The load is ``concurrency_per_replica`` if given, else the workload's ``concurrency`` or
+    ``request_rate_per_s`` over the layout's replicas, else the concurrency the closed form
+    chose (its SLO-constrained choice, or the row's batch x pp). ``duration_s`` defaults to
+    twenty mean end-to-end latencies of the closed form (60 s to 1 h) for a closed loop, 10
+    minutes for an open one.
+    """
+    from cost_model._inference_load import estimate_inference_table, serving_inputs
+    from cost_model._serving_columns import ServingConfig
+    from cost_model._table import configs_to_table
+
+    serving = (serving or ServingConfig()).model_copy(update={"phase": "both"})
+    table = configs_to_table([config], **serving.columns(workload=workload))
+    columns = estimate_inference_table(model=model, cluster=cluster, workload=workload, table=table, options=options)
+    cost, policy, replicas = serving_inputs(model=model, cluster=cluster, workload=workload, table=table, options=options)
+    figures = {name: float(np.asarray(columns[name])[0]) for name in ("ttft_s", "tpot_s", "ttft_p90_s", "tpot_p90_s", "e2e_s", "concurrency")}
+    one = LoadPolicy(policy.prompt_tokens[:1], policy.output_tokens[:1], policy.max_running[:1], policy.max_batched_tokens, policy.request_overhead_s)
+    rate = None
+    if concurrency_per_replica is None and workload.request_rate_per_s is not None:
+        rate = workload.request_rate_per_s / float(replicas[0])
+    elif concurrency_per_replica is None:
+        total = workload.concurrency if workload.concurrency is not None else figures["concurrency"]
+        concurrency_per_replica = max(int(round(total / float(replicas[0]))), 1)
+    if duration_s is None:
+        duration_s = 600.0 if rate is not None else float(np.clip(20.0 * np.nan_to_num(figures["e2e_s"], nan=3.0), 60.0, 3600.0))
+    result = simulate(
+        cost=cost.row(0), policy=one, concurrency=concurrency_per_replica, request_rate_per_s=rate, duration_s=duration_s,
+        prompt_tokens_cv=workload.prompt_tokens_cv, output_tokens_cv=workload.output_tokens_cv, seed=seed,
+    )
+    return LayoutSimulation(result, concurrency_per_replica, rate, float(replicas[0]), figures)
+
+
+def slo_concurrency(*, model, cluster, workload, config, serving=None, options=None, step: float = 0.8) -> LayoutSimulation:  # noqa: ANN001
+    """The closed form's chosen concurrency, lowered by ``step`` until the simulated p90 TTFT
+    and TPOT meet the SLOs (or one request per replica): the load a plan should be run at."""
+    run = simulate_layout(model=model, cluster=cluster, workload=workload, config=config, serving=serving, options=options)
+    while not run.meets(workload) and run.concurrency_per_replica and run.concurrency_per_replica > 1:
+        lower = max(int(run.concurrency_per_replica * step), 1)
+        run = simulate_layout(
+            model=model, cluster=cluster, workload=workload, config=config, serving=serving, options=options,
+            concurrency_per_replica=lower,
+        )
+    return run
