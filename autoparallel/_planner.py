@@ -68,6 +68,10 @@ def find_plan(
         result = run_workers(model, cluster, workload, workers=workers, **options)
     else:
         result = search_plan(model, cluster, workload, **options)
+    if isinstance(workload, Inference) and result.feasible:  # the serving simulator checks the top layouts
+        from search._objective import simulate_top_k
+
+        result = simulate_top_k(result, model=model, cluster=cluster, workload=workload, **_estimator_option(search_options))
     if not result.feasible:
         raise infeasible_error(model=model, cluster=cluster, workload=workload, result=result, **_estimator_option(search_options))
     plan = build_plan(model=model, cluster=cluster, workload=workload, result=result)

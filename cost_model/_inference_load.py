@@ -187,7 +187,8 @@ def _columns(s: _Setup, *, batch, timing: _Timing, memory, load: LoadTimes | Non
     requests = np.where(is_prefill, prefill_rate * ranks / s.prompt_tokens, np.where(is_decode, tokens * ranks / s.output_tokens, nan))
     if load is not None:
         ttft, tpot = np.where(is_both, load.ttft_s, ttft), np.where(is_both, load.tpot_s, tpot)
-        tokens = np.where(is_both, load.requests_per_s * s.output_tokens * replicas / ranks, tokens)
+        devices = ranks * s.column("pp")  # a replica spans every pipeline stage
+        tokens = np.where(is_both, load.requests_per_s * s.output_tokens * replicas / devices, tokens)
         for p, name in ((0.9, "p90"), (0.99, "p99")):
             extra[f"ttft_{name}_s"] = np.where(is_both, load.quantile("ttft", p), extra[f"ttft_{name}_s"])
             extra[f"tpot_{name}_s"] = np.where(is_both, load.quantile("tpot", p), extra[f"tpot_{name}_s"])

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from autoparallel.cli._args import add_job_arguments
 from autoparallel.cli._render import console
+from autoparallel.cli._serving_args import add_load_arguments, load_fields, print_simulation
 from cost_model._units import human_bytes, human_seconds
 
 DEFAULT_CLUSTER = "dgx-h200"
@@ -23,6 +24,7 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
     validate.add_argument("--table", action="append", default=None, help="only this published table (repeatable)")
     validate.add_argument("--json", action="store_true", help="print the rows as JSON instead of tables")
     validate.add_argument("--strict", action="store_true", help="exit 1 when a table is outside its tolerance")
+    validate.add_argument("--serving", action="store_true", help="end-to-end public serving measurements (TTFT, TPOT)")
     validate.set_defaults(func=_validate)
 
 
@@ -41,6 +43,8 @@ def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batch-size", type=int, default=1)
     parser.add_argument("--recompute", default="full", choices=("none", "selective", "full"))
     parser.add_argument("--json", action="store_true", help="print the CostBreakdown as JSON")
+    add_load_arguments(parser, slo_ms=True)
+    parser.add_argument("--simulate", action="store_true", help="serving: also run the iteration-level serving simulator")
 
 
 def _config(args: argparse.Namespace, num_devices: int):  # noqa: ANN202
@@ -71,6 +75,7 @@ def _estimate(args: argparse.Namespace) -> int:
         workload = Inference(
             prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, prompt_tokens_cv=args.prompt_tokens_cv,
             output_tokens_cv=args.output_tokens_cv, prefix_cache_hit_rate=args.prefix_cache_hit_rate,
+            ttft_slo_s=args.ttft_slo_s, tpot_slo_s=args.tpot_slo_s, **load_fields(args),
         )
         breakdown = estimate(model, cluster, workload, config, batch_size=args.batch_size)
     if args.json:
@@ -83,6 +88,12 @@ def _estimate(args: argparse.Namespace) -> int:
     fitted = f"fitted for {calibration.device_pattern!r}" if calibration.fit else "none (preset efficiencies)"
     console.print(f"[bold]{title}[/]\n{config!r}\ncalibration: {fitted}")
     _print_breakdown(breakdown)
+    if args.simulate and not args.training:
+        from cost_model._serving_columns import ServingConfig
+        from cost_model._simulator import simulate_layout
+
+        serving = ServingConfig(batch_size=args.batch_size)
+        print_simulation(simulate_layout(model=model, cluster=cluster, workload=workload, config=config, serving=serving), workload)
     return 0
 
 
@@ -117,6 +128,11 @@ def _print_breakdown(breakdown) -> None:  # noqa: ANN001 - CostBreakdown
 
 def _validate(args: argparse.Namespace) -> int:
     from cost_model._validation import TOLERANCES, summarize, validate_published
+
+    if args.serving:
+        from autoparallel.cli._serving_validation import print_serving_validation
+
+        return print_serving_validation(as_json=args.json, strict=args.strict)
 
     rows = validate_published()
     if args.table:

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from autoparallel.cli._args import add_job_arguments
 from autoparallel.cli._render import console
+from autoparallel.cli._serving_args import add_load_arguments, load_fields
 from cost_model._units import human_bytes, human_seconds
 
 DEFAULT_CLUSTER = "gb200-nvl72"
@@ -40,8 +41,10 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
 
 def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     add_job_arguments(parser, cluster=DEFAULT_CLUSTER, nodes=None, training=False)
-    parser.add_argument("--ttft-slo-s", type=float, default=5.0, help="time to first token limit (0: none)")
-    parser.add_argument("--tpot-slo-ms", type=float, default=50.0, help="time per output token limit (0: none)")
+    parser.add_argument("--ttft-slo-s", type=float, default=5.0, help="p90 time to first token limit (0: none)")
+    parser.add_argument("--ttft-slo-ms", dest="ttft_slo_s", type=lambda ms: float(ms) / 1e3, help="the same, in ms")
+    parser.add_argument("--tpot-slo-ms", type=float, default=50.0, help="p90 time per output token limit (0: none)")
+    add_load_arguments(parser, slo_ms=False)
     parser.add_argument("--no-disaggregation", action="store_true", help="do not price a prefill/decode split")
     parser.add_argument("--objective", default=None, help="step_time, throughput, tpot, ttft, memory, memory_headroom or pareto")
     parser.add_argument("--trials", type=int, default=DEFAULT_TRIALS)
@@ -61,6 +64,7 @@ def _workload(args: argparse.Namespace):  # noqa: ANN202
     if args.training:
         return Training(sequence_length_tokens=args.sequence_length, global_batch_tokens=args.global_batch_tokens)
     return Inference(
+        **load_fields(args),
         prompt_tokens=args.prompt_tokens,
         output_tokens=args.output_tokens,
         prompt_tokens_cv=args.prompt_tokens_cv,
