@@ -5,7 +5,8 @@ Colocated rows (phase ``both``) run iteration-level continuous batching with chu
 token count (``iteration_cost``), and TTFT / TPOT / end-to-end latency come from the load the
 workload states — ``concurrency`` (closed loop), ``request_rate_per_s`` (open loop, Poisson) —
 or, with neither, the largest concurrency per replica whose p90 TTFT and p90 TPOT meet the SLOs
-and whose KV cache fits (a vectorized scan over ``CONCURRENCY_GRID``, no bisection). A row's
+and whose KV cache fits (``_largest_meeting_slos``: each row bisects ``CONCURRENCY_GRID`` with
+the closed form alone; the cost model's passes are priced once, on a token grid). A row's
 ``batch_size`` > 0 fixes the requests each micro-batch holds (closed loop at that load).
 
 Pool rows of a disaggregated deployment (phase ``prefill`` / ``decode``) keep the pass model:
@@ -31,7 +32,7 @@ from cost_model._serving_load import GRID_TOKENS, IterationCost, LoadPolicy, Loa
 from cost_model._workload import Inference
 
 #: Requests in flight per replica tried when the SLOs choose the load (2x apart).
-CONCURRENCY_GRID = np.unique(np.round(np.geomspace(1.0, 4096.0, 13)))
+CONCURRENCY_GRID = 2.0 ** np.arange(13)
 #: Tokens per iteration at which decode attention is priced per request (it is linear in them).
 _ATTENTION_REFERENCE_TOKENS = 256.0
 
@@ -98,12 +99,29 @@ def _colocated_load(s: _Setup, cost: IterationCost, fits: np.ndarray) -> tuple[n
     elif (w.ttft_slo_s is None and w.tpot_slo_s is None) or np.all(given > 0):
         concurrency = max_running
     else:
-        grid = np.minimum(CONCURRENCY_GRID[None, :], max_running[:, None])
-        ok = _slo_met(s, closed_loop(cost=cost, policy=policy, concurrency=grid))
-        last = grid.shape[1] - 1 - np.argmax(ok[:, ::-1], axis=1)
-        chosen = grid[np.arange(grid.shape[0]), np.where(ok.any(axis=1), last, 0)]
-        concurrency = np.where(given > 0, max_running, chosen)
+        concurrency = np.where(given > 0, max_running, _largest_meeting_slos(s, cost, policy, max_running))
     return concurrency, closed_loop(cost=cost, policy=policy, concurrency=concurrency)
+
+
+def _largest_meeting_slos(s: _Setup, cost: IterationCost, policy: LoadPolicy, max_running: np.ndarray) -> np.ndarray:
+    """The largest concurrency per replica of ``CONCURRENCY_GRID`` (capped by the cache) whose
+    p90 TTFT and TPOT meet the SLOs, refined once by the geometric midpoint to the next grid
+    point; 1 where none does. Both times rise with the load, so each row bisects the grid's
+    indices (four evaluations of the closed form, no cost-model pass)."""
+    rows = np.arange(max_running.shape[0])
+    grid = np.minimum(CONCURRENCY_GRID[None, :], max_running[:, None])
+
+    def meets(concurrency: np.ndarray) -> np.ndarray:
+        return _slo_met(s, closed_loop(cost=cost, policy=policy, concurrency=concurrency))
+
+    low, high = np.zeros(rows.shape, dtype=np.int64), np.full(rows.shape, grid.shape[1] - 1)
+    while np.any(low < high):
+        middle = (low + high + 1) // 2
+        ok = meets(grid[rows, middle])
+        low, high = np.where(ok, middle, low), np.where(ok, high, middle - 1)
+    chosen, following = grid[rows, low], grid[rows, np.minimum(low + 1, grid.shape[1] - 1)]
+    between = np.floor(np.sqrt(chosen * following))
+    return np.where((between > chosen) & meets(between), between, chosen)
 
 
 def _pool_batch(s: _Setup, fits: np.ndarray) -> np.ndarray:

@@ -14,21 +14,22 @@ engine's per-iteration floors (``ServingProfile``).
 
 The closed form is iteration accounting (Little's law over iterations, as Vidur's and
 DistServe's analytical models do; Agrawal et al., Vidur, MLSys'24; Zhong et al., DistServe,
-OSDI'24 sec. 4): with ``n`` running requests each occupying ``m_p`` prefill iterations and
-``O - 1`` decode iterations, the replica completes ``X = n / ((m_p + O - 1) T)`` requests per
-second at a mean iteration time ``T = seconds(n_d, c)``, with ``n_d = n (O - 1) / (m_p + O - 1)``
-decoding and ``c = X P T`` prompt tokens per iteration; the fixed point is found by a few
-substitutions. Closed-loop load (``concurrency``: a benchmark client keeping ``C`` requests in
-flight) gives ``n = min(C, max_running)``, the rest waiting for admission (Little: ``(C - n) /
-X``). Open-loop load (``request_rate_per_s``, Poisson) gives ``n_d = λ (O - 1) T`` and a prompt
+OSDI'24 sec. 4). Closed-loop load (``concurrency``: a benchmark client keeping ``C`` requests in
+flight) admits ``n = min(C, max_running)``, the rest waiting for admission (Little: ``(C - n) /
+X``); requests sent together are prefilled together, in groups (``closed_loop``). Open-loop load
+(``request_rate_per_s``, Poisson) gives ``n_d = λ (O - 1) T`` decoding requests at a mean
+iteration time ``T`` found by substitution, a share of iterations carrying prompts, and a prompt
 queue served at the leftover budget: an M/D/1 wait ``ρ s / (2 (1 - ρ))`` with ``s`` one prompt's
 share of the budget (Kleinrock, Queueing Systems I, 1975, Pollaczek-Khinchine), plus the
-residual of the running iteration.
+residual of the running iteration (``open_loop``).
 
-Percentiles: a request's TPOT averages its ``O - 1`` iterations, whose prefill load varies as a
-Poisson count of prompts per iteration; p-quantiles are ``T + z_p σ / sqrt(O - 1)`` (central
-limit). The TTFT's waiting part is taken exponential with its mean beyond the zero-wait mass
-(the M/G/1 tail, Kingman 1962): quantile ``W / ρ · ln(ρ / (1 - p))`` where ``p > 1 - ρ``.
+Percentiles (open loop): a request's TPOT averages its ``O - 1`` iterations, a share of which
+carries prompts; p-quantiles are ``T + z_p σ / sqrt(O - 1)`` (central limit). The TTFT's
+queueing part is taken exponential with its mean beyond the zero-wait mass (the M/G/1 tail,
+Kingman 1962): quantile ``W / ρ · ln(ρ / (1 - p))`` where ``p > 1 - ρ``; the wait for the
+running iteration is uniform over a length-biased iteration. A closed loop of equal requests
+runs in lock-step waves, so its percentiles equal its means (the simulator shows the spread
+random lengths add).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ Engine = Literal["vllm", "sglang", "trtllm"]
 GRID_TOKENS = np.array([1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0])
 #: Standard normal quantiles of the reported percentiles.
 Z_SCORES = {0.5: 0.0, 0.9: 1.2815515655446004, 0.99: 2.3263478740408408}
-_FIXED_POINT_STEPS = 4
+_OPEN_LOOP_STEPS = 24
 
 
 class ServingProfile(BaseModel):
@@ -151,18 +152,37 @@ class LoadPolicy:
 
 @dataclass(frozen=True)
 class LoadTimes:
-    """Mean and percentiles of TTFT, TPOT and end-to-end latency, and the completion rate."""
+    """Mean TTFT, TPOT and end-to-end latency, the completion rate and the running requests;
+    percentiles on demand (``quantile``) from the spread terms of the model."""
 
     ttft_s: np.ndarray
     tpot_s: np.ndarray
     e2e_s: np.ndarray
     requests_per_s: np.ndarray  # per replica
     running: np.ndarray  # mean requests admitted
-    ttft_quantiles_s: dict[float, np.ndarray]
-    tpot_quantiles_s: dict[float, np.ndarray]
+    wait_s: np.ndarray | None = None  # mean queueing part of the TTFT (exponential tail)
+    busy: np.ndarray | None = None  # probability that an arrival waits at all
+    tpot_spread_s: np.ndarray | None = None  # standard deviation of a request's TPOT
+    residual: tuple | None = None  # (mean, {p: quantile}) of the wait for the running iteration
+    stable: np.ndarray | None = None  # False where the load grows without bound (times inf)
 
     def quantile(self, metric: str, p: float) -> np.ndarray:
-        return (self.ttft_quantiles_s if metric == "ttft" else self.tpot_quantiles_s)[p]
+        """The p-quantile (0.5, 0.9 or 0.99) of ``"ttft"`` or ``"tpot"`` over requests."""
+        if metric == "tpot":
+            value = self.tpot_s if self.tpot_spread_s is None else self.tpot_s + Z_SCORES[p] * self.tpot_spread_s
+        else:
+            value = self.ttft_s if self.wait_s is None else self._ttft_quantile(p)
+        return value if self.stable is None else np.where(self.stable, value, np.inf)
+
+    def _ttft_quantile(self, p: float) -> np.ndarray:
+        load = np.clip(self.busy, 1e-9, 1.0)
+        finite = np.isfinite(self.wait_s)
+        wait = np.where(finite, self.wait_s, 0.0)
+        tail = np.where(p > 1.0 - load, wait / load * np.log(np.maximum(load / (1.0 - p), 1.0)), 0.0)
+        value = self.ttft_s - wait + tail
+        if self.residual is not None:
+            value = value - self.residual[0] + self.residual[1][p]
+        return np.where(finite, value, np.inf)
 
 
 def _as_columns(reference: np.ndarray):
@@ -204,8 +224,7 @@ def closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> Load
     e2e_running = np.where(bound, running / rate, chunks * prefill_s + (output - 1.0) * tpot)
     admission_wait = (concurrency - running) / rate
     ttft = policy.request_overhead_s + e2e_running - (output - 1.0) * tpot + admission_wait
-    zero = np.zeros_like(ttft)
-    return _times(ttft, tpot, output, rate, running, zero, wait=admission_wait, busy=zero)
+    return LoadTimes(ttft, tpot, ttft + (output - 1.0) * tpot, rate, running)
 
 
 def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) -> LoadTimes:
@@ -222,7 +241,9 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
     col = _as_columns(rate)
     prompt, output, budget = col(policy.prompt_tokens), col(policy.output_tokens), policy.max_batched_tokens
     iteration = cost.seconds(np.zeros_like(rate * prompt), np.minimum(prompt, budget))
-    for _ in range(_FIXED_POINT_STEPS):
+    previous = iteration
+    for _ in range(_OPEN_LOOP_STEPS):
+        previous = iteration
         decodes = rate * (output - 1.0) * iteration
         budget_left = np.maximum(budget - decodes, 1.0)
         prompt_tokens = rate * prompt * iteration  # per iteration, on average
@@ -233,24 +254,22 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
     utilization = prompt_tokens / budget_left
     chunks = np.ceil(prompt / budget_left)
     running = decodes + rate * chunks * iteration
-    stable = (utilization < 1.0) & (running <= col(policy.max_running))
+    # Each request adds work to every iteration it spans: past a rate, more decodes make longer
+    # iterations make more decodes, and the substitution diverges instead of settling.
+    settled = iteration <= previous * (1.0 + 1e-3)
+    stable = (utilization < 1.0) & (running <= col(policy.max_running)) & settled
     queue_wait = np.where(stable, utilization * chunks * prefill_s / (2.0 * np.maximum(1.0 - utilization, 1e-9)), np.inf)
     busy = np.minimum(rate * (chunks + output - 1.0) * iteration, 1.0)  # P(engine busy at arrival)
     own = np.minimum(prompt + prompt_tokens, np.maximum(budget_left, prompt / chunks))
     service = cost.seconds(decodes, own) + (chunks - 1.0) * cost.seconds(decodes, budget_left)
     residual = _residual(busy, share, prefill_s, decode_s)
     ttft = policy.request_overhead_s + residual[0] + queue_wait + service
-    spread = _iteration_spread(cost, decodes, prompt_tokens / share, share, prefill_s, decode_s)
-    times = _times(
-        ttft, iteration, output, rate, running, spread, wait=queue_wait, busy=np.minimum(utilization, 1.0),
-        residual=residual,
-    )
-    if np.all(stable):
-        return times
-    bad = lambda v: np.where(stable, v, np.inf)  # noqa: E731 - one-line mask
+    spread = np.sqrt(share * (1.0 - share)) * np.abs(prefill_s - decode_s)  # iterations with and without prompts
+    unbounded = lambda v: np.where(stable, v, np.inf)  # noqa: E731 - one-line mask
     return LoadTimes(
-        bad(times.ttft_s), bad(times.tpot_s), bad(times.e2e_s), times.requests_per_s, times.running,
-        {p: bad(v) for p, v in times.ttft_quantiles_s.items()}, {p: bad(v) for p, v in times.tpot_quantiles_s.items()},
+        unbounded(ttft), unbounded(iteration), unbounded(ttft + (output - 1.0) * iteration), rate, running,
+        wait_s=queue_wait, busy=np.minimum(utilization, 1.0), tpot_spread_s=spread / np.sqrt(np.maximum(output - 1.0, 1.0)),
+        residual=residual, stable=stable,
     )
 
 
@@ -267,28 +286,3 @@ def _residual(busy, share, prefill_s, decode_s) -> tuple[np.ndarray, dict[float,
         longest = np.where(p > 1.0 - prefill_time_share, prefill_s, decode_s)
         quantiles[p] = np.where(p > 1.0 - busy, longest * np.clip((p - (1.0 - busy)) / np.maximum(busy, 1e-9), 0, 1), 0.0)
     return mean, quantiles
-
-
-def _iteration_spread(cost: IterationCost, decodes, tokens_when_prefilling, share, prefill_s, decode_s) -> np.ndarray:
-    """Standard deviation of an iteration's time: a share of iterations carries prompts."""
-    del cost, decodes, tokens_when_prefilling
-    return np.sqrt(share * (1.0 - share)) * np.abs(prefill_s - decode_s)
-
-
-def _times(ttft, iteration, output, rate, running, spread, *, wait, busy, residual=None) -> LoadTimes:
-    """Means and quantiles. ``residual`` is ``(mean, {p: quantile})`` of the wait for the
-    running iteration, already in ``ttft`` as its mean."""
-    tpot = iteration
-    e2e = ttft + (output - 1.0) * tpot
-    per_request_spread = spread / np.sqrt(np.maximum(output - 1.0, 1.0))
-    tpot_quantiles = {p: tpot + z * per_request_spread for p, z in Z_SCORES.items()}
-    ttft_quantiles = {}
-    load = np.clip(busy, 1e-9, 1.0)
-    for p in Z_SCORES:
-        tail = np.where(p > 1.0 - load, wait / load * np.log(np.maximum(load / (1.0 - p), 1.0)), 0.0)
-        finite = np.isfinite(wait)
-        quantile = np.where(finite, ttft - np.where(finite, wait, 0.0) + np.where(finite, tail, 0.0), np.inf)
-        if residual is not None:
-            quantile = quantile - residual[0] + residual[1][p]
-        ttft_quantiles[p] = quantile
-    return LoadTimes(ttft, tpot, e2e, rate, running, ttft_quantiles, tpot_quantiles)
