@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cache, cached_property
 from importlib import resources
 from typing import Literal
 
@@ -72,10 +72,12 @@ class ServingProfile(BaseModel):
         return self.sampling_s + self.scheduler_s
 
 
-@lru_cache(maxsize=None)
+@cache
 def serving_profile(engine: str) -> ServingProfile:
     """The shipped profile of ``engine``; raises ``ValueError`` naming the known engines."""
-    data = json.loads((resources.files("cost_model") / "data" / "serving_profiles.json").read_text())
+    data = json.loads(
+        (resources.files("cost_model") / "data" / "serving_profiles.json").read_text()
+    )
     profiles = {row["engine"]: row for row in data["profiles"]}
     if engine not in profiles:
         raise ValueError(f"serving_engine ({engine!r}) must be one of {sorted(profiles)}")
@@ -108,7 +110,9 @@ class IterationCost:
         tokens = np.broadcast_to(tokens, tokens.shape if two_d else self.floor_s.shape)
         linear = _interpolate(self, tokens)
         return (
-            linear + column(self.decode_attention_s) * decodes + column(self.prefill_token_s) * prefill_tokens
+            linear
+            + column(self.decode_attention_s) * decodes
+            + column(self.prefill_token_s) * prefill_tokens
             + column(self.floor_s)
         )
 
@@ -122,13 +126,18 @@ class IterationCost:
         """Value at zero tokens of each grid segment's line, (n, g - 1)."""
         return self.linear_s[:, :-1] - self.slope_s_per_token * GRID_TOKENS[:-1]
 
-    def row(self, index: int) -> "IterationCost":
+    def row(self, index: int) -> IterationCost:
         """The cost of one row (arrays of length 1), for the simulator."""
         pick = slice(index, index + 1)
-        return IterationCost(self.linear_s[pick], self.decode_attention_s[pick], self.prefill_token_s[pick], self.floor_s[pick])
+        return IterationCost(
+            self.linear_s[pick],
+            self.decode_attention_s[pick],
+            self.prefill_token_s[pick],
+            self.floor_s[pick],
+        )
 
 
-def _interpolate(cost: "IterationCost", tokens: np.ndarray) -> np.ndarray:
+def _interpolate(cost: IterationCost, tokens: np.ndarray) -> np.ndarray:
     """Piecewise-linear ``cost.linear_s`` (n, g) over ``GRID_TOKENS`` at ``tokens`` (n,) or
     (n, k). The grid is 4^0 .. 4^7, so a token count's segment is half its binary exponent."""
     segments = GRID_TOKENS.size - 1
@@ -169,16 +178,23 @@ class LoadTimes:
     def quantile(self, metric: str, p: float) -> np.ndarray:
         """The p-quantile (0.5, 0.9 or 0.99) of ``"ttft"`` or ``"tpot"`` over requests."""
         if metric == "tpot":
-            value = self.tpot_s if self.tpot_spread_s is None else self.tpot_s + Z_SCORES[p] * self.tpot_spread_s
+            value = (
+                self.tpot_s
+                if self.tpot_spread_s is None
+                else self.tpot_s + Z_SCORES[p] * self.tpot_spread_s
+            )
         else:
             value = self.ttft_s if self.wait_s is None else self._ttft_quantile(p)
         return value if self.stable is None else np.where(self.stable, value, np.inf)
 
     def _ttft_quantile(self, p: float) -> np.ndarray:
+        assert self.wait_s is not None and self.busy is not None  # set together by open_loop
         load = np.clip(self.busy, 1e-9, 1.0)
         finite = np.isfinite(self.wait_s)
         wait = np.where(finite, self.wait_s, 0.0)
-        tail = np.where(p > 1.0 - load, wait / load * np.log(np.maximum(load / (1.0 - p), 1.0)), 0.0)
+        tail = np.where(
+            p > 1.0 - load, wait / load * np.log(np.maximum(load / (1.0 - p), 1.0)), 0.0
+        )
         value = self.ttft_s - wait + tail
         if self.residual is not None:
             value = value - self.residual[0] + self.residual[1][p]
@@ -207,20 +223,34 @@ def closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> Load
     """
     concurrency = np.asarray(concurrency, dtype=np.float64)
     col = _as_columns(concurrency)
-    prompt, output, budget = col(policy.prompt_tokens), col(policy.output_tokens), policy.max_batched_tokens
+    prompt, output, budget = (
+        col(policy.prompt_tokens),
+        col(policy.output_tokens),
+        policy.max_batched_tokens,
+    )
     running = np.minimum(concurrency, col(policy.max_running))
     budget_left = np.maximum(budget - running, 1.0)
     chunks = np.ceil(prompt / budget_left)
     groups = np.maximum(chunks, np.ceil(running * prompt / budget_left))
     group_size = running / groups * chunks  # requests whose prompts share a prefill iteration
-    prefill_s = cost.seconds(running - group_size, np.minimum(running * prompt / groups, budget_left))
+    prefill_s = cost.seconds(
+        running - group_size, np.minimum(running * prompt / groups, budget_left)
+    )
     decode_s = cost.seconds(running, np.zeros_like(prefill_s))
     cycle_iterations = output - 1.0 + chunks
     bound = groups > cycle_iterations  # budget-bound prefill: every iteration full
     others = np.clip(groups - chunks, 0.0, output - 1.0)
-    cycle_s = np.where(bound, cycle_iterations * prefill_s, groups * prefill_s + (cycle_iterations - groups) * decode_s)
+    cycle_s = np.where(
+        bound,
+        cycle_iterations * prefill_s,
+        groups * prefill_s + (cycle_iterations - groups) * decode_s,
+    )
     rate = np.where(bound, budget_left / (prompt * prefill_s), running / cycle_s)
-    tpot = np.where(bound, prefill_s, (others * prefill_s + (output - 1.0 - others) * decode_s) / np.maximum(output - 1.0, 1.0))
+    tpot = np.where(
+        bound,
+        prefill_s,
+        (others * prefill_s + (output - 1.0 - others) * decode_s) / np.maximum(output - 1.0, 1.0),
+    )
     e2e_running = np.where(bound, running / rate, chunks * prefill_s + (output - 1.0) * tpot)
     admission_wait = (concurrency - running) / rate
     ttft = policy.request_overhead_s + e2e_running - (output - 1.0) * tpot + admission_wait
@@ -239,7 +269,11 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
     """
     rate = np.asarray(request_rate_per_s, dtype=np.float64)
     col = _as_columns(rate)
-    prompt, output, budget = col(policy.prompt_tokens), col(policy.output_tokens), policy.max_batched_tokens
+    prompt, output, budget = (
+        col(policy.prompt_tokens),
+        col(policy.output_tokens),
+        policy.max_batched_tokens,
+    )
     iteration = cost.seconds(np.zeros_like(rate * prompt), np.minimum(prompt, budget))
     previous = iteration
     for _ in range(_OPEN_LOOP_STEPS):
@@ -247,7 +281,11 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
         decodes = rate * (output - 1.0) * iteration
         budget_left = np.maximum(budget - decodes, 1.0)
         prompt_tokens = rate * prompt * iteration  # per iteration, on average
-        share = np.clip(np.maximum(1.0 - np.exp(-rate * iteration), prompt_tokens / budget_left), 1e-9, 1.0)
+        share = np.clip(
+            np.maximum(1.0 - np.exp(-rate * iteration), prompt_tokens / budget_left),
+            1e-9,
+            1.0,
+        )
         prefill_s = cost.seconds(decodes, np.minimum(prompt_tokens / share, budget_left))
         decode_s = cost.seconds(decodes, np.zeros_like(prefill_s))
         iteration = share * prefill_s + (1.0 - share) * decode_s
@@ -258,18 +296,31 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
     # iterations make more decodes, and the substitution diverges instead of settling.
     settled = iteration <= previous * (1.0 + 1e-3)
     stable = (utilization < 1.0) & (running <= col(policy.max_running)) & settled
-    queue_wait = np.where(stable, utilization * chunks * prefill_s / (2.0 * np.maximum(1.0 - utilization, 1e-9)), np.inf)
+    queue_wait = np.where(
+        stable,
+        utilization * chunks * prefill_s / (2.0 * np.maximum(1.0 - utilization, 1e-9)),
+        np.inf,
+    )
     busy = np.minimum(rate * (chunks + output - 1.0) * iteration, 1.0)  # P(engine busy at arrival)
     own = np.minimum(prompt + prompt_tokens, np.maximum(budget_left, prompt / chunks))
     service = cost.seconds(decodes, own) + (chunks - 1.0) * cost.seconds(decodes, budget_left)
     residual = _residual(busy, share, prefill_s, decode_s)
     ttft = policy.request_overhead_s + residual[0] + queue_wait + service
-    spread = np.sqrt(share * (1.0 - share)) * np.abs(prefill_s - decode_s)  # iterations with and without prompts
-    unbounded = lambda v: np.where(stable, v, np.inf)  # noqa: E731 - one-line mask
+    spread = np.sqrt(share * (1.0 - share)) * np.abs(
+        prefill_s - decode_s
+    )  # iterations with and without prompts
+    unbounded = lambda v: np.where(stable, v, np.inf)
     return LoadTimes(
-        unbounded(ttft), unbounded(iteration), unbounded(ttft + (output - 1.0) * iteration), rate, running,
-        wait_s=queue_wait, busy=np.minimum(utilization, 1.0), tpot_spread_s=spread / np.sqrt(np.maximum(output - 1.0, 1.0)),
-        residual=residual, stable=stable,
+        unbounded(ttft),
+        unbounded(iteration),
+        unbounded(ttft + (output - 1.0) * iteration),
+        rate,
+        running,
+        wait_s=queue_wait,
+        busy=np.minimum(utilization, 1.0),
+        tpot_spread_s=spread / np.sqrt(np.maximum(output - 1.0, 1.0)),
+        residual=residual,
+        stable=stable,
     )
 
 
@@ -284,5 +335,9 @@ def _residual(busy, share, prefill_s, decode_s) -> tuple[np.ndarray, dict[float,
     quantiles = {}
     for p in Z_SCORES:
         longest = np.where(p > 1.0 - prefill_time_share, prefill_s, decode_s)
-        quantiles[p] = np.where(p > 1.0 - busy, longest * np.clip((p - (1.0 - busy)) / np.maximum(busy, 1e-9), 0, 1), 0.0)
+        quantiles[p] = np.where(
+            p > 1.0 - busy,
+            longest * np.clip((p - (1.0 - busy)) / np.maximum(busy, 1e-9), 0, 1),
+            0.0,
+        )
     return mean, quantiles

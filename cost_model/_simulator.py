@@ -45,7 +45,11 @@ class SimulationResult:
     def summary(self) -> dict[str, float]:
         """Mean, p50, p90 and p99 of TTFT, TPOT and end-to-end latency, in seconds."""
         figures: dict[str, float] = {}
-        for name, values in (("ttft", self.ttft_s), ("tpot", self.tpot_s), ("e2e", self.e2e_s)):
+        for name, values in (
+            ("ttft", self.ttft_s),
+            ("tpot", self.tpot_s),
+            ("e2e", self.e2e_s),
+        ):
             figures[f"{name}_mean_s"] = float(np.mean(values))
             for p in (50, 90, 99):
                 figures[f"{name}_p{p}_s"] = float(np.percentile(values, p))
@@ -68,7 +72,12 @@ class _ScalarCost:
     def __call__(self, decodes: int, prefill_tokens: int) -> float:
         tokens = max(float(decodes + prefill_tokens), 1.0)
         upper = min(max(bisect.bisect_left(self.grid, tokens), 1), len(self.grid) - 1)
-        x0, x1, y0, y1 = self.grid[upper - 1], self.grid[upper], self.linear[upper - 1], self.linear[upper]
+        x0, x1, y0, y1 = (
+            self.grid[upper - 1],
+            self.grid[upper],
+            self.linear[upper - 1],
+            self.linear[upper],
+        )
         linear = y0 + (tokens - x0) * (y1 - y0) / (x1 - x0)
         return linear + self.decode * decodes + self.prefill * prefill_tokens + self.floor
 
@@ -76,7 +85,7 @@ class _ScalarCost:
 def _lengths(rng: np.random.Generator, mean: float, cv: float, count: int) -> np.ndarray:
     """Request lengths of the given mean and spread (gamma-distributed when cv > 0), >= 1."""
     if cv <= 0:
-        return np.full(count, max(int(round(mean)), 1), dtype=np.int64)
+        return np.full(count, max(round(mean), 1), dtype=np.int64)
     shape = 1.0 / cv**2
     return np.maximum(np.rint(rng.gamma(shape, mean / shape, count)), 1).astype(np.int64)
 
@@ -84,12 +93,21 @@ def _lengths(rng: np.random.Generator, mean: float, cv: float, count: int) -> np
 class _Requests:
     """Columns of every request issued; lengths are drawn in blocks as requests arrive."""
 
-    def __init__(self, *, rng: np.random.Generator, prompt_tokens: float, output_tokens: float, prompt_cv: float, output_cv: float) -> None:
+    def __init__(
+        self,
+        *,
+        rng: np.random.Generator,
+        prompt_tokens: float,
+        output_tokens: float,
+        prompt_cv: float,
+        output_cv: float,
+    ) -> None:
         self.arrival: list[float] = []
         self.first_token: list[float] = []
         self.finish: list[float] = []
         self._draw = lambda count: (
-            _lengths(rng, prompt_tokens, prompt_cv, count), _lengths(rng, output_tokens, output_cv, count)
+            _lengths(rng, prompt_tokens, prompt_cv, count),
+            _lengths(rng, output_tokens, output_cv, count),
         )
         self.prompt, self.output = self._draw(4096)
 
@@ -98,7 +116,10 @@ class _Requests:
         rid = len(self.arrival)
         if rid >= self.prompt.size:
             more_prompt, more_output = self._draw(self.prompt.size)
-            self.prompt, self.output = np.concatenate([self.prompt, more_prompt]), np.concatenate([self.output, more_output])
+            self.prompt, self.output = (
+                np.concatenate([self.prompt, more_prompt]),
+                np.concatenate([self.output, more_output]),
+            )
         self.arrival.append(arrival)
         self.first_token.append(np.nan)
         self.finish.append(np.nan)
@@ -106,9 +127,17 @@ class _Requests:
 
 
 def simulate(
-    *, cost: IterationCost, policy: LoadPolicy, concurrency: int | None = None, request_rate_per_s: float | None = None,
-    duration_s: float = 60.0, prompt_tokens_cv: float = 0.0, output_tokens_cv: float = 0.0,
-    warmup_fraction: float = 0.2, seed: int = 0, num_requests: int | None = None,
+    *,
+    cost: IterationCost,
+    policy: LoadPolicy,
+    concurrency: int | None = None,
+    request_rate_per_s: float | None = None,
+    duration_s: float = 60.0,
+    prompt_tokens_cv: float = 0.0,
+    output_tokens_cv: float = 0.0,
+    warmup_fraction: float = 0.2,
+    seed: int = 0,
+    num_requests: int | None = None,
 ) -> SimulationResult:
     """Serve ``duration_s`` of traffic on one replica whose iteration costs ``cost`` (one row).
 
@@ -126,15 +155,19 @@ def simulate(
     if request_rate_per_s is not None and request_rate_per_s <= 0:
         raise ValueError(f"request_rate_per_s ({request_rate_per_s}) must be > 0")
     rng = np.random.default_rng(seed)
+    arrivals: list[float]
     if request_rate_per_s is not None:
-        gaps = rng.exponential(1.0 / request_rate_per_s, int(request_rate_per_s * duration_s * 1.2) + 16)
-        arrivals = np.cumsum(gaps)
-        arrivals = list(arrivals[arrivals < duration_s])
+        expected = request_rate_per_s * duration_s
+        gaps = rng.exponential(1.0 / request_rate_per_s, int(expected + 6 * np.sqrt(expected)) + 16)
+        times = np.cumsum(gaps)
+        arrivals = [float(t) for t in times[times < duration_s]]
     else:
-        arrivals = [0.0] * int(concurrency)
+        arrivals = [0.0] * int(concurrency or 0)
     requests = _Requests(
-        rng=rng, prompt_tokens=float(np.asarray(policy.prompt_tokens).ravel()[0]),
-        output_tokens=float(np.asarray(policy.output_tokens).ravel()[0]), prompt_cv=prompt_tokens_cv,
+        rng=rng,
+        prompt_tokens=float(np.asarray(policy.prompt_tokens).ravel()[0]),
+        output_tokens=float(np.asarray(policy.output_tokens).ravel()[0]),
+        prompt_cv=prompt_tokens_cv,
         output_cv=output_tokens_cv,
     )
     if num_requests is not None:
@@ -142,16 +175,33 @@ def simulate(
             raise ValueError(f"num_requests ({num_requests}) must be > 0")
         arrivals = arrivals[:num_requests]
     state = _run(
-        cost=_ScalarCost(cost), policy=policy, requests=requests, arrivals=arrivals, closed=concurrency is not None,
-        duration_s=np.inf if num_requests is not None else duration_s, limit=num_requests,
+        cost=_ScalarCost(cost),
+        policy=policy,
+        requests=requests,
+        arrivals=arrivals,
+        closed=concurrency is not None,
+        duration_s=np.inf if num_requests is not None else duration_s,
+        limit=num_requests,
     )
     if num_requests is not None:
         return _result(requests, state, policy=policy, warmup_s=0.0, duration_s=np.inf)
-    return _result(requests, state, policy=policy, warmup_s=warmup_fraction * duration_s, duration_s=duration_s)
+    return _result(
+        requests,
+        state,
+        policy=policy,
+        warmup_s=warmup_fraction * duration_s,
+        duration_s=duration_s,
+    )
 
 
 def _run(
-    *, cost: _ScalarCost, policy: LoadPolicy, requests: _Requests, arrivals: list, closed: bool, duration_s: float,
+    *,
+    cost: _ScalarCost,
+    policy: LoadPolicy,
+    requests: _Requests,
+    arrivals: list,
+    closed: bool,
+    duration_s: float,
     limit: int | None = None,
 ) -> dict:
     budget = int(policy.max_batched_tokens)
@@ -200,7 +250,11 @@ def _run(
             requests.finish[rid] = now
             decoding -= 1
             running -= 1
-            if closed and now < duration_s and (limit is None or len(requests.arrival) + len(pending) < limit):
+            if (
+                closed
+                and now < duration_s
+                and (limit is None or len(requests.arrival) + len(pending) < limit)
+            ):
                 pending.append(now)
         for rid in done_prefill:
             requests.first_token[rid] = now
@@ -208,7 +262,11 @@ def _run(
             if outputs <= 1:
                 requests.finish[rid] = now
                 running -= 1
-                if closed and now < duration_s and (limit is None or len(requests.arrival) + len(pending) < limit):
+                if (
+                    closed
+                    and now < duration_s
+                    and (limit is None or len(requests.arrival) + len(pending) < limit)
+                ):
                     pending.append(now)
             else:
                 heapq.heappush(finishing, (iteration + outputs - 1, rid))
@@ -216,25 +274,44 @@ def _run(
     return {"iterations": iteration, "now": now}
 
 
-def _result(requests: _Requests, state: dict, *, policy: LoadPolicy, warmup_s: float, duration_s: float) -> SimulationResult:
+def _result(
+    requests: _Requests,
+    state: dict,
+    *,
+    policy: LoadPolicy,
+    warmup_s: float,
+    duration_s: float,
+) -> SimulationResult:
     arrival = np.asarray(requests.arrival)
     first = np.asarray(requests.first_token)
     finish = np.asarray(requests.finish)
     outputs = requests.output[: arrival.size]
     done = np.isfinite(finish)
-    measured = done & (arrival >= warmup_s) & (finish <= duration_s)  # steady state: no start, no drain
+    measured = (
+        done & (arrival >= warmup_s) & (finish <= duration_s)
+    )  # steady state: no start, no drain
     if not measured.any():
         measured = done
     overhead = float(policy.request_overhead_s)
     ttft = first[measured] - arrival[measured] + overhead
-    tpot = np.where(outputs[measured] > 1, (finish[measured] - first[measured]) / np.maximum(outputs[measured] - 1, 1), 0.0)
+    tpot = np.where(
+        outputs[measured] > 1,
+        (finish[measured] - first[measured]) / np.maximum(outputs[measured] - 1, 1),
+        0.0,
+    )
     e2e = finish[measured] - arrival[measured] + overhead
-    window = max(min(duration_s, state["now"]) - warmup_s, 1e-9)  # the whole run for a fixed request count
+    window = max(
+        min(duration_s, state["now"]) - warmup_s, 1e-9
+    )  # the whole run for a fixed request count
     in_window = done & (finish >= warmup_s) & (finish <= duration_s)
     completed = float(np.count_nonzero(in_window))
     return SimulationResult(
-        ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, requests_per_s=completed / window,
-        output_tokens_per_s=float(outputs[in_window].sum()) / window, iterations=int(state["iterations"]),
+        ttft_s=ttft,
+        tpot_s=tpot,
+        e2e_s=e2e,
+        requests_per_s=completed / window,
+        output_tokens_per_s=float(outputs[in_window].sum()) / window,
+        iterations=int(state["iterations"]),
         simulated_s=float(state["now"]),
     )
 
@@ -250,16 +327,26 @@ class LayoutSimulation:
     replicas: float
     closed_form: dict[str, float]
 
-    def meets(self, workload) -> bool:  # noqa: ANN001 - Inference
+    def meets(self, workload) -> bool:
         """p90 TTFT and p90 TPOT within the workload's SLOs (an unset SLO holds)."""
         figures = self.result.summary()
         ttft_ok = workload.ttft_slo_s is None or figures["ttft_p90_s"] <= workload.ttft_slo_s
-        return ttft_ok and (workload.tpot_slo_s is None or figures["tpot_p90_s"] <= workload.tpot_slo_s)
+        return ttft_ok and (
+            workload.tpot_slo_s is None or figures["tpot_p90_s"] <= workload.tpot_slo_s
+        )
 
 
 def simulate_layout(
-    *, model, cluster, workload, config, serving=None, options=None, concurrency_per_replica: int | None = None,  # noqa: ANN001
-    duration_s: float | None = None, seed: int = 0,
+    *,
+    model,
+    cluster,
+    workload,
+    config,
+    serving=None,
+    options=None,
+    concurrency_per_replica: int | None = None,
+    duration_s: float | None = None,
+    seed: int = 0,
 ) -> LayoutSimulation:
     """Simulate one replica of a colocated ``config`` (phase ``both``).
 
@@ -275,33 +362,79 @@ def simulate_layout(
 
     serving = (serving or ServingConfig()).model_copy(update={"phase": "both"})
     table = configs_to_table([config], **serving.columns(workload=workload))
-    columns = estimate_inference_table(model=model, cluster=cluster, workload=workload, table=table, options=options)
-    cost, policy, replicas = serving_inputs(model=model, cluster=cluster, workload=workload, table=table, options=options)
-    figures = {name: float(np.asarray(columns[name])[0]) for name in ("ttft_s", "tpot_s", "ttft_p90_s", "tpot_p90_s", "e2e_s", "concurrency")}
-    one = LoadPolicy(policy.prompt_tokens[:1], policy.output_tokens[:1], policy.max_running[:1], policy.max_batched_tokens, policy.request_overhead_s)
+    columns = estimate_inference_table(
+        model=model, cluster=cluster, workload=workload, table=table, options=options
+    )
+    cost, policy, replicas = serving_inputs(
+        model=model, cluster=cluster, workload=workload, table=table, options=options
+    )
+    figures = {
+        name: float(np.asarray(columns[name])[0])
+        for name in (
+            "ttft_s",
+            "tpot_s",
+            "ttft_p90_s",
+            "tpot_p90_s",
+            "e2e_s",
+            "concurrency",
+        )
+    }
+    one = LoadPolicy(
+        policy.prompt_tokens[:1],
+        policy.output_tokens[:1],
+        policy.max_running[:1],
+        policy.max_batched_tokens,
+        policy.request_overhead_s,
+    )
     rate = None
     if concurrency_per_replica is None and workload.request_rate_per_s is not None:
         rate = workload.request_rate_per_s / float(replicas[0])
     elif concurrency_per_replica is None:
         total = workload.concurrency if workload.concurrency is not None else figures["concurrency"]
-        concurrency_per_replica = max(int(round(total / float(replicas[0]))), 1)
+        concurrency_per_replica = max(round(total / float(replicas[0])), 1)
     if duration_s is None:
-        duration_s = 600.0 if rate is not None else float(np.clip(20.0 * np.nan_to_num(figures["e2e_s"], nan=3.0), 60.0, 3600.0))
+        duration_s = (
+            600.0
+            if rate is not None
+            else float(np.clip(20.0 * np.nan_to_num(figures["e2e_s"], nan=3.0), 60.0, 3600.0))
+        )
     result = simulate(
-        cost=cost.row(0), policy=one, concurrency=concurrency_per_replica, request_rate_per_s=rate, duration_s=duration_s,
-        prompt_tokens_cv=workload.prompt_tokens_cv, output_tokens_cv=workload.output_tokens_cv, seed=seed,
+        cost=cost.row(0),
+        policy=one,
+        concurrency=concurrency_per_replica,
+        request_rate_per_s=rate,
+        duration_s=duration_s,
+        prompt_tokens_cv=workload.prompt_tokens_cv,
+        output_tokens_cv=workload.output_tokens_cv,
+        seed=seed,
     )
     return LayoutSimulation(result, concurrency_per_replica, rate, float(replicas[0]), figures)
 
 
-def slo_concurrency(*, model, cluster, workload, config, serving=None, options=None, step: float = 0.8) -> LayoutSimulation:  # noqa: ANN001
+def slo_concurrency(
+    *, model, cluster, workload, config, serving=None, options=None, step: float = 0.8
+) -> LayoutSimulation:
     """The closed form's chosen concurrency, lowered by ``step`` until the simulated p90 TTFT
     and TPOT meet the SLOs (or one request per replica): the load a plan should be run at."""
-    run = simulate_layout(model=model, cluster=cluster, workload=workload, config=config, serving=serving, options=options)
-    while not run.meets(workload) and run.concurrency_per_replica and run.concurrency_per_replica > 1:
+    run = simulate_layout(
+        model=model,
+        cluster=cluster,
+        workload=workload,
+        config=config,
+        serving=serving,
+        options=options,
+    )
+    while (
+        not run.meets(workload) and run.concurrency_per_replica and run.concurrency_per_replica > 1
+    ):
         lower = max(int(run.concurrency_per_replica * step), 1)
         run = simulate_layout(
-            model=model, cluster=cluster, workload=workload, config=config, serving=serving, options=options,
+            model=model,
+            cluster=cluster,
+            workload=workload,
+            config=config,
+            serving=serving,
+            options=options,
             concurrency_per_replica=lower,
         )
     return run

@@ -19,12 +19,39 @@ def add_load_arguments(parser: argparse.ArgumentParser, *, slo_ms: bool) -> None
     """``--concurrency`` / ``--request-rate`` (one of them), ``--serving-engine``, and with
     ``slo_ms`` the SLOs in milliseconds (``--ttft-slo-ms``, ``--tpot-slo-ms``)."""
     load = parser.add_mutually_exclusive_group()
-    load.add_argument("--concurrency", type=int, default=None, help="serving: requests in flight (closed loop, as benchmarks drive it)")
-    load.add_argument("--request-rate", type=float, default=None, help="serving: requests per second (open loop, Poisson)")
-    parser.add_argument("--serving-engine", default="sglang", choices=("vllm", "sglang", "trtllm"), help="whose per-step floors apply")
+    load.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="serving: requests in flight (closed loop, as benchmarks drive it)",
+    )
+    load.add_argument(
+        "--request-rate",
+        type=float,
+        default=None,
+        help="serving: requests per second (open loop, Poisson)",
+    )
+    parser.add_argument(
+        "--serving-engine",
+        default="sglang",
+        choices=("vllm", "sglang", "trtllm"),
+        help="whose per-step floors apply",
+    )
     if slo_ms:
-        parser.add_argument("--ttft-slo-ms", dest="ttft_slo_s", type=_milliseconds, default=None, help="p90 TTFT limit in ms")
-        parser.add_argument("--tpot-slo-ms", dest="tpot_slo_s", type=_milliseconds, default=None, help="p90 TPOT limit in ms")
+        parser.add_argument(
+            "--ttft-slo-ms",
+            dest="ttft_slo_s",
+            type=_milliseconds,
+            default=None,
+            help="p90 TTFT limit in ms",
+        )
+        parser.add_argument(
+            "--tpot-slo-ms",
+            dest="tpot_slo_s",
+            type=_milliseconds,
+            default=None,
+            help="p90 TPOT limit in ms",
+        )
 
 
 def load_fields(args: argparse.Namespace) -> dict:
@@ -37,22 +64,33 @@ def load_fields(args: argparse.Namespace) -> dict:
     return fields
 
 
-def print_simulation(run, workload) -> None:  # noqa: ANN001 - LayoutSimulation, Inference
+def print_simulation(run, workload) -> None:
     """The simulator's TTFT / TPOT / end-to-end latency next to the closed form's."""
     figures = run.result.summary()
     load = (
-        f"{run.concurrency_per_replica} requests in flight per replica" if run.concurrency_per_replica is not None
+        f"{run.concurrency_per_replica} requests in flight per replica"
+        if run.concurrency_per_replica is not None
         else f"{run.request_rate_per_s_per_replica:.3g} requests/s per replica (Poisson)"
     )
-    table = Table(title=f"Serving simulator: {load} x {run.replicas:g} replicas, {run.result.simulated_s:,.0f} s simulated")
+    table = Table(
+        title=f"Serving simulator: {load} x {run.replicas:g} replicas, {run.result.simulated_s:,.0f} s simulated"
+    )
     for column in ("metric", "mean", "p50", "p90", "p99", "closed form (mean / p90)"):
         table.add_column(column, justify="left" if column == "metric" else "right")
     closed = run.closed_form
     for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "end-to-end")):
         reference = closed.get(f"{name}_s")
         p90 = closed.get(f"{name}_p90_s")
-        shown = "-" if reference is None else human_seconds(reference) + ("" if p90 is None else f" / {human_seconds(p90)}")
-        table.add_row(label, *(human_seconds(figures[f"{name}_{q}_s"]) for q in ("mean", "p50", "p90", "p99")), shown)
+        shown = (
+            "-"
+            if reference is None
+            else human_seconds(reference) + ("" if p90 is None else f" / {human_seconds(p90)}")
+        )
+        table.add_row(
+            label,
+            *(human_seconds(figures[f"{name}_{q}_s"]) for q in ("mean", "p50", "p90", "p99")),
+            shown,
+        )
     console.print(table)
     console.print(
         f"throughput: {figures['requests_per_s'] * run.replicas:,.2f} requests/s, "
