@@ -28,8 +28,11 @@ micro-batches in flight, so TPOT and TTFT are ``pp`` times the slowest rank's pa
 every rank holds the KV cache of ``pp`` micro-batches. Decoding sequences hold the cache of the
 mean decode context (continuous batching keeps sequences at every point of their output),
 rounded up to whole ``kv_block_tokens`` pages; a prefill pool holds its prompts' cache.
-Colocated (``both``) serving amortizes the prefill of a batch over its ``output_tokens`` decode
-steps (continuous batching with chunked prefill, Agrawal et al., Sarathi-Serve, OSDI'24).
+Colocated (``both``) rows are served under a load (``_inference_load``: continuous batching with
+chunked prefill, closed loop or Poisson, priced in closed form on the iteration cost these passes
+give); their ``step_time_s`` and time parts amortize the prefill of a batch over its
+``output_tokens`` decode steps (Agrawal et al., Sarathi-Serve, OSDI'24), their TTFT and TPOT are
+the load's.
 Routing is uniform at random: the busiest EP rank carries the balls-into-bins excess, or the
 measured ``EstimateOptions.routing_imbalance`` if larger; redundant experts cost their memory,
 and the skew they fix in real routing is not modelled. Inference has
@@ -43,16 +46,17 @@ kernels whose time adds. In a prefill pass, hidden communication holds
 hidden time longer; decode's low-latency all-to-all holds none.
 
 Efficiencies come from the device's shipped calibration (``_common.Calibration``, shared with
-training): matmuls at ``matmul_efficiency``, core attention at ``attention_efficiency``, and a
-prefill pass pays ``kernel_overhead_s`` per kernel launched (``_training.kernels_per_layer``);
-decode steps do not, as serving engines replay them from CUDA graphs (vLLM, SGLang, DeepSeek).
+training): matmuls at ``matmul_efficiency``, core attention at ``attention_efficiency``. Every
+pass, prefill and decode alike, pays the serving engine's per-kernel floor for each kernel it
+runs (``_kernels_per_pass``; ``data/serving_profiles.json``): CUDA graphs remove the CPU launch,
+not the GPU's launch-to-launch gap and wave tail; two overlapped micro-batches pay it once.
 
 Output columns: ``time.<phase>_<part>`` for parts ``INFERENCE_TIME_PARTS`` (exposed seconds;
 they sum to ``step_time_s``) and ``hidden.<phase>_<kind>`` for the communication kinds (seconds
 that overlap compute, not in the sum); ``memory.<part>`` for ``INFERENCE_MEMORY_PARTS`` (they sum
 to ``memory_per_device_bytes``); ``step_time_s`` (the
 decode step, or the prefill pass for a prefill pool), ``ttft_s`` / ``tpot_s`` (NaN where the
-phase has none), ``tokens_per_s_per_device`` (output tokens, or input tokens including cache
+phase has none; percentiles and the load in ``_inference_load``'s columns), ``tokens_per_s_per_device`` (output tokens, or input tokens including cache
 hits for a prefill pool), ``prefill_tokens_per_s_per_device``, ``decode_tokens_per_s_per_device``,
 ``batch_size``, ``memory_capacity_bytes``, ``feasible`` and ``reason`` (``_common.REASON_CODES``:
 the largest memory part when memory does not fit, else the missed SLO).
@@ -475,22 +479,18 @@ def _memory_parts(s: _Setup, batch: np.ndarray) -> dict[str, np.ndarray]:
 
 @dataclass(frozen=True)
 class _Timing:
-    """Time columns of one batch choice: parts, prefill pass, decode step, step and TTFT (n,)."""
+    """Time columns of one batch choice: parts, prefill pass, decode step and step (n,)."""
 
     time: dict[str, np.ndarray]
     hidden: dict[str, np.ndarray]
     prefill_s: np.ndarray
     decode_s: np.ndarray
     step_s: np.ndarray
-    ttft_s: np.ndarray
 
 
-def _timing(s: _Setup, batch: np.ndarray, *, with_ttft: bool = True) -> _Timing:
+def _timing(s: _Setup, batch: np.ndarray) -> _Timing:
     """Both passes at ``batch``, weighted by phase into the step (see the module docstring).
-
-    TTFT is a prefill pool's pass over its batch of prompts; colocated, a new prompt is prefilled
-    (in chunks) on its own between decode steps, so one prompt's pass.
-    """
+    A colocated row's TTFT and TPOT come from its load (``_inference_load``), not from here."""
     prefill, decode = _passes(s, batch)
     pre_exposed, pre_hidden = _pass_parts(s, prefill)
     dec_exposed, dec_hidden = _pass_parts(s, decode)
@@ -504,12 +504,7 @@ def _timing(s: _Setup, batch: np.ndarray, *, with_ttft: bool = True) -> _Timing:
     for kind in _COMM_PARTS:
         hidden[f"prefill_{kind}"] = prefill_weight * pre_hidden[kind]
         hidden[f"decode_{kind}"] = decode_weight * dec_hidden[kind]
-    prefill_s = sum(pre_exposed.values())
-    ttft = prefill_s
-    if with_ttft and is_both.any():
-        single, _ = _passes(s, np.ones_like(batch))
-        ttft = np.where(is_both, sum(_pass_parts(s, single)[0].values()), prefill_s)
-    return _Timing(time, hidden, prefill_s, sum(dec_exposed.values()), sum(time.values()), ttft)
+    return _Timing(time, hidden, sum(pre_exposed.values()), sum(dec_exposed.values()), sum(time.values()))
 
 
 # The table entry point prices the load on top of these passes; it imports the helpers above.

@@ -186,7 +186,7 @@ def _pool_batch(s: _Setup, fits: np.ndarray) -> np.ndarray:
     low, high = np.ones(n), np.where(searching, fits, 1.0)
     while np.any(low < high):
         middle = np.floor((low + high + 1) / 2)
-        ok = np.logical_and(*_pass_slo_ok(s, _timing(s, middle, with_ttft=False)))
+        ok = np.logical_and(*_pass_slo_ok(s, _timing(s, middle)))
         low, high = np.where(ok, middle, low), np.where(ok, high, middle - 1)
     return np.where(searching, low, batch)
 
@@ -235,7 +235,7 @@ def estimate_inference_table(
             batch,
         )
         batch = np.where(is_both & (s.column("batch_size") > 0), s.column("batch_size"), batch)
-    timing = _timing(s, batch, with_ttft=False)
+    timing = _timing(s, batch)
     memory = _memory_parts(s, batch)
     columns = _columns(
         s, batch=batch, timing=timing, memory=memory, load=load, concurrency=concurrency

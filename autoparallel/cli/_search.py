@@ -106,6 +106,10 @@ def _plan(args: argparse.Namespace) -> int:
     )
     if line := deployment_line(plan):
         console.print(line)
+    if plan.serving is not None:
+        from autoparallel.cli._serving_args import simulated_line
+
+        console.print(simulated_line(plan, model=model, cluster=cluster, workload=workload))
     console.print(f"wrote [bold]{path}[/]")
     return 0
 

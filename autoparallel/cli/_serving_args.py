@@ -97,3 +97,32 @@ def print_simulation(run, workload) -> None:
         f"{figures['output_tokens_per_s'] * run.replicas:,.0f} output tokens/s; "
         f"SLOs (p90) {'met' if run.meets(workload) else '[red]missed[/]'}"
     )
+
+
+def simulated_line(plan, *, model, cluster, workload) -> str:  # noqa: ANN001
+    """The chosen layout run in the serving simulator at its chosen load: p90 TTFT and TPOT."""
+    from cost_model import ServingConfig
+    from cost_model._simulator import simulate_layout
+
+    settings = plan.serving
+    serving = ServingConfig(
+        batch_size=settings.batch_size,
+        kv_dtype=settings.kv_dtype,
+        num_redundant_experts=settings.num_redundant_experts,
+        two_batch_overlap=settings.two_batch_overlap,
+    )
+    run = simulate_layout(
+        model=model, cluster=cluster, workload=workload, config=plan.config, serving=serving
+    )
+    figures = run.result.summary()
+    load = (
+        f"{run.concurrency_per_replica * run.replicas:g} requests in flight"
+        if run.concurrency_per_replica is not None
+        else f"{workload.request_rate_per_s:g} requests/s"
+    )
+    verdict = "meets" if run.meets(workload) else "[red]misses[/]"
+    return (
+        f"serving simulator at {load}: p90 TTFT {human_seconds(figures['ttft_p90_s'])}, "
+        f"p90 TPOT {human_seconds(figures['tpot_p90_s'])} ({verdict} the SLOs), "
+        f"{figures['output_tokens_per_s'] * run.replicas:,.0f} output tokens/s"
+    )
