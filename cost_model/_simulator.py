@@ -174,8 +174,7 @@ def simulate(
         if num_requests <= 0:
             raise ValueError(f"num_requests ({num_requests}) must be > 0")
         arrivals = arrivals[:num_requests]
-    state = _run(
-        cost=_ScalarCost(cost),
+    engine = _Engine(
         policy=policy,
         requests=requests,
         arrivals=arrivals,
@@ -183,6 +182,7 @@ def simulate(
         duration_s=np.inf if num_requests is not None else duration_s,
         limit=num_requests,
     )
+    state = _run(cost=_ScalarCost(cost), engine=engine)
     if num_requests is not None:
         return _result(requests, state, policy=policy, warmup_s=0.0, duration_s=np.inf)
     return _result(
@@ -194,84 +194,111 @@ def simulate(
     )
 
 
-def _run(
-    *,
-    cost: _ScalarCost,
-    policy: LoadPolicy,
-    requests: _Requests,
-    arrivals: list,
-    closed: bool,
-    duration_s: float,
-    limit: int | None = None,
-) -> dict:
-    budget = int(policy.max_batched_tokens)
-    max_running = max(int(np.asarray(policy.max_running).ravel()[0]), 1)
-    pending = deque(arrivals)  # arrival times not yet in the queue, in order
-    waiting: deque[int] = deque()  # request ids whose prompt is not finished, FCFS
-    remaining: dict[int, int] = {}
-    admitted: set[int] = set()
-    finishing: list[tuple[int, int]] = []  # (iteration of the last token, request id)
-    decoding, running, now, iteration = 0, 0, 0.0, 0
-    while pending or waiting or decoding:
-        if not waiting and not decoding and pending and pending[0] > now:
-            now = pending[0]
-        while pending and pending[0] <= now:
-            rid = requests.add(pending.popleft())
-            remaining[rid] = int(requests.prompt[rid])
-            waiting.append(rid)
-        left = budget - decoding
-        done_prefill = []
-        for rid in waiting:
+class _Engine:
+    """The scheduler state of one replica: the queue, the running requests, the clock."""
+
+    def __init__(
+        self,
+        *,
+        policy: LoadPolicy,
+        requests: _Requests,
+        arrivals: list,
+        closed: bool,
+        duration_s: float,
+        limit: int | None,
+    ) -> None:
+        self.budget = int(policy.max_batched_tokens)
+        self.max_running = max(int(np.asarray(policy.max_running).ravel()[0]), 1)
+        self.requests, self.closed, self.duration_s, self.limit = (
+            requests,
+            closed,
+            duration_s,
+            limit,
+        )
+        self.pending = deque(arrivals)  # arrival times not yet in the queue, in order
+        self.waiting: deque[int] = deque()  # request ids whose prompt is not finished, FCFS
+        self.remaining: dict[int, int] = {}
+        self.admitted: set[int] = set()
+        self.finishing: list[tuple[int, int]] = []  # (iteration of the last token, request id)
+        self.decoding, self.running, self.now, self.iteration = 0, 0, 0.0, 0
+
+    def busy(self) -> bool:
+        return bool(self.pending or self.waiting or self.decoding)
+
+    def enqueue_arrivals(self) -> None:
+        """Move the requests that have arrived by now into the queue (jump to the next arrival
+        when the engine is idle)."""
+        if not self.waiting and not self.decoding and self.pending and self.pending[0] > self.now:
+            self.now = self.pending[0]
+        while self.pending and self.pending[0] <= self.now:
+            rid = self.requests.add(self.pending.popleft())
+            self.remaining[rid] = int(self.requests.prompt[rid])
+            self.waiting.append(rid)
+
+    def schedule_prefill(self) -> tuple[int, list[int]]:
+        """Fill the budget left by the decodes with prompt chunks in arrival order, admitting
+        requests while the cache holds them; (prompt tokens scheduled, prompts finished)."""
+        left, finished = self.budget - self.decoding, []
+        for rid in self.waiting:
             if left <= 0:
                 break
-            if rid not in admitted:
-                if running >= max_running:
+            if rid not in self.admitted:
+                if self.running >= self.max_running:
                     break
-                admitted.add(rid)
-                running += 1
-            chunk = min(remaining[rid], left)
-            remaining[rid] -= chunk
+                self.admitted.add(rid)
+                self.running += 1
+            chunk = min(self.remaining[rid], left)
+            self.remaining[rid] -= chunk
             left -= chunk
-            if remaining[rid] == 0:
-                done_prefill.append(rid)
-        for rid in done_prefill:  # arrival order: the finished prompts are the queue's head
-            waiting.popleft()
-            del remaining[rid]
-        prefill_tokens = budget - decoding - left
-        if prefill_tokens == 0 and decoding == 0:  # blocked: nothing can run until an arrival
-            if not pending:
-                break
-            now = max(now, pending[0])
-            continue
-        now += cost(decoding, prefill_tokens)
-        iteration += 1
-        while finishing and finishing[0][0] == iteration:
-            _, rid = heapq.heappop(finishing)
-            requests.finish[rid] = now
-            decoding -= 1
-            running -= 1
-            if (
-                closed
-                and now < duration_s
-                and (limit is None or len(requests.arrival) + len(pending) < limit)
-            ):
-                pending.append(now)
-        for rid in done_prefill:
-            requests.first_token[rid] = now
-            outputs = int(requests.output[rid])
+            if self.remaining[rid] == 0:
+                finished.append(rid)
+        for rid in finished:  # arrival order: the finished prompts are the queue's head
+            self.waiting.popleft()
+            del self.remaining[rid]
+        return self.budget - self.decoding - left, finished
+
+    def _complete(self, rid: int) -> None:
+        self.requests.finish[rid] = self.now
+        self.running -= 1
+        issued = len(self.requests.arrival) + len(self.pending)
+        if (
+            self.closed
+            and self.now < self.duration_s
+            and (self.limit is None or issued < self.limit)
+        ):
+            self.pending.append(self.now)  # the client sends its next request
+
+    def finish_iteration(self, finished_prompts: list[int]) -> None:
+        """Retire the requests whose last token this iteration made; start decoding the prompts
+        it finished (their first token is now)."""
+        while self.finishing and self.finishing[0][0] == self.iteration:
+            _, rid = heapq.heappop(self.finishing)
+            self.decoding -= 1
+            self._complete(rid)
+        for rid in finished_prompts:
+            self.requests.first_token[rid] = self.now
+            outputs = int(self.requests.output[rid])
             if outputs <= 1:
-                requests.finish[rid] = now
-                running -= 1
-                if (
-                    closed
-                    and now < duration_s
-                    and (limit is None or len(requests.arrival) + len(pending) < limit)
-                ):
-                    pending.append(now)
+                self._complete(rid)
             else:
-                heapq.heappush(finishing, (iteration + outputs - 1, rid))
-                decoding += 1
-    return {"iterations": iteration, "now": now}
+                heapq.heappush(self.finishing, (self.iteration + outputs - 1, rid))
+                self.decoding += 1
+
+
+def _run(*, cost: _ScalarCost, engine: _Engine) -> dict:
+    """Iterate until every request issued is served (or nothing more can run)."""
+    while engine.busy():
+        engine.enqueue_arrivals()
+        prefill_tokens, finished = engine.schedule_prefill()
+        if prefill_tokens == 0 and engine.decoding == 0:  # blocked: wait for an arrival
+            if not engine.pending:
+                break
+            engine.now = max(engine.now, engine.pending[0])
+            continue
+        engine.now += cost(engine.decoding, prefill_tokens)
+        engine.iteration += 1
+        engine.finish_iteration(finished)
+    return {"iterations": engine.iteration, "now": engine.now}
 
 
 def _result(
