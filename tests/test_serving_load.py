@@ -286,3 +286,17 @@ def test_slo_plan_meets_its_slos_in_the_simulator(nodes: int) -> None:
     assert run.concurrency_per_replica == settings.batch_size * plan.config.pp
     assert figures["ttft_p90_s"] <= 2.0 and figures["tpot_p90_s"] <= 0.05, figures
     assert plan.predicted.tpot_s <= 0.05 and plan.predicted.tokens_per_s_per_device > 0
+
+
+@pytest.mark.parametrize(
+    "option", [["--concurrency", "0"], ["--request-rate", "-1"], ["--ttft-slo-ms", "-5"]]
+)
+def test_cli_rejects_non_positive_load_and_slos_with_exit_2(option, capsys) -> None:
+    from autoparallel.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            ["estimate", "--inference", "--model", "deepseek-v3", "--cluster", "dgx-h200", *option]
+        )
+    assert exit_info.value.code == 2
+    assert f"argument {option[0]}: ({option[1]}) must be > 0" in capsys.readouterr().err

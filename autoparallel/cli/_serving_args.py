@@ -11,8 +11,21 @@ from autoparallel.cli._render import console
 from cost_model._units import human_seconds
 
 
+def _positive(kind):  # noqa: ANN001, ANN202 - an argparse type
+    """An argparse type: ``kind(text)``, which must be > 0 (argparse exits 2 naming the option)."""
+
+    def parse(text: str):  # noqa: ANN202
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"({text}) must be > 0")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def _milliseconds(text: str) -> float:
-    return float(text) / 1e3
+    return _positive(float)(text) / 1e3
 
 
 def add_load_arguments(parser: argparse.ArgumentParser, *, slo_ms: bool) -> None:
@@ -21,13 +34,13 @@ def add_load_arguments(parser: argparse.ArgumentParser, *, slo_ms: bool) -> None
     load = parser.add_mutually_exclusive_group()
     load.add_argument(
         "--concurrency",
-        type=int,
+        type=_positive(int),
         default=None,
         help="serving: requests in flight (closed loop, as benchmarks drive it)",
     )
     load.add_argument(
         "--request-rate",
-        type=float,
+        type=_positive(float),
         default=None,
         help="serving: requests per second (open loop, Poisson)",
     )
