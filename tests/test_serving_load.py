@@ -300,3 +300,34 @@ def test_cli_rejects_non_positive_load_and_slos_with_exit_2(option, capsys) -> N
         )
     assert exit_info.value.code == 2
     assert f"argument {option[0]}: ({option[1]}) must be > 0" in capsys.readouterr().err
+
+
+def test_plan_cli_runs_the_slo_command_and_reports_the_simulator(tmp_path, capsys) -> None:
+    """The acceptance command, as typed (N = 2: DeepSeek-V3 fits 16 H200 in any precision)."""
+    from autoparallel.cli import main
+
+    output = tmp_path / "plan.json"
+    argv = [
+        "plan",
+        "--model",
+        "deepseek-v3",
+        "--cluster",
+        "dgx-h200",
+        "--nodes",
+        "2",
+        "--prompt-tokens",
+        "4000",
+    ]
+    argv += [
+        "--output-tokens",
+        "1000",
+        "--ttft-slo-ms",
+        "2000",
+        "--tpot-slo-ms",
+        "50",
+        "--trials",
+        "40",
+    ]
+    assert main([*argv, "--output", str(output)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "serving simulator at" in text and "(meets the SLOs)" in text and output.exists()
