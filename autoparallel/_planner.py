@@ -106,6 +106,10 @@ def find_plan(
         result = search_plan(model, cluster, workload, **options)
     if result.settings.get("num_nodes_used", cluster.num_nodes) != cluster.num_nodes:  # whole nodes left idle
         cluster = cluster.with_nodes(result.settings["num_nodes_used"])
+    if isinstance(workload, Inference) and result.feasible:  # the serving simulator checks the top layouts
+        from search._objective import simulate_top_k
+
+        result = simulate_top_k(result, model=model, cluster=cluster, workload=workload, **_estimator_option(search_options))
     if not result.feasible:
         raise infeasible_error(
             model=model,

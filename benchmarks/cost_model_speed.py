@@ -5,6 +5,12 @@ with recompute, ZeRO stage, micro-batch size, sequence parallel and pipeline sch
 distinct configs; ``estimate_table`` prices all of them at once (training, then inference), and
 the baseline prices a random sample of the same rows one by one (a table of one row each, the
 path ``cost_model.estimate`` takes). Figures are medians of ``--repeats`` runs in this process.
+Inference is priced twice: fully loaded, then with a TTFT and a TPOT SLO set (each layout then
+scans the concurrencies its cache holds for the largest whose p90 TTFT/TPOT meet them).
+
+The serving simulator (``cost_model._simulator``) then serves 10 minutes of Poisson traffic at
+50 requests/s (512-token prompts, 128-token outputs) on one plan (DeepSeek-V3, fp8, TP8 on one
+dgx-h200 node), against a budget of 2 s on one core.
 
     python benchmarks/cost_model_speed.py [--rows N] [--repeats 3] [--sample 200]
 """
@@ -28,6 +34,7 @@ from cost_model._table import select_rows  # noqa: E402
 from topology import get_preset  # noqa: E402
 
 TARGET_ROWS_PER_S = 100_000
+SIMULATOR_BUDGET_S = 2.0
 
 
 def legal_meshes(model, world: int) -> list[tuple[int, int, int, int, int]]:
@@ -109,9 +116,35 @@ def main() -> int:
     print(f"ref-3t-moe on {cluster.num_devices} x {cluster.device.name}; {distinct:,} distinct legal configs, {rows:,} rows")
     training = Training(sequence_length_tokens=4096, global_batch_tokens=4096 * 4096)
     inference = Inference(prompt_tokens=4096, output_tokens=1024)
+    with_slos = inference.model_copy(update={"ttft_slo_s": 2.0, "tpot_slo_s": 0.05})
     measure("training", model, cluster, training, table, repeats=args.repeats, sample=args.sample)
     measure("inference", model, cluster, inference, table, repeats=args.repeats, sample=args.sample)
+    measure("infer+SLO", model, cluster, with_slos, table, repeats=args.repeats, sample=args.sample)
+    measure_simulator(repeats=args.repeats)
     return 0
+
+
+def measure_simulator(*, repeats: int) -> None:
+    """Seconds the simulator takes for 10 minutes of traffic at 50 requests/s on one plan."""
+    from cost_model import ServingConfig, configs_to_table
+    from cost_model._inference_load import serving_inputs
+    from cost_model._simulator import simulate
+
+    model, cluster = get_model("deepseek-v3"), get_preset("dgx-h200", num_nodes=1)
+    workload = Inference(prompt_tokens=512, output_tokens=128, weight_dtype="fp8", request_rate_per_s=50.0)
+    table = configs_to_table([ParallelConfig(tp=8, ep=8)], **ServingConfig().columns(workload=workload))
+    cost, policy, _ = serving_inputs(model=model, cluster=cluster, workload=workload, table=table)
+    runs = []
+    wall, cpu = median_seconds(lambda: runs.append(simulate(cost=cost, policy=policy, request_rate_per_s=50.0, duration_s=600.0)), repeats)
+    figures = runs[-1].summary()
+    for clock, seconds in (("wall", wall), ("cpu", cpu)):
+        verdict = "meets" if seconds <= SIMULATOR_BUDGET_S else "ABOVE"
+        print(
+            f"simulator [{clock:4s}] 600 s at 50 requests/s ({runs[-1].iterations:,} iterations, "
+            f"{runs[-1].ttft_s.size:,} requests measured) in {seconds:5.2f} s ({verdict} {SIMULATOR_BUDGET_S:g} s; "
+            f"ratio {SIMULATOR_BUDGET_S / seconds:5.1f}x under budget); simulated TTFT {figures['ttft_mean_s'] * 1e3:.0f} ms, "
+            f"TPOT {figures['tpot_mean_s'] * 1e3:.1f} ms"
+        )
 
 
 if __name__ == "__main__":

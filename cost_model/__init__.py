@@ -13,6 +13,9 @@ from cost_model._parallel import ParallelConfig
 from cost_model._rules import check_parallel_config, check_sequence_fits, split_layers
 from cost_model._serving import DisaggregatedSplit, PoolConfig, disaggregated_split
 from cost_model._serving_columns import ServingConfig
+from cost_model._serving_load import ServingProfile, serving_profile
+from cost_model._serving_validation import validate_serving
+from cost_model._simulator import SimulationResult, simulate, simulate_layout
 from cost_model._sweep import SequenceSweep, sequence_sweep
 from cost_model._table import configs_to_table, table_from_columns, table_length, table_row
 from cost_model._units import DTYPE_BYTES, dtype_bytes
@@ -42,6 +45,8 @@ __all__ = [
     "SequenceSweep",
     "StepMeasurement",
     "ServingConfig",
+    "ServingProfile",
+    "SimulationResult",
     "Training",
     "ValidationRow",
     "Workload",
@@ -55,10 +60,14 @@ __all__ = [
     "estimate_inference_table",
     "estimate_table",
     "sequence_sweep",
+    "serving_profile",
+    "simulate",
+    "simulate_layout",
     "split_layers",
     "table_from_columns",
     "table_length",
     "table_row",
     "validate_dsv3_day6",
     "validate_dsv3_profile",
+    "validate_serving",
 ]

@@ -30,8 +30,11 @@ micro-batches in flight, so TPOT and TTFT are ``pp`` times the slowest rank's pa
 every rank holds the KV cache of ``pp`` micro-batches. Decoding sequences hold the cache of the
 mean decode context (continuous batching keeps sequences at every point of their output),
 rounded up to whole ``kv_block_tokens`` pages; a prefill pool holds its prompts' cache.
-Colocated (``both``) serving amortizes the prefill of a batch over its ``output_tokens`` decode
-steps (continuous batching with chunked prefill, Agrawal et al., Sarathi-Serve, OSDI'24).
+Colocated (``both``) rows are served under a load (``_inference_load``: continuous batching with
+chunked prefill, closed loop or Poisson, priced in closed form on the iteration cost these passes
+give); their ``step_time_s`` and time parts amortize the prefill of a batch over its
+``output_tokens`` decode steps (Agrawal et al., Sarathi-Serve, OSDI'24), their TTFT and TPOT are
+the load's.
 Routing is uniform at random: the busiest EP rank carries the balls-into-bins excess, or the
 measured ``EstimateOptions.routing_imbalance`` if larger; redundant experts cost their memory,
 and the skew they fix in real routing is not modelled. Inference has
@@ -45,9 +48,10 @@ kernels whose time adds. In a prefill pass, hidden communication holds
 hidden time longer; decode's low-latency all-to-all holds none.
 
 Efficiencies come from the device's shipped calibration (``_common.Calibration``, shared with
-training): matmuls at ``matmul_efficiency``, core attention at ``attention_efficiency``, and a
-prefill pass pays ``kernel_overhead_s`` per kernel launched (``_training.kernels_per_layer``);
-decode steps do not, as serving engines replay them from CUDA graphs (vLLM, SGLang, DeepSeek).
+training): matmuls at ``matmul_efficiency``, core attention at ``attention_efficiency``. Every
+pass, prefill and decode alike, pays the serving engine's per-kernel floor for each kernel it
+runs (``_kernels_per_pass``; ``data/serving_profiles.json``): CUDA graphs remove the CPU launch,
+not the GPU's launch-to-launch gap and wave tail; two overlapped micro-batches pay it once.
 Where imported operator tables cover the device (``_kernel_curves``), a decode step's routed
 experts run as grouped GEMMs at their measured efficiency for M = tokens per expert, MLA decode
 attention at its measured efficiency by context length, and DeepEP's low-latency all-to-all at
@@ -58,7 +62,7 @@ they sum to ``step_time_s``) and ``hidden.<phase>_<kind>`` for the communication
 that overlap compute, not in the sum); ``memory.<part>`` for ``INFERENCE_MEMORY_PARTS`` (they sum
 to ``memory_per_device_bytes``); ``step_time_s`` (the
 decode step, or the prefill pass for a prefill pool), ``ttft_s`` / ``tpot_s`` (NaN where the
-phase has none), ``tokens_per_s_per_device`` (output tokens, or input tokens including cache
+phase has none; percentiles and the load in ``_inference_load``'s columns), ``tokens_per_s_per_device`` (output tokens, or input tokens including cache
 hits for a prefill pool), ``prefill_tokens_per_s_per_device``, ``decode_tokens_per_s_per_device``,
 ``batch_size``, ``memory_capacity_bytes``, ``feasible`` and ``reason`` (``_common.REASON_CODES``:
 the largest memory part when memory does not fit, else the missed SLO).
@@ -91,6 +95,7 @@ from cost_model._kernel_curves import MLA_CURVE_HEADS, deepep_low_latency_s, exp
 from cost_model._model_spec import ModelSpec
 from cost_model._serving_precision import check_serving_precision
 from cost_model._serving_columns import A2A_BACKEND_CODES, KV_DTYPE_CODES, PHASE_CODES, checked_columns
+from cost_model._serving_load import ServingProfile, serving_profile
 from cost_model._table import table_length
 from cost_model._training import kernels_per_layer
 from cost_model._units import dtype_bytes
@@ -123,6 +128,7 @@ class _Setup:
     kernels_per_layer: tuple[float, float]  # (dense, MoE) layer, forward
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
+    profile: ServingProfile
 
     def column(self, name: str) -> np.ndarray:
         """A table column as float64, converted once."""
@@ -178,6 +184,7 @@ def _setup(
         kernels_per_layer=kernels_per_layer(SimpleNamespace(model=model, options=options)),
         prompt_tokens=np.broadcast_to(np.asarray(prompt, dtype=np.float64), (n,)),
         output_tokens=np.full(n, float(workload.output_tokens)),
+        profile=serving_profile(workload.serving_engine),
     )
 
 
@@ -258,10 +265,22 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     dense_side = ops.dense_ffn_side_bytes(model, model.ffn_hidden_size / tp, act=act, cast=cast)
     total = total + lay.has_lm_head * head + lay.layers * _memory_pass(s, attention_side)
     total = total + lay.dense_layers * _memory_pass(s, dense_side * dense_tokens)
-    if p.decode:  # decode steps replay CUDA graphs: no per-kernel launch cost
-        return total
-    launches = lay.dense_layers * s.kernels_per_layer[0] + lay.moe_layers * s.kernels_per_layer[1]
-    return total + launches * s.calibration.kernel_overhead_s
+    # Two overlapped micro-batches run on two streams: one's launch gaps fill with the other's
+    # kernels, so a pass pays the floor once, not once per micro-batch.
+    return total + _kernels_per_pass(s) * s.profile.kernel_floor_s / np.where(s.two_batch, 2.0, 1.0)
+
+
+def _kernels_per_pass(s: _Setup) -> np.ndarray:
+    """Kernels one pass runs on each pipeline rank, (3, n): each layer's compute kernels
+    (``_training.kernels_per_layer``) and its collectives (TP all-reduces after attention and
+    FFN, or the attention-DP gather/scatter of a dense FFN; EP dispatch and combine). Each pays
+    the engine's per-kernel floor, in prefill and decode alike: a CUDA graph removes the CPU
+    launch, not the GPU's launch-to-launch gap and wave tail (``data/serving_profiles.json``)."""
+    lay, tp, ep = s.layout, s.column("tp"), s.column("ep")
+    kernels = lay.dense_layers * s.kernels_per_layer[0] + lay.moe_layers * s.kernels_per_layer[1]
+    tp_calls = np.where(s.attention_dp, 2.0 * lay.dense_layers, 2.0 * lay.layers) * (tp > 1)
+    ep_calls = 2.0 * lay.moe_layers * (ep > 1)
+    return kernels + tp_calls + ep_calls
 
 
 def _moe_time(s: _Setup, attention_tokens: np.ndarray, rank_tokens: np.ndarray, *, decode: bool = True) -> np.ndarray:
@@ -501,22 +520,18 @@ def _memory_parts(s: _Setup, batch: np.ndarray) -> dict[str, np.ndarray]:
 
 @dataclass(frozen=True)
 class _Timing:
-    """Time columns of one batch choice: parts, prefill pass, decode step, step and TTFT (n,)."""
+    """Time columns of one batch choice: parts, prefill pass, decode step and step (n,)."""
 
     time: dict[str, np.ndarray]
     hidden: dict[str, np.ndarray]
     prefill_s: np.ndarray
     decode_s: np.ndarray
     step_s: np.ndarray
-    ttft_s: np.ndarray
 
 
-def _timing(s: _Setup, batch: np.ndarray, *, with_ttft: bool = True) -> _Timing:
+def _timing(s: _Setup, batch: np.ndarray) -> _Timing:
     """Both passes at ``batch``, weighted by phase into the step (see the module docstring).
-
-    TTFT is a prefill pool's pass over its batch of prompts; colocated, a new prompt is prefilled
-    (in chunks) on its own between decode steps, so one prompt's pass.
-    """
+    A colocated row's TTFT and TPOT come from its load (``_inference_load``), not from here."""
     prefill, decode = _passes(s, batch)
     pre_exposed, pre_hidden = _pass_parts(s, prefill)
     dec_exposed, dec_hidden = _pass_parts(s, decode)
@@ -530,88 +545,8 @@ def _timing(s: _Setup, batch: np.ndarray, *, with_ttft: bool = True) -> _Timing:
     for kind in _COMM_PARTS:
         hidden[f"prefill_{kind}"] = prefill_weight * pre_hidden[kind]
         hidden[f"decode_{kind}"] = decode_weight * dec_hidden[kind]
-    prefill_s = sum(pre_exposed.values())
-    ttft = prefill_s
-    if with_ttft and is_both.any():
-        single, _ = _passes(s, np.ones_like(batch))
-        ttft = np.where(is_both, sum(_pass_parts(s, single)[0].values()), prefill_s)
-    return _Timing(time, hidden, prefill_s, sum(dec_exposed.values()), sum(time.values()), ttft)
+    return _Timing(time, hidden, sum(pre_exposed.values()), sum(dec_exposed.values()), sum(time.values()))
 
 
-def _slo_ok(s: _Setup, timing: _Timing) -> tuple[np.ndarray, np.ndarray]:
-    """(TTFT within its SLO, TPOT within its SLO) per row; rows of a phase without one pass."""
-    w = s.workload
-    ttft_ok = (s.phase == PHASE_CODES["decode"]) | (timing.ttft_s <= (w.ttft_slo_s or np.inf))
-    tpot_ok = (s.phase == PHASE_CODES["prefill"]) | (timing.step_s <= (w.tpot_slo_s or np.inf))
-    return ttft_ok, tpot_ok
-
-
-def _choose_batch(s: _Setup) -> np.ndarray:
-    """Sequences per replica: the column if > 0; else what ``concurrency`` needs; else the largest
-    that memory holds (memory is affine in the batch) and, by bisection, meets the SLOs."""
-    n = s.phase.shape[0]
-    ones = np.ones(n)
-    first, second = sum(_memory_parts(s, ones).values()), sum(_memory_parts(s, 2 * ones).values())
-    per_sequence = second - first
-    fits = np.floor((s.cluster.memory_per_device_bytes - (first - per_sequence)) / per_sequence)
-    given = s.column("batch_size")
-    w = s.workload
-    if w.concurrency is not None:
-        wanted = np.ceil(w.concurrency / (s.replicas * s.column("pp")))
-        return np.where(given > 0, given, wanted)
-    batch = np.where(given > 0, given, np.maximum(fits, 1.0))
-    searching = (given == 0) & (fits > 1)
-    if (w.ttft_slo_s is None and w.tpot_slo_s is None) or not searching.any():
-        return batch
-    low, high = np.ones(n), np.where(searching, fits, 1.0)
-    while np.any(low < high):
-        middle = np.floor((low + high + 1) / 2)
-        ok = np.logical_and(*_slo_ok(s, _timing(s, middle, with_ttft=w.ttft_slo_s is not None)))
-        low, high = np.where(ok, middle, low), np.where(ok, high, middle - 1)
-    return np.where(searching, low, batch)
-
-
-def estimate_inference_table(
-    *, model: ModelSpec, cluster, workload: Inference, table: Mapping[str, np.ndarray],
-    options: EstimateOptions | None = None, prompt_tokens=None,
-) -> dict[str, np.ndarray]:
-    """Inference cost of every row of ``table`` (see the module docstring for columns).
-
-    ``options`` supplies the calibration (default: the shipped one for the device) and the
-    fragmentation reserve. ``prompt_tokens``, an array over rows, overrides
-    ``workload.prompt_tokens`` (sequence sweeps). Rows are not checked against the model's rules
-    here (``check_parallel_config`` does that).
-    """
-    s = _setup(
-        model=model, cluster=cluster, workload=workload, table=table, options=options or EstimateOptions(),
-        prompt_tokens=prompt_tokens,
-    )
-    batch = _choose_batch(s)
-    timing = _timing(s, batch)
-    memory = _memory_parts(s, batch)
-    is_prefill, is_decode = s.phase == PHASE_CODES["prefill"], s.phase == PHASE_CODES["decode"]
-    ranks = s.stage_ranks
-    prefill_rate = batch * s.prompt_tokens * s.replicas / (timing.prefill_s * ranks)
-    decode_rate = batch * s.replicas / (timing.decode_s * ranks)
-    capacity = s.cluster.memory_per_device_bytes
-    ttft_ok, tpot_ok = _slo_ok(s, timing)
-    reason = memory_reason(memory=memory, capacity_bytes=capacity)
-    slo = np.where(~ttft_ok, REASON_CODES["ttft_slo"], np.where(~tpot_ok, REASON_CODES["tpot_slo"], REASON_CODES["feasible"]))
-    reason = np.where(reason != 0, reason, slo)
-    columns = {f"time.{k}": v for k, v in timing.time.items()}
-    columns.update({f"hidden.{k}": v for k, v in timing.hidden.items()})
-    columns.update({f"memory.{k}": v for k, v in memory.items()})
-    columns.update(
-        step_time_s=timing.step_s,
-        ttft_s=np.where(is_decode, np.nan, timing.ttft_s),
-        tpot_s=np.where(is_prefill, np.nan, timing.step_s),
-        tokens_per_s_per_device=np.where(is_prefill, prefill_rate, batch * s.replicas / (timing.step_s * ranks)),
-        prefill_tokens_per_s_per_device=prefill_rate,
-        decode_tokens_per_s_per_device=decode_rate,
-        batch_size=batch.astype(np.int64),
-        memory_per_device_bytes=sum(memory.values()),
-        memory_capacity_bytes=np.full(batch.shape, float(capacity)),
-        feasible=reason == REASON_CODES["feasible"],
-        reason=reason.astype(np.int64),
-    )
-    return columns
+# The table entry point prices the load on top of these passes; it imports the helpers above.
+from cost_model._inference_load import estimate_inference_table  # noqa: E402

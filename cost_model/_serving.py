@@ -8,6 +8,12 @@ unit completes ``input tokens/s / prompt_tokens`` requests per second, a decode 
 that carry that rate; otherwise the split of ``num_devices`` that serves the most requests.
 Each request's prompt cache then crosses the scale-out network from a prefill rank to a decode
 rank; its time adds to the TTFT and its volume to the decode pool's network load.
+
+TTFT under load (DistServe sec. 4.1; Mooncake, FAST'25): the engine's per-request overhead, the
+wait for the prefill pass running when the request arrives (half a pass, times the prefill
+pool's utilization at the served rate: a pool that batches whatever is queued never holds a
+request longer than the running pass), its own prefill pass, the KV transfer, and the wait to
+join the decode pool's running batch (half a decode step).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from cost_model._inference import estimate_inference_table
 from cost_model._model_spec import ModelSpec
 from cost_model._parallel import ParallelConfig
 from cost_model._serving_columns import ServingConfig
+from cost_model._serving_load import serving_profile
 from cost_model._table import configs_to_table
 from cost_model._workload import Inference
 
@@ -56,15 +63,20 @@ class DisaggregatedSplit(BaseModel):
     kv_transfer_network_fraction: float = Field(
         ge=0, description="share of the decode pool's scale-out bandwidth the arriving caches use"
     )
+    prefill_queue_s: float = Field(default=0.0, ge=0, description="mean wait for the running prefill pass")
+    decode_admission_s: float = Field(default=0.0, ge=0, description="mean wait to join the decode batch")
+    request_overhead_s: float = Field(default=0.0, ge=0, description="the engine's per-request overhead")
+    tpot_s: float = Field(default=0.0, ge=0, description="the decode pool's step at its batch")
 
     @property
     def ttft_s(self) -> float:
-        """First token after the prompt's prefill and its cache's move to the decode pool."""
-        return self.prefill_ttft_s + self.kv_transfer_s
+        """First token: overhead, prefill queue and pass, the cache's move, decode admission."""
+        return self.request_overhead_s + self.prefill_queue_s + self.prefill_ttft_s + self.kv_transfer_s + self.decode_admission_s
 
 
 def _unit_rate(model, cluster, workload: Inference, pool: PoolConfig, phase: str, options) -> tuple[int, float, float]:
-    """(devices per unit, requests/s per unit, TTFT) of a pool; raises if the pool does not fit."""
+    """(devices per unit, requests/s per unit, pass time: TTFT of a prefill unit, TPOT of a
+    decode unit) of a pool; raises if the pool does not fit."""
     serving = pool.serving.model_copy(update={"phase": phase})
     table = configs_to_table([pool.config], **serving.columns(workload=workload))
     columns = estimate_inference_table(model=model, cluster=cluster, workload=workload, table=table, options=options)
@@ -77,8 +89,8 @@ def _unit_rate(model, cluster, workload: Inference, pool: PoolConfig, phase: str
         )
     devices = pool.config.world_size
     tokens_per_request = workload.prompt_tokens if phase == "prefill" else workload.output_tokens
-    ttft = float(np.nan_to_num(columns["ttft_s"][0]))
-    return devices, float(columns["tokens_per_s_per_device"][0]) * devices / tokens_per_request, ttft
+    seconds = float(np.nan_to_num(columns["ttft_s" if phase == "prefill" else "tpot_s"][0]))
+    return devices, float(columns["tokens_per_s_per_device"][0]) * devices / tokens_per_request, seconds
 
 
 def _kv_transfer(
@@ -101,7 +113,7 @@ def disaggregated_split(
     """Rate-matched split of ``num_devices`` (default: the cluster's) into prefill and decode units."""
     num_devices = cluster.num_devices if num_devices is None else num_devices
     prefill_size, prefill_rate, prefill_ttft = _unit_rate(model, cluster, workload, prefill, "prefill", options)
-    decode_size, decode_rate, _ = _unit_rate(model, cluster, workload, decode, "decode", options)
+    decode_size, decode_rate, decode_step = _unit_rate(model, cluster, workload, decode, "decode", options)
     if workload.request_rate_per_s is not None:
         prefill_units = int(np.ceil(workload.request_rate_per_s / prefill_rate))
         decode_units = int(np.ceil(workload.request_rate_per_s / decode_rate))
@@ -118,7 +130,11 @@ def disaggregated_split(
     if workload.request_rate_per_s is not None:
         served = workload.request_rate_per_s
     transfer_s, network_fraction = _kv_transfer(model, cluster, workload, decode, served, decode_units * decode_size)
+    profile = serving_profile(workload.serving_engine)
+    prefill_utilization = min(served / (prefill_units * prefill_rate), 1.0) if prefill_units else 0.0
     return DisaggregatedSplit(
+        prefill_queue_s=prefill_utilization * prefill_ttft / 2.0, decode_admission_s=decode_step / 2.0,
+        request_overhead_s=profile.request_overhead_s, tpot_s=decode_step,
         prefill_ttft_s=prefill_ttft, kv_transfer_s=transfer_s, kv_transfer_network_fraction=network_fraction,
         prefill_units=prefill_units, decode_units=decode_units,
         prefill_devices=prefill_units * prefill_size, decode_devices=decode_units * decode_size,

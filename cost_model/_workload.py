@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cost_model._units import Dtype
 
@@ -81,8 +81,13 @@ class Inference(BaseModel):
     has the mean length. ``output_tokens_cv`` likewise: a decoding token's context averages
     ``prompt_tokens + (output_tokens * (1 + cv^2) + 1) / 2`` over the output tokens of the mix.
 
-    Load is either a fixed ``concurrency`` (requests in flight) or a ``request_rate_per_s``;
-    with neither, the search picks the largest batch that memory and the SLOs allow.
+    Load is either a fixed ``concurrency`` (closed loop: that many requests in flight, each
+    client sending its next request when the previous completes, as serving benchmarks drive an
+    engine) or a ``request_rate_per_s`` (open loop, Poisson arrivals); with neither, the search
+    picks the largest concurrency that memory and the SLOs allow. The SLOs bound the p90 TTFT
+    and p90 TPOT. ``serving_engine`` picks the per-step and per-request floors
+    (``data/serving_profiles.json``) and the default chunked-prefill budget
+    (``max_batched_tokens``, tokens per iteration).
     """
 
     model_config = _STRICT
@@ -90,10 +95,12 @@ class Inference(BaseModel):
     kind: Literal["inference"] = "inference"
     prompt_tokens: int = Field(gt=0)
     output_tokens: int = Field(gt=0)
-    concurrency: int | None = Field(default=None, gt=0)
-    request_rate_per_s: float | None = Field(default=None, gt=0)
-    ttft_slo_s: float | None = Field(default=None, gt=0)
-    tpot_slo_s: float | None = Field(default=None, gt=0)
+    concurrency: int | None = None
+    request_rate_per_s: float | None = None
+    ttft_slo_s: float | None = None
+    tpot_slo_s: float | None = None
+    serving_engine: Literal["vllm", "sglang", "trtllm"] = "sglang"
+    max_batched_tokens: int | None = None
     weight_dtype: Dtype = "bf16"
     kv_dtype: Dtype = "bf16"
     activation_dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
@@ -102,6 +109,13 @@ class Inference(BaseModel):
     output_tokens_cv: float = Field(default=0.0, ge=0.0, le=10.0)
     disaggregation_allowed: bool = True
     kv_block_tokens: int = Field(default=64, gt=0)
+
+    @field_validator("concurrency", "request_rate_per_s", "ttft_slo_s", "tpot_slo_s", "max_batched_tokens")
+    @classmethod
+    def _positive(cls, value, info):  # noqa: ANN001, ANN206 - pydantic's validator signature
+        if value is not None and not value > 0:
+            raise ValueError(f"{info.field_name} ({value}) must be > 0")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> "Inference":

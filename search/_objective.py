@@ -14,7 +14,7 @@ from typing import Callable, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from cost_model import Inference, ModelSpec, Training
+from cost_model import Inference, Layout, ModelSpec, Training
 from search._space import Table
 from topology import Cluster
 
@@ -127,3 +127,67 @@ def evaluate(*, model: ModelSpec, cluster: Cluster, workload: Training | Inferen
     # know holds: count it under "cost_model".
     violations["cost_model"] = np.where(~feasible_column & others_ok, 1.0, 0.0)
     return Evaluation(table=table, metrics=metrics, violations=violations)
+
+
+def simulate_top_k(result, *, model: ModelSpec, cluster: Cluster, workload: Inference, top_k: int = 3, estimator=None):  # noqa: ANN001, ANN201
+    """``result`` (a ``SearchResult``) with its first ``top_k`` colocated candidates checked by the
+    iteration-level serving simulator (``cost_model._simulator``).
+
+    Where the workload lets the search choose the load (no ``concurrency`` or
+    ``request_rate_per_s``) and SLOs are set, each candidate's concurrency is lowered until the
+    simulated p90 TTFT and TPOT meet them; its batch becomes that load and it is re-priced. Each
+    checked candidate's metrics gain ``simulated_<ttft|tpot|e2e>_<mean|p90|p99>_s`` and
+    ``simulated_concurrency``; the candidates are then re-ranked by the objective.
+    """
+    import dataclasses
+
+    from cost_model._simulator import simulate_layout, slo_concurrency
+
+    choosing = workload.concurrency is None and workload.request_rate_per_s is None
+    checked = []
+    for candidate in result.ranked[:top_k]:
+        serving = _serving_of(candidate)
+        if serving.phase != "both":
+            checked.append(candidate)
+            continue
+        check = slo_concurrency if choosing and (workload.ttft_slo_s or workload.tpot_slo_s) else simulate_layout
+        run = check(model=model, cluster=cluster, workload=workload, config=candidate.config, serving=serving)
+        if choosing and run.concurrency_per_replica is not None:
+            per_micro_batch = -(-run.concurrency_per_replica // candidate.config.pp)
+            batch = min(per_micro_batch, int(candidate.metrics.get("batch_size", per_micro_batch)) or per_micro_batch)
+            serving = serving.model_copy(update={"batch_size": batch})
+        figures = run.result.summary()
+        simulated = {f"simulated_{name}": figures[name] for name in figures if name.endswith("_s")}
+        simulated["simulated_concurrency"] = float((run.concurrency_per_replica or 0) * run.replicas)
+        layout = Layout(config=candidate.config, serving=serving)
+        checked.append(dataclasses.replace(candidate, layout=layout, metrics={**candidate.metrics, **simulated}))
+    repriced = _repriced(checked, model=model, cluster=cluster, workload=workload, estimator=estimator)
+    ranked = list(repriced) + list(result.ranked[top_k:])
+    objective = result.objective
+    ranked.sort(key=lambda c: (not c.feasible, c.score(objective) if c.feasible else c.worst_violation))
+    return dataclasses.replace(result, ranked=tuple(ranked), best=ranked[0])
+
+
+def _serving_of(candidate):  # noqa: ANN001, ANN202
+    from cost_model._serving_columns import ServingConfig
+
+    return candidate.serving if candidate.serving is not None else ServingConfig()
+
+
+def _repriced(candidates, *, model, cluster, workload, estimator):  # noqa: ANN001, ANN202
+    """The candidates priced again at their (possibly lowered) batch, simulated figures kept."""
+    import dataclasses
+
+    from cost_model import configs_to_table
+
+    rows = [_serving_of(c).columns(workload=workload) for c in candidates]
+    columns = {name: np.concatenate([row[name] for row in rows]) for name in rows[0]}
+    table = configs_to_table([c.config for c in candidates], **columns)
+    evaluation = evaluate(model=model, cluster=cluster, workload=workload, table=table, estimator=estimator or default_estimator())
+    repriced = []
+    for index, candidate in enumerate(candidates):
+        metrics = {k: float(np.asarray(v)[index]) for k, v in evaluation.metrics.items() if np.ndim(v) == 1}
+        simulated = {k: v for k, v in candidate.metrics.items() if k.startswith("simulated_")}
+        violations = {k: float(v[index]) for k, v in evaluation.violations.items()}
+        repriced.append(dataclasses.replace(candidate, metrics={**metrics, **simulated}, violations=violations))
+    return repriced

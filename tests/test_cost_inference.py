@@ -241,7 +241,7 @@ def test_largest_batch_fits_and_one_more_does_not() -> None:
 
 
 def test_tpot_slo_picks_the_largest_batch_that_meets_it() -> None:
-    slo = 0.03
+    slo = 0.05  # the per-kernel floor (serving profile) puts batch 1 of this layout near 39 ms
     workload = WORKLOAD.model_copy(update={"tpot_slo_s": slo})
     table = table_from_columns(dp=128, tp=8, ep=256, attention_data_parallel=True, phase=2, two_batch_overlap=True)
     out = _run(table, workload=workload)
@@ -296,7 +296,11 @@ def test_disaggregation_balances_the_two_pools() -> None:
     assert (split.decode_units - 1) * split.decode_requests_per_s_per_unit < split.requests_per_s
     cache_bytes = REF.kv_cache_bytes(workload.prompt_tokens, "bf16")
     assert split.kv_transfer_s > cache_bytes / H100_1024.inter_node.bandwidth_bytes_per_s
-    assert split.ttft_s == pytest.approx(split.prefill_ttft_s + split.kv_transfer_s) and split.prefill_ttft_s > 0
+    # TTFT under load: overhead, the wait for the running prefill pass, the pass, the transfer and
+    # the wait to join the decode batch (half a decode step).
+    parts = split.prefill_ttft_s + split.kv_transfer_s + split.prefill_queue_s + split.decode_admission_s
+    assert split.ttft_s == pytest.approx(parts + split.request_overhead_s) and split.prefill_ttft_s > 0
+    assert 0 < split.prefill_queue_s <= split.prefill_ttft_s / 2 and split.decode_admission_s == pytest.approx(split.tpot_s / 2)
     assert 0 < split.kv_transfer_network_fraction < 1
     fixed = workload.model_copy(update={"request_rate_per_s": split.requests_per_s / 2})
     half = disaggregated_split(model=REF, cluster=H100_1024, workload=fixed, prefill=prefill, decode=decode)

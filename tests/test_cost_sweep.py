@@ -67,7 +67,10 @@ def test_bounded_attention_variants_stay_linear() -> None:
     full_growth = full.memory_per_device_bytes[-1] - full.memory_per_device_bytes[2]
     assert window_growth < 0.1 * full_growth
     assert sparse.memory_per_device_bytes[-1] == pytest.approx(full.memory_per_device_bytes[-1], rel=0.02)
-    assert sparse.tpot_s[-1] < full.tpot_s[-1] / 3  # but a decode step reads only the selected keys
+    # but a decode step reads only the selected keys: its attention (the TPOT above the linear
+    # variant's, whose state is constant) is a fraction of full attention's. A lone request's
+    # TPOT holds no prefill (its prompt is in its TTFT), so the per-step floor is common to all.
+    assert sparse.tpot_s[-1] - linear.tpot_s[-1] < (full.tpot_s[-1] - linear.tpot_s[-1]) / 3
     assert linear.memory_per_device_bytes[-1] < window.memory_per_device_bytes[-1]
 
 

@@ -18,6 +18,7 @@ from autoparallel.cli._render import console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
 from cost_model._rules import minimum_redundant_experts
 from cost_model._frameworks import framework_names
+from autoparallel.cli._serving_args import add_load_arguments, load_fields, print_simulation
 from cost_model._units import human_bytes, human_seconds
 
 DEFAULT_CLUSTER = "dgx-h200"
@@ -38,6 +39,7 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
         help="refit the calibration once per source left out and report the leave-one-source-out error (about a minute)",
     )
     validate.add_argument("--loso-evaluations", type=positive_int, default=80, help="loss evaluations per leave-one-out fit")
+    validate.add_argument("--serving", action="store_true", help="end-to-end public serving measurements (TTFT, TPOT)")
     validate.set_defaults(func=_validate)
 
 
@@ -60,6 +62,8 @@ def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batch-size", type=positive_int, default=1)
     parser.add_argument("--recompute", default="full", choices=("none", "selective", "full"))
     parser.add_argument("--json", action="store_true", help="print the CostBreakdown as JSON")
+    add_load_arguments(parser, slo_ms=True)
+    parser.add_argument("--simulate", action="store_true", help="serving: also run the iteration-level serving simulator")
 
 
 def _config(args: argparse.Namespace, num_devices: int):  # noqa: ANN202
@@ -93,6 +97,7 @@ def _estimate(args: argparse.Namespace) -> int:
             prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, prompt_tokens_cv=args.prompt_tokens_cv,
             output_tokens_cv=args.output_tokens_cv, prefix_cache_hit_rate=args.prefix_cache_hit_rate,
             **serving_precision(args),
+            ttft_slo_s=args.ttft_slo_s, tpot_slo_s=args.tpot_slo_s, **load_fields(args),
         )
         redundant = args.num_redundant_experts
         if redundant is None:
@@ -110,6 +115,12 @@ def _estimate(args: argparse.Namespace) -> int:
         fitted = f"carried over from {calibration.fit['transferred_from']!r} (relative to the matmul ceilings)"
     console.print(f"[bold]{title}[/]\n{config!r}\ncalibration: {fitted}")
     _print_breakdown(breakdown)
+    if args.simulate and not args.training:
+        from cost_model._serving_columns import ServingConfig
+        from cost_model._simulator import simulate_layout
+
+        serving = ServingConfig(batch_size=args.batch_size)
+        print_simulation(simulate_layout(model=model, cluster=cluster, workload=workload, config=config, serving=serving), workload)
     return 0
 
 
@@ -149,6 +160,11 @@ def _print_breakdown(breakdown) -> None:  # noqa: ANN001 - CostBreakdown
 def _validate(args: argparse.Namespace) -> int:
     from cost_model._validation import TOLERANCES, summarize, validate_published
     from topology import network_override
+
+    if args.serving:
+        from autoparallel.cli._serving_validation import print_serving_validation
+
+        return print_serving_validation(as_json=args.json, strict=args.strict)
 
     with network_override(inter_node_bytes_per_s=inter_node_bytes_per_s(args)):
         rows = validate_published()

@@ -31,6 +31,7 @@ from autoparallel.cli._args import (
 from autoparallel.cli._render import add_json_flag, console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
 from cost_model import describe_layout
+from autoparallel.cli._serving_args import add_load_arguments, load_fields
 from cost_model._units import human_bytes, human_seconds
 
 DEFAULT_CLUSTER = "gb200-nvl72"
@@ -57,8 +58,10 @@ def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
 
 def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     add_job_arguments(parser, cluster=DEFAULT_CLUSTER, nodes=None, training=False)
-    parser.add_argument("--ttft-slo-s", type=non_negative_float, default=5.0, help="time to first token limit (0: none)")
-    parser.add_argument("--tpot-slo-ms", type=non_negative_float, default=50.0, help="time per output token limit (0: none)")
+    parser.add_argument("--ttft-slo-s", type=non_negative_float, default=5.0, help="p90 time to first token limit (0: none)")
+    parser.add_argument("--ttft-slo-ms", dest="ttft_slo_s", type=_seconds_from_ms, help="the same, in ms")
+    parser.add_argument("--tpot-slo-ms", type=non_negative_float, default=50.0, help="p90 time per output token limit (0: none)")
+    add_load_arguments(parser, slo_ms=False)
     parser.add_argument("--no-disaggregation", action="store_true", help="do not price a prefill/decode split")
     parser.add_argument("--objective", default=None, help="step_time, throughput, tpot, ttft, memory, memory_headroom or pareto")
     parser.add_argument("--trials", type=positive_int, default=DEFAULT_TRIALS)
@@ -102,6 +105,7 @@ def _workload(args: argparse.Namespace):  # noqa: ANN202
             **training_options(args),
         )
     return Inference(
+        **load_fields(args),
         prompt_tokens=args.prompt_tokens,
         output_tokens=args.output_tokens,
         prompt_tokens_cv=args.prompt_tokens_cv,
@@ -145,7 +149,7 @@ def _plan(args: argparse.Namespace) -> int:
             engine=args.engine, engine_version=args.engine_version,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
-    return _write(plan, args.output, as_json=args.json)
+    return _write(plan, args.output, as_json=args.json, cluster=cluster)
 
 
 def _plan_from_study(args: argparse.Namespace) -> int:
@@ -168,10 +172,14 @@ def _plan_from_study(args: argparse.Namespace) -> int:
         job.model, job.cluster, job.workload, objective=job.objective if len(job.objective) > 1 else job.objective[0],
         n_trials=0, storage=args.storage, settings=settings,
     )
-    return _write(plan, args.output, as_json=args.json)
+    return _write(plan, args.output, as_json=args.json, cluster=job.cluster)
 
 
-def _write(plan, output: Path, *, as_json: bool = False) -> int:  # noqa: ANN001
+def _seconds_from_ms(text: str) -> float:
+    return non_negative_float(text) / 1e3
+
+
+def _write(plan, output: Path, *, cluster, as_json: bool = False) -> int:  # noqa: ANN001
     path = plan.save(output)
     if as_json:
         print_json({"output": str(path), "plan": json.loads(plan.to_json())})
@@ -190,6 +198,11 @@ def _write(plan, output: Path, *, as_json: bool = False) -> int:  # noqa: ANN001
     from autoparallel.cli._engines import engines_line
 
     console.print(engines_line(plan), highlight=False, markup=False)
+    if plan.serving is not None:
+        from autoparallel.cli._serving_args import simulated_line
+
+        sized = cluster if cluster.num_devices == plan.world_size else cluster.with_nodes(plan.world_size // cluster.devices_per_node)
+        console.print(simulated_line(plan, model=plan.model, cluster=sized, workload=plan.job))
     console.print(f"wrote [bold]{path}[/]")
     return 0
 

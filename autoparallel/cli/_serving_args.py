@@ -1,0 +1,135 @@
+"""Serving-load options shared by ``plan`` and ``estimate``: how requests arrive, the SLOs in
+milliseconds, the engine whose floors apply; and the rendering of a simulated layout."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.table import Table
+
+from autoparallel.cli._render import console
+from cost_model._units import human_seconds
+
+
+def _positive(kind):  # noqa: ANN001, ANN202 - an argparse type
+    """An argparse type: ``kind(text)``, which must be > 0 (argparse exits 2 naming the option)."""
+
+    def parse(text: str):  # noqa: ANN202
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"({text}) must be > 0")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _milliseconds(text: str) -> float:
+    return _positive(float)(text) / 1e3
+
+
+def add_load_arguments(parser: argparse.ArgumentParser, *, slo_ms: bool) -> None:
+    """``--concurrency`` / ``--request-rate`` (one of them), ``--serving-engine``, and with
+    ``slo_ms`` the SLOs in milliseconds (``--ttft-slo-ms``, ``--tpot-slo-ms``)."""
+    load = parser.add_mutually_exclusive_group()
+    load.add_argument(
+        "--concurrency",
+        type=_positive(int),
+        default=None,
+        help="serving: requests in flight (closed loop, as benchmarks drive it)",
+    )
+    load.add_argument(
+        "--request-rate",
+        type=_positive(float),
+        default=None,
+        help="serving: requests per second (open loop, Poisson)",
+    )
+    parser.add_argument(
+        "--serving-engine",
+        default="sglang",
+        choices=("vllm", "sglang", "trtllm"),
+        help="whose per-step floors apply",
+    )
+    if slo_ms:
+        parser.add_argument(
+            "--ttft-slo-ms",
+            dest="ttft_slo_s",
+            type=_milliseconds,
+            default=None,
+            help="p90 TTFT limit in ms",
+        )
+        parser.add_argument(
+            "--tpot-slo-ms",
+            dest="tpot_slo_s",
+            type=_milliseconds,
+            default=None,
+            help="p90 TPOT limit in ms",
+        )
+
+
+def load_fields(args: argparse.Namespace) -> dict:
+    """``Inference`` fields of the load options (validated there: <= 0 is an error naming the field)."""
+    fields = {"serving_engine": args.serving_engine}
+    if args.concurrency is not None:
+        fields["concurrency"] = args.concurrency
+    if args.request_rate is not None:
+        fields["request_rate_per_s"] = args.request_rate
+    return fields
+
+
+def print_simulation(run, workload) -> None:
+    """The simulator's TTFT / TPOT / end-to-end latency next to the closed form's."""
+    figures = run.result.summary()
+    load = (
+        f"{run.concurrency_per_replica} requests in flight per replica"
+        if run.concurrency_per_replica is not None
+        else f"{run.request_rate_per_s_per_replica:.3g} requests/s per replica (Poisson)"
+    )
+    table = Table(
+        title=f"Serving simulator: {load} x {run.replicas:g} replicas, {run.result.simulated_s:,.0f} s simulated"
+    )
+    for column in ("metric", "mean", "p50", "p90", "p99", "closed form (mean / p90)"):
+        table.add_column(column, justify="left" if column == "metric" else "right")
+    closed = run.closed_form
+    for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "end-to-end")):
+        reference = closed.get(f"{name}_s")
+        p90 = closed.get(f"{name}_p90_s")
+        shown = (
+            "-"
+            if reference is None
+            else human_seconds(reference) + ("" if p90 is None else f" / {human_seconds(p90)}")
+        )
+        table.add_row(
+            label,
+            *(human_seconds(figures[f"{name}_{q}_s"]) for q in ("mean", "p50", "p90", "p99")),
+            shown,
+        )
+    console.print(table)
+    console.print(
+        f"throughput: {figures['requests_per_s'] * run.replicas:,.2f} requests/s, "
+        f"{figures['output_tokens_per_s'] * run.replicas:,.0f} output tokens/s; "
+        f"SLOs (p90) {'met' if run.meets(workload) else '[red]missed[/]'}"
+    )
+
+
+def simulated_line(plan, *, model, cluster, workload) -> str:  # noqa: ANN001
+    """The chosen layout run in the serving simulator at its chosen load: p90 TTFT and TPOT."""
+    from cost_model import ServingConfig
+    from cost_model._simulator import simulate_layout
+
+    serving = plan.serving.serving_config()
+    run = simulate_layout(
+        model=model, cluster=cluster, workload=workload, config=plan.config, serving=serving
+    )
+    figures = run.result.summary()
+    load = (
+        f"{run.concurrency_per_replica * run.replicas:g} requests in flight"
+        if run.concurrency_per_replica is not None
+        else f"{workload.request_rate_per_s:g} requests/s"
+    )
+    verdict = "meets" if run.meets(workload) else "[red]misses[/]"
+    return (
+        f"serving simulator at {load}: p90 TTFT {human_seconds(figures['ttft_p90_s'])}, "
+        f"p90 TPOT {human_seconds(figures['tpot_p90_s'])} ({verdict} the SLOs), "
+        f"{figures['output_tokens_per_s'] * run.replicas:,.0f} output tokens/s"
+    )

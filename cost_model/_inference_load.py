@@ -1,0 +1,356 @@
+"""``estimate_inference_table``: the passes of ``_inference`` priced under a serving load.
+
+Colocated rows (phase ``both``) run iteration-level continuous batching with chunked prefill
+(``_serving_load``): their iteration cost is the pass time of ``_inference`` at the iteration's
+token count (``iteration_cost``), and TTFT / TPOT / end-to-end latency come from the load the
+workload states — ``concurrency`` (closed loop), ``request_rate_per_s`` (open loop, Poisson) —
+or, with neither, the largest concurrency per replica whose p90 TTFT and p90 TPOT meet the SLOs
+and whose KV cache fits (``_largest_meeting_slos``: each row bisects ``CONCURRENCY_GRID`` with
+the closed form alone; the cost model's passes are priced once, on a token grid). A row's
+``batch_size`` > 0 fixes the requests each micro-batch holds (closed loop at that load).
+
+Pool rows of a disaggregated deployment (phase ``prefill`` / ``decode``) keep the pass model:
+a prefill pool's pass over its batch of prompts, a decode pool's step at its batch; their
+queueing and the KV transfer are priced per deployment (``_serving``).
+
+Extra output columns over ``_inference``'s: ``ttft_p90_s``, ``ttft_p99_s``, ``tpot_p90_s``,
+``tpot_p99_s``, ``e2e_s`` (means over requests where not a percentile; NaN where the phase has
+none), ``concurrency`` (requests in flight over the layout's replicas) and ``requests_per_s``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from cost_model._common import REASON_CODES, EstimateOptions, memory_reason
+from cost_model._inference import (
+    _memory_parts,
+    _pass_parts,
+    _passes,
+    _Setup,
+    _setup,
+    _Timing,
+    _timing,
+)
+from cost_model._model_spec import ModelSpec
+from cost_model._serving_columns import PHASE_CODES
+from cost_model._serving_load import (
+    GRID_TOKENS,
+    IterationCost,
+    LoadPolicy,
+    LoadTimes,
+    closed_loop,
+    open_loop,
+)
+from cost_model._workload import Inference
+
+#: Requests in flight per replica tried when the SLOs choose the load (2x apart).
+CONCURRENCY_GRID = 2.0 ** np.arange(13)
+#: Tokens per iteration at which decode attention is priced per request (it is linear in them).
+_ATTENTION_REFERENCE_TOKENS = 256.0
+
+
+def iteration_cost(s: _Setup) -> IterationCost:
+    """Iteration time of each row's replica as a function of its tokens (``IterationCost``).
+
+    An iteration of ``T`` tokens runs ``pp`` micro-batches of ``T / pp`` (the pipeline keeps
+    ``pp`` in flight), so it costs ``_pass_parts`` of a decode pass at batch ``T / pp``. A prompt
+    token adds what one prompt's prefill pass costs beyond the same number of decode tokens:
+    its core attention at the prompt's context and the explicit-form MLA passes.
+    """
+    n = s.phase.shape[0]
+    pp = s.column("pp")
+    linear, decode_attention = [], np.zeros(n)
+    for tokens in GRID_TOKENS:
+        exposed, _ = _pass_parts(s, _passes(s, np.full(n, tokens) / pp)[1])
+        linear.append(sum(exposed.values()) - exposed["attention"])
+        if tokens == _ATTENTION_REFERENCE_TOKENS:
+            decode_attention = exposed["attention"] / tokens
+    floor = np.full(n, s.profile.iteration_floor_s)
+    without_prefill = IterationCost(np.stack(linear, axis=1), decode_attention, np.zeros(n), floor)
+    prefill, _ = _passes(s, np.ones(n) / pp)
+    whole = sum(_pass_parts(s, prefill)[0].values())
+    prompt = prefill.new_tokens
+    extra = whole - (without_prefill.seconds(np.zeros(n), prompt) - floor)
+    return IterationCost(
+        without_prefill.linear_s,
+        decode_attention,
+        np.maximum(extra, 0.0) / prompt,
+        floor,
+    )
+
+
+def _fits(s: _Setup) -> np.ndarray:
+    """Sequences per micro-batch the memory holds (memory is affine in the batch), >= 0."""
+    ones = np.ones(s.phase.shape[0])
+    first, second = (
+        sum(_memory_parts(s, ones).values()),
+        sum(_memory_parts(s, 2 * ones).values()),
+    )
+    per_sequence = second - first
+    return np.maximum(
+        np.floor((s.cluster.memory_per_device_bytes - (first - per_sequence)) / per_sequence),
+        0.0,
+    )
+
+
+def _policy(s: _Setup, max_running: np.ndarray) -> LoadPolicy:
+    cached = np.floor(s.prompt_tokens * s.workload.prefix_cache_hit_rate)
+    budget = s.workload.max_batched_tokens or s.profile.max_batched_tokens
+    return LoadPolicy(
+        s.prompt_tokens - cached,
+        s.output_tokens,
+        max_running,
+        float(budget),
+        s.profile.request_overhead_s,
+    )
+
+
+def _slo_met(s: _Setup, times: LoadTimes) -> np.ndarray:
+    """p90 TTFT and p90 TPOT within the workload's SLOs (True where none is set)."""
+    w, ok = s.workload, np.ones(np.shape(times.ttft_s), dtype=bool)
+    if w.ttft_slo_s is not None:
+        ok &= times.quantile("ttft", 0.9) <= w.ttft_slo_s
+    if w.tpot_slo_s is not None:
+        ok &= times.quantile("tpot", 0.9) <= w.tpot_slo_s
+    return ok
+
+
+def _colocated_load(
+    s: _Setup, cost: IterationCost, fits: np.ndarray
+) -> tuple[np.ndarray, LoadTimes]:
+    """Requests in flight per replica and the load times of each row (phase ``both``)."""
+    w, pp, given = s.workload, s.column("pp"), s.column("batch_size")
+    max_running = np.where(given > 0, given, np.maximum(fits, 1.0)) * pp
+    policy = _policy(s, max_running)
+    if w.request_rate_per_s is not None:
+        times = open_loop(
+            cost=cost,
+            policy=policy,
+            request_rate_per_s=np.full(pp.shape, w.request_rate_per_s) / s.replicas,
+        )
+        return np.minimum(times.running, max_running), times
+    if w.concurrency is not None:
+        concurrency = np.full(pp.shape, w.concurrency / s.replicas)
+    elif (w.ttft_slo_s is None and w.tpot_slo_s is None) or np.all(given > 0):
+        concurrency = max_running
+    else:
+        concurrency = np.where(
+            given > 0, max_running, _largest_meeting_slos(s, cost, policy, max_running)
+        )
+    return concurrency, closed_loop(cost=cost, policy=policy, concurrency=concurrency)
+
+
+def _largest_meeting_slos(
+    s: _Setup, cost: IterationCost, policy: LoadPolicy, max_running: np.ndarray
+) -> np.ndarray:
+    """The largest concurrency per replica of ``CONCURRENCY_GRID`` (capped by the cache) whose
+    p90 TTFT and TPOT meet the SLOs, refined once by the geometric midpoint to the next grid
+    point; 1 where none does. Both times rise with the load, so each row bisects the grid's
+    indices (four evaluations of the closed form, no cost-model pass)."""
+    rows = np.arange(max_running.shape[0])
+    grid = np.minimum(CONCURRENCY_GRID[None, :], max_running[:, None])
+
+    def meets(concurrency: np.ndarray) -> np.ndarray:
+        return _slo_met(s, closed_loop(cost=cost, policy=policy, concurrency=concurrency))
+
+    low, high = (
+        np.zeros(rows.shape, dtype=np.int64),
+        np.full(rows.shape, grid.shape[1] - 1),
+    )
+    while np.any(low < high):
+        middle = (low + high + 1) // 2
+        ok = meets(grid[rows, middle])
+        low, high = np.where(ok, middle, low), np.where(ok, high, middle - 1)
+    chosen, following = (
+        grid[rows, low],
+        grid[rows, np.minimum(low + 1, grid.shape[1] - 1)],
+    )
+    between = np.floor(np.sqrt(chosen * following))
+    return np.where((between > chosen) & meets(between), between, chosen)
+
+
+def _pool_batch(s: _Setup, fits: np.ndarray) -> np.ndarray:
+    """Sequences per micro-batch of a pool row: the column if > 0, else what ``concurrency``
+    needs, else the largest that memory holds and, by bisection, meets the TPOT SLO (a decode
+    pool) or TTFT SLO (a prefill pool) of its pass."""
+    n, w, given = s.phase.shape[0], s.workload, s.column("batch_size")
+    if w.concurrency is not None:
+        return np.where(given > 0, given, np.ceil(w.concurrency / (s.replicas * s.column("pp"))))
+    batch = np.where(given > 0, given, np.maximum(fits, 1.0))
+    searching = (given == 0) & (fits > 1) & (s.phase != PHASE_CODES["both"])
+    if (w.ttft_slo_s is None and w.tpot_slo_s is None) or not searching.any():
+        return batch
+    low, high = np.ones(n), np.where(searching, fits, 1.0)
+    while np.any(low < high):
+        middle = np.floor((low + high + 1) / 2)
+        ok = np.logical_and(*_pass_slo_ok(s, _timing(s, middle)))
+        low, high = np.where(ok, middle, low), np.where(ok, high, middle - 1)
+    return np.where(searching, low, batch)
+
+
+def _pass_slo_ok(s: _Setup, timing: _Timing) -> tuple[np.ndarray, np.ndarray]:
+    """(TTFT, TPOT) within the SLOs for a pool's pass; a phase without one passes."""
+    w = s.workload
+    ttft_ok = (s.phase == PHASE_CODES["decode"]) | (timing.prefill_s <= (w.ttft_slo_s or np.inf))
+    tpot_ok = (s.phase == PHASE_CODES["prefill"]) | (timing.step_s <= (w.tpot_slo_s or np.inf))
+    return ttft_ok, tpot_ok
+
+
+def estimate_inference_table(
+    *,
+    model: ModelSpec,
+    cluster,
+    workload: Inference,
+    table: Mapping[str, np.ndarray],
+    options: EstimateOptions | None = None,
+    prompt_tokens=None,
+) -> dict[str, np.ndarray]:
+    """Inference cost of every row of ``table`` (columns in ``_inference``'s and this module's
+    docstrings). ``options`` supplies the calibration (default: the shipped one for the device)
+    and the fragmentation reserve. ``prompt_tokens``, an array over rows, overrides
+    ``workload.prompt_tokens`` (sequence sweeps). Rows are not checked against the model's rules
+    here (``check_parallel_config`` does that)."""
+    s = _setup(
+        model=model,
+        cluster=cluster,
+        workload=workload,
+        table=table,
+        options=options or EstimateOptions(),
+        prompt_tokens=prompt_tokens,
+    )
+    fits = _fits(s)
+    is_both = s.phase == PHASE_CODES["both"]
+    batch = _pool_batch(s, fits)
+    load, concurrency = None, None
+    if is_both.any():
+        concurrency, load = _colocated_load(s, iteration_cost(s), fits)
+        batch = np.where(
+            is_both,
+            np.ceil(
+                np.minimum(concurrency, np.maximum(fits, 1.0) * s.column("pp")) / s.column("pp")
+            ),
+            batch,
+        )
+        batch = np.where(is_both & (s.column("batch_size") > 0), s.column("batch_size"), batch)
+    timing = _timing(s, batch)
+    memory = _memory_parts(s, batch)
+    columns = _columns(
+        s, batch=batch, timing=timing, memory=memory, load=load, concurrency=concurrency
+    )
+    ttft_ok, tpot_ok = _pass_slo_ok(s, timing)
+    if load is not None:
+        ttft_ok = np.where(
+            is_both,
+            load.quantile("ttft", 0.9) <= (workload.ttft_slo_s or np.inf),
+            ttft_ok,
+        )
+        tpot_ok = np.where(
+            is_both,
+            load.quantile("tpot", 0.9) <= (workload.tpot_slo_s or np.inf),
+            tpot_ok,
+        )
+    capacity = s.cluster.memory_per_device_bytes
+    reason = memory_reason(memory=memory, capacity_bytes=capacity)
+    slo = np.where(
+        ~ttft_ok,
+        REASON_CODES["ttft_slo"],
+        np.where(~tpot_ok, REASON_CODES["tpot_slo"], REASON_CODES["feasible"]),
+    )
+    reason = np.where(reason != 0, reason, slo)
+    columns.update(
+        memory_capacity_bytes=np.full(batch.shape, float(capacity)),
+        feasible=reason == REASON_CODES["feasible"],
+        reason=reason.astype(np.int64),
+    )
+    return columns
+
+
+def _columns(
+    s: _Setup, *, batch, timing: _Timing, memory, load: LoadTimes | None, concurrency
+) -> dict[str, np.ndarray]:
+    """Time, memory, latency and throughput columns of every row."""
+    is_both, is_prefill, is_decode = (
+        s.phase == PHASE_CODES[name] for name in ("both", "prefill", "decode")
+    )
+    ranks, replicas = s.stage_ranks, s.replicas
+    prefill_rate = batch * s.prompt_tokens * replicas / (timing.prefill_s * ranks)
+    decode_rate = batch * replicas / (timing.decode_s * ranks)
+    nan = np.full(batch.shape, np.nan)
+    ttft = np.where(is_decode, np.nan, timing.prefill_s)
+    tpot = np.where(is_prefill, np.nan, timing.step_s)
+    tokens = np.where(is_prefill, prefill_rate, batch * replicas / (timing.step_s * ranks))
+    extra = {
+        "ttft_p90_s": ttft,
+        "ttft_p99_s": ttft,
+        "tpot_p90_s": tpot,
+        "tpot_p99_s": tpot,
+        "e2e_s": nan,
+    }
+    in_flight = batch * s.column("pp") * replicas
+    requests = np.where(
+        is_prefill,
+        prefill_rate * ranks / s.prompt_tokens,
+        np.where(is_decode, tokens * ranks / s.output_tokens, nan),
+    )
+    if load is not None:
+        ttft, tpot = (
+            np.where(is_both, load.ttft_s, ttft),
+            np.where(is_both, load.tpot_s, tpot),
+        )
+        devices = ranks * s.column("pp")  # a replica spans every pipeline stage
+        tokens = np.where(
+            is_both, load.requests_per_s * s.output_tokens * replicas / devices, tokens
+        )
+        for p, name in ((0.9, "p90"), (0.99, "p99")):
+            extra[f"ttft_{name}_s"] = np.where(
+                is_both, load.quantile("ttft", p), extra[f"ttft_{name}_s"]
+            )
+            extra[f"tpot_{name}_s"] = np.where(
+                is_both, load.quantile("tpot", p), extra[f"tpot_{name}_s"]
+            )
+        extra["e2e_s"] = np.where(is_both, load.e2e_s, nan)
+        in_flight = np.where(is_both, concurrency * replicas, in_flight)
+        requests = np.where(is_both, load.requests_per_s * replicas, requests)
+    columns = {f"time.{k}": v for k, v in timing.time.items()}
+    columns.update({f"hidden.{k}": v for k, v in timing.hidden.items()})
+    columns.update({f"memory.{k}": v for k, v in memory.items()})
+    columns.update(
+        step_time_s=timing.step_s,
+        ttft_s=ttft,
+        tpot_s=tpot,
+        tokens_per_s_per_device=tokens,
+        prefill_tokens_per_s_per_device=prefill_rate,
+        decode_tokens_per_s_per_device=decode_rate,
+        batch_size=batch.astype(np.int64),
+        memory_per_device_bytes=sum(memory.values()),
+        concurrency=in_flight,
+        requests_per_s=requests,
+        **extra,
+    )
+    return columns
+
+
+def serving_inputs(
+    *,
+    model: ModelSpec,
+    cluster,
+    workload: Inference,
+    table: Mapping[str, np.ndarray],
+    options: EstimateOptions | None = None,
+) -> tuple[IterationCost, LoadPolicy, np.ndarray]:
+    """What the closed form and the simulator share for each row: the iteration cost, the
+    admission policy of one replica (``max_running`` from the memory, or the row's batch) and
+    the number of replicas the load spreads over."""
+    s = _setup(
+        model=model,
+        cluster=cluster,
+        workload=workload,
+        table=table,
+        options=options or EstimateOptions(),
+    )
+    given, pp = s.column("batch_size"), s.column("pp")
+    max_running = np.where(given > 0, given, np.maximum(_fits(s), 1.0)) * pp
+    return iteration_cost(s), _policy(s, max_running), s.replicas

@@ -1,0 +1,343 @@
+"""Serving under load: TTFT, TPOT and end-to-end latency of continuous batching (closed form).
+
+The policy modelled is iteration-level continuous batching with chunked prefill, as vLLM V1,
+SGLang and TensorRT-LLM run it (Yu et al., Orca, OSDI'22: iteration-level scheduling; Kwon et
+al., vLLM, SOSP'23: admission by free KV blocks; Agrawal et al., Sarathi-Serve, OSDI'24: a token
+budget per iteration, decodes first, the rest filled with prefill chunks; Zheng et al., SGLang,
+NeurIPS'24). Every iteration runs one token of each decoding request and at most
+``max_batched_tokens - decodes`` prompt tokens of the waiting requests, first come first served;
+a request is admitted while the KV cache holds it (``max_running`` per replica).
+
+Each iteration's time is ``IterationCost.seconds(decodes, prefill_tokens)``: the cost model's
+pass time at that many tokens (the same function drives the simulator, ``_simulator``), plus the
+engine's per-iteration floors (``ServingProfile``).
+
+The closed form is iteration accounting (Little's law over iterations, as Vidur's and
+DistServe's analytical models do; Agrawal et al., Vidur, MLSys'24; Zhong et al., DistServe,
+OSDI'24 sec. 4). Closed-loop load (``concurrency``: a benchmark client keeping ``C`` requests in
+flight) admits ``n = min(C, max_running)``, the rest waiting for admission (Little: ``(C - n) /
+X``); requests sent together are prefilled together, in groups (``closed_loop``). Open-loop load
+(``request_rate_per_s``, Poisson) gives ``n_d = λ (O - 1) T`` decoding requests at a mean
+iteration time ``T`` found by substitution, a share of iterations carrying prompts, and a prompt
+queue served at the leftover budget: an M/D/1 wait ``ρ s / (2 (1 - ρ))`` with ``s`` one prompt's
+share of the budget (Kleinrock, Queueing Systems I, 1975, Pollaczek-Khinchine), plus the
+residual of the running iteration (``open_loop``).
+
+Percentiles (open loop): a request's TPOT averages its ``O - 1`` iterations, a share of which
+carries prompts; p-quantiles are ``T + z_p σ / sqrt(O - 1)`` (central limit). The TTFT's
+queueing part is taken exponential with its mean beyond the zero-wait mass (the M/G/1 tail,
+Kingman 1962): quantile ``W / ρ · ln(ρ / (1 - p))`` where ``p > 1 - ρ``; the wait for the
+running iteration is uniform over a length-biased iteration. A closed loop of equal requests
+runs in lock-step waves, so its percentiles equal its means (the simulator shows the spread
+random lengths add).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache, cached_property
+from importlib import resources
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+Engine = Literal["vllm", "sglang", "trtllm"]
+#: Tokens per iteration at which the pass time is priced; between them it is interpolated
+#: linearly, beyond the last extrapolated with the last slope.
+GRID_TOKENS = np.array([1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0])
+#: Standard normal quantiles of the reported percentiles.
+Z_SCORES = {0.5: 0.0, 0.9: 1.2815515655446004, 0.99: 2.3263478740408408}
+_OPEN_LOOP_STEPS = 24
+
+
+class ServingProfile(BaseModel):
+    """Per-step and per-request floors of one engine (``data/serving_profiles.json``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    engine: Engine
+    version: str
+    kernel_floor_s: float = Field(ge=0)
+    sampling_s: float = Field(ge=0)
+    scheduler_s: float = Field(ge=0)
+    request_overhead_s: float = Field(ge=0)
+    max_batched_tokens: int = Field(gt=0)
+    sources: dict[str, str]
+
+    @property
+    def iteration_floor_s(self) -> float:
+        """Paid once per iteration whatever it holds: sampling and the exposed scheduler."""
+        return self.sampling_s + self.scheduler_s
+
+
+@cache
+def serving_profile(engine: str) -> ServingProfile:
+    """The shipped profile of ``engine``; raises ``ValueError`` naming the known engines."""
+    data = json.loads(
+        (resources.files("cost_model") / "data" / "serving_profiles.json").read_text()
+    )
+    profiles = {row["engine"]: row for row in data["profiles"]}
+    if engine not in profiles:
+        raise ValueError(f"serving_engine ({engine!r}) must be one of {sorted(profiles)}")
+    return ServingProfile(**profiles[engine])
+
+
+@dataclass(frozen=True)
+class IterationCost:
+    """Seconds of one iteration of a replica, per row of a config table.
+
+    ``linear_s[:, g]`` is the time of everything but core attention for ``GRID_TOKENS[g]``
+    tokens in the iteration; decode attention costs ``decode_attention_s`` per decoding request
+    and prefill ``prefill_token_s`` per prompt token (its core attention at the prompt's mean
+    context and what the prefill form adds); ``floor_s`` is paid once per iteration.
+    """
+
+    linear_s: np.ndarray  # (n, g)
+    decode_attention_s: np.ndarray  # (n,)
+    prefill_token_s: np.ndarray  # (n,)
+    floor_s: np.ndarray  # (n,)
+
+    def seconds(self, decodes, prefill_tokens) -> np.ndarray:
+        """Iteration time with ``decodes`` decoding requests and ``prefill_tokens`` prompt
+        tokens; arrays broadcast against ``(n,)`` or ``(n, k)``."""
+        decodes = np.asarray(decodes, dtype=np.float64)
+        prefill_tokens = np.asarray(prefill_tokens, dtype=np.float64)
+        tokens = np.maximum(decodes + prefill_tokens, 1.0)
+        two_d = tokens.ndim == 2
+        column = (lambda v: v[:, None]) if two_d else (lambda v: v)
+        tokens = np.broadcast_to(tokens, tokens.shape if two_d else self.floor_s.shape)
+        linear = _interpolate(self, tokens)
+        return (
+            linear
+            + column(self.decode_attention_s) * decodes
+            + column(self.prefill_token_s) * prefill_tokens
+            + column(self.floor_s)
+        )
+
+    @cached_property
+    def slope_s_per_token(self) -> np.ndarray:
+        """Slope of each grid segment, (n, g - 1)."""
+        return np.diff(self.linear_s, axis=1) / np.diff(GRID_TOKENS)
+
+    @cached_property
+    def intercept_s(self) -> np.ndarray:
+        """Value at zero tokens of each grid segment's line, (n, g - 1)."""
+        return self.linear_s[:, :-1] - self.slope_s_per_token * GRID_TOKENS[:-1]
+
+    def row(self, index: int) -> IterationCost:
+        """The cost of one row (arrays of length 1), for the simulator."""
+        pick = slice(index, index + 1)
+        return IterationCost(
+            self.linear_s[pick],
+            self.decode_attention_s[pick],
+            self.prefill_token_s[pick],
+            self.floor_s[pick],
+        )
+
+
+def _interpolate(cost: IterationCost, tokens: np.ndarray) -> np.ndarray:
+    """Piecewise-linear ``cost.linear_s`` (n, g) over ``GRID_TOKENS`` at ``tokens`` (n,) or
+    (n, k). The grid is 4^0 .. 4^7, so a token count's segment is half its binary exponent."""
+    segments = GRID_TOKENS.size - 1
+    exponent = np.frexp(tokens)[1] - 1  # floor(log2(tokens)) for tokens >= 1
+    segment = np.clip(exponent // 2, 0, segments - 1)
+    rows = np.arange(tokens.shape[0]) * segments
+    flat = segment + (rows[:, None] if tokens.ndim == 2 else rows)
+    return cost.intercept_s.ravel()[flat] + cost.slope_s_per_token.ravel()[flat] * tokens
+
+
+@dataclass(frozen=True)
+class LoadPolicy:
+    """What the engine of one replica admits: scalars or (n,) arrays."""
+
+    prompt_tokens: np.ndarray  # uncached prompt tokens per request (prefilled)
+    output_tokens: np.ndarray
+    max_running: np.ndarray  # requests the KV cache holds
+    max_batched_tokens: float
+    request_overhead_s: float
+
+
+@dataclass(frozen=True)
+class LoadTimes:
+    """Mean TTFT, TPOT and end-to-end latency, the completion rate and the running requests;
+    percentiles on demand (``quantile``) from the spread terms of the model."""
+
+    ttft_s: np.ndarray
+    tpot_s: np.ndarray
+    e2e_s: np.ndarray
+    requests_per_s: np.ndarray  # per replica
+    running: np.ndarray  # mean requests admitted
+    wait_s: np.ndarray | None = None  # mean queueing part of the TTFT (exponential tail)
+    busy: np.ndarray | None = None  # probability that an arrival waits at all
+    tpot_spread_s: np.ndarray | None = None  # standard deviation of a request's TPOT
+    residual: tuple | None = None  # (mean, {p: quantile}) of the wait for the running iteration
+    stable: np.ndarray | None = None  # False where the load grows without bound (times inf)
+
+    def quantile(self, metric: str, p: float) -> np.ndarray:
+        """The p-quantile (0.5, 0.9 or 0.99) of ``"ttft"`` or ``"tpot"`` over requests."""
+        if metric == "tpot":
+            value = (
+                self.tpot_s
+                if self.tpot_spread_s is None
+                else self.tpot_s + Z_SCORES[p] * self.tpot_spread_s
+            )
+        else:
+            value = self.ttft_s if self.wait_s is None else self._ttft_quantile(p)
+        return value if self.stable is None else np.where(self.stable, value, np.inf)
+
+    def _ttft_quantile(self, p: float) -> np.ndarray:
+        assert self.wait_s is not None and self.busy is not None  # set together by open_loop
+        load = np.clip(self.busy, 1e-9, 1.0)
+        finite = np.isfinite(self.wait_s)
+        wait = np.where(finite, self.wait_s, 0.0)
+        tail = np.where(
+            p > 1.0 - load, wait / load * np.log(np.maximum(load / (1.0 - p), 1.0)), 0.0
+        )
+        value = self.ttft_s - wait + tail
+        if self.residual is not None:
+            value = value - self.residual[0] + self.residual[1][p]
+        return np.where(finite, value, np.inf)
+
+
+def _as_columns(reference: np.ndarray):
+    """Lift (n,) per-row values against ``reference``'s shape, (n,) or (n, k)."""
+    if reference.ndim == 2:
+        return lambda v: np.asarray(v, dtype=np.float64)[:, None]
+    return lambda v: np.asarray(v, dtype=np.float64)
+
+
+def closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> LoadTimes:
+    """``concurrency`` requests in flight per replica (scalar, (n,) or (n, k)), each sent as
+    soon as the previous one completes (a benchmark client with ``--max-concurrency``).
+
+    Requests sent together are prefilled together: ``n`` running requests of ``P``-token
+    prompts fall into ``m = ceil(n P / B)`` groups whose prompts share an iteration of
+    ``n P / m`` tokens (``B`` the budget left by the decodes); a prompt longer than ``B`` spans
+    ``k = ceil(P / B)`` iterations. A request's cycle is ``k`` prefill iterations and ``O - 1``
+    decode iterations, ``m - k`` of which carry the other groups' prompts; a completion sends
+    the next request at an iteration's end, so it waits for no running iteration. When the
+    groups' prompts need more iterations than a cycle has, prefill is budget-bound: every
+    iteration is full and the completion rate is ``B / (P T)``.
+    """
+    concurrency = np.asarray(concurrency, dtype=np.float64)
+    col = _as_columns(concurrency)
+    prompt, output, budget = (
+        col(policy.prompt_tokens),
+        col(policy.output_tokens),
+        policy.max_batched_tokens,
+    )
+    running = np.minimum(concurrency, col(policy.max_running))
+    budget_left = np.maximum(budget - running, 1.0)
+    chunks = np.ceil(prompt / budget_left)
+    groups = np.maximum(chunks, np.ceil(running * prompt / budget_left))
+    group_size = running / groups * chunks  # requests whose prompts share a prefill iteration
+    prefill_s = cost.seconds(
+        running - group_size, np.minimum(running * prompt / groups, budget_left)
+    )
+    decode_s = cost.seconds(running, np.zeros_like(prefill_s))
+    cycle_iterations = output - 1.0 + chunks
+    bound = groups > cycle_iterations  # budget-bound prefill: every iteration full
+    others = np.clip(groups - chunks, 0.0, output - 1.0)
+    cycle_s = np.where(
+        bound,
+        cycle_iterations * prefill_s,
+        groups * prefill_s + (cycle_iterations - groups) * decode_s,
+    )
+    rate = np.where(bound, budget_left / (prompt * prefill_s), running / cycle_s)
+    tpot = np.where(
+        bound,
+        prefill_s,
+        (others * prefill_s + (output - 1.0 - others) * decode_s) / np.maximum(output - 1.0, 1.0),
+    )
+    e2e_running = np.where(bound, running / rate, chunks * prefill_s + (output - 1.0) * tpot)
+    admission_wait = (concurrency - running) / rate
+    ttft = policy.request_overhead_s + e2e_running - (output - 1.0) * tpot + admission_wait
+    return LoadTimes(ttft, tpot, ttft + (output - 1.0) * tpot, rate, running)
+
+
+def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) -> LoadTimes:
+    """Poisson arrivals at ``request_rate_per_s`` per replica. A replica that cannot carry the
+    rate (more running requests than its cache holds, or more prompt tokens than its budget)
+    has unbounded latency: its times are ``inf``.
+
+    A share ``q`` of the iterations carries prompts (at least one arrival during the previous
+    iteration, ``1 - exp(-λ T)``), the rest only decodes; ``T`` mixes the two. A request waits
+    for the running iteration (half of it, when the engine is busy) and for the prompts queued
+    ahead of it (M/D/1 at the budget's utilization), then its own iteration(s).
+    """
+    rate = np.asarray(request_rate_per_s, dtype=np.float64)
+    col = _as_columns(rate)
+    prompt, output, budget = (
+        col(policy.prompt_tokens),
+        col(policy.output_tokens),
+        policy.max_batched_tokens,
+    )
+    iteration = cost.seconds(np.zeros_like(rate * prompt), np.minimum(prompt, budget))
+    previous = iteration
+    for _ in range(_OPEN_LOOP_STEPS):
+        previous = iteration
+        decodes = rate * (output - 1.0) * iteration
+        budget_left = np.maximum(budget - decodes, 1.0)
+        prompt_tokens = rate * prompt * iteration  # per iteration, on average
+        share = np.clip(
+            np.maximum(1.0 - np.exp(-rate * iteration), prompt_tokens / budget_left),
+            1e-9,
+            1.0,
+        )
+        prefill_s = cost.seconds(decodes, np.minimum(prompt_tokens / share, budget_left))
+        decode_s = cost.seconds(decodes, np.zeros_like(prefill_s))
+        iteration = share * prefill_s + (1.0 - share) * decode_s
+    utilization = prompt_tokens / budget_left
+    chunks = np.ceil(prompt / budget_left)
+    running = decodes + rate * chunks * iteration
+    # Each request adds work to every iteration it spans: past a rate, more decodes make longer
+    # iterations make more decodes, and the substitution diverges instead of settling.
+    settled = iteration <= previous * (1.0 + 1e-3)
+    stable = (utilization < 1.0) & (running <= col(policy.max_running)) & settled
+    queue_wait = np.where(
+        stable,
+        utilization * chunks * prefill_s / (2.0 * np.maximum(1.0 - utilization, 1e-9)),
+        np.inf,
+    )
+    busy = np.minimum(rate * (chunks + output - 1.0) * iteration, 1.0)  # P(engine busy at arrival)
+    own = np.minimum(prompt + prompt_tokens, np.maximum(budget_left, prompt / chunks))
+    service = cost.seconds(decodes, own) + (chunks - 1.0) * cost.seconds(decodes, budget_left)
+    residual = _residual(busy, share, prefill_s, decode_s)
+    ttft = policy.request_overhead_s + residual[0] + queue_wait + service
+    spread = np.sqrt(share * (1.0 - share)) * np.abs(
+        prefill_s - decode_s
+    )  # iterations with and without prompts
+    unbounded = lambda v: np.where(stable, v, np.inf)
+    return LoadTimes(
+        unbounded(ttft),
+        unbounded(iteration),
+        unbounded(ttft + (output - 1.0) * iteration),
+        rate,
+        running,
+        wait_s=queue_wait,
+        busy=np.minimum(utilization, 1.0),
+        tpot_spread_s=spread / np.sqrt(np.maximum(output - 1.0, 1.0)),
+        residual=residual,
+        stable=stable,
+    )
+
+
+def _residual(busy, share, prefill_s, decode_s) -> tuple[np.ndarray, dict[float, np.ndarray]]:
+    """Wait for the iteration running when a request arrives: with probability ``busy`` the
+    engine runs one, picked length-biased (a long prefill iteration is more likely hit); the
+    wait is uniform over it. Mean ``busy E[T^2] / (2 E[T])``; quantiles from the share of time
+    spent in prefill iterations."""
+    mean_iteration = share * prefill_s + (1.0 - share) * decode_s
+    mean = busy * (share * prefill_s**2 + (1.0 - share) * decode_s**2) / (2.0 * mean_iteration)
+    prefill_time_share = share * prefill_s / mean_iteration
+    quantiles = {}
+    for p in Z_SCORES:
+        longest = np.where(p > 1.0 - prefill_time_share, prefill_s, decode_s)
+        quantiles[p] = np.where(
+            p > 1.0 - busy,
+            longest * np.clip((p - (1.0 - busy)) / np.maximum(busy, 1e-9), 0, 1),
+            0.0,
+        )
+    return mean, quantiles

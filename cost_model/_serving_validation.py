@@ -1,0 +1,244 @@
+"""Validation of the serving model on end-to-end public measurements (``data/serving_validation.json``).
+
+Every row is a published result of a whole deployment: a benchmark run (mean TTFT, mean TPOT
+and output throughput of a fixed number of requests at a fixed concurrency) or a disaggregated
+pool's throughput per node. None is an input of any fit (``calibration.json`` fits training
+rows; ``serving_profiles.json`` cites operator-level and runtime publications): a test checks
+that the two share no source.
+
+Benchmark rows are priced the way they were measured: the serving simulator
+(``_simulator.simulate``) runs the benchmark's protocol — ``num_requests`` requests of the stated
+lengths, ``concurrency`` clients that start together, spread evenly over the layout's replicas
+— on the iteration cost of the stated layout, with the floors of the stated engine. Pool rows
+price the pool's pass at its published batch (``_inference_validation``); the Day-6 and DeepSeek
+profile rows reuse ``validate_dsv3_day6`` and ``validate_dsv3_profile``.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+from typing import NamedTuple
+
+import numpy as np
+
+from cost_model._common import EstimateOptions, calibration_for
+from cost_model._inference_load import serving_inputs
+from cost_model._inference_validation import (
+    _tokens_per_node,
+    day6_model,
+    validate_dsv3_day6,
+    validate_dsv3_profile,
+)
+from cost_model._parallel import ParallelConfig
+from cost_model._serving_columns import ServingConfig
+from cost_model._serving_load import Engine, LoadPolicy
+from cost_model._simulator import simulate
+from cost_model._table import configs_to_table
+from cost_model._workload import Inference
+
+#: Engine names of the measurements -> serving profiles (DeepSeek's own engine: SGLang's floors).
+ENGINE_PROFILES: dict[str, Engine] = {
+    "sglang": "sglang",
+    "vllm": "vllm",
+    "trtllm": "trtllm",
+    "deepseek": "sglang",
+}
+
+
+class ServingValidationRow(NamedTuple):
+    """One published figure and the model's prediction; ``error`` = predicted / measured - 1."""
+
+    row_id: str
+    source: str
+    engine: str
+    gpu: str
+    deployment: str
+    metric: str
+    unit: str
+    predicted: float
+    measured: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.measured - 1.0
+
+
+@lru_cache(maxsize=1)
+def serving_validation_data() -> dict:
+    """``data/serving_validation.json``: ``sources`` by id and ``rows``."""
+    return json.loads(
+        (resources.files("cost_model") / "data" / "serving_validation.json").read_text()
+    )
+
+
+def _benchmark_workload(row: dict) -> Inference:
+    return Inference(
+        prompt_tokens=row["prompt_tokens"],
+        output_tokens=row["output_tokens"],
+        weight_dtype=row["weight_dtype"],
+        kv_dtype=row["kv_dtype"],
+        serving_engine=ENGINE_PROFILES[row["engine"]],
+        max_batched_tokens=row.get("max_batched_tokens"),
+    )
+
+
+def simulate_benchmark(row: dict, *, seed: int = 0) -> dict[str, float]:
+    """The simulator's mean TTFT / TPOT (ms) and output tokens/s for a benchmark row."""
+    from topology import get_preset
+
+    cluster = get_preset(row["preset"], num_nodes=row.get("nodes", 1))
+    workload = _benchmark_workload(row)
+    config = ParallelConfig(**row["config"])
+    serving = ServingConfig(batch_size=row.get("max_batch_size_per_rank", 0))
+    table = configs_to_table([config], **serving.columns(workload=workload))
+    options = EstimateOptions(calibration=calibration_for(cluster.device))
+    cost, policy, replicas = serving_inputs(
+        model=day6_model(),
+        cluster=cluster,
+        workload=workload,
+        table=table,
+        options=options,
+    )
+    count = float(replicas[0])
+    one = LoadPolicy(
+        policy.prompt_tokens[:1],
+        policy.output_tokens[:1],
+        policy.max_running[:1],
+        policy.max_batched_tokens,
+        policy.request_overhead_s,
+    )
+    result = simulate(
+        cost=cost.row(0),
+        policy=one,
+        concurrency=max(round(row["concurrency"] / count), 1),
+        num_requests=max(round(row["num_requests"] / count), 1),
+        seed=seed,
+    )
+    tokens = float(
+        result.e2e_s.size * row["output_tokens"]
+    )  # every request of the run, over the whole run
+    return {
+        "ttft_ms": float(np.mean(result.ttft_s)) * 1e3,
+        "tpot_ms": float(np.mean(result.tpot_s)) * 1e3,
+        "output_tokens_per_s": tokens * count / result.simulated_s,
+    }
+
+
+_BENCHMARK_METRICS = {
+    "ttft_ms": ("mean TTFT", "ms"),
+    "tpot_ms": ("mean TPOT", "ms"),
+    "output_tokens_per_s": ("output throughput", "tokens/s"),
+}
+
+
+def _benchmark_rows(row: dict) -> list[ServingValidationRow]:
+    predicted = simulate_benchmark(row)
+    measured = row["measured"]
+    # Where a run publishes TTFT and TPOT, those are the figures compared; throughput otherwise.
+    names = [name for name in ("ttft_ms", "tpot_ms") if name in measured] or ["output_tokens_per_s"]
+    return [
+        _row(
+            row,
+            f"{_BENCHMARK_METRICS[name][0]}",
+            _BENCHMARK_METRICS[name][1],
+            predicted[name],
+            measured[name],
+        )
+        for name in names
+    ]
+
+
+def _pool_rows(row: dict) -> list[ServingValidationRow]:
+    precision = {
+        "weight_dtype": row["weight_dtype"],
+        "kv_dtype": row["kv_dtype"],
+        "serving_engine": ENGINE_PROFILES[row["engine"]],
+    }
+    workload = Inference(
+        prompt_tokens=row["prompt_tokens"],
+        output_tokens=row["output_tokens"],
+        **precision,
+    )
+    if row["phase"] == "prefill":
+        batch = row["tokens_per_device"] // row["prompt_tokens"]
+        metric, name = "input tokens/s per node", "input_tokens_per_s_per_node"
+    else:
+        batch = row["sequences_per_device"]
+        metric, name = "output tokens/s per node", "output_tokens_per_s_per_node"
+    serving = ServingConfig(
+        batch_size=batch,
+        phase=row["phase"],
+        two_batch_overlap=row.get("two_batch_overlap", False),
+    )
+    predicted = _tokens_per_node(
+        preset=row["preset"],
+        nodes=row["nodes"],
+        workload=workload,
+        config=ParallelConfig(**row["config"]),
+        serving=serving,
+        calibration=None,
+    )
+    return [_row(row, metric, "tokens/s/node", predicted, row["measured"][name])]
+
+
+def _deepseek_rows(row: dict) -> list[ServingValidationRow]:
+    pool = row["phase"]
+    if row["kind"] == "dsv3_day6":
+        found = [r for r in validate_dsv3_day6() if r.name.startswith(pool)]
+    else:
+        found = [
+            r for r in validate_dsv3_profile() if r.name.startswith("DeepSeek") and pool in r.name
+        ]
+    return [_row(row, found[0].metric, found[0].unit, found[0].predicted, found[0].published)]
+
+
+def _row(
+    row: dict, metric: str, unit: str, predicted: float, measured: float
+) -> ServingValidationRow:
+    return ServingValidationRow(
+        row["id"],
+        row["source"],
+        row["engine"],
+        row["gpu"],
+        row["deployment"],
+        metric,
+        unit,
+        float(predicted),
+        float(measured),
+    )
+
+
+def validate_serving(*, row_ids: tuple[str, ...] | None = None) -> list[ServingValidationRow]:
+    """Predicted vs measured for every row of ``data/serving_validation.json`` (or ``row_ids``)."""
+    pricers = {
+        "benchmark": _benchmark_rows,
+        "pool": _pool_rows,
+        "dsv3_day6": _deepseek_rows,
+        "dsv3_profile": _deepseek_rows,
+    }
+    rows = []
+    for row in serving_validation_data()["rows"]:
+        if row_ids is None or row["id"] in row_ids:
+            rows.extend(pricers[row["kind"]](row))
+    return rows
+
+
+def summarize_serving(rows: list[ServingValidationRow]) -> dict[str, dict[str, float]]:
+    """Count, mean and largest |error| per metric kind (TTFT, TPOT, throughput)."""
+    kinds = {
+        "TTFT": lambda r: "TTFT" in r.metric,
+        "TPOT": lambda r: "TPOT" in r.metric,
+        "throughput": lambda r: "TTFT" not in r.metric and "TPOT" not in r.metric,
+    }
+    summary = {}
+    for kind, select in kinds.items():
+        errors = np.abs([r.error for r in rows if select(r)])
+        if errors.size:
+            summary[kind] = {
+                "count": int(errors.size),
+                "mean_abs_error": float(errors.mean()),
+                "max_abs_error": float(errors.max()),
+            }
+    return summary

@@ -1,0 +1,467 @@
+"""Iteration-level discrete-event simulator of one serving replica (continuous batching).
+
+It runs the policy ``_serving_load`` prices in closed form, request by request and iteration
+by iteration, with the same iteration cost (``IterationCost``): what it adds is the dynamics
+the closed form averages away — bursts of arrivals, the order of prompts in the queue, a
+request's iterations mixing different prefill loads, admission stalls.
+
+Policy (vLLM V1 scheduler, SGLang's with chunked prefill, TensorRT-LLM's in-flight batching;
+Yu et al., Orca, OSDI'22; Kwon et al., vLLM, SOSP'23; Agrawal et al., Sarathi-Serve, OSDI'24):
+each iteration first runs one token of every decoding request, then fills the rest of the
+``max_batched_tokens`` budget with prompt chunks of waiting requests in arrival order; a
+waiting request is admitted (its KV blocks taken) while fewer than ``max_running`` requests hold
+the cache. A request's first token comes at the end of the iteration that finishes its prompt;
+its remaining ``O - 1`` tokens take one iteration each. TTFT, TPOT (``(e2e - ttft) / (O - 1)``,
+as ``vllm bench serve`` and ``sglang.bench_serving`` report it) and the end-to-end latency add
+the engine's per-request overhead. Load is closed-loop (``concurrency`` clients, each sending
+its next request when the previous completes) or open-loop (Poisson ``request_rate_per_s``),
+as in Vidur (Agrawal et al., MLSys'24) and DistServe's simulator (Zhong et al., OSDI'24).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_model._serving_load import GRID_TOKENS, IterationCost, LoadPolicy
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """Per-request times of the requests measured (after the warm-up), and the throughput."""
+
+    ttft_s: np.ndarray
+    tpot_s: np.ndarray
+    e2e_s: np.ndarray
+    requests_per_s: float
+    output_tokens_per_s: float
+    iterations: int
+    simulated_s: float
+
+    def summary(self) -> dict[str, float]:
+        """Mean, p50, p90 and p99 of TTFT, TPOT and end-to-end latency, in seconds."""
+        figures: dict[str, float] = {}
+        for name, values in (
+            ("ttft", self.ttft_s),
+            ("tpot", self.tpot_s),
+            ("e2e", self.e2e_s),
+        ):
+            figures[f"{name}_mean_s"] = float(np.mean(values))
+            for p in (50, 90, 99):
+                figures[f"{name}_p{p}_s"] = float(np.percentile(values, p))
+        figures["requests_per_s"] = self.requests_per_s
+        figures["output_tokens_per_s"] = self.output_tokens_per_s
+        return figures
+
+
+class _ScalarCost:
+    """``IterationCost`` of one row as plain floats (a numpy call per iteration costs more than
+    the iteration's bookkeeping)."""
+
+    def __init__(self, cost: IterationCost) -> None:
+        self.grid = [float(x) for x in GRID_TOKENS]
+        self.linear = [float(y) for y in cost.linear_s[0]]
+        self.decode = float(cost.decode_attention_s[0])
+        self.prefill = float(cost.prefill_token_s[0])
+        self.floor = float(cost.floor_s[0])
+
+    def __call__(self, decodes: int, prefill_tokens: int) -> float:
+        tokens = max(float(decodes + prefill_tokens), 1.0)
+        upper = min(max(bisect.bisect_left(self.grid, tokens), 1), len(self.grid) - 1)
+        x0, x1, y0, y1 = (
+            self.grid[upper - 1],
+            self.grid[upper],
+            self.linear[upper - 1],
+            self.linear[upper],
+        )
+        linear = y0 + (tokens - x0) * (y1 - y0) / (x1 - x0)
+        return linear + self.decode * decodes + self.prefill * prefill_tokens + self.floor
+
+
+def _lengths(rng: np.random.Generator, mean: float, cv: float, count: int) -> np.ndarray:
+    """Request lengths of the given mean and spread (gamma-distributed when cv > 0), >= 1."""
+    if cv <= 0:
+        return np.full(count, max(round(mean), 1), dtype=np.int64)
+    shape = 1.0 / cv**2
+    return np.maximum(np.rint(rng.gamma(shape, mean / shape, count)), 1).astype(np.int64)
+
+
+class _Requests:
+    """Columns of every request issued; lengths are drawn in blocks as requests arrive."""
+
+    def __init__(
+        self,
+        *,
+        rng: np.random.Generator,
+        prompt_tokens: float,
+        output_tokens: float,
+        prompt_cv: float,
+        output_cv: float,
+    ) -> None:
+        self.arrival: list[float] = []
+        self.first_token: list[float] = []
+        self.finish: list[float] = []
+        self._draw = lambda count: (
+            _lengths(rng, prompt_tokens, prompt_cv, count),
+            _lengths(rng, output_tokens, output_cv, count),
+        )
+        self.prompt, self.output = self._draw(4096)
+
+    def add(self, arrival: float) -> int:
+        """Issue a request arriving at ``arrival``; its id."""
+        rid = len(self.arrival)
+        if rid >= self.prompt.size:
+            more_prompt, more_output = self._draw(self.prompt.size)
+            self.prompt, self.output = (
+                np.concatenate([self.prompt, more_prompt]),
+                np.concatenate([self.output, more_output]),
+            )
+        self.arrival.append(arrival)
+        self.first_token.append(np.nan)
+        self.finish.append(np.nan)
+        return rid
+
+
+def simulate(
+    *,
+    cost: IterationCost,
+    policy: LoadPolicy,
+    concurrency: int | None = None,
+    request_rate_per_s: float | None = None,
+    duration_s: float = 60.0,
+    prompt_tokens_cv: float = 0.0,
+    output_tokens_cv: float = 0.0,
+    warmup_fraction: float = 0.2,
+    seed: int = 0,
+    num_requests: int | None = None,
+) -> SimulationResult:
+    """Serve ``duration_s`` of traffic on one replica whose iteration costs ``cost`` (one row).
+
+    ``policy`` holds scalars: mean uncached prompt and output tokens, ``max_running``, the token
+    budget and the per-request overhead. Requests arriving in the first ``warmup_fraction`` of
+    the run are served but not measured (the closed loop starts with all clients at once), nor
+    are those finishing after ``duration_s`` (no new request arrives then: the load drains).
+    ``num_requests`` runs a benchmark's protocol instead: exactly that many requests (the
+    clients start together), all measured, however long they take.
+    """
+    if (concurrency is None) == (request_rate_per_s is None):
+        raise ValueError("give concurrency or request_rate_per_s (one of them)")
+    if concurrency is not None and concurrency <= 0:
+        raise ValueError(f"concurrency ({concurrency}) must be > 0")
+    if request_rate_per_s is not None and request_rate_per_s <= 0:
+        raise ValueError(f"request_rate_per_s ({request_rate_per_s}) must be > 0")
+    rng = np.random.default_rng(seed)
+    arrivals: list[float]
+    if request_rate_per_s is not None:
+        expected = request_rate_per_s * duration_s
+        gaps = rng.exponential(1.0 / request_rate_per_s, int(expected + 6 * np.sqrt(expected)) + 16)
+        times = np.cumsum(gaps)
+        arrivals = [float(t) for t in times[times < duration_s]]
+    else:
+        arrivals = [0.0] * int(concurrency or 0)
+    requests = _Requests(
+        rng=rng,
+        prompt_tokens=float(np.asarray(policy.prompt_tokens).ravel()[0]),
+        output_tokens=float(np.asarray(policy.output_tokens).ravel()[0]),
+        prompt_cv=prompt_tokens_cv,
+        output_cv=output_tokens_cv,
+    )
+    if num_requests is not None:
+        if num_requests <= 0:
+            raise ValueError(f"num_requests ({num_requests}) must be > 0")
+        arrivals = arrivals[:num_requests]
+    engine = _Engine(
+        policy=policy,
+        requests=requests,
+        arrivals=arrivals,
+        closed=concurrency is not None,
+        duration_s=np.inf if num_requests is not None else duration_s,
+        limit=num_requests,
+    )
+    state = _run(cost=_ScalarCost(cost), engine=engine)
+    if num_requests is not None:
+        return _result(requests, state, policy=policy, warmup_s=0.0, duration_s=np.inf)
+    return _result(
+        requests,
+        state,
+        policy=policy,
+        warmup_s=warmup_fraction * duration_s,
+        duration_s=duration_s,
+    )
+
+
+class _Engine:
+    """The scheduler state of one replica: the queue, the running requests, the clock."""
+
+    def __init__(
+        self,
+        *,
+        policy: LoadPolicy,
+        requests: _Requests,
+        arrivals: list,
+        closed: bool,
+        duration_s: float,
+        limit: int | None,
+    ) -> None:
+        self.budget = int(policy.max_batched_tokens)
+        self.max_running = max(int(np.asarray(policy.max_running).ravel()[0]), 1)
+        self.requests, self.closed, self.duration_s, self.limit = (
+            requests,
+            closed,
+            duration_s,
+            limit,
+        )
+        self.pending = deque(arrivals)  # arrival times not yet in the queue, in order
+        self.waiting: deque[int] = deque()  # request ids whose prompt is not finished, FCFS
+        self.remaining: dict[int, int] = {}
+        self.admitted: set[int] = set()
+        self.finishing: list[tuple[int, int]] = []  # (iteration of the last token, request id)
+        self.decoding, self.running, self.now, self.iteration = 0, 0, 0.0, 0
+
+    def busy(self) -> bool:
+        return bool(self.pending or self.waiting or self.decoding)
+
+    def enqueue_arrivals(self) -> None:
+        """Move the requests that have arrived by now into the queue (jump to the next arrival
+        when the engine is idle)."""
+        if not self.waiting and not self.decoding and self.pending and self.pending[0] > self.now:
+            self.now = self.pending[0]
+        while self.pending and self.pending[0] <= self.now:
+            rid = self.requests.add(self.pending.popleft())
+            self.remaining[rid] = int(self.requests.prompt[rid])
+            self.waiting.append(rid)
+
+    def schedule_prefill(self) -> tuple[int, list[int]]:
+        """Fill the budget left by the decodes with prompt chunks in arrival order, admitting
+        requests while the cache holds them; (prompt tokens scheduled, prompts finished)."""
+        left, finished = self.budget - self.decoding, []
+        for rid in self.waiting:
+            if left <= 0:
+                break
+            if rid not in self.admitted:
+                if self.running >= self.max_running:
+                    break
+                self.admitted.add(rid)
+                self.running += 1
+            chunk = min(self.remaining[rid], left)
+            self.remaining[rid] -= chunk
+            left -= chunk
+            if self.remaining[rid] == 0:
+                finished.append(rid)
+        for rid in finished:  # arrival order: the finished prompts are the queue's head
+            self.waiting.popleft()
+            del self.remaining[rid]
+        return self.budget - self.decoding - left, finished
+
+    def _complete(self, rid: int) -> None:
+        self.requests.finish[rid] = self.now
+        self.running -= 1
+        issued = len(self.requests.arrival) + len(self.pending)
+        if (
+            self.closed
+            and self.now < self.duration_s
+            and (self.limit is None or issued < self.limit)
+        ):
+            self.pending.append(self.now)  # the client sends its next request
+
+    def finish_iteration(self, finished_prompts: list[int]) -> None:
+        """Retire the requests whose last token this iteration made; start decoding the prompts
+        it finished (their first token is now)."""
+        while self.finishing and self.finishing[0][0] == self.iteration:
+            _, rid = heapq.heappop(self.finishing)
+            self.decoding -= 1
+            self._complete(rid)
+        for rid in finished_prompts:
+            self.requests.first_token[rid] = self.now
+            outputs = int(self.requests.output[rid])
+            if outputs <= 1:
+                self._complete(rid)
+            else:
+                heapq.heappush(self.finishing, (self.iteration + outputs - 1, rid))
+                self.decoding += 1
+
+
+def _run(*, cost: _ScalarCost, engine: _Engine) -> dict:
+    """Iterate until every request issued is served (or nothing more can run)."""
+    while engine.busy():
+        engine.enqueue_arrivals()
+        prefill_tokens, finished = engine.schedule_prefill()
+        if prefill_tokens == 0 and engine.decoding == 0:  # blocked: wait for an arrival
+            if not engine.pending:
+                break
+            engine.now = max(engine.now, engine.pending[0])
+            continue
+        engine.now += cost(engine.decoding, prefill_tokens)
+        engine.iteration += 1
+        engine.finish_iteration(finished)
+    return {"iterations": engine.iteration, "now": engine.now}
+
+
+def _result(
+    requests: _Requests,
+    state: dict,
+    *,
+    policy: LoadPolicy,
+    warmup_s: float,
+    duration_s: float,
+) -> SimulationResult:
+    arrival = np.asarray(requests.arrival)
+    first = np.asarray(requests.first_token)
+    finish = np.asarray(requests.finish)
+    outputs = requests.output[: arrival.size]
+    done = np.isfinite(finish)
+    measured = (
+        done & (arrival >= warmup_s) & (finish <= duration_s)
+    )  # steady state: no start, no drain
+    if not measured.any():
+        measured = done
+    overhead = float(policy.request_overhead_s)
+    ttft = first[measured] - arrival[measured] + overhead
+    tpot = np.where(
+        outputs[measured] > 1,
+        (finish[measured] - first[measured]) / np.maximum(outputs[measured] - 1, 1),
+        0.0,
+    )
+    e2e = finish[measured] - arrival[measured] + overhead
+    window = max(
+        min(duration_s, state["now"]) - warmup_s, 1e-9
+    )  # the whole run for a fixed request count
+    in_window = done & (finish >= warmup_s) & (finish <= duration_s)
+    completed = float(np.count_nonzero(in_window))
+    return SimulationResult(
+        ttft_s=ttft,
+        tpot_s=tpot,
+        e2e_s=e2e,
+        requests_per_s=completed / window,
+        output_tokens_per_s=float(outputs[in_window].sum()) / window,
+        iterations=int(state["iterations"]),
+        simulated_s=float(state["now"]),
+    )
+
+
+# ------------------------------------------------------------------------------ one layout
+@dataclass(frozen=True)
+class LayoutSimulation:
+    """The simulator's figures for one layout, with the load it ran and the closed form's."""
+
+    result: SimulationResult
+    concurrency_per_replica: int | None
+    request_rate_per_s_per_replica: float | None
+    replicas: float
+    closed_form: dict[str, float]
+
+    def meets(self, workload) -> bool:
+        """p90 TTFT and p90 TPOT within the workload's SLOs (an unset SLO holds)."""
+        figures = self.result.summary()
+        ttft_ok = workload.ttft_slo_s is None or figures["ttft_p90_s"] <= workload.ttft_slo_s
+        return ttft_ok and (
+            workload.tpot_slo_s is None or figures["tpot_p90_s"] <= workload.tpot_slo_s
+        )
+
+
+def simulate_layout(
+    *,
+    model,
+    cluster,
+    workload,
+    config,
+    serving=None,
+    options=None,
+    concurrency_per_replica: int | None = None,
+    duration_s: float | None = None,
+    seed: int = 0,
+) -> LayoutSimulation:
+    """Simulate one replica of a colocated ``config`` (phase ``both``).
+
+    The load is ``concurrency_per_replica`` if given, else the workload's ``concurrency`` or
+    ``request_rate_per_s`` over the layout's replicas, else the concurrency the closed form
+    chose (its SLO-constrained choice, or the row's batch x pp). ``duration_s`` defaults to
+    twenty mean end-to-end latencies of the closed form (60 s to 1 h) for a closed loop, 10
+    minutes for an open one.
+    """
+    from cost_model._inference_load import estimate_inference_table, serving_inputs
+    from cost_model._serving_columns import ServingConfig
+    from cost_model._table import configs_to_table
+
+    serving = (serving or ServingConfig()).model_copy(update={"phase": "both"})
+    table = configs_to_table([config], **serving.columns(workload=workload))
+    columns = estimate_inference_table(
+        model=model, cluster=cluster, workload=workload, table=table, options=options
+    )
+    cost, policy, replicas = serving_inputs(
+        model=model, cluster=cluster, workload=workload, table=table, options=options
+    )
+    figures = {
+        name: float(np.asarray(columns[name])[0])
+        for name in (
+            "ttft_s",
+            "tpot_s",
+            "ttft_p90_s",
+            "tpot_p90_s",
+            "e2e_s",
+            "concurrency",
+        )
+    }
+    one = LoadPolicy(
+        policy.prompt_tokens[:1],
+        policy.output_tokens[:1],
+        policy.max_running[:1],
+        policy.max_batched_tokens,
+        policy.request_overhead_s,
+    )
+    rate = None
+    if concurrency_per_replica is None and workload.request_rate_per_s is not None:
+        rate = workload.request_rate_per_s / float(replicas[0])
+    elif concurrency_per_replica is None:
+        total = workload.concurrency if workload.concurrency is not None else figures["concurrency"]
+        concurrency_per_replica = max(round(total / float(replicas[0])), 1)
+    if duration_s is None:
+        duration_s = (
+            600.0
+            if rate is not None
+            else float(np.clip(20.0 * np.nan_to_num(figures["e2e_s"], nan=3.0), 60.0, 3600.0))
+        )
+    result = simulate(
+        cost=cost.row(0),
+        policy=one,
+        concurrency=concurrency_per_replica,
+        request_rate_per_s=rate,
+        duration_s=duration_s,
+        prompt_tokens_cv=workload.prompt_tokens_cv,
+        output_tokens_cv=workload.output_tokens_cv,
+        seed=seed,
+    )
+    return LayoutSimulation(result, concurrency_per_replica, rate, float(replicas[0]), figures)
+
+
+def slo_concurrency(
+    *, model, cluster, workload, config, serving=None, options=None, step: float = 0.8
+) -> LayoutSimulation:
+    """The closed form's chosen concurrency, lowered by ``step`` until the simulated p90 TTFT
+    and TPOT meet the SLOs (or one request per replica): the load a plan should be run at."""
+    run = simulate_layout(
+        model=model,
+        cluster=cluster,
+        workload=workload,
+        config=config,
+        serving=serving,
+        options=options,
+    )
+    while (
+        not run.meets(workload) and run.concurrency_per_replica and run.concurrency_per_replica > 1
+    ):
+        lower = max(int(run.concurrency_per_replica * step), 1)
+        run = simulate_layout(
+            model=model,
+            cluster=cluster,
+            workload=workload,
+            config=config,
+            serving=serving,
+            options=options,
+            concurrency_per_replica=lower,
+        )
+    return run

@@ -1,0 +1,110 @@
+"""The public serving table: coverage, per-row sources, and no source shared with any fit input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cost_model
+from autoparallel.cli import main
+from cost_model._serving_validation import (
+    serving_validation_data,
+    simulate_benchmark,
+    validate_serving,
+)
+
+DATA = Path(cost_model.__file__).parent / "data"
+
+
+def _rows() -> list[dict]:
+    return serving_validation_data()["rows"]
+
+
+def test_the_table_covers_engines_gpus_deployments_and_loads() -> None:
+    rows, sources = _rows(), serving_validation_data()["sources"]
+    assert len(rows) >= 40
+    assert len({row["source"] for row in rows}) >= 4 and all(
+        row["source"] in sources for row in rows
+    )
+    assert all(
+        sources[name]["url"].startswith("https://") and sources[name]["title"] for name in sources
+    )
+    engines = {row["engine"] for row in rows} - {"deepseek"}
+    assert {"sglang", "vllm", "trtllm"} <= engines
+    assert len({row["gpu"] for row in rows}) >= 3
+    assert {row["deployment"] for row in rows} == {"colocated", "disaggregated"}
+    loads = [row["concurrency"] for row in rows if "concurrency" in row]
+    assert min(loads) <= 4 and max(loads) >= 128
+    with_latency = [row for row in rows if "ttft_ms" in row.get("measured", {})]
+    assert len(with_latency) >= 40 and all("tpot_ms" in row["measured"] for row in with_latency)
+
+
+def _fit_sources() -> set[str]:
+    """Every source behind a fitted or sourced constant: the calibration's fit rows (their
+    published tables and the runs' citations) and the serving profiles' citations."""
+    calibration = json.loads((DATA / "calibration.json").read_text())
+    published = json.loads((DATA / "published_runs.json").read_text())
+    tables = {
+        row.split(":")[0]
+        for entry in calibration["calibrations"]
+        for row in entry.get("fit", {}).get("rows", [])
+    }
+    fitted = [record for record in published["records"] if record.get("table") in tables]
+    assert fitted, "the calibration's fit rows are published records"
+    profiles = json.loads((DATA / "serving_profiles.json").read_text())
+    cited = " ".join(" ".join(profile["sources"].values()) for profile in profiles["profiles"])
+    words = " ".join(record["source"] for record in fitted) + " " + cited
+    urls = {word.rstrip(".,;)'\"") for word in words.split() if word.startswith("http")}
+    return urls | tables | {record["source"] for record in fitted}
+
+
+def test_no_validation_source_is_a_fit_input() -> None:
+    fit = _fit_sources()
+    assert fit, "the fit inputs name their sources"
+    for name, source in serving_validation_data()["sources"].items():
+        assert name not in fit and source["title"] not in fit
+        for url in (source["url"], source.get("also", "")):
+            assert not url or all(url.rstrip("/") != other.rstrip("/") for other in fit), (
+                name,
+                url,
+            )
+    # and no fitted run is a serving row: the fits are training tables
+    assert not any(row["source"] in fit for row in _rows())
+
+
+def test_a_benchmark_row_is_priced_under_its_protocol() -> None:
+    row = next(r for r in _rows() if r["id"] == "dstack:h200:vllm:c4:in3200:out800")
+    predicted = simulate_benchmark(row)
+    assert predicted["ttft_ms"] > 0 and predicted["tpot_ms"] > 0
+    # The four clients start together: their first prompts queue behind each other's prefill.
+    alone = simulate_benchmark({**row, "concurrency": 1, "num_requests": 8})
+    assert predicted["ttft_ms"] > alone["ttft_ms"] and predicted["tpot_ms"] > alone["tpot_ms"]
+    (ttft, tpot) = validate_serving(row_ids=(row["id"],))
+    assert (
+        ttft.measured == row["measured"]["ttft_ms"] and tpot.measured == row["measured"]["tpot_ms"]
+    )
+    assert ttft.error == pytest.approx(ttft.predicted / ttft.measured - 1)
+
+
+def test_pool_rows_compare_throughput_per_node() -> None:
+    rows = validate_serving(
+        row_ids=("lmsys-large-ep:h100:prefill:in2000", "deepseek-day6:h800:decode")
+    )
+    assert next(r.unit for r in rows) == "tokens/s/node" and all(
+        np.isfinite(r.predicted) and r.predicted > 0 for r in rows
+    )
+    assert rows[1].measured == 14800.0
+
+
+def test_validate_serving_cli_prints_the_table(capsys) -> None:
+    assert main(["validate", "--serving", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert len(payload["rows"]) >= 90 and set(payload["summary"]) == {
+        "TTFT",
+        "TPOT",
+        "throughput",
+    }
+    assert all(row["source_url"].startswith("https://") for row in payload["rows"])
