@@ -84,7 +84,7 @@ def sequence_sweep(
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.ndim != 1 or lengths.size < 2 or np.any(lengths <= 0):
         raise ValueError(f"lengths ({lengths.tolist()}) must be at least two positive token counts")
-    config.validate_for(model)
+    config.validate_for(model, num_redundant_experts=serving.num_redundant_experts if serving is not None else 0)
     if isinstance(workload, Inference):
         columns = _inference_rows(model, cluster, workload, config, lengths, serving, options)
     elif isinstance(workload, Training):

@@ -49,7 +49,7 @@ def deepseek_report(tmp_path_factory) -> Path:
             "--output-dir",
             str(output),
             "--trials",
-            "8",
+            "16",
         ]
     )
     assert code == 0
