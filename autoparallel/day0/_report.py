@@ -205,11 +205,19 @@ def _sweep(context: Day0Context, records) -> str:
     if s is None:
         return _skipped(records, "sweep")
     point = s["superlinear_length"]
-    verdict = (
-        f"latency turns super-linear (local exponent > {s['threshold']}) at **{point:,} tokens**"
-        if point
-        else f"latency stays below exponent {s['threshold']} over the whole sweep"
-    )
+    fitting = [row["lengths"] for row in s["rows"] if row["feasible"]]
+    if point:
+        verdict = f"latency turns super-linear (local exponent > {s['threshold']}) at **{point:,} tokens**"
+    elif len(fitting) < 2:
+        verdict = (
+            f"only {len(fitting)} of the {len(s['rows'])} lengths fits in memory on this plan's devices, "
+            "so no scaling exponent is measured"
+        )
+    else:
+        verdict = (
+            f"latency stays below exponent {s['threshold']} up to {int(max(fitting)):,} tokens, "
+            "the longest length that fits"
+        )
     lines = [
         (
             f"{s['plan']} plan ({s['layout']}), {s['latency']}, `cost_model.sequence_sweep`: "
