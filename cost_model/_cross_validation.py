@@ -5,7 +5,10 @@ The global parameters of each hardware type are fitted on end-to-end published r
 little about runs the fit never saw. Here, for each independent publication (``Case.source``)
 the parameters of every hardware type it covers are refitted on all the *other* sources' runs
 of that hardware, and its runs are predicted with them. A hardware type whose only source is
-the one left out gets the uncalibrated defaults of its preset (no fitted value at all).
+the one left out gets the uncalibrated defaults of its preset (no fitted value at all). A
+hardware type that is never fitted (B200, GB200) is predicted as the shipped model predicts it:
+with its preset's reference calibration (``_calibration_transfer``), here the reference
+hardware's fit made without the left-out source.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cost_model._calibration_transfer import transferred_calibration
 from cost_model._common import Calibration
 from cost_model._validation import (
     FIT_PARAMETERS,
+    PRESETS,
     Case,
     ValidationRow,
     fit_calibration,
@@ -51,11 +56,35 @@ def leave_one_source_out(*, max_evaluations: int = 80, cases: list[Case] | None 
     rows: list[ValidationRow] = []
     for source in dict.fromkeys(case.source for case in cases):
         held_out = [case for case in cases if case.source == source]
+        fits: dict[str, Calibration] = {}
         for hardware in dict.fromkeys(case.hardware for case in held_out):
-            calibration = _fit_without(source, hardware, cases=cases, max_evaluations=max_evaluations)
+            calibration = _calibration_without(source, hardware, cases=cases, max_evaluations=max_evaluations, fits=fits)
             for case in (case for case in held_out if case.hardware == hardware):
                 rows.extend(run_case(case, calibration=calibration))
     return rows
+
+
+def _calibration_without(
+    source: str, hardware: str, *, cases: list[Case], max_evaluations: int, fits: dict[str, Calibration]
+) -> Calibration:
+    """The fit of ``hardware`` without ``source``; for a hardware type that is never fitted, its
+    preset's reference calibration (fitted without ``source``) carried over, as
+    ``calibration_for`` does for the shipped fit."""
+    from cost_model._validation import _cluster
+
+    device = _cluster(hardware, 8).device
+    if hardware not in FIT_PARAMETERS:
+        reference = next((key for key, preset in PRESETS.items() if preset == getattr(device, "calibration_reference", None)), None)
+        if reference is None or reference not in FIT_PARAMETERS:
+            return Calibration()
+        hardware, fitted_for = reference, device
+    else:
+        fitted_for = None
+    if hardware not in fits:
+        fits[hardware] = _fit_without(source, hardware, cases=cases, max_evaluations=max_evaluations)
+    if fitted_for is None:
+        return fits[hardware]
+    return transferred_calibration(fitted_for, [fits[hardware]]) or Calibration()
 
 
 def _fit_without(source: str, hardware: str, *, cases: list[Case], max_evaluations: int) -> Calibration:

@@ -225,3 +225,33 @@ def test_shipped_cross_validation_figures_are_recorded() -> None:
     figures = document["cross_validation"]
     assert figures["fit"]["count"] == figures["leave_one_source_out"]["count"] == len(training_cases())
     assert figures["leave_one_source_out"]["mean_abs_error"] >= figures["fit"]["mean_abs_error"] * 0.9
+
+
+def test_leave_one_source_out_carries_the_reference_fit_over_to_unfitted_hardware(monkeypatch) -> None:
+    """B200/GB200 are never fitted: as in the shipped model, their rows are predicted with the
+    H100 fit (here made without their source) carried over, not with the bare preset."""
+    from cost_model import _cross_validation
+    from cost_model._calibration_transfer import transferred_calibration
+    from cost_model._common import Calibration
+    from cost_model._validation import _cluster
+
+    cases = [c for c in training_cases() if c.hardware in ("H100", "GB200")]
+    gb200 = [c for c in cases if c.hardware == "GB200"]
+    assert gb200 and {c.source for c in gb200} == {gb200[0].source}
+    fitted = []
+    real_fit = _cross_validation.fit_calibration
+
+    def spying_fit(hardware, *, max_evaluations, cases):
+        fitted.append((hardware, {c.source for c in cases}, real_fit(hardware, max_evaluations=max_evaluations, cases=cases)))
+        return fitted[-1][2]
+
+    monkeypatch.setattr(_cross_validation, "fit_calibration", spying_fit)
+    rows = _cross_validation.leave_one_source_out(max_evaluations=4, cases=cases)
+    source = gb200[0].source
+    h100_without = [fit for hardware, sources, fit in fitted if hardware == "H100" and source not in sources]
+    assert len(h100_without) == 1  # fitted once for the source, shared by H100 and GB200 rows
+    carried = transferred_calibration(_cluster("GB200", 8).device, [h100_without[0]])
+    expected = {(r.table, r.run): r.predicted for c in gb200 for r in run_case(c, calibration=carried)}
+    bare = {(r.table, r.run): r.predicted for c in gb200 for r in run_case(c, calibration=Calibration())}
+    got = {(r.table, r.run): r.predicted for r in rows if (r.table, r.run) in expected}
+    assert got == expected and got != bare
