@@ -22,6 +22,7 @@ from cost_model._common import Calibration
 from cost_model._validation import (
     FIT_PARAMETERS,
     PRESETS,
+    SOFTWARE,
     Case,
     ValidationRow,
     fit_calibration,
@@ -29,7 +30,7 @@ from cost_model._validation import (
     training_cases,
 )
 
-__all__ = ["ErrorSummary", "error_summary", "leave_one_source_out"]
+__all__ = ["ErrorSummary", "error_summary", "grouped_errors", "leave_one_source_out", "parallelism_label"]
 
 
 @dataclass(frozen=True)
@@ -92,3 +93,42 @@ def _fit_without(source: str, hardware: str, *, cases: list[Case], max_evaluatio
     if not others or hardware not in FIT_PARAMETERS:
         return Calibration()  # nothing left to fit on: the preset's own efficiencies
     return fit_calibration(hardware, max_evaluations=max_evaluations, cases=others)
+
+
+def parallelism_label(case: Case) -> str:
+    """The parallel dimensions a run uses (``tp+pp+cp+ep``, ``zero3`` for sharded parameters;
+    ``dp`` alone when it uses none)."""
+    config = case.config
+    parts = [name for name in ("tp", "pp", "cp", "ep") if getattr(config, name) > 1]
+    if config.zero_stage == 3:
+        parts.append("zero3")
+    return "+".join(parts) or "dp"
+
+
+#: How ``grouped_errors`` can group the rows: by publication, framework profile, parallelism.
+GROUPINGS = {
+    "source": lambda case: case.source,
+    "framework": lambda case: case.workload.framework or SOFTWARE.get(case.software, {}).get("framework", case.software),
+    "parallelism": parallelism_label,
+}
+
+
+def case_of_rows(rows: list[ValidationRow], cases: list[Case]) -> list[Case]:
+    """The case each row was computed from (matched on table, run and metric)."""
+    by_key = {(case.table, case.run, metric[0]): case for case in cases for metric in case.metrics}
+    return [by_key[(row.table, row.run, row.metric)] for row in rows]
+
+
+def grouped_errors(rows: list[ValidationRow], cases: list[Case], *, by: str) -> dict[str, dict[str, float]]:
+    """Per group (``GROUPINGS[by]``): count, mean signed error (the bias: > 0 predicted too
+    fast), mean and max |error|."""
+    if by not in GROUPINGS:
+        raise ValueError(f"by ({by!r}) must be one of {sorted(GROUPINGS)}")
+    groups: dict[str, list[float]] = {}
+    for row, case in zip(rows, case_of_rows(rows, cases)):
+        groups.setdefault(GROUPINGS[by](case), []).append(row.error)
+    return {
+        name: {"count": len(errors), "mean_error": float(np.mean(errors)), "mean_abs_error": float(np.mean(np.abs(errors))),
+               "max_abs_error": float(np.max(np.abs(errors)))}
+        for name, errors in groups.items()
+    }

@@ -255,3 +255,29 @@ def test_leave_one_source_out_carries_the_reference_fit_over_to_unfitted_hardwar
     bare = {(r.table, r.run): r.predicted for c in gb200 for r in run_case(c, calibration=Calibration())}
     got = {(r.table, r.run): r.predicted for r in rows if (r.table, r.run) in expected}
     assert got == expected and got != bare
+
+
+def test_held_out_errors_are_grouped_and_printed_per_run(capsys) -> None:
+    from dataclasses import asdict
+
+    from autoparallel.cli._cost import _print_generalization
+    from cost_model._cross_validation import GROUPINGS, error_summary, grouped_errors, parallelism_label
+
+    cases = [c for c in training_cases() if c.hardware in ("H100", "GB200")]
+    rows = [row for case in cases for row in run_case(case)]
+    groups = {by: grouped_errors(rows, cases, by=by) for by in GROUPINGS}
+    assert sum(g["count"] for g in groups["source"].values()) == len(rows)
+    assert {"megatron-core"} <= set(groups["framework"])
+    assert any("zero3" in name for name in groups["parallelism"]) and any("ep" in name for name in groups["parallelism"])
+    for by in GROUPINGS:
+        for g in groups[by].values():
+            assert g["max_abs_error"] >= g["mean_abs_error"] >= abs(g["mean_error"]) - 1e-12
+    assert parallelism_label(cases[0]) in groups["parallelism"]
+    with pytest.raises(ValueError, match="by"):
+        grouped_errors(rows, cases, by="colour")
+    runs = [dict(row.model_dump(), error=row.error, fit_error=row.error) for row in rows]
+    figures = {"fit": asdict(error_summary(rows, cases)), "leave_one_source_out": asdict(error_summary(rows, cases)),
+               "leave_one_source_out_runs": runs, "leave_one_source_out_groups": groups}
+    _print_generalization(figures)
+    printed = capsys.readouterr().out
+    assert "by parallelism" in printed and "megatron_bridge_perf" in printed and "each source predicted" in printed
