@@ -261,7 +261,12 @@ def test_held_out_errors_are_grouped_and_printed_per_run(capsys) -> None:
     from dataclasses import asdict
 
     from autoparallel.cli._cost import _print_generalization
-    from cost_model._cross_validation import GROUPINGS, error_summary, grouped_errors, parallelism_label
+    from cost_model._cross_validation import (
+        GROUPINGS,
+        error_summary,
+        grouped_errors,
+        parallelism_label,
+    )
 
     cases = [c for c in training_cases() if c.hardware in ("H100", "GB200")]
     rows = [row for case in cases for row in run_case(case)]

@@ -190,7 +190,12 @@ def _generalization(args: argparse.Namespace) -> dict:
     """Fit error and leave-one-source-out error over every published training throughput run."""
     from dataclasses import asdict
 
-    from cost_model._cross_validation import GROUPINGS, error_summary, grouped_errors, leave_one_source_out
+    from cost_model._cross_validation import (
+        GROUPINGS,
+        error_summary,
+        grouped_errors,
+        leave_one_source_out,
+    )
     from cost_model._validation import run_case, training_cases
 
     cases = training_cases()
