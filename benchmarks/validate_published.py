@@ -63,11 +63,15 @@ def _match(calibrations: list[dict], case) -> _common.Calibration:  # noqa: ANN0
     """The just-fitted calibration of the case's hardware (the shipped file is not yet written)."""
     import re
 
+    from cost_model._calibration_transfer import transferred_calibration
+
     device = _validation._cluster(case.hardware, 8).device
-    for entry in calibrations:
-        if re.search(entry["device_pattern"], device.name):
-            return _common.Calibration.model_validate(entry)
-    return _common.Calibration()
+    fitted = [_common.Calibration.model_validate(entry) for entry in calibrations]
+    for calibration in fitted:
+        if re.search(calibration.device_pattern, device.name):
+            return calibration
+    # A generation never fitted gets its reference's fit carried over, as calibration_for does.
+    return transferred_calibration(device, fitted) or _common.Calibration()
 
 
 def main() -> int:

@@ -45,6 +45,7 @@ def record_case(record: dict):
         precision=record["precision"],
         fp8_recipe=record["fp8_recipe"],
         gradient_dtype=record.get("gradient_dtype", "fp32"),
+        framework=record["framework"],
     )
     return model, cluster, workload, ParallelConfig(**record["layout"])
 

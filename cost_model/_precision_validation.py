@@ -49,6 +49,7 @@ def _throughput(record: dict, *, model: ModelSpec, precision: Literal["bf16", "f
         precision=precision,
         fp8_recipe=record["fp8_recipe"],
         gradient_dtype=record.get("gradient_dtype", "fp32"),
+        framework=record["framework"],
     )
     columns = estimate_table(
         model, cluster, workload, configs_to_table([config]), options=EstimateOptions()

@@ -225,3 +225,64 @@ def test_shipped_cross_validation_figures_are_recorded() -> None:
     figures = document["cross_validation"]
     assert figures["fit"]["count"] == figures["leave_one_source_out"]["count"] == len(training_cases())
     assert figures["leave_one_source_out"]["mean_abs_error"] >= figures["fit"]["mean_abs_error"] * 0.9
+
+
+def test_leave_one_source_out_carries_the_reference_fit_over_to_unfitted_hardware(monkeypatch) -> None:
+    """B200/GB200 are never fitted: as in the shipped model, their rows are predicted with the
+    H100 fit (here made without their source) carried over, not with the bare preset."""
+    from cost_model import _cross_validation
+    from cost_model._calibration_transfer import transferred_calibration
+    from cost_model._common import Calibration
+    from cost_model._validation import _cluster
+
+    cases = [c for c in training_cases() if c.hardware in ("H100", "GB200")]
+    gb200 = [c for c in cases if c.hardware == "GB200"]
+    assert gb200 and {c.source for c in gb200} == {gb200[0].source}
+    fitted = []
+    real_fit = _cross_validation.fit_calibration
+
+    def spying_fit(hardware, *, max_evaluations, cases):
+        fitted.append((hardware, {c.source for c in cases}, real_fit(hardware, max_evaluations=max_evaluations, cases=cases)))
+        return fitted[-1][2]
+
+    monkeypatch.setattr(_cross_validation, "fit_calibration", spying_fit)
+    rows = _cross_validation.leave_one_source_out(max_evaluations=4, cases=cases)
+    source = gb200[0].source
+    h100_without = [fit for hardware, sources, fit in fitted if hardware == "H100" and source not in sources]
+    assert len(h100_without) == 1  # fitted once for the source, shared by H100 and GB200 rows
+    carried = transferred_calibration(_cluster("GB200", 8).device, [h100_without[0]])
+    expected = {(r.table, r.run): r.predicted for c in gb200 for r in run_case(c, calibration=carried)}
+    bare = {(r.table, r.run): r.predicted for c in gb200 for r in run_case(c, calibration=Calibration())}
+    got = {(r.table, r.run): r.predicted for r in rows if (r.table, r.run) in expected}
+    assert got == expected and got != bare
+
+
+def test_held_out_errors_are_grouped_and_printed_per_run(capsys) -> None:
+    from dataclasses import asdict
+
+    from autoparallel.cli._cost import _print_generalization
+    from cost_model._cross_validation import (
+        GROUPINGS,
+        error_summary,
+        grouped_errors,
+        parallelism_label,
+    )
+
+    cases = [c for c in training_cases() if c.hardware in ("H100", "GB200")]
+    rows = [row for case in cases for row in run_case(case)]
+    groups = {by: grouped_errors(rows, cases, by=by) for by in GROUPINGS}
+    assert sum(g["count"] for g in groups["source"].values()) == len(rows)
+    assert {"megatron-core"} <= set(groups["framework"])
+    assert any("zero3" in name for name in groups["parallelism"]) and any("ep" in name for name in groups["parallelism"])
+    for by in GROUPINGS:
+        for g in groups[by].values():
+            assert g["max_abs_error"] >= g["mean_abs_error"] >= abs(g["mean_error"]) - 1e-12
+    assert parallelism_label(cases[0]) in groups["parallelism"]
+    with pytest.raises(ValueError, match="by"):
+        grouped_errors(rows, cases, by="colour")
+    runs = [dict(row.model_dump(), error=row.error, fit_error=row.error) for row in rows]
+    figures = {"fit": asdict(error_summary(rows, cases)), "leave_one_source_out": asdict(error_summary(rows, cases)),
+               "leave_one_source_out_runs": runs, "leave_one_source_out_groups": groups}
+    _print_generalization(figures)
+    printed = capsys.readouterr().out
+    assert "by parallelism" in printed and "megatron_bridge_perf" in printed and "each source predicted" in printed

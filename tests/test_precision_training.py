@@ -149,6 +149,15 @@ def test_twin_runs_are_validation_rows_from_two_or_more_sources_never_fit_inputs
     assert "fp8_twins" not in source
     assert all(r["source"] and r["bf16_tokens_per_s_per_gpu"] > 0 for r in records)
     assert all(json.dumps(r["layout"]) for r in records)
+    from cost_model._frameworks import framework_names
+
+    assert all(r["framework"] in framework_names() for r in records)
+    # Each async-TP twin's profile hides tensor-parallel traffic; its vanilla-TP twin's does not.
+    from cost_model._frameworks import framework_profile
+
+    for record in records:
+        overlap = framework_profile(record["framework"]).tp_comm_overlap
+        assert (overlap > 0.0) == ("async TP" in record["run"] or record["framework"] == "megatron-core")
 
 
 def test_twins_on_devices_with_a_measured_fp8_gemm_curve_are_within_tolerance() -> None:

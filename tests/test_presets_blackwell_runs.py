@@ -37,6 +37,24 @@ def test_runs_come_from_two_or_more_sources_and_none_is_a_fit_input() -> None:
         )
 
 
+def test_every_run_names_the_framework_it_ran_and_its_overlap_features_are_priced() -> None:
+    from cost_model._blackwell_validation import record_case
+    from cost_model._frameworks import framework_names
+
+    assert all(record["framework"] in framework_names() for record in blackwell_records())
+    # Megatron-Bridge's --tp-comm-overlap hides the sequence-parallel collectives: a tp 4 row
+    # prices no exposed tensor-parallel time with its profile, some without one.
+    record = next(r for r in blackwell_records() if r["layout"].get("tp", 1) > 1)
+    model, cluster, workload, config = record_case(record)
+    from cost_model._estimate import estimate_table
+    from cost_model._table import configs_to_table
+
+    table = configs_to_table([config])
+    with_profile = estimate_table(model, cluster, workload, table)
+    without = estimate_table(model, cluster, workload.model_copy(update={"framework": None}), table)
+    assert float(with_profile["time.tp_comm"][0]) == 0.0 < float(without["time.tp_comm"][0])
+
+
 def test_validate_bounds_the_table_by_the_acceptance_mean() -> None:
     assert TOLERANCES["blackwell_training"] == (0.10, None)
 

@@ -190,28 +190,50 @@ def _generalization(args: argparse.Namespace) -> dict:
     """Fit error and leave-one-source-out error over every published training throughput run."""
     from dataclasses import asdict
 
-    from cost_model._cross_validation import error_summary, leave_one_source_out
+    from cost_model._cross_validation import (
+        GROUPINGS,
+        error_summary,
+        grouped_errors,
+        leave_one_source_out,
+    )
     from cost_model._validation import run_case, training_cases
 
     cases = training_cases()
     fitted = [row for case in cases for row in run_case(case)]
     held_out = leave_one_source_out(max_evaluations=args.loso_evaluations, cases=cases)
+    fit_errors = {(row.table, row.run, row.metric): row.error for row in fitted}
     return {
         "fit": asdict(error_summary(fitted, cases)),
         "leave_one_source_out": asdict(error_summary(held_out, cases)),
+        "leave_one_source_out_runs": [
+            dict(row.model_dump(), error=row.error, fit_error=fit_errors[(row.table, row.run, row.metric)])
+            for row in held_out
+        ],
+        "leave_one_source_out_groups": {by: grouped_errors(held_out, cases, by=by) for by in GROUPINGS},
     }
 
 
 def _print_generalization(figures: dict) -> None:
-    table = Table(title="Training runs: fit error and leave-one-source-out error (the figure to quote)")
-    for column in ("calibration", "runs", "sources", "mean |error|", "max |error|"):
-        table.add_column(column, justify="left" if column == "calibration" else "right")
+    table = table_of("Training runs: fit error and leave-one-source-out error (the figure to quote)", {
+        "calibration": "text", "runs": "number", "sources": "number", "mean |error|": "number", "max |error|": "number"})
     labels = {"fit": "fitted on every run", "leave_one_source_out": "each source predicted by a fit without it"}
     for key, label in labels.items():
         f = figures[key]
         table.add_row(label, str(f["count"]), str(f["sources"]), f"{100 * f['mean_abs_error']:.1f}%",
                       f"{100 * f['max_abs_error']:.1f}%")
-    console.print(table)
+    runs = table_of("Leave-one-source-out error per training run", {"table": "text", "run": "text", "fit error": "number",
+                    "held-out error": "number"})
+    for row in figures["leave_one_source_out_runs"]:
+        runs.add_row(row["table"], row["run"], f"{100 * row['fit_error']:+.1f}%", f"{100 * row['error']:+.1f}%")
+    console.print(fit_words(runs))
+    for by, groups in figures["leave_one_source_out_groups"].items():
+        grouped = table_of(f"Leave-one-source-out error by {by} (bias > 0: predicted too fast)", {
+            by: "text", "runs": "number", "bias": "number", "mean |error|": "number", "max |error|": "number"})
+        for name, g in sorted(groups.items(), key=lambda item: -item[1]["mean_abs_error"]):
+            grouped.add_row(name, str(g["count"]), f"{100 * g['mean_error']:+.1f}%", f"{100 * g['mean_abs_error']:.1f}%",
+                            f"{100 * g['max_abs_error']:.1f}%")
+        console.print(fit_words(grouped))
+    console.print(fit_words(table))
 
 
 def _within(figures: dict, tolerance) -> bool:  # noqa: ANN001
