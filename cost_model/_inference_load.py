@@ -56,29 +56,35 @@ def iteration_cost(s: _Setup) -> IterationCost:
     """Iteration time of each row's replica as a function of its tokens (``IterationCost``).
 
     An iteration of ``T`` tokens runs ``pp`` micro-batches of ``T / pp`` (the pipeline keeps
-    ``pp`` in flight), so it costs ``_pass_parts`` of a decode pass at batch ``T / pp``. A prompt
-    token adds what one prompt's prefill pass costs beyond the same number of decode tokens:
-    its core attention at the prompt's context and the explicit-form MLA passes.
+    ``pp`` in flight). A decode-only iteration costs ``_pass_parts`` of a decode pass at batch
+    ``T / pp``; an iteration carrying prompt tokens costs the prefill pass a prefill pool runs,
+    over ``T`` tokens (its batch of prompts scaled to ``T`` tokens), so that one prompt alone
+    costs exactly one prefill pass. A prompt token adds its core attention at the prompt's
+    token-weighted mean context (what the prefill pass of the whole prompt spends beyond its
+    interpolated linear part).
     """
     n = s.phase.shape[0]
     pp = s.column("pp")
-    linear, decode_attention = [], np.zeros(n)
+    prefill, _ = _passes(s, np.ones(n) / pp)
+    prompt = prefill.new_tokens
+    linear, prefill_linear, decode_attention = [], [], np.zeros(n)
     for tokens in GRID_TOKENS:
         exposed, _ = _pass_parts(s, _passes(s, np.full(n, tokens) / pp)[1])
         linear.append(sum(exposed.values()) - exposed["attention"])
         if tokens == _ATTENTION_REFERENCE_TOKENS:
             decode_attention = exposed["attention"] / tokens
+        exposed, _ = _pass_parts(s, prefill.scaled(tokens / prompt))
+        prefill_linear.append(sum(exposed.values()) - exposed["attention"])
     floor = np.full(n, s.profile.iteration_floor_s)
-    without_prefill = IterationCost(np.stack(linear, axis=1), decode_attention, np.zeros(n), floor)
-    prefill, _ = _passes(s, np.ones(n) / pp)
+    cost = IterationCost(
+        np.stack(linear, axis=1), decode_attention, np.zeros(n), floor,
+        np.stack(prefill_linear, axis=1),
+    )
     whole = sum(_pass_parts(s, prefill)[0].values())
-    prompt = prefill.new_tokens
-    extra = whole - (without_prefill.seconds(np.zeros(n), prompt) - floor)
+    extra = whole - (cost.seconds(np.zeros(n), prompt) - floor)
     return IterationCost(
-        without_prefill.linear_s,
-        decode_attention,
-        np.maximum(extra, 0.0) / prompt,
-        floor,
+        cost.linear_s, decode_attention, np.maximum(extra, 0.0) / prompt, floor,
+        cost.prefill_linear_s,
     )
 
 
