@@ -50,18 +50,25 @@ from cost_model._workload import Inference
 CONCURRENCY_GRID = 2.0 ** np.arange(13)
 #: Tokens per iteration at which decode attention is priced per request (it is linear in them).
 _ATTENTION_REFERENCE_TOKENS = 256.0
+#: Tokens per iteration at which the prefill form is priced (``_prefill_linear``).
+_PREFILL_GRID_TOKENS = np.array([64.0, 1024.0, 4096.0, 16384.0])
 
 
 def iteration_cost(s: _Setup) -> IterationCost:
     """Iteration time of each row's replica as a function of its tokens (``IterationCost``).
 
     An iteration of ``T`` tokens runs ``pp`` micro-batches of ``T / pp`` (the pipeline keeps
-    ``pp`` in flight), so it costs ``_pass_parts`` of a decode pass at batch ``T / pp``. A prompt
-    token adds what one prompt's prefill pass costs beyond the same number of decode tokens:
-    its core attention at the prompt's context and the explicit-form MLA passes.
+    ``pp`` in flight). A decode-only iteration costs ``_pass_parts`` of a decode pass at batch
+    ``T / pp``; an iteration carrying prompt tokens costs the prefill pass a prefill pool runs,
+    over ``T`` tokens (its batch of prompts scaled to ``T`` tokens), so that one prompt alone
+    costs exactly one prefill pass. A prompt token adds its core attention at the prompt's
+    token-weighted mean context (what the prefill pass of the whole prompt spends beyond its
+    interpolated linear part).
     """
     n = s.phase.shape[0]
     pp = s.column("pp")
+    prefill, _ = _passes(s, np.ones(n) / pp)
+    prompt = prefill.new_tokens
     linear, decode_attention = [], np.zeros(n)
     for tokens in GRID_TOKENS:
         exposed, _ = _pass_parts(s, _passes(s, np.full(n, tokens) / pp)[1])
@@ -69,17 +76,33 @@ def iteration_cost(s: _Setup) -> IterationCost:
         if tokens == _ATTENTION_REFERENCE_TOKENS:
             decode_attention = exposed["attention"] / tokens
     floor = np.full(n, s.profile.iteration_floor_s)
-    without_prefill = IterationCost(np.stack(linear, axis=1), decode_attention, np.zeros(n), floor)
-    prefill, _ = _passes(s, np.ones(n) / pp)
-    whole = sum(_pass_parts(s, prefill)[0].values())
-    prompt = prefill.new_tokens
-    extra = whole - (without_prefill.seconds(np.zeros(n), prompt) - floor)
-    return IterationCost(
-        without_prefill.linear_s,
-        decode_attention,
-        np.maximum(extra, 0.0) / prompt,
-        floor,
+    cost = IterationCost(
+        np.stack(linear, axis=1), decode_attention, np.zeros(n), floor, _prefill_linear(s, prefill)
     )
+    whole = sum(_pass_parts(s, prefill)[0].values())
+    extra = whole - (cost.seconds(np.zeros(n), prompt) - floor)
+    return IterationCost(
+        cost.linear_s, decode_attention, np.maximum(extra, 0.0) / prompt, floor,
+        cost.prefill_linear_s,
+    )
+
+
+def _prefill_linear(s: _Setup, prefill) -> np.ndarray:
+    """Everything but core attention of a prefill-form iteration at each of ``GRID_TOKENS``,
+    (n, g). Priced at ``_PREFILL_GRID_TOKENS`` (the sizes prompt iterations have: chunks up to
+    a budget of thousands of tokens) and linear between them; below the smallest, an iteration
+    is bound by its weight reads (the matmuls' ridge point is hundreds of tokens per expert or
+    replica), so it is held at that value."""
+    priced = []
+    for tokens in _PREFILL_GRID_TOKENS:
+        exposed, _ = _pass_parts(s, prefill.scaled(tokens / prefill.new_tokens))
+        priced.append(sum(exposed.values()) - exposed["attention"])
+    grid, columns = _PREFILL_GRID_TOKENS, []
+    for tokens in np.clip(GRID_TOKENS, grid[0], grid[-1]):
+        index = int(np.clip(np.searchsorted(grid, tokens) - 1, 0, grid.size - 2))
+        weight = (tokens - grid[index]) / (grid[index + 1] - grid[index])
+        columns.append((1.0 - weight) * priced[index] + weight * priced[index + 1])
+    return np.stack(columns, axis=1)
 
 
 def _fits(s: _Setup) -> np.ndarray:

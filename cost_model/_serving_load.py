@@ -88,16 +88,22 @@ def serving_profile(engine: str) -> ServingProfile:
 class IterationCost:
     """Seconds of one iteration of a replica, per row of a config table.
 
-    ``linear_s[:, g]`` is the time of everything but core attention for ``GRID_TOKENS[g]``
-    tokens in the iteration; decode attention costs ``decode_attention_s`` per decoding request
-    and prefill ``prefill_token_s`` per prompt token (its core attention at the prompt's mean
-    context and what the prefill form adds); ``floor_s`` is paid once per iteration.
+    ``linear_s[:, g]`` is the time of everything but core attention of a decode-only iteration
+    of ``GRID_TOKENS[g]`` tokens (the decode pass: grouped expert GEMMs at their measured
+    efficiency, low-latency all-to-all); ``prefill_linear_s[:, g]`` the same for an iteration
+    that carries prompt tokens, priced as the prefill pass a prefill pool runs (an engine runs
+    such a batch in its prefill form: SGLang's extend mode with DeepEP's normal kernels, no
+    CUDA graph). Decode attention costs ``decode_attention_s`` per decoding request and prefill
+    ``prefill_token_s`` per prompt token (its core attention at the prompt's token-weighted
+    mean context); ``floor_s`` is paid once per iteration. An iteration with prompt tokens
+    costs at least what its decodes alone cost.
     """
 
     linear_s: np.ndarray  # (n, g)
     decode_attention_s: np.ndarray  # (n,)
     prefill_token_s: np.ndarray  # (n,)
     floor_s: np.ndarray  # (n,)
+    prefill_linear_s: np.ndarray  # (n, g)
 
     def seconds(self, decodes, prefill_tokens) -> np.ndarray:
         """Iteration time with ``decodes`` decoding requests and ``prefill_tokens`` prompt
@@ -108,7 +114,12 @@ class IterationCost:
         two_d = tokens.ndim == 2
         column = (lambda v: v[:, None]) if two_d else (lambda v: v)
         tokens = np.broadcast_to(tokens, tokens.shape if two_d else self.floor_s.shape)
-        linear = _interpolate(self, tokens)
+        alone = np.broadcast_to(np.maximum(decodes, 1.0), tokens.shape)
+        decode_only = _interpolate(self.linear_s, self._segments, alone)
+        with_prompts = np.maximum(
+            _interpolate(self.prefill_linear_s, self._prefill_segments, tokens), decode_only
+        )
+        linear = np.where(prefill_tokens > 0, with_prompts, decode_only)
         return (
             linear
             + column(self.decode_attention_s) * decodes
@@ -117,14 +128,12 @@ class IterationCost:
         )
 
     @cached_property
-    def slope_s_per_token(self) -> np.ndarray:
-        """Slope of each grid segment, (n, g - 1)."""
-        return np.diff(self.linear_s, axis=1) / np.diff(GRID_TOKENS)
+    def _segments(self) -> tuple[np.ndarray, np.ndarray]:
+        return _segments(self.linear_s)
 
     @cached_property
-    def intercept_s(self) -> np.ndarray:
-        """Value at zero tokens of each grid segment's line, (n, g - 1)."""
-        return self.linear_s[:, :-1] - self.slope_s_per_token * GRID_TOKENS[:-1]
+    def _prefill_segments(self) -> tuple[np.ndarray, np.ndarray]:
+        return _segments(self.prefill_linear_s)
 
     def row(self, index: int) -> IterationCost:
         """The cost of one row (arrays of length 1), for the simulator."""
@@ -134,18 +143,27 @@ class IterationCost:
             self.decode_attention_s[pick],
             self.prefill_token_s[pick],
             self.floor_s[pick],
+            self.prefill_linear_s[pick],
         )
 
 
-def _interpolate(cost: IterationCost, tokens: np.ndarray) -> np.ndarray:
-    """Piecewise-linear ``cost.linear_s`` (n, g) over ``GRID_TOKENS`` at ``tokens`` (n,) or
-    (n, k). The grid is 4^0 .. 4^7, so a token count's segment is half its binary exponent."""
-    segments = GRID_TOKENS.size - 1
+def _segments(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(intercept at zero tokens, slope) of each grid segment of ``values`` (n, g): (n, g - 1)."""
+    slope = np.diff(values, axis=1) / np.diff(GRID_TOKENS)
+    return values[:, :-1] - slope * GRID_TOKENS[:-1], slope
+
+
+def _interpolate(values: np.ndarray, segments, tokens: np.ndarray) -> np.ndarray:
+    """Piecewise-linear ``values`` (n, g) over ``GRID_TOKENS`` at ``tokens`` (n,) or (n, k),
+    given its ``_segments``. The grid is 4^0 .. 4^7, so a token count's segment is half its
+    binary exponent."""
+    intercept, slope = segments
+    count = GRID_TOKENS.size - 1
     exponent = np.frexp(tokens)[1] - 1  # floor(log2(tokens)) for tokens >= 1
-    segment = np.clip(exponent // 2, 0, segments - 1)
-    rows = np.arange(tokens.shape[0]) * segments
+    segment = np.clip(exponent // 2, 0, count - 1)
+    rows = np.arange(values.shape[0]) * count
     flat = segment + (rows[:, None] if tokens.ndim == 2 else rows)
-    return cost.intercept_s.ravel()[flat] + cost.slope_s_per_token.ravel()[flat] * tokens
+    return intercept.ravel()[flat] + slope.ravel()[flat] * tokens
 
 
 @dataclass(frozen=True)

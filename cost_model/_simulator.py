@@ -65,20 +65,27 @@ class _ScalarCost:
     def __init__(self, cost: IterationCost) -> None:
         self.grid = [float(x) for x in GRID_TOKENS]
         self.linear = [float(y) for y in cost.linear_s[0]]
+        self.prefill_linear = [float(y) for y in cost.prefill_linear_s[0]]
         self.decode = float(cost.decode_attention_s[0])
         self.prefill = float(cost.prefill_token_s[0])
         self.floor = float(cost.floor_s[0])
 
-    def __call__(self, decodes: int, prefill_tokens: int) -> float:
-        tokens = max(float(decodes + prefill_tokens), 1.0)
+    def _interpolate(self, values: list[float], tokens: float) -> float:
         upper = min(max(bisect.bisect_left(self.grid, tokens), 1), len(self.grid) - 1)
         x0, x1, y0, y1 = (
             self.grid[upper - 1],
             self.grid[upper],
-            self.linear[upper - 1],
-            self.linear[upper],
+            values[upper - 1],
+            values[upper],
         )
-        linear = y0 + (tokens - x0) * (y1 - y0) / (x1 - x0)
+        return y0 + (tokens - x0) * (y1 - y0) / (x1 - x0)
+
+    def __call__(self, decodes: int, prefill_tokens: int) -> float:
+        """``IterationCost.seconds`` of one iteration, in plain floats."""
+        linear = self._interpolate(self.linear, max(float(decodes), 1.0))
+        if prefill_tokens > 0:
+            tokens = float(decodes + prefill_tokens)
+            linear = max(self._interpolate(self.prefill_linear, tokens), linear)
         return linear + self.decode * decodes + self.prefill * prefill_tokens + self.floor
 
 

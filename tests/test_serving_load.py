@@ -135,6 +135,24 @@ def test_ttft_at_very_low_load_is_one_prefill_plus_the_request_floor(inputs) -> 
         assert float(closed.ttft_s[0]) == pytest.approx(expected, rel=0.02)
 
 
+def test_simulator_and_closed_form_price_an_iteration_alike(inputs) -> None:
+    """One iteration cost for both: the simulator's scalar pricing equals ``seconds``; prompt
+    tokens never make an iteration cheaper than its decodes alone; one prompt alone costs the
+    prefill pass plus the floor (its attention included: the prompt term is positive)."""
+    from cost_model._simulator import _ScalarCost
+
+    cost, _, _ = inputs
+    for index in range(len(PLANS)):
+        row, scalar = cost.row(index), _ScalarCost(cost.row(index))
+        assert row.prefill_token_s[0] > 0
+        for decodes, prompt_tokens in itertools.product((0, 1, 37, 256), (0, 1, 300, 4000, 8000)):
+            vector = float(row.seconds(np.array([decodes]), np.array([prompt_tokens]))[0])
+            assert scalar(decodes, prompt_tokens) == pytest.approx(vector, rel=1e-9)
+            if prompt_tokens:
+                alone = float(row.seconds(np.array([decodes]), np.array([0]))[0])
+                assert vector >= alone
+
+
 def test_open_loop_means_agree_and_overload_is_unbounded(inputs) -> None:
     cost, policy, _ = inputs
     row, row_policy = cost.row(0), _row_policy(policy, 0)
