@@ -21,7 +21,7 @@ from autoparallel.plan import (
 )
 
 # the plan-building parts, also reachable from here
-from autoparallel.plan._build import (  # noqa: F401
+from autoparallel.plan._build import (  # noqa: F401 - re-exported
     dense_mesh_axes,
     expert_placement,
     module_rules,
@@ -140,7 +140,7 @@ def with_disaggregation(
     cluster: Cluster,
     workload: Inference,
     estimator=None,
-    bounds=None,  # noqa: ANN001 - search.SearchBounds (e.g. an engine's), None: the defaults
+    bounds=None,  # search.SearchBounds (e.g. an engine's), None: the defaults
 ) -> ShardingPlan:
     """``plan`` with the best prefill/decode pools and which deployment wins (output tokens/s
     per device)."""
@@ -180,7 +180,7 @@ def with_disaggregation(
     return _rebuilt(plan, model=model, cluster=cluster, deployment=deployment)
 
 
-def _pairs_note(found) -> str:  # noqa: ANN001 - search.DisaggregatedResult
+def _pairs_note(found) -> str:  # search.DisaggregatedResult
     """The unit-size pairs the split was chosen from, best first (why this split)."""
     pairs = ", ".join(f"{p}/{d}: {r:,.0f}" for p, d, r in found.considered[:6])
     return f"{len(found.considered)} prefill/decode unit-size pairs priced (devices per unit: output tokens/s/device) {pairs}"

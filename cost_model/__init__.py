@@ -1,12 +1,23 @@
 """Analytical cost model: time and memory of a parallel layout of a transformer. Never imports torch."""
 
-from cost_model._axes import ALL_AXES, DENSE_MESH_ORDER, MOE_MESH_ORDER, Axis, axis_degrees, describe_layout
+from cost_model._axes import (
+    ALL_AXES,
+    DENSE_MESH_ORDER,
+    MOE_MESH_ORDER,
+    Axis,
+    axis_degrees,
+    describe_layout,
+)
 from cost_model._breakdown import CostBreakdown, InfeasiblePlanError
 from cost_model._calibrate import CalibrationResult, StepMeasurement, calibrate
 from cost_model._common import Calibration, EstimateOptions
 from cost_model._estimate import estimate, estimate_table
 from cost_model._inference import estimate_inference_table
-from cost_model._inference_validation import ValidationRow, validate_dsv3_day6, validate_dsv3_profile
+from cost_model._inference_validation import (
+    ValidationRow,
+    validate_dsv3_day6,
+    validate_dsv3_profile,
+)
 from cost_model._layout import Layout
 from cost_model._model_spec import AttentionSpec, ModelSpec, MoESpec
 from cost_model._parallel import ParallelConfig

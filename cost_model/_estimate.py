@@ -15,7 +15,7 @@ most memory), ``step_time_s``, ``memory_capacity_bytes``, ``feasible``, ``reason
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 

@@ -11,8 +11,9 @@ a ``ValueError`` naming it.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from cost_model._model_spec import AttentionSpec, ModelSpec, MoESpec
 

@@ -52,7 +52,7 @@ class AttentionSpec(BaseModel):
     topk_tokens: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
-    def _check(self) -> "AttentionSpec":
+    def _check(self) -> AttentionSpec:
         if self.kind == "mha" and self.num_kv_heads != self.num_heads:
             raise ValueError(
                 f"attention.num_kv_heads ({self.num_kv_heads}) must equal "
@@ -108,7 +108,7 @@ class MoESpec(BaseModel):
     shared_expert_gate: bool = False
 
     @model_validator(mode="after")
-    def _check(self) -> "MoESpec":
+    def _check(self) -> MoESpec:
         if self.top_k > self.num_routed_experts:
             raise ValueError(
                 f"moe.top_k ({self.top_k}) must be <= moe.num_routed_experts ({self.num_routed_experts})"
@@ -141,7 +141,7 @@ class ModelSpec(BaseModel):
     max_context_tokens: int = Field(gt=0)
 
     @model_validator(mode="after")
-    def _check(self) -> "ModelSpec":
+    def _check(self) -> ModelSpec:
         if self.moe is not None and self.moe.num_dense_layers > self.num_layers:
             raise ValueError(
                 f"moe.num_dense_layers ({self.moe.num_dense_layers}) must be <= num_layers ({self.num_layers})"
@@ -150,7 +150,7 @@ class ModelSpec(BaseModel):
 
     # ---------------------------------------------------------------- construction
     @classmethod
-    def from_hf_config(cls, path_or_dict: str | Path | dict[str, Any], *, name: str | None = None) -> "ModelSpec":
+    def from_hf_config(cls, path_or_dict: str | Path | dict[str, Any], *, name: str | None = None) -> ModelSpec:
         """Parse a HuggingFace ``config.json`` (path or dict); see ``cost_model._hf_config``."""
         from cost_model._hf_config import parse_hf_config
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -41,7 +41,7 @@ class Training(BaseModel):
     framework: str | None = None
 
     @model_validator(mode="after")
-    def _check(self) -> "Training":
+    def _check(self) -> Training:
         if self.framework is not None:
             from cost_model._frameworks import framework_profile
 
@@ -112,16 +112,16 @@ class Inference(BaseModel):
 
     @field_validator("concurrency", "request_rate_per_s", "ttft_slo_s", "tpot_slo_s", "max_batched_tokens")
     @classmethod
-    def _positive(cls, value, info):  # noqa: ANN001, ANN206 - pydantic's validator signature
+    def _positive(cls, value, info):  # pydantic's validator signature
         if value is not None and not value > 0:
             raise ValueError(f"{info.field_name} ({value}) must be > 0")
         return value
 
     @model_validator(mode="after")
-    def _check(self) -> "Inference":
+    def _check(self) -> Inference:
         if self.concurrency is not None and self.request_rate_per_s is not None:
             raise ValueError("give concurrency or request_rate_per_s, not both")
         return self
 
 
-Workload = Annotated[Union[Training, Inference], Field(discriminator="kind")]
+Workload = Annotated[Training | Inference, Field(discriminator="kind")]

@@ -16,8 +16,8 @@ Work per call (the x axis of every curve):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -62,7 +62,7 @@ class ProfileGrid(BaseModel):
         return value
 
     @classmethod
-    def preset(cls, name: str) -> "ProfileGrid":
+    def preset(cls, name: str) -> ProfileGrid:
         """``tiny`` (tests, seconds), ``cpu`` (a minute or two), ``gpu`` (a few minutes)."""
         presets = {"tiny": _TINY, "cpu": _CPU, "gpu": _GPU}
         if name not in presets:

@@ -20,12 +20,20 @@ kept once, in a canonical form.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Literal
+from collections.abc import Callable, Iterator
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from cost_model import Inference, ModelSpec, ParallelConfig, Training, check_parallel_config, check_sequence_fits
+from cost_model import (
+    Inference,
+    ModelSpec,
+    ParallelConfig,
+    Training,
+    check_parallel_config,
+    check_sequence_fits,
+)
 from cost_model._rules import minimum_redundant_experts
 from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES, table_from_columns, table_row
 from search._engines import restrict_switches

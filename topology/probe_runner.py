@@ -285,8 +285,8 @@ def _measure_collectives(rank, settings, chosen, groups, monitor, device, local_
                 label = f"{op} x{group_size} {size} B"
                 steps.begin(label)
                 if rank in members:
-                    samples = monitor.run(label, lambda o=op, s=size: measure.time_collective(
-                        monitor=monitor, op=o, group=group, group_size=group_size, message_bytes=s,
+                    samples = monitor.run(label, lambda o=op, s=size, g=group, n=group_size: measure.time_collective(
+                        monitor=monitor, op=o, group=g, group_size=n, message_bytes=s,
                         repeats=settings.repeats, warmup=settings.warmup, device=device), peers=members)
                     timing = measure.Timing.of(samples)
                     results.append(CollectiveResult(
