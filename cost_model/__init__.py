@@ -20,7 +20,7 @@ from cost_model._inference_validation import (
 )
 from cost_model._layout import Layout
 from cost_model._model_spec import AttentionSpec, ModelSpec, MoESpec
-from cost_model._parallel import ParallelConfig
+from cost_model._parallel import ParallelConfig, PipelineSchedule
 from cost_model._rules import check_parallel_config, check_sequence_fits, split_layers
 from cost_model._serving import DisaggregatedSplit, PoolConfig, disaggregated_split
 from cost_model._serving_columns import ServingConfig
@@ -52,6 +52,7 @@ __all__ = [
     "MoESpec",
     "ModelSpec",
     "ParallelConfig",
+    "PipelineSchedule",
     "PoolConfig",
     "SequenceSweep",
     "StepMeasurement",

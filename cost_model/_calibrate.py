@@ -280,7 +280,7 @@ def _calibrate_from_profile(*, cluster, profile, parameters: Sequence[str] | Non
         "rms_log_error_before": _rms([r.log_error_before for r in result_rows]),
         "rms_log_error_after": _rms([r.log_error_after for r in result_rows]), "method": "mean of log rate / peak",
     }
-    calibration = Calibration(device_pattern=f"^{_escape(device.name)}$", fit=fit, **fitted)
+    calibration = Calibration.model_validate({"device_pattern": f"^{_escape(device.name)}$", "fit": fit, **fitted})
     return CalibrationResult(calibration=calibration, parameters=tuple(sorted(fitted)), rows=result_rows)
 
 

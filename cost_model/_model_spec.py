@@ -84,8 +84,10 @@ class AttentionSpec(BaseModel):
     def attended_tokens(self, context_tokens: float) -> float:
         """Keys one query attends to when ``context_tokens`` precede it (itself included)."""
         if self.variant == "sliding_window":
+            assert self.window_tokens is not None  # required for the variant on validation
             return min(context_tokens, self.window_tokens)
         if self.variant == "sparse_topk":
+            assert self.topk_tokens is not None  # required for the variant on validation
             return min(context_tokens, self.topk_tokens)
         if self.variant == "linear":
             # A linear-attention state of head_dim x head_dim is read and written once per token:
@@ -311,5 +313,5 @@ class ModelSpec(BaseModel):
         if a.variant == "linear":
             state = a.num_heads * a.qk_head_dim * a.value_head_dim
             return self.num_layers * state * dtype_bytes(dtype)
-        cached = min(context_tokens, a.window_tokens) if a.variant == "sliding_window" else context_tokens
+        cached = a.attended_tokens(context_tokens) if a.variant == "sliding_window" else context_tokens
         return cached * self.kv_cache_bytes_per_token(dtype)

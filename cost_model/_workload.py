@@ -63,12 +63,20 @@ class Training(BaseModel):
                 )
             object.__setattr__(self, "global_batch_sequences", derived)
         else:
+            assert seqs is not None  # checked above: one of the two is given
             object.__setattr__(self, "global_batch_tokens", seqs * self.sequence_length_tokens)
         return self
 
     @property
     def tokens_per_step(self) -> int:
+        assert self.global_batch_tokens is not None  # derived on validation when not given
         return self.global_batch_tokens
+
+    @property
+    def sequences_per_step(self) -> int:
+        """``global_batch_sequences``, derived on validation when the batch is given in tokens."""
+        assert self.global_batch_sequences is not None
+        return self.global_batch_sequences
 
 
 class Inference(BaseModel):

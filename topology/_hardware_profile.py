@@ -19,7 +19,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-PROFILE_SCHEMA_VERSION = 1
+PROFILE_SCHEMA_VERSION: Literal[1] = 1
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
 
