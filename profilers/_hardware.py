@@ -204,7 +204,7 @@ def _host_overhead(*, grid: ProfileGrid, device: torch.device, source: str, cloc
         pipeline_micro_batch_seconds,
         sharded_update_seconds,
     )
-    from topology._hardware_profile import HostOverhead
+    from topology import HostOverhead
 
     if _distributed():
         dist.barrier()

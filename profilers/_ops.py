@@ -157,7 +157,7 @@ def _memory_points(elements: int, norm_dtype: str = "fp32") -> list[Point]:
     dtype = TORCH_DTYPES[norm_dtype]
 
     def build_norm(device: torch.device) -> Callable[[], object]:
-        from autoparallel.runtime._model import RMSNorm
+        from autoparallel.runtime import RMSNorm
 
         norm = RMSNorm(width, device=device, dtype=dtype)
         x = torch.randn(elements // width, width, device=device, dtype=dtype, requires_grad=True)

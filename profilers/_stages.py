@@ -37,8 +37,8 @@ from cost_model import (
     axis_degrees,
     calibrate,
     estimate,
+    op_time_s,
 )
-from cost_model._common import op_time_s
 from profilers._step import StepReport, _peak_rise_bytes, merge_reports
 from profilers._timing import cache_flusher, current_device, measure
 from profilers._training_run import TORCH_DTYPES, TrainingSetup, build_model, measure_training

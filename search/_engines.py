@@ -21,8 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from cost_model import ParallelConfig
-from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES
+from cost_model import RECOMPUTE_CODES, SCHEDULE_CODES, ParallelConfig
 
 _RULES_PATH = Path(__file__).resolve().parents[1] / "cost_model" / "data" / "engine_rules.json"
 _CODES = {"pipeline_schedule": SCHEDULE_CODES, "recompute": RECOMPUTE_CODES}

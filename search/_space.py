@@ -27,6 +27,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from cost_model import (
+    RECOMPUTE_CODES,
+    SCHEDULE_CODES,
     Inference,
     ModelSpec,
     ParallelConfig,
@@ -34,9 +36,10 @@ from cost_model import (
     Training,
     check_parallel_config,
     check_sequence_fits,
+    minimum_redundant_experts,
+    table_from_columns,
+    table_row,
 )
-from cost_model._rules import minimum_redundant_experts
-from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES, table_from_columns, table_row
 from search._engines import restrict_switches
 
 Table = dict[str, np.ndarray]
@@ -252,7 +255,7 @@ def row_extras(table: Table, index: int) -> dict:
     skip = set(ParallelConfig.model_fields) | {"mesh_index"}
     extras = {k: (v[index].item() if hasattr(v[index], "item") else v[index]) for k, v in table.items() if k not in skip}
     if "kv_dtype" in extras:
-        from cost_model._serving_columns import KV_DTYPE_CODES, PHASE_CODES
+        from cost_model import KV_DTYPE_CODES, PHASE_CODES
 
         extras["kv_dtype"] = {code: name for name, code in KV_DTYPE_CODES.items()}[int(extras["kv_dtype"])]
         extras["phase"] = {code: name for name, code in PHASE_CODES.items()}[int(extras.get("phase", 0))]
@@ -435,7 +438,7 @@ def kv_dtype_choices(space: SearchSpace) -> list[str]:
 def _inference_switches(space: SearchSpace, *, tp: int, pp: int, ep: int) -> Table:
     """Batch size per attention replica (0 = the largest that memory and the SLOs allow, or what a
     fixed ``concurrency`` needs), KV dtype (cost-model codes), redundant experts, two-batch overlap."""
-    from cost_model._serving_columns import KV_DTYPE_CODES
+    from cost_model import KV_DTYPE_CODES
 
     bounds, workload = space.bounds, space.inference
     sweep = bounds.batch_size_sweep and workload.concurrency is None
@@ -447,7 +450,7 @@ def _inference_switches(space: SearchSpace, *, tp: int, pp: int, ep: int) -> Tab
         fewest = minimum_redundant_experts(num_experts=space.model.moe.num_routed_experts, ep=ep)
         redundant = sorted({fewest + m * ep for m in bounds.redundant_expert_multiples})
     table = cross(table, _column("num_redundant_experts", redundant, np.int64))
-    from cost_model._serving_columns import PHASE_CODES
+    from cost_model import PHASE_CODES
 
     overlap = [False, True] if bounds.two_batch_overlap and (tp > 1 or ep > 1) else [False]
     table = cross(table, _column("two_batch_overlap", overlap, bool))

@@ -7,8 +7,7 @@ import argparse
 from autoparallel._catalog import DEFAULT_MODEL, get_model, list_models
 from autoparallel.cli._render import add_json_flag, console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
-from cost_model import ModelSpec
-from cost_model._units import human_bytes, human_count
+from cost_model import ModelSpec, human_bytes, human_count
 
 
 def register(subparsers) -> None:

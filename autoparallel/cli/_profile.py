@@ -12,7 +12,7 @@ from rich.table import Table
 
 from autoparallel.cli._args import input_file, output_file, positive_float, positive_int
 from autoparallel.cli._render import add_json_flag, console, print_json
-from cost_model._units import human_seconds
+from cost_model import human_seconds
 
 
 def register(subparsers) -> None:  # argparse's private type
@@ -197,9 +197,7 @@ def _parse_plans(text: str, *, batch_sequences: int):  # tuple[ParallelConfig, .
 
 
 def _stage_check(args: argparse.Namespace) -> int:
-    from profilers import cluster_from_profile
-    from profilers._stages import run_stages
-    from profilers._training_run import TrainingSetup
+    from profilers import TrainingSetup, cluster_from_profile, run_stages
     from topology import load_hardware_profile
 
     profile = load_hardware_profile(args.profile, expected_device_type="cpu", force=args.force)
@@ -232,7 +230,7 @@ def _percent(value) -> str:
 
 
 def _stage_table(report) -> Table:  # profilers._stages.StagedReport
-    from cost_model._units import human_bytes
+    from cost_model import human_bytes
 
     title = f"Staged validation on {report.cluster_name}, {report.clock} clock, {report.rounds} round(s)"
     table = Table(title=f"{title} (time tolerance 25%, memory 15%)")

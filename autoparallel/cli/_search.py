@@ -31,8 +31,7 @@ from autoparallel.cli._args import (
 from autoparallel.cli._render import add_json_flag, console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
 from autoparallel.cli._serving_args import add_load_arguments, load_fields
-from cost_model import describe_layout
-from cost_model._units import human_bytes, human_seconds
+from cost_model import describe_layout, human_bytes, human_seconds
 
 DEFAULT_CLUSTER = "gb200-nvl72"
 DEFAULT_TRIALS = 250

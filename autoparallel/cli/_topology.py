@@ -16,7 +16,7 @@ from autoparallel.cli._render import (
     print_json,
 )
 from autoparallel.cli._render import table as table_of
-from cost_model._units import human_bytes
+from cost_model import human_bytes
 
 
 def register(subparsers) -> None:  # argparse's private type

@@ -20,13 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from cost_model import (
     CostBreakdown,
+    Dtype,
     Layout,
     ModelSpec,
     ParallelConfig,
     ServingConfig,
     Workload,
 )
-from cost_model._units import Dtype
 
 __all__ = [
     "SCHEMA_VERSION",

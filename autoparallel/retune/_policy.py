@@ -204,7 +204,7 @@ class RetunePolicy:
             return cost_model.calibrate(cluster=self.cluster, measurements=[row], parameters=("matmul_efficiency",),
                                         initial=start, max_iterations=self.settings.calibration_iterations).calibration
 
-        from cost_model._common import calibration_for
+        from cost_model import calibration_for
 
         start = calibration_for(self.cluster.device)  # the calibration the plan was priced with
 
@@ -285,9 +285,7 @@ class RetunePolicy:
         price replicas at planning time)."""
         predicted = self.plan.predicted
         if redundant and isinstance(self.workload, Training):
-            from cost_model import estimate_table
-            from cost_model._estimate import breakdown_from_row
-            from cost_model._table import configs_to_table
+            from cost_model import breakdown_from_row, configs_to_table, estimate_table
 
             table = configs_to_table([self.plan.config], num_redundant_experts=[redundant])
             predicted = breakdown_from_row(estimate_table(self.model, self.cluster, self.workload, table), 0)
@@ -402,8 +400,7 @@ class RetunePolicy:
         """``cost_model.estimate_table`` with the last window's fitted calibration, for the re-search."""
         if self._cost_calibration is None:
             return None
-        from cost_model import estimate_table
-        from cost_model._common import EstimateOptions
+        from cost_model import EstimateOptions, estimate_table
 
         options = EstimateOptions(calibration=self._cost_calibration)
         return lambda model, cluster, workload, table: estimate_table(model, cluster, workload, table, options=options)

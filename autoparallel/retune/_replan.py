@@ -83,10 +83,8 @@ def live_variant_plans(*, plan: ShardingPlan, model: ModelSpec, cluster, workloa
     """``plan``'s mesh with other micro-batch sizes (training) or batch sizes (inference): the
     legal rows of ``space`` that differ from the running plan only there, priced with one
     ``cost_model.estimate_table`` call; infeasible rows are dropped."""
-    from cost_model import estimate_table
-    from cost_model._estimate import breakdown_from_row
-    from search._candidate import layout_at
-    from search._space import select
+    from cost_model import breakdown_from_row, estimate_table
+    from search import layout_at, select
 
     config = plan.config
     mesh = space.find_mesh(dp=config.dp, tp=config.tp, pp=config.pp, cp=config.cp, ep=config.ep, etp=config.etp,
@@ -109,7 +107,7 @@ def live_variant_plans(*, plan: ShardingPlan, model: ModelSpec, cluster, workloa
 
 
 def _is_live_variant(plan: ShardingPlan, workload, table, row: int) -> bool:
-    from search._space import config_from_row, row_extras
+    from search import config_from_row, row_extras
 
     config, candidate, extras = plan.config, config_from_row(table, row), row_extras(table, row)
     if isinstance(workload, Training):
