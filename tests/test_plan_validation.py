@@ -24,7 +24,8 @@ from autoparallel.plan import PlanError
 from autoparallel.testing import plan_for_config
 from cost_model import ParallelConfig
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "autoparallel" / "schema" / "examples"
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "autoparallel" / "schema" / "examples"
 INFERENCE = (
     EXAMPLES / "ref-3t-moe_inference_gb200-nvl72.json"
 ).read_text()  # 72 ranks: tp2 pp3 dp12 ep24
@@ -687,7 +688,6 @@ def test_the_random_search_finds_a_rule_switched_off(rule: str, monkeypatch) -> 
 
 # ------------------------------------------------------------------------ the runtime's own check
 def test_the_runtime_refuses_a_plan_whose_world_size_disagrees() -> None:
-    pytest.importorskip("torch")
     from autoparallel.runtime._mesh import mesh_rank_layout
 
     plan = plan_for_config(ap.get_model("tiny-moe"), ParallelConfig(tp=2, dp=2))
@@ -717,7 +717,7 @@ def test_a_corrupt_plan_exits_2_from_the_installed_command(tmp_path: Path) -> No
 
     path = tmp_path / "plan.json"
     path.write_text(_edited(INFERENCE, _layout(tp=3, dp=8, ep=24)))
-    env = dict(os.environ, PYTHONPATH=str(EXAMPLES.parents[2]), COLUMNS="200")
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="200")
     done = subprocess.run(
         [sys.executable, "-m", "autoparallel.cli", "export", str(path), "--format", "sglang"],
         env=env,
