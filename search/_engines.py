@@ -167,6 +167,7 @@ def _length(table: Mapping[str, np.ndarray]) -> int:
 
 def _names(table: Mapping[str, np.ndarray], context: LayoutContext) -> dict[str, Any]:
     length = _length(table)
+
     def column(name: str, default: Any) -> np.ndarray:
         return np.asarray(table[name]) if name in table else np.full(length, default)
 

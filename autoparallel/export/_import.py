@@ -212,6 +212,7 @@ def _torchtitan(files: dict[str, str]) -> ParallelConfig:
         raise ValueError(
             "torchtitan TOML jobs (0.2.x) are read as exported; import the 0.3 command line"
         )
+
     def get(name: str, default: int) -> int:
         return _number(found, f"--parallelism.{name}", default)
 
