@@ -10,7 +10,7 @@ from importlib import resources
 from pathlib import Path
 
 from cost_model import ModelSpec
-from cost_model._serving_precision import checkpoint_dtype as parse_checkpoint_dtype
+from cost_model import checkpoint_dtype as parse_checkpoint_dtype
 
 DEFAULT_MODEL = "ref-3t-moe"
 

@@ -28,19 +28,17 @@ from pathlib import Path
 
 import numpy as np
 
-from cost_model._inference_ops import (
-    attention_flops_per_key,
-    routed_bytes_per_assignment,
-)
-from cost_model._kernel_curves import (
+from cost_model import (
     GROUPED_GEMM_SHAPE,
     TOKENS_PER_EXPERT_GRID,
+    attention_flops_per_key,
+    dtype_bytes,
     expert_all_to_all_bytes,
     grouped_gemm_ideal_s,
     matmul_dtype_of,
     mla_decode_ideal_s,
+    routed_bytes_per_assignment,
 )
-from cost_model._units import dtype_bytes
 from topology import get_preset
 
 logger = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from autoparallel.plan import ModuleRule
+from autoparallel.plan import ModuleRule, ModuleStyle
 from cost_model import ModelSpec, ParallelConfig
 
 __all__ = ["ExpertNaming", "module_rules_for"]
@@ -41,7 +41,7 @@ _EXPERT_PROJECTIONS: dict[str, tuple[str, str, str]] = {
 }
 
 
-def _rule(pattern: str, style: str, mesh_axis: str = "tp") -> ModuleRule:
+def _rule(pattern: str, style: ModuleStyle, mesh_axis: str = "tp") -> ModuleRule:
     return ModuleRule(pattern=pattern, style=style, mesh_axis=mesh_axis)
 
 
@@ -73,7 +73,7 @@ def _attention_rules(model: ModelSpec, config: ParallelConfig) -> list[ModuleRul
         ]
     else:
         # Grouped-query attention with tp a multiple of the KV heads keeps K/V whole on each rank.
-        kv_style = "colwise" if attention.num_kv_heads % config.tp == 0 else "replicate"
+        kv_style: ModuleStyle = "colwise" if attention.num_kv_heads % config.tp == 0 else "replicate"
         rules += [
             _rule("*.self_attn.q_proj", "colwise"),
             _rule("*.self_attn.k_proj", kv_style),
@@ -83,7 +83,7 @@ def _attention_rules(model: ModelSpec, config: ParallelConfig) -> list[ModuleRul
     return rules
 
 
-def _ffn_rules(prefix: str, style_in: str, style_out: str, names: tuple[str, str, str], axis: str) -> list[ModuleRule]:
+def _ffn_rules(prefix: str, style_in: ModuleStyle, style_out: ModuleStyle, names: tuple[str, str, str], axis: str) -> list[ModuleRule]:
     gate, up, down = names
     return [
         _rule(f"{prefix}.{gate}", style_in, axis),
@@ -96,6 +96,8 @@ def _ffn_and_moe_rules(model: ModelSpec, config: ParallelConfig, naming: ExpertN
     """Dense FFN and shared experts follow attention's tp split (replicated under attention-DP);
     routers are replicated; routed experts go to ``ep`` and, with etp > 1, split over ``etp``."""
     sharded = config.tp > 1 and not config.attention_data_parallel
+    style_in: ModuleStyle
+    style_out: ModuleStyle
     if config.attention_data_parallel:
         style_in = style_out = "replicate"
     else:

@@ -21,7 +21,7 @@ from autoparallel.plan import (
 )
 
 # the plan-building parts, also reachable from here
-from autoparallel.plan._build import (  # noqa: F401
+from autoparallel.plan._build import (  # noqa: F401 - re-exported
     dense_mesh_axes,
     expert_placement,
     module_rules,
@@ -36,8 +36,9 @@ from cost_model import (
     Inference,
     ModelSpec,
     Training,
+    human_bytes,
+    human_seconds,
 )
-from cost_model._units import human_bytes, human_seconds
 from topology import Cluster
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ def find_plan(
         workload = workload.model_copy(update={"weight_dtype": checkpoint_dtype(model)})
     model, cluster = resolve_model(model), resolve_cluster(cluster)
     if engine is not None:
-        from search._engines import engine_search_settings
+        from search import engine_search_settings
 
         search_options["settings"] = engine_search_settings(
             search_options.get("settings"), engine=engine, version=engine_version, workload=workload
@@ -99,7 +100,7 @@ def find_plan(
         **search_options,
     )
     if workers != 1:  # run_workers names a count below 1
-        from search._workers import run_workers
+        from search import run_workers
 
         result = run_workers(model, cluster, workload, workers=workers, **options)
     else:
@@ -107,7 +108,7 @@ def find_plan(
     if result.settings.get("num_nodes_used", cluster.num_nodes) != cluster.num_nodes:  # whole nodes left idle
         cluster = cluster.with_nodes(result.settings["num_nodes_used"])
     if isinstance(workload, Inference) and result.feasible:  # the serving simulator checks the top layouts
-        from search._objective import simulate_top_k
+        from search import simulate_top_k
 
         result = simulate_top_k(result, model=model, cluster=cluster, workload=workload, **_estimator_option(search_options))
     if not result.feasible:
@@ -140,11 +141,11 @@ def with_disaggregation(
     cluster: Cluster,
     workload: Inference,
     estimator=None,
-    bounds=None,  # noqa: ANN001 - search.SearchBounds (e.g. an engine's), None: the defaults
+    bounds=None,  # search.SearchBounds (e.g. an engine's), None: the defaults
 ) -> ShardingPlan:
     """``plan`` with the best prefill/decode pools and which deployment wins (output tokens/s
     per device)."""
-    from search._disaggregation import find_disaggregated
+    from search import find_disaggregated
 
     found = find_disaggregated(model, cluster, workload, estimator=estimator, bounds=bounds)
     if found is None:
@@ -180,7 +181,7 @@ def with_disaggregation(
     return _rebuilt(plan, model=model, cluster=cluster, deployment=deployment)
 
 
-def _pairs_note(found) -> str:  # noqa: ANN001 - search.DisaggregatedResult
+def _pairs_note(found) -> str:  # search.DisaggregatedResult
     """The unit-size pairs the split was chosen from, best first (why this split)."""
     pairs = ", ".join(f"{p}/{d}: {r:,.0f}" for p, d, r in found.considered[:6])
     return f"{len(found.considered)} prefill/decode unit-size pairs priced (devices per unit: output tokens/s/device) {pairs}"
@@ -293,14 +294,13 @@ def search_record(result) -> SearchRecord:
 def predict_all(*, model: ModelSpec, cluster: Cluster, workload, candidates) -> list[CostBreakdown]:
     """The ``CostBreakdown`` of each candidate (feasible or not), priced together by one
     ``cost_model.estimate_table`` call."""
-    from cost_model import configs_to_table, estimate_table
-    from cost_model._estimate import breakdown_from_row
+    from cost_model import breakdown_from_row, configs_to_table, estimate_table
 
     extras: dict[str, Any] = {}
     if isinstance(workload, Inference):
         import numpy as np
 
-        from cost_model._serving_columns import ServingConfig
+        from cost_model import ServingConfig
 
         rows = [
             (c.layout.serving or ServingConfig()).columns(workload=workload) for c in candidates
@@ -349,7 +349,7 @@ def infeasible_error(
 ) -> InfeasiblePlanError:
     """``InfeasiblePlanError`` naming the bottleneck of the least-violating layout and the
     smallest card count (in whole nodes of this cluster) where some layout fits."""
-    from search._feasibility import smallest_feasible_devices
+    from search import smallest_feasible_devices
 
     best = result.best
     bottleneck = max(best.violations, key=best.violations.get)

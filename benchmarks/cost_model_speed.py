@@ -28,10 +28,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autoparallel import get_model  # noqa: E402
-from cost_model import Inference, ParallelConfig, Training, estimate_table, table_from_columns  # noqa: E402
-from cost_model._table import select_rows  # noqa: E402
-from topology import get_preset  # noqa: E402
+from autoparallel import get_model
+from cost_model import Inference, ParallelConfig, Training, estimate_table, table_from_columns
+from cost_model._table import select_rows
+from topology import get_preset
 
 TARGET_ROWS_PER_S = 100_000
 SIMULATOR_BUDGET_S = 2.0

@@ -19,15 +19,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
-import autoparallel.runtime._apply as apply_module  # noqa: E402
-from autoparallel import get_model  # noqa: E402
-from autoparallel.runtime import ReferenceMoETransformer, apply_plan, build_for_rank  # noqa: E402
-from autoparallel.testing import plan_for_config  # noqa: E402
-from cost_model import ParallelConfig  # noqa: E402
+import autoparallel.runtime._apply as apply_module
+from autoparallel import get_model
+from autoparallel.runtime import ReferenceMoETransformer, apply_plan, build_for_rank
+from autoparallel.testing import plan_for_config
+from cost_model import ParallelConfig
 
 WORLD_SIZE = 1024
 CONFIG = ParallelConfig(pp=8, dp=16, tp=8, ep=64, etp=2, sequence_parallel=True, zero_stage=0, pipeline_schedule="1f1b")
@@ -47,8 +47,8 @@ class _Phases:
         for function, label in self.NAMES.items():
             setattr(apply_module, function, self._timed(label, getattr(apply_module, function)))
 
-    def _timed(self, label: str, function):  # noqa: ANN202
-        def timed(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def _timed(self, label: str, function):
+        def timed(*args, **kwargs):
             start = time.perf_counter()
             try:
                 return function(*args, **kwargs)

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-import test_runtime_fullsize as fullsize  # noqa: E402
+import test_runtime_fullsize as fullsize
 
 
 def main() -> None:

@@ -30,10 +30,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import autoparallel as ap  # noqa: E402
-from autoparallel._expert_placement import zipf_expert_load  # noqa: E402
-from autoparallel.testing import skew_routers  # noqa: E402
-from cost_model import ParallelConfig, Training  # noqa: E402
+import autoparallel as ap
+from autoparallel._expert_placement import zipf_expert_load
+from autoparallel.testing import skew_routers
+from cost_model import ParallelConfig, Training
 
 SEQUENCE_TOKENS = 64
 SEQUENCES_PER_RANK = 8
@@ -55,7 +55,7 @@ class _ExpertTimer:
     def __init__(self) -> None:
         self.seconds, self._timed = 0.0, set()
 
-    def attach(self, applied) -> None:  # noqa: ANN001 - AppliedPlan
+    def attach(self, applied) -> None:  # AppliedPlan
         for part in applied.expert_parallel:
             for _, block in part.blocks:
                 for expert in block.experts.values():
@@ -68,7 +68,7 @@ class _ExpertTimer:
         self.seconds += value
 
 
-def _setup_rank(plan_json: str):  # noqa: ANN202
+def _setup_rank(plan_json: str):
     """The skewed benchmark model under the plan, its optimizer, and per-router token counts."""
     import torch
 
@@ -156,8 +156,8 @@ def _workload(plan) -> Training:
 
 
 def live_replacement(steps: int) -> None:
-    from autoparallel.runtime._recovery import cluster_for_world, plan_for_config
     from autoparallel.runtime import run_ranks
+    from autoparallel.runtime._recovery import cluster_for_world, plan_for_config
 
     spec, config = _spec(), ParallelConfig(dp=4, ep=4)
     workload = Training(sequence_length_tokens=SEQUENCE_TOKENS, global_batch_sequences=SEQUENCES_PER_RANK * 4)

@@ -24,13 +24,13 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
-import optuna  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+import optuna
+from rich.console import Console
+from rich.table import Table
 
-import autoparallel as ap  # noqa: E402
-from cost_model import Inference, Training  # noqa: E402
-from search import exhaustive_search, find_plan, regret  # noqa: E402
+import autoparallel as ap
+from cost_model import Inference, Training
+from search import exhaustive_search, find_plan, regret
 
 WORKLOADS = {
     "training": Training(sequence_length_tokens=4096, global_batch_tokens=16 * 2**20),

@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cost_model import _common, _cross_validation, _validation  # noqa: E402
+from cost_model import _common, _cross_validation, _validation
 
 CALIBRATION_FILE = REPO / "cost_model" / "data" / "calibration.json"
 
@@ -59,7 +59,7 @@ def refit(max_evaluations: int) -> None:
     _common._shipped_calibrations.cache_clear()
 
 
-def _match(calibrations: list[dict], case) -> _common.Calibration:  # noqa: ANN001
+def _match(calibrations: list[dict], case) -> _common.Calibration:
     """The just-fitted calibration of the case's hardware (the shipped file is not yet written)."""
     import re
 

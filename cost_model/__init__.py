@@ -1,24 +1,77 @@
 """Analytical cost model: time and memory of a parallel layout of a transformer. Never imports torch."""
 
-from cost_model._axes import ALL_AXES, DENSE_MESH_ORDER, MOE_MESH_ORDER, Axis, axis_degrees, describe_layout
+from cost_model._axes import (
+    ALL_AXES,
+    DENSE_MESH_ORDER,
+    MOE_MESH_ORDER,
+    Axis,
+    axis_degrees,
+    describe_layout,
+)
 from cost_model._breakdown import CostBreakdown, InfeasiblePlanError
 from cost_model._calibrate import CalibrationResult, StepMeasurement, calibrate
-from cost_model._common import Calibration, EstimateOptions
-from cost_model._estimate import estimate, estimate_table
+from cost_model._common import Calibration, EstimateOptions, calibration_for, op_time_s
+from cost_model._cross_validation import error_summary, leave_one_source_out
+from cost_model._estimate import breakdown_from_row, estimate, estimate_table
+from cost_model._frameworks import framework_names
 from cost_model._inference import estimate_inference_table
-from cost_model._inference_validation import ValidationRow, validate_dsv3_day6, validate_dsv3_profile
+from cost_model._inference_ops import attention_flops_per_key, routed_bytes_per_assignment
+from cost_model._inference_validation import (
+    ValidationRow,
+    validate_dsv3_day6,
+    validate_dsv3_profile,
+)
+from cost_model._kernel_curves import (
+    GROUPED_GEMM_SHAPE,
+    TOKENS_PER_EXPERT_GRID,
+    expert_all_to_all_bytes,
+    grouped_gemm_ideal_s,
+    matmul_dtype_of,
+    mla_decode_ideal_s,
+)
 from cost_model._layout import Layout
 from cost_model._model_spec import AttentionSpec, ModelSpec, MoESpec
-from cost_model._parallel import ParallelConfig
-from cost_model._rules import check_parallel_config, check_sequence_fits, split_layers
+from cost_model._parallel import ParallelConfig, PipelineSchedule
+from cost_model._rules import (
+    check_parallel_config,
+    check_sequence_fits,
+    minimum_redundant_experts,
+    split_layers,
+)
 from cost_model._serving import DisaggregatedSplit, PoolConfig, disaggregated_split
-from cost_model._serving_columns import ServingConfig
+from cost_model._serving_columns import KV_DTYPE_CODES, PHASE_CODES, ServingConfig
 from cost_model._serving_load import ServingProfile, serving_profile
-from cost_model._serving_validation import validate_serving
-from cost_model._simulator import SimulationResult, simulate, simulate_layout
-from cost_model._sweep import SequenceSweep, sequence_sweep
-from cost_model._table import configs_to_table, table_from_columns, table_length, table_row
-from cost_model._units import DTYPE_BYTES, dtype_bytes
+from cost_model._serving_precision import checkpoint_dtype
+from cost_model._serving_validation import (
+    serving_validation_data,
+    summarize_serving,
+    validate_serving,
+)
+from cost_model._simulator import SimulationResult, simulate, simulate_layout, slo_concurrency
+from cost_model._sweep import DEFAULT_LENGTHS, SequenceSweep, sequence_sweep
+from cost_model._table import (
+    RECOMPUTE_CODES,
+    SCHEDULE_CODES,
+    configs_to_table,
+    table_from_columns,
+    table_length,
+    table_row,
+)
+from cost_model._units import (
+    DTYPE_BYTES,
+    Dtype,
+    dtype_bytes,
+    human_bytes,
+    human_count,
+    human_seconds,
+)
+from cost_model._validation import (
+    TOLERANCES,
+    run_case,
+    summarize,
+    training_cases,
+    validate_published,
+)
 from cost_model._workload import Inference, Training, Workload
 
 __all__ = [
@@ -41,6 +94,7 @@ __all__ = [
     "MoESpec",
     "ModelSpec",
     "ParallelConfig",
+    "PipelineSchedule",
     "PoolConfig",
     "SequenceSweep",
     "StepMeasurement",
@@ -70,4 +124,38 @@ __all__ = [
     "validate_dsv3_day6",
     "validate_dsv3_profile",
     "validate_serving",
+    # Units, codes, validation and kernel-curve helpers the other packages and the CLI use.
+    "DEFAULT_LENGTHS",
+    "Dtype",
+    "GROUPED_GEMM_SHAPE",
+    "KV_DTYPE_CODES",
+    "PHASE_CODES",
+    "RECOMPUTE_CODES",
+    "SCHEDULE_CODES",
+    "TOKENS_PER_EXPERT_GRID",
+    "TOLERANCES",
+    "attention_flops_per_key",
+    "breakdown_from_row",
+    "calibration_for",
+    "checkpoint_dtype",
+    "error_summary",
+    "expert_all_to_all_bytes",
+    "framework_names",
+    "grouped_gemm_ideal_s",
+    "human_bytes",
+    "human_count",
+    "human_seconds",
+    "leave_one_source_out",
+    "matmul_dtype_of",
+    "minimum_redundant_experts",
+    "mla_decode_ideal_s",
+    "op_time_s",
+    "routed_bytes_per_assignment",
+    "run_case",
+    "serving_validation_data",
+    "slo_concurrency",
+    "summarize",
+    "summarize_serving",
+    "training_cases",
+    "validate_published",
 ]

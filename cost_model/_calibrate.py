@@ -19,7 +19,7 @@ Both report the error of every row before and after. Torch-free.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -118,9 +118,9 @@ def _check_parameters(parameters: Sequence[str]) -> tuple[str, ...]:
 
 def calibrate(
     *,
-    cluster,  # noqa: ANN001 - topology.Cluster
+    cluster,  # topology.Cluster
     measurements: Sequence[StepMeasurement] = (),
-    profile=None,  # noqa: ANN001 - topology.HardwareProfile
+    profile=None,  # topology.HardwareProfile
     parameters: Sequence[str] | None = None,
     initial: Calibration | None = None,
     max_iterations: int = 40,
@@ -144,7 +144,9 @@ def calibrate(
         kernel_overhead_s=min(float(getattr(cluster.device, "kernel_overhead_s", 0.0)), FITTABLE["kernel_overhead_s"][1]),
     )
     x0 = np.array([_to_free(name, _current(start, name, cluster.device)) for name in names])
-    residuals = lambda x: _residuals(cluster, measurements, _with(start, names, x))  # noqa: E731
+    def residuals(x: np.ndarray) -> np.ndarray:
+        return _residuals(cluster, measurements, _with(start, names, x))
+
     x = _levenberg_marquardt(residuals, x0, names=names, max_iterations=max_iterations)
     fitted = _with(start, names, x)
     before, after = _predictions(cluster, measurements, start), _predictions(cluster, measurements, fitted)
@@ -166,7 +168,7 @@ def _escape(text: str) -> str:
     return re.escape(text)
 
 
-def _current(calibration: Calibration, name: str, hardware) -> float:  # noqa: ANN001
+def _current(calibration: Calibration, name: str, hardware) -> float:
     value = getattr(calibration, name)
     if value is not None:
         return float(value)
@@ -190,7 +192,7 @@ def _with(calibration: Calibration, names: Sequence[str], x: np.ndarray) -> Cali
     return calibration.model_copy(update={name: _from_free(name, float(v)) for name, v in zip(names, x)})
 
 
-def _predictions(cluster, measurements: Sequence[StepMeasurement], calibration: Calibration) -> list[float]:  # noqa: ANN001
+def _predictions(cluster, measurements: Sequence[StepMeasurement], calibration: Calibration) -> list[float]:
     from cost_model._estimate import estimate
 
     values = []
@@ -202,13 +204,13 @@ def _predictions(cluster, measurements: Sequence[StepMeasurement], calibration: 
     return values
 
 
-def _residuals(cluster, measurements, calibration: Calibration) -> np.ndarray:  # noqa: ANN001
+def _residuals(cluster, measurements, calibration: Calibration) -> np.ndarray:
     predicted = np.asarray(_predictions(cluster, measurements, calibration))
     measured = np.asarray([row.measured_s for row in measurements])
     return np.log(np.maximum(predicted, 1e-30) / measured)
 
 
-def _levenberg_marquardt(residuals, x0: np.ndarray, *, names: Sequence[str], max_iterations: int) -> np.ndarray:  # noqa: ANN001
+def _levenberg_marquardt(residuals, x0: np.ndarray, *, names: Sequence[str], max_iterations: int) -> np.ndarray:
     """Minimize ||residuals(x)||^2; a step that leaves a parameter's bounds is clipped back."""
     x, damping = _clip(names, x0.copy()), 1e-3
     r = residuals(x)
@@ -234,7 +236,7 @@ def _clip(names: Sequence[str], x: np.ndarray) -> np.ndarray:
     return np.array([_to_free(name, _from_free(name, float(v))) for name, v in zip(names, x)])
 
 
-def _jacobian(residuals, x: np.ndarray, r: np.ndarray, *, names: Sequence[str]) -> np.ndarray:  # noqa: ANN001
+def _jacobian(residuals, x: np.ndarray, r: np.ndarray, *, names: Sequence[str]) -> np.ndarray:
     columns = []
     for index, name in enumerate(names):
         delta = 1e-4 if FITTABLE[name][2] else 1e-7
@@ -246,14 +248,14 @@ def _jacobian(residuals, x: np.ndarray, r: np.ndarray, *, names: Sequence[str]) 
     return np.stack(columns, axis=1)
 
 
-def _plateau(curve) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001 - topology.MeasuredCurve
+def _plateau(curve) -> tuple[np.ndarray, np.ndarray]:  # topology.MeasuredCurve
     """Work and rate of the larger half of a curve's points."""
     work, rates = np.asarray(curve.work), np.asarray(curve.rates_per_s)
     keep = work >= np.median(work)
     return work[keep], rates[keep]
 
 
-def _calibrate_from_profile(*, cluster, profile, parameters: Sequence[str] | None) -> CalibrationResult:  # noqa: ANN001
+def _calibrate_from_profile(*, cluster, profile, parameters: Sequence[str] | None) -> CalibrationResult:
     """Constant efficiencies of ``cluster.device`` (its profile ignored) that best fit the curves."""
     names = _check_parameters(parameters or ("matmul_efficiency", "memory_bandwidth_efficiency", "collective_efficiency"))
     unsupported = set(names) - {"matmul_efficiency", "memory_bandwidth_efficiency", "collective_efficiency"}
@@ -278,11 +280,11 @@ def _calibrate_from_profile(*, cluster, profile, parameters: Sequence[str] | Non
         "rms_log_error_before": _rms([r.log_error_before for r in result_rows]),
         "rms_log_error_after": _rms([r.log_error_after for r in result_rows]), "method": "mean of log rate / peak",
     }
-    calibration = Calibration(device_pattern=f"^{_escape(device.name)}$", fit=fit, **fitted)
+    calibration = Calibration.model_validate({"device_pattern": f"^{_escape(device.name)}$", "fit": fit, **fitted})
     return CalibrationResult(calibration=calibration, parameters=tuple(sorted(fitted)), rows=result_rows)
 
 
-def _gemm_fit(device, profile) -> tuple[float, list[CalibrationRow]]:  # noqa: ANN001
+def _gemm_fit(device, profile) -> tuple[float, list[CalibrationRow]]:
     """Matmul efficiency from the GEMM plateau of the training dtype (bf16, else fp16, fp32)."""
     dtype = next((d for d in ("bf16", "fp16", "fp32") if d in profile.gemm and d in device.peak_flops), None)
     if dtype is None:
@@ -295,7 +297,7 @@ def _gemm_fit(device, profile) -> tuple[float, list[CalibrationRow]]:  # noqa: A
     return efficiency, _rate_rows(f"gemm {dtype}", work, rates, peak * device.matmul_efficiency, peak * efficiency)
 
 
-def _memory_fit(device, profile) -> tuple[float, list[CalibrationRow]]:  # noqa: ANN001
+def _memory_fit(device, profile) -> tuple[float, list[CalibrationRow]]:
     work, rates = _plateau(profile.memory)
     peak = device.memory_bandwidth_bytes_per_s
     efficiency = _log_mean_fit(rates / peak, high=1.0)
@@ -306,7 +308,7 @@ def _log_mean_fit(ratios: np.ndarray, *, high: float) -> float:
     return float(min(math.exp(float(np.mean(np.log(ratios)))), high))
 
 
-def _rate_rows(label: str, work, rates, rate_before: float, rate_after: float) -> list[CalibrationRow]:  # noqa: ANN001
+def _rate_rows(label: str, work, rates, rate_before: float, rate_after: float) -> list[CalibrationRow]:
     return [
         CalibrationRow(label=f"{label} {w:.3g}", measured=w / r, predicted_before=w / rate_before,
                        predicted_after=w / rate_after)
@@ -314,7 +316,7 @@ def _rate_rows(label: str, work, rates, rate_before: float, rate_after: float) -
     ]
 
 
-def _collective_fit(cluster, profile) -> tuple[float, list[CalibrationRow]]:  # noqa: ANN001
+def _collective_fit(cluster, profile) -> tuple[float, list[CalibrationRow]]:
     """``collective_efficiency`` divides collective times: the log-mean of predicted / measured."""
     cases = []
     for op, by_size in profile.collectives.items():

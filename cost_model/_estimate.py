@@ -15,7 +15,7 @@ most memory), ``step_time_s``, ``memory_capacity_bytes``, ``feasible``, ``reason
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -97,7 +97,7 @@ def estimate(model: ModelSpec, cluster, workload: Training | Inference, config: 
         if config.attention_data_parallel:
             raise ValueError("attention_data_parallel (True) is an inference layout; training needs False")
         check_sequence_fits(config, workload.sequence_length_tokens)
-        config.num_micro_batches(workload.global_batch_sequences)
+        config.num_micro_batches(workload.sequences_per_step)
         table = configs_to_table([config])
         columns = estimate_table(model, cluster, workload, table, options=EstimateOptions(**options))
         labels = REASON_LABELS
@@ -110,7 +110,7 @@ def estimate(model: ModelSpec, cluster, workload: Training | Inference, config: 
 def _infeasible(breakdown: CostBreakdown, reason: str, *, training: bool) -> InfeasiblePlanError:
     if reason in ("ttft_slo", "tpot_slo"):
         return InfeasiblePlanError(f"the plan misses the {reason.replace('_', ' ').upper()}", part=reason)
-    part = max(breakdown.memory_bytes, key=breakdown.memory_bytes.get)
+    part = max(breakdown.memory_bytes, key=lambda name: breakdown.memory_bytes[name])
     needed, available = breakdown.memory_per_device_bytes, breakdown.memory_capacity_bytes
     return InfeasiblePlanError(
         f"memory per device needs {human_bytes(needed)}, the device has {human_bytes(available)}; "
@@ -146,7 +146,7 @@ def breakdown_from_row(columns: Mapping[str, np.ndarray], index: int) -> CostBre
         ttft_s=_optional(columns, "ttft_s", index),
         tpot_s=_optional(columns, "tpot_s", index),
         batch_size=None if batch is None else int(batch),
-        bottleneck=max(time, key=time.get) if time else "",
+        bottleneck=max(time, key=lambda name: time[name]) if time else "",
     )
 
 

@@ -10,9 +10,11 @@ a ``ValueError`` naming it.
 
 from __future__ import annotations
 
+import builtins
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from cost_model._model_spec import AttentionSpec, ModelSpec, MoESpec
 
@@ -37,7 +39,7 @@ class _Reader:
             raise ValueError(f"config field {key!r} ({value}) must be >= {minimum}")
         return value
 
-    def optional_int(self, key: str, *, minimum: int = 1) -> int | None:
+    def optional_int(self, key: str, *, minimum: builtins.int = 1) -> builtins.int | None:
         if self.data.get(key) is None:
             return None
         return self.int(key, minimum=minimum)
@@ -50,7 +52,7 @@ class _Reader:
             raise ValueError(f"config field {key!r} ({value!r}) must be true or false")
         return value
 
-    def int_list(self, key: str) -> list[int]:
+    def int_list(self, key: str) -> list[builtins.int]:
         value = self.data.get(key) or []
         if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             raise ValueError(f"config field {key!r} ({value!r}) must be a list of integers")

@@ -52,7 +52,7 @@ class AttentionSpec(BaseModel):
     topk_tokens: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
-    def _check(self) -> "AttentionSpec":
+    def _check(self) -> AttentionSpec:
         if self.kind == "mha" and self.num_kv_heads != self.num_heads:
             raise ValueError(
                 f"attention.num_kv_heads ({self.num_kv_heads}) must equal "
@@ -84,8 +84,10 @@ class AttentionSpec(BaseModel):
     def attended_tokens(self, context_tokens: float) -> float:
         """Keys one query attends to when ``context_tokens`` precede it (itself included)."""
         if self.variant == "sliding_window":
+            assert self.window_tokens is not None  # required for the variant on validation
             return min(context_tokens, self.window_tokens)
         if self.variant == "sparse_topk":
+            assert self.topk_tokens is not None  # required for the variant on validation
             return min(context_tokens, self.topk_tokens)
         if self.variant == "linear":
             # A linear-attention state of head_dim x head_dim is read and written once per token:
@@ -108,7 +110,7 @@ class MoESpec(BaseModel):
     shared_expert_gate: bool = False
 
     @model_validator(mode="after")
-    def _check(self) -> "MoESpec":
+    def _check(self) -> MoESpec:
         if self.top_k > self.num_routed_experts:
             raise ValueError(
                 f"moe.top_k ({self.top_k}) must be <= moe.num_routed_experts ({self.num_routed_experts})"
@@ -141,7 +143,7 @@ class ModelSpec(BaseModel):
     max_context_tokens: int = Field(gt=0)
 
     @model_validator(mode="after")
-    def _check(self) -> "ModelSpec":
+    def _check(self) -> ModelSpec:
         if self.moe is not None and self.moe.num_dense_layers > self.num_layers:
             raise ValueError(
                 f"moe.num_dense_layers ({self.moe.num_dense_layers}) must be <= num_layers ({self.num_layers})"
@@ -150,7 +152,7 @@ class ModelSpec(BaseModel):
 
     # ---------------------------------------------------------------- construction
     @classmethod
-    def from_hf_config(cls, path_or_dict: str | Path | dict[str, Any], *, name: str | None = None) -> "ModelSpec":
+    def from_hf_config(cls, path_or_dict: str | Path | dict[str, Any], *, name: str | None = None) -> ModelSpec:
         """Parse a HuggingFace ``config.json`` (path or dict); see ``cost_model._hf_config``."""
         from cost_model._hf_config import parse_hf_config
 
@@ -311,5 +313,5 @@ class ModelSpec(BaseModel):
         if a.variant == "linear":
             state = a.num_heads * a.qk_head_dim * a.value_head_dim
             return self.num_layers * state * dtype_bytes(dtype)
-        cached = min(context_tokens, a.window_tokens) if a.variant == "sliding_window" else context_tokens
+        cached = a.attended_tokens(context_tokens) if a.variant == "sliding_window" else context_tokens
         return cached * self.kv_cache_bytes_per_token(dtype)

@@ -120,7 +120,7 @@ def _training_rows(model, cluster, workload: Training, config, lengths, options)
     from cost_model._estimate import estimate_table
 
     names = ("latency_s", "tpot_s", "tokens_per_s_per_device", "memory_per_device_bytes", "feasible")
-    rows = {name: [] for name in names}
+    rows: dict[str, list] = {name: [] for name in names}
     replica = config.dp * config.micro_batch_size
     for length in lengths.tolist():
         sequences = max(1, round(workload.global_batch_tokens / length / replica)) * replica

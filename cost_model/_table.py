@@ -24,7 +24,7 @@ Extra columns (any name not above) ride along untouched; the inference side adds
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -41,7 +41,7 @@ class Training(BaseModel):
     framework: str | None = None
 
     @model_validator(mode="after")
-    def _check(self) -> "Training":
+    def _check(self) -> Training:
         if self.framework is not None:
             from cost_model._frameworks import framework_profile
 
@@ -63,12 +63,20 @@ class Training(BaseModel):
                 )
             object.__setattr__(self, "global_batch_sequences", derived)
         else:
+            assert seqs is not None  # checked above: one of the two is given
             object.__setattr__(self, "global_batch_tokens", seqs * self.sequence_length_tokens)
         return self
 
     @property
     def tokens_per_step(self) -> int:
+        assert self.global_batch_tokens is not None  # derived on validation when not given
         return self.global_batch_tokens
+
+    @property
+    def sequences_per_step(self) -> int:
+        """``global_batch_sequences``, derived on validation when the batch is given in tokens."""
+        assert self.global_batch_sequences is not None
+        return self.global_batch_sequences
 
 
 class Inference(BaseModel):
@@ -112,16 +120,16 @@ class Inference(BaseModel):
 
     @field_validator("concurrency", "request_rate_per_s", "ttft_slo_s", "tpot_slo_s", "max_batched_tokens")
     @classmethod
-    def _positive(cls, value, info):  # noqa: ANN001, ANN206 - pydantic's validator signature
+    def _positive(cls, value, info):  # pydantic's validator signature
         if value is not None and not value > 0:
             raise ValueError(f"{info.field_name} ({value}) must be > 0")
         return value
 
     @model_validator(mode="after")
-    def _check(self) -> "Inference":
+    def _check(self) -> Inference:
         if self.concurrency is not None and self.request_rate_per_s is not None:
             raise ValueError("give concurrency or request_rate_per_s, not both")
         return self
 
 
-Workload = Annotated[Union[Training, Inference], Field(discriminator="kind")]
+Workload = Annotated[Training | Inference, Field(discriminator="kind")]

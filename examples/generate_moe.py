@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def replica_index(plan: ap.ShardingPlan, applied) -> tuple[int, int]:  # noqa: ANN001 - AppliedPlan
+def replica_index(plan: ap.ShardingPlan, applied) -> tuple[int, int]:  # AppliedPlan
     """(this rank's request replica, number of replicas): data-parallel replicas, each split
     further over tp when attention runs data-parallel (every tp rank then has its own requests)."""
     config, meshes = plan.config, applied.meshes

@@ -9,8 +9,8 @@ once (as tensor-parallel groups do in a step); a point's time is the slowest ran
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist

@@ -12,7 +12,7 @@ import datetime
 import logging
 import socket
 from collections import defaultdict
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -20,7 +20,14 @@ import torch.distributed as dist
 
 from profilers._collectives import GroupCache, collective_points, measure_collective
 from profilers._ops import Point, ProfileGrid, operator_points, tiny_op_call
-from profilers._timing import Timing, cache_flusher, current_device, device_memory_bytes, device_name, measure
+from profilers._timing import (
+    Timing,
+    cache_flusher,
+    current_device,
+    device_memory_bytes,
+    device_name,
+    measure,
+)
 from topology import HardwareProfile, MeasuredCurve
 
 logger = logging.getLogger(__name__)
@@ -41,7 +48,7 @@ def _mean_over_ranks(timing: Timing) -> Timing:
     return Timing(median_s=float(values[0]), p10_s=float(values[1]), p90_s=float(values[2]), repeats=timing.repeats)
 
 
-def _measure_point(point: Point, *, device: torch.device, grid: ProfileGrid, clock: str, flush=None) -> Timing:  # noqa: ANN001
+def _measure_point(point: Point, *, device: torch.device, grid: ProfileGrid, clock: str, flush=None) -> Timing:
     call = point.build(device)
     if _distributed():
         dist.barrier()
@@ -130,7 +137,9 @@ def profile_hardware(*, grid: ProfileGrid, progress: Progress | None = None, clo
     updates = _update_curves(grid=grid, device=device, source=source, clock=clock)
     advance("optimizer update and gradient accumulation")
     host = _host_overhead(grid=grid, device=device, source=source, clock=clock, world=world, advance=advance)
-    by_dtype = lambda family: {key: _curve(rows, source) for (fam, key), rows in families.items() if fam == family}
+    def by_dtype(family: str) -> dict:
+        return {key: _curve(rows, source) for (fam, key), rows in families.items() if fam == family}
+
     return HardwareProfile(
         device_type=device.type,
         device_name=device_name(device),
@@ -190,9 +199,12 @@ def _host_overhead(*, grid: ProfileGrid, device: torch.device, source: str, cloc
     """``HostOverhead``: layer host costs on every rank (averaged), and with ranks the
     tensor-parallel weight update and pipeline micro-batch costs (``profilers._host``)."""
     from profilers._host import (
-        collective_sync_seconds, layer_host_seconds, pipeline_micro_batch_seconds, sharded_update_seconds,
+        collective_sync_seconds,
+        layer_host_seconds,
+        pipeline_micro_batch_seconds,
+        sharded_update_seconds,
     )
-    from topology._hardware_profile import HostOverhead
+    from topology import HostOverhead
 
     if _distributed():
         dist.barrier()

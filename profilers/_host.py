@@ -20,7 +20,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -40,7 +40,7 @@ def _chunks(parameters: int) -> list[int]:
     return [CHUNK_PARAMETERS] * full + ([rest] if rest else [])
 
 
-def _adam(sizes: list[int], *, device: torch.device, dtype: torch.dtype):  # noqa: ANN202 - MasterWeightAdam
+def _adam(sizes: list[int], *, device: torch.device, dtype: torch.dtype):  # MasterWeightAdam
     from profilers._training_run import MasterWeightAdam
 
     weights = [torch.nn.Parameter(torch.randn(n, device=device, dtype=dtype) * 0.02) for n in sizes]
@@ -64,7 +64,7 @@ def update_points(
         grads = [torch.randn(n, device=device, dtype=dtype) for n in sizes]
         mains = [master.grad for master in optimizer.masters]
 
-        def accumulate() -> None:
+        def accumulate(mains: list = mains, grads: list = grads) -> None:
             for main, grad in zip(mains, grads):
                 main.add_(grad)
 
@@ -165,7 +165,7 @@ def pipeline_micro_batch_seconds(*, device: torch.device, warmup: int, repeats: 
         schedule = Schedule1F1B(stage, n_microbatches=micro_batches, loss_fn=lambda out, target: (out - target).square().mean())
         batch = torch.randn((micro_batches,) + shape[1:], device=device)
 
-        def step() -> None:
+        def step(schedule: Schedule1F1B = schedule, batch: torch.Tensor = batch) -> None:
             if rank == 0:
                 schedule.step(batch)
             elif rank == world - 1:

@@ -8,7 +8,7 @@ otherwise ``num_processes`` gloo/default-backend ranks are forked on this host
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from profilers._ops import ProfileGrid
 from topology import HardwareProfile

@@ -16,8 +16,8 @@ Work per call (the x axis of every curve):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -62,7 +62,7 @@ class ProfileGrid(BaseModel):
         return value
 
     @classmethod
-    def preset(cls, name: str) -> "ProfileGrid":
+    def preset(cls, name: str) -> ProfileGrid:
         """``tiny`` (tests, seconds), ``cpu`` (a minute or two), ``gpu`` (a few minutes)."""
         presets = {"tiny": _TINY, "cpu": _CPU, "gpu": _GPU}
         if name not in presets:
@@ -157,7 +157,7 @@ def _memory_points(elements: int, norm_dtype: str = "fp32") -> list[Point]:
     dtype = TORCH_DTYPES[norm_dtype]
 
     def build_norm(device: torch.device) -> Callable[[], object]:
-        from autoparallel.runtime._model import RMSNorm
+        from autoparallel.runtime import RMSNorm
 
         norm = RMSNorm(width, device=device, dtype=dtype)
         x = torch.randn(elements // width, width, device=device, dtype=dtype, requires_grad=True)

@@ -21,7 +21,7 @@ def _pair(width: int) -> nn.Module:
     return nn.Sequential(nn.Linear(width, 2 * width, bias=False), nn.Linear(2 * width, width, bias=False))
 
 
-def _fwd_bwd(module: nn.Module, x: torch.Tensor):  # noqa: ANN202
+def _fwd_bwd(module: nn.Module, x: torch.Tensor):
     def call() -> None:
         module(x).sum().backward()
 
@@ -40,7 +40,11 @@ def sharded_module_overhead_s(
     Use the wall clock: the split synchronizes the ranks twice per pair, and waiting for the
     slower rank is part of what a sharded layer costs."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
     world = dist.get_world_size()
     mesh = init_device_mesh(device.type, (world,))

@@ -22,13 +22,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Callable, Iterator, Literal
+from collections.abc import Callable, Iterator
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from cost_model import Axis, Calibration, Layout, ParallelConfig, StepMeasurement, axis_degrees, calibrate, estimate
-from cost_model._common import op_time_s
+from cost_model import (
+    Axis,
+    Calibration,
+    Layout,
+    ParallelConfig,
+    StepMeasurement,
+    axis_degrees,
+    calibrate,
+    estimate,
+    op_time_s,
+)
 from profilers._step import StepReport, _peak_rise_bytes, merge_reports
 from profilers._timing import cache_flusher, current_device, measure
 from profilers._training_run import TORCH_DTYPES, TrainingSetup, build_model, measure_training
@@ -193,7 +203,7 @@ def device_config(setup: TrainingSetup) -> ParallelConfig:
     return ParallelConfig(micro_batch_size=setup.batch_sequences)
 
 
-def plan_for(*, setup: TrainingSetup, cluster: Cluster, config: ParallelConfig):  # noqa: ANN201 - ShardingPlan
+def plan_for(*, setup: TrainingSetup, cluster: Cluster, config: ParallelConfig):  # ShardingPlan
     """The ``ShardingPlan`` the planner writes for ``config`` (stages, meshes, rules, prediction)."""
     from autoparallel.plan import build_plan
 
@@ -207,11 +217,11 @@ def _measured_step(reports: list[StepReport], clock: str) -> tuple[float, float]
     return max(times), max(r.peak_memory_bytes or 0.0 for r in reports)
 
 
-def _predicted_s(breakdown, clock: str) -> float:  # noqa: ANN001 - CostBreakdown
+def _predicted_s(breakdown, clock: str) -> float:  # CostBreakdown
     return breakdown.step_time_s - (breakdown.time_s.get("bubble", 0.0) if clock == "cpu" else 0.0)
 
 
-def _step_result(stage, name: str, setup: TrainingSetup, cluster: Cluster, config: ParallelConfig,  # noqa: ANN001
+def _step_result(stage, name: str, setup: TrainingSetup, cluster: Cluster, config: ParallelConfig,
                  reports: list[StepReport], calibration: Calibration | None, clock: str) -> StageResult:
     spec, workload = setup.spec(), setup.workload(config)
     raw = estimate(spec, cluster, workload, config, **ESTIMATE_OPTIONS)
@@ -322,7 +332,7 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def _run_plan(setup: TrainingSetup, plan, timeout_s: float) -> list[StepReport]:  # noqa: ANN001 - ShardingPlan
+def _run_plan(setup: TrainingSetup, plan, timeout_s: float) -> list[StepReport]:  # ShardingPlan
     from autoparallel.runtime import run_ranks
 
     return run_ranks(_plan_rank, plan.world_size, args=(setup, plan.model_dump_json()), timeout_s=timeout_s)

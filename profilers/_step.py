@@ -19,8 +19,8 @@ import statistics
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -91,7 +91,7 @@ class _RssSampler:
         self.interval_s, self.peak, self._stop = interval_s, 0.0, threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> "_RssSampler":
+    def __enter__(self) -> _RssSampler:
         if os.path.exists("/proc/self/statm"):
             self.peak = _rss_bytes()
             self._thread = threading.Thread(target=self._run, daemon=True)
@@ -208,7 +208,7 @@ class StepProfiler:
             if any(fnmatch.fnmatchcase(name, pattern) for pattern in router_patterns)
         ]
 
-    def __enter__(self) -> "StepProfiler":
+    def __enter__(self) -> StepProfiler:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -320,7 +320,7 @@ def merge_reports(reports: list[StepReport]) -> StepReport:
         keys = dict.fromkeys(key for report in reports for key in getattr(report, name))
         return {key: tuple(v for report in reports for v in getattr(report, name).get(key, ())) for key in keys}
 
-    def largest(values) -> float | None:  # noqa: ANN001
+    def largest(values) -> float | None:
         present = [v for v in values if v is not None]
         return max(present) if present else None
 

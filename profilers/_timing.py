@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -110,7 +110,7 @@ def _summary(samples: list[float], repeats: int) -> Timing:
                   p90_s=_percentile(samples, 0.9), repeats=repeats)
 
 
-def _measure_each(fn, before_each, *, device: torch.device, warmup: int, repeats: int, now) -> Timing:  # noqa: ANN001
+def _measure_each(fn, before_each, *, device: torch.device, warmup: int, repeats: int, now) -> Timing:
     for _ in range(warmup):
         before_each()
         fn()

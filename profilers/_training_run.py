@@ -108,7 +108,7 @@ def build_model(setup: TrainingSetup) -> nn.Module:
     return model
 
 
-def measure_training(setup: TrainingSetup, *, plan=None) -> StepReport:  # noqa: ANN001 - ShardingPlan
+def measure_training(setup: TrainingSetup, *, plan=None) -> StepReport:  # ShardingPlan
     """Train ``setup`` for warm-up, timed and one profiled step on this rank; return its report.
 
     With ``plan``, the model goes through ``autoparallel.apply_plan`` first (call inside a
@@ -149,18 +149,18 @@ def _plain_step(model: nn.Module, ids, targets, profiler: StepProfiler) -> None:
         loss.backward()
 
 
-def _pipeline_step(pipeline, ids, targets, profiler: StepProfiler) -> None:  # noqa: ANN001
+def _pipeline_step(pipeline, ids, targets, profiler: StepProfiler) -> None:
     with profiler.phase("forward_backward"):
         pipeline.step(ids if pipeline.is_first else None, targets=targets if pipeline.is_last else None)
 
 
-def _run_phases(step_fn, optimizer: MasterWeightAdam, profiler: StepProfiler) -> None:  # noqa: ANN001
+def _run_phases(step_fn, optimizer: MasterWeightAdam, profiler: StepProfiler) -> None:
     step_fn(profiler)
     with profiler.phase("optimizer"):
         optimizer.step()
 
 
-def _one_step(step_fn, optimizer: MasterWeightAdam, profiler: StepProfiler, *, timed: bool) -> None:  # noqa: ANN001
+def _one_step(step_fn, optimizer: MasterWeightAdam, profiler: StepProfiler, *, timed: bool) -> None:
     if not timed:
         scratch = StepProfiler(modules=[], device=profiler.device)
         _run_phases(step_fn, optimizer, scratch)

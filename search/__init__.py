@@ -13,14 +13,26 @@ shared by several workers; Optuna Dashboard opens it: ``optuna-dashboard sqlite:
 priced layout, its metrics and violations.
 """
 
-from search._candidate import Candidate, SearchResult
+from search._candidate import Candidate, SearchResult, layout_at
 from search._disaggregation import DisaggregatedResult, find_disaggregated
+from search._engines import (
+    LayoutContext,
+    engine_data,
+    engine_info,
+    engine_search_settings,
+    resolve_version,
+    rules_for,
+    version_key,
+    violated_rules,
+)
 from search._exhaustive import ExhaustiveResult, exhaustive_search, regret
-from search._objective import METRICS, Objective, resolve_objective
-from search._space import SearchBounds, SearchSpace
+from search._feasibility import smallest_feasible_devices
+from search._objective import METRICS, Objective, resolve_objective, simulate_top_k
+from search._space import SearchBounds, SearchSpace, config_from_row, row_extras, select
 from search._storage import database_url, open_storage
 from search._study import SearchSettings, find_plan
 from search._study_job import StudyJob, load_study_job
+from search._workers import run_workers
 
 __all__ = [
     "Candidate",
@@ -41,4 +53,20 @@ __all__ = [
     "open_storage",
     "regret",
     "resolve_objective",
+    # Engine rules, table rows and the planner's building blocks.
+    "LayoutContext",
+    "config_from_row",
+    "engine_data",
+    "engine_info",
+    "engine_search_settings",
+    "layout_at",
+    "resolve_version",
+    "row_extras",
+    "rules_for",
+    "run_workers",
+    "select",
+    "simulate_top_k",
+    "smallest_feasible_devices",
+    "version_key",
+    "violated_rules",
 ]

@@ -21,8 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from cost_model import ParallelConfig
-from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES
+from cost_model import RECOMPUTE_CODES, SCHEDULE_CODES, ParallelConfig
 
 _RULES_PATH = Path(__file__).resolve().parents[1] / "cost_model" / "data" / "engine_rules.json"
 _CODES = {"pipeline_schedule": SCHEDULE_CODES, "recompute": RECOMPUTE_CODES}
@@ -168,9 +167,10 @@ def _length(table: Mapping[str, np.ndarray]) -> int:
 
 def _names(table: Mapping[str, np.ndarray], context: LayoutContext) -> dict[str, Any]:
     length = _length(table)
-    column = lambda name, default: (
-        np.asarray(table[name]) if name in table else np.full(length, default)
-    )
+
+    def column(name: str, default: Any) -> np.ndarray:
+        return np.asarray(table[name]) if name in table else np.full(length, default)
+
     names: dict[str, Any] = {name: column(name, _DEFAULTS[name]) for name in _DEFAULTS}
     names.update({name: np.asarray(values) for name, values in table.items()})
     names["two_batch_overlap"] = column("two_batch_overlap", False).astype(bool)

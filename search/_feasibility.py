@@ -70,7 +70,7 @@ def smallest_feasible_devices(
     return None
 
 
-def _bisect(fits, *, below: int, above: int) -> int:  # noqa: ANN001
+def _bisect(fits, *, below: int, above: int) -> int:
     """Smallest size in (below, above] that fits, assuming fit is monotone in the size."""
     while above - below > 1:
         middle = (below + above) // 2

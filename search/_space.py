@@ -20,14 +20,26 @@ kept once, in a canonical form.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Literal
+from collections.abc import Callable, Iterator
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from cost_model import Inference, ModelSpec, ParallelConfig, Training, check_parallel_config, check_sequence_fits
-from cost_model._rules import minimum_redundant_experts
-from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES, table_from_columns, table_row
+from cost_model import (
+    RECOMPUTE_CODES,
+    SCHEDULE_CODES,
+    Inference,
+    ModelSpec,
+    ParallelConfig,
+    PipelineSchedule,
+    Training,
+    check_parallel_config,
+    check_sequence_fits,
+    minimum_redundant_experts,
+    table_from_columns,
+    table_row,
+)
 from search._engines import restrict_switches
 
 Table = dict[str, np.ndarray]
@@ -35,7 +47,7 @@ Table = dict[str, np.ndarray]
 MESH_AXES = ("tp", "pp", "cp", "ep", "etp")
 """Axes the study samples; ``dp`` is derived as ``world / (tp * pp * cp)``."""
 
-PIPELINE_SCHEDULES = ("gpipe", "1f1b", "zero_bubble")
+PIPELINE_SCHEDULES: tuple[PipelineSchedule, ...] = ("gpipe", "1f1b", "zero_bubble")
 
 
 class SearchBounds(BaseModel):
@@ -155,6 +167,18 @@ class SearchSpace:
         self.mesh = select(self.mesh, self.switch_counts() > 0)
         self.axis_choices = {axis: sorted(set(self.mesh[axis].tolist())) for axis in (*MESH_AXES, "attention_data_parallel")}
 
+    @property
+    def training(self) -> Training:
+        """The workload, where the caller has checked ``is_training``."""
+        assert isinstance(self.workload, Training), "a training switch asked of a serving space"
+        return self.workload
+
+    @property
+    def inference(self) -> Inference:
+        """The workload, where the caller has checked ``not is_training``."""
+        assert isinstance(self.workload, Inference), "a serving switch asked of a training space"
+        return self.workload
+
     # -- sizes
     @property
     def num_meshes(self) -> int:
@@ -178,7 +202,7 @@ class SearchSpace:
             part = cross(mesh_row, switches)
             part["mesh_index"] = np.full(_rows(part), index, dtype=np.int64)
             parts.append(part)
-        return table_from_columns(**concat(parts))
+        return table_from_columns(None, **concat(parts))
 
     def iter_chunks(self, *, max_rows: int = 200_000) -> Iterator[Table]:
         """The whole space, in tables of at most about ``max_rows`` rows."""
@@ -231,7 +255,7 @@ def row_extras(table: Table, index: int) -> dict:
     skip = set(ParallelConfig.model_fields) | {"mesh_index"}
     extras = {k: (v[index].item() if hasattr(v[index], "item") else v[index]) for k, v in table.items() if k not in skip}
     if "kv_dtype" in extras:
-        from cost_model._serving_columns import KV_DTYPE_CODES, PHASE_CODES
+        from cost_model import KV_DTYPE_CODES, PHASE_CODES
 
         extras["kv_dtype"] = {code: name for name, code in KV_DTYPE_CODES.items()}[int(extras["kv_dtype"])]
         extras["phase"] = {code: name for name, code in PHASE_CODES.items()}[int(extras.get("phase", 0))]
@@ -241,7 +265,8 @@ def row_extras(table: Table, index: int) -> dict:
 # ---------------------------------------------------------------------------- empty spaces
 def factorization(n: int) -> str:
     """``1000`` -> ``"2^3·5^3"`` (``"1"`` for 1)."""
-    factors, divisor = {}, 2
+    factors: dict[int, int] = {}
+    divisor = 2
     while divisor * divisor <= n:
         while n % divisor == 0:
             factors[divisor] = factors.get(divisor, 0) + 1
@@ -261,7 +286,7 @@ def empty_space_reason(space: SearchSpace) -> str:
         return f"{head}: every mesh breaks a rule of cost_model._rules (heads, experts, layers against the world size)"
     if not space.is_training:
         return f"{head}: no serving setting (batch, KV dtype, redundant experts) is legal on any of its meshes"
-    batch = space.workload.global_batch_sequences
+    batch = space.training.sequences_per_step
     meshes = space._rule_legal_meshes
     missing = meshes["dp"] // np.gcd(meshes["dp"], batch)
     closest = int(np.argmin(missing))
@@ -273,7 +298,7 @@ def empty_space_reason(space: SearchSpace) -> str:
         f"{head}: the global batch of {batch} sequences ({factorization(batch)}) must split evenly over dp, "
         f"and every mesh the model allows leaves dp a factor {factorization(factor)} the batch lacks "
         f"(closest: tp{tp} pp{pp} cp{cp} leaves dp {dp}; tp is at most {max(space.axis_values('tp'))}, "
-        f"pp at most {space.model.num_layers} stages, cp must divide the {space.workload.sequence_length_tokens}-token sequence); "
+        f"pp at most {space.model.num_layers} stages, cp must divide the {space.training.sequence_length_tokens}-token sequence); "
         f"use a global batch that is a multiple of {int(np.lcm(batch, factor))} sequences, or fewer devices"
     )
 
@@ -338,7 +363,7 @@ def _mesh_legal(space: SearchSpace, table: Table) -> np.ndarray:
             num_redundant_experts=0 if space.is_training else None,  # serving: EPLB slots fill the ranks
         ),
     )
-    sequence = space.workload.sequence_length_tokens if space.is_training else space.workload.prompt_tokens
+    sequence = space.training.sequence_length_tokens if space.is_training else space.inference.prompt_tokens
     legal &= legal_by_rule(table, ("cp",), lambda cp: check_sequence_fits(ParallelConfig(cp=cp), sequence))
     return legal
 
@@ -352,7 +377,7 @@ def _pipeline_options(space: SearchSpace, pp: int) -> Table:
     """(schedule, virtual_stages) pairs legal for ``pp``; with pp == 1 the schedule is moot: keep 1f1b."""
     if pp == 1:
         return {"pipeline_schedule": np.array([SCHEDULE_CODES["1f1b"]]), "virtual_stages": np.array([1], dtype=np.int64)}
-    schedules = list(PIPELINE_SCHEDULES) + ["interleaved_1f1b"] * len(space.bounds.virtual_stage_choices)
+    schedules: list[PipelineSchedule] = list(PIPELINE_SCHEDULES) + ["interleaved_1f1b"] * len(space.bounds.virtual_stage_choices)
     stages = [1] * len(PIPELINE_SCHEDULES) + list(space.bounds.virtual_stage_choices)
     keep = []
     for schedule, virtual in zip(schedules, stages):
@@ -375,7 +400,7 @@ def _sequence_parallel_choices(space: SearchSpace, tp: int, cp: int) -> list[boo
         try:
             config = ParallelConfig(tp=tp, cp=cp, sequence_parallel=sp)
             check_parallel_config(config, space.model)
-            check_sequence_fits(config, space.workload.sequence_length_tokens)
+            check_sequence_fits(config, space.training.sequence_length_tokens)
             choices.append(sp)
         except ValueError:
             pass
@@ -386,7 +411,7 @@ def _micro_batch_choices(space: SearchSpace, dp: int) -> list[int]:
     sizes = []
     for size in powers_of_two_up_to(space.bounds.max_micro_batch_size):
         try:
-            ParallelConfig(dp=dp, micro_batch_size=size).num_micro_batches(space.workload.global_batch_sequences)
+            ParallelConfig(dp=dp, micro_batch_size=size).num_micro_batches(space.training.sequences_per_step)
             sizes.append(size)
         except ValueError:
             pass
@@ -407,15 +432,15 @@ def _training_switches(space: SearchSpace, *, dp: int, tp: int, pp: int, cp: int
 def kv_dtype_choices(space: SearchSpace) -> list[str]:
     if space.bounds.kv_dtypes is not None:
         return list(space.bounds.kv_dtypes)
-    return sorted({space.workload.kv_dtype, "fp8"}, key=["fp32", "bf16", "fp16", "fp8", "fp4", "int8", "int4"].index)
+    return sorted({space.inference.kv_dtype, "fp8"}, key=["fp32", "bf16", "fp16", "fp8", "fp4", "int8", "int4"].index)
 
 
 def _inference_switches(space: SearchSpace, *, tp: int, pp: int, ep: int) -> Table:
     """Batch size per attention replica (0 = the largest that memory and the SLOs allow, or what a
     fixed ``concurrency`` needs), KV dtype (cost-model codes), redundant experts, two-batch overlap."""
-    from cost_model._serving_columns import KV_DTYPE_CODES
+    from cost_model import KV_DTYPE_CODES
 
-    bounds, workload = space.bounds, space.workload
+    bounds, workload = space.bounds, space.inference
     sweep = bounds.batch_size_sweep and workload.concurrency is None
     batches = [0] + powers_of_two_up_to(bounds.max_batch_size) if sweep else [0]
     table = _column("batch_size", batches, np.int64)
@@ -425,7 +450,7 @@ def _inference_switches(space: SearchSpace, *, tp: int, pp: int, ep: int) -> Tab
         fewest = minimum_redundant_experts(num_experts=space.model.moe.num_routed_experts, ep=ep)
         redundant = sorted({fewest + m * ep for m in bounds.redundant_expert_multiples})
     table = cross(table, _column("num_redundant_experts", redundant, np.int64))
-    from cost_model._serving_columns import PHASE_CODES
+    from cost_model import PHASE_CODES
 
     overlap = [False, True] if bounds.two_batch_overlap and (tp > 1 or ep > 1) else [False]
     table = cross(table, _column("two_batch_overlap", overlap, bool))

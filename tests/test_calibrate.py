@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
-
-from cost_model import Calibration, ParallelConfig, StepMeasurement, Training, calibrate, estimate
-from profilers import cluster_from_profile
 from test_profilers_profile import profile_document
-from topology import HardwareProfile, get_preset
 
 from autoparallel import get_model
+from cost_model import Calibration, ParallelConfig, StepMeasurement, Training, calibrate, estimate
+from profilers import cluster_from_profile
+from topology import HardwareProfile, get_preset
 
 MODEL = get_model("tiny-moe")
 

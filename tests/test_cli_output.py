@@ -133,7 +133,7 @@ def test_plan_json_is_the_written_plan(tmp_path, capsys):
     assert document["plan"] == json.loads(path.read_text())
 
 
-def _render_at_80(module, call) -> str:  # noqa: ANN001
+def _render_at_80(module, call) -> str:
     console = Console(width=80, record=True, file=io.StringIO())
     module.console = console
     call()

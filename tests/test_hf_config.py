@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from autoparallel._catalog import catalog_config
 from cost_model import AttentionSpec, ModelSpec, MoESpec
 from cost_model._hf_config import SUPPORTED_MODEL_TYPES

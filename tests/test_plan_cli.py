@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import autoparallel as ap
-from autoparallel.export import FORMATS
 from autoparallel.cli import main
+from autoparallel.export import FORMATS
 from autoparallel.schema import validate_plan_document
 
 REPO = Path(__file__).resolve().parents[1]

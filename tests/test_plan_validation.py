@@ -24,7 +24,8 @@ from autoparallel.plan import PlanError
 from autoparallel.testing import plan_for_config
 from cost_model import ParallelConfig
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "autoparallel" / "schema" / "examples"
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "autoparallel" / "schema" / "examples"
 INFERENCE = (
     EXAMPLES / "ref-3t-moe_inference_gb200-nvl72.json"
 ).read_text()  # 72 ranks: tp2 pp3 dp12 ep24
@@ -716,7 +717,7 @@ def test_a_corrupt_plan_exits_2_from_the_installed_command(tmp_path: Path) -> No
 
     path = tmp_path / "plan.json"
     path.write_text(_edited(INFERENCE, _layout(tp=3, dp=8, ep=24)))
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), COLUMNS="200")
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="200")
     done = subprocess.run(
         [sys.executable, "-m", "autoparallel.cli", "export", str(path), "--format", "sglang"],
         env=env,

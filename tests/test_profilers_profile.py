@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from profilers import cluster_from_profile, fit_link
 from topology import HardwareProfile, HardwareSpec, MeasuredCurve, get_preset, load_hardware_profile
@@ -27,7 +28,9 @@ def profile_document(device_type: str = "cpu") -> dict:
     gemm_rates = [1e8, 5e9, 4e10, 5e10]
     alpha, bandwidth = 2e-4, 1e9
     sizes = [4096.0, 65536.0, 1048576.0, 8388608.0]
-    ring = lambda n, s: 2 * (n - 1) * alpha + 2 * (n - 1) / n * s / bandwidth  # noqa: E731
+    def ring(n: int, s: float) -> float:
+        return 2 * (n - 1) * alpha + 2 * (n - 1) / n * s / bandwidth
+
     return {
         "device_type": device_type,
         "device_name": "Test CPU" if device_type == "cpu" else "NVIDIA Test GPU",
@@ -156,7 +159,7 @@ def test_profile_is_hashable_and_frozen():
     profile = HardwareProfile.model_validate(profile_document())
     spec = HardwareSpec.from_profile(profile)
     assert hash(spec) == hash(HardwareSpec.from_profile(copy.deepcopy(profile)))
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         profile.kernel_overhead_s = 1.0  # type: ignore[misc]
 
 
@@ -222,7 +225,7 @@ def _host(**values) -> dict:
     return {**base, **values}
 
 
-def _tiny_estimate(profile: HardwareProfile, config=None, **options):  # noqa: ANN001, ANN202
+def _tiny_estimate(profile: HardwareProfile, config=None, **options):
     from autoparallel import get_model
     from cost_model import ParallelConfig, Training, estimate
 

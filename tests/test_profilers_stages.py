@@ -14,7 +14,14 @@ from autoparallel.cli import main as cli_main
 from cost_model import ParallelConfig, estimate
 from profilers import cluster_from_profile, profile_hardware
 from profilers._ops import ProfileGrid
-from profilers._stages import ESTIMATE_OPTIONS, StagedReport, check_op, device_config, plan_for, run_stages
+from profilers._stages import (
+    ESTIMATE_OPTIONS,
+    StagedReport,
+    check_op,
+    device_config,
+    plan_for,
+    run_stages,
+)
 from profilers._training_run import TrainingSetup, measure_training
 
 TINY_SETUP = TrainingSetup(hidden_size=32, num_layers=2, sequence_tokens=16, batch_sequences=2, steps=1, warmup_steps=1)

@@ -11,7 +11,14 @@ from torch import nn
 
 from autoparallel.cli import main as cli_main
 from autoparallel.testing import run_ranks
-from profilers import ProfileGrid, StepProfiler, launch_profile, live_tensor_bytes, measure, profile_hardware
+from profilers import (
+    ProfileGrid,
+    StepProfiler,
+    launch_profile,
+    live_tensor_bytes,
+    measure,
+    profile_hardware,
+)
 from topology import HardwareSpec, load_hardware_profile
 
 TINY = ProfileGrid.preset("tiny")

@@ -244,7 +244,7 @@ def reshard_case(rank: int, world_size: int, plan_json: str, root: str, role: st
     return {"logits": logits, "dp": applied.meshes.coordinate("dp")}
 
 
-def _gathered_logits(results) -> "np.ndarray":
+def _gathered_logits(results) -> np.ndarray:
     pieces = {}
     for result in results:
         if result["logits"] is not None:

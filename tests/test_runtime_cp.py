@@ -89,7 +89,9 @@ def _cp_rank(rank: int, world_size: int, config_fields: dict, spec_fields: dict,
     tokens = torch.randint(0, spec.vocab_size, shape, generator=generator)
     targets = torch.randint(0, spec.vocab_size, shape, generator=generator)
 
-    loss_fn = lambda logits, target: F.cross_entropy(logits.flatten(0, 1), target.flatten())  # noqa: E731
+    def loss_fn(logits, target):
+        return F.cross_entropy(logits.flatten(0, 1), target.flatten())
+
     applied = apply_plan(model, plan, loss_fn=loss_fn, num_micro_batches=2 if config.pp > 1 else None)
     if broken:
         _break_positions(applied)
@@ -212,7 +214,12 @@ def test_sequence_length_not_a_multiple_of_2cp_is_rejected():
 
 
 def test_generation_under_context_parallel_is_a_clear_error():
-    from autoparallel.runtime import KVCache, ReferenceMoETransformer, check_plan_fits, tiny_reference_spec
+    from autoparallel.runtime import (
+        KVCache,
+        ReferenceMoETransformer,
+        check_plan_fits,
+        tiny_reference_spec,
+    )
     from autoparallel.runtime._context_parallel import ContextParallel
     from autoparallel.runtime._model import Attention
     from autoparallel.testing import plan_for_config

@@ -11,10 +11,10 @@ from __future__ import annotations
 import copy
 
 import pytest
+from test_runtime_ep import GRAD_RTOL, make_plan
 
 from autoparallel.testing import run_ranks
 from cost_model import ParallelConfig
-from test_runtime_ep import GRAD_RTOL, make_plan
 
 HIDDEN, FFN, EXPERTS, TOP_K, TOKENS = 16, 8, 8, 2, 24
 

@@ -22,7 +22,6 @@ import torch
 import autoparallel as ap
 from cost_model import ParallelConfig
 
-
 WORLD_SIZE = 1024
 CONFIG = ParallelConfig(pp=8, dp=16, tp=8, ep=64, etp=2, sequence_parallel=True, zero_stage=0, pipeline_schedule="1f1b")
 BYTES_PER_PARAMETER = 2  # bf16 weights
@@ -106,7 +105,9 @@ def _apply_on_rank(rank: int, spec, plan, expected_shape) -> dict:
     dist.init_process_group("fake", rank=rank, world_size=WORLD_SIZE, store=FakeStore())
     try:
         model = build_for_rank(spec, plan, rank=rank, device="meta")
-        loss_fn = lambda logits, target: F.cross_entropy(logits.flatten(0, 1), target.flatten())  # noqa: E731
+        def loss_fn(logits, target):
+            return F.cross_entropy(logits.flatten(0, 1), target.flatten())
+
         applied = apply_plan(model, plan, loss_fn=loss_fn, num_micro_batches=8)
         mismatches, local_elements, experts, names = [], 0, {}, []
         for name, parameter in applied.module.named_parameters():
@@ -138,7 +139,7 @@ def _apply_on_ranks(ranks: list[int], spec, plan, global_shapes) -> list[dict]:
     """One worker's ranks. Cyclic garbage collection runs every 32 ranks instead of whenever its
     thresholds trip (each rank makes ~3,000 process groups; automatic passes cost ~15%)."""
 
-    @functools.lru_cache(maxsize=None)  # ranks of one stage share names
+    @functools.cache  # ranks of one stage share names
     def expected_shape(name: str) -> tuple[int, ...]:
         return _expected_local_shape(name, global_shapes[_global_name(name, spec)], plan.config)
 

@@ -28,7 +28,12 @@ def _predicted_kv_bytes_per_rank(spec, config, *, sequences: int, context_tokens
 def _generate_rank(rank: int, world_size: int, config_fields: dict, spec_fields: dict) -> dict:
     import torch
 
-    from autoparallel.runtime import ReferenceMoETransformer, apply_plan, greedy_generate, tiny_reference_spec
+    from autoparallel.runtime import (
+        ReferenceMoETransformer,
+        apply_plan,
+        greedy_generate,
+        tiny_reference_spec,
+    )
     from autoparallel.testing import plan_for_config
     from cost_model import Inference, ParallelConfig
 

@@ -82,7 +82,9 @@ def _parity_rank(rank: int, world_size: int, config_fields: dict, spec_fields: d
     tokens = torch.randint(0, spec.vocab_size, (batch, SEQUENCE_TOKENS), generator=generator)
     targets = torch.randint(0, spec.vocab_size, (batch, SEQUENCE_TOKENS), generator=generator)
 
-    loss_fn = lambda logits, target: F.cross_entropy(logits.flatten(0, 1), target.flatten())  # noqa: E731
+    def loss_fn(logits, target):
+        return F.cross_entropy(logits.flatten(0, 1), target.flatten())
+
     applied = apply_plan(model, plan, loss_fn=loss_fn, num_micro_batches=2 if config.pp > 1 else None)
     _break(applied, broken)
     dp_index = applied.meshes.coordinate("dp")

@@ -7,10 +7,10 @@ the plan names. The rank-side harness is ``test_runtime_ep.check_case``.
 from __future__ import annotations
 
 import pytest
+from test_runtime_ep import assert_equal_to_reference, check_case, fresh_models, make_plan
 
 from autoparallel.testing import run_ranks
 from cost_model import ParallelConfig
-from test_runtime_ep import assert_equal_to_reference, check_case, fresh_models, make_plan
 
 
 def _run(plan, **options):
@@ -41,10 +41,9 @@ def test_pipeline_equals_reference(config: ParallelConfig) -> None:
 
 def test_uneven_stages_follow_the_plan() -> None:
     """tiny-moe's 4 layers on 3 chunks: the middle chunk holds two layers, each end one."""
+    import autoparallel as ap
     from autoparallel.runtime import ReferenceMoETransformer
     from autoparallel.runtime._pipeline import split_stage_modules
-
-    import autoparallel as ap
 
     plan = make_plan(ParallelConfig(pp=3))
     spec = ap.get_model("tiny-moe")
@@ -59,10 +58,9 @@ def test_uneven_stages_follow_the_plan() -> None:
 
 
 def test_interleaved_chunks_share_the_model_and_drop_other_ranks_layers() -> None:
+    import autoparallel as ap
     from autoparallel.runtime import ReferenceMoETransformer
     from autoparallel.runtime._pipeline import split_stage_modules
-
-    import autoparallel as ap
 
     plan = make_plan(ParallelConfig(pp=2, pipeline_schedule="interleaved_1f1b", virtual_stages=2))
     model = ReferenceMoETransformer(ap.get_model("tiny-moe"), device="meta")
@@ -85,7 +83,11 @@ def test_plan_for_another_layer_count_is_rejected() -> None:
 
 def test_schedule_and_layout_errors_name_the_rule() -> None:
     from autoparallel.runtime import ReferenceMoETransformer, tiny_reference_spec
-    from autoparallel.runtime._pipeline import build_pipeline, num_micro_batches_for, split_stage_modules
+    from autoparallel.runtime._pipeline import (
+        build_pipeline,
+        num_micro_batches_for,
+        split_stage_modules,
+    )
 
     tied = ReferenceMoETransformer(tiny_reference_spec(tie_word_embeddings=True), device="meta")
     with pytest.raises(ValueError, match=r"tied embeddings .* not supported with pp > 1"):

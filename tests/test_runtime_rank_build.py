@@ -130,7 +130,12 @@ def test_part_weights_equal_the_whole_models() -> None:
 
 
 def test_a_part_of_another_rank_is_rejected(monkeypatch) -> None:
-    from autoparallel.runtime import ReferenceMoETransformer, build_for_rank, check_plan_fits, tiny_reference_spec
+    from autoparallel.runtime import (
+        ReferenceMoETransformer,
+        build_for_rank,
+        check_plan_fits,
+        tiny_reference_spec,
+    )
 
     plan = make_plan(ParallelConfig(pp=2, dp=2, ep=2))
     spec = ap.get_model("tiny-moe")

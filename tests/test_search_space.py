@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 import autoparallel as ap
-from cost_model import Inference, ParallelConfig, Training, check_parallel_config, check_sequence_fits
+from cost_model import (
+    Inference,
+    ParallelConfig,
+    Training,
+    check_parallel_config,
+    check_sequence_fits,
+)
 from search import SearchBounds, SearchSpace
 from search._space import config_from_row, cross, divisors, row_extras
 

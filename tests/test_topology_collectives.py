@@ -144,8 +144,8 @@ def test_vectorized_over_many_layouts_and_fast() -> None:
     start = time.perf_counter()
     times = cluster.collective_time("all_to_all", group_size=groups, ranks_per_node=local, message_bytes=sizes)
     elapsed = time.perf_counter() - start
-    scalar = [cluster.collective_time("all_to_all", group_size=g, ranks_per_node=l, message_bytes=s)
-              for g, l, s in zip(groups[:200], local[:200], sizes[:200])]
+    scalar = [cluster.collective_time("all_to_all", group_size=g, ranks_per_node=r, message_bytes=s)
+              for g, r, s in zip(groups[:200], local[:200], sizes[:200])]
     np.testing.assert_allclose(times[:200], scalar)
     print(f"200k all_to_all layouts priced in {elapsed * 1e3:.0f} ms")
     assert elapsed < 2.0

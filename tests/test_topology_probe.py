@@ -146,8 +146,8 @@ def test_bad_settings_name_the_field(changes: dict, field: str) -> None:
 
 
 def test_probe_base_preset_keeps_the_scale_out_tier() -> None:
-    from topology.probe_runner import CollectiveResult, ComputeResult, _Identity, build_cluster
     from topology import DeviceLink
+    from topology.probe_runner import CollectiveResult, ComputeResult, _Identity, build_cluster
 
     links = [DeviceLink(from_device=a, to_device=b, bandwidth_bytes_per_s=3e11) for a in range(2) for b in range(2) if a != b]
     compute = [ComputeResult(rank=r, kind=kind, rate_per_s=rate, spread=0.1) for r in range(2)

@@ -3,7 +3,12 @@ collective-time model, placement, and live probes (``topology.probe``, torch imp
 
 from topology._cluster import COLLECTIVE_OPS, Cluster, DeviceLink, LinkTier
 from topology._hardware import HardwareSpec
-from topology._hardware_profile import HardwareProfile, MeasuredCurve, load_hardware_profile
+from topology._hardware_profile import (
+    HardwareProfile,
+    HostOverhead,
+    MeasuredCurve,
+    load_hardware_profile,
+)
 from topology._placement import AxisTraffic, axis_groups, mesh_comm_time, place_mesh
 from topology._presets import get_preset, list_presets, network_override, value_status
 from topology.probe_measure import ProbeRankError
@@ -18,6 +23,7 @@ __all__ = [
     "get_preset",
     "HardwareProfile",
     "HardwareSpec",
+    "HostOverhead",
     "LinkTier",
     "list_presets",
     "load_hardware_profile",

@@ -119,7 +119,7 @@ class Cluster(_Strict):
     links: tuple[DeviceLink, ...] = ()
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Cluster":
+    def _consistent(self) -> Cluster:
         if self.devices_per_node % self.devices_per_nic:
             raise ValueError(
                 f"devices_per_nic ({self.devices_per_nic}) must divide devices_per_node ({self.devices_per_node})"
@@ -250,11 +250,11 @@ class Cluster(_Strict):
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "Cluster":
+    def load(cls, path: str | Path) -> Cluster:
         """A cluster JSON file (a preset, a saved cluster, or a probe's output)."""
         return cls.model_validate_json(Path(path).read_text())
 
-    def with_nodes(self, num_nodes: int) -> "Cluster":
+    def with_nodes(self, num_nodes: int) -> Cluster:
         """The same cluster scaled to ``num_nodes`` nodes (measured links beyond it are dropped)."""
         if num_nodes <= 0:
             raise ValueError(f"num_nodes ({num_nodes}) must be > 0")
@@ -263,7 +263,7 @@ class Cluster(_Strict):
         data = self.model_dump() | {"num_nodes": num_nodes, "name": f"{self.name.split('@')[0]}@{num_nodes}n", "links": links}
         return Cluster.model_validate(data)
 
-    def with_inter_node_bandwidth(self, bandwidth_bytes_per_s: float, *, source: str = "") -> "Cluster":
+    def with_inter_node_bandwidth(self, bandwidth_bytes_per_s: float, *, source: str = "") -> Cluster:
         """The same cluster with a different scale-out bandwidth per device and direction (a slower
         or faster inter-node fabric than the preset's); the tier's efficiency and latency are kept
         and its source records the override."""

@@ -16,7 +16,7 @@ from collections import Counter
 import networkx as nx
 import numpy as np
 
-from topology._cluster import MESH_FABRICS, Cluster
+from topology._cluster import MESH_FABRICS, Cluster, DeviceLink
 from topology._collectives import GroupPath, broadcast_path, node_share
 
 _NIC_PATH_SOURCE = "assumed: the device-to-NIC PCIe path runs at the NIC's line rate (not a bottleneck)"
@@ -153,7 +153,8 @@ def _intra_bandwidth(graph: nx.DiGraph, cluster: Cluster, members: list[int]) ->
 def _measured_limits(cluster: Cluster, members: list[int]) -> tuple[float, float, float, float]:
     """Slowest measured (bandwidth, latency) among the group's pairs: inside nodes, across nodes."""
     inside = set(members)
-    intra, inter = [], []
+    intra: list[DeviceLink] = []
+    inter: list[DeviceLink] = []
     for link in cluster.links:
         if link.from_device in inside and link.to_device in inside:
             same = cluster.node_of(link.from_device) == cluster.node_of(link.to_device)

@@ -172,14 +172,14 @@ class HardwareSpec(BaseModel):
             return "hpu"
         return "cpu" if "cpu" in lowered or "xeon" in lowered or "epyc" in lowered else lowered
 
-    def with_profile(self, profile: HardwareProfile, *, force: bool = False) -> "HardwareSpec":
+    def with_profile(self, profile: HardwareProfile, *, force: bool = False) -> HardwareSpec:
         """This spec with measured curves attached; refuses another device type unless ``force``."""
         check_device_type(profile, self.resolved_device_type, force=force)
         sources = dict(self.sources, profile=profile.provenance)
         return self.model_copy(update={"profile": profile, "sources": sources})
 
     @classmethod
-    def from_profile(cls, profile: HardwareProfile, *, name: str | None = None) -> "HardwareSpec":
+    def from_profile(cls, profile: HardwareProfile, *, name: str | None = None) -> HardwareSpec:
         """A spec whose peaks are the best measured rates (a CPU, or a device without a preset).
 
         Peak FLOP/s per dtype is the fastest measured GEMM; bandwidth the fastest element-wise

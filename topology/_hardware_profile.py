@@ -19,7 +19,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-PROFILE_SCHEMA_VERSION = 1
+PROFILE_SCHEMA_VERSION: Literal[1] = 1
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -35,7 +35,7 @@ class MeasuredCurve(BaseModel):
     source: str = Field(description="'measured: <how, where, when>'")
 
     @model_validator(mode="after")
-    def _check(self) -> "MeasuredCurve":
+    def _check(self) -> MeasuredCurve:
         if not self.work:
             raise ValueError("work (()) must hold at least one point")
         for name in ("seconds", "spread") + (("labels",) if self.labels else ()):
@@ -104,7 +104,7 @@ class HostOverhead(BaseModel):
     source: str = Field(description="'measured: <how, where, when>'")
 
     @model_validator(mode="after")
-    def _check(self) -> "HostOverhead":
+    def _check(self) -> HostOverhead:
         if not self.source.startswith("measured"):
             raise ValueError(f"source ({self.source!r}) must start with 'measured'")
         return self
@@ -159,7 +159,7 @@ class HardwareProfile(BaseModel):
     host: HostOverhead | None = Field(default=None, description="per-layer, per-weight and per-micro-batch host costs")
 
     @model_validator(mode="after")
-    def _check(self) -> "HardwareProfile":
+    def _check(self) -> HardwareProfile:
         if not self.gemm:
             raise ValueError("gemm ({}) must hold at least one dtype")
         if not self.provenance.startswith("measured"):

@@ -39,7 +39,7 @@ class Timing:
     spread: float
 
     @classmethod
-    def of(cls, samples: Sequence[float]) -> "Timing":
+    def of(cls, samples: Sequence[float]) -> Timing:
         median = statistics.median(samples)
         return cls(median_s=median, spread=(max(samples) - min(samples)) / median if median > 0 else 0.0)
 
@@ -73,7 +73,7 @@ class RankMonitor:
             return step()
         except ProbeRankError:
             raise
-        except Exception as error:  # noqa: BLE001 - any transport error becomes a diagnosis
+        except Exception as error:  # any transport error becomes a diagnosis
             silent = self._diagnose(label)
             suspects = silent or [peer for peer in (peers or []) if peer != self.rank]
             cause = f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
@@ -105,7 +105,7 @@ class RankMonitor:
                 if not silent or time.monotonic() > deadline:
                     return silent
                 time.sleep(0.05)
-        except Exception:  # noqa: BLE001 - the store is gone: its host (rank 0 under fork) exited
+        except Exception:  # the store is gone: its host (rank 0 under fork) exited
             # Keep what the last poll saw; with no poll at all, the store's host is the suspect.
             return silent if silent is not None else [0]
 
@@ -117,7 +117,7 @@ class RankMonitor:
         for peer in ranks:
             try:
                 where = self._store.get(f"{self.prefix}/process/{peer}").decode()
-            except Exception:  # noqa: BLE001 - the peer never registered, or the store is gone
+            except Exception:  # the peer never registered, or the store is gone
                 continue
             peer_host, _, pid = where.rpartition(":")
             if peer_host == host and pid.isdigit() and int(pid) != os.getpid():
@@ -134,7 +134,7 @@ def _default_store():
         from torch.distributed import distributed_c10d
 
         return distributed_c10d._get_default_store()
-    except Exception:  # noqa: BLE001 - no store: failures name the peer only
+    except Exception:  # no store: failures name the peer only
         return None
 
 

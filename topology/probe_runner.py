@@ -21,6 +21,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -140,13 +141,14 @@ def probe_pairs(world_size: int, *, max_all_pairs_ranks: int = 64, sampled_peers
     all pairs up to ``max_all_pairs_ranks`` ranks, else ring neighbours plus a seeded sample."""
     if world_size <= max_all_pairs_ranks:
         return [(a, b) for a in range(world_size) for b in range(a + 1, world_size)]
-    chosen = set()
+    chosen: set[tuple[int, int]] = set()
     sampler = random.Random(world_size)
     for rank in range(world_size):
-        chosen.add(tuple(sorted((rank, (rank + 1) % world_size))))
+        neighbour = (rank + 1) % world_size
+        chosen.add((min(rank, neighbour), max(rank, neighbour)))
         for peer in sampler.sample(range(world_size), min(sampled_peers_per_rank, world_size)):
             if peer != rank:
-                chosen.add(tuple(sorted((rank, peer))))
+                chosen.add((min(rank, peer), max(rank, peer)))
     return sorted(chosen)
 
 
@@ -179,9 +181,9 @@ def probe_rank(rank: int, world_size: int, *, settings: ProbeSettings | None = N
     settings, hooks = settings or ProbeSettings(), hooks or ProbeHooks()
     device, backend = devices.device_and_backend()
     chosen = _defaults(settings, device.type, world_size)
-    run_name = [settings.run_name or datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")]
-    dist.broadcast_object_list(run_name, src=0)  # one name (and store prefix) for every rank
-    run_name = run_name[0]
+    names = [settings.run_name or datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")]
+    dist.broadcast_object_list(names, src=0)  # one name (and store prefix) for every rank
+    run_name: str = names[0]
     monitor = measure.RankMonitor(rank=rank, world_size=world_size, timeout_s=settings.operation_timeout_s,
                                   prefix=f"autoparallel-probe/{run_name}",
                                   stop_silent_local_ranks=settings.stop_silent_local_ranks)
@@ -195,11 +197,12 @@ def probe_rank(rank: int, world_size: int, *, settings: ProbeSettings | None = N
     collectives = _measure_collectives(rank, settings, chosen, groups, monitor, device, local_world, steps)
     compute = _measure_compute(rank, settings, chosen, device, steps)
     _timed_barrier(monitor, device, "finish")
-    gathered = [None] * world_size if rank == 0 else None
+    gathered: list[Any] | None = [None] * world_size if rank == 0 else None
     monitor.run("gather results", lambda: dist.gather_object((links, compute), gathered, dst=0))
     monitor.finished()
     if rank != 0:
         return None
+    assert gathered is not None  # rank 0 gathers
     all_links = [link for part, _ in gathered for link in part]
     all_compute = [row for _, part in gathered for row in part]
     identity = _Identity(run_name, backend, device.type, devices.device_name(device),
@@ -285,8 +288,8 @@ def _measure_collectives(rank, settings, chosen, groups, monitor, device, local_
                 label = f"{op} x{group_size} {size} B"
                 steps.begin(label)
                 if rank in members:
-                    samples = monitor.run(label, lambda o=op, s=size: measure.time_collective(
-                        monitor=monitor, op=o, group=group, group_size=group_size, message_bytes=s,
+                    samples = monitor.run(label, lambda o=op, s=size, g=group, n=group_size: measure.time_collective(
+                        monitor=monitor, op=o, group=g, group_size=n, message_bytes=s,
                         repeats=settings.repeats, warmup=settings.warmup, device=device), peers=members)
                     timing = measure.Timing.of(samples)
                     results.append(CollectiveResult(
@@ -388,7 +391,7 @@ def _efficiency(intra: LinkTier, collectives: list[CollectiveResult]) -> float:
 
 
 def _device(identity: _Identity, compute: list[ComputeResult], where: str, base: Cluster | None) -> HardwareSpec:
-    rates = {}
+    rates: dict[str, list[float]] = {}
     for row in compute:
         rates.setdefault(row.kind, []).append(row.rate_per_s)
     flops = {kind.removeprefix("matmul_"): statistics.median(values) for kind, values in rates.items() if kind.startswith("matmul_")}

@@ -131,7 +131,7 @@ def inter_node_bytes_per_s(args: argparse.Namespace) -> float | None:
     return args.inter_node_gbps * 1e9 / 8.0
 
 
-def with_network_override(cluster, args: argparse.Namespace):  # noqa: ANN001, ANN201 - topology.Cluster
+def with_network_override(cluster, args: argparse.Namespace):  # topology.Cluster
     """``cluster`` with ``--inter-node-gbps`` applied, if given."""
     override = inter_node_bytes_per_s(args)
     return cluster if override is None else cluster.with_inter_node_bandwidth(override, source="--inter-node-gbps")

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-
 from autoparallel._catalog import DEFAULT_MODEL, get_model, list_models
 from autoparallel.cli._render import add_json_flag, console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
-from cost_model import ModelSpec
-from cost_model._units import human_bytes, human_count
+from cost_model import ModelSpec, human_bytes, human_count
 
 
-def register(subparsers) -> None:  # noqa: ANN001
+def register(subparsers) -> None:
     models = subparsers.add_parser("models", help="list the model catalog")
     add_json_flag(models)
     models.set_defaults(func=_models)

@@ -12,10 +12,10 @@ from rich.table import Table
 
 from autoparallel.cli._args import input_file, output_file, positive_float, positive_int
 from autoparallel.cli._render import add_json_flag, console, print_json
-from cost_model._units import human_seconds
+from cost_model import human_seconds
 
 
-def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
+def register(subparsers) -> None:  # argparse's private type
     """Add this group's subcommands."""
     profile = subparsers.add_parser(
         "profile",
@@ -71,7 +71,13 @@ class _Bar:
         self._progress = self._task = None
 
     def __call__(self, done: int, total: int, label: str) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         if self._progress is None:
             self._progress = Progress(
@@ -115,7 +121,7 @@ def _profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _preset_comparison(profile, preset_name: str) -> Table:  # noqa: ANN001 - topology.HardwareProfile
+def _preset_comparison(profile, preset_name: str) -> Table:  # topology.HardwareProfile
     """Best measured GEMM rate per dtype over the preset's peak, beside the preset's efficiency,
     and the constant efficiencies ``cost_model.calibrate`` fits to the curves."""
     from cost_model import calibrate
@@ -141,7 +147,7 @@ def _rate(value: float, unit: str) -> str:
     return f"{value / 1e12:.1f} T{unit}/s" if value >= 1e12 else f"{value / 1e9:.1f} G{unit}/s"
 
 
-def _summary(profile) -> Table:  # noqa: ANN001 - topology.HardwareProfile
+def _summary(profile) -> Table:  # topology.HardwareProfile
     table = Table(title=f"Hardware profile: {profile.device_name} ({profile.device_type})")
     for column in ("curve", "points", "smallest call", "best", "spread (median)"):
         table.add_column(column, justify="left" if column == "curve" else "right")
@@ -164,7 +170,7 @@ def _summary(profile) -> Table:  # noqa: ANN001 - topology.HardwareProfile
     return table
 
 
-def _host_caption(host) -> str:  # noqa: ANN001 - topology HostOverhead or None
+def _host_caption(host) -> str:  # topology HostOverhead or None
     if host is None:
         return ""
     return (f"; host per layer (fwd+bwd) dense {human_seconds(host.dense_layer_s)}, MoE {human_seconds(host.moe_layer_s)} "
@@ -173,7 +179,7 @@ def _host_caption(host) -> str:  # noqa: ANN001 - topology HostOverhead or None
             f"per collective after compute {human_seconds(host.collective_sync_s)}")
 
 
-def _parse_plans(text: str, *, batch_sequences: int):  # noqa: ANN202 - tuple[ParallelConfig, ...]
+def _parse_plans(text: str, *, batch_sequences: int):  # tuple[ParallelConfig, ...]
     from cost_model import ParallelConfig
 
     configs = []
@@ -191,9 +197,7 @@ def _parse_plans(text: str, *, batch_sequences: int):  # noqa: ANN202 - tuple[Pa
 
 
 def _stage_check(args: argparse.Namespace) -> int:
-    from profilers import cluster_from_profile
-    from profilers._stages import run_stages
-    from profilers._training_run import TrainingSetup
+    from profilers import TrainingSetup, cluster_from_profile, run_stages
     from topology import load_hardware_profile
 
     profile = load_hardware_profile(args.profile, expected_device_type="cpu", force=args.force)
@@ -221,12 +225,12 @@ def _stage_check(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
-def _percent(value) -> str:  # noqa: ANN001
+def _percent(value) -> str:
     return "-" if value is None else f"{value:+.0%}"
 
 
-def _stage_table(report) -> Table:  # noqa: ANN001 - profilers._stages.StagedReport
-    from cost_model._units import human_bytes
+def _stage_table(report) -> Table:  # profilers._stages.StagedReport
+    from cost_model import human_bytes
 
     title = f"Staged validation on {report.cluster_name}, {report.clock} clock, {report.rounds} round(s)"
     table = Table(title=f"{title} (time tolerance 25%, memory 15%)")

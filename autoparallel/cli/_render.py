@@ -45,7 +45,7 @@ def print_json(payload: Any) -> None:
     sys.stdout.flush()
 
 
-def add_json_flag(parser) -> None:  # noqa: ANN001 - argparse.ArgumentParser
+def add_json_flag(parser) -> None:  # argparse.ArgumentParser
     """``--json``: print the command's results as one JSON document instead of tables."""
     parser.add_argument("--json", action="store_true", help="print the results as JSON (for scripts)")
 

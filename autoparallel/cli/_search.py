@@ -30,15 +30,14 @@ from autoparallel.cli._args import (
 )
 from autoparallel.cli._render import add_json_flag, console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
-from cost_model import describe_layout
 from autoparallel.cli._serving_args import add_load_arguments, load_fields
-from cost_model._units import human_bytes, human_seconds
+from cost_model import describe_layout, human_bytes, human_seconds
 
 DEFAULT_CLUSTER = "gb200-nvl72"
 DEFAULT_TRIALS = 250
 
 
-def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
+def register(subparsers) -> None:  # argparse's private type
     plan = subparsers.add_parser("plan", help="search the best parallel layout and write plan.json")
     _plan_arguments(plan)
     plan.set_defaults(func=_plan)
@@ -96,7 +95,7 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
 _JOB_ARGUMENTS = ("model", "cluster", "nodes", "training", "objective", "sequence_length", "global_batch_tokens", "prompt_tokens", "output_tokens")
 
 
-def _workload(args: argparse.Namespace):  # noqa: ANN202
+def _workload(args: argparse.Namespace):
     from cost_model import Inference, Training
 
     if args.training:
@@ -179,7 +178,7 @@ def _seconds_from_ms(text: str) -> float:
     return non_negative_float(text) / 1e3
 
 
-def _write(plan, output: Path, *, cluster, as_json: bool = False) -> int:  # noqa: ANN001
+def _write(plan, output: Path, *, cluster, as_json: bool = False) -> int:
     path = plan.save(output)
     if as_json:
         print_json({"output": str(path), "plan": json.loads(plan.to_json())})
@@ -207,7 +206,7 @@ def _write(plan, output: Path, *, cluster, as_json: bool = False) -> int:  # noq
     return 0
 
 
-def deployment_line(plan) -> str:  # noqa: ANN001
+def deployment_line(plan) -> str:
     """Colocated vs disaggregated serving, when the plan priced both."""
     deployment = plan.deployment
     if not deployment.pools:
@@ -236,7 +235,7 @@ def _counts(counts: dict) -> str:
     return ", ".join(parts) or "none"
 
 
-def describe_config(config, serving=None) -> str:  # noqa: ANN001
+def describe_config(config, serving=None) -> str:
     """Compact one-line layout: ``tp4 pp2 dp8 ep32 etp1 sp zero1 1f1b mb1``."""
     c = config
     words = [f"tp{c.tp}", f"pp{c.pp}", f"dp{c.dp}"]
@@ -253,11 +252,11 @@ def describe_config(config, serving=None) -> str:  # noqa: ANN001
     return " ".join(words)
 
 
-def _seconds(value) -> str:  # noqa: ANN001
+def _seconds(value) -> str:
     return "-" if value is None else human_seconds(value)
 
 
-def plan_table(plan) -> Table:  # noqa: ANN001
+def plan_table(plan) -> Table:
     """The best layout and the runners-up: config, TTFT and TPOT (inference) or step time and MFU
     (training), tokens/s per device, memory per device, bottleneck."""
     inference = plan.serving is not None
@@ -302,7 +301,7 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _explanation(plan) -> dict:  # noqa: ANN001
+def _explanation(plan) -> dict:
     """What ``explain`` prints, as data: the layout, its predicted cost and why the others lost."""
     cost = plan.predicted
     return {
@@ -320,7 +319,7 @@ def _explanation(plan) -> dict:  # noqa: ANN001
     }
 
 
-def _time_table(cost) -> Table:  # noqa: ANN001
+def _time_table(cost) -> Table:
     table = table_of("time per step", {"part": "text", "exposed": "number", "hidden": "number", "share": "number"})
     for part, seconds in sorted(cost.time_s.items(), key=lambda item: -item[1]):
         share = seconds / cost.step_time_s if cost.step_time_s else 0.0
@@ -329,7 +328,7 @@ def _time_table(cost) -> Table:  # noqa: ANN001
     return fit_words(table)
 
 
-def _memory_table(cost) -> Table:  # noqa: ANN001
+def _memory_table(cost) -> Table:
     table = table_of("memory per device", {"part": "text", "bytes": "number"})
     for part, value in sorted(cost.memory_bytes.items(), key=lambda item: -item[1]):
         table.add_row(part, human_bytes(value))

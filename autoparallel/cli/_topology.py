@@ -6,14 +6,20 @@ import argparse
 import os
 import sys
 
-
 from autoparallel.cli._args import output_file, positive_float, positive_int
-from autoparallel.cli._render import add_json_flag, console, console_error, error_console, fit_words, print_json
+from autoparallel.cli._render import (
+    add_json_flag,
+    console,
+    console_error,
+    error_console,
+    fit_words,
+    print_json,
+)
 from autoparallel.cli._render import table as table_of
-from cost_model._units import human_bytes
+from cost_model import human_bytes
 
 
-def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
+def register(subparsers) -> None:  # argparse's private type
     """Add this group's subcommands."""
     clusters = subparsers.add_parser("clusters", help="list the cluster presets (cited hardware and interconnect)")
     clusters.add_argument("names", nargs="*", help="presets to show (default: all)")
@@ -75,7 +81,7 @@ def _clusters(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_sources(cluster) -> None:  # noqa: ANN001
+def _print_sources(cluster) -> None:
     from topology import value_status
 
     table = table_of(f"{cluster.name}: sources", {"value": "text", "status": "text", "source": "text"})

@@ -280,7 +280,7 @@ class _Classifier:
                 else:  # run that kernel itself, whatever kernel the CPU would pick
                     keys = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, route))
                     func.redispatch(keys, *args, **kwargs)
-        except Exception as error:  # noqa: BLE001 - a route that cannot run is not usable
+        except Exception as error:  # a route that cannot run is not usable
             logger.info("%s of %s did not run: %s", route, func.name(), error)
             return None
         self.samples.update({k: v for k, v in recorder.samples.items() if k not in self.samples})

@@ -186,7 +186,7 @@ def coverage_figure(context: Day0Context, path: Path) -> Path | None:
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(7, 2.6))
     measures = [("flop", "FLOPs"), ("byte", "bytes"), ("count", "operators")]
-    for row, (measure, label) in enumerate(measures):
+    for row, (measure, _label) in enumerate(measures):
         left = 0.0
         for status, color in _STATUS_COLORS.items():
             share = coverage["shares"][measure][status]

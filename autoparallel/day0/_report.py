@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from autoparallel.day0._run import STEPS, Day0Context, StepRecord, _json_default
-from cost_model._units import human_bytes, human_count, human_seconds
+from cost_model import human_bytes, human_count, human_seconds
 
 SECTIONS = (
     "Summary",

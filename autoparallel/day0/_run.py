@@ -138,7 +138,7 @@ def check_inputs(options: Day0Options) -> Day0Context:
 
 def _require_matplotlib() -> None:
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401 - only whether it is installed
     except ImportError as error:
         raise ValueError(
             "matplotlib is not installed: day0 draws its figures with it; "

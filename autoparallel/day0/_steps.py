@@ -420,8 +420,7 @@ def step_stages(context: Day0Context, records) -> list[Path]:
             f"the cluster's devices ({target}) are not on this machine ({context.local_device})"
         )
     from cost_model import ParallelConfig
-    from profilers._stages import run_stages
-    from profilers._training_run import TrainingSetup
+    from profilers import TrainingSetup, run_stages
 
     setup = TrainingSetup(
         hidden_size=128,
@@ -472,7 +471,7 @@ def step_stages(context: Day0Context, records) -> list[Path]:
 # ---------------------------------------------------------------------------- long-context sweep
 def sweep_lengths(model) -> list[int]:
     """4K, 8K, ... up to 1M tokens, kept within the model's context (at least two lengths)."""
-    from cost_model._sweep import DEFAULT_LENGTHS
+    from cost_model import DEFAULT_LENGTHS
 
     inside = [length for length in DEFAULT_LENGTHS if length <= model.max_context_tokens]
     return inside if len(inside) >= 2 else list(DEFAULT_LENGTHS[:2])

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from autoparallel.plan import ServingSettings, ShardingPlan
 from cost_model import ParallelConfig, Training
-from search._engines import (
+from search import (
     LayoutContext,
     engine_data,
     engine_info,
@@ -91,7 +91,7 @@ def rule_violations(
     serving: ServingSettings | None = None,
 ) -> list[str]:
     """Messages of the rules of ``engine`` that ``config`` with ``serving`` (default: the plan's) breaks."""
-    from cost_model._table import configs_to_table
+    from cost_model import configs_to_table
 
     serving = serving or plan.serving
     table = configs_to_table(

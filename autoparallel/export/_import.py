@@ -212,7 +212,10 @@ def _torchtitan(files: dict[str, str]) -> ParallelConfig:
         raise ValueError(
             "torchtitan TOML jobs (0.2.x) are read as exported; import the 0.3 command line"
         )
-    get = lambda name, default: _number(found, f"--parallelism.{name}", default)
+
+    def get(name: str, default: int) -> int:
+        return _number(found, f"--parallelism.{name}", default)
+
     replicate, shard = (
         get("data_parallel_replicate_degree", 1),
         get("data_parallel_shard_degree", 1),

@@ -25,7 +25,7 @@ from autoparallel.export._common import (
 )
 from autoparallel.plan import ShardingPlan
 from cost_model import ModelSpec, Training
-from search._engines import engine_data, version_key
+from search import engine_data, version_key
 
 MASTER_PORT = 29500
 

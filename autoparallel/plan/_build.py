@@ -142,7 +142,7 @@ def _provenance(*, model: ModelSpec, cluster: Cluster, record: PlanRecord) -> Pr
 
     created = record.created_at
     if created is None:
-        created = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+        created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return Provenance(
         library_version=autoparallel.__version__
         if record.library_version is None

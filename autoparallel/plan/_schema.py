@@ -20,13 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from cost_model import (
     CostBreakdown,
+    Dtype,
     Layout,
     ModelSpec,
     ParallelConfig,
     ServingConfig,
     Workload,
 )
-from cost_model._units import Dtype
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -159,13 +159,15 @@ class ServingSettings(BaseModel):
         self, *, phase: Literal["both", "prefill", "decode"] = "both"
     ) -> ServingConfig:
         """The ``cost_model.ServingConfig`` that prices these settings."""
-        return ServingConfig(
-            batch_size=self.batch_size,
-            num_redundant_experts=self.num_redundant_experts,
-            kv_dtype=self.kv_dtype,
-            phase=phase,
-            two_batch_overlap=self.two_batch_overlap,
-            a2a_backend=self.all_to_all_backend,
+        return ServingConfig.model_validate(
+            {
+                "batch_size": self.batch_size,
+                "num_redundant_experts": self.num_redundant_experts,
+                "kv_dtype": self.kv_dtype,
+                "phase": phase,
+                "two_batch_overlap": self.two_batch_overlap,
+                "a2a_backend": self.all_to_all_backend,  # a str in the plan, checked here
+            }
         )
 
 

@@ -99,7 +99,7 @@ def check_plan(plan: ShardingPlan) -> None:
     _check_deployment(plan)
 
 
-def _redundant_slots(serving) -> int:  # noqa: ANN001 - ServingSettings | None
+def _redundant_slots(serving) -> int:  # ServingSettings | None
     return 0 if serving is None else serving.num_redundant_experts
 
 

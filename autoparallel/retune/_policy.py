@@ -15,7 +15,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from autoparallel._expert_placement import balanced_placement, contiguous_placement, load_imbalance, placement_moves
+from autoparallel._expert_placement import (
+    balanced_placement,
+    contiguous_placement,
+    load_imbalance,
+    placement_moves,
+)
 from autoparallel.plan import ExpertPlacement, ShardingPlan
 from autoparallel.retune._types import (
     ChangeKind,
@@ -53,7 +58,7 @@ class RetunePolicy:
         plan: ShardingPlan,
         *,
         model: ModelSpec,
-        cluster,  # noqa: ANN001 - topology.Cluster
+        cluster,  # topology.Cluster
         workload: Training | Inference,
         settings: RetuneSettings | None = None,
         search: Callable[[ShardingPlan], list[ShardingPlan]] | None = None,
@@ -67,7 +72,7 @@ class RetunePolicy:
         self._stretch_cache: dict = {}
         self._cost_calibration = None  # cost_model.Calibration fitted on the last window
 
-    def prepare(self) -> "RetunePolicy":
+    def prepare(self) -> RetunePolicy:
         """Enumerate the legal layouts of this world once, ahead of the first decision (the space
         depends on the model, world and workload, never on measurements); returns ``self``."""
         from search import SearchSpace
@@ -77,7 +82,7 @@ class RetunePolicy:
                                       devices_per_node=self.cluster.devices_per_node, bounds=self._bounds())
         return self
 
-    def _bounds(self):  # noqa: ANN202 - search.SearchBounds
+    def _bounds(self):  # search.SearchBounds
         from search import SearchBounds
 
         return SearchBounds(max_cp_degree=self.settings.max_cp_degree)
@@ -170,7 +175,7 @@ class RetunePolicy:
             for plan, seconds in zip(plans, self._step_times(plans, options)):
                 self._stretch_cache[(plan.config, imbalance)] = float(seconds) / plan.predicted.step_time_s
 
-    def _step_times(self, plans: list[ShardingPlan], options) -> np.ndarray:  # noqa: ANN001 - EstimateOptions
+    def _step_times(self, plans: list[ShardingPlan], options) -> np.ndarray:  # EstimateOptions
         """The cost model's step time of each plan under ``options``, in one vectorized call."""
         from cost_model import ServingConfig, configs_to_table, estimate_table
 
@@ -186,20 +191,20 @@ class RetunePolicy:
         columns = estimate_table(self.model, self.cluster, self.workload, table, options=options)
         return np.asarray(columns["step_time_s"], dtype=np.float64)
 
-    def _fit_cost_model(self, summary: WindowSummary, imbalance: float):  # noqa: ANN202 - cost_model.Calibration | None
+    def _fit_cost_model(self, summary: WindowSummary, imbalance: float):  # cost_model.Calibration | None
         """``cost_model.calibrate`` on the window (training): the matmul efficiency that makes the
         cost model, at the measured imbalance, predict the measured step; ``None`` when it cannot."""
         if not isinstance(self.workload, Training):
             return None
         import cost_model
 
-        def fit(measured_s: float, options: dict):  # noqa: ANN202
+        def fit(measured_s: float, options: dict):
             row = cost_model.StepMeasurement(label=f"step {summary.step}", model=self.model, workload=self.workload,
                                              config=self.plan.config, measured_s=measured_s, options=options)
             return cost_model.calibrate(cluster=self.cluster, measurements=[row], parameters=("matmul_efficiency",),
                                         initial=start, max_iterations=self.settings.calibration_iterations).calibration
 
-        from cost_model._common import calibration_for
+        from cost_model import calibration_for
 
         start = calibration_for(self.cluster.device)  # the calibration the plan was priced with
 
@@ -273,16 +278,14 @@ class RetunePolicy:
         scale = calibration.communication_scale or calibration.time_scale
         return scale * seconds
 
-    def _with_replicas(self, redundant: int, calibration: RetuneCalibration):  # noqa: ANN202 - CostBreakdown | None
+    def _with_replicas(self, redundant: int, calibration: RetuneCalibration):  # CostBreakdown | None
         """The running plan's cost with ``redundant`` replica slots (training: their weights,
         gradients and optimizer states count in memory), or ``None`` if the calibrated memory no
         longer fits the device. Inference plans are returned unchanged (their serving settings
         price replicas at planning time)."""
         predicted = self.plan.predicted
         if redundant and isinstance(self.workload, Training):
-            from cost_model import estimate_table
-            from cost_model._estimate import breakdown_from_row
-            from cost_model._table import configs_to_table
+            from cost_model import breakdown_from_row, configs_to_table, estimate_table
 
             table = configs_to_table([self.plan.config], num_redundant_experts=[redundant])
             predicted = breakdown_from_row(estimate_table(self.model, self.cluster, self.workload, table), 0)
@@ -346,7 +349,7 @@ class RetunePolicy:
                                         change_cost_s=self._change_cost(kind, current), detail=describe_plan(plan)))
         return candidates
 
-    def _imbalance_under(self, plan: ShardingPlan, load) -> float:  # noqa: ANN001
+    def _imbalance_under(self, plan: ShardingPlan, load) -> float:
         """Measured load's max/mean per EP rank under ``plan``: its placement when it keeps the
         running EP degree, else the contiguous default of its degree."""
         if load is None or plan.config.ep == 1:
@@ -393,12 +396,11 @@ class RetunePolicy:
             estimator=self._calibrated_estimator(),
         )
 
-    def _calibrated_estimator(self):  # noqa: ANN202 - search Estimator | None
+    def _calibrated_estimator(self):  # search Estimator | None
         """``cost_model.estimate_table`` with the last window's fitted calibration, for the re-search."""
         if self._cost_calibration is None:
             return None
-        from cost_model import estimate_table
-        from cost_model._common import EstimateOptions
+        from cost_model import EstimateOptions, estimate_table
 
         options = EstimateOptions(calibration=self._cost_calibration)
         return lambda model, cluster, workload, table: estimate_table(model, cluster, workload, table, options=options)

@@ -7,11 +7,19 @@ from __future__ import annotations
 import logging
 
 from autoparallel.plan import PlanRecord, ShardingPlan, build_plan
-from cost_model import InfeasiblePlanError, Inference, Layout, ModelSpec, ParallelConfig, ServingConfig, Training
+from cost_model import (
+    InfeasiblePlanError,
+    Inference,
+    Layout,
+    ModelSpec,
+    ParallelConfig,
+    ServingConfig,
+    Training,
+)
 
 logger = logging.getLogger("autoparallel.retune")
 
-def cluster_for_world(cluster, world_size: int):  # noqa: ANN001, ANN201 - topology.Cluster
+def cluster_for_world(cluster, world_size: int):  # topology.Cluster
     """``cluster`` resized to exactly ``world_size`` devices: whole nodes when it divides, else
     one node of ``world_size`` devices (the survivors of a partly lost node)."""
     if world_size <= 0:
@@ -32,7 +40,7 @@ def cluster_for_world(cluster, world_size: int):  # noqa: ANN001, ANN201 - topol
     )
 
 
-def largest_legal_world(*, model: ModelSpec, cluster, workload: Training | Inference, max_world_size: int) -> int:  # noqa: ANN001
+def largest_legal_world(*, model: ModelSpec, cluster, workload: Training | Inference, max_world_size: int) -> int:
     """The largest ``w <= max_world_size`` with at least one legal layout (``search.SearchSpace``:
     the rules of ``cost_model._rules`` and the batch divisibility), e.g. 2 of 3 survivors when a
     model's heads and experts only split in powers of two and the batch does not divide by 3."""
@@ -50,8 +58,8 @@ def largest_legal_world(*, model: ModelSpec, cluster, workload: Training | Infer
 
 
 def plan_for_config(
-    *, model: ModelSpec, cluster, workload: Training | Inference, config: ParallelConfig,  # noqa: ANN001
-    serving: ServingConfig | None = None, like: ShardingPlan | None = None, predicted=None,  # noqa: ANN001
+    *, model: ModelSpec, cluster, workload: Training | Inference, config: ParallelConfig,
+    serving: ServingConfig | None = None, like: ShardingPlan | None = None, predicted=None,
 ) -> ShardingPlan:
     """The ``ShardingPlan`` of one given layout, ``config`` with the inference ``serving``
     settings (``autoparallel.plan.build_plan``); the search
@@ -70,15 +78,13 @@ def plan_for_config(
                       predicted="estimate" if predicted is None else predicted, record=record)
 
 
-def live_variant_plans(*, plan: ShardingPlan, model: ModelSpec, cluster, workload: Training | Inference,  # noqa: ANN001
-                       space) -> list[ShardingPlan]:  # noqa: ANN001 - search.SearchSpace
+def live_variant_plans(*, plan: ShardingPlan, model: ModelSpec, cluster, workload: Training | Inference,
+                       space) -> list[ShardingPlan]:  # search.SearchSpace
     """``plan``'s mesh with other micro-batch sizes (training) or batch sizes (inference): the
     legal rows of ``space`` that differ from the running plan only there, priced with one
     ``cost_model.estimate_table`` call; infeasible rows are dropped."""
-    from cost_model import estimate_table
-    from cost_model._estimate import breakdown_from_row
-    from search._candidate import layout_at
-    from search._space import select
+    from cost_model import breakdown_from_row, estimate_table
+    from search import layout_at, select
 
     config = plan.config
     mesh = space.find_mesh(dp=config.dp, tp=config.tp, pp=config.pp, cp=config.cp, ep=config.ep, etp=config.etp,
@@ -100,8 +106,8 @@ def live_variant_plans(*, plan: ShardingPlan, model: ModelSpec, cluster, workloa
     ]
 
 
-def _is_live_variant(plan: ShardingPlan, workload, table, row: int) -> bool:  # noqa: ANN001
-    from search._space import config_from_row, row_extras
+def _is_live_variant(plan: ShardingPlan, workload, table, row: int) -> bool:
+    from search import config_from_row, row_extras
 
     config, candidate, extras = plan.config, config_from_row(table, row), row_extras(table, row)
     if isinstance(workload, Training):
@@ -112,8 +118,8 @@ def _is_live_variant(plan: ShardingPlan, workload, table, row: int) -> bool:  # 
 
 
 def research_plans(
-    *, plan: ShardingPlan, model: ModelSpec, cluster, workload: Training | Inference, n_trials: int, seed: int,  # noqa: ANN001
-    bounds=None, estimator=None,  # noqa: ANN001 - search.SearchBounds, search Estimator
+    *, plan: ShardingPlan, model: ModelSpec, cluster, workload: Training | Inference, n_trials: int, seed: int,
+    bounds=None, estimator=None,  # search.SearchBounds, search Estimator
 ) -> list[ShardingPlan]:
     """Re-search warm-started from ``plan`` (its mesh is the study's first trial), within
     ``bounds``, pricing with ``estimator`` (e.g. a recalibrated cost model); returns the best plan

@@ -30,7 +30,7 @@ class MeasuredStep(BaseModel):
 
 
     @classmethod
-    def from_step_report(cls, report, *, step: int) -> "MeasuredStep":  # noqa: ANN001 - profilers StepReport
+    def from_step_report(cls, report, *, step: int) -> MeasuredStep:  # profilers StepReport
         """One measurement from a ``profilers`` ``StepReport``: its median step time, peak memory,
         communication wait and router counts (MoE layers in module order, one row per router)."""
         load = tuple(tuple(float(c) for c in counts) for _, counts in sorted(report.expert_load.items(), key=_layer_order))
@@ -117,7 +117,7 @@ class RetuneDecision(BaseModel):
     def gain_s_per_step(self) -> float:
         return self.predicted_step_time_s - self.new_step_time_s
 
-    def overridden(self, kind: ChangeKind) -> "RetuneDecision":
+    def overridden(self, kind: ChangeKind) -> RetuneDecision:
         """This decision made ``kind`` anyway, with the best priced candidate of that kind (an
         operator's override, e.g. to measure a change the model rejected); the reason says so."""
         options = [c for c in self.candidates if c.kind == kind]
@@ -160,7 +160,7 @@ def plan_batch_size(plan: ShardingPlan) -> float:
     return float(plan.predicted.batch_size or 1) if plan.predicted is not None else 1.0
 
 
-def communication_s(predicted) -> float:  # noqa: ANN001 - CostBreakdown
+def communication_s(predicted) -> float:  # CostBreakdown
     """Exposed communication seconds of a prediction."""
     return sum(v for k, v in predicted.time_s.items() if k.endswith("_comm"))
 
@@ -168,7 +168,7 @@ def communication_s(predicted) -> float:  # noqa: ANN001 - CostBreakdown
 _DEGREES = ("dp", "tp", "pp", "cp", "ep", "etp", "attention_data_parallel", "virtual_stages")
 
 
-def change_kind(old: ShardingPlan, new: ShardingPlan, workload) -> ChangeKind:  # noqa: ANN001
+def change_kind(old: ShardingPlan, new: ShardingPlan, workload) -> ChangeKind:
     """What it takes to go from plan ``old`` to ``new``: nothing, a live change, or a reshard."""
     a, b = old.config, new.config
     if any(getattr(a, name) != getattr(b, name) for name in _DEGREES):

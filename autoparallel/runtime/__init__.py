@@ -12,6 +12,7 @@ from autoparallel.runtime._model import (
     LocalDispatcher,
     MoEBlock,
     ReferenceMoETransformer,
+    RMSNorm,
     TokenDispatcher,
     tiny_reference_spec,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "AppliedPlan",
     "Generation",
     "KVCache",
+    "RMSNorm",
     "LocalDispatcher",
     "Meshes",
     "MoEBlock",

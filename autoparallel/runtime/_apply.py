@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -30,7 +31,12 @@ from autoparallel.runtime._context_parallel import (
 from autoparallel.runtime._data_parallel import DataParallel, apply_data_parallel
 from autoparallel.runtime._mesh import Meshes, build_meshes, mesh_rank_layout
 from autoparallel.runtime._rank_build import check_rank_part, is_rank_part, whole_module_names
-from autoparallel.runtime._tensor_parallel import TensorParallel, apply_tensor_parallel, match_rules, walk_modules
+from autoparallel.runtime._tensor_parallel import (
+    TensorParallel,
+    apply_tensor_parallel,
+    match_rules,
+    walk_modules,
+)
 
 __all__ = ["AppliedPlan", "apply_plan", "check_plan_fits"]
 

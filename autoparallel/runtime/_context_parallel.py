@@ -87,12 +87,12 @@ class _GatherSequence(torch.autograd.Function):
     """All-gather along the sequence (dim 1); backward reduce-scatters (sums) the gradient."""
 
     @staticmethod
-    def forward(ctx, x, size, group):  # noqa: ANN001, ANN205 - autograd API
+    def forward(ctx, x, size, group):  # autograd API
         ctx.size, ctx.group = size, group
         return _gather_dim1(x, size, group)
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001, ANN205
+    def backward(ctx, grad):
         front = grad.transpose(0, 1).contiguous()
         out = front.new_empty((front.shape[0] // ctx.size, *front.shape[1:]))
         _reduce_scatter(out, front, group=ctx.group)
@@ -112,7 +112,7 @@ class ContextParallel:
     size: int
 
     @classmethod
-    def from_mesh(cls, cp_mesh: DeviceMesh) -> "ContextParallel":
+    def from_mesh(cls, cp_mesh: DeviceMesh) -> ContextParallel:
         group = cp_mesh.get_group()
         return cls(group=group, rank=dist.get_rank(group), size=cp_mesh.size())
 

@@ -28,9 +28,10 @@ loss replicas (dp * cp), which is what averaging the dense gradients over dp doe
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -89,7 +90,7 @@ class ExpertParallelGroups:
     loss_replicas: int
 
     @classmethod
-    def from_meshes(cls, *, plan: ShardingPlan, moe_mesh, dense_mesh=None) -> "ExpertParallelGroups":
+    def from_meshes(cls, *, plan: ShardingPlan, moe_mesh, dense_mesh=None) -> ExpertParallelGroups:
         """Groups from the MoE mesh view (dims ``edp``, ``ep``, ``etp``) and the dense mesh (``tp``)."""
         config = plan.config
 
@@ -363,7 +364,7 @@ def _shard_expert(expert: nn.Module, *, name: str, rank: int, parts: int) -> Non
         raise ValueError(f"expert {name} has none of the projections {names}; cannot split it over etp ({parts})")
 
 
-def _huggingface_topk_forward(block: nn.Module):  # noqa: ANN202 - a bound forward
+def _huggingface_topk_forward(block: nn.Module):  # a bound forward
     """The routing of HuggingFace's Mixtral / Qwen2-MoE / Qwen3-MoE sparse blocks (per-expert
     modules, ``transformers`` ``modeling_mixtral.py`` and ``modeling_qwen3_moe.py``): softmax over
     the router logits, top-k, renormalized unless ``norm_topk_prob`` is False, an optional shared

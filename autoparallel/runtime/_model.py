@@ -30,7 +30,8 @@ Sennrich (arXiv:1910.07467); SwiGLU, Shazeer (arXiv:2002.05202); top-k routing w
 from __future__ import annotations
 
 import zlib
-from typing import Callable, Iterable, Literal, Protocol
+from collections.abc import Callable, Iterable
+from typing import Literal, Protocol
 
 import torch
 import torch.nn.functional as F

@@ -16,8 +16,8 @@ MoE view (pp, edp, ep, etp).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 from torch import nn
@@ -68,7 +68,9 @@ def rank_parts(plan: ShardingPlan, *, rank: int, num_experts: int | None = None)
     ``num_experts`` (routed experts per MoE layer) defaults to the plan's expert placement's;
     a dense model (no placement, no count) holds ``experts=None``.
     """
-    from autoparallel.runtime._pipeline import stage_chunks  # torch.distributed.pipelining: only when used
+    from autoparallel.runtime._pipeline import (
+        stage_chunks,  # torch.distributed.pipelining: only when used
+    )
 
     if not plan.stages:
         raise ValueError("plan.stages is empty: the plan does not say which layers a rank holds")

@@ -16,8 +16,9 @@ import socket
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 _PRELOAD = (
     "torch",
@@ -86,7 +87,7 @@ def _child(rank: int, world_size: int, port: int, folder: Path, fn: Callable, ar
         (folder / f"{rank}.pkl").write_bytes(pickle.dumps(result))
         dist.barrier()
         dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - every failure must reach the parent
+    except BaseException:  # every failure must reach the parent
         (folder / f"{rank}.err").write_text(traceback.format_exc())
         code = 1
     os._exit(code)

@@ -143,7 +143,7 @@ def _exchange(send: torch.Tensor, *, send_counts: list[int], recv_counts: list[i
     return out
 
 
-def rebalance_experts(expert_parallel: ExpertParallel, *, placement: ExpertPlacement, optimizer=None) -> RebalanceReport:  # noqa: ANN001
+def rebalance_experts(expert_parallel: ExpertParallel, *, placement: ExpertPlacement, optimizer=None) -> RebalanceReport:
     """Re-place the experts of ``expert_parallel``'s MoE blocks as ``placement`` says.
 
     Mutates, on this rank: each block's ``experts`` and ``dispatcher``, ``expert_parallel.placement``

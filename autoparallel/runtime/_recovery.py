@@ -13,7 +13,8 @@ import contextlib
 import logging
 import os
 import socket
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -85,7 +86,7 @@ def guard_step(*, step: int, checkpoint: str | os.PathLike | None = None) -> Ite
         yield
     except RankLostError:
         raise
-    except Exception as error:  # noqa: BLE001 - classified, then re-raised
+    except Exception as error:  # classified, then re-raised
         if not _is_lost_peer(error):
             raise
         lost = RankLostError(step=step, checkpoint=None if checkpoint is None else str(checkpoint), cause=error)
@@ -108,7 +109,7 @@ class Recovery(BaseModel):
     previous_world_size: int
 
 
-def job_from_plan(plan: ShardingPlan, *, model, cluster, workload):  # noqa: ANN001, ANN202
+def job_from_plan(plan: ShardingPlan, *, model, cluster, workload):
     """Model, cluster and workload a plan names, unless given."""
     from autoparallel._planner import resolve_cluster
 
@@ -118,7 +119,7 @@ def job_from_plan(plan: ShardingPlan, *, model, cluster, workload):  # noqa: ANN
     return model, cluster, workload
 
 
-def rebuild_schedule(pipeline, *, plan: ShardingPlan, num_micro_batches: int) -> None:  # noqa: ANN001
+def rebuild_schedule(pipeline, *, plan: ShardingPlan, num_micro_batches: int) -> None:
     """Give a runtime ``Pipeline`` new stages and a schedule for ``num_micro_batches`` (the chunk
     modules, their weights and the pipeline group are kept)."""
     from autoparallel.runtime._pipeline import build_pipeline
@@ -132,7 +133,7 @@ def rebuild_schedule(pipeline, *, plan: ShardingPlan, num_micro_batches: int) ->
     pipeline.num_micro_batches = num_micro_batches
 
 
-def recover_job(checkpoint, *, build, model, cluster, workload, n_trials: int, seed: int, max_cp_degree):  # noqa: ANN001, ANN201
+def recover_job(checkpoint, *, build, model, cluster, workload, n_trials: int, seed: int, max_cp_degree):
     """The work of ``Retuner.recover``: read the last complete checkpoint, find the largest legal
     world the launched ranks allow, re-plan for it on rank 0 (warm-started from the old plan when
     the world is unchanged) and share the plan, shrink the process group, ``build(plan)`` and load

@@ -22,9 +22,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -61,7 +62,7 @@ class CheckpointInfo:
     optimizer: dict[str, Any] = field(default_factory=dict)
 
 
-def _modules(modules) -> list[nn.Module]:  # noqa: ANN001
+def _modules(modules) -> list[nn.Module]:
     """A module, a list of pipeline chunks, or ``apply_plan``'s result (its ``modules``)."""
     if isinstance(modules, nn.Module):
         return [modules]
@@ -144,7 +145,7 @@ def save_checkpoint(
     modules: nn.Module | Iterable[nn.Module],
     plan: ShardingPlan,
     step: int,
-    optimizer=None,  # noqa: ANN001 - torch.optim.Optimizer
+    optimizer=None,  # torch.optim.Optimizer
     extra: dict[str, Any] | None = None,
 ) -> Path:
     """Save this rank's part of the model (and optimizer) as step ``step`` under ``root``.
@@ -202,7 +203,7 @@ def load_checkpoint(
     path: str | Path,
     *,
     modules: nn.Module | Iterable[nn.Module],
-    optimizer=None,  # noqa: ANN001
+    optimizer=None,
     plan: ShardingPlan | None = None,
 ) -> CheckpointInfo:
     """Load a checkpoint into this rank's ``modules`` (already under the new plan) and optimizer.
@@ -265,8 +266,8 @@ def load_full_state_dict(path: str | Path, *, keys: Iterable[str] | None = None)
     return state
 
 
-def reshard_in_place(*, old: ShardingPlan, new: ShardingPlan, modules, optimizer, step: int, checkpoint,  # noqa: ANN001
-                     build, extra: dict[str, Any] | None = None):  # noqa: ANN001, ANN201
+def reshard_in_place(*, old: ShardingPlan, new: ShardingPlan, modules, optimizer, step: int, checkpoint,
+                     build, extra: dict[str, Any] | None = None):
     """Change degrees on the same ranks: save under ``old``, ``build(new) -> (modules, optimizer,
     ...)``, load into the result and return it. Collective."""
     if new.world_size != old.world_size:

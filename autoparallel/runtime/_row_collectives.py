@@ -24,12 +24,12 @@ class _AllToAll(torch.autograd.Function):
     """``all_to_all_single`` with uneven row splits; backward is the inverse exchange."""
 
     @staticmethod
-    def forward(ctx, x, output_splits, input_splits, group):  # noqa: ANN001, ANN205 - autograd API
+    def forward(ctx, x, output_splits, input_splits, group):  # autograd API
         ctx.group, ctx.output_splits, ctx.input_splits = group, output_splits, input_splits
         return raw_all_to_all(x, output_splits, input_splits, group)
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001, ANN205
+    def backward(ctx, grad):
         return raw_all_to_all(grad, ctx.input_splits, ctx.output_splits, ctx.group), None, None, None
 
 
@@ -50,13 +50,13 @@ class SplitRows(torch.autograd.Function):
     """Keep this rank's slice of rows a group holds identically; backward all-gathers the slices."""
 
     @staticmethod
-    def forward(ctx, x, sizes, rank, group):  # noqa: ANN001, ANN205
+    def forward(ctx, x, sizes, rank, group):
         ctx.sizes, ctx.group = sizes, group
         start = sum(sizes[:rank])
         return x[start : start + sizes[rank]].clone()
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001, ANN205
+    def backward(ctx, grad):
         return gather_rows(grad.contiguous(), ctx.sizes, ctx.group), None, None, None
 
 
@@ -65,12 +65,12 @@ class GatherRows(torch.autograd.Function):
     slice (the gradient of a replicated activation is already whole on every rank)."""
 
     @staticmethod
-    def forward(ctx, x, sizes, rank, group):  # noqa: ANN001, ANN205
+    def forward(ctx, x, sizes, rank, group):
         ctx.sizes, ctx.rank = sizes, rank
         return gather_rows(x, sizes, group)
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001, ANN205
+    def backward(ctx, grad):
         start = sum(ctx.sizes[: ctx.rank])
         return grad[start : start + ctx.sizes[ctx.rank]].clone(), None, None, None
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fnmatch import translate
-from typing import Iterable
 
 import torch
 import torch.distributed as dist
@@ -124,7 +124,7 @@ def _as_sequence_shard(tensor: torch.Tensor, mesh: DeviceMesh) -> DTensor:
     return tensor if isinstance(tensor, DTensor) else DTensor.from_local(tensor, mesh, [Shard(1)], run_check=False)
 
 
-def _gather_sequence_hook(mesh: DeviceMesh):  # noqa: ANN202
+def _gather_sequence_hook(mesh: DeviceMesh):
     """Forward pre-hook: the first input, a sequence shard, becomes the whole (local) sequence."""
 
     def hook(_module: nn.Module, args: tuple) -> tuple:
@@ -134,7 +134,7 @@ def _gather_sequence_hook(mesh: DeviceMesh):  # noqa: ANN202
     return hook
 
 
-def _local_shard_hook(mesh: DeviceMesh):  # noqa: ANN202
+def _local_shard_hook(mesh: DeviceMesh):
     """Forward pre-hook: the first input stays this rank's sequence shard, as a plain tensor."""
 
     def hook(_module: nn.Module, args: tuple) -> tuple:
@@ -147,12 +147,12 @@ class _SumOverGroup(torch.autograd.Function):
     """Identity forward; backward all-reduces (sums) the gradient over ``group``."""
 
     @staticmethod
-    def forward(ctx, tensor, group):  # noqa: ANN001, ANN205 - autograd API
+    def forward(ctx, tensor, group):  # autograd API
         ctx.group = group
         return tensor.view_as(tensor)
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001, ANN205
+    def backward(ctx, grad):
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, group=ctx.group)
         return grad, None
@@ -161,7 +161,7 @@ class _SumOverGroup(torch.autograd.Function):
 class SumGradientOverGroup:
     """Callable ``tensor -> tensor``: identity whose backward sums the gradient over ``group``."""
 
-    def __init__(self, group) -> None:  # noqa: ANN001 - a ProcessGroup
+    def __init__(self, group) -> None:  # a ProcessGroup
         self.group = group
 
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -198,7 +198,7 @@ class SelectKVHeads:
     replicates them). Backward sums the whole K/V gradient over tp, since each rank fills
     only its heads' part."""
 
-    def __init__(self, *, group, start: int, stop: int) -> None:  # noqa: ANN001 - a ProcessGroup
+    def __init__(self, *, group, start: int, stop: int) -> None:  # a ProcessGroup
         self.group, self.start, self.stop = group, start, stop
 
     def __call__(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -65,7 +65,7 @@ class Retuner:
         plan: ShardingPlan,
         *,
         model: ModelSpec,
-        cluster,  # noqa: ANN001 - topology.Cluster
+        cluster,  # topology.Cluster
         workload: Training | Inference,
         settings: RetuneSettings | None = None,
         search: Callable[[ShardingPlan], list[ShardingPlan]] | None = None,
@@ -88,7 +88,7 @@ class Retuner:
     def settings(self) -> RetuneSettings:
         return self.policy.settings
 
-    def prepare(self) -> "Retuner":
+    def prepare(self) -> Retuner:
         """Enumerate this world's legal layouts ahead of the first decision; returns ``self``."""
         self.policy.prepare()
         return self
@@ -127,7 +127,7 @@ class Retuner:
         return decision
 
     # ------------------------------------------------------------------ acting
-    def apply(self, decision: RetuneDecision, *, runtime=None, optimizer=None) -> ShardingPlan:  # noqa: ANN001
+    def apply(self, decision: RetuneDecision, *, runtime=None, optimizer=None) -> ShardingPlan:
         """Carry out a live decision on this rank; return the plan now in force.
 
         ``runtime`` is ``apply_plan``'s ``AppliedPlan``; its ``plan`` is updated. For
@@ -163,7 +163,7 @@ class Retuner:
             runtime.plan = decision.plan
         return self.plan
 
-    def reshard(self, decision: RetuneDecision, *, modules, optimizer, step: int, checkpoint: str, build, extra=None):  # noqa: ANN001, ANN201
+    def reshard(self, decision: RetuneDecision, *, modules, optimizer, step: int, checkpoint: str, build, extra=None):
         """Change degrees in place on the same ranks: save a checkpoint under the running plan,
         ``build(decision.plan) -> (modules, optimizer, ...)`` the job under the new one, load the
         checkpoint into it and return ``build``'s result. Collective."""
@@ -179,9 +179,9 @@ class Retuner:
         cls,
         checkpoint: str,
         *,
-        build,  # noqa: ANN001 - Callable[[ShardingPlan], tuple]
+        build,  # Callable[[ShardingPlan], tuple]
         model: ModelSpec | None = None,
-        cluster=None,  # noqa: ANN001
+        cluster=None,
         workload: Training | Inference | None = None,
         settings: RetuneSettings | None = None,
         n_trials: int = 64,

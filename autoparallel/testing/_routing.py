@@ -7,7 +7,7 @@ import numpy as np
 from autoparallel._expert_placement import zipf_expert_load
 
 
-def skew_routers(model, *, exponent: float) -> None:  # noqa: ANN001 - torch.nn.Module
+def skew_routers(model, *, exponent: float) -> None:  # torch.nn.Module
     """Zipf-like routing: each router (``*.mlp.gate``) sees its input shifted along a direction
     that adds ``log(zipf popularity)`` to its logits; router weights x10 keep routing
     token-dependent. Mutates ``model`` (weights and a forward pre-hook on each router)."""

@@ -335,7 +335,8 @@ def main() -> None:
                 ),
                 flush=True,
             )
-        except BaseException as error:  # noqa: BLE001 - an engine refusing is the result we report (SystemExit from argparse too)
+        except BaseException as error:
+            # an engine refusing is the result we report (SystemExit from argparse too)
             said = [line.strip(" │╭╮╰╯─") for line in captured.getvalue().splitlines()]
             said = [
                 line
