@@ -8,8 +8,9 @@ handling (``Trial.set_constraint``) can rank infeasible points by how far off th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -129,7 +130,7 @@ def evaluate(*, model: ModelSpec, cluster: Cluster, workload: Training | Inferen
     return Evaluation(table=table, metrics=metrics, violations=violations)
 
 
-def simulate_top_k(result, *, model: ModelSpec, cluster: Cluster, workload: Inference, top_k: int = 3, estimator=None):  # noqa: ANN001, ANN201
+def simulate_top_k(result, *, model: ModelSpec, cluster: Cluster, workload: Inference, top_k: int = 3, estimator=None):
     """``result`` (a ``SearchResult``) with its first ``top_k`` colocated candidates checked by the
     iteration-level serving simulator (``cost_model._simulator``).
 
@@ -168,13 +169,13 @@ def simulate_top_k(result, *, model: ModelSpec, cluster: Cluster, workload: Infe
     return dataclasses.replace(result, ranked=tuple(ranked), best=ranked[0])
 
 
-def _serving_of(candidate):  # noqa: ANN001, ANN202
+def _serving_of(candidate):
     from cost_model._serving_columns import ServingConfig
 
     return candidate.serving if candidate.serving is not None else ServingConfig()
 
 
-def _repriced(candidates, *, model, cluster, workload, estimator):  # noqa: ANN001, ANN202
+def _repriced(candidates, *, model, cluster, workload, estimator):
     """The candidates priced again at their (possibly lowered) batch, simulated figures kept."""
     import dataclasses
 
