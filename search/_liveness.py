@@ -2,15 +2,21 @@
 
 Two mechanisms, both from Optuna's own model of a trial's life:
 
-* **owner** — each asked trial records ``{"host", "pid"}`` of the process that asked it (read
-  when asked, not at import: a forked worker is not its parent). At start-up a search fails the
-  RUNNING trials whose owner is a dead process on this host (a resumed search after kill -9);
+* **owner** — each asked trial records ``{"host", "pid", "trial"}`` of the process that asked it
+  (read when asked, not at import: a forked worker is not its parent). At start-up a search fails
+  the RUNNING trials whose owner is a dead process on this host (a resumed search after kill -9);
 * **heartbeat** — on an RDB storage opened with ``heartbeat_interval`` every in-flight trial has
-  a heartbeat refreshed by a thread while its batch is priced; every batch starts by failing the
-  trials whose heartbeat is older than the grace period (a worker killed on another machine).
+  a heartbeat refreshed by a thread from its claim until it is told; every batch starts by failing
+  the trials whose heartbeat is older than the grace period (a worker killed on another machine).
 
 A failed trial is enqueued again with its parameters (Optuna's ``RetryFailedTrialCallback``),
-and the budget counts finished trials only, so the study still completes it.
+and the budget counts finished trials only, so the study still completes it. A trial is
+*unclaimed* between ``ask`` and its claim: it has no heartbeat yet (Optuna never finds it stale)
+and no owner, or the owner of the trial it retries (the retry copies the user attributes); one
+left unclaimed for the grace period belongs to a process killed in between and is failed.
+Before a search returns it settles the study (``settle``): it waits until no trial of another
+search process is in flight, failing those of dead processes, so that once the last worker
+returns no trial is RUNNING.
 """
 
 from __future__ import annotations
@@ -42,19 +48,28 @@ def fail_orphans(study: optuna.Study, *, ownerless_wait_s: float = 1.0) -> int:
     within milliseconds): one still nameless after ``ownerless_wait_s`` is failed too."""
     me = owner()
     running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-    orphans = [trial for trial in running if _is_orphan(trial.user_attrs.get("owner", {}), me)]
-    nameless = {trial.number for trial in running if "owner" not in trial.user_attrs}
+    orphans = [trial for trial in running if _is_orphan(claimed_by(trial) or {}, me)]
+    nameless = {trial.number for trial in running if claimed_by(trial) is None}
     if nameless:
         time.sleep(ownerless_wait_s)
         orphans += [
             trial
             for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-            if trial.number in nameless and "owner" not in trial.user_attrs
+            if trial.number in nameless and claimed_by(trial) is None
         ]
     failed = [trial for trial in orphans if _fail(study, trial)]
     if failed:
         logger.info("marked %d trials of dead workers as failed", len(failed))
     return len(failed)
+
+
+def claimed_by(trial: optuna.trial.FrozenTrial) -> dict | None:
+    """The owner that claimed ``trial``; None while it is unclaimed (no owner yet, or the owner of
+    the trial it retries). An owner naming no trial was written by another program: a claim."""
+    trial_owner = trial.user_attrs.get("owner")
+    if not isinstance(trial_owner, dict) or trial_owner.get("trial", trial.number) != trial.number:
+        return None
+    return trial_owner
 
 
 def _is_orphan(trial_owner: dict, me: dict) -> bool:
@@ -118,28 +133,72 @@ def ask(study: optuna.Study) -> optuna.Trial:
         return study.ask()
 
 
-def claim(study: optuna.Study, trial: optuna.Trial, me: dict[str, object]) -> None:
-    """Mark a just-asked trial as this process's: its owner, and its first heartbeat (a trial
-    with no heartbeat is never found stale)."""
-    trial.set_user_attr("owner", me)
-    if heartbeat_enabled(study):
-        study._storage.record_heartbeat(trial._trial_id)
+def claim(study: optuna.Study, trial: optuna.Trial, me: dict[str, object]) -> bool:
+    """Mark a just-asked trial as this process's: its first heartbeat (a trial with no heartbeat
+    is never found stale), then its owner, so that a trial with an owner has a heartbeat. False
+    when another process failed the trial first (left unclaimed for the grace period)."""
+    try:
+        if heartbeat_enabled(study):
+            study._storage.record_heartbeat(trial._trial_id)
+        trial.set_user_attr("owner", {**me, "trial": trial.number})
+    except optuna.exceptions.UpdateFinishedTrialError:
+        logger.warning("trial %d was failed before this process claimed it", trial.number)
+        return False
+    return True
+
+
+def settle(study: optuna.Study, *, grace_s: float, poll_s: float = 0.5) -> int:
+    """Wait until no trial that another search process asked is in flight: trials of dead
+    processes on this host are failed at once, trials left unclaimed after ``grace_s`` (from when
+    this process first saw them) are failed, and claimed trials of live processes (and, with a
+    heartbeat, of other hosts) are waited for until they are told or found stale. Failed trials
+    are enqueued again. Returns how many trials were waited for or failed (0: none in flight)."""
+    me, unclaimed_since, seen = owner(), {}, set()
+    while True:
+        fail_stale(study)
+        now, pending = time.monotonic(), []
+        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            trial_owner = claimed_by(trial)
+            if trial_owner is None:
+                if now - unclaimed_since.setdefault(trial.number, now) <= grace_s:
+                    pending.append(trial.number)
+                else:
+                    _fail(study, trial)
+            elif _is_orphan(trial_owner, me):
+                _fail(study, trial)
+            elif _awaited(study, trial_owner, me):
+                pending.append(trial.number)
+            else:
+                continue
+            seen.add(trial.number)
+        if not pending:
+            return len(seen)
+        logger.info("waiting for %d trials in flight in other search processes", len(pending))
+        time.sleep(poll_s)
+
+
+def _awaited(study: optuna.Study, trial_owner: dict, me: dict) -> bool:
+    """Whether a claimed RUNNING trial will end by itself: asked by another search process
+    (its owner names the trial) that is alive on this host or keeps a heartbeat elsewhere."""
+    mine = (trial_owner.get("host"), trial_owner.get("pid")) == (me["host"], me["pid"])
+    if "trial" not in trial_owner or mine:
+        return False
+    return trial_owner.get("host") == me["host"] or heartbeat_enabled(study)
 
 
 @contextlib.contextmanager
 def beating(study: optuna.Study, trials: list[optuna.Trial]) -> Iterator[None]:
     """Record a heartbeat for each of ``trials`` every interval until the block ends (``claim``
-    recorded the first one)."""
-    if not heartbeat_enabled(study) or not trials:
+    recorded the first one); trials appended to the list inside the block beat too."""
+    if not heartbeat_enabled(study):
         yield
         return
     storage, stop = study._storage, threading.Event()
-    ids = [trial._trial_id for trial in trials]
 
     def beat() -> None:
         while not stop.wait(storage.get_heartbeat_interval()):
-            for trial_id in ids:
-                storage.record_heartbeat(trial_id)
+            for trial in list(trials):
+                storage.record_heartbeat(trial._trial_id)
 
     thread = threading.Thread(target=beat, name="trial-heartbeat", daemon=True)
     thread.start()

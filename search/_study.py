@@ -32,7 +32,15 @@ from search._candidate import (
 )
 from search._idle import DeviceChoice, device_choices
 from search._lazy import optuna
-from search._liveness import ask, beating, claim, fail_orphans, fail_stale, owner
+from search._liveness import (
+    ask,
+    beating,
+    claim,
+    fail_orphans,
+    fail_stale,
+    owner,
+    settle,
+)
 from search._objective import (
     Estimator,
     Objective,
@@ -216,7 +224,8 @@ def search_devices(model, cluster, workload, *, n_trials: int, settings: SearchS
         method = choose_method(problem, study, n_trials=n_trials, settings=settings)
         ran = _run(study, problem, method=method, n_trials=n_trials, settings=settings, progress=progress,
                    warm_start=warm_start, clean_orphans=clean_orphans)
-    fail_stale(study)
+    if method in ("from_study", "brute_force"):  # a sampled study was settled by its last batch
+        fail_stale(study)
     logger.info("study %s: %d trials this run (%s) over %d meshes", study.study_name, ran, method, problem.space.num_meshes)
     return _collect(study, problem, method=method, ran=ran, elapsed_s=time.perf_counter() - start, storage=options["storage"], settings=settings, seed=options["seed"])
 
@@ -352,12 +361,15 @@ def _result_attr(mesh: int, priced: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_trials(study, problem: _Problem, *, n_trials: int, settings: SearchSettings, progress) -> int:
-    """Ask, price and tell batches until the study holds ``n_trials`` finished trials. Each batch
-    first fails the stale trials of dead workers (they are enqueued again), and keeps a heartbeat
-    on its own trials while they are priced."""
+    """Ask, price and tell batches until the study holds ``n_trials`` finished trials and no trial
+    of another search process is in flight (``settle``). Each batch first fails the stale trials
+    of dead workers (they are enqueued again), and keeps a heartbeat on its own trials from their
+    claim until they are told. A trial failed by another process meanwhile (this one paused past
+    the grace period) is dropped: its retry is in the queue."""
     cache: dict[int, dict[str, Any]] = {}
     ran = 0
     polish_from = int(n_trials * (1 - settings.polish_fraction))
+    grace_s = settings.grace_period_s or 2 * (settings.heartbeat_interval_s or 10)
     me = owner()
     while True:
         fail_stale(study)
@@ -365,27 +377,44 @@ def _run_trials(study, problem: _Problem, *, n_trials: int, settings: SearchSett
         # Past the budget, still run the retries of trials failed as stale (a killed worker's batch).
         size = min(settings.batch_size, n_trials - done) if done < n_trials else _waiting_retries(study)
         if size <= 0:
-            break
+            # Trials of other processes failed meanwhile are retried before this one returns.
+            if settle(study, grace_s=grace_s) == 0:
+                break
+            continue
         if polish_from <= done < n_trials:
             _enqueue_neighbours(study, problem, budget=size)
-        trials = []
-        for _ in range(size):  # each trial is claimed at once: a dead worker's trial is then found
-            trials.append(ask(study))
-            claim(study, trials[-1], me)
+        trials: list[optuna.Trial] = []
+        # Beating from the first claim: asking a batch may outlast the grace period.
         with beating(study, trials):
-            meshes = [problem.suggest(trial) for trial in trials]
-            missing = [m for m in set(meshes) if m not in cache]
+            for _ in range(size):  # each trial is claimed at once: a dead worker's trial is found
+                trial = ask(study)
+                if claim(study, trial, me):
+                    trials.append(trial)
+            meshes = _suggest(problem, trials)
+            missing = [m for m in set(meshes.values()) if m not in cache]
             if missing:
                 cache.update(problem.price(missing))
-            for trial, mesh in zip(trials, meshes):
+            for trial, mesh in meshes.items():
                 try:
                     _tell(study, trial, mesh, cache[mesh], problem.objective)
                 except optuna.exceptions.UpdateFinishedTrialError:  # failed as stale meanwhile: it is retried
                     logger.warning("trial %d was failed by another worker (no heartbeat for the grace period)", trial.number)
-        ran += len(trials)
+        ran += len(meshes)
         if progress is not None:
             progress(min(done + len(trials), n_trials), n_trials)
     return ran
+
+
+def _suggest(problem: _Problem, trials: list[optuna.Trial]) -> dict[optuna.Trial, int]:
+    """The mesh of each trial, leaving out those another process failed as stale meanwhile."""
+    meshes = {}
+    for trial in trials:
+        try:
+            meshes[trial] = problem.suggest(trial)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            logger.warning("trial %d was failed by another worker before it was priced",
+                           trial.number)
+    return meshes
 
 
 def _waiting_retries(study: optuna.Study) -> int:
