@@ -30,8 +30,12 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from search._lazy import optuna
+if TYPE_CHECKING:  # optuna is imported on first use (search._lazy); the checker sees the module
+    import optuna
+else:
+    from search._lazy import optuna
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +143,8 @@ def claim(study: optuna.Study, trial: optuna.Trial, me: dict[str, object]) -> bo
     when another process failed the trial first (left unclaimed for the grace period)."""
     try:
         if heartbeat_enabled(study):
-            study._storage.record_heartbeat(trial._trial_id)
+            storage: Any = study._storage  # the heartbeat API of RDB storages
+            storage.record_heartbeat(trial._trial_id)
         trial.set_user_attr("owner", {**me, "trial": trial.number})
     except optuna.exceptions.UpdateFinishedTrialError:
         logger.warning("trial %d was failed before this process claimed it", trial.number)
@@ -153,7 +158,8 @@ def settle(study: optuna.Study, *, grace_s: float, poll_s: float = 0.5) -> int:
     this process first saw them) are failed, and claimed trials of live processes (and, with a
     heartbeat, of other hosts) are waited for until they are told or found stale. Failed trials
     are enqueued again. Returns how many trials were waited for or failed (0: none in flight)."""
-    me, unclaimed_since, seen = owner(), {}, set()
+    me, seen = owner(), set()
+    unclaimed_since: dict[int, float] = {}
     while True:
         fail_stale(study)
         now, pending = time.monotonic(), []
@@ -193,7 +199,8 @@ def beating(study: optuna.Study, trials: list[optuna.Trial]) -> Iterator[None]:
     if not heartbeat_enabled(study):
         yield
         return
-    storage, stop = study._storage, threading.Event()
+    storage: Any = study._storage  # the heartbeat API of RDB storages
+    stop = threading.Event()
 
     def beat() -> None:
         while not stop.wait(storage.get_heartbeat_interval()):

@@ -19,9 +19,12 @@ import random
 import time
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from search._lazy import optuna
+if TYPE_CHECKING:  # optuna is imported on first use (search._lazy); the checker sees the module
+    import optuna
+else:
+    from search._lazy import optuna
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +112,7 @@ def open_storage(
     url = database_url(url)
     engine_kwargs = _engine_options(url)
     # Tables created and their version checked once per process (a forked worker inherits it).
-    ready = {"skip_table_creation": True, "skip_compatibility_check": True} if url in _SCHEMA_READY else {}
+    ready: dict[str, Any] = {"skip_table_creation": True, "skip_compatibility_check": True} if url in _SCHEMA_READY else {}
     with warnings.catch_warnings():  # heartbeat and its retry callback are marked experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         heartbeat = _heartbeat_options(heartbeat_interval_s, grace_period_s, max_retry)
@@ -183,7 +186,7 @@ def creation_lock(url: str | optuna.storages.BaseStorage | None) -> Iterator[Non
 
 def close_storage(storage: optuna.storages.BaseStorage | None) -> None:
     """Close the storage's pooled connections (before ``fork()``: a child must open its own)."""
-    backend = getattr(storage, "_backend", storage)  # a study wraps an RDB storage in a cache
+    backend: Any = getattr(storage, "_backend", storage)  # a study wraps an RDB storage in a cache
     engine = getattr(backend, "engine", None)
     if engine is not None:
         backend.scoped_session.remove()

@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -31,7 +31,6 @@ from search._candidate import (
     pareto_rows,
 )
 from search._idle import DeviceChoice, device_choices
-from search._lazy import optuna
 from search._liveness import (
     ask,
     beating,
@@ -59,6 +58,11 @@ from search._storage import (
 )
 from search._study_job import check_or_record_job, job_fingerprint, job_record
 from topology import Cluster
+
+if TYPE_CHECKING:  # optuna is imported on first use (search._lazy); the checker sees the module
+    import optuna
+else:
+    from search._lazy import optuna
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +196,7 @@ def find_plan(
     settings = settings or SearchSettings()
     if n_trials < 0:
         raise ValueError(f"n_trials ({n_trials}) must be >= 0 (0: write the result of the trials the study holds)")
-    options = {
+    options: dict[str, Any] = {
         "objective": objective, "n_trials": n_trials, "sampler": sampler, "storage": storage, "seed": seed,
         "settings": settings, "estimator": estimator, "progress": progress, "warm_start": warm_start,
     }
@@ -504,7 +508,7 @@ def _collect(study, problem: _Problem, *, method, ran, elapsed_s, storage, setti
     for trial in trials:
         candidate = Candidate.from_attrs(_attrs(trial)["candidate"])
         if not candidate.feasible:
-            reason = max(candidate.violations, key=candidate.violations.get)
+            reason = max(candidate.violations, key=lambda name: candidate.violations[name])
             infeasible_trials[reason] = infeasible_trials.get(reason, 0) + 1
     for mesh_attrs in {_attrs(t)["mesh_index"]: _attrs(t) for t in trials}.values():
         rows += mesh_attrs.get("rows", 0)

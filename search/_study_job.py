@@ -10,12 +10,16 @@ a different fingerprint is refused, naming each difference.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cost_model import Inference, ModelSpec, Training
-from search._lazy import optuna
 from search._space import SearchBounds
 from topology import Cluster
+
+if TYPE_CHECKING:  # optuna is imported on first use (search._lazy); the checker sees the module
+    import optuna
+else:
+    from search._lazy import optuna
 
 _FINGERPRINT = "job_fingerprint"
 _JOB = "job"
@@ -87,6 +91,8 @@ def load_study_job(*, storage: str | optuna.storages.BaseStorage, study_name: st
     from search._storage import open_storage
 
     opened = open_storage(storage, heartbeat_interval_s=None)
+    if opened is None:
+        raise ValueError("storage (None) must name the database that holds the study")
     names = [summary.study_name for summary in optuna.get_all_study_summaries(opened, include_best_trial=False)]
     if study_name is None:
         if len(names) != 1:

@@ -80,7 +80,7 @@ def _run_on(model, cluster, workload, *, workers: int, storage: str, n_trials: i
     before, study_name = num_finished(study), study.study_name
     close_storage(study._storage)  # no connection crosses fork()
     del study
-    final = dict(search, storage=storage, n_trials=n_trials, seed=seed, settings=settings)
+    final: dict[str, Any] = dict(search, storage=storage, n_trials=n_trials, seed=seed, settings=settings)
     # The workers share the batch: as many trials in flight as one process would have, so the
     # sampler's random start and its model see as many told trials as in one process.
     shared_batch = settings.model_copy(update={"batch_size": max(1, -(-settings.batch_size // workers))})
@@ -96,7 +96,7 @@ def _run_on(model, cluster, workload, *, workers: int, storage: str, n_trials: i
 
 
 def _start(model, cluster, workload, *, workers: int, search: dict) -> list:
-    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    context: Any = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
     parent = os.getpid()
     processes = [
         context.Process(
