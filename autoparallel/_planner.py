@@ -78,12 +78,7 @@ def find_plan(
         InfeasiblePlanError: no layout fits; names the bottleneck and the smallest card count
             that would fit.
     """
-    from search import find_plan as search_plan
-
-    if isinstance(workload, Inference) and isinstance(model, str) and "weight_dtype" not in workload.model_fields_set:
-        from autoparallel._catalog import checkpoint_dtype
-
-        workload = workload.model_copy(update={"weight_dtype": checkpoint_dtype(model)})
+    workload = _with_checkpoint_dtype(model, workload)
     model, cluster = resolve_model(model), resolve_cluster(cluster)
     if engine is not None:
         from search import engine_search_settings
@@ -91,14 +86,38 @@ def find_plan(
         search_options["settings"] = engine_search_settings(
             search_options.get("settings"), engine=engine, version=engine_version, workload=workload
         )
-    options = dict(
-        objective=objective,
-        n_trials=n_trials,
-        sampler=sampler,
-        storage=storage,
-        seed=seed,
-        **search_options,
-    )
+    options = dict(objective=objective, n_trials=n_trials, sampler=sampler, storage=storage, seed=seed)
+    result, cluster = _search(model, cluster, workload, workers=workers, **options, **search_options)
+    estimator = _estimator_option(search_options)
+    if not result.feasible:
+        raise infeasible_error(model=model, cluster=cluster, workload=workload, result=result, **estimator)
+    plan = plan_from_search(model=model, cluster=cluster, workload=workload, result=result)
+    if isinstance(workload, Inference) and (
+        workload.disaggregation_allowed if disaggregate is None else disaggregate
+    ):
+        bounds = search_options["settings"].bounds if engine is not None else None
+        plan = with_disaggregation(
+            plan, model=model, cluster=cluster, workload=workload, bounds=bounds, **estimator
+        )
+    return plan
+
+
+def _with_checkpoint_dtype(model: ModelSpec | str, workload: Training | Inference):
+    """An inference ``workload`` without a ``weight_dtype`` of a catalog name or config.json
+    path serves the released checkpoint's dtype."""
+    if isinstance(workload, Inference) and isinstance(model, str) and "weight_dtype" not in workload.model_fields_set:
+        from autoparallel._catalog import checkpoint_dtype
+
+        return workload.model_copy(update={"weight_dtype": checkpoint_dtype(model)})
+    return workload
+
+
+def _search(model: ModelSpec, cluster: Cluster, workload, *, workers: int, **options: Any):
+    """The ranked search result (in ``workers`` processes when more than one) and the cluster it
+    used (fewer whole nodes when some are left idle); for inference the serving simulator
+    re-checks the top layouts."""
+    from search import find_plan as search_plan
+
     if workers != 1:  # run_workers names a count below 1
         from search import run_workers
 
@@ -107,31 +126,11 @@ def find_plan(
         result = search_plan(model, cluster, workload, **options)
     if result.settings.get("num_nodes_used", cluster.num_nodes) != cluster.num_nodes:  # whole nodes left idle
         cluster = cluster.with_nodes(result.settings["num_nodes_used"])
-    if isinstance(workload, Inference) and result.feasible:  # the serving simulator checks the top layouts
+    if isinstance(workload, Inference) and result.feasible:
         from search import simulate_top_k
 
-        result = simulate_top_k(result, model=model, cluster=cluster, workload=workload, **_estimator_option(search_options))
-    if not result.feasible:
-        raise infeasible_error(
-            model=model,
-            cluster=cluster,
-            workload=workload,
-            result=result,
-            **_estimator_option(search_options),
-        )
-    plan = plan_from_search(model=model, cluster=cluster, workload=workload, result=result)
-    if isinstance(workload, Inference) and (
-        workload.disaggregation_allowed if disaggregate is None else disaggregate
-    ):
-        plan = with_disaggregation(
-            plan,
-            model=model,
-            cluster=cluster,
-            workload=workload,
-            bounds=search_options["settings"].bounds if engine is not None else None,
-            **_estimator_option(search_options),
-        )
-    return plan
+        result = simulate_top_k(result, model=model, cluster=cluster, workload=workload, **_estimator_option(options))
+    return result, cluster
 
 
 def with_disaggregation(
