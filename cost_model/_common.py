@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -122,7 +123,7 @@ class EstimateOptions(BaseModel):
     bidirectional_pipeline: bool = False
     context_parallel: Literal["ring", "all_gather"] = "ring"
 
-    def calibration_for(self, hardware) -> "Calibration":  # noqa: ANN001
+    def calibration_for(self, hardware) -> Calibration:
         return self.calibration if self.calibration is not None else calibration_for(hardware)
 
 
@@ -151,15 +152,15 @@ class Calibration(BaseModel):
     def __hash__(self) -> int:
         return hash(self.model_dump_json())
 
-    def matmul_scale(self, hardware) -> float:  # noqa: ANN001 - topology.HardwareSpec
+    def matmul_scale(self, hardware) -> float:
         return 1.0 if self.matmul_efficiency is None else self.matmul_efficiency / hardware.matmul_efficiency
 
-    def attention_scale(self, hardware) -> float:  # noqa: ANN001
+    def attention_scale(self, hardware) -> float:
         if self.attention_efficiency is None:
             return self.matmul_scale(hardware)
         return self.attention_efficiency / hardware.matmul_efficiency
 
-    def memory_scale(self, hardware) -> float:  # noqa: ANN001
+    def memory_scale(self, hardware) -> float:
         if self.memory_bandwidth_efficiency is None:
             return 1.0
         return self.memory_bandwidth_efficiency / hardware.memory_bandwidth_efficiency
@@ -176,7 +177,7 @@ def _shipped_calibrations() -> tuple[Calibration, ...]:
     return tuple(Calibration.model_validate(entry) for entry in json.loads(text)["calibrations"])
 
 
-def calibration_for(hardware) -> Calibration:  # noqa: ANN001 - topology.HardwareSpec
+def calibration_for(hardware) -> Calibration:
     """The shipped calibration whose ``device_pattern`` matches ``hardware.name``, else neutral."""
     for calibration in _shipped_calibrations():
         if re.search(calibration.device_pattern, hardware.name):
@@ -471,7 +472,7 @@ def expert_dispatch_time_s(
         remote_copies = np.minimum(remote_copies, np.where(node_dedup, float(max_routed_nodes), copies))
     inter_bytes = token_bytes * remote_copies
 
-    def point_to_point(ranks_per_node, message) -> np.ndarray:  # noqa: ANN001
+    def point_to_point(ranks_per_node, message) -> np.ndarray:
         return collective_time_s(
             cluster=cluster, op="send_recv", group_size=2.0, ranks_per_node=ranks_per_node, message_bytes=message,
             calibration=calibration,

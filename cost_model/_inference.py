@@ -70,32 +70,41 @@ the largest memory part when memory does not fit, else the missed SLO).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from types import SimpleNamespace
-from typing import Mapping
 
 import numpy as np
 
 from cost_model import _inference_ops as ops
 from cost_model._common import (
     Calibration,
-    REASON_CODES,
     EstimateOptions,
     StageLayout,
     attention_parameters_per_device,
     collective_time_s,
-    memory_reason,
     op_time_s,
     parameters_per_device,
     ranks_per_node,
     stage_layout,
 )
-from cost_model._kernel_curves import MLA_CURVE_HEADS, deepep_low_latency_s, expert_all_to_all_bytes, grouped_experts_time_s, mla_time_s
+from cost_model._kernel_curves import (
+    MLA_CURVE_HEADS,
+    deepep_low_latency_s,
+    expert_all_to_all_bytes,
+    grouped_experts_time_s,
+    mla_time_s,
+)
 from cost_model._model_spec import ModelSpec
-from cost_model._serving_precision import check_serving_precision
-from cost_model._serving_columns import A2A_BACKEND_CODES, KV_DTYPE_CODES, PHASE_CODES, checked_columns
+from cost_model._serving_columns import (
+    A2A_BACKEND_CODES,
+    KV_DTYPE_CODES,
+    PHASE_CODES,
+    checked_columns,
+)
 from cost_model._serving_load import ServingProfile, serving_profile
+from cost_model._serving_precision import check_serving_precision
 from cost_model._table import table_length
 from cost_model._training import kernels_per_layer
 from cost_model._units import dtype_bytes
@@ -549,4 +558,3 @@ def _timing(s: _Setup, batch: np.ndarray) -> _Timing:
 
 
 # The table entry point prices the load on top of these passes; it imports the helpers above.
-from cost_model._inference_load import estimate_inference_table  # noqa: E402

@@ -60,7 +60,7 @@ class Pass:
     head_tokens: np.ndarray  # tokens per sequence that need logits
     decode: bool
 
-    def scaled(self, factor: float) -> "Pass":
+    def scaled(self, factor: float) -> Pass:
         """The same pass over ``factor`` times the sequences (a micro-batch of it)."""
         return Pass(self.batch * factor, self.new_tokens, self.cached_tokens, self.head_tokens, self.decode)
 

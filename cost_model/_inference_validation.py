@@ -166,9 +166,8 @@ def day6_fleet_rows(*, calibration: Calibration | None = None) -> list[Validatio
     """DERIVED check of the rate matching: split the published average fleet (226.75 nodes)
     between prefill and decode units with ``disaggregated_split`` and compare the requests it
     serves, as input and output tokens per second, with the 24 h totals / 86,400 s."""
-    from topology import get_preset
-
     from cost_model._serving import PoolConfig, disaggregated_split
+    from topology import get_preset
 
     records = day6_records()["records"]
     units = day6_units()

@@ -30,10 +30,10 @@ and (p - 1) forward times for the zero-bubble schedule ZB-H1 (Qi et al., arXiv:2
 
 from __future__ import annotations
 
-
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Literal, Mapping
+from typing import Literal
 
 import numpy as np
 
@@ -99,7 +99,7 @@ class TrainingContext:
         """``parameters_per_device`` of each pipeline rank (rows ``STAGES``)."""
         return parameters_per_device(model=self.model, table=self.table, layout=self.layout)
 
-    def restricted(self, rows: np.ndarray) -> "TrainingContext":
+    def restricted(self, rows: np.ndarray) -> TrainingContext:
         """The same estimate over a subset of the rows."""
         return training_context(
             model=self.model, cluster=self.cluster, workload=self.workload, options=self.options,
@@ -150,7 +150,7 @@ class TrainingContext:
             return self.calibration.overlap_fraction("dp_comm")
         return self.framework.dp_comm_overlap
 
-    def overlap_fraction(self, kind: str):  # noqa: ANN201 - float or (n,) array
+    def overlap_fraction(self, kind: str):
         """Fraction of a TP/EP/CP communication kind that may hide behind compute. With a
         framework, tensor-parallel overlap is its feature (Megatron-core ``--tp-comm-overlap``
         pipelines the sequence-parallel all-gather / reduce-scatter with the GEMMs, only with

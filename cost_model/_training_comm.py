@@ -49,7 +49,7 @@ class FsdpLayerTimes:
     ends_gather: np.ndarray
     ends_scatter: np.ndarray
 
-    def take(self, index: np.ndarray) -> "FsdpLayerTimes":
+    def take(self, index: np.ndarray) -> FsdpLayerTimes:
         return FsdpLayerTimes(**{f.name: getattr(self, f.name)[..., index] for f in fields(self)})
 
 
@@ -69,7 +69,7 @@ class CollectiveTimes:
     dp_weight_gather: np.ndarray  # (3, n) ZeRO-1/2: all-gather of the rank's updated bf16 weights
     fsdp_layer: FsdpLayerTimes
 
-    def take(self, index: np.ndarray) -> "CollectiveTimes":
+    def take(self, index: np.ndarray) -> CollectiveTimes:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         return CollectiveTimes(**{name: value.take(index) if isinstance(value, FsdpLayerTimes) else value[..., index]
                                   for name, value in values.items()})
@@ -91,7 +91,7 @@ def distinct_rows(table, columns: tuple[str, ...]) -> tuple[np.ndarray, np.ndarr
     return first, inverse.reshape(-1)
 
 
-def table_collective_times(ctx) -> CollectiveTimes:  # noqa: ANN001 - _training.TrainingContext
+def table_collective_times(ctx) -> CollectiveTimes:
     """``collective_times`` of every row, computed once per distinct mesh."""
     rows = len(ctx.tokens)
     if rows < _DISTINCT_MIN_ROWS:
@@ -102,7 +102,7 @@ def table_collective_times(ctx) -> CollectiveTimes:  # noqa: ANN001 - _training.
     return collective_times(ctx.restricted(first)).take(inverse)
 
 
-def collective_times(ctx) -> CollectiveTimes:  # noqa: ANN001
+def collective_times(ctx) -> CollectiveTimes:
     tp_all_reduce, tp_split = _tp(ctx)
     dp_all_reduce, dp_gradient_scatter, dp_weight_gather = _dp(ctx)
     ep_forward, ep_backward = _ep(ctx)
@@ -114,7 +114,7 @@ def collective_times(ctx) -> CollectiveTimes:  # noqa: ANN001
     )
 
 
-def _tp(ctx) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+def _tp(ctx) -> tuple[np.ndarray, np.ndarray]:
     tp = ctx.column("tp")
     message = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES
     all_reduce = ctx.collective("all_reduce", axis="tp", group_size=tp, message_bytes=message)
@@ -124,7 +124,7 @@ def _tp(ctx) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
     return all_reduce, split
 
 
-def mla_backward_widths(model) -> tuple[int, ...]:  # noqa: ANN001 - ModelSpec
+def mla_backward_widths(model) -> tuple[int, ...]:
     """Widths of the replicated tensors whose gradients MLA all-reduces over tp in backward: the
     per-head up-projections (column-parallel) read the replicated query and KV latents, and every
     head's RoPE key is one shared vector, so each input's gradient is a sum over the tp ranks'
@@ -137,7 +137,7 @@ def mla_backward_widths(model) -> tuple[int, ...]:  # noqa: ANN001 - ModelSpec
     return (a.q_lora_rank or model.hidden_size, a.kv_lora_rank, a.qk_rope_head_dim)
 
 
-def _tp_mla_backward(ctx, hidden_all_reduce: np.ndarray) -> np.ndarray:  # noqa: ANN001
+def _tp_mla_backward(ctx, hidden_all_reduce: np.ndarray) -> np.ndarray:
     """Backward seconds per layer of MLA's input-gradient all-reduces (``mla_backward_widths``)
     beyond the one all-reduce of the hidden-size attention input that ``tp_all_reduce`` counts."""
     widths = mla_backward_widths(ctx.model)
@@ -156,7 +156,7 @@ def _tp_mla_backward(ctx, hidden_all_reduce: np.ndarray) -> np.ndarray:  # noqa:
 FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0
 
 
-def _ep(ctx) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+def _ep(ctx) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds of one MoE layer's dispatch + combine and the expert-TP
     gather/scatter. The forward dispatch may travel in fp8 (``expert_dispatch_fp8``); the
     combine and both backward exchanges (gradients) in bf16."""
@@ -175,7 +175,7 @@ def _ep(ctx) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
     return forward + gather + scatter, backward + gather + scatter
 
 
-def _exchange(ctx, tokens: np.ndarray, element_bytes: float) -> np.ndarray:  # noqa: ANN001
+def _exchange(ctx, tokens: np.ndarray, element_bytes: float) -> np.ndarray:
     """One dispatch or combine: an NCCL all-to-all of every routed copy (Megatron-core's
     alltoall dispatcher), or DeepEP's kernels (``_common.expert_dispatch_time_s``, the formula
     the inference path uses: per-node de-duplication, node-limited routing)."""
@@ -190,21 +190,21 @@ def _exchange(ctx, tokens: np.ndarray, element_bytes: float) -> np.ndarray:  # n
     return ctx.collective("all_to_all", axis="ep", group_size=ctx.column("ep"), message_bytes=message)
 
 
-def _kv_width_per_rank(ctx) -> np.ndarray:  # noqa: ANN001
+def _kv_width_per_rank(ctx) -> np.ndarray:
     a = ctx.model.attention
     if a.kind == "mla":  # K and V after the up-projection, every head (Megatron-core MLA with CP)
         return a.num_heads * (a.qk_head_dim + a.value_head_dim) / ctx.column("tp")
     return np.maximum(a.num_kv_heads / ctx.column("tp"), 1.0) * 2.0 * a.head_dim
 
 
-def _point_to_point(ctx, *, active: np.ndarray, same_node: np.ndarray, message: np.ndarray) -> np.ndarray:  # noqa: ANN001
+def _point_to_point(ctx, *, active: np.ndarray, same_node: np.ndarray, message: np.ndarray) -> np.ndarray:
     return collective_time_s(
         cluster=ctx.cluster, op="send_recv", group_size=np.where(active, 2.0, 1.0),
         ranks_per_node=np.where(same_node & active, 2.0, 1.0), message_bytes=message, calibration=ctx.calibration,
     )
 
 
-def _cp(ctx) -> np.ndarray:  # noqa: ANN001
+def _cp(ctx) -> np.ndarray:
     """One layer's forward context-parallel exchange: the cp - 1 ring steps of one K/V block
     (``ring``), or one all-gather of every rank's K/V (``all_gather``, Llama 3 report sec.
     3.3.2; its backward re-gathers and reduce-scatters the same size)."""
@@ -217,12 +217,12 @@ def _cp(ctx) -> np.ndarray:  # noqa: ANN001
     return (cp - 1.0) * step
 
 
-def _pp(ctx) -> np.ndarray:  # noqa: ANN001
+def _pp(ctx) -> np.ndarray:
     message = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES / ctx.column("tp")
     return _point_to_point(ctx, active=ctx.column("pp") > 1, same_node=ctx.local["pp"] >= 2, message=message)
 
 
-def sharded_parameters(ctx) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+def sharded_parameters(ctx) -> tuple[np.ndarray, np.ndarray]:
     """(dense, expert) parameters per device of each stage: expert gradients reduce over edp,
     the rest over dp*cp (Megatron-core)."""
     parts = dict(ctx.parameters)
@@ -230,7 +230,7 @@ def sharded_parameters(ctx) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
     return sum(parts.values()), expert
 
 
-def _dp(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # noqa: ANN001
+def _dp(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Whole-rank data-parallel collectives (3, n): gradient all-reduce (ZeRO-0), gradient
     reduce-scatter and weight all-gather (ZeRO-1/2; Megatron-core distributed optimizer)."""
     dense, expert = sharded_parameters(ctx)
@@ -243,14 +243,14 @@ def _dp(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # noqa: ANN001
     return tuple(totals)
 
 
-def _dp_groups(ctx, *, dense, expert) -> tuple:  # noqa: ANN001
+def _dp_groups(ctx, *, dense, expert) -> tuple:
     """(parameters, group size, placement axis) of the dense (dp*cp) and expert (edp) groups."""
     dp_cp = ctx.column("dp") * ctx.column("cp")
     edp = dp_cp * ctx.column("tp") / (ctx.column("ep") * ctx.column("etp"))
     return ((dense, dp_cp, "dp_cp"), (expert, edp, "edp"))
 
 
-def _fsdp_layer(ctx) -> FsdpLayerTimes:  # noqa: ANN001
+def _fsdp_layer(ctx) -> FsdpLayerTimes:
     """Per-layer ZeRO-3/FSDP collectives: FSDP2 wraps each transformer block (torchtitan's
     ``apply_fsdp``), DeepSpeed ZeRO-3 fetches each submodule's parameters on first use
     (Rajbhandari et al., ZeRO, SC'20 sec. 7.3; ZeRO-Infinity, SC'21 sec. 6). Messages are the
@@ -272,7 +272,7 @@ def _fsdp_layer(ctx) -> FsdpLayerTimes:  # noqa: ANN001
     return FsdpLayerTimes(**times)
 
 
-def layer_parameter_split(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # noqa: ANN001
+def layer_parameter_split(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Parameters per device (n,) of one dense layer, and of one MoE layer without and with only
     its routed experts (the experts reduce over edp, the rest over dp*cp)."""
     dense_layer, moe_layer = layer_weights_per_device(model=ctx.model, table=ctx.table)
@@ -286,7 +286,7 @@ def layer_parameter_split(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # 
     return dense_layer, moe_layer - experts, np.broadcast_to(experts, moe_layer.shape)
 
 
-def sharding_buffer_bytes(ctx) -> np.ndarray:  # noqa: ANN001
+def sharding_buffer_bytes(ctx) -> np.ndarray:
     """Bytes per device (3, n) that sharded data parallelism holds beyond the shards.
 
     ZeRO-3/FSDP: the unsharded bf16 weights of the layer being computed and of the one being

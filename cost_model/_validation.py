@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -118,7 +119,7 @@ class Case:
     workload: Training
     config: ParallelConfig
     software: str
-    metrics: tuple[tuple[str, str, float, Callable[[dict, "Case"], float]], ...] = field(default=())
+    metrics: tuple[tuple[str, str, float, Callable[[dict, Case], float]], ...] = field(default=())
     source_id: str = ""
     estimate_options: tuple[tuple[str, Any], ...] = ()  # EstimateOptions facts of the run
 
@@ -325,7 +326,11 @@ def inference_rows() -> list[ValidationRow]:
     """DeepSeek serving rows from ``cost_model._inference_validation``: the Day-6 production
     averages, the Day-6 prefill row under other prompt-length spreads (not bounded: it shows what
     the spread carries), then the fully loaded profiles of the same units."""
-    from cost_model._inference_validation import day6_prefill_by_prompt_cv, validate_dsv3_day6, validate_dsv3_profile
+    from cost_model._inference_validation import (
+        day6_prefill_by_prompt_cv,
+        validate_dsv3_day6,
+        validate_dsv3_profile,
+    )
 
     tables = {
         "dsv3_day6": validate_dsv3_day6(),
@@ -439,7 +444,7 @@ def robust_loss(log_errors: np.ndarray) -> float:
     return float(np.sum(np.log1p((np.asarray(log_errors) / ROBUST_SCALE) ** 2)))
 
 
-def _start_value(name: str, device) -> float:  # noqa: ANN001
+def _start_value(name: str, device) -> float:
     return {
         "matmul_efficiency": device.matmul_efficiency, "attention_efficiency": device.matmul_efficiency,
         "memory_bandwidth_efficiency": device.memory_bandwidth_efficiency,

@@ -17,7 +17,13 @@ from cost_model._common import (
     stage_layout,
 )
 from cost_model._model_spec import AttentionSpec
-from cost_model._table import configs_to_table, select_rows, table_from_columns, table_length, table_row
+from cost_model._table import (
+    configs_to_table,
+    select_rows,
+    table_from_columns,
+    table_length,
+    table_row,
+)
 from topology import get_preset
 
 CONFIGS = [

@@ -54,6 +54,7 @@ def test_zero2_reduces_per_micro_batch_only_where_the_framework_does() -> None:
     deepspeed, megatron = _columns("deepspeed", 2, micro_batches=4), _columns("megatron-core", 2, micro_batches=4)
     deepspeed_one = _columns("deepspeed", 2, micro_batches=1)
     megatron_one = _columns("megatron-core", 2, micro_batches=1)
-    traffic = lambda c: c["time.dp_comm"][0] + c["hidden.dp_comm"][0]
+    def traffic(c):
+        return c["time.dp_comm"][0] + c["hidden.dp_comm"][0]
     assert traffic(deepspeed) > 2.0 * traffic(deepspeed_one)
     assert traffic(megatron) == pytest.approx(traffic(megatron_one), rel=1e-9)

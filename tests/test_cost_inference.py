@@ -20,8 +20,12 @@ from cost_model import (
     table_from_columns,
 )
 from cost_model._inference import REASON_CODES
+from cost_model._inference_ops import (
+    attention_flops_per_key,
+    kv_bytes_per_sequence_layer,
+    mean_attended_between,
+)
 from cost_model._serving_columns import KV_DTYPE_CODES, PHASE_CODES
-from cost_model._inference_ops import attention_flops_per_key, kv_bytes_per_sequence_layer, mean_attended_between
 from topology import get_preset
 
 REF = get_model("ref-3t-moe")
@@ -329,7 +333,11 @@ def test_hidden_prefill_traffic_slows_compute_by_its_sm_share() -> None:
 
 
 def test_memory_passes_follow_the_attention_form_the_cast_and_the_shard() -> None:
-    from cost_model._inference_ops import attention_side_bytes, moe_token_bytes, routed_bytes_per_assignment
+    from cost_model._inference_ops import (
+        attention_side_bytes,
+        moe_token_bytes,
+        routed_bytes_per_assignment,
+    )
 
     h, a = DSV3.hidden_size, DSV3.attention
     prefill = attention_side_bytes(DSV3, decode=False, act=2.0, cast=1.0, shard=1.0)

@@ -72,8 +72,8 @@ def test_sc21_tflops_use_the_papers_formula(rows) -> None:
     row = next(r for r in rows if r.table == "megatron_sc21_table1" and r.run == "1T")
     cluster = _cluster(case.hardware, case.config.world_size)
     columns = estimate_table(case.model, cluster, _workload(case), configs_to_table([case.config]), options=_options(case, None, cluster))
-    b, s, l, h, v = 3072, 2048, 128, 25600, 51200
-    flops = 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+    b, s, layers, h, v = 3072, 2048, 128, 25600, 51200
+    flops = 96 * b * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
     assert case.config.world_size == 3072 and case.config.pp == 64 and case.config.recompute == "full"
     assert row.predicted == pytest.approx(flops / (columns["step_time_s"][0] * 3072) / 1e12, rel=1e-12)
 

@@ -18,7 +18,14 @@ import pytest
 
 import autoparallel as ap
 from cost_model import InfeasiblePlanError, Inference, Training
-from search import SearchBounds, SearchSettings, exhaustive_search, find_plan, regret, resolve_objective
+from search import (
+    SearchBounds,
+    SearchSettings,
+    exhaustive_search,
+    find_plan,
+    regret,
+    resolve_objective,
+)
 from search._workers import run_workers
 
 REPO = Path(__file__).resolve().parents[1]

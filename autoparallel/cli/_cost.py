@@ -16,16 +16,16 @@ from autoparallel.cli._args import (
 )
 from autoparallel.cli._render import console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
-from cost_model._rules import minimum_redundant_experts
-from cost_model._frameworks import framework_names
 from autoparallel.cli._serving_args import add_load_arguments, load_fields, print_simulation
+from cost_model._frameworks import framework_names
+from cost_model._rules import minimum_redundant_experts
 from cost_model._units import human_bytes, human_seconds
 
 DEFAULT_CLUSTER = "dgx-h200"
 DEFAULT_NODES = 128
 
 
-def register(subparsers) -> None:  # noqa: ANN001 - argparse's private type
+def register(subparsers) -> None:
     estimate = subparsers.add_parser("estimate", help="time, memory, MFU and tokens/s of one parallel layout")
     _estimate_arguments(estimate)
     estimate.set_defaults(func=_estimate)
@@ -66,7 +66,7 @@ def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--simulate", action="store_true", help="serving: also run the iteration-level serving simulator")
 
 
-def _config(args: argparse.Namespace, num_devices: int):  # noqa: ANN202
+def _config(args: argparse.Namespace, num_devices: int):
     from cost_model import ParallelConfig
 
     dp = args.dp or max(1, num_devices // (args.tp * args.pp * args.cp))
@@ -125,7 +125,7 @@ def _estimate(args: argparse.Namespace) -> int:
 
 
 
-def _print_breakdown(breakdown) -> None:  # noqa: ANN001 - CostBreakdown
+def _print_breakdown(breakdown) -> None:
     times = table_of(
         f"Time per step: {human_seconds(breakdown.step_time_s)} (bottleneck: {breakdown.bottleneck})",
         {"part": "text", "exposed": "number", "hidden": "number", "share": "number"},
@@ -236,14 +236,14 @@ def _print_generalization(figures: dict) -> None:
     console.print(fit_words(table))
 
 
-def _within(figures: dict, tolerance) -> bool:  # noqa: ANN001
+def _within(figures: dict, tolerance) -> bool:
     if tolerance is None:
         return True
     mean, largest = tolerance
     return (mean is None or figures["mean_abs_error"] <= mean) and (largest is None or figures["max_abs_error"] <= largest)
 
 
-def _print_validation(rows, summary, tolerances) -> None:  # noqa: ANN001
+def _print_validation(rows, summary, tolerances) -> None:
     for table_name in summary:
         table = table_of(table_name, {"run": "text", "metric": "text", "predicted": "number", "published": "number",
                                       "error": "number"})

@@ -11,10 +11,10 @@ from autoparallel.cli._render import console
 from cost_model._units import human_seconds
 
 
-def _positive(kind):  # noqa: ANN001, ANN202 - an argparse type
+def _positive(kind):
     """An argparse type: ``kind(text)``, which must be > 0 (argparse exits 2 naming the option)."""
 
-    def parse(text: str):  # noqa: ANN202
+    def parse(text: str):
         value = kind(text)
         if not value > 0:
             raise argparse.ArgumentTypeError(f"({text}) must be > 0")
@@ -112,9 +112,8 @@ def print_simulation(run, workload) -> None:
     )
 
 
-def simulated_line(plan, *, model, cluster, workload) -> str:  # noqa: ANN001
+def simulated_line(plan, *, model, cluster, workload) -> str:
     """The chosen layout run in the serving simulator at its chosen load: p90 TTFT and TPOT."""
-    from cost_model import ServingConfig
     from cost_model._simulator import simulate_layout
 
     serving = plan.serving.serving_config()
