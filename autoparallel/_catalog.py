@@ -18,7 +18,9 @@ DEFAULT_MODEL = "ref-3t-moe"
 def list_models() -> list[str]:
     """Names of the catalog models."""
     folder = resources.files("autoparallel") / "catalog"
-    return sorted(entry.name[: -len(".json")] for entry in folder.iterdir() if entry.name.endswith(".json"))
+    return sorted(
+        entry.name[: -len(".json")] for entry in folder.iterdir() if entry.name.endswith(".json")
+    )
 
 
 def catalog_config(name: str) -> dict:

@@ -54,7 +54,9 @@ def contiguous_placement(*, num_experts: int, ep: int) -> ExpertPlacement:
     _check_divides("num_experts", num_experts, "ep", ep)
     per_rank = num_experts // ep
     return ExpertPlacement(
-        num_experts=num_experts, ep=ep, expert_to_ranks=tuple((e // per_rank,) for e in range(num_experts))
+        num_experts=num_experts,
+        ep=ep,
+        expert_to_ranks=tuple((e // per_rank,) for e in range(num_experts)),
     )
 
 
@@ -73,9 +75,13 @@ def _total_load(expert_load, num_experts: int | None = None) -> np.ndarray:
     if load.ndim == 2:
         load = load.sum(axis=0)
     if load.ndim != 1:
-        raise ValueError(f"expert_load (shape {load.shape}) must be [num_experts] or [num_layers, num_experts]")
+        raise ValueError(
+            f"expert_load (shape {load.shape}) must be [num_experts] or [num_layers, num_experts]"
+        )
     if num_experts is not None and load.shape[0] != num_experts:
-        raise ValueError(f"expert_load (length {load.shape[0]}) must have num_experts ({num_experts}) entries")
+        raise ValueError(
+            f"expert_load (length {load.shape[0]}) must have num_experts ({num_experts}) entries"
+        )
     if np.any(load < 0) or not np.all(np.isfinite(load)):
         raise ValueError("expert_load must hold finite counts >= 0")
     return load
@@ -98,7 +104,9 @@ def load_imbalance(*, placement: ExpertPlacement, expert_load) -> float:
     return 1.0 if mean == 0 else float(per_rank.max() / mean)
 
 
-def zipf_expert_load(*, num_experts: int, exponent: float = 1.2, total_tokens: float = 1.0, seed: int | None = None) -> np.ndarray:
+def zipf_expert_load(
+    *, num_experts: int, exponent: float = 1.2, total_tokens: float = 1.0, seed: int | None = None
+) -> np.ndarray:
     """Zipf-like expert popularity (rank ``i`` gets ``1 / (i + 1) ** exponent``), for tests and benchmarks.
 
     With ``seed`` the popularity order is a random permutation of the experts (hot experts are
@@ -117,7 +125,9 @@ def _check_divides(name: str, value: int, by_name: str, by: int) -> None:
         raise ValueError(f"{name} ({value}) must be divisible by {by_name} ({by})")
 
 
-def _pack(*, weights: np.ndarray, num_bins: int, items_per_bin: int, labels=None) -> list[list[int]]:
+def _pack(
+    *, weights: np.ndarray, num_bins: int, items_per_bin: int, labels=None
+) -> list[list[int]]:
     """Greedy balanced packing: heaviest item first into the lightest bin that still has room.
 
     Every bin ends with exactly ``items_per_bin`` items. With ``labels`` (e.g. the expert of a
@@ -133,7 +143,9 @@ def _pack(*, weights: np.ndarray, num_bins: int, items_per_bin: int, labels=None
         while label is not None and len(heap) > 1 and label in bin_labels[heap[0][1]]:
             skipped.append(heapq.heappop(heap))
         total, target = heapq.heappop(heap)
-        if label is not None and label in bin_labels[target] and skipped:  # every open bin has the label: take the lightest
+        if (
+            label is not None and label in bin_labels[target] and skipped
+        ):  # every open bin has the label: take the lightest
             skipped.append((total, target))
             total, target = min(skipped)
             skipped.remove((total, target))
@@ -160,12 +172,21 @@ def _replicate(*, load: np.ndarray, num_slots: int, max_replicas: int) -> np.nda
     return counts
 
 
-def _place_in_node(*, experts: list[int], load: np.ndarray, ranks: list[int], slots_per_rank: int) -> dict[int, list[int]]:
+def _place_in_node(
+    *, experts: list[int], load: np.ndarray, ranks: list[int], slots_per_rank: int
+) -> dict[int, list[int]]:
     """Replicate the node's experts into its slots and pack the replicas on the node's ranks."""
-    counts = _replicate(load=load[experts], num_slots=len(ranks) * slots_per_rank, max_replicas=len(ranks))
+    counts = _replicate(
+        load=load[experts], num_slots=len(ranks) * slots_per_rank, max_replicas=len(ranks)
+    )
     replica_expert = [expert for expert, count in zip(experts, counts) for _ in range(count)]
     replica_load = np.array([load[e] / c for e, c in zip(experts, counts) for _ in range(c)])
-    bins = _pack(weights=replica_load, num_bins=len(ranks), items_per_bin=slots_per_rank, labels=replica_expert)
+    bins = _pack(
+        weights=replica_load,
+        num_bins=len(ranks),
+        items_per_bin=slots_per_rank,
+        labels=replica_expert,
+    )
     held: dict[int, list[int]] = {}
     for rank, items in zip(ranks, bins):
         for item in items:
@@ -203,7 +224,9 @@ def balanced_placement(
     ranks_per_node = ep if ranks_per_node is None else ranks_per_node
     if num_redundant_experts < 0:
         raise ValueError(f"num_redundant_experts ({num_redundant_experts}) must be >= 0")
-    _check_divides("num_experts + num_redundant_experts", num_experts + num_redundant_experts, "ep", ep)
+    _check_divides(
+        "num_experts + num_redundant_experts", num_experts + num_redundant_experts, "ep", ep
+    )
     _check_divides("ep", ep, "ranks_per_node", ranks_per_node)
     slots_per_rank = (num_experts + num_redundant_experts) // ep
     if slots_per_rank > num_experts:
@@ -211,18 +234,28 @@ def balanced_placement(
             f"slots per rank ((num_experts + num_redundant_experts) / ep = {slots_per_rank}) must be <= "
             f"num_experts ({num_experts}); a rank would hold one expert twice"
         )
-    flat = _hierarchical(load=load, ep=ep, num_redundant_experts=num_redundant_experts, ranks_per_node=ep)
+    flat = _hierarchical(
+        load=load, ep=ep, num_redundant_experts=num_redundant_experts, ranks_per_node=ep
+    )
     num_nodes = ep // ranks_per_node
     if num_nodes == 1 or num_experts % num_nodes or slots_per_rank > num_experts // num_nodes:
-        return flat  # the node-local scheme needs whole experts per node and distinct slots per rank
-    nested = _hierarchical(load=load, ep=ep, num_redundant_experts=num_redundant_experts, ranks_per_node=ranks_per_node)
+        return (
+            flat  # the node-local scheme needs whole experts per node and distinct slots per rank
+        )
+    nested = _hierarchical(
+        load=load, ep=ep, num_redundant_experts=num_redundant_experts, ranks_per_node=ranks_per_node
+    )
     nested_imbalance = load_imbalance(placement=nested, expert_load=load)
-    if nested_imbalance > load_imbalance(placement=flat, expert_load=load) * (1.0 + HIERARCHY_TOLERANCE):
+    if nested_imbalance > load_imbalance(placement=flat, expert_load=load) * (
+        1.0 + HIERARCHY_TOLERANCE
+    ):
         return flat
     return nested
 
 
-def _hierarchical(*, load: np.ndarray, ep: int, num_redundant_experts: int, ranks_per_node: int) -> ExpertPlacement:
+def _hierarchical(
+    *, load: np.ndarray, ep: int, num_redundant_experts: int, ranks_per_node: int
+) -> ExpertPlacement:
     """Pack experts on nodes, then replicate and pack replicas on the ranks of each node."""
     num_experts = len(load)
     num_nodes = ep // ranks_per_node
@@ -231,7 +264,11 @@ def _hierarchical(*, load: np.ndarray, ep: int, num_redundant_experts: int, rank
     held: dict[int, list[int]] = {}
     for node, experts in enumerate(node_experts):
         ranks = list(range(node * ranks_per_node, (node + 1) * ranks_per_node))
-        held.update(_place_in_node(experts=sorted(experts), load=load, ranks=ranks, slots_per_rank=slots_per_rank))
+        held.update(
+            _place_in_node(
+                experts=sorted(experts), load=load, ranks=ranks, slots_per_rank=slots_per_rank
+            )
+        )
     return ExpertPlacement(
         num_experts=num_experts,
         ep=ep,
@@ -240,7 +277,9 @@ def _hierarchical(*, load: np.ndarray, ep: int, num_redundant_experts: int, rank
     )
 
 
-def placement_moves(*, old: ExpertPlacement, new: ExpertPlacement, ranks_per_node: int | None = None) -> tuple[ExpertMove, ...]:
+def placement_moves(
+    *, old: ExpertPlacement, new: ExpertPlacement, ranks_per_node: int | None = None
+) -> tuple[ExpertMove, ...]:
     """Weight copies that turn ``old`` into ``new``: one per (expert, rank) that ``new`` adds.
 
     The source is a rank that holds the expert under ``old``: the target itself never appears
@@ -259,7 +298,10 @@ def placement_moves(*, old: ExpertPlacement, new: ExpertPlacement, ranks_per_nod
         for target in new.expert_to_ranks[expert]:
             if target in holders:
                 continue
-            source = min(holders, key=lambda r: (r // ranks_per_node != target // ranks_per_node, sends[r], r))
+            source = min(
+                holders,
+                key=lambda r: (r // ranks_per_node != target // ranks_per_node, sends[r], r),
+            )
             sends[source] += 1
             moves.append(ExpertMove(expert=expert, source_rank=source, target_rank=target))
     return tuple(moves)

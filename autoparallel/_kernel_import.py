@@ -55,9 +55,7 @@ DEVICES = {
 DTYPES = {"bfloat16": "bf16", "fp8_block": "fp8", "nvfp4": "fp4", "int4_wo": "int4"}
 ENGINES = ("trtllm", "sglang", "vllm")
 FORBIDDEN_FILE = "silicon_sample"
-MLA_BATCH = (
-    64  # decode sequences per MLA call of the imported rows (128 heads: one rank, tp 1)
-)
+MLA_BATCH = 64  # decode sequences per MLA call of the imported rows (128 heads: one rank, tp 1)
 
 
 def _read(path: Path) -> list[dict]:
@@ -75,14 +73,10 @@ def _read(path: Path) -> list[dict]:
 
 
 def _version_key(version: str) -> tuple:
-    return tuple(
-        int(p) if p.isdigit() else -1 for p in re.split(r"[.a-z]+", version) if p
-    )
+    return tuple(int(p) if p.isdigit() else -1 for p in re.split(r"[.a-z]+", version) if p)
 
 
-def _latest_tables(
-    root: Path, device: str, op: str, engine: str, name: str
-) -> list[Path]:
+def _latest_tables(root: Path, device: str, op: str, engine: str, name: str) -> list[Path]:
     folder = root / "systems" / "data" / device / op / engine
     versions = sorted(
         (p for p in folder.glob("*") if (p / name).exists()),
@@ -139,9 +133,7 @@ def _reduce_grouped(points: dict, *, dtype: str, hardware) -> dict:
     _hidden, _inter, experts, top_k = GROUPED_GEMM_SHAPE
     rows = {}
     for ep in sorted({k[1] for k in points if k[0] == dtype}):
-        tokens = np.array(
-            sorted(k[2] for k in points if k[:2] == (dtype, ep)), dtype=np.float64
-        )
+        tokens = np.array(sorted(k[2] for k in points if k[:2] == (dtype, ep)), dtype=np.float64)
         measured = np.array([points[(dtype, ep, int(t))] for t in tokens])
         per_expert = tokens * top_k / experts
         ideal = grouped_gemm_ideal_s(
@@ -152,13 +144,9 @@ def _reduce_grouped(points: dict, *, dtype: str, hardware) -> dict:
             touched_fraction=np.minimum(1.0, tokens * top_k / experts),
             side_bytes_per_assignment=_side_bytes(dtype),
         )
-        efficiency = np.interp(
-            np.log(TOKENS_PER_EXPERT_GRID), np.log(per_expert), ideal / measured
-        )
+        efficiency = np.interp(np.log(TOKENS_PER_EXPERT_GRID), np.log(per_expert), ideal / measured)
         if len(tokens) >= 4:
-            rows[str(experts // ep)] = [
-                round(float(e), 4) for e in np.clip(efficiency, 1e-3, 1.0)
-            ]
+            rows[str(experts // ep)] = [round(float(e), 4) for e in np.clip(efficiency, 1e-3, 1.0)]
     return {"experts_per_device": rows} if rows else {}
 
 
@@ -168,11 +156,7 @@ def _side_bytes(dtype: str) -> float:
     from autoparallel._catalog import get_model
 
     cast = min(dtype_bytes(matmul_dtype_of(dtype)), 2.0)
-    return float(
-        routed_bytes_per_assignment(
-            get_model("deepseek-v3"), act=2.0, cast=cast, etp=1.0
-        )
-    )
+    return float(routed_bytes_per_assignment(get_model("deepseek-v3"), act=2.0, cast=cast, etp=1.0))
 
 
 #: MLA operator tables: (file, batch of the kept rows, ideal-time function of (hardware, batch, tokens)).
@@ -187,15 +171,11 @@ def _mla_ideal_s(kind: str, *, hardware, batch: int, tokens: np.ndarray) -> np.n
     """Ideal seconds of one MLA layer of DeepSeek-V3 (128 heads): absorbed-form decode of one
     token at ``tokens`` context, or an explicit-form causal prefill of a ``tokens`` prompt."""
     if kind == "mla_decode":
-        return mla_decode_ideal_s(
-            hardware=hardware, batch=batch, context_tokens=tokens, heads=128
-        )
+        return mla_decode_ideal_s(hardware=hardware, batch=batch, context_tokens=tokens, heads=128)
     from autoparallel._catalog import get_model
 
     per_key = attention_flops_per_key(get_model("deepseek-v3"), decode=False)
-    flops = (
-        batch * tokens * (tokens + 1.0) / 2.0 * per_key
-    )  # causal: query i attends i keys
+    flops = batch * tokens * (tokens + 1.0) / 2.0 * per_key  # causal: query i attends i keys
     return flops / hardware.peak_flops_for("bf16")
 
 
@@ -231,14 +211,10 @@ def _mla_curves(root: Path, device: str, engine: str, kind: str) -> list[dict]:
         by_batch = {}
         for batch, lengths in sorted(table.items()):
             measured_at = np.array(sorted(lengths), dtype=np.float64)
-            ideal = _mla_ideal_s(
-                kind, hardware=hardware, batch=batch, tokens=measured_at
-            )
+            ideal = _mla_ideal_s(kind, hardware=hardware, batch=batch, tokens=measured_at)
             efficiency = ideal / np.array([lengths[int(n)] for n in measured_at])
             values = np.interp(np.log(grid), np.log(measured_at), efficiency)
-            by_batch[str(batch)] = [
-                round(float(e), 4) for e in np.clip(values, 1e-3, 1.0)
-            ]
+            by_batch[str(batch)] = [round(float(e), 4) for e in np.clip(values, 1e-3, 1.0)]
         return [
             {
                 "device": hardware.name,
@@ -296,9 +272,7 @@ def write_kernel_curves(path: str | Path, *, output: str | Path, version: str) -
 
 
 #: DeepEP low-latency tables measured on 1-8 nodes of 8 GPUs (hidden 7168, top-8 of 256 experts).
-DEEPEP_LOW_LATENCY_TABLE = (
-    "h200_sxm/comm/sglang/0.5.6.post2/wideep_deepep_ll_perf.parquet"
-)
+DEEPEP_LOW_LATENCY_TABLE = "h200_sxm/comm/sglang/0.5.6.post2/wideep_deepep_ll_perf.parquet"
 _DEEPEP_GRID = {
     "latency_s": np.linspace(0.0, 40e-6, 81),
     "nvlink_efficiency": np.linspace(0.05, 1.0, 96),
@@ -338,9 +312,7 @@ def _deepep_points(rows: list[dict], *, direction: str) -> np.ndarray:
 def _fit_deepep(points: np.ndarray, hardware_links) -> tuple[np.ndarray, np.ndarray]:
     """Grid least squares on log(predicted / measured) of ``deepep_low_latency_s``; returns the
     parameters and the relative errors."""
-    grid = np.stack(np.meshgrid(*_DEEPEP_GRID.values(), indexing="ij"), -1).reshape(
-        -1, 3
-    )
+    grid = np.stack(np.meshgrid(*_DEEPEP_GRID.values(), indexing="ij"), -1).reshape(-1, 3)
     intra_bw, inter_bw = hardware_links
     predicted = grid[:, :1] + np.maximum(
         points[None, :, 1] / (intra_bw * grid[:, 1:2]),
@@ -377,9 +349,7 @@ def fit_deepep_low_latency(root: Path) -> dict:
             predicted = params[0] + np.maximum(
                 out[:, 1] / (links[0] * params[1]), out[:, 2] / (links[1] * params[2])
             )
-            held_out[str(nodes)] = round(
-                float(np.mean(np.abs(predicted / out[:, 3] - 1.0))), 3
-            )
+            held_out[str(nodes)] = round(float(np.mean(np.abs(predicted / out[:, 3] - 1.0))), 3)
         fits[direction] = {
             **{
                 name: round(float(value), 9 if name == "latency_s" else 3)

@@ -73,7 +73,9 @@ def _attention_rules(model: ModelSpec, config: ParallelConfig) -> list[ModuleRul
         ]
     else:
         # Grouped-query attention with tp a multiple of the KV heads keeps K/V whole on each rank.
-        kv_style: ModuleStyle = "colwise" if attention.num_kv_heads % config.tp == 0 else "replicate"
+        kv_style: ModuleStyle = (
+            "colwise" if attention.num_kv_heads % config.tp == 0 else "replicate"
+        )
         rules += [
             _rule("*.self_attn.q_proj", "colwise"),
             _rule("*.self_attn.k_proj", kv_style),
@@ -83,7 +85,13 @@ def _attention_rules(model: ModelSpec, config: ParallelConfig) -> list[ModuleRul
     return rules
 
 
-def _ffn_rules(prefix: str, style_in: ModuleStyle, style_out: ModuleStyle, names: tuple[str, str, str], axis: str) -> list[ModuleRule]:
+def _ffn_rules(
+    prefix: str,
+    style_in: ModuleStyle,
+    style_out: ModuleStyle,
+    names: tuple[str, str, str],
+    axis: str,
+) -> list[ModuleRule]:
     gate, up, down = names
     return [
         _rule(f"{prefix}.{gate}", style_in, axis),
@@ -92,7 +100,9 @@ def _ffn_rules(prefix: str, style_in: ModuleStyle, style_out: ModuleStyle, names
     ]
 
 
-def _ffn_and_moe_rules(model: ModelSpec, config: ParallelConfig, naming: ExpertNaming) -> list[ModuleRule]:
+def _ffn_and_moe_rules(
+    model: ModelSpec, config: ParallelConfig, naming: ExpertNaming
+) -> list[ModuleRule]:
     """Dense FFN and shared experts follow attention's tp split (replicated under attention-DP);
     routers are replicated; routed experts go to ``ep`` and, with etp > 1, split over ``etp``."""
     sharded = config.tp > 1 and not config.attention_data_parallel
@@ -148,7 +158,11 @@ def _embedding_and_norm_rules(model: ModelSpec, config: ParallelConfig) -> list[
 
 
 def module_rules_for(
-    *, model: ModelSpec, config: ParallelConfig, naming: ExpertNaming = "hf", num_redundant_experts: int = 0
+    *,
+    model: ModelSpec,
+    config: ParallelConfig,
+    naming: ExpertNaming = "hf",
+    num_redundant_experts: int = 0,
 ) -> tuple[ModuleRule, ...]:
     """The module rules of ``config`` for ``model`` (HuggingFace / DeepSeek-V3 module names).
 

@@ -86,11 +86,17 @@ def find_plan(
         search_options["settings"] = engine_search_settings(
             search_options.get("settings"), engine=engine, version=engine_version, workload=workload
         )
-    options = dict(objective=objective, n_trials=n_trials, sampler=sampler, storage=storage, seed=seed)
-    result, cluster = _search(model, cluster, workload, workers=workers, **options, **search_options)
+    options = dict(
+        objective=objective, n_trials=n_trials, sampler=sampler, storage=storage, seed=seed
+    )
+    result, cluster = _search(
+        model, cluster, workload, workers=workers, **options, **search_options
+    )
     estimator = _estimator_option(search_options)
     if not result.feasible:
-        raise infeasible_error(model=model, cluster=cluster, workload=workload, result=result, **estimator)
+        raise infeasible_error(
+            model=model, cluster=cluster, workload=workload, result=result, **estimator
+        )
     plan = plan_from_search(model=model, cluster=cluster, workload=workload, result=result)
     if isinstance(workload, Inference) and (
         workload.disaggregation_allowed if disaggregate is None else disaggregate
@@ -105,7 +111,11 @@ def find_plan(
 def _with_checkpoint_dtype(model: ModelSpec | str, workload: Training | Inference):
     """An inference ``workload`` without a ``weight_dtype`` of a catalog name or config.json
     path serves the released checkpoint's dtype."""
-    if isinstance(workload, Inference) and isinstance(model, str) and "weight_dtype" not in workload.model_fields_set:
+    if (
+        isinstance(workload, Inference)
+        and isinstance(model, str)
+        and "weight_dtype" not in workload.model_fields_set
+    ):
         from autoparallel._catalog import checkpoint_dtype
 
         return workload.model_copy(update={"weight_dtype": checkpoint_dtype(model)})
@@ -124,12 +134,16 @@ def _search(model: ModelSpec, cluster: Cluster, workload, *, workers: int, **opt
         result = run_workers(model, cluster, workload, workers=workers, **options)
     else:
         result = search_plan(model, cluster, workload, **options)
-    if result.settings.get("num_nodes_used", cluster.num_nodes) != cluster.num_nodes:  # whole nodes left idle
+    if (
+        result.settings.get("num_nodes_used", cluster.num_nodes) != cluster.num_nodes
+    ):  # whole nodes left idle
         cluster = cluster.with_nodes(result.settings["num_nodes_used"])
     if isinstance(workload, Inference) and result.feasible:
         from search import simulate_top_k
 
-        result = simulate_top_k(result, model=model, cluster=cluster, workload=workload, **_estimator_option(options))
+        result = simulate_top_k(
+            result, model=model, cluster=cluster, workload=workload, **_estimator_option(options)
+        )
     return result, cluster
 
 
@@ -228,7 +242,9 @@ def resolve_cluster(cluster: Cluster | str, *, num_nodes: int | None = None) -> 
     elif str(cluster).endswith(".json") or Path(cluster).is_file():
         path = Path(cluster)
         if not path.is_file():
-            raise ValueError(f"cluster ({str(cluster)!r}) looks like a Cluster JSON file, but no such file exists")
+            raise ValueError(
+                f"cluster ({str(cluster)!r}) looks like a Cluster JSON file, but no such file exists"
+            )
         resolved = Cluster.model_validate_json(path.read_text())
     else:
         return get_preset(str(cluster), num_nodes=num_nodes)
@@ -379,7 +395,9 @@ def infeasible_error(
                 f" (the least-violating layout reaches {name} {human_seconds(reached)} against the "
                 f"{human_seconds(limit)} SLO, {reached / limit - 1.0:.0%} over)"
             )
-        return InfeasiblePlanError(message, part=bottleneck, suggestion=f"smallest size meeting it: {where}")
+        return InfeasiblePlanError(
+            message, part=bottleneck, suggestion=f"smallest size meeting it: {where}"
+        )
     if bottleneck == "memory" and needed is not None:
         parts = {k[len("memory.") :]: v for k, v in best.metrics.items() if k.startswith("memory.")}
         largest = (

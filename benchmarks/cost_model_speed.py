@@ -53,24 +53,46 @@ def legal_meshes(model, world: int) -> list[tuple[int, int, int, int, int]]:
 
 
 def config_table(model, world: int, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
-    switches = list(itertools.product(
-        ["none", "selective", "full"], [0, 1, 2, 3], [1, 2, 4], [False, True],
-        [("1f1b", 1), ("gpipe", 1), ("zero_bubble", 1), ("interleaved_1f1b", 2), ("interleaved_1f1b", 4)],
-    ))
+    switches = list(
+        itertools.product(
+            ["none", "selective", "full"],
+            [0, 1, 2, 3],
+            [1, 2, 4],
+            [False, True],
+            [
+                ("1f1b", 1),
+                ("gpipe", 1),
+                ("zero_bubble", 1),
+                ("interleaved_1f1b", 2),
+                ("interleaved_1f1b", 4),
+            ],
+        )
+    )
     combos = [
-        (mesh, switch) for mesh in legal_meshes(model, world) for switch in switches
+        (mesh, switch)
+        for mesh in legal_meshes(model, world)
+        for switch in switches
         if not (switch[3] and mesh[1] == 1) and not (switch[4][1] > 1 and mesh[2] == 1)
     ]
-    picks = np.random.default_rng(seed).permutation(len(combos))[:rows] if rows <= len(combos) else (
-        np.random.default_rng(seed).integers(0, len(combos), rows)
+    picks = (
+        np.random.default_rng(seed).permutation(len(combos))[:rows]
+        if rows <= len(combos)
+        else (np.random.default_rng(seed).integers(0, len(combos), rows))
     )
     chosen = [combos[i] for i in picks]
     mesh = np.array([c[0] for c in chosen])
     return table_from_columns(
-        dp=mesh[:, 0], tp=mesh[:, 1], pp=mesh[:, 2], cp=mesh[:, 3], ep=mesh[:, 4],
-        recompute=np.array([c[1][0] for c in chosen]), zero_stage=np.array([c[1][1] for c in chosen]),
-        micro_batch_size=np.array([c[1][2] for c in chosen]), sequence_parallel=np.array([c[1][3] for c in chosen]),
-        pipeline_schedule=np.array([c[1][4][0] for c in chosen]), virtual_stages=np.array([c[1][4][1] for c in chosen]),
+        dp=mesh[:, 0],
+        tp=mesh[:, 1],
+        pp=mesh[:, 2],
+        cp=mesh[:, 3],
+        ep=mesh[:, 4],
+        recompute=np.array([c[1][0] for c in chosen]),
+        zero_stage=np.array([c[1][1] for c in chosen]),
+        micro_batch_size=np.array([c[1][2] for c in chosen]),
+        sequence_parallel=np.array([c[1][3] for c in chosen]),
+        pipeline_schedule=np.array([c[1][4][0] for c in chosen]),
+        virtual_stages=np.array([c[1][4][1] for c in chosen]),
     ), len(combos)
 
 
@@ -88,11 +110,18 @@ def median_seconds(fn, repeats: int) -> tuple[float, float]:
 
 def measure(label: str, model, cluster, workload, table, *, repeats: int, sample: int) -> None:
     rows = len(table["dp"])
-    batch_wall, batch_cpu = median_seconds(lambda: estimate_table(model, cluster, workload, table), repeats)
+    batch_wall, batch_cpu = median_seconds(
+        lambda: estimate_table(model, cluster, workload, table), repeats
+    )
     indices = np.random.default_rng(1).choice(rows, size=min(sample, rows), replace=False)
     singles = [select_rows(table, [int(i)]) for i in indices]
-    single_wall, single_cpu = median_seconds(lambda: [estimate_table(model, cluster, workload, one) for one in singles], repeats)
-    for clock, batch_s, single_s in (("wall", batch_wall, single_wall), ("cpu", batch_cpu, single_cpu)):
+    single_wall, single_cpu = median_seconds(
+        lambda: [estimate_table(model, cluster, workload, one) for one in singles], repeats
+    )
+    for clock, batch_s, single_s in (
+        ("wall", batch_wall, single_wall),
+        ("cpu", batch_cpu, single_cpu),
+    ):
         batch_rate, single_rate = rows / batch_s, len(singles) / single_s
         verdict = "meets" if batch_rate >= TARGET_ROWS_PER_S else "BELOW"
         print(
@@ -104,7 +133,9 @@ def measure(label: str, model, cluster, workload, table, *, repeats: int, sample
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=0, help="rows to price (default: every distinct legal config)")
+    parser.add_argument(
+        "--rows", type=int, default=0, help="rows to price (default: every distinct legal config)"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sample", type=int, default=200)
     args = parser.parse_args()
@@ -113,7 +144,9 @@ def main() -> int:
     _, distinct = config_table(model, cluster.num_devices, 1)
     rows = args.rows or distinct
     table, _ = config_table(model, cluster.num_devices, rows)
-    print(f"ref-3t-moe on {cluster.num_devices} x {cluster.device.name}; {distinct:,} distinct legal configs, {rows:,} rows")
+    print(
+        f"ref-3t-moe on {cluster.num_devices} x {cluster.device.name}; {distinct:,} distinct legal configs, {rows:,} rows"
+    )
     training = Training(sequence_length_tokens=4096, global_batch_tokens=4096 * 4096)
     inference = Inference(prompt_tokens=4096, output_tokens=1024)
     with_slos = inference.model_copy(update={"ttft_slo_s": 2.0, "tpot_slo_s": 0.05})
@@ -131,11 +164,20 @@ def measure_simulator(*, repeats: int) -> None:
     from cost_model._simulator import simulate
 
     model, cluster = get_model("deepseek-v3"), get_preset("dgx-h200", num_nodes=1)
-    workload = Inference(prompt_tokens=512, output_tokens=128, weight_dtype="fp8", request_rate_per_s=50.0)
-    table = configs_to_table([ParallelConfig(tp=8, ep=8)], **ServingConfig().columns(workload=workload))
+    workload = Inference(
+        prompt_tokens=512, output_tokens=128, weight_dtype="fp8", request_rate_per_s=50.0
+    )
+    table = configs_to_table(
+        [ParallelConfig(tp=8, ep=8)], **ServingConfig().columns(workload=workload)
+    )
     cost, policy, _ = serving_inputs(model=model, cluster=cluster, workload=workload, table=table)
     runs = []
-    wall, cpu = median_seconds(lambda: runs.append(simulate(cost=cost, policy=policy, request_rate_per_s=50.0, duration_s=600.0)), repeats)
+    wall, cpu = median_seconds(
+        lambda: runs.append(
+            simulate(cost=cost, policy=policy, request_rate_per_s=50.0, duration_s=600.0)
+        ),
+        repeats,
+    )
     figures = runs[-1].summary()
     for clock, seconds in (("wall", wall), ("cpu", cpu)):
         verdict = "meets" if seconds <= SIMULATOR_BUDGET_S else "ABOVE"

@@ -36,7 +36,9 @@ def _rates(path: Path) -> dict[tuple[int, int, int], dict[str, float]]:
     for dtype in ("bfloat16", "fp8", "fp8_block"):
         rows = large & (columns["gemm_dtype"] == dtype)
         for m, n, k, latency_ms in zip(*(columns[c][rows] for c in ("m", "n", "k", "latency"))):
-            rates.setdefault((int(m), int(n), int(k)), {})[dtype] = 2.0 * m * n * k / (latency_ms * 1e-3)
+            rates.setdefault((int(m), int(n), int(k)), {})[dtype] = (
+                2.0 * m * n * k / (latency_ms * 1e-3)
+            )
     return rates
 
 
@@ -45,7 +47,11 @@ def curve(path: Path) -> list[dict]:
     rates = _rates(path)
     points = []
     for low, high in itertools.pairwise(2.0 ** np.arange(28, 46)):
-        shapes = [r for s, r in rates.items() if low <= 2.0 * s[0] * s[1] * s[2] < high and "bfloat16" in r]
+        shapes = [
+            r
+            for s, r in rates.items()
+            if low <= 2.0 * s[0] * s[1] * s[2] < high and "bfloat16" in r
+        ]
         if len(shapes) < 5:
             continue
         point = {
@@ -62,7 +68,9 @@ def curve(path: Path) -> list[dict]:
 
 def main(root: str) -> None:
     document = json.loads(OUTPUT.read_text())
-    document["curves"] = {name: curve(Path(root) / folder / TABLE) for name, folder in DEVICES.items()}
+    document["curves"] = {
+        name: curve(Path(root) / folder / TABLE) for name, folder in DEVICES.items()
+    }
     OUTPUT.write_text(json.dumps(document, indent=1) + "\n")
 
 

@@ -30,7 +30,9 @@ from autoparallel.testing import plan_for_config
 from cost_model import ParallelConfig
 
 WORLD_SIZE = 1024
-CONFIG = ParallelConfig(pp=8, dp=16, tp=8, ep=64, etp=2, sequence_parallel=True, zero_stage=0, pipeline_schedule="1f1b")
+CONFIG = ParallelConfig(
+    pp=8, dp=16, tp=8, ep=64, etp=2, sequence_parallel=True, zero_stage=0, pipeline_schedule="1f1b"
+)
 
 
 def _loss(logits, target):
@@ -40,7 +42,11 @@ def _loss(logits, target):
 class _Phases:
     """Wall time of ``apply_plan``'s passes, by wrapping the module functions it calls."""
 
-    NAMES = {"build_meshes": "meshes", "apply_tensor_parallel": "tensor parallel", "_parallelize": "tp + ep"}
+    NAMES = {
+        "build_meshes": "meshes",
+        "apply_tensor_parallel": "tensor parallel",
+        "_parallelize": "tp + ep",
+    }
 
     def __init__(self) -> None:
         self.seconds: dict[str, list[float]] = {}
@@ -77,8 +83,12 @@ def _one_rank(spec, plan, rank: int, *, part: bool, phases: _Phases | None = Non
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, default=32, help="ranks timed on the rank path (spread over the world)")
-    parser.add_argument("--baseline-ranks", type=int, default=2, help="ranks timed with the whole model")
+    parser.add_argument(
+        "--ranks", type=int, default=32, help="ranks timed on the rank path (spread over the world)"
+    )
+    parser.add_argument(
+        "--baseline-ranks", type=int, default=2, help="ranks timed with the whole model"
+    )
     args = parser.parse_args()
     spec = get_model("ref-3t-moe")
     plan = plan_for_config(spec, CONFIG)
@@ -92,14 +102,20 @@ def main() -> None:
     print(f"rank part: {part:.3f} s per rank (median of {len(part_seconds)} ranks)")
     median = {label: statistics.median(values) for label, values in phases.seconds.items()}
     breakdown = {
-        "build": median["build"], "meshes": median["meshes"], "tensor parallel": median["tensor parallel"],
+        "build": median["build"],
+        "meshes": median["meshes"],
+        "tensor parallel": median["tensor parallel"],
         "expert parallel": median["tp + ep"] - median["tensor parallel"],
     }
     breakdown["rest"] = part - sum(breakdown.values())
-    print("  " + ", ".join(f"{label} {seconds * 1e3:.0f} ms" for label, seconds in breakdown.items()))
+    print(
+        "  " + ", ".join(f"{label} {seconds * 1e3:.0f} ms" for label, seconds in breakdown.items())
+    )
     print(f"whole model (baseline): {whole:.2f} s per rank (median of {len(whole_seconds)} ranks)")
-    print(f"speed-up: {whole / part:.0f}x; all {WORLD_SIZE} ranks, one process: {part * WORLD_SIZE:.0f} s "
-          f"(whole-model path: {whole * WORLD_SIZE / 60:.0f} min)")
+    print(
+        f"speed-up: {whole / part:.0f}x; all {WORLD_SIZE} ranks, one process: {part * WORLD_SIZE:.0f} s "
+        f"(whole-model path: {whole * WORLD_SIZE / 60:.0f} min)"
+    )
 
 
 if __name__ == "__main__":

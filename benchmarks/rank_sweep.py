@@ -31,8 +31,10 @@ def main() -> None:
     fullsize.check_rank_results(results, every, spec, plan)
     elapsed = time.perf_counter() - start
     sample = len(fullsize.sampled_ranks())
-    print(f"all {len(every)} ranks checked in {elapsed:.1f} s ({elapsed / len(every) * 1e3:.0f} ms per rank); "
-          f"the test's sample is {sample} ranks, {sample / len(every):.1%} of the sweep")
+    print(
+        f"all {len(every)} ranks checked in {elapsed:.1f} s ({elapsed / len(every) * 1e3:.0f} ms per rank); "
+        f"the test's sample is {sample} ranks, {sample / len(every):.1%} of the sweep"
+    )
 
 
 if __name__ == "__main__":

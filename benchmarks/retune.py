@@ -44,7 +44,9 @@ TARGET_DECISION_S = 1.0
 def _spec():
     from autoparallel.runtime import tiny_reference_spec
 
-    spec = tiny_reference_spec(num_layers=3, hidden_size=128, num_experts=8, top_k=2, num_dense_layers=1)
+    spec = tiny_reference_spec(
+        num_layers=3, hidden_size=128, num_experts=8, top_k=2, num_dense_layers=1
+    )
     moe = spec.moe.model_copy(update={"expert_ffn_hidden_size": 1024})  # experts dominate the step
     return spec.model_copy(update={"moe": moe, "name": "retune-bench-moe"})
 
@@ -83,7 +85,9 @@ def _setup_rank(plan_json: str):
     counts: list = []
     for name, module in applied.module.named_modules():
         if name.endswith("mlp.gate"):
-            module.register_forward_hook(lambda _m, _a, out: counts.append(torch.bincount(out[1].reshape(-1), minlength=8)))
+            module.register_forward_hook(
+                lambda _m, _a, out: counts.append(torch.bincount(out[1].reshape(-1), minlength=8))
+            )
     return plan, spec, applied, optimizer, counts
 
 
@@ -100,7 +104,9 @@ def _ranks_job(rank: int, world_size: int, plan_json: str, steps: int) -> dict:
     timer.attach(applied)
 
     def step() -> float:
-        ids = torch.randint(0, spec.vocab_size, (SEQUENCES_PER_RANK, SEQUENCE_TOKENS), generator=generator)
+        ids = torch.randint(
+            0, spec.vocab_size, (SEQUENCES_PER_RANK, SEQUENCE_TOKENS), generator=generator
+        )
         torch.distributed.barrier()
         start = time.perf_counter()
         timer.seconds = 0.0
@@ -115,19 +121,38 @@ def _ranks_job(rank: int, world_size: int, plan_json: str, steps: int) -> dict:
         return time.perf_counter() - start
 
     def received() -> int:
-        return sum(sum(part.dispatcher.received_tokens.values()) for part in applied.expert_parallel)
+        return sum(
+            sum(part.dispatcher.received_tokens.values()) for part in applied.expert_parallel
+        )
 
-    retuner = Retuner(plan, model=spec, cluster=ap.get_preset("cpu-loopback"), workload=_workload(plan),
-                      settings=RetuneSettings(every_n_steps=steps, warmup_steps=1, allowed_changes=("expert_placement",),
-                                              num_redundant_experts=8))
+    retuner = Retuner(
+        plan,
+        model=spec,
+        cluster=ap.get_preset("cpu-loopback"),
+        workload=_workload(plan),
+        settings=RetuneSettings(
+            every_n_steps=steps,
+            warmup_steps=1,
+            allowed_changes=("expert_placement",),
+            num_redundant_experts=8,
+        ),
+    )
     before, decision = [], None
     for index in range(steps + 1):
         counts.clear()
         elapsed = step()
         before.append(elapsed)
         load = tuple(tuple(float(v) for v in c) for c in counts)
-        decision = retuner.observe(MeasuredStep(step=index, step_time_s=elapsed, expert_load=load)) or decision
-    probe = torch.randint(0, spec.vocab_size, (SEQUENCES_PER_RANK, SEQUENCE_TOKENS), generator=torch.Generator().manual_seed(99))
+        decision = (
+            retuner.observe(MeasuredStep(step=index, step_time_s=elapsed, expert_load=load))
+            or decision
+        )
+    probe = torch.randint(
+        0,
+        spec.vocab_size,
+        (SEQUENCES_PER_RANK, SEQUENCE_TOKENS),
+        generator=torch.Generator().manual_seed(99),
+    )
     tokens_before = received()
     with torch.no_grad():
         logits_before = applied.module(probe)
@@ -147,12 +172,24 @@ def _ranks_job(rank: int, world_size: int, plan_json: str, steps: int) -> dict:
     cpu_after = cpu_s[1:]
     gathered = [None] * world_size
     torch.distributed.all_gather_object(gathered, (tokens_before, tokens_after))
-    return {"decision": decision.kind, "reason": decision.reason, "before_s": before[1:], "after_s": after[1:],
-            "cpu_before_s": cpu_before, "cpu_after_s": cpu_after, "move_s": move_s, "logit_change": float((logits_before - logits_after).abs().max()), "tokens": gathered}
+    return {
+        "decision": decision.kind,
+        "reason": decision.reason,
+        "before_s": before[1:],
+        "after_s": after[1:],
+        "cpu_before_s": cpu_before,
+        "cpu_after_s": cpu_after,
+        "move_s": move_s,
+        "logit_change": float((logits_before - logits_after).abs().max()),
+        "tokens": gathered,
+    }
 
 
 def _workload(plan) -> Training:
-    return Training(sequence_length_tokens=SEQUENCE_TOKENS, global_batch_sequences=SEQUENCES_PER_RANK * plan.config.dp)
+    return Training(
+        sequence_length_tokens=SEQUENCE_TOKENS,
+        global_batch_sequences=SEQUENCES_PER_RANK * plan.config.dp,
+    )
 
 
 def live_replacement(steps: int) -> None:
@@ -160,8 +197,15 @@ def live_replacement(steps: int) -> None:
     from autoparallel.runtime._recovery import cluster_for_world, plan_for_config
 
     spec, config = _spec(), ParallelConfig(dp=4, ep=4)
-    workload = Training(sequence_length_tokens=SEQUENCE_TOKENS, global_batch_sequences=SEQUENCES_PER_RANK * 4)
-    plan = plan_for_config(model=spec, cluster=cluster_for_world(ap.get_preset("cpu-loopback"), 4), workload=workload, config=config)
+    workload = Training(
+        sequence_length_tokens=SEQUENCE_TOKENS, global_batch_sequences=SEQUENCES_PER_RANK * 4
+    )
+    plan = plan_for_config(
+        model=spec,
+        cluster=cluster_for_world(ap.get_preset("cpu-loopback"), 4),
+        workload=workload,
+        config=config,
+    )
     results = run_ranks(_ranks_job, 4, args=(plan.to_json(), steps), timeout_s=600)
     first = results[0]
     per_rank = np.array(first["tokens"], dtype=float)
@@ -172,20 +216,30 @@ def live_replacement(steps: int) -> None:
     after = statistics.median(max(r["after_s"][i] for r in results) for i in range(steps))
     cpu_before = statistics.median(max(r["cpu_before_s"][i] for r in results) for i in range(steps))
     cpu_after = statistics.median(max(r["cpu_after_s"][i] for r in results) for i in range(steps))
-    print(f"1. live expert re-placement, 4 gloo ranks, ep4, Zipf-skewed routing ({os.cpu_count()} CPU cores here)")
+    print(
+        f"1. live expert re-placement, 4 gloo ranks, ep4, Zipf-skewed routing ({os.cpu_count()} CPU cores here)"
+    )
     print(f"   decision: {first['decision']} -- {first['reason'][:240]}")
-    print(f"   tokens per EP rank, max/mean: before {before_ratio:.2f} ({per_rank[:, 0].astype(int).tolist()}), "
-          f"after {after_ratio:.2f} ({per_rank[:, 1].astype(int).tolist()})")
+    print(
+        f"   tokens per EP rank, max/mean: before {before_ratio:.2f} ({per_rank[:, 0].astype(int).tolist()}), "
+        f"after {after_ratio:.2f} ({per_rank[:, 1].astype(int).tolist()})"
+    )
     print(f"   largest logit change over the move: {max(r['logit_change'] for r in results):.2e}")
     print(f"   weight move (all-to-all): {max(r['move_s'] for r in results) * 1e3:.1f} ms")
-    print(f"   median step time: before {before * 1e3:.1f} ms, after {after * 1e3:.1f} ms; "
-          f"after/before = {after / before:.3f} (speed-up {before / after:.2f}x)")
-    print(f"   busiest rank's CPU time in expert forward per step: before {cpu_before * 1e3:.1f} ms, after {cpu_after * 1e3:.1f} ms; "
-          f"after/before = {cpu_after / cpu_before:.3f}")
+    print(
+        f"   median step time: before {before * 1e3:.1f} ms, after {after * 1e3:.1f} ms; "
+        f"after/before = {after / before:.3f} (speed-up {before / after:.2f}x)"
+    )
+    print(
+        f"   busiest rank's CPU time in expert forward per step: before {cpu_before * 1e3:.1f} ms, after {cpu_after * 1e3:.1f} ms; "
+        f"after/before = {cpu_after / cpu_before:.3f}"
+    )
     if (os.cpu_count() or 1) < 4:
-        print("   note: fewer cores than ranks, so the ranks time-share the CPU and wall time measures the total "
-              "work, which balancing does not reduce; the busiest rank's expert CPU time is what sets the pace with one "
-              "core (or device) per rank")
+        print(
+            "   note: fewer cores than ranks, so the ranks time-share the CPU and wall time measures the total "
+            "work, which balancing does not reduce; the busiest rank's expert CPU time is what sets the pace with one "
+            "core (or device) per rank"
+        )
 
 
 # --------------------------------------------------------------------------- 2. decision latency
@@ -201,45 +255,77 @@ def decision_latency(repeats: int) -> None:
     from search import SearchBounds, SearchSettings
 
     start = time.perf_counter()  # layouts apply_plan runs (cp 1), as the Retuner re-plans them
-    plan = ap.find_plan(model, cluster, workload, settings=SearchSettings(bounds=SearchBounds(max_cp_degree=1)))
+    plan = ap.find_plan(
+        model, cluster, workload, settings=SearchSettings(bounds=SearchBounds(max_cp_degree=1))
+    )
     cold_s = time.perf_counter() - start
-    retuner = Retuner(plan, model=model, cluster=cluster, workload=workload,
-                      settings=RetuneSettings(every_n_steps=4, warmup_steps=0, ranks_per_node=8))
+    retuner = Retuner(
+        plan,
+        model=model,
+        cluster=cluster,
+        workload=workload,
+        settings=RetuneSettings(every_n_steps=4, warmup_steps=0, ranks_per_node=8),
+    )
     start = time.perf_counter()
     retuner.prepare()
     prepare_s = time.perf_counter() - start
-    load = zipf_expert_load(num_experts=model.moe.num_routed_experts, exponent=0.8, total_tokens=4096 * 4096 * 8, seed=1)
+    load = zipf_expert_load(
+        num_experts=model.moe.num_routed_experts, exponent=0.8, total_tokens=4096 * 4096 * 8, seed=1
+    )
     # Synthetic but consistent: the step the cost model predicts at this skew, 10% slower.
     from autoparallel._expert_placement import contiguous_placement, load_imbalance
     from cost_model import estimate_table
     from cost_model._common import EstimateOptions
     from cost_model._table import configs_to_table
 
-    skew = load_imbalance(placement=plan.expert_placement or contiguous_placement(
-        num_experts=model.moe.num_routed_experts, ep=plan.config.ep), expert_load=load)
-    skewed_s = float(estimate_table(model, cluster, workload, configs_to_table([plan.config]),
-                                    options=EstimateOptions(routing_imbalance=skew))["step_time_s"][0])
-    window = [MeasuredStep(step=i, step_time_s=skewed_s * 1.1, expert_load=(tuple(load),)) for i in range(4)]
+    skew = load_imbalance(
+        placement=plan.expert_placement
+        or contiguous_placement(num_experts=model.moe.num_routed_experts, ep=plan.config.ep),
+        expert_load=load,
+    )
+    skewed_s = float(
+        estimate_table(
+            model,
+            cluster,
+            workload,
+            configs_to_table([plan.config]),
+            options=EstimateOptions(routing_imbalance=skew),
+        )["step_time_s"][0]
+    )
+    window = [
+        MeasuredStep(step=i, step_time_s=skewed_s * 1.1, expert_load=(tuple(load),))
+        for i in range(4)
+    ]
     latencies, decision = [], None
     for _ in range(repeats):
         start = time.perf_counter()
         decision = retuner.decide(window)
         latencies.append(time.perf_counter() - start)
     median = statistics.median(latencies)
-    print(f"2. re-planning latency, ref-3t-moe training on {cluster.num_devices} cards ({cluster.name})")
+    print(
+        f"2. re-planning latency, ref-3t-moe training on {cluster.num_devices} cards ({cluster.name})"
+    )
     print(f"   running plan: {plan.config.model_dump(exclude_defaults=True)}")
     print(f"   decision: {decision.kind} -- {decision.reason[:240]}")
-    print(f"   measure -> decision: median {median:.3f} s over {repeats} ({', '.join(f'{x:.3f}' for x in latencies)}); "
-          f"target <= {TARGET_DECISION_S:.1f} s: {'met' if median <= TARGET_DECISION_S else 'NOT met'}")
+    print(
+        f"   measure -> decision: median {median:.3f} s over {repeats} ({', '.join(f'{x:.3f}' for x in latencies)}); "
+        f"target <= {TARGET_DECISION_S:.1f} s: {'met' if median <= TARGET_DECISION_S else 'NOT met'}"
+    )
     print(f"   one-off Retuner.prepare (enumerate the world's layouts): {prepare_s:.3f} s")
-    print(f"   baseline, cold find_plan (default budget): {cold_s:.3f} s; decision/baseline = {median / cold_s:.3f}")
+    print(
+        f"   baseline, cold find_plan (default budget): {cold_s:.3f} s; decision/baseline = {median / cold_s:.3f}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=6, help="timed steps before and after the move")
+    parser.add_argument(
+        "--steps", type=int, default=6, help="timed steps before and after the move"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="decisions timed for the latency")
-    parser.add_argument("--skip-ranks", action="store_true", help="only the latency part (no gloo ranks)")
+    parser.add_argument(
+        "--skip-ranks", action="store_true", help="only the latency part (no gloo ranks)"
+    )
     args = parser.parse_args()
     if not args.skip_ranks:
         live_replacement(args.steps)

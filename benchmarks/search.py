@@ -54,27 +54,60 @@ def run_case(*, kind: str, cards: int, seeds: int, trials: int) -> dict:
         regrets.append(regret(result.best, optimum.best, result.objective))
     median_time, median_cpu = statistics.median(times), statistics.median(cpu_times)
     return {
-        "kind": kind, "cards": cards, "space_size": optimum.space_size, "num_meshes": result.num_meshes,
-        "feasible": optimum.num_feasible, "trials": trials, "trials_run": result.num_trials, "rows_priced": result.rows_evaluated,
-        "exhaustive_s": optimum.elapsed_s, "optuna_median_s": median_time,
-        "exhaustive_cpu_s": exhaustive_cpu_s, "optuna_median_cpu_s": median_cpu,
-        "ratio": optimum.elapsed_s / median_time, "cpu_ratio": exhaustive_cpu_s / median_cpu, "regret_median": statistics.median(regrets),
-        "regret_max": max(regrets), "seeds": seeds, "method": result.method,
-        "objective": optimum.objective.columns[0], "optimum": optimum.best.metrics[optimum.objective.columns[0]],
+        "kind": kind,
+        "cards": cards,
+        "space_size": optimum.space_size,
+        "num_meshes": result.num_meshes,
+        "feasible": optimum.num_feasible,
+        "trials": trials,
+        "trials_run": result.num_trials,
+        "rows_priced": result.rows_evaluated,
+        "exhaustive_s": optimum.elapsed_s,
+        "optuna_median_s": median_time,
+        "exhaustive_cpu_s": exhaustive_cpu_s,
+        "optuna_median_cpu_s": median_cpu,
+        "ratio": optimum.elapsed_s / median_time,
+        "cpu_ratio": exhaustive_cpu_s / median_cpu,
+        "regret_median": statistics.median(regrets),
+        "regret_max": max(regrets),
+        "seeds": seeds,
+        "method": result.method,
+        "objective": optimum.objective.columns[0],
+        "optimum": optimum.best.metrics[optimum.objective.columns[0]],
     }
 
 
 def render(rows: list[dict]) -> Table:
     table = Table(title="ref-3t-moe search: Optuna vs exhaustive (dgx-h200)")
-    for column in ("workload", "cards", "layouts", "meshes", "feasible", "method", "trials", "exhaustive wall (cpu)",
-                   "Optuna median wall (cpu)", "exhaustive / Optuna wall (cpu)", "regret median", "regret max"):
+    for column in (
+        "workload",
+        "cards",
+        "layouts",
+        "meshes",
+        "feasible",
+        "method",
+        "trials",
+        "exhaustive wall (cpu)",
+        "Optuna median wall (cpu)",
+        "exhaustive / Optuna wall (cpu)",
+        "regret median",
+        "regret max",
+    ):
         table.add_column(column, justify="left" if column == "workload" else "right")
     for r in rows:
         table.add_row(
-            r["kind"], f"{r['cards']:,}", f"{r['space_size']:,}", f"{r['num_meshes']:,}", f"{r['feasible']:,}",
-            r["method"], f"{r['trials_run']}", f"{r['exhaustive_s']:.1f} s ({r['exhaustive_cpu_s']:.1f} s)",
-            f"{r['optuna_median_s']:.2f} s ({r['optuna_median_cpu_s']:.2f} s)", f"{r['ratio']:.1f}x ({r['cpu_ratio']:.1f}x)",
-            f"{r['regret_median']:.2%}", f"{r['regret_max']:.2%}",
+            r["kind"],
+            f"{r['cards']:,}",
+            f"{r['space_size']:,}",
+            f"{r['num_meshes']:,}",
+            f"{r['feasible']:,}",
+            r["method"],
+            f"{r['trials_run']}",
+            f"{r['exhaustive_s']:.1f} s ({r['exhaustive_cpu_s']:.1f} s)",
+            f"{r['optuna_median_s']:.2f} s ({r['optuna_median_cpu_s']:.2f} s)",
+            f"{r['ratio']:.1f}x ({r['cpu_ratio']:.1f}x)",
+            f"{r['regret_median']:.2%}",
+            f"{r['regret_max']:.2%}",
         )
     return table
 
@@ -85,7 +118,9 @@ def main() -> None:
     parser.add_argument("--cards", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--trials", type=int, default=250)
     parser.add_argument("--kinds", nargs="+", default=["training", "inference"])
-    parser.add_argument("--output", type=Path, default=Path(__file__).with_name("results") / "search.json")
+    parser.add_argument(
+        "--output", type=Path, default=Path(__file__).with_name("results") / "search.json"
+    )
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = Console(width=160)

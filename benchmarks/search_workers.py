@@ -46,7 +46,11 @@ def _in_memory(*, nodes: int, trials: int, settings: SearchSettings) -> dict:
     model, cluster = _problem(nodes)
     start = time.perf_counter()
     result = find_plan(model, cluster, WORKLOAD, n_trials=trials, settings=settings)
-    return {"wall_s": time.perf_counter() - start, "trials": result.num_trials, "step_time_s": result.best.metrics["step_time_s"]}
+    return {
+        "wall_s": time.perf_counter() - start,
+        "trials": result.num_trials,
+        "step_time_s": result.best.metrics["step_time_s"],
+    }
 
 
 def _statements_per_trial(url: str, *, nodes: int, trials: int, settings: SearchSettings) -> float:
@@ -61,7 +65,9 @@ def _statements_per_trial(url: str, *, nodes: int, trials: int, settings: Search
 
     sqlalchemy.event.listen(sqlalchemy.engine.Engine, "before_cursor_execute", counted)
     try:
-        result = find_plan(model, cluster, WORKLOAD, n_trials=trials, storage=url, settings=settings)
+        result = find_plan(
+            model, cluster, WORKLOAD, n_trials=trials, storage=url, settings=settings
+        )
     finally:
         sqlalchemy.event.remove(sqlalchemy.engine.Engine, "before_cursor_execute", counted)
     return count[0] / max(result.num_trials, 1)
@@ -88,17 +94,30 @@ def _round_trip_s(url: str, *, repeats: int = 200) -> float:
     return statistics.median(times)
 
 
-def _on_postgres(server: PostgresServer, *, name: str, workers: int, nodes: int, trials: int, settings: SearchSettings) -> dict:
+def _on_postgres(
+    server: PostgresServer,
+    *,
+    name: str,
+    workers: int,
+    nodes: int,
+    trials: int,
+    settings: SearchSettings,
+) -> dict:
     url = server.create_database(name)
     close_storage(open_storage(url))  # the schema, before the clock
     model, cluster = _problem(nodes)
     cpu_before, own_before = _server_cpu_s(server), _own_cpu_s()
     start = time.perf_counter()
-    result = run_workers(model, cluster, WORKLOAD, workers=workers, storage=url, n_trials=trials, settings=settings)
+    result = run_workers(
+        model, cluster, WORKLOAD, workers=workers, storage=url, n_trials=trials, settings=settings
+    )
     wall = time.perf_counter() - start
     return {
-        "wall_s": wall, "trials": result.num_trials, "step_time_s": result.best.metrics["step_time_s"],
-        "server_cpu_s": _server_cpu_s(server) - cpu_before, "search_cpu_s": _own_cpu_s() - own_before,
+        "wall_s": wall,
+        "trials": result.num_trials,
+        "step_time_s": result.best.metrics["step_time_s"],
+        "server_cpu_s": _server_cpu_s(server) - cpu_before,
+        "search_cpu_s": _own_cpu_s() - own_before,
     }
 
 
@@ -106,7 +125,10 @@ def _own_cpu_s() -> float:
     """CPU seconds of this process and its finished children (the worker processes)."""
     import resource
 
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
@@ -131,13 +153,21 @@ def _cpu_fields(pid: int) -> list[int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--trials", type=int, default=192)
-    parser.add_argument("--nodes", type=int, default=128, help="dgx-h200 nodes (ref-3t-moe training)")
+    parser.add_argument(
+        "--nodes", type=int, default=128, help="dgx-h200 nodes (ref-3t-moe training)"
+    )
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--no-fsync", action="store_true", help="server without fsync (shows what durable commits cost)")
+    parser.add_argument(
+        "--no-fsync",
+        action="store_true",
+        help="server without fsync (shows what durable commits cost)",
+    )
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if (reason := unavailable_reason()) is not None:
@@ -146,22 +176,47 @@ def main() -> None:
     memory = _in_memory(nodes=args.nodes, trials=args.trials, settings=settings)
     server = PostgresServer.start(durable=not args.no_fsync)
     try:
-        runs = {n: _on_postgres(server, name=f"bench{n}", workers=n, nodes=args.nodes, trials=args.trials, settings=settings) for n in args.workers}
-        statements = _statements_per_trial(server.create_database("count"), nodes=args.nodes, trials=min(args.trials, 64), settings=settings)
+        runs = {
+            n: _on_postgres(
+                server,
+                name=f"bench{n}",
+                workers=n,
+                nodes=args.nodes,
+                trials=args.trials,
+                settings=settings,
+            )
+            for n in args.workers
+        }
+        statements = _statements_per_trial(
+            server.create_database("count"),
+            nodes=args.nodes,
+            trials=min(args.trials, 64),
+            settings=settings,
+        )
         round_trip = _round_trip_s(server.url())
     finally:
         server.stop()
-    report = _report(memory=memory, runs=runs, statements=statements, round_trip=round_trip, trials=args.trials)
+    report = _report(
+        memory=memory, runs=runs, statements=statements, round_trip=round_trip, trials=args.trials
+    )
     print(report["text"])
     if args.json:
-        args.json.write_text(json.dumps({k: v for k, v in report.items() if k != "text"}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps({k: v for k, v in report.items() if k != "text"}, indent=2) + "\n"
+        )
 
 
-def _report(*, memory: dict, runs: dict[int, dict], statements: float, round_trip: float, trials: int) -> dict:
+def _report(
+    *, memory: dict, runs: dict[int, dict], statements: float, round_trip: float, trials: int
+) -> dict:
     one = runs.get(1)
-    lines = [f"ref-3t-moe training, budget {trials} trials; CPU cores here: {os.cpu_count()}",
-             f"{'run':<22}{'wall s':>9}{'trials':>8}{'trials/s':>10}{'vs memory':>11}{'vs 1 pg':>9}{'server cpu s':>14}"]
-    lines.append(f"{'1 worker, in memory':<22}{memory['wall_s']:>9.2f}{memory['trials']:>8}{memory['trials'] / memory['wall_s']:>10.1f}{1.0:>11.2f}{'':>9}{'':>14}")
+    lines = [
+        f"ref-3t-moe training, budget {trials} trials; CPU cores here: {os.cpu_count()}",
+        f"{'run':<22}{'wall s':>9}{'trials':>8}{'trials/s':>10}{'vs memory':>11}{'vs 1 pg':>9}{'server cpu s':>14}",
+    ]
+    lines.append(
+        f"{'1 worker, in memory':<22}{memory['wall_s']:>9.2f}{memory['trials']:>8}{memory['trials'] / memory['wall_s']:>10.1f}{1.0:>11.2f}{'':>9}{'':>14}"
+    )
     for workers, run in runs.items():
         versus_one = run["wall_s"] / one["wall_s"] if one else float("nan")
         lines.append(
@@ -175,19 +230,29 @@ def _report(*, memory: dict, runs: dict[int, dict], statements: float, round_tri
         f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     )
     result = {
-        "memory": memory, "postgres": runs, "overhead_per_trial_s": overhead, "statements_per_trial": statements,
-        "round_trip_s": round_trip, "load_average": os.getloadavg()[0],
+        "memory": memory,
+        "postgres": runs,
+        "overhead_per_trial_s": overhead,
+        "statements_per_trial": statements,
+        "round_trip_s": round_trip,
+        "load_average": os.getloadavg()[0],
     }
     if one and 2 in runs:
         ratio = runs[2]["wall_s"] / one["wall_s"]
         result["two_over_one"] = ratio
-        lines.append(f"2 workers / 1 worker on postgres: {ratio:.2f}x the time (target <= 0.65x): {'met' if ratio <= 0.65 else 'NOT met'}")
+        lines.append(
+            f"2 workers / 1 worker on postgres: {ratio:.2f}x the time (target <= 0.65x): {'met' if ratio <= 0.65 else 'NOT met'}"
+        )
         two = runs[2]
         cores = (two["server_cpu_s"] + two["search_cpu_s"]) / two["wall_s"]
         lines.append(
             f"bound: in the 2-worker run the server used {two['server_cpu_s']:.1f} CPU s and the search processes "
             f"{two['search_cpu_s']:.1f} CPU s in {two['wall_s']:.1f} s: {cores:.2f} of {os.cpu_count()} cores busy on average"
-            + (" (CPU-bound: more workers cannot go faster here)" if cores >= 0.85 * (os.cpu_count() or 1) else "")
+            + (
+                " (CPU-bound: more workers cannot go faster here)"
+                if cores >= 0.85 * (os.cpu_count() or 1)
+                else ""
+            )
         )
     result["text"] = "\n".join(lines)
     return result

@@ -32,14 +32,22 @@ def refit(max_evaluations: int) -> None:
         started = time.perf_counter()
         calibration = _validation.fit_calibration(hardware, max_evaluations=max_evaluations)
         seconds = time.perf_counter() - started
-        print(f"fitted {hardware} in {seconds:.0f} s: rms log error {calibration.fit['rms_log_error']}")
+        print(
+            f"fitted {hardware} in {seconds:.0f} s: rms log error {calibration.fit['rms_log_error']}"
+        )
         calibrations.append(calibration.model_dump(mode="json", exclude_none=True))
     cases = _validation.training_cases()
-    fitted = [row for case in cases for row in _validation.run_case(case, calibration=_match(calibrations, case))]
+    fitted = [
+        row
+        for case in cases
+        for row in _validation.run_case(case, calibration=_match(calibrations, case))
+    ]
     held_out = _cross_validation.leave_one_source_out(max_evaluations=max_evaluations, cases=cases)
     summary = {
         "fit": dataclasses.asdict(_cross_validation.error_summary(fitted, cases)),
-        "leave_one_source_out": dataclasses.asdict(_cross_validation.error_summary(held_out, cases)),
+        "leave_one_source_out": dataclasses.asdict(
+            _cross_validation.error_summary(held_out, cases)
+        ),
         "max_evaluations": max_evaluations,
     }
     print(f"fit error {summary['fit']}; leave-one-source-out {summary['leave_one_source_out']}")
@@ -76,13 +84,17 @@ def _match(calibrations: list[dict], case) -> _common.Calibration:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fit", action="store_true", help="refit the calibration and write it first")
+    parser.add_argument(
+        "--fit", action="store_true", help="refit the calibration and write it first"
+    )
     parser.add_argument("--max-evaluations", type=int, default=300)
     args = parser.parse_args()
     if args.fit:
         refit(args.max_evaluations)
     rows = _validation.validate_published()
-    print(f"{'table':26s} {'run':6s} {'metric':32s} {'predicted':>10s} {'published':>10s} {'error':>8s}")
+    print(
+        f"{'table':26s} {'run':6s} {'metric':32s} {'predicted':>10s} {'published':>10s} {'error':>8s}"
+    )
     for row in rows:
         print(
             f"{row.table:26s} {row.run:6s} {row.metric:32s} {row.predicted:10.3f} {row.published:10.3f} "

@@ -138,28 +138,41 @@ def calibrate(
         return _calibrate_from_profile(cluster=cluster, profile=profile, parameters=parameters)
     names = _check_parameters(parameters or DEFAULT_PARAMETERS)
     if len(measurements) < len(names):
-        raise ValueError(f"measurements ({len(measurements)} rows) must be >= parameters ({len(names)}: {list(names)})")
+        raise ValueError(
+            f"measurements ({len(measurements)} rows) must be >= parameters ({len(names)}: {list(names)})"
+        )
     start = initial or Calibration(
         device_pattern=f"^{_escape(cluster.device.name)}$",
-        kernel_overhead_s=min(float(getattr(cluster.device, "kernel_overhead_s", 0.0)), FITTABLE["kernel_overhead_s"][1]),
+        kernel_overhead_s=min(
+            float(getattr(cluster.device, "kernel_overhead_s", 0.0)),
+            FITTABLE["kernel_overhead_s"][1],
+        ),
     )
     x0 = np.array([_to_free(name, _current(start, name, cluster.device)) for name in names])
+
     def residuals(x: np.ndarray) -> np.ndarray:
         return _residuals(cluster, measurements, _with(start, names, x))
 
     x = _levenberg_marquardt(residuals, x0, names=names, max_iterations=max_iterations)
     fitted = _with(start, names, x)
-    before, after = _predictions(cluster, measurements, start), _predictions(cluster, measurements, fitted)
+    before, after = (
+        _predictions(cluster, measurements, start),
+        _predictions(cluster, measurements, fitted),
+    )
     rows = tuple(
         CalibrationRow(label=m.label, measured=m.measured_s, predicted_before=b, predicted_after=a)
         for m, b, a in zip(measurements, before, after)
     )
     fit = {
-        "rows": len(rows), "parameters": list(names), "method": "Levenberg-Marquardt on log(predicted/measured)",
+        "rows": len(rows),
+        "parameters": list(names),
+        "method": "Levenberg-Marquardt on log(predicted/measured)",
         "rms_log_error_before": _rms([r.log_error_before for r in rows]),
         "rms_log_error_after": _rms([r.log_error_after for r in rows]),
     }
-    return CalibrationResult(calibration=fitted.model_copy(update={"fit": fit}), parameters=names, rows=rows)
+    return CalibrationResult(
+        calibration=fitted.model_copy(update={"fit": fit}), parameters=names, rows=rows
+    )
 
 
 def _escape(text: str) -> str:
@@ -172,8 +185,11 @@ def _current(calibration: Calibration, name: str, hardware) -> float:
     value = getattr(calibration, name)
     if value is not None:
         return float(value)
-    return {"matmul_efficiency": hardware.matmul_efficiency, "attention_efficiency": hardware.matmul_efficiency,
-            "memory_bandwidth_efficiency": hardware.memory_bandwidth_efficiency}[name]
+    return {
+        "matmul_efficiency": hardware.matmul_efficiency,
+        "attention_efficiency": hardware.matmul_efficiency,
+        "memory_bandwidth_efficiency": hardware.memory_bandwidth_efficiency,
+    }[name]
 
 
 def _to_free(name: str, value: float) -> float:
@@ -189,17 +205,25 @@ def _from_free(name: str, free: float) -> float:
 
 
 def _with(calibration: Calibration, names: Sequence[str], x: np.ndarray) -> Calibration:
-    return calibration.model_copy(update={name: _from_free(name, float(v)) for name, v in zip(names, x)})
+    return calibration.model_copy(
+        update={name: _from_free(name, float(v)) for name, v in zip(names, x)}
+    )
 
 
-def _predictions(cluster, measurements: Sequence[StepMeasurement], calibration: Calibration) -> list[float]:
+def _predictions(
+    cluster, measurements: Sequence[StepMeasurement], calibration: Calibration
+) -> list[float]:
     from cost_model._estimate import estimate
 
     values = []
     for row in measurements:
-        breakdown = estimate(row.model, cluster, row.workload, row.config, calibration=calibration, **row.options)
+        breakdown = estimate(
+            row.model, cluster, row.workload, row.config, calibration=calibration, **row.options
+        )
         values.append(
-            breakdown.step_time_s if row.parts == ("step",) else sum(breakdown.time_s[part] for part in row.parts)
+            breakdown.step_time_s
+            if row.parts == ("step",)
+            else sum(breakdown.time_s[part] for part in row.parts)
         )
     return values
 
@@ -210,7 +234,9 @@ def _residuals(cluster, measurements, calibration: Calibration) -> np.ndarray:
     return np.log(np.maximum(predicted, 1e-30) / measured)
 
 
-def _levenberg_marquardt(residuals, x0: np.ndarray, *, names: Sequence[str], max_iterations: int) -> np.ndarray:
+def _levenberg_marquardt(
+    residuals, x0: np.ndarray, *, names: Sequence[str], max_iterations: int
+) -> np.ndarray:
     """Minimize ||residuals(x)||^2; a step that leaves a parameter's bounds is clipped back."""
     x, damping = _clip(names, x0.copy()), 1e-3
     r = residuals(x)
@@ -255,12 +281,22 @@ def _plateau(curve) -> tuple[np.ndarray, np.ndarray]:  # topology.MeasuredCurve
     return work[keep], rates[keep]
 
 
-def _calibrate_from_profile(*, cluster, profile, parameters: Sequence[str] | None) -> CalibrationResult:
+def _calibrate_from_profile(
+    *, cluster, profile, parameters: Sequence[str] | None
+) -> CalibrationResult:
     """Constant efficiencies of ``cluster.device`` (its profile ignored) that best fit the curves."""
-    names = _check_parameters(parameters or ("matmul_efficiency", "memory_bandwidth_efficiency", "collective_efficiency"))
-    unsupported = set(names) - {"matmul_efficiency", "memory_bandwidth_efficiency", "collective_efficiency"}
+    names = _check_parameters(
+        parameters or ("matmul_efficiency", "memory_bandwidth_efficiency", "collective_efficiency")
+    )
+    unsupported = set(names) - {
+        "matmul_efficiency",
+        "memory_bandwidth_efficiency",
+        "collective_efficiency",
+    }
     if unsupported:
-        raise ValueError(f"parameters {sorted(unsupported)} cannot be fitted from a profile; use step measurements")
+        raise ValueError(
+            f"parameters {sorted(unsupported)} cannot be fitted from a profile; use step measurements"
+        )
     device = cluster.device.model_copy(update={"profile": None})
     bare = cluster.model_copy(update={"device": device})
     fitted: dict[str, float] = {}
@@ -276,17 +312,26 @@ def _calibrate_from_profile(*, cluster, profile, parameters: Sequence[str] | Non
         rows += collective_rows
     result_rows = tuple(rows)
     fit = {
-        "rows": len(result_rows), "parameters": sorted(fitted), "source": profile.provenance,
+        "rows": len(result_rows),
+        "parameters": sorted(fitted),
+        "source": profile.provenance,
         "rms_log_error_before": _rms([r.log_error_before for r in result_rows]),
-        "rms_log_error_after": _rms([r.log_error_after for r in result_rows]), "method": "mean of log rate / peak",
+        "rms_log_error_after": _rms([r.log_error_after for r in result_rows]),
+        "method": "mean of log rate / peak",
     }
-    calibration = Calibration.model_validate({"device_pattern": f"^{_escape(device.name)}$", "fit": fit, **fitted})
-    return CalibrationResult(calibration=calibration, parameters=tuple(sorted(fitted)), rows=result_rows)
+    calibration = Calibration.model_validate(
+        {"device_pattern": f"^{_escape(device.name)}$", "fit": fit, **fitted}
+    )
+    return CalibrationResult(
+        calibration=calibration, parameters=tuple(sorted(fitted)), rows=result_rows
+    )
 
 
 def _gemm_fit(device, profile) -> tuple[float, list[CalibrationRow]]:
     """Matmul efficiency from the GEMM plateau of the training dtype (bf16, else fp16, fp32)."""
-    dtype = next((d for d in ("bf16", "fp16", "fp32") if d in profile.gemm and d in device.peak_flops), None)
+    dtype = next(
+        (d for d in ("bf16", "fp16", "fp32") if d in profile.gemm and d in device.peak_flops), None
+    )
     if dtype is None:
         raise ValueError(
             f"profile gemm dtypes ({sorted(profile.gemm)}) share none with peak_flops ({sorted(device.peak_flops)})"
@@ -294,24 +339,34 @@ def _gemm_fit(device, profile) -> tuple[float, list[CalibrationRow]]:
     work, rates = _plateau(profile.gemm[dtype])
     peak = device.peak_flops_for(dtype)
     efficiency = _log_mean_fit(rates / peak, high=1.0)
-    return efficiency, _rate_rows(f"gemm {dtype}", work, rates, peak * device.matmul_efficiency, peak * efficiency)
+    return efficiency, _rate_rows(
+        f"gemm {dtype}", work, rates, peak * device.matmul_efficiency, peak * efficiency
+    )
 
 
 def _memory_fit(device, profile) -> tuple[float, list[CalibrationRow]]:
     work, rates = _plateau(profile.memory)
     peak = device.memory_bandwidth_bytes_per_s
     efficiency = _log_mean_fit(rates / peak, high=1.0)
-    return efficiency, _rate_rows("memory", work, rates, peak * device.memory_bandwidth_efficiency, peak * efficiency)
+    return efficiency, _rate_rows(
+        "memory", work, rates, peak * device.memory_bandwidth_efficiency, peak * efficiency
+    )
 
 
 def _log_mean_fit(ratios: np.ndarray, *, high: float) -> float:
     return float(min(math.exp(float(np.mean(np.log(ratios)))), high))
 
 
-def _rate_rows(label: str, work, rates, rate_before: float, rate_after: float) -> list[CalibrationRow]:
+def _rate_rows(
+    label: str, work, rates, rate_before: float, rate_after: float
+) -> list[CalibrationRow]:
     return [
-        CalibrationRow(label=f"{label} {w:.3g}", measured=w / r, predicted_before=w / rate_before,
-                       predicted_after=w / rate_after)
+        CalibrationRow(
+            label=f"{label} {w:.3g}",
+            measured=w / r,
+            predicted_before=w / rate_before,
+            predicted_after=w / rate_after,
+        )
         for w, r in zip(work, rates)
     ]
 
@@ -325,12 +380,20 @@ def _collective_fit(cluster, profile) -> tuple[float, list[CalibrationRow]]:
                 continue
             local = min(size, cluster.devices_per_node)
             for nbytes, seconds in zip(curve.work, curve.seconds):
-                predicted = float(cluster.collective_time(op, group_size=size, ranks_per_node=local, message_bytes=nbytes))
+                predicted = float(
+                    cluster.collective_time(
+                        op, group_size=size, ranks_per_node=local, message_bytes=nbytes
+                    )
+                )
                 cases.append((f"{op} n={size} {nbytes:.3g} B", seconds, predicted))
     if not cases:
         return 1.0, []
     low, high, _ = FITTABLE["collective_efficiency"]
-    efficiency = min(max(math.exp(float(np.mean([math.log(p / s) for _, s, p in cases]))), low), high)
-    rows = [CalibrationRow(label=label, measured=s, predicted_before=p, predicted_after=p / efficiency)
-            for label, s, p in cases]
+    efficiency = min(
+        max(math.exp(float(np.mean([math.log(p / s) for _, s, p in cases]))), low), high
+    )
+    rows = [
+        CalibrationRow(label=label, measured=s, predicted_before=p, predicted_after=p / efficiency)
+        for label, s, p in cases
+    ]
     return efficiency, rows

@@ -50,7 +50,9 @@ def transferred_calibration(hardware, calibrations: Sequence[Any]):
             "device_pattern": re.escape(hardware.name),
             "matmul_efficiency": carried(matched.matmul_efficiency, matmul_ratio),
             "attention_efficiency": carried(matched.attention_efficiency, matmul_ratio),
-            "memory_bandwidth_efficiency": carried(matched.memory_bandwidth_efficiency, memory_ratio),
+            "memory_bandwidth_efficiency": carried(
+                matched.memory_bandwidth_efficiency, memory_ratio
+            ),
             "fit": fit,
         }
     )

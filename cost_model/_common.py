@@ -52,12 +52,24 @@ COMM_KINDS: tuple[str, ...] = ("tp_comm", "ep_comm", "cp_comm", "pp_comm", "dp_c
 #: pipeline send/recv is blocking in 1F1B; bucketed gradient reduction (and ZeRO-3 parameter
 #: gathers) overlap backward compute (PyTorch DDP, Li et al. VLDB 2020; Megatron
 #: ``--overlap-grad-reduce``).
-DEFAULT_OVERLAP: dict[str, float] = {"tp_comm": 0.0, "ep_comm": 0.0, "cp_comm": 1.0, "pp_comm": 0.0, "dp_comm": 1.0}
+DEFAULT_OVERLAP: dict[str, float] = {
+    "tp_comm": 0.0,
+    "ep_comm": 0.0,
+    "cp_comm": 1.0,
+    "pp_comm": 0.0,
+    "dp_comm": 1.0,
+}
 
 
 #: Parts of ``memory.<part>`` columns and of ``CostBreakdown.memory_bytes``, both halves.
 MEMORY_PARTS: tuple[str, ...] = (
-    "weights", "gradients", "optimizer_states", "activations", "kv_cache", "comm_buffers", "fragmentation"
+    "weights",
+    "gradients",
+    "optimizer_states",
+    "activations",
+    "kv_cache",
+    "comm_buffers",
+    "fragmentation",
 )
 #: ``reason`` column codes: 0 feasible; 1..7 the memory part that is largest when memory does
 #: not fit (``MEMORY_PARTS[code - 1]``); further codes for other reasons a row is infeasible.
@@ -153,7 +165,11 @@ class Calibration(BaseModel):
         return hash(self.model_dump_json())
 
     def matmul_scale(self, hardware) -> float:
-        return 1.0 if self.matmul_efficiency is None else self.matmul_efficiency / hardware.matmul_efficiency
+        return (
+            1.0
+            if self.matmul_efficiency is None
+            else self.matmul_efficiency / hardware.matmul_efficiency
+        )
 
     def attention_scale(self, hardware) -> float:
         if self.attention_efficiency is None:
@@ -167,7 +183,9 @@ class Calibration(BaseModel):
 
     def overlap_fraction(self, kind: str) -> float:
         if kind not in DEFAULT_OVERLAP:
-            raise ValueError(f"communication kind ({kind!r}) must be one of {list(DEFAULT_OVERLAP)}")
+            raise ValueError(
+                f"communication kind ({kind!r}) must be one of {list(DEFAULT_OVERLAP)}"
+            )
         return float(self.overlap.get(kind, DEFAULT_OVERLAP[kind]))
 
 
@@ -205,7 +223,11 @@ def _int(table: Mapping[str, np.ndarray], name: str) -> np.ndarray:
 
 
 def stage_layout(
-    *, model: ModelSpec, pp: np.ndarray, virtual_stages: np.ndarray, layer_weights: tuple | None = None
+    *,
+    model: ModelSpec,
+    pp: np.ndarray,
+    virtual_stages: np.ndarray,
+    layer_weights: tuple | None = None,
 ) -> StageLayout:
     """Layers per pipeline rank: the first, the fullest middle and the last rank of each config.
 
@@ -222,22 +244,42 @@ def stage_layout(
     v = np.broadcast_to(np.asarray(virtual_stages, dtype=np.int64), pp.shape)
     key = pp * 4096 + v
     distinct, inverse = np.unique(key, return_inverse=True)
-    rows = [_rank_rows(model.num_layers, model.num_dense_ffn_layers, int(k) // 4096, int(k) % 4096) for k in distinct]
+    rows = [
+        _rank_rows(model.num_layers, model.num_dense_ffn_layers, int(k) // 4096, int(k) % 4096)
+        for k in distinct
+    ]
     width = max(len(row[1]) for row in rows)
-    ends = np.array([[row[0][0], row[0][1], row[2][0], row[2][1]] for row in rows], dtype=np.int64)[inverse.reshape(-1)]
+    ends = np.array([[row[0][0], row[0][1], row[2][0], row[2][1]] for row in rows], dtype=np.int64)[
+        inverse.reshape(-1)
+    ]
     padded = [list(row[1]) + [row[1][-1]] * (width - len(row[1])) for row in rows]
-    middle = np.array(padded, dtype=np.int64)[inverse.reshape(-1)]  # (n, width, 2) of (layers, dense)
-    dense_weight, moe_weight = layer_weights if layer_weights is not None else _whole_layer_weights(model)
-    dense_weight = np.broadcast_to(np.asarray(dense_weight, dtype=np.float64), pp.shape).reshape(-1, 1)
+    middle = np.array(padded, dtype=np.int64)[
+        inverse.reshape(-1)
+    ]  # (n, width, 2) of (layers, dense)
+    dense_weight, moe_weight = (
+        layer_weights if layer_weights is not None else _whole_layer_weights(model)
+    )
+    dense_weight = np.broadcast_to(np.asarray(dense_weight, dtype=np.float64), pp.shape).reshape(
+        -1, 1
+    )
     moe_weight = np.broadcast_to(np.asarray(moe_weight, dtype=np.float64), pp.shape).reshape(-1, 1)
-    load = middle[..., 1] * dense_weight + (middle[..., 0] - middle[..., 1]) * moe_weight + middle[..., 0] * 1e-9
+    load = (
+        middle[..., 1] * dense_weight
+        + (middle[..., 0] - middle[..., 1]) * moe_weight
+        + middle[..., 0] * 1e-9
+    )
     pick = np.take_along_axis(middle, np.argmax(load, axis=1)[:, None, None], axis=1)[:, 0]
     shape = pp.shape
     layers = np.stack([ends[:, 0], pick[:, 0], ends[:, 2]]).reshape((3, *shape))
     dense = np.stack([ends[:, 1], pick[:, 1], ends[:, 3]]).reshape((3, *shape))
     has_embedding = np.stack([np.ones(shape, dtype=bool), pp <= 2, pp == 1])
     has_lm_head = np.stack([pp == 1, pp == 1, np.ones(shape, dtype=bool)])
-    return StageLayout(layers=layers, moe_layers=layers - dense, has_embedding=has_embedding, has_lm_head=has_lm_head)
+    return StageLayout(
+        layers=layers,
+        moe_layers=layers - dense,
+        has_embedding=has_embedding,
+        has_lm_head=has_lm_head,
+    )
 
 
 def _whole_layer_weights(model: ModelSpec) -> tuple[float, float]:
@@ -259,7 +301,9 @@ def _chunk_sizes(num_layers: int, num_chunks: int) -> list[int]:
         return [stop - start for start, stop in split_layers(num_layers, num_chunks)]
     base, extra = divmod(num_layers, num_chunks)
     sizes = [base] * num_chunks
-    order = sorted(range(num_chunks), key=lambda i: (i in (0, num_chunks - 1), abs(i - (num_chunks - 1) / 2)))
+    order = sorted(
+        range(num_chunks), key=lambda i: (i in (0, num_chunks - 1), abs(i - (num_chunks - 1) / 2))
+    )
     for index in order[:extra]:
         sizes[index] += 1
     return sizes
@@ -290,7 +334,9 @@ def attention_replicated_parameters(model: ModelSpec) -> int:
     return q + h * (a.kv_lora_rank + a.qk_rope_head_dim) + model._norm_parameters(a.kv_lora_rank)
 
 
-def attention_parameters_per_device(*, model: ModelSpec, table: Mapping[str, np.ndarray]) -> np.ndarray:
+def attention_parameters_per_device(
+    *, model: ModelSpec, table: Mapping[str, np.ndarray]
+) -> np.ndarray:
     """Attention weights of one layer on one device: sharded by tp (less the replicated MLA
     down-projections), whole under attention-DP."""
     shard = np.where(np.asarray(table["attention_data_parallel"], dtype=bool), 1, _int(table, "tp"))
@@ -298,17 +344,26 @@ def attention_parameters_per_device(*, model: ModelSpec, table: Mapping[str, np.
     return replicated + (model.attention_parameters() - replicated) / shard
 
 
-def layer_weights_per_device(*, model: ModelSpec, table: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def layer_weights_per_device(
+    *, model: ModelSpec, table: Mapping[str, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
     """Parameters of one dense and one MoE layer on one device (shape (n,)), the weights
     ``stage_layout`` uses to find the fullest middle rank."""
     tp, ep, etp = _int(table, "tp"), _int(table, "ep"), _int(table, "etp")
-    common = attention_parameters_per_device(model=model, table=table) + model.layer_norm_parameters()
+    common = (
+        attention_parameters_per_device(model=model, table=table) + model.layer_norm_parameters()
+    )
     dense = common + model.ffn_parameters(model.ffn_hidden_size) / tp
     moe = model.moe
     if moe is None:
         return dense, dense
     redundant = np.asarray(table.get("num_redundant_experts", 0), dtype=np.float64)
-    experts = (moe.num_routed_experts + redundant) / ep * model.ffn_parameters(moe.expert_ffn_hidden_size) / etp
+    experts = (
+        (moe.num_routed_experts + redundant)
+        / ep
+        * model.ffn_parameters(moe.expert_ffn_hidden_size)
+        / etp
+    )
     dense_shard = np.where(np.asarray(table["attention_data_parallel"], dtype=bool), 1, tp)
     shared = moe.num_shared_experts * model.ffn_parameters(moe.shared_ffn_size) / dense_shard
     return dense, common + experts + shared + model.router_parameters()
@@ -329,7 +384,9 @@ def parameters_per_device(
     tp, ep, etp = _int(table, "tp"), _int(table, "ep"), _int(table, "etp")
     if layout is None:
         layout = stage_layout(
-            model=model, pp=_int(table, "pp"), virtual_stages=_int(table, "virtual_stages"),
+            model=model,
+            pp=_int(table, "pp"),
+            virtual_stages=_int(table, "virtual_stages"),
             layer_weights=layer_weights_per_device(model=model, table=table),
         )
     attention_dp = np.asarray(table["attention_data_parallel"], dtype=bool)
@@ -340,7 +397,8 @@ def parameters_per_device(
         "routed_experts": np.zeros(layout.layers.shape),
         "shared_experts": np.zeros(layout.layers.shape),
         "router": layout.moe_layers * float(model.router_parameters()),
-        "norms": layout.layers * float(model.layer_norm_parameters()) + layout.has_lm_head * model.final_norm_parameters(),
+        "norms": layout.layers * float(model.layer_norm_parameters())
+        + layout.has_lm_head * model.final_norm_parameters(),
     }
     moe = model.moe
     if moe is not None:
@@ -353,14 +411,23 @@ def parameters_per_device(
     embedding = model.vocab_size * model.hidden_size / tp
     positions = model.embedding_parameters() - model.vocab_size * model.hidden_size
     parts["embedding"] = layout.has_embedding * (embedding + positions)
-    parts["lm_head"] = layout.has_lm_head * (model.vocab_size * model.hidden_size / tp) * (
-        (~layout.has_embedding) | (not model.tie_word_embeddings)
+    parts["lm_head"] = (
+        layout.has_lm_head
+        * (model.vocab_size * model.hidden_size / tp)
+        * ((~layout.has_embedding) | (not model.tie_word_embeddings))
     )
     return parts
 
 
 def op_time_s(
-    *, flops, bytes_moved, hardware, dtype: str, calibration: Calibration, calls=1.0, kind: str = "matmul"
+    *,
+    flops,
+    bytes_moved,
+    hardware,
+    dtype: str,
+    calibration: Calibration,
+    calls=1.0,
+    kind: str = "matmul",
 ) -> np.ndarray:
     """Roofline time of ``calls`` equal kernels moving ``flops`` and ``bytes_moved`` in total:
     max of compute and memory time (Williams et al., CACM 2009).
@@ -375,7 +442,11 @@ def op_time_s(
     bytes_moved = np.asarray(bytes_moved, dtype=np.float64)
     calls = np.maximum(np.asarray(calls, dtype=np.float64), 1.0)
     peak = hardware.peak_flops_for(dtype)
-    scale = calibration.attention_scale(hardware) if kind == "attention" else calibration.matmul_scale(hardware)
+    scale = (
+        calibration.attention_scale(hardware)
+        if kind == "attention"
+        else calibration.matmul_scale(hardware)
+    )
     matmul = hardware.gemm_efficiency(flops / calls, dtype) * scale
     bandwidth = hardware.memory_efficiency
     if kind == "norm" and hasattr(hardware, "norm_efficiency"):  # norm layers: their measured curve
@@ -386,7 +457,9 @@ def op_time_s(
     return np.maximum(compute_s, memory_s)
 
 
-def ranks_per_node(*, table: Mapping[str, np.ndarray], devices_per_node: int) -> dict[str, np.ndarray]:
+def ranks_per_node(
+    *, table: Mapping[str, np.ndarray], devices_per_node: int
+) -> dict[str, np.ndarray]:
     """Ranks of one group of each axis that share a node, for Megatron's rank order.
 
     Global rank = tp_index + tp*(cp_index + cp*(dp_index + dp*pp_index)): the group of an axis
@@ -414,25 +487,38 @@ def ranks_per_node(*, table: Mapping[str, np.ndarray], devices_per_node: int) ->
     }
 
 
-def collective_time_s(*, cluster, op: str, group_size, ranks_per_node, message_bytes, calibration: Calibration) -> np.ndarray:
+def collective_time_s(
+    *, cluster, op: str, group_size, ranks_per_node, message_bytes, calibration: Calibration
+) -> np.ndarray:
     """``cluster.collective_time`` divided by the calibration's collective efficiency.
 
     Large tables repeat the same (group size, ranks per node, message) many times, so the
     topology model is evaluated once per distinct triple and scattered back.
     """
     group, local, message = np.broadcast_arrays(
-        *(np.asarray(value, dtype=np.float64) for value in (group_size, ranks_per_node, message_bytes))
+        *(
+            np.asarray(value, dtype=np.float64)
+            for value in (group_size, ranks_per_node, message_bytes)
+        )
     )
     if group.size < _DISTINCT_MIN_SIZE:
-        seconds = cluster.collective_time(op, group_size=group, ranks_per_node=local, message_bytes=message)
+        seconds = cluster.collective_time(
+            op, group_size=group, ranks_per_node=local, message_bytes=message
+        )
         return np.asarray(seconds, dtype=np.float64) / calibration.collective_efficiency
     shape = group.shape
     group, local, message = group.ravel(), local.ravel(), message.ravel()
     # Hash each triple into one int64 (wrapping arithmetic), find the distinct keys, and check
     # that every element equals its key's representative (a hash collision falls back to all).
-    key = message.view(np.int64) * np.int64(0x9E3779B1) + group.astype(np.int64) * np.int64(1 << 9) + local.astype(np.int64)
+    key = (
+        message.view(np.int64) * np.int64(0x9E3779B1)
+        + group.astype(np.int64) * np.int64(1 << 9)
+        + local.astype(np.int64)
+    )
     _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    exact = all(np.array_equal(values[first][inverse], values) for values in (group, local, message))
+    exact = all(
+        np.array_equal(values[first][inverse], values) for values in (group, local, message)
+    )
     if not exact:
         first, inverse = np.arange(group.size), np.arange(group.size)
     seconds = cluster.collective_time(
@@ -446,8 +532,18 @@ _DISTINCT_MIN_SIZE = 4096
 
 
 def expert_dispatch_time_s(
-    *, cluster, calibration: Calibration, hidden_size: int, top_k: int, ep, etp, ep_per_node, rank_tokens,
-    element_bytes: float, node_dedup: bool, max_routed_nodes: int | None = None,
+    *,
+    cluster,
+    calibration: Calibration,
+    hidden_size: int,
+    top_k: int,
+    ep,
+    etp,
+    ep_per_node,
+    rank_tokens,
+    element_bytes: float,
+    node_dedup: bool,
+    max_routed_nodes: int | None = None,
 ) -> np.ndarray:
     """One MoE dispatch (or combine) as DeepEP runs it: every rank writes straight to its peers,
     NVLink and RDMA at once, so the time is the slower tier's bytes over its bandwidth plus one
@@ -467,18 +563,28 @@ def expert_dispatch_time_s(
     intra_bytes = token_bytes * copies * (local - 1.0) / ep
     remote_copies = copies * (ep - local) / ep
     if node_dedup:  # distinct remote nodes among the copies' destinations
-        remote_copies = np.minimum(remote_copies, (nodes - 1.0) * (1.0 - np.power(1.0 - 1.0 / nodes, copies)))
+        remote_copies = np.minimum(
+            remote_copies, (nodes - 1.0) * (1.0 - np.power(1.0 - 1.0 / nodes, copies))
+        )
     if max_routed_nodes is not None:
-        remote_copies = np.minimum(remote_copies, np.where(node_dedup, float(max_routed_nodes), copies))
+        remote_copies = np.minimum(
+            remote_copies, np.where(node_dedup, float(max_routed_nodes), copies)
+        )
     inter_bytes = token_bytes * remote_copies
 
     def point_to_point(ranks_per_node, message) -> np.ndarray:
         return collective_time_s(
-            cluster=cluster, op="send_recv", group_size=2.0, ranks_per_node=ranks_per_node, message_bytes=message,
+            cluster=cluster,
+            op="send_recv",
+            group_size=2.0,
+            ranks_per_node=ranks_per_node,
+            message_bytes=message,
             calibration=calibration,
         )
 
-    seconds = np.maximum(point_to_point(2.0, intra_bytes), np.where(nodes > 1, point_to_point(1.0, inter_bytes), 0.0))
+    seconds = np.maximum(
+        point_to_point(2.0, intra_bytes), np.where(nodes > 1, point_to_point(1.0, inter_bytes), 0.0)
+    )
     return np.where(ep > 1, seconds, 0.0)
 
 
@@ -494,6 +600,8 @@ def mean_attended_tokens(*, attention: AttentionSpec, sequence_tokens) -> np.nda
         return np.full_like(s, attention.attended_tokens(1.0))
     if attention.variant == "full":
         return (s + 1.0) / 2.0
-    w = float(attention.window_tokens if attention.variant == "sliding_window" else attention.topk_tokens)
+    w = float(
+        attention.window_tokens if attention.variant == "sliding_window" else attention.topk_tokens
+    )
     capped = (w * (w + 1.0) / 2.0 + (s - w) * w) / np.maximum(s, 1.0)
     return np.where(s > w, capped, (s + 1.0) / 2.0)

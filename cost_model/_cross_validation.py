@@ -30,7 +30,13 @@ from cost_model._validation import (
     training_cases,
 )
 
-__all__ = ["ErrorSummary", "error_summary", "grouped_errors", "leave_one_source_out", "parallelism_label"]
+__all__ = [
+    "ErrorSummary",
+    "error_summary",
+    "grouped_errors",
+    "leave_one_source_out",
+    "parallelism_label",
+]
 
 
 @dataclass(frozen=True)
@@ -47,11 +53,16 @@ def error_summary(rows: list[ValidationRow], cases: list[Case] | None = None) ->
     errors = np.abs([row.error for row in rows])
     sources = len({case.source for case in cases}) if cases is not None else 0
     return ErrorSummary(
-        count=int(errors.size), sources=sources, mean_abs_error=float(errors.mean()), max_abs_error=float(errors.max())
+        count=int(errors.size),
+        sources=sources,
+        mean_abs_error=float(errors.mean()),
+        max_abs_error=float(errors.max()),
     )
 
 
-def leave_one_source_out(*, max_evaluations: int = 80, cases: list[Case] | None = None) -> list[ValidationRow]:
+def leave_one_source_out(
+    *, max_evaluations: int = 80, cases: list[Case] | None = None
+) -> list[ValidationRow]:
     """Each case's figures predicted by a calibration fitted without its source."""
     cases = training_cases() if cases is None else cases
     rows: list[ValidationRow] = []
@@ -59,14 +70,21 @@ def leave_one_source_out(*, max_evaluations: int = 80, cases: list[Case] | None 
         held_out = [case for case in cases if case.source == source]
         fits: dict[str, Calibration] = {}
         for hardware in dict.fromkeys(case.hardware for case in held_out):
-            calibration = _calibration_without(source, hardware, cases=cases, max_evaluations=max_evaluations, fits=fits)
+            calibration = _calibration_without(
+                source, hardware, cases=cases, max_evaluations=max_evaluations, fits=fits
+            )
             for case in (case for case in held_out if case.hardware == hardware):
                 rows.extend(run_case(case, calibration=calibration))
     return rows
 
 
 def _calibration_without(
-    source: str, hardware: str, *, cases: list[Case], max_evaluations: int, fits: dict[str, Calibration]
+    source: str,
+    hardware: str,
+    *,
+    cases: list[Case],
+    max_evaluations: int,
+    fits: dict[str, Calibration],
 ) -> Calibration:
     """The fit of ``hardware`` without ``source``; for a hardware type that is never fitted, its
     preset's reference calibration (fitted without ``source``) carried over, as
@@ -75,20 +93,31 @@ def _calibration_without(
 
     device = _cluster(hardware, 8).device
     if hardware not in FIT_PARAMETERS:
-        reference = next((key for key, preset in PRESETS.items() if preset == getattr(device, "calibration_reference", None)), None)
+        reference = next(
+            (
+                key
+                for key, preset in PRESETS.items()
+                if preset == getattr(device, "calibration_reference", None)
+            ),
+            None,
+        )
         if reference is None or reference not in FIT_PARAMETERS:
             return Calibration()
         hardware, fitted_for = reference, device
     else:
         fitted_for = None
     if hardware not in fits:
-        fits[hardware] = _fit_without(source, hardware, cases=cases, max_evaluations=max_evaluations)
+        fits[hardware] = _fit_without(
+            source, hardware, cases=cases, max_evaluations=max_evaluations
+        )
     if fitted_for is None:
         return fits[hardware]
     return transferred_calibration(fitted_for, [fits[hardware]]) or Calibration()
 
 
-def _fit_without(source: str, hardware: str, *, cases: list[Case], max_evaluations: int) -> Calibration:
+def _fit_without(
+    source: str, hardware: str, *, cases: list[Case], max_evaluations: int
+) -> Calibration:
     others = [case for case in cases if case.hardware == hardware and case.source != source]
     if not others or hardware not in FIT_PARAMETERS:
         return Calibration()  # nothing left to fit on: the preset's own efficiencies
@@ -108,7 +137,9 @@ def parallelism_label(case: Case) -> str:
 #: How ``grouped_errors`` can group the rows: by publication, framework profile, parallelism.
 GROUPINGS = {
     "source": lambda case: case.source,
-    "framework": lambda case: case.workload.framework or SOFTWARE.get(case.software, {}).get("framework", case.software),
+    "framework": lambda case: (
+        case.workload.framework or SOFTWARE.get(case.software, {}).get("framework", case.software)
+    ),
     "parallelism": parallelism_label,
 }
 
@@ -119,7 +150,9 @@ def case_of_rows(rows: list[ValidationRow], cases: list[Case]) -> list[Case]:
     return [by_key[(row.table, row.run, row.metric)] for row in rows]
 
 
-def grouped_errors(rows: list[ValidationRow], cases: list[Case], *, by: str) -> dict[str, dict[str, float]]:
+def grouped_errors(
+    rows: list[ValidationRow], cases: list[Case], *, by: str
+) -> dict[str, dict[str, float]]:
     """Per group (``GROUPINGS[by]``): count, mean signed error (the bias: > 0 predicted too
     fast), mean and max |error|."""
     if by not in GROUPINGS:
@@ -128,7 +161,11 @@ def grouped_errors(rows: list[ValidationRow], cases: list[Case], *, by: str) -> 
     for row, case in zip(rows, case_of_rows(rows, cases)):
         groups.setdefault(GROUPINGS[by](case), []).append(row.error)
     return {
-        name: {"count": len(errors), "mean_error": float(np.mean(errors)), "mean_abs_error": float(np.mean(np.abs(errors))),
-               "max_abs_error": float(np.max(np.abs(errors)))}
+        name: {
+            "count": len(errors),
+            "mean_error": float(np.mean(errors)),
+            "mean_abs_error": float(np.mean(np.abs(errors))),
+            "max_abs_error": float(np.max(np.abs(errors))),
+        }
         for name, errors in groups.items()
     }

@@ -34,7 +34,11 @@ __all__ = ["estimate", "estimate_table", "breakdown_from_row"]
 
 
 def estimate_table(
-    model: ModelSpec, cluster, workload: Training | Inference, table: Mapping[str, np.ndarray], *,
+    model: ModelSpec,
+    cluster,
+    workload: Training | Inference,
+    table: Mapping[str, np.ndarray],
+    *,
     options: EstimateOptions | None = None,
 ) -> dict[str, np.ndarray]:
     """Cost of every row of ``table`` (see ``cost_model._table``); columns in the module docstring.
@@ -45,17 +49,25 @@ def estimate_table(
     if isinstance(workload, Inference):
         from cost_model._inference import estimate_inference_table
 
-        return estimate_inference_table(model=model, cluster=cluster, workload=workload, table=table, options=options)
+        return estimate_inference_table(
+            model=model, cluster=cluster, workload=workload, table=table, options=options
+        )
     if not isinstance(workload, Training):
         raise ValueError(f"workload ({type(workload).__name__}) must be Training or Inference")
     return _training_table(model, cluster, workload, table, options or EstimateOptions())
 
 
-def _training_table(model, cluster, workload: Training, table, options: EstimateOptions) -> dict[str, np.ndarray]:
-    ctx = training_context(model=model, cluster=cluster, workload=workload, table=table, options=options)
+def _training_table(
+    model, cluster, workload: Training, table, options: EstimateOptions
+) -> dict[str, np.ndarray]:
+    ctx = training_context(
+        model=model, cluster=cluster, workload=workload, table=table, options=options
+    )
     columns = training_time_columns(ctx)
     columns.update(memory_columns(ctx))
-    reason = np.where(ctx.batch_divides, columns.pop("memory_reason"), REASON_CODES["batch_not_divisible"])
+    reason = np.where(
+        ctx.batch_divides, columns.pop("memory_reason"), REASON_CODES["batch_not_divisible"]
+    )
     step = columns["step_time_s"]
     world = ctx.column("dp") * ctx.column("cp") * ctx.column("tp") * ctx.column("pp")
     flops = model_flops_per_step(model=model, workload=workload)
@@ -72,7 +84,9 @@ def _training_table(model, cluster, workload: Training, table, options: Estimate
     return columns
 
 
-def estimate(model: ModelSpec, cluster, workload: Training | Inference, config: ParallelConfig, **options) -> CostBreakdown:
+def estimate(
+    model: ModelSpec, cluster, workload: Training | Inference, config: ParallelConfig, **options
+) -> CostBreakdown:
     """Cost of one ``config``; ``options`` are ``EstimateOptions`` fields, plus for inference
     ``ServingConfig`` fields (batch_size, num_redundant_experts, kv_dtype, ...).
 
@@ -88,35 +102,50 @@ def estimate(model: ModelSpec, cluster, workload: Training | Inference, config: 
         from cost_model._inference import REASON_CODES as inference_reasons
         from cost_model._serving_columns import ServingConfig
 
-        serving = ServingConfig(**{k: v for k, v in options.items() if k in ServingConfig.model_fields})
-        rest = EstimateOptions(**{k: v for k, v in options.items() if k not in ServingConfig.model_fields})
+        serving = ServingConfig(
+            **{k: v for k, v in options.items() if k in ServingConfig.model_fields}
+        )
+        rest = EstimateOptions(
+            **{k: v for k, v in options.items() if k not in ServingConfig.model_fields}
+        )
         table = configs_to_table([config], **serving.columns(workload=workload))
         columns = estimate_table(model, cluster, workload, table, options=rest)
         labels = {code: label for label, code in inference_reasons.items()}
     else:
         if config.attention_data_parallel:
-            raise ValueError("attention_data_parallel (True) is an inference layout; training needs False")
+            raise ValueError(
+                "attention_data_parallel (True) is an inference layout; training needs False"
+            )
         check_sequence_fits(config, workload.sequence_length_tokens)
         config.num_micro_batches(workload.sequences_per_step)
         table = configs_to_table([config])
-        columns = estimate_table(model, cluster, workload, table, options=EstimateOptions(**options))
+        columns = estimate_table(
+            model, cluster, workload, table, options=EstimateOptions(**options)
+        )
         labels = REASON_LABELS
     breakdown = breakdown_from_row(columns, 0)
     if not bool(columns["feasible"][0]):
-        raise _infeasible(breakdown, labels[int(columns["reason"][0])], training=isinstance(workload, Training))
+        raise _infeasible(
+            breakdown, labels[int(columns["reason"][0])], training=isinstance(workload, Training)
+        )
     return breakdown
 
 
 def _infeasible(breakdown: CostBreakdown, reason: str, *, training: bool) -> InfeasiblePlanError:
     if reason in ("ttft_slo", "tpot_slo"):
-        return InfeasiblePlanError(f"the plan misses the {reason.replace('_', ' ').upper()}", part=reason)
+        return InfeasiblePlanError(
+            f"the plan misses the {reason.replace('_', ' ').upper()}", part=reason
+        )
     part = max(breakdown.memory_bytes, key=lambda name: breakdown.memory_bytes[name])
     needed, available = breakdown.memory_per_device_bytes, breakdown.memory_capacity_bytes
     return InfeasiblePlanError(
         f"memory per device needs {human_bytes(needed)}, the device has {human_bytes(available)}; "
         f"the largest part is {part} ({human_bytes(breakdown.memory_bytes[part])})",
-        part=part, needed_bytes=needed, available_bytes=available,
-        suggestion="raise tp/pp/ep, the ZeRO stage or recompute, or lower micro_batch_size" if training
+        part=part,
+        needed_bytes=needed,
+        available_bytes=available,
+        suggestion="raise tp/pp/ep, the ZeRO stage or recompute, or lower micro_batch_size"
+        if training
         else "raise tp/pp/ep, lower batch_size or use a smaller kv_dtype",
     )
 
@@ -131,8 +160,12 @@ def _optional(columns: Mapping[str, np.ndarray], name: str, index: int) -> float
 def breakdown_from_row(columns: Mapping[str, np.ndarray], index: int) -> CostBreakdown:
     """Row ``index`` of an ``estimate_table`` result as a ``CostBreakdown``."""
     time = {name[5:]: float(v[index]) for name, v in columns.items() if name.startswith("time.")}
-    hidden = {name[7:]: float(v[index]) for name, v in columns.items() if name.startswith("hidden.")}
-    memory = {name[7:]: float(v[index]) for name, v in columns.items() if name.startswith("memory.")}
+    hidden = {
+        name[7:]: float(v[index]) for name, v in columns.items() if name.startswith("hidden.")
+    }
+    memory = {
+        name[7:]: float(v[index]) for name, v in columns.items() if name.startswith("memory.")
+    }
     batch = _optional(columns, "batch_size", index)
     return CostBreakdown(
         step_time_s=float(columns["step_time_s"][index]),
@@ -148,5 +181,3 @@ def breakdown_from_row(columns: Mapping[str, np.ndarray], index: int) -> CostBre
         batch_size=None if batch is None else int(batch),
         bottleneck=max(time, key=lambda name: time[name]) if time else "",
     )
-
-

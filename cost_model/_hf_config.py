@@ -54,7 +54,9 @@ class _Reader:
 
     def int_list(self, key: str) -> list[builtins.int]:
         value = self.data.get(key) or []
-        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
             raise ValueError(f"config field {key!r} ({value!r}) must be a list of integers")
         return value
 
@@ -96,7 +98,9 @@ def _attention_mla(r: _Reader) -> AttentionSpec:
     )
 
 
-def _common(r: _Reader, name: str, attention: AttentionSpec, *, tie_default: bool = False, **extra: Any) -> ModelSpec:
+def _common(
+    r: _Reader, name: str, attention: AttentionSpec, *, tie_default: bool = False, **extra: Any
+) -> ModelSpec:
     return ModelSpec(
         name=name,
         num_layers=r.int("num_hidden_layers"),
@@ -170,7 +174,9 @@ def _qwen_moe(r: _Reader, name: str, *, shared: bool) -> ModelSpec:
 
 def _deepseek(r: _Reader, name: str) -> ModelSpec:
     if r.int("moe_layer_freq", 1) != 1:
-        raise ValueError(f"config field 'moe_layer_freq' ({r.data.get('moe_layer_freq')}) must be 1")
+        raise ValueError(
+            f"config field 'moe_layer_freq' ({r.data.get('moe_layer_freq')}) must be 1"
+        )
     moe = MoESpec(
         num_routed_experts=r.int("n_routed_experts"),
         top_k=r.int("num_experts_per_tok"),
@@ -183,7 +189,9 @@ def _deepseek(r: _Reader, name: str) -> ModelSpec:
 
 def _gpt2(r: _Reader, name: str) -> ModelSpec:
     hidden, heads = r.int("n_embd"), r.int("n_head")
-    attention = AttentionSpec(kind="mha", num_heads=heads, num_kv_heads=heads, head_dim=max(hidden // heads, 1))
+    attention = AttentionSpec(
+        kind="mha", num_heads=heads, num_kv_heads=heads, head_dim=max(hidden // heads, 1)
+    )
     return ModelSpec(
         name=name,
         num_layers=r.int("n_layer"),
@@ -217,7 +225,9 @@ _PARSERS: dict[str, Callable[[_Reader, str], ModelSpec]] = {
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_PARSERS))
 
 
-def parse_hf_config(path_or_dict: str | Path | dict[str, Any], *, name: str | None = None) -> ModelSpec:
+def parse_hf_config(
+    path_or_dict: str | Path | dict[str, Any], *, name: str | None = None
+) -> ModelSpec:
     """Build a ``ModelSpec`` from a HuggingFace config (a path to ``config.json`` or its dict)."""
     if isinstance(path_or_dict, dict):
         data = path_or_dict

@@ -110,8 +110,21 @@ from cost_model._training import kernels_per_layer
 from cost_model._units import dtype_bytes
 from cost_model._workload import Inference
 
-INFERENCE_TIME_PARTS: tuple[str, ...] = ("compute", "attention", "tp_comm", "ep_comm", "cp_comm", "pp_comm")
-INFERENCE_MEMORY_PARTS: tuple[str, ...] = ("weights", "kv_cache", "activations", "comm_buffers", "fragmentation")
+INFERENCE_TIME_PARTS: tuple[str, ...] = (
+    "compute",
+    "attention",
+    "tp_comm",
+    "ep_comm",
+    "cp_comm",
+    "pp_comm",
+)
+INFERENCE_MEMORY_PARTS: tuple[str, ...] = (
+    "weights",
+    "kv_cache",
+    "activations",
+    "comm_buffers",
+    "fragmentation",
+)
 _COMM_PARTS = ("tp_comm", "ep_comm", "cp_comm", "pp_comm")
 #: MoE combine runs in bf16 even when the dispatch is fp8 (DeepSeek-V3 report sec. 3.3; DeepEP).
 COMBINE_BYTES = 2.0
@@ -133,7 +146,9 @@ class _Setup:
     two_batch: np.ndarray
     phase: np.ndarray
     fragmentation_fraction: float
-    routing_imbalance: float  # measured busiest-rank / mean expert load, at least the uniform excess
+    routing_imbalance: (
+        float  # measured busiest-rank / mean expert load, at least the uniform excess
+    )
     kernels_per_layer: tuple[float, float]  # (dense, MoE) layer, forward
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
@@ -164,12 +179,19 @@ class _Setup:
 
 
 def _setup(
-    *, model: ModelSpec, cluster, workload: Inference, table: Mapping[str, np.ndarray], options: EstimateOptions,
+    *,
+    model: ModelSpec,
+    cluster,
+    workload: Inference,
+    table: Mapping[str, np.ndarray],
+    options: EstimateOptions,
     prompt_tokens=None,
 ) -> _Setup:
     """Shared arrays of one evaluation. ``prompt_tokens`` (per row) overrides the workload's."""
     if workload.kind != "inference":
-        raise ValueError(f"workload.kind ({workload.kind!r}) must be 'inference' for estimate_inference_table")
+        raise ValueError(
+            f"workload.kind ({workload.kind!r}) must be 'inference' for estimate_inference_table"
+        )
     table = checked_columns(table, workload)
     n = table_length(table)
     layout = stage_layout(model=model, pp=table["pp"], virtual_stages=table["virtual_stages"])
@@ -211,8 +233,15 @@ def _matmul_dtype(s: _Setup) -> str:
     Blackwell); int4 weights are weight-only, and so are FP8 weights on a device without FP8
     tensor cores. A dtype with no such path raises (``_serving_precision.check_serving_precision``)."""
     weight = s.workload.weight_dtype
-    check_serving_precision(weight_dtype=weight, kv_dtype=s.workload.kv_dtype, hardware=s.cluster.device)
-    chains = {"fp8": ("fp8",), "fp4": ("fp4",), "int8": ("int8", "fp8"), "int4": (s.workload.activation_dtype,)}
+    check_serving_precision(
+        weight_dtype=weight, kv_dtype=s.workload.kv_dtype, hardware=s.cluster.device
+    )
+    chains = {
+        "fp8": ("fp8",),
+        "fp4": ("fp4",),
+        "int8": ("int8", "fp8"),
+        "int4": (s.workload.activation_dtype,),
+    }
     return _first_available(s.cluster.device, chains.get(weight, (weight,)))
 
 
@@ -228,7 +257,11 @@ def _cast_bytes(s: _Setup) -> float:
 def _memory_pass(s: _Setup, bytes_moved) -> np.ndarray:
     """Time of memory-bound element-wise kernels moving ``bytes_moved``."""
     return op_time_s(
-        flops=0.0, bytes_moved=bytes_moved, hardware=s.cluster.device, dtype=_attention_dtype(s), calibration=s.calibration
+        flops=0.0,
+        bytes_moved=bytes_moved,
+        hardware=s.cluster.device,
+        dtype=_attention_dtype(s),
+        calibration=s.calibration,
     )
 
 
@@ -247,7 +280,11 @@ def _tokens(s: _Setup, p: ops.Pass) -> tuple[np.ndarray, np.ndarray]:
 
 def _mm(s: _Setup, flops, bytes_moved) -> np.ndarray:
     return op_time_s(
-        flops=flops, bytes_moved=bytes_moved, hardware=s.cluster.device, dtype=_matmul_dtype(s), calibration=s.calibration
+        flops=flops,
+        bytes_moved=bytes_moved,
+        hardware=s.cluster.device,
+        dtype=_matmul_dtype(s),
+        calibration=s.calibration,
     )
 
 
@@ -265,12 +302,22 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     total = total + lay.moe_layers * _moe_time(s, attention_tokens, rank_tokens, decode=p.decode)
     head_tokens = p.batch * p.head_tokens / s.column("cp") * np.where(s.attention_dp, tp, 1.0)
     w_head = model.vocab_size * model.hidden_size / tp
-    head = _mm(s, 2 * w_head * head_tokens, w_head * wb + head_tokens * model.vocab_size / tp * ops.LOGIT_BYTES)
+    head = _mm(
+        s,
+        2 * w_head * head_tokens,
+        w_head * wb + head_tokens * model.vocab_size / tp * ops.LOGIT_BYTES,
+    )
     cast = _cast_bytes(s)
-    attention_side = ops.attention_side_bytes(model, decode=p.decode, act=act, cast=cast, shard=s.shard) * attention_tokens
+    attention_side = (
+        ops.attention_side_bytes(model, decode=p.decode, act=act, cast=cast, shard=s.shard)
+        * attention_tokens
+    )
     if not p.decode:  # cached prefix tokens re-expanded for explicit-form MLA
         prefix_tokens = p.batch * p.cached_tokens / s.column("cp")
-        attention_side = attention_side + ops.prefix_expansion_bytes(model, act=act, shard=s.shard) * prefix_tokens
+        attention_side = (
+            attention_side
+            + ops.prefix_expansion_bytes(model, act=act, shard=s.shard) * prefix_tokens
+        )
     dense_side = ops.dense_ffn_side_bytes(model, model.ffn_hidden_size / tp, act=act, cast=cast)
     total = total + lay.has_lm_head * head + lay.layers * _memory_pass(s, attention_side)
     total = total + lay.dense_layers * _memory_pass(s, dense_side * dense_tokens)
@@ -292,7 +339,9 @@ def _kernels_per_pass(s: _Setup) -> np.ndarray:
     return kernels + tp_calls + ep_calls
 
 
-def _moe_time(s: _Setup, attention_tokens: np.ndarray, rank_tokens: np.ndarray, *, decode: bool = True) -> np.ndarray:
+def _moe_time(
+    s: _Setup, attention_tokens: np.ndarray, rank_tokens: np.ndarray, *, decode: bool = True
+) -> np.ndarray:
     """Router, shared experts and routed experts of one MoE layer, (n,) seconds.
 
     Decode steps price the routed experts as the grouped GEMMs that run (``_grouped_experts_time``:
@@ -311,19 +360,30 @@ def _moe_time(s: _Setup, attention_tokens: np.ndarray, rank_tokens: np.ndarray, 
     shared = _mm(s, 2 * w_shared * attention_tokens, w_shared * wb)
     group_tokens = rank_tokens * ep * etp
     mean_assignments = group_tokens * moe.top_k / ep
-    assignments = mean_assignments * np.maximum(ops.max_load_factor(mean_assignments, ep), s.routing_imbalance)
+    assignments = mean_assignments * np.maximum(
+        ops.max_load_factor(mean_assignments, ep), s.routing_imbalance
+    )
     w_expert = model.ffn_parameters(moe.expert_ffn_hidden_size) / etp
     slots = (moe.num_routed_experts + s.column("num_redundant_experts")) / ep
-    touched = ops.experts_touched_fraction(group_tokens, top_k=moe.top_k, num_experts=moe.num_routed_experts)
+    touched = ops.experts_touched_fraction(
+        group_tokens, top_k=moe.top_k, num_experts=moe.num_routed_experts
+    )
     cast = _cast_bytes(s)
     side = ops.routed_bytes_per_assignment(model, act=act, cast=cast, etp=etp)
-    token_passes = _memory_pass(s, ops.moe_token_bytes(model, act=act, cast=cast, shard=s.shard) * attention_tokens)
+    token_passes = _memory_pass(
+        s, ops.moe_token_bytes(model, act=act, cast=cast, shard=s.shard) * attention_tokens
+    )
     measured = None
     if decode:  # M = tokens per expert slot on the busiest rank; the expert width split over etp
         measured = grouped_experts_time_s(
-            hardware=s.cluster.device, dtype=s.workload.weight_dtype, tokens_per_expert=assignments / slots,
-            experts_per_device=slots, touched_fraction=touched, side_bytes_per_assignment=side,
-            hidden_size=model.hidden_size, expert_ffn_size=moe.expert_ffn_hidden_size / etp,
+            hardware=s.cluster.device,
+            dtype=s.workload.weight_dtype,
+            tokens_per_expert=assignments / slots,
+            experts_per_device=slots,
+            touched_fraction=touched,
+            side_bytes_per_assignment=side,
+            hidden_size=model.hidden_size,
+            expert_ffn_size=moe.expert_ffn_hidden_size / etp,
         )
     if measured is not None:
         return router + shared + measured + token_passes
@@ -335,39 +395,63 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     """Core attention (scores and values) of one layer, (n,) seconds."""
     model = s.model
     queries = p.batch * p.new_tokens / (s.column("cp") * s.shard)
-    spread = 1.0 if p.decode else 1.0 + s.workload.prompt_tokens_cv**2  # E[P^2]/E[P]^2 of the prompt mix
-    keys = ops.mean_attended_between(model, p.cached_tokens * spread + 1.0, (p.cached_tokens + p.new_tokens) * spread)
+    spread = (
+        1.0 if p.decode else 1.0 + s.workload.prompt_tokens_cv**2
+    )  # E[P^2]/E[P]^2 of the prompt mix
+    keys = ops.mean_attended_between(
+        model, p.cached_tokens * spread + 1.0, (p.cached_tokens + p.new_tokens) * spread
+    )
     flops = queries * keys * ops.attention_flops_per_key(model, decode=p.decode)
     if not p.decode:
         prefix = p.batch * p.cached_tokens / (s.column("cp") * s.shard)
         flops = flops + prefix * ops.prefix_upprojection_flops_per_token(model)
     kv_fraction = 1.0 / (ops.kv_head_split(model, s.shard) * s.column("cp"))
     read_tokens = ops.kv_read_tokens(model, p.cached_tokens + p.new_tokens)
-    kv_read = p.batch * ops.kv_bytes_per_sequence_layer(model, read_tokens, s.kv_element_bytes, block_tokens=1)
-    if p.decode and model.attention.kind == "mla":  # FlashMLA-class kernels at their measured efficiency
+    kv_read = p.batch * ops.kv_bytes_per_sequence_layer(
+        model, read_tokens, s.kv_element_bytes, block_tokens=1
+    )
+    if (
+        p.decode and model.attention.kind == "mla"
+    ):  # FlashMLA-class kernels at their measured efficiency
         # one call per rank: its sequences, over its share of the heads (a fraction of a curve's
         # 128-head sequence) and of each context (cp)
         sequences = p.batch * model.attention.num_heads / (s.shard * MLA_CURVE_HEADS)
         measured = mla_time_s(
-            kind="mla_decode", hardware=s.cluster.device, dtype=_attention_dtype(s), flops=flops,
-            bytes_moved=kv_read * kv_fraction, tokens=read_tokens / s.column("cp"), batch=sequences,
+            kind="mla_decode",
+            hardware=s.cluster.device,
+            dtype=_attention_dtype(s),
+            flops=flops,
+            bytes_moved=kv_read * kv_fraction,
+            tokens=read_tokens / s.column("cp"),
+            batch=sequences,
         )
         if measured is not None:  # (prefill keeps the calibrated efficiency: see _kernel_curves)
             return measured
     return op_time_s(
-        flops=flops, bytes_moved=kv_read * kv_fraction, hardware=s.cluster.device, dtype=_attention_dtype(s),
-        calibration=s.calibration, kind="attention",
+        flops=flops,
+        bytes_moved=kv_read * kv_fraction,
+        hardware=s.cluster.device,
+        dtype=_attention_dtype(s),
+        calibration=s.calibration,
+        kind="attention",
     )
 
 
 def _collective(s: _Setup, op: str, axis: str, group, message) -> np.ndarray:
     local = np.minimum(s.group_local[axis], group)
     return collective_time_s(
-        cluster=s.cluster, op=op, group_size=group, ranks_per_node=local, message_bytes=message, calibration=s.calibration
+        cluster=s.cluster,
+        op=op,
+        group_size=group,
+        ranks_per_node=local,
+        message_bytes=message,
+        calibration=s.calibration,
     )
 
 
-def _expert_all_to_all(s: _Setup, rank_tokens: np.ndarray, element_bytes: float, *, node_dedup, direction: str) -> np.ndarray:
+def _expert_all_to_all(
+    s: _Setup, rank_tokens: np.ndarray, element_bytes: float, *, node_dedup, direction: str
+) -> np.ndarray:
     """One MoE dispatch (or combine) as DeepEP runs it: every rank writes straight to its peers,
     NVLink and RDMA at once, so the time is the slower tier's bytes over its bandwidth plus one
     latency (DeepEP README; not the n-1 rounds of a pairwise all-to-all); the bytes per tier are
@@ -378,20 +462,34 @@ def _expert_all_to_all(s: _Setup, rank_tokens: np.ndarray, element_bytes: float,
     ep = s.column("ep")
     local = np.minimum(s.group_local["ep"], ep)
     intra_bytes, inter_bytes = expert_all_to_all_bytes(
-        rank_tokens=rank_tokens, hidden_size=s.model.hidden_size, element_bytes=element_bytes,
-        copies=s.model.moe.top_k * s.column("etp"), ep=ep, local=local, node_dedup=node_dedup,
+        rank_tokens=rank_tokens,
+        hidden_size=s.model.hidden_size,
+        element_bytes=element_bytes,
+        copies=s.model.moe.top_k * s.column("etp"),
+        ep=ep,
+        local=local,
+        node_dedup=node_dedup,
     )
     remote = ep > local
 
     def point_to_point(ranks_per_node, message) -> np.ndarray:
         return collective_time_s(
-            cluster=s.cluster, op="send_recv", group_size=2.0, ranks_per_node=ranks_per_node, message_bytes=message,
+            cluster=s.cluster,
+            op="send_recv",
+            group_size=2.0,
+            ranks_per_node=ranks_per_node,
+            message_bytes=message,
             calibration=s.calibration,
         )
 
-    seconds = np.maximum(point_to_point(2.0, intra_bytes), np.where(remote, point_to_point(1.0, inter_bytes), 0.0))
+    seconds = np.maximum(
+        point_to_point(2.0, intra_bytes), np.where(remote, point_to_point(1.0, inter_bytes), 0.0)
+    )
     measured = deepep_low_latency_s(
-        direction=direction, intra_bytes=intra_bytes, inter_bytes=np.where(remote, inter_bytes, 0.0), cluster=s.cluster
+        direction=direction,
+        intra_bytes=intra_bytes,
+        inter_bytes=np.where(remote, inter_bytes, 0.0),
+        cluster=s.cluster,
     )
     if measured is not None:
         seconds = np.where(node_dedup, seconds, measured)
@@ -421,21 +519,41 @@ def _comm_times(s: _Setup, p: ops.Pass) -> dict[str, np.ndarray]:
     ep_time = zero
     if model.moe is not None and np.any(ep > 1):
         backend = np.asarray(s.table["a2a_backend"], dtype=np.int64)
-        normal = np.where(backend == A2A_BACKEND_CODES["auto"], not p.decode, backend == A2A_BACKEND_CODES["normal"])
+        normal = np.where(
+            backend == A2A_BACKEND_CODES["auto"],
+            not p.decode,
+            backend == A2A_BACKEND_CODES["normal"],
+        )
         # NVFP4 experts take an FP8 dispatch as well (DeepEP dispatches FP8 or BF16 tokens).
         dispatch_bytes = 1.0 if s.workload.weight_dtype == "fp4" else _dispatch_bytes(s)
-        dispatch = _expert_all_to_all(s, rank_tokens, dispatch_bytes, node_dedup=normal, direction="dispatch")
-        combine = _expert_all_to_all(s, rank_tokens, COMBINE_BYTES, node_dedup=normal, direction="combine")
+        dispatch = _expert_all_to_all(
+            s, rank_tokens, dispatch_bytes, node_dedup=normal, direction="dispatch"
+        )
+        combine = _expert_all_to_all(
+            s, rank_tokens, COMBINE_BYTES, node_dedup=normal, direction="combine"
+        )
         ep_time = lay.moe_layers * (dispatch + combine)
     cp_time = zero
-    if np.any(cp > 1) and p.decode:  # merge the partial softmax results of each sequence's cp shards
+    if (
+        np.any(cp > 1) and p.decode
+    ):  # merge the partial softmax results of each sequence's cp shards
         cp_time = lay.layers * _collective(s, "all_gather", "cp", cp, p.batch * h * act)
     elif np.any(cp > 1):  # ring attention: each cp rank's new-token KV visits the others
-        kv_chunk = p.batch * p.new_tokens / cp * model.kv_cache_elements_per_token_per_layer() * s.kv_element_bytes
-        cp_time = lay.layers * (cp - 1) * _collective(s, "send_recv", "cp", np.minimum(cp, 2.0), kv_chunk)
+        kv_chunk = (
+            p.batch
+            * p.new_tokens
+            / cp
+            * model.kv_cache_elements_per_token_per_layer()
+            * s.kv_element_bytes
+        )
+        cp_time = (
+            lay.layers * (cp - 1) * _collective(s, "send_recv", "cp", np.minimum(cp, 2.0), kv_chunk)
+        )
     pp_time = zero
     if np.any(s.column("pp") > 1):
-        pp_time = zero + _collective(s, "send_recv", "pp", np.minimum(s.column("pp"), 2.0), rank_tokens * h * act)
+        pp_time = zero + _collective(
+            s, "send_recv", "pp", np.minimum(s.column("pp"), 2.0), rank_tokens * h * act
+        )
     return {"tp_comm": tp_time, "ep_comm": ep_time, "cp_comm": cp_time, "pp_comm": pp_time}
 
 
@@ -453,17 +571,25 @@ def _pass_parts(s: _Setup, p: ops.Pass) -> tuple[dict[str, np.ndarray], dict[str
         "compute": micro_batches * _compute_time(s, micro),
         "attention": micro_batches * s.layout.layers * _attention_time(s, micro),
     }
-    raw.update({kind: micro_batches * np.broadcast_to(t, shape) for kind, t in _comm_times(s, micro).items()})
+    raw.update(
+        {
+            kind: micro_batches * np.broadcast_to(t, shape)
+            for kind, t in _comm_times(s, micro).items()
+        }
+    )
     busy = raw["compute"] + raw["attention"]
     fractions = {
-        kind: np.where(s.two_batch & (kind != "pp_comm"), 1.0, s.calibration.overlap_fraction(kind)) for kind in _COMM_PARTS
+        kind: np.where(s.two_batch & (kind != "pp_comm"), 1.0, s.calibration.overlap_fraction(kind))
+        for kind in _COMM_PARTS
     }
     hideable = sum(raw[kind] * fractions[kind] for kind in _COMM_PARTS)
     scale = np.minimum(hideable, busy) / np.where(hideable > 0, hideable, 1.0)
     hidden = {kind: raw[kind] * fractions[kind] * scale for kind in _COMM_PARTS}
     exposed = {part: raw[part] - hidden.get(part, 0.0) for part in INFERENCE_TIME_PARTS}
     if not p.decode:  # the hidden traffic's kernels hold SMs: compute runs slower meanwhile
-        exposed["compute"] = exposed["compute"] + ops.COMMUNICATION_SM_FRACTION * sum(hidden.values())
+        exposed["compute"] = exposed["compute"] + ops.COMMUNICATION_SM_FRACTION * sum(
+            hidden.values()
+        )
     slowest = np.argmax(sum(exposed.values()), axis=0)[None, :]
     pp = s.column("pp")
 
@@ -479,7 +605,9 @@ def _passes(s: _Setup, batch: np.ndarray) -> tuple[ops.Pass, ops.Pass]:
     ones = np.ones_like(batch, dtype=np.float64)
     cached = np.floor(s.prompt_tokens * s.workload.prefix_cache_hit_rate)
     prefill = ops.Pass(batch, s.prompt_tokens - cached, cached, ones, decode=False)
-    outputs = s.output_tokens * (1.0 + s.workload.output_tokens_cv**2)  # E[O^2]/E[O], token-weighted
+    outputs = s.output_tokens * (
+        1.0 + s.workload.output_tokens_cv**2
+    )  # E[O^2]/E[O], token-weighted
     decode_context = s.prompt_tokens + (outputs + 1.0) / 2.0
     decode = ops.Pass(batch, ones, decode_context - 1.0, ones, decode=True)
     return prefill, decode
@@ -493,10 +621,17 @@ def _pass_memory(s: _Setup, p: ops.Pass) -> tuple[np.ndarray, np.ndarray]:
     head_tokens = p.batch * p.head_tokens / s.column("cp") * np.where(s.attention_dp, tp, 1.0)
     activations = ops.live_activation_elements_per_token(model, s.shard) * attention_tokens * act
     activations = activations + head_tokens * model.vocab_size / tp * ops.LOGIT_BYTES
-    buffers = np.where(s.attention_dp, 2 * attention_tokens * tp, 2 * attention_tokens) * h * act * (tp > 1)
+    buffers = (
+        np.where(s.attention_dp, 2 * attention_tokens * tp, 2 * attention_tokens)
+        * h
+        * act
+        * (tp > 1)
+    )
     if model.moe is not None:
         copies = rank_tokens * model.moe.top_k * etp
-        activations = activations + copies * (h + 3.0 * model.moe.expert_ffn_hidden_size / etp) * act
+        activations = (
+            activations + copies * (h + 3.0 * model.moe.expert_ffn_hidden_size / etp) * act
+        )
         buffers = buffers + copies * h * (_dispatch_bytes(s) + COMBINE_BYTES) * (s.column("ep") > 1)
     return activations, buffers
 
@@ -518,8 +653,12 @@ def _memory_parts(s: _Setup, batch: np.ndarray) -> dict[str, np.ndarray]:
     kv_fraction = 1.0 / (ops.kv_head_split(s.model, s.shard) * s.column("cp"))
     kv = s.layout.layers * (batch * s.column("pp") * per_sequence_layer * kv_fraction)
     weights = sum(s.parameters.values()) * dtype_bytes(s.workload.weight_dtype)
-    stages = {"weights": weights, "kv_cache": kv, "activations": np.broadcast_to(activations, kv.shape),
-              "comm_buffers": np.broadcast_to(buffers, kv.shape)}
+    stages = {
+        "weights": weights,
+        "kv_cache": kv,
+        "activations": np.broadcast_to(activations, kv.shape),
+        "comm_buffers": np.broadcast_to(buffers, kv.shape),
+    }
     subtotal = sum(stages.values())
     fullest = np.argmax(subtotal, axis=0)[None, :]
     parts = {k: np.take_along_axis(np.asarray(v), fullest, axis=0)[0] for k, v in stages.items()}
@@ -554,7 +693,9 @@ def _timing(s: _Setup, batch: np.ndarray) -> _Timing:
     for kind in _COMM_PARTS:
         hidden[f"prefill_{kind}"] = prefill_weight * pre_hidden[kind]
         hidden[f"decode_{kind}"] = decode_weight * dec_hidden[kind]
-    return _Timing(time, hidden, sum(pre_exposed.values()), sum(dec_exposed.values()), sum(time.values()))
+    return _Timing(
+        time, hidden, sum(pre_exposed.values()), sum(dec_exposed.values()), sum(time.values())
+    )
 
 
 # The table entry point prices the load on top of these passes; it imports the helpers above.

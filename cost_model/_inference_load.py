@@ -82,7 +82,10 @@ def iteration_cost(s: _Setup) -> IterationCost:
     whole = sum(_pass_parts(s, prefill)[0].values())
     extra = whole - (cost.seconds(np.zeros(n), prompt) - floor)
     return IterationCost(
-        cost.linear_s, decode_attention, np.maximum(extra, 0.0) / prompt, floor,
+        cost.linear_s,
+        decode_attention,
+        np.maximum(extra, 0.0) / prompt,
+        floor,
         cost.prefill_linear_s,
     )
 

@@ -62,7 +62,9 @@ class Pass:
 
     def scaled(self, factor: float) -> Pass:
         """The same pass over ``factor`` times the sequences (a micro-batch of it)."""
-        return Pass(self.batch * factor, self.new_tokens, self.cached_tokens, self.head_tokens, self.decode)
+        return Pass(
+            self.batch * factor, self.new_tokens, self.cached_tokens, self.head_tokens, self.decode
+        )
 
 
 def mean_attended_between(model: ModelSpec, first_position, last_position) -> np.ndarray:
@@ -74,7 +76,11 @@ def mean_attended_between(model: ModelSpec, first_position, last_position) -> np
 
     def total(length: np.ndarray) -> np.ndarray:
         safe = np.maximum(length, 1.0)
-        return np.where(length > 0, safe * mean_attended_tokens(attention=model.attention, sequence_tokens=safe), 0.0)
+        return np.where(
+            length > 0,
+            safe * mean_attended_tokens(attention=model.attention, sequence_tokens=safe),
+            0.0,
+        )
 
     return (total(last) - total(before)) / (last - before)
 
@@ -98,13 +104,17 @@ def kv_read_tokens(model: ModelSpec, context_tokens) -> np.ndarray:
     return context
 
 
-def kv_bytes_per_sequence_layer(model: ModelSpec, context_tokens, element_bytes, block_tokens: int) -> np.ndarray:
+def kv_bytes_per_sequence_layer(
+    model: ModelSpec, context_tokens, element_bytes, block_tokens: int
+) -> np.ndarray:
     """KV-cache bytes of one sequence in one layer, before sharding (linear attention: its state)."""
     a = model.attention
     element_bytes = np.asarray(element_bytes, dtype=np.float64)
     shape = np.broadcast(np.asarray(context_tokens), element_bytes).shape
     if a.variant == "linear":
-        return np.broadcast_to(a.num_heads * a.qk_head_dim * a.value_head_dim * element_bytes, shape)
+        return np.broadcast_to(
+            a.num_heads * a.qk_head_dim * a.value_head_dim * element_bytes, shape
+        )
     per_token = model.kv_cache_elements_per_token_per_layer() * element_bytes
     return kv_cached_tokens(model, context_tokens, block_tokens) * per_token
 
@@ -151,10 +161,16 @@ def live_activation_elements_per_token(model: ModelSpec, attention_shard: np.nda
     residual, normed input, the attention's query / key-value / output widths (head-split), and
     the FFN's gate, up and activated widths. Freed at the next layer (no backward)."""
     a, h = model.attention, model.hidden_size
-    attention_width = a.num_heads * (a.qk_head_dim + a.qk_head_dim + a.value_head_dim + a.value_head_dim)
+    attention_width = a.num_heads * (
+        a.qk_head_dim + a.qk_head_dim + a.value_head_dim + a.value_head_dim
+    )
     ffn = model.ffn_hidden_size if model.num_dense_ffn_layers else 0
     if model.moe is not None:
-        ffn = max(ffn, model.moe.shared_ffn_size * model.moe.num_shared_experts, model.moe.expert_ffn_hidden_size)
+        ffn = max(
+            ffn,
+            model.moe.shared_ffn_size * model.moe.num_shared_experts,
+            model.moe.expert_ffn_hidden_size,
+        )
     return 3.0 * h + np.maximum(attention_width / attention_shard, 3.0 * ffn / attention_shard)
 
 
@@ -171,7 +187,9 @@ def ffn_block_bytes(model: ModelSpec, width, *, act: float, cast: float) -> np.n
     return 2.0 * up * act + width * cast + model.hidden_size * act
 
 
-def attention_side_bytes(model: ModelSpec, *, decode: bool, act: float, cast: float, shard) -> np.ndarray:
+def attention_side_bytes(
+    model: ModelSpec, *, decode: bool, act: float, cast: float, shard
+) -> np.ndarray:
     """Memory passes of one attention block per token on one attention rank (heads split over
     ``shard``): the pre-norm (fused with the cast), MLA's low-rank latents and their norms,
     queries, keys and values (MLA prefill re-expands keys and values per head through
@@ -229,4 +247,10 @@ def prefix_expansion_bytes(model: ModelSpec, *, act: float, shard) -> np.ndarray
     a = model.attention
     if a.kind != "mla":
         return np.zeros_like(np.asarray(shard, dtype=np.float64))
-    return 2.0 * a.num_heads * (a.qk_head_dim + a.value_head_dim) * act / np.asarray(shard, dtype=np.float64)
+    return (
+        2.0
+        * a.num_heads
+        * (a.qk_head_dim + a.value_head_dim)
+        * act
+        / np.asarray(shard, dtype=np.float64)
+    )

@@ -81,9 +81,14 @@ def day6_model() -> ModelSpec:
 def chat_trace_spread() -> dict[str, float]:
     """Coefficient of variation (population std / mean) of prompt and output lengths in the
     sampled requests of a production chat trace (``data/mooncake_conversation_sample.json``)."""
-    data = json.loads((resources.files("cost_model") / "data" / "mooncake_conversation_sample.json").read_text())
+    data = json.loads(
+        (resources.files("cost_model") / "data" / "mooncake_conversation_sample.json").read_text()
+    )
     spread = {}
-    for name, field in (("prompt_tokens_cv", "input_length"), ("output_tokens_cv", "output_length")):
+    for name, field in (
+        ("prompt_tokens_cv", "input_length"),
+        ("output_tokens_cv", "output_length"),
+    ):
         lengths = np.asarray(data[field], dtype=np.float64)
         spread[name] = float(lengths.std() / lengths.mean())
     return spread
@@ -95,11 +100,14 @@ def day6_workload() -> Inference:
     spread = chat_trace_spread()
     ratio = records["total_input_tokens_24h"] / records["total_output_tokens_24h"]
     output_weight = 1.0 + spread["output_tokens_cv"] ** 2
-    output_tokens = (records["avg_kv_cache_len_per_output_token"] - 0.5) / (ratio + 0.5 * output_weight)
+    output_tokens = (records["avg_kv_cache_len_per_output_token"] - 0.5) / (
+        ratio + 0.5 * output_weight
+    )
     return Inference(
         prompt_tokens=round(ratio * output_tokens),
         output_tokens=round(output_tokens),
-        prefix_cache_hit_rate=records["cache_hit_input_tokens_24h"] / records["total_input_tokens_24h"],
+        prefix_cache_hit_rate=records["cache_hit_input_tokens_24h"]
+        / records["total_input_tokens_24h"],
         tpot_slo_s=1.0 / PUBLISHED_TOKENS_PER_S_PER_USER,
         weight_dtype="fp8",
         activation_dtype="bf16",
@@ -122,7 +130,12 @@ def day6_units() -> dict[str, tuple[int, ParallelConfig, ServingConfig]]:
 
 
 def _tokens_per_node(
-    *, preset: str, nodes: int, workload: Inference, config: ParallelConfig, serving: ServingConfig,
+    *,
+    preset: str,
+    nodes: int,
+    workload: Inference,
+    config: ParallelConfig,
+    serving: ServingConfig,
     calibration: Calibration | None,
 ) -> float:
     """Tokens/s per node of one serving unit (input tokens in prefill, output tokens in decode)."""
@@ -131,16 +144,25 @@ def _tokens_per_node(
     cluster = get_preset(preset, num_nodes=nodes)
     options = EstimateOptions(calibration=calibration or calibration_for(cluster.device))
     table = configs_to_table([config], **serving.columns(workload=workload))
-    columns = estimate_inference_table(model=day6_model(), cluster=cluster, workload=workload, table=table, options=options)
+    columns = estimate_inference_table(
+        model=day6_model(), cluster=cluster, workload=workload, table=table, options=options
+    )
     return float(columns["tokens_per_s_per_device"][0]) * cluster.devices_per_node
 
 
-def predict_day6(*, calibration: Calibration | None = None, workload: Inference | None = None) -> dict[str, float]:
+def predict_day6(
+    *, calibration: Calibration | None = None, workload: Inference | None = None
+) -> dict[str, float]:
     """Predicted tokens/s per H800 node of each pool (input tokens for prefill, output for decode)."""
     workload = workload or day6_workload()
     return {
         pool: _tokens_per_node(
-            preset=H800_PRESET, nodes=nodes, workload=workload, config=config, serving=serving, calibration=calibration
+            preset=H800_PRESET,
+            nodes=nodes,
+            workload=workload,
+            config=config,
+            serving=serving,
+            calibration=calibration,
         )
         for pool, (nodes, config, serving) in day6_units().items()
     }
@@ -153,11 +175,24 @@ def validate_dsv3_day6(*, calibration: Calibration | None = None) -> list[Valida
         "prefill": float(records["prefill_throughput_tokens_per_s_per_H800_node"]),
         "decode": float(records["decode_throughput_tokens_per_s_per_H800_node"]),
     }
-    names = {"prefill": "prefill unit EP32/DP32, 4 nodes", "decode": "decode unit EP144/DP144, 18 nodes"}
-    metrics = {"prefill": "input tokens/s per H800 node (cache hits included)", "decode": "output tokens/s per H800 node"}
+    names = {
+        "prefill": "prefill unit EP32/DP32, 4 nodes",
+        "decode": "decode unit EP144/DP144, 18 nodes",
+    }
+    metrics = {
+        "prefill": "input tokens/s per H800 node (cache hits included)",
+        "decode": "output tokens/s per H800 node",
+    }
     predicted = predict_day6(calibration=calibration)
     return [
-        ValidationRow(names[p], predicted[p], published[p], predicted[p] / published[p] - 1.0, metrics[p], "tokens/s/node")
+        ValidationRow(
+            names[p],
+            predicted[p],
+            published[p],
+            predicted[p] / published[p] - 1.0,
+            metrics[p],
+            "tokens/s/node",
+        )
         for p in ("prefill", "decode")
     ]
 
@@ -173,19 +208,27 @@ def day6_fleet_rows(*, calibration: Calibration | None = None) -> list[Validatio
     units = day6_units()
     cluster = get_preset(H800_PRESET, num_nodes=int(records["peak_nodes"]))
     split = disaggregated_split(
-        model=day6_model(), cluster=cluster, workload=day6_workload(),
+        model=day6_model(),
+        cluster=cluster,
+        workload=day6_workload(),
         prefill=PoolConfig(config=units["prefill"][1], serving=units["prefill"][2]),
         decode=PoolConfig(config=units["decode"][1], serving=units["decode"][2]),
         num_devices=int(records["avg_nodes"] * cluster.devices_per_node),
         options=EstimateOptions(calibration=calibration or calibration_for(cluster.device)),
     )
     seconds = 24 * 3600.0
-    published = {kind: records[f"total_{kind}_tokens_24h"] / seconds for kind in ("input", "output")}
+    published = {
+        kind: records[f"total_{kind}_tokens_24h"] / seconds for kind in ("input", "output")
+    }
     predicted = {"input": split.input_tokens_per_s, "output": split.output_tokens_per_s}
     return [
         ValidationRow(
-            f"fleet of the average {records['avg_nodes']} nodes, rate-matched (DERIVED)", predicted[kind], published[kind],
-            predicted[kind] / published[kind] - 1.0, f"{kind} tokens/s, 24 h total / 86,400 s", "tokens/s",
+            f"fleet of the average {records['avg_nodes']} nodes, rate-matched (DERIVED)",
+            predicted[kind],
+            published[kind],
+            predicted[kind] / published[kind] - 1.0,
+            f"{kind} tokens/s, 24 h total / 86,400 s",
+            "tokens/s",
         )
         for kind in ("input", "output")
     ]
@@ -210,10 +253,22 @@ def _profile_case(record: dict) -> tuple[Inference, ServingConfig, float, str]:
         workload = Inference(prompt_tokens=record["prompt_tokens"], output_tokens=1, **precision)
         batch = record["tokens_per_device"] // record["prompt_tokens"]
         serving = ServingConfig(batch_size=batch, phase="prefill", two_batch_overlap=True)
-        return workload, serving, float(record["input_tokens_per_s_per_node"]), "input tokens/s per node"
+        return (
+            workload,
+            serving,
+            float(record["input_tokens_per_s_per_node"]),
+            "input tokens/s per node",
+        )
     workload = Inference(prompt_tokens=record["kv_cache_tokens"], output_tokens=1, **precision)
-    serving = ServingConfig(batch_size=record["sequences_per_device"], phase="decode", two_batch_overlap=True)
-    return workload, serving, float(record["output_tokens_per_s_per_node"]), "output tokens/s per node"
+    serving = ServingConfig(
+        batch_size=record["sequences_per_device"], phase="decode", two_batch_overlap=True
+    )
+    return (
+        workload,
+        serving,
+        float(record["output_tokens_per_s_per_node"]),
+        "output tokens/s per node",
+    )
 
 
 def validate_dsv3_profile(*, calibration: Calibration | None = None) -> list[ValidationRow]:
@@ -226,11 +281,19 @@ def validate_dsv3_profile(*, calibration: Calibration | None = None) -> list[Val
         workload, serving, published, metric = _profile_case(record)
         devices = record["nodes"] * get_preset(PROFILE_PRESETS[record["hardware"]]).devices_per_node
         predicted = _tokens_per_node(
-            preset=PROFILE_PRESETS[record["hardware"]], nodes=record["nodes"], workload=workload,
-            config=ParallelConfig(dp=devices, ep=record["ep"]), serving=serving, calibration=calibration,
+            preset=PROFILE_PRESETS[record["hardware"]],
+            nodes=record["nodes"],
+            workload=workload,
+            config=ParallelConfig(dp=devices, ep=record["ep"]),
+            serving=serving,
+            calibration=calibration,
         )
         name = f"{record['run']} ({record['hardware']}, EP{record['ep']}, {record['nodes']} nodes)"
-        rows.append(ValidationRow(name, predicted, published, predicted / published - 1.0, metric, "tokens/s/node"))
+        rows.append(
+            ValidationRow(
+                name, predicted, published, predicted / published - 1.0, metric, "tokens/s/node"
+            )
+        )
     return rows
 
 
@@ -246,8 +309,14 @@ def day6_prefill_by_prompt_cv(*, cvs: tuple[float, ...] = SENSITIVITY_CVS) -> li
     for cv in cvs:
         workload = day6_workload().model_copy(update={"prompt_tokens_cv": cv})
         predicted = predict_day6(workload=workload)["prefill"]
-        rows.append(ValidationRow(
-            f"prefill unit, prompt cv {cv:g}", predicted, published, predicted / published - 1.0,
-            "input tokens/s per H800 node (cache hits included)", "tokens/s/node",
-        ))
+        rows.append(
+            ValidationRow(
+                f"prefill unit, prompt cv {cv:g}",
+                predicted,
+                published,
+                predicted / published - 1.0,
+                "input tokens/s per H800 node (cache hits included)",
+                "tokens/s/node",
+            )
+        )
     return rows

@@ -94,9 +94,7 @@ def mla_decode_ideal_s(
 ) -> np.ndarray:
     """Roofline seconds of one MLA decode attention layer in absorbed form (DeepSeek-V2 sec.
     2.1.2; FlashMLA): ``2*heads*(2*kv_lora_rank + rope)`` FLOPs per cached key, the latent read once."""
-    keys = np.asarray(batch, dtype=np.float64) * np.asarray(
-        context_tokens, dtype=np.float64
-    )
+    keys = np.asarray(batch, dtype=np.float64) * np.asarray(context_tokens, dtype=np.float64)
     flops = keys * 2.0 * heads * (2 * kv_lora_rank + rope_dim)
     cache_bytes = keys * (kv_lora_rank + rope_dim) * kv_bytes
     return np.maximum(
@@ -111,16 +109,12 @@ def kernel_curves() -> dict:
     folder = resources.files("cost_model") / "data"
     path = folder / _FILE
     return (
-        json.loads(path.read_text())
-        if path.is_file()
-        else {"grouped_gemm": [], "mla_decode": []}
+        json.loads(path.read_text()) if path.is_file() else {"grouped_gemm": [], "mla_decode": []}
     )
 
 
 @lru_cache(maxsize=64)
-def _grouped_table(
-    device_name: str, dtype: str
-) -> tuple[np.ndarray, np.ndarray] | None:
+def _grouped_table(device_name: str, dtype: str) -> tuple[np.ndarray, np.ndarray] | None:
     """(log2 experts per device, efficiency [counts x grid]): the best over engines."""
     device_name = DEVICE_ALIASES.get(device_name, device_name)
     curves = [
@@ -165,9 +159,7 @@ def grouped_gemm_efficiency(
     return _between_rows(along, log_counts, np.broadcast_to(where, along.shape[1:]))
 
 
-def mla_efficiency(
-    *, kind: str, device_name: str, tokens, batch=1.0
-) -> np.ndarray | None:
+def mla_efficiency(*, kind: str, device_name: str, tokens, batch=1.0) -> np.ndarray | None:
     """Measured MLA efficiency (best over engines), or None: ``kind`` ``mla_decode`` at a
     context of ``tokens``, or ``mla_prefill`` of a ``tokens``-long prompt, for ``batch``
     sequences of 128 heads per call (a call over fewer heads counts as that fraction of a
@@ -176,9 +168,7 @@ def mla_efficiency(
     curves = [c for c in kernel_curves().get(kind, ()) if c["device"] == device_name]
     if not curves:
         return None
-    log_tokens = np.log(
-        np.maximum(np.atleast_1d(np.asarray(tokens, dtype=np.float64)), 1.0)
-    )
+    log_tokens = np.log(np.maximum(np.atleast_1d(np.asarray(tokens, dtype=np.float64)), 1.0))
     log_batch = np.log2(np.maximum(np.asarray(batch, dtype=np.float64), 1.0))
     values = []
     for curve in curves:
@@ -194,22 +184,16 @@ def mla_efficiency(
             ]
         )
         log_batches = np.log2(np.array([float(b) for b in batches]))
-        values.append(
-            _between_rows(rows, log_batches, np.broadcast_to(log_batch, rows.shape[1:]))
-        )
+        values.append(_between_rows(rows, log_batches, np.broadcast_to(log_batch, rows.shape[1:])))
     return np.max(values, axis=0)
 
 
-def _between_rows(
-    rows: np.ndarray, row_keys: np.ndarray, where: np.ndarray
-) -> np.ndarray:
+def _between_rows(rows: np.ndarray, row_keys: np.ndarray, where: np.ndarray) -> np.ndarray:
     """Linear interpolation between ``rows`` (keys ascending) at ``where``, clamped at the ends."""
     if len(row_keys) == 1:
         return rows[0]
     index = np.clip(np.searchsorted(row_keys, where) - 1, 0, len(row_keys) - 2)
-    weight = np.clip(
-        (where - row_keys[index]) / (row_keys[index + 1] - row_keys[index]), 0.0, 1.0
-    )
+    weight = np.clip((where - row_keys[index]) / (row_keys[index + 1] - row_keys[index]), 0.0, 1.0)
     columns = np.arange(rows.shape[1])
     return (1 - weight) * rows[index, columns] + weight * rows[index + 1, columns]
 
@@ -255,16 +239,12 @@ def mla_time_s(
     """MLA attention of one layer: its roofline (``flops`` at the ``dtype`` peak, ``bytes_moved``
     at the memory bandwidth) over the measured efficiency (``mla_efficiency`` at ``tokens`` and
     ``batch``); None without a curve."""
-    efficiency = mla_efficiency(
-        kind=kind, device_name=hardware.name, tokens=tokens, batch=batch
-    )
+    efficiency = mla_efficiency(kind=kind, device_name=hardware.name, tokens=tokens, batch=batch)
     if efficiency is None:
         return None
     compute_s = np.asarray(flops) / hardware.peak_flops_for(dtype)
     return (
-        np.maximum(
-            compute_s, np.asarray(bytes_moved) / hardware.memory_bandwidth_bytes_per_s
-        )
+        np.maximum(compute_s, np.asarray(bytes_moved) / hardware.memory_bandwidth_bytes_per_s)
         / efficiency
     )
 
@@ -285,21 +265,15 @@ def expert_all_to_all_bytes(
     forward it over NVLink there, "low-latency" kernels send every remote copy (DeepEP README)."""
     ep, local = np.asarray(ep, dtype=np.float64), np.asarray(local, dtype=np.float64)
     nodes = ep / local
-    token_bytes = (
-        np.asarray(rank_tokens, dtype=np.float64) * hidden_size * element_bytes
-    )
+    token_bytes = np.asarray(rank_tokens, dtype=np.float64) * hidden_size * element_bytes
     intra = token_bytes * copies * (local - 1.0) / ep
     remote_copies = copies * (ep - local) / ep
     distinct_nodes = (nodes - 1.0) * (1.0 - np.power(1.0 - 1.0 / nodes, copies))
-    remote_copies = np.where(
-        node_dedup, np.minimum(remote_copies, distinct_nodes), remote_copies
-    )
+    remote_copies = np.where(node_dedup, np.minimum(remote_copies, distinct_nodes), remote_copies)
     return intra, token_bytes * remote_copies
 
 
-def deepep_low_latency_s(
-    *, direction: str, intra_bytes, inter_bytes, cluster
-) -> np.ndarray | None:
+def deepep_low_latency_s(*, direction: str, intra_bytes, inter_bytes, cluster) -> np.ndarray | None:
     """DeepEP low-latency ``direction`` (dispatch or combine) of one layer: the fitted fixed
     latency plus the slower tier's bytes over its preset peak bandwidth times the fitted
     efficiency (``kernel_curves.json`` ``deepep_low_latency``: fitted on NVIDIA's H200 operator

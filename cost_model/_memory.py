@@ -60,12 +60,18 @@ def _layer_activation_bytes(ctx: TrainingContext, *, moe: bool) -> np.ndarray:
     replicated = np.where(sp, hidden_terms / tp, hidden_terms)
     heads = attention.num_heads / tp
     kv_heads = (attention.num_heads if attention.kind == "mla" else attention.num_kv_heads) / tp
-    qkv = heads * attention.qk_head_dim + kv_heads * (attention.qk_head_dim + attention.value_head_dim)
+    qkv = heads * attention.qk_head_dim + kv_heads * (
+        attention.qk_head_dim + attention.value_head_dim
+    )
     sharded = tokens * (qkv + heads * attention.value_head_dim) * ACTIVATION_BYTES
     if attention.kind == "mla":  # the low-rank latents feed the up-projections
         latents = attention.q_lora_rank + attention.kv_lora_rank + attention.qk_rope_head_dim
         sharded = sharded + tokens * latents * ACTIVATION_BYTES
-    sharded = sharded + (_moe_activation_bytes(ctx) if moe else _ffn_activation_bytes(ctx, width=model.ffn_hidden_size / tp))
+    sharded = sharded + (
+        _moe_activation_bytes(ctx)
+        if moe
+        else _ffn_activation_bytes(ctx, width=model.ffn_hidden_size / tp)
+    )
     return replicated + sharded + _score_bytes(ctx) - _fp8_cached_input_saving(ctx, moe=moe)
 
 
@@ -83,7 +89,9 @@ def _fp8_cached_input_saving(ctx: TrainingContext, *, moe: bool) -> np.ndarray:
     if workload.precision != "fp8" or workload.fp8_recipe not in FP8_CACHED_INPUT_RECIPES:
         return np.zeros_like(ctx.tokens)
     model, tp = ctx.model, ctx.column("tp")
-    hidden = np.where(ctx.sequence_parallel, ctx.tokens * model.hidden_size / tp, ctx.tokens * model.hidden_size)
+    hidden = np.where(
+        ctx.sequence_parallel, ctx.tokens * model.hidden_size / tp, ctx.tokens * model.hidden_size
+    )
     out_projection = ctx.tokens * model.attention.num_heads / tp * model.attention.value_head_dim
     if not moe or model.moe is None:
         elements = 2.0 * hidden + out_projection + ctx.tokens * model.ffn_hidden_size / tp
@@ -91,7 +99,9 @@ def _fp8_cached_input_saving(ctx: TrainingContext, *, moe: bool) -> np.ndarray:
         spec = model.moe
         routed = ctx.moe_tokens * spec.top_k * ctx.options.routing_imbalance
         shared_width = spec.num_shared_experts * spec.shared_ffn_size / tp
-        expert_inputs = routed * (model.hidden_size + spec.expert_ffn_hidden_size / ctx.column("etp"))
+        expert_inputs = routed * (
+            model.hidden_size + spec.expert_ffn_hidden_size / ctx.column("etp")
+        )
         elements = hidden + out_projection + expert_inputs + ctx.tokens * shared_width
     return elements * (ACTIVATION_BYTES - 1.0) * (1.0 - bf16_layer_fraction(ctx))
 
@@ -106,7 +116,11 @@ def _moe_activation_bytes(ctx: TrainingContext) -> np.ndarray:
     moe, h = ctx.model.moe, ctx.model.hidden_size
     routed = ctx.moe_tokens * moe.top_k * ctx.options.routing_imbalance
     fc1 = 2.0 if ctx.model.ffn_activation == "swiglu" else 1.0
-    experts = routed * (h + moe.expert_ffn_hidden_size / ctx.column("etp") * (fc1 + 1.0)) * ACTIVATION_BYTES
+    experts = (
+        routed
+        * (h + moe.expert_ffn_hidden_size / ctx.column("etp") * (fc1 + 1.0))
+        * ACTIVATION_BYTES
+    )
     router = ctx.moe_tokens * moe.num_routed_experts * 4.0 * 2.0  # fp32 logits and probabilities
     shared_width = moe.num_shared_experts * moe.shared_ffn_size / ctx.column("tp")
     return experts + router + _ffn_activation_bytes(ctx, width=shared_width)
@@ -118,7 +132,9 @@ def _score_bytes(ctx: TrainingContext) -> np.ndarray:
     heads = ctx.model.attention.num_heads / ctx.column("tp")
     if ctx.options.flash_attention:
         return ctx.tokens * heads * 4.0
-    per_score = ACTIVATION_BYTES + (ACTIVATION_BYTES + 1.0 if ctx.options.attention_dropout else 0.0)
+    per_score = ACTIVATION_BYTES + (
+        ACTIVATION_BYTES + 1.0 if ctx.options.attention_dropout else 0.0
+    )
     return ctx.tokens * heads * ctx.workload.sequence_length_tokens * per_score
 
 
@@ -127,7 +143,11 @@ def _in_flight(ctx: TrainingContext) -> np.ndarray:
     p, v, m = ctx.column("pp"), ctx.column("virtual_stages"), ctx.num_micro_batches
     rank = np.stack([np.zeros_like(p), np.where(p >= 3, 1.0, 0.0), p - 1.0])
     schedule = np.asarray(ctx.table["pipeline_schedule"])
-    warmup = np.where(schedule == SCHEDULE_CODES["interleaved_1f1b"], (p - rank - 1.0) * 2.0 + (v - 1.0) * p, p - rank - 1.0)
+    warmup = np.where(
+        schedule == SCHEDULE_CODES["interleaved_1f1b"],
+        (p - rank - 1.0) * 2.0 + (v - 1.0) * p,
+        p - rank - 1.0,
+    )
     held = np.minimum((warmup + 1.0) / v, m)
     return np.where(schedule == SCHEDULE_CODES["gpipe"], m, held)
 
@@ -138,12 +158,15 @@ def _activation_bytes(ctx: TrainingContext) -> np.ndarray:
     moe = _layer_activation_bytes(ctx, moe=True) if ctx.model.moe is not None else dense
     full_layers = layout.dense_layers * dense + layout.moe_layers * moe
     selective_layers = full_layers - layout.layers * _score_bytes(ctx)
-    selective_layers = op_level_selective_bytes(ctx, default=selective_layers)  # torchtitan-style op SAC
+    selective_layers = op_level_selective_bytes(
+        ctx, default=selective_layers
+    )  # torchtitan-style op SAC
     checkpoint = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES
     checkpoint = np.where(ctx.sequence_parallel, checkpoint / ctx.column("tp"), checkpoint)
     code = np.asarray(ctx.table["recompute"])
     per_micro_batch = np.where(
-        code == RECOMPUTE_CODES["full"], layout.layers * checkpoint,
+        code == RECOMPUTE_CODES["full"],
+        layout.layers * checkpoint,
         np.where(code == RECOMPUTE_CODES["selective"], selective_layers, full_layers),
     )
     # Full recompute rebuilds one layer at a time in the backward pass.
@@ -159,7 +182,9 @@ def _comm_buffer_bytes(ctx: TrainingContext) -> np.ndarray:
     ep_buffers = 0.0
     if ctx.model.moe is not None:
         routed = ctx.moe_tokens * ctx.model.moe.top_k * ctx.options.routing_imbalance
-        ep_buffers = np.where(ctx.column("ep") > 1, 2.0 * routed * ctx.model.hidden_size * ACTIVATION_BYTES, 0.0)
+        ep_buffers = np.where(
+            ctx.column("ep") > 1, 2.0 * routed * ctx.model.hidden_size * ACTIVATION_BYTES, 0.0
+        )
     buffers = np.broadcast_to(tp_buffers + pp_buffers + ep_buffers, ctx.layout.layers.shape)
     return buffers + sharding_buffer_bytes(ctx)  # ZeRO-2/3 gathered weights and gradient bucket
 
@@ -171,7 +196,12 @@ def stage_memory(ctx: TrainingContext) -> dict[str, np.ndarray]:
     parts["kv_cache"] = np.zeros(ctx.layout.layers.shape)
     parts["comm_buffers"] = _comm_buffer_bytes(ctx)
     parts["fragmentation"] = ctx.options.fragmentation_fraction * sum(parts.values())
-    assert tuple(parts) == tuple(MEMORY_PARTS[:3]) + ("activations", "kv_cache", "comm_buffers", "fragmentation")
+    assert tuple(parts) == tuple(MEMORY_PARTS[:3]) + (
+        "activations",
+        "kv_cache",
+        "comm_buffers",
+        "fragmentation",
+    )
     return {part: np.broadcast_to(parts[part], ctx.layout.layers.shape) for part in MEMORY_PARTS}
 
 
@@ -181,10 +211,15 @@ def memory_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
     per_stage = stage_memory(ctx)
     total = sum(per_stage.values())
     worst = np.argmax(total, axis=0)[None, :]
-    columns = {f"memory.{part}": np.take_along_axis(rows, worst, axis=0)[0] for part, rows in per_stage.items()}
+    columns = {
+        f"memory.{part}": np.take_along_axis(rows, worst, axis=0)[0]
+        for part, rows in per_stage.items()
+    }
     columns["memory_per_device_bytes"] = np.take_along_axis(total, worst, axis=0)[0]
     columns["memory_stage"] = worst[0]
     memory = {part: columns[f"memory.{part}"] for part in MEMORY_PARTS}
-    columns["memory_reason"] = memory_reason(memory=memory, capacity_bytes=ctx.cluster.device.memory_bytes)
+    columns["memory_reason"] = memory_reason(
+        memory=memory, capacity_bytes=ctx.cluster.device.memory_bytes
+    )
     assert len(STAGES) == total.shape[0]
     return columns

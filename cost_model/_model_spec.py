@@ -66,16 +66,22 @@ class AttentionSpec(BaseModel):
         if self.kind == "mla":
             for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
                 if getattr(self, name) <= 0:
-                    raise ValueError(f"attention.{name} ({getattr(self, name)}) must be > 0 for kind 'mla'")
+                    raise ValueError(
+                        f"attention.{name} ({getattr(self, name)}) must be > 0 for kind 'mla'"
+                    )
         if self.variant == "sliding_window" and self.window_tokens is None:
-            raise ValueError("attention.window_tokens (None) must be set for variant 'sliding_window'")
+            raise ValueError(
+                "attention.window_tokens (None) must be set for variant 'sliding_window'"
+            )
         if self.variant == "sparse_topk" and self.topk_tokens is None:
             raise ValueError("attention.topk_tokens (None) must be set for variant 'sparse_topk'")
         return self
 
     @property
     def qk_head_dim(self) -> int:
-        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.kind == "mla" else self.head_dim
+        return (
+            self.qk_nope_head_dim + self.qk_rope_head_dim if self.kind == "mla" else self.head_dim
+        )
 
     @property
     def value_head_dim(self) -> int:
@@ -131,7 +137,9 @@ class ModelSpec(BaseModel):
     num_layers: int = Field(gt=0)
     hidden_size: int = Field(gt=0)
     vocab_size: int = Field(gt=0)
-    ffn_hidden_size: int = Field(gt=0, description="dense FFN size (the leading dense layers of an MoE)")
+    ffn_hidden_size: int = Field(
+        gt=0, description="dense FFN size (the leading dense layers of an MoE)"
+    )
     attention: AttentionSpec
     moe: MoESpec | None = None
     tie_word_embeddings: bool = False
@@ -152,7 +160,9 @@ class ModelSpec(BaseModel):
 
     # ---------------------------------------------------------------- construction
     @classmethod
-    def from_hf_config(cls, path_or_dict: str | Path | dict[str, Any], *, name: str | None = None) -> ModelSpec:
+    def from_hf_config(
+        cls, path_or_dict: str | Path | dict[str, Any], *, name: str | None = None
+    ) -> ModelSpec:
         """Parse a HuggingFace ``config.json`` (path or dict); see ``cost_model._hf_config``."""
         from cost_model._hf_config import parse_hf_config
 
@@ -185,7 +195,11 @@ class ModelSpec(BaseModel):
         if a.kind == "mla":
             q_width = a.num_heads * a.qk_head_dim
             if a.q_lora_rank:
-                q = h * a.q_lora_rank + self._norm_parameters(a.q_lora_rank) + a.q_lora_rank * q_width
+                q = (
+                    h * a.q_lora_rank
+                    + self._norm_parameters(a.q_lora_rank)
+                    + a.q_lora_rank * q_width
+                )
             else:
                 q = h * q_width
             kv = (
@@ -223,7 +237,11 @@ class ModelSpec(BaseModel):
         return 2 * self._norm_parameters(self.hidden_size)
 
     def embedding_parameters(self) -> int:
-        positions = self.max_context_tokens * self.hidden_size if self.position_embedding == "learned" else 0
+        positions = (
+            self.max_context_tokens * self.hidden_size
+            if self.position_embedding == "learned"
+            else 0
+        )
         return self.vocab_size * self.hidden_size + positions
 
     def lm_head_parameters(self) -> int:
@@ -238,8 +256,16 @@ class ModelSpec(BaseModel):
         moe = self.moe
         routed = shared = 0
         if moe is not None:
-            routed = self.num_moe_layers * moe.num_routed_experts * self.ffn_parameters(moe.expert_ffn_hidden_size)
-            shared = self.num_moe_layers * moe.num_shared_experts * self.ffn_parameters(moe.shared_ffn_size)
+            routed = (
+                self.num_moe_layers
+                * moe.num_routed_experts
+                * self.ffn_parameters(moe.expert_ffn_hidden_size)
+            )
+            shared = (
+                self.num_moe_layers
+                * moe.num_shared_experts
+                * self.ffn_parameters(moe.shared_ffn_size)
+            )
         return {
             "embedding": self.embedding_parameters(),
             "attention": self.num_layers * self.attention_parameters(),
@@ -256,7 +282,9 @@ class ModelSpec(BaseModel):
         parts = dict(self.parameter_breakdown())
         if self.moe is not None:
             parts["routed_experts"] = (
-                self.num_moe_layers * self.moe.top_k * self.ffn_parameters(self.moe.expert_ffn_hidden_size)
+                self.num_moe_layers
+                * self.moe.top_k
+                * self.ffn_parameters(self.moe.expert_ffn_hidden_size)
             )
         return parts
 
@@ -292,7 +320,9 @@ class ModelSpec(BaseModel):
 
         For a causal training sequence of S tokens the mean context is (S + 1) / 2.
         """
-        return 2.0 * self.matmul_parameters_per_token() + self.attention_flops_per_token(context_tokens)
+        return 2.0 * self.matmul_parameters_per_token() + self.attention_flops_per_token(
+            context_tokens
+        )
 
     # ---------------------------------------------------------------- KV cache
     def kv_cache_elements_per_token_per_layer(self) -> int:
@@ -313,5 +343,7 @@ class ModelSpec(BaseModel):
         if a.variant == "linear":
             state = a.num_heads * a.qk_head_dim * a.value_head_dim
             return self.num_layers * state * dtype_bytes(dtype)
-        cached = a.attended_tokens(context_tokens) if a.variant == "sliding_window" else context_tokens
+        cached = (
+            a.attended_tokens(context_tokens) if a.variant == "sliding_window" else context_tokens
+        )
         return cached * self.kv_cache_bytes_per_token(dtype)

@@ -61,7 +61,9 @@ class ParallelConfig(BaseModel):
             )
         return global_batch_sequences // per_replica
 
-    def validate_for(self, model, world_size: int | None = None, *, num_redundant_experts: int = 0) -> None:
+    def validate_for(
+        self, model, world_size: int | None = None, *, num_redundant_experts: int = 0
+    ) -> None:
         """Raise ``ValueError`` naming the first rule this config breaks for ``model`` (with
         ``num_redundant_experts`` extra expert slots over the ep ranks)."""
         from cost_model._rules import check_parallel_config

@@ -259,11 +259,14 @@ def quantization_time_s(ctx, *, moe: bool) -> np.ndarray:
     elements, weights = _layer_quantized_elements(ctx, moe=moe)
     fp8_share = 1.0 - bf16_layer_fraction(ctx)
     moved = FP8_RECIPES[ctx.workload.fp8_recipe] * elements + WEIGHT_QUANTIZATION_BYTES * weights
-    return op_time_s(
-        flops=0.0,
-        bytes_moved=moved,
-        hardware=ctx.cluster.device,
-        dtype="bf16",
-        calibration=ctx.calibration,
-        calls=8.0,
-    ) * fp8_share
+    return (
+        op_time_s(
+            flops=0.0,
+            bytes_moved=moved,
+            hardware=ctx.cluster.device,
+            dtype="bf16",
+            calibration=ctx.calibration,
+            calls=8.0,
+        )
+        * fp8_share
+    )

@@ -20,7 +20,11 @@ def _divides(name: str, value: int, by_name: str, by: int) -> None:
 
 
 def check_parallel_config(
-    config: ParallelConfig, model: ModelSpec, world_size: int | None = None, *, num_redundant_experts: int | None = 0
+    config: ParallelConfig,
+    model: ModelSpec,
+    world_size: int | None = None,
+    *,
+    num_redundant_experts: int | None = 0,
 ) -> None:
     """Raise ``ValueError`` for the first rule ``config`` breaks for ``model`` on ``world_size``.
 
@@ -64,7 +68,9 @@ def _check_pipeline(config: ParallelConfig, model: ModelSpec) -> None:
                 f"virtual_stages ({config.virtual_stages}) must be >= 2 for pipeline_schedule 'interleaved_1f1b'"
             )
         if config.pp < 2:
-            raise ValueError(f"pp ({config.pp}) must be >= 2 for pipeline_schedule 'interleaved_1f1b'")
+            raise ValueError(
+                f"pp ({config.pp}) must be >= 2 for pipeline_schedule 'interleaved_1f1b'"
+            )
     elif config.virtual_stages != 1:
         raise ValueError(
             f"virtual_stages ({config.virtual_stages}) must be 1 for pipeline_schedule "
@@ -78,7 +84,9 @@ def minimum_redundant_experts(*, num_experts: int, ep: int) -> int:
     return -num_experts % ep
 
 
-def _check_experts(config: ParallelConfig, model: ModelSpec, num_redundant_experts: int | None) -> None:
+def _check_experts(
+    config: ParallelConfig, model: ModelSpec, num_redundant_experts: int | None
+) -> None:
     moe = model.moe
     if moe is None:
         if config.ep > 1 or config.etp > 1:
@@ -109,10 +117,14 @@ def split_layers(num_layers: int, num_chunks: int) -> list[tuple[int, int]]:
     possible; the remainder goes to the middle chunks, since the first and last also hold the
     embedding and the LM head."""
     if not 1 <= num_chunks <= num_layers:
-        raise ValueError(f"num_chunks ({num_chunks}) must be between 1 and num_layers ({num_layers})")
+        raise ValueError(
+            f"num_chunks ({num_chunks}) must be between 1 and num_layers ({num_layers})"
+        )
     base, extra = divmod(num_layers, num_chunks)
     sizes = [base] * num_chunks
-    order = sorted(range(num_chunks), key=lambda i: (i in (0, num_chunks - 1), abs(i - (num_chunks - 1) / 2)))
+    order = sorted(
+        range(num_chunks), key=lambda i: (i in (0, num_chunks - 1), abs(i - (num_chunks - 1) / 2))
+    )
     for index in order[:extra]:
         sizes[index] += 1
     ranges, start = [], 0

@@ -58,62 +58,110 @@ class DisaggregatedSplit(BaseModel):
     input_tokens_per_s: float = Field(ge=0)
     output_tokens_per_s: float = Field(ge=0)
     bottleneck: str = Field(description="'prefill' or 'decode': the pool whose rate binds")
-    prefill_ttft_s: float = Field(ge=0, description="the prefill pool's pass over its batch of prompts")
-    kv_transfer_s: float = Field(ge=0, description="one request's prompt cache, prefill rank to decode rank")
+    prefill_ttft_s: float = Field(
+        ge=0, description="the prefill pool's pass over its batch of prompts"
+    )
+    kv_transfer_s: float = Field(
+        ge=0, description="one request's prompt cache, prefill rank to decode rank"
+    )
     kv_transfer_network_fraction: float = Field(
         ge=0, description="share of the decode pool's scale-out bandwidth the arriving caches use"
     )
-    prefill_queue_s: float = Field(default=0.0, ge=0, description="mean wait for the running prefill pass")
-    decode_admission_s: float = Field(default=0.0, ge=0, description="mean wait to join the decode batch")
-    request_overhead_s: float = Field(default=0.0, ge=0, description="the engine's per-request overhead")
+    prefill_queue_s: float = Field(
+        default=0.0, ge=0, description="mean wait for the running prefill pass"
+    )
+    decode_admission_s: float = Field(
+        default=0.0, ge=0, description="mean wait to join the decode batch"
+    )
+    request_overhead_s: float = Field(
+        default=0.0, ge=0, description="the engine's per-request overhead"
+    )
     tpot_s: float = Field(default=0.0, ge=0, description="the decode pool's step at its batch")
 
     @property
     def ttft_s(self) -> float:
         """First token: overhead, prefill queue and pass, the cache's move, decode admission."""
-        return self.request_overhead_s + self.prefill_queue_s + self.prefill_ttft_s + self.kv_transfer_s + self.decode_admission_s
+        return (
+            self.request_overhead_s
+            + self.prefill_queue_s
+            + self.prefill_ttft_s
+            + self.kv_transfer_s
+            + self.decode_admission_s
+        )
 
 
-def _unit_rate(model, cluster, workload: Inference, pool: PoolConfig, phase: str, options) -> tuple[int, float, float]:
+def _unit_rate(
+    model, cluster, workload: Inference, pool: PoolConfig, phase: str, options
+) -> tuple[int, float, float]:
     """(devices per unit, requests/s per unit, pass time: TTFT of a prefill unit, TPOT of a
     decode unit) of a pool; raises if the pool does not fit."""
     serving = pool.serving.model_copy(update={"phase": phase})
     table = configs_to_table([pool.config], **serving.columns(workload=workload))
-    columns = estimate_inference_table(model=model, cluster=cluster, workload=workload, table=table, options=options)
+    columns = estimate_inference_table(
+        model=model, cluster=cluster, workload=workload, table=table, options=options
+    )
     if not bool(columns["feasible"][0]):
         label = REASON_LABELS[int(columns["reason"][0])]
         raise InfeasiblePlanError(
-            f"the {phase} pool's unit ({pool.config.world_size} devices) is infeasible ({label})", part=label,
+            f"the {phase} pool's unit ({pool.config.world_size} devices) is infeasible ({label})",
+            part=label,
             needed_bytes=float(columns["memory_per_device_bytes"][0]),
             available_bytes=float(columns["memory_capacity_bytes"][0]),
         )
     devices = pool.config.world_size
     tokens_per_request = workload.prompt_tokens if phase == "prefill" else workload.output_tokens
     seconds = float(np.nan_to_num(columns["ttft_s" if phase == "prefill" else "tpot_s"][0]))
-    return devices, float(columns["tokens_per_s_per_device"][0]) * devices / tokens_per_request, seconds
+    return (
+        devices,
+        float(columns["tokens_per_s_per_device"][0]) * devices / tokens_per_request,
+        seconds,
+    )
 
 
 def _kv_transfer(
-    model: ModelSpec, cluster, workload: Inference, decode: PoolConfig, requests_per_s: float, decode_devices: int
+    model: ModelSpec,
+    cluster,
+    workload: Inference,
+    decode: PoolConfig,
+    requests_per_s: float,
+    decode_devices: int,
 ) -> tuple[float, float]:
     """Seconds to send one prompt's cache over the scale-out network (one rank to one rank; the
     transfer of layer l overlaps the prefill of layer l+1 in practice, so this bounds the added
     TTFT), and the share of the decode pool's network the arriving caches take (Mooncake, DistServe)."""
     kv_dtype = decode.serving.kv_dtype or workload.kv_dtype
     cache_bytes = model.kv_cache_bytes(workload.prompt_tokens, kv_dtype)
-    seconds = float(cluster.collective_time("send_recv", group_size=2, ranks_per_node=1, message_bytes=cache_bytes))
-    network = cluster.inter_node.bandwidth_bytes_per_s * cluster.inter_node.efficiency * max(decode_devices, 1)
+    seconds = float(
+        cluster.collective_time(
+            "send_recv", group_size=2, ranks_per_node=1, message_bytes=cache_bytes
+        )
+    )
+    network = (
+        cluster.inter_node.bandwidth_bytes_per_s
+        * cluster.inter_node.efficiency
+        * max(decode_devices, 1)
+    )
     return seconds, requests_per_s * cache_bytes / network
 
 
 def disaggregated_split(
-    *, model: ModelSpec, cluster, workload: Inference, prefill: PoolConfig, decode: PoolConfig,
-    num_devices: int | None = None, options: EstimateOptions | None = None,
+    *,
+    model: ModelSpec,
+    cluster,
+    workload: Inference,
+    prefill: PoolConfig,
+    decode: PoolConfig,
+    num_devices: int | None = None,
+    options: EstimateOptions | None = None,
 ) -> DisaggregatedSplit:
     """Rate-matched split of ``num_devices`` (default: the cluster's) into prefill and decode units."""
     num_devices = cluster.num_devices if num_devices is None else num_devices
-    prefill_size, prefill_rate, prefill_ttft = _unit_rate(model, cluster, workload, prefill, "prefill", options)
-    decode_size, decode_rate, decode_step = _unit_rate(model, cluster, workload, decode, "decode", options)
+    prefill_size, prefill_rate, prefill_ttft = _unit_rate(
+        model, cluster, workload, prefill, "prefill", options
+    )
+    decode_size, decode_rate, decode_step = _unit_rate(
+        model, cluster, workload, decode, "decode", options
+    )
     if workload.request_rate_per_s is not None:
         prefill_units = int(np.ceil(workload.request_rate_per_s / prefill_rate))
         decode_units = int(np.ceil(workload.request_rate_per_s / decode_rate))
@@ -122,26 +170,43 @@ def disaggregated_split(
             raise InfeasiblePlanError(
                 f"serving {workload.request_rate_per_s} requests/s needs {needed} devices "
                 f"({prefill_units} prefill x {prefill_size} + {decode_units} decode x {decode_size}), "
-                f"{num_devices} available", part="devices",
+                f"{num_devices} available",
+                part="devices",
             )
     else:
-        prefill_units, decode_units = _best_split(num_devices, prefill_size, prefill_rate, decode_size, decode_rate)
+        prefill_units, decode_units = _best_split(
+            num_devices, prefill_size, prefill_rate, decode_size, decode_rate
+        )
     served = min(prefill_units * prefill_rate, decode_units * decode_rate)
     if workload.request_rate_per_s is not None:
         served = workload.request_rate_per_s
-    transfer_s, network_fraction = _kv_transfer(model, cluster, workload, decode, served, decode_units * decode_size)
+    transfer_s, network_fraction = _kv_transfer(
+        model, cluster, workload, decode, served, decode_units * decode_size
+    )
     profile = serving_profile(workload.serving_engine)
-    prefill_utilization = min(served / (prefill_units * prefill_rate), 1.0) if prefill_units else 0.0
+    prefill_utilization = (
+        min(served / (prefill_units * prefill_rate), 1.0) if prefill_units else 0.0
+    )
     return DisaggregatedSplit(
-        prefill_queue_s=prefill_utilization * prefill_ttft / 2.0, decode_admission_s=decode_step / 2.0,
-        request_overhead_s=profile.request_overhead_s, tpot_s=decode_step,
-        prefill_ttft_s=prefill_ttft, kv_transfer_s=transfer_s, kv_transfer_network_fraction=network_fraction,
-        prefill_units=prefill_units, decode_units=decode_units,
-        prefill_devices=prefill_units * prefill_size, decode_devices=decode_units * decode_size,
-        prefill_requests_per_s_per_unit=prefill_rate, decode_requests_per_s_per_unit=decode_rate,
-        requests_per_s=served, input_tokens_per_s=served * workload.prompt_tokens,
+        prefill_queue_s=prefill_utilization * prefill_ttft / 2.0,
+        decode_admission_s=decode_step / 2.0,
+        request_overhead_s=profile.request_overhead_s,
+        tpot_s=decode_step,
+        prefill_ttft_s=prefill_ttft,
+        kv_transfer_s=transfer_s,
+        kv_transfer_network_fraction=network_fraction,
+        prefill_units=prefill_units,
+        decode_units=decode_units,
+        prefill_devices=prefill_units * prefill_size,
+        decode_devices=decode_units * decode_size,
+        prefill_requests_per_s_per_unit=prefill_rate,
+        decode_requests_per_s_per_unit=decode_rate,
+        requests_per_s=served,
+        input_tokens_per_s=served * workload.prompt_tokens,
         output_tokens_per_s=served * workload.output_tokens,
-        bottleneck="prefill" if prefill_units * prefill_rate <= decode_units * decode_rate else "decode",
+        bottleneck="prefill"
+        if prefill_units * prefill_rate <= decode_units * decode_rate
+        else "decode",
     )
 
 

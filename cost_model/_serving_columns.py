@@ -14,13 +14,26 @@ from cost_model._units import Dtype
 from cost_model._workload import Inference
 
 PHASE_CODES: dict[str, int] = {"both": 0, "prefill": 1, "decode": 2}
-KV_DTYPE_CODES: dict[str, int] = {"bf16": 0, "fp8": 1, "int8": 2, "int4": 3, "fp16": 4, "fp32": 5, "fp4": 6}
+KV_DTYPE_CODES: dict[str, int] = {
+    "bf16": 0,
+    "fp8": 1,
+    "int8": 2,
+    "int4": 3,
+    "fp16": 4,
+    "fp32": 5,
+    "fp4": 6,
+}
 #: Expert all-to-all kernels (DeepEP README): ``normal`` (high throughput, sends a token once per
 #: remote node and forwards it over NVLink there), ``low_latency`` (pure RDMA, one copy per
 #: expert, no SMs held); ``auto`` = normal for prefill passes, low-latency for decode steps.
 A2A_BACKEND_CODES: dict[str, int] = {"auto": 0, "normal": 1, "low_latency": 2}
 INFERENCE_COLUMNS: tuple[str, ...] = (
-    "batch_size", "num_redundant_experts", "kv_dtype", "phase", "two_batch_overlap", "a2a_backend",
+    "batch_size",
+    "num_redundant_experts",
+    "kv_dtype",
+    "phase",
+    "two_batch_overlap",
+    "a2a_backend",
 )
 
 
@@ -29,7 +42,9 @@ class ServingConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    batch_size: int = Field(default=0, ge=0, description="sequences per attention replica; 0 = largest that fits")
+    batch_size: int = Field(
+        default=0, ge=0, description="sequences per attention replica; 0 = largest that fits"
+    )
     num_redundant_experts: int = Field(default=0, ge=0)
     kv_dtype: Dtype | None = Field(default=None, description="None = the workload's kv_dtype")
     phase: Literal["both", "prefill", "decode"] = "both"
@@ -55,14 +70,22 @@ def checked_columns(table: Mapping[str, np.ndarray], workload: Inference) -> dic
     column whose values break its rule."""
     n = table_length(table)
     defaults = {
-        "batch_size": 0, "num_redundant_experts": 0, "kv_dtype": KV_DTYPE_CODES[workload.kv_dtype],
-        "phase": PHASE_CODES["both"], "two_batch_overlap": False, "a2a_backend": A2A_BACKEND_CODES["auto"],
+        "batch_size": 0,
+        "num_redundant_experts": 0,
+        "kv_dtype": KV_DTYPE_CODES[workload.kv_dtype],
+        "phase": PHASE_CODES["both"],
+        "two_batch_overlap": False,
+        "a2a_backend": A2A_BACKEND_CODES["auto"],
     }
     table = {**{name: np.full(n, value) for name, value in defaults.items()}, **table}
     for name in ("batch_size", "num_redundant_experts"):
         if np.any(np.asarray(table[name]) < 0):
             raise ValueError(f"{name} ({int(np.min(table[name]))}) must be >= 0")
-    for name, codes in (("kv_dtype", KV_DTYPE_CODES), ("phase", PHASE_CODES), ("a2a_backend", A2A_BACKEND_CODES)):
+    for name, codes in (
+        ("kv_dtype", KV_DTYPE_CODES),
+        ("phase", PHASE_CODES),
+        ("a2a_backend", A2A_BACKEND_CODES),
+    ):
         values = np.asarray(table[name], dtype=np.int64)
         if values.min(initial=0) < 0 or values.max(initial=0) >= len(codes):
             raise ValueError(f"{name} codes ({sorted(set(values.tolist()))}) must be in {codes}")

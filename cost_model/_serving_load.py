@@ -327,8 +327,10 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
     spread = np.sqrt(share * (1.0 - share)) * np.abs(
         prefill_s - decode_s
     )  # iterations with and without prompts
+
     def unbounded(v):
         return np.where(stable, v, np.inf)
+
     return LoadTimes(
         unbounded(ttft),
         unbounded(iteration),

@@ -49,10 +49,18 @@ class SequenceSweep:
     def rows(self) -> list[dict[str, float]]:
         """The sweep as a list of plain dicts (for tables and JSON)."""
         names = (
-            "lengths", "latency_s", "tpot_s", "tokens_per_s_per_device", "memory_per_device_bytes", "feasible",
+            "lengths",
+            "latency_s",
+            "tpot_s",
+            "tokens_per_s_per_device",
+            "memory_per_device_bytes",
+            "feasible",
             "scaling_exponent",
         )
-        return [{name: getattr(self, name)[i].item() for name in names} for i in range(len(self.lengths))]
+        return [
+            {name: getattr(self, name)[i].item() for name in names}
+            for i in range(len(self.lengths))
+        ]
 
 
 def superlinear_point(
@@ -71,8 +79,14 @@ def superlinear_point(
 
 
 def sequence_sweep(
-    model: ModelSpec, cluster, workload: Inference | Training, config: ParallelConfig, *,
-    lengths=DEFAULT_LENGTHS, serving=None, threshold: float = DEFAULT_SUPERLINEAR_THRESHOLD,
+    model: ModelSpec,
+    cluster,
+    workload: Inference | Training,
+    config: ParallelConfig,
+    *,
+    lengths=DEFAULT_LENGTHS,
+    serving=None,
+    threshold: float = DEFAULT_SUPERLINEAR_THRESHOLD,
     options: EstimateOptions | None = None,
 ) -> SequenceSweep:
     """Evaluate ``config`` at every length; see the module docstring for what is measured.
@@ -84,7 +98,9 @@ def sequence_sweep(
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.ndim != 1 or lengths.size < 2 or np.any(lengths <= 0):
         raise ValueError(f"lengths ({lengths.tolist()}) must be at least two positive token counts")
-    config.validate_for(model, num_redundant_experts=serving.num_redundant_experts if serving is not None else 0)
+    config.validate_for(
+        model, num_redundant_experts=serving.num_redundant_experts if serving is not None else 0
+    )
     if isinstance(workload, Inference):
         columns = _inference_rows(model, cluster, workload, config, lengths, serving, options)
     elif isinstance(workload, Training):
@@ -94,18 +110,31 @@ def sequence_sweep(
     latency = np.where(columns["feasible"], columns["latency_s"], np.nan)
     exponent, point = superlinear_point(lengths, latency, threshold=threshold)
     return SequenceSweep(
-        lengths=lengths, scaling_exponent=exponent, threshold=threshold, superlinear_length=point, **columns
+        lengths=lengths,
+        scaling_exponent=exponent,
+        threshold=threshold,
+        superlinear_length=point,
+        **columns,
     )
 
 
-def _inference_rows(model, cluster, workload, config, lengths, serving, options) -> dict[str, np.ndarray]:
+def _inference_rows(
+    model, cluster, workload, config, lengths, serving, options
+) -> dict[str, np.ndarray]:
     from cost_model._inference import estimate_inference_table
     from cost_model._serving_columns import ServingConfig
 
     serving = serving or ServingConfig(batch_size=1)
-    table = configs_to_table([config] * lengths.size, **serving.columns(workload=workload, length=lengths.size))
+    table = configs_to_table(
+        [config] * lengths.size, **serving.columns(workload=workload, length=lengths.size)
+    )
     columns = estimate_inference_table(
-        model=model, cluster=cluster, workload=workload, table=table, options=options, prompt_tokens=lengths
+        model=model,
+        cluster=cluster,
+        workload=workload,
+        table=table,
+        options=options,
+        prompt_tokens=lengths,
     )
     return {
         "latency_s": columns["ttft_s"],
@@ -116,17 +145,32 @@ def _inference_rows(model, cluster, workload, config, lengths, serving, options)
     }
 
 
-def _training_rows(model, cluster, workload: Training, config, lengths, options) -> dict[str, np.ndarray]:
+def _training_rows(
+    model, cluster, workload: Training, config, lengths, options
+) -> dict[str, np.ndarray]:
     from cost_model._estimate import estimate_table
 
-    names = ("latency_s", "tpot_s", "tokens_per_s_per_device", "memory_per_device_bytes", "feasible")
+    names = (
+        "latency_s",
+        "tpot_s",
+        "tokens_per_s_per_device",
+        "memory_per_device_bytes",
+        "feasible",
+    )
     rows: dict[str, list] = {name: [] for name in names}
     replica = config.dp * config.micro_batch_size
     for length in lengths.tolist():
         sequences = max(1, round(workload.global_batch_tokens / length / replica)) * replica
-        at_length = workload.model_copy(update={"sequence_length_tokens": length, "global_batch_sequences": sequences,
-                                                "global_batch_tokens": sequences * length})
-        columns = estimate_table(model, cluster, at_length, configs_to_table([config]), options=options)
+        at_length = workload.model_copy(
+            update={
+                "sequence_length_tokens": length,
+                "global_batch_sequences": sequences,
+                "global_batch_tokens": sequences * length,
+            }
+        )
+        columns = estimate_table(
+            model, cluster, at_length, configs_to_table([config]), options=options
+        )
         rows["latency_s"].append(columns["step_time_s"][0] / sequences)
         rows["tpot_s"].append(np.nan)
         rows["tokens_per_s_per_device"].append(columns["tokens_per_s_per_device"][0])

@@ -35,7 +35,17 @@ SCHEDULE_CODES: dict[str, int] = {"gpipe": 0, "1f1b": 1, "interleaved_1f1b": 2, 
 #: ``recompute`` codes.
 RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
 
-_INT_COLUMNS = ("dp", "tp", "pp", "cp", "ep", "etp", "zero_stage", "virtual_stages", "micro_batch_size")
+_INT_COLUMNS = (
+    "dp",
+    "tp",
+    "pp",
+    "cp",
+    "ep",
+    "etp",
+    "zero_stage",
+    "virtual_stages",
+    "micro_batch_size",
+)
 _BOOL_COLUMNS = ("sequence_parallel", "attention_data_parallel")
 _CODE_COLUMNS = {"pipeline_schedule": SCHEDULE_CODES, "recompute": RECOMPUTE_CODES}
 #: The columns every table has, in ``ParallelConfig`` field order.
@@ -48,11 +58,17 @@ def table_length(table: Mapping[str, np.ndarray]) -> int:
     """Number of rows; raises ``ValueError`` if the columns disagree or a config column is missing."""
     missing = [name for name in CONFIG_COLUMNS if name not in table]
     if missing:
-        raise ValueError(f"config table is missing columns {missing}; a table needs {list(CONFIG_COLUMNS)}")
-    lengths = {name: np.shape(column)[0] if np.ndim(column) else -1 for name, column in table.items()}
+        raise ValueError(
+            f"config table is missing columns {missing}; a table needs {list(CONFIG_COLUMNS)}"
+        )
+    lengths = {
+        name: np.shape(column)[0] if np.ndim(column) else -1 for name, column in table.items()
+    }
     distinct = set(lengths.values())
     if len(distinct) != 1 or -1 in distinct:
-        raise ValueError(f"config table columns must be 1-D arrays of one length; got lengths {lengths}")
+        raise ValueError(
+            f"config table columns must be 1-D arrays of one length; got lengths {lengths}"
+        )
     return distinct.pop()
 
 
@@ -61,11 +77,17 @@ def configs_to_table(configs: Iterable[ParallelConfig], **extra_columns) -> Conf
     configs = list(configs)
     table: ConfigTable = {}
     for name in _INT_COLUMNS:
-        table[name] = np.fromiter((getattr(c, name) for c in configs), dtype=np.int64, count=len(configs))
+        table[name] = np.fromiter(
+            (getattr(c, name) for c in configs), dtype=np.int64, count=len(configs)
+        )
     for name in _BOOL_COLUMNS:
-        table[name] = np.fromiter((getattr(c, name) for c in configs), dtype=bool, count=len(configs))
+        table[name] = np.fromiter(
+            (getattr(c, name) for c in configs), dtype=bool, count=len(configs)
+        )
     for name, codes in _CODE_COLUMNS.items():
-        table[name] = np.fromiter((codes[getattr(c, name)] for c in configs), dtype=np.int64, count=len(configs))
+        table[name] = np.fromiter(
+            (codes[getattr(c, name)] for c in configs), dtype=np.int64, count=len(configs)
+        )
     table = {name: table[name] for name in CONFIG_COLUMNS}
     for name, values in extra_columns.items():
         table[name] = np.asarray(values)
@@ -93,7 +115,9 @@ def table_from_columns(length: int | None = None, **columns) -> ConfigTable:
         dtype = bool if name in _BOOL_COLUMNS else np.int64
         table[name] = np.broadcast_to(np.asarray(value, dtype=dtype), (length,)).copy()
     for name, value in arrays.items():
-        table[name] = np.broadcast_to(value, (length,) + value.shape[1:]).copy() if value.ndim <= 1 else value
+        table[name] = (
+            np.broadcast_to(value, (length,) + value.shape[1:]).copy() if value.ndim <= 1 else value
+        )
     table_length(table)
     return table
 

@@ -70,7 +70,15 @@ from cost_model._workload import Training
 
 #: ``time.<part>`` columns of a training estimate; they sum to ``step_time_s``.
 TRAINING_TIME_PARTS: tuple[str, ...] = (
-    "compute", "recompute", "tp_comm", "ep_comm", "cp_comm", "pp_comm", "dp_comm", "bubble", "optimizer"
+    "compute",
+    "recompute",
+    "tp_comm",
+    "ep_comm",
+    "cp_comm",
+    "pp_comm",
+    "dp_comm",
+    "bubble",
+    "optimizer",
 )
 
 
@@ -102,7 +110,10 @@ class TrainingContext:
     def restricted(self, rows: np.ndarray) -> TrainingContext:
         """The same estimate over a subset of the rows."""
         return training_context(
-            model=self.model, cluster=self.cluster, workload=self.workload, options=self.options,
+            model=self.model,
+            cluster=self.cluster,
+            workload=self.workload,
+            options=self.options,
             table=select_rows(self.table, rows),
         )
 
@@ -113,7 +124,11 @@ class TrainingContext:
     @cached_property
     def tokens(self) -> np.ndarray:
         """Tokens of one micro-batch on one rank of the attention/dense part: b * s / cp."""
-        return self.column("micro_batch_size") * self.workload.sequence_length_tokens / self.column("cp")
+        return (
+            self.column("micro_batch_size")
+            * self.workload.sequence_length_tokens
+            / self.column("cp")
+        )
 
     @cached_property
     def moe_tokens(self) -> np.ndarray:
@@ -129,7 +144,11 @@ class TrainingContext:
     @property
     def grad_bytes(self) -> float:
         """fp32 main gradients with fp32 master weights (Megatron-LM's ``main_grad``), else 2."""
-        return 4.0 if self.workload.master_weights_fp32 and self.workload.gradient_dtype == "fp32" else 2.0
+        return (
+            4.0
+            if self.workload.master_weights_fp32 and self.workload.gradient_dtype == "fp32"
+            else 2.0
+        )
 
     @cached_property
     def framework(self) -> FrameworkProfile | None:
@@ -140,7 +159,11 @@ class TrainingContext:
     def reduce_bytes(self) -> float:
         """Bytes per gradient element the data-parallel reduction moves: the framework's
         reduction dtype, else the main gradients' (``grad_bytes``)."""
-        return self.grad_bytes if self.framework is None else float(self.framework.gradient_reduce_bytes)
+        return (
+            self.grad_bytes
+            if self.framework is None
+            else float(self.framework.gradient_reduce_bytes)
+        )
 
     @property
     def dp_overlap(self) -> float:
@@ -175,34 +198,54 @@ class TrainingContext:
     def zero2_reduce_every_micro_batch(self) -> bool:
         return True if self.framework is None else self.framework.zero2_reduce_every_micro_batch
 
-    def op(self, flops, bytes_moved, calls=1.0, kind: str = "matmul", role: str = "linear") -> np.ndarray:
+    def op(
+        self, flops, bytes_moved, calls=1.0, kind: str = "matmul", role: str = "linear"
+    ) -> np.ndarray:
         """Roofline time under the workload's precision; in fp8 training only the GEMMs whose
         ``role`` runs in fp8 (``_precision.FP8_ROLES``) take the measured fp8 speed-up."""
-        return training_op_time_s(self, flops=flops, bytes_moved=bytes_moved, calls=calls, kind=kind, role=role)
+        return training_op_time_s(
+            self, flops=flops, bytes_moved=bytes_moved, calls=calls, kind=kind, role=role
+        )
 
     def collective(self, op: str, *, axis: str, group_size, message_bytes) -> np.ndarray:
         return collective_time_s(
-            cluster=self.cluster, op=op, group_size=group_size, ranks_per_node=self.local[axis],
-            message_bytes=message_bytes, calibration=self.calibration,
+            cluster=self.cluster,
+            op=op,
+            group_size=group_size,
+            ranks_per_node=self.local[axis],
+            message_bytes=message_bytes,
+            calibration=self.calibration,
         )
 
 
-def training_context(*, model, cluster, workload: Training, table, options: EstimateOptions) -> TrainingContext:
+def training_context(
+    *, model, cluster, workload: Training, table, options: EstimateOptions
+) -> TrainingContext:
     """Derive the shared per-table quantities (stage layout, placement, micro-batch count)."""
     table_length(table)
     if workload.framework is not None:  # the framework's kernels replace the option defaults
         profile = framework_profile(workload.framework)
-        options = options.model_copy(update={
-            "flash_attention": profile.flash_attention,
-            "fused_gradient_accumulation": profile.fused_gradient_accumulation,
-        })
-    per_replica = np.asarray(table["dp"], dtype=np.int64) * np.asarray(table["micro_batch_size"], dtype=np.int64)
+        options = options.model_copy(
+            update={
+                "flash_attention": profile.flash_attention,
+                "fused_gradient_accumulation": profile.fused_gradient_accumulation,
+            }
+        )
+    per_replica = np.asarray(table["dp"], dtype=np.int64) * np.asarray(
+        table["micro_batch_size"], dtype=np.int64
+    )
     batch = workload.global_batch_sequences
     return TrainingContext(
-        model=model, cluster=cluster, workload=workload, options=options,
-        calibration=options.calibration_for(cluster.device), table=table,
+        model=model,
+        cluster=cluster,
+        workload=workload,
+        options=options,
+        calibration=options.calibration_for(cluster.device),
+        table=table,
         layout=stage_layout(
-            model=model, pp=table["pp"], virtual_stages=table["virtual_stages"],
+            model=model,
+            pp=table["pp"],
+            virtual_stages=table["virtual_stages"],
             layer_weights=layer_weights_per_device(model=model, table=table),
         ),
         local=ranks_per_node(table=table, devices_per_node=cluster.devices_per_node),
@@ -219,9 +262,13 @@ def _heads_per_rank(ctx: TrainingContext) -> np.ndarray:
 
 def attention_projection_time(ctx: TrainingContext) -> np.ndarray:
     """Q/K/V/O projections (MLA: its low-rank down/up projections) of one layer."""
-    params = attention_parameters_per_device(model=ctx.model, table=ctx.table)  # MLA down-projections whole
+    params = attention_parameters_per_device(
+        model=ctx.model, table=ctx.table
+    )  # MLA down-projections whole
     h = ctx.model.hidden_size
-    return ctx.op(2.0 * ctx.tokens * params, params * 2.0 + ctx.tokens * 4.0 * h * ACTIVATION_BYTES, calls=4.0)
+    return ctx.op(
+        2.0 * ctx.tokens * params, params * 2.0 + ctx.tokens * 4.0 * h * ACTIVATION_BYTES, calls=4.0
+    )
 
 
 def core_attention_time(ctx: TrainingContext) -> np.ndarray:
@@ -229,14 +276,22 @@ def core_attention_time(ctx: TrainingContext) -> np.ndarray:
     attention, s = ctx.model.attention, ctx.workload.sequence_length_tokens
     heads = _heads_per_rank(ctx)
     per_key = 2.0 * heads * (attention.qk_head_dim + attention.value_head_dim)
-    io_bytes = ctx.tokens * heads * 2.0 * (attention.qk_head_dim + attention.value_head_dim) * ACTIVATION_BYTES
+    io_bytes = (
+        ctx.tokens
+        * heads
+        * 2.0
+        * (attention.qk_head_dim + attention.value_head_dim)
+        * ACTIVATION_BYTES
+    )
     calls = ctx.column("micro_batch_size") * heads
     if ctx.options.flash_attention:
         attended = mean_attended_tokens(attention=attention, sequence_tokens=s)
         return ctx.op(ctx.tokens * per_key * attended, io_bytes, calls=calls, kind="attention")
     matmul = ctx.op(ctx.tokens * per_key * s, io_bytes, calls=calls, kind="attention")
     # Scores written by QK^T, softmax read+write, (dropout read+write+mask), read by PV.
-    passes = 4.0 * ACTIVATION_BYTES + (2.0 * ACTIVATION_BYTES + 1.0 if ctx.options.attention_dropout else 0.0)
+    passes = 4.0 * ACTIVATION_BYTES + (
+        2.0 * ACTIVATION_BYTES + 1.0 if ctx.options.attention_dropout else 0.0
+    )
     scores = ctx.tokens * heads * s
     return matmul + ctx.op(0.0, scores * passes, calls=calls)
 
@@ -254,7 +309,10 @@ def dense_ffn_time(ctx: TrainingContext) -> np.ndarray:
     model = ctx.model
     params = model.ffn_parameters(model.ffn_hidden_size) / ctx.column("tp")
     width = model.ffn_hidden_size / ctx.column("tp")
-    matmul = ctx.op(2.0 * ctx.tokens * params, params * 2.0 + ctx.tokens * 2.0 * (model.hidden_size + width) * ACTIVATION_BYTES)
+    matmul = ctx.op(
+        2.0 * ctx.tokens * params,
+        params * 2.0 + ctx.tokens * 2.0 * (model.hidden_size + width) * ACTIVATION_BYTES,
+    )
     return matmul + ctx.op(0.0, ctx.tokens * width * _activation_passes(ctx) * ACTIVATION_BYTES)
 
 
@@ -268,13 +326,23 @@ def moe_ffn_time(ctx: TrainingContext) -> np.ndarray:
     experts_per_rank = moe.num_routed_experts / ctx.column("ep")
     expert = model.ffn_parameters(moe.expert_ffn_hidden_size)
     expert_weight_bytes = experts_per_rank * expert / ctx.column("etp") * 2.0
-    router = ctx.op(2.0 * ctx.moe_tokens * h * moe.num_routed_experts, ctx.moe_tokens * h * ACTIVATION_BYTES, role="router")
+    router = ctx.op(
+        2.0 * ctx.moe_tokens * h * moe.num_routed_experts,
+        ctx.moe_tokens * h * ACTIVATION_BYTES,
+        role="router",
+    )
     experts = ctx.op(
         2.0 * routed_tokens * expert,
-        expert_weight_bytes + routed_tokens * 2.0 * (h + moe.expert_ffn_hidden_size) * ACTIVATION_BYTES,
-        calls=experts_per_rank, role="expert",
+        expert_weight_bytes
+        + routed_tokens * 2.0 * (h + moe.expert_ffn_hidden_size) * ACTIVATION_BYTES,
+        calls=experts_per_rank,
+        role="expert",
     )
-    elementwise = routed_tokens * (4.0 * h + moe.expert_ffn_hidden_size * _activation_passes(ctx)) * ACTIVATION_BYTES
+    elementwise = (
+        routed_tokens
+        * (4.0 * h + moe.expert_ffn_hidden_size * _activation_passes(ctx))
+        * ACTIVATION_BYTES
+    )
     shared = moe.num_shared_experts * model.ffn_parameters(moe.shared_ffn_size) / ctx.column("tp")
     shared_width = moe.num_shared_experts * moe.shared_ffn_size / ctx.column("tp")
     shared_time = ctx.op(2.0 * ctx.tokens * shared, shared * 2.0) if shared.any() else 0.0
@@ -319,7 +387,11 @@ def lm_head_time(ctx: TrainingContext) -> np.ndarray:
     """Vocabulary-parallel output projection and cross-entropy (fp32 logits read/written 3 times)."""
     model = ctx.model
     vocab = model.vocab_size / ctx.column("tp")
-    matmul = ctx.op(2.0 * ctx.tokens * model.hidden_size * vocab, model.hidden_size * vocab * 2.0, role="lm_head")
+    matmul = ctx.op(
+        2.0 * ctx.tokens * model.hidden_size * vocab,
+        model.hidden_size * vocab * 2.0,
+        role="lm_head",
+    )
     return matmul + ctx.op(0.0, ctx.tokens * vocab * 4.0 * 3.0)
 
 
@@ -384,7 +456,11 @@ def gradient_accumulation_time(ctx: TrainingContext) -> np.ndarray:
         return np.zeros(ctx.layout.layers.shape)
     moved = sum(ctx.parameters.values()) * (ACTIVATION_BYTES + 2.0 * ctx.grad_bytes)
     device = ctx.cluster.device
-    measured = device.gradient_accumulation_time_s(moved) if hasattr(device, "gradient_accumulation_time_s") else None
+    measured = (
+        device.gradient_accumulation_time_s(moved)
+        if hasattr(device, "gradient_accumulation_time_s")
+        else None
+    )
     if measured is None:
         return ctx.op(0.0, moved)
     return np.asarray(measured) / ctx.calibration.memory_scale(device)
@@ -398,9 +474,13 @@ class MicroBatchTimes:
     forward: np.ndarray
     backward: np.ndarray
     recompute: np.ndarray
-    core_attention: np.ndarray  # forward + backward + recompute of core attention (CP overlap window)
+    core_attention: (
+        np.ndarray
+    )  # forward + backward + recompute of core attention (CP overlap window)
     comm: dict[str, np.ndarray]  # tp_comm, ep_comm, cp_comm: total per micro-batch
-    dense_layer_forward: np.ndarray  # (n,) one dense layer's forward (ZeRO-3 per-layer overlap window)
+    dense_layer_forward: (
+        np.ndarray
+    )  # (n,) one dense layer's forward (ZeRO-3 per-layer overlap window)
     moe_layer_forward: np.ndarray  # (n,) one MoE layer's forward
 
 
@@ -410,33 +490,58 @@ def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatc
     dense_launches, moe_launches = kernels_per_layer(ctx)
     overhead = ctx.calibration.kernel_overhead_s
     dense_sharded, moe_sharded, per_sharded = tensor_parallel_host_time(ctx)
-    dense_host, moe_host = layer_host_time(ctx)  # forward + backward: a third here, as backward = 2 x forward
+    dense_host, moe_host = layer_host_time(
+        ctx
+    )  # forward + backward: a third here, as backward = 2 x forward
     common = attention_projection_time(ctx) + layer_elementwise_time(ctx)
-    dense_layer = common + core + dense_ffn_time(ctx) + dense_launches * overhead + dense_sharded + dense_host / 3.0
-    moe_layer = common + core + moe_ffn_time(ctx) + moe_launches * overhead + moe_sharded + moe_host / 3.0
+    dense_layer = (
+        common
+        + core
+        + dense_ffn_time(ctx)
+        + dense_launches * overhead
+        + dense_sharded
+        + dense_host / 3.0
+    )
+    moe_layer = (
+        common + core + moe_ffn_time(ctx) + moe_launches * overhead + moe_sharded + moe_host / 3.0
+    )
     # fp8 quantization kernels, forward + backward: a third here, as backward = 2 x forward.
     dense_layer = dense_layer + quantization_time_s(ctx, moe=False) / 3.0
     moe_layer = moe_layer + quantization_time_s(ctx, moe=True) / 3.0
     layers_forward = layout.dense_layers * dense_layer + layout.moe_layers * moe_layer
-    ends = layout.has_embedding * (embedding_time(ctx) + per_sharded) + layout.has_lm_head * (lm_head_time(ctx) + per_sharded)
+    ends = layout.has_embedding * (embedding_time(ctx) + per_sharded) + layout.has_lm_head * (
+        lm_head_time(ctx) + per_sharded
+    )
     core_backward_factor = 2.5 if ctx.options.flash_attention else 2.0
     backward = 2.0 * (layers_forward + ends) + (core_backward_factor - 2.0) * layout.layers * core
     backward = backward + gradient_accumulation_time(ctx)
     code = np.asarray(ctx.table["recompute"])
     recompute = np.where(
-        code == RECOMPUTE_CODES["full"], layers_forward,
-        np.where(code == RECOMPUTE_CODES["selective"], _selective_recompute(ctx, layers_forward=layers_forward, core=core), 0.0),
+        code == RECOMPUTE_CODES["full"],
+        layers_forward,
+        np.where(
+            code == RECOMPUTE_CODES["selective"],
+            _selective_recompute(ctx, layers_forward=layers_forward, core=core),
+            0.0,
+        ),
     )
-    core_total = layout.layers * core * (1.0 + core_backward_factor) + np.where(code > 0, layout.layers * core, 0.0)
+    core_total = layout.layers * core * (1.0 + core_backward_factor) + np.where(
+        code > 0, layout.layers * core, 0.0
+    )
     return MicroBatchTimes(
-        forward=layers_forward + ends, backward=backward, recompute=recompute,
-        core_attention=core_total, comm=_micro_batch_comm(ctx, times),
+        forward=layers_forward + ends,
+        backward=backward,
+        recompute=recompute,
+        core_attention=core_total,
+        comm=_micro_batch_comm(ctx, times),
         dense_layer_forward=np.broadcast_to(dense_layer, ctx.tokens.shape),
         moe_layer_forward=np.broadcast_to(moe_layer, ctx.tokens.shape),
     )
 
 
-def _selective_recompute(ctx: TrainingContext, *, layers_forward: np.ndarray, core: np.ndarray) -> np.ndarray:
+def _selective_recompute(
+    ctx: TrainingContext, *, layers_forward: np.ndarray, core: np.ndarray
+) -> np.ndarray:
     """Forward seconds selective recompute repeats in backward. Megatron's selective recompute
     repeats core attention (Korthikanti et al. 2022 sec. 5); torchtitan's op-level selective
     checkpointing saves every second matmul output, the attention output and the collectives,
@@ -459,12 +564,18 @@ def op_level_selective_bytes(ctx: TrainingContext, *, default: np.ndarray) -> np
     model, attention, tp = ctx.model, ctx.model.attention, ctx.column("tp")
     heads, kv_heads = attention.num_heads / tp, np.maximum(attention.num_kv_heads / tp, 1.0)
     h, ffn = model.hidden_size, model.ffn_hidden_size / tp
-    projections = heads * attention.qk_head_dim + kv_heads * (attention.qk_head_dim + attention.value_head_dim) + h
+    projections = (
+        heads * attention.qk_head_dim
+        + kv_heads * (attention.qk_head_dim + attention.value_head_dim)
+        + h
+    )
     matmul_outputs = projections + ffn * (2.0 if model.ffn_activation == "swiglu" else 1.0) + h
     kept = 0.5 * matmul_outputs + heads * attention.value_head_dim + h
     per_layer = ctx.tokens * (kept * ACTIVATION_BYTES + heads * 4.0)
     dense = ctx.layout.dense_layers * per_layer
-    moe_share = np.where(ctx.layout.layers > 0, ctx.layout.moe_layers / np.maximum(ctx.layout.layers, 1), 0.0)
+    moe_share = np.where(
+        ctx.layout.layers > 0, ctx.layout.moe_layers / np.maximum(ctx.layout.layers, 1), 0.0
+    )
     return dense + moe_share * default
 
 
@@ -478,15 +589,22 @@ def _micro_batch_comm(ctx: TrainingContext, times: CollectiveTimes) -> dict[str,
     sync = getattr(ctx.cluster.device, "collective_sync_s", 0.0)
     mla_extra = max(len(mla_backward_widths(ctx.model)) - 1.0, 0.0)
     mla_backward = np.where(ctx.sequence_parallel, 0.0, layout.layers * times.tp_mla_backward)
-    tp_count = passes * layout.layers * 2.0 + layout.has_embedding + np.where(ctx.sequence_parallel, 0.0, layout.layers * mla_extra)
+    tp_count = (
+        passes * layout.layers * 2.0
+        + layout.has_embedding
+        + np.where(ctx.sequence_parallel, 0.0, layout.layers * mla_extra)
+    )
     return {
         # Two collectives per layer and pass (MLA: more in backward without SP); the
         # vocab-parallel embedding all-reduces once.
-        "tp_comm": passes * layout.layers * 2.0 * tp_layer + layout.has_embedding * times.tp_all_reduce + mla_backward
+        "tp_comm": passes * layout.layers * 2.0 * tp_layer
+        + layout.has_embedding * times.tp_all_reduce
+        + mla_backward
         + np.where(ctx.column("tp") > 1, tp_count * sync, 0.0),
         # Dispatch and combine: two all-to-alls per MoE layer and pass (forward and recompute
         # forward may dispatch in fp8; backward exchanges bf16 gradients).
-        "ep_comm": layout.moe_layers * ((passes - 1.0) * times.ep_exchange + times.ep_exchange_backward)
+        "ep_comm": layout.moe_layers
+        * ((passes - 1.0) * times.ep_exchange + times.ep_exchange_backward)
         + np.where(ctx.column("ep") > 1, passes * layout.moe_layers * 2.0 * sync, 0.0),
         # The backward ring carries K/V and their gradients: twice the forward traffic.
         "cp_comm": (passes + 1.0) * layout.layers * times.cp_ring,
@@ -520,7 +638,9 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
         "time.recompute": m * pick(mb.recompute),
         **{f"time.{kind}": m * pick(exposed[kind]) for kind in exposed},
         **{f"hidden.{kind}": m * pick(hidden[kind]) for kind in hidden},
-        "time.bubble": _bubble(ctx, micro_batch=pick(per_micro_batch), forward_share=pick(mb.forward / compute)),
+        "time.bubble": _bubble(
+            ctx, micro_batch=pick(per_micro_batch), forward_share=pick(mb.forward / compute)
+        ),
         "bottleneck_stage": slowest[0],
     }
     # Forward activation and backward gradient send/recv per micro-batch and model chunk, plus
@@ -532,15 +652,23 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
     pp_comm = 2.0 * (m * v + hops) * times.pp_p2p
     # Each micro-batch's schedule actions on a stage cost host time beyond the send/recv.
     schedule_s = getattr(ctx.cluster.device, "pipeline_micro_batch_s", 0.0)
-    pp_comm = pp_comm + np.where(ctx.column("pp") > 1, m * ctx.column("virtual_stages") * schedule_s, 0.0)
+    pp_comm = pp_comm + np.where(
+        ctx.column("pp") > 1, m * ctx.column("virtual_stages") * schedule_s, 0.0
+    )
     columns["time.pp_comm"], columns["hidden.pp_comm"] = pp_comm, np.zeros_like(pp_comm)
     dp_exposed, dp_hidden, optimizer = dp_and_optimizer(ctx, free_compute=free, times=times, mb=mb)
-    columns["time.dp_comm"], columns["hidden.dp_comm"], columns["time.optimizer"] = dp_exposed, dp_hidden, optimizer
+    columns["time.dp_comm"], columns["hidden.dp_comm"], columns["time.optimizer"] = (
+        dp_exposed,
+        dp_hidden,
+        optimizer,
+    )
     columns["step_time_s"] = sum(columns[f"time.{part}"] for part in TRAINING_TIME_PARTS)
     return columns
 
 
-def _bubble(ctx: TrainingContext, *, micro_batch: np.ndarray, forward_share: np.ndarray) -> np.ndarray:
+def _bubble(
+    ctx: TrainingContext, *, micro_batch: np.ndarray, forward_share: np.ndarray
+) -> np.ndarray:
     """(pp - 1) micro-batches of idle time, scaled by the schedule: 1/v interleaved (Narayanan
     et al. SC'21), the forward share for ZB-H1 (Qi et al.), and for a bidirectional schedule
     DualPipe's (pp/2 - 1)(F&B + B - 3W) with the weight-gradient half of B deferred (W = B/2,
@@ -548,7 +676,8 @@ def _bubble(ctx: TrainingContext, *, micro_batch: np.ndarray, forward_share: np.
     pp, v = ctx.column("pp"), ctx.column("virtual_stages")
     schedule = np.asarray(ctx.table["pipeline_schedule"])
     factor = np.where(
-        schedule == SCHEDULE_CODES["interleaved_1f1b"], 1.0 / v,
+        schedule == SCHEDULE_CODES["interleaved_1f1b"],
+        1.0 / v,
         np.where(schedule == SCHEDULE_CODES["zero_bubble"], forward_share, 1.0),
     )
     if ctx.options.bidirectional_pipeline:
@@ -583,4 +712,9 @@ def model_flops_per_step(
     return 3.0 * forward * workload.tokens_per_step
 
 
-__all__ = ["TRAINING_TIME_PARTS", "model_flops_per_step", "training_context", "training_time_columns"]
+__all__ = [
+    "TRAINING_TIME_PARTS",
+    "model_flops_per_step",
+    "training_context",
+    "training_time_columns",
+]

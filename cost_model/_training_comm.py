@@ -31,7 +31,16 @@ from cost_model._common import (
 
 ACTIVATION_BYTES = 2.0  # bf16/fp16 activations (fp8 training keeps bf16 activations between GEMMs)
 #: Columns that decide every collective's group, placement and message.
-MESH_COLUMNS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep", "etp", "micro_batch_size", "virtual_stages")
+MESH_COLUMNS: tuple[str, ...] = (
+    "dp",
+    "tp",
+    "pp",
+    "cp",
+    "ep",
+    "etp",
+    "micro_batch_size",
+    "virtual_stages",
+)
 _DISTINCT_MIN_ROWS = 2048
 
 
@@ -71,8 +80,12 @@ class CollectiveTimes:
 
     def take(self, index: np.ndarray) -> CollectiveTimes:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return CollectiveTimes(**{name: value.take(index) if isinstance(value, FsdpLayerTimes) else value[..., index]
-                                  for name, value in values.items()})
+        return CollectiveTimes(
+            **{
+                name: value.take(index) if isinstance(value, FsdpLayerTimes) else value[..., index]
+                for name, value in values.items()
+            }
+        )
 
 
 def distinct_rows(table, columns: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -107,9 +120,16 @@ def collective_times(ctx) -> CollectiveTimes:
     dp_all_reduce, dp_gradient_scatter, dp_weight_gather = _dp(ctx)
     ep_forward, ep_backward = _ep(ctx)
     return CollectiveTimes(
-        tp_all_reduce=tp_all_reduce, tp_split=tp_split, tp_mla_backward=_tp_mla_backward(ctx, tp_all_reduce),
-        ep_exchange=ep_forward, ep_exchange_backward=ep_backward, cp_ring=_cp(ctx), pp_p2p=_pp(ctx),
-        dp_all_reduce=dp_all_reduce, dp_gradient_scatter=dp_gradient_scatter, dp_weight_gather=dp_weight_gather,
+        tp_all_reduce=tp_all_reduce,
+        tp_split=tp_split,
+        tp_mla_backward=_tp_mla_backward(ctx, tp_all_reduce),
+        ep_exchange=ep_forward,
+        ep_exchange_backward=ep_backward,
+        cp_ring=_cp(ctx),
+        pp_p2p=_pp(ctx),
+        dp_all_reduce=dp_all_reduce,
+        dp_gradient_scatter=dp_gradient_scatter,
+        dp_weight_gather=dp_weight_gather,
         fsdp_layer=_fsdp_layer(ctx),
     )
 
@@ -118,9 +138,9 @@ def _tp(ctx) -> tuple[np.ndarray, np.ndarray]:
     tp = ctx.column("tp")
     message = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES
     all_reduce = ctx.collective("all_reduce", axis="tp", group_size=tp, message_bytes=message)
-    split = ctx.collective("reduce_scatter", axis="tp", group_size=tp, message_bytes=message) + ctx.collective(
-        "all_gather", axis="tp", group_size=tp, message_bytes=message
-    )
+    split = ctx.collective(
+        "reduce_scatter", axis="tp", group_size=tp, message_bytes=message
+    ) + ctx.collective("all_gather", axis="tp", group_size=tp, message_bytes=message)
     return all_reduce, split
 
 
@@ -145,7 +165,12 @@ def _tp_mla_backward(ctx, hidden_all_reduce: np.ndarray) -> np.ndarray:
         return np.zeros_like(hidden_all_reduce)
     tp = ctx.column("tp")
     each = [
-        ctx.collective("all_reduce", axis="tp", group_size=tp, message_bytes=ctx.tokens * width * ACTIVATION_BYTES)
+        ctx.collective(
+            "all_reduce",
+            axis="tp",
+            group_size=tp,
+            message_bytes=ctx.tokens * width * ACTIVATION_BYTES,
+        )
         for width in widths
     ]
     return sum(each) - hidden_all_reduce
@@ -171,7 +196,9 @@ def _ep(ctx) -> tuple[np.ndarray, np.ndarray]:
     message = tokens * moe.top_k * ctx.model.hidden_size * ACTIVATION_BYTES
     etp = ctx.column("etp")
     gather = ctx.collective("all_gather", axis="etp", group_size=etp, message_bytes=message * etp)
-    scatter = ctx.collective("reduce_scatter", axis="etp", group_size=etp, message_bytes=message * etp)
+    scatter = ctx.collective(
+        "reduce_scatter", axis="etp", group_size=etp, message_bytes=message * etp
+    )
     return forward + gather + scatter, backward + gather + scatter
 
 
@@ -182,12 +209,22 @@ def _exchange(ctx, tokens: np.ndarray, element_bytes: float) -> np.ndarray:
     moe = ctx.model.moe
     if ctx.options.expert_dispatcher == "deepep":
         return expert_dispatch_time_s(
-            cluster=ctx.cluster, calibration=ctx.calibration, hidden_size=ctx.model.hidden_size, top_k=moe.top_k,
-            ep=ctx.column("ep"), etp=ctx.column("etp"), ep_per_node=ctx.local["ep"], rank_tokens=tokens,
-            element_bytes=element_bytes, node_dedup=True, max_routed_nodes=ctx.options.max_routed_nodes,
+            cluster=ctx.cluster,
+            calibration=ctx.calibration,
+            hidden_size=ctx.model.hidden_size,
+            top_k=moe.top_k,
+            ep=ctx.column("ep"),
+            etp=ctx.column("etp"),
+            ep_per_node=ctx.local["ep"],
+            rank_tokens=tokens,
+            element_bytes=element_bytes,
+            node_dedup=True,
+            max_routed_nodes=ctx.options.max_routed_nodes,
         )
     message = tokens * moe.top_k * ctx.model.hidden_size * element_bytes
-    return ctx.collective("all_to_all", axis="ep", group_size=ctx.column("ep"), message_bytes=message)
+    return ctx.collective(
+        "all_to_all", axis="ep", group_size=ctx.column("ep"), message_bytes=message
+    )
 
 
 def _kv_width_per_rank(ctx) -> np.ndarray:
@@ -197,10 +234,16 @@ def _kv_width_per_rank(ctx) -> np.ndarray:
     return np.maximum(a.num_kv_heads / ctx.column("tp"), 1.0) * 2.0 * a.head_dim
 
 
-def _point_to_point(ctx, *, active: np.ndarray, same_node: np.ndarray, message: np.ndarray) -> np.ndarray:
+def _point_to_point(
+    ctx, *, active: np.ndarray, same_node: np.ndarray, message: np.ndarray
+) -> np.ndarray:
     return collective_time_s(
-        cluster=ctx.cluster, op="send_recv", group_size=np.where(active, 2.0, 1.0),
-        ranks_per_node=np.where(same_node & active, 2.0, 1.0), message_bytes=message, calibration=ctx.calibration,
+        cluster=ctx.cluster,
+        op="send_recv",
+        group_size=np.where(active, 2.0, 1.0),
+        ranks_per_node=np.where(same_node & active, 2.0, 1.0),
+        message_bytes=message,
+        calibration=ctx.calibration,
     )
 
 
@@ -219,7 +262,9 @@ def _cp(ctx) -> np.ndarray:
 
 def _pp(ctx) -> np.ndarray:
     message = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES / ctx.column("tp")
-    return _point_to_point(ctx, active=ctx.column("pp") > 1, same_node=ctx.local["pp"] >= 2, message=message)
+    return _point_to_point(
+        ctx, active=ctx.column("pp") > 1, same_node=ctx.local["pp"] >= 2, message=message
+    )
 
 
 def sharded_parameters(ctx) -> tuple[np.ndarray, np.ndarray]:
@@ -238,8 +283,12 @@ def _dp(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     for params, group, axis in _dp_groups(ctx, dense=dense, expert=expert):
         grads, weights = params * ctx.reduce_bytes, params * 2.0
         totals[0] += ctx.collective("all_reduce", axis=axis, group_size=group, message_bytes=grads)
-        totals[1] += ctx.collective("reduce_scatter", axis=axis, group_size=group, message_bytes=grads)
-        totals[2] += ctx.collective("all_gather", axis=axis, group_size=group, message_bytes=weights)
+        totals[1] += ctx.collective(
+            "reduce_scatter", axis=axis, group_size=group, message_bytes=grads
+        )
+        totals[2] += ctx.collective(
+            "all_gather", axis=axis, group_size=group, message_bytes=weights
+        )
     return tuple(totals)
 
 
@@ -261,12 +310,21 @@ def _fsdp_layer(ctx) -> FsdpLayerTimes:
     ends = parts["embedding"] + parts["lm_head"]
     zero = np.zeros_like(ends)
     times = {}
-    for name, dense, expert in (("dense", dense_layer, 0.0 * dense_layer), ("moe", moe_dense, moe_expert), ("ends", ends, zero)):
+    for name, dense, expert in (
+        ("dense", dense_layer, 0.0 * dense_layer),
+        ("moe", moe_dense, moe_expert),
+        ("ends", ends, zero),
+    ):
         gather, scatter = 0.0, 0.0
         for params, group, axis in _dp_groups(ctx, dense=dense, expert=expert):
-            gather = gather + ctx.collective("all_gather", axis=axis, group_size=group, message_bytes=params * 2.0)
+            gather = gather + ctx.collective(
+                "all_gather", axis=axis, group_size=group, message_bytes=params * 2.0
+            )
             scatter = scatter + ctx.collective(
-                "reduce_scatter", axis=axis, group_size=group, message_bytes=params * ctx.reduce_bytes
+                "reduce_scatter",
+                axis=axis,
+                group_size=group,
+                message_bytes=params * ctx.reduce_bytes,
             )
         times[f"{name}_gather"], times[f"{name}_scatter"] = gather, scatter
     return FsdpLayerTimes(**times)
@@ -280,9 +338,12 @@ def layer_parameter_split(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if moe is None:
         return dense_layer, moe_layer, np.zeros_like(moe_layer)
     redundant = np.asarray(ctx.table.get("num_redundant_experts", 0), dtype=np.float64)
-    experts = (moe.num_routed_experts + redundant) / ctx.column("ep") * ctx.model.ffn_parameters(
-        moe.expert_ffn_hidden_size
-    ) / ctx.column("etp")
+    experts = (
+        (moe.num_routed_experts + redundant)
+        / ctx.column("ep")
+        * ctx.model.ffn_parameters(moe.expert_ffn_hidden_size)
+        / ctx.column("etp")
+    )
     return dense_layer, moe_layer - experts, np.broadcast_to(experts, moe_layer.shape)
 
 

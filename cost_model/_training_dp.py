@@ -40,7 +40,9 @@ def sharded_weights_per_rank(ctx: TrainingContext) -> np.ndarray:
     return np.where(ctx.column("tp") > 1, count, 0.0)
 
 
-def dp_and_optimizer(ctx: TrainingContext, *, free_compute: np.ndarray, times: CollectiveTimes, mb: MicroBatchTimes):
+def dp_and_optimizer(
+    ctx: TrainingContext, *, free_compute: np.ndarray, times: CollectiveTimes, mb: MicroBatchTimes
+):
     """Exposed and hidden gradient/parameter traffic and the optimizer step of the rank where
     they take longest (``_data_parallel_comm``, ``_optimizer_step_time``)."""
     comm, hidden = _data_parallel_comm(ctx, free_compute=free_compute, times=times, mb=mb)
@@ -51,7 +53,9 @@ def dp_and_optimizer(ctx: TrainingContext, *, free_compute: np.ndarray, times: C
     return take(comm - hidden), take(hidden), take(optimizer)
 
 
-def _data_parallel_comm(ctx: TrainingContext, *, free_compute, times: CollectiveTimes, mb: MicroBatchTimes):
+def _data_parallel_comm(
+    ctx: TrainingContext, *, free_compute, times: CollectiveTimes, mb: MicroBatchTimes
+):
     """(total, hidden) data-parallel seconds per step on each pipeline rank (3, n).
 
     * ZeRO-0: one gradient all-reduce, bucketed under the last micro-batch's backward
@@ -67,7 +71,11 @@ def _data_parallel_comm(ctx: TrainingContext, *, free_compute, times: Collective
     zero = np.asarray(ctx.table["zero_stage"])
     every = (zero == 2) & ctx.zero2_reduce_every_micro_batch
     scatters = np.where(every, ctx.num_micro_batches, 1.0)
-    whole = np.where(zero == 0, times.dp_all_reduce, scatters * times.dp_gradient_scatter + times.dp_weight_gather)
+    whole = np.where(
+        zero == 0,
+        times.dp_all_reduce,
+        scatters * times.dp_gradient_scatter + times.dp_weight_gather,
+    )
     window = scatters * free_compute
     whole_hidden = hidden_seconds(whole, fraction=ctx.dp_overlap, window=window)
     compute = mb.forward + mb.backward + mb.recompute
@@ -77,7 +85,9 @@ def _data_parallel_comm(ctx: TrainingContext, *, free_compute, times: Collective
     return comm, np.where(zero == 3, fsdp_total - fsdp_exposed, whole_hidden)
 
 
-def _fsdp_comm(ctx: TrainingContext, *, times: CollectiveTimes, mb: MicroBatchTimes, free_share: np.ndarray):
+def _fsdp_comm(
+    ctx: TrainingContext, *, times: CollectiveTimes, mb: MicroBatchTimes, free_share: np.ndarray
+):
     """(total, exposed) ZeRO-3/FSDP seconds per step on each pipeline rank (3, n).
 
     Each micro-batch gathers every layer's weights before its forward and again before its
@@ -107,8 +117,12 @@ def _fsdp_comm(ctx: TrainingContext, *, times: CollectiveTimes, mb: MicroBatchTi
     first_gather = np.where(first_dense, layer.dense_gather, layer.moe_gather)
     first_forward = np.where(first_dense, mb.dense_layer_forward, mb.moe_layer_forward)
     last_scatter = np.where(layout.moe_layers > 0, layer.moe_scatter, layer.dense_scatter)
-    last_backward = backward_factor * np.where(layout.moe_layers > 0, mb.moe_layer_forward, mb.dense_layer_forward)
-    edges = np.minimum(first_gather, overlap * first_forward) * 2.0 + np.minimum(last_scatter, overlap * last_backward)
+    last_backward = backward_factor * np.where(
+        layout.moe_layers > 0, mb.moe_layer_forward, mb.dense_layer_forward
+    )
+    edges = np.minimum(first_gather, overlap * first_forward) * 2.0 + np.minimum(
+        last_scatter, overlap * last_backward
+    )
     ends = layer.ends_gather + layer.ends_scatter
     m = ctx.num_micro_batches
     return m * (total + ends), m * (exposed + np.where(layout.layers > 0, edges, 0.0) + ends)
@@ -122,7 +136,9 @@ def _optimizer_step_time(ctx: TrainingContext) -> np.ndarray:
     edp = dp_cp * ctx.column("tp") / (ctx.column("ep") * ctx.column("etp"))
     zero = np.asarray(ctx.table["zero_stage"])
     states = np.where(zero >= 1, dense / dp_cp + expert / edp, dense + expert)
-    return _optimizer_time(ctx, states * _optimizer_update_bytes(ctx)) + _gradient_clip_time(ctx, local_parameters=states)
+    return _optimizer_time(ctx, states * _optimizer_update_bytes(ctx)) + _gradient_clip_time(
+        ctx, local_parameters=states
+    )
 
 
 def _gradient_clip_time(ctx: TrainingContext, *, local_parameters: np.ndarray) -> np.ndarray:
@@ -134,8 +150,12 @@ def _gradient_clip_time(ctx: TrainingContext, *, local_parameters: np.ndarray) -
     world = ctx.column("dp") * ctx.column("cp") * ctx.column("tp") * ctx.column("pp")
     per_node = np.minimum(world, ctx.cluster.devices_per_node)
     scalar = collective_time_s(
-        cluster=ctx.cluster, op="all_reduce", group_size=world, ranks_per_node=per_node,
-        message_bytes=np.full(world.shape, 4.0), calibration=ctx.calibration,
+        cluster=ctx.cluster,
+        op="all_reduce",
+        group_size=world,
+        ranks_per_node=per_node,
+        message_bytes=np.full(world.shape, 4.0),
+        calibration=ctx.calibration,
     )
     return ctx.op(0.0, moved, calls=2.0) + 2.0 * scalar
 
@@ -145,16 +165,22 @@ def _optimizer_time(ctx: TrainingContext, update_bytes: np.ndarray) -> np.ndarra
     like any measured memory-bound curve by the calibration) where there is one, else the
     memory roofline; plus the measured extra update cost of each tensor-parallel weight."""
     device = ctx.cluster.device
-    measured = device.optimizer_time_s(update_bytes) if hasattr(device, "optimizer_time_s") else None
+    measured = (
+        device.optimizer_time_s(update_bytes) if hasattr(device, "optimizer_time_s") else None
+    )
     if measured is None:
         seconds = ctx.op(0.0, update_bytes)
     else:
         seconds = np.asarray(measured) / ctx.calibration.memory_scale(device)
-    return seconds + sharded_weights_per_rank(ctx) * getattr(device, "sharded_parameter_update_s", 0.0)
+    return seconds + sharded_weights_per_rank(ctx) * getattr(
+        device, "sharded_parameter_update_s", 0.0
+    )
 
 
 def _optimizer_update_bytes(ctx: TrainingContext) -> float:
     """Bytes read and written per parameter by one optimizer step: read the gradient, read and
     write each fp32 state (master weight, Adam m and v; SGD momentum), write the bf16 weight."""
-    states = (2 if ctx.workload.optimizer == "adam" else 1) + (1 if ctx.workload.master_weights_fp32 else 0)
+    states = (2 if ctx.workload.optimizer == "adam" else 1) + (
+        1 if ctx.workload.master_weights_fp32 else 0
+    )
     return ctx.grad_bytes + states * 2.0 * 4.0 + 2.0

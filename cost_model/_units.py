@@ -33,9 +33,7 @@ def dtype_bytes(dtype: str) -> float:
     try:
         return DTYPE_BYTES[dtype]
     except KeyError:
-        raise ValueError(
-            f"dtype ({dtype!r}) must be one of {sorted(DTYPE_BYTES)}"
-        ) from None
+        raise ValueError(f"dtype ({dtype!r}) must be one of {sorted(DTYPE_BYTES)}") from None
 
 
 def human_bytes(num_bytes: float) -> str:

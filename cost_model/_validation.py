@@ -61,15 +61,25 @@ KORTHIKANTI_MODELS: dict[str, dict[str, int]] = {
 #: * Megatron-core r0.8 (H100 table): no dropout in the performance configs, sequence
 #:   parallel whenever tp > 1.
 SOFTWARE: dict[str, dict[str, Any]] = {
-    "megatron_2021": {"framework": "megatron-lm-2021", "hidden_dropout": True, "attention_dropout": True},
-    "megatron_core_2024": {"framework": "megatron-core", "hidden_dropout": False, "attention_dropout": False},
+    "megatron_2021": {
+        "framework": "megatron-lm-2021",
+        "hidden_dropout": True,
+        "attention_dropout": True,
+    },
+    "megatron_core_2024": {
+        "framework": "megatron-core",
+        "hidden_dropout": False,
+        "attention_dropout": False,
+    },
 }
 PRESETS = {"A100": "dgx-a100", "H100": "dgx-h100", "B200": "dgx-b200", "GB200": "gb200-nvl72"}
 #: The publication behind each table of the older record forms; the README's 2022 MFU figures
 #: are the Table 5 runs of Korthikanti et al., so they share its source.
 TABLE_SOURCES = {
-    "megatron_sc21_table1": "narayanan2021", "korthikanti_table5": "korthikanti2022",
-    "megatron_readme_2022_mfu": "korthikanti2022", "megatron_readme_h100": "megatron_core_readme_2024",
+    "megatron_sc21_table1": "narayanan2021",
+    "korthikanti_table5": "korthikanti2022",
+    "megatron_readme_2022_mfu": "korthikanti2022",
+    "megatron_readme_h100": "megatron_core_readme_2024",
 }
 #: Acceptance per table: (max mean |error|, max |error|), None where not bounded. The
 #: training tolerances are the project's acceptance criteria for the cost model; Day-6 serving
@@ -137,11 +147,18 @@ def published_records() -> tuple[dict, ...]:
     return tuple(json.loads(text)["records"])
 
 
-def gpt_model(*, name: str, heads: int, hidden: int, layers: int, vocab: int, sequence: int, tied: bool) -> ModelSpec:
+def gpt_model(
+    *, name: str, heads: int, hidden: int, layers: int, vocab: int, sequence: int, tied: bool
+) -> ModelSpec:
     """A Megatron GPT (GELU MLP of 4h, LayerNorm, biases, learned positions)."""
     config = {
-        "model_type": "gpt2", "n_layer": layers, "n_embd": hidden, "n_head": heads,
-        "n_positions": sequence, "vocab_size": vocab, "tie_word_embeddings": tied,
+        "model_type": "gpt2",
+        "n_layer": layers,
+        "n_embd": hidden,
+        "n_head": heads,
+        "n_positions": sequence,
+        "vocab_size": vocab,
+        "tie_word_embeddings": tied,
     }
     return ModelSpec.from_hf_config(config, name=name)
 
@@ -152,13 +169,23 @@ def sc21_flops(case: Case, *, recompute_forward: bool, logit_divisor: float) -> 
     m, w = case.model, case.workload
     s, h, layers = w.sequence_length_tokens, m.hidden_size, m.num_layers
     factor = 96.0 if recompute_forward else 72.0
-    return factor * w.global_batch_sequences * s * layers * h * h * (
-        1.0 + s / (6.0 * h) + m.vocab_size / (logit_divisor * layers * h)
+    return (
+        factor
+        * w.global_batch_sequences
+        * s
+        * layers
+        * h
+        * h
+        * (1.0 + s / (6.0 * h) + m.vocab_size / (logit_divisor * layers * h))
     )
 
 
 def _tflops_sc21(columns: dict, case: Case) -> float:
-    return sc21_flops(case, recompute_forward=True, logit_divisor=16.0) / (columns["step_time_s"][0] * case.config.world_size) / 1e12
+    return (
+        sc21_flops(case, recompute_forward=True, logit_divisor=16.0)
+        / (columns["step_time_s"][0] * case.config.world_size)
+        / 1e12
+    )
 
 
 def _mfu(logit_divisor: float, peak: float) -> Callable[[dict, Case], float]:
@@ -176,16 +203,40 @@ def _iteration_time(columns: dict, case: Case) -> float:
 def _sc21_cases() -> list[Case]:
     cases = []
     for r in (r for r in published_records() if r["table"] == "megatron_sc21_table1"):
-        model = gpt_model(name=f"gpt-{r['model']}", heads=r["heads"], hidden=r["hidden"], layers=r["layers"],
-                          vocab=r["vocab"], sequence=r["seq_len"], tied=True)
-        v = 1 if r["layers_per_virtual_stage"] is None else r["layers"] // (r["pp"] * r["layers_per_virtual_stage"])
-        config = ParallelConfig(
-            tp=r["tp"], pp=r["pp"], dp=r["gpus"] // (r["tp"] * r["pp"]), micro_batch_size=r["micro_batch"],
-            recompute="full", virtual_stages=v, pipeline_schedule="interleaved_1f1b" if v > 1 else "1f1b",
+        model = gpt_model(
+            name=f"gpt-{r['model']}",
+            heads=r["heads"],
+            hidden=r["hidden"],
+            layers=r["layers"],
+            vocab=r["vocab"],
+            sequence=r["seq_len"],
+            tied=True,
         )
-        workload = Training(sequence_length_tokens=r["seq_len"], global_batch_sequences=r["global_batch"], precision="fp16")
+        v = (
+            1
+            if r["layers_per_virtual_stage"] is None
+            else r["layers"] // (r["pp"] * r["layers_per_virtual_stage"])
+        )
+        config = ParallelConfig(
+            tp=r["tp"],
+            pp=r["pp"],
+            dp=r["gpus"] // (r["tp"] * r["pp"]),
+            micro_batch_size=r["micro_batch"],
+            recompute="full",
+            virtual_stages=v,
+            pipeline_schedule="interleaved_1f1b" if v > 1 else "1f1b",
+        )
+        workload = Training(
+            sequence_length_tokens=r["seq_len"],
+            global_batch_sequences=r["global_batch"],
+            precision="fp16",
+        )
         metric = ("tflops_per_gpu", "TFLOP/s", float(r["tflops_per_gpu"]), _tflops_sc21)
-        cases.append(Case(r["table"], r["model"], "A100", model, workload, config, "megatron_2021", (metric,)))
+        cases.append(
+            Case(
+                r["table"], r["model"], "A100", model, workload, config, "megatron_2021", (metric,)
+            )
+        )
     return cases
 
 
@@ -197,26 +248,82 @@ def _korthikanti_model(name: str) -> ModelSpec:
 def _table5_config(r: dict, *, selective: bool) -> ParallelConfig:
     v = r["pipeline_interleaving"]
     return ParallelConfig(
-        tp=r["tp"], pp=r["pp"], dp=r["gpus"] // (r["tp"] * r["pp"]), micro_batch_size=r["micro_batch"],
-        virtual_stages=v, pipeline_schedule="interleaved_1f1b" if v > 1 else "1f1b",
-        recompute="selective" if selective else "full", sequence_parallel=selective,
+        tp=r["tp"],
+        pp=r["pp"],
+        dp=r["gpus"] // (r["tp"] * r["pp"]),
+        micro_batch_size=r["micro_batch"],
+        virtual_stages=v,
+        pipeline_schedule="interleaved_1f1b" if v > 1 else "1f1b",
+        recompute="selective" if selective else "full",
+        sequence_parallel=selective,
     )
 
 
 def _table5_cases() -> list[Case]:
     cases = []
-    mfu = {r["model"]: r["mfu_pct"] for r in published_records() if r["table"] == "megatron_readme_2022_mfu"}
+    mfu = {
+        r["model"]: r["mfu_pct"]
+        for r in published_records()
+        if r["table"] == "megatron_readme_2022_mfu"
+    }
     for r in (r for r in published_records() if r["table"] == "korthikanti_table5"):
         model = _korthikanti_model(r["model"])
-        workload = Training(sequence_length_tokens=r["seq_len"], global_batch_sequences=r["global_batch"], precision="fp16")
-        full = ("iteration_time_full_recompute", "s", r["iter_time_full_recompute_s"], _iteration_time)
-        selective = ("iteration_time_sp_selective", "s", r["iter_time_seqpar_selective_s"], _iteration_time)
-        cases.append(Case(r["table"], r["model"], "A100", model, workload, _table5_config(r, selective=False), "megatron_2021", (full,)))
-        cases.append(Case(r["table"], r["model"], "A100", model, workload, _table5_config(r, selective=True), "megatron_2021", (selective,)))
+        workload = Training(
+            sequence_length_tokens=r["seq_len"],
+            global_batch_sequences=r["global_batch"],
+            precision="fp16",
+        )
+        full = (
+            "iteration_time_full_recompute",
+            "s",
+            r["iter_time_full_recompute_s"],
+            _iteration_time,
+        )
+        selective = (
+            "iteration_time_sp_selective",
+            "s",
+            r["iter_time_seqpar_selective_s"],
+            _iteration_time,
+        )
+        cases.append(
+            Case(
+                r["table"],
+                r["model"],
+                "A100",
+                model,
+                workload,
+                _table5_config(r, selective=False),
+                "megatron_2021",
+                (full,),
+            )
+        )
+        cases.append(
+            Case(
+                r["table"],
+                r["model"],
+                "A100",
+                model,
+                workload,
+                _table5_config(r, selective=True),
+                "megatron_2021",
+                (selective,),
+            )
+        )
         if r["model"] in mfu:
             metric = ("mfu", "%", float(mfu[r["model"]]), _mfu(16.0, 312e12))
             config = _table5_config(r, selective=True)
-            cases.append(Case("megatron_readme_2022_mfu", r["model"], "A100", model, workload, config, "megatron_2021", (metric,)))
+            cases.append(
+                Case(
+                    "megatron_readme_2022_mfu",
+                    r["model"],
+                    "A100",
+                    model,
+                    workload,
+                    config,
+                    "megatron_2021",
+                    (metric,),
+                )
+            )
     return cases
 
 
@@ -226,14 +333,41 @@ def _h100_cases() -> list[Case]:
     parallel with tp > 1, distributed optimizer (ZeRO-1), plain 1F1B, bf16."""
     cases = []
     for r in (r for r in published_records() if r["table"] == "megatron_readme_h100"):
-        model = gpt_model(name=f"gpt-{r['model']}", heads=r["heads"], hidden=r["hidden"], layers=r["layers"],
-                          vocab=r["vocab"], sequence=r["seq_len"], tied=False)
-        config = ParallelConfig(
-            tp=r["tp"], pp=r["pp"], dp=r["dp"], micro_batch_size=1, sequence_parallel=r["tp"] > 1, zero_stage=1,
+        model = gpt_model(
+            name=f"gpt-{r['model']}",
+            heads=r["heads"],
+            hidden=r["hidden"],
+            layers=r["layers"],
+            vocab=r["vocab"],
+            sequence=r["seq_len"],
+            tied=False,
         )
-        workload = Training(sequence_length_tokens=r["seq_len"], global_batch_sequences=r["global_batch"], precision="bf16")
+        config = ParallelConfig(
+            tp=r["tp"],
+            pp=r["pp"],
+            dp=r["dp"],
+            micro_batch_size=1,
+            sequence_parallel=r["tp"] > 1,
+            zero_stage=1,
+        )
+        workload = Training(
+            sequence_length_tokens=r["seq_len"],
+            global_batch_sequences=r["global_batch"],
+            precision="bf16",
+        )
         metric = ("mfu", "%", float(r["mfu_pct"]), _mfu(12.0, 989e12))
-        cases.append(Case(r["table"], r["model"], "H100", model, workload, config, "megatron_core_2024", (metric,)))
+        cases.append(
+            Case(
+                r["table"],
+                r["model"],
+                "H100",
+                model,
+                workload,
+                config,
+                "megatron_core_2024",
+                (metric,),
+            )
+        )
     return cases
 
 
@@ -241,10 +375,20 @@ def _generic_cases() -> list[Case]:
     """The ``"format": "run"`` records (``cost_model._validation_runs``)."""
     cases = []
     for r in (r for r in published_records() if r.get("format") == "run"):
-        cases.append(Case(
-            r["table"], r["run"], r["hardware"], run_model(r), run_workload(r), run_config(r), "framework",
-            (run_metric(r),), source_id=r["source_id"], estimate_options=tuple(r.get("estimate_options", {}).items()),
-        ))
+        cases.append(
+            Case(
+                r["table"],
+                r["run"],
+                r["hardware"],
+                run_model(r),
+                run_workload(r),
+                run_config(r),
+                "framework",
+                (run_metric(r),),
+                source_id=r["source_id"],
+                estimate_options=tuple(r.get("estimate_options", {}).items()),
+            )
+        )
     return cases
 
 
@@ -264,23 +408,38 @@ def _options(case: Case, calibration: Calibration | None, cluster) -> EstimateOp
     """The calibration, and the run's dropout (a hyperparameter of the run, not the software)."""
     base = calibration if calibration is not None else calibration_for(cluster.device)
     software = SOFTWARE.get(case.software, {})
-    dropout = {key: software[key] for key in ("hidden_dropout", "attention_dropout") if key in software}
+    dropout = {
+        key: software[key] for key in ("hidden_dropout", "attention_dropout") if key in software
+    }
     return EstimateOptions(calibration=base, **dropout, **dict(case.estimate_options))
 
 
 def _workload(case: Case) -> Training:
     """The case's workload with the framework profile of its software."""
     framework = SOFTWARE.get(case.software, {}).get("framework")
-    return case.workload if framework is None else case.workload.model_copy(update={"framework": framework})
+    return (
+        case.workload
+        if framework is None
+        else case.workload.model_copy(update={"framework": framework})
+    )
 
 
 def run_case(case: Case, *, calibration: Calibration | None = None) -> list[ValidationRow]:
     """Estimate ``case`` and compare each of its metrics."""
     cluster = _cluster(case.hardware, case.config.world_size)
     table = configs_to_table([case.config])
-    columns = estimate_table(case.model, cluster, _workload(case), table, options=_options(case, calibration, cluster))
+    columns = estimate_table(
+        case.model, cluster, _workload(case), table, options=_options(case, calibration, cluster)
+    )
     return [
-        ValidationRow(table=case.table, run=case.run, metric=name, unit=unit, predicted=fn(columns, case), published=published)
+        ValidationRow(
+            table=case.table,
+            run=case.run,
+            metric=name,
+            unit=unit,
+            predicted=fn(columns, case),
+            published=published,
+        )
         for name, unit, published, fn in case.metrics
     ]
 
@@ -292,25 +451,61 @@ def memory_rows(*, calibration: Calibration | None = None) -> list[ValidationRow
     for r in (r for r in published_records() if r["table"] == "korthikanti_fig1_memory"):
         run = table5[r["model"]]
         model = _korthikanti_model(r["model"])
-        workload = Training(sequence_length_tokens=run["seq_len"], global_batch_sequences=run["global_batch"], precision="fp16")
-        case = Case(r["table"], r["model"], "A100", model, workload, _table5_config(run, selective=True), "megatron_2021")
+        workload = Training(
+            sequence_length_tokens=run["seq_len"],
+            global_batch_sequences=run["global_batch"],
+            precision="fp16",
+        )
+        case = Case(
+            r["table"],
+            r["model"],
+            "A100",
+            model,
+            workload,
+            _table5_config(run, selective=True),
+            "megatron_2021",
+        )
         plain = case.config.model_copy(update={"recompute": "none", "sequence_parallel": False})
-        none, selective = (_stage_memory(case, config, calibration) for config in (plain, case.config))
+        none, selective = (
+            _stage_memory(case, config, calibration) for config in (plain, case.config)
+        )
         middle, first = STAGES.index("middle"), STAGES.index("first")
         states = sum(none[part][middle, 0] for part in ("weights", "gradients", "optimizer_states"))
         for metric, predicted, published in (
             ("params_optimizer", states, r["params_optimizer_GiB"]),
-            ("activations_no_recompute", none["activations"][first, 0], r["activations_no_recompute_GiB"]),
-            ("activations_sp_selective", selective["activations"][first, 0], r["activations_seqpar_selective_GiB"]),
+            (
+                "activations_no_recompute",
+                none["activations"][first, 0],
+                r["activations_no_recompute_GiB"],
+            ),
+            (
+                "activations_sp_selective",
+                selective["activations"][first, 0],
+                r["activations_seqpar_selective_GiB"],
+            ),
         ):
-            rows.append(ValidationRow(table=r["table"], run=r["model"], metric=metric, unit="GiB", predicted=predicted / GIB, published=published))
+            rows.append(
+                ValidationRow(
+                    table=r["table"],
+                    run=r["model"],
+                    metric=metric,
+                    unit="GiB",
+                    predicted=predicted / GIB,
+                    published=published,
+                )
+            )
     return rows
 
 
-def _stage_memory(case: Case, config: ParallelConfig, calibration: Calibration | None) -> dict[str, np.ndarray]:
+def _stage_memory(
+    case: Case, config: ParallelConfig, calibration: Calibration | None
+) -> dict[str, np.ndarray]:
     cluster = _cluster(case.hardware, config.world_size)
     ctx = training_context(
-        model=case.model, cluster=cluster, workload=_workload(case), table=configs_to_table([config]),
+        model=case.model,
+        cluster=cluster,
+        workload=_workload(case),
+        table=configs_to_table([config]),
         options=_options(case, calibration, cluster),
     )
     return stage_memory(ctx)
@@ -339,7 +534,12 @@ def inference_rows() -> list[ValidationRow]:
     }
     return [
         ValidationRow(
-            table=table, run=item.name, metric=item.metric, unit=item.unit, predicted=item.predicted, published=item.published
+            table=table,
+            run=item.name,
+            metric=item.metric,
+            unit=item.unit,
+            predicted=item.predicted,
+            published=item.published,
         )
         for table, items in tables.items()
         for item in items
@@ -360,7 +560,11 @@ def summarize(rows: list[ValidationRow]) -> dict[str, dict[str, float]]:
     summary: dict[str, dict[str, float]] = {}
     for table in dict.fromkeys(row.table for row in rows):
         errors = np.abs([row.error for row in rows if row.table == table])
-        summary[table] = {"count": int(errors.size), "mean_abs_error": float(errors.mean()), "max_abs_error": float(errors.max())}
+        summary[table] = {
+            "count": int(errors.size),
+            "mean_abs_error": float(errors.mean()),
+            "max_abs_error": float(errors.max()),
+        }
     return summary
 
 
@@ -381,8 +585,12 @@ FIT_PARAMETERS: dict[str, tuple[str, ...]] = {
 #: adds up; NVLS reaches ~480 GB/s busbw against the ring's ~370, hardware.json); a kernel's
 #: fixed cost (launch latency, last-wave tail) up to 20 us.
 BOUNDS = {
-    "matmul_efficiency": (0.3, 1.0), "attention_efficiency": (0.15, 1.0), "memory_bandwidth_efficiency": (0.3, 1.0),
-    "collective_efficiency": (0.5, 1.5), "overlap.tp_comm": (0.0, 1.0), "kernel_overhead_s": (0.0, 20e-6),
+    "matmul_efficiency": (0.3, 1.0),
+    "attention_efficiency": (0.15, 1.0),
+    "memory_bandwidth_efficiency": (0.3, 1.0),
+    "collective_efficiency": (0.5, 1.5),
+    "overlap.tp_comm": (0.0, 1.0),
+    "kernel_overhead_s": (0.0, 20e-6),
 }
 
 
@@ -404,7 +612,9 @@ def _log_errors(cases: list[Case], calibration: Calibration) -> np.ndarray:
     return np.log([row.predicted / row.published for row in rows])
 
 
-def fit_calibration(hardware: str, *, max_evaluations: int = 400, cases: list[Case] | None = None) -> Calibration:
+def fit_calibration(
+    hardware: str, *, max_evaluations: int = 400, cases: list[Case] | None = None
+) -> Calibration:
     """Robust fit (``robust_loss``) of ``FIT_PARAMETERS[hardware]`` on the log-errors of the
     published throughput figures of that hardware (``cases``: all of them by default; Nelder-Mead,
     bounds by clipping). The returned calibration's ``fit`` records the rows, the start and
@@ -425,7 +635,9 @@ def fit_calibration(hardware: str, *, max_evaluations: int = 400, cases: list[Ca
         "method": "Cauchy loss on log(predicted/published), scale 0.2, Nelder-Mead, bounds by clipping",
         "rows": [f"{row.table}:{row.run}:{row.metric}" for row in rows],
         "residuals": [round(row.error, 4) for row in rows],
-        "rms_log_error": round(float(np.sqrt(np.mean(np.log([r.predicted / r.published for r in rows]) ** 2))), 4),
+        "rms_log_error": round(
+            float(np.sqrt(np.mean(np.log([r.predicted / r.published for r in rows]) ** 2))), 4
+        ),
         "start": dict(zip(names, [round(float(v), 4) for v in start])),
         "preset": PRESETS[hardware],
     }
@@ -446,16 +658,22 @@ def robust_loss(log_errors: np.ndarray) -> float:
 
 def _start_value(name: str, device) -> float:
     return {
-        "matmul_efficiency": device.matmul_efficiency, "attention_efficiency": device.matmul_efficiency,
+        "matmul_efficiency": device.matmul_efficiency,
+        "attention_efficiency": device.matmul_efficiency,
         "memory_bandwidth_efficiency": device.memory_bandwidth_efficiency,
-        "kernel_overhead_s": 5e-6, "collective_efficiency": 1.0,
+        "kernel_overhead_s": 5e-6,
+        "collective_efficiency": 1.0,
     }.get(name, 0.5)
 
 
-def _nelder_mead(loss: Callable[[np.ndarray], float], start: np.ndarray, *, max_evaluations: int) -> np.ndarray:
+def _nelder_mead(
+    loss: Callable[[np.ndarray], float], start: np.ndarray, *, max_evaluations: int
+) -> np.ndarray:
     """Nelder-Mead simplex minimization (Nelder & Mead, Computer Journal 1965), standard
     coefficients (reflection 1, expansion 2, contraction 0.5, shrink 0.5)."""
-    simplex = [start] + [start + np.eye(len(start))[i] * 0.1 * max(abs(start[i]), 0.1) for i in range(len(start))]
+    simplex = [start] + [
+        start + np.eye(len(start))[i] * 0.1 * max(abs(start[i]), 0.1) for i in range(len(start))
+    ]
     values = [loss(point) for point in simplex]
     evaluations = len(values)
     while evaluations < max_evaluations and np.ptp(values) > 1e-9:
@@ -469,7 +687,9 @@ def _nelder_mead(loss: Callable[[np.ndarray], float], start: np.ndarray, *, max_
             expanded = centroid + 2.0 * (centroid - simplex[-1])
             expanded_value = loss(expanded)
             evaluations += 1
-            simplex[-1], values[-1] = (expanded, expanded_value) if expanded_value < value else (reflected, value)
+            simplex[-1], values[-1] = (
+                (expanded, expanded_value) if expanded_value < value else (reflected, value)
+            )
         elif value < values[-2]:
             simplex[-1], values[-1] = reflected, value
         else:

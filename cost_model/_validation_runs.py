@@ -43,10 +43,18 @@ def run_config(record: dict) -> ParallelConfig:
     gpus, tp, pp, cp = record["gpus"], record["tp"], record["pp"], record["cp"]
     v = record.get("virtual_stages", 1)
     return ParallelConfig(
-        dp=gpus // (tp * pp * cp), tp=tp, pp=pp, cp=cp, ep=record.get("ep", 1), etp=record.get("etp", 1),
-        sequence_parallel=record.get("sequence_parallel", False), zero_stage=record["zero_stage"],
+        dp=gpus // (tp * pp * cp),
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=record.get("ep", 1),
+        etp=record.get("etp", 1),
+        sequence_parallel=record.get("sequence_parallel", False),
+        zero_stage=record["zero_stage"],
         pipeline_schedule=record.get("pipeline_schedule", "interleaved_1f1b" if v > 1 else "1f1b"),
-        virtual_stages=v, micro_batch_size=record["micro_batch"], recompute=record["recompute"],
+        virtual_stages=v,
+        micro_batch_size=record["micro_batch"],
+        recompute=record["recompute"],
     )
 
 
@@ -56,8 +64,10 @@ def run_model(record: dict) -> ModelSpec:
 
 def run_workload(record: dict) -> Training:
     return Training(
-        sequence_length_tokens=record["seq_len"], global_batch_sequences=record["global_batch"],
-        precision=record["precision"], framework=record["framework"],
+        sequence_length_tokens=record["seq_len"],
+        global_batch_sequences=record["global_batch"],
+        precision=record["precision"],
+        framework=record["framework"],
     )
 
 

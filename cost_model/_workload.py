@@ -34,7 +34,9 @@ class Training(BaseModel):
     #: (``--grad-reduce-in-bf16``); without fp32 master weights gradients are bf16 either way.
     gradient_dtype: Literal["fp32", "bf16"] = "fp32"
     #: Scaling recipe when ``precision`` is fp8 (``cost_model._precision.FP8_RECIPES``).
-    fp8_recipe: Literal["delayed", "current", "tensorwise", "rowwise", "blockwise", "mxfp8"] = "current"
+    fp8_recipe: Literal["delayed", "current", "tensorwise", "rowwise", "blockwise", "mxfp8"] = (
+        "current"
+    )
     #: Layers at each end kept in bf16 under fp8 (Megatron ``--first-last-layers-bf16``).
     fp8_bf16_layers_at_start: int = Field(default=0, ge=0)
     fp8_bf16_layers_at_end: int = Field(default=0, ge=0)
@@ -118,7 +120,9 @@ class Inference(BaseModel):
     disaggregation_allowed: bool = True
     kv_block_tokens: int = Field(default=64, gt=0)
 
-    @field_validator("concurrency", "request_rate_per_s", "ttft_slo_s", "tpot_slo_s", "max_batched_tokens")
+    @field_validator(
+        "concurrency", "request_rate_per_s", "ttft_slo_s", "tpot_slo_s", "max_batched_tokens"
+    )
     @classmethod
     def _positive(cls, value, info):  # pydantic's validator signature
         if value is not None and not value > 0:

@@ -32,12 +32,24 @@ from autoparallel.runtime import ReferenceMoETransformer, greedy_generate
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--plan", required=True, help="inference plan JSON written by `autoparallel plan`")
-    parser.add_argument("--prompt-tokens", type=int, help="prompt length (default: the plan's workload)")
-    parser.add_argument("--new-tokens", type=int, help="tokens to generate (default: the plan's workload)")
-    parser.add_argument("--batch-size", type=int, help="prompts per replica (default: the plan's batch size)")
-    parser.add_argument("--seed", type=int, default=0, help="weights and prompts seed, the same on every rank")
-    parser.add_argument("--compare-reference", action="store_true", help="check the tokens against the whole model")
+    parser.add_argument(
+        "--plan", required=True, help="inference plan JSON written by `autoparallel plan`"
+    )
+    parser.add_argument(
+        "--prompt-tokens", type=int, help="prompt length (default: the plan's workload)"
+    )
+    parser.add_argument(
+        "--new-tokens", type=int, help="tokens to generate (default: the plan's workload)"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, help="prompts per replica (default: the plan's batch size)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="weights and prompts seed, the same on every rank"
+    )
+    parser.add_argument(
+        "--compare-reference", action="store_true", help="check the tokens against the whole model"
+    )
     return parser.parse_args(argv)
 
 
@@ -59,7 +71,9 @@ def generate(args: argparse.Namespace) -> dict:
     if workload.kind != "inference":
         raise SystemExit(f"{args.plan} is a {workload.kind} plan; make one with --inference")
     if plan.config.pp > 1:
-        raise SystemExit(f"this example decodes without a pipeline; the plan has pp = {plan.config.pp}")
+        raise SystemExit(
+            f"this example decodes without a pipeline; the plan has pp = {plan.config.pp}"
+        )
     prompt_tokens = args.prompt_tokens or workload.prompt_tokens
     new_tokens = args.new_tokens or workload.output_tokens
     batch_size = args.batch_size or (plan.serving.batch_size if plan.serving else 1)
@@ -76,7 +90,9 @@ def generate(args: argparse.Namespace) -> dict:
     # All replicas' prompts come from one seed; each replica takes its own rows.
     index, replicas = replica_index(plan, applied)
     generator = torch.Generator().manual_seed(args.seed)
-    prompts = torch.randint(0, spec.vocab_size, (replicas * batch_size, prompt_tokens), generator=generator)
+    prompts = torch.randint(
+        0, spec.vocab_size, (replicas * batch_size, prompt_tokens), generator=generator
+    )
     local_prompts = prompts[index * batch_size : (index + 1) * batch_size].to(applied.device)
 
     generation = greedy_generate(applied.module, local_prompts, max_new_tokens=new_tokens)
@@ -85,15 +101,27 @@ def generate(args: argparse.Namespace) -> dict:
     elapsed = torch.tensor([generation.prefill_s + generation.decode_s, generation.decode_s])
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     summary = {
-        "config": plan.config.model_dump(exclude_defaults=True), "world_size": plan.world_size, "model": spec.name,
-        "replicas": replicas, "batch_size": batch_size, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
-        "prefill_s": generation.prefill_s, "kv_cache_bytes": generation.cache.num_bytes(),
+        "config": plan.config.model_dump(exclude_defaults=True),
+        "world_size": plan.world_size,
+        "model": spec.name,
+        "replicas": replicas,
+        "batch_size": batch_size,
+        "prompt_tokens": prompt_tokens,
+        "new_tokens": new_tokens,
+        "prefill_s": generation.prefill_s,
+        "kv_cache_bytes": generation.cache.num_bytes(),
         "tokens_per_s": replicas * batch_size * new_tokens / float(elapsed[0]),
-        "decode_tokens_per_s": replicas * batch_size * (new_tokens - 1) / max(float(elapsed[1]), 1e-9),
-        "tokens": generation.tokens.cpu(), "reference_identical": None,
+        "decode_tokens_per_s": replicas
+        * batch_size
+        * (new_tokens - 1)
+        / max(float(elapsed[1]), 1e-9),
+        "tokens": generation.tokens.cpu(),
+        "reference_identical": None,
     }
     if reference is not None:
-        expected = greedy_generate(reference.eval(), local_prompts.cpu(), max_new_tokens=new_tokens).tokens
+        expected = greedy_generate(
+            reference.eval(), local_prompts.cpu(), max_new_tokens=new_tokens
+        ).tokens
         summary["reference_identical"] = torch.equal(expected, generation.tokens.cpu())
     return summary
 
@@ -101,14 +129,24 @@ def generate(args: argparse.Namespace) -> dict:
 def main() -> None:
     summary = generate(parse_args())
     if dist.get_rank() == 0:
-        print(f"plan {summary['config']} on {summary['world_size']} ranks, model {summary['model']}")
-        print(f"{summary['replicas']} replicas x {summary['batch_size']} prompts x {summary['prompt_tokens']} "
-              f"tokens -> {summary['new_tokens']} new tokens each")
-        print(f"prefill {summary['prefill_s'] * 1e3:.1f} ms, KV cache {summary['kv_cache_bytes']} bytes on rank 0")
-        print(f"throughput {summary['tokens_per_s']:.1f} tokens/s (decode {summary['decode_tokens_per_s']:.1f} tokens/s)")
+        print(
+            f"plan {summary['config']} on {summary['world_size']} ranks, model {summary['model']}"
+        )
+        print(
+            f"{summary['replicas']} replicas x {summary['batch_size']} prompts x {summary['prompt_tokens']} "
+            f"tokens -> {summary['new_tokens']} new tokens each"
+        )
+        print(
+            f"prefill {summary['prefill_s'] * 1e3:.1f} ms, KV cache {summary['kv_cache_bytes']} bytes on rank 0"
+        )
+        print(
+            f"throughput {summary['tokens_per_s']:.1f} tokens/s (decode {summary['decode_tokens_per_s']:.1f} tokens/s)"
+        )
         print(f"rank 0 tokens: {summary['tokens'][0].tolist()}")
         if summary["reference_identical"] is not None:
-            print(f"reference tokens identical: {'yes' if summary['reference_identical'] else 'NO'}")
+            print(
+                f"reference tokens identical: {'yes' if summary['reference_identical'] else 'NO'}"
+            )
     dist.barrier()
     dist.destroy_process_group()
 

@@ -32,10 +32,14 @@ from autoparallel.runtime import ReferenceMoETransformer
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--plan", required=True, help="training plan JSON written by `autoparallel plan`")
+    parser.add_argument(
+        "--plan", required=True, help="training plan JSON written by `autoparallel plan`"
+    )
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps (default 20)")
     parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)")
-    parser.add_argument("--seed", type=int, default=0, help="weights and data seed, the same on every rank")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="weights and data seed, the same on every rank"
+    )
     return parser.parse_args(argv)
 
 
@@ -44,7 +48,9 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
 
-def synthetic_batch(*, plan: ap.ShardingPlan, vocab_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def synthetic_batch(
+    *, plan: ap.ShardingPlan, vocab_size: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The global batch the plan was made for: ``global_batch_sequences`` sequences of
     ``sequence_length_tokens + 1`` tokens, split into inputs and next-token targets."""
     job = plan.job
@@ -86,12 +92,16 @@ def train(args: argparse.Namespace) -> list[float]:
 
     rank, losses = dist.get_rank(), []
     if rank == 0:
-        print(f"plan {plan.config.model_dump(exclude_defaults=True)} on {plan.world_size} ranks, model {spec.name}")
+        print(
+            f"plan {plan.config.model_dump(exclude_defaults=True)} on {plan.world_size} ranks, model {spec.name}"
+        )
     for step in range(1, args.steps + 1):
         start = time.perf_counter()
         optimizer.zero_grad()
         if pipeline is not None:  # the schedule runs forward and backward of every micro-batch
-            loss = pipeline.step(inputs if pipeline.is_first else None, targets=targets if pipeline.is_last else None).loss
+            loss = pipeline.step(
+                inputs if pipeline.is_first else None, targets=targets if pipeline.is_last else None
+            ).loss
         else:
             loss = cross_entropy(applied.module(inputs), targets)
             loss.backward()
@@ -99,7 +109,10 @@ def train(args: argparse.Namespace) -> list[float]:
         optimizer.step()
         losses.append(global_mean(loss, device))
         if rank == 0:
-            print(f"step {step:3d}  loss {losses[-1]:.4f}  {time.perf_counter() - start:.3f} s", flush=True)
+            print(
+                f"step {step:3d}  loss {losses[-1]:.4f}  {time.perf_counter() - start:.3f} s",
+                flush=True,
+            )
     return losses
 
 

@@ -17,7 +17,14 @@ import torch.distributed as dist
 
 from profilers._timing import Timing, measure
 
-COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
+COLLECTIVE_OPS = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "send_recv",
+    "broadcast",
+)
 
 
 @dataclass(frozen=True)
@@ -37,12 +44,17 @@ def group_sizes(world_size: int) -> list[int]:
     return sizes
 
 
-def collective_points(*, ops: tuple[str, ...], message_bytes: tuple[int, ...], world_size: int) -> list[CollectivePoint]:
+def collective_points(
+    *, ops: tuple[str, ...], message_bytes: tuple[int, ...], world_size: int
+) -> list[CollectivePoint]:
     for op in ops:
         if op not in COLLECTIVE_OPS:
             raise ValueError(f"collective_ops entry ({op!r}) must be one of {list(COLLECTIVE_OPS)}")
     return [
-        CollectivePoint(op, size, nbytes) for size in group_sizes(world_size) for op in ops for nbytes in message_bytes
+        CollectivePoint(op, size, nbytes)
+        for size in group_sizes(world_size)
+        for op in ops
+        for nbytes in message_bytes
     ]
 
 
@@ -101,4 +113,6 @@ def measure_collective(
     timing = measure(call, device=device, warmup=warmup, repeats=repeats, min_sample_s=0.0)
     values = torch.tensor([timing.median_s, timing.p10_s, timing.p90_s], dtype=torch.float64)
     dist.all_reduce(values, op=dist.ReduceOp.MAX)
-    return Timing(median_s=float(values[0]), p10_s=float(values[1]), p90_s=float(values[2]), repeats=repeats)
+    return Timing(
+        median_s=float(values[0]), p10_s=float(values[1]), p90_s=float(values[2]), repeats=repeats
+    )

@@ -45,23 +45,39 @@ def _mean_over_ranks(timing: Timing) -> Timing:
     values = torch.tensor([timing.median_s, timing.p10_s, timing.p90_s], dtype=torch.float64)
     dist.all_reduce(values)
     values /= dist.get_world_size()
-    return Timing(median_s=float(values[0]), p10_s=float(values[1]), p90_s=float(values[2]), repeats=timing.repeats)
+    return Timing(
+        median_s=float(values[0]),
+        p10_s=float(values[1]),
+        p90_s=float(values[2]),
+        repeats=timing.repeats,
+    )
 
 
-def _measure_point(point: Point, *, device: torch.device, grid: ProfileGrid, clock: str, flush=None) -> Timing:
+def _measure_point(
+    point: Point, *, device: torch.device, grid: ProfileGrid, clock: str, flush=None
+) -> Timing:
     call = point.build(device)
     if _distributed():
         dist.barrier()
     before = flush if point.cold else None
     return _mean_over_ranks(
-        measure(call, device=device, warmup=grid.warmup, repeats=grid.repeats, clock=clock, before_each=before)
+        measure(
+            call,
+            device=device,
+            warmup=grid.warmup,
+            repeats=grid.repeats,
+            clock=clock,
+            before_each=before,
+        )
     )
 
 
 def _common_timestamp() -> str:
     """Rank 0's UTC time to the second, on every rank (the ranks start at slightly different
     moments, and every rank must return the same profile)."""
-    now = torch.tensor([datetime.datetime.now(datetime.timezone.utc).timestamp()], dtype=torch.float64)
+    now = torch.tensor(
+        [datetime.datetime.now(datetime.timezone.utc).timestamp()], dtype=torch.float64
+    )
     if _distributed():
         dist.broadcast(now, src=0)
     moment = datetime.datetime.fromtimestamp(int(now[0]), tz=datetime.timezone.utc)
@@ -76,7 +92,9 @@ def resolve_clock(clock: str, device: torch.device) -> str:
     if clock == "auto":
         return "thread" if device.type == "cpu" and torch.get_num_threads() == 1 else "wall"
     if clock == "thread" and device.type != "cpu":
-        raise ValueError(f"clock ('thread') must be 'wall' on device type {device.type!r}: kernels run asynchronously")
+        raise ValueError(
+            f"clock ('thread') must be 'wall' on device type {device.type!r}: kernels run asynchronously"
+        )
     return clock
 
 
@@ -98,11 +116,15 @@ def _curve(rows: list[tuple[float, Timing, str]], source: str) -> MeasuredCurve:
 
 def count_points(grid: ProfileGrid, world_size: int) -> int:
     """How many points ``profile_hardware`` measures (for a progress bar's total)."""
-    collectives = collective_points(ops=grid.collective_ops, message_bytes=grid.collective_bytes, world_size=world_size)
+    collectives = collective_points(
+        ops=grid.collective_ops, message_bytes=grid.collective_bytes, world_size=world_size
+    )
     return len(operator_points(grid)) + (len(collectives) + 4 if world_size > 1 else 0) + 3
 
 
-def profile_hardware(*, grid: ProfileGrid, progress: Progress | None = None, clock: str = "auto") -> HardwareProfile:
+def profile_hardware(
+    *, grid: ProfileGrid, progress: Progress | None = None, clock: str = "auto"
+) -> HardwareProfile:
     """Measure ``grid`` on the current device (and process group, if any); every rank returns
     the same profile. ``progress(label)`` is called after each point. ``clock`` times operator
     points (``resolve_clock``); collectives are always timed by the wall clock."""
@@ -125,10 +147,20 @@ def profile_hardware(*, grid: ProfileGrid, progress: Progress | None = None, clo
         families[(point.family, point.key)].append((point.work, timing, point.label))
         advance(f"{point.family} {point.key} {point.label}".replace("  ", " "))
     overhead = _mean_over_ranks(
-        measure(tiny_op_call(device), device=device, warmup=grid.warmup, repeats=grid.repeats, clock=clock)
+        measure(
+            tiny_op_call(device),
+            device=device,
+            warmup=grid.warmup,
+            repeats=grid.repeats,
+            clock=clock,
+        )
     )
     advance("kernel overhead")
-    collectives = _profile_collectives(grid=grid, device=device, source=source, advance=advance) if world > 1 else {}
+    collectives = (
+        _profile_collectives(grid=grid, device=device, source=source, advance=advance)
+        if world > 1
+        else {}
+    )
     sharded, sharded_curve = 0.0, None
     if world > 1:
         sharded_curve = _sharded_curve(grid=grid, device=device, source=source)
@@ -136,7 +168,10 @@ def profile_hardware(*, grid: ProfileGrid, progress: Progress | None = None, clo
         advance("tensor-parallel module overhead")
     updates = _update_curves(grid=grid, device=device, source=source, clock=clock)
     advance("optimizer update and gradient accumulation")
-    host = _host_overhead(grid=grid, device=device, source=source, clock=clock, world=world, advance=advance)
+    host = _host_overhead(
+        grid=grid, device=device, source=source, clock=clock, world=world, advance=advance
+    )
+
     def by_dtype(family: str) -> dict:
         return {key: _curve(rows, source) for (fam, key), rows in families.items() if fam == family}
 
@@ -147,7 +182,9 @@ def profile_hardware(*, grid: ProfileGrid, progress: Progress | None = None, clo
         torch_version=torch.__version__,
         created_utc=when,
         provenance=source,
-        memory_bytes=device_memory_bytes(device, ranks_per_host=world if device.type == "cpu" else 1),
+        memory_bytes=device_memory_bytes(
+            device, ranks_per_host=world if device.type == "cpu" else 1
+        ),
         kernel_overhead_s=overhead.median_s,
         operator_clock=clock,
         sharded_module_overhead_s=sharded,
@@ -167,7 +204,9 @@ def profile_hardware(*, grid: ProfileGrid, progress: Progress | None = None, clo
 def _training_dtype(grid: ProfileGrid) -> torch.dtype:
     from profilers._ops import TORCH_DTYPES
 
-    return TORCH_DTYPES["bf16" if "bf16" in grid.dtypes else "fp32"]  # the training precision when measured
+    return TORCH_DTYPES[
+        "bf16" if "bf16" in grid.dtypes else "fp32"
+    ]  # the training precision when measured
 
 
 def _mean_seconds(values: list[float]) -> list[float]:
@@ -179,23 +218,41 @@ def _mean_seconds(values: list[float]) -> list[float]:
     return (tensor / dist.get_world_size()).tolist()
 
 
-def _update_curves(*, grid: ProfileGrid, device: torch.device, source: str, clock: str) -> tuple[MeasuredCurve, MeasuredCurve]:
+def _update_curves(
+    *, grid: ProfileGrid, device: torch.device, source: str, clock: str
+) -> tuple[MeasuredCurve, MeasuredCurve]:
     """(optimizer, gradient accumulation) curves (``profilers._host``)."""
     from profilers._host import update_points
 
     if _distributed():
         dist.barrier()
     curves = []
-    for rows in update_points(parameters=grid.optimizer_parameters, device=device, dtype=_training_dtype(grid),
-                              clock=clock, warmup=grid.warmup, repeats=grid.repeats):
+    for rows in update_points(
+        parameters=grid.optimizer_parameters,
+        device=device,
+        dtype=_training_dtype(grid),
+        clock=clock,
+        warmup=grid.warmup,
+        repeats=grid.repeats,
+    ):
         seconds = _mean_seconds([s for _, s, _ in rows])
-        timings = [(work, Timing(median_s=t, p10_s=t, p90_s=t, repeats=grid.repeats), label)
-                   for (work, _, label), t in zip(rows, seconds)]
+        timings = [
+            (work, Timing(median_s=t, p10_s=t, p90_s=t, repeats=grid.repeats), label)
+            for (work, _, label), t in zip(rows, seconds)
+        ]
         curves.append(_curve(timings, source))
     return curves[0], curves[1]
 
 
-def _host_overhead(*, grid: ProfileGrid, device: torch.device, source: str, clock: str, world: int, advance: Progress):
+def _host_overhead(
+    *,
+    grid: ProfileGrid,
+    device: torch.device,
+    source: str,
+    clock: str,
+    world: int,
+    advance: Progress,
+):
     """``HostOverhead``: layer host costs on every rank (averaged), and with ranks the
     tensor-parallel weight update and pipeline micro-batch costs (``profilers._host``)."""
     from profilers._host import (
@@ -208,20 +265,32 @@ def _host_overhead(*, grid: ProfileGrid, device: torch.device, source: str, cloc
 
     if _distributed():
         dist.barrier()
-    layers = layer_host_seconds(device=device, dtype=_training_dtype(grid), clock=clock, warmup=grid.warmup,
-                                repeats=grid.repeats)
+    layers = layer_host_seconds(
+        device=device,
+        dtype=_training_dtype(grid),
+        clock=clock,
+        warmup=grid.warmup,
+        repeats=grid.repeats,
+    )
     names = sorted(layers)
     fields = dict(zip(names, _mean_seconds([layers[name] for name in names])))
     advance("decoder layer host cost")
     if world > 1:
         fields["sharded_parameter_update_s"] = sharded_update_seconds(
-            device=device, dtype=_training_dtype(grid), clock=clock, warmup=grid.warmup, repeats=grid.repeats)
+            device=device,
+            dtype=_training_dtype(grid),
+            clock=clock,
+            warmup=grid.warmup,
+            repeats=grid.repeats,
+        )
         advance("tensor-parallel weight update")
-        fields["pipeline_micro_batch_s"] = pipeline_micro_batch_seconds(device=device, warmup=grid.warmup,
-                                                                        repeats=grid.repeats)
+        fields["pipeline_micro_batch_s"] = pipeline_micro_batch_seconds(
+            device=device, warmup=grid.warmup, repeats=grid.repeats
+        )
         advance("pipeline schedule per micro-batch")
-        fields["collective_sync_s"] = collective_sync_seconds(device=device, dtype=_training_dtype(grid),
-                                                              warmup=grid.warmup, repeats=grid.repeats)
+        fields["collective_sync_s"] = collective_sync_seconds(
+            device=device, dtype=_training_dtype(grid), warmup=grid.warmup, repeats=grid.repeats
+        )
         advance("collective after compute")
     return HostOverhead(**fields, source=source + ", runtime modules at a vanishing size")
 
@@ -230,26 +299,46 @@ def _sharded_curve(*, grid: ProfileGrid, device: torch.device, source: str) -> M
     from profilers._ops import TORCH_DTYPES
     from profilers._sharded import sharded_linear_points
 
-    dtype = TORCH_DTYPES["bf16" if "bf16" in grid.dtypes else "fp32"]  # the training precision when measured
-    points = sorted(sharded_linear_points(device=device, warmup=grid.warmup, repeats=grid.repeats, dtype=dtype))
+    dtype = TORCH_DTYPES[
+        "bf16" if "bf16" in grid.dtypes else "fp32"
+    ]  # the training precision when measured
+    points = sorted(
+        sharded_linear_points(device=device, warmup=grid.warmup, repeats=grid.repeats, dtype=dtype)
+    )
     # Each point is a difference of wall-clock medians (sharded - unsharded/world - all-reduces):
     # noise can push one near zero. The extra cost of a sharded linear does not fall as its
     # activation grows, so each point is held at least at the smaller sizes' (a running max).
     envelope = np.maximum.accumulate([seconds for _, seconds, _ in points])
-    timings = [(work, Timing(median_s=float(s), p10_s=float(s), p90_s=float(s), repeats=grid.repeats), label)
-               for (work, _, label), s in zip(points, envelope)]
-    return _curve(timings, source + ", tensor-parallel linear overhead by wall clock (running max over sizes)")
+    timings = [
+        (
+            work,
+            Timing(median_s=float(s), p10_s=float(s), p90_s=float(s), repeats=grid.repeats),
+            label,
+        )
+        for (work, _, label), s in zip(points, envelope)
+    ]
+    return _curve(
+        timings, source + ", tensor-parallel linear overhead by wall clock (running max over sizes)"
+    )
 
 
-def _profile_collectives(*, grid: ProfileGrid, device: torch.device, source: str, advance: Progress) -> dict:
+def _profile_collectives(
+    *, grid: ProfileGrid, device: torch.device, source: str, advance: Progress
+) -> dict:
     groups = GroupCache()
     rows: dict[tuple[str, int], list] = defaultdict(list)
     points = collective_points(
-        ops=grid.collective_ops, message_bytes=grid.collective_bytes, world_size=dist.get_world_size()
+        ops=grid.collective_ops,
+        message_bytes=grid.collective_bytes,
+        world_size=dist.get_world_size(),
     )
     for point in points:
-        timing = measure_collective(point, groups=groups, device=device, warmup=grid.warmup, repeats=grid.repeats)
-        rows[(point.op, point.group_size)].append((float(point.message_bytes), timing, f"{point.message_bytes} B"))
+        timing = measure_collective(
+            point, groups=groups, device=device, warmup=grid.warmup, repeats=grid.repeats
+        )
+        rows[(point.op, point.group_size)].append(
+            (float(point.message_bytes), timing, f"{point.message_bytes} B")
+        )
         advance(f"{point.op} n={point.group_size} {point.message_bytes} B")
     curves: dict[str, dict[int, MeasuredCurve]] = defaultdict(dict)
     for (op, size), op_rows in rows.items():

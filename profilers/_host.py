@@ -51,7 +51,13 @@ def _adam(sizes: list[int], *, device: torch.device, dtype: torch.dtype):  # Mas
 
 
 def update_points(
-    *, parameters: tuple[int, ...], device: torch.device, dtype: torch.dtype, clock: str, warmup: int, repeats: int
+    *,
+    parameters: tuple[int, ...],
+    device: torch.device,
+    dtype: torch.dtype,
+    clock: str,
+    warmup: int,
+    repeats: int,
 ) -> tuple[list[tuple[float, float, str]], list[tuple[float, float, str]]]:
     """(optimizer rows, accumulation rows): (work bytes, median seconds, label) per size."""
     optimizer_rows, accumulate_rows = [], []
@@ -73,19 +79,27 @@ def update_points(
     return optimizer_rows, accumulate_rows
 
 
-def _tiny_layers(num_experts: int, *, device: torch.device, dtype: torch.dtype) -> tuple[torch.nn.Module, torch.nn.Module]:
+def _tiny_layers(
+    num_experts: int, *, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.nn.Module, torch.nn.Module]:
     """(dense, MoE) decoder layers of a reference-family model at a vanishing size."""
     from autoparallel.runtime import ReferenceMoETransformer, tiny_reference_spec
 
-    spec = tiny_reference_spec(hidden_size=_TINY_HIDDEN, num_layers=2, num_experts=num_experts, top_k=2, vocab_size=64)
+    spec = tiny_reference_spec(
+        hidden_size=_TINY_HIDDEN, num_layers=2, num_experts=num_experts, top_k=2, vocab_size=64
+    )
     model = ReferenceMoETransformer(spec, dtype=dtype).to(device)
     model.init_weights(seed=0)
     layers = model.model.layers
     return layers["0"], layers["1"]
 
 
-def _fwd_bwd(layer: torch.nn.Module, *, device: torch.device, dtype: torch.dtype) -> Callable[[], None]:
-    hidden = torch.randn(1, _TINY_TOKENS, _TINY_HIDDEN, device=device, dtype=dtype, requires_grad=True)
+def _fwd_bwd(
+    layer: torch.nn.Module, *, device: torch.device, dtype: torch.dtype
+) -> Callable[[], None]:
+    hidden = torch.randn(
+        1, _TINY_TOKENS, _TINY_HIDDEN, device=device, dtype=dtype, requires_grad=True
+    )
     grad = torch.randn(1, _TINY_TOKENS, _TINY_HIDDEN, device=device, dtype=dtype)
 
     def call() -> None:
@@ -96,21 +110,36 @@ def _fwd_bwd(layer: torch.nn.Module, *, device: torch.device, dtype: torch.dtype
     return call
 
 
-def layer_host_seconds(*, device: torch.device, dtype: torch.dtype, clock: str, warmup: int, repeats: int) -> dict[str, float]:
+def layer_host_seconds(
+    *, device: torch.device, dtype: torch.dtype, clock: str, warmup: int, repeats: int
+) -> dict[str, float]:
     """``dense_layer_s``, ``moe_layer_s`` (without routed experts) and ``routed_expert_s``."""
+
     def seconds(layer: torch.nn.Module) -> float:
         call = _fwd_bwd(layer, device=device, dtype=dtype)
-        return measure(call, device=device, warmup=warmup + 2, repeats=repeats, clock=clock).median_s
+        return measure(
+            call, device=device, warmup=warmup + 2, repeats=repeats, clock=clock
+        ).median_s
 
     dense, few = _tiny_layers(2, device=device, dtype=dtype)
     _, many = _tiny_layers(_MANY_EXPERTS, device=device, dtype=dtype)
     dense_s, few_s, many_s = seconds(dense), seconds(few), seconds(many)
     per_expert = max((many_s - few_s) / (_MANY_EXPERTS - 2.0), 0.0)
-    return {"dense_layer_s": dense_s, "moe_layer_s": max(few_s - 2.0 * per_expert, 0.0), "routed_expert_s": per_expert}
+    return {
+        "dense_layer_s": dense_s,
+        "moe_layer_s": max(few_s - 2.0 * per_expert, 0.0),
+        "routed_expert_s": per_expert,
+    }
 
 
 def sharded_update_seconds(
-    *, device: torch.device, dtype: torch.dtype, clock: str, warmup: int, repeats: int, count: int = 8,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    clock: str,
+    warmup: int,
+    repeats: int,
+    count: int = 8,
     shape: tuple[int, int] = (256, 256),
 ) -> float:
     """Extra seconds per tensor-parallel weight per step (main-gradient accumulation + optimizer
@@ -123,18 +152,34 @@ def sharded_update_seconds(
 
     world = dist.get_world_size()
     mesh = init_device_mesh(device.type, (world,))
-    local = [torch.nn.Parameter(torch.randn(shape[0] // world, shape[1], device=device, dtype=dtype)) for _ in range(count)]
-    sharded = [torch.nn.Parameter(distribute_tensor(torch.randn(shape, device=device, dtype=dtype), mesh, [Shard(0)]))
-               for _ in range(count)]
+    local = [
+        torch.nn.Parameter(torch.randn(shape[0] // world, shape[1], device=device, dtype=dtype))
+        for _ in range(count)
+    ]
+    sharded = [
+        torch.nn.Parameter(
+            distribute_tensor(torch.randn(shape, device=device, dtype=dtype), mesh, [Shard(0)])
+        )
+        for _ in range(count)
+    ]
     timings = []
     for weights in (local, sharded):
-        timings.append(_update_step_s(weights, device=device, clock=clock, warmup=warmup, repeats=repeats))
+        timings.append(
+            _update_step_s(weights, device=device, clock=clock, warmup=warmup, repeats=repeats)
+        )
     extra = torch.tensor([max(timings[1] - timings[0], 0.0) / count], dtype=torch.float64)
     dist.all_reduce(extra, op=dist.ReduceOp.MAX)
     return float(extra[0])
 
 
-def _update_step_s(weights: list[torch.nn.Parameter], *, device: torch.device, clock: str, warmup: int, repeats: int) -> float:
+def _update_step_s(
+    weights: list[torch.nn.Parameter],
+    *,
+    device: torch.device,
+    clock: str,
+    warmup: int,
+    repeats: int,
+) -> float:
     from profilers._training_run import MasterWeightAdam
 
     optimizer = MasterWeightAdam(weights, learning_rate=1e-4)
@@ -147,7 +192,9 @@ def _update_step_s(weights: list[torch.nn.Parameter], *, device: torch.device, c
         optimizer.step()
 
     dist.barrier()
-    return measure(step, device=device, warmup=warmup + 1, repeats=repeats, min_sample_s=0.0, clock=clock).median_s
+    return measure(
+        step, device=device, warmup=warmup + 1, repeats=repeats, min_sample_s=0.0, clock=clock
+    ).median_s
 
 
 def pipeline_micro_batch_seconds(*, device: torch.device, warmup: int, repeats: int) -> float:
@@ -162,7 +209,11 @@ def pipeline_micro_batch_seconds(*, device: torch.device, warmup: int, repeats: 
     for micro_batches in (2, 8):
         module = torch.nn.Linear(_TINY_HIDDEN, _TINY_HIDDEN, device=device)
         stage = PipelineStage(module, rank, world, device)
-        schedule = Schedule1F1B(stage, n_microbatches=micro_batches, loss_fn=lambda out, target: (out - target).square().mean())
+        schedule = Schedule1F1B(
+            stage,
+            n_microbatches=micro_batches,
+            loss_fn=lambda out, target: (out - target).square().mean(),
+        )
         batch = torch.randn((micro_batches,) + shape[1:], device=device)
 
         def step(schedule: Schedule1F1B = schedule, batch: torch.Tensor = batch) -> None:
@@ -174,10 +225,14 @@ def pipeline_micro_batch_seconds(*, device: torch.device, warmup: int, repeats: 
                 schedule.step()
 
         dist.barrier()
-        steps[micro_batches] = measure(step, device=device, warmup=warmup + 1, repeats=repeats, min_sample_s=0.0,
-                                       clock="wall").median_s
+        steps[micro_batches] = measure(
+            step, device=device, warmup=warmup + 1, repeats=repeats, min_sample_s=0.0, clock="wall"
+        ).median_s
     slope = (steps[8] - steps[2]) / 6.0
-    extra = torch.tensor([max(slope - 2.0 * _send_recv_s(shape, device=device, repeats=repeats), 0.0)], dtype=torch.float64)
+    extra = torch.tensor(
+        [max(slope - 2.0 * _send_recv_s(shape, device=device, repeats=repeats), 0.0)],
+        dtype=torch.float64,
+    )
     dist.all_reduce(extra, op=dist.ReduceOp.MAX)
     return float(extra[0])
 
@@ -196,10 +251,17 @@ def _send_recv_s(shape: tuple[int, ...], *, device: torch.device, repeats: int) 
             dist.send(buffer, rank - 1)
 
     dist.barrier()
-    return measure(ping, device=device, warmup=2, repeats=repeats, min_sample_s=0.0, clock="wall").median_s / 2.0
+    return (
+        measure(
+            ping, device=device, warmup=2, repeats=repeats, min_sample_s=0.0, clock="wall"
+        ).median_s
+        / 2.0
+    )
 
 
-def collective_sync_seconds(*, device: torch.device, dtype: torch.dtype, warmup: int, repeats: int) -> float:
+def collective_sync_seconds(
+    *, device: torch.device, dtype: torch.dtype, warmup: int, repeats: int
+) -> float:
     """Extra wall seconds of an all-reduce (128 KiB) issued right after a GEMM, over the GEMM and
     the all-reduce timed apart: in a step, collectives sit between compute segments; the slowest
     rank's, >= 0."""
@@ -220,8 +282,16 @@ def collective_sync_seconds(*, device: torch.device, dtype: torch.dtype, warmup:
     seconds = []
     for call in (compute, reduce, both):
         dist.barrier()
-        seconds.append(measure(call, device=device, warmup=warmup + 3, repeats=max(repeats, 15), min_sample_s=0.0,
-                               clock="wall").median_s)
+        seconds.append(
+            measure(
+                call,
+                device=device,
+                warmup=warmup + 3,
+                repeats=max(repeats, 15),
+                min_sample_s=0.0,
+                clock="wall",
+            ).median_s
+        )
     extra = torch.tensor([max(seconds[2] - seconds[0] - seconds[1], 0.0)], dtype=torch.float64)
     dist.all_reduce(extra, op=dist.ReduceOp.MAX)
     return float(extra[0])

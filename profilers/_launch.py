@@ -38,7 +38,9 @@ def _run_on_rank(
     return profile_hardware(grid=grid, progress=advance, clock=clock)
 
 
-def _forked_rank(rank: int, world_size: int, grid: ProfileGrid, threads: int, on_progress, clock: str) -> HardwareProfile:
+def _forked_rank(
+    rank: int, world_size: int, grid: ProfileGrid, threads: int, on_progress, clock: str
+) -> HardwareProfile:
     return _run_on_rank(grid, threads, on_progress, clock)
 
 
@@ -66,8 +68,12 @@ def launch_profile(
     from autoparallel.runtime import run_ranks
 
     results = run_ranks(
-        _forked_rank, num_processes, args=(grid, threads_per_rank, on_progress, clock), timeout_s=timeout_s,
-        collective_timeout_s=max(60.0, timeout_s / 4), backend=_default_backend(),
+        _forked_rank,
+        num_processes,
+        args=(grid, threads_per_rank, on_progress, clock),
+        timeout_s=timeout_s,
+        collective_timeout_s=max(60.0, timeout_s / 4),
+        backend=_default_backend(),
     )
     return results[0]
 
@@ -78,12 +84,16 @@ def _default_backend() -> str:
 
     from profilers._timing import current_device
 
-    return dist.get_default_backend_for_device(current_device()) if hasattr(dist, "get_default_backend_for_device") else (
-        "nccl" if torch.cuda.is_available() else "gloo"
+    return (
+        dist.get_default_backend_for_device(current_device())
+        if hasattr(dist, "get_default_backend_for_device")
+        else ("nccl" if torch.cuda.is_available() else "gloo")
     )
 
 
-def _under_torchrun(grid: ProfileGrid, threads_per_rank: int, on_progress, clock: str) -> HardwareProfile:
+def _under_torchrun(
+    grid: ProfileGrid, threads_per_rank: int, on_progress, clock: str
+) -> HardwareProfile:
     import torch
     import torch.distributed as dist
 

@@ -33,7 +33,9 @@ class ProfileGrid(BaseModel):
 
     dtypes: tuple[str, ...] = ("fp32", "bf16")
     gemm_sizes: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024)
-    gemm_max_flops_low_precision: float = Field(default=float("inf"), gt=0, description="skip bigger bf16/fp16 GEMMs")
+    gemm_max_flops_low_precision: float = Field(
+        default=float("inf"), gt=0, description="skip bigger bf16/fp16 GEMMs"
+    )
     attention_sequence_tokens: tuple[int, ...] = (64, 128, 256, 512)
     attention_num_heads: int = Field(default=4, gt=0)
     attention_head_dim: int = Field(default=32, gt=0)
@@ -43,11 +45,21 @@ class ProfileGrid(BaseModel):
     expert_ffn_hidden_size: int = Field(default=256, gt=0)
     memory_elements: tuple[int, ...] = (1024, 16384, 262144, 1048576, 4194304)
     collective_bytes: tuple[int, ...] = (4096, 65536, 1048576, 8388608)
-    collective_ops: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
-    optimizer_parameters: tuple[int, ...] = Field(
-        default=(2**12, 2**15, 2**18, 2**21, 2**24), description="parameters per optimizer-update point"
+    collective_ops: tuple[str, ...] = (
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "all_to_all",
+        "send_recv",
+        "broadcast",
     )
-    cache_flush_bytes: int = Field(default=256 * 2**20, gt=0, description="written before each cold-cache call")
+    optimizer_parameters: tuple[int, ...] = Field(
+        default=(2**12, 2**15, 2**18, 2**21, 2**24),
+        description="parameters per optimizer-update point",
+    )
+    cache_flush_bytes: int = Field(
+        default=256 * 2**20, gt=0, description="written before each cold-cache call"
+    )
     warmup: int = Field(default=2, ge=0)
     repeats: int = Field(default=7, ge=1)
 
@@ -71,20 +83,37 @@ class ProfileGrid(BaseModel):
 
 
 _TINY = dict(
-    dtypes=("fp32", "bf16"), gemm_sizes=(16, 64, 128), attention_sequence_tokens=(32, 64), expert_tokens=(4, 16),
-    num_experts=4, expert_hidden_size=32, expert_ffn_hidden_size=64, memory_elements=(1024, 65536),
-    collective_bytes=(4096, 65536), collective_ops=("all_reduce", "send_recv"), optimizer_parameters=(2**10, 2**14),
-    cache_flush_bytes=64 * 2**20, warmup=1, repeats=3,
+    dtypes=("fp32", "bf16"),
+    gemm_sizes=(16, 64, 128),
+    attention_sequence_tokens=(32, 64),
+    expert_tokens=(4, 16),
+    num_experts=4,
+    expert_hidden_size=32,
+    expert_ffn_hidden_size=64,
+    memory_elements=(1024, 65536),
+    collective_bytes=(4096, 65536),
+    collective_ops=("all_reduce", "send_recv"),
+    optimizer_parameters=(2**10, 2**14),
+    cache_flush_bytes=64 * 2**20,
+    warmup=1,
+    repeats=3,
 )
 _CPU = dict(gemm_max_flops_low_precision=2 * 256**3)
 _GPU = dict(
     dtypes=("fp32", "bf16", "fp16"),
     gemm_sizes=(256, 512, 1024, 2048, 4096, 8192, 16384),
     attention_sequence_tokens=(512, 1024, 2048, 4096, 8192, 16384),
-    attention_num_heads=16, attention_head_dim=128,
-    expert_tokens=(16, 64, 256, 1024, 4096), num_experts=16, expert_hidden_size=4096, expert_ffn_hidden_size=2048,
+    attention_num_heads=16,
+    attention_head_dim=128,
+    expert_tokens=(16, 64, 256, 1024, 4096),
+    num_experts=16,
+    expert_hidden_size=4096,
+    expert_ffn_hidden_size=2048,
     memory_elements=(2**16, 2**20, 2**24, 2**27),
-    collective_bytes=(2**16, 2**20, 2**24, 2**27), optimizer_parameters=(2**18, 2**22, 2**26, 2**28), warmup=5, repeats=15,
+    collective_bytes=(2**16, 2**20, 2**24, 2**27),
+    optimizer_parameters=(2**18, 2**22, 2**26, 2**28),
+    warmup=5,
+    repeats=15,
 )
 
 
@@ -106,7 +135,9 @@ def _gemm_point(size: int, dtype: str) -> Point:
     input gradient ``dY @ W`` and weight gradient ``dY^T @ x``; the point is their mean."""
 
     def build(device: torch.device) -> Callable[[], object]:
-        x, weight, grad = (torch.randn(size, size, device=device, dtype=TORCH_DTYPES[dtype]) for _ in range(3))
+        x, weight, grad = (
+            torch.randn(size, size, device=device, dtype=TORCH_DTYPES[dtype]) for _ in range(3)
+        )
         linear = torch.nn.functional.linear
 
         def call() -> None:
@@ -116,7 +147,14 @@ def _gemm_point(size: int, dtype: str) -> Point:
 
         return call
 
-    return Point("gemm", dtype, f"m=n=k={size} (x W^T, dY W, dY^T x), cold cache", 3 * 2.0 * size**3, build, cold=True)
+    return Point(
+        "gemm",
+        dtype,
+        f"m=n=k={size} (x W^T, dY W, dY^T x), cold cache",
+        3 * 2.0 * size**3,
+        build,
+        cold=True,
+    )
 
 
 def attention_flops(sequence_tokens: int, num_heads: int, head_dim: int) -> float:
@@ -133,7 +171,13 @@ def _attention_point(tokens: int, dtype: str, grid: ProfileGrid) -> Point:
         sdpa = torch.nn.functional.scaled_dot_product_attention
         return lambda: sdpa(q, k, v, is_causal=True)
 
-    return Point("attention", dtype, f"S={tokens} H={heads} D={dim}", attention_flops(tokens, heads, dim), build)
+    return Point(
+        "attention",
+        dtype,
+        f"S={tokens} H={heads} D={dim}",
+        attention_flops(tokens, heads, dim),
+        build,
+    )
 
 
 def _grouped_point(tokens: int, dtype: str, grid: ProfileGrid) -> Point:
@@ -145,7 +189,9 @@ def _grouped_point(tokens: int, dtype: str, grid: ProfileGrid) -> Point:
         return lambda: torch.bmm(x, w)
 
     label = f"E={experts} T={tokens} h={hidden} f={ffn}, cold cache"
-    return Point("grouped_gemm", dtype, label, 2.0 * experts * tokens * hidden * ffn, build, cold=True)
+    return Point(
+        "grouped_gemm", dtype, label, 2.0 * experts * tokens * hidden * ffn, build, cold=True
+    )
 
 
 def _memory_points(elements: int, norm_dtype: str = "fp32") -> list[Point]:
@@ -175,7 +221,13 @@ def _memory_points(elements: int, norm_dtype: str = "fp32") -> list[Point]:
         Point("memory", "", f"add N={elements}", 3.0 * 4 * elements, build_add),
         # Work: the forward's read + write, x 3 for forward + backward (backward = 2 x forward,
         # as the cost model prices every layer operator).
-        Point("norm", "", f"runtime RMSNorm fwd+bwd N={elements} {norm_dtype}", 3.0 * 2.0 * element * normed, build_norm),
+        Point(
+            "norm",
+            "",
+            f"runtime RMSNorm fwd+bwd N={elements} {norm_dtype}",
+            3.0 * 2.0 * element * normed,
+            build_norm,
+        ),
     ]
 
 
@@ -186,7 +238,9 @@ def operator_points(grid: ProfileGrid) -> list[Point]:
         for size in grid.gemm_sizes:
             if dtype == "fp32" or 2.0 * size**3 <= grid.gemm_max_flops_low_precision:  # per GEMM
                 points.append(_gemm_point(size, dtype))
-        points += [_attention_point(tokens, dtype, grid) for tokens in grid.attention_sequence_tokens]
+        points += [
+            _attention_point(tokens, dtype, grid) for tokens in grid.attention_sequence_tokens
+        ]
         points += [_grouped_point(tokens, dtype, grid) for tokens in grid.expert_tokens]
     norm_dtype = "bf16" if "bf16" in grid.dtypes else "fp32"  # the training precision when measured
     for elements in grid.memory_elements:

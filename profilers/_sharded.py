@@ -18,7 +18,9 @@ from profilers._timing import measure
 
 
 def _pair(width: int) -> nn.Module:
-    return nn.Sequential(nn.Linear(width, 2 * width, bias=False), nn.Linear(2 * width, width, bias=False))
+    return nn.Sequential(
+        nn.Linear(width, 2 * width, bias=False), nn.Linear(2 * width, width, bias=False)
+    )
 
 
 def _fwd_bwd(module: nn.Module, x: torch.Tensor):
@@ -32,7 +34,12 @@ SHAPES = ((2, 64, 64), (2, 64, 256), (2, 64, 512), (2, 64, 1024))
 
 
 def sharded_module_overhead_s(
-    *, device: torch.device, clock: str, warmup: int, repeats: int, dtype: torch.dtype = torch.float32,
+    *,
+    device: torch.device,
+    clock: str,
+    warmup: int,
+    repeats: int,
+    dtype: torch.dtype = torch.float32,
     shape: tuple[int, int, int] = (2, 64, 64),
 ) -> float:
     """Extra seconds per tensor-parallel linear (forward + backward), max over ranks, >= 0.
@@ -55,9 +62,20 @@ def sharded_module_overhead_s(
     timings = []
     for call in (_fwd_bwd(plain, x), _fwd_bwd(sharded, x), lambda: dist.all_reduce(buffer)):
         dist.barrier()
-        timings.append(measure(call, device=device, warmup=warmup + 3, repeats=repeats, min_sample_s=0.0, clock=clock))
+        timings.append(
+            measure(
+                call,
+                device=device,
+                warmup=warmup + 3,
+                repeats=repeats,
+                min_sample_s=0.0,
+                clock=clock,
+            )
+        )
     plain_s, sharded_s, reduce_s = (t.median_s for t in timings)
-    overhead = torch.tensor([max(sharded_s - plain_s / world - 2.0 * reduce_s, 0.0) / 2.0], dtype=torch.float64)
+    overhead = torch.tensor(
+        [max(sharded_s - plain_s / world - 2.0 * reduce_s, 0.0) / 2.0], dtype=torch.float64
+    )
     dist.all_reduce(overhead, op=dist.ReduceOp.MAX)
     return float(overhead[0])
 
@@ -72,5 +90,11 @@ def sharded_linear_points(
         seconds = sharded_module_overhead_s(
             device=device, clock="wall", warmup=warmup, repeats=repeats, dtype=dtype, shape=shape
         )
-        points.append((float(shape[0] * shape[1] * shape[2] * element), max(seconds, 1e-7), "x".join(map(str, shape))))
+        points.append(
+            (
+                float(shape[0] * shape[1] * shape[2] * element),
+                max(seconds, 1e-7),
+                "x".join(map(str, shape)),
+            )
+        )
     return points

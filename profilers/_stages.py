@@ -70,7 +70,9 @@ class StageResult(BaseModel):
     measured_time_s: float = Field(gt=0)
     predicted_memory_bytes: float | None = None
     measured_memory_bytes: float | None = None
-    calibrated_time_s: float | None = Field(default=None, description="prediction with the fitted calibration")
+    calibrated_time_s: float | None = Field(
+        default=None, description="prediction with the fitted calibration"
+    )
     time_tolerance: float = TIME_TOLERANCE
     memory_tolerance: float = MEMORY_TOLERANCE
     details: dict[str, float] = Field(default_factory=dict)
@@ -78,7 +80,9 @@ class StageResult(BaseModel):
     @property
     def time_error(self) -> float:
         """Relative error of the prediction used for the verdict (calibrated when there is one)."""
-        predicted = self.calibrated_time_s if self.calibrated_time_s is not None else self.predicted_time_s
+        predicted = (
+            self.calibrated_time_s if self.calibrated_time_s is not None else self.predicted_time_s
+        )
         return predicted / self.measured_time_s - 1.0
 
     @property
@@ -122,19 +126,37 @@ def check_op(*, setup: TrainingSetup, cluster: Cluster, clock: str = "wall") -> 
     spec, device = setup.spec(), current_device()
     m, k, n = setup.batch_sequences * setup.sequence_tokens, spec.hidden_size, spec.ffn_hidden_size
     dtype = TORCH_DTYPES[setup.precision]
-    x, weight = torch.randn(m, k, dtype=dtype, device=device), torch.randn(n, k, dtype=dtype, device=device)
-    timing = measure(lambda: torch.nn.functional.linear(x, weight), device=device, warmup=2, repeats=9, clock=_CLOCK[clock],
-                     before_each=cache_flusher(device))  # as in a step: the weight comes from memory
+    x, weight = (
+        torch.randn(m, k, dtype=dtype, device=device),
+        torch.randn(n, k, dtype=dtype, device=device),
+    )
+    timing = measure(
+        lambda: torch.nn.functional.linear(x, weight),
+        device=device,
+        warmup=2,
+        repeats=9,
+        clock=_CLOCK[clock],
+        before_each=cache_flusher(device),
+    )  # as in a step: the weight comes from memory
     measured_memory = _allocated_by(lambda: torch.nn.functional.linear(x, weight))
     element = x.element_size()
-    predicted = float(op_time_s(
-        flops=2.0 * m * n * k, bytes_moved=(m * k + n * k + m * n) * element, hardware=cluster.device,
-        dtype=setup.precision, calibration=Calibration(),
-    ))
+    predicted = float(
+        op_time_s(
+            flops=2.0 * m * n * k,
+            bytes_moved=(m * k + n * k + m * n) * element,
+            hardware=cluster.device,
+            dtype=setup.precision,
+            calibration=Calibration(),
+        )
+    )
     return StageResult(
-        stage="op", name=f"linear {m}x{k}->{n} {setup.precision}", reference="roofline of the profiled device",
-        predicted_time_s=predicted, measured_time_s=timing.median_s,
-        predicted_memory_bytes=float(m * n * element), measured_memory_bytes=measured_memory,
+        stage="op",
+        name=f"linear {m}x{k}->{n} {setup.precision}",
+        reference="roofline of the profiled device",
+        predicted_time_s=predicted,
+        measured_time_s=timing.median_s,
+        predicted_memory_bytes=float(m * n * element),
+        measured_memory_bytes=measured_memory,
         details={"spread": timing.spread},
     )
 
@@ -168,21 +190,40 @@ def check_layer(*, setup: TrainingSetup, cluster: Cluster, clock: str = "wall") 
     model = build_model(setup)
     layer, device = _moe_layer(model), current_device()
     shape = (setup.batch_sequences, setup.sequence_tokens, setup.hidden_size)
-    hidden = torch.randn(shape, dtype=TORCH_DTYPES[setup.precision], device=device, requires_grad=True)
-    timing = measure(_layer_call(layer, hidden), device=device, warmup=1, repeats=5, clock=_CLOCK[clock],
-                     before_each=cache_flusher(device))  # as in a step: weights come from memory
+    hidden = torch.randn(
+        shape, dtype=TORCH_DTYPES[setup.precision], device=device, requires_grad=True
+    )
+    timing = measure(
+        _layer_call(layer, hidden),
+        device=device,
+        warmup=1,
+        repeats=5,
+        clock=_CLOCK[clock],
+        before_each=cache_flusher(device),
+    )  # as in a step: weights come from memory
     stored = _stored_by(lambda: layer(hidden))
     config = ParallelConfig(micro_batch_size=setup.batch_sequences)
     workload = setup.workload(config)
     small, large = (
-        estimate(setup.model_copy(update={"num_layers": n}).spec(), cluster, workload, config, **ESTIMATE_OPTIONS)
+        estimate(
+            setup.model_copy(update={"num_layers": n}).spec(),
+            cluster,
+            workload,
+            config,
+            **ESTIMATE_OPTIONS,
+        )
         for n in (setup.num_layers, setup.num_layers + 1)
     )
     return StageResult(
-        stage="layer", name=f"MoE layer {shape[0]}x{shape[1]} fwd+bwd", reference="estimate(L+1) - estimate(L)",
-        predicted_time_s=large.time_s["compute"] - small.time_s["compute"], measured_time_s=timing.median_s,
-        predicted_memory_bytes=large.memory_bytes["activations"] - small.memory_bytes["activations"],
-        measured_memory_bytes=stored, details={"spread": timing.spread},
+        stage="layer",
+        name=f"MoE layer {shape[0]}x{shape[1]} fwd+bwd",
+        reference="estimate(L+1) - estimate(L)",
+        predicted_time_s=large.time_s["compute"] - small.time_s["compute"],
+        measured_time_s=timing.median_s,
+        predicted_memory_bytes=large.memory_bytes["activations"]
+        - small.memory_bytes["activations"],
+        measured_memory_bytes=stored,
+        details={"spread": timing.spread},
     )
 
 
@@ -208,12 +249,20 @@ def plan_for(*, setup: TrainingSetup, cluster: Cluster, config: ParallelConfig):
     from autoparallel.plan import build_plan
 
     spec, workload = setup.spec(), setup.workload(config)
-    return build_plan(model=spec, cluster=cluster, job=workload, layout=Layout(config=config), estimate_options=ESTIMATE_OPTIONS)
+    return build_plan(
+        model=spec,
+        cluster=cluster,
+        job=workload,
+        layout=Layout(config=config),
+        estimate_options=ESTIMATE_OPTIONS,
+    )
 
 
 def _measured_step(reports: list[StepReport], clock: str) -> tuple[float, float]:
     """The slowest rank's median step and the largest peak memory over ranks."""
-    times = [r.median_step_time_s if clock == "wall" else (r.median_cpu_time_s or 0.0) for r in reports]
+    times = [
+        r.median_step_time_s if clock == "wall" else (r.median_cpu_time_s or 0.0) for r in reports
+    ]
     return max(times), max(r.peak_memory_bytes or 0.0 for r in reports)
 
 
@@ -221,13 +270,23 @@ def _predicted_s(breakdown, clock: str) -> float:  # CostBreakdown
     return breakdown.step_time_s - (breakdown.time_s.get("bubble", 0.0) if clock == "cpu" else 0.0)
 
 
-def _step_result(stage, name: str, setup: TrainingSetup, cluster: Cluster, config: ParallelConfig,
-                 reports: list[StepReport], calibration: Calibration | None, clock: str) -> StageResult:
+def _step_result(
+    stage,
+    name: str,
+    setup: TrainingSetup,
+    cluster: Cluster,
+    config: ParallelConfig,
+    reports: list[StepReport],
+    calibration: Calibration | None,
+    clock: str,
+) -> StageResult:
     spec, workload = setup.spec(), setup.workload(config)
     raw = estimate(spec, cluster, workload, config, **ESTIMATE_OPTIONS)
     calibrated = None
     if calibration is not None:
-        with_fit = estimate(spec, cluster, workload, config, calibration=calibration, **ESTIMATE_OPTIONS)
+        with_fit = estimate(
+            spec, cluster, workload, config, calibration=calibration, **ESTIMATE_OPTIONS
+        )
         calibrated = _predicted_s(with_fit, clock)
     time_s, memory = _measured_step(reports, clock)
     details = {
@@ -235,31 +294,51 @@ def _step_result(stage, name: str, setup: TrainingSetup, cluster: Cluster, confi
         "measured_wall_s": max(r.median_step_time_s for r in reports),
         "measured_cpu_s": max((r.median_cpu_time_s or 0.0) for r in reports),
         **{f"predicted_{k}_s": v for k, v in raw.time_s.items() if v},
-        **{f"measured_{phase}_s": max(r.median_phase_s(phase, clock=clock) for r in reports)
-           for phase in reports[0].phase_times_s},
+        **{
+            f"measured_{phase}_s": max(r.median_phase_s(phase, clock=clock) for r in reports)
+            for phase in reports[0].phase_times_s
+        },
     }
     return StageResult(
-        stage=stage, name=name, reference=f"estimate({_config_label(config)}), {clock} clock",
-        predicted_time_s=_predicted_s(raw, clock), measured_time_s=time_s, calibrated_time_s=calibrated,
-        predicted_memory_bytes=raw.memory_per_device_bytes, measured_memory_bytes=memory, details=details,
+        stage=stage,
+        name=name,
+        reference=f"estimate({_config_label(config)}), {clock} clock",
+        predicted_time_s=_predicted_s(raw, clock),
+        measured_time_s=time_s,
+        calibrated_time_s=calibrated,
+        predicted_memory_bytes=raw.memory_per_device_bytes,
+        measured_memory_bytes=memory,
+        details=details,
     )
 
 
 def _config_label(config: ParallelConfig) -> str:
-    degrees = [f"{axis}{degree}" for axis, degree in axis_degrees(config, (Axis.DP, Axis.TP, Axis.PP, Axis.EP)) if degree > 1]
+    degrees = [
+        f"{axis}{degree}"
+        for axis, degree in axis_degrees(config, (Axis.DP, Axis.TP, Axis.PP, Axis.EP))
+        if degree > 1
+    ]
     return " ".join(degrees) + (" sp" if config.sequence_parallel else "") or "1 device"
 
 
-def _device_rows(setup: TrainingSetup, config: ParallelConfig, report: StepReport, clock: str) -> list[StepMeasurement]:
+def _device_rows(
+    setup: TrainingSetup, config: ParallelConfig, report: StepReport, clock: str
+) -> list[StepMeasurement]:
     """The whole step (what the stage compares) and its optimizer phase (memory-bound)."""
     spec, workload = setup.spec(), setup.workload(config)
     step = report.median_step_time_s if clock == "wall" else report.median_cpu_time_s
     common = dict(model=spec, workload=workload, config=config, options=ESTIMATE_OPTIONS)
     tokens = setup.batch_sequences * setup.sequence_tokens
     return [
-        StepMeasurement(label=f"device step {tokens} tokens", parts=("step",), measured_s=step, **common),
-        StepMeasurement(label=f"device optimizer {tokens} tokens", parts=("optimizer",),
-                        measured_s=report.median_phase_s("optimizer", clock=clock), **common),
+        StepMeasurement(
+            label=f"device step {tokens} tokens", parts=("step",), measured_s=step, **common
+        ),
+        StepMeasurement(
+            label=f"device optimizer {tokens} tokens",
+            parts=("optimizer",),
+            measured_s=report.median_phase_s("optimizer", clock=clock),
+            **common,
+        ),
     ]
 
 
@@ -312,14 +391,43 @@ def run_stages(
     calibration = None
     if calibrate_on_device:
         rows = _device_rows(setup, config, device_report, clock)
-        calibration = calibrate(cluster=cluster, measurements=rows, parameters=CALIBRATED).calibration
-    stages.append(_step_result("device", "model, 1 process", setup, cluster, config, [device_report], calibration, clock))
+        calibration = calibrate(
+            cluster=cluster, measurements=rows, parameters=CALIBRATED
+        ).calibration
+    stages.append(
+        _step_result(
+            "device",
+            "model, 1 process",
+            setup,
+            cluster,
+            config,
+            [device_report],
+            calibration,
+            clock,
+        )
+    )
     for plan, runs in zip(plans, plan_runs):
         per_rank = [merge_reports([run[rank] for run in runs]) for rank in range(plan.world_size)]
-        stages.append(_step_result("plan", f"model, {_config_label(plan.config)}", setup, cluster, plan.config,
-                                   per_rank, calibration, clock))
-    return StagedReport(setup=setup, cluster_name=cluster.name, stages=tuple(stages), calibration=calibration,
-                        clock=clock, rounds=rounds)
+        stages.append(
+            _step_result(
+                "plan",
+                f"model, {_config_label(plan.config)}",
+                setup,
+                cluster,
+                plan.config,
+                per_rank,
+                calibration,
+                clock,
+            )
+        )
+    return StagedReport(
+        setup=setup,
+        cluster_name=cluster.name,
+        stages=tuple(stages),
+        calibration=calibration,
+        clock=clock,
+        rounds=rounds,
+    )
 
 
 @contextlib.contextmanager
@@ -335,4 +443,6 @@ def _one_thread() -> Iterator[None]:
 def _run_plan(setup: TrainingSetup, plan, timeout_s: float) -> list[StepReport]:  # ShardingPlan
     from autoparallel.runtime import run_ranks
 
-    return run_ranks(_plan_rank, plan.world_size, args=(setup, plan.model_dump_json()), timeout_s=timeout_s)
+    return run_ranks(
+        _plan_rank, plan.world_size, args=(setup, plan.model_dump_json()), timeout_s=timeout_s
+    )

@@ -27,8 +27,23 @@ from torch import nn
 
 from profilers._timing import current_device, synchronize
 
-_COMM_MARKERS = ("c10d", "gloo", "nccl", "allreduce", "all_reduce", "allgather", "all_gather", "reduce_scatter",
-                 "reducescatter", "all_to_all", "alltoall", "broadcast", "send", "recv", "wait_tensor")
+_COMM_MARKERS = (
+    "c10d",
+    "gloo",
+    "nccl",
+    "allreduce",
+    "all_reduce",
+    "allgather",
+    "all_gather",
+    "reduce_scatter",
+    "reducescatter",
+    "all_to_all",
+    "alltoall",
+    "broadcast",
+    "send",
+    "recv",
+    "wait_tensor",
+)
 DEFAULT_ROUTER_PATTERNS = ("*router", "*.gate", "gate")
 
 
@@ -61,7 +76,9 @@ class StepReport:
 
     def median_phase_s(self, phase: str, *, clock: str = "wall") -> float:
         """Median seconds of ``phase``: wall, or process CPU seconds (``clock="cpu"``)."""
-        return statistics.median((self.phase_cpu_times_s if clock == "cpu" else self.phase_times_s)[phase])
+        return statistics.median(
+            (self.phase_cpu_times_s if clock == "cpu" else self.phase_times_s)[phase]
+        )
 
     def to_dict(self) -> dict:
         return {
@@ -69,7 +86,9 @@ class StepReport:
             "median_step_time_s": self.median_step_time_s if self.step_times_s else None,
             "step_times_s": list(self.step_times_s),
             "median_cpu_time_s": self.median_cpu_time_s,
-            "median_phase_times_s": {name: statistics.median(v) for name, v in self.phase_times_s.items()},
+            "median_phase_times_s": {
+                name: statistics.median(v) for name, v in self.phase_times_s.items()
+            },
             "comm_time_s": self.comm_time_s,
             "profiled_step_time_s": self.profiled_step_time_s,
             "static_memory_bytes": self.static_memory_bytes,
@@ -109,7 +128,9 @@ class _RssSampler:
             self.peak = max(self.peak, _rss_bytes())
 
 
-def live_tensor_bytes(*, modules: Iterable[nn.Module], optimizers: Iterable[torch.optim.Optimizer] = ()) -> float:
+def live_tensor_bytes(
+    *, modules: Iterable[nn.Module], optimizers: Iterable[torch.optim.Optimizer] = ()
+) -> float:
     """Bytes of the unique storages of parameters, gradients, buffers, the optimizers' own
     parameters (master weights) and their gradients, and optimizer states."""
     seen: dict[int, int] = {}
@@ -222,10 +243,18 @@ class StepProfiler:
     def _router_hook(self, name: str):
         def hook(module: nn.Module, inputs, output) -> None:
             outputs = output if isinstance(output, (tuple, list)) else (output,)
-            indices = next((t for t in outputs if isinstance(t, torch.Tensor) and not t.is_floating_point()), None)
+            indices = next(
+                (t for t in outputs if isinstance(t, torch.Tensor) and not t.is_floating_point()),
+                None,
+            )
             if indices is None:
                 return
-            indices = getattr(indices, "_local_tensor", indices).detach().reshape(-1).to("cpu", torch.int64)
+            indices = (
+                getattr(indices, "_local_tensor", indices)
+                .detach()
+                .reshape(-1)
+                .to("cpu", torch.int64)
+            )
             declared = getattr(module, "num_experts", 0) or getattr(module, "out_features", 0)
             num_experts = int(declared or int(indices.max()) + 1)
             counts = torch.bincount(indices, minlength=num_experts)
@@ -267,7 +296,10 @@ class StepProfiler:
         self._static = live_tensor_bytes(modules=self.modules, optimizers=self.optimizers)
         synchronize(self.device)
         start = time.perf_counter()
-        with _RssSampler() as sampler, profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with (
+            _RssSampler() as sampler,
+            profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof,
+        ):
             yield
             synchronize(self.device)
         self._profiled_s = time.perf_counter() - start
@@ -303,7 +335,9 @@ class StepProfiler:
             static_memory_bytes=self._static,
             peak_memory_bytes=self._peak,
             peak_rss_delta_bytes=self._rss_delta,
-            expert_load={name: tuple(int(c) for c in counts) for name, counts in self._load.items()},
+            expert_load={
+                name: tuple(int(c) for c in counts) for name, counts in self._load.items()
+            },
             cpu_times_s=tuple(self._cpu),
             phase_cpu_times_s={name: tuple(times) for name, times in self._phase_cpu.items()},
         )
@@ -318,7 +352,10 @@ def merge_reports(reports: list[StepReport]) -> StepReport:
 
     def pooled(name: str) -> dict[str, tuple[float, ...]]:
         keys = dict.fromkeys(key for report in reports for key in getattr(report, name))
-        return {key: tuple(v for report in reports for v in getattr(report, name).get(key, ())) for key in keys}
+        return {
+            key: tuple(v for report in reports for v in getattr(report, name).get(key, ()))
+            for key in keys
+        }
 
     def largest(values) -> float | None:
         present = [v for v in values if v is not None]

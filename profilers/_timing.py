@@ -78,7 +78,9 @@ def measure(
         raise ValueError(f"clock ({clock!r}) must be one of {sorted(CLOCKS)}")
     now = CLOCKS[clock]
     if before_each is not None:
-        return _measure_each(fn, before_each, device=device, warmup=warmup, repeats=repeats, now=now)
+        return _measure_each(
+            fn, before_each, device=device, warmup=warmup, repeats=repeats, now=now
+        )
     for _ in range(warmup):
         fn()
     synchronize(device)
@@ -106,11 +108,17 @@ def measure(
 
 def _summary(samples: list[float], repeats: int) -> Timing:
     samples = sorted(samples)
-    return Timing(median_s=_percentile(samples, 0.5), p10_s=_percentile(samples, 0.1),
-                  p90_s=_percentile(samples, 0.9), repeats=repeats)
+    return Timing(
+        median_s=_percentile(samples, 0.5),
+        p10_s=_percentile(samples, 0.1),
+        p90_s=_percentile(samples, 0.9),
+        repeats=repeats,
+    )
 
 
-def _measure_each(fn, before_each, *, device: torch.device, warmup: int, repeats: int, now) -> Timing:
+def _measure_each(
+    fn, before_each, *, device: torch.device, warmup: int, repeats: int, now
+) -> Timing:
     for _ in range(warmup):
         before_each()
         fn()

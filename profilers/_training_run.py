@@ -35,7 +35,9 @@ class TrainingSetup(BaseModel):
     vocab_size: int = Field(default=1024, gt=0)
     sequence_tokens: int = Field(default=256, gt=0)
     batch_sequences: int = Field(default=4, gt=0)
-    steps: int = Field(default=5, gt=0, description="timed steps (after warmup_steps), then one profiled step")
+    steps: int = Field(
+        default=5, gt=0, description="timed steps (after warmup_steps), then one profiled step"
+    )
     warmup_steps: int = Field(default=2, ge=1)
     precision: Literal["bf16"] = "bf16"
     learning_rate: float = Field(default=1e-4, gt=0)
@@ -45,14 +47,20 @@ class TrainingSetup(BaseModel):
         from autoparallel.runtime import tiny_reference_spec
 
         return tiny_reference_spec(
-            hidden_size=self.hidden_size, num_layers=self.num_layers, num_experts=self.num_experts,
-            top_k=self.top_k, vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            num_layers=self.num_layers,
+            num_experts=self.num_experts,
+            top_k=self.top_k,
+            vocab_size=self.vocab_size,
         )
 
     def workload(self, config: ParallelConfig) -> Training:
         return Training(
-            sequence_length_tokens=self.sequence_tokens, global_batch_sequences=self.batch_sequences * config.dp,
-            precision=self.precision, optimizer="adam", master_weights_fp32=True,
+            sequence_length_tokens=self.sequence_tokens,
+            global_batch_sequences=self.batch_sequences * config.dp,
+            precision=self.precision,
+            optimizer="adam",
+            master_weights_fp32=True,
         )
 
 
@@ -90,14 +98,18 @@ def _into_main_grad(master: torch.Tensor, parameter: torch.Tensor) -> None:
 
 
 def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+    return nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1)
+    )
 
 
 def _batch(setup: TrainingSetup, spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(setup.seed + 1)
     shape = (setup.batch_sequences, setup.sequence_tokens)
-    return (torch.randint(0, spec.vocab_size, shape, generator=generator),
-            torch.randint(0, spec.vocab_size, shape, generator=generator))
+    return (
+        torch.randint(0, spec.vocab_size, shape, generator=generator),
+        torch.randint(0, spec.vocab_size, shape, generator=generator),
+    )
 
 
 def build_model(setup: TrainingSetup) -> nn.Module:
@@ -116,7 +128,9 @@ def measure_training(setup: TrainingSetup, *, plan=None) -> StepReport:  # Shard
     or expert-parallel replicas is not part of this harness: ``plan`` must have dp = ep = etp = 1.
     """
     if plan is not None and (plan.config.dp, plan.config.ep, plan.config.etp) != (1, 1, 1):
-        raise ValueError(f"plan dp/ep/etp ({plan.config.dp}/{plan.config.ep}/{plan.config.etp}) must be 1/1/1 here")
+        raise ValueError(
+            f"plan dp/ep/etp ({plan.config.dp}/{plan.config.ep}/{plan.config.etp}) must be 1/1/1 here"
+        )
     model = build_model(setup)
     ids, targets = _batch(setup, model.spec)
     modules, step_fn = [model], None
@@ -125,11 +139,15 @@ def measure_training(setup: TrainingSetup, *, plan=None) -> StepReport:  # Shard
 
         config = plan.config
         micro_batches = setup.batch_sequences // config.micro_batch_size
-        applied = apply_plan(model, plan, loss_fn=_loss, num_micro_batches=micro_batches, device_type="cpu")
+        applied = apply_plan(
+            model, plan, loss_fn=_loss, num_micro_batches=micro_batches, device_type="cpu"
+        )
         modules = applied.modules
         if applied.pipeline is not None:
             step_fn = partial(_pipeline_step, applied.pipeline, ids, targets)
-    optimizer = MasterWeightAdam([p for m in modules for p in m.parameters()], learning_rate=setup.learning_rate)
+    optimizer = MasterWeightAdam(
+        [p for m in modules for p in m.parameters()], learning_rate=setup.learning_rate
+    )
     profiler = StepProfiler(modules=modules, optimizers=[optimizer.optimizer])
     step_fn = step_fn or partial(_plain_step, modules[0], ids, targets)
     for _ in range(setup.warmup_steps):
@@ -151,7 +169,9 @@ def _plain_step(model: nn.Module, ids, targets, profiler: StepProfiler) -> None:
 
 def _pipeline_step(pipeline, ids, targets, profiler: StepProfiler) -> None:
     with profiler.phase("forward_backward"):
-        pipeline.step(ids if pipeline.is_first else None, targets=targets if pipeline.is_last else None)
+        pipeline.step(
+            ids if pipeline.is_first else None, targets=targets if pipeline.is_last else None
+        )
 
 
 def _run_phases(step_fn, optimizer: MasterWeightAdam, profiler: StepProfiler) -> None:

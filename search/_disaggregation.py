@@ -67,14 +67,8 @@ def unit_sizes(*, model: ModelSpec, cluster: Cluster, workload: Inference) -> li
     node = cluster.devices_per_node
     options = [d for d in divisors(node) if d >= smallest]
     if node > RACK_TRAY_DEVICES:
-        options += [
-            t
-            for t in range(RACK_TRAY_DEVICES, node, RACK_TRAY_DEVICES)
-            if t >= smallest
-        ]
-    options += [
-        node * k for k in range(1, cluster.num_nodes + 1) if node * k >= smallest
-    ]
+        options += [t for t in range(RACK_TRAY_DEVICES, node, RACK_TRAY_DEVICES) if t >= smallest]
+    options += [node * k for k in range(1, cluster.num_nodes + 1) if node * k >= smallest]
     fewest = min(options, default=cluster.num_devices)
     return sorted({u for u in options if u + fewest <= cluster.num_devices})
 
@@ -196,14 +190,10 @@ def _pool(candidate: Candidate, phase: str) -> PoolConfig:
     two-batch overlap it was searched with, and its phase's all-to-all backend."""
     serving = candidate.serving or ServingConfig()
     update = {"phase": "both", "a2a_backend": POOL_A2A_BACKEND[phase]}
-    return PoolConfig(
-        config=candidate.config, serving=serving.model_copy(update=update)
-    )
+    return PoolConfig(config=candidate.config, serving=serving.model_copy(update=update))
 
 
 def _with_pool_serving(candidate: Candidate, phase: str) -> Candidate:
     """``candidate`` whose layout carries its pool's serving settings (the plan records them)."""
     layout = Layout(config=candidate.config, serving=_pool(candidate, phase).serving)
-    return Candidate(
-        layout, candidate.metrics, candidate.violations, candidate.trial_number
-    )
+    return Candidate(layout, candidate.metrics, candidate.violations, candidate.trial_number)

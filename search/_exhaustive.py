@@ -46,14 +46,19 @@ def exhaustive_search(
     objective = resolve_objective(objective, workload)
     estimator = estimator or default_estimator()
     space = SearchSpace(
-        model=model, workload=workload, world_size=cluster.num_devices,
-        devices_per_node=cluster.devices_per_node, bounds=bounds,
+        model=model,
+        workload=workload,
+        world_size=cluster.num_devices,
+        devices_per_node=cluster.devices_per_node,
+        bounds=bounds,
     )
     best: Candidate | None = None
     size = feasible = 0
     infeasible: dict[str, int] = {}
     for table in space.iter_chunks(max_rows=chunk_rows):
-        evaluation = evaluate(model=model, cluster=cluster, workload=workload, table=table, estimator=estimator)
+        evaluation = evaluate(
+            model=model, cluster=cluster, workload=workload, table=table, estimator=estimator
+        )
         rows = np.arange(len(table["dp"]))
         size += len(rows)
         feasible += int(evaluation.feasible.sum())
@@ -65,8 +70,12 @@ def exhaustive_search(
     if best is None:
         raise ValueError(f"no legal layout of {model.name} on {cluster.num_devices} devices")
     return ExhaustiveResult(
-        best=best, objective=objective, space_size=size, num_feasible=feasible,
-        infeasible_rows=infeasible, elapsed_s=time.perf_counter() - start,
+        best=best,
+        objective=objective,
+        space_size=size,
+        num_feasible=feasible,
+        infeasible_rows=infeasible,
+        elapsed_s=time.perf_counter() - start,
     )
 
 

@@ -25,7 +25,9 @@ def lean_bounds(bounds: SearchBounds | None = None) -> SearchBounds:
     return bounds.model_copy(
         update={
             "zero_stages": (max(bounds.zero_stages),),
-            "recompute_policies": ("full",) if "full" in bounds.recompute_policies else bounds.recompute_policies[-1:],
+            "recompute_policies": ("full",)
+            if "full" in bounds.recompute_policies
+            else bounds.recompute_policies[-1:],
             "max_micro_batch_size": 1,
             "max_batch_size": 1,
             "kv_dtypes": kv,
@@ -54,7 +56,12 @@ def smallest_feasible_devices(
     def fits(num_nodes: int) -> bool:
         try:
             result = exhaustive_search(
-                model, cluster.with_nodes(num_nodes), workload, objective=objective, bounds=lean, estimator=estimator
+                model,
+                cluster.with_nodes(num_nodes),
+                workload,
+                objective=objective,
+                bounds=lean,
+                estimator=estimator,
             )
         except ValueError:  # no legal mesh at this size (e.g. heads do not divide it)
             return False

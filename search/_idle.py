@@ -27,7 +27,9 @@ class DeviceChoice:
     idle_reason: str
 
 
-def device_choices(*, model, cluster: Cluster, workload, bounds: SearchBounds, mode: str) -> list[DeviceChoice]:
+def device_choices(
+    *, model, cluster: Cluster, workload, bounds: SearchBounds, mode: str
+) -> list[DeviceChoice]:
     """The clusters to search, whole cluster first. Raises ``ValueError`` naming the blocker when
     none has a legal layout (or the whole cluster has none and ``mode`` is ``never``)."""
     full = _space(model=model, cluster=cluster, workload=workload, bounds=bounds)
@@ -56,7 +58,9 @@ def _smaller_node_counts(*, model, cluster: Cluster, workload, bounds: SearchBou
         power_of_two = nodes & (nodes - 1) == 0
         if found and not power_of_two:
             continue  # the largest is known: only a power of two is still wanted
-        if _space(model=model, cluster=cluster.with_nodes(nodes), workload=workload, bounds=bounds).num_meshes:
+        if _space(
+            model=model, cluster=cluster.with_nodes(nodes), workload=workload, bounds=bounds
+        ).num_meshes:
             found.append(nodes)
             if power_of_two:
                 break
@@ -64,4 +68,10 @@ def _smaller_node_counts(*, model, cluster: Cluster, workload, bounds: SearchBou
 
 
 def _space(*, model, cluster: Cluster, workload, bounds: SearchBounds) -> SearchSpace:
-    return SearchSpace(model=model, workload=workload, world_size=cluster.num_devices, devices_per_node=cluster.devices_per_node, bounds=bounds)
+    return SearchSpace(
+        model=model,
+        workload=workload,
+        world_size=cluster.num_devices,
+        devices_per_node=cluster.devices_per_node,
+        bounds=bounds,
+    )

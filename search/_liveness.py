@@ -77,7 +77,11 @@ def claimed_by(trial: optuna.trial.FrozenTrial) -> dict | None:
 
 
 def _is_orphan(trial_owner: dict, me: dict) -> bool:
-    return trial_owner.get("host") == me["host"] and trial_owner.get("pid") != me["pid"] and not alive(trial_owner.get("pid"))
+    return (
+        trial_owner.get("host") == me["host"]
+        and trial_owner.get("pid") != me["pid"]
+        and not alive(trial_owner.get("pid"))
+    )
 
 
 def _fail(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
@@ -95,7 +99,9 @@ def _fail(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
 
 
 def _stale_callback(storage):
-    getter = getattr(storage, "get_heartbeat_stale_trial_callback", None) or getattr(storage, "get_failed_trial_callback", None)
+    getter = getattr(storage, "get_heartbeat_stale_trial_callback", None) or getattr(
+        storage, "get_failed_trial_callback", None
+    )
     return getter() if getter is not None else None
 
 

@@ -62,7 +62,9 @@ class Objective(BaseModel):
         return values if self.directions[0] == "minimize" else -values
 
 
-def resolve_objective(objective: str | tuple[str, ...] | Objective | None, workload: Training | Inference) -> Objective:
+def resolve_objective(
+    objective: str | tuple[str, ...] | Objective | None, workload: Training | Inference
+) -> Objective:
     """``None`` -> the workload's default; ``"pareto"`` -> its two-objective preset; a name or names."""
     if isinstance(objective, Objective):
         return objective
@@ -76,7 +78,9 @@ def resolve_objective(objective: str | tuple[str, ...] | Objective | None, workl
         if name not in METRICS:
             raise ValueError(f"objective ({name!r}) must be one of {sorted(METRICS) + ['pareto']}")
         if workload.kind == "training" and name in ("tpot", "ttft"):
-            raise ValueError(f"objective ({name!r}) is an inference metric; the workload is training")
+            raise ValueError(
+                f"objective ({name!r}) is an inference metric; the workload is training"
+            )
     if len(set(names)) != len(names) or len(names) > 2:
         raise ValueError(f"objective ({names}) must name one or two distinct metrics")
     return Objective(names=names)
@@ -105,11 +109,20 @@ def default_estimator() -> Estimator:
 
     estimate_table = getattr(cost_model, "estimate_table", None)
     if estimate_table is None:
-        raise ValueError("cost_model.estimate_table is not available in this installation; pass estimator=")
+        raise ValueError(
+            "cost_model.estimate_table is not available in this installation; pass estimator="
+        )
     return estimate_table
 
 
-def evaluate(*, model: ModelSpec, cluster: Cluster, workload: Training | Inference, table: Table, estimator: Estimator) -> Evaluation:
+def evaluate(
+    *,
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Training | Inference,
+    table: Table,
+    estimator: Estimator,
+) -> Evaluation:
     """Price every row of ``table`` with one call of ``estimator(model, cluster, workload, table)``."""
     raw = estimator(model, cluster, workload, table)
     capacity = cluster.memory_per_device_bytes
@@ -121,7 +134,9 @@ def evaluate(*, model: ModelSpec, cluster: Cluster, workload: Training | Inferen
         for name, slo in (("ttft_slo", workload.ttft_slo_s), ("tpot_slo", workload.tpot_slo_s)):
             column = metrics.get(name.replace("_slo", "_s"))
             if slo is not None and column is not None:
-                violations[name] = np.nan_to_num(np.asarray(column, dtype=np.float64) / slo - 1.0, nan=0.0)
+                violations[name] = np.nan_to_num(
+                    np.asarray(column, dtype=np.float64) / slo - 1.0, nan=0.0
+                )
     feasible_column = np.asarray(raw.get("feasible", np.ones(len(memory), dtype=bool)), dtype=bool)
     others_ok = np.all([v <= 0 for v in violations.values()], axis=0)
     # Infeasible for a reason of the cost model's own (e.g. no batch fits) while every limit we
@@ -130,7 +145,15 @@ def evaluate(*, model: ModelSpec, cluster: Cluster, workload: Training | Inferen
     return Evaluation(table=table, metrics=metrics, violations=violations)
 
 
-def simulate_top_k(result, *, model: ModelSpec, cluster: Cluster, workload: Inference, top_k: int = 3, estimator=None):
+def simulate_top_k(
+    result,
+    *,
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Inference,
+    top_k: int = 3,
+    estimator=None,
+):
     """``result`` (a ``SearchResult``) with its first ``top_k`` colocated candidates checked by the
     iteration-level serving simulator (``cost_model._simulator``).
 
@@ -151,21 +174,44 @@ def simulate_top_k(result, *, model: ModelSpec, cluster: Cluster, workload: Infe
         if serving.phase != "both":
             checked.append(candidate)
             continue
-        check = slo_concurrency if choosing and (workload.ttft_slo_s or workload.tpot_slo_s) else simulate_layout
-        run = check(model=model, cluster=cluster, workload=workload, config=candidate.config, serving=serving)
+        check = (
+            slo_concurrency
+            if choosing and (workload.ttft_slo_s or workload.tpot_slo_s)
+            else simulate_layout
+        )
+        run = check(
+            model=model,
+            cluster=cluster,
+            workload=workload,
+            config=candidate.config,
+            serving=serving,
+        )
         if choosing and run.concurrency_per_replica is not None:
             per_micro_batch = -(-run.concurrency_per_replica // candidate.config.pp)
-            batch = min(per_micro_batch, int(candidate.metrics.get("batch_size", per_micro_batch)) or per_micro_batch)
+            batch = min(
+                per_micro_batch,
+                int(candidate.metrics.get("batch_size", per_micro_batch)) or per_micro_batch,
+            )
             serving = serving.model_copy(update={"batch_size": batch})
         figures = run.result.summary()
         simulated = {f"simulated_{name}": figures[name] for name in figures if name.endswith("_s")}
-        simulated["simulated_concurrency"] = float((run.concurrency_per_replica or 0) * run.replicas)
+        simulated["simulated_concurrency"] = float(
+            (run.concurrency_per_replica or 0) * run.replicas
+        )
         layout = Layout(config=candidate.config, serving=serving)
-        checked.append(dataclasses.replace(candidate, layout=layout, metrics={**candidate.metrics, **simulated}))
-    repriced = _repriced(checked, model=model, cluster=cluster, workload=workload, estimator=estimator)
+        checked.append(
+            dataclasses.replace(
+                candidate, layout=layout, metrics={**candidate.metrics, **simulated}
+            )
+        )
+    repriced = _repriced(
+        checked, model=model, cluster=cluster, workload=workload, estimator=estimator
+    )
     ranked = list(repriced) + list(result.ranked[top_k:])
     objective = result.objective
-    ranked.sort(key=lambda c: (not c.feasible, c.score(objective) if c.feasible else c.worst_violation))
+    ranked.sort(
+        key=lambda c: (not c.feasible, c.score(objective) if c.feasible else c.worst_violation)
+    )
     return dataclasses.replace(result, ranked=tuple(ranked), best=ranked[0])
 
 
@@ -184,11 +230,21 @@ def _repriced(candidates, *, model, cluster, workload, estimator):
     rows = [_serving_of(c).columns(workload=workload) for c in candidates]
     columns = {name: np.concatenate([row[name] for row in rows]) for name in rows[0]}
     table = configs_to_table([c.config for c in candidates], **columns)
-    evaluation = evaluate(model=model, cluster=cluster, workload=workload, table=table, estimator=estimator or default_estimator())
+    evaluation = evaluate(
+        model=model,
+        cluster=cluster,
+        workload=workload,
+        table=table,
+        estimator=estimator or default_estimator(),
+    )
     repriced = []
     for index, candidate in enumerate(candidates):
-        metrics = {k: float(np.asarray(v)[index]) for k, v in evaluation.metrics.items() if np.ndim(v) == 1}
+        metrics = {
+            k: float(np.asarray(v)[index]) for k, v in evaluation.metrics.items() if np.ndim(v) == 1
+        }
         simulated = {k: v for k, v in candidate.metrics.items() if k.startswith("simulated_")}
         violations = {k: float(v[index]) for k, v in evaluation.violations.items()}
-        repriced.append(dataclasses.replace(candidate, metrics={**metrics, **simulated}, violations=violations))
+        repriced.append(
+            dataclasses.replace(candidate, metrics={**metrics, **simulated}, violations=violations)
+        )
     return repriced

@@ -58,25 +58,40 @@ class SearchBounds(BaseModel):
 
     max_tp_degree: int | None = Field(default=None, gt=0, description="default: devices per node")
     max_etp_degree: int | None = Field(default=None, gt=0, description="default: devices per node")
-    max_cp_degree: int | None = Field(default=None, gt=0, description="default: 1 for inference, none for training")
+    max_cp_degree: int | None = Field(
+        default=None, gt=0, description="default: 1 for inference, none for training"
+    )
     max_micro_batch_size: int = Field(default=8, gt=0)
     virtual_stage_choices: tuple[int, ...] = (2, 4)
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     recompute_policies: tuple[str, ...] = ("none", "selective", "full")
-    max_batch_size: int = Field(default=1024, gt=0, description="inference: sequences per attention replica")
+    max_batch_size: int = Field(
+        default=1024, gt=0, description="inference: sequences per attention replica"
+    )
     batch_size_sweep: bool = Field(
         default=False,
         description="inference: also try every power-of-two batch up to max_batch_size; otherwise only 0, "
         "which the cost model resolves to the largest batch memory and the SLOs allow",
     )
-    kv_dtypes: tuple[str, ...] | None = Field(default=None, description="default: the workload's kv_dtype and fp8")
-    redundant_expert_multiples: tuple[int, ...] = Field(default=(0, 1), description="x ep redundant slots")
-    two_batch_overlap: bool = Field(default=True, description="inference: also try two-batch overlap")
-    phase: Literal["both", "prefill", "decode"] = Field(
-        default="both", description="inference: colocated serving, or one pool of a disaggregated deployment"
+    kv_dtypes: tuple[str, ...] | None = Field(
+        default=None, description="default: the workload's kv_dtype and fp8"
     )
-    engine: str | None = Field(default=None, description="keep only layouts this engine runs (search._engines)")
-    engine_version: str | None = Field(default=None, description="default: the engine's current release")
+    redundant_expert_multiples: tuple[int, ...] = Field(
+        default=(0, 1), description="x ep redundant slots"
+    )
+    two_batch_overlap: bool = Field(
+        default=True, description="inference: also try two-batch overlap"
+    )
+    phase: Literal["both", "prefill", "decode"] = Field(
+        default="both",
+        description="inference: colocated serving, or one pool of a disaggregated deployment",
+    )
+    engine: str | None = Field(
+        default=None, description="keep only layouts this engine runs (search._engines)"
+    )
+    engine_version: str | None = Field(
+        default=None, description="default: the engine's current release"
+    )
 
 
 # ---------------------------------------------------------------------------- integer helpers
@@ -165,7 +180,10 @@ class SearchSpace:
         # A mesh none of whose switch combinations is legal (e.g. no micro-batch size divides the
         # batch per replica) holds no layout: drop it.
         self.mesh = select(self.mesh, self.switch_counts() > 0)
-        self.axis_choices = {axis: sorted(set(self.mesh[axis].tolist())) for axis in (*MESH_AXES, "attention_data_parallel")}
+        self.axis_choices = {
+            axis: sorted(set(self.mesh[axis].tolist()))
+            for axis in (*MESH_AXES, "attention_data_parallel")
+        }
 
     @property
     def training(self) -> Training:
@@ -186,7 +204,9 @@ class SearchSpace:
 
     def switch_counts(self) -> np.ndarray:
         """Legal switch combinations of each mesh row."""
-        return np.array([_rows(self._switches_for(i)) for i in range(self.num_meshes)], dtype=np.int64)
+        return np.array(
+            [_rows(self._switches_for(i)) for i in range(self.num_meshes)], dtype=np.int64
+        )
 
     @property
     def size(self) -> int:
@@ -253,12 +273,20 @@ def config_from_row(table: Table, index: int) -> ParallelConfig:
 def row_extras(table: Table, index: int) -> dict:
     """Non-``ParallelConfig`` columns of row ``index`` (batch size, KV dtype, redundant experts...)."""
     skip = set(ParallelConfig.model_fields) | {"mesh_index"}
-    extras = {k: (v[index].item() if hasattr(v[index], "item") else v[index]) for k, v in table.items() if k not in skip}
+    extras = {
+        k: (v[index].item() if hasattr(v[index], "item") else v[index])
+        for k, v in table.items()
+        if k not in skip
+    }
     if "kv_dtype" in extras:
         from cost_model import KV_DTYPE_CODES, PHASE_CODES
 
-        extras["kv_dtype"] = {code: name for name, code in KV_DTYPE_CODES.items()}[int(extras["kv_dtype"])]
-        extras["phase"] = {code: name for name, code in PHASE_CODES.items()}[int(extras.get("phase", 0))]
+        extras["kv_dtype"] = {code: name for name, code in KV_DTYPE_CODES.items()}[
+            int(extras["kv_dtype"])
+        ]
+        extras["phase"] = {code: name for name, code in PHASE_CODES.items()}[
+            int(extras.get("phase", 0))
+        ]
     return extras
 
 
@@ -328,7 +356,9 @@ def _enumerate_meshes(space: SearchSpace) -> Table:
     table = select(table, ~(table["attention_data_parallel"] & (table["tp"] == 1)))
     table = _add_expert_axes(space, table)
     table = select(table, _mesh_legal(space, table))
-    order = np.lexsort([table[a] for a in ("etp", "ep", "attention_data_parallel", "cp", "pp", "tp")])
+    order = np.lexsort(
+        [table[a] for a in ("etp", "ep", "attention_data_parallel", "cp", "pp", "tp")]
+    )
     return {name: column[order] for name, column in table.items()}
 
 
@@ -354,17 +384,28 @@ def _mesh_legal(space: SearchSpace, table: Table) -> np.ndarray:
             ParallelConfig(tp=tp, attention_data_parallel=bool(attention_data_parallel)), model
         ),
     )
-    legal &= legal_by_rule(table, ("pp",), lambda pp: check_parallel_config(ParallelConfig(pp=pp), model))
+    legal &= legal_by_rule(
+        table, ("pp",), lambda pp: check_parallel_config(ParallelConfig(pp=pp), model)
+    )
     legal &= legal_by_rule(
         table,
         ("stage_ranks", "ep", "etp"),
         lambda stage_ranks, ep, etp: check_parallel_config(
-            ParallelConfig(dp=stage_ranks, ep=ep, etp=etp), model,
-            num_redundant_experts=0 if space.is_training else None,  # serving: EPLB slots fill the ranks
+            ParallelConfig(dp=stage_ranks, ep=ep, etp=etp),
+            model,
+            num_redundant_experts=0
+            if space.is_training
+            else None,  # serving: EPLB slots fill the ranks
         ),
     )
-    sequence = space.training.sequence_length_tokens if space.is_training else space.inference.prompt_tokens
-    legal &= legal_by_rule(table, ("cp",), lambda cp: check_sequence_fits(ParallelConfig(cp=cp), sequence))
+    sequence = (
+        space.training.sequence_length_tokens
+        if space.is_training
+        else space.inference.prompt_tokens
+    )
+    legal &= legal_by_rule(
+        table, ("cp",), lambda cp: check_sequence_fits(ParallelConfig(cp=cp), sequence)
+    )
     return legal
 
 
@@ -376,14 +417,20 @@ def _column(name: str, values: list, dtype=None) -> Table:
 def _pipeline_options(space: SearchSpace, pp: int) -> Table:
     """(schedule, virtual_stages) pairs legal for ``pp``; with pp == 1 the schedule is moot: keep 1f1b."""
     if pp == 1:
-        return {"pipeline_schedule": np.array([SCHEDULE_CODES["1f1b"]]), "virtual_stages": np.array([1], dtype=np.int64)}
-    schedules: list[PipelineSchedule] = list(PIPELINE_SCHEDULES) + ["interleaved_1f1b"] * len(space.bounds.virtual_stage_choices)
+        return {
+            "pipeline_schedule": np.array([SCHEDULE_CODES["1f1b"]]),
+            "virtual_stages": np.array([1], dtype=np.int64),
+        }
+    schedules: list[PipelineSchedule] = list(PIPELINE_SCHEDULES) + ["interleaved_1f1b"] * len(
+        space.bounds.virtual_stage_choices
+    )
     stages = [1] * len(PIPELINE_SCHEDULES) + list(space.bounds.virtual_stage_choices)
     keep = []
     for schedule, virtual in zip(schedules, stages):
         try:
             check_parallel_config(
-                ParallelConfig(pp=pp, pipeline_schedule=schedule, virtual_stages=virtual), space.model
+                ParallelConfig(pp=pp, pipeline_schedule=schedule, virtual_stages=virtual),
+                space.model,
             )
             keep.append((schedule, virtual))
         except ValueError:
@@ -411,7 +458,9 @@ def _micro_batch_choices(space: SearchSpace, dp: int) -> list[int]:
     sizes = []
     for size in powers_of_two_up_to(space.bounds.max_micro_batch_size):
         try:
-            ParallelConfig(dp=dp, micro_batch_size=size).num_micro_batches(space.training.sequences_per_step)
+            ParallelConfig(dp=dp, micro_batch_size=size).num_micro_batches(
+                space.training.sequences_per_step
+            )
             sizes.append(size)
         except ValueError:
             pass
@@ -426,13 +475,19 @@ def _training_switches(space: SearchSpace, *, dp: int, tp: int, pp: int, cp: int
     table = cross(table, _column("zero_stage", list(bounds.zero_stages), np.int64))
     table = cross(table, space.memo("pipeline", (pp,), lambda: _pipeline_options(space, pp)))
     table = cross(table, _column("micro_batch_size", micro_batches, np.int64))
-    return cross(table, _column("recompute", [RECOMPUTE_CODES[p] for p in bounds.recompute_policies], np.int64))
+    return cross(
+        table,
+        _column("recompute", [RECOMPUTE_CODES[p] for p in bounds.recompute_policies], np.int64),
+    )
 
 
 def kv_dtype_choices(space: SearchSpace) -> list[str]:
     if space.bounds.kv_dtypes is not None:
         return list(space.bounds.kv_dtypes)
-    return sorted({space.inference.kv_dtype, "fp8"}, key=["fp32", "bf16", "fp16", "fp8", "fp4", "int8", "int4"].index)
+    return sorted(
+        {space.inference.kv_dtype, "fp8"},
+        key=["fp32", "bf16", "fp16", "fp8", "fp4", "int8", "int4"].index,
+    )
 
 
 def _inference_switches(space: SearchSpace, *, tp: int, pp: int, ep: int) -> Table:
@@ -444,9 +499,13 @@ def _inference_switches(space: SearchSpace, *, tp: int, pp: int, ep: int) -> Tab
     sweep = bounds.batch_size_sweep and workload.concurrency is None
     batches = [0] + powers_of_two_up_to(bounds.max_batch_size) if sweep else [0]
     table = _column("batch_size", batches, np.int64)
-    table = cross(table, _column("kv_dtype", [KV_DTYPE_CODES[d] for d in kv_dtype_choices(space)], np.int64))
+    table = cross(
+        table, _column("kv_dtype", [KV_DTYPE_CODES[d] for d in kv_dtype_choices(space)], np.int64)
+    )
     redundant = [0]
-    if ep > 1 and space.model.moe is not None:  # the fewest slots that fill every rank, plus whole rounds
+    if (
+        ep > 1 and space.model.moe is not None
+    ):  # the fewest slots that fill every rank, plus whole rounds
         fewest = minimum_redundant_experts(num_experts=space.model.moe.num_routed_experts, ep=ep)
         redundant = sorted({fewest + m * ep for m in bounds.redundant_expert_multiples})
     table = cross(table, _column("num_redundant_experts", redundant, np.int64))

@@ -112,23 +112,37 @@ def open_storage(
     url = database_url(url)
     engine_kwargs = _engine_options(url)
     # Tables created and their version checked once per process (a forked worker inherits it).
-    ready: dict[str, Any] = {"skip_table_creation": True, "skip_compatibility_check": True} if url in _SCHEMA_READY else {}
+    ready: dict[str, Any] = (
+        {"skip_table_creation": True, "skip_compatibility_check": True}
+        if url in _SCHEMA_READY
+        else {}
+    )
     with warnings.catch_warnings():  # heartbeat and its retry callback are marked experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         heartbeat = _heartbeat_options(heartbeat_interval_s, grace_period_s, max_retry)
-        storage = _retry_creation(lambda: optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **heartbeat, **ready))
+        storage = _retry_creation(
+            lambda: optuna.storages.RDBStorage(
+                url, engine_kwargs=engine_kwargs, **heartbeat, **ready
+            )
+        )
     _SCHEMA_READY.add(url)
     return storage
 
 
-def _heartbeat_options(interval_s: int | None, grace_s: int | None, max_retry: int) -> dict[str, Any]:
+def _heartbeat_options(
+    interval_s: int | None, grace_s: int | None, max_retry: int
+) -> dict[str, Any]:
     if interval_s is None:
         return {}
     # Optuna >= 4.9 renamed the callback argument; accept both.
     retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
     name = "heartbeat_stale_trial_callback" if retry is not None else "failed_trial_callback"
     retry = retry or optuna.storages.RetryFailedTrialCallback
-    return {"heartbeat_interval": interval_s, "grace_period": grace_s, name: retry(max_retry=max_retry)}
+    return {
+        "heartbeat_interval": interval_s,
+        "grace_period": grace_s,
+        name: retry(max_retry=max_retry),
+    }
 
 
 def _retry_creation(create, *, attempts: int = 8):
@@ -139,10 +153,16 @@ def _retry_creation(create, *, attempts: int = 8):
     for attempt in range(attempts):
         try:
             return create()
-        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError, sqlalchemy.exc.OperationalError) as error:
+        except (
+            sqlalchemy.exc.IntegrityError,
+            sqlalchemy.exc.ProgrammingError,
+            sqlalchemy.exc.OperationalError,
+        ) as error:
             if attempt == attempts - 1 or not _is_creation_race(error):
                 raise
-            logger.info("storage creation raced another worker (%s); retrying", type(error.orig).__name__)
+            logger.info(
+                "storage creation raced another worker (%s); retrying", type(error.orig).__name__
+            )
             time.sleep(random.uniform(0.05, 0.3) * (attempt + 1))
     raise AssertionError("unreachable")
 
@@ -164,8 +184,14 @@ def creation_lock(url: str | optuna.storages.BaseStorage | None) -> Iterator[Non
     url = database_url(url)
     dialect = url.split("://", 1)[0].split("+", 1)[0]
     statements = {
-        "postgresql": (f"SELECT pg_advisory_lock({_LOCK_KEY})", f"SELECT pg_advisory_unlock({_LOCK_KEY})"),
-        "mysql": ("SELECT GET_LOCK('autoparallel_study', 600)", "SELECT RELEASE_LOCK('autoparallel_study')"),
+        "postgresql": (
+            f"SELECT pg_advisory_lock({_LOCK_KEY})",
+            f"SELECT pg_advisory_unlock({_LOCK_KEY})",
+        ),
+        "mysql": (
+            "SELECT GET_LOCK('autoparallel_study', 600)",
+            "SELECT RELEASE_LOCK('autoparallel_study')",
+        ),
     }.get(dialect)
     if statements is None:
         yield
@@ -226,7 +252,9 @@ def _sqlite_creator(url: str):
     return connect
 
 
-def make_sampler(sampler: str | optuna.samplers.BaseSampler | None, *, seed: int, multi_objective: bool) -> optuna.samplers.BaseSampler:
+def make_sampler(
+    sampler: str | optuna.samplers.BaseSampler | None, *, seed: int, multi_objective: bool
+) -> optuna.samplers.BaseSampler:
     """TPE (seeded, multivariate) by default; NSGA-II for two objectives; an Optuna sampler
     instance is used as given. TPE's constant liar is off: it triples the sampling time, and
     trials of one batch that land on the same mesh are priced once anyway."""
@@ -234,7 +262,9 @@ def make_sampler(sampler: str | optuna.samplers.BaseSampler | None, *, seed: int
         return sampler
     name = sampler or ("nsga2" if multi_objective else "tpe")
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=False, n_startup_trials=16)
+        return optuna.samplers.TPESampler(
+            seed=seed, multivariate=True, constant_liar=False, n_startup_trials=16
+        )
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=24)
     if name == "random":
@@ -244,5 +274,7 @@ def make_sampler(sampler: str | optuna.samplers.BaseSampler | None, *, seed: int
 
 def study_name_for(**identity: Any) -> str:
     """A stable name for a search problem, so that a resumed search finds its own study."""
-    digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[
+        :12
+    ]
     return f"autoparallel-{identity.get('model', 'model')}-{identity.get('kind', '')}-{identity.get('world_size', '')}-{digest}"

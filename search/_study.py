@@ -76,18 +76,28 @@ class SearchSettings(BaseModel):
 
     batch_size: int = Field(default=16, gt=0, description="trials asked and priced together")
     top_k: int = Field(default=5, gt=0, description="alternatives kept in the result")
-    polish_fraction: float = Field(default=0.4, ge=0, le=1, description="share of the budget spent around the best mesh")
-    brute_force_limit: int | None = Field(default=None, description="meshes; default: the trial budget")
+    polish_fraction: float = Field(
+        default=0.4, ge=0, le=1, description="share of the budget spent around the best mesh"
+    )
+    brute_force_limit: int | None = Field(
+        default=None, description="meshes; default: the trial budget"
+    )
     brute_force_layouts: int = Field(
-        default=20_000, ge=0, description="also brute-force a space of at most this many layouts (cheaper than a study)"
+        default=20_000,
+        ge=0,
+        description="also brute-force a space of at most this many layouts (cheaper than a study)",
     )
     bounds: SearchBounds = SearchBounds()
     study_name: str | None = None
     heartbeat_interval_s: int | None = Field(
-        default=5, gt=0, description="RDB storages: seconds between heartbeats of in-flight trials (None: off)"
+        default=5,
+        gt=0,
+        description="RDB storages: seconds between heartbeats of in-flight trials (None: off)",
     )
     grace_period_s: int | None = Field(
-        default=20, gt=0, description="a trial without a heartbeat for this long is failed and retried"
+        default=20,
+        gt=0,
+        description="a trial without a heartbeat for this long is failed and retried",
     )
     idle_devices: Literal["never", "when_needed", "compare"] = Field(
         default="when_needed",
@@ -103,25 +113,57 @@ class SearchSettings(BaseModel):
     def _grace_after_heartbeat(self) -> SearchSettings:
         interval, grace = self.heartbeat_interval_s, self.grace_period_s
         if interval is not None and grace is not None and grace <= interval:
-            raise ValueError(f"grace_period_s ({grace}) must be > heartbeat_interval_s ({interval}): a live trial would be failed")
+            raise ValueError(
+                f"grace_period_s ({grace}) must be > heartbeat_interval_s ({interval}): a live trial would be failed"
+            )
         return self
 
 
 class _Problem:
     """The space plus what is needed to price it; caches priced meshes."""
 
-    def __init__(self, *, model, cluster, workload, objective: Objective, estimator: Estimator, bounds: SearchBounds, coordinates: str = "mesh"):
-        self.model, self.cluster, self.workload, self.objective = model, cluster, workload, objective
+    def __init__(
+        self,
+        *,
+        model,
+        cluster,
+        workload,
+        objective: Objective,
+        estimator: Estimator,
+        bounds: SearchBounds,
+        coordinates: str = "mesh",
+    ):
+        self.model, self.cluster, self.workload, self.objective = (
+            model,
+            cluster,
+            workload,
+            objective,
+        )
         self.coordinates = coordinates
         self.estimator = estimator
         self.space = SearchSpace(
-            model=model, workload=workload, world_size=cluster.num_devices,
-            devices_per_node=cluster.devices_per_node, bounds=bounds,
+            model=model,
+            workload=workload,
+            world_size=cluster.num_devices,
+            devices_per_node=cluster.devices_per_node,
+            bounds=bounds,
         )
-        self.axes = [a for a in (*MESH_AXES, "attention_data_parallel") if len(self.space.axis_choices[a]) > 1]
-        self.levels = np.stack(
-            [np.searchsorted(self.space.axis_choices[a], self.space.mesh[a]) for a in self.axes], axis=1
-        ) if self.axes else np.zeros((self.space.num_meshes, 0), dtype=np.int64)
+        self.axes = [
+            a
+            for a in (*MESH_AXES, "attention_data_parallel")
+            if len(self.space.axis_choices[a]) > 1
+        ]
+        self.levels = (
+            np.stack(
+                [
+                    np.searchsorted(self.space.axis_choices[a], self.space.mesh[a])
+                    for a in self.axes
+                ],
+                axis=1,
+            )
+            if self.axes
+            else np.zeros((self.space.num_meshes, 0), dtype=np.int64)
+        )
         self.enqueued: set[int] = set()
         self.folded_levels = self._folded_levels()
 
@@ -132,7 +174,10 @@ class _Problem:
         together) are single steps here; the polish walks both coordinate systems."""
         mesh = self.space.mesh
         edp = mesh["dp"] * mesh["cp"] * mesh["tp"] // (mesh["ep"] * mesh["etp"])
-        columns = [np.searchsorted(np.unique(edp), edp) if a == "ep" else self.levels[:, i] for i, a in enumerate(self.axes)]
+        columns = [
+            np.searchsorted(np.unique(edp), edp) if a == "ep" else self.levels[:, i]
+            for i, a in enumerate(self.axes)
+        ]
         return np.stack(columns, axis=1) if columns else self.levels
 
     @property
@@ -149,23 +194,48 @@ class _Problem:
         if not self.axes:
             return 0
         levels = self.sampled_levels
-        wanted = np.array([trial.suggest_int(name, 0, int(levels[:, i].max())) for i, name in enumerate(self._param_names())])
+        wanted = np.array(
+            [
+                trial.suggest_int(name, 0, int(levels[:, i].max()))
+                for i, name in enumerate(self._param_names())
+            ]
+        )
         return int(np.argmin(np.abs(levels - wanted).sum(axis=1)))
 
     def level_params(self, mesh_index: int) -> dict[str, int]:
-        return {name: int(v) for name, v in zip(self._param_names(), self.sampled_levels[mesh_index])}
+        return {
+            name: int(v) for name, v in zip(self._param_names(), self.sampled_levels[mesh_index])
+        }
 
     def price(self, mesh_indices: list[int]) -> dict[int, dict[str, Any]]:
         """Best row (and local Pareto rows) of each mesh, with row-level infeasibility counts."""
         table = self.space.expand(sorted(set(mesh_indices)))
-        evaluation = evaluate(model=self.model, cluster=self.cluster, workload=self.workload, table=table, estimator=self.estimator)
+        evaluation = evaluate(
+            model=self.model,
+            cluster=self.cluster,
+            workload=self.workload,
+            table=table,
+            estimator=self.estimator,
+        )
         out = {}
         for mesh in np.unique(table["mesh_index"]):
             rows = np.flatnonzero(table["mesh_index"] == mesh)
             counts = {name: int((v[rows] > 0).sum()) for name, v in evaluation.violations.items()}
             best = candidate_at(evaluation, best_row(evaluation, self.objective, rows))
-            front = [candidate_at(evaluation, r).to_attrs() for r in pareto_rows(evaluation, self.objective, rows)] if self.objective.is_multi else []
-            out[int(mesh)] = {"best": best, "front": front, "rows": len(rows), "infeasible_rows": counts}
+            front = (
+                [
+                    candidate_at(evaluation, r).to_attrs()
+                    for r in pareto_rows(evaluation, self.objective, rows)
+                ]
+                if self.objective.is_multi
+                else []
+            )
+            out[int(mesh)] = {
+                "best": best,
+                "front": front,
+                "rows": len(rows),
+                "infeasible_rows": counts,
+            }
         return out
 
 
@@ -195,14 +265,37 @@ def find_plan(
     """
     settings = settings or SearchSettings()
     if n_trials < 0:
-        raise ValueError(f"n_trials ({n_trials}) must be >= 0 (0: write the result of the trials the study holds)")
+        raise ValueError(
+            f"n_trials ({n_trials}) must be >= 0 (0: write the result of the trials the study holds)"
+        )
     options: dict[str, Any] = {
-        "objective": objective, "n_trials": n_trials, "sampler": sampler, "storage": storage, "seed": seed,
-        "settings": settings, "estimator": estimator, "progress": progress, "warm_start": warm_start,
+        "objective": objective,
+        "n_trials": n_trials,
+        "sampler": sampler,
+        "storage": storage,
+        "seed": seed,
+        "settings": settings,
+        "estimator": estimator,
+        "progress": progress,
+        "warm_start": warm_start,
     }
-    choices = device_choices(model=model, cluster=cluster, workload=workload, bounds=settings.bounds, mode=settings.idle_devices)
+    choices = device_choices(
+        model=model,
+        cluster=cluster,
+        workload=workload,
+        bounds=settings.bounds,
+        mode=settings.idle_devices,
+    )
     results = [
-        with_devices(search_devices(model, choice.cluster, workload, **dict(options, settings=settings_for(settings, choice, alone=len(choices) == 1))), choice=choice)
+        with_devices(
+            search_devices(
+                model,
+                choice.cluster,
+                workload,
+                **dict(options, settings=settings_for(settings, choice, alone=len(choices) == 1)),
+            ),
+            choice=choice,
+        )
         for choice in choices
     ]
     return best_of(results)
@@ -212,29 +305,77 @@ def settings_for(settings: SearchSettings, choice: DeviceChoice, *, alone: bool)
     """A named study holds one job: a smaller node count searched beside another gets its own name."""
     if settings.study_name is None or not choice.idle_reason or alone:
         return settings
-    return settings.model_copy(update={"study_name": f"{settings.study_name}@{choice.cluster.num_nodes}n"})
+    return settings.model_copy(
+        update={"study_name": f"{settings.study_name}@{choice.cluster.num_nodes}n"}
+    )
 
 
-def search_devices(model, cluster, workload, *, n_trials: int, settings: SearchSettings, progress=None, warm_start=None, clean_orphans: bool = True, **options: Any) -> SearchResult:
+def search_devices(
+    model,
+    cluster,
+    workload,
+    *,
+    n_trials: int,
+    settings: SearchSettings,
+    progress=None,
+    warm_start=None,
+    clean_orphans: bool = True,
+    **options: Any,
+) -> SearchResult:
     """``find_plan`` on exactly ``cluster``'s devices. ``clean_orphans=False`` in the workers of
     ``run_workers``: their parent cleans the study once before starting them."""
     start = time.perf_counter()
     problem, study = open_study(model, cluster, workload, settings=settings, **options)
     if n_trials == 0:
         if not _finished(study):
-            raise ValueError(f"study ({study.study_name!r}) holds no finished trial to write a plan from")
+            raise ValueError(
+                f"study ({study.study_name!r}) holds no finished trial to write a plan from"
+            )
         method, ran = "from_study", 0
     else:
         method = choose_method(problem, study, n_trials=n_trials, settings=settings)
-        ran = _run(study, problem, method=method, n_trials=n_trials, settings=settings, progress=progress,
-                   warm_start=warm_start, clean_orphans=clean_orphans)
+        ran = _run(
+            study,
+            problem,
+            method=method,
+            n_trials=n_trials,
+            settings=settings,
+            progress=progress,
+            warm_start=warm_start,
+            clean_orphans=clean_orphans,
+        )
     if method in ("from_study", "brute_force"):  # a sampled study was settled by its last batch
         fail_stale(study)
-    logger.info("study %s: %d trials this run (%s) over %d meshes", study.study_name, ran, method, problem.space.num_meshes)
-    return _collect(study, problem, method=method, ran=ran, elapsed_s=time.perf_counter() - start, storage=options["storage"], settings=settings, seed=options["seed"])
+    logger.info(
+        "study %s: %d trials this run (%s) over %d meshes",
+        study.study_name,
+        ran,
+        method,
+        problem.space.num_meshes,
+    )
+    return _collect(
+        study,
+        problem,
+        method=method,
+        ran=ran,
+        elapsed_s=time.perf_counter() - start,
+        storage=options["storage"],
+        settings=settings,
+        seed=options["seed"],
+    )
 
 
-def _run(study, problem: _Problem, *, method: str, n_trials: int, settings: SearchSettings, progress, warm_start, clean_orphans: bool) -> int:
+def _run(
+    study,
+    problem: _Problem,
+    *,
+    method: str,
+    n_trials: int,
+    settings: SearchSettings,
+    progress,
+    warm_start,
+    clean_orphans: bool,
+) -> int:
     if method == "brute_force":
         return _run_brute_force(study, problem, progress=progress)
     if clean_orphans:
@@ -245,20 +386,39 @@ def _run(study, problem: _Problem, *, method: str, n_trials: int, settings: Sear
 
 def with_devices(result: SearchResult, *, choice: DeviceChoice) -> SearchResult:
     """``result`` stating the devices it used (``settings['num_nodes_used']``) and why some idle."""
-    used = {"num_nodes_used": choice.cluster.num_nodes, "num_devices_used": choice.cluster.num_devices, "idle_reason": choice.idle_reason}
+    used = {
+        "num_nodes_used": choice.cluster.num_nodes,
+        "num_devices_used": choice.cluster.num_devices,
+        "idle_reason": choice.idle_reason,
+    }
     return dataclasses.replace(result, settings={**result.settings, **used})
 
 
 def best_of(results: list[SearchResult]) -> SearchResult:
     """The result whose best candidate ranks first (feasible first, then the objective)."""
+
     def key(result: SearchResult):
         best = result.best
-        return (not best.feasible, best.worst_violation if not best.feasible else best.score(result.objective))
+        return (
+            not best.feasible,
+            best.worst_violation if not best.feasible else best.score(result.objective),
+        )
 
     return min(results, key=key)
 
 
-def open_study(model, cluster, workload, *, objective, sampler, storage, seed, settings: SearchSettings, estimator=None):
+def open_study(
+    model,
+    cluster,
+    workload,
+    *,
+    objective,
+    sampler,
+    storage,
+    seed,
+    settings: SearchSettings,
+    estimator=None,
+):
     """The problem (space, objective, estimator) and its Optuna study, created or loaded by name.
 
     Creation runs under the storage's creation lock; an existing study must hold the same job
@@ -266,30 +426,60 @@ def open_study(model, cluster, workload, *, objective, sampler, storage, seed, s
     objective = resolve_objective(objective, workload)
     if objective.is_multi and not settings.bounds.batch_size_sweep:
         # A throughput/latency front is traced by the batch size: let the study see every batch.
-        settings = settings.model_copy(update={"bounds": settings.bounds.model_copy(update={"batch_size_sweep": True})})
+        settings = settings.model_copy(
+            update={"bounds": settings.bounds.model_copy(update={"batch_size_sweep": True})}
+        )
     problem = _Problem(
-        model=model, cluster=cluster, workload=workload, objective=objective,
-        estimator=estimator or default_estimator(), bounds=settings.bounds, coordinates=settings.coordinates,
+        model=model,
+        cluster=cluster,
+        workload=workload,
+        objective=objective,
+        estimator=estimator or default_estimator(),
+        bounds=settings.bounds,
+        coordinates=settings.coordinates,
     )
     if problem.space.num_meshes == 0:
         raise ValueError(empty_space_reason(problem.space))
     name = settings.study_name or study_name_for(
-        model=model.name, kind=workload.kind, world_size=cluster.num_devices, model_fingerprint=model.fingerprint(),
-        cluster=cluster.fingerprint(), workload=workload.model_dump(mode="json"), objective=objective.names,
-        bounds=settings.bounds.model_dump(mode="json"), coordinates=settings.coordinates,
+        model=model.name,
+        kind=workload.kind,
+        world_size=cluster.num_devices,
+        model_fingerprint=model.fingerprint(),
+        cluster=cluster.fingerprint(),
+        workload=workload.model_dump(mode="json"),
+        objective=objective.names,
+        bounds=settings.bounds.model_dump(mode="json"),
+        coordinates=settings.coordinates,
     )
-    fingerprint = job_fingerprint(model=model, cluster=cluster, workload=workload, objective=objective, settings=settings)
+    fingerprint = job_fingerprint(
+        model=model, cluster=cluster, workload=workload, objective=objective, settings=settings
+    )
     with creation_lock(storage):
-        opened = open_storage(storage, heartbeat_interval_s=settings.heartbeat_interval_s, grace_period_s=settings.grace_period_s)
-        study = _retry_creation(lambda: optuna.create_study(
-            storage=opened, sampler=make_sampler(sampler, seed=seed, multi_objective=objective.is_multi),
-            study_name=name, directions=list(objective.directions), load_if_exists=True,
-        ))
-        check_or_record_job(study, fingerprint=fingerprint, record=job_record(model=model, cluster=cluster, workload=workload))
+        opened = open_storage(
+            storage,
+            heartbeat_interval_s=settings.heartbeat_interval_s,
+            grace_period_s=settings.grace_period_s,
+        )
+        study = _retry_creation(
+            lambda: optuna.create_study(
+                storage=opened,
+                sampler=make_sampler(sampler, seed=seed, multi_objective=objective.is_multi),
+                study_name=name,
+                directions=list(objective.directions),
+                load_if_exists=True,
+            )
+        )
+        check_or_record_job(
+            study,
+            fingerprint=fingerprint,
+            record=job_record(model=model, cluster=cluster, workload=workload),
+        )
     return problem, study
 
 
-def choose_method(problem: _Problem, study: optuna.Study, *, n_trials: int, settings: SearchSettings) -> str:
+def choose_method(
+    problem: _Problem, study: optuna.Study, *, n_trials: int, settings: SearchSettings
+) -> str:
     """Brute force when every mesh fits in the trial budget or the whole space is small, else the sampler."""
     limit = settings.brute_force_limit if settings.brute_force_limit is not None else n_trials
     small = problem.space.num_meshes <= limit or problem.space.size <= settings.brute_force_layouts
@@ -297,7 +487,9 @@ def choose_method(problem: _Problem, study: optuna.Study, *, n_trials: int, sett
 
 
 def _sampler_name(sampler: optuna.samplers.BaseSampler) -> str:
-    return {"TPESampler": "tpe", "NSGAIISampler": "nsga2", "RandomSampler": "random"}.get(type(sampler).__name__, type(sampler).__name__)
+    return {"TPESampler": "tpe", "NSGAIISampler": "nsga2", "RandomSampler": "random"}.get(
+        type(sampler).__name__, type(sampler).__name__
+    )
 
 
 def _attrs(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
@@ -313,18 +505,27 @@ def num_finished(study: optuna.Study) -> int:
     return study._storage.get_n_trials(study._study_id, state=optuna.trial.TrialState.COMPLETE)
 
 
-def _enqueue_warm_start(study: optuna.Study, problem: _Problem, *, warm_start: ParallelConfig | None) -> None:
+def _enqueue_warm_start(
+    study: optuna.Study, problem: _Problem, *, warm_start: ParallelConfig | None
+) -> None:
     if warm_start is None:
         return
     index = problem.space.find_mesh(
-        dp=warm_start.dp, tp=warm_start.tp, pp=warm_start.pp, cp=warm_start.cp, ep=warm_start.ep,
-        etp=warm_start.etp, attention_data_parallel=warm_start.attention_data_parallel,
+        dp=warm_start.dp,
+        tp=warm_start.tp,
+        pp=warm_start.pp,
+        cp=warm_start.cp,
+        ep=warm_start.ep,
+        etp=warm_start.etp,
+        attention_data_parallel=warm_start.attention_data_parallel,
     )
     if index is not None and index not in {_attrs(t).get("mesh_index") for t in _finished(study)}:
         study.enqueue_trial(problem.level_params(index))
 
 
-def _run_brute_force(study: optuna.Study, problem: _Problem, *, progress, chunk_meshes: int = 256) -> int:
+def _run_brute_force(
+    study: optuna.Study, problem: _Problem, *, progress, chunk_meshes: int = 256
+) -> int:
     """Price every mesh not yet in the study, a chunk per cost-model call, and add each chunk as
     finished trials (``Study.add_trials``: no sampler involved, constraints included). A killed run
     loses at most the chunk in flight."""
@@ -339,19 +540,29 @@ def _run_brute_force(study: optuna.Study, problem: _Problem, *, progress, chunk_
         if not todo:
             return ran
         priced = problem.price(todo)
-        study.add_trials([_frozen_trial(problem, mesh, result, distributions) for mesh, result in priced.items()])
+        study.add_trials(
+            [_frozen_trial(problem, mesh, result, distributions) for mesh, result in priced.items()]
+        )
         ran += len(priced)
         if progress is not None:
             progress(len(done) + len(priced), total)
 
 
-def _frozen_trial(problem: _Problem, mesh: int, priced: dict[str, Any], distributions) -> optuna.trial.FrozenTrial:
+def _frozen_trial(
+    problem: _Problem, mesh: int, priced: dict[str, Any], distributions
+) -> optuna.trial.FrozenTrial:
     best: Candidate = priced["best"]
     values = [float(np.clip(v, -1e30, 1e30)) for v in best.objective_values(problem.objective)]
-    constraints = {f"constraints:{k}": (max(float(v), 0.0) if not best.feasible else 0.0) for k, v in best.violations.items()}
+    constraints = {
+        f"constraints:{k}": (max(float(v), 0.0) if not best.feasible else 0.0)
+        for k, v in best.violations.items()
+    }
     return optuna.trial.create_trial(
-        params=problem.level_params(mesh), distributions=distributions, values=values,
-        user_attrs={"result": _result_attr(mesh, priced)}, system_attrs=constraints,
+        params=problem.level_params(mesh),
+        distributions=distributions,
+        values=values,
+        user_attrs={"result": _result_attr(mesh, priced)},
+        system_attrs=constraints,
     )
 
 
@@ -359,12 +570,18 @@ def _result_attr(mesh: int, priced: dict[str, Any]) -> dict[str, Any]:
     """One attribute per trial (each is a storage transaction): the mesh, the best layout of it,
     its local Pareto rows and row-level infeasibility counts; Optuna Dashboard shows it."""
     return {
-        "mesh_index": mesh, "worker_pid": os.getpid(), "candidate": priced["best"].to_attrs(),
-        "infeasible_rows": priced["infeasible_rows"], "rows": priced["rows"], "front": priced["front"],
+        "mesh_index": mesh,
+        "worker_pid": os.getpid(),
+        "candidate": priced["best"].to_attrs(),
+        "infeasible_rows": priced["infeasible_rows"],
+        "rows": priced["rows"],
+        "front": priced["front"],
     }
 
 
-def _run_trials(study, problem: _Problem, *, n_trials: int, settings: SearchSettings, progress) -> int:
+def _run_trials(
+    study, problem: _Problem, *, n_trials: int, settings: SearchSettings, progress
+) -> int:
     """Ask, price and tell batches until the study holds ``n_trials`` finished trials and no trial
     of another search process is in flight (``settle``). Each batch first fails the stale trials
     of dead workers (they are enqueued again), and keeps a heartbeat on its own trials from their
@@ -379,7 +596,11 @@ def _run_trials(study, problem: _Problem, *, n_trials: int, settings: SearchSett
         fail_stale(study)
         done = num_finished(study)
         # Past the budget, still run the retries of trials failed as stale (a killed worker's batch).
-        size = min(settings.batch_size, n_trials - done) if done < n_trials else _waiting_retries(study)
+        size = (
+            min(settings.batch_size, n_trials - done)
+            if done < n_trials
+            else _waiting_retries(study)
+        )
         if size <= 0:
             # Trials of other processes failed meanwhile are retried before this one returns.
             if settle(study, grace_s=grace_s) == 0:
@@ -401,8 +622,13 @@ def _run_trials(study, problem: _Problem, *, n_trials: int, settings: SearchSett
             for trial, mesh in meshes.items():
                 try:
                     _tell(study, trial, mesh, cache[mesh], problem.objective)
-                except optuna.exceptions.UpdateFinishedTrialError:  # failed as stale meanwhile: it is retried
-                    logger.warning("trial %d was failed by another worker (no heartbeat for the grace period)", trial.number)
+                except (
+                    optuna.exceptions.UpdateFinishedTrialError
+                ):  # failed as stale meanwhile: it is retried
+                    logger.warning(
+                        "trial %d was failed by another worker (no heartbeat for the grace period)",
+                        trial.number,
+                    )
         ran += len(meshes)
         if progress is not None:
             progress(min(done + len(trials), n_trials), n_trials)
@@ -416,8 +642,9 @@ def _suggest(problem: _Problem, trials: list[optuna.Trial]) -> dict[optuna.Trial
         try:
             meshes[trial] = problem.suggest(trial)
         except optuna.exceptions.UpdateFinishedTrialError:
-            logger.warning("trial %d was failed by another worker before it was priced",
-                           trial.number)
+            logger.warning(
+                "trial %d was failed by another worker before it was priced", trial.number
+            )
     return meshes
 
 
@@ -426,7 +653,9 @@ def _waiting_retries(study: optuna.Study) -> int:
     return sum("failed_trial" in trial.system_attrs for trial in waiting)
 
 
-def _tell(study, trial: optuna.Trial, mesh: int, priced: dict[str, Any], objective: Objective) -> None:
+def _tell(
+    study, trial: optuna.Trial, mesh: int, priced: dict[str, Any], objective: Objective
+) -> None:
     best: Candidate = priced["best"]
     trial.set_user_attr("result", _result_attr(mesh, priced))
     for name, value in best.violations.items():
@@ -443,7 +672,10 @@ def _best_trial(study: optuna.Study, objective: Objective) -> optuna.trial.Froze
 def _ranked_trials(trials, objective: Objective) -> list:
     def key(trial):
         candidate = Candidate.from_attrs(_attrs(trial)["candidate"])
-        return (not candidate.feasible, candidate.worst_violation if not candidate.feasible else candidate.score(objective))
+        return (
+            not candidate.feasible,
+            candidate.worst_violation if not candidate.feasible else candidate.score(objective),
+        )
 
     return sorted((t for t in trials if "candidate" in _attrs(t)), key=key)
 
@@ -458,9 +690,16 @@ def _enqueue_neighbours(study, problem: _Problem, *, budget: int) -> None:
         return
     trials = study.get_trials(deepcopy=False)
     # Meshes priced, and meshes any worker has enqueued and not priced yet (no double work).
-    seen = {_attrs(t).get("mesh_index") for t in trials} | {t.user_attrs.get("enqueued_mesh") for t in trials} | problem.enqueued
+    seen = (
+        {_attrs(t).get("mesh_index") for t in trials}
+        | {t.user_attrs.get("enqueued_mesh") for t in trials}
+        | problem.enqueued
+    )
     center = _attrs(best)["mesh_index"]
-    (lines_a, near_a), (lines_b, near_b) = _moves(problem.levels, center), _moves(problem.folded_levels, center)
+    (lines_a, near_a), (lines_b, near_b) = (
+        _moves(problem.levels, center),
+        _moves(problem.folded_levels, center),
+    )
     order = np.concatenate([_round_robin(lines_a + lines_b), near_a, near_b])
     picked = [i for i in dict.fromkeys(int(i) for i in order) if i not in seen][:budget]
     for index in picked:
@@ -488,10 +727,14 @@ def _moves(levels: np.ndarray, center: int) -> tuple[list[np.ndarray], np.ndarra
 def _round_robin(lines: list[np.ndarray]) -> np.ndarray:
     """One point of each line in turn (a coordinate sweep that reaches every axis early)."""
     longest = max((len(line) for line in lines), default=0)
-    return np.array([line[i] for i in range(longest) for line in lines if i < len(line)], dtype=np.int64)
+    return np.array(
+        [line[i] for i in range(longest) for line in lines if i < len(line)], dtype=np.int64
+    )
 
 
-def _collect(study, problem: _Problem, *, method, ran, elapsed_s, storage, settings, seed) -> SearchResult:
+def _collect(
+    study, problem: _Problem, *, method, ran, elapsed_s, storage, settings, seed
+) -> SearchResult:
     trials = _finished(study)
     ranked_trials = _ranked_trials(trials, problem.objective)
     ranked, seen = [], set()
@@ -515,13 +758,28 @@ def _collect(study, problem: _Problem, *, method, ran, elapsed_s, storage, setti
         for name, count in mesh_attrs.get("infeasible_rows", {}).items():
             infeasible_rows[name] = infeasible_rows.get(name, 0) + count
     return SearchResult(
-        best=ranked[0], ranked=tuple(ranked), pareto=_pareto(trials, problem.objective),
-        objective=problem.objective, method=method, space_size=problem.space.size,
-        num_meshes=problem.space.num_meshes, num_trials=len(trials), num_trials_this_run=ran,
-        rows_evaluated=rows, infeasible_trials=infeasible_trials, infeasible_rows=infeasible_rows,
-        elapsed_s=elapsed_s, study_name=study.study_name,
-        storage=redacted(storage) if storage is None or isinstance(storage, str) else type(storage).__name__,
-        settings={"sampler": method, "seed": seed, **settings.model_dump(mode="json", exclude={"study_name"})},
+        best=ranked[0],
+        ranked=tuple(ranked),
+        pareto=_pareto(trials, problem.objective),
+        objective=problem.objective,
+        method=method,
+        space_size=problem.space.size,
+        num_meshes=problem.space.num_meshes,
+        num_trials=len(trials),
+        num_trials_this_run=ran,
+        rows_evaluated=rows,
+        infeasible_trials=infeasible_trials,
+        infeasible_rows=infeasible_rows,
+        elapsed_s=elapsed_s,
+        study_name=study.study_name,
+        storage=redacted(storage)
+        if storage is None or isinstance(storage, str)
+        else type(storage).__name__,
+        settings={
+            "sampler": method,
+            "seed": seed,
+            **settings.model_dump(mode="json", exclude={"study_name"}),
+        },
     )
 
 
@@ -530,13 +788,27 @@ def _pareto(trials, objective: Objective) -> tuple[Candidate, ...]:
         return ()
     from search._candidate import non_dominated
 
-    pool = [Candidate.from_attrs(a, trial_number=t.number) for t in trials for a in _attrs(t).get("front", [])]
+    pool = [
+        Candidate.from_attrs(a, trial_number=t.number)
+        for t in trials
+        for a in _attrs(t).get("front", [])
+    ]
     pool = [c for c in pool if c.feasible]
     if not pool:
         return ()
-    points = np.array([[v if d == "minimize" else -v for v, d in zip(c.objective_values(objective), objective.directions)] for c in pool])
+    points = np.array(
+        [
+            [
+                v if d == "minimize" else -v
+                for v, d in zip(c.objective_values(objective), objective.directions)
+            ]
+            for c in pool
+        ]
+    )
     mask = non_dominated(points)
-    front = sorted((c for c, keep in zip(pool, mask) if keep), key=lambda c: c.objective_values(objective)[0])
+    front = sorted(
+        (c for c, keep in zip(pool, mask) if keep), key=lambda c: c.objective_values(objective)[0]
+    )
     unique, seen = [], set()
     for c in front:
         key = c.layout

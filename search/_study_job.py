@@ -60,7 +60,9 @@ def job_record(*, model, cluster, workload) -> dict[str, Any]:
     }
 
 
-def check_or_record_job(study: optuna.Study, *, fingerprint: dict[str, Any], record: dict[str, Any]) -> None:
+def check_or_record_job(
+    study: optuna.Study, *, fingerprint: dict[str, Any], record: dict[str, Any]
+) -> None:
     """Record the job in a new study; in an existing one, refuse a different job. (Workers that
     start together create the study under ``creation_lock``, so the first one records the job
     before any other reads it; SQLite has no such lock and is shared by one machine's workers.)"""
@@ -76,7 +78,8 @@ def check_or_record_job(study: optuna.Study, *, fingerprint: dict[str, Any], rec
     ]
     if differences:
         raise ValueError(
-            f"study {study.study_name!r} searches a different job; refusing to join it: " + "; ".join(differences)
+            f"study {study.study_name!r} searches a different job; refusing to join it: "
+            + "; ".join(differences)
         )
 
 
@@ -86,24 +89,33 @@ def _short(value: Any) -> str:
     return str(value)
 
 
-def load_study_job(*, storage: str | optuna.storages.BaseStorage, study_name: str | None) -> StudyJob:
+def load_study_job(
+    *, storage: str | optuna.storages.BaseStorage, study_name: str | None
+) -> StudyJob:
     """The job of the study ``study_name`` in ``storage`` (the only study there when None)."""
     from search._storage import open_storage
 
     opened = open_storage(storage, heartbeat_interval_s=None)
     if opened is None:
         raise ValueError("storage (None) must name the database that holds the study")
-    names = [summary.study_name for summary in optuna.get_all_study_summaries(opened, include_best_trial=False)]
+    names = [
+        summary.study_name
+        for summary in optuna.get_all_study_summaries(opened, include_best_trial=False)
+    ]
     if study_name is None:
         if len(names) != 1:
-            raise ValueError(f"study (None) must be named: the storage holds {len(names)} studies {names}")
+            raise ValueError(
+                f"study (None) must be named: the storage holds {len(names)} studies {names}"
+            )
         study_name = names[0]
     if study_name not in names:
         raise ValueError(f"study ({study_name!r}) is not in the storage; it holds {names}")
     study = optuna.load_study(study_name=study_name, storage=opened)
     record, fingerprint = study.user_attrs.get(_JOB), study.user_attrs.get(_FINGERPRINT)
     if record is None or fingerprint is None:
-        raise ValueError(f"study ({study_name!r}) holds no job record: it was not created by autoparallel's search")
+        raise ValueError(
+            f"study ({study_name!r}) holds no job record: it was not created by autoparallel's search"
+        )
     workload_type = Training if record["kind"] == "training" else Inference
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     return StudyJob(

@@ -83,10 +83,14 @@ def training_plan():
     from search import SearchBounds, SearchSettings
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    bounds = SearchBounds(zero_stages=(1, 3), recompute_policies=("none", "selective", "full"), max_micro_batch_size=2)
+    bounds = SearchBounds(
+        zero_stages=(1, 3), recompute_policies=("none", "selective", "full"), max_micro_batch_size=2
+    )
     workload = Training(sequence_length_tokens=4096, global_batch_sequences=256)
     cluster = ap.get_preset("dgx-h100", num_nodes=8)
-    return ap.find_plan("qwen3-235b-a22b", cluster, workload, n_trials=40, settings=SearchSettings(bounds=bounds))
+    return ap.find_plan(
+        "qwen3-235b-a22b", cluster, workload, n_trials=40, settings=SearchSettings(bounds=bounds)
+    )
 
 
 @pytest.fixture(scope="session")
@@ -99,4 +103,6 @@ def inference_plan():
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     workload = Inference(prompt_tokens=2048, output_tokens=512, tpot_slo_s=0.05)
-    return ap.find_plan("deepseek-v3", ap.get_preset("dgx-h100", num_nodes=16), workload, n_trials=40, seed=1)
+    return ap.find_plan(
+        "deepseek-v3", ap.get_preset("dgx-h100", num_nodes=16), workload, n_trials=40, seed=1
+    )

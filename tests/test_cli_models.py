@@ -11,8 +11,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "autoparallel.cli", *args], capture_output=True, text=True, env=env, cwd=REPO)
+    env = {
+        **os.environ,
+        "COLUMNS": "200",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "autoparallel.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
 
 
 def test_describe_reference_model() -> None:

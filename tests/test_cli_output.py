@@ -19,8 +19,17 @@ from rich.console import Console
 from autoparallel.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL_TRAINING = ["--model", "tiny-moe", "--cluster", "cpu-loopback", "--training", "--sequence-length", "16",
-                  "--global-batch-tokens", "128"]
+SMALL_TRAINING = [
+    "--model",
+    "tiny-moe",
+    "--cluster",
+    "cpu-loopback",
+    "--training",
+    "--sequence-length",
+    "16",
+    "--global-batch-tokens",
+    "128",
+]
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +66,31 @@ def _bad_invocations(tmp_path: Path) -> dict[str, list[str]]:
         "explain a folder": ["explain", str(tmp_path / "folder")],
         "explain not JSON": ["explain", str(tmp_path / "not-json.json")],
         "export a missing file": ["export", str(tmp_path / "missing.json"), "--format", "vllm"],
-        "export into a file": ["export", str(tmp_path / "not-json.json"), "--format", "vllm", "--output-dir",
-                               str(tmp_path / "not-json.json")],
+        "export into a file": [
+            "export",
+            str(tmp_path / "not-json.json"),
+            "--format",
+            "vllm",
+            "--output-dir",
+            str(tmp_path / "not-json.json"),
+        ],
         "export an empty plan": ["export", str(tmp_path / "empty.json"), "--format", "vllm"],
         "validate an unknown table": ["validate", "--table", "no-such-table"],
-        "profile into a missing folder": ["profile", "--output", str(tmp_path / "missing" / "p.json")],
-        "stage-check a missing profile": ["stage-check", "--profile", str(tmp_path / "missing.json")],
-        "probe report into a missing folder": ["probe", "--report", str(tmp_path / "missing" / "r.json")],
+        "profile into a missing folder": [
+            "profile",
+            "--output",
+            str(tmp_path / "missing" / "p.json"),
+        ],
+        "stage-check a missing profile": [
+            "stage-check",
+            "--profile",
+            str(tmp_path / "missing.json"),
+        ],
+        "probe report into a missing folder": [
+            "probe",
+            "--report",
+            str(tmp_path / "missing" / "r.json"),
+        ],
     }
 
 
@@ -89,10 +116,28 @@ def test_a_missing_cluster_file_is_not_called_an_unknown_preset(tmp_path, capsys
 def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
     environment = dict(os.environ, PYTHONPATH=str(REPO))
     process = subprocess.Popen(
-        [sys.executable, "-m", "autoparallel.cli", "plan", "--training", "--cluster", "dgx-h200", "--nodes", "128",
-         "--trials", "100000", "--storage",
-         f"sqlite:///{tmp_path}/s.db", "--output", str(tmp_path / "plan.json")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "autoparallel.cli",
+            "plan",
+            "--training",
+            "--cluster",
+            "dgx-h200",
+            "--nodes",
+            "128",
+            "--trials",
+            "100000",
+            "--storage",
+            f"sqlite:///{tmp_path}/s.db",
+            "--output",
+            str(tmp_path / "plan.json"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment,
+        cwd=tmp_path,
     )
     deadline = time.monotonic() + 60
     while not (tmp_path / "s.db").exists() and time.monotonic() < deadline:
@@ -102,7 +147,9 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
     _, error = process.communicate(timeout=60)
     assert process.returncode == 130
     assert "Traceback" not in error
-    assert [line for line in error.splitlines() if line.strip()][-1].startswith("error: interrupted")
+    assert [line for line in error.splitlines() if line.strip()][-1].startswith(
+        "error: interrupted"
+    )
 
 
 def test_json_on_every_command_that_prints_results(small_plan, capsys):
@@ -110,8 +157,26 @@ def test_json_on_every_command_that_prints_results(small_plan, capsys):
         "models": ["models", "--json"],
         "describe": ["describe", "tiny-moe", "--json"],
         "clusters": ["clusters", "cpu-loopback", "--json"],
-        "estimate": ["estimate", "--model", "tiny-moe", "--cluster", "cpu-loopback", "--nodes", "1", "--tp", "1", "--pp", "1",
-                     "--ep", "1", "--sequence-length", "16", "--global-batch-tokens", "128", "--json"],
+        "estimate": [
+            "estimate",
+            "--model",
+            "tiny-moe",
+            "--cluster",
+            "cpu-loopback",
+            "--nodes",
+            "1",
+            "--tp",
+            "1",
+            "--pp",
+            "1",
+            "--ep",
+            "1",
+            "--sequence-length",
+            "16",
+            "--global-batch-tokens",
+            "128",
+            "--json",
+        ],
         "validate": ["validate", "--table", "megatron_sc21_table1", "--json"],
         "explain": ["explain", str(small_plan), "--json"],
         "export": ["export", str(small_plan), "--format", "torchtitan", "--json"],
@@ -153,10 +218,18 @@ def test_tables_fit_80_columns_without_cutting_names_or_numbers(small_plan, monk
     plan = load_plan(small_plan)
     texts = {
         "models": _render_at_80(models, lambda: models._models(argparse.Namespace(json=False))),
-        "describe": _render_at_80(models, lambda: models._describe(argparse.Namespace(json=False, model="ref-3t-moe"))),
-        "clusters": _render_at_80(topology, lambda: topology._clusters(
-            argparse.Namespace(names=[], nodes=None, sources=False, json=False))),
-        "explain": _render_at_80(search, lambda: search._explain(argparse.Namespace(plan=str(small_plan), json=False))),
+        "describe": _render_at_80(
+            models, lambda: models._describe(argparse.Namespace(json=False, model="ref-3t-moe"))
+        ),
+        "clusters": _render_at_80(
+            topology,
+            lambda: topology._clusters(
+                argparse.Namespace(names=[], nodes=None, sources=False, json=False)
+            ),
+        ),
+        "explain": _render_at_80(
+            search, lambda: search._explain(argparse.Namespace(plan=str(small_plan), json=False))
+        ),
         "estimate": _render_at_80(cost, lambda: cost._print_breakdown(plan.predicted)),
     }
     for name, text in texts.items():
@@ -172,7 +245,10 @@ def test_output_to_a_pipe_is_never_wrapped():
     environment = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="40")
     result = subprocess.run(
         [sys.executable, "-m", "autoparallel.cli", "clusters", "dgx-h100", "--sources"],
-        capture_output=True, text=True, env=environment, check=True,
+        capture_output=True,
+        text=True,
+        env=environment,
+        check=True,
     )
     from topology import get_preset
 
@@ -181,8 +257,28 @@ def test_output_to_a_pipe_is_never_wrapped():
 
 
 def test_mfu_never_exceeds_one_at_a_million_tokens(capsys):
-    argv = ["estimate", "--model", "tiny-moe", "--cluster", "dgx-b200", "--nodes", "16", "--tp", "1", "--pp", "1",
-            "--ep", "2", "--dp", "128", "--sequence-length", "1048576", "--global-batch-tokens", "536870912", "--json"]
+    argv = [
+        "estimate",
+        "--model",
+        "tiny-moe",
+        "--cluster",
+        "dgx-b200",
+        "--nodes",
+        "16",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--ep",
+        "2",
+        "--dp",
+        "128",
+        "--sequence-length",
+        "1048576",
+        "--global-batch-tokens",
+        "536870912",
+        "--json",
+    ]
     assert main(argv) == 0
     assert 0 < json.loads(capsys.readouterr().out)["mfu"] < 1
 
@@ -195,8 +291,22 @@ def test_a_table_without_a_bound_gets_no_verdict(capsys):
 
 
 def test_an_unreachable_latency_slo_is_reported_in_seconds(capsys):
-    argv = ["plan", "--model", "deepseek-v3", "--cluster", "dgx-h100", "--nodes", "4", "--tpot-slo-ms", "0.01",
-            "--no-disaggregation", "--trials", "10", "--output", os.devnull]
+    argv = [
+        "plan",
+        "--model",
+        "deepseek-v3",
+        "--cluster",
+        "dgx-h100",
+        "--nodes",
+        "4",
+        "--tpot-slo-ms",
+        "0.01",
+        "--no-disaggregation",
+        "--trials",
+        "10",
+        "--output",
+        os.devnull,
+    ]
     assert main(argv) == 2
     error = capsys.readouterr().err
     assert "TPOT" in error and "SLO" in error and " GB" not in error

@@ -28,9 +28,15 @@ from topology import get_preset
 
 CONFIGS = [
     ParallelConfig(),
-    ParallelConfig(dp=4, tp=8, pp=4, ep=32, sequence_parallel=True, recompute="selective", zero_stage=1),
-    ParallelConfig(tp=2, pp=4, virtual_stages=3, pipeline_schedule="interleaved_1f1b", micro_batch_size=2),
-    ParallelConfig(dp=16, cp=2, ep=8, etp=2, zero_stage=3, recompute="full", pipeline_schedule="zero_bubble"),
+    ParallelConfig(
+        dp=4, tp=8, pp=4, ep=32, sequence_parallel=True, recompute="selective", zero_stage=1
+    ),
+    ParallelConfig(
+        tp=2, pp=4, virtual_stages=3, pipeline_schedule="interleaved_1f1b", micro_batch_size=2
+    ),
+    ParallelConfig(
+        dp=16, cp=2, ep=8, etp=2, zero_stage=3, recompute="full", pipeline_schedule="zero_bubble"
+    ),
 ]
 
 
@@ -43,9 +49,13 @@ def test_table_round_trips_every_config() -> None:
 
 
 def test_table_from_columns_fills_defaults_and_encodes_labels() -> None:
-    table = table_from_columns(tp=[1, 2, 4], recompute="full", pipeline_schedule=["gpipe", "1f1b", "zero_bubble"])
+    table = table_from_columns(
+        tp=[1, 2, 4], recompute="full", pipeline_schedule=["gpipe", "1f1b", "zero_bubble"]
+    )
     assert table_length(table) == 3
-    assert table_row(table, 2) == ParallelConfig(tp=4, recompute="full", pipeline_schedule="zero_bubble")
+    assert table_row(table, 2) == ParallelConfig(
+        tp=4, recompute="full", pipeline_schedule="zero_bubble"
+    )
     with pytest.raises(ValueError, match="recompute"):
         table_from_columns(recompute="sometimes")
 
@@ -57,7 +67,9 @@ def test_table_with_ragged_columns_is_rejected() -> None:
         table_length(table)
 
 
-@pytest.mark.parametrize("num_layers,pp", [(80, 1), (80, 2), (80, 3), (61, 8), (96, 8), (105, 35), (7, 4)])
+@pytest.mark.parametrize(
+    "num_layers,pp", [(80, 1), (80, 2), (80, 3), (61, 8), (96, 8), (105, 35), (7, 4)]
+)
 def test_stage_layout_matches_split_layers(num_layers: int, pp: int) -> None:
     model = get_model("ref-3t-moe").model_copy(update={"num_layers": num_layers})
     layout = stage_layout(model=model, pp=np.array([pp]), virtual_stages=np.array([1]))
@@ -71,12 +83,16 @@ def test_parameters_per_device_add_up_to_the_model() -> None:
     model = get_model("ref-3t-moe")
     table = configs_to_table([ParallelConfig()])
     parts = parameters_per_device(model=model, table=table)
-    assert sum(part[0, 0] for part in parts.values()) == pytest.approx(model.num_parameters, rel=1e-12)
+    assert sum(part[0, 0] for part in parts.values()) == pytest.approx(
+        model.num_parameters, rel=1e-12
+    )
 
 
 def test_more_tp_or_ep_means_fewer_parameters_per_device() -> None:
     model = get_model("ref-3t-moe")
-    configs = [ParallelConfig(tp=tp, ep=ep, dp=8) for tp, ep in [(1, 1), (2, 1), (8, 1), (8, 8), (8, 64)]]
+    configs = [
+        ParallelConfig(tp=tp, ep=ep, dp=8) for tp, ep in [(1, 1), (2, 1), (8, 1), (8, 8), (8, 64)]
+    ]
     parts = parameters_per_device(model=model, table=configs_to_table(configs))
     totals = sum(parts.values())[0]
     assert np.all(np.diff(totals) < 0)
@@ -84,13 +100,17 @@ def test_more_tp_or_ep_means_fewer_parameters_per_device() -> None:
 
 def test_redundant_experts_cost_memory() -> None:
     model = get_model("ref-3t-moe")
-    table = configs_to_table([ParallelConfig(dp=32, ep=32)] * 2, num_redundant_experts=np.array([0, 32]))
+    table = configs_to_table(
+        [ParallelConfig(dp=32, ep=32)] * 2, num_redundant_experts=np.array([0, 32])
+    )
     routed = parameters_per_device(model=model, table=table)["routed_experts"][1]
     assert routed[1] / routed[0] == pytest.approx((768 + 32) / 768)
 
 
 def test_ranks_per_node_follows_megatron_order() -> None:
-    table = configs_to_table([ParallelConfig(dp=4, tp=4, pp=2, ep=8, etp=2), ParallelConfig(dp=16, tp=1, cp=2)])
+    table = configs_to_table(
+        [ParallelConfig(dp=4, tp=4, pp=2, ep=8, etp=2), ParallelConfig(dp=16, tp=1, cp=2)]
+    )
     local = ranks_per_node(table=table, devices_per_node=8)
     assert local["tp"].tolist() == [4, 1]
     assert local["dp"].tolist() == [2, 4]
@@ -104,18 +124,29 @@ def test_roofline_takes_the_slower_of_compute_and_memory() -> None:
     neutral = Calibration()
     flops = np.array([1e12, 1e6])
     bytes_moved = np.array([1e3, 1e9])
-    seconds = op_time_s(flops=flops, bytes_moved=bytes_moved, hardware=hardware, dtype="bf16", calibration=neutral)
+    seconds = op_time_s(
+        flops=flops, bytes_moved=bytes_moved, hardware=hardware, dtype="bf16", calibration=neutral
+    )
     assert seconds[0] == pytest.approx(1e12 / (989e12 * hardware.matmul_efficiency))
     assert seconds[1] == pytest.approx(1e9 / (3.35e12 * hardware.memory_bandwidth_efficiency))
 
 
 def test_mean_attended_tokens_matches_a_direct_sum() -> None:
-    window = AttentionSpec(kind="gqa", num_heads=8, num_kv_heads=2, head_dim=64, variant="sliding_window", window_tokens=100)
+    window = AttentionSpec(
+        kind="gqa",
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=64,
+        variant="sliding_window",
+        window_tokens=100,
+    )
     full = window.model_copy(update={"variant": "full", "window_tokens": None})
     for spec in (window, full):
         for length in (10, 100, 1000):
             direct = np.mean([spec.attended_tokens(i) for i in range(1, length + 1)])
-            assert mean_attended_tokens(attention=spec, sequence_tokens=length) == pytest.approx(direct)
+            assert mean_attended_tokens(attention=spec, sequence_tokens=length) == pytest.approx(
+                direct
+            )
 
 
 def test_stage_rows_are_named() -> None:
@@ -123,7 +154,9 @@ def test_stage_rows_are_named() -> None:
 
 
 @pytest.mark.parametrize("pp", [32, 48])
-@pytest.mark.parametrize("mesh", [{"dp": 8, "ep": 8}, {"dp": 4, "tp": 2, "ep": 8}, {"dp": 16, "ep": 16, "etp": 1}])
+@pytest.mark.parametrize(
+    "mesh", [{"dp": 8, "ep": 8}, {"dp": 4, "tp": 2, "ep": 8}, {"dp": 16, "ep": 16, "etp": 1}]
+)
 def test_fullest_pipeline_rank_holds_at_least_the_average(pp: int, mesh: dict) -> None:
     """ref-3t-moe's 3 dense layers spill past the first chunk at pp 32 and 48; the ranks the
     layout reports must include one holding at least the average parameters per rank."""

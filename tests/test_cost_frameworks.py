@@ -12,13 +12,19 @@ from cost_model._table import configs_to_table
 from cost_model._validation import gpt_model
 from topology import get_preset
 
-MODEL = gpt_model(name="gpt-13b-like", heads=40, hidden=5120, layers=40, vocab=32000, sequence=4096, tied=False)
+MODEL = gpt_model(
+    name="gpt-13b-like", heads=40, hidden=5120, layers=40, vocab=32000, sequence=4096, tied=False
+)
 CLUSTER = get_preset("dgx-a100", num_nodes=8)
 NEUTRAL = EstimateOptions(calibration=Calibration())
 
 
-def _columns(framework: str | None, zero_stage: int, micro_batches: int = 1) -> dict[str, np.ndarray]:
-    workload = Training(sequence_length_tokens=4096, global_batch_sequences=64 * micro_batches, framework=framework)
+def _columns(
+    framework: str | None, zero_stage: int, micro_batches: int = 1
+) -> dict[str, np.ndarray]:
+    workload = Training(
+        sequence_length_tokens=4096, global_batch_sequences=64 * micro_batches, framework=framework
+    )
     config = ParallelConfig(dp=64, zero_stage=zero_stage, recompute="selective")
     return estimate_table(MODEL, CLUSTER, workload, configs_to_table([config]), options=NEUTRAL)
 
@@ -37,7 +43,10 @@ def test_bf16_gradient_reduction_moves_less_than_fp32() -> None:
     """Megatron-core reduces gradients in bf16 by default, torchtitan's FSDP2 policy in fp32:
     the ZeRO-1 traffic (one reduce-scatter + one all-gather) differs by the gradient half."""
     megatron, torchtitan = _columns("megatron-core", 1), _columns("torchtitan", 1)
-    total = {name: c["time.dp_comm"][0] + c["hidden.dp_comm"][0] for name, c in (("m", megatron), ("t", torchtitan))}
+    total = {
+        name: c["time.dp_comm"][0] + c["hidden.dp_comm"][0]
+        for name, c in (("m", megatron), ("t", torchtitan))
+    }
     assert total["m"] < total["t"]
     assert framework_profile("megatron-core").gradient_reduce_bytes == 2
     assert framework_profile("torchtitan").gradient_reduce_bytes == 4
@@ -51,10 +60,15 @@ def test_no_overlap_profile_exposes_all_gradient_traffic() -> None:
 
 
 def test_zero2_reduces_per_micro_batch_only_where_the_framework_does() -> None:
-    deepspeed, megatron = _columns("deepspeed", 2, micro_batches=4), _columns("megatron-core", 2, micro_batches=4)
+    deepspeed, megatron = (
+        _columns("deepspeed", 2, micro_batches=4),
+        _columns("megatron-core", 2, micro_batches=4),
+    )
     deepspeed_one = _columns("deepspeed", 2, micro_batches=1)
     megatron_one = _columns("megatron-core", 2, micro_batches=1)
+
     def traffic(c):
         return c["time.dp_comm"][0] + c["hidden.dp_comm"][0]
+
     assert traffic(deepspeed) > 2.0 * traffic(deepspeed_one)
     assert traffic(megatron) == pytest.approx(traffic(megatron_one), rel=1e-9)

@@ -56,7 +56,11 @@ def test_the_prompt_spread_carries_the_prefill_row() -> None:
 
 
 def test_chat_trace_spread_is_computed_from_the_shipped_sample() -> None:
-    data = json.loads((Path(cost_model.__file__).parent / "data" / "mooncake_conversation_sample.json").read_text())
+    data = json.loads(
+        (
+            Path(cost_model.__file__).parent / "data" / "mooncake_conversation_sample.json"
+        ).read_text()
+    )
     lengths = np.asarray(data["input_length"], dtype=float)
     assert len(lengths) == sum(data["requests_per_window"]) == len(data["output_length"]) > 1000
     assert "Mooncake" in data["source"] and lengths.min() > 0
@@ -72,7 +76,9 @@ def test_fully_loaded_profiles_within_10_percent() -> None:
     assert [row.published for row in profile] == [62713.0, 18598.0, 59337.0]
     for row in profile:
         assert abs(row.error) <= 0.10, row
-    assert profile[0].published > 1.9 * 73700 * (1 - 0.563)  # the profile computes ~2x Day 6's uncached tokens
+    assert profile[0].published > 1.9 * 73700 * (
+        1 - 0.563
+    )  # the profile computes ~2x Day 6's uncached tokens
 
 
 def test_h800_takes_the_h100_class_calibration_and_it_matters() -> None:
@@ -92,12 +98,29 @@ def test_h800_takes_the_h100_class_calibration_and_it_matters() -> None:
 
 def test_units_and_workload_follow_the_published_records() -> None:
     records = day6_records()["records"]
-    published = {r["field"]: r["value"] for r in json.loads(REFERENCE.read_text())["records"] if r["table"] == "dsv3_day6"}
+    published = {
+        r["field"]: r["value"]
+        for r in json.loads(REFERENCE.read_text())["records"]
+        if r["table"] == "dsv3_day6"
+    }
     assert published == records  # the packaged copy matches the published records verbatim
     units = day6_units()
-    (prefill_nodes, prefill, prefill_serving), (decode_nodes, decode, decode_serving) = units["prefill"], units["decode"]
-    assert (prefill_nodes, prefill.ep, prefill.dp, prefill_serving.num_redundant_experts) == (4, 32, 32, 32)
-    assert (decode_nodes, decode.ep, decode.dp, decode_serving.num_redundant_experts) == (18, 144, 144, 32)
+    (prefill_nodes, prefill, prefill_serving), (decode_nodes, decode, decode_serving) = (
+        units["prefill"],
+        units["decode"],
+    )
+    assert (prefill_nodes, prefill.ep, prefill.dp, prefill_serving.num_redundant_experts) == (
+        4,
+        32,
+        32,
+        32,
+    )
+    assert (decode_nodes, decode.ep, decode.dp, decode_serving.num_redundant_experts) == (
+        18,
+        144,
+        144,
+        32,
+    )
     assert "EP32" in records["prefill_unit"] and "EP144" in records["decode_unit"]
     workload = day6_workload()
     outputs = workload.output_tokens * (1 + workload.output_tokens_cv**2)  # mean over output tokens
@@ -110,5 +133,7 @@ def test_fleet_split_serves_input_and_output_in_the_published_ratio() -> None:
     fleet = day6_fleet_rows()
     assert len(fleet) == 2
     inputs, outputs = fleet
-    assert inputs.predicted / outputs.predicted == pytest.approx(inputs.published / outputs.published, rel=1e-3)
+    assert inputs.predicted / outputs.predicted == pytest.approx(
+        inputs.published / outputs.published, rel=1e-3
+    )
     assert inputs.predicted > 0

@@ -22,19 +22,15 @@ from topology import get_preset
 DATA = Path(__file__).resolve().parents[1] / "cost_model" / "data"
 
 
-def test_curves_are_fit_inputs_with_a_source_file_each_and_no_end_to_end_table() -> (
-    None
-):
+def test_curves_are_fit_inputs_with_a_source_file_each_and_no_end_to_end_table() -> None:
     curves = kernel_curves()
     assert curves["kind"] == "fit_input" and "Apache-2.0" in curves["_license"]
     assert "aiconfigurator-core 0.12.0" in curves["_source"]
     files = [
-        c["file"]
-        for c in curves["grouped_gemm"] + curves["mla_decode"] + curves["mla_prefill"]
+        c["file"] for c in curves["grouped_gemm"] + curves["mla_decode"] + curves["mla_prefill"]
     ]
     assert files and all(
-        f.startswith("aiconfigurator_core/systems/data/") and f.endswith(".parquet")
-        for f in files
+        f.startswith("aiconfigurator_core/systems/data/") and f.endswith(".parquet") for f in files
     )
     assert not any("silicon_sample" in f for f in files)
     devices = {c["device"] for c in curves["grouped_gemm"]}
@@ -70,9 +66,7 @@ def test_small_grouped_gemms_run_far_below_their_roofline() -> None:
         experts_per_device=8,
     )
     assert np.all((efficiency > 0) & (efficiency <= 1))
-    assert (
-        efficiency[0] < 0.5 * efficiency[1]
-    )  # a few tokens spread over 8 experts: launch-bound
+    assert efficiency[0] < 0.5 * efficiency[1]  # a few tokens spread over 8 experts: launch-bound
     assert (
         grouped_gemm_efficiency(
             device_name="no such device",
@@ -95,20 +89,14 @@ def test_small_grouped_gemms_run_far_below_their_roofline() -> None:
 def test_decode_prices_routed_experts_at_the_measured_grouped_gemm_efficiency() -> None:
     model = get_model("deepseek-v3")
     workload = Inference(prompt_tokens=2048, output_tokens=256, weight_dtype="fp8")
-    table = table_from_columns(
-        dp=8, tp=1, ep=8, batch_size=8, phase=PHASE_CODES["decode"]
-    )
+    table = table_from_columns(dp=8, tp=1, ep=8, batch_size=8, phase=PHASE_CODES["decode"])
     h200 = estimate_inference_table(
         model=model, cluster=get_preset("dgx-h200"), workload=workload, table=table
     )
     # the same device without curves (renamed) falls back to the calibrated roofline
     plain = get_preset("dgx-h200")
     renamed = plain.model_copy(
-        update={
-            "device": plain.device.model_copy(
-                update={"name": "NVIDIA H200 SXM (no curves)"}
-            )
-        }
+        update={"device": plain.device.model_copy(update={"name": "NVIDIA H200 SXM (no curves)"})}
     )
     roofline = estimate_inference_table(
         model=model, cluster=renamed, workload=workload, table=table
@@ -181,8 +169,7 @@ def test_importer_recovers_the_efficiency_of_a_synthetic_table(tmp_path: Path) -
         and curve["engine"] == "trtllm"
     )
     assert (
-        curve["file"]
-        == "aiconfigurator_core/systems/data/h200_sxm/moe/trtllm/9.9/moe_perf.parquet"
+        curve["file"] == "aiconfigurator_core/systems/data/h200_sxm/moe/trtllm/9.9/moe_perf.parquet"
     )
     assert set(curve["experts_per_device"]) == {"32", "8"}
     for values in curve["experts_per_device"].values():
@@ -228,9 +215,7 @@ def test_low_latency_all_to_all_pays_the_measured_fixed_latency() -> None:
         inter_bytes=7 * 7168.0,
         cluster=cluster,
     )
-    assert (
-        one_token > 15e-6
-    )  # DeepEP's measured floor: ~16 us for a single token on 8 nodes
+    assert one_token > 15e-6  # DeepEP's measured floor: ~16 us for a single token on 8 nodes
 
 
 def test_mla_decode_is_far_less_efficient_for_a_few_sequences() -> None:

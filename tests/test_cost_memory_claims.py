@@ -12,7 +12,9 @@ from cost_model import estimate_table
 from cost_model._table import configs_to_table
 from cost_model._validation import _cluster, _options, _workload, training_cases
 
-CLAIMS = json.loads((resources.files("cost_model") / "data" / "memory_claims.json").read_text())["claims"]
+CLAIMS = json.loads((resources.files("cost_model") / "data" / "memory_claims.json").read_text())[
+    "claims"
+]
 #: Tables whose publication does not state the memory-saving setup of its runs, and whose
 #: assumed setup (no recompute) is predicted not to fit: listed, not hidden. Llama 3 Table 4
 #: gives no recompute or interleaving setting for its 405B runs; the Megatron-Bridge tables
@@ -26,8 +28,16 @@ def _peak_bytes(case, *, micro_batch: int | None = None) -> tuple[float, float]:
     if micro_batch is not None:
         scale = micro_batch / config.micro_batch_size
         config = config.model_copy(update={"micro_batch_size": micro_batch})
-        workload = workload.model_copy(update={"global_batch_sequences": int(workload.global_batch_sequences * scale)})
-    columns = estimate_table(case.model, cluster, workload, configs_to_table([config]), options=_options(case, None, cluster))
+        workload = workload.model_copy(
+            update={"global_batch_sequences": int(workload.global_batch_sequences * scale)}
+        )
+    columns = estimate_table(
+        case.model,
+        cluster,
+        workload,
+        configs_to_table([config]),
+        options=_options(case, None, cluster),
+    )
     return float(columns["memory_per_device_bytes"][0]), float(cluster.device.memory_bytes)
 
 

@@ -10,7 +10,9 @@ import pytest
 
 from cost_model._validation import training_rows
 
-TABLES = json.loads((resources.files("cost_model") / "data" / "ranking_tables.json").read_text())["tables"]
+TABLES = json.loads((resources.files("cost_model") / "data" / "ranking_tables.json").read_text())[
+    "tables"
+]
 #: Metrics where a smaller figure is faster.
 SMALLER_IS_FASTER = {"iteration_time_sp_selective", "iteration_time_full_recompute"}
 
@@ -29,7 +31,15 @@ def test_predicted_order_equals_published_order(table: dict, rows) -> None:
     assert table["source"]
     for group in table["groups"]:
         members = [rows[tuple(key)] for key in group]
-        published = sorted(range(len(members)), key=lambda i: -_speed(members[i], members[i].published))
-        predicted = sorted(range(len(members)), key=lambda i: -_speed(members[i], members[i].predicted))
-        assert published == list(range(len(members))), "groups list the published order, faster first"
-        assert predicted == published, [(m.run, m.metric, m.predicted, m.published) for m in members]
+        published = sorted(
+            range(len(members)), key=lambda i: -_speed(members[i], members[i].published)
+        )
+        predicted = sorted(
+            range(len(members)), key=lambda i: -_speed(members[i], members[i].predicted)
+        )
+        assert published == list(range(len(members))), (
+            "groups list the published order, faster first"
+        )
+        assert predicted == published, [
+            (m.run, m.metric, m.predicted, m.published) for m in members
+        ]

@@ -48,15 +48,21 @@ def test_ref_model_sweeps_to_one_million_tokens() -> None:
 
 def test_memory_limit_is_reported_not_raised() -> None:
     # One 1M-token sequence per rank without context parallel: its cache alone needs ~46 GB in fp8.
-    sweep = sequence_sweep(REF, CLUSTER, WORKLOAD, ParallelConfig(dp=128, tp=8, ep=256, attention_data_parallel=True))
+    sweep = sequence_sweep(
+        REF, CLUSTER, WORKLOAD, ParallelConfig(dp=128, tp=8, ep=256, attention_data_parallel=True)
+    )
     assert sweep.feasible[0] and not sweep.feasible[-1]
     assert np.isnan(sweep.scaling_exponent[-1])
 
 
 def test_bounded_attention_variants_stay_linear() -> None:
     full = sequence_sweep(REF, CLUSTER, WORKLOAD, LONG_CONTEXT)
-    window = sequence_sweep(_variant("sliding_window", window_tokens=8192), CLUSTER, WORKLOAD, LONG_CONTEXT)
-    sparse = sequence_sweep(_variant("sparse_topk", topk_tokens=2048), CLUSTER, WORKLOAD, LONG_CONTEXT)
+    window = sequence_sweep(
+        _variant("sliding_window", window_tokens=8192), CLUSTER, WORKLOAD, LONG_CONTEXT
+    )
+    sparse = sequence_sweep(
+        _variant("sparse_topk", topk_tokens=2048), CLUSTER, WORKLOAD, LONG_CONTEXT
+    )
     linear = sequence_sweep(_variant("linear"), CLUSTER, WORKLOAD, LONG_CONTEXT)
     for bounded in (window, sparse, linear):
         assert bounded.superlinear_length is None
@@ -66,7 +72,9 @@ def test_bounded_attention_variants_stay_linear() -> None:
     window_growth = window.memory_per_device_bytes[-1] - window.memory_per_device_bytes[2]
     full_growth = full.memory_per_device_bytes[-1] - full.memory_per_device_bytes[2]
     assert window_growth < 0.1 * full_growth
-    assert sparse.memory_per_device_bytes[-1] == pytest.approx(full.memory_per_device_bytes[-1], rel=0.02)
+    assert sparse.memory_per_device_bytes[-1] == pytest.approx(
+        full.memory_per_device_bytes[-1], rel=0.02
+    )
     # but a decode step reads only the selected keys: its attention (the TPOT above the linear
     # variant's, whose state is constant) is a fraction of full attention's. A lone request's
     # TPOT holds no prefill (its prompt is in its TTFT), so the per-step floor is common to all.
@@ -75,7 +83,14 @@ def test_bounded_attention_variants_stay_linear() -> None:
 
 
 def test_serving_config_and_bad_lengths() -> None:
-    sweep = sequence_sweep(REF, CLUSTER, WORKLOAD, LONG_CONTEXT, lengths=[4096, 8192], serving=ServingConfig(batch_size=4, phase="prefill"))
+    sweep = sequence_sweep(
+        REF,
+        CLUSTER,
+        WORKLOAD,
+        LONG_CONTEXT,
+        lengths=[4096, 8192],
+        serving=ServingConfig(batch_size=4, phase="prefill"),
+    )
     assert np.all(np.isnan(sweep.tpot_s)) and np.all(sweep.tokens_per_s_per_device > 0)
     with pytest.raises(ValueError, match="lengths"):
         sequence_sweep(REF, CLUSTER, WORKLOAD, LONG_CONTEXT, lengths=[4096])
@@ -89,5 +104,7 @@ def test_training_sweep_keeps_tokens_per_step() -> None:
     sweep = sequence_sweep(REF, CLUSTER, training, config, lengths=[4096, 16384, 65536, 262144])
     assert np.all(np.isnan(sweep.tpot_s))
     assert np.all(np.diff(sweep.latency_s) > 0)
-    assert sweep.memory_per_device_bytes[-1] > sweep.memory_per_device_bytes[0]  # activations of longer sequences
+    assert (
+        sweep.memory_per_device_bytes[-1] > sweep.memory_per_device_bytes[0]
+    )  # activations of longer sequences
     assert sweep.tokens_per_s_per_device[-1] < sweep.tokens_per_s_per_device[0]

@@ -25,7 +25,13 @@ def _options(**changes) -> EstimateOptions:
 
 
 def _times(**changes):
-    ctx = training_context(model=MODEL, cluster=CLUSTER, workload=WORKLOAD, table=configs_to_table([CONFIG]), options=_options(**changes))
+    ctx = training_context(
+        model=MODEL,
+        cluster=CLUSTER,
+        workload=WORKLOAD,
+        table=configs_to_table([CONFIG]),
+        options=_options(**changes),
+    )
     return ctx, collective_times(ctx)
 
 
@@ -40,8 +46,16 @@ def test_training_and_inference_price_a_deepep_dispatch_with_one_formula() -> No
     tokens = ctx.moe_tokens * ctx.options.routing_imbalance
     by_hand = sum(
         expert_dispatch_time_s(
-            cluster=CLUSTER, calibration=ctx.calibration, hidden_size=MODEL.hidden_size, top_k=MODEL.moe.top_k,
-            ep=32, etp=1, ep_per_node=ctx.local["ep"], rank_tokens=tokens, element_bytes=2.0, node_dedup=True,
+            cluster=CLUSTER,
+            calibration=ctx.calibration,
+            hidden_size=MODEL.hidden_size,
+            top_k=MODEL.moe.top_k,
+            ep=32,
+            etp=1,
+            ep_per_node=ctx.local["ep"],
+            rank_tokens=tokens,
+            element_bytes=2.0,
+            node_dedup=True,
         )
         for _ in range(2)
     )
@@ -63,7 +77,9 @@ def test_node_limited_routing_caps_the_remote_copies() -> None:
 
 
 def _columns(**changes) -> dict[str, np.ndarray]:
-    return estimate_table(MODEL, CLUSTER, WORKLOAD, configs_to_table([CONFIG]), options=_options(**changes))
+    return estimate_table(
+        MODEL, CLUSTER, WORKLOAD, configs_to_table([CONFIG]), options=_options(**changes)
+    )
 
 
 def test_a_bidirectional_pipeline_hides_the_expert_exchange_and_halves_the_bubble() -> None:
@@ -77,8 +93,12 @@ def test_all_gather_context_parallel_is_exposed_and_ring_hides() -> None:
     model = get_model("llama-3.1-405b")
     cluster = get_preset("dgx-h100", num_nodes=64)
     workload = Training(sequence_length_tokens=131072, global_batch_sequences=16)
-    config = configs_to_table([ParallelConfig(dp=2, tp=8, pp=2, cp=16, sequence_parallel=True, recompute="full")])
+    config = configs_to_table(
+        [ParallelConfig(dp=2, tp=8, pp=2, cp=16, sequence_parallel=True, recompute="full")]
+    )
     ring = estimate_table(model, cluster, workload, config, options=_options())
-    gather = estimate_table(model, cluster, workload, config, options=_options(context_parallel="all_gather"))
+    gather = estimate_table(
+        model, cluster, workload, config, options=_options(context_parallel="all_gather")
+    )
     assert gather["hidden.cp_comm"][0] == 0.0 < gather["time.cp_comm"][0]
     assert ring["hidden.cp_comm"][0] > 0.0

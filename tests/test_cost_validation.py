@@ -43,8 +43,14 @@ def rows():
 def test_every_training_table_is_within_its_tolerance(rows) -> None:
     summary = summarize(rows)
     assert set(summary) == {
-        "megatron_sc21_table1", "korthikanti_table5", "megatron_readme_2022_mfu", "megatron_readme_h100", "korthikanti_fig1_memory",
-        "torchtitan_a100_fsdp", "llama3_table4", "megatron_bridge_perf",
+        "megatron_sc21_table1",
+        "korthikanti_table5",
+        "megatron_readme_2022_mfu",
+        "megatron_readme_h100",
+        "korthikanti_fig1_memory",
+        "torchtitan_a100_fsdp",
+        "llama3_table4",
+        "megatron_bridge_perf",
     }
     for table, figures in summary.items():
         mean, largest = TOLERANCES.get(table, (0.05, 0.12))
@@ -71,21 +77,43 @@ def test_sc21_tflops_use_the_papers_formula(rows) -> None:
     case = next(c for c in training_cases() if c.table == "megatron_sc21_table1" and c.run == "1T")
     row = next(r for r in rows if r.table == "megatron_sc21_table1" and r.run == "1T")
     cluster = _cluster(case.hardware, case.config.world_size)
-    columns = estimate_table(case.model, cluster, _workload(case), configs_to_table([case.config]), options=_options(case, None, cluster))
+    columns = estimate_table(
+        case.model,
+        cluster,
+        _workload(case),
+        configs_to_table([case.config]),
+        options=_options(case, None, cluster),
+    )
     b, s, layers, h, v = 3072, 2048, 128, 25600, 51200
     flops = 96 * b * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
-    assert case.config.world_size == 3072 and case.config.pp == 64 and case.config.recompute == "full"
-    assert row.predicted == pytest.approx(flops / (columns["step_time_s"][0] * 3072) / 1e12, rel=1e-12)
+    assert (
+        case.config.world_size == 3072 and case.config.pp == 64 and case.config.recompute == "full"
+    )
+    assert row.predicted == pytest.approx(
+        flops / (columns["step_time_s"][0] * 3072) / 1e12, rel=1e-12
+    )
 
 
 def test_korthikanti_architectures_match_the_catalog() -> None:
     model = get_model("megatron-gpt-22b")
     arch = KORTHIKANTI_MODELS["22B"]
-    assert (model.attention.num_heads, model.hidden_size, model.num_layers) == (arch["heads"], arch["hidden"], arch["layers"])
-    for name, catalog in (("175B", "gpt3-175b"), ("530B", "megatron-gpt-530b"), ("1T", "megatron-gpt-1t")):
+    assert (model.attention.num_heads, model.hidden_size, model.num_layers) == (
+        arch["heads"],
+        arch["hidden"],
+        arch["layers"],
+    )
+    for name, catalog in (
+        ("175B", "gpt3-175b"),
+        ("530B", "megatron-gpt-530b"),
+        ("1T", "megatron-gpt-1t"),
+    ):
         spec = get_model(catalog)
         arch = KORTHIKANTI_MODELS[name]
-        assert (spec.attention.num_heads, spec.hidden_size, spec.num_layers) == (arch["heads"], arch["hidden"], arch["layers"])
+        assert (spec.attention.num_heads, spec.hidden_size, spec.num_layers) == (
+            arch["heads"],
+            arch["hidden"],
+            arch["layers"],
+        )
 
 
 # ------------------------------------------------------------------------------ calibration
@@ -115,14 +143,18 @@ def test_shipped_a100_fit_is_a_local_least_squares_optimum() -> None:
     shipped = calibration_for(get_preset("dgx-a100").device)
     values = np.array([getattr(shipped, name) for name in names])
     cases = [c for c in training_cases() if c.hardware == "A100"]
-    loss = {step: robust_loss(_log_errors(cases, calibration_with(names, values * np.array([step, 1]))))
-            for step in (0.95, 1.0, 1.05)}
+    loss = {
+        step: robust_loss(_log_errors(cases, calibration_with(names, values * np.array([step, 1]))))
+        for step in (0.95, 1.0, 1.05)
+    }
     assert loss[1.0] < loss[0.95] and loss[1.0] < loss[1.05]
 
 
 def test_nelder_mead_finds_a_quadratic_minimum() -> None:
     target = np.array([0.7, 0.4, 1.2])
-    best = _nelder_mead(lambda x: float(np.sum((x - target) ** 2)), np.array([0.5, 0.5, 1.0]), max_evaluations=400)
+    best = _nelder_mead(
+        lambda x: float(np.sum((x - target) ** 2)), np.array([0.5, 0.5, 1.0]), max_evaluations=400
+    )
     np.testing.assert_allclose(best, target, atol=1e-3)
 
 
@@ -133,7 +165,9 @@ def test_calibration_bounds_clip() -> None:
 
 # ------------------------------------------------------------------------------ speed (CPU time)
 def test_a_table_is_much_faster_than_one_config_at_a_time() -> None:
-    spec = importlib.util.spec_from_file_location("cost_model_speed", REPO / "benchmarks" / "cost_model_speed.py")
+    spec = importlib.util.spec_from_file_location(
+        "cost_model_speed", REPO / "benchmarks" / "cost_model_speed.py"
+    )
     speed = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(speed)
     config_table = speed.config_table
@@ -179,9 +213,15 @@ def test_no_shipped_parameter_sits_at_a_bound() -> None:
     from cost_model._validation import BOUNDS
 
     for hardware, names in FIT_PARAMETERS.items():
-        shipped = calibration_for(get_preset({"A100": "dgx-a100", "H100": "dgx-h100"}[hardware]).device)
+        shipped = calibration_for(
+            get_preset({"A100": "dgx-a100", "H100": "dgx-h100"}[hardware]).device
+        )
         for name in names:
-            value = shipped.overlap[name.split(".", 1)[1]] if name.startswith("overlap.") else getattr(shipped, name)
+            value = (
+                shipped.overlap[name.split(".", 1)[1]]
+                if name.startswith("overlap.")
+                else getattr(shipped, name)
+            )
             low, high = BOUNDS[name]
             margin = 1e-3 * (high - low)
             assert low + margin < value < high - margin, (hardware, name, value, (low, high))
@@ -217,17 +257,27 @@ def test_the_published_set_spans_sources_hardware_and_kinds() -> None:
     assert any(c.model.moe is not None and c.config.ep > 1 for c in cases)
     assert any(c.config.zero_stage == 3 for c in cases)
     assert any(c.config.cp > 1 for c in cases)
-    assert all(r.get("source") and r.get("source_id") for r in published_records() if r.get("format") == "run")
+    assert all(
+        r.get("source") and r.get("source_id")
+        for r in published_records()
+        if r.get("format") == "run"
+    )
 
 
 def test_shipped_cross_validation_figures_are_recorded() -> None:
     document = json.loads((resources.files("cost_model") / "data" / "calibration.json").read_text())
     figures = document["cross_validation"]
-    assert figures["fit"]["count"] == figures["leave_one_source_out"]["count"] == len(training_cases())
-    assert figures["leave_one_source_out"]["mean_abs_error"] >= figures["fit"]["mean_abs_error"] * 0.9
+    assert (
+        figures["fit"]["count"] == figures["leave_one_source_out"]["count"] == len(training_cases())
+    )
+    assert (
+        figures["leave_one_source_out"]["mean_abs_error"] >= figures["fit"]["mean_abs_error"] * 0.9
+    )
 
 
-def test_leave_one_source_out_carries_the_reference_fit_over_to_unfitted_hardware(monkeypatch) -> None:
+def test_leave_one_source_out_carries_the_reference_fit_over_to_unfitted_hardware(
+    monkeypatch,
+) -> None:
     """B200/GB200 are never fitted: as in the shipped model, their rows are predicted with the
     H100 fit (here made without their source) carried over, not with the bare preset."""
     from cost_model import _cross_validation
@@ -242,17 +292,29 @@ def test_leave_one_source_out_carries_the_reference_fit_over_to_unfitted_hardwar
     real_fit = _cross_validation.fit_calibration
 
     def spying_fit(hardware, *, max_evaluations, cases):
-        fitted.append((hardware, {c.source for c in cases}, real_fit(hardware, max_evaluations=max_evaluations, cases=cases)))
+        fitted.append(
+            (
+                hardware,
+                {c.source for c in cases},
+                real_fit(hardware, max_evaluations=max_evaluations, cases=cases),
+            )
+        )
         return fitted[-1][2]
 
     monkeypatch.setattr(_cross_validation, "fit_calibration", spying_fit)
     rows = _cross_validation.leave_one_source_out(max_evaluations=4, cases=cases)
     source = gb200[0].source
-    h100_without = [fit for hardware, sources, fit in fitted if hardware == "H100" and source not in sources]
+    h100_without = [
+        fit for hardware, sources, fit in fitted if hardware == "H100" and source not in sources
+    ]
     assert len(h100_without) == 1  # fitted once for the source, shared by H100 and GB200 rows
     carried = transferred_calibration(_cluster("GB200", 8).device, [h100_without[0]])
-    expected = {(r.table, r.run): r.predicted for c in gb200 for r in run_case(c, calibration=carried)}
-    bare = {(r.table, r.run): r.predicted for c in gb200 for r in run_case(c, calibration=Calibration())}
+    expected = {
+        (r.table, r.run): r.predicted for c in gb200 for r in run_case(c, calibration=carried)
+    }
+    bare = {
+        (r.table, r.run): r.predicted for c in gb200 for r in run_case(c, calibration=Calibration())
+    }
     got = {(r.table, r.run): r.predicted for r in rows if (r.table, r.run) in expected}
     assert got == expected and got != bare
 
@@ -273,7 +335,9 @@ def test_held_out_errors_are_grouped_and_printed_per_run(capsys) -> None:
     groups = {by: grouped_errors(rows, cases, by=by) for by in GROUPINGS}
     assert sum(g["count"] for g in groups["source"].values()) == len(rows)
     assert {"megatron-core"} <= set(groups["framework"])
-    assert any("zero3" in name for name in groups["parallelism"]) and any("ep" in name for name in groups["parallelism"])
+    assert any("zero3" in name for name in groups["parallelism"]) and any(
+        "ep" in name for name in groups["parallelism"]
+    )
     for by in GROUPINGS:
         for g in groups[by].values():
             assert g["max_abs_error"] >= g["mean_abs_error"] >= abs(g["mean_error"]) - 1e-12
@@ -281,8 +345,16 @@ def test_held_out_errors_are_grouped_and_printed_per_run(capsys) -> None:
     with pytest.raises(ValueError, match="by"):
         grouped_errors(rows, cases, by="colour")
     runs = [dict(row.model_dump(), error=row.error, fit_error=row.error) for row in rows]
-    figures = {"fit": asdict(error_summary(rows, cases)), "leave_one_source_out": asdict(error_summary(rows, cases)),
-               "leave_one_source_out_runs": runs, "leave_one_source_out_groups": groups}
+    figures = {
+        "fit": asdict(error_summary(rows, cases)),
+        "leave_one_source_out": asdict(error_summary(rows, cases)),
+        "leave_one_source_out_runs": runs,
+        "leave_one_source_out_groups": groups,
+    }
     _print_generalization(figures)
     printed = capsys.readouterr().out
-    assert "by parallelism" in printed and "megatron_bridge_perf" in printed and "each source predicted" in printed
+    assert (
+        "by parallelism" in printed
+        and "megatron_bridge_perf" in printed
+        and "each source predicted" in printed
+    )

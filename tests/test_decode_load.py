@@ -39,28 +39,20 @@ def test_touched_fraction_matches_a_monte_carlo_of_top_k_routing(
 ) -> None:
     rng = np.random.default_rng(tokens * 1000 + top_k * 10 + num_experts)
     trials = 400
-    chosen = _route(
-        rng=rng, trials=trials, tokens=tokens, top_k=top_k, num_experts=num_experts
-    )
+    chosen = _route(rng=rng, trials=trials, tokens=tokens, top_k=top_k, num_experts=num_experts)
     touched = np.array([len(np.unique(trial)) / num_experts for trial in chosen])
     standard_error = max(touched.std(ddof=1) / np.sqrt(trials), 1e-12)
-    predicted = float(
-        experts_touched_fraction(tokens, top_k=top_k, num_experts=num_experts)
-    )
+    predicted = float(experts_touched_fraction(tokens, top_k=top_k, num_experts=num_experts))
     assert abs(predicted - touched.mean()) <= 4 * standard_error + 1e-9, (
         predicted,
         touched.mean(),
         standard_error,
     )
     # The closed form by hand: an expert escapes one token with probability 1 - k/E.
-    assert predicted == pytest.approx(
-        1 - (1 - top_k / num_experts) ** tokens, rel=1e-12
-    )
+    assert predicted == pytest.approx(1 - (1 - top_k / num_experts) ** tokens, rel=1e-12)
 
 
-def test_touched_fraction_distinguishes_distinct_choices_from_independent_draws() -> (
-    None
-):
+def test_touched_fraction_distinguishes_distinct_choices_from_independent_draws() -> None:
     """Where k/E is large, k *distinct* choices touch more experts than k independent draws
     ``1 - (1 - 1/E)^(kT)``; the simulation sides with the closed form used by the model."""
     rng = np.random.default_rng(7)
@@ -74,9 +66,7 @@ def test_touched_fraction_distinguishes_distinct_choices_from_independent_draws(
 
 
 def test_touched_fraction_is_vectorized_and_bounded() -> None:
-    fractions = experts_touched_fraction(
-        np.array([0, 1, 10, 10_000]), top_k=8, num_experts=256
-    )
+    fractions = experts_touched_fraction(np.array([0, 1, 10, 10_000]), top_k=8, num_experts=256)
     assert fractions[0] == 0.0 and fractions[1] == pytest.approx(8 / 256)
     assert np.all(np.diff(fractions) > 0) and fractions[-1] == pytest.approx(1.0)
 
@@ -100,9 +90,7 @@ def _simulated_max_over_mean(
 ) -> float:
     rng = np.random.default_rng(seed)
     trials = min(300, 25_000_000 // (tokens * num_experts))  # a second at most
-    chosen = _route(
-        rng=rng, trials=trials, tokens=tokens, top_k=top_k, num_experts=num_experts
-    )
+    chosen = _route(rng=rng, trials=trials, tokens=tokens, top_k=top_k, num_experts=num_experts)
     ranks = chosen // (
         num_experts // ep
     )  # contiguous placement: rank r holds experts [r E/ep, (r+1) E/ep)
@@ -124,9 +112,7 @@ def test_busiest_rank_factor_bounds_a_monte_carlo_from_above_within_its_asymptot
         f"mean {mean:g} per rank on {ep} ranks: predicted {predicted:.3f}, simulated {simulated:.3f}, excess x{ratio:.2f}"
     )
     assert 1.0 <= ratio <= 1.6, (mean, predicted, simulated, ratio)
-    assert predicted == pytest.approx(
-        simulated, rel=0.2
-    )  # the factor itself, within 20%
+    assert predicted == pytest.approx(simulated, rel=0.2)  # the factor itself, within 20%
 
 
 def test_busiest_rank_factor_edges() -> None:
@@ -160,9 +146,7 @@ def _decode_bytes_touched(*, batch: int) -> float:
     hidden, layers, vocab = 6144, 56, 32000
     heads, kv_heads, head_dim = 48, 8, 128
     num_experts, top_k, expert_ffn = 8, 2, 16384
-    attention = (
-        hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
-    )  # q, o + k, v
+    attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2  # q, o + k, v
     router = hidden * num_experts
     expert = 3 * hidden * expert_ffn  # gate, up, down
     touched = 1 - (1 - top_k / num_experts) ** batch
@@ -170,9 +154,7 @@ def _decode_bytes_touched(*, batch: int) -> float:
         layers * (attention + router + num_experts * touched * expert) + vocab * hidden
     )  # FP8
     mean_context = PROMPT_TOKENS + OUTPUT_TOKENS / 2
-    kv_bytes = (
-        batch * mean_context * layers * 2 * kv_heads * head_dim * 2.0
-    )  # K and V, bf16
+    kv_bytes = batch * mean_context * layers * 2 * kv_heads * head_dim * 2.0  # K and V, bf16
     return weight_bytes + kv_bytes
 
 
@@ -190,9 +172,7 @@ def test_single_device_tpot_is_the_touched_bytes_over_hbm_bandwidth(batch: int) 
     workload = Inference(
         prompt_tokens=PROMPT_TOKENS, output_tokens=OUTPUT_TOKENS, weight_dtype="fp8"
     )
-    tpot_s = estimate(
-        model, cluster, workload, ParallelConfig(), batch_size=batch
-    ).tpot_s
+    tpot_s = estimate(model, cluster, workload, ParallelConfig(), batch_size=batch).tpot_s
     lower_s = _decode_bytes_touched(batch=batch) / B200_PEAK_BYTES_PER_S
     assert lower_s <= tpot_s <= 1.35 * lower_s / 0.8, (
         batch,

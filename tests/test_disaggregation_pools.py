@@ -17,21 +17,15 @@ WORKLOAD = Inference(prompt_tokens=4096, output_tokens=1024, weight_dtype="fp8")
 
 def test_nvl72_unit_sizes_are_not_limited_to_divisors_or_half_the_rack() -> None:
     sizes = unit_sizes(model=REF, cluster=get_preset("gb200-nvl72"), workload=WORKLOAD)
-    smallest = -(
-        -REF.weight_bytes("fp8") // get_preset("gb200-nvl72").memory_per_device_bytes
-    )
+    smallest = -(-REF.weight_bytes("fp8") // get_preset("gb200-nvl72").memory_per_device_bytes)
     assert min(sizes) >= smallest
-    assert {20, 24, 28, 32, 36, 40, 48} <= set(
-        sizes
-    )  # 48 + a 24-device unit: asymmetric pools
+    assert {20, 24, 28, 32, 36, 40, 48} <= set(sizes)  # 48 + a 24-device unit: asymmetric pools
     assert max(sizes) + min(sizes) <= 72
 
 
 def test_eight_gpu_nodes_offer_whole_nodes_up_to_the_cluster_less_one_unit() -> None:
     model = get_model("deepseek-v3")
-    sizes = unit_sizes(
-        model=model, cluster=get_preset("dgx-h200", num_nodes=6), workload=WORKLOAD
-    )
+    sizes = unit_sizes(model=model, cluster=get_preset("dgx-h200", num_nodes=6), workload=WORKLOAD)
     assert sizes == [8, 16, 24, 32, 40]
 
 
@@ -49,10 +43,7 @@ def test_each_pool_keeps_its_own_serving_settings() -> None:
         violations={},
     )
     prefill, decode = _pool(candidate, "prefill"), _pool(candidate, "decode")
-    assert (
-        prefill.serving.a2a_backend == "normal"
-        and decode.serving.a2a_backend == "low_latency"
-    )
+    assert prefill.serving.a2a_backend == "normal" and decode.serving.a2a_backend == "low_latency"
     assert prefill.serving.batch_size == 64 and prefill.serving.two_batch_overlap
     assert prefill.serving.num_redundant_experts == 8
 
@@ -67,11 +58,17 @@ def test_pool_exports_run_the_all_to_all_kernels_their_pool_was_priced_with() ->
     backend = {"prefill": "low_latency", "decode": "normal"}
     pools = tuple(
         pool.model_copy(
-            update={"serving": pool.serving.model_copy(update={"all_to_all_backend": backend[pool.role]})}
+            update={
+                "serving": pool.serving.model_copy(
+                    update={"all_to_all_backend": backend[pool.role]}
+                )
+            }
         )
         for pool in plan.deployment.pools
     )
-    plan = plan.model_copy(update={"deployment": plan.deployment.model_copy(update={"pools": pools})})
+    plan = plan.model_copy(
+        update={"deployment": plan.deployment.model_copy(update={"pools": pools})}
+    )
     files = export_plan(plan, format="vllm", model_path="deepseek-ai/DeepSeek-V3").files
     prefill = next(text for name, text in files.items() if "prefill" in name)
     decode = next(text for name, text in files.items() if "decode" in name)

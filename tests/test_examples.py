@@ -28,8 +28,21 @@ pytestmark = pytest.mark.distributed
 def _plan(arguments: list[str], path: Path) -> Path:
     """Run ``python -m autoparallel.cli plan --model tiny-moe --cluster cpu-loopback ...``."""
     command = [
-        sys.executable, "-m", "autoparallel.cli", "plan", "--model", "tiny-moe", "--cluster", "cpu-loopback",
-        "--trials", "40", "--seed", "0", "--output", str(path), *arguments,
+        sys.executable,
+        "-m",
+        "autoparallel.cli",
+        "plan",
+        "--model",
+        "tiny-moe",
+        "--cluster",
+        "cpu-loopback",
+        "--trials",
+        "40",
+        "--seed",
+        "0",
+        "--output",
+        str(path),
+        *arguments,
     ]
     done = subprocess.run(command, env=_environment(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -53,12 +66,26 @@ def test_train_example_loss_falls_under_torchrun(tmp_path: Path) -> None:
     training = ["--training", "--sequence-length", "16", "--global-batch-tokens", "128"]
     plan = _plan(training, tmp_path / "plan.json")
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-        str(EXAMPLES / "train_moe.py"), "--plan", str(plan), "--steps", "20",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        str(EXAMPLES / "train_moe.py"),
+        "--plan",
+        str(plan),
+        "--steps",
+        "20",
     ]
-    done = subprocess.run(command, cwd=tmp_path, env=_environment(), capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        command, cwd=tmp_path, env=_environment(), capture_output=True, text=True, timeout=240
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    losses = [float(value) for value in re.findall(r"^step +\d+ +loss ([0-9.]+)", done.stdout, re.MULTILINE)]
+    losses = [
+        float(value)
+        for value in re.findall(r"^step +\d+ +loss ([0-9.]+)", done.stdout, re.MULTILINE)
+    ]
     assert len(losses) == 20, done.stdout
     assert losses[-1] < 0.8 * losses[0], losses
     assert all(later < earlier for earlier, later in zip(losses[:5], losses[1:6])), losses
@@ -66,7 +93,15 @@ def test_train_example_loss_falls_under_torchrun(tmp_path: Path) -> None:
 
 def _generate(rank: int, world_size: int, plan_path: str) -> dict:
     example = _load_example("generate_moe")
-    arguments = ["--plan", plan_path, "--compare-reference", "--batch-size", "2", "--new-tokens", "8"]
+    arguments = [
+        "--plan",
+        plan_path,
+        "--compare-reference",
+        "--batch-size",
+        "2",
+        "--new-tokens",
+        "8",
+    ]
     summary = example.generate(example.parse_args(arguments))
     summary["tokens"] = summary["tokens"].tolist()
     return summary
@@ -74,8 +109,16 @@ def _generate(rank: int, world_size: int, plan_path: str) -> dict:
 
 def test_generate_example_matches_whole_model(tmp_path: Path) -> None:
     inference = [
-        "--inference", "--no-disaggregation", "--prompt-tokens", "16", "--output-tokens", "16",
-        "--ttft-slo-s", "0", "--tpot-slo-ms", "0",
+        "--inference",
+        "--no-disaggregation",
+        "--prompt-tokens",
+        "16",
+        "--output-tokens",
+        "16",
+        "--ttft-slo-s",
+        "0",
+        "--tpot-slo-ms",
+        "0",
     ]
     plan = _plan(inference, tmp_path / "plan.json")
     results = run_ranks(_generate, 4, args=(str(plan),), timeout_s=180)

@@ -16,9 +16,7 @@ from autoparallel._expert_placement import ExpertMove, placement_moves, rank_exp
 from autoparallel.plan import ExpertPlacement
 
 
-def _placement(
-    expert_to_ranks: tuple[tuple[int, ...], ...], *, ep: int
-) -> ExpertPlacement:
+def _placement(expert_to_ranks: tuple[tuple[int, ...], ...], *, ep: int) -> ExpertPlacement:
     num_experts = len(expert_to_ranks)
     slots = sum(len(ranks) for ranks in expert_to_ranks)
     placement = ExpertPlacement(
@@ -35,9 +33,7 @@ def _placement(
 
 
 def _moves(*triples: tuple[int, int, int]) -> tuple[ExpertMove, ...]:
-    return tuple(
-        ExpertMove(expert=e, source_rank=s, target_rank=t) for e, s, t in triples
-    )
+    return tuple(ExpertMove(expert=e, source_rank=s, target_rank=t) for e, s, t in triples)
 
 
 def test_a_holder_on_the_targets_node_sends() -> None:
@@ -46,9 +42,7 @@ def test_a_holder_on_the_targets_node_sends() -> None:
     old = _placement(((0, 3), (0, 1), (1, 2), (2, 3)), ep=4)
     new = _placement(((0, 2, 3), (0, 1, 2), (1,), (3,)), ep=4)
     # Expert 1's holders (0, 1) are both off rank 2's node: the tie goes to the lowest rank, 0.
-    assert placement_moves(old=old, new=new, ranks_per_node=2) == _moves(
-        (0, 3, 2), (1, 0, 2)
-    )
+    assert placement_moves(old=old, new=new, ranks_per_node=2) == _moves((0, 3, 2), (1, 0, 2))
     # On one node the preference is gone: expert 0 comes from rank 0, so expert 1 from rank 1.
     assert placement_moves(old=old, new=new) == _moves((0, 0, 2), (1, 1, 2))
 
@@ -74,18 +68,11 @@ def test_many_copies_of_a_hot_expert_load_its_holders_evenly() -> None:
     ep = 8
     # Old: expert 0 on ranks 0 and 1; expert 1 on rank 0, expert 2 on rank 1; experts 3..8 twice,
     # around ranks 2..7. New: expert 0 everywhere and expert r + 1 on rank r.
-    cycle = {
-        expert: (expert - 2, expert - 1) if expert > 3 else (2, 7)
-        for expert in range(3, 9)
-    }
+    cycle = {expert: (expert - 2, expert - 1) if expert > 3 else (2, 7) for expert in range(3, 9)}
     old = _placement(((0, 1), (0,), (1,), *[cycle[e] for e in range(3, 9)]), ep=ep)
-    new = _placement(
-        (tuple(range(ep)), *[(expert - 1,) for expert in range(1, 9)]), ep=ep
-    )
+    new = _placement((tuple(range(ep)), *[(expert - 1,) for expert in range(1, 9)]), ep=ep)
     moves = placement_moves(old=old, new=new)
-    assert [(m.expert, m.target_rank) for m in moves] == [
-        (0, target) for target in range(2, ep)
-    ]
+    assert [(m.expert, m.target_rank) for m in moves] == [(0, target) for target in range(2, ep)]
     assert [m.source_rank for m in moves] == [0, 1, 0, 1, 0, 1]
     assert [sum(m.source_rank == rank for m in moves) for rank in range(ep)] == [
         3,
@@ -104,9 +91,7 @@ def test_swapped_halves_move_one_copy_per_expert_from_distinct_senders() -> None
     new = _placement(((0, 2), (1, 3), (0, 2), (1, 3)), ep=4)
     # Experts 0 and 1 share holders (0, 1) and experts 2 and 3 share (2, 3): the second of each
     # pair comes from the holder that has not sent yet; nothing moves to a rank that keeps it.
-    assert placement_moves(old=old, new=new) == _moves(
-        (0, 0, 2), (1, 1, 3), (2, 2, 0), (3, 3, 1)
-    )
+    assert placement_moves(old=old, new=new) == _moves((0, 0, 2), (1, 1, 3), (2, 2, 0), (3, 3, 1))
 
 
 # --------------------------------------------------------------------------- live, on gloo ranks
@@ -141,9 +126,7 @@ def _rebalance_rank(rank: int, world_size: int, plan_json: str, new_json: str) -
         for block_index, (_, block) in enumerate(expert_parallel.blocks):
             for key, expert in block.experts.items():
                 for parameter in expert.parameters():
-                    parameter.fill_(
-                        _tagged_value(block=block_index, rank=rank, expert=int(key))
-                    )
+                    parameter.fill_(_tagged_value(block=block_index, rank=rank, expert=int(key)))
     report = rebalance_experts(
         expert_parallel, placement=ExpertPlacement.model_validate_json(new_json)
     )
@@ -151,9 +134,7 @@ def _rebalance_rank(rank: int, world_size: int, plan_json: str, new_json: str) -
     for block_index, (_, block) in enumerate(expert_parallel.blocks):
         for key, expert in block.experts.items():
             distinct = {
-                float(v)
-                for p in expert.parameters()
-                for v in p.detach().reshape(-1).unique()
+                float(v) for p in expert.parameters() for v in p.detach().reshape(-1).unique()
             }
             values[(block_index, int(key))] = sorted(distinct)
     return {"values": values, "sent": report.sent, "received": report.received}
@@ -167,8 +148,7 @@ def test_live_re_placement_copies_from_the_senders_the_rule_names() -> None:
 
     old, new = _placement(OLD, ep=4), _placement(NEW, ep=4)
     assert {
-        (m.expert, m.target_rank): m.source_rank
-        for m in placement_moves(old=old, new=new)
+        (m.expert, m.target_rank): m.source_rank for m in placement_moves(old=old, new=new)
     } == EXPECTED_SENDER
     plan = plan_for_config(
         ap.get_model("tiny-moe"),
@@ -185,9 +165,7 @@ def test_live_re_placement_copies_from_the_senders_the_rule_names() -> None:
             e for e in rank_experts(new)[rank] for _ in blocks
         )
         for (block, expert), values in result["values"].items():
-            sender = EXPECTED_SENDER.get(
-                (expert, rank), rank
-            )  # a kept expert keeps its own values
+            sender = EXPECTED_SENDER.get((expert, rank), rank)  # a kept expert keeps its own values
             assert values == [_tagged_value(block=block, rank=sender, expert=expert)], (
                 rank,
                 block,
@@ -197,6 +175,4 @@ def test_live_re_placement_copies_from_the_senders_the_rule_names() -> None:
         assert sorted(result["sent"]) == sorted(
             e for (e, _), s in EXPECTED_SENDER.items() if s == rank
         )
-        assert sorted(result["received"]) == sorted(
-            e for (e, t) in EXPECTED_SENDER if t == rank
-        )
+        assert sorted(result["received"]) == sorted(e for (e, t) in EXPECTED_SENDER if t == rank)

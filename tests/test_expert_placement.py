@@ -47,7 +47,9 @@ def test_zipf_skew_is_balanced_with_replicas() -> None:
 
 
 def test_per_rank_load_splits_a_replicated_expert_evenly() -> None:
-    placement = ExpertPlacement(num_experts=2, ep=2, expert_to_ranks=((0, 1), (1,)), num_redundant_experts=1)
+    placement = ExpertPlacement(
+        num_experts=2, ep=2, expert_to_ranks=((0, 1), (1,)), num_redundant_experts=1
+    )
     assert expert_load_per_rank(placement=placement, expert_load=[10.0, 4.0]).tolist() == [5.0, 9.0]
 
 
@@ -59,7 +61,9 @@ def test_layers_are_summed() -> None:
 
 def test_hierarchical_keeps_replicas_inside_a_node() -> None:
     load = zipf_expert_load(num_experts=64, exponent=0.6, seed=3)
-    placement = balanced_placement(expert_load=load, ep=16, num_redundant_experts=16, ranks_per_node=4)
+    placement = balanced_placement(
+        expert_load=load, ep=16, num_redundant_experts=16, ranks_per_node=4
+    )
     _check_shape(placement, num_experts=64, ep=16, redundant=16)
     nodes = [{rank // 4 for rank in ranks} for ranks in placement.expert_to_ranks]
     assert all(len(node_set) == 1 for node_set in nodes)
@@ -69,7 +73,9 @@ def test_hierarchical_keeps_replicas_inside_a_node() -> None:
 def test_expert_hotter_than_a_node_falls_back_to_flat() -> None:
     load = np.ones(32)
     load[0] = 40.0  # more than a node's share: only cross-node replicas can balance it
-    nested_only = balanced_placement(expert_load=load, ep=8, num_redundant_experts=8, ranks_per_node=2)
+    nested_only = balanced_placement(
+        expert_load=load, ep=8, num_redundant_experts=8, ranks_per_node=2
+    )
     flat = balanced_placement(expert_load=load, ep=8, num_redundant_experts=8)
     assert load_imbalance(placement=nested_only, expert_load=load) == pytest.approx(
         load_imbalance(placement=flat, expert_load=load)
@@ -79,9 +85,13 @@ def test_expert_hotter_than_a_node_falls_back_to_flat() -> None:
 
 def test_reference_scale_is_fast_and_balanced() -> None:
     load = zipf_expert_load(num_experts=768, exponent=1.0, seed=0)
-    placement = balanced_placement(expert_load=load, ep=64, num_redundant_experts=64, ranks_per_node=8)
+    placement = balanced_placement(
+        expert_load=load, ep=64, num_redundant_experts=64, ranks_per_node=8
+    )
     _check_shape(placement, num_experts=768, ep=64, redundant=64)
-    assert load_imbalance(placement=contiguous_placement(num_experts=768, ep=64), expert_load=load) > 5
+    assert (
+        load_imbalance(placement=contiguous_placement(num_experts=768, ep=64), expert_load=load) > 5
+    )
     assert load_imbalance(placement=placement, expert_load=load) <= 1.05
 
 
@@ -89,21 +99,31 @@ def test_reference_scale_is_fast_and_balanced() -> None:
     ("kwargs", "field"),
     [
         ({"expert_load": np.ones(8), "ep": 3}, "num_experts + num_redundant_experts (8)"),
-        ({"expert_load": np.ones(8), "ep": 4, "num_redundant_experts": -4}, "num_redundant_experts (-4)"),
-        ({"expert_load": np.ones(8), "ep": 4, "ranks_per_node": 3}, "ep (4) must be divisible by ranks_per_node (3)"),
+        (
+            {"expert_load": np.ones(8), "ep": 4, "num_redundant_experts": -4},
+            "num_redundant_experts (-4)",
+        ),
+        (
+            {"expert_load": np.ones(8), "ep": 4, "ranks_per_node": 3},
+            "ep (4) must be divisible by ranks_per_node (3)",
+        ),
         ({"expert_load": np.ones(4), "ep": 2, "num_redundant_experts": 8}, "slots per rank"),
         ({"expert_load": -np.ones(4), "ep": 2}, "expert_load"),
         ({"expert_load": np.ones((2, 2, 2)), "ep": 2}, "expert_load"),
     ],
 )
 def test_bad_input_names_the_field(kwargs: dict, field: str) -> None:
-    with pytest.raises(ValueError, match=field.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")):
+    with pytest.raises(
+        ValueError, match=field.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")
+    ):
         balanced_placement(**kwargs)
 
 
 def test_moves_only_copy_what_is_missing_and_come_from_holders() -> None:
     old = contiguous_placement(num_experts=8, ep=4)
-    new = balanced_placement(expert_load=zipf_expert_load(num_experts=8, exponent=1.2), ep=4, num_redundant_experts=4)
+    new = balanced_placement(
+        expert_load=zipf_expert_load(num_experts=8, exponent=1.2), ep=4, num_redundant_experts=4
+    )
     moves = placement_moves(old=old, new=new)
     for move in moves:
         assert move.source_rank in old.expert_to_ranks[move.expert]
@@ -116,7 +136,10 @@ def test_moves_only_copy_what_is_missing_and_come_from_holders() -> None:
 
 def test_moves_reject_mismatched_placements() -> None:
     with pytest.raises(ValueError, match="num_experts, ep"):
-        placement_moves(old=contiguous_placement(num_experts=8, ep=4), new=contiguous_placement(num_experts=8, ep=2))
+        placement_moves(
+            old=contiguous_placement(num_experts=8, ep=4),
+            new=contiguous_placement(num_experts=8, ep=2),
+        )
 
 
 @settings(max_examples=60, deadline=None)
@@ -129,17 +152,26 @@ def test_moves_reject_mismatched_placements() -> None:
     seed=st.integers(min_value=0, max_value=1000),
 )
 def test_property_placement_is_legal_and_never_worse(
-    ep_log: int, experts_per_rank: int, redundant_per_rank: int, nodes_log: int, exponent: float, seed: int
+    ep_log: int,
+    experts_per_rank: int,
+    redundant_per_rank: int,
+    nodes_log: int,
+    exponent: float,
+    seed: int,
 ) -> None:
     ep = 2**ep_log
     num_experts = ep * experts_per_rank
-    redundant = ep * min(redundant_per_rank, num_experts - experts_per_rank)  # <= num_experts slots per rank
+    redundant = ep * min(
+        redundant_per_rank, num_experts - experts_per_rank
+    )  # <= num_experts slots per rank
     ranks_per_node = max(1, ep // 2**nodes_log)
     load = zipf_expert_load(num_experts=num_experts, exponent=exponent, seed=seed)
     placement = balanced_placement(
         expert_load=load, ep=ep, num_redundant_experts=redundant, ranks_per_node=ranks_per_node
     )
     _check_shape(placement, num_experts=num_experts, ep=ep, redundant=redundant)
-    baseline = load_imbalance(placement=contiguous_placement(num_experts=num_experts, ep=ep), expert_load=load)
+    baseline = load_imbalance(
+        placement=contiguous_placement(num_experts=num_experts, ep=ep), expert_load=load
+    )
     # Greedy packing is at most one item's load above the optimum; never much worse than contiguous.
     assert load_imbalance(placement=placement, expert_load=load) <= baseline * 1.10 + 1e-9

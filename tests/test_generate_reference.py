@@ -61,9 +61,7 @@ def _model(attention: str):
 
     spec = tiny_reference_spec(attention=attention)
     model = ReferenceMoETransformer(spec)
-    model.init_weights(
-        seed=0, std=0.2
-    )  # std 0.2: varied streams (16+ distinct tokens of 32)
+    model.init_weights(seed=0, std=0.2)  # std 0.2: varied streams (16+ distinct tokens of 32)
     return model
 
 
@@ -86,13 +84,9 @@ def test_cached_generation_equals_recomputation_without_cache(attention: str) ->
     prompts = _prompts(model.spec.vocab_size, seed=11)
     recorder = _Recorder(model)
     generated = greedy_generate(recorder, prompts, max_new_tokens=NEW_TOKENS).tokens
-    expected, reference_logits = _uncached_reference(
-        model, prompts, new_tokens=NEW_TOKENS
-    )
+    expected, reference_logits = _uncached_reference(model, prompts, new_tokens=NEW_TOKENS)
     assert generated.shape == (BATCH, NEW_TOKENS)
-    assert all(
-        len(set(row)) >= 16 for row in generated.tolist()
-    )  # not a repeating stream
+    assert all(len(set(row)) >= 16 for row in generated.tolist())  # not a repeating stream
     assert generated.tolist() == expected.tolist()
     assert _worst_logit_error(recorder.last_logits, reference_logits) <= LOGIT_ATOL
 
@@ -112,18 +106,13 @@ def test_negative_control_a_cache_off_by_one_fails_the_comparison(
     # Logits checked with teacher forcing on the tokens the broken cache produced: the very
     # next step already disagrees with the full forward.
     reference_logits = _teacher_forced_logits(model, prompts, generated)
-    assert (
-        _worst_logit_error(recorder.last_logits[1:], reference_logits[1:])
-        > 100 * LOGIT_ATOL
-    )
+    assert _worst_logit_error(recorder.last_logits[1:], reference_logits[1:]) > 100 * LOGIT_ATOL
     expected, _ = _uncached_reference(model, prompts, new_tokens=NEW_TOKENS)
     assert generated.tolist() != expected.tolist()
 
 
 # --------------------------------------------------------------------------- sharded, gloo ranks
-def _sharded_rank(
-    rank: int, world_size: int, config_fields: dict, attention: str, model
-) -> dict:
+def _sharded_rank(rank: int, world_size: int, config_fields: dict, attention: str, model) -> dict:
     import copy
 
     import torch
@@ -134,9 +123,7 @@ def _sharded_rank(
 
     torch.set_num_threads(1)
     config = ParallelConfig(**config_fields)
-    workload = Inference(
-        prompt_tokens=PROMPT_TOKENS, output_tokens=NEW_TOKENS, concurrency=BATCH
-    )
+    workload = Inference(prompt_tokens=PROMPT_TOKENS, output_tokens=NEW_TOKENS, concurrency=BATCH)
     plan = plan_for_config(model.spec, config, workload=workload)
     applied = apply_plan(copy.deepcopy(model), plan)
     # Attention-DP ranks serve their own requests; tensor-parallel ranks serve the same ones.
@@ -144,9 +131,7 @@ def _sharded_rank(
     prompts = _prompts(model.spec.vocab_size, seed=seed)
     return {
         "prompts": prompts,
-        "tokens": greedy_generate(
-            applied.module, prompts, max_new_tokens=NEW_TOKENS
-        ).tokens,
+        "tokens": greedy_generate(applied.module, prompts, max_new_tokens=NEW_TOKENS).tokens,
     }
 
 
@@ -168,13 +153,9 @@ def test_sharded_cached_generation_equals_whole_model_recomputation(
     from autoparallel.testing import run_ranks
 
     model = _model(attention)
-    results = run_ranks(
-        _sharded_rank, 2, args=(config_fields, attention, model), timeout_s=120
-    )
+    results = run_ranks(_sharded_rank, 2, args=(config_fields, attention, model), timeout_s=120)
     for rank, result in enumerate(results):
-        expected, _ = _uncached_reference(
-            model, result["prompts"], new_tokens=NEW_TOKENS
-        )
+        expected, _ = _uncached_reference(model, result["prompts"], new_tokens=NEW_TOKENS)
         assert result["tokens"].shape == (BATCH, NEW_TOKENS)
         assert result["tokens"].tolist() == expected.tolist(), f"rank {rank}"
     if config_fields.get("attention_data_parallel"):

@@ -15,8 +15,14 @@ from cost_model import AttentionSpec, ModelSpec, MoESpec
 from cost_model._hf_config import SUPPORTED_MODEL_TYPES
 
 LLAMA = {
-    "model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
-    "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 4096,
+    "model_type": "llama",
+    "num_hidden_layers": 4,
+    "hidden_size": 256,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "intermediate_size": 512,
+    "vocab_size": 1000,
+    "max_position_embeddings": 4096,
 }
 EXAMPLES = {
     "llama": LLAMA,
@@ -24,14 +30,38 @@ EXAMPLES = {
     "qwen2": {**LLAMA, "model_type": "qwen2", "tie_word_embeddings": True},
     "qwen3": {**LLAMA, "model_type": "qwen3", "head_dim": 64},
     "mixtral": {**LLAMA, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2},
-    "qwen2_moe": {**LLAMA, "model_type": "qwen2_moe", "num_experts": 16, "num_experts_per_tok": 4,
-                  "moe_intermediate_size": 128, "shared_expert_intermediate_size": 512},
-    "qwen3_moe": {**LLAMA, "model_type": "qwen3_moe", "num_experts": 16, "num_experts_per_tok": 4,
-                  "moe_intermediate_size": 128, "mlp_only_layers": [0], "decoder_sparse_step": 1},
-    "deepseek_v2": {**catalog_config("deepseek-v3"), "model_type": "deepseek_v2", "q_lora_rank": None},
+    "qwen2_moe": {
+        **LLAMA,
+        "model_type": "qwen2_moe",
+        "num_experts": 16,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 128,
+        "shared_expert_intermediate_size": 512,
+    },
+    "qwen3_moe": {
+        **LLAMA,
+        "model_type": "qwen3_moe",
+        "num_experts": 16,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 128,
+        "mlp_only_layers": [0],
+        "decoder_sparse_step": 1,
+    },
+    "deepseek_v2": {
+        **catalog_config("deepseek-v3"),
+        "model_type": "deepseek_v2",
+        "q_lora_rank": None,
+    },
     "deepseek_v3": catalog_config("deepseek-v3"),
     "kimi_k2": catalog_config("kimi-k2"),
-    "gpt2": {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 4, "n_positions": 1024, "vocab_size": 500},
+    "gpt2": {
+        "model_type": "gpt2",
+        "n_layer": 2,
+        "n_embd": 128,
+        "n_head": 4,
+        "n_positions": 1024,
+        "vocab_size": 500,
+    },
 }
 
 
@@ -43,7 +73,9 @@ def test_every_supported_type_has_an_example() -> None:
 def test_supported_types_parse(model_type: str) -> None:
     model = ModelSpec.from_hf_config(EXAMPLES[model_type], name=model_type)
     assert model.num_parameters > 0
-    assert (model.moe is not None) == (model_type in {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2"})
+    assert (model.moe is not None) == (
+        model_type in {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2"}
+    )
 
 
 def test_specific_semantics() -> None:
@@ -53,9 +85,15 @@ def test_specific_semantics() -> None:
     assert qwen3_moe.moe.num_dense_layers == 1
     v2 = ModelSpec.from_hf_config(EXAMPLES["deepseek_v2"])
     v3 = ModelSpec.from_hf_config(EXAMPLES["deepseek_v3"])
-    assert v2.attention.q_lora_rank == 0 and v2.num_parameters > v3.num_parameters  # full-rank q is larger
+    assert (
+        v2.attention.q_lora_rank == 0 and v2.num_parameters > v3.num_parameters
+    )  # full-rank q is larger
     gpt = ModelSpec.from_hf_config(EXAMPLES["gpt2"])
-    assert gpt.tie_word_embeddings and gpt.position_embedding == "learned" and gpt.ffn_hidden_size == 512
+    assert (
+        gpt.tie_word_embeddings
+        and gpt.position_embedding == "learned"
+        and gpt.ffn_hidden_size == 512
+    )
 
 
 def test_reads_a_config_file_and_folder(tmp_path: Path) -> None:
@@ -78,21 +116,38 @@ def test_missing_field_is_named() -> None:
         ModelSpec.from_hf_config(config)
 
 
-KNOWN_FIELDS = {key for example in EXAMPLES.values() for key in example} | {
-    "model_type", "head_dim", "num_key_value_heads", "n_inner", "moe_layer_freq", "attention.window_tokens",
-    "config",
-} | (set(ModelSpec.model_fields) | set(AttentionSpec.model_fields) | set(MoESpec.model_fields)) - {"name", "kind", "norm"}
+KNOWN_FIELDS = (
+    {key for example in EXAMPLES.values() for key in example}
+    | {
+        "model_type",
+        "head_dim",
+        "num_key_value_heads",
+        "n_inner",
+        "moe_layer_freq",
+        "attention.window_tokens",
+        "config",
+    }
+    | (set(ModelSpec.model_fields) | set(AttentionSpec.model_fields) | set(MoESpec.model_fields))
+    - {"name", "kind", "norm"}
+)
 
 FIELD_VALUES = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-5, max_value=10**6), st.floats(allow_nan=True),
-    st.text(max_size=5), st.lists(st.integers(min_value=-2, max_value=200), max_size=4), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-5, max_value=10**6),
+    st.floats(allow_nan=True),
+    st.text(max_size=5),
+    st.lists(st.integers(min_value=-2, max_value=200), max_size=4),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
 )
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     model_type=st.sampled_from(sorted(EXAMPLES)),
-    mutations=st.lists(st.tuples(st.integers(min_value=0, max_value=40), FIELD_VALUES, st.booleans()), max_size=4),
+    mutations=st.lists(
+        st.tuples(st.integers(min_value=0, max_value=40), FIELD_VALUES, st.booleans()), max_size=4
+    ),
 )
 def test_corrupted_configs_build_or_raise_a_named_error(model_type: str, mutations: list) -> None:
     config = copy.deepcopy(EXAMPLES[model_type])

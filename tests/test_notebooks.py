@@ -16,11 +16,22 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 def test_notebook_runs(path: Path, tmp_path: Path) -> None:
     import nbclient  # both in the test extras
     import nbformat
+
     notebook = nbformat.read(path, as_version=4)
     os.environ.setdefault("MPLBACKEND", "Agg")
     env_path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))
     os.environ["PYTHONPATH"] = env_path
-    client = nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        notebook,
+        timeout=300,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
     client.execute()
-    errors = [o for cell in notebook.cells for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    errors = [
+        o
+        for cell in notebook.cells
+        for o in cell.get("outputs", [])
+        if o.get("output_type") == "error"
+    ]
     assert not errors

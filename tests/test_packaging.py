@@ -11,7 +11,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("package", ["autoparallel", "cost_model", "topology", "search", "profilers"])
+@pytest.mark.parametrize(
+    "package", ["autoparallel", "cost_model", "topology", "search", "profilers"]
+)
 def test_package_imports_from_this_repository(package: str) -> None:
     module = __import__(package)
     assert Path(module.__file__).resolve().parent == REPO / package

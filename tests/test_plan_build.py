@@ -43,7 +43,12 @@ def test_stages_cover_every_layer_once(plan: ap.ShardingPlan) -> None:
 
 
 def test_uneven_interleaved_stages() -> None:
-    stages = pipeline_stages(num_layers=80, config=ap.ParallelConfig(dp=2, pp=3, pipeline_schedule="interleaved_1f1b", virtual_stages=2))
+    stages = pipeline_stages(
+        num_layers=80,
+        config=ap.ParallelConfig(
+            dp=2, pp=3, pipeline_schedule="interleaved_1f1b", virtual_stages=2
+        ),
+    )
     sizes = [s.stop_layer - s.start_layer for s in stages]
     assert sum(sizes) == 80 and max(sizes) - min(sizes) == 1  # uneven, as even as possible
     assert [s.stage for s in stages] == [0, 1, 2, 0, 1, 2]
@@ -79,7 +84,9 @@ def test_alternatives_lost_for_a_reason(plan: ap.ShardingPlan) -> None:
         assert all(a.predicted.step_time_s >= plan.predicted.step_time_s for a in plan.alternatives)
     else:
         best = plan.predicted.tokens_per_s_per_device
-        assert all(a.predicted.tokens_per_s_per_device <= best * (1 + 1e-9) for a in plan.alternatives)
+        assert all(
+            a.predicted.tokens_per_s_per_device <= best * (1 + 1e-9) for a in plan.alternatives
+        )
 
 
 def test_provenance(plan: ap.ShardingPlan) -> None:
@@ -89,7 +96,9 @@ def test_provenance(plan: ap.ShardingPlan) -> None:
     assert provenance.library_version == ap.__version__
     search = provenance.search
     assert search.space_size > search.num_meshes > 0 and provenance.created_at
-    if search.space_size <= 20_000:  # a small space is priced whole (brute force), one trial per mesh
+    if (
+        search.space_size <= 20_000
+    ):  # a small space is priced whole (brute force), one trial per mesh
         assert search.method == "brute_force" and search.num_trials == search.num_meshes
     else:
         assert search.method == "tpe" and search.num_trials == 40
@@ -104,14 +113,19 @@ def test_json_round_trip_and_schema(plan: ap.ShardingPlan, tmp_path: Path) -> No
 
 
 def test_shipped_schema_matches_the_model() -> None:
-    assert load_schema() == json.loads(json.dumps(plan_json_schema()))  # regenerate: python -m autoparallel.schema
+    assert load_schema() == json.loads(
+        json.dumps(plan_json_schema())
+    )  # regenerate: python -m autoparallel.schema
     assert load_schema()["additionalProperties"] is False
 
 
 def test_unknown_keys_and_newer_versions_are_rejected(inference_plan: ap.ShardingPlan) -> None:
     document = json.loads(inference_plan.to_json())
     document["provenance"]["colour"] = "blue"
-    with pytest.raises(ValueError, match="plan provenance.colour \\(unknown key\\): valid keys there: cluster_fingerprint"):
+    with pytest.raises(
+        ValueError,
+        match="plan provenance.colour \\(unknown key\\): valid keys there: cluster_fingerprint",
+    ):
         ap.load_plan(document)
     with pytest.raises(ValueError, match="provenance: Additional properties are not allowed"):
         validate_plan_document(document)
@@ -137,22 +151,43 @@ def test_prefill_decode_disaggregation_when_it_serves_more() -> None:
 
     workload = Inference(prompt_tokens=4096, output_tokens=1024, ttft_slo_s=1.0, tpot_slo_s=0.03)
     small = SearchSettings(brute_force_layouts=0)  # a short study is enough here
-    plan = ap.find_plan("deepseek-v3", ap.get_preset("hgx-h800", num_nodes=64), workload, n_trials=24, settings=small)
+    plan = ap.find_plan(
+        "deepseek-v3",
+        ap.get_preset("hgx-h800", num_nodes=64),
+        workload,
+        n_trials=24,
+        settings=small,
+    )
     deployment = plan.deployment
     assert [pool.role for pool in deployment.pools] == ["prefill", "decode"]
     assert deployment.kind == "disaggregated" and plan.disaggregated
-    assert deployment.disaggregated_output_tokens_per_s_per_device > deployment.colocated_output_tokens_per_s_per_device
+    assert (
+        deployment.disaggregated_output_tokens_per_s_per_device
+        > deployment.colocated_output_tokens_per_s_per_device
+    )
     for pool in deployment.pools:
         assert pool.devices_per_unit == pool.config.world_size and pool.predicted is not None
-        assert pool.serving.batch_size == pool.predicted.batch_size  # each pool records its own batch
+        assert (
+            pool.serving.batch_size == pool.predicted.batch_size
+        )  # each pool records its own batch
     assert sum(pool.num_devices for pool in deployment.pools) <= plan.world_size
     assert ap.load_plan(plan.to_json()) == plan
     sglang = export_plan(plan, format="sglang")
     assert "--disaggregation-mode prefill" in sglang.files["launch_sglang_prefill.sh"]
     assert "--disaggregation-mode decode" in sglang.files["launch_sglang_decode.sh"]
     vllm = export_plan(plan, format="vllm").files  # per-pool launches with a KV connector
-    assert any(name.startswith("launch_vllm_prefill") and "--kv-transfer-config" in text for name, text in vllm.items())
-    no_split = ap.find_plan("deepseek-v3", ap.get_preset("hgx-h800", num_nodes=64), workload, n_trials=8, disaggregate=False, settings=small)
+    assert any(
+        name.startswith("launch_vllm_prefill") and "--kv-transfer-config" in text
+        for name, text in vllm.items()
+    )
+    no_split = ap.find_plan(
+        "deepseek-v3",
+        ap.get_preset("hgx-h800", num_nodes=64),
+        workload,
+        n_trials=8,
+        disaggregate=False,
+        settings=small,
+    )
     assert not no_split.deployment.pools and no_split.deployment.kind == "colocated"
 
 
@@ -165,6 +200,10 @@ def test_disaggregation_on_a_node_smaller_than_its_nic_share() -> None:
     assert unit.num_devices == 2 and unit.devices_per_node % unit.devices_per_nic == 0
     assert unit.nodes_per_leaf >= 1
     plan = ap.find_plan(
-        ap.get_model("tiny-moe"), cluster, ap.Inference(prompt_tokens=64, output_tokens=16), n_trials=50, disaggregate=True
+        ap.get_model("tiny-moe"),
+        cluster,
+        ap.Inference(prompt_tokens=64, output_tokens=16),
+        n_trials=50,
+        disaggregate=True,
     )
     assert plan.world_size == cluster.num_devices

@@ -26,7 +26,13 @@ def default_plan(tmp_path_factory) -> tuple[Path, float, str]:
     folder = tmp_path_factory.mktemp("default")
     env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="160")
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "autoparallel.cli", "plan"], cwd=folder, env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "autoparallel.cli", "plan"],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     elapsed = time.perf_counter() - start
     assert done.returncode == 0, done.stderr
     return folder / "plan.json", elapsed, done.stdout
@@ -40,7 +46,9 @@ def test_default_plan_is_fast_and_valid(default_plan) -> None:
     document = json.loads(path.read_text())
     validate_plan_document(document)
     plan = ap.load_plan(path)
-    assert plan.provenance.model_name == "ref-3t-moe" and plan.provenance.cluster_name == "gb200-nvl72"
+    assert (
+        plan.provenance.model_name == "ref-3t-moe" and plan.provenance.cluster_name == "gb200-nvl72"
+    )
     assert plan.serving is not None and plan.job.kind == "inference"
     assert plan.predicted.tpot_s <= 0.05 and plan.predicted.ttft_s <= 5.0
     for heading in ("TTFT", "TPOT", "tok/s/dev", "mem/dev", "bottleneck"):
@@ -49,7 +57,9 @@ def test_default_plan_is_fast_and_valid(default_plan) -> None:
 
 
 @pytest.mark.slow
-def test_explain_and_every_export_run_on_the_default_plan(default_plan, capsys, tmp_path: Path) -> None:
+def test_explain_and_every_export_run_on_the_default_plan(
+    default_plan, capsys, tmp_path: Path
+) -> None:
     path, _, _ = default_plan
     assert main(["explain", str(path)]) == 0
     out = capsys.readouterr().out
@@ -57,16 +67,33 @@ def test_explain_and_every_export_run_on_the_default_plan(default_plan, capsys, 
     assert f"bottleneck: {plan.predicted.bottleneck}" in " ".join(out.split())
     assert "lost:" in out and "memory per device" in out
     for format in FORMATS:
-        assert main(["export", str(path), "--format", format, "--output-dir", str(tmp_path / format)]) == 0
+        assert (
+            main(["export", str(path), "--format", format, "--output-dir", str(tmp_path / format)])
+            == 0
+        )
         assert any((tmp_path / format).iterdir())
 
 
 def test_small_training_plan_for_the_cpu_examples(tmp_path: Path, capsys) -> None:
     output = tmp_path / "plan.json"
-    code = main([
-        "plan", "--training", "--model", "tiny-moe", "--cluster", "cpu-loopback", "--sequence-length", "64",
-        "--global-batch-tokens", "512", "--trials", "50", "--output", str(output),
-    ])
+    code = main(
+        [
+            "plan",
+            "--training",
+            "--model",
+            "tiny-moe",
+            "--cluster",
+            "cpu-loopback",
+            "--sequence-length",
+            "64",
+            "--global-batch-tokens",
+            "512",
+            "--trials",
+            "50",
+            "--output",
+            str(output),
+        ]
+    )
     assert code == 0
     plan = ap.load_plan(output)
     assert plan.world_size == 4 and plan.provenance.search.method == "brute_force"
@@ -77,7 +104,21 @@ def test_user_errors_exit_2_and_name_the_problem(tmp_path: Path, capsys) -> None
     assert "ref-3t-moe" in capsys.readouterr().err
     assert main(["plan", "--cluster", "no-such-cluster", "--output", str(tmp_path / "b.json")]) == 2
     assert "gb200-nvl72" in capsys.readouterr().err
-    code = main(["plan", "--model", "deepseek-v3", "--cluster", "dgx-h100", "--nodes", "1", "--trials", "16", "--output", str(tmp_path / "c.json")])
+    code = main(
+        [
+            "plan",
+            "--model",
+            "deepseek-v3",
+            "--cluster",
+            "dgx-h100",
+            "--nodes",
+            "1",
+            "--trials",
+            "16",
+            "--output",
+            str(tmp_path / "c.json"),
+        ]
+    )
     assert code == 2
     error = " ".join(capsys.readouterr().err.split())
     assert "bottleneck memory" in error and "smallest fitting size: at least" in error

@@ -33,10 +33,7 @@ def test_catalog_records_the_released_checkpoint_dtype(name: str, dtype: str) ->
 
 
 def test_quantization_configs_parse_to_their_dtype() -> None:
-    assert (
-        parse_checkpoint_dtype({"quantization_config": {"quant_method": "fp8"}})
-        == "fp8"
-    )
+    assert parse_checkpoint_dtype({"quantization_config": {"quant_method": "fp8"}}) == "fp8"
     assert (
         parse_checkpoint_dtype(
             {"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}
@@ -57,12 +54,8 @@ def test_fp4_on_h100_is_an_error_naming_the_field_and_the_device() -> None:
     with pytest.raises(
         ValueError, match=r"weight_dtype \('fp4'\) cannot run natively on NVIDIA H100"
     ):
-        estimate(
-            DSV3, get_preset("dgx-h100", num_nodes=2), workload, CONFIG, batch_size=8
-        )
-    kv = Inference(
-        prompt_tokens=1024, output_tokens=128, weight_dtype="fp8", kv_dtype="fp4"
-    )
+        estimate(DSV3, get_preset("dgx-h100", num_nodes=2), workload, CONFIG, batch_size=8)
+    kv = Inference(prompt_tokens=1024, output_tokens=128, weight_dtype="fp8", kv_dtype="fp4")
     with pytest.raises(ValueError, match=r"kv_dtype \('fp4'\)"):
         estimate(DSV3, get_preset("dgx-h100", num_nodes=2), kv, CONFIG, batch_size=8)
 
@@ -113,12 +106,8 @@ def test_estimate_inference_precision_is_applied_not_ignored(capsys) -> None:
     default = _estimate_json(capsys)  # the catalog's fp8 checkpoint
     bf16 = _estimate_json(capsys, "--weight-dtype", "bf16")
     fp8 = _estimate_json(capsys, "--precision", "fp8")
-    assert fp8["memory_bytes"]["weights"] == pytest.approx(
-        default["memory_bytes"]["weights"]
-    )
-    assert bf16["memory_bytes"]["weights"] == pytest.approx(
-        2 * fp8["memory_bytes"]["weights"]
-    )
+    assert fp8["memory_bytes"]["weights"] == pytest.approx(default["memory_bytes"]["weights"])
+    assert bf16["memory_bytes"]["weights"] == pytest.approx(2 * fp8["memory_bytes"]["weights"])
 
 
 def test_cli_rejects_fp4_on_hopper_with_exit_code_2(capsys) -> None:
@@ -152,4 +141,9 @@ def test_python_find_plan_serves_a_catalog_model_in_its_checkpoint_dtype() -> No
     assert plan.job.weight_dtype == "fp8"
     explicit = Inference(prompt_tokens=1024, output_tokens=128, weight_dtype="bf16")
     two_nodes = get_preset("dgx-h200", num_nodes=2)
-    assert find_plan("deepseek-v3", two_nodes, explicit, n_trials=4, disaggregate=False).job.weight_dtype == "bf16"
+    assert (
+        find_plan(
+            "deepseek-v3", two_nodes, explicit, n_trials=4, disaggregate=False
+        ).job.weight_dtype
+        == "bf16"
+    )

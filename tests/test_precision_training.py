@@ -157,7 +157,9 @@ def test_twin_runs_are_validation_rows_from_two_or_more_sources_never_fit_inputs
 
     for record in records:
         overlap = framework_profile(record["framework"]).tp_comm_overlap
-        assert (overlap > 0.0) == ("async TP" in record["run"] or record["framework"] == "megatron-core")
+        assert (overlap > 0.0) == (
+            "async TP" in record["run"] or record["framework"] == "megatron-core"
+        )
 
 
 def test_twins_on_devices_with_a_measured_fp8_gemm_curve_are_within_tolerance() -> None:
@@ -176,10 +178,15 @@ def test_first_and_last_layers_in_bf16_slow_the_end_ranks_only(model) -> None:
     times = {}
     for name, edges in (("fp8", 0), ("edges", 2)):
         workload = Training(
-            sequence_length_tokens=8192, global_batch_sequences=32, precision="fp8",
-            fp8_bf16_layers_at_start=edges, fp8_bf16_layers_at_end=edges,
+            sequence_length_tokens=8192,
+            global_batch_sequences=32,
+            precision="fp8",
+            fp8_bf16_layers_at_start=edges,
+            fp8_bf16_layers_at_end=edges,
         )
-        ctx = training_context(model=model, cluster=cluster, workload=workload, table=table, options=EstimateOptions())
+        ctx = training_context(
+            model=model, cluster=cluster, workload=workload, table=table, options=EstimateOptions()
+        )
         times[name] = np.broadcast_to(attention_projection_time(ctx), (3, 1))[:, 0]
     assert times["edges"][0] > times["fp8"][0] and times["edges"][2] > times["fp8"][2]
     assert times["edges"][1] == pytest.approx(times["fp8"][1])  # a middle rank holds no end layer

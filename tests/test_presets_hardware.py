@@ -53,7 +53,10 @@ def test_network_override_applies_inside_the_block_only() -> None:
     with network_override(inter_node_bytes_per_s=50e9 / 8):
         assert get_preset("dgx-b200").inter_node.bandwidth_bytes_per_s == pytest.approx(6.25e9)
     assert get_preset("dgx-b200").inter_node.bandwidth_bytes_per_s == pytest.approx(50e9)
-    with pytest.raises(ValueError, match="inter_node_bytes_per_s"), network_override(inter_node_bytes_per_s=-1.0):
+    with (
+        pytest.raises(ValueError, match="inter_node_bytes_per_s"),
+        network_override(inter_node_bytes_per_s=-1.0),
+    ):
         pass
 
 

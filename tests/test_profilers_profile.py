@@ -20,7 +20,12 @@ SOURCE = "measured: synthetic test curve"
 
 
 def curve(work, seconds, spread=None):
-    return {"work": list(work), "seconds": list(seconds), "spread": list(spread or [0.1] * len(work)), "source": SOURCE}
+    return {
+        "work": list(work),
+        "seconds": list(seconds),
+        "spread": list(spread or [0.1] * len(work)),
+        "source": SOURCE,
+    }
 
 
 def profile_document(device_type: str = "cpu") -> dict:
@@ -28,6 +33,7 @@ def profile_document(device_type: str = "cpu") -> dict:
     gemm_rates = [1e8, 5e9, 4e10, 5e10]
     alpha, bandwidth = 2e-4, 1e9
     sizes = [4096.0, 65536.0, 1048576.0, 8388608.0]
+
     def ring(n: int, s: float) -> float:
         return 2 * (n - 1) * alpha + 2 * (n - 1) / n * s / bandwidth
 
@@ -56,7 +62,9 @@ def test_valid_document_round_trips_through_json(tmp_path):
     assert profile.collectives["all_reduce"][2].work[0] == 4096.0
 
 
-@pytest.mark.parametrize("field", ["gemm", "memory", "device_type", "kernel_overhead_s", "provenance"])
+@pytest.mark.parametrize(
+    "field", ["gemm", "memory", "device_type", "kernel_overhead_s", "provenance"]
+)
 def test_missing_field_is_rejected_by_name(tmp_path, field):
     document = profile_document()
     del document[field]
@@ -73,7 +81,10 @@ def test_missing_field_is_rejected_by_name(tmp_path, field):
         (lambda d: d["gemm"]["fp32"]["seconds"].__setitem__(2, "fast"), "gemm.fp32.seconds.2"),
         (lambda d: d["memory"]["work"].reverse(), "memory"),
         (lambda d: d["memory"]["spread"].pop(), "memory"),
-        (lambda d: d["collectives"]["all_reduce"]["2"].__setitem__("source", "guessed"), "collectives.all_reduce.2"),
+        (
+            lambda d: d["collectives"]["all_reduce"]["2"].__setitem__("source", "guessed"),
+            "collectives.all_reduce.2",
+        ),
         (lambda d: d.__setitem__("memory_bytes", 0), "memory_bytes"),
         (lambda d: d.__setitem__("gemm_typo", {}), "gemm_typo"),
     ],
@@ -114,7 +125,9 @@ def test_other_device_type_is_refused_unless_forced(tmp_path):
 
 
 def test_curve_interpolates_in_log_work_and_floors_small_calls():
-    c = MeasuredCurve(work=(1e3, 1e5), seconds=(1e-5, 1e-5 * 100 / 10), spread=(0, 0), source=SOURCE)
+    c = MeasuredCurve(
+        work=(1e3, 1e5), seconds=(1e-5, 1e-5 * 100 / 10), spread=(0, 0), source=SOURCE
+    )
     rates = c.rate_per_s([1e3, 1e4, 1e5, 1e7])
     assert rates[0] == pytest.approx(1e8) and rates[2] == pytest.approx(1e9)
     assert rates[1] == pytest.approx((1e8 + 1e9) / 2)  # halfway in log(work)
@@ -129,12 +142,16 @@ def test_spec_from_profile_interpolates_measured_efficiency():
     assert spec.peak_flops["fp32"] == pytest.approx(5e10) and spec.resolved_device_type == "cpu"
     efficiency = spec.gemm_efficiency(np.array([1e3, 1e7, 1e9]), "fp32")
     assert efficiency == pytest.approx([1e8 / 5e10, 0.8, 1.0])
-    assert spec.peak_flops["bf16"] == pytest.approx(2.5e10) and spec.gemm_efficiency(1e7, "bf16") == pytest.approx(0.8)
+    assert spec.peak_flops["bf16"] == pytest.approx(2.5e10) and spec.gemm_efficiency(
+        1e7, "bf16"
+    ) == pytest.approx(0.8)
     with pytest.raises(ValueError, match="no entry for dtype 'fp16'"):
         spec.gemm_efficiency(1e9, "fp16")  # no fp16 measured: no fp16 peak either
     assert spec.memory_efficiency(1e6) == pytest.approx(1.0)
     assert spec.memory_efficiency(1e8) == pytest.approx(0.5)
-    assert spec.attention_efficiency(1e7, "fp32") == pytest.approx(0.8)  # falls back to the GEMM curve
+    assert spec.attention_efficiency(1e7, "fp32") == pytest.approx(
+        0.8
+    )  # falls back to the GEMM curve
     assert spec.kernel_overhead_s == 5e-6
     # Without a profile the hooks stay the constant fractions.
     preset = get_preset("dgx-h100").device
@@ -145,10 +162,16 @@ def test_spec_from_profile_interpolates_measured_efficiency():
 def test_link_fit_recovers_alpha_beta_and_cluster_uses_profile():
     profile = HardwareProfile.model_validate(profile_document())
     latency, bandwidth, error = fit_link(profile)
-    assert latency == pytest.approx(2e-4, rel=1e-6) and bandwidth == pytest.approx(1e9, rel=1e-6) and error < 1e-9
+    assert (
+        latency == pytest.approx(2e-4, rel=1e-6)
+        and bandwidth == pytest.approx(1e9, rel=1e-6)
+        and error < 1e-9
+    )
     cluster = cluster_from_profile(profile, num_devices=2)
     assert cluster.num_devices == 2 and cluster.device.profile == profile
-    seconds = cluster.collective_time("all_reduce", group_size=2, ranks_per_node=2, message_bytes=1048576.0)
+    seconds = cluster.collective_time(
+        "all_reduce", group_size=2, ranks_per_node=2, message_bytes=1048576.0
+    )
     assert seconds == pytest.approx(2 * 2e-4 + 1048576 / 1e9, rel=0.01)  # 2(n-1) latency steps
     no_collectives = HardwareProfile.model_validate({**profile_document(), "collectives": {}})
     with pytest.raises(ValueError, match="collectives has no measured op"):
@@ -176,7 +199,10 @@ def test_tensor_parallel_host_overhead_is_charged_per_sharded_linear_only_with_t
     times = {}
     for name, profile in (("base", base), ("costly", costly)):
         cluster = cluster_from_profile(profile, num_devices=2)
-        for config in (ParallelConfig(micro_batch_size=2), ParallelConfig(tp=2, micro_batch_size=2)):
+        for config in (
+            ParallelConfig(micro_batch_size=2),
+            ParallelConfig(tp=2, micro_batch_size=2),
+        ):
             times[name, config.tp] = estimate(model, cluster, workload, config).time_s["compute"]
     assert times["costly", 1] == pytest.approx(times["base", 1])
     # 2 micro-batches x (4 layers x (3 attention + 3 FFN or shared-expert linears) + embedding + LM head).
@@ -193,13 +219,24 @@ def test_sharded_linear_curve_prices_the_overhead_by_activation_size():
 def test_cluster_prices_profiled_collectives_from_their_measured_curves():
     document = profile_document()
     sizes = [4096.0, 65536.0, 1048576.0]
-    document["collectives"]["send_recv"] = {"2": curve(sizes, [3e-3, 3.1e-3, 4e-3])}  # gloo's slow p2p wake-up
+    document["collectives"]["send_recv"] = {
+        "2": curve(sizes, [3e-3, 3.1e-3, 4e-3])
+    }  # gloo's slow p2p wake-up
     cluster = cluster_from_profile(HardwareProfile.model_validate(document), num_devices=2)
-    seconds = cluster.collective_time("send_recv", group_size=2, ranks_per_node=2, message_bytes=[4096.0, 1024.0])
+    seconds = cluster.collective_time(
+        "send_recv", group_size=2, ranks_per_node=2, message_bytes=[4096.0, 1024.0]
+    )
     assert seconds == pytest.approx([3e-3, 3e-3])  # measured, and held below the smallest size
-    bare = cluster.model_copy(update={"device": cluster.device.model_copy(update={"profile": None})})
-    assert bare.collective_time("send_recv", group_size=2, ranks_per_node=2, message_bytes=4096.0) < 1e-3
-    assert cluster.collective_time("all_to_all", group_size=2, ranks_per_node=2, message_bytes=4096.0) == pytest.approx(
+    bare = cluster.model_copy(
+        update={"device": cluster.device.model_copy(update={"profile": None})}
+    )
+    assert (
+        bare.collective_time("send_recv", group_size=2, ranks_per_node=2, message_bytes=4096.0)
+        < 1e-3
+    )
+    assert cluster.collective_time(
+        "all_to_all", group_size=2, ranks_per_node=2, message_bytes=4096.0
+    ) == pytest.approx(
         bare.collective_time("all_to_all", group_size=2, ranks_per_node=2, message_bytes=4096.0)
     )  # not measured: the alpha-beta model
 
@@ -208,10 +245,15 @@ def test_one_device_profiled_cluster_estimates():
     from autoparallel import get_model
     from cost_model import ParallelConfig, Training, estimate
 
-    cluster = cluster_from_profile(HardwareProfile.model_validate(profile_document()), num_devices=1)
+    cluster = cluster_from_profile(
+        HardwareProfile.model_validate(profile_document()), num_devices=1
+    )
     workload = Training(sequence_length_tokens=64, global_batch_sequences=2)
     breakdown = estimate(get_model("tiny-moe"), cluster, workload, ParallelConfig())
-    assert breakdown.step_time_s > 0 and breakdown.time_s["pp_comm"] == breakdown.time_s["cp_comm"] == 0.0
+    assert (
+        breakdown.step_time_s > 0
+        and breakdown.time_s["pp_comm"] == breakdown.time_s["cp_comm"] == 0.0
+    )
 
 
 def _with_host(**fields) -> HardwareProfile:
@@ -231,7 +273,13 @@ def _tiny_estimate(profile: HardwareProfile, config=None, **options):
 
     workload = Training(sequence_length_tokens=64, global_batch_sequences=4)
     cluster = cluster_from_profile(profile, num_devices=4)
-    return estimate(get_model("tiny-moe"), cluster, workload, config or ParallelConfig(micro_batch_size=2), **options)
+    return estimate(
+        get_model("tiny-moe"),
+        cluster,
+        workload,
+        config or ParallelConfig(micro_batch_size=2),
+        **options,
+    )
 
 
 def test_profiles_without_the_optional_host_fields_estimate_as_before():
@@ -243,7 +291,9 @@ def test_profiles_without_the_optional_host_fields_estimate_as_before():
     assert [float(v) for v in spec.layer_host_time_s(8.0)] == [0.0, 0.0]
     assert get_preset("dgx-h100").device.layer_host_time_s([4.0])[1].tolist() == [0.0]
     zeroed = _with_host(host=_host())
-    assert _tiny_estimate(zeroed).step_time_s == pytest.approx(_tiny_estimate(base).step_time_s, rel=1e-12)
+    assert _tiny_estimate(zeroed).step_time_s == pytest.approx(
+        _tiny_estimate(base).step_time_s, rel=1e-12
+    )
 
 
 def test_measured_layer_host_cost_is_charged_per_layer_expert_and_micro_batch():
@@ -251,11 +301,19 @@ def test_measured_layer_host_cost_is_charged_per_layer_expert_and_micro_batch():
 
     base = _with_host(host=_host())
     costly = _with_host(host=_host(dense_layer_s=3e-3, moe_layer_s=5e-3, routed_expert_s=1e-3))
-    for config, experts in ((ParallelConfig(micro_batch_size=2), 8), (ParallelConfig(ep=2, dp=2, micro_batch_size=1), 4)):
-        extra = _tiny_estimate(costly, config).time_s["compute"] - _tiny_estimate(base, config).time_s["compute"]
+    for config, experts in (
+        (ParallelConfig(micro_batch_size=2), 8),
+        (ParallelConfig(ep=2, dp=2, micro_batch_size=1), 4),
+    ):
+        extra = (
+            _tiny_estimate(costly, config).time_s["compute"]
+            - _tiny_estimate(base, config).time_s["compute"]
+        )
         micro_batches = 4 // (config.dp * config.micro_batch_size)
         # tiny-moe: 1 dense + 3 MoE layers; each MoE layer pays its rank's routed experts.
-        assert extra == pytest.approx(micro_batches * (3e-3 + 3 * (5e-3 + experts * 1e-3)), rel=1e-9)
+        assert extra == pytest.approx(
+            micro_batches * (3e-3 + 3 * (5e-3 + experts * 1e-3)), rel=1e-9
+        )
 
 
 def test_measured_optimizer_and_accumulation_curves_price_their_bytes():
@@ -276,9 +334,13 @@ def test_measured_optimizer_and_accumulation_curves_price_their_bytes():
     assert saved == pytest.approx(update / 2, rel=1e-9)
     assert breakdown.time_s["optimizer"] >= update
     fused = _tiny_estimate(measured).time_s["compute"]
-    assert fused == pytest.approx(_tiny_estimate(base).time_s["compute"], rel=1e-12)  # fused by default
+    assert fused == pytest.approx(
+        _tiny_estimate(base).time_s["compute"], rel=1e-12
+    )  # fused by default
     unfused = _tiny_estimate(measured, fused_gradient_accumulation=False).time_s["compute"]
-    assert unfused - fused == pytest.approx(2 * parameters * (2 + 4 + 4) / rate, rel=1e-9)  # 2 micro-batches
+    assert unfused - fused == pytest.approx(
+        2 * parameters * (2 + 4 + 4) / rate, rel=1e-9
+    )  # 2 micro-batches
     roofline = _tiny_estimate(base, fused_gradient_accumulation=False).time_s["compute"]
     assert roofline > _tiny_estimate(base).time_s["compute"]  # unmeasured: the memory roofline
 
@@ -291,11 +353,17 @@ def test_sharded_weight_update_and_pipeline_schedule_costs_need_their_axis():
     tp2, pp2 = ParallelConfig(tp=2, micro_batch_size=2), ParallelConfig(pp=2, micro_batch_size=1)
     for config in (ParallelConfig(micro_batch_size=2), pp2):
         assert _tiny_estimate(costly, config).time_s["optimizer"] == pytest.approx(
-            _tiny_estimate(base, config).time_s["optimizer"], rel=1e-12)
+            _tiny_estimate(base, config).time_s["optimizer"], rel=1e-12
+        )
     # 4 layers x (3 attention + 3 FFN or shared-expert linears) + embedding + LM head, once per step.
-    extra = _tiny_estimate(costly, tp2).time_s["optimizer"] - _tiny_estimate(base, tp2).time_s["optimizer"]
+    extra = (
+        _tiny_estimate(costly, tp2).time_s["optimizer"]
+        - _tiny_estimate(base, tp2).time_s["optimizer"]
+    )
     assert extra == pytest.approx((4 * 6 + 2) * 1e-3, rel=1e-9)
-    extra = _tiny_estimate(costly, pp2).time_s["pp_comm"] - _tiny_estimate(base, pp2).time_s["pp_comm"]
+    extra = (
+        _tiny_estimate(costly, pp2).time_s["pp_comm"] - _tiny_estimate(base, pp2).time_s["pp_comm"]
+    )
     assert extra == pytest.approx(4 * 2e-3, rel=1e-9)  # 4 micro-batches
     assert _tiny_estimate(costly, tp2).time_s["pp_comm"] == 0.0
 
@@ -318,11 +386,19 @@ def test_collective_sync_cost_is_charged_per_blocking_tp_and_ep_collective():
     costly = _with_host(host=_host(collective_sync_s=1e-3))
     assert HardwareSpec.from_profile(costly).collective_sync_s == 1e-3
     one = ParallelConfig(micro_batch_size=2)
-    assert _tiny_estimate(costly, one).step_time_s == pytest.approx(_tiny_estimate(base, one).step_time_s, rel=1e-12)
+    assert _tiny_estimate(costly, one).step_time_s == pytest.approx(
+        _tiny_estimate(base, one).step_time_s, rel=1e-12
+    )
     tp2 = ParallelConfig(tp=2, micro_batch_size=2)
-    extra = _tiny_estimate(costly, tp2).time_s["tp_comm"] - _tiny_estimate(base, tp2).time_s["tp_comm"]
+    extra = (
+        _tiny_estimate(costly, tp2).time_s["tp_comm"] - _tiny_estimate(base, tp2).time_s["tp_comm"]
+    )
     # 2 micro-batches x (2 passes x 4 layers x 2 + embedding + MLA's 2 more per layer in backward)
     assert extra == pytest.approx(2 * (2 * 4 * 2 + 1 + 4 * 2) * 1e-3, rel=1e-9)
     ep2 = ParallelConfig(ep=2, dp=2, micro_batch_size=1)
-    extra = _tiny_estimate(costly, ep2).time_s["ep_comm"] - _tiny_estimate(base, ep2).time_s["ep_comm"]
-    assert extra == pytest.approx(2 * (2 * 3 * 2) * 1e-3, rel=1e-9)  # 2 micro-batches x 2 passes x 3 MoE layers x 2 all-to-alls
+    extra = (
+        _tiny_estimate(costly, ep2).time_s["ep_comm"] - _tiny_estimate(base, ep2).time_s["ep_comm"]
+    )
+    assert extra == pytest.approx(
+        2 * (2 * 3 * 2) * 1e-3, rel=1e-9
+    )  # 2 micro-batches x 2 passes x 3 MoE layers x 2 all-to-alls

@@ -24,7 +24,9 @@ from profilers._stages import (
 )
 from profilers._training_run import TrainingSetup, measure_training
 
-TINY_SETUP = TrainingSetup(hidden_size=32, num_layers=2, sequence_tokens=16, batch_sequences=2, steps=1, warmup_steps=1)
+TINY_SETUP = TrainingSetup(
+    hidden_size=32, num_layers=2, sequence_tokens=16, batch_sequences=2, steps=1, warmup_steps=1
+)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,9 @@ def tiny_profile():
 def test_op_stage_allocates_exactly_its_output(tiny_profile):
     cluster = cluster_from_profile(tiny_profile, num_devices=2)
     result = check_op(setup=TINY_SETUP, cluster=cluster)
-    assert result.measured_memory_bytes == result.predicted_memory_bytes == 32 * 64 * 2  # bf16 output
+    assert (
+        result.measured_memory_bytes == result.predicted_memory_bytes == 32 * 64 * 2
+    )  # bf16 output
     assert result.predicted_time_s > 0 and result.measured_time_s > 0 and result.memory_ok
 
 
@@ -44,13 +48,23 @@ def test_one_device_model_states_match_the_cost_model_exactly(tiny_profile):
     report = measure_training(TINY_SETUP)
     cluster = cluster_from_profile(tiny_profile, num_devices=2)
     config = device_config(TINY_SETUP)
-    predicted = estimate(TINY_SETUP.spec(), cluster, TINY_SETUP.workload(config), config, **ESTIMATE_OPTIONS)
-    states = sum(predicted.memory_bytes[part] for part in ("weights", "gradients", "optimizer_states"))
-    assert report.static_memory_bytes == pytest.approx(states, rel=2e-3)  # + AdamW's 4-byte step counters
+    predicted = estimate(
+        TINY_SETUP.spec(), cluster, TINY_SETUP.workload(config), config, **ESTIMATE_OPTIONS
+    )
+    states = sum(
+        predicted.memory_bytes[part] for part in ("weights", "gradients", "optimizer_states")
+    )
+    assert report.static_memory_bytes == pytest.approx(
+        states, rel=2e-3
+    )  # + AdamW's 4-byte step counters
     assert report.peak_memory_bytes > report.static_memory_bytes
     assert set(report.phase_times_s) == {"forward", "backward", "optimizer"}
-    forwards = TINY_SETUP.warmup_steps + TINY_SETUP.steps + 1  # the hooks count every step, profiled one included
-    assert sum(report.expert_load["model.layers.1.mlp.gate"]) == forwards * 2 * 16 * 2  # x tokens x top-2
+    forwards = (
+        TINY_SETUP.warmup_steps + TINY_SETUP.steps + 1
+    )  # the hooks count every step, profiled one included
+    assert (
+        sum(report.expert_load["model.layers.1.mlp.gate"]) == forwards * 2 * 16 * 2
+    )  # x tokens x top-2
 
 
 def test_plan_for_carries_the_prediction(tiny_profile):
@@ -63,8 +77,18 @@ def test_plan_for_carries_the_prediction(tiny_profile):
 @pytest.mark.slow
 def test_every_stage_runs_and_reports(tiny_profile):
     cluster = cluster_from_profile(tiny_profile, num_devices=2)
-    report = run_stages(setup=TINY_SETUP, cluster=cluster, configs=(ParallelConfig(tp=2, micro_batch_size=2),), clock="cpu")
-    assert [s.stage for s in report.stages] == ["op", "layer", "device", "plan"]  # pp2: the CLI test below
+    report = run_stages(
+        setup=TINY_SETUP,
+        cluster=cluster,
+        configs=(ParallelConfig(tp=2, micro_batch_size=2),),
+        clock="cpu",
+    )
+    assert [s.stage for s in report.stages] == [
+        "op",
+        "layer",
+        "device",
+        "plan",
+    ]  # pp2: the CLI test below
     tp2 = report.stages[3]
     assert tp2.details["measured_comm_s"] > 0 and "predicted_tp_comm_s" in tp2.details
     assert tp2.measured_time_s == tp2.details["measured_cpu_s"] and "cpu clock" in tp2.reference
@@ -79,15 +103,39 @@ def test_every_stage_runs_and_reports(tiny_profile):
 def test_cli_stage_check_prints_and_writes(tmp_path, tiny_profile, capsys):
     profile_path = tiny_profile.save(tmp_path / "profile.json")
     output = tmp_path / "stages.json"
-    code = cli_main([
-        "stage-check", "--profile", str(profile_path), "--plans", "pp2", "--hidden-size", "32", "--num-layers", "2",
-        "--sequence-tokens", "16", "--batch-sequences", "2", "--steps", "1", "--no-calibration", "-o", str(output),
-        "--rounds", "2",
-    ])
-    assert code in (0, 1)  # 1: some stage outside its tolerance, which timing on a shared CPU may be
+    code = cli_main(
+        [
+            "stage-check",
+            "--profile",
+            str(profile_path),
+            "--plans",
+            "pp2",
+            "--hidden-size",
+            "32",
+            "--num-layers",
+            "2",
+            "--sequence-tokens",
+            "16",
+            "--batch-sequences",
+            "2",
+            "--steps",
+            "1",
+            "--no-calibration",
+            "-o",
+            str(output),
+            "--rounds",
+            "2",
+        ]
+    )
+    assert code in (
+        0,
+        1,
+    )  # 1: some stage outside its tolerance, which timing on a shared CPU may be
     document = json.loads(output.read_text())
     assert [s["stage"] for s in document["stages"]] == ["op", "layer", "device", "plan"]
-    assert "predicted_bubble_s" in document["stages"][3]["details"] and document["calibration"] is None
+    assert (
+        "predicted_bubble_s" in document["stages"][3]["details"] and document["calibration"] is None
+    )
     assert document["rounds"] == 2
     assert "Staged validation" in capsys.readouterr().out
 
@@ -115,9 +163,18 @@ def test_merge_reports_pools_steps_and_keeps_peaks():
     from profilers._step import merge_reports
 
     def report(steps, peak, counts):
-        return StepReport(device_type="cpu", step_times_s=steps, phase_times_s={"forward": steps}, comm_time_s=None,
-                          profiled_step_time_s=None, static_memory_bytes=10.0, peak_memory_bytes=peak,
-                          peak_rss_delta_bytes=None, expert_load={"gate": counts}, cpu_times_s=steps)
+        return StepReport(
+            device_type="cpu",
+            step_times_s=steps,
+            phase_times_s={"forward": steps},
+            comm_time_s=None,
+            profiled_step_time_s=None,
+            static_memory_bytes=10.0,
+            peak_memory_bytes=peak,
+            peak_rss_delta_bytes=None,
+            expert_load={"gate": counts},
+            cpu_times_s=steps,
+        )
 
     merged = merge_reports([report((1.0, 9.0), 20.0, (1, 2)), report((2.0,), 30.0, (3, 4))])
     assert merged.step_times_s == (1.0, 9.0, 2.0) and merged.median_step_time_s == 2.0

@@ -31,7 +31,9 @@ def test_measure_reports_median_of_synchronized_samples():
     with pytest.raises(ValueError, match="repeats"):
         measure(lambda: None, device=torch.device("cpu"), repeats=0)
     # The thread clock counts CPU work: a sleeping thread does none.
-    asleep = measure(lambda: time.sleep(0.002), device=torch.device("cpu"), warmup=0, repeats=3, clock="thread")
+    asleep = measure(
+        lambda: time.sleep(0.002), device=torch.device("cpu"), warmup=0, repeats=3, clock="thread"
+    )
     assert asleep.median_s < 0.001
     with pytest.raises(ValueError, match="clock .'sundial'"):
         measure(lambda: None, device=torch.device("cpu"), clock="sundial")
@@ -42,11 +44,24 @@ def test_cold_cache_measurement_flushes_before_every_untimed_call():
 
     calls, flushes = [], []
     flush = cache_flusher(torch.device("cpu"), 1 << 20)
-    timing = measure(lambda: calls.append(1), device=torch.device("cpu"), warmup=2, repeats=5,
-                     before_each=lambda: (flushes.append(1), flush()))
-    assert len(calls) == len(flushes) == 7 and timing.repeats == 5  # one call per sample, none batched
+    timing = measure(
+        lambda: calls.append(1),
+        device=torch.device("cpu"),
+        warmup=2,
+        repeats=5,
+        before_each=lambda: (flushes.append(1), flush()),
+    )
+    assert (
+        len(calls) == len(flushes) == 7 and timing.repeats == 5
+    )  # one call per sample, none batched
     # The flush is not timed: a slow flush before a no-op call leaves the call's time tiny.
-    slow = measure(lambda: None, device=torch.device("cpu"), warmup=0, repeats=3, before_each=lambda: time.sleep(0.01))
+    slow = measure(
+        lambda: None,
+        device=torch.device("cpu"),
+        warmup=0,
+        repeats=3,
+        before_each=lambda: time.sleep(0.01),
+    )
     assert slow.median_s < 0.005
 
 
@@ -62,9 +77,13 @@ def test_grid_rejects_unknown_names():
 def test_single_process_profile_has_every_operator_curve():
     profile = profile_hardware(grid=TINY)
     assert profile.device_type == "cpu" and profile.collectives == {}
-    assert set(profile.gemm) == set(profile.attention) == set(profile.grouped_gemm) == {"fp32", "bf16"}
+    assert (
+        set(profile.gemm) == set(profile.attention) == set(profile.grouped_gemm) == {"fp32", "bf16"}
+    )
     gemm = profile.gemm["fp32"]
-    assert gemm.work == (6.0 * 16**3, 6.0 * 64**3, 6.0 * 128**3) and all(s > 0 for s in gemm.seconds)  # 3 layouts
+    assert gemm.work == (6.0 * 16**3, 6.0 * 64**3, 6.0 * 128**3) and all(
+        s > 0 for s in gemm.seconds
+    )  # 3 layouts
     assert profile.memory.labels[0].startswith("add") and profile.norm is not None
     assert profile.kernel_overhead_s > 0 and profile.provenance.startswith("measured")
     spec = HardwareSpec.from_profile(profile)
@@ -73,10 +92,16 @@ def test_single_process_profile_has_every_operator_curve():
     # The runtime's master-weight AdamW: 30 bytes per parameter; accumulation into main grads: 10.
     assert profile.optimizer.work == (2**10 * 30.0, 2**14 * 30.0)
     assert profile.gradient_accumulation.work == (2**10 * 10.0, 2**14 * 10.0)
-    assert profile.optimizer.seconds[1] > profile.gradient_accumulation.seconds[1]  # 10+ passes against one
+    assert (
+        profile.optimizer.seconds[1] > profile.gradient_accumulation.seconds[1]
+    )  # 10+ passes against one
     host = profile.host
-    assert host.dense_layer_s > 0 and host.moe_layer_s > 0  # a decoder layer costs host time at any size
-    assert host.sharded_parameter_update_s == host.pipeline_micro_batch_s == 0.0  # no ranks, not measured
+    assert (
+        host.dense_layer_s > 0 and host.moe_layer_s > 0
+    )  # a decoder layer costs host time at any size
+    assert (
+        host.sharded_parameter_update_s == host.pipeline_micro_batch_s == 0.0
+    )  # no ranks, not measured
 
 
 def _profile_rank(rank: int, world_size: int):
@@ -89,18 +114,37 @@ def test_two_ranks_measure_collectives_and_agree():
     assert first == second  # every rank returns the reduced profile
     assert set(first.collectives) == {"all_reduce", "send_recv"}
     assert first.sharded_module_overhead_s > 0  # DTensor dispatch costs host time on every rank
-    assert len(first.sharded_linear.work) == 4 and first.sharded_module_overhead_s in first.sharded_linear.seconds
-    assert list(first.sharded_linear.seconds) == sorted(first.sharded_linear.seconds)  # running max over sizes
+    assert (
+        len(first.sharded_linear.work) == 4
+        and first.sharded_module_overhead_s in first.sharded_linear.seconds
+    )
+    assert list(first.sharded_linear.seconds) == sorted(
+        first.sharded_linear.seconds
+    )  # running max over sizes
     assert first.operator_clock == "thread"  # one intra-op thread per rank on a CPU
     assert first.collectives["all_reduce"][2].work == (4096.0, 65536.0)
     assert first.host.sharded_parameter_update_s > 0  # a DTensor update dispatches through DTensor
-    assert first.host.pipeline_micro_batch_s >= 0 and first.host.collective_sync_s >= 0 and first.optimizer is not None
+    assert (
+        first.host.pipeline_micro_batch_s >= 0
+        and first.host.collective_sync_s >= 0
+        and first.optimizer is not None
+    )
 
 
 @pytest.mark.distributed
 def test_cli_profile_writes_a_loadable_profile(tmp_path, capsys):
     path = tmp_path / "cpu-profile.json"
-    command = ["profile", "--nproc", "2", "--grid", "tiny", "--output", str(path), "--compare-preset", "cpu-loopback"]
+    command = [
+        "profile",
+        "--nproc",
+        "2",
+        "--grid",
+        "tiny",
+        "--output",
+        str(path),
+        "--compare-preset",
+        "cpu-loopback",
+    ]
     assert cli_main(command) == 0
     assert "measured / peak" in capsys.readouterr().out
     profile = load_hardware_profile(path, expected_device_type="cpu")
@@ -155,13 +199,21 @@ def test_step_profiler_times_phases_counts_experts_and_peak_memory():
     with StepProfiler(modules=[model], optimizers=[optimizer]) as profiler:
         _train(model, optimizer, profiler, x, steps=3)
         report = profiler.report()
-    assert len(report.step_times_s) == 3 and set(report.phase_times_s) == {"forward", "backward", "optimizer"}
+    assert len(report.step_times_s) == 3 and set(report.phase_times_s) == {
+        "forward",
+        "backward",
+        "optimizer",
+    }
     assert report.median_phase_s("forward") < report.median_step_time_s
     counts = report.expert_load["gate"]
     assert len(counts) == 4 and sum(counts) == 4 * 256 * 2  # 3 timed + 1 profiled step, top-2
     parameter_bytes = sum(p.numel() * 4 for p in model.parameters())
-    trained = [p for p in model.parameters() if p is not model.gate.weight]  # the router gets no gradient
-    states = sum(2 * p.numel() * 4 + 4 for p in trained)  # AdamW exp_avg, exp_avg_sq and a float32 step
+    trained = [
+        p for p in model.parameters() if p is not model.gate.weight
+    ]  # the router gets no gradient
+    states = sum(
+        2 * p.numel() * 4 + 4 for p in trained
+    )  # AdamW exp_avg, exp_avg_sq and a float32 step
     assert report.static_memory_bytes == parameter_bytes + states
     activations = 256 * 4 * 32 * 4  # the up projection's output alone
     assert report.peak_memory_bytes >= report.static_memory_bytes + activations

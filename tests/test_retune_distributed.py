@@ -30,7 +30,9 @@ def _workload(global_sequences: int = GLOBAL_SEQUENCES) -> Training:
 def _plan(config: ParallelConfig, *, model=None, workload=None) -> str:
     spec = model or ap.get_model("tiny-moe")
     cluster = cluster_for_world(ap.get_preset(CLUSTER), config.world_size)
-    return plan_for_config(model=spec, cluster=cluster, workload=workload or _workload(), config=config).to_json()
+    return plan_for_config(
+        model=spec, cluster=cluster, workload=workload or _workload(), config=config
+    ).to_json()
 
 
 # --------------------------------------------------------------------------- rank side
@@ -60,8 +62,13 @@ def _build(plan, spec, *, sequences: int = GLOBAL_SEQUENCES, skew: float | None 
     if skew is not None:
         skew_routers(model, exponent=skew)
     local = sequences // plan.config.dp
-    applied = ap.apply_plan(model, plan, loss_fn=_loss, device_type="cpu",
-                            num_micro_batches=local // plan.config.micro_batch_size)
+    applied = ap.apply_plan(
+        model,
+        plan,
+        loss_fn=_loss,
+        device_type="cpu",
+        num_micro_batches=local // plan.config.micro_batch_size,
+    )
     return applied, torch.optim.AdamW(applied.parameters(), lr=LEARNING_RATE)
 
 
@@ -75,7 +82,9 @@ def _train_step(applied, optimizer, ids, targets) -> float | None:
     """One optimizer step on this rank's share of the global batch; the loss where it is known."""
     ids, targets = _local(applied, ids), _local(applied, targets)
     if applied.pipeline is not None:
-        loss = applied.pipeline.step(ids if applied.pipeline.is_first else None, targets=targets).loss
+        loss = applied.pipeline.step(
+            ids if applied.pipeline.is_first else None, targets=targets
+        ).loss
     else:
         loss = _loss(applied.module(ids), targets)
         loss.backward()
@@ -123,9 +132,19 @@ def rebalance_case(rank: int, world_size: int, plan_json: str, move: bool) -> di
     plan = ap.load_plan(plan_json)
     spec = ap.get_model(plan.provenance.model_name)
     applied, optimizer = _build(plan, spec, skew=2.0)
-    retuner = Retuner(plan, model=spec, cluster=ap.get_preset(CLUSTER), workload=_workload(),
-                      settings=RetuneSettings(every_n_steps=4, warmup_steps=0, allowed_changes=("expert_placement",),
-                                              num_redundant_experts=8, min_relative_gain=0.0))
+    retuner = Retuner(
+        plan,
+        model=spec,
+        cluster=ap.get_preset(CLUSTER),
+        workload=_workload(),
+        settings=RetuneSettings(
+            every_n_steps=4,
+            warmup_steps=0,
+            allowed_changes=("expert_placement",),
+            num_redundant_experts=8,
+            min_relative_gain=0.0,
+        ),
+    )
     # (min_relative_gain 0: this tiny model's experts are a small share of its predicted step, so
     # the gain is small; the threshold itself is tested in test_retune.py.)
     decision, seen = None, 0.0
@@ -133,10 +152,18 @@ def rebalance_case(rank: int, world_size: int, plan_json: str, move: bool) -> di
         for step in range(4):
             with profiler.step():
                 _train_step(applied, optimizer, *_batch(spec, step))
-            cumulative = np.array([counts for _, counts in sorted(profiler.report().expert_load.items())], dtype=float)
-            load, seen = tuple(map(tuple, cumulative - seen)), cumulative  # this step's router counts
-            decision = retuner.observe(MeasuredStep(step=step, step_time_s=profiler.report().step_times_s[-1],
-                                                       expert_load=load))
+            cumulative = np.array(
+                [counts for _, counts in sorted(profiler.report().expert_load.items())], dtype=float
+            )
+            load, seen = (
+                tuple(map(tuple, cumulative - seen)),
+                cumulative,
+            )  # this step's router counts
+            decision = retuner.observe(
+                MeasuredStep(
+                    step=step, step_time_s=profiler.report().step_times_s[-1], expert_load=load
+                )
+            )
     probe = _batch(spec, 99, 8 * GLOBAL_SEQUENCES)[0]
     for part in applied.expert_parallel:
         part.dispatcher.received_tokens = dict.fromkeys(part.dispatcher.received_tokens, 0)
@@ -145,7 +172,9 @@ def rebalance_case(rank: int, world_size: int, plan_json: str, move: bool) -> di
     # On this CPU cluster the calibrated model may judge the replicas' per-step gradient all-reduce
     # dearer than the balance they buy in training (test_retune.py covers that verdict); the
     # mechanism under test here is the move, so the priced re-placement is applied either way.
-    decision = decision if decision.kind == "expert_placement" else decision.overridden("expert_placement")
+    decision = (
+        decision if decision.kind == "expert_placement" else decision.overridden("expert_placement")
+    )
     if move:
         retuner.apply(decision, runtime=applied, optimizer=optimizer)
     after_logits = _logits(applied, probe)
@@ -155,13 +184,24 @@ def rebalance_case(rank: int, world_size: int, plan_json: str, move: bool) -> di
     for part in applied.expert_parallel:
         for name, parameter in part.named_expert_parameters():
             params[name] = parameter.detach().clone()
-    dense = {n: p.detach().clone() for n, p in applied.module.named_parameters() if ".experts." not in n or "shared" in n}
+    dense = {
+        n: p.detach().clone()
+        for n, p in applied.module.named_parameters()
+        if ".experts." not in n or "shared" in n
+    }
     counts = [None] * world_size
     dist.all_gather_object(counts, (before, after))
-    return {"decision": decision.kind, "reason": decision.reason, "plan": applied.plan.to_json(),
-            "logit_change": float((before_logits - after_logits).abs().max()), "counts": counts,
-            "experts": params, "dense": dense, "optimizer_params": sum(len(g["params"]) for g in optimizer.param_groups),
-            "local_parameters": len(applied.parameters())}
+    return {
+        "decision": decision.kind,
+        "reason": decision.reason,
+        "plan": applied.plan.to_json(),
+        "logit_change": float((before_logits - after_logits).abs().max()),
+        "counts": counts,
+        "experts": params,
+        "dense": dense,
+        "optimizer_params": sum(len(g["params"]) for g in optimizer.param_groups),
+        "local_parameters": len(applied.parameters()),
+    }
 
 
 @pytest.mark.parametrize("zero_stage", [0, 1], ids=["replicated-dp", "fsdp"])
@@ -177,15 +217,23 @@ def test_skewed_experts_are_replaced_live_with_outputs_unchanged(zero_stage: int
     assert max(r["logit_change"] for r in moved) <= 1e-6
     new_plan = ap.load_plan(moved[0]["plan"])
     assert new_plan.expert_placement.num_redundant_experts == 8
-    assert all(r["optimizer_params"] == r["local_parameters"] for r in moved)  # the optimizer follows the move
+    assert all(
+        r["optimizer_params"] == r["local_parameters"] for r in moved
+    )  # the optimizer follows the move
     # The step after the move equals the same step without it: weights and AdamW state moved intact,
     # replica gradients summed (every copy of an expert holds the same weights after the step).
     still = run_ranks(rebalance_case, 4, args=(plan, False), timeout_s=120)
     reference = {name: tensor for r in still for name, tensor in r["experts"].items()}
-    worst = max(float((tensor - reference[name]).abs().max()) for r in moved for name, tensor in r["experts"].items())
+    worst = max(
+        float((tensor - reference[name]).abs().max())
+        for r in moved
+        for name, tensor in r["experts"].items()
+    )
     assert worst <= 1e-5, worst
-    worst_dense = max(float((_local_part(t) - _local_part(still[0]["dense"][n])).abs().max())
-                      for n, t in moved[0]["dense"].items())
+    worst_dense = max(
+        float((_local_part(t) - _local_part(still[0]["dense"][n])).abs().max())
+        for n, t in moved[0]["dense"].items()
+    )
     assert worst_dense <= 1e-5, worst_dense
 
 
@@ -200,13 +248,25 @@ def micro_batch_case(rank: int, world_size: int, plan_json: str, retune: bool) -
     applied, optimizer = _build(plan, spec)
     before = applied.pipeline.num_micro_batches
     if retune:
-        retuner = Retuner(plan, model=spec, cluster=cluster_for_world(ap.get_preset(CLUSTER), 2), workload=_workload(),
-                          settings=RetuneSettings(every_n_steps=1, warmup_steps=0, allowed_changes=("micro_batch",)))
+        retuner = Retuner(
+            plan,
+            model=spec,
+            cluster=cluster_for_world(ap.get_preset(CLUSTER), 2),
+            workload=_workload(),
+            settings=RetuneSettings(
+                every_n_steps=1, warmup_steps=0, allowed_changes=("micro_batch",)
+            ),
+        )
         decision = retuner.observe(MeasuredStep(step=0, step_time_s=plan.predicted.step_time_s))
         retuner.apply(decision, runtime=applied, optimizer=optimizer)
     loss = _train_step(applied, optimizer, *_batch(spec, 0))
-    return {"before": before, "after": applied.pipeline.num_micro_batches, "loss": loss,
-            "plan": applied.plan.to_json(), "is_last": applied.pipeline.is_last}
+    return {
+        "before": before,
+        "after": applied.pipeline.num_micro_batches,
+        "loss": loss,
+        "plan": applied.plan.to_json(),
+        "is_last": applied.pipeline.is_last,
+    }
 
 
 def test_micro_batches_change_live_under_a_pipeline() -> None:
@@ -215,7 +275,8 @@ def test_micro_batches_change_live_under_a_pipeline() -> None:
     new_plan = ap.load_plan(live[0]["plan"])
     assert new_plan.config.micro_batch_size > 1 and new_plan.config.pp == 2
     assert {r["before"] for r in live} == {GLOBAL_SEQUENCES} and {r["after"] for r in live} == {
-        GLOBAL_SEQUENCES // new_plan.config.micro_batch_size}
+        GLOBAL_SEQUENCES // new_plan.config.micro_batch_size
+    }
     fresh = run_ranks(micro_batch_case, 2, args=(new_plan.to_json(), False), timeout_s=120)
     got = next(r["loss"] for r in live if r["is_last"])
     want = next(r["loss"] for r in fresh if r["is_last"])
@@ -234,13 +295,19 @@ def reshard_case(rank: int, world_size: int, plan_json: str, root: str, role: st
     if role == "save":
         for step in range(2):
             _train_step(applied, optimizer, *_batch(spec, step))
-        save_checkpoint(f"{root}/at2", modules=applied.modules, plan=plan, step=2, optimizer=optimizer)
+        save_checkpoint(
+            f"{root}/at2", modules=applied.modules, plan=plan, step=2, optimizer=optimizer
+        )
     else:
-        info = load_checkpoint(f"{root}/at2", modules=applied.modules, optimizer=optimizer, plan=plan)
+        info = load_checkpoint(
+            f"{root}/at2", modules=applied.modules, optimizer=optimizer, plan=plan
+        )
         assert info.step == 2
     logits = _logits(applied, _batch(spec, 99)[0])
     _train_step(applied, optimizer, *_batch(spec, 2))
-    save_checkpoint(f"{root}/after-{role}", modules=applied.modules, plan=plan, step=3, optimizer=optimizer)
+    save_checkpoint(
+        f"{root}/after-{role}", modules=applied.modules, plan=plan, step=3, optimizer=optimizer
+    )
     return {"logits": logits, "dp": applied.meshes.coordinate("dp")}
 
 
@@ -255,11 +322,15 @@ def _gathered_logits(results) -> np.ndarray:
 @pytest.mark.parametrize(
     ("before", "after"),
     [
-        pytest.param(ParallelConfig(dp=2, tp=2, ep=2), ParallelConfig(dp=4, ep=4), id="tp2ep2-to-tp1ep4"),
+        pytest.param(
+            ParallelConfig(dp=2, tp=2, ep=2), ParallelConfig(dp=4, ep=4), id="tp2ep2-to-tp1ep4"
+        ),
         pytest.param(ParallelConfig(pp=2, tp=2), ParallelConfig(dp=4), id="pp2tp2-to-dp4"),
     ],
 )
-def test_reshard_by_checkpoint_keeps_the_model(tmp_path, before: ParallelConfig, after: ParallelConfig) -> None:
+def test_reshard_by_checkpoint_keeps_the_model(
+    tmp_path, before: ParallelConfig, after: ParallelConfig
+) -> None:
     from autoparallel.runtime._reshard import load_full_state_dict
 
     saved = run_ranks(reshard_case, 4, args=(_plan(before), str(tmp_path), "save"), timeout_s=120)
@@ -276,7 +347,9 @@ def test_reshard_by_checkpoint_keeps_the_model(tmp_path, before: ParallelConfig,
     assert moved > 1e-3  # the step after the reshard did train
 
 
-def inplace_reshard_case(rank: int, world_size: int, old_json: str, new_json: str, root: str) -> dict:
+def inplace_reshard_case(
+    rank: int, world_size: int, old_json: str, new_json: str, root: str
+) -> dict:
     """The Retuner finds the running layout slow, chooses the faster one and reshards in place."""
     from autoparallel.runtime.retune import MeasuredStep, Retuner, RetuneSettings
 
@@ -286,16 +359,36 @@ def inplace_reshard_case(rank: int, world_size: int, old_json: str, new_json: st
     _train_step(applied, optimizer, *_batch(spec, 0))
     probe = _batch(spec, 99)[0]
     before = _logits(applied, probe)
-    retuner = Retuner(old, model=spec, cluster=cluster_for_world(ap.get_preset(CLUSTER), 4), workload=_workload(),
-                      search=lambda current: [new],
-                      settings=RetuneSettings(every_n_steps=1, warmup_steps=0, allowed_changes=("reshard",),
-                                              horizon_steps=10**6, restart_overhead_s=1.0))
+    retuner = Retuner(
+        old,
+        model=spec,
+        cluster=cluster_for_world(ap.get_preset(CLUSTER), 4),
+        workload=_workload(),
+        search=lambda current: [new],
+        settings=RetuneSettings(
+            every_n_steps=1,
+            warmup_steps=0,
+            allowed_changes=("reshard",),
+            horizon_steps=10**6,
+            restart_overhead_s=1.0,
+        ),
+    )
     decision = retuner.observe(MeasuredStep(step=1, step_time_s=old.predicted.step_time_s))
-    applied, optimizer = retuner.reshard(decision, modules=applied, optimizer=optimizer, step=1, checkpoint=root,
-                                         build=lambda plan: _build(plan, spec))
+    applied, optimizer = retuner.reshard(
+        decision,
+        modules=applied,
+        optimizer=optimizer,
+        step=1,
+        checkpoint=root,
+        build=lambda plan: _build(plan, spec),
+    )
     after = _logits(applied, probe)
-    return {"kind": decision.kind, "before": (before, _dp_of(old, rank)), "after": (after, applied.meshes.coordinate("dp")),
-            "plan": retuner.plan.to_json()}
+    return {
+        "kind": decision.kind,
+        "before": (before, _dp_of(old, rank)),
+        "after": (after, applied.meshes.coordinate("dp")),
+        "plan": retuner.plan.to_json(),
+    }
 
 
 def _dp_of(plan, rank: int) -> int:
@@ -318,7 +411,9 @@ def test_retuner_reshards_in_place_when_it_pays(tmp_path) -> None:
 def test_reshard_refuses_another_model(tmp_path) -> None:
     from autoparallel.runtime import tiny_reference_spec
 
-    run_ranks(reshard_case, 2, args=(_plan(ParallelConfig(dp=2)), str(tmp_path), "save"), timeout_s=60)
+    run_ranks(
+        reshard_case, 2, args=(_plan(ParallelConfig(dp=2)), str(tmp_path), "save"), timeout_s=60
+    )
     other = _plan(ParallelConfig(dp=2), model=tiny_reference_spec(num_layers=2))
 
     def load_other(rank, world_size, plan_json, root):
@@ -327,7 +422,11 @@ def test_reshard_refuses_another_model(tmp_path) -> None:
 
         plan = ap.load_plan(plan_json)
         try:
-            load_checkpoint(f"{root}/at2", modules=ReferenceMoETransformer(tiny_reference_spec(num_layers=2)), plan=plan)
+            load_checkpoint(
+                f"{root}/at2",
+                modules=ReferenceMoETransformer(tiny_reference_spec(num_layers=2)),
+                plan=plan,
+            )
         except ValueError as error:
             return str(error)
         return ""
@@ -364,8 +463,14 @@ def doomed_job(rank: int, world_size: int, plan_json: str, root: str) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             _train_step(applied, optimizer, *_batch(spec, step, RECOVERY_SEQUENCES))
             if step % 2 == 0:
-                save_checkpoint(root, modules=applied.modules, plan=plan, step=step, optimizer=optimizer,
-                                extra={"next_step": step + 1})
+                save_checkpoint(
+                    root,
+                    modules=applied.modules,
+                    plan=plan,
+                    step=step,
+                    optimizer=optimizer,
+                    extra={"next_step": step + 1},
+                )
 
 
 def _continue(applied, optimizer, spec, first_step: int) -> list[float]:
@@ -386,15 +491,26 @@ def recovered_job(rank: int, world_size: int, root: str) -> dict | None:
     from autoparallel.runtime.retune import Retuner
 
     spec = _recovery_spec()
-    recovery = Retuner.recover(root, build=lambda plan: _build(plan, spec, sequences=RECOVERY_SEQUENCES), model=spec,
-                               cluster=ap.get_preset(CLUSTER), workload=_recovery_workload(), n_trials=16)
+    recovery = Retuner.recover(
+        root,
+        build=lambda plan: _build(plan, spec, sequences=RECOVERY_SEQUENCES),
+        model=spec,
+        cluster=ap.get_preset(CLUSTER),
+        workload=_recovery_workload(),
+        n_trials=16,
+    )
     if recovery is None:  # a spare: the harness ends with a barrier, give it a group of its own
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         return None
     applied, optimizer = recovery.built
     losses = _continue(applied, optimizer, spec, recovery.extra["next_step"])
-    return {"plan": recovery.plan.to_json(), "step": recovery.step, "world": recovery.world_size,
-            "world_now": dist.get_world_size(), "losses": losses}
+    return {
+        "plan": recovery.plan.to_json(),
+        "step": recovery.step,
+        "world": recovery.world_size,
+        "world_now": dist.get_world_size(),
+        "losses": losses,
+    }
 
 
 def uninterrupted_job(rank: int, world_size: int, plan_json: str, root: str) -> list[float]:
@@ -417,12 +533,21 @@ def test_lost_rank_recovers_on_the_largest_legal_world(tmp_path) -> None:
     errors = failure.value.errors
     assert sorted(errors) == [0, 1, 2, 3]
     survivors = [errors[r] for r in (0, 1, 2)]
-    assert all("RankLostError" in text and "during step 5" in text for text in survivors), survivors[0]
+    assert all("RankLostError" in text and "during step 5" in text for text in survivors), (
+        survivors[0]
+    )
     assert all("Retuner.recover" in text and root in text for text in survivors)
     assert "killed" in errors[3] or "without a result" in errors[3]
 
-    assert largest_legal_world(model=spec, cluster=ap.get_preset(CLUSTER), workload=_recovery_workload(),
-                               max_world_size=3) == 2
+    assert (
+        largest_legal_world(
+            model=spec,
+            cluster=ap.get_preset(CLUSTER),
+            workload=_recovery_workload(),
+            max_world_size=3,
+        )
+        == 2
+    )
     recovered = run_ranks(recovered_job, 3, args=(root,), timeout_s=120)
     assert recovered[2] is None  # the third survivor is a spare
     working = [r for r in recovered if r is not None]

@@ -70,7 +70,9 @@ def _step(applied, tokens, targets, loss_fn):
     return (logits, loss) if pipeline is None or pipeline.is_last else (None, None)
 
 
-def _cp_rank(rank: int, world_size: int, config_fields: dict, spec_fields: dict, broken: bool) -> dict:
+def _cp_rank(
+    rank: int, world_size: int, config_fields: dict, spec_fields: dict, broken: bool
+) -> dict:
     import torch
     import torch.nn.functional as F
 
@@ -92,7 +94,9 @@ def _cp_rank(rank: int, world_size: int, config_fields: dict, spec_fields: dict,
     def loss_fn(logits, target):
         return F.cross_entropy(logits.flatten(0, 1), target.flatten())
 
-    applied = apply_plan(model, plan, loss_fn=loss_fn, num_micro_batches=2 if config.pp > 1 else None)
+    applied = apply_plan(
+        model, plan, loss_fn=loss_fn, num_micro_batches=2 if config.pp > 1 else None
+    )
     if broken:
         _break_positions(applied)
     dp_index = applied.meshes.coordinate("dp")
@@ -102,20 +106,28 @@ def _cp_rank(rank: int, world_size: int, config_fields: dict, spec_fields: dict,
 
     logits, loss = _step(applied, local_tokens, local_targets, loss_fn)
 
-    reference_loss = F.cross_entropy(reference_logits[local].flatten(0, 1), targets[local].flatten())
+    reference_loss = F.cross_entropy(
+        reference_logits[local].flatten(0, 1), targets[local].flatten()
+    )
     errors = {}
     if logits is not None:  # the last pipeline stage (every rank without pipeline parallel)
-        errors["logits"] = relative_error(applied.gather_sequence(full_tensor(logits)), reference_logits[local])
+        errors["logits"] = relative_error(
+            applied.gather_sequence(full_tensor(logits)), reference_logits[local]
+        )
         errors["loss"] = relative_error(applied.context_parallel.average(loss), reference_loss)
     errors.update(parameter_errors(applied.modules, reference, reference_grads))
     return {"errors": errors, "local_tokens": int(local_tokens.shape[1])}
 
 
-def _run(config_fields: dict, *, spec_fields: dict | None = None, broken: bool = False) -> list[dict]:
+def _run(
+    config_fields: dict, *, spec_fields: dict | None = None, broken: bool = False
+) -> list[dict]:
     from cost_model import ParallelConfig
 
     world = ParallelConfig(**config_fields).world_size
-    return run_ranks(_cp_rank, world, args=(config_fields, spec_fields or {}, broken), timeout_s=120)
+    return run_ranks(
+        _cp_rank, world, args=(config_fields, spec_fields or {}, broken), timeout_s=120
+    )
 
 
 def _assert_parity(results: list[dict], *, cp: int) -> None:
@@ -171,7 +183,9 @@ def test_train_example_runs_a_cp2_plan(tmp_path):
 
     workload = Training(sequence_length_tokens=16, global_batch_sequences=4)
     plan = plan_for_config(ap.get_model("tiny-moe"), ParallelConfig(cp=2, ep=2), workload=workload)
-    results = run_ranks(_train_example_rank, 2, args=(str(plan.save(tmp_path / "plan.json")),), timeout_s=120)
+    results = run_ranks(
+        _train_example_rank, 2, args=(str(plan.save(tmp_path / "plan.json")),), timeout_s=120
+    )
     assert results[0] == pytest.approx(results[1], rel=1e-6)
     losses = results[0]
     assert len(losses) == 6 and losses[-1] < 0.9 * losses[0], losses
@@ -201,14 +215,25 @@ def test_sequence_length_not_a_multiple_of_2cp_is_rejected():
     from cost_model import ParallelConfig, Training
 
     context = ContextParallel(group=None, rank=0, size=2)
-    with pytest.raises(ValueError, match=r"input sequence length \(6\) must be a positive multiple of 2\*cp \(4\)"):
+    with pytest.raises(
+        ValueError, match=r"input sequence length \(6\) must be a positive multiple of 2\*cp \(4\)"
+    ):
         context.shard(torch.zeros(1, 6, dtype=torch.long))
     spec = tiny_reference_spec(num_layers=2)
     workload = Training(sequence_length_tokens=6, global_batch_sequences=2)
-    with pytest.raises(ValueError, match=r"plan config \(cp2\): sequence_length_tokens \(6\) must be divisible by 2\*cp \(4\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"plan config \(cp2\): sequence_length_tokens \(6\) must be divisible by 2\*cp \(4\)",
+    ):
         plan_for_config(spec, ParallelConfig(cp=2), workload=workload)  # the plan itself refuses it
-    valid = plan_for_config(spec, ParallelConfig(cp=2), workload=Training(sequence_length_tokens=8, global_batch_sequences=2))
-    plan = valid.model_copy(update={"job": workload})  # edited after validation: the runtime checks again
+    valid = plan_for_config(
+        spec,
+        ParallelConfig(cp=2),
+        workload=Training(sequence_length_tokens=8, global_batch_sequences=2),
+    )
+    plan = valid.model_copy(
+        update={"job": workload}
+    )  # edited after validation: the runtime checks again
     with pytest.raises(ValueError, match=r"job.sequence_length_tokens \(6\).*2\*cp \(4\)"):
         check_plan_fits(ReferenceMoETransformer(spec, device="meta"), plan)
 
@@ -246,7 +271,9 @@ def test_module_without_context_attention_is_rejected():
 
     from autoparallel.runtime._context_parallel import check_context_parallel_module
 
-    with pytest.raises(ValueError, match=r"cp \(2\) > 1 needs attention modules .*Sequential has none"):
+    with pytest.raises(
+        ValueError, match=r"cp \(2\) > 1 needs attention modules .*Sequential has none"
+    ):
         check_context_parallel_module(nn.Sequential(nn.Linear(2, 2)), cp=2)
     check_context_parallel_module(nn.Sequential(nn.Linear(2, 2)), cp=1)
 
@@ -261,7 +288,9 @@ def test_fsdp_over_dp_x_cp_needs_increasing_ranks():
     spec = tiny_reference_spec(num_layers=2)
     for zero_stage in (0, 2):
         plan = plan_for_config(spec, ParallelConfig(dp=2, cp=2, zero_stage=zero_stage))
-        swapped = plan.model_copy(update={"rank_to_device": (0, 2, 1, 3)})  # dp and cp each still increase
+        swapped = plan.model_copy(
+            update={"rank_to_device": (0, 2, 1, 3)}
+        )  # dp and cp each still increase
         if zero_stage == 0:
             assert mesh_rank_layout(swapped).flatten().tolist() == [0, 2, 1, 3]
         else:

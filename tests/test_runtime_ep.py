@@ -30,18 +30,25 @@ LEARNING_RATE = 1e-3
 
 # --------------------------------------------------------------------------- plans
 def make_plan(
-    config: ParallelConfig, *, model: str = "tiny-moe", num_redundant_experts: int = 0, expert_load=None
+    config: ParallelConfig,
+    *,
+    model: str = "tiny-moe",
+    num_redundant_experts: int = 0,
+    expert_load=None,
 ) -> ShardingPlan:
     """The plan the planner's builders write for ``config`` (``autoparallel.testing.plan_for_config``);
     with ``expert_load``, experts placed by the EPLB-style balancer with redundant replicas."""
     spec = ap.get_model(model)
     workload = Training(
-        sequence_length_tokens=SEQUENCE_TOKENS, global_batch_sequences=SEQUENCES_PER_RANK * config.dp
+        sequence_length_tokens=SEQUENCE_TOKENS,
+        global_batch_sequences=SEQUENCES_PER_RANK * config.dp,
     )
     plan = plan_for_config(spec, config, workload=workload)
     if expert_load is None:
         return plan
-    placement = balanced_placement(expert_load=expert_load, ep=config.ep, num_redundant_experts=num_redundant_experts)
+    placement = balanced_placement(
+        expert_load=expert_load, ep=config.ep, num_redundant_experts=num_redundant_experts
+    )
     return plan.model_copy(update={"expert_placement": placement})
 
 
@@ -64,7 +71,12 @@ def _loss(logits, targets):
 
 def _reference_view(name: str, tensor, local, plan, meshes):
     """The part of a reference tensor this rank holds: expert-TP slices experts' projections."""
-    if ".experts." in name and ".shared" not in name and plan.config.etp > 1 and local.shape != tensor.shape:
+    if (
+        ".experts." in name
+        and ".shared" not in name
+        and plan.config.etp > 1
+        and local.shape != tensor.shape
+    ):
         dim = 1 if ".down_proj." in name else 0
         return tensor.chunk(plan.config.etp, dim=dim)[meshes.coordinate("etp")]
     return tensor
@@ -79,7 +91,10 @@ def _relative(a, b) -> float:
 def _apply(model, plan, options):
     """``apply_plan``; the negative control drops the expert-gradient sync from the step."""
     applied = ap.apply_plan(
-        model, plan, loss_fn=_loss, device_type="cpu",
+        model,
+        plan,
+        loss_fn=_loss,
+        device_type="cpu",
         num_micro_batches=SEQUENCES_PER_RANK // plan.config.micro_batch_size,
     )
     expert_parallel = applied.expert_parallel[0] if applied.expert_parallel else None
@@ -101,7 +116,10 @@ def check_case(rank: int, world_size: int, plan_json: str, options: dict, refere
     meshes, modules, pipeline = applied.meshes, applied.modules, applied.pipeline
     ids, targets = _batch(spec, plan)
     start = meshes.coordinate("dp") * SEQUENCES_PER_RANK
-    local_ids, local_targets = ids[start : start + SEQUENCES_PER_RANK], targets[start : start + SEQUENCES_PER_RANK]
+    local_ids, local_targets = (
+        ids[start : start + SEQUENCES_PER_RANK],
+        targets[start : start + SEQUENCES_PER_RANK],
+    )
 
     if pipeline is not None:
         logits, loss = pipeline.step(local_ids, targets=local_targets)[::-1]
@@ -112,7 +130,13 @@ def check_case(rank: int, world_size: int, plan_json: str, options: dict, refere
     applied.sync_gradients()
     reference_logits = reference(ids)
     _loss(reference_logits, targets).backward()
-    errors = {"logits": (0.0, ""), "loss": (0.0, ""), "grad": (0.0, ""), "param": (0.0, ""), "checked": 0}
+    errors = {
+        "logits": (0.0, ""),
+        "loss": (0.0, ""),
+        "grad": (0.0, ""),
+        "param": (0.0, ""),
+        "checked": 0,
+    }
     if logits is not None:
         local_reference = reference_logits[start : start + SEQUENCES_PER_RANK]
         errors["logits"] = (_relative(full_tensor(logits), local_reference), "logits")
@@ -123,7 +147,9 @@ def check_case(rank: int, world_size: int, plan_json: str, options: dict, refere
     errors.update(_compare(modules, reference, plan, meshes, kind="param"))
     errors["checked"] = sum(1 for m in modules for _ in m.parameters())
     errors["local_experts"] = expert_parallel.local_experts if expert_parallel else ()
-    errors["received_tokens"] = dict(expert_parallel.dispatcher.received_tokens) if expert_parallel else {}
+    errors["received_tokens"] = (
+        dict(expert_parallel.dispatcher.received_tokens) if expert_parallel else {}
+    )
     errors["edp"] = meshes.coordinate("edp")
     return errors
 
@@ -137,11 +163,15 @@ def _compare(modules, reference, plan, meshes, *, kind: str) -> dict:
                 if parameter.grad is None:
                     return {kind: (float("inf"), f"{name} has no gradient")}
                 local = full_tensor(parameter.grad)
-                expected = _reference_view(name, reference_parameters[name].grad, local, plan, meshes)
+                expected = _reference_view(
+                    name, reference_parameters[name].grad, local, plan, meshes
+                )
                 error = _relative(local, expected)
             else:
                 local = full_tensor(parameter.detach())
-                expected = _reference_view(name, reference_parameters[name].detach(), local, plan, meshes)
+                expected = _reference_view(
+                    name, reference_parameters[name].detach(), local, plan, meshes
+                )
                 error = float((local - expected).abs().max())
             if error >= worst_error:
                 worst_error, worst_name = error, name
@@ -214,12 +244,18 @@ def test_replicated_experts_equal_reference() -> None:
     assert_equal_to_reference(results)
     # Replicas split an expert's tokens round-robin: within one EP group, each sender's share to
     # two replicas differs by at most one token per MoE layer (3 layers, 2 senders).
-    replicated = [(e, ranks) for e, ranks in enumerate(plan.expert_placement.expert_to_ranks) if len(ranks) > 1]
+    replicated = [
+        (e, ranks)
+        for e, ranks in enumerate(plan.expert_placement.expert_to_ranks)
+        if len(ranks) > 1
+    ]
     assert replicated
     for expert, ranks in replicated:
         for edp in (0, 1):
             holders = [
-                r["received_tokens"][expert] for r in results if r["edp"] == edp and expert in r["local_experts"]
+                r["received_tokens"][expert]
+                for r in results
+                if r["edp"] == edp and expert in r["local_experts"]
             ]
             assert len(holders) == len(ranks), (expert, holders)
             assert min(holders) > 0 and max(holders) - min(holders) <= 2 * 3, (expert, holders)
@@ -238,13 +274,20 @@ def test_placement_that_does_not_fit_the_module_is_rejected() -> None:
     from autoparallel.runtime._expert_parallel import expert_placement_for
 
     plan = make_plan(ParallelConfig(dp=2, ep=2))
-    with pytest.raises(ValueError, match=r"expert_placement.num_experts \(8\) differs from the module's experts \(16\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"expert_placement.num_experts \(8\) differs from the module's experts \(16\)",
+    ):
         expert_placement_for(plan, num_experts=16)
     bad = ExpertPlacement(num_experts=8, ep=2, expert_to_ranks=((0,),) * 7 + ((2,),))
-    with pytest.raises(ValueError, match=r"expert_to_ranks\[7\] \(\(2,\)\) must list EP ranks in \[0, 2\)"):
+    with pytest.raises(
+        ValueError, match=r"expert_to_ranks\[7\] \(\(2,\)\) must list EP ranks in \[0, 2\)"
+    ):
         expert_placement_for(plan.model_copy(update={"expert_placement": bad}), num_experts=8)
     with pytest.raises(ValueError, match=r"expert_placement.ep \(2\) differs from config.ep \(4\)"):
-        expert_placement_for(plan.model_copy(update={"config": ParallelConfig(dp=4, ep=4)}), num_experts=8)
+        expert_placement_for(
+            plan.model_copy(update={"config": ParallelConfig(dp=4, ep=4)}), num_experts=8
+        )
 
 
 def test_expert_tp_needs_divisible_projections() -> None:
@@ -254,7 +297,9 @@ def test_expert_tp_needs_divisible_projections() -> None:
 
     expert = nn.Module()
     expert.gate_proj = nn.Linear(4, 6, bias=False)
-    with pytest.raises(ValueError, match=r"experts.0.gate_proj.weight dim 0 \(6\) must be divisible by etp \(4\)"):
+    with pytest.raises(
+        ValueError, match=r"experts.0.gate_proj.weight dim 0 \(6\) must be divisible by etp \(4\)"
+    ):
         _shard_expert(expert, name="experts.0", rank=0, parts=4)
 
 
@@ -268,9 +313,13 @@ def _few_tokens_case(rank: int, world_size: int, plan_json: str, block, tokens_p
     meshes = build_meshes(plan, device_type="cpu")
     reference = copy.deepcopy(block)
     wrapper = torch.nn.ModuleDict({"mlp": block})
-    expert_parallel = apply_expert_parallel(wrapper, plan=plan, moe_mesh=meshes.moe, dense_mesh=meshes.dense)
+    expert_parallel = apply_expert_parallel(
+        wrapper, plan=plan, moe_mesh=meshes.moe, dense_mesh=meshes.dense
+    )
     count = tokens_per_replica[meshes.coordinate("dp")]
-    x = torch.randn(1, count, block.gate.weight.shape[1], generator=torch.Generator().manual_seed(count))
+    x = torch.randn(
+        1, count, block.gate.weight.shape[1], generator=torch.Generator().manual_seed(count)
+    )
     x_local, x_reference = x.clone().requires_grad_(), x.clone().requires_grad_()
     out = wrapper["mlp"](x_local)
     expected = reference(x_reference)
@@ -278,7 +327,12 @@ def _few_tokens_case(rank: int, world_size: int, plan_json: str, block, tokens_p
     expected.square().sum().backward()
     error = _relative(out, expected) if count else 0.0
     grad_error = _relative(x_local.grad, x_reference.grad) if count else 0.0
-    return {"out": error, "grad": grad_error, "shape": tuple(out.shape), "experts": expert_parallel.local_experts}
+    return {
+        "out": error,
+        "grad": grad_error,
+        "shape": tuple(out.shape),
+        "experts": expert_parallel.local_experts,
+    }
 
 
 @pytest.mark.distributed
@@ -296,5 +350,8 @@ def test_ranks_with_few_or_no_tokens_take_part() -> None:
         parameter.data.normal_(0, 0.1, generator=generator)
     for tokens in ((1, 0), (0, 3)):
         results = run_ranks(_few_tokens_case, 4, args=(plan.to_json(), block, tokens), timeout_s=60)
-        assert max(r["out"] for r in results) <= GRAD_RTOL and max(r["grad"] for r in results) <= GRAD_RTOL, results
+        assert (
+            max(r["out"] for r in results) <= GRAD_RTOL
+            and max(r["grad"] for r in results) <= GRAD_RTOL
+        ), results
         assert [r["shape"][1] for r in results] == [tokens[0]] * 2 + [tokens[1]] * 2

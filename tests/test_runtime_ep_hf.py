@@ -46,7 +46,9 @@ def _module(norm_topk_prob: bool | None):
         def forward(self, hidden_states):
             tokens = hidden_states.reshape(-1, HIDDEN)
             router_logits = self.gate(tokens)
-            weights, selected = F.softmax(router_logits, dim=1, dtype=torch.float).topk(self.top_k, dim=-1)
+            weights, selected = F.softmax(router_logits, dim=1, dtype=torch.float).topk(
+                self.top_k, dim=-1
+            )
             if getattr(self, "norm_topk_prob", True):
                 weights = weights / weights.sum(dim=-1, keepdim=True)
             out = torch.zeros_like(tokens)
@@ -79,7 +81,9 @@ def _case(rank: int, world_size: int, plan_json: str, norm_topk_prob) -> dict:
     reference = _module(norm_topk_prob)
     model = copy.deepcopy(reference)
     meshes = build_meshes(plan, device_type="cpu")
-    expert_parallel = apply_expert_parallel(model, plan=plan, moe_mesh=meshes.moe, dense_mesh=meshes.dense)
+    expert_parallel = apply_expert_parallel(
+        model, plan=plan, moe_mesh=meshes.moe, dense_mesh=meshes.dense
+    )
     x = torch.randn(2, TOKENS // 2, HIDDEN, generator=torch.Generator().manual_seed(5))
     out, logits = model[0].block_sparse_moe(x)
     reference_out, reference_logits = reference[0].block_sparse_moe(x)
@@ -88,7 +92,10 @@ def _case(rank: int, world_size: int, plan_json: str, norm_topk_prob) -> dict:
     expert_parallel.sync_gradients()
     references = dict(reference.named_parameters())
     worst = max(
-        float((p.grad - _slice(name, references[name].grad, p, plan, meshes)).abs().max() / references[name].grad.abs().max())
+        float(
+            (p.grad - _slice(name, references[name].grad, p, plan, meshes)).abs().max()
+            / references[name].grad.abs().max()
+        )
         for name, p in model.named_parameters()
     )
     return {
@@ -102,7 +109,9 @@ def _case(rank: int, world_size: int, plan_json: str, norm_topk_prob) -> dict:
 def _slice(name, tensor, local, plan, meshes):
     if local.shape == tensor.shape:
         return tensor
-    return tensor.chunk(plan.config.etp, dim=1 if name.endswith("w2.weight") else 0)[meshes.coordinate("etp")]
+    return tensor.chunk(plan.config.etp, dim=1 if name.endswith("w2.weight") else 0)[
+        meshes.coordinate("etp")
+    ]
 
 
 @pytest.mark.distributed
@@ -110,18 +119,30 @@ def _slice(name, tensor, local, plan, meshes):
     ("config", "norm_topk_prob"),
     [
         pytest.param(ParallelConfig(tp=2, ep=2), None, id="mixtral-tp2-ep2"),
-        pytest.param(ParallelConfig(tp=4, ep=2, etp=2), False, id="qwen3-unnormalized-tp4-ep2xetp2"),
+        pytest.param(
+            ParallelConfig(tp=4, ep=2, etp=2), False, id="qwen3-unnormalized-tp4-ep2xetp2"
+        ),
     ],
 )
-def test_huggingface_named_block_equals_its_own_forward(config: ParallelConfig, norm_topk_prob) -> None:
+def test_huggingface_named_block_equals_its_own_forward(
+    config: ParallelConfig, norm_topk_prob
+) -> None:
     import autoparallel.runtime  # noqa: F401 - imported once here, not in every forked rank
 
     plan = make_plan(config).model_copy(update={"module_rules": ()})
-    results = run_ranks(_case, config.world_size, args=(plan.to_json(), norm_topk_prob), timeout_s=120)
+    results = run_ranks(
+        _case, config.world_size, args=(plan.to_json(), norm_topk_prob), timeout_s=120
+    )
     for result in results:
-        assert result["out"] <= GRAD_RTOL and result["logits"] <= 1e-6 and result["grad"] <= GRAD_RTOL, result
+        assert (
+            result["out"] <= GRAD_RTOL and result["logits"] <= 1e-6 and result["grad"] <= GRAD_RTOL
+        ), result
     # Each EP rank keeps its experts only: the HF names stay (block_sparse_moe.experts.E.w1...).
-    held = {name.split(".experts.")[1].split(".")[0] for name in results[0]["names"] if ".experts." in name}
+    held = {
+        name.split(".experts.")[1].split(".")[0]
+        for name in results[0]["names"]
+        if ".experts." in name
+    }
     assert len(held) == EXPERTS // config.ep
 
 
@@ -132,5 +153,7 @@ def test_block_without_dispatcher_or_topk_routing_is_rejected() -> None:
 
     block = nn.Module()
     block.experts = nn.ModuleList([nn.Linear(2, 2)])
-    with pytest.raises(ValueError, match=r"MoE block 'layers.0.mlp' \(Module\) has no 'dispatcher' attribute"):
+    with pytest.raises(
+        ValueError, match=r"MoE block 'layers.0.mlp' \(Module\) has no 'dispatcher' attribute"
+    ):
         _route_through_dispatcher(block, name="layers.0.mlp")

@@ -38,7 +38,9 @@ def _model(spec):
 def test_launched_world_differs(spec, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     plan = plan_for_config(spec, ParallelConfig(tp=2, dp=2))
-    with pytest.raises(ValueError, match=r"plan world_size \(4\) differs from the launched world size \(2\)"):
+    with pytest.raises(
+        ValueError, match=r"plan world_size \(4\) differs from the launched world size \(2\)"
+    ):
         apply_plan(_model(spec), plan)
     assert not dist.is_initialized()
 
@@ -55,15 +57,25 @@ def test_layer_and_expert_counts_differ_without_a_spec(spec, no_process_group):
     del model.spec  # a user's module carries no ModelSpec: counts are compared instead
     with pytest.raises(ValueError, match="module has 2 layers; the plan's stages cover 3 layers"):
         apply_plan(model, plan)
-    plan = plan_for_config(tiny_reference_spec(num_layers=2, num_experts=16), ParallelConfig(tp=2, ep=2))
+    plan = plan_for_config(
+        tiny_reference_spec(num_layers=2, num_experts=16), ParallelConfig(tp=2, ep=2)
+    )
     with pytest.raises(ValueError, match=r"hold \[8\] experts; the plan's expert placement has 16"):
         apply_plan(model, plan)
 
 
 def test_rule_matching_no_module(spec, no_process_group):
     plan = plan_for_config(spec, ParallelConfig(tp=2))
-    plan = plan.model_copy(update={"module_rules": plan.module_rules + (ModuleRule(pattern="*.block_sparse_moe.gate", style="replicate"),)})
-    with pytest.raises(ValueError, match=r"module rule '\*\.block_sparse_moe\.gate' \(replicate over tp\) matches no module"):
+    plan = plan.model_copy(
+        update={
+            "module_rules": plan.module_rules
+            + (ModuleRule(pattern="*.block_sparse_moe.gate", style="replicate"),)
+        }
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"module rule '\*\.block_sparse_moe\.gate' \(replicate over tp\) matches no module",
+    ):
         apply_plan(_model(spec), plan)
 
 
@@ -110,4 +122,7 @@ def test_applying_twice_and_wrong_world_under_gloo():
     twice = run_ranks(_apply_twice, 2, timeout_s=60)
     assert all("already applied" in message for message in twice)
     wrong = run_ranks(_apply_wrong_world, 2, timeout_s=60)
-    assert all("plan world_size (4) differs from the launched world size (2)" in message for message in wrong)
+    assert all(
+        "plan world_size (4) differs from the launched world size (2)" in message
+        for message in wrong
+    )

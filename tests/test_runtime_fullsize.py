@@ -23,7 +23,9 @@ import autoparallel as ap
 from cost_model import ParallelConfig
 
 WORLD_SIZE = 1024
-CONFIG = ParallelConfig(pp=8, dp=16, tp=8, ep=64, etp=2, sequence_parallel=True, zero_stage=0, pipeline_schedule="1f1b")
+CONFIG = ParallelConfig(
+    pp=8, dp=16, tp=8, ep=64, etp=2, sequence_parallel=True, zero_stage=0, pipeline_schedule="1f1b"
+)
 BYTES_PER_PARAMETER = 2  # bf16 weights
 WORKERS = 2
 TIMEOUT_S = 900
@@ -60,12 +62,22 @@ def _global_name(name: str, spec) -> str:
     return re.sub(r"\.experts\.\d+\.", ".experts.0.", name)
 
 
-def _expected_local_shape(name: str, shape: tuple[int, ...], config: ParallelConfig) -> tuple[int, ...]:
+def _expected_local_shape(
+    name: str, shape: tuple[int, ...], config: ParallelConfig
+) -> tuple[int, ...]:
     """The plan's split of one weight: tp colwise -> dim 0, tp rowwise -> dim 1 (vocabulary on
     the embedding), expert TP -> the same over etp; everything else whole."""
     local = list(shape)
-    colwise = (".q_b_proj.", ".kv_b_proj.", ".mlp.gate_proj.", ".mlp.up_proj.", "shared_experts.gate_proj.",
-               "shared_experts.up_proj.", "lm_head.", "embed_tokens.")
+    colwise = (
+        ".q_b_proj.",
+        ".kv_b_proj.",
+        ".mlp.gate_proj.",
+        ".mlp.up_proj.",
+        "shared_experts.gate_proj.",
+        "shared_experts.up_proj.",
+        "lm_head.",
+        "embed_tokens.",
+    )
     rowwise = (".o_proj.", ".mlp.down_proj.", "shared_experts.down_proj.")
     if ".experts." in name and "shared_experts" not in name:
         dim = 1 if ".down_proj." in name else 0
@@ -85,7 +97,9 @@ def _predicted_weight_bytes(spec, plan) -> dict[int, float]:
     parts = parameters_per_device(model=spec, table=configs_to_table([plan.config]))
 
     def row(stage: int) -> int:
-        return STAGES.index("first" if stage == 0 else "last" if stage == plan.config.pp - 1 else "middle")
+        return STAGES.index(
+            "first" if stage == 0 else "last" if stage == plan.config.pp - 1 else "middle"
+        )
 
     return {
         stage: float(sum(part[row(stage), 0] for part in parts.values())) * BYTES_PER_PARAMETER
@@ -105,13 +119,16 @@ def _apply_on_rank(rank: int, spec, plan, expected_shape) -> dict:
     dist.init_process_group("fake", rank=rank, world_size=WORLD_SIZE, store=FakeStore())
     try:
         model = build_for_rank(spec, plan, rank=rank, device="meta")
+
         def loss_fn(logits, target):
             return F.cross_entropy(logits.flatten(0, 1), target.flatten())
 
         applied = apply_plan(model, plan, loss_fn=loss_fn, num_micro_batches=8)
         mismatches, local_elements, experts, names = [], 0, {}, []
         for name, parameter in applied.module.named_parameters():
-            local = tuple((parameter.to_local() if hasattr(parameter, "to_local") else parameter).shape)
+            local = tuple(
+                (parameter.to_local() if hasattr(parameter, "to_local") else parameter).shape
+            )
             if local != expected_shape(name):
                 mismatches.append((name, local, expected_shape(name)))
             local_elements += math.prod(local)
@@ -123,7 +140,11 @@ def _apply_on_rank(rank: int, spec, plan, expected_shape) -> dict:
         return {
             "rank": rank,
             "coordinates": {"pp": pp, "dp": dp, "tp": tp, "ep": ep, "etp": etp},
-            "layers": {int(m.group(1)) for name in names if (m := re.match(r"model\.layers\.(\d+)\.", name))},
+            "layers": {
+                int(m.group(1))
+                for name in names
+                if (m := re.match(r"model\.layers\.(\d+)\.", name))
+            },
             "embedding": "model.embed_tokens.weight" in names,
             "lm_head": "lm_head.weight" in names,
             "experts": experts,
@@ -167,7 +188,11 @@ def sampled_ranks() -> list[int]:
     every tp index and 64 different ep coordinates occur, plus the first and last rank. The sweep
     over all 1,024 ranks is ``benchmarks/rank_sweep.py``."""
     per_stage = WORLD_SIZE // CONFIG.pp
-    ranks = {stage * per_stage + (17 * k + 2 * stage) % per_stage for stage in range(CONFIG.pp) for k in range(8)}
+    ranks = {
+        stage * per_stage + (17 * k + 2 * stage) % per_stage
+        for stage in range(CONFIG.pp)
+        for k in range(8)
+    }
     return sorted(ranks | {0, WORLD_SIZE - 1})
 
 
@@ -176,7 +201,9 @@ def apply_on_ranks_in_parallel(ranks: list[int], spec, plan) -> list[dict]:
     workers = max(1, min(WORKERS, os.cpu_count() or 1))
     shares = [ranks[worker::workers] for worker in range(workers)]
     with multiprocessing.get_context("fork").Pool(workers) as pool:
-        pending = pool.starmap_async(_apply_on_ranks, [(share, spec, plan, global_shapes) for share in shares])
+        pending = pool.starmap_async(
+            _apply_on_ranks, [(share, spec, plan, global_shapes) for share in shares]
+        )
         return [result for share in pending.get(timeout=TIMEOUT_S) for result in share]
 
 
@@ -187,7 +214,9 @@ def test_1024_rank_plan_applied_on_sampled_ranks(spec, plan):
     results = apply_on_ranks_in_parallel(ranks, spec, plan)
     check_rank_results(results, ranks, spec, plan)
     tp_indices = {r["coordinates"]["tp"] for r in results}
-    assert tp_indices == set(range(CONFIG.tp)) and {r["coordinates"]["pp"] for r in results} == set(range(CONFIG.pp))
+    assert tp_indices == set(range(CONFIG.tp)) and {r["coordinates"]["pp"] for r in results} == set(
+        range(CONFIG.pp)
+    )
 
 
 def check_rank_results(results: list[dict], ranks: list[int], spec, plan) -> None:
@@ -203,11 +232,15 @@ def check_rank_results(results: list[dict], ranks: list[int], spec, plan) -> Non
         chunk = next(s for s in plan.stages if s.stage == stage)
         assert result["pipeline_stage"] == chunk.chunk
         assert result["layers"] == set(range(chunk.start_layer, chunk.stop_layer)), rank
-        assert result["embedding"] == chunk.has_embedding and result["lm_head"] == chunk.has_lm_head, rank
+        assert (
+            result["embedding"] == chunk.has_embedding and result["lm_head"] == chunk.has_lm_head
+        ), rank
         held = {e for e, ranks in enumerate(placement) if coordinates["ep"] in ranks}
         assert len(held) == spec.moe.num_routed_experts // CONFIG.ep
         moe_layers = result["layers"] - set(range(spec.moe.num_dense_layers))
-        assert set(result["experts"]) == moe_layers and all(e == held for e in result["experts"].values()), rank
+        assert set(result["experts"]) == moe_layers and all(
+            e == held for e in result["experts"].values()
+        ), rank
         weight_bytes = result["local_elements"] * BYTES_PER_PARAMETER
         assert weight_bytes == pytest.approx(predicted[stage], rel=0.01), (rank, stage)
         seen_coordinates.add(tuple(coordinates.values()))

@@ -22,7 +22,9 @@ def _predicted_kv_bytes_per_rank(spec, config, *, sequences: int, context_tokens
 
     shard = np.asarray([1.0 if config.attention_data_parallel else float(config.tp)])
     per_sequence_layer = ops.kv_bytes_per_sequence_layer(spec, context_tokens, 4.0, 1)
-    return float(spec.num_layers * sequences * per_sequence_layer / ops.kv_head_split(spec, shard)[0])
+    return float(
+        spec.num_layers * sequences * per_sequence_layer / ops.kv_head_split(spec, shard)[0]
+    )
 
 
 def _generate_rank(rank: int, world_size: int, config_fields: dict, spec_fields: dict) -> dict:
@@ -39,7 +41,9 @@ def _generate_rank(rank: int, world_size: int, config_fields: dict, spec_fields:
 
     spec = tiny_reference_spec(**{"num_layers": 2, **spec_fields})  # one dense + one MoE layer
     config = ParallelConfig(**config_fields)
-    workload = Inference(prompt_tokens=PROMPT_TOKENS, output_tokens=NEW_TOKENS, concurrency=SEQUENCES_PER_RANK)
+    workload = Inference(
+        prompt_tokens=PROMPT_TOKENS, output_tokens=NEW_TOKENS, concurrency=SEQUENCES_PER_RANK
+    )
     plan = plan_for_config(spec, config, workload=workload)
     reference = ReferenceMoETransformer(spec)
     reference.init_weights(seed=0, std=0.1)
@@ -48,7 +52,9 @@ def _generate_rank(rank: int, world_size: int, config_fields: dict, spec_fields:
     # Attention-DP ranks serve different requests; tensor-parallel ranks serve the same ones.
     request_rank = rank if config.attention_data_parallel else 0
     generator = torch.Generator().manual_seed(100 + request_rank)
-    prompts = torch.randint(0, spec.vocab_size, (SEQUENCES_PER_RANK, PROMPT_TOKENS), generator=generator)
+    prompts = torch.randint(
+        0, spec.vocab_size, (SEQUENCES_PER_RANK, PROMPT_TOKENS), generator=generator
+    )
     expected = greedy_generate(reference, prompts, max_new_tokens=NEW_TOKENS)
     got = greedy_generate(applied.module, prompts, max_new_tokens=NEW_TOKENS)
     predicted = _predicted_kv_bytes_per_rank(
@@ -70,21 +76,29 @@ def _generate_rank(rank: int, world_size: int, config_fields: dict, spec_fields:
         pytest.param({"tp": 2}, {}, id="mla-tp2"),
         pytest.param({"tp": 2}, {"attention": "gqa"}, id="gqa-tp2"),
         pytest.param({"tp": 2}, {"attention": "gqa", "num_kv_heads": 1}, id="gqa-one-kv-head-tp2"),
-        pytest.param({"tp": 2, "ep": 2, "attention_data_parallel": True}, {}, id="mla-attention_dp2-ep2"),
+        pytest.param(
+            {"tp": 2, "ep": 2, "attention_data_parallel": True}, {}, id="mla-attention_dp2-ep2"
+        ),
     ],
 )
 def test_greedy_generation_equals_reference(config_fields, spec_fields):
     results = run_ranks(_generate_rank, 2, args=(config_fields, spec_fields), timeout_s=120)
     for rank, result in enumerate(results):
         assert len(result["tokens"][0]) == NEW_TOKENS
-        assert result["tokens"] == result["expected"], f"rank {rank} generated other tokens than the reference"
+        assert result["tokens"] == result["expected"], (
+            f"rank {rank} generated other tokens than the reference"
+        )
         assert result["kv_bytes"] == pytest.approx(result["predicted_kv_bytes"], rel=1e-9)
     if "attention_data_parallel" in config_fields:
         assert results[0]["tokens"] != results[1]["tokens"]  # each rank served its own requests
     if spec_fields.get("attention") == "gqa" and spec_fields.get("num_kv_heads", 2) == 2:
-        assert results[0]["kv_bytes"] * 2 == results[0]["reference_kv_bytes"]  # K/V heads split over tp
+        assert (
+            results[0]["kv_bytes"] * 2 == results[0]["reference_kv_bytes"]
+        )  # K/V heads split over tp
     else:
-        assert results[0]["kv_bytes"] == results[0]["reference_kv_bytes"]  # MLA's latent is not split
+        assert (
+            results[0]["kv_bytes"] == results[0]["reference_kv_bytes"]
+        )  # MLA's latent is not split
 
 
 def test_cache_matches_model_spec_formula():

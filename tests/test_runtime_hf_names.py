@@ -20,10 +20,17 @@ HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, LAYERS = 64, 4, 2, 128, 128, 2
 def _llama_spec():
     from cost_model import AttentionSpec, ModelSpec
 
-    attention = AttentionSpec(kind="gqa", num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HIDDEN // HEADS)
+    attention = AttentionSpec(
+        kind="gqa", num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HIDDEN // HEADS
+    )
     return ModelSpec(
-        name="user-llama", num_layers=LAYERS, hidden_size=HIDDEN, vocab_size=VOCAB, ffn_hidden_size=FFN,
-        attention=attention, max_context_tokens=64,
+        name="user-llama",
+        num_layers=LAYERS,
+        hidden_size=HIDDEN,
+        vocab_size=VOCAB,
+        ffn_hidden_size=FFN,
+        attention=attention,
+        max_context_tokens=64,
     )
 
 
@@ -121,14 +128,20 @@ def _user_module_rank(rank: int, world_size: int, config_fields: dict) -> dict:
     applied.sync_gradients()
     errors = {"logits": float((got - expected).abs().max() / expected.abs().max())}
     sharded = 0
-    for (name, parameter), (_, original) in zip(model.named_parameters(), reference.named_parameters()):
-        grad = parameter.grad.full_tensor() if isinstance(parameter.grad, DTensor) else parameter.grad
+    for (name, parameter), (_, original) in zip(
+        model.named_parameters(), reference.named_parameters()
+    ):
+        grad = (
+            parameter.grad.full_tensor() if isinstance(parameter.grad, DTensor) else parameter.grad
+        )
         errors[name] = float((grad - original.grad).abs().max() / original.grad.abs().max())
         sharded += isinstance(parameter, DTensor)
     return {"errors": errors, "sharded": sharded}
 
 
-@pytest.mark.parametrize("config_fields", [{"tp": 2}, {"tp": 2, "sequence_parallel": True}], ids=["tp2", "tp2-sp"])
+@pytest.mark.parametrize(
+    "config_fields", [{"tp": 2}, {"tp": 2, "sequence_parallel": True}], ids=["tp2", "tp2-sp"]
+)
 def test_user_llama_module_equals_unsharded(config_fields):
     results = run_ranks(_user_module_rank, 2, args=(config_fields,), timeout_s=90)
     for result in results:

@@ -14,18 +14,26 @@ from cost_model import ModelSpec, ParallelConfig
 
 def _variants() -> list[ModelSpec]:
     mla = tiny_reference_spec()
-    no_q_lora = mla.model_copy(update={"attention": mla.attention.model_copy(update={"q_lora_rank": 0})})
+    no_q_lora = mla.model_copy(
+        update={"attention": mla.attention.model_copy(update={"q_lora_rank": 0})}
+    )
     gated = tiny_reference_spec(attention="gqa")
-    gated = gated.model_copy(update={"qkv_bias": True, "moe": gated.moe.model_copy(update={"shared_expert_gate": True})})
+    gated = gated.model_copy(
+        update={"qkv_bias": True, "moe": gated.moe.model_copy(update={"shared_expert_gate": True})}
+    )
     return [
-        mla, no_q_lora, gated,
+        mla,
+        no_q_lora,
+        gated,
         tiny_reference_spec(tie_word_embeddings=True),
         tiny_reference_spec(num_dense_layers=0, num_shared_experts=0),
         tiny_reference_spec(num_shared_experts=2),
     ]
 
 
-@pytest.mark.parametrize("spec", _variants(), ids=lambda s: f"{s.attention.kind}-{s.fingerprint()[:6]}")
+@pytest.mark.parametrize(
+    "spec", _variants(), ids=lambda s: f"{s.attention.kind}-{s.fingerprint()[:6]}"
+)
 def test_parameter_count_equals_model_spec(spec):
     model = ReferenceMoETransformer(spec, device="meta")
     assert sum(p.numel() for p in model.parameters()) == spec.num_parameters
@@ -44,13 +52,21 @@ def test_huggingface_deepseek_v3_names():
     spec = tiny_reference_spec(num_layers=2)
     names = {name for name, _ in ReferenceMoETransformer(spec, device="meta").named_parameters()}
     for expected in (
-        "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
-        "model.layers.0.input_layernorm.weight", "model.layers.0.post_attention_layernorm.weight",
-        "model.layers.0.self_attn.q_a_proj.weight", "model.layers.0.self_attn.q_a_layernorm.weight",
-        "model.layers.0.self_attn.q_b_proj.weight", "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
-        "model.layers.0.self_attn.kv_a_layernorm.weight", "model.layers.0.self_attn.kv_b_proj.weight",
-        "model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.gate_proj.weight",
-        "model.layers.1.mlp.gate.weight", "model.layers.1.mlp.experts.7.down_proj.weight",
+        "model.embed_tokens.weight",
+        "model.norm.weight",
+        "lm_head.weight",
+        "model.layers.0.input_layernorm.weight",
+        "model.layers.0.post_attention_layernorm.weight",
+        "model.layers.0.self_attn.q_a_proj.weight",
+        "model.layers.0.self_attn.q_a_layernorm.weight",
+        "model.layers.0.self_attn.q_b_proj.weight",
+        "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
+        "model.layers.0.self_attn.kv_a_layernorm.weight",
+        "model.layers.0.self_attn.kv_b_proj.weight",
+        "model.layers.0.self_attn.o_proj.weight",
+        "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.1.mlp.gate.weight",
+        "model.layers.1.mlp.experts.7.down_proj.weight",
         "model.layers.1.mlp.shared_experts.up_proj.weight",
     ):
         assert expected in names
@@ -71,7 +87,9 @@ def test_cached_decoding_equals_full_forward(attention, scoring):
     tokens = torch.randint(0, spec.vocab_size, (2, 10), generator=torch.Generator().manual_seed(0))
     full = model(tokens)
     cache = KVCache(capacity_tokens=10)
-    pieces = [model(tokens[:, :6], cache)] + [model(tokens[:, i : i + 1], cache) for i in range(6, 10)]
+    pieces = [model(tokens[:, :6], cache)] + [
+        model(tokens[:, i : i + 1], cache) for i in range(6, 10)
+    ]
     incremental = torch.cat(pieces, dim=1)
     assert cache.length == 10
     assert (incremental - full).abs().max() <= 1e-5 * full.abs().max()
@@ -151,7 +169,12 @@ def test_meshes_follow_rank_to_device_with_fake_backend():
         assert meshes.dense.mesh_dim_names == ("pp", "dp", "cp", "tp")
         assert meshes.moe.mesh_dim_names == ("pp", "edp", "ep", "etp")
         # rank 2 sits at mesh position 1: pp 0, dp 0, tp 1; its ep group is {0, 2, 1, 3}
-        assert {axis: meshes.coordinate(axis) for axis in ("pp", "dp", "tp", "ep")} == {"pp": 0, "dp": 0, "tp": 1, "ep": 2}
+        assert {axis: meshes.coordinate(axis) for axis in ("pp", "dp", "tp", "ep")} == {
+            "pp": 0,
+            "dp": 0,
+            "tp": 1,
+            "ep": 2,
+        }
         assert meshes.device == torch.device("cpu")
         with pytest.raises(ValueError, match=r"backend \('nccl'\) differs"):
             build_meshes(plan, backend="nccl")

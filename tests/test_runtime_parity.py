@@ -63,7 +63,9 @@ def _break(applied, broken: str | None) -> None:
                     submodule.shared_key_hook = _identity
 
 
-def _parity_rank(rank: int, world_size: int, config_fields: dict, spec_fields: dict, broken: str | None) -> dict:
+def _parity_rank(
+    rank: int, world_size: int, config_fields: dict, spec_fields: dict, broken: str | None
+) -> dict:
     import torch
     import torch.nn.functional as F
 
@@ -85,7 +87,9 @@ def _parity_rank(rank: int, world_size: int, config_fields: dict, spec_fields: d
     def loss_fn(logits, target):
         return F.cross_entropy(logits.flatten(0, 1), target.flatten())
 
-    applied = apply_plan(model, plan, loss_fn=loss_fn, num_micro_batches=2 if config.pp > 1 else None)
+    applied = apply_plan(
+        model, plan, loss_fn=loss_fn, num_micro_batches=2 if config.pp > 1 else None
+    )
     _break(applied, broken)
     dp_index = applied.meshes.coordinate("dp")
     local = slice(dp_index * SEQUENCES_PER_DP_RANK, (dp_index + 1) * SEQUENCES_PER_DP_RANK)
@@ -95,17 +99,23 @@ def _parity_rank(rank: int, world_size: int, config_fields: dict, spec_fields: d
     errors: dict[str, float] = {}
     if logits is not None:
         errors["logits"] = relative_error(full_tensor(logits), reference_logits[local])
-        reference_loss = F.cross_entropy(reference_logits[local].flatten(0, 1), targets[local].flatten())
+        reference_loss = F.cross_entropy(
+            reference_logits[local].flatten(0, 1), targets[local].flatten()
+        )
         errors["loss"] = relative_error(loss.reshape(()), reference_loss)
     errors.update(parameter_errors(applied.modules, reference, reference_grads))
     return {"errors": errors, "num_parameters": sum(key.startswith("param:") for key in errors)}
 
 
-def _run(config_fields: dict, *, spec_fields: dict | None = None, broken: str | None = None) -> list[dict]:
+def _run(
+    config_fields: dict, *, spec_fields: dict | None = None, broken: str | None = None
+) -> list[dict]:
     from cost_model import ParallelConfig
 
     world = ParallelConfig(**config_fields).world_size
-    return run_ranks(_parity_rank, world, args=(config_fields, spec_fields or {}, broken), timeout_s=150)
+    return run_ranks(
+        _parity_rank, world, args=(config_fields, spec_fields or {}, broken), timeout_s=150
+    )
 
 
 def _assert_parity(results: list[dict]) -> None:
@@ -120,7 +130,10 @@ def _assert_parity(results: list[dict]) -> None:
         pytest.param({"tp": 2, "sequence_parallel": True}, id="tp2-sp"),
         pytest.param({"tp": 2, "ep": 2, "sequence_parallel": True}, id="tp2-sp-ep2"),
         pytest.param({"pp": 2, "tp": 2}, id="pp2xtp2"),
-        pytest.param({"pp": 2, "tp": 2, "sequence_parallel": True, "pipeline_schedule": "gpipe"}, id="pp2xtp2-sp"),
+        pytest.param(
+            {"pp": 2, "tp": 2, "sequence_parallel": True, "pipeline_schedule": "gpipe"},
+            id="pp2xtp2-sp",
+        ),
         pytest.param({"pp": 2, "dp": 2, "tp": 2}, id="pp2xdp2xtp2"),
         pytest.param({"dp": 2, "tp": 2, "zero_stage": 3}, id="fsdp2xtp2"),
         pytest.param({"dp": 2, "ep": 2, "zero_stage": 2}, id="fsdp2xep2"),
@@ -167,7 +180,9 @@ def _meta_init_rank(rank: int, world_size: int, config_fields: dict) -> float:
     whole = dict(reference.named_parameters())
     worst = 0.0
     for name, parameter in applied.module.named_parameters():
-        worst = max(worst, float((full_tensor(parameter.detach()) - whole[name].detach()).abs().max()))
+        worst = max(
+            worst, float((full_tensor(parameter.detach()) - whole[name].detach()).abs().max())
+        )
     return worst
 
 

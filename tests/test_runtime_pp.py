@@ -23,9 +23,13 @@ def _run(plan, **options):
     "config",
     [
         pytest.param(ParallelConfig(pp=2, pipeline_schedule="1f1b"), id="pp2-1f1b"),
-        pytest.param(ParallelConfig(pp=2, pipeline_schedule="gpipe", micro_batch_size=2), id="pp2-gpipe"),
         pytest.param(
-            ParallelConfig(pp=2, tp=2, ep=2, pipeline_schedule="interleaved_1f1b", virtual_stages=2),
+            ParallelConfig(pp=2, pipeline_schedule="gpipe", micro_batch_size=2), id="pp2-gpipe"
+        ),
+        pytest.param(
+            ParallelConfig(
+                pp=2, tp=2, ep=2, pipeline_schedule="interleaved_1f1b", virtual_stages=2
+            ),
             id="pp2-interleaved-tp2xep2",
         ),
         pytest.param(ParallelConfig(pp=2, pipeline_schedule="zero_bubble"), id="pp2-zero-bubble"),
@@ -53,7 +57,12 @@ def test_uneven_stages_follow_the_plan() -> None:
         ((chunk, module),) = split_stage_modules(model, plan=plan, pp_rank=pp_rank)
         layers.append(list(module.model.layers))
         assert (module.model.embed_tokens is not None) == chunk.has_embedding == (pp_rank == 0)
-        assert (module.lm_head is not None) == (module.model.norm is not None) == chunk.has_lm_head == (pp_rank == 2)
+        assert (
+            (module.lm_head is not None)
+            == (module.model.norm is not None)
+            == chunk.has_lm_head
+            == (pp_rank == 2)
+        )
     assert layers == [["0"], ["1", "2"], ["3"]]
 
 
@@ -68,7 +77,11 @@ def test_interleaved_chunks_share_the_model_and_drop_other_ranks_layers() -> Non
     assert [first[0].chunk, second[0].chunk] == [0, 2]
     assert list(first[1].model.layers) == ["0"] and list(second[1].model.layers) == ["2"]
     assert first[1].model.layers["0"] is model.model.layers["0"]
-    assert list(model.model.layers) == ["0", "2"] and model.lm_head is None and model.model.embed_tokens is not None
+    assert (
+        list(model.model.layers) == ["0", "2"]
+        and model.lm_head is None
+        and model.model.embed_tokens is not None
+    )
 
 
 def test_plan_for_another_layer_count_is_rejected() -> None:
@@ -95,12 +108,31 @@ def test_schedule_and_layout_errors_name_the_rule() -> None:
     from autoparallel import get_model
     from autoparallel.testing import plan_for_config
 
-    plan = plan_for_config(get_model("tiny-moe"), ParallelConfig(pp=2, micro_batch_size=3))  # a batch of 12
-    with pytest.raises(ValueError, match=r"local_batch_sequences \(4\) must be divisible by micro_batch_size \(3\)"):
+    plan = plan_for_config(
+        get_model("tiny-moe"), ParallelConfig(pp=2, micro_batch_size=3)
+    )  # a batch of 12
+    with pytest.raises(
+        ValueError, match=r"local_batch_sequences \(4\) must be divisible by micro_batch_size \(3\)"
+    ):
         num_micro_batches_for(plan, local_batch_sequences=4)
-    interleaved = make_plan(ParallelConfig(pp=2, pipeline_schedule="interleaved_1f1b", virtual_stages=2))
-    assert num_micro_batches_for(interleaved) == 4  # the plan's batch: 4 sequences / (dp 1 * micro-batch 1)
+    interleaved = make_plan(
+        ParallelConfig(pp=2, pipeline_schedule="interleaved_1f1b", virtual_stages=2)
+    )
+    assert (
+        num_micro_batches_for(interleaved) == 4
+    )  # the plan's batch: 4 sequences / (dp 1 * micro-batch 1)
     with pytest.raises(ValueError, match=r"num_micro_batches \(3\) must be divisible by pp \(2\)"):
-        build_pipeline([], plan=interleaved, pp_group=None, device=None, loss_fn=None, num_micro_batches=3)
-    with pytest.raises(ValueError, match=r"pipeline_schedule \('1f1b'\) runs one chunk per rank; this rank has 2"):
-        build_pipeline([(None, None)] * 2, plan=plan, pp_group=None, device=None, loss_fn=None, num_micro_batches=4)
+        build_pipeline(
+            [], plan=interleaved, pp_group=None, device=None, loss_fn=None, num_micro_batches=3
+        )
+    with pytest.raises(
+        ValueError, match=r"pipeline_schedule \('1f1b'\) runs one chunk per rank; this rank has 2"
+    ):
+        build_pipeline(
+            [(None, None)] * 2,
+            plan=plan,
+            pp_group=None,
+            device=None,
+            loss_fn=None,
+            num_micro_batches=4,
+        )

@@ -41,7 +41,9 @@ def _rank_built_case(rank: int, world_size: int, plan_json: str, reference) -> d
         pytest.param(ParallelConfig(dp=2, ep=2), id="ep2"),
         pytest.param(ParallelConfig(pp=2, dp=2, ep=2), id="pp2xdp2-ep2"),
         pytest.param(
-            ParallelConfig(pp=2, tp=2, ep=2, pipeline_schedule="interleaved_1f1b", virtual_stages=2),
+            ParallelConfig(
+                pp=2, tp=2, ep=2, pipeline_schedule="interleaved_1f1b", virtual_stages=2
+            ),
             id="pp2-interleaved-tp2xep2",
         ),
     ],
@@ -49,11 +51,17 @@ def _rank_built_case(rank: int, world_size: int, plan_json: str, reference) -> d
 def test_rank_built_model_trains_like_the_whole_model(config: ParallelConfig) -> None:
     plan = make_plan(config)
     reference, whole = fresh_models(plan)
-    whole_results = run_ranks(check_case, plan.world_size, args=(plan.to_json(), {}, reference, whole), timeout_s=120)
-    built_results = run_ranks(_rank_built_case, plan.world_size, args=(plan.to_json(), reference), timeout_s=120)
+    whole_results = run_ranks(
+        check_case, plan.world_size, args=(plan.to_json(), {}, reference, whole), timeout_s=120
+    )
+    built_results = run_ranks(
+        _rank_built_case, plan.world_size, args=(plan.to_json(), reference), timeout_s=120
+    )
     assert_equal_to_reference(built_results)
     # Same computation as the whole model cut by apply_plan, to the last bit.
-    assert [{k: r[k] for k in KEYS} for r in built_results] == [{k: r[k] for k in KEYS} for r in whole_results]
+    assert [{k: r[k] for k in KEYS} for r in built_results] == [
+        {k: r[k] for k in KEYS} for r in whole_results
+    ]
     total = sum(p.numel() for p in reference.parameters())
     assert all(r["built_parameters"] < total for r in built_results)
 
@@ -66,7 +74,9 @@ def _meta_part_case(rank: int, world_size: int, plan_json: str, whole) -> dict:
 
     plan = ap.load_plan(plan_json)
     model = build_for_rank(whole.spec, plan, rank=rank, device="meta")
-    applied = ap.apply_plan(model, plan, loss_fn=lambda logits, target: logits.sum(), device_type="cpu")
+    applied = ap.apply_plan(
+        model, plan, loss_fn=lambda logits, target: logits.sum(), device_type="cpu"
+    )
     model.to_empty(device="cpu")
     model.init_weights(seed=7)
     expected = dict(whole.named_parameters())
@@ -79,7 +89,9 @@ def _meta_part_case(rank: int, world_size: int, plan_json: str, whole) -> dict:
 def test_meta_part_materializes_the_whole_models_values() -> None:
     plan = make_plan(ParallelConfig(pp=2, dp=2, ep=2))
     _, whole = fresh_models(plan)
-    results = run_ranks(_meta_part_case, plan.world_size, args=(plan.to_json(), whole), timeout_s=120)
+    results = run_ranks(
+        _meta_part_case, plan.world_size, args=(plan.to_json(), whole), timeout_s=120
+    )
     assert all(r["equal"] for r in results)
     held = {name for r in results for name in r["names"]}
     assert held == {name for name, _ in whole.named_parameters()}
@@ -100,7 +112,12 @@ def test_parts_follow_the_plan() -> None:
         assert parts.layers == tuple(range(chunk.start_layer, chunk.stop_layer))
         assert [int(k) for k in model.model.layers] == list(parts.layers)
         assert (model.model.embed_tokens is not None) == parts.embedding == chunk.has_embedding
-        assert (model.lm_head is not None) == (model.model.norm is not None) == parts.lm_head == chunk.has_lm_head
+        assert (
+            (model.lm_head is not None)
+            == (model.model.norm is not None)
+            == parts.lm_head
+            == chunk.has_lm_head
+        )
         placement = plan.expert_placement.expert_to_ranks
         expected_experts = tuple(e for e, ranks in enumerate(placement) if parts.ep_rank in ranks)
         assert parts.experts == expected_experts and len(expected_experts) == 4
@@ -145,12 +162,17 @@ def test_a_part_of_another_rank_is_rejected(monkeypatch) -> None:
     mismatch = r"differs from what the plan gives rank 3: layers: missing \[2, 3\], extra \[0, 1\]"
     with pytest.raises(ValueError, match=mismatch):
         check_plan_fits(build_for_rank(spec, plan, rank=0, device="meta"), plan)
-    with pytest.raises(ValueError, match=r"model.layers.2.mlp.experts: missing \[4, 5, 6, 7\], extra \[0, 1, 2, 3\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"model.layers.2.mlp.experts: missing \[4, 5, 6, 7\], extra \[0, 1, 2, 3\]",
+    ):
         check_plan_fits(build_for_rank(spec, plan, rank=2, device="meta"), plan)
     monkeypatch.delenv("RANK")  # no rank known: the part must be some rank's
     check_plan_fits(build_for_rank(spec, plan, rank=1, device="meta"), plan)
     with pytest.raises(ValueError, match="holds what the plan gives no rank"):
-        check_plan_fits(ReferenceMoETransformer(spec, layers=[1, 2], lm_head=False, device="meta"), plan)
+        check_plan_fits(
+            ReferenceMoETransformer(spec, layers=[1, 2], lm_head=False, device="meta"), plan
+        )
     other = tiny_reference_spec(num_layers=4, hidden_size=128)
     with pytest.raises(ValueError, match="fingerprint .* the plan is for another model"):
         build_for_rank(other, plan, rank=0)
@@ -170,15 +192,29 @@ def test_pipeline_and_expert_passes_check_a_part() -> None:
     part = build_for_rank(spec, plan, rank=1, device="meta")
     ((chunk, module),) = split_stage_modules(part, plan=plan, pp_rank=1)
     assert module is part and chunk.has_lm_head and list(part.model.layers) == ["2", "3"]
-    with pytest.raises(ValueError, match=r"holds layers \[2, 3\]; the plan gives pipeline rank 0 layers \[0, 1\]"):
+    with pytest.raises(
+        ValueError, match=r"holds layers \[2, 3\]; the plan gives pipeline rank 0 layers \[0, 1\]"
+    ):
         split_stage_modules(build_for_rank(spec, plan, rank=1, device="meta"), plan=plan, pp_rank=0)
-    no_head = ReferenceMoETransformer(spec, layers=[2, 3], embedding=False, lm_head=False, device="meta")
-    with pytest.raises(ValueError, match=r"module lacks lm_head; the plan's chunks of pipeline rank 1 include it"):
+    no_head = ReferenceMoETransformer(
+        spec, layers=[2, 3], embedding=False, lm_head=False, device="meta"
+    )
+    with pytest.raises(
+        ValueError, match=r"module lacks lm_head; the plan's chunks of pipeline rank 1 include it"
+    ):
         split_stage_modules(no_head, plan=plan, pp_rank=1)
-    interleaved = make_plan(ParallelConfig(pp=2, pipeline_schedule="interleaved_1f1b", virtual_stages=2))
+    interleaved = make_plan(
+        ParallelConfig(pp=2, pipeline_schedule="interleaved_1f1b", virtual_stages=2)
+    )
     part = build_for_rank(spec, interleaved, rank=0, device="meta")
-    assert list(part.model.layers) == ["0", "2"] and part.model.embed_tokens is not None and part.lm_head is None
-    (first, first_module), (second, second_module) = split_stage_modules(part, plan=interleaved, pp_rank=0)
+    assert (
+        list(part.model.layers) == ["0", "2"]
+        and part.model.embed_tokens is not None
+        and part.lm_head is None
+    )
+    (first, first_module), (second, second_module) = split_stage_modules(
+        part, plan=interleaved, pp_rank=0
+    )
     assert [first.chunk, second.chunk] == [0, 2]
     assert list(first_module.model.layers) == ["0"] and list(second_module.model.layers) == ["2"]
     assert second_module.model.embed_tokens is None
@@ -197,5 +233,7 @@ def test_constructor_rejects_ids_outside_the_model() -> None:
     with pytest.raises(ValueError, match=r"experts \(\[8, 9\]\) must be ids in \[0, 8\)"):
         ReferenceMoETransformer(spec, experts=[1, 8, 9], device="meta")
     tied = tiny_reference_spec(tie_word_embeddings=True)
-    with pytest.raises(ValueError, match=r"embedding \(True\) and lm_head \(False\) must be built together"):
+    with pytest.raises(
+        ValueError, match=r"embedding \(True\) and lm_head \(False\) must be built together"
+    ):
         ReferenceMoETransformer(tied, lm_head=False, device="meta")

@@ -12,12 +12,25 @@ from cost_model import ParallelConfig
 
 
 def _layer_names(prefix: str, attention: list[str], ffn: list[str]) -> list[str]:
-    return [f"{prefix}.{name}" for name in ["input_layernorm", "post_attention_layernorm", "self_attn", "mlp"]] + [
-        f"{prefix}.self_attn.{name}" for name in attention
-    ] + [f"{prefix}.{name}" for name in ffn]
+    return (
+        [
+            f"{prefix}.{name}"
+            for name in ["input_layernorm", "post_attention_layernorm", "self_attn", "mlp"]
+        ]
+        + [f"{prefix}.self_attn.{name}" for name in attention]
+        + [f"{prefix}.{name}" for name in ffn]
+    )
 
 
-_MLA = ["q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"]
+_MLA = [
+    "q_a_proj",
+    "q_a_layernorm",
+    "q_b_proj",
+    "kv_a_proj_with_mqa",
+    "kv_a_layernorm",
+    "kv_b_proj",
+    "o_proj",
+]
 _GQA = ["q_proj", "k_proj", "v_proj", "o_proj"]
 _QWEN3 = _GQA + ["q_norm", "k_norm"]
 
@@ -32,24 +45,35 @@ def _experts(container: str, names: tuple[str, ...], count: int = 4) -> list[str
 def _deepseek_names() -> list[str]:
     dense = _layer_names("model.layers.0", _MLA, ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"])
     moe = _layer_names(
-        "model.layers.1", _MLA,
-        ["mlp.gate", "mlp.shared_experts", "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj",
-         "mlp.shared_experts.down_proj"] + _experts("mlp.experts", ("gate_proj", "up_proj", "down_proj")),
+        "model.layers.1",
+        _MLA,
+        [
+            "mlp.gate",
+            "mlp.shared_experts",
+            "mlp.shared_experts.gate_proj",
+            "mlp.shared_experts.up_proj",
+            "mlp.shared_experts.down_proj",
+        ]
+        + _experts("mlp.experts", ("gate_proj", "up_proj", "down_proj")),
     )
     return ["model", "model.embed_tokens", "model.layers", "model.norm", "lm_head"] + dense + moe
 
 
 def _mixtral_names() -> list[str]:
     layer = _layer_names(
-        "model.layers.0", _GQA,
-        ["block_sparse_moe", "block_sparse_moe.gate"] + _experts("block_sparse_moe.experts", ("w1", "w2", "w3")),
+        "model.layers.0",
+        _GQA,
+        ["block_sparse_moe", "block_sparse_moe.gate"]
+        + _experts("block_sparse_moe.experts", ("w1", "w2", "w3")),
     )
     return ["model", "model.embed_tokens", "model.norm", "lm_head"] + layer
 
 
 def _qwen3_moe_names() -> list[str]:
     layer = _layer_names(
-        "model.layers.0", _QWEN3, ["mlp.gate"] + _experts("mlp.experts", ("gate_proj", "up_proj", "down_proj"))
+        "model.layers.0",
+        _QWEN3,
+        ["mlp.gate"] + _experts("mlp.experts", ("gate_proj", "up_proj", "down_proj")),
     )
     return ["model", "model.embed_tokens", "model.norm", "lm_head"] + layer
 
@@ -60,7 +84,9 @@ def _llama_names() -> list[str]:
 
 
 def _matches(rules, names):
-    return {rule.pattern: [name for name in names if fnmatchcase(name, rule.pattern)] for rule in rules}
+    return {
+        rule.pattern: [name for name in names if fnmatchcase(name, rule.pattern)] for rule in rules
+    }
 
 
 def _style_of(rules, name):
@@ -73,8 +99,18 @@ def _style_of(rules, name):
     ("model_name", "names", "config", "naming"),
     [
         ("deepseek-v3", _deepseek_names(), ParallelConfig(tp=8, ep=8, etp=1, dp=1), "hf"),
-        ("ref-3t-moe", _deepseek_names(), ParallelConfig(tp=4, ep=2, etp=2, sequence_parallel=True), "hf"),
-        ("mixtral-8x22b", _mixtral_names(), ParallelConfig(tp=4, ep=2, etp=2, sequence_parallel=True), "mixtral"),
+        (
+            "ref-3t-moe",
+            _deepseek_names(),
+            ParallelConfig(tp=4, ep=2, etp=2, sequence_parallel=True),
+            "hf",
+        ),
+        (
+            "mixtral-8x22b",
+            _mixtral_names(),
+            ParallelConfig(tp=4, ep=2, etp=2, sequence_parallel=True),
+            "mixtral",
+        ),
         ("qwen3-235b-a22b", _qwen3_moe_names(), ParallelConfig(tp=4, ep=4), "hf"),
         ("llama-3.1-405b", _llama_names(), ParallelConfig(tp=8, sequence_parallel=True), "hf"),
     ],
@@ -91,7 +127,9 @@ def test_every_rule_matches_a_module_of_each_family(model_name, names, config, n
 
 
 def test_deepseek_styles():
-    rules = module_rules_for(model=ap.get_model("ref-3t-moe"), config=ParallelConfig(tp=8, ep=8, etp=1))
+    rules = module_rules_for(
+        model=ap.get_model("ref-3t-moe"), config=ParallelConfig(tp=8, ep=8, etp=1)
+    )
     assert _style_of(rules, "model.layers.1.self_attn.q_a_proj") == "replicate"
     assert _style_of(rules, "model.layers.1.self_attn.kv_a_proj_with_mqa") == "replicate"
     assert _style_of(rules, "model.layers.1.self_attn.q_b_proj") == "colwise"
@@ -120,7 +158,9 @@ def test_tp1_has_no_tensor_rules_and_sequence_needs_sp():
 
 def test_attention_data_parallel_replicates_attention():
     model = ap.get_model("ref-3t-moe")
-    rules = module_rules_for(model=model, config=ParallelConfig(tp=8, ep=8, attention_data_parallel=True))
+    rules = module_rules_for(
+        model=model, config=ParallelConfig(tp=8, ep=8, attention_data_parallel=True)
+    )
     assert not any(rule.style in ("colwise", "rowwise") for rule in rules)
     assert _style_of(rules, "model.layers.5.self_attn") == "replicate"
     assert _style_of(rules, "model.layers.5.mlp.experts") == "expert"

@@ -37,7 +37,9 @@ def test_factorization() -> None:
 
 def test_empty_space_names_the_global_batch_factor(model) -> None:
     space = _space(model, 125)
-    assert space.num_meshes == 0 and space.rule_legal_dp  # meshes pass the model's rules; the batch blocks
+    assert (
+        space.num_meshes == 0 and space.rule_legal_dp
+    )  # meshes pass the model's rules; the batch blocks
     reason = empty_space_reason(space)
     assert "1000 devices (2^3·5^3)" in reason and "4096 sequences (2^12)" in reason
     assert "factor 5 " in reason and "multiple of 20480 sequences" in reason
@@ -51,19 +53,25 @@ def test_empty_space_names_the_global_batch_factor(model) -> None:
 def test_idle_devices_never_raises_the_blocker(model) -> None:
     cluster = ap.get_preset("dgx-h200", num_nodes=125)
     with pytest.raises(ValueError, match=r"global batch of 4096 sequences .* leaves dp a factor 5"):
-        find_plan(model, cluster, WORKLOAD, n_trials=16, settings=SearchSettings(idle_devices="never"))
+        find_plan(
+            model, cluster, WORKLOAD, n_trials=16, settings=SearchSettings(idle_devices="never")
+        )
 
 
 def test_when_needed_plans_on_the_largest_legal_node_count(model) -> None:
     cluster = ap.get_preset("dgx-h200", num_nodes=125)
-    result = find_plan(model, cluster, WORKLOAD, n_trials=32, settings=SearchSettings(batch_size=16))
+    result = find_plan(
+        model, cluster, WORKLOAD, n_trials=32, settings=SearchSettings(batch_size=16)
+    )
     assert _space(model, 124).num_meshes  # 992 = 2^5·31 devices: pp 31 absorbs the odd factor
     assert _space(model, 64).num_meshes  # the largest power of two below
     used = result.settings["num_nodes_used"]
     assert used in (124, 64)
     config = result.best.config
     assert config.dp * config.tp * config.pp * config.cp == 8 * used
-    assert result.settings["idle_reason"].startswith(f"{1000 - 8 * used} of 1000 devices idle ({used} of 125 nodes used)")
+    assert result.settings["idle_reason"].startswith(
+        f"{1000 - 8 * used} of 1000 devices idle ({used} of 125 nodes used)"
+    )
     assert "factor 5" in result.settings["idle_reason"]
 
 
@@ -72,7 +80,13 @@ def test_the_faster_of_the_smaller_node_counts_is_kept(model) -> None:
     settings = SearchSettings(batch_size=16)
     chosen = find_plan(model, cluster, WORKLOAD, n_trials=32, settings=settings)
     alone = {
-        nodes: find_plan(model, cluster.with_nodes(nodes), WORKLOAD, n_trials=32, settings=settings.model_copy(update={"idle_devices": "never"}))
+        nodes: find_plan(
+            model,
+            cluster.with_nodes(nodes),
+            WORKLOAD,
+            n_trials=32,
+            settings=settings.model_copy(update={"idle_devices": "never"}),
+        )
         for nodes in (124, 64)
     }
     times = {nodes: r.best.metrics["step_time_s"] for nodes, r in alone.items() if r.feasible}
@@ -87,7 +101,13 @@ def test_compare_never_loses_to_the_whole_cluster() -> None:
     workload = Training(sequence_length_tokens=4096, global_batch_sequences=256)
     settings = SearchSettings(batch_size=8)
     whole = find_plan(model, cluster, workload, n_trials=24, settings=settings)
-    compared = find_plan(model, cluster, workload, n_trials=24, settings=settings.model_copy(update={"idle_devices": "compare"}))
+    compared = find_plan(
+        model,
+        cluster,
+        workload,
+        n_trials=24,
+        settings=settings.model_copy(update={"idle_devices": "compare"}),
+    )
     assert whole.settings["num_nodes_used"] == 6 and whole.settings["idle_reason"] == ""
     assert compared.best.score(compared.objective) <= whole.best.score(whole.objective) + 1e-12
     if compared.settings["num_nodes_used"] != 6:
@@ -96,10 +116,22 @@ def test_compare_never_loses_to_the_whole_cluster() -> None:
 
 def test_planner_writes_the_plan_on_the_devices_it_uses(model, tmp_path) -> None:
     output = tmp_path / "plan.json"
-    code = main([
-        "plan", "--training", "--model", "ref-3t-moe", "--cluster", "dgx-h200", "--nodes", "125",
-        "--trials", "32", "--output", str(output),
-    ])
+    code = main(
+        [
+            "plan",
+            "--training",
+            "--model",
+            "ref-3t-moe",
+            "--cluster",
+            "dgx-h200",
+            "--nodes",
+            "125",
+            "--trials",
+            "32",
+            "--output",
+            str(output),
+        ]
+    )
     assert code == 0
     plan = ap.load_plan(output)
     used = plan.config.dp * plan.config.tp * plan.config.pp * plan.config.cp

@@ -27,9 +27,29 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 def _command(database: Path, output: Path) -> list[str]:
     return [
-        sys.executable, "-m", "autoparallel.cli", "plan", "--training", "--model", "tiny-moe",
-        "--cluster", "dgx-h100", "--nodes", "4", "--sequence-length", "4096", "--global-batch-tokens", "1048576",
-        "--trials", str(BUDGET), "--workers", "2", "--storage", f"sqlite:///{database}", "--output", str(output),
+        sys.executable,
+        "-m",
+        "autoparallel.cli",
+        "plan",
+        "--training",
+        "--model",
+        "tiny-moe",
+        "--cluster",
+        "dgx-h100",
+        "--nodes",
+        "4",
+        "--sequence-length",
+        "4096",
+        "--global-batch-tokens",
+        "1048576",
+        "--trials",
+        str(BUDGET),
+        "--workers",
+        "2",
+        "--storage",
+        f"sqlite:///{database}",
+        "--output",
+        str(output),
     ]
 
 
@@ -51,7 +71,12 @@ def _workers_of(parent: int) -> list[int]:
     """The parent's forked workers (same command line as the parent)."""
     cmdline = Path(f"/proc/{parent}/cmdline").read_bytes()
     children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
-    return [int(pid) for pid in children if Path(f"/proc/{pid}/cmdline").exists() and Path(f"/proc/{pid}/cmdline").read_bytes() == cmdline]
+    return [
+        int(pid)
+        for pid in children
+        if Path(f"/proc/{pid}/cmdline").exists()
+        and Path(f"/proc/{pid}/cmdline").read_bytes() == cmdline
+    ]
 
 
 def _running(pid: int) -> bool:
@@ -62,9 +87,17 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _start_and_wait(database: Path, output: Path, *, env: dict) -> tuple[subprocess.Popen, list[int]]:
+def _start_and_wait(
+    database: Path, output: Path, *, env: dict
+) -> tuple[subprocess.Popen, list[int]]:
     """Start the command; return once it has finished some trials and both workers run."""
-    process = subprocess.Popen(_command(database, output), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    process = subprocess.Popen(
+        _command(database, output),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 60
     while len(_complete(database)) < 16 or len(workers := _workers_of(process.pid)) < 2:
         assert process.poll() is None, process.stdout.read().decode()[-3000:]
@@ -93,7 +126,14 @@ def test_kill_9_then_the_same_command_completes(victim: str, tmp_path: Path) -> 
         assert first_exit == 0, process.stdout.read().decode()[-3000:]
     before = _complete(database)
     assert before
-    again = subprocess.run(_command(database, output), check=False, env=env, capture_output=True, text=True, timeout=120)
+    again = subprocess.run(
+        _command(database, output),
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     states = _states(database)
     after = _complete(database)
@@ -109,20 +149,36 @@ def test_no_sqlite_connection_crosses_fork(tmp_path: Path) -> None:
 
     def record() -> None:
         if os.getpid() == parent:
-            links = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}")]
+            links = [
+                os.readlink(f"/proc/self/fd/{fd}")
+                for fd in os.listdir("/proc/self/fd")
+                if os.path.exists(f"/proc/self/fd/{fd}")
+            ]
             open_at_fork.append([link for link in links if link.startswith(str(database))])
 
     parent = os.getpid()
     os.register_at_fork(before=record)
     model, cluster = ap.get_model("qwen3-235b-a22b"), ap.get_preset("dgx-h100", num_nodes=8)
-    bounds = SearchBounds(zero_stages=(1, 3), recompute_policies=("none", "full"), max_micro_batch_size=2, virtual_stage_choices=(2,))
+    bounds = SearchBounds(
+        zero_stages=(1, 3),
+        recompute_policies=("none", "full"),
+        max_micro_batch_size=2,
+        virtual_stage_choices=(2,),
+    )
     result = run_workers(
-        model, cluster, Training(sequence_length_tokens=4096, global_batch_sequences=256), workers=2,
-        storage=f"sqlite:///{database}", n_trials=16, settings=SearchSettings(bounds=bounds, batch_size=4, study_name="fork"),
+        model,
+        cluster,
+        Training(sequence_length_tokens=4096, global_batch_sequences=256),
+        workers=2,
+        storage=f"sqlite:///{database}",
+        n_trials=16,
+        settings=SearchSettings(bounds=bounds, batch_size=4, study_name="fork"),
     )
     assert result.num_trials >= 16
     assert len(open_at_fork) >= 2 and not any(open_at_fork), open_at_fork
-    complete = optuna.load_study(study_name="fork", storage=f"sqlite:///{database}").get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    complete = optuna.load_study(study_name="fork", storage=f"sqlite:///{database}").get_trials(
+        states=(optuna.trial.TrialState.COMPLETE,)
+    )
     pids = {t.user_attrs["owner"]["pid"] for t in complete}
     assert len(pids) == 2 and parent not in pids  # each worker owns its trials
 

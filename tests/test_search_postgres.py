@@ -25,7 +25,12 @@ from search import SearchBounds, SearchSettings, database_url, find_plan, load_s
 from search._workers import run_workers
 
 REPO = Path(__file__).resolve().parents[1]
-BOUNDS = SearchBounds(zero_stages=(1, 3), recompute_policies=("none", "full"), max_micro_batch_size=2, virtual_stage_choices=(2,))
+BOUNDS = SearchBounds(
+    zero_stages=(1, 3),
+    recompute_policies=("none", "full"),
+    max_micro_batch_size=2,
+    virtual_stage_choices=(2,),
+)
 WORKLOAD = Training(sequence_length_tokens=4096, global_batch_sequences=256)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -72,15 +77,37 @@ def qwen():
     return ap.get_model("qwen3-235b-a22b"), ap.get_preset("dgx-h100", num_nodes=8)
 
 
-def _workers(tmp_path: Path, url: str, *, study: str, budget: int, count: int, delay_s: float, hosts: tuple[str, ...] = ()) -> list[subprocess.Popen]:
+def _workers(
+    tmp_path: Path,
+    url: str,
+    *,
+    study: str,
+    budget: int,
+    count: int,
+    delay_s: float,
+    hosts: tuple[str, ...] = (),
+) -> list[subprocess.Popen]:
     script = tmp_path / "worker.py"
     script.write_text(_WORKER)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     start_at = time.time() + 2.5  # past every worker's imports
     return [
         subprocess.Popen(
-            [sys.executable, str(script), url, study, str(budget), str(seed), str(delay_s), str(start_at), (*hosts, *[""] * count)[seed]],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                str(script),
+                url,
+                study,
+                str(budget),
+                str(seed),
+                str(delay_s),
+                str(start_at),
+                (*hosts, *[""] * count)[seed],
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for seed in range(count)
     ]
@@ -104,13 +131,20 @@ def test_postgresql_urls_take_the_installed_driver(monkeypatch) -> None:
 
     installed = [d for d in ("psycopg", "psycopg2") if importlib.util.find_spec(d)]
     if installed:
-        assert database_url("postgresql://user@host:5432/db") == f"postgresql+{installed[0]}://user@host:5432/db"
-        assert database_url("postgres://user@host/db") == f"postgresql+{installed[0]}://user@host/db"
+        assert (
+            database_url("postgresql://user@host:5432/db")
+            == f"postgresql+{installed[0]}://user@host:5432/db"
+        )
+        assert (
+            database_url("postgres://user@host/db") == f"postgresql+{installed[0]}://user@host/db"
+        )
     assert database_url("sqlite:///study.db") == "sqlite:///study.db"
     with pytest.raises(ValueError, match=r"needs the pg8000 driver: pip install 'pg8000'"):
         database_url("postgresql+pg8000://user:secret@host/db")
     monkeypatch.setattr(storage.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ValueError, match=r"needs a postgresql driver: pip install 'moe-autoparallel\[postgres\]'") as error:
+    with pytest.raises(
+        ValueError, match=r"needs a postgresql driver: pip install 'moe-autoparallel\[postgres\]'"
+    ) as error:
         database_url("postgresql://user:secret@host/db")
     assert "secret" not in str(error.value) and "user:***@host/db" in str(error.value)
     assert len(str(error.value).splitlines()) == 1
@@ -135,7 +169,9 @@ def test_kill_9_of_one_worker_then_the_study_completes(server, tmp_path: Path) -
     # the end: the two others meet the budget before its trials pass the grace period, and the last
     # of them to return must still fail those trials and run their retries.
     url, budget = server.create_database("killed"), 120
-    workers = _workers(tmp_path, url, study="killed", budget=budget, count=3, delay_s=0.2, hosts=("elsewhere",))
+    workers = _workers(
+        tmp_path, url, study="killed", budget=budget, count=3, delay_s=0.2, hosts=("elsewhere",)
+    )
     victim = workers[0].pid
     at_kill = _kill_in_flight(workers[0], url, after_complete=budget - 24)
     outputs = [worker.communicate(timeout=120)[0] for worker in workers[1:]]
@@ -144,21 +180,40 @@ def test_kill_9_of_one_worker_then_the_study_completes(server, tmp_path: Path) -
     completed_by_victim = [n for n, s in at_kill.items() if s == optuna.trial.TrialState.COMPLETE]
     in_flight = [n for n, s in at_kill.items() if s == optuna.trial.TrialState.RUNNING]
     assert completed_by_victim and in_flight
-    assert all(trials[n].user_attrs["owner"] == {"host": "elsewhere", "pid": victim, "trial": n} for n in at_kill)
-    assert all(trials[n].state == optuna.trial.TrialState.COMPLETE for n in completed_by_victim)  # none lost
-    assert all(trials[n].state == optuna.trial.TrialState.FAIL for n in in_flight), [(n, trials[n].state, trials[n].datetime_start) for n in in_flight]
-    retried = {t.system_attrs.get("failed_trial"): t for t in trials.values() if "failed_trial" in t.system_attrs}
+    assert all(
+        trials[n].user_attrs["owner"] == {"host": "elsewhere", "pid": victim, "trial": n}
+        for n in at_kill
+    )
+    assert all(
+        trials[n].state == optuna.trial.TrialState.COMPLETE for n in completed_by_victim
+    )  # none lost
+    assert all(trials[n].state == optuna.trial.TrialState.FAIL for n in in_flight), [
+        (n, trials[n].state, trials[n].datetime_start) for n in in_flight
+    ]
+    retried = {
+        t.system_attrs.get("failed_trial"): t
+        for t in trials.values()
+        if "failed_trial" in t.system_attrs
+    }
     assert set(in_flight) <= set(retried), "a stale trial was not enqueued again"
     # A retry repeats what the killed trial had sampled (a kill between two suggest calls leaves
     # part of the mesh: the retry samples the rest).
-    assert all(retried[n].params[name] == value for n in in_flight for name, value in trials[n].params.items())
+    assert all(
+        retried[n].params[name] == value
+        for n in in_flight
+        for name, value in trials[n].params.items()
+    )
     assert any(retried[n].state == optuna.trial.TrialState.COMPLETE for n in in_flight)
-    running = [(n, t.user_attrs.get("owner")) for n, t in trials.items() if t.state.name == "RUNNING"]
+    running = [
+        (n, t.user_attrs.get("owner")) for n, t in trials.items() if t.state.name == "RUNNING"
+    ]
     assert not running, (victim, running)
     assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials.values()) >= budget
 
 
-def _kill_in_flight(worker: subprocess.Popen, url: str, *, after_complete: int) -> dict[int, optuna.trial.TrialState]:
+def _kill_in_flight(
+    worker: subprocess.Popen, url: str, *, after_complete: int
+) -> dict[int, optuna.trial.TrialState]:
     """SIGKILL ``worker`` while it has trials in flight, after it finished some and the study
     holds ``after_complete`` finished trials; the states of the trials it had claimed, at the
     kill. It runs freely until then, then is frozen for each look (one SQL query: a look must not
@@ -168,7 +223,10 @@ def _kill_in_flight(worker: subprocess.Popen, url: str, *, after_complete: int) 
     engine = sqlalchemy.create_engine(database_url(url), poolclass=sqlalchemy.pool.NullPool)
     deadline = time.monotonic() + 90
     try:
-        while "COMPLETE" not in _claimed_states(engine, worker.pid).values() or _count_complete(engine) < after_complete:
+        while (
+            "COMPLETE" not in _claimed_states(engine, worker.pid).values()
+            or _count_complete(engine) < after_complete
+        ):
             # It must not end by itself (a crash, or the budget met before it finished one).
             assert worker.poll() is None, worker.communicate()[0][-3000:]
             assert time.monotonic() < deadline, "the worker finished no trial"
@@ -193,7 +251,9 @@ def _count_complete(engine) -> int:
     import sqlalchemy
 
     with engine.connect() as connection:
-        return connection.execute(sqlalchemy.text("SELECT COUNT(*) FROM trials WHERE state = 'COMPLETE'")).scalar_one()
+        return connection.execute(
+            sqlalchemy.text("SELECT COUNT(*) FROM trials WHERE state = 'COMPLETE'")
+        ).scalar_one()
 
 
 def _claimed_states(engine, pid: int) -> dict[int, str]:
@@ -210,8 +270,9 @@ def _claimed_states(engine, pid: int) -> dict[int, str]:
     except sqlalchemy.exc.ProgrammingError:  # tables not created yet
         return {}
     owners = {number: (state, json.loads(value)) for number, state, value in rows}
-    return {n: state for n, (state, o) in owners.items()
-            if (o.get("pid"), o.get("trial")) == (pid, n)}
+    return {
+        n: state for n, (state, o) in owners.items() if (o.get("pid"), o.get("trial")) == (pid, n)
+    }
 
 
 def test_a_resumed_study_continues_its_numbering(server, qwen) -> None:
@@ -219,8 +280,12 @@ def test_a_resumed_study_continues_its_numbering(server, qwen) -> None:
     model, cluster = qwen
     settings = SearchSettings(bounds=BOUNDS, batch_size=4, study_name="resumed")
     first = find_plan(model, cluster, WORKLOAD, n_trials=8, storage=url, settings=settings)
-    before = {t.number for t in _by_state(_trials(url, "resumed"), optuna.trial.TrialState.COMPLETE)}
-    second = find_plan(model, cluster, WORKLOAD, n_trials=16, storage=url, settings=settings, seed=1)
+    before = {
+        t.number for t in _by_state(_trials(url, "resumed"), optuna.trial.TrialState.COMPLETE)
+    }
+    second = find_plan(
+        model, cluster, WORKLOAD, n_trials=16, storage=url, settings=settings, seed=1
+    )
     after = {t.number for t in _by_state(_trials(url, "resumed"), optuna.trial.TrialState.COMPLETE)}
     assert len(before) == first.num_trials == 8 and len(after) == second.num_trials == 16
     assert before <= after and min(after - before) > max(before)
@@ -234,18 +299,42 @@ def test_three_worker_plan_matches_the_single_process_plan(server, tmp_path: Pat
     url = server.create_database("shared")
     model, cluster = ap.get_model("tiny-moe"), ap.get_preset("dgx-h100", num_nodes=4)
     settings = SearchSettings(study_name="shared", brute_force_limit=0, brute_force_layouts=0)
-    shared = run_workers(model, cluster, WORKLOAD, workers=3, storage=url, n_trials=96, settings=settings)
-    alone = find_plan(model, cluster, WORKLOAD, n_trials=96, settings=settings.model_copy(update={"study_name": None}))
+    shared = run_workers(
+        model, cluster, WORKLOAD, workers=3, storage=url, n_trials=96, settings=settings
+    )
+    alone = find_plan(
+        model,
+        cluster,
+        WORKLOAD,
+        n_trials=96,
+        settings=settings.model_copy(update={"study_name": None}),
+    )
     assert shared.method == alone.method == "tpe" and shared.num_trials >= 96
-    assert len({t.user_attrs["owner"]["pid"] for t in _by_state(_trials(url, "shared"), optuna.trial.TrialState.COMPLETE)}) == 3
+    assert (
+        len(
+            {
+                t.user_attrs["owner"]["pid"]
+                for t in _by_state(_trials(url, "shared"), optuna.trial.TrialState.COMPLETE)
+            }
+        )
+        == 3
+    )
     step, reference = shared.best.metrics["step_time_s"], alone.best.metrics["step_time_s"]
     assert abs(step - reference) <= 0.01 * reference, (shared.best.config, alone.best.config)
     # The plan of the finished study, written without searching again:
     output = tmp_path / "plan.json"
-    assert main(["plan", "--from-study", "--storage", url, "--study", "shared", "--output", str(output)]) == 0
+    assert (
+        main(
+            ["plan", "--from-study", "--storage", url, "--study", "shared", "--output", str(output)]
+        )
+        == 0
+    )
     plan = ap.load_plan(output)
     assert plan.config == shared.best.config and plan.provenance.search.method == "from_study"
-    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in _trials(url, "shared")) == shared.num_trials
+    assert (
+        sum(t.state == optuna.trial.TrialState.COMPLETE for t in _trials(url, "shared"))
+        == shared.num_trials
+    )
 
 
 def test_a_worker_with_a_different_job_is_refused(server, qwen) -> None:
@@ -254,7 +343,14 @@ def test_a_worker_with_a_different_job_is_refused(server, qwen) -> None:
     settings = SearchSettings(bounds=BOUNDS, batch_size=4, study_name="refused")
     find_plan(model, cluster, WORKLOAD, n_trials=8, storage=url, settings=settings)
     other = Training(sequence_length_tokens=8192, global_batch_sequences=256)
-    with pytest.raises(ValueError, match=r"searches a different job.*workload .*sequence_length_tokens=4096.*sequence_length_tokens=8192"):
+    with pytest.raises(
+        ValueError,
+        match=r"searches a different job.*workload .*sequence_length_tokens=4096.*sequence_length_tokens=8192",
+    ):
         find_plan(model, cluster, other, n_trials=8, storage=url, settings=settings)
-    with pytest.raises(ValueError, match=r"cluster dgx-h100@8n, 64 devices .* vs dgx-h100@4n, 32 devices"):
-        find_plan(model, cluster.with_nodes(4), WORKLOAD, n_trials=8, storage=url, settings=settings)
+    with pytest.raises(
+        ValueError, match=r"cluster dgx-h100@8n, 64 devices .* vs dgx-h100@4n, 32 devices"
+    ):
+        find_plan(
+            model, cluster.with_nodes(4), WORKLOAD, n_trials=8, storage=url, settings=settings
+        )

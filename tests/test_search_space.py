@@ -23,7 +23,9 @@ from search._space import config_from_row, cross, divisors, row_extras
 TINY_TRAINING = Training(sequence_length_tokens=64, global_batch_sequences=8)
 
 
-def _naive_training_layouts(model, world: int, workload: Training, bounds: SearchBounds, devices_per_node: int) -> set:
+def _naive_training_layouts(
+    model, world: int, workload: Training, bounds: SearchBounds, devices_per_node: int
+) -> set:
     """Every combination of every field, kept when the scalar rules accept it (the slow way)."""
     legal = set()
     for tp, pp, cp, ep, etp in itertools.product(divisors(world), repeat=5):
@@ -31,15 +33,28 @@ def _naive_training_layouts(model, world: int, workload: Training, bounds: Searc
             continue
         dp = world // (tp * pp * cp)
         for sp, zero, (schedule, virtual), micro, recompute in itertools.product(
-            (False, True), bounds.zero_stages,
-            [(s, 1) for s in ("gpipe", "1f1b", "zero_bubble")] + [("interleaved_1f1b", v) for v in bounds.virtual_stage_choices],
-            (1, 2, 4, 8), bounds.recompute_policies,
+            (False, True),
+            bounds.zero_stages,
+            [(s, 1) for s in ("gpipe", "1f1b", "zero_bubble")]
+            + [("interleaved_1f1b", v) for v in bounds.virtual_stage_choices],
+            (1, 2, 4, 8),
+            bounds.recompute_policies,
         ):
             if pp == 1 and schedule != "1f1b":
                 continue  # the space keeps one canonical schedule when there is no pipeline
             config = ParallelConfig(
-                dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, sequence_parallel=sp, zero_stage=zero,
-                pipeline_schedule=schedule, virtual_stages=virtual, micro_batch_size=micro, recompute=recompute,
+                dp=dp,
+                tp=tp,
+                pp=pp,
+                cp=cp,
+                ep=ep,
+                etp=etp,
+                sequence_parallel=sp,
+                zero_stage=zero,
+                pipeline_schedule=schedule,
+                virtual_stages=virtual,
+                micro_batch_size=micro,
+                recompute=recompute,
             )
             try:
                 check_parallel_config(config, model, world)
@@ -60,11 +75,17 @@ def _space_configs(space: SearchSpace) -> list[ParallelConfig]:
 
 def test_space_equals_naive_enumeration_of_legal_layouts() -> None:
     model = ap.get_model("tiny-moe")
-    bounds = SearchBounds(max_micro_batch_size=8, zero_stages=(0, 3), recompute_policies=("none", "full"))
-    space = SearchSpace(model=model, workload=TINY_TRAINING, world_size=8, devices_per_node=4, bounds=bounds)
+    bounds = SearchBounds(
+        max_micro_batch_size=8, zero_stages=(0, 3), recompute_policies=("none", "full")
+    )
+    space = SearchSpace(
+        model=model, workload=TINY_TRAINING, world_size=8, devices_per_node=4, bounds=bounds
+    )
     configs = _space_configs(space)
     assert len(configs) == len(set(configs)) == space.size  # no duplicates, size is the row count
-    assert set(configs) == _naive_training_layouts(model, 8, TINY_TRAINING, bounds, devices_per_node=4)
+    assert set(configs) == _naive_training_layouts(
+        model, 8, TINY_TRAINING, bounds, devices_per_node=4
+    )
 
 
 def test_inference_space_rows_are_legal_and_canonical() -> None:
@@ -72,7 +93,9 @@ def test_inference_space_rows_are_legal_and_canonical() -> None:
     workload = Inference(prompt_tokens=32, output_tokens=8)
     space = SearchSpace(model=model, workload=workload, world_size=8, devices_per_node=8)
     mesh = space.mesh
-    assert not np.any(mesh["attention_data_parallel"] & (mesh["tp"] == 1))  # attention-DP needs tp > 1
+    assert not np.any(
+        mesh["attention_data_parallel"] & (mesh["tp"] == 1)
+    )  # attention-DP needs tp > 1
     assert np.any(mesh["attention_data_parallel"])
     table = space.expand(np.arange(space.num_meshes))
     for index in range(len(table["dp"])):
@@ -92,7 +115,9 @@ def test_reference_model_space_is_legal_and_fast(world: int) -> None:
     space = SearchSpace(model=model, workload=workload, world_size=world, devices_per_node=8)
     size = space.size
     elapsed = time.perf_counter() - start
-    print(f"{world} cards: {space.num_meshes} meshes, {size:,} layouts, enumerated in {elapsed:.2f} s")
+    print(
+        f"{world} cards: {space.num_meshes} meshes, {size:,} layouts, enumerated in {elapsed:.2f} s"
+    )
     assert size > 1_000_000 and elapsed < 15
     assert set(space.mesh["ep"].tolist()) <= set(divisors(768))
     rng = np.random.default_rng(world)
@@ -112,7 +137,9 @@ def test_prime_world_size_keeps_only_what_divides() -> None:
     assert set(space.mesh["tp"].tolist()) == {1} and set(space.mesh["pp"].tolist()) == {1}
     assert set(space.mesh["ep"].tolist()) == {1} and set(space.mesh["dp"].tolist()) == {7}
     # 8 sequences do not split over 7 replicas: no layout at all
-    assert SearchSpace(model=model, workload=TINY_TRAINING, world_size=7, devices_per_node=8).size == 0
+    assert (
+        SearchSpace(model=model, workload=TINY_TRAINING, world_size=7, devices_per_node=8).size == 0
+    )
 
 
 def test_helpers() -> None:
@@ -122,4 +149,6 @@ def test_helpers() -> None:
     table = cross({"a": np.array([1, 2])}, {"b": np.array([3, 4, 5])})
     assert list(zip(table["a"], table["b"])) == [(1, 3), (1, 4), (1, 5), (2, 3), (2, 4), (2, 5)]
     with pytest.raises(ValueError, match="world_size"):
-        SearchSpace(model=ap.get_model("tiny-moe"), workload=TINY_TRAINING, world_size=0, devices_per_node=8)
+        SearchSpace(
+            model=ap.get_model("tiny-moe"), workload=TINY_TRAINING, world_size=0, devices_per_node=8
+        )

@@ -32,7 +32,12 @@ REPO = Path(__file__).resolve().parents[1]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 # A mid-sized training problem whose exhaustive optimum is cheap: Qwen3-235B on 64 H100.
-QWEN_BOUNDS = SearchBounds(zero_stages=(1, 3), recompute_policies=("none", "full"), max_micro_batch_size=2, virtual_stage_choices=(2,))
+QWEN_BOUNDS = SearchBounds(
+    zero_stages=(1, 3),
+    recompute_policies=("none", "full"),
+    max_micro_batch_size=2,
+    virtual_stage_choices=(2,),
+)
 QWEN_TRAINING = Training(sequence_length_tokens=4096, global_batch_sequences=256)
 
 
@@ -51,7 +56,12 @@ def test_tpe_reaches_the_exhaustive_optimum(qwen, qwen_optimum) -> None:
     model, cluster = qwen
     calls = []
     result = find_plan(
-        model, cluster, QWEN_TRAINING, n_trials=80, seed=0, settings=SearchSettings(bounds=QWEN_BOUNDS),
+        model,
+        cluster,
+        QWEN_TRAINING,
+        n_trials=80,
+        seed=0,
+        settings=SearchSettings(bounds=QWEN_BOUNDS),
         progress=lambda done, total: calls.append((done, total)),
     )
     assert result.method == "tpe" and result.num_trials == 80 and result.num_meshes > 80
@@ -69,7 +79,9 @@ def test_small_space_is_brute_forced(tmp_path: Path) -> None:
     workload = Training(sequence_length_tokens=64, global_batch_sequences=8)
     result = find_plan(model, cluster, workload, n_trials=200)
     assert result.method == "brute_force"
-    assert result.num_trials == result.num_meshes  # every mesh once, then the budget stops mattering
+    assert (
+        result.num_trials == result.num_meshes
+    )  # every mesh once, then the budget stops mattering
     optimum = exhaustive_search(model, cluster, workload)
     assert result.best.config == optimum.best.config
     assert regret(result.best, optimum.best, result.objective) == 0.0
@@ -83,28 +95,47 @@ def test_pareto_front_with_nsga2() -> None:
     front = [c.objective_values(result.objective) for c in result.pareto]
     assert len(front) >= 3 and all(c.feasible for c in result.pareto)
     for throughput, tpot in front:  # nobody on the front is dominated by another point of it
-        assert not any(t2 >= throughput and p2 <= tpot and (t2, p2) != (throughput, tpot) for t2, p2 in front)
+        assert not any(
+            t2 >= throughput and p2 <= tpot and (t2, p2) != (throughput, tpot) for t2, p2 in front
+        )
     assert [t for t, _ in front] == sorted(t for t, _ in front)
-    assert len({c.serving.batch_size for c in result.pareto}) > 1  # the front is traced by the batch
+    assert (
+        len({c.serving.batch_size for c in result.pareto}) > 1
+    )  # the front is traced by the batch
 
 
 def test_training_pareto_trades_step_time_for_memory_headroom() -> None:
     model, cluster = ap.get_model("tiny-moe"), ap.get_preset("cpu-loopback")
     workload = Training(sequence_length_tokens=64, global_batch_sequences=8)
     result = find_plan(model, cluster, workload, objective="pareto", n_trials=60)
-    assert result.objective.names == ("step_time", "memory_headroom") and result.method == "brute_force"
+    assert (
+        result.objective.names == ("step_time", "memory_headroom")
+        and result.method == "brute_force"
+    )
     front = [c.objective_values(result.objective) for c in result.pareto]
     assert len(front) >= 2
     steps, headrooms = zip(*front)
-    assert list(steps) == sorted(steps) and list(headrooms) == sorted(headrooms)  # slower buys more headroom
+    assert list(steps) == sorted(steps) and list(headrooms) == sorted(
+        headrooms
+    )  # slower buys more headroom
 
 
 def test_memory_violations_are_constraints_and_counted() -> None:
     model, cluster = ap.get_model("deepseek-v3"), ap.get_preset("dgx-h100", num_nodes=4)
     workload = Inference(prompt_tokens=2048, output_tokens=512)
-    result = find_plan(model, cluster, workload, n_trials=40, seed=0, settings=SearchSettings(study_name="constraints"))
+    result = find_plan(
+        model,
+        cluster,
+        workload,
+        n_trials=40,
+        seed=0,
+        settings=SearchSettings(study_name="constraints"),
+    )
     assert result.feasible and result.infeasible_rows["memory"] > 0
-    assert "infeasible layouts among" in result.explain_infeasible() and "memory" in result.explain_infeasible()
+    assert (
+        "infeasible layouts among" in result.explain_infeasible()
+        and "memory" in result.explain_infeasible()
+    )
     # Optuna sees each trial's violations as constraints (> 0 violated)
     assert result.infeasible_trials.get("memory", 0) > 0
 
@@ -141,13 +172,24 @@ def test_warm_start_is_the_first_trial(qwen) -> None:
     storage = optuna.storages.InMemoryStorage()
     seed_config = ap.ParallelConfig(dp=8, tp=4, pp=2, ep=16, etp=1, zero_stage=1)
     find_plan(
-        model, cluster, QWEN_TRAINING, n_trials=12, storage=storage,
-        settings=SearchSettings(bounds=QWEN_BOUNDS, study_name="warm"), warm_start=seed_config,
+        model,
+        cluster,
+        QWEN_TRAINING,
+        n_trials=12,
+        storage=storage,
+        settings=SearchSettings(bounds=QWEN_BOUNDS, study_name="warm"),
+        warm_start=seed_config,
     )
     trials = optuna.load_study(study_name="warm", storage=storage).get_trials()
     first = min(trials, key=lambda t: t.number)
     config = first.user_attrs["result"]["candidate"]["config"]
-    assert (config["dp"], config["tp"], config["pp"], config["ep"], config["etp"]) == (8, 4, 2, 16, 1)
+    assert (config["dp"], config["tp"], config["pp"], config["ep"], config["etp"]) == (
+        8,
+        4,
+        2,
+        16,
+        1,
+    )
 
 
 _CHILD = textwrap.dedent(
@@ -180,7 +222,9 @@ def _count_complete(path: Path) -> int:
         return 0
     with sqlite3.connect(path, timeout=30) as connection:
         try:
-            return connection.execute("SELECT COUNT(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0]
+            return connection.execute(
+                "SELECT COUNT(*) FROM trials WHERE state = 'COMPLETE'"
+            ).fetchone()[0]
         except sqlite3.OperationalError:  # tables not created yet
             return 0
 
@@ -190,7 +234,12 @@ def test_sigkilled_search_resumes_without_losing_trials(tmp_path: Path, qwen) ->
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    child = subprocess.Popen([sys.executable, str(script), storage], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, str(script), storage],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 60
     try:
         while _count_complete(tmp_path / "study.db") < 8:
@@ -204,8 +253,15 @@ def test_sigkilled_search_resumes_without_losing_trials(tmp_path: Path, qwen) ->
     assert 8 <= len(before) < 32
     best_before = min(t.values[0] for t in before if all(v <= 0 for v in t.constraints.values()))
     model, cluster = qwen
-    result = find_plan(model, cluster, QWEN_TRAINING, n_trials=32, storage=storage, seed=3,
-                       settings=SearchSettings(bounds=QWEN_BOUNDS, batch_size=4, study_name="resume"))
+    result = find_plan(
+        model,
+        cluster,
+        QWEN_TRAINING,
+        n_trials=32,
+        storage=storage,
+        seed=3,
+        settings=SearchSettings(bounds=QWEN_BOUNDS, batch_size=4, study_name="resume"),
+    )
     after = _complete(storage, "resume")
     assert result.num_trials == len(after) == 32
     assert result.num_trials_this_run == 32 - len(before)
@@ -214,15 +270,24 @@ def test_sigkilled_search_resumes_without_losing_trials(tmp_path: Path, qwen) ->
     assert min(new_numbers) > max(t.number for t in before)  # numbering continues
     assert result.best.metrics["step_time_s"] <= best_before + 1e-12
     study = optuna.load_study(study_name="resume", storage=storage)
-    assert not study.get_trials(states=(optuna.trial.TrialState.RUNNING,))  # the killed batch is marked failed
+    assert not study.get_trials(
+        states=(optuna.trial.TrialState.RUNNING,)
+    )  # the killed batch is marked failed
 
 
 @pytest.mark.slow
 def test_two_worker_processes_share_one_study(tmp_path: Path, qwen) -> None:
     model, cluster = qwen
     storage = f"sqlite:///{tmp_path / 'workers.db'}"
-    result = run_workers(model, cluster, QWEN_TRAINING, workers=2, storage=storage, n_trials=16,
-                         settings=SearchSettings(bounds=QWEN_BOUNDS, batch_size=4, study_name="workers"))
+    result = run_workers(
+        model,
+        cluster,
+        QWEN_TRAINING,
+        workers=2,
+        storage=storage,
+        n_trials=16,
+        settings=SearchSettings(bounds=QWEN_BOUNDS, batch_size=4, study_name="workers"),
+    )
     trials = _complete(storage, "workers")
     assert len(trials) == result.num_trials >= 16
     assert len(trials) <= 16 + 2 * 4  # each worker overshoots by at most one batch
@@ -243,14 +308,21 @@ def test_trials_left_running_by_a_dead_worker_are_failed(tmp_path: Path, qwen) -
     storage = f"sqlite:///{tmp_path / 'orphans.db'}"
     settings = SearchSettings(bounds=QWEN_BOUNDS, batch_size=4, study_name="orphans")
     find_plan(model, cluster, QWEN_TRAINING, n_trials=4, storage=storage, settings=settings)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     study = optuna.load_study(study_name="orphans", storage=storage)
     orphan = study.ask()  # what a worker killed between ask and tell leaves behind
     orphan.set_user_attr("owner", {"host": socket.gethostname(), "pid": int(dead.stdout)})
     live = study.ask()  # a live worker's trial (this process) must not be touched
     live.set_user_attr("owner", {"host": socket.gethostname(), "pid": os.getppid()})
-    result = find_plan(model, cluster, QWEN_TRAINING, n_trials=8, storage=storage, settings=settings)
-    states = {t.number: t.state for t in optuna.load_study(study_name="orphans", storage=storage).get_trials()}
+    result = find_plan(
+        model, cluster, QWEN_TRAINING, n_trials=8, storage=storage, settings=settings
+    )
+    states = {
+        t.number: t.state
+        for t in optuna.load_study(study_name="orphans", storage=storage).get_trials()
+    }
     assert states[orphan.number] == optuna.trial.TrialState.FAIL
     assert states[live.number] == optuna.trial.TrialState.RUNNING
     assert result.num_trials == 8

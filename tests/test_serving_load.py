@@ -312,7 +312,9 @@ def test_slo_plan_meets_its_slos_in_the_simulator(nodes: int) -> None:
 def test_cli_rejects_non_positive_load_and_slos_with_exit_2(option, capsys) -> None:
     from autoparallel.cli import main
 
-    code = main(["estimate", "--inference", "--model", "deepseek-v3", "--cluster", "dgx-h200", *option])
+    code = main(
+        ["estimate", "--inference", "--model", "deepseek-v3", "--cluster", "dgx-h200", *option]
+    )
     assert code == 2
     assert f"argument {option[0]}: ({option[1]}) must be > 0" in capsys.readouterr().err
 

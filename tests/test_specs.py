@@ -53,7 +53,12 @@ def _rounding_half_width(value: float) -> float:
 
 
 @pytest.mark.parametrize(
-    "name", [n for n in ap.list_models() if n.startswith("megatron-gpt-") and "_published_params_B" in catalog_config(n)]
+    "name",
+    [
+        n
+        for n in ap.list_models()
+        if n.startswith("megatron-gpt-") and "_published_params_B" in catalog_config(n)
+    ],
 )
 def test_megatron_gpt_series_within_two_percent(name: str) -> None:
     published = catalog_config(name)["_published_params_B"]
@@ -86,7 +91,11 @@ def test_flops_per_token_grows_with_context_and_variants_cap_it() -> None:
     short, long = model.forward_flops_per_token(4096), model.forward_flops_per_token(1_048_576)
     assert long > short > 2 * model.matmul_parameters_per_token()
     windowed = model.model_copy(
-        update={"attention": model.attention.model_copy(update={"variant": "sliding_window", "window_tokens": 4096})}
+        update={
+            "attention": model.attention.model_copy(
+                update={"variant": "sliding_window", "window_tokens": 4096}
+            )
+        }
     )
     assert windowed.forward_flops_per_token(1_048_576) == pytest.approx(short)
     assert windowed.kv_cache_bytes(1_048_576) == windowed.kv_cache_bytes(4096)
@@ -112,9 +121,13 @@ def test_model_spec_rejects_unknown_keys_and_bad_values() -> None:
 
 def test_validate_for_names_the_rule() -> None:
     model = ap.get_model("ref-3t-moe")
-    with pytest.raises(ValueError, match=r"num_attention_heads \(128\) must be divisible by tp \(6\)"):
+    with pytest.raises(
+        ValueError, match=r"num_attention_heads \(128\) must be divisible by tp \(6\)"
+    ):
         ParallelConfig(tp=6).validate_for(model)
-    with pytest.raises(ValueError, match=r"num_routed_experts \(768\) must be divisible by ep \(7\)"):
+    with pytest.raises(
+        ValueError, match=r"num_routed_experts \(768\) must be divisible by ep \(7\)"
+    ):
         ParallelConfig(dp=7, ep=7).validate_for(model)
     with pytest.raises(ValueError, match="world_size"):
         ParallelConfig(tp=8).validate_for(model, world_size=16)
@@ -122,7 +135,9 @@ def test_validate_for_names_the_rule() -> None:
         ParallelConfig(sequence_parallel=True).validate_for(model)
     with pytest.raises(ValueError, match="virtual_stages"):
         ParallelConfig(pp=4, virtual_stages=2).validate_for(model)
-    ParallelConfig(dp=16, tp=8, pp=8, ep=64, etp=2, sequence_parallel=True).validate_for(model, world_size=1024)
+    ParallelConfig(dp=16, tp=8, pp=8, ep=64, etp=2, sequence_parallel=True).validate_for(
+        model, world_size=1024
+    )
 
 
 def test_parallel_config_folding_and_micro_batches() -> None:

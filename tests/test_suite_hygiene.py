@@ -30,9 +30,7 @@ def _docstrings(tree: ast.AST) -> set[int]:
     found = set()
     for node in ast.walk(tree):
         if (
-            isinstance(
-                node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-            )
+            isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
             and node.body
         ):
             first = node.body[0]
@@ -100,9 +98,7 @@ def _tests_launching_without_mark(path: Path) -> list[str]:
         if isinstance(node, ast.ClassDef) and node.name.startswith("Test")
     ):
         tests += [
-            (node, cls.decorator_list)
-            for node in cls.body
-            if isinstance(node, ast.FunctionDef)
+            (node, cls.decorator_list) for node in cls.body if isinstance(node, ast.FunctionDef)
         ]
     unmarked = []
     for node, class_decorators in tests:
@@ -113,17 +109,13 @@ def _tests_launching_without_mark(path: Path) -> list[str]:
         ):
             continue
         callees = _called_names(node) & helpers.keys()
-        if _launches_directly(node, docstrings) or any(
-            launches(callee) for callee in callees
-        ):
+        if _launches_directly(node, docstrings) or any(launches(callee) for callee in callees):
             unmarked.append(f"{path.name}::{node.name}")
     return unmarked
 
 
 def test_every_test_that_starts_ranks_is_marked_distributed() -> None:
-    unmarked = [
-        name for path in TEST_FILES for name in _tests_launching_without_mark(path)
-    ]
+    unmarked = [name for path in TEST_FILES for name in _tests_launching_without_mark(path)]
     assert not unmarked, f"start ranks but lack @pytest.mark.distributed: {unmarked}"
 
 
@@ -147,9 +139,7 @@ def test_the_mark_check_sees_through_helpers_and_ignores_prose(tmp_path: Path) -
 
 def _call_name(call: ast.Call) -> str:
     function = call.func
-    return (
-        function.id if isinstance(function, ast.Name) else getattr(function, "attr", "")
-    )
+    return function.id if isinstance(function, ast.Name) else getattr(function, "attr", "")
 
 
 def _skips_and_outside_paths(path: Path) -> list[str]:
@@ -161,9 +151,7 @@ def _skips_and_outside_paths(path: Path) -> list[str]:
     for node in ast.walk(tree):
         where = f"{path.name}:{getattr(node, 'lineno', '?')}"
         if isinstance(node, ast.Attribute) and node.attr == "importorskip":
-            found.append(
-                f"{where} importorskip (import the package; add it to the test extras)"
-            )
+            found.append(f"{where} importorskip (import the package; add it to the test extras)")
         if (
             isinstance(node, ast.Subscript)
             and isinstance(node.value, ast.Attribute)
@@ -175,9 +163,7 @@ def _skips_and_outside_paths(path: Path) -> list[str]:
                 and isinstance(index.value, int)
                 and index.value >= 2
             ):
-                found.append(
-                    f"{where} parents[{index.value}] reaches above the repository"
-                )
+                found.append(f"{where} parents[{index.value}] reaches above the repository")
         if isinstance(node, ast.Attribute) and node.attr == "parent":
             inner = node.value
             if (
@@ -185,20 +171,12 @@ def _skips_and_outside_paths(path: Path) -> list[str]:
                 and isinstance(inner.value, ast.Attribute)
                 and inner.value.attr == "parents"
             ):
-                found.append(
-                    f"{where} parents[...].parent reaches above the repository"
-                )
-        if (
-            isinstance(node, ast.Call)
-            and _call_name(node) in PATH_OPENERS
-            and node.args
-        ):
+                found.append(f"{where} parents[...].parent reaches above the repository")
+        if isinstance(node, ast.Call) and _call_name(node) in PATH_OPENERS and node.args:
             first = node.args[0]
             if isinstance(first, ast.Constant) and isinstance(first.value, str):
                 text = first.value
-                if text.startswith("/") and not text.startswith(
-                    ALLOWED_ABSOLUTE_PREFIXES
-                ):
+                if text.startswith("/") and not text.startswith(ALLOWED_ABSOLUTE_PREFIXES):
                     found.append(f"{where} absolute path {text!r}")
                 if text.startswith(".."):
                     found.append(f"{where} relative path {text!r} leaves the tests")
@@ -206,9 +184,7 @@ def _skips_and_outside_paths(path: Path) -> list[str]:
 
 
 def test_no_test_skips_on_an_import_or_reads_outside_the_repository() -> None:
-    problems = [
-        problem for path in TEST_FILES for problem in _skips_and_outside_paths(path)
-    ]
+    problems = [problem for path in TEST_FILES for problem in _skips_and_outside_paths(path)]
     assert not problems, problems
 
 
@@ -228,9 +204,7 @@ def test_no_test_skips_on_an_import_or_reads_outside_the_repository() -> None:
         ('DATA = open("../shared/reference/hardware.json")\n', "leaves the tests"),
     ],
 )
-def test_the_skip_check_catches_each_kind(
-    tmp_path: Path, source: str, problem: str
-) -> None:
+def test_the_skip_check_catches_each_kind(tmp_path: Path, source: str, problem: str) -> None:
     sample = tmp_path / "test_sample.py"
     sample.write_text(source)
     found = _skips_and_outside_paths(sample)

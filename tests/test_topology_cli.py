@@ -30,12 +30,19 @@ def test_unknown_preset_is_a_user_error(capsys: pytest.CaptureFixture[str]) -> N
 def test_one_rank_probe_needs_a_base_preset() -> None:
     from topology.probe_runner import ComputeResult, _Identity, build_cluster
 
-    compute = [ComputeResult(rank=0, kind=kind, rate_per_s=1e12, spread=0.0) for kind in ("matmul_bf16", "memory_copy")]
+    compute = [
+        ComputeResult(rank=0, kind=kind, rate_per_s=1e12, spread=0.0)
+        for kind in ("matmul_bf16", "memory_copy")
+    ]
     identity = _Identity("one", "nccl", "cuda", "NVIDIA H200", 141e9, 1, 1)
     with pytest.raises(ValueError, match="base"):
         build_cluster(identity=identity, links=[], collectives=[], compute=compute)
     from topology import get_preset
 
-    cluster = build_cluster(identity=identity, links=[], collectives=[], compute=compute, base=get_preset("dgx-h200"))
-    assert cluster.num_devices == 1 and cluster.device.matmul_efficiency == pytest.approx(1e12 / 989e12)
+    cluster = build_cluster(
+        identity=identity, links=[], collectives=[], compute=compute, base=get_preset("dgx-h200")
+    )
+    assert cluster.num_devices == 1 and cluster.device.matmul_efficiency == pytest.approx(
+        1e12 / 989e12
+    )
     assert cluster.provenance.startswith("measured:")

@@ -41,12 +41,18 @@ def test_placement_beats_naive_rank_order_and_keeps_tp_in_a_node(axes) -> None:
     tp_groups = axis_groups(axes=axes, placement=chosen, axis="tp")
     assert np.all(_nodes_of(tp_groups, 8) == 1)
     ep_groups = axis_groups(axes=axes, placement=chosen, axis="ep")
-    assert np.all(_nodes_of(ep_groups, 8) == [size for name, size in axes if name == "ep"][0])  # one EP rank per node: rail-aligned
+    assert np.all(
+        _nodes_of(ep_groups, 8) == [size for name, size in axes if name == "ep"][0]
+    )  # one EP rank per node: rail-aligned
     chosen_s = mesh_comm_time(cluster, axes=axes, placement=chosen, traffic=TRAFFIC)
     naive_s = mesh_comm_time(cluster, axes=axes, placement=naive, traffic=TRAFFIC)
-    print(f"{len(axes)}-axis mesh on {cluster.num_nodes} nodes: chosen {sum(chosen_s.values()) * 1e3:.1f} ms, "
-          f"naive {sum(naive_s.values()) * 1e3:.1f} ms per step ({sum(naive_s.values()) / sum(chosen_s.values()):.2f}x); "
-          + ", ".join(f"{axis} {chosen_s[axis] * 1e3:.1f}/{naive_s[axis] * 1e3:.1f} ms" for axis in chosen_s))
+    print(
+        f"{len(axes)}-axis mesh on {cluster.num_nodes} nodes: chosen {sum(chosen_s.values()) * 1e3:.1f} ms, "
+        f"naive {sum(naive_s.values()) * 1e3:.1f} ms per step ({sum(naive_s.values()) / sum(chosen_s.values()):.2f}x); "
+        + ", ".join(
+            f"{axis} {chosen_s[axis] * 1e3:.1f}/{naive_s[axis] * 1e3:.1f} ms" for axis in chosen_s
+        )
+    )
     assert sum(chosen_s.values()) < sum(naive_s.values())
 
 
@@ -58,7 +64,9 @@ def test_canonical_order_is_kept() -> None:
 def test_pure_and_deterministic() -> None:
     axes = [("dp", 4), ("tp", 4), ("ep", 4)]
     first = place_mesh(axes=axes, traffic={"tp": 3.0, "ep": 2.0, "dp": 1.0}, devices_per_node=8)
-    assert first == place_mesh(axes=axes, traffic={"tp": 3.0, "ep": 2.0, "dp": 1.0}, devices_per_node=8)
+    assert first == place_mesh(
+        axes=axes, traffic={"tp": 3.0, "ep": 2.0, "dp": 1.0}, devices_per_node=8
+    )
     groups = axis_groups(axes=axes, placement=first, axis="tp")
     assert np.all(np.diff(groups, axis=1) == 1)  # TP varies fastest over devices
 
@@ -81,7 +89,9 @@ def _off_node_cost(axes, placement, traffic, devices_per_node) -> float:
     weights=st.lists(st.floats(min_value=0, max_value=1e9), min_size=4, max_size=4),
     devices_per_node=st.sampled_from([1, 2, 4, 8]),
 )
-def test_always_a_permutation_and_no_worse_than_simple_orders(sizes, weights, devices_per_node) -> None:
+def test_always_a_permutation_and_no_worse_than_simple_orders(
+    sizes, weights, devices_per_node
+) -> None:
     names = ["a", "b", "c", "d"][: len(sizes)]
     axes = list(zip(names, sizes))
     traffic = dict(zip(names, weights))
@@ -95,7 +105,9 @@ def test_always_a_permutation_and_no_worse_than_simple_orders(sizes, weights, de
     coords = np.unravel_index(np.arange(count), sizes)
     greedy = np.ravel_multi_index(tuple(coords[i] for i in order), [sizes[i] for i in order])
     assert cost <= naive + 1e-6 * (1 + naive)
-    assert cost <= _off_node_cost(axes, tuple(greedy), traffic, devices_per_node) + 1e-6 * (1 + cost)
+    assert cost <= _off_node_cost(axes, tuple(greedy), traffic, devices_per_node) + 1e-6 * (
+        1 + cost
+    )
 
 
 @pytest.mark.parametrize(
@@ -115,4 +127,9 @@ def test_bad_mesh_raises_value_error(kwargs, match) -> None:
 
 def test_mesh_comm_time_checks_the_cluster_size() -> None:
     with pytest.raises(ValueError, match="devices"):
-        mesh_comm_time(get_preset("dgx-h100"), axes=[("tp", 16)], placement=tuple(range(16)), traffic={"tp": TRAFFIC["tp"]})
+        mesh_comm_time(
+            get_preset("dgx-h100"),
+            axes=[("tp", 16)],
+            placement=tuple(range(16)),
+            traffic={"tp": TRAFFIC["tp"]},
+        )

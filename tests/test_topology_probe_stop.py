@@ -37,21 +37,42 @@ def _rank_of(pid: int) -> int | None:
         return None
     for item in environment:
         if item.startswith(b"RANK="):
-            return int(item[len(b"RANK="):])
+            return int(item[len(b"RANK=") :])
     return None
 
 
 @pytest.mark.distributed
-@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds torchrun's workers through /proc (Linux)")
+@pytest.mark.skipif(
+    not Path("/proc/self/environ").exists(), reason="finds torchrun's workers through /proc (Linux)"
+)
 def test_a_stopped_rank_ends_the_probe_within_the_timeout(tmp_path: Path) -> None:
     environment = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        "-m", "autoparallel.cli", "probe", "--timeout-s", str(TIMEOUT_S), "--repeats", "400",
-        "--output", str(tmp_path / "cluster.json"),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "autoparallel.cli",
+        "probe",
+        "--timeout-s",
+        str(TIMEOUT_S),
+        "--repeats",
+        "400",
+        "--output",
+        str(tmp_path / "cluster.json"),
     ]
-    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=environment, cwd=tmp_path, start_new_session=True)
+    launcher = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=environment,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
     try:
         output = []
         for line in launcher.stdout:  # rank 0 logs a line per finished step when not on a terminal

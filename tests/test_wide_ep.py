@@ -45,9 +45,7 @@ def test_ep_need_not_divide_experts_when_redundant_slots_fill_the_ranks() -> Non
 
 def test_serving_search_on_nvl72_offers_ep72_with_redundant_slots() -> None:
     workload = Inference(prompt_tokens=4096, output_tokens=1024, weight_dtype="fp8")
-    space = SearchSpace(
-        model=REF, workload=workload, world_size=72, devices_per_node=72
-    )
+    space = SearchSpace(model=REF, workload=workload, world_size=72, devices_per_node=72)
     assert 72 in space.mesh["ep"].tolist()
     table = space.expand(np.flatnonzero(space.mesh["ep"] == 72))
     for index in range(len(table["dp"])):
@@ -62,15 +60,11 @@ def test_training_search_keeps_ep_dividing_the_experts() -> None:
     from cost_model import Training
 
     workload = Training(sequence_length_tokens=4096, global_batch_tokens=2**22)
-    space = SearchSpace(
-        model=REF, workload=workload, world_size=72, devices_per_node=72
-    )
+    space = SearchSpace(model=REF, workload=workload, world_size=72, devices_per_node=72)
     assert all(768 % ep == 0 for ep in space.mesh["ep"].tolist())
 
 
-def test_low_latency_all_to_all_sends_every_copy_and_normal_deduplicates_per_node() -> (
-    None
-):
+def test_low_latency_all_to_all_sends_every_copy_and_normal_deduplicates_per_node() -> None:
     cluster = get_preset("dgx-h200", num_nodes=8)
     workload = Inference(prompt_tokens=2048, output_tokens=256, weight_dtype="fp8")
     columns = {
@@ -88,9 +82,7 @@ def test_low_latency_all_to_all_sends_every_copy_and_normal_deduplicates_per_nod
         table=table_from_columns(length=2, a2a_backend=backends, **columns),
     )
     ep_comm = out["time.decode_ep_comm"] + out["hidden.decode_ep_comm"]
-    assert (
-        ep_comm[1] > ep_comm[0] > 0
-    )  # 8 copies over RDMA vs at most one per remote node
+    assert ep_comm[1] > ep_comm[0] > 0  # 8 copies over RDMA vs at most one per remote node
 
 
 def test_estimate_cli_fills_ep72_with_the_fewest_redundant_slots(capsys) -> None:

@@ -22,8 +22,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from topology._hardware import HardwareSpec
 from topology._units import BytesPerSecond, Seconds
 
-CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast"]
-COLLECTIVE_OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
+CollectiveOp = Literal[
+    "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast"
+]
+COLLECTIVE_OPS: tuple[str, ...] = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "send_recv",
+    "broadcast",
+)
 
 #: Intra-node fabrics where every device has its own link to every other one (the tier's
 #: bandwidth is the device's aggregate over its ``devices_per_node - 1`` peer links).
@@ -49,8 +58,14 @@ class _Strict(BaseModel):
             for key in data:
                 if key not in cls.model_fields:
                     close = difflib.get_close_matches(str(key), fields, n=1)
-                    hint = f" (did you mean {close[0]!r}? values are SI unless given as '<number> <unit>')" if close else ""
-                    raise ValueError(f"{cls.__name__} has no field {key!r}{hint}; valid fields: {', '.join(fields)}")
+                    hint = (
+                        f" (did you mean {close[0]!r}? values are SI unless given as '<number> <unit>')"
+                        if close
+                        else ""
+                    )
+                    raise ValueError(
+                        f"{cls.__name__} has no field {key!r}{hint}; valid fields: {', '.join(fields)}"
+                    )
         return data
 
 
@@ -65,10 +80,14 @@ class LinkTier(_Strict):
     bandwidth as *algorithm* bandwidth (``algBw``), each device sending and receiving its buffer once.
     """
 
-    kind: str = Field(description="one of LINK_KINDS: the intra-node fabric or the scale-out network")
+    kind: str = Field(
+        description="one of LINK_KINDS: the intra-node fabric or the scale-out network"
+    )
     bandwidth_bytes_per_s: BytesPerSecond = Field(gt=0, description="per device, per direction")
     latency_s: Seconds = Field(ge=0)
-    efficiency: float = Field(default=1.0, gt=0, le=1, description="achievable fraction for bulk collectives")
+    efficiency: float = Field(
+        default=1.0, gt=0, le=1, description="achievable fraction for bulk collectives"
+    )
     in_network_reduction_efficiency: float | None = Field(default=None, gt=0, le=1)
     source: str = ""
 
@@ -78,7 +97,9 @@ class LinkTier(_Strict):
         if kind not in LINK_KINDS:
             close = difflib.get_close_matches(kind, LINK_KINDS, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"kind ({kind!r}) is not a link kind{hint}; valid kinds: {', '.join(LINK_KINDS)}")
+            raise ValueError(
+                f"kind ({kind!r}) is not a link kind{hint}; valid kinds: {', '.join(LINK_KINDS)}"
+            )
         return kind
 
 
@@ -111,7 +132,9 @@ class Cluster(_Strict):
     devices_per_node: int = Field(gt=0)
     intra_node: LinkTier
     inter_node: LinkTier
-    oversubscription: float = Field(default=1.0, ge=1.0, description="scale-out core oversubscription ratio")
+    oversubscription: float = Field(
+        default=1.0, ge=1.0, description="scale-out core oversubscription ratio"
+    )
     network_topology: Literal["rail_optimized", "fat_tree", "single_node"] = "rail_optimized"
     provenance: str = ""
     devices_per_nic: int = Field(default=1, gt=0)
@@ -166,7 +189,9 @@ class Cluster(_Strict):
         return device // self.devices_per_node
 
     # -- collective model -------------------------------------------------------------------
-    def collective_time(self, op: str, *, group_size, ranks_per_node, message_bytes, concurrent_groups=None):
+    def collective_time(
+        self, op: str, *, group_size, ranks_per_node, message_bytes, concurrent_groups=None
+    ):
         """Seconds for one ``op`` over groups of ``group_size`` ranks, ``ranks_per_node`` of which
         share a node, moving ``message_bytes`` (nccl-tests "size": the full buffer per rank).
 
@@ -179,39 +204,74 @@ class Cluster(_Strict):
         from topology import _collectives
 
         return _collectives.collective_time(
-            self, op, group_size=group_size, ranks_per_node=ranks_per_node,
-            message_bytes=message_bytes, concurrent_groups=concurrent_groups,
+            self,
+            op,
+            group_size=group_size,
+            ranks_per_node=ranks_per_node,
+            message_bytes=message_bytes,
+            concurrent_groups=concurrent_groups,
         )
 
-    def collective_algorithm_times(self, op: str, *, group_size, ranks_per_node, message_bytes, concurrent_groups=None):
+    def collective_algorithm_times(
+        self, op: str, *, group_size, ranks_per_node, message_bytes, concurrent_groups=None
+    ):
         """Seconds per algorithm (``ring``, ``tree``, ``hierarchical``, ``in_network``) where it applies."""
         from topology import _collectives
 
-        path = _collectives.tier_path(self, group_size=group_size, ranks_per_node=ranks_per_node, concurrent_groups=concurrent_groups)
-        return _collectives.applicable(_collectives.algorithm_times(op, path=path, message_bytes=message_bytes))
+        path = _collectives.tier_path(
+            self,
+            group_size=group_size,
+            ranks_per_node=ranks_per_node,
+            concurrent_groups=concurrent_groups,
+        )
+        return _collectives.applicable(
+            _collectives.algorithm_times(op, path=path, message_bytes=message_bytes)
+        )
 
-    def collective_algorithm(self, op: str, *, group_size, ranks_per_node, message_bytes, concurrent_groups=None):
+    def collective_algorithm(
+        self, op: str, *, group_size, ranks_per_node, message_bytes, concurrent_groups=None
+    ):
         """Name of the algorithm ``collective_time`` takes, element-wise (a numpy array of str)."""
         from topology import _collectives
 
-        path = _collectives.tier_path(self, group_size=group_size, ranks_per_node=ranks_per_node, concurrent_groups=concurrent_groups)
-        return _collectives.chosen_algorithm(_collectives.algorithm_times(op, path=path, message_bytes=message_bytes))
+        path = _collectives.tier_path(
+            self,
+            group_size=group_size,
+            ranks_per_node=ranks_per_node,
+            concurrent_groups=concurrent_groups,
+        )
+        return _collectives.chosen_algorithm(
+            _collectives.algorithm_times(op, path=path, message_bytes=message_bytes)
+        )
 
-    def bus_bandwidth(self, op: str, *, group_size, ranks_per_node, message_bytes, concurrent_groups=None):
+    def bus_bandwidth(
+        self, op: str, *, group_size, ranks_per_node, message_bytes, concurrent_groups=None
+    ):
         """Predicted nccl-tests bus bandwidth (bytes/s): ``size / time * bus_factor(op, n)``."""
         from topology._collectives import bus_factor
 
         seconds = self.collective_time(
-            op, group_size=group_size, ranks_per_node=ranks_per_node,
-            message_bytes=message_bytes, concurrent_groups=concurrent_groups,
+            op,
+            group_size=group_size,
+            ranks_per_node=ranks_per_node,
+            message_bytes=message_bytes,
+            concurrent_groups=concurrent_groups,
         )
-        return np.asarray(message_bytes, dtype=np.float64) * bus_factor(op, np.asarray(group_size, dtype=np.float64)) / seconds
+        return (
+            np.asarray(message_bytes, dtype=np.float64)
+            * bus_factor(op, np.asarray(group_size, dtype=np.float64))
+            / seconds
+        )
 
-    def traffic_per_rank(self, op: str, *, group_size, ranks_per_node, message_bytes) -> dict[str, np.ndarray]:
+    def traffic_per_rank(
+        self, op: str, *, group_size, ranks_per_node, message_bytes
+    ) -> dict[str, np.ndarray]:
         """Bytes each rank sends over the intra-node fabric and over the scale-out network."""
         from topology._collectives import traffic_per_rank
 
-        return traffic_per_rank(op, group_size=group_size, ranks_per_node=ranks_per_node, message_bytes=message_bytes)
+        return traffic_per_rank(
+            op, group_size=group_size, ranks_per_node=ranks_per_node, message_bytes=message_bytes
+        )
 
     def collective_time_for_group(self, op: str, *, devices, message_bytes, concurrent_groups=None):
         """Seconds for ``op`` over the explicit ``devices`` (global ids) of this cluster.
@@ -224,7 +284,9 @@ class Cluster(_Strict):
         from topology._graph import group_path
 
         path = group_path(self, devices=devices, concurrent_groups=concurrent_groups)
-        return _collectives.cheapest(_collectives.algorithm_times(op, path=path, message_bytes=message_bytes))
+        return _collectives.cheapest(
+            _collectives.algorithm_times(op, path=path, message_bytes=message_bytes)
+        )
 
     # -- graph and files --------------------------------------------------------------------
     def graph(self):
@@ -259,18 +321,31 @@ class Cluster(_Strict):
         if num_nodes <= 0:
             raise ValueError(f"num_nodes ({num_nodes}) must be > 0")
         limit = num_nodes * self.devices_per_node
-        links = tuple(link for link in self.links if link.from_device < limit and link.to_device < limit)
-        data = self.model_dump() | {"num_nodes": num_nodes, "name": f"{self.name.split('@')[0]}@{num_nodes}n", "links": links}
+        links = tuple(
+            link for link in self.links if link.from_device < limit and link.to_device < limit
+        )
+        data = self.model_dump() | {
+            "num_nodes": num_nodes,
+            "name": f"{self.name.split('@')[0]}@{num_nodes}n",
+            "links": links,
+        }
         return Cluster.model_validate(data)
 
-    def with_inter_node_bandwidth(self, bandwidth_bytes_per_s: float, *, source: str = "") -> Cluster:
+    def with_inter_node_bandwidth(
+        self, bandwidth_bytes_per_s: float, *, source: str = ""
+    ) -> Cluster:
         """The same cluster with a different scale-out bandwidth per device and direction (a slower
         or faster inter-node fabric than the preset's); the tier's efficiency and latency are kept
         and its source records the override."""
         if not bandwidth_bytes_per_s > 0:
-            raise ValueError(f"inter-node bandwidth_bytes_per_s ({bandwidth_bytes_per_s}) must be > 0")
+            raise ValueError(
+                f"inter-node bandwidth_bytes_per_s ({bandwidth_bytes_per_s}) must be > 0"
+            )
         note = f"override: {bandwidth_bytes_per_s * 8 / 1e9:g} Gb/s per device{f' ({source})' if source else ''}"
         inter = self.inter_node.model_copy(
-            update={"bandwidth_bytes_per_s": float(bandwidth_bytes_per_s), "source": f"{note}; was {self.inter_node.source}"}
+            update={
+                "bandwidth_bytes_per_s": float(bandwidth_bytes_per_s),
+                "source": f"{note}; was {self.inter_node.source}",
+            }
         )
         return self.model_copy(update={"inter_node": inter, "links": self.links})

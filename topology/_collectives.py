@@ -74,7 +74,15 @@ def _array(value) -> np.ndarray:
     return np.asarray(value, dtype=np.float64)
 
 
-def tier_path(cluster, *, group_size, ranks_per_node, concurrent_groups=None, num_nodes=None, crosses_spine=None) -> GroupPath:
+def tier_path(
+    cluster,
+    *,
+    group_size,
+    ranks_per_node,
+    concurrent_groups=None,
+    num_nodes=None,
+    crosses_spine=None,
+) -> GroupPath:
     """The bottlenecks of groups placed on ``cluster``'s tiers (vectorized).
 
     By default a group fills ``ceil(group_size / ranks_per_node)`` consecutive nodes and crosses
@@ -88,25 +96,44 @@ def tier_path(cluster, *, group_size, ranks_per_node, concurrent_groups=None, nu
         raise ValueError(f"group_size ({group_size}) must be >= 1")
     per_node = _array(ranks_per_node)
     if np.any(per_node < 1) or np.any(per_node > cluster.devices_per_node):
-        raise ValueError(f"ranks_per_node ({ranks_per_node}) must be in 1..{cluster.devices_per_node} (devices_per_node)")
+        raise ValueError(
+            f"ranks_per_node ({ranks_per_node}) must be in 1..{cluster.devices_per_node} (devices_per_node)"
+        )
     local = np.minimum(per_node, n)
     devices = float(cluster.devices_per_node)
     intra, inter = cluster.intra_node, cluster.inter_node
     # A mesh gives each device one link per peer: a group uses only the links to its own members.
     mesh_share = (local - 1.0) / max(devices - 1.0, 1.0) if intra.kind in MESH_FABRICS else 1.0
-    intra_bw = intra.bandwidth_bytes_per_s * intra.efficiency * np.maximum(mesh_share, 1.0 / max(devices - 1.0, 1.0))
+    intra_bw = (
+        intra.bandwidth_bytes_per_s
+        * intra.efficiency
+        * np.maximum(mesh_share, 1.0 / max(devices - 1.0, 1.0))
+    )
     concurrent = devices / local if concurrent_groups is None else _array(concurrent_groups)
     if np.any(concurrent < 1):
         raise ValueError(f"concurrent_groups ({concurrent_groups}) must be >= 1")
     node_bw = node_share(
-        per_device=inter.bandwidth_bytes_per_s * inter.efficiency, devices=devices,
-        devices_per_nic=cluster.devices_per_nic, local=local, concurrent=concurrent,
+        per_device=inter.bandwidth_bytes_per_s * inter.efficiency,
+        devices=devices,
+        devices_per_nic=cluster.devices_per_nic,
+        local=local,
+        concurrent=concurrent,
     )
     nodes = np.ceil(n / local) if num_nodes is None else _array(num_nodes)
-    crosses = nodes > cluster.nodes_per_leaf if crosses_spine is None else np.asarray(crosses_spine, dtype=bool)
+    crosses = (
+        nodes > cluster.nodes_per_leaf
+        if crosses_spine is None
+        else np.asarray(crosses_spine, dtype=bool)
+    )
     node_bw = node_bw / np.where(crosses & (nodes > 1), cluster.oversubscription, 1.0)
-    reduction = 0.0 if intra.in_network_reduction_efficiency is None else intra.bandwidth_bytes_per_s * intra.in_network_reduction_efficiency
-    return broadcast_path(n, local, intra_bw, intra.latency_s, node_bw, inter.latency_s, reduction, nodes)
+    reduction = (
+        0.0
+        if intra.in_network_reduction_efficiency is None
+        else intra.bandwidth_bytes_per_s * intra.in_network_reduction_efficiency
+    )
+    return broadcast_path(
+        n, local, intra_bw, intra.latency_s, node_bw, inter.latency_s, reduction, nodes
+    )
 
 
 def node_share(*, per_device, devices, devices_per_nic, local, concurrent):
@@ -124,7 +151,9 @@ def broadcast_path(*values) -> GroupPath:
     return GroupPath(*arrays)
 
 
-def traffic_per_rank(op: str, *, group_size, ranks_per_node, message_bytes) -> dict[str, np.ndarray]:
+def traffic_per_rank(
+    op: str, *, group_size, ranks_per_node, message_bytes
+) -> dict[str, np.ndarray]:
     """Bytes one rank sends over the intra-node fabric and the scale-out network.
 
     Flat algorithms (ring, pairwise all-to-all): a rank's share of the bus volume, split by the
@@ -147,7 +176,11 @@ def algorithm_times(op: str, *, path: GroupPath, message_bytes) -> dict[str, np.
     spans = nodes > 1.0
     # A flat ring spanning nodes runs one ring per local rank (one per rail): the node's share
     # of the network carries the whole bus volume, each device's fabric port its own.
-    flat_bw = np.where(spans, np.minimum(path.intra_bytes_per_s, path.node_inter_bytes_per_s), path.intra_bytes_per_s)
+    flat_bw = np.where(
+        spans,
+        np.minimum(path.intra_bytes_per_s, path.node_inter_bytes_per_s),
+        path.intra_bytes_per_s,
+    )
     step_latency = np.where(spans, path.inter_latency_s, path.intra_latency_s)
     factor = bus_factor(op, n)
     nan = np.full(np.broadcast_shapes(n.shape, size.shape), np.nan)
@@ -166,10 +199,15 @@ def algorithm_times(op: str, *, path: GroupPath, message_bytes) -> dict[str, np.
         times["hierarchical"] = _hierarchical(op, path, size)
     if op == "all_reduce":
         usable = (path.in_network_bytes_per_s > 0) & ~spans
-        seconds = size / np.where(usable, path.in_network_bytes_per_s, 1.0) + 2.0 * path.intra_latency_s
+        seconds = (
+            size / np.where(usable, path.in_network_bytes_per_s, 1.0) + 2.0 * path.intra_latency_s
+        )
         times["in_network"] = np.where(usable, seconds, np.nan)
     single = n <= 1.0
-    return {name: np.where(single, np.where(name == "ring", 0.0, np.nan), value + 0.0 * size) for name, value in times.items()}
+    return {
+        name: np.where(single, np.where(name == "ring", 0.0, np.nan), value + 0.0 * size)
+        for name, value in times.items()
+    }
 
 
 def _pairwise_all_to_all(path: GroupPath, size: np.ndarray) -> np.ndarray:
@@ -183,16 +221,24 @@ def _pairwise_all_to_all(path: GroupPath, size: np.ndarray) -> np.ndarray:
 
 
 def _tree(op: str, path: GroupPath, size: np.ndarray, flat_bw: np.ndarray) -> np.ndarray:
-    hops = (path.ranks_per_node - 1.0) * path.intra_latency_s + np.ceil(np.log2(path.num_nodes)) * path.inter_latency_s
-    if op == "all_reduce":  # reduce up the trees, broadcast down: the buffer twice, two passes of hops
+    hops = (path.ranks_per_node - 1.0) * path.intra_latency_s + np.ceil(
+        np.log2(path.num_nodes)
+    ) * path.inter_latency_s
+    if (
+        op == "all_reduce"
+    ):  # reduce up the trees, broadcast down: the buffer twice, two passes of hops
         return 2.0 * size / flat_bw + 2.0 * hops
     return size / flat_bw + hops
 
 
 def _hierarchical(op: str, path: GroupPath, size: np.ndarray) -> np.ndarray:
     local, nodes = path.ranks_per_node, path.num_nodes
-    intra = (local - 1.0) / local * size / path.intra_bytes_per_s + (local - 1.0) * path.intra_latency_s
-    inter = (nodes - 1.0) / nodes * size / path.node_inter_bytes_per_s + (nodes - 1.0) * path.inter_latency_s
+    intra = (local - 1.0) / local * size / path.intra_bytes_per_s + (
+        local - 1.0
+    ) * path.intra_latency_s
+    inter = (nodes - 1.0) / nodes * size / path.node_inter_bytes_per_s + (
+        nodes - 1.0
+    ) * path.inter_latency_s
     passes = 2.0 if op == "all_reduce" else 1.0  # reduce-scatter + all-gather at each level
     seconds = passes * (intra + inter)
     return np.where((nodes > 1.0) & (local > 1.0), seconds, np.nan)
@@ -217,12 +263,21 @@ def chosen_algorithm(times: dict[str, np.ndarray]) -> np.ndarray:
     return names[np.nanargmin(np.where(np.isnan(stacked), np.inf, stacked), axis=0)]
 
 
-def collective_time(cluster, op: str, *, group_size, ranks_per_node, message_bytes, concurrent_groups=None):
+def collective_time(
+    cluster, op: str, *, group_size, ranks_per_node, message_bytes, concurrent_groups=None
+):
     """See ``Cluster.collective_time``. Groups of size 1 cost nothing."""
     _check_op(op)
-    path = tier_path(cluster, group_size=group_size, ranks_per_node=ranks_per_node, concurrent_groups=concurrent_groups)
+    path = tier_path(
+        cluster,
+        group_size=group_size,
+        ranks_per_node=ranks_per_node,
+        concurrent_groups=concurrent_groups,
+    )
     modelled = cheapest(algorithm_times(op, path=path, message_bytes=message_bytes))
-    return _measured_where_profiled(cluster, op, path=path, message_bytes=message_bytes, modelled=modelled)
+    return _measured_where_profiled(
+        cluster, op, path=path, message_bytes=message_bytes, modelled=modelled
+    )
 
 
 def _measured_where_profiled(cluster, op: str, *, path: GroupPath, message_bytes, modelled):
@@ -233,5 +288,7 @@ def _measured_where_profiled(cluster, op: str, *, path: GroupPath, message_bytes
         return modelled
     single_node = path.num_nodes <= 1.0
     measured = profile.collective_time_s(op, path.group_size, _array(message_bytes))
-    result = np.where(np.isfinite(measured) & single_node & (path.group_size > 1.0), measured, modelled)
+    result = np.where(
+        np.isfinite(measured) & single_node & (path.group_size > 1.0), measured, modelled
+    )
     return float(result) if np.ndim(result) == 0 else result

@@ -17,15 +17,23 @@ class HardwareSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    peak_flops: dict[str, float] = Field(description="dense FLOP/s by dtype (bf16, fp16, fp8, fp32, ...)")
-    matmul_efficiency: float = Field(gt=0, le=1, description="achievable fraction of peak for large GEMMs")
+    peak_flops: dict[str, float] = Field(
+        description="dense FLOP/s by dtype (bf16, fp16, fp8, fp32, ...)"
+    )
+    matmul_efficiency: float = Field(
+        gt=0, le=1, description="achievable fraction of peak for large GEMMs"
+    )
     memory_bytes: float = Field(gt=0)
     memory_bandwidth_bytes_per_s: float = Field(gt=0)
     memory_bandwidth_efficiency: float = Field(default=0.8, gt=0, le=1)
     sources: dict[str, str] = Field(default_factory=dict)
     uncertain: tuple[str, ...] = ()
-    device_type: str | None = Field(default=None, description="torch device type (cpu, cuda, ...); None: from name")
-    profile: HardwareProfile | None = Field(default=None, description="measured curves (``profilers``)")
+    device_type: str | None = Field(
+        default=None, description="torch device type (cpu, cuda, ...); None: from name"
+    )
+    profile: HardwareProfile | None = Field(
+        default=None, description="measured curves (``profilers``)"
+    )
     calibration_reference: str | None = Field(
         default=None,
         description="preset of a calibrated device whose fitted efficiencies carry over (relative to the "
@@ -65,15 +73,21 @@ class HardwareSpec(BaseModel):
 
         if self.profile is None:
             return np.broadcast_to(np.float64(self.matmul_efficiency), np.shape(flops_per_call))
-        return self.profile.gemm_curve(dtype).rate_per_s(flops_per_call) / self.peak_flops_for(dtype)
+        return self.profile.gemm_curve(dtype).rate_per_s(flops_per_call) / self.peak_flops_for(
+            dtype
+        )
 
     def attention_efficiency(self, flops_per_call, dtype: str = "bf16"):
         """Like ``gemm_efficiency`` for fused attention (SDPA) calls; the GEMM curve when unmeasured."""
-        return self._curve_efficiency(self.profile and self.profile.attention, flops_per_call, dtype)
+        return self._curve_efficiency(
+            self.profile and self.profile.attention, flops_per_call, dtype
+        )
 
     def grouped_gemm_efficiency(self, flops_per_call, dtype: str = "bf16"):
         """Like ``gemm_efficiency`` for one grouped expert GEMM (all local experts of a layer)."""
-        return self._curve_efficiency(self.profile and self.profile.grouped_gemm, flops_per_call, dtype)
+        return self._curve_efficiency(
+            self.profile and self.profile.grouped_gemm, flops_per_call, dtype
+        )
 
     def _curve_efficiency(self, curves, flops_per_call, dtype: str):
         curve = (curves or {}).get(dtype) or (curves or {}).get("fp32")
@@ -86,7 +100,9 @@ class HardwareSpec(BaseModel):
         import numpy as np
 
         if self.profile is None:
-            return np.broadcast_to(np.float64(self.memory_bandwidth_efficiency), np.shape(bytes_per_call))
+            return np.broadcast_to(
+                np.float64(self.memory_bandwidth_efficiency), np.shape(bytes_per_call)
+            )
         return self.profile.memory.rate_per_s(bytes_per_call) / self.memory_bandwidth_bytes_per_s
 
     def norm_efficiency(self, bytes_per_call):
@@ -114,7 +130,9 @@ class HardwareSpec(BaseModel):
 
         curve = None if self.profile is None else self.profile.sharded_linear
         if curve is None:
-            return np.broadcast_to(np.float64(self.sharded_module_overhead_s), np.shape(activation_bytes))
+            return np.broadcast_to(
+                np.float64(self.sharded_module_overhead_s), np.shape(activation_bytes)
+            )
         return curve.time_s(activation_bytes)
 
     def optimizer_time_s(self, update_bytes):
@@ -140,7 +158,9 @@ class HardwareSpec(BaseModel):
         host = None if self.profile is None else self.profile.host
         if host is None:
             return np.zeros_like(experts), np.zeros_like(experts)
-        return np.full_like(experts, host.dense_layer_s), host.moe_layer_s + experts * host.routed_expert_s
+        return np.full_like(
+            experts, host.dense_layer_s
+        ), host.moe_layer_s + experts * host.routed_expert_s
 
     @property
     def sharded_parameter_update_s(self) -> float:
@@ -166,7 +186,10 @@ class HardwareSpec(BaseModel):
         if self.device_type:
             return self.device_type
         lowered = self.name.lower()
-        if any(vendor in lowered for vendor in ("nvidia", "amd", "instinct", "h100", "h200", "a100", "b200")):
+        if any(
+            vendor in lowered
+            for vendor in ("nvidia", "amd", "instinct", "h100", "h200", "a100", "b200")
+        ):
             return "cuda"
         if "gaudi" in lowered:
             return "hpu"
@@ -194,7 +217,11 @@ class HardwareSpec(BaseModel):
             memory_bytes=profile.memory_bytes,
             memory_bandwidth_bytes_per_s=profile.memory.best_rate_per_s,
             memory_bandwidth_efficiency=1.0,
-            sources={"peak_flops": where, "memory_bandwidth_bytes_per_s": where, "memory_bytes": where},
+            sources={
+                "peak_flops": where,
+                "memory_bandwidth_bytes_per_s": where,
+                "memory_bytes": where,
+            },
             device_type=profile.device_type,
             profile=profile,
         )

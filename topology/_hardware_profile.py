@@ -28,10 +28,14 @@ class MeasuredCurve(BaseModel):
 
     model_config = _STRICT
 
-    work: tuple[float, ...] = Field(description="FLOPs (compute curves) or bytes (memory, collectives) per call")
+    work: tuple[float, ...] = Field(
+        description="FLOPs (compute curves) or bytes (memory, collectives) per call"
+    )
     seconds: tuple[float, ...] = Field(description="median wall seconds per call")
     spread: tuple[float, ...] = Field(description="(p90 - p10) / median of the repeats")
-    labels: tuple[str, ...] = Field(default=(), description="shape of each point, e.g. 'm=256 n=256 k=256'")
+    labels: tuple[str, ...] = Field(
+        default=(), description="shape of each point, e.g. 'm=256 n=256 k=256'"
+    )
     source: str = Field(description="'measured: <how, where, when>'")
 
     @model_validator(mode="after")
@@ -40,7 +44,9 @@ class MeasuredCurve(BaseModel):
             raise ValueError("work (()) must hold at least one point")
         for name in ("seconds", "spread") + (("labels",) if self.labels else ()):
             if len(getattr(self, name)) != len(self.work):
-                raise ValueError(f"{name} has {len(getattr(self, name))} points, must match work ({len(self.work)})")
+                raise ValueError(
+                    f"{name} has {len(getattr(self, name))} points, must match work ({len(self.work)})"
+                )
         for name, low in (("work", 0.0), ("seconds", 0.0)):
             for index, value in enumerate(getattr(self, name)):
                 if not math.isfinite(value) or value <= low:
@@ -126,7 +132,9 @@ class HardwareProfile(BaseModel):
     model_config = _STRICT
 
     schema_version: Literal[1] = PROFILE_SCHEMA_VERSION
-    device_type: str = Field(min_length=1, description="torch device type: cpu, cuda, xpu, mps, ...")
+    device_type: str = Field(
+        min_length=1, description="torch device type: cpu, cuda, xpu, mps, ..."
+    )
     device_name: str = Field(min_length=1)
     num_threads: int = Field(gt=0, description="intra-op threads per rank while measuring")
     torch_version: str
@@ -135,13 +143,17 @@ class HardwareProfile(BaseModel):
     memory_bytes: float = Field(gt=0, description="memory of one device (host RAM per rank on cpu)")
     kernel_overhead_s: float = Field(ge=0)
     sharded_module_overhead_s: float = Field(
-        default=0.0, ge=0, description="extra host seconds per tensor-parallel linear, forward + backward"
+        default=0.0,
+        ge=0,
+        description="extra host seconds per tensor-parallel linear, forward + backward",
     )
     sharded_linear: MeasuredCurve | None = Field(
-        default=None, description="the same overhead by activation bytes entering the linear (work = bytes)"
+        default=None,
+        description="the same overhead by activation bytes entering the linear (work = bytes)",
     )
     operator_clock: Literal["wall", "thread"] = Field(
-        default="wall", description="wall seconds, or the rank thread's CPU seconds (single-threaded CPU kernels)"
+        default="wall",
+        description="wall seconds, or the rank thread's CPU seconds (single-threaded CPU kernels)",
     )
     gemm: dict[str, MeasuredCurve]
     attention: dict[str, MeasuredCurve] = Field(default_factory=dict)
@@ -150,13 +162,17 @@ class HardwareProfile(BaseModel):
     norm: MeasuredCurve | None = Field(default=None, description="RMS norm, work = bytes per call")
     collectives: dict[str, dict[int, MeasuredCurve]] = Field(default_factory=dict)
     optimizer: MeasuredCurve | None = Field(
-        default=None, description="one optimizer step (AdamW, fp32 master weights), work = update bytes as the "
+        default=None,
+        description="one optimizer step (AdamW, fp32 master weights), work = update bytes as the "
         "cost model counts them (parameters x bytes read and written per parameter)",
     )
     gradient_accumulation: MeasuredCurve | None = Field(
-        default=None, description="adding low-precision gradients into fp32 main gradients, work = bytes moved",
+        default=None,
+        description="adding low-precision gradients into fp32 main gradients, work = bytes moved",
     )
-    host: HostOverhead | None = Field(default=None, description="per-layer, per-weight and per-micro-batch host costs")
+    host: HostOverhead | None = Field(
+        default=None, description="per-layer, per-weight and per-micro-batch host costs"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> HardwareProfile:
@@ -230,7 +246,9 @@ def load_hardware_profile(
     return profile
 
 
-def check_device_type(profile: HardwareProfile, expected: str | None, *, force: bool = False) -> None:
+def check_device_type(
+    profile: HardwareProfile, expected: str | None, *, force: bool = False
+) -> None:
     """Refuse a profile measured on another device type unless ``force``."""
     if expected is None or force or profile.device_type == expected:
         return

@@ -59,7 +59,9 @@ def placement_for_order(*, sizes: Sequence[int], order: Sequence[int]) -> np.nda
     return sum(coord * strides[axis] for axis, coord in enumerate(coords))
 
 
-def _off_node_share(*, sizes: Sequence[int], order: Sequence[int], devices_per_node: int) -> np.ndarray:
+def _off_node_share(
+    *, sizes: Sequence[int], order: Sequence[int], devices_per_node: int
+) -> np.ndarray:
     """Per axis, the fraction of a rank's group peers on other nodes under ``order``."""
     share = np.zeros(len(sizes))
     stride = 1
@@ -71,7 +73,9 @@ def _off_node_share(*, sizes: Sequence[int], order: Sequence[int], devices_per_n
     return share
 
 
-def place_mesh(*, axes: Sequence[tuple[str, int]], traffic: Mapping[str, float], devices_per_node: int) -> tuple[int, ...]:
+def place_mesh(
+    *, axes: Sequence[tuple[str, int]], traffic: Mapping[str, float], devices_per_node: int
+) -> tuple[int, ...]:
     """rank -> device for a mesh of ``axes`` (``(name, size)``, outermost first).
 
     ``traffic`` weighs each axis (bytes per step, say; a missing axis weighs 0). Pure function
@@ -88,20 +92,30 @@ def place_mesh(*, axes: Sequence[tuple[str, int]], traffic: Mapping[str, float],
     greedy = sorted(range(len(names)), key=lambda axis: (-weights[axis], -axis))
     best, best_cost = tuple(greedy), None
     for order in itertools.permutations(range(len(names))):
-        cost = float(weights @ _off_node_share(sizes=sizes, order=order, devices_per_node=devices_per_node))
-        if best_cost is None or cost < best_cost - 1e-12 or (abs(cost - best_cost) <= 1e-12 and order == tuple(greedy)):
+        cost = float(
+            weights @ _off_node_share(sizes=sizes, order=order, devices_per_node=devices_per_node)
+        )
+        if (
+            best_cost is None
+            or cost < best_cost - 1e-12
+            or (abs(cost - best_cost) <= 1e-12 and order == tuple(greedy))
+        ):
             best, best_cost = order, cost
     return tuple(int(device) for device in placement_for_order(sizes=sizes, order=best))
 
 
-def axis_groups(*, axes: Sequence[tuple[str, int]], placement: Sequence[int], axis: str) -> np.ndarray:
+def axis_groups(
+    *, axes: Sequence[tuple[str, int]], placement: Sequence[int], axis: str
+) -> np.ndarray:
     """Devices of every group of ``axis``: shape (number of groups, axis size)."""
     names, sizes = _check_axes(axes)
     if axis not in names:
         raise ValueError(f"axis ({axis!r}) is not a mesh axis; mesh axes: {names}")
     devices = np.asarray(placement, dtype=np.int64)
     if devices.shape != (int(np.prod(sizes)),) or len(np.unique(devices)) != devices.size:
-        raise ValueError(f"placement must list {int(np.prod(sizes))} distinct devices, one per rank")
+        raise ValueError(
+            f"placement must list {int(np.prod(sizes))} distinct devices, one per rank"
+        )
     index = names.index(axis)
     grid = np.moveaxis(devices.reshape(sizes), index, -1)
     return grid.reshape(-1, sizes[index])
@@ -112,17 +126,26 @@ def _group_stats(cluster: Cluster, groups: np.ndarray) -> tuple[np.ndarray, np.n
     from topology._graph import leaf_of
 
     nodes = np.sort(groups // cluster.devices_per_node, axis=1)
-    new = np.concatenate([np.ones((nodes.shape[0], 1), bool), nodes[:, 1:] != nodes[:, :-1]], axis=1)
+    new = np.concatenate(
+        [np.ones((nodes.shape[0], 1), bool), nodes[:, 1:] != nodes[:, :-1]], axis=1
+    )
     num_nodes = new.sum(axis=1)
     run_starts = [np.flatnonzero(row) for row in new]
-    local = np.array([np.diff(np.append(starts, row.size)).max() for starts, row in zip(run_starts, new)])
+    local = np.array(
+        [np.diff(np.append(starts, row.size)).max() for starts, row in zip(run_starts, new)]
+    )
     leaves = np.vectorize(lambda node: leaf_of(cluster, int(node), 0))(nodes)
     crosses = leaves.min(axis=1) != leaves.max(axis=1)
     return local, num_nodes, crosses
 
 
-def mesh_comm_time(cluster: Cluster, *, axes: Sequence[tuple[str, int]], placement: Sequence[int],
-                   traffic: Mapping[str, AxisTraffic]) -> dict[str, float]:
+def mesh_comm_time(
+    cluster: Cluster,
+    *,
+    axes: Sequence[tuple[str, int]],
+    placement: Sequence[int],
+    traffic: Mapping[str, AxisTraffic],
+) -> dict[str, float]:
     """Seconds per step each axis spends communicating under ``placement`` (all groups of an
     axis at once; the slowest group bounds the axis). Axes run one after another."""
     from topology import _collectives
@@ -130,15 +153,23 @@ def mesh_comm_time(cluster: Cluster, *, axes: Sequence[tuple[str, int]], placeme
     names, sizes = _check_axes(axes)
     _check_traffic(names, traffic)
     if len(placement) > cluster.num_devices or max(placement) >= cluster.num_devices:
-        raise ValueError(f"placement needs {max(placement) + 1} devices; {cluster.name} has {cluster.num_devices}")
+        raise ValueError(
+            f"placement needs {max(placement) + 1} devices; {cluster.name} has {cluster.num_devices}"
+        )
     seconds = {}
     for axis, work in traffic.items():
         work = AxisTraffic.model_validate(work)
         groups = axis_groups(axes=axes, placement=placement, axis=axis)
         local, num_nodes, crosses = _group_stats(cluster, groups)
         path = _collectives.tier_path(
-            cluster, group_size=groups.shape[1], ranks_per_node=local, num_nodes=num_nodes, crosses_spine=crosses,
+            cluster,
+            group_size=groups.shape[1],
+            ranks_per_node=local,
+            num_nodes=num_nodes,
+            crosses_spine=crosses,
         )
-        times = _collectives.cheapest(_collectives.algorithm_times(work.op, path=path, message_bytes=work.message_bytes))
+        times = _collectives.cheapest(
+            _collectives.algorithm_times(work.op, path=path, message_bytes=work.message_bytes)
+        )
         seconds[axis] = float(np.max(times)) * work.count
     return seconds

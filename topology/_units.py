@@ -17,14 +17,20 @@ from pydantic import BeforeValidator
 _PREFIX = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 _BINARY = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}
 
-_BYTES = {f"{p}B": s for p, s in _PREFIX.items()} | {f"{p}B": s for p, s in _BINARY.items()} | {"bytes": 1.0}
+_BYTES = (
+    {f"{p}B": s for p, s in _PREFIX.items()}
+    | {f"{p}B": s for p, s in _BINARY.items()}
+    | {"bytes": 1.0}
+)
 _BANDWIDTH = (
     {f"{unit}/s": scale for unit, scale in _BYTES.items()}
     | {f"{p}b/s": s / 8.0 for p, s in _PREFIX.items()}
     | {f"{p}bit/s": s / 8.0 for p, s in _PREFIX.items()}
 )
 _SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
-_FLOPS = {f"{p}FLOP/s": s for p, s in _PREFIX.items()} | {f"{p}FLOPS": s for p, s in _PREFIX.items()}
+_FLOPS = {f"{p}FLOP/s": s for p, s in _PREFIX.items()} | {
+    f"{p}FLOPS": s for p, s in _PREFIX.items()
+}
 
 UNITS: dict[str, dict[str, float]] = {
     "bytes": _BYTES,
@@ -53,11 +59,15 @@ def parse_quantity(value: object, *, kind: str) -> float:
         raise ValueError(f"{value!r} is not '<number> <unit>' (units: {', '.join(UNITS[kind])})")
     number, unit = float(match.group(1)), match.group(2)
     if unit is None:
-        raise ValueError(f"{value!r} has no unit; write a plain number for SI {kind} or one of: {', '.join(UNITS[kind])}")
+        raise ValueError(
+            f"{value!r} has no unit; write a plain number for SI {kind} or one of: {', '.join(UNITS[kind])}"
+        )
     try:
         return number * UNITS[kind][unit]
     except KeyError:
-        raise ValueError(f"unit {unit!r} in {value!r} is not a {kind} unit; accepted: {', '.join(UNITS[kind])}") from None
+        raise ValueError(
+            f"unit {unit!r} in {value!r} is not a {kind} unit; accepted: {', '.join(UNITS[kind])}"
+        ) from None
 
 
 def _parser(kind: str):

@@ -85,7 +85,9 @@ def device_memory_bytes(device: Any, *, ranks_per_host: int = 1) -> float:
     import torch
 
     if device.type == "cpu":
-        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / max(ranks_per_host, 1)
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / max(
+            ranks_per_host, 1
+        )
     module = torch.get_device_module(device.type)
     if hasattr(module, "get_device_properties"):
         return float(module.get_device_properties(device).total_memory)

@@ -41,7 +41,9 @@ class Timing:
     @classmethod
     def of(cls, samples: Sequence[float]) -> Timing:
         median = statistics.median(samples)
-        return cls(median_s=median, spread=(max(samples) - min(samples)) / median if median > 0 else 0.0)
+        return cls(
+            median_s=median, spread=(max(samples) - min(samples)) / median if median > 0 else 0.0
+        )
 
 
 class RankMonitor:
@@ -52,13 +54,27 @@ class RankMonitor:
     #: seconds more tell a stopped rank from a slow one without doubling the time to exit.
     DIAGNOSIS_LIMIT_S = 5.0
 
-    def __init__(self, *, rank: int, world_size: int, timeout_s: float, prefix: str,
-                 stop_silent_local_ranks: bool = True) -> None:
-        self.rank, self.world_size, self.timeout_s, self.prefix = rank, world_size, timeout_s, prefix
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        timeout_s: float,
+        prefix: str,
+        stop_silent_local_ranks: bool = True,
+    ) -> None:
+        self.rank, self.world_size, self.timeout_s, self.prefix = (
+            rank,
+            world_size,
+            timeout_s,
+            prefix,
+        )
         self.stop_silent_local_ranks = stop_silent_local_ranks
         self._store = _default_store()
         if self._store is not None:
-            self._store.set(f"{self.prefix}/process/{self.rank}", f"{socket.gethostname()}:{os.getpid()}")
+            self._store.set(
+                f"{self.prefix}/process/{self.rank}", f"{socket.gethostname()}:{os.getpid()}"
+            )
 
     @property
     def timeout(self) -> datetime.timedelta:
@@ -76,7 +92,9 @@ class RankMonitor:
         except Exception as error:  # any transport error becomes a diagnosis
             silent = self._diagnose(label)
             suspects = silent or [peer for peer in (peers or []) if peer != self.rank]
-            cause = f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
+            cause = (
+                f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
+            )
             names = ", ".join(f"rank {peer}" for peer in suspects) or "an unidentified rank"
             if self.stop_silent_local_ranks and silent:
                 self._stop_local(silent)
@@ -138,8 +156,18 @@ def _default_store():
         return None
 
 
-def time_pair(*, monitor: RankMonitor, sender: int, receiver: int, payload, token, repeats: int, warmup: int,
-              device, before_send: Callable[[int, int], None] | None = None) -> list[float]:
+def time_pair(
+    *,
+    monitor: RankMonitor,
+    sender: int,
+    receiver: int,
+    payload,
+    token,
+    repeats: int,
+    warmup: int,
+    device,
+    before_send: Callable[[int, int], None] | None = None,
+) -> list[float]:
     """Seconds per one-way transfer of ``payload`` from ``sender`` to ``receiver``, timed on
     the sender from the receiver's ready token to its acknowledgement (one small round trip more)."""
     import torch.distributed as dist
@@ -165,7 +193,9 @@ def time_pair(*, monitor: RankMonitor, sender: int, receiver: int, payload, toke
     return samples
 
 
-def time_ping(*, monitor: RankMonitor, sender: int, receiver: int, token, repeats: int, warmup: int, device) -> list[float]:
+def time_ping(
+    *, monitor: RankMonitor, sender: int, receiver: int, token, repeats: int, warmup: int, device
+) -> list[float]:
     """Half round-trip seconds of a one-element message, timed on ``sender`` (the link's latency)."""
     import torch.distributed as dist
 
@@ -184,8 +214,17 @@ def time_ping(*, monitor: RankMonitor, sender: int, receiver: int, token, repeat
     return samples
 
 
-def time_collective(*, monitor: RankMonitor, op: str, group, group_size: int, message_bytes: int,
-                    repeats: int, warmup: int, device) -> list[float]:
+def time_collective(
+    *,
+    monitor: RankMonitor,
+    op: str,
+    group,
+    group_size: int,
+    message_bytes: int,
+    repeats: int,
+    warmup: int,
+    device,
+) -> list[float]:
     """Seconds per ``op`` on ``group`` moving ``message_bytes`` (nccl-tests "size")."""
     import torch
     import torch.distributed as dist
@@ -197,8 +236,12 @@ def time_collective(*, monitor: RankMonitor, op: str, group, group_size: int, me
         "all_reduce": lambda: dist.all_reduce(full, group=group, async_op=True),
         "all_gather": lambda: dist.all_gather_into_tensor(full, shard, group=group, async_op=True),
         "reduce_scatter": lambda: _reduce_scatter(shard, full, group),
-        "all_to_all": lambda: dist.all_to_all_single(torch.empty_like(full), full, group=group, async_op=True),
-        "broadcast": lambda: dist.broadcast(full, src=dist.get_global_rank(group, 0), group=group, async_op=True),
+        "all_to_all": lambda: dist.all_to_all_single(
+            torch.empty_like(full), full, group=group, async_op=True
+        ),
+        "broadcast": lambda: dist.broadcast(
+            full, src=dist.get_global_rank(group, 0), group=group, async_op=True
+        ),
     }[op]
     samples = []
     for index in range(warmup + repeats):
@@ -218,7 +261,9 @@ def _reduce_scatter(output, full, group):
     return scatter(output, full, group=group, async_op=True)
 
 
-def time_matmul(*, dtype_name: str, dim: int, repeats: int, warmup: int, device) -> tuple[list[float], float]:
+def time_matmul(
+    *, dtype_name: str, dim: int, repeats: int, warmup: int, device
+) -> tuple[list[float], float]:
     """Seconds per ``dim``-cube matmul in ``dtype_name`` and its FLOPs (``2 dim^3``)."""
     import torch
 

@@ -56,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         try:
             args = parser.parse_args(argv)
-        except SystemExit as exited:  # --help (0) or a bad argument, already reported in one line (2)
+        except (
+            SystemExit
+        ) as exited:  # --help (0) or a bad argument, already reported in one line (2)
             return exited.code if isinstance(exited.code, int) else 2
         logging.basicConfig(
             level=logging.INFO if args.verbose else logging.WARNING,
@@ -82,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _describe_validation_error(error: ValidationError, *, shown: int = 4) -> str:
     problems = [
-        f"{'.'.join(str(part) for part in item['loc']) or '(document)'}: {item['msg']}" for item in error.errors()
+        f"{'.'.join(str(part) for part in item['loc']) or '(document)'}: {item['msg']}"
+        for item in error.errors()
     ]
     more = f"; and {len(problems) - shown} more" if len(problems) > shown else ""
     return f"{error.title}: " + "; ".join(problems[:shown]) + more

@@ -8,14 +8,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def _number(kind: type, *, minimum: float, inclusive: bool, maximum: float | None = None) -> Callable[[str], float]:
-    rule = f"{'>=' if inclusive else '>'} {minimum:g}" + (f" and < {maximum:g}" if maximum is not None else "")
+def _number(
+    kind: type, *, minimum: float, inclusive: bool, maximum: float | None = None
+) -> Callable[[str], float]:
+    rule = f"{'>=' if inclusive else '>'} {minimum:g}" + (
+        f" and < {maximum:g}" if maximum is not None else ""
+    )
 
     def parse(text: str) -> float:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {'an integer' if kind is int else 'a number'}"
+            ) from None
         too_small = value < minimum if inclusive else value <= minimum
         if too_small or (maximum is not None and value >= maximum):
             raise argparse.ArgumentTypeError(f"{text} must be {rule}")
@@ -66,58 +72,115 @@ def input_file(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"{text}: no such file")
     return path
 
+
 SERVING_DTYPES = ("bf16", "fp16", "fp8", "fp4", "int8", "int4")
 
 
-def add_job_arguments(parser: argparse.ArgumentParser, *, cluster: str, nodes: int | None, training: bool) -> None:
+def add_job_arguments(
+    parser: argparse.ArgumentParser, *, cluster: str, nodes: int | None, training: bool
+) -> None:
     """``--model``, ``--cluster``, ``--nodes``, ``--training``/``--inference`` and the workload sizes;
     ``training`` picks the default kind of job."""
-    parser.add_argument("--model", default="ref-3t-moe", help="catalog name or path to a HuggingFace config.json")
-    parser.add_argument("--cluster", default=cluster, help="preset name or a Cluster JSON (e.g. a probe result)")
-    parser.add_argument("--nodes", type=positive_int, default=nodes, help="scale the cluster to this many nodes")
+    parser.add_argument(
+        "--model", default="ref-3t-moe", help="catalog name or path to a HuggingFace config.json"
+    )
+    parser.add_argument(
+        "--cluster", default=cluster, help="preset name or a Cluster JSON (e.g. a probe result)"
+    )
+    parser.add_argument(
+        "--nodes", type=positive_int, default=nodes, help="scale the cluster to this many nodes"
+    )
     kind = parser.add_mutually_exclusive_group()
-    kind.add_argument("--training", dest="training", action="store_true", help="a training job" + (" (default)" if training else ""))
-    kind.add_argument("--inference", dest="training", action="store_false", help="serving" + ("" if training else " (default)"))
+    kind.add_argument(
+        "--training",
+        dest="training",
+        action="store_true",
+        help="a training job" + (" (default)" if training else ""),
+    )
+    kind.add_argument(
+        "--inference",
+        dest="training",
+        action="store_false",
+        help="serving" + ("" if training else " (default)"),
+    )
     parser.set_defaults(training=training)
-    parser.add_argument("--sequence-length", type=positive_int, default=4096, help="training sequence length")
-    parser.add_argument("--global-batch-tokens", type=positive_int, default=16 * 2**20, help="training tokens per step")
+    parser.add_argument(
+        "--sequence-length", type=positive_int, default=4096, help="training sequence length"
+    )
+    parser.add_argument(
+        "--global-batch-tokens",
+        type=positive_int,
+        default=16 * 2**20,
+        help="training tokens per step",
+    )
     parser.add_argument("--prompt-tokens", type=positive_int, default=4096)
     parser.add_argument("--output-tokens", type=positive_int, default=1024)
     parser.add_argument(
-        "--prompt-tokens-cv", type=non_negative_float, default=0.0,
+        "--prompt-tokens-cv",
+        type=non_negative_float,
+        default=0.0,
         help="spread of prompt lengths across requests (std / mean); prefill attention is priced at E[P^2]/E[P]",
     )
     parser.add_argument(
-        "--output-tokens-cv", type=non_negative_float, default=0.0, help="spread of output lengths across requests (std / mean)"
+        "--output-tokens-cv",
+        type=non_negative_float,
+        default=0.0,
+        help="spread of output lengths across requests (std / mean)",
     )
-    parser.add_argument("--prefix-cache-hit-rate", type=fraction, default=0.0, help="share of prompt tokens served from the KV cache")
     parser.add_argument(
-        "--weight-dtype", default=None, choices=SERVING_DTYPES,
+        "--prefix-cache-hit-rate",
+        type=fraction,
+        default=0.0,
+        help="share of prompt tokens served from the KV cache",
+    )
+    parser.add_argument(
+        "--weight-dtype",
+        default=None,
+        choices=SERVING_DTYPES,
         help="serving: weight precision (default: the checkpoint's, from the catalog / config.json)",
     )
-    parser.add_argument("--kv-dtype", default=None, choices=SERVING_DTYPES, help="serving: KV-cache precision (default bf16)")
+    parser.add_argument(
+        "--kv-dtype",
+        default=None,
+        choices=SERVING_DTYPES,
+        help="serving: KV-cache precision (default bf16)",
+    )
     add_inter_node_argument(parser)
     parser.add_argument(
-        "--precision", default=None, choices=("bf16", "fp16", "fp8"),
+        "--precision",
+        default=None,
+        choices=("bf16", "fp16", "fp8"),
         help="training precision (default bf16); serving: the weight dtype, as --weight-dtype",
     )
     parser.add_argument(
-        "--fp8-recipe", default="current", choices=("delayed", "current", "tensorwise", "rowwise", "blockwise", "mxfp8"),
+        "--fp8-recipe",
+        default="current",
+        choices=("delayed", "current", "tensorwise", "rowwise", "blockwise", "mxfp8"),
         help="fp8 scaling recipe (with --precision fp8)",
     )
     parser.add_argument(
-        "--fp8-bf16-layers", type=non_negative_int, default=0, help="with fp8: keep this many layers at each end in bf16"
+        "--fp8-bf16-layers",
+        type=non_negative_int,
+        default=0,
+        help="with fp8: keep this many layers at each end in bf16",
     )
-    parser.add_argument("--gradient-dtype", default="fp32", choices=("fp32", "bf16"), help="main-gradient dtype")
     parser.add_argument(
-        "--master-weights", default="fp32", choices=("fp32", "bf16"), help="optimizer master weights (bf16: none kept)"
+        "--gradient-dtype", default="fp32", choices=("fp32", "bf16"), help="main-gradient dtype"
+    )
+    parser.add_argument(
+        "--master-weights",
+        default="fp32",
+        choices=("fp32", "bf16"),
+        help="optimizer master weights (bf16: none kept)",
     )
 
 
 def add_inter_node_argument(parser: argparse.ArgumentParser) -> None:
     """``--inter-node-gbps``: override the cluster's scale-out bandwidth per device and direction."""
     parser.add_argument(
-        "--inter-node-gbps", type=positive_float, default=None,
+        "--inter-node-gbps",
+        type=positive_float,
+        default=None,
         help="scale-out bandwidth per device and direction in Gb/s, replacing the cluster's (e.g. a slower fabric)",
     )
 
@@ -134,15 +197,22 @@ def inter_node_bytes_per_s(args: argparse.Namespace) -> float | None:
 def with_network_override(cluster, args: argparse.Namespace):  # topology.Cluster
     """``cluster`` with ``--inter-node-gbps`` applied, if given."""
     override = inter_node_bytes_per_s(args)
-    return cluster if override is None else cluster.with_inter_node_bandwidth(override, source="--inter-node-gbps")
+    return (
+        cluster
+        if override is None
+        else cluster.with_inter_node_bandwidth(override, source="--inter-node-gbps")
+    )
 
 
 def training_options(args: argparse.Namespace) -> dict:
     """The ``Training`` fields the precision arguments set."""
     return {
-        "precision": args.precision or "bf16", "fp8_recipe": args.fp8_recipe, "gradient_dtype": args.gradient_dtype,
+        "precision": args.precision or "bf16",
+        "fp8_recipe": args.fp8_recipe,
+        "gradient_dtype": args.gradient_dtype,
         "master_weights_fp32": args.master_weights == "fp32",
-        "fp8_bf16_layers_at_start": args.fp8_bf16_layers, "fp8_bf16_layers_at_end": args.fp8_bf16_layers,
+        "fp8_bf16_layers_at_start": args.fp8_bf16_layers,
+        "fp8_bf16_layers_at_end": args.fp8_bf16_layers,
     }
 
 
@@ -154,7 +224,9 @@ def serving_precision(args: argparse.Namespace) -> dict[str, str]:
 
     given = getattr(args, "precision", None)
     if given and args.weight_dtype and given != args.weight_dtype:
-        raise ValueError(f"--precision ({given}) and --weight-dtype ({args.weight_dtype}) must agree for --inference")
+        raise ValueError(
+            f"--precision ({given}) and --weight-dtype ({args.weight_dtype}) must agree for --inference"
+        )
     precision = {"weight_dtype": args.weight_dtype or given or checkpoint_dtype(args.model)}
     return precision | ({"kv_dtype": args.kv_dtype} if args.kv_dtype else {})
 

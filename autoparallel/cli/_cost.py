@@ -26,44 +26,82 @@ DEFAULT_NODES = 128
 
 
 def register(subparsers) -> None:
-    estimate = subparsers.add_parser("estimate", help="time, memory, MFU and tokens/s of one parallel layout")
+    estimate = subparsers.add_parser(
+        "estimate", help="time, memory, MFU and tokens/s of one parallel layout"
+    )
     _estimate_arguments(estimate)
     estimate.set_defaults(func=_estimate)
-    validate = subparsers.add_parser("validate", help="predicted vs published throughput and memory of known runs")
-    validate.add_argument("--table", action="append", default=None, help="only this published table (repeatable)")
-    validate.add_argument("--json", action="store_true", help="print the rows as JSON instead of tables")
-    validate.add_argument("--strict", action="store_true", help="exit 1 when a table is outside its tolerance")
+    validate = subparsers.add_parser(
+        "validate", help="predicted vs published throughput and memory of known runs"
+    )
+    validate.add_argument(
+        "--table", action="append", default=None, help="only this published table (repeatable)"
+    )
+    validate.add_argument(
+        "--json", action="store_true", help="print the rows as JSON instead of tables"
+    )
+    validate.add_argument(
+        "--strict", action="store_true", help="exit 1 when a table is outside its tolerance"
+    )
     add_inter_node_argument(validate)
     validate.add_argument(
-        "--loso", action=argparse.BooleanOptionalAction, default=True,
+        "--loso",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="refit the calibration once per source left out and report the leave-one-source-out error (about a minute)",
     )
-    validate.add_argument("--loso-evaluations", type=positive_int, default=80, help="loss evaluations per leave-one-out fit")
-    validate.add_argument("--serving", action="store_true", help="end-to-end public serving measurements (TTFT, TPOT)")
+    validate.add_argument(
+        "--loso-evaluations",
+        type=positive_int,
+        default=80,
+        help="loss evaluations per leave-one-out fit",
+    )
+    validate.add_argument(
+        "--serving", action="store_true", help="end-to-end public serving measurements (TTFT, TPOT)"
+    )
     validate.set_defaults(func=_validate)
 
 
 def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
     add_job_arguments(parser, cluster=DEFAULT_CLUSTER, nodes=DEFAULT_NODES, training=True)
-    parser.add_argument("--framework", default=None, choices=framework_names(), help="training software profile")
-    parser.add_argument("--batch-size", type=non_negative_int, default=0, help="inference: sequences per replica (0: largest that fits)")
     parser.add_argument(
-        "--num-redundant-experts", type=non_negative_int, default=None,
+        "--framework", default=None, choices=framework_names(), help="training software profile"
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=non_negative_int,
+        default=0,
+        help="inference: sequences per replica (0: largest that fits)",
+    )
+    parser.add_argument(
+        "--num-redundant-experts",
+        type=non_negative_int,
+        default=None,
         help="inference: extra expert slots over the ep ranks (default: the fewest that fill every rank, EPLB)",
     )
     for axis, default in (("tp", 8), ("pp", 16), ("cp", 1), ("ep", 64), ("etp", 1)):
         parser.add_argument(f"--{axis}", type=positive_int, default=default)
-    parser.add_argument("--dp", type=positive_int, default=None, help="default: the devices left after tp*pp*cp")
+    parser.add_argument(
+        "--dp", type=positive_int, default=None, help="default: the devices left after tp*pp*cp"
+    )
     parser.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--attention-data-parallel", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument(
+        "--attention-data-parallel", action=argparse.BooleanOptionalAction, default=False
+    )
     parser.add_argument("--zero-stage", type=int, default=1, choices=(0, 1, 2, 3))
-    parser.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"))
+    parser.add_argument(
+        "--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
+    )
     parser.add_argument("--virtual-stages", type=positive_int, default=1)
     parser.add_argument("--micro-batch-size", type=positive_int, default=1)
     parser.add_argument("--recompute", default="full", choices=("none", "selective", "full"))
     parser.add_argument("--json", action="store_true", help="print the CostBreakdown as JSON")
     add_load_arguments(parser, slo_ms=True)
-    parser.add_argument("--simulate", action="store_true", help="serving: also run the iteration-level serving simulator")
+    parser.add_argument(
+        "--simulate",
+        action="store_true",
+        help="serving: also run the iteration-level serving simulator",
+    )
 
 
 def _config(args: argparse.Namespace, num_devices: int):
@@ -71,10 +109,19 @@ def _config(args: argparse.Namespace, num_devices: int):
 
     dp = args.dp or max(1, num_devices // (args.tp * args.pp * args.cp))
     return ParallelConfig(
-        dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, etp=args.etp,
-        sequence_parallel=args.sequence_parallel and args.tp > 1, attention_data_parallel=args.attention_data_parallel,
-        zero_stage=args.zero_stage, pipeline_schedule=args.schedule, virtual_stages=args.virtual_stages,
-        micro_batch_size=args.micro_batch_size, recompute=args.recompute,
+        dp=dp,
+        tp=args.tp,
+        pp=args.pp,
+        cp=args.cp,
+        ep=args.ep,
+        etp=args.etp,
+        sequence_parallel=args.sequence_parallel and args.tp > 1,
+        attention_data_parallel=args.attention_data_parallel,
+        zero_stage=args.zero_stage,
+        pipeline_schedule=args.schedule,
+        virtual_stages=args.virtual_stages,
+        micro_batch_size=args.micro_batch_size,
+        recompute=args.recompute,
     )
 
 
@@ -87,22 +134,39 @@ def _estimate(args: argparse.Namespace) -> int:
     config = _config(args, cluster.num_devices)
     if args.training:
         workload = Training(
-            sequence_length_tokens=args.sequence_length, global_batch_tokens=args.global_batch_tokens,
+            sequence_length_tokens=args.sequence_length,
+            global_batch_tokens=args.global_batch_tokens,
             **training_options(args),
             framework=args.framework,
         )
         breakdown = estimate(model, cluster, workload, config)
     else:
         workload = Inference(
-            prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, prompt_tokens_cv=args.prompt_tokens_cv,
-            output_tokens_cv=args.output_tokens_cv, prefix_cache_hit_rate=args.prefix_cache_hit_rate,
+            prompt_tokens=args.prompt_tokens,
+            output_tokens=args.output_tokens,
+            prompt_tokens_cv=args.prompt_tokens_cv,
+            output_tokens_cv=args.output_tokens_cv,
+            prefix_cache_hit_rate=args.prefix_cache_hit_rate,
             **serving_precision(args),
-            ttft_slo_s=args.ttft_slo_s, tpot_slo_s=args.tpot_slo_s, **load_fields(args),
+            ttft_slo_s=args.ttft_slo_s,
+            tpot_slo_s=args.tpot_slo_s,
+            **load_fields(args),
         )
         redundant = args.num_redundant_experts
         if redundant is None:
-            redundant = minimum_redundant_experts(num_experts=model.moe.num_routed_experts, ep=args.ep) if model.moe else 0
-        breakdown = estimate(model, cluster, workload, config, batch_size=args.batch_size, num_redundant_experts=redundant)
+            redundant = (
+                minimum_redundant_experts(num_experts=model.moe.num_routed_experts, ep=args.ep)
+                if model.moe
+                else 0
+            )
+        breakdown = estimate(
+            model,
+            cluster,
+            workload,
+            config,
+            batch_size=args.batch_size,
+            num_redundant_experts=redundant,
+        )
     if args.json:
         print_json(breakdown.model_dump_json())
         return 0
@@ -110,7 +174,11 @@ def _estimate(args: argparse.Namespace) -> int:
 
     title = f"{model.name} on {cluster.num_devices} x {cluster.device.name} ({cluster.name})"
     calibration = calibration_for(cluster.device)
-    fitted = f"fitted for {calibration.device_pattern!r}" if calibration.fit else "none (preset efficiencies)"
+    fitted = (
+        f"fitted for {calibration.device_pattern!r}"
+        if calibration.fit
+        else "none (preset efficiencies)"
+    )
     if "transferred_from" in calibration.fit:
         fitted = f"carried over from {calibration.fit['transferred_from']!r} (relative to the matmul ceilings)"
     console.print(f"[bold]{title}[/]\n{config!r}\ncalibration: {fitted}")
@@ -120,9 +188,13 @@ def _estimate(args: argparse.Namespace) -> int:
         from cost_model._simulator import simulate_layout
 
         serving = ServingConfig(batch_size=args.batch_size)
-        print_simulation(simulate_layout(model=model, cluster=cluster, workload=workload, config=config, serving=serving), workload)
+        print_simulation(
+            simulate_layout(
+                model=model, cluster=cluster, workload=workload, config=config, serving=serving
+            ),
+            workload,
+        )
     return 0
-
 
 
 def _print_breakdown(breakdown) -> None:
@@ -133,7 +205,12 @@ def _print_breakdown(breakdown) -> None:
     for part, seconds in breakdown.time_s.items():
         hidden = breakdown.hidden_time_s.get(part, 0.0)
         share = seconds / breakdown.step_time_s if breakdown.step_time_s else 0.0
-        times.add_row(part, human_seconds(seconds), human_seconds(hidden) if hidden else "-", f"{100 * share:.1f}%")
+        times.add_row(
+            part,
+            human_seconds(seconds),
+            human_seconds(hidden) if hidden else "-",
+            f"{100 * share:.1f}%",
+        )
     console.print(fit_words(times))
     memory = table_of(
         f"Memory per device: {human_bytes(breakdown.memory_per_device_bytes)} of "
@@ -143,8 +220,13 @@ def _print_breakdown(breakdown) -> None:
     for part, value in breakdown.memory_bytes.items():
         memory.add_row(part, human_bytes(value))
     console.print(fit_words(memory))
-    figures = {"MFU": breakdown.mfu, "tokens/s/device": breakdown.tokens_per_s_per_device, "TTFT": breakdown.ttft_s,
-               "TPOT": breakdown.tpot_s, "batch size": breakdown.batch_size}
+    figures = {
+        "MFU": breakdown.mfu,
+        "tokens/s/device": breakdown.tokens_per_s_per_device,
+        "TTFT": breakdown.ttft_s,
+        "TPOT": breakdown.tpot_s,
+        "batch size": breakdown.batch_size,
+    }
     for name, value in figures.items():
         if value is None:
             continue
@@ -171,7 +253,9 @@ def _validate(args: argparse.Namespace) -> int:
     if args.table:
         unknown = set(args.table) - {row.table for row in rows}
         if unknown:
-            raise ValueError(f"--table ({sorted(unknown)}) must name published tables: {sorted({r.table for r in rows})}")
+            raise ValueError(
+                f"--table ({sorted(unknown)}) must name published tables: {sorted({r.table for r in rows})}"
+            )
         rows = [row for row in rows if row.table in args.table]
     summary = summarize(rows)
     generalization = _generalization(args) if args.loso and not args.table else None
@@ -182,7 +266,9 @@ def _validate(args: argparse.Namespace) -> int:
         _print_validation(rows, summary, TOLERANCES)
         if generalization is not None:
             _print_generalization(generalization)
-    outside = [table for table, figures in summary.items() if not _within(figures, TOLERANCES.get(table))]
+    outside = [
+        table for table, figures in summary.items() if not _within(figures, TOLERANCES.get(table))
+    ]
     return 1 if args.strict and outside else 0
 
 
@@ -206,32 +292,74 @@ def _generalization(args: argparse.Namespace) -> dict:
         "fit": asdict(error_summary(fitted, cases)),
         "leave_one_source_out": asdict(error_summary(held_out, cases)),
         "leave_one_source_out_runs": [
-            dict(row.model_dump(), error=row.error, fit_error=fit_errors[(row.table, row.run, row.metric)])
+            dict(
+                row.model_dump(),
+                error=row.error,
+                fit_error=fit_errors[(row.table, row.run, row.metric)],
+            )
             for row in held_out
         ],
-        "leave_one_source_out_groups": {by: grouped_errors(held_out, cases, by=by) for by in GROUPINGS},
+        "leave_one_source_out_groups": {
+            by: grouped_errors(held_out, cases, by=by) for by in GROUPINGS
+        },
     }
 
 
 def _print_generalization(figures: dict) -> None:
-    table = table_of("Training runs: fit error and leave-one-source-out error (the figure to quote)", {
-        "calibration": "text", "runs": "number", "sources": "number", "mean |error|": "number", "max |error|": "number"})
-    labels = {"fit": "fitted on every run", "leave_one_source_out": "each source predicted by a fit without it"}
+    table = table_of(
+        "Training runs: fit error and leave-one-source-out error (the figure to quote)",
+        {
+            "calibration": "text",
+            "runs": "number",
+            "sources": "number",
+            "mean |error|": "number",
+            "max |error|": "number",
+        },
+    )
+    labels = {
+        "fit": "fitted on every run",
+        "leave_one_source_out": "each source predicted by a fit without it",
+    }
     for key, label in labels.items():
         f = figures[key]
-        table.add_row(label, str(f["count"]), str(f["sources"]), f"{100 * f['mean_abs_error']:.1f}%",
-                      f"{100 * f['max_abs_error']:.1f}%")
-    runs = table_of("Leave-one-source-out error per training run", {"table": "text", "run": "text", "fit error": "number",
-                    "held-out error": "number"})
+        table.add_row(
+            label,
+            str(f["count"]),
+            str(f["sources"]),
+            f"{100 * f['mean_abs_error']:.1f}%",
+            f"{100 * f['max_abs_error']:.1f}%",
+        )
+    runs = table_of(
+        "Leave-one-source-out error per training run",
+        {"table": "text", "run": "text", "fit error": "number", "held-out error": "number"},
+    )
     for row in figures["leave_one_source_out_runs"]:
-        runs.add_row(row["table"], row["run"], f"{100 * row['fit_error']:+.1f}%", f"{100 * row['error']:+.1f}%")
+        runs.add_row(
+            row["table"],
+            row["run"],
+            f"{100 * row['fit_error']:+.1f}%",
+            f"{100 * row['error']:+.1f}%",
+        )
     console.print(fit_words(runs))
     for by, groups in figures["leave_one_source_out_groups"].items():
-        grouped = table_of(f"Leave-one-source-out error by {by} (bias > 0: predicted too fast)", {
-            by: "text", "runs": "number", "bias": "number", "mean |error|": "number", "max |error|": "number"})
+        grouped = table_of(
+            f"Leave-one-source-out error by {by} (bias > 0: predicted too fast)",
+            {
+                by: "text",
+                "runs": "number",
+                "bias": "number",
+                "mean |error|": "number",
+                "max |error|": "number",
+            },
+        )
         for name, g in sorted(groups.items(), key=lambda item: -item[1]["mean_abs_error"]):
-            grouped.add_row(name, str(g["count"]), f"{100 * g['mean_error']:+.1f}%", f"{100 * g['mean_abs_error']:.1f}%",
-                            f"{100 * g['max_abs_error']:.1f}%")
+            grouped.add_row(
+                name,
+                str(g["count"]),
+                f"{100 * g['mean_error']:+.1f}%",
+                f"{100 * g['mean_abs_error']:.1f}%",
+                f"{100 * g['max_abs_error']:.1f}%",
+            )
         console.print(fit_words(grouped))
     console.print(fit_words(table))
 
@@ -240,28 +368,63 @@ def _within(figures: dict, tolerance) -> bool:
     if tolerance is None:
         return True
     mean, largest = tolerance
-    return (mean is None or figures["mean_abs_error"] <= mean) and (largest is None or figures["max_abs_error"] <= largest)
+    return (mean is None or figures["mean_abs_error"] <= mean) and (
+        largest is None or figures["max_abs_error"] <= largest
+    )
 
 
 def _print_validation(rows, summary, tolerances) -> None:
     for table_name in summary:
-        table = table_of(table_name, {"run": "text", "metric": "text", "predicted": "number", "published": "number",
-                                      "error": "number"})
+        table = table_of(
+            table_name,
+            {
+                "run": "text",
+                "metric": "text",
+                "predicted": "number",
+                "published": "number",
+                "error": "number",
+            },
+        )
         for row in (r for r in rows if r.table == table_name):
-            color = "green" if abs(row.error) <= 0.05 else "yellow" if abs(row.error) <= 0.12 else "red"
-            table.add_row(row.run, f"{row.metric} [{row.unit}]", f"{row.predicted:,.3f}", f"{row.published:,.3f}",
-                          f"[{color}]{100 * row.error:+.1f}%[/]")
+            color = (
+                "green" if abs(row.error) <= 0.05 else "yellow" if abs(row.error) <= 0.12 else "red"
+            )
+            table.add_row(
+                row.run,
+                f"{row.metric} [{row.unit}]",
+                f"{row.predicted:,.3f}",
+                f"{row.published:,.3f}",
+                f"[{color}]{100 * row.error:+.1f}%[/]",
+            )
         console.print(fit_words(table))
-    overview = table_of("Mean and max absolute error per table", {"table": "text", "rows": "number",
-                        "mean |err|": "number", "max |err|": "number", "bound mean/max": "number",
-                        "within": "text"})
+    overview = table_of(
+        "Mean and max absolute error per table",
+        {
+            "table": "text",
+            "rows": "number",
+            "mean |err|": "number",
+            "max |err|": "number",
+            "bound mean/max": "number",
+            "within": "text",
+        },
+    )
     for table_name, figures in summary.items():
         tolerance = tolerances.get(table_name)
-        label = "-" if tolerance is None else " / ".join("-" if t is None else f"{100 * t:.0f}%" for t in tolerance)
+        label = (
+            "-"
+            if tolerance is None
+            else " / ".join("-" if t is None else f"{100 * t:.0f}%" for t in tolerance)
+        )
         if tolerance is None:  # a sensitivity or context table: no bound, so no verdict
             verdict = "- (no bound)"
         else:
             verdict = "[green]yes[/]" if _within(figures, tolerance) else "[red]no[/]"
-        overview.add_row(table_name, str(figures["count"]), f"{100 * figures['mean_abs_error']:.1f}%",
-                         f"{100 * figures['max_abs_error']:.1f}%", label, verdict)
+        overview.add_row(
+            table_name,
+            str(figures["count"]),
+            f"{100 * figures['mean_abs_error']:.1f}%",
+            f"{100 * figures['max_abs_error']:.1f}%",
+            label,
+            verdict,
+        )
     console.print(fit_words(overview))

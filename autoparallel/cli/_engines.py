@@ -68,7 +68,9 @@ def export_command(args: argparse.Namespace) -> int:
     if getattr(args, "json", False):
         from autoparallel.cli._render import print_json
 
-        print_json({"format": args.format, "files": dict(result.files), "dropped": list(result.dropped)})
+        print_json(
+            {"format": args.format, "files": dict(result.files), "dropped": list(result.dropped)}
+        )
         return 0
     if args.output_dir is None:
         sys.stdout.write(result.render())

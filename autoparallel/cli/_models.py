@@ -14,15 +14,23 @@ def register(subparsers) -> None:
     models = subparsers.add_parser("models", help="list the model catalog")
     add_json_flag(models)
     models.set_defaults(func=_models)
-    describe = subparsers.add_parser("describe", help="parameters, bytes, FLOPs and KV cache of a model")
-    describe.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="catalog name or path to config.json")
+    describe = subparsers.add_parser(
+        "describe", help="parameters, bytes, FLOPs and KV cache of a model"
+    )
+    describe.add_argument(
+        "model", nargs="?", default=DEFAULT_MODEL, help="catalog name or path to config.json"
+    )
     add_json_flag(describe)
     describe.set_defaults(func=_describe)
 
 
 def _attention_label(model: ModelSpec) -> str:
     a = model.attention
-    label = {"mla": f"MLA kv{a.kv_lora_rank}", "gqa": f"GQA {a.num_heads}/{a.num_kv_heads}", "mha": f"MHA {a.num_heads}"}[a.kind]
+    label = {
+        "mla": f"MLA kv{a.kv_lora_rank}",
+        "gqa": f"GQA {a.num_heads}/{a.num_kv_heads}",
+        "mha": f"MHA {a.num_heads}",
+    }[a.kind]
     return label if a.variant == "full" else f"{label} {a.variant}"
 
 
@@ -30,12 +38,26 @@ def _models(args: argparse.Namespace) -> int:
     if args.json:
         print_json([_model_summary(get_model(name)) for name in list_models()])
         return 0
-    table = table_of("Model catalog", {"name": "text", "params": "number", "active": "number",
-                                       "layers": "number", "experts": "text", "attention": "text", "context": "number"})
+    table = table_of(
+        "Model catalog",
+        {
+            "name": "text",
+            "params": "number",
+            "active": "number",
+            "layers": "number",
+            "experts": "text",
+            "attention": "text",
+            "context": "number",
+        },
+    )
     table.caption = "experts: routed+shared/top-k; context: longest sequence in K = 1,024 tokens"
     for name in list_models():
         model = get_model(name)
-        experts = "-" if model.moe is None else f"{model.moe.num_routed_experts}+{model.moe.num_shared_experts}/{model.moe.top_k}"
+        experts = (
+            "-"
+            if model.moe is None
+            else f"{model.moe.num_routed_experts}+{model.moe.num_shared_experts}/{model.moe.top_k}"
+        )
         table.add_row(
             name,
             human_count(model.num_parameters),
@@ -65,7 +87,9 @@ def _model_summary(model: ModelSpec) -> dict:
 
 
 def _description(model: ModelSpec) -> dict:
-    contexts = [c for c in (4096, 32768, 131072, model.max_context_tokens) if c <= model.max_context_tokens]
+    contexts = [
+        c for c in (4096, 32768, 131072, model.max_context_tokens) if c <= model.max_context_tokens
+    ]
     return {
         **_model_summary(model),
         "parameters": model.parameter_breakdown(),
@@ -74,7 +98,9 @@ def _description(model: ModelSpec) -> dict:
             dtype: {
                 "weight_bytes": model.weight_bytes(dtype),
                 "kv_cache_bytes_per_token": model.kv_cache_bytes_per_token(dtype),
-                "kv_cache_bytes_at_max_context": model.kv_cache_bytes(model.max_context_tokens, dtype),
+                "kv_cache_bytes_at_max_context": model.kv_cache_bytes(
+                    model.max_context_tokens, dtype
+                ),
             }
             for dtype in ("bf16", "fp8", "int8", "int4")
         },
@@ -88,15 +114,28 @@ def _describe(args: argparse.Namespace) -> int:
         print_json(_description(model))
         return 0
     total, active = model.parameter_breakdown(), model.active_parameter_breakdown()
-    params = table_of(f"{model.name}: parameters by component",
-                      {"component": "text", "total": "number", "active per token": "number"})
+    params = table_of(
+        f"{model.name}: parameters by component",
+        {"component": "text", "total": "number", "active per token": "number"},
+    )
     for part in total:
         params.add_row(part, human_count(total[part]), human_count(active[part]))
-    params.add_row("[bold]total", f"[bold]{human_count(model.num_parameters)}", f"[bold]{human_count(model.num_active_parameters)}")
+    params.add_row(
+        "[bold]total",
+        f"[bold]{human_count(model.num_parameters)}",
+        f"[bold]{human_count(model.num_active_parameters)}",
+    )
     console.print(fit_words(params))
 
-    sizes = table_of("Weights and KV cache", {"dtype": "text", "weights": "number", "KV / token": "number",
-                     f"KV @ {model.max_context_tokens:,}": "number"})
+    sizes = table_of(
+        "Weights and KV cache",
+        {
+            "dtype": "text",
+            "weights": "number",
+            "KV / token": "number",
+            f"KV @ {model.max_context_tokens:,}": "number",
+        },
+    )
     for dtype in ("bf16", "fp8", "int8", "int4"):
         sizes.add_row(
             dtype,
@@ -105,7 +144,9 @@ def _describe(args: argparse.Namespace) -> int:
             human_bytes(model.kv_cache_bytes(model.max_context_tokens, dtype)),
         )
     console.print(fit_words(sizes))
-    flops = table_of("Forward FLOPs per token", {"context tokens": "number", "FLOPs / token": "number"})
+    flops = table_of(
+        "Forward FLOPs per token", {"context tokens": "number", "FLOPs / token": "number"}
+    )
     for context in (4096, 32768, 131072, model.max_context_tokens):
         if context <= model.max_context_tokens:
             flops.add_row(f"{context:,}", f"{model.forward_flops_per_token(context):.3e}")

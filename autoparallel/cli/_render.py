@@ -35,7 +35,12 @@ error_console = _console(stderr=True)
 
 def console_error(message: str) -> None:
     """One line on stderr: ``error: <message>`` (newlines folded, so the error stays one line)."""
-    error_console.print(f"[bold red]error:[/] {escape(' '.join(message.split()))}", highlight=False, markup=True, soft_wrap=True)
+    error_console.print(
+        f"[bold red]error:[/] {escape(' '.join(message.split()))}",
+        highlight=False,
+        markup=True,
+        soft_wrap=True,
+    )
 
 
 def print_json(payload: Any) -> None:
@@ -47,7 +52,9 @@ def print_json(payload: Any) -> None:
 
 def add_json_flag(parser) -> None:  # argparse.ArgumentParser
     """``--json``: print the command's results as one JSON document instead of tables."""
-    parser.add_argument("--json", action="store_true", help="print the results as JSON (for scripts)")
+    parser.add_argument(
+        "--json", action="store_true", help="print the results as JSON (for scripts)"
+    )
 
 
 def table(title: str, columns: dict[str, str]) -> Table:

@@ -41,58 +41,121 @@ def register(subparsers) -> None:  # argparse's private type
     plan = subparsers.add_parser("plan", help="search the best parallel layout and write plan.json")
     _plan_arguments(plan)
     plan.set_defaults(func=_plan)
-    explain = subparsers.add_parser("explain", help="breakdown, bottleneck and runners-up of a plan")
+    explain = subparsers.add_parser(
+        "explain", help="breakdown, bottleneck and runners-up of a plan"
+    )
     explain.add_argument("plan", nargs="?", default="plan.json", type=input_file)
     add_json_flag(explain)
     explain.set_defaults(func=_explain)
     export = subparsers.add_parser("export", help="launch arguments / config file of an engine")
     export.add_argument("plan", nargs="?", default="plan.json", type=input_file)
-    export.add_argument("--format", required=True, choices=("vllm", "sglang", "trtllm", "megatron", "torchtitan", "deepspeed"))
-    export.add_argument("--model-path", default=None, help="checkpoint path or hub id (default: the model's hub id, else ${MODEL_PATH})")
-    export.add_argument("--engine-version", default=None, help="engine release the recipe is for (default: the current one)")
-    export.add_argument("--output-dir", type=output_folder, default=None, help="write the files here instead of printing them")
+    export.add_argument(
+        "--format",
+        required=True,
+        choices=("vllm", "sglang", "trtllm", "megatron", "torchtitan", "deepspeed"),
+    )
+    export.add_argument(
+        "--model-path",
+        default=None,
+        help="checkpoint path or hub id (default: the model's hub id, else ${MODEL_PATH})",
+    )
+    export.add_argument(
+        "--engine-version",
+        default=None,
+        help="engine release the recipe is for (default: the current one)",
+    )
+    export.add_argument(
+        "--output-dir",
+        type=output_folder,
+        default=None,
+        help="write the files here instead of printing them",
+    )
     add_json_flag(export)
     export.set_defaults(func=_export)
 
 
 def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     add_job_arguments(parser, cluster=DEFAULT_CLUSTER, nodes=None, training=False)
-    parser.add_argument("--ttft-slo-s", type=non_negative_float, default=5.0, help="p90 time to first token limit (0: none)")
-    parser.add_argument("--ttft-slo-ms", dest="ttft_slo_s", type=_seconds_from_ms, help="the same, in ms")
-    parser.add_argument("--tpot-slo-ms", type=non_negative_float, default=50.0, help="p90 time per output token limit (0: none)")
+    parser.add_argument(
+        "--ttft-slo-s",
+        type=non_negative_float,
+        default=5.0,
+        help="p90 time to first token limit (0: none)",
+    )
+    parser.add_argument(
+        "--ttft-slo-ms", dest="ttft_slo_s", type=_seconds_from_ms, help="the same, in ms"
+    )
+    parser.add_argument(
+        "--tpot-slo-ms",
+        type=non_negative_float,
+        default=50.0,
+        help="p90 time per output token limit (0: none)",
+    )
     add_load_arguments(parser, slo_ms=False)
-    parser.add_argument("--no-disaggregation", action="store_true", help="do not price a prefill/decode split")
-    parser.add_argument("--objective", default=None, help="step_time, throughput, tpot, ttft, memory, memory_headroom or pareto")
+    parser.add_argument(
+        "--no-disaggregation", action="store_true", help="do not price a prefill/decode split"
+    )
+    parser.add_argument(
+        "--objective",
+        default=None,
+        help="step_time, throughput, tpot, ttft, memory, memory_headroom or pareto",
+    )
     parser.add_argument("--trials", type=positive_int, default=DEFAULT_TRIALS)
     parser.add_argument("--sampler", default=None, choices=("tpe", "nsga2", "random"))
     parser.add_argument(
-        "--storage", default=None, type=storage_url,
+        "--storage",
+        default=None,
+        type=storage_url,
         help="sqlite:///study.db, any RDB URL or journal:PATH (resumable; view with: optuna-dashboard sqlite:///study.db)",
     )
-    parser.add_argument("--workers", type=positive_int, default=1, help="worker processes searching one study")
     parser.add_argument(
-        "--study", default=None,
+        "--workers", type=positive_int, default=1, help="worker processes searching one study"
+    )
+    parser.add_argument(
+        "--study",
+        default=None,
         help="study name in --storage (default: derived from the job); workers on other machines join it by name",
     )
     parser.add_argument(
-        "--from-study", action="store_true",
+        "--from-study",
+        action="store_true",
         help="write the plan from the study's finished trials without searching (the job is read from the study)",
     )
     parser.add_argument(
-        "--idle-devices", default="when_needed", choices=("never", "when_needed", "compare"),
+        "--idle-devices",
+        default="when_needed",
+        choices=("never", "when_needed", "compare"),
         help="plan on fewer whole nodes when no layout uses them all (when_needed), or also compare them (compare)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=output_file, default="plan.json")
-    parser.add_argument("--engine", default=None, choices=("vllm", "sglang", "trtllm", "megatron", "torchtitan", "deepspeed"),
-                        help="keep only layouts this engine runs")
-    parser.add_argument("--engine-version", default=None, help="with --engine: its release (default: the current one)")
+    parser.add_argument(
+        "--engine",
+        default=None,
+        choices=("vllm", "sglang", "trtllm", "megatron", "torchtitan", "deepspeed"),
+        help="keep only layouts this engine runs",
+    )
+    parser.add_argument(
+        "--engine-version",
+        default=None,
+        help="with --engine: its release (default: the current one)",
+    )
     add_json_flag(parser)
     parser.set_defaults(job_defaults={name: parser.get_default(name) for name in _JOB_ARGUMENTS})
 
 
 #: Arguments that describe the job; ``--from-study`` reads the job from the study instead.
-_JOB_ARGUMENTS = ("model", "cluster", "nodes", "training", "objective", "sequence_length", "global_batch_tokens", "prompt_tokens", "output_tokens")
+_JOB_ARGUMENTS = (
+    "model",
+    "cluster",
+    "nodes",
+    "training",
+    "objective",
+    "sequence_length",
+    "global_batch_tokens",
+    "prompt_tokens",
+    "output_tokens",
+)
 
 
 def _workload(args: argparse.Namespace):
@@ -100,7 +163,8 @@ def _workload(args: argparse.Namespace):
 
     if args.training:
         return Training(
-            sequence_length_tokens=args.sequence_length, global_batch_tokens=args.global_batch_tokens,
+            sequence_length_tokens=args.sequence_length,
+            global_batch_tokens=args.global_batch_tokens,
             **training_options(args),
         )
     return Inference(
@@ -138,14 +202,28 @@ def _plan(args: argparse.Namespace) -> int:
             f"{cluster.device.name} ({cluster.name}); budget {args.trials} trials (a small space is priced whole)"
         )
     with Progress(
-        TextColumn("search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, transient=True, disable=args.json,
+        TextColumn("search"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=args.json,
     ) as bar:
         task = bar.add_task("search", total=args.trials)
         plan = find_plan(
-            model, cluster, workload, objective=args.objective, n_trials=args.trials, sampler=args.sampler,
-            storage=args.storage, seed=args.seed, workers=args.workers, settings=settings,
-            engine=args.engine, engine_version=args.engine_version,
+            model,
+            cluster,
+            workload,
+            objective=args.objective,
+            n_trials=args.trials,
+            sampler=args.sampler,
+            storage=args.storage,
+            seed=args.seed,
+            workers=args.workers,
+            settings=settings,
+            engine=args.engine,
+            engine_version=args.engine_version,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
     return _write(plan, args.output, as_json=args.json, cluster=cluster)
@@ -158,7 +236,11 @@ def _plan_from_study(args: argparse.Namespace) -> int:
 
     if args.storage is None:
         raise ValueError("--from-study (True) needs --storage: the URL of the study's database")
-    given = [f"--{name.replace('_', '-')}" for name, default in args.job_defaults.items() if getattr(args, name) != default]
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name, default in args.job_defaults.items()
+        if getattr(args, name) != default
+    ]
     if given:
         raise ValueError(f"--from-study reads the job from the study; drop {', '.join(given)}")
     job = load_study_job(storage=args.storage, study_name=args.study)
@@ -166,10 +248,20 @@ def _plan_from_study(args: argparse.Namespace) -> int:
         f"Writing the plan of study [bold]{job.study_name}[/] ({job.num_complete_trials} finished trials): "
         f"{job.model.name} {job.workload.kind} on {job.cluster.num_devices} x {job.cluster.device.name}"
     )
-    settings = SearchSettings(study_name=job.study_name, bounds=job.bounds, coordinates=job.coordinates, idle_devices="never")
+    settings = SearchSettings(
+        study_name=job.study_name,
+        bounds=job.bounds,
+        coordinates=job.coordinates,
+        idle_devices="never",
+    )
     plan = find_plan(
-        job.model, job.cluster, job.workload, objective=job.objective if len(job.objective) > 1 else job.objective[0],
-        n_trials=0, storage=args.storage, settings=settings,
+        job.model,
+        job.cluster,
+        job.workload,
+        objective=job.objective if len(job.objective) > 1 else job.objective[0],
+        n_trials=0,
+        storage=args.storage,
+        settings=settings,
     )
     return _write(plan, args.output, as_json=args.json, cluster=job.cluster)
 
@@ -200,7 +292,11 @@ def _write(plan, output: Path, *, cluster, as_json: bool = False) -> int:
     if plan.serving is not None:
         from autoparallel.cli._serving_args import simulated_line
 
-        sized = cluster if cluster.num_devices == plan.world_size else cluster.with_nodes(plan.world_size // cluster.devices_per_node)
+        sized = (
+            cluster
+            if cluster.num_devices == plan.world_size
+            else cluster.with_nodes(plan.world_size // cluster.devices_per_node)
+        )
         console.print(simulated_line(plan, model=plan.model, cluster=sized, workload=plan.job))
     console.print(f"wrote [bold]{path}[/]")
     return 0
@@ -210,7 +306,9 @@ def deployment_line(plan) -> str:
     """Colocated vs disaggregated serving, when the plan priced both."""
     deployment = plan.deployment
     if not deployment.pools:
-        return f"deployment: [bold]{deployment.kind}[/] — {deployment.note}" if deployment.note else ""
+        return (
+            f"deployment: [bold]{deployment.kind}[/] — {deployment.note}" if deployment.note else ""
+        )
     pools = " + ".join(
         f"{p.role} {p.num_units} x {p.devices_per_unit} devices (units {describe_layout(p.config)}, "
         f"batch {p.serving.batch_size}, a2a {p.serving.all_to_all_backend}"
@@ -244,11 +342,17 @@ def describe_config(config, serving=None) -> str:
     words += ["attn-dp"] if c.attention_data_parallel else []
     words += ["sp"] if c.sequence_parallel else []
     if serving is None:
-        words += [f"zero{c.zero_stage}", c.pipeline_schedule + (f"x{c.virtual_stages}" if c.virtual_stages > 1 else ""), f"mb{c.micro_batch_size}"]
+        words += [
+            f"zero{c.zero_stage}",
+            c.pipeline_schedule + (f"x{c.virtual_stages}" if c.virtual_stages > 1 else ""),
+            f"mb{c.micro_batch_size}",
+        ]
         words += [f"recompute={c.recompute}"] if c.recompute != "none" else []
     else:
         words += [f"batch{serving.batch_size}", f"kv-{serving.kv_dtype}"]
-        words += [f"+{serving.num_redundant_experts}redundant"] if serving.num_redundant_experts else []
+        words += (
+            [f"+{serving.num_redundant_experts}redundant"] if serving.num_redundant_experts else []
+        )
     return " ".join(words)
 
 
@@ -260,21 +364,42 @@ def plan_table(plan) -> Table:
     """The best layout and the runners-up: config, TTFT and TPOT (inference) or step time and MFU
     (training), tokens/s per device, memory per device, bottleneck."""
     inference = plan.serving is not None
-    middle = {"TTFT": "number", "TPOT": "number"} if inference else {"step": "number", "MFU": "number"}
-    columns = {"#": "number", "config": "text", **middle, "tok/s/dev": "number", "mem/dev": "number",
-               "bottleneck": "text"}
-    table = table_of(f"{plan.provenance.model_name} on {plan.world_size} devices ({plan.provenance.cluster_name})",
-                     columns)
-    rows = [(plan.config, plan.predicted, plan.serving)] + [(a.config, a.predicted, a.serving) for a in plan.alternatives]
+    middle = (
+        {"TTFT": "number", "TPOT": "number"} if inference else {"step": "number", "MFU": "number"}
+    )
+    columns = {
+        "#": "number",
+        "config": "text",
+        **middle,
+        "tok/s/dev": "number",
+        "mem/dev": "number",
+        "bottleneck": "text",
+    }
+    table = table_of(
+        f"{plan.provenance.model_name} on {plan.world_size} devices ({plan.provenance.cluster_name})",
+        columns,
+    )
+    rows = [(plan.config, plan.predicted, plan.serving)] + [
+        (a.config, a.predicted, a.serving) for a in plan.alternatives
+    ]
     for index, (config, cost, serving) in enumerate(rows):
         if inference:
             figures = (_seconds(cost.ttft_s), _seconds(cost.tpot_s))
         else:
-            figures = (human_seconds(cost.step_time_s), "-" if cost.mfu is None else f"{cost.mfu:.1%}")
+            figures = (
+                human_seconds(cost.step_time_s),
+                "-" if cost.mfu is None else f"{cost.mfu:.1%}",
+            )
         table.add_row(
-            str(index + 1), describe_config(config, serving), *figures,
-            f"{cost.tokens_per_s_per_device:,.1f}" if cost.tokens_per_s_per_device is not None else "-",
-            human_bytes(cost.memory_per_device_bytes), cost.bottleneck, style="bold green" if index == 0 else None,
+            str(index + 1),
+            describe_config(config, serving),
+            *figures,
+            f"{cost.tokens_per_s_per_device:,.1f}"
+            if cost.tokens_per_s_per_device is not None
+            else "-",
+            human_bytes(cost.memory_per_device_bytes),
+            cost.bottleneck,
+            style="bold green" if index == 0 else None,
         )
     fit_words(table)
     return table
@@ -288,14 +413,20 @@ def _explain(args: argparse.Namespace) -> int:
     if args.json:
         print_json(_explanation(plan))
         return 0
-    console.print(f"[bold]{plan.provenance.model_name}[/] on {plan.world_size} devices of {plan.provenance.cluster_name}: {describe_config(plan.config, plan.serving)}")
+    console.print(
+        f"[bold]{plan.provenance.model_name}[/] on {plan.world_size} devices of {plan.provenance.cluster_name}: {describe_config(plan.config, plan.serving)}"
+    )
     console.print(plan_table(plan))
     if cost is not None:
         console.print(_time_table(cost))
         console.print(_memory_table(cost))
-        console.print(f"bottleneck: [bold]{cost.bottleneck}[/] ({human_seconds(cost.time_s.get(cost.bottleneck, 0.0))} of {human_seconds(cost.step_time_s)})")
+        console.print(
+            f"bottleneck: [bold]{cost.bottleneck}[/] ({human_seconds(cost.time_s.get(cost.bottleneck, 0.0))} of {human_seconds(cost.step_time_s)})"
+        )
     for index, alternative in enumerate(plan.alternatives, start=2):
-        console.print(f"#{index} {describe_config(alternative.config, alternative.serving)} lost: {alternative.reason_lost}")
+        console.print(
+            f"#{index} {describe_config(alternative.config, alternative.serving)} lost: {alternative.reason_lost}"
+        )
     if line := deployment_line(plan):
         console.print(line)
     return 0
@@ -313,17 +444,26 @@ def _explanation(plan) -> dict:
         "predicted": None if cost is None else cost.model_dump(mode="json"),
         "bottleneck": None if cost is None else cost.bottleneck,
         "alternatives": [
-            {"layout": describe_config(a.config, a.serving), "reason_lost": a.reason_lost} for a in plan.alternatives
+            {"layout": describe_config(a.config, a.serving), "reason_lost": a.reason_lost}
+            for a in plan.alternatives
         ],
         "deployment": deployment_line(plan).replace("[bold]", "").replace("[/]", "") or None,
     }
 
 
 def _time_table(cost) -> Table:
-    table = table_of("time per step", {"part": "text", "exposed": "number", "hidden": "number", "share": "number"})
+    table = table_of(
+        "time per step",
+        {"part": "text", "exposed": "number", "hidden": "number", "share": "number"},
+    )
     for part, seconds in sorted(cost.time_s.items(), key=lambda item: -item[1]):
         share = seconds / cost.step_time_s if cost.step_time_s else 0.0
-        table.add_row(part, human_seconds(seconds), human_seconds(cost.hidden_time_s.get(part, 0.0)), f"{share:.1%}")
+        table.add_row(
+            part,
+            human_seconds(seconds),
+            human_seconds(cost.hidden_time_s.get(part, 0.0)),
+            f"{share:.1%}",
+        )
     table.add_row("[bold]total", f"[bold]{human_seconds(cost.step_time_s)}", "", "")
     return fit_words(table)
 
@@ -332,7 +472,10 @@ def _memory_table(cost) -> Table:
     table = table_of("memory per device", {"part": "text", "bytes": "number"})
     for part, value in sorted(cost.memory_bytes.items(), key=lambda item: -item[1]):
         table.add_row(part, human_bytes(value))
-    table.add_row("[bold]total", f"[bold]{human_bytes(cost.memory_per_device_bytes)} of {human_bytes(cost.memory_capacity_bytes)}")
+    table.add_row(
+        "[bold]total",
+        f"[bold]{human_bytes(cost.memory_per_device_bytes)} of {human_bytes(cost.memory_capacity_bytes)}",
+    )
     return fit_words(table)
 
 

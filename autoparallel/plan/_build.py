@@ -94,7 +94,10 @@ def build_plan(
     """
     config = layout.config
     check_layout(
-        config, model=model, world_size=config.world_size, field="config",
+        config,
+        model=model,
+        world_size=config.world_size,
+        field="config",
         num_redundant_experts=_redundant(layout),
     )  # before building its parts
     if config.world_size > cluster.num_devices:
@@ -130,7 +133,9 @@ def build_plan(
         expert_placement=expert_placement(
             model=model, config=config, num_redundant_experts=_redundant(layout)
         ),
-        module_rules=module_rules(model=model, config=config, num_redundant_experts=_redundant(layout)),
+        module_rules=module_rules(
+            model=model, config=config, num_redundant_experts=_redundant(layout)
+        ),
         predicted=price,
         alternatives=record.alternatives,
         deployment=record.deployment,
@@ -218,7 +223,9 @@ def expert_placement(
     )
 
 
-def module_rules(*, model: ModelSpec, config: ParallelConfig, num_redundant_experts: int = 0) -> tuple[ModuleRule, ...]:
+def module_rules(
+    *, model: ModelSpec, config: ParallelConfig, num_redundant_experts: int = 0
+) -> tuple[ModuleRule, ...]:
     from autoparallel._module_rules import module_rules_for
 
     return module_rules_for(model=model, config=config, num_redundant_experts=num_redundant_experts)

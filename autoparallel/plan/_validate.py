@@ -79,7 +79,10 @@ def check_plan(plan: ShardingPlan) -> None:
     model = plan.model
     _check_provenance(plan)
     check_layout(
-        plan.config, model=model, world_size=plan.world_size, field="config",
+        plan.config,
+        model=model,
+        world_size=plan.world_size,
+        field="config",
         num_redundant_experts=_redundant_slots(plan.serving),
     )
     _check_job(plan)
@@ -104,13 +107,20 @@ def _redundant_slots(serving) -> int:  # ServingSettings | None
 
 
 def check_layout(
-    config: ParallelConfig, *, model: ModelSpec, world_size: int, field: str, num_redundant_experts: int = 0
+    config: ParallelConfig,
+    *,
+    model: ModelSpec,
+    world_size: int,
+    field: str,
+    num_redundant_experts: int = 0,
 ) -> None:
     """``cost_model.check_parallel_config``: dims multiply to ``world_size``, degrees divide
     heads, KV heads, FFN and experts (routed + ``num_redundant_experts`` slots), pipeline chunks
     fit the layers."""
     try:
-        check_parallel_config(config, model, world_size, num_redundant_experts=num_redundant_experts)
+        check_parallel_config(
+            config, model, world_size, num_redundant_experts=num_redundant_experts
+        )
     except ValueError as error:
         raise PlanError(field=field, value=describe_layout(config), rule=str(error)) from None
 

@@ -19,6 +19,7 @@ from cost_model import (
 
 logger = logging.getLogger("autoparallel.retune")
 
+
 def cluster_for_world(cluster, world_size: int):  # topology.Cluster
     """``cluster`` resized to exactly ``world_size`` devices: whole nodes when it divides, else
     one node of ``world_size`` devices (the survivors of a partly lost node)."""
@@ -29,18 +30,28 @@ def cluster_for_world(cluster, world_size: int):  # topology.Cluster
         return cluster.with_nodes(world_size // per_node)
     if world_size < per_node:
         data = cluster.model_dump()
-        data.update(num_nodes=1, devices_per_node=world_size, name=f"{cluster.name.split('@')[0]}@{world_size}d")
+        data.update(
+            num_nodes=1,
+            devices_per_node=world_size,
+            name=f"{cluster.name.split('@')[0]}@{world_size}d",
+        )
         if "devices_per_nic" in data:  # the remaining devices share the node's NIC(s)
             data["devices_per_nic"] = min(data["devices_per_nic"], world_size)
         if "links" in data:  # measured device-to-device links among the remaining devices only
-            data["links"] = [link for link in data["links"] if max(link["from_device"], link["to_device"]) < world_size]
+            data["links"] = [
+                link
+                for link in data["links"]
+                if max(link["from_device"], link["to_device"]) < world_size
+            ]
         return type(cluster).model_validate(data)
     raise ValueError(
         f"world_size ({world_size}) must be a multiple of devices_per_node ({per_node}) or smaller than it"
     )
 
 
-def largest_legal_world(*, model: ModelSpec, cluster, workload: Training | Inference, max_world_size: int) -> int:
+def largest_legal_world(
+    *, model: ModelSpec, cluster, workload: Training | Inference, max_world_size: int
+) -> int:
     """The largest ``w <= max_world_size`` with at least one legal layout (``search.SearchSpace``:
     the rules of ``cost_model._rules`` and the batch divisibility), e.g. 2 of 3 survivors when a
     model's heads and experts only split in powers of two and the batch does not divide by 3."""
@@ -51,15 +62,28 @@ def largest_legal_world(*, model: ModelSpec, cluster, workload: Training | Infer
             sized = cluster_for_world(cluster, world)
         except ValueError:
             continue
-        space = SearchSpace(model=model, workload=workload, world_size=world, devices_per_node=sized.devices_per_node)
+        space = SearchSpace(
+            model=model,
+            workload=workload,
+            world_size=world,
+            devices_per_node=sized.devices_per_node,
+        )
         if space.num_meshes and space.size:
             return world
-    raise ValueError(f"max_world_size ({max_world_size}) allows no legal layout of {model.name} for this workload")
+    raise ValueError(
+        f"max_world_size ({max_world_size}) allows no legal layout of {model.name} for this workload"
+    )
 
 
 def plan_for_config(
-    *, model: ModelSpec, cluster, workload: Training | Inference, config: ParallelConfig,
-    serving: ServingConfig | None = None, like: ShardingPlan | None = None, predicted=None,
+    *,
+    model: ModelSpec,
+    cluster,
+    workload: Training | Inference,
+    config: ParallelConfig,
+    serving: ServingConfig | None = None,
+    like: ShardingPlan | None = None,
+    predicted=None,
 ) -> ShardingPlan:
     """The ``ShardingPlan`` of one given layout, ``config`` with the inference ``serving``
     settings (``autoparallel.plan.build_plan``); the search
@@ -72,14 +96,24 @@ def plan_for_config(
     """
     record = PlanRecord()
     if like is not None:
-        record = PlanRecord(search=like.provenance.search, library_version=like.provenance.library_version,
-                            created_at=like.provenance.created_at)
-    return build_plan(model=model, cluster=cluster, job=workload, layout=Layout(config=config, serving=serving),
-                      predicted="estimate" if predicted is None else predicted, record=record)
+        record = PlanRecord(
+            search=like.provenance.search,
+            library_version=like.provenance.library_version,
+            created_at=like.provenance.created_at,
+        )
+    return build_plan(
+        model=model,
+        cluster=cluster,
+        job=workload,
+        layout=Layout(config=config, serving=serving),
+        predicted="estimate" if predicted is None else predicted,
+        record=record,
+    )
 
 
-def live_variant_plans(*, plan: ShardingPlan, model: ModelSpec, cluster, workload: Training | Inference,
-                       space) -> list[ShardingPlan]:  # search.SearchSpace
+def live_variant_plans(
+    *, plan: ShardingPlan, model: ModelSpec, cluster, workload: Training | Inference, space
+) -> list[ShardingPlan]:  # search.SearchSpace
     """``plan``'s mesh with other micro-batch sizes (training) or batch sizes (inference): the
     legal rows of ``space`` that differ from the running plan only there, priced with one
     ``cost_model.estimate_table`` call; infeasible rows are dropped."""
@@ -87,19 +121,37 @@ def live_variant_plans(*, plan: ShardingPlan, model: ModelSpec, cluster, workloa
     from search import layout_at, select
 
     config = plan.config
-    mesh = space.find_mesh(dp=config.dp, tp=config.tp, pp=config.pp, cp=config.cp, ep=config.ep, etp=config.etp,
-                           attention_data_parallel=config.attention_data_parallel)
+    mesh = space.find_mesh(
+        dp=config.dp,
+        tp=config.tp,
+        pp=config.pp,
+        cp=config.cp,
+        ep=config.ep,
+        etp=config.etp,
+        attention_data_parallel=config.attention_data_parallel,
+    )
     if mesh is None:
         return []
     table = space.expand([mesh])
-    rows = [row for row in range(len(table["mesh_index"])) if _is_live_variant(plan, workload, table, row)]
+    rows = [
+        row
+        for row in range(len(table["mesh_index"]))
+        if _is_live_variant(plan, workload, table, row)
+    ]
     if not rows:
         return []
     table = select(table, rows)
     columns = estimate_table(model, cluster, workload, table)
     return [
-        plan_for_config(model=model, cluster=cluster, workload=workload, config=layout.config, serving=layout.serving,
-                        like=plan, predicted=breakdown_from_row(columns, row))
+        plan_for_config(
+            model=model,
+            cluster=cluster,
+            workload=workload,
+            config=layout.config,
+            serving=layout.serving,
+            like=plan,
+            predicted=breakdown_from_row(columns, row),
+        )
         for row in range(len(rows))
         if bool(columns["feasible"][row])
         for layout in [layout_at(table, row)]
@@ -114,12 +166,23 @@ def _is_live_variant(plan: ShardingPlan, workload, table, row: int) -> bool:
         return candidate.model_copy(update={"micro_batch_size": config.micro_batch_size}) == config
     if candidate != config or plan.serving is None:
         return False
-    return all(extras.get(k) == getattr(plan.serving, k) for k in ("kv_dtype", "num_redundant_experts") if k in extras)
+    return all(
+        extras.get(k) == getattr(plan.serving, k)
+        for k in ("kv_dtype", "num_redundant_experts")
+        if k in extras
+    )
 
 
 def research_plans(
-    *, plan: ShardingPlan, model: ModelSpec, cluster, workload: Training | Inference, n_trials: int, seed: int,
-    bounds=None, estimator=None,  # search.SearchBounds, search Estimator
+    *,
+    plan: ShardingPlan,
+    model: ModelSpec,
+    cluster,
+    workload: Training | Inference,
+    n_trials: int,
+    seed: int,
+    bounds=None,
+    estimator=None,  # search.SearchBounds, search Estimator
 ) -> list[ShardingPlan]:
     """Re-search warm-started from ``plan`` (its mesh is the study's first trial), within
     ``bounds``, pricing with ``estimator`` (e.g. a recalibrated cost model); returns the best plan
@@ -128,14 +191,31 @@ def research_plans(
     from search import SearchSettings
 
     settings = SearchSettings() if bounds is None else SearchSettings(bounds=bounds)
-    best = autoparallel.find_plan(model, cluster, workload, n_trials=n_trials, seed=seed, warm_start=plan.config,
-                                  settings=settings, estimator=estimator)
+    best = autoparallel.find_plan(
+        model,
+        cluster,
+        workload,
+        n_trials=n_trials,
+        seed=seed,
+        warm_start=plan.config,
+        settings=settings,
+        estimator=estimator,
+    )
     plans = [best]
     for alternative in best.alternatives:
         serving = None if alternative.serving is None else alternative.serving.serving_config()
         try:
-            plans.append(plan_for_config(model=model, cluster=cluster, workload=workload, config=alternative.config,
-                                         serving=serving, like=best, predicted=alternative.predicted))
+            plans.append(
+                plan_for_config(
+                    model=model,
+                    cluster=cluster,
+                    workload=workload,
+                    config=alternative.config,
+                    serving=serving,
+                    like=best,
+                    predicted=alternative.predicted,
+                )
+            )
         except InfeasiblePlanError as error:  # a runner-up that does not fit is no candidate
             logger.info("re-plan: alternative %s skipped: %s", alternative.config, error)
     return plans

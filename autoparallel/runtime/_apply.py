@@ -88,7 +88,9 @@ class AppliedPlan:
         Raises ``ValueError`` when the sequence length is not a multiple of ``2*cp``."""
         if self.context_parallel is None:
             return tensors
-        return tuple(self.context_parallel.shard(t, field=f"tensors[{i}]") for i, t in enumerate(tensors))
+        return tuple(
+            self.context_parallel.shard(t, field=f"tensors[{i}]") for i, t in enumerate(tensors)
+        )
 
     def gather_sequence(self, tensor: torch.Tensor) -> torch.Tensor:
         """Whole sequences in global token order from this rank's local (batch, tokens, ...) part,
@@ -139,15 +141,23 @@ def _count_experts(walked: list[tuple[str, nn.Module]]) -> set[int]:
     return {
         len(child)
         for name, child in walked
-        if name.endswith("experts") and not name.endswith("shared_experts") and isinstance(child, (nn.ModuleDict, nn.ModuleList))
+        if name.endswith("experts")
+        and not name.endswith("shared_experts")
+        and isinstance(child, (nn.ModuleDict, nn.ModuleList))
     }
 
 
-def _check_model(module: nn.Module, plan: ShardingPlan, walked: list[tuple[str, nn.Module]]) -> None:
+def _check_model(
+    module: nn.Module, plan: ShardingPlan, walked: list[tuple[str, nn.Module]]
+) -> None:
     """The module must be the plan's model: fingerprint (when it carries a spec), layers, experts."""
     spec = getattr(module, "spec", None)
     provenance = plan.provenance
-    if spec is not None and hasattr(spec, "fingerprint") and spec.fingerprint() != provenance.model_fingerprint:
+    if (
+        spec is not None
+        and hasattr(spec, "fingerprint")
+        and spec.fingerprint() != provenance.model_fingerprint
+    ):
         raise ValueError(
             f"module's model fingerprint ({spec.fingerprint()}, {spec.name!r}) differs from the plan's "
             f"({provenance.model_fingerprint}, {provenance.model_name!r}): the plan is for another model"
@@ -157,15 +167,21 @@ def _check_model(module: nn.Module, plan: ShardingPlan, walked: list[tuple[str, 
     else:
         _check_counts(module, plan, walked)
     if spec is not None and hasattr(spec, "attention"):
-        redundant = plan.expert_placement.num_redundant_experts if plan.expert_placement is not None else 0
+        redundant = (
+            plan.expert_placement.num_redundant_experts if plan.expert_placement is not None else 0
+        )
         plan.config.validate_for(spec, num_redundant_experts=redundant)
 
 
-def _check_counts(module: nn.Module, plan: ShardingPlan, walked: list[tuple[str, nn.Module]]) -> None:
+def _check_counts(
+    module: nn.Module, plan: ShardingPlan, walked: list[tuple[str, nn.Module]]
+) -> None:
     planned_layers = max((stage.stop_layer for stage in plan.stages), default=None)
     layers = _count_layers(module)
     if planned_layers is not None and layers is not None and layers != planned_layers:
-        raise ValueError(f"module has {layers} layers; the plan's stages cover {planned_layers} layers")
+        raise ValueError(
+            f"module has {layers} layers; the plan's stages cover {planned_layers} layers"
+        )
     experts = _count_experts(walked)
     placement = plan.expert_placement
     if placement is not None and experts and experts != {placement.num_experts}:
@@ -174,7 +190,9 @@ def _check_counts(module: nn.Module, plan: ShardingPlan, walked: list[tuple[str,
         )
 
 
-def _check_rules(module: nn.Module, plan: ShardingPlan, names: list[str]) -> dict[ModuleRule, list[str]]:
+def _check_rules(
+    module: nn.Module, plan: ShardingPlan, names: list[str]
+) -> dict[ModuleRule, list[str]]:
     matches = match_rules(module, plan.module_rules, names=names)
     for rule, names in matches.items():
         if not names:
@@ -201,21 +219,29 @@ def _check_context_parallel(module: nn.Module, plan: ShardingPlan) -> None:
 def check_plan_fits(module: nn.Module, plan: ShardingPlan) -> None:
     """Every check ``apply_plan`` makes before communicating; raises ``ValueError`` naming what differs."""
     if getattr(module, _APPLIED, None) is not None:
-        raise ValueError("apply_plan was already applied to this module; build a fresh module to apply a plan again")
+        raise ValueError(
+            "apply_plan was already applied to this module; build a fresh module to apply a plan again"
+        )
     world = _launched_world_size()
     if world is not None and world != plan.world_size:
-        raise ValueError(f"plan world_size ({plan.world_size}) differs from the launched world size ({world})")
+        raise ValueError(
+            f"plan world_size ({plan.world_size}) differs from the launched world size ({world})"
+        )
     mesh_rank_layout(plan)
     _check_context_parallel(module, plan)
     walked = walk_modules(module)
     _check_model(module, plan, walked)
     names = [name for name, _ in walked]
     # A rank's part is checked against the whole model's names: rules may name other ranks' modules.
-    _check_rules(module, plan, names + whole_module_names(module) if is_rank_part(module) else names)
+    _check_rules(
+        module, plan, names + whole_module_names(module) if is_rank_part(module) else names
+    )
 
 
 # ----------------------------------------------------------------------------- passes
-def _stage_modules(module: nn.Module, plan: ShardingPlan, meshes: Meshes) -> list[tuple[Any, nn.Module]]:
+def _stage_modules(
+    module: nn.Module, plan: ShardingPlan, meshes: Meshes
+) -> list[tuple[Any, nn.Module]]:
     if plan.config.pp == 1:
         return [(None, module)]
     from autoparallel.runtime._pipeline import split_stage_modules
@@ -223,7 +249,9 @@ def _stage_modules(module: nn.Module, plan: ShardingPlan, meshes: Meshes) -> lis
     return split_stage_modules(module, plan=plan, pp_rank=meshes.coordinate("pp"))
 
 
-def _parallelize(chunk: nn.Module, plan: ShardingPlan, meshes: Meshes, applied: AppliedPlan) -> None:
+def _parallelize(
+    chunk: nn.Module, plan: ShardingPlan, meshes: Meshes, applied: AppliedPlan
+) -> None:
     config = plan.config
     matches = match_rules(chunk, plan.module_rules)
     if config.tp > 1 and not config.attention_data_parallel:
@@ -239,8 +267,12 @@ def _parallelize(chunk: nn.Module, plan: ShardingPlan, meshes: Meshes, applied: 
 
 
 def _build_pipeline(
-    stage_modules: list[tuple[Any, nn.Module]], plan: ShardingPlan, meshes: Meshes, *,
-    loss_fn: Callable | None, num_micro_batches: int | None,
+    stage_modules: list[tuple[Any, nn.Module]],
+    plan: ShardingPlan,
+    meshes: Meshes,
+    *,
+    loss_fn: Callable | None,
+    num_micro_batches: int | None,
 ) -> Any:
     from autoparallel.runtime._pipeline import build_pipeline, num_micro_batches_for
 
@@ -249,8 +281,12 @@ def _build_pipeline(
     if num_micro_batches is None:
         num_micro_batches = num_micro_batches_for(plan)
     return build_pipeline(
-        stage_modules, plan=plan, pp_group=meshes.dense["pp"].get_group(), device=meshes.device,
-        loss_fn=loss_fn, num_micro_batches=num_micro_batches,
+        stage_modules,
+        plan=plan,
+        pp_group=meshes.dense["pp"].get_group(),
+        device=meshes.device,
+        loss_fn=loss_fn,
+        num_micro_batches=num_micro_batches,
     )
 
 
@@ -301,14 +337,18 @@ def apply_plan(
         plan = load_plan(plan)
     check_plan_fits(module, plan)
     meshes = build_meshes(plan, device_type=device_type, backend=backend)
-    if meshes.device.type not in ("cpu", "meta") and not any(p.is_meta for p in module.parameters()):
+    if meshes.device.type not in ("cpu", "meta") and not any(
+        p.is_meta for p in module.parameters()
+    ):
         module.to(meshes.device)
     stage_modules = _stage_modules(module, plan, meshes)
     applied = AppliedPlan(plan=plan, meshes=meshes, modules=[chunk for _, chunk in stage_modules])
     for _, chunk in stage_modules:
         _parallelize(chunk, plan, meshes, applied)
     if plan.config.cp > 1:
-        applied.context_parallel = apply_context_parallel(applied.modules, cp_mesh=meshes.dense["cp"])
+        applied.context_parallel = apply_context_parallel(
+            applied.modules, cp_mesh=meshes.dense["cp"]
+        )
     if plan.config.dp * plan.config.cp > 1:  # each cp rank's loss is another replica's, as dp's
         ignored = {p for ep in applied.expert_parallel for p in ep.expert_parameters()}
         applied.data_parallel = apply_data_parallel(

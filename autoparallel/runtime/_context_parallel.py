@@ -51,7 +51,9 @@ logger = logging.getLogger(__name__)
 _CONTEXT_ATTRIBUTE = "sequence_context"
 
 
-def check_sequence_length(sequence_tokens: int, cp: int, *, field: str = "sequence_length_tokens") -> None:
+def check_sequence_length(
+    sequence_tokens: int, cp: int, *, field: str = "sequence_length_tokens"
+) -> None:
     """Raise ``ValueError`` unless ``sequence_tokens`` splits into ``2*cp`` equal chunks."""
     if sequence_tokens <= 0 or sequence_tokens % (2 * cp):
         raise ValueError(
@@ -60,7 +62,9 @@ def check_sequence_length(sequence_tokens: int, cp: int, *, field: str = "sequen
         )
 
 
-def zigzag_positions(*, sequence_tokens: int, cp: int, rank: int, device: torch.device | None = None) -> torch.Tensor:
+def zigzag_positions(
+    *, sequence_tokens: int, cp: int, rank: int, device: torch.device | None = None
+) -> torch.Tensor:
     """Global positions (in order) of the tokens cp rank ``rank`` holds: chunks ``rank`` and ``2*cp-1-rank``."""
     check_sequence_length(sequence_tokens, cp)
     if not 0 <= rank < cp:
@@ -129,11 +133,16 @@ class ContextParallel:
         total = self._sequence_tokens(local_tokens)
         return zigzag_positions(sequence_tokens=total, cp=self.size, rank=self.rank, device=device)
 
-    def key_positions(self, local_tokens: int, *, device: torch.device | None = None) -> torch.Tensor:
+    def key_positions(
+        self, local_tokens: int, *, device: torch.device | None = None
+    ) -> torch.Tensor:
         """Global positions of the gathered keys (every rank's tokens, in group-rank order)."""
         total = self._sequence_tokens(local_tokens)
         return torch.cat(
-            [zigzag_positions(sequence_tokens=total, cp=self.size, rank=r, device=device) for r in range(self.size)]
+            [
+                zigzag_positions(sequence_tokens=total, cp=self.size, rank=r, device=device)
+                for r in range(self.size)
+            ]
         )
 
     def gather(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -153,9 +162,13 @@ class ContextParallel:
     def shard(self, tensor: torch.Tensor, *, field: str = "input") -> torch.Tensor:
         """This rank's tokens of ``tensor`` (batch, sequence, ...): chunks ``rank`` and ``2*cp-1-rank``."""
         if tensor.dim() < 2:
-            raise ValueError(f"{field} shape ({tuple(tensor.shape)}) must be (batch, sequence, ...)")
+            raise ValueError(
+                f"{field} shape ({tuple(tensor.shape)}) must be (batch, sequence, ...)"
+            )
         check_sequence_length(tensor.shape[1], self.size, field=f"{field} sequence length")
-        index = zigzag_positions(sequence_tokens=tensor.shape[1], cp=self.size, rank=self.rank, device=tensor.device)
+        index = zigzag_positions(
+            sequence_tokens=tensor.shape[1], cp=self.size, rank=self.rank, device=tensor.device
+        )
         return tensor.index_select(1, index)
 
     def unshard(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -177,7 +190,9 @@ class ContextParallel:
 def _context_attention(module: nn.Module) -> list[tuple[str, nn.Module]]:
     from autoparallel.runtime._tensor_parallel import walk_modules
 
-    return [(name, sub) for name, sub in walk_modules(module) if hasattr(type(sub), _CONTEXT_ATTRIBUTE)]
+    return [
+        (name, sub) for name, sub in walk_modules(module) if hasattr(type(sub), _CONTEXT_ATTRIBUTE)
+    ]
 
 
 def check_context_parallel_module(module: nn.Module, *, cp: int) -> None:
@@ -198,7 +213,12 @@ def apply_context_parallel(modules: list[nn.Module], *, cp_mesh: DeviceMesh) -> 
         for _, attention in _context_attention(module):
             setattr(attention, _CONTEXT_ATTRIBUTE, context)
             count += 1
-    logger.info("context parallel: %d attention modules over cp=%d (rank %d)", count, context.size, context.rank)
+    logger.info(
+        "context parallel: %d attention modules over cp=%d (rank %d)",
+        count,
+        context.size,
+        context.rank,
+    )
     return context
 
 

@@ -91,8 +91,15 @@ def apply_data_parallel(
     for module in modules:
         for layer in _layers(module):
             layer_ignored = {p for p in layer.parameters() if id(p) in ignored_ids}
-            fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard, ignored_params=layer_ignored or None)
+            fully_shard(
+                layer,
+                mesh=dp_mesh,
+                reshard_after_forward=reshard,
+                ignored_params=layer_ignored or None,
+            )
         root_ignored = {p for p in module.parameters() if id(p) in ignored_ids}
-        fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, ignored_params=root_ignored or None)
+        fully_shard(
+            module, mesh=dp_mesh, reshard_after_forward=reshard, ignored_params=root_ignored or None
+        )
     logger.info("data parallel: FSDP2 (ZeRO-%d) over dp=%d", zero_stage, dp_mesh.size())
     return DataParallel(dp_mesh=dp_mesh, mode="fsdp", modules=modules, ignored=ignored_ids)

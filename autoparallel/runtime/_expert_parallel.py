@@ -103,18 +103,33 @@ class ExpertParallelGroups:
         ep_group, ep_rank, ep_size = axis(moe_mesh, "ep")
         etp_group, etp_rank, etp_size = axis(moe_mesh, "etp")
         edp_group, _, edp_size = axis(moe_mesh, "edp")
-        for name, got, want in (("ep", ep_size, config.ep), ("etp", etp_size, config.etp), ("edp", edp_size, config.edp)):
+        for name, got, want in (
+            ("ep", ep_size, config.ep),
+            ("etp", etp_size, config.etp),
+            ("edp", edp_size, config.edp),
+        ):
             if got != want:
-                raise ValueError(f"moe_mesh axis {name!r} has size {got}; the plan's config needs {name} = {want}")
+                raise ValueError(
+                    f"moe_mesh axis {name!r} has size {got}; the plan's config needs {name} = {want}"
+                )
         split = config.tp > 1 and not (config.sequence_parallel or config.attention_data_parallel)
         split_group, split_rank, split_size = axis(dense_mesh, "tp") if split else (None, 0, 1)
         if split and split_size != config.tp:
-            raise ValueError(f"dense_mesh axis 'tp' has size {split_size}; the plan's config needs tp = {config.tp}")
+            raise ValueError(
+                f"dense_mesh axis 'tp' has size {split_size}; the plan's config needs tp = {config.tp}"
+            )
         return cls(
-            ep_group=ep_group, ep_rank=ep_rank, ep_size=ep_size,
-            etp_group=etp_group, etp_rank=etp_rank, etp_size=etp_size,
-            edp_group=edp_group, edp_size=edp_size,
-            split_group=split_group, split_rank=split_rank, split_size=split_size,
+            ep_group=ep_group,
+            ep_rank=ep_rank,
+            ep_size=ep_size,
+            etp_group=etp_group,
+            etp_rank=etp_rank,
+            etp_size=etp_size,
+            edp_group=edp_group,
+            edp_size=edp_size,
+            split_group=split_group,
+            split_rank=split_rank,
+            split_size=split_size,
             loss_replicas=config.dp * config.cp,
         )
 
@@ -128,14 +143,18 @@ def expert_placement_for(plan: ShardingPlan, *, num_experts: int) -> ExpertPlace
             raise ValueError(f"num_experts ({num_experts}) must be divisible by ep ({ep})")
         per_rank = num_experts // ep
         return ExpertPlacement(
-            num_experts=num_experts, ep=ep, expert_to_ranks=tuple((e // per_rank,) for e in range(num_experts))
+            num_experts=num_experts,
+            ep=ep,
+            expert_to_ranks=tuple((e // per_rank,) for e in range(num_experts)),
         )
     if placement.num_experts != num_experts:
         raise ValueError(
             f"expert_placement.num_experts ({placement.num_experts}) differs from the module's experts ({num_experts})"
         )
     if placement.ep != plan.config.ep:
-        raise ValueError(f"expert_placement.ep ({placement.ep}) differs from config.ep ({plan.config.ep})")
+        raise ValueError(
+            f"expert_placement.ep ({placement.ep}) differs from config.ep ({plan.config.ep})"
+        )
     for expert, ranks in enumerate(placement.expert_to_ranks):
         if not ranks or any(not 0 <= r < placement.ep for r in ranks):
             raise ValueError(
@@ -187,20 +206,28 @@ class AllToAllDispatcher:
         widest = max(len(ranks) for ranks in unique)
         # owners[e, i]: the i-th EP rank holding expert e (padded with 0 past its replicas);
         # slot[r, e]: expert e's index among rank r's experts (-1 where r does not hold it).
-        self._owners = torch.tensor([ranks + [0] * (widest - len(ranks)) for ranks in unique], dtype=torch.long)
+        self._owners = torch.tensor(
+            [ranks + [0] * (widest - len(ranks)) for ranks in unique], dtype=torch.long
+        )
         self._num_replicas = torch.tensor([len(ranks) for ranks in unique], dtype=torch.long)
         self._slot = torch.full((ep, placement.num_experts), -1, dtype=torch.long)
         rows = [rank for rank, experts in enumerate(held) for _ in experts]
         columns = [expert for experts in held for expert in experts]
-        self._slot[rows, columns] = torch.tensor([i for experts in held for i in range(len(experts))], dtype=torch.long)
+        self._slot[rows, columns] = torch.tensor(
+            [i for experts in held for i in range(len(experts))], dtype=torch.long
+        )
         self.received_tokens: dict[int, int] = {expert: 0 for expert in self.local_experts}
 
-    def __call__(self, tokens: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor, experts) -> torch.Tensor:
+    def __call__(
+        self, tokens: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor, experts
+    ) -> torch.Tensor:
         hidden, topk_weights, topk_ids, groups = tokens, weights, expert_ids, self.groups
         if groups.split_size > 1:
             sizes = row_sizes(hidden.shape[0], groups.split_size)
             hidden = SplitRows.apply(hidden, sizes, groups.split_rank, groups.split_group)
-            topk_weights = SplitRows.apply(topk_weights, sizes, groups.split_rank, groups.split_group)
+            topk_weights = SplitRows.apply(
+                topk_weights, sizes, groups.split_rank, groups.split_group
+            )
             start = sum(sizes[: groups.split_rank])
             topk_ids = topk_ids[start : start + sizes[groups.split_rank]]
         routed = self._dispatch_combine(hidden, topk_ids, topk_weights, experts)
@@ -228,7 +255,11 @@ class AllToAllDispatcher:
         key = dest * slots + self._slot[dest, expert]
         send_order = torch.argsort(key, stable=True)
         send_counts = torch.bincount(key, minlength=ep * slots)
-        recv_counts = raw_all_to_all(send_counts, [slots] * ep, [slots] * ep, groups.ep_group) if ep > 1 else send_counts
+        recv_counts = (
+            raw_all_to_all(send_counts, [slots] * ep, [slots] * ep, groups.ep_group)
+            if ep > 1
+            else send_counts
+        )
         recv_counts = recv_counts.view(ep, slots)
         slot_ids = torch.arange(slots, device=device).repeat(ep)
         return _Routing(
@@ -243,21 +274,37 @@ class AllToAllDispatcher:
         routing = self._route(topk_ids)
         group = self.groups.ep_group
         sent = hidden[routing.token_of_sent]
-        received = all_to_all(sent, output_splits=routing.output_splits, input_splits=routing.input_splits, group=group)
+        received = all_to_all(
+            sent,
+            output_splits=routing.output_splits,
+            input_splits=routing.input_splits,
+            group=group,
+        )
         processed = self._run_experts(received, routing.received_slot, experts)
-        returned = all_to_all(processed, output_splits=routing.input_splits, input_splits=routing.output_splits, group=group)
+        returned = all_to_all(
+            processed,
+            output_splits=routing.input_splits,
+            input_splits=routing.output_splits,
+            group=group,
+        )
         weights = topk_weights.reshape(-1)[routing.send_order].unsqueeze(-1).to(returned.dtype)
         out = torch.zeros_like(hidden, dtype=returned.dtype)
         return out.index_add(0, routing.token_of_sent, returned * weights).to(hidden.dtype)
 
-    def _run_experts(self, received: torch.Tensor, received_slot: torch.Tensor, experts) -> torch.Tensor:
+    def _run_experts(
+        self, received: torch.Tensor, received_slot: torch.Tensor, experts
+    ) -> torch.Tensor:
         """Apply local experts to the rows they received; with etp, on the etp group's rows."""
         groups = self.groups
         if groups.etp_size > 1:
-            counts = gather_counts(received.shape[0], groups.etp_group, groups.etp_size, received.device)
+            counts = gather_counts(
+                received.shape[0], groups.etp_group, groups.etp_size, received.device
+            )
             rows = all_to_all(
-                received.repeat(groups.etp_size, 1), output_splits=counts,
-                input_splits=[received.shape[0]] * groups.etp_size, group=groups.etp_group,
+                received.repeat(groups.etp_size, 1),
+                output_splits=counts,
+                input_splits=[received.shape[0]] * groups.etp_size,
+                group=groups.etp_group,
             )
             slot_of_row = gather_rows(received_slot, counts, groups.etp_group)
         else:
@@ -265,7 +312,9 @@ class AllToAllDispatcher:
         outputs = self._apply_slots(rows, slot_of_row, experts)
         if groups.etp_size > 1:  # reduce-scatter: partial sums of this rank's rows come home
             partial = all_to_all(
-                outputs, output_splits=[received.shape[0]] * groups.etp_size, input_splits=counts,
+                outputs,
+                output_splits=[received.shape[0]] * groups.etp_size,
+                input_splits=counts,
                 group=groups.etp_group,
             )
             outputs = partial.view(groups.etp_size, received.shape[0], outputs.shape[-1]).sum(0)
@@ -279,7 +328,9 @@ class AllToAllDispatcher:
         chunks = torch.split(rows[by_slot], counts)
         for slot, expert in enumerate(self.local_experts):
             self.received_tokens[expert] += counts[slot]
-        outputs = [experts[str(expert)](chunks[slot]) for slot, expert in enumerate(self.local_experts)]
+        outputs = [
+            experts[str(expert)](chunks[slot]) for slot, expert in enumerate(self.local_experts)
+        ]
         merged = torch.cat(outputs) if outputs else rows.new_zeros((0,) + tuple(rows.shape[1:]))
         inverse = torch.empty_like(by_slot)
         inverse[by_slot] = torch.arange(by_slot.numel(), device=by_slot.device)
@@ -290,22 +341,29 @@ class AllToAllDispatcher:
 def _expert_containers(model: nn.Module, plan: ShardingPlan) -> list[tuple[str, nn.Module]]:
     """Routed-expert containers: modules matching the plan's ``expert`` rules (``*.experts`` when
     ep is 1 and only expert-TP rules exist). A pipeline chunk of dense layers has none."""
-    patterns = [rule.pattern for rule in plan.module_rules if rule.style == "expert"] or ["*.experts"]
+    patterns = [rule.pattern for rule in plan.module_rules if rule.style == "expert"] or [
+        "*.experts"
+    ]
     return [
         (name, module)
         for name, module in model.named_modules()
-        if any(fnmatchcase(name, pattern) for pattern in patterns) and isinstance(module, (nn.ModuleList, nn.ModuleDict))
+        if any(fnmatchcase(name, pattern) for pattern in patterns)
+        and isinstance(module, (nn.ModuleList, nn.ModuleDict))
     ]
 
 
 def _declared_experts(model: nn.Module, containers: list[tuple[str, nn.Module]]) -> set[int]:
     """The model's routed-expert counts: a block's int ``num_experts`` where its container holds
     fewer (a part built for one rank, see ``_rank_build``), else the container's length."""
-    declared = [(getattr(_parent(model, name)[0], "num_experts", None), len(c)) for name, c in containers]
+    declared = [
+        (getattr(_parent(model, name)[0], "num_experts", None), len(c)) for name, c in containers
+    ]
     return {count if isinstance(count, int) and count > held else held for count, held in declared}
 
 
-def _local_container(container: nn.Module, local: tuple[int, ...], *, name: str, num_experts: int) -> nn.ModuleDict:
+def _local_container(
+    container: nn.Module, local: tuple[int, ...], *, name: str, num_experts: int
+) -> nn.ModuleDict:
     """This rank's experts of ``container``: picked from all ``num_experts``, or, from a container
     built with only some, checked to be exactly this rank's."""
     items = container.items() if isinstance(container, nn.ModuleDict) else enumerate(container)
@@ -336,15 +394,21 @@ def _slice_linear(linear: nn.Module, *, dim: int, rank: int, parts: int, name: s
     """Keep slice ``rank`` of ``parts`` of a Linear's weight along ``dim`` (0: output features)."""
     weight = linear.weight
     if weight.shape[dim] % parts:
-        raise ValueError(f"{name}.weight dim {dim} ({weight.shape[dim]}) must be divisible by etp ({parts})")
+        raise ValueError(
+            f"{name}.weight dim {dim} ({weight.shape[dim]}) must be divisible by etp ({parts})"
+        )
     size = weight.shape[dim] // parts
     sliced = _slice(weight, dim=dim, start=rank * size, size=size)
     linear.weight = nn.Parameter(sliced, requires_grad=weight.requires_grad)
     bias = getattr(linear, "bias", None)
     if bias is not None:
         if dim == 1:
-            raise ValueError(f"{name}.bias is not supported with etp ({parts}) > 1 (a row-sliced projection's bias)")
-        linear.bias = nn.Parameter(_slice(bias, dim=0, start=rank * size, size=size), requires_grad=bias.requires_grad)
+            raise ValueError(
+                f"{name}.bias is not supported with etp ({parts}) > 1 (a row-sliced projection's bias)"
+            )
+        linear.bias = nn.Parameter(
+            _slice(bias, dim=0, start=rank * size, size=size), requires_grad=bias.requires_grad
+        )
     attribute = "out_features" if dim == 0 else "in_features"
     if hasattr(linear, attribute):
         setattr(linear, attribute, linear.weight.shape[dim])
@@ -361,7 +425,9 @@ def _shard_expert(expert: nn.Module, *, name: str, rank: int, parts: int) -> Non
             found = True
     if not found:
         names = _COLUMN_PROJECTIONS + _ROW_PROJECTIONS
-        raise ValueError(f"expert {name} has none of the projections {names}; cannot split it over etp ({parts})")
+        raise ValueError(
+            f"expert {name} has none of the projections {names}; cannot split it over etp ({parts})"
+        )
 
 
 def _huggingface_topk_forward(block: nn.Module):  # a bound forward
@@ -394,7 +460,9 @@ def _huggingface_topk_forward(block: nn.Module):  # a bound forward
 def _route_through_dispatcher(block: nn.Module, *, name: str) -> None:
     """Give a HuggingFace-style top-k block (a Linear ``gate``, an integer ``top_k``) a forward
     that routes through ``block.dispatcher``; other blocks without a dispatcher are an error."""
-    if not isinstance(getattr(block, "gate", None), nn.Linear) or not isinstance(getattr(block, "top_k", None), int):
+    if not isinstance(getattr(block, "gate", None), nn.Linear) or not isinstance(
+        getattr(block, "top_k", None), int
+    ):
         raise ValueError(
             f"MoE block {name!r} ({type(block).__name__}) has no 'dispatcher' attribute and is not a "
             "HuggingFace top-k block (Linear 'gate', int 'top_k'); expert parallel needs blocks that route "
@@ -456,13 +524,21 @@ class ExpertParallel:
         for (parameter, _), piece, grad in zip(entries, flat.split(sizes), grads):
             parameter.grad = piece.view_as(grad).clone()
 
-    def _sum_replicas(self, flat: torch.Tensor, keys: list[tuple[int, int]], sizes: list[int]) -> torch.Tensor:
+    def _sum_replicas(
+        self, flat: torch.Tensor, keys: list[tuple[int, int]], sizes: list[int]
+    ) -> torch.Tensor:
         """All-reduce over ep the gradients of experts that several EP ranks hold: one row per
         (block, replicated expert), filled by its holders and zero elsewhere."""
-        replicated = [e for e, ranks in enumerate(self.placement.expert_to_ranks) if len(set(ranks)) > 1]
+        replicated = [
+            e for e, ranks in enumerate(self.placement.expert_to_ranks) if len(set(ranks)) > 1
+        ]
         if not replicated or self.groups.ep_size == 1:
             return flat
-        row_of = {(b, e): b * len(replicated) + i for b in range(len(self.blocks)) for i, e in enumerate(replicated)}
+        row_of = {
+            (b, e): b * len(replicated) + i
+            for b in range(len(self.blocks))
+            for i, e in enumerate(replicated)
+        }
         per_expert = sum(size for size, key in zip(sizes, keys) if key == keys[0])
         buffer = flat.new_zeros(len(row_of), per_expert)
         pieces, columns, column = list(flat.split(sizes)), [], 0
@@ -515,7 +591,9 @@ def apply_expert_parallel(
     containers = _expert_containers(model, plan)
     num_experts = _declared_experts(model, containers)
     if len(num_experts) > 1:
-        raise ValueError(f"expert containers hold different numbers of experts: {sorted(num_experts)}")
+        raise ValueError(
+            f"expert containers hold different numbers of experts: {sorted(num_experts)}"
+        )
     if not num_experts and plan.expert_placement is None:
         raise ValueError("the module has no expert containers and the plan no expert_placement")
     count = num_experts.pop() if num_experts else plan.expert_placement.num_experts
@@ -529,9 +607,13 @@ def apply_expert_parallel(
         local = _local_container(container, dispatcher.local_experts, name=name, num_experts=count)
         if groups.etp_size > 1:
             for key, expert in local.items():
-                _shard_expert(expert, name=f"{name}.{key}", rank=groups.etp_rank, parts=groups.etp_size)
+                _shard_expert(
+                    expert, name=f"{name}.{key}", rank=groups.etp_rank, parts=groups.etp_size
+                )
         setattr(block, child, local)
         block.dispatcher = dispatcher
         blocks.append((name.rpartition(".")[0], block))
-    logger.info("expert parallel: %d MoE blocks, local experts %s", len(blocks), dispatcher.local_experts)
+    logger.info(
+        "expert parallel: %d MoE blocks, local experts %s", len(blocks), dispatcher.local_experts
+    )
     return ExpertParallel(groups=groups, placement=placement, dispatcher=dispatcher, blocks=blocks)

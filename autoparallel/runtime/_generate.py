@@ -33,7 +33,9 @@ class Generation:
     def decode_tokens_per_s(self) -> float:
         """New tokens per second after the first (batch included), this rank."""
         steps = self.tokens.shape[1] - 1
-        return self.tokens.shape[0] * steps / self.decode_s if steps > 0 and self.decode_s > 0 else 0.0
+        return (
+            self.tokens.shape[0] * steps / self.decode_s if steps > 0 and self.decode_s > 0 else 0.0
+        )
 
 
 def _synchronize(device: torch.device) -> None:
@@ -52,7 +54,9 @@ def greedy_generate(module: nn.Module, prompts: torch.Tensor, *, max_new_tokens:
     if max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens ({max_new_tokens}) must be > 0")
     if prompts.dim() != 2 or prompts.shape[1] == 0:
-        raise ValueError(f"prompts shape ({tuple(prompts.shape)}) must be (batch, prompt_tokens > 0)")
+        raise ValueError(
+            f"prompts shape ({tuple(prompts.shape)}) must be (batch, prompt_tokens > 0)"
+        )
     # The last new token is never fed back, so the cache holds prompt + max_new_tokens - 1 tokens.
     cache = KVCache(capacity_tokens=prompts.shape[1] + max_new_tokens - 1)
     start = time.perf_counter()
@@ -68,5 +72,8 @@ def greedy_generate(module: nn.Module, prompts: torch.Tensor, *, max_new_tokens:
         generated.append(next_token)
     _synchronize(prompts.device)
     return Generation(
-        tokens=torch.cat(generated, dim=1), cache=cache, prefill_s=prefill_s, decode_s=time.perf_counter() - start
+        tokens=torch.cat(generated, dim=1),
+        cache=cache,
+        prefill_s=prefill_s,
+        decode_s=time.perf_counter() - start,
     )

@@ -22,7 +22,14 @@ from torch.distributed.device_mesh import DeviceMesh
 from autoparallel.plan import ShardingPlan
 from cost_model import DENSE_MESH_ORDER, MOE_MESH_ORDER
 
-__all__ = ["DENSE_AXES", "MOE_AXES", "Meshes", "build_meshes", "default_device_type", "mesh_rank_layout"]
+__all__ = [
+    "DENSE_AXES",
+    "MOE_AXES",
+    "Meshes",
+    "build_meshes",
+    "default_device_type",
+    "mesh_rank_layout",
+]
 
 DENSE_AXES = tuple(axis.value for axis in DENSE_MESH_ORDER)
 MOE_AXES = tuple(axis.value for axis in MOE_MESH_ORDER)
@@ -57,7 +64,9 @@ def _axis_sizes(plan: ShardingPlan) -> tuple[tuple[int, ...], tuple[int, ...]]:
     expected = dict(zip(DENSE_AXES, dense)) | dict(zip(MOE_AXES, moe))
     for name, size in declared.items():
         if name in expected and expected[name] != size:
-            raise ValueError(f"plan mesh axis {name!r} has size {size}; the plan's config gives {expected[name]}")
+            raise ValueError(
+                f"plan mesh axis {name!r} has size {size}; the plan's config gives {expected[name]}"
+            )
     return dense, moe
 
 
@@ -124,7 +133,9 @@ def _local_device(device_type: str) -> torch.device:
     return torch.device(device_type, index)
 
 
-def build_meshes(plan: ShardingPlan, *, device_type: str | None = None, backend: str | None = None) -> Meshes:
+def build_meshes(
+    plan: ShardingPlan, *, device_type: str | None = None, backend: str | None = None
+) -> Meshes:
     """Build the dense and MoE device meshes of ``plan`` on the launched ranks.
 
     Initializes the default process group (``backend``, else the device's default backend,
@@ -136,7 +147,9 @@ def build_meshes(plan: ShardingPlan, *, device_type: str | None = None, backend:
     _init_process_group(backend, device_type)
     world = dist.get_world_size()
     if world != plan.world_size:
-        raise ValueError(f"plan world_size ({plan.world_size}) differs from the launched world size ({world})")
+        raise ValueError(
+            f"plan world_size ({plan.world_size}) differs from the launched world size ({world})"
+        )
     _, moe_sizes = _axis_sizes(plan)
     mesh_type = "cpu" if device_type == "meta" else device_type
     dense = DeviceMesh(mesh_type, layout, mesh_dim_names=DENSE_AXES)

@@ -64,7 +64,9 @@ class _Linear(nn.Linear):
     than through ``Module.__setattr__``: a 3T model has ~180k of these, a rank's part ~500.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None) -> None:
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None
+    ) -> None:
         nn.Module.__init__(self)
         self.in_features, self.out_features = in_features, out_features
         kw = dict(device=device, dtype=dtype)
@@ -75,7 +77,9 @@ class _Linear(nn.Linear):
         return None
 
 
-def _linear(in_features: int, out_features: int, *, bias: bool = False, device=None, dtype=None) -> nn.Linear:
+def _linear(
+    in_features: int, out_features: int, *, bias: bool = False, device=None, dtype=None
+) -> nn.Linear:
     return _Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
 
 
@@ -123,10 +127,14 @@ class KVCache:
         """Write ``new`` (batch, tokens, ...) at the current length; return the cached prefixes."""
         stop = self.length + new[0].shape[1]
         if stop > self.capacity_tokens:
-            raise ValueError(f"cache length ({stop}) must be <= capacity_tokens ({self.capacity_tokens})")
+            raise ValueError(
+                f"cache length ({stop}) must be <= capacity_tokens ({self.capacity_tokens})"
+            )
         if layer_index not in self.layers:
             self.layers[layer_index] = tuple(
-                torch.zeros((t.shape[0], self.capacity_tokens, *t.shape[2:]), dtype=t.dtype, device=t.device)
+                torch.zeros(
+                    (t.shape[0], self.capacity_tokens, *t.shape[2:]), dtype=t.dtype, device=t.device
+                )
                 for t in new
             )
         stored = self.layers[layer_index]
@@ -139,12 +147,20 @@ class KVCache:
 
     def num_bytes(self) -> int:
         """Bytes held by the allocated buffers (all layers, full capacity)."""
-        return sum(t.numel() * t.element_size() for tensors in self.layers.values() for t in tensors)
+        return sum(
+            t.numel() * t.element_size() for tensors in self.layers.values() for t in tensors
+        )
 
 
 def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, offset: int, scale: float,
-    query_positions: torch.Tensor | None = None, key_positions: torch.Tensor | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    offset: int,
+    scale: float,
+    query_positions: torch.Tensor | None = None,
+    key_positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of queries at positions ``offset + i`` over keys ``0..offset+S-1``, or at
     the given global ``query_positions`` over keys at ``key_positions`` (context parallel).
@@ -182,13 +198,17 @@ class Attention(nn.Module):
     query heads read.
     """
 
-    def __init__(self, spec: ModelSpec, *, layer_index: int, rope_theta: float, device=None, dtype=None) -> None:
+    def __init__(
+        self, spec: ModelSpec, *, layer_index: int, rope_theta: float, device=None, dtype=None
+    ) -> None:
         super().__init__()
         self.attention: AttentionSpec = spec.attention
         self.layer_index = layer_index
         self.rope_theta = rope_theta
         self.shared_key_hook: Callable[[torch.Tensor], torch.Tensor] = _identity
-        self.kv_heads_hook: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = _identity_pair
+        self.kv_heads_hook: Callable[
+            [torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]
+        ] = _identity_pair
         a, h, kw = spec.attention, spec.hidden_size, dict(device=device, dtype=dtype)
         if a.kind == "mla":
             q_width = a.num_heads * a.qk_head_dim
@@ -200,7 +220,9 @@ class Attention(nn.Module):
                 self.q_proj = _linear(h, q_width, **kw)
             self.kv_a_proj_with_mqa = _linear(h, a.kv_lora_rank + a.qk_rope_head_dim, **kw)
             self.kv_a_layernorm = RMSNorm(a.kv_lora_rank, **kw)
-            self.kv_b_proj = _linear(a.kv_lora_rank, a.num_heads * (a.qk_nope_head_dim + a.v_head_dim), **kw)
+            self.kv_b_proj = _linear(
+                a.kv_lora_rank, a.num_heads * (a.qk_nope_head_dim + a.v_head_dim), **kw
+            )
             self.o_proj = _linear(a.num_heads * a.v_head_dim, h, **kw)
         else:
             bias = spec.qkv_bias
@@ -245,18 +267,28 @@ class Attention(nn.Module):
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if a.q_lora_rank else self.q_proj(x)
         q = q.view(batch, seq, -1, a.qk_head_dim)
         q_nope, q_rope = q.split([a.qk_nope_head_dim, a.qk_rope_head_dim], dim=-1)
-        latent, k_rope = self.kv_a_proj_with_mqa(x).split([a.kv_lora_rank, a.qk_rope_head_dim], dim=-1)
+        latent, k_rope = self.kv_a_proj_with_mqa(x).split(
+            [a.kv_lora_rank, a.qk_rope_head_dim], dim=-1
+        )
         latent = self.kv_a_layernorm(latent)
         k_rope = _rope(self.shared_key_hook(k_rope).unsqueeze(2), positions, theta=self.rope_theta)
         if cache is not None:
             latent, k_rope = cache.update(self.layer_index, latent, k_rope)
         (latent, k_rope), key_positions = self._gather_keys(x, latent, k_rope)
-        kv = self.kv_b_proj(latent).view(batch, latent.shape[1], -1, a.qk_nope_head_dim + a.v_head_dim)
+        kv = self.kv_b_proj(latent).view(
+            batch, latent.shape[1], -1, a.qk_nope_head_dim + a.v_head_dim
+        )
         k_nope, v = kv.split([a.qk_nope_head_dim, a.v_head_dim], dim=-1)
         q = torch.cat([q_nope, _rope(q_rope, positions, theta=self.rope_theta)], dim=-1)
         k = torch.cat([k_nope, k_rope.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
         return _attend(
-            q, k, v, offset=offset, scale=a.qk_head_dim**-0.5, query_positions=positions, key_positions=key_positions
+            q,
+            k,
+            v,
+            offset=offset,
+            scale=a.qk_head_dim**-0.5,
+            query_positions=positions,
+            key_positions=key_positions,
         )
 
     def _gqa(self, x: torch.Tensor, offset: int, cache: KVCache | None) -> torch.Tensor:
@@ -264,18 +296,27 @@ class Attention(nn.Module):
         positions = self._positions(x, offset)
         q = _rope(self.q_proj(x).view(batch, seq, -1, a.head_dim), positions, theta=self.rope_theta)
         k, v = self.kv_heads_hook(
-            self.k_proj(x).view(batch, seq, -1, a.head_dim), self.v_proj(x).view(batch, seq, -1, a.head_dim)
+            self.k_proj(x).view(batch, seq, -1, a.head_dim),
+            self.v_proj(x).view(batch, seq, -1, a.head_dim),
         )
         k = _rope(k, positions, theta=self.rope_theta)
         if cache is not None:
             k, v = cache.update(self.layer_index, k, v)
         (k, v), key_positions = self._gather_keys(x, k, v)
         if q.shape[2] % k.shape[2]:
-            raise ValueError(f"local query heads ({q.shape[2]}) must be divisible by local KV heads ({k.shape[2]})")
+            raise ValueError(
+                f"local query heads ({q.shape[2]}) must be divisible by local KV heads ({k.shape[2]})"
+            )
         group = q.shape[2] // k.shape[2]
         k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
         return _attend(
-            q, k, v, offset=offset, scale=a.head_dim**-0.5, query_positions=positions, key_positions=key_positions
+            q,
+            k,
+            v,
+            offset=offset,
+            scale=a.head_dim**-0.5,
+            query_positions=positions,
+            key_positions=key_positions,
         )
 
 
@@ -300,7 +341,16 @@ class Router(nn.Linear):
     the chosen experts (DeepSeek-V3 sec. 2.1.2); softmax scores are used as they are (DeepSeek-V2).
     """
 
-    def __init__(self, hidden_size: int, num_experts: int, *, top_k: int, scoring: RouterScoring, device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        num_experts: int,
+        *,
+        top_k: int,
+        scoring: RouterScoring,
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__(hidden_size, num_experts, bias=False, device=device, dtype=dtype)
         if scoring not in ("softmax", "sigmoid"):
             raise ValueError(f"router scoring ({scoring!r}) must be 'softmax' or 'sigmoid'")
@@ -329,7 +379,11 @@ class TokenDispatcher(Protocol):
     """
 
     def __call__(
-        self, tokens: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor, experts: nn.ModuleDict
+        self,
+        tokens: torch.Tensor,
+        weights: torch.Tensor,
+        expert_ids: torch.Tensor,
+        experts: nn.ModuleDict,
     ) -> torch.Tensor: ...
 
 
@@ -341,7 +395,11 @@ class LocalDispatcher:
     """
 
     def __call__(
-        self, tokens: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor, experts: nn.ModuleDict
+        self,
+        tokens: torch.Tensor,
+        weights: torch.Tensor,
+        expert_ids: torch.Tensor,
+        experts: nn.ModuleDict,
     ) -> torch.Tensor:
         out = torch.zeros_like(tokens)
         for key, expert in experts.items():
@@ -360,7 +418,13 @@ class MoEBlock(nn.Module):
     """
 
     def __init__(
-        self, spec: ModelSpec, *, scoring: RouterScoring, experts: Iterable[int] | None = None, device=None, dtype=None
+        self,
+        spec: ModelSpec,
+        *,
+        scoring: RouterScoring,
+        experts: Iterable[int] | None = None,
+        device=None,
+        dtype=None,
     ) -> None:
         super().__init__()
         moe: MoESpec = spec.moe
@@ -368,7 +432,9 @@ class MoEBlock(nn.Module):
         self.num_experts = moe.num_routed_experts
         self.gate = Router(h, moe.num_routed_experts, top_k=moe.top_k, scoring=scoring, **kw)
         held = _held_ids(experts, moe.num_routed_experts, field="experts")
-        self.experts = nn.ModuleDict({str(e): FeedForward(h, moe.expert_ffn_hidden_size, **kw) for e in held})
+        self.experts = nn.ModuleDict(
+            {str(e): FeedForward(h, moe.expert_ffn_hidden_size, **kw) for e in held}
+        )
         self.shared_experts = None
         if moe.num_shared_experts:
             self.shared_experts = FeedForward(h, moe.num_shared_experts * moe.shared_ffn_size, **kw)
@@ -391,8 +457,15 @@ class DecoderLayer(nn.Module):
     """Pre-norm block: ``h + attn(norm(h))`` then ``h + mlp(norm(h))``."""
 
     def __init__(
-        self, spec: ModelSpec, *, layer_index: int, scoring: RouterScoring, rope_theta: float,
-        experts: Iterable[int] | None = None, device=None, dtype=None,
+        self,
+        spec: ModelSpec,
+        *,
+        layer_index: int,
+        scoring: RouterScoring,
+        rope_theta: float,
+        experts: Iterable[int] | None = None,
+        device=None,
+        dtype=None,
     ) -> None:
         super().__init__()
         kw = dict(device=device, dtype=dtype)
@@ -411,8 +484,17 @@ class DecoderLayer(nn.Module):
 
 class _Backbone(nn.Module):
     def __init__(
-        self, spec: ModelSpec, *, scoring: RouterScoring, rope_theta: float, layers: tuple[int, ...],
-        experts: tuple[int, ...] | None, embedding: bool, norm: bool, device=None, dtype=None,
+        self,
+        spec: ModelSpec,
+        *,
+        scoring: RouterScoring,
+        rope_theta: float,
+        layers: tuple[int, ...],
+        experts: tuple[int, ...] | None,
+        embedding: bool,
+        norm: bool,
+        device=None,
+        dtype=None,
     ) -> None:
         super().__init__()
         kw = dict(device=device, dtype=dtype)
@@ -421,7 +503,14 @@ class _Backbone(nn.Module):
             self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size, **kw)
         self.layers = nn.ModuleDict(
             {
-                str(i): DecoderLayer(spec, layer_index=i, scoring=scoring, rope_theta=rope_theta, experts=experts, **kw)
+                str(i): DecoderLayer(
+                    spec,
+                    layer_index=i,
+                    scoring=scoring,
+                    rope_theta=rope_theta,
+                    experts=experts,
+                    **kw,
+                )
                 for i in layers
             }
         )
@@ -449,9 +538,13 @@ def _check_family(spec: ModelSpec) -> None:
     }
     for field, (value, required) in unsupported.items():
         if value != required:
-            raise ValueError(f"{field} ({value!r}) must be {required!r} for the reference MoE transformer")
+            raise ValueError(
+                f"{field} ({value!r}) must be {required!r} for the reference MoE transformer"
+            )
     if spec.attention.kind == "mla" and spec.qkv_bias:
-        raise ValueError("qkv_bias (True) must be False for MLA attention in the reference MoE transformer")
+        raise ValueError(
+            "qkv_bias (True) must be False for MLA attention in the reference MoE transformer"
+        )
 
 
 def _parameter_seed(seed: int, name: str) -> int:
@@ -494,16 +587,30 @@ class ReferenceMoETransformer(nn.Module):
                 f"embedding ({embedding}) and lm_head ({lm_head}) must be built together: the spec ties word embeddings"
             )
         if experts is not None and spec.moe is None:
-            raise ValueError(f"experts ({sorted(experts)}) must be None for a dense model ({spec.name!r})")
-        held_experts = None if experts is None else _held_ids(experts, spec.moe.num_routed_experts, field="experts")
+            raise ValueError(
+                f"experts ({sorted(experts)}) must be None for a dense model ({spec.name!r})"
+            )
+        held_experts = (
+            None
+            if experts is None
+            else _held_ids(experts, spec.moe.num_routed_experts, field="experts")
+        )
         self.spec = spec
         kw = dict(device=device, dtype=dtype)
         held_layers = _held_ids(layers, spec.num_layers, field="layers")
         self.model = _Backbone(
-            spec, scoring=router_scoring, rope_theta=rope_theta, layers=held_layers, experts=held_experts,
-            embedding=embedding, norm=lm_head, **kw,
+            spec,
+            scoring=router_scoring,
+            rope_theta=rope_theta,
+            layers=held_layers,
+            experts=held_experts,
+            embedding=embedding,
+            norm=lm_head,
+            **kw,
         )
-        self.lm_head: nn.Linear | None = _linear(spec.hidden_size, spec.vocab_size, **kw) if lm_head else None
+        self.lm_head: nn.Linear | None = (
+            _linear(spec.hidden_size, spec.vocab_size, **kw) if lm_head else None
+        )
         if spec.tie_word_embeddings and lm_head:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -523,14 +630,18 @@ class ReferenceMoETransformer(nn.Module):
 
         for name, parameter in self.named_parameters():
             if parameter.is_meta:
-                raise ValueError(f"parameter {name!r} is on the meta device; call to_empty(...) first")
+                raise ValueError(
+                    f"parameter {name!r} is on the meta device; call to_empty(...) first"
+                )
             if name.endswith("norm.weight"):
                 values = torch.ones(parameter.shape)
             else:
                 generator = torch.Generator().manual_seed(_parameter_seed(seed, name))
                 values = torch.randn(parameter.shape, generator=generator) * std
             if isinstance(parameter, DTensor):
-                local = distribute_tensor(values, parameter.device_mesh, parameter.placements, src_data_rank=None)
+                local = distribute_tensor(
+                    values, parameter.device_mesh, parameter.placements, src_data_rank=None
+                )
                 parameter.to_local().copy_(local.to_local())
             else:
                 parameter.copy_(values)
@@ -565,20 +676,38 @@ def tiny_reference_spec(
     if attention == "mla":
         head = max(hidden_size // num_heads, 8)
         attention_spec = AttentionSpec(
-            kind="mla", num_heads=num_heads, num_kv_heads=num_heads, head_dim=head + head // 2,
-            q_lora_rank=hidden_size // 2, kv_lora_rank=hidden_size // 4,
-            qk_nope_head_dim=head, qk_rope_head_dim=head // 2, v_head_dim=head,
+            kind="mla",
+            num_heads=num_heads,
+            num_kv_heads=num_heads,
+            head_dim=head + head // 2,
+            q_lora_rank=hidden_size // 2,
+            kv_lora_rank=hidden_size // 4,
+            qk_nope_head_dim=head,
+            qk_rope_head_dim=head // 2,
+            v_head_dim=head,
         )
     else:
         attention_spec = AttentionSpec(
-            kind="gqa", num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=hidden_size // num_heads
+            kind="gqa",
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=hidden_size // num_heads,
         )
     moe = MoESpec(
-        num_routed_experts=num_experts, top_k=top_k, expert_ffn_hidden_size=hidden_size // 2,
-        num_shared_experts=num_shared_experts, num_dense_layers=num_dense_layers,
+        num_routed_experts=num_experts,
+        top_k=top_k,
+        expert_ffn_hidden_size=hidden_size // 2,
+        num_shared_experts=num_shared_experts,
+        num_dense_layers=num_dense_layers,
     )
     return ModelSpec(
-        name=f"tiny-reference-{attention}", num_layers=num_layers, hidden_size=hidden_size, vocab_size=vocab_size,
-        ffn_hidden_size=2 * hidden_size, attention=attention_spec, moe=moe,
-        tie_word_embeddings=tie_word_embeddings, max_context_tokens=4096,
+        name=f"tiny-reference-{attention}",
+        num_layers=num_layers,
+        hidden_size=hidden_size,
+        vocab_size=vocab_size,
+        ffn_hidden_size=2 * hidden_size,
+        attention=attention_spec,
+        moe=moe,
+        tie_word_embeddings=tie_word_embeddings,
+        max_context_tokens=4096,
     )

@@ -37,12 +37,22 @@ from torch.distributed.pipelining import (
 
 from autoparallel.plan import ShardingPlan, StageLayers
 
-__all__ = ["Pipeline", "StepOutput", "build_pipeline", "num_micro_batches_for", "split_stage_modules", "stage_chunks"]
+__all__ = [
+    "Pipeline",
+    "StepOutput",
+    "build_pipeline",
+    "num_micro_batches_for",
+    "split_stage_modules",
+    "stage_chunks",
+]
 
 logger = logging.getLogger(__name__)
 
 _SINGLE_STAGE_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
-_MULTI_STAGE_SCHEDULES = {"interleaved_1f1b": ScheduleInterleaved1F1B, "zero_bubble": ScheduleInterleavedZeroBubble}
+_MULTI_STAGE_SCHEDULES = {
+    "interleaved_1f1b": ScheduleInterleaved1F1B,
+    "zero_bubble": ScheduleInterleavedZeroBubble,
+}
 
 
 def _shallow_copy(module: nn.Module) -> nn.Module:
@@ -59,7 +69,9 @@ def _check_layout(model: nn.Module, plan: ShardingPlan, pp_rank: int) -> None:
     the whole model's layers, or (a part built for one rank) exactly ``pp_rank``'s."""
     backbone = getattr(model, "model", None)
     layers = getattr(backbone, "layers", None)
-    if not isinstance(layers, nn.ModuleDict) or not all(hasattr(backbone, n) for n in ("embed_tokens", "norm")):
+    if not isinstance(layers, nn.ModuleDict) or not all(
+        hasattr(backbone, n) for n in ("embed_tokens", "norm")
+    ):
         raise ValueError(
             f"module ({type(model).__name__}) must have model.embed_tokens, model.layers (an nn.ModuleDict "
             "keyed by layer id), model.norm and lm_head to be split into pipeline stages"
@@ -68,10 +80,18 @@ def _check_layout(model: nn.Module, plan: ShardingPlan, pp_rank: int) -> None:
     if _is_stage_part(model, expected):
         _check_stage_part(model, plan, pp_rank)
     elif len(layers) != expected:
-        raise ValueError(f"module has {len(layers)} layers; the plan's stages cover {expected} layers")
+        raise ValueError(
+            f"module has {len(layers)} layers; the plan's stages cover {expected} layers"
+        )
     lm_head = getattr(model, "lm_head", None)
-    if plan.config.pp > 1 and lm_head is not None and lm_head.weight is getattr(backbone.embed_tokens, "weight", None):
-        raise ValueError("tied embeddings (lm_head.weight is embed_tokens.weight) are not supported with pp > 1")
+    if (
+        plan.config.pp > 1
+        and lm_head is not None
+        and lm_head.weight is getattr(backbone.embed_tokens, "weight", None)
+    ):
+        raise ValueError(
+            "tied embeddings (lm_head.weight is embed_tokens.weight) are not supported with pp > 1"
+        )
 
 
 def _is_stage_part(model: nn.Module, num_layers: int) -> bool:
@@ -81,7 +101,11 @@ def _is_stage_part(model: nn.Module, num_layers: int) -> bool:
     if declared != num_layers:
         return False
     backbone = model.model
-    return len(backbone.layers) != declared or backbone.embed_tokens is None or getattr(model, "lm_head", None) is None
+    return (
+        len(backbone.layers) != declared
+        or backbone.embed_tokens is None
+        or getattr(model, "lm_head", None) is None
+    )
 
 
 def _check_stage_part(model: nn.Module, plan: ShardingPlan, pp_rank: int) -> None:
@@ -95,7 +119,11 @@ def _check_stage_part(model: nn.Module, plan: ShardingPlan, pp_rank: int) -> Non
             f"(missing {sorted(expected - held)}, extra {sorted(held - expected)})"
         )
     for name, held_part, wanted in (
-        ("model.embed_tokens", model.model.embed_tokens is not None, any(c.has_embedding for c in chunks)),
+        (
+            "model.embed_tokens",
+            model.model.embed_tokens is not None,
+            any(c.has_embedding for c in chunks),
+        ),
         ("lm_head", model.lm_head is not None, any(c.has_lm_head for c in chunks)),
     ):
         if held_part != wanted:
@@ -109,7 +137,9 @@ def stage_chunks(plan: ShardingPlan, pp_rank: int) -> list[StageLayers]:
     """The chunks pipeline rank ``pp_rank`` runs, in chunk order."""
     chunks = sorted((s for s in plan.stages if s.stage == pp_rank), key=lambda s: s.chunk)
     if not chunks:
-        raise ValueError(f"the plan's stages give pipeline rank {pp_rank} no chunk (stages: {len(plan.stages)})")
+        raise ValueError(
+            f"the plan's stages give pipeline rank {pp_rank} no chunk (stages: {len(plan.stages)})"
+        )
     return chunks
 
 
@@ -128,7 +158,9 @@ def _cut(model: nn.Module, chunk: StageLayers, *, in_place: bool) -> nn.Module:
     return top
 
 
-def split_stage_modules(model: nn.Module, *, plan: ShardingPlan, pp_rank: int) -> list[tuple[StageLayers, nn.Module]]:
+def split_stage_modules(
+    model: nn.Module, *, plan: ShardingPlan, pp_rank: int
+) -> list[tuple[StageLayers, nn.Module]]:
     """Cut ``model`` into the chunk modules pipeline rank ``pp_rank`` runs.
 
     With one chunk per rank the model itself is cut in place; with several, each chunk is a
@@ -150,7 +182,9 @@ def _prune(model: nn.Module, chunks: list[StageLayers]) -> None:
     """Drop from ``model`` the layers, embedding and head none of ``chunks`` uses."""
     keep = {str(i) for chunk in chunks for i in range(chunk.start_layer, chunk.stop_layer)}
     backbone = model.model
-    backbone.layers = nn.ModuleDict({key: layer for key, layer in backbone.layers.items() if key in keep})
+    backbone.layers = nn.ModuleDict(
+        {key: layer for key, layer in backbone.layers.items() if key in keep}
+    )
     if not any(chunk.has_embedding for chunk in chunks):
         backbone.embed_tokens = None
     if not any(chunk.has_lm_head for chunk in chunks):
@@ -165,7 +199,9 @@ def num_micro_batches_for(plan: ShardingPlan, *, local_batch_sequences: int | No
     if local_batch_sequences is None:
         global_batch = getattr(plan.job, "global_batch_sequences", None)
         if not global_batch:
-            raise ValueError("the plan's workload has no global_batch_sequences; pass local_batch_sequences")
+            raise ValueError(
+                "the plan's workload has no global_batch_sequences; pass local_batch_sequences"
+            )
         return config.num_micro_batches(int(global_batch))
     if local_batch_sequences % config.micro_batch_size:
         raise ValueError(
@@ -207,7 +243,9 @@ class Pipeline:
     def is_last(self) -> bool:
         return any(chunk.has_lm_head for chunk in self.chunks)
 
-    def step(self, inputs: torch.Tensor | None = None, *, targets: torch.Tensor | None = None) -> StepOutput:
+    def step(
+        self, inputs: torch.Tensor | None = None, *, targets: torch.Tensor | None = None
+    ) -> StepOutput:
         """One forward and backward pass of every micro-batch; gradients accumulate in the modules
         (averaged over micro-batches, so they are those of the mean loss of the local batch)."""
         losses: list[torch.Tensor] = []
@@ -236,7 +274,9 @@ def _check_schedule(plan: ShardingPlan, *, num_local_chunks: int, num_micro_batc
         known = sorted(_SINGLE_STAGE_SCHEDULES) + sorted(_MULTI_STAGE_SCHEDULES)
         raise ValueError(f"pipeline_schedule ({name!r}) is not one of {known}")
     if name in _SINGLE_STAGE_SCHEDULES and num_local_chunks != 1:
-        raise ValueError(f"pipeline_schedule ({name!r}) runs one chunk per rank; this rank has {num_local_chunks}")
+        raise ValueError(
+            f"pipeline_schedule ({name!r}) runs one chunk per rank; this rank has {num_local_chunks}"
+        )
     if num_micro_batches < 1:
         raise ValueError(f"num_micro_batches ({num_micro_batches}) must be >= 1")
     if name == "interleaved_1f1b" and num_micro_batches % config.pp:
@@ -273,15 +313,29 @@ def build_pipeline(
     _check_schedule(plan, num_local_chunks=len(stage_modules), num_micro_batches=num_micro_batches)
     num_chunks = config.pp * config.virtual_stages
     stages = [
-        PipelineStage(module, chunk.chunk, num_chunks, device, group=pp_group) for chunk, module in stage_modules
+        PipelineStage(module, chunk.chunk, num_chunks, device, group=pp_group)
+        for chunk, module in stage_modules
     ]
     name = config.pipeline_schedule
     if name in _SINGLE_STAGE_SCHEDULES:
-        schedule = _SINGLE_STAGE_SCHEDULES[name](stages[0], n_microbatches=num_micro_batches, loss_fn=loss_fn)
+        schedule = _SINGLE_STAGE_SCHEDULES[name](
+            stages[0], n_microbatches=num_micro_batches, loss_fn=loss_fn
+        )
     else:
-        schedule = _MULTI_STAGE_SCHEDULES[name](stages, n_microbatches=num_micro_batches, loss_fn=loss_fn)
-    logger.info("pipeline: chunks %s, schedule %s, %d micro-batches", [c.chunk for c, _ in stage_modules], name, num_micro_batches)
+        schedule = _MULTI_STAGE_SCHEDULES[name](
+            stages, n_microbatches=num_micro_batches, loss_fn=loss_fn
+        )
+    logger.info(
+        "pipeline: chunks %s, schedule %s, %d micro-batches",
+        [c.chunk for c, _ in stage_modules],
+        name,
+        num_micro_batches,
+    )
     return Pipeline(
-        plan=plan, modules=[module for _, module in stage_modules], chunks=[chunk for chunk, _ in stage_modules],
-        stages=stages, schedule=schedule, num_micro_batches=num_micro_batches,
+        plan=plan,
+        modules=[module for _, module in stage_modules],
+        chunks=[chunk for chunk, _ in stage_modules],
+        stages=stages,
+        schedule=schedule,
+        num_micro_batches=num_micro_batches,
     )

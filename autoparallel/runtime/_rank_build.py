@@ -29,7 +29,14 @@ from autoparallel.runtime._model import ReferenceMoETransformer, RouterScoring
 from autoparallel.runtime._tensor_parallel import iter_module_names
 from cost_model import ModelSpec
 
-__all__ = ["RankParts", "build_for_rank", "check_rank_part", "is_rank_part", "rank_parts", "whole_module_names"]
+__all__ = [
+    "RankParts",
+    "build_for_rank",
+    "check_rank_part",
+    "is_rank_part",
+    "rank_parts",
+    "whole_module_names",
+]
 
 
 @dataclass(frozen=True)
@@ -83,8 +90,13 @@ def rank_parts(plan: ShardingPlan, *, rank: int, num_experts: int | None = None)
     if num_experts is not None and plan.config.ep > 1:
         experts = local_experts(expert_placement_for(plan, num_experts=num_experts), ep_rank)
     return RankParts(
-        rank=rank, pp_rank=pp_rank, ep_rank=ep_rank, layers=tuple(layers), experts=experts,
-        embedding=any(chunk.has_embedding for chunk in chunks), lm_head=any(chunk.has_lm_head for chunk in chunks),
+        rank=rank,
+        pp_rank=pp_rank,
+        ep_rank=ep_rank,
+        layers=tuple(layers),
+        experts=experts,
+        embedding=any(chunk.has_embedding for chunk in chunks),
+        lm_head=any(chunk.has_lm_head for chunk in chunks),
     )
 
 
@@ -116,8 +128,15 @@ def build_for_rank(
     num_experts = spec.moe.num_routed_experts if spec.moe is not None else None
     parts = rank_parts(plan, rank=rank, num_experts=num_experts)
     return ReferenceMoETransformer(
-        spec, router_scoring=router_scoring, rope_theta=rope_theta, device=device, dtype=dtype,
-        layers=parts.layers, experts=parts.experts, embedding=parts.embedding, lm_head=parts.lm_head,
+        spec,
+        router_scoring=router_scoring,
+        rope_theta=rope_theta,
+        device=device,
+        dtype=dtype,
+        layers=parts.layers,
+        experts=parts.experts,
+        embedding=parts.embedding,
+        lm_head=parts.lm_head,
     )
 
 
@@ -127,7 +146,9 @@ def _expert_containers(module: ReferenceMoETransformer) -> Iterator[tuple[str, n
     for key, layer in module.model.layers.items():
         mlp = getattr(layer, "mlp", None)
         experts = getattr(mlp, "experts", None)
-        if isinstance(experts, nn.ModuleDict) and isinstance(getattr(mlp, "num_experts", None), int):
+        if isinstance(experts, nn.ModuleDict) and isinstance(
+            getattr(mlp, "num_experts", None), int
+        ):
             yield f"model.layers.{key}.mlp.experts", experts, mlp.num_experts
 
 
@@ -138,7 +159,11 @@ def is_rank_part(module: nn.Module) -> bool:
     if not isinstance(module, ReferenceMoETransformer) or spec is None:
         return False
     backbone = module.model
-    if len(backbone.layers) != spec.num_layers or backbone.embed_tokens is None or module.lm_head is None:
+    if (
+        len(backbone.layers) != spec.num_layers
+        or backbone.embed_tokens is None
+        or module.lm_head is None
+    ):
         return True
     return any(len(container) != count for _, container, count in _expert_containers(module))
 
@@ -166,15 +191,20 @@ def _part_differences(module: ReferenceMoETransformer, parts: RankParts) -> list
     return [difference for difference in found if difference is not None]
 
 
-def check_rank_part(module: ReferenceMoETransformer, plan: ShardingPlan, *, rank: int | None) -> None:
+def check_rank_part(
+    module: ReferenceMoETransformer, plan: ShardingPlan, *, rank: int | None
+) -> None:
     """A part built for a rank must hold exactly what ``plan`` gives ``rank``; with ``rank``
     unknown (no process group yet), what it gives some rank. ``ValueError`` names the difference."""
     num_experts = module.spec.moe.num_routed_experts if module.spec.moe is not None else None
     if rank is not None:
-        differences = _part_differences(module, rank_parts(plan, rank=rank, num_experts=num_experts))
+        differences = _part_differences(
+            module, rank_parts(plan, rank=rank, num_experts=num_experts)
+        )
         if differences:
             raise ValueError(
-                f"the module built for a rank differs from what the plan gives rank {rank}: " + "; ".join(differences)
+                f"the module built for a rank differs from what the plan gives rank {rank}: "
+                + "; ".join(differences)
             )
         return
     config = plan.config
@@ -182,7 +212,9 @@ def check_rank_part(module: ReferenceMoETransformer, plan: ShardingPlan, *, rank
     for candidate in moe[:, 0, :, 0].reshape(-1).tolist():  # one rank per (pp, ep) coordinate
         if not _part_differences(module, rank_parts(plan, rank=candidate, num_experts=num_experts)):
             return
-    raise ValueError("the module built for a rank holds what the plan gives no rank (layers, embedding, head, experts)")
+    raise ValueError(
+        "the module built for a rank holds what the plan gives no rank (layers, embedding, head, experts)"
+    )
 
 
 _WHOLE_NAMES: dict[tuple[str, str], list[str]] = {}
@@ -195,5 +227,7 @@ def whole_module_names(module: ReferenceMoETransformer) -> list[str]:
     key = (spec.fingerprint(), type(module).__qualname__)
     if key not in _WHOLE_NAMES:
         experts = None if spec.moe is None else (0,)
-        _WHOLE_NAMES[key] = iter_module_names(ReferenceMoETransformer(spec, experts=experts, device="meta"))
+        _WHOLE_NAMES[key] = iter_module_names(
+            ReferenceMoETransformer(spec, experts=experts, device="meta")
+        )
     return _WHOLE_NAMES[key]

@@ -45,7 +45,10 @@ class RankFailure(RuntimeError):
 
 def _first_real_error(errors: dict[int, str]) -> str:
     for rank in sorted(errors):
-        if "Connection closed by peer" not in errors[rank] and "Connection reset" not in errors[rank]:
+        if (
+            "Connection closed by peer" not in errors[rank]
+            and "Connection reset" not in errors[rank]
+        ):
             return f"[rank {rank}] {errors[rank]}"
     return "" if not errors else f"[rank {min(errors)}] {errors[min(errors)]}"
 
@@ -67,21 +70,37 @@ def preload_torch() -> None:
             pass
 
 
-def _child(rank: int, world_size: int, port: int, folder: Path, fn: Callable, args: tuple, backend: str, collective_timeout_s: float) -> None:
+def _child(
+    rank: int,
+    world_size: int,
+    port: int,
+    folder: Path,
+    fn: Callable,
+    args: tuple,
+    backend: str,
+    collective_timeout_s: float,
+) -> None:
     import datetime
 
     import torch
     import torch.distributed as dist
 
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
     )
     torch.set_num_threads(1)
     code = 0
     try:
         dist.init_process_group(
-            backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=collective_timeout_s)
+            backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=collective_timeout_s),
         )
         result = fn(rank, world_size, *args)
         (folder / f"{rank}.pkl").write_bytes(pickle.dumps(result))
@@ -119,9 +138,15 @@ def run_ranks(
             pids.append(pid)
         timed_out = _wait_all(pids, timeout_s)
         errors = {
-            rank: (folder / f"{rank}.err").read_text() for rank in range(world_size) if (folder / f"{rank}.err").exists()
+            rank: (folder / f"{rank}.err").read_text()
+            for rank in range(world_size)
+            if (folder / f"{rank}.err").exists()
         }
-        missing = [rank for rank in range(world_size) if not (folder / f"{rank}.pkl").exists() and rank not in errors]
+        missing = [
+            rank
+            for rank in range(world_size)
+            if not (folder / f"{rank}.pkl").exists() and rank not in errors
+        ]
         for rank in missing:
             errors[rank] = "rank exited without a result (killed or crashed)"
         if errors or timed_out:

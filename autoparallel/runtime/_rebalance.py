@@ -45,14 +45,20 @@ class RebalanceReport:
     bytes_received: int
 
 
-def _state_layout(optimizer, parameters: list[nn.Parameter]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _state_layout(
+    optimizer, parameters: list[nn.Parameter]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Optimizer state keys of the expert weights: those shaped like the weight, and scalars."""
     if optimizer is None:
         return (), ()
     for parameter in parameters:
         state = optimizer.state.get(parameter)
         if state:
-            shaped = tuple(sorted(k for k, v in state.items() if torch.is_tensor(v) and v.shape == parameter.shape))
+            shaped = tuple(
+                sorted(
+                    k for k, v in state.items() if torch.is_tensor(v) and v.shape == parameter.shape
+                )
+            )
             scalars = tuple(sorted(k for k, v in state.items() if k not in shaped))
             return shaped, scalars
     return (), ()
@@ -99,7 +105,9 @@ def _pack(blocks, moves: list[ExpertMove], optimizer, layout) -> tuple[torch.Ten
     return flat, torch.tensor(values, dtype=torch.float64, device=template.device)
 
 
-def _unpack_into(expert: nn.Module, flat: torch.Tensor, scalars_flat: torch.Tensor, optimizer, layout) -> tuple[int, int]:
+def _unpack_into(
+    expert: nn.Module, flat: torch.Tensor, scalars_flat: torch.Tensor, optimizer, layout
+) -> tuple[int, int]:
     """Fill a fresh expert (and its optimizer state) from the front of the buffers; return the
     numbers of elements consumed from each."""
     shaped, scalars = layout
@@ -133,17 +141,25 @@ def _move_sizes(blocks, layout) -> tuple[int, int]:
     return per_tensor, per_scalar
 
 
-def _exchange(send: torch.Tensor, *, send_counts: list[int], recv_counts: list[int], per_move: int, group) -> torch.Tensor:
+def _exchange(
+    send: torch.Tensor, *, send_counts: list[int], recv_counts: list[int], per_move: int, group
+) -> torch.Tensor:
     out = send.new_empty(sum(recv_counts) * per_move)
     if group is None or per_move == 0:
         return send if group is None else out
     dist.all_to_all_single(
-        out, send.contiguous(), [c * per_move for c in recv_counts], [c * per_move for c in send_counts], group=group
+        out,
+        send.contiguous(),
+        [c * per_move for c in recv_counts],
+        [c * per_move for c in send_counts],
+        group=group,
     )
     return out
 
 
-def rebalance_experts(expert_parallel: ExpertParallel, *, placement: ExpertPlacement, optimizer=None) -> RebalanceReport:
+def rebalance_experts(
+    expert_parallel: ExpertParallel, *, placement: ExpertPlacement, optimizer=None
+) -> RebalanceReport:
     """Re-place the experts of ``expert_parallel``'s MoE blocks as ``placement`` says.
 
     Mutates, on this rank: each block's ``experts`` and ``dispatcher``, ``expert_parallel.placement``
@@ -171,24 +187,50 @@ def rebalance_experts(expert_parallel: ExpertParallel, *, placement: ExpertPlace
     recv_counts = [sum(m.source_rank == r for m in incoming) for r in range(old.ep)]
     per_move, per_scalar = _move_sizes(blocks, layout)
     flat, scalars = _pack(blocks, outgoing, optimizer, layout)
-    received = _exchange(flat, send_counts=send_counts, recv_counts=recv_counts, per_move=per_move, group=groups.ep_group)
+    received = _exchange(
+        flat,
+        send_counts=send_counts,
+        recv_counts=recv_counts,
+        per_move=per_move,
+        group=groups.ep_group,
+    )
     received_scalars = _exchange(
-        scalars, send_counts=send_counts, recv_counts=recv_counts, per_move=per_scalar, group=groups.ep_group
+        scalars,
+        send_counts=send_counts,
+        recv_counts=recv_counts,
+        per_move=per_scalar,
+        group=groups.ep_group,
     )
     new_local = rank_experts(placement)[me]
     group_of = _param_groups(optimizer)
-    dropped = _install(blocks, new_local=new_local, incoming=incoming, received=(received, received_scalars),
-                       optimizer=optimizer, layout=layout, group_of=group_of)
+    dropped = _install(
+        blocks,
+        new_local=new_local,
+        incoming=incoming,
+        received=(received, received_scalars),
+        optimizer=optimizer,
+        layout=layout,
+        group_of=group_of,
+    )
     dispatcher = AllToAllDispatcher(placement=placement, groups=groups)
     for _, block in blocks:
         block.dispatcher = dispatcher
     expert_parallel.placement, expert_parallel.dispatcher = placement, dispatcher
     element = next(iter(blocks[0][1].experts.parameters())).element_size()
     report = RebalanceReport(
-        received=tuple(m.expert for m in incoming), sent=tuple(m.expert for m in outgoing), dropped=dropped,
-        bytes_sent=flat.numel() * element, bytes_received=received.numel() * element,
+        received=tuple(m.expert for m in incoming),
+        sent=tuple(m.expert for m in outgoing),
+        dropped=dropped,
+        bytes_sent=flat.numel() * element,
+        bytes_received=received.numel() * element,
     )
-    logger.info("rebalance: EP rank %d received %s, sent %s, dropped %s", me, report.received, report.sent, dropped)
+    logger.info(
+        "rebalance: EP rank %d received %s, sent %s, dropped %s",
+        me,
+        report.received,
+        report.sent,
+        dropped,
+    )
     return report
 
 
@@ -196,10 +238,14 @@ def _param_groups(optimizer) -> dict[int, int]:
     """id(parameter) -> index of its optimizer parameter group."""
     if optimizer is None:
         return {}
-    return {id(p): index for index, group in enumerate(optimizer.param_groups) for p in group["params"]}
+    return {
+        id(p): index for index, group in enumerate(optimizer.param_groups) for p in group["params"]
+    }
 
 
-def _install(blocks, *, new_local, incoming, received, optimizer, layout, group_of) -> tuple[int, ...]:
+def _install(
+    blocks, *, new_local, incoming, received, optimizer, layout, group_of
+) -> tuple[int, ...]:
     """Build each block's new ``experts`` dict and keep the optimizer in step with it."""
     flat, scalars = received
     offset = scalar_offset = 0
@@ -208,7 +254,9 @@ def _install(blocks, *, new_local, incoming, received, optimizer, layout, group_
         for index, (_, block) in enumerate(blocks):
             template = next(iter(block.experts.values()))
             expert = _fresh_copy(template)
-            used, used_scalars = _unpack_into(expert, flat[offset:], scalars[scalar_offset:], optimizer, layout)
+            used, used_scalars = _unpack_into(
+                expert, flat[offset:], scalars[scalar_offset:], optimizer, layout
+            )
             offset, scalar_offset = offset + used, scalar_offset + used_scalars
             fresh[(index, move.expert)] = expert
             _register(optimizer, template, expert, group_of)
@@ -225,9 +273,17 @@ def _install(blocks, *, new_local, incoming, received, optimizer, layout, group_
     return tuple(sorted(dropped))
 
 
-_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-               "_state_dict_hooks", "_load_state_dict_pre_hooks", "_forward_hooks_with_kwargs",
-               "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called")
+_HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_state_dict_hooks",
+    "_load_state_dict_pre_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+)
 
 
 def _fresh_copy(template: nn.Module) -> nn.Module:
@@ -254,10 +310,14 @@ def _fresh_copy(template: nn.Module) -> nn.Module:
 def _register(optimizer, template: nn.Module, expert: nn.Module, group_of: dict[int, int]) -> None:
     if optimizer is None:
         return
-    for (_, like), (_, parameter) in zip(sorted(template.named_parameters()), sorted(expert.named_parameters())):
+    for (_, like), (_, parameter) in zip(
+        sorted(template.named_parameters()), sorted(expert.named_parameters())
+    ):
         index = group_of.get(id(like))
         if index is None:
-            raise ValueError("an expert weight is not in the optimizer; pass the optimizer that trains the experts")
+            raise ValueError(
+                "an expert weight is not in the optimizer; pass the optimizer that trains the experts"
+            )
         optimizer.param_groups[index]["params"].append(parameter)
 
 

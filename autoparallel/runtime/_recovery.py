@@ -69,8 +69,12 @@ class RankLostError(RuntimeError):
             if checkpoint
             else "no checkpoint was configured, so the progress of this run is lost"
         )
-        first_line = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-        super().__init__(f"a peer rank was lost during step {step} ({type(cause).__name__}: {first_line}); {resume}")
+        first_line = (
+            str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        )
+        super().__init__(
+            f"a peer rank was lost during step {step} ({type(cause).__name__}: {first_line}); {resume}"
+        )
 
 
 def _is_lost_peer(error: BaseException) -> bool:
@@ -89,7 +93,9 @@ def guard_step(*, step: int, checkpoint: str | os.PathLike | None = None) -> Ite
     except Exception as error:  # classified, then re-raised
         if not _is_lost_peer(error):
             raise
-        lost = RankLostError(step=step, checkpoint=None if checkpoint is None else str(checkpoint), cause=error)
+        lost = RankLostError(
+            step=step, checkpoint=None if checkpoint is None else str(checkpoint), cause=error
+        )
         logger.error("%s", lost)
         raise lost from error
 
@@ -126,14 +132,20 @@ def rebuild_schedule(pipeline, *, plan: ShardingPlan, num_micro_batches: int) ->
 
     stage = pipeline.stages[0]
     rebuilt = build_pipeline(
-        list(zip(pipeline.chunks, pipeline.modules)), plan=plan, pp_group=stage.group, device=stage.device,
-        loss_fn=pipeline.schedule._loss_fn, num_micro_batches=num_micro_batches,
+        list(zip(pipeline.chunks, pipeline.modules)),
+        plan=plan,
+        pp_group=stage.group,
+        device=stage.device,
+        loss_fn=pipeline.schedule._loss_fn,
+        num_micro_batches=num_micro_batches,
     )
     pipeline.plan, pipeline.stages, pipeline.schedule = plan, rebuilt.stages, rebuilt.schedule
     pipeline.num_micro_batches = num_micro_batches
 
 
-def recover_job(checkpoint, *, build, model, cluster, workload, n_trials: int, seed: int, max_cp_degree):
+def recover_job(
+    checkpoint, *, build, model, cluster, workload, n_trials: int, seed: int, max_cp_degree
+):
     """The work of ``Retuner.recover``: read the last complete checkpoint, find the largest legal
     world the launched ranks allow, re-plan for it on rank 0 (warm-started from the old plan when
     the world is unchanged) and share the plan, shrink the process group, ``build(plan)`` and load
@@ -146,20 +158,32 @@ def recover_job(checkpoint, *, build, model, cluster, workload, n_trials: int, s
     from search import SearchBounds, SearchSettings
 
     info = read_checkpoint_info(checkpoint)
-    model, cluster, workload = job_from_plan(info.plan, model=model, cluster=cluster, workload=workload)
+    model, cluster, workload = job_from_plan(
+        info.plan, model=model, cluster=cluster, workload=workload
+    )
     launched = dist.get_world_size()
-    world = largest_legal_world(model=model, cluster=cluster, workload=workload, max_world_size=launched)
+    world = largest_legal_world(
+        model=model, cluster=cluster, workload=workload, max_world_size=launched
+    )
     sized = cluster_for_world(cluster, world)
     shared = [None]
     if dist.get_rank() == 0:
         warm = info.plan.config if info.plan.world_size == world else None
         settings = SearchSettings(bounds=SearchBounds(max_cp_degree=max_cp_degree))
-        plan = autoparallel.find_plan(model, sized, workload, n_trials=n_trials, seed=seed, warm_start=warm, settings=settings)
+        plan = autoparallel.find_plan(
+            model, sized, workload, n_trials=n_trials, seed=seed, warm_start=warm, settings=settings
+        )
         shared = [plan.to_json()]
     dist.broadcast_object_list(shared, src=0)
     plan = load_plan(shared[0])
-    logger.info("recovery: checkpoint of step %d saved on %d ranks; %d launched; re-planned for %d ranks: %s",
-                info.step, info.plan.world_size, launched, world, plan.config)
+    logger.info(
+        "recovery: checkpoint of step %d saved on %d ranks; %d launched; re-planned for %d ranks: %s",
+        info.step,
+        info.plan.world_size,
+        launched,
+        world,
+        plan.config,
+    )
     if not shrink_world(world):
         return None
     built = build(plan)
@@ -187,7 +211,9 @@ def shrink_world(world_size: int, *, timeout_s: float = 60.0) -> bool:
 
     rank, current = dist.get_rank(), dist.get_world_size()
     if not 0 < world_size <= current:
-        raise ValueError(f"world_size ({world_size}) must be between 1 and the current world size ({current})")
+        raise ValueError(
+            f"world_size ({world_size}) must be between 1 and the current world size ({current})"
+        )
     if world_size == current:
         return True
     port = [_free_port() if rank == 0 else None]
@@ -200,7 +226,10 @@ def shrink_world(world_size: int, *, timeout_s: float = 60.0) -> bool:
         return False
     address = os.environ.get("MASTER_ADDR", "127.0.0.1")
     dist.init_process_group(
-        backend, init_method=f"tcp://{address}:{port[0]}", rank=rank, world_size=world_size,
+        backend,
+        init_method=f"tcp://{address}:{port[0]}",
+        rank=rank,
+        world_size=world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
     os.environ.update(WORLD_SIZE=str(world_size), MASTER_PORT=str(port[0]))

@@ -93,7 +93,9 @@ def _optimizer_keys(optimizer, parameters: dict[str, nn.Parameter]) -> tuple[lis
     for parameter in parameters.values():
         state = optimizer.state.get(parameter)
         if state:
-            shaped = sorted(k for k, v in state.items() if torch.is_tensor(v) and v.shape == parameter.shape)
+            shaped = sorted(
+                k for k, v in state.items() if torch.is_tensor(v) and v.shape == parameter.shape
+            )
             return shaped, sorted(k for k in state if k not in shaped)
     return [], []
 
@@ -119,14 +121,22 @@ def _optimizer_state(optimizer, parameters: dict[str, nn.Parameter], keys) -> di
         for key in (*shaped, *scalars):
             if key in entry:
                 value = entry[key]
-                state[f"optimizer.{name}.{key}"] = value if torch.is_tensor(value) else torch.tensor(float(value))
+                state[f"optimizer.{name}.{key}"] = (
+                    value if torch.is_tensor(value) else torch.tensor(float(value))
+                )
     return state
 
 
 def _hyperparameters(optimizer) -> list[dict[str, Any]]:
     groups = []
     for group in optimizer.param_groups:
-        groups.append({k: v for k, v in group.items() if k != "params" and isinstance(v, (int, float, bool, str, list, tuple, type(None)))})
+        groups.append(
+            {
+                k: v
+                for k, v in group.items()
+                if k != "params" and isinstance(v, (int, float, bool, str, list, tuple, type(None)))
+            }
+        )
     return groups
 
 
@@ -164,11 +174,20 @@ def save_checkpoint(
     if optimizer is not None:
         keys = _agreed_keys(optimizer, parameters)
         state.update(_optimizer_state(optimizer, parameters, keys))
-        optimizer_info = {"class": type(optimizer).__name__, "shaped_keys": keys[0], "scalar_keys": keys[1],
-                          "param_groups": _hyperparameters(optimizer)}
+        optimizer_info = {
+            "class": type(optimizer).__name__,
+            "shaped_keys": keys[0],
+            "scalar_keys": keys[1],
+            "param_groups": _hyperparameters(optimizer),
+        }
     dcp.save(state, checkpoint_id=str(path))
     if _is_rank_zero():
-        info = {"plan": json.loads(plan.to_json()), "step": step, "extra": extra or {}, "optimizer": optimizer_info}
+        info = {
+            "plan": json.loads(plan.to_json()),
+            "step": step,
+            "extra": extra or {},
+            "optimizer": optimizer_info,
+        }
         (path / INFO_FILE).write_text(json.dumps(info, indent=1))
     _barrier()
     if _is_rank_zero():
@@ -187,7 +206,9 @@ def latest_checkpoint(root: str | Path) -> Path:
         return root
     pointer = root / LATEST_FILE
     if not pointer.exists():
-        raise ValueError(f"checkpoint ({str(root)!r}) has no {LATEST_FILE!r} file and no {INFO_FILE!r}: nothing was saved there")
+        raise ValueError(
+            f"checkpoint ({str(root)!r}) has no {LATEST_FILE!r} file and no {INFO_FILE!r}: nothing was saved there"
+        )
     return root / pointer.read_text().strip()
 
 
@@ -195,8 +216,13 @@ def read_checkpoint_info(path: str | Path) -> CheckpointInfo:
     """The plan, step and extra state of a checkpoint (``root`` or a ``step-*`` directory)."""
     path = latest_checkpoint(path)
     info = json.loads((path / INFO_FILE).read_text())
-    return CheckpointInfo(path=path, plan=ShardingPlan.model_validate(info["plan"]), step=int(info["step"]),
-                          extra=dict(info.get("extra", {})), optimizer=dict(info.get("optimizer", {})))
+    return CheckpointInfo(
+        path=path,
+        plan=ShardingPlan.model_validate(info["plan"]),
+        step=int(info["step"]),
+        extra=dict(info.get("extra", {})),
+        optimizer=dict(info.get("optimizer", {})),
+    )
 
 
 def load_checkpoint(
@@ -218,7 +244,10 @@ def load_checkpoint(
         ValueError: no checkpoint at ``path``, or it was saved for another model.
     """
     info = read_checkpoint_info(path)
-    if plan is not None and plan.provenance.model_fingerprint != info.plan.provenance.model_fingerprint:
+    if (
+        plan is not None
+        and plan.provenance.model_fingerprint != info.plan.provenance.model_fingerprint
+    ):
         raise ValueError(
             f"checkpoint model_fingerprint ({info.plan.provenance.model_fingerprint}, {info.plan.provenance.model_name}) "
             f"must equal the plan's ({plan.provenance.model_fingerprint}, {plan.provenance.model_name}): "
@@ -241,23 +270,41 @@ def load_checkpoint(
     dcp.load(state, checkpoint_id=str(info.path))
     if optimizer is not None and templates:
         for name, parameter in parameters.items():
-            optimizer.state[parameter] = {key: state[f"optimizer.{name}.{key}"] for key in (*shaped, *scalars)}
+            optimizer.state[parameter] = {
+                key: state[f"optimizer.{name}.{key}"] for key in (*shaped, *scalars)
+            }
         saved_groups = info.optimizer.get("param_groups", [])
         if len(saved_groups) == len(optimizer.param_groups):
             for group, saved in zip(optimizer.param_groups, saved_groups):
-                group.update({k: (tuple(v) if isinstance(group.get(k), tuple) else v) for k, v in saved.items()})
-    logger.info("checkpoint: loaded step %d (saved under %s) from %s", info.step, _degrees(info.plan), info.path)
+                group.update(
+                    {
+                        k: (tuple(v) if isinstance(group.get(k), tuple) else v)
+                        for k, v in saved.items()
+                    }
+                )
+    logger.info(
+        "checkpoint: loaded step %d (saved under %s) from %s",
+        info.step,
+        _degrees(info.plan),
+        info.path,
+    )
     return info
 
 
-def load_full_state_dict(path: str | Path, *, keys: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+def load_full_state_dict(
+    path: str | Path, *, keys: Iterable[str] | None = None
+) -> dict[str, torch.Tensor]:
     """Every saved model tensor, whole, in this process (no process group needed): for checks and
     for exporting. ``keys`` restricts it to some FQNs; optimizer entries are excluded by default."""
     from torch.distributed.checkpoint import FileSystemReader
 
     info = read_checkpoint_info(path)
     metadata = FileSystemReader(str(info.path)).read_metadata()
-    wanted = [k for k in metadata.state_dict_metadata if not k.startswith("optimizer.")] if keys is None else list(keys)
+    wanted = (
+        [k for k in metadata.state_dict_metadata if not k.startswith("optimizer.")]
+        if keys is None
+        else list(keys)
+    )
     state = {}
     for key in wanted:
         entry = metadata.state_dict_metadata[key]
@@ -266,8 +313,17 @@ def load_full_state_dict(path: str | Path, *, keys: Iterable[str] | None = None)
     return state
 
 
-def reshard_in_place(*, old: ShardingPlan, new: ShardingPlan, modules, optimizer, step: int, checkpoint,
-                     build, extra: dict[str, Any] | None = None):
+def reshard_in_place(
+    *,
+    old: ShardingPlan,
+    new: ShardingPlan,
+    modules,
+    optimizer,
+    step: int,
+    checkpoint,
+    build,
+    extra: dict[str, Any] | None = None,
+):
     """Change degrees on the same ranks: save under ``old``, ``build(new) -> (modules, optimizer,
     ...)``, load into the result and return it. Collective."""
     if new.world_size != old.world_size:
@@ -275,7 +331,9 @@ def reshard_in_place(*, old: ShardingPlan, new: ShardingPlan, modules, optimizer
             f"new plan world_size ({new.world_size}) differs from the running world ({old.world_size}); "
             "save a checkpoint and relaunch, then Retuner.recover(...)"
         )
-    save_checkpoint(checkpoint, modules=modules, plan=old, step=step, optimizer=optimizer, extra=extra)
+    save_checkpoint(
+        checkpoint, modules=modules, plan=old, step=step, optimizer=optimizer, extra=extra
+    )
     built = build(new)
     load_checkpoint(checkpoint, modules=built[0], optimizer=built[1], plan=new)
     logger.info("reshard: %s -> %s at step %d", _degrees(old), _degrees(new), step)

@@ -7,14 +7,25 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["GatherRows", "SplitRows", "all_to_all", "gather_counts", "gather_rows", "group_size", "raw_all_to_all", "row_sizes"]
+__all__ = [
+    "GatherRows",
+    "SplitRows",
+    "all_to_all",
+    "gather_counts",
+    "gather_rows",
+    "group_size",
+    "raw_all_to_all",
+    "row_sizes",
+]
 
 
 def group_size(group: dist.ProcessGroup | None) -> int:
     return 1 if group is None else dist.get_world_size(group)
 
 
-def raw_all_to_all(x: torch.Tensor, output_splits: list[int], input_splits: list[int], group) -> torch.Tensor:
+def raw_all_to_all(
+    x: torch.Tensor, output_splits: list[int], input_splits: list[int], group
+) -> torch.Tensor:
     out = x.new_empty((sum(output_splits),) + tuple(x.shape[1:]))
     dist.all_to_all_single(out, x.contiguous(), output_splits, input_splits, group=group)
     return out
@@ -30,10 +41,17 @@ class _AllToAll(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return raw_all_to_all(grad, ctx.input_splits, ctx.output_splits, ctx.group), None, None, None
+        return (
+            raw_all_to_all(grad, ctx.input_splits, ctx.output_splits, ctx.group),
+            None,
+            None,
+            None,
+        )
 
 
-def all_to_all(x: torch.Tensor, *, output_splits: list[int], input_splits: list[int], group) -> torch.Tensor:
+def all_to_all(
+    x: torch.Tensor, *, output_splits: list[int], input_splits: list[int], group
+) -> torch.Tensor:
     """Differentiable ``all_to_all_single`` of the rows of ``x`` (identity on a group of one)."""
     if group_size(group) == 1:
         return x
@@ -43,7 +61,9 @@ def all_to_all(x: torch.Tensor, *, output_splits: list[int], input_splits: list[
 def gather_rows(x: torch.Tensor, sizes: list[int], group) -> torch.Tensor:
     """All-gather rows of different counts (``sizes[i]`` from rank i), as one all-to-all."""
     size = len(sizes)
-    return raw_all_to_all(x.repeat((size,) + (1,) * (x.dim() - 1)), sizes, [x.shape[0]] * size, group)
+    return raw_all_to_all(
+        x.repeat((size,) + (1,) * (x.dim() - 1)), sizes, [x.shape[0]] * size, group
+    )
 
 
 class SplitRows(torch.autograd.Function):

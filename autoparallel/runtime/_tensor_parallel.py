@@ -41,7 +41,15 @@ from torch.distributed.tensor.parallel import (
 
 from autoparallel.plan import ModuleRule, ShardingPlan
 
-__all__ = ["SelectKVHeads", "SumGradientOverGroup", "TensorParallel", "apply_tensor_parallel", "iter_module_names", "match_rules", "walk_modules"]
+__all__ = [
+    "SelectKVHeads",
+    "SumGradientOverGroup",
+    "TensorParallel",
+    "apply_tensor_parallel",
+    "iter_module_names",
+    "match_rules",
+    "walk_modules",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +64,11 @@ def walk_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
     while stack:
         prefix, current = stack.pop()
         found.append((prefix, current))
-        children = [(f"{prefix}.{key}" if prefix else key, child) for key, child in current._modules.items() if child is not None]
+        children = [
+            (f"{prefix}.{key}" if prefix else key, child)
+            for key, child in current._modules.items()
+            if child is not None
+        ]
         stack.extend(reversed(children))
     return found
 
@@ -69,7 +81,9 @@ def iter_module_names(module: nn.Module) -> list[str]:
 _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")
 
 
-def match_rules(module: nn.Module, rules: Iterable[ModuleRule], *, names: list[str] | None = None) -> dict[ModuleRule, list[str]]:
+def match_rules(
+    module: nn.Module, rules: Iterable[ModuleRule], *, names: list[str] | None = None
+) -> dict[ModuleRule, list[str]]:
     """FQNs of ``module``'s submodules each rule's pattern matches (``fnmatch``, case-sensitive).
 
     Raises ``ValueError`` naming a module that two rules of different styles on one mesh axis match.
@@ -88,7 +102,9 @@ def match_rules(module: nn.Module, rules: Iterable[ModuleRule], *, names: list[s
             hits = [rule for rule, regex in compiled if regex.match(name)]
             styles = {(rule.mesh_axis, rule.style) for rule in hits}
             if len({axis for axis, _ in styles}) < len(styles):
-                raise ValueError(f"module {name!r} matches rules of different styles: {sorted(styles)}")
+                raise ValueError(
+                    f"module {name!r} matches rules of different styles: {sorted(styles)}"
+                )
             if cacheable:
                 seen[key] = hits
         for rule in hits:
@@ -104,7 +120,9 @@ def _is_block(module: nn.Module) -> bool:
     return any(isinstance(child, nn.Linear) for child in module.modules())
 
 
-def _style(module: nn.Module, rule: ModuleRule, *, name: str, sequence_parallel: bool) -> ParallelStyle | None:
+def _style(
+    module: nn.Module, rule: ModuleRule, *, name: str, sequence_parallel: bool
+) -> ParallelStyle | None:
     """The DTensor style a colwise/rowwise rule, or a sequence rule on a norm, gives one module."""
     seq = Shard(1) if sequence_parallel else Replicate()
     if rule.style == "colwise":
@@ -121,7 +139,11 @@ def _style(module: nn.Module, rule: ModuleRule, *, name: str, sequence_parallel:
 
 
 def _as_sequence_shard(tensor: torch.Tensor, mesh: DeviceMesh) -> DTensor:
-    return tensor if isinstance(tensor, DTensor) else DTensor.from_local(tensor, mesh, [Shard(1)], run_check=False)
+    return (
+        tensor
+        if isinstance(tensor, DTensor)
+        else DTensor.from_local(tensor, mesh, [Shard(1)], run_check=False)
+    )
 
 
 def _gather_sequence_hook(mesh: DeviceMesh):
@@ -227,12 +249,22 @@ def _select_kv_heads(module: nn.Module, names: list[str], tp_mesh: DeviceMesh) -
         attention = module.get_submodule(name)
         kv_heads = attention.attention.num_kv_heads
         if tp % kv_heads:
-            raise ValueError(f"tp ({tp}) must be a multiple of num_key_value_heads ({kv_heads}) at {name!r}")
+            raise ValueError(
+                f"tp ({tp}) must be a multiple of num_key_value_heads ({kv_heads}) at {name!r}"
+            )
         head = tp_rank // (tp // kv_heads)
-        attention.kv_heads_hook = SelectKVHeads(group=tp_mesh.get_group(), start=head, stop=head + 1)
+        attention.kv_heads_hook = SelectKVHeads(
+            group=tp_mesh.get_group(), start=head, stop=head + 1
+        )
 
 
-def _sequence_blocks(module: nn.Module, plan: ShardingPlan, blocks: list[str], mesh: DeviceMesh, result: TensorParallel) -> None:
+def _sequence_blocks(
+    module: nn.Module,
+    plan: ShardingPlan,
+    blocks: list[str],
+    mesh: DeviceMesh,
+    result: TensorParallel,
+) -> None:
     """Gather/keep-sharded pre-hooks on blocks under sequence parallel; MoE blocks' replicated
     weights join ``result.summed_parameters``."""
     expert_parallel = plan.config.ep > 1 or plan.config.etp > 1
@@ -253,7 +285,11 @@ def _sequence_blocks(module: nn.Module, plan: ShardingPlan, blocks: list[str], m
 
 
 def apply_tensor_parallel(
-    module: nn.Module, *, plan: ShardingPlan, tp_mesh: DeviceMesh, matches: dict[ModuleRule, list[str]]
+    module: nn.Module,
+    *,
+    plan: ShardingPlan,
+    tp_mesh: DeviceMesh,
+    matches: dict[ModuleRule, list[str]],
 ) -> TensorParallel:
     """Apply the plan's tp-axis colwise/rowwise/sequence rules to ``module`` in place.
 

@@ -48,7 +48,15 @@ from autoparallel.retune import (
 )
 from cost_model import Inference, ModelSpec, Training
 
-__all__ = ["MeasuredStep", "RetuneCalibration", "RetuneDecision", "RetuneSettings", "Retuner", "WindowSummary", "summarize"]
+__all__ = [
+    "MeasuredStep",
+    "RetuneCalibration",
+    "RetuneDecision",
+    "RetuneSettings",
+    "Retuner",
+    "WindowSummary",
+    "summarize",
+]
 
 logger = logging.getLogger("autoparallel.retune")
 
@@ -70,8 +78,9 @@ class Retuner:
         settings: RetuneSettings | None = None,
         search: Callable[[ShardingPlan], list[ShardingPlan]] | None = None,
     ) -> None:
-        self.policy = RetunePolicy(plan, model=model, cluster=cluster, workload=workload, settings=settings,
-                                   search=search)
+        self.policy = RetunePolicy(
+            plan, model=model, cluster=cluster, workload=workload, settings=settings, search=search
+        )
         self._window: list[MeasuredStep] = []
         self._steps_seen = 0
         self.decisions: list[RetuneDecision] = []
@@ -140,22 +149,34 @@ class Retuner:
         ``reshard``).
         """
         if decision.kind == "reshard":
-            raise ValueError("decision.kind ('reshard') is not a live change; call Retuner.reshard(...) instead")
+            raise ValueError(
+                "decision.kind ('reshard') is not a live change; call Retuner.reshard(...) instead"
+            )
         if decision.kind == "expert_placement":
             if runtime is None or not runtime.expert_parallel:
-                raise ValueError("runtime (apply_plan's result, with expert parallel) is needed to re-place experts")
+                raise ValueError(
+                    "runtime (apply_plan's result, with expert parallel) is needed to re-place experts"
+                )
             from autoparallel.runtime._rebalance import rebalance_experts
 
             for part in runtime.expert_parallel:
-                rebalance_experts(part, placement=decision.plan.expert_placement, optimizer=optimizer)
+                rebalance_experts(
+                    part, placement=decision.plan.expert_placement, optimizer=optimizer
+                )
             if runtime.data_parallel is not None:
-                experts = {id(p) for part in runtime.expert_parallel for p in part.expert_parameters()}
+                experts = {
+                    id(p) for part in runtime.expert_parallel for p in part.expert_parameters()
+                }
                 runtime.data_parallel.ignored = frozenset(experts)
         if decision.kind == "micro_batch" and runtime is not None and runtime.pipeline is not None:
             from autoparallel.runtime._pipeline import num_micro_batches_for
             from autoparallel.runtime._recovery import rebuild_schedule
 
-            rebuild_schedule(runtime.pipeline, plan=decision.plan, num_micro_batches=num_micro_batches_for(decision.plan))
+            rebuild_schedule(
+                runtime.pipeline,
+                plan=decision.plan,
+                num_micro_batches=num_micro_batches_for(decision.plan),
+            )
         if decision.kind != "keep":
             logger.info("retune: applied %s at step %d", decision.kind, decision.step)
         self.plan = decision.plan
@@ -163,14 +184,32 @@ class Retuner:
             runtime.plan = decision.plan
         return self.plan
 
-    def reshard(self, decision: RetuneDecision, *, modules, optimizer, step: int, checkpoint: str, build, extra=None):
+    def reshard(
+        self,
+        decision: RetuneDecision,
+        *,
+        modules,
+        optimizer,
+        step: int,
+        checkpoint: str,
+        build,
+        extra=None,
+    ):
         """Change degrees in place on the same ranks: save a checkpoint under the running plan,
         ``build(decision.plan) -> (modules, optimizer, ...)`` the job under the new one, load the
         checkpoint into it and return ``build``'s result. Collective."""
         from autoparallel.runtime._reshard import reshard_in_place
 
-        built = reshard_in_place(old=self.plan, new=decision.plan, modules=modules, optimizer=optimizer, step=step,
-                                 checkpoint=checkpoint, build=build, extra=extra)
+        built = reshard_in_place(
+            old=self.plan,
+            new=decision.plan,
+            modules=modules,
+            optimizer=optimizer,
+            step=step,
+            checkpoint=checkpoint,
+            build=build,
+            extra=extra,
+        )
         self.plan = decision.plan
         return built
 
@@ -199,21 +238,40 @@ class Retuner:
         from autoparallel.runtime._recovery import Recovery, recover_job
 
         settings = settings or RetuneSettings()
-        restored = recover_job(checkpoint, build=build, model=model, cluster=cluster, workload=workload,
-                               n_trials=n_trials, seed=seed, max_cp_degree=settings.max_cp_degree)
+        restored = recover_job(
+            checkpoint,
+            build=build,
+            model=model,
+            cluster=cluster,
+            workload=workload,
+            n_trials=n_trials,
+            seed=seed,
+            max_cp_degree=settings.max_cp_degree,
+        )
         if restored is None:
             return None
         plan, job, built, info = restored
         retuner = cls(plan, model=job[0], cluster=job[1], workload=job[2], settings=settings)
-        return Recovery(retuner=retuner, plan=plan, built=built, step=info.step, extra=info.extra,
-                        world_size=plan.world_size, previous_world_size=info.plan.world_size)
-
+        return Recovery(
+            retuner=retuner,
+            plan=plan,
+            built=built,
+            step=info.step,
+            extra=info.extra,
+            world_size=plan.world_size,
+            previous_world_size=info.plan.world_size,
+        )
 
 
 # ---------------------------------------------------------------------- ranks
 def _distributed() -> bool:
     dist = sys.modules.get("torch.distributed")  # never import torch just to ask
-    return dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return (
+        dist is not None
+        and dist.is_available()
+        and dist.is_initialized()
+        and dist.get_world_size() > 1
+    )
 
 
 def _rank() -> int:
@@ -232,8 +290,10 @@ def _combine_ranks(summary: WindowSummary) -> WindowSummary:
     memory = [g["peak_memory_bytes"] for g in gathered if g["peak_memory_bytes"] is not None]
     comm = [g["communication_time_s"] for g in gathered if g["communication_time_s"] is not None]
     return WindowSummary(
-        step=summary.step, step_time_s=max(g["step_time_s"] for g in gathered),
-        expert_load=np.sum(loads, axis=0) if loads else None, peak_memory_bytes=max(memory) if memory else None,
+        step=summary.step,
+        step_time_s=max(g["step_time_s"] for g in gathered),
+        expert_load=np.sum(loads, axis=0) if loads else None,
+        peak_memory_bytes=max(memory) if memory else None,
         communication_time_s=max(comm) if comm else None,
     )
 

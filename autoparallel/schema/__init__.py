@@ -12,7 +12,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SCHEMA_FILE", "load_schema", "plan_json_schema", "schema_text", "validate_plan_document", "write_schema"]
+__all__ = [
+    "SCHEMA_FILE",
+    "load_schema",
+    "plan_json_schema",
+    "schema_text",
+    "validate_plan_document",
+    "write_schema",
+]
 
 SCHEMA_FILE = "sharding_plan.schema.json"
 
@@ -55,7 +62,9 @@ def validate_plan_document(document: dict[str, Any]) -> None:
     try:
         import jsonschema
     except ImportError as error:  # pragma: no cover - jsonschema ships with the test extra
-        raise ValueError("validating against the JSON Schema needs jsonschema: pip install 'moe-autoparallel[test]'") from error
+        raise ValueError(
+            "validating against the JSON Schema needs jsonschema: pip install 'moe-autoparallel[test]'"
+        ) from error
     validator = jsonschema.Draft202012Validator(load_schema())
     errors = sorted(validator.iter_errors(document), key=lambda e: list(e.path))
     if errors:

@@ -44,9 +44,15 @@ def parameter_errors(modules, reference, reference_grads) -> dict[str, float]:
     errors = {}
     whole = dict(reference.named_parameters())
     for name, parameter in (item for module in modules for item in module.named_parameters()):
-        grad = full_tensor(parameter.grad) if parameter.grad is not None else torch.zeros(parameter.shape)
+        grad = (
+            full_tensor(parameter.grad)
+            if parameter.grad is not None
+            else torch.zeros(parameter.shape)
+        )
         errors[f"grad:{name}"] = relative_error(grad, reference_grads[name])
-        errors[f"param:{name}"] = float((full_tensor(parameter.detach()) - whole[name].detach()).abs().max())
+        errors[f"param:{name}"] = float(
+            (full_tensor(parameter.detach()) - whole[name].detach()).abs().max()
+        )
     return errors
 
 
@@ -63,9 +69,15 @@ def worst_error(results: list[dict], prefix: str) -> tuple[float, str]:
 def assert_parity(results: list[dict]) -> None:
     """Logits, loss and gradients within ``GRADIENT_TOLERANCE``, parameters after the step within
     ``PARAMETER_TOLERANCE``, and some rank reported logits."""
-    for prefix, tolerance in (("logits", GRADIENT_TOLERANCE), ("loss", GRADIENT_TOLERANCE), ("grad:", GRADIENT_TOLERANCE)):
+    for prefix, tolerance in (
+        ("logits", GRADIENT_TOLERANCE),
+        ("loss", GRADIENT_TOLERANCE),
+        ("grad:", GRADIENT_TOLERANCE),
+    ):
         value, key = worst_error(results, prefix)
         assert value <= tolerance, f"{key}: relative error {value:.3g} > {tolerance}"
     value, key = worst_error(results, "param:")
-    assert value <= PARAMETER_TOLERANCE, f"{key}: error {value:.3g} after one AdamW step > {PARAMETER_TOLERANCE}"
+    assert value <= PARAMETER_TOLERANCE, (
+        f"{key}: error {value:.3g} after one AdamW step > {PARAMETER_TOLERANCE}"
+    )
     assert any("logits" in result["errors"] for result in results)

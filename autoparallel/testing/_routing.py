@@ -18,6 +18,8 @@ def skew_routers(model, *, exponent: float) -> None:  # torch.nn.Module
             with torch.no_grad():
                 module.weight.mul_(10.0)
             weight = module.weight.detach().double()
-            bias = torch.tensor(np.log(zipf_expert_load(num_experts=weight.shape[0], exponent=exponent)))
+            bias = torch.tensor(
+                np.log(zipf_expert_load(num_experts=weight.shape[0], exponent=exponent))
+            )
             shift = (weight.T @ torch.linalg.solve(weight @ weight.T, bias)).float()
             module.register_forward_pre_hook(lambda _module, args, shift=shift: (args[0] + shift,))

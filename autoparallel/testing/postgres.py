@@ -27,7 +27,10 @@ def server_binaries() -> Path | None:
     on_path = shutil.which("initdb")
     if on_path and shutil.which("pg_ctl"):
         return Path(on_path).resolve().parent
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parts[-3].split(".")[0]))
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        key=lambda p: int(Path(p).parts[-3].split(".")[0]),
+    )
     return Path(found[-1]).parent if found else None
 
 
@@ -68,11 +71,35 @@ class PostgresServer:
         server = cls(folder=folder, port=_free_port(), binaries=binaries)
         if os.geteuid() == 0:
             shutil.chown(folder, user=_SERVER_USER)
-        server._run("initdb", "-D", str(folder / "data"), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
-        options = f"-p {server.port} -k {folder} -c listen_addresses=127.0.0.1 -c max_connections=200"
+        server._run(
+            "initdb",
+            "-D",
+            str(folder / "data"),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        )
+        options = (
+            f"-p {server.port} -k {folder} -c listen_addresses=127.0.0.1 -c max_connections=200"
+        )
         if not durable:
             options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-        server._run("pg_ctl", "-D", str(folder / "data"), "-o", options, "-l", str(folder / "server.log"), "-w", "-t", str(int(timeout_s)), "start")
+        server._run(
+            "pg_ctl",
+            "-D",
+            str(folder / "data"),
+            "-o",
+            options,
+            "-l",
+            str(folder / "server.log"),
+            "-w",
+            "-t",
+            str(int(timeout_s)),
+            "start",
+        )
         return server
 
     def _run(self, program: str, *arguments: str) -> None:
@@ -81,8 +108,14 @@ class PostgresServer:
             command = ["runuser", "-u", _SERVER_USER, "--", *command]
         done = subprocess.run(command, check=False, capture_output=True, text=True, cwd=self.folder)
         if done.returncode:
-            log = (self.folder / "server.log").read_text() if (self.folder / "server.log").exists() else ""
-            raise RuntimeError(f"{program} failed ({done.returncode}): {done.stderr.strip()} {log[-2000:]}")
+            log = (
+                (self.folder / "server.log").read_text()
+                if (self.folder / "server.log").exists()
+                else ""
+            )
+            raise RuntimeError(
+                f"{program} failed ({done.returncode}): {done.stderr.strip()} {log[-2000:]}"
+            )
 
     def url(self, database: str = "postgres") -> str:
         """The URL as a user types it (``postgresql://``; the search picks the installed driver)."""
@@ -94,7 +127,11 @@ class PostgresServer:
 
         from search import database_url
 
-        engine = sqlalchemy.create_engine(database_url(self.url()), isolation_level="AUTOCOMMIT", poolclass=sqlalchemy.pool.NullPool)
+        engine = sqlalchemy.create_engine(
+            database_url(self.url()),
+            isolation_level="AUTOCOMMIT",
+            poolclass=sqlalchemy.pool.NullPool,
+        )
         try:
             with engine.connect() as connection:
                 connection.execute(sqlalchemy.text(f'CREATE DATABASE "{name}"'))
