@@ -17,9 +17,7 @@ from autoparallel.cli._args import (
 from autoparallel.cli._render import console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
 from autoparallel.cli._serving_args import add_load_arguments, load_fields, print_simulation
-from cost_model._frameworks import framework_names
-from cost_model._rules import minimum_redundant_experts
-from cost_model._units import human_bytes, human_seconds
+from cost_model import framework_names, human_bytes, human_seconds, minimum_redundant_experts
 
 DEFAULT_CLUSTER = "dgx-h200"
 DEFAULT_NODES = 128
@@ -170,7 +168,7 @@ def _estimate(args: argparse.Namespace) -> int:
     if args.json:
         print_json(breakdown.model_dump_json())
         return 0
-    from cost_model._common import calibration_for
+    from cost_model import calibration_for
 
     title = f"{model.name} on {cluster.num_devices} x {cluster.device.name} ({cluster.name})"
     calibration = calibration_for(cluster.device)
@@ -184,8 +182,7 @@ def _estimate(args: argparse.Namespace) -> int:
     console.print(f"[bold]{title}[/]\n{config!r}\ncalibration: {fitted}")
     _print_breakdown(breakdown)
     if args.simulate and not args.training:
-        from cost_model._serving_columns import ServingConfig
-        from cost_model._simulator import simulate_layout
+        from cost_model import ServingConfig, simulate_layout
 
         serving = ServingConfig(batch_size=args.batch_size)
         print_simulation(
