@@ -74,6 +74,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from types import SimpleNamespace
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -110,6 +111,9 @@ from cost_model._training import kernels_per_layer
 from cost_model._units import dtype_bytes
 from cost_model._workload import Inference
 
+if TYPE_CHECKING:
+    from topology import Cluster
+
 INFERENCE_TIME_PARTS: tuple[str, ...] = (
     "compute",
     "attention",
@@ -135,7 +139,7 @@ class _Setup:
     """What every pass of one evaluation shares (arrays of shape (n,) unless said)."""
 
     model: ModelSpec
-    cluster: object
+    cluster: Cluster
     workload: Inference
     calibration: Calibration
     table: Mapping[str, np.ndarray]
@@ -459,6 +463,7 @@ def _expert_all_to_all(
     the latency and tier efficiencies fitted on DeepEP's measured low-latency kernels
     (``_kernel_curves.deepep_low_latency_s``); normal kernels are priced by the topology as
     point-to-point transfers on each tier."""
+    assert s.model.moe is not None
     ep = s.column("ep")
     local = np.minimum(s.group_local["ep"], ep)
     intra_bytes, inter_bytes = expert_all_to_all_bytes(
@@ -565,7 +570,7 @@ def _pass_parts(s: _Setup, p: ops.Pass) -> tuple[dict[str, np.ndarray], dict[str
     up to its calibrated overlap fraction. Hidden traffic never exceeds the compute it hides behind.
     """
     micro_batches = np.where(s.two_batch, 2.0, 1.0)
-    micro = p.scaled(1.0 / micro_batches)
+    micro = p.scaled(1.0 / micro_batches)  # type: ignore[arg-type]  # (n,) factors broadcast
     shape = s.layout.layers.shape
     raw = {
         "compute": micro_batches * _compute_time(s, micro),
@@ -694,7 +699,11 @@ def _timing(s: _Setup, batch: np.ndarray) -> _Timing:
         hidden[f"prefill_{kind}"] = prefill_weight * pre_hidden[kind]
         hidden[f"decode_{kind}"] = decode_weight * dec_hidden[kind]
     return _Timing(
-        time, hidden, sum(pre_exposed.values()), sum(dec_exposed.values()), sum(time.values())
+        time,
+        hidden,
+        cast(np.ndarray, sum(pre_exposed.values())),
+        cast(np.ndarray, sum(dec_exposed.values())),
+        cast(np.ndarray, sum(time.values())),
     )
 
 

@@ -171,7 +171,7 @@ def sc21_flops(case: Case, *, recompute_forward: bool, logit_divisor: float) -> 
     factor = 96.0 if recompute_forward else 72.0
     return (
         factor
-        * w.global_batch_sequences
+        * w.sequences_per_step
         * s
         * layers
         * h
