@@ -18,8 +18,11 @@ latencies — never on a whole training or serving run, which stay validation da
 * ``collective_efficiency``: NCCL all-reduce, all-gather, reduce-scatter and all-to-all latencies
   within one node (2-8 GPUs; nccl-tests "size" convention, the table's ``message_size`` in elements
   of its dtype), against ``Cluster.collective_time`` of the hardware's preset, for messages of at
-  least 1 MiB (tensor-parallel activations and gradient buckets): the log-mean of predicted over
-  measured.
+  least 1 MiB: the sizes the shared calibration prices, from a decode step's tensor-parallel
+  all-reduce (64 sequences x 7168 hidden x 2 bytes: 0.9 MiB) to training's activations and
+  gradient buckets (tens to hundreds of MiB). The log-mean of predicted over measured. One
+  constant does not describe the range: the measured/modelled ratio rises with the message
+  (NCCL's protocol ramp) and is lowest on 2-GPU groups; the residuals record it.
 
 Sources: NVIDIA's ``aiconfigurator-core`` 0.12.0 wheel (PyPI, Apache-2.0), per-operator tables
 ``systems/data/<device>/{gemm,attention,comm/nccl}/<engine>/<version>/*.parquet``; where several
