@@ -46,7 +46,7 @@ def register(subparsers) -> None:
         "--loso",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="refit the calibration once per source left out and report the leave-one-source-out error (about a minute)",
+        help="report the error over every published training run, all held out (the calibration is fitted on operator tables only)",
     )
     validate.add_argument(
         "--loso-evaluations",
@@ -304,7 +304,7 @@ def _generalization(args: argparse.Namespace) -> dict:
 
 def _print_generalization(figures: dict) -> None:
     table = table_of(
-        "Training runs: fit error and leave-one-source-out error (the figure to quote)",
+        "Training runs: every run held out (calibration fitted on operator tables only)",
         {
             "calibration": "text",
             "runs": "number",
@@ -314,8 +314,8 @@ def _print_generalization(figures: dict) -> None:
         },
     )
     labels = {
-        "fit": "fitted on every run",
-        "leave_one_source_out": "each source predicted by a fit without it",
+        "fit": "operator-fitted calibration, no run a fit input",
+        "leave_one_source_out": "each source predicted without being fitted on",
     }
     for key, label in labels.items():
         f = figures[key]
