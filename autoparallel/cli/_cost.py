@@ -237,7 +237,7 @@ def _print_breakdown(breakdown) -> None:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from cost_model._validation import TOLERANCES, summarize, validate_published
+    from cost_model import TOLERANCES, summarize, validate_published
     from topology import network_override
 
     if args.serving:
@@ -273,13 +273,14 @@ def _generalization(args: argparse.Namespace) -> dict:
     """Fit error and leave-one-source-out error over every published training throughput run."""
     from dataclasses import asdict
 
-    from cost_model._cross_validation import (
-        GROUPINGS,
+    from cost_model import (
+        VALIDATION_GROUPINGS,
         error_summary,
         grouped_errors,
         leave_one_source_out,
+        run_case,
+        training_cases,
     )
-    from cost_model._validation import run_case, training_cases
 
     cases = training_cases()
     fitted = [row for case in cases for row in run_case(case)]
@@ -297,7 +298,7 @@ def _generalization(args: argparse.Namespace) -> dict:
             for row in held_out
         ],
         "leave_one_source_out_groups": {
-            by: grouped_errors(held_out, cases, by=by) for by in GROUPINGS
+            by: grouped_errors(held_out, cases, by=by) for by in VALIDATION_GROUPINGS
         },
     }
 
