@@ -3,7 +3,8 @@
 Usage:
     python benchmarks/calibrate_operators.py [PATH]
 
-PATH: an unpacked ``aiconfigurator-core`` 0.12.0 wheel (default /tmp/aic/unpacked; get it with
+PATH: the ``aiconfigurator-core`` 0.12.0 package (default: the installed one, a test extra; else
+an unpacked wheel at /tmp/aic/unpacked, got with
 ``pip download aiconfigurator-core==0.12.0 --no-deps -d /tmp/aic && cd /tmp/aic && unzip -q -o
 *.whl -d unpacked``); needs ``pyarrow``. The fit (``cost_model._calibration_operators``) reads
 GEMM, context-attention and NCCL tables and a published FlashAttention-2 kernel figure; no whole
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -35,6 +37,14 @@ ABOUT = (
 )
 
 
+def _installed() -> Path:
+    """The installed aiconfigurator-core package (a test extra), else the unpacked wheel."""
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    return Path("/tmp/aic/unpacked")
+
+
 def _root(path: Path) -> Path:
     for candidate in (path, path / "aiconfigurator_core"):
         if (candidate / "systems" / "data").is_dir():
@@ -44,7 +54,7 @@ def _root(path: Path) -> Path:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("path", nargs="?", default="/tmp/aic/unpacked", type=Path)
+    parser.add_argument("path", nargs="?", default=_installed(), type=Path)
     args = parser.parse_args()
     root = _root(args.path)
     calibrations = []

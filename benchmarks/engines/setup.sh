@@ -48,7 +48,9 @@ setup_megatron() {
     local version="${MEGATRON_VERSION:-0.16.1}" py src
     py="$(venv megatron)"
     "$py" -m pip install -q --no-deps "megatron-core==$version"
-    "$py" -m pip install -q numpy packaging pyyaml einops six pydantic
+    # regex (megatron/training tokenizers) and triton (imported at module level by
+    # megatron.core batch_invariant_kernels, which megatron/training/initialize.py imports)
+    "$py" -m pip install -q numpy packaging pyyaml einops six pydantic regex triton
     src="${MEGATRON_LM_SRC:-$VENVS/Megatron-LM}"
     [ -d "$src" ] || git clone -q --filter=blob:none https://github.com/NVIDIA/Megatron-LM "$src"
     local target="$VENVS/megatron/megatron-lm-training"
