@@ -10,7 +10,9 @@ Per pipeline rank (rows ``STAGES``) and micro-batch, each operator is a roofline
   long-context variants via ``mean_attended_tokens``; with FlashAttention the backward is 2.5 x
   the forward (FlashAttention-2, Dao 2023, sec. 3.1: 5 matmuls vs 2); unfused attention
   multiplies the full s x s square and adds memory-bound softmax/dropout passes over it;
-* norms, residual adds, dropout, activation functions, MoE permutes: memory-bound passes;
+* norms, residual adds, dropout, activation functions: memory-bound passes; an MoE layer's
+  router, token dispatcher and grouped expert GEMMs as Megatron-core runs them
+  (``_training_moe``: routed experts at their measured grouped-GEMM shape where curves exist);
 * recompute: ``full`` repeats every layer's forward, ``selective`` the core attention
   (Korthikanti et al. 2022, arXiv:2205.05198, sec. 5).
 
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from cost_model import _training_moe as training_moe
 from cost_model._common import (
     Calibration,
     EstimateOptions,
@@ -321,37 +324,9 @@ def dense_ffn_time(ctx: TrainingContext) -> np.ndarray:
 
 
 def moe_ffn_time(ctx: TrainingContext) -> np.ndarray:
-    """Router, permute/unpermute, routed experts (grouped GEMM, busiest rank) and shared experts."""
-    model, moe = ctx.model, ctx.model.moe
-    if moe is None:
-        return np.zeros_like(ctx.tokens)
-    h, imbalance = model.hidden_size, ctx.options.routing_imbalance
-    routed_tokens = ctx.moe_tokens * moe.top_k * imbalance
-    experts_per_rank = moe.num_routed_experts / ctx.column("ep")
-    expert = model.ffn_parameters(moe.expert_ffn_hidden_size)
-    expert_weight_bytes = experts_per_rank * expert / ctx.column("etp") * 2.0
-    router = ctx.op(
-        2.0 * ctx.moe_tokens * h * moe.num_routed_experts,
-        ctx.moe_tokens * h * ACTIVATION_BYTES,
-        role="router",
-    )
-    experts = ctx.op(
-        2.0 * routed_tokens * expert,
-        expert_weight_bytes
-        + routed_tokens * 2.0 * (h + moe.expert_ffn_hidden_size) * ACTIVATION_BYTES,
-        calls=experts_per_rank,
-        role="expert",
-    )
-    elementwise = (
-        routed_tokens
-        * (4.0 * h + moe.expert_ffn_hidden_size * _activation_passes(ctx))
-        * ACTIVATION_BYTES
-    )
-    shared = moe.num_shared_experts * model.ffn_parameters(moe.shared_ffn_size) / ctx.column("tp")
-    shared_width = moe.num_shared_experts * moe.shared_ffn_size / ctx.column("tp")
-    shared_time = ctx.op(2.0 * ctx.tokens * shared, shared * 2.0) if shared.any() else 0.0
-    shared_elementwise = ctx.tokens * shared_width * _activation_passes(ctx) * ACTIVATION_BYTES
-    return router + experts + shared_time + ctx.op(0.0, elementwise + shared_elementwise)
+    """Router, dispatcher passes, routed experts (busiest rank) and shared experts
+    (``_training_moe``)."""
+    return training_moe.moe_ffn_time(ctx, activation_passes=_activation_passes(ctx))
 
 
 def layer_elementwise_time(ctx: TrainingContext) -> np.ndarray:

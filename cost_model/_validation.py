@@ -96,13 +96,15 @@ TOLERANCES: dict[str, tuple[float | None, float | None]] = {
     "megatron_readme_h100": (0.23, None),  # measured 22.6% mean, 44.7% max
     "torchtitan_a100_fsdp": (0.07, 0.15),  # measured 6.1%, 14.8%
     "llama3_table4": (0.21, 0.36),  # measured 20.5%, 35.6%
-    # Not bounded: small-expert MoE layers (Qwen3-30B-A3B) are priced far too fast (measured
-    # 22.8% mean, 98.9% max); the rows are shown so that the gap stays visible.
+    # Not bounded: Qwen3-30B-A3B at micro-batch 1 is priced far too fast (measured 22.1% mean,
+    # 90.7% max) while its micro-batch-4 runs are within 18%: the gap is a cost per micro-batch
+    # and MoE layer (about 5 ms forward + backward on B200), not the expert GEMMs, which are
+    # large at 2048 tokens per expert; the rows are shown so that the gap stays visible.
     "megatron_bridge_perf": (None, None),
     "dsv3_day6": (None, 0.25),
     "dsv3_profile": (None, 0.10),
     "fp8_twins": (None, 0.10),
-    "blackwell_training": (0.19, None),  # measured 18.8% mean, 126.8% max
+    "blackwell_training": (0.19, None),  # measured 18.3% mean, 116.2% max
 }
 
 
