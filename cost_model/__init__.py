@@ -14,7 +14,7 @@ from cost_model._common import Calibration, EstimateOptions, calibration_for, op
 from cost_model._cross_validation import error_summary, leave_one_source_out
 from cost_model._estimate import breakdown_from_row, estimate, estimate_table
 from cost_model._frameworks import framework_names
-from cost_model._inference import estimate_inference_table
+from cost_model._inference_load import estimate_inference_table
 from cost_model._inference_ops import attention_flops_per_key, routed_bytes_per_assignment
 from cost_model._inference_validation import (
     ValidationRow,

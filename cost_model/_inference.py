@@ -698,5 +698,5 @@ def _timing(s: _Setup, batch: np.ndarray) -> _Timing:
     )
 
 
-# The table entry point prices the load on top of these passes; it imports the helpers above.
-from cost_model._inference_load import estimate_inference_table  # noqa: E402, F401
+# The table entry point (``_inference_load.estimate_inference_table``) prices the load on top of
+# these passes; it imports the helpers above.

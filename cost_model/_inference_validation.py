@@ -42,7 +42,7 @@ from typing import NamedTuple
 import numpy as np
 
 from cost_model._common import Calibration, EstimateOptions, calibration_for
-from cost_model._inference import estimate_inference_table
+from cost_model._inference_load import estimate_inference_table
 from cost_model._model_spec import ModelSpec
 from cost_model._parallel import ParallelConfig
 from cost_model._serving_columns import ServingConfig
