@@ -488,12 +488,21 @@ def ranks_per_node(
 
 
 def collective_time_s(
-    *, cluster, op: str, group_size, ranks_per_node, message_bytes, calibration: Calibration
+    *,
+    cluster,
+    op: str,
+    group_size,
+    ranks_per_node,
+    message_bytes,
+    calibration: Calibration,
+    rows: RowPartition | None = None,
 ) -> np.ndarray:
     """``cluster.collective_time`` divided by the calibration's collective efficiency.
 
     Large tables repeat the same (group size, ranks per node, message) many times, so the
-    topology model is evaluated once per distinct triple and scattered back.
+    topology model is evaluated once per distinct triple and scattered back. ``rows`` (one per
+    table, shared by every call on it) remembers which rows were alike in earlier calls, so a
+    call whose triples are alike on the same rows skips the search for distinct triples.
     """
     group, local, message = np.broadcast_arrays(
         *(
@@ -507,28 +516,105 @@ def collective_time_s(
         )
         return np.asarray(seconds, dtype=np.float64) / calibration.collective_efficiency
     shape = group.shape
-    group, local, message = group.ravel(), local.ravel(), message.ravel()
-    # Hash each triple into one int64 (wrapping arithmetic), find the distinct keys, and check
-    # that every element equals its key's representative (a hash collision falls back to all).
-    key = (
-        message.view(np.int64) * np.int64(0x9E3779B1)
-        + group.astype(np.int64) * np.int64(1 << 9)
-        + local.astype(np.int64)
-    )
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    exact = all(
-        np.array_equal(values[first][inverse], values) for values in (group, local, message)
-    )
-    if not exact:
-        first, inverse = np.arange(group.size), np.arange(group.size)
+    varying = [  # a scalar argument is alike on every row
+        value.ravel()
+        for value, given in zip(
+            (group, local, message), (group_size, ranks_per_node, message_bytes), strict=True
+        )
+        if np.ndim(given) > 0
+    ]
+    if rows is None:
+        first, inverse = distinct_rows(varying, size=group.size)
+    else:
+        first, inverse = rows.refined(varying, size=group.size)
+    group, local, message = (value.reshape(-1)[first] for value in (group, local, message))
     seconds = cluster.collective_time(
-        op, group_size=group[first], ranks_per_node=local[first], message_bytes=message[first]
+        op, group_size=group, ranks_per_node=local, message_bytes=message
     )
     seconds = np.asarray(seconds, dtype=np.float64).reshape(-1)[inverse].reshape(shape)
     return seconds / calibration.collective_efficiency
 
 
 _DISTINCT_MIN_SIZE = 4096
+
+
+def distinct_rows(values, *, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(first, inverse)``: one representative row of each distinct tuple of ``values`` (1-d
+    arrays of ``size`` numbers) and, for every row, the index of its representative, so that
+    ``value[first][inverse]`` equals ``value`` for each of them (NaN equal to NaN).
+
+    Each tuple is hashed into one int64 (wrapping arithmetic) and the distinct keys found by
+    sorting; a hash collision is caught by checking every value against its representative and
+    falls back to every row its own representative.
+    """
+    if not values:
+        return np.zeros(1, dtype=np.int64), np.zeros(size, dtype=np.int64)
+    if any(value.dtype.kind not in "biuf" for value in values):
+        return np.arange(size), np.arange(size)
+    key = np.zeros(size, dtype=np.int64)
+    for value in values:
+        if value.dtype.kind == "f":
+            bits = value.astype(np.float64).view(np.int64)
+        else:
+            bits = value.astype(np.int64)
+        key = key * np.int64(0x9E3779B1) + bits
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if not all(_alike(value, first, inverse) for value in values):
+        first, inverse = np.arange(size), np.arange(size)
+    return first, inverse
+
+
+def _alike(value: np.ndarray, first: np.ndarray, inverse: np.ndarray) -> bool:
+    """``value`` equals its representative's value on every row (NaN equal to NaN)."""
+    represented = value[first][inverse]
+    same = represented == value
+    if same.all():
+        return True
+    return value.dtype.kind == "f" and bool(
+        (same | (np.isnan(represented) & np.isnan(value))).all()
+    )
+
+
+class RowPartition:
+    """Rows of one table grouped so that every input seen so far is alike within a group.
+
+    Calls on one table mostly vary with the same few columns (group sizes, ranks per node,
+    tokens), so after a few refinements each new call's inputs are already alike on the
+    groups: checking that costs one gather and compare per input, not a sort. Exact: a call
+    whose inputs differ within a group refines the partition by them.
+    """
+
+    def __init__(self) -> None:
+        self._first: np.ndarray | None = None
+        self._inverse: np.ndarray | None = None
+
+    def refined(self, values, *, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(first, inverse)`` as ``distinct_rows`` returns them, possibly coarser than that
+        (alike rows in more than one group), refining the stored partition where ``values``
+        are not alike on it."""
+        first, inverse = self._first, self._inverse
+        if first is None or inverse is None or inverse.size != size:
+            first, inverse = distinct_rows(values, size=size)
+        elif not all(_alike(value, first, inverse) for value in values):
+            first, inverse = distinct_rows([inverse, *values], size=size)
+        self._first, self._inverse = first, inverse
+        return first, inverse
+
+    def evaluate(self, function, /, **arguments):
+        """``function(**arguments)`` computed on one row of each group alike in every array
+        argument, scattered back to all rows. ``function`` must price each row from that row's
+        values alone (element-wise); it may return None (then so does this). Arrays that are
+        not one value per row (scalars pass through) make it call ``function`` on all rows."""
+        arrays = {name: value for name, value in arguments.items() if np.ndim(value) > 0}
+        sizes = {np.shape(value) for value in arrays.values()}
+        if len(sizes) != 1 or len(shape := sizes.pop()) != 1 or shape[0] < _DISTINCT_MIN_SIZE:
+            return function(**arguments)
+        columns = {name: np.asarray(value) for name, value in arrays.items()}
+        first, inverse = self.refined(list(columns.values()), size=shape[0])
+        picked = {name: value[first] for name, value in columns.items()}
+        result = function(**{**arguments, **picked})
+        return None if result is None else np.asarray(result)[..., inverse]
 
 
 def expert_dispatch_time_s(

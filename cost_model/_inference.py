@@ -81,6 +81,7 @@ from cost_model import _inference_ops as ops
 from cost_model._common import (
     Calibration,
     EstimateOptions,
+    RowPartition,
     StageLayout,
     attention_parameters_per_device,
     collective_time_s,
@@ -176,6 +177,11 @@ class _Setup:
     @cached_property
     def replicas(self) -> np.ndarray:
         return self.stage_ranks / (self.column("cp") * self.shard)
+
+    @cached_property
+    def rows(self) -> RowPartition:
+        """Rows alike in every collective priced so far (``_common.RowPartition``)."""
+        return RowPartition()
 
 
 def _setup(
@@ -375,7 +381,8 @@ def _moe_time(
     )
     measured = None
     if decode:  # M = tokens per expert slot on the busiest rank; the expert width split over etp
-        measured = grouped_experts_time_s(
+        measured = s.rows.evaluate(
+            grouped_experts_time_s,
             hardware=s.cluster.device,
             dtype=s.workload.weight_dtype,
             tokens_per_expert=assignments / slots,
@@ -416,7 +423,8 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
         # one call per rank: its sequences, over its share of the heads (a fraction of a curve's
         # 128-head sequence) and of each context (cp)
         sequences = p.batch * model.attention.num_heads / (s.shard * MLA_CURVE_HEADS)
-        measured = mla_time_s(
+        measured = s.rows.evaluate(
+            mla_time_s,
             kind="mla_decode",
             hardware=s.cluster.device,
             dtype=_attention_dtype(s),
@@ -446,6 +454,7 @@ def _collective(s: _Setup, op: str, axis: str, group, message) -> np.ndarray:
         ranks_per_node=local,
         message_bytes=message,
         calibration=s.calibration,
+        rows=s.rows,
     )
 
 
@@ -480,6 +489,7 @@ def _expert_all_to_all(
             ranks_per_node=ranks_per_node,
             message_bytes=message,
             calibration=s.calibration,
+            rows=s.rows,
         )
 
     seconds = np.maximum(
