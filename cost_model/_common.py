@@ -29,7 +29,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from importlib import resources
 from typing import Any, Literal
 
@@ -213,7 +213,7 @@ class StageLayout:
     has_embedding: np.ndarray  # (3, n) bool
     has_lm_head: np.ndarray  # (3, n) bool
 
-    @property
+    @cached_property
     def dense_layers(self) -> np.ndarray:
         return self.layers - self.moe_layers
 
@@ -605,7 +605,8 @@ class RowPartition:
         """``function(**arguments)`` computed on one row of each group alike in every array
         argument, scattered back to all rows. ``function`` must price each row from that row's
         values alone (element-wise); it may return None (then so does this). Arrays that are
-        not one value per row (scalars pass through) make it call ``function`` on all rows."""
+        not one value per row (scalars pass through) make it call ``function`` on all rows.
+        A tuple of results is scattered item by item."""
         arrays = {name: value for name, value in arguments.items() if np.ndim(value) > 0}
         sizes = {np.shape(value) for value in arrays.values()}
         if len(sizes) != 1 or len(shape := sizes.pop()) != 1 or shape[0] < _DISTINCT_MIN_SIZE:
@@ -614,7 +615,14 @@ class RowPartition:
         first, inverse = self.refined(list(columns.values()), size=shape[0])
         picked = {name: value[first] for name, value in columns.items()}
         result = function(**{**arguments, **picked})
-        return None if result is None else np.asarray(result)[..., inverse]
+        if isinstance(result, tuple):
+            return tuple(_scattered(value, inverse) for value in result)
+        return None if result is None else _scattered(result, inverse)
+
+
+def _scattered(value, inverse: np.ndarray):
+    """Per-group results back on every row (the last axis is the group axis)."""
+    return value if np.ndim(value) == 0 else np.asarray(value)[..., inverse]
 
 
 def expert_dispatch_time_s(

@@ -262,7 +262,8 @@ def _cast_bytes(s: _Setup) -> float:
 
 def _memory_pass(s: _Setup, bytes_moved) -> np.ndarray:
     """Time of memory-bound element-wise kernels moving ``bytes_moved``."""
-    return op_time_s(
+    return s.rows.evaluate(
+        op_time_s,
         flops=0.0,
         bytes_moved=bytes_moved,
         hardware=s.cluster.device,
@@ -285,7 +286,8 @@ def _tokens(s: _Setup, p: ops.Pass) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _mm(s: _Setup, flops, bytes_moved) -> np.ndarray:
-    return op_time_s(
+    return s.rows.evaluate(
+        op_time_s,
         flops=flops,
         bytes_moved=bytes_moved,
         hardware=s.cluster.device,
@@ -435,7 +437,8 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
         )
         if measured is not None:  # (prefill keeps the calibrated efficiency: see _kernel_curves)
             return measured
-    return op_time_s(
+    return s.rows.evaluate(
+        op_time_s,
         flops=flops,
         bytes_moved=kv_read * kv_fraction,
         hardware=s.cluster.device,
@@ -470,7 +473,8 @@ def _expert_all_to_all(
     point-to-point transfers on each tier."""
     ep = s.column("ep")
     local = np.minimum(s.group_local["ep"], ep)
-    intra_bytes, inter_bytes = expert_all_to_all_bytes(
+    intra_bytes, inter_bytes = s.rows.evaluate(
+        expert_all_to_all_bytes,
         rank_tokens=rank_tokens,
         hidden_size=s.model.hidden_size,
         element_bytes=element_bytes,
@@ -600,11 +604,11 @@ def _pass_parts(s: _Setup, p: ops.Pass) -> tuple[dict[str, np.ndarray], dict[str
         exposed["compute"] = exposed["compute"] + ops.COMMUNICATION_SM_FRACTION * sum(
             hidden.values()
         )
-    slowest = np.argmax(sum(exposed.values()), axis=0)[None, :]
+    slowest = np.argmax(sum(exposed.values()), axis=0) * shape[1] + np.arange(shape[1])
     pp = s.column("pp")
 
     def pick(values: np.ndarray) -> np.ndarray:
-        return pp * np.take_along_axis(np.broadcast_to(values, shape), slowest, axis=0)[0]
+        return pp * np.take(np.broadcast_to(values, shape), slowest)
 
     return {k: pick(v) for k, v in exposed.items()}, {k: pick(v) for k, v in hidden.items()}
 
