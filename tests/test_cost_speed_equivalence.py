@@ -9,6 +9,7 @@ repeated in shuffled order, must give every row the columns its layout gets alon
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ from cost_model._common import (
 )
 from cost_model._serving_columns import A2A_BACKEND_CODES, KV_DTYPE_CODES, PHASE_CODES
 from cost_model._table import select_rows
-from topology import get_preset
+from topology import get_preset, load_hardware_profile
 
 DSV3 = get_model("deepseek-v3")
 CLUSTER = get_preset("dgx-h200", num_nodes=4)
@@ -191,3 +192,26 @@ def test_collective_time_same_with_and_without_partition():
         np.testing.assert_allclose(grouped, straight, rtol=RELATIVE, atol=0.0)
         np.testing.assert_allclose(plain, straight, rtol=RELATIVE, atol=0.0)
         assert np.all(straight[group > 1] > 0)
+
+
+def test_profile_collective_time_matches_each_element_alone():
+    path = (
+        Path(__file__).resolve().parents[1] / "benchmarks/results/profile_cpu_gloo_2ranks_1150.json"
+    )
+    profile = load_hardware_profile(path)
+    curve = profile.collectives["all_reduce"][2]
+    wider = profile.model_copy(
+        update={"collectives": {"all_reduce": {2: curve, 4: profile.collectives["all_gather"][2]}}}
+    )
+    rng = np.random.default_rng(4)
+    sizes = rng.choice([1.0, 2.0, 4.0, 8.0], size=300)
+    nbytes = rng.choice([0.0, 10.0, 1e4, 1e6, 1e9], size=300)
+    got = wider.collective_time_s("all_reduce", sizes, nbytes)
+    for size, message, value in zip(sizes, nbytes, got, strict=True):
+        if size in (2.0, 4.0):
+            expected = float(wider.collectives["all_reduce"][int(size)].time_s(message))
+            assert value == pytest.approx(expected, rel=RELATIVE, abs=0.0)
+        else:
+            assert np.isnan(value)
+    assert np.isnan(wider.collective_time_s("broadcast", 2.0, 1e3))
+    assert float(wider.collective_time_s("all_reduce", 2.0, 1e3)) == float(curve.time_s(1e3))
