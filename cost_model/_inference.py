@@ -340,11 +340,14 @@ def _kernels_per_pass(s: _Setup) -> np.ndarray:
     FFN, or the attention-DP gather/scatter of a dense FFN; EP dispatch and combine). Each pays
     the engine's per-kernel floor, in prefill and decode alike: a CUDA graph removes the CPU
     launch, not the GPU's launch-to-launch gap and wave tail (``data/serving_profiles.json``)."""
+    if "_kernels_per_pass" in s.__dict__:  # the same for every pass of one setup
+        return s.__dict__["_kernels_per_pass"]
     lay, tp, ep = s.layout, s.column("tp"), s.column("ep")
     kernels = lay.dense_layers * s.kernels_per_layer[0] + lay.moe_layers * s.kernels_per_layer[1]
     tp_calls = np.where(s.attention_dp, 2.0 * lay.dense_layers, 2.0 * lay.layers) * (tp > 1)
     ep_calls = 2.0 * lay.moe_layers * (ep > 1)
-    return kernels + tp_calls + ep_calls
+    s.__dict__["_kernels_per_pass"] = kernels + tp_calls + ep_calls
+    return s.__dict__["_kernels_per_pass"]
 
 
 def _moe_time(
@@ -369,12 +372,16 @@ def _moe_time(
     group_tokens = rank_tokens * ep * etp
     mean_assignments = group_tokens * moe.top_k / ep
     assignments = mean_assignments * np.maximum(
-        ops.max_load_factor(mean_assignments, ep), s.routing_imbalance
+        s.rows.evaluate(ops.max_load_factor, mean_load=mean_assignments, num_bins=ep),
+        s.routing_imbalance,
     )
     w_expert = model.ffn_parameters(moe.expert_ffn_hidden_size) / etp
     slots = (moe.num_routed_experts + s.column("num_redundant_experts")) / ep
-    touched = ops.experts_touched_fraction(
-        group_tokens, top_k=moe.top_k, num_experts=moe.num_routed_experts
+    touched = s.rows.evaluate(
+        ops.experts_touched_fraction,
+        tokens=group_tokens,
+        top_k=moe.top_k,
+        num_experts=moe.num_routed_experts,
     )
     cast = _cast_bytes(s)
     side = ops.routed_bytes_per_assignment(model, act=act, cast=cast, etp=etp)
