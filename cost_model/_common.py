@@ -526,7 +526,13 @@ def collective_time_s(
     if rows is None:
         first, inverse = distinct_rows(varying, size=group.size)
     else:
-        first, inverse = rows.refined(varying, size=group.size)
+        found = rows.grouping(varying, size=group.size, site=f"collective {op}")
+        if found is None:  # rows hardly repeat: price them all
+            seconds = cluster.collective_time(
+                op, group_size=group, ranks_per_node=local, message_bytes=message
+            )
+            return np.asarray(seconds, dtype=np.float64) / calibration.collective_efficiency
+        first, inverse = found
     group, local, message = (value.reshape(-1)[first] for value in (group, local, message))
     seconds = cluster.collective_time(
         op, group_size=group, ranks_per_node=local, message_bytes=message
@@ -577,47 +583,74 @@ def _alike(value: np.ndarray, first: np.ndarray, inverse: np.ndarray) -> bool:
 
 
 class RowPartition:
-    """Rows of one table grouped so that every input seen so far is alike within a group.
+    """Groups of alike rows of one table, remembered across the calls that price it.
 
-    Calls on one table mostly vary with the same few columns (group sizes, ranks per node,
-    tokens), so after a few refinements each new call's inputs are already alike on the
-    groups: checking that costs one gather and compare per input, not a sort. Exact: a call
-    whose inputs differ within a group refines the partition by them.
+    Calls on one table mostly vary with a few columns (group sizes, ranks per node, tokens),
+    so a grouping found once serves the next calls of the same kind: checking that a call's
+    inputs are alike on it costs one gather and compare per input, not a sort. A few
+    groupings are kept (inputs of different kinds repeat on different rows), and each call site
+    tries the one it used last first. Exact: a grouping is used only where every input equals
+    its group's representative.
     """
 
     def __init__(self) -> None:
-        self._first: np.ndarray | None = None
-        self._inverse: np.ndarray | None = None
+        self._groupings: list[tuple[np.ndarray, np.ndarray]] = []
+        self._last: dict[str, int] = {}
 
-    def refined(self, values, *, size: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(first, inverse)`` as ``distinct_rows`` returns them, possibly coarser than that
-        (alike rows in more than one group), refining the stored partition where ``values``
-        are not alike on it."""
-        first, inverse = self._first, self._inverse
-        if first is None or inverse is None or inverse.size != size:
-            first, inverse = distinct_rows(values, size=size)
-        elif not all(_alike(value, first, inverse) for value in values):
-            first, inverse = distinct_rows([inverse, *values], size=size)
-        self._first, self._inverse = first, inverse
-        return first, inverse
+    def grouping(
+        self, values, *, size: int, site: str = ""
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(first, inverse)`` as ``distinct_rows`` returns them for ``values``, or a coarser
+        one under which they are alike too; None where the rows hardly repeat (more than half
+        of them distinct), so that pricing every row costs less than grouping them."""
+        order = sorted(
+            range(len(self._groupings)),
+            key=lambda index: (index != self._last.get(site), len(self._groupings[index][0])),
+        )
+        for index in order:
+            first, inverse = self._groupings[index]
+            if inverse.size == size and all(_alike(value, first, inverse) for value in values):
+                self._last[site] = index
+                return None if 2 * first.size > size else (first, inverse)
+        first, inverse = distinct_rows(values, size=size)
+        if len(self._groupings) >= _GROUPINGS_KEPT:  # forget the finest
+            finest = max(range(len(self._groupings)), key=lambda i: len(self._groupings[i][0]))
+            del self._groupings[finest]
+            self._last = {
+                key: index - (index > finest)
+                for key, index in self._last.items()
+                if index != finest
+            }
+        self._groupings.append((first, inverse))
+        self._last[site] = len(self._groupings) - 1
+        return None if 2 * first.size > size else (first, inverse)
 
     def evaluate(self, function, /, **arguments):
         """``function(**arguments)`` computed on one row of each group alike in every array
         argument, scattered back to all rows. ``function`` must price each row from that row's
         values alone (element-wise); it may return None (then so does this). Arrays that are
-        not one value per row (scalars pass through) make it call ``function`` on all rows.
-        A tuple of results is scattered item by item."""
+        not one value per row (scalars pass through), and rows that hardly repeat, make it call
+        ``function`` on all rows. A tuple of results is scattered item by item."""
         arrays = {name: value for name, value in arguments.items() if np.ndim(value) > 0}
         sizes = {np.shape(value) for value in arrays.values()}
         if len(sizes) != 1 or len(shape := sizes.pop()) != 1 or shape[0] < _DISTINCT_MIN_SIZE:
             return function(**arguments)
         columns = {name: np.asarray(value) for name, value in arrays.items()}
-        first, inverse = self.refined(list(columns.values()), size=shape[0])
+        found = self.grouping(
+            list(columns.values()), size=shape[0], site=getattr(function, "__qualname__", "")
+        )
+        if found is None:
+            return function(**arguments)
+        first, inverse = found
         picked = {name: value[first] for name, value in columns.items()}
         result = function(**{**arguments, **picked})
         if isinstance(result, tuple):
             return tuple(_scattered(value, inverse) for value in result)
         return None if result is None else _scattered(result, inverse)
+
+
+#: Groupings a ``RowPartition`` keeps (the coarsest; a new one past this replaces the finest).
+_GROUPINGS_KEPT = 6
 
 
 def _scattered(value, inverse: np.ndarray):

@@ -147,19 +147,35 @@ def test_distinct_rows_survive_a_hash_collision():
         np.testing.assert_array_equal(value[first][inverse], value)
 
 
-def test_partition_refines_where_a_call_splits_a_group():
+def test_partition_reuses_a_grouping_only_where_inputs_are_alike():
     size = 8000
     rows = RowPartition()
     coarse = np.repeat([1.0, 2.0], size // 2)
-    first, inverse = rows.refined([coarse], size=size)
+    first, inverse = rows.grouping([coarse], size=size, site="a")
     assert len(first) == 2
-    fine = np.tile([3.0, 4.0], size // 2)  # splits both groups
-    first, inverse = rows.refined([fine], size=size)
+    fine = np.tile([3.0, 4.0], size // 2)  # splits both groups of the first grouping
+    found = rows.grouping([fine], size=size, site="b")
+    assert found is not None
+    np.testing.assert_array_equal(fine[found[0]][found[1]], fine)
+    both = rows.grouping([coarse, fine], size=size, site="c")
+    assert both is not None and len(both[0]) == 4
     for value in (coarse, fine):
-        np.testing.assert_array_equal(value[first][inverse], value)
-    assert len(first) == 4
-    again, _ = rows.refined([coarse * 10.0], size=size)  # alike on the groups: no new sort
-    assert again is first
+        np.testing.assert_array_equal(value[both[0]][both[1]], value)
+    again = rows.grouping([coarse * 10.0], size=size, site="a")  # alike on the first: no sort
+    assert again is not None and again[0] is first
+    # rows that hardly repeat are priced directly (None), and still exactly once grouped
+    assert rows.grouping([np.arange(size, dtype=np.float64)], size=size, site="d") is None
+    calls = []
+
+    def double(*, value):
+        calls.append(value.size)
+        return 2.0 * value
+
+    np.testing.assert_array_equal(rows.evaluate(double, value=coarse * 3.0), coarse * 6.0)
+    assert calls == [2]
+    distinct = np.arange(size, dtype=np.float64)
+    np.testing.assert_array_equal(rows.evaluate(double, value=distinct), 2.0 * distinct)
+    assert calls == [2, size]
 
 
 def test_collective_time_same_with_and_without_partition():
