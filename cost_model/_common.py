@@ -593,7 +593,8 @@ class RowPartition:
     its group's representative.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, size: int) -> None:
+        self.size = size  # rows of the table
         self._groupings: list[tuple[np.ndarray, np.ndarray]] = []
         self._last: dict[str, int] = {}
 
@@ -628,16 +629,24 @@ class RowPartition:
     def evaluate(self, function, /, **arguments):
         """``function(**arguments)`` computed on one row of each group alike in every array
         argument, scattered back to all rows. ``function`` must price each row from that row's
-        values alone (element-wise); it may return None (then so does this). Arrays that are
-        not one value per row (scalars pass through), and rows that hardly repeat, make it call
+        values alone (element-wise); it may return None (then so does this). Arrays (numpy) of
+        one value per row are the row arguments; scalars and objects pass through. An array of
+        another shape, a list or tuple, a small table and rows that hardly repeat make it call
         ``function`` on all rows. A tuple of results is scattered item by item."""
-        arrays = {name: value for name, value in arguments.items() if np.ndim(value) > 0}
-        sizes = {np.shape(value) for value in arrays.values()}
-        if len(sizes) != 1 or len(shape := sizes.pop()) != 1 or shape[0] < _DISTINCT_MIN_SIZE:
+        if self.size < _DISTINCT_MIN_SIZE:
             return function(**arguments)
-        columns = {name: np.asarray(value) for name, value in arrays.items()}
+        columns = {}
+        for name, value in arguments.items():
+            if isinstance(value, (list, tuple)):
+                return function(**arguments)
+            if isinstance(value, np.ndarray) and value.ndim > 0:
+                if value.shape != (self.size,):
+                    return function(**arguments)
+                columns[name] = value
+        if not columns:
+            return function(**arguments)
         found = self.grouping(
-            list(columns.values()), size=shape[0], site=getattr(function, "__qualname__", "")
+            list(columns.values()), size=self.size, site=getattr(function, "__qualname__", "")
         )
         if found is None:
             return function(**arguments)

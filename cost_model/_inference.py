@@ -181,7 +181,7 @@ class _Setup:
     @cached_property
     def rows(self) -> RowPartition:
         """Rows alike in every collective priced so far (``_common.RowPartition``)."""
-        return RowPartition()
+        return RowPartition(self.phase.shape[0])
 
 
 def _setup(

@@ -149,7 +149,7 @@ def test_distinct_rows_survive_a_hash_collision():
 
 def test_partition_reuses_a_grouping_only_where_inputs_are_alike():
     size = 8000
-    rows = RowPartition()
+    rows = RowPartition(size)
     coarse = np.repeat([1.0, 2.0], size // 2)
     first, inverse = rows.grouping([coarse], size=size, site="a")
     assert len(first) == 2
@@ -185,7 +185,7 @@ def test_collective_time_same_with_and_without_partition():
     local = np.minimum(group, rng.choice([1.0, 2.0, 8.0], size=size))
     message = rng.choice([1e3, 1e6, 3e7], size=size)
     calibration = Calibration(collective_efficiency=0.8)
-    shared = RowPartition()
+    shared = RowPartition(size)
     for op in ("all_reduce", "all_gather", "send_recv", "all_to_all"):
         kwargs = dict(
             cluster=CLUSTER,
