@@ -19,6 +19,11 @@ nothing here loops over configs. The pieces:
   ranks of each axis group share a node, for Megatron's rank order (tp innermost, then cp, dp,
   pp; MoE layers re-view dp*cp*tp as edp x ep x etp with etp innermost).
   ``collective_time_s`` prices a collective with ``Cluster.collective_time``.
+* **Alike rows.** A large table repeats the same inputs on many rows (a search's configs differ
+  in knobs a given operator does not read). ``RowPartition`` remembers, per table, which rows
+  were alike in earlier calls, so element-wise pricing (collectives, kernel curves, rooflines)
+  runs once per group of alike rows and is scattered back; every input is checked against its
+  group's representative, so the result is the row-by-row one.
 * **Attention extent.** ``mean_attended_tokens``: keys per query of a causal sequence for the
   full, sliding-window, sparse top-k and linear variants.
 """
