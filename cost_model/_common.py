@@ -30,6 +30,7 @@ nothing here loops over configs. The pieces:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -645,12 +646,14 @@ class RowPartition:
         """``function(**arguments)`` computed on one row of each group alike in every array
         argument, scattered back to all rows. ``function`` must price each row from that row's
         values alone (element-wise); it may return None (then so does this). Arrays (numpy) of
-        one value per row are the row arguments; scalars and objects pass through. An array of
-        another shape, a list or tuple, a small table and rows that hardly repeat make it call
-        ``function`` on all rows. A tuple of results is scattered item by item."""
+        one value per row are the row arguments, and so are dataclasses whose array fields hold
+        one value or one row of values per row (picked field by field); scalars and objects pass
+        through. An array of another shape, a list or tuple, a small table and rows that hardly
+        repeat make it call ``function`` on all rows. A tuple of results is scattered item by
+        item."""
         if self.size < _DISTINCT_MIN_SIZE:
             return function(**arguments)
-        columns = {}
+        columns, records, checked = {}, {}, []
         for name, value in arguments.items():
             if isinstance(value, (list, tuple)):
                 return function(**arguments)
@@ -658,19 +661,44 @@ class RowPartition:
                 if value.shape != (self.size,):
                     return function(**arguments)
                 columns[name] = value
-        if not columns:
+                checked.append(value)
+            elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+                fields = self._row_fields(value)
+                if fields is None:
+                    return function(**arguments)
+                records[name] = (value, fields)
+                for field in fields.values():  # each column of a (rows, k) field
+                    checked.extend(field.T if field.ndim == 2 else [field])
+        if not checked:
             return function(**arguments)
-        found = self.grouping(
-            list(columns.values()), size=self.size, site=getattr(function, "__qualname__", "")
-        )
+        site = getattr(function, "__qualname__", getattr(function, "func", function).__name__)
+        found = self.grouping(checked, size=self.size, site=site)
         if found is None:
             return function(**arguments)
         first, inverse = found
         picked = {name: value[first] for name, value in columns.items()}
+        for name, (record, fields) in records.items():
+            picked[name] = dataclasses.replace(
+                record, **{field: value[first] for field, value in fields.items()}
+            )
         result = function(**{**arguments, **picked})
         if isinstance(result, tuple):
             return tuple(_scattered(value, inverse) for value in result)
         return None if result is None else _scattered(result, inverse)
+
+    def _row_fields(self, record) -> dict[str, np.ndarray] | None:
+        """The fields of a dataclass argument that hold one value (or one row of values) per
+        row; None where a field is an array of another length or rank."""
+        fields = {}
+        for field in dataclasses.fields(record):
+            value = getattr(record, field.name)
+            if isinstance(value, np.ndarray) and value.ndim > 0:
+                if value.shape[0] != self.size or value.ndim > 2:
+                    return None
+                fields[field.name] = value
+            elif isinstance(value, (list, tuple, dict)):
+                return None
+        return fields
 
 
 #: Groupings a ``RowPartition`` keeps (the coarsest; a new one past this replaces the finest).

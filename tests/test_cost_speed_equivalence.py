@@ -8,6 +8,7 @@ repeated in shuffled order, must give every row the columns its layout gets alon
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 
@@ -176,6 +177,35 @@ def test_partition_reuses_a_grouping_only_where_inputs_are_alike():
     distinct = np.arange(size, dtype=np.float64)
     np.testing.assert_array_equal(rows.evaluate(double, value=distinct), 2.0 * distinct)
     assert calls == [2, size]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Record:
+    table: np.ndarray  # (rows, 2)
+    column: np.ndarray  # (rows,)
+    scalar: float
+
+
+def test_partition_picks_the_rows_of_dataclass_arguments():
+    size = 6000
+    rows = RowPartition(size)
+    kind = np.arange(size) % 3
+    record = _Record(np.stack([kind * 1.0, kind * 2.0], axis=1), np.repeat(5.0, size), 0.5)
+    seen = []
+
+    def total(*, record, extra):
+        seen.append(record.column.size)
+        return record.table.sum(axis=1) + record.column * record.scalar + extra
+
+    expected = record.table.sum(axis=1) + record.column * 0.5 + kind
+    np.testing.assert_array_equal(rows.evaluate(total, record=record, extra=kind * 1.0), expected)
+    assert seen == [3]
+    split = dataclasses.replace(record, column=np.arange(size) % 2 * 1.0)  # six groups now
+    np.testing.assert_array_equal(
+        rows.evaluate(total, record=split, extra=0.0),
+        split.table.sum(axis=1) + split.column * 0.5,
+    )
+    assert seen == [3, 6]
 
 
 def test_collective_time_same_with_and_without_partition():
