@@ -8,6 +8,12 @@ path ``cost_model.estimate`` takes). Figures are medians of ``--repeats`` runs i
 Inference is priced twice: fully loaded, then with a TTFT and a TPOT SLO set (each layout then
 scans the concurrencies its cache holds for the largest whose p90 TTFT/TPOT meet them).
 
+Inference reads none of the training switches, so those rows hold far fewer distinct inference
+layouts (mesh x virtual stages; the count is printed), and the cost model prices the
+collectives and kernel-curve lookups once per group of alike rows. The ``distinct`` line prices
+the same table with ``num_redundant_experts`` numbered within each inference layout, so that
+every row is a distinct inference layout (SLOs set).
+
 The serving simulator (``cost_model._simulator``) then serves 10 minutes of Poisson traffic at
 50 requests/s (512-token prompts, 128-token outputs) on one plan (DeepSeek-V3, fp8, TP8 on one
 dgx-h200 node), against a budget of 2 s on one core.
@@ -96,6 +102,19 @@ def config_table(model, world: int, rows: int, seed: int = 0) -> dict[str, np.nd
     ), len(combos)
 
 
+def distinct_for_inference(table: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+    """``table`` with ``num_redundant_experts`` = the row's rank among the rows of its inference
+    layout (dp, tp, pp, cp, ep, virtual stages), so that no two rows price alike; and the number
+    of inference layouts ``table`` held."""
+    key = np.stack([table[name] for name in ("dp", "tp", "pp", "cp", "ep", "virtual_stages")], 1)
+    layouts, layout = np.unique(key, axis=0, return_inverse=True)
+    layout = layout.reshape(-1)
+    order = np.argsort(layout, kind="stable")
+    rank = np.empty(layout.size, dtype=np.int64)
+    rank[order] = np.arange(layout.size) - np.searchsorted(layout[order], layout[order])
+    return {**table, "num_redundant_experts": rank}, len(layouts)
+
+
 def median_seconds(fn, repeats: int) -> tuple[float, float]:
     """Median wall-clock and CPU seconds of ``fn`` (CPU time: other processes on a shared
     machine stretch the wall clock, not the work this process does)."""
@@ -144,8 +163,10 @@ def main() -> int:
     _, distinct = config_table(model, cluster.num_devices, 1)
     rows = args.rows or distinct
     table, _ = config_table(model, cluster.num_devices, rows)
+    distinct_table, layouts = distinct_for_inference(table)
     print(
-        f"ref-3t-moe on {cluster.num_devices} x {cluster.device.name}; {distinct:,} distinct legal configs, {rows:,} rows"
+        f"ref-3t-moe on {cluster.num_devices} x {cluster.device.name}; {distinct:,} distinct legal configs, {rows:,} rows "
+        f"({layouts:,} distinct inference layouts among them)"
     )
     training = Training(sequence_length_tokens=4096, global_batch_tokens=4096 * 4096)
     inference = Inference(prompt_tokens=4096, output_tokens=1024)
@@ -153,6 +174,15 @@ def main() -> int:
     measure("training", model, cluster, training, table, repeats=args.repeats, sample=args.sample)
     measure("inference", model, cluster, inference, table, repeats=args.repeats, sample=args.sample)
     measure("infer+SLO", model, cluster, with_slos, table, repeats=args.repeats, sample=args.sample)
+    measure(
+        "distinct",
+        model,
+        cluster,
+        with_slos,
+        distinct_table,
+        repeats=args.repeats,
+        sample=args.sample,
+    )
     measure_simulator(repeats=args.repeats)
     return 0
 

@@ -82,6 +82,7 @@ from cost_model import _inference_ops as ops
 from cost_model._common import (
     Calibration,
     EstimateOptions,
+    RowPartition,
     StageLayout,
     attention_parameters_per_device,
     collective_time_s,
@@ -181,6 +182,11 @@ class _Setup:
     def replicas(self) -> np.ndarray:
         return self.stage_ranks / (self.column("cp") * self.shard)
 
+    @cached_property
+    def rows(self) -> RowPartition:
+        """Rows alike in every collective priced so far (``_common.RowPartition``)."""
+        return RowPartition(self.phase.shape[0])
+
 
 def _setup(
     *,
@@ -260,7 +266,8 @@ def _cast_bytes(s: _Setup) -> float:
 
 def _memory_pass(s: _Setup, bytes_moved) -> np.ndarray:
     """Time of memory-bound element-wise kernels moving ``bytes_moved``."""
-    return op_time_s(
+    return s.rows.evaluate(
+        op_time_s,
         flops=0.0,
         bytes_moved=bytes_moved,
         hardware=s.cluster.device,
@@ -283,7 +290,8 @@ def _tokens(s: _Setup, p: ops.Pass) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _mm(s: _Setup, flops, bytes_moved) -> np.ndarray:
-    return op_time_s(
+    return s.rows.evaluate(
+        op_time_s,
         flops=flops,
         bytes_moved=bytes_moved,
         hardware=s.cluster.device,
@@ -336,11 +344,14 @@ def _kernels_per_pass(s: _Setup) -> np.ndarray:
     FFN, or the attention-DP gather/scatter of a dense FFN; EP dispatch and combine). Each pays
     the engine's per-kernel floor, in prefill and decode alike: a CUDA graph removes the CPU
     launch, not the GPU's launch-to-launch gap and wave tail (``data/serving_profiles.json``)."""
+    if "_kernels_per_pass" in s.__dict__:  # the same for every pass of one setup
+        return s.__dict__["_kernels_per_pass"]
     lay, tp, ep = s.layout, s.column("tp"), s.column("ep")
     kernels = lay.dense_layers * s.kernels_per_layer[0] + lay.moe_layers * s.kernels_per_layer[1]
     tp_calls = np.where(s.attention_dp, 2.0 * lay.dense_layers, 2.0 * lay.layers) * (tp > 1)
     ep_calls = 2.0 * lay.moe_layers * (ep > 1)
-    return kernels + tp_calls + ep_calls
+    s.__dict__["_kernels_per_pass"] = kernels + tp_calls + ep_calls
+    return s.__dict__["_kernels_per_pass"]
 
 
 def _moe_time(
@@ -365,12 +376,16 @@ def _moe_time(
     group_tokens = rank_tokens * ep * etp
     mean_assignments = group_tokens * moe.top_k / ep
     assignments = mean_assignments * np.maximum(
-        ops.max_load_factor(mean_assignments, ep), s.routing_imbalance
+        s.rows.evaluate(ops.max_load_factor, mean_load=mean_assignments, num_bins=ep),
+        s.routing_imbalance,
     )
     w_expert = model.ffn_parameters(moe.expert_ffn_hidden_size) / etp
     slots = (moe.num_routed_experts + s.column("num_redundant_experts")) / ep
-    touched = ops.experts_touched_fraction(
-        group_tokens, top_k=moe.top_k, num_experts=moe.num_routed_experts
+    touched = s.rows.evaluate(
+        ops.experts_touched_fraction,
+        tokens=group_tokens,
+        top_k=moe.top_k,
+        num_experts=moe.num_routed_experts,
     )
     cast = _cast_bytes(s)
     side = ops.routed_bytes_per_assignment(model, act=act, cast=cast, etp=etp)
@@ -379,7 +394,8 @@ def _moe_time(
     )
     measured = None
     if decode:  # M = tokens per expert slot on the busiest rank; the expert width split over etp
-        measured = grouped_experts_time_s(
+        measured = s.rows.evaluate(
+            grouped_experts_time_s,
             hardware=s.cluster.device,
             dtype=s.workload.weight_dtype,
             tokens_per_expert=assignments / slots,
@@ -420,7 +436,8 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
         # one call per rank: its sequences, over its share of the heads (a fraction of a curve's
         # 128-head sequence) and of each context (cp)
         sequences = p.batch * model.attention.num_heads / (s.shard * MLA_CURVE_HEADS)
-        measured = mla_time_s(
+        measured = s.rows.evaluate(
+            mla_time_s,
             kind="mla_decode",
             hardware=s.cluster.device,
             dtype=_attention_dtype(s),
@@ -431,7 +448,8 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
         )
         if measured is not None:  # (prefill keeps the calibrated efficiency: see _kernel_curves)
             return measured
-    return op_time_s(
+    return s.rows.evaluate(
+        op_time_s,
         flops=flops,
         bytes_moved=kv_read * kv_fraction,
         hardware=s.cluster.device,
@@ -450,6 +468,7 @@ def _collective(s: _Setup, op: str, axis: str, group, message) -> np.ndarray:
         ranks_per_node=local,
         message_bytes=message,
         calibration=s.calibration,
+        rows=s.rows,
     )
 
 
@@ -466,7 +485,8 @@ def _expert_all_to_all(
     assert s.model.moe is not None
     ep = s.column("ep")
     local = np.minimum(s.group_local["ep"], ep)
-    intra_bytes, inter_bytes = expert_all_to_all_bytes(
+    intra_bytes, inter_bytes = s.rows.evaluate(
+        expert_all_to_all_bytes,
         rank_tokens=rank_tokens,
         hidden_size=s.model.hidden_size,
         element_bytes=element_bytes,
@@ -485,6 +505,7 @@ def _expert_all_to_all(
             ranks_per_node=ranks_per_node,
             message_bytes=message,
             calibration=s.calibration,
+            rows=s.rows,
         )
 
     seconds = np.maximum(
@@ -595,11 +616,11 @@ def _pass_parts(s: _Setup, p: ops.Pass) -> tuple[dict[str, np.ndarray], dict[str
         exposed["compute"] = exposed["compute"] + ops.COMMUNICATION_SM_FRACTION * sum(
             hidden.values()
         )
-    slowest = np.argmax(sum(exposed.values()), axis=0)[None, :]
+    slowest = np.argmax(sum(exposed.values()), axis=0) * shape[1] + np.arange(shape[1])
     pp = s.column("pp")
 
     def pick(values: np.ndarray) -> np.ndarray:
-        return pp * np.take_along_axis(np.broadcast_to(values, shape), slowest, axis=0)[0]
+        return pp * np.take(np.broadcast_to(values, shape), slowest)
 
     return {k: pick(v) for k, v in exposed.items()}, {k: pick(v) for k, v in hidden.items()}
 

@@ -21,6 +21,7 @@ none), ``concurrency`` (requests in flight over the layout's replicas) and ``req
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 
 import numpy as np
 
@@ -163,8 +164,11 @@ def _colocated_load(
     elif (w.ttft_slo_s is None and w.tpot_slo_s is None) or np.all(given > 0):
         concurrency = max_running
     else:
+        scan = partial(_largest_meeting_slos, s)  # once per group of alike rows
         concurrency = np.where(
-            given > 0, max_running, _largest_meeting_slos(s, cost, policy, max_running)
+            given > 0,
+            max_running,
+            s.rows.evaluate(scan, cost=cost, policy=policy, max_running=max_running),
         )
     return concurrency, closed_loop(cost=cost, policy=policy, concurrency=concurrency)
 

@@ -195,11 +195,14 @@ class HardwareProfile(BaseModel):
 
     def collective_time_s(self, op: str, group_size, message_bytes):
         """Measured seconds of ``op`` (vectorized); NaN where that op or group size was not measured."""
-        sizes = np.asarray(group_size, dtype=np.float64)
-        nbytes = np.asarray(message_bytes, dtype=np.float64)
-        result = np.full(np.broadcast(sizes, nbytes).shape, np.nan)
+        sizes, nbytes = np.broadcast_arrays(
+            np.asarray(group_size, dtype=np.float64), np.asarray(message_bytes, dtype=np.float64)
+        )
+        result = np.full(sizes.shape, np.nan)
         for size, curve in self.collectives.get(op, {}).items():
-            result = np.where(sizes == size, curve.time_s(nbytes), result)
+            rows = sizes == size  # each curve interpolates only the messages of its group size
+            if np.any(rows):
+                result[rows] = curve.time_s(nbytes[rows])
         return result
 
     def save(self, path: str | Path) -> Path:
