@@ -79,6 +79,7 @@ import numpy as np
 
 from cost_model import _inference_ops as ops
 from cost_model._common import (
+    REASON_CODES,  # noqa: F401 (re-exported: _estimate and the tests read it here)
     Calibration,
     EstimateOptions,
     StageLayout,
@@ -94,6 +95,8 @@ from cost_model._kernel_curves import (
     deepep_low_latency_s,
     expert_all_to_all_bytes,
     grouped_experts_time_s,
+    grouped_gemm_efficiency,
+    mla_efficiency,
     mla_time_s,
 )
 from cost_model._model_spec import ModelSpec
@@ -323,7 +326,40 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     total = total + lay.dense_layers * _memory_pass(s, dense_side * dense_tokens)
     # Two overlapped micro-batches run on two streams: one's launch gaps fill with the other's
     # kernels, so a pass pays the floor once, not once per micro-batch.
-    return total + _kernels_per_pass(s) * s.profile.kernel_floor_s / np.where(s.two_batch, 2.0, 1.0)
+    kernels = _kernels_per_pass(s) - _measured_kernels_per_pass(s, decode=p.decode)
+    return total + kernels * s.profile.kernel_floor_s / np.where(s.two_batch, 2.0, 1.0)
+
+
+#: Kernels of an MoE block inside the fused MoE layer the operator tables time (router top-k,
+#: permute, the grouped GEMMs, activation, un-permute: ``_training.kernels_per_layer``'s 8).
+_FUSED_MOE_KERNELS = 8.0
+
+
+def _measured_kernels_per_pass(s: _Setup, *, decode: bool) -> float:
+    """Kernels of a pass whose time is a measured operator latency (the fused MoE layer and MLA
+    decode attention, where ``_kernel_curves`` covers the device): the table's latency already
+    holds their launch-to-launch gaps, ramps and tails, so they pay no floor on top."""
+    if not decode:
+        return 0.0
+    lay, model, device = s.layout, s.model, s.cluster.device
+    kernels = 0.0
+    if (
+        model.moe is not None
+        and grouped_gemm_efficiency(
+            device_name=device.name,
+            dtype=s.workload.weight_dtype,
+            tokens_per_expert=1.0,
+            experts_per_device=1.0,
+        )
+        is not None
+    ):
+        kernels = kernels + lay.moe_layers * _FUSED_MOE_KERNELS
+    if (
+        model.attention.kind == "mla"
+        and mla_efficiency(kind="mla_decode", device_name=device.name, tokens=1.0) is not None
+    ):
+        kernels = kernels + lay.layers * 1.0  # the one fused attention kernel
+    return kernels
 
 
 def _kernels_per_pass(s: _Setup) -> np.ndarray:
@@ -699,3 +735,5 @@ def _timing(s: _Setup, batch: np.ndarray) -> _Timing:
 
 
 # The table entry point prices the load on top of these passes; it imports the helpers above.
+# Re-exported here for its importers (F401: the name is public through this module).
+from cost_model._inference_load import estimate_inference_table  # noqa: E402, F401
