@@ -3,7 +3,8 @@
 Source: NVIDIA's ``aiconfigurator-core`` package (PyPI, Apache-2.0), whose wheel ships
 per-operator latency tables measured per device, engine and engine version under
 ``aiconfigurator_core/systems/data/<device>/<op>/<engine>/<version>/*.parquet``. Only
-operator tables are read — the fused MoE expert layer (``moe/*/moe_perf.parquet``) and MLA
+operator tables are read — the fused MoE expert layer (``moe/*/moe_perf.parquet``, for the
+expert shapes of ``EXPERT_SHAPES``) and MLA
 decode attention (``mla/*/generation_mla_perf.parquet``). End-to-end tables of whole serving
 runs in the same package (``silicon_sample.csv``) are never opened: they are validation data,
 not fit input (DESIGN.md, "Fidelity").
@@ -97,7 +98,8 @@ EXPERT_SHAPES = (GROUPED_GEMM_SHAPE, (4096, 1536, 128, 8), (4096, 14336, 8, 2))
 def _grouped_gemm_curves(root: Path, device: str, engine: str) -> list[dict]:
     """One curve per (dtype, expert shape) from the newest table that has the shape."""
     hardware = get_preset(DEVICES[device]).device
-    curves, done = [], set()
+    curves: list[dict] = []
+    done: set[tuple] = set()
     for path in _latest_tables(root, device, "moe", engine, "moe_perf.parquet"):
         points: dict[tuple, float] = {}
         for row in _read(path):
@@ -170,6 +172,7 @@ def _side_bytes(
     from autoparallel._catalog import get_model
 
     model = get_model("deepseek-v3")
+    assert model.moe is not None  # the catalog's DeepSeek-V3 is an MoE
     model = model.model_copy(
         update={
             "hidden_size": hidden,

@@ -112,6 +112,7 @@ from cost_model._table import table_length
 from cost_model._training import kernels_per_layer
 from cost_model._units import dtype_bytes
 from cost_model._workload import Inference
+from topology import HardwareSpec
 
 INFERENCE_TIME_PARTS: tuple[str, ...] = (
     "compute",
@@ -163,6 +164,10 @@ class _Setup:
         if name not in cache:
             cache[name] = np.asarray(self.table[name], dtype=np.float64)
         return cache[name]
+
+    @property
+    def hardware(self) -> HardwareSpec:
+        return self.cluster.device  # type: ignore[attr-defined]  # cluster: topology.Cluster
 
     @cached_property
     def attention_dp(self) -> np.ndarray:
@@ -335,14 +340,14 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
 _FUSED_MOE_KERNELS = 8.0
 
 
-def _measured_kernels_per_pass(s: _Setup, *, decode: bool) -> float:
+def _measured_kernels_per_pass(s: _Setup, *, decode: bool) -> np.ndarray | float:
     """Kernels of a pass whose time is a measured operator latency (the fused MoE layer and MLA
     decode attention, where ``_kernel_curves`` covers the device): the table's latency already
     holds their launch-to-launch gaps, ramps and tails, so they pay no floor on top."""
     if not decode:
         return 0.0
-    lay, model, device = s.layout, s.model, s.cluster.device
-    kernels = 0.0
+    lay, model, device = s.layout, s.model, s.hardware
+    kernels: np.ndarray | float = 0.0
     if (
         model.moe is not None
         and grouped_gemm_efficiency(

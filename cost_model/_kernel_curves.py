@@ -11,11 +11,15 @@ by context length (``mla_decode_ideal_s``: absorbed-form FLOPs and latent-cache 
 
 The curves live in ``cost_model/data/kernel_curves.json``, written by
 ``autoparallel profile --import-aiconfigurator`` from NVIDIA's aiconfigurator-core operator
-tables (Apache-2.0; every curve names its file). Where several engines measured one device and
-dtype, the best efficiency at each point is used: the fastest kernel measured for that shape
-(TRT-LLM's CUTLASS grouped GEMM where the Triton kernels of untuned configs fall behind), the
-one a deployment tuned for its shape runs. A device or dtype without a curve returns
-``None`` and the caller keeps its roofline pricing.
+tables (Apache-2.0; every curve names its file and its expert shape). Grouped-GEMM curves are
+measured on several expert shapes (DeepSeek-V3's 7168 x 2048, Qwen3-235B's 4096 x 1536,
+Mixtral-8x7B's 4096 x 14336); a model is priced on the shape nearest its own in log(weight
+elements per expert matrix), since at a few tokens per expert the fused layer's fixed routing,
+permute and ramp weigh against the bytes each expert streams. Where several engines measured
+one device and dtype, the best efficiency at each point is used unless an ``engine`` is asked
+for: the fastest kernel measured for that shape (TRT-LLM's CUTLASS grouped GEMM where the
+Triton kernels of untuned configs fall behind), the one a deployment tuned for its shape runs.
+A device or dtype without a curve returns ``None`` and the caller keeps its roofline pricing.
 
 Prefill is priced with them only where they are the whole story. The MLA prefill curves
 (``mla_prefill``) are imported but not used: at the measured 0.46-0.58 efficiency on 2-12K-token
@@ -35,7 +39,8 @@ import numpy as np
 
 from cost_model._units import dtype_bytes
 
-#: (hidden, expert FFN width, routed experts, top-k) of the imported MoE rows: DeepSeek-V3's.
+#: (hidden, expert FFN width, routed experts, top-k) of DeepSeek-V3's experts: the default shape
+#: of a lookup and of a curve that names none.
 GROUPED_GEMM_SHAPE = (7168, 2048, 256, 8)
 #: Heads of the imported MLA rows (DeepSeek-V3's 128, one rank): the unit of a curve's batch.
 MLA_CURVE_HEADS = 128
@@ -115,7 +120,7 @@ def kernel_curves() -> dict:
 
 def _curve_shape(curve: dict) -> tuple[int, int, int, int]:
     shape = curve.get("shape")
-    return GROUPED_GEMM_SHAPE if shape is None else tuple(shape.values())  # type: ignore[return-value]
+    return GROUPED_GEMM_SHAPE if shape is None else tuple(shape.values())
 
 
 def _engine_curves(curves: list[dict], engine: str | None) -> list[dict]:
