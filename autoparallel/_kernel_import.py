@@ -86,13 +86,20 @@ def _latest_tables(root: Path, device: str, op: str, engine: str, name: str) -> 
     return [v / name for v in reversed(versions)]
 
 
-#: Expert shapes (hidden, expert FFN width, routed experts, top-k) imported from the MoE tables:
-#: DeepSeek-V3's small experts first (``GROUPED_GEMM_SHAPE``), then Qwen3-235B-A22B's smaller
-#: ones and Mixtral-8x7B's large ones. The efficiency of a memory-bound grouped GEMM at a few
-#: tokens per expert depends on how many weight bytes each expert streams against the fixed
-#: routing, permute and ramp of the fused layer, so a model is priced on the measured shape
-#: nearest its own (``cost_model._kernel_curves``), not on DeepSeek's alone.
-EXPERT_SHAPES = (GROUPED_GEMM_SHAPE, (4096, 1536, 128, 8), (4096, 14336, 8, 2))
+#: Expert shapes (hidden, expert FFN width, routed experts, top-k, expert tensor-parallel size)
+#: imported from the MoE tables: DeepSeek-V3's small experts first (``GROUPED_GEMM_SHAPE``),
+#: then the same split over 8 ranks (the tensor-parallel experts of a TP8 deployment: a
+#: 7168 x 256 slice per rank), Qwen3-235B-A22B's smaller experts and Mixtral-8x7B's large
+#: ones. The efficiency of a memory-bound grouped GEMM at a few tokens per expert depends on
+#: how many weight bytes each expert streams against the fixed routing, permute and ramp of
+#: the fused layer, so a model is priced on the measured shape nearest the slice one rank
+#: runs (``cost_model._kernel_curves``), not on DeepSeek's alone.
+EXPERT_SHAPES = (
+    (*GROUPED_GEMM_SHAPE, 1),
+    (*GROUPED_GEMM_SHAPE, 8),
+    (4096, 1536, 128, 8, 1),
+    (4096, 14336, 8, 2, 1),
+)
 
 
 def _grouped_gemm_curves(root: Path, device: str, engine: str) -> list[dict]:
@@ -104,12 +111,17 @@ def _grouped_gemm_curves(root: Path, device: str, engine: str) -> list[dict]:
         points: dict[tuple, float] = {}
         for row in _read(path):
             dtype = DTYPES.get(row["moe_dtype"])
-            shape = (row["hidden_size"], row["inter_size"], row["num_experts"], row["topk"])
+            shape = (
+                row["hidden_size"],
+                row["inter_size"],
+                row["num_experts"],
+                row["topk"],
+                row["moe_tp_size"],
+            )
             if (
                 dtype is None
                 or (dtype, shape) in done
                 or shape not in EXPERT_SHAPES
-                or row["moe_tp_size"] != 1
                 or row["distribution"] != "balanced"
             ):
                 continue
@@ -125,7 +137,7 @@ def _grouped_gemm_curves(root: Path, device: str, engine: str) -> list[dict]:
                         "device": hardware.name,
                         "engine": engine,
                         "dtype": dtype,
-                        "shape": dict(zip(_SHAPE_FIELDS, shape)),
+                        "shape": _shape_fields(shape),
                         "file": str(path.relative_to(root.parent)),
                         **curve,
                     }
@@ -134,12 +146,22 @@ def _grouped_gemm_curves(root: Path, device: str, engine: str) -> list[dict]:
     return curves
 
 
-_SHAPE_FIELDS = ("hidden_size", "expert_ffn_size", "num_experts", "top_k")
+def _shape_fields(shape: tuple) -> dict[str, int]:
+    """The expert slice one rank runs: its FFN width is the expert's over the tensor-parallel size."""
+    hidden, inter, experts, top_k, tp = shape
+    return {
+        "hidden_size": hidden,
+        "expert_ffn_size": inter // tp,
+        "num_experts": experts,
+        "top_k": top_k,
+        "expert_tensor_parallel": tp,
+    }
 
 
 def _reduce_grouped(points: dict, *, dtype: str, shape: tuple, hardware) -> dict:
     """Efficiency on ``TOKENS_PER_EXPERT_GRID`` for each measured experts-per-device count."""
-    hidden, inter, experts, top_k = shape
+    hidden, inter, experts, top_k, tp = shape
+    inter = inter // tp  # the slice one rank runs
     rows = {}
     for ep in sorted({k[2] for k in points if k[:2] == (dtype, shape)}):
         tokens = np.array(

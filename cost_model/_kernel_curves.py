@@ -118,7 +118,8 @@ def kernel_curves() -> dict:
     )
 
 
-def _curve_shape(curve: dict) -> tuple[int, int, int, int]:
+def _curve_shape(curve: dict) -> tuple[int, ...]:
+    """(hidden, expert FFN width one rank runs, ...) of a curve; DeepSeek-V3's where unnamed."""
     shape = curve.get("shape")
     return GROUPED_GEMM_SHAPE if shape is None else tuple(shape.values())
 
