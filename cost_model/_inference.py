@@ -415,7 +415,11 @@ def _moe_time(
         s, ops.moe_token_bytes(model, act=act, cast=cast, shard=s.shard) * attention_tokens
     )
     measured = None
-    if decode:  # M = tokens per expert slot on the busiest rank; the expert width split over etp
+    # M = tokens per expert slot on the busiest rank; the expert width split over etp. The best
+    # kernel over engines, not the serving engine's: the operator tables time one MoE backend per
+    # engine version (SGLang's reaches 2% of peak at 256 tokens per expert on 2 experts per
+    # device), not the DeepGEMM / CUTLASS kernels a deployment selects for its shape.
+    if decode:
         measured = grouped_experts_time_s(
             hardware=s.cluster.device,
             dtype=s.workload.weight_dtype,
@@ -465,6 +469,7 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
             bytes_moved=kv_read * kv_fraction,
             tokens=read_tokens / s.column("cp"),
             batch=sequences,
+            engine=s.profile.engine,  # the serving engine's own attention kernel where measured
         )
         if measured is not None:  # (prefill keeps the calibrated efficiency: see _kernel_curves)
             return measured
