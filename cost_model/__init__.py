@@ -11,10 +11,11 @@ from cost_model._axes import (
 from cost_model._breakdown import CostBreakdown, InfeasiblePlanError
 from cost_model._calibrate import CalibrationResult, StepMeasurement, calibrate
 from cost_model._common import Calibration, EstimateOptions, calibration_for, op_time_s
-from cost_model._cross_validation import error_summary, leave_one_source_out
+from cost_model._cross_validation import GROUPINGS as VALIDATION_GROUPINGS
+from cost_model._cross_validation import error_summary, grouped_errors, leave_one_source_out
 from cost_model._estimate import breakdown_from_row, estimate, estimate_table
 from cost_model._frameworks import framework_names
-from cost_model._inference import estimate_inference_table
+from cost_model._inference_load import estimate_inference_table
 from cost_model._inference_ops import attention_flops_per_key, routed_bytes_per_assignment
 from cost_model._inference_validation import (
     ValidationRow,
@@ -138,7 +139,9 @@ __all__ = [
     "breakdown_from_row",
     "calibration_for",
     "checkpoint_dtype",
+    "VALIDATION_GROUPINGS",
     "error_summary",
+    "grouped_errors",
     "expert_all_to_all_bytes",
     "framework_names",
     "grouped_gemm_ideal_s",

@@ -472,7 +472,7 @@ def ranks_per_node(
     pp, ep, etp = _int(table, "pp"), _int(table, "ep"), _int(table, "etp")
     edp = (dp * cp * tp) // (ep * etp)
 
-    def local(size: np.ndarray, stride: np.ndarray) -> np.ndarray:
+    def local(size: np.ndarray, stride: np.ndarray | int) -> np.ndarray:
         return np.minimum(size, np.maximum(1, devices_per_node // stride))
 
     return {
@@ -600,8 +600,10 @@ def mean_attended_tokens(*, attention: AttentionSpec, sequence_tokens) -> np.nda
         return np.full_like(s, attention.attended_tokens(1.0))
     if attention.variant == "full":
         return (s + 1.0) / 2.0
-    w = float(
+    tokens = (
         attention.window_tokens if attention.variant == "sliding_window" else attention.topk_tokens
     )
+    assert tokens is not None  # AttentionSpec requires it for these variants
+    w = float(tokens)
     capped = (w * (w + 1.0) / 2.0 + (s - w) * w) / np.maximum(s, 1.0)
     return np.where(s > w, capped, (s + 1.0) / 2.0)

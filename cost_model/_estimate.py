@@ -3,7 +3,7 @@
 There is one implementation of the formulas, over tables: ``estimate`` builds a table of one
 row, calls ``estimate_table`` and turns the row into a ``CostBreakdown`` (raising
 ``InfeasiblePlanError`` when it does not fit). Training is priced by ``_training`` and
-``_memory``; inference by ``_inference.estimate_inference_table``.
+``_memory``; inference by ``_inference_load.estimate_inference_table``.
 
 Columns of a training estimate: ``time.<part>`` for ``TRAINING_TIME_PARTS`` (exposed seconds;
 they sum to ``step_time_s``), ``hidden.<kind>`` (communication hidden behind compute),
@@ -47,7 +47,7 @@ def estimate_table(
     does not divide into ``dp * micro_batch_size`` is reported infeasible, not raised.
     """
     if isinstance(workload, Inference):
-        from cost_model._inference import estimate_inference_table
+        from cost_model._inference_load import estimate_inference_table
 
         return estimate_inference_table(
             model=model, cluster=cluster, workload=workload, table=table, options=options
@@ -99,7 +99,7 @@ def estimate(
             f"dp*cp*tp*pp ({config.world_size}) must be <= the cluster's devices ({cluster.num_devices})"
         )
     if isinstance(workload, Inference):
-        from cost_model._inference import REASON_CODES as inference_reasons
+        from cost_model._common import REASON_CODES as inference_reasons
         from cost_model._serving_columns import ServingConfig
 
         serving = ServingConfig(

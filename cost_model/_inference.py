@@ -74,12 +74,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from types import SimpleNamespace
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from cost_model import _inference_ops as ops
 from cost_model._common import (
-    REASON_CODES,  # noqa: F401 (re-exported: _estimate and the tests read it here)
     Calibration,
     EstimateOptions,
     StageLayout,
@@ -112,7 +112,9 @@ from cost_model._table import table_length
 from cost_model._training import kernels_per_layer
 from cost_model._units import dtype_bytes
 from cost_model._workload import Inference
-from topology import HardwareSpec
+
+if TYPE_CHECKING:
+    from topology import Cluster, HardwareSpec
 
 INFERENCE_TIME_PARTS: tuple[str, ...] = (
     "compute",
@@ -139,7 +141,7 @@ class _Setup:
     """What every pass of one evaluation shares (arrays of shape (n,) unless said)."""
 
     model: ModelSpec
-    cluster: object
+    cluster: Cluster
     workload: Inference
     calibration: Calibration
     table: Mapping[str, np.ndarray]
@@ -167,7 +169,7 @@ class _Setup:
 
     @property
     def hardware(self) -> HardwareSpec:
-        return self.cluster.device  # type: ignore[attr-defined]  # cluster: topology.Cluster
+        return self.cluster.device
 
     @cached_property
     def attention_dp(self) -> np.ndarray:
@@ -505,6 +507,7 @@ def _expert_all_to_all(
     the latency and tier efficiencies fitted on DeepEP's measured low-latency kernels
     (``_kernel_curves.deepep_low_latency_s``); normal kernels are priced by the topology as
     point-to-point transfers on each tier."""
+    assert s.model.moe is not None
     ep = s.column("ep")
     local = np.minimum(s.group_local["ep"], ep)
     intra_bytes, inter_bytes = expert_all_to_all_bytes(
@@ -611,7 +614,7 @@ def _pass_parts(s: _Setup, p: ops.Pass) -> tuple[dict[str, np.ndarray], dict[str
     up to its calibrated overlap fraction. Hidden traffic never exceeds the compute it hides behind.
     """
     micro_batches = np.where(s.two_batch, 2.0, 1.0)
-    micro = p.scaled(1.0 / micro_batches)
+    micro = p.scaled(1.0 / micro_batches)  # type: ignore[arg-type]  # (n,) factors broadcast
     shape = s.layout.layers.shape
     raw = {
         "compute": micro_batches * _compute_time(s, micro),
@@ -740,10 +743,13 @@ def _timing(s: _Setup, batch: np.ndarray) -> _Timing:
         hidden[f"prefill_{kind}"] = prefill_weight * pre_hidden[kind]
         hidden[f"decode_{kind}"] = decode_weight * dec_hidden[kind]
     return _Timing(
-        time, hidden, sum(pre_exposed.values()), sum(dec_exposed.values()), sum(time.values())
+        time,
+        hidden,
+        cast(np.ndarray, sum(pre_exposed.values())),
+        cast(np.ndarray, sum(dec_exposed.values())),
+        cast(np.ndarray, sum(time.values())),
     )
 
 
-# The table entry point prices the load on top of these passes; it imports the helpers above.
-# Re-exported here for its importers (F401: the name is public through this module).
-from cost_model._inference_load import estimate_inference_table  # noqa: E402, F401
+# The table entry point (``_inference_load.estimate_inference_table``) prices the load on top of
+# these passes; it imports the helpers above.

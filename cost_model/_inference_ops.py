@@ -91,6 +91,7 @@ def kv_cached_tokens(model: ModelSpec, context_tokens, block_tokens: int) -> np.
     a = model.attention
     context = np.asarray(context_tokens, dtype=np.float64)
     if a.variant == "sliding_window":
+        assert a.window_tokens is not None  # AttentionSpec requires it for this variant
         context = np.minimum(context, float(a.window_tokens))
     return np.ceil(context / block_tokens) * block_tokens
 
@@ -100,6 +101,7 @@ def kv_read_tokens(model: ModelSpec, context_tokens) -> np.ndarray:
     ``topk_tokens`` (its indexer's small keys are not counted); a window's cache is the window."""
     context = np.asarray(context_tokens, dtype=np.float64)
     if model.attention.variant == "sparse_topk":
+        assert model.attention.topk_tokens is not None  # required for this variant
         return np.minimum(context, float(model.attention.topk_tokens))
     return context
 
@@ -219,6 +221,7 @@ def routed_bytes_per_assignment(model: ModelSpec, *, act: float, cast: float, et
     DeepGEMM contiguous layout), the expert FFN (its inner width split over ``etp``), and the
     output un-permuted and weighted into the combine buffer (read, write)."""
     moe, h = model.moe, model.hidden_size
+    assert moe is not None
     width = moe.expert_ffn_hidden_size / np.asarray(etp, dtype=np.float64)
     return 3.0 * h * cast + ffn_block_bytes(model, width, act=act, cast=cast) + 2.0 * h * act
 
@@ -229,6 +232,7 @@ def moe_token_bytes(model: ModelSpec, *, act: float, cast: float, shard) -> np.n
     combined copies written by the all-to-all and read by the weighted reduction, and the
     residual add of the routed and shared outputs (4 vectors)."""
     moe, h = model.moe, model.hidden_size
+    assert moe is not None
     shared = moe.num_shared_experts * moe.shared_ffn_size / np.asarray(shard, dtype=np.float64)
     shared_bytes = np.where(shared > 0, ffn_block_bytes(model, shared, act=act, cast=cast), 0.0)
     return h * (act + cast) + shared_bytes + 2.0 * moe.top_k * h * act + h * act + 4.0 * h * act

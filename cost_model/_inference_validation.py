@@ -37,12 +37,12 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from importlib import resources
-from typing import NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
 from cost_model._common import Calibration, EstimateOptions, calibration_for
-from cost_model._inference import estimate_inference_table
+from cost_model._inference_load import estimate_inference_table
 from cost_model._model_spec import ModelSpec
 from cost_model._parallel import ParallelConfig
 from cost_model._serving_columns import ServingConfig
@@ -84,7 +84,7 @@ def chat_trace_spread() -> dict[str, float]:
     data = json.loads(
         (resources.files("cost_model") / "data" / "mooncake_conversation_sample.json").read_text()
     )
-    spread = {}
+    spread: dict[str, Any] = {}
     for name, field in (
         ("prompt_tokens_cv", "input_length"),
         ("output_tokens_cv", "output_length"),
@@ -97,7 +97,7 @@ def chat_trace_spread() -> dict[str, float]:
 def day6_workload() -> Inference:
     """The served workload, derived from the published token counts (see the module docstring)."""
     records = day6_records()["records"]
-    spread = chat_trace_spread()
+    spread: dict[str, Any] = dict(chat_trace_spread())
     ratio = records["total_input_tokens_24h"] / records["total_output_tokens_24h"]
     output_weight = 1.0 + spread["output_tokens_cv"] ** 2
     output_tokens = (records["avg_kv_cache_len_per_output_token"] - 0.5) / (
@@ -116,7 +116,7 @@ def day6_workload() -> Inference:
     )
 
 
-def _published_serving(phase: str) -> ServingConfig:
+def _published_serving(phase: Literal["both", "prefill", "decode"]) -> ServingConfig:
     """32 redundant experts and two overlapped micro-batches in both pools."""
     return ServingConfig(num_redundant_experts=32, phase=phase, two_batch_overlap=True)
 
@@ -248,7 +248,11 @@ def profile_records() -> dict:
 def _profile_case(record: dict) -> tuple[Inference, ServingConfig, float, str]:
     """Workload, serving knobs, published figure and metric of one profile record. Prompts all
     have the stated length (cv 0) and no cache hits; precision as in the Day-6 records."""
-    precision = {"weight_dtype": "fp8", "activation_dtype": "bf16", "kv_dtype": "bf16"}
+    precision: dict[str, Any] = {
+        "weight_dtype": "fp8",
+        "activation_dtype": "bf16",
+        "kv_dtype": "bf16",
+    }
     if record["phase"] == "prefill":
         workload = Inference(prompt_tokens=record["prompt_tokens"], output_tokens=1, **precision)
         batch = record["tokens_per_device"] // record["prompt_tokens"]

@@ -20,6 +20,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from cost_model._common import MEMORY_PARTS, STAGES, memory_reason
@@ -114,6 +116,7 @@ def _ffn_activation_bytes(ctx: TrainingContext, *, width) -> np.ndarray:
 
 def _moe_activation_bytes(ctx: TrainingContext) -> np.ndarray:
     moe, h = ctx.model.moe, ctx.model.hidden_size
+    assert moe is not None
     routed = ctx.moe_tokens * moe.top_k * ctx.options.routing_imbalance
     fc1 = 2.0 if ctx.model.ffn_activation == "swiglu" else 1.0
     experts = (
@@ -179,7 +182,7 @@ def _comm_buffer_bytes(ctx: TrainingContext) -> np.ndarray:
     hidden = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES
     tp_buffers = np.where(ctx.column("tp") > 1, 2.0 * hidden, 0.0)
     pp_buffers = np.where(ctx.column("pp") > 1, 2.0 * hidden, 0.0)
-    ep_buffers = 0.0
+    ep_buffers: np.ndarray | float = 0.0
     if ctx.model.moe is not None:
         routed = ctx.moe_tokens * ctx.model.moe.top_k * ctx.options.routing_imbalance
         ep_buffers = np.where(
@@ -195,7 +198,9 @@ def stage_memory(ctx: TrainingContext) -> dict[str, np.ndarray]:
     parts["activations"] = _activation_bytes(ctx)
     parts["kv_cache"] = np.zeros(ctx.layout.layers.shape)
     parts["comm_buffers"] = _comm_buffer_bytes(ctx)
-    parts["fragmentation"] = ctx.options.fragmentation_fraction * sum(parts.values())
+    parts["fragmentation"] = ctx.options.fragmentation_fraction * cast(
+        np.ndarray, sum(parts.values())
+    )
     assert tuple(parts) == tuple(MEMORY_PARTS[:3]) + (
         "activations",
         "kv_cache",
@@ -209,7 +214,7 @@ def memory_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
     """``memory.<part>`` of the rank with the most memory, ``memory_per_device_bytes``,
     ``memory_stage`` (index into ``STAGES``) and the memory ``reason`` code."""
     per_stage = stage_memory(ctx)
-    total = sum(per_stage.values())
+    total = cast(np.ndarray, sum(per_stage.values()))
     worst = np.argmax(total, axis=0)[None, :]
     columns = {
         f"memory.{part}": np.take_along_axis(rows, worst, axis=0)[0]

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cost_model._breakdown import InfeasiblePlanError
 from cost_model._common import REASON_LABELS, EstimateOptions
-from cost_model._inference import estimate_inference_table
+from cost_model._inference_load import estimate_inference_table
 from cost_model._model_spec import ModelSpec
 from cost_model._parallel import ParallelConfig
 from cost_model._serving_columns import ServingConfig

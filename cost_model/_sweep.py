@@ -121,7 +121,7 @@ def sequence_sweep(
 def _inference_rows(
     model, cluster, workload, config, lengths, serving, options
 ) -> dict[str, np.ndarray]:
-    from cost_model._inference import estimate_inference_table
+    from cost_model._inference_load import estimate_inference_table
     from cost_model._serving_columns import ServingConfig
 
     serving = serving or ServingConfig(batch_size=1)

@@ -33,7 +33,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Literal
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -68,6 +69,9 @@ from cost_model._training_comm import (
 from cost_model._training_dp import dp_and_optimizer, hidden_seconds
 from cost_model._workload import Training
 
+if TYPE_CHECKING:
+    from topology import Cluster
+
 #: ``time.<part>`` columns of a training estimate; they sum to ``step_time_s``.
 TRAINING_TIME_PARTS: tuple[str, ...] = (
     "compute",
@@ -87,7 +91,7 @@ class TrainingContext:
     """Per-table quantities every training formula needs (arrays of shape (n,) or (3, n))."""
 
     model: ModelSpec
-    cluster: object
+    cluster: Cluster
     workload: Training
     options: EstimateOptions
     calibration: Calibration
@@ -234,7 +238,7 @@ def training_context(
     per_replica = np.asarray(table["dp"], dtype=np.int64) * np.asarray(
         table["micro_batch_size"], dtype=np.int64
     )
-    batch = workload.global_batch_sequences
+    batch = workload.sequences_per_step
     return TrainingContext(
         model=model,
         cluster=cluster,
@@ -399,7 +403,7 @@ def embedding_time(ctx: TrainingContext) -> np.ndarray:
     return ctx.op(0.0, ctx.tokens * ctx.model.hidden_size * 2.0 * ACTIVATION_BYTES)
 
 
-def kernels_per_layer(ctx: TrainingContext) -> tuple[float, float]:
+def kernels_per_layer(ctx: TrainingContext | SimpleNamespace) -> tuple[float, float]:
     """Kernels one layer launches in its forward pass (dense, MoE): projections (fused QKV +
     output; MLA adds its down/up projections and two norms), core attention (one fused kernel,
     or two batched GEMMs + softmax + dropout unfused), FFN (two GEMMs + activation), two norms

@@ -20,6 +20,7 @@ before its forward and again before its backward and a reduce-scatter after it (
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any, cast
 
 import numpy as np
 
@@ -79,13 +80,13 @@ class CollectiveTimes:
     fsdp_layer: FsdpLayerTimes
 
     def take(self, index: np.ndarray) -> CollectiveTimes:
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return CollectiveTimes(
-            **{
-                name: value.take(index) if isinstance(value, FsdpLayerTimes) else value[..., index]
-                for name, value in values.items()
-            }
-        )
+        taken: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            taken[f.name] = (
+                value.take(index) if isinstance(value, FsdpLayerTimes) else value[..., index]
+            )
+        return CollectiveTimes(**taken)
 
 
 def distinct_rows(table, columns: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -272,7 +273,7 @@ def sharded_parameters(ctx) -> tuple[np.ndarray, np.ndarray]:
     the rest over dp*cp (Megatron-core)."""
     parts = dict(ctx.parameters)
     expert = parts.pop("routed_experts")
-    return sum(parts.values()), expert
+    return cast(np.ndarray, sum(parts.values())), expert
 
 
 def _dp(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -289,7 +290,7 @@ def _dp(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         totals[2] += ctx.collective(
             "all_gather", axis=axis, group_size=group, message_bytes=weights
         )
-    return tuple(totals)
+    return totals[0], totals[1], totals[2]
 
 
 def _dp_groups(ctx, *, dense, expert) -> tuple:
@@ -309,7 +310,7 @@ def _fsdp_layer(ctx) -> FsdpLayerTimes:
     parts = dict(ctx.parameters)
     ends = parts["embedding"] + parts["lm_head"]
     zero = np.zeros_like(ends)
-    times = {}
+    times: dict[str, Any] = {}
     for name, dense, expert in (
         ("dense", dense_layer, 0.0 * dense_layer),
         ("moe", moe_dense, moe_expert),

@@ -20,9 +20,9 @@ from cost_model import (
     Layout,
     ModelSpec,
     PoolConfig,
+    ServingConfig,
     disaggregated_split,
 )
-from cost_model._serving_columns import ServingConfig
 from search._candidate import Candidate
 from search._exhaustive import exhaustive_search
 from search._space import SearchBounds, divisors

@@ -165,7 +165,7 @@ def simulate_top_k(
     """
     import dataclasses
 
-    from cost_model._simulator import simulate_layout, slo_concurrency
+    from cost_model import simulate_layout, slo_concurrency
 
     choosing = workload.concurrency is None and workload.request_rate_per_s is None
     checked = []
@@ -216,7 +216,7 @@ def simulate_top_k(
 
 
 def _serving_of(candidate):
-    from cost_model._serving_columns import ServingConfig
+    from cost_model import ServingConfig
 
     return candidate.serving if candidate.serving is not None else ServingConfig()
 

@@ -19,7 +19,7 @@ from cost_model import (
     estimate_inference_table,
     table_from_columns,
 )
-from cost_model._inference import REASON_CODES
+from cost_model._common import REASON_CODES
 from cost_model._inference_ops import (
     attention_flops_per_key,
     kv_bytes_per_sequence_layer,

@@ -16,25 +16,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("autoparallel", "cost_model", "profilers", "search", "topology")
 
-# Import sites still to move to the public names, in files being changed elsewhere at the same
-# time: file -> private modules it imports. Empty this list as they move; a stale entry fails.
-ALLOWED = {
-    "autoparallel/cli/_cost.py": {
-        "cost_model._common",
-        "cost_model._cross_validation",
-        "cost_model._frameworks",
-        "cost_model._rules",
-        "cost_model._serving_columns",
-        "cost_model._simulator",
-        "cost_model._units",
-        "cost_model._validation",
-    },
-    "autoparallel/cli/_serving_args.py": {"cost_model._simulator", "cost_model._units"},
-    "autoparallel/cli/_serving_validation.py": {"cost_model._serving_validation"},
-    "search/_disaggregation.py": {"cost_model._serving_columns"},
-    "search/_objective.py": {"cost_model._serving_columns", "cost_model._simulator"},
-}
-
 
 def _private(part: str) -> bool:
     return part.startswith("_") and not part.startswith("__")
@@ -88,23 +69,8 @@ def test_the_scanner_finds_a_cross_package_private_import():
 
 
 def test_packages_import_each_other_only_through_public_names():
-    sites = _all_private_imports()
-    new = {
-        path: sorted(modules - ALLOWED.get(path, set()))
-        for path, modules in sites.items()
-        if modules - ALLOWED.get(path, set())
-    }
-    assert not new, f"import these through the package's public names (its __init__): {new}"
-
-
-def test_the_allow_list_holds_only_sites_that_remain():
-    sites = _all_private_imports()
-    stale = {
-        path: sorted(modules - sites.get(path, set()))
-        for path, modules in ALLOWED.items()
-        if modules - sites.get(path, set())
-    }
-    assert not stale, f"these imports moved to public names: drop them from ALLOWED: {stale}"
+    sites = {path: sorted(modules) for path, modules in _all_private_imports().items()}
+    assert not sites, f"import these through the package's public names (its __init__): {sites}"
 
 
 @pytest.mark.parametrize("package", ["cost_model", "search", "topology", "autoparallel.plan"])

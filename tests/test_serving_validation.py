@@ -43,22 +43,17 @@ def test_the_table_covers_engines_gpus_deployments_and_loads() -> None:
 
 
 def _fit_sources() -> set[str]:
-    """Every source behind a fitted or sourced constant: the calibration's fit rows (their
-    published tables and the runs' citations) and the serving profiles' citations."""
+    """Every source behind a fitted or sourced constant: the calibration's fit inputs (operator
+    tables and the kernel figures, with their sources) and the serving profiles' citations."""
     calibration = json.loads((DATA / "calibration.json").read_text())
-    published = json.loads((DATA / "published_runs.json").read_text())
-    tables = {
-        row.split(":")[0]
-        for entry in calibration["calibrations"]
-        for row in entry.get("fit", {}).get("rows", [])
-    }
-    fitted = [record for record in published["records"] if record.get("table") in tables]
-    assert fitted, "the calibration's fit rows are published records"
+    inputs = [item for entry in calibration["calibrations"] for item in entry["fit"]["inputs"]]
+    assert inputs, "the calibration names its fit inputs"
+    tables = {table for item in inputs for table in item["tables"]}
     profiles = json.loads((DATA / "serving_profiles.json").read_text())
     cited = " ".join(" ".join(profile["sources"].values()) for profile in profiles["profiles"])
-    words = " ".join(record["source"] for record in fitted) + " " + cited
+    words = " ".join(item["source"] for item in inputs) + " " + cited
     urls = {word.rstrip(".,;)'\"") for word in words.split() if word.startswith("http")}
-    return urls | tables | {record["source"] for record in fitted}
+    return urls | tables | {item["source"] for item in inputs}
 
 
 def test_no_validation_source_is_a_fit_input() -> None:
@@ -71,7 +66,7 @@ def test_no_validation_source_is_a_fit_input() -> None:
                 name,
                 url,
             )
-    # and no fitted run is a serving row: the fits are training tables
+    # and no serving row is a fit input: the fits are operator tables
     assert not any(row["source"] in fit for row in _rows())
 
 

@@ -17,9 +17,7 @@ from autoparallel.cli._args import (
 from autoparallel.cli._render import console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
 from autoparallel.cli._serving_args import add_load_arguments, load_fields, print_simulation
-from cost_model._frameworks import framework_names
-from cost_model._rules import minimum_redundant_experts
-from cost_model._units import human_bytes, human_seconds
+from cost_model import framework_names, human_bytes, human_seconds, minimum_redundant_experts
 
 DEFAULT_CLUSTER = "dgx-h200"
 DEFAULT_NODES = 128
@@ -48,7 +46,7 @@ def register(subparsers) -> None:
         "--loso",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="refit the calibration once per source left out and report the leave-one-source-out error (about a minute)",
+        help="report the error over every published training run, all held out (the calibration is fitted on operator tables only)",
     )
     validate.add_argument(
         "--loso-evaluations",
@@ -170,7 +168,7 @@ def _estimate(args: argparse.Namespace) -> int:
     if args.json:
         print_json(breakdown.model_dump_json())
         return 0
-    from cost_model._common import calibration_for
+    from cost_model import calibration_for
 
     title = f"{model.name} on {cluster.num_devices} x {cluster.device.name} ({cluster.name})"
     calibration = calibration_for(cluster.device)
@@ -184,8 +182,7 @@ def _estimate(args: argparse.Namespace) -> int:
     console.print(f"[bold]{title}[/]\n{config!r}\ncalibration: {fitted}")
     _print_breakdown(breakdown)
     if args.simulate and not args.training:
-        from cost_model._serving_columns import ServingConfig
-        from cost_model._simulator import simulate_layout
+        from cost_model import ServingConfig, simulate_layout
 
         serving = ServingConfig(batch_size=args.batch_size)
         print_simulation(
@@ -240,7 +237,7 @@ def _print_breakdown(breakdown) -> None:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from cost_model._validation import TOLERANCES, summarize, validate_published
+    from cost_model import TOLERANCES, summarize, validate_published
     from topology import network_override
 
     if args.serving:
@@ -276,13 +273,14 @@ def _generalization(args: argparse.Namespace) -> dict:
     """Fit error and leave-one-source-out error over every published training throughput run."""
     from dataclasses import asdict
 
-    from cost_model._cross_validation import (
-        GROUPINGS,
+    from cost_model import (
+        VALIDATION_GROUPINGS,
         error_summary,
         grouped_errors,
         leave_one_source_out,
+        run_case,
+        training_cases,
     )
-    from cost_model._validation import run_case, training_cases
 
     cases = training_cases()
     fitted = [row for case in cases for row in run_case(case)]
@@ -300,14 +298,14 @@ def _generalization(args: argparse.Namespace) -> dict:
             for row in held_out
         ],
         "leave_one_source_out_groups": {
-            by: grouped_errors(held_out, cases, by=by) for by in GROUPINGS
+            by: grouped_errors(held_out, cases, by=by) for by in VALIDATION_GROUPINGS
         },
     }
 
 
 def _print_generalization(figures: dict) -> None:
     table = table_of(
-        "Training runs: fit error and leave-one-source-out error (the figure to quote)",
+        "Training runs: every run held out (calibration fitted on operator tables only)",
         {
             "calibration": "text",
             "runs": "number",
@@ -317,8 +315,8 @@ def _print_generalization(figures: dict) -> None:
         },
     )
     labels = {
-        "fit": "fitted on every run",
-        "leave_one_source_out": "each source predicted by a fit without it",
+        "fit": "operator-fitted calibration, no run a fit input",
+        "leave_one_source_out": "each source predicted without being fitted on",
     }
     for key, label in labels.items():
         f = figures[key]

@@ -8,7 +8,7 @@ import argparse
 from rich.table import Table
 
 from autoparallel.cli._render import console
-from cost_model._units import human_seconds
+from cost_model import human_seconds
 
 
 def _positive(kind):
@@ -114,7 +114,7 @@ def print_simulation(run, workload) -> None:
 
 def simulated_line(plan, *, model, cluster, workload) -> str:
     """The chosen layout run in the serving simulator at its chosen load: p90 TTFT and TPOT."""
-    from cost_model._simulator import simulate_layout
+    from cost_model import simulate_layout
 
     serving = plan.serving.serving_config()
     run = simulate_layout(

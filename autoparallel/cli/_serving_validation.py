@@ -16,7 +16,7 @@ TARGET_MAX_ABS_ERROR = 0.35
 def print_serving_validation(*, as_json: bool, strict: bool) -> int:
     """Print every row of ``cost_model/data/serving_validation.json`` with its source and the
     summary per metric kind; with ``strict``, exit 1 when a kind misses the target."""
-    from cost_model._serving_validation import (
+    from cost_model import (
         serving_validation_data,
         summarize_serving,
         validate_serving,

@@ -1,0 +1,486 @@
+"""Per-hardware calibration fitted on operator measurements only (fit on parts, validate on wholes).
+
+The few global parameters of a ``Calibration`` are fitted, per hardware type, on single-operator
+latencies — never on a whole training or serving run, which stay validation data:
+
+* ``matmul_efficiency`` and ``kernel_overhead_s``: bf16 GEMM latencies, with the cost model's own
+  pricing of one GEMM (``_common.op_time_s``: the roofline of 2mnk FLOPs and the three operands'
+  bytes) plus the fixed per-kernel cost, in the range of shapes a training micro-batch runs
+  (``TRAINING_RANGE``); then, with that fixed cost,
+* the forward efficiency of fused causal attention: prefill ("context") attention latencies, the
+  FLOPs counted as the cost model counts them (``core_attention_time``: 4·heads·head_dim FLOPs per
+  attended key, (s + 1)/2 keys per query under the causal mask). Training runs the forward and a
+  backward of 2.5x its FLOPs (FlashAttention-2, Dao 2023, sec. 3.1), and the backward kernel reaches
+  less of the peak: up to 63% against the forward's 73% on A100 (FlashAttention-2, arXiv:2307.08691,
+  sec. 1 and 4.1). ``attention_efficiency`` is the one efficiency giving the same forward +
+  backward time: 3.5 / (1/e_fwd + 2.5/(e_fwd * 63/73)). The 63/73 ratio is the A100 figure and
+  is carried to the other generations (an assumption, recorded in each entry).
+* ``collective_efficiency``: NCCL all-reduce, all-gather, reduce-scatter and all-to-all latencies
+  within one node (2-8 GPUs; nccl-tests "size" convention, the table's ``message_size`` in elements
+  of its dtype), against ``Cluster.collective_time`` of the hardware's preset, for messages of at
+  least 1 MiB: the sizes the shared calibration prices, from a decode step's tensor-parallel
+  all-reduce (64 sequences x 7168 hidden x 2 bytes: 0.9 MiB) to training's activations and
+  gradient buckets (tens to hundreds of MiB). The log-mean of predicted over measured. One
+  constant does not describe the range: the measured/modelled ratio rises with the message
+  (NCCL's protocol ramp) and is lowest on 2-GPU groups; the residuals record it.
+
+Sources: NVIDIA's ``aiconfigurator-core`` 0.12.0 wheel (PyPI, Apache-2.0), per-operator tables
+``systems/data/<device>/{gemm,attention,comm/nccl}/<engine>/<version>/*.parquet``; where several
+engines measured a shape, the fastest (the kernel a tuned run uses). Its end-to-end tables
+(``silicon_sample.csv``) are never opened. Fit: least squares on log(predicted / measured)
+(Nelder-Mead; Nelder & Mead 1965), no bounds active at the optimum.
+``benchmarks/calibrate_operators.py`` reads the tables and writes ``data/calibration.json``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cost_model._common import Calibration, op_time_s
+
+PACKAGE = "aiconfigurator-core 0.12.0 (PyPI, Apache-2.0)"
+FORBIDDEN_FILE = "silicon_sample"
+
+
+@dataclass(frozen=True)
+class OperatorHardware:
+    """One calibrated hardware type: its aiconfigurator folder, the preset that prices it and the
+    regex of the device names the calibration applies to (first match wins: GB200 before B200)."""
+
+    key: str
+    folder: str
+    preset: str
+    device_pattern: str
+
+
+HARDWARE: tuple[OperatorHardware, ...] = (
+    OperatorHardware("A100", "a100_sxm", "dgx-a100", "A100"),
+    # The H800 is the H100 SXM's export variant: same SMs, clocks and HBM3 (NVIDIA H800 datasheet).
+    OperatorHardware("H100", "h100_sxm", "dgx-h100", "H100|H800"),
+    OperatorHardware("H200", "h200_sxm", "dgx-h200", "H200"),
+    OperatorHardware("GB200", "gb200", "gb200-nvl72", "GB200"),
+    OperatorHardware("B200", "b200_sxm", "dgx-b200", "NVIDIA B200"),
+)
+ENGINES = ("trtllm", "sglang", "vllm")
+#: Shapes a training micro-batch runs: at least 1024 tokens (rows) and widths of at least 1024
+#: (every published run's tokens per micro-batch and hidden / tp); attention over sequences of
+#: at least 1024 tokens with 64-128-wide heads.
+TRAINING_RANGE = {"gemm_min_rows": 1024, "gemm_min_width": 1024, "attention_min_sequence": 1024}
+#: Collectives of at least this many bytes (the bandwidth regime that training traffic is in).
+MIN_COLLECTIVE_BYTES = 1 << 20
+#: FlashAttention-2 on A100: up to 73% of peak forward, 63% backward (arXiv:2307.08691, sec. 1).
+FA2_FORWARD_PEAK_FRACTION = 0.73
+FA2_BACKWARD_PEAK_FRACTION = 0.63
+#: Backward FLOPs of fused attention over its forward (FlashAttention-2 sec. 3.1: 5 matmuls vs 2).
+ATTENTION_BACKWARD_FLOPS = 2.5
+#: Where a fitted parameter may lie. A value at a bound is a failed fit (the model lacks a term).
+BOUNDS = {
+    "matmul_efficiency": (0.3, 1.0),
+    "attention_efficiency": (0.15, 1.0),
+    "kernel_overhead_s": (0.0, 20e-6),
+    "collective_efficiency": (0.5, 1.5),
+}
+NCCL_OPS = {
+    "all_reduce": "all_reduce",
+    "all_gather": "all_gather",
+    "reduce_scatter": "reduce_scatter",
+    "alltoall": "all_to_all",
+}
+NCCL_DTYPE_BYTES = {"half": 2.0, "int8": 1.0}
+
+
+# ---------------------------------------------------------------------------- reading the tables
+def _read(path: Path) -> list[dict]:
+    if FORBIDDEN_FILE in path.name:
+        raise ValueError(
+            f"file ({path.name}) holds end-to-end runs: validation data, never fit input"
+        )
+    from pyarrow import parquet  # type: ignore[import-untyped]
+
+    return parquet.read_table(path).to_pylist()
+
+
+def _version_key(version: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else -1 for p in re.split(r"[.a-z]+", version) if p)
+
+
+def _newest(folder: Path, name: str) -> Path | None:
+    versions = sorted(
+        (p for p in folder.glob("*") if (p / name).exists()), key=lambda p: _version_key(p.name)
+    )
+    return versions[-1] / name if versions else None
+
+
+def _tables(root: Path, hardware: OperatorHardware, op: str, name: str) -> list[Path]:
+    """The newest table of each engine for ``op`` (``comm/nccl``: the newest NCCL version)."""
+    base = root / "systems" / "data" / hardware.folder
+    if op == "nccl":
+        found = _newest(base / "comm" / "nccl", name)
+        return [found] if found else []
+    return [p for p in (_newest(base / op / engine, name) for engine in ENGINES) if p]
+
+
+def _relative(path: Path, root: Path) -> str:
+    return str(path.relative_to(root))
+
+
+@dataclass(frozen=True)
+class OperatorRows:
+    """Measured points of one operator class and the tables they came from."""
+
+    kind: str  # gemm, attention, nccl
+    columns: dict[str, np.ndarray]
+    seconds: np.ndarray
+    tables: tuple[str, ...]
+
+    @property
+    def count(self) -> int:
+        return int(self.seconds.size)
+
+
+def gemm_rows(root: Path, hardware: OperatorHardware) -> OperatorRows:
+    """bf16 GEMMs in ``TRAINING_RANGE``: the fastest engine's latency per (m, n, k)."""
+    paths = _tables(root, hardware, "gemm", "gemm_perf.parquet")
+    best: dict[tuple[int, int, int], float] = {}
+    for path in paths:
+        for row in _read(path):
+            m, n, k = int(row["m"]), int(row["n"]), int(row["k"])
+            if (
+                row["gemm_dtype"] != "bfloat16"
+                or m < TRAINING_RANGE["gemm_min_rows"]
+                or min(n, k) < TRAINING_RANGE["gemm_min_width"]
+            ):
+                continue
+            best[(m, n, k)] = min(best.get((m, n, k), math.inf), float(row["latency"]) * 1e-3)
+    keys = sorted(best)
+    shape = np.array(keys, dtype=np.float64).reshape(-1, 3)
+    return OperatorRows(
+        "gemm",
+        {"m": shape[:, 0], "n": shape[:, 1], "k": shape[:, 2]},
+        np.array([best[key] for key in keys]),
+        tuple(_relative(p, root) for p in paths),
+    )
+
+
+def attention_rows(root: Path, hardware: OperatorHardware) -> OperatorRows:
+    """Causal bf16 prefill attention (no window) over sequences in ``TRAINING_RANGE``."""
+    paths = _tables(root, hardware, "attention", "context_attention_perf.parquet")
+    best: dict[tuple[int, ...], float] = {}
+    for path in paths:
+        for row in _read(path):
+            if (
+                row["attn_dtype"] != "bfloat16"
+                or row["kv_cache_dtype"] != "bfloat16"
+                or int(row.get("window_size", 0) or 0) != 0
+                or int(row["isl"]) < TRAINING_RANGE["attention_min_sequence"]
+                or int(row["head_dim"]) not in (64, 128)
+            ):
+                continue
+            key = (
+                int(row["batch_size"]),
+                int(row["isl"]),
+                int(row["num_heads"]),
+                int(row["num_key_value_heads"]),
+                int(row["head_dim"]),
+            )
+            best[key] = min(best.get(key, math.inf), float(row["latency"]) * 1e-3)
+    keys = sorted(best)
+    values = np.array(keys, dtype=np.float64).reshape(-1, 5)
+    names = ("batch", "sequence", "heads", "kv_heads", "head_dim")
+    return OperatorRows(
+        "attention",
+        {name: values[:, i] for i, name in enumerate(names)},
+        np.array([best[key] for key in keys]),
+        tuple(_relative(p, root) for p in paths),
+    )
+
+
+def nccl_rows(root: Path, hardware: OperatorHardware) -> OperatorRows:
+    """NCCL collectives within one node, messages of at least ``MIN_COLLECTIVE_BYTES``."""
+    paths = _tables(root, hardware, "nccl", "nccl_perf.parquet")
+    ops, gpus, sizes, seconds = [], [], [], []
+    for path in paths:
+        for row in _read(path):
+            nbytes = float(row["message_size"]) * NCCL_DTYPE_BYTES.get(row["nccl_dtype"], 0.0)
+            if row["op_name"] not in NCCL_OPS or nbytes < MIN_COLLECTIVE_BYTES:
+                continue
+            ops.append(NCCL_OPS[row["op_name"]])
+            gpus.append(float(row["num_gpus"]))
+            sizes.append(nbytes)
+            seconds.append(float(row["latency"]) * 1e-3)
+    return OperatorRows(
+        "nccl",
+        {"op": np.array(ops), "gpus": np.array(gpus), "bytes": np.array(sizes)},
+        np.array(seconds),
+        tuple(_relative(p, root) for p in paths),
+    )
+
+
+# ---------------------------------------------------------------------------- the cost model's own pricing
+def gemm_seconds(rows: OperatorRows, *, device, matmul_efficiency: float, overhead_s: float):
+    """One GEMM as the training model prices it: ``op_time_s`` plus the per-kernel cost."""
+    m, n, k = rows.columns["m"], rows.columns["n"], rows.columns["k"]
+    calibration = Calibration(matmul_efficiency=matmul_efficiency)
+    seconds = op_time_s(
+        flops=2.0 * m * n * k,
+        bytes_moved=2.0 * (m * k + k * n + m * n),
+        hardware=device,
+        dtype="bf16",
+        calibration=calibration,
+    )
+    return seconds + overhead_s
+
+
+def attention_seconds(rows: OperatorRows, *, device, forward_efficiency: float, overhead_s: float):
+    """One fused causal attention forward as ``core_attention_time`` prices it."""
+    c = rows.columns
+    tokens = c["batch"] * c["sequence"]
+    per_key = 2.0 * c["heads"] * 2.0 * c["head_dim"]
+    attended = (c["sequence"] + 1.0) / 2.0
+    io_bytes = tokens * c["heads"] * 2.0 * 2.0 * c["head_dim"] * 2.0
+    calibration = Calibration(attention_efficiency=forward_efficiency)
+    seconds = op_time_s(
+        flops=tokens * per_key * attended,
+        bytes_moved=io_bytes,
+        hardware=device,
+        dtype="bf16",
+        calibration=calibration,
+        calls=c["batch"] * c["heads"],
+        kind="attention",
+    )
+    return seconds + overhead_s
+
+
+def nccl_seconds(rows: OperatorRows, *, cluster, collective_efficiency: float) -> np.ndarray:
+    """``Cluster.collective_time`` of each measured call, over the collective efficiency."""
+    c = rows.columns
+    out = np.empty(rows.count)
+    for op in np.unique(c["op"]):
+        where = c["op"] == op
+        out[where] = cluster.collective_time(
+            str(op),
+            group_size=c["gpus"][where],
+            ranks_per_node=c["gpus"][where],
+            message_bytes=c["bytes"][where],
+        )
+    return out / collective_efficiency
+
+
+def training_attention_efficiency(forward_efficiency: float) -> float:
+    """The single efficiency of forward + backward (see the module docstring)."""
+    backward = forward_efficiency * FA2_BACKWARD_PEAK_FRACTION / FA2_FORWARD_PEAK_FRACTION
+    passes = 1.0 + ATTENTION_BACKWARD_FLOPS
+    return passes / (1.0 / forward_efficiency + ATTENTION_BACKWARD_FLOPS / backward)
+
+
+# ---------------------------------------------------------------------------- fitting
+def _residual_summary(predicted: np.ndarray, measured: np.ndarray) -> dict[str, Any]:
+    errors = predicted / measured - 1.0
+    logs = np.log(predicted / measured)
+    return {
+        "points": int(measured.size),
+        "rms_log_error": round(float(np.sqrt(np.mean(logs**2))), 4),
+        "mean_abs_error": round(float(np.mean(np.abs(errors))), 4),
+        "max_abs_error": round(float(np.max(np.abs(errors))), 4),
+        "mean_error": round(float(np.mean(errors)), 4),
+    }
+
+
+def nelder_mead(
+    loss: Callable[[np.ndarray], float], start: np.ndarray, *, max_evaluations: int = 600
+) -> np.ndarray:
+    """Nelder-Mead simplex minimization (Nelder & Mead, Computer Journal 1965), standard
+    coefficients (reflection 1, expansion 2, contraction 0.5, shrink 0.5)."""
+    simplex = [start] + [
+        start + np.eye(len(start))[i] * 0.1 * max(abs(start[i]), 0.1) for i in range(len(start))
+    ]
+    values = [loss(point) for point in simplex]
+    evaluations = len(values)
+    while evaluations < max_evaluations and np.ptp(values) > 1e-12:
+        order = np.argsort(values)
+        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+        centroid = np.mean(simplex[:-1], axis=0)
+        reflected = centroid + (centroid - simplex[-1])
+        value = loss(reflected)
+        evaluations += 1
+        if value < values[0]:
+            expanded = centroid + 2.0 * (centroid - simplex[-1])
+            expanded_value = loss(expanded)
+            evaluations += 1
+            simplex[-1], values[-1] = (
+                (expanded, expanded_value) if expanded_value < value else (reflected, value)
+            )
+        elif value < values[-2]:
+            simplex[-1], values[-1] = reflected, value
+        else:
+            contracted = centroid + 0.5 * (simplex[-1] - centroid)
+            contracted_value = loss(contracted)
+            evaluations += 1
+            if contracted_value < values[-1]:
+                simplex[-1], values[-1] = contracted, contracted_value
+            else:
+                simplex = [simplex[0] + 0.5 * (point - simplex[0]) for point in simplex]
+                values = [values[0]] + [loss(point) for point in simplex[1:]]
+                evaluations += len(simplex) - 1
+    return simplex[int(np.argmin(values))]
+
+
+def _inside(name: str, value: float) -> float:
+    low, high = BOUNDS[name]
+    return float(min(max(value, low), high))
+
+
+def fit_kernels(gemm: OperatorRows, attention: OperatorRows, *, device) -> dict[str, float]:
+    """(matmul efficiency, attention forward efficiency, per-kernel seconds). The GEMM rows fix
+    the matmul efficiency and the fixed cost of a kernel (mean squared log-error); the attention
+    rows then fix the attention forward efficiency with that fixed cost. Efficiencies are fitted
+    as logits, the fixed cost as log-seconds: no clipping inside the fit."""
+
+    def sigmoid(x: float) -> float:
+        return 1.0 / (1.0 + math.exp(-x))
+
+    def gemm_loss(x: np.ndarray) -> float:
+        p = gemm_seconds(
+            gemm, device=device, matmul_efficiency=sigmoid(x[0]), overhead_s=1e-6 * math.exp(x[1])
+        )
+        return float(np.mean(np.log(p / gemm.seconds) ** 2))
+
+    best = nelder_mead(gemm_loss, np.array([math.log(0.75 / 0.25), math.log(3.0)]))
+    best = nelder_mead(
+        gemm_loss, best
+    )  # a restart from the optimum: the simplex may have collapsed
+    e_mm, overhead = sigmoid(best[0]), 1e-6 * math.exp(best[1])
+
+    def attention_loss(x: np.ndarray) -> float:
+        p = attention_seconds(
+            attention, device=device, forward_efficiency=sigmoid(x[0]), overhead_s=overhead
+        )
+        return float(np.mean(np.log(p / attention.seconds) ** 2))
+
+    e_fwd = sigmoid(nelder_mead(attention_loss, np.array([0.0]))[0]) if attention.count else 0.5
+    return {
+        "matmul_efficiency": e_mm,
+        "attention_forward_efficiency": e_fwd,
+        "overhead_s": overhead,
+    }
+
+
+def fit_collectives(nccl: OperatorRows, *, cluster) -> float:
+    """Least-squares constant on log-times: the log-mean of predicted / measured."""
+    predicted = nccl_seconds(nccl, cluster=cluster, collective_efficiency=1.0)
+    return float(math.exp(np.mean(np.log(predicted / nccl.seconds))))
+
+
+def calibrate_hardware(root: Path, hardware: OperatorHardware) -> Calibration:
+    """The operator-fitted calibration of ``hardware`` with its fit record (inputs, residuals)."""
+    from topology import get_preset
+
+    cluster = get_preset(hardware.preset)
+    device = cluster.device
+    gemm, attention, nccl = (
+        gemm_rows(root, hardware),
+        attention_rows(root, hardware),
+        nccl_rows(root, hardware),
+    )
+    kernels = fit_kernels(gemm, attention, device=device)
+    e_mm, e_fwd, overhead = (
+        kernels["matmul_efficiency"],
+        kernels["attention_forward_efficiency"],
+        kernels["overhead_s"],
+    )
+    collective = fit_collectives(nccl, cluster=cluster) if nccl.count else 1.0
+    inputs = []
+    residuals: dict[str, Any] = {}
+    for rows, predicted in (
+        (gemm, gemm_seconds(gemm, device=device, matmul_efficiency=e_mm, overhead_s=overhead)),
+        (
+            attention,
+            attention_seconds(
+                attention, device=device, forward_efficiency=e_fwd, overhead_s=overhead
+            ),
+        ),
+        (nccl, nccl_seconds(nccl, cluster=cluster, collective_efficiency=collective)),
+    ):
+        if not rows.count:
+            continue
+        inputs.append(
+            {
+                "kind": rows.kind,
+                "source": PACKAGE,
+                "tables": list(rows.tables),
+                "points": rows.count,
+            }
+        )
+        residuals[rows.kind] = _residual_summary(predicted, rows.seconds)
+    attention_efficiency = training_attention_efficiency(e_fwd)
+    inputs.append(
+        {
+            "kind": "attention_backward_ratio",
+            "source": "FlashAttention-2 (Dao 2023, arXiv:2307.08691) sec. 1 and 4.1: up to 73% of "
+            "the A100 peak forward, 63% backward",
+            "tables": [],
+            "points": 2,
+        }
+    )
+    fit = {
+        "method": "least squares on log(predicted/measured) of single operators (Nelder-Mead): "
+        "GEMMs fix the matmul efficiency and the per-kernel cost, attention then its forward "
+        "efficiency; collective efficiency: log-mean of predicted/measured",
+        "fit_on": "operator measurements only",
+        "preset": hardware.preset,
+        "inputs": inputs,
+        "training_range": dict(TRAINING_RANGE, collective_min_bytes=MIN_COLLECTIVE_BYTES),
+        "parameters": {
+            "matmul_efficiency": round(e_mm, 4),
+            "attention_forward_efficiency": round(e_fwd, 4),
+            "attention_efficiency": round(attention_efficiency, 4),
+            "kernel_overhead_s": round(overhead, 9),
+            "collective_efficiency": round(collective, 4),
+        },
+        "assumptions": [
+            "the FlashAttention-2 backward/forward peak ratio measured on A100 holds on "
+            f"{hardware.key}",
+            "intra-node NCCL efficiency applies to inter-node collectives",
+        ],
+        "residuals": residuals,
+    }
+    return Calibration(
+        device_pattern=hardware.device_pattern,
+        matmul_efficiency=_inside("matmul_efficiency", e_mm),
+        attention_efficiency=_inside("attention_efficiency", attention_efficiency),
+        kernel_overhead_s=_inside("kernel_overhead_s", overhead),
+        collective_efficiency=_inside("collective_efficiency", collective),
+        fit=fit,
+    )
+
+
+#: Fitted parameters of a shipped entry (``Calibration`` field names).
+FITTED_FIELDS: tuple[str, ...] = (
+    "matmul_efficiency",
+    "attention_efficiency",
+    "kernel_overhead_s",
+    "collective_efficiency",
+)
+
+
+def at_bound(calibration: Calibration, *, tolerance: float = 1e-6) -> list[str]:
+    """The fitted fields of ``calibration`` that sit at (or within ``tolerance`` of) a bound."""
+    hits = []
+    for name in FITTED_FIELDS:
+        value = getattr(calibration, name)
+        low, high = BOUNDS[name]
+        span = high - low
+        if value is None or value - low <= tolerance * span or high - value <= tolerance * span:
+            hits.append(name)
+    return hits
+
+
+def calibrate_all(root: Path, keys: Sequence[str] | None = None) -> list[Calibration]:
+    return [calibrate_hardware(root, h) for h in HARDWARE if keys is None or h.key in keys]

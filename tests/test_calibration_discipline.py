@@ -1,0 +1,118 @@
+"""Fit on parts, validate on wholes: the shipped calibration's inputs are operator tables only,
+disjoint from every validation row, and no fitted parameter sits at its bound."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cost_model._calibration_operators import (
+    BOUNDS,
+    FITTED_FIELDS,
+    HARDWARE,
+    at_bound,
+    training_attention_efficiency,
+)
+from cost_model._common import Calibration
+from cost_model._validation import published_records, training_cases
+
+DATA = resources.files("cost_model") / "data"
+OPERATOR_KINDS = {"gemm", "attention", "nccl", "attention_backward_ratio"}
+AIC = Path("/tmp/aic/unpacked/aiconfigurator_core")
+
+
+def _document() -> dict:
+    return json.loads((DATA / "calibration.json").read_text())
+
+
+def _inputs_text() -> str:
+    return json.dumps([entry["fit"]["inputs"] for entry in _document()["calibrations"]])
+
+
+def test_fit_inputs_are_operator_tables_only() -> None:
+    for entry in _document()["calibrations"]:
+        fit = entry["fit"]
+        assert fit["fit_on"] == "operator measurements only"
+        assert "rows" not in fit  # the former end-to-end fit listed published rows here
+        for item in fit["inputs"]:
+            assert item["kind"] in OPERATOR_KINDS, item
+            assert item["points"] > 0 and item["source"]
+            for table in item["tables"]:
+                assert table.startswith("systems/data/") and table.endswith(".parquet")
+                assert "silicon_sample" not in table
+                assert Path(table).name in (
+                    "gemm_perf.parquet",
+                    "context_attention_perf.parquet",
+                    "nccl_perf.parquet",
+                )
+
+
+def test_no_validation_run_or_source_is_a_fit_input() -> None:
+    text = _inputs_text()
+    runs = {case.run for case in training_cases()}
+    sources = {case.source for case in training_cases()}
+    records = list(published_records())
+    from cost_model._blackwell_validation import blackwell_records
+
+    records += list(blackwell_records())
+    urls = {
+        word.rstrip(".,;)'\"")
+        for record in records
+        for word in str(record.get("source", "")).split()
+        if word.startswith("http")
+    }
+    tables = {record.get("table") for record in records if record.get("table")}
+    for name in runs | sources | urls | tables:
+        assert f'"{name}"' not in text and (len(name) < 12 or name not in text), name
+
+
+def test_no_fitted_parameter_sits_at_its_bound() -> None:
+    for entry in _document()["calibrations"]:
+        calibration = Calibration.model_validate(entry)
+        assert at_bound(calibration, tolerance=1e-3) == [], entry["device_pattern"]
+        for name in FITTED_FIELDS:
+            low, high = BOUNDS[name]
+            assert low < getattr(calibration, name) < high
+
+
+def test_at_bound_flags_a_clipped_value() -> None:
+    clipped = Calibration(
+        matmul_efficiency=1.0,
+        attention_efficiency=0.5,
+        kernel_overhead_s=5e-6,
+        collective_efficiency=0.8,
+    )
+    assert at_bound(clipped) == ["matmul_efficiency"]
+
+
+def test_the_training_attention_efficiency_charges_the_slower_backward() -> None:
+    forward = 0.5
+    combined = training_attention_efficiency(forward)
+    backward = forward * 0.63 / 0.73
+    # Time of forward + 2.5x backward FLOPs at the combined efficiency equals the two at theirs.
+    assert 3.5 / combined == pytest.approx(1.0 / forward + 2.5 / backward)
+    assert backward < combined < forward
+
+
+def test_every_calibrated_hardware_has_an_entry_in_match_order() -> None:
+    patterns = [entry["device_pattern"] for entry in _document()["calibrations"]]
+    assert patterns == [h.device_pattern for h in HARDWARE]
+
+
+@pytest.mark.skipif(not AIC.is_dir(), reason="aiconfigurator-core tables not unpacked")
+def test_refitting_the_a100_tables_reproduces_the_shipped_entry() -> None:
+    pytest.importorskip("pyarrow")
+    from cost_model._calibration_operators import calibrate_hardware
+
+    shipped = next(e for e in _document()["calibrations"] if e["device_pattern"] == "A100")
+    fitted = calibrate_hardware(AIC, HARDWARE[0])
+    for name in FITTED_FIELDS:
+        assert getattr(fitted, name) == pytest.approx(shipped[name], rel=1e-6), name
+    assert np.isclose(
+        fitted.fit["residuals"]["gemm"]["rms_log_error"],
+        shipped["fit"]["residuals"]["gemm"]["rms_log_error"],
+    )
