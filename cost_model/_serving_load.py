@@ -371,12 +371,13 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
         policy.max_batched_tokens,
     )
     mixed = policy.mixed_prefill_decode
+    slots = col(policy.max_running)
     iteration = cost.seconds(np.zeros_like(rate * prompt), np.minimum(prompt, budget))
     tpot = iteration
     previous = iteration
     for _ in range(_OPEN_LOOP_STEPS):
         previous = iteration
-        decodes = rate * (output - 1.0) * tpot
+        decodes = np.minimum(rate * (output - 1.0) * tpot, slots)  # the cache holds ``slots``
         with_prompts = decodes if mixed else np.zeros_like(decodes)  # decodes in a prompt iteration
         budget_left = np.maximum(budget - with_prompts, 1.0)
         prompt_tokens = rate * prompt * iteration  # per iteration, on average
@@ -394,14 +395,17 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
     chunks = (
         np.ceil(prompt / budget_left) if policy.chunked_prefill else np.ones_like(prompt_tokens)
     )
-    running = decodes + rate * chunks * iteration
+    # requests holding a KV slot, as offered (Little: arrival rate x time held); at most
+    # ``slots`` run, the rest wait for admission (``_admission_wait``)
+    offered = rate * (chunks * iteration + (output - 1.0) * tpot)
+    running = np.minimum(offered, slots)
     # Each request adds work to every iteration it spans: past a rate, more decodes make longer
     # iterations make more decodes, and the substitution diverges instead of settling.
     settled = iteration <= previous * (1.0 + 1e-3)
-    stable = (utilization < 1.0) & (running <= col(policy.max_running)) & settled
+    stable = (utilization < 1.0) & (offered < slots) & settled
     admission_s, admission_busy = _admission_wait(
-        running=running,
-        slots=col(policy.max_running),
+        running=offered,
+        slots=slots,
         rate=rate,
         hold_cv=policy.output_tokens_cv,
     )

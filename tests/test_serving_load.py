@@ -147,10 +147,23 @@ def test_simulator_and_closed_form_price_an_iteration_alike(inputs) -> None:
                 assert vector >= alone
 
 
+def _rates_below_capacity(row, policy, *, fractions) -> list[float]:
+    """Fractions of the largest Poisson rate the closed form holds stable (bisected): near it
+    the KV-slot queue's wait diverges, so agreement is checked below the knee."""
+    low, high = 0.01, 100.0
+    for _ in range(40):
+        middle = (low * high) ** 0.5
+        stable = np.isfinite(
+            open_loop(cost=row, policy=policy, request_rate_per_s=np.array([middle])).ttft_s[0]
+        )
+        low, high = (middle, high) if stable else (low, middle)
+    return [fraction * low for fraction in fractions]
+
+
 def test_open_loop_means_agree_and_overload_is_unbounded(inputs) -> None:
     cost, policy, _ = inputs
     row, row_policy = cost.row(0), _row_policy(policy, 0)
-    for rate in (0.2, 1.0, 2.0):
+    for rate in _rates_below_capacity(row, row_policy, fractions=(0.1, 0.5, 0.75)):
         closed = open_loop(cost=row, policy=row_policy, request_rate_per_s=np.array([rate]))
         simulated = simulate(
             cost=row, policy=row_policy, request_rate_per_s=rate, duration_s=600.0
@@ -369,7 +382,7 @@ def test_closed_form_and_simulator_agree_under_each_engine_policy(engine: str) -
         ).summary()
         assert float(closed.ttft_s[0]) == pytest.approx(simulated["ttft_mean_s"], rel=0.10)
         assert float(closed.tpot_s[0]) == pytest.approx(simulated["tpot_mean_s"], rel=0.10)
-    for rate in (0.2, 1.0):
+    for rate in _rates_below_capacity(row, row_policy, fractions=(0.1, 0.5)):
         opened = open_loop(cost=row, policy=row_policy, request_rate_per_s=np.array([rate]))
         simulated = simulate(
             cost=row, policy=row_policy, request_rate_per_s=rate, duration_s=600.0
