@@ -136,6 +136,7 @@ def _grouped_gemm_curves(root: Path, device: str, engine: str) -> list[dict]:
                     {
                         "device": hardware.name,
                         "engine": engine,
+                        "engine_version": path.parent.name,
                         "dtype": dtype,
                         "shape": _shape_fields(shape),
                         "file": str(path.relative_to(root.parent)),
@@ -265,6 +266,7 @@ def _mla_curves(root: Path, device: str, engine: str, kind: str) -> list[dict]:
             {
                 "device": hardware.name,
                 "engine": engine,
+                "engine_version": path.parent.name,
                 "dtype": "bf16",
                 "file": str(path.relative_to(root.parent)),
                 "context_tokens": grid.tolist(),

@@ -293,3 +293,10 @@ def test_kernels_timed_by_an_operator_table_pay_no_floor_on_top() -> None:
     moe_layers = model.num_layers - model.moe.num_dense_layers
     assert measured["none"][0] == 0.0
     assert measured["curves"][0] == 8 * moe_layers + model.num_layers
+
+
+def test_every_curve_names_the_engine_and_version_that_measured_it() -> None:
+    curves = kernel_curves()
+    for curve in curves["grouped_gemm"] + curves["mla_decode"] + curves["mla_prefill"]:
+        assert curve["engine"] in {"trtllm", "sglang", "vllm"}
+        assert f"/{curve['engine']}/{curve['engine_version']}/" in curve["file"], curve["file"]
