@@ -3,7 +3,8 @@
 Source: NVIDIA's ``aiconfigurator-core`` package (PyPI, Apache-2.0), whose wheel ships
 per-operator latency tables measured per device, engine and engine version under
 ``aiconfigurator_core/systems/data/<device>/<op>/<engine>/<version>/*.parquet``. Only
-operator tables are read — the fused MoE expert layer (``moe/*/moe_perf.parquet``) and MLA
+operator tables are read — the fused MoE expert layer (``moe/*/moe_perf.parquet``, for the
+expert shapes of ``EXPERT_SHAPES``) and MLA
 decode attention (``mla/*/generation_mla_perf.parquet``). End-to-end tables of whole serving
 runs in the same package (``silicon_sample.csv``) are never opened: they are validation data,
 not fit input (DESIGN.md, "Fidelity").
@@ -85,56 +86,89 @@ def _latest_tables(root: Path, device: str, op: str, engine: str, name: str) -> 
     return [v / name for v in reversed(versions)]
 
 
+#: Expert shapes (hidden, expert FFN width, routed experts, top-k, expert tensor-parallel size)
+#: imported from the MoE tables: DeepSeek-V3's small experts first (``GROUPED_GEMM_SHAPE``),
+#: then the same split over 8 ranks (the tensor-parallel experts of a TP8 deployment: a
+#: 7168 x 256 slice per rank), Qwen3-235B-A22B's smaller experts and Mixtral-8x7B's large
+#: ones. The efficiency of a memory-bound grouped GEMM at a few tokens per expert depends on
+#: how many weight bytes each expert streams against the fixed routing, permute and ramp of
+#: the fused layer, so a model is priced on the measured shape nearest the slice one rank
+#: runs (``cost_model._kernel_curves``), not on DeepSeek's alone.
+EXPERT_SHAPES = (
+    (*GROUPED_GEMM_SHAPE, 1),
+    (*GROUPED_GEMM_SHAPE, 8),
+    (4096, 1536, 128, 8, 1),
+    (4096, 14336, 8, 2, 1),
+)
+
+
 def _grouped_gemm_curves(root: Path, device: str, engine: str) -> list[dict]:
-    """One curve per dtype from the newest table that has the DeepSeek-V3 expert shape."""
+    """One curve per (dtype, expert shape) from the newest table that has the shape."""
     hardware = get_preset(DEVICES[device]).device
-    shape = GROUPED_GEMM_SHAPE
-    curves, done = [], set()
+    curves: list[dict] = []
+    done: set[tuple] = set()
     for path in _latest_tables(root, device, "moe", engine, "moe_perf.parquet"):
-        points: dict[tuple[str, int, int], float] = {}
+        points: dict[tuple, float] = {}
         for row in _read(path):
             dtype = DTYPES.get(row["moe_dtype"])
-            keep = (
+            shape = (
                 row["hidden_size"],
                 row["inter_size"],
                 row["num_experts"],
                 row["topk"],
-            ) == shape
+                row["moe_tp_size"],
+            )
             if (
                 dtype is None
-                or dtype in done
-                or not keep
-                or row["moe_tp_size"] != 1
+                or (dtype, shape) in done
+                or shape not in EXPERT_SHAPES
                 or row["distribution"] != "balanced"
             ):
                 continue
-            key = (dtype, int(row["moe_ep_size"]), int(row["num_tokens"]))
+            key = (dtype, shape, int(row["moe_ep_size"]), int(row["num_tokens"]))
             points[key] = min(
                 points.get(key, np.inf), float(row["latency"]) * 1e-3
             )  # fastest kernel, ms -> s
-        for dtype in sorted({k[0] for k in points} - done):
-            curve = _reduce_grouped(points, dtype=dtype, hardware=hardware)
+        for dtype, shape in sorted({k[:2] for k in points} - done):
+            curve = _reduce_grouped(points, dtype=dtype, shape=shape, hardware=hardware)
             if curve:
                 curves.append(
                     {
                         "device": hardware.name,
                         "engine": engine,
+                        "engine_version": path.parent.name,
                         "dtype": dtype,
+                        "shape": _shape_fields(shape),
                         "file": str(path.relative_to(root.parent)),
                         **curve,
                     }
                 )
-                done.add(dtype)
+                done.add((dtype, shape))
     return curves
 
 
-def _reduce_grouped(points: dict, *, dtype: str, hardware) -> dict:
+def _shape_fields(shape: tuple) -> dict[str, int]:
+    """The expert slice one rank runs: its FFN width is the expert's over the tensor-parallel size."""
+    hidden, inter, experts, top_k, tp = shape
+    return {
+        "hidden_size": hidden,
+        "expert_ffn_size": inter // tp,
+        "num_experts": experts,
+        "top_k": top_k,
+        "expert_tensor_parallel": tp,
+    }
+
+
+def _reduce_grouped(points: dict, *, dtype: str, shape: tuple, hardware) -> dict:
     """Efficiency on ``TOKENS_PER_EXPERT_GRID`` for each measured experts-per-device count."""
-    _hidden, _inter, experts, top_k = GROUPED_GEMM_SHAPE
+    hidden, inter, experts, top_k, tp = shape
+    inter = inter // tp  # the slice one rank runs
     rows = {}
-    for ep in sorted({k[1] for k in points if k[0] == dtype}):
-        tokens = np.array(sorted(k[2] for k in points if k[:2] == (dtype, ep)), dtype=np.float64)
-        measured = np.array([points[(dtype, ep, int(t))] for t in tokens])
+    for ep in sorted({k[2] for k in points if k[:2] == (dtype, shape)}):
+        tokens = np.array(
+            sorted(k[3] for k in points if k[:3] == (dtype, shape, ep)), dtype=np.float64
+        )
+        measured = np.array([points[(dtype, shape, ep, int(t))] for t in tokens])
         per_expert = tokens * top_k / experts
         ideal = grouped_gemm_ideal_s(
             hardware=hardware,
@@ -142,7 +176,9 @@ def _reduce_grouped(points: dict, *, dtype: str, hardware) -> dict:
             tokens_per_expert=per_expert,
             experts_per_device=experts / ep,
             touched_fraction=np.minimum(1.0, tokens * top_k / experts),
-            side_bytes_per_assignment=_side_bytes(dtype),
+            side_bytes_per_assignment=_side_bytes(dtype, hidden=hidden, expert_ffn=inter),
+            hidden_size=hidden,
+            expert_ffn_size=inter,
         )
         efficiency = np.interp(np.log(TOKENS_PER_EXPERT_GRID), np.log(per_expert), ideal / measured)
         if len(tokens) >= 4:
@@ -150,13 +186,24 @@ def _reduce_grouped(points: dict, *, dtype: str, hardware) -> dict:
     return {"experts_per_device": rows} if rows else {}
 
 
-def _side_bytes(dtype: str) -> float:
-    """Memory passes per token copy of the fused MoE kernel, as the cost model counts them for
-    DeepSeek-V3 (the shape of the imported rows) with bf16 activations."""
+def _side_bytes(
+    dtype: str, *, hidden: int = GROUPED_GEMM_SHAPE[0], expert_ffn: int = GROUPED_GEMM_SHAPE[1]
+) -> float:
+    """Memory passes per token copy of the fused MoE kernel, as the cost model counts them
+    (``routed_bytes_per_assignment``) for an expert of the imported row's shape, bf16
+    activations."""
     from autoparallel._catalog import get_model
 
+    model = get_model("deepseek-v3")
+    assert model.moe is not None  # the catalog's DeepSeek-V3 is an MoE
+    model = model.model_copy(
+        update={
+            "hidden_size": hidden,
+            "moe": model.moe.model_copy(update={"expert_ffn_hidden_size": expert_ffn}),
+        }
+    )
     cast = min(dtype_bytes(matmul_dtype_of(dtype)), 2.0)
-    return float(routed_bytes_per_assignment(get_model("deepseek-v3"), act=2.0, cast=cast, etp=1.0))
+    return float(routed_bytes_per_assignment(model, act=2.0, cast=cast, etp=1.0))
 
 
 #: MLA operator tables: (file, batch of the kept rows, ideal-time function of (hardware, batch, tokens)).
@@ -219,6 +266,7 @@ def _mla_curves(root: Path, device: str, engine: str, kind: str) -> list[dict]:
             {
                 "device": hardware.name,
                 "engine": engine,
+                "engine_version": path.parent.name,
                 "dtype": "bf16",
                 "file": str(path.relative_to(root.parent)),
                 "context_tokens": grid.tolist(),

@@ -96,6 +96,8 @@ from cost_model._kernel_curves import (
     deepep_low_latency_s,
     expert_all_to_all_bytes,
     grouped_experts_time_s,
+    grouped_gemm_efficiency,
+    mla_efficiency,
     mla_time_s,
 )
 from cost_model._model_spec import ModelSpec
@@ -113,7 +115,7 @@ from cost_model._units import dtype_bytes
 from cost_model._workload import Inference
 
 if TYPE_CHECKING:
-    from topology import Cluster
+    from topology import Cluster, HardwareSpec
 
 INFERENCE_TIME_PARTS: tuple[str, ...] = (
     "compute",
@@ -165,6 +167,10 @@ class _Setup:
         if name not in cache:
             cache[name] = np.asarray(self.table[name], dtype=np.float64)
         return cache[name]
+
+    @property
+    def hardware(self) -> HardwareSpec:
+        return self.cluster.device
 
     @cached_property
     def attention_dp(self) -> np.ndarray:
@@ -335,7 +341,40 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     total = total + lay.dense_layers * _memory_pass(s, dense_side * dense_tokens)
     # Two overlapped micro-batches run on two streams: one's launch gaps fill with the other's
     # kernels, so a pass pays the floor once, not once per micro-batch.
-    return total + _kernels_per_pass(s) * s.profile.kernel_floor_s / np.where(s.two_batch, 2.0, 1.0)
+    kernels = _kernels_per_pass(s) - _measured_kernels_per_pass(s, decode=p.decode)
+    return total + kernels * s.profile.kernel_floor_s / np.where(s.two_batch, 2.0, 1.0)
+
+
+#: Kernels of an MoE block inside the fused MoE layer the operator tables time (router top-k,
+#: permute, the grouped GEMMs, activation, un-permute: ``_training.kernels_per_layer``'s 8).
+_FUSED_MOE_KERNELS = 8.0
+
+
+def _measured_kernels_per_pass(s: _Setup, *, decode: bool) -> np.ndarray | float:
+    """Kernels of a pass whose time is a measured operator latency (the fused MoE layer and MLA
+    decode attention, where ``_kernel_curves`` covers the device): the table's latency already
+    holds their launch-to-launch gaps, ramps and tails, so they pay no floor on top."""
+    if not decode:
+        return 0.0
+    lay, model, device = s.layout, s.model, s.hardware
+    kernels: np.ndarray | float = 0.0
+    if (
+        model.moe is not None
+        and grouped_gemm_efficiency(
+            device_name=device.name,
+            dtype=s.workload.weight_dtype,
+            tokens_per_expert=1.0,
+            experts_per_device=1.0,
+        )
+        is not None
+    ):
+        kernels = kernels + lay.moe_layers * _FUSED_MOE_KERNELS
+    if (
+        model.attention.kind == "mla"
+        and mla_efficiency(kind="mla_decode", device_name=device.name, tokens=1.0) is not None
+    ):
+        kernels = kernels + lay.layers * 1.0  # the one fused attention kernel
+    return kernels
 
 
 def _kernels_per_pass(s: _Setup) -> np.ndarray:
@@ -393,7 +432,11 @@ def _moe_time(
         s, ops.moe_token_bytes(model, act=act, cast=cast, shard=s.shard) * attention_tokens
     )
     measured = None
-    if decode:  # M = tokens per expert slot on the busiest rank; the expert width split over etp
+    # M = tokens per expert slot on the busiest rank; the expert width split over etp. The best
+    # kernel over engines, not the serving engine's: the operator tables time one MoE backend per
+    # engine version (SGLang's reaches 2% of peak at 256 tokens per expert on 2 experts per
+    # device), not the DeepGEMM / CUTLASS kernels a deployment selects for its shape.
+    if decode:
         measured = s.rows.evaluate(
             grouped_experts_time_s,
             hardware=s.cluster.device,
@@ -445,6 +488,7 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
             bytes_moved=kv_read * kv_fraction,
             tokens=read_tokens / s.column("cp"),
             batch=sequences,
+            engine=s.profile.engine,  # the serving engine's own attention kernel where measured
         )
         if measured is not None:  # (prefill keeps the calibrated efficiency: see _kernel_curves)
             return measured

@@ -132,6 +132,9 @@ def _policy(s: _Setup, max_running: np.ndarray) -> LoadPolicy:
         max_running,
         float(budget),
         s.profile.request_overhead_s,
+        s.profile.chunked_prefill,
+        s.profile.mixed_prefill_decode,
+        s.workload.output_tokens_cv,
     )
 
 

@@ -11,11 +11,15 @@ by context length (``mla_decode_ideal_s``: absorbed-form FLOPs and latent-cache 
 
 The curves live in ``cost_model/data/kernel_curves.json``, written by
 ``autoparallel profile --import-aiconfigurator`` from NVIDIA's aiconfigurator-core operator
-tables (Apache-2.0; every curve names its file). Where several engines measured one device and
-dtype, the best efficiency at each point is used: the fastest kernel measured for that shape
-(TRT-LLM's CUTLASS grouped GEMM where the Triton kernels of untuned configs fall behind), the
-one a deployment tuned for its shape runs. A device or dtype without a curve returns
-``None`` and the caller keeps its roofline pricing.
+tables (Apache-2.0; every curve names its file and its expert shape). Grouped-GEMM curves are
+measured on several expert shapes (DeepSeek-V3's 7168 x 2048, Qwen3-235B's 4096 x 1536,
+Mixtral-8x7B's 4096 x 14336); a model is priced on the shape nearest its own in log(weight
+elements per expert matrix), since at a few tokens per expert the fused layer's fixed routing,
+permute and ramp weigh against the bytes each expert streams. Where several engines measured
+one device and dtype, the best efficiency at each point is used unless an ``engine`` is asked
+for: the fastest kernel measured for that shape (TRT-LLM's CUTLASS grouped GEMM where the
+Triton kernels of untuned configs fall behind), the one a deployment tuned for its shape runs.
+A device or dtype without a curve returns ``None`` and the caller keeps its roofline pricing.
 
 Prefill is priced with them only where they are the whole story. The MLA prefill curves
 (``mla_prefill``) are imported but not used: at the measured 0.46-0.58 efficiency on 2-12K-token
@@ -35,7 +39,8 @@ import numpy as np
 
 from cost_model._units import dtype_bytes
 
-#: (hidden, expert FFN width, routed experts, top-k) of the imported MoE rows: DeepSeek-V3's.
+#: (hidden, expert FFN width, routed experts, top-k) of DeepSeek-V3's experts: the default shape
+#: of a lookup and of a curve that names none.
 GROUPED_GEMM_SHAPE = (7168, 2048, 256, 8)
 #: Heads of the imported MLA rows (DeepSeek-V3's 128, one rank): the unit of a curve's batch.
 MLA_CURVE_HEADS = 128
@@ -113,59 +118,108 @@ def kernel_curves() -> dict:
     )
 
 
+def _curve_shape(curve: dict) -> tuple[int, ...]:
+    """(hidden, expert FFN width one rank runs, ...) of a curve; DeepSeek-V3's where unnamed."""
+    shape = curve.get("shape")
+    return GROUPED_GEMM_SHAPE if shape is None else tuple(shape.values())
+
+
+def _engine_curves(curves: list[dict], engine: str | None) -> list[dict]:
+    """The serving engine's own curves where it measured them, else every engine's (best)."""
+    own = [c for c in curves if c.get("engine") == engine]
+    return own or curves
+
+
 @lru_cache(maxsize=64)
-def _grouped_table(device_name: str, dtype: str) -> tuple[np.ndarray, np.ndarray] | None:
-    """(log2 experts per device, efficiency [counts x grid]): the best over engines."""
+def _grouped_tables(
+    device_name: str, dtype: str, engine: str | None
+) -> list[tuple[float, np.ndarray, np.ndarray]]:
+    """Per measured expert shape: (log of its weight elements per expert matrix, log2 experts
+    per device, efficiency [counts x grid]), the best over the chosen engines' curves."""
     device_name = DEVICE_ALIASES.get(device_name, device_name)
-    curves = [
+    matching = [
         c
         for c in kernel_curves()["grouped_gemm"]
         if c["device"] == device_name and c["dtype"] == dtype
     ]
-    if not curves:
-        return None
-    counts = sorted({int(k) for c in curves for k in c["experts_per_device"]})
-    grid = np.array(
-        [
-            np.max(
-                [
-                    c["experts_per_device"][str(n)]
-                    for c in curves
-                    if str(n) in c["experts_per_device"]
-                ],
-                axis=0,
-            )
-            for n in counts
-        ]
-    )
-    return np.log2(np.array(counts, dtype=np.float64)), grid
+    curves = _engine_curves(matching, engine)
+    tables = []
+    for shape in sorted({_curve_shape(c) for c in curves}):
+        same = [c for c in curves if _curve_shape(c) == shape]
+        counts = sorted({int(k) for c in same for k in c["experts_per_device"]})
+        grid = np.array(
+            [
+                np.max(
+                    [
+                        c["experts_per_device"][str(n)]
+                        for c in same
+                        if str(n) in c["experts_per_device"]
+                    ],
+                    axis=0,
+                )
+                for n in counts
+            ]
+        )
+        elements = np.log(float(shape[0]) * float(shape[1]))
+        tables.append((elements, np.log2(np.array(counts, dtype=np.float64)), grid))
+    return tables
 
 
 def grouped_gemm_efficiency(
-    *, device_name: str, dtype: str, tokens_per_expert, experts_per_device
+    *,
+    device_name: str,
+    dtype: str,
+    tokens_per_expert,
+    experts_per_device,
+    expert_elements=None,
+    engine: str | None = None,
 ) -> np.ndarray | None:
-    """Measured efficiency of grouped expert GEMMs (see the module docstring), or None."""
-    table = _grouped_table(device_name, dtype)
-    if table is None:
+    """Measured efficiency of grouped expert GEMMs (see the module docstring), or None.
+
+    ``expert_elements`` (hidden x expert FFN width, per row; default DeepSeek-V3's) picks the
+    measured expert shape nearest in log scale: at a few tokens per expert the fused layer's
+    fixed routing, permute and ramp weigh against the bytes each expert streams, so a small
+    expert's efficiency would misprice a large one (Mixtral-8x22B at 1 token: 0.2-0.3 on
+    DeepSeek's 7168 x 2048 experts, 0.5-0.6 on Mixtral-8x7B's 4096 x 14336 ones). ``engine``
+    selects the serving engine's own kernels where its tables cover the device and dtype."""
+    tables = _grouped_tables(device_name, dtype, engine)
+    if not tables:
         return None
-    log_counts, grid = table
     log_tokens = np.log(
         np.maximum(np.atleast_1d(np.asarray(tokens_per_expert, dtype=np.float64)), 1e-9)
     )
-    along = np.stack(
-        [np.interp(log_tokens, np.log(TOKENS_PER_EXPERT_GRID), row) for row in grid]
-    )  # counts x n
     where = np.log2(np.maximum(np.asarray(experts_per_device, dtype=np.float64), 1e-9))
-    return _between_rows(along, log_counts, np.broadcast_to(where, along.shape[1:]))
+    values, distance = [], []
+    target = np.log(
+        np.asarray(
+            expert_elements
+            if expert_elements is not None
+            else GROUPED_GEMM_SHAPE[0] * GROUPED_GEMM_SHAPE[1],
+            dtype=np.float64,
+        )
+    )
+    for elements, log_counts, grid in tables:
+        along = np.stack(
+            [np.interp(log_tokens, np.log(TOKENS_PER_EXPERT_GRID), row) for row in grid]
+        )  # counts x n
+        values.append(_between_rows(along, log_counts, np.broadcast_to(where, along.shape[1:])))
+        distance.append(np.broadcast_to(np.abs(target - elements), along.shape[1:]))
+    nearest = np.argmin(np.stack(distance), axis=0)
+    return np.take_along_axis(np.stack(values), nearest[None, :], axis=0)[0]
 
 
-def mla_efficiency(*, kind: str, device_name: str, tokens, batch=1.0) -> np.ndarray | None:
+def mla_efficiency(
+    *, kind: str, device_name: str, tokens, batch=1.0, engine: str | None = None
+) -> np.ndarray | None:
     """Measured MLA efficiency (best over engines), or None: ``kind`` ``mla_decode`` at a
     context of ``tokens``, or ``mla_prefill`` of a ``tokens``-long prompt, for ``batch``
     sequences of 128 heads per call (a call over fewer heads counts as that fraction of a
-    sequence). Interpolated in log(length) and log(batch), held beyond the measured range."""
+    sequence). Interpolated in log(length) and log(batch), held beyond the measured range;
+    ``engine``'s own kernels where it measured the device."""
     device_name = DEVICE_ALIASES.get(device_name, device_name)
-    curves = [c for c in kernel_curves().get(kind, ()) if c["device"] == device_name]
+    curves = _engine_curves(
+        [c for c in kernel_curves().get(kind, ()) if c["device"] == device_name], engine
+    )
     if not curves:
         return None
     log_tokens = np.log(np.maximum(np.atleast_1d(np.asarray(tokens, dtype=np.float64)), 1.0))
@@ -208,6 +262,7 @@ def grouped_experts_time_s(
     side_bytes_per_assignment,
     hidden_size: int,
     expert_ffn_size,
+    engine: str | None = None,
 ) -> np.ndarray | None:
     """One device's routed experts as the grouped GEMMs that run: ``experts_per_device`` experts of
     M = ``tokens_per_expert`` each, the ideal time over the measured efficiency for that M, expert
@@ -217,6 +272,8 @@ def grouped_experts_time_s(
         dtype=dtype,
         tokens_per_expert=tokens_per_expert,
         experts_per_device=experts_per_device,
+        expert_elements=hidden_size * np.asarray(expert_ffn_size, dtype=np.float64),
+        engine=engine,
     )
     if efficiency is None:
         return None
@@ -234,12 +291,22 @@ def grouped_experts_time_s(
 
 
 def mla_time_s(
-    *, kind: str, hardware, dtype: str, flops, bytes_moved, tokens, batch=1.0
+    *,
+    kind: str,
+    hardware,
+    dtype: str,
+    flops,
+    bytes_moved,
+    tokens,
+    batch=1.0,
+    engine: str | None = None,
 ) -> np.ndarray | None:
     """MLA attention of one layer: its roofline (``flops`` at the ``dtype`` peak, ``bytes_moved``
     at the memory bandwidth) over the measured efficiency (``mla_efficiency`` at ``tokens`` and
     ``batch``); None without a curve."""
-    efficiency = mla_efficiency(kind=kind, device_name=hardware.name, tokens=tokens, batch=batch)
+    efficiency = mla_efficiency(
+        kind=kind, device_name=hardware.name, tokens=tokens, batch=batch, engine=engine
+    )
     if efficiency is None:
         return None
     compute_s = np.asarray(flops) / hardware.peak_flops_for(dtype)

@@ -6,7 +6,11 @@ al., vLLM, SOSP'23: admission by free KV blocks; Agrawal et al., Sarathi-Serve, 
 budget per iteration, decodes first, the rest filled with prefill chunks; Zheng et al., SGLang,
 NeurIPS'24). Every iteration runs one token of each decoding request and at most
 ``max_batched_tokens - decodes`` prompt tokens of the waiting requests, first come first served;
-a request is admitted while the KV cache holds it (``max_running`` per replica).
+a request is admitted while the KV cache holds it (``max_running`` per replica). Two defaults
+differ by engine (``ServingProfile``, each with its documentation as source): whether prefill
+and decode mix in one iteration (vLLM V1 and TensorRT-LLM's in-flight batching do; SGLang runs
+a waiting prefill alone, with the whole budget, and the decodes wait for it) and whether a long
+prompt is chunked (TensorRT-LLM's default prefills whole prompts).
 
 Each iteration's time is ``IterationCost.seconds(decodes, prefill_tokens)``: the cost model's
 pass time at that many tokens (the same function drives the simulator, ``_simulator``), plus the
@@ -16,12 +20,15 @@ The closed form is iteration accounting (Little's law over iterations, as Vidur'
 DistServe's analytical models do; Agrawal et al., Vidur, MLSys'24; Zhong et al., DistServe,
 OSDI'24 sec. 4). Closed-loop load (``concurrency``: a benchmark client keeping ``C`` requests in
 flight) admits ``n = min(C, max_running)``, the rest waiting for admission (Little: ``(C - n) /
-X``); requests sent together are prefilled together, in groups (``closed_loop``). Open-loop load
+X``); requests sent together are prefilled together, in groups (``closed_loop``; without mixing
+they stay in lock-step waves, ``_unmixed_closed_loop``). Open-loop load
 (``request_rate_per_s``, Poisson) gives ``n_d = λ (O - 1) T`` decoding requests at a mean
 iteration time ``T`` found by substitution, a share of iterations carrying prompts, and a prompt
 queue served at the leftover budget: an M/D/1 wait ``ρ s / (2 (1 - ρ))`` with ``s`` one prompt's
 share of the budget (Kleinrock, Queueing Systems I, 1975, Pollaczek-Khinchine), plus the
-residual of the running iteration (``open_loop``).
+residual of the running iteration, plus the wait for a free KV slot where the running requests
+approach ``max_running`` (a G/G/c queue: Halfin-Whitt's Erlang C, Allen-Cunneen's correction;
+``_admission_wait``) (``open_loop``).
 
 Percentiles (open loop): a request's TPOT averages its ``O - 1`` iterations, a share of which
 carries prompts; p-quantiles are ``T + z_p σ / sqrt(O - 1)`` (central limit). The TTFT's
@@ -64,6 +71,8 @@ class ServingProfile(BaseModel):
     scheduler_s: float = Field(ge=0)
     request_overhead_s: float = Field(ge=0)
     max_batched_tokens: int = Field(gt=0)
+    chunked_prefill: bool
+    mixed_prefill_decode: bool
     sources: dict[str, str]
 
     @property
@@ -175,6 +184,26 @@ class LoadPolicy:
     max_running: np.ndarray  # requests the KV cache holds
     max_batched_tokens: float
     request_overhead_s: float
+    #: a prompt longer than the budget is split over iterations (else prefilled whole)
+    chunked_prefill: bool = True
+    #: an iteration with prompt tokens also runs the decodes (else they wait for it)
+    mixed_prefill_decode: bool = True
+    #: coefficient of variation of the output length (spread of the time a request holds KV)
+    output_tokens_cv: float = 0.0
+
+    def row(self, index: int) -> LoadPolicy:
+        """The policy of one row (arrays of length 1), for the simulator."""
+        pick = slice(index, index + 1)
+        return LoadPolicy(
+            np.asarray(self.prompt_tokens)[pick],
+            np.asarray(self.output_tokens)[pick],
+            np.asarray(self.max_running)[pick],
+            self.max_batched_tokens,
+            self.request_overhead_s,
+            self.chunked_prefill,
+            self.mixed_prefill_decode,
+            self.output_tokens_cv,
+        )
 
 
 @dataclass(frozen=True)
@@ -192,6 +221,8 @@ class LoadTimes:
     tpot_spread_s: np.ndarray | None = None  # standard deviation of a request's TPOT
     residual: tuple | None = None  # (mean, {p: quantile}) of the wait for the running iteration
     stable: np.ndarray | None = None  # False where the load grows without bound (times inf)
+    #: (TTFT, TPOT) spread of a lock-step wave whose requests are spaced evenly over it
+    wave_range_s: tuple[np.ndarray, np.ndarray] | None = None
 
     def quantile(self, metric: str, p: float) -> np.ndarray:
         """The p-quantile (0.5, 0.9 or 0.99) of ``"ttft"`` or ``"tpot"`` over requests."""
@@ -203,6 +234,8 @@ class LoadTimes:
             )
         else:
             value = self.ttft_s if self.wait_s is None else self._ttft_quantile(p)
+        if self.wave_range_s is not None:  # uniform over the wave: mean + (p - 1/2) x range
+            value = value + (p - 0.5) * self.wave_range_s[metric == "tpot"]
         return value if self.stable is None else np.where(self.stable, value, np.inf)
 
     def _ttft_quantile(self, p: float) -> np.ndarray:
@@ -246,15 +279,32 @@ def closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> Load
         col(policy.output_tokens),
         policy.max_batched_tokens,
     )
+    mixed = policy.mixed_prefill_decode
     running = np.minimum(concurrency, col(policy.max_running))
-    budget_left = np.maximum(budget - running, 1.0)
-    chunks = np.ceil(prompt / budget_left)
-    groups = np.maximum(chunks, np.ceil(running * prompt / budget_left))
+    budget_left = np.maximum(np.where(mixed, budget - running, budget), 1.0)
+    if policy.chunked_prefill:
+        chunks = np.ceil(prompt / budget_left)
+        groups = np.maximum(chunks, np.ceil(running * prompt / budget_left))
+    else:  # whole prompts, as many as the budget holds (at least one) per iteration
+        chunks = np.ones_like(budget_left)
+        groups = np.ceil(running / np.maximum(np.floor(budget_left / prompt), 1.0))
     group_size = running / groups * chunks  # requests whose prompts share a prefill iteration
-    prefill_s = cost.seconds(
-        running - group_size, np.minimum(running * prompt / groups, budget_left)
-    )
-    decode_s = cost.seconds(running, np.zeros_like(prefill_s))
+    group_tokens = running * prompt / groups
+    if policy.chunked_prefill:
+        group_tokens = np.minimum(group_tokens, budget_left)
+    decode_s = cost.seconds(running, np.zeros_like(group_tokens))
+    if not mixed:
+        return _unmixed_closed_loop(
+            policy=policy,
+            concurrency=concurrency,
+            running=running,
+            output=output,
+            chunks=chunks,
+            groups=groups,
+            prefill_s=cost.seconds(np.zeros_like(group_tokens), group_tokens),
+            decode_s=decode_s,
+        )
+    prefill_s = cost.seconds(running - group_size, group_tokens)
     cycle_iterations = output - 1.0 + chunks
     bound = groups > cycle_iterations  # budget-bound prefill: every iteration full
     others = np.clip(groups - chunks, 0.0, output - 1.0)
@@ -275,6 +325,34 @@ def closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> Load
     return LoadTimes(ttft, tpot, ttft + (output - 1.0) * tpot, rate, running)
 
 
+def _unmixed_closed_loop(
+    *, policy: LoadPolicy, concurrency, running, output, chunks, groups, prefill_s, decode_s
+) -> LoadTimes:
+    """A closed loop on an engine whose prefill iterations run without the decodes (SGLang's
+    default). Prefill has priority, so the prompts sent together run back to back in
+    ``groups`` iterations and their decodes start together after the last: equal requests
+    finish together and keep to lock-step waves. A wave's cycle is its ``groups`` prefill
+    iterations and ``O - 1`` decode iterations; a prompt finishes after ``chunks`` to
+    ``groups`` of them (evenly spread: its percentiles are uniform over that range), and the
+    prefills after its first token stall its decode."""
+    cycle_s = groups * prefill_s + (output - 1.0) * decode_s
+    rate = running / cycle_s
+    first_token_s = (groups + chunks) / 2.0 * prefill_s
+    stalls = (groups - chunks) / 2.0 * prefill_s
+    tpot = ((output - 1.0) * decode_s + stalls) / np.maximum(output - 1.0, 1.0)
+    admission_wait = (concurrency - running) / rate
+    ttft = policy.request_overhead_s + first_token_s + admission_wait
+    spread = (groups - chunks) * prefill_s  # first and last prompt of a wave
+    return LoadTimes(
+        ttft,
+        tpot,
+        ttft + (output - 1.0) * tpot,
+        rate,
+        running,
+        wave_range_s=(spread, spread / np.maximum(output - 1.0, 1.0)),
+    )
+
+
 def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) -> LoadTimes:
     """Poisson arrivals at ``request_rate_per_s`` per replica. A replica that cannot carry the
     rate (more running requests than its cache holds, or more prompt tokens than its budget)
@@ -292,36 +370,56 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
         col(policy.output_tokens),
         policy.max_batched_tokens,
     )
+    mixed = policy.mixed_prefill_decode
+    slots = col(policy.max_running)
     iteration = cost.seconds(np.zeros_like(rate * prompt), np.minimum(prompt, budget))
+    tpot = iteration
     previous = iteration
     for _ in range(_OPEN_LOOP_STEPS):
         previous = iteration
-        decodes = rate * (output - 1.0) * iteration
-        budget_left = np.maximum(budget - decodes, 1.0)
+        decodes = np.minimum(rate * (output - 1.0) * tpot, slots)  # the cache holds ``slots``
+        with_prompts = decodes if mixed else np.zeros_like(decodes)  # decodes in a prompt iteration
+        budget_left = np.maximum(budget - with_prompts, 1.0)
         prompt_tokens = rate * prompt * iteration  # per iteration, on average
         share = np.clip(
             np.maximum(1.0 - np.exp(-rate * iteration), prompt_tokens / budget_left),
             1e-9,
             1.0,
         )
-        prefill_s = cost.seconds(decodes, np.minimum(prompt_tokens / share, budget_left))
+        prefill_s = cost.seconds(with_prompts, np.minimum(prompt_tokens / share, budget_left))
         decode_s = cost.seconds(decodes, np.zeros_like(prefill_s))
         iteration = share * prefill_s + (1.0 - share) * decode_s
+        # unmixed: a decode step waits for the prompt iterations between two decode iterations
+        tpot = iteration if mixed else iteration / np.maximum(1.0 - share, 1e-9)
     utilization = prompt_tokens / budget_left
-    chunks = np.ceil(prompt / budget_left)
-    running = decodes + rate * chunks * iteration
+    chunks = (
+        np.ceil(prompt / budget_left) if policy.chunked_prefill else np.ones_like(prompt_tokens)
+    )
+    # requests holding a KV slot, as offered (Little: arrival rate x time held); at most
+    # ``slots`` run, the rest wait for admission (``_admission_wait``)
+    offered = rate * (chunks * iteration + (output - 1.0) * tpot)
+    running = np.minimum(offered, slots)
     # Each request adds work to every iteration it spans: past a rate, more decodes make longer
     # iterations make more decodes, and the substitution diverges instead of settling.
     settled = iteration <= previous * (1.0 + 1e-3)
-    stable = (utilization < 1.0) & (running <= col(policy.max_running)) & settled
+    stable = (utilization < 1.0) & (offered < slots) & settled
+    admission_s, admission_busy = _admission_wait(
+        running=offered,
+        slots=slots,
+        rate=rate,
+        hold_cv=policy.output_tokens_cv,
+    )
     queue_wait = np.where(
         stable,
-        utilization * chunks * prefill_s / (2.0 * np.maximum(1.0 - utilization, 1e-9)),
+        utilization * chunks * prefill_s / (2.0 * np.maximum(1.0 - utilization, 1e-9))
+        + admission_s,
         np.inf,
     )
     busy = np.minimum(rate * (chunks + output - 1.0) * iteration, 1.0)  # P(engine busy at arrival)
     own = np.minimum(prompt + prompt_tokens, np.maximum(budget_left, prompt / chunks))
-    service = cost.seconds(decodes, own) + (chunks - 1.0) * cost.seconds(decodes, budget_left)
+    service = cost.seconds(with_prompts, own) + (chunks - 1.0) * cost.seconds(
+        with_prompts, budget_left
+    )
     residual = _residual(busy, share, prefill_s, decode_s)
     ttft = policy.request_overhead_s + residual[0] + queue_wait + service
     spread = np.sqrt(share * (1.0 - share)) * np.abs(
@@ -333,16 +431,47 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
 
     return LoadTimes(
         unbounded(ttft),
-        unbounded(iteration),
-        unbounded(ttft + (output - 1.0) * iteration),
+        unbounded(tpot),
+        unbounded(ttft + (output - 1.0) * tpot),
         rate,
         running,
         wait_s=queue_wait,
-        busy=np.minimum(utilization, 1.0),
+        busy=np.minimum(np.maximum(utilization, admission_busy), 1.0),
         tpot_spread_s=spread / np.sqrt(np.maximum(output - 1.0, 1.0)),
         residual=residual,
         stable=stable,
     )
+
+
+def _normal_cdf(x: np.ndarray) -> np.ndarray:
+    """Standard normal CDF through erf (Abramowitz & Stegun 7.1.26, |error| < 1.5e-7)."""
+    z = np.abs(x) / np.sqrt(2.0)
+    t = 1.0 / (1.0 + 0.3275911 * z)
+    poly = t * (
+        0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429)))
+    )
+    erf = 1.0 - poly * np.exp(-z * z)
+    return 0.5 * (1.0 + np.sign(x) * erf)
+
+
+def _admission_wait(*, running, slots, rate, hold_cv: float) -> tuple[np.ndarray, np.ndarray]:
+    """(mean wait for a free KV slot, probability of waiting) of Poisson arrivals at ``rate``
+    competing for ``slots`` (``max_running``) that each request holds for ``running / rate``
+    seconds on average: a G/G/c queue with ``running`` busy slots offered. P(wait) is the
+    Halfin-Whitt approximation of Erlang C, ``1 / (1 + b Phi(b) / phi(b))`` with
+    ``b = (c - a) / sqrt(a)`` (Halfin & Whitt, Operations Research 29(3), 1981); the M/M/c wait
+    ``P(wait) hold / (c - a)`` is scaled by ``(1 + cv_hold^2) / 2`` for Poisson arrivals and
+    holds of spread ``cv_hold`` (Allen-Cunneen; Whitt, 'Approximations for the GI/G/m
+    queue', Production and Operations Management 2(2), 1993). Zero where slots are ample."""
+    running = np.asarray(running, dtype=np.float64)
+    spare = np.maximum(np.asarray(slots, dtype=np.float64) - running, 1e-9)
+    b = spare / np.sqrt(np.maximum(running, 1e-9))
+    density = np.exp(-0.5 * b * b) / np.sqrt(2.0 * np.pi)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        ratio = np.where(density > 1e-300, _normal_cdf(b) / density, np.inf)
+        p_wait = np.where(np.isfinite(ratio), 1.0 / (1.0 + b * ratio), 0.0)
+    hold_s = running / np.maximum(np.asarray(rate, dtype=np.float64), 1e-12)
+    return p_wait * hold_s / spare * (1.0 + hold_cv**2) / 2.0, p_wait
 
 
 def _residual(busy, share, prefill_s, decode_s) -> tuple[np.ndarray, dict[float, np.ndarray]]:

@@ -33,7 +33,7 @@ from cost_model._inference_validation import (
 )
 from cost_model._parallel import ParallelConfig
 from cost_model._serving_columns import ServingConfig
-from cost_model._serving_load import Engine, LoadPolicy
+from cost_model._serving_load import Engine
 from cost_model._simulator import simulate
 from cost_model._table import configs_to_table
 from cost_model._workload import Inference
@@ -102,13 +102,7 @@ def simulate_benchmark(row: dict, *, seed: int = 0) -> dict[str, float]:
         options=options,
     )
     count = float(replicas[0])
-    one = LoadPolicy(
-        policy.prompt_tokens[:1],
-        policy.output_tokens[:1],
-        policy.max_running[:1],
-        policy.max_batched_tokens,
-        policy.request_overhead_s,
-    )
+    one = policy.row(0)
     result = simulate(
         cost=cost.row(0),
         policy=one,

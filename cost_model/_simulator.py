@@ -10,8 +10,13 @@ Yu et al., Orca, OSDI'22; Kwon et al., vLLM, SOSP'23; Agrawal et al., Sarathi-Se
 each iteration first runs one token of every decoding request, then fills the rest of the
 ``max_batched_tokens`` budget with prompt chunks of waiting requests in arrival order; a
 waiting request is admitted (its KV blocks taken) while fewer than ``max_running`` requests hold
-the cache. A request's first token comes at the end of the iteration that finishes its prompt;
-its remaining ``O - 1`` tokens take one iteration each. TTFT, TPOT (``(e2e - ttft) / (O - 1)``,
+the cache. The engine's defaults (``LoadPolicy``, from ``data/serving_profiles.json``) change
+two things: an engine that does not mix prefill and decode (SGLang without
+``--enable-mixed-chunk``) runs an iteration of prompts alone, with the whole budget, whenever
+one is waiting, and the decodes wait for it; an engine without chunked prefill (TensorRT-LLM's
+default) takes whole prompts only, one longer than the budget alone. A request's first token
+comes at the end of the iteration that finishes its prompt; its remaining ``O - 1`` tokens
+take one decoding iteration each. TTFT, TPOT (``(e2e - ttft) / (O - 1)``,
 as ``vllm bench serve`` and ``sglang.bench_serving`` report it) and the end-to-end latency add
 the engine's per-request overhead. Load is closed-loop (``concurrency`` clients, each sending
 its next request when the previous completes) or open-loop (Poisson ``request_rate_per_s``),
@@ -215,6 +220,7 @@ class _Engine:
         limit: int | None,
     ) -> None:
         self.budget = int(policy.max_batched_tokens)
+        self.chunked, self.mixed = bool(policy.chunked_prefill), bool(policy.mixed_prefill_decode)
         self.max_running = max(int(np.asarray(policy.max_running).ravel()[0]), 1)
         self.requests, self.closed, self.duration_s, self.limit = (
             requests,
@@ -228,6 +234,7 @@ class _Engine:
         self.admitted: set[int] = set()
         self.finishing: list[tuple[int, int]] = []  # (iteration of the last token, request id)
         self.decoding, self.running, self.now, self.iteration = 0, 0, 0.0, 0
+        self.decode_steps = 0  # iterations that ran the decodes (all of them, where mixed)
 
     def busy(self) -> bool:
         return bool(self.pending or self.waiting or self.decoding)
@@ -243,26 +250,33 @@ class _Engine:
             self.waiting.append(rid)
 
     def schedule_prefill(self) -> tuple[int, list[int]]:
-        """Fill the budget left by the decodes with prompt chunks in arrival order, admitting
-        requests while the cache holds them; (prompt tokens scheduled, prompts finished)."""
-        left, finished = self.budget - self.decoding, []
+        """Fill the budget (less the decodes, where the engine mixes them in) with prompts in
+        arrival order, admitting requests while the cache holds them: chunks of them where
+        the engine chunks prefill, else whole prompts (one longer than the budget alone);
+        (prompt tokens scheduled, prompts finished)."""
+        left = self.budget - (self.decoding if self.mixed else 0)
+        scheduled, finished = 0, []
         for rid in self.waiting:
             if left <= 0:
                 break
+            whole = self.remaining[rid]
+            if not self.chunked and whole > left and scheduled > 0:
+                break  # an unchunked prompt waits for an iteration with room for all of it
             if rid not in self.admitted:
                 if self.running >= self.max_running:
                     break
                 self.admitted.add(rid)
                 self.running += 1
-            chunk = min(self.remaining[rid], left)
+            chunk = min(whole, left) if self.chunked else whole
             self.remaining[rid] -= chunk
             left -= chunk
+            scheduled += chunk
             if self.remaining[rid] == 0:
                 finished.append(rid)
         for rid in finished:  # arrival order: the finished prompts are the queue's head
             self.waiting.popleft()
             del self.remaining[rid]
-        return self.budget - self.decoding - left, finished
+        return scheduled, finished
 
     def _complete(self, rid: int) -> None:
         self.requests.finish[rid] = self.now
@@ -275,10 +289,12 @@ class _Engine:
         ):
             self.pending.append(self.now)  # the client sends its next request
 
-    def finish_iteration(self, finished_prompts: list[int]) -> None:
-        """Retire the requests whose last token this iteration made; start decoding the prompts
-        it finished (their first token is now)."""
-        while self.finishing and self.finishing[0][0] == self.iteration:
+    def finish_iteration(self, finished_prompts: list[int], *, decoded: bool) -> None:
+        """Retire the requests whose last token this iteration made (if it ran the decodes);
+        start decoding the prompts it finished (their first token is now)."""
+        if decoded:
+            self.decode_steps += 1
+        while decoded and self.finishing and self.finishing[0][0] == self.decode_steps:
             _, rid = heapq.heappop(self.finishing)
             self.decoding -= 1
             self._complete(rid)
@@ -288,7 +304,7 @@ class _Engine:
             if outputs <= 1:
                 self._complete(rid)
             else:
-                heapq.heappush(self.finishing, (self.iteration + outputs - 1, rid))
+                heapq.heappush(self.finishing, (self.decode_steps + outputs - 1, rid))
                 self.decoding += 1
 
 
@@ -302,9 +318,10 @@ def _run(*, cost: _ScalarCost, engine: _Engine) -> dict:
                 break
             engine.now = max(engine.now, engine.pending[0])
             continue
-        engine.now += cost(engine.decoding, prefill_tokens)
+        decoded = engine.mixed or prefill_tokens == 0  # else the decodes wait for the prefill
+        engine.now += cost(engine.decoding if decoded else 0, prefill_tokens)
         engine.iteration += 1
-        engine.finish_iteration(finished)
+        engine.finish_iteration(finished, decoded=decoded)
     return {"iterations": engine.iteration, "now": engine.now}
 
 
@@ -413,13 +430,7 @@ def simulate_layout(
             "concurrency",
         )
     }
-    one = LoadPolicy(
-        policy.prompt_tokens[:1],
-        policy.output_tokens[:1],
-        policy.max_running[:1],
-        policy.max_batched_tokens,
-        policy.request_overhead_s,
-    )
+    one = policy.row(0)
     rate = None
     if concurrency_per_replica is None and workload.request_rate_per_s is not None:
         rate = workload.request_rate_per_s / float(replicas[0])

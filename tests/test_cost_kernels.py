@@ -244,3 +244,59 @@ def test_mla_decode_is_far_less_efficient_for_a_few_sequences() -> None:
     )
     per_sequence = out["time.decode_attention"] / np.array([1.0, 64.0])
     assert per_sequence[0] > 3 * per_sequence[1]
+
+
+def test_large_experts_are_priced_on_the_measured_shape_nearest_theirs() -> None:
+    """At one token on 8 experts per device, Mixtral-8x7B's 4096 x 14336 experts stream far more
+    bytes per expert than DeepSeek-V3's 7168 x 2048 against the same fixed routing and ramp:
+    the tables measure them nearer their roofline, and a model with large experts gets their
+    curve, not DeepSeek's."""
+    common = {"device_name": "NVIDIA B200 SXM", "dtype": "fp8", "experts_per_device": 8}
+    tokens = np.array([0.25, 1.0])
+    small = grouped_gemm_efficiency(tokens_per_expert=tokens, **common)
+    large = grouped_gemm_efficiency(
+        tokens_per_expert=tokens, expert_elements=6144 * 16384, **common
+    )
+    assert small is not None and large is not None
+    assert np.all(large > 1.5 * small), (small, large)
+    shapes = {tuple(c["shape"].values()) for c in kernel_curves()["grouped_gemm"]}
+    assert (4096, 14336, 8, 2, 1) in shapes and (7168, 256, 256, 8, 8) in shapes
+
+
+def test_kernels_timed_by_an_operator_table_pay_no_floor_on_top() -> None:
+    """A measured latency already holds its kernels' launch gaps, ramps and tails: a DeepSeek-V3
+    decode step on H200 (curves for the fused MoE layer and MLA decode) pays the per-kernel
+    floor for 8 fewer kernels per MoE layer and 1 fewer per layer than one on a device without
+    curves; prefill, priced without the curves, pays it for all."""
+    from cost_model._common import EstimateOptions
+    from cost_model._inference import _kernels_per_pass, _measured_kernels_per_pass, _setup
+
+    model = get_model("deepseek-v3")
+    workload = Inference(prompt_tokens=2048, output_tokens=256, weight_dtype="fp8")
+    table = table_from_columns(dp=8, tp=1, ep=8, batch_size=8, phase=PHASE_CODES["decode"])
+    plain = get_preset("dgx-h200")
+    renamed = plain.model_copy(
+        update={"device": plain.device.model_copy(update={"name": "NVIDIA H200 SXM (no curves)"})}
+    )
+    measured = {}
+    for name, cluster in (("curves", plain), ("none", renamed)):
+        setup = _setup(
+            model=model,
+            cluster=cluster,
+            workload=workload,
+            table=table,
+            options=EstimateOptions(),
+        )
+        measured[name] = np.asarray(_measured_kernels_per_pass(setup, decode=True)).ravel()
+        assert np.all(_measured_kernels_per_pass(setup, decode=False) == 0.0)
+        assert np.all(_kernels_per_pass(setup) > measured[name])
+    moe_layers = model.num_layers - model.moe.num_dense_layers
+    assert measured["none"][0] == 0.0
+    assert measured["curves"][0] == 8 * moe_layers + model.num_layers
+
+
+def test_every_curve_names_the_engine_and_version_that_measured_it() -> None:
+    curves = kernel_curves()
+    for curve in curves["grouped_gemm"] + curves["mla_decode"] + curves["mla_prefill"]:
+        assert curve["engine"] in {"trtllm", "sglang", "vllm"}
+        assert f"/{curve['engine']}/{curve['engine_version']}/" in curve["file"], curve["file"]
