@@ -65,6 +65,7 @@ HARDWARE: tuple[OperatorHardware, ...] = (
     # The H800 is the H100 SXM's export variant: same SMs, clocks and HBM3 (NVIDIA H800 datasheet).
     OperatorHardware("H100", "h100_sxm", "dgx-h100", "H100|H800"),
     OperatorHardware("H200", "h200_sxm", "dgx-h200", "H200"),
+    OperatorHardware("GB300", "gb300", "gb300-nvl72", "GB300"),
     OperatorHardware("GB200", "gb200", "gb200-nvl72", "GB200"),
     OperatorHardware("B200", "b200_sxm", "dgx-b200", "NVIDIA B200"),
 )

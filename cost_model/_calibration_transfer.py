@@ -1,15 +1,13 @@
-"""Calibration of a device generation that no published run has calibrated (B200, GB200, GB300).
+"""Calibration of a device that has no operator tables of its own.
 
-A shipped calibration is fitted on end-to-end runs of one generation; its efficiencies are that
-generation's measured operator ceilings (``HardwareSpec.matmul_efficiency``: MAMF over peak)
-times what the end-to-end runs lose beyond the kernels' best shapes (shapes, launch gaps,
-framework overheads). Without runs of a new generation the second factor is carried over: the
-preset names a calibrated ``calibration_reference`` device (Blackwell -> H100: same software
-stack — Megatron-core, Transformer Engine, FlashAttention), and each efficiency becomes
-``fitted_reference / ceiling_reference x ceiling_here``; the fixed costs (kernel overhead,
-collective efficiency, overlap) carry over unchanged. This is an assumption, flagged in the
-presets' sources, and checked on published Blackwell runs that nothing was fitted on
-(``cost_model._blackwell_validation``).
+Every shipped calibration is fitted on one device's operator tables
+(``cost_model._calibration_operators``): its efficiencies are what that device's kernels reach
+relative to its peaks. A device without tables (a custom cluster file, a new generation) may name
+a calibrated ``calibration_reference`` preset with the same software stack; each efficiency then
+becomes ``fitted_reference / ceiling_reference x ceiling_here`` (the ceilings are the presets'
+``matmul_efficiency``, MAMF over peak), and the fixed costs (kernel overhead, collective
+efficiency, overlap) carry over unchanged. This is an assumption: a device's own operator tables
+always take precedence (a shipped entry matching the device name wins over the transfer).
 """
 
 from __future__ import annotations

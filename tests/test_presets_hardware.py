@@ -67,9 +67,10 @@ def test_every_preset_value_has_a_source_and_blackwell_marks_its_estimates() -> 
     for name in BLACKWELL:
         statuses = value_status(get_preset(name))
         assert all(source for _, source in statuses.values())
+        # each Blackwell device is priced with a fit on its own operator tables, not a carried one
         assert (
-            statuses["device.calibration_reference"][0] == "uncertain"
-        )  # a carried-over fit is an assumption
+            calibration_for(get_preset(name).device).fit["fit_on"] == "operator measurements only"
+        )
     gb200 = value_status(get_preset("gb200-nvl72"))
     assert gb200["device.peak_flops"][0] == "uncertain"  # vendor tables disagree (2.5 vs 2.25 PF)
     assert gb200["device.memory_bytes"][0] == "sourced"
@@ -82,11 +83,14 @@ def test_blackwell_hbm_is_the_allocatable_capacity_not_vendor_gigabytes() -> Non
     assert get_preset("dgx-b200").inter_node.bandwidth_bytes_per_s == pytest.approx(50e9)
 
 
-def test_blackwell_carries_the_h100_fit_relative_to_its_matmul_ceiling() -> None:
+def test_a_device_without_tables_carries_its_reference_fit_relative_to_its_matmul_ceiling() -> None:
     h100 = get_preset("dgx-h100").device
     fitted = calibration_for(h100)
     for name in BLACKWELL:
-        device = get_preset(name).device
+        # the same silicon under a name no operator table matches, naming H100 as its reference
+        device = get_preset(name).device.model_copy(
+            update={"name": f"Custom {name} board", "calibration_reference": "dgx-h100"}
+        )
         carried = calibration_for(device)
         ratio = device.matmul_efficiency / h100.matmul_efficiency
         assert carried.fit["transferred_from"] == fitted.device_pattern
