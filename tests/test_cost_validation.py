@@ -119,6 +119,7 @@ def test_shipped_calibrations_are_documented_operator_fits() -> None:
         "A100",
         "H100|H800",
         "H200",
+        "GB300",
         "GB200",
         "NVIDIA B200",
     ]
