@@ -7,7 +7,7 @@ PATH: the ``aiconfigurator-core`` 0.12.0 package (default: the installed one, a 
 an unpacked wheel at /tmp/aic/unpacked, got with
 ``pip download aiconfigurator-core==0.12.0 --no-deps -d /tmp/aic && cd /tmp/aic && unzip -q -o
 *.whl -d unpacked``); needs ``pyarrow``. The fit (``cost_model._calibration_operators``) reads
-GEMM, context-attention and NCCL tables and a published FlashAttention-2 kernel figure; no whole
+bf16 and fp8 GEMM, context-attention and NCCL tables and a published FlashAttention-2 kernel figure; no whole
 training or serving run is a fit input. Every published run is then predicted with the new
 calibration and its error recorded as held out ("held_out" in the file).
 """
@@ -30,7 +30,8 @@ CALIBRATION_FILE = REPO / "cost_model" / "data" / "calibration.json"
 ABOUT = (
     "Global efficiency parameters per hardware type (never per run), fitted by "
     "benchmarks/calibrate_operators.py on single-operator measurements only (aiconfigurator-core "
-    "0.12.0 GEMM, context-attention and NCCL tables; the FlashAttention-2 paper's backward/forward "
+    "0.12.0 bf16 and fp8 GEMM, context-attention and NCCL tables; the FlashAttention-2 paper's "
+    "backward/forward "
     "kernel figures). Each entry's 'fit' names its inputs (tables, sources, points), the parameters "
     "and the operator-level residuals (predicted/measured - 1). No published training or serving "
     "run is a fit input: 'held_out' is the error on every published training run, all held out."

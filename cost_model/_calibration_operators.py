@@ -15,6 +15,15 @@ latencies — never on a whole training or serving run, which stay validation da
   sec. 1 and 4.1). ``attention_efficiency`` is the one efficiency giving the same forward +
   backward time: 3.5 / (1/e_fwd + 2.5/(e_fwd * 63/73)). The 63/73 ratio is the A100 figure and
   is carried to the other generations (an assumption, recorded in each entry).
+* the fp8 GEMMs, per table dtype (``fp8``: per-tensor or per-row/column scales applied in the
+  epilogue; ``fp8_block``: 1x128 / 128x128 block scales in the main loop): a fraction of the fp8
+  peak and their own fixed cost per kernel (the fp8 kernels' rate keeps rising over a wider range
+  of sizes than bf16's), fitted like the bf16 pair on the fastest engine's latency per shape of
+  at least ``FP8_MIN_FLOPS``, the size of a training step's fp8 GEMMs; recorded in the fit's
+  ``parameters`` (``fp8_matmul_efficiency``, ``fp8_kernel_overhead_s``, ``fp8_block_...``), with
+  residuals per decade of FLOPs and a held-out error (folds of weight shapes). ``_precision``
+  prices fp8 GEMMs with them, not with the bf16 efficiency at the doubled peak. A100 has no fp8
+  tensor cores and no fp8 fit; devices without tables (MI300X) have none either.
 * ``collective_efficiency``: NCCL all-reduce, all-gather, reduce-scatter and all-to-all latencies
   within one node (2-8 GPUs; nccl-tests "size" convention, the table's ``message_size`` in elements
   of its dtype), against ``Cluster.collective_time`` of the hardware's preset, for messages of at
@@ -87,7 +96,28 @@ BOUNDS = {
     "attention_efficiency": (0.15, 1.0),
     "kernel_overhead_s": (0.0, 20e-6),
     "collective_efficiency": (0.5, 1.5),
+    "fp8_matmul_efficiency": (0.2, 1.0),
+    "fp8_kernel_overhead_s": (0.0, 60e-6),
+    "fp8_block_matmul_efficiency": (0.2, 1.0),
+    "fp8_block_kernel_overhead_s": (0.0, 60e-6),
 }
+#: The fp8 GEMM tables' dtypes and the parameter each fixes (a fraction of the fp8 peak):
+#: ``fp8`` holds scaled fp8 GEMMs with one scale per tensor or per row/column, applied in the
+#: epilogue (TensorRT-LLM per-tensor, sgl-kernel ``fp8_scaled_mm`` per-token/per-channel, vLLM
+#: ``CutlassFP8ScaledMMLinearKernel``); ``fp8_block`` the 1x128 / 128x128 block-scaled GEMMs
+#: (DeepGEMM, FlashInfer), whose scales enter the main loop.
+#: Each table fixes two parameters, as the bf16 one does: the efficiency and the fixed cost of
+#: a kernel (the fp8 kernels' is their own: their rate ramps up over a longer range of sizes).
+FP8_GEMM_DTYPES = {"fp8": "fp8", "fp8_block": "fp8_block"}
+#: The fp8 GEMMs of a training step: at least 1e11 FLOPs per call. The fp8 layers of the
+#: published fp8 runs are all above it (the smallest, llama3-8b's QKV under TP 8: 98,304 tokens x
+#: 4096 x 768 x 2 = 6e11 FLOPs; DeepSeek-V3's expert GEMMs at a few thousand tokens per expert:
+#: 4096 x 7168 x 2048 x 2 = 1.2e11). Below it the fp8 kernels' rate is still ramping up (47% of
+#: its large-shape value at 1e10 FLOPs on H100), which one efficiency and one fixed cost cannot
+#: follow over four decades; the residuals by decade record what is left.
+FP8_MIN_FLOPS = 1e11
+#: Folds of the held-out check of an fp8 fit: the shapes grouped by weight (n, k).
+FP8_HELD_OUT_FOLDS = 5
 NCCL_OPS = {
     "all_reduce": "all_reduce",
     "all_gather": "all_gather",
@@ -146,15 +176,16 @@ class OperatorRows:
         return int(self.seconds.size)
 
 
-def gemm_rows(root: Path, hardware: OperatorHardware) -> OperatorRows:
-    """bf16 GEMMs in ``TRAINING_RANGE``: the fastest engine's latency per (m, n, k)."""
+def gemm_rows(root: Path, hardware: OperatorHardware, dtype: str = "bfloat16") -> OperatorRows:
+    """GEMMs of the table's ``dtype`` (``bfloat16``, ``fp8``, ``fp8_block``) in
+    ``TRAINING_RANGE``: the fastest engine's latency per (m, n, k)."""
     paths = _tables(root, hardware, "gemm", "gemm_perf.parquet")
     best: dict[tuple[int, int, int], float] = {}
     for path in paths:
         for row in _read(path):
             m, n, k = int(row["m"]), int(row["n"]), int(row["k"])
             if (
-                row["gemm_dtype"] != "bfloat16"
+                row["gemm_dtype"] != dtype
                 or m < TRAINING_RANGE["gemm_min_rows"]
                 or min(n, k) < TRAINING_RANGE["gemm_min_width"]
             ):
@@ -163,7 +194,7 @@ def gemm_rows(root: Path, hardware: OperatorHardware) -> OperatorRows:
     keys = sorted(best)
     shape = np.array(keys, dtype=np.float64).reshape(-1, 3)
     return OperatorRows(
-        "gemm",
+        "gemm" if dtype == "bfloat16" else f"gemm_{dtype}",
         {"m": shape[:, 0], "n": shape[:, 1], "k": shape[:, 2]},
         np.array([best[key] for key in keys]),
         tuple(_relative(p, root) for p in paths),
@@ -225,15 +256,25 @@ def nccl_rows(root: Path, hardware: OperatorHardware) -> OperatorRows:
 
 
 # ---------------------------------------------------------------------------- the cost model's own pricing
-def gemm_seconds(rows: OperatorRows, *, device, matmul_efficiency: float, overhead_s: float):
-    """One GEMM as the training model prices it: ``op_time_s`` plus the per-kernel cost."""
+def gemm_seconds(
+    rows: OperatorRows,
+    *,
+    device,
+    matmul_efficiency: float,
+    overhead_s: float,
+    dtype: str = "bf16",
+):
+    """One GEMM as the training model prices it: ``op_time_s`` plus the per-kernel cost. In
+    ``fp8`` the two operands are read in 1 byte and the output written in bf16 (the scaled fp8
+    GEMMs of the tables return bf16)."""
     m, n, k = rows.columns["m"], rows.columns["n"], rows.columns["k"]
     calibration = Calibration(matmul_efficiency=matmul_efficiency)
+    operand_bytes = 1.0 if dtype == "fp8" else 2.0
     seconds = op_time_s(
         flops=2.0 * m * n * k,
-        bytes_moved=2.0 * (m * k + k * n + m * n),
+        bytes_moved=operand_bytes * (m * k + k * n) + 2.0 * m * n,
         hardware=device,
-        dtype="bf16",
+        dtype=dtype,
         calibration=calibration,
     )
     return seconds + overhead_s
@@ -373,6 +414,79 @@ def fit_kernels(gemm: OperatorRows, attention: OperatorRows, *, device) -> dict[
     }
 
 
+def _logit(value: float) -> float:
+    return math.log(value / (1.0 - value))
+
+
+def fit_fp8_gemm(rows: OperatorRows, *, device) -> tuple[float, float]:
+    """(efficiency as a fraction of the fp8 peak, per-kernel seconds) of the fp8 GEMMs of
+    ``rows``: least squares on log(predicted / measured), the efficiency fitted as a logit and
+    the fixed cost as log-seconds, as the bf16 fit."""
+
+    def loss(x: np.ndarray) -> float:
+        p = gemm_seconds(
+            rows,
+            device=device,
+            matmul_efficiency=1.0 / (1.0 + math.exp(-x[0])),
+            overhead_s=1e-6 * math.exp(x[1]),
+            dtype="fp8",
+        )
+        return float(np.mean(np.log(p / rows.seconds) ** 2))
+
+    best = nelder_mead(loss, np.array([_logit(0.6), math.log(5.0)]))
+    best = nelder_mead(loss, best)
+    return 1.0 / (1.0 + math.exp(-best[0])), 1e-6 * math.exp(best[1])
+
+
+def _error_by_flops(rows: OperatorRows, predicted: np.ndarray) -> dict[str, float]:
+    """Mean predicted/measured - 1 per decade of FLOPs per call (the size trend one efficiency
+    and one fixed cost leave)."""
+    flops = 2.0 * rows.columns["m"] * rows.columns["n"] * rows.columns["k"]
+    decade = np.floor(np.log10(flops))
+    return {
+        f"1e{int(d)}": round(
+            float(np.mean(predicted[decade == d] / rows.seconds[decade == d] - 1.0)), 4
+        )
+        for d in np.unique(decade)
+    }
+
+
+def _subset(rows: OperatorRows, where: np.ndarray) -> OperatorRows:
+    return OperatorRows(
+        rows.kind,
+        {name: values[where] for name, values in rows.columns.items()},
+        rows.seconds[where],
+        rows.tables,
+    )
+
+
+def fp8_held_out(rows: OperatorRows, *, device) -> dict[str, Any]:
+    """Held-out residuals of the fp8 fit: the shapes grouped by their weight (n, k), each fold of
+    weights predicted with the efficiency fitted on the other folds."""
+    weights = sorted({(n, k) for n, k in zip(rows.columns["n"], rows.columns["k"])})
+    fold_of = {weight: i % FP8_HELD_OUT_FOLDS for i, weight in enumerate(weights)}
+    folds = np.array([fold_of[(n, k)] for n, k in zip(rows.columns["n"], rows.columns["k"])])
+    predicted = np.empty(rows.count)
+    efficiencies = []
+    for fold in range(FP8_HELD_OUT_FOLDS):
+        test = folds == fold
+        if not test.any():
+            continue
+        efficiency, overhead_s = fit_fp8_gemm(_subset(rows, ~test), device=device)
+        efficiencies.append(efficiency)
+        predicted[test] = gemm_seconds(
+            _subset(rows, test),
+            device=device,
+            matmul_efficiency=efficiency,
+            overhead_s=overhead_s,
+            dtype="fp8",
+        )
+    summary = _residual_summary(predicted, rows.seconds)
+    summary["folds"] = FP8_HELD_OUT_FOLDS
+    summary["fold_efficiency_range"] = [round(min(efficiencies), 4), round(max(efficiencies), 4)]
+    return summary
+
+
 def fit_collectives(nccl: OperatorRows, *, cluster) -> float:
     """Least-squares constant on log-times: the log-mean of predicted / measured."""
     predicted = nccl_seconds(nccl, cluster=cluster, collective_efficiency=1.0)
@@ -420,6 +534,37 @@ def calibrate_hardware(root: Path, hardware: OperatorHardware) -> Calibration:
             }
         )
         residuals[rows.kind] = _residual_summary(predicted, rows.seconds)
+    fp8_parameters: dict[str, float] = {}
+    fp8_held: dict[str, Any] = {}
+    if "fp8" in device.peak_flops:
+        for table_dtype, name in FP8_GEMM_DTYPES.items():
+            rows = gemm_rows(root, hardware, table_dtype)
+            flops = 2.0 * rows.columns["m"] * rows.columns["n"] * rows.columns["k"]
+            rows = _subset(rows, flops >= FP8_MIN_FLOPS)
+            if not rows.count:
+                continue
+            efficiency, fp8_overhead = fit_fp8_gemm(rows, device=device)
+            fp8_parameters[f"{name}_matmul_efficiency"] = round(efficiency, 4)
+            fp8_parameters[f"{name}_kernel_overhead_s"] = round(fp8_overhead, 9)
+            predicted = gemm_seconds(
+                rows,
+                device=device,
+                matmul_efficiency=efficiency,
+                overhead_s=fp8_overhead,
+                dtype="fp8",
+            )
+            inputs.append(
+                {
+                    "kind": "gemm",
+                    "dtype": table_dtype,
+                    "source": PACKAGE,
+                    "tables": list(rows.tables),
+                    "points": rows.count,
+                }
+            )
+            residuals[rows.kind] = _residual_summary(predicted, rows.seconds)
+            residuals[rows.kind]["mean_error_by_flops"] = _error_by_flops(rows, predicted)
+            fp8_held[rows.kind] = fp8_held_out(rows, device=device)
     attention_efficiency = training_attention_efficiency(e_fwd)
     inputs.append(
         {
@@ -433,17 +578,24 @@ def calibrate_hardware(root: Path, hardware: OperatorHardware) -> Calibration:
     fit = {
         "method": "least squares on log(predicted/measured) of single operators (Nelder-Mead): "
         "GEMMs fix the matmul efficiency and the per-kernel cost, attention then its forward "
-        "efficiency; collective efficiency: log-mean of predicted/measured",
+        "efficiency, the fp8 GEMM tables (per-tensor/row scaled, block-scaled) each their fp8 "
+        "efficiency and per-kernel cost (held_out: by weight shape, 5 folds); collective "
+        "efficiency: log-mean of predicted/measured",
         "fit_on": "operator measurements only",
         "preset": hardware.preset,
         "inputs": inputs,
-        "training_range": dict(TRAINING_RANGE, collective_min_bytes=MIN_COLLECTIVE_BYTES),
+        "training_range": dict(
+            TRAINING_RANGE,
+            collective_min_bytes=MIN_COLLECTIVE_BYTES,
+            fp8_gemm_min_flops=FP8_MIN_FLOPS,
+        ),
         "parameters": {
             "matmul_efficiency": round(e_mm, 4),
             "attention_forward_efficiency": round(e_fwd, 4),
             "attention_efficiency": round(attention_efficiency, 4),
             "kernel_overhead_s": round(overhead, 9),
             "collective_efficiency": round(collective, 4),
+            **fp8_parameters,
         },
         "assumptions": [
             "the FlashAttention-2 backward/forward peak ratio measured on A100 holds on "
@@ -452,6 +604,8 @@ def calibrate_hardware(root: Path, hardware: OperatorHardware) -> Calibration:
         ],
         "residuals": residuals,
     }
+    if fp8_held:
+        fit["held_out"] = fp8_held
     return Calibration(
         device_pattern=hardware.device_pattern,
         matmul_efficiency=_inside("matmul_efficiency", e_mm),
@@ -472,10 +626,13 @@ FITTED_FIELDS: tuple[str, ...] = (
 
 
 def at_bound(calibration: Calibration, *, tolerance: float = 1e-6) -> list[str]:
-    """The fitted fields of ``calibration`` that sit at (or within ``tolerance`` of) a bound."""
+    """The fitted fields of ``calibration`` (and the fp8 GEMM efficiencies of its fit record)
+    that sit at (or within ``tolerance`` of) a bound."""
     hits = []
-    for name in FITTED_FIELDS:
-        value = getattr(calibration, name)
+    parameters = calibration.fit.get("parameters", {})
+    values = {name: getattr(calibration, name) for name in FITTED_FIELDS}
+    values.update({n: parameters[n] for n in BOUNDS if n.startswith("fp8") and n in parameters})
+    for name, value in values.items():
         low, high = BOUNDS[name]
         span = high - low
         if value is None or value - low <= tolerance * span or high - value <= tolerance * span:

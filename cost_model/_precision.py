@@ -39,11 +39,22 @@ caches the linear layers' inputs in fp8), halving those tensors; torchao's ``Flo
 (``FP8_CACHED_INPUT_RECIPES``, used by ``cost_model._memory``).
 
 Weights are quantized once per micro-batch (read 2, write the fp8 copy and its transpose: 4 bytes
-per parameter). The fp8 GEMM's speed over bf16 at each size is an operator measurement
-(``data/fp8_gemm_curves.json``: per-tensor fp8 for ``delayed``/``current``/``tensorwise``, block-scaled
-fp8 for ``blockwise``/``mxfp8``; ``rowwise`` uses the block-scaled curve, the nearest measured
-scaled kernel). The bf16 GEMM time is the calibrated one, so fp8 inherits the calibration and
-adds only the measured ratio.
+per parameter). With ``tensorwise`` scaling under FSDP/ZeRO-3 the weights are cast to fp8 before
+their all-gather (torchao ``Float8LinearConfig.enable_fsdp_float8_all_gather``, torchtitan
+``float8.enable_fsdp_float8_all_gather``; only per-tensor scales can be agreed across shards
+before the gather, so rowwise and the block-scaled recipes gather bf16): the per-layer gather
+moves 1 byte per parameter instead of 2 (``FSDP_FP8_GATHER_RECIPES``, used by
+``cost_model._training_comm``).
+
+The fp8 GEMM is priced from its own operator fit (``data/calibration.json``, fitted by
+``cost_model._calibration_operators`` on the aiconfigurator-core fp8 GEMM tables): a fraction of
+the fp8 peak and a fixed cost per kernel, per hardware type, for the epilogue-scaled kernels
+(per-tensor or per-row/column scales: ``delayed``, ``current``, ``tensorwise``, ``rowwise``) and
+for the block-scaled ones (``blockwise``; ``mxfp8`` takes the 1x128 block-scaled table, the
+nearest measured kernel: no MXFP8 table is published). A device whose calibration has no fp8 fit
+falls back to the measured fp8/bf16 ratio of ``data/fp8_gemm_curves.json`` where its name
+matches one, else to the H100 MAMF ratio scaled by its fp8/bf16 peak ratio: no operator curve
+(``fp8_operator_source`` says which, the validation marks such rows).
 """
 
 from __future__ import annotations
@@ -62,7 +73,10 @@ __all__ = [
     "FP8_RECIPES",
     "FP8_ROLES",
     "bf16_layer_fraction",
+    "FSDP_FP8_GATHER_RECIPES",
+    "TP_FP8_GATHER_RECIPES",
     "fp8_gemm_speedup",
+    "fp8_operator_source",
     "quantization_time_s",
     "training_op_time_s",
 ]
@@ -88,6 +102,22 @@ RECIPE_CURVE: dict[str, str] = {
     "blockwise": "blockwise",
     "mxfp8": "blockwise",
 }
+#: The fp8 GEMM table (``_calibration_operators.FP8_GEMM_DTYPES``) whose fit prices each recipe.
+RECIPE_TABLE: dict[str, str] = {
+    "delayed": "fp8",
+    "current": "fp8",
+    "tensorwise": "fp8",
+    "rowwise": "fp8",
+    "blockwise": "fp8_block",
+    "mxfp8": "fp8_block",
+}
+#: Recipes whose FSDP all-gather moves fp8 weights (torchao ``enable_fsdp_float8_all_gather``:
+#: tensorwise scaling only).
+FSDP_FP8_GATHER_RECIPES: frozenset[str] = frozenset({"tensorwise"})
+#: Recipes whose sequence-parallel all-gather into the column-parallel GEMMs moves fp8
+#: activations in forward (torchao ``Float8ColwiseParallel`` / ``PrepareFloat8ModuleInput``, the
+#: tensor-parallel plan torchtitan applies with tensorwise float8).
+TP_FP8_GATHER_RECIPES: frozenset[str] = frozenset({"tensorwise"})
 #: GEMM roles that run in fp8; ``router`` and ``lm_head`` keep bf16/fp32 (DeepSeek-V3 sec. 3.3.1).
 FP8_ROLES: tuple[str, ...] = ("linear", "expert")
 #: Bytes per parameter of quantizing a weight (read bf16, write the fp8 copy and its transpose).
@@ -129,13 +159,39 @@ def fp8_gemm_speedup(*, hardware, recipe: str, flops_per_call) -> np.ndarray:
     return np.interp(np.log(flops), log_flops, speedup)
 
 
+def fp8_gemm_fit(calibration, recipe: str) -> tuple[float, float] | None:
+    """(fraction of the fp8 peak, seconds per kernel) of the recipe's fp8 GEMMs from the
+    calibration's operator fit; None where the calibration has none."""
+    parameters = calibration.fit.get("parameters", {}) if calibration.fit else {}
+    table = RECIPE_TABLE[recipe]
+    efficiency = parameters.get(f"{table}_matmul_efficiency")
+    overhead = parameters.get(f"{table}_kernel_overhead_s")
+    if efficiency is None or overhead is None:
+        return None
+    return float(efficiency), float(overhead)
+
+
+def fp8_operator_source(*, hardware, calibration, recipe: str) -> str | None:
+    """What prices the fp8 GEMMs of ``recipe`` on ``hardware``: ``"operator fit"`` (the
+    calibration's fp8 GEMM fit), ``"operator curve"`` (the measured fp8/bf16 ratio curve), or
+    None: no fp8 operator measurement for this device (the MAMF fallback)."""
+    if fp8_gemm_fit(calibration, recipe) is not None:
+        return "operator fit"
+    if _curve_points(hardware.name, RECIPE_CURVE[recipe]) is not None:
+        return "operator curve"
+    return None
+
+
 def training_op_time_s(ctx, *, flops, bytes_moved, calls, kind: str, role: str) -> np.ndarray:
     """Roofline time of one training operator under the workload's precision.
 
     bf16/fp16 training: one roofline in that dtype. fp8 training: a GEMM whose ``role`` is in
-    ``FP8_ROLES`` takes its calibrated bf16 compute time divided by the measured fp8 speed-up at
-    its size (``fp8_gemm_speedup``); every other operator (core attention, router, output head,
-    memory-bound passes) runs in bf16."""
+    ``FP8_ROLES`` is an fp8 roofline at the calibration's fitted fp8 efficiency, plus the fp8
+    kernels' fixed cost over the bf16 one per GEMM call (the bf16 cost is counted with the
+    layer's launches; a memory-only pass, ``flops`` 0, adds none); without an fp8 fit, its bf16 compute time over the measured fp8 speed-up at its
+    size (``fp8_gemm_speedup``). Every other operator (core attention, router, output head,
+    memory-bound passes) runs in bf16. The memory side keeps the bf16 operand bytes (an upper
+    bound: the training GEMMs are compute-bound)."""
     workload, hardware = ctx.workload, ctx.cluster.device
     high = "bf16" if workload.precision == "fp8" else workload.precision
 
@@ -152,13 +208,31 @@ def training_op_time_s(ctx, *, flops, bytes_moved, calls, kind: str, role: str) 
 
     if workload.precision != "fp8" or kind != "matmul" or role not in FP8_ROLES:
         return roofline(flops, bytes_moved)
-    per_call = np.asarray(flops, dtype=np.float64) / np.maximum(
-        np.asarray(calls, dtype=np.float64), 1.0
-    )
-    speedup = fp8_gemm_speedup(
-        hardware=hardware, recipe=workload.fp8_recipe, flops_per_call=per_call
-    )
-    fp8 = np.maximum(roofline(flops, 0.0) / speedup, roofline(0.0, bytes_moved))
+    fit = fp8_gemm_fit(ctx.calibration, workload.fp8_recipe)
+    if fit is not None:
+        efficiency, overhead = fit
+        fp8 = op_time_s(
+            flops=flops,
+            bytes_moved=bytes_moved,
+            hardware=hardware,
+            dtype="fp8",
+            calibration=ctx.calibration.model_copy(update={"matmul_efficiency": efficiency}),
+            calls=calls,
+            kind=kind,
+        ) + np.where(
+            np.asarray(flops) > 0.0,
+            np.maximum(np.asarray(calls, dtype=np.float64), 1.0)
+            * (overhead - ctx.calibration.kernel_overhead_s),
+            0.0,
+        )
+    else:
+        per_call = np.asarray(flops, dtype=np.float64) / np.maximum(
+            np.asarray(calls, dtype=np.float64), 1.0
+        )
+        speedup = fp8_gemm_speedup(
+            hardware=hardware, recipe=workload.fp8_recipe, flops_per_call=per_call
+        )
+        fp8 = np.maximum(roofline(flops, 0.0) / speedup, roofline(0.0, bytes_moved))
     kept = bf16_layer_fraction(ctx)
     if not np.any(kept):
         return fp8

@@ -69,6 +69,9 @@ class CollectiveTimes:
 
     tp_all_reduce: np.ndarray  # the hidden activation, all-reduce over tp
     tp_split: np.ndarray  # the same as reduce-scatter + all-gather (sequence parallel)
+    tp_split_forward: (
+        np.ndarray
+    )  # tp_split in a forward pass (fp8 all-gather where the recipe has one)
     tp_mla_backward: np.ndarray  # MLA without SP: backward all-reduces beyond the attention input's
     ep_exchange: np.ndarray  # forward dispatch + combine, expert-TP gather + scatter
     ep_exchange_backward: np.ndarray  # the same in backward (gradients, bf16)
@@ -117,12 +120,13 @@ def table_collective_times(ctx) -> CollectiveTimes:
 
 
 def collective_times(ctx) -> CollectiveTimes:
-    tp_all_reduce, tp_split = _tp(ctx)
+    tp_all_reduce, tp_split, tp_split_forward = _tp(ctx)
     dp_all_reduce, dp_gradient_scatter, dp_weight_gather = _dp(ctx)
     ep_forward, ep_backward = _ep(ctx)
     return CollectiveTimes(
         tp_all_reduce=tp_all_reduce,
         tp_split=tp_split,
+        tp_split_forward=tp_split_forward,
         tp_mla_backward=_tp_mla_backward(ctx, tp_all_reduce),
         ep_exchange=ep_forward,
         ep_exchange_backward=ep_backward,
@@ -135,14 +139,29 @@ def collective_times(ctx) -> CollectiveTimes:
     )
 
 
-def _tp(ctx) -> tuple[np.ndarray, np.ndarray]:
+def _tp(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(all-reduce, reduce-scatter + all-gather, the same in a forward pass) of the hidden
+    activation over tp. Under sequence parallelism with a recipe of
+    ``_precision.TP_FP8_GATHER_RECIPES`` the forward all-gather into the column-parallel GEMMs
+    moves the fp8 copy of the input (1 byte per element; torchao ``PrepareFloat8ModuleInput`` /
+    ``Float8ColwiseParallel``, which torchtitan applies with tensorwise float8); the
+    reduce-scatters and the backward's collectives stay bf16."""
+    from cost_model._precision import TP_FP8_GATHER_RECIPES
+
     tp = ctx.column("tp")
-    message = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES
+    elements = ctx.tokens * ctx.model.hidden_size
+    message = elements * ACTIVATION_BYTES
     all_reduce = ctx.collective("all_reduce", axis="tp", group_size=tp, message_bytes=message)
-    split = ctx.collective(
-        "reduce_scatter", axis="tp", group_size=tp, message_bytes=message
-    ) + ctx.collective("all_gather", axis="tp", group_size=tp, message_bytes=message)
-    return all_reduce, split
+    scatter = ctx.collective("reduce_scatter", axis="tp", group_size=tp, message_bytes=message)
+    gather = ctx.collective("all_gather", axis="tp", group_size=tp, message_bytes=message)
+    workload = ctx.workload
+    if workload.precision == "fp8" and workload.fp8_recipe in TP_FP8_GATHER_RECIPES:
+        forward_gather = ctx.collective(
+            "all_gather", axis="tp", group_size=tp, message_bytes=elements * 1.0
+        )
+    else:
+        forward_gather = gather
+    return all_reduce, scatter + gather, scatter + forward_gather
 
 
 def mla_backward_widths(model) -> tuple[int, ...]:
@@ -311,15 +330,19 @@ def _fsdp_layer(ctx) -> FsdpLayerTimes:
     ends = parts["embedding"] + parts["lm_head"]
     zero = np.zeros_like(ends)
     times: dict[str, Any] = {}
+    layer_gather = fsdp_weight_gather_bytes(ctx)
     for name, dense, expert in (
         ("dense", dense_layer, 0.0 * dense_layer),
         ("moe", moe_dense, moe_expert),
         ("ends", ends, zero),
     ):
         gather, scatter = 0.0, 0.0
-        for params, group, axis in _dp_groups(ctx, dense=dense, expert=expert):
+        groups = _dp_groups(ctx, dense=dense, expert=expert)
+        for (params, group, axis), width in zip(
+            groups, (2.0 if name == "ends" else layer_gather, 2.0)
+        ):
             gather = gather + ctx.collective(
-                "all_gather", axis=axis, group_size=group, message_bytes=params * 2.0
+                "all_gather", axis=axis, group_size=group, message_bytes=params * width
             )
             scatter = scatter + ctx.collective(
                 "reduce_scatter",
@@ -329,6 +352,20 @@ def _fsdp_layer(ctx) -> FsdpLayerTimes:
             )
         times[f"{name}_gather"], times[f"{name}_scatter"] = gather, scatter
     return FsdpLayerTimes(**times)
+
+
+def fsdp_weight_gather_bytes(ctx) -> float:
+    """Bytes per parameter of the per-layer FSDP all-gather of a layer's non-expert weights: 1
+    when fp8 training casts them to fp8 before the gather (``_precision.FSDP_FP8_GATHER_RECIPES``:
+    torchao's ``enable_fsdp_float8_all_gather`` with tensorwise scaling), else 2 (bf16). Norm
+    weights (a few thousand parameters a layer) are counted with them; the embedding, the LM head
+    and the routed experts gather bf16."""
+    from cost_model._precision import FSDP_FP8_GATHER_RECIPES
+
+    workload = ctx.workload
+    if workload.precision == "fp8" and workload.fp8_recipe in FSDP_FP8_GATHER_RECIPES:
+        return 1.0
+    return 2.0
 
 
 def layer_parameter_split(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -104,6 +104,9 @@ TOLERANCES: dict[str, tuple[float | None, float | None]] = {
     "dsv3_day6": (None, 0.25),
     "dsv3_profile": (None, 0.10),
     "fp8_twins": (None, 0.10),
+    # Twins on a device with no fp8 GEMM table (MI300X): their fp8 GEMMs are priced with the
+    # fallback ratio, nothing measured; shown, marked, not bounded.
+    "fp8_twins_no_fp8_curve": (None, None),
     "blackwell_training": (0.19, None),  # measured 18.3% mean, 116.2% max
 }
 

@@ -119,3 +119,29 @@ def test_refitting_the_a100_tables_reproduces_the_shipped_entry() -> None:
         fitted.fit["residuals"]["gemm"]["rms_log_error"],
         shipped["fit"]["residuals"]["gemm"]["rms_log_error"],
     )
+
+
+def test_fp8_gemm_fits_are_recorded_with_inputs_residuals_and_held_out_error() -> None:
+    for entry in _document()["calibrations"]:
+        fit = entry["fit"]
+        fp8_inputs = [item for item in fit["inputs"] if item.get("dtype", "").startswith("fp8")]
+        if entry["device_pattern"] == "A100":  # no fp8 tensor cores: no fp8 fit
+            assert not fp8_inputs and "fp8_matmul_efficiency" not in fit["parameters"]
+            continue
+        assert {item["dtype"] for item in fp8_inputs} == {"fp8", "fp8_block"}
+        for table in ("fp8", "fp8_block"):
+            efficiency = fit["parameters"][f"{table}_matmul_efficiency"]
+            assert BOUNDS[f"{table}_matmul_efficiency"][0] < efficiency < entry["matmul_efficiency"]
+            assert fit["residuals"][f"gemm_{table}"]["points"] > 100
+            assert fit["held_out"][f"gemm_{table}"]["rms_log_error"] < 0.3
+
+
+def test_at_bound_flags_an_fp8_efficiency_at_its_bound() -> None:
+    calibration = Calibration(
+        matmul_efficiency=0.8,
+        attention_efficiency=0.5,
+        kernel_overhead_s=5e-6,
+        collective_efficiency=0.8,
+        fit={"parameters": {"fp8_matmul_efficiency": 1.0, "fp8_kernel_overhead_s": 1e-5}},
+    )
+    assert at_bound(calibration) == ["fp8_matmul_efficiency"]
