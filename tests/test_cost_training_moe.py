@@ -91,7 +91,7 @@ def test_beyond_the_measured_range_the_roofline_prices_the_experts() -> None:
 
 
 def test_a_device_without_a_curve_keeps_the_roofline() -> None:
-    ctx = _context(preset="gb200-nvl72", sequence=128, precision="bf16")  # no GB200 bf16 curve
+    ctx = _context(preset="mi300x", sequence=128, precision="bf16")  # no MI300X operator curves
     assert moe_block.measured_experts_time(ctx) is None
     block = moe_block.moe_ffn_time(ctx, activation_passes=3.0)
     assert np.all(np.isfinite(block)) and block[0] > 0.0
