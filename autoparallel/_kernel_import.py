@@ -320,12 +320,72 @@ def _gemm_curves(root: Path, device: str, engine: str) -> list[dict]:
                     "engine_version": path.parent.name,
                     "dtype": dtype,
                     "file": str(path.relative_to(root.parent)),
-                    # thousandths as integers: the grids are most of the file's numbers
-                    "efficiency_per_mille": np.rint(efficiency * 1000).astype(int).tolist(),
+                    # thousandths as integers, one line per M (N-major over N x K): the grids
+                    # are most of the file's numbers
+                    "efficiency_per_mille": np.rint(efficiency * 1000)
+                    .astype(int)
+                    .reshape(GEMM_M_GRID.size, -1)
+                    .tolist(),
                 }
             )
         if curves:
             return curves
+    return []
+
+
+#: Context-attention grid: prompt lengths and (sequence, head) pairs per call, 4x apart.
+ATTENTION_TOKENS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+ATTENTION_UNITS = (1, 4, 16, 64, 256, 1024, 4096)
+
+
+def _context_attention_curves(root: Path, device: str, engine: str) -> list[dict]:
+    """MHA/GQA context attention (FlashAttention-class, causal, bf16, head dim 128, no window)
+    efficiency by prompt length and by the (sequence, head) pairs of one call (batch x query
+    heads on the rank: the kernel's parallel work), from the newest table with 3+ lengths for
+    every pair count: at each point the fastest over the measured key-value head counts, held
+    beyond the longest measured length. Ideal: the causal score and value FLOPs,
+    ``b * L (L + 1) / 2 * 4 * heads * 128``, at the BF16 peak."""
+    hardware = get_preset(DEVICES[device]).device
+    units = {u: i for i, u in enumerate(ATTENTION_UNITS)}
+    lengths = {n: i for i, n in enumerate(ATTENTION_TOKENS)}
+    for path in _latest_tables(root, device, "attention", engine, "context_attention_perf.parquet"):
+        best = np.zeros((len(units), len(lengths)))
+        for row in _read(path):
+            batch, heads, length = int(row["batch_size"]), int(row["num_heads"]), int(row["isl"])
+            if (
+                row["attn_dtype"] != "bfloat16"
+                or row["kv_cache_dtype"] != "bfloat16"
+                or int(row["window_size"]) != 0
+                or int(row["head_dim"]) != 128
+                or batch * heads not in units
+                or length not in lengths
+            ):
+                continue
+            flops = batch * length * (length + 1) / 2.0 * 4.0 * heads * 128
+            efficiency = flops / hardware.peak_flops_for("bf16") / (float(row["latency"]) * 1e-3)
+            cell = (units[batch * heads], lengths[length])
+            best[cell] = max(best[cell], efficiency)
+        if (best > 0).sum(axis=1).min() < 3:
+            continue
+        # a long prompt of many sequences is not measured: its efficiency is held from the
+        # longest measured (the kernel is saturated there)
+        log_lengths = np.log(np.array(ATTENTION_TOKENS, dtype=np.float64))
+        for i, row in enumerate(best):
+            measured = row > 0
+            best[i] = np.interp(log_lengths, log_lengths[measured], row[measured])
+        return [
+            {
+                "device": hardware.name,
+                "engine": engine,
+                "engine_version": path.parent.name,
+                "dtype": "bf16",
+                "file": str(path.relative_to(root.parent)),
+                "efficiency_by_units": {
+                    str(u): [round(float(e), 3) for e in np.clip(best[i], 1e-3, 1.0)]
+                    for u, i in units.items()
+                },
+            }
+        ]
     return []
 
 
@@ -338,10 +398,11 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
         raise ValueError(
             f"path ({path}) must be an unpacked aiconfigurator-core wheel (no systems/data folder)"
         )
-    grouped, mla, prefill, gemm = [], [], [], []
+    grouped, mla, prefill, gemm, context = [], [], [], [], []
     for device in DEVICES:
         for engine in ENGINES:
             gemm += _gemm_curves(root, device, engine)
+            context += _context_attention_curves(root, device, engine)
             grouped += _grouped_gemm_curves(root, device, engine)
             mla += _mla_curves(root, device, engine, "mla_decode")
             prefill += _mla_curves(root, device, engine, "mla_prefill")
@@ -358,6 +419,8 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
         "gemm_m_grid": GEMM_M_GRID.tolist(),
         "gemm_nk_grid": list(GEMM_NK_GRID),
         "gemm": gemm,
+        "context_attention_tokens": list(ATTENTION_TOKENS),
+        "context_attention": context,
         "deepep_low_latency": fit_deepep_low_latency(root),
     }
 

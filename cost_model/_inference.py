@@ -55,8 +55,10 @@ not the GPU's launch-to-launch gap and wave tail; two overlapped micro-batches p
 Where imported operator tables cover the device (``_kernel_curves``), a prefill pass's dense
 GEMMs (attention projections, dense FFN, shared experts: ``_inference_ops.*_projections``) run
 at the serving engine's measured efficiency for their shape (M = tokens per rank, N x K = the
-rank's slice of each projection), a decode step's routed experts as grouped GEMMs at their
-measured efficiency for M = tokens per expert, MLA decode attention at its measured efficiency
+rank's slice of each projection) and its MHA/GQA core attention at the measured causal
+FlashAttention-class efficiency by prompt length and (sequence, head) pairs per call
+(``_kernel_curves.context_attention_time_s``), a decode step's routed experts as grouped GEMMs at
+their measured efficiency for M = tokens per expert, MLA decode attention at its measured efficiency
 by context length, and DeepEP's low-latency all-to-all at its measured latency and bandwidths;
 kernels timed by a table pay no per-kernel floor on top (``_measured_kernels_per_pass``).
 
@@ -94,12 +96,15 @@ from cost_model._common import (
     stage_layout,
 )
 from cost_model._kernel_curves import (
+    DEVICE_ALIASES,
     MLA_CURVE_HEADS,
+    context_attention_time_s,
     deepep_low_latency_s,
     expert_all_to_all_bytes,
     gemm_efficiency,
     grouped_experts_time_s,
     grouped_gemm_efficiency,
+    kernel_curves,
     mla_efficiency,
     mla_time_s,
     projections_time_s,
@@ -421,7 +426,26 @@ def _measured_kernels_per_pass(s: _Setup, *, decode: bool) -> np.ndarray | float
         and mla_efficiency(kind="mla_decode", device_name=device.name, tokens=1.0) is not None
     ):
         kernels = kernels + lay.layers * 1.0  # the one fused attention kernel
+    if _context_attention_measured(s, decode=decode):
+        kernels = kernels + lay.layers * 1.0
     return kernels
+
+
+def _context_attention_measured(s: _Setup, *, decode: bool) -> bool:
+    """Whether a pass's MHA/GQA attention is priced from the context-attention curves: prefill,
+    full causal attention, a device the tables cover (``_kernel_curves.context_attention_time_s``)."""
+    a = s.model.attention
+    return (
+        not decode
+        and a.kind != "mla"
+        and a.variant == "full"
+        and a.head_dim == 128  # the head size the curves measure
+        and s.workload.activation_dtype == "bf16"
+        and any(
+            c["device"] == DEVICE_ALIASES.get(s.hardware.name, s.hardware.name)
+            for c in kernel_curves().get("context_attention", ())
+        )
+    )
 
 
 def _kernels_per_pass(s: _Setup) -> np.ndarray:
@@ -543,6 +567,20 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
             engine=s.profile.engine,  # the serving engine's own attention kernel where measured
         )
         if measured is not None:  # (prefill keeps the calibrated efficiency: see _kernel_curves)
+            return measured
+    if _context_attention_measured(s, decode=p.decode):
+        # one call per rank: its sequences times its query heads; the prompt's full length
+        # (the cached prefix too) is the length the kernel attends over
+        measured = s.rows.evaluate(
+            context_attention_time_s,
+            hardware=s.cluster.device,
+            flops=flops,
+            bytes_moved=kv_read * kv_fraction,
+            tokens=read_tokens / s.column("cp"),
+            units=p.batch * model.attention.num_heads / s.shard,
+            engine=s.profile.engine,
+        )
+        if measured is not None:
             return measured
     return s.rows.evaluate(
         op_time_s,

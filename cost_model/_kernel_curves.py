@@ -38,6 +38,10 @@ against TRT-LLM's 0.55), LMSYS's SGLang prefill rows improve (+22% -> +0.4% at 4
 Day-6 and profile prefill units, DeepSeek's own engine validated with SGLang's profile, fall to
 -32% / -20%; with the best kernel instead Day-6 prefill is +30%.
 
+MHA/GQA context attention (``context_attention``) has an efficiency by prompt length and by the
+(sequence, query head) pairs of one call, its kernel's parallel work (``context_attention_time_s``);
+prefill prices full causal attention of head size 128 with it.
+
 Interpolation: linear in log(tokens per expert) (clamped at the grid's ends) and in log(experts
 per device) between measured counts.
 """
@@ -255,6 +259,37 @@ def mla_efficiency(
     return np.max(values, axis=0)
 
 
+def context_attention_time_s(
+    *, hardware, flops, bytes_moved, tokens, units, engine: str | None = None
+) -> np.ndarray | None:
+    """MHA/GQA context (prefill) attention of one layer: its roofline (``flops`` at the BF16
+    peak, ``bytes_moved`` at the memory bandwidth) over the measured efficiency of a causal
+    FlashAttention-class kernel (``context_attention``: by prompt length ``tokens`` and by the
+    (sequence, query head) pairs ``units`` of the call, log-linear in both, held beyond the
+    grid); the serving ``engine``'s own kernel where measured; None without a curve."""
+    device_name = DEVICE_ALIASES.get(hardware.name, hardware.name)
+    curves = _engine_curves(
+        [c for c in kernel_curves().get("context_attention", ()) if c["device"] == device_name],
+        engine,
+    )
+    if not curves:
+        return None
+    grid = np.log(np.asarray(kernel_curves()["context_attention_tokens"], dtype=np.float64))
+    log_tokens = np.log(np.maximum(np.atleast_1d(np.asarray(tokens, dtype=np.float64)), 1.0))
+    log_units = np.log2(np.maximum(np.asarray(units, dtype=np.float64), 1.0))
+    values = []
+    for curve in curves:
+        keys = sorted(curve["efficiency_by_units"], key=float)
+        rows = np.stack(
+            [np.interp(log_tokens, grid, curve["efficiency_by_units"][u]) for u in keys]
+        )
+        log_keys = np.log2(np.array([float(u) for u in keys]))
+        values.append(_between_rows(rows, log_keys, np.broadcast_to(log_units, rows.shape[1:])))
+    compute_s = np.asarray(flops) / hardware.peak_flops_for("bf16")
+    memory_s = np.asarray(bytes_moved) / hardware.memory_bandwidth_bytes_per_s
+    return np.maximum(compute_s, memory_s) / np.max(values, axis=0)
+
+
 def _between_rows(rows: np.ndarray, row_keys: np.ndarray, where: np.ndarray) -> np.ndarray:
     """Linear interpolation between ``rows`` (keys ascending) at ``where``, clamped at the ends."""
     if len(row_keys) == 1:
@@ -403,7 +438,8 @@ def _gemm_tables(device_name: str, dtype: str, engine: str | None) -> np.ndarray
     )
     if not curves:
         return None
-    return np.max([np.asarray(c["efficiency_per_mille"]) / 1000.0 for c in curves], axis=0)
+    shape = (GEMM_M_GRID.size, len(GEMM_NK_GRID), len(GEMM_NK_GRID))  # M, N, K
+    return np.max([np.reshape(c["efficiency_per_mille"], shape) / 1000.0 for c in curves], axis=0)
 
 
 def _grid_position(values: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

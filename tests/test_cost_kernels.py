@@ -32,6 +32,7 @@ def test_curves_are_fit_inputs_with_a_source_file_each_and_no_end_to_end_table()
         + curves["mla_decode"]
         + curves["mla_prefill"]
         + curves["gemm"]
+        + curves["context_attention"]
     ]
     assert files and all(
         f.startswith("aiconfigurator_core/systems/data/") and f.endswith(".parquet") for f in files
@@ -53,7 +54,11 @@ def test_fit_inputs_and_validation_rows_share_no_source() -> None:
     )
     curves = kernel_curves()
     for curve in (
-        curves["grouped_gemm"] + curves["mla_decode"] + curves["mla_prefill"] + curves["gemm"]
+        curves["grouped_gemm"]
+        + curves["mla_decode"]
+        + curves["mla_prefill"]
+        + curves["gemm"]
+        + curves["context_attention"]
     ):
         assert curve["file"] not in validation
 
@@ -117,8 +122,8 @@ def test_decode_prices_routed_experts_at_the_measured_grouped_gemm_efficiency() 
 
 
 def test_committed_curves_are_small() -> None:
-    # grouped-GEMM, MLA and DeepEP curves (~170 kB) plus the dense GEMM grids of 4 devices x 3
-    # engines x 2-3 dtypes (~11 x 8 x 8 points each)
+    # grouped-GEMM, MLA and DeepEP curves (~170 kB), the dense GEMM grids of 4 devices x 3
+    # engines x 2-3 dtypes (11 x 8 x 8 points each) and the context-attention curves
     assert (DATA / "kernel_curves.json").stat().st_size < 300_000
     json.loads((DATA / "kernel_curves.json").read_text())
 
@@ -312,7 +317,11 @@ def test_kernels_timed_by_an_operator_table_pay_no_floor_on_top() -> None:
 def test_every_curve_names_the_engine_and_version_that_measured_it() -> None:
     curves = kernel_curves()
     for curve in (
-        curves["grouped_gemm"] + curves["mla_decode"] + curves["mla_prefill"] + curves["gemm"]
+        curves["grouped_gemm"]
+        + curves["mla_decode"]
+        + curves["mla_prefill"]
+        + curves["gemm"]
+        + curves["context_attention"]
     ):
         assert curve["engine"] in {"trtllm", "sglang", "vllm"}
         assert f"/{curve['engine']}/{curve['engine_version']}/" in curve["file"], curve["file"]
@@ -430,3 +439,34 @@ def test_a_block_of_projections_prices_each_gemm_as_gemm_time_does() -> None:
         ]
         assert block is not None and all(e is not None for e in each)
         np.testing.assert_allclose(block, np.sum(each, axis=0), rtol=1e-12)
+
+
+def test_gqa_prefill_attention_is_priced_at_the_measured_context_attention_curve() -> None:
+    """Qwen3-235B (GQA, head dim 128) prefill on H200: core attention at the engine's measured
+    FlashAttention-class efficiency, which rises with the prompt (a 512-token prompt of 8 heads
+    per rank leaves most SMs idle; 8K tokens run near 0.5 of BF16 peak), so it differs from the
+    calibration's one efficiency and the short prompt pays relatively more per FLOP."""
+    from cost_model._kernel_curves import context_attention_time_s
+
+    hardware = get_preset("dgx-h200").device
+    flops = np.array([512 * 513 / 2 * 4 * 8 * 128, 8192 * 8193 / 2 * 4 * 8 * 128])
+    seconds = context_attention_time_s(
+        hardware=hardware, flops=flops, bytes_moved=0.0, tokens=[512, 8192], units=8.0
+    )
+    assert seconds is not None
+    efficiency = flops / hardware.peak_flops_for("bf16") / seconds
+    assert efficiency[0] < 0.5 * efficiency[1] and 0.3 < efficiency[1] < 0.8
+    model = get_model("qwen3-235b-a22b")
+    workload = Inference(prompt_tokens=8192, output_tokens=64, weight_dtype="bf16")
+    table = table_from_columns(tp=8, ep=8, batch_size=1, phase=PHASE_CODES["prefill"])
+    plain = get_preset("dgx-h200")
+    renamed = plain.model_copy(
+        update={"device": plain.device.model_copy(update={"name": "NVIDIA H200 SXM (no curves)"})}
+    )
+    attention = {
+        name: estimate_inference_table(
+            model=model, cluster=cluster, workload=workload, table=table
+        )["time.prefill_attention"][0]
+        for name, cluster in (("curves", plain), ("roofline", renamed))
+    }
+    assert attention["curves"] != pytest.approx(attention["roofline"], rel=0.05)
