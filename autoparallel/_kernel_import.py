@@ -4,8 +4,9 @@ Source: NVIDIA's ``aiconfigurator-core`` package (PyPI, Apache-2.0), whose wheel
 per-operator latency tables measured per device, engine and engine version under
 ``aiconfigurator_core/systems/data/<device>/<op>/<engine>/<version>/*.parquet``. Only
 operator tables are read — the fused MoE expert layer (``moe/*/moe_perf.parquet``, for the
-expert shapes of ``EXPERT_SHAPES``) and MLA
-decode attention (``mla/*/generation_mla_perf.parquet``). End-to-end tables of whole serving
+expert shapes of ``EXPERT_SHAPES``), MLA decode and prefill attention
+(``mla/*/generation_mla_perf.parquet``, ``context_mla_perf.parquet``) and dense GEMMs
+(``gemm/*/gemm_perf.parquet``, on the grid of ``GEMM_M_GRID`` x ``GEMM_NK_GRID``^2). End-to-end tables of whole serving
 runs in the same package (``silicon_sample.csv``) are never opened: they are validation data,
 not fit input (DESIGN.md, "Fidelity").
 
@@ -30,11 +31,14 @@ from pathlib import Path
 import numpy as np
 
 from cost_model import (
+    GEMM_M_GRID,
+    GEMM_NK_GRID,
     GROUPED_GEMM_SHAPE,
     TOKENS_PER_EXPERT_GRID,
     attention_flops_per_key,
     dtype_bytes,
     expert_all_to_all_bytes,
+    gemm_ideal_s,
     grouped_gemm_ideal_s,
     matmul_dtype_of,
     mla_decode_ideal_s,
@@ -276,6 +280,115 @@ def _mla_curves(root: Path, device: str, engine: str, kind: str) -> list[dict]:
     return []
 
 
+def _gemm_curves(root: Path, device: str, engine: str) -> list[dict]:
+    """Dense GEMM efficiency on ``GEMM_M_GRID`` x ``GEMM_NK_GRID``^2 per dtype, from the newest
+    ``gemm_perf.parquet`` whose rows cover the grid: at each (m, n, k) the fastest kernel the
+    engine ships (it picks per shape), then at each grid M the mean over the measured M within
+    its octave (M / sqrt 2 .. M * sqrt 2): the tables measure M on and one past tile
+    boundaries, and a serving iteration's M is not tile-aligned."""
+    hardware = get_preset(DEVICES[device]).device
+    widths = {int(w): i for i, w in enumerate(GEMM_NK_GRID)}
+    log_grid = np.log(GEMM_M_GRID)
+    for path in _latest_tables(root, device, "gemm", engine, "gemm_perf.parquet"):
+        fastest: dict[tuple, float] = {}
+        for row in _read(path):
+            dtype = DTYPES.get(row["gemm_dtype"])
+            n, k = int(row["n"]), int(row["k"])
+            if dtype is None or n not in widths or k not in widths:
+                continue
+            key = (dtype, int(row["m"]), n, k)
+            fastest[key] = min(fastest.get(key, np.inf), float(row["latency"]) * 1e-3)
+        curves = []
+        for dtype in sorted({key[0] for key in fastest}):
+            sums = np.zeros((GEMM_M_GRID.size, len(widths), len(widths)))
+            counts = np.zeros_like(sums)
+            for (d, m, n, k), latency in fastest.items():
+                if d != dtype:
+                    continue
+                band = np.abs(np.log(m) - log_grid) <= 0.5 * np.log(2.0)
+                ideal = gemm_ideal_s(hardware=hardware, dtype=dtype, m=m, n=n, k=k)
+                sums[band, widths[n], widths[k]] += float(ideal) / latency
+                counts[band, widths[n], widths[k]] += 1
+            if not counts.all():
+                logger.info("%s %s %s: GEMM grid not covered, skipped", path, dtype, engine)
+                continue
+            efficiency = np.clip(sums / counts, 1e-3, 1.0)
+            curves.append(
+                {
+                    "device": hardware.name,
+                    "engine": engine,
+                    "engine_version": path.parent.name,
+                    "dtype": dtype,
+                    "file": str(path.relative_to(root.parent)),
+                    # thousandths as integers, one line per M (N-major over N x K): the grids
+                    # are most of the file's numbers
+                    "efficiency_per_mille": np.rint(efficiency * 1000)
+                    .astype(int)
+                    .reshape(GEMM_M_GRID.size, -1)
+                    .tolist(),
+                }
+            )
+        if curves:
+            return curves
+    return []
+
+
+#: Context-attention grid: prompt lengths and (sequence, head) pairs per call, 4x apart.
+ATTENTION_TOKENS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+ATTENTION_UNITS = (1, 4, 16, 64, 256, 1024, 4096)
+
+
+def _context_attention_curves(root: Path, device: str, engine: str) -> list[dict]:
+    """MHA/GQA context attention (FlashAttention-class, causal, bf16, head dim 128, no window)
+    efficiency by prompt length and by the (sequence, head) pairs of one call (batch x query
+    heads on the rank: the kernel's parallel work), from the newest table with 3+ lengths for
+    every pair count: at each point the fastest over the measured key-value head counts, held
+    beyond the longest measured length. Ideal: the causal score and value FLOPs,
+    ``b * L (L + 1) / 2 * 4 * heads * 128``, at the BF16 peak."""
+    hardware = get_preset(DEVICES[device]).device
+    units = {u: i for i, u in enumerate(ATTENTION_UNITS)}
+    lengths = {n: i for i, n in enumerate(ATTENTION_TOKENS)}
+    for path in _latest_tables(root, device, "attention", engine, "context_attention_perf.parquet"):
+        best = np.zeros((len(units), len(lengths)))
+        for row in _read(path):
+            batch, heads, length = int(row["batch_size"]), int(row["num_heads"]), int(row["isl"])
+            if (
+                row["attn_dtype"] != "bfloat16"
+                or row["kv_cache_dtype"] != "bfloat16"
+                or int(row["window_size"]) != 0
+                or int(row["head_dim"]) != 128
+                or batch * heads not in units
+                or length not in lengths
+            ):
+                continue
+            flops = batch * length * (length + 1) / 2.0 * 4.0 * heads * 128
+            efficiency = flops / hardware.peak_flops_for("bf16") / (float(row["latency"]) * 1e-3)
+            cell = (units[batch * heads], lengths[length])
+            best[cell] = max(best[cell], efficiency)
+        if (best > 0).sum(axis=1).min() < 3:
+            continue
+        # a long prompt of many sequences is not measured: its efficiency is held from the
+        # longest measured (the kernel is saturated there)
+        log_lengths = np.log(np.array(ATTENTION_TOKENS, dtype=np.float64))
+        for i, row in enumerate(best):
+            measured = row > 0
+            best[i] = np.interp(log_lengths, log_lengths[measured], row[measured])
+        return [
+            {
+                "device": hardware.name,
+                "engine": engine,
+                "engine_version": path.parent.name,
+                "dtype": "bf16",
+                "file": str(path.relative_to(root.parent)),
+                "efficiency_by_units": {
+                    str(u): [round(float(e), 3) for e in np.clip(best[i], 1e-3, 1.0)]
+                    for u, i in units.items()
+                },
+            }
+        ]
+    return []
+
+
 def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
     """The reduced kernel curves of an unpacked ``aiconfigurator_core`` package at ``path``."""
     root = Path(path)
@@ -285,9 +398,11 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
         raise ValueError(
             f"path ({path}) must be an unpacked aiconfigurator-core wheel (no systems/data folder)"
         )
-    grouped, mla, prefill = [], [], []
+    grouped, mla, prefill, gemm, context = [], [], [], [], []
     for device in DEVICES:
         for engine in ENGINES:
+            gemm += _gemm_curves(root, device, engine)
+            context += _context_attention_curves(root, device, engine)
             grouped += _grouped_gemm_curves(root, device, engine)
             mla += _mla_curves(root, device, engine, "mla_decode")
             prefill += _mla_curves(root, device, engine, "mla_prefill")
@@ -301,6 +416,11 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
         "grouped_gemm": grouped,
         "mla_decode": mla,
         "mla_prefill": prefill,
+        "gemm_m_grid": GEMM_M_GRID.tolist(),
+        "gemm_nk_grid": list(GEMM_NK_GRID),
+        "gemm": gemm,
+        "context_attention_tokens": list(ATTENTION_TOKENS),
+        "context_attention": context,
         "deepep_low_latency": fit_deepep_low_latency(root),
     }
 

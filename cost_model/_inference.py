@@ -52,10 +52,15 @@ training): matmuls at ``matmul_efficiency``, core attention at ``attention_effic
 pass, prefill and decode alike, pays the serving engine's per-kernel floor for each kernel it
 runs (``_kernels_per_pass``; ``data/serving_profiles.json``): CUDA graphs remove the CPU launch,
 not the GPU's launch-to-launch gap and wave tail; two overlapped micro-batches pay it once.
-Where imported operator tables cover the device (``_kernel_curves``), a decode step's routed
-experts run as grouped GEMMs at their measured efficiency for M = tokens per expert, MLA decode
-attention at its measured efficiency by context length, and DeepEP's low-latency all-to-all at
-its measured latency and bandwidths.
+Where imported operator tables cover the device (``_kernel_curves``), a prefill pass's dense
+GEMMs (attention projections, dense FFN, shared experts: ``_inference_ops.*_projections``) run
+at the serving engine's measured efficiency for their shape (M = tokens per rank, N x K = the
+rank's slice of each projection) and its MHA/GQA core attention at the measured causal
+FlashAttention-class efficiency by prompt length and (sequence, head) pairs per call
+(``_kernel_curves.context_attention_time_s``), a decode step's routed experts as grouped GEMMs at
+their measured efficiency for M = tokens per expert, MLA decode attention at its measured efficiency
+by context length, and DeepEP's low-latency all-to-all at its measured latency and bandwidths;
+kernels timed by a table pay no per-kernel floor on top (``_measured_kernels_per_pass``).
 
 Output columns: ``time.<phase>_<part>`` for parts ``INFERENCE_TIME_PARTS`` (exposed seconds;
 they sum to ``step_time_s``) and ``hidden.<phase>_<kind>`` for the communication kinds (seconds
@@ -72,7 +77,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, cast
 
@@ -84,7 +89,6 @@ from cost_model._common import (
     EstimateOptions,
     RowPartition,
     StageLayout,
-    attention_parameters_per_device,
     collective_time_s,
     op_time_s,
     parameters_per_device,
@@ -92,13 +96,18 @@ from cost_model._common import (
     stage_layout,
 )
 from cost_model._kernel_curves import (
+    DEVICE_ALIASES,
     MLA_CURVE_HEADS,
+    context_attention_time_s,
     deepep_low_latency_s,
     expert_all_to_all_bytes,
+    gemm_efficiency,
     grouped_experts_time_s,
     grouped_gemm_efficiency,
+    kernel_curves,
     mla_efficiency,
     mla_time_s,
+    projections_time_s,
 )
 from cost_model._model_spec import ModelSpec
 from cost_model._serving_columns import (
@@ -306,17 +315,48 @@ def _mm(s: _Setup, flops, bytes_moved) -> np.ndarray:
     )
 
 
+def _gemms(s: _Setup, tokens, projections, shard, *, decode: bool) -> np.ndarray:
+    """The GEMMs of one block over ``tokens`` per device, each projection's split width divided
+    by ``shard``. In prefill every GEMM runs at the serving engine's measured efficiency for its
+    shape (``_kernel_curves.projections_time_s``: M = tokens, N x K = one rank's slice) where
+    its operator tables cover the device and weight dtype; decode and devices without tables
+    keep the calibrated roofline (decode: see ``_kernel_curves``)."""
+    measured = (
+        None
+        if decode
+        else s.rows.evaluate(
+            partial(projections_time_s, projections=projections),
+            hardware=s.cluster.device,
+            dtype=s.workload.weight_dtype,
+            m=np.asarray(tokens, dtype=np.float64),
+            shard=np.asarray(shard, dtype=np.float64),
+            engine=s.profile.engine,
+        )
+    )
+    if measured is not None:
+        return measured
+    wb = dtype_bytes(s.workload.weight_dtype)
+    total = np.zeros_like(np.asarray(tokens, dtype=np.float64))
+    for n, k, split in projections:
+        n_rank = n / shard if split == "n" else np.full_like(shard, float(n))
+        k_rank = k / shard if split == "k" else np.full_like(shard, float(k))
+        total = total + _mm(s, 2.0 * tokens * n_rank * k_rank, n_rank * k_rank * wb)
+    return np.asarray(total)
+
+
 def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     """Matmuls and element-wise kernels of one pass on each pipeline rank, (3, n) seconds."""
     model, lay, wb = s.model, s.layout, dtype_bytes(s.workload.weight_dtype)
     act = dtype_bytes(s.workload.activation_dtype)
     attention_tokens, rank_tokens = _tokens(s, p)
     tp = s.column("tp")
-    w_attention = attention_parameters_per_device(model=model, table=s.table)
-    total = lay.layers * _mm(s, 2 * w_attention * attention_tokens, w_attention * wb)
-    w_dense = model.ffn_parameters(model.ffn_hidden_size) / tp
+    total = lay.layers * _gemms(
+        s, attention_tokens, ops.attention_projections(model), s.shard, decode=p.decode
+    )
     dense_tokens = np.where(s.attention_dp, attention_tokens * tp, attention_tokens)
-    total = total + lay.dense_layers * _mm(s, 2 * w_dense * dense_tokens, w_dense * wb)
+    total = total + lay.dense_layers * _gemms(
+        s, dense_tokens, ops.ffn_projections(model, model.ffn_hidden_size), tp, decode=p.decode
+    )
     total = total + lay.moe_layers * _moe_time(s, attention_tokens, rank_tokens, decode=p.decode)
     head_tokens = p.batch * p.head_tokens / s.column("cp") * np.where(s.attention_dp, tp, 1.0)
     w_head = model.vocab_size * model.hidden_size / tp
@@ -351,15 +391,26 @@ _FUSED_MOE_KERNELS = 8.0
 
 
 def _measured_kernels_per_pass(s: _Setup, *, decode: bool) -> np.ndarray | float:
-    """Kernels of a pass whose time is a measured operator latency (the fused MoE layer and MLA
-    decode attention, where ``_kernel_curves`` covers the device): the table's latency already
-    holds their launch-to-launch gaps, ramps and tails, so they pay no floor on top."""
-    if not decode:
-        return 0.0
+    """Kernels of a pass whose time is a measured operator latency, where ``_kernel_curves``
+    covers the device: in prefill the dense GEMMs (``_gemms``: attention projections, dense FFN,
+    shared experts), in decode the fused MoE layer and MLA attention. The table's latency
+    already holds their launch-to-launch gaps, ramps and tails, so they pay no floor on top."""
     lay, model, device = s.layout, s.model, s.hardware
     kernels: np.ndarray | float = 0.0
     if (
-        model.moe is not None
+        not decode
+        and gemm_efficiency(
+            device_name=device.name, dtype=s.workload.weight_dtype, m=1.0, n=1.0, k=1.0
+        )
+        is not None
+    ):
+        kernels = lay.layers * float(len(ops.attention_projections(model)))
+        kernels = kernels + lay.dense_layers * float(len(ops.ffn_projections(model, 1)))
+        if model.moe is not None and model.moe.num_shared_experts:
+            kernels = kernels + lay.moe_layers * float(len(ops.ffn_projections(model, 1)))
+    if (
+        decode
+        and model.moe is not None
         and grouped_gemm_efficiency(
             device_name=device.name,
             dtype=s.workload.weight_dtype,
@@ -370,11 +421,31 @@ def _measured_kernels_per_pass(s: _Setup, *, decode: bool) -> np.ndarray | float
     ):
         kernels = kernels + lay.moe_layers * _FUSED_MOE_KERNELS
     if (
-        model.attention.kind == "mla"
+        decode
+        and model.attention.kind == "mla"
         and mla_efficiency(kind="mla_decode", device_name=device.name, tokens=1.0) is not None
     ):
         kernels = kernels + lay.layers * 1.0  # the one fused attention kernel
+    if _context_attention_measured(s, decode=decode):
+        kernels = kernels + lay.layers * 1.0
     return kernels
+
+
+def _context_attention_measured(s: _Setup, *, decode: bool) -> bool:
+    """Whether a pass's MHA/GQA attention is priced from the context-attention curves: prefill,
+    full causal attention, a device the tables cover (``_kernel_curves.context_attention_time_s``)."""
+    a = s.model.attention
+    return (
+        not decode
+        and a.kind != "mla"
+        and a.variant == "full"
+        and a.head_dim == 128  # the head size the curves measure
+        and s.workload.activation_dtype == "bf16"
+        and any(
+            c["device"] == DEVICE_ALIASES.get(s.hardware.name, s.hardware.name)
+            for c in kernel_curves().get("context_attention", ())
+        )
+    )
 
 
 def _kernels_per_pass(s: _Setup) -> np.ndarray:
@@ -410,8 +481,13 @@ def _moe_time(
     wb, act = dtype_bytes(s.workload.weight_dtype), dtype_bytes(s.workload.activation_dtype)
     ep, etp = s.column("ep"), s.column("etp")
     router = _mm(s, 2.0 * model.router_parameters() * rank_tokens, model.router_parameters() * wb)
-    w_shared = moe.num_shared_experts * model.ffn_parameters(moe.shared_ffn_size) / s.shard
-    shared = _mm(s, 2 * w_shared * attention_tokens, w_shared * wb)
+    shared = _gemms(
+        s,
+        attention_tokens,
+        ops.ffn_projections(model, moe.num_shared_experts * moe.shared_ffn_size),
+        s.shard,
+        decode=decode,
+    )
     group_tokens = rank_tokens * ep * etp
     mean_assignments = group_tokens * moe.top_k / ep
     assignments = mean_assignments * np.maximum(
@@ -475,7 +551,7 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     )
     if (
         p.decode and model.attention.kind == "mla"
-    ):  # FlashMLA-class kernels at their measured efficiency
+    ):  # FlashMLA-class kernels at their measured efficiency (prefill: see _kernel_curves)
         # one call per rank: its sequences, over its share of the heads (a fraction of a curve's
         # 128-head sequence) and of each context (cp)
         sequences = p.batch * model.attention.num_heads / (s.shard * MLA_CURVE_HEADS)
@@ -491,6 +567,20 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
             engine=s.profile.engine,  # the serving engine's own attention kernel where measured
         )
         if measured is not None:  # (prefill keeps the calibrated efficiency: see _kernel_curves)
+            return measured
+    if _context_attention_measured(s, decode=p.decode):
+        # one call per rank: its sequences times its query heads; the prompt's full length
+        # (the cached prefix too) is the length the kernel attends over
+        measured = s.rows.evaluate(
+            context_attention_time_s,
+            hardware=s.cluster.device,
+            flops=flops,
+            bytes_moved=kv_read * kv_fraction,
+            tokens=read_tokens / s.column("cp"),
+            units=p.batch * model.attention.num_heads / s.shard,
+            engine=s.profile.engine,
+        )
+        if measured is not None:
             return measured
     return s.rows.evaluate(
         op_time_s,

@@ -176,6 +176,44 @@ def live_activation_elements_per_token(model: ModelSpec, attention_shard: np.nda
     return 3.0 * h + np.maximum(attention_width / attention_shard, 3.0 * ffn / attention_shard)
 
 
+#: One GEMM of a block: (output width N, input width K, the width tensor parallelism splits:
+#: "n" column-parallel, "k" row-parallel, "" replicated on every rank).
+Projection = tuple[int, int, str]
+
+
+def attention_projections(model: ModelSpec) -> tuple[Projection, ...]:
+    """The GEMMs of one attention block (HF module names). MLA: ``q_a_proj`` and
+    ``kv_a_proj_with_mqa`` replicated (``_common.attention_replicated_parameters``), ``q_b_proj``
+    and ``kv_b_proj`` column-parallel, ``o_proj`` row-parallel (DeepSeek-V2 sec. 2.1.2, explicit
+    form; vLLM ``DeepseekV2MLAAttention``); MHA/GQA: the fused ``qkv_proj`` column-parallel and
+    ``o_proj`` row-parallel (Megatron-LM, Shoeybi et al. 2019)."""
+    a, h = model.attention, model.hidden_size
+    if a.kind == "mla":
+        q_width = a.num_heads * a.qk_head_dim
+        query: tuple[Projection, ...] = (
+            ((a.q_lora_rank, h, ""), (q_width, a.q_lora_rank, "n"))
+            if a.q_lora_rank
+            else ((q_width, h, "n"),)
+        )
+        return (
+            *query,
+            (a.kv_lora_rank + a.qk_rope_head_dim, h, ""),
+            (a.num_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, "n"),
+            (h, a.num_heads * a.v_head_dim, "k"),
+        )
+    return (
+        ((a.num_heads + 2 * a.num_kv_heads) * a.head_dim, h, "n"),
+        (h, a.num_heads * a.head_dim, "k"),
+    )
+
+
+def ffn_projections(model: ModelSpec, width: int) -> tuple[Projection, ...]:
+    """The GEMMs of one FFN of inner ``width``: the fused gate/up projection column-parallel and
+    the down projection row-parallel (Megatron-LM)."""
+    h = model.hidden_size
+    return ((int(_gated(model)) * width, h, "n"), (h, width, "k"))
+
+
 def _gated(model: ModelSpec) -> float:
     return 2.0 if model.ffn_activation == "swiglu" else 1.0
 

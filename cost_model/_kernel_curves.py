@@ -21,12 +21,29 @@ for: the fastest kernel measured for that shape (TRT-LLM's CUTLASS grouped GEMM 
 Triton kernels of untuned configs fall behind), the one a deployment tuned for its shape runs.
 A device or dtype without a curve returns ``None`` and the caller keeps its roofline pricing.
 
-Prefill is priced with them only where they are the whole story. The MLA prefill curves
-(``mla_prefill``) are imported but not used: at the measured 0.46-0.58 efficiency on 2-12K-token
-prompts (against the training-fitted 0.3 the prefill pass uses today), DeepSeek's Day-6 prefill
-unit is predicted 34% above its published rate while its GEMMs stay at the training-fitted
-matmul efficiency; pricing prefill from operator curves needs the dense GEMM curves too. Interpolation: linear in log(tokens per
-expert) (clamped at the grid's ends) and in log(experts per device) between measured counts.
+Dense GEMMs (``gemm``: attention projections, dense FFN, shared experts) have curves by real
+shape: efficiency (``gemm_ideal_s`` / measured latency, the fastest kernel the engine ships at
+each point) on a grid of M (tokens in the call) x N x K (one rank's slice), trilinear in the logs
+(``gemm_efficiency``); TP8 slices of DeepSeek-V3 run at 0.1-0.5 of FP8 peak where the training
+calibration's one efficiency says 0.8. Prefill prices its dense GEMMs with them. Decode does not
+yet: with them Day-6's decode unit (SLO-bound, its step time nearly flat in the batch) loses a
+quarter of its batch (-18% -> -38% against the published rate) and the DeepSeek profile's decode
+goes -4% -> -14%, while the benchmark rows' TPOT improves (mean |error| 54.9% -> 47.7%). The
+tables' small-M latencies are real kernel time, so the decode pass is likely missing a term
+that offsets them (one candidate: speculative decoding with DeepSeek-V3's multi-token
+prediction module, arXiv:2412.19437 sec. 5.4.3, which the model does not price); until it is
+found, decode keeps the roofline. The MLA prefill curves (``mla_prefill``) are
+imported but not used: priced with the serving engine's own kernel, SGLang's (0.18 of BF16 peak
+against TRT-LLM's 0.55), LMSYS's SGLang prefill rows improve (+22% -> +0.4% at 4K) but the
+Day-6 and profile prefill units, DeepSeek's own engine validated with SGLang's profile, fall to
+-32% / -20%; with the best kernel instead Day-6 prefill is +30%.
+
+MHA/GQA context attention (``context_attention``) has an efficiency by prompt length and by the
+(sequence, query head) pairs of one call, its kernel's parallel work (``context_attention_time_s``);
+prefill prices full causal attention of head size 128 with it.
+
+Interpolation: linear in log(tokens per expert) (clamped at the grid's ends) and in log(experts
+per device) between measured counts.
 """
 
 from __future__ import annotations
@@ -242,6 +259,37 @@ def mla_efficiency(
     return np.max(values, axis=0)
 
 
+def context_attention_time_s(
+    *, hardware, flops, bytes_moved, tokens, units, engine: str | None = None
+) -> np.ndarray | None:
+    """MHA/GQA context (prefill) attention of one layer: its roofline (``flops`` at the BF16
+    peak, ``bytes_moved`` at the memory bandwidth) over the measured efficiency of a causal
+    FlashAttention-class kernel (``context_attention``: by prompt length ``tokens`` and by the
+    (sequence, query head) pairs ``units`` of the call, log-linear in both, held beyond the
+    grid); the serving ``engine``'s own kernel where measured; None without a curve."""
+    device_name = DEVICE_ALIASES.get(hardware.name, hardware.name)
+    curves = _engine_curves(
+        [c for c in kernel_curves().get("context_attention", ()) if c["device"] == device_name],
+        engine,
+    )
+    if not curves:
+        return None
+    grid = np.log(np.asarray(kernel_curves()["context_attention_tokens"], dtype=np.float64))
+    log_tokens = np.log(np.maximum(np.atleast_1d(np.asarray(tokens, dtype=np.float64)), 1.0))
+    log_units = np.log2(np.maximum(np.asarray(units, dtype=np.float64), 1.0))
+    values = []
+    for curve in curves:
+        keys = sorted(curve["efficiency_by_units"], key=float)
+        rows = np.stack(
+            [np.interp(log_tokens, grid, curve["efficiency_by_units"][u]) for u in keys]
+        )
+        log_keys = np.log2(np.array([float(u) for u in keys]))
+        values.append(_between_rows(rows, log_keys, np.broadcast_to(log_units, rows.shape[1:])))
+    compute_s = np.asarray(flops) / hardware.peak_flops_for("bf16")
+    memory_s = np.asarray(bytes_moved) / hardware.memory_bandwidth_bytes_per_s
+    return np.maximum(compute_s, memory_s) / np.max(values, axis=0)
+
+
 def _between_rows(rows: np.ndarray, row_keys: np.ndarray, where: np.ndarray) -> np.ndarray:
     """Linear interpolation between ``rows`` (keys ascending) at ``where``, clamped at the ends."""
     if len(row_keys) == 1:
@@ -356,3 +404,119 @@ def deepep_low_latency_s(*, direction: str, intra_bytes, inter_bytes, cluster) -
     return params["latency_s"] + np.maximum(
         np.asarray(intra_bytes) / nvlink, np.asarray(inter_bytes) / rdma
     )
+
+
+# ------------------------------------------------------------------------------ dense GEMMs
+#: Grid of the dense GEMM curves: M (tokens in the call) 1 .. 16384, dense through the ridge
+#: region (tens to a thousand tokens) where efficiency moves most, and N / K (output / input width
+#: of one rank's slice) 256 .. 16384, the widths of projections sliced over 1-16 ranks. Coarse
+#: enough that every device, engine and dtype fits the small committed file.
+GEMM_M_GRID = np.array([1.0, 4.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0, 16384.0])
+GEMM_NK_GRID = (256, 512, 1024, 2048, 4096, 7168, 12288, 16384)
+
+
+def gemm_ideal_s(*, hardware, dtype: str, m, n, k) -> np.ndarray:
+    """Roofline seconds of one ``m x k`` by ``k x n`` GEMM with ``dtype`` weights: max(FLOPs at
+    the GEMM dtype's peak, weight bytes at the memory bandwidth) — the cost model's own matmul
+    roofline (``_common.op_time_s`` before efficiencies), so a curve is ideal / measured."""
+    m, n, k = (np.asarray(x, dtype=np.float64) for x in (m, n, k))
+    compute_s = 2.0 * m * n * k / hardware.peak_flops_for(matmul_dtype_of(dtype))
+    return np.maximum(compute_s, n * k * dtype_bytes(dtype) / hardware.memory_bandwidth_bytes_per_s)
+
+
+@lru_cache(maxsize=64)
+def _gemm_tables(device_name: str, dtype: str, engine: str | None) -> np.ndarray | None:
+    """Efficiency [M x N x K] on the GEMM grid: the engine's own curve, else the best of all."""
+    device_name = DEVICE_ALIASES.get(device_name, device_name)
+    curves = _engine_curves(
+        [
+            c
+            for c in kernel_curves().get("gemm", ())
+            if c["device"] == device_name and c["dtype"] == dtype
+        ],
+        engine,
+    )
+    if not curves:
+        return None
+    shape = (GEMM_M_GRID.size, len(GEMM_NK_GRID), len(GEMM_NK_GRID))  # M, N, K
+    return np.max([np.reshape(c["efficiency_per_mille"], shape) / 1000.0 for c in curves], axis=0)
+
+
+def _grid_position(values: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Lower index and weight of ``values`` between the points of ``grid`` (log scale, clamped)."""
+    log_grid = np.log(grid)
+    where = np.clip(np.log(np.maximum(values, 1e-9)), log_grid[0], log_grid[-1])
+    index = np.clip(np.searchsorted(log_grid, where) - 1, 0, grid.size - 2)
+    return index, (where - log_grid[index]) / (log_grid[index + 1] - log_grid[index])
+
+
+def gemm_efficiency(
+    *, device_name: str, dtype: str, m, n, k, engine: str | None = None
+) -> np.ndarray | None:
+    """Measured efficiency (``gemm_ideal_s`` / latency) of a dense GEMM of ``m`` tokens through
+    an ``n x k`` weight slice, trilinear in log(m), log(n), log(k) on ``GEMM_M_GRID`` x
+    ``GEMM_NK_GRID``^2 and held beyond it; the serving ``engine``'s own kernels where its tables
+    cover the device and dtype, else the best measured; None without a curve."""
+    table = _gemm_tables(device_name, dtype, engine)
+    if table is None:
+        return None
+    m, n, k = np.broadcast_arrays(
+        *(np.atleast_1d(np.asarray(x, dtype=np.float64)) for x in (m, n, k))
+    )
+    widths = np.asarray(GEMM_NK_GRID, dtype=np.float64)
+    (im, wm), (in_, wn), (ik, wk) = (
+        _grid_position(m, GEMM_M_GRID),
+        _grid_position(n, widths),
+        _grid_position(k, widths),
+    )
+    value = np.zeros(m.shape)
+    for dm, fm in ((0, 1.0 - wm), (1, wm)):
+        for dn, fn in ((0, 1.0 - wn), (1, wn)):
+            for dk, fk in ((0, 1.0 - wk), (1, wk)):
+                value = value + fm * fn * fk * table[im + dm, in_ + dn, ik + dk]
+    return value
+
+
+def gemm_time_s(*, hardware, dtype: str, m, n, k, engine: str | None = None) -> np.ndarray | None:
+    """One dense GEMM at its measured efficiency for its shape (``gemm_efficiency``): seconds,
+    or None where no curve covers the device and dtype."""
+    efficiency = gemm_efficiency(
+        device_name=hardware.name, dtype=dtype, m=m, n=n, k=k, engine=engine
+    )
+    if efficiency is None:
+        return None
+    return gemm_ideal_s(hardware=hardware, dtype=dtype, m=m, n=n, k=k) / efficiency
+
+
+def projections_time_s(
+    *, hardware, dtype: str, m, shard, projections, engine: str | None = None
+) -> np.ndarray | None:
+    """The GEMMs of one block (``projections``: (N, K, split) each, split "n", "k" or "" for the
+    width tensor parallelism divides by ``shard``) over ``m`` tokens, each at its measured
+    efficiency, summed; None without a curve. The same values as ``gemm_time_s`` per GEMM,
+    computed per distinct ``shard`` (a few): the curve over M at each slice, then one
+    interpolation in log(M) per row."""
+    table = _gemm_tables(hardware.name, dtype, engine)
+    if table is None:
+        return None
+    m = np.atleast_1d(np.asarray(m, dtype=np.float64))
+    shards, inverse = np.unique(
+        np.broadcast_to(np.asarray(shard, dtype=np.float64), m.shape), return_inverse=True
+    )
+    index, weight = _grid_position(m, GEMM_M_GRID)
+    widths = np.asarray(GEMM_NK_GRID, dtype=np.float64)
+    total = np.zeros(m.shape)
+    for n, k, split in projections:
+        n_rank = n / shards if split == "n" else np.full(shards.shape, float(n))
+        k_rank = k / shards if split == "k" else np.full(shards.shape, float(k))
+        (i_n, w_n), (i_k, w_k) = _grid_position(n_rank, widths), _grid_position(k_rank, widths)
+        curves = np.zeros((shards.size, GEMM_M_GRID.size))  # efficiency over M, per shard
+        for dn, fn in ((0, 1.0 - w_n), (1, w_n)):
+            for dk, fk in ((0, 1.0 - w_k), (1, w_k)):
+                curves += (fn * fk)[:, None] * table[:, i_n + dn, i_k + dk].T
+        efficiency = (1.0 - weight) * curves[inverse, index] + weight * curves[inverse, index + 1]
+        ideal = gemm_ideal_s(
+            hardware=hardware, dtype=dtype, m=m, n=n_rank[inverse], k=k_rank[inverse]
+        )
+        total += ideal / efficiency
+    return total

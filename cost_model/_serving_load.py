@@ -36,7 +36,8 @@ queueing part is taken exponential with its mean beyond the zero-wait mass (the 
 Kingman 1962): quantile ``W / ρ · ln(ρ / (1 - p))`` where ``p > 1 - ρ``; the wait for the
 running iteration is uniform over a length-biased iteration. A closed loop of equal requests
 runs in lock-step waves, so its percentiles equal its means (the simulator shows the spread
-random lengths add).
+random lengths add); on an engine that prefills without the decodes a wave's prompts finish at
+evenly filled positions, and a percentile is the position it falls on.
 """
 
 from __future__ import annotations
@@ -223,6 +224,8 @@ class LoadTimes:
     stable: np.ndarray | None = None  # False where the load grows without bound (times inf)
     #: (TTFT, TPOT) spread of a lock-step wave whose requests are spaced evenly over it
     wave_range_s: tuple[np.ndarray, np.ndarray] | None = None
+    #: the wave's distinct first-token positions (equal shares of its requests at each)
+    wave_steps: np.ndarray | None = None
 
     def quantile(self, metric: str, p: float) -> np.ndarray:
         """The p-quantile (0.5, 0.9 or 0.99) of ``"ttft"`` or ``"tpot"`` over requests."""
@@ -234,9 +237,25 @@ class LoadTimes:
             )
         else:
             value = self.ttft_s if self.wait_s is None else self._ttft_quantile(p)
-        if self.wave_range_s is not None:  # uniform over the wave: mean + (p - 1/2) x range
-            value = value + (p - 0.5) * self.wave_range_s[metric == "tpot"]
+        if self.wave_range_s is not None:  # uniform over the wave's positions
+            value = value + self._wave_offset(p) * self.wave_range_s[metric == "tpot"]
         return value if self.stable is None else np.where(self.stable, value, np.inf)
+
+    def _wave_offset(self, p: float) -> np.ndarray | float:
+        """The p-quantile of a wave's requests less their mean, in units of the wave's range:
+        ``s`` equally filled positions 0 .. s-1, the p-quantile at position ``ceil(p s) - 1``
+        (between two positions where ``p s`` is whole). A few positions put the p90 on the last
+        (4 groups of prompts: the p90 request is in the 4th, not 0.4 of the range past the
+        mean); many give ``p - 1/2``."""
+        if self.wave_steps is None:
+            return p - 0.5
+        steps = np.maximum(np.asarray(self.wave_steps, dtype=np.float64), 1.0)
+        x = p * steps
+        whole = np.isclose(x, np.round(x))
+        position = np.where(whole, np.round(x) - 0.5, np.ceil(x) - 1.0)
+        return np.where(
+            steps > 1.0, np.clip(position / np.maximum(steps - 1.0, 1.0), 0.0, 1.0) - 0.5, 0.0
+        )
 
     def _ttft_quantile(self, p: float) -> np.ndarray:
         assert self.wait_s is not None and self.busy is not None  # set together by open_loop
@@ -350,6 +369,7 @@ def _unmixed_closed_loop(
         rate,
         running,
         wave_range_s=(spread, spread / np.maximum(output - 1.0, 1.0)),
+        wave_steps=groups - chunks + 1.0,
     )
 
 

@@ -27,7 +27,12 @@ def test_curves_are_fit_inputs_with_a_source_file_each_and_no_end_to_end_table()
     assert curves["kind"] == "fit_input" and "Apache-2.0" in curves["_license"]
     assert "aiconfigurator-core 0.12.0" in curves["_source"]
     files = [
-        c["file"] for c in curves["grouped_gemm"] + curves["mla_decode"] + curves["mla_prefill"]
+        c["file"]
+        for c in curves["grouped_gemm"]
+        + curves["mla_decode"]
+        + curves["mla_prefill"]
+        + curves["gemm"]
+        + curves["context_attention"]
     ]
     assert files and all(
         f.startswith("aiconfigurator_core/systems/data/") and f.endswith(".parquet") for f in files
@@ -48,7 +53,13 @@ def test_fit_inputs_and_validation_rows_share_no_source() -> None:
         p.read_text() for p in DATA.glob("*.json") if p.name != "kernel_curves.json"
     )
     curves = kernel_curves()
-    for curve in curves["grouped_gemm"] + curves["mla_decode"] + curves["mla_prefill"]:
+    for curve in (
+        curves["grouped_gemm"]
+        + curves["mla_decode"]
+        + curves["mla_prefill"]
+        + curves["gemm"]
+        + curves["context_attention"]
+    ):
         assert curve["file"] not in validation
 
 
@@ -111,7 +122,9 @@ def test_decode_prices_routed_experts_at_the_measured_grouped_gemm_efficiency() 
 
 
 def test_committed_curves_are_small() -> None:
-    assert (DATA / "kernel_curves.json").stat().st_size < 200_000
+    # grouped-GEMM, MLA and DeepEP curves (~170 kB), the dense GEMM grids of 4 devices x 3
+    # engines x 2-3 dtypes (11 x 8 x 8 points each) and the context-attention curves
+    assert (DATA / "kernel_curves.json").stat().st_size < 300_000
     json.loads((DATA / "kernel_curves.json").read_text())
 
 
@@ -267,7 +280,8 @@ def test_kernels_timed_by_an_operator_table_pay_no_floor_on_top() -> None:
     """A measured latency already holds its kernels' launch gaps, ramps and tails: a DeepSeek-V3
     decode step on H200 (curves for the fused MoE layer and MLA decode) pays the per-kernel
     floor for 8 fewer kernels per MoE layer and 1 fewer per layer than one on a device without
-    curves; prefill, priced without the curves, pays it for all."""
+    curves; a prefill pass drops its dense GEMMs (``_gemms``): MLA's 5 projections per layer, 2
+    per dense FFN and 2 per shared expert."""
     from cost_model._common import EstimateOptions
     from cost_model._inference import _kernels_per_pass, _measured_kernels_per_pass, _setup
 
@@ -288,15 +302,171 @@ def test_kernels_timed_by_an_operator_table_pay_no_floor_on_top() -> None:
             options=EstimateOptions(),
         )
         measured[name] = np.asarray(_measured_kernels_per_pass(setup, decode=True)).ravel()
-        assert np.all(_measured_kernels_per_pass(setup, decode=False) == 0.0)
+        measured[name + " prefill"] = np.asarray(
+            _measured_kernels_per_pass(setup, decode=False)
+        ).ravel()
         assert np.all(_kernels_per_pass(setup) > measured[name])
-    moe_layers = model.num_layers - model.moe.num_dense_layers
+    dense_layers = model.moe.num_dense_layers
+    moe_layers = model.num_layers - dense_layers
     assert measured["none"][0] == 0.0
+    assert measured["none prefill"][0] == 0.0
     assert measured["curves"][0] == 8 * moe_layers + model.num_layers
+    assert measured["curves prefill"][0] == 5 * model.num_layers + 2 * dense_layers + 2 * moe_layers
 
 
 def test_every_curve_names_the_engine_and_version_that_measured_it() -> None:
     curves = kernel_curves()
-    for curve in curves["grouped_gemm"] + curves["mla_decode"] + curves["mla_prefill"]:
+    for curve in (
+        curves["grouped_gemm"]
+        + curves["mla_decode"]
+        + curves["mla_prefill"]
+        + curves["gemm"]
+        + curves["context_attention"]
+    ):
         assert curve["engine"] in {"trtllm", "sglang", "vllm"}
         assert f"/{curve['engine']}/{curve['engine_version']}/" in curve["file"], curve["file"]
+
+
+def _write_gemm_table(folder: Path, *, efficiency: float) -> None:
+    """A synthetic aiconfigurator GEMM table over the whole grid (and the odd M one past each
+    tile boundary) whose latencies are the ideal time over ``efficiency``; a slower second kernel
+    at every point, which the importer must pass over for the fastest."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from cost_model._kernel_curves import GEMM_M_GRID, GEMM_NK_GRID, gemm_ideal_s
+
+    hardware = get_preset("dgx-h200").device
+    rows = []
+    for m in sorted({int(v) for v in GEMM_M_GRID} | {int(v) + 1 for v in GEMM_M_GRID}):
+        for n in GEMM_NK_GRID:
+            for k in GEMM_NK_GRID:
+                ideal = float(gemm_ideal_s(hardware=hardware, dtype="fp8", m=m, n=n, k=k))
+                for source, slower in (("fast", 1.0), ("slow", 3.0)):
+                    rows.append(
+                        {
+                            "kernel_source": source,
+                            "gemm_dtype": "fp8_block",
+                            "m": m,
+                            "n": n,
+                            "k": k,
+                            "latency": ideal / efficiency * slower * 1e3,
+                        }
+                    )
+    folder.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows), folder / "gemm_perf.parquet")
+
+
+def test_importer_recovers_the_gemm_efficiency_of_a_synthetic_table(tmp_path: Path) -> None:
+    from autoparallel._kernel_import import import_aiconfigurator
+
+    root = tmp_path / "aiconfigurator_core"
+    _write_gemm_table(
+        root / "systems" / "data" / "h200_sxm" / "gemm" / "vllm" / "9.9", efficiency=0.35
+    )
+    curves = import_aiconfigurator(tmp_path, version="test")
+    (curve,) = curves["gemm"]
+    assert (curve["device"], curve["dtype"], curve["engine"], curve["engine_version"]) == (
+        "NVIDIA H200 SXM",
+        "fp8",
+        "vllm",
+        "9.9",
+    )
+    assert curve["file"].endswith("h200_sxm/gemm/vllm/9.9/gemm_perf.parquet")
+    np.testing.assert_allclose(curve["efficiency_per_mille"], 350, atol=1)
+
+
+def test_gemm_curves_price_a_gemm_at_its_measured_latency() -> None:
+    """On the grid, ideal / efficiency gives back the table's latency (H200, TRT-LLM, FP8 block
+    scaled: DeepSeek-V3's 7168 x 2048 slice at 4096 tokens, 0.147 ms in the table, rounded to
+    the octave mean), and a TP8 slice runs far below the calibrated matmul efficiency."""
+    from cost_model._kernel_curves import gemm_efficiency, gemm_time_s
+
+    hardware = get_preset("dgx-h200").device
+    seconds = gemm_time_s(hardware=hardware, dtype="fp8", m=4096, n=2048, k=7168, engine="trtllm")
+    assert seconds is not None and 1.2e-4 < float(seconds[0]) < 1.8e-4
+    efficiency = gemm_efficiency(
+        device_name=hardware.name, dtype="fp8", m=[4096, 16], n=2048, k=7168, engine="trtllm"
+    )
+    assert efficiency is not None and np.all(efficiency < 0.5)
+    assert efficiency[1] < efficiency[0]  # a few tokens: bound by the weights and the ramp
+    assert gemm_efficiency(device_name="NVIDIA A30", dtype="fp8", m=1, n=1, k=1) is None
+
+
+def test_prefill_prices_dense_gemms_at_their_measured_curves() -> None:
+    """A TP8 DeepSeek-V3 prefill on H200 takes longer in compute than the calibrated roofline
+    (the same device renamed, without curves) prices it: its GEMM slices run at 0.1-0.5 of FP8
+    peak in the tables, against the calibration's one efficiency fitted on large GEMMs."""
+    model = get_model("deepseek-v3")
+    workload = Inference(prompt_tokens=3200, output_tokens=64, weight_dtype="fp8")
+    table = table_from_columns(tp=8, ep=1, etp=8, batch_size=4, phase=PHASE_CODES["prefill"])
+    plain = get_preset("dgx-h200")
+    renamed = plain.model_copy(
+        update={"device": plain.device.model_copy(update={"name": "NVIDIA H200 SXM (no curves)"})}
+    )
+    compute = {
+        name: estimate_inference_table(
+            model=model, cluster=cluster, workload=workload, table=table
+        )["time.prefill_compute"][0]
+        for name, cluster in (("curves", plain), ("roofline", renamed))
+    }
+    assert compute["curves"] > 1.1 * compute["roofline"]
+
+
+def test_a_block_of_projections_prices_each_gemm_as_gemm_time_does() -> None:
+    """``projections_time_s`` (one lookup per distinct shard) sums exactly the per-GEMM times."""
+    from cost_model._inference_ops import attention_projections, ffn_projections
+    from cost_model._kernel_curves import gemm_time_s, projections_time_s
+
+    hardware = get_preset("dgx-h200").device
+    model = get_model("deepseek-v3")
+    rng = np.random.default_rng(0)
+    m = rng.uniform(0.5, 40_000, 500)
+    shard = rng.choice([1.0, 2.0, 3.0, 8.0, 32.0], 500)
+    for projections in (attention_projections(model), ffn_projections(model, 18432)):
+        block = projections_time_s(
+            hardware=hardware, dtype="fp8", m=m, shard=shard, projections=projections
+        )
+        each = [
+            gemm_time_s(
+                hardware=hardware,
+                dtype="fp8",
+                m=m,
+                n=n / shard if split == "n" else np.full_like(shard, n),
+                k=k / shard if split == "k" else np.full_like(shard, k),
+            )
+            for n, k, split in projections
+        ]
+        assert block is not None and all(e is not None for e in each)
+        np.testing.assert_allclose(block, np.sum(each, axis=0), rtol=1e-12)
+
+
+def test_gqa_prefill_attention_is_priced_at_the_measured_context_attention_curve() -> None:
+    """Qwen3-235B (GQA, head dim 128) prefill on H200: core attention at the engine's measured
+    FlashAttention-class efficiency, which rises with the prompt (a 512-token prompt of 8 heads
+    per rank leaves most SMs idle; 8K tokens run near 0.5 of BF16 peak), so it differs from the
+    calibration's one efficiency and the short prompt pays relatively more per FLOP."""
+    from cost_model._kernel_curves import context_attention_time_s
+
+    hardware = get_preset("dgx-h200").device
+    flops = np.array([512 * 513 / 2 * 4 * 8 * 128, 8192 * 8193 / 2 * 4 * 8 * 128])
+    seconds = context_attention_time_s(
+        hardware=hardware, flops=flops, bytes_moved=0.0, tokens=[512, 8192], units=8.0
+    )
+    assert seconds is not None
+    efficiency = flops / hardware.peak_flops_for("bf16") / seconds
+    assert efficiency[0] < 0.5 * efficiency[1] and 0.3 < efficiency[1] < 0.8
+    model = get_model("qwen3-235b-a22b")
+    workload = Inference(prompt_tokens=8192, output_tokens=64, weight_dtype="bf16")
+    table = table_from_columns(tp=8, ep=8, batch_size=1, phase=PHASE_CODES["prefill"])
+    plain = get_preset("dgx-h200")
+    renamed = plain.model_copy(
+        update={"device": plain.device.model_copy(update={"name": "NVIDIA H200 SXM (no curves)"})}
+    )
+    attention = {
+        name: estimate_inference_table(
+            model=model, cluster=cluster, workload=workload, table=table
+        )["time.prefill_attention"][0]
+        for name, cluster in (("curves", plain), ("roofline", renamed))
+    }
+    assert attention["curves"] != pytest.approx(attention["roofline"], rel=0.05)
