@@ -9,6 +9,9 @@ all-reduces over every rank. Split from ``_training`` (which calls ``dp_and_opti
 
 from __future__ import annotations
 
+import json
+from functools import cache
+from importlib import resources
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,12 +23,36 @@ from cost_model._training_comm import CollectiveTimes, sharded_parameters
 if TYPE_CHECKING:
     from cost_model._training import MicroBatchTimes, TrainingContext
 
-__all__ = ["dp_and_optimizer", "hidden_seconds", "sharded_weights_per_rank"]
+__all__ = [
+    "contention_seconds",
+    "dp_and_optimizer",
+    "hidden_seconds",
+    "overlap_compute_slowdown",
+    "sharded_weights_per_rank",
+]
 
 
 def hidden_seconds(comm: np.ndarray, *, fraction: float, window: np.ndarray) -> np.ndarray:
     """Seconds of ``comm`` hidden behind ``window`` seconds of independent compute."""
     return np.minimum(fraction * comm, window)
+
+
+@cache
+def overlap_compute_slowdown() -> float:
+    """Measured slowdown of compute kernels while a collective runs beside them (NCCL kernels
+    hold SMs and memory bandwidth): ``data/overlap_contention.json``, arXiv:2507.03114."""
+    text = (resources.files("cost_model") / "data" / "overlap_contention.json").read_text()
+    return float(json.loads(text)["compute_slowdown_while_overlapped"])
+
+
+def contention_seconds(hidden: np.ndarray | float) -> np.ndarray:
+    """Seconds the compute loses to the communication it hides. The operator fit prices each
+    kernel alone; while a collective runs beside it the kernel runs ``1 + s`` times longer
+    (``overlap_compute_slowdown``). Over ``hidden`` seconds of overlapped communication the
+    stretched compute does ``hidden / (1 + s)`` seconds of isolated work, so the step grows
+    by ``hidden * s / (1 + s)``."""
+    s = overlap_compute_slowdown()
+    return np.asarray(hidden) * (s / (1.0 + s))
 
 
 def sharded_weights_per_rank(ctx: TrainingContext) -> np.ndarray:

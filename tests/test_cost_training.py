@@ -88,6 +88,19 @@ def test_time_parts_sum_to_the_step(ref_columns) -> None:
     assert all(np.all(ref_columns[name] >= 0) for name in ref_columns if name.startswith("hidden."))
 
 
+def test_hidden_communication_slows_the_compute_beside_it(ref_columns) -> None:
+    """Every hidden second costs s / (1 + s) of compute (s: the measured mean slowdown of
+    compute under an overlapped collective, arXiv:2507.03114); none hidden, none lost."""
+    from cost_model._training_dp import overlap_compute_slowdown
+
+    s = overlap_compute_slowdown()
+    assert 0.0 < s <= 0.4  # the paper's mean, below its 40% maximum
+    hidden = sum(ref_columns[name] for name in ref_columns if name.startswith("hidden."))
+    assert np.any(hidden > 0)
+    np.testing.assert_allclose(ref_columns["time.contention"], hidden * s / (1.0 + s), rtol=1e-9)
+    assert np.all(ref_columns["time.contention"][hidden == 0] == 0)
+
+
 def test_memory_parts_sum_to_the_total(ref_columns) -> None:
     parts = sum(ref_columns[f"memory.{part}"] for part in MEMORY_PARTS)
     np.testing.assert_allclose(parts, ref_columns["memory_per_device_bytes"], rtol=1e-12)
