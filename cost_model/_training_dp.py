@@ -87,13 +87,17 @@ def _data_parallel_comm(
 
     * ZeRO-0: one gradient all-reduce, bucketed under the last micro-batch's backward
       (PyTorch DDP, Li et al. VLDB 2020; Megatron ``--overlap-grad-reduce``).
-    * ZeRO-1 (Megatron-core distributed optimizer): one gradient reduce-scatter after the last
-      micro-batch and one all-gather of the updated weights, each under one micro-batch.
+    * ZeRO-1 (Megatron-core distributed optimizer): one gradient reduce-scatter under the last
+      micro-batch's backward (``--overlap-grad-reduce``: gradients are synchronised only on
+      the last micro-batch) and one all-gather of the updated weights under the next step's
+      first forward (``--overlap-param-gather``: each bucket's gather is waited on before its
+      layers' forward).
     * ZeRO-2: gradients are partitioned as they are produced, so every micro-batch reduce-
       scatters its gradients (DeepSpeed ``reduce_scatter`` per micro-batch, ZeRO SC'20 sec. 5.2),
-      each under its own backward; one weight all-gather.
+      each under its own backward; one weight all-gather under the first forward.
     * ZeRO-3/FSDP: per layer (``_fsdp_comm``).
-    ``free_compute``: one micro-batch's compute not already hiding TP/EP/CP traffic.
+    ``free_compute``: one micro-batch's compute not already hiding TP/EP/CP traffic; its
+    forward and backward keep their shares of it.
     """
     zero = np.asarray(ctx.table["zero_stage"])
     every = (zero == 2) & ctx.zero2_reduce_every_micro_batch
@@ -103,10 +107,20 @@ def _data_parallel_comm(
         times.dp_all_reduce,
         scatters * times.dp_gradient_scatter + times.dp_weight_gather,
     )
-    window = scatters * free_compute
-    whole_hidden = hidden_seconds(whole, fraction=ctx.dp_overlap, window=window)
     compute = mb.forward + mb.backward + mb.recompute
     free_share = np.where(compute > 0, free_compute / np.maximum(compute, 1e-30), 0.0)
+    forward_window = free_share * mb.forward
+    backward_window = free_share * (mb.backward + mb.recompute)
+    whole_hidden = np.where(
+        zero == 0,
+        hidden_seconds(times.dp_all_reduce, fraction=ctx.dp_overlap, window=backward_window),
+        hidden_seconds(
+            scatters * times.dp_gradient_scatter,
+            fraction=ctx.dp_overlap,
+            window=scatters * backward_window,
+        )
+        + hidden_seconds(times.dp_weight_gather, fraction=ctx.dp_overlap, window=forward_window),
+    )
     fsdp_total, fsdp_exposed = _fsdp_comm(ctx, times=times, mb=mb, free_share=free_share)
     comm = np.where(zero == 3, fsdp_total, whole)
     return comm, np.where(zero == 3, fsdp_total - fsdp_exposed, whole_hidden)
