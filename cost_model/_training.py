@@ -23,7 +23,10 @@ dispatch + combine of tokens x top-k x hidden x routing imbalance (DeepSeek-V3 r
 arXiv:2412.19437, sec. 3.2.2); CP ring send/recv of K/V blocks (cp - 1 per layer); PP
 send/recv of the boundary activation; DP gradient all-reduce, or reduce-scatter + parameter
 all-gather under ZeRO-1/2, and per-micro-batch gathers under ZeRO-3/FSDP (Rajbhandari et al.,
-ZeRO, SC'20). Each kind hides up to its overlap fraction behind independent compute.
+ZeRO, SC'20). Each kind hides up to its overlap fraction behind independent compute; the
+compute it hides behind runs slower while the collective occupies SMs and memory bandwidth
+(``time.contention``: the measured mean compute slowdown under overlap, arXiv:2507.03114,
+``data/overlap_contention.json``).
 
 Pipeline: m micro-batches on the slowest rank plus a bubble of (p - 1) micro-batch times for
 GPipe and 1F1B, divided by v for interleaved 1F1B (Narayanan et al. SC'21 eq. 1 and sec. 2.2.2),
@@ -69,7 +72,7 @@ from cost_model._training_comm import (
     mla_backward_widths,
     table_collective_times,
 )
-from cost_model._training_dp import dp_and_optimizer, hidden_seconds
+from cost_model._training_dp import contention_seconds, dp_and_optimizer, hidden_seconds
 from cost_model._workload import Training
 
 if TYPE_CHECKING:
@@ -84,6 +87,7 @@ TRAINING_TIME_PARTS: tuple[str, ...] = (
     "cp_comm",
     "pp_comm",
     "dp_comm",
+    "contention",
     "bubble",
     "optimizer",
 )
@@ -606,7 +610,9 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
         hidden[kind] = hidden_seconds(comm, fraction=ctx.overlap_fraction(kind), window=window)
         exposed[kind] = comm - hidden[kind]
         free = free - hidden[kind]
-    per_micro_batch = compute + sum(exposed.values())
+    # Hidden traffic is not free: the compute it runs beside slows down (``contention_seconds``).
+    contention = contention_seconds(sum(hidden.values()))
+    per_micro_batch = compute + sum(exposed.values()) + contention
     slowest = np.argmax(per_micro_batch, axis=0)[None, :]
 
     def pick(rows: np.ndarray) -> np.ndarray:
@@ -623,6 +629,7 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
         ),
         "bottleneck_stage": slowest[0],
     }
+    mb_contention = m * pick(contention)
     # Forward activation and backward gradient send/recv per micro-batch and model chunk, plus
     # the pipeline fill and flush: the first micro-batch's activation crosses pp*v - 1 chunk
     # boundaries before the last stage starts, its gradient as many on the way back (the
@@ -642,6 +649,7 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
         dp_hidden,
         optimizer,
     )
+    columns["time.contention"] = mb_contention + contention_seconds(dp_hidden)
     columns["step_time_s"] = sum(columns[f"time.{part}"] for part in TRAINING_TIME_PARTS)
     return columns
 

@@ -9,6 +9,9 @@ all-reduces over every rank. Split from ``_training`` (which calls ``dp_and_opti
 
 from __future__ import annotations
 
+import json
+from functools import cache
+from importlib import resources
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,12 +23,36 @@ from cost_model._training_comm import CollectiveTimes, sharded_parameters
 if TYPE_CHECKING:
     from cost_model._training import MicroBatchTimes, TrainingContext
 
-__all__ = ["dp_and_optimizer", "hidden_seconds", "sharded_weights_per_rank"]
+__all__ = [
+    "contention_seconds",
+    "dp_and_optimizer",
+    "hidden_seconds",
+    "overlap_compute_slowdown",
+    "sharded_weights_per_rank",
+]
 
 
 def hidden_seconds(comm: np.ndarray, *, fraction: float, window: np.ndarray) -> np.ndarray:
     """Seconds of ``comm`` hidden behind ``window`` seconds of independent compute."""
     return np.minimum(fraction * comm, window)
+
+
+@cache
+def overlap_compute_slowdown() -> float:
+    """Measured slowdown of compute kernels while a collective runs beside them (NCCL kernels
+    hold SMs and memory bandwidth): ``data/overlap_contention.json``, arXiv:2507.03114."""
+    text = (resources.files("cost_model") / "data" / "overlap_contention.json").read_text()
+    return float(json.loads(text)["compute_slowdown_while_overlapped"])
+
+
+def contention_seconds(hidden: np.ndarray | float) -> np.ndarray:
+    """Seconds the compute loses to the communication it hides. The operator fit prices each
+    kernel alone; while a collective runs beside it the kernel runs ``1 + s`` times longer
+    (``overlap_compute_slowdown``). Over ``hidden`` seconds of overlapped communication the
+    stretched compute does ``hidden / (1 + s)`` seconds of isolated work, so the step grows
+    by ``hidden * s / (1 + s)``."""
+    s = overlap_compute_slowdown()
+    return np.asarray(hidden) * (s / (1.0 + s))
 
 
 def sharded_weights_per_rank(ctx: TrainingContext) -> np.ndarray:
@@ -60,13 +87,17 @@ def _data_parallel_comm(
 
     * ZeRO-0: one gradient all-reduce, bucketed under the last micro-batch's backward
       (PyTorch DDP, Li et al. VLDB 2020; Megatron ``--overlap-grad-reduce``).
-    * ZeRO-1 (Megatron-core distributed optimizer): one gradient reduce-scatter after the last
-      micro-batch and one all-gather of the updated weights, each under one micro-batch.
+    * ZeRO-1 (Megatron-core distributed optimizer): one gradient reduce-scatter under the last
+      micro-batch's backward (``--overlap-grad-reduce``: gradients are synchronised only on
+      the last micro-batch) and one all-gather of the updated weights under the next step's
+      first forward (``--overlap-param-gather``: each bucket's gather is waited on before its
+      layers' forward).
     * ZeRO-2: gradients are partitioned as they are produced, so every micro-batch reduce-
       scatters its gradients (DeepSpeed ``reduce_scatter`` per micro-batch, ZeRO SC'20 sec. 5.2),
-      each under its own backward; one weight all-gather.
+      each under its own backward; one weight all-gather under the first forward.
     * ZeRO-3/FSDP: per layer (``_fsdp_comm``).
-    ``free_compute``: one micro-batch's compute not already hiding TP/EP/CP traffic.
+    ``free_compute``: one micro-batch's compute not already hiding TP/EP/CP traffic; its
+    forward and backward keep their shares of it.
     """
     zero = np.asarray(ctx.table["zero_stage"])
     every = (zero == 2) & ctx.zero2_reduce_every_micro_batch
@@ -76,10 +107,20 @@ def _data_parallel_comm(
         times.dp_all_reduce,
         scatters * times.dp_gradient_scatter + times.dp_weight_gather,
     )
-    window = scatters * free_compute
-    whole_hidden = hidden_seconds(whole, fraction=ctx.dp_overlap, window=window)
     compute = mb.forward + mb.backward + mb.recompute
     free_share = np.where(compute > 0, free_compute / np.maximum(compute, 1e-30), 0.0)
+    forward_window = free_share * mb.forward
+    backward_window = free_share * (mb.backward + mb.recompute)
+    whole_hidden = np.where(
+        zero == 0,
+        hidden_seconds(times.dp_all_reduce, fraction=ctx.dp_overlap, window=backward_window),
+        hidden_seconds(
+            scatters * times.dp_gradient_scatter,
+            fraction=ctx.dp_overlap,
+            window=scatters * backward_window,
+        )
+        + hidden_seconds(times.dp_weight_gather, fraction=ctx.dp_overlap, window=forward_window),
+    )
     fsdp_total, fsdp_exposed = _fsdp_comm(ctx, times=times, mb=mb, free_share=free_share)
     comm = np.where(zero == 3, fsdp_total, whole)
     return comm, np.where(zero == 3, fsdp_total - fsdp_exposed, whole_hidden)

@@ -85,17 +85,18 @@ TABLE_SOURCES = {
 #: figure is held out (the calibration is fitted on operator tables only); the bounds are the
 #: measured held-out state (benchmarks/validate_published.py), a little above it, not targets:
 #: the A100 tables come out 7-20% slow on small models (the fitted 19 us per-kernel cost of the
-#: A100 GEMM table), the H100 tables up to 45% fast (the GEMM table's 81% of peak is above what
-#: whole Megatron-core runs sustain; a term is missing). Day-6 serving rows must each be within
+#: A100 GEMM table), the H100 tables up to 41% fast (the GEMM table's 81% of peak is above what
+#: whole Megatron-core runs sustain; a term is missing even with the compute slowdown under
+#: overlapped communication priced). Day-6 serving rows must each be within
 #: 25%; the fully loaded DeepSeek profiles, the model's own bar, 10%.
 TOLERANCES: dict[str, tuple[float | None, float | None]] = {
     "megatron_sc21_table1": (0.10, 0.21),  # measured 9.0% mean, 19.9% max
     "korthikanti_table5": (0.10, 0.21),  # measured 9.3%, 20.4%
     "megatron_readme_2022_mfu": (0.07, 0.11),  # measured 6.1%, 9.9%
     "korthikanti_fig1_memory": (None, 0.05),  # measured 2.0% max
-    "megatron_readme_h100": (0.23, None),  # measured 22.6% mean, 44.7% max
-    "torchtitan_a100_fsdp": (0.07, 0.15),  # measured 6.1%, 14.8%
-    "llama3_table4": (0.21, 0.36),  # measured 20.5%, 35.6%
+    "megatron_readme_h100": (0.18, None),  # measured 17.5% mean, 40.7% max
+    "torchtitan_a100_fsdp": (0.03, 0.07),  # measured 1.7%, 6.4%
+    "llama3_table4": (0.16, 0.30),  # measured 15.8%, 29.6%
     # Not bounded: Qwen3-30B-A3B at micro-batch 1 is priced far too fast (measured 22.1% mean,
     # 90.7% max) while its micro-batch-4 runs are within 18%: the gap is a cost per micro-batch
     # and MoE layer (about 5 ms forward + backward on B200), not the expert GEMMs, which are
@@ -107,7 +108,7 @@ TOLERANCES: dict[str, tuple[float | None, float | None]] = {
     # Twins on a device with no fp8 GEMM table (MI300X): their fp8 GEMMs are priced with the
     # fallback ratio, nothing measured; shown, marked, not bounded.
     "fp8_twins_no_fp8_curve": (None, None),
-    "blackwell_training": (0.19, None),  # measured 18.3% mean, 116.2% max
+    "blackwell_training": (0.19, None),  # measured 18.3% mean, 120.1% max
 }
 
 

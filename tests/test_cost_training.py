@@ -88,6 +88,44 @@ def test_time_parts_sum_to_the_step(ref_columns) -> None:
     assert all(np.all(ref_columns[name] >= 0) for name in ref_columns if name.startswith("hidden."))
 
 
+def test_hidden_communication_slows_the_compute_beside_it(ref_columns) -> None:
+    """Every hidden second costs s / (1 + s) of compute (s: the measured mean slowdown of
+    compute under an overlapped collective, arXiv:2507.03114); none hidden, none lost."""
+    from cost_model._training_dp import overlap_compute_slowdown
+
+    s = overlap_compute_slowdown()
+    assert 0.0 < s <= 0.4  # the paper's mean, below its 40% maximum
+    hidden = sum(ref_columns[name] for name in ref_columns if name.startswith("hidden."))
+    assert np.any(hidden > 0)
+    np.testing.assert_allclose(ref_columns["time.contention"], hidden * s / (1.0 + s), rtol=1e-9)
+    assert np.all(ref_columns["time.contention"][hidden == 0] == 0)
+
+
+def test_distributed_optimizer_gather_hides_only_behind_a_forward() -> None:
+    """Megatron-core's ``--overlap-param-gather`` waits on each bucket before its layers'
+    forward, so the weight all-gather hides behind the first micro-batch's forward only: the
+    7.1B H100 run (tp 2, dp 48) gathers for longer than one forward and shows the rest, though
+    a whole micro-batch would have hidden it."""
+    from cost_model._training import micro_batch_times, training_context
+    from cost_model._training_comm import table_collective_times
+    from cost_model._validation import _cluster, _options, _workload, training_cases
+
+    (case,) = [c for c in training_cases() if (c.table, c.run) == ("megatron_readme_h100", "7.1B")]
+    cluster = _cluster(case.hardware, case.config.world_size)
+    options = _options(case, None, cluster)
+    table = configs_to_table([case.config])
+    ctx = training_context(
+        model=case.model, cluster=cluster, workload=_workload(case), table=table, options=options
+    )
+    times = table_collective_times(ctx)
+    mb = micro_batch_times(ctx, times)
+    gather, forward = times.dp_weight_gather[0, 0], mb.forward[0, 0]
+    whole = times.dp_weight_gather[0, 0] + times.dp_gradient_scatter[0, 0]
+    assert forward < gather and whole < mb.forward[0, 0] + mb.backward[0, 0]
+    columns = estimate_table(case.model, cluster, _workload(case), table, options=options)
+    assert columns["time.dp_comm"][0] >= gather - forward > 0
+
+
 def test_memory_parts_sum_to_the_total(ref_columns) -> None:
     parts = sum(ref_columns[f"memory.{part}"] for part in MEMORY_PARTS)
     np.testing.assert_allclose(parts, ref_columns["memory_per_device_bytes"], rtol=1e-12)
