@@ -5,7 +5,8 @@ Colocated rows (phase ``both``) run iteration-level continuous batching with chu
 token count (``iteration_cost``), and TTFT / TPOT / end-to-end latency come from the load the
 workload states — ``concurrency`` (closed loop), ``request_rate_per_s`` (open loop, Poisson) —
 or, with neither, the largest concurrency per replica whose p90 TTFT and p90 TPOT meet the SLOs
-and whose KV cache fits (``_largest_meeting_slos``: each row bisects ``CONCURRENCY_GRID`` with
+and whose KV cache fits (the engine's admission at its default memory fraction,
+``_engine_admits``; ``_largest_meeting_slos``: each row bisects ``CONCURRENCY_GRID`` with
 the closed form alone; the cost model's passes are priced once, on a token grid). A row's
 ``batch_size`` > 0 fixes the requests each micro-batch holds (closed loop at that load).
 
@@ -25,6 +26,7 @@ from functools import partial
 
 import numpy as np
 
+from cost_model import _inference_ops as ops
 from cost_model._common import REASON_CODES, EstimateOptions, memory_reason
 from cost_model._inference import (
     _memory_parts,
@@ -123,6 +125,43 @@ def _fits(s: _Setup) -> np.ndarray:
     )
 
 
+def _engine_admits(s: _Setup) -> np.ndarray:
+    """Requests one replica's engine runs at once at its default memory settings (>= 1).
+
+    The engine's KV pool is ``f`` of the device memory less the weights, activations and
+    communication buffers (``kv_memory_of == "total"``: vLLM ``gpu_memory_utilization``, SGLang
+    ``mem_fraction_static``), or ``f`` of what those leave (``"free"``: TensorRT-LLM
+    ``free_gpu_memory_fraction``). A request is admitted while the pool holds, for every running
+    request, its prompt and the share of its output tokens its engine reserves
+    (``admission_output_share`` of at most ``admission_output_clip``: all of them for
+    TensorRT-LLM's GUARANTEED_NO_EVICT, SGLang's decayed new-token ratio). Each device holds its
+    stage's layers of every request of the replica, so the count is per replica."""
+    profile, ones = s.profile, np.ones(s.phase.shape[0])
+    parts = _memory_parts(s, ones)
+    others = parts["weights"] + parts["activations"] + parts["comm_buffers"]
+    capacity = s.cluster.memory_per_device_bytes
+    fraction = profile.kv_memory_fraction
+    pool = (
+        fraction * capacity - others
+        if profile.kv_memory_of == "total"
+        else fraction * (capacity - others)
+    )
+    cached = np.floor(s.prompt_tokens * s.workload.prefix_cache_hit_rate)
+    reserved = (
+        s.prompt_tokens
+        - cached
+        + profile.admission_output_share
+        * np.minimum(s.output_tokens, profile.admission_output_clip)
+    )
+    per_layer = ops.kv_bytes_per_sequence_layer(
+        s.model, reserved, s.kv_element_bytes, block_tokens=s.workload.kv_block_tokens
+    )
+    kv_fraction = 1.0 / (ops.kv_head_split(s.model, s.shard) * s.column("cp"))
+    layers = np.max(np.reshape(s.layout.layers, (-1, ones.size)), axis=0)
+    per_request = layers * per_layer * kv_fraction
+    return np.maximum(np.floor(np.maximum(pool, 0.0) / per_request), 1.0)
+
+
 def _policy(s: _Setup, max_running: np.ndarray) -> LoadPolicy:
     cached = np.floor(s.prompt_tokens * s.workload.prefix_cache_hit_rate)
     budget = s.workload.max_batched_tokens or s.profile.max_batched_tokens
@@ -148,12 +187,11 @@ def _slo_met(s: _Setup, times: LoadTimes) -> np.ndarray:
     return ok
 
 
-def _colocated_load(
-    s: _Setup, cost: IterationCost, fits: np.ndarray
-) -> tuple[np.ndarray, LoadTimes]:
-    """Requests in flight per replica and the load times of each row (phase ``both``)."""
+def _colocated_load(s: _Setup, cost: IterationCost) -> tuple[np.ndarray, LoadTimes]:
+    """Requests in flight per replica and the load times of each row (phase ``both``); the
+    engine admits what its default KV pool holds (``_engine_admits``), the rest wait."""
     w, pp, given = s.workload, s.column("pp"), s.column("batch_size")
-    max_running = np.where(given > 0, given, np.maximum(fits, 1.0)) * pp
+    max_running = np.where(given > 0, given * pp, _engine_admits(s))
     policy = _policy(s, max_running)
     if w.request_rate_per_s is not None:
         times = open_loop(
@@ -259,7 +297,7 @@ def estimate_inference_table(
     batch = _pool_batch(s, fits)
     load, concurrency = None, None
     if is_both.any():
-        concurrency, load = _colocated_load(s, iteration_cost(s), fits)
+        concurrency, load = _colocated_load(s, iteration_cost(s))
         batch = np.where(
             is_both,
             np.ceil(
@@ -385,5 +423,5 @@ def serving_inputs(
         options=options or EstimateOptions(),
     )
     given, pp = s.column("batch_size"), s.column("pp")
-    max_running = np.where(given > 0, given, np.maximum(_fits(s), 1.0)) * pp
+    max_running = np.where(given > 0, given * pp, _engine_admits(s))
     return iteration_cost(s), _policy(s, max_running), s.replicas

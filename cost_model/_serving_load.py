@@ -74,6 +74,16 @@ class ServingProfile(BaseModel):
     max_batched_tokens: int = Field(gt=0)
     chunked_prefill: bool
     mixed_prefill_decode: bool
+    #: share of the device memory the engine's static pool may take (weights and KV cache:
+    #: vLLM ``gpu_memory_utilization``, SGLang ``mem_fraction_static``), or, with
+    #: ``kv_memory_of == "free"``, of the memory left after the weights that the KV cache takes
+    #: (TensorRT-LLM ``free_gpu_memory_fraction``)
+    kv_memory_fraction: float = Field(gt=0, le=1)
+    kv_memory_of: Literal["total", "free"]
+    #: share of a request's output tokens (at most ``admission_output_clip`` of them) that its
+    #: admission reserves in the KV cache, beyond its prompt
+    admission_output_share: float = Field(ge=0, le=1)
+    admission_output_clip: float = Field(gt=0)
     sources: dict[str, str]
 
     @property

@@ -103,3 +103,18 @@ def test_validate_serving_cli_prints_the_table(capsys) -> None:
         "throughput",
     }
     assert all(row["source_url"].startswith("https://") for row in payload["rows"])
+
+
+def test_a_row_runs_the_engine_settings_its_launch_states() -> None:
+    """The dstack TensorRT-LLM server was launched with ``--max_num_tokens 16384`` (the
+    source's launch command, recorded with the engine versions): the row carries that budget
+    and the simulator runs it, so a wave of four 3,200-token prompts fits in one iteration
+    instead of two and its mean TTFT is that one larger iteration."""
+    data = serving_validation_data()
+    engines = data["sources"]["dstack-deepseek-r1-mi300x-h200-2025"]["engines"]
+    assert "--max_num_tokens 16384" in engines["trtllm:H200"]
+    row = next(r for r in _rows() if r["id"] == "dstack:h200:trtllm:c4:in3200:out800")
+    assert row["max_batched_tokens"] == 16384
+    launched = simulate_benchmark(row)
+    default = simulate_benchmark({k: v for k, v in row.items() if k != "max_batched_tokens"})
+    assert launched["ttft_ms"] > 1.5 * default["ttft_ms"]
