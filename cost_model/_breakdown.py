@@ -17,7 +17,8 @@ class CostBreakdown(BaseModel):
     """Predicted cost of one (model, cluster, workload, config).
 
     Keys of ``time_s`` used by the library: ``compute``, ``recompute``, ``tp_comm``,
-    ``ep_comm``, ``cp_comm``, ``pp_comm``, ``dp_comm``, ``bubble``, ``optimizer`` (training);
+    ``ep_comm``, ``cp_comm``, ``pp_comm``, ``dp_comm``, ``contention`` (compute slowed by the
+    communication it hides), ``bubble``, ``optimizer`` (training);
     ``prefill`` / ``decode`` parts for inference. Keys of ``memory_bytes``: ``weights``,
     ``gradients``, ``optimizer_states``, ``activations``, ``kv_cache``, ``comm_buffers``,
     ``fragmentation``.
