@@ -341,7 +341,7 @@ def _print_generalization(figures: dict) -> None:
     console.print(fit_words(runs))
     for by, groups in figures["leave_one_source_out_groups"].items():
         grouped = table_of(
-            f"Leave-one-source-out error by {by} (bias > 0: predicted too fast)",
+            f"Held-out error by {by}, every run held out (bias > 0: predicted too fast)",
             {
                 by: "text",
                 "runs": "number",
