@@ -1,13 +1,52 @@
-torchrun pretrain_gpt.py \
+#!/usr/bin/env bash
+# Megatron-LM core_v0.16.1: tp4 pp2 dp16 cp64 ep256 etp2 sp
+# run from a Megatron-LM checkout
+set -euo pipefail
+CUDA_DEVICE_MAX_CONNECTIONS=32 torchrun \
+    --nnodes 2048 \
+    --nproc-per-node 4 \
+    --node-rank ${NODE_RANK} \
+    --master-addr ${MASTER_ADDR} \
+    --master-port 29500 pretrain_gpt.py \
     --num-layers 61 \
     --seq-length 4096 \
-    --tensor-model-parallel-size 1 \
-    --pipeline-model-parallel-size 1 \
-    --context-parallel-size 256 \
+    --bf16 \
+    --tokenizer-type HuggingFaceTokenizer \
+    --tokenizer-model deepseek-v3 \
+    --hidden-size 7168 \
+    --ffn-hidden-size 18432 \
+    --num-attention-heads 128 \
+    --max-position-embeddings 163840 \
+    --vocab-size 129280 \
+    --normalization RMSNorm \
+    --position-embedding-type rope \
+    --swiglu \
+    --disable-bias-linear \
+    --untie-embeddings-and-output-weights \
+    --multi-latent-attention \
+    --kv-lora-rank 512 \
+    --qk-head-dim 128 \
+    --qk-pos-emb-head-dim 64 \
+    --v-head-dim 128 \
+    --q-lora-rank 1536 \
+    --num-experts 256 \
+    --moe-router-topk 8 \
+    --moe-ffn-hidden-size 2048 \
+    --moe-grouped-gemm \
+    --moe-layer-freq '([0]*3+[1]*58)' \
+    --moe-shared-expert-intermediate-size 2048 \
+    --tensor-model-parallel-size 4 \
+    --pipeline-model-parallel-size 2 \
+    --context-parallel-size 64 \
     --micro-batch-size 1 \
     --global-batch-size 4096 \
-    --expert-model-parallel-size 128 \
-    --expert-tensor-parallel-size 1 \
+    --expert-model-parallel-size 256 \
+    --expert-tensor-parallel-size 2 \
+    --sequence-parallel \
+    --pipeline-model-parallel-layout 'Et*31|t*30L' \
     --use-torch-fsdp2 \
     --no-gradient-accumulation-fusion \
-    --ckpt-format torch_dist
+    --ckpt-format torch_dist \
+    --untie-embeddings-and-output-weights \
+    --train-iters ${TRAIN_ITERS:-1000} \
+    --lr ${LR:-3e-4}
