@@ -87,7 +87,6 @@ from cost_model import _inference_ops as ops
 from cost_model._common import (
     Calibration,
     EstimateOptions,
-    RowPartition,
     StageLayout,
     collective_time_s,
     op_time_s,
@@ -110,6 +109,7 @@ from cost_model._kernel_curves import (
     projections_time_s,
 )
 from cost_model._model_spec import ModelSpec
+from cost_model._rows import RowPartition
 from cost_model._serving_columns import (
     A2A_BACKEND_CODES,
     KV_DTYPE_CODES,
@@ -199,7 +199,7 @@ class _Setup:
 
     @cached_property
     def rows(self) -> RowPartition:
-        """Rows alike in every collective priced so far (``_common.RowPartition``)."""
+        """Rows alike in every collective priced so far (``_rows.RowPartition``)."""
         return RowPartition(self.phase.shape[0])
 
 

@@ -1,7 +1,7 @@
 """The fast paths of the inference table price exactly what a row priced on its own does.
 
 ``collective_time_s`` and the kernel-curve lookups evaluate each group of alike rows once
-(``_common.RowPartition``) on tables of ``_DISTINCT_MIN_SIZE`` rows or more; a table of one row
+(``_rows.RowPartition``) on tables of ``_DISTINCT_MIN_SIZE`` rows or more; a table of one row
 takes the straightforward path. A large table made of a sample of distinct layouts, each
 repeated in shuffled order, must give every row the columns its layout gets alone.
 """
@@ -17,13 +17,8 @@ import pytest
 
 from autoparallel import get_model
 from cost_model import Inference, ParallelConfig, configs_to_table, estimate_inference_table
-from cost_model._common import (
-    _DISTINCT_MIN_SIZE,
-    Calibration,
-    RowPartition,
-    collective_time_s,
-    distinct_rows,
-)
+from cost_model._common import Calibration, collective_time_s
+from cost_model._rows import _DISTINCT_MIN_SIZE, RowPartition, distinct_rows
 from cost_model._serving_columns import A2A_BACKEND_CODES, KV_DTYPE_CODES, PHASE_CODES
 from cost_model._table import select_rows
 from topology import get_preset, load_hardware_profile
