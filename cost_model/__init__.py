@@ -42,7 +42,12 @@ from cost_model._rules import (
     minimum_redundant_experts,
     split_layers,
 )
-from cost_model._serving import DisaggregatedSplit, PoolConfig, disaggregated_split
+from cost_model._serving import (
+    DisaggregatedSplit,
+    PoolConfig,
+    disaggregated_split,
+    pool_unit_rate,
+)
 from cost_model._serving_columns import KV_DTYPE_CODES, PHASE_CODES, ServingConfig
 from cost_model._serving_load import ServingProfile, serving_profile
 from cost_model._serving_precision import checkpoint_dtype
@@ -113,6 +118,7 @@ __all__ = [
     "check_sequence_fits",
     "configs_to_table",
     "disaggregated_split",
+    "pool_unit_rate",
     "dtype_bytes",
     "estimate",
     "estimate_inference_table",

@@ -90,11 +90,15 @@ class DisaggregatedSplit(BaseModel):
         )
 
 
-def _unit_rate(
-    model, cluster, workload: Inference, pool: PoolConfig, phase: str, options
-) -> tuple[int, float, float]:
+UnitRate = tuple[int, float, float]
+
+
+def pool_unit_rate(
+    model, cluster, workload: Inference, pool: PoolConfig, phase: str, options=None
+) -> UnitRate:
     """(devices per unit, requests/s per unit, pass time: TTFT of a prefill unit, TPOT of a
-    decode unit) of a pool; raises if the pool does not fit."""
+    decode unit) of a pool; raises ``InfeasiblePlanError`` if the pool does not fit. A search
+    pairing many units prices each once and hands the pairs to ``disaggregated_split(rates=)``."""
     serving = pool.serving.model_copy(update={"phase": phase})
     table = configs_to_table([pool.config], **serving.columns(workload=workload))
     columns = estimate_inference_table(
@@ -153,15 +157,17 @@ def disaggregated_split(
     decode: PoolConfig,
     num_devices: int | None = None,
     options: EstimateOptions | None = None,
+    rates: tuple[UnitRate, UnitRate] | None = None,
 ) -> DisaggregatedSplit:
-    """Rate-matched split of ``num_devices`` (default: the cluster's) into prefill and decode units."""
+    """Rate-matched split of ``num_devices`` (default: the cluster's) into prefill and decode units.
+    ``rates``: the (prefill, decode) ``pool_unit_rate`` of these pools when already priced."""
     num_devices = cluster.num_devices if num_devices is None else num_devices
-    prefill_size, prefill_rate, prefill_ttft = _unit_rate(
-        model, cluster, workload, prefill, "prefill", options
-    )
-    decode_size, decode_rate, decode_step = _unit_rate(
-        model, cluster, workload, decode, "decode", options
-    )
+    if rates is None:
+        rates = (
+            pool_unit_rate(model, cluster, workload, prefill, "prefill", options),
+            pool_unit_rate(model, cluster, workload, decode, "decode", options),
+        )
+    (prefill_size, prefill_rate, prefill_ttft), (decode_size, decode_rate, decode_step) = rates
     if workload.request_rate_per_s is not None:
         prefill_units = int(np.ceil(workload.request_rate_per_s / prefill_rate))
         decode_units = int(np.ceil(workload.request_rate_per_s / decode_rate))

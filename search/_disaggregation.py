@@ -22,6 +22,7 @@ from cost_model import (
     PoolConfig,
     ServingConfig,
     disaggregated_split,
+    pool_unit_rate,
 )
 from search._candidate import Candidate
 from search._exhaustive import exhaustive_search
@@ -139,9 +140,14 @@ def find_disaggregated(
         )
         for phase in ("prefill", "decode")
     }
+    rates = {  # each unit priced once, then paired with every unit of the other pool
+        phase: _unit_rates(model, cluster, workload, found, phase) for phase, found in units.items()
+    }
     priced = []
     for prefill_size, (prefill, prefill_unit) in units["prefill"].items():
         for decode_size, (decode, decode_unit) in units["decode"].items():
+            if prefill_size not in rates["prefill"] or decode_size not in rates["decode"]:
+                continue
             try:
                 split = disaggregated_split(
                     model=model,
@@ -149,6 +155,7 @@ def find_disaggregated(
                     workload=workload,
                     prefill=_pool(prefill, "prefill"),
                     decode=_pool(decode, "decode"),
+                    rates=(rates["prefill"][prefill_size], rates["decode"][decode_size]),
                 )
             except InfeasiblePlanError:
                 continue
@@ -183,6 +190,17 @@ def find_disaggregated(
         decode_units=split.decode_units,
         considered=tuple((p, d, r) for r, p, d, *_ in priced),
     )
+
+
+def _unit_rates(model, cluster, workload, units: dict, phase: str) -> dict:
+    """``pool_unit_rate`` of the best unit of each size (sizes whose unit does not fit left out)."""
+    rates = {}
+    for size, (candidate, _) in units.items():
+        try:
+            rates[size] = pool_unit_rate(model, cluster, workload, _pool(candidate, phase), phase)
+        except InfeasiblePlanError:
+            continue
+    return rates
 
 
 def _pool(candidate: Candidate, phase: str) -> PoolConfig:
