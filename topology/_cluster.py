@@ -218,14 +218,10 @@ class Cluster(_Strict):
         """Seconds per algorithm (``ring``, ``tree``, ``hierarchical``, ``in_network``) where it applies."""
         from topology import _collectives
 
-        path = _collectives.tier_path(
-            self,
-            group_size=group_size,
-            ranks_per_node=ranks_per_node,
-            concurrent_groups=concurrent_groups,
-        )
         return _collectives.applicable(
-            _collectives.algorithm_times(op, path=path, message_bytes=message_bytes)
+            self._every_algorithm_time(
+                op, group_size, ranks_per_node, message_bytes, concurrent_groups
+            )
         )
 
     def collective_algorithm(
@@ -234,15 +230,25 @@ class Cluster(_Strict):
         """Name of the algorithm ``collective_time`` takes, element-wise (a numpy array of str)."""
         from topology import _collectives
 
+        return _collectives.chosen_algorithm(
+            self._every_algorithm_time(
+                op, group_size, ranks_per_node, message_bytes, concurrent_groups
+            )
+        )
+
+    def _every_algorithm_time(
+        self, op: str, group_size, ranks_per_node, message_bytes, concurrent_groups
+    ):
+        """Each algorithm's seconds on this group's tier path (``_collectives.algorithm_times``)."""
+        from topology import _collectives
+
         path = _collectives.tier_path(
             self,
             group_size=group_size,
             ranks_per_node=ranks_per_node,
             concurrent_groups=concurrent_groups,
         )
-        return _collectives.chosen_algorithm(
-            _collectives.algorithm_times(op, path=path, message_bytes=message_bytes)
-        )
+        return _collectives.algorithm_times(op, path=path, message_bytes=message_bytes)
 
     def bus_bandwidth(
         self, op: str, *, group_size, ranks_per_node, message_bytes, concurrent_groups=None
