@@ -135,7 +135,9 @@ def _engine_admits(s: _Setup) -> np.ndarray:
     request, its prompt and the share of its output tokens its engine reserves
     (``admission_output_share`` of at most ``admission_output_clip``: all of them for
     TensorRT-LLM's GUARANTEED_NO_EVICT, SGLang's decayed new-token ratio). Each device holds its
-    stage's layers of every request of the replica, so the count is per replica."""
+    stage's layers of every request of the replica, so the count is per replica. The engine's
+    own default cap on running requests (``ServingProfile.running_cap``: vLLM ``max_num_seqs``,
+    TensorRT-LLM ``max_batch_size``, SGLang ``max_running_requests``) bounds it too."""
     profile, ones = s.profile, np.ones(s.phase.shape[0])
     parts = _memory_parts(s, ones)
     others = parts["weights"] + parts["activations"] + parts["comm_buffers"]
@@ -159,7 +161,14 @@ def _engine_admits(s: _Setup) -> np.ndarray:
     kv_fraction = 1.0 / (ops.kv_head_split(s.model, s.shard) * s.column("cp"))
     layers = np.max(np.reshape(s.layout.layers, (-1, ones.size)), axis=0)
     per_request = layers * per_layer * kv_fraction
-    return np.maximum(np.floor(np.maximum(pool, 0.0) / per_request), 1.0)
+    held = np.floor(np.maximum(pool, 0.0) / per_request)
+    cap = profile.running_cap(
+        device_name=s.hardware.name,
+        memory_bytes=capacity,
+        pool_tokens=held * reserved,
+        context_tokens=float(s.model.max_context_tokens),
+    )
+    return np.maximum(np.minimum(held, cap), 1.0)
 
 
 def _policy(s: _Setup, max_running: np.ndarray) -> LoadPolicy:

@@ -84,7 +84,45 @@ class ServingProfile(BaseModel):
     #: admission reserves in the KV cache, beyond its prompt
     admission_output_share: float = Field(ge=0, le=1)
     admission_output_clip: float = Field(gt=0)
+    #: the engine's default cap on the requests one instance runs at once (vLLM
+    #: ``max_num_seqs``, TensorRT-LLM ``max_batch_size``, SGLang ``max_running_requests``)
+    max_running_requests: int = Field(gt=0)
+    #: vLLM's smaller default on devices under ``small_device_below_gib`` or named here
+    max_running_requests_small_device: int | None = Field(default=None, gt=0)
+    small_device_below_gib: float | None = Field(default=None, gt=0)
+    small_devices: tuple[str, ...] = ()
+    #: SGLang derives its cap from the KV pool: at least ``min_running_requests``,
+    #: ``running_requests_per_context`` per context length of pool tokens, and at most
+    #: ``running_requests_pool_token_share`` of the pool's tokens
+    min_running_requests: int | None = Field(default=None, gt=0)
+    running_requests_per_context: float | None = Field(default=None, gt=0)
+    running_requests_pool_token_share: float | None = Field(default=None, gt=0, le=1)
     sources: dict[str, str]
+
+    def running_cap(
+        self, *, device_name: str, memory_bytes: float, pool_tokens, context_tokens: float
+    ) -> np.ndarray:
+        """Requests one engine instance runs at once by its defaults, before the KV pool's own
+        limit: ``pool_tokens`` (per row) is what its KV pool holds, ``context_tokens`` the
+        model's context length."""
+        pool_tokens = np.maximum(np.asarray(pool_tokens, dtype=np.float64), 0.0)
+        cap = float(self.max_running_requests)
+        small = self.max_running_requests_small_device
+        if small is not None and (
+            (
+                self.small_device_below_gib is not None
+                and memory_bytes < self.small_device_below_gib * 2**30
+            )
+            or any(name.lower() in device_name.lower() for name in self.small_devices)
+        ):
+            cap = float(small)
+        caps = np.full(pool_tokens.shape, cap)
+        if self.running_requests_per_context is not None:
+            sized = np.floor(pool_tokens / context_tokens * self.running_requests_per_context)
+            caps = np.minimum(caps, np.maximum(sized, self.min_running_requests or 1))
+        if self.running_requests_pool_token_share is not None:
+            caps = np.minimum(caps, np.floor(pool_tokens * self.running_requests_pool_token_share))
+        return np.maximum(caps, 1.0)
 
     @property
     def iteration_floor_s(self) -> float:

@@ -468,3 +468,32 @@ def test_a_queue_for_admission_adds_to_ttft_in_both_models() -> None:
         duration_s=30 * float(above.e2e_s[0]),
     ).summary()
     assert float(above.ttft_s[0]) == pytest.approx(simulated["ttft_mean_s"], rel=0.10)
+
+
+def test_each_engine_runs_no_more_requests_than_its_default_cap() -> None:
+    """A small model on a large device: the KV pool would hold millions of short requests,
+    the engines' defaults run 1,024 (vLLM max_num_seqs, 256 on an A100), 2,048 (TensorRT-LLM
+    max_batch_size) or what SGLang sizes from its pool (2,048-4,096), the rest queue."""
+    vllm = serving_profile("vllm")
+    assert vllm.running_cap(
+        device_name="NVIDIA H100", memory_bytes=80e9, pool_tokens=1e9, context_tokens=4096
+    ) == pytest.approx(1024)
+    assert vllm.running_cap(
+        device_name="NVIDIA A100 80GB", memory_bytes=80e9, pool_tokens=1e9, context_tokens=4096
+    ) == pytest.approx(256)
+    sglang = serving_profile("sglang")
+    caps = sglang.running_cap(
+        device_name="NVIDIA H200",
+        memory_bytes=141e9,
+        pool_tokens=np.array([1e3, 1e5, 1e6, 1e8]),
+        context_tokens=163840,
+    )
+    # half the pool's tokens; the floor; 512 per context of pool tokens; the ceiling
+    assert list(caps) == [500, 2048, 3125, 4096]
+    small = get_model("tiny-moe")
+    workload = Inference(prompt_tokens=16, output_tokens=16)
+    table = configs_to_table([ParallelConfig(tp=1)], **ServingConfig().columns(workload=workload))
+    for engine, cap in (("vllm", 1024), ("trtllm", 2048), ("sglang", 4096)):
+        load = workload.model_copy(update={"serving_engine": engine})
+        _, policy, _ = serving_inputs(model=small, cluster=H200_NODE, workload=load, table=table)
+        assert float(policy.max_running[0]) == cap, engine
