@@ -101,7 +101,8 @@ def simulate_benchmark(row: dict, *, seed: int = 0) -> dict[str, float]:
     """The simulator's mean TTFT / TPOT (ms) and output tokens/s for a benchmark row.
 
     A row with ``num_requests`` runs exactly that many requests from clients that start
-    together, all measured (``bench_serving``'s protocol). A row without it was measured in
+    together, all measured (``bench_serving``'s protocol), with request lengths spread by the
+    row's ``prompt_tokens_cv`` / ``output_tokens_cv`` (fixed lengths when absent). A row without it was measured in
     steady state (a client that reports stable measurement windows of a running closed loop):
     the layout simulation's steady closed loop, whose warm-up is not measured."""
     from topology import get_preset
@@ -143,6 +144,8 @@ def simulate_benchmark(row: dict, *, seed: int = 0) -> dict[str, float]:
         policy=one,
         concurrency=max(round(row["concurrency"] / count), 1),
         num_requests=max(round(row["num_requests"] / count), 1),
+        prompt_tokens_cv=row.get("prompt_tokens_cv", 0.0),
+        output_tokens_cv=row.get("output_tokens_cv", 0.0),
         seed=seed,
     )
     tokens = float(
