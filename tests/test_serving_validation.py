@@ -43,6 +43,12 @@ def test_the_table_covers_engines_gpus_deployments_and_loads() -> None:
     assert min(loads) <= 4 and max(loads) >= 128
     with_latency = [row for row in rows if "ttft_ms" in row.get("measured", {})]
     assert len(with_latency) >= 40 and all("tpot_ms" in row["measured"] for row in with_latency)
+    # The TTFT/TPOT rows alone: several publications, engines, GPU kinds and loads.
+    assert len({row["source"] for row in with_latency}) >= 4
+    assert len({row["engine"] for row in with_latency}) >= 2
+    assert len({row["gpu"] for row in with_latency}) >= 3
+    latency_loads = [row["concurrency"] for row in with_latency]
+    assert min(latency_loads) <= 4 and max(latency_loads) >= 128
 
 
 def _fit_sources() -> set[str]:
@@ -99,6 +105,21 @@ def test_a_row_without_a_request_count_is_priced_in_steady_state() -> None:
     wave = simulate_benchmark({**row, "num_requests": 100})
     assert 0 < steady["ttft_ms"] < wave["ttft_ms"]
     assert steady["tpot_ms"] == pytest.approx(wave["tpot_ms"], rel=0.25)
+
+
+def test_a_row_carries_the_spread_of_its_request_lengths() -> None:
+    """SGLang's bench_serving draws random-dataset lengths uniformly from 1 to L (coefficient of
+    variation 1/sqrt(3)): the cookbook rows carry that spread and the simulator draws it, so
+    long and short prompts of one wave no longer finish their prefills together."""
+    rows = [r for r in _rows() if r["source"] == "sglang-cookbook"]
+    assert rows and all(r["prompt_tokens_cv"] == pytest.approx(3**-0.5, abs=1e-3) for r in rows)
+    row = next(
+        r for r in rows if r["id"] == "sglang-cookbook:b200:qwen3-235b:tp8:c16:in8000:out1000"
+    )
+    spread = simulate_benchmark(row)
+    fixed = simulate_benchmark({**row, "prompt_tokens_cv": 0.0, "output_tokens_cv": 0.0})
+    assert spread["ttft_ms"] != pytest.approx(fixed["ttft_ms"], rel=1e-3)
+    assert spread["tpot_ms"] > 0 and fixed["tpot_ms"] > 0
 
 
 def test_pool_rows_compare_throughput_per_node() -> None:
