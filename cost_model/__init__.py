@@ -54,6 +54,7 @@ from cost_model._serving_precision import checkpoint_dtype
 from cost_model._serving_validation import (
     serving_validation_data,
     summarize_serving,
+    summarize_serving_by_source,
     validate_serving,
 )
 from cost_model._simulator import SimulationResult, simulate, simulate_layout, slo_concurrency
@@ -171,6 +172,7 @@ __all__ = [
     "slo_concurrency",
     "summarize",
     "summarize_serving",
+    "summarize_serving_by_source",
     "training_cases",
     "validate_published",
 ]

@@ -31,10 +31,11 @@ from cost_model._inference_validation import (
     validate_dsv3_day6,
     validate_dsv3_profile,
 )
+from cost_model._model_spec import ModelSpec
 from cost_model._parallel import ParallelConfig
 from cost_model._serving_columns import ServingConfig
 from cost_model._serving_load import Engine
-from cost_model._simulator import simulate
+from cost_model._simulator import simulate, simulate_layout
 from cost_model._table import configs_to_table
 from cost_model._workload import Inference
 
@@ -73,6 +74,18 @@ def serving_validation_data() -> dict:
     )
 
 
+def row_model(row: dict) -> ModelSpec:
+    """The row's model: a config of the file's ``models`` (HF ``config.json`` fields with their
+    ``_source``), else ``deepseek-v3`` (the DeepSeek-V3 config of the Day-6 records)."""
+    name = row.get("model", "deepseek-v3")
+    configs = serving_validation_data().get("models", {})
+    if name in configs:
+        return ModelSpec.from_hf_config(configs[name], name=name)
+    if name != "deepseek-v3":
+        raise ValueError(f"row {row['id']!r}: model {name!r} is not in the file's models")
+    return day6_model()
+
+
 def _benchmark_workload(row: dict) -> Inference:
     return Inference(
         prompt_tokens=row["prompt_tokens"],
@@ -85,29 +98,54 @@ def _benchmark_workload(row: dict) -> Inference:
 
 
 def simulate_benchmark(row: dict, *, seed: int = 0) -> dict[str, float]:
-    """The simulator's mean TTFT / TPOT (ms) and output tokens/s for a benchmark row."""
+    """The simulator's mean TTFT / TPOT (ms) and output tokens/s for a benchmark row.
+
+    A row with ``num_requests`` runs exactly that many requests from clients that start
+    together, all measured (``bench_serving``'s protocol), with request lengths spread by the
+    row's ``prompt_tokens_cv`` / ``output_tokens_cv`` (fixed lengths when absent). A row without it was measured in
+    steady state (a client that reports stable measurement windows of a running closed loop):
+    the layout simulation's steady closed loop, whose warm-up is not measured."""
     from topology import get_preset
 
     cluster = get_preset(row["preset"], num_nodes=row.get("nodes", 1))
     workload = _benchmark_workload(row)
     config = ParallelConfig(**row["config"])
     serving = ServingConfig(batch_size=row.get("max_batch_size_per_rank", 0))
-    table = configs_to_table([config], **serving.columns(workload=workload))
     options = EstimateOptions(calibration=calibration_for(cluster.device))
+    table = configs_to_table([config], **serving.columns(workload=workload))
     cost, policy, replicas = serving_inputs(
-        model=day6_model(),
+        model=row_model(row),
         cluster=cluster,
         workload=workload,
         table=table,
         options=options,
     )
     count = float(replicas[0])
+    if row.get("num_requests") is None:
+        layout = simulate_layout(
+            model=row_model(row),
+            cluster=cluster,
+            workload=workload,
+            config=config,
+            serving=serving,
+            options=options,
+            concurrency_per_replica=max(round(row["concurrency"] / count), 1),
+            seed=seed,
+        )
+        steady = layout.result
+        return {
+            "ttft_ms": float(np.mean(steady.ttft_s)) * 1e3,
+            "tpot_ms": float(np.mean(steady.tpot_s)) * 1e3,
+            "output_tokens_per_s": steady.output_tokens_per_s * count,
+        }
     one = policy.row(0)
     result = simulate(
         cost=cost.row(0),
         policy=one,
         concurrency=max(round(row["concurrency"] / count), 1),
         num_requests=max(round(row["num_requests"] / count), 1),
+        prompt_tokens_cv=row.get("prompt_tokens_cv", 0.0),
+        output_tokens_cv=row.get("output_tokens_cv", 0.0),
         seed=seed,
     )
     tokens = float(
@@ -219,16 +257,19 @@ def validate_serving(*, row_ids: tuple[str, ...] | None = None) -> list[ServingV
     return rows
 
 
+def metric_kind(row: ServingValidationRow) -> str:
+    """``TTFT``, ``TPOT`` or ``throughput`` (every other published figure)."""
+    for kind in ("TTFT", "TPOT"):
+        if kind in row.metric:
+            return kind
+    return "throughput"
+
+
 def summarize_serving(rows: list[ServingValidationRow]) -> dict[str, dict[str, float]]:
     """Count, mean and largest |error| per metric kind (TTFT, TPOT, throughput)."""
-    kinds = {
-        "TTFT": lambda r: "TTFT" in r.metric,
-        "TPOT": lambda r: "TPOT" in r.metric,
-        "throughput": lambda r: "TTFT" not in r.metric and "TPOT" not in r.metric,
-    }
     summary = {}
-    for kind, select in kinds.items():
-        errors = np.abs([r.error for r in rows if select(r)])
+    for kind in ("TTFT", "TPOT", "throughput"):
+        errors = np.abs([r.error for r in rows if metric_kind(r) == kind])
         if errors.size:
             summary[kind] = {
                 "count": int(errors.size),
@@ -236,3 +277,14 @@ def summarize_serving(rows: list[ServingValidationRow]) -> dict[str, dict[str, f
                 "max_abs_error": float(errors.max()),
             }
     return summary
+
+
+def summarize_serving_by_source(
+    rows: list[ServingValidationRow],
+) -> dict[str, dict[str, dict[str, float]]]:
+    """``summarize_serving`` for each source's rows: source -> metric kind -> count, mean and
+    largest |error| (a source is one publication, so one protocol and one set of engines)."""
+    sources = dict.fromkeys(r.source for r in rows)
+    return {
+        source: summarize_serving([r for r in rows if r.source == source]) for source in sources
+    }

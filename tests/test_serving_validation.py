@@ -11,8 +11,11 @@ import pytest
 import cost_model
 from autoparallel.cli import main
 from cost_model._serving_validation import (
+    row_model,
     serving_validation_data,
     simulate_benchmark,
+    summarize_serving,
+    summarize_serving_by_source,
     validate_serving,
 )
 
@@ -40,6 +43,12 @@ def test_the_table_covers_engines_gpus_deployments_and_loads() -> None:
     assert min(loads) <= 4 and max(loads) >= 128
     with_latency = [row for row in rows if "ttft_ms" in row.get("measured", {})]
     assert len(with_latency) >= 40 and all("tpot_ms" in row["measured"] for row in with_latency)
+    # The TTFT/TPOT rows alone: several publications, engines, GPU kinds and loads.
+    assert len({row["source"] for row in with_latency}) >= 4
+    assert len({row["engine"] for row in with_latency}) >= 2
+    assert len({row["gpu"] for row in with_latency}) >= 3
+    latency_loads = [row["concurrency"] for row in with_latency]
+    assert min(latency_loads) <= 4 and max(latency_loads) >= 128
 
 
 def _fit_sources() -> set[str]:
@@ -84,6 +93,35 @@ def test_a_benchmark_row_is_priced_under_its_protocol() -> None:
     assert ttft.error == pytest.approx(ttft.predicted / ttft.measured - 1)
 
 
+def test_a_row_without_a_request_count_is_priced_in_steady_state() -> None:
+    """The NIM page publishes no request count: its rows run the steady closed loop, where the
+    clients have drifted apart, instead of one wave of clients that start together and queue
+    behind each other's 5,000-token prefills."""
+    row = next(
+        r for r in _rows() if r["id"] == "nim:h100:trtllm:llama-3.3-70b:tp2:c50:in5000:out500"
+    )
+    assert "num_requests" not in row
+    steady = simulate_benchmark(row)
+    wave = simulate_benchmark({**row, "num_requests": 100})
+    assert 0 < steady["ttft_ms"] < wave["ttft_ms"]
+    assert steady["tpot_ms"] == pytest.approx(wave["tpot_ms"], rel=0.25)
+
+
+def test_a_row_carries_the_spread_of_its_request_lengths() -> None:
+    """SGLang's bench_serving draws random-dataset lengths uniformly from 1 to L (coefficient of
+    variation 1/sqrt(3)): the cookbook rows carry that spread and the simulator draws it, so
+    long and short prompts of one wave no longer finish their prefills together."""
+    rows = [r for r in _rows() if r["source"] == "sglang-cookbook"]
+    assert rows and all(r["prompt_tokens_cv"] == pytest.approx(3**-0.5, abs=1e-3) for r in rows)
+    row = next(
+        r for r in rows if r["id"] == "sglang-cookbook:b200:qwen3-235b:tp8:c16:in8000:out1000"
+    )
+    spread = simulate_benchmark(row)
+    fixed = simulate_benchmark({**row, "prompt_tokens_cv": 0.0, "output_tokens_cv": 0.0})
+    assert spread["ttft_ms"] != pytest.approx(fixed["ttft_ms"], rel=1e-3)
+    assert spread["tpot_ms"] > 0 and fixed["tpot_ms"] > 0
+
+
 def test_pool_rows_compare_throughput_per_node() -> None:
     rows = validate_serving(
         row_ids=("lmsys-large-ep:h100:prefill:in2000", "deepseek-day6:h800:decode")
@@ -103,6 +141,43 @@ def test_validate_serving_cli_prints_the_table(capsys) -> None:
         "throughput",
     }
     assert all(row["source_url"].startswith("https://") for row in payload["rows"])
+    assert set(payload["summary_by_source"]) == {row["source"] for row in payload["rows"]}
+
+
+def test_the_summary_per_source_splits_the_summary_per_metric() -> None:
+    rows = validate_serving(
+        row_ids=(
+            "dstack:h200:vllm:c4:in3200:out800",
+            "nim:h100:trtllm:llama-3.3-70b:tp2:c1:in5000:out500",
+            "nim:h100:trtllm:llama-3.3-70b:tp2:c50:in5000:out500",
+        )
+    )
+    by_source = summarize_serving_by_source(rows)
+    assert set(by_source) == {
+        "dstack-deepseek-r1-mi300x-h200-2025",
+        "nvidia-nim-llm-benchmarking-performance",
+    }
+    nim = by_source["nvidia-nim-llm-benchmarking-performance"]
+    assert nim["TTFT"]["count"] == 2 and nim["TPOT"]["count"] == 2
+    errors = [
+        abs(r.error) for r in rows if r.source.startswith("nvidia-nim") and "TTFT" in r.metric
+    ]
+    assert nim["TTFT"]["mean_abs_error"] == pytest.approx(np.mean(errors))
+    assert nim["TTFT"]["max_abs_error"] == pytest.approx(max(errors))
+    overall = summarize_serving(rows)
+    assert sum(s["TTFT"]["count"] for s in by_source.values()) == overall["TTFT"]["count"]
+
+
+def test_a_row_runs_the_model_its_source_served() -> None:
+    """The NIM rows serve Llama 3.3 70B (the Llama 3.1 70B architecture), given as HF config
+    fields in the file; a row naming a model the file does not hold is refused."""
+    row = next(r for r in _rows() if r["id"].startswith("nim:h100:"))
+    model = row_model(row)
+    assert model.num_layers == 80 and model.moe is None
+    assert model.attention.num_kv_heads == 8
+    assert row_model({"id": "x"}).moe is not None  # DeepSeek-V3 by default
+    with pytest.raises(ValueError, match="not in the file's models"):
+        row_model({"id": "x", "model": "no-such-model"})
 
 
 def test_a_row_runs_the_engine_settings_its_launch_states() -> None:

@@ -19,20 +19,32 @@ def print_serving_validation(*, as_json: bool, strict: bool) -> int:
     from cost_model import (
         serving_validation_data,
         summarize_serving,
+        summarize_serving_by_source,
         validate_serving,
     )
 
     rows = validate_serving()
     summary = summarize_serving(rows)
+    by_source = summarize_serving_by_source(rows)
     sources = serving_validation_data()["sources"]
     if as_json:
         payload = [
             dict(row._asdict(), error=row.error, source_url=sources[row.source]["url"])
             for row in rows
         ]
-        console.print_json(json.dumps({"rows": payload, "summary": summary, "sources": sources}))
+        console.print_json(
+            json.dumps(
+                {
+                    "rows": payload,
+                    "summary": summary,
+                    "summary_by_source": by_source,
+                    "sources": sources,
+                }
+            )
+        )
     else:
         _print_rows(rows, sources)
+        _print_by_source(by_source)
         _print_summary(summary)
     missed = [kind for kind, figures in summary.items() if not _within(figures)]
     return 1 if strict and missed else 0
@@ -76,6 +88,22 @@ def _print_rows(rows, sources) -> None:
             f"[{color}]{100 * row.error:+.1f}%[/]",
             sources[row.source]["url"],
         )
+    console.print(table)
+
+
+def _print_by_source(by_source: dict) -> None:
+    table = Table(title="Mean and largest |error| per source and metric")
+    for column in ("source", "metric", "rows", "mean |error|", "max |error|"):
+        table.add_column(column, justify="left" if column in ("source", "metric") else "right")
+    for source, summary in by_source.items():
+        for kind, figures in summary.items():
+            table.add_row(
+                source,
+                kind,
+                str(figures["count"]),
+                f"{100 * figures['mean_abs_error']:.1f}%",
+                f"{100 * figures['max_abs_error']:.1f}%",
+            )
     console.print(table)
 
 
