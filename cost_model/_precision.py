@@ -114,9 +114,10 @@ RECIPE_TABLE: dict[str, str] = {
 #: Recipes whose FSDP all-gather moves fp8 weights (torchao ``enable_fsdp_float8_all_gather``:
 #: tensorwise scaling only).
 FSDP_FP8_GATHER_RECIPES: frozenset[str] = frozenset({"tensorwise"})
-#: Recipes whose sequence-parallel all-gather into the column-parallel GEMMs moves fp8
-#: activations in forward (torchao ``Float8ColwiseParallel`` / ``PrepareFloat8ModuleInput``, the
-#: tensor-parallel plan torchtitan applies with tensorwise float8).
+#: Recipes whose sequence-parallel all-gathers move fp8: the input of the column-parallel GEMMs
+#: in forward, the output gradient of the row-parallel GEMMs in backward (torchao
+#: ``Float8ColwiseParallel`` / ``Float8RowwiseParallel`` / ``PrepareFloat8ModuleInput``, the
+#: tensor-parallel plan torchtitan applies with tensorwise float8; ``_training_comm._tp``).
 TP_FP8_GATHER_RECIPES: frozenset[str] = frozenset({"tensorwise"})
 #: GEMM roles that run in fp8; ``router`` and ``lm_head`` keep bf16/fp32 (DeepSeek-V3 sec. 3.3.1).
 FP8_ROLES: tuple[str, ...] = ("linear", "expert")

@@ -270,12 +270,22 @@ def test_tensorwise_fp8_halves_the_fsdp_weight_gather_only(model) -> None:
     assert np.allclose(tensorwise.ends_gather, bf16.ends_gather)
 
 
-def test_tensorwise_fp8_gathers_forward_activations_in_fp8_under_sequence_parallel(model) -> None:
+def test_tensorwise_fp8_gathers_in_fp8_and_reduce_scatters_in_bf16_under_sequence_parallel(
+    model,
+) -> None:
     from cost_model._training_comm import collective_times
 
-    bf16 = collective_times(_fsdp_tp_context(model, precision="bf16", recipe="tensorwise", tp=8))
-    fp8 = collective_times(_fsdp_tp_context(model, precision="fp8", recipe="tensorwise", tp=8))
-    rowwise = collective_times(_fsdp_tp_context(model, precision="fp8", recipe="rowwise", tp=8))
-    assert fp8.tp_split_forward[0] < bf16.tp_split_forward[0] == pytest.approx(bf16.tp_split[0])
-    assert fp8.tp_split[0] == pytest.approx(bf16.tp_split[0])  # backward stays bf16
-    assert rowwise.tp_split_forward[0] == pytest.approx(bf16.tp_split_forward[0])
+    contexts = {
+        (precision, recipe): _fsdp_tp_context(model, precision=precision, recipe=recipe, tp=8)
+        for precision, recipe in (("bf16", "tensorwise"), ("fp8", "tensorwise"), ("fp8", "rowwise"))
+    }
+    bf16, fp8, rowwise = (collective_times(ctx) for ctx in contexts.values())
+    ctx = contexts[("bf16", "tensorwise")]
+    tp, message = ctx.column("tp"), ctx.tokens * ctx.model.hidden_size * 2.0
+    scatter = ctx.collective("reduce_scatter", axis="tp", group_size=tp, message_bytes=message)
+    fp8_gather = ctx.collective("all_gather", axis="tp", group_size=tp, message_bytes=message / 2)
+    # Forward input and backward output-gradient gathers move 1 byte; the scatters stay bf16.
+    assert fp8.tp_split[0] == pytest.approx((scatter + fp8_gather)[0])
+    assert fp8.tp_split[0] < bf16.tp_split[0]
+    assert rowwise.tp_split[0] == pytest.approx(bf16.tp_split[0])
+    assert fp8.tp_all_reduce[0] == pytest.approx(bf16.tp_all_reduce[0])  # no SP: no fp8 gather
