@@ -123,6 +123,8 @@ TP_FP8_GATHER_RECIPES: frozenset[str] = frozenset({"tensorwise"})
 FP8_ROLES: tuple[str, ...] = ("linear", "expert")
 #: Bytes per parameter of quantizing a weight (read bf16, write the fp8 copy and its transpose).
 WEIGHT_QUANTIZATION_BYTES = 4.0
+#: Bytes per element of the transposed fp8 copy within ``FP8_RECIPES`` (written once, 1 byte).
+TRANSPOSED_COPY_BYTES = 1.0
 
 
 @lru_cache(maxsize=1)
@@ -324,16 +326,42 @@ def _layer_quantized_elements(ctx, *, moe: bool) -> tuple[np.ndarray, np.ndarray
     return elements, weights
 
 
+def _cast_before_gather_elements(ctx, *, moe: bool) -> np.ndarray:
+    """Elements per layer and micro-batch of the hidden-size tensors a tensorwise recipe casts
+    to fp8 on their sequence-parallel shard, before the tp all-gather (``TP_FP8_GATHER_RECIPES``
+    under sequence parallelism, else 0): the input of the attention and of the dense FFN in
+    forward (torchao ``PrepareFloat8ModuleInput`` casts "before the all-gather (i.e. Shard ->
+    Replicate)"), the output gradient of the attention output and FFN down projections in
+    backward (``Float8RowwiseParallel`` casts it before the backward all-gather, see
+    ``_training_comm._tp``); torchao/float8/float8_tensor_parallel.py. The MoE block's input is
+    not one of them (its experts take the dispatched tokens)."""
+    workload = ctx.workload
+    if workload.fp8_recipe not in TP_FP8_GATHER_RECIPES:
+        return np.zeros_like(ctx.tokens)
+    tensors = 2.0 if moe and ctx.model.moe is not None else 4.0
+    split = ctx.sequence_parallel & (ctx.column("tp") > 1)
+    return np.where(split, tensors * ctx.tokens * ctx.model.hidden_size, 0.0)
+
+
 def quantization_time_s(ctx, *, moe: bool) -> np.ndarray:
     """Seconds of the fp8 quantization kernels of one layer and micro-batch, forward + backward
     (casts, amax reductions, transposed copies of every fp8 GEMM's input activation and output
     gradient, and of its weight): ``FP8_RECIPES[recipe]`` bytes per element plus
-    ``WEIGHT_QUANTIZATION_BYTES`` per parameter, a memory-bound pass; 0 unless training in fp8."""
+    ``WEIGHT_QUANTIZATION_BYTES`` per parameter, a memory-bound pass; 0 unless training in fp8.
+    A tensor cast before its sequence-parallel all-gather (``_cast_before_gather_elements``) runs
+    its amax and cast on the 1/tp shard; only its transposed copy (``TRANSPOSED_COPY_BYTES``)
+    is of the gathered tensor."""
     if ctx.workload.precision != "fp8":
         return np.zeros_like(ctx.tokens)
     elements, weights = _layer_quantized_elements(ctx, moe=moe)
     fp8_share = 1.0 - bf16_layer_fraction(ctx)
-    moved = FP8_RECIPES[ctx.workload.fp8_recipe] * elements + WEIGHT_QUANTIZATION_BYTES * weights
+    per_element = FP8_RECIPES[ctx.workload.fp8_recipe]
+    sharded = _cast_before_gather_elements(ctx, moe=moe) * (1.0 - 1.0 / ctx.column("tp"))
+    moved = (
+        per_element * elements
+        - (per_element - TRANSPOSED_COPY_BYTES) * sharded
+        + WEIGHT_QUANTIZATION_BYTES * weights
+    )
     return (
         op_time_s(
             flops=0.0,

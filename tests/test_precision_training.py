@@ -289,3 +289,54 @@ def test_tensorwise_fp8_gathers_in_fp8_and_reduce_scatters_in_bf16_under_sequenc
     assert fp8.tp_split[0] < bf16.tp_split[0]
     assert rowwise.tp_split[0] == pytest.approx(bf16.tp_split[0])
     assert fp8.tp_all_reduce[0] == pytest.approx(bf16.tp_all_reduce[0])  # no SP: no fp8 gather
+
+
+def test_tensorwise_casts_sequence_parallel_tensors_on_their_shard_before_the_gather(model) -> None:
+    from cost_model._precision import (
+        TRANSPOSED_COPY_BYTES,
+        _cast_before_gather_elements,
+        _layer_quantized_elements,
+    )
+
+    def context(recipe: str, *, sequence_parallel: bool):
+        config = ParallelConfig(
+            dp=2,
+            tp=8,
+            zero_stage=3,
+            micro_batch_size=1,
+            recompute="selective",
+            sequence_parallel=sequence_parallel,
+        )
+        workload = Training(
+            sequence_length_tokens=8192,
+            global_batch_sequences=16,
+            precision="fp8",
+            fp8_recipe=recipe,
+        )
+        return training_context(
+            model=model,
+            cluster=get_preset("dgx-h100", num_nodes=2),
+            workload=workload,
+            table=configs_to_table([config]),
+            options=EstimateOptions(),
+        )
+
+    sp, no_sp = (
+        context("tensorwise", sequence_parallel=True),
+        context("tensorwise", sequence_parallel=False),
+    )
+    # Attention and FFN inputs (forward), their output projections' gradients (backward).
+    cast = _cast_before_gather_elements(sp, moe=False)[0]
+    assert cast == pytest.approx(4 * 8192 * model.hidden_size)
+    assert _cast_before_gather_elements(no_sp, moe=False)[0] == 0.0
+    assert (
+        _cast_before_gather_elements(context("rowwise", sequence_parallel=True), moe=False)[0]
+        == 0.0
+    )
+    # The shard's amax and cast save (1 - 1/tp) of those bytes; the transposed copy stays whole.
+    elements, weights = (x[0] for x in _layer_quantized_elements(sp, moe=False))
+    full = FP8_RECIPES["tensorwise"] * elements + 4.0 * weights
+    saved = (FP8_RECIPES["tensorwise"] - TRANSPOSED_COPY_BYTES) * cast * (1.0 - 1.0 / 8.0)
+    ratio = quantization_time_s(sp, moe=False)[0] / quantization_time_s(no_sp, moe=False)[0]
+    assert ratio == pytest.approx((full - saved) / full, rel=0.05)
+    assert ratio < 0.6
