@@ -123,7 +123,7 @@ TP_FP8_GATHER_RECIPES: frozenset[str] = frozenset({"tensorwise"})
 FP8_ROLES: tuple[str, ...] = ("linear", "expert")
 #: Bytes per parameter of quantizing a weight (read bf16, write the fp8 copy and its transpose).
 WEIGHT_QUANTIZATION_BYTES = 4.0
-#: Bytes per element of the transposed fp8 copy within ``FP8_RECIPES`` (written once, 1 byte).
+#: Bytes per element of the transposed fp8 copy: written by the cast within ``FP8_RECIPES``.
 TRANSPOSED_COPY_BYTES = 1.0
 
 
@@ -349,17 +349,24 @@ def quantization_time_s(ctx, *, moe: bool) -> np.ndarray:
     gradient, and of its weight): ``FP8_RECIPES[recipe]`` bytes per element plus
     ``WEIGHT_QUANTIZATION_BYTES`` per parameter, a memory-bound pass; 0 unless training in fp8.
     A tensor cast before its sequence-parallel all-gather (``_cast_before_gather_elements``) runs
-    its amax and cast on the 1/tp shard; only its transposed copy (``TRANSPOSED_COPY_BYTES``)
-    is of the gathered tensor."""
+    its amax and cast on the 1/tp shard (``FP8_RECIPES[recipe] - TRANSPOSED_COPY_BYTES`` per
+    shard element: the cast writes one layout); the transposed fp8 copy the other GEMM operand
+    needs is then a pass of its own over the gathered tensor, reading and writing 1 byte
+    (torchao ``float8_ops.preprocess_addmm``: ``b_data.t().contiguous().t()``), where the
+    unsharded cast writes both layouts in one kernel (torchao ``roofline_utils``,
+    ``get_tensor_memory_traffic_ovhd_s``, tensorwise)."""
     if ctx.workload.precision != "fp8":
         return np.zeros_like(ctx.tokens)
     elements, weights = _layer_quantized_elements(ctx, moe=moe)
     fp8_share = 1.0 - bf16_layer_fraction(ctx)
     per_element = FP8_RECIPES[ctx.workload.fp8_recipe]
-    sharded = _cast_before_gather_elements(ctx, moe=moe) * (1.0 - 1.0 / ctx.column("tp"))
+    gathered = _cast_before_gather_elements(ctx, moe=moe)
+    gathered_bytes = (per_element - TRANSPOSED_COPY_BYTES) / ctx.column(
+        "tp"
+    ) + 2.0 * TRANSPOSED_COPY_BYTES
     moved = (
-        per_element * elements
-        - (per_element - TRANSPOSED_COPY_BYTES) * sharded
+        per_element * (elements - gathered)
+        + gathered_bytes * gathered
         + WEIGHT_QUANTIZATION_BYTES * weights
     )
     return (
