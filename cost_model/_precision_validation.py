@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 #: Each pair's predicted speed-up within 13% of the published one: the measured held-out state
-#: with the operator-fitted fp8 GEMMs is 12.1% at most (13 pairs, mean 5.6%). The H100 torchtitan
+#: with the operator-fitted fp8 GEMMs is 12.1% at most (15 pairs, mean 5.4%). The H100 torchtitan
 #: tensorwise pairs are under-predicted by up to 12% (the async-TP 70B one most): their bf16
 #: twins are predicted 22-87% too fast (the power-limited B200 ones 110%), on 500 W H100s priced
 #: at the 700 W preset, so the fp8 gain on the GEMMs is diluted by bf16 time the real runs do not
