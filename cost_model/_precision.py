@@ -114,14 +114,17 @@ RECIPE_TABLE: dict[str, str] = {
 #: Recipes whose FSDP all-gather moves fp8 weights (torchao ``enable_fsdp_float8_all_gather``:
 #: tensorwise scaling only).
 FSDP_FP8_GATHER_RECIPES: frozenset[str] = frozenset({"tensorwise"})
-#: Recipes whose sequence-parallel all-gather into the column-parallel GEMMs moves fp8
-#: activations in forward (torchao ``Float8ColwiseParallel`` / ``PrepareFloat8ModuleInput``, the
-#: tensor-parallel plan torchtitan applies with tensorwise float8).
+#: Recipes whose sequence-parallel all-gathers move fp8: the input of the column-parallel GEMMs
+#: in forward, the output gradient of the row-parallel GEMMs in backward (torchao
+#: ``Float8ColwiseParallel`` / ``Float8RowwiseParallel`` / ``PrepareFloat8ModuleInput``, the
+#: tensor-parallel plan torchtitan applies with tensorwise float8; ``_training_comm._tp``).
 TP_FP8_GATHER_RECIPES: frozenset[str] = frozenset({"tensorwise"})
 #: GEMM roles that run in fp8; ``router`` and ``lm_head`` keep bf16/fp32 (DeepSeek-V3 sec. 3.3.1).
 FP8_ROLES: tuple[str, ...] = ("linear", "expert")
 #: Bytes per parameter of quantizing a weight (read bf16, write the fp8 copy and its transpose).
 WEIGHT_QUANTIZATION_BYTES = 4.0
+#: Bytes per element of the transposed fp8 copy: written by the cast within ``FP8_RECIPES``.
+TRANSPOSED_COPY_BYTES = 1.0
 
 
 @lru_cache(maxsize=1)
@@ -323,16 +326,49 @@ def _layer_quantized_elements(ctx, *, moe: bool) -> tuple[np.ndarray, np.ndarray
     return elements, weights
 
 
+def _cast_before_gather_elements(ctx, *, moe: bool) -> np.ndarray:
+    """Elements per layer and micro-batch of the hidden-size tensors a tensorwise recipe casts
+    to fp8 on their sequence-parallel shard, before the tp all-gather (``TP_FP8_GATHER_RECIPES``
+    under sequence parallelism, else 0): the input of the attention and of the dense FFN in
+    forward (torchao ``PrepareFloat8ModuleInput`` casts "before the all-gather (i.e. Shard ->
+    Replicate)"), the output gradient of the attention output and FFN down projections in
+    backward (``Float8RowwiseParallel`` casts it before the backward all-gather, see
+    ``_training_comm._tp``); torchao/float8/float8_tensor_parallel.py. The MoE block's input is
+    not one of them (its experts take the dispatched tokens)."""
+    workload = ctx.workload
+    if workload.fp8_recipe not in TP_FP8_GATHER_RECIPES:
+        return np.zeros_like(ctx.tokens)
+    tensors = 2.0 if moe and ctx.model.moe is not None else 4.0
+    split = ctx.sequence_parallel & (ctx.column("tp") > 1)
+    return np.where(split, tensors * ctx.tokens * ctx.model.hidden_size, 0.0)
+
+
 def quantization_time_s(ctx, *, moe: bool) -> np.ndarray:
     """Seconds of the fp8 quantization kernels of one layer and micro-batch, forward + backward
     (casts, amax reductions, transposed copies of every fp8 GEMM's input activation and output
     gradient, and of its weight): ``FP8_RECIPES[recipe]`` bytes per element plus
-    ``WEIGHT_QUANTIZATION_BYTES`` per parameter, a memory-bound pass; 0 unless training in fp8."""
+    ``WEIGHT_QUANTIZATION_BYTES`` per parameter, a memory-bound pass; 0 unless training in fp8.
+    A tensor cast before its sequence-parallel all-gather (``_cast_before_gather_elements``) runs
+    its amax and cast on the 1/tp shard (``FP8_RECIPES[recipe] - TRANSPOSED_COPY_BYTES`` per
+    shard element: the cast writes one layout); the transposed fp8 copy the other GEMM operand
+    needs is then a pass of its own over the gathered tensor, reading and writing 1 byte
+    (torchao ``float8_ops.preprocess_addmm``: ``b_data.t().contiguous().t()``), where the
+    unsharded cast writes both layouts in one kernel (torchao ``roofline_utils``,
+    ``get_tensor_memory_traffic_ovhd_s``, tensorwise)."""
     if ctx.workload.precision != "fp8":
         return np.zeros_like(ctx.tokens)
     elements, weights = _layer_quantized_elements(ctx, moe=moe)
     fp8_share = 1.0 - bf16_layer_fraction(ctx)
-    moved = FP8_RECIPES[ctx.workload.fp8_recipe] * elements + WEIGHT_QUANTIZATION_BYTES * weights
+    per_element = FP8_RECIPES[ctx.workload.fp8_recipe]
+    gathered = _cast_before_gather_elements(ctx, moe=moe)
+    gathered_bytes = (per_element - TRANSPOSED_COPY_BYTES) / ctx.column(
+        "tp"
+    ) + 2.0 * TRANSPOSED_COPY_BYTES
+    moved = (
+        per_element * (elements - gathered)
+        + gathered_bytes * gathered
+        + WEIGHT_QUANTIZATION_BYTES * weights
+    )
     return (
         op_time_s(
             flops=0.0,

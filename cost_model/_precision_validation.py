@@ -33,11 +33,14 @@ __all__ = [
     "fp8_twin_speedups",
 ]
 
-#: Each pair's predicted speed-up within 18% of the published one: the measured held-out state
-#: with the operator-fitted fp8 GEMMs is 16.9% at most (the H100 torchtitan pairs are
-#: under-predicted by 2.5-17%: their bf16 twins are predicted 22-49% too fast, so the fp8 gain on
-#: the GEMMs is diluted by bf16 time the real runs do not spend); the target is 10%.
-FP8_TWIN_TOLERANCE = 0.18
+#: Each pair's predicted speed-up within 13% of the published one: the measured held-out state
+#: with the operator-fitted fp8 GEMMs is 12.1% at most (15 pairs, mean 5.4%). The H100 torchtitan
+#: tensorwise pairs are under-predicted by up to 12% (the async-TP 70B one most): their bf16
+#: twins are predicted 22-87% too fast (the power-limited B200 ones 110%), on 500 W H100s priced
+#: at the 700 W preset, so the fp8 gain on the GEMMs is diluted by bf16 time the real runs do not
+#: spend; the H100 fp8 GEMM operator fit also prices 1e12-1e13 FLOP GEMMs 5-7% slower than its
+#: tables (bf16: 0-3%). The target is 10%.
+FP8_TWIN_TOLERANCE = 0.13
 #: Marker of a pair whose device has no fp8 operator measurement.
 NO_FP8_CURVE = "no fp8 operator curve"
 

@@ -567,7 +567,6 @@ def _micro_batch_comm(ctx: TrainingContext, times: CollectiveTimes) -> dict[str,
     layout = ctx.layout
     passes = 2.0 + (np.asarray(ctx.table["recompute"]) == RECOMPUTE_CODES["full"])
     tp_layer = np.where(ctx.sequence_parallel, times.tp_split, times.tp_all_reduce)
-    tp_layer_forward = np.where(ctx.sequence_parallel, times.tp_split_forward, times.tp_all_reduce)
     # A blocking collective between compute segments waits for the ranks' wake-up beyond its
     # own time (measured, ``HardwareSpec.collective_sync_s``; 0 without a profile).
     sync = getattr(ctx.cluster.device, "collective_sync_s", 0.0)
@@ -579,9 +578,9 @@ def _micro_batch_comm(ctx: TrainingContext, times: CollectiveTimes) -> dict[str,
         + np.where(ctx.sequence_parallel, 0.0, layout.layers * mla_extra)
     )
     return {
-        # Two collectives per layer and pass (MLA: more in backward without SP; the forward
-        # passes' all-gathers may move fp8); the vocab-parallel embedding all-reduces once.
-        "tp_comm": layout.layers * 2.0 * ((passes - 1.0) * tp_layer_forward + tp_layer)
+        # Two collectives per layer and pass (MLA: more in backward without SP; the all-gathers
+        # may move fp8, ``_training_comm._tp``); the vocab-parallel embedding all-reduces once.
+        "tp_comm": passes * layout.layers * 2.0 * tp_layer
         + layout.has_embedding * times.tp_all_reduce
         + mla_backward
         + np.where(ctx.column("tp") > 1, tp_count * sync, 0.0),

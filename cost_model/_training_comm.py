@@ -68,10 +68,8 @@ class CollectiveTimes:
     """One collective of each kind, seconds; (n,) per row or (3, n) per pipeline rank and row."""
 
     tp_all_reduce: np.ndarray  # the hidden activation, all-reduce over tp
-    tp_split: np.ndarray  # the same as reduce-scatter + all-gather (sequence parallel)
-    tp_split_forward: (
-        np.ndarray
-    )  # tp_split in a forward pass (fp8 all-gather where the recipe has one)
+    tp_split: np.ndarray  # the same as reduce-scatter + all-gather (sequence parallel; the
+    # all-gather in fp8 where the recipe has one)
     tp_mla_backward: np.ndarray  # MLA without SP: backward all-reduces beyond the attention input's
     ep_exchange: np.ndarray  # forward dispatch + combine, expert-TP gather + scatter
     ep_exchange_backward: np.ndarray  # the same in backward (gradients, bf16)
@@ -120,13 +118,12 @@ def table_collective_times(ctx) -> CollectiveTimes:
 
 
 def collective_times(ctx) -> CollectiveTimes:
-    tp_all_reduce, tp_split, tp_split_forward = _tp(ctx)
+    tp_all_reduce, tp_split = _tp(ctx)
     dp_all_reduce, dp_gradient_scatter, dp_weight_gather = _dp(ctx)
     ep_forward, ep_backward = _ep(ctx)
     return CollectiveTimes(
         tp_all_reduce=tp_all_reduce,
         tp_split=tp_split,
-        tp_split_forward=tp_split_forward,
         tp_mla_backward=_tp_mla_backward(ctx, tp_all_reduce),
         ep_exchange=ep_forward,
         ep_exchange_backward=ep_backward,
@@ -139,13 +136,19 @@ def collective_times(ctx) -> CollectiveTimes:
     )
 
 
-def _tp(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(all-reduce, reduce-scatter + all-gather, the same in a forward pass) of the hidden
-    activation over tp. Under sequence parallelism with a recipe of
-    ``_precision.TP_FP8_GATHER_RECIPES`` the forward all-gather into the column-parallel GEMMs
-    moves the fp8 copy of the input (1 byte per element; torchao ``PrepareFloat8ModuleInput`` /
-    ``Float8ColwiseParallel``, which torchtitan applies with tensorwise float8); the
-    reduce-scatters and the backward's collectives stay bf16."""
+def _tp(ctx) -> tuple[np.ndarray, np.ndarray]:
+    """(all-reduce, reduce-scatter + all-gather) of the hidden activation over tp, one of each
+    per layer, block and pass. Under sequence parallelism with a recipe of
+    ``_precision.TP_FP8_GATHER_RECIPES`` both all-gathers move 1 byte per element: in forward
+    (and its full-recompute repeat) the input of the column-parallel GEMMs is cast to fp8 before
+    it is gathered (torchao ``PrepareFloat8ModuleInput`` / ``Float8ColwiseParallel``
+    ``_prepare_input_fn``); in backward the output gradient of the row-parallel GEMMs is cast to
+    fp8 before the all-gather that undoes the forward reduce-scatter (torchao
+    ``Float8RowwiseParallel._prepare_output_fn`` applies ``NoopFwToFloat8BwDynamic`` after the
+    output's ``redistribute``, so in backward the float8 cast runs first and the gather moves
+    the fp8 gradient; ``torchao/float8/float8_tensor_parallel.py``, the plan torchtitan applies
+    with tensorwise float8). The reduce-scatters (the forward GEMM output, the backward input
+    gradient) stay bf16."""
     from cost_model._precision import TP_FP8_GATHER_RECIPES
 
     tp = ctx.column("tp")
@@ -153,15 +156,15 @@ def _tp(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     message = elements * ACTIVATION_BYTES
     all_reduce = ctx.collective("all_reduce", axis="tp", group_size=tp, message_bytes=message)
     scatter = ctx.collective("reduce_scatter", axis="tp", group_size=tp, message_bytes=message)
-    gather = ctx.collective("all_gather", axis="tp", group_size=tp, message_bytes=message)
     workload = ctx.workload
-    if workload.precision == "fp8" and workload.fp8_recipe in TP_FP8_GATHER_RECIPES:
-        forward_gather = ctx.collective(
-            "all_gather", axis="tp", group_size=tp, message_bytes=elements * 1.0
-        )
-    else:
-        forward_gather = gather
-    return all_reduce, scatter + gather, scatter + forward_gather
+    fp8_gather = workload.precision == "fp8" and workload.fp8_recipe in TP_FP8_GATHER_RECIPES
+    gather = ctx.collective(
+        "all_gather",
+        axis="tp",
+        group_size=tp,
+        message_bytes=elements * 1.0 if fp8_gather else message,
+    )
+    return all_reduce, scatter + gather
 
 
 def mla_backward_widths(model) -> tuple[int, ...]:

@@ -270,12 +270,75 @@ def test_tensorwise_fp8_halves_the_fsdp_weight_gather_only(model) -> None:
     assert np.allclose(tensorwise.ends_gather, bf16.ends_gather)
 
 
-def test_tensorwise_fp8_gathers_forward_activations_in_fp8_under_sequence_parallel(model) -> None:
+def test_tensorwise_fp8_gathers_in_fp8_and_reduce_scatters_in_bf16_under_sequence_parallel(
+    model,
+) -> None:
     from cost_model._training_comm import collective_times
 
-    bf16 = collective_times(_fsdp_tp_context(model, precision="bf16", recipe="tensorwise", tp=8))
-    fp8 = collective_times(_fsdp_tp_context(model, precision="fp8", recipe="tensorwise", tp=8))
-    rowwise = collective_times(_fsdp_tp_context(model, precision="fp8", recipe="rowwise", tp=8))
-    assert fp8.tp_split_forward[0] < bf16.tp_split_forward[0] == pytest.approx(bf16.tp_split[0])
-    assert fp8.tp_split[0] == pytest.approx(bf16.tp_split[0])  # backward stays bf16
-    assert rowwise.tp_split_forward[0] == pytest.approx(bf16.tp_split_forward[0])
+    contexts = {
+        (precision, recipe): _fsdp_tp_context(model, precision=precision, recipe=recipe, tp=8)
+        for precision, recipe in (("bf16", "tensorwise"), ("fp8", "tensorwise"), ("fp8", "rowwise"))
+    }
+    bf16, fp8, rowwise = (collective_times(ctx) for ctx in contexts.values())
+    ctx = contexts[("bf16", "tensorwise")]
+    tp, message = ctx.column("tp"), ctx.tokens * ctx.model.hidden_size * 2.0
+    scatter = ctx.collective("reduce_scatter", axis="tp", group_size=tp, message_bytes=message)
+    fp8_gather = ctx.collective("all_gather", axis="tp", group_size=tp, message_bytes=message / 2)
+    # Forward input and backward output-gradient gathers move 1 byte; the scatters stay bf16.
+    assert fp8.tp_split[0] == pytest.approx((scatter + fp8_gather)[0])
+    assert fp8.tp_split[0] < bf16.tp_split[0]
+    assert rowwise.tp_split[0] == pytest.approx(bf16.tp_split[0])
+    assert fp8.tp_all_reduce[0] == pytest.approx(bf16.tp_all_reduce[0])  # no SP: no fp8 gather
+
+
+def test_tensorwise_casts_sequence_parallel_tensors_on_their_shard_before_the_gather(model) -> None:
+    from cost_model._precision import (
+        TRANSPOSED_COPY_BYTES,
+        _cast_before_gather_elements,
+        _layer_quantized_elements,
+    )
+
+    def context(recipe: str, *, sequence_parallel: bool):
+        config = ParallelConfig(
+            dp=2,
+            tp=8,
+            zero_stage=3,
+            micro_batch_size=1,
+            recompute="selective",
+            sequence_parallel=sequence_parallel,
+        )
+        workload = Training(
+            sequence_length_tokens=8192,
+            global_batch_sequences=16,
+            precision="fp8",
+            fp8_recipe=recipe,
+        )
+        return training_context(
+            model=model,
+            cluster=get_preset("dgx-h100", num_nodes=2),
+            workload=workload,
+            table=configs_to_table([config]),
+            options=EstimateOptions(),
+        )
+
+    sp, no_sp = (
+        context("tensorwise", sequence_parallel=True),
+        context("tensorwise", sequence_parallel=False),
+    )
+    # Attention and FFN inputs (forward), their output projections' gradients (backward).
+    cast = _cast_before_gather_elements(sp, moe=False)[0]
+    assert cast == pytest.approx(4 * 8192 * model.hidden_size)
+    assert _cast_before_gather_elements(no_sp, moe=False)[0] == 0.0
+    assert (
+        _cast_before_gather_elements(context("rowwise", sequence_parallel=True), moe=False)[0]
+        == 0.0
+    )
+    # Amax and cast on the 1/tp shard; the gathered tensor's transposed copy reads and writes.
+    elements, weights = (x[0] for x in _layer_quantized_elements(sp, moe=False))
+    per_element = FP8_RECIPES["tensorwise"]
+    full = per_element * elements + 4.0 * weights
+    on_shard = (per_element - TRANSPOSED_COPY_BYTES) / 8.0 + 2.0 * TRANSPOSED_COPY_BYTES
+    expected = full - (per_element - on_shard) * cast
+    ratio = quantization_time_s(sp, moe=False)[0] / quantization_time_s(no_sp, moe=False)[0]
+    assert ratio == pytest.approx(expected / full, rel=0.05)
+    assert ratio < 0.7
