@@ -143,6 +143,10 @@ class Case:
     metrics: tuple[tuple[str, str, float, Callable[[dict, Case], float]], ...] = field(default=())
     source_id: str = ""
     estimate_options: tuple[tuple[str, Any], ...] = ()  # EstimateOptions facts of the run
+    #: The run's memory-relevant settings where its publication's recipe states them
+    #: (``memory_setup`` of the record: recompute, offloading, gradient dtype; see
+    #: ``memory_inputs``); used by the memory checks, not by the throughput estimate.
+    memory_setup: tuple[tuple[str, Any], ...] = ()
 
     @property
     def source(self) -> str:
@@ -398,9 +402,91 @@ def _generic_cases() -> list[Case]:
                 (run_metric(r),),
                 source_id=r["source_id"],
                 estimate_options=tuple(r.get("estimate_options", {}).items()),
+                memory_setup=_frozen_setup(r),
             )
         )
     return cases
+
+
+def _frozen_setup(record: dict) -> tuple[tuple[str, Any], ...]:
+    setup = record.get("memory_setup", {})
+    return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in setup.items())
+
+
+def blackwell_cases() -> list[Case]:
+    """The runs of ``data/published_runs_blackwell.json`` as cases (table
+    ``blackwell_training``), for the memory checks; their throughput rows come from
+    ``cost_model._blackwell_validation``."""
+    from cost_model._blackwell_validation import blackwell_records, record_case
+
+    hardware = {preset: name for name, preset in PRESETS.items()}
+    cases = []
+    for r in blackwell_records():
+        model, _, workload, config = record_case(r)
+        cases.append(
+            Case(
+                "blackwell_training",
+                r["run"],
+                hardware[r["preset"]],
+                model,
+                workload,
+                config,
+                "framework",
+                source_id="megatron_bridge_perf"
+                if "Megatron-Bridge" in r["source"]
+                else "nemo_framework_docs",
+                memory_setup=_frozen_setup(r),
+            )
+        )
+    return cases
+
+
+#: ``memory_setup`` keys that are ``EstimateOptions`` fields (the rest: the recompute policy
+#: and gradient dtype, and facts kept for the record: FSDP, CUDA graphs, MoE dispatcher).
+_SETUP_OPTIONS = (
+    "recompute_modules",
+    "recompute_layers",
+    "activation_offload_layers",
+    "optimizer_instances",
+)
+
+
+def memory_inputs(case: Case) -> tuple[ParallelConfig, Training, dict[str, Any]]:
+    """The layout, workload and ``EstimateOptions`` fields of ``case`` with its recipe's memory
+    settings applied: the recompute policy (and its modules or layer count), CPU activation
+    offloading, the main-gradient dtype."""
+    setup = dict(case.memory_setup)
+    config = case.config
+    if "recompute" in setup:
+        config = config.model_copy(update={"recompute": setup["recompute"]})
+    workload = _workload(case)
+    if "gradient_dtype" in setup:
+        workload = workload.model_copy(update={"gradient_dtype": setup["gradient_dtype"]})
+    options = {key: setup[key] for key in _SETUP_OPTIONS if key in setup}
+    return config, workload, options
+
+
+def peak_memory_bytes(case: Case, *, micro_batch: int | None = None) -> tuple[float, float]:
+    """(predicted peak bytes per device, device capacity) of ``case`` under its recipe's memory
+    settings (``memory_inputs``); ``micro_batch`` replaces the run's, the global batch scaled
+    with it."""
+    config, workload, options = memory_inputs(case)
+    cluster = _cluster(case.hardware, config.world_size)
+    if micro_batch is not None:
+        scale = micro_batch / config.micro_batch_size
+        config = config.model_copy(update={"micro_batch_size": micro_batch})
+        workload = workload.model_copy(
+            update={"global_batch_sequences": int(workload.sequences_per_step * scale)}
+        )
+    base = _options(case, None, cluster)
+    columns = estimate_table(
+        case.model,
+        cluster,
+        workload,
+        configs_to_table([config]),
+        options=base.model_copy(update=options),
+    )
+    return float(columns["memory_per_device_bytes"][0]), float(cluster.device.memory_bytes)
 
 
 def training_cases() -> list[Case]:
