@@ -15,6 +15,15 @@
 * Micro-batches in flight on pipeline rank r (Megatron-LM's warm-up counts): 1F1B and ZB-H1
   hold p - r, GPipe all m, interleaved 1F1B ((p - r - 1) * 2 + (v - 1) * p + 1) / v in units of
   the rank's layers — p + (p - 1)/v on the first rank (Korthikanti et al. sec. 4.2.3).
+* Recompute and offload settings of the framework (``EstimateOptions``): selective recompute
+  by Megatron-core module (``recompute_modules``), full recompute of the first layers of each
+  model chunk (``recompute_layers``), CPU activation offloading (``activation_offload_layers``),
+  distributed-optimizer instances (``optimizer_instances``).
+* The loss: bytes per logit the framework holds there (``FrameworkProfile.loss_bytes_per_logit``:
+  4 for a fused fp32 cross entropy, 12 for torchtitan's eager ``cross_entropy(logits.float())``);
+  FSDP2 shards the fp32 master weights with no bf16 sharded copy
+  (``FrameworkProfile.sharded_master_weights``); operator-level selective recompute rebuilds
+  one layer's unsaved activations during the backward pass.
 * Communication buffers (TP/EP/PP receive buffers) and an allocator fragmentation reserve.
 """
 
@@ -46,8 +55,16 @@ def _model_state_bytes(ctx: TrainingContext) -> dict[str, np.ndarray]:
     whole = dense + expert
     adam_states = 2.0 if ctx.workload.optimizer == "adam" else 1.0
     state_bytes = 4.0 * (adam_states + (1.0 if ctx.workload.master_weights_fp32 else 0.0))
+    # FSDP2 shards the fp32 master weights themselves; the bf16 copies are the gathered layers
+    # (``sharding_buffer_bytes``).
+    master_only = (
+        ctx.framework is not None
+        and ctx.framework.sharded_master_weights
+        and ctx.workload.master_weights_fp32
+    )
+    sharded_weights = 0.0 if master_only else 2.0
     return {
-        "weights": np.where(zero >= 3, sharded, whole) * 2.0,
+        "weights": np.where(zero >= 3, sharded * sharded_weights, whole * 2.0),
         "gradients": np.where(zero >= 2, sharded, whole) * ctx.grad_bytes,
         "optimizer_states": np.where(zero >= 1, sharded, whole) * state_bytes,
     }
@@ -228,9 +245,20 @@ def _activation_bytes(ctx: TrainingContext) -> np.ndarray:
     kept_per_layer = per_micro_batch / np.maximum(layout.layers, 1.0)
     in_transit = np.where(offloaded > 0, np.maximum(dense, moe), 0.0)
     per_micro_batch = per_micro_batch - offloaded * kept_per_layer
-    # Full recompute rebuilds one layer at a time in the backward pass.
-    transient = np.where(code == RECOMPUTE_CODES["full"], np.maximum(dense, moe), 0.0)
-    logits = layout.has_lm_head * ctx.tokens * ctx.model.vocab_size / ctx.column("tp") * 4.0
+    # Full recompute rebuilds one layer at a time in the backward pass; operator-level selective
+    # recompute rebuilds what one layer did not save.
+    largest = np.maximum(dense, moe)
+    rebuilt = np.maximum(largest - selective_layers / np.maximum(layout.layers, 1.0), 0.0)
+    op_level = ctx.framework is not None and (
+        ctx.framework.selective_recompute == "every_second_matmul"
+    )
+    transient = np.where(
+        code == RECOMPUTE_CODES["full"],
+        largest,
+        np.where((code == RECOMPUTE_CODES["selective"]) & op_level, rebuilt, 0.0),
+    )
+    loss_bytes = 4.0 if ctx.framework is None else ctx.framework.loss_bytes_per_logit
+    logits = layout.has_lm_head * ctx.tokens * ctx.model.vocab_size / ctx.column("tp") * loss_bytes
     return _in_flight(ctx) * per_micro_batch + np.maximum(transient, in_transit) + logits
 
 

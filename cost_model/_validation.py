@@ -94,6 +94,8 @@ TOLERANCES: dict[str, tuple[float | None, float | None]] = {
     "korthikanti_table5": (0.10, 0.21),  # measured 9.3%, 20.4%
     "megatron_readme_2022_mfu": (0.07, 0.11),  # measured 6.1%, 9.9%
     "korthikanti_fig1_memory": (None, 0.05),  # measured 2.0% max
+    "torchtitan_h100_peak_memory": (None, 0.10),  # measured 8.7% max
+    "torchtitan_h100_peak_memory_tp_pp": (None, None),  # PP keeps gathered weights: not modelled
     "megatron_readme_h100": (0.18, None),  # measured 17.5% mean, 40.7% max
     "torchtitan_a100_fsdp": (0.03, 0.07),  # measured 1.7%, 6.4%
     "llama3_table4": (0.16, 0.30),  # measured 15.8%, 29.6%
@@ -643,12 +645,45 @@ def inference_rows() -> list[ValidationRow]:
     ]
 
 
+@lru_cache(maxsize=1)
+def peak_memory_records() -> tuple[dict, ...]:
+    """The records of ``data/published_peak_memory.json``: runs whose source publishes the peak
+    memory per device (validation only)."""
+    text = (resources.files("cost_model") / "data" / "published_peak_memory.json").read_text()
+    return tuple(json.loads(text)["records"])
+
+
+def peak_memory_cases() -> list[tuple[Case, float]]:
+    """(case, published peak GiB) for each record of ``peak_memory_records``."""
+    cases = []
+    for r in peak_memory_records():
+        workload = run_workload(r).model_copy(update={"fp8_recipe": r.get("fp8_recipe", "current")})
+        case = Case(r["table"], r["run"], r["hardware"], run_model(r), workload, run_config(r), "")
+        cases.append((case, float(r["peak_memory_GiB"])))
+    return cases
+
+
+def peak_memory_rows() -> list[ValidationRow]:
+    """Predicted vs published peak memory per device (GiB), one row per run."""
+    return [
+        ValidationRow(
+            table=case.table,
+            run=case.run,
+            metric="peak_memory",
+            unit="GiB",
+            predicted=peak_memory_bytes(case)[0] / GIB,
+            published=published,
+        )
+        for case, published in peak_memory_cases()
+    ]
+
+
 def validate_published(*, include_inference: bool = True) -> list[ValidationRow]:
     """Every comparison of the published table, in table order."""
     from cost_model._blackwell_validation import blackwell_rows
     from cost_model._precision_validation import fp8_twin_rows
 
-    extra = fp8_twin_rows() + blackwell_rows()
+    extra = fp8_twin_rows() + blackwell_rows() + peak_memory_rows()
     return training_rows() + extra + (inference_rows() if include_inference else [])
 
 
