@@ -20,12 +20,11 @@ CLAIMS = json.loads((resources.files("cost_model") / "data" / "memory_claims.jso
     "claims"
 ]
 #: Tables whose publication does not state the memory-saving setup of its runs, and whose
-#: assumed setup is predicted not to fit: listed, not hidden. Llama 3 Table 4: the report
-#: (arXiv:2407.21783 sec. 3.3.2) trains the 8K-token runs without activation checkpointing,
-#: with one layer fewer on the first and last pipeline stages, and FSDP sharding optimizer states
-#: and gradients, but on its own modified interleaved schedule whose number of micro-batches in
-#: flight (its tunable N and the virtual stages) it does not give, so the activation memory of
-#: the first stage cannot be counted; the 131K-context run's recompute is not stated either.
+#: assumed setup is predicted not to fit: listed, not hidden. Llama 3 Table 4
+#: (arXiv:2407.21783): the report trains on its own modified interleaved pipeline schedule with a
+#: tunable number of consecutive micro-batches per stage and does not give that number, the
+#: virtual stages or the recompute setting of these runs, so the micro-batches in flight on the
+#: first stage, which set its activation memory, cannot be counted.
 UNSTATED_SETUP = {"llama3_table4"}
 
 
