@@ -124,6 +124,23 @@ class EstimateOptions(BaseModel):
     instead of 1F1B's (pp - 1)(F + B). ``context_parallel``: ``ring`` (K/V blocks passed
     around the ring under attention; Liu et al.) or ``all_gather`` (K/V all-gathered before
     attention and their gradients reduce-scattered after, exposed; Llama 3 report sec. 3.3.2).
+
+    Activation memory of the framework's recompute and offload settings (priced in memory only;
+    the time model prices the ``recompute`` code of the layout): ``recompute_modules``: what
+    selective recompute (``recompute="selective"``) recomputes, Megatron-core's
+    ``--recompute-modules`` (``core_attn``, the default: the attention scores; ``mla_up_proj``:
+    the MLA up-projection outputs; ``layernorm``: the norm outputs; ``mlp``: a dense MLP's
+    intermediates; ``moe_act``: the experts' activation outputs; ``moe``: the whole MoE layer but
+    its input; ``shared_experts``: the shared experts' intermediates; Megatron-Bridge
+    docs/training/activation-recomputation.md). ``recompute_layers``: under ``recompute="full"``,
+    the layers of each model chunk recomputed (Megatron-core ``--recompute-method block
+    --recompute-num-layers``); None: every layer. ``activation_offload_layers``: layers whose
+    saved activations are copied to host memory after their forward and reloaded for their
+    backward (Megatron-core ``--cpu-offloading-num-layers``; one offloaded layer is in transit
+    on the device at a time without double buffering: Megatron-Bridge docs/training/
+    cpu-offloading.md). ``optimizer_instances``: replicas of the sharded model states across the
+    data-parallel ranks (Megatron-core ``--num-distributed-optimizer-instances``: ZeRO shards
+    over dp / instances, HSDP-style; memory only).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -140,6 +157,13 @@ class EstimateOptions(BaseModel):
     max_routed_nodes: int | None = Field(default=None, gt=0)
     bidirectional_pipeline: bool = False
     context_parallel: Literal["ring", "all_gather"] = "ring"
+    recompute_modules: tuple[
+        Literal["core_attn", "mla_up_proj", "layernorm", "mlp", "moe_act", "moe", "shared_experts"],
+        ...,
+    ] = ("core_attn",)
+    recompute_layers: int | None = Field(default=None, gt=0)
+    activation_offload_layers: int = Field(default=0, ge=0)
+    optimizer_instances: int = Field(default=1, ge=1)
 
     def calibration_for(self, hardware) -> Calibration:
         return self.calibration if self.calibration is not None else calibration_for(hardware)

@@ -33,6 +33,14 @@ class FrameworkProfile(BaseModel):
     tp_comm_overlap: float = Field(ge=0.0, le=1.0)
     gradient_reduce_bytes: int = Field(ge=1, le=4)
     zero2_reduce_every_micro_batch: bool
+    #: Bytes per logit held at the loss (memory): 4, the fp32 softmax a fused vocab-parallel
+    #: cross entropy keeps for its backward (Megatron-LM core/tensor_parallel/cross_entropy.py);
+    #: an eager ``cross_entropy(logits.float())`` holds its fp32 log-softmax output, the incoming
+    #: gradient and the outgoing one at the start of the backward pass, 12.
+    loss_bytes_per_logit: float = Field(default=4.0, gt=0.0)
+    #: Under ZeRO-3 the sharded parameters are the fp32 master weights, no low-precision sharded
+    #: copy (FSDP2 MixedPrecisionPolicy casts to bf16 at the all-gather) (memory).
+    sharded_master_weights: bool = False
     source: str = Field(min_length=1)
 
 

@@ -15,6 +15,15 @@
 * Micro-batches in flight on pipeline rank r (Megatron-LM's warm-up counts): 1F1B and ZB-H1
   hold p - r, GPipe all m, interleaved 1F1B ((p - r - 1) * 2 + (v - 1) * p + 1) / v in units of
   the rank's layers — p + (p - 1)/v on the first rank (Korthikanti et al. sec. 4.2.3).
+* Recompute and offload settings of the framework (``EstimateOptions``): selective recompute
+  by Megatron-core module (``recompute_modules``), full recompute of the first layers of each
+  model chunk (``recompute_layers``), CPU activation offloading (``activation_offload_layers``),
+  distributed-optimizer instances (``optimizer_instances``).
+* The loss: bytes per logit the framework holds there (``FrameworkProfile.loss_bytes_per_logit``:
+  4 for a fused fp32 cross entropy, 12 for torchtitan's eager ``cross_entropy(logits.float())``);
+  FSDP2 shards the fp32 master weights with no bf16 sharded copy
+  (``FrameworkProfile.sharded_master_weights``); operator-level selective recompute rebuilds
+  one layer's unsaved activations during the backward pass.
 * Communication buffers (TP/EP/PP receive buffers) and an allocator fragmentation reserve.
 """
 
@@ -40,44 +49,69 @@ def _model_state_bytes(ctx: TrainingContext) -> dict[str, np.ndarray]:
     dp_cp = ctx.column("dp") * ctx.column("cp")
     edp = dp_cp * ctx.column("tp") / (ctx.column("ep") * ctx.column("etp"))
     zero = np.asarray(ctx.table["zero_stage"])
-    sharded = dense / dp_cp + expert / edp
+    # With several distributed-optimizer instances each shards over its share of the ranks.
+    instances = float(ctx.options.optimizer_instances)
+    sharded = dense / np.maximum(dp_cp / instances, 1.0) + expert / np.maximum(edp / instances, 1.0)
     whole = dense + expert
     adam_states = 2.0 if ctx.workload.optimizer == "adam" else 1.0
     state_bytes = 4.0 * (adam_states + (1.0 if ctx.workload.master_weights_fp32 else 0.0))
+    # FSDP2 shards the fp32 master weights themselves; the bf16 copies are the gathered layers
+    # (``sharding_buffer_bytes``).
+    master_only = (
+        ctx.framework is not None
+        and ctx.framework.sharded_master_weights
+        and ctx.workload.master_weights_fp32
+    )
+    sharded_weights = 0.0 if master_only else 2.0
     return {
-        "weights": np.where(zero >= 3, sharded, whole) * 2.0,
+        "weights": np.where(zero >= 3, sharded * sharded_weights, whole * 2.0),
         "gradients": np.where(zero >= 2, sharded, whole) * ctx.grad_bytes,
         "optimizer_states": np.where(zero >= 1, sharded, whole) * state_bytes,
     }
 
 
-def _layer_activation_bytes(ctx: TrainingContext, *, moe: bool) -> np.ndarray:
-    """Bytes one layer stores for one micro-batch on one rank, before recompute (shape (n,))."""
+def _layer_activation_bytes(
+    ctx: TrainingContext, *, moe: bool, dropped: frozenset[str] = frozenset()
+) -> np.ndarray:
+    """Bytes one layer stores for one micro-batch on one rank (shape (n,)), less what the
+    selective-recompute modules in ``dropped`` recompute instead of storing
+    (``EstimateOptions.recompute_modules``; Megatron-core's output-discarding checkpoints
+    keep the module's input and drop its outputs)."""
     model, attention, options = ctx.model, ctx.model.attention, ctx.options
     tp = ctx.column("tp")
     tokens, h = ctx.tokens, model.hidden_size
     sp = ctx.sequence_parallel
-    # Norm inputs (2), attention and FFN inputs, dropout masks (1 byte): replicated without SP.
-    hidden_terms = tokens * h * (4.0 * ACTIVATION_BYTES + (2.0 if options.hidden_dropout else 0.0))
+    # Norm inputs (2), their outputs (the attention and FFN inputs: 2), dropout masks (1 byte):
+    # replicated without SP.
+    norm_outputs = 0.0 if "layernorm" in dropped else 2.0
+    hidden_terms = (
+        tokens
+        * h
+        * ((2.0 + norm_outputs) * ACTIVATION_BYTES + (2.0 if options.hidden_dropout else 0.0))
+    )
     replicated = np.where(sp, hidden_terms / tp, hidden_terms)
     heads = attention.num_heads / tp
     kv_heads = (attention.num_heads if attention.kind == "mla" else attention.num_kv_heads) / tp
     qkv = heads * attention.qk_head_dim + kv_heads * (
         attention.qk_head_dim + attention.value_head_dim
     )
+    if attention.kind == "mla" and "mla_up_proj" in dropped:
+        qkv = np.zeros_like(qkv)  # the up-projected, RoPE-applied Q/K/V: recomputed
     sharded = tokens * (qkv + heads * attention.value_head_dim) * ACTIVATION_BYTES
     if attention.kind == "mla":  # the low-rank latents feed the up-projections
         latents = attention.q_lora_rank + attention.kv_lora_rank + attention.qk_rope_head_dim
         sharded = sharded + tokens * latents * ACTIVATION_BYTES
-    sharded = sharded + (
-        _moe_activation_bytes(ctx)
-        if moe
-        else _ffn_activation_bytes(ctx, width=model.ffn_hidden_size / tp)
-    )
-    return replicated + sharded + _score_bytes(ctx) - _fp8_cached_input_saving(ctx, moe=moe)
+    if moe:
+        sharded = sharded + _moe_activation_bytes(ctx, dropped=dropped)
+    elif "mlp" not in dropped:
+        sharded = sharded + _ffn_activation_bytes(ctx, width=model.ffn_hidden_size / tp)
+    scores = 0.0 if "core_attn" in dropped else _score_bytes(ctx)
+    return replicated + sharded + scores - _fp8_cached_input_saving(ctx, moe=moe, dropped=dropped)
 
 
-def _fp8_cached_input_saving(ctx: TrainingContext, *, moe: bool) -> np.ndarray:
+def _fp8_cached_input_saving(
+    ctx: TrainingContext, *, moe: bool, dropped: frozenset[str] = frozenset()
+) -> np.ndarray:
     """Bytes one layer saves per micro-batch when its fp8 GEMMs keep their inputs for the backward
     pass in fp8 (1 byte instead of 2): Transformer Engine's recipes (``FP8_CACHED_INPUT_RECIPES``;
     DeepSeek-V3 report sec. 3.3.3 caches the linear layers' inputs in fp8 the same way).
@@ -86,7 +120,8 @@ def _fp8_cached_input_saving(ctx: TrainingContext, *, moe: bool) -> np.ndarray:
     FC1 input (the norm output; split by tp with SP, the sharded copy is kept and re-gathered,
     Korthikanti sec. 4.2.2), the output-projection input, the FC2 input; in an MoE layer the
     routed tokens entering the experts' FC1 and FC2 and the shared expert's FC2 input (the MoE
-    layer's input stays bf16 for the router)."""
+    layer's input stays bf16 for the router). Inputs a recompute module in ``dropped`` does not
+    store save nothing."""
     workload = ctx.workload
     if workload.precision != "fp8" or workload.fp8_recipe not in FP8_CACHED_INPUT_RECIPES:
         return np.zeros_like(ctx.tokens)
@@ -94,17 +129,25 @@ def _fp8_cached_input_saving(ctx: TrainingContext, *, moe: bool) -> np.ndarray:
     hidden = np.where(
         ctx.sequence_parallel, ctx.tokens * model.hidden_size / tp, ctx.tokens * model.hidden_size
     )
+    if "layernorm" in dropped:
+        hidden = np.zeros_like(hidden)
     out_projection = ctx.tokens * model.attention.num_heads / tp * model.attention.value_head_dim
     if not moe or model.moe is None:
-        elements = 2.0 * hidden + out_projection + ctx.tokens * model.ffn_hidden_size / tp
+        fc = 0.0 if "mlp" in dropped else 1.0
+        elements = (
+            (1.0 + fc) * hidden + out_projection + fc * ctx.tokens * model.ffn_hidden_size / tp
+        )
     else:
         spec = model.moe
         routed = ctx.moe_tokens * spec.top_k * ctx.options.routing_imbalance
+        shared = 0.0 if dropped & {"moe", "shared_experts"} else 1.0
         shared_width = spec.num_shared_experts * spec.shared_ffn_size / tp
-        expert_inputs = routed * (
-            model.hidden_size + spec.expert_ffn_hidden_size / ctx.column("etp")
+        fc1_input = 0.0 if "moe" in dropped else model.hidden_size
+        fc2_input = (
+            0.0 if dropped & {"moe", "moe_act"} else spec.expert_ffn_hidden_size / ctx.column("etp")
         )
-        elements = hidden + out_projection + expert_inputs + ctx.tokens * shared_width
+        expert_inputs = routed * (fc1_input + fc2_input)
+        elements = hidden + out_projection + expert_inputs + shared * ctx.tokens * shared_width
     return elements * (ACTIVATION_BYTES - 1.0) * (1.0 - bf16_layer_fraction(ctx))
 
 
@@ -114,17 +157,26 @@ def _ffn_activation_bytes(ctx: TrainingContext, *, width) -> np.ndarray:
     return ctx.tokens * width * (fc1 + 1.0) * ACTIVATION_BYTES
 
 
-def _moe_activation_bytes(ctx: TrainingContext) -> np.ndarray:
+def _moe_activation_bytes(ctx: TrainingContext, *, dropped: frozenset[str]) -> np.ndarray:
+    """Routed tokens' expert inputs, FC1 outputs and activation outputs, the router's fp32
+    logits and probabilities, the shared experts' intermediates; ``moe`` in ``dropped`` keeps
+    only the layer input (counted with the norms), ``moe_act`` drops the activation outputs,
+    ``shared_experts`` the shared experts' intermediates."""
     moe, h = ctx.model.moe, ctx.model.hidden_size
     assert moe is not None
+    if "moe" in dropped:
+        return np.zeros_like(ctx.tokens)
     routed = ctx.moe_tokens * moe.top_k * ctx.options.routing_imbalance
     fc1 = 2.0 if ctx.model.ffn_activation == "swiglu" else 1.0
+    act = 0.0 if "moe_act" in dropped else 1.0
     experts = (
         routed
-        * (h + moe.expert_ffn_hidden_size / ctx.column("etp") * (fc1 + 1.0))
+        * (h + moe.expert_ffn_hidden_size / ctx.column("etp") * (fc1 + act))
         * ACTIVATION_BYTES
     )
     router = ctx.moe_tokens * moe.num_routed_experts * 4.0 * 2.0  # fp32 logits and probabilities
+    if "shared_experts" in dropped:
+        return experts + router
     shared_width = moe.num_shared_experts * moe.shared_ffn_size / ctx.column("tp")
     return experts + router + _ffn_activation_bytes(ctx, width=shared_width)
 
@@ -156,26 +208,58 @@ def _in_flight(ctx: TrainingContext) -> np.ndarray:
 
 
 def _activation_bytes(ctx: TrainingContext) -> np.ndarray:
-    layout = ctx.layout
+    layout, options = ctx.layout, ctx.options
     dense = _layer_activation_bytes(ctx, moe=False)
     moe = _layer_activation_bytes(ctx, moe=True) if ctx.model.moe is not None else dense
     full_layers = layout.dense_layers * dense + layout.moe_layers * moe
-    selective_layers = full_layers - layout.layers * _score_bytes(ctx)
+    modules = frozenset(options.recompute_modules)
+    selective_dense = _layer_activation_bytes(ctx, moe=False, dropped=modules)
+    selective_moe = (
+        _layer_activation_bytes(ctx, moe=True, dropped=modules)
+        if ctx.model.moe is not None
+        else selective_dense
+    )
+    selective_layers = layout.dense_layers * selective_dense + layout.moe_layers * selective_moe
     selective_layers = op_level_selective_bytes(
         ctx, default=selective_layers
     )  # torchtitan-style op SAC
     checkpoint = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES
     checkpoint = np.where(ctx.sequence_parallel, checkpoint / ctx.column("tp"), checkpoint)
+    # Full recompute of every layer, or of the first ``recompute_layers`` of each model chunk
+    # (Megatron-core's block method); the other layers keep all their activations.
+    per_layer = full_layers / np.maximum(layout.layers, 1.0)
+    recomputed = layout.layers
+    if options.recompute_layers is not None:
+        v = ctx.column("virtual_stages")
+        recomputed = np.minimum(options.recompute_layers * v, layout.layers)
+    full_recompute = recomputed * checkpoint + (layout.layers - recomputed) * per_layer
     code = np.asarray(ctx.table["recompute"])
     per_micro_batch = np.where(
         code == RECOMPUTE_CODES["full"],
-        layout.layers * checkpoint,
+        full_recompute,
         np.where(code == RECOMPUTE_CODES["selective"], selective_layers, full_layers),
     )
-    # Full recompute rebuilds one layer at a time in the backward pass.
-    transient = np.where(code == RECOMPUTE_CODES["full"], np.maximum(dense, moe), 0.0)
-    logits = layout.has_lm_head * ctx.tokens * ctx.model.vocab_size / ctx.column("tp") * 4.0
-    return _in_flight(ctx) * per_micro_batch + transient + logits
+    # CPU activation offloading: the first ``activation_offload_layers`` layers' activations
+    # live on the host but for the one layer in transit.
+    offloaded = np.minimum(float(options.activation_offload_layers), layout.layers)
+    kept_per_layer = per_micro_batch / np.maximum(layout.layers, 1.0)
+    in_transit = np.where(offloaded > 0, np.maximum(dense, moe), 0.0)
+    per_micro_batch = per_micro_batch - offloaded * kept_per_layer
+    # Full recompute rebuilds one layer at a time in the backward pass; operator-level selective
+    # recompute rebuilds what one layer did not save.
+    largest = np.maximum(dense, moe)
+    rebuilt = np.maximum(largest - selective_layers / np.maximum(layout.layers, 1.0), 0.0)
+    op_level = ctx.framework is not None and (
+        ctx.framework.selective_recompute == "every_second_matmul"
+    )
+    transient = np.where(
+        code == RECOMPUTE_CODES["full"],
+        largest,
+        np.where((code == RECOMPUTE_CODES["selective"]) & op_level, rebuilt, 0.0),
+    )
+    loss_bytes = 4.0 if ctx.framework is None else ctx.framework.loss_bytes_per_logit
+    logits = layout.has_lm_head * ctx.tokens * ctx.model.vocab_size / ctx.column("tp") * loss_bytes
+    return _in_flight(ctx) * per_micro_batch + np.maximum(transient, in_transit) + logits
 
 
 def _comm_buffer_bytes(ctx: TrainingContext) -> np.ndarray:

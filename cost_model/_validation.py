@@ -94,6 +94,8 @@ TOLERANCES: dict[str, tuple[float | None, float | None]] = {
     "korthikanti_table5": (0.10, 0.21),  # measured 9.3%, 20.4%
     "megatron_readme_2022_mfu": (0.07, 0.11),  # measured 6.1%, 9.9%
     "korthikanti_fig1_memory": (None, 0.05),  # measured 2.0% max
+    "torchtitan_h100_peak_memory": (None, 0.10),  # measured 8.7% max
+    "torchtitan_h100_peak_memory_tp_pp": (None, None),  # PP keeps gathered weights: not modelled
     "megatron_readme_h100": (0.18, None),  # measured 17.5% mean, 40.7% max
     "torchtitan_a100_fsdp": (0.03, 0.07),  # measured 1.7%, 6.4%
     "llama3_table4": (0.16, 0.30),  # measured 15.8%, 29.6%
@@ -143,6 +145,10 @@ class Case:
     metrics: tuple[tuple[str, str, float, Callable[[dict, Case], float]], ...] = field(default=())
     source_id: str = ""
     estimate_options: tuple[tuple[str, Any], ...] = ()  # EstimateOptions facts of the run
+    #: The run's memory-relevant settings where its publication's recipe states them
+    #: (``memory_setup`` of the record: recompute, offloading, gradient dtype; see
+    #: ``memory_inputs``); used by the memory checks, not by the throughput estimate.
+    memory_setup: tuple[tuple[str, Any], ...] = ()
 
     @property
     def source(self) -> str:
@@ -398,9 +404,91 @@ def _generic_cases() -> list[Case]:
                 (run_metric(r),),
                 source_id=r["source_id"],
                 estimate_options=tuple(r.get("estimate_options", {}).items()),
+                memory_setup=_frozen_setup(r),
             )
         )
     return cases
+
+
+def _frozen_setup(record: dict) -> tuple[tuple[str, Any], ...]:
+    setup = record.get("memory_setup", {})
+    return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in setup.items())
+
+
+def blackwell_cases() -> list[Case]:
+    """The runs of ``data/published_runs_blackwell.json`` as cases (table
+    ``blackwell_training``), for the memory checks; their throughput rows come from
+    ``cost_model._blackwell_validation``."""
+    from cost_model._blackwell_validation import blackwell_records, record_case
+
+    hardware = {preset: name for name, preset in PRESETS.items()}
+    cases = []
+    for r in blackwell_records():
+        model, _, workload, config = record_case(r)
+        cases.append(
+            Case(
+                "blackwell_training",
+                r["run"],
+                hardware[r["preset"]],
+                model,
+                workload,
+                config,
+                "framework",
+                source_id="megatron_bridge_perf"
+                if "Megatron-Bridge" in r["source"]
+                else "nemo_framework_docs",
+                memory_setup=_frozen_setup(r),
+            )
+        )
+    return cases
+
+
+#: ``memory_setup`` keys that are ``EstimateOptions`` fields (the rest: the recompute policy
+#: and gradient dtype, and facts kept for the record: FSDP, CUDA graphs, MoE dispatcher).
+_SETUP_OPTIONS = (
+    "recompute_modules",
+    "recompute_layers",
+    "activation_offload_layers",
+    "optimizer_instances",
+)
+
+
+def memory_inputs(case: Case) -> tuple[ParallelConfig, Training, dict[str, Any]]:
+    """The layout, workload and ``EstimateOptions`` fields of ``case`` with its recipe's memory
+    settings applied: the recompute policy (and its modules or layer count), CPU activation
+    offloading, the main-gradient dtype."""
+    setup = dict(case.memory_setup)
+    config = case.config
+    if "recompute" in setup:
+        config = config.model_copy(update={"recompute": setup["recompute"]})
+    workload = _workload(case)
+    if "gradient_dtype" in setup:
+        workload = workload.model_copy(update={"gradient_dtype": setup["gradient_dtype"]})
+    options = {key: setup[key] for key in _SETUP_OPTIONS if key in setup}
+    return config, workload, options
+
+
+def peak_memory_bytes(case: Case, *, micro_batch: int | None = None) -> tuple[float, float]:
+    """(predicted peak bytes per device, device capacity) of ``case`` under its recipe's memory
+    settings (``memory_inputs``); ``micro_batch`` replaces the run's, the global batch scaled
+    with it."""
+    config, workload, options = memory_inputs(case)
+    cluster = _cluster(case.hardware, config.world_size)
+    if micro_batch is not None:
+        scale = micro_batch / config.micro_batch_size
+        config = config.model_copy(update={"micro_batch_size": micro_batch})
+        workload = workload.model_copy(
+            update={"global_batch_sequences": int(workload.sequences_per_step * scale)}
+        )
+    base = _options(case, None, cluster)
+    columns = estimate_table(
+        case.model,
+        cluster,
+        workload,
+        configs_to_table([config]),
+        options=base.model_copy(update=options),
+    )
+    return float(columns["memory_per_device_bytes"][0]), float(cluster.device.memory_bytes)
 
 
 def training_cases() -> list[Case]:
@@ -557,12 +645,45 @@ def inference_rows() -> list[ValidationRow]:
     ]
 
 
+@lru_cache(maxsize=1)
+def peak_memory_records() -> tuple[dict, ...]:
+    """The records of ``data/published_peak_memory.json``: runs whose source publishes the peak
+    memory per device (validation only)."""
+    text = (resources.files("cost_model") / "data" / "published_peak_memory.json").read_text()
+    return tuple(json.loads(text)["records"])
+
+
+def peak_memory_cases() -> list[tuple[Case, float]]:
+    """(case, published peak GiB) for each record of ``peak_memory_records``."""
+    cases = []
+    for r in peak_memory_records():
+        workload = run_workload(r).model_copy(update={"fp8_recipe": r.get("fp8_recipe", "current")})
+        case = Case(r["table"], r["run"], r["hardware"], run_model(r), workload, run_config(r), "")
+        cases.append((case, float(r["peak_memory_GiB"])))
+    return cases
+
+
+def peak_memory_rows() -> list[ValidationRow]:
+    """Predicted vs published peak memory per device (GiB), one row per run."""
+    return [
+        ValidationRow(
+            table=case.table,
+            run=case.run,
+            metric="peak_memory",
+            unit="GiB",
+            predicted=peak_memory_bytes(case)[0] / GIB,
+            published=published,
+        )
+        for case, published in peak_memory_cases()
+    ]
+
+
 def validate_published(*, include_inference: bool = True) -> list[ValidationRow]:
     """Every comparison of the published table, in table order."""
     from cost_model._blackwell_validation import blackwell_rows
     from cost_model._precision_validation import fp8_twin_rows
 
-    extra = fp8_twin_rows() + blackwell_rows()
+    extra = fp8_twin_rows() + blackwell_rows() + peak_memory_rows()
     return training_rows() + extra + (inference_rows() if include_inference else [])
 
 

@@ -140,3 +140,82 @@ def test_fp8_cached_inputs_cut_the_activation_of_a_405b_pipeline_rank() -> None:
         parts[name] = stage_memory(ctx)["activations"]
     ratio = parts["fp8"] / parts["bf16"]
     assert np.all((ratio > 0.7) & (ratio < 0.9))
+
+
+DENSE = {
+    "model_type": "llama",
+    "num_hidden_layers": 8,
+    "hidden_size": 2048,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "intermediate_size": 6144,
+    "vocab_size": 32000,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": False,
+}
+
+
+def _activations(model, config, **options) -> float:
+    ctx = training_context(
+        model=model,
+        cluster=get_preset("dgx-h100", num_nodes=1),
+        workload=Training(sequence_length_tokens=4096, global_batch_sequences=64),
+        table=configs_to_table([config]),
+        options=EstimateOptions(**options),
+    )
+    return float(stage_memory(ctx)["activations"][0, 0])
+
+
+def test_cpu_offloading_keeps_one_offloaded_layer_on_the_device() -> None:
+    """Megatron-core --cpu-offloading-num-layers: each further offloaded layer frees one layer's
+    activations; the first frees nothing, being the one in transit."""
+    model = ModelSpec.from_hf_config(DENSE, name="dense")
+    config = ParallelConfig(dp=8, micro_batch_size=1, recompute="none")
+    kept = [_activations(model, config, activation_offload_layers=k) for k in range(4)]
+    assert kept[1] == pytest.approx(kept[0])
+    assert kept[1] - kept[2] == pytest.approx(kept[2] - kept[3])
+    assert kept[2] < kept[1]
+
+
+def test_block_recompute_of_some_layers_lies_between_none_and_full() -> None:
+    model = ModelSpec.from_hf_config(DENSE, name="dense")
+    plain = ParallelConfig(dp=8, micro_batch_size=1, recompute="none")
+    full = plain.model_copy(update={"recompute": "full"})
+    every = _activations(model, full)
+    assert _activations(model, full, recompute_layers=8) == pytest.approx(every)
+    some = [_activations(model, full, recompute_layers=k) for k in (2, 4)]
+    assert every < some[1] < some[0] < _activations(model, plain)
+
+
+def test_selective_recompute_modules_drop_what_they_recompute(moe_model) -> None:
+    """core_attn (the default) keeps the Megatron selective accounting; the output-discarding
+    modules drop their outputs; mla_up_proj only matters for MLA attention."""
+    config = ParallelConfig(dp=8, ep=8, micro_batch_size=1, recompute="selective")
+    default = _activations(moe_model, config)
+    assert _activations(moe_model, config, recompute_modules=("core_attn",)) == default
+    assert _activations(moe_model, config, recompute_modules=("core_attn", "mla_up_proj")) == (
+        pytest.approx(default)
+    )
+    moe_act = _activations(moe_model, config, recompute_modules=("core_attn", "moe_act"))
+    layernorm = _activations(moe_model, config, recompute_modules=("core_attn", "layernorm"))
+    whole = _activations(moe_model, config, recompute_modules=("core_attn", "moe"))
+    assert whole < moe_act < default
+    assert layernorm < default
+
+
+def test_distributed_optimizer_instances_shard_over_their_share_of_ranks() -> None:
+    model = ModelSpec.from_hf_config(DENSE, name="dense")
+    config = ParallelConfig(dp=8, micro_batch_size=1, zero_stage=1)
+
+    def states(instances: int) -> float:
+        ctx = training_context(
+            model=model,
+            cluster=get_preset("dgx-h100", num_nodes=1),
+            workload=Training(sequence_length_tokens=4096, global_batch_sequences=64),
+            table=configs_to_table([config]),
+            options=EstimateOptions(optimizer_instances=instances),
+        )
+        return float(stage_memory(ctx)["optimizer_states"][0, 0])
+
+    assert states(2) == pytest.approx(2.0 * states(1))
