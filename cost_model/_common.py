@@ -124,6 +124,16 @@ class EstimateOptions(BaseModel):
     instead of 1F1B's (pp - 1)(F + B). ``context_parallel``: ``ring`` (K/V blocks passed
     around the ring under attention; Liu et al.) or ``all_gather`` (K/V all-gathered before
     attention and their gradients reduce-scattered after, exposed; Llama 3 report sec. 3.3.2).
+    ``expert_parallel_comm_overlap``: Megatron-core ``--overlap-moe-expert-parallel-comm``
+    (Megatron-Bridge ``moe_a2a_overlap``): the EP all-to-alls of one micro-batch run beside
+    the compute of another (a forward merged with a backward in the interleaved 1F1B
+    schedule), so they hide behind compute. ``cuda_graphs``: what the run captures in CUDA
+    graphs: ``none``; ``partial``, Transformer Engine per-layer graphs of the static-shape
+    parts (Megatron-core ``--cuda-graph-impl transformer_engine``, scopes ``attn``,
+    ``moe_router``, ``moe_preprocess``: the dropless dispatch, the experts and the combine
+    stay eager); ``full_iteration``, the whole forward and backward (sync-free dispatch
+    only). It decides whether the host issue time of the expert segment can be exposed
+    (``_training_host``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -140,6 +150,8 @@ class EstimateOptions(BaseModel):
     max_routed_nodes: int | None = Field(default=None, gt=0)
     bidirectional_pipeline: bool = False
     context_parallel: Literal["ring", "all_gather"] = "ring"
+    expert_parallel_comm_overlap: bool = False
+    cuda_graphs: Literal["none", "partial", "full_iteration"] = "none"
 
     def calibration_for(self, hardware) -> Calibration:
         return self.calibration if self.calibration is not None else calibration_for(hardware)
