@@ -153,7 +153,7 @@ def test_prefill_decode_disaggregation_when_it_serves_more() -> None:
     small = SearchSettings(brute_force_layouts=0)  # a short study is enough here
     plan = ap.find_plan(
         "deepseek-v3",
-        ap.get_preset("hgx-h800", num_nodes=64),
+        ap.get_preset("hgx-h800", num_nodes=16),
         workload,
         n_trials=24,
         settings=small,
@@ -182,7 +182,7 @@ def test_prefill_decode_disaggregation_when_it_serves_more() -> None:
     )
     no_split = ap.find_plan(
         "deepseek-v3",
-        ap.get_preset("hgx-h800", num_nodes=64),
+        ap.get_preset("hgx-h800", num_nodes=16),
         workload,
         n_trials=8,
         disaggregate=False,
