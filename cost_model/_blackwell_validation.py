@@ -54,7 +54,8 @@ def predicted_throughput(record: dict) -> tuple[float, float]:
     """(tokens/s per GPU, memory per device bytes) predicted for ``record``."""
     model, cluster, workload, config = record_case(record)
     table = configs_to_table([config])
-    columns = estimate_table(model, cluster, workload, table, options=EstimateOptions())
+    options = EstimateOptions(**record.get("estimate_options", {}))  # the recipe's software facts
+    columns = estimate_table(model, cluster, workload, table, options=options)
     step = float(columns["step_time_s"][0])
     return workload.tokens_per_step / (step * config.world_size), float(
         columns["memory_per_device_bytes"][0]

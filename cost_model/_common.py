@@ -141,6 +141,16 @@ class EstimateOptions(BaseModel):
     cpu-offloading.md). ``optimizer_instances``: replicas of the sharded model states across the
     data-parallel ranks (Megatron-core ``--num-distributed-optimizer-instances``: ZeRO shards
     over dp / instances, HSDP-style; memory only).
+    ``expert_parallel_comm_overlap``: Megatron-core ``--overlap-moe-expert-parallel-comm``
+    (Megatron-Bridge ``moe_a2a_overlap``): the EP all-to-alls of one micro-batch run beside
+    the compute of another (a forward merged with a backward in the interleaved 1F1B
+    schedule), so they hide behind compute. ``cuda_graphs``: what the run captures in CUDA
+    graphs: ``none``; ``partial``, Transformer Engine per-layer graphs of the static-shape
+    parts (Megatron-core ``--cuda-graph-impl transformer_engine``, scopes ``attn``,
+    ``moe_router``, ``moe_preprocess``: the dropless dispatch, the experts and the combine
+    stay eager); ``full_iteration``, the whole forward and backward (sync-free dispatch
+    only). It decides whether the host issue time of the expert segment can be exposed
+    (``_training_host``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -164,6 +174,8 @@ class EstimateOptions(BaseModel):
     recompute_layers: int | None = Field(default=None, gt=0)
     activation_offload_layers: int = Field(default=0, ge=0)
     optimizer_instances: int = Field(default=1, ge=1)
+    expert_parallel_comm_overlap: bool = False
+    cuda_graphs: Literal["none", "partial", "full_iteration"] = "none"
 
     def calibration_for(self, hardware) -> Calibration:
         return self.calibration if self.calibration is not None else calibration_for(hardware)

@@ -2,7 +2,9 @@
 
 A profile names what a framework runs by default (fused attention, fused gradient
 accumulation, fused norm/activation/rotary kernels, what selective recompute repeats, tensor- and data-parallel overlap, the dtype gradients are reduced in, whether ZeRO-2 reduces
-every micro-batch); each comes with its source in ``data/framework_profiles.json``. They are
+every micro-batch, whether its dropless MoE dispatch waits on the host for the token counts and
+the host seconds to issue one expert GEMM); each comes with its source in
+``data/framework_profiles.json``. They are
 facts of the software, never fitted: the differences between frameworks enter the cost model
 through these named features, not through a per-run efficiency factor.
 """
@@ -41,6 +43,9 @@ class FrameworkProfile(BaseModel):
     #: Under ZeRO-3 the sharded parameters are the fp32 master weights, no low-precision sharded
     #: copy (FSDP2 MixedPrecisionPolicy casts to bf16 at the all-gather) (memory).
     sharded_master_weights: bool = False
+    moe_dispatch_host_sync: bool = False
+    expert_gemm_host_s: float = Field(default=0.0, ge=0.0, le=1e-3)
+    moe_host_source: str = ""
     source: str = Field(min_length=1)
 
 

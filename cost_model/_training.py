@@ -73,6 +73,7 @@ from cost_model._training_comm import (
     table_collective_times,
 )
 from cost_model._training_dp import contention_seconds, dp_and_optimizer, hidden_seconds
+from cost_model._training_host import exposed_expert_host_s
 from cost_model._workload import Training
 
 if TYPE_CHECKING:
@@ -188,10 +189,13 @@ class TrainingContext:
         """Fraction of a TP/EP/CP communication kind that may hide behind compute. With a
         framework, tensor-parallel overlap is its feature (Megatron-core ``--tp-comm-overlap``
         pipelines the sequence-parallel all-gather / reduce-scatter with the GEMMs, only with
-        sequence parallel); a bidirectional (DualPipe-style) schedule hides the EP all-to-all
-        behind the paired chunk's compute; an all-gather context parallel is exposed; the
+        sequence parallel); a bidirectional (DualPipe-style) schedule, or Megatron-core's EP
+        communication overlap (``EstimateOptions.expert_parallel_comm_overlap``), hides the EP
+        all-to-all behind the paired chunk's compute; an all-gather context parallel is exposed; the
         rest, and everything without a framework, the calibration's."""
-        if kind == "ep_comm" and self.options.bidirectional_pipeline:
+        if kind == "ep_comm" and (
+            self.options.bidirectional_pipeline or self.options.expert_parallel_comm_overlap
+        ):
             return 1.0
         if kind == "cp_comm" and self.options.context_parallel == "all_gather":
             return 0.0
@@ -430,6 +434,18 @@ def layer_host_time(ctx: TrainingContext) -> tuple[np.ndarray, np.ndarray]:
     return dense, moe_layer
 
 
+def _exposed_expert_host(
+    ctx: TrainingContext, *, moe_ffn: np.ndarray, times: CollectiveTimes
+) -> np.ndarray:
+    """Host issue time of one MoE layer's dispatch-to-combine segment beyond its GPU time
+    (``_training_host``), forward; the segment's GPU time is the MoE block less its router
+    plus the forward all-to-alls. The backward takes twice it with the rest of the layer."""
+    if ctx.model.moe is None:
+        return np.zeros_like(ctx.tokens)
+    segment = moe_ffn - training_moe.router_time(ctx) + times.ep_exchange
+    return exposed_expert_host_s(ctx, segment_gpu_s=segment)
+
+
 def gradient_accumulation_time(ctx: TrainingContext) -> np.ndarray:
     """Unfused main-gradient accumulation of one micro-batch on each pipeline rank (rows
     ``STAGES``; ``EstimateOptions.fused_gradient_accumulation``): per parameter, read the 2-byte
@@ -485,8 +501,15 @@ def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatc
         + dense_sharded
         + dense_host / 3.0
     )
+    moe_ffn = moe_ffn_time(ctx)
     moe_layer = (
-        common + core + moe_ffn_time(ctx) + moe_launches * overhead + moe_sharded + moe_host / 3.0
+        common
+        + core
+        + moe_ffn
+        + moe_launches * overhead
+        + moe_sharded
+        + moe_host / 3.0
+        + _exposed_expert_host(ctx, moe_ffn=moe_ffn, times=times)
     )
     # fp8 quantization kernels, forward + backward: a third here, as backward = 2 x forward.
     dense_layer = dense_layer + quantization_time_s(ctx, moe=False) / 3.0

@@ -135,7 +135,10 @@ def measured_experts_time(ctx: TrainingContext) -> np.ndarray | None:
 
 def roofline_experts_time(ctx: TrainingContext, *, activation_passes: float) -> np.ndarray:
     """Routed experts of one layer as rooflines at the calibrated GEMM efficiency of one expert's
-    GEMM (the pricing where no grouped-GEMM curve is measured), with their activation pass."""
+    GEMM (the pricing where no grouped-GEMM curve is measured), with their activation pass.
+    Kernels: Megatron-core's ``TEGroupedMLP`` calls Transformer Engine's ``GroupedLinear`` twice
+    (the gated fc1, then fc2), and each call runs one cuBLASLt GEMM per local expert
+    (``general_grouped_gemm``): two GEMMs per local expert, each paying the per-kernel cost."""
     model, moe = ctx.model, ctx.model.moe
     assert moe is not None
     h, width = model.hidden_size, moe.expert_ffn_hidden_size / ctx.column("etp")
@@ -145,7 +148,7 @@ def roofline_experts_time(ctx: TrainingContext, *, activation_passes: float) -> 
     gemms = ctx.op(
         2.0 * assignments * expert,
         local_experts * expert * 2.0 + assignments * 2.0 * (h + width) * ACTIVATION_BYTES,
-        calls=local_experts,
+        calls=2.0 * local_experts,
         role="expert",
     )
     return gemms + ctx.op(0.0, assignments * width * activation_passes * ACTIVATION_BYTES)

@@ -113,3 +113,26 @@ def test_router_pass_grows_with_the_number_of_experts() -> None:
     ctx = _context(preset="dgx-b200", sequence=4096)
     scores = ctx.op(0.0, ctx.moe_tokens * 128 * moe_block.ROUTER_SCORE_BYTES)
     assert moe_block.router_time(ctx)[0] > scores[0] > 0.0
+
+
+def test_expert_parallel_comm_overlap_hides_the_ep_all_to_all() -> None:
+    """Megatron-core's EP overlap runs one micro-batch's all-to-alls beside another's compute."""
+    from cost_model._estimate import estimate_table
+
+    workload = Training(
+        sequence_length_tokens=4096,
+        global_batch_sequences=64,
+        precision="bf16",
+        framework="megatron-core",
+    )
+    table = configs_to_table([ParallelConfig(dp=8, ep=8, micro_batch_size=1)])
+
+    def columns(overlap: bool) -> dict:
+        options = EstimateOptions(expert_parallel_comm_overlap=overlap)
+        return estimate_table(QWEN3_30B, get_preset("dgx-h100"), workload, table, options=options)
+
+    off, on = columns(False), columns(True)
+    assert off["hidden.ep_comm"][0] == 0.0 and off["time.ep_comm"][0] > 0.0
+    assert on["hidden.ep_comm"][0] > 0.0
+    assert on["time.ep_comm"][0] < off["time.ep_comm"][0]
+    assert on["step_time_s"][0] < off["step_time_s"][0]

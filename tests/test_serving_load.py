@@ -431,16 +431,19 @@ def _admitted(engine: str, output_tokens: int) -> float:
 
 def test_engines_admit_what_their_default_kv_pool_holds() -> None:
     """Each engine's default memory fraction sizes its KV pool, and its admission rule decides
-    what a request counts against it: TensorRT-LLM (GUARANTEED_NO_EVICT) and the no-preemption
-    steady state of vLLM hold whole sequences, so longer outputs admit proportionally fewer
-    requests; SGLang reserves a decayed share of at most 4096 new tokens, so its admission
-    barely moves with the output length."""
+    what a request counts against it: TensorRT-LLM (GUARANTEED_NO_EVICT) reserves the whole
+    sequence, vLLM (blocks on demand) holds its prompt and on average half its output in a
+    steady closed loop, so longer outputs admit proportionally fewer requests; SGLang reserves
+    a decayed share of at most 4096 new tokens, so its admission barely moves with the output
+    length."""
+    assert serving_profile("trtllm").admission_output_share == 1.0
+    assert serving_profile("vllm").admission_output_share == 0.5
     for engine in ("vllm", "trtllm"):
-        profile = serving_profile(engine)
-        assert profile.admission_output_share == 1.0
+        share = serving_profile(engine).admission_output_share
         short, long = _admitted(engine, 1000), _admitted(engine, 8000)
-        # KV per request grows from 5000 to 12000 tokens: admission falls by about that ratio
-        assert long < short and short / long == pytest.approx(12000 / 5000, rel=0.05)
+        # KV per request grows from 4000 + share x 1000 to 4000 + share x 8000 tokens
+        ratio = (4000 + share * 8000) / (4000 + share * 1000)
+        assert long < short and short / long == pytest.approx(ratio, rel=0.05)
     sglang = serving_profile("sglang")
     assert sglang.kv_memory_fraction < serving_profile("vllm").kv_memory_fraction
     short, long = _admitted("sglang", 1000), _admitted("sglang", 8000)
