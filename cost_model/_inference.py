@@ -52,6 +52,11 @@ training): matmuls at ``matmul_efficiency``, core attention at ``attention_effic
 pass, prefill and decode alike, pays the serving engine's per-kernel floor for each kernel it
 runs (``_kernels_per_pass``; ``data/serving_profiles.json``): CUDA graphs remove the CPU launch,
 not the GPU's launch-to-launch gap and wave tail; two overlapped micro-batches pay it once.
+A pass the engine runs without a CUDA graph by default (``ServingProfile.prefill_graphs``,
+``graph_max_tokens``: SGLang's extend batches, TensorRT-LLM's context phase, vLLM batches above
+its largest captured size) launches each kernel from the host, so it takes at least its kernels
+times the host seconds per eager kernel (``eager_pass_host_s``; the host runs ahead of the GPU
+asynchronously, so the larger of the two is the pass; the wait is charged to compute).
 Where imported operator tables cover the device (``_kernel_curves``), a prefill pass's dense
 GEMMs (attention projections, dense FFN, shared experts: ``_inference_ops.*_projections``) run
 at the serving engine's measured efficiency for their shape (M = tokens per rank, N x K = the
@@ -453,7 +458,14 @@ def _kernels_per_pass(s: _Setup) -> np.ndarray:
     (``_training.kernels_per_layer``) and its collectives (TP all-reduces after attention and
     FFN, or the attention-DP gather/scatter of a dense FFN; EP dispatch and combine). Each pays
     the engine's per-kernel floor, in prefill and decode alike: a CUDA graph removes the CPU
-    launch, not the GPU's launch-to-launch gap and wave tail (``data/serving_profiles.json``)."""
+    launch, not the GPU's launch-to-launch gap and wave tail (``data/serving_profiles.json``).
+    Run eagerly, each is one host launch (``eager_pass_host_s``). The count matches an engine's
+    eager forward for a dense GQA layer (SGLang ``models/llama.py``, read in 0.5.23: fused
+    add-norm, QKV GEMM, RoPE, attention with its KV-cache store, output GEMM, all-reduce, fused
+    add-norm, gate-up GEMM, SiLU-and-mul, down GEMM, all-reduce: 12 kernels against 12 here) and
+    is a lower bound for MLA + MoE layers, where the engine also launches per-GEMM fp8
+    activation quantization and MoE alignment kernels and dispatches view and split ops that
+    launch none (``models/deepseek_common/attention_forward_methods/forward_mha.py``)."""
     if "_kernels_per_pass" in s.__dict__:  # the same for every pass of one setup
         return s.__dict__["_kernels_per_pass"]
     lay, tp, ep = s.layout, s.column("tp"), s.column("ep")
@@ -462,6 +474,39 @@ def _kernels_per_pass(s: _Setup) -> np.ndarray:
     ep_calls = 2.0 * lay.moe_layers * (ep > 1)
     s.__dict__["_kernels_per_pass"] = kernels + tp_calls + ep_calls
     return s.__dict__["_kernels_per_pass"]
+
+
+def eager_kernel_host_s(s: _Setup) -> float:
+    """Host seconds to launch one kernel of a pass run without a CUDA graph: the device profile's
+    measured eager dispatch time (``autoparallel profile``) where it has one, else the serving
+    engine's default (``ServingProfile.eager_kernel_host_s``, cited in its data)."""
+    measured = getattr(s.hardware, "eager_op_host_s", None)
+    return s.profile.eager_kernel_host_s if measured is None else float(measured)
+
+
+def eager_pass_host_s(s: _Setup) -> np.ndarray:
+    """Host seconds to launch one pass's kernels eagerly, (n,): the kernels of the rank that
+    launches the most (``_kernels_per_pass``; two overlapped micro-batches launch theirs each)
+    times ``eager_kernel_host_s``, on each of the ``pp`` micro-batches in flight. The host runs
+    ahead of the GPU, so an eager pass takes the larger of this and its GPU time
+    (``_serving_load.IterationCost``)."""
+    kernels = np.max(_kernels_per_pass(s), axis=0) * np.where(s.two_batch, 2.0, 1.0)
+    return s.column("pp") * kernels * eager_kernel_host_s(s)
+
+
+def _host_bound(s: _Setup, exposed: dict[str, np.ndarray], eager) -> dict[str, np.ndarray]:
+    """``exposed`` parts of a pass with the launch time an eager pass waits beyond its GPU time
+    (``eager_pass_host_s``) added to its compute part, where ``eager``."""
+    shortfall = np.maximum(eager_pass_host_s(s) - sum(exposed.values()), 0.0)
+    return {**exposed, "compute": exposed["compute"] + np.where(eager, shortfall, 0.0)}
+
+
+def pass_runs_eagerly(s: _Setup, p: ops.Pass) -> np.ndarray:
+    """Whether the engine runs pass ``p`` without a CUDA graph by default, (n,): a prefill pass
+    where it graphs decode only, or a pass of more tokens per forward than its largest graph."""
+    tokens = p.batch * p.new_tokens  # per attention replica, the batch one forward holds
+    prompts = (not p.decode) and not s.profile.prefill_graphs
+    return (tokens > s.profile.graph_max_tokens) | prompts
 
 
 def _moe_time(
@@ -843,6 +888,8 @@ def _timing(s: _Setup, batch: np.ndarray) -> _Timing:
     prefill, decode = _passes(s, batch)
     pre_exposed, pre_hidden = _pass_parts(s, prefill)
     dec_exposed, dec_hidden = _pass_parts(s, decode)
+    pre_exposed = _host_bound(s, pre_exposed, pass_runs_eagerly(s, prefill))
+    dec_exposed = _host_bound(s, dec_exposed, pass_runs_eagerly(s, decode))
     is_prefill, is_both = s.phase == PHASE_CODES["prefill"], s.phase == PHASE_CODES["both"]
     prefill_weight = np.where(is_prefill, 1.0, np.where(is_both, 1.0 / s.output_tokens, 0.0))
     decode_weight = np.where(is_prefill, 0.0, 1.0)

@@ -36,6 +36,7 @@ from cost_model._inference import (
     _setup,
     _Timing,
     _timing,
+    eager_pass_host_s,
 )
 from cost_model._model_spec import ModelSpec
 from cost_model._serving_columns import PHASE_CODES
@@ -66,7 +67,9 @@ def iteration_cost(s: _Setup) -> IterationCost:
     over ``T`` tokens (its batch of prompts scaled to ``T`` tokens), so that one prompt alone
     costs exactly one prefill pass. A prompt token adds its core attention at the prompt's
     token-weighted mean context (what the prefill pass of the whole prompt spends beyond its
-    interpolated linear part).
+    interpolated linear part). An iteration the engine runs without a CUDA graph takes at least
+    the host time of launching its kernels (``_inference.eager_pass_host_s``); ``pp``
+    micro-batches of at most the engine's largest graph replay graphs.
     """
     n = s.phase.shape[0]
     pp = s.column("pp")
@@ -90,6 +93,9 @@ def iteration_cost(s: _Setup) -> IterationCost:
         np.maximum(extra, 0.0) / prompt,
         floor,
         cost.prefill_linear_s,
+        eager_pass_host_s(s),
+        s.profile.graph_max_tokens * pp,
+        s.profile.prefill_graphs,
     )
 
 

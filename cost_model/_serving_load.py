@@ -68,6 +68,12 @@ class ServingProfile(BaseModel):
     engine: Engine
     version: str
     kernel_floor_s: float = Field(ge=0)
+    #: host seconds of one kernel of an eager pass (no CUDA graph): module code, dispatcher, launch
+    eager_kernel_host_s: float = Field(ge=0)
+    #: whether an iteration carrying prompt tokens replays a CUDA graph (up to ``graph_max_tokens``)
+    prefill_graphs: bool
+    #: the largest iteration, in tokens per forward, that replays a CUDA graph
+    graph_max_tokens: int = Field(ge=0)
     sampling_s: float = Field(ge=0)
     scheduler_s: float = Field(ge=0)
     request_overhead_s: float = Field(ge=0)
@@ -155,6 +161,13 @@ class IterationCost:
     ``prefill_token_s`` per prompt token (its core attention at the prompt's token-weighted
     mean context); ``floor_s`` is paid once per iteration. An iteration with prompt tokens
     costs at least what its decodes alone cost.
+
+    An iteration the engine runs without a CUDA graph (one carrying prompt tokens where the
+    engine graphs decode only, or one of more than ``graph_max_tokens`` tokens) is
+    host-bound where launching its kernels takes longer than running them: the host enqueues
+    kernels ahead of the GPU asynchronously, so its pass takes ``max(GPU time, eager_host_s)``
+    (``eager_host_s``: kernels x host seconds per eager kernel, ``ServingProfile``). A graphed
+    iteration keeps the per-kernel floor its GPU time already holds.
     """
 
     linear_s: np.ndarray  # (n, g)
@@ -162,6 +175,10 @@ class IterationCost:
     prefill_token_s: np.ndarray  # (n,)
     floor_s: np.ndarray  # (n,)
     prefill_linear_s: np.ndarray  # (n, g)
+    eager_host_s: np.ndarray | None = None  # (n,); None: never host-bound
+    #: the largest iteration (tokens over the pipeline's micro-batches) that replays a graph
+    graph_max_tokens: np.ndarray | None = None  # (n,)
+    prefill_graphs: bool = True
 
     def seconds(self, decodes, prefill_tokens) -> np.ndarray:
         """Iteration time with ``decodes`` decoding requests and ``prefill_tokens`` prompt
@@ -178,12 +195,22 @@ class IterationCost:
             _interpolate(self.prefill_linear_s, self._prefill_segments, tokens), decode_only
         )
         linear = np.where(prefill_tokens > 0, with_prompts, decode_only)
-        return (
+        gpu = (
             linear
             + column(self.decode_attention_s) * decodes
             + column(self.prefill_token_s) * prefill_tokens
-            + column(self.floor_s)
         )
+        if self.eager_host_s is not None:
+            eager = self.eager(tokens, prefill_tokens, column)
+            gpu = np.where(eager, np.maximum(gpu, column(self.eager_host_s)), gpu)
+        return gpu + column(self.floor_s)
+
+    def eager(self, tokens, prefill_tokens, column=lambda v: v) -> np.ndarray:
+        """Whether an iteration of ``tokens`` tokens, ``prefill_tokens`` of them from prompts,
+        runs without a CUDA graph; ``column`` shapes an (n,) array against ``tokens``."""
+        limit = np.inf if self.graph_max_tokens is None else column(self.graph_max_tokens)
+        prompts = (np.asarray(prefill_tokens) > 0) & (not self.prefill_graphs)
+        return (np.asarray(tokens) > limit) | prompts
 
     @cached_property
     def _segments(self) -> tuple[np.ndarray, np.ndarray]:
@@ -202,6 +229,9 @@ class IterationCost:
             self.prefill_token_s[pick],
             self.floor_s[pick],
             self.prefill_linear_s[pick],
+            None if self.eager_host_s is None else self.eager_host_s[pick],
+            None if self.graph_max_tokens is None else self.graph_max_tokens[pick],
+            self.prefill_graphs,
         )
 
 

@@ -74,6 +74,11 @@ class _ScalarCost:
         self.decode = float(cost.decode_attention_s[0])
         self.prefill = float(cost.prefill_token_s[0])
         self.floor = float(cost.floor_s[0])
+        self.eager_host = 0.0 if cost.eager_host_s is None else float(cost.eager_host_s[0])
+        self.graph_max_tokens = (
+            float("inf") if cost.graph_max_tokens is None else float(cost.graph_max_tokens[0])
+        )
+        self.prefill_graphs = cost.prefill_graphs
 
     def _interpolate(self, values: list[float], tokens: float) -> float:
         upper = min(max(bisect.bisect_left(self.grid, tokens), 1), len(self.grid) - 1)
@@ -88,10 +93,13 @@ class _ScalarCost:
     def __call__(self, decodes: int, prefill_tokens: int) -> float:
         """``IterationCost.seconds`` of one iteration, in plain floats."""
         linear = self._interpolate(self.linear, max(float(decodes), 1.0))
+        tokens = max(float(decodes + prefill_tokens), 1.0)
         if prefill_tokens > 0:
-            tokens = float(decodes + prefill_tokens)
             linear = max(self._interpolate(self.prefill_linear, tokens), linear)
-        return linear + self.decode * decodes + self.prefill * prefill_tokens + self.floor
+        gpu = linear + self.decode * decodes + self.prefill * prefill_tokens
+        if tokens > self.graph_max_tokens or (prefill_tokens > 0 and not self.prefill_graphs):
+            gpu = max(gpu, self.eager_host)  # host-bound eager pass (IterationCost)
+        return gpu + self.floor
 
 
 def _lengths(rng: np.random.Generator, mean: float, cv: float, count: int) -> np.ndarray:

@@ -119,7 +119,7 @@ def count_points(grid: ProfileGrid, world_size: int) -> int:
     collectives = collective_points(
         ops=grid.collective_ops, message_bytes=grid.collective_bytes, world_size=world_size
     )
-    return len(operator_points(grid)) + (len(collectives) + 4 if world_size > 1 else 0) + 3
+    return len(operator_points(grid)) + (len(collectives) + 4 if world_size > 1 else 0) + 4
 
 
 def profile_hardware(
@@ -156,6 +156,8 @@ def profile_hardware(
         )
     )
     advance("kernel overhead")
+    eager_op = _eager_op_host_s(device)
+    advance("eager inference dispatch")
     collectives = (
         _profile_collectives(grid=grid, device=device, source=source, advance=advance)
         if world > 1
@@ -186,6 +188,7 @@ def profile_hardware(
             device, ranks_per_host=world if device.type == "cpu" else 1
         ),
         kernel_overhead_s=overhead.median_s,
+        eager_op_host_s=eager_op,
         operator_clock=clock,
         sharded_module_overhead_s=sharded,
         sharded_linear=sharded_curve,
@@ -199,6 +202,13 @@ def profile_hardware(
         gradient_accumulation=updates[1],
         host=host,
     )
+
+
+def _eager_op_host_s(device: torch.device) -> float:
+    """Host seconds per eagerly launched inference op (``profilers._host``), rank mean."""
+    from profilers._host import eager_op_host_seconds
+
+    return _mean_seconds([eager_op_host_seconds(device=device)])[0]
 
 
 def _training_dtype(grid: ProfileGrid) -> torch.dtype:

@@ -11,6 +11,12 @@
   one, an MoE one with 2 and with 16 routed experts) at a vanishing size (hidden 32, 8 tokens):
   the time is then the per-operator dispatch and autograd bookkeeping, the intercept of layer
   time versus work.
+* **Eager inference dispatch**: the host seconds per operator of a tiny decoder block run for
+  inference without a CUDA graph (``torch.inference_mode``, no synchronization inside the timed
+  region: Python module code, the dispatcher and, on an accelerator, the kernel launch). The
+  block's ops are one kernel each (layer norm, two linears, SiLU, multiply, residual add) on
+  tensors so small that their work is negligible, so the time per op is the host's launch
+  cost, which bounds a pass an engine runs eagerly (``cost_model`` ``eager_kernel_host_s``).
 * With ranks: the extra step cost of a tensor-parallel (DTensor) weight over a plain tensor of
   its local shape, and the per-micro-batch cost of a ``torch.distributed.pipelining`` 1F1B
   schedule (the slope of step time over micro-batch count with stages doing almost no work,
@@ -20,12 +26,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
-from profilers._timing import measure
+from profilers._timing import measure, synchronize
 
 #: Bytes per parameter of one AdamW step with fp32 master weights (module docstring).
 ADAM_UPDATE_BYTES = 4.0 + 3 * 2 * 4.0 + 2.0
@@ -295,3 +302,43 @@ def collective_sync_seconds(
     extra = torch.tensor([max(seconds[2] - seconds[0] - seconds[1], 0.0)], dtype=torch.float64)
     dist.all_reduce(extra, op=dist.ReduceOp.MAX)
     return float(extra[0])
+
+
+#: Operators of ``_EagerBlock.forward``, one kernel each.
+EAGER_BLOCK_OPS = 6
+
+
+class _EagerBlock(torch.nn.Module):
+    """A decoder MLP block whose every op is one kernel (norm, up, SiLU, gate, down, residual)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(hidden)
+        self.up = torch.nn.Linear(hidden, hidden, bias=False)
+        self.down = torch.nn.Linear(hidden, hidden, bias=False)
+        self.act = torch.nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(self.norm(x))
+        return x + self.down(self.act(h) * h)
+
+
+def eager_op_host_seconds(
+    *, device: torch.device, blocks: int = 16, warmup: int = 3, repeats: int = 9
+) -> float:
+    """Median host seconds per op of ``blocks`` tiny ``_EagerBlock`` forwards run eagerly for
+    inference (module docstring). The device is idle when each sample starts and the host only
+    enqueues: on an accelerator the kernels run behind it, each shorter than its launch."""
+    stack = torch.nn.Sequential(*(_EagerBlock(_TINY_HIDDEN) for _ in range(blocks))).to(device)
+    x = torch.randn(_TINY_TOKENS, _TINY_HIDDEN, device=device)
+    samples = []
+    with torch.inference_mode():
+        for index in range(warmup + repeats):
+            synchronize(device)
+            start = time.perf_counter()
+            stack(x)
+            elapsed = time.perf_counter() - start
+            if index >= warmup:
+                samples.append(elapsed / (blocks * EAGER_BLOCK_OPS))
+    synchronize(device)
+    return sorted(samples)[len(samples) // 2]

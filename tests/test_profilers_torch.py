@@ -88,6 +88,8 @@ def test_single_process_profile_has_every_operator_curve():
     assert profile.kernel_overhead_s > 0 and profile.provenance.startswith("measured")
     spec = HardwareSpec.from_profile(profile)
     assert 0 < float(spec.gemm_efficiency(gemm.work[0], "fp32")) <= 1.0
+    # Eager inference dispatch per op of a tiny block: host microseconds, read by the serving model.
+    assert 0.0 < profile.eager_op_host_s < 1e-3 and spec.eager_op_host_s == profile.eager_op_host_s
     assert profile.norm.labels[0].startswith("runtime RMSNorm fwd+bwd")
     # The runtime's master-weight AdamW: 30 bytes per parameter; accumulation into main grads: 10.
     assert profile.optimizer.work == (2**10 * 30.0, 2**14 * 30.0)

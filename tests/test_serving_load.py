@@ -251,6 +251,9 @@ def test_every_profile_term_has_a_source_and_unknown_engines_are_named() -> None
     )
     terms = (
         "kernel_floor_s",
+        "eager_kernel_host_s",
+        "prefill_graphs",
+        "graph_max_tokens",
         "sampling_s",
         "scheduler_s",
         "request_overhead_s",

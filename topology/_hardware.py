@@ -119,6 +119,11 @@ class HardwareSpec(BaseModel):
         return 0.0 if self.profile is None else self.profile.kernel_overhead_s
 
     @property
+    def eager_op_host_s(self) -> float | None:
+        """Measured host seconds per eagerly launched inference operator (None without one)."""
+        return None if self.profile is None else self.profile.eager_op_host_s
+
+    @property
     def sharded_module_overhead_s(self) -> float:
         """Extra host seconds per tensor-parallel linear, forward + backward (0 without a profile)."""
         return 0.0 if self.profile is None else self.profile.sharded_module_overhead_s

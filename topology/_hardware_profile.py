@@ -142,6 +142,13 @@ class HardwareProfile(BaseModel):
     provenance: str
     memory_bytes: float = Field(gt=0, description="memory of one device (host RAM per rank on cpu)")
     kernel_overhead_s: float = Field(ge=0)
+    eager_op_host_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="host seconds per operator of a module run eagerly for inference (no autograd, "
+        "no synchronization: Python module code, dispatch and kernel launch), per op of a tiny "
+        "decoder block; absent in older profiles",
+    )
     sharded_module_overhead_s: float = Field(
         default=0.0,
         ge=0,

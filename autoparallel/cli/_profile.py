@@ -267,7 +267,12 @@ def _summary(profile) -> Table:  # topology.HardwareProfile
                 _rate(curve.best_rate_per_s, "B"),
                 f"{sorted(curve.spread)[len(curve.spread) // 2]:.0%}",
             )
-    table.caption = f"kernel overhead {human_seconds(profile.kernel_overhead_s)}{_host_caption(profile.host)}; {profile.provenance}"
+    eager = (
+        ""
+        if profile.eager_op_host_s is None
+        else f", eager inference op {human_seconds(profile.eager_op_host_s)} on the host"
+    )
+    table.caption = f"kernel overhead {human_seconds(profile.kernel_overhead_s)}{eager}{_host_caption(profile.host)}; {profile.provenance}"
     return table
 
 
