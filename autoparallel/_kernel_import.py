@@ -6,7 +6,9 @@ per-operator latency tables measured per device, engine and engine version under
 operator tables are read — the fused MoE expert layer (``moe/*/moe_perf.parquet``, for the
 expert shapes of ``EXPERT_SHAPES``), MLA decode and prefill attention
 (``mla/*/generation_mla_perf.parquet``, ``context_mla_perf.parquet``) and dense GEMMs
-(``gemm/*/gemm_perf.parquet``, on the grid of ``GEMM_M_GRID`` x ``GEMM_NK_GRID``^2). End-to-end tables of whole serving
+(``gemm/*/gemm_perf.parquet``, on the grid of ``GEMM_M_GRID`` x ``GEMM_NK_GRID``^2) and the
+serving engines' tensor-parallel all-reduce (``comm/*/custom_allreduce_perf.parquet``: latency by
+message size and GPU count, kept as measured). End-to-end tables of whole serving
 runs in the same package (``silicon_sample.csv``) are never opened: they are validation data,
 not fit input (DESIGN.md, "Fidelity").
 
@@ -31,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from cost_model import (
+    ALL_REDUCE_MESSAGE_BYTES,
     GEMM_M_GRID,
     GEMM_NK_GRID,
     GROUPED_GEMM_SHAPE,
@@ -389,6 +392,65 @@ def _context_attention_curves(root: Path, device: str, engine: str) -> list[dict
     return []
 
 
+#: aiconfigurator device folders whose custom all-reduce tables are imported -> preset: the
+#: kernel-curve devices and the A100 and GB300, whose all-reduce tables the package also ships.
+ALLREDUCE_DEVICES = {**DEVICES, "a100_sxm": "dgx-a100", "gb300": "gb300-nvl72"}
+#: Rows of each engine's table that time the kernel the engine runs in a serving pass: vLLM's
+#: and SGLang's collectors time ``tensor_model_parallel_all_reduce`` (the engine's own choice per
+#: size: its custom one-/two-shot kernel over NVLink peer memory below its size limit, 8 MiB by
+#: default, NCCL above) inside a CUDA graph ("graph") and eagerly ("eager": each call adds the
+#: collector's input copy and the host dispatch, not operator time); TensorRT-LLM's times its
+#: ``AllReduce`` op with the AUTO strategy (one-shot / two-shot / NCCL by size) in a CUDA graph
+#: (aiconfigurator ``collector/collect_all_reduce.py``). The graph rows are the operator.
+ALLREDUCE_KERNELS = {
+    "vllm": ("vLLM", "vLLM_custom_graph"),
+    "sglang": ("SGLang", "SGLang_CustomAllReduce_graph"),
+    "trtllm": ("TRTLLM", "TRTLLM"),
+}
+
+
+def _custom_allreduce_curves(root: Path, device: str, engine: str) -> list[dict]:
+    """Latency of one tensor-parallel all-reduce at each size of ``ALL_REDUCE_MESSAGE_BYTES``, for
+    each GPU count measured at all of them, from the newest
+    ``comm/<engine>/<version>/custom_allreduce_perf.parquet`` whose rows are the engine's own (a
+    folder may hold another engine's table: those rows are skipped). BF16 messages; the table's
+    ``message_size`` counts elements (aiconfigurator's ops pass hidden x tokens)."""
+    hardware = get_preset(ALLREDUCE_DEVICES[device]).device
+    framework, kernel = ALLREDUCE_KERNELS[engine]
+    grid = [int(b) for b in ALL_REDUCE_MESSAGE_BYTES]
+    for path in _latest_tables(root, device, "comm", engine, "custom_allreduce_perf.parquet"):
+        by_gpus: dict[int, dict[int, float]] = {}
+        for row in _read(path):
+            if (
+                row["framework"] != framework
+                or row["kernel_source"] != kernel
+                or row["op_name"] != "all_reduce"
+                or row["allreduce_dtype"] != "bfloat16"
+            ):
+                continue
+            sizes = by_gpus.setdefault(int(row["num_gpus"]), {})
+            size = 2 * int(row["message_size"])
+            sizes[size] = min(sizes.get(size, np.inf), float(row["latency"]) * 1e-3)
+        complete = {gpus: s for gpus, s in by_gpus.items() if all(b in s for b in grid)}
+        if not complete:
+            continue
+        return [
+            {
+                "device": hardware.name,
+                "engine": engine,
+                "engine_version": path.parent.name,
+                "dtype": "bf16",
+                "kernel_source": kernel,
+                "file": str(path.relative_to(root.parent)),
+                "latency_us_by_gpus": {
+                    str(gpus): [float(f"{sizes[b] * 1e6:.4g}") for b in grid]
+                    for gpus, sizes in sorted(complete.items())
+                },
+            }
+        ]
+    return []
+
+
 def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
     """The reduced kernel curves of an unpacked ``aiconfigurator_core`` package at ``path``."""
     root = Path(path)
@@ -406,6 +468,12 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
             grouped += _grouped_gemm_curves(root, device, engine)
             mla += _mla_curves(root, device, engine, "mla_decode")
             prefill += _mla_curves(root, device, engine, "mla_prefill")
+    allreduce = [
+        curve
+        for device in ALLREDUCE_DEVICES
+        for engine in ENGINES
+        for curve in _custom_allreduce_curves(root, device, engine)
+    ]
     return {
         "_source": f"{PACKAGE} {version} (PyPI wheel, NVIDIA, Apache-2.0): per-operator tables under "
         "aiconfigurator_core/systems/data; each curve names its file. Derived by autoparallel._kernel_import "
@@ -422,6 +490,8 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
         "context_attention_tokens": list(ATTENTION_TOKENS),
         "context_attention": context,
         "deepep_low_latency": fit_deepep_low_latency(root),
+        "custom_allreduce_message_bytes": [int(b) for b in ALL_REDUCE_MESSAGE_BYTES],
+        "custom_allreduce": allreduce,
     }
 
 

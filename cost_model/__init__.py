@@ -23,6 +23,7 @@ from cost_model._inference_validation import (
     validate_dsv3_profile,
 )
 from cost_model._kernel_curves import (
+    ALL_REDUCE_MESSAGE_BYTES,
     GEMM_M_GRID,
     GEMM_NK_GRID,
     GROUPED_GEMM_SHAPE,
@@ -143,6 +144,7 @@ __all__ = [
     "PHASE_CODES",
     "RECOMPUTE_CODES",
     "SCHEDULE_CODES",
+    "ALL_REDUCE_MESSAGE_BYTES",
     "GEMM_M_GRID",
     "GEMM_NK_GRID",
     "TOKENS_PER_EXPERT_GRID",

@@ -66,6 +66,10 @@ FlashAttention-class efficiency by prompt length and (sequence, head) pairs per 
 their measured efficiency for M = tokens per expert, MLA decode attention at its measured efficiency
 by context length, and DeepEP's low-latency all-to-all at its measured latency and bandwidths;
 kernels timed by a table pay no per-kernel floor on top (``_measured_kernels_per_pass``).
+A TP all-reduce (prefill and decode) over NVLink-connected ranks of one node takes the serving
+engine's measured latency for its message size and GPU count (``_kernel_curves.all_reduce_time_s``:
+its custom all-reduce kernel, NCCL above its size limit, timed in a CUDA graph) where a table
+covers the device, BF16 activations and that GPU count; elsewhere the topology's collective model.
 
 Output columns: ``time.<phase>_<part>`` for parts ``INFERENCE_TIME_PARTS`` (exposed seconds;
 they sum to ``step_time_s``) and ``hidden.<phase>_<kind>`` for the communication kinds (seconds
@@ -102,6 +106,7 @@ from cost_model._common import (
 from cost_model._kernel_curves import (
     DEVICE_ALIASES,
     MLA_CURVE_HEADS,
+    all_reduce_time_s,
     context_attention_time_s,
     deepep_low_latency_s,
     expert_all_to_all_bytes,
@@ -433,7 +438,8 @@ def _measured_kernels_per_pass(s: _Setup, *, decode: bool) -> np.ndarray | float
         kernels = kernels + lay.layers * 1.0  # the one fused attention kernel
     if _context_attention_measured(s, decode=decode):
         kernels = kernels + lay.layers * 1.0
-    return kernels
+    # the two TP all-reduces per layer, where measured (``_tp_all_reduce``)
+    return kernels + 2.0 * lay.layers * (_all_reduce_measured(s) & ~s.attention_dp)
 
 
 def _context_attention_measured(s: _Setup, *, decode: bool) -> bool:
@@ -651,6 +657,44 @@ def _collective(s: _Setup, op: str, axis: str, group, message) -> np.ndarray:
     )
 
 
+def _all_reduce_measured(s: _Setup) -> np.ndarray:
+    """Rows whose TP all-reduce takes a measured latency (``_tp_all_reduce``), (n,) bool: tp > 1
+    within one node, BF16-sized activations, and a table for the device at that GPU count."""
+    if "_all_reduce_measured" not in s.__dict__:
+        tp = s.column("tp")
+        covered = (tp > 1) & (s.group_local["tp"] >= tp)
+        measured = None
+        if dtype_bytes(s.workload.activation_dtype) == 2.0 and np.any(covered):
+            measured = all_reduce_time_s(
+                device_name=s.hardware.name, group=tp, message_bytes=1.0, engine=s.profile.engine
+            )
+        s.__dict__["_all_reduce_measured"] = (
+            np.zeros(tp.shape, dtype=bool) if measured is None else covered & ~np.isnan(measured)
+        )
+    return s.__dict__["_all_reduce_measured"]
+
+
+def _tp_all_reduce(s: _Setup, message) -> np.ndarray:
+    """One TP all-reduce of ``message`` bytes per rank, (n,) seconds: the serving engine's
+    measured latency where ``_all_reduce_measured``, which holds the kernel (it pays no
+    per-kernel floor on top: ``_measured_kernels_per_pass``); else the collective model."""
+    tp, measured_rows = s.column("tp"), _all_reduce_measured(s)
+    modelled = None
+    if not np.all(measured_rows):
+        modelled = _collective(s, "all_reduce", "tp", tp, message)
+    if not np.any(measured_rows):
+        assert modelled is not None
+        return modelled
+    measured = s.rows.evaluate(
+        all_reduce_time_s,
+        device_name=s.hardware.name,
+        group=tp,
+        message_bytes=np.broadcast_to(np.asarray(message, dtype=np.float64), tp.shape),
+        engine=s.profile.engine,
+    )
+    return measured if modelled is None else np.where(measured_rows, measured, modelled)
+
+
 def _expert_all_to_all(
     s: _Setup, rank_tokens: np.ndarray, element_bytes: float, *, node_dedup, direction: str
 ) -> np.ndarray:
@@ -714,7 +758,7 @@ def _comm_times(s: _Setup, p: ops.Pass) -> dict[str, np.ndarray]:
     zero = np.zeros(lay.layers.shape)
     tp_time = zero
     if np.any((tp > 1) & ~s.attention_dp):
-        all_reduce = _collective(s, "all_reduce", "tp", tp, attention_tokens * h * act)
+        all_reduce = _tp_all_reduce(s, attention_tokens * h * act)
         tp_time = np.where(s.attention_dp, 0.0, 2 * lay.layers * all_reduce)
     if np.any((tp > 1) & s.attention_dp) and model.num_dense_ffn_layers:
         gathered = attention_tokens * tp * h * act

@@ -42,6 +42,12 @@ MHA/GQA context attention (``context_attention``) has an efficiency by prompt le
 (sequence, query head) pairs of one call, its kernel's parallel work (``context_attention_time_s``);
 prefill prices full causal attention of head size 128 with it.
 
+Tensor-parallel all-reduces (``custom_allreduce``) are kept as measured latencies, not
+efficiencies: by serving engine, GPU count and message size, each engine's own kernels (vLLM's and
+SGLang's custom one-/two-shot all-reduce over NVLink peer memory, NCCL above their size limit;
+TensorRT-LLM's AllReduce, AUTO strategy) inside a CUDA graph (``all_reduce_time_s``). A decode
+all-reduce of one token's hidden state takes ~7 us on 8 A100s where NCCL's ring model says ~70.
+
 Interpolation: linear in log(tokens per expert) (clamped at the grid's ends) and in log(experts
 per device) between measured counts.
 """
@@ -520,3 +526,57 @@ def projections_time_s(
         )
         total += ideal / efficiency
     return total
+
+
+# ------------------------------------------------------------------ tensor-parallel all-reduce
+#: Message sizes of the all-reduce tables: 256 B .. 1 GiB by powers of two (aiconfigurator measures
+#: 128 .. 2^29 BF16 elements).
+ALL_REDUCE_MESSAGE_BYTES = np.exp2(np.arange(8.0, 31.0))
+
+
+@lru_cache(maxsize=64)
+def _all_reduce_table(device_name: str, engine: str | None, gpus: int) -> np.ndarray | None:
+    """Log seconds of one all-reduce over ``gpus`` ranks on ``ALL_REDUCE_MESSAGE_BYTES``
+    (``custom_allreduce`` curves): the serving engine's own table where it measured the device at
+    that GPU count, else the fastest measured at each size; None without one. No device aliases:
+    an H800's NVLink is narrower than the H100's whose kernels it shares."""
+    curves = _engine_curves(
+        [
+            c
+            for c in kernel_curves().get("custom_allreduce", ())
+            if c["device"] == device_name and str(gpus) in c["latency_us_by_gpus"]
+        ],
+        engine,
+    )
+    if not curves:
+        return None
+    latency_us = np.min([c["latency_us_by_gpus"][str(gpus)] for c in curves], axis=0)
+    return np.log(latency_us * 1e-6)
+
+
+def all_reduce_time_s(*, device_name: str, group, message_bytes, engine: str | None = None):
+    """Measured seconds of one tensor-parallel all-reduce of ``message_bytes`` (BF16) per rank
+    over ``group`` NVLink-connected ranks, as the serving ``engine`` runs it (its custom one-/two-
+    shot kernel below its size limit, NCCL above: the tables time the engine's own dispatch,
+    ``autoparallel._kernel_import.ALLREDUCE_KERNELS``); NaN on rows whose group size no table
+    measured, None where no table covers the device. Linear in log(size) and log(latency)
+    between measured sizes, held below the smallest (the kernel's fixed latency) and linear in
+    the bytes beyond the largest (bandwidth-bound)."""
+    if not any(c["device"] == device_name for c in kernel_curves().get("custom_allreduce", ())):
+        return None
+    group, message = np.broadcast_arrays(
+        np.atleast_1d(np.asarray(group, dtype=np.float64)),
+        np.atleast_1d(np.asarray(message_bytes, dtype=np.float64)),
+    )
+    seconds = np.full(group.shape, np.nan)
+    for gpus in np.unique(group):
+        table = _all_reduce_table(device_name, engine, int(gpus))
+        if table is None or gpus != int(gpus):
+            continue
+        grid, log_s = np.log(ALL_REDUCE_MESSAGE_BYTES), table
+        rows = group == gpus
+        where = np.log(np.maximum(message[rows], 1.0))
+        inside = np.exp(np.interp(where, grid, log_s))
+        beyond = np.exp(log_s[-1] + np.maximum(where - grid[-1], 0.0))  # t_last * bytes / b_last
+        seconds[rows] = np.where(where > grid[-1], beyond, inside)
+    return seconds

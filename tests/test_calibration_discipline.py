@@ -145,3 +145,47 @@ def test_at_bound_flags_an_fp8_efficiency_at_its_bound() -> None:
         fit={"parameters": {"fp8_matmul_efficiency": 1.0, "fp8_kernel_overhead_s": 1e-5}},
     )
     assert at_bound(calibration) == ["fp8_matmul_efficiency"]
+
+
+#: Columns of aiconfigurator's all-reduce operator table: one collective of one message size.
+_ALL_REDUCE_COLUMNS = {
+    "framework",
+    "version",
+    "device",
+    "op_name",
+    "kernel_source",
+    "allreduce_dtype",
+    "num_gpus",
+    "message_size",
+    "latency",
+    "backend",
+    "implementation",
+}
+
+
+def test_serving_all_reduce_latencies_are_operator_tables_only() -> None:
+    """The TP all-reduce latencies serving prices with (``kernel_curves.json``
+    ``custom_allreduce``) come from aiconfigurator's per-operator comm tables: each file is a
+    ``comm/<engine>/<version>/custom_allreduce_perf.parquet`` whose every row times one
+    all-reduce of one message over one GPU count (no request, sequence-length or concurrency
+    field of an end-to-end run), and the stored latencies are its rows."""
+    from autoparallel._kernel_import import _read
+    from cost_model._kernel_curves import ALL_REDUCE_MESSAGE_BYTES, kernel_curves
+
+    curves = kernel_curves()["custom_allreduce"]
+    assert {c["engine"] for c in curves} == {"vllm", "sglang", "trtllm"}
+    for curve in curves:
+        path = Path(curve["file"])
+        assert path.name == "custom_allreduce_perf.parquet" and "silicon_sample" not in str(path)
+        assert path.parts[-4:-2] == ("comm", curve["engine"])
+        rows = _read(AIC.parent / path)
+        assert set(rows[0]) <= _ALL_REDUCE_COLUMNS, sorted(set(rows[0]) - _ALL_REDUCE_COLUMNS)
+        assert {r["op_name"] for r in rows} == {"all_reduce"}
+        for gpus, latencies in curve["latency_us_by_gpus"].items():
+            measured = {
+                2 * r["message_size"]: r["latency"] * 1e3
+                for r in rows
+                if r["num_gpus"] == int(gpus) and r["kernel_source"] == curve["kernel_source"]
+            }
+            expected = [measured[int(size)] for size in ALL_REDUCE_MESSAGE_BYTES]
+            np.testing.assert_allclose(latencies, expected, rtol=1e-3)

@@ -33,6 +33,7 @@ def test_curves_are_fit_inputs_with_a_source_file_each_and_no_end_to_end_table()
         + curves["mla_prefill"]
         + curves["gemm"]
         + curves["context_attention"]
+        + curves["custom_allreduce"]
     ]
     assert files and all(
         f.startswith("aiconfigurator_core/systems/data/") and f.endswith(".parquet") for f in files
@@ -59,6 +60,7 @@ def test_fit_inputs_and_validation_rows_share_no_source() -> None:
         + curves["mla_prefill"]
         + curves["gemm"]
         + curves["context_attention"]
+        + curves["custom_allreduce"]
     ):
         assert curve["file"] not in validation
 
@@ -123,7 +125,8 @@ def test_decode_prices_routed_experts_at_the_measured_grouped_gemm_efficiency() 
 
 def test_committed_curves_are_small() -> None:
     # grouped-GEMM, MLA and DeepEP curves (~170 kB), the dense GEMM grids of 4 devices x 3
-    # engines x 2-3 dtypes (11 x 8 x 8 points each) and the context-attention curves
+    # engines x 2-3 dtypes (11 x 8 x 8 points each), the context-attention curves and the
+    # all-reduce latencies (6 devices x 3 engines x 2-4 GPU counts x 23 sizes)
     assert (DATA / "kernel_curves.json").stat().st_size < 300_000
     json.loads((DATA / "kernel_curves.json").read_text())
 
@@ -322,6 +325,7 @@ def test_every_curve_names_the_engine_and_version_that_measured_it() -> None:
         + curves["mla_prefill"]
         + curves["gemm"]
         + curves["context_attention"]
+        + curves["custom_allreduce"]
     ):
         assert curve["engine"] in {"trtllm", "sglang", "vllm"}
         assert f"/{curve['engine']}/{curve['engine_version']}/" in curve["file"], curve["file"]
@@ -470,3 +474,164 @@ def test_gqa_prefill_attention_is_priced_at_the_measured_context_attention_curve
         for name, cluster in (("curves", plain), ("roofline", renamed))
     }
     assert attention["curves"] != pytest.approx(attention["roofline"], rel=0.05)
+
+
+def _aiconfigurator_root() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    assert spec is not None and spec.submodule_search_locations, "pip install -e .[test]"
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _decode_all_reduce_s(cluster, engine: str) -> tuple[float, object]:
+    """One TP all-reduce of a TP8 Llama-3.1-70B decode step (one sequence) on ``cluster``:
+    its decode TP time over the 2 all-reduces per layer; and the model."""
+    from cost_model._serving_validation import row_model
+
+    model = row_model({"id": "llama-3.1-70b", "model": "llama-3.1-70b"})
+    workload = Inference(
+        prompt_tokens=1000, output_tokens=1000, weight_dtype="bf16", serving_engine=engine
+    )
+    out = estimate_inference_table(
+        model=model,
+        cluster=cluster,
+        workload=workload,
+        table=table_from_columns(tp=8, batch_size=1, phase=PHASE_CODES["decode"]),
+    )
+    tp_comm = out["time.decode_tp_comm"][0] + out["hidden.decode_tp_comm"][0]
+    return float(tp_comm) / (2 * model.num_layers), model
+
+
+@pytest.mark.parametrize(
+    ("preset", "folder", "engine", "version", "kernel"),
+    [
+        ("dgx-a100", "a100_sxm", "sglang", "0.5.10", "SGLang_CustomAllReduce_graph"),
+        ("dgx-h200", "h200_sxm", "sglang", "0.5.14", "SGLang_CustomAllReduce_graph"),
+        ("dgx-h200", "h200_sxm", "vllm", "0.24.0", "vLLM_custom_graph"),
+        ("dgx-h200", "h200_sxm", "trtllm", "1.3.0rc20", "TRTLLM"),
+    ],
+)
+def test_a_tp8_decode_all_reduce_takes_the_engines_measured_latency(
+    preset: str, folder: str, engine: str, version: str, kernel: str
+) -> None:
+    """A decode all-reduce of one token's hidden state (8192 BF16 elements, 16 KB) over 8 GPUs
+    costs what the engine's own table measured at that size (aiconfigurator's parquet, read
+    here directly), not the collective model's ring (several times more)."""
+    seconds, model = _decode_all_reduce_s(get_preset(preset), engine)
+    rows = _read(
+        _aiconfigurator_root()
+        / "systems/data"
+        / folder
+        / f"comm/{engine}/{version}/custom_allreduce_perf.parquet"
+    )
+    (measured,) = [
+        float(r["latency"]) * 1e-3
+        for r in rows
+        if r["num_gpus"] == 8
+        and r["message_size"] == model.hidden_size
+        and r["kernel_source"] == kernel
+    ]
+    assert seconds == pytest.approx(measured, rel=0.03)
+
+
+def test_a_device_without_an_all_reduce_table_keeps_the_collective_model() -> None:
+    """The H800 shares the H100's kernels (``DEVICE_ALIASES``) but not its NVLink: its TP
+    all-reduce stays the topology's collective model, as on a device no table covers, and so
+    do its per-kernel floors."""
+    from cost_model._common import EstimateOptions, collective_time_s
+    from cost_model._inference import _measured_kernels_per_pass, _setup
+
+    cluster = get_preset("hgx-h800")
+    seconds, model = _decode_all_reduce_s(cluster, "sglang")
+    workload = Inference(prompt_tokens=1000, output_tokens=1000, weight_dtype="bf16")
+    calibration = EstimateOptions().calibration_for(cluster.device)
+    modelled = collective_time_s(
+        cluster=cluster,
+        op="all_reduce",
+        group_size=8,
+        ranks_per_node=8,
+        message_bytes=model.hidden_size * 2.0,
+        calibration=calibration,
+    )
+    assert seconds == pytest.approx(float(modelled), rel=1e-9)
+    h100, _ = _decode_all_reduce_s(get_preset("dgx-h100"), "sglang")
+    assert h100 < 0.5 * seconds  # the measured kernel on the H100 is far below the model
+    table = table_from_columns(tp=8, batch_size=1, phase=PHASE_CODES["decode"])
+    floors = {}
+    for name in ("hgx-h800", "dgx-h100"):
+        setup = _setup(
+            model=model,
+            cluster=get_preset(name),
+            workload=workload,
+            table=table,
+            options=EstimateOptions(),
+        )
+        floors[name] = np.asarray(_measured_kernels_per_pass(setup, decode=True)).ravel()[0]
+    assert floors["hgx-h800"] == 0.0
+    assert floors["dgx-h100"] == 2 * model.num_layers  # the two all-reduces per layer
+
+
+def test_all_reduce_lookup_interpolates_between_measured_sizes() -> None:
+    from cost_model._kernel_curves import ALL_REDUCE_MESSAGE_BYTES, all_reduce_time_s
+
+    curve = next(
+        c
+        for c in kernel_curves()["custom_allreduce"]
+        if c["device"] == "NVIDIA H200 SXM" and c["engine"] == "vllm"
+    )
+    latencies = np.array(curve["latency_us_by_gpus"]["8"]) * 1e-6
+    grid = ALL_REDUCE_MESSAGE_BYTES
+    between = np.sqrt(grid[10] * grid[11])
+    got = all_reduce_time_s(
+        device_name="NVIDIA H200 SXM",
+        group=np.array([8, 8, 8, 8, 3]),
+        message_bytes=np.array([grid[10], between, 16.0, 2 * grid[-1], grid[10]]),
+        engine="vllm",
+    )
+    assert got is not None
+    assert got[0] == pytest.approx(latencies[10])
+    assert got[1] == pytest.approx(np.sqrt(latencies[10] * latencies[11]))
+    assert got[2] == pytest.approx(latencies[0])  # held below the smallest size
+    assert got[3] == pytest.approx(2 * latencies[-1])  # bandwidth-bound beyond the largest
+    assert np.isnan(got[4])  # 3 GPUs: not measured
+    assert all_reduce_time_s(device_name="AMD MI300X", group=8, message_bytes=1.0) is None
+
+
+def test_importer_keeps_the_engines_graph_rows_of_an_all_reduce_table(tmp_path: Path) -> None:
+    """Of a synthetic SGLang table, the CUDA-graph rows of the newest version are kept (the eager
+    rows add the collector's copy and host dispatch), and a folder holding another engine's rows
+    (as aiconfigurator's ``sglang/0.5.6.post2`` holds TensorRT-LLM's) is passed over."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from autoparallel._kernel_import import import_aiconfigurator
+    from cost_model._kernel_curves import ALL_REDUCE_MESSAGE_BYTES
+
+    folder = tmp_path / "aiconfigurator_core" / "systems" / "data" / "a100_sxm" / "comm" / "sglang"
+    for version, framework in (("0.5.1", "SGLang"), ("0.5.9", "TRTLLM")):
+        rows = [
+            {
+                "framework": framework,
+                "op_name": "all_reduce",
+                "kernel_source": f"SGLang_CustomAllReduce_{mode}"
+                if framework == "SGLang"
+                else "TRTLLM",
+                "allreduce_dtype": "bfloat16",
+                "num_gpus": gpus,
+                "message_size": int(size) // 2,
+                "latency": gpus * (1.0 if mode == "graph" else 5.0) * 1e-3,  # ms
+            }
+            for gpus in (2, 8)
+            for size in ALL_REDUCE_MESSAGE_BYTES
+            for mode in ("graph", "eager")
+        ]
+        (folder / version).mkdir(parents=True)
+        pq.write_table(
+            pa.Table.from_pylist(rows), folder / version / "custom_allreduce_perf.parquet"
+        )
+    (curve,) = import_aiconfigurator(tmp_path, version="test")["custom_allreduce"]
+    assert curve["device"] == "NVIDIA A100 SXM 80GB" and curve["engine_version"] == "0.5.1"
+    assert curve["kernel_source"] == "SGLang_CustomAllReduce_graph"
+    assert set(curve["latency_us_by_gpus"]) == {"2", "8"}
+    np.testing.assert_allclose(curve["latency_us_by_gpus"]["8"], 8.0)
