@@ -138,6 +138,9 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
         text=True,
         env=environment,
         cwd=tmp_path,
+        # a shell's background job ignores SIGINT and its children inherit that: restore the
+        # default so that Python installs its KeyboardInterrupt handler in the child
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 60
     while not (tmp_path / "s.db").exists() and time.monotonic() < deadline:
