@@ -32,6 +32,20 @@ latencies — never on a whole training or serving run, which stay validation da
   gradient buckets (tens to hundreds of MiB). The log-mean of predicted over measured. One
   constant does not describe the range: the measured/modelled ratio rises with the message
   (NCCL's protocol ramp) and is lowest on 2-GPU groups; the residuals record it.
+* ``all_to_all_efficiency`` and ``all_to_all_overhead_s``: the all-to-all rows alone (the
+  expert dispatch and combine of MoE training; ``_common.collective_time_s`` prices an
+  all-to-all with them), groups of at least ``ALL_TO_ALL_MIN_GPUS`` ranks. Two parameters, as
+  the GEMM fit: the fraction of the modelled bandwidth reached and a fixed cost per call (the
+  all-to-all of a few KiB takes 10-13 us on every table, against the presets' few-microsecond
+  link latency: NCCL's launch and the set-up of one connection per peer). The shared constant
+  above must absorb that fixed cost into the bandwidth and prices the all-to-all of the
+  hundreds of MiB an expert-parallel layer moves 1.2-1.35x too slow (mean predicted /
+  measured over the messages of at least 64 MiB of 4-8 GPUs: 1.22 H100, 1.28 GB200 (4 GPUs),
+  1.34 B200; the fitted pair: 1.05, 1.03, 1.04). A 2-rank all-to-all is one send/recv pair (a rank's one peer gets
+  NCCL's per-peer channels only); its bandwidth is 0.6-0.7x the 4-rank one on NVLink 5 (331
+  vs 488 GB/s busBw at 512 MiB, B200 and GB200 tables) and rises further with 8 ranks (563):
+  the regime of expert parallelism (8-64 ranks in the published MoE runs) starts at several
+  peers, so 2-rank groups are left out. The residuals by group size record the rise.
 
 Sources: NVIDIA's ``aiconfigurator-core`` 0.12.0 wheel (PyPI, Apache-2.0), per-operator tables
 ``systems/data/<device>/{gemm,attention,comm/nccl}/<engine>/<version>/*.parquet``; where several
@@ -85,6 +99,8 @@ ENGINES = ("trtllm", "sglang", "vllm")
 TRAINING_RANGE = {"gemm_min_rows": 1024, "gemm_min_width": 1024, "attention_min_sequence": 1024}
 #: Collectives of at least this many bytes (the bandwidth regime that training traffic is in).
 MIN_COLLECTIVE_BYTES = 1 << 20
+#: All-to-alls of groups of at least this many ranks fit the all-to-all's own parameters.
+ALL_TO_ALL_MIN_GPUS = 4
 #: FlashAttention-2 on A100: up to 73% of peak forward, 63% backward (arXiv:2307.08691, sec. 1).
 FA2_FORWARD_PEAK_FRACTION = 0.73
 FA2_BACKWARD_PEAK_FRACTION = 0.63
@@ -96,6 +112,8 @@ BOUNDS = {
     "attention_efficiency": (0.15, 1.0),
     "kernel_overhead_s": (0.0, 20e-6),
     "collective_efficiency": (0.5, 1.5),
+    "all_to_all_efficiency": (0.3, 1.5),
+    "all_to_all_overhead_s": (0.0, 100e-6),
     "fp8_matmul_efficiency": (0.2, 1.0),
     "fp8_kernel_overhead_s": (0.0, 60e-6),
     "fp8_block_matmul_efficiency": (0.2, 1.0),
@@ -300,8 +318,11 @@ def attention_seconds(rows: OperatorRows, *, device, forward_efficiency: float, 
     return seconds + overhead_s
 
 
-def nccl_seconds(rows: OperatorRows, *, cluster, collective_efficiency: float) -> np.ndarray:
-    """``Cluster.collective_time`` of each measured call, over the collective efficiency."""
+def nccl_seconds(
+    rows: OperatorRows, *, cluster, collective_efficiency: float, overhead_s: float = 0.0
+) -> np.ndarray:
+    """``Cluster.collective_time`` of each measured call, over the collective efficiency, plus
+    a fixed cost per call (the all-to-all's, ``_common.collective_time_s``)."""
     c = rows.columns
     out = np.empty(rows.count)
     for op in np.unique(c["op"]):
@@ -312,7 +333,7 @@ def nccl_seconds(rows: OperatorRows, *, cluster, collective_efficiency: float) -
             ranks_per_node=c["gpus"][where],
             message_bytes=c["bytes"][where],
         )
-    return out / collective_efficiency
+    return out / collective_efficiency + overhead_s
 
 
 def training_attention_efficiency(forward_efficiency: float) -> float:
@@ -493,6 +514,47 @@ def fit_collectives(nccl: OperatorRows, *, cluster) -> float:
     return float(math.exp(np.mean(np.log(predicted / nccl.seconds))))
 
 
+def all_to_all_rows(nccl: OperatorRows) -> OperatorRows:
+    """The all-to-all rows of groups of at least ``ALL_TO_ALL_MIN_GPUS`` ranks."""
+    c = nccl.columns
+    return _subset(nccl, (c["op"] == "all_to_all") & (c["gpus"] >= ALL_TO_ALL_MIN_GPUS))
+
+
+def fit_all_to_all(rows: OperatorRows, *, cluster) -> tuple[float, float]:
+    """(all-to-all efficiency, fixed seconds per call): least squares on log(predicted /
+    measured), the efficiency fitted as a logit and the fixed cost as log-seconds, as the GEMM
+    fit."""
+    modelled = nccl_seconds(rows, cluster=cluster, collective_efficiency=1.0)
+
+    def loss(x: np.ndarray) -> float:
+        predicted = modelled * (1.0 + math.exp(-x[0])) + 1e-6 * math.exp(x[1])
+        return float(np.mean(np.log(predicted / rows.seconds) ** 2))
+
+    best = nelder_mead(loss, np.array([_logit(0.6), math.log(5.0)]))
+    best = nelder_mead(loss, best)  # a restart from the optimum: the simplex may have collapsed
+    return 1.0 / (1.0 + math.exp(-best[0])), 1e-6 * math.exp(best[1])
+
+
+def _error_by(rows: OperatorRows, predicted: np.ndarray, key: np.ndarray, label) -> dict:
+    return {
+        label(k): round(float(np.mean(predicted[key == k] / rows.seconds[key == k] - 1.0)), 4)
+        for k in np.unique(key)
+    }
+
+
+def all_to_all_residuals(rows: OperatorRows, predicted: np.ndarray) -> dict[str, Any]:
+    """Residuals of the all-to-all fit, with the mean error per group size (messages of at
+    least 64 MiB) and per factor of 8 in message bytes from 1 MiB."""
+    summary = _residual_summary(predicted, rows.seconds)
+    large = rows.columns["bytes"] >= 64 * MIN_COLLECTIVE_BYTES
+    summary["mean_error_by_gpus_from_64MiB"] = _error_by(
+        _subset(rows, large), predicted[large], rows.columns["gpus"][large], lambda k: str(int(k))
+    )
+    band = np.floor(np.log2(rows.columns["bytes"] / MIN_COLLECTIVE_BYTES) / 3.0)
+    summary["mean_error_by_size"] = _error_by(rows, predicted, band, lambda k: f"{int(8**k)}MiB")
+    return summary
+
+
 def calibrate_hardware(root: Path, hardware: OperatorHardware) -> Calibration:
     """The operator-fitted calibration of ``hardware`` with its fit record (inputs, residuals)."""
     from topology import get_preset
@@ -511,6 +573,10 @@ def calibrate_hardware(root: Path, hardware: OperatorHardware) -> Calibration:
         kernels["overhead_s"],
     )
     collective = fit_collectives(nccl, cluster=cluster) if nccl.count else 1.0
+    all_to_all = all_to_all_rows(nccl)
+    a2a_efficiency, a2a_overhead = (
+        fit_all_to_all(all_to_all, cluster=cluster) if all_to_all.count else (None, 0.0)
+    )
     inputs = []
     residuals: dict[str, Any] = {}
     for rows, predicted in (
@@ -534,6 +600,31 @@ def calibrate_hardware(root: Path, hardware: OperatorHardware) -> Calibration:
             }
         )
         residuals[rows.kind] = _residual_summary(predicted, rows.seconds)
+    a2a_parameters: dict[str, float] = {}
+    if a2a_efficiency is not None:
+        a2a_parameters = {
+            "all_to_all_efficiency": round(a2a_efficiency, 4),
+            "all_to_all_overhead_s": round(a2a_overhead, 9),
+        }
+        inputs.append(
+            {
+                "kind": "nccl",
+                "op": "all_to_all",
+                "min_gpus": ALL_TO_ALL_MIN_GPUS,
+                "source": PACKAGE,
+                "tables": list(all_to_all.tables),
+                "points": all_to_all.count,
+            }
+        )
+        residuals["nccl_all_to_all"] = all_to_all_residuals(
+            all_to_all,
+            nccl_seconds(
+                all_to_all,
+                cluster=cluster,
+                collective_efficiency=a2a_efficiency,
+                overhead_s=a2a_overhead,
+            ),
+        )
     fp8_parameters: dict[str, float] = {}
     fp8_held: dict[str, Any] = {}
     if "fp8" in device.peak_flops:
@@ -580,7 +671,8 @@ def calibrate_hardware(root: Path, hardware: OperatorHardware) -> Calibration:
         "GEMMs fix the matmul efficiency and the per-kernel cost, attention then its forward "
         "efficiency, the fp8 GEMM tables (per-tensor/row scaled, block-scaled) each their fp8 "
         "efficiency and per-kernel cost (held_out: by weight shape, 5 folds); collective "
-        "efficiency: log-mean of predicted/measured",
+        "efficiency: log-mean of predicted/measured; the all-to-all rows (groups of 4 or more) "
+        "their own efficiency and fixed cost per call",
         "fit_on": "operator measurements only",
         "preset": hardware.preset,
         "inputs": inputs,
@@ -595,6 +687,7 @@ def calibrate_hardware(root: Path, hardware: OperatorHardware) -> Calibration:
             "attention_efficiency": round(attention_efficiency, 4),
             "kernel_overhead_s": round(overhead, 9),
             "collective_efficiency": round(collective, 4),
+            **a2a_parameters,
             **fp8_parameters,
         },
         "assumptions": [
@@ -612,6 +705,10 @@ def calibrate_hardware(root: Path, hardware: OperatorHardware) -> Calibration:
         attention_efficiency=_inside("attention_efficiency", attention_efficiency),
         kernel_overhead_s=_inside("kernel_overhead_s", overhead),
         collective_efficiency=_inside("collective_efficiency", collective),
+        all_to_all_efficiency=(
+            None if a2a_efficiency is None else _inside("all_to_all_efficiency", a2a_efficiency)
+        ),
+        all_to_all_overhead_s=_inside("all_to_all_overhead_s", a2a_overhead),
         fit=fit,
     )
 
@@ -622,6 +719,8 @@ FITTED_FIELDS: tuple[str, ...] = (
     "attention_efficiency",
     "kernel_overhead_s",
     "collective_efficiency",
+    "all_to_all_efficiency",
+    "all_to_all_overhead_s",
 )
 
 
@@ -631,6 +730,9 @@ def at_bound(calibration: Calibration, *, tolerance: float = 1e-6) -> list[str]:
     hits = []
     parameters = calibration.fit.get("parameters", {})
     values = {name: getattr(calibration, name) for name in FITTED_FIELDS}
+    if calibration.all_to_all_efficiency is None:  # no all-to-all fit: neither of its two
+        values.pop("all_to_all_efficiency")
+        values.pop("all_to_all_overhead_s")
     values.update({n: parameters[n] for n in BOUNDS if n.startswith("fp8") and n in parameters})
     for name, value in values.items():
         low, high = BOUNDS[name]

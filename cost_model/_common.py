@@ -188,8 +188,11 @@ class Calibration(BaseModel):
     of peak that replace the hardware's own (a measured efficiency curve is rescaled by the
     same ratio); ``attention_efficiency`` is the fraction core-attention kernels reach (default:
     as matmuls); ``kernel_overhead_s`` is a fixed cost per kernel (launch, wave tail) that the
-    roofline misses on small layers; ``collective_efficiency`` divides every collective time; ``overlap`` overrides
-    ``DEFAULT_OVERLAP``. ``fit`` documents how the values were fitted (rows, residuals).
+    roofline misses on small layers; ``collective_efficiency`` divides every collective time
+    but the all-to-all where ``all_to_all_efficiency`` is set: the all-to-all (training's expert
+    dispatch and combine) has its own operator table and its own fit, an efficiency and a fixed
+    cost per call (``all_to_all_overhead_s``: NCCL's launch and peer set-up, which the
+    topology's link latency does not cover); ``overlap`` overrides ``DEFAULT_OVERLAP``. ``fit`` documents how the values were fitted (rows, residuals).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -200,6 +203,8 @@ class Calibration(BaseModel):
     attention_efficiency: float | None = Field(default=None, gt=0, le=1)
     kernel_overhead_s: float = Field(default=0.0, ge=0, le=1e-3)
     collective_efficiency: float = Field(default=1.0, gt=0, le=2)
+    all_to_all_efficiency: float | None = Field(default=None, gt=0, le=2)
+    all_to_all_overhead_s: float = Field(default=0.0, ge=0, le=1e-3)
     overlap: dict[str, float] = Field(default_factory=dict)
     fit: dict[str, Any] = Field(default_factory=dict)
 
@@ -539,7 +544,9 @@ def collective_time_s(
     calibration: Calibration,
     rows: RowPartition | None = None,
 ) -> np.ndarray:
-    """``cluster.collective_time`` divided by the calibration's collective efficiency.
+    """``cluster.collective_time`` divided by the calibration's collective efficiency (an
+    all-to-all by its own efficiency, plus its fixed cost per call, where the calibration has
+    them: ``_calibrated``).
 
     Large tables repeat the same (group size, ranks per node, message) many times, so the
     topology model is evaluated once per distinct triple and scattered back. ``rows`` (one per
@@ -556,7 +563,7 @@ def collective_time_s(
         seconds = cluster.collective_time(
             op, group_size=group, ranks_per_node=local, message_bytes=message
         )
-        return np.asarray(seconds, dtype=np.float64) / calibration.collective_efficiency
+        return _calibrated(op, seconds, group, calibration)
     shape = group.shape
     varying = [  # a scalar argument is alike on every row
         value.ravel()
@@ -573,14 +580,26 @@ def collective_time_s(
             seconds = cluster.collective_time(
                 op, group_size=group, ranks_per_node=local, message_bytes=message
             )
-            return np.asarray(seconds, dtype=np.float64) / calibration.collective_efficiency
+            return _calibrated(op, seconds, group, calibration)
         first, inverse = found
+    whole_group = group
     group, local, message = (value.reshape(-1)[first] for value in (group, local, message))
     seconds = cluster.collective_time(
         op, group_size=group, ranks_per_node=local, message_bytes=message
     )
     seconds = np.asarray(seconds, dtype=np.float64).reshape(-1)[inverse].reshape(shape)
-    return seconds / calibration.collective_efficiency
+    return _calibrated(op, seconds, whole_group, calibration)
+
+
+def _calibrated(op: str, seconds, group: np.ndarray, calibration: Calibration) -> np.ndarray:
+    """Topology seconds of ``op`` over the calibration's efficiency; an all-to-all, where the
+    calibration fitted its own (``all_to_all_efficiency``), over that, plus its fixed cost per
+    call on groups of two or more ranks (a group of one issues no collective)."""
+    seconds = np.asarray(seconds, dtype=np.float64)
+    if op != "all_to_all" or calibration.all_to_all_efficiency is None:
+        return seconds / calibration.collective_efficiency
+    fixed = np.where(group > 1.0, calibration.all_to_all_overhead_s, 0.0)
+    return seconds / calibration.all_to_all_efficiency + fixed
 
 
 def expert_dispatch_time_s(
