@@ -18,6 +18,7 @@ from cost_model._estimate import estimate_table
 from cost_model._model_spec import ModelSpec
 from cost_model._parallel import ParallelConfig
 from cost_model._table import configs_to_table
+from cost_model._validation_runs import apply_recorded_setup
 from cost_model._workload import Training
 
 __all__ = ["BLACKWELL_TOLERANCE", "blackwell_records", "blackwell_rows", "record_case"]
@@ -51,10 +52,15 @@ def record_case(record: dict):
 
 
 def predicted_throughput(record: dict) -> tuple[float, float]:
-    """(tokens/s per GPU, memory per device bytes) predicted for ``record``."""
+    """(tokens/s per GPU, memory per device bytes) predicted for ``record`` under its recipe's
+    recorded recompute and offload settings (``memory_setup``; ``apply_recorded_setup``)."""
     model, cluster, workload, config = record_case(record)
+    config, workload, setup = apply_recorded_setup(
+        record.get("memory_setup", {}), config=config, workload=workload
+    )
     table = configs_to_table([config])
-    options = EstimateOptions(**record.get("estimate_options", {}))  # the recipe's software facts
+    # the recipe's software facts and its recompute and offload settings
+    options = EstimateOptions(**record.get("estimate_options", {}), **setup)
     columns = estimate_table(model, cluster, workload, table, options=options)
     step = float(columns["step_time_s"][0])
     return workload.tokens_per_step / (step * config.world_size), float(

@@ -18,7 +18,8 @@ class CostBreakdown(BaseModel):
 
     Keys of ``time_s`` used by the library: ``compute``, ``recompute``, ``tp_comm``,
     ``ep_comm``, ``cp_comm``, ``pp_comm``, ``dp_comm``, ``contention`` (compute slowed by the
-    communication it hides), ``bubble``, ``optimizer`` (training);
+    communication it hides), ``offload`` (CPU activation offloading's exposed copies),
+    ``bubble``, ``optimizer`` (training);
     ``prefill`` / ``decode`` parts for inference. Keys of ``memory_bytes``: ``weights``,
     ``gradients``, ``optimizer_states``, ``activations``, ``kv_cache``, ``comm_buffers``,
     ``fragmentation``.

@@ -125,8 +125,10 @@ class EstimateOptions(BaseModel):
     around the ring under attention; Liu et al.) or ``all_gather`` (K/V all-gathered before
     attention and their gradients reduce-scattered after, exposed; Llama 3 report sec. 3.3.2).
 
-    Activation memory of the framework's recompute and offload settings (priced in memory only;
-    the time model prices the ``recompute`` code of the layout): ``recompute_modules``: what
+    The framework's recompute and offload settings, priced in activation memory
+    (``_memory``) and in step time (``_training``: each recomputed module or layer costs its
+    forward once more; offloaded layers' host copies are exposed where they outlast the
+    compute they run beside, ``time.offload``): ``recompute_modules``: what
     selective recompute (``recompute="selective"``) recomputes, Megatron-core's
     ``--recompute-modules`` (``core_attn``, the default: the attention scores; ``mla_up_proj``:
     the MLA up-projection outputs; ``layernorm``: the norm outputs; ``mlp``: a dense MLP's
@@ -138,7 +140,8 @@ class EstimateOptions(BaseModel):
     saved activations are copied to host memory after their forward and reloaded for their
     backward (Megatron-core ``--cpu-offloading-num-layers``; one offloaded layer is in transit
     on the device at a time without double buffering: Megatron-Bridge docs/training/
-    cpu-offloading.md). ``optimizer_instances``: replicas of the sharded model states across the
+    cpu-offloading.md; the copies cross ``HardwareSpec.host_link_bandwidth_bytes_per_s``,
+    which the device must state). ``optimizer_instances``: replicas of the sharded model states across the
     data-parallel ranks (Megatron-core ``--num-distributed-optimizer-instances``: ZeRO shards
     over dp / instances, HSDP-style; memory only).
     ``expert_parallel_comm_overlap``: Megatron-core ``--overlap-moe-expert-parallel-comm``

@@ -29,17 +29,20 @@
 
 from __future__ import annotations
 
-from typing import cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from cost_model._common import MEMORY_PARTS, STAGES, memory_reason
 from cost_model._precision import FP8_CACHED_INPUT_RECIPES, bf16_layer_fraction
 from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES
-from cost_model._training import ACTIVATION_BYTES, TrainingContext, op_level_selective_bytes
-from cost_model._training_comm import sharding_buffer_bytes
+from cost_model._training_comm import ACTIVATION_BYTES, sharding_buffer_bytes
 
-__all__ = ["memory_columns", "stage_memory"]
+if TYPE_CHECKING:
+    from cost_model._training import TrainingContext
+
+__all__ = ["memory_columns", "offloaded_layer_bytes", "stage_memory"]
 
 
 def _model_state_bytes(ctx: TrainingContext) -> dict[str, np.ndarray]:
@@ -193,6 +196,32 @@ def _score_bytes(ctx: TrainingContext) -> np.ndarray:
     return ctx.tokens * heads * ctx.workload.sequence_length_tokens * per_score
 
 
+def op_level_selective_bytes(ctx: TrainingContext, *, default: np.ndarray) -> np.ndarray:
+    """Activation bytes per micro-batch on each rank (3, n) under selective recompute, where
+    the framework checkpoints at operator level (``_training._selective_recompute``): each layer keeps
+    its input, every second matmul output (half of the Q, K, V, output, gate, up and down
+    projection outputs), the attention output and its fp32 log-sum-exp. ``default`` (the
+    Megatron accounting) elsewhere, and for MoE layers."""
+    if ctx.framework is None or ctx.framework.selective_recompute != "every_second_matmul":
+        return default
+    model, attention, tp = ctx.model, ctx.model.attention, ctx.column("tp")
+    heads, kv_heads = attention.num_heads / tp, np.maximum(attention.num_kv_heads / tp, 1.0)
+    h, ffn = model.hidden_size, model.ffn_hidden_size / tp
+    projections = (
+        heads * attention.qk_head_dim
+        + kv_heads * (attention.qk_head_dim + attention.value_head_dim)
+        + h
+    )
+    matmul_outputs = projections + ffn * (2.0 if model.ffn_activation == "swiglu" else 1.0) + h
+    kept = 0.5 * matmul_outputs + heads * attention.value_head_dim + h
+    per_layer = ctx.tokens * (kept * ACTIVATION_BYTES + heads * 4.0)
+    dense = ctx.layout.dense_layers * per_layer
+    moe_share = np.where(
+        ctx.layout.layers > 0, ctx.layout.moe_layers / np.maximum(ctx.layout.layers, 1), 0.0
+    )
+    return dense + moe_share * default
+
+
 def _in_flight(ctx: TrainingContext) -> np.ndarray:
     """Micro-batches of activations held by the first, a middle (rank 1) and the last rank."""
     p, v, m = ctx.column("pp"), ctx.column("virtual_stages"), ctx.num_micro_batches
@@ -207,7 +236,18 @@ def _in_flight(ctx: TrainingContext) -> np.ndarray:
     return np.where(schedule == SCHEDULE_CODES["gpipe"], m, held)
 
 
-def _activation_bytes(ctx: TrainingContext) -> np.ndarray:
+@dataclass(frozen=True)
+class _StoredActivations:
+    """Activation bytes one micro-batch leaves on each rank (3, n) under the recompute policy,
+    before offloading, with the per-layer figures the transients need."""
+
+    per_micro_batch: np.ndarray
+    dense_layer: np.ndarray
+    moe_layer: np.ndarray
+    selective_layers: np.ndarray
+
+
+def _stored_activations(ctx: TrainingContext) -> _StoredActivations:
     layout, options = ctx.layout, ctx.options
     dense = _layer_activation_bytes(ctx, moe=False)
     moe = _layer_activation_bytes(ctx, moe=True) if ctx.model.moe is not None else dense
@@ -228,10 +268,7 @@ def _activation_bytes(ctx: TrainingContext) -> np.ndarray:
     # Full recompute of every layer, or of the first ``recompute_layers`` of each model chunk
     # (Megatron-core's block method); the other layers keep all their activations.
     per_layer = full_layers / np.maximum(layout.layers, 1.0)
-    recomputed = layout.layers
-    if options.recompute_layers is not None:
-        v = ctx.column("virtual_stages")
-        recomputed = np.minimum(options.recompute_layers * v, layout.layers)
+    recomputed = ctx.fully_recomputed_layers
     full_recompute = recomputed * checkpoint + (layout.layers - recomputed) * per_layer
     code = np.asarray(ctx.table["recompute"])
     per_micro_batch = np.where(
@@ -239,6 +276,21 @@ def _activation_bytes(ctx: TrainingContext) -> np.ndarray:
         full_recompute,
         np.where(code == RECOMPUTE_CODES["selective"], selective_layers, full_layers),
     )
+    return _StoredActivations(per_micro_batch, dense, moe, selective_layers)
+
+
+def offloaded_layer_bytes(ctx: TrainingContext) -> np.ndarray:
+    """Bytes one offloaded layer copies to the host per micro-batch on each rank (3, n), and
+    back for its backward: what a layer keeps under the recompute policy (the mean over the
+    rank's layers, as the offloaded share is counted in ``_activation_bytes``)."""
+    return _stored_activations(ctx).per_micro_batch / np.maximum(ctx.layout.layers, 1.0)
+
+
+def _activation_bytes(ctx: TrainingContext) -> np.ndarray:
+    layout, options = ctx.layout, ctx.options
+    stored = _stored_activations(ctx)
+    dense, moe, per_micro_batch = stored.dense_layer, stored.moe_layer, stored.per_micro_batch
+    code = np.asarray(ctx.table["recompute"])
     # CPU activation offloading: the first ``activation_offload_layers`` layers' activations
     # live on the host but for the one layer in transit.
     offloaded = np.minimum(float(options.activation_offload_layers), layout.layers)
@@ -248,7 +300,7 @@ def _activation_bytes(ctx: TrainingContext) -> np.ndarray:
     # Full recompute rebuilds one layer at a time in the backward pass; operator-level selective
     # recompute rebuilds what one layer did not save.
     largest = np.maximum(dense, moe)
-    rebuilt = np.maximum(largest - selective_layers / np.maximum(layout.layers, 1.0), 0.0)
+    rebuilt = np.maximum(largest - stored.selective_layers / np.maximum(layout.layers, 1.0), 0.0)
     op_level = ctx.framework is not None and (
         ctx.framework.selective_recompute == "every_second_matmul"
     )

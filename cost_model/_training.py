@@ -13,8 +13,15 @@ Per pipeline rank (rows ``STAGES``) and micro-batch, each operator is a roofline
 * norms, residual adds, dropout, activation functions: memory-bound passes; an MoE layer's
   router, token dispatcher and grouped expert GEMMs as Megatron-core runs them
   (``_training_moe``: routed experts at their measured grouped-GEMM shape where curves exist);
-* recompute: ``full`` repeats every layer's forward, ``selective`` the core attention
-  (Korthikanti et al. 2022, arXiv:2205.05198, sec. 5).
+* recompute: ``full`` repeats the forward of every layer, or of the first
+  ``EstimateOptions.recompute_layers`` of each model chunk (Megatron-core ``--recompute-method
+  block``); ``selective`` repeats the forward of the modules ``EstimateOptions.recompute_modules``
+  names (Megatron-core ``--recompute-modules``; the default, core attention, is Korthikanti et
+  al. 2022, arXiv:2205.05198, sec. 5) — each recomputed module costs its forward time once more;
+* CPU activation offloading (``EstimateOptions.activation_offload_layers``): each offloaded
+  layer's activations cross the device-host link (``HardwareSpec.host_link_bandwidth_bytes_per_s``)
+  once in forward and once in backward, beside the next layer's compute; only what outlasts that
+  compute is exposed (``time.offload``; ``_exposed_offload``).
 
 Communication is priced with ``Cluster.collective_time`` for the placed groups
 (``_common.ranks_per_node``): TP all-reduce, or reduce-scatter + all-gather with SP, twice per
@@ -57,6 +64,7 @@ from cost_model._common import (
     stage_layout,
 )
 from cost_model._frameworks import FrameworkProfile, framework_profile
+from cost_model._memory import offloaded_layer_bytes
 from cost_model._model_spec import ModelSpec
 from cost_model._precision import quantization_time_s, training_op_time_s
 from cost_model._table import (
@@ -89,6 +97,7 @@ TRAINING_TIME_PARTS: tuple[str, ...] = (
     "pp_comm",
     "dp_comm",
     "contention",
+    "offload",
     "bubble",
     "optimizer",
 )
@@ -152,6 +161,25 @@ class TrainingContext:
         """
         split = self.sequence_parallel | (self.column("ep") > 1) | (self.column("etp") > 1)
         return np.where(split, self.tokens / self.column("tp"), self.tokens)
+
+    @cached_property
+    def fully_recomputed_layers(self) -> np.ndarray:
+        """Layers of each pipeline rank (rows ``STAGES``) whose forward full recompute repeats in
+        backward: every layer, or the first ``EstimateOptions.recompute_layers`` of each of the
+        rank's v model chunks (Megatron-core ``--recompute-granularity full --recompute-method
+        block --recompute-num-layers``); zero unless ``recompute`` is ``full``."""
+        layers = self.layout.layers
+        if self.options.recompute_layers is not None:
+            chunks = self.column("virtual_stages")
+            layers = np.minimum(self.options.recompute_layers * chunks, layers)
+        full = np.asarray(self.table["recompute"]) == RECOMPUTE_CODES["full"]
+        return np.where(full, layers, 0.0)
+
+    @cached_property
+    def full_recompute_share(self) -> np.ndarray:
+        """``fully_recomputed_layers`` over the rank's layers (3, n): 1 for full recompute of every
+        layer, 0 without full recompute."""
+        return self.fully_recomputed_layers / np.maximum(self.layout.layers, 1.0)
 
     @property
     def grad_bytes(self) -> float:
@@ -345,11 +373,40 @@ def layer_elementwise_time(ctx: TrainingContext) -> np.ndarray:
     ``type_as``, ``* weight`` as separate kernels) moves 36 bytes per element against the
     fused kernel's 4: 9x. Rotary embeddings of the query and key heads (``rotary_time``)."""
     passes = 6.0 + (5.0 if ctx.options.hidden_dropout else 0.0)
+    return ctx.op(0.0, _hidden_bytes(ctx) * passes) + norm_time(ctx) + rotary_time(ctx)
+
+
+def _hidden_bytes(ctx: TrainingContext) -> np.ndarray:
+    """Bytes of one hidden-size activation of a micro-batch on one rank (split over tp with SP)."""
     tokens = np.where(ctx.sequence_parallel, ctx.tokens / ctx.column("tp"), ctx.tokens)
-    hidden = tokens * ctx.model.hidden_size * ACTIVATION_BYTES
+    return tokens * ctx.model.hidden_size * ACTIVATION_BYTES
+
+
+def norm_time(ctx: TrainingContext) -> np.ndarray:
+    """The two norms of one layer (read + write each), forward (``layer_elementwise_time``)."""
     norm_factor = 1.0 if ctx.fused_elementwise else 9.0
-    norms = ctx.op(0.0, 2.0 * 2.0 * hidden * norm_factor, calls=2.0, kind="norm")
-    return ctx.op(0.0, hidden * passes) + norms + rotary_time(ctx)
+    return ctx.op(0.0, 2.0 * 2.0 * _hidden_bytes(ctx) * norm_factor, calls=2.0, kind="norm")
+
+
+def mla_up_projection_time(ctx: TrainingContext) -> np.ndarray:
+    """MLA's up-projections of one layer, forward: the query up-projection (q rank to heads x
+    qk_head_dim; the query projection itself without a q rank is not an up-projection) and the
+    key/value up-projection (kv rank to heads x (qk_nope + v)), column-parallel over tp, with
+    rotary embedding of the query and key heads that follows them (Megatron-core
+    ``MultiLatentAttention``: the region ``--recompute-modules mla_up_proj`` recomputes). Zero
+    for other attention kinds."""
+    attention = ctx.model.attention
+    if attention.kind != "mla":
+        return np.zeros_like(ctx.tokens)
+    heads = _heads_per_rank(ctx)
+    q_in = float(attention.q_lora_rank or 0)
+    q_out = heads * attention.qk_head_dim if attention.q_lora_rank else 0.0
+    kv_out = heads * (attention.qk_nope_head_dim + attention.value_head_dim)
+    params = q_in * q_out + attention.kv_lora_rank * kv_out
+    widths = q_in + q_out + attention.kv_lora_rank + kv_out  # inputs and outputs
+    moved = params * 2.0 + ctx.tokens * widths * ACTIVATION_BYTES
+    gemms = ctx.op(2.0 * ctx.tokens * params, moved, calls=2.0)
+    return gemms + rotary_time(ctx)
 
 
 def rotary_time(ctx: TrainingContext) -> np.ndarray:
@@ -493,13 +550,9 @@ def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatc
         ctx
     )  # forward + backward: a third here, as backward = 2 x forward
     common = attention_projection_time(ctx) + layer_elementwise_time(ctx)
+    dense_ffn = dense_ffn_time(ctx)
     dense_layer = (
-        common
-        + core
-        + dense_ffn_time(ctx)
-        + dense_launches * overhead
-        + dense_sharded
-        + dense_host / 3.0
+        common + core + dense_ffn + dense_launches * overhead + dense_sharded + dense_host / 3.0
     )
     moe_ffn = moe_ffn_time(ctx)
     moe_layer = (
@@ -521,19 +574,15 @@ def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatc
     core_backward_factor = 2.5 if ctx.options.flash_attention else 2.0
     backward = 2.0 * (layers_forward + ends) + (core_backward_factor - 2.0) * layout.layers * core
     backward = backward + gradient_accumulation_time(ctx)
-    code = np.asarray(ctx.table["recompute"])
-    recompute = np.where(
-        code == RECOMPUTE_CODES["full"],
-        layers_forward,
-        np.where(
-            code == RECOMPUTE_CODES["selective"],
-            _selective_recompute(ctx, layers_forward=layers_forward, core=core),
-            0.0,
-        ),
+    selective = np.asarray(ctx.table["recompute"]) == RECOMPUTE_CODES["selective"]
+    modules = RecomputeWork(core=core, dense_ffn=dense_ffn, moe_ffn=moe_ffn)
+    recompute = ctx.full_recompute_share * layers_forward + np.where(
+        selective, _selective_recompute(ctx, layers_forward=layers_forward, work=modules), 0.0
     )
-    core_total = layout.layers * core * (1.0 + core_backward_factor) + np.where(
-        code > 0, layout.layers * core, 0.0
+    core_recomputed = ctx.fully_recomputed_layers + np.where(
+        selective & _recomputes_core_attention(ctx), layout.layers, 0.0
     )
+    core_total = layout.layers * core * (1.0 + core_backward_factor) + core_recomputed * core
     return MicroBatchTimes(
         forward=layers_forward + ends,
         backward=backward,
@@ -545,50 +594,85 @@ def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatc
     )
 
 
+@dataclass(frozen=True)
+class RecomputeWork:
+    """Forward seconds of one layer's parts that selective recompute may repeat, already priced
+    for the layer (shape (n,)): core attention, a dense FFN, an MoE block."""
+
+    core: np.ndarray
+    dense_ffn: np.ndarray
+    moe_ffn: np.ndarray
+
+
+def _op_level_selective(ctx: TrainingContext) -> bool:
+    return ctx.framework is not None and ctx.framework.selective_recompute == "every_second_matmul"
+
+
+def _recomputes_core_attention(ctx: TrainingContext) -> bool:
+    return not _op_level_selective(ctx) and "core_attn" in ctx.options.recompute_modules
+
+
 def _selective_recompute(
-    ctx: TrainingContext, *, layers_forward: np.ndarray, core: np.ndarray
+    ctx: TrainingContext, *, layers_forward: np.ndarray, work: RecomputeWork
 ) -> np.ndarray:
-    """Forward seconds selective recompute repeats in backward. Megatron's selective recompute
-    repeats core attention (Korthikanti et al. 2022 sec. 5); torchtitan's op-level selective
-    checkpointing saves every second matmul output, the attention output and the collectives,
-    and recomputes the rest: half the matmul and elementwise forward, not core attention
-    (torchtitan ``_apply_op_sac``, ``_save_list``). The framework profile says which."""
-    layers = ctx.layout.layers
-    if ctx.framework is not None and ctx.framework.selective_recompute == "every_second_matmul":
-        return 0.5 * (layers_forward - layers * core)
-    return layers * core
+    """Forward seconds selective recompute repeats in backward on each rank (3, n).
+
+    Megatron-core recomputes the modules ``EstimateOptions.recompute_modules`` names, each once
+    more in backward (``--recompute-modules``; Megatron-Bridge docs/training/activation-
+    recomputation.md; ``recompute_module_times``); its default, core attention, is Korthikanti
+    et al. 2022 sec. 5. torchtitan's op-level selective checkpointing saves every second matmul
+    output, the attention output and the collectives, and recomputes the rest: half the matmul
+    and elementwise forward, not core attention (torchtitan ``_apply_op_sac``, ``_save_list``).
+    The framework profile says which."""
+    layout = ctx.layout
+    if _op_level_selective(ctx):
+        return 0.5 * (layers_forward - layout.layers * work.core)
+    dense, moe = recompute_module_times(ctx, work=work)
+    return layout.dense_layers * dense + layout.moe_layers * moe
 
 
-def op_level_selective_bytes(ctx: TrainingContext, *, default: np.ndarray) -> np.ndarray:
-    """Activation bytes per micro-batch on each rank (3, n) under selective recompute, where
-    the framework checkpoints at operator level (``_selective_recompute``): each layer keeps
-    its input, every second matmul output (half of the Q, K, V, output, gate, up and down
-    projection outputs), the attention output and its fp32 log-sum-exp. ``default`` (the
-    Megatron accounting) elsewhere, and for MoE layers."""
-    if ctx.framework is None or ctx.framework.selective_recompute != "every_second_matmul":
-        return default
-    model, attention, tp = ctx.model, ctx.model.attention, ctx.column("tp")
-    heads, kv_heads = attention.num_heads / tp, np.maximum(attention.num_kv_heads / tp, 1.0)
-    h, ffn = model.hidden_size, model.ffn_hidden_size / tp
-    projections = (
-        heads * attention.qk_head_dim
-        + kv_heads * (attention.qk_head_dim + attention.value_head_dim)
-        + h
-    )
-    matmul_outputs = projections + ffn * (2.0 if model.ffn_activation == "swiglu" else 1.0) + h
-    kept = 0.5 * matmul_outputs + heads * attention.value_head_dim + h
-    per_layer = ctx.tokens * (kept * ACTIVATION_BYTES + heads * 4.0)
-    dense = ctx.layout.dense_layers * per_layer
-    moe_share = np.where(
-        ctx.layout.layers > 0, ctx.layout.moe_layers / np.maximum(ctx.layout.layers, 1), 0.0
-    )
-    return dense + moe_share * default
+def recompute_module_times(
+    ctx: TrainingContext, *, work: RecomputeWork
+) -> tuple[np.ndarray, np.ndarray]:
+    """Forward seconds of one (dense, MoE) layer's selective-recompute modules (shape (n,)),
+    Megatron-core's ``--recompute-modules``: ``core_attn`` the attention scores, softmax and
+    weighted values; ``mla_up_proj`` MLA's up-projection GEMMs and rotary embedding
+    (``mla_up_projection_time``); ``layernorm`` the two norms; ``mlp`` a dense layer's FFN;
+    ``moe`` the whole MoE block (router, dispatcher passes, experts, shared experts; its
+    all-to-alls repeat in ``_micro_batch_comm``), which contains ``moe_act`` (the routed experts'
+    activation function) and ``shared_experts``."""
+    modules = frozenset(ctx.options.recompute_modules)
+    zeros = np.zeros_like(ctx.tokens)
+    common = work.core if "core_attn" in modules else zeros
+    if "mla_up_proj" in modules:
+        common = common + mla_up_projection_time(ctx)
+    if "layernorm" in modules:
+        common = common + norm_time(ctx)
+    dense = common + work.dense_ffn if "mlp" in modules else common
+    if ctx.model.moe is None:
+        return dense, dense
+    passes = _activation_passes(ctx)
+    if "moe" in modules:
+        return dense, common + work.moe_ffn
+    moe = common
+    if "moe_act" in modules:
+        moe = moe + training_moe.expert_activation_time(ctx, activation_passes=passes)
+    if "shared_experts" in modules:
+        moe = moe + training_moe.shared_experts_time(ctx, activation_passes=passes)
+    return dense, moe
 
 
 def _micro_batch_comm(ctx: TrainingContext, times: CollectiveTimes) -> dict[str, np.ndarray]:
     """TP, EP and CP seconds of one micro-batch per rank: forward, backward, full recompute."""
     layout = ctx.layout
-    passes = 2.0 + (np.asarray(ctx.table["recompute"]) == RECOMPUTE_CODES["full"])
+    # Forward, backward, and the forward full recompute repeats on its share of the layers.
+    passes = 2.0 + ctx.full_recompute_share
+    # Selective recompute of the ``moe`` module repeats the MoE block's dispatch and combine.
+    moe_repeat = np.asarray(ctx.table["recompute"]) == RECOMPUTE_CODES["selective"]
+    moe_repeat = (
+        moe_repeat & ("moe" in ctx.options.recompute_modules) & (not _op_level_selective(ctx))
+    )
+    ep_passes = passes + moe_repeat
     tp_layer = np.where(ctx.sequence_parallel, times.tp_split, times.tp_all_reduce)
     # A blocking collective between compute segments waits for the ranks' wake-up beyond its
     # own time (measured, ``HardwareSpec.collective_sync_s``; 0 without a profile).
@@ -610,8 +694,8 @@ def _micro_batch_comm(ctx: TrainingContext, times: CollectiveTimes) -> dict[str,
         # Dispatch and combine: two all-to-alls per MoE layer and pass (forward and recompute
         # forward may dispatch in fp8; backward exchanges bf16 gradients).
         "ep_comm": layout.moe_layers
-        * ((passes - 1.0) * times.ep_exchange + times.ep_exchange_backward)
-        + np.where(ctx.column("ep") > 1, passes * layout.moe_layers * 2.0 * sync, 0.0),
+        * ((ep_passes - 1.0) * times.ep_exchange + times.ep_exchange_backward)
+        + np.where(ctx.column("ep") > 1, ep_passes * layout.moe_layers * 2.0 * sync, 0.0),
         # The backward ring carries K/V and their gradients: twice the forward traffic.
         "cp_comm": (passes + 1.0) * layout.layers * times.cp_ring,
     }
@@ -634,7 +718,8 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
         free = free - hidden[kind]
     # Hidden traffic is not free: the compute it runs beside slows down (``contention_seconds``).
     contention = contention_seconds(sum(hidden.values()))
-    per_micro_batch = compute + sum(exposed.values()) + contention
+    offload = _exposed_offload(ctx, mb)
+    per_micro_batch = compute + sum(exposed.values()) + contention + offload
     slowest = np.argmax(per_micro_batch, axis=0)[None, :]
 
     def pick(rows: np.ndarray) -> np.ndarray:
@@ -644,6 +729,7 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
     columns = {
         "time.compute": m * pick(mb.forward + mb.backward),
         "time.recompute": m * pick(mb.recompute),
+        "time.offload": m * pick(offload),
         **{f"time.{kind}": m * pick(exposed[kind]) for kind in exposed},
         **{f"hidden.{kind}": m * pick(hidden[kind]) for kind in hidden},
         "time.bubble": _bubble(
@@ -674,6 +760,42 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
     columns["time.contention"] = mb_contention + contention_seconds(dp_hidden)
     columns["step_time_s"] = sum(columns[f"time.{part}"] for part in TRAINING_TIME_PARTS)
     return columns
+
+
+def _exposed_offload(ctx: TrainingContext, mb: MicroBatchTimes) -> np.ndarray:
+    """Seconds CPU activation offloading adds to one micro-batch on each rank (3, n).
+
+    Megatron-core offloads the activations of the first ``EstimateOptions.activation_offload_layers``
+    layers of a rank (``--cpu-offloading-num-layers``; Megatron-Bridge docs/training/
+    cpu-offloading.md: "Overlaps computation with data transfers (Host2Device and Device2Host)").
+    Its offload context (Megatron-core ``TransformerBlock`` with Transformer Engine's
+    ``get_cpu_offload_context``, ``transformer_engine/pytorch/cpu_offload.py``) copies a layer's
+    saved tensors to the host on a side stream while the next layer's forward runs, and waits
+    for the copy before the layer after; in backward it reloads a layer while the layer above
+    runs its backward. Each offloaded layer therefore exposes max(0, copy - one layer's forward)
+    and max(0, copy - one layer's backward), the copy being the layer's stored activations
+    (``_memory.offloaded_layer_bytes``) over the device-host link, one direction
+    (``HardwareSpec.host_link_bandwidth_bytes_per_s``). A layer's forward is the rank's mean
+    layer; its backward window scales it by the rank's backward (with recompute) over forward.
+    Not modelled: the HBM bandwidth the copies take from the kernels they run beside."""
+    count = ctx.options.activation_offload_layers
+    if count == 0:
+        return np.zeros_like(mb.forward)
+    bandwidth = getattr(ctx.cluster.device, "host_link_bandwidth_bytes_per_s", None)
+    if bandwidth is None:
+        raise ValueError(
+            f"activation_offload_layers ({count}) needs the device-host link bandwidth; "
+            f"{ctx.cluster.device.name} has no host_link_bandwidth_bytes_per_s"
+        )
+    layout = ctx.layout
+    copy = offloaded_layer_bytes(ctx) / bandwidth
+    layer_forward = (
+        layout.dense_layers * mb.dense_layer_forward + layout.moe_layers * mb.moe_layer_forward
+    ) / np.maximum(layout.layers, 1.0)
+    backward_ratio = (mb.backward + mb.recompute) / np.maximum(mb.forward, 1e-30)
+    layer_backward = layer_forward * backward_ratio
+    per_layer = np.maximum(copy - layer_forward, 0.0) + np.maximum(copy - layer_backward, 0.0)
+    return np.minimum(float(count), layout.layers) * per_layer
 
 
 def _bubble(

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cost_model._common import collective_time_s
-from cost_model._table import RECOMPUTE_CODES
 from cost_model._training_comm import CollectiveTimes, sharded_parameters
 
 if TYPE_CHECKING:
@@ -143,8 +142,8 @@ def _fsdp_comm(
     """
     layer, layout = times.fsdp_layer, ctx.layout
     overlap = ctx.dp_overlap * free_share
-    full = np.asarray(ctx.table["recompute"]) == RECOMPUTE_CODES["full"]
-    backward_factor = 2.0 + full  # backward = 2 x forward, plus the recomputed forward
+    # Backward = 2 x forward, plus the recomputed forward on full recompute's share of layers.
+    backward_factor = 2.0 + ctx.full_recompute_share
     exposed, total = 0.0, 0.0
     for count, gather, scatter, forward in (
         (layout.dense_layers, layer.dense_gather, layer.dense_scatter, mb.dense_layer_forward),

@@ -151,15 +151,39 @@ def roofline_experts_time(ctx: TrainingContext, *, activation_passes: float) -> 
         calls=2.0 * local_experts,
         role="expert",
     )
-    return gemms + ctx.op(0.0, assignments * width * activation_passes * ACTIVATION_BYTES)
+    return gemms + expert_activation_time(ctx, activation_passes=activation_passes)
+
+
+def expert_activation_time(ctx: TrainingContext, *, activation_passes: float) -> np.ndarray:
+    """The routed experts' activation function of one layer, forward: a memory-bound pass over
+    the busiest rank's FC1 outputs (what ``--recompute-modules moe_act`` repeats)."""
+    moe = ctx.model.moe
+    assert moe is not None
+    width = moe.expert_ffn_hidden_size / ctx.column("etp")
+    moved = routed_assignments(ctx) * width * activation_passes * ACTIVATION_BYTES
+    return ctx.op(0.0, moved)
+
+
+def shared_experts_time(ctx: TrainingContext, *, activation_passes: float) -> np.ndarray:
+    """The shared experts of one MoE layer, forward: their GEMMs (split over tp) and activation
+    pass; zeros without shared experts."""
+    model, moe = ctx.model, ctx.model.moe
+    assert moe is not None
+    shared = moe.num_shared_experts * model.ffn_parameters(moe.shared_ffn_size) / ctx.column("tp")
+    if not shared.any():
+        return np.zeros_like(ctx.tokens)
+    shared_width = moe.num_shared_experts * moe.shared_ffn_size / ctx.column("tp")
+    shared_time = ctx.op(2.0 * ctx.tokens * shared, shared * 2.0)
+    return shared_time + ctx.op(
+        0.0, ctx.tokens * shared_width * activation_passes * ACTIVATION_BYTES
+    )
 
 
 def moe_ffn_time(ctx: TrainingContext, *, activation_passes: float) -> np.ndarray:
     """Router, dispatcher passes, routed experts (busiest rank) and shared experts of one MoE
     layer, forward; zeros for a dense model. ``activation_passes``: reads + writes per element
     of the activation function's output (``_training._activation_passes``)."""
-    model, moe = ctx.model, ctx.model.moe
-    if moe is None:
+    if ctx.model.moe is None:
         return np.zeros_like(ctx.tokens)
     assignments = routed_assignments(ctx)
     roofline = roofline_experts_time(ctx, activation_passes=activation_passes)
@@ -172,8 +196,5 @@ def moe_ffn_time(ctx: TrainingContext, *, activation_passes: float) -> np.ndarra
         source = assignments * dispatcher_bytes_per_copy(ctx, expert_side=False)
         experts = np.where(within, measured, roofline)
         dispatcher = ctx.op(0.0, np.where(within, source, with_sorts))
-    shared = moe.num_shared_experts * model.ffn_parameters(moe.shared_ffn_size) / ctx.column("tp")
-    shared_width = moe.num_shared_experts * moe.shared_ffn_size / ctx.column("tp")
-    shared_time = ctx.op(2.0 * ctx.tokens * shared, shared * 2.0) if shared.any() else 0.0
-    shared_passes = ctx.op(0.0, ctx.tokens * shared_width * activation_passes * ACTIVATION_BYTES)
-    return router_time(ctx) + dispatcher + experts + shared_time + shared_passes
+    shared = shared_experts_time(ctx, activation_passes=activation_passes)
+    return router_time(ctx) + dispatcher + experts + shared

@@ -42,7 +42,13 @@ from cost_model._model_spec import ModelSpec
 from cost_model._parallel import ParallelConfig
 from cost_model._table import configs_to_table
 from cost_model._training import training_context
-from cost_model._validation_runs import run_config, run_metric, run_model, run_workload
+from cost_model._validation_runs import (
+    apply_recorded_setup,
+    run_config,
+    run_metric,
+    run_model,
+    run_workload,
+)
 from cost_model._workload import Training
 
 GIB = 1024.0**3
@@ -145,9 +151,9 @@ class Case:
     metrics: tuple[tuple[str, str, float, Callable[[dict, Case], float]], ...] = field(default=())
     source_id: str = ""
     estimate_options: tuple[tuple[str, Any], ...] = ()  # EstimateOptions facts of the run
-    #: The run's memory-relevant settings where its publication's recipe states them
-    #: (``memory_setup`` of the record: recompute, offloading, gradient dtype; see
-    #: ``memory_inputs``); used by the memory checks, not by the throughput estimate.
+    #: The run's recompute, offload and gradient settings where its publication's recipe
+    #: states them (``memory_setup`` of the record; see ``memory_inputs``); used by the
+    #: throughput estimate and the memory checks alike.
     memory_setup: tuple[tuple[str, Any], ...] = ()
 
     @property
@@ -443,29 +449,14 @@ def blackwell_cases() -> list[Case]:
     return cases
 
 
-#: ``memory_setup`` keys that are ``EstimateOptions`` fields (the rest: the recompute policy
-#: and gradient dtype, and facts kept for the record: FSDP, CUDA graphs, MoE dispatcher).
-_SETUP_OPTIONS = (
-    "recompute_modules",
-    "recompute_layers",
-    "activation_offload_layers",
-    "optimizer_instances",
-)
-
-
 def memory_inputs(case: Case) -> tuple[ParallelConfig, Training, dict[str, Any]]:
-    """The layout, workload and ``EstimateOptions`` fields of ``case`` with its recipe's memory
-    settings applied: the recompute policy (and its modules or layer count), CPU activation
-    offloading, the main-gradient dtype."""
-    setup = dict(case.memory_setup)
-    config = case.config
-    if "recompute" in setup:
-        config = config.model_copy(update={"recompute": setup["recompute"]})
-    workload = _workload(case)
-    if "gradient_dtype" in setup:
-        workload = workload.model_copy(update={"gradient_dtype": setup["gradient_dtype"]})
-    options = {key: setup[key] for key in _SETUP_OPTIONS if key in setup}
-    return config, workload, options
+    """The layout, workload and ``EstimateOptions`` fields of ``case`` with its recipe's
+    recorded settings applied (``apply_recorded_setup``): the recompute policy (and its modules
+    or layer count), CPU activation offloading, the main-gradient dtype. Both the throughput
+    (``run_case``) and the memory checks (``peak_memory_bytes``) estimate from them."""
+    return apply_recorded_setup(
+        dict(case.memory_setup), config=case.config, workload=_workload(case)
+    )
 
 
 def peak_memory_bytes(case: Case, *, micro_batch: int | None = None) -> tuple[float, float]:
@@ -480,13 +471,12 @@ def peak_memory_bytes(case: Case, *, micro_batch: int | None = None) -> tuple[fl
         workload = workload.model_copy(
             update={"global_batch_sequences": int(workload.sequences_per_step * scale)}
         )
-    base = _options(case, None, cluster)
     columns = estimate_table(
         case.model,
         cluster,
         workload,
         configs_to_table([config]),
-        options=base.model_copy(update=options),
+        options=_options(case, None, cluster, setup=options),
     )
     return float(columns["memory_per_device_bytes"][0]), float(cluster.device.memory_bytes)
 
@@ -503,14 +493,20 @@ def _cluster(hardware: str, gpus: int):
     return preset.with_nodes(max(1, math.ceil(gpus / preset.devices_per_node)))
 
 
-def _options(case: Case, calibration: Calibration | None, cluster) -> EstimateOptions:
-    """The calibration, and the run's dropout (a hyperparameter of the run, not the software)."""
+def _options(
+    case: Case, calibration: Calibration | None, cluster, *, setup: dict[str, Any] | None = None
+) -> EstimateOptions:
+    """The calibration, the run's dropout (a hyperparameter of the run, not the software), its
+    recorded ``EstimateOptions`` facts and the recipe's settings ``setup``
+    (``memory_inputs``)."""
     base = calibration if calibration is not None else calibration_for(cluster.device)
     software = SOFTWARE.get(case.software, {})
     dropout = {
         key: software[key] for key in ("hidden_dropout", "attention_dropout") if key in software
     }
-    return EstimateOptions(calibration=base, **dropout, **dict(case.estimate_options))
+    return EstimateOptions(
+        calibration=base, **dropout, **dict(case.estimate_options), **(setup or {})
+    )
 
 
 def _workload(case: Case) -> Training:
@@ -524,11 +520,13 @@ def _workload(case: Case) -> Training:
 
 
 def run_case(case: Case, *, calibration: Calibration | None = None) -> list[ValidationRow]:
-    """Estimate ``case`` and compare each of its metrics."""
-    cluster = _cluster(case.hardware, case.config.world_size)
-    table = configs_to_table([case.config])
+    """Estimate ``case`` under its recipe's recorded settings (``memory_inputs``) and compare
+    each of its metrics."""
+    config, workload, setup = memory_inputs(case)
+    cluster = _cluster(case.hardware, config.world_size)
+    options = _options(case, calibration, cluster, setup=setup)
     columns = estimate_table(
-        case.model, cluster, _workload(case), table, options=_options(case, calibration, cluster)
+        case.model, cluster, workload, configs_to_table([config]), options=options
     )
     return [
         ValidationRow(

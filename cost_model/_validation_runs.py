@@ -9,7 +9,8 @@ the publication does not state and had to be assumed (``assumed``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from cost_model._model_spec import ModelSpec
 from cost_model._parallel import ParallelConfig
@@ -74,3 +75,28 @@ def run_workload(record: dict) -> Training:
 def run_metric(record: dict) -> tuple[str, str, float, Callable]:
     unit, function = METRICS[record["metric"]]
     return (record["metric"], unit, float(record["published"]), function)
+
+
+#: ``memory_setup`` keys that are ``EstimateOptions`` fields (the rest: the recompute policy
+#: and gradient dtype, and facts kept for the record: FSDP, CUDA graphs, MoE dispatcher).
+SETUP_OPTIONS = (
+    "recompute_modules",
+    "recompute_layers",
+    "activation_offload_layers",
+    "optimizer_instances",
+)
+
+
+def apply_recorded_setup(
+    setup: Mapping[str, Any], *, config: ParallelConfig, workload: Training
+) -> tuple[ParallelConfig, Training, dict[str, Any]]:
+    """The layout, workload and ``EstimateOptions`` fields of a run with its recipe's recorded
+    settings (``memory_setup`` of the record) applied, for its step time and its memory alike:
+    the recompute policy (and its modules or layer count), CPU activation offloading,
+    distributed-optimizer instances, the main-gradient dtype."""
+    if "recompute" in setup:
+        config = config.model_copy(update={"recompute": setup["recompute"]})
+    if "gradient_dtype" in setup:
+        workload = workload.model_copy(update={"gradient_dtype": setup["gradient_dtype"]})
+    options = {key: setup[key] for key in SETUP_OPTIONS if key in setup}
+    return config, workload, options

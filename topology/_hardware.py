@@ -26,6 +26,12 @@ class HardwareSpec(BaseModel):
     memory_bytes: float = Field(gt=0)
     memory_bandwidth_bytes_per_s: float = Field(gt=0)
     memory_bandwidth_efficiency: float = Field(default=0.8, gt=0, le=1)
+    host_link_bandwidth_bytes_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="device-host link, one direction (PCIe, NVLink-C2C): the bandwidth of CPU "
+        "activation offloading's copies; None: unknown",
+    )
     sources: dict[str, str] = Field(default_factory=dict)
     uncertain: tuple[str, ...] = ()
     device_type: str | None = Field(
