@@ -226,7 +226,9 @@ def test_a_device_without_fp8_operator_tables_is_marked_not_bounded() -> None:
     assert TOLERANCES["fp8_twins_no_fp8_curve"] == (None, None)
 
 
-def _fsdp_tp_context(model, *, precision: str, recipe: str, tp: int = 1):
+def _fsdp_tp_context(
+    model, *, precision: str, recipe: str, tp: int = 1, sequence_parallel: bool | None = None
+):
     workload = Training(
         sequence_length_tokens=8192,
         global_batch_sequences=16,
@@ -239,7 +241,7 @@ def _fsdp_tp_context(model, *, precision: str, recipe: str, tp: int = 1):
         zero_stage=3,
         micro_batch_size=1,
         recompute="selective",
-        sequence_parallel=tp > 1,
+        sequence_parallel=tp > 1 if sequence_parallel is None else sequence_parallel,
     )
     return training_context(
         model=model,
@@ -299,26 +301,8 @@ def test_tensorwise_casts_sequence_parallel_tensors_on_their_shard_before_the_ga
     )
 
     def context(recipe: str, *, sequence_parallel: bool):
-        config = ParallelConfig(
-            dp=2,
-            tp=8,
-            zero_stage=3,
-            micro_batch_size=1,
-            recompute="selective",
-            sequence_parallel=sequence_parallel,
-        )
-        workload = Training(
-            sequence_length_tokens=8192,
-            global_batch_sequences=16,
-            precision="fp8",
-            fp8_recipe=recipe,
-        )
-        return training_context(
-            model=model,
-            cluster=get_preset("dgx-h100", num_nodes=2),
-            workload=workload,
-            table=configs_to_table([config]),
-            options=EstimateOptions(),
+        return _fsdp_tp_context(
+            model, precision="fp8", recipe=recipe, tp=8, sequence_parallel=sequence_parallel
         )
 
     sp, no_sp = (
