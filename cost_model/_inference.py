@@ -105,7 +105,6 @@ from cost_model._common import (
 )
 from cost_model._kernel_curves import (
     DEVICE_ALIASES,
-    MLA_CURVE_HEADS,
     all_reduce_time_s,
     context_attention_time_s,
     deepep_low_latency_s,
@@ -603,9 +602,8 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     if (
         p.decode and model.attention.kind == "mla"
     ):  # FlashMLA-class kernels at their measured efficiency (prefill: see _kernel_curves)
-        # one call per rank: its sequences, over its share of the heads (a fraction of a curve's
-        # 128-head sequence) and of each context (cp)
-        sequences = p.batch * model.attention.num_heads / (s.shard * MLA_CURVE_HEADS)
+        # one call per rank: all its sequences, over its share of the heads and of each context
+        # (cp); every head reads the sequence's whole latent, so the bytes are all sequences'
         measured = s.rows.evaluate(
             mla_time_s,
             kind="mla_decode",
@@ -614,7 +612,8 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
             flops=flops,
             bytes_moved=kv_read * kv_fraction,
             tokens=read_tokens / s.column("cp"),
-            batch=sequences,
+            batch=p.batch,
+            heads=model.attention.num_heads / s.shard,
             engine=s.profile.engine,  # the serving engine's own attention kernel where measured
         )
         if measured is not None:  # (prefill keeps the calibrated efficiency: see _kernel_curves)

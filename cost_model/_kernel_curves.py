@@ -7,7 +7,9 @@ device and weight dtype, where the ideal time is the cost model's own for the sa
 (``grouped_gemm_ideal_s``: the roofline of the expert FFNs' FLOPs and weight bytes, plus the
 permute / activation / un-permute memory passes that the fused MoE kernel also runs,
 ``_inference_ops.routed_bytes_per_assignment``). MLA decode attention likewise has an efficiency
-by context length (``mla_decode_ideal_s``: absorbed-form FLOPs and latent-cache bytes).
+by context length, batch and heads per rank (``mla_decode_ideal_s``: absorbed-form FLOPs and
+latent-cache bytes); a tensor-parallel rank runs its share of the heads over all its sequences,
+reading every sequence's whole latent, and is priced on the rows measured at that head count.
 
 The curves live in ``cost_model/data/kernel_curves.json``, written by
 ``autoparallel profile --import-aiconfigurator`` from NVIDIA's aiconfigurator-core operator
@@ -65,7 +67,8 @@ from cost_model._units import dtype_bytes
 #: (hidden, expert FFN width, routed experts, top-k) of DeepSeek-V3's experts: the default shape
 #: of a lookup and of a curve that names none.
 GROUPED_GEMM_SHAPE = (7168, 2048, 256, 8)
-#: Heads of the imported MLA rows (DeepSeek-V3's 128, one rank): the unit of a curve's batch.
+#: Heads per rank of an MLA curve that names none (DeepSeek-V3's 128 on one rank); prefill curves
+#: are measured there, decode curves at every head count a tensor-parallel rank runs.
 MLA_CURVE_HEADS = 128
 #: Tokens per expert at which curves are stored: 1/32 .. 512 by powers of two.
 TOKENS_PER_EXPERT_GRID = np.exp2(np.arange(-5.0, 10.0))
@@ -232,13 +235,21 @@ def grouped_gemm_efficiency(
 
 
 def mla_efficiency(
-    *, kind: str, device_name: str, tokens, batch=1.0, engine: str | None = None
+    *,
+    kind: str,
+    device_name: str,
+    tokens,
+    batch=1.0,
+    heads=MLA_CURVE_HEADS,
+    engine: str | None = None,
 ) -> np.ndarray | None:
     """Measured MLA efficiency (best over engines), or None: ``kind`` ``mla_decode`` at a
     context of ``tokens``, or ``mla_prefill`` of a ``tokens``-long prompt, for ``batch``
-    sequences of 128 heads per call (a call over fewer heads counts as that fraction of a
-    sequence). Interpolated in log(length) and log(batch), held beyond the measured range;
-    ``engine``'s own kernels where it measured the device."""
+    sequences of ``heads`` heads per call (one rank's: a tensor-parallel rank runs its share of
+    the heads over every sequence and reads each sequence's whole latent). Interpolated in
+    log(length), log(batch) and log(heads) between the measured head counts (a curve that names
+    none has 128), held beyond the measured range; ``engine``'s own kernels where it measured
+    the device."""
     device_name = DEVICE_ALIASES.get(device_name, device_name)
     curves = _engine_curves(
         [c for c in kernel_curves().get(kind, ()) if c["device"] == device_name], engine
@@ -247,22 +258,32 @@ def mla_efficiency(
         return None
     log_tokens = np.log(np.maximum(np.atleast_1d(np.asarray(tokens, dtype=np.float64)), 1.0))
     log_batch = np.log2(np.maximum(np.asarray(batch, dtype=np.float64), 1.0))
+    log_heads = np.log2(np.maximum(np.asarray(heads, dtype=np.float64), 1.0))
     values = []
-    for curve in curves:
-        batches = sorted(curve["efficiency_by_batch"], key=float)
-        rows = np.stack(
-            [
-                np.interp(
-                    log_tokens,
-                    np.log(curve["context_tokens"]),
-                    curve["efficiency_by_batch"][b],
-                )
-                for b in batches
-            ]
+    for source in sorted({(c["engine"], c["file"]) for c in curves}):
+        by_heads = sorted(
+            (c for c in curves if (c["engine"], c["file"]) == source),
+            key=lambda c: c.get("heads", MLA_CURVE_HEADS),
         )
-        log_batches = np.log2(np.array([float(b) for b in batches]))
-        values.append(_between_rows(rows, log_batches, np.broadcast_to(log_batch, rows.shape[1:])))
+        per_heads = np.stack([_mla_curve_efficiency(c, log_tokens, log_batch) for c in by_heads])
+        measured_heads = np.log2([float(c.get("heads", MLA_CURVE_HEADS)) for c in by_heads])
+        values.append(
+            _between_rows(per_heads, measured_heads, np.broadcast_to(log_heads, log_tokens.shape))
+        )
     return np.max(values, axis=0)
+
+
+def _mla_curve_efficiency(curve: dict, log_tokens: np.ndarray, log_batch) -> np.ndarray:
+    """One head count's curve at ``log_tokens`` (natural log) and ``log_batch`` (log2)."""
+    batches = sorted(curve["efficiency_by_batch"], key=float)
+    rows = np.stack(
+        [
+            np.interp(log_tokens, np.log(curve["context_tokens"]), curve["efficiency_by_batch"][b])
+            for b in batches
+        ]
+    )
+    log_batches = np.log2(np.array([float(b) for b in batches]))
+    return _between_rows(rows, log_batches, np.broadcast_to(log_batch, rows.shape[1:]))
 
 
 def context_attention_time_s(
@@ -353,13 +374,19 @@ def mla_time_s(
     bytes_moved,
     tokens,
     batch=1.0,
+    heads=MLA_CURVE_HEADS,
     engine: str | None = None,
 ) -> np.ndarray | None:
     """MLA attention of one layer: its roofline (``flops`` at the ``dtype`` peak, ``bytes_moved``
-    at the memory bandwidth) over the measured efficiency (``mla_efficiency`` at ``tokens`` and
-    ``batch``); None without a curve."""
+    at the memory bandwidth) over the measured efficiency (``mla_efficiency`` at ``tokens``,
+    ``batch`` and ``heads`` per call); None without a curve."""
     efficiency = mla_efficiency(
-        kind=kind, device_name=hardware.name, tokens=tokens, batch=batch, engine=engine
+        kind=kind,
+        device_name=hardware.name,
+        tokens=tokens,
+        batch=batch,
+        heads=heads,
+        engine=engine,
     )
     if efficiency is None:
         return None
