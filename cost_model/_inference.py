@@ -57,14 +57,15 @@ A pass the engine runs without a CUDA graph by default (``ServingProfile.prefill
 its largest captured size) launches each kernel from the host, so it takes at least its kernels
 times the host seconds per eager kernel (``eager_pass_host_s``; the host runs ahead of the GPU
 asynchronously, so the larger of the two is the pass; the wait is charged to compute).
-Where imported operator tables cover the device (``_kernel_curves``), a prefill pass's dense
-GEMMs (attention projections, dense FFN, shared experts: ``_inference_ops.*_projections``) run
-at the serving engine's measured efficiency for their shape (M = tokens per rank, N x K = the
-rank's slice of each projection) and its MHA/GQA core attention at the measured causal
+Where imported operator tables cover the device (``_kernel_curves``), a pass's dense GEMMs
+(attention projections, dense FFN, shared experts: ``_inference_ops.*_projections``), prefill
+and decode alike, run at the serving engine's measured latency for their shape (M = tokens per
+rank, N x K = the rank's slice of each projection; the W8A8 activation quantization included),
+a prefill pass's MHA/GQA core attention at the measured causal
 FlashAttention-class efficiency by prompt length and (sequence, head) pairs per call
 (``_kernel_curves.context_attention_time_s``), a decode step's routed experts as grouped GEMMs at
 their measured efficiency for M = tokens per expert, MLA decode attention at its measured efficiency
-by context length, and DeepEP's low-latency all-to-all at its measured latency and bandwidths;
+by context length, batch and heads per rank, and DeepEP's low-latency all-to-all at its measured latency and bandwidths;
 kernels timed by a table pay no per-kernel floor on top (``_measured_kernels_per_pass``).
 A TP all-reduce (prefill and decode) over NVLink-connected ranks of one node takes the serving
 engine's measured latency for its message size and GPU count (``_kernel_curves.all_reduce_time_s``:
@@ -324,23 +325,21 @@ def _mm(s: _Setup, flops, bytes_moved) -> np.ndarray:
     )
 
 
-def _gemms(s: _Setup, tokens, projections, shard, *, decode: bool) -> np.ndarray:
+def _gemms(s: _Setup, tokens, projections, shard) -> np.ndarray:
     """The GEMMs of one block over ``tokens`` per device, each projection's split width divided
-    by ``shard``. In prefill every GEMM runs at the serving engine's measured efficiency for its
-    shape (``_kernel_curves.projections_time_s``: M = tokens, N x K = one rank's slice) where
-    its operator tables cover the device and weight dtype; decode and devices without tables
-    keep the calibrated roofline (decode: see ``_kernel_curves``)."""
-    measured = (
-        None
-        if decode
-        else s.rows.evaluate(
-            partial(projections_time_s, projections=projections),
-            hardware=s.cluster.device,
-            dtype=s.workload.weight_dtype,
-            m=np.asarray(tokens, dtype=np.float64),
-            shard=np.asarray(shard, dtype=np.float64),
-            engine=s.profile.engine,
-        )
+    by ``shard``. Prefill and decode alike, every GEMM runs at the serving engine's measured
+    latency for its shape (``_kernel_curves.projections_time_s``: M = tokens, N x K = one rank's
+    slice) where its operator tables cover the device and weight dtype; the tables time the
+    activation quantization a W8A8 GEMM launches before it (aiconfigurator's SGLang collector
+    times ``sglang_per_token_group_quant_fp8`` + DeepGEMM per block-FP8 call, in a CUDA graph),
+    which the roofline misses. Devices without tables keep the calibrated roofline."""
+    measured = s.rows.evaluate(
+        partial(projections_time_s, projections=projections),
+        hardware=s.cluster.device,
+        dtype=s.workload.weight_dtype,
+        m=np.asarray(tokens, dtype=np.float64),
+        shard=np.asarray(shard, dtype=np.float64),
+        engine=s.profile.engine,
     )
     if measured is not None:
         return measured
@@ -359,12 +358,10 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     act = dtype_bytes(s.workload.activation_dtype)
     attention_tokens, rank_tokens = _tokens(s, p)
     tp = s.column("tp")
-    total = lay.layers * _gemms(
-        s, attention_tokens, ops.attention_projections(model), s.shard, decode=p.decode
-    )
+    total = lay.layers * _gemms(s, attention_tokens, ops.attention_projections(model), s.shard)
     dense_tokens = np.where(s.attention_dp, attention_tokens * tp, attention_tokens)
     total = total + lay.dense_layers * _gemms(
-        s, dense_tokens, ops.ffn_projections(model, model.ffn_hidden_size), tp, decode=p.decode
+        s, dense_tokens, ops.ffn_projections(model, model.ffn_hidden_size), tp
     )
     total = total + lay.moe_layers * _moe_time(s, attention_tokens, rank_tokens, decode=p.decode)
     head_tokens = p.batch * p.head_tokens / s.column("cp") * np.where(s.attention_dp, tp, 1.0)
@@ -401,16 +398,20 @@ _FUSED_MOE_KERNELS = 8.0
 
 def _measured_kernels_per_pass(s: _Setup, *, decode: bool) -> np.ndarray | float:
     """Kernels of a pass whose time is a measured operator latency, where ``_kernel_curves``
-    covers the device: in prefill the dense GEMMs (``_gemms``: attention projections, dense FFN,
-    shared experts), in decode the fused MoE layer and MLA attention. The table's latency
-    already holds their launch-to-launch gaps, ramps and tails, so they pay no floor on top."""
+    covers the device: the dense GEMMs (``_gemms``: attention projections, dense FFN, shared
+    experts), in decode also the fused MoE layer and MLA attention. The table's latency already
+    holds their launch-to-launch gaps, ramps and tails, so they pay no floor on top."""
+    key = f"_measured_kernels_per_pass_{decode}"  # the same for every pass of one setup
+    if key not in s.__dict__:
+        s.__dict__[key] = _count_measured_kernels(s, decode=decode)
+    return s.__dict__[key]
+
+
+def _count_measured_kernels(s: _Setup, *, decode: bool) -> np.ndarray | float:
     lay, model, device = s.layout, s.model, s.hardware
     kernels: np.ndarray | float = 0.0
     if (
-        not decode
-        and gemm_efficiency(
-            device_name=device.name, dtype=s.workload.weight_dtype, m=1.0, n=1.0, k=1.0
-        )
+        gemm_efficiency(device_name=device.name, dtype=s.workload.weight_dtype, m=1.0, n=1.0, k=1.0)
         is not None
     ):
         kernels = lay.layers * float(len(ops.attention_projections(model)))
@@ -536,7 +537,6 @@ def _moe_time(
         attention_tokens,
         ops.ffn_projections(model, moe.num_shared_experts * moe.shared_ffn_size),
         s.shard,
-        decode=decode,
     )
     group_tokens = rank_tokens * ep * etp
     mean_assignments = group_tokens * moe.top_k / ep

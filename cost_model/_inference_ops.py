@@ -183,21 +183,22 @@ Projection = tuple[int, int, str]
 
 def attention_projections(model: ModelSpec) -> tuple[Projection, ...]:
     """The GEMMs of one attention block (HF module names). MLA: ``q_a_proj`` and
-    ``kv_a_proj_with_mqa`` replicated (``_common.attention_replicated_parameters``), ``q_b_proj``
-    and ``kv_b_proj`` column-parallel, ``o_proj`` row-parallel (DeepSeek-V2 sec. 2.1.2, explicit
-    form; vLLM ``DeepseekV2MLAAttention``); MHA/GQA: the fused ``qkv_proj`` column-parallel and
-    ``o_proj`` row-parallel (Megatron-LM, Shoeybi et al. 2019)."""
+    ``kv_a_proj_with_mqa`` replicated (``_common.attention_replicated_parameters``) and run as
+    one GEMM on the hidden state they share (SGLang ``fused_qkv_a_proj_with_mqa``,
+    ``models/deepseek_v2.py``; vLLM ``fused_qkv_a_proj``), ``q_b_proj`` and ``kv_b_proj``
+    column-parallel, ``o_proj`` row-parallel (DeepSeek-V2 sec. 2.1.2, explicit form; vLLM
+    ``DeepseekV2MLAAttention``); MHA/GQA: the fused ``qkv_proj`` column-parallel and ``o_proj``
+    row-parallel (Megatron-LM, Shoeybi et al. 2019)."""
     a, h = model.attention, model.hidden_size
     if a.kind == "mla":
-        q_width = a.num_heads * a.qk_head_dim
-        query: tuple[Projection, ...] = (
-            ((a.q_lora_rank, h, ""), (q_width, a.q_lora_rank, "n"))
+        q_width, kv_a_width = a.num_heads * a.qk_head_dim, a.kv_lora_rank + a.qk_rope_head_dim
+        down: tuple[Projection, ...] = (
+            ((a.q_lora_rank + kv_a_width, h, ""), (q_width, a.q_lora_rank, "n"))
             if a.q_lora_rank
-            else ((q_width, h, "n"),)
+            else ((kv_a_width, h, ""), (q_width, h, "n"))
         )
         return (
-            *query,
-            (a.kv_lora_rank + a.qk_rope_head_dim, h, ""),
+            *down,
             (a.num_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, "n"),
             (h, a.num_heads * a.v_head_dim, "k"),
         )

@@ -27,14 +27,16 @@ Dense GEMMs (``gemm``: attention projections, dense FFN, shared experts) have cu
 shape: efficiency (``gemm_ideal_s`` / measured latency, the fastest kernel the engine ships at
 each point) on a grid of M (tokens in the call) x N x K (one rank's slice), trilinear in the logs
 (``gemm_efficiency``); TP8 slices of DeepSeek-V3 run at 0.1-0.5 of FP8 peak where the training
-calibration's one efficiency says 0.8. Prefill prices its dense GEMMs with them. Decode does not
-yet: with them Day-6's decode unit (SLO-bound, its step time nearly flat in the batch) loses a
-quarter of its batch (-18% -> -38% against the published rate) and the DeepSeek profile's decode
-goes -4% -> -14%, while the benchmark rows' TPOT improves (mean |error| 54.9% -> 47.7%). The
-tables' small-M latencies are real kernel time, so the decode pass is likely missing a term
-that offsets them (one candidate: speculative decoding with DeepSeek-V3's multi-token
-prediction module, arXiv:2412.19437 sec. 5.4.3, which the model does not price); until it is
-found, decode keeps the roofline. The MLA prefill curves (``mla_prefill``) are
+calibration's one efficiency says 0.8. Prefill and decode price their dense GEMMs with them.
+A table's point is the engine's whole W8A8 call: aiconfigurator's SGLang collector times the
+per-token-group FP8 quantization of the activations and the DeepGEMM GEMM together, replayed in a
+CUDA graph (``collector/sglang/collect_gemm.py``), so the activation cast the roofline leaves out
+is in it. At decode's M they agree with DeepSeek's own kernel benchmarks (H800, DeepGEMM README
+at commit a6d97a1, the GEMM alone: M = 64, N x K = 7168 x 16384 in 45 us, 4096 x 7168 in 13 us,
+7168 x 2048 in 6 us; the H100 SGLang table, with the quantization: 48, 16 and 10 us). Pricing decode with them lowers Day-6's
+SLO-bound decode unit (-18% -> -34% against the published rate) and the DeepSeek profile's
+decode (-4% -> -12%): with GEMMs at DeepSeek's own measured speed, what those units over-price
+lies elsewhere. The MLA prefill curves (``mla_prefill``) are
 imported but not used: priced with the serving engine's own kernel, SGLang's (0.18 of BF16 peak
 against TRT-LLM's 0.55), LMSYS's SGLang prefill rows improve (+22% -> +0.4% at 4K) but the
 Day-6 and profile prefill units, DeepSeek's own engine validated with SGLang's profile, fall to
@@ -246,44 +248,81 @@ def mla_efficiency(
     """Measured MLA efficiency (best over engines), or None: ``kind`` ``mla_decode`` at a
     context of ``tokens``, or ``mla_prefill`` of a ``tokens``-long prompt, for ``batch``
     sequences of ``heads`` heads per call (one rank's: a tensor-parallel rank runs its share of
-    the heads over every sequence and reads each sequence's whole latent). Interpolated in
-    log(length), log(batch) and log(heads) between the measured head counts (a curve that names
-    none has 128), held beyond the measured range; ``engine``'s own kernels where it measured
-    the device."""
-    device_name = DEVICE_ALIASES.get(device_name, device_name)
+    the heads over every sequence and reads each sequence's whole latent). Linear in log(length),
+    log(batch) and log(heads) between the measured points (a curve that names no head count has
+    128), held beyond them; ``engine``'s own kernels where it measured the device."""
+    tables = _mla_tables(kind, DEVICE_ALIASES.get(device_name, device_name), engine)
+    if not tables:
+        return None
+    tokens, batch, heads = np.broadcast_arrays(
+        *(np.atleast_1d(np.asarray(x, dtype=np.float64)) for x in (tokens, batch, heads))
+    )
+    values = []
+    for head_grid, batch_grid, context_grid, efficiency in tables:
+        (h0, h1, wh), (b0, b1, wb), (c0, c1, wc) = (
+            _log_bracket(np.maximum(x, 1.0), grid)
+            for x, grid in ((heads, head_grid), (batch, batch_grid), (tokens, context_grid))
+        )
+        total = np.zeros(tokens.shape)
+        for hi, fh in ((h0, 1.0 - wh), (h1, wh)):
+            for bi, fb in ((b0, 1.0 - wb), (b1, wb)):
+                for ci, fc in ((c0, 1.0 - wc), (c1, wc)):
+                    total += fh * fb * fc * efficiency[hi, bi, ci]
+        values.append(total)
+    return np.max(values, axis=0)
+
+
+def _log_bracket(values: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Indices of the grid points either side of ``values`` and the weight of the upper one,
+    linear in the logs and clamped at the grid's ends (a one-point grid holds its value)."""
+    if grid.size == 1:
+        zero = np.zeros(values.shape, dtype=np.int64)
+        return zero, zero, np.zeros(values.shape)
+    index, weight = _grid_position(values, grid)
+    return index, index + 1, weight
+
+
+@lru_cache(maxsize=64)
+def _mla_tables(
+    kind: str, device_name: str, engine: str | None
+) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]:
+    """Per measured table (engine, file) of ``kind``: its head counts, batches and context
+    lengths, and the efficiency on that grid [heads x batch x length] (each head count's curves
+    interpolated onto the batches and lengths of the table, in the logs); empty without curves."""
     curves = _engine_curves(
         [c for c in kernel_curves().get(kind, ()) if c["device"] == device_name], engine
     )
-    if not curves:
-        return None
-    log_tokens = np.log(np.maximum(np.atleast_1d(np.asarray(tokens, dtype=np.float64)), 1.0))
-    log_batch = np.log2(np.maximum(np.asarray(batch, dtype=np.float64), 1.0))
-    log_heads = np.log2(np.maximum(np.asarray(heads, dtype=np.float64), 1.0))
-    values = []
+    tables = []
     for source in sorted({(c["engine"], c["file"]) for c in curves}):
         by_heads = sorted(
             (c for c in curves if (c["engine"], c["file"]) == source),
             key=lambda c: c.get("heads", MLA_CURVE_HEADS),
         )
-        per_heads = np.stack([_mla_curve_efficiency(c, log_tokens, log_batch) for c in by_heads])
-        measured_heads = np.log2([float(c.get("heads", MLA_CURVE_HEADS)) for c in by_heads])
-        values.append(
-            _between_rows(per_heads, measured_heads, np.broadcast_to(log_heads, log_tokens.shape))
+        context = np.asarray(by_heads[0]["context_tokens"], dtype=np.float64)
+        batches = np.array(
+            sorted({float(b) for c in by_heads for b in c["efficiency_by_batch"]}),
         )
-    return np.max(values, axis=0)
+        grid = np.stack([_mla_curve_grid(c, context, batches) for c in by_heads])
+        heads = np.array([float(c.get("heads", MLA_CURVE_HEADS)) for c in by_heads])
+        tables.append((heads, batches, context, grid))
+    return tuple(tables)
 
 
-def _mla_curve_efficiency(curve: dict, log_tokens: np.ndarray, log_batch) -> np.ndarray:
-    """One head count's curve at ``log_tokens`` (natural log) and ``log_batch`` (log2)."""
-    batches = sorted(curve["efficiency_by_batch"], key=float)
+def _mla_curve_grid(curve: dict, context: np.ndarray, batches: np.ndarray) -> np.ndarray:
+    """One head count's curve on ``batches`` x ``context`` (linear in the logs, held at the ends)."""
+    own = sorted(curve["efficiency_by_batch"], key=float)
     rows = np.stack(
         [
-            np.interp(log_tokens, np.log(curve["context_tokens"]), curve["efficiency_by_batch"][b])
-            for b in batches
+            np.interp(
+                np.log(context), np.log(curve["context_tokens"]), curve["efficiency_by_batch"][b]
+            )
+            for b in own
         ]
     )
-    log_batches = np.log2(np.array([float(b) for b in batches]))
-    return _between_rows(rows, log_batches, np.broadcast_to(log_batch, rows.shape[1:]))
+    log_own = np.log(np.array([float(b) for b in own]))
+    return np.stack(
+        [_between_rows(rows, log_own, np.full(context.size, np.log(b))) for b in batches]
+    )
 
 
 def context_attention_time_s(
