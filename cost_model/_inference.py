@@ -325,25 +325,27 @@ def _mm(s: _Setup, flops, bytes_moved) -> np.ndarray:
     )
 
 
-def _gemms(s: _Setup, tokens, projections, shard) -> np.ndarray:
+def _gemms(s: _Setup, tokens, projections, shard, *, dtype: str | None = None) -> np.ndarray:
     """The GEMMs of one block over ``tokens`` per device, each projection's split width divided
-    by ``shard``. Prefill and decode alike, every GEMM runs at the serving engine's measured
-    latency for its shape (``_kernel_curves.projections_time_s``: M = tokens, N x K = one rank's
-    slice) where its operator tables cover the device and weight dtype; the tables time the
-    activation quantization a W8A8 GEMM launches before it (aiconfigurator's SGLang collector
-    times ``sglang_per_token_group_quant_fp8`` + DeepGEMM per block-FP8 call, in a CUDA graph),
-    which the roofline misses. Devices without tables keep the calibrated roofline."""
+    by ``shard``, with weights in ``dtype`` (default: the workload's weight dtype). Prefill and
+    decode alike, every GEMM runs at the serving engine's measured latency for its shape
+    (``_kernel_curves.projections_time_s``: M = tokens, N x K = one rank's slice) where its
+    operator tables cover the device and dtype; the tables time the activation quantization a
+    W8A8 GEMM launches before it (aiconfigurator's SGLang collector times
+    ``sglang_per_token_group_quant_fp8`` + DeepGEMM per block-FP8 call, in a CUDA graph), which
+    the roofline misses. Devices without tables keep the calibrated roofline."""
+    dtype = dtype or s.workload.weight_dtype
     measured = s.rows.evaluate(
         partial(projections_time_s, projections=projections),
         hardware=s.cluster.device,
-        dtype=s.workload.weight_dtype,
+        dtype=dtype,
         m=np.asarray(tokens, dtype=np.float64),
         shard=np.asarray(shard, dtype=np.float64),
         engine=s.profile.engine,
     )
     if measured is not None:
         return measured
-    wb = dtype_bytes(s.workload.weight_dtype)
+    wb = dtype_bytes(dtype)
     total = np.zeros_like(np.asarray(tokens, dtype=np.float64))
     for n, k, split in projections:
         n_rank = n / shard if split == "n" else np.full_like(shard, float(n))
@@ -391,9 +393,10 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     return total + kernels * s.profile.kernel_floor_s / np.where(s.two_batch, 2.0, 1.0)
 
 
-#: Kernels of an MoE block inside the fused MoE layer the operator tables time (router top-k,
-#: permute, the grouped GEMMs, activation, un-permute: ``_training.kernels_per_layer``'s 8).
-_FUSED_MOE_KERNELS = 8.0
+#: Kernels of an MoE block inside the fused MoE layer the operator tables time (top-k, permute,
+#: the grouped GEMMs, activation, un-permute: ``_training.kernels_per_layer``'s 8 less the router
+#: GEMM, which the tables take as input and ``_router_time`` prices as a GEMM).
+_FUSED_MOE_KERNELS = 7.0
 
 
 def _measured_kernels_per_pass(s: _Setup, *, decode: bool) -> np.ndarray | float:
@@ -418,6 +421,14 @@ def _count_measured_kernels(s: _Setup, *, decode: bool) -> np.ndarray | float:
         kernels = kernels + lay.dense_layers * float(len(ops.ffn_projections(model, 1)))
         if model.moe is not None and model.moe.num_shared_experts:
             kernels = kernels + lay.moe_layers * float(len(ops.ffn_projections(model, 1)))
+    if (
+        model.moe is not None
+        and gemm_efficiency(
+            device_name=device.name, dtype=s.workload.activation_dtype, m=1.0, n=1.0, k=1.0
+        )
+        is not None
+    ):
+        kernels = kernels + lay.moe_layers * float(len(ops.router_projections(model)))
     if (
         decode
         and model.moe is not None
@@ -531,7 +542,13 @@ def _moe_time(
         return np.zeros_like(attention_tokens)
     wb, act = dtype_bytes(s.workload.weight_dtype), dtype_bytes(s.workload.activation_dtype)
     ep, etp = s.column("ep"), s.column("etp")
-    router = _mm(s, 2.0 * model.router_parameters() * rank_tokens, model.router_parameters() * wb)
+    router = _gemms(
+        s,
+        rank_tokens,
+        ops.router_projections(model),
+        np.ones_like(rank_tokens),
+        dtype=s.workload.activation_dtype,
+    )
     shared = _gemms(
         s,
         attention_tokens,

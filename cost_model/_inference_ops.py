@@ -215,6 +215,15 @@ def ffn_projections(model: ModelSpec, width: int) -> tuple[Projection, ...]:
     return ((int(_gated(model)) * width, h, "n"), (h, width, "k"))
 
 
+def router_projections(model: ModelSpec) -> tuple[Projection, ...]:
+    """The router of an MoE block: one GEMM of the hidden state onto the routed experts' logits
+    (and a shared-expert gate where the model has one), replicated on every rank and run in the
+    activation dtype: the engines do not quantize it (SGLang ``MoEGate`` holds a plain weight;
+    vLLM's gate is a ``ReplicatedLinear`` without a quantization config)."""
+    assert model.moe is not None
+    return ((model.router_parameters() // model.hidden_size, model.hidden_size, ""),)
+
+
 def _gated(model: ModelSpec) -> float:
     return 2.0 if model.ffn_activation == "swiglu" else 1.0
 
