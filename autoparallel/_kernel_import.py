@@ -5,7 +5,8 @@ per-operator latency tables measured per device, engine and engine version under
 ``aiconfigurator_core/systems/data/<device>/<op>/<engine>/<version>/*.parquet``. Only
 operator tables are read — the fused MoE expert layer (``moe/*/moe_perf.parquet``, for the
 expert shapes of ``EXPERT_SHAPES``), MLA decode and prefill attention
-(``mla/*/generation_mla_perf.parquet``, ``context_mla_perf.parquet``) and dense GEMMs
+(``mla/*/generation_mla_perf.parquet``, ``context_mla_perf.parquet``), the batched GEMMs of
+absorbed MLA decode (``mla_bmm/*/mla_bmm_perf.parquet``, kept as measured) and dense GEMMs
 (``gemm/*/gemm_perf.parquet``, on the grid of ``GEMM_M_GRID`` x ``GEMM_NK_GRID``^2) and the
 serving engines' tensor-parallel all-reduce (``comm/*/custom_allreduce_perf.parquet``: latency by
 message size and GPU count, kept as measured). End-to-end tables of whole serving
@@ -303,6 +304,50 @@ def _mla_curves(root: Path, device: str, engine: str, kind: str) -> list[dict]:
     return []
 
 
+#: Tokens per call at which the absorbed-MLA batched GEMMs are kept (the tables' grid up to 8K).
+MLA_BMM_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+#: The two batched GEMMs of absorbed MLA decode (aiconfigurator ``mla_bmm`` op names): the
+#: queries' no-RoPE part into the latent (``q_nope x W_UK``) and the attention output back to
+#: the value heads (``x W_UV``), which together take the place of ``kv_b_proj``.
+MLA_BMM_OPS = ("mla_gen_pre", "mla_gen_post")
+
+
+def _mla_bmm_curves(root: Path, device: str, engine: str) -> list[dict]:
+    """Seconds of the absorbed-MLA batched GEMM pair (``MLA_BMM_OPS``, summed) by heads per rank
+    (4+) on ``MLA_BMM_TOKENS``, BF16 weights, kept as measured: from the newest
+    ``mla_bmm/<engine>/<version>/mla_bmm_perf.parquet`` that times both at every grid point."""
+    hardware = get_preset(DEVICES[device]).device
+    for path in _latest_tables(root, device, "mla_bmm", engine, "mla_bmm_perf.parquet"):
+        fastest: dict[tuple, float] = {}
+        for row in _read(path):
+            heads = int(row["num_heads"])
+            if row["bmm_dtype"] != "bfloat16" or heads < MLA_MIN_HEADS:
+                continue
+            key = (row["op_name"], heads, int(row["num_tokens"]))
+            fastest[key] = min(fastest.get(key, np.inf), float(row["latency"]) * 1e-3)
+        by_heads = {}
+        for heads in sorted({k[1] for k in fastest}):
+            keys = [(op, heads, t) for t in MLA_BMM_TOKENS for op in MLA_BMM_OPS]
+            if all(k in fastest for k in keys):
+                by_heads[str(heads)] = [
+                    float(f"{sum(fastest[(op, heads, t)] for op in MLA_BMM_OPS) * 1e6:.4g}")
+                    for t in MLA_BMM_TOKENS
+                ]
+        if by_heads:
+            return [
+                {
+                    "device": hardware.name,
+                    "engine": engine,
+                    "engine_version": path.parent.name,
+                    "dtype": "bf16",
+                    "ops": list(MLA_BMM_OPS),
+                    "file": str(path.relative_to(root.parent)),
+                    "latency_us_by_heads": by_heads,
+                }
+            ]
+    return []
+
+
 def _gemm_curves(root: Path, device: str, engine: str) -> list[dict]:
     """Dense GEMM efficiency on ``GEMM_M_GRID`` x ``GEMM_NK_GRID``^2 per dtype, from the newest
     ``gemm_perf.parquet`` whose rows cover the grid: at each (m, n, k) the fastest kernel the
@@ -480,10 +525,11 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
         raise ValueError(
             f"path ({path}) must be an unpacked aiconfigurator-core wheel (no systems/data folder)"
         )
-    grouped, mla, prefill, gemm, context = [], [], [], [], []
+    grouped, mla, prefill, gemm, context, bmm = [], [], [], [], [], []
     for device in DEVICES:
         for engine in ENGINES:
             gemm += _gemm_curves(root, device, engine)
+            bmm += _mla_bmm_curves(root, device, engine)
             context += _context_attention_curves(root, device, engine)
             grouped += _grouped_gemm_curves(root, device, engine)
             mla += _mla_curves(root, device, engine, "mla_decode")
@@ -504,6 +550,8 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
         "grouped_gemm": grouped,
         "mla_decode": mla,
         "mla_prefill": prefill,
+        "mla_bmm_tokens": list(MLA_BMM_TOKENS),
+        "mla_bmm": bmm,
         "gemm_m_grid": GEMM_M_GRID.tolist(),
         "gemm_nk_grid": list(GEMM_NK_GRID),
         "gemm": gemm,

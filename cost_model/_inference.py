@@ -114,6 +114,7 @@ from cost_model._kernel_curves import (
     grouped_experts_time_s,
     grouped_gemm_efficiency,
     kernel_curves,
+    mla_bmm_time_s,
     mla_efficiency,
     mla_time_s,
     projections_time_s,
@@ -354,13 +355,35 @@ def _gemms(s: _Setup, tokens, projections, shard, *, dtype: str | None = None) -
     return np.asarray(total)
 
 
+def _attention_gemms(s: _Setup, tokens, *, decode: bool) -> np.ndarray:
+    """The GEMMs of one attention block over ``tokens`` per device (``_gemms``). Absorbed MLA
+    decode runs ``kv_b_proj`` as its two batched GEMMs over the rank's heads, at their measured
+    latency where a table covers the device (``_kernel_curves.mla_bmm_time_s``)."""
+    model = s.model
+    projections = ops.attention_projections(model)
+    bmm = None
+    if decode and model.attention.kind == "mla":
+        bmm = s.rows.evaluate(
+            mla_bmm_time_s,
+            device_name=s.hardware.name,
+            tokens=np.asarray(tokens, dtype=np.float64),
+            heads=model.attention.num_heads / s.shard,
+            engine=s.profile.engine,
+        )
+    if bmm is None:
+        return _gemms(s, tokens, projections, s.shard)
+    kv_up = ops.kv_up_projection(model)
+    rest = tuple(projection for projection in projections if projection != kv_up)
+    return _gemms(s, tokens, rest, s.shard) + bmm
+
+
 def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     """Matmuls and element-wise kernels of one pass on each pipeline rank, (3, n) seconds."""
     model, lay, wb = s.model, s.layout, dtype_bytes(s.workload.weight_dtype)
     act = dtype_bytes(s.workload.activation_dtype)
     attention_tokens, rank_tokens = _tokens(s, p)
     tp = s.column("tp")
-    total = lay.layers * _gemms(s, attention_tokens, ops.attention_projections(model), s.shard)
+    total = lay.layers * _attention_gemms(s, attention_tokens, decode=p.decode)
     dense_tokens = np.where(s.attention_dp, attention_tokens * tp, attention_tokens)
     total = total + lay.dense_layers * _gemms(
         s, dense_tokens, ops.ffn_projections(model, model.ffn_hidden_size), tp
@@ -413,10 +436,11 @@ def _measured_kernels_per_pass(s: _Setup, *, decode: bool) -> np.ndarray | float
 def _count_measured_kernels(s: _Setup, *, decode: bool) -> np.ndarray | float:
     lay, model, device = s.layout, s.model, s.hardware
     kernels: np.ndarray | float = 0.0
-    if (
+    gemm_curves = (
         gemm_efficiency(device_name=device.name, dtype=s.workload.weight_dtype, m=1.0, n=1.0, k=1.0)
         is not None
-    ):
+    )
+    if gemm_curves:
         kernels = lay.layers * float(len(ops.attention_projections(model)))
         kernels = kernels + lay.dense_layers * float(len(ops.ffn_projections(model, 1)))
         if model.moe is not None and model.moe.num_shared_experts:
@@ -441,6 +465,13 @@ def _count_measured_kernels(s: _Setup, *, decode: bool) -> np.ndarray | float:
         is not None
     ):
         kernels = kernels + lay.moe_layers * _FUSED_MOE_KERNELS
+    if (
+        decode
+        and model.attention.kind == "mla"
+        and not gemm_curves
+        and mla_bmm_time_s(device_name=device.name, tokens=1.0, heads=1.0) is not None
+    ):
+        kernels = kernels + lay.layers * 1.0  # kv_b_proj, run as the measured batched GEMMs
     if (
         decode
         and model.attention.kind == "mla"

@@ -197,15 +197,19 @@ def attention_projections(model: ModelSpec) -> tuple[Projection, ...]:
             if a.q_lora_rank
             else ((kv_a_width, h, ""), (q_width, h, "n"))
         )
-        return (
-            *down,
-            (a.num_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, "n"),
-            (h, a.num_heads * a.v_head_dim, "k"),
-        )
+        return (*down, kv_up_projection(model), (h, a.num_heads * a.v_head_dim, "k"))
     return (
         ((a.num_heads + 2 * a.num_kv_heads) * a.head_dim, h, "n"),
         (h, a.num_heads * a.head_dim, "k"),
     )
+
+
+def kv_up_projection(model: ModelSpec) -> Projection:
+    """MLA's ``kv_b_proj``: the latent up to every head's no-RoPE key and value. Absorbed decode
+    (DeepSeek-V2 sec. 2.1.2) runs it as two batched GEMMs per head instead, the queries into the
+    latent through W_UK and the attention output out of it through W_UV, on the same weights."""
+    a = model.attention
+    return (a.num_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, "n")
 
 
 def ffn_projections(model: ModelSpec, width: int) -> tuple[Projection, ...]:

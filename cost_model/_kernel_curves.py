@@ -325,6 +325,39 @@ def _mla_curve_grid(curve: dict, context: np.ndarray, batches: np.ndarray) -> np
     )
 
 
+def mla_bmm_time_s(*, device_name: str, tokens, heads, engine: str | None = None):
+    """Measured seconds of the two batched GEMMs absorbed MLA decode runs in place of
+    ``kv_b_proj`` (DeepSeek-V2 sec. 2.1.2: the queries into the latent through W_UK, the
+    attention output out of it through W_UV; BF16 weights, as SGLang keeps a block-FP8
+    ``kv_b_proj``) for ``tokens`` tokens over ``heads`` heads per rank (``mla_bmm``); the
+    serving ``engine``'s own where measured, else the fastest; None where no table covers the
+    device. Linear in log(tokens) and log(heads) between measured points, held below them and
+    linear in the tokens beyond the largest (the work grows with them)."""
+    device_name = DEVICE_ALIASES.get(device_name, device_name)
+    curves = _engine_curves(
+        [c for c in kernel_curves().get("mla_bmm", ()) if c["device"] == device_name], engine
+    )
+    if not curves:
+        return None
+    grid = np.asarray(kernel_curves()["mla_bmm_tokens"], dtype=np.float64)
+    tokens, heads = np.broadcast_arrays(
+        *(np.atleast_1d(np.asarray(x, dtype=np.float64)) for x in (tokens, heads))
+    )
+    tokens = np.maximum(tokens, 1.0)
+    (t0, t1, wt) = _log_bracket(tokens, grid)
+    beyond = np.maximum(tokens / grid[-1], 1.0)
+    values = []
+    for curve in curves:
+        by_heads = sorted(curve["latency_us_by_heads"].items(), key=lambda item: float(item[0]))
+        latency = np.array([row for _, row in by_heads]) * 1e-6  # [heads x tokens]
+        h0, h1, wh = _log_bracket(np.maximum(heads, 1.0), np.array([float(h) for h, _ in by_heads]))
+        total = np.zeros(tokens.shape)
+        for hi, fh in ((h0, 1.0 - wh), (h1, wh)):
+            total += fh * ((1.0 - wt) * latency[hi, t0] + wt * latency[hi, t1])
+        values.append(total * beyond)
+    return np.min(values, axis=0)
+
+
 def context_attention_time_s(
     *, hardware, flops, bytes_moved, tokens, units, engine: str | None = None
 ) -> np.ndarray | None:

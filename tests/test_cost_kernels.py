@@ -31,6 +31,7 @@ def test_curves_are_fit_inputs_with_a_source_file_each_and_no_end_to_end_table()
         for c in curves["grouped_gemm"]
         + curves["mla_decode"]
         + curves["mla_prefill"]
+        + curves["mla_bmm"]
         + curves["gemm"]
         + curves["context_attention"]
         + curves["custom_allreduce"]
@@ -58,6 +59,7 @@ def test_fit_inputs_and_validation_rows_share_no_source() -> None:
         curves["grouped_gemm"]
         + curves["mla_decode"]
         + curves["mla_prefill"]
+        + curves["mla_bmm"]
         + curves["gemm"]
         + curves["context_attention"]
         + curves["custom_allreduce"]
@@ -127,7 +129,7 @@ def test_committed_curves_are_small() -> None:
     # grouped-GEMM, MLA and DeepEP curves (~170 kB), the dense GEMM grids of 4 devices x 3
     # engines x 2-3 dtypes (11 x 8 x 8 points each), the context-attention curves and the
     # all-reduce latencies (6 devices x 3 engines x 2-4 GPU counts x 23 sizes); MLA decode at
-    # 6 head counts per rank (~95 kB)
+    # 6 head counts per rank (~95 kB), the absorbed-MLA batched GEMMs (~14 kB)
     assert (DATA / "kernel_curves.json").stat().st_size < 400_000
     json.loads((DATA / "kernel_curves.json").read_text())
 
@@ -332,6 +334,41 @@ def test_decode_prices_its_dense_gemms_at_the_engines_measured_latency() -> None
     assert seconds["dgx-b200"] > 3 * seconds["no curves"]
 
 
+def test_absorbed_mla_decode_runs_kv_b_as_its_two_measured_batched_gemms() -> None:
+    """In absorbed decode ``kv_b_proj`` is two batched GEMMs over the rank's heads (q_nope into
+    the latent, the attention output out of it): a TP8 rank of DeepSeek-V3 on a B200 (16 heads)
+    takes the SGLang table's ~9 us for the pair at one token, where the one GEMM of the same
+    weights is priced at ~6 us; prefill keeps the explicit GEMM; a device without the table
+    keeps the GEMM in decode too."""
+    from cost_model._common import EstimateOptions
+    from cost_model._inference import _attention_gemms, _gemms, _setup
+    from cost_model._inference_ops import attention_projections, kv_up_projection
+    from cost_model._kernel_curves import mla_bmm_time_s
+
+    model = get_model("deepseek-v3")
+    assert kv_up_projection(model) in attention_projections(model)
+    pair = mla_bmm_time_s(device_name="NVIDIA B200 SXM", tokens=1.0, heads=16, engine="sglang")
+    assert pair is not None and 6e-6 < pair[0] < 15e-6
+    assert mla_bmm_time_s(device_name="no such device", tokens=1.0, heads=16) is None
+    workload = Inference(
+        prompt_tokens=1000, output_tokens=64, weight_dtype="fp8", serving_engine="sglang"
+    )
+    table = table_from_columns(tp=8, etp=8, batch_size=1, phase=PHASE_CODES["decode"])
+    setup = _setup(
+        model=model,
+        cluster=get_preset("dgx-b200"),
+        workload=workload,
+        table=table,
+        options=EstimateOptions(),
+    )
+    one = np.ones(1)
+    explicit = _gemms(setup, one, attention_projections(model), setup.shard)
+    kv_up = _gemms(setup, one, (kv_up_projection(model),), setup.shard)
+    decode = _attention_gemms(setup, one, decode=True)
+    assert decode[0] == pytest.approx(explicit[0] - kv_up[0] + pair[0], rel=1e-9)
+    assert _attention_gemms(setup, one, decode=False)[0] == pytest.approx(explicit[0], rel=1e-9)
+
+
 def test_large_experts_are_priced_on_the_measured_shape_nearest_theirs() -> None:
     """At one token on 8 experts per device, Mixtral-8x7B's 4096 x 14336 experts stream far more
     bytes per expert than DeepSeek-V3's 7168 x 2048 against the same fixed routing and ramp:
@@ -394,6 +431,7 @@ def test_every_curve_names_the_engine_and_version_that_measured_it() -> None:
         curves["grouped_gemm"]
         + curves["mla_decode"]
         + curves["mla_prefill"]
+        + curves["mla_bmm"]
         + curves["gemm"]
         + curves["context_attention"]
         + curves["custom_allreduce"]
