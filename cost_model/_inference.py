@@ -65,7 +65,8 @@ a prefill pass's MHA/GQA core attention at the measured causal
 FlashAttention-class efficiency by prompt length and (sequence, head) pairs per call
 (``_kernel_curves.context_attention_time_s``), a decode step's routed experts as grouped GEMMs at
 their measured efficiency for M = tokens per expert, MLA decode attention at its measured efficiency
-by context length, batch and heads per rank, and DeepEP's low-latency all-to-all at its measured latency and bandwidths;
+by context length, batch and heads per rank and its ``kv_b_proj`` as the two measured batched
+GEMMs of the absorbed form, and DeepEP's low-latency all-to-all at its measured latency and bandwidths;
 kernels timed by a table pay no per-kernel floor on top (``_measured_kernels_per_pass``).
 A TP all-reduce (prefill and decode) over NVLink-connected ranks of one node takes the serving
 engine's measured latency for its message size and GPU count (``_kernel_curves.all_reduce_time_s``:

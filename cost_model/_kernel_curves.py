@@ -46,6 +46,10 @@ MHA/GQA context attention (``context_attention``) has an efficiency by prompt le
 (sequence, query head) pairs of one call, its kernel's parallel work (``context_attention_time_s``);
 prefill prices full causal attention of head size 128 with it.
 
+The two batched GEMMs of absorbed MLA decode (``mla_bmm``: q_nope through W_UK, the attention
+output through W_UV, in place of ``kv_b_proj``) are kept as measured latencies by tokens and
+heads per rank (``mla_bmm_time_s``): at a few tokens they are launch-bound.
+
 Tensor-parallel all-reduces (``custom_allreduce``) are kept as measured latencies, not
 efficiencies: by serving engine, GPU count and message size, each engine's own kernels (vLLM's and
 SGLang's custom one-/two-shot all-reduce over NVLink peer memory, NCCL above their size limit;
