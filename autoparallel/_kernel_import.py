@@ -5,7 +5,8 @@ per-operator latency tables measured per device, engine and engine version under
 ``aiconfigurator_core/systems/data/<device>/<op>/<engine>/<version>/*.parquet``. Only
 operator tables are read — the fused MoE expert layer (``moe/*/moe_perf.parquet``, for the
 expert shapes of ``EXPERT_SHAPES``), MLA decode and prefill attention
-(``mla/*/generation_mla_perf.parquet``, ``context_mla_perf.parquet``) and dense GEMMs
+(``mla/*/generation_mla_perf.parquet``, ``context_mla_perf.parquet``), the batched GEMMs of
+absorbed MLA decode (``mla_bmm/*/mla_bmm_perf.parquet``, kept as measured) and dense GEMMs
 (``gemm/*/gemm_perf.parquet``, on the grid of ``GEMM_M_GRID`` x ``GEMM_NK_GRID``^2) and the
 serving engines' tensor-parallel all-reduce (``comm/*/custom_allreduce_perf.parquet``: latency by
 message size and GPU count, kept as measured). End-to-end tables of whole serving
@@ -16,7 +17,8 @@ Each measured point becomes an *efficiency*: the project's own ideal time for th
 (``cost_model._kernel_curves.grouped_gemm_ideal_s`` / ``mla_decode_ideal_s``, rooflines at the
 device's peak FLOP/s and memory bandwidth) over the measured latency. The reduced curves —
 efficiency at a fixed log grid of tokens per expert for each number of experts per device, one
-per (device, engine, dtype); efficiency by context length for MLA decode — are written as one
+per (device, engine, dtype); efficiency by context length and batch for MLA decode, one per head
+count per rank — are written as one
 small JSON file with the package, version, file and licence of every curve.
 
 Re-run: ``autoparallel profile --import-aiconfigurator PATH`` (PATH: an unpacked wheel or the
@@ -37,6 +39,7 @@ from cost_model import (
     GEMM_M_GRID,
     GEMM_NK_GRID,
     GROUPED_GEMM_SHAPE,
+    MLA_CURVE_HEADS,
     TOKENS_PER_EXPERT_GRID,
     attention_flops_per_key,
     dtype_bytes,
@@ -63,7 +66,6 @@ DEVICES = {
 DTYPES = {"bfloat16": "bf16", "fp8_block": "fp8", "nvfp4": "fp4", "int4_wo": "int4"}
 ENGINES = ("trtllm", "sglang", "vllm")
 FORBIDDEN_FILE = "silicon_sample"
-MLA_BATCH = 64  # decode sequences per MLA call of the imported rows (128 heads: one rank, tp 1)
 
 
 def _read(path: Path) -> list[dict]:
@@ -213,7 +215,9 @@ def _side_bytes(
     return float(routed_bytes_per_assignment(model, act=2.0, cast=cast, etp=1.0))
 
 
-#: MLA operator tables: (file, batch of the kept rows, ideal-time function of (hardware, batch, tokens)).
+#: Fewest heads per rank of the MLA decode rows kept: the catalog's MLA models (64 or 128 heads)
+#: at tensor parallelism up to 16.
+MLA_MIN_HEADS = 4
 #: MLA operator tables: file, and the batch sizes kept (decode: all; prefill: one prompt).
 _MLA_TABLES = {
     "mla_decode": ("generation_mla_perf.parquet", None),
@@ -221,65 +225,126 @@ _MLA_TABLES = {
 }
 
 
-def _mla_ideal_s(kind: str, *, hardware, batch: int, tokens: np.ndarray) -> np.ndarray:
-    """Ideal seconds of one MLA layer of DeepSeek-V3 (128 heads): absorbed-form decode of one
-    token at ``tokens`` context, or an explicit-form causal prefill of a ``tokens`` prompt."""
+def _mla_ideal_s(kind: str, *, hardware, batch: int, tokens: np.ndarray, heads: int) -> np.ndarray:
+    """Ideal seconds of one MLA layer of DeepSeek-V3's head shape over ``heads`` heads on one
+    rank: absorbed-form decode of one token at ``tokens`` context (every head reads the one
+    latent), or an explicit-form causal prefill of a ``tokens`` prompt."""
     if kind == "mla_decode":
-        return mla_decode_ideal_s(hardware=hardware, batch=batch, context_tokens=tokens, heads=128)
+        return mla_decode_ideal_s(
+            hardware=hardware, batch=batch, context_tokens=tokens, heads=heads
+        )
     from autoparallel._catalog import get_model
 
-    per_key = attention_flops_per_key(get_model("deepseek-v3"), decode=False)
+    per_key = attention_flops_per_key(get_model("deepseek-v3"), decode=False) * heads / 128
     flops = batch * tokens * (tokens + 1.0) / 2.0 * per_key  # causal: query i attends i keys
     return flops / hardware.peak_flops_for("bf16")
 
 
-def _mla_latencies(path: Path, kind: str) -> dict[int, dict[int, float]]:
-    """Fastest measured seconds by batch, then by length: keys the decoded token attends (context
-    plus itself) or the prompt's length; 128 heads on one rank, bf16 cache."""
+def _mla_latencies(path: Path, kind: str) -> dict[int, dict[int, dict[int, float]]]:
+    """Fastest measured seconds by heads per rank, then batch, then length: keys the decoded
+    token attends (context plus itself) or the prompt's length; bf16 cache. The tables' heads
+    are one rank's (``num_heads`` x ``tp_size`` is the model's); decode keeps every head count
+    measured down to ``MLA_MIN_HEADS``, the heads a tensor-parallel rank runs (DeepSeek-V3's 128
+    over tp 8: 16), prefill the 128 of one rank."""
     keep = _MLA_TABLES[kind][1]
-    table: dict[int, dict[int, float]] = {}
+    table: dict[int, dict[int, dict[int, float]]] = {}
     for row in _read(path):
-        batch = int(row["batch_size"])
+        batch, heads = int(row["batch_size"]), int(row["num_heads"])
         if (
-            row["num_heads"] != 128
+            (kind != "mla_decode" and heads != MLA_CURVE_HEADS)
+            or heads < MLA_MIN_HEADS
             or row["kv_cache_dtype"] != "bfloat16"
             or (keep and batch not in keep)
         ):
             continue
         length = int(row["isl"]) + (int(row["step"]) if kind == "mla_decode" else 0)
-        lengths = table.setdefault(batch, {})
+        lengths = table.setdefault(heads, {}).setdefault(batch, {})
         lengths[length] = min(lengths.get(length, np.inf), float(row["latency"]) * 1e-3)
-    return {batch: lengths for batch, lengths in table.items() if len(lengths) >= 4}
+    kept = {
+        heads: {batch: lengths for batch, lengths in batches.items() if len(lengths) >= 4}
+        for heads, batches in table.items()
+    }
+    return {heads: batches for heads, batches in kept.items() if batches}
 
 
 def _mla_curves(root: Path, device: str, engine: str, kind: str) -> list[dict]:
-    """MLA attention efficiency by length for each measured batch (DeepSeek-V3's attention), from
-    the newest table with 4+ lengths: on the lengths of the smallest batch, each batch's curve
-    interpolated in log(length) and held beyond its longest measured length."""
+    """MLA attention efficiency by length for each measured batch (DeepSeek-V3's attention), one
+    curve per head count per rank, from the newest table with 4+ lengths: on the lengths of the
+    smallest batch, each batch's curve interpolated in log(length) and held beyond its longest
+    measured length."""
     hardware = get_preset(DEVICES[device]).device
     for path in _latest_tables(root, device, "mla", engine, _MLA_TABLES[kind][0]):
-        table = _mla_latencies(path, kind)
-        if not table:
-            continue
-        grid = np.array(sorted(table[min(table)]), dtype=np.float64)
-        by_batch = {}
-        for batch, lengths in sorted(table.items()):
-            measured_at = np.array(sorted(lengths), dtype=np.float64)
-            ideal = _mla_ideal_s(kind, hardware=hardware, batch=batch, tokens=measured_at)
-            efficiency = ideal / np.array([lengths[int(n)] for n in measured_at])
-            values = np.interp(np.log(grid), np.log(measured_at), efficiency)
-            by_batch[str(batch)] = [round(float(e), 4) for e in np.clip(values, 1e-3, 1.0)]
-        return [
-            {
-                "device": hardware.name,
-                "engine": engine,
-                "engine_version": path.parent.name,
-                "dtype": "bf16",
-                "file": str(path.relative_to(root.parent)),
-                "context_tokens": grid.tolist(),
-                "efficiency_by_batch": by_batch,
-            }
-        ]
+        tables = _mla_latencies(path, kind)
+        curves = []
+        for heads, table in sorted(tables.items(), reverse=True):
+            grid = np.array(sorted(table[min(table)]), dtype=np.float64)
+            by_batch = {}
+            for batch, lengths in sorted(table.items()):
+                measured_at = np.array(sorted(lengths), dtype=np.float64)
+                ideal = _mla_ideal_s(
+                    kind, hardware=hardware, batch=batch, tokens=measured_at, heads=heads
+                )
+                efficiency = ideal / np.array([lengths[int(n)] for n in measured_at])
+                values = np.interp(np.log(grid), np.log(measured_at), efficiency)
+                by_batch[str(batch)] = [round(float(e), 4) for e in np.clip(values, 1e-3, 1.0)]
+            curves.append(
+                {
+                    "device": hardware.name,
+                    "engine": engine,
+                    "engine_version": path.parent.name,
+                    "dtype": "bf16",
+                    "heads": heads,
+                    "file": str(path.relative_to(root.parent)),
+                    "context_tokens": grid.tolist(),
+                    "efficiency_by_batch": by_batch,
+                }
+            )
+        if curves:
+            return curves
+    return []
+
+
+#: Tokens per call at which the absorbed-MLA batched GEMMs are kept (the tables' grid up to 8K).
+MLA_BMM_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+#: The two batched GEMMs of absorbed MLA decode (aiconfigurator ``mla_bmm`` op names): the
+#: queries' no-RoPE part into the latent (``q_nope x W_UK``) and the attention output back to
+#: the value heads (``x W_UV``), which together take the place of ``kv_b_proj``.
+MLA_BMM_OPS = ("mla_gen_pre", "mla_gen_post")
+
+
+def _mla_bmm_curves(root: Path, device: str, engine: str) -> list[dict]:
+    """Seconds of the absorbed-MLA batched GEMM pair (``MLA_BMM_OPS``, summed) by heads per rank
+    (4+) on ``MLA_BMM_TOKENS``, BF16 weights, kept as measured: from the newest
+    ``mla_bmm/<engine>/<version>/mla_bmm_perf.parquet`` that times both at every grid point."""
+    hardware = get_preset(DEVICES[device]).device
+    for path in _latest_tables(root, device, "mla_bmm", engine, "mla_bmm_perf.parquet"):
+        fastest: dict[tuple, float] = {}
+        for row in _read(path):
+            heads = int(row["num_heads"])
+            if row["bmm_dtype"] != "bfloat16" or heads < MLA_MIN_HEADS:
+                continue
+            key = (row["op_name"], heads, int(row["num_tokens"]))
+            fastest[key] = min(fastest.get(key, np.inf), float(row["latency"]) * 1e-3)
+        by_heads = {}
+        for heads in sorted({k[1] for k in fastest}):
+            keys = [(op, heads, t) for t in MLA_BMM_TOKENS for op in MLA_BMM_OPS]
+            if all(k in fastest for k in keys):
+                by_heads[str(heads)] = [
+                    float(f"{sum(fastest[(op, heads, t)] for op in MLA_BMM_OPS) * 1e6:.4g}")
+                    for t in MLA_BMM_TOKENS
+                ]
+        if by_heads:
+            return [
+                {
+                    "device": hardware.name,
+                    "engine": engine,
+                    "engine_version": path.parent.name,
+                    "dtype": "bf16",
+                    "ops": list(MLA_BMM_OPS),
+                    "file": str(path.relative_to(root.parent)),
+                    "latency_us_by_heads": by_heads,
+                }
+            ]
     return []
 
 
@@ -460,10 +525,11 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
         raise ValueError(
             f"path ({path}) must be an unpacked aiconfigurator-core wheel (no systems/data folder)"
         )
-    grouped, mla, prefill, gemm, context = [], [], [], [], []
+    grouped, mla, prefill, gemm, context, bmm = [], [], [], [], [], []
     for device in DEVICES:
         for engine in ENGINES:
             gemm += _gemm_curves(root, device, engine)
+            bmm += _mla_bmm_curves(root, device, engine)
             context += _context_attention_curves(root, device, engine)
             grouped += _grouped_gemm_curves(root, device, engine)
             mla += _mla_curves(root, device, engine, "mla_decode")
@@ -484,6 +550,8 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
         "grouped_gemm": grouped,
         "mla_decode": mla,
         "mla_prefill": prefill,
+        "mla_bmm_tokens": list(MLA_BMM_TOKENS),
+        "mla_bmm": bmm,
         "gemm_m_grid": GEMM_M_GRID.tolist(),
         "gemm_nk_grid": list(GEMM_NK_GRID),
         "gemm": gemm,

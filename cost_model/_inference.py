@@ -57,14 +57,16 @@ A pass the engine runs without a CUDA graph by default (``ServingProfile.prefill
 its largest captured size) launches each kernel from the host, so it takes at least its kernels
 times the host seconds per eager kernel (``eager_pass_host_s``; the host runs ahead of the GPU
 asynchronously, so the larger of the two is the pass; the wait is charged to compute).
-Where imported operator tables cover the device (``_kernel_curves``), a prefill pass's dense
-GEMMs (attention projections, dense FFN, shared experts: ``_inference_ops.*_projections``) run
-at the serving engine's measured efficiency for their shape (M = tokens per rank, N x K = the
-rank's slice of each projection) and its MHA/GQA core attention at the measured causal
+Where imported operator tables cover the device (``_kernel_curves``), a pass's dense GEMMs
+(attention projections, dense FFN, shared experts: ``_inference_ops.*_projections``), prefill
+and decode alike, run at the serving engine's measured latency for their shape (M = tokens per
+rank, N x K = the rank's slice of each projection; the W8A8 activation quantization included),
+a prefill pass's MHA/GQA core attention at the measured causal
 FlashAttention-class efficiency by prompt length and (sequence, head) pairs per call
 (``_kernel_curves.context_attention_time_s``), a decode step's routed experts as grouped GEMMs at
 their measured efficiency for M = tokens per expert, MLA decode attention at its measured efficiency
-by context length, and DeepEP's low-latency all-to-all at its measured latency and bandwidths;
+by context length, batch and heads per rank and its ``kv_b_proj`` as the two measured batched
+GEMMs of the absorbed form, and DeepEP's low-latency all-to-all at its measured latency and bandwidths;
 kernels timed by a table pay no per-kernel floor on top (``_measured_kernels_per_pass``).
 A TP all-reduce (prefill and decode) over NVLink-connected ranks of one node takes the serving
 engine's measured latency for its message size and GPU count (``_kernel_curves.all_reduce_time_s``:
@@ -105,7 +107,6 @@ from cost_model._common import (
 )
 from cost_model._kernel_curves import (
     DEVICE_ALIASES,
-    MLA_CURVE_HEADS,
     all_reduce_time_s,
     context_attention_time_s,
     deepep_low_latency_s,
@@ -114,6 +115,7 @@ from cost_model._kernel_curves import (
     grouped_experts_time_s,
     grouped_gemm_efficiency,
     kernel_curves,
+    mla_bmm_time_s,
     mla_efficiency,
     mla_time_s,
     projections_time_s,
@@ -325,27 +327,27 @@ def _mm(s: _Setup, flops, bytes_moved) -> np.ndarray:
     )
 
 
-def _gemms(s: _Setup, tokens, projections, shard, *, decode: bool) -> np.ndarray:
+def _gemms(s: _Setup, tokens, projections, shard, *, dtype: str | None = None) -> np.ndarray:
     """The GEMMs of one block over ``tokens`` per device, each projection's split width divided
-    by ``shard``. In prefill every GEMM runs at the serving engine's measured efficiency for its
-    shape (``_kernel_curves.projections_time_s``: M = tokens, N x K = one rank's slice) where
-    its operator tables cover the device and weight dtype; decode and devices without tables
-    keep the calibrated roofline (decode: see ``_kernel_curves``)."""
-    measured = (
-        None
-        if decode
-        else s.rows.evaluate(
-            partial(projections_time_s, projections=projections),
-            hardware=s.cluster.device,
-            dtype=s.workload.weight_dtype,
-            m=np.asarray(tokens, dtype=np.float64),
-            shard=np.asarray(shard, dtype=np.float64),
-            engine=s.profile.engine,
-        )
+    by ``shard``, with weights in ``dtype`` (default: the workload's weight dtype). Prefill and
+    decode alike, every GEMM runs at the serving engine's measured latency for its shape
+    (``_kernel_curves.projections_time_s``: M = tokens, N x K = one rank's slice) where its
+    operator tables cover the device and dtype; the tables time the activation quantization a
+    W8A8 GEMM launches before it (aiconfigurator's SGLang collector times
+    ``sglang_per_token_group_quant_fp8`` + DeepGEMM per block-FP8 call, in a CUDA graph), which
+    the roofline misses. Devices without tables keep the calibrated roofline."""
+    dtype = dtype or s.workload.weight_dtype
+    measured = s.rows.evaluate(
+        partial(projections_time_s, projections=projections),
+        hardware=s.cluster.device,
+        dtype=dtype,
+        m=np.asarray(tokens, dtype=np.float64),
+        shard=np.asarray(shard, dtype=np.float64),
+        engine=s.profile.engine,
     )
     if measured is not None:
         return measured
-    wb = dtype_bytes(s.workload.weight_dtype)
+    wb = dtype_bytes(dtype)
     total = np.zeros_like(np.asarray(tokens, dtype=np.float64))
     for n, k, split in projections:
         n_rank = n / shard if split == "n" else np.full_like(shard, float(n))
@@ -354,18 +356,38 @@ def _gemms(s: _Setup, tokens, projections, shard, *, decode: bool) -> np.ndarray
     return np.asarray(total)
 
 
+def _attention_gemms(s: _Setup, tokens, *, decode: bool) -> np.ndarray:
+    """The GEMMs of one attention block over ``tokens`` per device (``_gemms``). Absorbed MLA
+    decode runs ``kv_b_proj`` as its two batched GEMMs over the rank's heads, at their measured
+    latency where a table covers the device (``_kernel_curves.mla_bmm_time_s``)."""
+    model = s.model
+    projections = ops.attention_projections(model)
+    bmm = None
+    if decode and model.attention.kind == "mla":
+        bmm = s.rows.evaluate(
+            mla_bmm_time_s,
+            device_name=s.hardware.name,
+            tokens=np.asarray(tokens, dtype=np.float64),
+            heads=model.attention.num_heads / s.shard,
+            engine=s.profile.engine,
+        )
+    if bmm is None:
+        return _gemms(s, tokens, projections, s.shard)
+    kv_up = ops.kv_up_projection(model)
+    rest = tuple(projection for projection in projections if projection != kv_up)
+    return _gemms(s, tokens, rest, s.shard) + bmm
+
+
 def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     """Matmuls and element-wise kernels of one pass on each pipeline rank, (3, n) seconds."""
     model, lay, wb = s.model, s.layout, dtype_bytes(s.workload.weight_dtype)
     act = dtype_bytes(s.workload.activation_dtype)
     attention_tokens, rank_tokens = _tokens(s, p)
     tp = s.column("tp")
-    total = lay.layers * _gemms(
-        s, attention_tokens, ops.attention_projections(model), s.shard, decode=p.decode
-    )
+    total = lay.layers * _attention_gemms(s, attention_tokens, decode=p.decode)
     dense_tokens = np.where(s.attention_dp, attention_tokens * tp, attention_tokens)
     total = total + lay.dense_layers * _gemms(
-        s, dense_tokens, ops.ffn_projections(model, model.ffn_hidden_size), tp, decode=p.decode
+        s, dense_tokens, ops.ffn_projections(model, model.ffn_hidden_size), tp
     )
     total = total + lay.moe_layers * _moe_time(s, attention_tokens, rank_tokens, decode=p.decode)
     head_tokens = p.batch * p.head_tokens / s.column("cp") * np.where(s.attention_dp, tp, 1.0)
@@ -395,29 +417,43 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     return total + kernels * s.profile.kernel_floor_s / np.where(s.two_batch, 2.0, 1.0)
 
 
-#: Kernels of an MoE block inside the fused MoE layer the operator tables time (router top-k,
-#: permute, the grouped GEMMs, activation, un-permute: ``_training.kernels_per_layer``'s 8).
-_FUSED_MOE_KERNELS = 8.0
+#: Kernels of an MoE block inside the fused MoE layer the operator tables time (top-k, permute,
+#: the grouped GEMMs, activation, un-permute: ``_training.kernels_per_layer``'s 8 less the router
+#: GEMM, which the tables take as input and ``_router_time`` prices as a GEMM).
+_FUSED_MOE_KERNELS = 7.0
 
 
 def _measured_kernels_per_pass(s: _Setup, *, decode: bool) -> np.ndarray | float:
     """Kernels of a pass whose time is a measured operator latency, where ``_kernel_curves``
-    covers the device: in prefill the dense GEMMs (``_gemms``: attention projections, dense FFN,
-    shared experts), in decode the fused MoE layer and MLA attention. The table's latency
-    already holds their launch-to-launch gaps, ramps and tails, so they pay no floor on top."""
+    covers the device: the dense GEMMs (``_gemms``: attention projections, dense FFN, shared
+    experts), in decode also the fused MoE layer and MLA attention. The table's latency already
+    holds their launch-to-launch gaps, ramps and tails, so they pay no floor on top."""
+    key = f"_measured_kernels_per_pass_{decode}"  # the same for every pass of one setup
+    if key not in s.__dict__:
+        s.__dict__[key] = _count_measured_kernels(s, decode=decode)
+    return s.__dict__[key]
+
+
+def _count_measured_kernels(s: _Setup, *, decode: bool) -> np.ndarray | float:
     lay, model, device = s.layout, s.model, s.hardware
     kernels: np.ndarray | float = 0.0
-    if (
-        not decode
-        and gemm_efficiency(
-            device_name=device.name, dtype=s.workload.weight_dtype, m=1.0, n=1.0, k=1.0
-        )
+    gemm_curves = (
+        gemm_efficiency(device_name=device.name, dtype=s.workload.weight_dtype, m=1.0, n=1.0, k=1.0)
         is not None
-    ):
+    )
+    if gemm_curves:
         kernels = lay.layers * float(len(ops.attention_projections(model)))
         kernels = kernels + lay.dense_layers * float(len(ops.ffn_projections(model, 1)))
         if model.moe is not None and model.moe.num_shared_experts:
             kernels = kernels + lay.moe_layers * float(len(ops.ffn_projections(model, 1)))
+    if (
+        model.moe is not None
+        and gemm_efficiency(
+            device_name=device.name, dtype=s.workload.activation_dtype, m=1.0, n=1.0, k=1.0
+        )
+        is not None
+    ):
+        kernels = kernels + lay.moe_layers * float(len(ops.router_projections(model)))
     if (
         decode
         and model.moe is not None
@@ -430,6 +466,13 @@ def _measured_kernels_per_pass(s: _Setup, *, decode: bool) -> np.ndarray | float
         is not None
     ):
         kernels = kernels + lay.moe_layers * _FUSED_MOE_KERNELS
+    if (
+        decode
+        and model.attention.kind == "mla"
+        and not gemm_curves
+        and mla_bmm_time_s(device_name=device.name, tokens=1.0, heads=1.0) is not None
+    ):
+        kernels = kernels + lay.layers * 1.0  # kv_b_proj, run as the measured batched GEMMs
     if (
         decode
         and model.attention.kind == "mla"
@@ -531,13 +574,18 @@ def _moe_time(
         return np.zeros_like(attention_tokens)
     wb, act = dtype_bytes(s.workload.weight_dtype), dtype_bytes(s.workload.activation_dtype)
     ep, etp = s.column("ep"), s.column("etp")
-    router = _mm(s, 2.0 * model.router_parameters() * rank_tokens, model.router_parameters() * wb)
+    router = _gemms(
+        s,
+        rank_tokens,
+        ops.router_projections(model),
+        np.ones_like(rank_tokens),
+        dtype=s.workload.activation_dtype,
+    )
     shared = _gemms(
         s,
         attention_tokens,
         ops.ffn_projections(model, moe.num_shared_experts * moe.shared_ffn_size),
         s.shard,
-        decode=decode,
     )
     group_tokens = rank_tokens * ep * etp
     mean_assignments = group_tokens * moe.top_k / ep
@@ -603,9 +651,8 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     if (
         p.decode and model.attention.kind == "mla"
     ):  # FlashMLA-class kernels at their measured efficiency (prefill: see _kernel_curves)
-        # one call per rank: its sequences, over its share of the heads (a fraction of a curve's
-        # 128-head sequence) and of each context (cp)
-        sequences = p.batch * model.attention.num_heads / (s.shard * MLA_CURVE_HEADS)
+        # one call per rank: all its sequences, over its share of the heads and of each context
+        # (cp); every head reads the sequence's whole latent, so the bytes are all sequences'
         measured = s.rows.evaluate(
             mla_time_s,
             kind="mla_decode",
@@ -614,7 +661,8 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
             flops=flops,
             bytes_moved=kv_read * kv_fraction,
             tokens=read_tokens / s.column("cp"),
-            batch=sequences,
+            batch=p.batch,
+            heads=model.attention.num_heads / s.shard,
             engine=s.profile.engine,  # the serving engine's own attention kernel where measured
         )
         if measured is not None:  # (prefill keeps the calibrated efficiency: see _kernel_curves)

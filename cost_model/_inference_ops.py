@@ -183,28 +183,33 @@ Projection = tuple[int, int, str]
 
 def attention_projections(model: ModelSpec) -> tuple[Projection, ...]:
     """The GEMMs of one attention block (HF module names). MLA: ``q_a_proj`` and
-    ``kv_a_proj_with_mqa`` replicated (``_common.attention_replicated_parameters``), ``q_b_proj``
-    and ``kv_b_proj`` column-parallel, ``o_proj`` row-parallel (DeepSeek-V2 sec. 2.1.2, explicit
-    form; vLLM ``DeepseekV2MLAAttention``); MHA/GQA: the fused ``qkv_proj`` column-parallel and
-    ``o_proj`` row-parallel (Megatron-LM, Shoeybi et al. 2019)."""
+    ``kv_a_proj_with_mqa`` replicated (``_common.attention_replicated_parameters``) and run as
+    one GEMM on the hidden state they share (SGLang ``fused_qkv_a_proj_with_mqa``,
+    ``models/deepseek_v2.py``; vLLM ``fused_qkv_a_proj``), ``q_b_proj`` and ``kv_b_proj``
+    column-parallel, ``o_proj`` row-parallel (DeepSeek-V2 sec. 2.1.2, explicit form; vLLM
+    ``DeepseekV2MLAAttention``); MHA/GQA: the fused ``qkv_proj`` column-parallel and ``o_proj``
+    row-parallel (Megatron-LM, Shoeybi et al. 2019)."""
     a, h = model.attention, model.hidden_size
     if a.kind == "mla":
-        q_width = a.num_heads * a.qk_head_dim
-        query: tuple[Projection, ...] = (
-            ((a.q_lora_rank, h, ""), (q_width, a.q_lora_rank, "n"))
+        q_width, kv_a_width = a.num_heads * a.qk_head_dim, a.kv_lora_rank + a.qk_rope_head_dim
+        down: tuple[Projection, ...] = (
+            ((a.q_lora_rank + kv_a_width, h, ""), (q_width, a.q_lora_rank, "n"))
             if a.q_lora_rank
-            else ((q_width, h, "n"),)
+            else ((kv_a_width, h, ""), (q_width, h, "n"))
         )
-        return (
-            *query,
-            (a.kv_lora_rank + a.qk_rope_head_dim, h, ""),
-            (a.num_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, "n"),
-            (h, a.num_heads * a.v_head_dim, "k"),
-        )
+        return (*down, kv_up_projection(model), (h, a.num_heads * a.v_head_dim, "k"))
     return (
         ((a.num_heads + 2 * a.num_kv_heads) * a.head_dim, h, "n"),
         (h, a.num_heads * a.head_dim, "k"),
     )
+
+
+def kv_up_projection(model: ModelSpec) -> Projection:
+    """MLA's ``kv_b_proj``: the latent up to every head's no-RoPE key and value. Absorbed decode
+    (DeepSeek-V2 sec. 2.1.2) runs it as two batched GEMMs per head instead, the queries into the
+    latent through W_UK and the attention output out of it through W_UV, on the same weights."""
+    a = model.attention
+    return (a.num_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, "n")
 
 
 def ffn_projections(model: ModelSpec, width: int) -> tuple[Projection, ...]:
@@ -212,6 +217,15 @@ def ffn_projections(model: ModelSpec, width: int) -> tuple[Projection, ...]:
     the down projection row-parallel (Megatron-LM)."""
     h = model.hidden_size
     return ((int(_gated(model)) * width, h, "n"), (h, width, "k"))
+
+
+def router_projections(model: ModelSpec) -> tuple[Projection, ...]:
+    """The router of an MoE block: one GEMM of the hidden state onto the routed experts' logits
+    (and a shared-expert gate where the model has one), replicated on every rank and run in the
+    activation dtype: the engines do not quantize it (SGLang ``MoEGate`` holds a plain weight;
+    vLLM's gate is a ``ReplicatedLinear`` without a quantization config)."""
+    assert model.moe is not None
+    return ((model.router_parameters() // model.hidden_size, model.hidden_size, ""),)
 
 
 def _gated(model: ModelSpec) -> float:

@@ -7,7 +7,9 @@ device and weight dtype, where the ideal time is the cost model's own for the sa
 (``grouped_gemm_ideal_s``: the roofline of the expert FFNs' FLOPs and weight bytes, plus the
 permute / activation / un-permute memory passes that the fused MoE kernel also runs,
 ``_inference_ops.routed_bytes_per_assignment``). MLA decode attention likewise has an efficiency
-by context length (``mla_decode_ideal_s``: absorbed-form FLOPs and latent-cache bytes).
+by context length, batch and heads per rank (``mla_decode_ideal_s``: absorbed-form FLOPs and
+latent-cache bytes); a tensor-parallel rank runs its share of the heads over all its sequences,
+reading every sequence's whole latent, and is priced on the rows measured at that head count.
 
 The curves live in ``cost_model/data/kernel_curves.json``, written by
 ``autoparallel profile --import-aiconfigurator`` from NVIDIA's aiconfigurator-core operator
@@ -25,14 +27,16 @@ Dense GEMMs (``gemm``: attention projections, dense FFN, shared experts) have cu
 shape: efficiency (``gemm_ideal_s`` / measured latency, the fastest kernel the engine ships at
 each point) on a grid of M (tokens in the call) x N x K (one rank's slice), trilinear in the logs
 (``gemm_efficiency``); TP8 slices of DeepSeek-V3 run at 0.1-0.5 of FP8 peak where the training
-calibration's one efficiency says 0.8. Prefill prices its dense GEMMs with them. Decode does not
-yet: with them Day-6's decode unit (SLO-bound, its step time nearly flat in the batch) loses a
-quarter of its batch (-18% -> -38% against the published rate) and the DeepSeek profile's decode
-goes -4% -> -14%, while the benchmark rows' TPOT improves (mean |error| 54.9% -> 47.7%). The
-tables' small-M latencies are real kernel time, so the decode pass is likely missing a term
-that offsets them (one candidate: speculative decoding with DeepSeek-V3's multi-token
-prediction module, arXiv:2412.19437 sec. 5.4.3, which the model does not price); until it is
-found, decode keeps the roofline. The MLA prefill curves (``mla_prefill``) are
+calibration's one efficiency says 0.8. Prefill and decode price their dense GEMMs with them.
+A table's point is the engine's whole W8A8 call: aiconfigurator's SGLang collector times the
+per-token-group FP8 quantization of the activations and the DeepGEMM GEMM together, replayed in a
+CUDA graph (``collector/sglang/collect_gemm.py``), so the activation cast the roofline leaves out
+is in it. At decode's M they agree with DeepSeek's own kernel benchmarks (H800, DeepGEMM README
+at commit a6d97a1, the GEMM alone: M = 64, N x K = 7168 x 16384 in 45 us, 4096 x 7168 in 13 us,
+7168 x 2048 in 6 us; the H100 SGLang table, with the quantization: 48, 16 and 10 us). Pricing decode with them lowers Day-6's
+SLO-bound decode unit (-18% -> -34% against the published rate) and the DeepSeek profile's
+decode (-4% -> -12%): with GEMMs at DeepSeek's own measured speed, what those units over-price
+lies elsewhere. The MLA prefill curves (``mla_prefill``) are
 imported but not used: priced with the serving engine's own kernel, SGLang's (0.18 of BF16 peak
 against TRT-LLM's 0.55), LMSYS's SGLang prefill rows improve (+22% -> +0.4% at 4K) but the
 Day-6 and profile prefill units, DeepSeek's own engine validated with SGLang's profile, fall to
@@ -41,6 +45,10 @@ Day-6 and profile prefill units, DeepSeek's own engine validated with SGLang's p
 MHA/GQA context attention (``context_attention``) has an efficiency by prompt length and by the
 (sequence, query head) pairs of one call, its kernel's parallel work (``context_attention_time_s``);
 prefill prices full causal attention of head size 128 with it.
+
+The two batched GEMMs of absorbed MLA decode (``mla_bmm``: q_nope through W_UK, the attention
+output through W_UV, in place of ``kv_b_proj``) are kept as measured latencies by tokens and
+heads per rank (``mla_bmm_time_s``): at a few tokens they are launch-bound.
 
 Tensor-parallel all-reduces (``custom_allreduce``) are kept as measured latencies, not
 efficiencies: by serving engine, GPU count and message size, each engine's own kernels (vLLM's and
@@ -65,7 +73,8 @@ from cost_model._units import dtype_bytes
 #: (hidden, expert FFN width, routed experts, top-k) of DeepSeek-V3's experts: the default shape
 #: of a lookup and of a curve that names none.
 GROUPED_GEMM_SHAPE = (7168, 2048, 256, 8)
-#: Heads of the imported MLA rows (DeepSeek-V3's 128, one rank): the unit of a curve's batch.
+#: Heads per rank of an MLA curve that names none (DeepSeek-V3's 128 on one rank); prefill curves
+#: are measured there, decode curves at every head count a tensor-parallel rank runs.
 MLA_CURVE_HEADS = 128
 #: Tokens per expert at which curves are stored: 1/32 .. 512 by powers of two.
 TOKENS_PER_EXPERT_GRID = np.exp2(np.arange(-5.0, 10.0))
@@ -232,37 +241,125 @@ def grouped_gemm_efficiency(
 
 
 def mla_efficiency(
-    *, kind: str, device_name: str, tokens, batch=1.0, engine: str | None = None
+    *,
+    kind: str,
+    device_name: str,
+    tokens,
+    batch=1.0,
+    heads=MLA_CURVE_HEADS,
+    engine: str | None = None,
 ) -> np.ndarray | None:
     """Measured MLA efficiency (best over engines), or None: ``kind`` ``mla_decode`` at a
     context of ``tokens``, or ``mla_prefill`` of a ``tokens``-long prompt, for ``batch``
-    sequences of 128 heads per call (a call over fewer heads counts as that fraction of a
-    sequence). Interpolated in log(length) and log(batch), held beyond the measured range;
-    ``engine``'s own kernels where it measured the device."""
-    device_name = DEVICE_ALIASES.get(device_name, device_name)
+    sequences of ``heads`` heads per call (one rank's: a tensor-parallel rank runs its share of
+    the heads over every sequence and reads each sequence's whole latent). Linear in log(length),
+    log(batch) and log(heads) between the measured points (a curve that names no head count has
+    128), held beyond them; ``engine``'s own kernels where it measured the device."""
+    tables = _mla_tables(kind, DEVICE_ALIASES.get(device_name, device_name), engine)
+    if not tables:
+        return None
+    tokens, batch, heads = np.broadcast_arrays(
+        *(np.atleast_1d(np.asarray(x, dtype=np.float64)) for x in (tokens, batch, heads))
+    )
+    values = []
+    for head_grid, batch_grid, context_grid, efficiency in tables:
+        (h0, h1, wh), (b0, b1, wb), (c0, c1, wc) = (
+            _log_bracket(np.maximum(x, 1.0), grid)
+            for x, grid in ((heads, head_grid), (batch, batch_grid), (tokens, context_grid))
+        )
+        total = np.zeros(tokens.shape)
+        for hi, fh in ((h0, 1.0 - wh), (h1, wh)):
+            for bi, fb in ((b0, 1.0 - wb), (b1, wb)):
+                for ci, fc in ((c0, 1.0 - wc), (c1, wc)):
+                    total += fh * fb * fc * efficiency[hi, bi, ci]
+        values.append(total)
+    return np.max(values, axis=0)
+
+
+def _log_bracket(values: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Indices of the grid points either side of ``values`` and the weight of the upper one,
+    linear in the logs and clamped at the grid's ends (a one-point grid holds its value)."""
+    if grid.size == 1:
+        zero = np.zeros(values.shape, dtype=np.int64)
+        return zero, zero, np.zeros(values.shape)
+    index, weight = _grid_position(values, grid)
+    return index, index + 1, weight
+
+
+@lru_cache(maxsize=64)
+def _mla_tables(
+    kind: str, device_name: str, engine: str | None
+) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]:
+    """Per measured table (engine, file) of ``kind``: its head counts, batches and context
+    lengths, and the efficiency on that grid [heads x batch x length] (each head count's curves
+    interpolated onto the batches and lengths of the table, in the logs); empty without curves."""
     curves = _engine_curves(
         [c for c in kernel_curves().get(kind, ()) if c["device"] == device_name], engine
     )
+    tables = []
+    for source in sorted({(c["engine"], c["file"]) for c in curves}):
+        by_heads = sorted(
+            (c for c in curves if (c["engine"], c["file"]) == source),
+            key=lambda c: c.get("heads", MLA_CURVE_HEADS),
+        )
+        context = np.asarray(by_heads[0]["context_tokens"], dtype=np.float64)
+        batches = np.array(
+            sorted({float(b) for c in by_heads for b in c["efficiency_by_batch"]}),
+        )
+        grid = np.stack([_mla_curve_grid(c, context, batches) for c in by_heads])
+        heads = np.array([float(c.get("heads", MLA_CURVE_HEADS)) for c in by_heads])
+        tables.append((heads, batches, context, grid))
+    return tuple(tables)
+
+
+def _mla_curve_grid(curve: dict, context: np.ndarray, batches: np.ndarray) -> np.ndarray:
+    """One head count's curve on ``batches`` x ``context`` (linear in the logs, held at the ends)."""
+    own = sorted(curve["efficiency_by_batch"], key=float)
+    rows = np.stack(
+        [
+            np.interp(
+                np.log(context), np.log(curve["context_tokens"]), curve["efficiency_by_batch"][b]
+            )
+            for b in own
+        ]
+    )
+    log_own = np.log(np.array([float(b) for b in own]))
+    return np.stack(
+        [_between_rows(rows, log_own, np.full(context.size, np.log(b))) for b in batches]
+    )
+
+
+def mla_bmm_time_s(*, device_name: str, tokens, heads, engine: str | None = None):
+    """Measured seconds of the two batched GEMMs absorbed MLA decode runs in place of
+    ``kv_b_proj`` (DeepSeek-V2 sec. 2.1.2: the queries into the latent through W_UK, the
+    attention output out of it through W_UV; BF16 weights, as SGLang keeps a block-FP8
+    ``kv_b_proj``) for ``tokens`` tokens over ``heads`` heads per rank (``mla_bmm``); the
+    serving ``engine``'s own where measured, else the fastest; None where no table covers the
+    device. Linear in log(tokens) and log(heads) between measured points, held below them and
+    linear in the tokens beyond the largest (the work grows with them)."""
+    device_name = DEVICE_ALIASES.get(device_name, device_name)
+    curves = _engine_curves(
+        [c for c in kernel_curves().get("mla_bmm", ()) if c["device"] == device_name], engine
+    )
     if not curves:
         return None
-    log_tokens = np.log(np.maximum(np.atleast_1d(np.asarray(tokens, dtype=np.float64)), 1.0))
-    log_batch = np.log2(np.maximum(np.asarray(batch, dtype=np.float64), 1.0))
+    grid = np.asarray(kernel_curves()["mla_bmm_tokens"], dtype=np.float64)
+    tokens, heads = np.broadcast_arrays(
+        *(np.atleast_1d(np.asarray(x, dtype=np.float64)) for x in (tokens, heads))
+    )
+    tokens = np.maximum(tokens, 1.0)
+    (t0, t1, wt) = _log_bracket(tokens, grid)
+    beyond = np.maximum(tokens / grid[-1], 1.0)
     values = []
     for curve in curves:
-        batches = sorted(curve["efficiency_by_batch"], key=float)
-        rows = np.stack(
-            [
-                np.interp(
-                    log_tokens,
-                    np.log(curve["context_tokens"]),
-                    curve["efficiency_by_batch"][b],
-                )
-                for b in batches
-            ]
-        )
-        log_batches = np.log2(np.array([float(b) for b in batches]))
-        values.append(_between_rows(rows, log_batches, np.broadcast_to(log_batch, rows.shape[1:])))
-    return np.max(values, axis=0)
+        by_heads = sorted(curve["latency_us_by_heads"].items(), key=lambda item: float(item[0]))
+        latency = np.array([row for _, row in by_heads]) * 1e-6  # [heads x tokens]
+        h0, h1, wh = _log_bracket(np.maximum(heads, 1.0), np.array([float(h) for h, _ in by_heads]))
+        total = np.zeros(tokens.shape)
+        for hi, fh in ((h0, 1.0 - wh), (h1, wh)):
+            total += fh * ((1.0 - wt) * latency[hi, t0] + wt * latency[hi, t1])
+        values.append(total * beyond)
+    return np.min(values, axis=0)
 
 
 def context_attention_time_s(
@@ -353,13 +450,19 @@ def mla_time_s(
     bytes_moved,
     tokens,
     batch=1.0,
+    heads=MLA_CURVE_HEADS,
     engine: str | None = None,
 ) -> np.ndarray | None:
     """MLA attention of one layer: its roofline (``flops`` at the ``dtype`` peak, ``bytes_moved``
-    at the memory bandwidth) over the measured efficiency (``mla_efficiency`` at ``tokens`` and
-    ``batch``); None without a curve."""
+    at the memory bandwidth) over the measured efficiency (``mla_efficiency`` at ``tokens``,
+    ``batch`` and ``heads`` per call); None without a curve."""
     efficiency = mla_efficiency(
-        kind=kind, device_name=hardware.name, tokens=tokens, batch=batch, engine=engine
+        kind=kind,
+        device_name=hardware.name,
+        tokens=tokens,
+        batch=batch,
+        heads=heads,
+        engine=engine,
     )
     if efficiency is None:
         return None
