@@ -152,8 +152,10 @@ class EstimateOptions(BaseModel):
     parts (Megatron-core ``--cuda-graph-impl transformer_engine``, scopes ``attn``,
     ``moe_router``, ``moe_preprocess``: the dropless dispatch, the experts and the combine
     stay eager); ``full_iteration``, the whole forward and backward (sync-free dispatch
-    only). It decides whether the host issue time of the expert segment can be exposed
-    (``_training_host``).
+    only). ``cuda_graph_scope``: the scopes a ``partial`` capture covers (Megatron-core
+    ``--cuda-graph-scope``; the run's recipe records them). What is captured costs the host
+    one graph launch instead of issuing each operator (``_training_host``: a stretch takes
+    max(host issue time, GPU time)).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -179,6 +181,11 @@ class EstimateOptions(BaseModel):
     optimizer_instances: int = Field(default=1, ge=1)
     expert_parallel_comm_overlap: bool = False
     cuda_graphs: Literal["none", "partial", "full_iteration"] = "none"
+    cuda_graph_scope: tuple[Literal["attn", "moe_router", "moe_preprocess"], ...] = (
+        "attn",
+        "moe_router",
+        "moe_preprocess",
+    )
 
     def calibration_for(self, hardware) -> Calibration:
         return self.calibration if self.calibration is not None else calibration_for(hardware)

@@ -18,7 +18,39 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["FrameworkProfile", "framework_names", "framework_profile"]
+__all__ = ["FrameworkProfile", "HostOpCounts", "framework_names", "framework_profile"]
+
+
+class HostOpCounts(BaseModel):
+    """Operators the host issues per layer and pass (forward, backward), counted from the
+    framework's code, and the host seconds per eagerly issued operator; ``basis`` says where
+    each count comes from (``_training_host``). Expert GEMMs are counted apart, one per local
+    expert and ``GroupedLinear`` call (``FrameworkProfile.expert_gemm_host_s``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    attention_forward: float = Field(ge=0.0)
+    attention_backward: float = Field(ge=0.0)
+    #: Core attention issued as separate kernels (batched GEMMs, softmax, dropout) instead of
+    #: one fused kernel: the extra forward operators (twice that in backward).
+    unfused_attention_extra: float = Field(ge=0.0)
+    dense_mlp_forward: float = Field(ge=0.0)
+    dense_mlp_backward: float = Field(ge=0.0)
+    router_forward: float = Field(default=0.0, ge=0.0)
+    router_backward: float = Field(default=0.0, ge=0.0)
+    dispatch_preprocess_forward: float = Field(default=0.0, ge=0.0)
+    dispatch_preprocess_backward: float = Field(default=0.0, ge=0.0)
+    expert_segment_forward: float = Field(default=0.0, ge=0.0)
+    expert_segment_backward: float = Field(default=0.0, ge=0.0)
+    shared_experts_forward: float = Field(default=0.0, ge=0.0)
+    shared_experts_backward: float = Field(default=0.0, ge=0.0)
+    embedding_forward: float = Field(ge=0.0)
+    embedding_backward: float = Field(ge=0.0)
+    lm_head_forward: float = Field(ge=0.0)
+    lm_head_backward: float = Field(ge=0.0)
+    eager_op_host_s: float = Field(gt=0.0, le=1e-3)
+    basis: str = Field(min_length=1)
+    eager_op_host_source: str = Field(min_length=1)
 
 
 class FrameworkProfile(BaseModel):
@@ -46,6 +78,7 @@ class FrameworkProfile(BaseModel):
     moe_dispatch_host_sync: bool = False
     expert_gemm_host_s: float = Field(default=0.0, ge=0.0, le=1e-3)
     moe_host_source: str = ""
+    host_ops: HostOpCounts | None = None
     source: str = Field(min_length=1)
 
 

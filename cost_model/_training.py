@@ -81,7 +81,7 @@ from cost_model._training_comm import (
     table_collective_times,
 )
 from cost_model._training_dp import contention_seconds, dp_and_optimizer, hidden_seconds
-from cost_model._training_host import exposed_expert_host_s
+from cost_model._training_host import LayerGpuParts, exposed_host_s
 from cost_model._workload import Training
 
 if TYPE_CHECKING:
@@ -491,16 +491,28 @@ def layer_host_time(ctx: TrainingContext) -> tuple[np.ndarray, np.ndarray]:
     return dense, moe_layer
 
 
-def _exposed_expert_host(
-    ctx: TrainingContext, *, moe_ffn: np.ndarray, times: CollectiveTimes
-) -> np.ndarray:
-    """Host issue time of one MoE layer's dispatch-to-combine segment beyond its GPU time
-    (``_training_host``), forward; the segment's GPU time is the MoE block less its router
-    plus the forward all-to-alls. The backward takes twice it with the rest of the layer."""
+def _host_gpu_parts(
+    ctx: TrainingContext,
+    *,
+    moe_layer: np.ndarray,
+    moe_ffn: np.ndarray,
+    rest_forward: np.ndarray,
+    backward: np.ndarray,
+    times: CollectiveTimes,
+) -> LayerGpuParts:
+    """GPU seconds of the parts the host issue time is compared with (``_training_host``): an
+    MoE layer's dispatch-to-combine segment is its MoE block less the router plus the forward
+    all-to-alls; the rest of the layer comes before the dispatch's host sync."""
     if ctx.model.moe is None:
-        return np.zeros_like(ctx.tokens)
-    segment = moe_ffn - training_moe.router_time(ctx) + times.ep_exchange
-    return exposed_expert_host_s(ctx, segment_gpu_s=segment)
+        zeros = np.zeros_like(ctx.tokens)
+        return LayerGpuParts(zeros, zeros, rest_forward, backward)
+    segment = moe_ffn - training_moe.router_time(ctx)
+    return LayerGpuParts(
+        moe_before_sync=moe_layer - segment,
+        moe_after_sync=segment + times.ep_exchange,
+        rest_forward=rest_forward,
+        backward=backward,
+    )
 
 
 def gradient_accumulation_time(ctx: TrainingContext) -> np.ndarray:
@@ -555,15 +567,7 @@ def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatc
         common + core + dense_ffn + dense_launches * overhead + dense_sharded + dense_host / 3.0
     )
     moe_ffn = moe_ffn_time(ctx)
-    moe_layer = (
-        common
-        + core
-        + moe_ffn
-        + moe_launches * overhead
-        + moe_sharded
-        + moe_host / 3.0
-        + _exposed_expert_host(ctx, moe_ffn=moe_ffn, times=times)
-    )
+    moe_layer = common + core + moe_ffn + moe_launches * overhead + moe_sharded + moe_host / 3.0
     # fp8 quantization kernels, forward + backward: a third here, as backward = 2 x forward.
     dense_layer = dense_layer + quantization_time_s(ctx, moe=False) / 3.0
     moe_layer = moe_layer + quantization_time_s(ctx, moe=True) / 3.0
@@ -574,6 +578,19 @@ def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatc
     core_backward_factor = 2.5 if ctx.options.flash_attention else 2.0
     backward = 2.0 * (layers_forward + ends) + (core_backward_factor - 2.0) * layout.layers * core
     backward = backward + gradient_accumulation_time(ctx)
+    # A stretch of work takes at least the host's time to issue it (``_training_host``).
+    host_forward, host_backward = exposed_host_s(
+        ctx,
+        gpu=_host_gpu_parts(
+            ctx,
+            moe_layer=moe_layer,
+            moe_ffn=moe_ffn,
+            rest_forward=layout.dense_layers * dense_layer + ends,
+            backward=backward,
+            times=times,
+        ),
+    )
+    backward = backward + host_backward
     selective = np.asarray(ctx.table["recompute"]) == RECOMPUTE_CODES["selective"]
     modules = RecomputeWork(core=core, dense_ffn=dense_ffn, moe_ffn=moe_ffn)
     recompute = ctx.full_recompute_share * layers_forward + np.where(
@@ -584,7 +601,7 @@ def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatc
     )
     core_total = layout.layers * core * (1.0 + core_backward_factor) + core_recomputed * core
     return MicroBatchTimes(
-        forward=layers_forward + ends,
+        forward=layers_forward + ends + host_forward,
         backward=backward,
         recompute=recompute,
         core_attention=core_total,

@@ -1,71 +1,216 @@
-"""Host issue time of an MoE layer's expert segment that a dropless dispatch exposes.
+"""Host issue time of a micro-batch: a stretch of work takes at least the time the host needs to
+issue it.
 
-Host and device run concurrently: the host (Python, PyTorch, Transformer Engine, the CUDA
-driver) issues kernels ahead of the GPU, and a stretch of work takes max(host issue time, GPU
-time). A device-to-host synchronization drains that lead. Megatron-core's dropless token
-dispatchers need the token counts on the host: the all-to-all takes its split sizes there,
-and Transformer Engine's ``GroupedLinear`` takes the tokens of each local expert as a Python
-list; so every MoE layer's forward copies the counts to the host and waits for them before the
-all-to-all (``token_dispatcher.py``; DeepEP and HybridEP read the received count the same way
-unless a static capacity is given, ``fused_a2a.py``). After that wait the GPU is idle until the
-host issues the next kernel, and the segment from the dispatch to the combine - the two
-all-to-alls, the permutes and the experts - takes max(host, GPU) on its own: the host cannot
-have issued any of it early. Its host side is dominated by the experts: ``GroupedLinear``
-issues one cuBLASLt GEMM per local expert (``general_grouped_gemm``), for the gated fc1 and for
-fc2, each at a fixed host cost that does not shrink with the tokens
-(``FrameworkProfile.expert_gemm_host_s``, an operator-level measurement with its source in
-``data/framework_profiles.json``). What the host issue time exceeds the segment's GPU time by is
-exposed, every micro-batch and MoE layer.
+Host and device run concurrently: the host (Python, the PyTorch dispatcher, Transformer Engine,
+the CUDA driver's ``cudaLaunchKernel``) issues kernels ahead of the GPU, and the GPU cannot run
+a kernel before it is issued. Over a stretch of work with no device-to-host synchronization,
+issued in order, the GPU finishes no earlier than, for every split point, the host time to
+issue the ops before it plus the GPU time of the ops after it (list scheduling of two
+resources in series); with uniform blocks the maximum sits at a block boundary, so a stretch
+of blocks ``(host_i, gpu_i)`` takes ``max_k (sum host[:k] + sum gpu[k:])`` - at least
+``max(host, GPU)``.
 
-The backward runs the data- and weight-gradient GEMM of every forward GEMM and has no such
-wait; it is charged as twice the forward like the rest of the layer (the model's convention,
-Narayanan et al. SC'21 sec. 5.1), which holds the same host/GPU ratio.
+A synchronization drains the host's lead. Megatron-core's dropless token dispatchers need the
+token counts on the host (the all-to-all takes its split sizes there and Transformer Engine's
+``GroupedLinear`` takes the tokens of each local expert as a Python list), so every MoE layer's
+forward copies the counts to the host and waits before the all-to-all
+(``token_dispatcher.py`` ``_maybe_dtoh_and_synchronize``; DeepEP and HybridEP read the received
+count the same way unless a static capacity is given, ``fused_a2a.py``). The forward then splits
+into one stretch per MoE layer: the part after one layer's sync (all-to-alls, permutes,
+experts, combine) followed by the part before the next one's (attention, router, dispatch
+preprocessing); the dense layers and the model's ends form their own stretch. The backward
+reuses the split sizes and has no such wait: one stretch per micro-batch.
 
-Zero where the framework's dispatch does not wait on the host, where the run captures the
-whole iteration in a CUDA graph (``EstimateOptions.cuda_graphs == "full_iteration"``: one
-graph launch issues every kernel; it needs a sync-free dispatch), and for dense models. Per-layer
-TE graphs (``"partial"``: attention, router, dispatch preprocessing) leave the segment eager and
-change nothing here. Host costs of the other operators of the segment (permutes, quantization,
-activation) are not counted: the term is a lower bound of the exposed host time.
+The host side of each part is the framework's operator count per layer
+(``FrameworkProfile.host_ops``: counted from the framework's code, with the basis in
+``data/framework_profiles.json``) times the host seconds per eager operator (the hardware
+profile's measured ``eager_op_host_s`` where there is one, else the profile's sourced default),
+plus one cuBLASLt GEMM per local expert and ``GroupedLinear`` call at
+``FrameworkProfile.expert_gemm_host_s`` (two calls forward, a data- and a weight-gradient GEMM of
+each in backward). CUDA graphs remove the host cost of what they capture
+(``EstimateOptions.cuda_graphs``): ``partial`` replaces each captured scope
+(``EstimateOptions.cuda_graph_scope``: attention, router, dispatch preprocessing) by one graph
+launch per pass; ``full_iteration`` captures everything. Counts leave out the Python of each
+module around its kernels and the per-expert quantization of fp8 ``GroupedLinear`` calls:
+the host side is a lower bound.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from cost_model._frameworks import FrameworkProfile, HostOpCounts
     from cost_model._training import TrainingContext
 
-__all__ = ["expert_segment_host_s", "exposed_expert_host_s"]
+__all__ = ["HostParts", "LayerGpuParts", "host_parts", "exposed_host_s", "stretch_time_s"]
 
 #: GroupedLinear calls of one MoE layer's experts in a forward pass: the gated fc1 (gate and up
 #: projections in one weight) and fc2 (Megatron-core ``TEGroupedMLP``).
 GROUPED_LINEARS_PER_FORWARD = 2.0
+#: Backward GEMMs per forward GEMM: the data and the weight gradient.
+BACKWARD_GEMMS_PER_GEMM = 2.0
 
 
-def expert_segment_host_s(ctx: TrainingContext) -> np.ndarray:
-    """Host seconds to issue the expert GEMMs of one MoE layer's forward on one rank: one per
-    local expert and ``GroupedLinear`` call, at the framework's measured cost per expert GEMM;
-    zeros without a framework profile or for a dense model."""
-    moe, framework = ctx.model.moe, ctx.framework
-    if moe is None or framework is None:
-        return np.zeros_like(ctx.tokens)
-    local_experts = moe.num_routed_experts / ctx.column("ep")
-    per_gemm = framework.expert_gemm_host_s
-    return np.broadcast_to(GROUPED_LINEARS_PER_FORWARD * local_experts * per_gemm, ctx.tokens.shape)
+@dataclass(frozen=True)
+class HostParts:
+    """Host seconds to issue each part of one layer on one rank, forward and backward (each
+    broadcastable to the rows' shape)."""
+
+    attention_forward: np.ndarray
+    attention_backward: np.ndarray
+    moe_before_sync_forward: np.ndarray  # router + dispatch preprocessing (+ shared experts)
+    moe_after_sync_forward: np.ndarray  # all-to-alls, permutes, experts, combine
+    moe_backward: np.ndarray
+    dense_mlp_forward: np.ndarray
+    dense_mlp_backward: np.ndarray
+    embedding_forward: np.ndarray
+    embedding_backward: np.ndarray
+    lm_head_forward: np.ndarray  # final norm, output layer and loss
+    lm_head_backward: np.ndarray
 
 
-def exposed_expert_host_s(ctx: TrainingContext, *, segment_gpu_s: np.ndarray) -> np.ndarray:
-    """Seconds one MoE layer's forward waits on the host beyond ``segment_gpu_s``, the GPU time
-    of its dispatch-to-combine segment (dispatcher passes, experts, forward all-to-alls); zero
-    where the dispatch does not wait on the host or the whole iteration is one CUDA graph."""
+@dataclass(frozen=True)
+class LayerGpuParts:
+    """GPU seconds of one micro-batch's parts on each pipeline rank, as the layer model prices
+    them: one MoE layer's forward before its sync (attention, router, preprocessing) and after
+    it (the dispatch-to-combine segment with its all-to-alls), the forward of the dense layers
+    and ends of the stage, and the stage's whole backward."""
+
+    moe_before_sync: np.ndarray
+    moe_after_sync: np.ndarray
+    rest_forward: np.ndarray
+    backward: np.ndarray
+
+
+def eager_op_host_s(ctx: TrainingContext, framework: FrameworkProfile) -> float:
+    """Host seconds per eagerly issued operator: the hardware profile's measured value where
+    there is one (``topology`` ``eager_op_host_s``), else the framework's sourced default."""
+    measured = getattr(ctx.cluster.device, "eager_op_host_s", None)
+    assert framework.host_ops is not None
+    return framework.host_ops.eager_op_host_s if measured is None else float(measured)
+
+
+def _scoped(ctx: TrainingContext, scope: str, ops: float) -> float:
+    """Operators the host issues for one captured-or-eager scope: one graph launch where the
+    run captures it in a partial CUDA graph."""
+    if ctx.options.cuda_graphs == "partial" and scope in ctx.options.cuda_graph_scope:
+        return 1.0 if ops > 0 else 0.0
+    return ops
+
+
+def host_parts(ctx: TrainingContext) -> HostParts | None:
+    """Host seconds of each part of one layer (see ``HostParts``); None where the framework
+    has no operator counts or the whole iteration is one CUDA graph."""
     framework = ctx.framework
     if (
         framework is None
-        or not framework.moe_dispatch_host_sync
+        or framework.host_ops is None
         or ctx.options.cuda_graphs == "full_iteration"
     ):
-        return np.zeros(np.broadcast(ctx.tokens, segment_gpu_s).shape)
-    return np.maximum(expert_segment_host_s(ctx) - segment_gpu_s, 0.0)
+        return None
+    counts: HostOpCounts = framework.host_ops
+    op_s = eager_op_host_s(ctx, framework)
+    core_extra = 0.0 if ctx.options.flash_attention else counts.unfused_attention_extra
+    attention_fwd = _scoped(ctx, "attn", counts.attention_forward + core_extra)
+    attention_bwd = _scoped(ctx, "attn", counts.attention_backward + 2.0 * core_extra)
+    zeros = np.zeros_like(ctx.tokens)
+    moe = ctx.model.moe
+    if moe is None:
+        before = after = moe_bwd = zeros
+    else:
+        local_experts = moe.num_routed_experts / ctx.column("ep")
+        gemm_s = framework.expert_gemm_host_s
+        shared = 1.0 if moe.num_shared_experts else 0.0
+        before_ops = (
+            _scoped(ctx, "moe_router", counts.router_forward)
+            + _scoped(ctx, "moe_preprocess", counts.dispatch_preprocess_forward)
+            + shared * counts.shared_experts_forward
+        )
+        before = zeros + before_ops * op_s
+        after = (
+            zeros
+            + counts.expert_segment_forward * op_s
+            + GROUPED_LINEARS_PER_FORWARD * local_experts * gemm_s
+        )
+        backward_ops = (
+            _scoped(ctx, "moe_router", counts.router_backward)
+            + _scoped(ctx, "moe_preprocess", counts.dispatch_preprocess_backward)
+            + counts.expert_segment_backward
+            + shared * counts.shared_experts_backward
+        )
+        moe_bwd = (
+            zeros
+            + backward_ops * op_s
+            + BACKWARD_GEMMS_PER_GEMM * GROUPED_LINEARS_PER_FORWARD * local_experts * gemm_s
+        )
+    return HostParts(
+        attention_forward=zeros + attention_fwd * op_s,
+        attention_backward=zeros + attention_bwd * op_s,
+        moe_before_sync_forward=before,
+        moe_after_sync_forward=after,
+        moe_backward=moe_bwd,
+        dense_mlp_forward=zeros + counts.dense_mlp_forward * op_s,
+        dense_mlp_backward=zeros + counts.dense_mlp_backward * op_s,
+        embedding_forward=zeros + counts.embedding_forward * op_s,
+        embedding_backward=zeros + counts.embedding_backward * op_s,
+        lm_head_forward=zeros + counts.lm_head_forward * op_s,
+        lm_head_backward=zeros + counts.lm_head_backward * op_s,
+    )
+
+
+def stretch_time_s(blocks: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Seconds a sync-free stretch of blocks ``(host_s, gpu_s)``, issued in order, takes:
+    ``max_k (sum host[:k] + sum gpu[k:])`` over the block boundaries ``k``."""
+    suffix_gpu = np.asarray(sum(gpu for _, gpu in blocks))
+    best = suffix_gpu
+    prefix_host = np.zeros_like(suffix_gpu)
+    for host, gpu in blocks:
+        prefix_host = prefix_host + host
+        suffix_gpu = suffix_gpu - gpu
+        best = np.maximum(best, prefix_host + suffix_gpu)
+    return best
+
+
+def exposed_host_s(ctx: TrainingContext, *, gpu: LayerGpuParts) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds one micro-batch waits on its host beyond the GPU time of its parts, on each
+    pipeline rank: (forward, backward); zeros without operator counts or under a full-iteration
+    CUDA graph. The forward of an MoE layer with a host sync is one stretch of the part after
+    the previous layer's sync and the part before its own; without a sync (or a dense model)
+    the forward is one stretch, and the backward is one stretch."""
+    layout = ctx.layout
+    zeros = np.zeros(np.broadcast(ctx.tokens, gpu.backward).shape)
+    parts = host_parts(ctx)
+    if parts is None:
+        return zeros, zeros
+    moe_layers, dense_layers = layout.moe_layers, layout.dense_layers
+    host_dense_fwd = parts.attention_forward + parts.dense_mlp_forward
+    host_rest_fwd = (
+        dense_layers * host_dense_fwd
+        + layout.has_embedding * parts.embedding_forward
+        + layout.has_lm_head * parts.lm_head_forward
+    )
+    host_before = parts.attention_forward + parts.moe_before_sync_forward
+    host_after = parts.moe_after_sync_forward
+    syncs = ctx.framework is not None and ctx.framework.moe_dispatch_host_sync
+    if syncs:
+        per_moe_layer = stretch_time_s(
+            [(host_after, gpu.moe_after_sync), (host_before, gpu.moe_before_sync)]
+        ) - (gpu.moe_after_sync + gpu.moe_before_sync)
+        rest = np.maximum(host_rest_fwd - gpu.rest_forward, 0.0)
+        forward = moe_layers * per_moe_layer + rest
+    else:
+        host_fwd = host_rest_fwd + moe_layers * (host_before + host_after)
+        gpu_fwd = gpu.rest_forward + moe_layers * (gpu.moe_before_sync + gpu.moe_after_sync)
+        forward = np.maximum(host_fwd - gpu_fwd, 0.0)
+    host_bwd = (
+        dense_layers * (parts.attention_backward + parts.dense_mlp_backward)
+        + moe_layers * (parts.attention_backward + parts.moe_backward)
+        + layout.has_embedding * parts.embedding_backward
+        + layout.has_lm_head * parts.lm_head_backward
+    )
+    backward = np.maximum(host_bwd - gpu.backward, 0.0)
+    return zeros + forward, zeros + backward
