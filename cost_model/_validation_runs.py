@@ -64,11 +64,15 @@ def run_model(record: dict) -> ModelSpec:
 
 
 def run_workload(record: dict) -> Training:
+    """The run's training workload; ``fp8_recipe`` where its table states one (Megatron-Bridge's
+    FP8-CS: current scaling, FP8-MX / MXFP8: MXFP8), else the default."""
+    recipe = {"fp8_recipe": record["fp8_recipe"]} if "fp8_recipe" in record else {}
     return Training(
         sequence_length_tokens=record["seq_len"],
         global_batch_sequences=record["global_batch"],
         precision=record["precision"],
         framework=record["framework"],
+        **recipe,
     )
 
 
