@@ -21,6 +21,10 @@ per (device, engine, dtype); efficiency by context length and batch for MLA deco
 count per rank — are written as one
 small JSON file with the package, version, file and licence of every curve.
 
+MLA decode also gets curves of one kernel from its authors' published figures (DeepSeek's
+FlashMLA, ``cost_model/data/flashmla_decode.json``: README throughput at the benchmark's shapes,
+``flashmla_decode_curves``), written with the imported ones under engine ``"flashmla"``.
+
 Re-run: ``autoparallel profile --import-aiconfigurator PATH`` (PATH: an unpacked wheel or the
 ``aiconfigurator_core`` folder); needs ``pyarrow`` (``pip install pyarrow``).
 """
@@ -304,6 +308,56 @@ def _mla_curves(root: Path, device: str, engine: str, kind: str) -> list[dict]:
     return []
 
 
+#: Published kernel figures kept as MLA decode curves: data file in ``cost_model/data`` -> engine
+#: name of its curves (a kernel, not a serving engine: a workload asks for it by name,
+#: ``Inference.mla_decode_kernel``).
+PUBLISHED_MLA_DECODE = {"flashmla_decode.json": "flashmla"}
+
+
+def flashmla_decode_curves() -> list[dict]:
+    """FlashMLA's dense decoding kernel as MLA decode curves, one per query-head count, from its
+    published throughput (``cost_model/data/flashmla_decode.json``, FlashMLA README at the commit
+    it names): at each shape of the benchmark the README's figures come from, the kernel takes
+    the longer of its FLOPs at the compute-bound figure and its bytes at the memory-bound one
+    (FLOPs and bytes as the benchmark counts them); efficiency is the cost model's ideal time
+    (``mla_decode_ideal_s`` at the preset's peaks) over that time."""
+    from importlib import resources
+
+    ((name, engine),) = PUBLISHED_MLA_DECODE.items()
+    data = json.loads((resources.files("cost_model") / "data" / name).read_text())
+    hardware = get_preset(data["device_preset"]).device
+    context = np.asarray(data["cache_tokens"], dtype=np.float64)
+    d, dv, size = data["head_dim_k"], data["head_dim_v"], data["element_bytes"]
+    curves = []
+    for heads in sorted(data["query_heads"], reverse=True):
+        by_batch = {}
+        for batch in data["batch"]:
+            keys = batch * context
+            flops = keys * heads * (d + dv) * 2.0
+            bytes_moved = (keys * d + batch * heads * (d + dv)) * size
+            kernel_s = np.maximum(
+                flops / data["compute_bound_flops_per_s"],
+                bytes_moved / data["memory_bound_bytes_per_s"],
+            )
+            ideal = mla_decode_ideal_s(
+                hardware=hardware, batch=batch, context_tokens=context, heads=heads
+            )
+            by_batch[str(batch)] = [round(float(e), 4) for e in ideal / kernel_s]
+        curves.append(
+            {
+                "device": hardware.name,
+                "engine": engine,
+                "engine_version": data["commit"][:7],
+                "dtype": "bf16",
+                "heads": heads,
+                "file": f"{data['repository']} README.md@{data['commit'][:7]} (cost_model/data/{name})",
+                "context_tokens": context.tolist(),
+                "efficiency_by_batch": by_batch,
+            }
+        )
+    return curves
+
+
 #: Tokens per call at which the absorbed-MLA batched GEMMs are kept (the tables' grid up to 8K).
 MLA_BMM_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 #: The two batched GEMMs of absorbed MLA decode (aiconfigurator ``mla_bmm`` op names): the
@@ -534,6 +588,7 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
             grouped += _grouped_gemm_curves(root, device, engine)
             mla += _mla_curves(root, device, engine, "mla_decode")
             prefill += _mla_curves(root, device, engine, "mla_prefill")
+    mla += flashmla_decode_curves()
     allreduce = [
         curve
         for device in ALLREDUCE_DEVICES
@@ -543,7 +598,8 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
     return {
         "_source": f"{PACKAGE} {version} (PyPI wheel, NVIDIA, Apache-2.0): per-operator tables under "
         "aiconfigurator_core/systems/data; each curve names its file. Derived by autoparallel._kernel_import "
-        "(efficiency = the cost model's ideal time / measured latency); silicon_sample.csv is never read.",
+        "(efficiency = the cost model's ideal time / measured latency); silicon_sample.csv is never read. "
+        "MLA decode curves of engine 'flashmla': DeepSeek's published FlashMLA figures (cost_model/data/flashmla_decode.json).",
         "_license": "Apache-2.0 (derived data; copyright NVIDIA CORPORATION & AFFILIATES for the measurements)",
         "kind": "fit_input",
         "tokens_per_expert_grid": TOKENS_PER_EXPERT_GRID.tolist(),
@@ -566,6 +622,12 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
 def write_kernel_curves(path: str | Path, *, output: str | Path, version: str) -> dict:
     """Import and write the curves as JSON; returns them."""
     curves = import_aiconfigurator(path, version=version)
+    dump_kernel_curves(curves, output=output)
+    return curves
+
+
+def dump_kernel_curves(curves: dict, *, output: str | Path) -> None:
+    """Write ``curves`` as the shipped JSON layout."""
     text = json.dumps(curves, indent=1)
     # one line per list of numbers: the file stays small and a re-import diffs point by point
     text = re.sub(
@@ -574,7 +636,6 @@ def write_kernel_curves(path: str | Path, *, output: str | Path, version: str) -
         text,
     )
     Path(output).write_text(text + "\n")
-    return curves
 
 
 #: DeepEP low-latency tables measured on 1-8 nodes of 8 GPUs (hidden 7168, top-8 of 256 experts).

@@ -663,7 +663,8 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
             tokens=read_tokens / s.column("cp"),
             batch=p.batch,
             heads=model.attention.num_heads / s.shard,
-            engine=s.profile.engine,  # the serving engine's own attention kernel where measured
+            # the workload's named kernel, else the serving engine's own where measured
+            engine=s.workload.mla_decode_kernel or s.profile.engine,
         )
         if measured is not None:  # (prefill keeps the calibrated efficiency: see _kernel_curves)
             return measured

@@ -29,7 +29,11 @@ training rows. Nothing here is fitted on these rows: they are an out-of-sample c
 The same units fully loaded with equal 4K prompts and balanced routing, as DeepSeek profiled them
 (``data/dsv3_profile.json``, ``validate_dsv3_profile``), compute about twice as many prompt tokens
 per node and second as Day 6 reports without its cache hits (62.7k against 32.2k); the model
-predicts those profiles within 7%, so the hardware side is not what separates the two.
+predicts those profiles within 8%, so the hardware side is not what separates the two.
+
+Both pools run DeepSeek's own kernels: MLA decode is FlashMLA at its published figures
+(``DEEPSEEK_MLA_DECODE_KERNEL``; with the SGLang tables instead the decode rows are -34% and
+-12%, not -17% and -7%).
 """
 
 from __future__ import annotations
@@ -51,6 +55,11 @@ from cost_model._workload import Inference
 
 #: The published TPOT is a range of 20-22 tokens/s per user; its midpoint is the SLO.
 PUBLISHED_TOKENS_PER_S_PER_USER = 21.0
+#: DeepSeek's serving decodes MLA with its own kernel, FlashMLA ("powering DeepSeek-V3", FlashMLA
+#: README; its deep-dive, docs/20250422-new-kernel-deep-dive.md, sizes it for the Day-6 system's
+#: decode instances, 128 query heads without tensor parallelism): priced from its published
+#: figures (``data/flashmla_decode.json``), not from another engine's tables.
+DEEPSEEK_MLA_DECODE_KERNEL: Literal["flashmla"] = "flashmla"
 H800_PRESET = "hgx-h800"
 
 
@@ -112,6 +121,7 @@ def day6_workload() -> Inference:
         weight_dtype="fp8",
         activation_dtype="bf16",
         kv_dtype="bf16",
+        mla_decode_kernel=DEEPSEEK_MLA_DECODE_KERNEL,
         **spread,
     )
 
@@ -252,6 +262,7 @@ def _profile_case(record: dict) -> tuple[Inference, ServingConfig, float, str]:
         "weight_dtype": "fp8",
         "activation_dtype": "bf16",
         "kv_dtype": "bf16",
+        "mla_decode_kernel": DEEPSEEK_MLA_DECODE_KERNEL if record["engine"] == "deepseek" else None,
     }
     if record["phase"] == "prefill":
         workload = Inference(prompt_tokens=record["prompt_tokens"], output_tokens=1, **precision)

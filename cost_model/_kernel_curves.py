@@ -36,11 +36,25 @@ at commit a6d97a1, the GEMM alone: M = 64, N x K = 7168 x 16384 in 45 us, 4096 x
 7168 x 2048 in 6 us; the H100 SGLang table, with the quantization: 48, 16 and 10 us). Pricing decode with them lowers Day-6's
 SLO-bound decode unit (-18% -> -34% against the published rate) and the DeepSeek profile's
 decode (-4% -> -12%): with GEMMs at DeepSeek's own measured speed, what those units over-price
-lies elsewhere. The MLA prefill curves (``mla_prefill``) are
+lies elsewhere, in their MLA decode (next paragraph: -17% and -7% with it). The MLA prefill curves (``mla_prefill``) are
 imported but not used: priced with the serving engine's own kernel, SGLang's (0.18 of BF16 peak
 against TRT-LLM's 0.55), LMSYS's SGLang prefill rows improve (+22% -> +0.4% at 4K) but the
 Day-6 and profile prefill units, DeepSeek's own engine validated with SGLang's profile, fall to
 -32% / -20%; with the best kernel instead Day-6 prefill is +30%.
+
+MLA decode also has curves of one kernel from its authors' published figures rather than an
+engine's tables: DeepSeek's FlashMLA (engine ``"flashmla"``, ``data/flashmla_decode.json``: up to
+3000 GB/s memory-bound and 660 TFLOPS compute-bound on the H800 SXM5, README at c2067be, at its
+benchmark's batch 128, 4K-16K cache and 16-128 query heads; ``_kernel_import.flashmla_decode_curves``).
+At DeepSeek-V3's 128 heads it runs at 0.81 of the roofline where the imported H100 tables of
+SGLang's FA3 and TensorRT-LLM's kernels measure 0.66-0.76. They price a workload that names the
+kernel (``Inference.mla_decode_kernel``: DeepSeek's own serving, ``_inference_validation``) and
+never enter the best over engines: vLLM 0.33 picks FLASH_ATTN_MLA before FLASHMLA on SM90
+(``vllm/platforms/cuda.py`` ``_get_backend_priorities``) and SGLang 0.5.23 picks ``fa3`` for MLA
+on Hopper (``srt/arg_groups/model_override_base.py``), the kernel of its H100/H200 tables
+(``kernel_source`` flash_attention). Outside the benchmark's shapes the curve is held like every
+other (a few-sequence call is not what the README measured); on devices other than the H800 and
+its H100 twin the engines' tables price FlashMLA.
 
 MHA/GQA context attention (``context_attention``) has an efficiency by prompt length and by the
 (sequence, query head) pairs of one call, its kernel's parallel work (``context_attention_time_s``);
@@ -156,10 +170,16 @@ def _curve_shape(curve: dict) -> tuple[int, ...]:
     return GROUPED_GEMM_SHAPE if shape is None else tuple(shape.values())
 
 
+#: Curves of one kernel from its authors' published figures, not of a serving engine's tables:
+#: priced only where asked for by name (``Inference.mla_decode_kernel``), never in the best over
+#: engines (a serving engine that does not run the kernel by default does not get it).
+PUBLISHED_KERNELS = frozenset({"flashmla"})
+
+
 def _engine_curves(curves: list[dict], engine: str | None) -> list[dict]:
     """The serving engine's own curves where it measured them, else every engine's (best)."""
     own = [c for c in curves if c.get("engine") == engine]
-    return own or curves
+    return own or [c for c in curves if c.get("engine") not in PUBLISHED_KERNELS]
 
 
 @lru_cache(maxsize=64)
@@ -249,7 +269,8 @@ def mla_efficiency(
     heads=MLA_CURVE_HEADS,
     engine: str | None = None,
 ) -> np.ndarray | None:
-    """Measured MLA efficiency (best over engines), or None: ``kind`` ``mla_decode`` at a
+    """Measured MLA efficiency (best over serving engines, or ``engine``'s: a serving engine or
+    a published kernel, ``PUBLISHED_KERNELS``), or None: ``kind`` ``mla_decode`` at a
     context of ``tokens``, or ``mla_prefill`` of a ``tokens``-long prompt, for ``batch``
     sequences of ``heads`` heads per call (one rank's: a tensor-parallel rank runs its share of
     the heads over every sequence and reads each sequence's whole latent). Linear in log(length),
@@ -294,7 +315,12 @@ def _mla_tables(
     lengths, and the efficiency on that grid [heads x batch x length] (each head count's curves
     interpolated onto the batches and lengths of the table, in the logs); empty without curves."""
     curves = _engine_curves(
-        [c for c in kernel_curves().get(kind, ()) if c["device"] == device_name], engine
+        [
+            c
+            for c in kernel_curves().get(kind, ())
+            if DEVICE_ALIASES.get(c["device"], c["device"]) == device_name
+        ],
+        engine,
     )
     tables = []
     for source in sorted({(c["engine"], c["file"]) for c in curves}):

@@ -97,7 +97,10 @@ class Inference(BaseModel):
     picks the largest concurrency that memory and the SLOs allow. The SLOs bound the p90 TTFT
     and p90 TPOT. ``serving_engine`` picks the per-step and per-request floors
     (``data/serving_profiles.json``) and the default chunked-prefill budget
-    (``max_batched_tokens``, tokens per iteration).
+    (``max_batched_tokens``, tokens per iteration). ``mla_decode_kernel`` names an MLA decode
+    kernel other than the serving engine's default, priced from its published figures where it
+    has them (``"flashmla"``: DeepSeek's FlashMLA, the kernel of DeepSeek's own serving; None:
+    the engine's own measured kernel, ``_kernel_curves.mla_efficiency``).
     """
 
     model_config = _STRICT
@@ -110,6 +113,7 @@ class Inference(BaseModel):
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
     serving_engine: Literal["vllm", "sglang", "trtllm"] = "sglang"
+    mla_decode_kernel: Literal["flashmla"] | None = None
     max_batched_tokens: int | None = None
     weight_dtype: Dtype = "bf16"
     kv_dtype: Dtype = "bf16"

@@ -38,16 +38,6 @@ def test_rows_compare_with_the_published_figures(rows) -> None:
         assert row.unit == "tokens/s/node" and "per H800 node" in row.metric
 
 
-#: Why the decode units of DeepSeek's own engine miss their band: with the dense GEMMs at their
-#: measured latency (which agrees with DeepGEMM's README at decode's M, ``_kernel_curves``), the
-#: step is over-priced elsewhere: its MLA decode, priced at the H100 tables' 0.65 of HBM bandwidth
-#: (SGLang's and TensorRT-LLM's kernels alike), where FlashMLA reports up to 3000 GB/s on the
-#: H800 (0.9; FlashMLA README), over a quarter of the profile's decode step. Strict: the test
-#: fails once it is priced.
-DECODE_GAP = "MLA decode of DeepSeek's engine (FlashMLA) is not among the imported kernels"
-
-
-@pytest.mark.xfail(strict=True, reason=DECODE_GAP)
 def test_day6_decode_within_25_percent(rows) -> None:
     assert abs(rows["decode"].error) <= 0.25, rows["decode"]
 
@@ -92,7 +82,6 @@ def test_fully_loaded_profiles_within_10_percent() -> None:
     )  # the profile computes ~2x Day 6's uncached tokens
 
 
-@pytest.mark.xfail(strict=True, reason=DECODE_GAP)
 def test_fully_loaded_profile_decode_within_10_percent() -> None:
     (decode,) = [row for row in validate_dsv3_profile() if "decode" in row.name]
     assert abs(decode.error) <= 0.10, decode

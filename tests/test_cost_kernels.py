@@ -36,8 +36,14 @@ def test_curves_are_fit_inputs_with_a_source_file_each_and_no_end_to_end_table()
         + curves["context_attention"]
         + curves["custom_allreduce"]
     ]
-    assert files and all(
-        f.startswith("aiconfigurator_core/systems/data/") and f.endswith(".parquet") for f in files
+    published = [f for f in files if "flashmla_decode.json" in f]  # a kernel's own figures
+    imported = [f for f in files if f not in published]
+    assert imported and all(
+        f.startswith("aiconfigurator_core/systems/data/") and f.endswith(".parquet")
+        for f in imported
+    )
+    assert published and all(
+        f.startswith("https://github.com/deepseek-ai/FlashMLA README.md@") for f in published
     )
     assert not any("silicon_sample" in f for f in files)
     devices = {c["device"] for c in curves["grouped_gemm"]}
@@ -193,8 +199,9 @@ def test_importer_recovers_the_efficiency_of_a_synthetic_table(tmp_path: Path) -
     assert set(curve["experts_per_device"]) == {"32", "8"}
     for values in curve["experts_per_device"].values():
         np.testing.assert_allclose(values, 0.4, rtol=1e-3)
+    # no MLA table in the package: only the published FlashMLA figures, shipped with the model
     assert (
-        curves["mla_decode"] == []
+        {c["engine"] for c in curves["mla_decode"]} == {"flashmla"}
         and curves["deepep_low_latency"] == {}
         and curves["kind"] == "fit_input"
     )
@@ -235,6 +242,82 @@ def test_low_latency_all_to_all_pays_the_measured_fixed_latency() -> None:
         cluster=cluster,
     )
     assert one_token > 15e-6  # DeepEP's measured floor: ~16 us for a single token on 8 nodes
+
+
+def _flashmla_benchmark_call(heads: int, cache_tokens: float, batch: int = 128):
+    """FLOPs and bytes of one call of FlashMLA's benchmark (tests/test_flash_mla.py at c2067be:
+    d = 576, dv = 512, one KV head, one query token), and the model's seconds for it."""
+    from cost_model._kernel_curves import mla_time_s
+
+    keys = batch * cache_tokens
+    flops = keys * heads * (576 + 512) * 2.0
+    bytes_moved = (keys * 576 + batch * heads * (576 + 512)) * 2.0
+    seconds = mla_time_s(
+        kind="mla_decode",
+        hardware=get_preset("hgx-h800").device,
+        dtype="bf16",
+        flops=flops,
+        bytes_moved=keys * 576 * 2.0,  # what the cost model counts: the latent cache read
+        tokens=cache_tokens,
+        batch=batch,
+        heads=heads,
+        engine="flashmla",
+    )[0]
+    return flops, bytes_moved, seconds
+
+
+def test_flashmla_curve_reproduces_its_readme_figures_at_the_benchmark_shapes() -> None:
+    """FlashMLA README (c2067be): up to 660 TFLOPS compute-bound and 3000 GB/s memory-bound on the
+    H800 SXM5, at its benchmark's batch 128 and 4K-16K cache; 128 query heads (DeepSeek's decode
+    instances, no TP) is compute-bound, 16 (TP 8) memory-bound (its deep-dive: h_q >= 128)."""
+    published = json.loads((DATA / "flashmla_decode.json").read_text())
+    assert published["commit"].startswith("c2067be")
+    for cache_tokens in (4096.0, 8192.0, 16384.0):
+        flops, _, seconds = _flashmla_benchmark_call(128, cache_tokens)
+        assert flops / seconds == pytest.approx(660e12, rel=2e-3)
+        _, bytes_moved, seconds = _flashmla_benchmark_call(16, cache_tokens)
+        assert bytes_moved / seconds == pytest.approx(3000e9, rel=2e-3)
+    # above what the imported H100 tables measured for SGLang's and TensorRT-LLM's kernels at
+    # DeepSeek's 128 heads, batch 128, 4K cache (~0.66-0.68 of the roofline)
+    kwargs = dict(kind="mla_decode", tokens=4096.0, batch=128.0, heads=128.0)
+    flashmla = mla_efficiency(device_name="NVIDIA H800 SXM", engine="flashmla", **kwargs)[0]
+    for engine in ("sglang", "trtllm"):
+        assert mla_efficiency(device_name="NVIDIA H800 SXM", engine=engine, **kwargs)[0] < (
+            flashmla - 0.1
+        )
+    # the H800's kernels are the H100 SXM's (same die, clocks and HBM3)
+    assert mla_efficiency(device_name="NVIDIA H100 SXM", engine="flashmla", **kwargs)[0] == (
+        flashmla
+    )
+
+
+def test_flashmla_is_priced_only_where_asked_for() -> None:
+    """Neither vLLM 0.33 (FLASH_ATTN_MLA first on SM90) nor SGLang 0.5 (fa3 on Hopper) runs
+    FlashMLA by default: an engine without tables of its own keeps the best of the serving
+    engines' tables, and a device FlashMLA published nothing for keeps its engine's."""
+    kwargs = dict(kind="mla_decode", tokens=4096.0, batch=128.0, heads=128.0)
+    flashmla = mla_efficiency(device_name="NVIDIA H100 SXM", engine="flashmla", **kwargs)[0]
+    best = mla_efficiency(device_name="NVIDIA H100 SXM", engine=None, **kwargs)[0]
+    assert mla_efficiency(device_name="NVIDIA H100 SXM", engine="vllm", **kwargs)[0] == best
+    assert best < flashmla - 0.05
+    h200 = mla_efficiency(device_name="NVIDIA H200 SXM", engine="flashmla", **kwargs)[0]
+    assert h200 == mla_efficiency(device_name="NVIDIA H200 SXM", engine=None, **kwargs)[0]
+    model = get_model("deepseek-v3")
+    table = table_from_columns(
+        length=1, dp=8, ep=8, batch_size=np.array([128]), phase=PHASE_CODES["decode"]
+    )
+    attention = [
+        estimate_inference_table(
+            model=model,
+            cluster=get_preset("hgx-h800"),
+            workload=Inference(
+                prompt_tokens=4096, output_tokens=1, weight_dtype="fp8", mla_decode_kernel=kernel
+            ),
+            table=table,
+        )["time.decode_attention"][0]
+        for kernel in (None, "flashmla")
+    ]
+    assert attention[1] < 0.9 * attention[0]
 
 
 def test_mla_decode_is_far_less_efficient_for_a_few_sequences() -> None:
@@ -436,6 +519,9 @@ def test_every_curve_names_the_engine_and_version_that_measured_it() -> None:
         + curves["context_attention"]
         + curves["custom_allreduce"]
     ):
+        if curve["engine"] == "flashmla":  # the kernel's own published figures, at their commit
+            assert f"README.md@{curve['engine_version']} " in curve["file"], curve["file"]
+            continue
         assert curve["engine"] in {"trtllm", "sglang", "vllm"}
         assert f"/{curve['engine']}/{curve['engine_version']}/" in curve["file"], curve["file"]
 
