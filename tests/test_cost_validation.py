@@ -276,3 +276,27 @@ def test_held_out_errors_are_grouped_and_printed_per_run(capsys) -> None:
         and "megatron_bridge_perf" in printed
         and "each source predicted" in printed
     )
+
+
+# ------------------------------------------------------------- MoE step breakdown (diagnostic)
+def test_moe_breakdown_gap_is_the_published_step_less_the_predicted() -> None:
+    """benchmarks/moe_breakdown.py: the published step follows from the run's own figures
+    (global batch tokens / GPUs / published tokens per second per GPU), the modelled parts fit
+    in the modelled step, and the gap per layer pass has the sign of the throughput error."""
+    spec = importlib.util.spec_from_file_location(
+        "moe_breakdown", REPO / "benchmarks" / "moe_breakdown.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    case = next(
+        c
+        for c in training_cases()
+        if c.table == "megatron_bridge_perf" and c.run.startswith("Qwen3_30B_a3B DGX-B200")
+    )
+    record = next(r for r in published_records() if r.get("run") == case.run)
+    b = module.breakdown(case)
+    tokens_per_gpu = record["global_batch"] * record["seq_len"] / record["gpus"]
+    assert b["published_step_s"] == pytest.approx(tokens_per_gpu / record["published"], rel=1e-6)
+    assert sum(b[part] for part in module.PARTS) <= b["step_s"] * (1 + 1e-9)
+    assert np.sign(b["gap_per_layer_pass_ms"]) == np.sign(b["error"])
+    assert b["micro_batches"] * b["moe_layers_per_rank"] > 0
