@@ -63,7 +63,8 @@ and decode alike, run at the serving engine's measured latency for their shape (
 rank, N x K = the rank's slice of each projection; the W8A8 activation quantization included),
 a prefill pass's MHA/GQA core attention at the measured causal
 FlashAttention-class efficiency by prompt length and (sequence, head) pairs per call
-(``_kernel_curves.context_attention_time_s``), a decode step's routed experts as grouped GEMMs at
+(``_kernel_curves.context_attention_time_s``), a decode step's routed experts (and a prefill pass's
+without expert parallelism: the engine's fused MoE op, ``_moe_time``) as grouped GEMMs at
 their measured efficiency for M = tokens per expert, MLA decode attention at its measured efficiency
 by context length, batch and heads per rank and its ``kv_b_proj`` as the two measured batched
 GEMMs of the absorbed form, and DeepEP's low-latency all-to-all at its measured latency and bandwidths;
