@@ -63,7 +63,8 @@ and decode alike, run at the serving engine's measured latency for their shape (
 rank, N x K = the rank's slice of each projection; the W8A8 activation quantization included),
 a prefill pass's MHA/GQA core attention at the measured causal
 FlashAttention-class efficiency by prompt length and (sequence, head) pairs per call
-(``_kernel_curves.context_attention_time_s``), a decode step's routed experts as grouped GEMMs at
+(``_kernel_curves.context_attention_time_s``), a decode step's routed experts (and a prefill pass's
+without expert parallelism: the engine's fused MoE op, ``_moe_time``) as grouped GEMMs at
 their measured efficiency for M = tokens per expert, MLA decode attention at its measured efficiency
 by context length, batch and heads per rank and its ``kv_b_proj`` as the two measured batched
 GEMMs of the absorbed form, and DeepEP's low-latency all-to-all at its measured latency and bandwidths;
@@ -466,6 +467,10 @@ def _count_measured_kernels(s: _Setup, *, decode: bool) -> np.ndarray | float:
         is not None
     ):
         kernels = kernels + lay.moe_layers * _FUSED_MOE_KERNELS
+    if not decode and model.moe is not None:  # the prefill rows that run the fused MoE op
+        kernels = kernels + lay.moe_layers * _FUSED_MOE_KERNELS * _fused_prefill_moe(
+            s, decode=False
+        )
     if (
         decode
         and model.attention.kind == "mla"
@@ -564,11 +569,16 @@ def _moe_time(
     """Router, shared experts and routed experts of one MoE layer, (n,) seconds.
 
     Decode steps price the routed experts as the grouped GEMMs that run (``_grouped_experts_time``:
-    M = tokens per expert, measured curves). Prefill keeps the calibrated roofline: its experts
-    run DeepGEMM's contiguous-layout grouped GEMM behind DeepEP's normal kernels, which reaches
-    about 0.75 of FP8 peak at large M (DeepGEMM README, H800), while the imported tables' large-M
-    kernels (TRT-LLM CUTLASS, Triton) measure 0.3-0.5; until DeepGEMM's own tables are imported
-    the imported curves would misprice it."""
+    M = tokens per expert, measured curves). So does a prefill pass without expert parallelism
+    (``_fused_prefill_moe``): its tokens never leave the rank, and the engine runs the fused MoE
+    op the tables time (SGLang on Blackwell: FlashInfer's TRT-LLM MoE, routing through the
+    weighted combine in one call, ``layers/moe/moe_runner/flashinfer_trtllm.py``; the Triton
+    ``fused_moe`` elsewhere), so the combine passes of ``moe_token_bytes`` are in the measured
+    op. A prefill pass with ep > 1 keeps the calibrated roofline: its experts run DeepGEMM's
+    contiguous-layout grouped GEMM behind DeepEP's normal kernels, which reaches about 0.75 of FP8
+    peak at large M (DeepGEMM README, H800), while the imported tables' large-M kernels (TRT-LLM
+    CUTLASS, Triton) measure 0.3-0.5; until DeepGEMM's own tables are imported the imported
+    curves would misprice it."""
     model, moe = s.model, s.model.moe
     if moe is None:
         return np.zeros_like(attention_tokens)
@@ -607,11 +617,12 @@ def _moe_time(
         s, ops.moe_token_bytes(model, act=act, cast=cast, shard=s.shard) * attention_tokens
     )
     measured = None
+    fused = _fused_prefill_moe(s, decode=decode)
     # M = tokens per expert slot on the busiest rank; the expert width split over etp. The best
     # kernel over engines, not the serving engine's: the operator tables time one MoE backend per
     # engine version (SGLang's reaches 2% of peak at 256 tokens per expert on 2 experts per
     # device), not the DeepGEMM / CUTLASS kernels a deployment selects for its shape.
-    if decode:
+    if decode or np.any(fused):
         measured = s.rows.evaluate(
             grouped_experts_time_s,
             hardware=s.cluster.device,
@@ -623,10 +634,41 @@ def _moe_time(
             hidden_size=model.hidden_size,
             expert_ffn_size=moe.expert_ffn_hidden_size / etp,
         )
-    if measured is not None:
+    if measured is not None and decode:
         return router + shared + measured + token_passes
     routed = _mm(s, 2 * w_expert * assignments, slots * touched * w_expert * wb)
-    return router + shared + routed + _memory_pass(s, side * assignments) + token_passes
+    roofline = router + shared + routed + _memory_pass(s, side * assignments) + token_passes
+    if measured is None:
+        return roofline
+    outside_op = _memory_pass(  # the fused op writes the combined output itself
+        s,
+        (
+            ops.moe_token_bytes(model, act=act, cast=cast, shard=s.shard)
+            - ops.moe_combine_bytes(model, act=act)
+        )
+        * attention_tokens,
+    )
+    return np.where(fused, router + shared + measured + outside_op, roofline)
+
+
+def _fused_prefill_moe(s: _Setup, *, decode: bool) -> np.ndarray:
+    """Rows whose prefill pass runs its routed experts as the engine's fused MoE op at its
+    measured latency (``_moe_time``), (n,) bool: prefill, no expert parallelism (each rank runs
+    every expert's etp slice over all its tokens: no all-to-all, no DeepEP), and grouped-GEMM
+    curves for the device and weight dtype."""
+    ep = s.column("ep")
+    if decode or s.model.moe is None or not np.any(ep == 1):
+        return np.zeros(ep.shape, dtype=bool)
+    covered = (
+        grouped_gemm_efficiency(
+            device_name=s.hardware.name,
+            dtype=s.workload.weight_dtype,
+            tokens_per_expert=1.0,
+            experts_per_device=1.0,
+        )
+        is not None
+    )
+    return (ep == 1) & covered
 
 
 def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:

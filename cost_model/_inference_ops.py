@@ -287,7 +287,23 @@ def moe_token_bytes(model: ModelSpec, *, act: float, cast: float, shard) -> np.n
     assert moe is not None
     shared = moe.num_shared_experts * moe.shared_ffn_size / np.asarray(shard, dtype=np.float64)
     shared_bytes = np.where(shared > 0, ffn_block_bytes(model, shared, act=act, cast=cast), 0.0)
-    return h * (act + cast) + shared_bytes + 2.0 * moe.top_k * h * act + h * act + 4.0 * h * act
+    return (
+        h * (act + cast)
+        + shared_bytes
+        + moe_combine_bytes(model, act=act)
+        + h * act
+        + 4.0 * h * act
+    )
+
+
+def moe_combine_bytes(model: ModelSpec, *, act: float) -> float:
+    """The ``top_k`` expert outputs of one token written to the combine buffer and read by the
+    weighted reduction (``moe_token_bytes``' share that a fused MoE op keeps inside its kernel:
+    FlashInfer's TRT-LLM MoE finalizes into the layer's output, SGLang
+    ``layers/moe/moe_runner/flashinfer_trtllm.py``, read in 0.5.23)."""
+    moe = model.moe
+    assert moe is not None
+    return 2.0 * moe.top_k * model.hidden_size * act
 
 
 def dense_ffn_side_bytes(model: ModelSpec, width, *, act: float, cast: float) -> np.ndarray:

@@ -596,10 +596,11 @@ def test_prefill_prices_dense_gemms_at_their_measured_curves() -> None:
     """A TP8 DeepSeek-V3 prefill on H200 takes longer in compute than the calibrated roofline
     (the same device renamed, without curves) prices it: its GEMM slices run at 0.1-0.5 of FP8
     peak in the tables, against the calibration's one efficiency fitted on large GEMMs (less so
-    for the fused q/kv down projection, one GEMM where the roofline sees the same bytes)."""
+    for the fused q/kv down projection, one GEMM where the roofline sees the same bytes). Expert
+    parallelism keeps the routed experts on the roofline in both (``_inference._moe_time``)."""
     model = get_model("deepseek-v3")
     workload = Inference(prompt_tokens=3200, output_tokens=64, weight_dtype="fp8")
-    table = table_from_columns(tp=8, ep=1, etp=8, batch_size=4, phase=PHASE_CODES["prefill"])
+    table = table_from_columns(tp=8, ep=8, etp=1, batch_size=4, phase=PHASE_CODES["prefill"])
     plain = get_preset("dgx-h200")
     renamed = plain.model_copy(
         update={"device": plain.device.model_copy(update={"name": "NVIDIA H200 SXM (no curves)"})}
