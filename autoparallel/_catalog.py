@@ -11,6 +11,7 @@ from pathlib import Path
 
 from cost_model import ModelSpec
 from cost_model import checkpoint_dtype as parse_checkpoint_dtype
+from cost_model import checkpoint_dtype_by_part as parse_checkpoint_dtype_by_part
 
 DEFAULT_MODEL = "ref-3t-moe"
 
@@ -43,6 +44,25 @@ def get_model(name_or_path: str | Path) -> ModelSpec:
         f"model ({text!r}) is neither a catalog name nor an existing config.json path; "
         f"catalog names: {', '.join(list_models())}"
     )
+
+
+def _config(name_or_path: str | Path) -> dict | None:
+    """The config dict of a catalog name or a ``config.json`` path (or its folder); None else."""
+    text = str(name_or_path)
+    if text in list_models():
+        return catalog_config(text)
+    path = Path(text)
+    if path.is_dir():
+        path = path / "config.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def checkpoint_dtype_by_part(name_or_path: str | Path) -> dict[str, str]:
+    """The parts model ``name_or_path``'s released checkpoint keeps in another dtype than
+    ``checkpoint_dtype`` (``cost_model._serving_precision.checkpoint_dtype_by_part``); {} for a
+    ``ModelSpec`` built elsewhere."""
+    config = _config(name_or_path)
+    return {} if config is None else parse_checkpoint_dtype_by_part(config, get_model(name_or_path))
 
 
 def checkpoint_dtype(name_or_path: str | Path) -> str:

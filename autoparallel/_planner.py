@@ -72,7 +72,8 @@ def find_plan(
     ``engine`` (``vllm``, ``sglang``, ``trtllm``, ``megatron``, ``torchtitan``, ``deepspeed``)
     keeps only layouts that engine runs at ``engine_version`` (default: its current release). An inference
     ``workload`` that leaves ``weight_dtype`` unset serves a catalog name or config.json path in
-    its released checkpoint's dtype (``autoparallel._catalog.checkpoint_dtype``: DeepSeek-V3 fp8).
+    its released checkpoint's dtype (``autoparallel._catalog.checkpoint_dtype``: DeepSeek-V3 fp8),
+    with the parts its ``quantization_config`` keeps wider (``checkpoint_dtype_by_part``).
 
     Raises:
         InfeasiblePlanError: no layout fits; names the bottleneck and the smallest card count
@@ -110,16 +111,22 @@ def find_plan(
 
 def _with_checkpoint_dtype(model: ModelSpec | str, workload: Training | Inference):
     """An inference ``workload`` without a ``weight_dtype`` of a catalog name or config.json
-    path serves the released checkpoint's dtype."""
-    if (
-        isinstance(workload, Inference)
-        and isinstance(model, str)
-        and "weight_dtype" not in workload.model_fields_set
-    ):
-        from autoparallel._catalog import checkpoint_dtype
+    path serves the released checkpoint's dtype; served in that dtype without its own
+    ``weight_dtype_by_part``, it keeps the parts the checkpoint leaves wider."""
+    if not (isinstance(workload, Inference) and isinstance(model, str)):
+        return workload
+    from autoparallel._catalog import checkpoint_dtype, checkpoint_dtype_by_part
 
-        return workload.model_copy(update={"weight_dtype": checkpoint_dtype(model)})
-    return workload
+    released = checkpoint_dtype(model)
+    update: dict = {}
+    if "weight_dtype" not in workload.model_fields_set:
+        update["weight_dtype"] = released
+    if (
+        update.get("weight_dtype", workload.weight_dtype) == released
+        and "weight_dtype_by_part" not in workload.model_fields_set
+    ):
+        update["weight_dtype_by_part"] = checkpoint_dtype_by_part(model)
+    return workload.model_copy(update=update) if update else workload
 
 
 def _search(model: ModelSpec, cluster: Cluster, workload, *, workers: int, **options: Any):

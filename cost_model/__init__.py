@@ -52,7 +52,7 @@ from cost_model._serving import (
 )
 from cost_model._serving_columns import KV_DTYPE_CODES, PHASE_CODES, ServingConfig
 from cost_model._serving_load import ServingProfile, serving_profile
-from cost_model._serving_precision import checkpoint_dtype
+from cost_model._serving_precision import checkpoint_dtype, checkpoint_dtype_by_part
 from cost_model._serving_validation import (
     serving_validation_data,
     summarize_serving,
@@ -84,7 +84,7 @@ from cost_model._validation import (
     training_cases,
     validate_published,
 )
-from cost_model._workload import Inference, Training, Workload
+from cost_model._workload import WEIGHT_PARTS, Inference, Training, Workload
 
 __all__ = [
     "ALL_AXES",
@@ -103,6 +103,7 @@ __all__ = [
     "EstimateOptions",
     "InfeasiblePlanError",
     "Inference",
+    "WEIGHT_PARTS",
     "MoESpec",
     "ModelSpec",
     "ParallelConfig",
@@ -155,6 +156,7 @@ __all__ = [
     "breakdown_from_row",
     "calibration_for",
     "checkpoint_dtype",
+    "checkpoint_dtype_by_part",
     "VALIDATION_GROUPINGS",
     "error_summary",
     "grouped_errors",

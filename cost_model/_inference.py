@@ -40,7 +40,9 @@ measured ``EstimateOptions.routing_imbalance`` if larger; redundant experts cost
 and the skew they fix in real routing is not modelled. Inference has
 no backward pass, optimizer or gradients: none of those parts exist here.
 
-Matmuls are rooflines of their FLOPs and weight bytes; the memory passes between them (norms,
+Matmuls are rooflines of their FLOPs and weight bytes, each part (attention, dense FFN, routed
+and shared experts, router, LM head) in its own weight dtype (``Inference.part_weight_dtype``: a
+released checkpoint keeps some parts wider than its experts); the memory passes between them (norms,
 casts to the GEMM dtype, RoPE and MLA's re-expanded keys and values, the MoE permute, activation
 and combine reduction, residual adds: ``_inference_ops.*_side_bytes``) are separate memory-bound
 kernels whose time adds. In a prefill pass, hidden communication holds
@@ -266,11 +268,18 @@ def _first_available(hardware, names: tuple[str, ...]) -> str:
     return next(iter(hardware.peak_flops))
 
 
-def _matmul_dtype(s: _Setup) -> str:
-    """FP8 weights run FP8 GEMMs (W8A8, DeepSeek-V3 sec. 3.3), NVFP4 weights FP4 GEMMs (W4A4 on
-    Blackwell); int4 weights are weight-only, and so are FP8 weights on a device without FP8
-    tensor cores. A dtype with no such path raises (``_serving_precision.check_serving_precision``)."""
-    weight = s.workload.weight_dtype
+def _part_dtype(s: _Setup, part: str) -> str:
+    """The weight dtype of ``part`` (``Inference.part_weight_dtype``): a checkpoint may keep
+    attention, dense MLPs, shared experts or the LM head in a wider dtype than its experts."""
+    return s.workload.part_weight_dtype(part)
+
+
+def _matmul_dtype(s: _Setup, part: str = "routed_experts", *, weight: str | None = None) -> str:
+    """The GEMM dtype of ``part``'s weights. FP8 weights run FP8 GEMMs (W8A8, DeepSeek-V3 sec.
+    3.3), NVFP4 weights FP4 GEMMs (W4A4 on Blackwell); int4 weights are weight-only, and so are
+    FP8 weights on a device without FP8 tensor cores. A dtype with no such path raises
+    (``_serving_precision.check_serving_precision``)."""
+    weight = weight or _part_dtype(s, part)
     check_serving_precision(
         weight_dtype=weight, kv_dtype=s.workload.kv_dtype, hardware=s.cluster.device
     )
@@ -287,9 +296,10 @@ def _attention_dtype(s: _Setup) -> str:
     return _first_available(s.cluster.device, (s.workload.activation_dtype,))
 
 
-def _cast_bytes(s: _Setup) -> float:
-    """Bytes of a GEMM input element: activations are cast to FP8/INT8 for W8A8 matmuls."""
-    return min(dtype_bytes(_matmul_dtype(s)), dtype_bytes(s.workload.activation_dtype))
+def _cast_bytes(s: _Setup, part: str = "routed_experts") -> float:
+    """Bytes of a GEMM input element of ``part``: activations are cast to FP8/INT8 for W8A8
+    matmuls."""
+    return min(dtype_bytes(_matmul_dtype(s, part)), dtype_bytes(s.workload.activation_dtype))
 
 
 def _memory_pass(s: _Setup, bytes_moved) -> np.ndarray:
@@ -306,7 +316,7 @@ def _memory_pass(s: _Setup, bytes_moved) -> np.ndarray:
 
 def _dispatch_bytes(s: _Setup) -> float:
     """Tokens travel to FP8 experts already quantized (DeepEP FP8 dispatch)."""
-    fp8 = s.workload.weight_dtype == "fp8" or s.workload.activation_dtype == "fp8"
+    fp8 = _part_dtype(s, "routed_experts") == "fp8" or s.workload.activation_dtype == "fp8"
     return 1.0 if fp8 else dtype_bytes(s.workload.activation_dtype)
 
 
@@ -317,27 +327,33 @@ def _tokens(s: _Setup, p: ops.Pass) -> tuple[np.ndarray, np.ndarray]:
     return per_replica / s.column("cp"), per_replica * s.replicas / s.stage_ranks
 
 
-def _mm(s: _Setup, flops, bytes_moved) -> np.ndarray:
+def _mm(
+    s: _Setup, flops, bytes_moved, part: str = "routed_experts", *, dtype: str | None = None
+) -> np.ndarray:
+    """A roofline matmul of ``part``'s weights (or of weights in ``dtype`` when given)."""
     return s.rows.evaluate(
         op_time_s,
         flops=flops,
         bytes_moved=bytes_moved,
         hardware=s.cluster.device,
-        dtype=_matmul_dtype(s),
+        dtype=_matmul_dtype(s, part, weight=dtype),
         calibration=s.calibration,
     )
 
 
-def _gemms(s: _Setup, tokens, projections, shard, *, dtype: str | None = None) -> np.ndarray:
-    """The GEMMs of one block over ``tokens`` per device, each projection's split width divided
-    by ``shard``, with weights in ``dtype`` (default: the workload's weight dtype). Prefill and
+def _gemms(
+    s: _Setup, tokens, projections, shard, *, part: str | None = None, dtype: str | None = None
+) -> np.ndarray:
+    """The GEMMs of one block of ``part`` over ``tokens`` per device, each projection's split
+    width divided by ``shard``, with weights in ``dtype`` (default: the part's weight dtype,
+    ``_part_dtype``; the workload's ``weight_dtype`` without a part). Prefill and
     decode alike, every GEMM runs at the serving engine's measured latency for its shape
     (``_kernel_curves.projections_time_s``: M = tokens, N x K = one rank's slice) where its
     operator tables cover the device and dtype; the tables time the activation quantization a
     W8A8 GEMM launches before it (aiconfigurator's SGLang collector times
     ``sglang_per_token_group_quant_fp8`` + DeepGEMM per block-FP8 call, in a CUDA graph), which
     the roofline misses. Devices without tables keep the calibrated roofline."""
-    dtype = dtype or s.workload.weight_dtype
+    dtype = dtype or (s.workload.weight_dtype if part is None else _part_dtype(s, part))
     measured = s.rows.evaluate(
         partial(projections_time_s, projections=projections),
         hardware=s.cluster.device,
@@ -353,7 +369,8 @@ def _gemms(s: _Setup, tokens, projections, shard, *, dtype: str | None = None) -
     for n, k, split in projections:
         n_rank = n / shard if split == "n" else np.full_like(shard, float(n))
         k_rank = k / shard if split == "k" else np.full_like(shard, float(k))
-        total = total + _mm(s, 2.0 * tokens * n_rank * k_rank, n_rank * k_rank * wb)
+        flops, weight_bytes = 2.0 * tokens * n_rank * k_rank, n_rank * k_rank * wb
+        total = total + _mm(s, flops, weight_bytes, part or "routed_experts", dtype=dtype)
     return np.asarray(total)
 
 
@@ -373,22 +390,22 @@ def _attention_gemms(s: _Setup, tokens, *, decode: bool) -> np.ndarray:
             engine=s.profile.engine,
         )
     if bmm is None:
-        return _gemms(s, tokens, projections, s.shard)
+        return _gemms(s, tokens, projections, s.shard, part="attention")
     kv_up = ops.kv_up_projection(model)
     rest = tuple(projection for projection in projections if projection != kv_up)
-    return _gemms(s, tokens, rest, s.shard) + bmm
+    return _gemms(s, tokens, rest, s.shard, part="attention") + bmm
 
 
 def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     """Matmuls and element-wise kernels of one pass on each pipeline rank, (3, n) seconds."""
-    model, lay, wb = s.model, s.layout, dtype_bytes(s.workload.weight_dtype)
+    model, lay, head_bytes = s.model, s.layout, dtype_bytes(_part_dtype(s, "lm_head"))
     act = dtype_bytes(s.workload.activation_dtype)
     attention_tokens, rank_tokens = _tokens(s, p)
     tp = s.column("tp")
     total = lay.layers * _attention_gemms(s, attention_tokens, decode=p.decode)
     dense_tokens = np.where(s.attention_dp, attention_tokens * tp, attention_tokens)
     total = total + lay.dense_layers * _gemms(
-        s, dense_tokens, ops.ffn_projections(model, model.ffn_hidden_size), tp
+        s, dense_tokens, ops.ffn_projections(model, model.ffn_hidden_size), tp, part="dense_ffn"
     )
     total = total + lay.moe_layers * _moe_time(s, attention_tokens, rank_tokens, decode=p.decode)
     head_tokens = p.batch * p.head_tokens / s.column("cp") * np.where(s.attention_dp, tp, 1.0)
@@ -396,9 +413,10 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     head = _mm(
         s,
         2 * w_head * head_tokens,
-        w_head * wb + head_tokens * model.vocab_size / tp * ops.LOGIT_BYTES,
+        w_head * head_bytes + head_tokens * model.vocab_size / tp * ops.LOGIT_BYTES,
+        "lm_head",
     )
-    cast = _cast_bytes(s)
+    cast = _cast_bytes(s, "attention")
     attention_side = (
         ops.attention_side_bytes(model, decode=p.decode, act=act, cast=cast, shard=s.shard)
         * attention_tokens
@@ -409,7 +427,10 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
             attention_side
             + ops.prefix_expansion_bytes(model, act=act, shard=s.shard) * prefix_tokens
         )
-    dense_side = ops.dense_ffn_side_bytes(model, model.ffn_hidden_size / tp, act=act, cast=cast)
+    dense_cast = _cast_bytes(s, "dense_ffn")
+    dense_side = ops.dense_ffn_side_bytes(
+        model, model.ffn_hidden_size / tp, act=act, cast=dense_cast
+    )
     total = total + lay.has_lm_head * head + lay.layers * _memory_pass(s, attention_side)
     total = total + lay.dense_layers * _memory_pass(s, dense_side * dense_tokens)
     # Two overlapped micro-batches run on two streams: one's launch gaps fill with the other's
@@ -438,15 +459,20 @@ def _measured_kernels_per_pass(s: _Setup, *, decode: bool) -> np.ndarray | float
 def _count_measured_kernels(s: _Setup, *, decode: bool) -> np.ndarray | float:
     lay, model, device = s.layout, s.model, s.hardware
     kernels: np.ndarray | float = 0.0
-    gemm_curves = (
-        gemm_efficiency(device_name=device.name, dtype=s.workload.weight_dtype, m=1.0, n=1.0, k=1.0)
-        is not None
-    )
+
+    def curves(part: str) -> bool:  # whether ``_gemms`` times the part's GEMMs from a table
+        dtype = _part_dtype(s, part)
+        return (
+            gemm_efficiency(device_name=device.name, dtype=dtype, m=1.0, n=1.0, k=1.0) is not None
+        )
+
+    gemm_curves = curves("attention")
     if gemm_curves:
         kernels = lay.layers * float(len(ops.attention_projections(model)))
+    if curves("dense_ffn"):
         kernels = kernels + lay.dense_layers * float(len(ops.ffn_projections(model, 1)))
-        if model.moe is not None and model.moe.num_shared_experts:
-            kernels = kernels + lay.moe_layers * float(len(ops.ffn_projections(model, 1)))
+    if model.moe is not None and model.moe.num_shared_experts and curves("shared_experts"):
+        kernels = kernels + lay.moe_layers * float(len(ops.ffn_projections(model, 1)))
     if (
         model.moe is not None
         and gemm_efficiency(
@@ -460,7 +486,7 @@ def _count_measured_kernels(s: _Setup, *, decode: bool) -> np.ndarray | float:
         and model.moe is not None
         and grouped_gemm_efficiency(
             device_name=device.name,
-            dtype=s.workload.weight_dtype,
+            dtype=_part_dtype(s, "routed_experts"),
             tokens_per_expert=1.0,
             experts_per_device=1.0,
         )
@@ -582,20 +608,23 @@ def _moe_time(
     model, moe = s.model, s.model.moe
     if moe is None:
         return np.zeros_like(attention_tokens)
-    wb, act = dtype_bytes(s.workload.weight_dtype), dtype_bytes(s.workload.activation_dtype)
+    wb = dtype_bytes(_part_dtype(s, "routed_experts"))
+    act = dtype_bytes(s.workload.activation_dtype)
     ep, etp = s.column("ep"), s.column("etp")
     router = _gemms(
         s,
         rank_tokens,
         ops.router_projections(model),
         np.ones_like(rank_tokens),
-        dtype=s.workload.activation_dtype,
+        part="router",
+        dtype=s.workload.weight_dtype_by_part.get("router", s.workload.activation_dtype),
     )
     shared = _gemms(
         s,
         attention_tokens,
         ops.ffn_projections(model, moe.num_shared_experts * moe.shared_ffn_size),
         s.shard,
+        part="shared_experts",
     )
     group_tokens = rank_tokens * ep * etp
     mean_assignments = group_tokens * moe.top_k / ep
@@ -626,7 +655,7 @@ def _moe_time(
         measured = s.rows.evaluate(
             grouped_experts_time_s,
             hardware=s.cluster.device,
-            dtype=s.workload.weight_dtype,
+            dtype=_part_dtype(s, "routed_experts"),
             tokens_per_expert=assignments / slots,
             experts_per_device=slots,
             touched_fraction=touched,
@@ -865,7 +894,8 @@ def _comm_times(s: _Setup, p: ops.Pass) -> dict[str, np.ndarray]:
             backend == A2A_BACKEND_CODES["normal"],
         )
         # NVFP4 experts take an FP8 dispatch as well (DeepEP dispatches FP8 or BF16 tokens).
-        dispatch_bytes = 1.0 if s.workload.weight_dtype == "fp4" else _dispatch_bytes(s)
+        fp4 = _part_dtype(s, "routed_experts") == "fp4"
+        dispatch_bytes = 1.0 if fp4 else _dispatch_bytes(s)
         dispatch = _expert_all_to_all(
             s, rank_tokens, dispatch_bytes, node_dedup=normal, direction="dispatch"
         )
@@ -992,7 +1022,7 @@ def _memory_parts(s: _Setup, batch: np.ndarray) -> dict[str, np.ndarray]:
     )
     kv_fraction = 1.0 / (ops.kv_head_split(s.model, s.shard) * s.column("cp"))
     kv = s.layout.layers * (batch * s.column("pp") * per_sequence_layer * kv_fraction)
-    weights = sum(s.parameters.values()) * dtype_bytes(s.workload.weight_dtype)
+    weights = sum(count * dtype_bytes(_part_dtype(s, part)) for part, count in s.parameters.items())
     stages = {
         "weights": weights,
         "kv_cache": kv,

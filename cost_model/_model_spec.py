@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -296,8 +297,16 @@ class ModelSpec(BaseModel):
     def num_active_parameters(self) -> int:
         return sum(self.active_parameter_breakdown().values())
 
-    def weight_bytes(self, dtype: str = "bf16") -> float:
-        return self.num_parameters * dtype_bytes(dtype)
+    def weight_bytes(
+        self, dtype: str = "bf16", dtype_by_part: Mapping[Any, str] | None = None
+    ) -> float:
+        """Bytes of every weight in ``dtype``, the parts of ``dtype_by_part`` in theirs (a
+        checkpoint that keeps attention or the LM head wider than its experts)."""
+        by_part = dtype_by_part or {}
+        return sum(
+            count * dtype_bytes(by_part.get(part, dtype))
+            for part, count in self.parameter_breakdown().items()
+        )
 
     # ---------------------------------------------------------------- FLOPs
     def matmul_parameters_per_token(self) -> int:

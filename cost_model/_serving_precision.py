@@ -12,12 +12,28 @@ A HuggingFace ``config.json`` names its checkpoint's precision in ``quantization
 (``quant_method`` ``fp8`` for DeepSeek-V3/R1 and Kimi-K2's block-scaled FP8 releases; ModelOpt
 ``quant_algo`` ``NVFP4``; ``compressed-tensors`` / AWQ / GPTQ with 4-bit weights); a catalog
 entry without one may state ``_checkpoint_dtype`` with its reason; otherwise ``torch_dtype``.
+
+A quantized checkpoint keeps some parts unquantized (``checkpoint_dtype_by_part``). Its config
+lists them: ModelOpt's ``exclude_modules`` (fnmatch globs, e.g. ``model.layers.3.self_attn*``:
+nvidia/DeepSeek-R1-0528-NVFP4's ``hf_quant_config.json`` excludes ``lm_head`` and every layer's
+``self_attn``), compressed-tensors' ``ignore`` (module names, or regexes after ``re:``), vLLM's
+``ignored_layers`` and transformers' ``modules_to_not_convert``. The router and the embedding are
+never quantized: neither is a quantizable linear layer in the engines (vLLM and SGLang build the
+MoE gate without a quantization method) and no export converts them; DeepSeek-V3's FP8 release,
+whose ``quantization_config`` (``fmt: e4m3``, ``weight_block_size: [128, 128]``) lists nothing,
+keeps "the embedding module, the output head, MoE gating modules" in BF16 (DeepSeek-V3 report,
+arXiv:2412.19437, sec. 3.3.1), so without a list the LM head stays unquantized too.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
-from typing import Any
+import re
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cost_model._model_spec import ModelSpec
 
 #: Dtypes whose matmuls (weights) or cache reads (KV) need the device's own tensor-core support.
 NATIVE_ONLY_DTYPES: tuple[str, ...] = ("fp4",)
@@ -50,3 +66,96 @@ def checkpoint_dtype(config: dict[str, Any]) -> str:
     if method in ("awq", "gptq") or quantization.get("bits") == 4:
         return "int4"
     return _TORCH_DTYPES.get(str(config.get("torch_dtype", "bfloat16")), "bf16")
+
+
+#: Config keys that list a checkpoint's unquantized modules (ModelOpt, compressed-tensors,
+#: vLLM, transformers).
+_EXCLUDE_KEYS = ("exclude_modules", "ignore", "ignored_layers", "modules_to_not_convert")
+#: Prefixes a multimodal wrapper puts before the language model's modules (Kimi-K2.5).
+_PREFIXES = ("", "language_model.")
+
+
+def _quantization(config: dict[str, Any]) -> dict[str, Any]:
+    """The ``quantization_config`` of a ``config.json``, or the ``quantization`` of a ModelOpt
+    ``hf_quant_config.json``; {} when neither."""
+    quantization = config.get("quantization_config") or config.get("quantization") or {}
+    if not isinstance(quantization, dict):
+        raise ValueError(f"quantization_config ({quantization!r}) must be a JSON object")
+    return quantization
+
+
+def _excluded_matcher(patterns: list[str]) -> re.Pattern[str]:
+    """One regex matching a module name excluded by any of ``patterns``: ``re:`` regexes (matched
+    from the start, as compressed-tensors does), else fnmatch globs (ModelOpt) or exact names."""
+    parts = [
+        f"(?:{p[3:]})" if p.startswith("re:") else f"(?:{fnmatch.translate(p)})" for p in patterns
+    ]
+    return re.compile("|".join(parts) if parts else r"(?!)")
+
+
+def _part_modules(model: ModelSpec, model_type: str) -> dict[str, list[str]]:
+    """The HuggingFace module names of each quantizable part, every layer that holds it."""
+    a = model.attention
+    if a.kind == "mla":
+        attention = ["q_a_proj", "q_b_proj"] if a.q_lora_rank else ["q_proj"]
+        attention += ["kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
+    else:
+        attention = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    ffn = ("gate_proj", "up_proj", "down_proj")
+    shared = "shared_expert" if model_type == "qwen2_moe" else "shared_experts"
+    dense_layers = range(model.num_layers - model.num_moe_layers)
+    moe_layers = range(model.num_layers - model.num_moe_layers, model.num_layers)
+    modules: dict[str, list[str]] = {
+        "attention": [f"{i}.self_attn.{m}" for i in range(model.num_layers) for m in attention],
+        "dense_ffn": [f"{i}.mlp.{m}" for i in dense_layers for m in ffn],
+        "lm_head": ["lm_head"],
+    }
+    if model.moe is not None:
+        modules["routed_experts"] = [f"{i}.mlp.experts.0.{m}" for i in moe_layers for m in ffn]
+        if model.moe.num_shared_experts:
+            modules["shared_experts"] = [f"{i}.mlp.{shared}.{m}" for i in moe_layers for m in ffn]
+    return {
+        part: [n if n == "lm_head" else f"model.layers.{n}" for n in names]
+        for part, names in modules.items()
+    }
+
+
+def checkpoint_dtype_by_part(
+    config: dict[str, Any], model: ModelSpec | None = None
+) -> dict[str, str]:
+    """The weight dtype of each part (``_workload.WEIGHT_PARTS``) of a ``config.json``'s released
+    checkpoint where it differs from ``checkpoint_dtype``; {} for an unquantized checkpoint.
+
+    A part is unquantized (``torch_dtype``) when the config's exclusion list matches every one
+    of its modules in every layer that holds it; a part excluded in some layers or projections
+    only (nvidia/DeepSeek-R1-0528-FP4-v2 quantizes attention's ``o_proj``) keeps the checkpoint
+    dtype. The router and the embedding are always unquantized; so is the LM head of a config
+    without a list (see the module docstring). ``model`` is the config's architecture (parsed
+    from ``config`` when not given)."""
+    if "_checkpoint_dtype_by_part" in config:
+        return {str(k): str(v) for k, v in config["_checkpoint_dtype_by_part"].items()}
+    quantized = checkpoint_dtype(config)
+    plain = _TORCH_DTYPES.get(str(config.get("torch_dtype", "bfloat16")), "bf16")
+    quantization = _quantization(config)
+    if quantized == plain or not quantization:
+        return {}
+    if model is None:
+        from cost_model._hf_config import parse_hf_config
+
+        model = parse_hf_config(config)
+    patterns = [p for key in _EXCLUDE_KEYS for p in (quantization.get(key) or [])]
+    if not all(isinstance(p, str) for p in patterns):
+        raise ValueError(
+            f"quantization_config exclusion lists ({', '.join(_EXCLUDE_KEYS)}) must hold strings"
+        )
+    matcher = _excluded_matcher(patterns)
+    parts = {"router": plain, "embedding": plain}
+    if model.moe is None:
+        parts.pop("router")
+    for part, names in _part_modules(model, str(config.get("model_type", ""))).items():
+        excluded = bool(names) and all(
+            any(matcher.match(prefix + name) for prefix in _PREFIXES) for name in names
+        )
+        if excluded or (part == "lm_head" and not patterns):
+            parts[part] = plain
+    return {part: dtype for part, dtype in parts.items() if dtype != quantized}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from importlib import resources
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from cost_model._model_spec import ModelSpec
 from cost_model._parallel import ParallelConfig
 from cost_model._serving_columns import ServingConfig
 from cost_model._serving_load import Engine
+from cost_model._serving_precision import checkpoint_dtype, checkpoint_dtype_by_part
 from cost_model._simulator import simulate, simulate_layout
 from cost_model._table import configs_to_table
 from cost_model._workload import Inference
@@ -86,11 +87,22 @@ def row_model(row: dict) -> ModelSpec:
     return day6_model()
 
 
+def row_weight_dtype_by_part(row: dict) -> dict[str, str]:
+    """The parts the row's checkpoint keeps in another dtype than its ``weight_dtype``: from the
+    ``quantization_config`` of its model's config (``_serving_precision.checkpoint_dtype_by_part``)
+    when that config's checkpoint is in the row's dtype; {} otherwise."""
+    config = serving_validation_data().get("models", {}).get(row.get("model", "deepseek-v3"))
+    if config is None or checkpoint_dtype(config) != row.get("weight_dtype"):
+        return {}
+    return checkpoint_dtype_by_part(config, row_model(row))
+
+
 def _benchmark_workload(row: dict) -> Inference:
     return Inference(
         prompt_tokens=row["prompt_tokens"],
         output_tokens=row["output_tokens"],
         weight_dtype=row["weight_dtype"],
+        weight_dtype_by_part=cast(Any, row_weight_dtype_by_part(row)),
         kv_dtype=row["kv_dtype"],
         serving_engine=ENGINE_PROFILES[row["engine"]],
         max_batched_tokens=row.get("max_batched_tokens"),
@@ -185,6 +197,7 @@ def _benchmark_rows(row: dict) -> list[ServingValidationRow]:
 def _pool_rows(row: dict) -> list[ServingValidationRow]:
     precision = {
         "weight_dtype": row["weight_dtype"],
+        "weight_dtype_by_part": row_weight_dtype_by_part(row),
         "kv_dtype": row["kv_dtype"],
         "serving_engine": ENGINE_PROFILES[row["engine"]],
     }

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cost_model._units import Dtype
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
+
+#: Parts of a model whose weights a checkpoint may keep in a dtype of their own: the keys of
+#: ``ModelSpec.parameter_breakdown`` less the norms (which no checkpoint quantizes).
+WeightPart = Literal[
+    "attention", "dense_ffn", "routed_experts", "shared_experts", "router", "embedding", "lm_head"
+]
+WEIGHT_PARTS: tuple[str, ...] = get_args(WeightPart)
 
 
 class Training(BaseModel):
@@ -101,6 +108,12 @@ class Inference(BaseModel):
     kernel other than the serving engine's default, priced from its published figures where it
     has them (``"flashmla"``: DeepSeek's FlashMLA, the kernel of DeepSeek's own serving; None:
     the engine's own measured kernel, ``_kernel_curves.mla_efficiency``).
+
+    ``weight_dtype`` is the dtype of every weight; ``weight_dtype_by_part`` overrides it for the
+    parts (``WEIGHT_PARTS``) a released checkpoint keeps in another dtype, as NVIDIA's NVFP4
+    exports keep attention and the LM head in BF16 (``_serving_precision.checkpoint_dtype_by_part``
+    reads them from a ``quantization_config``). Each part's GEMMs run in its dtype and its weights
+    take its bytes. The router's GEMM runs in the activation dtype unless overridden.
     """
 
     model_config = _STRICT
@@ -116,6 +129,7 @@ class Inference(BaseModel):
     mla_decode_kernel: Literal["flashmla"] | None = None
     max_batched_tokens: int | None = None
     weight_dtype: Dtype = "bf16"
+    weight_dtype_by_part: dict[WeightPart, Dtype] = Field(default_factory=dict)
     kv_dtype: Dtype = "bf16"
     activation_dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
     prefix_cache_hit_rate: float = Field(default=0.0, ge=0.0, lt=1.0)
@@ -138,6 +152,16 @@ class Inference(BaseModel):
         if self.concurrency is not None and self.request_rate_per_s is not None:
             raise ValueError("give concurrency or request_rate_per_s, not both")
         return self
+
+    def __hash__(self) -> int:  # the per-part dict is not hashable; the JSON is
+        return hash(self.model_dump_json())
+
+    def part_weight_dtype(self, part: str) -> str:
+        """The dtype of ``part``'s weights: its override, else ``weight_dtype``. ``norms`` (never
+        quantized by a checkpoint, and too small to matter) take ``weight_dtype``."""
+        if part not in WEIGHT_PARTS and part != "norms":
+            raise ValueError(f"weight part ({part!r}) must be one of {', '.join(WEIGHT_PARTS)}")
+        return self.weight_dtype_by_part.get(part, self.weight_dtype)  # type: ignore[call-overload]
 
 
 Workload = Annotated[Training | Inference, Field(discriminator="kind")]

@@ -63,7 +63,7 @@ def unit_sizes(*, model: ModelSpec, cluster: Cluster, workload: Inference) -> li
     """Every unit size that can hold the weights and leaves room for a unit of the other pool:
     divisors of one node, whole numbers of nodes (a unit spans whole nodes or part of one) and,
     in a rack-scale NVLink domain, any number of its ``RACK_TRAY_DEVICES``-GPU trays."""
-    weights = model.weight_bytes(workload.weight_dtype)
+    weights = model.weight_bytes(workload.weight_dtype, workload.weight_dtype_by_part)
     smallest = math.ceil(weights / cluster.memory_per_device_bytes)
     node = cluster.devices_per_node
     options = [d for d in divisors(node) if d >= smallest]

@@ -48,7 +48,9 @@ def smallest_feasible_devices(
     max_nodes: int = 65_536,
 ) -> int | None:
     """Fewest devices (whole nodes of ``cluster``) with a feasible layout, or None up to ``max_nodes``."""
-    weight_bytes = model.weight_bytes(getattr(workload, "weight_dtype", "bf16"))
+    weight_bytes = model.weight_bytes(
+        getattr(workload, "weight_dtype", "bf16"), getattr(workload, "weight_dtype_by_part", None)
+    )
     per_node = cluster.memory_per_device_bytes * cluster.devices_per_node
     nodes = max(1, math.ceil(weight_bytes / per_node))
     lean = lean_bounds(bounds)

@@ -140,6 +140,16 @@ def add_job_arguments(
         help="serving: weight precision (default: the checkpoint's, from the catalog / config.json)",
     )
     parser.add_argument(
+        "--weight-dtype-part",
+        action="append",
+        default=None,
+        metavar="PART=DTYPE",
+        type=weight_dtype_part,
+        help="serving: the weight dtype of one part (attention, dense_ffn, routed_experts, "
+        "shared_experts, router, embedding, lm_head), repeatable (default: the checkpoint's "
+        "quantization_config when the weight dtype is the checkpoint's, else --weight-dtype)",
+    )
+    parser.add_argument(
         "--kv-dtype",
         default=None,
         choices=SERVING_DTYPES,
@@ -216,18 +226,43 @@ def training_options(args: argparse.Namespace) -> dict:
     }
 
 
-def serving_precision(args: argparse.Namespace) -> dict[str, str]:
-    """``weight_dtype`` / ``kv_dtype`` of an inference workload: ``--weight-dtype`` (or
-    ``--precision``, which must agree with it), else the checkpoint's released dtype for the
-    weights (``autoparallel._catalog.checkpoint_dtype``)."""
-    from autoparallel._catalog import checkpoint_dtype
+def weight_dtype_part(text: str) -> tuple[str, str]:
+    """``PART=DTYPE`` of ``--weight-dtype-part``: a part of ``cost_model.WEIGHT_PARTS`` and a
+    serving dtype."""
+    from cost_model import WEIGHT_PARTS
+
+    part, _, dtype = text.partition("=")
+    if part not in WEIGHT_PARTS:
+        raise argparse.ArgumentTypeError(
+            f"part ({part!r}) of {text!r} must be one of {', '.join(WEIGHT_PARTS)}"
+        )
+    if dtype not in SERVING_DTYPES:
+        raise argparse.ArgumentTypeError(
+            f"dtype ({dtype!r}) of {text!r} must be one of {', '.join(SERVING_DTYPES)}"
+        )
+    return part, dtype
+
+
+def serving_precision(args: argparse.Namespace) -> dict:
+    """``weight_dtype`` / ``weight_dtype_by_part`` / ``kv_dtype`` of an inference workload:
+    ``--weight-dtype`` (or ``--precision``, which must agree with it), else the checkpoint's
+    released dtype (``autoparallel._catalog.checkpoint_dtype``). Served in that dtype, the
+    checkpoint keeps the parts its ``quantization_config`` leaves wider (``checkpoint_dtype_by_part``);
+    ``--weight-dtype-part`` overrides single parts."""
+    from autoparallel._catalog import checkpoint_dtype, checkpoint_dtype_by_part
 
     given = getattr(args, "precision", None)
     if given and args.weight_dtype and given != args.weight_dtype:
         raise ValueError(
             f"--precision ({given}) and --weight-dtype ({args.weight_dtype}) must agree for --inference"
         )
-    precision = {"weight_dtype": args.weight_dtype or given or checkpoint_dtype(args.model)}
+    released = checkpoint_dtype(args.model)
+    precision: dict = {"weight_dtype": args.weight_dtype or given or released}
+    # the checkpoint as released keeps its wider parts; another dtype re-quantizes it uniformly
+    by_part = checkpoint_dtype_by_part(args.model) if precision["weight_dtype"] == released else {}
+    by_part |= dict(getattr(args, "weight_dtype_part", None) or ())
+    if by_part:
+        precision["weight_dtype_by_part"] = by_part
     return precision | ({"kv_dtype": args.kv_dtype} if args.kv_dtype else {})
 
 

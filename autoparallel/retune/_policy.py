@@ -417,7 +417,7 @@ class RetunePolicy:
         from cost_model import dtype_bytes
 
         weight_dtype = (
-            self.workload.weight_dtype
+            self.workload.part_weight_dtype("routed_experts")
             if isinstance(self.workload, Inference)
             else self.workload.precision
         )

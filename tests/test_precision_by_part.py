@@ -1,0 +1,142 @@
+"""Weight precision per part: a checkpoint's ``quantization_config`` keeps some parts wider than
+its experts (NVIDIA's NVFP4 exports keep attention and the LM head in BF16), and the serving
+model prices each part's GEMMs and bytes in its own dtype."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autoparallel import get_model
+from autoparallel._catalog import catalog_config
+from cost_model import Inference, checkpoint_dtype_by_part, table_from_columns
+from cost_model._common import EstimateOptions, parameters_per_device
+from cost_model._inference import _attention_gemms, _memory_parts, _moe_time, _setup
+from cost_model._serving_columns import PHASE_CODES
+from cost_model._units import dtype_bytes
+from topology import get_preset
+
+KIMI = get_model("kimi-k2")
+
+
+def _nvfp4_config(exclude: list[str]) -> dict:
+    """Kimi-K2's config.json as a ModelOpt NVFP4 export with ``exclude`` as its list."""
+    config = {key: value for key, value in catalog_config("kimi-k2").items()}
+    config["quantization_config"] = {
+        "quant_method": "modelopt",
+        "quant_algo": "NVFP4",
+        "group_size": 16,
+        "exclude_modules": exclude,
+    }
+    return config
+
+
+def test_modelopt_exclude_list_keeps_attention_and_head_bf16_and_experts_fp4() -> None:
+    # ModelOpt lists every layer's attention (nvidia/DeepSeek-R1-0528-NVFP4 hf_quant_config.json)
+    exclude = ["lm_head", *(f"model.layers.{i}.self_attn*" for i in range(KIMI.num_layers))]
+    by_part = checkpoint_dtype_by_part(_nvfp4_config(exclude), KIMI)
+    assert by_part == {
+        "attention": "bf16",
+        "lm_head": "bf16",
+        "router": "bf16",
+        "embedding": "bf16",
+    }
+    # one layer missing from the list: that attention is fp4, so the part stays at the checkpoint's
+    partial = checkpoint_dtype_by_part(_nvfp4_config(exclude[:-1]), KIMI)
+    assert "attention" not in partial and partial["lm_head"] == "bf16"
+    # globs over shared experts and the dense layer; compressed-tensors regexes under a wrapper
+    wide = checkpoint_dtype_by_part(
+        _nvfp4_config(["re:.*lm_head", "re:.*self_attn.*", "*shared_experts*", "*layers.0.mlp*"]),
+        KIMI,
+    )
+    assert {"attention", "shared_experts", "dense_ffn", "lm_head"} <= set(wide)
+    assert "routed_experts" not in wide
+
+
+def test_block_fp8_release_without_a_list_keeps_embedding_head_and_router_bf16() -> None:
+    # DeepSeek-V3 report sec. 3.3.1: embedding, output head and MoE gating stay BF16
+    assert checkpoint_dtype_by_part(catalog_config("deepseek-v3")) == {
+        "router": "bf16",
+        "embedding": "bf16",
+        "lm_head": "bf16",
+    }
+    assert checkpoint_dtype_by_part(catalog_config("qwen3-235b-a22b")) == {}
+
+
+def test_unknown_part_or_dtype_is_an_error_naming_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match="routed_experts"):
+        Inference(prompt_tokens=8, output_tokens=8, weight_dtype_by_part={"attn": "bf16"})
+    with pytest.raises(ValueError, match="'fp4'"):
+        Inference(prompt_tokens=8, output_tokens=8, weight_dtype_by_part={"attention": "fp5"})
+    with pytest.raises(ValueError, match="dense_ffn"):
+        Inference(prompt_tokens=8, output_tokens=8).part_weight_dtype("experts")
+
+
+def _setup_for(workload: Inference):
+    table = table_from_columns(tp=4, ep=4, etp=1, batch_size=8, phase=PHASE_CODES["decode"])
+    return _setup(
+        model=KIMI,
+        cluster=get_preset("dgx-b200"),
+        workload=workload,
+        table=table,
+        options=EstimateOptions(),
+    )
+
+
+def test_attention_gemms_run_in_bf16_and_experts_in_fp4_with_weights_per_part() -> None:
+    def workload(dtype: str, by_part: dict[str, str]) -> Inference:
+        return Inference(
+            prompt_tokens=1000,
+            output_tokens=200,
+            weight_dtype=dtype,  # type: ignore[arg-type]
+            weight_dtype_by_part=by_part,  # type: ignore[arg-type]
+            serving_engine="vllm",
+        )
+
+    mixed = _setup_for(workload("fp4", {"attention": "bf16", "lm_head": "bf16"}))
+    all_fp4 = _setup_for(workload("fp4", {}))
+    all_bf16 = _setup_for(workload("bf16", {}))
+    tokens = np.array([8.0])
+    attention = {
+        name: _attention_gemms(s, tokens, decode=True)[0]
+        for name, s in (("mixed", mixed), ("fp4", all_fp4), ("bf16", all_bf16))
+    }
+    assert attention["mixed"] == pytest.approx(attention["bf16"], rel=1e-12)
+    assert attention["mixed"] != pytest.approx(attention["fp4"], rel=1e-3)
+    experts = {
+        name: _moe_time(s, tokens, tokens, decode=True)[0]
+        for name, s in (("mixed", mixed), ("fp4", all_fp4))
+    }
+    assert experts["mixed"] == pytest.approx(experts["fp4"], rel=1e-12)
+
+    # weight bytes per device: each part's parameters on the device in its own dtype
+    parameters = parameters_per_device(model=KIMI, table=mixed.table, layout=mixed.layout)
+    wider = {"attention", "lm_head"}
+    expected = sum(
+        count[0] * dtype_bytes("bf16" if part in wider else "fp4")
+        for part, count in parameters.items()
+    )
+    weights = {
+        name: _memory_parts(s, np.array([8.0]))["weights"][0]
+        for name, s in (("mixed", mixed), ("fp4", all_fp4))
+    }
+    assert weights["mixed"] == pytest.approx(expected, rel=1e-12)
+    extra = sum(parameters[part][0] for part in wider) * (dtype_bytes("bf16") - dtype_bytes("fp4"))
+    assert weights["mixed"] - weights["fp4"] == pytest.approx(extra, rel=1e-9)
+    assert KIMI.weight_bytes("fp4", {"attention": "bf16"}) - KIMI.weight_bytes(
+        "fp4"
+    ) == pytest.approx(
+        KIMI.parameter_breakdown()["attention"] * (dtype_bytes("bf16") - dtype_bytes("fp4"))
+    )
+
+
+def test_kimi_validation_rows_serve_the_recorded_checkpoint_split() -> None:
+    from cost_model._serving_validation import row_weight_dtype_by_part, serving_validation_data
+
+    rows = serving_validation_data()["rows"]
+    kimi = next(r for r in rows if r["source"] == "vllm-recipes-kimi-k2.5-inferencex")
+    by_part = row_weight_dtype_by_part(kimi)
+    assert kimi["weight_dtype"] == "fp4" and "routed_experts" not in by_part
+    assert by_part["attention"] == by_part["lm_head"] == "bf16"
+    # a row in another dtype than its model's recorded checkpoint takes no split
+    assert row_weight_dtype_by_part({**kimi, "weight_dtype": "fp8"}) == {}
