@@ -6,7 +6,9 @@ per-operator latency tables measured per device, engine and engine version under
 operator tables are read — the fused MoE expert layer (``moe/*/moe_perf.parquet``, for the
 expert shapes of ``EXPERT_SHAPES``), MLA decode and prefill attention
 (``mla/*/generation_mla_perf.parquet``, ``context_mla_perf.parquet``), the batched GEMMs of
-absorbed MLA decode (``mla_bmm/*/mla_bmm_perf.parquet``, kept as measured) and dense GEMMs
+absorbed MLA decode (``mla_bmm/*/mla_bmm_perf.parquet``, kept as measured), MHA/GQA context
+and decode attention (``attention/*/context_attention_perf.parquet``,
+``generation_attention_perf.parquet``) and dense GEMMs
 (``gemm/*/gemm_perf.parquet``, on the grid of ``GEMM_M_GRID`` x ``GEMM_NK_GRID``^2) and the
 serving engines' tensor-parallel all-reduce (``comm/*/custom_allreduce_perf.parquet``: latency by
 message size and GPU count, kept as measured). End-to-end tables of whole serving
@@ -511,6 +513,113 @@ def _context_attention_curves(root: Path, device: str, engine: str) -> list[dict
     return []
 
 
+#: Decode-attention grid: keys the decoded token attends (the tables' ``isl + step``, 2x apart
+#: from 64; a shorter context is held at 64's efficiency), (sequence, KV head) pairs of one call
+#: (2x apart) and query heads per KV head (MHA, and the GQA groups of the catalog's models:
+#: Llama-3 8B / Mixtral 4, Llama-3 70B / Qwen3 8, Qwen3-235B 16 on one rank; a group between is
+#: interpolated). A 4x grid in either of the first two misprices the tables' own points by 5-8%
+#: on average and up to 50% where the call turns from launch- to bandwidth-bound; the 2x grid by
+#: 1-3% (Llama-3.1-70B and Qwen3-235B per-rank shapes, H100 / B200, SGLang / TensorRT-LLM).
+DECODE_ATTENTION_TOKENS = tuple(2**i for i in range(6, 18))
+DECODE_ATTENTION_UNITS = tuple(2**i for i in range(15))
+DECODE_ATTENTION_GROUPS = (1, 4, 8, 16)
+#: aiconfigurator device folders whose decode-attention tables are imported -> preset: the
+#: kernel-curve devices and the A100 and GB300, whose attention tables the package also ships.
+DECODE_ATTENTION_DEVICES = {**DEVICES, "a100_sxm": "dgx-a100", "gb300": "gb300-nvl72"}
+#: KV-cache dtypes of the decode-attention tables -> the project's (the element bytes read).
+KV_CACHE_DTYPES = {"bfloat16": ("bf16", 2.0), "fp8": ("fp8", 1.0)}
+
+
+def _decode_attention_curves(root: Path, device: str, engine: str) -> list[dict]:
+    """MHA/GQA decode attention (one query token per sequence, bf16 queries, head dim 128, no
+    window) efficiency by the keys each sequence attends and by the (sequence, KV head) pairs of
+    one call (batch x KV heads on the rank: the kernel's parallel work, each pair reading its
+    own cache), for each query-head group size, one curve per KV-cache dtype, from the newest
+    table: at each point the fastest kernel's, averaged over the measured KV-head counts whose
+    pairs and group match (the pairs set the efficiency: at equal pairs the splits differ by a
+    few percent, up to 20% at short contexts), held beyond the longest measured length (large batches of long contexts are not
+    measured). Ideal: the roofline of the score and value FLOPs, ``b * n * 4 * heads * 128`` at
+    the BF16 peak, and of the cache read, ``b * n * kv_heads * 2 * 128`` elements at the memory
+    bandwidth (``n``: keys attended)."""
+    hardware = get_preset(DECODE_ATTENTION_DEVICES[device]).device
+    units = {u: i for i, u in enumerate(DECODE_ATTENTION_UNITS)}
+    lengths = {n: i for i, n in enumerate(DECODE_ATTENTION_TOKENS)}
+    groups = {g: i for i, g in enumerate(DECODE_ATTENTION_GROUPS)}
+    peak = hardware.peak_flops_for("bf16")
+    bandwidth = hardware.memory_bandwidth_bytes_per_s
+    for path in _latest_tables(
+        root, device, "attention", engine, "generation_attention_perf.parquet"
+    ):
+        fastest: dict[tuple, float] = {}  # per cell and KV-head count, over the kernels
+        dtypes = {name: i for i, name in enumerate(KV_CACHE_DTYPES)}
+        for row in _read(path):
+            batch, heads = int(row["batch_size"]), int(row["num_heads"])
+            kv_heads, length = int(row["num_key_value_heads"]), int(row["isl"]) + int(row["step"])
+            if (
+                row["attn_dtype"] != "bfloat16"
+                or row["kv_cache_dtype"] not in dtypes
+                or int(row.get("window_size") or 0) != 0  # the A100 tables have no windows
+                or int(row["head_dim"]) != 128
+                or int(row["beam_width"]) != 1
+                or heads % kv_heads
+                or heads // kv_heads not in groups
+                or batch * kv_heads not in units
+                or length not in lengths
+            ):
+                continue
+            element = KV_CACHE_DTYPES[row["kv_cache_dtype"]][1]
+            ideal = max(
+                batch * length * 4.0 * heads * 128 / peak,
+                batch * length * kv_heads * 2.0 * 128 * element / bandwidth,
+            )
+            key = (
+                dtypes[row["kv_cache_dtype"]],
+                groups[heads // kv_heads],
+                units[batch * kv_heads],
+                lengths[length],
+                kv_heads,
+            )
+            fastest[key] = max(fastest.get(key, 0.0), ideal / (float(row["latency"]) * 1e-3))
+        # the mean over the KV-head counts that make a cell's pairs (sequences x KV heads)
+        sums = np.zeros((len(KV_CACHE_DTYPES), len(groups), len(units), len(lengths)))
+        counts = np.zeros_like(sums)
+        for key, efficiency in fastest.items():
+            sums[key[:4]] += efficiency
+            counts[key[:4]] += 1
+        best = np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)
+        log_lengths = np.log(np.array(DECODE_ATTENTION_TOKENS, dtype=np.float64))
+        curves = []
+        for name, d in dtypes.items():
+            by_group = {}
+            for g, gi in groups.items():
+                rows = {}
+                for u, ui in units.items():
+                    measured = best[d, gi, ui] > 0
+                    if measured.sum() >= 3:
+                        values = np.interp(
+                            log_lengths, log_lengths[measured], best[d, gi, ui][measured]
+                        )
+                        # three significant digits: a launch-bound call of a few pairs over a
+                        # short context runs at 1e-4 of the roofline
+                        rows[str(u)] = [float(f"{e:.3g}") for e in np.clip(values, 1e-5, 1.0)]
+                if rows:
+                    by_group[str(g)] = rows
+            if by_group:
+                curves.append(
+                    {
+                        "device": hardware.name,
+                        "engine": engine,
+                        "engine_version": path.parent.name,
+                        "dtype": KV_CACHE_DTYPES[name][0],
+                        "file": str(path.relative_to(root.parent)),
+                        "efficiency_by_group_units": by_group,
+                    }
+                )
+        if curves:
+            return curves
+    return []
+
+
 #: aiconfigurator device folders whose custom all-reduce tables are imported -> preset: the
 #: kernel-curve devices and the A100 and GB300, whose all-reduce tables the package also ships.
 ALLREDUCE_DEVICES = {**DEVICES, "a100_sxm": "dgx-a100", "gb300": "gb300-nvl72"}
@@ -579,7 +688,7 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
         raise ValueError(
             f"path ({path}) must be an unpacked aiconfigurator-core wheel (no systems/data folder)"
         )
-    grouped, mla, prefill, gemm, context, bmm = [], [], [], [], [], []
+    grouped, mla, prefill, gemm, context, bmm, decode = [], [], [], [], [], [], []
     for device in DEVICES:
         for engine in ENGINES:
             gemm += _gemm_curves(root, device, engine)
@@ -589,6 +698,12 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
             mla += _mla_curves(root, device, engine, "mla_decode")
             prefill += _mla_curves(root, device, engine, "mla_prefill")
     mla += flashmla_decode_curves()
+    decode = [
+        curve
+        for device in DECODE_ATTENTION_DEVICES
+        for engine in ENGINES
+        for curve in _decode_attention_curves(root, device, engine)
+    ]
     allreduce = [
         curve
         for device in ALLREDUCE_DEVICES
@@ -613,6 +728,8 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
         "gemm": gemm,
         "context_attention_tokens": list(ATTENTION_TOKENS),
         "context_attention": context,
+        "decode_attention_tokens": list(DECODE_ATTENTION_TOKENS),
+        "decode_attention": decode,
         "deepep_low_latency": fit_deepep_low_latency(root),
         "custom_allreduce_message_bytes": [int(b) for b in ALL_REDUCE_MESSAGE_BYTES],
         "custom_allreduce": allreduce,

@@ -65,8 +65,11 @@ and decode alike, run at the serving engine's measured latency for their shape (
 rank, N x K = the rank's slice of each projection; the W8A8 activation quantization included),
 a prefill pass's MHA/GQA core attention at the measured causal
 FlashAttention-class efficiency by prompt length and (sequence, head) pairs per call
-(``_kernel_curves.context_attention_time_s``), a decode step's routed experts (and a prefill pass's
-without expert parallelism: the engine's fused MoE op, ``_moe_time``) as grouped GEMMs at
+(``_kernel_curves.context_attention_time_s``), a decode step's MHA/GQA core attention at the
+serving engine's measured decode-kernel efficiency by context, (sequence, KV head) pairs and
+query heads per KV head (``_kernel_curves.decode_attention_time_s``), a decode step's routed
+experts (and a prefill pass's without expert parallelism: the engine's fused MoE op,
+``_moe_time``) as grouped GEMMs at
 their measured efficiency for M = tokens per expert, MLA decode attention at its measured efficiency
 by context length, batch and heads per rank and its ``kv_b_proj`` as the two measured batched
 GEMMs of the absorbed form, and DeepEP's low-latency all-to-all at its measured latency and bandwidths;
@@ -109,9 +112,11 @@ from cost_model._common import (
     stage_layout,
 )
 from cost_model._kernel_curves import (
+    DECODE_ATTENTION_KV_DTYPES,
     DEVICE_ALIASES,
     all_reduce_time_s,
     context_attention_time_s,
+    decode_attention_time_s,
     deepep_low_latency_s,
     expert_all_to_all_bytes,
     gemm_efficiency,
@@ -512,6 +517,8 @@ def _count_measured_kernels(s: _Setup, *, decode: bool) -> np.ndarray | float:
         kernels = kernels + lay.layers * 1.0  # the one fused attention kernel
     if _context_attention_measured(s, decode=decode):
         kernels = kernels + lay.layers * 1.0
+    if decode:  # the one decode attention kernel, where its KV dtype is measured
+        kernels = kernels + lay.layers * _decode_attention_measured(s).astype(np.float64)
     # the two TP all-reduces per layer, where measured (``_tp_all_reduce``)
     return kernels + 2.0 * lay.layers * (_all_reduce_measured(s) & ~s.attention_dp)
 
@@ -531,6 +538,26 @@ def _context_attention_measured(s: _Setup, *, decode: bool) -> bool:
             for c in kernel_curves().get("context_attention", ())
         )
     )
+
+
+def _decode_attention_measured(s: _Setup) -> np.ndarray:
+    """Rows whose decode MHA/GQA attention is priced from the decode-attention curves: full
+    attention of head size 128 (the curves' shapes), a device and KV-cache dtype the tables
+    cover (``_kernel_curves.decode_attention_time_s``)."""
+    if "_decode_attention_measured" not in s.__dict__:  # the same for every pass of one setup
+        a = s.model.attention
+        device = DEVICE_ALIASES.get(s.hardware.name, s.hardware.name)
+        dtypes = {
+            c["dtype"]
+            for c in kernel_curves().get("decode_attention", ())
+            if c["device"] == device
+            and a.kind != "mla"
+            and a.variant == "full"
+            and a.head_dim == 128
+        }
+        covered = [b for b, dtype in DECODE_ATTENTION_KV_DTYPES.items() if dtype in dtypes]
+        s.__dict__["_decode_attention_measured"] = np.isin(s.kv_element_bytes, covered)
+    return s.__dict__["_decode_attention_measured"]
 
 
 def _kernels_per_pass(s: _Setup) -> np.ndarray:
@@ -739,6 +766,24 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
         )
         if measured is not None:  # (prefill keeps the calibrated efficiency: see _kernel_curves)
             return measured
+    measured_decode = _decode_attention_measured(s) if p.decode else None
+    if measured_decode is not None and measured_decode.any():
+        # one call per rank: its sequences times its KV heads (a KV head replicated over the
+        # ranks past the KV-head count is one per rank), each with its group of query heads
+        kv_heads = model.attention.num_kv_heads / ops.kv_head_split(model, s.shard)
+        decode_measured = s.rows.evaluate(
+            decode_attention_time_s,
+            hardware=s.cluster.device,
+            flops=flops,
+            bytes_moved=kv_read * kv_fraction,
+            tokens=read_tokens / s.column("cp"),
+            units=p.batch * kv_heads,
+            group=model.attention.num_heads / s.shard / kv_heads,
+            kv_element_bytes=s.kv_element_bytes,
+            engine=s.profile.engine,
+        )
+        if measured_decode.all():
+            return decode_measured
     if _context_attention_measured(s, decode=p.decode):
         # one call per rank: its sequences times its query heads; the prompt's full length
         # (the cached prefix too) is the length the kernel attends over
@@ -753,7 +798,7 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
         )
         if measured is not None:
             return measured
-    return s.rows.evaluate(
+    roofline = s.rows.evaluate(
         op_time_s,
         flops=flops,
         bytes_moved=kv_read * kv_fraction,
@@ -762,6 +807,9 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
         calibration=s.calibration,
         kind="attention",
     )
+    if measured_decode is not None and measured_decode.any():
+        return np.where(measured_decode, decode_measured, roofline)
+    return roofline
 
 
 def _collective(s: _Setup, op: str, axis: str, group, message) -> np.ndarray:

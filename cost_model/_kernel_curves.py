@@ -58,7 +58,14 @@ its H100 twin the engines' tables price FlashMLA.
 
 MHA/GQA context attention (``context_attention``) has an efficiency by prompt length and by the
 (sequence, query head) pairs of one call, its kernel's parallel work (``context_attention_time_s``);
-prefill prices full causal attention of head size 128 with it.
+prefill prices full causal attention of head size 128 with it. MHA/GQA decode attention
+(``decode_attention``, from the engines' ``generation_attention_perf`` tables) has one by the keys
+each sequence attends, the (sequence, KV head) pairs of the call and the query heads per KV head,
+per KV-cache dtype (BF16, FP8): the roofline is the cache read, and a call of a few pairs over a
+short context is launch-bound (H100, SGLang's FA3: 64 pairs at 2K keys run at 0.6 of the memory
+bandwidth, at 32K keys 0.9); the pairs, not how they split into sequences and KV heads, set it
+(at equal pairs the tables' splits mostly differ by a few percent; the curves keep their mean)
+(``decode_attention_time_s``). Imported on the A100 and GB300 too, whose decode a serving row runs.
 
 The two batched GEMMs of absorbed MLA decode (``mla_bmm``: q_nope through W_UK, the attention
 output through W_UV, in place of ``kv_b_proj``) are kept as measured latencies by tokens and
@@ -417,6 +424,87 @@ def context_attention_time_s(
     compute_s = np.asarray(flops) / hardware.peak_flops_for("bf16")
     memory_s = np.asarray(bytes_moved) / hardware.memory_bandwidth_bytes_per_s
     return np.maximum(compute_s, memory_s) / np.max(values, axis=0)
+
+
+#: KV-cache element bytes -> dtype of the decode-attention curves (``decode_attention``).
+DECODE_ATTENTION_KV_DTYPES = {2.0: "bf16", 1.0: "fp8"}
+
+
+@lru_cache(maxsize=64)
+def _decode_attention_tables(
+    device_name: str, engine: str | None
+) -> dict[str, tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]]:
+    """Per KV-cache dtype, per chosen curve: its group sizes, (sequence, KV head) pair counts
+    and efficiency on that grid [groups x pairs x lengths] (a group's pair counts not measured
+    held from its nearest measured ones, in the logs)."""
+    device_name = DEVICE_ALIASES.get(device_name, device_name)
+    mine = [c for c in kernel_curves().get("decode_attention", ()) if c["device"] == device_name]
+    tables: dict[str, list] = {}
+    for dtype in sorted({c["dtype"] for c in mine}):
+        for curve in _engine_curves([c for c in mine if c["dtype"] == dtype], engine):
+            by_group = sorted(curve["efficiency_by_group_units"].items(), key=lambda i: float(i[0]))
+            units = np.array(sorted({float(u) for _, rows in by_group for u in rows}))
+            grid = []
+            for _, rows in by_group:
+                keys = sorted(rows, key=float)
+                values = np.array([rows[u] for u in keys], dtype=np.float64)
+                own = np.log(np.array([float(u) for u in keys]))
+                grid.append(
+                    np.stack([np.interp(np.log(units), own, column) for column in values.T], axis=1)
+                )
+            groups = np.array([float(g) for g, _ in by_group])
+            tables.setdefault(dtype, []).append((groups, units, np.stack(grid)))
+    return {dtype: tuple(curves) for dtype, curves in tables.items()}
+
+
+def decode_attention_time_s(
+    *,
+    hardware,
+    flops,
+    bytes_moved,
+    tokens,
+    units,
+    group,
+    kv_element_bytes,
+    engine: str | None = None,
+) -> np.ndarray | None:
+    """MHA/GQA decode (generation) attention of one layer: its roofline (``flops`` at the BF16
+    peak, ``bytes_moved`` at the memory bandwidth) over the measured efficiency of the serving
+    engine's decode kernel (``decode_attention``: by the keys ``tokens`` each sequence attends,
+    the (sequence, KV head) pairs ``units`` of the call and the query heads per KV head
+    ``group``, linear in the logs of all three and held beyond the grid); the engine's own table
+    where measured, else the best. NaN on rows whose KV-cache dtype (``kv_element_bytes``: BF16
+    or FP8) has no curve; None where the device has none."""
+    tables = _decode_attention_tables(hardware.name, engine)
+    if not tables:
+        return None
+    context = np.asarray(kernel_curves()["decode_attention_tokens"], dtype=np.float64)
+    tokens, units, group, element = np.broadcast_arrays(
+        *(
+            np.atleast_1d(np.asarray(x, dtype=np.float64))
+            for x in (tokens, units, group, kv_element_bytes)
+        )
+    )
+    efficiency = np.full(tokens.shape, np.nan)
+    for element_bytes, dtype in DECODE_ATTENTION_KV_DTYPES.items():
+        rows = element == element_bytes
+        if dtype not in tables or not rows.any():
+            continue
+        at = [np.maximum(x[rows], 1.0) for x in (group, units, tokens)]
+        (c0, c1, wc) = _log_bracket(at[2], context)
+        values = []
+        for groups, unit_grid, grid in tables[dtype]:
+            (g0, g1, wg), (u0, u1, wu) = _log_bracket(at[0], groups), _log_bracket(at[1], unit_grid)
+            total = np.zeros(at[0].shape)
+            for gi, fg in ((g0, 1.0 - wg), (g1, wg)):
+                for ui, fu in ((u0, 1.0 - wu), (u1, wu)):
+                    for ci, fc in ((c0, 1.0 - wc), (c1, wc)):
+                        total += fg * fu * fc * grid[gi, ui, ci]
+            values.append(total)
+        efficiency[rows] = np.max(values, axis=0)
+    compute_s = np.asarray(flops) / hardware.peak_flops_for("bf16")
+    memory_s = np.asarray(bytes_moved) / hardware.memory_bandwidth_bytes_per_s
+    return np.maximum(compute_s, memory_s) / efficiency
 
 
 def _between_rows(rows: np.ndarray, row_keys: np.ndarray, where: np.ndarray) -> np.ndarray:

@@ -34,6 +34,7 @@ def test_curves_are_fit_inputs_with_a_source_file_each_and_no_end_to_end_table()
         + curves["mla_bmm"]
         + curves["gemm"]
         + curves["context_attention"]
+        + curves["decode_attention"]
         + curves["custom_allreduce"]
     ]
     published = [f for f in files if "flashmla_decode.json" in f]  # a kernel's own figures
@@ -68,6 +69,7 @@ def test_fit_inputs_and_validation_rows_share_no_source() -> None:
         + curves["mla_bmm"]
         + curves["gemm"]
         + curves["context_attention"]
+        + curves["decode_attention"]
         + curves["custom_allreduce"]
     ):
         assert curve["file"] not in validation
@@ -135,8 +137,10 @@ def test_committed_curves_are_small() -> None:
     # grouped-GEMM, MLA and DeepEP curves (~170 kB), the dense GEMM grids of 4 devices x 3
     # engines x 2-3 dtypes (11 x 8 x 8 points each), the context-attention curves and the
     # all-reduce latencies (6 devices x 3 engines x 2-4 GPU counts x 23 sizes); MLA decode at
-    # 6 head counts per rank (~95 kB), the absorbed-MLA batched GEMMs (~14 kB)
-    assert (DATA / "kernel_curves.json").stat().st_size < 400_000
+    # 6 head counts per rank (~95 kB), the absorbed-MLA batched GEMMs (~14 kB); MHA/GQA decode
+    # attention (6 devices x 3 engines x 1-2 KV dtypes x 4 groups x 15 pair counts x 12
+    # lengths, ~190 kB)
+    assert (DATA / "kernel_curves.json").stat().st_size < 600_000
     json.loads((DATA / "kernel_curves.json").read_text())
 
 
@@ -517,6 +521,7 @@ def test_every_curve_names_the_engine_and_version_that_measured_it() -> None:
         + curves["mla_bmm"]
         + curves["gemm"]
         + curves["context_attention"]
+        + curves["decode_attention"]
         + curves["custom_allreduce"]
     ):
         if curve["engine"] == "flashmla":  # the kernel's own published figures, at their commit
@@ -769,6 +774,7 @@ def test_a_device_without_an_all_reduce_table_keeps_the_collective_model() -> No
     gemms = model.num_layers * (
         len(attention_projections(model)) + len(ffn_projections(model, model.ffn_hidden_size))
     )
+    gemms = gemms + model.num_layers  # and the decode attention kernel (H800: the H100's tables)
     assert floors["hgx-h800"] == gemms
     assert floors["dgx-h100"] == gemms + 2 * model.num_layers  # the two all-reduces per layer
 
@@ -836,3 +842,136 @@ def test_importer_keeps_the_engines_graph_rows_of_an_all_reduce_table(tmp_path: 
     assert curve["kernel_source"] == "SGLang_CustomAllReduce_graph"
     assert set(curve["latency_us_by_gpus"]) == {"2", "8"}
     np.testing.assert_allclose(curve["latency_us_by_gpus"]["8"], 8.0)
+
+
+def _serving_model(name: str):
+    """A catalog model, or one of the serving validation's (Llama-3.1-70B's config)."""
+    from cost_model._serving_validation import row_model
+
+    return row_model({"id": name, "model": name})
+
+
+#: (preset, aiconfigurator folder, engine, version, model, tp, KV dtype): Llama-3.1-70B (64 query
+#: heads over 8 KV heads) at TP8 runs 8 query heads over 1 KV head per rank, at TP4 16 over 2;
+#: Qwen3-235B-A22B (64 over 4) at TP4 16 over 1 (group 16), at TP8 8 over a replicated KV head.
+_DECODE_CASES = [
+    ("dgx-h100", "h100_sxm", "sglang", "0.5.14", "llama-3.1-70b", 8, "bf16"),
+    ("dgx-h100", "h100_sxm", "trtllm", "1.3.0rc20", "llama-3.1-70b", 4, "fp8"),
+    ("dgx-b200", "b200_sxm", "sglang", "0.5.14", "qwen3-235b-a22b", 4, "bf16"),
+    ("dgx-b200", "b200_sxm", "trtllm", "1.3.0rc20", "qwen3-235b-a22b", 8, "fp8"),
+]
+
+
+@pytest.mark.parametrize(
+    ("preset", "folder", "engine", "version", "name", "tp", "kv"), _DECODE_CASES
+)
+def test_gqa_decode_attention_takes_the_engines_measured_latency(
+    preset: str, folder: str, engine: str, version: str, name: str, tp: int, kv: str
+) -> None:
+    """One rank's decode attention of a Llama-3.1-70B / Qwen3-235B shape costs what the engine's
+    own generation-attention table measured (aiconfigurator's parquet, read here directly), from
+    launch-bound (one sequence, 1K keys) to bandwidth-bound (256 sequences, 16K keys)."""
+    from cost_model._kernel_curves import decode_attention_time_s
+
+    a = _serving_model(name).attention
+    heads, kv_heads = a.num_heads // tp, max(a.num_kv_heads // tp, 1)
+    element = {"bf16": 2.0, "fp8": 1.0}[kv]
+    rows = _read(
+        _aiconfigurator_root()
+        / f"systems/data/{folder}/attention/{engine}/{version}/generation_attention_perf.parquet"
+    )
+    measured: dict[tuple[int, int], float] = {}
+    for r in rows:
+        if (
+            (r["num_heads"], r["num_key_value_heads"], r["head_dim"]) == (heads, kv_heads, 128)
+            and r["window_size"] == 0
+            and r["kv_cache_dtype"] == {"bf16": "bfloat16", "fp8": "fp8"}[kv]
+        ):
+            key = (r["batch_size"], r["isl"] + r["step"])
+            measured[key] = min(measured.get(key, np.inf), r["latency"] * 1e-3)
+    points = [(b, n) for b in (1, 8, 64, 256) for n in (1024, 4096, 16384) if (b, n) in measured]
+    assert len(points) >= 10
+    batch, keys = (np.array(x, dtype=np.float64) for x in zip(*points))
+    seconds = decode_attention_time_s(
+        hardware=get_preset(preset).device,
+        flops=batch * keys * 4.0 * heads * a.head_dim,
+        bytes_moved=batch * keys * kv_heads * 2.0 * a.head_dim * element,
+        tokens=keys,
+        units=batch * kv_heads,
+        group=heads / kv_heads,
+        kv_element_bytes=element,
+        engine=engine,
+    )
+    assert seconds is not None
+    expected = np.array([measured[p] for p in points])
+    # the curves keep the mean over the KV-head splits of a call's (sequence, KV head) pairs:
+    # a short launch-bound call of one split runs up to ~13% off it (B200 TensorRT-LLM FP8, 8
+    # sequences at 1K keys), the rest within a few percent
+    np.testing.assert_allclose(seconds, expected, rtol=0.15)
+    assert np.mean(np.abs(seconds / expected - 1.0)) < 0.03
+
+
+def test_gqa_decode_attention_is_priced_from_the_table_where_one_exists() -> None:
+    """Llama-3.1-70B TP8 decode of 64 sequences on the H100: core attention is the SGLang table's
+    latency at the pass's shape and its kernel pays no per-kernel floor; a device without tables
+    (renamed) and a KV-cache dtype the device's tables lack (the A100's measure BF16 caches
+    only) keep the roofline with the calibration's efficiency, and the floor."""
+    from cost_model._common import EstimateOptions
+    from cost_model._inference import (
+        _decode_attention_measured,
+        _measured_kernels_per_pass,
+        _setup,
+    )
+    from cost_model._kernel_curves import decode_attention_time_s
+
+    model = _serving_model("llama-3.1-70b")
+    table = table_from_columns(tp=8, batch_size=64, phase=PHASE_CODES["decode"])
+
+    def renamed(name: str):
+        plain = get_preset(name)
+        device = plain.device.model_copy(update={"name": plain.device.name + " (no curves)"})
+        return plain.model_copy(update={"device": device})
+
+    per_layer, measured, floors = {}, {}, {}
+    for label, cluster, kv in (
+        ("h100", get_preset("dgx-h100"), "bf16"),
+        ("h100 plain", renamed("dgx-h100"), "bf16"),
+        ("a100 bf16", get_preset("dgx-a100"), "bf16"),
+        ("a100 fp8", get_preset("dgx-a100"), "fp8"),
+        ("a100 fp8 plain", renamed("dgx-a100"), "fp8"),
+    ):
+        workload = Inference(
+            prompt_tokens=2000,
+            output_tokens=1000,
+            weight_dtype="bf16",
+            kv_dtype=kv,
+            serving_engine="sglang",
+        )
+        out = estimate_inference_table(model=model, cluster=cluster, workload=workload, table=table)
+        per_layer[label] = float(out["time.decode_attention"][0]) / model.num_layers
+        setup = _setup(
+            model=model, cluster=cluster, workload=workload, table=table, options=EstimateOptions()
+        )
+        measured[label] = bool(_decode_attention_measured(setup)[0])
+        floors[label] = float(np.asarray(_measured_kernels_per_pass(setup, decode=True)).ravel()[0])
+    # a decode step at the mean context: the prompt and half the output, plus the new token
+    keys = np.array([2000.0 + 1001.0 / 2.0])
+    table_s = decode_attention_time_s(
+        hardware=get_preset("dgx-h100").device,
+        flops=64 * keys * 4.0 * 8 * 128,
+        bytes_moved=64 * keys * 2.0 * 128 * 2.0,
+        tokens=keys,
+        units=64.0,
+        group=8.0,
+        kv_element_bytes=2.0,
+        engine="sglang",
+    )
+    assert table_s is not None
+    # (the cache read rounds the context up to whole tokens)
+    assert per_layer["h100"] == pytest.approx(float(table_s[0]), rel=1e-3)
+    assert per_layer["h100"] != pytest.approx(per_layer["h100 plain"], rel=0.05)
+    assert measured["h100"] and not measured["h100 plain"]
+    assert measured["a100 bf16"] and not measured["a100 fp8"]
+    assert per_layer["a100 fp8"] == pytest.approx(per_layer["a100 fp8 plain"], rel=1e-9)
+    # the one attention kernel a layer pays no floor where the table times it
+    assert floors["a100 bf16"] - floors["a100 fp8"] == model.num_layers
