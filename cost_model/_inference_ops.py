@@ -124,7 +124,17 @@ def kv_bytes_per_sequence_layer(
 def kv_head_split(model: ModelSpec, attention_shard: np.ndarray) -> np.ndarray:
     """Ranks of a tp group that split one sequence's cache. MHA/GQA split by KV head (a head is
     replicated once tp exceeds the KV heads); MLA's latent serves every head, so each TP rank
-    holds all of it — the duplication that attention-DP removes (SGLang DP-attention)."""
+    holds all of it — the duplication that attention-DP removes (SGLang DP-attention). The
+    engines cache MLA as one KV head of ``kv_lora_rank + qk_rope_head_dim`` per token on every
+    rank: vLLM (``MLAAttention.get_kv_cache_spec``: ``MLAAttentionSpec(num_kv_heads=1,
+    head_size=kv_lora_rank + qk_rope_head_dim)``, each TP worker sizing its own pool; only decode
+    context parallel, ``decode_context_parallel_size`` default 1, spreads a sequence's tokens over
+    the TP ranks), SGLang (``MLATokenToKVPool``, cell size ``(kv_lora_rank + qk_rope_head_dim) x
+    layers x dtype bytes`` with no tp divisor; its DCP is likewise off by default) and
+    TensorRT-LLM (``KVCacheManager(num_kv_heads=1, head_dim=kv_lora_rank + qk_rope_head_dim)``
+    for MLA; ``enable_attention_dp`` makes the attention tp 1). The layout's context-parallel
+    ranks (``cp``) split the tokens on top of this; a DCP that reuses the TP ranks is not
+    modelled (all three engines leave it off unless asked)."""
     if model.attention.kind == "mla":
         return np.ones_like(attention_shard, dtype=np.float64)
     return np.minimum(attention_shard, float(model.attention.num_kv_heads))

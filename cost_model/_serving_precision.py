@@ -68,6 +68,50 @@ def checkpoint_dtype(config: dict[str, Any]) -> str:
     return _TORCH_DTYPES.get(str(config.get("torch_dtype", "bfloat16")), "bf16")
 
 
+#: A checkpoint's declared KV-cache format -> the cache dtype it selects.
+_KV_ALGORITHMS = {"fp8": "fp8"}
+
+
+def checkpoint_kv_dtype(config: dict[str, Any]) -> str | None:
+    """The KV-cache dtype a ``config.json`` dict's checkpoint declares, which the engines serve
+    when the launch leaves the KV-cache dtype at its default (``auto``); None when it declares
+    none (the cache then stays in the model's compute dtype).
+
+    A ModelOpt export declares it as ``kv_cache_quant_algo`` (in ``quantization_config``, or in
+    the ``quantization`` of ``hf_quant_config.json``), a compressed-tensors one as
+    ``kv_cache_scheme`` (8-bit float: FP8). The engines honour an FP8 declaration under ``auto``:
+    vLLM from v0.14.0 (``EngineArgs.create_engine_config`` calls
+    ``vllm/utils/torch_utils.py::resolve_kv_cache_dtype_string``, which maps ModelOpt's ``FP8``
+    to ``fp8_e4m3``; vllm-project/vllm PR #30785; v0.13.0 has no such resolution), SGLang
+    (``mem_cache/kv_cache_dtype.py::configure_kv_cache_dtype``: ``auto`` with the model's
+    ``quant_config.kv_cache_quant_algo == "FP8"`` -> ``float8_e4m3fn``; sgl-project/sglang PR
+    #18440 fixed Kimi-K2.5's wrapper, whose missing ``quant_config`` had left
+    nvidia/Kimi-K2.5-NVFP4 on a BF16 cache) and TensorRT-LLM (``quant_mode.has_fp8_kv_cache()``
+    -> an FP8 ``KVCacheManager``). Other declared formats are not modelled: asking for one is an
+    error, never a silent fallback."""
+    outer = _quantization(config)
+    inner = outer.get("quantization", outer)  # hf_quant_config.json nests it under "quantization"
+    declared = next(
+        (
+            q.get(key)
+            for key in ("kv_cache_scheme", "kv_cache_quant_algo")
+            for q in (inner, outer)
+            if q.get(key) is not None
+        ),
+        None,
+    )
+    if declared is None:
+        return None
+    if isinstance(declared, dict):
+        if declared.get("type") == "float" and declared.get("num_bits") == 8:
+            return "fp8"
+        raise ValueError(f"kv_cache_scheme {declared!r}: only an 8-bit float cache is modelled")
+    dtype = _KV_ALGORITHMS.get(str(declared).lower())
+    if dtype is None:
+        raise ValueError(f"kv_cache_quant_algo {declared!r}: only FP8 is modelled")
+    return dtype
+
+
 #: Config keys that list a checkpoint's unquantized modules (ModelOpt, compressed-tensors,
 #: vLLM, transformers).
 _EXCLUDE_KEYS = ("exclude_modules", "ignore", "ignored_layers", "modules_to_not_convert")

@@ -35,7 +35,11 @@ from cost_model._model_spec import ModelSpec
 from cost_model._parallel import ParallelConfig
 from cost_model._serving_columns import ServingConfig
 from cost_model._serving_load import Engine
-from cost_model._serving_precision import checkpoint_dtype, checkpoint_dtype_by_part
+from cost_model._serving_precision import (
+    checkpoint_dtype,
+    checkpoint_dtype_by_part,
+    checkpoint_kv_dtype,
+)
 from cost_model._simulator import simulate, simulate_layout
 from cost_model._table import configs_to_table
 from cost_model._workload import Inference
@@ -97,13 +101,23 @@ def row_weight_dtype_by_part(row: dict) -> dict[str, str]:
     return checkpoint_dtype_by_part(config, row_model(row))
 
 
+def row_kv_dtype(row: dict) -> str:
+    """The row's KV-cache dtype. ``auto`` (the launch sets no KV-cache dtype) is what the engine
+    resolves it to: the dtype the checkpoint's ``quantization_config`` declares
+    (``_serving_precision.checkpoint_kv_dtype``), else the compute dtype (bf16)."""
+    if row["kv_dtype"] != "auto":
+        return str(row["kv_dtype"])
+    config = serving_validation_data().get("models", {}).get(row.get("model", "deepseek-v3"), {})
+    return checkpoint_kv_dtype(config) or "bf16"
+
+
 def _benchmark_workload(row: dict) -> Inference:
     return Inference(
         prompt_tokens=row["prompt_tokens"],
         output_tokens=row["output_tokens"],
         weight_dtype=row["weight_dtype"],
         weight_dtype_by_part=cast(Any, row_weight_dtype_by_part(row)),
-        kv_dtype=row["kv_dtype"],
+        kv_dtype=cast(Any, row_kv_dtype(row)),
         serving_engine=ENGINE_PROFILES[row["engine"]],
         max_batched_tokens=row.get("max_batched_tokens"),
     )
@@ -198,7 +212,7 @@ def _pool_rows(row: dict) -> list[ServingValidationRow]:
     precision = {
         "weight_dtype": row["weight_dtype"],
         "weight_dtype_by_part": row_weight_dtype_by_part(row),
-        "kv_dtype": row["kv_dtype"],
+        "kv_dtype": row_kv_dtype(row),
         "serving_engine": ENGINE_PROFILES[row["engine"]],
     }
     workload = Inference(

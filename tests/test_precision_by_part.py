@@ -140,3 +140,62 @@ def test_kimi_validation_rows_serve_the_recorded_checkpoint_split() -> None:
     assert by_part["attention"] == by_part["lm_head"] == "bf16"
     # a row in another dtype than its model's recorded checkpoint takes no split
     assert row_weight_dtype_by_part({**kimi, "weight_dtype": "fp8"}) == {}
+
+
+def test_a_checkpoints_declared_kv_cache_format_is_read_from_either_export() -> None:
+    from cost_model._serving_precision import checkpoint_kv_dtype
+
+    assert checkpoint_kv_dtype(_nvfp4_config(["lm_head"])) is None  # none declared
+    flat = _nvfp4_config(["lm_head"])
+    flat["quantization_config"]["kv_cache_quant_algo"] = "FP8"
+    assert checkpoint_kv_dtype(flat) == "fp8"
+    nested = {"producer": {"name": "modelopt"}, "quantization": {"kv_cache_quant_algo": "FP8"}}
+    assert checkpoint_kv_dtype({"quantization_config": nested}) == "fp8"
+    scheme = {
+        "quant_method": "compressed-tensors",
+        "kv_cache_scheme": {"num_bits": 8, "type": "float"},
+    }
+    assert checkpoint_kv_dtype({"quantization_config": scheme}) == "fp8"
+    flat["quantization_config"]["kv_cache_quant_algo"] = "NVFP4"
+    with pytest.raises(ValueError, match="only FP8"):
+        checkpoint_kv_dtype(flat)
+
+
+def test_kimi_rows_launched_without_a_kv_dtype_run_the_checkpoints_fp8_cache() -> None:
+    """The InferenceX launch sets no ``--kv-cache-dtype``: vLLM (v0.14.0 on) resolves ``auto`` to
+    the FP8 cache nvidia/Kimi-K2.5-NVFP4 declares. The 8k-prompt rows at 64 clients then fit
+    in the TP4 pool (the published TTFT of 1.28 s shows them all admitted), which a BF16
+    cache would not hold."""
+    from cost_model._inference_load import serving_inputs
+    from cost_model._parallel import ParallelConfig
+    from cost_model._serving_columns import ServingConfig
+    from cost_model._serving_validation import (
+        _benchmark_workload,
+        row_kv_dtype,
+        row_model,
+        serving_validation_data,
+    )
+    from cost_model._table import configs_to_table
+
+    rows = serving_validation_data()["rows"]
+    kimi = [r for r in rows if r["source"] == "vllm-recipes-kimi-k2.5-inferencex"]
+    assert {r["kv_dtype"] for r in kimi} == {"auto"}
+    assert {row_kv_dtype(r) for r in kimi} == {"fp8"}
+    assert row_kv_dtype({**kimi[0], "model": "deepseek-v3"}) == "bf16"  # declares none
+    long = next(r for r in kimi if r["concurrency"] == 64 and r["prompt_tokens"] > 7000)
+    admitted = {}
+    for kv_dtype in ("auto", "bf16"):
+        row = {**long, "kv_dtype": kv_dtype}
+        workload = _benchmark_workload(row)
+        table = configs_to_table(
+            [ParallelConfig(**row["config"])], **ServingConfig().columns(workload=workload)
+        )
+        _, policy, _ = serving_inputs(
+            model=row_model(row),
+            cluster=get_preset(row["preset"], num_nodes=1),
+            workload=workload,
+            table=table,
+        )
+        admitted[kv_dtype] = float(np.asarray(policy.max_running)[0])
+    assert admitted["auto"] >= long["concurrency"] > admitted["bf16"]
+    assert admitted["auto"] == pytest.approx(2 * admitted["bf16"], abs=1)

@@ -420,9 +420,9 @@ def test_an_engine_that_does_not_mix_keeps_waves_and_stalls_its_decodes() -> Non
     assert float(unmixed.quantile("ttft", 0.9)[0]) > float(unmixed.ttft_s[0])
 
 
-def _admitted(engine: str, output_tokens: int) -> float:
+def _admitted(engine: str, output_tokens: int, kv_dtype: str = "bf16") -> float:
     workload = WORKLOAD.model_copy(
-        update={"serving_engine": engine, "output_tokens": output_tokens}
+        update={"serving_engine": engine, "output_tokens": output_tokens, "kv_dtype": kv_dtype}
     )
     table = configs_to_table([PLANS[0]], **ServingConfig().columns(workload=workload))
     _, policy, _ = serving_inputs(model=DSV3, cluster=H200_NODE, workload=workload, table=table)
@@ -503,3 +503,30 @@ def test_each_engine_runs_no_more_requests_than_its_default_cap() -> None:
         load = workload.model_copy(update={"serving_engine": engine})
         _, policy, _ = serving_inputs(model=small, cluster=H200_NODE, workload=load, table=table)
         assert float(policy.max_running[0]) == cap, engine
+
+
+def test_every_tp_rank_caches_the_whole_mla_latent() -> None:
+    """vLLM, SGLang and TensorRT-LLM cache MLA as one KV head of ``kv_lora_rank +
+    qk_rope_head_dim`` per token on every tensor-parallel rank (no tp divisor), so a request
+    costs each rank ``layers x 576 x dtype bytes`` per token: at tp=8 the engine admits what
+    its pool, weights and activations taken out, holds of those; an FP8 cache twice that."""
+    from cost_model._common import EstimateOptions
+    from cost_model._inference import _memory_parts, _setup
+
+    workload = WORKLOAD.model_copy(update={"serving_engine": "vllm"})
+    table = configs_to_table([PLANS[0]], **ServingConfig().columns(workload=workload))
+    s = _setup(
+        model=DSV3, cluster=H200_NODE, workload=workload, table=table, options=EstimateOptions()
+    )
+    parts = _memory_parts(s, np.ones(1))
+    vllm = serving_profile("vllm")
+    pool = vllm.kv_memory_fraction * H200_NODE.memory_per_device_bytes - float(
+        parts["weights"][0] + parts["activations"][0] + parts["comm_buffers"][0]
+    )
+    latent = DSV3.attention.kv_lora_rank + DSV3.attention.qk_rope_head_dim
+    blocks = workload.kv_block_tokens  # whole blocks of the paged cache
+    tokens = np.ceil((4000 + vllm.admission_output_share * 1000) / blocks) * blocks
+    for kv_dtype, element_bytes in (("bf16", 2), ("fp8", 1)):
+        per_request = DSV3.num_layers * latent * element_bytes * tokens
+        admitted = _admitted("vllm", 1000, kv_dtype=kv_dtype)
+        assert admitted == pytest.approx(pool // per_request, abs=1)
