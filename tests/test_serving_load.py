@@ -394,6 +394,29 @@ def test_cli_rejects_non_positive_load_and_slos_with_exit_2(option, capsys) -> N
     assert f"argument {option[0]}: ({option[1]}) must be > 0" in capsys.readouterr().err
 
 
+def test_cli_names_the_releases_with_a_profile_for_an_unknown_engine_version(capsys) -> None:
+    from autoparallel.cli import main
+
+    code = main(
+        [
+            "estimate",
+            "--inference",
+            "--model",
+            "deepseek-v3",
+            "--cluster",
+            "dgx-h200",
+            "--serving-engine",
+            "sglang",
+            "--serving-engine-version",
+            "0.3.6",
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code != 0
+    assert "serving_engine_version ('0.3.6') of sglang" in captured.err + captured.out
+    assert "0.4.2, 0.4.3" in captured.err + captured.out
+
+
 def test_plan_cli_runs_the_slo_command_and_reports_the_simulator(tmp_path, capsys) -> None:
     """The acceptance command, as typed (N = 2: DeepSeek-V3 fits 16 H200 in any precision)."""
     from autoparallel.cli import main
