@@ -260,7 +260,7 @@ def _setup(
         kernels_per_layer=kernels_per_layer(SimpleNamespace(model=model, options=options)),
         prompt_tokens=np.broadcast_to(np.asarray(prompt, dtype=np.float64), (n,)),
         output_tokens=np.full(n, float(workload.output_tokens)),
-        profile=serving_profile(workload.serving_engine),
+        profile=serving_profile(workload.serving_engine, workload.serving_engine_version),
     )
 
 

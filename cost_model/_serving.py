@@ -189,7 +189,7 @@ def disaggregated_split(
     transfer_s, network_fraction = _kv_transfer(
         model, cluster, workload, decode, served, decode_units * decode_size
     )
-    profile = serving_profile(workload.serving_engine)
+    profile = serving_profile(workload.serving_engine, workload.serving_engine_version)
     prefill_utilization = (
         min(served / (prefill_units * prefill_rate), 1.0) if prefill_units else 0.0
     )

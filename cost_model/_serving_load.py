@@ -67,6 +67,10 @@ class ServingProfile(BaseModel):
 
     engine: Engine
     version: str
+    #: release prefixes this profile describes (``"0.7.3"`` matches ``"0.7.3.dev138+g21f6ca217"``)
+    releases: tuple[str, ...] = Field(min_length=1)
+    #: whether this is the engine's profile when no version is named (its current releases)
+    default: bool = False
     kernel_floor_s: float = Field(ge=0)
     #: host seconds of one kernel of an eager pass (no CUDA graph): module code, dispatcher, launch
     eager_kernel_host_s: float = Field(ge=0)
@@ -136,16 +140,46 @@ class ServingProfile(BaseModel):
         return self.sampling_s + self.scheduler_s
 
 
+def _release_parts(version: str) -> list[str]:
+    """Dotted components of a version, its local part (``+g...``) dropped."""
+    return version.strip().split("+", 1)[0].split(".")
+
+
 @cache
-def serving_profile(engine: str) -> ServingProfile:
-    """The shipped profile of ``engine``; raises ``ValueError`` naming the known engines."""
+def _profiles() -> tuple[ServingProfile, ...]:
     data = json.loads(
         (resources.files("cost_model") / "data" / "serving_profiles.json").read_text()
     )
-    profiles = {row["engine"]: row for row in data["profiles"]}
-    if engine not in profiles:
-        raise ValueError(f"serving_engine ({engine!r}) must be one of {sorted(profiles)}")
-    return ServingProfile(**profiles[engine])
+    return tuple(ServingProfile(**row) for row in data["profiles"])
+
+
+@cache
+def serving_profile(engine: str, version: str | None = None) -> ServingProfile:
+    """The shipped profile of ``engine`` at ``version`` (None: its current releases, the
+    default profile). A version names the release it ran, e.g. ``"0.7.4.dev181+gf35f8e22"``;
+    the profile whose release prefix matches the most dotted components is taken. Raises
+    ``ValueError`` naming the known engines, or the known releases of ``engine``."""
+    own = [profile for profile in _profiles() if profile.engine == engine]
+    if not own:
+        engines = sorted({profile.engine for profile in _profiles()})
+        raise ValueError(f"serving_engine ({engine!r}) must be one of {engines}")
+    if version is None:
+        (default,) = [profile for profile in own if profile.default]
+        return default
+    parts = _release_parts(version)
+    best, best_length = None, 0
+    for profile in own:
+        for release in profile.releases:
+            prefix = _release_parts(release)
+            if parts[: len(prefix)] == prefix and len(prefix) > best_length:
+                best, best_length = profile, len(prefix)
+    if best is None:
+        known = "; ".join(f"{', '.join(profile.releases)} ({profile.version})" for profile in own)
+        raise ValueError(
+            f"serving_engine_version ({version!r}) of {engine} must start with a release "
+            f"that has a profile: {known}"
+        )
+    return best
 
 
 @dataclass(frozen=True)

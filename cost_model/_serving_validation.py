@@ -9,7 +9,8 @@ that the two share no source.
 Benchmark rows are priced the way they were measured: the serving simulator
 (``_simulator.simulate``) runs the benchmark's protocol — ``num_requests`` requests of the stated
 lengths, ``concurrency`` clients that start together, spread evenly over the layout's replicas
-— on the iteration cost of the stated layout, with the floors of the stated engine. Pool rows
+— on the iteration cost of the stated layout, with the defaults and floors of the stated engine
+at the release it ran (a row's ``engine_version``; the engine's current profile without one). Pool rows
 price the pool's pass at its published batch (``_inference_validation``); the Day-6 and DeepSeek
 profile rows reuse ``validate_dsv3_day6`` and ``validate_dsv3_profile``.
 """
@@ -119,6 +120,7 @@ def _benchmark_workload(row: dict) -> Inference:
         weight_dtype_by_part=cast(Any, row_weight_dtype_by_part(row)),
         kv_dtype=cast(Any, row_kv_dtype(row)),
         serving_engine=ENGINE_PROFILES[row["engine"]],
+        serving_engine_version=row.get("engine_version"),
         max_batched_tokens=row.get("max_batched_tokens"),
     )
 
@@ -214,6 +216,7 @@ def _pool_rows(row: dict) -> list[ServingValidationRow]:
         "weight_dtype_by_part": row_weight_dtype_by_part(row),
         "kv_dtype": row_kv_dtype(row),
         "serving_engine": ENGINE_PROFILES[row["engine"]],
+        "serving_engine_version": row.get("engine_version"),
     }
     workload = Inference(
         prompt_tokens=row["prompt_tokens"],

@@ -6,6 +6,7 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from cost_model._serving_load import serving_profile
 from cost_model._units import Dtype
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -104,7 +105,10 @@ class Inference(BaseModel):
     picks the largest concurrency that memory and the SLOs allow. The SLOs bound the p90 TTFT
     and p90 TPOT. ``serving_engine`` picks the per-step and per-request floors
     (``data/serving_profiles.json``) and the default chunked-prefill budget
-    (``max_batched_tokens``, tokens per iteration). ``mla_decode_kernel`` names an MLA decode
+    (``max_batched_tokens``, tokens per iteration); ``serving_engine_version`` names the
+    release the engine ran (e.g. ``"0.7.4.dev181"``), whose defaults and floors then apply
+    instead of the current releases' (None: the engine's current profile; a release without a
+    profile is an error naming those that have one). ``mla_decode_kernel`` names an MLA decode
     kernel other than the serving engine's default, priced from its published figures where it
     has them (``"flashmla"``: DeepSeek's FlashMLA, the kernel of DeepSeek's own serving; None:
     the engine's own measured kernel, ``_kernel_curves.mla_efficiency``).
@@ -126,6 +130,7 @@ class Inference(BaseModel):
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
     serving_engine: Literal["vllm", "sglang", "trtllm"] = "sglang"
+    serving_engine_version: str | None = None
     mla_decode_kernel: Literal["flashmla"] | None = None
     max_batched_tokens: int | None = None
     weight_dtype: Dtype = "bf16"
@@ -151,6 +156,8 @@ class Inference(BaseModel):
     def _check(self) -> Inference:
         if self.concurrency is not None and self.request_rate_per_s is not None:
             raise ValueError("give concurrency or request_rate_per_s, not both")
+        if self.serving_engine_version is not None:
+            serving_profile(self.serving_engine, self.serving_engine_version)  # names the known
         return self
 
     def __hash__(self) -> int:  # the per-part dict is not hashable; the JSON is

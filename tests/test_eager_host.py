@@ -84,7 +84,7 @@ def _pass_times(monkeypatch, *, prompt_tokens: int, host_s: float) -> tuple[floa
     """(prefill pool TTFT, decode pool TPOT) of one sequence under SGLang's profile with
     ``eager_kernel_host_s = host_s``."""
     profile = serving_profile("sglang").model_copy(update={"eager_kernel_host_s": host_s})
-    monkeypatch.setattr(inference, "serving_profile", lambda engine: profile)
+    monkeypatch.setattr(inference, "serving_profile", lambda engine, version=None: profile)
     workload = Inference(prompt_tokens=prompt_tokens, output_tokens=100, weight_dtype="fp8")
     times = []
     for phase, column in (("prefill", "ttft_s"), ("decode", "tpot_s")):

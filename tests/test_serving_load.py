@@ -268,6 +268,72 @@ def test_every_profile_term_has_a_source_and_unknown_engines_are_named() -> None
         serving_profile("tgi")
 
 
+def test_a_version_selects_its_release_profile_and_the_current_one_stays_default() -> None:
+    data = json.loads(
+        (Path(cost_model.__file__).parent / "data" / "serving_profiles.json").read_text()
+    )
+    for engine in ("vllm", "sglang", "trtllm"):
+        own = [row for row in data["profiles"] if row["engine"] == engine]
+        assert sum(row["default"] for row in own) == 1
+        releases = [release for row in own for release in row["releases"]]
+        assert len(releases) == len(set(releases))
+        assert serving_profile(engine).default
+        assert WORKLOAD.model_copy(update={"serving_engine": engine}).serving_engine_version is None
+    current = serving_profile("vllm")
+    assert serving_profile("vllm", "0.11.2") == current
+    v0 = serving_profile("vllm", "0.7.4.dev181+gf35f8e22")
+    assert v0.version.startswith("0.7.4") and not v0.default
+    assert (v0.max_running_requests, current.max_running_requests) == (256, 1024)
+    assert not v0.prefill_graphs and v0.chunked_prefill
+    # 0.7.3 forced chunked prefill off for MLA models; the 0.7.4 nightlies did so off CUDA only
+    assert not serving_profile("vllm", "0.7.3.dev138+g21f6ca217").chunked_prefill
+    assert serving_profile("sglang", "0.4.3.post2").graph_max_tokens == 160
+    assert serving_profile("sglang", "0.4.10").default
+    assert serving_profile("trtllm", "0.17.post1.dev").graph_max_tokens == 0
+    workload = Inference(
+        prompt_tokens=4000,
+        output_tokens=1000,
+        serving_engine="vllm",
+        serving_engine_version="0.7.3",
+    )
+    assert workload.serving_engine_version == "0.7.3"
+
+
+def test_an_unknown_engine_version_is_an_error_naming_the_known_releases() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"serving_engine_version \('0\.5\.3'\) of vllm.*0\.10, 0\.11.*0\.7\.4.*0\.7\.3",
+    ):
+        Inference(
+            prompt_tokens=4000,
+            output_tokens=1000,
+            serving_engine="vllm",
+            serving_engine_version="0.5.3",
+        )
+    with pytest.raises(ValueError, match=r"0\.4\.3"):
+        serving_profile("sglang", "0.3.6")
+    with pytest.raises(ValueError, match=r"0\.17"):
+        serving_profile("trtllm", "0.7")  # no prefix match across components: 0.7 is not 0.17
+
+
+def test_an_older_release_prices_differently_where_its_defaults_differ() -> None:
+    """TensorRT-LLM's early PyTorch backend runs every pass eagerly (no CUDA graphs by default):
+    a host-bound decode step costs at least its kernels times the eager host time."""
+    base = dict(prompt_tokens=4000, output_tokens=1000, weight_dtype="fp8", concurrency=4)
+    table = configs_to_table(
+        [PLANS[0]],
+        **ServingConfig(phase="decode", batch_size=4).columns(workload=WORKLOAD),
+    )
+    tpot = {}
+    for version in (None, "0.17"):
+        workload = Inference(**base, serving_engine="trtllm", serving_engine_version=version)
+        out = estimate_inference_table(
+            model=DSV3, cluster=H200_NODE, workload=workload, table=table
+        )
+        tpot[version] = float(out["tpot_s"][0])
+    assert tpot["0.17"] > tpot[None]
+
+
 def test_the_kernel_floor_is_paid_in_decode_too() -> None:
     """A decode step of one sequence costs at least its kernels times the per-kernel floor."""
     table = configs_to_table(
@@ -326,6 +392,29 @@ def test_cli_rejects_non_positive_load_and_slos_with_exit_2(option, capsys) -> N
     )
     assert code == 2
     assert f"argument {option[0]}: ({option[1]}) must be > 0" in capsys.readouterr().err
+
+
+def test_cli_names_the_releases_with_a_profile_for_an_unknown_engine_version(capsys) -> None:
+    from autoparallel.cli import main
+
+    code = main(
+        [
+            "estimate",
+            "--inference",
+            "--model",
+            "deepseek-v3",
+            "--cluster",
+            "dgx-h200",
+            "--serving-engine",
+            "sglang",
+            "--serving-engine-version",
+            "0.3.6",
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code != 0
+    assert "serving_engine_version ('0.3.6') of sglang" in captured.err + captured.out
+    assert "0.4.2, 0.4.3" in captured.err + captured.out
 
 
 def test_plan_cli_runs_the_slo_command_and_reports_the_simulator(tmp_path, capsys) -> None:

@@ -10,7 +10,9 @@ import pytest
 
 import cost_model
 from autoparallel.cli import main
+from cost_model._serving_load import serving_profile
 from cost_model._serving_validation import (
+    _benchmark_workload,
     row_model,
     serving_validation_data,
     simulate_benchmark,
@@ -193,3 +195,18 @@ def test_a_row_runs_the_engine_settings_its_launch_states() -> None:
     launched = simulate_benchmark(row)
     default = simulate_benchmark({k: v for k, v in row.items() if k != "max_batched_tokens"})
     assert launched["ttft_ms"] > 1.5 * default["ttft_ms"]
+
+
+def test_a_row_is_priced_with_the_profile_of_the_release_it_ran() -> None:
+    """dstack's early-2025 runs name their engines' releases; each resolves to that release's
+    profile (not the current one), and pricing the row without it changes the prediction."""
+    dated = [row for row in _rows() if row["source"] == "dstack-deepseek-r1-mi300x-h200-2025"]
+    assert dated and all("engine_version" in row for row in dated)
+    for row in dated:
+        workload = _benchmark_workload(row)
+        assert workload.serving_engine_version == row["engine_version"]
+        assert not serving_profile(row["engine"], row["engine_version"]).default
+    row = next(r for r in dated if r["id"] == "dstack:h200:trtllm:c4:in3200:out800")
+    current = {key: value for key, value in row.items() if key != "engine_version"}
+    # the deepseek branch ran without CUDA graphs: every decode step is eager, so slower
+    assert simulate_benchmark(row)["tpot_ms"] > simulate_benchmark(current)["tpot_ms"]

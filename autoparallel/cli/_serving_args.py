@@ -29,7 +29,8 @@ def _milliseconds(text: str) -> float:
 
 
 def add_load_arguments(parser: argparse.ArgumentParser, *, slo_ms: bool) -> None:
-    """``--concurrency`` / ``--request-rate`` (one of them), ``--serving-engine``, and with
+    """``--concurrency`` / ``--request-rate`` (one of them), ``--serving-engine`` (and its
+    ``--serving-engine-version``), and with
     ``slo_ms`` the SLOs in milliseconds (``--ttft-slo-ms``, ``--tpot-slo-ms``)."""
     load = parser.add_mutually_exclusive_group()
     load.add_argument(
@@ -49,6 +50,12 @@ def add_load_arguments(parser: argparse.ArgumentParser, *, slo_ms: bool) -> None
         default="sglang",
         choices=("vllm", "sglang", "trtllm"),
         help="whose per-step floors apply",
+    )
+    parser.add_argument(
+        "--serving-engine-version",
+        default=None,
+        help="the engine release that runs (e.g. 0.7.4): its defaults and floors instead of "
+        "the current releases' (an unknown release is an error listing those with a profile)",
     )
     if slo_ms:
         parser.add_argument(
@@ -70,6 +77,8 @@ def add_load_arguments(parser: argparse.ArgumentParser, *, slo_ms: bool) -> None
 def load_fields(args: argparse.Namespace) -> dict:
     """``Inference`` fields of the load options (validated there: <= 0 is an error naming the field)."""
     fields = {"serving_engine": args.serving_engine}
+    if args.serving_engine_version is not None:
+        fields["serving_engine_version"] = args.serving_engine_version
     if args.concurrency is not None:
         fields["concurrency"] = args.concurrency
     if args.request_rate is not None:
