@@ -1037,3 +1037,36 @@ def test_gqa_decode_attention_is_priced_from_the_table_where_one_exists() -> Non
     assert per_layer["a100 fp8"] == pytest.approx(per_layer["a100 fp8 plain"], rel=1e-9)
     # the one attention kernel a layer pays no floor where the table times it
     assert floors["a100 bf16"] - floors["a100 fp8"] == model.num_layers
+
+
+def test_a_decode_only_iteration_keeps_the_attention_kernels_fixed_latency() -> None:
+    """The serving load prices decode attention per request at 256 sequences; the measured GQA
+    decode kernel is launch-bound below that (Qwen3-235B at TP8 on B200: ~9 us a layer for one
+    sequence, SGLang's table ~10 us). A decode-only iteration of a grid size still costs exactly
+    its decode pass, attention included, not 94 layers x a 256th of the batch-256 kernel."""
+    from cost_model._common import EstimateOptions
+    from cost_model._inference import _pass_parts, _passes, _setup
+    from cost_model._inference_load import serving_inputs
+    from cost_model._parallel import ParallelConfig
+    from cost_model._serving_columns import ServingConfig
+    from cost_model._table import configs_to_table
+
+    model = get_model("qwen3-235b-a22b")
+    cluster = get_preset("dgx-b200")
+    workload = Inference(
+        prompt_tokens=610, output_tokens=421, weight_dtype="bf16", serving_engine="sglang"
+    )
+    table = configs_to_table(
+        [ParallelConfig(tp=8, ep=1, etp=8)], **ServingConfig().columns(workload=workload)
+    )
+    cost, _, _ = serving_inputs(model=model, cluster=cluster, workload=workload, table=table)
+    setup = _setup(
+        model=model, cluster=cluster, workload=workload, table=table, options=EstimateOptions()
+    )
+    for sequences in (1.0, 16.0):
+        exposed, _ = _pass_parts(setup, _passes(setup, np.array([sequences]))[1])
+        assert exposed["attention"][0] > model.num_layers * 5e-6
+        iteration = cost.seconds(np.array([sequences]), np.array([0.0]))
+        assert iteration[0] == pytest.approx(
+            cost.floor_s[0] + sum(v[0] for v in exposed.values()), rel=1e-9
+        )
