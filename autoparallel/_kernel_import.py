@@ -104,8 +104,9 @@ def _latest_tables(root: Path, device: str, op: str, engine: str, name: str) -> 
 #: Expert shapes (hidden, expert FFN width, routed experts, top-k, expert tensor-parallel size)
 #: imported from the MoE tables: DeepSeek-V3's small experts first (``GROUPED_GEMM_SHAPE``),
 #: then the same split over 8 ranks (the tensor-parallel experts of a TP8 deployment: a
-#: 7168 x 256 slice per rank), Qwen3-235B-A22B's smaller experts and Mixtral-8x7B's large
-#: ones. The efficiency of a memory-bound grouped GEMM at a few tokens per expert depends on
+#: 7168 x 256 slice per rank), Qwen3-235B-A22B's smaller experts, whole and over 8 ranks (a
+#: 4096 x 192 slice: without it a TP8 Qwen3 rank was priced on DeepSeek's 7168 x 256 slice), and
+#: Mixtral-8x7B's large ones. The efficiency of a memory-bound grouped GEMM at a few tokens per expert depends on
 #: how many weight bytes each expert streams against the fixed routing, permute and ramp of
 #: the fused layer, so a model is priced on the measured shape nearest the slice one rank
 #: runs (``cost_model._kernel_curves``), not on DeepSeek's alone.
@@ -113,6 +114,7 @@ EXPERT_SHAPES = (
     (*GROUPED_GEMM_SHAPE, 1),
     (*GROUPED_GEMM_SHAPE, 8),
     (4096, 1536, 128, 8, 1),
+    (4096, 1536, 128, 8, 8),
     (4096, 14336, 8, 2, 1),
 )
 

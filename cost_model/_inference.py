@@ -638,11 +638,14 @@ def _moe_time(
     wb = dtype_bytes(_part_dtype(s, "routed_experts"))
     act = dtype_bytes(s.workload.activation_dtype)
     ep, etp = s.column("ep"), s.column("etp")
+    # the gate runs replicated on the hidden states a rank holds after attention: every token
+    # of its replica under tensor parallelism (SGLang ``Qwen3MoeSparseMoeBlock.gate``, a
+    # ``ReplicatedLinear``), its own under attention data parallelism
     router = _gemms(
         s,
-        rank_tokens,
+        attention_tokens,
         ops.router_projections(model),
-        np.ones_like(rank_tokens),
+        np.ones_like(attention_tokens),
         part="router",
         dtype=s.workload.weight_dtype_by_part.get("router", s.workload.activation_dtype),
     )

@@ -75,12 +75,21 @@ def iteration_cost(s: _Setup) -> IterationCost:
     pp = s.column("pp")
     prefill, _ = _passes(s, np.ones(n) / pp)
     prompt = prefill.new_tokens
-    linear, decode_attention = [], np.zeros(n)
+    linear, attention, decode_attention = [], [], np.zeros(n)
     for tokens in GRID_TOKENS:
         exposed, _ = _pass_parts(s, _passes(s, np.full(n, tokens) / pp)[1])
         linear.append(sum(exposed.values()) - exposed["attention"])
+        attention.append(exposed["attention"])
         if tokens == _ATTENTION_REFERENCE_TOKENS:
             decode_attention = exposed["attention"] / tokens
+    # A measured decode-attention kernel is launch-bound at a few sequences (~10 us a layer
+    # however few: ``_kernel_curves.decode_attention_time_s``): what the per-request price
+    # leaves out at each grid size stays in the decode iteration's linear part, so a
+    # decode-only iteration costs exactly its decode pass.
+    linear = [
+        part + seconds - decode_attention * tokens
+        for part, seconds, tokens in zip(linear, attention, GRID_TOKENS, strict=True)
+    ]
     floor = np.full(n, s.profile.iteration_floor_s)
     cost = IterationCost(
         np.stack(linear, axis=1), decode_attention, np.zeros(n), floor, _prefill_linear(s, prefill)

@@ -15,9 +15,10 @@ The curves live in ``cost_model/data/kernel_curves.json``, written by
 ``autoparallel profile --import-aiconfigurator`` from NVIDIA's aiconfigurator-core operator
 tables (Apache-2.0; every curve names its file and its expert shape). Grouped-GEMM curves are
 measured on several expert shapes (DeepSeek-V3's 7168 x 2048, Qwen3-235B's 4096 x 1536,
-Mixtral-8x7B's 4096 x 14336); a model is priced on the shape nearest its own in log(weight
-elements per expert matrix), since at a few tokens per expert the fused layer's fixed routing,
-permute and ramp weigh against the bytes each expert streams. Where several engines measured
+Mixtral-8x7B's 4096 x 14336, and the 7168 x 256 and 4096 x 192 slices of DeepSeek-V3's and
+Qwen3-235B's experts over 8 tensor-parallel ranks); a model is priced on the shape nearest the
+slice one rank runs in log(weight elements per expert matrix), since at a few tokens per expert
+the fused layer's fixed routing, permute and ramp weigh against the bytes each expert streams. Where several engines measured
 one device and dtype, the best efficiency at each point is used unless an ``engine`` is asked
 for: the fastest kernel measured for that shape (TRT-LLM's CUTLASS grouped GEMM where the
 Triton kernels of untuned configs fall behind), the one a deployment tuned for its shape runs.
@@ -248,7 +249,6 @@ def grouped_gemm_efficiency(
         np.maximum(np.atleast_1d(np.asarray(tokens_per_expert, dtype=np.float64)), 1e-9)
     )
     where = np.log2(np.maximum(np.asarray(experts_per_device, dtype=np.float64), 1e-9))
-    values, distance = [], []
     target = np.log(
         np.asarray(
             expert_elements
@@ -257,14 +257,19 @@ def grouped_gemm_efficiency(
             dtype=np.float64,
         )
     )
-    for elements, log_counts, grid in tables:
+    shape = np.broadcast_shapes(log_tokens.shape, where.shape, target.shape)
+    distance = np.stack([np.abs(target - elements) for elements, _, _ in tables])
+    nearest = np.broadcast_to(np.argmin(distance, axis=0), shape)
+    result = np.zeros(shape)
+    for index in np.unique(nearest):  # only the shapes some row is nearest to
+        _, log_counts, grid = tables[index]
         along = np.stack(
             [np.interp(log_tokens, np.log(TOKENS_PER_EXPERT_GRID), row) for row in grid]
         )  # counts x n
-        values.append(_between_rows(along, log_counts, np.broadcast_to(where, along.shape[1:])))
-        distance.append(np.broadcast_to(np.abs(target - elements), along.shape[1:]))
-    nearest = np.argmin(np.stack(distance), axis=0)
-    return np.take_along_axis(np.stack(values), nearest[None, :], axis=0)[0]
+        along = np.broadcast_to(along, (along.shape[0], *shape))
+        value = _between_rows(along, log_counts, np.broadcast_to(where, shape))
+        result = np.where(nearest == index, value, result)
+    return result
 
 
 def mla_efficiency(
@@ -700,9 +705,25 @@ def gemm_efficiency(
     return value
 
 
+#: Narrowest measured GEMM width: a slice narrower in N or K (a router's 128 experts' logits)
+#: is priced at this width's latency, not at its efficiency over a smaller ideal. Below it the
+#: call is one tile wide and launch-bound: SGLang's B200 BF16 table (aiconfigurator-core 0.12.0,
+#: ``b200_sxm/gemm/sglang/0.5.14``) at M = 1, K = 4096 times N = 32, 64, 128, 256 at 4.5, 3.9,
+#: 4.6, 4.2 us, where the efficiency held from N = 256 would price N = 128 at half of 4.2 us.
+GEMM_MIN_WIDTH = float(GEMM_NK_GRID[0])
+
+
+def _held_width(width) -> np.ndarray:
+    """``width`` raised to ``GEMM_MIN_WIDTH``; an absent GEMM (width 0: no shared expert) stays 0."""
+    width = np.asarray(width, dtype=np.float64)
+    return np.where(width > 0, np.maximum(width, GEMM_MIN_WIDTH), 0.0)
+
+
 def gemm_time_s(*, hardware, dtype: str, m, n, k, engine: str | None = None) -> np.ndarray | None:
     """One dense GEMM at its measured efficiency for its shape (``gemm_efficiency``): seconds,
-    or None where no curve covers the device and dtype."""
+    or None where no curve covers the device and dtype. N and K below the grid are priced at
+    ``GEMM_MIN_WIDTH`` (the latency held, not the efficiency)."""
+    n, k = _held_width(n), _held_width(k)
     efficiency = gemm_efficiency(
         device_name=hardware.name, dtype=dtype, m=m, n=n, k=k, engine=engine
     )
@@ -718,7 +739,8 @@ def projections_time_s(
     width tensor parallelism divides by ``shard``) over ``m`` tokens, each at its measured
     efficiency, summed; None without a curve. The same values as ``gemm_time_s`` per GEMM,
     computed per distinct ``shard`` (a few): the curve over M at each slice, then one
-    interpolation in log(M) per row."""
+    interpolation in log(M) per row. A slice narrower than the grid is priced at
+    ``GEMM_MIN_WIDTH``."""
     table = _gemm_tables(hardware.name, dtype, engine)
     if table is None:
         return None
@@ -732,6 +754,7 @@ def projections_time_s(
     for n, k, split in projections:
         n_rank = n / shards if split == "n" else np.full(shards.shape, float(n))
         k_rank = k / shards if split == "k" else np.full(shards.shape, float(k))
+        n_rank, k_rank = _held_width(n_rank), _held_width(k_rank)
         (i_n, w_n), (i_k, w_k) = _grid_position(n_rank, widths), _grid_position(k_rank, widths)
         curves = np.zeros((shards.size, GEMM_M_GRID.size))  # efficiency over M, per shard
         for dn, fn in ((0, 1.0 - w_n), (1, w_n)):

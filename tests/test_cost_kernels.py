@@ -139,8 +139,8 @@ def test_committed_curves_are_small() -> None:
     # all-reduce latencies (6 devices x 3 engines x 2-4 GPU counts x 23 sizes); MLA decode at
     # 6 head counts per rank (~95 kB), the absorbed-MLA batched GEMMs (~14 kB); MHA/GQA decode
     # attention (6 devices x 3 engines x 1-2 KV dtypes x 4 groups x 15 pair counts x 12
-    # lengths, ~190 kB)
-    assert (DATA / "kernel_curves.json").stat().st_size < 600_000
+    # lengths, ~190 kB); Qwen3-235B's experts split over 8 ranks (~21 kB)
+    assert (DATA / "kernel_curves.json").stat().st_size < 625_000
     json.loads((DATA / "kernel_curves.json").read_text())
 
 
@@ -471,6 +471,68 @@ def test_large_experts_are_priced_on_the_measured_shape_nearest_theirs() -> None
     assert np.all(large > 1.5 * small), (small, large)
     shapes = {tuple(c["shape"].values()) for c in kernel_curves()["grouped_gemm"]}
     assert (4096, 14336, 8, 2, 1) in shapes and (7168, 256, 256, 8, 8) in shapes
+
+
+def test_a_tp8_qwen3_expert_slice_is_priced_on_its_own_measured_shape() -> None:
+    """Qwen3-235B-A22B at TP8 runs all 128 experts on every rank, each a 4096 x 192 slice
+    (1536 / 8). The tables measure that split (aiconfigurator-core 0.12.0,
+    ``b200_sxm/moe/sglang/0.5.14``: BF16, ``moe_tp_size`` 8, balanced, 19.7 us at one token,
+    126 us at 16); before it was imported the slice fell to DeepSeek-V3's 7168 x 256 TP8 curve,
+    which priced the one-token step at 13 us. At one token the routing the model assumes
+    (8 of 128 experts touched) is the table's, so the curve gives back the table's latency."""
+    from cost_model._kernel_curves import grouped_experts_time_s
+
+    shapes = {
+        (c["engine"], tuple(c["shape"].values()))
+        for c in kernel_curves()["grouped_gemm"]
+        if c["device"] == "NVIDIA B200 SXM" and c["dtype"] == "bf16"
+    }
+    assert ("sglang", (4096, 192, 128, 8, 8)) in shapes
+    tokens = np.array([1.0, 16.0])
+    seconds = grouped_experts_time_s(
+        hardware=get_preset("dgx-b200").device,
+        dtype="bf16",
+        tokens_per_expert=tokens * 8 / 128,
+        experts_per_device=128.0,
+        touched_fraction=np.minimum(1.0, tokens * 8 / 128),
+        side_bytes_per_assignment=_side_bytes_of("bf16", hidden=4096, expert_ffn=192),
+        hidden_size=4096,
+        expert_ffn_size=192.0,
+        engine="sglang",
+    )
+    assert seconds is not None
+    np.testing.assert_allclose(seconds, [19.7e-6, 126.3e-6], rtol=0.05)
+
+
+def _side_bytes_of(dtype: str, *, hidden: int, expert_ffn: int) -> float:
+    from autoparallel._kernel_import import _side_bytes
+
+    return _side_bytes(dtype, hidden=hidden, expert_ffn=expert_ffn)
+
+
+def test_a_gemm_narrower_than_the_grid_is_held_at_the_narrowest_measured_latency() -> None:
+    """A router's 128 logits (Qwen3-235B: 128 x 4096, BF16, one token) run one tile wide and
+    launch-bound: SGLang's B200 table times N = 128 and N = 256 at 4.6 and 4.2 us. Holding the
+    efficiency of N = 256 would halve the time with the ideal; the latency is held instead.
+    A GEMM that is absent (width 0: no shared expert) costs nothing."""
+    from cost_model._kernel_curves import gemm_time_s, projections_time_s
+
+    hardware = get_preset("dgx-b200").device
+    common = {"hardware": hardware, "dtype": "bf16", "m": 1.0, "k": 4096, "engine": "sglang"}
+    narrow = gemm_time_s(n=128, **common)
+    narrowest_measured = gemm_time_s(n=256, **common)
+    assert narrow is not None and narrowest_measured is not None
+    assert narrow[0] == pytest.approx(narrowest_measured[0], rel=1e-12)
+    assert 3e-6 < narrow[0] < 6e-6
+    router = projections_time_s(
+        hardware=hardware,
+        dtype="bf16",
+        m=1.0,
+        shard=1.0,
+        projections=((128, 4096, ""), (0, 4096, "n")),
+        engine="sglang",
+    )
+    assert router is not None and router[0] == pytest.approx(narrow[0], rel=1e-12)
 
 
 def test_kernels_timed_by_an_operator_table_pay_no_floor_on_top() -> None:
@@ -975,3 +1037,36 @@ def test_gqa_decode_attention_is_priced_from_the_table_where_one_exists() -> Non
     assert per_layer["a100 fp8"] == pytest.approx(per_layer["a100 fp8 plain"], rel=1e-9)
     # the one attention kernel a layer pays no floor where the table times it
     assert floors["a100 bf16"] - floors["a100 fp8"] == model.num_layers
+
+
+def test_a_decode_only_iteration_keeps_the_attention_kernels_fixed_latency() -> None:
+    """The serving load prices decode attention per request at 256 sequences; the measured GQA
+    decode kernel is launch-bound below that (Qwen3-235B at TP8 on B200: ~9 us a layer for one
+    sequence, SGLang's table ~10 us). A decode-only iteration of a grid size still costs exactly
+    its decode pass, attention included, not 94 layers x a 256th of the batch-256 kernel."""
+    from cost_model._common import EstimateOptions
+    from cost_model._inference import _pass_parts, _passes, _setup
+    from cost_model._inference_load import serving_inputs
+    from cost_model._parallel import ParallelConfig
+    from cost_model._serving_columns import ServingConfig
+    from cost_model._table import configs_to_table
+
+    model = get_model("qwen3-235b-a22b")
+    cluster = get_preset("dgx-b200")
+    workload = Inference(
+        prompt_tokens=610, output_tokens=421, weight_dtype="bf16", serving_engine="sglang"
+    )
+    table = configs_to_table(
+        [ParallelConfig(tp=8, ep=1, etp=8)], **ServingConfig().columns(workload=workload)
+    )
+    cost, _, _ = serving_inputs(model=model, cluster=cluster, workload=workload, table=table)
+    setup = _setup(
+        model=model, cluster=cluster, workload=workload, table=table, options=EstimateOptions()
+    )
+    for sequences in (1.0, 16.0):
+        exposed, _ = _pass_parts(setup, _passes(setup, np.array([sequences]))[1])
+        assert exposed["attention"][0] > model.num_layers * 5e-6
+        iteration = cost.seconds(np.array([sequences]), np.array([0.0]))
+        assert iteration[0] == pytest.approx(
+            cost.floor_s[0] + sum(v[0] for v in exposed.values()), rel=1e-9
+        )

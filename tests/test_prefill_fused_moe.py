@@ -61,8 +61,8 @@ def test_tp_moe_prefill_prices_the_fused_op_from_its_table(tokens: int) -> None:
         expert_ffn_size=moe.expert_ffn_hidden_size / 8,
     )
     assert fused is not None
-    router = inference._gemms(
-        s, rank_tokens, ops.router_projections(DSV3), np.ones(1), dtype="bf16"
+    router = inference._gemms(  # the replicated gate runs on every token the rank holds
+        s, attention_tokens, ops.router_projections(DSV3), np.ones(1), dtype="bf16"
     )
     shared = inference._gemms(
         s,
