@@ -22,21 +22,29 @@ from topology import get_preset
 DATA = Path(__file__).resolve().parents[1] / "cost_model" / "data"
 
 
+#: Every section of ``kernel_curves.json`` that holds imported measurements.
+CURVE_SECTIONS = (
+    "grouped_gemm",
+    "mla_decode",
+    "mla_prefill",
+    "mla_bmm",
+    "gemm",
+    "context_attention",
+    "decode_attention",
+    "custom_allreduce",
+)
+
+
+def _every_curve() -> list[dict]:
+    curves = kernel_curves()
+    return [curve for section in CURVE_SECTIONS for curve in curves[section]]
+
+
 def test_curves_are_fit_inputs_with_a_source_file_each_and_no_end_to_end_table() -> None:
     curves = kernel_curves()
     assert curves["kind"] == "fit_input" and "Apache-2.0" in curves["_license"]
     assert "aiconfigurator-core 0.12.0" in curves["_source"]
-    files = [
-        c["file"]
-        for c in curves["grouped_gemm"]
-        + curves["mla_decode"]
-        + curves["mla_prefill"]
-        + curves["mla_bmm"]
-        + curves["gemm"]
-        + curves["context_attention"]
-        + curves["decode_attention"]
-        + curves["custom_allreduce"]
-    ]
+    files = [c["file"] for c in _every_curve()]
     published = [f for f in files if "flashmla_decode.json" in f]  # a kernel's own figures
     imported = [f for f in files if f not in published]
     assert imported and all(
@@ -61,17 +69,7 @@ def test_fit_inputs_and_validation_rows_share_no_source() -> None:
     validation = " ".join(
         p.read_text() for p in DATA.glob("*.json") if p.name != "kernel_curves.json"
     )
-    curves = kernel_curves()
-    for curve in (
-        curves["grouped_gemm"]
-        + curves["mla_decode"]
-        + curves["mla_prefill"]
-        + curves["mla_bmm"]
-        + curves["gemm"]
-        + curves["context_attention"]
-        + curves["decode_attention"]
-        + curves["custom_allreduce"]
-    ):
+    for curve in _every_curve():
         assert curve["file"] not in validation
 
 
@@ -575,17 +573,7 @@ def test_kernels_timed_by_an_operator_table_pay_no_floor_on_top() -> None:
 
 
 def test_every_curve_names_the_engine_and_version_that_measured_it() -> None:
-    curves = kernel_curves()
-    for curve in (
-        curves["grouped_gemm"]
-        + curves["mla_decode"]
-        + curves["mla_prefill"]
-        + curves["mla_bmm"]
-        + curves["gemm"]
-        + curves["context_attention"]
-        + curves["decode_attention"]
-        + curves["custom_allreduce"]
-    ):
+    for curve in _every_curve():
         if curve["engine"] == "flashmla":  # the kernel's own published figures, at their commit
             assert f"README.md@{curve['engine_version']} " in curve["file"], curve["file"]
             continue
