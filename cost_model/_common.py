@@ -145,9 +145,12 @@ class EstimateOptions(BaseModel):
     data-parallel ranks (Megatron-core ``--num-distributed-optimizer-instances``: ZeRO shards
     over dp / instances, HSDP-style; memory only).
     ``expert_parallel_comm_overlap``: Megatron-core ``--overlap-moe-expert-parallel-comm``
-    (Megatron-Bridge ``moe_a2a_overlap``): the EP all-to-alls of one micro-batch run beside
-    the compute of another (a forward merged with a backward in the interleaved 1F1B
-    schedule), so they hide behind compute. ``cuda_graphs``: what the run captures in CUDA
+    (Megatron-Bridge ``moe_a2a_overlap``, which also sets ``delay_wgrad_compute``): the EP
+    all-to-alls of one micro-batch run beside the compute of another (a forward merged with a
+    backward, layer by layer, in the 1F1B steady state), priced per merged layer pair with
+    the unpaired warm-up and cool-down micro-batches exposed (``_training_ep_overlap``); inert
+    where Megatron-core refuses it (ep = 1, pp > 1 without virtual stages, full recompute).
+    ``cuda_graphs``: what the run captures in CUDA
     graphs: ``none``; ``partial``, Transformer Engine per-layer graphs of the static-shape
     parts (Megatron-core ``--cuda-graph-impl transformer_engine``, scopes ``attn``,
     ``moe_router``, ``moe_preprocess``: the dropless dispatch, the experts and the combine

@@ -33,7 +33,9 @@ all-gather under ZeRO-1/2, and per-micro-batch gathers under ZeRO-3/FSDP (Rajbha
 ZeRO, SC'20). Each kind hides up to its overlap fraction behind independent compute; the
 compute it hides behind runs slower while the collective occupies SMs and memory bandwidth
 (``time.contention``: the measured mean compute slowdown under overlap, arXiv:2507.03114,
-``data/overlap_contention.json``).
+``data/overlap_contention.json``). Megatron-core's EP communication overlap merges one
+micro-batch's forward with another's backward layer by layer; what of the EP all-to-all it hides
+and the host wait it adds are priced per merged layer pair (``_training_ep_overlap``).
 
 Pipeline: m micro-batches on the slowest rank plus a bubble of (p - 1) micro-batch times for
 GPipe and 1F1B, divided by v for interleaved 1F1B (Narayanan et al. SC'21 eq. 1 and sec. 2.2.2),
@@ -81,6 +83,7 @@ from cost_model._training_comm import (
     table_collective_times,
 )
 from cost_model._training_dp import contention_seconds, dp_and_optimizer, hidden_seconds
+from cost_model._training_ep_overlap import MergedPairs, ep_overlap_applies, merged_pairs
 from cost_model._training_host import LayerGpuParts, exposed_host_s
 from cost_model._workload import Training
 
@@ -217,13 +220,12 @@ class TrainingContext:
         """Fraction of a TP/EP/CP communication kind that may hide behind compute. With a
         framework, tensor-parallel overlap is its feature (Megatron-core ``--tp-comm-overlap``
         pipelines the sequence-parallel all-gather / reduce-scatter with the GEMMs, only with
-        sequence parallel); a bidirectional (DualPipe-style) schedule, or Megatron-core's EP
-        communication overlap (``EstimateOptions.expert_parallel_comm_overlap``), hides the EP
-        all-to-all behind the paired chunk's compute; an all-gather context parallel is exposed; the
-        rest, and everything without a framework, the calibration's."""
-        if kind == "ep_comm" and (
-            self.options.bidirectional_pipeline or self.options.expert_parallel_comm_overlap
-        ):
+        sequence parallel); a bidirectional (DualPipe-style) schedule hides the EP all-to-all
+        behind the paired chunk's compute (Megatron-core's EP communication overlap,
+        ``EstimateOptions.expert_parallel_comm_overlap``, is priced per merged layer pair by
+        ``_training_ep_overlap``); an all-gather context parallel is exposed; the rest, and
+        everything without a framework, the calibration's."""
+        if kind == "ep_comm" and self.options.bidirectional_pipeline:
             return 1.0
         if kind == "cp_comm" and self.options.context_parallel == "all_gather":
             return 0.0
@@ -550,6 +552,7 @@ class MicroBatchTimes:
         np.ndarray
     )  # (n,) one dense layer's forward (ZeRO-3 per-layer overlap window)
     moe_layer_forward: np.ndarray  # (n,) one MoE layer's forward
+    host_wait: np.ndarray  # seconds of forward + backward spent waiting on the host (in both)
 
 
 def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatchTimes:
@@ -608,6 +611,7 @@ def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatc
         comm=_micro_batch_comm(ctx, times),
         dense_layer_forward=np.broadcast_to(dense_layer, ctx.tokens.shape),
         moe_layer_forward=np.broadcast_to(moe_layer, ctx.tokens.shape),
+        host_wait=host_forward + host_backward,
     )
 
 
@@ -727,16 +731,23 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
     # Compute hides communication once: each kind takes what the kinds before it left, CP only
     # behind core attention; what remains is the window of the data-parallel traffic.
     exposed, hidden, free = {}, {}, compute
+    fractions = {kind: ctx.overlap_fraction(kind) for kind in ("cp_comm", "tp_comm", "ep_comm")}
+    merged, pairs = _ep_overlap(ctx, mb, times)
+    fractions["ep_comm"] = np.where(merged, pairs.hidden_fraction, fractions["ep_comm"])
     for kind in ("cp_comm", "tp_comm", "ep_comm"):
         comm = mb.comm[kind]
         window = np.minimum(mb.core_attention, free) if kind == "cp_comm" else free
-        hidden[kind] = hidden_seconds(comm, fraction=ctx.overlap_fraction(kind), window=window)
+        hidden[kind] = hidden_seconds(comm, fraction=fractions[kind], window=window)
         exposed[kind] = comm - hidden[kind]
         free = free - hidden[kind]
     # Hidden traffic is not free: the compute it runs beside slows down (``contention_seconds``).
     contention = contention_seconds(sum(hidden.values()))
     offload = _exposed_offload(ctx, mb)
-    per_micro_batch = compute + sum(exposed.values()) + contention + offload
+    per_micro_batch = compute + sum(exposed.values()) + contention + offload + pairs.host_wait
+    # The pipeline's fill and drain run micro-batches with nothing to merge with: the bubble is
+    # counted in micro-batches as they run unmerged (EP all-to-alls exposed, no merged host wait).
+    merged_hidden = np.where(merged, hidden["ep_comm"], 0.0)
+    unmerged = per_micro_batch - pairs.host_wait + merged_hidden - contention_seconds(merged_hidden)
     slowest = np.argmax(per_micro_batch, axis=0)[None, :]
 
     def pick(rows: np.ndarray) -> np.ndarray:
@@ -744,13 +755,13 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
 
     m = ctx.num_micro_batches
     columns = {
-        "time.compute": m * pick(mb.forward + mb.backward),
+        "time.compute": m * pick(mb.forward + mb.backward + pairs.host_wait),
         "time.recompute": m * pick(mb.recompute),
         "time.offload": m * pick(offload),
         **{f"time.{kind}": m * pick(exposed[kind]) for kind in exposed},
         **{f"hidden.{kind}": m * pick(hidden[kind]) for kind in hidden},
         "time.bubble": _bubble(
-            ctx, micro_batch=pick(per_micro_batch), forward_share=pick(mb.forward / compute)
+            ctx, micro_batch=pick(unmerged), forward_share=pick(mb.forward / compute)
         ),
         "bottleneck_stage": slowest[0],
     }
@@ -777,6 +788,28 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
     columns["time.contention"] = mb_contention + contention_seconds(dp_hidden)
     columns["step_time_s"] = sum(columns[f"time.{part}"] for part in TRAINING_TIME_PARTS)
     return columns
+
+
+def _ep_overlap(
+    ctx: TrainingContext, mb: MicroBatchTimes, times: CollectiveTimes
+) -> tuple[np.ndarray, MergedPairs]:
+    """(rows (n,) where Megatron-core's EP communication overlap runs, what it hides and the
+    host wait it adds on each rank; ``_training_ep_overlap``). It runs nowhere with the option
+    off, on layouts Megatron-core refuses, or under a bidirectional schedule (which hides it
+    all). The host wait of the merged pairs is GPU idle time, counted in ``time.compute`` as
+    the unmerged host wait is."""
+    applies = ep_overlap_applies(ctx) & (not ctx.options.bidirectional_pipeline)
+    if not applies.any():
+        zeros = np.zeros(ctx.layout.layers.shape)
+        return applies, MergedPairs(hidden_fraction=zeros, host_wait=zeros)
+    pairs = merged_pairs(
+        ctx,
+        moe_layer_forward=mb.moe_layer_forward,
+        activation_passes=_activation_passes(ctx),
+        times=times,
+        unmerged_host_wait=mb.host_wait,
+    )
+    return applies, pairs
 
 
 def _exposed_offload(ctx: TrainingContext, mb: MicroBatchTimes) -> np.ndarray:

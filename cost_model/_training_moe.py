@@ -185,16 +185,31 @@ def moe_ffn_time(ctx: TrainingContext, *, activation_passes: float) -> np.ndarra
     of the activation function's output (``_training._activation_passes``)."""
     if ctx.model.moe is None:
         return np.zeros_like(ctx.tokens)
+    experts, dispatcher = _experts_and_dispatcher(ctx, activation_passes=activation_passes)
+    shared = shared_experts_time(ctx, activation_passes=activation_passes)
+    return router_time(ctx) + dispatcher + experts + shared
+
+
+def routed_experts_time(ctx: TrainingContext, *, activation_passes: float) -> np.ndarray:
+    """The routed experts of one MoE layer, forward (busiest rank): their grouped GEMMs and
+    activation, as ``moe_ffn_time`` prices them (what Megatron-core's fine-grained schedule runs
+    as the layer's ``mlp`` node); zeros for a dense model."""
+    if ctx.model.moe is None:
+        return np.zeros_like(ctx.tokens)
+    return _experts_and_dispatcher(ctx, activation_passes=activation_passes)[0]
+
+
+def _experts_and_dispatcher(
+    ctx: TrainingContext, *, activation_passes: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(routed experts, dispatcher memory passes) of one MoE layer, forward."""
     assignments = routed_assignments(ctx)
     roofline = roofline_experts_time(ctx, activation_passes=activation_passes)
     with_sorts = assignments * dispatcher_bytes_per_copy(ctx, expert_side=True)
     measured = measured_experts_time(ctx)
     if measured is None:
-        experts, dispatcher = roofline, ctx.op(0.0, with_sorts)
-    else:  # the curve where it was measured, the roofline beyond
-        within = tokens_per_expert(ctx) <= TOKENS_PER_EXPERT_GRID[-1]
-        source = assignments * dispatcher_bytes_per_copy(ctx, expert_side=False)
-        experts = np.where(within, measured, roofline)
-        dispatcher = ctx.op(0.0, np.where(within, source, with_sorts))
-    shared = shared_experts_time(ctx, activation_passes=activation_passes)
-    return router_time(ctx) + dispatcher + experts + shared
+        return roofline, ctx.op(0.0, with_sorts)
+    # The curve where it was measured, the roofline beyond.
+    within = tokens_per_expert(ctx) <= TOKENS_PER_EXPERT_GRID[-1]
+    source = assignments * dispatcher_bytes_per_copy(ctx, expert_side=False)
+    return np.where(within, measured, roofline), ctx.op(0.0, np.where(within, source, with_sorts))
