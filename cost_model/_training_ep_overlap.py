@@ -82,10 +82,12 @@ def ep_overlap_applies(ctx: TrainingContext) -> np.ndarray:
 def paired_share(ctx: TrainingContext) -> np.ndarray:
     """Share of each pipeline rank's chunk micro-batches (rows ``STAGES``) whose forward runs
     merged with another's backward: all but the warm-up forwards (and as many cool-down
-    backwards) of the overlapped schedule. Ranks: 0, pp // 2 (a middle rank), pp - 1."""
+    backwards) of the overlapped schedule. Ranks: 0, pp // 2 (a middle rank; with pp <= 2 the
+    middle row is the first rank, as in ``stage_layout``), pp - 1."""
     pp, v, m = ctx.column("pp"), ctx.column("virtual_stages"), ctx.num_micro_batches
     total = m * v
-    ranks = np.stack([np.zeros_like(pp), np.floor(pp / 2.0), pp - 1.0])
+    middle = np.where(pp > 2, np.floor(pp / 2.0), 0.0)
+    ranks = np.stack([np.zeros_like(pp), middle, pp - 1.0])
     warmup = np.where(pp > 1, (pp - ranks - 1.0) * 2.0 + (v - 1.0) * pp + 1.0, 1.0)
     return np.clip(total - warmup, 0.0, None) / total
 
@@ -101,7 +103,7 @@ def pair_seconds(
     the backward of another (module docstring). The backward of each part is twice its forward
     (Narayanan et al. SC'21 sec. 5.1); the experts' is split into data- and weight-gradient
     GEMMs of one forward each (``delay_wgrad_compute``). Dispatch and combine of one pass move
-    the same bytes: ``dispatch_*`` is each one's time."""
+    the same bytes: ``dispatch_*`` is each one's time (with an fp8 dispatch, the mean of the two)."""
     a_f, m_f, d_f, d_b = attention_forward, experts_forward, dispatch_forward, dispatch_backward
     a_b, m_b, w_b = 2.0 * a_f, m_f, m_f
     middle = np.maximum(np.maximum(m_b + w_b, d_f) + m_f, np.maximum(d_f, m_b) + d_b)

@@ -120,6 +120,9 @@ def test_only_the_warm_up_and_cool_down_micro_batches_stay_unpaired() -> None:
     interleaved = ParallelConfig(
         dp=4, pp=4, ep=4, virtual_stages=2, micro_batch_size=1, pipeline_schedule="interleaved_1f1b"
     )  # m = 16 per replica, 32 chunk micro-batches
+    two_stages = ParallelConfig(
+        dp=8, pp=2, ep=8, virtual_stages=2, micro_batch_size=1, pipeline_schedule="interleaved_1f1b"
+    )  # m = 8 per replica, 16 chunk micro-batches; the middle row is the first rank
     shares = [
         paired_share(
             training_context(
@@ -130,11 +133,12 @@ def test_only_the_warm_up_and_cool_down_micro_batches_stay_unpaired() -> None:
                 options=options,
             )
         )[:, 0]
-        for config in (flat, interleaved)
+        for config in (flat, interleaved, two_stages)
     ]
     assert shares[0] == pytest.approx([0.75, 0.75, 0.75])  # the first forward, the last backward
     # Warm-up (pp - rank - 1) * 2 + (v - 1) * pp + 1 for ranks 0, pp // 2, pp - 1.
     assert shares[1] == pytest.approx([(32 - 11) / 32, (32 - 7) / 32, (32 - 5) / 32])
+    assert shares[2] == pytest.approx([(16 - 5) / 16, (16 - 5) / 16, (16 - 3) / 16])
 
 
 def test_merged_pairs_wait_for_the_host_only_where_it_outlasts_the_gpu() -> None:
