@@ -20,7 +20,8 @@
   model chunk (``recompute_layers``), CPU activation offloading (``activation_offload_layers``),
   distributed-optimizer instances (``optimizer_instances``).
 * The loss: bytes per logit the framework holds there (``FrameworkProfile.loss_bytes_per_logit``:
-  4 for a fused fp32 cross entropy, 12 for torchtitan's eager ``cross_entropy(logits.float())``);
+  4 for a fused fp32 cross entropy, 12 for torchtitan's eager ``cross_entropy(logits.float())``,
+  16 for its vocab-parallel loss with tp > 1, ``loss_parallel_bytes_per_logit``);
   FSDP2 shards the fp32 master weights with no bf16 sharded copy
   (``FrameworkProfile.sharded_master_weights``); operator-level selective recompute rebuilds
   one layer's unsaved activations during the backward pass.
@@ -371,9 +372,24 @@ def _activation_bytes(ctx: TrainingContext) -> np.ndarray:
         largest,
         np.where((code == RECOMPUTE_CODES["selective"]) & op_level, rebuilt, 0.0),
     )
-    loss_bytes = 4.0 if ctx.framework is None else ctx.framework.loss_bytes_per_logit
+    loss_bytes = _loss_bytes_per_logit(ctx)
     logits = layout.has_lm_head * ctx.tokens * ctx.model.vocab_size / ctx.column("tp") * loss_bytes
     return _in_flight(ctx) * per_micro_batch + np.maximum(transient, in_transit) + logits
+
+
+def _loss_bytes_per_logit(ctx: TrainingContext) -> np.ndarray | float:
+    """Bytes per logit at the loss (n,): the framework's, its loss-parallel figure with tp > 1
+    (``FrameworkProfile.loss_parallel_bytes_per_logit``), 4 without a framework."""
+    framework = ctx.framework
+    if framework is None:
+        return 4.0
+    if framework.loss_parallel_bytes_per_logit is None:
+        return framework.loss_bytes_per_logit
+    return np.where(
+        ctx.column("tp") > 1,
+        framework.loss_parallel_bytes_per_logit,
+        framework.loss_bytes_per_logit,
+    )
 
 
 def _comm_buffer_bytes(ctx: TrainingContext) -> np.ndarray:

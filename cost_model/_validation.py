@@ -101,9 +101,9 @@ TOLERANCES: dict[str, tuple[float | None, float | None]] = {
     "megatron_readme_2022_mfu": (0.07, 0.11),  # measured 6.1%, 9.9%
     "korthikanti_fig1_memory": (None, 0.05),  # measured 2.0% max
     "torchtitan_h100_peak_memory": (None, 0.10),  # measured 8.7% max
-    # Every row under-predicted (measured 17.3% mean, 24.0% max): the 70B TP rows miss terms
-    # the model does not source yet (see data/published_peak_memory.json 'about').
-    "torchtitan_h100_peak_memory_tp_pp": (0.18, 0.25),
+    # measured 10.0% mean, 24.0% max: the 405B pipeline row is 24% low, a term the model does
+    # not source yet (see data/published_peak_memory.json 'about').
+    "torchtitan_h100_peak_memory_tp_pp": (0.11, 0.25),
     "megatron_readme_h100": (0.18, None),  # measured 17.5% mean, 40.7% max
     "torchtitan_a100_fsdp": (0.03, 0.07),  # measured 1.7%, 6.4%
     "llama3_table4": (0.16, 0.30),  # measured 15.8%, 29.6%

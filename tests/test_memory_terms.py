@@ -283,3 +283,29 @@ def test_fp8_all_gather_keeps_the_stage_layers_in_fp8() -> None:
         assert bf16["weights"][rank] == pytest.approx(2.0 * parameters[rank])
     assert fp8["weights"][1] == pytest.approx(parameters[1])  # a middle rank: layers only
     assert fp8["gradients"] == pytest.approx(bf16["gradients"])
+
+
+def test_torchtitan_loss_parallel_holds_more_per_logit_than_its_single_rank_loss() -> None:
+    """torchtitan's vocab-parallel loss (tp > 1) holds 16 bytes per logit in its backward, its
+    eager single-rank cross entropy 12; a framework without loss parallel keeps its figure."""
+    from cost_model._memory import _loss_bytes_per_logit
+
+    model = ModelSpec.from_hf_config(DENSE, name="dense")
+
+    def per_logit(tp: int, framework: str | None) -> float:
+        config = ParallelConfig(dp=8 // tp, tp=tp, micro_batch_size=1, sequence_parallel=tp > 1)
+        ctx = training_context(
+            model=model,
+            cluster=get_preset("dgx-h100", num_nodes=1),
+            workload=Training(
+                sequence_length_tokens=4096, global_batch_sequences=64, framework=framework
+            ),
+            table=configs_to_table([config]),
+            options=EstimateOptions(),
+        )
+        return float(np.asarray(_loss_bytes_per_logit(ctx)).reshape(-1)[0])
+
+    assert per_logit(2, "torchtitan") == 16.0
+    assert per_logit(1, "torchtitan") == 12.0
+    assert per_logit(2, "megatron-core") == per_logit(1, "megatron-core") == 4.0
+    assert per_logit(2, None) == 4.0
