@@ -373,7 +373,13 @@ def _activation_bytes(ctx: TrainingContext) -> np.ndarray:
         np.where((code == RECOMPUTE_CODES["selective"]) & op_level, rebuilt, 0.0),
     )
     loss_bytes = _loss_bytes_per_logit(ctx)
-    logits = layout.has_lm_head * ctx.tokens * ctx.model.vocab_size / ctx.column("tp") * loss_bytes
+    logits_per_micro_batch = (
+        layout.has_lm_head * ctx.tokens * ctx.model.vocab_size / ctx.column("tp")
+    )
+    logits = logits_per_micro_batch * loss_bytes
+    if options.pipeline_keeps_outputs:  # the last stage's bf16 logits of every micro-batch
+        kept = np.where(ctx.column("pp") > 1, ctx.num_micro_batches, 0.0)
+        logits = logits + kept * logits_per_micro_batch * ACTIVATION_BYTES
     return _in_flight(ctx) * per_micro_batch + np.maximum(transient, in_transit) + logits
 
 

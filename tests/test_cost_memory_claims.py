@@ -68,10 +68,10 @@ def test_megatron_bridge_runs_carry_their_recipe_memory_settings() -> None:
 
 def test_published_peak_memory_is_predicted_within_its_bound() -> None:
     """torchtitan's H100 benchmark publishes each run's peak reserved memory: the FSDP and
-    FSDP + CP runs are predicted within 10%, the TP/PP runs within 25%."""
+    FSDP + CP runs are predicted within 10%, the TP/PP runs within 22%."""
     rows = peak_memory_rows()
     assert TOLERANCES["torchtitan_h100_peak_memory"][1] == 0.10
-    assert TOLERANCES["torchtitan_h100_peak_memory_tp_pp"][1] == 0.25
+    assert TOLERANCES["torchtitan_h100_peak_memory_tp_pp"][1] == 0.22
     assert len([row for row in rows if row.table == "torchtitan_h100_peak_memory"]) >= 10
     assert len([row for row in rows if row.table == "torchtitan_h100_peak_memory_tp_pp"]) == 3
     off = [

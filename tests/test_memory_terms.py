@@ -309,3 +309,29 @@ def test_torchtitan_loss_parallel_holds_more_per_logit_than_its_single_rank_loss
     assert per_logit(1, "torchtitan") == 12.0
     assert per_logit(2, "megatron-core") == per_logit(1, "megatron-core") == 4.0
     assert per_logit(2, None) == 4.0
+
+
+def test_a_pipeline_that_returns_its_outputs_keeps_every_micro_batch_of_logits() -> None:
+    """torch.distributed.pipelining's last stage appends each micro-batch's output to
+    ``output_chunks`` when the schedule returns them: the last rank holds m micro-batches of
+    bf16 logits; the other ranks, and a run without a pipeline, hold nothing more."""
+    model = ModelSpec.from_hf_config(DENSE, name="dense")
+
+    def activations(config: ParallelConfig, keeps: bool) -> np.ndarray:
+        ctx = training_context(
+            model=model,
+            cluster=get_preset("dgx-h100", num_nodes=1),
+            workload=Training(sequence_length_tokens=4096, global_batch_sequences=64),
+            table=configs_to_table([config]),
+            options=EstimateOptions(pipeline_keeps_outputs=keeps),
+        )
+        return stage_memory(ctx)["activations"][:, 0]
+
+    pipelined = ParallelConfig(dp=2, tp=2, pp=2, micro_batch_size=2, sequence_parallel=True)
+    added = activations(pipelined, True) - activations(pipelined, False)
+    micro_batches = 64 / (2 * 2)
+    logits = 2 * 4096 * 32000 / 2 * 2.0  # tokens x vocab / tp, bf16
+    assert added[:2] == pytest.approx([0.0, 0.0])  # first and middle (here the first) rank
+    assert added[2] == pytest.approx(micro_batches * logits)
+    single = ParallelConfig(dp=4, tp=2, micro_batch_size=2, sequence_parallel=True)
+    assert activations(single, True) == pytest.approx(activations(single, False))
