@@ -143,7 +143,12 @@ class EstimateOptions(BaseModel):
     cpu-offloading.md; the copies cross ``HardwareSpec.host_link_bandwidth_bytes_per_s``,
     which the device must state). ``optimizer_instances``: replicas of the sharded model states across the
     data-parallel ranks (Megatron-core ``--num-distributed-optimizer-instances``: ZeRO shards
-    over dp / instances, HSDP-style; memory only).
+    over dp / instances, HSDP-style; memory only). ``pipeline_keeps_outputs``: the last
+    pipeline stage keeps every micro-batch's output (the logits) until the step ends, to return
+    them from the schedule's ``step`` (torch.distributed.pipelining ``forward_one_chunk`` appends
+    them to ``output_chunks``; before torch PR #165822 always, since then unless ``step`` is
+    called with ``return_outputs=False``, as torchtitan does from e5ef99a, 2025-10-22; memory
+    only).
     ``expert_parallel_comm_overlap``: Megatron-core ``--overlap-moe-expert-parallel-comm``
     (Megatron-Bridge ``moe_a2a_overlap``, which also sets ``delay_wgrad_compute``): the EP
     all-to-alls of one micro-batch run beside the compute of another (a forward merged with a
@@ -183,6 +188,7 @@ class EstimateOptions(BaseModel):
     activation_offload_layers: int = Field(default=0, ge=0)
     optimizer_instances: int = Field(default=1, ge=1)
     expert_parallel_comm_overlap: bool = False
+    pipeline_keeps_outputs: bool = False
     cuda_graphs: Literal["none", "partial", "full_iteration"] = "none"
     cuda_graph_scope: tuple[Literal["attn", "moe_router", "moe_preprocess"], ...] = (
         "attn",

@@ -72,6 +72,13 @@ class FrameworkProfile(BaseModel):
     #: an eager ``cross_entropy(logits.float())`` holds its fp32 log-softmax output, the incoming
     #: gradient and the outgoing one at the start of the backward pass, 12.
     loss_bytes_per_logit: float = Field(default=4.0, gt=0.0)
+    #: Bytes per logit held at the loss with tp > 1 where the framework runs the vocab-parallel
+    #: loss through DTensor's ``loss_parallel`` (torchtitan: on whenever tp > 1); None: as
+    #: ``loss_bytes_per_logit``. Its fused NLL + log-softmax backward
+    #: (torch/distributed/tensor/parallel/loss.py ``_nll_loss_and_log_softmax_backward``, torch
+    #: 2.13) builds ``(zeros_like(x) + exp(x)) * grad`` in fp32 beside the saved fp32 log-softmax
+    #: output x: 16 bytes per logit at the add (memory).
+    loss_parallel_bytes_per_logit: float | None = Field(default=None, gt=0.0)
     #: Under ZeRO-3 the sharded parameters are the fp32 master weights, no low-precision sharded
     #: copy (FSDP2 MixedPrecisionPolicy casts to bf16 at the all-gather) (memory).
     sharded_master_weights: bool = False

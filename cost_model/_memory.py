@@ -20,10 +20,14 @@
   model chunk (``recompute_layers``), CPU activation offloading (``activation_offload_layers``),
   distributed-optimizer instances (``optimizer_instances``).
 * The loss: bytes per logit the framework holds there (``FrameworkProfile.loss_bytes_per_logit``:
-  4 for a fused fp32 cross entropy, 12 for torchtitan's eager ``cross_entropy(logits.float())``);
+  4 for a fused fp32 cross entropy, 12 for torchtitan's eager ``cross_entropy(logits.float())``,
+  16 for its vocab-parallel loss with tp > 1, ``loss_parallel_bytes_per_logit``);
   FSDP2 shards the fp32 master weights with no bf16 sharded copy
   (``FrameworkProfile.sharded_master_weights``); operator-level selective recompute rebuilds
   one layer's unsaved activations during the backward pass.
+* ZeRO-3 under pipeline parallelism (``pipeline_unsharded_stage``): FSDP2 in
+  torch.distributed.pipelining keeps each stage's parameters gathered and its gradients unsharded
+  across the micro-batches of a step, reducing them once after the last one.
 * Communication buffers (TP/EP/PP receive buffers) and an allocator fragmentation reserve.
 """
 
@@ -37,12 +41,22 @@ import numpy as np
 from cost_model._common import MEMORY_PARTS, STAGES, memory_reason
 from cost_model._precision import FP8_CACHED_INPUT_RECIPES, bf16_layer_fraction
 from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES
-from cost_model._training_comm import ACTIVATION_BYTES, sharding_buffer_bytes
+from cost_model._training_comm import (
+    ACTIVATION_BYTES,
+    fsdp_weight_gather_bytes,
+    layer_parameter_split,
+    sharding_buffer_bytes,
+)
 
 if TYPE_CHECKING:
     from cost_model._training import TrainingContext
 
-__all__ = ["memory_columns", "offloaded_layer_bytes", "stage_memory"]
+__all__ = [
+    "memory_columns",
+    "offloaded_layer_bytes",
+    "pipeline_unsharded_stage",
+    "stage_memory",
+]
 
 
 def _model_state_bytes(ctx: TrainingContext) -> dict[str, np.ndarray]:
@@ -66,11 +80,60 @@ def _model_state_bytes(ctx: TrainingContext) -> dict[str, np.ndarray]:
         and ctx.workload.master_weights_fp32
     )
     sharded_weights = 0.0 if master_only else 2.0
+    held = pipeline_unsharded_stage(ctx)
+    gradients = np.where(zero >= 2, sharded, whole) * ctx.grad_bytes
     return {
-        "weights": np.where(zero >= 3, sharded * sharded_weights, whole * 2.0),
-        "gradients": np.where(zero >= 2, sharded, whole) * ctx.grad_bytes,
+        "weights": np.where(zero >= 3, sharded * sharded_weights, whole * 2.0)
+        + np.where(held, _unsharded_stage_weight_bytes(ctx), 0.0),
+        # The sharded gradients appear only when the last micro-batch's gradients are
+        # reduce-scattered, as the unsharded ones are freed (and the optimizer's zero_grad of
+        # the step before freed the previous ones): the unsharded ones are the larger.
+        "gradients": np.where(held, whole * ctx.reduce_bytes, gradients),
         "optimizer_states": np.where(zero >= 1, sharded, whole) * state_bytes,
     }
+
+
+def pipeline_unsharded_stage(ctx: TrainingContext) -> np.ndarray:
+    """Rows (n,) whose pipeline stages hold their parameters gathered and their gradients
+    unsharded through the step: ZeRO-3 with pp > 1.
+
+    ZeRO-3 with pipeline parallelism is FSDP2 under torch.distributed.pipelining (torchtitan,
+    and ``autoparallel.apply_plan``); Megatron-LM refuses ``--use-torch-fsdp2`` with pp > 1 and
+    DeepSpeed's pipeline engine ZeRO-2/3 (``data/engine_rules.json``). In torch 2.13:
+    * ``_PipelineStageBase.backward_maybe_with_nosync`` (distributed/pipelining/stage.py) runs
+      every micro-batch's backward of an FSDP stage with ``set_requires_gradient_sync(False)``,
+      ``set_reshard_after_backward(False)`` and ``set_is_last_backward(False)``;
+      ``perform_reduce_grad`` (the ``REDUCE_GRAD`` action after all micro-batches,
+      schedules.py) re-enables them and runs each group's ``post_backward`` once. So after a
+      stage's first backward every layer stays gathered and keeps its unsharded gradient
+      until the end of the step.
+    * ``FSDPParamGroup.post_backward`` without gradient sync calls
+      ``FSDPParam.to_accumulated_grad_if_needed`` / ``accumulate_unsharded_grad_if_needed``
+      (distributed/fsdp/_fully_shard/_fsdp_param.py): the unsharded gradient is kept in
+      ``reduce_dtype`` when it differs from ``param_dtype`` (``init_dtype_attrs`` clamps it
+      to None when equal), ``ctx.reduce_bytes``: fp32 under torchtitan's mixed-precision
+      policy (bf16 parameters, fp32 reduction).
+    * torchtitan also skips the reshard after forward under pp (``apply_fsdp``: the
+      ``reshard_after_forward`` policy ``default`` is ``not pp_enabled``;
+      torchtitan/parallelisms/parallelize_llama.py at 9dec370,
+      torchtitan/distributed/fsdp.py ``get_fsdp_reshard_after_forward_policy`` today), so
+      the gathered parameters are held from the first forward; with resharding after forward
+      they are re-gathered in each backward and kept from there, the same hold at the
+      backward peak.
+    """
+    zero = np.asarray(ctx.table["zero_stage"])
+    return (zero >= 3) & (ctx.column("pp") > 1)
+
+
+def _unsharded_stage_weight_bytes(ctx: TrainingContext) -> np.ndarray:
+    """Bytes (3, n) of a rank's gathered stage parameters (``pipeline_unsharded_stage``):
+    the layers' non-expert weights at the all-gather's width (``fsdp_weight_gather_bytes``:
+    1 with torchao's fp8 all-gather, whose ``fsdp_post_all_gather`` keeps the gathered fp8 data
+    as the unsharded weight; torchao/float8/fsdp_utils.py ``WeightWithDynamicFloat8CastTensor``),
+    the embedding, LM head and routed experts in bf16."""
+    parts = dict(ctx.parameters)
+    bf16 = parts.pop("embedding") + parts.pop("lm_head") + parts.pop("routed_experts")
+    return sum(parts.values()) * fsdp_weight_gather_bytes(ctx) + bf16 * 2.0
 
 
 def _layer_activation_bytes(
@@ -309,9 +372,30 @@ def _activation_bytes(ctx: TrainingContext) -> np.ndarray:
         largest,
         np.where((code == RECOMPUTE_CODES["selective"]) & op_level, rebuilt, 0.0),
     )
-    loss_bytes = 4.0 if ctx.framework is None else ctx.framework.loss_bytes_per_logit
-    logits = layout.has_lm_head * ctx.tokens * ctx.model.vocab_size / ctx.column("tp") * loss_bytes
+    loss_bytes = _loss_bytes_per_logit(ctx)
+    logits_per_micro_batch = (
+        layout.has_lm_head * ctx.tokens * ctx.model.vocab_size / ctx.column("tp")
+    )
+    logits = logits_per_micro_batch * loss_bytes
+    if options.pipeline_keeps_outputs:  # the last stage's bf16 logits of every micro-batch
+        kept = np.where(ctx.column("pp") > 1, ctx.num_micro_batches, 0.0)
+        logits = logits + kept * logits_per_micro_batch * ACTIVATION_BYTES
     return _in_flight(ctx) * per_micro_batch + np.maximum(transient, in_transit) + logits
+
+
+def _loss_bytes_per_logit(ctx: TrainingContext) -> np.ndarray | float:
+    """Bytes per logit at the loss (n,): the framework's, its loss-parallel figure with tp > 1
+    (``FrameworkProfile.loss_parallel_bytes_per_logit``), 4 without a framework."""
+    framework = ctx.framework
+    if framework is None:
+        return 4.0
+    if framework.loss_parallel_bytes_per_logit is None:
+        return framework.loss_bytes_per_logit
+    return np.where(
+        ctx.column("tp") > 1,
+        framework.loss_parallel_bytes_per_logit,
+        framework.loss_bytes_per_logit,
+    )
 
 
 def _comm_buffer_bytes(ctx: TrainingContext) -> np.ndarray:
@@ -325,7 +409,14 @@ def _comm_buffer_bytes(ctx: TrainingContext) -> np.ndarray:
             ctx.column("ep") > 1, 2.0 * routed * ctx.model.hidden_size * ACTIVATION_BYTES, 0.0
         )
     buffers = np.broadcast_to(tp_buffers + pp_buffers + ep_buffers, ctx.layout.layers.shape)
-    return buffers + sharding_buffer_bytes(ctx)  # ZeRO-2/3 gathered weights and gradient bucket
+    # ZeRO-2/3 gathered weights and gradient bucket; a stage held unsharded under pp (counted
+    # in ``weights`` and ``gradients``) adds only the param-dtype gradient autograd produces for
+    # one layer before FSDP2's ``post_backward`` adds it into the accumulated one and frees it.
+    dense_layer, moe_dense, moe_expert = layer_parameter_split(ctx)
+    layer = np.maximum(dense_layer, moe_dense + moe_expert)
+    held_gradient = (ctx.layout.layers > 0) * layer * ACTIVATION_BYTES
+    sharding = np.where(pipeline_unsharded_stage(ctx), held_gradient, sharding_buffer_bytes(ctx))
+    return buffers + sharding
 
 
 def stage_memory(ctx: TrainingContext) -> dict[str, np.ndarray]:

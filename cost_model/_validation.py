@@ -101,7 +101,9 @@ TOLERANCES: dict[str, tuple[float | None, float | None]] = {
     "megatron_readme_2022_mfu": (0.07, 0.11),  # measured 6.1%, 9.9%
     "korthikanti_fig1_memory": (None, 0.05),  # measured 2.0% max
     "torchtitan_h100_peak_memory": (None, 0.10),  # measured 8.7% max
-    "torchtitan_h100_peak_memory_tp_pp": (None, None),  # PP keeps gathered weights: not modelled
+    # measured 8.9% mean, 20.7% max: the 405B pipeline row is 21% low, terms the model does
+    # not source yet (see data/published_peak_memory.json 'about').
+    "torchtitan_h100_peak_memory_tp_pp": (0.10, 0.22),
     "megatron_readme_h100": (0.18, None),  # measured 17.5% mean, 40.7% max
     "torchtitan_a100_fsdp": (0.03, 0.07),  # measured 1.7%, 6.4%
     "llama3_table4": (0.16, 0.30),  # measured 15.8%, 29.6%
@@ -656,7 +658,16 @@ def peak_memory_cases() -> list[tuple[Case, float]]:
     cases = []
     for r in peak_memory_records():
         workload = run_workload(r).model_copy(update={"fp8_recipe": r.get("fp8_recipe", "current")})
-        case = Case(r["table"], r["run"], r["hardware"], run_model(r), workload, run_config(r), "")
+        case = Case(
+            r["table"],
+            r["run"],
+            r["hardware"],
+            run_model(r),
+            workload,
+            run_config(r),
+            "",
+            memory_setup=_frozen_setup(r),
+        )
         cases.append((case, float(r["peak_memory_GiB"])))
     return cases
 

@@ -88,6 +88,7 @@ SETUP_OPTIONS = (
     "recompute_layers",
     "activation_offload_layers",
     "optimizer_instances",
+    "pipeline_keeps_outputs",
 )
 
 

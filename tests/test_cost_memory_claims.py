@@ -66,13 +66,17 @@ def test_megatron_bridge_runs_carry_their_recipe_memory_settings() -> None:
         assert setup["recipe"].split(" ")[0] in setup["source"], case.run
 
 
-def test_published_peak_memory_is_predicted_within_ten_percent() -> None:
+def test_published_peak_memory_is_predicted_within_its_bound() -> None:
     """torchtitan's H100 benchmark publishes each run's peak reserved memory: the FSDP and
-    FSDP + CP runs are predicted within 10%; the TP/PP runs are reported, not bounded."""
-    rows = [row for row in peak_memory_rows() if TOLERANCES[row.table][1] is not None]
-    assert len(rows) >= 10
-    assert all(TOLERANCES[row.table][1] == 0.10 for row in rows)
+    FSDP + CP runs are predicted within 10%, the TP/PP runs within 22%."""
+    rows = peak_memory_rows()
+    assert TOLERANCES["torchtitan_h100_peak_memory"][1] == 0.10
+    assert TOLERANCES["torchtitan_h100_peak_memory_tp_pp"][1] == 0.22
+    assert len([row for row in rows if row.table == "torchtitan_h100_peak_memory"]) >= 10
+    assert len([row for row in rows if row.table == "torchtitan_h100_peak_memory_tp_pp"]) == 3
     off = [
-        (row.run, round(row.predicted, 1), row.published) for row in rows if abs(row.error) > 0.10
+        (row.run, round(row.predicted, 1), row.published)
+        for row in rows
+        if abs(row.error) > (TOLERANCES[row.table][1] or 0.0)
     ]
     assert not off

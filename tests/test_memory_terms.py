@@ -219,3 +219,119 @@ def test_distributed_optimizer_instances_shard_over_their_share_of_ranks() -> No
         return float(stage_memory(ctx)["optimizer_states"][0, 0])
 
     assert states(2) == pytest.approx(2.0 * states(1))
+
+
+def _stage_parts(config, **workload) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Memory parts per pipeline rank (3,) and each rank's parameters per device (3,)."""
+    model = ModelSpec.from_hf_config(DENSE, name="dense")
+    ctx = training_context(
+        model=model,
+        cluster=get_preset("dgx-h100", num_nodes=2),
+        workload=Training(sequence_length_tokens=4096, global_batch_sequences=64, **workload),
+        table=configs_to_table([config]),
+        options=EstimateOptions(),
+    )
+    parameters = sum(ctx.parameters.values())[:, 0]
+    return {part: rows[:, 0] for part, rows in stage_memory(ctx).items()}, parameters
+
+
+def test_fsdp_pipeline_stage_holds_its_gathered_weights_and_unsharded_gradients() -> None:
+    """torch.distributed.pipelining runs an FSDP2 stage's backwards without gradient sync or
+    reshard: each rank holds its stage's bf16 parameters and, with an fp32 reduce dtype
+    (torchtitan), fp32 unsharded gradients, beyond its fp32 sharded master weights."""
+    fsdp = ParallelConfig(dp=4, pp=2, micro_batch_size=1, zero_stage=3)
+    parts, parameters = _stage_parts(fsdp, framework="torchtitan")
+    assert parts["weights"] == pytest.approx(2.0 * parameters)  # master weights: optimizer
+    assert parts["gradients"] == pytest.approx(4.0 * parameters)
+    # Without a framework the reduction runs in the main-gradient dtype (fp32 here).
+    plain, _ = _stage_parts(fsdp)
+    assert plain["gradients"] == pytest.approx(4.0 * parameters)
+    assert plain["weights"] == pytest.approx(2.0 * parameters + 2.0 * parameters / 4)
+    # No per-layer gathers or fp32 gradient bucket on top: one layer's bf16 gradient waits to
+    # be added into the accumulated one (less than ZeRO-2's fp32 bucket of one layer).
+    zero2, _ = _stage_parts(fsdp.model_copy(update={"zero_stage": 2}), framework="torchtitan")
+    assert np.all(parts["comm_buffers"] < zero2["comm_buffers"])
+
+
+def test_fsdp_without_pipeline_or_below_zero3_holds_no_unsharded_stage() -> None:
+    """pp = 1 (FSDP reshards each layer and reduce-scatters every backward) and ZeRO-2 under pp
+    keep the sharded accounting: the held stage appears only for ZeRO-3 with pp > 1, where
+    it costs the stage's bf16 weights and the unsharded share of its fp32 gradients."""
+    single, parameters = _stage_parts(
+        ParallelConfig(dp=8, micro_batch_size=1, zero_stage=3), framework="torchtitan"
+    )
+    assert single["weights"] == pytest.approx(0.0)
+    assert single["gradients"] == pytest.approx(4.0 * parameters / 8)
+    layout = ParallelConfig(dp=4, pp=2, micro_batch_size=1, zero_stage=3)
+    pipelined, stage = _stage_parts(layout, framework="torchtitan")
+    zero2, _ = _stage_parts(layout.model_copy(update={"zero_stage": 2}), framework="torchtitan")
+    assert zero2["gradients"] == pytest.approx(4.0 * stage / 4)
+    held = pipelined["weights"] + pipelined["gradients"] - zero2["gradients"]
+    assert held == pytest.approx(2.0 * stage + 4.0 * stage * 3 / 4)
+
+
+def test_fp8_all_gather_keeps_the_stage_layers_in_fp8() -> None:
+    """torchao's fp8 all-gather (tensorwise) leaves the gathered fp8 data as the unsharded
+    weight: the held layers take 1 byte per parameter, the embedding and LM head 2."""
+    fsdp = ParallelConfig(dp=4, pp=4, micro_batch_size=1, zero_stage=3)
+    bf16, parameters = _stage_parts(fsdp, framework="torchtitan")
+    fp8, _ = _stage_parts(fsdp, framework="torchtitan", precision="fp8", fp8_recipe="tensorwise")
+    ends = 32000 * 2048  # the first rank's embedding, the last rank's LM head
+    first, last = 0, 2
+    for rank in (first, last):
+        assert fp8["weights"][rank] == pytest.approx(parameters[rank] + ends, rel=1e-3)
+        assert bf16["weights"][rank] == pytest.approx(2.0 * parameters[rank])
+    assert fp8["weights"][1] == pytest.approx(parameters[1])  # a middle rank: layers only
+    assert fp8["gradients"] == pytest.approx(bf16["gradients"])
+
+
+def test_torchtitan_loss_parallel_holds_more_per_logit_than_its_single_rank_loss() -> None:
+    """torchtitan's vocab-parallel loss (tp > 1) holds 16 bytes per logit in its backward, its
+    eager single-rank cross entropy 12; a framework without loss parallel keeps its figure."""
+    from cost_model._memory import _loss_bytes_per_logit
+
+    model = ModelSpec.from_hf_config(DENSE, name="dense")
+
+    def per_logit(tp: int, framework: str | None) -> float:
+        config = ParallelConfig(dp=8 // tp, tp=tp, micro_batch_size=1, sequence_parallel=tp > 1)
+        ctx = training_context(
+            model=model,
+            cluster=get_preset("dgx-h100", num_nodes=1),
+            workload=Training(
+                sequence_length_tokens=4096, global_batch_sequences=64, framework=framework
+            ),
+            table=configs_to_table([config]),
+            options=EstimateOptions(),
+        )
+        return float(np.asarray(_loss_bytes_per_logit(ctx)).reshape(-1)[0])
+
+    assert per_logit(2, "torchtitan") == 16.0
+    assert per_logit(1, "torchtitan") == 12.0
+    assert per_logit(2, "megatron-core") == per_logit(1, "megatron-core") == 4.0
+    assert per_logit(2, None) == 4.0
+
+
+def test_a_pipeline_that_returns_its_outputs_keeps_every_micro_batch_of_logits() -> None:
+    """torch.distributed.pipelining's last stage appends each micro-batch's output to
+    ``output_chunks`` when the schedule returns them: the last rank holds m micro-batches of
+    bf16 logits; the other ranks, and a run without a pipeline, hold nothing more."""
+    model = ModelSpec.from_hf_config(DENSE, name="dense")
+
+    def activations(config: ParallelConfig, keeps: bool) -> np.ndarray:
+        ctx = training_context(
+            model=model,
+            cluster=get_preset("dgx-h100", num_nodes=1),
+            workload=Training(sequence_length_tokens=4096, global_batch_sequences=64),
+            table=configs_to_table([config]),
+            options=EstimateOptions(pipeline_keeps_outputs=keeps),
+        )
+        return stage_memory(ctx)["activations"][:, 0]
+
+    pipelined = ParallelConfig(dp=2, tp=2, pp=2, micro_batch_size=2, sequence_parallel=True)
+    added = activations(pipelined, True) - activations(pipelined, False)
+    micro_batches = 64 / (2 * 2)
+    logits = 2 * 4096 * 32000 / 2 * 2.0  # tokens x vocab / tp, bf16
+    assert added[:2] == pytest.approx([0.0, 0.0])  # first and middle (here the first) rank
+    assert added[2] == pytest.approx(micro_batches * logits)
+    single = ParallelConfig(dp=4, tp=2, micro_batch_size=2, sequence_parallel=True)
+    assert activations(single, True) == pytest.approx(activations(single, False))
