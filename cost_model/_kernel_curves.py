@@ -18,8 +18,9 @@ measured on several expert shapes (DeepSeek-V3's 7168 x 2048, Qwen3-235B's 4096 
 Mixtral-8x7B's 4096 x 14336, Kimi-K2's 384 experts of DeepSeek-V3's size, and the 7168 x 256
 and 4096 x 192 slices of DeepSeek-V3's, Kimi-K2's and Qwen3-235B's experts over 8 tensor-parallel
 ranks); a model is priced on the shape nearest the slice one rank runs in log(weight elements per
-expert matrix), of two with that slice on the one measured nearest its expert count, since at a few tokens per expert
-the fused layer's fixed routing, permute and ramp weigh against the bytes each expert streams. Where several engines measured
+expert matrix), of two with that slice on the one measured nearest its expert count, since at a
+few tokens per expert the fused layer's fixed routing, permute and ramp weigh against the bytes
+each expert streams. Where several engines measured
 one device and dtype, the best efficiency at each point is used unless an ``engine`` is asked
 for: the fastest kernel measured for that shape (TRT-LLM's CUTLASS grouped GEMM where the
 Triton kernels of untuned configs fall behind), the one a deployment tuned for its shape runs.
@@ -245,7 +246,7 @@ def grouped_gemm_efficiency(
     with the same slice, the one measured at the expert count nearest ``experts_per_device`` (in
     log scale): Kimi-K2's 384 experts per rank on its own table, not held at DeepSeek-V3's 256
     (SGLang's B200 NVFP4 fused MoE over 8-way expert TP, 1K tokens: 0.33 ms on Kimi-K2's 384
-    experts, 0.23 ms on DeepSeek-V3's 256, which streams two thirds of the weights). ``engine
+    experts, 0.23 ms on DeepSeek-V3's 256, which streams two thirds of the weights). ``engine``
     selects the serving engine's own kernels where its tables cover the device and dtype."""
     tables = _grouped_tables(device_name, dtype, engine)
     if not tables:
