@@ -13,7 +13,10 @@ SGLang parquet files directly (``--aic``: the unpacked wheel; the column is left
 DeepGEMM block-FP8 GEMMs (with their activation quantization) at M = tokens and each rank's
 N x K slice, the fused MoE op (``sglang_flashinfer_trtllm_moe``, fp8_block, moe_tp 8, balanced),
 MLA context attention (``trtllm_mla``, 16 heads per rank, one sequence), the router as a BF16
-``torch_linear`` and the custom all-reduce (graph and eager rows). The tables have no norms,
+``torch_linear`` and the custom all-reduce (graph and eager rows: an eager row times one call
+launched alone, so it holds the call's host launch, ~20 us on B200 at every size below 1 MB,
+which the eager pass's host issue time already counts; the model prices the graph rows). The
+tables have no norms,
 RoPE, KV-cache store or residual adds: the model's memory passes stand alone. Per-request CPU
 work (``request_overhead_s``) and the host's eager launches (``eager_pass_host_s``) are listed
 after the GPU pass. Operator tables are fit input; nothing end-to-end is read here.
