@@ -106,16 +106,21 @@ def _latest_tables(root: Path, device: str, op: str, engine: str, name: str) -> 
 #: then the same split over 8 ranks (the tensor-parallel experts of a TP8 deployment: a
 #: 7168 x 256 slice per rank), Qwen3-235B-A22B's smaller experts, whole and over 8 ranks (a
 #: 4096 x 192 slice: without it a TP8 Qwen3 rank was priced on DeepSeek's 7168 x 256 slice), and
-#: Mixtral-8x7B's large ones. The efficiency of a memory-bound grouped GEMM at a few tokens per expert depends on
+#: Mixtral-8x7B's large ones, and Kimi-K2's 384 experts of DeepSeek-V3's size (Kimi-K2 / K2.5
+#: ``config.json``: hidden 7168, moe_intermediate_size 2048, n_routed_experts 384, top-8), whole
+#: and over 8 ranks. The efficiency of a memory-bound grouped GEMM at a few tokens per expert depends on
 #: how many weight bytes each expert streams against the fixed routing, permute and ramp of
 #: the fused layer, so a model is priced on the measured shape nearest the slice one rank
-#: runs (``cost_model._kernel_curves``), not on DeepSeek's alone.
+#: runs (``cost_model._kernel_curves``), not on DeepSeek's alone; of two shapes with the same
+#: slice (DeepSeek-V3's and Kimi-K2's), on the one measured nearest the rank's expert count.
 EXPERT_SHAPES = (
     (*GROUPED_GEMM_SHAPE, 1),
     (*GROUPED_GEMM_SHAPE, 8),
     (4096, 1536, 128, 8, 1),
     (4096, 1536, 128, 8, 8),
     (4096, 14336, 8, 2, 1),
+    (7168, 2048, 384, 8, 1),
+    (7168, 2048, 384, 8, 8),
 )
 
 

@@ -4,6 +4,8 @@ the cost model's parts next to the sum of the SGLang operator tables at the same
 Usage:
     python benchmarks/prefill_breakdown.py                       # 1000 and 8000 prompt tokens
     python benchmarks/prefill_breakdown.py --tokens 610 4194 --aic /tmp/aic/unpacked
+    python benchmarks/prefill_breakdown.py --rows c1             # every concurrency-1 TTFT row
+    python benchmarks/prefill_breakdown.py --rows <row id> ...   # rows of serving_validation.json
 
 The model's column comes from ``cost_model._inference`` internals (one sequence, prefill pool:
 the pass ``_pass_parts`` prices). The tables' column reads aiconfigurator-core 0.12.0's B200
@@ -11,10 +13,21 @@ SGLang parquet files directly (``--aic``: the unpacked wheel; the column is left
 DeepGEMM block-FP8 GEMMs (with their activation quantization) at M = tokens and each rank's
 N x K slice, the fused MoE op (``sglang_flashinfer_trtllm_moe``, fp8_block, moe_tp 8, balanced),
 MLA context attention (``trtllm_mla``, 16 heads per rank, one sequence), the router as a BF16
-``torch_linear`` and the custom all-reduce (graph and eager rows). The tables have no norms,
+``torch_linear`` and the custom all-reduce (graph and eager rows: an eager row times one call
+launched alone, so it holds the call's host launch, ~20 us on B200 at every size below 1 MB,
+which the eager pass's host issue time already counts; the model prices the graph rows). The
+tables have no norms,
 RoPE, KV-cache store or residual adds: the model's memory passes stand alone. Per-request CPU
 work (``request_overhead_s``) and the host's eager launches (``eager_pass_host_s``) are listed
 after the GPU pass. Operator tables are fit input; nothing end-to-end is read here.
+
+``--rows`` takes benchmark rows of ``data/serving_validation.json`` instead (``c1``: every row at
+concurrency 1, one prompt on an idle engine) and prices one prompt of the row's mean length on
+the row's model, layout, precision and engine profile: the pass's exposed GPU parts, its kernels
+and their host issue time where the engine runs it eagerly, the engine's per-request and
+per-iteration floors, and the one-prompt TTFT they add up to, next to the simulator's prediction
+and the published figure (validation only: printed, never fitted). ``serial`` is the bound where
+the host's kernel issue does not overlap the GPU at all (GPU + host): a diagnostic, not a price.
 """
 
 from __future__ import annotations
@@ -163,11 +176,74 @@ def table_parts(tokens: int, root: Path) -> dict[str, float]:
     return parts
 
 
+def row_terms(row: dict) -> dict[str, float]:
+    """Seconds of one prompt of ``row``'s mean length on an idle engine, by term (see ``--rows``)."""
+    from cost_model._serving_validation import _benchmark_workload, row_model
+
+    model = row_model(row)
+    cluster = get_preset(row["preset"], num_nodes=row.get("nodes", 1))
+    workload = _benchmark_workload(row)
+    table = configs_to_table(
+        [ParallelConfig(**row["config"])],
+        **ServingConfig(phase="prefill", batch_size=1).columns(workload=workload),
+    )
+    s = inf._setup(
+        model=model, cluster=cluster, workload=workload, table=table, options=inf.EstimateOptions()
+    )
+    prefill, _ = inf._passes(s, np.ones(1))
+    exposed, _ = inf._pass_parts(s, prefill)
+    terms = {f"GPU {part}": float(v[0]) for part, v in exposed.items() if float(v[0]) > 0}
+    gpu = sum(float(v[0]) for v in exposed.values())
+    host = float(inf.eager_pass_host_s(s)[0])
+    eager = bool(inf.pass_runs_eagerly(s, prefill)[0])
+    overhead = s.profile.request_overhead_s + s.profile.iteration_floor_s
+    terms.update(
+        {
+            "GPU pass": gpu,
+            "kernels per pass": float(np.max(inf._kernels_per_pass(s))),
+            "host issue (eager)": host if eager else 0.0,
+            "request overhead + iteration floor": overhead,
+            "one-prompt TTFT": (max(gpu, host) if eager else gpu) + overhead,
+            "serial bound (GPU + host)": gpu + (host if eager else 0.0) + overhead,
+        }
+    )
+    return terms
+
+
+def print_rows(row_ids: list[str]) -> None:
+    from cost_model._serving_validation import serving_validation_data, validate_serving
+
+    rows = [r for r in serving_validation_data()["rows"] if r["kind"] == "benchmark"]
+    if row_ids == ["c1"]:
+        rows = [r for r in rows if r["concurrency"] == 1]
+    else:
+        rows = [r for r in rows if r["id"] in row_ids]
+    predicted = {
+        r.row_id: r.predicted
+        for r in validate_serving(row_ids=tuple(r["id"] for r in rows))
+        if "TTFT" in r.metric
+    }
+    for row in rows:
+        terms = row_terms(row)
+        print(
+            f"\n{row['id']} ({row['engine']} {row.get('engine_version', '')}), prompt {row['prompt_tokens']}"
+        )
+        for name, value in terms.items():
+            shown = f"{value:9.0f}" if name == "kernels per pass" else f"{value * 1e3:9.2f}"
+            print(f"  {name:44s} {shown}")
+        print(f"  {'simulator mean TTFT (ms)':44s} {predicted[row['id']]:9.2f}")
+        print(f"  {'published mean TTFT (ms)':44s} {row['measured']['ttft_ms']:9.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[1000, 8000])
     parser.add_argument("--aic", type=Path, default=Path("/tmp/aic/unpacked"))
+    parser.add_argument("--rows", nargs="+", help="serving_validation.json row ids, or c1")
     args = parser.parse_args()
+    if args.rows:
+        print_rows(args.rows)
+        return
     have_tables = (args.aic / TABLES).is_dir()
     for tokens in args.tokens:
         parts, totals = model_parts(tokens)

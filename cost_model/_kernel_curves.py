@@ -15,10 +15,12 @@ The curves live in ``cost_model/data/kernel_curves.json``, written by
 ``autoparallel profile --import-aiconfigurator`` from NVIDIA's aiconfigurator-core operator
 tables (Apache-2.0; every curve names its file and its expert shape). Grouped-GEMM curves are
 measured on several expert shapes (DeepSeek-V3's 7168 x 2048, Qwen3-235B's 4096 x 1536,
-Mixtral-8x7B's 4096 x 14336, and the 7168 x 256 and 4096 x 192 slices of DeepSeek-V3's and
-Qwen3-235B's experts over 8 tensor-parallel ranks); a model is priced on the shape nearest the
-slice one rank runs in log(weight elements per expert matrix), since at a few tokens per expert
-the fused layer's fixed routing, permute and ramp weigh against the bytes each expert streams. Where several engines measured
+Mixtral-8x7B's 4096 x 14336, Kimi-K2's 384 experts of DeepSeek-V3's size, and the 7168 x 256
+and 4096 x 192 slices of DeepSeek-V3's, Kimi-K2's and Qwen3-235B's experts over 8 tensor-parallel
+ranks); a model is priced on the shape nearest the slice one rank runs in log(weight elements per
+expert matrix), of two with that slice on the one measured nearest its expert count, since at a
+few tokens per expert the fused layer's fixed routing, permute and ramp weigh against the bytes
+each expert streams. Where several engines measured
 one device and dtype, the best efficiency at each point is used unless an ``engine`` is asked
 for: the fastest kernel measured for that shape (TRT-LLM's CUTLASS grouped GEMM where the
 Triton kernels of untuned configs fall behind), the one a deployment tuned for its shape runs.
@@ -240,7 +242,11 @@ def grouped_gemm_efficiency(
     measured expert shape nearest in log scale: at a few tokens per expert the fused layer's
     fixed routing, permute and ramp weigh against the bytes each expert streams, so a small
     expert's efficiency would misprice a large one (Mixtral-8x22B at 1 token: 0.2-0.3 on
-    DeepSeek's 7168 x 2048 experts, 0.5-0.6 on Mixtral-8x7B's 4096 x 14336 ones). ``engine``
+    DeepSeek's 7168 x 2048 experts, 0.5-0.6 on Mixtral-8x7B's 4096 x 14336 ones). Of shapes
+    with the same slice, the one measured at the expert count nearest ``experts_per_device`` (in
+    log scale): Kimi-K2's 384 experts per rank on its own table, not held at DeepSeek-V3's 256
+    (SGLang's B200 NVFP4 fused MoE over 8-way expert TP, 1K tokens: 0.33 ms on Kimi-K2's 384
+    experts, 0.23 ms on DeepSeek-V3's 256, which streams two thirds of the weights). ``engine``
     selects the serving engine's own kernels where its tables cover the device and dtype."""
     tables = _grouped_tables(device_name, dtype, engine)
     if not tables:
@@ -258,8 +264,12 @@ def grouped_gemm_efficiency(
         )
     )
     shape = np.broadcast_shapes(log_tokens.shape, where.shape, target.shape)
-    distance = np.stack([np.abs(target - elements) for elements, _, _ in tables])
-    nearest = np.broadcast_to(np.argmin(distance, axis=0), shape)
+    distance = np.stack([np.broadcast_to(np.abs(target - e), shape) for e, _, _ in tables])
+    # of the shapes with the nearest slice (DeepSeek-V3's and Kimi-K2's experts are one size),
+    # the one measured nearest the rank's expert count
+    at = np.broadcast_to(where, shape)
+    counts = np.stack([np.min(np.abs(np.subtract.outer(at, c)), axis=-1) for _, c, _ in tables])
+    nearest = np.argmin(np.where(distance == distance.min(axis=0), counts, np.inf), axis=0)
     result = np.zeros(shape)
     for index in np.unique(nearest):  # only the shapes some row is nearest to
         _, log_counts, grid = tables[index]
