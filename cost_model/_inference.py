@@ -17,7 +17,9 @@ once. Extra columns it reads (``_serving_columns.INFERENCE_COLUMNS``; absent = d
                               overlap, SGLang ``--enable-two-batch-overlap``); each
                               micro-batch reads the weights again
 ``a2a_backend``       int     code in ``A2A_BACKEND_CODES``: DeepEP ``normal`` (per-node
-                              de-duplicated) or ``low_latency`` kernels; ``auto`` = by phase
+                              de-duplicated) or ``low_latency`` kernels; ``auto`` = the
+                              engine's default (``_comm_times``): DeepEP by phase, vLLM's
+                              all-gather / reduce-scatter
 ===================== ======= ===============================================================
 
 Time model: a decode step is one pass of one token per sequence at the mean decode context
@@ -916,6 +918,79 @@ def _expert_all_to_all(
     return np.where(ep > 1, seconds, 0.0)
 
 
+def _deepep_expert_comm(s: _Setup, rank_tokens: np.ndarray, *, decode: bool) -> np.ndarray:
+    """DeepEP's dispatch and combine of one MoE layer, (n,) seconds: ``normal`` kernels for a
+    prefill pass and ``low_latency`` ones for a decode step unless the ``a2a_backend`` column
+    names one."""
+    backend = np.asarray(s.table["a2a_backend"], dtype=np.int64)
+    normal = np.where(
+        backend == A2A_BACKEND_CODES["auto"], not decode, backend == A2A_BACKEND_CODES["normal"]
+    )
+    # NVFP4 experts take an FP8 dispatch as well (DeepEP dispatches FP8 or BF16 tokens).
+    fp4 = _part_dtype(s, "routed_experts") == "fp4"
+    dispatch_bytes = 1.0 if fp4 else _dispatch_bytes(s)
+    dispatch = _expert_all_to_all(
+        s, rank_tokens, dispatch_bytes, node_dedup=normal, direction="dispatch"
+    )
+    combine = _expert_all_to_all(
+        s, rank_tokens, COMBINE_BYTES, node_dedup=normal, direction="combine"
+    )
+    return dispatch + combine
+
+
+def _gathered_token_bytes(s: _Setup) -> float:
+    """Bytes per token that vLLM's all-gather dispatch moves: the hidden state quantized for the
+    experts before the collective (``prepare_finalize/naive_dp_ep.py``
+    ``_quantize_and_setup_dispatch``; NVFP4: 4-bit elements plus one FP8 scale per 16-element
+    block, gathered unswizzled; FP8 experts: one byte per element, their per-block scales left
+    out) and the router's top-k ids and weights (int32 and float32, gathered alongside)."""
+    assert s.model.moe is not None
+    fp4 = _part_dtype(s, "routed_experts") == "fp4"
+    element = 0.5 + 1.0 / 16.0 if fp4 else _dispatch_bytes(s)
+    return s.model.hidden_size * element + s.model.moe.top_k * (4.0 + 4.0)
+
+
+def _experts_span_replicas(s: _Setup) -> np.ndarray:
+    """Rows whose expert group (ep x etp ranks) reaches past one attention replica (cp x the
+    attention shard), (n,) bool: in vLLM, data parallelism under expert parallelism."""
+    return s.column("ep") * s.column("etp") > s.column("cp") * s.shard
+
+
+def _gather_scatter_expert_comm(s: _Setup, rank_tokens: np.ndarray) -> np.ndarray:
+    """vLLM's default expert-parallel traffic of one MoE layer, (n,) seconds: an all-gather of
+    every EP rank's tokens over the EP group before the experts and a reduce-scatter of their
+    BF16 outputs after (``--all2all-backend allgather_reducescatter``, the default of
+    ``vllm/config/parallel.py`` ``ParallelConfig.all2all_backend``; ``AgRsAll2AllManager.dispatch``
+    / ``.combine`` in ``vllm/distributed/device_communicators/all2all.py``; read in vLLM 0.33.0;
+    already the default when vLLM PR #33728 of 2026-02 removed the broadcast-based ``naive``
+    backend). vLLM only takes this path when the EP group spans several attention replicas
+    (``FusedMoEParallelConfig.use_all2all_kernels``: data parallel > 1): with the experts split
+    over the ranks of one tensor-parallel replica every rank already holds all its tokens, runs
+    its local experts on them and the layer's TP all-reduce sums the outputs
+    (``runner/moe_runner.py`` ``_maybe_reduce_final_output``), which ``tp_comm`` prices."""
+    ep = s.column("ep")
+    gathered = rank_tokens * ep  # the EP group's tokens, which every rank receives
+    gather = _collective(s, "all_gather", "ep", ep, gathered * _gathered_token_bytes(s))
+    scatter = _collective(
+        s, "reduce_scatter", "ep", ep, gathered * s.model.hidden_size * COMBINE_BYTES
+    )
+    return np.where(_experts_span_replicas(s) & (ep > 1), gather + scatter, 0.0)
+
+
+def _expert_comm(s: _Setup, rank_tokens: np.ndarray, *, decode: bool) -> np.ndarray:
+    """EP traffic of one MoE layer, (n,) seconds, on the serving engine's default path:
+    vLLM's all-gather / reduce-scatter (``_gather_scatter_expert_comm``) unless the
+    ``a2a_backend`` column names DeepEP kernels (vLLM's ``deepep_high_throughput`` /
+    ``deepep_low_latency`` backends, which it too uses only across attention replicas); DeepEP
+    for the other engines (``_deepep_expert_comm``)."""
+    deepep = _deepep_expert_comm(s, rank_tokens, decode=decode)
+    if s.profile.engine != "vllm":
+        return deepep
+    spans = _experts_span_replicas(s)
+    auto = np.asarray(s.table["a2a_backend"], dtype=np.int64) == A2A_BACKEND_CODES["auto"]
+    return np.where(auto, _gather_scatter_expert_comm(s, rank_tokens), np.where(spans, deepep, 0.0))
+
+
 def _comm_times(s: _Setup, p: ops.Pass) -> dict[str, np.ndarray]:
     """TP, EP, CP and PP traffic of one pass on each pipeline rank, (3, n) seconds.
 
@@ -938,22 +1013,7 @@ def _comm_times(s: _Setup, p: ops.Pass) -> dict[str, np.ndarray]:
         tp_time = np.where(s.attention_dp, lay.dense_layers * gather_scatter, tp_time)
     ep_time = zero
     if model.moe is not None and np.any(ep > 1):
-        backend = np.asarray(s.table["a2a_backend"], dtype=np.int64)
-        normal = np.where(
-            backend == A2A_BACKEND_CODES["auto"],
-            not p.decode,
-            backend == A2A_BACKEND_CODES["normal"],
-        )
-        # NVFP4 experts take an FP8 dispatch as well (DeepEP dispatches FP8 or BF16 tokens).
-        fp4 = _part_dtype(s, "routed_experts") == "fp4"
-        dispatch_bytes = 1.0 if fp4 else _dispatch_bytes(s)
-        dispatch = _expert_all_to_all(
-            s, rank_tokens, dispatch_bytes, node_dedup=normal, direction="dispatch"
-        )
-        combine = _expert_all_to_all(
-            s, rank_tokens, COMBINE_BYTES, node_dedup=normal, direction="combine"
-        )
-        ep_time = lay.moe_layers * (dispatch + combine)
+        ep_time = lay.moe_layers * _expert_comm(s, rank_tokens, decode=p.decode)
     cp_time = zero
     if (
         np.any(cp > 1) and p.decode
