@@ -442,7 +442,11 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     total = total + lay.dense_layers * _memory_pass(s, dense_side * dense_tokens)
     # Two overlapped micro-batches run on two streams: one's launch gaps fill with the other's
     # kernels, so a pass pays the floor once, not once per micro-batch.
-    kernels = _kernels_per_pass(s) - _measured_kernels_per_pass(s, decode=p.decode)
+    kernels = (
+        _kernels_per_pass(s)
+        - _measured_kernels_per_pass(s, decode=p.decode)
+        - _fused_norm_kernels(s, p)
+    )
     return total + kernels * s.profile.kernel_floor_s / np.where(s.two_batch, 2.0, 1.0)
 
 
@@ -847,10 +851,42 @@ def _all_reduce_measured(s: _Setup) -> np.ndarray:
     return s.__dict__["_all_reduce_measured"]
 
 
+#: The imported all-reduce table of the kernel family behind FlashInfer's ``allreduce_fusion``,
+#: which vLLM's AllReduceFusionPass calls: TensorRT-LLM's all-reduce(-fusion) kernels, which
+#: FlashInfer ported (aiconfigurator times TensorRT-LLM's ``AllReduce``, AUTO strategy, in a CUDA
+#: graph; ``collector/collect_all_reduce.py``). vLLM's own table times its unfused custom
+#: all-reduce (aiconfigurator ``sdk/models/deepseek.py``: "collect_all_reduce.py benchmarks
+#: vLLM's native allreduce").
+FUSED_ALLREDUCE_TABLE = "trtllm"
+
+
+def _fused_allreduce_norm(s: _Setup, message) -> np.ndarray:
+    """Rows whose TP all-reduce of ``message`` bytes per rank runs fused with the residual add
+    and RMSNorm after it, (n,) bool: the engine fuses all-reduces of that size at that tp
+    (``ServingProfile.fused_allreduce_norm_max_bytes``: vLLM's -O2 AllReduceFusionPass) and the
+    all-reduce is a measured one (``_all_reduce_measured``)."""
+    tp = s.column("tp")
+    limit = np.zeros_like(tp)
+    for size, max_bytes in s.profile.fused_allreduce_norm_max_bytes.items():
+        limit = np.where(tp == size, max_bytes, limit)
+    return _all_reduce_measured(s) & ~s.attention_dp & (np.asarray(message) <= limit)
+
+
+def _fused_norm_kernels(s: _Setup, p: ops.Pass) -> np.ndarray:
+    """Kernels a pass does not launch because its all-reduces absorb them, (3, n): the residual
+    add + RMSNorm after each of a layer's two TP all-reduces (``_fused_allreduce_norm``)."""
+    attention_tokens, _ = _tokens(s, p)
+    message = attention_tokens * s.model.hidden_size * dtype_bytes(s.workload.activation_dtype)
+    return 2.0 * s.layout.layers * _fused_allreduce_norm(s, message)
+
+
 def _tp_all_reduce(s: _Setup, message) -> np.ndarray:
     """One TP all-reduce of ``message`` bytes per rank, (n,) seconds: the serving engine's
     measured latency where ``_all_reduce_measured``, which holds the kernel (it pays no
-    per-kernel floor on top: ``_measured_kernels_per_pass``); else the collective model."""
+    per-kernel floor on top: ``_measured_kernels_per_pass``); else the collective model. An
+    all-reduce the engine fuses with the norm after it (``_fused_allreduce_norm``) takes the
+    latency of the fused kernel's family (``FUSED_ALLREDUCE_TABLE``) where that table measured
+    the group size."""
     tp, measured_rows = s.column("tp"), _all_reduce_measured(s)
     modelled = None
     if not np.all(measured_rows):
@@ -858,13 +894,22 @@ def _tp_all_reduce(s: _Setup, message) -> np.ndarray:
     if not np.any(measured_rows):
         assert modelled is not None
         return modelled
-    measured = s.rows.evaluate(
-        all_reduce_time_s,
-        device_name=s.hardware.name,
-        group=tp,
-        message_bytes=np.broadcast_to(np.asarray(message, dtype=np.float64), tp.shape),
-        engine=s.profile.engine,
-    )
+    message = np.broadcast_to(np.asarray(message, dtype=np.float64), tp.shape)
+
+    def table(engine: str) -> np.ndarray:
+        return s.rows.evaluate(
+            all_reduce_time_s,
+            device_name=s.hardware.name,
+            group=tp,
+            message_bytes=message,
+            engine=engine,
+        )
+
+    measured = table(s.profile.engine)
+    fused = _fused_allreduce_norm(s, message)
+    if np.any(fused):
+        kernel = table(FUSED_ALLREDUCE_TABLE)
+        measured = np.where(fused & ~np.isnan(kernel), kernel, measured)
     return measured if modelled is None else np.where(measured_rows, measured, modelled)
 
 
