@@ -525,8 +525,10 @@ def _count_measured_kernels(s: _Setup, *, decode: bool) -> np.ndarray | float:
         kernels = kernels + lay.layers * 1.0
     if decode:  # the one decode attention kernel, where its KV dtype is measured
         kernels = kernels + lay.layers * _decode_attention_measured(s).astype(np.float64)
-    # the two TP all-reduces per layer, where measured (``_tp_all_reduce``)
-    return kernels + 2.0 * lay.layers * (_all_reduce_measured(s) & ~s.attention_dp)
+    # the two TP all-reduces per layer, where measured (``_tp_all_reduce``); the scatter and
+    # gather of a sequence-parallel MoE layer are modelled collectives (``_comm_times``)
+    all_reducing = lay.layers - lay.moe_layers * _sequence_parallel_moe(s)
+    return kernels + 2.0 * all_reducing * (_all_reduce_measured(s) & ~s.attention_dp)
 
 
 def _context_attention_measured(s: _Setup, *, decode: bool) -> bool:
@@ -877,7 +879,9 @@ def _fused_norm_kernels(s: _Setup, p: ops.Pass) -> np.ndarray:
     add + RMSNorm after each of a layer's two TP all-reduces (``_fused_allreduce_norm``)."""
     attention_tokens, _ = _tokens(s, p)
     message = attention_tokens * s.model.hidden_size * dtype_bytes(s.workload.activation_dtype)
-    return 2.0 * s.layout.layers * _fused_allreduce_norm(s, message)
+    lay = s.layout  # sequence-parallel MoE layers have no all-reduce (``_sequence_parallel_moe``)
+    all_reducing = lay.layers - lay.moe_layers * _sequence_parallel_moe(s)
+    return 2.0 * all_reducing * _fused_allreduce_norm(s, message)
 
 
 def _tp_all_reduce(s: _Setup, message) -> np.ndarray:
@@ -1001,6 +1005,26 @@ def _experts_span_replicas(s: _Setup) -> np.ndarray:
     return s.column("ep") * s.column("etp") > s.column("cp") * s.shard
 
 
+def _sequence_parallel_moe(s: _Setup) -> np.ndarray:
+    """Rows whose MoE layers vLLM runs sequence-parallel, (n,) bool: expert parallelism across
+    attention replicas (data parallel > 1) with tp > 1 and no pipeline
+    (``ParallelConfig.use_sequence_parallel_moe``; DeepSeek's decoder layer also requires
+    pipeline size 1, ``models/deepseek_v2.py``; read in vLLM 0.33.0). Each tp rank sends its
+    1/tp of the replica's tokens to the experts: attention's output is reduce-scattered over the
+    tp group instead of all-reduced, and the MoE output all-gathered back
+    (``DeepseekV2DecoderLayer.forward``), two collectives in place of the layer's two
+    all-reduces."""
+    if s.profile.engine != "vllm" or s.model.moe is None:
+        return np.zeros(s.shard.shape, dtype=bool)
+    return (
+        _experts_span_replicas(s)
+        & (s.column("ep") > 1)
+        & (s.column("tp") > 1)
+        & ~s.attention_dp
+        & (s.column("pp") == 1)
+    )
+
+
 def _gather_scatter_expert_comm(s: _Setup, rank_tokens: np.ndarray) -> np.ndarray:
     """vLLM's default expert-parallel traffic of one MoE layer, (n,) seconds: an all-gather of
     every EP rank's tokens over the EP group before the experts and a reduce-scatter of their
@@ -1051,6 +1075,14 @@ def _comm_times(s: _Setup, p: ops.Pass) -> dict[str, np.ndarray]:
     if np.any((tp > 1) & ~s.attention_dp):
         all_reduce = _tp_all_reduce(s, attention_tokens * h * act)
         tp_time = np.where(s.attention_dp, 0.0, 2 * lay.layers * all_reduce)
+        sequence_parallel = _sequence_parallel_moe(s)
+        if np.any(sequence_parallel):  # MoE layers scatter and gather instead of all-reducing
+            message = attention_tokens * h * act
+            scatter_gather = _collective(s, "reduce_scatter", "tp", tp, message) + _collective(
+                s, "all_gather", "tp", tp, message
+            )
+            split = 2 * lay.dense_layers * all_reduce + lay.moe_layers * scatter_gather
+            tp_time = np.where(sequence_parallel, split, tp_time)
     if np.any((tp > 1) & s.attention_dp) and model.num_dense_ffn_layers:
         gathered = attention_tokens * tp * h * act
         gather = _collective(s, "all_gather", "tp", tp, gathered)

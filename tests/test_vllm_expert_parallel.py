@@ -74,3 +74,30 @@ def test_vllm_named_deepep_backend_prices_deepep_across_replicas() -> None:
     assert np.isclose(
         _ep_seconds(deepep), _ep_seconds(_run("sglang", backend="low_latency", dp=8, ep=8))
     )
+
+
+def test_vllm_tensor_parallel_replicas_scatter_and_gather_around_their_moe_layers() -> None:
+    # --data-parallel-size 2 --tensor-parallel-size 4 --enable-expert-parallel: each MoE layer
+    # reduce-scatters attention's output over the 4 tp ranks and all-gathers the MoE output back
+    out = _run("vllm", dp=2, tp=4, ep=8)
+    message = BATCH * DSV3.hidden_size * 2.0
+    scatter_gather = sum(
+        float(
+            collective_time_s(
+                cluster=B200,
+                op=op,
+                group_size=4.0,
+                ranks_per_node=4.0,
+                message_bytes=message,
+                calibration=calibration_for(B200.device),
+            )
+        )
+        for op in ("reduce_scatter", "all_gather")
+    )
+    replicated = _run("vllm", tp=4, ep=4)  # the same replica, experts inside it: all-reduces
+    dense_layers = DSV3.num_layers - MOE_LAYERS
+    all_reduce = replicated["time.decode_tp_comm"][0] / (2 * DSV3.num_layers)
+    expected = 2 * dense_layers * all_reduce + MOE_LAYERS * scatter_gather
+    assert np.isclose(out["time.decode_tp_comm"][0], expected, rtol=1e-9)
+    sglang = _run("sglang", dp=2, tp=4, ep=8)["time.decode_tp_comm"][0]
+    assert np.isclose(sglang, _run("sglang", tp=4, ep=4)["time.decode_tp_comm"][0])
