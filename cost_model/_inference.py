@@ -80,6 +80,11 @@ A TP all-reduce (prefill and decode) over NVLink-connected ranks of one node tak
 engine's measured latency for its message size and GPU count (``_kernel_curves.all_reduce_time_s``:
 its custom all-reduce kernel, NCCL above its size limit, timed in a CUDA graph) where a table
 covers the device, BF16 activations and that GPU count; elsewhere the topology's collective model.
+An all-reduce the engine fuses with the residual add and RMSNorm after it (vLLM's -O2
+AllReduceFusionPass, ``ServingProfile.fused_allreduce_norm_max_bytes``) takes the table of the
+fused kernel's family and launches no norm kernel (``_fused_allreduce_norm``). Expert-parallel
+traffic follows the engine's default path (``_expert_comm``): DeepEP's all-to-all, or vLLM's
+all-gather / reduce-scatter across attention replicas and none inside one.
 
 Output columns: ``time.<phase>_<part>`` for parts ``INFERENCE_TIME_PARTS`` (exposed seconds;
 they sum to ``step_time_s``) and ``hidden.<phase>_<kind>`` for the communication kinds (seconds
