@@ -17,7 +17,9 @@ once. Extra columns it reads (``_serving_columns.INFERENCE_COLUMNS``; absent = d
                               overlap, SGLang ``--enable-two-batch-overlap``); each
                               micro-batch reads the weights again
 ``a2a_backend``       int     code in ``A2A_BACKEND_CODES``: DeepEP ``normal`` (per-node
-                              de-duplicated) or ``low_latency`` kernels; ``auto`` = by phase
+                              de-duplicated) or ``low_latency`` kernels; ``auto`` = the
+                              engine's default (``_comm_times``): DeepEP by phase, vLLM's
+                              all-gather / reduce-scatter
 ===================== ======= ===============================================================
 
 Time model: a decode step is one pass of one token per sequence at the mean decode context
@@ -78,6 +80,11 @@ A TP all-reduce (prefill and decode) over NVLink-connected ranks of one node tak
 engine's measured latency for its message size and GPU count (``_kernel_curves.all_reduce_time_s``:
 its custom all-reduce kernel, NCCL above its size limit, timed in a CUDA graph) where a table
 covers the device, BF16 activations and that GPU count; elsewhere the topology's collective model.
+An all-reduce the engine fuses with the residual add and RMSNorm after it (vLLM's -O2
+AllReduceFusionPass, ``ServingProfile.fused_allreduce_norm_max_bytes``) takes the table of the
+fused kernel's family and launches no norm kernel (``_fused_allreduce_norm``). Expert-parallel
+traffic follows the engine's default path (``_expert_comm``): DeepEP's all-to-all, or vLLM's
+all-gather / reduce-scatter across attention replicas and none inside one.
 
 Output columns: ``time.<phase>_<part>`` for parts ``INFERENCE_TIME_PARTS`` (exposed seconds;
 they sum to ``step_time_s``) and ``hidden.<phase>_<kind>`` for the communication kinds (seconds
@@ -440,7 +447,11 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     total = total + lay.dense_layers * _memory_pass(s, dense_side * dense_tokens)
     # Two overlapped micro-batches run on two streams: one's launch gaps fill with the other's
     # kernels, so a pass pays the floor once, not once per micro-batch.
-    kernels = _kernels_per_pass(s) - _measured_kernels_per_pass(s, decode=p.decode)
+    kernels = (
+        _kernels_per_pass(s)
+        - _measured_kernels_per_pass(s, decode=p.decode)
+        - _fused_norm_kernels(s, p)
+    )
     return total + kernels * s.profile.kernel_floor_s / np.where(s.two_batch, 2.0, 1.0)
 
 
@@ -519,8 +530,10 @@ def _count_measured_kernels(s: _Setup, *, decode: bool) -> np.ndarray | float:
         kernels = kernels + lay.layers * 1.0
     if decode:  # the one decode attention kernel, where its KV dtype is measured
         kernels = kernels + lay.layers * _decode_attention_measured(s).astype(np.float64)
-    # the two TP all-reduces per layer, where measured (``_tp_all_reduce``)
-    return kernels + 2.0 * lay.layers * (_all_reduce_measured(s) & ~s.attention_dp)
+    # the two TP all-reduces per layer, where measured (``_tp_all_reduce``); the scatter and
+    # gather of a sequence-parallel MoE layer are modelled collectives (``_comm_times``)
+    all_reducing = lay.layers - lay.moe_layers * _sequence_parallel_moe(s)
+    return kernels + 2.0 * all_reducing * (_all_reduce_measured(s) & ~s.attention_dp)
 
 
 def _context_attention_measured(s: _Setup, *, decode: bool) -> bool:
@@ -845,10 +858,44 @@ def _all_reduce_measured(s: _Setup) -> np.ndarray:
     return s.__dict__["_all_reduce_measured"]
 
 
+#: The imported all-reduce table of the kernel family behind FlashInfer's ``allreduce_fusion``,
+#: which vLLM's AllReduceFusionPass calls: TensorRT-LLM's all-reduce(-fusion) kernels, which
+#: FlashInfer ported (aiconfigurator times TensorRT-LLM's ``AllReduce``, AUTO strategy, in a CUDA
+#: graph; ``collector/collect_all_reduce.py``). vLLM's own table times its unfused custom
+#: all-reduce (aiconfigurator ``sdk/models/deepseek.py``: "collect_all_reduce.py benchmarks
+#: vLLM's native allreduce").
+FUSED_ALLREDUCE_TABLE = "trtllm"
+
+
+def _fused_allreduce_norm(s: _Setup, message) -> np.ndarray:
+    """Rows whose TP all-reduce of ``message`` bytes per rank runs fused with the residual add
+    and RMSNorm after it, (n,) bool: the engine fuses all-reduces of that size at that tp
+    (``ServingProfile.fused_allreduce_norm_max_bytes``: vLLM's -O2 AllReduceFusionPass) and the
+    all-reduce is a measured one (``_all_reduce_measured``)."""
+    tp = s.column("tp")
+    limit = np.zeros_like(tp)
+    for size, max_bytes in s.profile.fused_allreduce_norm_max_bytes.items():
+        limit = np.where(tp == size, max_bytes, limit)
+    return _all_reduce_measured(s) & ~s.attention_dp & (np.asarray(message) <= limit)
+
+
+def _fused_norm_kernels(s: _Setup, p: ops.Pass) -> np.ndarray:
+    """Kernels a pass does not launch because its all-reduces absorb them, (3, n): the residual
+    add + RMSNorm after each of a layer's two TP all-reduces (``_fused_allreduce_norm``)."""
+    attention_tokens, _ = _tokens(s, p)
+    message = attention_tokens * s.model.hidden_size * dtype_bytes(s.workload.activation_dtype)
+    lay = s.layout  # sequence-parallel MoE layers have no all-reduce (``_sequence_parallel_moe``)
+    all_reducing = lay.layers - lay.moe_layers * _sequence_parallel_moe(s)
+    return 2.0 * all_reducing * _fused_allreduce_norm(s, message)
+
+
 def _tp_all_reduce(s: _Setup, message) -> np.ndarray:
     """One TP all-reduce of ``message`` bytes per rank, (n,) seconds: the serving engine's
     measured latency where ``_all_reduce_measured``, which holds the kernel (it pays no
-    per-kernel floor on top: ``_measured_kernels_per_pass``); else the collective model."""
+    per-kernel floor on top: ``_measured_kernels_per_pass``); else the collective model. An
+    all-reduce the engine fuses with the norm after it (``_fused_allreduce_norm``) takes the
+    latency of the fused kernel's family (``FUSED_ALLREDUCE_TABLE``) where that table measured
+    the group size."""
     tp, measured_rows = s.column("tp"), _all_reduce_measured(s)
     modelled = None
     if not np.all(measured_rows):
@@ -856,13 +903,22 @@ def _tp_all_reduce(s: _Setup, message) -> np.ndarray:
     if not np.any(measured_rows):
         assert modelled is not None
         return modelled
-    measured = s.rows.evaluate(
-        all_reduce_time_s,
-        device_name=s.hardware.name,
-        group=tp,
-        message_bytes=np.broadcast_to(np.asarray(message, dtype=np.float64), tp.shape),
-        engine=s.profile.engine,
-    )
+    message = np.broadcast_to(np.asarray(message, dtype=np.float64), tp.shape)
+
+    def table(engine: str) -> np.ndarray:
+        return s.rows.evaluate(
+            all_reduce_time_s,
+            device_name=s.hardware.name,
+            group=tp,
+            message_bytes=message,
+            engine=engine,
+        )
+
+    measured = table(s.profile.engine)
+    fused = _fused_allreduce_norm(s, message)
+    if np.any(fused):
+        kernel = table(FUSED_ALLREDUCE_TABLE)
+        measured = np.where(fused & ~np.isnan(kernel), kernel, measured)
     return measured if modelled is None else np.where(measured_rows, measured, modelled)
 
 
@@ -916,6 +972,99 @@ def _expert_all_to_all(
     return np.where(ep > 1, seconds, 0.0)
 
 
+def _deepep_expert_comm(s: _Setup, rank_tokens: np.ndarray, *, decode: bool) -> np.ndarray:
+    """DeepEP's dispatch and combine of one MoE layer, (n,) seconds: ``normal`` kernels for a
+    prefill pass and ``low_latency`` ones for a decode step unless the ``a2a_backend`` column
+    names one."""
+    backend = np.asarray(s.table["a2a_backend"], dtype=np.int64)
+    normal = np.where(
+        backend == A2A_BACKEND_CODES["auto"], not decode, backend == A2A_BACKEND_CODES["normal"]
+    )
+    # NVFP4 experts take an FP8 dispatch as well (DeepEP dispatches FP8 or BF16 tokens).
+    fp4 = _part_dtype(s, "routed_experts") == "fp4"
+    dispatch_bytes = 1.0 if fp4 else _dispatch_bytes(s)
+    dispatch = _expert_all_to_all(
+        s, rank_tokens, dispatch_bytes, node_dedup=normal, direction="dispatch"
+    )
+    combine = _expert_all_to_all(
+        s, rank_tokens, COMBINE_BYTES, node_dedup=normal, direction="combine"
+    )
+    return dispatch + combine
+
+
+def _gathered_token_bytes(s: _Setup) -> float:
+    """Bytes per token that vLLM's all-gather dispatch moves: the hidden state quantized for the
+    experts before the collective (``prepare_finalize/naive_dp_ep.py``
+    ``_quantize_and_setup_dispatch``; NVFP4: 4-bit elements plus one FP8 scale per 16-element
+    block, gathered unswizzled; FP8 experts: one byte per element, their per-block scales left
+    out) and the router's top-k ids and weights (int32 and float32, gathered alongside)."""
+    assert s.model.moe is not None
+    fp4 = _part_dtype(s, "routed_experts") == "fp4"
+    element = 0.5 + 1.0 / 16.0 if fp4 else _dispatch_bytes(s)
+    return s.model.hidden_size * element + s.model.moe.top_k * (4.0 + 4.0)
+
+
+def _experts_span_replicas(s: _Setup) -> np.ndarray:
+    """Rows whose expert group (ep x etp ranks) reaches past one attention replica (cp x the
+    attention shard), (n,) bool: in vLLM, data parallelism under expert parallelism."""
+    return s.column("ep") * s.column("etp") > s.column("cp") * s.shard
+
+
+def _sequence_parallel_moe(s: _Setup) -> np.ndarray:
+    """Rows whose MoE layers vLLM runs sequence-parallel, (n,) bool: expert parallelism across
+    attention replicas (data parallel > 1) with tp > 1 and no pipeline
+    (``ParallelConfig.use_sequence_parallel_moe``; DeepSeek's decoder layer also requires
+    pipeline size 1, ``models/deepseek_v2.py``; read in vLLM 0.33.0). Each tp rank sends its
+    1/tp of the replica's tokens to the experts: attention's output is reduce-scattered over the
+    tp group instead of all-reduced, and the MoE output all-gathered back
+    (``DeepseekV2DecoderLayer.forward``), two collectives in place of the layer's two
+    all-reduces."""
+    if s.profile.engine != "vllm" or s.model.moe is None:
+        return np.zeros(s.shard.shape, dtype=bool)
+    return (
+        _experts_span_replicas(s)
+        & (s.column("ep") > 1)
+        & (s.column("tp") > 1)
+        & ~s.attention_dp
+        & (s.column("pp") == 1)
+    )
+
+
+def _gather_scatter_expert_comm(s: _Setup, rank_tokens: np.ndarray) -> np.ndarray:
+    """vLLM's default expert-parallel traffic of one MoE layer, (n,) seconds: an all-gather of
+    every EP rank's tokens over the EP group before the experts and a reduce-scatter of their
+    BF16 outputs after (``--all2all-backend allgather_reducescatter``, the default of
+    ``vllm/config/parallel.py`` ``ParallelConfig.all2all_backend``; ``AgRsAll2AllManager.dispatch``
+    / ``.combine`` in ``vllm/distributed/device_communicators/all2all.py``; read in vLLM 0.33.0;
+    already the default when vLLM PR #33728 of 2026-02 removed the broadcast-based ``naive``
+    backend). vLLM only takes this path when the EP group spans several attention replicas
+    (``FusedMoEParallelConfig.use_all2all_kernels``: data parallel > 1): with the experts split
+    over the ranks of one tensor-parallel replica every rank already holds all its tokens, runs
+    its local experts on them and the layer's TP all-reduce sums the outputs
+    (``runner/moe_runner.py`` ``_maybe_reduce_final_output``), which ``tp_comm`` prices."""
+    ep = s.column("ep")
+    gathered = rank_tokens * ep  # the EP group's tokens, which every rank receives
+    gather = _collective(s, "all_gather", "ep", ep, gathered * _gathered_token_bytes(s))
+    scatter = _collective(
+        s, "reduce_scatter", "ep", ep, gathered * s.model.hidden_size * COMBINE_BYTES
+    )
+    return np.where(_experts_span_replicas(s) & (ep > 1), gather + scatter, 0.0)
+
+
+def _expert_comm(s: _Setup, rank_tokens: np.ndarray, *, decode: bool) -> np.ndarray:
+    """EP traffic of one MoE layer, (n,) seconds, on the serving engine's default path:
+    vLLM's all-gather / reduce-scatter (``_gather_scatter_expert_comm``) unless the
+    ``a2a_backend`` column names DeepEP kernels (vLLM's ``deepep_high_throughput`` /
+    ``deepep_low_latency`` backends, which it too uses only across attention replicas); DeepEP
+    for the other engines (``_deepep_expert_comm``)."""
+    deepep = _deepep_expert_comm(s, rank_tokens, decode=decode)
+    if s.profile.engine != "vllm":
+        return deepep
+    spans = _experts_span_replicas(s)
+    auto = np.asarray(s.table["a2a_backend"], dtype=np.int64) == A2A_BACKEND_CODES["auto"]
+    return np.where(auto, _gather_scatter_expert_comm(s, rank_tokens), np.where(spans, deepep, 0.0))
+
+
 def _comm_times(s: _Setup, p: ops.Pass) -> dict[str, np.ndarray]:
     """TP, EP, CP and PP traffic of one pass on each pipeline rank, (3, n) seconds.
 
@@ -931,6 +1080,14 @@ def _comm_times(s: _Setup, p: ops.Pass) -> dict[str, np.ndarray]:
     if np.any((tp > 1) & ~s.attention_dp):
         all_reduce = _tp_all_reduce(s, attention_tokens * h * act)
         tp_time = np.where(s.attention_dp, 0.0, 2 * lay.layers * all_reduce)
+        sequence_parallel = _sequence_parallel_moe(s)
+        if np.any(sequence_parallel):  # MoE layers scatter and gather instead of all-reducing
+            message = attention_tokens * h * act
+            scatter_gather = _collective(s, "reduce_scatter", "tp", tp, message) + _collective(
+                s, "all_gather", "tp", tp, message
+            )
+            split = 2 * lay.dense_layers * all_reduce + lay.moe_layers * scatter_gather
+            tp_time = np.where(sequence_parallel, split, tp_time)
     if np.any((tp > 1) & s.attention_dp) and model.num_dense_ffn_layers:
         gathered = attention_tokens * tp * h * act
         gather = _collective(s, "all_gather", "tp", tp, gathered)
@@ -938,22 +1095,7 @@ def _comm_times(s: _Setup, p: ops.Pass) -> dict[str, np.ndarray]:
         tp_time = np.where(s.attention_dp, lay.dense_layers * gather_scatter, tp_time)
     ep_time = zero
     if model.moe is not None and np.any(ep > 1):
-        backend = np.asarray(s.table["a2a_backend"], dtype=np.int64)
-        normal = np.where(
-            backend == A2A_BACKEND_CODES["auto"],
-            not p.decode,
-            backend == A2A_BACKEND_CODES["normal"],
-        )
-        # NVFP4 experts take an FP8 dispatch as well (DeepEP dispatches FP8 or BF16 tokens).
-        fp4 = _part_dtype(s, "routed_experts") == "fp4"
-        dispatch_bytes = 1.0 if fp4 else _dispatch_bytes(s)
-        dispatch = _expert_all_to_all(
-            s, rank_tokens, dispatch_bytes, node_dedup=normal, direction="dispatch"
-        )
-        combine = _expert_all_to_all(
-            s, rank_tokens, COMBINE_BYTES, node_dedup=normal, direction="combine"
-        )
-        ep_time = lay.moe_layers * (dispatch + combine)
+        ep_time = lay.moe_layers * _expert_comm(s, rank_tokens, decode=p.decode)
     cp_time = zero
     if (
         np.any(cp > 1) and p.decode

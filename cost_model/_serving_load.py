@@ -107,6 +107,10 @@ class ServingProfile(BaseModel):
     min_running_requests: int | None = Field(default=None, gt=0)
     running_requests_per_context: float | None = Field(default=None, gt=0)
     running_requests_pool_token_share: float | None = Field(default=None, gt=0, le=1)
+    #: per tensor-parallel size, the largest all-reduce (bytes per rank) the engine runs fused
+    #: with the residual add and RMSNorm after it, one kernel instead of two (vLLM's
+    #: AllReduceFusionPass); absent sizes, and engines without the fusion, run them apart
+    fused_allreduce_norm_max_bytes: dict[int, float] = {}
     sources: dict[str, str]
 
     def running_cap(
