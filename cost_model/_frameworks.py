@@ -82,6 +82,12 @@ class FrameworkProfile(BaseModel):
     #: Under ZeRO-3 the sharded parameters are the fp32 master weights, no low-precision sharded
     #: copy (FSDP2 MixedPrecisionPolicy casts to bf16 at the all-gather) (memory).
     sharded_master_weights: bool = False
+    #: Under pipeline parallel a ZeRO-3 stage frees its gathered layers after each micro-batch's
+    #: forward (FSDP2 ``reshard_after_forward=True``: autoparallel's runtime and its torchtitan
+    #: export, policy ``always``), so each backward that follows a forward gathers them again;
+    #: False where the framework keeps them gathered from the step's first forward (torchtitan's
+    #: policy ``default`` is ``not pp_enabled``) (step time, ``_training_dp``).
+    pipeline_reshard_after_forward: bool = True
     moe_dispatch_host_sync: bool = False
     expert_gemm_host_s: float = Field(default=0.0, ge=0.0, le=1e-3)
     moe_host_source: str = ""

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "memory_columns",
+    "micro_batches_in_flight",
     "offloaded_layer_bytes",
     "pipeline_unsharded_stage",
     "stage_memory",
@@ -120,6 +121,9 @@ def pipeline_unsharded_stage(ctx: TrainingContext) -> np.ndarray:
       the gathered parameters are held from the first forward; with resharding after forward
       they are re-gathered in each backward and kept from there, the same hold at the
       backward peak.
+
+    The step time prices the same stages' traffic once per step (``_training_dp``
+    ``_pipeline_fsdp_comm``).
     """
     zero = np.asarray(ctx.table["zero_stage"])
     return (zero >= 3) & (ctx.column("pp") > 1)
@@ -285,8 +289,9 @@ def op_level_selective_bytes(ctx: TrainingContext, *, default: np.ndarray) -> np
     return dense + moe_share * default
 
 
-def _in_flight(ctx: TrainingContext) -> np.ndarray:
-    """Micro-batches of activations held by the first, a middle (rank 1) and the last rank."""
+def micro_batches_in_flight(ctx: TrainingContext) -> np.ndarray:
+    """Micro-batches of activations held by the first, a middle (rank 1) and the last rank: the
+    forwards a rank runs before its first backward (per model chunk when interleaved)."""
     p, v, m = ctx.column("pp"), ctx.column("virtual_stages"), ctx.num_micro_batches
     rank = np.stack([np.zeros_like(p), np.where(p >= 3, 1.0, 0.0), p - 1.0])
     schedule = np.asarray(ctx.table["pipeline_schedule"])
@@ -380,7 +385,9 @@ def _activation_bytes(ctx: TrainingContext) -> np.ndarray:
     if options.pipeline_keeps_outputs:  # the last stage's bf16 logits of every micro-batch
         kept = np.where(ctx.column("pp") > 1, ctx.num_micro_batches, 0.0)
         logits = logits + kept * logits_per_micro_batch * ACTIVATION_BYTES
-    return _in_flight(ctx) * per_micro_batch + np.maximum(transient, in_transit) + logits
+    return (
+        micro_batches_in_flight(ctx) * per_micro_batch + np.maximum(transient, in_transit) + logits
+    )
 
 
 def _loss_bytes_per_logit(ctx: TrainingContext) -> np.ndarray | float:

@@ -30,7 +30,8 @@ dispatch + combine of tokens x top-k x hidden x routing imbalance (DeepSeek-V3 r
 arXiv:2412.19437, sec. 3.2.2); CP ring send/recv of K/V blocks (cp - 1 per layer); PP
 send/recv of the boundary activation; DP gradient all-reduce, or reduce-scatter + parameter
 all-gather under ZeRO-1/2, and per-micro-batch gathers under ZeRO-3/FSDP (Rajbhandari et al.,
-ZeRO, SC'20). Each kind hides up to its overlap fraction behind independent compute; the
+ZeRO, SC'20; a pipeline stage's gradients are reduced once per step, ``_training_dp``). Each
+kind hides up to its overlap fraction behind independent compute; the
 compute it hides behind runs slower while the collective occupies SMs and memory bandwidth
 (``time.contention``: the measured mean compute slowdown under overlap, arXiv:2507.03114,
 ``data/overlap_contention.json``). Megatron-core's EP communication overlap merges one
@@ -242,6 +243,12 @@ class TrainingContext:
     @property
     def zero2_reduce_every_micro_batch(self) -> bool:
         return True if self.framework is None else self.framework.zero2_reduce_every_micro_batch
+
+    @property
+    def pipeline_reshard_after_forward(self) -> bool:
+        """``FrameworkProfile.pipeline_reshard_after_forward``; True without a framework (the
+        plan as ``autoparallel.apply_plan`` runs it: ZeRO-3 is ``reshard_after_forward=True``)."""
+        return True if self.framework is None else self.framework.pipeline_reshard_after_forward
 
     def op(
         self, flops, bytes_moved, calls=1.0, kind: str = "matmul", role: str = "linear"

@@ -2,7 +2,9 @@
 
 ZeRO-0/1/2 reduce and gather a rank's whole parameters once per step (ZeRO-2 reduce-scatters
 every micro-batch where the framework does); ZeRO-3/FSDP gathers and reduce-scatters per layer
-and micro-batch with a one-layer prefetch window; the optimizer step moves the rank's shard of
+and micro-batch with a one-layer prefetch window, except under pipeline parallelism, where
+torch.distributed.pipelining holds each stage's gradients until one reduce-scatter after the
+step's last backward (``_pipeline_fsdp_comm``); the optimizer step moves the rank's shard of
 the states at memory bandwidth and the gradient-norm clipping adds two passes and scalar
 all-reduces over every rank. Split from ``_training`` (which calls ``dp_and_optimizer``).
 """
@@ -10,6 +12,7 @@ all-reduces over every rank. Split from ``_training`` (which calls ``dp_and_opti
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING
@@ -17,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cost_model._common import collective_time_s
+from cost_model._memory import micro_batches_in_flight, pipeline_unsharded_stage
 from cost_model._training_comm import CollectiveTimes, sharded_parameters
 
 if TYPE_CHECKING:
@@ -94,7 +98,9 @@ def _data_parallel_comm(
     * ZeRO-2: gradients are partitioned as they are produced, so every micro-batch reduce-
       scatters its gradients (DeepSpeed ``reduce_scatter`` per micro-batch, ZeRO SC'20 sec. 5.2),
       each under its own backward; one weight all-gather under the first forward.
-    * ZeRO-3/FSDP: per layer (``_fsdp_comm``).
+    * ZeRO-3/FSDP: per layer (``_fsdp_comm``); under pipeline parallelism once per step
+      for the gradients (``_pipeline_fsdp_comm``, where ``_memory.pipeline_unsharded_stage``
+      holds the stage unsharded).
     ``free_compute``: one micro-batch's compute not already hiding TP/EP/CP traffic; its
     forward and backward keep their shares of it.
     """
@@ -121,6 +127,13 @@ def _data_parallel_comm(
         + hidden_seconds(times.dp_weight_gather, fraction=ctx.dp_overlap, window=forward_window),
     )
     fsdp_total, fsdp_exposed = _fsdp_comm(ctx, times=times, mb=mb, free_share=free_share)
+    held = pipeline_unsharded_stage(ctx)
+    if held.any():
+        staged_total, staged_exposed = _pipeline_fsdp_comm(
+            ctx, times=times, mb=mb, free_share=free_share
+        )
+        fsdp_total = np.where(held, staged_total, fsdp_total)
+        fsdp_exposed = np.where(held, staged_exposed, fsdp_exposed)
     comm = np.where(zero == 3, fsdp_total, whole)
     return comm, np.where(zero == 3, fsdp_total - fsdp_exposed, whole_hidden)
 
@@ -132,7 +145,11 @@ def _fsdp_comm(
 
     Each micro-batch gathers every layer's weights before its forward and again before its
     backward, and reduce-scatters its gradients after it (FSDP2 ``reshard_after_forward``;
-    Zhao et al., PyTorch FSDP, VLDB 2023 sec. 3.3-4; DeepSpeed ZeRO-3). With one layer of
+    Zhao et al., PyTorch FSDP, VLDB 2023 sec. 3.3-4; DeepSpeed ZeRO-3). Gradient accumulation
+    keeps the per-micro-batch reduce-scatter: FSDP2 reduces every backward unless
+    ``set_requires_gradient_sync(False)``, and torchtitan's ``Trainer.train_step`` runs its
+    ``gradient_accumulation_steps`` forward-backward calls without it (torchtitan/trainer.py at
+    b5bcd76; only the chunked loss's LM head opts out, components/loss.py). With one layer of
     prefetch the next layer's gather runs under this layer's compute, so a layer exposes
     max(0, gather - compute) in forward and max(0, gather + reduce-scatter - compute) in
     backward; the first gather of each pass and the last reduce-scatter have nothing to hide
@@ -142,30 +159,127 @@ def _fsdp_comm(
     """
     layer, layout = times.fsdp_layer, ctx.layout
     overlap = ctx.dp_overlap * free_share
-    # Backward = 2 x forward, plus the recomputed forward on full recompute's share of layers.
-    backward_factor = 2.0 + ctx.full_recompute_share
-    exposed, total = 0.0, 0.0
-    for count, gather, scatter, forward in (
-        (layout.dense_layers, layer.dense_gather, layer.dense_scatter, mb.dense_layer_forward),
-        (layout.moe_layers, layer.moe_gather, layer.moe_scatter, mb.moe_layer_forward),
-    ):
-        forward_exposed = np.maximum(gather - overlap * forward, 0.0)
-        backward_exposed = np.maximum(gather + scatter - overlap * backward_factor * forward, 0.0)
-        exposed = exposed + count * (forward_exposed + backward_exposed)
-        total = total + count * (2.0 * gather + scatter)
-    first_dense = layout.dense_layers > 0
-    first_gather = np.where(first_dense, layer.dense_gather, layer.moe_gather)
-    first_forward = np.where(first_dense, mb.dense_layer_forward, mb.moe_layer_forward)
+    backward_factor = _backward_factor(ctx)
+    forward_pass = _gather_pass(ctx, times=times, mb=mb, overlap=overlap, window_factor=1.0)
+    backward_pass = _gather_pass(
+        ctx, times=times, mb=mb, overlap=overlap, window_factor=backward_factor, scatter=True
+    )
     last_scatter = np.where(layout.moe_layers > 0, layer.moe_scatter, layer.dense_scatter)
     last_backward = backward_factor * np.where(
         layout.moe_layers > 0, mb.moe_layer_forward, mb.dense_layer_forward
     )
-    edges = np.minimum(first_gather, overlap * first_forward) * 2.0 + np.minimum(
-        last_scatter, overlap * last_backward
-    )
+    last_edge = np.where(layout.layers > 0, np.minimum(last_scatter, overlap * last_backward), 0.0)
+    scatters = _layer_scatters(ctx, times)
     ends = layer.ends_gather + layer.ends_scatter
     m = ctx.num_micro_batches
-    return m * (total + ends), m * (exposed + np.where(layout.layers > 0, edges, 0.0) + ends)
+    total = forward_pass.total + backward_pass.total + scatters + ends
+    exposed = forward_pass.exposed + backward_pass.exposed + last_edge + ends
+    return m * total, m * exposed
+
+
+def _pipeline_fsdp_comm(
+    ctx: TrainingContext, *, times: CollectiveTimes, mb: MicroBatchTimes, free_share: np.ndarray
+):
+    """(total, exposed) ZeRO-3 seconds per step on each rank of a pipeline (3, n), for the rows
+    ``_memory.pipeline_unsharded_stage`` holds unsharded: FSDP2 under torch.distributed.pipelining.
+
+    * Gradients: every micro-batch's backward runs with ``set_requires_gradient_sync(False)``
+      and ``set_reshard_after_backward(False)`` (``_PipelineStageBase.backward_maybe_with_nosync``,
+      distributed/pipelining/stage.py, torch 2.13); the schedule's ``REDUCE_GRAD`` action after
+      the stage's last backward (``_add_reduce_grad``, schedules.py) calls ``perform_reduce_grad``,
+      which runs each group's ``post_backward`` (the reduce-scatters of the accumulated
+      ``reduce_dtype`` gradients) and ``_root_post_backward_final_callback``, whose
+      ``finalize_backward`` makes the compute stream wait for them. They start after the
+      stage's last backward kernel and nothing on the rank runs beside them: one reduce-scatter
+      of every layer and of the embedding and LM head per step, all exposed. (Before the
+      ``REDUCE_GRAD`` action, e.g. the torch of torchtitan's December 2024 benchmarks,
+      ``backward_maybe_with_nosync`` ran the same ``post_backward`` calls once the last
+      micro-batch's backward had returned.)
+    * Gathers: a layer left gathered by a backward stays gathered; one resharded after a
+      forward is gathered by the next pass. With ``reshard_after_forward=True``
+      (``TrainingContext.pipeline_reshard_after_forward``) every pass after a forward gathers:
+      per model chunk the first forward, the forwards that follow a forward (the warm-up's,
+      ``_memory.micro_batches_in_flight`` forwards in all, m under GPipe) and every backward
+      that follows a forward, m + 1 passes in all. Without it (torchtitan under pp) only the
+      step's first forward gathers. Each pass has FSDP2's one-layer prefetch (its first gather
+      exposed, each later one beyond its predecessor's compute window).
+    * The embedding and LM head belong to the stage's root FSDP module, which FSDP2 never
+      reshards after forward (``FSDPState._lazy_init``, distributed/fsdp/_fully_shard/
+      _fsdp_state.py): gathered once per step, before the stage's first layer, exposed.
+
+    Not modelled: the drain slack of the later ranks (rank r's last backward ends r backward
+    stage-times before the first rank's, so part of its reduce-scatter runs in the pipeline's
+    cool-down); the first rank, which runs the step's last backward, has none.
+    """
+    layer = times.fsdp_layer
+    overlap = ctx.dp_overlap * free_share
+    forward_pass = _gather_pass(ctx, times=times, mb=mb, overlap=overlap, window_factor=1.0)
+    backward_pass = _gather_pass(
+        ctx, times=times, mb=mb, overlap=overlap, window_factor=_backward_factor(ctx)
+    )
+    m = ctx.num_micro_batches
+    if ctx.pipeline_reshard_after_forward:
+        forward_passes = np.minimum(micro_batches_in_flight(ctx), m)
+        backward_passes = m + 1.0 - forward_passes
+    else:
+        forward_passes, backward_passes = np.ones_like(layer.ends_gather), 0.0
+    scatter = _layer_scatters(ctx, times) + layer.ends_scatter
+    gather_total = (forward_passes + backward_passes) * forward_pass.total + layer.ends_gather
+    gather_exposed = (
+        forward_passes * forward_pass.exposed
+        + backward_passes * backward_pass.exposed
+        + layer.ends_gather
+    )
+    return gather_total + scatter, gather_exposed + scatter
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """Seconds (3, n) of one pass's per-layer ZeRO-3 collectives over a rank's layers."""
+
+    total: np.ndarray
+    exposed: np.ndarray
+
+
+def _backward_factor(ctx: TrainingContext) -> np.ndarray:
+    """A layer's backward over its forward: 2, plus the recomputed forward on full
+    recompute's share of layers."""
+    return 2.0 + ctx.full_recompute_share
+
+
+def _layer_scatters(ctx: TrainingContext, times: CollectiveTimes) -> np.ndarray:
+    """Seconds (3, n) of one reduce-scatter of every layer's gradients on a rank."""
+    layer, layout = times.fsdp_layer, ctx.layout
+    return layout.dense_layers * layer.dense_scatter + layout.moe_layers * layer.moe_scatter
+
+
+def _gather_pass(
+    ctx: TrainingContext,
+    *,
+    times: CollectiveTimes,
+    mb: MicroBatchTimes,
+    overlap: np.ndarray,
+    window_factor: float | np.ndarray,
+    scatter: bool = False,
+) -> _Pass:
+    """One forward (``window_factor`` 1) or backward pass gathering each layer with one layer of
+    prefetch, and with ``scatter`` reduce-scattering each after it: a layer exposes what of its
+    collectives exceeds the overlappable share of its compute; the pass's first gather has no
+    compute before it and is exposed whole. ``total`` counts the gathers only."""
+    layer, layout = times.fsdp_layer, ctx.layout
+    exposed, total = 0.0, 0.0
+    for count, gather, reduce, forward in (
+        (layout.dense_layers, layer.dense_gather, layer.dense_scatter, mb.dense_layer_forward),
+        (layout.moe_layers, layer.moe_gather, layer.moe_scatter, mb.moe_layer_forward),
+    ):
+        comm = gather + reduce if scatter else gather
+        exposed = exposed + count * np.maximum(comm - overlap * window_factor * forward, 0.0)
+        total = total + count * gather
+    first_dense = layout.dense_layers > 0
+    first_gather = np.where(first_dense, layer.dense_gather, layer.moe_gather)
+    first_forward = np.where(first_dense, mb.dense_layer_forward, mb.moe_layer_forward)
+    edge = np.where(layout.layers > 0, np.minimum(first_gather, overlap * first_forward), 0.0)
+    return _Pass(total=np.asarray(total), exposed=np.asarray(exposed + edge))
 
 
 def _optimizer_step_time(ctx: TrainingContext) -> np.ndarray:
