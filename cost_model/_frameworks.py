@@ -16,7 +16,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["FrameworkProfile", "HostOpCounts", "framework_names", "framework_profile"]
 
@@ -41,6 +41,9 @@ class HostOpCounts(BaseModel):
     dispatch_preprocess_forward: float = Field(default=0.0, ge=0.0)
     dispatch_preprocess_backward: float = Field(default=0.0, ge=0.0)
     expert_segment_forward: float = Field(default=0.0, ge=0.0)
+    #: Of ``expert_segment_forward``, the operators issued before the first expert GEMM (the
+    #: dispatch all-to-alls and the sort by local expert); the rest follow the GEMMs.
+    expert_dispatch_forward: float = Field(default=0.0, ge=0.0)
     expert_segment_backward: float = Field(default=0.0, ge=0.0)
     shared_experts_forward: float = Field(default=0.0, ge=0.0)
     shared_experts_backward: float = Field(default=0.0, ge=0.0)
@@ -51,6 +54,15 @@ class HostOpCounts(BaseModel):
     eager_op_host_s: float = Field(gt=0.0, le=1e-3)
     basis: str = Field(min_length=1)
     eager_op_host_source: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _dispatch_within_segment(self) -> HostOpCounts:
+        if self.expert_dispatch_forward > self.expert_segment_forward:
+            raise ValueError(
+                f"expert_dispatch_forward ({self.expert_dispatch_forward}) must be at most "
+                f"expert_segment_forward ({self.expert_segment_forward})"
+            )
+        return self
 
 
 class FrameworkProfile(BaseModel):

@@ -511,14 +511,20 @@ def _host_gpu_parts(
 ) -> LayerGpuParts:
     """GPU seconds of the parts the host issue time is compared with (``_training_host``): an
     MoE layer's dispatch-to-combine segment is its MoE block less the router plus the forward
-    all-to-alls; the rest of the layer comes before the dispatch's host sync."""
+    all-to-alls, of which the routed and shared experts; the rest of the layer comes before the
+    dispatch's host sync."""
     if ctx.model.moe is None:
         zeros = np.zeros_like(ctx.tokens)
-        return LayerGpuParts(zeros, zeros, rest_forward, backward)
+        return LayerGpuParts(zeros, zeros, zeros, rest_forward, backward)
     segment = moe_ffn - training_moe.router_time(ctx)
+    passes = _activation_passes(ctx)
+    experts = training_moe.routed_experts_time(
+        ctx, activation_passes=passes
+    ) + training_moe.shared_experts_time(ctx, activation_passes=passes)
     return LayerGpuParts(
         moe_before_sync=moe_layer - segment,
         moe_after_sync=segment + times.ep_exchange,
+        moe_experts=experts,
         rest_forward=rest_forward,
         backward=backward,
     )

@@ -21,6 +21,16 @@ experts, combine) followed by the part before the next one's (attention, router,
 preprocessing); the dense layers and the model's ends form their own stretch. The backward
 reuses the split sizes and has no such wait: one stretch per micro-batch.
 
+Within the part after the sync the host issues, in order, the dispatch (its all-to-alls and the
+sort by local expert), then the expert GEMMs one cuBLASLt call per local expert, then the combine
+(``token_dispatcher.py`` ``token_dispatch``, ``dispatch_postprocess``; ``experts.py``
+``TEGroupedMLP.forward``; ``combine_preprocess`` to ``combine_postprocess``). The stretch is
+priced block by block in that order: the dispatch all-to-all's GPU time can hide the GEMMs'
+issue time that follows it, the combine's cannot, since the GPU reaches the combine only after
+the last GEMM is issued. The GPU side of the dispatch and of the combine is half each of the
+segment less its experts (the two all-to-alls move the same tokens, as
+``_training_ep_overlap`` prices them).
+
 The host side of each part is the framework's operator count per layer
 (``FrameworkProfile.host_ops``: counted from the framework's code, with the basis in
 ``data/framework_profiles.json``) times the host seconds per eager operator (the hardware
@@ -63,7 +73,9 @@ class HostParts:
     attention_forward: np.ndarray
     attention_backward: np.ndarray
     moe_before_sync_forward: np.ndarray  # router + dispatch preprocessing (+ shared experts)
-    moe_after_sync_forward: np.ndarray  # all-to-alls, permutes, experts, combine
+    moe_dispatch_forward: np.ndarray  # after the sync: dispatch all-to-alls, sort by expert
+    moe_experts_forward: np.ndarray  # the expert GEMMs, one per local expert and call
+    moe_combine_forward: np.ndarray  # activation, unsort, combine all-to-all, unpermute
     moe_backward: np.ndarray
     dense_mlp_forward: np.ndarray
     dense_mlp_backward: np.ndarray
@@ -72,16 +84,23 @@ class HostParts:
     lm_head_forward: np.ndarray  # final norm, output layer and loss
     lm_head_backward: np.ndarray
 
+    @property
+    def moe_after_sync_forward(self) -> np.ndarray:
+        """Host seconds of everything an MoE layer's forward issues after its sync."""
+        return self.moe_dispatch_forward + self.moe_experts_forward + self.moe_combine_forward
+
 
 @dataclass(frozen=True)
 class LayerGpuParts:
     """GPU seconds of one micro-batch's parts on each pipeline rank, as the layer model prices
     them: one MoE layer's forward before its sync (attention, router, preprocessing) and after
-    it (the dispatch-to-combine segment with its all-to-alls), the forward of the dense layers
-    and ends of the stage, and the stage's whole backward."""
+    it (the dispatch-to-combine segment with its all-to-alls), of which the experts (routed and
+    shared), the forward of the dense layers and ends of the stage, and the stage's whole
+    backward."""
 
     moe_before_sync: np.ndarray
     moe_after_sync: np.ndarray
+    moe_experts: np.ndarray  # the experts' share of moe_after_sync
     rest_forward: np.ndarray
     backward: np.ndarray
 
@@ -120,7 +139,7 @@ def host_parts(ctx: TrainingContext) -> HostParts | None:
     zeros = np.zeros_like(ctx.tokens)
     moe = ctx.model.moe
     if moe is None:
-        before = after = moe_bwd = zeros
+        before = dispatch = experts = combine = moe_bwd = zeros
     else:
         local_experts = moe.num_routed_experts / ctx.column("ep")
         gemm_s = framework.expert_gemm_host_s
@@ -131,11 +150,9 @@ def host_parts(ctx: TrainingContext) -> HostParts | None:
             + shared * counts.shared_experts_forward
         )
         before = zeros + before_ops * op_s
-        after = (
-            zeros
-            + counts.expert_segment_forward * op_s
-            + GROUPED_LINEARS_PER_FORWARD * local_experts * gemm_s
-        )
+        dispatch = zeros + counts.expert_dispatch_forward * op_s
+        experts = zeros + GROUPED_LINEARS_PER_FORWARD * local_experts * gemm_s
+        combine = zeros + (counts.expert_segment_forward - counts.expert_dispatch_forward) * op_s
         backward_ops = (
             _scoped(ctx, "moe_router", counts.router_backward)
             + _scoped(ctx, "moe_preprocess", counts.dispatch_preprocess_backward)
@@ -151,7 +168,9 @@ def host_parts(ctx: TrainingContext) -> HostParts | None:
         attention_forward=zeros + attention_fwd * op_s,
         attention_backward=zeros + attention_bwd * op_s,
         moe_before_sync_forward=before,
-        moe_after_sync_forward=after,
+        moe_dispatch_forward=dispatch,
+        moe_experts_forward=experts,
+        moe_combine_forward=combine,
         moe_backward=moe_bwd,
         dense_mlp_forward=zeros + counts.dense_mlp_forward * op_s,
         dense_mlp_backward=zeros + counts.dense_mlp_backward * op_s,
@@ -179,7 +198,8 @@ def exposed_host_s(ctx: TrainingContext, *, gpu: LayerGpuParts) -> tuple[np.ndar
     """Seconds one micro-batch waits on its host beyond the GPU time of its parts, on each
     pipeline rank: (forward, backward); zeros without operator counts or under a full-iteration
     CUDA graph. The forward of an MoE layer with a host sync is one stretch of the part after
-    the previous layer's sync and the part before its own; without a sync (or a dense model)
+    the previous layer's sync (dispatch, experts, combine) and the part before its own; without
+    a sync (or a dense model)
     the forward is one stretch, and the backward is one stretch."""
     layout = ctx.layout
     zeros = np.zeros(np.broadcast(ctx.tokens, gpu.backward).shape)
@@ -197,8 +217,15 @@ def exposed_host_s(ctx: TrainingContext, *, gpu: LayerGpuParts) -> tuple[np.ndar
     host_after = parts.moe_after_sync_forward
     syncs = ctx.framework is not None and ctx.framework.moe_dispatch_host_sync
     if syncs:
+        # Dispatch and combine share the segment's GPU time beside the experts (module doc).
+        exchange = (gpu.moe_after_sync - gpu.moe_experts) / 2.0
         per_moe_layer = stretch_time_s(
-            [(host_after, gpu.moe_after_sync), (host_before, gpu.moe_before_sync)]
+            [
+                (parts.moe_dispatch_forward, exchange),
+                (parts.moe_experts_forward, gpu.moe_experts),
+                (parts.moe_combine_forward, exchange),
+                (host_before, gpu.moe_before_sync),
+            ]
         ) - (gpu.moe_after_sync + gpu.moe_before_sync)
         rest = np.maximum(host_rest_fwd - gpu.rest_forward, 0.0)
         forward = moe_layers * per_moe_layer + rest

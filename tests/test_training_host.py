@@ -80,10 +80,13 @@ def _context(model, workload, *, ep: int = 1, cuda_graphs: str = "none", scope=N
     )
 
 
-def _gpu(*, before: float, after: float, rest: float = 0.0, backward: float = 0.0):
+def _gpu(
+    *, before: float, after: float, experts: float = 0.0, rest: float = 0.0, backward: float = 0.0
+):
     return LayerGpuParts(
         moe_before_sync=np.array([before]),
         moe_after_sync=np.array([after]),
+        moe_experts=np.array([experts]),
         rest_forward=np.array([[rest]] * 3),
         backward=np.array([[backward]] * 3),
     )
@@ -210,3 +213,52 @@ def test_expert_gemm_calls_are_two_per_local_expert() -> None:
         role="expert",
     )[0]
     assert experts > fewer  # 256 calls pay twice the per-call cost of 128
+
+
+def test_the_expert_segment_splits_into_dispatch_gemms_and_combine() -> None:
+    """After the sync the host issues the dispatch (two all-to-alls and the sort), the expert
+    GEMMs, then the activation and the combine; the three parts sum to the whole segment."""
+    ctx = _context(_moe(), _workload(), ep=8)
+    parts = host_parts(ctx)
+    profile = framework_profile("megatron-core")
+    assert parts is not None and profile.host_ops is not None
+    op_s = profile.host_ops.eager_op_host_s
+    assert profile.host_ops.expert_dispatch_forward == 3
+    assert parts.moe_dispatch_forward[0] == pytest.approx(3 * op_s)
+    assert parts.moe_experts_forward[0] == pytest.approx(2 * 16 * profile.expert_gemm_host_s)
+    total = profile.host_ops.expert_segment_forward * op_s + parts.moe_experts_forward[0]
+    assert parts.moe_after_sync_forward[0] == pytest.approx(total)
+
+
+def test_the_combine_cannot_hide_the_expert_gemms_issue_time() -> None:
+    """The GPU reaches the combine only after the host has issued the last expert GEMM: GPU
+    time in the combine does not hide the GEMMs' issue time, GPU time in the dispatch or the
+    experts does. The two-block stretch (whole segment, then the rest) missed this."""
+    ctx = _context(_moe(), _workload(), ep=8)
+    parts = host_parts(ctx)
+    assert parts is not None
+    host_dispatch, host_gemms = parts.moe_dispatch_forward[0], parts.moe_experts_forward[0]
+    host_after = float(parts.moe_after_sync_forward[0])
+    after, before = 1.2 * host_after, 10.0 * host_after
+    layers = ctx.layout.moe_layers
+    # Half the segment's GPU time in the combine, none in the experts: exposed.
+    late = _gpu(before=before, after=after, experts=0.0, rest=1.0, backward=100.0)
+    forward, _ = exposed_host_s(ctx, gpu=late)
+    per_layer = host_dispatch + host_gemms - after / 2.0
+    assert per_layer > 0.0
+    assert np.allclose(forward, layers * per_layer)
+    one = np.ones(1)
+    coarse = stretch_time_s([(host_after * one, after * one), (0.0 * one, before * one)])
+    assert coarse[0] == pytest.approx(after + before)  # the coarse split exposed nothing
+    # The same GPU time mostly in the experts: they run as they are issued, nothing exposed.
+    early = _gpu(before=before, after=after, experts=0.8 * after, rest=1.0, backward=100.0)
+    forward, _ = exposed_host_s(ctx, gpu=early)
+    assert np.all(forward == 0.0)
+
+
+def test_dispatch_operators_cannot_exceed_the_segment() -> None:
+    counts = framework_profile("megatron-core").host_ops
+    assert counts is not None
+    data = counts.model_dump() | {"expert_dispatch_forward": counts.expert_segment_forward + 1}
+    with pytest.raises(ValueError, match="expert_dispatch_forward"):
+        type(counts).model_validate(data)
