@@ -5,32 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from autoparallel import get_model
 from cost_model import EstimateOptions, ParallelConfig, Training, configs_to_table
 from cost_model import _training_moe as moe_block
 from cost_model._kernel_curves import TOKENS_PER_EXPERT_GRID, grouped_experts_time_s
-from cost_model._model_spec import ModelSpec
 from cost_model._training import training_context
 from topology import get_preset
 
-#: Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B config.json): 128 experts, top-8, expert FFN 768.
-QWEN3_30B = ModelSpec.from_hf_config(
-    {
-        "model_type": "qwen3_moe",
-        "num_hidden_layers": 48,
-        "hidden_size": 2048,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 4,
-        "head_dim": 128,
-        "intermediate_size": 6144,
-        "moe_intermediate_size": 768,
-        "num_experts": 128,
-        "num_experts_per_tok": 8,
-        "vocab_size": 151936,
-        "max_position_embeddings": 40960,
-        "tie_word_embeddings": False,
-    },
-    name="qwen3-30b-a3b",
-)
+#: Qwen3-30B-A3B (the catalog's Qwen/Qwen3-30B-A3B config.json): 128 experts, top-8, expert FFN 768.
+QWEN3_30B = get_model("qwen3-30b-a3b")
 
 
 def _context(*, preset: str, sequence: int, ep: int = 8, precision: str = "fp8", nodes: int = 1):
