@@ -1107,7 +1107,8 @@ def _sglang_dp_gather_scatter(s: _Setup, rank_tokens: np.ndarray, *, decode: boo
     slice (``all_reduce_to_dp_local``, as ``_select_dp_reduce_scatter`` picks no reduce-scatter
     outside ``MAX_LEN``). A larger even decode batch is ``MAX_LEN``: an all-gather
     (``_dp_gather_via_all_gather``) and a reduce-scatter (``dp_reduce_scatter_tensor``). Both
-    move the instance's BF16 hidden states."""
+    move the instance's hidden states in the activation dtype (the FP8 gather is opt-in:
+    ``SGLANG_ENABLE_DP_GATHER_FP8``, off by default)."""
     instance = instance_size(tp=s.column("tp"), ep=s.column("ep"), etp=s.column("etp"))
     gathered = (
         rank_tokens * instance * s.model.hidden_size * dtype_bytes(s.workload.activation_dtype)
