@@ -13,6 +13,7 @@ from cost_model._calibrate import CalibrationResult, StepMeasurement, calibrate
 from cost_model._common import Calibration, EstimateOptions, calibration_for, op_time_s
 from cost_model._cross_validation import GROUPINGS as VALIDATION_GROUPINGS
 from cost_model._cross_validation import error_summary, grouped_errors, leave_one_source_out
+from cost_model._engine_paths import sglang_uses_deepep
 from cost_model._estimate import breakdown_from_row, estimate, estimate_table
 from cost_model._frameworks import framework_names
 from cost_model._inference_load import estimate_inference_table
@@ -131,6 +132,7 @@ __all__ = [
     "serving_profile",
     "simulate",
     "simulate_layout",
+    "sglang_uses_deepep",
     "split_layers",
     "table_from_columns",
     "table_length",

@@ -84,7 +84,10 @@ An all-reduce the engine fuses with the residual add and RMSNorm after it (vLLM'
 AllReduceFusionPass, ``ServingProfile.fused_allreduce_norm_max_bytes``) takes the table of the
 fused kernel's family and launches no norm kernel (``_fused_allreduce_norm``). Expert-parallel
 traffic follows the engine's default path (``_expert_comm``): DeepEP's all-to-all, or vLLM's
-all-gather / reduce-scatter across attention replicas and none inside one.
+all-gather / reduce-scatter across attention replicas and none inside one; SGLang runs DeepEP
+only where its export launches it (``_engine_paths.sglang_uses_deepep``: ep = the instance) and
+otherwise moves no tokens inside an attention replica, gathering over the instance under
+attention data parallel (``_sglang_dp_gather_scatter``, TP traffic).
 
 Output columns: ``time.<phase>_<part>`` for parts ``INFERENCE_TIME_PARTS`` (exposed seconds;
 they sum to ``step_time_s``) and ``hidden.<phase>_<kind>`` for the communication kinds (seconds
@@ -118,6 +121,7 @@ from cost_model._common import (
     ranks_per_node,
     stage_layout,
 )
+from cost_model._engine_paths import attention_replicas, instance_size, sglang_uses_deepep
 from cost_model._kernel_curves import (
     DECODE_ATTENTION_KV_DTYPES,
     DEVICE_ALIASES,
@@ -531,9 +535,11 @@ def _count_measured_kernels(s: _Setup, *, decode: bool) -> np.ndarray | float:
     if decode:  # the one decode attention kernel, where its KV dtype is measured
         kernels = kernels + lay.layers * _decode_attention_measured(s).astype(np.float64)
     # the two TP all-reduces per layer, where measured (``_tp_all_reduce``); the scatter and
-    # gather of a sequence-parallel MoE layer are modelled collectives (``_comm_times``)
-    all_reducing = lay.layers - lay.moe_layers * _sequence_parallel_moe(s)
-    return kernels + 2.0 * all_reducing * (_all_reduce_measured(s) & ~s.attention_dp)
+    # gather of a sequence-parallel MoE layer, or SGLang's gather and return in place of a MoE
+    # layer's FFN all-reduce, are modelled collectives (``_comm_times``)
+    all_reduces = 2.0 * (lay.layers - lay.moe_layers * _sequence_parallel_moe(s))
+    all_reduces = all_reduces - lay.moe_layers * _sglang_dp_gathers(s)
+    return kernels + all_reduces * (_all_reduce_measured(s) & ~s.attention_dp)
 
 
 def _context_attention_measured(s: _Setup, *, decode: bool) -> bool:
@@ -588,10 +594,13 @@ def _kernels_per_pass(s: _Setup) -> np.ndarray:
     launch none (``models/deepseek_common/attention_forward_methods/forward_mha.py``)."""
     if "_kernels_per_pass" in s.__dict__:  # the same for every pass of one setup
         return s.__dict__["_kernels_per_pass"]
-    lay, tp, ep = s.layout, s.column("tp"), s.column("ep")
+    lay, tp = s.layout, s.column("tp")
     kernels = lay.dense_layers * s.kernels_per_layer[0] + lay.moe_layers * s.kernels_per_layer[1]
     tp_calls = np.where(s.attention_dp, 2.0 * lay.dense_layers, 2.0 * lay.layers) * (tp > 1)
-    ep_calls = 2.0 * lay.moe_layers * (ep > 1)
+    # SGLang's MoE gather and return, in place of an FFN all-reduce (``_comm_times``)
+    replaced = np.where(s.attention_dp | (tp == 1), 0.0, 1.0)
+    tp_calls = tp_calls + lay.moe_layers * _sglang_dp_gathers(s) * (2.0 - replaced)
+    ep_calls = 2.0 * lay.moe_layers * _expert_collectives(s)
     s.__dict__["_kernels_per_pass"] = kernels + tp_calls + ep_calls
     return s.__dict__["_kernels_per_pass"]
 
@@ -1051,12 +1060,111 @@ def _gather_scatter_expert_comm(s: _Setup, rank_tokens: np.ndarray) -> np.ndarra
     return np.where(_experts_span_replicas(s) & (ep > 1), gather + scatter, 0.0)
 
 
+#: The largest gathered decode buffer SGLang gathers and combines with two all-reduces: its
+#: custom all-reduce's workspace cap, ``SGLANG_CUSTOM_ALL_REDUCE_V2_MAX_SIZE_KB`` = 16 MiB by
+#: default (``srt/environ.py``; ``CustomAllReduceV2.max_size`` in
+#: ``srt/distributed/device_communicators/custom_all_reduce_v2.py``, which the tuned per-world-size
+#: workspaces of Hopper and Blackwell do not lower; read in SGLang 0.5.23).
+SGLANG_DP_ALL_REDUCE_MAX_BYTES = 16.0 * 2**20
+
+
+def _sglang_deepep(s: _Setup) -> np.ndarray:
+    """Rows SGLang runs through DeepEP, (n,) bool: the predicate its export launches
+    ``--moe-a2a-backend deepep`` by (``_engine_paths.sglang_uses_deepep``)."""
+    return sglang_uses_deepep(tp=s.column("tp"), ep=s.column("ep"), etp=s.column("etp"))
+
+
+def _sglang_dp_gathers(s: _Setup) -> np.ndarray:
+    """Rows whose MoE layers SGLang runs on the tokens of every attention replica of the
+    instance, (n,) bool: attention data parallel (``--attn-dp-size`` > 1) without DeepEP. The
+    default ``--moe-a2a-backend none`` (``StandardDispatcher``) moves no tokens, so the layer's
+    input is gathered over the TP group before the experts (``dp_gather_partial`` in
+    ``srt/layers/dp_attention.py``) and brought back after (``layer_boundary/exit.py``)."""
+    if "_sglang_dp_gathers" in s.__dict__:  # the same for every pass of one setup
+        return s.__dict__["_sglang_dp_gathers"]
+    gathers = np.zeros(s.shard.shape, dtype=bool)
+    if s.profile.engine == "sglang" and s.model.moe is not None:
+        replicas = attention_replicas(
+            tp=s.column("tp"),
+            ep=s.column("ep"),
+            etp=s.column("etp"),
+            attention_data_parallel=s.attention_dp,
+        )
+        gathers = (replicas > 1) & ~_sglang_deepep(s)
+    s.__dict__["_sglang_dp_gathers"] = gathers
+    return gathers
+
+
+def _sglang_dp_gather_scatter(s: _Setup, rank_tokens: np.ndarray, *, decode: bool) -> np.ndarray:
+    """SGLang's gather of one MoE layer's input over the instance (its TP group) and the
+    return of the summed expert outputs, (n,) seconds, on ``_sglang_dp_gathers`` rows; the sum
+    over the EP and MoE-tp ranks rides on the return. The collectives follow SGLang's padding
+    mode (``DpPaddingMode.get_dp_padding_mode``, ``srt/layers/dp_attention.py``, 0.5.23): an
+    extend (prefill) batch over several replicas is ``SUM_LEN``, and so is a decode batch whose
+    gathered buffer fits the custom all-reduce (``_decode_sum_len_fits_custom_all_reduce``: one
+    NVLink node, ``SGLANG_DP_ALL_REDUCE_MAX_BYTES``): the gather is an all-reduce of the
+    zero-padded buffer (``_dp_gather_via_all_reduce``) and the return an all-reduce and a local
+    slice (``all_reduce_to_dp_local``, as ``_select_dp_reduce_scatter`` picks no reduce-scatter
+    outside ``MAX_LEN``). A larger even decode batch is ``MAX_LEN``: an all-gather
+    (``_dp_gather_via_all_gather``) and a reduce-scatter (``dp_reduce_scatter_tensor``). Both
+    move the instance's hidden states in the activation dtype (the FP8 gather is opt-in:
+    ``SGLANG_ENABLE_DP_GATHER_FP8``, off by default)."""
+    instance = instance_size(tp=s.column("tp"), ep=s.column("ep"), etp=s.column("etp"))
+    gathered = (
+        rank_tokens * instance * s.model.hidden_size * dtype_bytes(s.workload.activation_dtype)
+    )
+    one_node = instance <= s.cluster.devices_per_node
+
+    def collective(op: str) -> np.ndarray:
+        return collective_time_s(
+            cluster=s.cluster,
+            op=op,
+            group_size=instance,
+            ranks_per_node=np.minimum(instance, s.cluster.devices_per_node),
+            message_bytes=gathered,
+            calibration=s.calibration,
+            rows=s.rows,
+        )
+
+    all_reduces = 2.0 * collective("all_reduce")
+    sum_len = (not decode) | (one_node & (gathered <= SGLANG_DP_ALL_REDUCE_MAX_BYTES))
+    if np.all(sum_len):
+        return all_reduces
+    return np.where(sum_len, all_reduces, collective("all_gather") + collective("reduce_scatter"))
+
+
+def _sglang_expert_comm(s: _Setup, rank_tokens: np.ndarray, *, decode: bool) -> np.ndarray:
+    """SGLang's EP traffic of one MoE layer, (n,) seconds, on the path its export launches:
+    DeepEP where ``_sglang_deepep``; else none. Under ``--moe-a2a-backend none`` each rank of
+    an attention replica holds all its tokens and maps their top-k ids to its local experts
+    (``StandardDispatcher.dispatch``, ``srt/layers/moe/token_dispatcher/standard.py``), and one
+    all-reduce over the TP group sums the EP and MoE-tp partial outputs
+    (``post_experts_all_reduce``, ``srt/layers/moe/utils.py``: one TP all-reduce when the MoE
+    data-parallel size is 1): the layer's FFN all-reduce, or under attention data parallel the
+    gather and return of ``_sglang_dp_gather_scatter``, both TP-group traffic (``_comm_times``)."""
+    deepep = _sglang_deepep(s)
+    if not np.any(deepep):
+        return np.zeros(deepep.shape)
+    return np.where(deepep, _deepep_expert_comm(s, rank_tokens, decode=decode), 0.0)
+
+
+def _expert_collectives(s: _Setup) -> np.ndarray:
+    """Rows whose MoE layers launch an EP dispatch and combine, (n,) bool: SGLang's DeepEP rows
+    (``_sglang_expert_comm``); every expert-parallel row of the other engines."""
+    if s.profile.engine == "sglang":
+        return _sglang_deepep(s)
+    return s.column("ep") > 1
+
+
 def _expert_comm(s: _Setup, rank_tokens: np.ndarray, *, decode: bool) -> np.ndarray:
     """EP traffic of one MoE layer, (n,) seconds, on the serving engine's default path:
     vLLM's all-gather / reduce-scatter (``_gather_scatter_expert_comm``) unless the
     ``a2a_backend`` column names DeepEP kernels (vLLM's ``deepep_high_throughput`` /
-    ``deepep_low_latency`` backends, which it too uses only across attention replicas); DeepEP
-    for the other engines (``_deepep_expert_comm``)."""
+    ``deepep_low_latency`` backends, which it too uses only across attention replicas);
+    SGLang's DeepEP or gather / return (``_sglang_expert_comm``); DeepEP for the other engines
+    (``_deepep_expert_comm``)."""
+    if s.profile.engine == "sglang":
+        return _sglang_expert_comm(s, rank_tokens, decode=decode)
     deepep = _deepep_expert_comm(s, rank_tokens, decode=decode)
     if s.profile.engine != "vllm":
         return deepep
@@ -1069,14 +1177,16 @@ def _comm_times(s: _Setup, p: ops.Pass) -> dict[str, np.ndarray]:
     """TP, EP, CP and PP traffic of one pass on each pipeline rank, (3, n) seconds.
 
     TP attention all-reduces after attention and after the FFN of every layer (Megatron); under
-    attention-DP only the tp-sharded dense FFN gathers its tokens and scatters them back.
+    attention-DP only the tp-sharded dense FFN gathers its tokens and scatters them back. SGLang's
+    MoE layers without DeepEP gather and return over the instance under attention data parallel
+    (``_sglang_dp_gather_scatter``), in place of their FFN all-reduce.
     """
     model, lay = s.model, s.layout
     act, h = dtype_bytes(s.workload.activation_dtype), model.hidden_size
-    tp, cp, ep = s.column("tp"), s.column("cp"), s.column("ep")
+    tp, cp = s.column("tp"), s.column("cp")
     attention_tokens, rank_tokens = _tokens(s, p)
     zero = np.zeros(lay.layers.shape)
-    tp_time = zero
+    tp_time = all_reduce = zero
     if np.any((tp > 1) & ~s.attention_dp):
         all_reduce = _tp_all_reduce(s, attention_tokens * h * act)
         tp_time = np.where(s.attention_dp, 0.0, 2 * lay.layers * all_reduce)
@@ -1093,8 +1203,14 @@ def _comm_times(s: _Setup, p: ops.Pass) -> dict[str, np.ndarray]:
         gather = _collective(s, "all_gather", "tp", tp, gathered)
         gather_scatter = gather + _collective(s, "reduce_scatter", "tp", tp, gathered)
         tp_time = np.where(s.attention_dp, lay.dense_layers * gather_scatter, tp_time)
+    gathers = _sglang_dp_gathers(s)
+    if np.any(gathers):  # SGLang's MoE layers gather and return over the instance instead of
+        # all-reducing their FFN output; attention's own all-reduce stays
+        moe = _sglang_dp_gather_scatter(s, rank_tokens, decode=p.decode)
+        moe = moe - np.where(s.attention_dp | (tp == 1), 0.0, all_reduce)
+        tp_time = np.where(gathers, tp_time + lay.moe_layers * moe, tp_time)
     ep_time = zero
-    if model.moe is not None and np.any(ep > 1):
+    if model.moe is not None and np.any(_expert_collectives(s)):
         ep_time = lay.moe_layers * _expert_comm(s, rank_tokens, decode=p.decode)
     cp_time = zero
     if (

@@ -28,7 +28,7 @@ from autoparallel.export._common import (
     uneven,
 )
 from autoparallel.plan import ServingSettings, ShardingPlan
-from cost_model import ParallelConfig
+from cost_model import ParallelConfig, sglang_uses_deepep
 
 DP_RPC_PORT = 13345
 SGLANG_PORT = 5000
@@ -261,7 +261,8 @@ def _sglang_pool(
     ]
     if s.attention_replicas > 1:
         args += ["--attn-dp-size", str(s.attention_replicas)]
-    deepep = config.ep > 1 and config.ep == s.instance_size
+    # the predicate the cost model prices the MoE path by (``cost_model._inference._expert_comm``)
+    deepep = bool(sglang_uses_deepep(tp=config.tp, ep=config.ep, etp=config.etp))
     if config.ep > 1:
         args += [
             "--ep-size",

@@ -1,0 +1,158 @@
+"""SGLang's expert-parallel traffic follows the path its export launches: DeepEP only where
+``--moe-a2a-backend deepep`` is exported (ep == instance size), else no token movement inside an
+attention replica and a gather / return over the TP group under attention data parallel."""
+
+from __future__ import annotations
+
+import shlex
+
+import numpy as np
+import pytest
+
+from autoparallel import get_model
+from autoparallel.export import export_plan
+from autoparallel.plan import build_plan
+from cost_model import (
+    EstimateOptions,
+    Inference,
+    Layout,
+    ParallelConfig,
+    calibration_for,
+    configs_to_table,
+    estimate_inference_table,
+    table_from_columns,
+)
+from cost_model import _inference as inference
+from cost_model._common import collective_time_s
+from cost_model._serving_columns import A2A_BACKEND_CODES, PHASE_CODES
+from topology import get_preset
+
+DSV3 = get_model("deepseek-v3")
+B200 = get_preset("dgx-b200", num_nodes=1)
+H200 = get_preset("dgx-h200", num_nodes=1)
+MOE_LAYERS = DSV3.num_layers - DSV3.num_dense_ffn_layers
+BATCH = 32
+
+
+def _workload(engine: str) -> Inference:
+    return Inference(
+        prompt_tokens=1024, output_tokens=1024, weight_dtype="fp8", serving_engine=engine
+    )
+
+
+def _run(
+    engine: str, *, phase: str = "decode", backend: str = "auto", batch: int = BATCH, **layout
+) -> dict[str, np.ndarray]:
+    table = table_from_columns(
+        batch_size=batch,
+        phase=PHASE_CODES[phase],
+        a2a_backend=A2A_BACKEND_CODES[backend],
+        **layout,
+    )
+    return estimate_inference_table(
+        model=DSV3, cluster=B200, workload=_workload(engine), table=table
+    )
+
+
+def _seconds(out: dict[str, np.ndarray], part: str, phase: str = "decode") -> float:
+    return float(out[f"time.{phase}_{part}"][0] + out.get(f"hidden.{phase}_{part}", [0.0])[0])
+
+
+def _collective(op: str, message: float, group: float = 8.0) -> float:
+    return float(
+        collective_time_s(
+            cluster=B200,
+            op=op,
+            group_size=group,
+            ranks_per_node=group,
+            message_bytes=message,
+            calibration=calibration_for(B200.device),
+        )
+    )
+
+
+def test_sglang_tp8_ep4_moves_no_tokens_and_sums_by_the_tp_all_reduce() -> None:
+    # --tp-size 8 --ep-size 4 --moe-a2a-backend none: every rank holds the replica's tokens,
+    # runs its local experts on them, and the layer's TP all-reduce sums the outputs
+    for phase in ("decode", "prefill"):
+        split = _run("sglang", phase=phase, tp=8, ep=4, etp=2)
+        sliced = _run("sglang", phase=phase, tp=8, ep=1, etp=8)
+        assert _seconds(split, "ep_comm", phase) == 0.0
+        assert _seconds(split, "tp_comm", phase) == _seconds(sliced, "tp_comm", phase) > 0.0
+
+
+def test_sglang_ep_spanning_the_instance_pays_deepep() -> None:
+    # ep == tp-size: --moe-a2a-backend deepep, low-latency kernels in decode
+    for layout in ({"tp": 8, "ep": 8}, {"dp": 8, "ep": 8}):
+        sglang = _seconds(_run("sglang", **layout), "ep_comm")
+        deepep = _seconds(_run("trtllm", **layout), "ep_comm")  # DeepEP for every ep row
+        assert sglang > 0.0 and np.isclose(sglang, deepep, rtol=1e-12)
+    named = _run("vllm", backend="low_latency", dp=8, ep=8)  # vLLM's DeepEP backend
+    assert np.isclose(_seconds(_run("sglang", dp=8, ep=8), "ep_comm"), _seconds(named, "ep_comm"))
+
+
+@pytest.mark.parametrize("ep,etp", [(4, 2), (1, 8)])
+def test_sglang_attention_dp_without_deepep_gathers_and_returns_over_the_tp_group(
+    ep: int, etp: int
+) -> None:
+    # --tp-size 8 --attn-dp-size 8 --moe-a2a-backend none: each MoE layer gathers the 8
+    # replicas' BF16 hidden states over the TP group and returns the summed outputs; the dense
+    # layers' gather / scatter is the DeepEP row's (tp8 ep8 attn-dp), whose MoE layers add none
+    layout = {"tp": 8, "ep": ep, "etp": etp, "attention_data_parallel": True}
+    dense_only = {"tp": 8, "ep": 8, "etp": 1, "attention_data_parallel": True}
+    gathered = 8 * BATCH * DSV3.hidden_size * 2.0
+
+    def moe_tp_seconds(phase: str = "decode", batch: int = BATCH) -> float:
+        out = _run("sglang", phase=phase, batch=batch, **layout)
+        assert _seconds(out, "ep_comm", phase) == 0.0
+        dense = _run("sglang", phase=phase, batch=batch, **dense_only)
+        return _seconds(out, "tp_comm", phase) - _seconds(dense, "tp_comm", phase)
+
+    # decode, small buffer (SUM_LEN): an all-reduce to gather, one to sum and return
+    expected = MOE_LAYERS * 2.0 * _collective("all_reduce", gathered)
+    assert np.isclose(moe_tp_seconds(), expected, rtol=1e-9)
+    # prefill: extend batches are SUM_LEN too
+    expected = MOE_LAYERS * 2.0 * _collective("all_reduce", gathered * 1024)
+    assert np.isclose(moe_tp_seconds("prefill"), expected, rtol=1e-9)
+    # decode past the custom all-reduce's 16 MiB (MAX_LEN): all-gather and reduce-scatter
+    big = gathered * 1024 / BATCH
+    assert big > inference.SGLANG_DP_ALL_REDUCE_MAX_BYTES
+    expected = MOE_LAYERS * (_collective("all_gather", big) + _collective("reduce_scatter", big))
+    assert np.isclose(moe_tp_seconds(batch=1024), expected, rtol=1e-9)
+
+
+def _exported_flags(config: ParallelConfig) -> dict[str, str]:
+    """The SGLang launch flags of ``config``'s plan (unpriced: only its layout matters here)."""
+    job = _workload("sglang")
+    plan = build_plan(
+        model=DSV3, cluster=H200, job=job, layout=Layout(config=config), predicted=None
+    )
+    text = export_plan(plan, format="sglang").files["launch_sglang_colocated.sh"]
+    words = shlex.split(text.replace("\\\n", " "))
+    return {w: words[i + 1] for i, w in enumerate(words[:-1]) if w.startswith("--")}
+
+
+def test_priced_sglang_path_is_the_exported_backend() -> None:
+    configs = [
+        ParallelConfig(tp=8, ep=8),
+        ParallelConfig(tp=8, ep=4, etp=2),
+        ParallelConfig(tp=8, ep=8, attention_data_parallel=True),
+        ParallelConfig(tp=8, ep=4, etp=2, attention_data_parallel=True),
+        ParallelConfig(tp=8, ep=1, etp=8, attention_data_parallel=True),
+        ParallelConfig(tp=4, dp=2, ep=8),
+        ParallelConfig(tp=2, dp=4, ep=4, etp=2),
+    ]
+    exported = [_exported_flags(config) for config in configs]
+    s = inference._setup(
+        model=DSV3,
+        cluster=H200,
+        workload=_workload("sglang"),
+        table=configs_to_table(configs),
+        options=EstimateOptions(),
+    )
+    deepep = [flags.get("--moe-a2a-backend") == "deepep" for flags in exported]
+    gathers = [not d and "--attn-dp-size" in flags for d, flags in zip(deepep, exported)]
+    assert deepep == [True, False, True, False, False, True, False]
+    assert gathers == [False, False, False, True, True, False, True]
+    assert inference._sglang_deepep(s).tolist() == deepep
+    assert inference._sglang_dp_gathers(s).tolist() == gathers
