@@ -529,6 +529,15 @@ def _desynchronized_closed_loop(
     own prefill carries its prompt and the ``a P`` tokens sent with it, over as many
     budget-sized iterations as they take (the ones ahead of it in the queue, half of them
     on average, before its own).
+
+    As in the simulator, a new request reaches the scheduler at the end of the iteration that
+    completed its predecessor. A real client's request first crosses the HTTP server and the
+    tokenizer (``request_overhead_s``), lands inside a later iteration and waits for its rest
+    (the engines ingest requests between iterations, e.g. SGLang's ``event_loop_normal``): at
+    most one iteration, not modelled here. Prompt lengths that vary with equal outputs leave
+    the requests prefilled together ending together, so only the output's spread selects
+    this form (on an engine that mixes, such groups split unevenly over the budget's
+    iterations, which neither form prices).
     """
     col = _as_columns(concurrency)
     prompt, output = col(policy.prompt_tokens), col(policy.output_tokens)
