@@ -198,6 +198,7 @@ def _policy(s: _Setup, max_running: np.ndarray) -> LoadPolicy:
         s.profile.chunked_prefill,
         s.profile.mixed_prefill_decode,
         s.workload.output_tokens_cv,
+        s.workload.prompt_tokens_cv,
     )
 
 

@@ -20,8 +20,10 @@ The closed form is iteration accounting (Little's law over iterations, as Vidur'
 DistServe's analytical models do; Agrawal et al., Vidur, MLSys'24; Zhong et al., DistServe,
 OSDI'24 sec. 4). Closed-loop load (``concurrency``: a benchmark client keeping ``C`` requests in
 flight) admits ``n = min(C, max_running)``, the rest waiting for admission (Little: ``(C - n) /
-X``); requests sent together are prefilled together, in groups (``closed_loop``; without mixing
-they stay in lock-step waves, ``_unmixed_closed_loop``). Open-loop load
+X``); requests of equal lengths sent together are prefilled together, in groups (``closed_loop``;
+without mixing they stay in lock-step waves, ``_unmixed_closed_loop``), while output lengths that
+vary end requests at random iterations, so the clients drift apart and a prompt runs with the
+few sent in the same iteration (``_desynchronized_closed_loop``). Open-loop load
 (``request_rate_per_s``, Poisson) gives ``n_d = λ (O - 1) T`` decoding requests at a mean
 iteration time ``T`` found by substitution, a share of iterations carrying prompts, and a prompt
 queue served at the leftover budget: an M/D/1 wait ``ρ s / (2 (1 - ρ))`` with ``s`` one prompt's
@@ -307,6 +309,8 @@ class LoadPolicy:
     mixed_prefill_decode: bool = True
     #: coefficient of variation of the output length (spread of the time a request holds KV)
     output_tokens_cv: float = 0.0
+    #: coefficient of variation of the uncached prompt length
+    prompt_tokens_cv: float = 0.0
 
     def row(self, index: int) -> LoadPolicy:
         """The policy of one row (arrays of length 1), for the simulator."""
@@ -320,6 +324,7 @@ class LoadPolicy:
             self.chunked_prefill,
             self.mixed_prefill_decode,
             self.output_tokens_cv,
+            self.prompt_tokens_cv,
         )
 
 
@@ -336,6 +341,7 @@ class LoadTimes:
     wait_s: np.ndarray | None = None  # mean queueing part of the TTFT (exponential tail)
     busy: np.ndarray | None = None  # probability that an arrival waits at all
     tpot_spread_s: np.ndarray | None = None  # standard deviation of a request's TPOT
+    ttft_spread_s: np.ndarray | None = None  # standard deviation of the TTFT (normal, no queue)
     residual: tuple | None = None  # (mean, {p: quantile}) of the wait for the running iteration
     stable: np.ndarray | None = None  # False where the load grows without bound (times inf)
     #: (TTFT, TPOT) spread of a lock-step wave whose requests are spaced evenly over it
@@ -353,6 +359,8 @@ class LoadTimes:
             )
         else:
             value = self.ttft_s if self.wait_s is None else self._ttft_quantile(p)
+            if self.ttft_spread_s is not None:
+                value = value + Z_SCORES[p] * self.ttft_spread_s
         if self.wave_range_s is not None:  # uniform over the wave's positions
             value = value + self._wave_offset(p) * self.wave_range_s[metric == "tpot"]
         return value if self.stable is None else np.where(self.stable, value, np.inf)
@@ -428,6 +436,15 @@ def closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> Load
     if policy.chunked_prefill:
         group_tokens = np.minimum(group_tokens, budget_left)
     decode_s = cost.seconds(running, np.zeros_like(group_tokens))
+    if policy.output_tokens_cv > 0:
+        return _desynchronized_closed_loop(
+            cost=cost,
+            policy=policy,
+            concurrency=concurrency,
+            running=running,
+            budget_left=budget_left if policy.chunked_prefill else np.maximum(budget_left, prompt),
+            decode_s=decode_s,
+        )
     if not mixed:
         return _unmixed_closed_loop(
             policy=policy,
@@ -486,6 +503,82 @@ def _unmixed_closed_loop(
         running,
         wave_range_s=(spread, spread / np.maximum(output - 1.0, 1.0)),
         wave_steps=groups - chunks + 1.0,
+    )
+
+
+def _desynchronized_closed_loop(
+    *, cost: IterationCost, policy: LoadPolicy, concurrency, running, budget_left, decode_s
+) -> LoadTimes:
+    """A closed loop whose requests have output lengths that vary: completions fall at random
+    iterations, each sends the next request at that iteration's end, and the clients drift
+    apart instead of keeping the waves of equal requests. The completions of ``n`` requests
+    that each complete once per cycle of iterations are independent, so the number ending in
+    one iteration is close to Poisson with mean ``a = n / cycle`` (a superposition of many
+    renewal processes tends to Poisson: Palm-Khintchine, Khintchine, 'Mathematical Methods in
+    the Theory of Queueing', 1960, ch. 5), and a request sees Poisson(``a``) others sent with
+    it (Palm: the arrivals an arrival sees are distributed as the time average). They arrive
+    at an iteration's end, so they wait for no running iteration: the next iteration (of
+    prompts alone, where the engine does not mix) carries them.
+
+    Mixing (vLLM V1, TensorRT-LLM): a cycle is ``chunks`` prompt iterations and ``O - 1``
+    decode iterations; a share ``1 - exp(-a)`` of iterations (at least ``a P / B`` where the
+    budget ``B`` binds) carries prompts, ``a P`` tokens per iteration on average, and a TPOT
+    averages over them. Not mixing (SGLang): a decode iteration ends ``a = n / (O - 1)``
+    requests on average, and with probability ``1 - exp(-a)`` a prefill of the prompts sent
+    then follows before the next decode step: it stalls every decoding request. A request's
+    own prefill carries its prompt and the ``a P`` tokens sent with it, over as many
+    budget-sized iterations as they take (the ones ahead of it in the queue, half of them
+    on average, before its own).
+
+    As in the simulator, a new request reaches the scheduler at the end of the iteration that
+    completed its predecessor. A real client's request first crosses the HTTP server and the
+    tokenizer (``request_overhead_s``), lands inside a later iteration and waits for its rest
+    (the engines ingest requests between iterations, e.g. SGLang's ``event_loop_normal``): at
+    most one iteration, not modelled here. Prompt lengths that vary with equal outputs leave
+    the requests prefilled together ending together, so only the output's spread selects
+    this form (on an engine that mixes, such groups split unevenly over the budget's
+    iterations, which neither form prices).
+    """
+    col = _as_columns(concurrency)
+    prompt, output = col(policy.prompt_tokens), col(policy.output_tokens)
+    decode_steps = np.maximum(output - 1.0, 1.0)
+    mixed = policy.mixed_prefill_decode
+    chunks = np.ceil(prompt / budget_left) if policy.chunked_prefill else np.ones_like(prompt)
+    sent = running / (decode_steps + (chunks if mixed else 0.0))  # per (decode) iteration
+    with_prompts = np.maximum(1.0 - np.exp(-sent), 1e-9)
+    batch_tokens = sent * prompt / with_prompts  # prompt tokens after an iteration that sent any
+    batch_iterations = np.maximum(batch_tokens / budget_left, 1.0)
+    decodes = running if mixed else np.zeros_like(running)
+    batch_s = batch_iterations * cost.seconds(
+        np.maximum(decodes - sent / with_prompts, 0.0), np.minimum(batch_tokens, budget_left)
+    )
+    own_tokens = prompt * (1.0 + sent)
+    own_s = np.maximum(prompt * (1.0 + sent / 2.0) / budget_left, 1.0) * cost.seconds(
+        np.maximum(decodes - 1.0 - sent, 0.0), np.minimum(own_tokens, budget_left)
+    )
+    share = with_prompts * batch_iterations  # prompt iterations per decode step
+    if mixed:
+        share = np.minimum(share, 1.0)
+        tpot = share * batch_s / batch_iterations + (1.0 - share) * decode_s
+        step_spread = np.sqrt(share * (1.0 - share)) * np.abs(batch_s / batch_iterations - decode_s)
+    else:
+        tpot = decode_s + share * batch_s / batch_iterations
+        step_spread = np.sqrt(with_prompts * (1.0 - with_prompts)) * batch_s
+    rate = running / (own_s + (output - 1.0) * tpot)
+    admission_wait = (concurrency - running) / rate
+    ttft = policy.request_overhead_s + own_s + admission_wait
+    # own prompt (spread cv) plus Poisson(a) others: Var = P^2 (cv^2 + a (1 + cv^2)), taken
+    # proportional to the prefill's time (an upper bound: the pass's fixed part does not vary)
+    cv2 = policy.prompt_tokens_cv**2
+    ttft_spread = own_s * np.sqrt(cv2 + sent * (1.0 + cv2)) / (1.0 + sent)
+    return LoadTimes(
+        ttft,
+        tpot,
+        ttft + (output - 1.0) * tpot,
+        rate,
+        running,
+        tpot_spread_s=step_spread / np.sqrt(decode_steps),
+        ttft_spread_s=ttft_spread,
     )
 
 

@@ -619,3 +619,66 @@ def test_every_tp_rank_caches_the_whole_mla_latent() -> None:
         per_request = DSV3.num_layers * latent * element_bytes * tokens
         admitted = _admitted("vllm", 1000, kv_dtype=kv_dtype)
         assert admitted == pytest.approx(pool // per_request, abs=1)
+
+
+#: Request lengths that vary as ``bench_serving``'s random dataset draws them (uniform on
+#: ``[1, L]``: coefficient of variation 1 / sqrt(3)), prompt and output alike.
+SPREAD = 0.577
+SPREAD_WORKLOAD = WORKLOAD.model_copy(
+    update={"output_tokens": 500, "prompt_tokens_cv": SPREAD, "output_tokens_cv": SPREAD}
+)
+
+
+@pytest.fixture(scope="module")
+def spread_sweep():
+    """(closed form, simulator) mean TTFT and TPOT per engine policy and concurrency, with
+    request lengths that vary; the simulator runs at least 300 request lifetimes per client."""
+    figures = {}
+    for engine in ("sglang", "vllm", "trtllm"):
+        workload = SPREAD_WORKLOAD.model_copy(update={"serving_engine": engine})
+        table = configs_to_table([PLANS[0]], **ServingConfig().columns(workload=workload))
+        cost, policy, _ = serving_inputs(
+            model=DSV3, cluster=H200_NODE, workload=workload, table=table
+        )
+        row, row_policy = cost.row(0), policy.row(0)
+        for concurrency in CONCURRENCIES:
+            closed = closed_loop(
+                cost=row, policy=row_policy, concurrency=np.array([float(concurrency)])
+            )
+            e2e = float(closed.e2e_s[0])
+            simulated = simulate(
+                cost=row,
+                policy=row_policy,
+                concurrency=concurrency,
+                duration_s=max(200.0, 8 * e2e, 300 * e2e / concurrency),
+                prompt_tokens_cv=SPREAD,
+                output_tokens_cv=SPREAD,
+            ).summary()
+            figures[engine, concurrency] = (
+                (float(closed.ttft_s[0]), float(closed.tpot_s[0])),
+                (simulated["ttft_mean_s"], simulated["tpot_mean_s"]),
+            )
+    return figures
+
+
+def test_closed_form_and_simulator_agree_with_request_lengths_that_vary(spread_sweep) -> None:
+    """Lengths that vary end requests at random iterations: the clients drift apart and a
+    request's prompt runs with the few sent in the same iteration, not in a wave. Both models
+    agree within 10% under each engine's policy, and the TTFT rises with the load."""
+    for (engine, concurrency), ((ttft, tpot), (sim_ttft, sim_tpot)) in spread_sweep.items():
+        assert ttft == pytest.approx(sim_ttft, rel=0.10), (engine, concurrency, ttft, sim_ttft)
+        assert tpot == pytest.approx(sim_tpot, rel=0.10), (engine, concurrency, tpot, sim_tpot)
+    for engine in ("sglang", "vllm", "trtllm"):
+        for source in (0, 1):
+            ttfts = [spread_sweep[engine, c][source][0] for c in CONCURRENCIES]
+            assert all(b >= a * 0.95 for a, b in itertools.pairwise(ttfts)), (engine, ttfts)
+            assert ttfts[-1] > 2 * ttfts[0]
+
+
+def test_waves_of_equal_requests_break_up_when_lengths_vary(spread_sweep, sweep) -> None:
+    """At 32 clients SGLang's equal requests prefill in waves (a first token waits for part of
+    the wave's prompts); with lengths that vary a prompt runs nearly alone, in both models."""
+    one_prefill = spread_sweep["sglang", 1]
+    for source in (0, 1):
+        assert sweep[0, 32][source][0] > 4 * one_prefill[source][0]
+        assert spread_sweep["sglang", 32][source][0] < 1.5 * one_prefill[source][0]
