@@ -10,6 +10,7 @@ import pytest
 
 import cost_model
 from autoparallel.cli import main
+from cost_model import ParallelConfig
 from cost_model._serving_load import serving_profile
 from cost_model._serving_validation import (
     _benchmark_workload,
@@ -210,3 +211,38 @@ def test_a_row_is_priced_with_the_profile_of_the_release_it_ran() -> None:
     current = {key: value for key, value in row.items() if key != "engine_version"}
     # the deepseek branch ran without CUDA graphs: every decode step is eager, so slower
     assert simulate_benchmark(row)["tpot_ms"] > simulate_benchmark(current)["tpot_ms"]
+
+
+def test_dstack_rows_run_the_layouts_and_budgets_their_launch_commands_state() -> None:
+    """dstack's README records each launch: SGLang H200 with --enable-dp-attention (attention
+    data-parallel, experts tensor-parallel over all 8 GPUs, chunked prefill 8192 // 2 per
+    scheduler), TensorRT-LLM with --ep_size 4 (experts over 4 groups of 2 ranks), vLLM H200
+    with neither --max-model-len nor --enable-chunked-prefill (V0 prefills up to
+    max(max_model_len, 2048) tokens); every run sent --num-prompts 500."""
+    source = serving_validation_data()["sources"]["dstack-deepseek-r1-mi300x-h200-2025"]
+    engines = source["engines"]
+    rows = [row for row in _rows() if row["source"] == "dstack-deepseek-r1-mi300x-h200-2025"]
+    assert all(row["num_requests"] == 500 for row in rows)
+    assert "--num-prompts 500" in source["protocol"]
+    for row in rows:
+        key = f"{row['engine']}:{row['gpu']}"
+        config = ParallelConfig(**row["config"])
+        assert config.tp == 8 and config.attention_data_parallel == (
+            "--enable-dp-attention" in engines[key]
+        )
+        assert config.ep == (4 if "--ep_size 4" in engines[key] else 1)
+        assert config.ep * config.etp == 8
+        if row["engine"] == "vllm" and "--max-model-len" not in engines[key]:
+            assert row["max_batched_tokens"] == max(row_model(row).max_context_tokens, 2048)
+    assert any(ParallelConfig(**row["config"]).attention_data_parallel for row in rows)
+
+
+def test_a_v0_wave_of_prompts_is_prefilled_in_one_iteration() -> None:
+    """vLLM 0.7.4's V0 engine does not chunk an MLA model's prompts: the four clients' first
+    prompts (12,800 tokens, inside the 163,840-token budget) run as one prefill iteration and
+    all wait for it, where a 2,048-token chunked budget lets the first prompts finish early."""
+    row = next(r for r in _rows() if r["id"] == "dstack:h200:vllm:c4:in3200:out800")
+    assert not serving_profile("vllm", row["engine_version"]).chunked_prefill
+    whole = simulate_benchmark(row)["ttft_ms"]
+    chunked = simulate_benchmark({**row, "max_batched_tokens": 2048})["ttft_ms"]
+    assert whole > 1.1 * chunked
