@@ -149,6 +149,11 @@ class EstimateOptions(BaseModel):
     them to ``output_chunks``; before torch PR #165822 always, since then unless ``step`` is
     called with ``return_outputs=False``, as torchtitan does from e5ef99a, 2025-10-22; memory
     only).
+    ``pipeline_p2p_overlap``: the pipeline's activation and gradient sends and receives are
+    asynchronous, posted ahead and waited on only where the data is needed (the Llama 3 report,
+    arXiv:2407.21783 sec. 3.3.2: "we adopt asynchronous point-to-point communication in PP"),
+    so a rank's steady-state transfers run beside its compute and only the fill and drain's
+    boundary crossings stay on the critical path; off, every transfer is exposed.
     ``expert_parallel_comm_overlap``: Megatron-core ``--overlap-moe-expert-parallel-comm``
     (Megatron-Bridge ``moe_a2a_overlap``, which also sets ``delay_wgrad_compute``): the EP
     all-to-alls of one micro-batch run beside the compute of another (a forward merged with a
@@ -189,6 +194,7 @@ class EstimateOptions(BaseModel):
     optimizer_instances: int = Field(default=1, ge=1)
     expert_parallel_comm_overlap: bool = False
     pipeline_keeps_outputs: bool = False
+    pipeline_p2p_overlap: bool = False
     cuda_graphs: Literal["none", "partial", "full_iteration"] = "none"
     cuda_graph_scope: tuple[Literal["attn", "moe_router", "moe_preprocess"], ...] = (
         "attn",

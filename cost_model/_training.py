@@ -785,13 +785,15 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
     # latency the bubble's compute-only count leaves out; Narayanan et al. SC'21 sec. 2.2).
     v = ctx.column("virtual_stages")
     hops = np.where(ctx.column("pp") > 1, ctx.column("pp") * v - 1.0, 0.0)
-    pp_comm = 2.0 * (m * v + hops) * times.pp_p2p
+    steady, pp_hidden = _pipeline_p2p(ctx, m=m, v=v, p2p=times.pp_p2p, free=m * pick(free))
+    pp_comm = steady - pp_hidden + 2.0 * hops * times.pp_p2p
+    mb_contention = mb_contention + contention_seconds(pp_hidden)
     # Each micro-batch's schedule actions on a stage cost host time beyond the send/recv.
     schedule_s = getattr(ctx.cluster.device, "pipeline_micro_batch_s", 0.0)
     pp_comm = pp_comm + np.where(
         ctx.column("pp") > 1, m * ctx.column("virtual_stages") * schedule_s, 0.0
     )
-    columns["time.pp_comm"], columns["hidden.pp_comm"] = pp_comm, np.zeros_like(pp_comm)
+    columns["time.pp_comm"], columns["hidden.pp_comm"] = pp_comm, pp_hidden
     dp_exposed, dp_hidden, optimizer = dp_and_optimizer(ctx, free_compute=free, times=times, mb=mb)
     columns["time.dp_comm"], columns["hidden.dp_comm"], columns["time.optimizer"] = (
         dp_exposed,
@@ -801,6 +803,19 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
     columns["time.contention"] = mb_contention + contention_seconds(dp_hidden)
     columns["step_time_s"] = sum(columns[f"time.{part}"] for part in TRAINING_TIME_PARTS)
     return columns
+
+
+def _pipeline_p2p(
+    ctx: TrainingContext, *, m: np.ndarray, v: np.ndarray, p2p: np.ndarray, free: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(steady-state, hidden) pipeline send/recv seconds per step: one activation forward and
+    one gradient backward per micro-batch and model chunk. Asynchronous sends and receives
+    (``EstimateOptions.pipeline_p2p_overlap``) hide them behind the step's compute that no
+    other traffic took (``free``); blocking ones hide nothing."""
+    steady = np.where(ctx.column("pp") > 1, 2.0 * m * v * p2p, 0.0)
+    if not ctx.options.pipeline_p2p_overlap:
+        return steady, np.zeros_like(steady)
+    return steady, hidden_seconds(steady, fraction=1.0, window=free)
 
 
 def _ep_overlap(

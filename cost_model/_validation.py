@@ -106,7 +106,9 @@ TOLERANCES: dict[str, tuple[float | None, float | None]] = {
     "torchtitan_h100_peak_memory_tp_pp": (0.10, 0.22),
     "megatron_readme_h100": (0.18, None),  # measured 17.5% mean, 40.7% max
     "torchtitan_a100_fsdp": (0.03, 0.07),  # measured 1.7%, 6.4%
-    "llama3_table4": (0.16, 0.30),  # measured 15.8%, 29.6%
+    # measured 8.6%, 17.1%: the 131K-context row is 17% fast (its exposed K/V all-gather and
+    # attention are priced, the report's document mask is not).
+    "llama3_table4": (0.09, 0.18),
     # Not bounded: Qwen3-30B-A3B at micro-batch 1 is priced far too fast (measured 22.1% mean,
     # 90.7% max) while its micro-batch-4 runs are within 18%: the gap is a cost per micro-batch
     # and MoE layer (about 5 ms forward + backward on B200), not the expert GEMMs, which are

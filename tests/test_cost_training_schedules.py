@@ -1,5 +1,6 @@
 """Schedules and exchanges that hide or shrink communication: DeepEP dispatch (shared with the
-inference path), fp8 dispatch, node-limited routing, a bidirectional pipeline, all-gather CP."""
+inference path), fp8 dispatch, node-limited routing, a bidirectional pipeline, all-gather CP,
+asynchronous pipeline sends and receives."""
 
 from __future__ import annotations
 
@@ -102,3 +103,46 @@ def test_all_gather_context_parallel_is_exposed_and_ring_hides() -> None:
     )
     assert gather["hidden.cp_comm"][0] == 0.0 < gather["time.cp_comm"][0]
     assert ring["hidden.cp_comm"][0] > 0.0
+
+
+# ------------------------------------------------------------------ asynchronous pipeline p2p
+DENSE = get_model("llama-3.1-405b")
+DENSE_WORKLOAD = Training(sequence_length_tokens=8192, global_batch_sequences=256)
+
+
+def _dense_columns(config: ParallelConfig, **changes) -> dict:
+    cluster = get_preset("dgx-h100", num_nodes=config.world_size // 8)
+    return estimate_table(
+        DENSE, cluster, DENSE_WORKLOAD, configs_to_table([config]), options=_options(**changes)
+    )
+
+
+def test_asynchronous_pipeline_sends_hide_the_steady_state_and_keep_the_fill_and_drain() -> None:
+    """With asynchronous send/recv (Llama 3 report sec. 3.3.2) the m*v transfers of each
+    direction hide behind compute; the pp*v - 1 boundary crossings of the fill and the drain
+    stay exposed, and the hidden traffic stretches the compute it runs beside."""
+    config = ParallelConfig(
+        dp=4, tp=8, pp=8, sequence_parallel=True, recompute="none", micro_batch_size=1,
+        pipeline_schedule="interleaved_1f1b", virtual_stages=2,
+    )  # fmt: skip
+    blocking = _dense_columns(config)
+    overlapped = _dense_columns(config, pipeline_p2p_overlap=True)
+    m, v, pp = blocking["num_micro_batches"][0], 2, 8
+    hidden = overlapped["hidden.pp_comm"][0]
+    assert blocking["hidden.pp_comm"][0] == 0.0 and hidden > 0.0
+    # One transfer's time, from the blocking total 2 (m v + pp v - 1) transfers.
+    transfer = blocking["time.pp_comm"][0] / (2.0 * (m * v + pp * v - 1))
+    assert hidden == pytest.approx(2.0 * m * v * transfer, rel=1e-9)
+    assert overlapped["time.pp_comm"][0] == pytest.approx(2.0 * (pp * v - 1) * transfer, rel=1e-9)
+    slowdown = overlapped["time.contention"][0] - blocking["time.contention"][0]
+    assert 0.0 < slowdown < hidden
+    saved = blocking["step_time_s"][0] - overlapped["step_time_s"][0]
+    assert saved == pytest.approx(hidden - slowdown, rel=1e-9)
+
+
+def test_asynchronous_pipeline_sends_change_nothing_without_a_pipeline() -> None:
+    config = ParallelConfig(dp=8, tp=8, sequence_parallel=True, recompute="full", zero_stage=1)
+    blocking = _dense_columns(config)
+    overlapped = _dense_columns(config, pipeline_p2p_overlap=True)
+    assert overlapped["time.pp_comm"][0] == blocking["time.pp_comm"][0] == 0.0
+    assert overlapped["step_time_s"][0] == blocking["step_time_s"][0]

@@ -65,6 +65,36 @@ def test_every_published_training_run_is_compared(rows) -> None:
     assert all(r.get("source") for r in published_records())
 
 
+def test_llama3_table4_rows_encode_the_reports_pipeline_and_fsdp() -> None:
+    """The Llama 3 report (arXiv:2407.21783 sec. 3.3.2): one-layer model chunks with the first
+    and last holding only the embedding and the output (126 layers + 2 = pp * v), FSDP that keeps
+    a stage gathered through the step and reduce-scatters in fp32, exposed all-gather CP,
+    asynchronous pipeline sends, no activation checkpointing; 16M tokens per batch (Table 4)."""
+    from cost_model._common import stage_layout
+    from cost_model._frameworks import framework_profile
+
+    cases = [c for c in training_cases() if c.table == "llama3_table4"]
+    assert len(cases) == 3
+    for case in cases:
+        config, workload = case.config, case.workload
+        assert config.pp * config.virtual_stages == case.model.num_layers + 2 == 128
+        layout = stage_layout(
+            model=case.model,
+            pp=np.array([config.pp]),
+            virtual_stages=np.array([config.virtual_stages]),
+        )
+        assert layout.layers[:, 0].tolist() == [7, 8, 7]  # first, fullest middle, last rank
+        profile = framework_profile(workload.framework)
+        assert config.zero_stage == 3 and not profile.pipeline_reshard_after_forward
+        assert profile.gradient_reduce_bytes == 4 and profile.tp_comm_overlap == 0.0
+        assert dict(case.estimate_options) == {
+            "context_parallel": "all_gather",
+            "pipeline_p2p_overlap": True,
+        }
+        assert config.recompute == "none" and config.world_size in (8192, 16384)
+        assert workload.global_batch_sequences * workload.sequence_length_tokens == 16 * 2**20
+
+
 def test_sc21_tflops_use_the_papers_formula(rows) -> None:
     """TFLOP/s = 96·B·s·l·h²·(1 + s/6h + V/16lh) / (predicted iteration time · GPUs), by hand."""
     from cost_model._table import configs_to_table
