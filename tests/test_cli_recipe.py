@@ -1,0 +1,230 @@
+"""The training recipe flags of ``autoparallel estimate`` and ``autoparallel plan``: each one
+reaches the estimate and moves the figure the cost model says it moves; contradictory or
+out-of-range values are refused in one line naming the flag, the value and the rule."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autoparallel.cli import main
+
+#: Qwen3-235B-A22B on 32 DGX H100 nodes, EP 32 across nodes, an interleaved pipeline: the
+#: layout of a Megatron-Bridge Qwen3 recipe, where the EP all-to-all is the largest part.
+QWEN3 = [
+    "estimate",
+    "--model",
+    "qwen3-235b-a22b",
+    "--cluster",
+    "dgx-h100",
+    "--nodes",
+    "32",
+    "--tp",
+    "2",
+    "--pp",
+    "8",
+    "--virtual-stages",
+    "4",
+    "--schedule",
+    "interleaved_1f1b",
+    "--ep",
+    "32",
+    "--sequence-length",
+    "4096",
+    "--global-batch-tokens",
+    "8388608",
+    "--framework",
+    "megatron-core",
+    "--json",
+]
+#: A tiny MoE on one H100 node: every kernel is short, so the host's issue time binds.
+TINY = [
+    "estimate",
+    "--model",
+    "tiny-moe",
+    "--cluster",
+    "dgx-h100",
+    "--nodes",
+    "1",
+    "--tp",
+    "1",
+    "--pp",
+    "2",
+    "--ep",
+    "2",
+    "--sequence-length",
+    "256",
+    "--global-batch-tokens",
+    "8192",
+    "--framework",
+    "megatron-core",
+    "--recompute",
+    "none",
+    "--json",
+]
+
+
+def _estimate(capsys, argv: list[str]) -> dict:
+    assert main(argv) == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)
+
+
+def _refused(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    return " ".join(captured.err.split())
+
+
+def test_expert_parallel_comm_overlap_hides_all_to_all_behind_the_other_micro_batch(capsys):
+    base = _estimate(capsys, [*QWEN3, "--recompute", "selective"])
+    overlap = _estimate(
+        capsys, [*QWEN3, "--recompute", "selective", "--expert-parallel-comm-overlap"]
+    )
+    assert base["hidden_time_s"]["ep_comm"] == 0.0
+    assert overlap["hidden_time_s"]["ep_comm"] > 0.0
+    assert overlap["time_s"]["ep_comm"] < base["time_s"]["ep_comm"]
+    assert overlap["step_time_s"] < base["step_time_s"]
+    assert overlap["time_s"]["compute"] == pytest.approx(base["time_s"]["compute"])
+    assert overlap.keys() == base.keys()  # the JSON keeps its shape
+
+
+def test_expert_dispatcher_routed_nodes_and_fp8_dispatch_change_the_all_to_all(capsys):
+    common = [*QWEN3, "--recompute", "none"]
+    nccl = _estimate(capsys, common)["time_s"]["ep_comm"]
+    deepep = _estimate(capsys, [*common, "--expert-dispatcher", "deepep"])["time_s"]["ep_comm"]
+    limited = _estimate(
+        capsys, [*common, "--expert-dispatcher", "deepep", "--max-routed-nodes", "2"]
+    )["time_s"]["ep_comm"]
+    fp8 = _estimate(capsys, [*common, "--expert-dispatch-fp8"])["time_s"]["ep_comm"]
+    assert deepep < nccl  # node de-duplication sends each token once per remote node
+    assert limited < deepep  # at most two remote nodes per token
+    assert fp8 < nccl  # the dispatch half travels in one byte per element
+
+
+def test_bidirectional_pipeline_hides_the_all_to_all(capsys):
+    base = _estimate(capsys, [*QWEN3, "--recompute", "none"])
+    dualpipe = _estimate(capsys, [*QWEN3, "--recompute", "none", "--bidirectional-pipeline"])
+    assert dualpipe["hidden_time_s"]["ep_comm"] > 0.0 == base["hidden_time_s"]["ep_comm"]
+    assert dualpipe["step_time_s"] < base["step_time_s"]
+
+
+def test_recompute_modules_trade_activation_memory_for_recompute_time(capsys):
+    default = _estimate(capsys, [*QWEN3, "--recompute", "selective"])
+    more = _estimate(
+        capsys,
+        [*QWEN3, "--recompute", "selective", "--recompute-modules", "core_attn", "moe_act"],
+    )
+    assert more["memory_bytes"]["activations"] < default["memory_bytes"]["activations"]
+    assert more["time_s"]["recompute"] > default["time_s"]["recompute"]
+
+
+def test_recompute_layers_recompute_only_the_first_layers_of_each_chunk(capsys):
+    every = _estimate(capsys, [*QWEN3, "--recompute", "full"])
+    first = _estimate(capsys, [*QWEN3, "--recompute", "full", "--recompute-layers", "1"])
+    assert first["time_s"]["recompute"] < every["time_s"]["recompute"]
+    assert first["memory_bytes"]["activations"] > every["memory_bytes"]["activations"]
+
+
+def test_activation_offload_moves_activations_to_the_host_at_a_copy_cost(capsys):
+    base = _estimate(capsys, [*QWEN3, "--recompute", "none"])
+    offload = _estimate(capsys, [*QWEN3, "--recompute", "none", "--activation-offload-layers", "4"])
+    assert offload["memory_bytes"]["activations"] < base["memory_bytes"]["activations"]
+    assert offload["time_s"]["offload"] > base["time_s"]["offload"] == 0.0
+
+
+def test_optimizer_instances_replicate_the_sharded_states(capsys):
+    base = _estimate(capsys, [*QWEN3, "--recompute", "none"])
+    two = _estimate(capsys, [*QWEN3, "--recompute", "none", "--optimizer-instances", "2"])
+    assert two["memory_bytes"]["optimizer_states"] > base["memory_bytes"]["optimizer_states"]
+    assert two["step_time_s"] == pytest.approx(base["step_time_s"], rel=1e-3)
+
+
+def test_all_gather_context_parallel_exposes_its_traffic(capsys):
+    ring = _estimate(capsys, [*QWEN3, "--recompute", "none", "--cp", "2"])
+    gather = _estimate(
+        capsys,
+        [*QWEN3, "--recompute", "none", "--cp", "2", "--context-parallel-comm", "all_gather"],
+    )
+    assert ring["time_s"]["cp_comm"] == 0.0 < ring["hidden_time_s"]["cp_comm"]
+    assert gather["time_s"]["cp_comm"] > 0.0 == gather["hidden_time_s"]["cp_comm"]
+
+
+def test_cuda_graphs_save_host_issue_time_on_a_host_bound_model(capsys):
+    eager = _estimate(capsys, TINY)["time_s"]["compute"]
+    partial = _estimate(capsys, [*TINY, "--cuda-graphs", "partial"])["time_s"]["compute"]
+    attention_only = _estimate(
+        capsys, [*TINY, "--cuda-graphs", "partial", "--cuda-graph-scope", "attn"]
+    )["time_s"]["compute"]
+    whole = _estimate(capsys, [*TINY, "--cuda-graphs", "full_iteration"])["time_s"]["compute"]
+    assert whole < partial < attention_only < eager
+
+
+def test_pipeline_keeps_outputs_holds_the_logits_on_the_last_stage(capsys):
+    base = _estimate(capsys, TINY)
+    kept = _estimate(capsys, [*TINY, "--pipeline-keeps-outputs"])
+    assert kept["memory_per_device_bytes"] > base["memory_per_device_bytes"]
+    assert kept["step_time_s"] == base["step_time_s"]
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (
+            ["--recompute", "full", "--expert-parallel-comm-overlap"],
+            "--expert-parallel-comm-overlap does not run with full recompute",
+        ),
+        (
+            ["--recompute", "none", "--virtual-stages", "1", "--schedule", "1f1b"]
+            + ["--expert-parallel-comm-overlap"],
+            "--expert-parallel-comm-overlap with --pp 8 needs an interleaved pipeline, "
+            "--virtual-stages > 1; --virtual-stages is 1",
+        ),
+        (
+            ["--recompute", "none", "--ep", "1", "--expert-parallel-comm-overlap"],
+            "needs expert parallelism, --ep > 1; --ep is 1",
+        ),
+        (
+            ["--recompute", "full", "--recompute-modules", "mlp"],
+            "--recompute-modules (mlp) needs --recompute selective",
+        ),
+        (
+            ["--recompute", "selective", "--recompute-layers", "2"],
+            "--recompute-layers (2) needs --recompute full",
+        ),
+        (
+            ["--cuda-graph-scope", "attn"],
+            "--cuda-graph-scope (attn) needs --cuda-graphs partial",
+        ),
+        (
+            ["--cuda-graphs", "partial", "--cuda-graph-scope", "moe_preprocess"],
+            "must include moe_router with moe_preprocess",
+        ),
+        (["--max-routed-nodes", "4"], "--max-routed-nodes (4) needs --expert-dispatcher deepep"),
+        (
+            ["--expert-parallel-comm-overlap", "--bidirectional-pipeline"],
+            "--expert-parallel-comm-overlap and --bidirectional-pipeline",
+        ),
+        (["--optimizer-instances", "3"], "--optimizer-instances (3) must divide dp*cp (16)"),
+        (
+            ["--zero-stage", "0", "--optimizer-instances", "2"],
+            "--optimizer-instances (2) needs the distributed optimizer",
+        ),
+        (["--recompute-modules", "attention"], "invalid choice: 'attention'"),
+        (["--cuda-graphs", "layer"], "--cuda-graphs: invalid choice: 'layer'"),
+        (["--activation-offload-layers", "0"], "0 must be > 0"),
+        (["--recompute-layers", "two"], "'two' is not an integer"),
+    ],
+)
+def test_contradictory_or_bad_recipe_values_are_refused(capsys, extra, expected):
+    assert expected in _refused(capsys, [*QWEN3, *extra])
+
+
+def test_recipe_flags_are_refused_for_inference(capsys):
+    message = _refused(
+        capsys,
+        ["estimate", "--model", "tiny-moe", "--cluster", "cpu-loopback", "--inference"]
+        + ["--tp", "1", "--pp", "1", "--ep", "1", "--expert-dispatch-fp8"],
+    )
+    assert "--expert-dispatch-fp8 describe a training run; drop them for --inference" in message
