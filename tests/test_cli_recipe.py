@@ -228,3 +228,52 @@ def test_recipe_flags_are_refused_for_inference(capsys):
         + ["--tp", "1", "--pp", "1", "--ep", "1", "--expert-dispatch-fp8"],
     )
     assert "--expert-dispatch-fp8 describe a training run; drop them for --inference" in message
+
+
+SMALL_TRAINING_PLAN = [
+    "plan",
+    "--model",
+    "tiny-moe",
+    "--cluster",
+    "cpu-loopback",
+    "--training",
+    "--sequence-length",
+    "16",
+    "--global-batch-tokens",
+    "128",
+    "--trials",
+    "10",
+    "--json",
+]
+
+
+def test_plan_prices_every_layout_with_the_recipe_and_records_it(tmp_path, capsys):
+    from cost_model import estimate
+
+    recipe = ["--recompute-modules", "core_attn", "moe_act", "--expert-dispatch-fp8"]
+    output = tmp_path / "plan.json"
+    assert main([*SMALL_TRAINING_PLAN, *recipe, "--output", str(output)]) == 0
+    capsys.readouterr()
+    import autoparallel as ap
+
+    plan = ap.load_plan(output)
+    assert plan.estimate_options is not None
+    assert plan.estimate_options.recompute_modules == ("core_attn", "moe_act")
+    assert plan.estimate_options.expert_dispatch_fp8
+    cluster = ap.get_preset("cpu-loopback").with_nodes(plan.world_size // plan.devices_per_node)
+    with_recipe = estimate(
+        plan.model, cluster, plan.job, plan.config, **plan.estimate_options.model_dump()
+    )
+    assert plan.predicted == with_recipe
+
+
+def test_plan_refuses_recipe_rules_and_a_recipe_with_from_study(tmp_path, capsys):
+    message = _refused(capsys, [*SMALL_TRAINING_PLAN, "--cuda-graph-scope", "attn"])
+    assert "--cuda-graph-scope (attn) needs --cuda-graphs partial" in message
+    storage = f"sqlite:///{tmp_path}/study.db"
+    message = _refused(
+        capsys, ["plan", "--from-study", "--storage", storage, "--expert-dispatch-fp8"]
+    )
+    assert "--from-study ranks the trials the study already priced; drop --expert-dispatch-fp8" in (
+        message
+    )

@@ -59,7 +59,12 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, *, searched_recompute:
         "training recipe",
         "settings of the framework run, priced by the cost model (training only)",
     )
-    when = "layouts the search prices with " if searched_recompute else ""
+
+    def policy(name: str) -> str:
+        if searched_recompute:
+            return f"layouts the search prices with {name} recompute"
+        return f"--recompute {name}"
+
     group.add_argument(
         "--expert-parallel-comm-overlap",
         action=argparse.BooleanOptionalAction,
@@ -94,7 +99,7 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, *, searched_recompute:
         default=None,
         choices=RECOMPUTE_MODULES,
         metavar="MODULE",
-        help=f"what selective recompute repeats, for {when}--recompute selective, of "
+        help=f"what selective recompute repeats, for {policy('selective')}, of "
         f"{', '.join(RECOMPUTE_MODULES)}; priced in activation memory and one more forward "
         "of each module (Megatron-core --recompute-modules; default core_attn)",
     )
@@ -103,7 +108,7 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, *, searched_recompute:
         type=positive_int,
         default=None,
         metavar="N",
-        help=f"for {when}--recompute full: recompute only the first N layers of each model "
+        help=f"for {policy('full')}: recompute only the first N layers of each model "
         "chunk (Megatron-core --recompute-method block --recompute-num-layers N; default every "
         "layer)",
     )
@@ -174,6 +179,13 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, *, searched_recompute:
     )
 
 
+def recipe_flags_given(args: argparse.Namespace) -> list[str]:
+    """The recipe flags on the command line, as typed."""
+    return [
+        "--" + dest.replace("_", "-") for dest in _FIELDS if getattr(args, dest, None) is not None
+    ]
+
+
 def recipe_options(args: argparse.Namespace, *, config=None) -> dict[str, Any]:
     """The ``EstimateOptions`` fields of the recipe flags given (none: ``{}``).
 
@@ -190,7 +202,7 @@ def recipe_options(args: argparse.Namespace, *, config=None) -> dict[str, Any]:
     }
     if not getattr(args, "training", True):
         if given:
-            names = ", ".join(_flag(field) for field in given)
+            names = ", ".join(recipe_flags_given(args))
             raise ValueError(f"{names} describe a training run; drop them for --inference")
         return {}
     for field in ("recompute_modules", "cuda_graph_scope"):
@@ -200,11 +212,6 @@ def recipe_options(args: argparse.Namespace, *, config=None) -> dict[str, Any]:
     if config is not None:
         _check_layout(given, config)
     return given
-
-
-def _flag(field: str) -> str:
-    dest = next(dest for dest, name in _FIELDS.items() if name == field)
-    return "--" + dest.replace("_", "-")
 
 
 def _check_general(given: dict[str, Any]) -> None:

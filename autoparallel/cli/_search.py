@@ -28,6 +28,11 @@ from autoparallel.cli._args import (
     training_options,
     with_network_override,
 )
+from autoparallel.cli._recipe_args import (
+    add_recipe_arguments,
+    recipe_flags_given,
+    recipe_options,
+)
 from autoparallel.cli._render import add_json_flag, console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
 from autoparallel.cli._serving_args import add_load_arguments, load_fields
@@ -140,6 +145,7 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="with --engine: its release (default: the current one)",
     )
+    add_recipe_arguments(parser, searched_recompute=True)
     add_json_flag(parser)
     parser.set_defaults(job_defaults={name: parser.get_default(name) for name in _JOB_ARGUMENTS})
 
@@ -185,13 +191,20 @@ def _plan(args: argparse.Namespace) -> int:
     import optuna
 
     from autoparallel._planner import find_plan, resolve_cluster, resolve_model
+    from cost_model import EstimateOptions
     from search import SearchSettings
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.workers < 1:
         raise ValueError(f"--workers ({args.workers}) must be >= 1")
     if args.from_study:
+        if flags := recipe_flags_given(args):
+            raise ValueError(
+                f"--from-study ranks the trials the study already priced; drop {', '.join(flags)} "
+                "(start a new study with them instead)"
+            )
         return _plan_from_study(args)
+    recipe = recipe_options(args)
     model = resolve_model(args.model)
     cluster = with_network_override(resolve_cluster(args.cluster, num_nodes=args.nodes), args)
     workload = _workload(args)
@@ -224,6 +237,7 @@ def _plan(args: argparse.Namespace) -> int:
             settings=settings,
             engine=args.engine,
             engine_version=args.engine_version,
+            estimate_options=EstimateOptions(**recipe) if recipe else None,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
     return _write(plan, args.output, as_json=args.json, cluster=cluster)
