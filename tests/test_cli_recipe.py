@@ -265,6 +265,12 @@ def test_plan_prices_every_layout_with_the_recipe_and_records_it(tmp_path, capsy
         plan.model, cluster, plan.job, plan.config, **plan.estimate_options.model_dump()
     )
     assert plan.predicted == with_recipe
+    assert main(["explain", str(output), "--json"]) == 0
+    explained = json.loads(capsys.readouterr().out)
+    assert explained["estimate_options"] == {
+        "recompute_modules": ["core_attn", "moe_act"],
+        "expert_dispatch_fp8": True,
+    }
 
 
 def test_plan_refuses_recipe_rules_and_a_recipe_with_from_study(tmp_path, capsys):
@@ -277,3 +283,17 @@ def test_plan_refuses_recipe_rules_and_a_recipe_with_from_study(tmp_path, capsys
     assert "--from-study ranks the trials the study already priced; drop --expert-dispatch-fp8" in (
         message
     )
+
+
+def test_plan_with_a_framework_prices_cuda_graphs_against_its_host_costs(tmp_path, capsys):
+    job = ["plan", "--model", "tiny-moe", "--cluster", "dgx-h100", "--nodes", "1", "--training"]
+    job += ["--sequence-length", "256", "--global-batch-tokens", "8192", "--trials", "10"]
+    job += ["--framework", "megatron-core", "--json"]
+    eager = _estimate(capsys, [*job, "--output", str(tmp_path / "eager.json")])["plan"]
+    graphs = _estimate(
+        capsys,
+        [*job, "--cuda-graphs", "full_iteration", "--output", str(tmp_path / "graphs.json")],
+    )["plan"]
+    assert eager["job"]["framework"] == graphs["job"]["framework"] == "megatron-core"
+    assert graphs["estimate_options"]["cuda_graphs"] == "full_iteration"
+    assert graphs["predicted"]["step_time_s"] < eager["predicted"]["step_time_s"]
