@@ -211,6 +211,20 @@ def test_pipeline_keeps_outputs_holds_the_logits_on_the_last_stage(capsys):
             ["--zero-stage", "0", "--optimizer-instances", "2"],
             "--optimizer-instances (2) needs the distributed optimizer",
         ),
+        (
+            ["--recompute", "selective", "--recompute-modules", "mla_up_proj"],
+            "mla_up_proj needs a model with multi-latent attention; qwen3-235b-a22b has none",
+        ),
+        (
+            ["--recompute", "full", "--recompute-layers", "4"],
+            "--recompute-layers (4) must be at most the layers of one model chunk (3: 94 layers "
+            "over pp*virtual_stages = 32 chunks)",
+        ),
+        (
+            ["--precision", "fp8", "--fp8-recipe", "delayed", "--recompute", "selective"]
+            + ["--recompute-modules", "core_attn", "moe_act"],
+            "--recompute-modules (moe_act) cannot run with --fp8-recipe delayed",
+        ),
         (["--recompute-modules", "attention"], "invalid choice: 'attention'"),
         (["--cuda-graphs", "layer"], "--cuda-graphs: invalid choice: 'layer'"),
         (["--activation-offload-layers", "0"], "0 must be > 0"),
@@ -297,3 +311,12 @@ def test_plan_with_a_framework_prices_cuda_graphs_against_its_host_costs(tmp_pat
     assert eager["job"]["framework"] == graphs["job"]["framework"] == "megatron-core"
     assert graphs["estimate_options"]["cuda_graphs"] == "full_iteration"
     assert graphs["predicted"]["step_time_s"] < eager["predicted"]["step_time_s"]
+
+
+def test_moe_settings_are_refused_for_a_dense_model(capsys):
+    dense = ["estimate", "--model", "megatron-gpt-1.7b", "--cluster", "dgx-h100", "--nodes", "1"]
+    dense += ["--tp", "1", "--pp", "1", "--ep", "1", "--recompute", "selective"]
+    message = _refused(capsys, [*dense, "--expert-parallel-comm-overlap"])
+    assert "--expert-parallel-comm-overlap needs a MoE model" in message
+    message = _refused(capsys, [*dense, "--recompute-modules", "shared_experts"])
+    assert "shared_experts needs a model with shared experts; megatron-gpt-1.7b has none" in message

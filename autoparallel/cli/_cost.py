@@ -132,7 +132,7 @@ def _estimate(args: argparse.Namespace) -> int:
     model = resolve_model(args.model)
     cluster = with_network_override(resolve_cluster(args.cluster, num_nodes=args.nodes), args)
     config = _config(args, cluster.num_devices)
-    options = recipe_options(args, config=config)
+    options = recipe_options(args, model=model, config=config)
     if args.training:
         workload = Training(
             sequence_length_tokens=args.sequence_length,

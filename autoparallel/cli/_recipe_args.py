@@ -186,11 +186,12 @@ def recipe_flags_given(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def recipe_options(args: argparse.Namespace, *, config=None) -> dict[str, Any]:
+def recipe_options(args: argparse.Namespace, *, model=None, config=None) -> dict[str, Any]:
     """The ``EstimateOptions`` fields of the recipe flags given (none: ``{}``).
 
-    Rules that hold for any layout are always checked; with ``config`` (a
-    ``cost_model.ParallelConfig``: ``estimate``'s layout) also the rules of that layout.
+    Rules that hold for any model and layout are always checked; with ``model`` (a
+    ``cost_model.ModelSpec``) also the rules of the model (the modules it has to recompute),
+    with ``config`` (a ``cost_model.ParallelConfig``: ``estimate``'s layout) those of the layout.
 
     Raises:
         ValueError: a flag that contradicts another or the layout, naming both and the rule.
@@ -209,9 +210,46 @@ def recipe_options(args: argparse.Namespace, *, config=None) -> dict[str, Any]:
         if field in given:
             given[field] = tuple(dict.fromkeys(given[field]))  # the order given, no repeats
     _check_general(given)
+    _check_precision(given, args)
+    if model is not None:
+        _check_model(given, model)
     if config is not None:
-        _check_layout(given, config)
+        _check_layout(given, config, model)
     return given
+
+
+def _check_precision(given: dict[str, Any], args: argparse.Namespace) -> None:
+    """Transformer Engine's delayed scaling cannot recompute the fp8 inputs of moe_act and
+    layernorm (Megatron-core ``TransformerConfig.__post_init__``)."""
+    modules = set(given.get("recompute_modules", ())) & {"moe_act", "layernorm"}
+    delayed = getattr(args, "precision", None) == "fp8" and args.fp8_recipe == "delayed"
+    if modules and delayed:
+        raise ValueError(
+            f"--recompute-modules ({' '.join(sorted(modules))}) cannot run with --fp8-recipe "
+            "delayed: delayed scaling does not support moe_act and layernorm recompute"
+        )
+
+
+def _check_model(given: dict[str, Any], model) -> None:
+    modules = given.get("recompute_modules", ())
+    moe = model.moe
+    needs = {
+        "mla_up_proj": (model.attention.kind == "mla", "multi-latent attention"),
+        "moe_act": (moe is not None, "MoE layers"),
+        "moe": (moe is not None, "MoE layers"),
+        "shared_experts": (moe is not None and moe.num_shared_experts > 0, "shared experts"),
+    }
+    for module in modules:
+        present, what = needs.get(module, (True, ""))
+        if not present:
+            raise ValueError(
+                f"--recompute-modules ({' '.join(modules)}): {module} needs a model with "
+                f"{what}; {model.name} has none"
+            )
+    if given.get("expert_parallel_comm_overlap") and moe is None:
+        raise ValueError(
+            f"--expert-parallel-comm-overlap needs a MoE model; {model.name} has no MoE layers"
+        )
 
 
 def _check_general(given: dict[str, Any]) -> None:
@@ -239,7 +277,7 @@ def _check_general(given: dict[str, Any]) -> None:
         )
 
 
-def _check_layout(given: dict[str, Any], config) -> None:
+def _check_layout(given: dict[str, Any], config, model) -> None:
     recompute = config.recompute
     if "recompute_modules" in given and recompute != "selective":
         raise ValueError(
@@ -250,6 +288,13 @@ def _check_layout(given: dict[str, Any], config) -> None:
         raise ValueError(
             f"--recompute-layers ({given['recompute_layers']}) needs --recompute full (the "
             f"layers of each model chunk full recompute covers); --recompute is {recompute}"
+        )
+    chunks = config.pp * config.virtual_stages
+    if model is not None and given.get("recompute_layers", 0) > -(-model.num_layers // chunks):
+        raise ValueError(
+            f"--recompute-layers ({given['recompute_layers']}) must be at most the layers of one "
+            f"model chunk ({-(-model.num_layers // chunks)}: {model.num_layers} layers over "
+            f"pp*virtual_stages = {chunks} chunks)"
         )
     instances = given.get("optimizer_instances", 1)
     if instances > 1 and config.zero_stage == 0:

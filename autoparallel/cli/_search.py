@@ -213,8 +213,8 @@ def _plan(args: argparse.Namespace) -> int:
                 "(start a new study with them instead)"
             )
         return _plan_from_study(args)
-    recipe = recipe_options(args)
     model = resolve_model(args.model)
+    recipe = recipe_options(args, model=model)
     cluster = with_network_override(resolve_cluster(args.cluster, num_nodes=args.nodes), args)
     workload = _workload(args)
     settings = SearchSettings(study_name=args.study, idle_devices=args.idle_devices)
