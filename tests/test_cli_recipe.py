@@ -320,3 +320,9 @@ def test_moe_settings_are_refused_for_a_dense_model(capsys):
     assert "--expert-parallel-comm-overlap needs a MoE model" in message
     message = _refused(capsys, [*dense, "--recompute-modules", "shared_experts"])
     assert "shared_experts needs a model with shared experts; megatron-gpt-1.7b has none" in message
+
+
+def test_the_estimate_table_names_the_recipe_it_priced(capsys):
+    argv = [word for word in QWEN3 if word != "--json"]
+    assert main([*argv, "--recompute", "selective", "--expert-parallel-comm-overlap"]) == 0
+    assert "recipe: expert_parallel_comm_overlap=True" in capsys.readouterr().out

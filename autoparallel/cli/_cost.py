@@ -183,6 +183,9 @@ def _estimate(args: argparse.Namespace) -> int:
     if "transferred_from" in calibration.fit:
         fitted = f"carried over from {calibration.fit['transferred_from']!r} (relative to the matmul ceilings)"
     console.print(f"[bold]{title}[/]\n{config!r}\ncalibration: {fitted}")
+    if options:
+        words = ", ".join(f"{name}={value}" for name, value in options.items())
+        console.print(f"recipe: {words}", highlight=False, markup=False)
     _print_breakdown(breakdown)
     if args.simulate and not args.training:
         from cost_model import ServingConfig, simulate_layout
