@@ -78,9 +78,9 @@ def find_plan(
     ``workload`` that leaves ``weight_dtype`` unset serves a catalog name or config.json path in
     its released checkpoint's dtype (``autoparallel._catalog.checkpoint_dtype``: DeepSeek-V3 fp8),
     with the parts its ``quantization_config`` keeps wider (``checkpoint_dtype_by_part``).
-    ``estimate_options``: how the software runs (a recipe's EP overlap, CUDA graphs, recompute modules,
-    ...), for every layout the search prices and the plan's own prediction; the plan records
-    them (``ShardingPlan.estimate_options``). Not with an ``estimator`` of one's own.
+    ``estimate_options``: how the software runs (a recipe's EP overlap, CUDA graphs, recompute
+    modules, ...), for every layout the search prices and the plan's own prediction; the plan
+    records them (``ShardingPlan.estimate_options``). Not with an ``estimator`` of one's own.
 
     Raises:
         InfeasiblePlanError: no layout fits; names the bottleneck and the smallest card count

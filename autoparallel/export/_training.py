@@ -219,8 +219,9 @@ def megatron_recipe(plan: ShardingPlan, dropped: list[str]) -> list[str]:
             args += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
         else:
             dropped.append(
-                "EP all-to-all overlap (expert_parallel_comm_overlap) is not written: Megatron-core "
-                "runs it only with ep > 1, virtual stages when pp > 1 and no full recompute"
+                "EP all-to-all overlap (expert_parallel_comm_overlap) is not written: "
+                "Megatron-core runs it only with ep > 1, virtual stages when pp > 1 and no full "
+                "recompute"
             )
     if options.cuda_graphs == "partial":
         args += ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope"]

@@ -3,9 +3,9 @@
 
 Every fact a consumer needs is a typed field: the model (``ModelSpec``), the job (``Training`` or
 ``Inference``), devices per node, the serving settings, the software settings it was priced
-with (``EstimateOptions``: a training recipe's EP overlap, CUDA graphs, recompute modules), the deployment (colocated, or
-disaggregated prefill and decode pools, each with its own layout, serving settings and price)
-and the provenance of the search. The whole plan is checked on construction
+with (``EstimateOptions``: a training recipe's EP overlap, CUDA graphs, recompute modules),
+the deployment (colocated, or disaggregated prefill and decode pools, each with its own layout,
+serving settings and price) and the provenance of the search. The whole plan is checked on construction
 (``autoparallel.plan._validate``): an inconsistent plan cannot be built or loaded.
 
 The plan round-trips through JSON exactly (``ShardingPlan.model_validate_json(plan.to_json())
