@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+from functools import partial
 from typing import Any
 
 from autoparallel.plan import (
@@ -32,10 +33,12 @@ from autoparallel.plan._build import (  # noqa: F401 - re-exported
 )
 from cost_model import (
     CostBreakdown,
+    EstimateOptions,
     InfeasiblePlanError,
     Inference,
     ModelSpec,
     Training,
+    estimate_table,
     human_bytes,
     human_seconds,
 )
@@ -58,6 +61,7 @@ def find_plan(
     disaggregate: bool | None = None,
     engine: str | None = None,
     engine_version: str | None = None,
+    estimate_options: EstimateOptions | None = None,
     **search_options: Any,
 ) -> ShardingPlan:
     """Search the layouts of ``model`` on ``cluster`` for ``workload`` and return the best plan.
@@ -74,6 +78,9 @@ def find_plan(
     ``workload`` that leaves ``weight_dtype`` unset serves a catalog name or config.json path in
     its released checkpoint's dtype (``autoparallel._catalog.checkpoint_dtype``: DeepSeek-V3 fp8),
     with the parts its ``quantization_config`` keeps wider (``checkpoint_dtype_by_part``).
+    ``estimate_options``: how the software runs (a recipe's EP overlap, CUDA graphs, recompute
+    modules, ...), for every layout the search prices and the plan's own prediction; the plan
+    records them (``ShardingPlan.estimate_options``). Not with an ``estimator`` of one's own.
 
     Raises:
         InfeasiblePlanError: no layout fits; names the bottleneck and the smallest card count
@@ -81,6 +88,12 @@ def find_plan(
     """
     workload = _with_checkpoint_dtype(model, workload)
     model, cluster = resolve_model(model), resolve_cluster(cluster)
+    if estimate_options is not None:
+        if search_options.get("estimator") is not None:
+            raise ValueError(
+                "estimate_options and estimator are exclusive: give the options to estimator"
+            )
+        search_options["estimator"] = partial(estimate_table, options=estimate_options)
     if engine is not None:
         from search import engine_search_settings
 
@@ -98,7 +111,9 @@ def find_plan(
         raise infeasible_error(
             model=model, cluster=cluster, workload=workload, result=result, **estimator
         )
-    plan = plan_from_search(model=model, cluster=cluster, workload=workload, result=result)
+    plan = plan_from_search(
+        model=model, cluster=cluster, workload=workload, result=result, options=estimate_options
+    )
     if isinstance(workload, Inference) and (
         workload.disaggregation_allowed if disaggregate is None else disaggregate
     ):
@@ -260,12 +275,18 @@ def resolve_cluster(cluster: Cluster | str, *, num_nodes: int | None = None) -> 
 
 # ---------------------------------------------------------------------------- plan building
 def plan_from_search(
-    *, model: ModelSpec, cluster: Cluster, workload: Training | Inference, result
+    *,
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Training | Inference,
+    result,
+    options: EstimateOptions | None = None,
 ) -> ShardingPlan:
     """The plan of ``result.best`` with ``result.ranked[1:]`` as alternatives, all priced in one
-    table (the price of each layout in the rank placement ``build_plan`` writes)."""
+    table (the price of each layout in the rank placement ``build_plan`` writes) with
+    ``options``, which the plan records."""
     predicted, *others = predict_all(
-        model=model, cluster=cluster, workload=workload, candidates=result.ranked
+        model=model, cluster=cluster, workload=workload, candidates=result.ranked, options=options
     )
     alternatives = tuple(
         Alternative(
@@ -288,6 +309,7 @@ def plan_from_search(
         job=workload,
         layout=result.best.layout,
         predicted=predicted,
+        estimate_options=None if options is None else options.model_dump(exclude_unset=True),
         record=record,
     )
 
@@ -313,9 +335,16 @@ def search_record(result) -> SearchRecord:
     )
 
 
-def predict_all(*, model: ModelSpec, cluster: Cluster, workload, candidates) -> list[CostBreakdown]:
+def predict_all(
+    *,
+    model: ModelSpec,
+    cluster: Cluster,
+    workload,
+    candidates,
+    options: EstimateOptions | None = None,
+) -> list[CostBreakdown]:
     """The ``CostBreakdown`` of each candidate (feasible or not), priced together by one
-    ``cost_model.estimate_table`` call."""
+    ``cost_model.estimate_table`` call (with ``options``; None: the defaults)."""
     from cost_model import breakdown_from_row, configs_to_table, estimate_table
 
     extras: dict[str, Any] = {}
@@ -329,7 +358,11 @@ def predict_all(*, model: ModelSpec, cluster: Cluster, workload, candidates) -> 
         ]
         extras = {name: np.concatenate([row[name] for row in rows]) for name in rows[0]}
     columns = estimate_table(
-        model, cluster, workload, configs_to_table([c.config for c in candidates], **extras)
+        model,
+        cluster,
+        workload,
+        configs_to_table([c.config for c in candidates], **extras),
+        options=options,
     )
     return [breakdown_from_row(columns, index) for index in range(len(candidates))]
 

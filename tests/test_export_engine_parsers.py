@@ -21,6 +21,7 @@ _spec.loader.exec_module(check_exports)
 pytestmark = pytest.mark.engines
 CASES = [
     ("megatron", 3),
+    ("megatron", 12),  # a recipe's EP overlap, CUDA graphs, DeepEP, recompute modules and layers
     ("torchtitan", 3),
     ("deepspeed", 2),
     ("sglang", 6),

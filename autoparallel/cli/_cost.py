@@ -14,6 +14,7 @@ from autoparallel.cli._args import (
     training_options,
     with_network_override,
 )
+from autoparallel.cli._recipe_args import add_recipe_arguments, recipe_options
 from autoparallel.cli._render import console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
 from autoparallel.cli._serving_args import add_load_arguments, load_fields, print_simulation
@@ -93,6 +94,7 @@ def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--virtual-stages", type=positive_int, default=1)
     parser.add_argument("--micro-batch-size", type=positive_int, default=1)
     parser.add_argument("--recompute", default="full", choices=("none", "selective", "full"))
+    add_recipe_arguments(parser, searched_recompute=False)
     parser.add_argument("--json", action="store_true", help="print the CostBreakdown as JSON")
     add_load_arguments(parser, slo_ms=True)
     parser.add_argument(
@@ -130,6 +132,7 @@ def _estimate(args: argparse.Namespace) -> int:
     model = resolve_model(args.model)
     cluster = with_network_override(resolve_cluster(args.cluster, num_nodes=args.nodes), args)
     config = _config(args, cluster.num_devices)
+    options = recipe_options(args, model=model, config=config)
     if args.training:
         workload = Training(
             sequence_length_tokens=args.sequence_length,
@@ -137,7 +140,7 @@ def _estimate(args: argparse.Namespace) -> int:
             **training_options(args),
             framework=args.framework,
         )
-        breakdown = estimate(model, cluster, workload, config)
+        breakdown = estimate(model, cluster, workload, config, **options)
     else:
         workload = Inference(
             prompt_tokens=args.prompt_tokens,
@@ -180,6 +183,9 @@ def _estimate(args: argparse.Namespace) -> int:
     if "transferred_from" in calibration.fit:
         fitted = f"carried over from {calibration.fit['transferred_from']!r} (relative to the matmul ceilings)"
     console.print(f"[bold]{title}[/]\n{config!r}\ncalibration: {fitted}")
+    if options:
+        words = ", ".join(f"{name}={value}" for name, value in options.items())
+        console.print(f"recipe: {words}", highlight=False, markup=False)
     _print_breakdown(breakdown)
     if args.simulate and not args.training:
         from cost_model import ServingConfig, simulate_layout

@@ -28,10 +28,15 @@ from autoparallel.cli._args import (
     training_options,
     with_network_override,
 )
+from autoparallel.cli._recipe_args import (
+    add_recipe_arguments,
+    recipe_flags_given,
+    recipe_options,
+)
 from autoparallel.cli._render import add_json_flag, console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
 from autoparallel.cli._serving_args import add_load_arguments, load_fields
-from cost_model import describe_layout, human_bytes, human_seconds
+from cost_model import describe_layout, framework_names, human_bytes, human_seconds
 
 DEFAULT_CLUSTER = "gb200-nvl72"
 DEFAULT_TRIALS = 250
@@ -140,6 +145,14 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="with --engine: its release (default: the current one)",
     )
+    parser.add_argument(
+        "--framework",
+        default=None,
+        choices=framework_names(),
+        help="training software profile (its defaults and host costs; CUDA graphs are priced "
+        "against its host operator counts)",
+    )
+    add_recipe_arguments(parser, searched_recompute=True)
     add_json_flag(parser)
     parser.set_defaults(job_defaults={name: parser.get_default(name) for name in _JOB_ARGUMENTS})
 
@@ -153,6 +166,7 @@ _JOB_ARGUMENTS = (
     "objective",
     "sequence_length",
     "global_batch_tokens",
+    "framework",
     "prompt_tokens",
     "output_tokens",
 )
@@ -166,6 +180,7 @@ def _workload(args: argparse.Namespace):
             sequence_length_tokens=args.sequence_length,
             global_batch_tokens=args.global_batch_tokens,
             **training_options(args),
+            framework=args.framework,
         )
     return Inference(
         **load_fields(args),
@@ -185,14 +200,21 @@ def _plan(args: argparse.Namespace) -> int:
     import optuna
 
     from autoparallel._planner import find_plan, resolve_cluster, resolve_model
+    from cost_model import EstimateOptions
     from search import SearchSettings
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.workers < 1:
         raise ValueError(f"--workers ({args.workers}) must be >= 1")
     if args.from_study:
+        if flags := recipe_flags_given(args):
+            raise ValueError(
+                f"--from-study ranks the trials the study already priced; drop {', '.join(flags)} "
+                "(start a new study with them instead)"
+            )
         return _plan_from_study(args)
     model = resolve_model(args.model)
+    recipe = recipe_options(args, model=model)
     cluster = with_network_override(resolve_cluster(args.cluster, num_nodes=args.nodes), args)
     workload = _workload(args)
     settings = SearchSettings(study_name=args.study, idle_devices=args.idle_devices)
@@ -224,6 +246,7 @@ def _plan(args: argparse.Namespace) -> int:
             settings=settings,
             engine=args.engine,
             engine_version=args.engine_version,
+            estimate_options=EstimateOptions(**recipe) if recipe else None,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
     return _write(plan, args.output, as_json=args.json, cluster=cluster)
@@ -417,6 +440,9 @@ def _explain(args: argparse.Namespace) -> int:
         f"[bold]{plan.provenance.model_name}[/] on {plan.world_size} devices of {plan.provenance.cluster_name}: {describe_config(plan.config, plan.serving)}"
     )
     console.print(plan_table(plan))
+    if settings := recipe_settings(plan):
+        words = ", ".join(f"{name}={value}" for name, value in settings.items())
+        console.print(f"priced with: {words}", highlight=False, markup=False)
     if cost is not None:
         console.print(_time_table(cost))
         console.print(_memory_table(cost))
@@ -432,6 +458,18 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def recipe_settings(plan) -> dict:
+    """The software settings the plan was priced with that differ from the cost model's
+    defaults (``ShardingPlan.estimate_options``), as JSON values."""
+    from cost_model import EstimateOptions
+
+    if plan.estimate_options is None:
+        return {}
+    defaults = EstimateOptions().model_dump(mode="json")
+    recorded = plan.estimate_options.model_dump(mode="json", exclude={"calibration"})
+    return {name: value for name, value in recorded.items() if value != defaults[name]}
+
+
 def _explanation(plan) -> dict:
     """What ``explain`` prints, as data: the layout, its predicted cost and why the others lost."""
     cost = plan.predicted
@@ -443,6 +481,7 @@ def _explanation(plan) -> dict:
         "config": plan.config.model_dump(mode="json"),
         "predicted": None if cost is None else cost.model_dump(mode="json"),
         "bottleneck": None if cost is None else cost.bottleneck,
+        "estimate_options": recipe_settings(plan) or None,
         "alternatives": [
             {"layout": describe_config(a.config, a.serving), "reason_lost": a.reason_lost}
             for a in plan.alternatives

@@ -24,7 +24,7 @@ from autoparallel.export._common import (
     stage_sizes,
 )
 from autoparallel.plan import ShardingPlan
-from cost_model import ModelSpec, Training
+from cost_model import EstimateOptions, ModelSpec, Training
 from search import engine_data, version_key
 
 MASTER_PORT = 29500
@@ -130,18 +130,9 @@ def megatron(plan: ShardingPlan, recipe: Recipe) -> Export:
     if c.sequence_parallel and c.tp > 1:
         args.append("--sequence-parallel")
     args += megatron_pipeline(plan)
-    args += {
-        "none": [],
-        "selective": ["--recompute-granularity", "selective"],
-        "full": [
-            "--recompute-granularity",
-            "full",
-            "--recompute-method",
-            "uniform",
-            "--recompute-num-layers",
-            "1",
-        ],
-    }[c.recompute]
+    options = plan.estimate_options or EstimateOptions()
+    args += _megatron_recompute(c, options)
+    args += megatron_recipe(plan, dropped)
     if c.zero_stage in (1, 2):
         args.append("--use-distributed-optimizer")
         notes.append(
@@ -185,6 +176,77 @@ def megatron(plan: ShardingPlan, recipe: Recipe) -> Export:
         layout=describe(c),
     )
     return Export("megatron", files, tuple(dropped), tuple(notes), recipe.version)
+
+
+def _megatron_recompute(c, options: EstimateOptions) -> list[str]:
+    """Megatron-core's recompute arguments: selective with the modules the plan was priced with,
+    full of every layer (uniform, one layer per checkpoint) or of the first
+    ``recompute_layers`` of each chunk (block)."""
+    if c.recompute == "selective":
+        modules = options.recompute_modules
+        chosen = [] if modules == ("core_attn",) else ["--recompute-modules", *modules]
+        return ["--recompute-granularity", "selective", *chosen]
+    if c.recompute == "full":
+        method, layers = (
+            ("uniform", 1)
+            if options.recompute_layers is None
+            else ("block", options.recompute_layers)
+        )
+        return [
+            "--recompute-granularity",
+            "full",
+            "--recompute-method",
+            method,
+            "--recompute-num-layers",
+            str(layers),
+        ]
+    return []
+
+
+def megatron_recipe(plan: ShardingPlan, dropped: list[str]) -> list[str]:
+    """Megatron-core arguments of the software settings the plan was priced with
+    (``ShardingPlan.estimate_options``, beside recompute); a setting Megatron-core has no
+    argument for goes to ``dropped``."""
+    options = plan.estimate_options
+    if options is None:
+        return []
+    args: list[str] = []
+    c = plan.config
+    if options.expert_parallel_comm_overlap:
+        # Megatron-core's checks of the option; the cost model prices it inert elsewhere
+        if c.ep > 1 and (c.pp == 1 or c.virtual_stages > 1) and c.recompute != "full":
+            # Megatron-Bridge's moe_a2a_overlap sets both
+            args += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
+        else:
+            dropped.append(
+                "EP all-to-all overlap (expert_parallel_comm_overlap) is not written: "
+                "Megatron-core runs it only with ep > 1, virtual stages when pp > 1 and no full "
+                "recompute"
+            )
+    if options.cuda_graphs == "partial":
+        args += ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope"]
+        args += list(options.cuda_graph_scope)
+    elif options.cuda_graphs == "full_iteration":
+        args += ["--cuda-graph-impl", "local", "--cuda-graph-scope", "full_iteration"]
+    if options.activation_offload_layers:
+        args += ["--cpu-offloading-num-layers", str(options.activation_offload_layers)]
+    if options.optimizer_instances > 1:
+        args += ["--num-distributed-optimizer-instances", str(options.optimizer_instances)]
+    if options.expert_dispatcher == "deepep":
+        args += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
+    if options.context_parallel == "all_gather":
+        args += ["--cp-comm-type", "all_gather"]
+    unmatched = {
+        "expert_dispatch_fp8": "fp8 dispatch with bf16 combine",
+        "max_routed_nodes": f"node-limited routing to {options.max_routed_nodes} nodes (set "
+        "--moe-router-num-groups / --moe-router-group-topk by the model's expert groups)",
+        "bidirectional_pipeline": "a DualPipe-style bidirectional pipeline",
+        "pipeline_keeps_outputs": "the last stage keeping every micro-batch's outputs",
+    }
+    for field, what in unmatched.items():
+        if getattr(options, field) not in (None, False):
+            dropped.append(f"{what} ({field}) has no Megatron-LM argument")
+    return args
 
 
 def _megatron_model(model: ModelSpec, recipe: Recipe, notes: list[str]) -> list[str]:

@@ -34,6 +34,7 @@ from cost_model import (
     DENSE_MESH_ORDER,
     MOE_MESH_ORDER,
     CostBreakdown,
+    EstimateOptions,
     Inference,
     Layout,
     ModelSpec,
@@ -86,7 +87,9 @@ def build_plan(
 
     ``predicted``: ``"estimate"`` prices the placed layout with ``cost_model.estimate`` (with
     ``estimate_options``); a ``CostBreakdown`` the caller already priced for this layout on this
-    cluster; ``None`` for an unpriced plan.
+    cluster (with ``estimate_options``); ``None`` for an unpriced plan. The plan records the
+    ``EstimateOptions`` fields of ``estimate_options`` but the calibration
+    (``ShardingPlan.estimate_options``; None when there are none).
 
     Raises:
         PlanError: (a ``ValueError``) the layout breaks a rule of the model or the job.
@@ -137,6 +140,7 @@ def build_plan(
             model=model, config=config, num_redundant_experts=_redundant(layout)
         ),
         predicted=price,
+        estimate_options=_recorded_options(estimate_options),
         alternatives=record.alternatives,
         deployment=record.deployment,
     )
@@ -159,6 +163,17 @@ def _provenance(*, model: ModelSpec, cluster: Cluster, record: PlanRecord) -> Pr
         created_at=created,
         search=record.search,
     )
+
+
+def _recorded_options(options: dict[str, object] | None) -> EstimateOptions | None:
+    """The software settings of ``options`` a plan records: its ``EstimateOptions`` fields
+    but the calibration (a fit of the hardware, not a setting of the run)."""
+    recorded = {
+        name: value
+        for name, value in (options or {}).items()
+        if name in EstimateOptions.model_fields and name != "calibration"
+    }
+    return EstimateOptions.model_validate(recorded) if recorded else None
 
 
 def _redundant(layout: Layout) -> int:

@@ -2,9 +2,10 @@
 ``apply_plan`` and the exporters interpret it.
 
 Every fact a consumer needs is a typed field: the model (``ModelSpec``), the job (``Training`` or
-``Inference``), devices per node, the serving settings, the deployment (colocated, or
-disaggregated prefill and decode pools, each with its own layout, serving settings and price)
-and the provenance of the search. The whole plan is checked on construction
+``Inference``), devices per node, the serving settings, the software settings it was priced
+with (``EstimateOptions``: a training recipe's EP overlap, CUDA graphs, recompute modules),
+the deployment (colocated, or disaggregated prefill and decode pools, each with its own layout,
+serving settings and price) and the provenance of the search. The whole plan is checked on construction
 (``autoparallel.plan._validate``): an inconsistent plan cannot be built or loaded.
 
 The plan round-trips through JSON exactly (``ShardingPlan.model_validate_json(plan.to_json())
@@ -21,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from cost_model import (
     CostBreakdown,
     Dtype,
+    EstimateOptions,
     Layout,
     ModelSpec,
     ParallelConfig,
@@ -244,6 +246,12 @@ class ShardingPlan(BaseModel):
     expert_placement: ExpertPlacement | None = None
     module_rules: tuple[ModuleRule, ...] = ()
     predicted: CostBreakdown | None = None
+    estimate_options: EstimateOptions | None = Field(
+        default=None,
+        description="how the software runs where not the cost model's defaults (a training "
+        "recipe's EP overlap, CUDA graphs, recompute modules, offloading, ...): the settings "
+        "the plan and its alternatives were priced with and the exporters write; no calibration",
+    )
     alternatives: tuple[Alternative, ...] = ()
     deployment: Deployment = Deployment()
 

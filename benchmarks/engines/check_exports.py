@@ -35,7 +35,7 @@ from autoparallel.export import export_plan, import_config
 from autoparallel.export._common import serving_view
 from autoparallel.export._import import flags, layout_key
 from autoparallel.export._serving import _pools, sglang_expert_location
-from cost_model import Inference, Training
+from cost_model import EstimateOptions, Inference, Training
 from search._engines import engine_info
 
 HERE = Path(__file__).resolve().parent
@@ -72,6 +72,7 @@ class PlanSpec:
     nodes: int
     workload: Training | Inference
     disaggregate: bool = False
+    estimate_options: EstimateOptions | None = None
 
 
 TRAIN = Training(sequence_length_tokens=4096, global_batch_sequences=1024)
@@ -113,6 +114,21 @@ PLANS = (
     PlanSpec("llama-3.1-405b serving, 2 nodes", "llama-3.1-405b", "dgx-h100", 2, SERVE),
     PlanSpec("qwen3-235b-a22b serving, 1 node", "qwen3-235b-a22b", "dgx-h200", 1, SERVE),
     PlanSpec("mixtral-8x22b serving, 1 node", "mixtral-8x22b", "dgx-h100", 1, SERVE),
+    PlanSpec(
+        "qwen3-235b-a22b training with a Megatron-Bridge-style recipe, 16 nodes",
+        "qwen3-235b-a22b",
+        "dgx-h200",
+        16,
+        TRAIN,
+        estimate_options=EstimateOptions(
+            expert_parallel_comm_overlap=True,
+            cuda_graphs="partial",
+            cuda_graph_scope=("moe_router", "moe_preprocess"),
+            expert_dispatcher="deepep",
+            recompute_modules=("moe_act", "layernorm"),
+            recompute_layers=2,
+        ),
+    ),
 )
 
 
@@ -126,6 +142,7 @@ def search(spec: PlanSpec, engine: str) -> ap.ShardingPlan:
         seed=0,
         engine=engine,
         disaggregate=spec.disaggregate,
+        estimate_options=spec.estimate_options,
     )
 
 
@@ -163,6 +180,8 @@ def expected_training(plan: ap.ShardingPlan, engine: str) -> dict:
             values["zero"] = zero
         if c.pp > 1 and (c.virtual_stages > 1 or len(set(sizes)) > 1):
             values["pipeline_layers"] = sizes
+        if plan.estimate_options is not None:
+            values.update(expected_megatron_recipe(plan))
     if engine == "torchtitan":
         if c.pp > 1:
             values["pipeline_layers"] = sizes
@@ -180,6 +199,33 @@ def expected_training(plan: ap.ShardingPlan, engine: str) -> dict:
         )
         if c.zero_stage and c.dp > 1:
             values["reshard_after_forward"] = "never" if c.zero_stage == 2 else "always"
+    return values
+
+
+def expected_megatron_recipe(plan: ap.ShardingPlan) -> dict:
+    """The software settings the plan was priced with, as Megatron-LM should resolve them."""
+    c, options = plan.config, plan.estimate_options
+    overlap = options.expert_parallel_comm_overlap and (
+        c.ep > 1 and (c.pp == 1 or c.virtual_stages > 1) and c.recompute != "full"
+    )  # Megatron-core's checks of the option
+    values: dict = {
+        "ep_comm_overlap": overlap,
+        "delay_wgrad_compute": overlap,
+        "cpu_offloading_num_layers": options.activation_offload_layers,
+        "optimizer_instances": options.optimizer_instances,
+        "cp_comm_type": "all_gather" if options.context_parallel == "all_gather" else "p2p",
+    }
+    if c.recompute == "selective" and options.recompute_modules != ("core_attn",):
+        values["recompute_modules"] = list(options.recompute_modules)
+    if c.recompute == "full":
+        values["recompute_method"] = "uniform" if options.recompute_layers is None else "block"
+        values["recompute_num_layers"] = options.recompute_layers or 1
+    if options.cuda_graphs == "partial":
+        values["cuda_graph_impl"] = "transformer_engine"
+        values["cuda_graph_scope"] = list(options.cuda_graph_scope)
+    if options.expert_dispatcher == "deepep":
+        values["moe_token_dispatcher_type"] = "flex"
+        values["moe_flex_dispatcher_backend"] = "deepep"
     return values
 
 

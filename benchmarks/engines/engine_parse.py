@@ -194,6 +194,26 @@ def parse_megatron(env: dict, words: list[str]) -> dict:
         "num_layers": args.num_layers,
         "hidden_size": args.hidden_size,
         "num_experts": args.num_experts,
+        **_megatron_recipe(args),
+    }
+
+
+def _megatron_recipe(args) -> dict:
+    """The software settings of a training recipe, as Megatron-LM resolved them."""
+    cp_comm = args.cp_comm_type
+    return {
+        "ep_comm_overlap": bool(args.overlap_moe_expert_parallel_comm),
+        "delay_wgrad_compute": bool(args.delay_wgrad_compute),
+        "cuda_graph_impl": args.cuda_graph_impl,
+        "cuda_graph_scope": [getattr(s, "name", str(s)) for s in args.cuda_graph_scope or []],
+        "recompute_modules": list(args.recompute_modules or []),
+        "recompute_method": args.recompute_method,
+        "recompute_num_layers": args.recompute_num_layers,
+        "cpu_offloading_num_layers": args.cpu_offloading_num_layers,
+        "optimizer_instances": args.num_distributed_optimizer_instances,
+        "moe_token_dispatcher_type": args.moe_token_dispatcher_type,
+        "moe_flex_dispatcher_backend": args.moe_flex_dispatcher_backend,
+        "cp_comm_type": cp_comm[0] if isinstance(cp_comm, list) and len(cp_comm) == 1 else cp_comm,
     }
 
 
