@@ -120,6 +120,7 @@ def megatron(plan: ShardingPlan, recipe: Recipe) -> Export:
         "--global-batch-size",
         str(batch),
     ]
+    options = plan.estimate_options or EstimateOptions()
     if plan.moe_mesh_axes:
         args += [
             "--expert-model-parallel-size",
@@ -127,10 +128,10 @@ def megatron(plan: ShardingPlan, recipe: Recipe) -> Export:
             "--expert-tensor-parallel-size",
             str(c.etp),
         ]
+        args += _megatron_dispatcher(options)
     if c.sequence_parallel and c.tp > 1:
         args.append("--sequence-parallel")
     args += megatron_pipeline(plan)
-    options = plan.estimate_options or EstimateOptions()
     args += _megatron_recompute(c, options)
     args += megatron_recipe(plan, dropped)
     if c.zero_stage in (1, 2):
@@ -176,6 +177,16 @@ def megatron(plan: ShardingPlan, recipe: Recipe) -> Export:
         layout=describe(c),
     )
     return Export("megatron", files, tuple(dropped), tuple(notes), recipe.version)
+
+
+def _megatron_dispatcher(options: EstimateOptions) -> list[str]:
+    """The token dispatcher the plan was priced with: DeepEP through the flex dispatcher, else
+    the all-to-all one (``_training_comm`` prices an all-to-all), which Megatron-core does not
+    default to (``TransformerConfig.moe_token_dispatcher_type`` defaults to ``allgather``,
+    megatron-core 0.16.1 transformer_config.py)."""
+    if options.expert_dispatcher == "deepep":
+        return ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
+    return ["--moe-token-dispatcher-type", "alltoall"]
 
 
 def _megatron_recompute(c, options: EstimateOptions) -> list[str]:
@@ -232,8 +243,6 @@ def megatron_recipe(plan: ShardingPlan, dropped: list[str]) -> list[str]:
         args += ["--cpu-offloading-num-layers", str(options.activation_offload_layers)]
     if options.optimizer_instances > 1:
         args += ["--num-distributed-optimizer-instances", str(options.optimizer_instances)]
-    if options.expert_dispatcher == "deepep":
-        args += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
     if options.context_parallel == "all_gather":
         args += ["--cp-comm-type", "all_gather"]
     unmatched = {

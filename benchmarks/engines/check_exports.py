@@ -180,6 +180,9 @@ def expected_training(plan: ap.ShardingPlan, engine: str) -> dict:
             values["zero"] = zero
         if c.pp > 1 and (c.virtual_stages > 1 or len(set(sizes)) > 1):
             values["pipeline_layers"] = sizes
+        if plan.model.moe is not None:  # the dispatcher the plan was priced with
+            deepep = plan.estimate_options and plan.estimate_options.expert_dispatcher == "deepep"
+            values["moe_token_dispatcher_type"] = "flex" if deepep else "alltoall"
         if plan.estimate_options is not None:
             values.update(expected_megatron_recipe(plan))
     if engine == "torchtitan":
