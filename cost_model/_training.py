@@ -202,12 +202,10 @@ class TrainingContext:
     @property
     def reduce_bytes(self) -> float:
         """Bytes per gradient element the data-parallel reduction moves: the framework's
-        reduction dtype, else the main gradients' (``grad_bytes``)."""
-        return (
-            self.grad_bytes
-            if self.framework is None
-            else float(self.framework.gradient_reduce_bytes)
-        )
+        reduction dtype where it has its own, else the main gradients' (``grad_bytes``)."""
+        if self.framework is None or self.framework.gradient_reduce_bytes is None:
+            return self.grad_bytes
+        return float(self.framework.gradient_reduce_bytes)
 
     @property
     def dp_overlap(self) -> float:
