@@ -169,6 +169,10 @@ class EstimateOptions(BaseModel):
     ``--cuda-graph-scope``; the run's recipe records them). What is captured costs the host
     one graph launch instead of issuing each operator (``_training_host``: a stretch takes
     max(host issue time, GPU time)).
+    ``measured_attention``: training prices fused causal attention at the efficiency measured
+    for its sequence and heads (``_training.measured_core_attention_time``) instead of the
+    calibration's single attention efficiency; off by default: on, the whole runs it speeds up
+    come out too fast elsewhere (its docstring).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -201,6 +205,7 @@ class EstimateOptions(BaseModel):
         "moe_router",
         "moe_preprocess",
     )
+    measured_attention: bool = False
 
     def calibration_for(self, hardware) -> Calibration:
         return self.calibration if self.calibration is not None else calibration_for(hardware)

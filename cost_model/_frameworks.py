@@ -77,7 +77,9 @@ class FrameworkProfile(BaseModel):
     selective_recompute: Literal["attention_core", "every_second_matmul"]
     dp_comm_overlap: float = Field(ge=0.0, le=1.0)
     tp_comm_overlap: float = Field(ge=0.0, le=1.0)
-    gradient_reduce_bytes: int = Field(ge=1, le=4)
+    #: Bytes per element of the data-parallel gradient reduction; None: the main gradients'
+    #: (``Training.gradient_dtype``), as Megatron-core reduces its main-gradient buffer.
+    gradient_reduce_bytes: int | None = Field(default=None, ge=1, le=4)
     zero2_reduce_every_micro_batch: bool
     #: Bytes per logit held at the loss (memory): 4, the fp32 softmax a fused vocab-parallel
     #: cross entropy keeps for its backward (Megatron-LM core/tensor_parallel/cross_entropy.py);

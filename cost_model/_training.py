@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from cost_model import _training_moe as training_moe
+from cost_model._calibration_operators import training_attention_efficiency
 from cost_model._common import (
     Calibration,
     EstimateOptions,
@@ -67,6 +68,7 @@ from cost_model._common import (
     stage_layout,
 )
 from cost_model._frameworks import FrameworkProfile, framework_profile
+from cost_model._kernel_curves import context_attention_time_s
 from cost_model._memory import offloaded_layer_bytes
 from cost_model._model_spec import ModelSpec
 from cost_model._precision import quantization_time_s, training_op_time_s
@@ -202,12 +204,10 @@ class TrainingContext:
     @property
     def reduce_bytes(self) -> float:
         """Bytes per gradient element the data-parallel reduction moves: the framework's
-        reduction dtype, else the main gradients' (``grad_bytes``)."""
-        return (
-            self.grad_bytes
-            if self.framework is None
-            else float(self.framework.gradient_reduce_bytes)
-        )
+        reduction dtype where it has its own, else the main gradients' (``grad_bytes``)."""
+        if self.framework is None or self.framework.gradient_reduce_bytes is None:
+            return self.grad_bytes
+        return float(self.framework.gradient_reduce_bytes)
 
     @property
     def dp_overlap(self) -> float:
@@ -338,7 +338,11 @@ def core_attention_time(ctx: TrainingContext) -> np.ndarray:
     calls = ctx.column("micro_batch_size") * heads
     if ctx.options.flash_attention:
         attended = mean_attended_tokens(attention=attention, sequence_tokens=s)
-        return ctx.op(ctx.tokens * per_key * attended, io_bytes, calls=calls, kind="attention")
+        flops = ctx.tokens * per_key * attended
+        measured = measured_core_attention_time(ctx, flops=flops, io_bytes=io_bytes)
+        if measured is not None:
+            return measured
+        return ctx.op(flops, io_bytes, calls=calls, kind="attention")
     matmul = ctx.op(ctx.tokens * per_key * s, io_bytes, calls=calls, kind="attention")
     # Scores written by QK^T, softmax read+write, (dropout read+write+mask), read by PV.
     passes = 4.0 * ACTIVATION_BYTES + (
@@ -346,6 +350,57 @@ def core_attention_time(ctx: TrainingContext) -> np.ndarray:
     )
     scores = ctx.tokens * heads * s
     return matmul + ctx.op(0.0, scores * passes, calls=calls)
+
+
+def measured_core_attention_time(ctx: TrainingContext, *, flops, io_bytes) -> np.ndarray | None:
+    """Fused causal attention of one layer (forward) at the efficiency measured for its shape,
+    or None where nothing is measured.
+
+    A FlashAttention-class kernel's efficiency grows with the sequence it attends over and with
+    the (sequence, query head) pairs of one call: on H100 the imported context-attention tables
+    run causal bf16 attention of 128-wide heads at 0.47-0.55 of peak over 4K tokens and
+    0.56-0.66 over 8K (B200: 0.47-0.52 and 0.55-0.60), where the single efficiency fitted over
+    every measured shape (``data/calibration.json``) is 0.41 (B200: 0.29). The curve
+    (``_kernel_curves.context_attention_time_s``: best over the serving engines' kernels, by
+    sequence ``s / cp`` — a ring step attends one block of keys — and by pairs ``b * heads /
+    tp``) prices the forward; the backward keeps the calibration's relation to it
+    (``_calibration_operators.training_attention_efficiency``: FlashAttention-2's backward
+    runs at 0.63/0.73 of its forward's peak fraction), so the forward is charged at the single
+    forward + backward efficiency of its measured forward efficiency, and ``micro_batch_times``
+    adds 2.5x it for the backward. The FlashAttention-3 paper (Shah et al. 2024,
+    arXiv:2407.08608, H100 SXM5 charts of head dim 128) measures TransformerEngine's kernel,
+    cuDNN, at 609 and 600 TFLOP/s forward, 499 and 518 backward over 4K and 8K tokens: 0.53-0.55
+    of peak for forward + backward, the level of the curve, not the fitted 0.37, and a
+    backward/forward ratio (0.82-0.86) that matches FlashAttention-2's. Only full causal MHA/GQA attention with 128-wide heads in
+    bf16 (the tables' shapes), on a device they cover, without a measured profile of its own
+    (``HardwareSpec.profile``, which ``op_time_s`` uses), and with
+    ``EstimateOptions.measured_attention`` on. Off by default: with it on, the Megatron-Bridge
+    Llama 3 8B runs at 8K tokens (attention a third of their forward) go from -13.7% to +2.6%
+    (B200), -11.0% to +6.8% (GB200) and -18.1% to -9.4% (H100), but runs the model already
+    prices fast get faster: the Llama 3 70B GB200 runs by 10-13 points to +10%, the README's
+    1.7B H100 run from +40% to +47%, the Llama 3 paper's 131K-context run from +5% to +31%
+    (all training runs: 14.4% -> 15.8% mean error), time the rest of the model misses."""
+    attention, device = ctx.model.attention, ctx.cluster.device
+    if (
+        not ctx.options.measured_attention
+        or attention.kind == "mla"
+        or attention.variant != "full"
+        or attention.qk_head_dim != 128
+        or attention.value_head_dim != 128
+        or ctx.workload.precision not in ("bf16", "fp8")
+        or getattr(device, "profile", None) is not None
+    ):
+        return None
+    forward = context_attention_time_s(
+        hardware=device,
+        flops=flops,
+        bytes_moved=io_bytes,
+        tokens=ctx.workload.sequence_length_tokens / ctx.column("cp"),
+        units=ctx.column("micro_batch_size") * _heads_per_rank(ctx),
+    )
+    if forward is None:
+        return None
+    return forward / training_attention_efficiency(1.0)
 
 
 def _activation_passes(ctx: TrainingContext) -> float:

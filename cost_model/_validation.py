@@ -91,7 +91,7 @@ TABLE_SOURCES = {
 #: figure is held out (the calibration is fitted on operator tables only); the bounds are the
 #: measured held-out state (benchmarks/validate_published.py), a little above it, not targets:
 #: the A100 tables come out 7-20% slow on small models (the fitted 19 us per-kernel cost of the
-#: A100 GEMM table), the H100 tables up to 41% fast (the GEMM table's 81% of peak is above what
+#: A100 GEMM table), the H100 tables up to 40% fast (the GEMM table's 81% of peak is above what
 #: whole Megatron-core runs sustain; a term is missing even with the compute slowdown under
 #: overlapped communication priced). Day-6 serving rows must each be within
 #: 25%; the fully loaded DeepSeek profiles, the model's own bar, 10%.
@@ -104,7 +104,9 @@ TOLERANCES: dict[str, tuple[float | None, float | None]] = {
     # measured 8.9% mean, 20.7% max: the 405B pipeline row is 21% low, terms the model does
     # not source yet (see data/published_peak_memory.json 'about').
     "torchtitan_h100_peak_memory_tp_pp": (0.10, 0.22),
-    "megatron_readme_h100": (0.18, None),  # measured 17.5% mean, 40.7% max
+    # measured 16.2% mean, 39.7% max: 1.7B and 7.1B +40% and +25% fast, 32B 35% slow (its
+    # fp32 gradient reduce-scatter over 48 nodes is priced mostly exposed).
+    "megatron_readme_h100": (0.17, None),
     "torchtitan_a100_fsdp": (0.03, 0.07),  # measured 1.7%, 6.4%
     # measured 8.6%, 17.1%: the 131K-context row is 17% fast (its exposed K/V all-gather and
     # attention are priced, the report's document mask is not).
@@ -357,7 +359,9 @@ def _table5_cases() -> list[Case]:
 def _h100_cases() -> list[Case]:
     """Megatron-core r0.8 GPT runs. The README gives tp, pp, dp and the global batch; the rest
     is Megatron-core's performance setup and is assumed: micro-batch 1, no recompute, sequence
-    parallel with tp > 1, distributed optimizer (ZeRO-1), plain 1F1B, bf16."""
+    parallel with tp > 1, distributed optimizer (ZeRO-1), plain 1F1B, bf16. Gradients are fp32
+    main gradients reduced in fp32: Megatron-LM's megatron/training/arguments.py at the README's
+    commit (937571cfd4) turns accumulate_allreduce_grads_in_fp32 on whenever --bf16 is set."""
     cases = []
     for r in (r for r in published_records() if r["table"] == "megatron_readme_h100"):
         model = gpt_model(
@@ -381,6 +385,7 @@ def _h100_cases() -> list[Case]:
             sequence_length_tokens=r["seq_len"],
             global_batch_sequences=r["global_batch"],
             precision="bf16",
+            gradient_dtype="fp32",
         )
         metric = ("mfu", "%", float(r["mfu_pct"]), _mfu(12.0, 989e12))
         cases.append(

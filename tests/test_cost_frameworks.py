@@ -20,10 +20,13 @@ NEUTRAL = EstimateOptions(calibration=Calibration())
 
 
 def _columns(
-    framework: str | None, zero_stage: int, micro_batches: int = 1
+    framework: str | None, zero_stage: int, micro_batches: int = 1, gradient_dtype: str = "fp32"
 ) -> dict[str, np.ndarray]:
     workload = Training(
-        sequence_length_tokens=4096, global_batch_sequences=64 * micro_batches, framework=framework
+        sequence_length_tokens=4096,
+        global_batch_sequences=64 * micro_batches,
+        framework=framework,
+        gradient_dtype=gradient_dtype,
     )
     config = ParallelConfig(dp=64, zero_stage=zero_stage, recompute="selective")
     return estimate_table(MODEL, CLUSTER, workload, configs_to_table([config]), options=NEUTRAL)
@@ -39,17 +42,28 @@ def test_an_unknown_framework_is_a_clear_error() -> None:
         Training(sequence_length_tokens=2048, global_batch_sequences=8, framework="nope")
 
 
+def _dp_seconds(columns: dict[str, np.ndarray]) -> float:
+    return float(columns["time.dp_comm"][0] + columns["hidden.dp_comm"][0])
+
+
 def test_bf16_gradient_reduction_moves_less_than_fp32() -> None:
-    """Megatron-core reduces gradients in bf16 by default, torchtitan's FSDP2 policy in fp32:
-    the ZeRO-1 traffic (one reduce-scatter + one all-gather) differs by the gradient half."""
-    megatron, torchtitan = _columns("megatron-core", 1), _columns("torchtitan", 1)
-    total = {
-        name: c["time.dp_comm"][0] + c["hidden.dp_comm"][0]
-        for name, c in (("m", megatron), ("t", torchtitan))
-    }
-    assert total["m"] < total["t"]
-    assert framework_profile("megatron-core").gradient_reduce_bytes == 2
+    """Megatron-core with bf16 main gradients (Megatron-Bridge's grad_reduce_in_fp32 = False)
+    reduces in bf16, torchtitan's FSDP2 policy in fp32: the ZeRO-1 traffic (one reduce-scatter
+    + one all-gather) differs by the gradient half."""
+    megatron = _columns("megatron-core", 1, gradient_dtype="bf16")
+    torchtitan = _columns("torchtitan", 1, gradient_dtype="bf16")
+    assert _dp_seconds(megatron) < _dp_seconds(torchtitan)
     assert framework_profile("torchtitan").gradient_reduce_bytes == 4
+
+
+def test_megatron_core_reduces_in_its_main_gradient_dtype() -> None:
+    """Megatron-core's reduce-scatter moves its main-gradient buffer: fp32 main gradients
+    (Megatron-LM's --bf16 default) move twice the gradient bytes of bf16 ones, so the ZeRO-1
+    step (gradient reduce-scatter + bf16 weight all-gather) grows by half."""
+    assert framework_profile("megatron-core").gradient_reduce_bytes is None
+    fp32 = _dp_seconds(_columns("megatron-core", 1, gradient_dtype="fp32"))
+    bf16 = _dp_seconds(_columns("megatron-core", 1, gradient_dtype="bf16"))
+    assert fp32 == pytest.approx(1.5 * bf16, rel=0.05)
 
 
 def test_no_overlap_profile_exposes_all_gradient_traffic() -> None:
