@@ -187,7 +187,7 @@ def _engine_admits(s: _Setup) -> np.ndarray:
     profile, ones = s.profile, np.ones(s.phase.shape[0])
     others = _memory_parts(s, ones)["weights"] + sizing_pass_bytes(s)
     capacity = s.cluster.memory_per_device_bytes
-    fraction = profile.kv_memory_fraction
+    fraction = profile.memory_fraction(s.column("tp"))
     pool = (
         fraction * capacity - others
         if profile.kv_memory_of == "total"

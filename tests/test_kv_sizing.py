@@ -15,6 +15,7 @@ from cost_model._common import EstimateOptions
 from cost_model._inference import _memory_parts, _setup
 from cost_model._inference_load import serving_inputs, sizing_pass_bytes
 from cost_model._serving_columns import ServingConfig
+from cost_model._serving_load import serving_profile
 from cost_model._table import configs_to_table
 from topology import get_preset
 
@@ -61,7 +62,8 @@ def _pool_and_weights(workload: Inference) -> tuple[float, float, float]:
     """(sizing pass bytes, weights bytes, fraction) of the row's engine."""
     s = _setup_for(workload)
     weights = float(_memory_parts(s, np.ones(1))["weights"][0])
-    return float(sizing_pass_bytes(s)[0]), weights, s.profile.kv_memory_fraction
+    fraction = float(s.profile.memory_fraction(s.column("tp"))[0])
+    return float(sizing_pass_bytes(s)[0]), weights, fraction
 
 
 def test_a_larger_vllm_token_budget_leaves_fewer_kv_blocks() -> None:
@@ -132,3 +134,12 @@ def test_tensorrt_llm_takes_its_fraction_of_what_the_profiling_pass_leaves() -> 
     admitted_small, admitted_large = _admitted(small), _admitted(large)
     assert admitted_large < admitted_small
     assert admitted_small / admitted_large == pytest.approx(small_pool / large_pool, rel=0.03)
+
+
+def test_sglang_default_fraction_follows_its_tensor_parallel_size() -> None:
+    """SGLang's ``mem_fraction_static`` default shrinks as tp grows (more ranks, more
+    communicator memory outside the static pool); vLLM's ``gpu_memory_utilization`` does not."""
+    tp = np.array([1.0, 2.0, 4.0, 8.0, 16.0, 32.0])
+    sglang = serving_profile("sglang").memory_fraction(tp)
+    assert list(sglang) == [0.88, 0.87, 0.85, 0.81, 0.79, 0.79]
+    assert list(serving_profile("vllm").memory_fraction(tp)) == [0.9] * tp.size
