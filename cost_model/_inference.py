@@ -1292,8 +1292,12 @@ def _passes(s: _Setup, batch: np.ndarray) -> tuple[ops.Pass, ops.Pass]:
     return prefill, decode
 
 
-def _pass_memory(s: _Setup, p: ops.Pass) -> tuple[np.ndarray, np.ndarray]:
-    """Activations and communication buffers of one pass, bytes per device, (n,) each."""
+def _pass_memory(
+    s: _Setup, p: ops.Pass, *, moe_chunk_tokens: float | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Activations and communication buffers of one pass, bytes per device, (n,) each. With
+    ``moe_chunk_tokens`` the MoE layer's intermediate buffers hold at most that many of the
+    tokens a rank's experts run (an engine that loops its fused MoE over chunks of tokens)."""
     model, act, h = s.model, dtype_bytes(s.workload.activation_dtype), s.model.hidden_size
     tp, etp = s.column("tp"), s.column("etp")
     attention_tokens, rank_tokens = _tokens(s, p)
@@ -1308,9 +1312,10 @@ def _pass_memory(s: _Setup, p: ops.Pass) -> tuple[np.ndarray, np.ndarray]:
     )
     if model.moe is not None:
         copies = rank_tokens * model.moe.top_k * etp
-        activations = (
-            activations + copies * (h + 3.0 * model.moe.expert_ffn_hidden_size / etp) * act
-        )
+        held = copies
+        if moe_chunk_tokens is not None:
+            held = np.minimum(rank_tokens * etp, moe_chunk_tokens) * model.moe.top_k
+        activations = activations + held * (h + 3.0 * model.moe.expert_ffn_hidden_size / etp) * act
         buffers = buffers + copies * h * (_dispatch_bytes(s) + COMBINE_BYTES) * (s.column("ep") > 1)
     return activations, buffers
 

@@ -30,6 +30,7 @@ from cost_model import _inference_ops as ops
 from cost_model._common import REASON_CODES, EstimateOptions, memory_reason
 from cost_model._inference import (
     _memory_parts,
+    _pass_memory,
     _pass_parts,
     _passes,
     _Setup,
@@ -140,24 +141,53 @@ def _fits(s: _Setup) -> np.ndarray:
     )
 
 
+def sizing_pass_bytes(s: _Setup) -> np.ndarray:
+    """Peak activation and transient buffer memory per device, bytes (n,), of the forward pass
+    the engine profiles before it sizes its KV pool (``ServingProfile.kv_sizing_pass``), which
+    the pool loses; 0 for an engine that profiles none (SGLang).
+
+    The pass runs the engine's token budget per replica (``max_batched_tokens``: vLLM
+    ``max_num_batched_tokens``, TensorRT-LLM ``max_num_tokens``) as a prefill of fresh
+    sequences, vLLM's split over ``min(budget, max_num_seqs)`` dummy requests, TensorRT-LLM's
+    over requests of the model's whole context, one sampled token each; its memory is the
+    inference path's own activation sizing (``_inference._pass_memory``: hidden states, the
+    attention's inputs and outputs, the MoE layer's intermediate buffers, held for at most
+    ``moe_chunk_tokens`` tokens, the logits of the sampled tokens, the tensor-parallel
+    all-reduce buffers). vLLM ``gpu_worker.determine_available_memory`` / V0
+    ``worker.determine_num_available_blocks``; TensorRT-LLM ``_torch/pyexecutor/_util.py``."""
+    profile, n = s.profile, s.phase.shape[0]
+    if profile.kv_sizing_pass == "none":
+        return np.zeros(n)
+    budget = float(s.workload.max_batched_tokens or profile.max_batched_tokens)
+    if profile.kv_sizing_pass == "running_cap":
+        sequences = min(budget, float(profile.max_running_requests))
+    else:
+        sequences = np.ceil(budget / min(budget, float(s.model.max_context_tokens)))
+    dummy = ops.Pass(
+        np.full(n, sequences), np.full(n, budget / sequences), np.zeros(n), np.ones(n), False
+    )
+    activations, buffers = _pass_memory(s, dummy, moe_chunk_tokens=profile.moe_chunk_tokens)
+    return activations + buffers
+
+
 def _engine_admits(s: _Setup) -> np.ndarray:
     """Requests one replica's engine runs at once at its default memory settings (>= 1).
 
-    The engine's KV pool is ``f`` of the device memory less the weights, activations and
-    communication buffers (``kv_memory_of == "total"``: vLLM ``gpu_memory_utilization``, SGLang
-    ``mem_fraction_static``), or ``f`` of what those leave (``"free"``: TensorRT-LLM
-    ``free_gpu_memory_fraction``). A request is admitted while the pool holds, for every running
-    request, its prompt and the share of its output tokens its engine reserves
+    The engine's KV pool is ``f`` of the device memory less the weights and the peak memory of
+    the pass it profiles (``sizing_pass_bytes``; ``kv_memory_of == "total"``: vLLM
+    ``gpu_memory_utilization``; SGLang ``mem_fraction_static``, which profiles none and leaves
+    the rest of the device to activations), or ``f`` of what those leave (``"free"``:
+    TensorRT-LLM ``free_gpu_memory_fraction``). A request is admitted while the pool holds, for
+    every running request, its prompt and the share of its output tokens its engine reserves
     (``admission_output_share`` of at most ``admission_output_clip``: all of them for
     TensorRT-LLM's GUARANTEED_NO_EVICT, SGLang's decayed new-token ratio). Each device holds its
     stage's layers of every request of the replica, so the count is per replica. The engine's
     own default cap on running requests (``ServingProfile.running_cap``: vLLM ``max_num_seqs``,
     TensorRT-LLM ``max_batch_size``, SGLang ``max_running_requests``) bounds it too."""
     profile, ones = s.profile, np.ones(s.phase.shape[0])
-    parts = _memory_parts(s, ones)
-    others = parts["weights"] + parts["activations"] + parts["comm_buffers"]
+    others = _memory_parts(s, ones)["weights"] + sizing_pass_bytes(s)
     capacity = s.cluster.memory_per_device_bytes
-    fraction = profile.kv_memory_fraction
+    fraction = profile.memory_fraction(s.column("tp"))
     pool = (
         fraction * capacity - others
         if profile.kv_memory_of == "total"

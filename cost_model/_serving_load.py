@@ -92,6 +92,20 @@ class ServingProfile(BaseModel):
     #: (TensorRT-LLM ``free_gpu_memory_fraction``)
     kv_memory_fraction: float = Field(gt=0, le=1)
     kv_memory_of: Literal["total", "free"]
+    #: the engine's default fraction by tensor-parallel size, where it depends on it (SGLang
+    #: ``mem_fraction_static``): the value of the largest key <= tp; ``kv_memory_fraction``
+    #: below every key or without any
+    kv_memory_fraction_by_tp: dict[int, float] = {}
+    #: the forward pass the engine profiles before it sizes its KV pool, whose peak activation
+    #: memory the pool loses: ``"none"`` (the fraction itself leaves the rest of the device to
+    #: activations and graphs: SGLang ``mem_fraction_static``), or a dummy pass of the engine's
+    #: token budget split over ``"running_cap"`` sequences (vLLM ``profile_run``:
+    #: ``max_num_seqs`` of them, one sampled token each) or over sequences of the model's whole
+    #: ``"context"`` (TensorRT-LLM's dummy context requests of ``max_seq_len`` tokens)
+    kv_sizing_pass: Literal["none", "running_cap", "context"]
+    #: tokens the fused MoE kernel holds intermediate buffers for at once (it loops over chunks
+    #: of them: vLLM ``VLLM_FUSED_MOE_CHUNK_SIZE``); None: every token of the pass at once
+    moe_chunk_tokens: int | None = Field(default=None, gt=0)
     #: share of a request's output tokens (at most ``admission_output_clip`` of them) that its
     #: admission reserves in the KV cache, beyond its prompt
     admission_output_share: float = Field(ge=0, le=1)
@@ -139,6 +153,13 @@ class ServingProfile(BaseModel):
         if self.running_requests_pool_token_share is not None:
             caps = np.minimum(caps, np.floor(pool_tokens * self.running_requests_pool_token_share))
         return np.maximum(caps, 1.0)
+
+    def memory_fraction(self, tp: np.ndarray) -> np.ndarray:
+        """The default memory fraction at each row's tensor-parallel size ``tp``."""
+        fraction = np.full(np.shape(tp), self.kv_memory_fraction)
+        for size in sorted(self.kv_memory_fraction_by_tp):
+            fraction = np.where(tp >= size, self.kv_memory_fraction_by_tp[size], fraction)
+        return fraction
 
     @property
     def iteration_floor_s(self) -> float:

@@ -599,9 +599,11 @@ def test_every_tp_rank_caches_the_whole_mla_latent() -> None:
     """vLLM, SGLang and TensorRT-LLM cache MLA as one KV head of ``kv_lora_rank +
     qk_rope_head_dim`` per token on every tensor-parallel rank (no tp divisor), so a request
     costs each rank ``layers x 576 x dtype bytes`` per token: at tp=8 the engine admits what
-    its pool, weights and activations taken out, holds of those; an FP8 cache twice that."""
+    its pool, weights and its profiling pass's activations taken out, holds of those; an FP8
+    cache twice that."""
     from cost_model._common import EstimateOptions
     from cost_model._inference import _memory_parts, _setup
+    from cost_model._inference_load import sizing_pass_bytes
 
     workload = WORKLOAD.model_copy(update={"serving_engine": "vllm"})
     table = configs_to_table([PLANS[0]], **ServingConfig().columns(workload=workload))
@@ -611,7 +613,7 @@ def test_every_tp_rank_caches_the_whole_mla_latent() -> None:
     parts = _memory_parts(s, np.ones(1))
     vllm = serving_profile("vllm")
     pool = vllm.kv_memory_fraction * H200_NODE.memory_per_device_bytes - float(
-        parts["weights"][0] + parts["activations"][0] + parts["comm_buffers"][0]
+        parts["weights"][0] + sizing_pass_bytes(s)[0]
     )
     latent = DSV3.attention.kv_lora_rank + DSV3.attention.qk_rope_head_dim
     blocks = workload.kv_block_tokens  # whole blocks of the paged cache
