@@ -27,7 +27,8 @@ Triton kernels of untuned configs fall behind), the one a deployment tuned for i
 A device or dtype without a curve returns ``None`` and the caller keeps its roofline pricing.
 
 Dense GEMMs (``gemm``: attention projections, dense FFN, shared experts) have curves by real
-shape: efficiency (``gemm_ideal_s`` / measured latency, the fastest kernel the engine ships at
+shape and weight scaling (FP8: block-scaled ``fp8``; per-tensor ``fp8_tensor`` with static
+activation scales, TensorRT-LLM's table less its dynamic-scale step, ``gemm_curve_dtype``): efficiency (``gemm_ideal_s`` / measured latency, the fastest kernel the engine ships at
 each point) on a grid of M (tokens in the call) x N x K (one rank's slice), trilinear in the logs
 (``gemm_efficiency``); TP8 slices of DeepSeek-V3 run at 0.1-0.5 of FP8 peak where the training
 calibration's one efficiency says 0.8. Prefill and decode price their dense GEMMs with them.
@@ -107,10 +108,26 @@ _FILE = "kernel_curves.json"
 #: SMs, clocks and HBM3 and a narrower NVLink (NVIDIA H800 datasheet), which kernels do not see.
 DEVICE_ALIASES = {"NVIDIA H800 SXM": "NVIDIA H100 SXM"}
 _WEIGHT_ONLY = {"int4": "bf16"}  # dtype the GEMM runs in for weight-only formats
+#: Dense GEMM curve dtypes that name a scaling as well as a dtype -> the weight dtype: per-tensor
+#: FP8 with static activation scales (``gemm_curve_dtype``); ``fp8`` curves are block-scaled.
+_CURVE_WEIGHT_DTYPES = {"fp8_tensor": "fp8"}
 
 
 def matmul_dtype_of(weight_dtype: str) -> str:
+    weight_dtype = _CURVE_WEIGHT_DTYPES.get(weight_dtype, weight_dtype)
     return _WEIGHT_ONLY.get(weight_dtype, weight_dtype)
+
+
+def gemm_curve_dtype(weight_dtype: str, fp8_scaling: str = "block") -> str:
+    """The dense GEMM curve that prices ``weight_dtype`` weights: FP8 weights with per-tensor
+    scales (``fp8_scaling`` ``"tensor"``: ModelOpt FP8 checkpoints, TensorRT-LLM
+    ``QuantAlgo.FP8``) take the ``fp8_tensor`` curves, whose activation scales are static;
+    block-scaled FP8 (DeepSeek-V3's 128 x 128 weight tiles, 1 x 128 activation groups) the
+    ``fp8`` ones. They are different kernels (cuBLAS FP8 with one scale; a main loop that
+    rescales every 128-deep K block): on H100 (TensorRT-LLM tables, Llama-3-70B's TP2 q/k/v
+    slice, 5120 x 8192) 20.8 against 21.5 us at 1 token, 22 against 29 us at 86 and 328
+    against 433 us at 5000."""
+    return "fp8_tensor" if weight_dtype == "fp8" and fp8_scaling == "tensor" else weight_dtype
 
 
 def grouped_gemm_ideal_s(
@@ -659,7 +676,8 @@ def gemm_ideal_s(*, hardware, dtype: str, m, n, k) -> np.ndarray:
     roofline (``_common.op_time_s`` before efficiencies), so a curve is ideal / measured."""
     m, n, k = (np.asarray(x, dtype=np.float64) for x in (m, n, k))
     compute_s = 2.0 * m * n * k / hardware.peak_flops_for(matmul_dtype_of(dtype))
-    return np.maximum(compute_s, n * k * dtype_bytes(dtype) / hardware.memory_bandwidth_bytes_per_s)
+    weight_bytes = n * k * dtype_bytes(_CURVE_WEIGHT_DTYPES.get(dtype, dtype))
+    return np.maximum(compute_s, weight_bytes / hardware.memory_bandwidth_bytes_per_s)
 
 
 @lru_cache(maxsize=64)

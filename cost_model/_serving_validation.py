@@ -122,6 +122,7 @@ def _benchmark_workload(row: dict) -> Inference:
         serving_engine=ENGINE_PROFILES[row["engine"]],
         serving_engine_version=row.get("engine_version"),
         max_batched_tokens=row.get("max_batched_tokens"),
+        fp8_scaling=row.get("fp8_scaling", "block"),
     )
 
 
