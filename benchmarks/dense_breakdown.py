@@ -121,12 +121,33 @@ def table_terms(row: dict, root: Path, batch: int, context: float, *, decode: bo
     a, h = model.attention, model.hidden_size
     m = batch if decode else int(row["prompt_tokens"])
 
-    def gemm_s(n: int, k: int, dtype: str) -> float:
-        rows = gemm[(gemm.gemm_dtype == dtype) & (gemm.n == n) & (gemm.k == k)]
-        if rows.empty:
-            return float("nan")
+    scale = pd.read_parquet(newest("quantize", "computescale_perf.parquet"))
+    grid_n, grid_k = np.sort(gemm.n.unique()), np.sort(gemm.k.unique())
+
+    def on_grid(n: int, k: int, dtype: str) -> float:
+        """Log-linear in M between the measured M, the fastest kernel at each."""
+        table = "fp8" if dtype == "fp8 static" else dtype
+        rows = gemm[(gemm.gemm_dtype == table) & (gemm.n == n) & (gemm.k == k)]
         best = rows.groupby("m").latency.min().sort_index()
-        return float(np.exp(np.interp(np.log(m), np.log(best.index), np.log(best.values)))) * 1e-3
+        if dtype == "fp8 static":  # less the dynamic amax step (the compute-scale table)
+            steps = scale[scale.k == k].groupby("m").latency.min()
+            best = best - steps.reindex(best.index).fillna(0.0)
+        return float(np.exp(np.interp(np.log(m), np.log(best.index), np.log(best.values))))
+
+    def gemm_s(n: int, k: int, dtype: str) -> float:
+        """On the table's N x K, or log-bilinear between the measured N and K around it."""
+
+        def around(grid, x):
+            lo, hi = grid[grid <= x].max(), grid[grid >= x].min()
+            w = 0.0 if hi == lo else (np.log(x) - np.log(lo)) / (np.log(hi) - np.log(lo))
+            return ((lo, 1.0 - w), (hi, w))
+
+        total = 0.0
+        for nn, wn in around(grid_n, n):
+            for kk, wk in around(grid_k, k):
+                if wn * wk > 0:
+                    total += wn * wk * np.log(on_grid(int(nn), int(kk), dtype))
+        return float(np.exp(total)) * 1e-3
 
     shapes = {
         "qkv_proj": ((a.num_heads + 2 * a.num_kv_heads) * a.head_dim // tp, h),
@@ -135,12 +156,15 @@ def table_terms(row: dict, root: Path, batch: int, context: float, *, decode: bo
         "down_proj": (h, model.ffn_hidden_size // tp),
     }
     terms = {}
-    for dtype in ("fp8", "fp8_block"):
+    for dtype in ("fp8 static", "fp8", "fp8_block"):
         for name, (n, k) in shapes.items():
             terms[f"GEMM {name} [{dtype}, N {n} K {k}]"] = layers * gemm_s(n, k, dtype)
-    terms[f"LM head [bf16, N {model.vocab_size // tp} K {h}] (nearest N 65536, scaled)"] = (
-        gemm_s(65536, h, "bfloat16") * (model.vocab_size / tp) / 65536
-    )
+    m = batch  # the LM head runs on each sequence's last token only
+    for dtype in ("bfloat16", "fp8 static"):
+        terms[f"LM head [{dtype}, N {model.vocab_size // tp} K {h}]"] = gemm_s(
+            model.vocab_size // tp, h, dtype
+        )
+    m = batch if decode else int(row["prompt_tokens"])
     kv = "fp8" if row.get("kv_dtype") == "fp8" else "bfloat16"
     if decode:
         att = pd.read_parquet(newest("attention", "generation_attention_perf.parquet"))
