@@ -512,6 +512,12 @@ def _gemm_curves(root: Path, device: str, engine: str) -> list[dict]:
     return []
 
 
+#: Engines whose context attention runs in FP8 over an FP8 KV cache: TensorRT-LLM builds FP8
+#: context FMHA into an engine whose checkpoint is FP8-quantized (``tensorrt_llm/builder.py``:
+#: ``use_fp8_context_fmha`` = quant_algo in (FP8, W4A8_AWQ, NVFP4) and the plugin option, whose
+#: default is on: ``tensorrt_llm/plugin/plugin.py`` ``PluginConfig``), and its tables time that
+#: kernel in their FP8-attention rows. The other engines' FP8-cache prefill is not priced as FP8.
+FP8_CONTEXT_FMHA_ENGINES = ("trtllm",)
 #: Context-attention grid: prompt lengths and (sequence, head) pairs per call, 4x apart.
 ATTENTION_TOKENS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 ATTENTION_UNITS = (1, 4, 16, 64, 256, 1024, 4096)
@@ -523,17 +529,22 @@ def _context_attention_curves(root: Path, device: str, engine: str) -> list[dict
     heads on the rank: the kernel's parallel work), from the newest table with 3+ lengths for
     every pair count: at each point the fastest over the measured key-value head counts, held
     beyond the longest measured length. Ideal: the causal score and value FLOPs,
-    ``b * L (L + 1) / 2 * 4 * heads * 128``, at the BF16 peak."""
+    ``b * L (L + 1) / 2 * 4 * heads * 128``, at the BF16 peak. Engines that run FP8 context
+    attention with an FP8 KV cache (``FP8_CONTEXT_FMHA_ENGINES``) get an ``fp8`` curve too, from
+    their rows of FP8 attention over an FP8 cache, its ideal at the FP8 peak."""
     hardware = get_preset(DEVICES[device]).device
     units = {u: i for i, u in enumerate(ATTENTION_UNITS)}
     lengths = {n: i for i, n in enumerate(ATTENTION_TOKENS)}
     for path in _latest_tables(root, device, "attention", engine, "context_attention_perf.parquet"):
-        best = np.zeros((len(units), len(lengths)))
+        dtypes = {"bfloat16": "bf16"}
+        if engine in FP8_CONTEXT_FMHA_ENGINES:
+            dtypes["fp8"] = "fp8"
+        best = {name: np.zeros((len(units), len(lengths))) for name in dtypes}
         for row in _read(path):
             batch, heads, length = int(row["batch_size"]), int(row["num_heads"]), int(row["isl"])
             if (
-                row["attn_dtype"] != "bfloat16"
-                or row["kv_cache_dtype"] != "bfloat16"
+                row["attn_dtype"] not in dtypes
+                or row["kv_cache_dtype"] != row["attn_dtype"]
                 or int(row["window_size"]) != 0
                 or int(row["head_dim"]) != 128
                 or batch * heads not in units
@@ -541,30 +552,37 @@ def _context_attention_curves(root: Path, device: str, engine: str) -> list[dict
             ):
                 continue
             flops = batch * length * (length + 1) / 2.0 * 4.0 * heads * 128
-            efficiency = flops / hardware.peak_flops_for("bf16") / (float(row["latency"]) * 1e-3)
+            peak = hardware.peak_flops_for(dtypes[row["attn_dtype"]])
+            efficiency = flops / peak / (float(row["latency"]) * 1e-3)
             cell = (units[batch * heads], lengths[length])
-            best[cell] = max(best[cell], efficiency)
-        if (best > 0).sum(axis=1).min() < 3:
+            table = best[row["attn_dtype"]]
+            table[cell] = max(table[cell], efficiency)
+        if (best["bfloat16"] > 0).sum(axis=1).min() < 3:
             continue
         # a long prompt of many sequences is not measured: its efficiency is held from the
         # longest measured (the kernel is saturated there)
         log_lengths = np.log(np.array(ATTENTION_TOKENS, dtype=np.float64))
-        for i, row in enumerate(best):
-            measured = row > 0
-            best[i] = np.interp(log_lengths, log_lengths[measured], row[measured])
-        return [
-            {
-                "device": hardware.name,
-                "engine": engine,
-                "engine_version": path.parent.name,
-                "dtype": "bf16",
-                "file": str(path.relative_to(root.parent)),
-                "efficiency_by_units": {
-                    str(u): [round(float(e), 3) for e in np.clip(best[i], 1e-3, 1.0)]
-                    for u, i in units.items()
-                },
-            }
-        ]
+        curves = []
+        for name, table in best.items():
+            if (table > 0).sum(axis=1).min() < 3:
+                continue
+            for i, row in enumerate(table):
+                measured = row > 0
+                table[i] = np.interp(log_lengths, log_lengths[measured], row[measured])
+            curves.append(
+                {
+                    "device": hardware.name,
+                    "engine": engine,
+                    "engine_version": path.parent.name,
+                    "dtype": dtypes[name],
+                    "file": str(path.relative_to(root.parent)),
+                    "efficiency_by_units": {
+                        str(u): [round(float(e), 3) for e in np.clip(table[i], 1e-3, 1.0)]
+                        for u, i in units.items()
+                    },
+                }
+            )
+        return curves
     return []
 
 

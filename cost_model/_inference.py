@@ -833,6 +833,7 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
             tokens=read_tokens / s.column("cp"),
             units=p.batch * model.attention.num_heads / s.shard,
             engine=s.profile.engine,
+            kv_element_bytes=s.kv_element_bytes,
         )
         if measured is not None:
             return measured
