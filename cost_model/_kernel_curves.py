@@ -683,10 +683,14 @@ def deepep_low_latency_s(*, direction: str, intra_bytes, inter_bytes, cluster) -
 # ------------------------------------------------------------------------------ dense GEMMs
 #: Grid of the dense GEMM curves: M (tokens in the call) 1 .. 16384, dense through the ridge
 #: region (tens to a thousand tokens) where efficiency moves most, and N / K (output / input width
-#: of one rank's slice) 256 .. 16384, the widths of projections sliced over 1-16 ranks. Coarse
-#: enough that every device, engine and dtype fits the small committed file.
+#: of one rank's slice) 256 .. 16384, the widths of projections sliced over 1-16 ranks, with
+#: 8192 (Llama-3-70B/405B's hidden size and its TP-sliced FFN and head widths) measured rather
+#: than interpolated: between 7168 and 12288 the efficiency is not log-linear (H100 TensorRT-LLM
+#: per-tensor FP8, N x K = 8192 x 14336 at 500 tokens: 107 us interpolated from the 7168 and
+#: 12288 widths, 92 us in the table). Coarse enough that every device, engine and dtype fits
+#: the small committed file.
 GEMM_M_GRID = np.array([1.0, 4.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0, 16384.0])
-GEMM_NK_GRID = (256, 512, 1024, 2048, 4096, 7168, 12288, 16384)
+GEMM_NK_GRID = (256, 512, 1024, 2048, 4096, 7168, 8192, 12288, 16384)
 
 
 def gemm_ideal_s(*, hardware, dtype: str, m, n, k) -> np.ndarray:

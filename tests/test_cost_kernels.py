@@ -134,15 +134,14 @@ def test_decode_prices_routed_experts_at_the_measured_grouped_gemm_efficiency() 
 
 def test_committed_curves_are_small() -> None:
     # grouped-GEMM, MLA and DeepEP curves (~170 kB), the dense GEMM grids of 4 devices x 3
-    # engines x 2-3 dtypes (11 x 8 x 8 points each), the context-attention curves and the
+    # engines x 2-4 dtypes (11 x 9 x 9 points each; TensorRT-LLM's per-tensor FP8 among them),
+    # the context-attention curves (TensorRT-LLM's FP8 ones too) and the
     # all-reduce latencies (6 devices x 3 engines x 2-4 GPU counts x 23 sizes); MLA decode at
     # 6 head counts per rank (~95 kB), the absorbed-MLA batched GEMMs (~14 kB); MHA/GQA decode
     # attention (6 devices x 3 engines x 1-2 KV dtypes x 4 groups x 15 pair counts x 12
     # lengths, ~190 kB); Qwen3-235B's experts split over 8 ranks (~21 kB); Kimi-K2's 384
     # experts, whole and over 8 ranks (~75 kB)
-    # experts, whole and over 8 ranks (~75 kB); TensorRT-LLM's per-tensor FP8 GEMMs (~40 kB)
-    # and FP8 context attention (~4 kB)
-    assert (DATA / "kernel_curves.json").stat().st_size < 720_000
+    assert (DATA / "kernel_curves.json").stat().st_size < 750_000
     json.loads((DATA / "kernel_curves.json").read_text())
 
 
