@@ -9,7 +9,8 @@ expert shapes of ``EXPERT_SHAPES``), MLA decode and prefill attention
 absorbed MLA decode (``mla_bmm/*/mla_bmm_perf.parquet``, kept as measured), MHA/GQA context
 and decode attention (``attention/*/context_attention_perf.parquet``,
 ``generation_attention_perf.parquet``) and dense GEMMs
-(``gemm/*/gemm_perf.parquet``, on the grid of ``GEMM_M_GRID`` x ``GEMM_NK_GRID``^2) and the
+(``gemm/*/gemm_perf.parquet``, on the grid of ``GEMM_M_GRID`` x ``GEMM_NK_GRID``^2; per-tensor
+FP8 rows less the dynamic scale step of ``quantize/*/computescale_perf.parquet``) and the
 serving engines' tensor-parallel all-reduce (``comm/*/custom_allreduce_perf.parquet``: latency by
 message size and GPU count, kept as measured). End-to-end tables of whole serving
 runs in the same package (``silicon_sample.csv``) are never opened: they are validation data,

@@ -62,7 +62,8 @@ its H100 twin the engines' tables price FlashMLA.
 
 MHA/GQA context attention (``context_attention``) has an efficiency by prompt length and by the
 (sequence, query head) pairs of one call, its kernel's parallel work (``context_attention_time_s``);
-prefill prices full causal attention of head size 128 with it. MHA/GQA decode attention
+prefill prices full causal attention of head size 128 with it: the BF16 kernel, or over an FP8
+KV cache the engine's FP8 one where it runs and measured one (TensorRT-LLM's FP8 context FMHA). MHA/GQA decode attention
 (``decode_attention``, from the engines' ``generation_attention_perf`` tables) has one by the keys
 each sequence attends, the (sequence, KV head) pairs of the call and the query heads per KV head,
 per KV-cache dtype (BF16, FP8): the roofline is the cache read, and a call of a few pairs over a
