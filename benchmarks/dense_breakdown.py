@@ -91,6 +91,7 @@ def model_terms(row: dict, batch: int, *, decode: bool) -> dict[str, float]:
     terms["core attention"] = layers * float(inf._attention_time(s, p)[0])
     comm = inf._comm_times(s, p)
     terms["TP all-reduce (2 per layer)"] = float(np.max(comm["tp_comm"]))
+    terms["per-iteration sampling + scheduler"] = s.profile.sampling_s + s.profile.scheduler_s
     exposed, _ = inf._pass_parts(s, p)
     terms["pass (exposed)"] = sum(float(v[0]) for v in exposed.values())
     terms["_context"] = float(p.cached_tokens[0] + p.new_tokens[0])
@@ -179,10 +180,9 @@ def table_terms(row: dict, root: Path, batch: int, context: float, *, decode: bo
         grid = {}
         for b, g in sel.groupby("batch_size"):
             best = g.groupby("ctx").latency.min().sort_index()
-            if len(best) >= 2:
-                grid[b] = float(
-                    np.exp(np.interp(np.log(context), np.log(best.index), np.log(best.values)))
-                )
+            if len(best) >= 2:  # log-log between measured contexts, bandwidth-bound beyond
+                at = np.exp(np.interp(np.log(context), np.log(best.index), np.log(best.values)))
+                grid[b] = float(at * max(context / best.index[-1], 1.0))
         bs = np.array(sorted(grid))
         lat = np.array([grid[b] for b in bs])
         terms[f"core attention [{kv} KV, measured batches {bs.min()}..{bs.max()}]"] = (
