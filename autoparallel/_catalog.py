@@ -12,6 +12,7 @@ from pathlib import Path
 from cost_model import ModelSpec
 from cost_model import checkpoint_dtype as parse_checkpoint_dtype
 from cost_model import checkpoint_dtype_by_part as parse_checkpoint_dtype_by_part
+from cost_model import checkpoint_fp8_scaling as parse_checkpoint_fp8_scaling
 
 DEFAULT_MODEL = "ref-3t-moe"
 
@@ -63,6 +64,14 @@ def checkpoint_dtype_by_part(name_or_path: str | Path) -> dict[str, str]:
     ``ModelSpec`` built elsewhere."""
     config = _config(name_or_path)
     return {} if config is None else parse_checkpoint_dtype_by_part(config, get_model(name_or_path))
+
+
+def checkpoint_fp8_scaling(name_or_path: str | Path) -> str | None:
+    """How model ``name_or_path``'s released FP8 checkpoint scales its weights (``"block"`` or
+    ``"tensor"``: ``cost_model._serving_precision.checkpoint_fp8_scaling``); None where its
+    config states neither or there is no config."""
+    config = _config(name_or_path)
+    return None if config is None else parse_checkpoint_fp8_scaling(config)
 
 
 def checkpoint_dtype(name_or_path: str | Path) -> str:

@@ -9,7 +9,8 @@ expert shapes of ``EXPERT_SHAPES``), MLA decode and prefill attention
 absorbed MLA decode (``mla_bmm/*/mla_bmm_perf.parquet``, kept as measured), MHA/GQA context
 and decode attention (``attention/*/context_attention_perf.parquet``,
 ``generation_attention_perf.parquet``) and dense GEMMs
-(``gemm/*/gemm_perf.parquet``, on the grid of ``GEMM_M_GRID`` x ``GEMM_NK_GRID``^2) and the
+(``gemm/*/gemm_perf.parquet``, on the grid of ``GEMM_M_GRID`` x ``GEMM_NK_GRID``^2; per-tensor
+FP8 rows less the dynamic scale step of ``quantize/*/computescale_perf.parquet``) and the
 serving engines' tensor-parallel all-reduce (``comm/*/custom_allreduce_perf.parquet``: latency by
 message size and GPU count, kept as measured). End-to-end tables of whole serving
 runs in the same package (``silicon_sample.csv``) are never opened: they are validation data,
@@ -70,6 +71,18 @@ DEVICES = {
 }
 #: aiconfigurator dtype names -> the project's weight dtypes (block-scaled FP8 is DeepSeek's).
 DTYPES = {"bfloat16": "bf16", "fp8_block": "fp8", "nvfp4": "fp4", "int4_wo": "int4"}
+#: Dense GEMM dtypes beyond ``DTYPES``: per-tensor FP8 (``fp8`` rows: TensorRT-LLM's
+#: ``QuantAlgo.FP8``, ModelOpt's FP8 checkpoints) -> the curves of per-tensor FP8 with static
+#: activation scales (``_static_fp8_latency``), where the engine's quantize tables time the
+#: dynamic scale computation the GEMM rows hold.
+GEMM_DTYPES = {**DTYPES, "fp8": "fp8_tensor"}
+#: Engines whose per-tensor FP8 GEMM rows become ``fp8_tensor`` curves: TensorRT-LLM's, whose
+#: GEMM collector runs dynamic per-tensor quantization and whose compute-scale table times
+#: exactly its amax step (dynamic less static per-tensor quantization of the same input). SGLang's
+#: compute-scale table holds zeros and vLLM's times per-token scaling, so neither isolates what
+#: its GEMM rows hold: their per-tensor rows are not imported (a lookup falls back to the
+#: TensorRT-LLM curve, ``_kernel_curves._engine_curves``).
+STATIC_FP8_ENGINES = ("trtllm",)
 ENGINES = ("trtllm", "sglang", "vllm")
 FORBIDDEN_FILE = "silicon_sample"
 
@@ -411,24 +424,60 @@ def _mla_bmm_curves(root: Path, device: str, engine: str) -> list[dict]:
     return []
 
 
+def _compute_scale_s(root: Path, device: str, engine: str) -> dict[tuple[int, int], float]:
+    """Seconds of the dynamic per-tensor FP8 scale computation by (m, k), from the newest
+    ``quantize/<engine>/<version>/computescale_perf.parquet``; empty where none. aiconfigurator's
+    TensorRT-LLM collector (``collector/trtllm/collect_computescale.py``) times
+    ``quantize_e4m3_per_tensor`` (amax, then the cast) and ``static_quantize_e4m3_per_tensor``
+    (the cast alone) on the same (m, k) BF16 input in a CUDA graph and writes the difference."""
+    if engine not in STATIC_FP8_ENGINES:
+        return {}
+    for path in _latest_tables(root, device, "quantize", engine, "computescale_perf.parquet"):
+        return {
+            (int(row["m"]), int(row["k"])): float(row["latency"]) * 1e-3
+            for row in _read(path)
+            if row["quant_dtype"] == "fp8"
+        }
+    return {}
+
+
+def _static_fp8_latency(latency: float, m: int, k: int, compute_scale: dict) -> float | None:
+    """A per-tensor FP8 GEMM row's seconds with static activation scales, or None (no
+    compute-scale point at its (m, k)). aiconfigurator's TensorRT-LLM GEMM collector loads no
+    ``input_scale`` (``collector/trtllm/collect_gemm.py``), so its ``fp8`` rows run
+    ``FP8QDQLinearMethod``'s dynamic quantization (amax + cast, then the cuBLAS FP8 GEMM:
+    ``tensorrt_llm/_torch/modules/linear.py``); a checkpoint with static input scales (ModelOpt
+    FP8) casts with the stored scale and skips the amax: the row less its compute-scale time."""
+    scale = compute_scale.get((m, k))
+    return None if scale is None else max(latency - scale, 0.0)
+
+
 def _gemm_curves(root: Path, device: str, engine: str) -> list[dict]:
     """Dense GEMM efficiency on ``GEMM_M_GRID`` x ``GEMM_NK_GRID``^2 per dtype, from the newest
     ``gemm_perf.parquet`` whose rows cover the grid: at each (m, n, k) the fastest kernel the
     engine ships (it picks per shape), then at each grid M the mean over the measured M within
     its octave (M / sqrt 2 .. M * sqrt 2): the tables measure M on and one past tile
-    boundaries, and a serving iteration's M is not tile-aligned."""
+    boundaries, and a serving iteration's M is not tile-aligned. Per-tensor FP8 rows become
+    ``fp8_tensor`` curves (static activation scales, ``_static_fp8_latency``) where the engine
+    measured the compute-scale op, and are skipped elsewhere."""
     hardware = get_preset(DEVICES[device]).device
     widths = {int(w): i for i, w in enumerate(GEMM_NK_GRID)}
     log_grid = np.log(GEMM_M_GRID)
+    compute_scale = _compute_scale_s(root, device, engine)
     for path in _latest_tables(root, device, "gemm", engine, "gemm_perf.parquet"):
         fastest: dict[tuple, float] = {}
         for row in _read(path):
-            dtype = DTYPES.get(row["gemm_dtype"])
+            dtype = GEMM_DTYPES.get(row["gemm_dtype"])
             n, k = int(row["n"]), int(row["k"])
             if dtype is None or n not in widths or k not in widths:
                 continue
+            latency: float | None = float(row["latency"]) * 1e-3
+            if dtype == "fp8_tensor":
+                latency = _static_fp8_latency(latency, int(row["m"]), k, compute_scale)
+                if latency is None:
+                    continue
             key = (dtype, int(row["m"]), n, k)
-            fastest[key] = min(fastest.get(key, np.inf), float(row["latency"]) * 1e-3)
+            fastest[key] = min(fastest.get(key, np.inf), latency)
         curves = []
         for dtype in sorted({key[0] for key in fastest}):
             sums = np.zeros((GEMM_M_GRID.size, len(widths), len(widths)))
@@ -464,6 +513,12 @@ def _gemm_curves(root: Path, device: str, engine: str) -> list[dict]:
     return []
 
 
+#: Engines whose context attention runs in FP8 over an FP8 KV cache: TensorRT-LLM builds FP8
+#: context FMHA into an engine whose checkpoint is FP8-quantized (``tensorrt_llm/builder.py``:
+#: ``use_fp8_context_fmha`` = quant_algo in (FP8, W4A8_AWQ, NVFP4) and the plugin option, whose
+#: default is on: ``tensorrt_llm/plugin/plugin.py`` ``PluginConfig``), and its tables time that
+#: kernel in their FP8-attention rows. The other engines' FP8-cache prefill is not priced as FP8.
+FP8_CONTEXT_FMHA_ENGINES = ("trtllm",)
 #: Context-attention grid: prompt lengths and (sequence, head) pairs per call, 4x apart.
 ATTENTION_TOKENS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 ATTENTION_UNITS = (1, 4, 16, 64, 256, 1024, 4096)
@@ -475,17 +530,22 @@ def _context_attention_curves(root: Path, device: str, engine: str) -> list[dict
     heads on the rank: the kernel's parallel work), from the newest table with 3+ lengths for
     every pair count: at each point the fastest over the measured key-value head counts, held
     beyond the longest measured length. Ideal: the causal score and value FLOPs,
-    ``b * L (L + 1) / 2 * 4 * heads * 128``, at the BF16 peak."""
+    ``b * L (L + 1) / 2 * 4 * heads * 128``, at the BF16 peak. Engines that run FP8 context
+    attention with an FP8 KV cache (``FP8_CONTEXT_FMHA_ENGINES``) get an ``fp8`` curve too, from
+    their rows of FP8 attention over an FP8 cache, its ideal at the FP8 peak."""
     hardware = get_preset(DEVICES[device]).device
     units = {u: i for i, u in enumerate(ATTENTION_UNITS)}
     lengths = {n: i for i, n in enumerate(ATTENTION_TOKENS)}
     for path in _latest_tables(root, device, "attention", engine, "context_attention_perf.parquet"):
-        best = np.zeros((len(units), len(lengths)))
+        dtypes = {"bfloat16": "bf16"}
+        if engine in FP8_CONTEXT_FMHA_ENGINES:
+            dtypes["fp8"] = "fp8"
+        best = {name: np.zeros((len(units), len(lengths))) for name in dtypes}
         for row in _read(path):
             batch, heads, length = int(row["batch_size"]), int(row["num_heads"]), int(row["isl"])
             if (
-                row["attn_dtype"] != "bfloat16"
-                or row["kv_cache_dtype"] != "bfloat16"
+                row["attn_dtype"] not in dtypes
+                or row["kv_cache_dtype"] != row["attn_dtype"]
                 or int(row["window_size"]) != 0
                 or int(row["head_dim"]) != 128
                 or batch * heads not in units
@@ -493,30 +553,37 @@ def _context_attention_curves(root: Path, device: str, engine: str) -> list[dict
             ):
                 continue
             flops = batch * length * (length + 1) / 2.0 * 4.0 * heads * 128
-            efficiency = flops / hardware.peak_flops_for("bf16") / (float(row["latency"]) * 1e-3)
+            peak = hardware.peak_flops_for(dtypes[row["attn_dtype"]])
+            efficiency = flops / peak / (float(row["latency"]) * 1e-3)
             cell = (units[batch * heads], lengths[length])
-            best[cell] = max(best[cell], efficiency)
-        if (best > 0).sum(axis=1).min() < 3:
+            table = best[row["attn_dtype"]]
+            table[cell] = max(table[cell], efficiency)
+        if (best["bfloat16"] > 0).sum(axis=1).min() < 3:
             continue
         # a long prompt of many sequences is not measured: its efficiency is held from the
         # longest measured (the kernel is saturated there)
         log_lengths = np.log(np.array(ATTENTION_TOKENS, dtype=np.float64))
-        for i, row in enumerate(best):
-            measured = row > 0
-            best[i] = np.interp(log_lengths, log_lengths[measured], row[measured])
-        return [
-            {
-                "device": hardware.name,
-                "engine": engine,
-                "engine_version": path.parent.name,
-                "dtype": "bf16",
-                "file": str(path.relative_to(root.parent)),
-                "efficiency_by_units": {
-                    str(u): [round(float(e), 3) for e in np.clip(best[i], 1e-3, 1.0)]
-                    for u, i in units.items()
-                },
-            }
-        ]
+        curves = []
+        for name, table in best.items():
+            if (table > 0).sum(axis=1).min() < 3:
+                continue
+            for i, row in enumerate(table):
+                measured = row > 0
+                table[i] = np.interp(log_lengths, log_lengths[measured], row[measured])
+            curves.append(
+                {
+                    "device": hardware.name,
+                    "engine": engine,
+                    "engine_version": path.parent.name,
+                    "dtype": dtypes[name],
+                    "file": str(path.relative_to(root.parent)),
+                    "efficiency_by_units": {
+                        str(u): [round(float(e), 3) for e in np.clip(table[i], 1e-3, 1.0)]
+                        for u, i in units.items()
+                    },
+                }
+            )
+        return curves
     return []
 
 

@@ -127,20 +127,26 @@ def find_plan(
 def _with_checkpoint_dtype(model: ModelSpec | str, workload: Training | Inference):
     """An inference ``workload`` without a ``weight_dtype`` of a catalog name or config.json
     path serves the released checkpoint's dtype; served in that dtype without its own
-    ``weight_dtype_by_part``, it keeps the parts the checkpoint leaves wider."""
+    ``weight_dtype_by_part`` (``fp8_scaling``), it keeps the parts the checkpoint leaves wider
+    (and its FP8 weight scaling)."""
     if not (isinstance(workload, Inference) and isinstance(model, str)):
         return workload
-    from autoparallel._catalog import checkpoint_dtype, checkpoint_dtype_by_part
+    from autoparallel._catalog import (
+        checkpoint_dtype,
+        checkpoint_dtype_by_part,
+        checkpoint_fp8_scaling,
+    )
 
     released = checkpoint_dtype(model)
     update: dict = {}
     if "weight_dtype" not in workload.model_fields_set:
         update["weight_dtype"] = released
-    if (
-        update.get("weight_dtype", workload.weight_dtype) == released
-        and "weight_dtype_by_part" not in workload.model_fields_set
-    ):
+    as_released = update.get("weight_dtype", workload.weight_dtype) == released
+    if as_released and "weight_dtype_by_part" not in workload.model_fields_set:
         update["weight_dtype_by_part"] = checkpoint_dtype_by_part(model)
+    scaling = checkpoint_fp8_scaling(model) if as_released else None
+    if scaling is not None and "fp8_scaling" not in workload.model_fields_set:
+        update["fp8_scaling"] = scaling
     return workload.model_copy(update=update) if update else workload
 
 

@@ -53,7 +53,11 @@ from cost_model._serving import (
 )
 from cost_model._serving_columns import KV_DTYPE_CODES, PHASE_CODES, ServingConfig
 from cost_model._serving_load import ServingProfile, serving_profile
-from cost_model._serving_precision import checkpoint_dtype, checkpoint_dtype_by_part
+from cost_model._serving_precision import (
+    checkpoint_dtype,
+    checkpoint_dtype_by_part,
+    checkpoint_fp8_scaling,
+)
 from cost_model._serving_validation import (
     serving_validation_data,
     summarize_serving,
@@ -159,6 +163,7 @@ __all__ = [
     "calibration_for",
     "checkpoint_dtype",
     "checkpoint_dtype_by_part",
+    "checkpoint_fp8_scaling",
     "VALIDATION_GROUPINGS",
     "error_summary",
     "grouped_errors",

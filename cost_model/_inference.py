@@ -130,6 +130,7 @@ from cost_model._kernel_curves import (
     decode_attention_time_s,
     deepep_low_latency_s,
     expert_all_to_all_bytes,
+    gemm_curve_dtype,
     gemm_efficiency,
     grouped_experts_time_s,
     grouped_gemm_efficiency,
@@ -373,7 +374,7 @@ def _gemms(
     measured = s.rows.evaluate(
         partial(projections_time_s, projections=projections),
         hardware=s.cluster.device,
-        dtype=dtype,
+        dtype=_gemm_table_dtype(s, dtype),
         m=np.asarray(tokens, dtype=np.float64),
         shard=np.asarray(shard, dtype=np.float64),
         engine=s.profile.engine,
@@ -388,6 +389,18 @@ def _gemms(
         flops, weight_bytes = 2.0 * tokens * n_rank * k_rank, n_rank * k_rank * wb
         total = total + _mm(s, flops, weight_bytes, part or "routed_experts", dtype=dtype)
     return np.asarray(total)
+
+
+def _gemm_table_dtype(s: _Setup, dtype: str) -> str:
+    """The dense GEMM table that prices ``dtype`` weights under the workload's FP8 scaling
+    (``_kernel_curves.gemm_curve_dtype``): per-tensor FP8 on its own table where the device has
+    one, else on the block-scaled table (the nearer kernel) rather than on no table at all."""
+    table = gemm_curve_dtype(dtype, s.workload.fp8_scaling)
+    if table != dtype and (
+        gemm_efficiency(device_name=s.hardware.name, dtype=table, m=1.0, n=1.0, k=1.0) is None
+    ):
+        return dtype
+    return table
 
 
 def _attention_gemms(s: _Setup, tokens, *, decode: bool) -> np.ndarray:
@@ -481,7 +494,7 @@ def _count_measured_kernels(s: _Setup, *, decode: bool) -> np.ndarray | float:
     kernels: np.ndarray | float = 0.0
 
     def curves(part: str) -> bool:  # whether ``_gemms`` times the part's GEMMs from a table
-        dtype = _part_dtype(s, part)
+        dtype = _gemm_table_dtype(s, _part_dtype(s, part))
         return (
             gemm_efficiency(device_name=device.name, dtype=dtype, m=1.0, n=1.0, k=1.0) is not None
         )
@@ -820,6 +833,7 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
             tokens=read_tokens / s.column("cp"),
             units=p.batch * model.attention.num_heads / s.shard,
             engine=s.profile.engine,
+            kv_element_bytes=s.kv_element_bytes,
         )
         if measured is not None:
             return measured

@@ -27,7 +27,8 @@ Triton kernels of untuned configs fall behind), the one a deployment tuned for i
 A device or dtype without a curve returns ``None`` and the caller keeps its roofline pricing.
 
 Dense GEMMs (``gemm``: attention projections, dense FFN, shared experts) have curves by real
-shape: efficiency (``gemm_ideal_s`` / measured latency, the fastest kernel the engine ships at
+shape and weight scaling (FP8: block-scaled ``fp8``; per-tensor ``fp8_tensor`` with static
+activation scales, TensorRT-LLM's table less its dynamic-scale step, ``gemm_curve_dtype``): efficiency (``gemm_ideal_s`` / measured latency, the fastest kernel the engine ships at
 each point) on a grid of M (tokens in the call) x N x K (one rank's slice), trilinear in the logs
 (``gemm_efficiency``); TP8 slices of DeepSeek-V3 run at 0.1-0.5 of FP8 peak where the training
 calibration's one efficiency says 0.8. Prefill and decode price their dense GEMMs with them.
@@ -61,7 +62,8 @@ its H100 twin the engines' tables price FlashMLA.
 
 MHA/GQA context attention (``context_attention``) has an efficiency by prompt length and by the
 (sequence, query head) pairs of one call, its kernel's parallel work (``context_attention_time_s``);
-prefill prices full causal attention of head size 128 with it. MHA/GQA decode attention
+prefill prices full causal attention of head size 128 with it: the BF16 kernel, or over an FP8
+KV cache the engine's FP8 one where it runs and measured one (TensorRT-LLM's FP8 context FMHA). MHA/GQA decode attention
 (``decode_attention``, from the engines' ``generation_attention_perf`` tables) has one by the keys
 each sequence attends, the (sequence, KV head) pairs of the call and the query heads per KV head,
 per KV-cache dtype (BF16, FP8): the roofline is the cache read, and a call of a few pairs over a
@@ -107,10 +109,26 @@ _FILE = "kernel_curves.json"
 #: SMs, clocks and HBM3 and a narrower NVLink (NVIDIA H800 datasheet), which kernels do not see.
 DEVICE_ALIASES = {"NVIDIA H800 SXM": "NVIDIA H100 SXM"}
 _WEIGHT_ONLY = {"int4": "bf16"}  # dtype the GEMM runs in for weight-only formats
+#: Dense GEMM curve dtypes that name a scaling as well as a dtype -> the weight dtype: per-tensor
+#: FP8 with static activation scales (``gemm_curve_dtype``); ``fp8`` curves are block-scaled.
+_CURVE_WEIGHT_DTYPES = {"fp8_tensor": "fp8"}
 
 
 def matmul_dtype_of(weight_dtype: str) -> str:
+    weight_dtype = _CURVE_WEIGHT_DTYPES.get(weight_dtype, weight_dtype)
     return _WEIGHT_ONLY.get(weight_dtype, weight_dtype)
+
+
+def gemm_curve_dtype(weight_dtype: str, fp8_scaling: str = "block") -> str:
+    """The dense GEMM curve that prices ``weight_dtype`` weights: FP8 weights with per-tensor
+    scales (``fp8_scaling`` ``"tensor"``: ModelOpt FP8 checkpoints, TensorRT-LLM
+    ``QuantAlgo.FP8``) take the ``fp8_tensor`` curves, whose activation scales are static;
+    block-scaled FP8 (DeepSeek-V3's 128 x 128 weight tiles, 1 x 128 activation groups) the
+    ``fp8`` ones. They are different kernels (cuBLAS FP8 with one scale; a main loop that
+    rescales every 128-deep K block): on H100 (TensorRT-LLM tables, Llama-3-70B's TP2 q/k/v
+    slice, 5120 x 8192) 20.8 against 21.5 us at 1 token, 22 against 29 us at 86 and 328
+    against 433 us at 5000."""
+    return "fp8_tensor" if weight_dtype == "fp8" and fp8_scaling == "tensor" else weight_dtype
 
 
 def grouped_gemm_ideal_s(
@@ -411,20 +429,39 @@ def mla_bmm_time_s(*, device_name: str, tokens, heads, engine: str | None = None
 
 
 def context_attention_time_s(
-    *, hardware, flops, bytes_moved, tokens, units, engine: str | None = None
+    *,
+    hardware,
+    flops,
+    bytes_moved,
+    tokens,
+    units,
+    engine: str | None = None,
+    kv_element_bytes=2.0,
 ) -> np.ndarray | None:
-    """MHA/GQA context (prefill) attention of one layer: its roofline (``flops`` at the BF16
-    peak, ``bytes_moved`` at the memory bandwidth) over the measured efficiency of a causal
-    FlashAttention-class kernel (``context_attention``: by prompt length ``tokens`` and by the
-    (sequence, query head) pairs ``units`` of the call, log-linear in both, held beyond the
-    grid); the serving ``engine``'s own kernel where measured; None without a curve."""
+    """MHA/GQA context (prefill) attention of one layer: its roofline (``flops`` at the peak of
+    the kernel's dtype, ``bytes_moved`` at the memory bandwidth) over the measured efficiency of
+    a causal FlashAttention-class kernel (``context_attention``: by prompt length ``tokens`` and
+    by the (sequence, query head) pairs ``units`` of the call, log-linear in both, held beyond
+    the grid); the serving ``engine``'s own kernel where measured; None without a curve. Rows
+    with an FP8 KV cache (``kv_element_bytes`` 1) run the engine's own FP8 context attention
+    where it has a curve of one (``_kernel_import.FP8_CONTEXT_FMHA_ENGINES``: TensorRT-LLM's
+    FP8 context FMHA, on at 0.7-0.75x the BF16 kernel's time for a 5000-token Llama-3-70B TP2
+    prompt on H100), the BF16 kernel otherwise."""
     device_name = DEVICE_ALIASES.get(hardware.name, hardware.name)
-    curves = _engine_curves(
-        [c for c in kernel_curves().get("context_attention", ()) if c["device"] == device_name],
-        engine,
-    )
+    mine = [c for c in kernel_curves().get("context_attention", ()) if c["device"] == device_name]
+    curves = _engine_curves([c for c in mine if c.get("dtype", "bf16") == "bf16"], engine)
     if not curves:
         return None
+    bf16 = _context_attention_s(hardware, curves, flops, bytes_moved, tokens, units, "bf16")
+    fp8 = [c for c in mine if c.get("dtype") == "fp8" and c.get("engine") == engine]
+    if not fp8:
+        return bf16
+    fast = _context_attention_s(hardware, fp8, flops, bytes_moved, tokens, units, "fp8")
+    return np.where(np.asarray(kv_element_bytes) == 1.0, fast, bf16)
+
+
+def _context_attention_s(hardware, curves, flops, bytes_moved, tokens, units, dtype: str):
+    """Seconds of context attention on ``curves`` (the best of them) at the ``dtype`` peak."""
     grid = np.log(np.asarray(kernel_curves()["context_attention_tokens"], dtype=np.float64))
     log_tokens = np.log(np.maximum(np.atleast_1d(np.asarray(tokens, dtype=np.float64)), 1.0))
     log_units = np.log2(np.maximum(np.asarray(units, dtype=np.float64), 1.0))
@@ -436,7 +473,7 @@ def context_attention_time_s(
         )
         log_keys = np.log2(np.array([float(u) for u in keys]))
         values.append(_between_rows(rows, log_keys, np.broadcast_to(log_units, rows.shape[1:])))
-    compute_s = np.asarray(flops) / hardware.peak_flops_for("bf16")
+    compute_s = np.asarray(flops) / hardware.peak_flops_for(dtype)
     memory_s = np.asarray(bytes_moved) / hardware.memory_bandwidth_bytes_per_s
     return np.maximum(compute_s, memory_s) / np.max(values, axis=0)
 
@@ -647,10 +684,14 @@ def deepep_low_latency_s(*, direction: str, intra_bytes, inter_bytes, cluster) -
 # ------------------------------------------------------------------------------ dense GEMMs
 #: Grid of the dense GEMM curves: M (tokens in the call) 1 .. 16384, dense through the ridge
 #: region (tens to a thousand tokens) where efficiency moves most, and N / K (output / input width
-#: of one rank's slice) 256 .. 16384, the widths of projections sliced over 1-16 ranks. Coarse
-#: enough that every device, engine and dtype fits the small committed file.
+#: of one rank's slice) 256 .. 16384, the widths of projections sliced over 1-16 ranks, with
+#: 8192 (Llama-3-70B/405B's hidden size and its TP-sliced FFN and head widths) measured rather
+#: than interpolated: between 7168 and 12288 the efficiency is not log-linear (H100 TensorRT-LLM
+#: per-tensor FP8, N x K = 8192 x 14336 at 500 tokens: 107 us interpolated from the 7168 and
+#: 12288 widths, 92 us in the table). Coarse enough that every device, engine and dtype fits
+#: the small committed file.
 GEMM_M_GRID = np.array([1.0, 4.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0, 16384.0])
-GEMM_NK_GRID = (256, 512, 1024, 2048, 4096, 7168, 12288, 16384)
+GEMM_NK_GRID = (256, 512, 1024, 2048, 4096, 7168, 8192, 12288, 16384)
 
 
 def gemm_ideal_s(*, hardware, dtype: str, m, n, k) -> np.ndarray:
@@ -659,7 +700,8 @@ def gemm_ideal_s(*, hardware, dtype: str, m, n, k) -> np.ndarray:
     roofline (``_common.op_time_s`` before efficiencies), so a curve is ideal / measured."""
     m, n, k = (np.asarray(x, dtype=np.float64) for x in (m, n, k))
     compute_s = 2.0 * m * n * k / hardware.peak_flops_for(matmul_dtype_of(dtype))
-    return np.maximum(compute_s, n * k * dtype_bytes(dtype) / hardware.memory_bandwidth_bytes_per_s)
+    weight_bytes = n * k * dtype_bytes(_CURVE_WEIGHT_DTYPES.get(dtype, dtype))
+    return np.maximum(compute_s, weight_bytes / hardware.memory_bandwidth_bytes_per_s)
 
 
 @lru_cache(maxsize=64)

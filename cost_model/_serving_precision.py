@@ -68,6 +68,20 @@ def checkpoint_dtype(config: dict[str, Any]) -> str:
     return _TORCH_DTYPES.get(str(config.get("torch_dtype", "bfloat16")), "bf16")
 
 
+def checkpoint_fp8_scaling(config: dict[str, Any]) -> str | None:
+    """How a ``config.json`` dict's FP8 checkpoint scales its weights (``Inference.fp8_scaling``):
+    ``"block"`` where its ``quantization_config`` names a ``weight_block_size`` (DeepSeek-V3's
+    128 x 128 tiles), ``"tensor"`` for a ModelOpt FP8 export (``quant_algo`` ``FP8``: one scale
+    per weight tensor, a calibrated static one per activation tensor; TensorRT-LLM
+    ``QuantAlgo.FP8``); None where it states neither."""
+    quantization = _quantization(config)
+    if quantization.get("weight_block_size"):
+        return "block"
+    if str(quantization.get("quant_algo", "")).upper() == "FP8":
+        return "tensor"
+    return None
+
+
 #: A checkpoint's declared KV-cache format -> the cache dtype it selects.
 _KV_ALGORITHMS = {"fp8": "fp8"}
 

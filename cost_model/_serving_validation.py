@@ -39,6 +39,7 @@ from cost_model._serving_load import Engine
 from cost_model._serving_precision import (
     checkpoint_dtype,
     checkpoint_dtype_by_part,
+    checkpoint_fp8_scaling,
     checkpoint_kv_dtype,
 )
 from cost_model._simulator import simulate, simulate_layout
@@ -102,6 +103,16 @@ def row_weight_dtype_by_part(row: dict) -> dict[str, str]:
     return checkpoint_dtype_by_part(config, row_model(row))
 
 
+def row_fp8_scaling(row: dict) -> str:
+    """How the row's FP8 weights are scaled: as its model's config declares
+    (``_serving_precision.checkpoint_fp8_scaling``) when that config's checkpoint is in the row's
+    dtype, else block-scaled (the FP8 releases of the file's MoE models)."""
+    config = serving_validation_data().get("models", {}).get(row.get("model", "deepseek-v3"))
+    if config is None or checkpoint_dtype(config) != row.get("weight_dtype"):
+        return "block"
+    return checkpoint_fp8_scaling(config) or "block"
+
+
 def row_kv_dtype(row: dict) -> str:
     """The row's KV-cache dtype. ``auto`` (the launch sets no KV-cache dtype) is what the engine
     resolves it to: the dtype the checkpoint's ``quantization_config`` declares
@@ -122,6 +133,7 @@ def _benchmark_workload(row: dict) -> Inference:
         serving_engine=ENGINE_PROFILES[row["engine"]],
         serving_engine_version=row.get("engine_version"),
         max_batched_tokens=row.get("max_batched_tokens"),
+        fp8_scaling=cast(Any, row_fp8_scaling(row)),
     )
 
 

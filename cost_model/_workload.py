@@ -118,6 +118,12 @@ class Inference(BaseModel):
     exports keep attention and the LM head in BF16 (``_serving_precision.checkpoint_dtype_by_part``
     reads them from a ``quantization_config``). Each part's GEMMs run in its dtype and its weights
     take its bytes. The router's GEMM runs in the activation dtype unless overridden.
+    ``fp8_scaling`` is how FP8 weights are scaled: ``"block"`` (128 x 128 weight tiles with
+    1 x 128 dynamic activation groups: DeepSeek-V3/R1, Kimi-K2 and Qwen3's FP8 releases, whose
+    ``quantization_config`` names a ``weight_block_size``) or ``"tensor"`` (one scale per
+    weight and a static one per activation: ModelOpt's FP8 checkpoints, TensorRT-LLM's
+    ``QuantAlgo.FP8``, NVIDIA's FP8 Llama releases). Their GEMMs are different kernels, priced on
+    their own tables (``_kernel_curves.gemm_curve_dtype``).
     """
 
     model_config = _STRICT
@@ -137,6 +143,7 @@ class Inference(BaseModel):
     weight_dtype_by_part: dict[WeightPart, Dtype] = Field(default_factory=dict)
     kv_dtype: Dtype = "bf16"
     activation_dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
+    fp8_scaling: Literal["block", "tensor"] = "block"
     prefix_cache_hit_rate: float = Field(default=0.0, ge=0.0, lt=1.0)
     prompt_tokens_cv: float = Field(default=0.0, ge=0.0, le=10.0)
     output_tokens_cv: float = Field(default=0.0, ge=0.0, le=10.0)

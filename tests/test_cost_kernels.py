@@ -134,13 +134,14 @@ def test_decode_prices_routed_experts_at_the_measured_grouped_gemm_efficiency() 
 
 def test_committed_curves_are_small() -> None:
     # grouped-GEMM, MLA and DeepEP curves (~170 kB), the dense GEMM grids of 4 devices x 3
-    # engines x 2-3 dtypes (11 x 8 x 8 points each), the context-attention curves and the
+    # engines x 2-4 dtypes (11 x 9 x 9 points each; TensorRT-LLM's per-tensor FP8 among them),
+    # the context-attention curves (TensorRT-LLM's FP8 ones too) and the
     # all-reduce latencies (6 devices x 3 engines x 2-4 GPU counts x 23 sizes); MLA decode at
     # 6 head counts per rank (~95 kB), the absorbed-MLA batched GEMMs (~14 kB); MHA/GQA decode
     # attention (6 devices x 3 engines x 1-2 KV dtypes x 4 groups x 15 pair counts x 12
     # lengths, ~190 kB); Qwen3-235B's experts split over 8 ranks (~21 kB); Kimi-K2's 384
     # experts, whole and over 8 ranks (~75 kB)
-    assert (DATA / "kernel_curves.json").stat().st_size < 700_000
+    assert (DATA / "kernel_curves.json").stat().st_size < 750_000
     json.loads((DATA / "kernel_curves.json").read_text())
 
 
@@ -583,7 +584,9 @@ def test_every_curve_names_the_engine_and_version_that_measured_it() -> None:
         assert f"/{curve['engine']}/{curve['engine_version']}/" in curve["file"], curve["file"]
 
 
-def _write_gemm_table(folder: Path, *, efficiency: float) -> None:
+def _write_gemm_table(
+    folder: Path, *, efficiency: float, gemm_dtype: str = "fp8_block", extra_s: float = 0.0
+) -> None:
     """A synthetic aiconfigurator GEMM table over the whole grid (and the odd M one past each
     tile boundary) whose latencies are the ideal time over ``efficiency``; a slower second kernel
     at every point, which the importer must pass over for the fastest."""
@@ -602,11 +605,11 @@ def _write_gemm_table(folder: Path, *, efficiency: float) -> None:
                     rows.append(
                         {
                             "kernel_source": source,
-                            "gemm_dtype": "fp8_block",
+                            "gemm_dtype": gemm_dtype,
                             "m": m,
                             "n": n,
                             "k": k,
-                            "latency": ideal / efficiency * slower * 1e3,
+                            "latency": (ideal / efficiency * slower + extra_s) * 1e3,
                         }
                     )
     folder.mkdir(parents=True)
@@ -630,6 +633,101 @@ def test_importer_recovers_the_gemm_efficiency_of_a_synthetic_table(tmp_path: Pa
     )
     assert curve["file"].endswith("h200_sxm/gemm/vllm/9.9/gemm_perf.parquet")
     np.testing.assert_allclose(curve["efficiency_per_mille"], 350, atol=1)
+
+
+def _write_compute_scale_table(folder: Path, *, seconds: float) -> None:
+    """A synthetic aiconfigurator compute-scale table (dynamic less static per-tensor FP8
+    quantization) of ``seconds`` at every (m, k) of the GEMM grid and one past each M."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from cost_model._kernel_curves import GEMM_M_GRID, GEMM_NK_GRID
+
+    rows = [
+        {"m": m, "k": k, "quant_dtype": "fp8", "latency": seconds * 1e3}
+        for m in sorted({int(v) for v in GEMM_M_GRID} | {int(v) + 1 for v in GEMM_M_GRID})
+        for k in GEMM_NK_GRID
+    ]
+    folder.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows), folder / "computescale_perf.parquet")
+
+
+def test_per_tensor_fp8_rows_are_imported_less_their_dynamic_scale_step(tmp_path: Path) -> None:
+    """TensorRT-LLM's per-tensor FP8 GEMM rows time dynamic quantization; the ``fp8_tensor``
+    curve is the row less the compute-scale table's amax step (static activation scales). An
+    engine whose compute-scale table does not isolate that step keeps no per-tensor curve."""
+    from autoparallel._kernel_import import import_aiconfigurator
+
+    data = tmp_path / "aiconfigurator_core" / "systems" / "data" / "h200_sxm"
+    for engine in ("trtllm", "vllm"):
+        _write_gemm_table(
+            data / "gemm" / engine / "9.9", efficiency=0.4, gemm_dtype="fp8", extra_s=7e-6
+        )
+        _write_compute_scale_table(data / "quantize" / engine / "9.9", seconds=7e-6)
+    curves = import_aiconfigurator(tmp_path, version="test")
+    (curve,) = curves["gemm"]
+    assert (curve["engine"], curve["dtype"]) == ("trtllm", "fp8_tensor")
+    np.testing.assert_allclose(curve["efficiency_per_mille"], 400, atol=1)
+
+
+def test_per_tensor_fp8_weights_take_their_own_gemm_table() -> None:
+    """Llama-3-70B's TP2 slices on H100 (TensorRT-LLM tables): per-tensor FP8 with static
+    scales (``fp8_scaling="tensor"``) prices a 5000-token prefill's GEMMs below the block-scaled
+    kernels (whose main loop applies a scale per 128-deep K block); the ideal time of the
+    ``fp8_tensor`` curves is FP8's."""
+    from cost_model._kernel_curves import gemm_curve_dtype, gemm_ideal_s, projections_time_s
+
+    hardware = get_preset("dgx-h100").device
+    ffn = ((2 * 28672, 8192, "n"), (8192, 28672, "k"))  # Llama-3-70B's gate/up and down
+    assert gemm_curve_dtype("fp8", "tensor") == "fp8_tensor"
+    assert gemm_curve_dtype("fp8", "block") == "fp8"
+    assert gemm_curve_dtype("bf16", "tensor") == "bf16"
+    ideal = [
+        gemm_ideal_s(hardware=hardware, dtype=d, m=64, n=4096, k=8192)
+        for d in ("fp8", "fp8_tensor")
+    ]
+    assert ideal[0] == ideal[1]
+    prefill = {
+        dtype: projections_time_s(
+            hardware=hardware,
+            dtype=dtype,
+            m=5000.0,
+            shard=2.0,
+            projections=ffn,
+            engine="trtllm",
+        )
+        for dtype in ("fp8", "fp8_tensor")
+    }
+    assert prefill["fp8_tensor"] is not None and prefill["fp8"] is not None
+    assert float(prefill["fp8_tensor"][0]) < 0.9 * float(prefill["fp8"][0])
+
+
+def test_an_fp8_cache_runs_fp8_context_attention_where_the_engine_does() -> None:
+    """TensorRT-LLM's FP8 context FMHA (its tables' FP8-attention rows over an FP8 cache)
+    prices a 5000-token prompt of Llama-3-70B's TP2 heads on H100 at about 0.75x its BF16
+    kernel; an engine without such a curve keeps its BF16 kernel for an FP8 cache."""
+    from cost_model._kernel_curves import context_attention_time_s
+
+    hardware = get_preset("dgx-h100").device
+    tokens, heads = 5000.0, 32.0
+    flops = tokens * (tokens + 1) / 2 * 4 * heads * 128
+    seconds = {
+        (engine, kv): float(
+            context_attention_time_s(
+                hardware=hardware,
+                flops=flops,
+                bytes_moved=0.0,
+                tokens=tokens,
+                units=heads,
+                engine=engine,
+                kv_element_bytes=kv,
+            )[0]
+        )
+        for engine in ("trtllm", "sglang")
+        for kv in (1.0, 2.0)
+    }
+    assert 0.6 < seconds[("trtllm", 1.0)] / seconds[("trtllm", 2.0)] < 0.85
+    assert seconds[("sglang", 1.0)] == seconds[("sglang", 2.0)]
 
 
 def test_gemm_curves_price_a_gemm_at_its_measured_latency() -> None:

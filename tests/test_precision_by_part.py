@@ -4,6 +4,9 @@ model prices each part's GEMMs and bytes in its own dtype."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -140,6 +143,23 @@ def test_kimi_validation_rows_serve_the_recorded_checkpoint_split() -> None:
     assert by_part["attention"] == by_part["lm_head"] == "bf16"
     # a row in another dtype than its model's recorded checkpoint takes no split
     assert row_weight_dtype_by_part({**kimi, "weight_dtype": "fp8"}) == {}
+
+
+def test_a_served_fp8_checkpoint_keeps_its_weight_scaling(tmp_path: Path) -> None:
+    """A ModelOpt FP8 export (per-tensor scales) served as released takes the per-tensor GEMM
+    tables; DeepSeek-V3's block-scaled release the block-scaled ones; re-quantized to another
+    dtype, neither applies."""
+    from autoparallel._planner import _with_checkpoint_dtype
+
+    config = dict(catalog_config("deepseek-v3"))
+    config["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "FP8"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    served = _with_checkpoint_dtype(str(tmp_path), Inference(prompt_tokens=8, output_tokens=8))
+    assert (served.weight_dtype, served.fp8_scaling) == ("fp8", "tensor")
+    deepseek = _with_checkpoint_dtype("deepseek-v3", Inference(prompt_tokens=8, output_tokens=8))
+    assert (deepseek.weight_dtype, deepseek.fp8_scaling) == ("fp8", "block")
+    bf16 = Inference(prompt_tokens=8, output_tokens=8, weight_dtype="bf16")
+    assert _with_checkpoint_dtype(str(tmp_path), bf16).fp8_scaling == "block"
 
 
 def test_a_checkpoints_declared_kv_cache_format_is_read_from_either_export() -> None:

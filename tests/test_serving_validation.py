@@ -183,6 +183,23 @@ def test_a_row_runs_the_model_its_source_served() -> None:
         row_model({"id": "x", "model": "no-such-model"})
 
 
+def test_nim_rows_run_a_modelopt_fp8_checkpoint() -> None:
+    """NIM's fp8 engines are ModelOpt FP8 quantizations: per-tensor weight scales (the
+    ``fp8_tensor`` GEMM tables) and the LM head in BF16, as ModelOpt's export declares; the
+    block-scaled DeepSeek releases keep the block-scaled tables."""
+    from cost_model._serving_precision import checkpoint_fp8_scaling
+    from cost_model._serving_validation import row_fp8_scaling, row_weight_dtype_by_part
+
+    row = next(r for r in _rows() if r["id"].startswith("nim:h100:"))
+    assert row_fp8_scaling(row) == "tensor"
+    assert row_weight_dtype_by_part(row)["lm_head"] == "bf16"
+    dstack = next(r for r in _rows() if r["id"].startswith("dstack:h200:trtllm"))
+    assert row_fp8_scaling(dstack) == "block"
+    deepseek = {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+    assert checkpoint_fp8_scaling(deepseek) == "block"
+    assert checkpoint_fp8_scaling({"torch_dtype": "bfloat16"}) is None
+
+
 def test_a_row_runs_the_engine_settings_its_launch_states() -> None:
     """The dstack TensorRT-LLM server was launched with ``--max_num_tokens 16384`` (the
     source's launch command, recorded with the engine versions): the row carries that budget

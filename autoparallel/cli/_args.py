@@ -247,9 +247,14 @@ def serving_precision(args: argparse.Namespace) -> dict:
     """``weight_dtype`` / ``weight_dtype_by_part`` / ``kv_dtype`` of an inference workload:
     ``--weight-dtype`` (or ``--precision``, which must agree with it), else the checkpoint's
     released dtype (``autoparallel._catalog.checkpoint_dtype``). Served in that dtype, the
-    checkpoint keeps the parts its ``quantization_config`` leaves wider (``checkpoint_dtype_by_part``);
-    ``--weight-dtype-part`` overrides single parts."""
-    from autoparallel._catalog import checkpoint_dtype, checkpoint_dtype_by_part
+    checkpoint keeps the parts its ``quantization_config`` leaves wider (``checkpoint_dtype_by_part``)
+    and its FP8 weight scaling (``checkpoint_fp8_scaling``); ``--weight-dtype-part`` overrides
+    single parts."""
+    from autoparallel._catalog import (
+        checkpoint_dtype,
+        checkpoint_dtype_by_part,
+        checkpoint_fp8_scaling,
+    )
 
     given = getattr(args, "precision", None)
     if given and args.weight_dtype and given != args.weight_dtype:
@@ -263,6 +268,9 @@ def serving_precision(args: argparse.Namespace) -> dict:
     by_part |= dict(getattr(args, "weight_dtype_part", None) or ())
     if by_part:
         precision["weight_dtype_by_part"] = by_part
+    scaling = checkpoint_fp8_scaling(args.model) if precision["weight_dtype"] == released else None
+    if scaling is not None:
+        precision["fp8_scaling"] = scaling
     return precision | ({"kv_dtype": args.kv_dtype} if args.kv_dtype else {})
 
 
