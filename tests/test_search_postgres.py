@@ -39,13 +39,13 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 # machine would), so only the heartbeat can tell that it died.
 _WORKER = textwrap.dedent(
     """
-    import socket, sys, time, optuna
+    import os, socket, sys, time, optuna
     import autoparallel as ap
     from cost_model import Training
     from search import SearchBounds, SearchSettings, find_plan
     from search._objective import default_estimator
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    url, study, budget, seed, delay_s, start_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6])
+    url, study, budget, seed, delay_s, ready = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
     if sys.argv[7]:
         socket.gethostname = lambda: sys.argv[7]
     price = default_estimator()
@@ -54,7 +54,11 @@ _WORKER = textwrap.dedent(
         return price(*args, **kwargs)
     bounds = SearchBounds(zero_stages=(1, 3), recompute_policies=("none", "full"), max_micro_batch_size=2, virtual_stage_choices=(2,))
     settings = SearchSettings(bounds=bounds, batch_size=4, study_name=study, heartbeat_interval_s=1, grace_period_s=2)
-    time.sleep(max(0.0, start_at - time.time()))  # all workers start at the same moment
+    # All workers start at the same moment: each says it has imported, then waits for the others.
+    open(os.path.join(ready, str(seed)), "w").close()
+    deadline = time.monotonic() + 60
+    while len(os.listdir(ready)) < int(sys.argv[8]) and time.monotonic() < deadline:
+        time.sleep(0.01)
     find_plan(ap.get_model("qwen3-235b-a22b"), ap.get_preset("dgx-h100", num_nodes=8),
               Training(sequence_length_tokens=4096, global_batch_sequences=256), n_trials=budget,
               storage=url, seed=seed, settings=settings, estimator=slow)
@@ -90,7 +94,8 @@ def _workers(
     script = tmp_path / "worker.py"
     script.write_text(_WORKER)
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    start_at = time.time() + 2.5  # past every worker's imports
+    ready = tmp_path / "ready"  # a file per worker that has imported: they start together
+    ready.mkdir()
     return [
         subprocess.Popen(
             [
@@ -101,8 +106,9 @@ def _workers(
                 str(budget),
                 str(seed),
                 str(delay_s),
-                str(start_at),
+                str(ready),
                 (*hosts, *[""] * count)[seed],
+                str(count),
             ],
             env=env,
             stdout=subprocess.PIPE,
@@ -151,13 +157,15 @@ def test_postgresql_urls_take_the_installed_driver(monkeypatch) -> None:
 
 
 def test_three_workers_started_together_on_a_fresh_database(server, tmp_path: Path) -> None:
-    url = server.create_database("together")
-    workers = _workers(tmp_path, url, study="together", budget=48, count=3, delay_s=0.05)
+    # Six batches of four for three workers that start at the same moment: each asks its first
+    # batch before any of them can finish the budget.
+    url, budget = server.create_database("together"), 24
+    workers = _workers(tmp_path, url, study="together", budget=budget, count=3, delay_s=0.05)
     outputs = [worker.communicate(timeout=120)[0] for worker in workers]
     assert [w.returncode for w in workers] == [0, 0, 0], "\n".join(o[-2000:] for o in outputs)
     trials = _trials(url, "together")
     complete = _by_state(trials, optuna.trial.TrialState.COMPLETE)
-    assert len(complete) >= 48 and not _by_state(trials, optuna.trial.TrialState.RUNNING)
+    assert len(complete) >= budget and not _by_state(trials, optuna.trial.TrialState.RUNNING)
     assert len({t.user_attrs["owner"]["pid"] for t in complete}) >= 2  # they shared the study
     summaries = optuna.get_all_study_summaries(database_url(url), include_best_trial=False)
     assert [s.study_name for s in summaries] == ["together"]  # created once
@@ -167,8 +175,10 @@ def test_three_workers_started_together_on_a_fresh_database(server, tmp_path: Pa
 def test_kill_9_of_one_worker_then_the_study_completes(server, tmp_path: Path) -> None:
     # The victim runs "on another machine" (only its heartbeat can show it died) and is killed near
     # the end: the two others meet the budget before its trials pass the grace period, and the last
-    # of them to return must still fail those trials and run their retries.
-    url, budget = server.create_database("killed"), 120
+    # of them to return must still fail those trials and run their retries. The budget only sets
+    # how long the run is before the kill: 64 puts the kill, like the last 24 trials, in the
+    # polish phase (the last 40% of the budget), as a larger budget would.
+    url, budget = server.create_database("killed"), 64
     workers = _workers(
         tmp_path, url, study="killed", budget=budget, count=3, delay_s=0.2, hosts=("elsewhere",)
     )

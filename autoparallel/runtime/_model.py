@@ -29,8 +29,10 @@ Sennrich (arXiv:1910.07467); SwiGLU, Shazeer (arXiv:2002.05202); top-k routing w
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Literal, Protocol
 
 import torch
@@ -75,6 +77,21 @@ class _Linear(nn.Linear):
 
     def reset_parameters(self) -> None:
         return None
+
+
+@contextlib.contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Build without the cyclic garbage collector, then restore its state. Every module made
+    here is kept, so its passes find nothing; but on a whole 3T model (~240k modules, millions of
+    tracked objects) its full passes rescan everything built so far, three quarters of the build
+    time (9.7 s vs 2.4 s on the meta device)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _linear(
@@ -598,16 +615,17 @@ class ReferenceMoETransformer(nn.Module):
         self.spec = spec
         kw = dict(device=device, dtype=dtype)
         held_layers = _held_ids(layers, spec.num_layers, field="layers")
-        self.model = _Backbone(
-            spec,
-            scoring=router_scoring,
-            rope_theta=rope_theta,
-            layers=held_layers,
-            experts=held_experts,
-            embedding=embedding,
-            norm=lm_head,
-            **kw,
-        )
+        with _cyclic_gc_paused():
+            self.model = _Backbone(
+                spec,
+                scoring=router_scoring,
+                rope_theta=rope_theta,
+                layers=held_layers,
+                experts=held_experts,
+                embedding=embedding,
+                norm=lm_head,
+                **kw,
+            )
         self.lm_head: nn.Linear | None = (
             _linear(spec.hidden_size, spec.vocab_size, **kw) if lm_head else None
         )
