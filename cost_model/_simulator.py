@@ -218,13 +218,13 @@ def simulate(
         state = _run(cost=scalar_cost, engine=engines[0])
     else:
         state = _run_coupled(cost=scalar_cost, engines=engines)
-    requests = engines[0].requests if len(engines) == 1 else _merged(engines)
+    measured: _Requests | _Merged = engines[0].requests if len(engines) == 1 else _merged(engines)
     if num_requests is not None:
         warmup_s, duration_s = 0.0, np.inf
     else:
         warmup_s = warmup_fraction * duration_s
     return _result(
-        requests,
+        measured,
         state,
         policy=policy,
         warmup_s=warmup_s,
