@@ -88,6 +88,7 @@ from cost_model._training_comm import (
 from cost_model._training_dp import contention_seconds, dp_and_optimizer, hidden_seconds
 from cost_model._training_ep_overlap import MergedPairs, ep_overlap_applies, merged_pairs
 from cost_model._training_host import LayerGpuParts, exposed_host_s
+from cost_model._training_links import LinkWindows, crosses_nodes
 from cost_model._workload import Training
 
 if TYPE_CHECKING:
@@ -796,18 +797,21 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
     times = table_collective_times(ctx)
     mb = micro_batch_times(ctx, times)
     compute = mb.forward + mb.backward + mb.recompute
-    # Compute hides communication once: each kind takes what the kinds before it left, CP only
-    # behind core attention; what remains is the window of the data-parallel traffic.
-    exposed, hidden, free = {}, {}, compute
+    # Each link's traffic hides behind the compute once: a kind takes what the kinds before it
+    # on the same link left (they share its bandwidth), CP only behind core attention; kinds on
+    # NVLink and on the NIC overlap the same compute concurrently (``_training_links``). What
+    # each link leaves is the window of the pipeline and data-parallel traffic on it.
+    exposed, hidden, windows = {}, {}, LinkWindows(compute)
     fractions = {kind: ctx.overlap_fraction(kind) for kind in ("cp_comm", "tp_comm", "ep_comm")}
     merged, pairs = _ep_overlap(ctx, mb, times)
     fractions["ep_comm"] = np.where(merged, pairs.hidden_fraction, fractions["ep_comm"])
     for kind in ("cp_comm", "tp_comm", "ep_comm"):
-        comm = mb.comm[kind]
+        comm, on_nic = mb.comm[kind], crosses_nodes(ctx, kind)
+        free = windows.free(on_nic)
         window = np.minimum(mb.core_attention, free) if kind == "cp_comm" else free
         hidden[kind] = hidden_seconds(comm, fraction=fractions[kind], window=window)
         exposed[kind] = comm - hidden[kind]
-        free = free - hidden[kind]
+        windows.take(hidden[kind], on_nic=on_nic)
     # Hidden traffic is not free: the compute it runs beside slows down (``contention_seconds``).
     contention = contention_seconds(sum(hidden.values()))
     offload = _exposed_offload(ctx, mb)
@@ -840,7 +844,8 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
     # latency the bubble's compute-only count leaves out; Narayanan et al. SC'21 sec. 2.2).
     v = ctx.column("virtual_stages")
     hops = np.where(ctx.column("pp") > 1, ctx.column("pp") * v - 1.0, 0.0)
-    steady, pp_hidden = _pipeline_p2p(ctx, m=m, v=v, p2p=times.pp_p2p, free=m * pick(free))
+    pp_free = windows.free(crosses_nodes(ctx, "pp_comm"))
+    steady, pp_hidden = _pipeline_p2p(ctx, m=m, v=v, p2p=times.pp_p2p, free=m * pick(pp_free))
     pp_comm = steady - pp_hidden + 2.0 * hops * times.pp_p2p
     mb_contention = mb_contention + contention_seconds(pp_hidden)
     # Each micro-batch's schedule actions on a stage cost host time beyond the send/recv.
@@ -849,7 +854,10 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
         ctx.column("pp") > 1, m * ctx.column("virtual_stages") * schedule_s, 0.0
     )
     columns["time.pp_comm"], columns["hidden.pp_comm"] = pp_comm, pp_hidden
-    dp_exposed, dp_hidden, optimizer = dp_and_optimizer(ctx, free_compute=free, times=times, mb=mb)
+    dp_free = windows.free(crosses_nodes(ctx, "dp_comm"))
+    dp_exposed, dp_hidden, optimizer = dp_and_optimizer(
+        ctx, free_compute=dp_free, times=times, mb=mb
+    )
     columns["time.dp_comm"], columns["hidden.dp_comm"], columns["time.optimizer"] = (
         dp_exposed,
         dp_hidden,
