@@ -31,8 +31,10 @@ arXiv:2412.19437, sec. 3.2.2); CP ring send/recv of K/V blocks (cp - 1 per layer
 send/recv of the boundary activation; DP gradient all-reduce, or reduce-scatter + parameter
 all-gather under ZeRO-1/2, and per-micro-batch gathers under ZeRO-3/FSDP (Rajbhandari et al.,
 ZeRO, SC'20; a pipeline stage's gradients are reduced once per step, ``_training_dp``). Each
-kind hides up to its overlap fraction behind independent compute; the
-compute it hides behind runs slower while the collective occupies SMs and memory bandwidth
+kind hides up to its overlap fraction behind independent compute, per link: kinds on NVLink
+and on the NIC overlap the same compute concurrently, kinds on one link share it, and the
+asynchronous pipeline and data-parallel streams also run while the compute stream waits on the
+other link's exposed collectives (``_training_links``); the compute it hides behind runs slower while the collective occupies SMs and memory bandwidth
 (``time.contention``: the measured mean compute slowdown under overlap, arXiv:2507.03114,
 ``data/overlap_contention.json``). Megatron-core's EP communication overlap merges one
 micro-batch's forward with another's backward layer by layer; what of the EP all-to-all it hides
@@ -811,7 +813,7 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
         window = np.minimum(mb.core_attention, free) if kind == "cp_comm" else free
         hidden[kind] = hidden_seconds(comm, fraction=fractions[kind], window=window)
         exposed[kind] = comm - hidden[kind]
-        windows.take(hidden[kind], on_nic=on_nic)
+        windows.take(hidden[kind], exposed=exposed[kind], on_nic=on_nic)
     # Hidden traffic is not free: the compute it runs beside slows down (``contention_seconds``).
     contention = contention_seconds(sum(hidden.values()))
     offload = _exposed_offload(ctx, mb)
@@ -844,7 +846,7 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
     # latency the bubble's compute-only count leaves out; Narayanan et al. SC'21 sec. 2.2).
     v = ctx.column("virtual_stages")
     hops = np.where(ctx.column("pp") > 1, ctx.column("pp") * v - 1.0, 0.0)
-    pp_free = windows.free(crosses_nodes(ctx, "pp_comm"))
+    pp_free = windows.stream_window(crosses_nodes(ctx, "pp_comm"))
     steady, pp_hidden = _pipeline_p2p(ctx, m=m, v=v, p2p=times.pp_p2p, free=m * pick(pp_free))
     pp_comm = steady - pp_hidden + 2.0 * hops * times.pp_p2p
     mb_contention = mb_contention + contention_seconds(pp_hidden)
@@ -854,7 +856,7 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
         ctx.column("pp") > 1, m * ctx.column("virtual_stages") * schedule_s, 0.0
     )
     columns["time.pp_comm"], columns["hidden.pp_comm"] = pp_comm, pp_hidden
-    dp_free = windows.free(crosses_nodes(ctx, "dp_comm"))
+    dp_free = windows.stream_window(crosses_nodes(ctx, "dp_comm"))
     dp_exposed, dp_hidden, optimizer = dp_and_optimizer(
         ctx, free_compute=dp_free, times=times, mb=mb
     )
@@ -873,8 +875,8 @@ def _pipeline_p2p(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(steady-state, hidden) pipeline send/recv seconds per step: one activation forward and
     one gradient backward per micro-batch and model chunk. Asynchronous sends and receives
-    (``EstimateOptions.pipeline_p2p_overlap``) hide them behind the step's compute that no
-    other traffic took (``free``); blocking ones hide nothing."""
+    (``EstimateOptions.pipeline_p2p_overlap``) hide them behind the step's time their link's
+    other traffic left (``free``, ``LinkWindows.stream_window``); blocking ones hide nothing."""
     steady = np.where(ctx.column("pp") > 1, 2.0 * m * v * p2p, 0.0)
     if not ctx.options.pipeline_p2p_overlap:
         return steady, np.zeros_like(steady)
