@@ -28,6 +28,7 @@ import numpy as np
 
 from cost_model import _inference_ops as ops
 from cost_model._common import REASON_CODES, EstimateOptions, memory_reason
+from cost_model._engine_paths import attention_replicas
 from cost_model._inference import (
     _memory_parts,
     _pass_memory,
@@ -229,7 +230,24 @@ def _policy(s: _Setup, max_running: np.ndarray) -> LoadPolicy:
         s.profile.mixed_prefill_decode,
         s.workload.output_tokens_cv,
         s.workload.prompt_tokens_cv,
+        _coupled_ranks(s),
     )
+
+
+def _coupled_ranks(s: _Setup) -> np.ndarray:
+    """Attention replicas of each row's instance that iterate together, (n,): SGLang's data
+    parallel attention ranks (``_serving_load.DP_ATTENTION_COUPLING``), 1 elsewhere (each of
+    vLLM's and TensorRT-LLM's replicas, and every SGLang replica without attention data
+    parallel, iterates alone here)."""
+    if s.profile.engine != "sglang":
+        return np.ones(s.phase.shape[0])
+    replicas = attention_replicas(
+        tp=s.column("tp"),
+        ep=s.column("ep"),
+        etp=s.column("etp"),
+        attention_data_parallel=s.attention_dp,
+    )
+    return np.asarray(replicas, dtype=np.float64)
 
 
 def _slo_met(s: _Setup, times: LoadTimes) -> np.ndarray:

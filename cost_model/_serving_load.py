@@ -32,6 +32,12 @@ residual of the running iteration, plus the wait for a free KV slot where the ru
 approach ``max_running`` (a G/G/c queue: Halfin-Whitt's Erlang C, Allen-Cunneen's correction;
 ``_admission_wait``) (``open_loop``).
 
+The data-parallel attention ranks of one SGLang instance iterate together
+(``DP_ATTENTION_COUPLING``): where their requests drift apart (output lengths that vary, or
+Poisson arrivals), a rank's decode iteration lasts another rank's prefill iteration whenever
+one of them prefills (``_coupled_decode_s``); lock-step waves of equal requests prefill on
+every rank at once, so they stall no further.
+
 Percentiles (open loop): a request's TPOT averages its ``O - 1`` iterations, a share of which
 carries prompts; p-quantiles are ``T + z_p σ / sqrt(O - 1)`` (central limit). The TTFT's
 queueing part is taken exponential with its mean beyond the zero-wait mass (the M/G/1 tail,
@@ -266,6 +272,19 @@ class IterationCost:
             gpu = np.where(eager, np.maximum(gpu, column(self.eager_host_s)), gpu)
         return gpu + column(self.floor_s)
 
+    def decode_in_extend_s(self, decodes) -> np.ndarray:
+        """Seconds of a decode-only batch of ``decodes`` (broadcast against ``(n,)`` or
+        ``(n, k)``) run in an iteration where another data-parallel attention rank of the
+        instance prefills: no decode CUDA graph replays (``DP_ATTENTION_COUPLING``), so where
+        the engine graphs decode only it is host-bound at ``eager_host_s``."""
+        decodes = np.asarray(decodes, dtype=np.float64)
+        column = (lambda v: v[:, None]) if decodes.ndim == 2 else (lambda v: v)
+        seconds = self.seconds(decodes, np.zeros_like(decodes))
+        if self.eager_host_s is None or self.prefill_graphs:
+            return seconds
+        gpu = seconds - column(self.floor_s)
+        return np.maximum(gpu, column(self.eager_host_s)) + column(self.floor_s)
+
     def eager(self, tokens, prefill_tokens, column=lambda v: v) -> np.ndarray:
         """Whether an iteration of ``tokens`` tokens, ``prefill_tokens`` of them from prompts,
         runs without a CUDA graph; ``column`` shapes an (n,) array against ``tokens``."""
@@ -332,6 +351,9 @@ class LoadPolicy:
     output_tokens_cv: float = 0.0
     #: coefficient of variation of the uncached prompt length
     prompt_tokens_cv: float = 0.0
+    #: data-parallel attention ranks whose iterations run together (``DP_ATTENTION_COUPLING``);
+    #: 1 where each replica iterates alone
+    coupled_ranks: np.ndarray | float = 1.0
 
     def row(self, index: int) -> LoadPolicy:
         """The policy of one row (arrays of length 1), for the simulator."""
@@ -346,7 +368,98 @@ class LoadPolicy:
             self.mixed_prefill_decode,
             self.output_tokens_cv,
             self.prompt_tokens_cv,
+            _pick(self.coupled_ranks, pick),
         )
+
+
+def _pick(values, pick: slice) -> np.ndarray:
+    """``values[pick]`` of an (n,) column; a scalar as a 1-element array."""
+    values = np.atleast_1d(np.asarray(values, dtype=np.float64))
+    return values if values.size == 1 else values[pick]
+
+
+#: Coupling of the data-parallel attention ranks of one SGLang instance
+#: (``--enable-dp-attention``). Each rank runs its own scheduler and requests, but every
+#: iteration (a) all-gathers the ranks' token counts and forward modes over the TP group before
+#: the step, (b) runs a forward on every rank, one without requests an idle batch
+#: (``get_idle_batch``) when any rank has tokens, since the MoE layers (and the TP collectives
+#: after the gather) run over the tokens of all ranks together, and (c) replays a decode CUDA
+#: graph only where every rank decodes: the graph vote is min-reduced and ``is_extend_in_batch``
+#: max-reduced over the ranks (SGLang 0.5.23 ``prepare_mlp_sync_batch_raw`` and
+#: ``MLPSyncBatchInfo.all_gather`` in ``srt/managers/scheduler_components/dp_attn.py``; the same
+#: all-gather of ``global_num_tokens``, idle batch and forward-mode vote for the graph in the
+#: early-2025 releases' ``Scheduler.prepare_dp_attn_batch``, ``srt/managers/scheduler.py``,
+#: 0.4.x). So an iteration lasts as long as its slowest rank, and a prompt on one rank holds
+#: the decodes of every other rank for its prefill iteration, which they run without a graph.
+DP_ATTENTION_COUPLING = "sglang --enable-dp-attention: ranks iterate together"
+
+
+def _coupled_decode_s(
+    *,
+    cost: IterationCost,
+    policy: LoadPolicy,
+    col,
+    decodes,
+    own_share,
+    prefill_iteration_s,
+    decode_s,
+) -> np.ndarray:
+    """Mean seconds of an iteration that runs this rank's decodes (``decode_s`` alone) when
+    it is coupled to ``coupled_ranks - 1`` others (``DP_ATTENTION_COUPLING``), each carrying
+    prompts in a share ``own_share`` of its iterations independently: with probability
+    ``1 - (1 - own_share)^(R - 1)`` another rank prefills, and the iteration lasts its prefill
+    iteration (``prefill_iteration_s``, priced with every rank's tokens through the MoE: an
+    upper bound when the others decode) or this rank's decodes without a graph, the longer."""
+    others = np.maximum(col(policy.coupled_ranks) - 1.0, 0.0)
+    if not np.any(others > 0):
+        return decode_s
+    held = 1.0 - (1.0 - np.clip(own_share, 0.0, 1.0)) ** others
+    stretched = np.maximum(prefill_iteration_s, cost.decode_in_extend_s(decodes))
+    return (1.0 - held) * decode_s + held * stretched
+
+
+def _coupled_poisson_decode_s(
+    *,
+    cost: IterationCost,
+    policy: LoadPolicy,
+    col,
+    decodes,
+    own_share,
+    rate,
+    prefill_iteration_s,
+    decode_s,
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Mean seconds of an iteration that runs this rank's decodes under Poisson arrivals at
+    ``rate`` per rank when ``R = coupled_ranks`` ranks iterate together
+    (``DP_ATTENTION_COUPLING``). An iteration prefills (on some rank) when any request of the
+    instance arrived during the previous one, so prefill iterations cluster: a long one
+    gathers arrivals on many ranks, which then prefill together. As a two-state Markov chain
+    of iterations (decode ``D`` = ``decode_s``, prefill ``S`` = the longer of
+    ``prefill_iteration_s`` and the decodes without a graph), ``a = 1 - exp(-R rate D)`` and
+    ``b = 1 - exp(-R rate S)`` are the chances that a decode or a prefill iteration is followed
+    by a prefill; prefills take ``pi = a / (1 + a - b)`` of the iterations, and the iterations
+    other than this rank's own prefills (``own_share`` of them, at ``prefill_iteration_s``)
+    average ``(pi S + (1 - pi) D - own_share prefill_iteration_s) / (1 - own_share)``.
+
+    Returns that mean, and the (prefill share, prefill seconds, decode seconds) of the
+    instance's iterations that an arrival may land in (``_residual``)."""
+    ranks = col(policy.coupled_ranks)
+    if not np.any(ranks > 1.0):
+        return decode_s, (own_share, prefill_iteration_s, decode_s)
+    stretched = np.maximum(prefill_iteration_s, cost.decode_in_extend_s(decodes))
+    after_decode = 1.0 - np.exp(-ranks * rate * decode_s)
+    after_prefill = 1.0 - np.exp(-ranks * rate * stretched)
+    prefilling = after_decode / np.maximum(1.0 + after_decode - after_prefill, 1e-9)
+    mean_s = prefilling * stretched + (1.0 - prefilling) * decode_s
+    own = np.clip(own_share, 0.0, 1.0 - 1e-9)
+    others_s = np.maximum(mean_s - own * prefill_iteration_s, (1.0 - own) * decode_s) / (1.0 - own)
+    coupled = ranks > 1.0
+    mix = (
+        np.where(coupled, prefilling, own_share),
+        np.where(coupled, stretched, prefill_iteration_s),
+        decode_s,
+    )
+    return np.where(coupled, others_s, decode_s), mix
 
 
 @dataclass(frozen=True)
@@ -578,6 +691,15 @@ def _desynchronized_closed_loop(
         np.maximum(decodes - 1.0 - sent, 0.0), np.minimum(own_tokens, budget_left)
     )
     share = with_prompts * batch_iterations  # prompt iterations per decode step
+    decode_s = _coupled_decode_s(
+        cost=cost,
+        policy=policy,
+        col=col,
+        decodes=running,
+        own_share=with_prompts,
+        prefill_iteration_s=batch_s / batch_iterations,
+        decode_s=decode_s,
+    )
     if mixed:
         share = np.minimum(share, 1.0)
         tpot = share * batch_s / batch_iterations + (1.0 - share) * decode_s
@@ -637,7 +759,16 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
             1.0,
         )
         prefill_s = cost.seconds(with_prompts, np.minimum(prompt_tokens / share, budget_left))
-        decode_s = cost.seconds(decodes, np.zeros_like(prefill_s))
+        decode_s, instance_mix = _coupled_poisson_decode_s(
+            cost=cost,
+            policy=policy,
+            col=col,
+            decodes=decodes,
+            own_share=share,
+            rate=rate,
+            prefill_iteration_s=prefill_s,
+            decode_s=cost.seconds(decodes, np.zeros_like(prefill_s)),
+        )
         iteration = share * prefill_s + (1.0 - share) * decode_s
         # unmixed: a decode step waits for the prompt iterations between two decode iterations
         tpot = iteration if mixed else iteration / np.maximum(1.0 - share, 1e-9)
@@ -670,7 +801,8 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
     service = cost.seconds(with_prompts, own) + (chunks - 1.0) * cost.seconds(
         with_prompts, budget_left
     )
-    residual = _residual(busy, share, prefill_s, decode_s)
+    # an arrival waits for the instance's running iteration: busy where any coupled rank is
+    residual = _residual(1.0 - (1.0 - busy) ** col(policy.coupled_ranks), *instance_mix)
     ttft = policy.request_overhead_s + residual[0] + queue_wait + service
     spread = np.sqrt(share * (1.0 - share)) * np.abs(
         prefill_s - decode_s

@@ -189,8 +189,8 @@ def simulate_benchmark(row: dict, *, seed: int = 0) -> dict[str, float]:
         seed=seed,
     )
     tokens = float(
-        result.e2e_s.size * row["output_tokens"]
-    )  # every request of the run, over the whole run
+        result.e2e_s.size / result.ranks * row["output_tokens"]
+    )  # every request of the run (per rank), over the whole run
     return {
         "ttft_ms": float(np.mean(result.ttft_s)) * 1e3,
         "tpot_ms": float(np.mean(result.tpot_s)) * 1e3,

@@ -21,6 +21,8 @@ as ``vllm bench serve`` and ``sglang.bench_serving`` report it) and the end-to-e
 the engine's per-request overhead. Load is closed-loop (``concurrency`` clients, each sending
 its next request when the previous completes) or open-loop (Poisson ``request_rate_per_s``),
 as in Vidur (Agrawal et al., MLSys'24) and DistServe's simulator (Zhong et al., OSDI'24).
+The data-parallel attention ranks of one SGLang instance are simulated together, each with
+its own scheduler and requests, iterating as one (``_serving_load.DP_ATTENTION_COUPLING``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class SimulationResult:
     output_tokens_per_s: float
     iterations: int
     simulated_s: float
+    #: coupled data-parallel attention ranks simulated (their requests all measured; the
+    #: throughputs are per rank)
+    ranks: int = 1
 
     def summary(self) -> dict[str, float]:
         """Mean, p50, p90 and p99 of TTFT, TPOT and end-to-end latency, in seconds."""
@@ -90,14 +95,16 @@ class _ScalarCost:
         )
         return y0 + (tokens - x0) * (y1 - y0) / (x1 - x0)
 
-    def __call__(self, decodes: int, prefill_tokens: int) -> float:
-        """``IterationCost.seconds`` of one iteration, in plain floats."""
+    def __call__(self, decodes: int, prefill_tokens: int, extend_in_batch: bool = False) -> float:
+        """``IterationCost.seconds`` of one iteration, in plain floats; ``extend_in_batch``: a
+        coupled rank prefills (``DP_ATTENTION_COUPLING``), so no rank replays a decode graph."""
         linear = self._interpolate(self.linear, max(float(decodes), 1.0))
         tokens = max(float(decodes + prefill_tokens), 1.0)
         if prefill_tokens > 0:
             linear = max(self._interpolate(self.prefill_linear, tokens), linear)
         gpu = linear + self.decode * decodes + self.prefill * prefill_tokens
-        if tokens > self.graph_max_tokens or (prefill_tokens > 0 and not self.prefill_graphs):
+        extend = prefill_tokens > 0 or extend_in_batch
+        if tokens > self.graph_max_tokens or (extend and not self.prefill_graphs):
             gpu = max(gpu, self.eager_host)  # host-bound eager pass (IterationCost)
         return gpu + self.floor
 
@@ -166,7 +173,9 @@ def simulate(
     the run are served but not measured (the closed loop starts with all clients at once), nor
     are those finishing after ``duration_s`` (no new request arrives then: the load drains).
     ``num_requests`` runs a benchmark's protocol instead: exactly that many requests (the
-    clients start together), all measured, however long they take.
+    clients start together), all measured, however long they take. Where ``policy`` couples
+    several data-parallel attention ranks (``coupled_ranks``), each rank gets this load and they
+    iterate together (``_run_coupled``); the throughputs stay per rank.
     """
     if (concurrency is None) == (request_rate_per_s is None):
         raise ValueError("give concurrency or request_rate_per_s (one of them)")
@@ -174,44 +183,73 @@ def simulate(
         raise ValueError(f"concurrency ({concurrency}) must be > 0")
     if request_rate_per_s is not None and request_rate_per_s <= 0:
         raise ValueError(f"request_rate_per_s ({request_rate_per_s}) must be > 0")
+    if num_requests is not None and num_requests <= 0:
+        raise ValueError(f"num_requests ({num_requests}) must be > 0")
     rng = np.random.default_rng(seed)
-    arrivals: list[float]
-    if request_rate_per_s is not None:
-        expected = request_rate_per_s * duration_s
-        gaps = rng.exponential(1.0 / request_rate_per_s, int(expected + 6 * np.sqrt(expected)) + 16)
-        times = np.cumsum(gaps)
-        arrivals = [float(t) for t in times[times < duration_s]]
+    engines = []
+    for _ in range(_coupled_ranks(policy)):
+        arrivals: list[float]
+        if request_rate_per_s is not None:
+            expected = request_rate_per_s * duration_s
+            count = int(expected + 6 * np.sqrt(expected)) + 16
+            times = np.cumsum(rng.exponential(1.0 / request_rate_per_s, count))
+            arrivals = [float(t) for t in times[times < duration_s]]
+        else:
+            arrivals = [0.0] * int(concurrency or 0)
+        requests = _Requests(
+            rng=rng,
+            prompt_tokens=float(np.asarray(policy.prompt_tokens).ravel()[0]),
+            output_tokens=float(np.asarray(policy.output_tokens).ravel()[0]),
+            prompt_cv=prompt_tokens_cv,
+            output_cv=output_tokens_cv,
+        )
+        engines.append(
+            _Engine(
+                policy=policy,
+                requests=requests,
+                arrivals=arrivals[:num_requests] if num_requests is not None else arrivals,
+                closed=concurrency is not None,
+                duration_s=np.inf if num_requests is not None else duration_s,
+                limit=num_requests,
+            )
+        )
+    scalar_cost = _ScalarCost(cost)
+    if len(engines) == 1:
+        state = _run(cost=scalar_cost, engine=engines[0])
     else:
-        arrivals = [0.0] * int(concurrency or 0)
-    requests = _Requests(
-        rng=rng,
-        prompt_tokens=float(np.asarray(policy.prompt_tokens).ravel()[0]),
-        output_tokens=float(np.asarray(policy.output_tokens).ravel()[0]),
-        prompt_cv=prompt_tokens_cv,
-        output_cv=output_tokens_cv,
-    )
+        state = _run_coupled(cost=scalar_cost, engines=engines)
+    measured: _Requests | _Merged = engines[0].requests if len(engines) == 1 else _merged(engines)
     if num_requests is not None:
-        if num_requests <= 0:
-            raise ValueError(f"num_requests ({num_requests}) must be > 0")
-        arrivals = arrivals[:num_requests]
-    engine = _Engine(
-        policy=policy,
-        requests=requests,
-        arrivals=arrivals,
-        closed=concurrency is not None,
-        duration_s=np.inf if num_requests is not None else duration_s,
-        limit=num_requests,
-    )
-    state = _run(cost=_ScalarCost(cost), engine=engine)
-    if num_requests is not None:
-        return _result(requests, state, policy=policy, warmup_s=0.0, duration_s=np.inf)
+        warmup_s, duration_s = 0.0, np.inf
+    else:
+        warmup_s = warmup_fraction * duration_s
     return _result(
-        requests,
+        measured,
         state,
         policy=policy,
-        warmup_s=warmup_fraction * duration_s,
+        warmup_s=warmup_s,
         duration_s=duration_s,
+        ranks=len(engines),
     )
+
+
+def _coupled_ranks(policy: LoadPolicy) -> int:
+    """Data-parallel attention ranks the simulation runs together (``DP_ATTENTION_COUPLING``)."""
+    return max(int(round(float(np.asarray(policy.coupled_ranks).ravel()[0]))), 1)
+
+
+class _Merged:
+    """The request columns of every rank of a coupled instance, end to end."""
+
+    def __init__(self, requests: list[_Requests]) -> None:
+        self.arrival = [x for r in requests for x in r.arrival]
+        self.first_token = [x for r in requests for x in r.first_token]
+        self.finish = [x for r in requests for x in r.finish]
+        self.output = np.concatenate([r.output[: len(r.arrival)] for r in requests])
+
+
+def _merged(engines: list[_Engine]) -> _Merged:
+    return _Merged([engine.requests for engine in engines])
 
 
 class _Engine:
@@ -247,10 +285,12 @@ class _Engine:
     def busy(self) -> bool:
         return bool(self.pending or self.waiting or self.decoding)
 
-    def enqueue_arrivals(self) -> None:
+    def enqueue_arrivals(self, *, jump: bool = True) -> None:
         """Move the requests that have arrived by now into the queue (jump to the next arrival
-        when the engine is idle)."""
-        if not self.waiting and not self.decoding and self.pending and self.pending[0] > self.now:
+        when the engine is idle, unless ``jump`` is off: a coupled rank keeps its instance's
+        clock)."""
+        idle = not self.waiting and not self.decoding
+        if jump and idle and self.pending and self.pending[0] > self.now:
             self.now = self.pending[0]
         while self.pending and self.pending[0] <= self.now:
             rid = self.requests.add(self.pending.popleft())
@@ -333,13 +373,48 @@ def _run(*, cost: _ScalarCost, engine: _Engine) -> dict:
     return {"iterations": engine.iteration, "now": engine.now}
 
 
+def _run_coupled(*, cost: _ScalarCost, engines: list[_Engine]) -> dict:
+    """Iterate the data-parallel attention ranks of one instance together
+    (``DP_ATTENTION_COUPLING``): each rank schedules its own batch (prompts alone where the
+    engine does not mix them, else its decodes), a rank with nothing to run while another has
+    tokens runs an idle batch, no rank replays a decode graph while any rank prefills, and the
+    iteration lasts as long as its slowest rank."""
+    now, iterations = 0.0, 0
+    while any(engine.busy() for engine in engines):
+        if not any(engine.waiting or engine.decoding for engine in engines):
+            now = max(now, min(engine.pending[0] for engine in engines if engine.pending))
+        for engine in engines:
+            engine.now = now
+            engine.enqueue_arrivals(jump=False)
+        batches = [engine.schedule_prefill() for engine in engines]
+        extend_in_batch = any(tokens > 0 for tokens, _ in batches)
+        if not extend_in_batch and not any(engine.decoding for engine in engines):
+            pending = [engine.pending[0] for engine in engines if engine.pending]
+            if not pending:
+                break
+            now = max(now, min(pending))  # blocked: wait for an arrival
+            continue
+        decoded = [engine.mixed or tokens == 0 for engine, (tokens, _) in zip(engines, batches)]
+        now += max(
+            cost(engine.decoding if runs else 0, tokens, extend_in_batch)
+            for engine, (tokens, _), runs in zip(engines, batches, decoded)
+        )
+        iterations += 1
+        for engine, (_, finished), runs in zip(engines, batches, decoded):
+            engine.now = now
+            engine.iteration += 1
+            engine.finish_iteration(finished, decoded=runs)
+    return {"iterations": iterations, "now": now}
+
+
 def _result(
-    requests: _Requests,
+    requests: _Requests | _Merged,
     state: dict,
     *,
     policy: LoadPolicy,
     warmup_s: float,
     duration_s: float,
+    ranks: int = 1,
 ) -> SimulationResult:
     arrival = np.asarray(requests.arrival)
     first = np.asarray(requests.first_token)
@@ -368,10 +443,11 @@ def _result(
         ttft_s=ttft,
         tpot_s=tpot,
         e2e_s=e2e,
-        requests_per_s=completed / window,
-        output_tokens_per_s=float(outputs[in_window].sum()) / window,
+        requests_per_s=completed / window / ranks,
+        output_tokens_per_s=float(outputs[in_window].sum()) / window / ranks,
         iterations=int(state["iterations"]),
         simulated_s=float(state["now"]),
+        ranks=ranks,
     )
 
 

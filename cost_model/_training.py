@@ -31,8 +31,10 @@ arXiv:2412.19437, sec. 3.2.2); CP ring send/recv of K/V blocks (cp - 1 per layer
 send/recv of the boundary activation; DP gradient all-reduce, or reduce-scatter + parameter
 all-gather under ZeRO-1/2, and per-micro-batch gathers under ZeRO-3/FSDP (Rajbhandari et al.,
 ZeRO, SC'20; a pipeline stage's gradients are reduced once per step, ``_training_dp``). Each
-kind hides up to its overlap fraction behind independent compute; the
-compute it hides behind runs slower while the collective occupies SMs and memory bandwidth
+kind hides up to its overlap fraction behind independent compute, per link: kinds on NVLink
+and on the NIC overlap the same compute concurrently, kinds on one link share it, and the
+asynchronous pipeline and data-parallel streams also run while the compute stream waits on the
+other link's exposed collectives (``_training_links``); the compute it hides behind runs slower while the collective occupies SMs and memory bandwidth
 (``time.contention``: the measured mean compute slowdown under overlap, arXiv:2507.03114,
 ``data/overlap_contention.json``). Megatron-core's EP communication overlap merges one
 micro-batch's forward with another's backward layer by layer; what of the EP all-to-all it hides
@@ -88,6 +90,7 @@ from cost_model._training_comm import (
 from cost_model._training_dp import contention_seconds, dp_and_optimizer, hidden_seconds
 from cost_model._training_ep_overlap import MergedPairs, ep_overlap_applies, merged_pairs
 from cost_model._training_host import LayerGpuParts, exposed_host_s
+from cost_model._training_links import LinkWindows, crosses_nodes
 from cost_model._workload import Training
 
 if TYPE_CHECKING:
@@ -796,18 +799,21 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
     times = table_collective_times(ctx)
     mb = micro_batch_times(ctx, times)
     compute = mb.forward + mb.backward + mb.recompute
-    # Compute hides communication once: each kind takes what the kinds before it left, CP only
-    # behind core attention; what remains is the window of the data-parallel traffic.
-    exposed, hidden, free = {}, {}, compute
+    # Each link's traffic hides behind the compute once: a kind takes what the kinds before it
+    # on the same link left (they share its bandwidth), CP only behind core attention; kinds on
+    # NVLink and on the NIC overlap the same compute concurrently (``_training_links``). What
+    # each link leaves is the window of the pipeline and data-parallel traffic on it.
+    exposed, hidden, windows = {}, {}, LinkWindows(compute)
     fractions = {kind: ctx.overlap_fraction(kind) for kind in ("cp_comm", "tp_comm", "ep_comm")}
     merged, pairs = _ep_overlap(ctx, mb, times)
     fractions["ep_comm"] = np.where(merged, pairs.hidden_fraction, fractions["ep_comm"])
     for kind in ("cp_comm", "tp_comm", "ep_comm"):
-        comm = mb.comm[kind]
+        comm, on_nic = mb.comm[kind], crosses_nodes(ctx, kind)
+        free = windows.free(on_nic)
         window = np.minimum(mb.core_attention, free) if kind == "cp_comm" else free
         hidden[kind] = hidden_seconds(comm, fraction=fractions[kind], window=window)
         exposed[kind] = comm - hidden[kind]
-        free = free - hidden[kind]
+        windows.take(hidden[kind], exposed=exposed[kind], on_nic=on_nic)
     # Hidden traffic is not free: the compute it runs beside slows down (``contention_seconds``).
     contention = contention_seconds(sum(hidden.values()))
     offload = _exposed_offload(ctx, mb)
@@ -840,7 +846,8 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
     # latency the bubble's compute-only count leaves out; Narayanan et al. SC'21 sec. 2.2).
     v = ctx.column("virtual_stages")
     hops = np.where(ctx.column("pp") > 1, ctx.column("pp") * v - 1.0, 0.0)
-    steady, pp_hidden = _pipeline_p2p(ctx, m=m, v=v, p2p=times.pp_p2p, free=m * pick(free))
+    pp_free = windows.stream_window(crosses_nodes(ctx, "pp_comm"))
+    steady, pp_hidden = _pipeline_p2p(ctx, m=m, v=v, p2p=times.pp_p2p, free=m * pick(pp_free))
     pp_comm = steady - pp_hidden + 2.0 * hops * times.pp_p2p
     mb_contention = mb_contention + contention_seconds(pp_hidden)
     # Each micro-batch's schedule actions on a stage cost host time beyond the send/recv.
@@ -849,7 +856,10 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
         ctx.column("pp") > 1, m * ctx.column("virtual_stages") * schedule_s, 0.0
     )
     columns["time.pp_comm"], columns["hidden.pp_comm"] = pp_comm, pp_hidden
-    dp_exposed, dp_hidden, optimizer = dp_and_optimizer(ctx, free_compute=free, times=times, mb=mb)
+    dp_free = windows.stream_window(crosses_nodes(ctx, "dp_comm"))
+    dp_exposed, dp_hidden, optimizer = dp_and_optimizer(
+        ctx, free_compute=dp_free, times=times, mb=mb
+    )
     columns["time.dp_comm"], columns["hidden.dp_comm"], columns["time.optimizer"] = (
         dp_exposed,
         dp_hidden,
@@ -865,8 +875,8 @@ def _pipeline_p2p(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(steady-state, hidden) pipeline send/recv seconds per step: one activation forward and
     one gradient backward per micro-batch and model chunk. Asynchronous sends and receives
-    (``EstimateOptions.pipeline_p2p_overlap``) hide them behind the step's compute that no
-    other traffic took (``free``); blocking ones hide nothing."""
+    (``EstimateOptions.pipeline_p2p_overlap``) hide them behind the step's time their link's
+    other traffic left (``free``, ``LinkWindows.stream_window``); blocking ones hide nothing."""
     steady = np.where(ctx.column("pp") > 1, 2.0 * m * v * p2p, 0.0)
     if not ctx.options.pipeline_p2p_overlap:
         return steady, np.zeros_like(steady)

@@ -101,7 +101,9 @@ def _data_parallel_comm(
     * ZeRO-3/FSDP: per layer (``_fsdp_comm``); under pipeline parallelism once per step
       for the gradients (``_pipeline_fsdp_comm``, where ``_memory.pipeline_unsharded_stage``
       holds the stage unsharded).
-    ``free_compute``: one micro-batch's compute not already hiding TP/EP/CP traffic; its
+    ``free_compute``: the time of one micro-batch the data-parallel stream may run in — the
+    compute not already hiding TP/EP/CP traffic on the same link, plus the compute stream's
+    waits on the other link's exposed collectives (``_training_links.LinkWindows``); its
     forward and backward keep their shares of it.
     """
     zero = np.asarray(ctx.table["zero_stage"])
