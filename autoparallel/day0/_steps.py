@@ -265,8 +265,10 @@ def _plan(context: Day0Context, kind: str) -> list[Path]:
         plan, cluster, workload, more = _search(context, kind, with_slos=False)
         tried += more
     if plan is None:
-        raise RuntimeError(
-            f"no {kind} layout fits up to {tried[-1]['devices']} devices: {tried[-1]['why_not']}"
+        # No size up to the search limit holds a layout: the report states what does not fit
+        # and by how much (the planner's infeasibility message) and the other steps go on.
+        raise StepSkipped(
+            f"no {kind} layout fits up to {tried[-1]['devices']:,} devices: {tried[-1]['why_not']}"
         )
     plan_path = plan.save(context.folder / f"plan-{kind}.json")
     cluster_path = cluster.save(context.folder / f"cluster-{kind}.json")
