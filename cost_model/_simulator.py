@@ -84,6 +84,9 @@ class _ScalarCost:
             float("inf") if cost.graph_max_tokens is None else float(cost.graph_max_tokens[0])
         )
         self.prefill_graphs = cost.prefill_graphs
+        # An iteration's cost depends on its three arguments only; coupled ranks and long runs
+        # repeat the same few, so each is computed once.
+        self._seen: dict[tuple[int, int, bool], float] = {}
 
     def _interpolate(self, values: list[float], tokens: float) -> float:
         upper = min(max(bisect.bisect_left(self.grid, tokens), 1), len(self.grid) - 1)
@@ -98,6 +101,13 @@ class _ScalarCost:
     def __call__(self, decodes: int, prefill_tokens: int, extend_in_batch: bool = False) -> float:
         """``IterationCost.seconds`` of one iteration, in plain floats; ``extend_in_batch``: a
         coupled rank prefills (``DP_ATTENTION_COUPLING``), so no rank replays a decode graph."""
+        key = (decodes, prefill_tokens, extend_in_batch)
+        seconds = self._seen.get(key)
+        if seconds is None:
+            seconds = self._seen[key] = self._seconds(decodes, prefill_tokens, extend_in_batch)
+        return seconds
+
+    def _seconds(self, decodes: int, prefill_tokens: int, extend_in_batch: bool) -> float:
         linear = self._interpolate(self.linear, max(float(decodes), 1.0))
         tokens = max(float(decodes + prefill_tokens), 1.0)
         if prefill_tokens > 0:
