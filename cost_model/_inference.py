@@ -1109,42 +1109,53 @@ def _sglang_dp_gathers(s: _Setup) -> np.ndarray:
     return gathers
 
 
-def _sglang_dp_gather_scatter(s: _Setup, rank_tokens: np.ndarray, *, decode: bool) -> np.ndarray:
-    """SGLang's gather of one MoE layer's input over the instance (its TP group) and the
-    return of the summed expert outputs, (n,) seconds, on ``_sglang_dp_gathers`` rows; the sum
-    over the EP and MoE-tp ranks rides on the return. The collectives follow SGLang's padding
-    mode (``DpPaddingMode.get_dp_padding_mode``, ``srt/layers/dp_attention.py``, 0.5.23): an
-    extend (prefill) batch over several replicas is ``SUM_LEN``, and so is a decode batch whose
-    gathered buffer fits the custom all-reduce (``_decode_sum_len_fits_custom_all_reduce``: one
-    NVLink node, ``SGLANG_DP_ALL_REDUCE_MAX_BYTES``): the gather is an all-reduce of the
-    zero-padded buffer (``_dp_gather_via_all_reduce``) and the return an all-reduce and a local
-    slice (``all_reduce_to_dp_local``, as ``_select_dp_reduce_scatter`` picks no reduce-scatter
-    outside ``MAX_LEN``). A larger even decode batch is ``MAX_LEN``: an all-gather
-    (``_dp_gather_via_all_gather``) and a reduce-scatter (``dp_reduce_scatter_tensor``). Both
-    move the instance's hidden states in the activation dtype (the FP8 gather is opt-in:
-    ``SGLANG_ENABLE_DP_GATHER_FP8``, off by default)."""
-    instance = instance_size(tp=s.column("tp"), ep=s.column("ep"), etp=s.column("etp"))
-    gathered = (
-        rank_tokens * instance * s.model.hidden_size * dtype_bytes(s.workload.activation_dtype)
-    )
-    one_node = instance <= s.cluster.devices_per_node
+def _sglang_dp_gather_return(s: _Setup, gathered: np.ndarray, group, *, decode: bool) -> np.ndarray:
+    """SGLang's gather of one layer's FFN input over ``group`` ranks under attention data
+    parallel and the return of its summed output, (n,) seconds, for a ``gathered`` buffer of
+    bytes. Every layer of a forward follows the batch's padding mode
+    (``DpPaddingMode.get_dp_padding_mode``, ``srt/layers/dp_attention.py``, read in SGLang
+    0.5.23): an extend (prefill) batch over several replicas is ``SUM_LEN``, and so is a decode
+    batch whose gathered buffer fits the custom all-reduce without an a2a MoE backend
+    (``_decode_sum_len_fits_custom_all_reduce``: ``--moe-a2a-backend none``, one NVLink node,
+    ``SGLANG_DP_ALL_REDUCE_MAX_BYTES``): the gather is an all-reduce of the zero-padded buffer
+    (``_dp_gather_via_all_reduce``) and the return an all-reduce and a local slice
+    (``all_reduce_to_dp_local``, as ``_select_dp_reduce_scatter`` in
+    ``srt/layers/layer_boundary/exit.py`` picks no reduce-scatter outside ``MAX_LEN``). Any
+    other even decode batch is ``MAX_LEN`` (the cost-based choice, ``sum_len * 2 >= max_len *
+    width``): an all-gather (``_dp_gather_via_all_gather``) and a reduce-scatter
+    (``dp_reduce_scatter_tensor``). Both move hidden states in the activation dtype (the FP8
+    gather is opt-in: ``SGLANG_ENABLE_DP_GATHER_FP8``, off by default)."""
+    one_node = group <= s.cluster.devices_per_node
 
     def collective(op: str) -> np.ndarray:
         return collective_time_s(
             cluster=s.cluster,
             op=op,
-            group_size=instance,
-            ranks_per_node=np.minimum(instance, s.cluster.devices_per_node),
+            group_size=group,
+            ranks_per_node=np.minimum(group, s.cluster.devices_per_node),
             message_bytes=gathered,
             calibration=s.calibration,
             rows=s.rows,
         )
 
     all_reduces = 2.0 * collective("all_reduce")
-    sum_len = (not decode) | (one_node & (gathered <= SGLANG_DP_ALL_REDUCE_MAX_BYTES))
+    fits = one_node & (gathered <= SGLANG_DP_ALL_REDUCE_MAX_BYTES) & ~_sglang_deepep(s)
+    sum_len = (not decode) | fits
     if np.all(sum_len):
         return all_reduces
     return np.where(sum_len, all_reduces, collective("all_gather") + collective("reduce_scatter"))
+
+
+def _sglang_dp_gather_scatter(s: _Setup, rank_tokens: np.ndarray, *, decode: bool) -> np.ndarray:
+    """SGLang's gather of one MoE layer's input over the instance (its TP group) and the
+    return of the summed expert outputs, (n,) seconds, on ``_sglang_dp_gathers`` rows; the sum
+    over the EP and MoE-tp ranks rides on the return. The collectives follow SGLang's padding
+    mode (``_sglang_dp_gather_return``)."""
+    instance = instance_size(tp=s.column("tp"), ep=s.column("ep"), etp=s.column("etp"))
+    gathered = (
+        rank_tokens * instance * s.model.hidden_size * dtype_bytes(s.workload.activation_dtype)
+    )
+    return _sglang_dp_gather_return(s, gathered, instance, decode=decode)
 
 
 def _sglang_expert_comm(s: _Setup, rank_tokens: np.ndarray, *, decode: bool) -> np.ndarray:
@@ -1163,10 +1174,17 @@ def _sglang_expert_comm(s: _Setup, rank_tokens: np.ndarray, *, decode: bool) -> 
 
 
 def _expert_collectives(s: _Setup) -> np.ndarray:
-    """Rows whose MoE layers launch an EP dispatch and combine, (n,) bool: SGLang's DeepEP rows
-    (``_sglang_expert_comm``); every expert-parallel row of the other engines."""
+    """Rows whose MoE layers launch an EP dispatch and combine, (n,) bool, the rows
+    ``_expert_comm`` prices traffic on: SGLang's DeepEP rows (``_sglang_expert_comm``); vLLM's
+    expert-parallel rows whose experts span attention replicas, as vLLM launches its all2all
+    kernels only with data parallel > 1 (``FusedMoEParallelConfig.use_all2all_kernels``,
+    ``model_executor/layers/fused_moe/config.py``; read in vLLM 0.33.0) and inside one replica
+    launches none (``_gather_scatter_expert_comm``); every expert-parallel row of the other
+    engines."""
     if s.profile.engine == "sglang":
         return _sglang_deepep(s)
+    if s.profile.engine == "vllm":
+        return _experts_span_replicas(s) & (s.column("ep") > 1)
     return s.column("ep") > 1
 
 
@@ -1182,17 +1200,18 @@ def _expert_comm(s: _Setup, rank_tokens: np.ndarray, *, decode: bool) -> np.ndar
     deepep = _deepep_expert_comm(s, rank_tokens, decode=decode)
     if s.profile.engine != "vllm":
         return deepep
-    spans = _experts_span_replicas(s)
     auto = np.asarray(s.table["a2a_backend"], dtype=np.int64) == A2A_BACKEND_CODES["auto"]
-    return np.where(auto, _gather_scatter_expert_comm(s, rank_tokens), np.where(spans, deepep, 0.0))
+    priced = np.where(auto, _gather_scatter_expert_comm(s, rank_tokens), deepep)
+    return np.where(_expert_collectives(s), priced, 0.0)
 
 
 def _comm_times(s: _Setup, p: ops.Pass) -> dict[str, np.ndarray]:
     """TP, EP, CP and PP traffic of one pass on each pipeline rank, (3, n) seconds.
 
     TP attention all-reduces after attention and after the FFN of every layer (Megatron); under
-    attention-DP only the tp-sharded dense FFN gathers its tokens and scatters them back. SGLang's
-    MoE layers without DeepEP gather and return over the instance under attention data parallel
+    attention-DP only the tp-sharded dense FFN gathers its tokens and scatters them back (in
+    SGLang by the batch's padding mode, ``_sglang_dp_gather_return``). SGLang's MoE layers
+    without DeepEP gather and return over the instance under attention data parallel
     (``_sglang_dp_gather_scatter``), in place of their FFN all-reduce.
     """
     model, lay = s.model, s.layout
@@ -1214,8 +1233,13 @@ def _comm_times(s: _Setup, p: ops.Pass) -> dict[str, np.ndarray]:
             tp_time = np.where(sequence_parallel, split, tp_time)
     if np.any((tp > 1) & s.attention_dp) and model.num_dense_ffn_layers:
         gathered = attention_tokens * tp * h * act
-        gather = _collective(s, "all_gather", "tp", tp, gathered)
-        gather_scatter = gather + _collective(s, "reduce_scatter", "tp", tp, gathered)
+        if s.profile.engine == "sglang":  # the batch's padding mode, as in its MoE layers
+            # (the dense FFN is tp-sharded unless ``--moe-dense-tp-size 1``:
+            # ``is_dense_ffn_fully_dp``, ``srt/layers/layer_boundary/layout.py``)
+            gather_scatter = _sglang_dp_gather_return(s, gathered, tp, decode=p.decode)
+        else:
+            gather = _collective(s, "all_gather", "tp", tp, gathered)
+            gather_scatter = gather + _collective(s, "reduce_scatter", "tp", tp, gathered)
         tp_time = np.where(s.attention_dp, lay.dense_layers * gather_scatter, tp_time)
     gathers = _sglang_dp_gathers(s)
     if np.any(gathers):  # SGLang's MoE layers gather and return over the instance instead of

@@ -95,30 +95,58 @@ def test_sglang_ep_spanning_the_instance_pays_deepep() -> None:
 def test_sglang_attention_dp_without_deepep_gathers_and_returns_over_the_tp_group(
     ep: int, etp: int
 ) -> None:
-    # --tp-size 8 --attn-dp-size 8 --moe-a2a-backend none: each MoE layer gathers the 8
-    # replicas' BF16 hidden states over the TP group and returns the summed outputs; the dense
-    # layers' gather / scatter is the DeepEP row's (tp8 ep8 attn-dp), whose MoE layers add none
+    # --tp-size 8 --attn-dp-size 8 --moe-a2a-backend none: every layer gathers the 8 replicas'
+    # BF16 hidden states over the TP group and returns the summed outputs (the MoE layers and
+    # the tp-sharded dense FFN alike, in the batch's one padding mode); attention adds none
     layout = {"tp": 8, "ep": ep, "etp": etp, "attention_data_parallel": True}
-    dense_only = {"tp": 8, "ep": 8, "etp": 1, "attention_data_parallel": True}
     gathered = 8 * BATCH * DSV3.hidden_size * 2.0
 
-    def moe_tp_seconds(phase: str = "decode", batch: int = BATCH) -> float:
+    def tp_seconds(phase: str = "decode", batch: int = BATCH) -> float:
         out = _run("sglang", phase=phase, batch=batch, **layout)
         assert _seconds(out, "ep_comm", phase) == 0.0
-        dense = _run("sglang", phase=phase, batch=batch, **dense_only)
-        return _seconds(out, "tp_comm", phase) - _seconds(dense, "tp_comm", phase)
+        return _seconds(out, "tp_comm", phase)
 
     # decode, small buffer (SUM_LEN): an all-reduce to gather, one to sum and return
-    expected = MOE_LAYERS * 2.0 * _collective("all_reduce", gathered)
-    assert np.isclose(moe_tp_seconds(), expected, rtol=1e-9)
+    expected = DSV3.num_layers * 2.0 * _collective("all_reduce", gathered)
+    assert np.isclose(tp_seconds(), expected, rtol=1e-9)
     # prefill: extend batches are SUM_LEN too
-    expected = MOE_LAYERS * 2.0 * _collective("all_reduce", gathered * 1024)
-    assert np.isclose(moe_tp_seconds("prefill"), expected, rtol=1e-9)
+    expected = DSV3.num_layers * 2.0 * _collective("all_reduce", gathered * 1024)
+    assert np.isclose(tp_seconds("prefill"), expected, rtol=1e-9)
     # decode past the custom all-reduce's 16 MiB (MAX_LEN): all-gather and reduce-scatter
     big = gathered * 1024 / BATCH
     assert big > inference.SGLANG_DP_ALL_REDUCE_MAX_BYTES
-    expected = MOE_LAYERS * (_collective("all_gather", big) + _collective("reduce_scatter", big))
-    assert np.isclose(moe_tp_seconds(batch=1024), expected, rtol=1e-9)
+    expected = DSV3.num_layers * (
+        _collective("all_gather", big) + _collective("reduce_scatter", big)
+    )
+    assert np.isclose(tp_seconds(batch=1024), expected, rtol=1e-9)
+
+
+def test_sglang_deepep_attention_dp_dense_layers_follow_the_padding_mode() -> None:
+    # --tp-size 8 --attn-dp-size 8 --moe-a2a-backend deepep: only the dense layers gather over
+    # the TP group. An extend batch is SUM_LEN (all-reduces of the zero-padded buffer); a decode
+    # batch skips the custom all-reduce shortcut under an a2a backend and an even one is MAX_LEN
+    layout = {"tp": 8, "ep": 8, "etp": 1, "attention_data_parallel": True}
+    dense = DSV3.num_dense_ffn_layers
+    gathered = 8 * BATCH * DSV3.hidden_size * 2.0
+    prefill = _run("sglang", phase="prefill", **layout)
+    expected = dense * 2.0 * _collective("all_reduce", gathered * 1024)
+    assert np.isclose(_seconds(prefill, "tp_comm", "prefill"), expected, rtol=1e-9)
+    decode = _run("sglang", **layout)
+    expected = dense * (
+        _collective("all_gather", gathered) + _collective("reduce_scatter", gathered)
+    )
+    assert np.isclose(_seconds(decode, "tp_comm"), expected, rtol=1e-9)
+
+
+def test_vllm_attention_dp_dense_layers_keep_all_gather_and_reduce_scatter() -> None:
+    layout = {"tp": 8, "ep": 8, "etp": 1, "attention_data_parallel": True}
+    gathered = 8 * BATCH * DSV3.hidden_size * 2.0
+    out = _run("vllm", phase="prefill", **layout)
+    message = gathered * 1024
+    expected = DSV3.num_dense_ffn_layers * (
+        _collective("all_gather", message) + _collective("reduce_scatter", message)
+    )
+    assert np.isclose(_seconds(out, "tp_comm", "prefill"), expected, rtol=1e-9)
 
 
 def _exported_flags(config: ParallelConfig) -> dict[str, str]:

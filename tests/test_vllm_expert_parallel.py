@@ -101,3 +101,40 @@ def test_vllm_tensor_parallel_replicas_scatter_and_gather_around_their_moe_layer
     assert np.isclose(out["time.decode_tp_comm"][0], expected, rtol=1e-9)
     sglang = _run("sglang", dp=2, tp=4, ep=8)["time.decode_tp_comm"][0]
     assert np.isclose(sglang, _run("sglang", tp=4, ep=4)["time.decode_tp_comm"][0])
+
+
+def _kernels(engine: str, configs) -> list[float]:
+    from cost_model import EstimateOptions, configs_to_table
+    from cost_model import _inference as inference
+
+    workload = Inference(
+        prompt_tokens=1024, output_tokens=1024, weight_dtype="fp8", serving_engine=engine
+    )
+    s = inference._setup(
+        model=DSV3,
+        cluster=B200,
+        workload=workload,
+        table=configs_to_table(configs),
+        options=EstimateOptions(),
+    )
+    return np.max(inference._kernels_per_pass(s), axis=0).tolist()
+
+
+def test_expert_kernel_count_follows_the_priced_path() -> None:
+    # an EP group inside one attention replica launches no dispatch / combine kernels in vLLM
+    # (``use_all2all_kernels`` false) nor in SGLang without DeepEP; across replicas (vLLM) or
+    # over the whole instance (SGLang's DeepEP) each MoE layer launches two
+    from cost_model import ParallelConfig
+
+    configs = [
+        ParallelConfig(tp=8, ep=1, etp=8),
+        ParallelConfig(tp=8, ep=8),
+        ParallelConfig(tp=8, ep=4, etp=2),
+    ]
+    vllm = _kernels("vllm", configs)
+    assert vllm[0] == vllm[1] == vllm[2]
+    spanning = _kernels("vllm", [ParallelConfig(dp=8, ep=8), ParallelConfig(dp=8, ep=1)])
+    assert spanning[0] - spanning[1] == 2.0 * MOE_LAYERS
+    sglang = _kernels("sglang", configs)
+    assert sglang[0] == sglang[2]
+    assert sglang[1] - sglang[0] == 2.0 * MOE_LAYERS  # DeepEP: ep == instance size
