@@ -78,3 +78,20 @@ def test_vllm_coupling_raises_tpot_in_both_models(dp_ep) -> None:
         assert figures[name][0] == pytest.approx(figures[name][1], rel=0.10), figures
     for source in (0, 1):
         assert figures["built"][source] > 1.2 * figures["alone"][source], figures
+
+
+def test_the_graph_vote_adds_nothing_beyond_the_slowest_rank(dp_ep) -> None:
+    """The ranks run a graph only where every rank's batch fits the capture sizes
+    (``coordinate_batch_across_dp`` takes the minimum mode): a rank held eager by another's
+    batch past the capture sizes costs at most that rank's own eager iteration, so the
+    iteration's cost stays the slowest rank's, and mixed batches within them keep their
+    piecewise graphs (a decode held by another rank's prompt costs its graphed time)."""
+    cost, _ = dp_ep
+    assert cost.prefill_graphs and cost.graph_max_tokens is not None
+    past = np.array([[float(cost.graph_max_tokens[0]) + 1.0, 8192.0]])
+    prompts_alone = cost.seconds(np.zeros_like(past), past)
+    assert np.all(cost.eager(past, past))
+    assert np.all(prompts_alone >= cost.eager_host_s[0] + cost.floor_s[0] - 1e-12)
+    decodes = np.array([[1.0, 16.0, 256.0]])
+    graphed = cost.seconds(decodes, np.zeros_like(decodes))
+    np.testing.assert_allclose(cost.decode_in_extend_s(decodes), graphed)
