@@ -30,6 +30,7 @@ from cost_model import _inference_ops as ops
 from cost_model._common import REASON_CODES, EstimateOptions, memory_reason
 from cost_model._engine_paths import attention_replicas
 from cost_model._inference import (
+    _experts_span_replicas,
     _memory_parts,
     _pass_memory,
     _pass_parts,
@@ -236,11 +237,19 @@ def _policy(s: _Setup, max_running: np.ndarray) -> LoadPolicy:
 
 def _coupled_ranks(s: _Setup) -> np.ndarray:
     """Attention replicas of each row's instance that iterate together, (n,): SGLang's data
-    parallel attention ranks (``_serving_load.DP_ATTENTION_COUPLING``), 1 elsewhere (each of
-    vLLM's and TensorRT-LLM's replicas, and every SGLang replica without attention data
-    parallel, iterates alone here)."""
+    parallel attention ranks (``_serving_load.DP_ATTENTION_COUPLING``), vLLM's data-parallel
+    ranks whose experts span them (``_serving_load.VLLM_DP_EP_COUPLING``: the expert group's
+    ``ep x etp`` ranks over one replica's ``cp x`` attention shard), 1 elsewhere (each of
+    TensorRT-LLM's replicas, vLLM's replicas with their own experts, and every SGLang replica
+    without attention data parallel, iterates alone here)."""
+    ones = np.ones(s.phase.shape[0])
+    if s.profile.engine == "vllm":
+        if s.model.moe is None:
+            return ones
+        spanned = s.column("ep") * s.column("etp") / (s.column("cp") * s.shard)
+        return np.where(_experts_span_replicas(s), np.maximum(spanned, 1.0), ones)
     if s.profile.engine != "sglang":
-        return np.ones(s.phase.shape[0])
+        return ones
     replicas = attention_replicas(
         tp=s.column("tp"),
         ep=s.column("ep"),

@@ -33,7 +33,8 @@ approach ``max_running`` (a G/G/c queue: Halfin-Whitt's Erlang C, Allen-Cunneen'
 ``_admission_wait``) (``open_loop``).
 
 The data-parallel attention ranks of one SGLang instance iterate together
-(``DP_ATTENTION_COUPLING``): where their requests drift apart (output lengths that vary, or
+(``DP_ATTENTION_COUPLING``), as do vLLM's data-parallel ranks whose experts span them
+(``VLLM_DP_EP_COUPLING``): where their requests drift apart (output lengths that vary, or
 Poisson arrivals), a rank's decode iteration lasts another rank's prefill iteration whenever
 one of them prefills (``_coupled_decode_s``); lock-step waves of equal requests prefill on
 every rank at once, so they stall no further.
@@ -351,7 +352,8 @@ class LoadPolicy:
     output_tokens_cv: float = 0.0
     #: coefficient of variation of the uncached prompt length
     prompt_tokens_cv: float = 0.0
-    #: data-parallel attention ranks whose iterations run together (``DP_ATTENTION_COUPLING``);
+    #: data-parallel attention ranks whose iterations run together (``DP_ATTENTION_COUPLING``,
+    #: ``VLLM_DP_EP_COUPLING``);
     #: 1 where each replica iterates alone
     coupled_ranks: np.ndarray | float = 1.0
 
@@ -392,6 +394,25 @@ def _pick(values, pick: slice) -> np.ndarray:
 #: 0.4.x). So an iteration lasts as long as its slowest rank, and a prompt on one rank holds
 #: the decodes of every other rank for its prefill iteration, which they run without a graph.
 DP_ATTENTION_COUPLING = "sglang --enable-dp-attention: ranks iterate together"
+
+#: Coupling of vLLM's data-parallel ranks under expert parallelism (``--data-parallel-size``
+#: with ``--enable-expert-parallel``: the experts span the attention replicas), priced with the
+#: same machinery as ``DP_ATTENTION_COUPLING``. The MoE layers' collectives run over every DP
+#: rank, so all step together: ``DPEngineCoreProc.run_busy_loop`` (``v1/engine/core.py``) runs
+#: ``execute_dummy_batch`` on a rank without scheduled requests while the wave runs, and
+#: all-reduces the ranks' unfinished requests each step (``_has_global_unfinished_reqs``);
+#: before each forward the ranks all-reduce their token counts and CUDA-graph modes
+#: (``coordinate_batch_across_dp`` in ``v1/worker/dp_utils.py``, called from
+#: ``GPUModelRunner._determine_batch_execution_and_padding``): the mode is the minimum over
+#: the ranks (any rank eager, all eager) and, under a graph, every rank pads to the largest
+#: count (``_post_process_dp_padding``; the counts reach the MoE layers as
+#: ``forward_context.DPMetadata``); read in vLLM 0.33. vLLM mixes a rank's prompt chunks with
+#: its decodes, so where another rank prefills, a rank's decode iteration lasts that rank's
+#: mixed iteration (``prefill_iteration_s``, the slowest rank); the graph vote adds nothing
+#: beyond it: mixed batches replay piecewise graphs (``prefill_graphs``), and a batch past the
+#: capture sizes is eager on its own rank as well, so that rank already costs at least the
+#: eager host time the others are held to.
+VLLM_DP_EP_COUPLING = "vllm --data-parallel-size with --enable-expert-parallel: ranks step together"
 
 
 def _coupled_decode_s(

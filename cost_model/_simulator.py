@@ -21,8 +21,9 @@ as ``vllm bench serve`` and ``sglang.bench_serving`` report it) and the end-to-e
 the engine's per-request overhead. Load is closed-loop (``concurrency`` clients, each sending
 its next request when the previous completes) or open-loop (Poisson ``request_rate_per_s``),
 as in Vidur (Agrawal et al., MLSys'24) and DistServe's simulator (Zhong et al., OSDI'24).
-The data-parallel attention ranks of one SGLang instance are simulated together, each with
-its own scheduler and requests, iterating as one (``_serving_load.DP_ATTENTION_COUPLING``).
+The data-parallel attention ranks of one SGLang instance, and vLLM's data-parallel ranks whose
+experts span them, are simulated together, each with its own scheduler and requests, iterating
+as one (``_serving_load.DP_ATTENTION_COUPLING``, ``_serving_load.VLLM_DP_EP_COUPLING``).
 """
 
 from __future__ import annotations

@@ -42,13 +42,14 @@ def attention_dp():
 
 def test_only_sglang_attention_data_parallel_ranks_are_coupled(attention_dp) -> None:
     """Eight attention replicas of one SGLang instance iterate together; tensor-parallel
-    attention, or another engine's replicas, iterate alone."""
+    attention, or vLLM's replicas whose experts stay inside each, iterate alone
+    (``tests/test_vllm_dp_coupling.py``: vLLM's ranks whose experts span them are coupled)."""
     _, policy = attention_dp
     assert float(np.asarray(policy.coupled_ranks)[0]) == 8.0
     _, tensor_parallel = _inputs(ParallelConfig(tp=8, ep=8))
     assert float(np.asarray(tensor_parallel.coupled_ranks)[0]) == 1.0
     vllm = WORKLOAD.model_copy(update={"serving_engine": "vllm"})
-    _, vllm_policy = _inputs(ATTENTION_DP, vllm)
+    _, vllm_policy = _inputs(ParallelConfig(tp=8, ep=8), vllm)  # experts within one replica
     assert float(np.asarray(vllm_policy.coupled_ranks)[0]) == 1.0
 
 
