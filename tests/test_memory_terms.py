@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -142,18 +144,8 @@ def test_fp8_cached_inputs_cut_the_activation_of_a_405b_pipeline_rank() -> None:
     assert np.all((ratio > 0.7) & (ratio < 0.9))
 
 
-DENSE = {
-    "model_type": "llama",
-    "num_hidden_layers": 8,
-    "hidden_size": 2048,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 4,
-    "head_dim": 128,
-    "intermediate_size": 6144,
-    "vocab_size": 32000,
-    "max_position_embeddings": 8192,
-    "tie_word_embeddings": False,
-}
+#: A small dense Llama-style config (tests/data/dense_8_layers.json).
+DENSE = json.loads((Path(__file__).parent / "data" / "dense_8_layers.json").read_text())
 
 
 def _activations(model, config, **options) -> float:

@@ -3,6 +3,9 @@ the gradients of a pipeline stage (FSDP2 under torch.distributed.pipelining)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -16,18 +19,8 @@ from cost_model._training_comm import table_collective_times
 from cost_model._training_dp import _data_parallel_comm
 from topology import get_preset
 
-DENSE = {
-    "model_type": "llama",
-    "num_hidden_layers": 8,
-    "hidden_size": 2048,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 4,
-    "head_dim": 128,
-    "intermediate_size": 6144,
-    "vocab_size": 32000,
-    "max_position_embeddings": 8192,
-    "tie_word_embeddings": False,
-}
+#: A small dense Llama-style config (tests/data/dense_8_layers.json).
+DENSE = json.loads((Path(__file__).parent / "data" / "dense_8_layers.json").read_text())
 MODEL = ModelSpec.from_hf_config(DENSE, name="dense")
 PIPELINED = ParallelConfig(dp=8, pp=2, micro_batch_size=1, zero_stage=3)
 

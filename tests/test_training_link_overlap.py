@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -16,19 +19,7 @@ from cost_model._training_links import LinkWindows, crosses_nodes
 from topology import get_preset
 
 MODEL = ModelSpec.from_hf_config(
-    {
-        "model_type": "llama",
-        "num_hidden_layers": 8,
-        "hidden_size": 2048,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 4,
-        "head_dim": 128,
-        "intermediate_size": 6144,
-        "vocab_size": 32000,
-        "max_position_embeddings": 8192,
-        "tie_word_embeddings": False,
-    },
-    name="dense",
+    json.loads((Path(__file__).parent / "data" / "dense_8_layers.json").read_text()), name="dense"
 )
 NIC, NVLINK = np.array([True]), np.array([False])
 
