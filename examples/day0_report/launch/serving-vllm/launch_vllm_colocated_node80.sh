@@ -11,7 +11,7 @@ VLLM_PP_LAYER_PARTITION=1,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,
     --enable-expert-parallel \
     --all2all-backend deepep_high_throughput \
     --kv-cache-dtype fp8 \
-    --max-num-seqs 1 \
+    --max-num-seqs 2 \
     --nnodes 128 \
     --node-rank 80 \
     --master-addr ${MASTER_ADDR} \
