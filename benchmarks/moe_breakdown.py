@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from cost_model import _validation
-from cost_model._training import training_context
+from cost_model._training_context import training_context
 from cost_model._training_host import host_parts
 
 PARTS = ("compute", "ep_comm", "pp_comm", "dp_comm", "tp_comm", "bubble", "recompute")

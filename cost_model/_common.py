@@ -170,7 +170,7 @@ class EstimateOptions(BaseModel):
     one graph launch instead of issuing each operator (``_training_host``: a stretch takes
     max(host issue time, GPU time)).
     ``measured_attention``: training prices fused causal attention at the efficiency measured
-    for its sequence and heads (``_training.measured_core_attention_time``) instead of the
+    for its sequence and heads (``_training_ops.measured_core_attention_time``) instead of the
     calibration's single attention efficiency; off by default: on, the whole runs it speeds up
     come out too fast elsewhere (its docstring).
     """

@@ -26,7 +26,8 @@ from cost_model._model_spec import ModelSpec
 from cost_model._parallel import ParallelConfig
 from cost_model._rules import check_sequence_fits
 from cost_model._table import configs_to_table
-from cost_model._training import model_flops_per_step, training_context, training_time_columns
+from cost_model._training import model_flops_per_step, training_time_columns
+from cost_model._training_context import training_context
 from cost_model._units import human_bytes
 from cost_model._workload import Inference, Training
 

@@ -151,7 +151,7 @@ from cost_model._serving_columns import (
 from cost_model._serving_load import ServingProfile, serving_profile
 from cost_model._serving_precision import check_serving_precision
 from cost_model._table import table_length
-from cost_model._training import kernels_per_layer
+from cost_model._training_ops import kernels_per_layer
 from cost_model._units import dtype_bytes
 from cost_model._workload import Inference
 

@@ -49,7 +49,7 @@ from cost_model._training_comm import (
 )
 
 if TYPE_CHECKING:
-    from cost_model._training import TrainingContext
+    from cost_model._training_context import TrainingContext
 
 __all__ = [
     "memory_columns",
@@ -265,9 +265,9 @@ def _score_bytes(ctx: TrainingContext) -> np.ndarray:
 
 def op_level_selective_bytes(ctx: TrainingContext, *, default: np.ndarray) -> np.ndarray:
     """Activation bytes per micro-batch on each rank (3, n) under selective recompute, where
-    the framework checkpoints at operator level (``_training._selective_recompute``): each layer keeps
-    its input, every second matmul output (half of the Q, K, V, output, gate, up and down
-    projection outputs), the attention output and its fp32 log-sum-exp. ``default`` (the
+    the framework checkpoints at operator level (``_training_micro_batch._selective_recompute``):
+    each layer keeps its input, every second matmul output (half of the Q, K, V, output, gate,
+    up and down projection outputs), the attention output and its fp32 log-sum-exp. ``default`` (the
     Megatron accounting) elsewhere, and for MoE layers."""
     if ctx.framework is None or ctx.framework.selective_recompute != "every_second_matmul":
         return default

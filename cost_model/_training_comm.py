@@ -3,7 +3,7 @@
 The collectives depend only on the mesh of a row (``MESH_COLUMNS``), not on its switches
 (recompute, ZeRO stage, schedule, sequence parallel pick among the variants computed here), so
 a large table is priced once per distinct mesh and the results are scattered back. The pass
-counts and overlap are applied by ``_training``.
+counts are applied by ``_training_micro_batch``, the overlap by ``_training``.
 
 Sources: TP all-reduce, or reduce-scatter + all-gather with SP, of the hidden activation
 (Shoeybi et al. 2019 sec. 3; Korthikanti et al. 2022 sec. 4.2.2); EP all-to-all dispatch and

@@ -24,7 +24,8 @@ from cost_model._memory import micro_batches_in_flight, pipeline_unsharded_stage
 from cost_model._training_comm import CollectiveTimes, sharded_parameters
 
 if TYPE_CHECKING:
-    from cost_model._training import MicroBatchTimes, TrainingContext
+    from cost_model._training_context import TrainingContext
+    from cost_model._training_micro_batch import MicroBatchTimes
 
 __all__ = [
     "contention_seconds",

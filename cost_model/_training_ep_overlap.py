@@ -56,8 +56,8 @@ from cost_model._table import RECOMPUTE_CODES
 from cost_model._training_host import host_parts, stretch_time_s
 
 if TYPE_CHECKING:
-    from cost_model._training import TrainingContext
     from cost_model._training_comm import CollectiveTimes
+    from cost_model._training_context import TrainingContext
 
 __all__ = [
     "MergedPairs",

@@ -54,7 +54,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from cost_model._frameworks import FrameworkProfile, HostOpCounts
-    from cost_model._training import TrainingContext
+    from cost_model._training_context import TrainingContext
 
 __all__ = ["HostParts", "LayerGpuParts", "host_parts", "exposed_host_s", "stretch_time_s"]
 

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from cost_model._training import TrainingContext
+    from cost_model._training_context import TrainingContext
 
 __all__ = ["LinkWindows", "crosses_nodes"]
 

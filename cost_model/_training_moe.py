@@ -43,7 +43,7 @@ from cost_model._training_comm import ACTIVATION_BYTES
 from cost_model._units import dtype_bytes
 
 if TYPE_CHECKING:
-    from cost_model._training import TrainingContext
+    from cost_model._training_context import TrainingContext
 
 #: Bytes per router score element of the top-k softmax: the fp32 scores read, fp32 ``probs``
 #: written, one-byte ``routing_map`` written (Megatron-core ``moe_utils.topk_softmax_with_capacity``).
@@ -182,7 +182,7 @@ def shared_experts_time(ctx: TrainingContext, *, activation_passes: float) -> np
 def moe_ffn_time(ctx: TrainingContext, *, activation_passes: float) -> np.ndarray:
     """Router, dispatcher passes, routed experts (busiest rank) and shared experts of one MoE
     layer, forward; zeros for a dense model. ``activation_passes``: reads + writes per element
-    of the activation function's output (``_training._activation_passes``)."""
+    of the activation function's output (``_training_ops.activation_passes``)."""
     if ctx.model.moe is None:
         return np.zeros_like(ctx.tokens)
     experts, dispatcher = _experts_and_dispatcher(ctx, activation_passes=activation_passes)

@@ -41,7 +41,7 @@ from cost_model._memory import stage_memory
 from cost_model._model_spec import ModelSpec
 from cost_model._parallel import ParallelConfig
 from cost_model._table import configs_to_table
-from cost_model._training import training_context
+from cost_model._training_context import training_context
 from cost_model._validation_runs import (
     apply_recorded_setup,
     run_config,

@@ -106,8 +106,9 @@ def test_distributed_optimizer_gather_hides_only_behind_a_forward() -> None:
     forward, so the weight all-gather hides behind the first micro-batch's forward only: the
     7.1B H100 run (tp 2, dp 48) gathers for longer than one forward and shows the rest, though
     a whole micro-batch would have hidden the gather."""
-    from cost_model._training import micro_batch_times, training_context
     from cost_model._training_comm import table_collective_times
+    from cost_model._training_context import training_context
+    from cost_model._training_micro_batch import micro_batch_times
     from cost_model._validation import _cluster, _options, _workload, training_cases
 
     (case,) = [c for c in training_cases() if (c.table, c.run) == ("megatron_readme_h100", "7.1B")]

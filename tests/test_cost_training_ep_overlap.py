@@ -8,7 +8,7 @@ import pytest
 from autoparallel import get_model
 from cost_model import EstimateOptions, ParallelConfig, Training, configs_to_table
 from cost_model._estimate import estimate_table
-from cost_model._training import training_context
+from cost_model._training_context import training_context
 from cost_model._training_ep_overlap import merged_host_wait, pair_seconds, paired_share
 from topology import get_preset
 

@@ -14,15 +14,15 @@ from cost_model._estimate import estimate_table
 from cost_model._memory import offloaded_layer_bytes
 from cost_model._model_spec import ModelSpec
 from cost_model._table import configs_to_table
-from cost_model._training import (
+from cost_model._training_comm import table_collective_times
+from cost_model._training_context import training_context
+from cost_model._training_micro_batch import micro_batch_times
+from cost_model._training_ops import (
     attention_projection_time,
     core_attention_time,
-    micro_batch_times,
     mla_up_projection_time,
     rotary_time,
-    training_context,
 )
-from cost_model._training_comm import table_collective_times
 from topology import get_preset
 
 DENSE = {

@@ -17,7 +17,7 @@ from cost_model._memory import stage_memory
 from cost_model._model_spec import ModelSpec
 from cost_model._precision_validation import fp8_twin_records
 from cost_model._table import configs_to_table
-from cost_model._training import training_context
+from cost_model._training_context import training_context
 from topology import get_preset
 
 MOE = {

@@ -19,7 +19,8 @@ from cost_model._precision_validation import (
     fp8_twin_speedups,
 )
 from cost_model._table import configs_to_table
-from cost_model._training import attention_projection_time, training_context
+from cost_model._training_context import training_context
+from cost_model._training_ops import attention_projection_time
 from topology import get_preset
 
 LLAMA_8B = {

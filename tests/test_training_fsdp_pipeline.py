@@ -14,9 +14,10 @@ from cost_model._common import EstimateOptions
 from cost_model._memory import pipeline_unsharded_stage
 from cost_model._model_spec import ModelSpec
 from cost_model._table import configs_to_table
-from cost_model._training import micro_batch_times, training_context
 from cost_model._training_comm import table_collective_times
+from cost_model._training_context import training_context
 from cost_model._training_dp import _data_parallel_comm
+from cost_model._training_micro_batch import micro_batch_times
 from topology import get_preset
 
 #: A small dense Llama-style config (tests/data/dense_8_layers.json).

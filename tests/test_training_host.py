@@ -13,7 +13,7 @@ from cost_model import _training_moe as moe_block
 from cost_model._estimate import estimate_table
 from cost_model._frameworks import framework_profile
 from cost_model._model_spec import ModelSpec
-from cost_model._training import training_context
+from cost_model._training_context import training_context
 from cost_model._training_host import (
     LayerGpuParts,
     exposed_host_s,

@@ -12,10 +12,12 @@ from cost_model import ParallelConfig, Training
 from cost_model._common import EstimateOptions
 from cost_model._model_spec import ModelSpec
 from cost_model._table import configs_to_table
-from cost_model._training import micro_batch_times, training_context, training_time_columns
+from cost_model._training import training_time_columns
 from cost_model._training_comm import table_collective_times
+from cost_model._training_context import training_context
 from cost_model._training_dp import _data_parallel_comm, hidden_seconds
 from cost_model._training_links import LinkWindows, crosses_nodes
+from cost_model._training_micro_batch import micro_batch_times
 from topology import get_preset
 
 MODEL = ModelSpec.from_hf_config(
