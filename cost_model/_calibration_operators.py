@@ -24,24 +24,32 @@ latencies — never on a whole training or serving run, which stay validation da
   residuals per decade of FLOPs and a held-out error (folds of weight shapes). ``_precision``
   prices fp8 GEMMs with them, not with the bf16 efficiency at the doubled peak. A100 has no fp8
   tensor cores and no fp8 fit; devices without tables (MI300X) have none either.
-* ``collective_efficiency``: NCCL all-reduce, all-gather, reduce-scatter and all-to-all latencies
-  within one node (2-8 GPUs; nccl-tests "size" convention, the table's ``message_size`` in elements
-  of its dtype), against ``Cluster.collective_time`` of the hardware's preset, for messages of at
-  least 1 MiB: the sizes the shared calibration prices, from a decode step's tensor-parallel
-  all-reduce (64 sequences x 7168 hidden x 2 bytes: 0.9 MiB) to training's activations and
-  gradient buckets (tens to hundreds of MiB). The log-mean of predicted over measured. One
-  constant does not describe the range: the measured/modelled ratio rises with the message
-  (NCCL's protocol ramp) and is lowest on 2-GPU groups; the residuals record it.
+* ``collective_efficiency`` and ``collective_overhead_s``: NCCL all-reduce, all-gather and
+  reduce-scatter latencies within one node (2-8 GPUs; nccl-tests "size" convention, the table's
+  ``message_size`` in elements of its dtype), against ``Cluster.collective_time`` of the
+  hardware's preset, for messages of at least 1 MiB: the sizes the shared calibration prices,
+  from a decode step's tensor-parallel all-reduce (64 sequences x 7168 hidden x 2 bytes:
+  0.9 MiB) to training's activations and gradient buckets (tens to hundreds of MiB). Two
+  parameters, the Hockney alpha-beta form (R. W. Hockney, 'The communication challenge for
+  MPP: Intel Paragon and Meiko CS-2', Parallel Computing 20(3), 1994: time = a fixed cost per
+  message plus its size over the bandwidth) as the GEMM and all-to-all fits: the fraction of
+  the modelled bandwidth reached and a fixed cost per call (NCCL's launch and protocol set-up,
+  beyond the presets' per-step link latency). One constant alone must absorb that fixed cost
+  into the bandwidth: fitted from 1 MiB up, it priced the 64-512 MiB messages of training's
+  tensor- and data-parallel collectives 1.14-1.39x too slow (mean predicted / measured, H100
+  to B200 tables), the fitted pair 0.99-1.08x. The residuals by group size and message size
+  record what remains (2-GPU groups reach less of the link than the ring model gives them,
+  8-GPU all-gathers and reduce-scatters more).
 * ``all_to_all_efficiency`` and ``all_to_all_overhead_s``: the all-to-all rows alone (the
   expert dispatch and combine of MoE training; ``_common.collective_time_s`` prices an
   all-to-all with them), groups of at least ``ALL_TO_ALL_MIN_GPUS`` ranks. Two parameters, as
   the GEMM fit: the fraction of the modelled bandwidth reached and a fixed cost per call (the
   all-to-all of a few KiB takes 10-13 us on every table, against the presets' few-microsecond
-  link latency: NCCL's launch and the set-up of one connection per peer). The shared constant
-  above must absorb that fixed cost into the bandwidth and prices the all-to-all of the
-  hundreds of MiB an expert-parallel layer moves 1.2-1.35x too slow (mean predicted /
-  measured over the messages of at least 64 MiB of 4-8 GPUs: 1.22 H100, 1.28 GB200 (4 GPUs),
-  1.34 B200; the fitted pair: 1.05, 1.03, 1.04). A 2-rank all-to-all is one send/recv pair (a rank's one peer gets
+  link latency: NCCL's launch and the set-up of one connection per peer). A single constant
+  shared with the other collectives priced the all-to-all of the hundreds of MiB an
+  expert-parallel layer moves 1.2-1.35x too slow (mean predicted / measured over the messages
+  of at least 64 MiB of 4-8 GPUs: 1.22 H100, 1.28 GB200 (4 GPUs), 1.34 B200; the fitted pair:
+  1.05, 1.03, 1.04). A 2-rank all-to-all is one send/recv pair (a rank's one peer gets
   NCCL's per-peer channels only); its bandwidth is 0.6-0.7x the 4-rank one on NVLink 5 (331
   vs 488 GB/s busBw at 512 MiB, B200 and GB200 tables) and rises further with 8 ranks (563):
   the regime of expert parallelism (8-64 ranks in the published MoE runs) starts at several
@@ -112,6 +120,7 @@ BOUNDS = {
     "attention_efficiency": (0.15, 1.0),
     "kernel_overhead_s": (0.0, 20e-6),
     "collective_efficiency": (0.5, 1.5),
+    "collective_overhead_s": (0.0, 100e-6),
     "all_to_all_efficiency": (0.3, 1.5),
     "all_to_all_overhead_s": (0.0, 100e-6),
     "fp8_matmul_efficiency": (0.2, 1.0),
@@ -508,10 +517,30 @@ def fp8_held_out(rows: OperatorRows, *, device) -> dict[str, Any]:
     return summary
 
 
-def fit_collectives(nccl: OperatorRows, *, cluster) -> float:
-    """Least-squares constant on log-times: the log-mean of predicted / measured."""
-    predicted = nccl_seconds(nccl, cluster=cluster, collective_efficiency=1.0)
-    return float(math.exp(np.mean(np.log(predicted / nccl.seconds))))
+def collective_rows(nccl: OperatorRows) -> OperatorRows:
+    """The all-reduce, all-gather and reduce-scatter rows (the all-to-all has its own fit)."""
+    return _subset(nccl, nccl.columns["op"] != "all_to_all")
+
+
+def fit_rate_and_overhead(modelled: np.ndarray, measured: np.ndarray) -> tuple[float, float]:
+    """(efficiency, fixed seconds per call) minimising the squared log error of
+    ``modelled / efficiency + fixed`` against ``measured``: the efficiency fitted as a logit and
+    the fixed cost as log-seconds, as the GEMM fit (Nelder-Mead, restarted at its optimum)."""
+
+    def loss(x: np.ndarray) -> float:
+        predicted = modelled * (1.0 + math.exp(-x[0])) + 1e-6 * math.exp(x[1])
+        return float(np.mean(np.log(predicted / measured) ** 2))
+
+    best = nelder_mead(loss, np.array([_logit(0.6), math.log(5.0)]))
+    best = nelder_mead(loss, best)  # a restart from the optimum: the simplex may have collapsed
+    return 1.0 / (1.0 + math.exp(-best[0])), 1e-6 * math.exp(best[1])
+
+
+def fit_collectives(rows: OperatorRows, *, cluster) -> tuple[float, float]:
+    """(collective efficiency, fixed seconds per call) of the all-reduce, all-gather and
+    reduce-scatter rows (``collective_rows``)."""
+    modelled = nccl_seconds(rows, cluster=cluster, collective_efficiency=1.0)
+    return fit_rate_and_overhead(modelled, rows.seconds)
 
 
 def all_to_all_rows(nccl: OperatorRows) -> OperatorRows:
@@ -521,18 +550,10 @@ def all_to_all_rows(nccl: OperatorRows) -> OperatorRows:
 
 
 def fit_all_to_all(rows: OperatorRows, *, cluster) -> tuple[float, float]:
-    """(all-to-all efficiency, fixed seconds per call): least squares on log(predicted /
-    measured), the efficiency fitted as a logit and the fixed cost as log-seconds, as the GEMM
-    fit."""
+    """(all-to-all efficiency, fixed seconds per call): ``fit_rate_and_overhead`` on the
+    all-to-all rows."""
     modelled = nccl_seconds(rows, cluster=cluster, collective_efficiency=1.0)
-
-    def loss(x: np.ndarray) -> float:
-        predicted = modelled * (1.0 + math.exp(-x[0])) + 1e-6 * math.exp(x[1])
-        return float(np.mean(np.log(predicted / rows.seconds) ** 2))
-
-    best = nelder_mead(loss, np.array([_logit(0.6), math.log(5.0)]))
-    best = nelder_mead(loss, best)  # a restart from the optimum: the simplex may have collapsed
-    return 1.0 / (1.0 + math.exp(-best[0])), 1e-6 * math.exp(best[1])
+    return fit_rate_and_overhead(modelled, rows.seconds)
 
 
 def _error_by(rows: OperatorRows, predicted: np.ndarray, key: np.ndarray, label) -> dict:
@@ -542,8 +563,8 @@ def _error_by(rows: OperatorRows, predicted: np.ndarray, key: np.ndarray, label)
     }
 
 
-def all_to_all_residuals(rows: OperatorRows, predicted: np.ndarray) -> dict[str, Any]:
-    """Residuals of the all-to-all fit, with the mean error per group size (messages of at
+def collective_residuals(rows: OperatorRows, predicted: np.ndarray) -> dict[str, Any]:
+    """Residuals of a collective fit, with the mean error per group size (messages of at
     least 64 MiB) and per factor of 8 in message bytes from 1 MiB."""
     summary = _residual_summary(predicted, rows.seconds)
     large = rows.columns["bytes"] >= 64 * MIN_COLLECTIVE_BYTES
@@ -572,7 +593,10 @@ def calibrate_hardware(root: Path, hardware: OperatorHardware) -> Calibration:
         kernels["attention_forward_efficiency"],
         kernels["overhead_s"],
     )
-    collective = fit_collectives(nccl, cluster=cluster) if nccl.count else 1.0
+    collectives = collective_rows(nccl)
+    collective, collective_overhead = (
+        fit_collectives(collectives, cluster=cluster) if collectives.count else (1.0, 0.0)
+    )
     all_to_all = all_to_all_rows(nccl)
     a2a_efficiency, a2a_overhead = (
         fit_all_to_all(all_to_all, cluster=cluster) if all_to_all.count else (None, 0.0)
@@ -587,7 +611,6 @@ def calibrate_hardware(root: Path, hardware: OperatorHardware) -> Calibration:
                 attention, device=device, forward_efficiency=e_fwd, overhead_s=overhead
             ),
         ),
-        (nccl, nccl_seconds(nccl, cluster=cluster, collective_efficiency=collective)),
     ):
         if not rows.count:
             continue
@@ -600,6 +623,25 @@ def calibrate_hardware(root: Path, hardware: OperatorHardware) -> Calibration:
             }
         )
         residuals[rows.kind] = _residual_summary(predicted, rows.seconds)
+    if collectives.count:
+        inputs.append(
+            {
+                "kind": "nccl",
+                "op": ["all_reduce", "all_gather", "reduce_scatter"],
+                "source": PACKAGE,
+                "tables": list(collectives.tables),
+                "points": collectives.count,
+            }
+        )
+        residuals["nccl"] = collective_residuals(
+            collectives,
+            nccl_seconds(
+                collectives,
+                cluster=cluster,
+                collective_efficiency=collective,
+                overhead_s=collective_overhead,
+            ),
+        )
     a2a_parameters: dict[str, float] = {}
     if a2a_efficiency is not None:
         a2a_parameters = {
@@ -616,7 +658,7 @@ def calibrate_hardware(root: Path, hardware: OperatorHardware) -> Calibration:
                 "points": all_to_all.count,
             }
         )
-        residuals["nccl_all_to_all"] = all_to_all_residuals(
+        residuals["nccl_all_to_all"] = collective_residuals(
             all_to_all,
             nccl_seconds(
                 all_to_all,
@@ -670,9 +712,9 @@ def calibrate_hardware(root: Path, hardware: OperatorHardware) -> Calibration:
         "method": "least squares on log(predicted/measured) of single operators (Nelder-Mead): "
         "GEMMs fix the matmul efficiency and the per-kernel cost, attention then its forward "
         "efficiency, the fp8 GEMM tables (per-tensor/row scaled, block-scaled) each their fp8 "
-        "efficiency and per-kernel cost (held_out: by weight shape, 5 folds); collective "
-        "efficiency: log-mean of predicted/measured; the all-to-all rows (groups of 4 or more) "
-        "their own efficiency and fixed cost per call",
+        "efficiency and per-kernel cost (held_out: by weight shape, 5 folds); the all-reduce, "
+        "all-gather and reduce-scatter rows the collective efficiency and fixed cost per call; "
+        "the all-to-all rows (groups of 4 or more) their own efficiency and fixed cost per call",
         "fit_on": "operator measurements only",
         "preset": hardware.preset,
         "inputs": inputs,
@@ -687,6 +729,7 @@ def calibrate_hardware(root: Path, hardware: OperatorHardware) -> Calibration:
             "attention_efficiency": round(attention_efficiency, 4),
             "kernel_overhead_s": round(overhead, 9),
             "collective_efficiency": round(collective, 4),
+            "collective_overhead_s": round(collective_overhead, 9),
             **a2a_parameters,
             **fp8_parameters,
         },
@@ -705,6 +748,7 @@ def calibrate_hardware(root: Path, hardware: OperatorHardware) -> Calibration:
         attention_efficiency=_inside("attention_efficiency", attention_efficiency),
         kernel_overhead_s=_inside("kernel_overhead_s", overhead),
         collective_efficiency=_inside("collective_efficiency", collective),
+        collective_overhead_s=_inside("collective_overhead_s", collective_overhead),
         all_to_all_efficiency=(
             None if a2a_efficiency is None else _inside("all_to_all_efficiency", a2a_efficiency)
         ),
@@ -719,6 +763,7 @@ FITTED_FIELDS: tuple[str, ...] = (
     "attention_efficiency",
     "kernel_overhead_s",
     "collective_efficiency",
+    "collective_overhead_s",
     "all_to_all_efficiency",
     "all_to_all_overhead_s",
 )

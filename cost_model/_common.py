@@ -219,10 +219,13 @@ class Calibration(BaseModel):
     same ratio); ``attention_efficiency`` is the fraction core-attention kernels reach (default:
     as matmuls); ``kernel_overhead_s`` is a fixed cost per kernel (launch, wave tail) that the
     roofline misses on small layers; ``collective_efficiency`` divides every collective time
-    but the all-to-all where ``all_to_all_efficiency`` is set: the all-to-all (training's expert
-    dispatch and combine) has its own operator table and its own fit, an efficiency and a fixed
-    cost per call (``all_to_all_overhead_s``: NCCL's launch and peer set-up, which the
-    topology's link latency does not cover); ``overlap`` overrides ``DEFAULT_OVERLAP``. ``fit`` documents how the values were fitted (rows, residuals).
+    but the all-to-all where ``all_to_all_efficiency`` is set, and ``collective_overhead_s`` is
+    added to each such call on a group of two or more ranks (the Hockney alpha-beta model:
+    a fixed cost per call beside the bandwidth term, NCCL's launch and protocol set-up that
+    the topology's link latency does not cover); the all-to-all (training's expert dispatch
+    and combine) has its own operator table and its own fit, an efficiency and a fixed cost per
+    call (``all_to_all_overhead_s``); ``overlap`` overrides ``DEFAULT_OVERLAP``. ``fit``
+    documents how the values were fitted (rows, residuals).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -233,6 +236,7 @@ class Calibration(BaseModel):
     attention_efficiency: float | None = Field(default=None, gt=0, le=1)
     kernel_overhead_s: float = Field(default=0.0, ge=0, le=1e-3)
     collective_efficiency: float = Field(default=1.0, gt=0, le=2)
+    collective_overhead_s: float = Field(default=0.0, ge=0, le=1e-3)
     all_to_all_efficiency: float | None = Field(default=None, gt=0, le=2)
     all_to_all_overhead_s: float = Field(default=0.0, ge=0, le=1e-3)
     overlap: dict[str, float] = Field(default_factory=dict)
@@ -622,12 +626,15 @@ def collective_time_s(
 
 
 def _calibrated(op: str, seconds, group: np.ndarray, calibration: Calibration) -> np.ndarray:
-    """Topology seconds of ``op`` over the calibration's efficiency; an all-to-all, where the
-    calibration fitted its own (``all_to_all_efficiency``), over that, plus its fixed cost per
-    call on groups of two or more ranks (a group of one issues no collective)."""
+    """Topology seconds of ``op`` over the calibration's efficiency plus its fixed cost per call
+    (``collective_overhead_s``); an all-to-all, where the calibration fitted its own
+    (``all_to_all_efficiency``), over that plus its own fixed cost (``all_to_all_overhead_s``).
+    The fixed cost applies on groups of two or more ranks (a group of one issues no
+    collective)."""
     seconds = np.asarray(seconds, dtype=np.float64)
     if op != "all_to_all" or calibration.all_to_all_efficiency is None:
-        return seconds / calibration.collective_efficiency
+        fixed = np.where(group > 1.0, calibration.collective_overhead_s, 0.0)
+        return seconds / calibration.collective_efficiency + fixed
     fixed = np.where(group > 1.0, calibration.all_to_all_overhead_s, 0.0)
     return seconds / calibration.all_to_all_efficiency + fixed
 

@@ -89,28 +89,33 @@ TABLE_SOURCES = {
 }
 #: Bounds per table: (max mean |error|, max |error|), None where not bounded. Every training
 #: figure is held out (the calibration is fitted on operator tables only); the bounds are the
-#: measured held-out state (benchmarks/validate_published.py), a little above it, not targets:
-#: the A100 tables come out 7-20% slow on small models (the fitted 19 us per-kernel cost of the
-#: A100 GEMM table), the H100 tables up to 40% fast (the GEMM table's 81% of peak is above what
-#: whole Megatron-core runs sustain; a term is missing even with the compute slowdown under
-#: overlapped communication priced). Day-6 serving rows must each be within
-#: 25%; the fully loaded DeepSeek profiles, the model's own bar, 10%.
+#: measured held-out state (benchmarks/validate_published.py), a little above it, not targets.
+#: The collectives' fixed cost per call (``Calibration.collective_overhead_s``) brought the
+#: fitted bandwidth of 64-512 MiB collectives to the NCCL tables (it was 14-39% slow): the
+#: A100 tables without tensor-parallel overlap gained (SC'21 9.0 -> 6.0% mean, Korthikanti
+#: 9.3 -> 5.0%, README 2022 6.1 -> 2.5%), while H100 runs whose tensor-parallel traffic is
+#: priced as hidden behind compute came out faster (Llama 3 Table 4 8.7 -> 14.5%, the
+#: Megatron-core H100 README 15.7 -> 17.4%): the slow collectives had offset an overlap that is
+#: priced more completely than runs reach (torchtitan's async tensor parallel gained 1.09x in
+#: bf16 and 1.16x in fp8 on Llama 3 70B, benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md;
+#: the model hides all of it). Day-6 serving rows must each be within 25%; the fully loaded
+#: DeepSeek profiles, the model's own bar, 10%.
 TOLERANCES: dict[str, tuple[float | None, float | None]] = {
-    "megatron_sc21_table1": (0.10, 0.21),  # measured 9.0% mean, 19.9% max
-    "korthikanti_table5": (0.10, 0.21),  # measured 9.3%, 20.4%
-    "megatron_readme_2022_mfu": (0.07, 0.11),  # measured 6.1%, 9.9%
+    "megatron_sc21_table1": (0.07, 0.14),  # measured 6.0% mean, 12.4% max
+    "korthikanti_table5": (0.06, 0.15),  # measured 5.0%, 13.3%
+    "megatron_readme_2022_mfu": (0.03, 0.06),  # measured 2.5%, 4.9%
     "korthikanti_fig1_memory": (None, 0.05),  # measured 2.0% max
     "torchtitan_h100_peak_memory": (None, 0.10),  # measured 8.7% max
     # measured 8.9% mean, 20.7% max: the 405B pipeline row is 21% low, terms the model does
     # not source yet (see data/published_peak_memory.json 'about').
     "torchtitan_h100_peak_memory_tp_pp": (0.10, 0.22),
-    # measured 16.2% mean, 39.7% max: 1.7B and 7.1B +40% and +25% fast, 32B 35% slow (its
+    # measured 17.4% mean, 40.3% max: 1.7B and 7.1B +40% and +36% fast, 32B 21% slow (its
     # fp32 gradient reduce-scatter over 48 nodes is priced mostly exposed).
-    "megatron_readme_h100": (0.17, None),
-    "torchtitan_a100_fsdp": (0.03, 0.07),  # measured 1.7%, 6.4%
-    # measured 8.6%, 17.1%: the 131K-context row is 17% fast (its exposed K/V all-gather and
+    "megatron_readme_h100": (0.18, None),
+    "torchtitan_a100_fsdp": (0.04, 0.10),  # measured 3.1%, 8.8%
+    # measured 14.5%, 22.5%: the 131K-context row is 22% fast (its exposed K/V all-gather and
     # attention are priced, the report's document mask is not).
-    "llama3_table4": (0.09, 0.18),
+    "llama3_table4": (0.15, 0.23),
     # Not bounded: Qwen3-30B-A3B at micro-batch 1 is priced far too fast (measured 22.1% mean,
     # 90.7% max) while its micro-batch-4 runs are within 18%: the gap is a cost per micro-batch
     # and MoE layer (about 5 ms forward + backward on B200), not the expert GEMMs, which are

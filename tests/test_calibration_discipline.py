@@ -90,6 +90,7 @@ def test_at_bound_flags_a_clipped_value() -> None:
         attention_efficiency=0.5,
         kernel_overhead_s=5e-6,
         collective_efficiency=0.8,
+        collective_overhead_s=8e-6,
     )
     assert at_bound(clipped) == ["matmul_efficiency"]
 
@@ -142,6 +143,7 @@ def test_at_bound_flags_an_fp8_efficiency_at_its_bound() -> None:
         attention_efficiency=0.5,
         kernel_overhead_s=5e-6,
         collective_efficiency=0.8,
+        collective_overhead_s=8e-6,
         fit={"parameters": {"fp8_matmul_efficiency": 1.0, "fp8_kernel_overhead_s": 1e-5}},
     )
     assert at_bound(calibration) == ["fp8_matmul_efficiency"]
