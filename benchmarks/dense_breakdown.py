@@ -4,18 +4,18 @@ Usage:
     python benchmarks/dense_breakdown.py                      # NIM Llama-3.3-70B fp8 TP2 H100
     python benchmarks/dense_breakdown.py --row <row id> --batch 1 16 86 --aic /tmp/aic/unpacked
 
-For one benchmark row of ``data/serving_validation.json`` (its model, layout, precision and
-engine profile) it prices a decode step at each ``--batch`` (every sequence at the row's mean
-decode context) and a prefill of one prompt of the row's length, as ``cost_model._inference``
-does: each dense GEMM (M = tokens, N x K = one rank's slice), the LM head, core attention, the
-memory passes (norms, RoPE, casts, residuals), the per-kernel floors and the tensor-parallel
-all-reduces. The tables' column reads aiconfigurator-core 0.12.0's parquet files for the row's
-engine and device directly (``--aic``: the unpacked wheel; left out without it): the fastest
-kernel at the nearest measured M (log-linear between measured M) for the exact N x K, per-tensor
-(``fp8``) and block-scaled (``fp8_block``) FP8; decode attention (``generation_attention_perf``)
-at the batch, context and KV-cache dtype; context attention at the prompt length; the
-all-reduce (``custom_allreduce_perf``) at the message size. Operator tables are fit input;
-the row's published figures are printed for reference only (validation, never fitted).
+For one benchmark row of ``data/serving_validation.json`` (its model, layout, precision and engine
+profile) it prices a decode step at each ``--batch`` (every sequence at the row's mean decode
+context) and a prefill of one prompt of the row's length, as the cost model's inference passes
+(``cost_model._inference_passes``) do: each dense GEMM (M = tokens, N x K = one rank's slice), the
+LM head, core attention, the memory passes (norms, RoPE, casts, residuals), the per-kernel floors
+and the tensor-parallel all-reduces. The tables' column reads aiconfigurator-core 0.12.0's parquet
+files for the row's engine and device directly (``--aic``: the unpacked wheel; left out without it):
+the fastest kernel at the nearest measured M (log-linear between measured M) for the exact N x K,
+per-tensor (``fp8``) and block-scaled (``fp8_block``) FP8; decode attention
+(``generation_attention_perf``) at the batch, context and KV-cache dtype; context attention at the
+prompt length; the all-reduce (``custom_allreduce_perf``) at the message size. Operator tables are
+fit input; the row's published figures are printed for reference only (validation, never fitted).
 """
 
 from __future__ import annotations
@@ -25,9 +25,19 @@ from pathlib import Path
 
 import numpy as np
 
-from cost_model import ParallelConfig, ServingConfig, configs_to_table
-from cost_model import _inference as inf
+from cost_model import (
+    EstimateOptions,
+    ParallelConfig,
+    ServingConfig,
+    _inference_setup,
+    configs_to_table,
+)
 from cost_model import _inference_ops as ops
+from cost_model._inference_comm import _comm_times, _fused_norm_kernels
+from cost_model._inference_compute import _attention_time, _gemms
+from cost_model._inference_kernels import _kernels_per_pass, _measured_kernels_per_pass
+from cost_model._inference_passes import _compute_time, _pass_parts
+from cost_model._inference_setup import _cast_bytes, _memory_pass, _passes, _tokens
 from cost_model._units import dtype_bytes
 from topology import get_preset
 
@@ -45,8 +55,8 @@ def _setup(row: dict, phase: str, batch: int):
         [ParallelConfig(**row["config"])],
         **ServingConfig(phase=phase, batch_size=batch).columns(workload=workload),
     )
-    s = inf._setup(
-        model=model, cluster=cluster, workload=workload, table=table, options=inf.EstimateOptions()
+    s = _inference_setup._setup(
+        model=model, cluster=cluster, workload=workload, table=table, options=EstimateOptions()
     )
     return s
 
@@ -54,14 +64,14 @@ def _setup(row: dict, phase: str, batch: int):
 def model_terms(row: dict, batch: int, *, decode: bool) -> dict[str, float]:
     """Seconds of one pass by term as the cost model prices it (all layers)."""
     s = _setup(row, "decode" if decode else "prefill", batch)
-    prefill, step = inf._passes(s, np.full(1, float(batch)))
+    prefill, step = _passes(s, np.full(1, float(batch)))
     p = step if decode else prefill
     model, lay = s.model, s.layout
     layers = float(np.max(lay.layers))
-    at, _ = inf._tokens(s, p)
+    at, _ = _tokens(s, p)
     names = ("qkv_proj", "o_proj")
     terms = {
-        f"GEMM {name}": layers * float(inf._gemms(s, at, (proj,), s.shard, part="attention")[0])
+        f"GEMM {name}": layers * float(_gemms(s, at, (proj,), s.shard, part="attention")[0])
         for name, proj in zip(names, ops.attention_projections(model), strict=True)
     }
     tp = s.column("tp")
@@ -70,32 +80,32 @@ def model_terms(row: dict, batch: int, *, decode: bool) -> dict[str, float]:
         ops.ffn_projections(model, model.ffn_hidden_size),
         strict=True,
     ):
-        terms[f"GEMM {name}"] = layers * float(inf._gemms(s, at, (proj,), tp, part="dense_ffn")[0])
-    compute = float(np.max(inf._compute_time(s, p)))
+        terms[f"GEMM {name}"] = layers * float(_gemms(s, at, (proj,), tp, part="dense_ffn")[0])
+    compute = float(np.max(_compute_time(s, p)))
     act = dtype_bytes(s.workload.activation_dtype)
-    cast = inf._cast_bytes(s, "attention")
+    cast = _cast_bytes(s, "attention")
     side = ops.attention_side_bytes(model, decode=p.decode, act=act, cast=cast, shard=s.shard)
     dense = ops.dense_ffn_side_bytes(
-        model, model.ffn_hidden_size / tp, act=act, cast=inf._cast_bytes(s, "dense_ffn")
+        model, model.ffn_hidden_size / tp, act=act, cast=_cast_bytes(s, "dense_ffn")
     )
     terms["memory passes (norms, RoPE, casts, residuals)"] = layers * float(
-        np.max(inf._memory_pass(s, side * at)) + np.max(inf._memory_pass(s, dense * at))
+        np.max(_memory_pass(s, side * at)) + np.max(_memory_pass(s, dense * at))
     )
     kernels = (
-        inf._kernels_per_pass(s)
-        - inf._measured_kernels_per_pass(s, decode=p.decode)
-        - inf._fused_norm_kernels(s, p)
+        _kernels_per_pass(s)
+        - _measured_kernels_per_pass(s, decode=p.decode)
+        - _fused_norm_kernels(s, p)
     )
     terms["per-kernel floors"] = float(np.max(kernels)) * s.profile.kernel_floor_s
     terms["LM head"] = compute - sum(terms.values())
-    terms["core attention"] = layers * float(inf._attention_time(s, p)[0])
-    comm = inf._comm_times(s, p)
+    terms["core attention"] = layers * float(_attention_time(s, p)[0])
+    comm = _comm_times(s, p)
     terms["TP all-reduce (2 per layer)"] = float(np.max(comm["tp_comm"]))
     terms["per-iteration sampling + scheduler"] = s.profile.sampling_s + s.profile.scheduler_s
-    exposed, _ = inf._pass_parts(s, p)
+    exposed, _ = _pass_parts(s, p)
     terms["pass (exposed)"] = sum(float(v[0]) for v in exposed.values())
     terms["_context"] = float(p.cached_tokens[0] + p.new_tokens[0])
-    terms["_fused_norm"] = float(np.max(inf._fused_norm_kernels(s, p)))
+    terms["_fused_norm"] = float(np.max(_fused_norm_kernels(s, p)))
     return terms
 
 

@@ -7,19 +7,19 @@ Usage:
     python benchmarks/prefill_breakdown.py --rows c1             # every concurrency-1 TTFT row
     python benchmarks/prefill_breakdown.py --rows <row id> ...   # rows of serving_validation.json
 
-The model's column comes from ``cost_model._inference`` internals (one sequence, prefill pool:
-the pass ``_pass_parts`` prices). The tables' column reads aiconfigurator-core 0.12.0's B200
-SGLang parquet files directly (``--aic``: the unpacked wheel; the column is left out without it):
-DeepGEMM block-FP8 GEMMs (with their activation quantization) at M = tokens and each rank's
-N x K slice, the fused MoE op (``sglang_flashinfer_trtllm_moe``, fp8_block, moe_tp 8, balanced),
-MLA context attention (``trtllm_mla``, 16 heads per rank, one sequence), the router as a BF16
-``torch_linear`` and the custom all-reduce (graph and eager rows: an eager row times one call
-launched alone, so it holds the call's host launch, ~20 us on B200 at every size below 1 MB,
-which the eager pass's host issue time already counts; the model prices the graph rows). The
-tables have no norms,
-RoPE, KV-cache store or residual adds: the model's memory passes stand alone. Per-request CPU
-work (``request_overhead_s``) and the host's eager launches (``eager_pass_host_s``) are listed
-after the GPU pass. Operator tables are fit input; nothing end-to-end is read here.
+The model's column comes from the cost model's inference internals (``cost_model._inference_*``
+modules; one sequence, prefill pool: the pass ``_inference_passes._pass_parts`` prices). The tables'
+column reads aiconfigurator-core 0.12.0's B200 SGLang parquet files directly (``--aic``: the
+unpacked wheel; the column is left out without it): DeepGEMM block-FP8 GEMMs (with their activation
+quantization) at M = tokens and each rank's N x K slice, the fused MoE op
+(``sglang_flashinfer_trtllm_moe``, fp8_block, moe_tp 8, balanced), MLA context attention
+(``trtllm_mla``, 16 heads per rank, one sequence), the router as a BF16 ``torch_linear`` and the
+custom all-reduce (graph and eager rows: an eager row times one call launched alone, so it holds the
+call's host launch, ~20 us on B200 at every size below 1 MB, which the eager pass's host issue time
+already counts; the model prices the graph rows). The tables have no norms, RoPE, KV-cache store or
+residual adds: the model's memory passes stand alone. Per-request CPU work (``request_overhead_s``)
+and the host's eager launches (``eager_pass_host_s``) are listed after the GPU pass. Operator tables
+are fit input; nothing end-to-end is read here.
 
 ``--rows`` takes benchmark rows of ``data/serving_validation.json`` instead (``c1``: every row at
 concurrency 1, one prompt on an idle engine) and prices one prompt of the row's mean length on
@@ -38,9 +38,18 @@ from pathlib import Path
 import numpy as np
 
 from autoparallel import get_model
-from cost_model import Inference, ParallelConfig, ServingConfig, configs_to_table
-from cost_model import _inference as inf
+from cost_model import EstimateOptions, Inference, ParallelConfig, ServingConfig, configs_to_table
 from cost_model import _inference_ops as ops
+from cost_model._inference_comm import _comm_times
+from cost_model._inference_compute import _attention_time, _fused_prefill_moe, _gemms, _moe_time
+from cost_model._inference_kernels import (
+    _kernels_per_pass,
+    _measured_kernels_per_pass,
+    eager_pass_host_s,
+    pass_runs_eagerly,
+)
+from cost_model._inference_passes import _pass_parts
+from cost_model._inference_setup import _cast_bytes, _memory_pass, _passes, _setup, _tokens
 from topology import get_preset
 
 TABLES = "aiconfigurator_core/systems/data/b200_sxm"
@@ -57,54 +66,54 @@ def model_parts(tokens: int) -> tuple[dict[str, float], dict[str, float]]:
         [ParallelConfig(tp=8, ep=1, etp=8)],
         **ServingConfig(phase="prefill", batch_size=1).columns(workload=workload),
     )
-    s = inf._setup(
-        model=model, cluster=cluster, workload=workload, table=table, options=inf.EstimateOptions()
+    s = _setup(
+        model=model, cluster=cluster, workload=workload, table=table, options=EstimateOptions()
     )
-    prefill, _ = inf._passes(s, np.ones(1))
-    at, rt = inf._tokens(s, prefill)
+    prefill, _ = _passes(s, np.ones(1))
+    at, rt = _tokens(s, prefill)
     layers, moe_layers = float(np.max(s.layout.layers)), float(np.max(s.layout.moe_layers))
     dense_layers = float(np.max(s.layout.dense_layers))
     moe = model.moe
     assert moe is not None
-    act, cast = 2.0, inf._cast_bytes(s)
+    act, cast = 2.0, _cast_bytes(s)
     names = ("fused_qkv_a", "q_b_proj", "kv_b_proj", "o_proj")
     parts = {
-        f"attn {name}": layers * float(inf._gemms(s, at, (proj,), s.shard)[0])
+        f"attn {name}": layers * float(_gemms(s, at, (proj,), s.shard)[0])
         for name, proj in zip(names, ops.attention_projections(model), strict=True)
     }
-    parts["core attention"] = layers * float(inf._attention_time(s, prefill)[0])
+    parts["core attention"] = layers * float(_attention_time(s, prefill)[0])
     dense = ops.ffn_projections(model, model.ffn_hidden_size)
-    parts["dense FFN GEMMs"] = dense_layers * float(inf._gemms(s, at, dense, s.column("tp"))[0])
-    router = inf._gemms(s, rt, ops.router_projections(model), np.ones(1), dtype="bf16")
-    shared = inf._gemms(
+    parts["dense FFN GEMMs"] = dense_layers * float(_gemms(s, at, dense, s.column("tp"))[0])
+    router = _gemms(s, rt, ops.router_projections(model), np.ones(1), dtype="bf16")
+    shared = _gemms(
         s, at, ops.ffn_projections(model, moe.num_shared_experts * moe.shared_ffn_size), s.shard
     )
     parts["router"] = moe_layers * float(router[0])
     parts["shared experts"] = moe_layers * float(shared[0])
     side = ops.moe_token_bytes(model, act=act, cast=cast, shard=s.shard)
-    fused = bool(inf._fused_prefill_moe(s, decode=False)[0])
+    fused = bool(_fused_prefill_moe(s, decode=False)[0])
     if fused:
         side = side - ops.moe_combine_bytes(model, act=act)
-    passes = moe_layers * float(inf._memory_pass(s, side * at)[0])
-    moe_total = moe_layers * float(inf._moe_time(s, at, rt, decode=False)[0])
+    passes = moe_layers * float(_memory_pass(s, side * at)[0])
+    moe_total = moe_layers * float(_moe_time(s, at, rt, decode=False)[0])
     parts["routed experts"] = moe_total - parts["router"] - parts["shared experts"] - passes
-    parts["all-reduce x2 per layer"] = float(np.max(inf._comm_times(s, prefill)["tp_comm"]))
+    parts["all-reduce x2 per layer"] = float(np.max(_comm_times(s, prefill)["tp_comm"]))
     attention_side = ops.attention_side_bytes(
         model, decode=False, act=act, cast=cast, shard=s.shard
     )
     dense_side = ops.dense_ffn_side_bytes(model, model.ffn_hidden_size / 8, act=act, cast=cast)
     parts["memory passes (norms, RoPE, casts, residuals)"] = (
         passes
-        + layers * float(inf._memory_pass(s, attention_side * at)[0])
-        + dense_layers * float(inf._memory_pass(s, dense_side * at)[0])
+        + layers * float(_memory_pass(s, attention_side * at)[0])
+        + dense_layers * float(_memory_pass(s, dense_side * at)[0])
     )
-    kernels = float(np.max(inf._kernels_per_pass(s)))
-    measured = float(np.max(inf._measured_kernels_per_pass(s, decode=False)))
+    kernels = float(np.max(_kernels_per_pass(s)))
+    measured = float(np.max(_measured_kernels_per_pass(s, decode=False)))
     parts["per-kernel floors"] = (kernels - measured) * s.profile.kernel_floor_s
-    exposed, _ = inf._pass_parts(s, prefill)
+    exposed, _ = _pass_parts(s, prefill)
     totals = {
         "GPU pass": sum(float(v[0]) for v in exposed.values()),
-        "eager launches (host)": float(inf.eager_pass_host_s(s)[0]),
+        "eager launches (host)": float(eager_pass_host_s(s)[0]),
         "request overhead": s.profile.request_overhead_s,
         "kernels per pass": kernels,
     }
@@ -187,20 +196,20 @@ def row_terms(row: dict) -> dict[str, float]:
         [ParallelConfig(**row["config"])],
         **ServingConfig(phase="prefill", batch_size=1).columns(workload=workload),
     )
-    s = inf._setup(
-        model=model, cluster=cluster, workload=workload, table=table, options=inf.EstimateOptions()
+    s = _setup(
+        model=model, cluster=cluster, workload=workload, table=table, options=EstimateOptions()
     )
-    prefill, _ = inf._passes(s, np.ones(1))
-    exposed, _ = inf._pass_parts(s, prefill)
+    prefill, _ = _passes(s, np.ones(1))
+    exposed, _ = _pass_parts(s, prefill)
     terms = {f"GPU {part}": float(v[0]) for part, v in exposed.items() if float(v[0]) > 0}
     gpu = sum(float(v[0]) for v in exposed.values())
-    host = float(inf.eager_pass_host_s(s)[0])
-    eager = bool(inf.pass_runs_eagerly(s, prefill)[0])
+    host = float(eager_pass_host_s(s)[0])
+    eager = bool(pass_runs_eagerly(s, prefill)[0])
     overhead = s.profile.request_overhead_s + s.profile.iteration_floor_s
     terms.update(
         {
             "GPU pass": gpu,
-            "kernels per pass": float(np.max(inf._kernels_per_pass(s))),
+            "kernels per pass": float(np.max(_kernels_per_pass(s))),
             "host issue (eager)": host if eager else 0.0,
             "request overhead + iteration floor": overhead,
             "one-prompt TTFT": (max(gpu, host) if eager else gpu) + overhead,

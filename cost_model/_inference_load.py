@@ -1,22 +1,23 @@
-"""``estimate_inference_table``: the passes of ``_inference`` priced under a serving load.
+"""``estimate_inference_table``: the passes of ``_inference_passes`` priced under a serving load.
 
 Colocated rows (phase ``both``) run iteration-level continuous batching with chunked prefill
-(``_serving_load``): their iteration cost is the pass time of ``_inference`` at the iteration's
-token count (``iteration_cost``), and TTFT / TPOT / end-to-end latency come from the load the
-workload states — ``concurrency`` (closed loop), ``request_rate_per_s`` (open loop, Poisson) —
-or, with neither, the largest concurrency per replica whose p90 TTFT and p90 TPOT meet the SLOs
-and whose KV cache fits (the engine's admission at its default memory fraction,
-``_engine_admits``; ``_largest_meeting_slos``: each row bisects ``CONCURRENCY_GRID`` with
-the closed form alone; the cost model's passes are priced once, on a token grid). A row's
-``batch_size`` > 0 fixes the requests each micro-batch holds (closed loop at that load).
+(``_serving_load``): their iteration cost is the pass time of ``_inference_passes`` at the
+iteration's token count (``iteration_cost``), and TTFT / TPOT / end-to-end latency come from the
+load the workload states — ``concurrency`` (closed loop), ``request_rate_per_s`` (open loop,
+Poisson) — or, with neither, the largest concurrency per replica whose p90 TTFT and p90 TPOT meet
+the SLOs and whose KV cache fits (the engine's admission at its default memory fraction,
+``_engine_admits``; ``_largest_meeting_slos``: each row bisects ``CONCURRENCY_GRID`` with the closed
+form alone; the cost model's passes are priced once, on a token grid). A row's ``batch_size`` > 0
+fixes the requests each micro-batch holds (closed loop at that load).
 
 Pool rows of a disaggregated deployment (phase ``prefill`` / ``decode``) keep the pass model:
 a prefill pool's pass over its batch of prompts, a decode pool's step at its batch; their
 queueing and the KV transfer are priced per deployment (``_serving``).
 
-Extra output columns over ``_inference``'s: ``ttft_p90_s``, ``ttft_p99_s``, ``tpot_p90_s``,
-``tpot_p99_s``, ``e2e_s`` (means over requests where not a percentile; NaN where the phase has
-none), ``concurrency`` (requests in flight over the layout's replicas) and ``requests_per_s``.
+Extra output columns over those of ``_inference_passes`` and ``_inference_memory``: ``ttft_p90_s``,
+``ttft_p99_s``, ``tpot_p90_s``, ``tpot_p99_s``, ``e2e_s`` (means over requests where not a
+percentile; NaN where the phase has none), ``concurrency`` (requests in flight over the layout's
+replicas) and ``requests_per_s``.
 """
 
 from __future__ import annotations
@@ -29,18 +30,11 @@ import numpy as np
 from cost_model import _inference_ops as ops
 from cost_model._common import REASON_CODES, EstimateOptions, memory_reason
 from cost_model._engine_paths import attention_replicas
-from cost_model._inference import (
-    _experts_span_replicas,
-    _memory_parts,
-    _pass_memory,
-    _pass_parts,
-    _passes,
-    _Setup,
-    _setup,
-    _Timing,
-    _timing,
-    eager_pass_host_s,
-)
+from cost_model._inference_comm import _experts_span_replicas
+from cost_model._inference_kernels import eager_pass_host_s
+from cost_model._inference_memory import _memory_parts, _pass_memory
+from cost_model._inference_passes import _pass_parts, _Timing, _timing
+from cost_model._inference_setup import _passes, _Setup, _setup
 from cost_model._model_spec import ModelSpec
 from cost_model._serving_columns import PHASE_CODES
 from cost_model._serving_load import (
@@ -71,7 +65,7 @@ def iteration_cost(s: _Setup) -> IterationCost:
     costs exactly one prefill pass. A prompt token adds its core attention at the prompt's
     token-weighted mean context (what the prefill pass of the whole prompt spends beyond its
     interpolated linear part). An iteration the engine runs without a CUDA graph takes at least
-    the host time of launching its kernels (``_inference.eager_pass_host_s``); ``pp``
+    the host time of launching its kernels (``_inference_kernels.eager_pass_host_s``); ``pp``
     micro-batches of at most the engine's largest graph replay graphs.
     """
     n = s.phase.shape[0]
@@ -152,7 +146,7 @@ def sizing_pass_bytes(s: _Setup) -> np.ndarray:
     ``max_num_batched_tokens``, TensorRT-LLM ``max_num_tokens``) as a prefill of fresh
     sequences, vLLM's split over ``min(budget, max_num_seqs)`` dummy requests, TensorRT-LLM's
     over requests of the model's whole context, one sampled token each; its memory is the
-    inference path's own activation sizing (``_inference._pass_memory``: hidden states, the
+    inference path's own activation sizing (``_inference_memory._pass_memory``: hidden states, the
     attention's inputs and outputs, the MoE layer's intermediate buffers, held for at most
     ``moe_chunk_tokens`` tokens, the logits of the sampled tokens, the tensor-parallel
     all-reduce buffers). vLLM ``gpu_worker.determine_available_memory`` / V0
@@ -361,11 +355,11 @@ def estimate_inference_table(
     options: EstimateOptions | None = None,
     prompt_tokens=None,
 ) -> dict[str, np.ndarray]:
-    """Inference cost of every row of ``table`` (columns in ``_inference``'s and this module's
-    docstrings). ``options`` supplies the calibration (default: the shipped one for the device)
-    and the fragmentation reserve. ``prompt_tokens``, an array over rows, overrides
-    ``workload.prompt_tokens`` (sequence sweeps). Rows are not checked against the model's rules
-    here (``check_parallel_config`` does that)."""
+    """Inference cost of every row of ``table`` (columns in the docstrings of ``_inference_setup``,
+    ``_inference_passes``, ``_inference_memory`` and this module). ``options`` supplies the
+    calibration (default: the shipped one for the device) and the fragmentation reserve.
+    ``prompt_tokens``, an array over rows, overrides ``workload.prompt_tokens`` (sequence sweeps).
+    Rows are not checked against the model's rules here (``check_parallel_config`` does that)."""
     s = _setup(
         model=model,
         cluster=cluster,

@@ -11,13 +11,16 @@ import pytest
 
 from autoparallel import get_model
 from cost_model import (
+    EstimateOptions,
     Inference,
     ParallelConfig,
     ServingConfig,
     configs_to_table,
     estimate_inference_table,
 )
-from cost_model import _inference as inference
+from cost_model import _inference_setup as inference_setup
+from cost_model._inference_kernels import _kernels_per_pass, eager_kernel_host_s
+from cost_model._inference_setup import _setup
 from cost_model._serving_load import GRID_TOKENS, IterationCost, serving_profile
 from cost_model._simulator import _ScalarCost
 from topology import get_preset
@@ -84,7 +87,7 @@ def _pass_times(monkeypatch, *, prompt_tokens: int, host_s: float) -> tuple[floa
     """(prefill pool TTFT, decode pool TPOT) of one sequence under SGLang's profile with
     ``eager_kernel_host_s = host_s``."""
     profile = serving_profile("sglang").model_copy(update={"eager_kernel_host_s": host_s})
-    monkeypatch.setattr(inference, "serving_profile", lambda engine, version=None: profile)
+    monkeypatch.setattr(inference_setup, "serving_profile", lambda engine, version=None: profile)
     workload = Inference(prompt_tokens=prompt_tokens, output_tokens=100, weight_dtype="fp8")
     times = []
     for phase, column in (("prefill", "ttft_s"), ("decode", "tpot_s")):
@@ -105,8 +108,8 @@ def test_deepseek_prefill_of_one_token_waits_for_its_launches(monkeypatch) -> No
     prefill_without, decode_without = _pass_times(monkeypatch, prompt_tokens=1, host_s=0.0)
     prefill_host, decode_host = _pass_times(monkeypatch, prompt_tokens=1, host_s=20e-6)
     kernels = np.max(
-        inference._kernels_per_pass(
-            inference._setup(
+        _kernels_per_pass(
+            _setup(
                 model=DSV3,
                 cluster=H200_NODE,
                 workload=Inference(prompt_tokens=1, output_tokens=100, weight_dtype="fp8"),
@@ -116,7 +119,7 @@ def test_deepseek_prefill_of_one_token_waits_for_its_launches(monkeypatch) -> No
                         workload=Inference(prompt_tokens=1, output_tokens=100, weight_dtype="fp8")
                     ),
                 ),
-                options=inference.EstimateOptions(),
+                options=EstimateOptions(),
             )
         )
     )
@@ -132,5 +135,5 @@ def test_a_measured_eager_dispatch_time_replaces_the_engine_default() -> None:
     profile = serving_profile("vllm")
     measured = SimpleNamespace(hardware=SimpleNamespace(eager_op_host_s=3e-6), profile=profile)
     unmeasured = SimpleNamespace(hardware=SimpleNamespace(eager_op_host_s=None), profile=profile)
-    assert inference.eager_kernel_host_s(measured) == 3e-6
-    assert inference.eager_kernel_host_s(unmeasured) == profile.eager_kernel_host_s
+    assert eager_kernel_host_s(measured) == 3e-6
+    assert eager_kernel_host_s(unmeasured) == profile.eager_kernel_host_s

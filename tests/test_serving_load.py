@@ -602,8 +602,9 @@ def test_every_tp_rank_caches_the_whole_mla_latent() -> None:
     its pool, weights and its profiling pass's activations taken out, holds of those; an FP8
     cache twice that."""
     from cost_model._common import EstimateOptions
-    from cost_model._inference import _memory_parts, _setup
     from cost_model._inference_load import sizing_pass_bytes
+    from cost_model._inference_memory import _memory_parts
+    from cost_model._inference_setup import _setup
 
     workload = WORKLOAD.model_copy(update={"serving_engine": "vllm"})
     table = configs_to_table([PLANS[0]], **ServingConfig().columns(workload=workload))

@@ -22,8 +22,13 @@ from cost_model import (
     estimate_inference_table,
     table_from_columns,
 )
-from cost_model import _inference as inference
 from cost_model._common import collective_time_s
+from cost_model._inference_comm import (
+    SGLANG_DP_ALL_REDUCE_MAX_BYTES,
+    _sglang_deepep,
+    _sglang_dp_gathers,
+)
+from cost_model._inference_setup import _setup
 from cost_model._serving_columns import A2A_BACKEND_CODES, PHASE_CODES
 from topology import get_preset
 
@@ -114,7 +119,7 @@ def test_sglang_attention_dp_without_deepep_gathers_and_returns_over_the_tp_grou
     assert np.isclose(tp_seconds("prefill"), expected, rtol=1e-9)
     # decode past the custom all-reduce's 16 MiB (MAX_LEN): all-gather and reduce-scatter
     big = gathered * 1024 / BATCH
-    assert big > inference.SGLANG_DP_ALL_REDUCE_MAX_BYTES
+    assert big > SGLANG_DP_ALL_REDUCE_MAX_BYTES
     expected = DSV3.num_layers * (
         _collective("all_gather", big) + _collective("reduce_scatter", big)
     )
@@ -171,7 +176,7 @@ def test_priced_sglang_path_is_the_exported_backend() -> None:
         ParallelConfig(tp=2, dp=4, ep=4, etp=2),
     ]
     exported = [_exported_flags(config) for config in configs]
-    s = inference._setup(
+    s = _setup(
         model=DSV3,
         cluster=H200,
         workload=_workload("sglang"),
@@ -182,5 +187,5 @@ def test_priced_sglang_path_is_the_exported_backend() -> None:
     gathers = [not d and "--attn-dp-size" in flags for d, flags in zip(deepep, exported)]
     assert deepep == [True, False, True, False, False, True, False]
     assert gathers == [False, False, False, True, True, False, True]
-    assert inference._sglang_deepep(s).tolist() == deepep
-    assert inference._sglang_dp_gathers(s).tolist() == gathers
+    assert _sglang_deepep(s).tolist() == deepep
+    assert _sglang_dp_gathers(s).tolist() == gathers

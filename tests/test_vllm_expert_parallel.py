@@ -105,19 +105,20 @@ def test_vllm_tensor_parallel_replicas_scatter_and_gather_around_their_moe_layer
 
 def _kernels(engine: str, configs) -> list[float]:
     from cost_model import EstimateOptions, configs_to_table
-    from cost_model import _inference as inference
+    from cost_model._inference_kernels import _kernels_per_pass
+    from cost_model._inference_setup import _setup
 
     workload = Inference(
         prompt_tokens=1024, output_tokens=1024, weight_dtype="fp8", serving_engine=engine
     )
-    s = inference._setup(
+    s = _setup(
         model=DSV3,
         cluster=B200,
         workload=workload,
         table=configs_to_table(configs),
         options=EstimateOptions(),
     )
-    return np.max(inference._kernels_per_pass(s), axis=0).tolist()
+    return np.max(_kernels_per_pass(s), axis=0).tolist()
 
 
 def test_expert_kernel_count_follows_the_priced_path() -> None:

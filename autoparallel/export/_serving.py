@@ -261,7 +261,8 @@ def _sglang_pool(
     ]
     if s.attention_replicas > 1:
         args += ["--attn-dp-size", str(s.attention_replicas)]
-    # the predicate the cost model prices the MoE path by (``cost_model._inference._expert_comm``)
+    # the predicate the cost model prices the MoE path by
+    # (``cost_model._inference_comm._expert_comm``)
     deepep = bool(sglang_uses_deepep(tp=config.tp, ep=config.ep, etp=config.etp))
     if config.ep > 1:
         args += [

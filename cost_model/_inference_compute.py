@@ -1,0 +1,368 @@
+"""Compute of one inference pass on each pipeline rank: the GEMMs of every block, core attention
+and the MoE layer, in seconds.
+
+Matmuls are rooflines of their FLOPs and weight bytes, each part (attention, dense FFN, routed
+and shared experts, router, LM head) in its own weight dtype (``Inference.part_weight_dtype``: a
+released checkpoint keeps some parts wider than its experts); the memory passes between them (norms,
+casts to the GEMM dtype, RoPE and MLA's re-expanded keys and values, the MoE permute, activation
+and combine reduction, residual adds: ``_inference_ops.*_side_bytes``) are separate memory-bound
+kernels whose time adds. Efficiencies come from the device's shipped calibration
+(``_common.Calibration``, shared with training): matmuls at ``matmul_efficiency``, core attention
+at ``attention_efficiency``.
+
+Where imported operator tables cover the device (``_kernel_curves``), a pass's dense GEMMs
+(attention projections, dense FFN, shared experts: ``_inference_ops.*_projections``), prefill
+and decode alike, run at the serving engine's measured latency for their shape (M = tokens per
+rank, N x K = the rank's slice of each projection; the W8A8 activation quantization included),
+a prefill pass's MHA/GQA core attention at the measured causal
+FlashAttention-class efficiency by prompt length and (sequence, head) pairs per call
+(``_kernel_curves.context_attention_time_s``), a decode step's MHA/GQA core attention at the
+serving engine's measured decode-kernel efficiency by context, (sequence, KV head) pairs and
+query heads per KV head (``_kernel_curves.decode_attention_time_s``), a decode step's routed
+experts (and a prefill pass's without expert parallelism: the engine's fused MoE op,
+``_moe_time``) as grouped GEMMs at
+their measured efficiency for M = tokens per expert, MLA decode attention at its measured efficiency
+by context length, batch and heads per rank and its ``kv_b_proj`` as the two measured batched
+GEMMs of the absorbed form; kernels timed by a table pay no per-kernel floor on top
+(``_inference_kernels._measured_kernels_per_pass``).
+
+Routing is uniform at random: the busiest EP rank carries the balls-into-bins excess, or the
+measured ``EstimateOptions.routing_imbalance`` if larger; redundant experts cost their memory,
+and the skew they fix in real routing is not modelled.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+
+from cost_model import _inference_ops as ops
+from cost_model._common import op_time_s
+from cost_model._inference_setup import (
+    _attention_dtype,
+    _cast_bytes,
+    _memory_pass,
+    _mm,
+    _part_dtype,
+    _Setup,
+)
+from cost_model._kernel_curves import (
+    DECODE_ATTENTION_KV_DTYPES,
+    DEVICE_ALIASES,
+    context_attention_time_s,
+    decode_attention_time_s,
+    gemm_curve_dtype,
+    gemm_efficiency,
+    grouped_experts_time_s,
+    grouped_gemm_efficiency,
+    kernel_curves,
+    mla_bmm_time_s,
+    mla_time_s,
+    projections_time_s,
+)
+from cost_model._units import dtype_bytes
+
+
+def _gemms(
+    s: _Setup, tokens, projections, shard, *, part: str | None = None, dtype: str | None = None
+) -> np.ndarray:
+    """The GEMMs of one block of ``part`` over ``tokens`` per device, each projection's split
+    width divided by ``shard``, with weights in ``dtype`` (default: the part's weight dtype,
+    ``_inference_setup._part_dtype``; the workload's ``weight_dtype`` without a part). Prefill and
+    decode alike, every GEMM runs at the serving engine's measured latency for its shape
+    (``_kernel_curves.projections_time_s``: M = tokens, N x K = one rank's slice) where its
+    operator tables cover the device and dtype; the tables time the activation quantization a
+    W8A8 GEMM launches before it (aiconfigurator's SGLang collector times
+    ``sglang_per_token_group_quant_fp8`` + DeepGEMM per block-FP8 call, in a CUDA graph), which
+    the roofline misses. Devices without tables keep the calibrated roofline."""
+    dtype = dtype or (s.workload.weight_dtype if part is None else _part_dtype(s, part))
+    measured = s.rows.evaluate(
+        partial(projections_time_s, projections=projections),
+        hardware=s.cluster.device,
+        dtype=_gemm_table_dtype(s, dtype),
+        m=np.asarray(tokens, dtype=np.float64),
+        shard=np.asarray(shard, dtype=np.float64),
+        engine=s.profile.engine,
+    )
+    if measured is not None:
+        return measured
+    wb = dtype_bytes(dtype)
+    total = np.zeros_like(np.asarray(tokens, dtype=np.float64))
+    for n, k, split in projections:
+        n_rank = n / shard if split == "n" else np.full_like(shard, float(n))
+        k_rank = k / shard if split == "k" else np.full_like(shard, float(k))
+        flops, weight_bytes = 2.0 * tokens * n_rank * k_rank, n_rank * k_rank * wb
+        total = total + _mm(s, flops, weight_bytes, part or "routed_experts", dtype=dtype)
+    return np.asarray(total)
+
+
+def _gemm_table_dtype(s: _Setup, dtype: str) -> str:
+    """The dense GEMM table that prices ``dtype`` weights under the workload's FP8 scaling
+    (``_kernel_curves.gemm_curve_dtype``): per-tensor FP8 on its own table where the device has
+    one, else on the block-scaled table (the nearer kernel) rather than on no table at all."""
+    table = gemm_curve_dtype(dtype, s.workload.fp8_scaling)
+    if table != dtype and (
+        gemm_efficiency(device_name=s.hardware.name, dtype=table, m=1.0, n=1.0, k=1.0) is None
+    ):
+        return dtype
+    return table
+
+
+def _attention_gemms(s: _Setup, tokens, *, decode: bool) -> np.ndarray:
+    """The GEMMs of one attention block over ``tokens`` per device (``_gemms``). Absorbed MLA
+    decode runs ``kv_b_proj`` as its two batched GEMMs over the rank's heads, at their measured
+    latency where a table covers the device (``_kernel_curves.mla_bmm_time_s``)."""
+    model = s.model
+    projections = ops.attention_projections(model)
+    bmm = None
+    if decode and model.attention.kind == "mla":
+        bmm = s.rows.evaluate(
+            mla_bmm_time_s,
+            device_name=s.hardware.name,
+            tokens=np.asarray(tokens, dtype=np.float64),
+            heads=model.attention.num_heads / s.shard,
+            engine=s.profile.engine,
+        )
+    if bmm is None:
+        return _gemms(s, tokens, projections, s.shard, part="attention")
+    kv_up = ops.kv_up_projection(model)
+    rest = tuple(projection for projection in projections if projection != kv_up)
+    return _gemms(s, tokens, rest, s.shard, part="attention") + bmm
+
+
+def _context_attention_measured(s: _Setup, *, decode: bool) -> bool:
+    """Whether a pass's MHA/GQA attention is priced from the context-attention curves: prefill,
+    full causal attention, a device the tables cover (``_kernel_curves.context_attention_time_s``)."""
+    a = s.model.attention
+    return (
+        not decode
+        and a.kind != "mla"
+        and a.variant == "full"
+        and a.head_dim == 128  # the head size the curves measure
+        and s.workload.activation_dtype == "bf16"
+        and any(
+            c["device"] == DEVICE_ALIASES.get(s.hardware.name, s.hardware.name)
+            for c in kernel_curves().get("context_attention", ())
+        )
+    )
+
+
+def _decode_attention_measured(s: _Setup) -> np.ndarray:
+    """Rows whose decode MHA/GQA attention is priced from the decode-attention curves: full
+    attention of head size 128 (the curves' shapes), a device and KV-cache dtype the tables
+    cover (``_kernel_curves.decode_attention_time_s``)."""
+    if "_decode_attention_measured" not in s.__dict__:  # the same for every pass of one setup
+        a = s.model.attention
+        device = DEVICE_ALIASES.get(s.hardware.name, s.hardware.name)
+        dtypes = {
+            c["dtype"]
+            for c in kernel_curves().get("decode_attention", ())
+            if c["device"] == device
+            and a.kind != "mla"
+            and a.variant == "full"
+            and a.head_dim == 128
+        }
+        covered = [b for b, dtype in DECODE_ATTENTION_KV_DTYPES.items() if dtype in dtypes]
+        s.__dict__["_decode_attention_measured"] = np.isin(s.kv_element_bytes, covered)
+    return s.__dict__["_decode_attention_measured"]
+
+
+def _moe_time(
+    s: _Setup, attention_tokens: np.ndarray, rank_tokens: np.ndarray, *, decode: bool = True
+) -> np.ndarray:
+    """Router, shared experts and routed experts of one MoE layer, (n,) seconds.
+
+    Decode steps price the routed experts as the grouped GEMMs that run (``_grouped_experts_time``:
+    M = tokens per expert, measured curves). So does a prefill pass without expert parallelism
+    (``_fused_prefill_moe``): its tokens never leave the rank, and the engine runs the fused MoE
+    op the tables time (SGLang on Blackwell: FlashInfer's TRT-LLM MoE, routing through the
+    weighted combine in one call, ``layers/moe/moe_runner/flashinfer_trtllm.py``; the Triton
+    ``fused_moe`` elsewhere), so the combine passes of ``moe_token_bytes`` are in the measured
+    op. A prefill pass with ep > 1 keeps the calibrated roofline: its experts run DeepGEMM's
+    contiguous-layout grouped GEMM behind DeepEP's normal kernels, which reaches about 0.75 of FP8
+    peak at large M (DeepGEMM README, H800), while the imported tables' large-M kernels (TRT-LLM
+    CUTLASS, Triton) measure 0.3-0.5; until DeepGEMM's own tables are imported the imported
+    curves would misprice it."""
+    model, moe = s.model, s.model.moe
+    if moe is None:
+        return np.zeros_like(attention_tokens)
+    wb = dtype_bytes(_part_dtype(s, "routed_experts"))
+    act = dtype_bytes(s.workload.activation_dtype)
+    ep, etp = s.column("ep"), s.column("etp")
+    # the gate runs replicated on the hidden states a rank holds after attention: every token
+    # of its replica under tensor parallelism (SGLang ``Qwen3MoeSparseMoeBlock.gate``, a
+    # ``ReplicatedLinear``), its own under attention data parallelism
+    router = _gemms(
+        s,
+        attention_tokens,
+        ops.router_projections(model),
+        np.ones_like(attention_tokens),
+        part="router",
+        dtype=s.workload.weight_dtype_by_part.get("router", s.workload.activation_dtype),
+    )
+    shared = _gemms(
+        s,
+        attention_tokens,
+        ops.ffn_projections(model, moe.num_shared_experts * moe.shared_ffn_size),
+        s.shard,
+        part="shared_experts",
+    )
+    group_tokens = rank_tokens * ep * etp
+    mean_assignments = group_tokens * moe.top_k / ep
+    assignments = mean_assignments * np.maximum(
+        s.rows.evaluate(ops.max_load_factor, mean_load=mean_assignments, num_bins=ep),
+        s.routing_imbalance,
+    )
+    w_expert = model.ffn_parameters(moe.expert_ffn_hidden_size) / etp
+    slots = (moe.num_routed_experts + s.column("num_redundant_experts")) / ep
+    touched = s.rows.evaluate(
+        ops.experts_touched_fraction,
+        tokens=group_tokens,
+        top_k=moe.top_k,
+        num_experts=moe.num_routed_experts,
+    )
+    cast = _cast_bytes(s)
+    side = ops.routed_bytes_per_assignment(model, act=act, cast=cast, etp=etp)
+    token_passes = _memory_pass(
+        s, ops.moe_token_bytes(model, act=act, cast=cast, shard=s.shard) * attention_tokens
+    )
+    measured = None
+    fused = _fused_prefill_moe(s, decode=decode)
+    # M = tokens per expert slot on the busiest rank; the expert width split over etp. The best
+    # kernel over engines, not the serving engine's: the operator tables time one MoE backend per
+    # engine version (SGLang's reaches 2% of peak at 256 tokens per expert on 2 experts per
+    # device), not the DeepGEMM / CUTLASS kernels a deployment selects for its shape.
+    if decode or np.any(fused):
+        measured = s.rows.evaluate(
+            grouped_experts_time_s,
+            hardware=s.cluster.device,
+            dtype=_part_dtype(s, "routed_experts"),
+            tokens_per_expert=assignments / slots,
+            experts_per_device=slots,
+            touched_fraction=touched,
+            side_bytes_per_assignment=side,
+            hidden_size=model.hidden_size,
+            expert_ffn_size=moe.expert_ffn_hidden_size / etp,
+        )
+    if measured is not None and decode:
+        return router + shared + measured + token_passes
+    routed = _mm(s, 2 * w_expert * assignments, slots * touched * w_expert * wb)
+    roofline = router + shared + routed + _memory_pass(s, side * assignments) + token_passes
+    if measured is None:
+        return roofline
+    outside_op = _memory_pass(  # the fused op writes the combined output itself
+        s,
+        (
+            ops.moe_token_bytes(model, act=act, cast=cast, shard=s.shard)
+            - ops.moe_combine_bytes(model, act=act)
+        )
+        * attention_tokens,
+    )
+    return np.where(fused, router + shared + measured + outside_op, roofline)
+
+
+def _fused_prefill_moe(s: _Setup, *, decode: bool) -> np.ndarray:
+    """Rows whose prefill pass runs its routed experts as the engine's fused MoE op at its
+    measured latency (``_moe_time``), (n,) bool: prefill, no expert parallelism (each rank runs
+    every expert's etp slice over all its tokens: no all-to-all, no DeepEP), and grouped-GEMM
+    curves for the device and weight dtype."""
+    ep = s.column("ep")
+    if decode or s.model.moe is None or not np.any(ep == 1):
+        return np.zeros(ep.shape, dtype=bool)
+    covered = (
+        grouped_gemm_efficiency(
+            device_name=s.hardware.name,
+            dtype=s.workload.weight_dtype,
+            tokens_per_expert=1.0,
+            experts_per_device=1.0,
+        )
+        is not None
+    )
+    return (ep == 1) & covered
+
+
+def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
+    """Core attention (scores and values) of one layer, (n,) seconds."""
+    model = s.model
+    queries = p.batch * p.new_tokens / (s.column("cp") * s.shard)
+    spread = (
+        1.0 if p.decode else 1.0 + s.workload.prompt_tokens_cv**2
+    )  # E[P^2]/E[P]^2 of the prompt mix
+    keys = ops.mean_attended_between(
+        model, p.cached_tokens * spread + 1.0, (p.cached_tokens + p.new_tokens) * spread
+    )
+    flops = queries * keys * ops.attention_flops_per_key(model, decode=p.decode)
+    if not p.decode:
+        prefix = p.batch * p.cached_tokens / (s.column("cp") * s.shard)
+        flops = flops + prefix * ops.prefix_upprojection_flops_per_token(model)
+    kv_fraction = 1.0 / (ops.kv_head_split(model, s.shard) * s.column("cp"))
+    read_tokens = ops.kv_read_tokens(model, p.cached_tokens + p.new_tokens)
+    kv_read = p.batch * ops.kv_bytes_per_sequence_layer(
+        model, read_tokens, s.kv_element_bytes, block_tokens=1
+    )
+    if (
+        p.decode and model.attention.kind == "mla"
+    ):  # FlashMLA-class kernels at their measured efficiency (prefill: see _kernel_curves)
+        # one call per rank: all its sequences, over its share of the heads and of each context
+        # (cp); every head reads the sequence's whole latent, so the bytes are all sequences'
+        measured = s.rows.evaluate(
+            mla_time_s,
+            kind="mla_decode",
+            hardware=s.cluster.device,
+            dtype=_attention_dtype(s),
+            flops=flops,
+            bytes_moved=kv_read * kv_fraction,
+            tokens=read_tokens / s.column("cp"),
+            batch=p.batch,
+            heads=model.attention.num_heads / s.shard,
+            # the workload's named kernel, else the serving engine's own where measured
+            engine=s.workload.mla_decode_kernel or s.profile.engine,
+        )
+        if measured is not None:  # (prefill keeps the calibrated efficiency: see _kernel_curves)
+            return measured
+    measured_decode = _decode_attention_measured(s) if p.decode else None
+    if measured_decode is not None and measured_decode.any():
+        # one call per rank: its sequences times its KV heads (a KV head replicated over the
+        # ranks past the KV-head count is one per rank), each with its group of query heads
+        kv_heads = model.attention.num_kv_heads / ops.kv_head_split(model, s.shard)
+        decode_measured = s.rows.evaluate(
+            decode_attention_time_s,
+            hardware=s.cluster.device,
+            flops=flops,
+            bytes_moved=kv_read * kv_fraction,
+            tokens=read_tokens / s.column("cp"),
+            units=p.batch * kv_heads,
+            group=model.attention.num_heads / s.shard / kv_heads,
+            kv_element_bytes=s.kv_element_bytes,
+            engine=s.profile.engine,
+        )
+        if measured_decode.all():
+            return decode_measured
+    if _context_attention_measured(s, decode=p.decode):
+        # one call per rank: its sequences times its query heads; the prompt's full length
+        # (the cached prefix too) is the length the kernel attends over
+        measured = s.rows.evaluate(
+            context_attention_time_s,
+            hardware=s.cluster.device,
+            flops=flops,
+            bytes_moved=kv_read * kv_fraction,
+            tokens=read_tokens / s.column("cp"),
+            units=p.batch * model.attention.num_heads / s.shard,
+            engine=s.profile.engine,
+            kv_element_bytes=s.kv_element_bytes,
+        )
+        if measured is not None:
+            return measured
+    roofline = s.rows.evaluate(
+        op_time_s,
+        flops=flops,
+        bytes_moved=kv_read * kv_fraction,
+        hardware=s.cluster.device,
+        dtype=_attention_dtype(s),
+        calibration=s.calibration,
+        kind="attention",
+    )
+    if measured_decode is not None and measured_decode.any():
+        return np.where(measured_decode, decode_measured, roofline)
+    return roofline
