@@ -49,7 +49,7 @@ Day-6 and profile prefill units, DeepSeek's own engine validated with SGLang's p
 MLA decode also has curves of one kernel from its authors' published figures rather than an
 engine's tables: DeepSeek's FlashMLA (engine ``"flashmla"``, ``data/flashmla_decode.json``: up to
 3000 GB/s memory-bound and 660 TFLOPS compute-bound on the H800 SXM5, README at c2067be, at its
-benchmark's batch 128, 4K-16K cache and 16-128 query heads; ``_kernel_import.flashmla_decode_curves``).
+benchmark's batch 128, 4K-16K cache and 16-128 query heads; ``_kernel_import_mla.flashmla_decode_curves``).
 At DeepSeek-V3's 128 heads it runs at 0.81 of the roofline where the imported H100 tables of
 SGLang's FA3 and TensorRT-LLM's kernels measure 0.66-0.76. They price a workload that names the
 kernel (``Inference.mla_decode_kernel``: DeepSeek's own serving, ``_inference_validation``) and
@@ -444,7 +444,7 @@ def context_attention_time_s(
     by the (sequence, query head) pairs ``units`` of the call, log-linear in both, held beyond
     the grid); the serving ``engine``'s own kernel where measured; None without a curve. Rows
     with an FP8 KV cache (``kv_element_bytes`` 1) run the engine's own FP8 context attention
-    where it has a curve of one (``_kernel_import.FP8_CONTEXT_FMHA_ENGINES``: TensorRT-LLM's
+    where it has a curve of one (``_kernel_import_attention.FP8_CONTEXT_FMHA_ENGINES``: TensorRT-LLM's
     FP8 context FMHA, on at 0.7-0.75x the BF16 kernel's time for a 5000-token Llama-3-70B TP2
     prompt on H100), the BF16 kernel otherwise."""
     device_name = DEVICE_ALIASES.get(hardware.name, hardware.name)
@@ -850,7 +850,7 @@ def all_reduce_time_s(*, device_name: str, group, message_bytes, engine: str | N
     """Measured seconds of one tensor-parallel all-reduce of ``message_bytes`` (BF16) per rank
     over ``group`` NVLink-connected ranks, as the serving ``engine`` runs it (its custom one-/two-
     shot kernel below its size limit, NCCL above: the tables time the engine's own dispatch,
-    ``autoparallel._kernel_import.ALLREDUCE_KERNELS``); NaN on rows whose group size no table
+    ``autoparallel._kernel_import_comm.ALLREDUCE_KERNELS``); NaN on rows whose group size no table
     measured, None where no table covers the device. Linear in log(size) and log(latency)
     between measured sizes, held below the smallest (the kernel's fixed latency) and linear in
     the bytes beyond the largest (bandwidth-bound)."""

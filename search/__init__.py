@@ -30,8 +30,9 @@ from search._feasibility import smallest_feasible_devices
 from search._objective import METRICS, Objective, resolve_objective, simulate_top_k
 from search._space import SearchBounds, SearchSpace, config_from_row, row_extras, select
 from search._storage import database_url, open_storage
-from search._study import SearchSettings, find_plan
+from search._study import find_plan
 from search._study_job import StudyJob, load_study_job
+from search._study_problem import SearchSettings
 from search._workers import run_workers
 
 __all__ = [

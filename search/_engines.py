@@ -284,7 +284,7 @@ def engine_search_settings(
 
     Raises ValueError when the engine's role (training or serving) is not the workload's kind.
     """
-    from search._study import SearchSettings
+    from search._study_problem import SearchSettings
 
     version = resolve_version(engine, version)
     role, kind = engine_info(engine)["role"], getattr(workload, "kind", None)

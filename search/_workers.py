@@ -32,16 +32,16 @@ from search._lazy import optuna
 from search._liveness import alive, fail_orphans, fail_stale
 from search._storage import close_storage, open_storage
 from search._study import (
-    SearchSettings,
     _enqueue_warm_start,
     best_of,
     choose_method,
-    num_finished,
     open_study,
     search_devices,
     settings_for,
     with_devices,
 )
+from search._study_problem import SearchSettings
+from search._study_result import num_finished
 
 logger = logging.getLogger(__name__)
 

@@ -171,7 +171,7 @@ def test_serving_all_reduce_latencies_are_operator_tables_only() -> None:
     ``comm/<engine>/<version>/custom_allreduce_perf.parquet`` whose every row times one
     all-reduce of one message over one GPU count (no request, sequence-length or concurrency
     field of an end-to-end run), and the stored latencies are its rows."""
-    from autoparallel._kernel_import import _read
+    from autoparallel._kernel_import_tables import _read
     from cost_model._kernel_curves import ALL_REDUCE_MESSAGE_BYTES, kernel_curves
 
     curves = kernel_curves()["custom_allreduce"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from autoparallel import get_model
-from autoparallel._kernel_import import _read
+from autoparallel._kernel_import_tables import _read
 from cost_model import Inference, estimate_inference_table, table_from_columns
 from cost_model._kernel_curves import (
     TOKENS_PER_EXPERT_GRID,
@@ -150,7 +150,7 @@ def _write_moe_table(folder: Path, *, efficiency: float) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from autoparallel._kernel_import import _side_bytes
+    from autoparallel._kernel_import_moe import _side_bytes
     from cost_model._kernel_curves import grouped_gemm_ideal_s
 
     hardware = get_preset("dgx-h200").device
@@ -508,7 +508,7 @@ def test_a_tp8_qwen3_expert_slice_is_priced_on_its_own_measured_shape() -> None:
 
 
 def _side_bytes_of(dtype: str, *, hidden: int, expert_ffn: int) -> float:
-    from autoparallel._kernel_import import _side_bytes
+    from autoparallel._kernel_import_moe import _side_bytes
 
     return _side_bytes(dtype, hidden=hidden, expert_ffn=expert_ffn)
 

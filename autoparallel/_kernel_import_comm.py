@@ -1,0 +1,172 @@
+"""Communication fits from aiconfigurator-core's ``comm/*`` tables.
+
+The serving engines' tensor-parallel all-reduce (``comm/*/custom_allreduce_perf.parquet``:
+latency by message size and GPU count, kept as measured, ``_custom_allreduce_curves``), and
+DeepEP's low-latency dispatch and combine (``wideep_deepep_ll_perf.parquet``: a fixed latency
+plus the slower tier's bytes over its preset bandwidth times a fitted efficiency,
+``fit_deepep_low_latency``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from autoparallel._kernel_import_tables import DEVICES, _latest_tables, _read
+from cost_model import ALL_REDUCE_MESSAGE_BYTES, expert_all_to_all_bytes
+from topology import get_preset
+
+#: aiconfigurator device folders whose custom all-reduce tables are imported -> preset: the
+#: kernel-curve devices and the A100 and GB300, whose all-reduce tables the package also ships.
+ALLREDUCE_DEVICES = {**DEVICES, "a100_sxm": "dgx-a100", "gb300": "gb300-nvl72"}
+#: Rows of each engine's table that time the kernel the engine runs in a serving pass: vLLM's
+#: and SGLang's collectors time ``tensor_model_parallel_all_reduce`` (the engine's own choice per
+#: size: its custom one-/two-shot kernel over NVLink peer memory below its size limit, 8 MiB by
+#: default, NCCL above) inside a CUDA graph ("graph") and eagerly ("eager": each call adds the
+#: collector's input copy and the host dispatch, not operator time); TensorRT-LLM's times its
+#: ``AllReduce`` op with the AUTO strategy (one-shot / two-shot / NCCL by size) in a CUDA graph
+#: (aiconfigurator ``collector/collect_all_reduce.py``). The graph rows are the operator.
+ALLREDUCE_KERNELS = {
+    "vllm": ("vLLM", "vLLM_custom_graph"),
+    "sglang": ("SGLang", "SGLang_CustomAllReduce_graph"),
+    "trtllm": ("TRTLLM", "TRTLLM"),
+}
+
+
+def _custom_allreduce_curves(root: Path, device: str, engine: str) -> list[dict]:
+    """Latency of one tensor-parallel all-reduce at each size of ``ALL_REDUCE_MESSAGE_BYTES``, for
+    each GPU count measured at all of them, from the newest
+    ``comm/<engine>/<version>/custom_allreduce_perf.parquet`` whose rows are the engine's own (a
+    folder may hold another engine's table: those rows are skipped). BF16 messages; the table's
+    ``message_size`` counts elements (aiconfigurator's ops pass hidden x tokens)."""
+    hardware = get_preset(ALLREDUCE_DEVICES[device]).device
+    framework, kernel = ALLREDUCE_KERNELS[engine]
+    grid = [int(b) for b in ALL_REDUCE_MESSAGE_BYTES]
+    for path in _latest_tables(root, device, "comm", engine, "custom_allreduce_perf.parquet"):
+        by_gpus: dict[int, dict[int, float]] = {}
+        for row in _read(path):
+            if (
+                row["framework"] != framework
+                or row["kernel_source"] != kernel
+                or row["op_name"] != "all_reduce"
+                or row["allreduce_dtype"] != "bfloat16"
+            ):
+                continue
+            sizes = by_gpus.setdefault(int(row["num_gpus"]), {})
+            size = 2 * int(row["message_size"])
+            sizes[size] = min(sizes.get(size, np.inf), float(row["latency"]) * 1e-3)
+        complete = {gpus: s for gpus, s in by_gpus.items() if all(b in s for b in grid)}
+        if not complete:
+            continue
+        return [
+            {
+                "device": hardware.name,
+                "engine": engine,
+                "engine_version": path.parent.name,
+                "dtype": "bf16",
+                "kernel_source": kernel,
+                "file": str(path.relative_to(root.parent)),
+                "latency_us_by_gpus": {
+                    str(gpus): [float(f"{sizes[b] * 1e6:.4g}") for b in grid]
+                    for gpus, sizes in sorted(complete.items())
+                },
+            }
+        ]
+    return []
+
+
+#: DeepEP low-latency tables measured on 1-8 nodes of 8 GPUs (hidden 7168, top-8 of 256 experts).
+DEEPEP_LOW_LATENCY_TABLE = "h200_sxm/comm/sglang/0.5.6.post2/wideep_deepep_ll_perf.parquet"
+_DEEPEP_GRID = {
+    "latency_s": np.linspace(0.0, 40e-6, 81),
+    "nvlink_efficiency": np.linspace(0.05, 1.0, 96),
+    "rdma_efficiency": np.linspace(0.05, 1.2, 116),
+}
+
+
+def _deepep_points(rows: list[dict], *, direction: str) -> np.ndarray:
+    """(nodes, intra bytes, inter bytes, seconds) per row, the bytes as the cost model counts them
+    (``cost_model._kernel_curves.expert_all_to_all_bytes``: FP8 dispatch, BF16 combine)."""
+    element = {"dispatch": 1.0, "combine": 2.0}[direction]
+    points = []
+    for row in rows:
+        if (row["hidden_size"], row["num_topk"], row["num_experts"]) != (7168, 8, 256):
+            continue
+        nodes = int(row["node_num"])
+        intra, inter = expert_all_to_all_bytes(
+            rank_tokens=float(row["num_token"]),
+            hidden_size=7168,
+            element_bytes=element,
+            copies=8.0,
+            ep=8.0 * nodes,
+            local=8.0,
+            node_dedup=False,
+        )
+        points.append(
+            (
+                nodes,
+                float(intra),
+                float(inter),
+                float(row[f"{direction}_avg_t_us"]) * 1e-6,
+            )
+        )
+    return np.array(points)
+
+
+def _fit_deepep(points: np.ndarray, hardware_links) -> tuple[np.ndarray, np.ndarray]:
+    """Grid least squares on log(predicted / measured) of ``deepep_low_latency_s``; returns the
+    parameters and the relative errors."""
+    grid = np.stack(np.meshgrid(*_DEEPEP_GRID.values(), indexing="ij"), -1).reshape(-1, 3)
+    intra_bw, inter_bw = hardware_links
+    predicted = grid[:, :1] + np.maximum(
+        points[None, :, 1] / (intra_bw * grid[:, 1:2]),
+        points[None, :, 2] / (inter_bw * grid[:, 2:3]),
+    )
+    best = grid[np.argmin((np.log(predicted / points[None, :, 3]) ** 2).sum(axis=1))]
+    fitted = best[0] + np.maximum(
+        points[:, 1] / (intra_bw * best[1]), points[:, 2] / (inter_bw * best[2])
+    )
+    return best, fitted / points[:, 3] - 1.0
+
+
+def fit_deepep_low_latency(root: Path) -> dict:
+    """DeepEP low-latency dispatch / combine: a fixed latency plus the slower tier's bytes over
+    its preset peak bandwidth times a fitted efficiency, fitted on the H200 operator table; with
+    each multi-node count held out in turn (the single-node points alone fix the NVLink term)."""
+    path = root / "systems" / "data" / DEEPEP_LOW_LATENCY_TABLE
+    if not path.exists():
+        return {}
+    cluster = get_preset("dgx-h200")
+    links = (
+        cluster.intra_node.bandwidth_bytes_per_s,
+        cluster.inter_node.bandwidth_bytes_per_s,
+    )
+    rows = _read(path)
+    fits = {}
+    for direction in ("dispatch", "combine"):
+        points = _deepep_points(rows, direction=direction)
+        best, errors = _fit_deepep(points, links)
+        held_out = {}
+        for nodes in (2, 4, 8):
+            kept, out = points[points[:, 0] != nodes], points[points[:, 0] == nodes]
+            params, _ = _fit_deepep(kept, links)
+            predicted = params[0] + np.maximum(
+                out[:, 1] / (links[0] * params[1]), out[:, 2] / (links[1] * params[2])
+            )
+            held_out[str(nodes)] = round(float(np.mean(np.abs(predicted / out[:, 3] - 1.0))), 3)
+        fits[direction] = {
+            **{
+                name: round(float(value), 9 if name == "latency_s" else 3)
+                for name, value in zip(_DEEPEP_GRID, best)
+            },
+            "points": len(points),
+            "mean_abs_error": round(float(np.mean(np.abs(errors))), 3),
+            "max_abs_error": round(float(np.max(np.abs(errors))), 3),
+            "held_out_node_count_mean_abs_error": held_out,
+        }
+    return {
+        "file": f"aiconfigurator_core/systems/data/{DEEPEP_LOW_LATENCY_TABLE}",
+        "preset": "dgx-h200",
+        **fits,
+    }
