@@ -55,6 +55,7 @@ from autoparallel._kernel_import_comm import (
     ALLREDUCE_DEVICES,
     _custom_allreduce_curves,
     fit_deepep_low_latency,
+    fit_deepep_normal,
 )
 from autoparallel._kernel_import_gemm import _gemm_curves
 from autoparallel._kernel_import_mla import (
@@ -120,6 +121,7 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
         "decode_attention_tokens": list(DECODE_ATTENTION_TOKENS),
         "decode_attention": decode,
         "deepep_low_latency": fit_deepep_low_latency(root),
+        "deepep_normal": fit_deepep_normal(root),
         "custom_allreduce_message_bytes": [int(b) for b in ALL_REDUCE_MESSAGE_BYTES],
         "custom_allreduce": allreduce,
     }

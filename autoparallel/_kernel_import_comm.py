@@ -4,7 +4,8 @@ The serving engines' tensor-parallel all-reduce (``comm/*/custom_allreduce_perf.
 latency by message size and GPU count, kept as measured, ``_custom_allreduce_curves``), and
 DeepEP's low-latency dispatch and combine (``wideep_deepep_ll_perf.parquet``: a fixed latency
 plus the slower tier's bytes over its preset bandwidth times a fitted efficiency,
-``fit_deepep_low_latency``).
+``fit_deepep_low_latency``) and normal (node-deduplicating, high-throughput) dispatch and combine
+(``wideep_deepep_normal_perf.parquet``, the same form, ``fit_deepep_normal``).
 """
 
 from __future__ import annotations
@@ -114,20 +115,57 @@ def _deepep_points(rows: list[dict], *, direction: str) -> np.ndarray:
     return np.array(points)
 
 
-def _fit_deepep(points: np.ndarray, hardware_links) -> tuple[np.ndarray, np.ndarray]:
-    """Grid least squares on log(predicted / measured) of ``deepep_low_latency_s``; returns the
-    parameters and the relative errors."""
-    grid = np.stack(np.meshgrid(*_DEEPEP_GRID.values(), indexing="ij"), -1).reshape(-1, 3)
+def _fit_deepep(
+    points: np.ndarray, hardware_links, grid: dict = _DEEPEP_GRID
+) -> tuple[np.ndarray, np.ndarray]:
+    """Grid least squares on log(predicted / measured) of ``deepep_low_latency_s`` (the normal
+    kernels' ``deepep_normal_s`` has the same form) over ``grid`` (latency, NVLink efficiency,
+    RDMA efficiency); returns the parameters and the relative errors. The grid is searched one
+    latency at a time (bounded memory); the first minimum in grid order wins."""
     intra_bw, inter_bw = hardware_links
-    predicted = grid[:, :1] + np.maximum(
-        points[None, :, 1] / (intra_bw * grid[:, 1:2]),
-        points[None, :, 2] / (inter_bw * grid[:, 2:3]),
+    names = list(grid)
+    efficiencies = np.stack(np.meshgrid(grid[names[1]], grid[names[2]], indexing="ij"), -1).reshape(
+        -1, 2
     )
-    best = grid[np.argmin((np.log(predicted / points[None, :, 3]) ** 2).sum(axis=1))]
+    transfer = np.maximum(
+        points[None, :, 1] / (intra_bw * efficiencies[:, :1]),
+        points[None, :, 2] / (inter_bw * efficiencies[:, 1:2]),
+    )
+    best, best_loss = np.zeros(3), np.inf
+    for latency in grid[names[0]]:
+        loss = (np.log((latency + transfer) / points[None, :, 3]) ** 2).sum(axis=1)
+        index = int(np.argmin(loss))
+        if loss[index] < best_loss:
+            best_loss, best = loss[index], np.array([latency, *efficiencies[index]])
     fitted = best[0] + np.maximum(
         points[:, 1] / (intra_bw * best[1]), points[:, 2] / (inter_bw * best[2])
     )
     return best, fitted / points[:, 3] - 1.0
+
+
+def _fit_record(points: np.ndarray, links, grid: dict) -> dict:
+    """The fitted parameters of one direction with its points, mean / max relative error and the
+    mean error on each multi-node count when it is held out of the fit (the single-node points
+    alone fix the NVLink term, so they are always kept)."""
+    best, errors = _fit_deepep(points, links, grid)
+    held_out = {}
+    for nodes in (2, 4, 8):
+        kept, out = points[points[:, 0] != nodes], points[points[:, 0] == nodes]
+        params, _ = _fit_deepep(kept, links, grid)
+        predicted = params[0] + np.maximum(
+            out[:, 1] / (links[0] * params[1]), out[:, 2] / (links[1] * params[2])
+        )
+        held_out[str(nodes)] = round(float(np.mean(np.abs(predicted / out[:, 3] - 1.0))), 3)
+    return {
+        **{
+            name: round(float(value), 9 if name == "latency_s" else 3)
+            for name, value in zip(grid, best)
+        },
+        "points": len(points),
+        "mean_abs_error": round(float(np.mean(np.abs(errors))), 3),
+        "max_abs_error": round(float(np.max(np.abs(errors))), 3),
+        "held_out_node_count_mean_abs_error": held_out,
+    }
 
 
 def fit_deepep_low_latency(root: Path) -> dict:
@@ -143,30 +181,88 @@ def fit_deepep_low_latency(root: Path) -> dict:
         cluster.inter_node.bandwidth_bytes_per_s,
     )
     rows = _read(path)
-    fits = {}
-    for direction in ("dispatch", "combine"):
-        points = _deepep_points(rows, direction=direction)
-        best, errors = _fit_deepep(points, links)
-        held_out = {}
-        for nodes in (2, 4, 8):
-            kept, out = points[points[:, 0] != nodes], points[points[:, 0] == nodes]
-            params, _ = _fit_deepep(kept, links)
-            predicted = params[0] + np.maximum(
-                out[:, 1] / (links[0] * params[1]), out[:, 2] / (links[1] * params[2])
-            )
-            held_out[str(nodes)] = round(float(np.mean(np.abs(predicted / out[:, 3] - 1.0))), 3)
-        fits[direction] = {
-            **{
-                name: round(float(value), 9 if name == "latency_s" else 3)
-                for name, value in zip(_DEEPEP_GRID, best)
-            },
-            "points": len(points),
-            "mean_abs_error": round(float(np.mean(np.abs(errors))), 3),
-            "max_abs_error": round(float(np.max(np.abs(errors))), 3),
-            "held_out_node_count_mean_abs_error": held_out,
-        }
+    fits = {
+        direction: _fit_record(_deepep_points(rows, direction=direction), links, _DEEPEP_GRID)
+        for direction in ("dispatch", "combine")
+    }
     return {
         "file": f"aiconfigurator_core/systems/data/{DEEPEP_LOW_LATENCY_TABLE}",
         "preset": "dgx-h200",
+        **fits,
+    }
+
+
+#: DeepEP normal-kernel tables measured on 1, 2, 4 and 8 nodes of 8 GPUs (hidden 7168, top-8 of
+#: 256 experts, 1-131072 tokens per rank, 4-24 SMs). The H200 folder ships the same numbers
+#: (its multi-node rows relabelled "NVIDIA H200", the single-node ones "NVIDIA H100"): one H100
+#: measurement, so one fit on the table that names it throughout, with the H100 preset's peaks.
+DEEPEP_NORMAL_TABLE = "h100_sxm/comm/sglang/0.5.6.post2/wideep_deepep_normal_perf.parquet"
+DEEPEP_NORMAL_PRESET = "dgx-h100"
+#: SMs of the rows fitted: DeepEP's ``Buffer.num_sms`` default (20, ``deep_ep/buffers/legacy.py``),
+#: which SGLang keeps unless ``--deepep-config`` names others (``DeepEPConfig`` in
+#: ``python/sglang/srt/layers/moe/token_dispatcher/deepep.py``); the single-node rows hold only it.
+DEEPEP_NORMAL_SMS = 20
+#: Wider than the low-latency grid: the normal kernels' fixed cost (their notify step, 30-100 us
+#: across nodes) exceeds 40 us, and the cost model's NVLink bytes count every expert copy where
+#: DeepEP sends a token once per destination rank, so the fitted NVLink efficiency exceeds 1.
+_DEEPEP_NORMAL_GRID = {
+    "latency_s": np.linspace(0.0, 300e-6, 151),
+    "nvlink_efficiency": np.linspace(0.05, 1.5, 146),
+    "rdma_efficiency": np.linspace(0.05, 1.5, 146),
+}
+
+
+def _deepep_normal_points(rows: list[dict], *, direction: str) -> np.ndarray:
+    """(nodes, intra bytes, inter bytes, seconds) per row at ``DEEPEP_NORMAL_SMS``, the bytes as
+    the cost model counts a normal kernel's (``expert_all_to_all_bytes`` with ``node_dedup``): FP8
+    dispatch (SGLang quantizes DeepSeek's tokens per 128-element group before
+    ``Buffer.dispatch``, ``_DeepEPDispatcherImplNormal.dispatch_a``), BF16 combine. The time is
+    the transmit kernel plus its notify step (the layout exchange that precedes a multi-node
+    dispatch or combine; zero on one node)."""
+    element = {"dispatch": 1.0, "combine": 2.0}[direction]
+    points = []
+    for row in rows:
+        if (row["hidden_size"], row["num_topk"], row["num_experts"]) != (7168, 8, 256):
+            continue
+        if row[f"{direction}_sms"] != DEEPEP_NORMAL_SMS:
+            continue
+        nodes = int(row["node_num"])
+        intra, inter = expert_all_to_all_bytes(
+            rank_tokens=float(row["num_token"]),
+            hidden_size=7168,
+            element_bytes=element,
+            copies=8.0,
+            ep=8.0 * nodes,
+            local=8.0,
+            node_dedup=True,
+        )
+        seconds = float(row[f"{direction}_transmit_us"]) + float(row[f"{direction}_notify_us"])
+        points.append((nodes, float(intra), float(inter), seconds * 1e-6))
+    return np.array(points)
+
+
+def fit_deepep_normal(root: Path) -> dict:
+    """DeepEP normal (node-deduplicating) dispatch / combine: a fixed latency plus the slower
+    tier's bytes over its preset peak bandwidth times a fitted efficiency, fitted on the H100
+    operator table at the engine's SM count; with each multi-node count held out in turn."""
+    path = root / "systems" / "data" / DEEPEP_NORMAL_TABLE
+    if not path.exists():
+        return {}
+    cluster = get_preset(DEEPEP_NORMAL_PRESET)
+    links = (
+        cluster.intra_node.bandwidth_bytes_per_s,
+        cluster.inter_node.bandwidth_bytes_per_s,
+    )
+    rows = _read(path)
+    fits = {
+        direction: _fit_record(
+            _deepep_normal_points(rows, direction=direction), links, _DEEPEP_NORMAL_GRID
+        )
+        for direction in ("dispatch", "combine")
+    }
+    return {
+        "file": f"aiconfigurator_core/systems/data/{DEEPEP_NORMAL_TABLE}",
+        "preset": DEEPEP_NORMAL_PRESET,
+        "sms": DEEPEP_NORMAL_SMS,
         **fits,
     }

@@ -8,7 +8,8 @@ An all-reduce the engine fuses with the residual add and RMSNorm after it (vLLM'
 AllReduceFusionPass, ``ServingProfile.fused_allreduce_norm_max_bytes``) takes the table of the
 fused kernel's family and launches no norm kernel (``_fused_allreduce_norm``). Expert-parallel
 traffic follows the engine's default path (``_expert_comm``): DeepEP's all-to-all (its
-low-latency kernels at their measured latency and bandwidths), or vLLM's
+low-latency and normal kernels each at their latency and bandwidths fitted on DeepEP's measured
+kernels), or vLLM's
 all-gather / reduce-scatter across attention replicas and none inside one; SGLang runs DeepEP
 only where its export launches it (``_engine_paths.sglang_uses_deepep``: ep = the instance) and
 otherwise moves no tokens inside an attention replica, gathering over the instance under
@@ -26,6 +27,7 @@ from cost_model._inference_setup import COMBINE_BYTES, _dispatch_bytes, _part_dt
 from cost_model._kernel_curves import (
     all_reduce_time_s,
     deepep_low_latency_s,
+    deepep_normal_s,
     expert_all_to_all_bytes,
 )
 from cost_model._serving_columns import A2A_BACKEND_CODES
@@ -135,8 +137,10 @@ def _expert_all_to_all(
     latency (DeepEP README; not the n-1 rounds of a pairwise all-to-all); the bytes per tier are
     ``_kernel_curves.expert_all_to_all_bytes``. Low-latency kernels (``node_dedup`` False) take
     the latency and tier efficiencies fitted on DeepEP's measured low-latency kernels
-    (``_kernel_curves.deepep_low_latency_s``); normal kernels are priced by the topology as
-    point-to-point transfers on each tier."""
+    (``_kernel_curves.deepep_low_latency_s``), normal kernels those fitted on its measured normal
+    kernels (``_kernel_curves.deepep_normal_s``); without a shipped fit, a kernel is priced by
+    the topology as point-to-point transfers on each tier over the calibrated collective
+    efficiency."""
     assert s.model.moe is not None
     ep = s.column("ep")
     local = np.minimum(s.group_local["ep"], ep)
@@ -166,14 +170,16 @@ def _expert_all_to_all(
     seconds = np.maximum(
         point_to_point(2.0, intra_bytes), np.where(remote, point_to_point(1.0, inter_bytes), 0.0)
     )
-    measured = deepep_low_latency_s(
-        direction=direction,
-        intra_bytes=intra_bytes,
-        inter_bytes=np.where(remote, inter_bytes, 0.0),
-        cluster=s.cluster,
-    )
-    if measured is not None:
-        seconds = np.where(node_dedup, seconds, measured)
+    inter_bytes = np.where(remote, inter_bytes, 0.0)
+    for fitted, kernel_rows in (
+        (deepep_low_latency_s, np.logical_not(node_dedup)),
+        (deepep_normal_s, node_dedup),
+    ):
+        measured = fitted(
+            direction=direction, intra_bytes=intra_bytes, inter_bytes=inter_bytes, cluster=s.cluster
+        )
+        if measured is not None:
+            seconds = np.where(kernel_rows, measured, seconds)
     return np.where(ep > 1, seconds, 0.0)
 
 

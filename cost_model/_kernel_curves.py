@@ -670,7 +670,35 @@ def deepep_low_latency_s(*, direction: str, intra_bytes, inter_bytes, cluster) -
     table, 1-8 nodes, and assumed to carry to other NVLink/RDMA fabrics as fractions of their
     peaks); None when the shipped curves hold no fit. The training-fitted collective efficiency
     does not apply: these are not NCCL collectives."""
-    fit = kernel_curves().get("deepep_low_latency")
+    return _deepep_fitted_s(
+        key="deepep_low_latency",
+        direction=direction,
+        intra_bytes=intra_bytes,
+        inter_bytes=inter_bytes,
+        cluster=cluster,
+    )
+
+
+def deepep_normal_s(*, direction: str, intra_bytes, inter_bytes, cluster) -> np.ndarray | None:
+    """DeepEP normal (node-deduplicating, high-throughput) ``direction`` of one layer, the bytes
+    of ``expert_all_to_all_bytes`` with ``node_dedup``: the same form as
+    ``deepep_low_latency_s`` with the parameters of ``kernel_curves.json`` ``deepep_normal``
+    (fitted on NVIDIA's H100 operator table, 1-8 nodes, 20 SMs: DeepEP's and SGLang's default;
+    the fixed latency holds the multi-node notify step); None when the shipped curves hold no
+    fit. Not an NCCL collective, so the NCCL-fitted collective efficiency does not apply."""
+    return _deepep_fitted_s(
+        key="deepep_normal",
+        direction=direction,
+        intra_bytes=intra_bytes,
+        inter_bytes=inter_bytes,
+        cluster=cluster,
+    )
+
+
+def _deepep_fitted_s(*, key: str, direction: str, intra_bytes, inter_bytes, cluster):
+    """Fixed latency + max(NVLink bytes / (peak x efficiency), RDMA bytes / (peak x efficiency))
+    with the ``key`` fit of ``kernel_curves.json``; None without one."""
+    fit = kernel_curves().get(key)
     if not fit:
         return None
     params = fit[direction]

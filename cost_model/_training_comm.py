@@ -9,7 +9,8 @@ Sources: TP all-reduce, or reduce-scatter + all-gather with SP, of the hidden ac
 (Shoeybi et al. 2019 sec. 3; Korthikanti et al. 2022 sec. 4.2.2); EP all-to-all dispatch and
 combine of tokens x top-k x hidden x imbalance, with the expert-TP gather/scatter (DeepSeek-V3
 report, arXiv:2412.19437, sec. 3.2.2; Megatron-core MoE), or DeepEP's de-duplicated dispatch
-shared with the inference path, fp8 dispatch / bf16 combine; CP ring: one K/V block per step,
+(the inference path's bytes, priced by the fit on DeepEP's measured normal kernels,
+``_kernel_curves.deepep_normal_s``), fp8 dispatch / bf16 combine; CP ring: one K/V block per step,
 cp - 1 steps per layer (Liu et al., arXiv:2310.01889), or an all-gather of K/V (Llama 3); PP: each tp rank sends 1/tp of the boundary
 activation (Narayanan et al. SC'21 sec. 4.1); DP: gradient all-reduce, or reduce-scatter of
 gradients + all-gather of bf16 weights (ZeRO-1/2), or per layer and micro-batch an all-gather
@@ -29,6 +30,7 @@ from cost_model._common import (
     expert_dispatch_time_s,
     layer_weights_per_device,
 )
+from cost_model._kernel_curves import deepep_normal_s, expert_all_to_all_bytes
 
 ACTIVATION_BYTES = 2.0  # bf16/fp16 activations (fp8 training keeps bf16 activations between GEMMs)
 #: Columns that decide every collective's group, placement and message.
@@ -214,8 +216,14 @@ def _ep(ctx) -> tuple[np.ndarray, np.ndarray]:
         return zero, zero
     tokens = ctx.moe_tokens * ctx.options.routing_imbalance
     dispatch_bytes = FP8_DISPATCH_BYTES if ctx.options.expert_dispatch_fp8 else ACTIVATION_BYTES
-    forward = _exchange(ctx, tokens, dispatch_bytes) + _exchange(ctx, tokens, ACTIVATION_BYTES)
-    backward = 2.0 * _exchange(ctx, tokens, ACTIVATION_BYTES)
+    forward = _exchange(ctx, tokens, dispatch_bytes, direction="dispatch") + _exchange(
+        ctx, tokens, ACTIVATION_BYTES, direction="combine"
+    )
+    # DeepEP's backward runs the other kernel of each pair: a dispatch carries the combine's
+    # gradient, a combine the dispatch's.
+    backward = _exchange(ctx, tokens, ACTIVATION_BYTES, direction="dispatch") + _exchange(
+        ctx, tokens, ACTIVATION_BYTES, direction="combine"
+    )
     message = tokens * moe.top_k * ctx.model.hidden_size * ACTIVATION_BYTES
     etp = ctx.column("etp")
     gather = ctx.collective("all_gather", axis="etp", group_size=etp, message_bytes=message * etp)
@@ -225,28 +233,61 @@ def _ep(ctx) -> tuple[np.ndarray, np.ndarray]:
     return forward + gather + scatter, backward + gather + scatter
 
 
-def _exchange(ctx, tokens: np.ndarray, element_bytes: float) -> np.ndarray:
-    """One dispatch or combine: an NCCL all-to-all of every routed copy (Megatron-core's
-    alltoall dispatcher), or DeepEP's kernels (``_common.expert_dispatch_time_s``, the formula
-    the inference path uses: per-node de-duplication, node-limited routing)."""
+def _exchange(ctx, tokens: np.ndarray, element_bytes: float, *, direction: str) -> np.ndarray:
+    """One ``direction`` (dispatch or combine) exchange: an NCCL all-to-all of every routed copy (Megatron-core's
+    alltoall dispatcher), or DeepEP's normal kernels (``_deepep_exchange``)."""
     moe = ctx.model.moe
     if ctx.options.expert_dispatcher == "deepep":
-        return expert_dispatch_time_s(
-            cluster=ctx.cluster,
-            calibration=ctx.calibration,
-            hidden_size=ctx.model.hidden_size,
-            top_k=moe.top_k,
-            ep=ctx.column("ep"),
-            etp=ctx.column("etp"),
-            ep_per_node=ctx.local["ep"],
-            rank_tokens=tokens,
-            element_bytes=element_bytes,
-            node_dedup=True,
-            max_routed_nodes=ctx.options.max_routed_nodes,
-        )
+        return _deepep_exchange(ctx, tokens, element_bytes, direction=direction)
     message = tokens * moe.top_k * ctx.model.hidden_size * element_bytes
     return ctx.collective(
         "all_to_all", axis="ep", group_size=ctx.column("ep"), message_bytes=message
+    )
+
+
+def _deepep_exchange(
+    ctx, tokens: np.ndarray, element_bytes: float, *, direction: str
+) -> np.ndarray:
+    """One ``direction`` (dispatch or combine) by DeepEP's normal kernels, the inference path's bytes
+    (``_kernel_curves.expert_all_to_all_bytes``: per-node de-duplication) with node-limited
+    routing capping the remote copies at ``max_routed_nodes``, priced by the fit on DeepEP's
+    measured normal kernels (``_kernel_curves.deepep_normal_s``); without a shipped fit, by the
+    topology over the calibrated collective efficiency (``_common.expert_dispatch_time_s``)."""
+    moe = ctx.model.moe
+    ep = ctx.column("ep")
+    local = np.minimum(np.asarray(ctx.local["ep"], dtype=np.float64), ep)
+    intra_bytes, inter_bytes = expert_all_to_all_bytes(
+        rank_tokens=tokens,
+        hidden_size=ctx.model.hidden_size,
+        element_bytes=element_bytes,
+        copies=moe.top_k * ctx.column("etp"),
+        ep=ep,
+        local=local,
+        node_dedup=True,
+    )
+    if ctx.options.max_routed_nodes is not None:
+        token_bytes = np.asarray(tokens, dtype=np.float64) * ctx.model.hidden_size * element_bytes
+        inter_bytes = np.minimum(inter_bytes, token_bytes * ctx.options.max_routed_nodes)
+    fitted = deepep_normal_s(
+        direction=direction,
+        intra_bytes=intra_bytes,
+        inter_bytes=np.where(ep > local, inter_bytes, 0.0),
+        cluster=ctx.cluster,
+    )
+    if fitted is not None:
+        return np.where(ep > 1, fitted, 0.0)
+    return expert_dispatch_time_s(
+        cluster=ctx.cluster,
+        calibration=ctx.calibration,
+        hidden_size=ctx.model.hidden_size,
+        top_k=moe.top_k,
+        ep=ep,
+        etp=ctx.column("etp"),
+        ep_per_node=ctx.local["ep"],
+        rank_tokens=tokens,
+        element_bytes=element_bytes,
+        node_dedup=True,
+        max_routed_nodes=ctx.options.max_routed_nodes,
     )
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from autoparallel import get_model
 from cost_model import EstimateOptions, ParallelConfig, Training, estimate_table
-from cost_model._common import Calibration, expert_dispatch_time_s
+from cost_model._common import Calibration
+from cost_model._kernel_curves import deepep_normal_s, expert_all_to_all_bytes
 from cost_model._table import configs_to_table
 from cost_model._training_comm import FP8_DISPATCH_BYTES, collective_times
 from cost_model._training_context import training_context
@@ -43,22 +44,21 @@ def test_deepep_dispatch_deduplicates_per_node_and_beats_the_all_to_all() -> Non
 
 
 def test_training_and_inference_price_a_deepep_dispatch_with_one_formula() -> None:
+    # the inference path's bytes, priced by the fit on DeepEP's measured normal kernels
     ctx, times = _times(expert_dispatcher="deepep")
     tokens = ctx.moe_tokens * ctx.options.routing_imbalance
+    intra, inter = expert_all_to_all_bytes(
+        rank_tokens=tokens,
+        hidden_size=MODEL.hidden_size,
+        element_bytes=2.0,
+        copies=MODEL.moe.top_k,
+        ep=32.0,
+        local=ctx.local["ep"],
+        node_dedup=True,
+    )
     by_hand = sum(
-        expert_dispatch_time_s(
-            cluster=CLUSTER,
-            calibration=ctx.calibration,
-            hidden_size=MODEL.hidden_size,
-            top_k=MODEL.moe.top_k,
-            ep=32,
-            etp=1,
-            ep_per_node=ctx.local["ep"],
-            rank_tokens=tokens,
-            element_bytes=2.0,
-            node_dedup=True,
-        )
-        for _ in range(2)
+        deepep_normal_s(direction=direction, intra_bytes=intra, inter_bytes=inter, cluster=CLUSTER)
+        for direction in ("dispatch", "combine")
     )
     assert times.ep_exchange[0] == pytest.approx(float(np.asarray(by_hand)[0]), rel=1e-12)
 
