@@ -68,6 +68,7 @@ from cost_model._training_links import LinkWindows, crosses_nodes
 from cost_model._training_micro_batch import MicroBatchTimes, micro_batch_times
 from cost_model._training_ops import activation_passes
 from cost_model._training_pipeline import bubble_time, pipeline_comm
+from cost_model._training_tp_overlap import tp_hideable_seconds
 from cost_model._workload import Training
 
 #: ``time.<part>`` columns of a training estimate; they sum to ``step_time_s``.
@@ -99,10 +100,13 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
     fractions = {kind: ctx.overlap_fraction(kind) for kind in ("cp_comm", "tp_comm", "ep_comm")}
     merged, pairs = _ep_overlap(ctx, mb, times)
     fractions["ep_comm"] = np.where(merged, pairs.hidden_fraction, fractions["ep_comm"])
+    # Sequence-parallel TP traffic hides only beside the GEMMs it is fused with
+    # (``_training_tp_overlap``), the CP ring only behind core attention.
+    paired = {"cp_comm": mb.core_attention, "tp_comm": tp_hideable_seconds(ctx, times)}
     for kind in ("cp_comm", "tp_comm", "ep_comm"):
         comm, on_nic = mb.comm[kind], crosses_nodes(ctx, kind)
         free = windows.free(on_nic)
-        window = np.minimum(mb.core_attention, free) if kind == "cp_comm" else free
+        window = np.minimum(paired[kind], free) if kind in paired else free
         hidden[kind] = hidden_seconds(comm, fraction=fractions[kind], window=window)
         exposed[kind] = comm - hidden[kind]
         windows.take(hidden[kind], exposed=exposed[kind], on_nic=on_nic)

@@ -70,6 +70,7 @@ class CollectiveTimes:
     tp_all_reduce: np.ndarray  # the hidden activation, all-reduce over tp
     tp_split: np.ndarray  # the same as reduce-scatter + all-gather (sequence parallel; the
     # all-gather in fp8 where the recipe has one)
+    tp_gather: np.ndarray  # the all-gather of tp_split alone
     tp_mla_backward: np.ndarray  # MLA without SP: backward all-reduces beyond the attention input's
     ep_exchange: np.ndarray  # forward dispatch + combine, expert-TP gather + scatter
     ep_exchange_backward: np.ndarray  # the same in backward (gradients, bf16)
@@ -118,12 +119,13 @@ def table_collective_times(ctx) -> CollectiveTimes:
 
 
 def collective_times(ctx) -> CollectiveTimes:
-    tp_all_reduce, tp_split = _tp(ctx)
+    tp_all_reduce, tp_scatter, tp_gather = _tp(ctx)
     dp_all_reduce, dp_gradient_scatter, dp_weight_gather = _dp(ctx)
     ep_forward, ep_backward = _ep(ctx)
     return CollectiveTimes(
         tp_all_reduce=tp_all_reduce,
-        tp_split=tp_split,
+        tp_split=tp_scatter + tp_gather,
+        tp_gather=tp_gather,
         tp_mla_backward=_tp_mla_backward(ctx, tp_all_reduce),
         ep_exchange=ep_forward,
         ep_exchange_backward=ep_backward,
@@ -136,8 +138,8 @@ def collective_times(ctx) -> CollectiveTimes:
     )
 
 
-def _tp(ctx) -> tuple[np.ndarray, np.ndarray]:
-    """(all-reduce, reduce-scatter + all-gather) of the hidden activation over tp, one of each
+def _tp(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(all-reduce, reduce-scatter, all-gather) of the hidden activation over tp, one of each
     per layer, block and pass. Under sequence parallelism with a recipe of
     ``_precision.TP_FP8_GATHER_RECIPES`` both all-gathers move 1 byte per element: in forward
     (and its full-recompute repeat) the input of the column-parallel GEMMs is cast to fp8 before
@@ -164,7 +166,7 @@ def _tp(ctx) -> tuple[np.ndarray, np.ndarray]:
         group_size=tp,
         message_bytes=elements * 1.0 if fp8_gather else message,
     )
-    return all_reduce, scatter + gather
+    return all_reduce, scatter, gather
 
 
 def mla_backward_widths(model) -> tuple[int, ...]:
