@@ -17,9 +17,9 @@ from functools import lru_cache
 from importlib import resources
 from typing import Literal
 
-from cost_model._common import EstimateOptions, calibration_for
 from cost_model._estimate import estimate_table
 from cost_model._model_spec import ModelSpec
+from cost_model._options import EstimateOptions, calibration_for
 from cost_model._parallel import ParallelConfig
 from cost_model._precision import fp8_operator_source
 from cost_model._table import configs_to_table

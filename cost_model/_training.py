@@ -1,7 +1,7 @@
 """Training step time of a config table (one implementation; a single config is a table of one).
 
 Per pipeline rank (rows ``STAGES``) and micro-batch, each operator is a roofline
-(``_common.op_time_s``) of its FLOPs and bytes on one device:
+(``_pricing.op_time_s``) of its FLOPs and bytes on one device:
 
 * projections, dense FFN, router, routed and shared experts, LM head: matmuls, 2 FLOPs per
   multiply-accumulate (Kaplan et al. 2020 Table 1); backward = 2 x forward (Narayanan et al.
@@ -24,7 +24,7 @@ Per pipeline rank (rows ``STAGES``) and micro-batch, each operator is a roofline
   compute is exposed (``time.offload``; ``_exposed_offload``).
 
 Communication is priced with ``Cluster.collective_time`` for the placed groups
-(``_common.ranks_per_node``): TP all-reduce, or reduce-scatter + all-gather with SP, twice per
+(``_pricing.ranks_per_node``): TP all-reduce, or reduce-scatter + all-gather with SP, twice per
 layer per pass (Shoeybi et al. 2019, Megatron-LM sec. 3; Korthikanti sec. 4.2.2); EP all-to-all
 dispatch + combine of tokens x top-k x hidden x routing imbalance (DeepSeek-V3 report,
 arXiv:2412.19437, sec. 3.2.2); CP ring send/recv of K/V blocks (cp - 1 per layer); PP
@@ -57,9 +57,9 @@ from typing import Literal
 
 import numpy as np
 
-from cost_model._common import mean_attended_tokens
 from cost_model._memory import offloaded_layer_bytes
 from cost_model._model_spec import ModelSpec
+from cost_model._pricing import mean_attended_tokens
 from cost_model._training_comm import CollectiveTimes, table_collective_times
 from cost_model._training_context import TrainingContext
 from cost_model._training_dp import contention_seconds, dp_and_optimizer, hidden_seconds

@@ -24,11 +24,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from cost_model._common import (
-    collective_time_s,
-    expert_dispatch_time_s,
-    layer_weights_per_device,
-)
+from cost_model._pricing import collective_time_s, expert_dispatch_time_s
+from cost_model._stages import layer_weights_per_device
 
 ACTIVATION_BYTES = 2.0  # bf16/fp16 activations (fp8 training keeps bf16 activations between GEMMs)
 #: Columns that decide every collective's group, placement and message.
@@ -229,7 +226,7 @@ def _ep(ctx) -> tuple[np.ndarray, np.ndarray]:
 
 def _exchange(ctx, tokens: np.ndarray, element_bytes: float) -> np.ndarray:
     """One dispatch or combine: an NCCL all-to-all of every routed copy (Megatron-core's
-    alltoall dispatcher), or DeepEP's kernels (``_common.expert_dispatch_time_s``, the formula
+    alltoall dispatcher), or DeepEP's kernels (``_pricing.expert_dispatch_time_s``, the formula
     the inference path uses: per-node de-duplication, node-limited routing)."""
     moe = ctx.model.moe
     if ctx.options.expert_dispatcher == "deepep":

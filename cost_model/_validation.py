@@ -35,11 +35,12 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from cost_model._common import STAGES, Calibration, EstimateOptions, calibration_for
 from cost_model._estimate import estimate_table
 from cost_model._memory import stage_memory
 from cost_model._model_spec import ModelSpec
+from cost_model._options import Calibration, EstimateOptions, calibration_for
 from cost_model._parallel import ParallelConfig
+from cost_model._stages import STAGES
 from cost_model._table import configs_to_table
 from cost_model._training_context import training_context
 from cost_model._validation_runs import (

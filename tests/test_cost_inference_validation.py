@@ -10,7 +10,6 @@ import pytest
 
 import cost_model
 from cost_model import Calibration, validate_dsv3_day6
-from cost_model._common import calibration_for
 from cost_model._inference_validation import (
     chat_trace_spread,
     day6_fleet_rows,
@@ -20,6 +19,7 @@ from cost_model._inference_validation import (
     day6_workload,
     validate_dsv3_profile,
 )
+from cost_model._options import calibration_for
 from topology import get_preset
 
 # The published Day-6 records as collected with their sources, shipped with the tests.

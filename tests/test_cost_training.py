@@ -20,7 +20,8 @@ from cost_model import (
     estimate_table,
     table_row,
 )
-from cost_model._common import MEMORY_PARTS, REASON_CODES, Calibration
+from cost_model._options import Calibration
+from cost_model._reasons import MEMORY_PARTS, REASON_CODES
 from cost_model._training import TRAINING_TIME_PARTS
 from cost_model._validation import gpt_model
 from topology import get_preset

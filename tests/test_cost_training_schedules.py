@@ -9,7 +9,8 @@ import pytest
 
 from autoparallel import get_model
 from cost_model import EstimateOptions, ParallelConfig, Training, estimate_table
-from cost_model._common import Calibration, expert_dispatch_time_s
+from cost_model._options import Calibration
+from cost_model._pricing import expert_dispatch_time_s
 from cost_model._table import configs_to_table
 from cost_model._training_comm import FP8_DISPATCH_BYTES, collective_times
 from cost_model._training_context import training_context
