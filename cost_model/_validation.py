@@ -128,6 +128,10 @@ TOLERANCES: dict[str, tuple[float | None, float | None]] = {
     # Twins on a device with no fp8 GEMM table (MI300X): their fp8 GEMMs are priced with the
     # fallback ratio, nothing measured; shown, marked, not bounded.
     "fp8_twins_no_fp8_curve": (None, None),
+    # measured 2.9% mean, 7.3% max (70B bf16 +7%): asynchronous TP hides each collective only
+    # beside the GEMM it is fused with (``_training_tp_overlap``); hidden behind the whole layer
+    # the speed-ups came out 1.32-1.40x against 1.09-1.16x published.
+    "torchtitan_async_tp": (0.05, 0.10),
     "blackwell_training": (0.19, None),  # measured 18.3% mean, 120.1% max
 }
 
@@ -704,8 +708,9 @@ def validate_published(*, include_inference: bool = True) -> list[ValidationRow]
     """Every comparison of the published table, in table order."""
     from cost_model._blackwell_validation import blackwell_rows
     from cost_model._precision_validation import fp8_twin_rows
+    from cost_model._tp_overlap_validation import async_tp_rows
 
-    extra = fp8_twin_rows() + blackwell_rows() + peak_memory_rows()
+    extra = fp8_twin_rows() + async_tp_rows() + blackwell_rows() + peak_memory_rows()
     return training_rows() + extra + (inference_rows() if include_inference else [])
 
 
