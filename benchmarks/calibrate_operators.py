@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cost_model import _calibration_operators, _common, _cross_validation, _validation
+from cost_model import _calibration_operators, _cross_validation, _options, _validation
 
 CALIBRATION_FILE = REPO / "cost_model" / "data" / "calibration.json"
 ABOUT = (
@@ -67,7 +67,7 @@ def main() -> int:
         calibrations.append(calibration.model_dump(mode="json", exclude_none=True))
     document = {"about": ABOUT, "calibrations": calibrations}
     CALIBRATION_FILE.write_text(json.dumps(document, indent=1) + "\n")
-    _common._shipped_calibrations.cache_clear()
+    _options._shipped_calibrations.cache_clear()
     cases = _validation.training_cases()
     rows = [row for case in cases for row in _validation.run_case(case)]
     document["held_out"] = {

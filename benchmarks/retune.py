@@ -275,7 +275,7 @@ def decision_latency(repeats: int) -> None:
     # Synthetic but consistent: the step the cost model predicts at this skew, 10% slower.
     from autoparallel._expert_placement import contiguous_placement, load_imbalance
     from cost_model import estimate_table
-    from cost_model._common import EstimateOptions
+    from cost_model._options import EstimateOptions
     from cost_model._table import configs_to_table
 
     skew = load_imbalance(

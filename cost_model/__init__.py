@@ -10,7 +10,6 @@ from cost_model._axes import (
 )
 from cost_model._breakdown import CostBreakdown, InfeasiblePlanError
 from cost_model._calibrate import CalibrationResult, StepMeasurement, calibrate
-from cost_model._common import Calibration, EstimateOptions, calibration_for, op_time_s
 from cost_model._cross_validation import GROUPINGS as VALIDATION_GROUPINGS
 from cost_model._cross_validation import error_summary, grouped_errors, leave_one_source_out
 from cost_model._engine_paths import sglang_uses_deepep
@@ -38,7 +37,9 @@ from cost_model._kernel_curves import (
 )
 from cost_model._layout import Layout
 from cost_model._model_spec import AttentionSpec, ModelSpec, MoESpec
+from cost_model._options import Calibration, EstimateOptions, calibration_for
 from cost_model._parallel import ParallelConfig, PipelineSchedule
+from cost_model._pricing import op_time_s
 from cost_model._rules import (
     check_parallel_config,
     check_sequence_fits,
@@ -52,12 +53,12 @@ from cost_model._serving import (
     pool_unit_rate,
 )
 from cost_model._serving_columns import KV_DTYPE_CODES, PHASE_CODES, ServingConfig
-from cost_model._serving_load import ServingProfile, serving_profile
 from cost_model._serving_precision import (
     checkpoint_dtype,
     checkpoint_dtype_by_part,
     checkpoint_fp8_scaling,
 )
+from cost_model._serving_profile import ServingProfile, serving_profile
 from cost_model._serving_validation import (
     serving_validation_data,
     summarize_serving,

@@ -13,9 +13,9 @@ import math
 from functools import lru_cache
 from importlib import resources
 
-from cost_model._common import EstimateOptions
 from cost_model._estimate import estimate_table
 from cost_model._model_spec import ModelSpec
+from cost_model._options import EstimateOptions
 from cost_model._parallel import ParallelConfig
 from cost_model._table import configs_to_table
 from cost_model._validation_runs import apply_recorded_setup

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from cost_model._common import Calibration
 from cost_model._model_spec import ModelSpec
+from cost_model._options import Calibration
 from cost_model._parallel import ParallelConfig
 from cost_model._workload import Training
 

@@ -4,7 +4,7 @@ The few global parameters of a ``Calibration`` are fitted, per hardware type, on
 latencies — never on a whole training or serving run, which stay validation data:
 
 * ``matmul_efficiency`` and ``kernel_overhead_s``: bf16 GEMM latencies, with the cost model's own
-  pricing of one GEMM (``_common.op_time_s``: the roofline of 2mnk FLOPs and the three operands'
+  pricing of one GEMM (``_pricing.op_time_s``: the roofline of 2mnk FLOPs and the three operands'
   bytes) plus the fixed per-kernel cost, in the range of shapes a training micro-batch runs
   (``TRAINING_RANGE``); then, with that fixed cost,
 * the forward efficiency of fused causal attention: prefill ("context") attention latencies, the
@@ -41,7 +41,7 @@ latencies — never on a whole training or serving run, which stay validation da
   record what remains (2-GPU groups reach less of the link than the ring model gives them,
   8-GPU all-gathers and reduce-scatters more).
 * ``all_to_all_efficiency`` and ``all_to_all_overhead_s``: the all-to-all rows alone (the
-  expert dispatch and combine of MoE training; ``_common.collective_time_s`` prices an
+  expert dispatch and combine of MoE training; ``_pricing.collective_time_s`` prices an
   all-to-all with them), groups of at least ``ALL_TO_ALL_MIN_GPUS`` ranks. Two parameters, as
   the GEMM fit: the fraction of the modelled bandwidth reached and a fixed cost per call (the
   all-to-all of a few KiB takes 10-13 us on every table, against the presets' few-microsecond
@@ -74,7 +74,8 @@ from typing import Any
 
 import numpy as np
 
-from cost_model._common import Calibration, op_time_s
+from cost_model._options import Calibration
+from cost_model._pricing import op_time_s
 
 PACKAGE = "aiconfigurator-core 0.12.0 (PyPI, Apache-2.0)"
 FORBIDDEN_FILE = "silicon_sample"
@@ -331,7 +332,7 @@ def nccl_seconds(
     rows: OperatorRows, *, cluster, collective_efficiency: float, overhead_s: float = 0.0
 ) -> np.ndarray:
     """``Cluster.collective_time`` of each measured call, over the collective efficiency, plus
-    a fixed cost per call (the all-to-all's, ``_common.collective_time_s``)."""
+    a fixed cost per call (the all-to-all's, ``_pricing.collective_time_s``)."""
     c = rows.columns
     out = np.empty(rows.count)
     for op in np.unique(c["op"]):

@@ -20,10 +20,11 @@ from collections.abc import Mapping
 import numpy as np
 
 from cost_model._breakdown import CostBreakdown, InfeasiblePlanError
-from cost_model._common import REASON_CODES, REASON_LABELS, EstimateOptions
 from cost_model._memory import memory_columns
 from cost_model._model_spec import ModelSpec
+from cost_model._options import EstimateOptions
 from cost_model._parallel import ParallelConfig
+from cost_model._reasons import REASON_CODES, REASON_LABELS
 from cost_model._rules import check_sequence_fits
 from cost_model._table import configs_to_table
 from cost_model._training import model_flops_per_step, training_time_columns
@@ -100,7 +101,7 @@ def estimate(
             f"dp*cp*tp*pp ({config.world_size}) must be <= the cluster's devices ({cluster.num_devices})"
         )
     if isinstance(workload, Inference):
-        from cost_model._common import REASON_CODES as inference_reasons
+        from cost_model._reasons import REASON_CODES as inference_reasons
         from cost_model._serving_columns import ServingConfig
 
         serving = ServingConfig(

@@ -77,6 +77,13 @@ class FrameworkProfile(BaseModel):
     selective_recompute: Literal["attention_core", "every_second_matmul"]
     dp_comm_overlap: float = Field(ge=0.0, le=1.0)
     tp_comm_overlap: float = Field(ge=0.0, le=1.0)
+    #: Under tensor-parallel overlap, the reduce-scatter of a column-parallel block's input
+    #: gradient hides beside the block's weight-gradient GEMM (Megatron-core
+    #: ``tp_comm_bulk_dgrad``); False where it is exposed (torch's asynchronous tensor parallel
+    #: fuses a reduce-scatter only into the one matmul producing its input, and the input
+    #: gradient of separate Q/K/V or gate/up linears is a sum of matmuls)
+    #: (``_training_tp_overlap``).
+    tp_overlap_input_gradient_scatter: bool = True
     #: Bytes per element of the data-parallel gradient reduction; None: the main gradients'
     #: (``Training.gradient_dtype``), as Megatron-core reduces its main-gradient buffer.
     gradient_reduce_bytes: int | None = Field(default=None, ge=1, le=4)

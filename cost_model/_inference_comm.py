@@ -21,7 +21,6 @@ from __future__ import annotations
 import numpy as np
 
 from cost_model import _inference_ops as ops
-from cost_model._common import collective_time_s
 from cost_model._engine_paths import attention_replicas, instance_size, sglang_uses_deepep
 from cost_model._inference_setup import COMBINE_BYTES, _dispatch_bytes, _part_dtype, _Setup, _tokens
 from cost_model._kernel_curves import (
@@ -30,6 +29,7 @@ from cost_model._kernel_curves import (
     deepep_normal_s,
     expert_all_to_all_bytes,
 )
+from cost_model._pricing import collective_time_s
 from cost_model._serving_columns import A2A_BACKEND_CODES
 from cost_model._units import dtype_bytes
 

@@ -7,7 +7,7 @@ released checkpoint keeps some parts wider than its experts); the memory passes 
 casts to the GEMM dtype, RoPE and MLA's re-expanded keys and values, the MoE permute, activation
 and combine reduction, residual adds: ``_inference_ops.*_side_bytes``) are separate memory-bound
 kernels whose time adds. Efficiencies come from the device's shipped calibration
-(``_common.Calibration``, shared with training): matmuls at ``matmul_efficiency``, core attention
+(``_options.Calibration``, shared with training): matmuls at ``matmul_efficiency``, core attention
 at ``attention_efficiency``.
 
 Where imported operator tables cover the device (``_kernel_curves``), a pass's dense GEMMs
@@ -38,7 +38,6 @@ from functools import partial
 import numpy as np
 
 from cost_model import _inference_ops as ops
-from cost_model._common import op_time_s
 from cost_model._inference_setup import (
     _attention_dtype,
     _cast_bytes,
@@ -61,6 +60,7 @@ from cost_model._kernel_curves import (
     mla_time_s,
     projections_time_s,
 )
+from cost_model._pricing import op_time_s
 from cost_model._units import dtype_bytes
 
 

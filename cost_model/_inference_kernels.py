@@ -164,7 +164,7 @@ def eager_pass_host_s(s: _Setup) -> np.ndarray:
     launches the most (``_kernels_per_pass``; two overlapped micro-batches launch theirs each)
     times ``eager_kernel_host_s``, on each of the ``pp`` micro-batches in flight. The host runs
     ahead of the GPU, so an eager pass takes the larger of this and its GPU time
-    (``_serving_load.IterationCost``)."""
+    (``_serving_replica.IterationCost``)."""
     kernels = np.max(_kernels_per_pass(s), axis=0) * np.where(s.two_batch, 2.0, 1.0)
     return s.column("pp") * kernels * eager_kernel_host_s(s)
 

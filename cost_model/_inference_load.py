@@ -28,7 +28,6 @@ from functools import partial
 import numpy as np
 
 from cost_model import _inference_ops as ops
-from cost_model._common import REASON_CODES, EstimateOptions, memory_reason
 from cost_model._engine_paths import attention_replicas
 from cost_model._inference_comm import _experts_span_replicas
 from cost_model._inference_kernels import eager_pass_host_s
@@ -36,15 +35,11 @@ from cost_model._inference_memory import _memory_parts, _pass_memory
 from cost_model._inference_passes import _pass_parts, _Timing, _timing
 from cost_model._inference_setup import _passes, _Setup, _setup
 from cost_model._model_spec import ModelSpec
+from cost_model._options import EstimateOptions
+from cost_model._reasons import REASON_CODES, memory_reason
 from cost_model._serving_columns import PHASE_CODES
-from cost_model._serving_load import (
-    GRID_TOKENS,
-    IterationCost,
-    LoadPolicy,
-    LoadTimes,
-    closed_loop,
-    open_loop,
-)
+from cost_model._serving_load import LoadTimes, closed_loop, open_loop
+from cost_model._serving_replica import GRID_TOKENS, IterationCost, LoadPolicy
 from cost_model._workload import Inference
 
 #: Requests in flight per replica tried when the SLOs choose the load (2x apart).
@@ -231,8 +226,8 @@ def _policy(s: _Setup, max_running: np.ndarray) -> LoadPolicy:
 
 def _coupled_ranks(s: _Setup) -> np.ndarray:
     """Attention replicas of each row's instance that iterate together, (n,): SGLang's data
-    parallel attention ranks (``_serving_load.DP_ATTENTION_COUPLING``), vLLM's data-parallel
-    ranks whose experts span them (``_serving_load.VLLM_DP_EP_COUPLING``: the expert group's
+    parallel attention ranks (``_serving_coupling.DP_ATTENTION_COUPLING``), vLLM's data-parallel
+    ranks whose experts span them (``_serving_coupling.VLLM_DP_EP_COUPLING``: the expert group's
     ``ep x etp`` ranks over one replica's ``cp x`` attention shard), 1 elsewhere (each of
     TensorRT-LLM's replicas, vLLM's replicas with their own experts, and every SGLang replica
     without attention data parallel, iterates alone here)."""

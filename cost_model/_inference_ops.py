@@ -3,14 +3,14 @@
 A *pass* pushes ``new_tokens`` tokens of each of ``batch`` sequences (per attention replica)
 through the layers of a pipeline rank. Prefill is one pass over the uncached part of the
 prompts; a decode step is one pass of one token per sequence. Every quantity is a numpy array
-of shape ``(3, n)``: the first, a middle and the last pipeline rank (``_common.STAGES``) of
+of shape ``(3, n)``: the first, a middle and the last pipeline rank (``_stages.STAGES``) of
 each of the ``n`` rows of a config table.
 
 Layout (DESIGN.md, "MoE parallelism semantics"): the ``dp*cp*tp`` ranks of a stage form
 attention groups of ``cp*tp`` ranks, or of ``cp`` ranks under attention data parallel
 (attention and shared experts replicated on each tp rank: SGLang's ``--enable-dp-attention``,
 DeepSeek's "MLA/Shared Expert DP" units). Each attention group (a *replica*) serves ``batch``
-sequences. The dense FFN stays tp-sharded (``_common.parameters_per_device``), so under
+sequences. The dense FFN stays tp-sharded (``_stages.parameters_per_device``), so under
 attention-DP its tokens are all-gathered over tp and reduce-scattered back. MoE layers re-view
 the stage's ranks as ``edp x ep x etp``; ``num_redundant_experts`` extra expert slots (DeepSeek
 EPLB) are spread over the ep ranks.
@@ -39,8 +39,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_model._common import mean_attended_tokens
 from cost_model._model_spec import ModelSpec
+from cost_model._pricing import mean_attended_tokens
 
 #: While hidden communication runs, its kernels hold SMs the matmuls would otherwise use:
 #: DeepSeek-V3 (arXiv:2412.19437, sec. 3.2.2) gives 20 of the H800's 132 SMs to the EP all-to-all.
@@ -69,7 +69,7 @@ class Pass:
 
 def mean_attended_between(model: ModelSpec, first_position, last_position) -> np.ndarray:
     """Mean keys attended by queries at causal positions ``first..last`` (1-based): the difference
-    of two whole-sequence sums of ``_common.mean_attended_tokens``."""
+    of two whole-sequence sums of ``_pricing.mean_attended_tokens``."""
     first = np.asarray(first_position, dtype=np.float64)
     last = np.maximum(np.asarray(last_position, dtype=np.float64), first)
     before = first - 1.0
@@ -193,7 +193,7 @@ Projection = tuple[int, int, str]
 
 def attention_projections(model: ModelSpec) -> tuple[Projection, ...]:
     """The GEMMs of one attention block (HF module names). MLA: ``q_a_proj`` and
-    ``kv_a_proj_with_mqa`` replicated (``_common.attention_replicated_parameters``) and run as
+    ``kv_a_proj_with_mqa`` replicated (``_stages.attention_replicated_parameters``) and run as
     one GEMM on the hidden state they share (SGLang ``fused_qkv_a_proj_with_mqa``,
     ``models/deepseek_v2.py``; vLLM ``fused_qkv_a_proj``), ``q_b_proj`` and ``kv_b_proj``
     column-parallel, ``o_proj`` row-parallel (DeepSeek-V2 sec. 2.1.2, explicit form; vLLM

@@ -14,7 +14,7 @@ sum); ``step_time_s`` (the decode step, or the prefill pass for a prefill pool),
 ``tpot_s`` (NaN where the phase has none; percentiles and the load in ``_inference_load``'s
 columns), ``tokens_per_s_per_device`` (output tokens, or input tokens including cache hits for a
 prefill pool), ``prefill_tokens_per_s_per_device``, ``decode_tokens_per_s_per_device``,
-``batch_size``, ``feasible`` and ``reason`` (``_common.REASON_CODES``: the largest memory part
+``batch_size``, ``feasible`` and ``reason`` (``_reasons.REASON_CODES``: the largest memory part
 when memory does not fit, else the missed SLO).
 """
 

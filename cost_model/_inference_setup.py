@@ -63,20 +63,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cost_model import _inference_ops as ops
-from cost_model._common import (
-    Calibration,
-    EstimateOptions,
-    StageLayout,
-    op_time_s,
-    parameters_per_device,
-    ranks_per_node,
-    stage_layout,
-)
 from cost_model._model_spec import ModelSpec
+from cost_model._options import Calibration, EstimateOptions
+from cost_model._pricing import op_time_s, ranks_per_node
 from cost_model._rows import RowPartition
 from cost_model._serving_columns import KV_DTYPE_CODES, checked_columns
-from cost_model._serving_load import ServingProfile, serving_profile
 from cost_model._serving_precision import check_serving_precision
+from cost_model._serving_profile import ServingProfile, serving_profile
+from cost_model._stages import StageLayout, parameters_per_device, stage_layout
 from cost_model._table import table_length
 from cost_model._training_ops import kernels_per_layer
 from cost_model._units import dtype_bytes

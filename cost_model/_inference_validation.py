@@ -45,9 +45,9 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from cost_model._common import Calibration, EstimateOptions, calibration_for
 from cost_model._inference_load import estimate_inference_table
 from cost_model._model_spec import ModelSpec
+from cost_model._options import Calibration, EstimateOptions, calibration_for
 from cost_model._parallel import ParallelConfig
 from cost_model._serving_columns import ServingConfig
 from cost_model._table import configs_to_table

@@ -725,7 +725,7 @@ GEMM_NK_GRID = (256, 512, 1024, 2048, 4096, 7168, 8192, 12288, 16384)
 def gemm_ideal_s(*, hardware, dtype: str, m, n, k) -> np.ndarray:
     """Roofline seconds of one ``m x k`` by ``k x n`` GEMM with ``dtype`` weights: max(FLOPs at
     the GEMM dtype's peak, weight bytes at the memory bandwidth) — the cost model's own matmul
-    roofline (``_common.op_time_s`` before efficiencies), so a curve is ideal / measured."""
+    roofline (``_pricing.op_time_s`` before efficiencies), so a curve is ideal / measured."""
     m, n, k = (np.asarray(x, dtype=np.float64) for x in (m, n, k))
     compute_s = 2.0 * m * n * k / hardware.peak_flops_for(matmul_dtype_of(dtype))
     weight_bytes = n * k * dtype_bytes(_CURVE_WEIGHT_DTYPES.get(dtype, dtype))

@@ -38,8 +38,9 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from cost_model._common import MEMORY_PARTS, STAGES, memory_reason
 from cost_model._precision import FP8_CACHED_INPUT_RECIPES, bf16_layer_fraction
+from cost_model._reasons import MEMORY_PARTS, memory_reason
+from cost_model._stages import STAGES
 from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES
 from cost_model._training_comm import (
     ACTIVATION_BYTES,

@@ -66,7 +66,7 @@ from importlib import resources
 
 import numpy as np
 
-from cost_model._common import op_time_s
+from cost_model._pricing import op_time_s
 
 __all__ = [
     "FP8_CACHED_INPUT_RECIPES",

@@ -22,12 +22,13 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from cost_model._breakdown import InfeasiblePlanError
-from cost_model._common import REASON_LABELS, EstimateOptions
 from cost_model._inference_load import estimate_inference_table
 from cost_model._model_spec import ModelSpec
+from cost_model._options import EstimateOptions
 from cost_model._parallel import ParallelConfig
+from cost_model._reasons import REASON_LABELS
 from cost_model._serving_columns import ServingConfig
-from cost_model._serving_load import serving_profile
+from cost_model._serving_profile import serving_profile
 from cost_model._table import configs_to_table
 from cost_model._workload import Inference
 

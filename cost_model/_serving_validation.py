@@ -24,7 +24,6 @@ from typing import Any, NamedTuple, cast
 
 import numpy as np
 
-from cost_model._common import EstimateOptions, calibration_for
 from cost_model._inference_load import serving_inputs
 from cost_model._inference_validation import (
     _tokens_per_node,
@@ -33,15 +32,16 @@ from cost_model._inference_validation import (
     validate_dsv3_profile,
 )
 from cost_model._model_spec import ModelSpec
+from cost_model._options import EstimateOptions, calibration_for
 from cost_model._parallel import ParallelConfig
 from cost_model._serving_columns import ServingConfig
-from cost_model._serving_load import Engine
 from cost_model._serving_precision import (
     checkpoint_dtype,
     checkpoint_dtype_by_part,
     checkpoint_fp8_scaling,
     checkpoint_kv_dtype,
 )
+from cost_model._serving_profile import Engine
 from cost_model._simulator import simulate, simulate_layout
 from cost_model._table import configs_to_table
 from cost_model._workload import Inference

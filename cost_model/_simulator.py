@@ -23,7 +23,7 @@ its next request when the previous completes) or open-loop (Poisson ``request_ra
 as in Vidur (Agrawal et al., MLSys'24) and DistServe's simulator (Zhong et al., OSDI'24).
 The data-parallel attention ranks of one SGLang instance, and vLLM's data-parallel ranks whose
 experts span them, are simulated together, each with its own scheduler and requests, iterating
-as one (``_serving_load.DP_ATTENTION_COUPLING``, ``_serving_load.VLLM_DP_EP_COUPLING``).
+as one (``_serving_coupling.DP_ATTENTION_COUPLING``, ``VLLM_DP_EP_COUPLING``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_model._serving_load import GRID_TOKENS, IterationCost, LoadPolicy
+from cost_model._serving_replica import GRID_TOKENS, IterationCost, LoadPolicy
 
 
 @dataclass(frozen=True)

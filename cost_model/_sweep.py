@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_model._common import EstimateOptions
 from cost_model._model_spec import ModelSpec
+from cost_model._options import EstimateOptions
 from cost_model._parallel import ParallelConfig
 from cost_model._table import configs_to_table
 from cost_model._workload import Inference, Training

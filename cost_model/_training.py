@@ -1,7 +1,7 @@
 """Training step time of a config table (one implementation; a single config is a table of one).
 
 Per pipeline rank (rows ``STAGES``) and micro-batch, each operator is a roofline
-(``_common.op_time_s``) of its FLOPs and bytes on one device:
+(``_pricing.op_time_s``) of its FLOPs and bytes on one device:
 
 * projections, dense FFN, router, routed and shared experts, LM head: matmuls, 2 FLOPs per
   multiply-accumulate (Kaplan et al. 2020 Table 1); backward = 2 x forward (Narayanan et al.
@@ -24,7 +24,7 @@ Per pipeline rank (rows ``STAGES``) and micro-batch, each operator is a roofline
   compute is exposed (``time.offload``; ``_exposed_offload``).
 
 Communication is priced with ``Cluster.collective_time`` for the placed groups
-(``_common.ranks_per_node``): TP all-reduce, or reduce-scatter + all-gather with SP, twice per
+(``_pricing.ranks_per_node``): TP all-reduce, or reduce-scatter + all-gather with SP, twice per
 layer per pass (Shoeybi et al. 2019, Megatron-LM sec. 3; Korthikanti sec. 4.2.2); EP all-to-all
 dispatch + combine of tokens x top-k x hidden x routing imbalance (DeepSeek-V3 report,
 arXiv:2412.19437, sec. 3.2.2); CP ring send/recv of K/V blocks (cp - 1 per layer); PP
@@ -57,9 +57,9 @@ from typing import Literal
 
 import numpy as np
 
-from cost_model._common import mean_attended_tokens
 from cost_model._memory import offloaded_layer_bytes
 from cost_model._model_spec import ModelSpec
+from cost_model._pricing import mean_attended_tokens
 from cost_model._training_comm import CollectiveTimes, table_collective_times
 from cost_model._training_context import TrainingContext
 from cost_model._training_dp import contention_seconds, dp_and_optimizer, hidden_seconds
@@ -68,6 +68,7 @@ from cost_model._training_links import LinkWindows, crosses_nodes
 from cost_model._training_micro_batch import MicroBatchTimes, micro_batch_times
 from cost_model._training_ops import activation_passes
 from cost_model._training_pipeline import bubble_time, pipeline_comm
+from cost_model._training_tp_overlap import tp_hideable_seconds
 from cost_model._workload import Training
 
 #: ``time.<part>`` columns of a training estimate; they sum to ``step_time_s``.
@@ -99,10 +100,13 @@ def training_time_columns(ctx: TrainingContext) -> dict[str, np.ndarray]:
     fractions = {kind: ctx.overlap_fraction(kind) for kind in ("cp_comm", "tp_comm", "ep_comm")}
     merged, pairs = _ep_overlap(ctx, mb, times)
     fractions["ep_comm"] = np.where(merged, pairs.hidden_fraction, fractions["ep_comm"])
+    # Sequence-parallel TP traffic hides only beside the GEMMs it is fused with
+    # (``_training_tp_overlap``), the CP ring only behind core attention.
+    paired = {"cp_comm": mb.core_attention, "tp_comm": tp_hideable_seconds(ctx, times)}
     for kind in ("cp_comm", "tp_comm", "ep_comm"):
         comm, on_nic = mb.comm[kind], crosses_nodes(ctx, kind)
         free = windows.free(on_nic)
-        window = np.minimum(mb.core_attention, free) if kind == "cp_comm" else free
+        window = np.minimum(paired[kind], free) if kind in paired else free
         hidden[kind] = hidden_seconds(comm, fraction=fractions[kind], window=window)
         exposed[kind] = comm - hidden[kind]
         windows.take(hidden[kind], exposed=exposed[kind], on_nic=on_nic)

@@ -25,12 +25,9 @@ from typing import Any, cast
 
 import numpy as np
 
-from cost_model._common import (
-    collective_time_s,
-    expert_dispatch_time_s,
-    layer_weights_per_device,
-)
 from cost_model._kernel_curves import deepep_normal_s, expert_all_to_all_bytes
+from cost_model._pricing import collective_time_s, expert_dispatch_time_s
+from cost_model._stages import layer_weights_per_device
 
 ACTIVATION_BYTES = 2.0  # bf16/fp16 activations (fp8 training keeps bf16 activations between GEMMs)
 #: Columns that decide every collective's group, placement and message.
@@ -72,6 +69,7 @@ class CollectiveTimes:
     tp_all_reduce: np.ndarray  # the hidden activation, all-reduce over tp
     tp_split: np.ndarray  # the same as reduce-scatter + all-gather (sequence parallel; the
     # all-gather in fp8 where the recipe has one)
+    tp_gather: np.ndarray  # the all-gather of tp_split alone
     tp_mla_backward: np.ndarray  # MLA without SP: backward all-reduces beyond the attention input's
     ep_exchange: np.ndarray  # forward dispatch + combine, expert-TP gather + scatter
     ep_exchange_backward: np.ndarray  # the same in backward (gradients, bf16)
@@ -120,12 +118,13 @@ def table_collective_times(ctx) -> CollectiveTimes:
 
 
 def collective_times(ctx) -> CollectiveTimes:
-    tp_all_reduce, tp_split = _tp(ctx)
+    tp_all_reduce, tp_scatter, tp_gather = _tp(ctx)
     dp_all_reduce, dp_gradient_scatter, dp_weight_gather = _dp(ctx)
     ep_forward, ep_backward = _ep(ctx)
     return CollectiveTimes(
         tp_all_reduce=tp_all_reduce,
-        tp_split=tp_split,
+        tp_split=tp_scatter + tp_gather,
+        tp_gather=tp_gather,
         tp_mla_backward=_tp_mla_backward(ctx, tp_all_reduce),
         ep_exchange=ep_forward,
         ep_exchange_backward=ep_backward,
@@ -138,8 +137,8 @@ def collective_times(ctx) -> CollectiveTimes:
     )
 
 
-def _tp(ctx) -> tuple[np.ndarray, np.ndarray]:
-    """(all-reduce, reduce-scatter + all-gather) of the hidden activation over tp, one of each
+def _tp(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(all-reduce, reduce-scatter, all-gather) of the hidden activation over tp, one of each
     per layer, block and pass. Under sequence parallelism with a recipe of
     ``_precision.TP_FP8_GATHER_RECIPES`` both all-gathers move 1 byte per element: in forward
     (and its full-recompute repeat) the input of the column-parallel GEMMs is cast to fp8 before
@@ -166,7 +165,7 @@ def _tp(ctx) -> tuple[np.ndarray, np.ndarray]:
         group_size=tp,
         message_bytes=elements * 1.0 if fp8_gather else message,
     )
-    return all_reduce, scatter + gather
+    return all_reduce, scatter, gather
 
 
 def mla_backward_widths(model) -> tuple[int, ...]:
@@ -234,8 +233,8 @@ def _ep(ctx) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _exchange(ctx, tokens: np.ndarray, element_bytes: float, *, direction: str) -> np.ndarray:
-    """One ``direction`` (dispatch or combine) exchange: an NCCL all-to-all of every routed copy (Megatron-core's
-    alltoall dispatcher), or DeepEP's normal kernels (``_deepep_exchange``)."""
+    """One ``direction`` (dispatch or combine) exchange: an NCCL all-to-all of every routed copy
+    (Megatron-core's alltoall dispatcher), or DeepEP's normal kernels (``_deepep_exchange``)."""
     moe = ctx.model.moe
     if ctx.options.expert_dispatcher == "deepep":
         return _deepep_exchange(ctx, tokens, element_bytes, direction=direction)
@@ -248,11 +247,11 @@ def _exchange(ctx, tokens: np.ndarray, element_bytes: float, *, direction: str) 
 def _deepep_exchange(
     ctx, tokens: np.ndarray, element_bytes: float, *, direction: str
 ) -> np.ndarray:
-    """One ``direction`` (dispatch or combine) by DeepEP's normal kernels, the inference path's bytes
-    (``_kernel_curves.expert_all_to_all_bytes``: per-node de-duplication) with node-limited
+    """One ``direction`` (dispatch or combine) by DeepEP's normal kernels, the inference path's
+    bytes (``_kernel_curves.expert_all_to_all_bytes``: per-node de-duplication) with node-limited
     routing capping the remote copies at ``max_routed_nodes``, priced by the fit on DeepEP's
     measured normal kernels (``_kernel_curves.deepep_normal_s``); without a shipped fit, by the
-    topology over the calibrated collective efficiency (``_common.expert_dispatch_time_s``)."""
+    topology over the calibrated collective efficiency (``_pricing.expert_dispatch_time_s``)."""
     moe = ctx.model.moe
     ep = ctx.column("ep")
     local = np.minimum(np.asarray(ctx.local["ep"], dtype=np.float64), ep)

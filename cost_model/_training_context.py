@@ -1,7 +1,7 @@
 """The per-table quantities every training formula reads: ``TrainingContext``.
 
-``training_context`` derives, once per config table, the stage layout (``_common.stage_layout``),
-the placement of each axis's group (``_common.ranks_per_node``), the micro-batch count and the
+``training_context`` derives, once per config table, the stage layout (``_stages.stage_layout``),
+the placement of each axis's group (``_pricing.ranks_per_node``), the micro-batch count and the
 config columns as float64; the framework profile (``_frameworks``) replaces the option defaults
 of the kernels it runs (FlashAttention, fused gradient accumulation). The context answers the
 questions the formulas share: tokens of one micro-batch on a rank (b * s / cp; Megatron-core
@@ -11,7 +11,7 @@ a gradient element (Megatron-LM's fp32 ``main_grad``) and of its data-parallel r
 overlap fraction of each communication kind (Megatron-core ``--tp-comm-overlap``; a
 bidirectional, DualPipe-style schedule hides the EP all-to-all), and the roofline time of an
 operator under the workload's precision (``_precision.training_op_time_s``) and of a collective
-on its placed group (``_common.collective_time_s``). Split from ``_training``.
+on its placed group (``_pricing.collective_time_s``). Split from ``_training``.
 """
 
 from __future__ import annotations
@@ -23,19 +23,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cost_model._common import (
-    Calibration,
-    EstimateOptions,
-    StageLayout,
-    collective_time_s,
-    layer_weights_per_device,
-    parameters_per_device,
-    ranks_per_node,
-    stage_layout,
-)
 from cost_model._frameworks import FrameworkProfile, framework_profile
 from cost_model._model_spec import ModelSpec
+from cost_model._options import Calibration, EstimateOptions
 from cost_model._precision import training_op_time_s
+from cost_model._pricing import collective_time_s, ranks_per_node
+from cost_model._stages import (
+    StageLayout,
+    layer_weights_per_device,
+    parameters_per_device,
+    stage_layout,
+)
 from cost_model._table import CONFIG_COLUMNS, RECOMPUTE_CODES, select_rows, table_length
 from cost_model._workload import Training
 

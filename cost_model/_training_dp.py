@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cost_model._common import collective_time_s
 from cost_model._memory import micro_batches_in_flight, pipeline_unsharded_stage
+from cost_model._pricing import collective_time_s
 from cost_model._training_comm import CollectiveTimes, sharded_parameters
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """Forward seconds of one layer's operators on one device, for every row of a config table.
 
-Each operator is a roofline (``_common.op_time_s``, through ``TrainingContext.op``) of its FLOPs
+Each operator is a roofline (``_pricing.op_time_s``, through ``TrainingContext.op``) of its FLOPs
 and bytes on one device:
 
 * projections, dense FFN, router, routed and shared experts, LM head: matmuls, 2 FLOPs per
@@ -31,8 +31,9 @@ import numpy as np
 
 from cost_model import _training_moe as training_moe
 from cost_model._calibration_operators import training_attention_efficiency
-from cost_model._common import attention_parameters_per_device, mean_attended_tokens
 from cost_model._kernel_curves import context_attention_time_s
+from cost_model._pricing import mean_attended_tokens
+from cost_model._stages import attention_parameters_per_device
 from cost_model._training_comm import ACTIVATION_BYTES
 from cost_model._training_context import TrainingContext
 

@@ -35,11 +35,12 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from cost_model._common import STAGES, Calibration, EstimateOptions, calibration_for
 from cost_model._estimate import estimate_table
 from cost_model._memory import stage_memory
 from cost_model._model_spec import ModelSpec
+from cost_model._options import Calibration, EstimateOptions, calibration_for
 from cost_model._parallel import ParallelConfig
+from cost_model._stages import STAGES
 from cost_model._table import configs_to_table
 from cost_model._training_context import training_context
 from cost_model._validation_runs import (
@@ -127,6 +128,10 @@ TOLERANCES: dict[str, tuple[float | None, float | None]] = {
     # Twins on a device with no fp8 GEMM table (MI300X): their fp8 GEMMs are priced with the
     # fallback ratio, nothing measured; shown, marked, not bounded.
     "fp8_twins_no_fp8_curve": (None, None),
+    # measured 2.9% mean, 7.3% max (70B bf16 +7%): asynchronous TP hides each collective only
+    # beside the GEMM it is fused with (``_training_tp_overlap``); hidden behind the whole layer
+    # the speed-ups came out 1.32-1.40x against 1.09-1.16x published.
+    "torchtitan_async_tp": (0.05, 0.10),
     "blackwell_training": (0.19, None),  # measured 18.3% mean, 120.1% max
 }
 
@@ -703,8 +708,9 @@ def validate_published(*, include_inference: bool = True) -> list[ValidationRow]
     """Every comparison of the published table, in table order."""
     from cost_model._blackwell_validation import blackwell_rows
     from cost_model._precision_validation import fp8_twin_rows
+    from cost_model._tp_overlap_validation import async_tp_rows
 
-    extra = fp8_twin_rows() + blackwell_rows() + peak_memory_rows()
+    extra = fp8_twin_rows() + async_tp_rows() + blackwell_rows() + peak_memory_rows()
     return training_rows() + extra + (inference_rows() if include_inference else [])
 
 

@@ -6,7 +6,7 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from cost_model._serving_load import serving_profile
+from cost_model._serving_profile import serving_profile
 from cost_model._units import Dtype
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)

@@ -18,7 +18,8 @@ from cost_model._calibration_operators import (
     nccl_rows,
     nccl_seconds,
 )
-from cost_model._common import Calibration, calibration_for, collective_time_s
+from cost_model._options import Calibration, calibration_for
+from cost_model._pricing import collective_time_s
 from topology import get_preset
 
 _AIC_SPEC = importlib.util.find_spec("aiconfigurator_core")

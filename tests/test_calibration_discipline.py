@@ -18,7 +18,7 @@ from cost_model._calibration_operators import (
     at_bound,
     training_attention_efficiency,
 )
-from cost_model._common import Calibration
+from cost_model._options import Calibration
 from cost_model._validation import published_records, training_cases
 
 DATA = resources.files("cost_model") / "data"

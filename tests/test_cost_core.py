@@ -7,16 +7,10 @@ import pytest
 
 from autoparallel import get_model
 from cost_model import ParallelConfig, split_layers
-from cost_model._common import (
-    STAGES,
-    Calibration,
-    mean_attended_tokens,
-    op_time_s,
-    parameters_per_device,
-    ranks_per_node,
-    stage_layout,
-)
 from cost_model._model_spec import AttentionSpec
+from cost_model._options import Calibration
+from cost_model._pricing import mean_attended_tokens, op_time_s, ranks_per_node
+from cost_model._stages import STAGES, parameters_per_device, stage_layout
 from cost_model._table import (
     configs_to_table,
     select_rows,

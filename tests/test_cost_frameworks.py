@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from cost_model import EstimateOptions, ParallelConfig, Training, estimate_table
-from cost_model._common import Calibration
 from cost_model._frameworks import framework_names, framework_profile
+from cost_model._options import Calibration
 from cost_model._table import configs_to_table
 from cost_model._validation import gpt_model
 from topology import get_preset

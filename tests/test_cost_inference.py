@@ -20,12 +20,12 @@ from cost_model import (
     sglang_uses_deepep,
     table_from_columns,
 )
-from cost_model._common import REASON_CODES
 from cost_model._inference_ops import (
     attention_flops_per_key,
     kv_bytes_per_sequence_layer,
     mean_attended_between,
 )
+from cost_model._reasons import REASON_CODES
 from cost_model._serving_columns import KV_DTYPE_CODES, PHASE_CODES
 from topology import get_preset
 

@@ -385,11 +385,11 @@ def test_decode_prices_its_dense_gemms_at_the_engines_measured_latency() -> None
     kv up, output) and 2 shared-expert GEMMs, each a launch-bound W8A8 call with its activation
     quantization: the tables time them at 6-15 us each, where the roofline of their bytes
     says ~1-2 us."""
-    from cost_model._common import EstimateOptions
     from cost_model._inference_compute import _gemms
     from cost_model._inference_ops import attention_projections
     from cost_model._inference_setup import _setup
     from cost_model._kernel_curves import projections_time_s
+    from cost_model._options import EstimateOptions
 
     model = get_model("deepseek-v3")
     a = model.attention
@@ -429,11 +429,11 @@ def test_absorbed_mla_decode_runs_kv_b_as_its_two_measured_batched_gemms() -> No
     takes the SGLang table's ~9 us for the pair at one token, where the one GEMM of the same
     weights is priced at ~6 us; prefill keeps the explicit GEMM; a device without the table
     keeps the GEMM in decode too."""
-    from cost_model._common import EstimateOptions
     from cost_model._inference_compute import _attention_gemms, _gemms
     from cost_model._inference_ops import attention_projections, kv_up_projection
     from cost_model._inference_setup import _setup
     from cost_model._kernel_curves import mla_bmm_time_s
+    from cost_model._options import EstimateOptions
 
     model = get_model("deepseek-v3")
     assert kv_up_projection(model) in attention_projections(model)
@@ -544,9 +544,9 @@ def test_kernels_timed_by_an_operator_table_pay_no_floor_on_top() -> None:
     projection one, 2 per dense FFN, 2 per shared expert and the router's one per MoE layer)
     from the per-kernel floor, and a decode step also the fused MoE layer (its other 7 kernels)
     and MLA decode (1 per layer), against none on a device without curves."""
-    from cost_model._common import EstimateOptions
     from cost_model._inference_kernels import _kernels_per_pass, _measured_kernels_per_pass
     from cost_model._inference_setup import _setup
+    from cost_model._options import EstimateOptions
 
     model = get_model("deepseek-v3")
     workload = Inference(prompt_tokens=2048, output_tokens=256, weight_dtype="fp8")
@@ -895,10 +895,11 @@ def test_a_device_without_an_all_reduce_table_keeps_the_collective_model() -> No
     """The H800 shares the H100's kernels (``DEVICE_ALIASES``) but not its NVLink: its TP
     all-reduce stays the topology's collective model, as on a device no table covers, and its
     all-reduces keep their per-kernel floors (its GEMMs, the H100's kernels, drop theirs)."""
-    from cost_model._common import EstimateOptions, collective_time_s
     from cost_model._inference_kernels import _measured_kernels_per_pass
     from cost_model._inference_ops import attention_projections, ffn_projections
     from cost_model._inference_setup import _setup
+    from cost_model._options import EstimateOptions
+    from cost_model._pricing import collective_time_s
 
     cluster = get_preset("hgx-h800")
     seconds, model = _decode_all_reduce_s(cluster, "sglang")
@@ -1071,11 +1072,11 @@ def test_gqa_decode_attention_is_priced_from_the_table_where_one_exists() -> Non
     latency at the pass's shape and its kernel pays no per-kernel floor; a device without tables
     (renamed) and a KV-cache dtype the device's tables lack (the A100's measure BF16 caches
     only) keep the roofline with the calibration's efficiency, and the floor."""
-    from cost_model._common import EstimateOptions
     from cost_model._inference_compute import _decode_attention_measured
     from cost_model._inference_kernels import _measured_kernels_per_pass
     from cost_model._inference_setup import _setup
     from cost_model._kernel_curves import decode_attention_time_s
+    from cost_model._options import EstimateOptions
 
     model = _serving_model("llama-3.1-70b")
     table = table_from_columns(tp=8, batch_size=64, phase=PHASE_CODES["decode"])
@@ -1135,10 +1136,10 @@ def test_a_decode_only_iteration_keeps_the_attention_kernels_fixed_latency() -> 
     decode kernel is launch-bound below that (Qwen3-235B at TP8 on B200: ~9 us a layer for one
     sequence, SGLang's table ~10 us). A decode-only iteration of a grid size still costs exactly
     its decode pass, attention included, not 94 layers x a 256th of the batch-256 kernel."""
-    from cost_model._common import EstimateOptions
     from cost_model._inference_load import serving_inputs
     from cost_model._inference_passes import _pass_parts
     from cost_model._inference_setup import _passes, _setup
+    from cost_model._options import EstimateOptions
     from cost_model._parallel import ParallelConfig
     from cost_model._serving_columns import ServingConfig
     from cost_model._table import configs_to_table

@@ -17,7 +17,8 @@ import pytest
 
 from autoparallel import get_model
 from cost_model import Inference, ParallelConfig, configs_to_table, estimate_inference_table
-from cost_model._common import Calibration, collective_time_s
+from cost_model._options import Calibration
+from cost_model._pricing import collective_time_s
 from cost_model._rows import _DISTINCT_MIN_SIZE, RowPartition, distinct_rows
 from cost_model._serving_columns import A2A_BACKEND_CODES, KV_DTYPE_CODES, PHASE_CODES
 from cost_model._table import select_rows

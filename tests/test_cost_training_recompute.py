@@ -9,10 +9,11 @@ import pytest
 
 from autoparallel._catalog import get_model
 from cost_model import ParallelConfig, Training
-from cost_model._common import EstimateOptions, attention_replicated_parameters
 from cost_model._estimate import estimate_table
 from cost_model._memory import offloaded_layer_bytes
 from cost_model._model_spec import ModelSpec
+from cost_model._options import EstimateOptions
+from cost_model._stages import attention_replicated_parameters
 from cost_model._table import configs_to_table
 from cost_model._training_comm import table_collective_times
 from cost_model._training_context import training_context

@@ -15,7 +15,7 @@ from autoparallel import get_model
 from autoparallel.cli import main
 from cost_model import Training, estimate_table
 from cost_model._calibration_operators import nelder_mead
-from cost_model._common import Calibration, calibration_for
+from cost_model._options import Calibration, calibration_for
 from cost_model._table import select_rows
 from cost_model._validation import (
     KORTHIKANTI_MODELS,
@@ -70,8 +70,8 @@ def test_llama3_table4_rows_encode_the_reports_pipeline_and_fsdp() -> None:
     and last holding only the embedding and the output (126 layers + 2 = pp * v), FSDP that keeps
     a stage gathered through the step and reduce-scatters in fp32, exposed all-gather CP,
     asynchronous pipeline sends, no activation checkpointing; 16M tokens per batch (Table 4)."""
-    from cost_model._common import stage_layout
     from cost_model._frameworks import framework_profile
+    from cost_model._stages import stage_layout
 
     cases = [c for c in training_cases() if c.table == "llama3_table4"]
     assert len(cases) == 3

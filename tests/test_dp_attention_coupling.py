@@ -1,6 +1,6 @@
 """SGLang's data-parallel attention ranks, and vLLM's data-parallel ranks whose experts span them,
 iterate together: the closed form and the simulator price the coupling
-(``_serving_load.DP_ATTENTION_COUPLING``, ``VLLM_DP_EP_COUPLING``) and agree on it."""
+(``_serving_coupling.DP_ATTENTION_COUPLING``, ``VLLM_DP_EP_COUPLING``) and agree on it."""
 
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ def test_poisson_arrivals_on_coupled_ranks(attention_dp) -> None:
 
 # ---------------------------------------------------------------- vLLM data parallel + EP
 #: vLLM's data-parallel ranks iterate together where the experts span them (``--data-parallel-
-#: size`` with ``--enable-expert-parallel``; ``_serving_load.VLLM_DP_EP_COUPLING``): the same
+#: size`` with ``--enable-expert-parallel``; ``_serving_coupling.VLLM_DP_EP_COUPLING``): the same
 #: machinery as SGLang's attention data parallel.
 VLLM_WORKLOAD = WORKLOAD.model_copy(update={"serving_engine": "vllm"})
 DP_EP = ParallelConfig(dp=8, ep=8)  # vllm serve --data-parallel-size 8 --enable-expert-parallel

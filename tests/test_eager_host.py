@@ -21,7 +21,8 @@ from cost_model import (
 from cost_model import _inference_setup as inference_setup
 from cost_model._inference_kernels import _kernels_per_pass, eager_kernel_host_s
 from cost_model._inference_setup import _setup
-from cost_model._serving_load import GRID_TOKENS, IterationCost, serving_profile
+from cost_model._serving_profile import serving_profile
+from cost_model._serving_replica import GRID_TOKENS, IterationCost
 from cost_model._simulator import _ScalarCost
 from topology import get_preset
 

@@ -11,12 +11,12 @@ import pytest
 
 from autoparallel import get_model
 from cost_model import Inference, ParallelConfig
-from cost_model._common import EstimateOptions
 from cost_model._inference_load import serving_inputs, sizing_pass_bytes
 from cost_model._inference_memory import _memory_parts
 from cost_model._inference_setup import _setup
+from cost_model._options import EstimateOptions
 from cost_model._serving_columns import ServingConfig
-from cost_model._serving_load import serving_profile
+from cost_model._serving_profile import serving_profile
 from cost_model._table import configs_to_table
 from topology import get_preset
 

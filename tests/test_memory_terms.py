@@ -11,10 +11,10 @@ import pytest
 
 from cost_model import ParallelConfig, Training
 from cost_model._blackwell_validation import blackwell_records, record_case
-from cost_model._common import EstimateOptions
 from cost_model._estimate import estimate_table
 from cost_model._memory import stage_memory
 from cost_model._model_spec import ModelSpec
+from cost_model._options import EstimateOptions
 from cost_model._precision_validation import fp8_twin_records
 from cost_model._table import configs_to_table
 from cost_model._training_context import training_context

@@ -13,11 +13,12 @@ import pytest
 from autoparallel import get_model
 from autoparallel._catalog import catalog_config
 from cost_model import Inference, checkpoint_dtype_by_part, table_from_columns
-from cost_model._common import EstimateOptions, parameters_per_device
 from cost_model._inference_compute import _attention_gemms, _moe_time
 from cost_model._inference_memory import _memory_parts
 from cost_model._inference_setup import _setup
+from cost_model._options import EstimateOptions
 from cost_model._serving_columns import PHASE_CODES
+from cost_model._stages import parameters_per_device
 from cost_model._units import dtype_bytes
 from topology import get_preset
 

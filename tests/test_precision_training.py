@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from cost_model import ParallelConfig, Training, estimate
-from cost_model._common import EstimateOptions
 from cost_model._memory import stage_memory
 from cost_model._model_spec import ModelSpec
+from cost_model._options import EstimateOptions
 from cost_model._precision import FP8_RECIPES, fp8_gemm_speedup, quantization_time_s
 from cost_model._precision_validation import (
     FP8_TWIN_TOLERANCE,
@@ -192,8 +192,9 @@ def test_first_and_last_layers_in_bf16_slow_the_end_ranks_only(model) -> None:
 
 
 def test_fp8_gemms_are_priced_from_the_calibrations_fp8_operator_fit(model) -> None:
-    from cost_model._common import calibration_for, op_time_s
+    from cost_model._options import calibration_for
     from cost_model._precision import fp8_gemm_fit
+    from cost_model._pricing import op_time_s
 
     ctx = _context(model, precision="fp8")
     calibration = calibration_for(ctx.cluster.device)

@@ -7,7 +7,7 @@ import pytest
 
 from autoparallel.cli import main
 from cost_model import ParallelConfig, Training, estimate
-from cost_model._common import calibration_for
+from cost_model._options import calibration_for
 from topology import get_preset, list_presets, network_override, value_status
 
 BLACKWELL = ("dgx-b200", "gb200-nvl72", "gb300-nvl72")

@@ -91,7 +91,7 @@ def _expected_local_shape(
 
 def _predicted_weight_bytes(spec, plan) -> dict[int, float]:
     """The cost model's weight bytes per device, by pipeline stage."""
-    from cost_model._common import STAGES, parameters_per_device
+    from cost_model._stages import STAGES, parameters_per_device
     from cost_model._table import configs_to_table
 
     parts = parameters_per_device(model=spec, table=configs_to_table([plan.config]))

@@ -20,7 +20,9 @@ from cost_model import (
     estimate_inference_table,
 )
 from cost_model._inference_load import serving_inputs
-from cost_model._serving_load import LoadPolicy, closed_loop, open_loop, serving_profile
+from cost_model._serving_load import closed_loop, open_loop
+from cost_model._serving_profile import serving_profile
+from cost_model._serving_replica import LoadPolicy
 from cost_model._simulator import simulate, simulate_layout
 from topology import get_preset
 
@@ -601,10 +603,10 @@ def test_every_tp_rank_caches_the_whole_mla_latent() -> None:
     costs each rank ``layers x 576 x dtype bytes`` per token: at tp=8 the engine admits what
     its pool, weights and its profiling pass's activations taken out, holds of those; an FP8
     cache twice that."""
-    from cost_model._common import EstimateOptions
     from cost_model._inference_load import sizing_pass_bytes
     from cost_model._inference_memory import _memory_parts
     from cost_model._inference_setup import _setup
+    from cost_model._options import EstimateOptions
 
     workload = WORKLOAD.model_copy(update={"serving_engine": "vllm"})
     table = configs_to_table([PLANS[0]], **ServingConfig().columns(workload=workload))

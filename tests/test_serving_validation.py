@@ -11,7 +11,7 @@ import pytest
 import cost_model
 from autoparallel.cli import main
 from cost_model import ParallelConfig
-from cost_model._serving_load import serving_profile
+from cost_model._serving_profile import serving_profile
 from cost_model._serving_validation import (
     _benchmark_workload,
     row_model,

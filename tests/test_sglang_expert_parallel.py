@@ -22,13 +22,13 @@ from cost_model import (
     estimate_inference_table,
     table_from_columns,
 )
-from cost_model._common import collective_time_s
 from cost_model._inference_comm import (
     SGLANG_DP_ALL_REDUCE_MAX_BYTES,
     _sglang_deepep,
     _sglang_dp_gathers,
 )
 from cost_model._inference_setup import _setup
+from cost_model._pricing import collective_time_s
 from cost_model._serving_columns import A2A_BACKEND_CODES, PHASE_CODES
 from topology import get_preset
 

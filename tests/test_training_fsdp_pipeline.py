@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from cost_model import ParallelConfig, Training
-from cost_model._common import EstimateOptions
 from cost_model._memory import pipeline_unsharded_stage
 from cost_model._model_spec import ModelSpec
+from cost_model._options import EstimateOptions
 from cost_model._table import configs_to_table
 from cost_model._training_comm import table_collective_times
 from cost_model._training_context import training_context

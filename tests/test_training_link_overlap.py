@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from cost_model import ParallelConfig, Training
-from cost_model._common import EstimateOptions
 from cost_model._model_spec import ModelSpec
+from cost_model._options import EstimateOptions
 from cost_model._table import configs_to_table
 from cost_model._training import training_time_columns
 from cost_model._training_comm import table_collective_times
@@ -100,7 +100,7 @@ def test_nic_gradient_reduce_keeps_the_backward_tp_traffic_hides_behind() -> Non
 
 
 def test_nvlink_gradient_reduce_shares_the_window_with_tp_traffic() -> None:
-    ctx = _context(nodes=1, tp=4, dp=2)  # dp inside the node: both on NVLink
+    ctx = _context(nodes=1, tp=2, dp=4)  # dp inside the node: both on NVLink
     hidden, whole_window = _dp_hidden(ctx, free_share_of_tp=False)
     _, what_tp_left = _dp_hidden(ctx, free_share_of_tp=True)
     assert hidden < whole_window

@@ -6,7 +6,7 @@ import numpy as np
 
 from autoparallel import get_model
 from cost_model import Inference, calibration_for, estimate_inference_table, table_from_columns
-from cost_model._common import collective_time_s
+from cost_model._pricing import collective_time_s
 from cost_model._serving_columns import A2A_BACKEND_CODES, PHASE_CODES
 from topology import get_preset
 

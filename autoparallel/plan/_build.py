@@ -8,7 +8,7 @@ The plan is pure data built from pure functions of integers: the meshes from the
 Rank placement is chosen first, from the layout alone, and the price is of that placement:
 ranks sit on devices in Megatron's order (``rank = tp_i + tp * (cp_i + cp * (dp_i + dp * pp_i))``,
 tp innermost, on consecutive devices of a node), which is the order the cost model prices
-(``cost_model._common.ranks_per_node``). A placement the cost model cannot price is not written.
+(``cost_model._pricing.ranks_per_node``). A placement the cost model cannot price is not written.
 """
 
 from __future__ import annotations
