@@ -245,8 +245,8 @@ def test_generation_under_context_parallel_is_a_clear_error():
         check_plan_fits,
         tiny_reference_spec,
     )
+    from autoparallel.runtime._attention import Attention
     from autoparallel.runtime._context_parallel import ContextParallel
-    from autoparallel.runtime._model import Attention
     from autoparallel.testing import plan_for_config
     from cost_model import Inference, ParallelConfig
 

@@ -271,7 +271,7 @@ def test_negative_control_without_expert_gradient_sync_fails() -> None:
 
 def test_placement_that_does_not_fit_the_module_is_rejected() -> None:
     from autoparallel.plan import ExpertPlacement
-    from autoparallel.runtime._expert_parallel import expert_placement_for
+    from autoparallel.runtime._expert_dispatch import expert_placement_for
 
     plan = make_plan(ParallelConfig(dp=2, ep=2))
     with pytest.raises(

@@ -8,7 +8,7 @@ import torch
 
 import autoparallel as ap
 from autoparallel.runtime import KVCache, ReferenceMoETransformer, tiny_reference_spec
-from autoparallel.runtime._model import MoEBlock, Router
+from autoparallel.runtime._layers import MoEBlock, Router
 from cost_model import ModelSpec, ParallelConfig
 
 

@@ -55,7 +55,7 @@ def _sharded_step(applied, tokens, targets, *, broken: str | None):
 
 def _break(applied, broken: str | None) -> None:
     if broken == "shared_key":  # drop the tp sum of MLA's shared RoPE-key gradient
-        from autoparallel.runtime._model import Attention, _identity
+        from autoparallel.runtime._attention import Attention, _identity
 
         for module in applied.modules:
             for submodule in module.modules():

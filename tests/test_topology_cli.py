@@ -28,7 +28,8 @@ def test_unknown_preset_is_a_user_error(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_one_rank_probe_needs_a_base_preset() -> None:
-    from topology.probe_runner import ComputeResult, _Identity, build_cluster
+    from topology._probe_cluster import _Identity
+    from topology.probe_runner import ComputeResult, build_cluster
 
     compute = [
         ComputeResult(rank=0, kind=kind, rate_per_s=1e12, spread=0.0)

@@ -213,7 +213,8 @@ def test_bad_settings_name_the_field(changes: dict, field: str) -> None:
 
 def test_probe_base_preset_keeps_the_scale_out_tier() -> None:
     from topology import DeviceLink
-    from topology.probe_runner import CollectiveResult, ComputeResult, _Identity, build_cluster
+    from topology._probe_cluster import _Identity
+    from topology.probe_runner import CollectiveResult, ComputeResult, build_cluster
 
     links = [
         DeviceLink(from_device=a, to_device=b, bandwidth_bytes_per_s=3e11)

@@ -28,8 +28,10 @@ from autoparallel.export._common import (
     runnable_engines,
 )
 from autoparallel.export._import import import_config
+from autoparallel.export._megatron import megatron
 from autoparallel.export._serving import sglang, trtllm, vllm
-from autoparallel.export._training import deepspeed, megatron, torchtitan
+from autoparallel.export._torchtitan import torchtitan
+from autoparallel.export._training import deepspeed
 from autoparallel.plan import ShardingPlan
 
 __all__ = [

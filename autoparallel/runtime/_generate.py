@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from autoparallel.runtime._model import KVCache
+from autoparallel.runtime._attention import KVCache
 
 __all__ = ["Generation", "greedy_generate"]
 

@@ -23,9 +23,10 @@ import torch
 from torch import nn
 
 from autoparallel.plan import ShardingPlan
-from autoparallel.runtime._expert_parallel import expert_placement_for, local_experts
+from autoparallel.runtime._expert_dispatch import expert_placement_for, local_experts
+from autoparallel.runtime._layers import RouterScoring
 from autoparallel.runtime._mesh import mesh_rank_layout
-from autoparallel.runtime._model import ReferenceMoETransformer, RouterScoring
+from autoparallel.runtime._model import ReferenceMoETransformer
 from autoparallel.runtime._tensor_parallel import iter_module_names
 from cost_model import ModelSpec
 

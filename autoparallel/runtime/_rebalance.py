@@ -27,7 +27,8 @@ from torch import nn
 
 from autoparallel._expert_placement import ExpertMove, placement_moves, rank_experts
 from autoparallel.plan import ExpertPlacement
-from autoparallel.runtime._expert_parallel import AllToAllDispatcher, ExpertParallel
+from autoparallel.runtime._expert_dispatch import AllToAllDispatcher
+from autoparallel.runtime._expert_parallel import ExpertParallel
 
 __all__ = ["RebalanceReport", "rebalance_experts"]
 
