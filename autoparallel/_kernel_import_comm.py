@@ -5,7 +5,8 @@ latency by message size and GPU count, kept as measured, ``_custom_allreduce_cur
 DeepEP's low-latency dispatch and combine (``wideep_deepep_ll_perf.parquet``: a fixed latency
 plus the slower tier's bytes over its preset bandwidth times a fitted efficiency,
 ``fit_deepep_low_latency``) and normal (node-deduplicating, high-throughput) dispatch and combine
-(``wideep_deepep_normal_perf.parquet``, the same form, ``fit_deepep_normal``).
+(``wideep_deepep_normal_perf.parquet``, the same form plus a latency per remote node: the notify
+step's count exchange, ``fit_deepep_normal``).
 """
 
 from __future__ import annotations
@@ -118,10 +119,10 @@ def _deepep_points(rows: list[dict], *, direction: str) -> np.ndarray:
 def _fit_deepep(
     points: np.ndarray, hardware_links, grid: dict = _DEEPEP_GRID
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Grid least squares on log(predicted / measured) of ``deepep_low_latency_s`` (the normal
-    kernels' ``deepep_normal_s`` has the same form) over ``grid`` (latency, NVLink efficiency,
-    RDMA efficiency); returns the parameters and the relative errors. The grid is searched one
-    latency at a time (bounded memory); the first minimum in grid order wins."""
+    """Grid least squares on log(predicted / measured) of ``deepep_low_latency_s`` over ``grid``
+    (latency, NVLink efficiency, RDMA efficiency); returns the parameters and the relative
+    errors. The grid is searched one latency at a time (bounded memory); the first minimum in
+    grid order wins."""
     intra_bw, inter_bw = hardware_links
     names = list(grid)
     efficiencies = np.stack(np.meshgrid(grid[names[1]], grid[names[2]], indexing="ij"), -1).reshape(
@@ -143,22 +144,30 @@ def _fit_deepep(
     return best, fitted / points[:, 3] - 1.0
 
 
-def _fit_record(points: np.ndarray, links, grid: dict) -> dict:
-    """The fitted parameters of one direction with its points, mean / max relative error and the
-    mean error on each multi-node count when it is held out of the fit (the single-node points
-    alone fix the NVLink term, so they are always kept)."""
-    best, errors = _fit_deepep(points, links, grid)
+def _deepep_seconds(params: np.ndarray, points: np.ndarray, links) -> np.ndarray:
+    """Low-latency form: latency + max(NVLink bytes / (peak x eff), RDMA bytes / (peak x eff))."""
+    return params[0] + np.maximum(
+        points[:, 1] / (links[0] * params[1]), points[:, 2] / (links[1] * params[2])
+    )
+
+
+def _fit_record(
+    points: np.ndarray, links, grid: dict, *, fit=_fit_deepep, seconds=_deepep_seconds
+) -> dict:
+    """The fitted parameters of one direction (``fit`` over ``grid``, predicting with
+    ``seconds``) with its points, mean / max relative error and the mean error on each
+    multi-node count when it is held out of the fit (the single-node points alone fix the NVLink
+    term, so they are always kept)."""
+    best, errors = fit(points, links, grid)
     held_out = {}
     for nodes in (2, 4, 8):
         kept, out = points[points[:, 0] != nodes], points[points[:, 0] == nodes]
-        params, _ = _fit_deepep(kept, links, grid)
-        predicted = params[0] + np.maximum(
-            out[:, 1] / (links[0] * params[1]), out[:, 2] / (links[1] * params[2])
-        )
+        params, _ = fit(kept, links, grid)
+        predicted = seconds(params, out, links)
         held_out[str(nodes)] = round(float(np.mean(np.abs(predicted / out[:, 3] - 1.0))), 3)
     return {
         **{
-            name: round(float(value), 9 if name == "latency_s" else 3)
+            name: round(float(value), 9 if name.endswith("_s") else 3)
             for name, value in zip(grid, best)
         },
         "points": len(points),
@@ -202,14 +211,73 @@ DEEPEP_NORMAL_PRESET = "dgx-h100"
 #: which SGLang keeps unless ``--deepep-config`` names others (``DeepEPConfig`` in
 #: ``python/sglang/srt/layers/moe/token_dispatcher/deepep.py``); the single-node rows hold only it.
 DEEPEP_NORMAL_SMS = 20
-#: Wider than the low-latency grid: the normal kernels' fixed cost (their notify step, 30-100 us
-#: across nodes) exceeds 40 us, and the cost model's NVLink bytes count every expert copy where
-#: DeepEP sends a token once per destination rank, so the fitted NVLink efficiency exceeds 1.
+#: The normal kernels' grid: a fixed latency (the one-node kernel, about 37 us measured) and a
+#: latency per remote node (the notify step's count exchange with each other node's RDMA rank and
+#: that node's RDMA setup: 31 / 57 / 69 us of notify alone at 2 / 4 / 8 nodes and 128 tokens), in
+#: one step so that each node count's latency falls on one lattice (``_fit_deepep_normal``).
 _DEEPEP_NORMAL_GRID = {
-    "latency_s": np.linspace(0.0, 300e-6, 151),
+    "latency_s": np.linspace(0.0, 100e-6, 101),
+    "latency_per_remote_node_s": np.linspace(0.0, 40e-6, 41),
     "nvlink_efficiency": np.linspace(0.05, 1.5, 146),
     "rdma_efficiency": np.linspace(0.05, 1.5, 146),
 }
+
+
+def _normal_seconds(params: np.ndarray, points: np.ndarray, links) -> np.ndarray:
+    """Normal form: latency + latency per remote node x (nodes - 1) + the slower tier."""
+    return (
+        params[0]
+        + params[1] * (points[:, 0] - 1.0)
+        + _deepep_seconds(np.array([0.0, params[2], params[3]]), points, links)
+    )
+
+
+def _node_count_losses(
+    group: np.ndarray, links, efficiencies: np.ndarray, levels: np.ndarray
+) -> np.ndarray:
+    """Sum of squared log(predicted / measured) over the points of one node count, at each
+    latency in ``levels`` (rows) and each efficiency pair (columns)."""
+    transfer = np.maximum(
+        group[None, :, 1] / (links[0] * efficiencies[:, :1]),
+        group[None, :, 2] / (links[1] * efficiencies[:, 1:2]),
+    )
+    return np.stack(
+        [(np.log((level + transfer) / group[None, :, 3]) ** 2).sum(axis=1) for level in levels]
+    )
+
+
+def _fit_deepep_normal(
+    points: np.ndarray, links, grid: dict = _DEEPEP_NORMAL_GRID
+) -> tuple[np.ndarray, np.ndarray]:
+    """Grid least squares on log(predicted / measured) of ``_normal_seconds`` over ``grid``;
+    returns the parameters and the relative errors. Both latency axes start at 0 in one step, so
+    a node count's latency is a multiple of that step: each node count's loss is tabulated once
+    per multiple (``_node_count_losses``) and summed per (per-node latency, latency) pair; the
+    first minimum in (per-node latency, latency, efficiencies) order wins."""
+    names = list(grid)
+    step = grid[names[0]][1]
+    assert grid[names[0]][0] == grid[names[1]][0] == 0.0
+    assert np.allclose(np.diff(grid[names[0]]), step) and np.allclose(np.diff(grid[names[1]]), step)
+    efficiencies = np.stack(np.meshgrid(grid[names[2]], grid[names[3]], indexing="ij"), -1)
+    efficiencies = efficiencies.reshape(-1, 2)
+    num_latencies, num_slopes = len(grid[names[0]]), len(grid[names[1]])
+    losses = {}
+    for nodes in np.unique(points[:, 0]):
+        levels = step * np.arange(num_latencies + (num_slopes - 1) * (int(nodes) - 1))
+        losses[nodes] = _node_count_losses(
+            points[points[:, 0] == nodes], links, efficiencies, levels
+        )
+    best, best_loss = np.zeros(4), np.inf
+    for slope in range(num_slopes):
+        total = sum(
+            loss[slope * (int(nodes) - 1) + np.arange(num_latencies)]
+            for nodes, loss in losses.items()
+        )
+        latency, pair = np.unravel_index(int(np.argmin(total)), total.shape)
+        if total[latency, pair] < best_loss:
+            best_loss = total[latency, pair]
+            best = np.array([step * latency, step * slope, *efficiencies[pair]])
+    return best, _normal_seconds(best, points, links) / points[:, 3] - 1.0
 
 
 def _deepep_normal_points(rows: list[dict], *, direction: str) -> np.ndarray:
@@ -242,9 +310,13 @@ def _deepep_normal_points(rows: list[dict], *, direction: str) -> np.ndarray:
 
 
 def fit_deepep_normal(root: Path) -> dict:
-    """DeepEP normal (node-deduplicating) dispatch / combine: a fixed latency plus the slower
-    tier's bytes over its preset peak bandwidth times a fitted efficiency, fitted on the H100
-    operator table at the engine's SM count; with each multi-node count held out in turn."""
+    """DeepEP normal (node-deduplicating) dispatch / combine: a fixed latency, plus a latency per
+    remote node (the notify step's count exchange with each other node, ``internode.cu``
+    ``notify_dispatch``), plus the slower tier's bytes over its preset peak bandwidth times a
+    fitted efficiency, fitted on the H100 operator table at the engine's SM count; with each
+    multi-node count held out in turn. The table's per-byte RDMA rate still moves with the node
+    count (at 131072 tokens, 37 / 46 / 22 GB/s on 2 / 4 / 8 nodes on the bytes counted), which
+    one efficiency leaves as the residual."""
     path = root / "systems" / "data" / DEEPEP_NORMAL_TABLE
     if not path.exists():
         return {}
@@ -256,7 +328,11 @@ def fit_deepep_normal(root: Path) -> dict:
     rows = _read(path)
     fits = {
         direction: _fit_record(
-            _deepep_normal_points(rows, direction=direction), links, _DEEPEP_NORMAL_GRID
+            _deepep_normal_points(rows, direction=direction),
+            links,
+            _DEEPEP_NORMAL_GRID,
+            fit=_fit_deepep_normal,
+            seconds=_normal_seconds,
         )
         for direction in ("dispatch", "combine")
     }

@@ -171,13 +171,27 @@ def _expert_all_to_all(
         point_to_point(2.0, intra_bytes), np.where(remote, point_to_point(1.0, inter_bytes), 0.0)
     )
     inter_bytes = np.where(remote, inter_bytes, 0.0)
-    for fitted, kernel_rows in (
-        (deepep_low_latency_s, np.logical_not(node_dedup)),
-        (deepep_normal_s, node_dedup),
+    for measured, kernel_rows in (
+        (
+            deepep_low_latency_s(
+                direction=direction,
+                intra_bytes=intra_bytes,
+                inter_bytes=inter_bytes,
+                cluster=s.cluster,
+            ),
+            np.logical_not(node_dedup),
+        ),
+        (
+            deepep_normal_s(
+                direction=direction,
+                intra_bytes=intra_bytes,
+                inter_bytes=inter_bytes,
+                nodes=ep / local,
+                cluster=s.cluster,
+            ),
+            node_dedup,
+        ),
     ):
-        measured = fitted(
-            direction=direction, intra_bytes=intra_bytes, inter_bytes=inter_bytes, cluster=s.cluster
-        )
         if measured is not None:
             seconds = np.where(kernel_rows, measured, seconds)
     return np.where(ep > 1, seconds, 0.0)

@@ -651,12 +651,19 @@ def expert_all_to_all_bytes(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(NVLink, RDMA) bytes one rank sends in a DeepEP dispatch or combine. Each of its tokens goes
     to ``copies`` expert ranks (top-k x etp), uniform over the ``ep`` ranks of ``ep / local``
-    nodes; "normal" kernels (``node_dedup``) send a token once per distinct remote node and
-    forward it over NVLink there, "low-latency" kernels send every remote copy (DeepEP README)."""
+    nodes. "Low-latency" kernels send every copy straight to its rank (DeepEP README).
+
+    "Normal" kernels (``node_dedup``) send a token once per distinct remote node, to the rank of
+    the same local index there, which forwards it over NVLink once per distinct destination rank
+    of its node (``internode.cu`` ``dispatch``: kRDMASender, then kRDMAAndNVLForwarder; on one
+    node ``intranode.cu`` sends once per distinct rank). Each rank so forwards the tokens of
+    ``nodes`` source ranks (its own included) to the ``local - 1`` other ranks of its node, each
+    reached by a token with probability 1 - (1 - 1/ep)^copies."""
     ep, local = np.asarray(ep, dtype=np.float64), np.asarray(local, dtype=np.float64)
     nodes = ep / local
     token_bytes = np.asarray(rank_tokens, dtype=np.float64) * hidden_size * element_bytes
-    intra = token_bytes * copies * (local - 1.0) / ep
+    forwarded = nodes * (local - 1.0) * (1.0 - np.power(1.0 - 1.0 / ep, copies))
+    intra = token_bytes * np.where(node_dedup, forwarded, copies * (local - 1.0) / ep)
     remote_copies = copies * (ep - local) / ep
     distinct_nodes = (nodes - 1.0) * (1.0 - np.power(1.0 - 1.0 / nodes, copies))
     remote_copies = np.where(node_dedup, np.minimum(remote_copies, distinct_nodes), remote_copies)
@@ -679,19 +686,26 @@ def deepep_low_latency_s(*, direction: str, intra_bytes, inter_bytes, cluster) -
     )
 
 
-def deepep_normal_s(*, direction: str, intra_bytes, inter_bytes, cluster) -> np.ndarray | None:
-    """DeepEP normal (node-deduplicating, high-throughput) ``direction`` of one layer, the bytes
-    of ``expert_all_to_all_bytes`` with ``node_dedup``: the same form as
-    ``deepep_low_latency_s`` with the parameters of ``kernel_curves.json`` ``deepep_normal``
-    (fitted on NVIDIA's H100 operator table, 1-8 nodes, 20 SMs: DeepEP's and SGLang's default;
-    the fixed latency holds the multi-node notify step); None when the shipped curves hold no
-    fit. Not an NCCL collective, so the NCCL-fitted collective efficiency does not apply."""
-    return _deepep_fitted_s(
-        key="deepep_normal",
-        direction=direction,
-        intra_bytes=intra_bytes,
-        inter_bytes=inter_bytes,
-        cluster=cluster,
+def deepep_normal_s(
+    *, direction: str, intra_bytes, inter_bytes, nodes, cluster
+) -> np.ndarray | None:
+    """DeepEP normal (node-deduplicating, high-throughput) ``direction`` of one layer over an EP
+    group spanning ``nodes`` nodes, the bytes of ``expert_all_to_all_bytes`` with ``node_dedup``:
+    a fixed latency plus a latency per remote node plus the slower tier's bytes over its preset
+    peak bandwidth times the fitted efficiency (``kernel_curves.json`` ``deepep_normal``: fitted
+    on NVIDIA's H100 operator table, 1-8 nodes, 20 SMs: DeepEP's and SGLang's default). The
+    per-node latency is the notify step, which exchanges token counts with every other node's
+    RDMA rank before a multi-node transfer (``internode.cu`` ``notify_dispatch``), and the RDMA
+    setup of each destination node. None when the shipped curves hold no fit. Not an NCCL
+    collective, so the NCCL-fitted collective efficiency does not apply."""
+    fit = kernel_curves().get("deepep_normal")
+    if not fit:
+        return None
+    params = fit[direction]
+    remote_nodes = np.maximum(np.asarray(nodes, dtype=np.float64) - 1.0, 0.0)
+    latency_s = params["latency_s"] + params["latency_per_remote_node_s"] * remote_nodes
+    return latency_s + _slower_tier_s(
+        params=params, intra_bytes=intra_bytes, inter_bytes=inter_bytes, cluster=cluster
     )
 
 
@@ -702,11 +716,17 @@ def _deepep_fitted_s(*, key: str, direction: str, intra_bytes, inter_bytes, clus
     if not fit:
         return None
     params = fit[direction]
+    return params["latency_s"] + _slower_tier_s(
+        params=params, intra_bytes=intra_bytes, inter_bytes=inter_bytes, cluster=cluster
+    )
+
+
+def _slower_tier_s(*, params: dict, intra_bytes, inter_bytes, cluster) -> np.ndarray:
+    """max(NVLink bytes / (peak x efficiency), RDMA bytes / (peak x efficiency)): DeepEP drives
+    both tiers at once, so the slower one sets the transfer time."""
     nvlink = cluster.intra_node.bandwidth_bytes_per_s * params["nvlink_efficiency"]
     rdma = cluster.inter_node.bandwidth_bytes_per_s * params["rdma_efficiency"]
-    return params["latency_s"] + np.maximum(
-        np.asarray(intra_bytes) / nvlink, np.asarray(inter_bytes) / rdma
-    )
+    return np.maximum(np.asarray(intra_bytes) / nvlink, np.asarray(inter_bytes) / rdma)
 
 
 # ------------------------------------------------------------------------------ dense GEMMs

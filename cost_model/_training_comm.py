@@ -271,6 +271,7 @@ def _deepep_exchange(
         direction=direction,
         intra_bytes=intra_bytes,
         inter_bytes=np.where(ep > local, inter_bytes, 0.0),
+        nodes=ep / local,
         cluster=ctx.cluster,
     )
     if fitted is not None:

@@ -57,7 +57,13 @@ def test_training_and_inference_price_a_deepep_dispatch_with_one_formula() -> No
         node_dedup=True,
     )
     by_hand = sum(
-        deepep_normal_s(direction=direction, intra_bytes=intra, inter_bytes=inter, cluster=CLUSTER)
+        deepep_normal_s(
+            direction=direction,
+            intra_bytes=intra,
+            inter_bytes=inter,
+            nodes=32.0 / np.asarray(ctx.local["ep"], dtype=np.float64),
+            cluster=CLUSTER,
+        )
         for direction in ("dispatch", "combine")
     )
     assert times.ep_exchange[0] == pytest.approx(float(np.asarray(by_hand)[0]), rel=1e-12)

@@ -37,14 +37,21 @@ def _normal_fit() -> dict:
 
 
 def _by_hand(direction: str, element_bytes: float, rank_tokens: float) -> float:
-    """Top-8 of 256 experts over EP32 on 4 nodes of 8: 8 x 7/32 NVLink copies per token and
-    3 x (1 - (3/4)^8) distinct remote nodes (RDMA), at 450 / 50 GB/s preset peaks."""
+    """Top-8 of 256 experts over EP32 on 4 nodes of 8: each rank forwards the tokens of 4 source
+    ranks to 7 other ranks, each reached with probability 1 - (31/32)^8 (NVLink), and sends
+    3 x (1 - (3/4)^8) distinct remote nodes (RDMA), at 450 / 50 GB/s preset peaks, after the
+    fixed latency and 3 remote nodes' latency."""
     params = _normal_fit()[direction]
     token_bytes = rank_tokens * DSV3.hidden_size * element_bytes
-    intra = token_bytes * 8.0 * 7.0 / 32.0
+    intra = token_bytes * 4.0 * 7.0 * (1.0 - (31.0 / 32.0) ** 8)
     inter = token_bytes * 3.0 * (1.0 - 0.75**8)
-    return params["latency_s"] + max(
-        intra / (450e9 * params["nvlink_efficiency"]), inter / (50e9 * params["rdma_efficiency"])
+    return (
+        params["latency_s"]
+        + 3.0 * params["latency_per_remote_node_s"]
+        + max(
+            intra / (450e9 * params["nvlink_efficiency"]),
+            inter / (50e9 * params["rdma_efficiency"]),
+        )
     )
 
 
@@ -67,13 +74,25 @@ def test_shipped_normal_fit_is_an_operator_fit_with_no_value_at_a_grid_bound() -
 
 
 def test_held_out_node_count_error_stays_within_the_tables_spread() -> None:
-    # On the bytes the cost model counts, the table's per-byte RDMA rate at 131072 tokens is
-    # 37 / 46 / 22 GB/s on 2 / 4 / 8 nodes: one efficiency fitted without a node count misses
-    # it by up to half (0.50 shipped). 0.55 holds that and fails a fit on the wrong bytes or rows.
+    # With a latency per remote node (notify), one RDMA efficiency is left to carry the table's
+    # per-byte RDMA rate at 131072 tokens, 37 / 46 / 22 GB/s on 2 / 4 / 8 nodes: held out, a
+    # node count is missed by up to 0.38 (0.50 with one fixed latency). Shipped: mean 0.13 / 0.16,
+    # held out at most 0.32 / 0.38 (dispatch / combine); 0.20 and 0.42 hold that with rounding
+    # margin and fail the fixed-latency form (0.30 / 0.50).
     for direction in ("dispatch", "combine"):
         params = _normal_fit()[direction]
-        assert params["mean_abs_error"] < 0.35
-        assert max(params["held_out_node_count_mean_abs_error"].values()) < 0.55
+        assert params["mean_abs_error"] < 0.20
+        assert max(params["held_out_node_count_mean_abs_error"].values()) < 0.42
+
+
+def test_single_node_fit_is_the_one_node_kernel_and_notify_grows_with_nodes() -> None:
+    # One node: no notify step, about 37 us (dispatch) measured at small token counts; each
+    # remote node adds its count exchange (the notify step alone: 31 / 57 / 69 us on 2 / 4 / 8).
+    for direction in ("dispatch", "combine"):
+        params = _normal_fit()[direction]
+        assert 30e-6 < params["latency_s"] < 70e-6
+        assert 5e-6 < params["latency_per_remote_node_s"] < 30e-6
+        assert params["nvlink_efficiency"] < 1.0 and params["rdma_efficiency"] < 1.0
 
 
 def _inference_normal_s() -> float:
@@ -120,7 +139,9 @@ def test_training_deepep_dispatcher_takes_the_fitted_time() -> None:
 def test_without_a_fit_normal_kernels_fall_back_to_the_topology(monkeypatch) -> None:
     _without_normal_fit(monkeypatch)
     assert (
-        deepep_normal_s(direction="dispatch", intra_bytes=1.0, inter_bytes=1.0, cluster=None)
+        deepep_normal_s(
+            direction="dispatch", intra_bytes=1.0, inter_bytes=1.0, nodes=2.0, cluster=None
+        )
         is None
     )
     ctx, forward = _training_forward_s()
@@ -150,7 +171,7 @@ def test_without_a_fit_normal_kernels_fall_back_to_the_topology(monkeypatch) -> 
     seconds = 0.0
     for element_bytes in (1.0, 2.0):
         rdma = token_bytes * element_bytes * 3.0 * (1.0 - 0.75**8)
-        nvlink = token_bytes * element_bytes * 8.0 * 7.0 / 32.0
+        nvlink = token_bytes * element_bytes * 4.0 * 7.0 * (1.0 - (31.0 / 32.0) ** 8)
         seconds += max(
             float(
                 collective_time_s(

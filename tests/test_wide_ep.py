@@ -11,6 +11,7 @@ from cost_model import (
     ParallelConfig,
     check_parallel_config,
     estimate_inference_table,
+    expert_all_to_all_bytes,
     table_from_columns,
 )
 from cost_model._rules import minimum_redundant_experts
@@ -82,7 +83,25 @@ def test_low_latency_all_to_all_sends_every_copy_and_normal_deduplicates_per_nod
         table=table_from_columns(length=2, a2a_backend=backends, **columns),
     )
     ep_comm = out["time.decode_ep_comm"] + out["hidden.decode_ep_comm"]
-    assert ep_comm[1] > ep_comm[0] > 0  # 8 copies over RDMA vs at most one per remote node
+    # 16 tokens a rank: latency, not bytes, sets the time. The normal kernels' notify step grows
+    # with the 7 remote nodes (DeepEP's table: about 300 us a dispatch at 128 tokens on 8 nodes),
+    # which is why decode runs the low-latency kernels.
+    assert ep_comm[0] > ep_comm[1] > 0
+    # the bytes: 8 copies over RDMA vs at most one per remote node
+    low_latency, normal = (
+        expert_all_to_all_bytes(
+            rank_tokens=16.0,
+            hidden_size=DSV3.hidden_size,
+            element_bytes=1.0,
+            copies=8.0,
+            ep=64.0,
+            local=8.0,
+            node_dedup=node_dedup,
+        )[1]
+        for node_dedup in (False, True)
+    )
+    assert low_latency == pytest.approx(16.0 * DSV3.hidden_size * 8.0 * 56.0 / 64.0)
+    assert normal == pytest.approx(16.0 * DSV3.hidden_size * 7.0 * (1.0 - (7.0 / 8.0) ** 8))
 
 
 def test_estimate_cli_fills_ep72_with_the_fewest_redundant_slots(capsys) -> None:
