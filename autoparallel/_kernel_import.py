@@ -17,7 +17,8 @@ runs in the same package (``silicon_sample.csv``) are never opened: they are val
 not fit input (DESIGN.md, "Fidelity").
 
 Each measured point becomes an *efficiency*: the project's own ideal time for the same work
-(``cost_model._kernel_curves.grouped_gemm_ideal_s`` / ``mla_decode_ideal_s``, rooflines at the
+(``cost_model._kernel_curves_moe.grouped_gemm_ideal_s`` /
+``cost_model._kernel_curves_attention.mla_decode_ideal_s``, rooflines at the
 device's peak FLOP/s and memory bandwidth) over the measured latency. The reduced curves —
 efficiency at a fixed log grid of tokens per expert for each number of experts per device, one
 per (device, engine, dtype); efficiency by context length and batch for MLA decode, one per head

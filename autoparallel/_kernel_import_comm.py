@@ -89,7 +89,7 @@ _DEEPEP_GRID = {
 
 def _deepep_points(rows: list[dict], *, direction: str) -> np.ndarray:
     """(nodes, intra bytes, inter bytes, seconds) per row, the bytes as the cost model counts them
-    (``cost_model._kernel_curves.expert_all_to_all_bytes``: FP8 dispatch, BF16 combine)."""
+    (``cost_model._kernel_curves_comm.expert_all_to_all_bytes``: FP8 dispatch, BF16 combine)."""
     element = {"dispatch": 1.0, "combine": 2.0}[direction]
     points = []
     for row in rows:

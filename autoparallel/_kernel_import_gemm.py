@@ -1,6 +1,6 @@
 """Dense GEMM curves from aiconfigurator-core's ``gemm/*/gemm_perf.parquet`` tables.
 
-Efficiency (the cost model's ideal time, ``cost_model._kernel_curves.gemm_ideal_s``, over the
+Efficiency (the cost model's ideal time, ``cost_model._kernel_curves_gemm.gemm_ideal_s``, over the
 measured latency) on the grid of ``GEMM_M_GRID`` x ``GEMM_NK_GRID``^2, one curve per (device,
 engine, dtype); per-tensor FP8 rows less the dynamic scale step of
 ``quantize/*/computescale_perf.parquet`` (``_static_fp8_latency``).

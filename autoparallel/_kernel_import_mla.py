@@ -2,8 +2,9 @@
 
 Read: MLA decode and prefill attention (``mla/*/generation_mla_perf.parquet``,
 ``context_mla_perf.parquet``), as efficiency (the cost model's ideal time,
-``cost_model._kernel_curves.mla_decode_ideal_s`` or the causal prefill FLOPs at the BF16 peak,
-over the measured latency) by context length and batch, one curve per head count per rank; and
+``cost_model._kernel_curves_attention.mla_decode_ideal_s`` or the causal prefill FLOPs at the
+BF16 peak, over the measured latency) by context length and batch, one curve per head count per
+rank; and
 the batched GEMMs of absorbed MLA decode (``mla_bmm/*/mla_bmm_perf.parquet``, kept as measured).
 
 MLA decode also gets curves of one kernel from its authors' published figures (DeepSeek's

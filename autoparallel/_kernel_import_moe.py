@@ -1,8 +1,9 @@
 """Fused MoE expert-layer curves from aiconfigurator-core's ``moe/*/moe_perf.parquet`` tables.
 
 Each measured point, for the expert shapes of ``EXPERT_SHAPES``, becomes an *efficiency*: the
-project's own ideal time for the same work (``cost_model._kernel_curves.grouped_gemm_ideal_s``, a
-roofline at the device's peak FLOP/s and memory bandwidth, with the memory passes per token copy
+project's own ideal time for the same work
+(``cost_model._kernel_curves_moe.grouped_gemm_ideal_s``, a roofline at the device's peak FLOP/s and
+memory bandwidth, with the memory passes per token copy
 the cost model counts, ``routed_bytes_per_assignment``) over the measured latency, reduced to
 the fixed log grid ``TOKENS_PER_EXPERT_GRID`` of tokens per expert for each number of experts
 per device, one curve per (device, engine, dtype, expert shape).
@@ -35,7 +36,7 @@ from topology import get_preset
 #: and over 8 ranks. The efficiency of a memory-bound grouped GEMM at a few tokens per expert depends on
 #: how many weight bytes each expert streams against the fixed routing, permute and ramp of
 #: the fused layer, so a model is priced on the measured shape nearest the slice one rank
-#: runs (``cost_model._kernel_curves``), not on DeepSeek's alone; of two shapes with the same
+#: runs (``cost_model._kernel_curves_moe``), not on DeepSeek's alone; of two shapes with the same
 #: slice (DeepSeek-V3's and Kimi-K2's), on the one measured nearest the rank's expert count.
 EXPERT_SHAPES = (
     (*GROUPED_GEMM_SHAPE, 1),

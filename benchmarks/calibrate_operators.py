@@ -24,7 +24,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cost_model import _calibration_operators, _cross_validation, _options, _validation
+from cost_model import (
+    _calibration_operators,
+    _cross_validation,
+    _options,
+    _validation,
+    _validation_cases,
+)
 
 CALIBRATION_FILE = REPO / "cost_model" / "data" / "calibration.json"
 ABOUT = (
@@ -68,7 +74,7 @@ def main() -> int:
     document = {"about": ABOUT, "calibrations": calibrations}
     CALIBRATION_FILE.write_text(json.dumps(document, indent=1) + "\n")
     _options._shipped_calibrations.cache_clear()
-    cases = _validation.training_cases()
+    cases = _validation_cases.training_cases()
     rows = [row for case in cases for row in _validation.run_case(case)]
     document["held_out"] = {
         "training_runs": dataclasses.asdict(_cross_validation.error_summary(rows, cases)),

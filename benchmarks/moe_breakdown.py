@@ -25,7 +25,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cost_model import _validation
+from cost_model import _validation, _validation_cases
 from cost_model._training_context import training_context
 from cost_model._training_host import host_parts
 
@@ -36,7 +36,7 @@ def _first(value) -> float:
     return float(np.ravel(value)[0])
 
 
-def breakdown(case: _validation.Case) -> dict[str, float]:
+def breakdown(case: _validation_cases.Case) -> dict[str, float]:
     """The run's modelled step parts, host parts of one MoE layer and the published gap."""
     config, workload, setup = _validation.memory_inputs(case)
     cluster = _validation._cluster(case.hardware, config.world_size)
@@ -75,7 +75,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("words", nargs="*", help="keep runs whose name holds every word")
     args = parser.parse_args()
-    for case in _validation.training_cases():
+    for case in _validation_cases.training_cases():
         if case.table != "megatron_bridge_perf" or case.model.moe is None:
             continue
         if not all(word in case.run for word in args.words):

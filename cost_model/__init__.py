@@ -22,18 +22,14 @@ from cost_model._inference_validation import (
     validate_dsv3_day6,
     validate_dsv3_profile,
 )
-from cost_model._kernel_curves import (
-    ALL_REDUCE_MESSAGE_BYTES,
-    GEMM_M_GRID,
-    GEMM_NK_GRID,
+from cost_model._kernel_curves import matmul_dtype_of
+from cost_model._kernel_curves_attention import MLA_CURVE_HEADS, mla_decode_ideal_s
+from cost_model._kernel_curves_comm import ALL_REDUCE_MESSAGE_BYTES, expert_all_to_all_bytes
+from cost_model._kernel_curves_gemm import GEMM_M_GRID, GEMM_NK_GRID, gemm_ideal_s
+from cost_model._kernel_curves_moe import (
     GROUPED_GEMM_SHAPE,
-    MLA_CURVE_HEADS,
     TOKENS_PER_EXPERT_GRID,
-    expert_all_to_all_bytes,
-    gemm_ideal_s,
     grouped_gemm_ideal_s,
-    matmul_dtype_of,
-    mla_decode_ideal_s,
 )
 from cost_model._layout import Layout
 from cost_model._model_spec import AttentionSpec, ModelSpec, MoESpec
@@ -83,13 +79,8 @@ from cost_model._units import (
     human_count,
     human_seconds,
 )
-from cost_model._validation import (
-    TOLERANCES,
-    run_case,
-    summarize,
-    training_cases,
-    validate_published,
-)
+from cost_model._validation import TOLERANCES, run_case, summarize, validate_published
+from cost_model._validation_cases import training_cases
 from cost_model._workload import WEIGHT_PARTS, Inference, Training, Workload
 
 __all__ = [

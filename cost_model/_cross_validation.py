@@ -14,13 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_model._validation import (
-    SOFTWARE,
-    Case,
-    ValidationRow,
-    run_case,
-    training_cases,
-)
+from cost_model._validation import ValidationRow, run_case
+from cost_model._validation_cases import SOFTWARE, Case, training_cases
 
 __all__ = [
     "ErrorSummary",

@@ -1,7 +1,8 @@
 """Communication of one inference pass on each pipeline rank: TP, EP, CP and PP traffic, in seconds.
 
 A TP all-reduce (prefill and decode) over NVLink-connected ranks of one node takes the serving
-engine's measured latency for its message size and GPU count (``_kernel_curves.all_reduce_time_s``:
+engine's measured latency for its message size and GPU count
+(``_kernel_curves_comm.all_reduce_time_s``:
 its custom all-reduce kernel, NCCL above its size limit, timed in a CUDA graph) where a table
 covers the device, BF16 activations and that GPU count; elsewhere the topology's collective model.
 An all-reduce the engine fuses with the residual add and RMSNorm after it (vLLM's -O2
@@ -23,7 +24,7 @@ import numpy as np
 from cost_model import _inference_ops as ops
 from cost_model._engine_paths import attention_replicas, instance_size, sglang_uses_deepep
 from cost_model._inference_setup import COMBINE_BYTES, _dispatch_bytes, _part_dtype, _Setup, _tokens
-from cost_model._kernel_curves import (
+from cost_model._kernel_curves_comm import (
     all_reduce_time_s,
     deepep_low_latency_s,
     deepep_normal_s,
@@ -135,10 +136,11 @@ def _expert_all_to_all(
     """One MoE dispatch (or combine) as DeepEP runs it: every rank writes straight to its peers,
     NVLink and RDMA at once, so the time is the slower tier's bytes over its bandwidth plus one
     latency (DeepEP README; not the n-1 rounds of a pairwise all-to-all); the bytes per tier are
-    ``_kernel_curves.expert_all_to_all_bytes``. Low-latency kernels (``node_dedup`` False) take
+    ``_kernel_curves_comm.expert_all_to_all_bytes``. Low-latency kernels (``node_dedup`` False) take
     the latency and tier efficiencies fitted on DeepEP's measured low-latency kernels
-    (``_kernel_curves.deepep_low_latency_s``), normal kernels those fitted on its measured normal
-    kernels (``_kernel_curves.deepep_normal_s``); without a shipped fit, a kernel is priced by
+    (``_kernel_curves_comm.deepep_low_latency_s``), normal kernels those fitted on its measured
+    normal kernels (``_kernel_curves_comm.deepep_normal_s``); without a shipped fit, a kernel is
+    priced by
     the topology as point-to-point transfers on each tier over the calibrated collective
     efficiency."""
     assert s.model.moe is not None

@@ -16,10 +16,10 @@ and decode alike, run at the serving engine's measured latency for their shape (
 rank, N x K = the rank's slice of each projection; the W8A8 activation quantization included),
 a prefill pass's MHA/GQA core attention at the measured causal
 FlashAttention-class efficiency by prompt length and (sequence, head) pairs per call
-(``_kernel_curves.context_attention_time_s``), a decode step's MHA/GQA core attention at the
-serving engine's measured decode-kernel efficiency by context, (sequence, KV head) pairs and
-query heads per KV head (``_kernel_curves.decode_attention_time_s``), a decode step's routed
-experts (and a prefill pass's without expert parallelism: the engine's fused MoE op,
+(``_kernel_curves_attention.context_attention_time_s``), a decode step's MHA/GQA core attention
+at the serving engine's measured decode-kernel efficiency by context, (sequence, KV head) pairs and
+query heads per KV head (``_kernel_curves_attention.decode_attention_time_s``), a decode step's
+routed experts (and a prefill pass's without expert parallelism: the engine's fused MoE op,
 ``_moe_time``) as grouped GEMMs at
 their measured efficiency for M = tokens per expert, MLA decode attention at its measured efficiency
 by context length, batch and heads per rank and its ``kv_b_proj`` as the two measured batched
@@ -46,20 +46,16 @@ from cost_model._inference_setup import (
     _part_dtype,
     _Setup,
 )
-from cost_model._kernel_curves import (
+from cost_model._kernel_curves import DEVICE_ALIASES, gemm_curve_dtype, kernel_curves
+from cost_model._kernel_curves_attention import (
     DECODE_ATTENTION_KV_DTYPES,
-    DEVICE_ALIASES,
     context_attention_time_s,
     decode_attention_time_s,
-    gemm_curve_dtype,
-    gemm_efficiency,
-    grouped_experts_time_s,
-    grouped_gemm_efficiency,
-    kernel_curves,
     mla_bmm_time_s,
     mla_time_s,
-    projections_time_s,
 )
+from cost_model._kernel_curves_gemm import gemm_efficiency, projections_time_s
+from cost_model._kernel_curves_moe import grouped_experts_time_s, grouped_gemm_efficiency
 from cost_model._pricing import op_time_s
 from cost_model._units import dtype_bytes
 
@@ -71,7 +67,7 @@ def _gemms(
     width divided by ``shard``, with weights in ``dtype`` (default: the part's weight dtype,
     ``_inference_setup._part_dtype``; the workload's ``weight_dtype`` without a part). Prefill and
     decode alike, every GEMM runs at the serving engine's measured latency for its shape
-    (``_kernel_curves.projections_time_s``: M = tokens, N x K = one rank's slice) where its
+    (``_kernel_curves_gemm.projections_time_s``: M = tokens, N x K = one rank's slice) where its
     operator tables cover the device and dtype; the tables time the activation quantization a
     W8A8 GEMM launches before it (aiconfigurator's SGLang collector times
     ``sglang_per_token_group_quant_fp8`` + DeepGEMM per block-FP8 call, in a CUDA graph), which
@@ -112,7 +108,7 @@ def _gemm_table_dtype(s: _Setup, dtype: str) -> str:
 def _attention_gemms(s: _Setup, tokens, *, decode: bool) -> np.ndarray:
     """The GEMMs of one attention block over ``tokens`` per device (``_gemms``). Absorbed MLA
     decode runs ``kv_b_proj`` as its two batched GEMMs over the rank's heads, at their measured
-    latency where a table covers the device (``_kernel_curves.mla_bmm_time_s``)."""
+    latency where a table covers the device (``_kernel_curves_attention.mla_bmm_time_s``)."""
     model = s.model
     projections = ops.attention_projections(model)
     bmm = None
@@ -133,7 +129,8 @@ def _attention_gemms(s: _Setup, tokens, *, decode: bool) -> np.ndarray:
 
 def _context_attention_measured(s: _Setup, *, decode: bool) -> bool:
     """Whether a pass's MHA/GQA attention is priced from the context-attention curves: prefill,
-    full causal attention, a device the tables cover (``_kernel_curves.context_attention_time_s``)."""
+    full causal attention, a device the tables cover
+    (``_kernel_curves_attention.context_attention_time_s``)."""
     a = s.model.attention
     return (
         not decode
@@ -151,7 +148,7 @@ def _context_attention_measured(s: _Setup, *, decode: bool) -> bool:
 def _decode_attention_measured(s: _Setup) -> np.ndarray:
     """Rows whose decode MHA/GQA attention is priced from the decode-attention curves: full
     attention of head size 128 (the curves' shapes), a device and KV-cache dtype the tables
-    cover (``_kernel_curves.decode_attention_time_s``)."""
+    cover (``_kernel_curves_attention.decode_attention_time_s``)."""
     if "_decode_attention_measured" not in s.__dict__:  # the same for every pass of one setup
         a = s.model.attention
         device = DEVICE_ALIASES.get(s.hardware.name, s.hardware.name)
@@ -303,7 +300,7 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     )
     if (
         p.decode and model.attention.kind == "mla"
-    ):  # FlashMLA-class kernels at their measured efficiency (prefill: see _kernel_curves)
+    ):  # FlashMLA-class kernels at their measured efficiency (prefill: _kernel_curves_attention)
         # one call per rank: all its sequences, over its share of the heads and of each context
         # (cp); every head reads the sequence's whole latent, so the bytes are all sequences'
         measured = s.rows.evaluate(
@@ -319,7 +316,8 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
             # the workload's named kernel, else the serving engine's own where measured
             engine=s.workload.mla_decode_kernel or s.profile.engine,
         )
-        if measured is not None:  # (prefill keeps the calibrated efficiency: see _kernel_curves)
+        # (prefill keeps the calibrated efficiency: see _kernel_curves_attention)
+        if measured is not None:
             return measured
     measured_decode = _decode_attention_measured(s) if p.decode else None
     if measured_decode is not None and measured_decode.any():

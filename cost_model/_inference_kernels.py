@@ -31,12 +31,9 @@ from cost_model._inference_compute import (
     _gemm_table_dtype,
 )
 from cost_model._inference_setup import _part_dtype, _Setup
-from cost_model._kernel_curves import (
-    gemm_efficiency,
-    grouped_gemm_efficiency,
-    mla_bmm_time_s,
-    mla_efficiency,
-)
+from cost_model._kernel_curves_attention import mla_bmm_time_s, mla_efficiency
+from cost_model._kernel_curves_gemm import gemm_efficiency
+from cost_model._kernel_curves_moe import grouped_gemm_efficiency
 
 #: Kernels of an MoE block inside the fused MoE layer the operator tables time (top-k, permute,
 #: the grouped GEMMs, activation, un-permute: ``_training_ops.kernels_per_layer``'s 8 less the router

@@ -75,7 +75,7 @@ def iteration_cost(s: _Setup) -> IterationCost:
         if tokens == _ATTENTION_REFERENCE_TOKENS:
             decode_attention = exposed["attention"] / tokens
     # A measured decode-attention kernel is launch-bound at a few sequences (~10 us a layer
-    # however few: ``_kernel_curves.decode_attention_time_s``): what the per-request price
+    # however few: ``_kernel_curves_attention.decode_attention_time_s``): what the per-request price
     # leaves out at each grid size stays in the decode iteration's linear part, so a
     # decode-only iteration costs exactly its decode pass.
     linear = [

@@ -10,8 +10,9 @@ Sources: TP all-reduce, or reduce-scatter + all-gather with SP, of the hidden ac
 combine of tokens x top-k x hidden x imbalance, with the expert-TP gather/scatter (DeepSeek-V3
 report, arXiv:2412.19437, sec. 3.2.2; Megatron-core MoE), or DeepEP's de-duplicated dispatch
 (the inference path's bytes, priced by the fit on DeepEP's measured normal kernels,
-``_kernel_curves.deepep_normal_s``), fp8 dispatch / bf16 combine; CP ring: one K/V block per step,
-cp - 1 steps per layer (Liu et al., arXiv:2310.01889), or an all-gather of K/V (Llama 3); PP: each tp rank sends 1/tp of the boundary
+``_kernel_curves_comm.deepep_normal_s``), fp8 dispatch / bf16 combine; CP ring: one K/V block per
+step, cp - 1 steps per layer (Liu et al., arXiv:2310.01889), or an all-gather of K/V (Llama 3); PP:
+each tp rank sends 1/tp of the boundary
 activation (Narayanan et al. SC'21 sec. 4.1); DP: gradient all-reduce, or reduce-scatter of
 gradients + all-gather of bf16 weights (ZeRO-1/2), or per layer and micro-batch an all-gather
 before its forward and again before its backward and a reduce-scatter after it (ZeRO-3/FSDP)
@@ -25,7 +26,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from cost_model._kernel_curves import deepep_normal_s, expert_all_to_all_bytes
+from cost_model._kernel_curves_comm import deepep_normal_s, expert_all_to_all_bytes
 from cost_model._pricing import collective_time_s, expert_dispatch_time_s
 from cost_model._stages import layer_weights_per_device
 
@@ -248,9 +249,10 @@ def _deepep_exchange(
     ctx, tokens: np.ndarray, element_bytes: float, *, direction: str
 ) -> np.ndarray:
     """One ``direction`` (dispatch or combine) by DeepEP's normal kernels, the inference path's
-    bytes (``_kernel_curves.expert_all_to_all_bytes``: per-node de-duplication) with node-limited
-    routing capping the remote copies at ``max_routed_nodes``, priced by the fit on DeepEP's
-    measured normal kernels (``_kernel_curves.deepep_normal_s``); without a shipped fit, by the
+    bytes (``_kernel_curves_comm.expert_all_to_all_bytes``: per-node de-duplication) with
+    node-limited routing capping the remote copies at ``max_routed_nodes``, priced by the fit on
+    DeepEP's
+    measured normal kernels (``_kernel_curves_comm.deepep_normal_s``); without a shipped fit, by the
     topology over the calibrated collective efficiency (``_pricing.expert_dispatch_time_s``)."""
     moe = ctx.model.moe
     ep = ctx.column("ep")

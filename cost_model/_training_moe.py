@@ -11,7 +11,7 @@
 * Routed experts (``GroupedMLP`` / TE ``GroupedLinear``): one grouped GEMM per expert matrix, of
   M = the tokens each local expert receives, K and N the hidden size and the expert FFN width
   (over etp). Where ``cost_model/data/kernel_curves.json`` holds a measured grouped-GEMM curve
-  for the device and the training dtype (operator tables, ``_kernel_curves``), the experts are
+  for the device and the training dtype (operator tables, ``_kernel_curves_moe``), the experts are
   priced at that shape by ``grouped_experts_time_s``; its ideal counts the expert-side
   permute into the grouped layout and un-permute into the combine buffer with the FFN's own
   passes, which stand here for ``sort_chunks_by_idxs`` and its reverse. Elsewhere (no curve:
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cost_model._inference_ops import experts_touched_fraction, routed_bytes_per_assignment
-from cost_model._kernel_curves import TOKENS_PER_EXPERT_GRID, grouped_experts_time_s
+from cost_model._kernel_curves_moe import TOKENS_PER_EXPERT_GRID, grouped_experts_time_s
 from cost_model._precision import bf16_layer_fraction
 from cost_model._training_comm import ACTIVATION_BYTES
 from cost_model._units import dtype_bytes

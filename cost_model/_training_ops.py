@@ -30,8 +30,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from cost_model import _training_moe as training_moe
-from cost_model._calibration_operators import training_attention_efficiency
-from cost_model._kernel_curves import context_attention_time_s
+from cost_model._calibration_fits import training_attention_efficiency
+from cost_model._kernel_curves_attention import context_attention_time_s
 from cost_model._pricing import mean_attended_tokens
 from cost_model._stages import attention_parameters_per_device
 from cost_model._training_comm import ACTIVATION_BYTES
@@ -110,10 +110,11 @@ def measured_core_attention_time(ctx: TrainingContext, *, flops, io_bytes) -> np
     run causal bf16 attention of 128-wide heads at 0.47-0.55 of peak over 4K tokens and
     0.56-0.66 over 8K (B200: 0.47-0.52 and 0.55-0.60), where the single efficiency fitted over
     every measured shape (``data/calibration.json``) is 0.41 (B200: 0.29). The curve
-    (``_kernel_curves.context_attention_time_s``: best over the serving engines' kernels, by
-    sequence ``s / cp`` — a ring step attends one block of keys — and by pairs ``b * heads /
+    (``_kernel_curves_attention.context_attention_time_s``: best over the serving engines'
+    kernels, by sequence ``s / cp`` — a ring step attends one block of keys — and by pairs ``b *
+    heads /
     tp``) prices the forward; the backward keeps the calibration's relation to it
-    (``_calibration_operators.training_attention_efficiency``: FlashAttention-2's backward
+    (``_calibration_fits.training_attention_efficiency``: FlashAttention-2's backward
     runs at 0.63/0.73 of its forward's peak fraction), so the forward is charged at the single
     forward + backward efficiency of its measured forward efficiency, and ``micro_batch_times``
     adds 2.5x it for the backward. The FlashAttention-3 paper (Shah et al. 2024,

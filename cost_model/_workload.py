@@ -111,7 +111,7 @@ class Inference(BaseModel):
     profile is an error naming those that have one). ``mla_decode_kernel`` names an MLA decode
     kernel other than the serving engine's default, priced from its published figures where it
     has them (``"flashmla"``: DeepSeek's FlashMLA, the kernel of DeepSeek's own serving; None:
-    the engine's own measured kernel, ``_kernel_curves.mla_efficiency``).
+    the engine's own measured kernel, ``_kernel_curves_attention.mla_efficiency``).
 
     ``weight_dtype`` is the dtype of every weight; ``weight_dtype_by_part`` overrides it for the
     parts (``WEIGHT_PARTS``) a released checkpoint keeps in another dtype, as NVIDIA's NVFP4

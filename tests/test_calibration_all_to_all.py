@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cost_model._calibration_operators import (
+from cost_model._calibration_fits import nccl_seconds
+from cost_model._calibration_tables import (
     ALL_TO_ALL_MIN_GPUS,
     HARDWARE,
     all_to_all_rows,
     collective_rows,
     nccl_rows,
-    nccl_seconds,
 )
 from cost_model._options import Calibration, calibration_for
 from cost_model._pricing import collective_time_s

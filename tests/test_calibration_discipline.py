@@ -11,15 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cost_model._calibration_operators import (
-    BOUNDS,
-    FITTED_FIELDS,
-    HARDWARE,
-    at_bound,
-    training_attention_efficiency,
-)
+from cost_model._calibration_fits import training_attention_efficiency
+from cost_model._calibration_operators import BOUNDS, FITTED_FIELDS, at_bound
+from cost_model._calibration_tables import HARDWARE
 from cost_model._options import Calibration
-from cost_model._validation import published_records, training_cases
+from cost_model._validation_cases import published_records, training_cases
 
 DATA = resources.files("cost_model") / "data"
 OPERATOR_KINDS = {"gemm", "attention", "nccl", "attention_backward_ratio"}
@@ -172,7 +168,8 @@ def test_serving_all_reduce_latencies_are_operator_tables_only() -> None:
     all-reduce of one message over one GPU count (no request, sequence-length or concurrency
     field of an end-to-end run), and the stored latencies are its rows."""
     from autoparallel._kernel_import_tables import _read
-    from cost_model._kernel_curves import ALL_REDUCE_MESSAGE_BYTES, kernel_curves
+    from cost_model._kernel_curves import kernel_curves
+    from cost_model._kernel_curves_comm import ALL_REDUCE_MESSAGE_BYTES
 
     curves = kernel_curves()["custom_allreduce"]
     assert {c["engine"] for c in curves} == {"vllm", "sglang", "trtllm"}

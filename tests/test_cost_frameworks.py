@@ -9,7 +9,7 @@ from cost_model import EstimateOptions, ParallelConfig, Training, estimate_table
 from cost_model._frameworks import framework_names, framework_profile
 from cost_model._options import Calibration
 from cost_model._table import configs_to_table
-from cost_model._validation import gpt_model
+from cost_model._validation_cases import gpt_model
 from topology import get_preset
 
 MODEL = gpt_model(

@@ -97,7 +97,7 @@ def test_h800_takes_the_h100_class_calibration_and_it_matters() -> None:
     decode = [(n, s) for n, s in zip(neutral, shipped) if "decode" in n.name]
     assert prefill and decode
     # (0.49 too fast with a neutral calibration; DeepEP's dispatch and combine take their own
-    # operator fit, ``_kernel_curves.deepep_normal_s``, whatever the calibration)
+    # operator fit, ``_kernel_curves_comm.deepep_normal_s``, whatever the calibration)
     assert all(n.predicted > s.predicted and n.error > 0.4 for n, s in prefill)
     # decode's kernels (grouped expert GEMMs, MLA decode) are priced from imported operator
     # curves, so no calibrated efficiency reaches the decode row

@@ -11,12 +11,9 @@ import pytest
 from autoparallel import get_model
 from autoparallel._kernel_import_tables import _read
 from cost_model import Inference, estimate_inference_table, table_from_columns
-from cost_model._kernel_curves import (
-    TOKENS_PER_EXPERT_GRID,
-    grouped_gemm_efficiency,
-    kernel_curves,
-    mla_efficiency,
-)
+from cost_model._kernel_curves import kernel_curves
+from cost_model._kernel_curves_attention import mla_efficiency
+from cost_model._kernel_curves_moe import TOKENS_PER_EXPERT_GRID, grouped_gemm_efficiency
 from cost_model._serving_columns import PHASE_CODES
 from topology import get_preset
 
@@ -151,7 +148,7 @@ def _write_moe_table(folder: Path, *, efficiency: float) -> None:
     import pyarrow.parquet as pq
 
     from autoparallel._kernel_import_moe import _side_bytes
-    from cost_model._kernel_curves import grouped_gemm_ideal_s
+    from cost_model._kernel_curves_moe import grouped_gemm_ideal_s
 
     hardware = get_preset("dgx-h200").device
     rows = []
@@ -237,7 +234,7 @@ def test_deepep_low_latency_fit_is_an_operator_fit_with_held_out_error() -> None
 
 
 def test_low_latency_all_to_all_pays_the_measured_fixed_latency() -> None:
-    from cost_model._kernel_curves import deepep_low_latency_s
+    from cost_model._kernel_curves_comm import deepep_low_latency_s
 
     cluster = get_preset("dgx-h200", num_nodes=8)
     one_token = deepep_low_latency_s(
@@ -252,7 +249,7 @@ def test_low_latency_all_to_all_pays_the_measured_fixed_latency() -> None:
 def _flashmla_benchmark_call(heads: int, cache_tokens: float, batch: int = 128):
     """FLOPs and bytes of one call of FlashMLA's benchmark (tests/test_flash_mla.py at c2067be:
     d = 576, dv = 512, one KV head, one query token), and the model's seconds for it."""
-    from cost_model._kernel_curves import mla_time_s
+    from cost_model._kernel_curves_attention import mla_time_s
 
     keys = batch * cache_tokens
     flops = keys * heads * (576 + 512) * 2.0
@@ -388,7 +385,7 @@ def test_decode_prices_its_dense_gemms_at_the_engines_measured_latency() -> None
     from cost_model._inference_compute import _gemms
     from cost_model._inference_ops import attention_projections
     from cost_model._inference_setup import _setup
-    from cost_model._kernel_curves import projections_time_s
+    from cost_model._kernel_curves_gemm import projections_time_s
     from cost_model._options import EstimateOptions
 
     model = get_model("deepseek-v3")
@@ -432,7 +429,7 @@ def test_absorbed_mla_decode_runs_kv_b_as_its_two_measured_batched_gemms() -> No
     from cost_model._inference_compute import _attention_gemms, _gemms
     from cost_model._inference_ops import attention_projections, kv_up_projection
     from cost_model._inference_setup import _setup
-    from cost_model._kernel_curves import mla_bmm_time_s
+    from cost_model._kernel_curves_attention import mla_bmm_time_s
     from cost_model._options import EstimateOptions
 
     model = get_model("deepseek-v3")
@@ -483,7 +480,7 @@ def test_a_tp8_qwen3_expert_slice_is_priced_on_its_own_measured_shape() -> None:
     126 us at 16); before it was imported the slice fell to DeepSeek-V3's 7168 x 256 TP8 curve,
     which priced the one-token step at 13 us. At one token the routing the model assumes
     (8 of 128 experts touched) is the table's, so the curve gives back the table's latency."""
-    from cost_model._kernel_curves import grouped_experts_time_s
+    from cost_model._kernel_curves_moe import grouped_experts_time_s
 
     shapes = {
         (c["engine"], tuple(c["shape"].values()))
@@ -518,7 +515,7 @@ def test_a_gemm_narrower_than_the_grid_is_held_at_the_narrowest_measured_latency
     launch-bound: SGLang's B200 table times N = 128 and N = 256 at 4.6 and 4.2 us. Holding the
     efficiency of N = 256 would halve the time with the ideal; the latency is held instead.
     A GEMM that is absent (width 0: no shared expert) costs nothing."""
-    from cost_model._kernel_curves import gemm_time_s, projections_time_s
+    from cost_model._kernel_curves_gemm import gemm_time_s, projections_time_s
 
     hardware = get_preset("dgx-b200").device
     common = {"hardware": hardware, "dtype": "bf16", "m": 1.0, "k": 4096, "engine": "sglang"}
@@ -596,7 +593,7 @@ def _write_gemm_table(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from cost_model._kernel_curves import GEMM_M_GRID, GEMM_NK_GRID, gemm_ideal_s
+    from cost_model._kernel_curves_gemm import GEMM_M_GRID, GEMM_NK_GRID, gemm_ideal_s
 
     hardware = get_preset("dgx-h200").device
     rows = []
@@ -644,7 +641,7 @@ def _write_compute_scale_table(folder: Path, *, seconds: float) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from cost_model._kernel_curves import GEMM_M_GRID, GEMM_NK_GRID
+    from cost_model._kernel_curves_gemm import GEMM_M_GRID, GEMM_NK_GRID
 
     rows = [
         {"m": m, "k": k, "quant_dtype": "fp8", "latency": seconds * 1e3}
@@ -678,7 +675,8 @@ def test_per_tensor_fp8_weights_take_their_own_gemm_table() -> None:
     scales (``fp8_scaling="tensor"``) prices a 5000-token prefill's GEMMs below the block-scaled
     kernels (whose main loop applies a scale per 128-deep K block); the ideal time of the
     ``fp8_tensor`` curves is FP8's."""
-    from cost_model._kernel_curves import gemm_curve_dtype, gemm_ideal_s, projections_time_s
+    from cost_model._kernel_curves import gemm_curve_dtype
+    from cost_model._kernel_curves_gemm import gemm_ideal_s, projections_time_s
 
     hardware = get_preset("dgx-h100").device
     ffn = ((2 * 28672, 8192, "n"), (8192, 28672, "k"))  # Llama-3-70B's gate/up and down
@@ -709,7 +707,7 @@ def test_an_fp8_cache_runs_fp8_context_attention_where_the_engine_does() -> None
     """TensorRT-LLM's FP8 context FMHA (its tables' FP8-attention rows over an FP8 cache)
     prices a 5000-token prompt of Llama-3-70B's TP2 heads on H100 at about 0.75x its BF16
     kernel; an engine without such a curve keeps its BF16 kernel for an FP8 cache."""
-    from cost_model._kernel_curves import context_attention_time_s
+    from cost_model._kernel_curves_attention import context_attention_time_s
 
     hardware = get_preset("dgx-h100").device
     tokens, heads = 5000.0, 32.0
@@ -737,7 +735,7 @@ def test_gemm_curves_price_a_gemm_at_its_measured_latency() -> None:
     """On the grid, ideal / efficiency gives back the table's latency (H200, TRT-LLM, FP8 block
     scaled: DeepSeek-V3's 7168 x 2048 slice at 4096 tokens, 0.147 ms in the table, rounded to
     the octave mean), and a TP8 slice runs far below the calibrated matmul efficiency."""
-    from cost_model._kernel_curves import gemm_efficiency, gemm_time_s
+    from cost_model._kernel_curves_gemm import gemm_efficiency, gemm_time_s
 
     hardware = get_preset("dgx-h200").device
     seconds = gemm_time_s(hardware=hardware, dtype="fp8", m=4096, n=2048, k=7168, engine="trtllm")
@@ -776,7 +774,7 @@ def test_prefill_prices_dense_gemms_at_their_measured_curves() -> None:
 def test_a_block_of_projections_prices_each_gemm_as_gemm_time_does() -> None:
     """``projections_time_s`` (one lookup per distinct shard) sums exactly the per-GEMM times."""
     from cost_model._inference_ops import attention_projections, ffn_projections
-    from cost_model._kernel_curves import gemm_time_s, projections_time_s
+    from cost_model._kernel_curves_gemm import gemm_time_s, projections_time_s
 
     hardware = get_preset("dgx-h200").device
     model = get_model("deepseek-v3")
@@ -806,7 +804,7 @@ def test_gqa_prefill_attention_is_priced_at_the_measured_context_attention_curve
     FlashAttention-class efficiency, which rises with the prompt (a 512-token prompt of 8 heads
     per rank leaves most SMs idle; 8K tokens run near 0.5 of BF16 peak), so it differs from the
     calibration's one efficiency and the short prompt pays relatively more per FLOP."""
-    from cost_model._kernel_curves import context_attention_time_s
+    from cost_model._kernel_curves_attention import context_attention_time_s
 
     hardware = get_preset("dgx-h200").device
     flops = np.array([512 * 513 / 2 * 4 * 8 * 128, 8192 * 8193 / 2 * 4 * 8 * 128])
@@ -936,7 +934,7 @@ def test_a_device_without_an_all_reduce_table_keeps_the_collective_model() -> No
 
 
 def test_all_reduce_lookup_interpolates_between_measured_sizes() -> None:
-    from cost_model._kernel_curves import ALL_REDUCE_MESSAGE_BYTES, all_reduce_time_s
+    from cost_model._kernel_curves_comm import ALL_REDUCE_MESSAGE_BYTES, all_reduce_time_s
 
     curve = next(
         c
@@ -969,7 +967,7 @@ def test_importer_keeps_the_engines_graph_rows_of_an_all_reduce_table(tmp_path: 
     import pyarrow.parquet as pq
 
     from autoparallel._kernel_import import import_aiconfigurator
-    from cost_model._kernel_curves import ALL_REDUCE_MESSAGE_BYTES
+    from cost_model._kernel_curves_comm import ALL_REDUCE_MESSAGE_BYTES
 
     folder = tmp_path / "aiconfigurator_core" / "systems" / "data" / "a100_sxm" / "comm" / "sglang"
     for version, framework in (("0.5.1", "SGLang"), ("0.5.9", "TRTLLM")):
@@ -1027,7 +1025,7 @@ def test_gqa_decode_attention_takes_the_engines_measured_latency(
     """One rank's decode attention of a Llama-3.1-70B / Qwen3-235B shape costs what the engine's
     own generation-attention table measured (aiconfigurator's parquet, read here directly), from
     launch-bound (one sequence, 1K keys) to bandwidth-bound (256 sequences, 16K keys)."""
-    from cost_model._kernel_curves import decode_attention_time_s
+    from cost_model._kernel_curves_attention import decode_attention_time_s
 
     a = _serving_model(name).attention
     heads, kv_heads = a.num_heads // tp, max(a.num_kv_heads // tp, 1)
@@ -1075,7 +1073,7 @@ def test_gqa_decode_attention_is_priced_from_the_table_where_one_exists() -> Non
     from cost_model._inference_compute import _decode_attention_measured
     from cost_model._inference_kernels import _measured_kernels_per_pass
     from cost_model._inference_setup import _setup
-    from cost_model._kernel_curves import decode_attention_time_s
+    from cost_model._kernel_curves_attention import decode_attention_time_s
     from cost_model._options import EstimateOptions
 
     model = _serving_model("llama-3.1-70b")

@@ -8,13 +8,8 @@ from importlib import resources
 
 import pytest
 
-from cost_model._validation import (
-    TOLERANCES,
-    blackwell_cases,
-    peak_memory_bytes,
-    peak_memory_rows,
-    training_cases,
-)
+from cost_model._validation import TOLERANCES, peak_memory_bytes, peak_memory_rows
+from cost_model._validation_cases import blackwell_cases, training_cases
 
 CLAIMS = json.loads((resources.files("cost_model") / "data" / "memory_claims.json").read_text())[
     "claims"

@@ -23,7 +23,7 @@ from cost_model import (
 from cost_model._options import Calibration
 from cost_model._reasons import MEMORY_PARTS, REASON_CODES
 from cost_model._training import TRAINING_TIME_PARTS
-from cost_model._validation import gpt_model
+from cost_model._validation_cases import gpt_model
 from topology import get_preset
 
 REF = get_model("ref-3t-moe")
@@ -112,7 +112,8 @@ def test_distributed_optimizer_gather_hides_only_behind_a_forward() -> None:
     from cost_model._training_comm import table_collective_times
     from cost_model._training_context import training_context
     from cost_model._training_micro_batch import micro_batch_times
-    from cost_model._validation import _cluster, _options, _workload, training_cases
+    from cost_model._validation import _cluster, _options, _workload
+    from cost_model._validation_cases import training_cases
 
     (case,) = [c for c in training_cases() if (c.table, c.run) == ("megatron_readme_h100", "7.1B")]
     cluster = _cluster(case.hardware, case.config.world_size)

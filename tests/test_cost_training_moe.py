@@ -8,7 +8,7 @@ import pytest
 from autoparallel import get_model
 from cost_model import EstimateOptions, ParallelConfig, Training, configs_to_table
 from cost_model import _training_moe as moe_block
-from cost_model._kernel_curves import TOKENS_PER_EXPERT_GRID, grouped_experts_time_s
+from cost_model._kernel_curves_moe import TOKENS_PER_EXPERT_GRID, grouped_experts_time_s
 from cost_model._training_context import training_context
 from topology import get_preset
 

@@ -9,7 +9,7 @@ import pytest
 
 from autoparallel import get_model
 from cost_model import EstimateOptions, ParallelConfig, Training, estimate_table
-from cost_model._kernel_curves import deepep_normal_s, expert_all_to_all_bytes
+from cost_model._kernel_curves_comm import deepep_normal_s, expert_all_to_all_bytes
 from cost_model._options import Calibration
 from cost_model._table import configs_to_table
 from cost_model._training_comm import FP8_DISPATCH_BYTES, collective_times

@@ -14,18 +14,11 @@ import pytest
 from autoparallel import get_model
 from autoparallel.cli import main
 from cost_model import Training, estimate_table
-from cost_model._calibration_operators import nelder_mead
+from cost_model._calibration_fits import nelder_mead
 from cost_model._options import Calibration, calibration_for
 from cost_model._table import select_rows
-from cost_model._validation import (
-    KORTHIKANTI_MODELS,
-    TOLERANCES,
-    published_records,
-    run_case,
-    summarize,
-    training_cases,
-    training_rows,
-)
+from cost_model._validation import TOLERANCES, run_case, summarize, training_rows
+from cost_model._validation_cases import KORTHIKANTI_MODELS, published_records, training_cases
 from topology import get_preset
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,10 +16,11 @@ from cost_model import (
     configs_to_table,
     table_from_columns,
 )
-from cost_model import _kernel_curves as curves_module
+from cost_model import _kernel_curves_comm as curves_module
 from cost_model._inference_comm import _deepep_expert_comm
 from cost_model._inference_setup import _setup
-from cost_model._kernel_curves import deepep_normal_s, kernel_curves
+from cost_model._kernel_curves import kernel_curves
+from cost_model._kernel_curves_comm import deepep_normal_s
 from cost_model._options import Calibration
 from cost_model._pricing import collective_time_s, expert_dispatch_time_s
 from cost_model._serving_columns import A2A_BACKEND_CODES, PHASE_CODES

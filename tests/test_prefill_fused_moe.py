@@ -18,7 +18,7 @@ from cost_model import _inference_ops as ops
 from cost_model._inference_compute import _fused_prefill_moe, _gemms, _moe_time
 from cost_model._inference_kernels import _FUSED_MOE_KERNELS, _measured_kernels_per_pass
 from cost_model._inference_setup import _memory_pass, _passes, _Setup, _tokens
-from cost_model._kernel_curves import grouped_experts_time_s
+from cost_model._kernel_curves_moe import grouped_experts_time_s
 from topology import get_preset
 
 DSV3 = get_model("deepseek-v3")

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from cost_model import EstimateOptions, ModelSpec, ParallelConfig, Training
-from cost_model._calibration_operators import training_attention_efficiency
-from cost_model._kernel_curves import context_attention_time_s
+from cost_model._calibration_fits import training_attention_efficiency
+from cost_model._kernel_curves_attention import context_attention_time_s
 from cost_model._table import configs_to_table
 from cost_model._training_context import training_context
 from cost_model._training_ops import core_attention_time

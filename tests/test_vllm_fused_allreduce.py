@@ -6,7 +6,7 @@ import numpy as np
 
 from autoparallel import get_model
 from cost_model import Inference, estimate_inference_table, table_from_columns
-from cost_model._kernel_curves import all_reduce_time_s
+from cost_model._kernel_curves_comm import all_reduce_time_s
 from cost_model._serving_columns import PHASE_CODES
 from cost_model._serving_profile import serving_profile
 from topology import get_preset

@@ -1,0 +1,213 @@
+"""Grouped expert GEMM curves: routed experts at their measured efficiency by tokens per expert.
+
+A serving layer's routed experts run as grouped GEMMs whose M is the tokens each expert gets —
+a few to a few hundred — not one matmul over all of a rank's tokens. Their efficiency is a
+measured curve: ``ideal time / measured latency`` as a function of tokens per expert, experts per
+device and weight dtype, where the ideal time is the cost model's own for the same work
+(``grouped_gemm_ideal_s``: the roofline of the expert FFNs' FLOPs and weight bytes, plus the
+permute / activation / un-permute memory passes that the fused MoE kernel also runs,
+``_inference_ops.routed_bytes_per_assignment``).
+
+The curves live in ``cost_model/data/kernel_curves.json``, written by
+``autoparallel profile --import-aiconfigurator`` from NVIDIA's aiconfigurator-core operator
+tables (Apache-2.0; every curve names its file and its expert shape). Grouped-GEMM curves are
+measured on several expert shapes (DeepSeek-V3's 7168 x 2048, Qwen3-235B's 4096 x 1536,
+Mixtral-8x7B's 4096 x 14336, Kimi-K2's 384 experts of DeepSeek-V3's size, and the 7168 x 256
+and 4096 x 192 slices of DeepSeek-V3's, Kimi-K2's and Qwen3-235B's experts over 8 tensor-parallel
+ranks); a model is priced on the shape nearest the slice one rank runs in log(weight elements per
+expert matrix), of two with that slice on the one measured nearest its expert count, since at a
+few tokens per expert the fused layer's fixed routing, permute and ramp weigh against the bytes
+each expert streams. Where several engines measured
+one device and dtype, the best efficiency at each point is used unless an ``engine`` is asked
+for: the fastest kernel measured for that shape (TRT-LLM's CUTLASS grouped GEMM where the
+Triton kernels of untuned configs fall behind), the one a deployment tuned for its shape runs.
+A device or dtype without a curve returns ``None`` and the caller keeps its roofline pricing.
+
+Interpolation: linear in log(tokens per expert) (clamped at the grid's ends) and in log(experts
+per device) between measured counts.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from cost_model._kernel_curves import (
+    DEVICE_ALIASES,
+    _between_rows,
+    _engine_curves,
+    kernel_curves,
+    matmul_dtype_of,
+)
+from cost_model._units import dtype_bytes
+
+#: (hidden, expert FFN width, routed experts, top-k) of DeepSeek-V3's experts: the default shape
+#: of a lookup and of a curve that names none.
+GROUPED_GEMM_SHAPE = (7168, 2048, 256, 8)
+#: Tokens per expert at which curves are stored: 1/32 .. 512 by powers of two.
+TOKENS_PER_EXPERT_GRID = np.exp2(np.arange(-5.0, 10.0))
+
+
+def grouped_gemm_ideal_s(
+    *,
+    hardware,
+    dtype: str,
+    tokens_per_expert,
+    experts_per_device,
+    touched_fraction,
+    side_bytes_per_assignment=0.0,
+    hidden_size: int = GROUPED_GEMM_SHAPE[0],
+    expert_ffn_size: int = GROUPED_GEMM_SHAPE[1],
+) -> np.ndarray:
+    """Roofline seconds of one device's grouped expert GEMMs (SwiGLU: 3 matrices per expert) plus
+    their memory passes: max(FLOPs / peak, weight bytes / bandwidth) + side bytes / bandwidth."""
+    assignments = np.asarray(tokens_per_expert, dtype=np.float64) * np.asarray(
+        experts_per_device, dtype=np.float64
+    )
+    weights_per_expert = 3.0 * hidden_size * expert_ffn_size
+    flops = 2.0 * weights_per_expert * assignments
+    weight_bytes = (
+        np.asarray(experts_per_device)
+        * np.asarray(touched_fraction)
+        * weights_per_expert
+        * dtype_bytes(dtype)
+    )
+    bandwidth = hardware.memory_bandwidth_bytes_per_s
+    compute_s = flops / hardware.peak_flops_for(matmul_dtype_of(dtype))
+    side_s = np.asarray(side_bytes_per_assignment) * assignments / bandwidth
+    return np.maximum(compute_s, weight_bytes / bandwidth) + side_s
+
+
+def _curve_shape(curve: dict) -> tuple[int, ...]:
+    """(hidden, expert FFN width one rank runs, ...) of a curve; DeepSeek-V3's where unnamed."""
+    shape = curve.get("shape")
+    return GROUPED_GEMM_SHAPE if shape is None else tuple(shape.values())
+
+
+@lru_cache(maxsize=64)
+def _grouped_tables(
+    device_name: str, dtype: str, engine: str | None
+) -> list[tuple[float, np.ndarray, np.ndarray]]:
+    """Per measured expert shape: (log of its weight elements per expert matrix, log2 experts
+    per device, efficiency [counts x grid]), the best over the chosen engines' curves."""
+    device_name = DEVICE_ALIASES.get(device_name, device_name)
+    matching = [
+        c
+        for c in kernel_curves()["grouped_gemm"]
+        if c["device"] == device_name and c["dtype"] == dtype
+    ]
+    curves = _engine_curves(matching, engine)
+    tables = []
+    for shape in sorted({_curve_shape(c) for c in curves}):
+        same = [c for c in curves if _curve_shape(c) == shape]
+        counts = sorted({int(k) for c in same for k in c["experts_per_device"]})
+        grid = np.array(
+            [
+                np.max(
+                    [
+                        c["experts_per_device"][str(n)]
+                        for c in same
+                        if str(n) in c["experts_per_device"]
+                    ],
+                    axis=0,
+                )
+                for n in counts
+            ]
+        )
+        elements = np.log(float(shape[0]) * float(shape[1]))
+        tables.append((elements, np.log2(np.array(counts, dtype=np.float64)), grid))
+    return tables
+
+
+def grouped_gemm_efficiency(
+    *,
+    device_name: str,
+    dtype: str,
+    tokens_per_expert,
+    experts_per_device,
+    expert_elements=None,
+    engine: str | None = None,
+) -> np.ndarray | None:
+    """Measured efficiency of grouped expert GEMMs (see the module docstring), or None.
+
+    ``expert_elements`` (hidden x expert FFN width, per row; default DeepSeek-V3's) picks the
+    measured expert shape nearest in log scale: at a few tokens per expert the fused layer's
+    fixed routing, permute and ramp weigh against the bytes each expert streams, so a small
+    expert's efficiency would misprice a large one (Mixtral-8x22B at 1 token: 0.2-0.3 on
+    DeepSeek's 7168 x 2048 experts, 0.5-0.6 on Mixtral-8x7B's 4096 x 14336 ones). Of shapes
+    with the same slice, the one measured at the expert count nearest ``experts_per_device`` (in
+    log scale): Kimi-K2's 384 experts per rank on its own table, not held at DeepSeek-V3's 256
+    (SGLang's B200 NVFP4 fused MoE over 8-way expert TP, 1K tokens: 0.33 ms on Kimi-K2's 384
+    experts, 0.23 ms on DeepSeek-V3's 256, which streams two thirds of the weights). ``engine``
+    selects the serving engine's own kernels where its tables cover the device and dtype."""
+    tables = _grouped_tables(device_name, dtype, engine)
+    if not tables:
+        return None
+    log_tokens = np.log(
+        np.maximum(np.atleast_1d(np.asarray(tokens_per_expert, dtype=np.float64)), 1e-9)
+    )
+    where = np.log2(np.maximum(np.asarray(experts_per_device, dtype=np.float64), 1e-9))
+    target = np.log(
+        np.asarray(
+            expert_elements
+            if expert_elements is not None
+            else GROUPED_GEMM_SHAPE[0] * GROUPED_GEMM_SHAPE[1],
+            dtype=np.float64,
+        )
+    )
+    shape = np.broadcast_shapes(log_tokens.shape, where.shape, target.shape)
+    distance = np.stack([np.broadcast_to(np.abs(target - e), shape) for e, _, _ in tables])
+    # of the shapes with the nearest slice (DeepSeek-V3's and Kimi-K2's experts are one size),
+    # the one measured nearest the rank's expert count
+    at = np.broadcast_to(where, shape)
+    counts = np.stack([np.min(np.abs(np.subtract.outer(at, c)), axis=-1) for _, c, _ in tables])
+    nearest = np.argmin(np.where(distance == distance.min(axis=0), counts, np.inf), axis=0)
+    result = np.zeros(shape)
+    for index in np.unique(nearest):  # only the shapes some row is nearest to
+        _, log_counts, grid = tables[index]
+        along = np.stack(
+            [np.interp(log_tokens, np.log(TOKENS_PER_EXPERT_GRID), row) for row in grid]
+        )  # counts x n
+        along = np.broadcast_to(along, (along.shape[0], *shape))
+        value = _between_rows(along, log_counts, np.broadcast_to(where, shape))
+        result = np.where(nearest == index, value, result)
+    return result
+
+
+def grouped_experts_time_s(
+    *,
+    hardware,
+    dtype: str,
+    tokens_per_expert,
+    experts_per_device,
+    touched_fraction,
+    side_bytes_per_assignment,
+    hidden_size: int,
+    expert_ffn_size,
+    engine: str | None = None,
+) -> np.ndarray | None:
+    """One device's routed experts as the grouped GEMMs that run: ``experts_per_device`` experts of
+    M = ``tokens_per_expert`` each, the ideal time over the measured efficiency for that M, expert
+    count and weight dtype; None where no curve covers the device and dtype."""
+    efficiency = grouped_gemm_efficiency(
+        device_name=hardware.name,
+        dtype=dtype,
+        tokens_per_expert=tokens_per_expert,
+        experts_per_device=experts_per_device,
+        expert_elements=hidden_size * np.asarray(expert_ffn_size, dtype=np.float64),
+        engine=engine,
+    )
+    if efficiency is None:
+        return None
+    ideal = grouped_gemm_ideal_s(
+        hardware=hardware,
+        dtype=dtype,
+        tokens_per_expert=tokens_per_expert,
+        experts_per_device=experts_per_device,
+        touched_fraction=touched_fraction,
+        side_bytes_per_assignment=side_bytes_per_assignment,
+        hidden_size=hidden_size,
+        expert_ffn_size=expert_ffn_size,
+    )
+    return ideal / efficiency
