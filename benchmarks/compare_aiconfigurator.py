@@ -166,8 +166,14 @@ def _compute_families(s, p: ops.Pass) -> dict[str, float]:
     dense_side = ops.dense_ffn_side_bytes(
         model, model.ffn_hidden_size / tp, act=act, cast=_cast_bytes(s, "dense_ffn")
     )
+    graphed = ~pass_runs_eagerly(s, p)  # as ``_inference_passes._compute_time`` prices them
     dense = _gemms(
-        s, dense_tokens, ops.ffn_projections(model, model.ffn_hidden_size), tp, part="dense_ffn"
+        s,
+        dense_tokens,
+        ops.ffn_projections(model, model.ffn_hidden_size),
+        tp,
+        part="dense_ffn",
+        graphed=graphed,
     )
     kernels = (
         _kernels_per_pass(s)
@@ -175,10 +181,15 @@ def _compute_families(s, p: ops.Pass) -> dict[str, float]:
         - _fused_norm_kernels(s, p)
     )
     return {
-        "attention": _f(lay.layers * _attention_gemms(s, attention_tokens, decode=p.decode))
+        "attention": _f(
+            lay.layers * _attention_gemms(s, attention_tokens, decode=p.decode, graphed=graphed)
+        )
         + _f(lay.layers * _attention_time(s, p)),
         "dense_ffn": _f(lay.dense_layers * dense),
-        "moe": _f(lay.moe_layers * _moe_time(s, attention_tokens, rank_tokens, decode=p.decode)),
+        "moe": _f(
+            lay.moe_layers
+            * _moe_time(s, attention_tokens, rank_tokens, decode=p.decode, graphed=graphed)
+        ),
         "elementwise": _f(lay.layers * _memory_pass(s, side * attention_tokens))
         + _f(lay.dense_layers * _memory_pass(s, dense_side * dense_tokens)),
         "lm_head": _f(lay.has_lm_head * head),

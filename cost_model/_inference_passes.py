@@ -65,12 +65,21 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     act = dtype_bytes(s.workload.activation_dtype)
     attention_tokens, rank_tokens = _tokens(s, p)
     tp = s.column("tp")
-    total = lay.layers * _attention_gemms(s, attention_tokens, decode=p.decode)
+    # a pass replayed from a CUDA graph runs its GEMMs without the engine's host dispatch
+    graphed = ~pass_runs_eagerly(s, p)
+    total = lay.layers * _attention_gemms(s, attention_tokens, decode=p.decode, graphed=graphed)
     dense_tokens = np.where(s.attention_dp, attention_tokens * tp, attention_tokens)
     total = total + lay.dense_layers * _gemms(
-        s, dense_tokens, ops.ffn_projections(model, model.ffn_hidden_size), tp, part="dense_ffn"
+        s,
+        dense_tokens,
+        ops.ffn_projections(model, model.ffn_hidden_size),
+        tp,
+        part="dense_ffn",
+        graphed=graphed,
     )
-    total = total + lay.moe_layers * _moe_time(s, attention_tokens, rank_tokens, decode=p.decode)
+    total = total + lay.moe_layers * _moe_time(
+        s, attention_tokens, rank_tokens, decode=p.decode, graphed=graphed
+    )
     head_tokens = p.batch * p.head_tokens / s.column("cp") * np.where(s.attention_dp, tp, 1.0)
     w_head = model.vocab_size * model.hidden_size / tp
     head = _mm(

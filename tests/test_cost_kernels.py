@@ -1194,3 +1194,44 @@ def test_same_slice_shapes_are_told_apart_by_expert_count() -> None:
     assert priced(384) == pytest.approx(row(384, "384"))
     assert priced(256) == pytest.approx(row(256, "256"))
     assert priced(96) == pytest.approx(row(384, "96"))
+
+
+def test_a_graph_replayed_pass_prices_its_gemms_at_the_fastest_table() -> None:
+    """vLLM's block-FP8 table on B200 times one call from the host (0.18-0.28 ms at M = 1-8
+    where SGLang's and TensorRT-LLM's time the same GEMM at 0.011 ms): a decode step replayed
+    from a CUDA graph takes the fastest engine's table, an eager pass keeps the engine's own."""
+    from cost_model._inference_compute import _gemms
+    from cost_model._inference_ops import attention_projections
+    from cost_model._inference_setup import _setup
+    from cost_model._kernel_curves_gemm import projections_time_s
+    from cost_model._options import EstimateOptions
+
+    model = get_model("deepseek-v3")
+    projections = attention_projections(model)
+    table = table_from_columns(tp=8, etp=8, batch_size=1, phase=PHASE_CODES["decode"])
+    cluster = get_preset("dgx-b200")
+
+    def gemms(engine: str, graphed: bool) -> float:
+        workload = Inference(
+            prompt_tokens=1000, output_tokens=64, weight_dtype="fp8", serving_engine=engine
+        )
+        setup = _setup(
+            model=model, cluster=cluster, workload=workload, table=table, options=EstimateOptions()
+        )
+        return float(_gemms(setup, np.ones(1), projections, setup.shard, graphed=graphed)[0])
+
+    fastest = float(
+        projections_time_s(
+            hardware=cluster.device,
+            dtype="fp8",
+            m=1.0,
+            shard=8.0,
+            projections=projections,
+            engine=None,
+        )[0]
+    )
+    eager_vllm, graphed_vllm = gemms("vllm", False), gemms("vllm", True)
+    assert graphed_vllm == pytest.approx(fastest, rel=1e-9)
+    assert eager_vllm > 5.0 * graphed_vllm  # the host-timed table, kept where a pass runs eagerly
+    assert gemms("sglang", True) == pytest.approx(fastest, rel=0.25)
+    assert gemms("sglang", True) <= gemms("sglang", False)
