@@ -169,31 +169,31 @@ def _expert_all_to_all(
             rows=s.rows,
         )
 
-    seconds = np.maximum(
-        point_to_point(2.0, intra_bytes), np.where(remote, point_to_point(1.0, inter_bytes), 0.0)
+    inter_bytes_remote = np.where(remote, inter_bytes, 0.0)
+    low_latency = deepep_low_latency_s(
+        direction=direction,
+        intra_bytes=intra_bytes,
+        inter_bytes=inter_bytes_remote,
+        cluster=s.cluster,
     )
-    inter_bytes = np.where(remote, inter_bytes, 0.0)
-    for measured, kernel_rows in (
-        (
-            deepep_low_latency_s(
-                direction=direction,
-                intra_bytes=intra_bytes,
-                inter_bytes=inter_bytes,
-                cluster=s.cluster,
-            ),
-            np.logical_not(node_dedup),
-        ),
-        (
-            deepep_normal_s(
-                direction=direction,
-                intra_bytes=intra_bytes,
-                inter_bytes=inter_bytes,
-                nodes=ep / local,
-                cluster=s.cluster,
-            ),
-            node_dedup,
-        ),
-    ):
+    normal = deepep_normal_s(
+        direction=direction,
+        intra_bytes=intra_bytes,
+        inter_bytes=inter_bytes_remote,
+        nodes=ep / local,
+        cluster=s.cluster,
+    )
+    dedup = np.broadcast_to(np.asarray(node_dedup, dtype=bool), np.shape(ep))
+    unfitted = (low_latency is None and not dedup.all()) or (normal is None and dedup.any())
+    seconds = (
+        np.maximum(
+            point_to_point(2.0, intra_bytes),
+            np.where(remote, point_to_point(1.0, inter_bytes), 0.0),
+        )
+        if unfitted
+        else np.zeros(np.shape(ep))
+    )
+    for measured, kernel_rows in ((low_latency, ~dedup), (normal, dedup)):
         if measured is not None:
             seconds = np.where(kernel_rows, measured, seconds)
     return np.where(ep > 1, seconds, 0.0)
