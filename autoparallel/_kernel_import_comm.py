@@ -87,13 +87,19 @@ _DEEPEP_GRID = {
 }
 
 
-def _deepep_points(rows: list[dict], *, direction: str) -> np.ndarray:
-    """(nodes, intra bytes, inter bytes, seconds) per row, the bytes as the cost model counts them
-    (``cost_model._kernel_curves_comm.expert_all_to_all_bytes``: FP8 dispatch, BF16 combine)."""
+def _deepep_table_points(
+    rows: list[dict], *, direction: str, node_dedup: bool, seconds, keep=lambda row: True
+) -> np.ndarray:
+    """(nodes, intra bytes, inter bytes, seconds) per DeepSeek-V3-shaped row (hidden 7168, top-8
+    of 256 experts) that ``keep`` accepts, the bytes as the cost model counts them
+    (``cost_model._kernel_curves_comm.expert_all_to_all_bytes``: FP8 dispatch, BF16 combine),
+    ``seconds(row)`` the measured time."""
     element = {"dispatch": 1.0, "combine": 2.0}[direction]
     points = []
     for row in rows:
         if (row["hidden_size"], row["num_topk"], row["num_experts"]) != (7168, 8, 256):
+            continue
+        if not keep(row):
             continue
         nodes = int(row["node_num"])
         intra, inter = expert_all_to_all_bytes(
@@ -103,17 +109,20 @@ def _deepep_points(rows: list[dict], *, direction: str) -> np.ndarray:
             copies=8.0,
             ep=8.0 * nodes,
             local=8.0,
-            node_dedup=False,
+            node_dedup=node_dedup,
         )
-        points.append(
-            (
-                nodes,
-                float(intra),
-                float(inter),
-                float(row[f"{direction}_avg_t_us"]) * 1e-6,
-            )
-        )
+        points.append((nodes, float(intra), float(inter), seconds(row)))
     return np.array(points)
+
+
+def _deepep_points(rows: list[dict], *, direction: str) -> np.ndarray:
+    """The low-latency table's points (``_deepep_table_points``): every copy crosses RDMA."""
+    return _deepep_table_points(
+        rows,
+        direction=direction,
+        node_dedup=False,
+        seconds=lambda row: float(row[f"{direction}_avg_t_us"]) * 1e-6,
+    )
 
 
 def _fit_deepep(
@@ -287,26 +296,15 @@ def _deepep_normal_points(rows: list[dict], *, direction: str) -> np.ndarray:
     ``Buffer.dispatch``, ``_DeepEPDispatcherImplNormal.dispatch_a``), BF16 combine. The time is
     the transmit kernel plus its notify step (the layout exchange that precedes a multi-node
     dispatch or combine; zero on one node)."""
-    element = {"dispatch": 1.0, "combine": 2.0}[direction]
-    points = []
-    for row in rows:
-        if (row["hidden_size"], row["num_topk"], row["num_experts"]) != (7168, 8, 256):
-            continue
-        if row[f"{direction}_sms"] != DEEPEP_NORMAL_SMS:
-            continue
-        nodes = int(row["node_num"])
-        intra, inter = expert_all_to_all_bytes(
-            rank_tokens=float(row["num_token"]),
-            hidden_size=7168,
-            element_bytes=element,
-            copies=8.0,
-            ep=8.0 * nodes,
-            local=8.0,
-            node_dedup=True,
-        )
-        seconds = float(row[f"{direction}_transmit_us"]) + float(row[f"{direction}_notify_us"])
-        points.append((nodes, float(intra), float(inter), seconds * 1e-6))
-    return np.array(points)
+    return _deepep_table_points(
+        rows,
+        direction=direction,
+        node_dedup=True,
+        seconds=lambda row: (
+            (float(row[f"{direction}_transmit_us"]) + float(row[f"{direction}_notify_us"])) * 1e-6
+        ),
+        keep=lambda row: row[f"{direction}_sms"] == DEEPEP_NORMAL_SMS,
+    )
 
 
 def fit_deepep_normal(root: Path) -> dict:
