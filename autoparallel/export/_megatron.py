@@ -17,7 +17,6 @@ from autoparallel.export._common import (
     Recipe,
     command,
     describe,
-    readme,
     rule_violations,
     script,
     stage_sizes,
@@ -27,7 +26,7 @@ from autoparallel.export._training import (
     _model,
     _partial_node,
     _serving_dropped,
-    _steps,
+    finished_export,
     torchrun,
 )
 from autoparallel.plan import ShardingPlan
@@ -111,15 +110,16 @@ def megatron(plan: ShardingPlan, recipe: Recipe) -> Export:
             header=header,
         )
     }
-    files["README_megatron.md"] = readme(
+    return finished_export(
+        "megatron",
+        files,
         title="Megatron-LM launch recipe",
+        plan=plan,
         recipe=recipe,
-        steps=_steps(plan, recipe, file),
+        script_file=file,
         dropped=dropped,
         notes=notes,
-        layout=describe(c),
     )
-    return Export("megatron", files, tuple(dropped), tuple(notes), recipe.version)
 
 
 def _megatron_dispatcher(options: EstimateOptions) -> list[str]:

@@ -19,7 +19,6 @@ from autoparallel.export._common import (
     Recipe,
     command,
     describe,
-    readme,
     rule_violations,
     script,
 )
@@ -28,7 +27,7 @@ from autoparallel.export._training import (
     _model,
     _partial_node,
     _serving_dropped,
-    _steps,
+    finished_export,
     torchrun,
 )
 from autoparallel.plan import ShardingPlan
@@ -89,15 +88,16 @@ def torchtitan(plan: ShardingPlan, recipe: Recipe) -> Export:
     notes.append(
         f"grad accumulation: {batch // (local * c.dp)} step(s) of local batch {local} per data-parallel rank"
     )
-    files["README_torchtitan.md"] = readme(
+    return finished_export(
+        "torchtitan",
+        files,
         title="torchtitan launch recipe",
+        plan=plan,
         recipe=recipe,
-        steps=_steps(plan, recipe, file),
+        script_file=file,
         dropped=dropped,
         notes=notes,
-        layout=describe(c),
     )
-    return Export("torchtitan", files, tuple(dropped), tuple(notes), recipe.version)
 
 
 def _titan_parallelism(plan: ShardingPlan) -> list[str]:
@@ -222,12 +222,13 @@ def _torchtitan_toml(
         "torchtitan.toml": "\n".join(lines) + "\n",
         file: script(command(words), header=[f"torchtitan {recipe.version}: {describe(c)}"]),
     }
-    files["README_torchtitan.md"] = readme(
+    return finished_export(
+        "torchtitan",
+        files,
         title="torchtitan launch recipe (TOML)",
+        plan=plan,
         recipe=recipe,
-        steps=_steps(plan, recipe, file),
+        script_file=file,
         dropped=dropped,
         notes=notes,
-        layout=describe(c),
     )
-    return Export("torchtitan", files, tuple(dropped), tuple(notes), recipe.version)

@@ -30,7 +30,7 @@ from autoparallel.export._common import (
 from autoparallel.plan import ShardingPlan
 from cost_model import ModelSpec, Training
 
-__all__ = ["deepspeed", "torchrun"]
+__all__ = ["deepspeed", "finished_export", "torchrun"]
 
 
 MASTER_PORT = 29500
@@ -99,6 +99,30 @@ def _steps(plan: ShardingPlan, recipe: Recipe, file: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- DeepSpeed
+def finished_export(
+    engine: str,
+    files: dict[str, str],
+    *,
+    title: str,
+    plan: ShardingPlan,
+    recipe: Recipe,
+    script_file: str,
+    dropped: list[str],
+    notes: list[str],
+) -> Export:
+    """The ``engine`` export of ``files`` and its ``README_<engine>.md``: the recipe, the launch
+    steps of ``script_file``, the settings dropped, the notes and the layout."""
+    files[f"README_{engine}.md"] = readme(
+        title=title,
+        recipe=recipe,
+        steps=_steps(plan, recipe, script_file),
+        dropped=dropped,
+        notes=notes,
+        layout=describe(plan.config),
+    )
+    return Export(engine, files, tuple(dropped), tuple(notes), recipe.version)
+
+
 def deepspeed(plan: ShardingPlan, recipe: Recipe) -> Export:
     c = plan.config
     _, batch = _batch(plan)
@@ -140,12 +164,13 @@ def deepspeed(plan: ShardingPlan, recipe: Recipe) -> Export:
         "ds_config.json": json.dumps(config, indent=2) + "\n",
         file: script(command(words), header=[f"DeepSpeed {recipe.version}: {describe(c)}"]),
     }
-    files["README_deepspeed.md"] = readme(
+    return finished_export(
+        "deepspeed",
+        files,
         title="DeepSpeed launch recipe",
+        plan=plan,
         recipe=recipe,
-        steps=_steps(plan, recipe, file),
+        script_file=file,
         dropped=dropped,
         notes=notes,
-        layout=describe(c),
     )
-    return Export("deepspeed", files, tuple(dropped), tuple(notes), recipe.version)
