@@ -66,8 +66,9 @@ engines measured a shape, the fastest (the kernel a tuned run uses). Its end-to-
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cost_model._calibration_fits import (
     _error_by_flops,
@@ -90,6 +91,7 @@ from cost_model._calibration_tables import (
     PACKAGE,
     TRAINING_RANGE,
     OperatorHardware,
+    OperatorRows,
     _subset,
     all_to_all_rows,
     attention_rows,
@@ -98,6 +100,9 @@ from cost_model._calibration_tables import (
     nccl_rows,
 )
 from cost_model._options import Calibration
+
+if TYPE_CHECKING:
+    from topology import Cluster, HardwareSpec
 
 #: Where a fitted parameter may lie. A value at a bound is a failed fit (the model lacks a term).
 BOUNDS = {
@@ -135,6 +140,205 @@ def _inside(name: str, value: float) -> float:
     return float(min(max(value, low), high))
 
 
+@dataclass
+class _FitRecord:
+    """The inputs and residuals of one hardware's fit, in the order the record lists them."""
+
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    residuals: dict[str, Any] = field(default_factory=dict)
+
+
+def _record_kernels(
+    record: _FitRecord,
+    *,
+    gemm: OperatorRows,
+    attention: OperatorRows,
+    device: HardwareSpec,
+    kernels: dict[str, float],
+) -> None:
+    """Record the bf16 GEMM and attention tables and their residuals under the kernel fit."""
+    for rows, predicted in (
+        (
+            gemm,
+            gemm_seconds(
+                gemm,
+                device=device,
+                matmul_efficiency=kernels["matmul_efficiency"],
+                overhead_s=kernels["overhead_s"],
+            ),
+        ),
+        (
+            attention,
+            attention_seconds(
+                attention,
+                device=device,
+                forward_efficiency=kernels["attention_forward_efficiency"],
+                overhead_s=kernels["overhead_s"],
+            ),
+        ),
+    ):
+        if not rows.count:
+            continue
+        record.inputs.append(
+            {
+                "kind": rows.kind,
+                "source": PACKAGE,
+                "tables": list(rows.tables),
+                "points": rows.count,
+            }
+        )
+        record.residuals[rows.kind] = _residual_summary(predicted, rows.seconds)
+
+
+def _fit_collectives(
+    record: _FitRecord, *, nccl: OperatorRows, cluster: Cluster
+) -> tuple[float, float]:
+    """Fit and record the all-reduce, all-gather and reduce-scatter rows: (efficiency, s/call)."""
+    collectives = collective_rows(nccl)
+    if not collectives.count:
+        return 1.0, 0.0
+    efficiency, overhead_s = fit_collectives(collectives, cluster=cluster)
+    record.inputs.append(
+        {
+            "kind": "nccl",
+            "op": ["all_reduce", "all_gather", "reduce_scatter"],
+            "source": PACKAGE,
+            "tables": list(collectives.tables),
+            "points": collectives.count,
+        }
+    )
+    record.residuals["nccl"] = collective_residuals(
+        collectives,
+        nccl_seconds(
+            collectives,
+            cluster=cluster,
+            collective_efficiency=efficiency,
+            overhead_s=overhead_s,
+        ),
+    )
+    return efficiency, overhead_s
+
+
+def _fit_all_to_all(
+    record: _FitRecord, *, nccl: OperatorRows, cluster: Cluster
+) -> tuple[float | None, float]:
+    """Fit and record the all-to-all rows: (efficiency, s/call); no efficiency without rows."""
+    all_to_all = all_to_all_rows(nccl)
+    if not all_to_all.count:
+        return None, 0.0
+    efficiency, overhead_s = fit_all_to_all(all_to_all, cluster=cluster)
+    record.inputs.append(
+        {
+            "kind": "nccl",
+            "op": "all_to_all",
+            "min_gpus": ALL_TO_ALL_MIN_GPUS,
+            "source": PACKAGE,
+            "tables": list(all_to_all.tables),
+            "points": all_to_all.count,
+        }
+    )
+    record.residuals["nccl_all_to_all"] = collective_residuals(
+        all_to_all,
+        nccl_seconds(
+            all_to_all,
+            cluster=cluster,
+            collective_efficiency=efficiency,
+            overhead_s=overhead_s,
+        ),
+    )
+    return efficiency, overhead_s
+
+
+def _fit_fp8_gemms(
+    record: _FitRecord, *, root: Path, hardware: OperatorHardware, device: HardwareSpec
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """Fit each fp8 GEMM table of at least ``FP8_MIN_FLOPS``; return parameters and held-out."""
+    fp8_parameters: dict[str, float] = {}
+    fp8_held: dict[str, Any] = {}
+    if "fp8" not in device.peak_flops:
+        return fp8_parameters, fp8_held
+    for table_dtype, name in FP8_GEMM_DTYPES.items():
+        rows = gemm_rows(root, hardware, table_dtype)
+        flops = 2.0 * rows.columns["m"] * rows.columns["n"] * rows.columns["k"]
+        rows = _subset(rows, flops >= FP8_MIN_FLOPS)
+        if not rows.count:
+            continue
+        efficiency, fp8_overhead = fit_fp8_gemm(rows, device=device)
+        fp8_parameters[f"{name}_matmul_efficiency"] = round(efficiency, 4)
+        fp8_parameters[f"{name}_kernel_overhead_s"] = round(fp8_overhead, 9)
+        predicted = gemm_seconds(
+            rows,
+            device=device,
+            matmul_efficiency=efficiency,
+            overhead_s=fp8_overhead,
+            dtype="fp8",
+        )
+        record.inputs.append(
+            {
+                "kind": "gemm",
+                "dtype": table_dtype,
+                "source": PACKAGE,
+                "tables": list(rows.tables),
+                "points": rows.count,
+            }
+        )
+        record.residuals[rows.kind] = _residual_summary(predicted, rows.seconds)
+        record.residuals[rows.kind]["mean_error_by_flops"] = _error_by_flops(rows, predicted)
+        fp8_held[rows.kind] = fp8_held_out(rows, device=device)
+    return fp8_parameters, fp8_held
+
+
+#: The fit method, as the record states it.
+_FIT_METHOD = (
+    "least squares on log(predicted/measured) of single operators (Nelder-Mead): "
+    "GEMMs fix the matmul efficiency and the per-kernel cost, attention then its forward "
+    "efficiency, the fp8 GEMM tables (per-tensor/row scaled, block-scaled) each their fp8 "
+    "efficiency and per-kernel cost (held_out: by weight shape, 5 folds); the all-reduce, "
+    "all-gather and reduce-scatter rows the collective efficiency and fixed cost per call; "
+    "the all-to-all rows (groups of 4 or more) their own efficiency and fixed cost per call"
+)
+
+
+def _fit_document(
+    record: _FitRecord,
+    *,
+    hardware: OperatorHardware,
+    parameters: dict[str, float],
+    fp8_held: dict[str, Any],
+) -> dict[str, Any]:
+    """The fit record of one hardware: method, inputs, range, parameters and residuals."""
+    record.inputs.append(
+        {
+            "kind": "attention_backward_ratio",
+            "source": "FlashAttention-2 (Dao 2023, arXiv:2307.08691) sec. 1 and 4.1: up to 73% of "
+            "the A100 peak forward, 63% backward",
+            "tables": [],
+            "points": 2,
+        }
+    )
+    fit = {
+        "method": _FIT_METHOD,
+        "fit_on": "operator measurements only",
+        "preset": hardware.preset,
+        "inputs": record.inputs,
+        "training_range": dict(
+            TRAINING_RANGE,
+            collective_min_bytes=MIN_COLLECTIVE_BYTES,
+            fp8_gemm_min_flops=FP8_MIN_FLOPS,
+        ),
+        "parameters": parameters,
+        "assumptions": [
+            "the FlashAttention-2 backward/forward peak ratio measured on A100 holds on "
+            f"{hardware.key}",
+            "intra-node NCCL efficiency applies to inter-node collectives",
+        ],
+        "residuals": record.residuals,
+    }
+    if fp8_held:
+        fit["held_out"] = fp8_held
+    return fit
+
+
 def calibrate_hardware(root: Path, hardware: OperatorHardware) -> Calibration:
     """The operator-fitted calibration of ``hardware`` with its fit record (inputs, residuals)."""
     from topology import get_preset
@@ -152,155 +356,29 @@ def calibrate_hardware(root: Path, hardware: OperatorHardware) -> Calibration:
         kernels["attention_forward_efficiency"],
         kernels["overhead_s"],
     )
-    collectives = collective_rows(nccl)
-    collective, collective_overhead = (
-        fit_collectives(collectives, cluster=cluster) if collectives.count else (1.0, 0.0)
-    )
-    all_to_all = all_to_all_rows(nccl)
-    a2a_efficiency, a2a_overhead = (
-        fit_all_to_all(all_to_all, cluster=cluster) if all_to_all.count else (None, 0.0)
-    )
-    inputs = []
-    residuals: dict[str, Any] = {}
-    for rows, predicted in (
-        (gemm, gemm_seconds(gemm, device=device, matmul_efficiency=e_mm, overhead_s=overhead)),
-        (
-            attention,
-            attention_seconds(
-                attention, device=device, forward_efficiency=e_fwd, overhead_s=overhead
-            ),
-        ),
-    ):
-        if not rows.count:
-            continue
-        inputs.append(
-            {
-                "kind": rows.kind,
-                "source": PACKAGE,
-                "tables": list(rows.tables),
-                "points": rows.count,
-            }
-        )
-        residuals[rows.kind] = _residual_summary(predicted, rows.seconds)
-    if collectives.count:
-        inputs.append(
-            {
-                "kind": "nccl",
-                "op": ["all_reduce", "all_gather", "reduce_scatter"],
-                "source": PACKAGE,
-                "tables": list(collectives.tables),
-                "points": collectives.count,
-            }
-        )
-        residuals["nccl"] = collective_residuals(
-            collectives,
-            nccl_seconds(
-                collectives,
-                cluster=cluster,
-                collective_efficiency=collective,
-                overhead_s=collective_overhead,
-            ),
-        )
+    record = _FitRecord()
+    _record_kernels(record, gemm=gemm, attention=attention, device=device, kernels=kernels)
+    collective, collective_overhead = _fit_collectives(record, nccl=nccl, cluster=cluster)
+    a2a_efficiency, a2a_overhead = _fit_all_to_all(record, nccl=nccl, cluster=cluster)
     a2a_parameters: dict[str, float] = {}
     if a2a_efficiency is not None:
         a2a_parameters = {
             "all_to_all_efficiency": round(a2a_efficiency, 4),
             "all_to_all_overhead_s": round(a2a_overhead, 9),
         }
-        inputs.append(
-            {
-                "kind": "nccl",
-                "op": "all_to_all",
-                "min_gpus": ALL_TO_ALL_MIN_GPUS,
-                "source": PACKAGE,
-                "tables": list(all_to_all.tables),
-                "points": all_to_all.count,
-            }
-        )
-        residuals["nccl_all_to_all"] = collective_residuals(
-            all_to_all,
-            nccl_seconds(
-                all_to_all,
-                cluster=cluster,
-                collective_efficiency=a2a_efficiency,
-                overhead_s=a2a_overhead,
-            ),
-        )
-    fp8_parameters: dict[str, float] = {}
-    fp8_held: dict[str, Any] = {}
-    if "fp8" in device.peak_flops:
-        for table_dtype, name in FP8_GEMM_DTYPES.items():
-            rows = gemm_rows(root, hardware, table_dtype)
-            flops = 2.0 * rows.columns["m"] * rows.columns["n"] * rows.columns["k"]
-            rows = _subset(rows, flops >= FP8_MIN_FLOPS)
-            if not rows.count:
-                continue
-            efficiency, fp8_overhead = fit_fp8_gemm(rows, device=device)
-            fp8_parameters[f"{name}_matmul_efficiency"] = round(efficiency, 4)
-            fp8_parameters[f"{name}_kernel_overhead_s"] = round(fp8_overhead, 9)
-            predicted = gemm_seconds(
-                rows,
-                device=device,
-                matmul_efficiency=efficiency,
-                overhead_s=fp8_overhead,
-                dtype="fp8",
-            )
-            inputs.append(
-                {
-                    "kind": "gemm",
-                    "dtype": table_dtype,
-                    "source": PACKAGE,
-                    "tables": list(rows.tables),
-                    "points": rows.count,
-                }
-            )
-            residuals[rows.kind] = _residual_summary(predicted, rows.seconds)
-            residuals[rows.kind]["mean_error_by_flops"] = _error_by_flops(rows, predicted)
-            fp8_held[rows.kind] = fp8_held_out(rows, device=device)
+    fp8_parameters, fp8_held = _fit_fp8_gemms(record, root=root, hardware=hardware, device=device)
     attention_efficiency = training_attention_efficiency(e_fwd)
-    inputs.append(
-        {
-            "kind": "attention_backward_ratio",
-            "source": "FlashAttention-2 (Dao 2023, arXiv:2307.08691) sec. 1 and 4.1: up to 73% of "
-            "the A100 peak forward, 63% backward",
-            "tables": [],
-            "points": 2,
-        }
-    )
-    fit = {
-        "method": "least squares on log(predicted/measured) of single operators (Nelder-Mead): "
-        "GEMMs fix the matmul efficiency and the per-kernel cost, attention then its forward "
-        "efficiency, the fp8 GEMM tables (per-tensor/row scaled, block-scaled) each their fp8 "
-        "efficiency and per-kernel cost (held_out: by weight shape, 5 folds); the all-reduce, "
-        "all-gather and reduce-scatter rows the collective efficiency and fixed cost per call; "
-        "the all-to-all rows (groups of 4 or more) their own efficiency and fixed cost per call",
-        "fit_on": "operator measurements only",
-        "preset": hardware.preset,
-        "inputs": inputs,
-        "training_range": dict(
-            TRAINING_RANGE,
-            collective_min_bytes=MIN_COLLECTIVE_BYTES,
-            fp8_gemm_min_flops=FP8_MIN_FLOPS,
-        ),
-        "parameters": {
-            "matmul_efficiency": round(e_mm, 4),
-            "attention_forward_efficiency": round(e_fwd, 4),
-            "attention_efficiency": round(attention_efficiency, 4),
-            "kernel_overhead_s": round(overhead, 9),
-            "collective_efficiency": round(collective, 4),
-            "collective_overhead_s": round(collective_overhead, 9),
-            **a2a_parameters,
-            **fp8_parameters,
-        },
-        "assumptions": [
-            "the FlashAttention-2 backward/forward peak ratio measured on A100 holds on "
-            f"{hardware.key}",
-            "intra-node NCCL efficiency applies to inter-node collectives",
-        ],
-        "residuals": residuals,
+    parameters = {
+        "matmul_efficiency": round(e_mm, 4),
+        "attention_forward_efficiency": round(e_fwd, 4),
+        "attention_efficiency": round(attention_efficiency, 4),
+        "kernel_overhead_s": round(overhead, 9),
+        "collective_efficiency": round(collective, 4),
+        "collective_overhead_s": round(collective_overhead, 9),
+        **a2a_parameters,
+        **fp8_parameters,
     }
-    if fp8_held:
-        fit["held_out"] = fp8_held
+    fit = _fit_document(record, hardware=hardware, parameters=parameters, fp8_held=fp8_held)
     return Calibration(
         device_pattern=hardware.device_pattern,
         matmul_efficiency=_inside("matmul_efficiency", e_mm),

@@ -33,6 +33,7 @@ and the skew they fix in real routing is not modelled.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -191,6 +192,89 @@ def _decode_attention_measured(s: _Setup) -> np.ndarray:
     return s.__dict__["_decode_attention_measured"]
 
 
+def _router_and_shared_time(
+    s: _Setup, *, attention_tokens: np.ndarray, graphed: bool
+) -> np.ndarray:
+    """Router and shared experts of one MoE layer, (n,) seconds."""
+    model, moe = s.model, s.model.moe
+    assert moe is not None
+    # the gate runs replicated on the hidden states a rank holds after attention: every token
+    # of its replica under tensor parallelism (SGLang ``Qwen3MoeSparseMoeBlock.gate``, a
+    # ``ReplicatedLinear``), its own under attention data parallelism
+    router = _gemms(
+        s,
+        attention_tokens,
+        ops.router_projections(model),
+        np.ones_like(attention_tokens),
+        part="router",
+        dtype=s.workload.weight_dtype_by_part.get("router", s.workload.activation_dtype),
+        graphed=graphed,
+    )
+    shared = _gemms(
+        s,
+        attention_tokens,
+        ops.ffn_projections(model, moe.num_shared_experts * moe.shared_ffn_size),
+        s.shard,
+        part="shared_experts",
+        graphed=graphed,
+    )
+    return router + shared
+
+
+@dataclass(frozen=True)
+class _ExpertLoad:
+    """The routed experts' work on the busiest EP rank of each row."""
+
+    assignments: np.ndarray  # (token, expert) assignments it receives
+    slots: np.ndarray  # expert slots it holds, redundant experts included
+    touched: np.ndarray  # fraction of the experts that receive a token
+
+
+def _expert_load(s: _Setup, *, rank_tokens: np.ndarray) -> _ExpertLoad:
+    """Assignments, expert slots and touched fraction of the busiest EP rank under uniform
+    routing (the balls-into-bins excess, or the measured imbalance if larger)."""
+    moe = s.model.moe
+    assert moe is not None
+    ep, etp = s.column("ep"), s.column("etp")
+    group_tokens = rank_tokens * ep * etp
+    mean_assignments = group_tokens * moe.top_k / ep
+    assignments = mean_assignments * np.maximum(
+        s.rows.evaluate(ops.max_load_factor, mean_load=mean_assignments, num_bins=ep),
+        s.routing_imbalance,
+    )
+    slots = (moe.num_routed_experts + s.column("num_redundant_experts")) / ep
+    touched = s.rows.evaluate(
+        ops.experts_touched_fraction,
+        tokens=group_tokens,
+        top_k=moe.top_k,
+        num_experts=moe.num_routed_experts,
+    )
+    return _ExpertLoad(assignments=assignments, slots=slots, touched=touched)
+
+
+def _measured_experts_time(
+    s: _Setup, *, load: _ExpertLoad, side_bytes_per_assignment: np.ndarray
+) -> np.ndarray:
+    """Routed experts as the measured grouped GEMMs of the busiest rank, (n,) seconds."""
+    moe = s.model.moe
+    assert moe is not None
+    # M = tokens per expert slot on the busiest rank; the expert width split over etp. The best
+    # kernel over engines, not the serving engine's: the operator tables time one MoE backend per
+    # engine version (SGLang's reaches 2% of peak at 256 tokens per expert on 2 experts per
+    # device), not the DeepGEMM / CUTLASS kernels a deployment selects for its shape.
+    return s.rows.evaluate(
+        grouped_experts_time_s,
+        hardware=s.cluster.device,
+        dtype=_part_dtype(s, "routed_experts"),
+        tokens_per_expert=load.assignments / load.slots,
+        experts_per_device=load.slots,
+        touched_fraction=load.touched,
+        side_bytes_per_assignment=side_bytes_per_assignment,
+        hidden_size=s.model.hidden_size,
+        expert_ffn_size=moe.expert_ffn_hidden_size / s.column("etp"),
+    )
+
+
 def _moe_time(
     s: _Setup,
     attention_tokens: np.ndarray,
@@ -217,79 +301,28 @@ def _moe_time(
         return np.zeros_like(attention_tokens)
     wb = dtype_bytes(_part_dtype(s, "routed_experts"))
     act = dtype_bytes(s.workload.activation_dtype)
-    ep, etp = s.column("ep"), s.column("etp")
-    # the gate runs replicated on the hidden states a rank holds after attention: every token
-    # of its replica under tensor parallelism (SGLang ``Qwen3MoeSparseMoeBlock.gate``, a
-    # ``ReplicatedLinear``), its own under attention data parallelism
-    router = _gemms(
-        s,
-        attention_tokens,
-        ops.router_projections(model),
-        np.ones_like(attention_tokens),
-        part="router",
-        dtype=s.workload.weight_dtype_by_part.get("router", s.workload.activation_dtype),
-        graphed=graphed,
-    )
-    shared = _gemms(
-        s,
-        attention_tokens,
-        ops.ffn_projections(model, moe.num_shared_experts * moe.shared_ffn_size),
-        s.shard,
-        part="shared_experts",
-        graphed=graphed,
-    )
-    group_tokens = rank_tokens * ep * etp
-    mean_assignments = group_tokens * moe.top_k / ep
-    assignments = mean_assignments * np.maximum(
-        s.rows.evaluate(ops.max_load_factor, mean_load=mean_assignments, num_bins=ep),
-        s.routing_imbalance,
-    )
+    etp = s.column("etp")
+    dense = _router_and_shared_time(s, attention_tokens=attention_tokens, graphed=graphed)
+    load = _expert_load(s, rank_tokens=rank_tokens)
     w_expert = model.ffn_parameters(moe.expert_ffn_hidden_size) / etp
-    slots = (moe.num_routed_experts + s.column("num_redundant_experts")) / ep
-    touched = s.rows.evaluate(
-        ops.experts_touched_fraction,
-        tokens=group_tokens,
-        top_k=moe.top_k,
-        num_experts=moe.num_routed_experts,
-    )
     cast = _cast_bytes(s)
     side = ops.routed_bytes_per_assignment(model, act=act, cast=cast, etp=etp)
-    token_passes = _memory_pass(
-        s, ops.moe_token_bytes(model, act=act, cast=cast, shard=s.shard) * attention_tokens
-    )
+    token_bytes = ops.moe_token_bytes(model, act=act, cast=cast, shard=s.shard)
+    token_passes = _memory_pass(s, token_bytes * attention_tokens)
     measured = None
     fused = _fused_prefill_moe(s, decode=decode)
-    # M = tokens per expert slot on the busiest rank; the expert width split over etp. The best
-    # kernel over engines, not the serving engine's: the operator tables time one MoE backend per
-    # engine version (SGLang's reaches 2% of peak at 256 tokens per expert on 2 experts per
-    # device), not the DeepGEMM / CUTLASS kernels a deployment selects for its shape.
     if decode or np.any(fused):
-        measured = s.rows.evaluate(
-            grouped_experts_time_s,
-            hardware=s.cluster.device,
-            dtype=_part_dtype(s, "routed_experts"),
-            tokens_per_expert=assignments / slots,
-            experts_per_device=slots,
-            touched_fraction=touched,
-            side_bytes_per_assignment=side,
-            hidden_size=model.hidden_size,
-            expert_ffn_size=moe.expert_ffn_hidden_size / etp,
-        )
+        measured = _measured_experts_time(s, load=load, side_bytes_per_assignment=side)
     if measured is not None and decode:
-        return router + shared + measured + token_passes
-    routed = _mm(s, 2 * w_expert * assignments, slots * touched * w_expert * wb)
-    roofline = router + shared + routed + _memory_pass(s, side * assignments) + token_passes
+        return dense + measured + token_passes
+    routed = _mm(s, 2 * w_expert * load.assignments, load.slots * load.touched * w_expert * wb)
+    roofline = dense + routed + _memory_pass(s, side * load.assignments) + token_passes
     if measured is None:
         return roofline
     outside_op = _memory_pass(  # the fused op writes the combined output itself
-        s,
-        (
-            ops.moe_token_bytes(model, act=act, cast=cast, shard=s.shard)
-            - ops.moe_combine_bytes(model, act=act)
-        )
-        * attention_tokens,
+        s, (token_bytes - ops.moe_combine_bytes(model, act=act)) * attention_tokens
     )
-    return np.where(fused, router + shared + measured + outside_op, roofline)
+    return np.where(fused, dense + measured + outside_op, roofline)
 
 
 def _fused_prefill_moe(s: _Setup, *, decode: bool) -> np.ndarray:

@@ -276,6 +276,47 @@ def _desynchronized_closed_loop(
     col = _as_columns(concurrency)
     prompt, output = col(policy.prompt_tokens), col(policy.output_tokens)
     decode_steps = np.maximum(output - 1.0, 1.0)
+    batches = _desynchronized_prompt_batches(
+        cost=cost,
+        policy=policy,
+        running=running,
+        budget_left=budget_left,
+        prompt=prompt,
+        decode_steps=decode_steps,
+    )
+    tpot, step_spread = _desynchronized_tpot(
+        cost=cost, policy=policy, col=col, running=running, batches=batches, decode_s=decode_s
+    )
+    rate = running / (batches.own_s + (output - 1.0) * tpot)
+    admission_wait = (concurrency - running) / rate
+    ttft = policy.request_overhead_s + batches.own_s + admission_wait
+    return LoadTimes(
+        ttft,
+        tpot,
+        ttft + (output - 1.0) * tpot,
+        rate,
+        running,
+        tpot_spread_s=step_spread / np.sqrt(decode_steps),
+        ttft_spread_s=_desynchronized_ttft_spread(policy=policy, batches=batches),
+    )
+
+
+@dataclass(frozen=True)
+class _PromptBatches:
+    """The prompts sent together in a desynchronized closed loop, per row."""
+
+    sent: np.ndarray  # requests sent per (decode) iteration, on average
+    with_prompts: np.ndarray  # share of iterations after which any prompt is sent
+    batch_s: np.ndarray  # the prefill of the prompts sent after one iteration, all iterations
+    batch_iterations: np.ndarray  # budget-sized iterations that prefill takes
+    own_s: np.ndarray  # a request's own prefill, the ones ahead of it included
+
+
+def _desynchronized_prompt_batches(
+    *, cost: IterationCost, policy: LoadPolicy, running, budget_left, prompt, decode_steps
+) -> _PromptBatches:
+    """The Poisson batches of prompts sent together and a request's own prefill
+    (``_desynchronized_closed_loop``)."""
     mixed = policy.mixed_prefill_decode
     chunks = np.ceil(prompt / budget_left) if policy.chunked_prefill else np.ones_like(prompt)
     sent = running / (decode_steps + (chunks if mixed else 0.0))  # per (decode) iteration
@@ -290,6 +331,37 @@ def _desynchronized_closed_loop(
     own_s = np.maximum(prompt * (1.0 + sent / 2.0) / budget_left, 1.0) * cost.seconds(
         np.maximum(decodes - 1.0 - sent, 0.0), np.minimum(own_tokens, budget_left)
     )
+    return _PromptBatches(
+        sent=sent,
+        with_prompts=with_prompts,
+        batch_s=batch_s,
+        batch_iterations=batch_iterations,
+        own_s=own_s,
+    )
+
+
+def _desynchronized_ttft_spread(*, policy: LoadPolicy, batches: _PromptBatches) -> np.ndarray:
+    """Standard deviation of the TTFT of a desynchronized closed loop."""
+    sent = batches.sent
+    # own prompt (spread cv) plus Poisson(a) others: Var = P^2 (cv^2 + a (1 + cv^2)), taken
+    # proportional to the prefill's time (an upper bound: the pass's fixed part does not vary)
+    cv2 = policy.prompt_tokens_cv**2
+    return batches.own_s * np.sqrt(cv2 + sent * (1.0 + cv2)) / (1.0 + sent)
+
+
+def _desynchronized_tpot(
+    *,
+    cost: IterationCost,
+    policy: LoadPolicy,
+    col,
+    running,
+    batches: _PromptBatches,
+    decode_s,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(mean TPOT, spread of one decode step) where prompt batches interleave with the decodes
+    (``_desynchronized_closed_loop``)."""
+    with_prompts, batch_s = batches.with_prompts, batches.batch_s
+    batch_iterations = batches.batch_iterations
     share = with_prompts * batch_iterations  # prompt iterations per decode step
     decode_s = _coupled_decode_s(
         cost=cost,
@@ -300,29 +372,14 @@ def _desynchronized_closed_loop(
         prefill_iteration_s=batch_s / batch_iterations,
         decode_s=decode_s,
     )
-    if mixed:
+    if policy.mixed_prefill_decode:
         share = np.minimum(share, 1.0)
         tpot = share * batch_s / batch_iterations + (1.0 - share) * decode_s
         step_spread = np.sqrt(share * (1.0 - share)) * np.abs(batch_s / batch_iterations - decode_s)
     else:
         tpot = decode_s + share * batch_s / batch_iterations
         step_spread = np.sqrt(with_prompts * (1.0 - with_prompts)) * batch_s
-    rate = running / (own_s + (output - 1.0) * tpot)
-    admission_wait = (concurrency - running) / rate
-    ttft = policy.request_overhead_s + own_s + admission_wait
-    # own prompt (spread cv) plus Poisson(a) others: Var = P^2 (cv^2 + a (1 + cv^2)), taken
-    # proportional to the prefill's time (an upper bound: the pass's fixed part does not vary)
-    cv2 = policy.prompt_tokens_cv**2
-    ttft_spread = own_s * np.sqrt(cv2 + sent * (1.0 + cv2)) / (1.0 + sent)
-    return LoadTimes(
-        ttft,
-        tpot,
-        ttft + (output - 1.0) * tpot,
-        rate,
-        running,
-        tpot_spread_s=step_spread / np.sqrt(decode_steps),
-        ttft_spread_s=ttft_spread,
-    )
+    return tpot, step_spread
 
 
 def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) -> LoadTimes:
@@ -337,11 +394,78 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
     """
     rate = np.asarray(request_rate_per_s, dtype=np.float64)
     col = _as_columns(rate)
-    prompt, output, budget = (
-        col(policy.prompt_tokens),
-        col(policy.output_tokens),
-        policy.max_batched_tokens,
+    prompt, output = col(policy.prompt_tokens), col(policy.output_tokens)
+    slots = col(policy.max_running)
+    point = _open_loop_iteration(
+        cost=cost, policy=policy, col=col, rate=rate, prompt=prompt, output=output
     )
+    iteration, tpot, share = point.iteration_s, point.tpot_s, point.share
+    with_prompts, budget_left = point.with_prompts, point.budget_left
+    prefill_s, decode_s = point.prefill_s, point.decode_s
+    chunks = (
+        np.ceil(prompt / budget_left)
+        if policy.chunked_prefill
+        else np.ones_like(point.prompt_tokens)
+    )
+    # requests holding a KV slot, as offered (Little: arrival rate x time held); at most
+    # ``slots`` run, the rest wait for admission (``_admission_wait``)
+    offered = rate * (chunks * iteration + (output - 1.0) * tpot)
+    running = np.minimum(offered, slots)
+    queue = _open_loop_queue(
+        policy=policy, point=point, rate=rate, chunks=chunks, offered=offered, slots=slots
+    )
+    stable, queue_wait = queue.stable, queue.wait_s
+    busy = np.minimum(rate * (chunks + output - 1.0) * iteration, 1.0)  # P(engine busy at arrival)
+    own = np.minimum(prompt + point.prompt_tokens, np.maximum(budget_left, prompt / chunks))
+    service = cost.seconds(with_prompts, own) + (chunks - 1.0) * cost.seconds(
+        with_prompts, budget_left
+    )
+    # an arrival waits for the instance's running iteration: busy where any coupled rank is
+    residual = _residual(1.0 - (1.0 - busy) ** col(policy.coupled_ranks), *point.instance_mix)
+    ttft = policy.request_overhead_s + residual[0] + queue_wait + service
+    spread = np.sqrt(share * (1.0 - share)) * np.abs(
+        prefill_s - decode_s
+    )  # iterations with and without prompts
+
+    def unbounded(v):
+        return np.where(stable, v, np.inf)
+
+    return LoadTimes(
+        unbounded(ttft),
+        unbounded(tpot),
+        unbounded(ttft + (output - 1.0) * tpot),
+        rate,
+        running,
+        wait_s=queue_wait,
+        busy=np.minimum(np.maximum(queue.utilization, queue.admission_busy), 1.0),
+        tpot_spread_s=spread / np.sqrt(np.maximum(output - 1.0, 1.0)),
+        residual=residual,
+        stable=stable,
+    )
+
+
+@dataclass(frozen=True)
+class _OpenLoopIteration:
+    """The mean iteration of an open loop at its fixed point (``open_loop``), per row."""
+
+    iteration_s: np.ndarray  # mean iteration, prompt and decode iterations mixed
+    previous_iteration_s: np.ndarray  # the same one substitution earlier (settled or not)
+    tpot_s: np.ndarray
+    with_prompts: np.ndarray  # decodes in a prompt iteration
+    budget_left: np.ndarray  # token budget a prompt iteration leaves to prompts
+    prompt_tokens: np.ndarray  # prompt tokens arriving per iteration, on average
+    share: np.ndarray  # share of iterations that carry prompts
+    prefill_s: np.ndarray
+    decode_s: np.ndarray
+    instance_mix: tuple  # (busy share, prefill s, decode s) of the coupled instance
+
+
+def _open_loop_iteration(
+    *, cost: IterationCost, policy: LoadPolicy, col, rate, prompt, output
+) -> _OpenLoopIteration:
+    """Substitute the mean iteration ``_OPEN_LOOP_STEPS`` times: decodes from the TPOT, the
+    share of prompt iterations from the arrivals, the iteration from both."""
+    budget = policy.max_batched_tokens
     mixed = policy.mixed_prefill_decode
     slots = col(policy.max_running)
     iteration = cost.seconds(np.zeros_like(rate * prompt), np.minimum(prompt, budget))
@@ -372,17 +496,39 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
         iteration = share * prefill_s + (1.0 - share) * decode_s
         # unmixed: a decode step waits for the prompt iterations between two decode iterations
         tpot = iteration if mixed else iteration / np.maximum(1.0 - share, 1e-9)
-    utilization = prompt_tokens / budget_left
-    chunks = (
-        np.ceil(prompt / budget_left) if policy.chunked_prefill else np.ones_like(prompt_tokens)
+    return _OpenLoopIteration(
+        iteration_s=iteration,
+        previous_iteration_s=previous,
+        tpot_s=tpot,
+        with_prompts=with_prompts,
+        budget_left=budget_left,
+        prompt_tokens=prompt_tokens,
+        share=share,
+        prefill_s=prefill_s,
+        decode_s=decode_s,
+        instance_mix=instance_mix,
     )
-    # requests holding a KV slot, as offered (Little: arrival rate x time held); at most
-    # ``slots`` run, the rest wait for admission (``_admission_wait``)
-    offered = rate * (chunks * iteration + (output - 1.0) * tpot)
-    running = np.minimum(offered, slots)
+
+
+@dataclass(frozen=True)
+class _OpenLoopQueue:
+    """The queues ahead of an open loop's arrival, per row."""
+
+    utilization: np.ndarray  # of the prompt budget
+    stable: np.ndarray  # False where the load grows without bound
+    wait_s: np.ndarray  # mean wait for the prompts ahead and a KV slot (inf where unstable)
+    admission_busy: np.ndarray  # probability that an arrival waits for a KV slot
+
+
+def _open_loop_queue(
+    *, policy: LoadPolicy, point: _OpenLoopIteration, rate, chunks, offered, slots
+) -> _OpenLoopQueue:
+    """Stability and the queueing part of the TTFT: M/D/1 at the budget's utilization plus the
+    wait for a KV slot (``_admission_wait``)."""
+    utilization = point.prompt_tokens / point.budget_left
     # Each request adds work to every iteration it spans: past a rate, more decodes make longer
     # iterations make more decodes, and the substitution diverges instead of settling.
-    settled = iteration <= previous * (1.0 + 1e-3)
+    settled = point.iteration_s <= point.previous_iteration_s * (1.0 + 1e-3)
     stable = (utilization < 1.0) & (offered < slots) & settled
     admission_s, admission_busy = _admission_wait(
         running=offered,
@@ -392,36 +538,12 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
     )
     queue_wait = np.where(
         stable,
-        utilization * chunks * prefill_s / (2.0 * np.maximum(1.0 - utilization, 1e-9))
+        utilization * chunks * point.prefill_s / (2.0 * np.maximum(1.0 - utilization, 1e-9))
         + admission_s,
         np.inf,
     )
-    busy = np.minimum(rate * (chunks + output - 1.0) * iteration, 1.0)  # P(engine busy at arrival)
-    own = np.minimum(prompt + prompt_tokens, np.maximum(budget_left, prompt / chunks))
-    service = cost.seconds(with_prompts, own) + (chunks - 1.0) * cost.seconds(
-        with_prompts, budget_left
-    )
-    # an arrival waits for the instance's running iteration: busy where any coupled rank is
-    residual = _residual(1.0 - (1.0 - busy) ** col(policy.coupled_ranks), *instance_mix)
-    ttft = policy.request_overhead_s + residual[0] + queue_wait + service
-    spread = np.sqrt(share * (1.0 - share)) * np.abs(
-        prefill_s - decode_s
-    )  # iterations with and without prompts
-
-    def unbounded(v):
-        return np.where(stable, v, np.inf)
-
-    return LoadTimes(
-        unbounded(ttft),
-        unbounded(tpot),
-        unbounded(ttft + (output - 1.0) * tpot),
-        rate,
-        running,
-        wait_s=queue_wait,
-        busy=np.minimum(np.maximum(utilization, admission_busy), 1.0),
-        tpot_spread_s=spread / np.sqrt(np.maximum(output - 1.0, 1.0)),
-        residual=residual,
-        stable=stable,
+    return _OpenLoopQueue(
+        utilization=utilization, stable=stable, wait_s=queue_wait, admission_busy=admission_busy
     )
 
 
