@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from autoparallel._kernel_import_tables import DEVICES, _latest_tables, _read
-from topology import get_preset
+from topology import HardwareSpec, get_preset
 
 #: Engines whose context attention runs in FP8 over an FP8 KV cache: TensorRT-LLM builds FP8
 #: context FMHA into an engine whose checkpoint is FP8-quantized (``tensorrt_llm/builder.py``:
@@ -119,68 +119,13 @@ def _decode_attention_curves(root: Path, device: str, engine: str) -> list[dict]
     the BF16 peak, and of the cache read, ``b * n * kv_heads * 2 * 128`` elements at the memory
     bandwidth (``n``: keys attended)."""
     hardware = get_preset(DECODE_ATTENTION_DEVICES[device]).device
-    units = {u: i for i, u in enumerate(DECODE_ATTENTION_UNITS)}
-    lengths = {n: i for i, n in enumerate(DECODE_ATTENTION_TOKENS)}
-    groups = {g: i for i, g in enumerate(DECODE_ATTENTION_GROUPS)}
-    peak = hardware.peak_flops_for("bf16")
-    bandwidth = hardware.memory_bandwidth_bytes_per_s
     for path in _latest_tables(
         root, device, "attention", engine, "generation_attention_perf.parquet"
     ):
-        fastest: dict[tuple, float] = {}  # per cell and KV-head count, over the kernels
-        dtypes = {name: i for i, name in enumerate(KV_CACHE_DTYPES)}
-        for row in _read(path):
-            batch, heads = int(row["batch_size"]), int(row["num_heads"])
-            kv_heads, length = int(row["num_key_value_heads"]), int(row["isl"]) + int(row["step"])
-            if (
-                row["attn_dtype"] != "bfloat16"
-                or row["kv_cache_dtype"] not in dtypes
-                or int(row.get("window_size") or 0) != 0  # the A100 tables have no windows
-                or int(row["head_dim"]) != 128
-                or int(row["beam_width"]) != 1
-                or heads % kv_heads
-                or heads // kv_heads not in groups
-                or batch * kv_heads not in units
-                or length not in lengths
-            ):
-                continue
-            element = KV_CACHE_DTYPES[row["kv_cache_dtype"]][1]
-            ideal = max(
-                batch * length * 4.0 * heads * 128 / peak,
-                batch * length * kv_heads * 2.0 * 128 * element / bandwidth,
-            )
-            key = (
-                dtypes[row["kv_cache_dtype"]],
-                groups[heads // kv_heads],
-                units[batch * kv_heads],
-                lengths[length],
-                kv_heads,
-            )
-            fastest[key] = max(fastest.get(key, 0.0), ideal / (float(row["latency"]) * 1e-3))
-        # the mean over the KV-head counts that make a cell's pairs (sequences x KV heads)
-        sums = np.zeros((len(KV_CACHE_DTYPES), len(groups), len(units), len(lengths)))
-        counts = np.zeros_like(sums)
-        for key, efficiency in fastest.items():
-            sums[key[:4]] += efficiency
-            counts[key[:4]] += 1
-        best = np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)
-        log_lengths = np.log(np.array(DECODE_ATTENTION_TOKENS, dtype=np.float64))
+        best = _mean_over_kv_heads(fastest=_fastest_decode_efficiency(path=path, hardware=hardware))
         curves = []
-        for name, d in dtypes.items():
-            by_group = {}
-            for g, gi in groups.items():
-                rows = {}
-                for u, ui in units.items():
-                    measured = best[d, gi, ui] > 0
-                    if measured.sum() >= 3:
-                        values = np.interp(
-                            log_lengths, log_lengths[measured], best[d, gi, ui][measured]
-                        )
-                        # three significant digits: a launch-bound call of a few pairs over a
-                        # short context runs at 1e-4 of the roofline
-                        rows[str(u)] = [float(f"{e:.3g}") for e in np.clip(values, 1e-5, 1.0)]
-                if rows:
-                    by_group[str(g)] = rows
+        for name, d in _DECODE_DTYPE_INDEX.items():
+            by_group = _decode_curves_by_group(best=best[d])
             if by_group:
                 curves.append(
                     {
@@ -195,3 +140,86 @@ def _decode_attention_curves(root: Path, device: str, engine: str) -> list[dict]
         if curves:
             return curves
     return []
+
+
+#: Grid indices of the decode-attention tables' cells: KV-cache dtype, group, pairs, keys.
+_DECODE_DTYPE_INDEX = {name: i for i, name in enumerate(KV_CACHE_DTYPES)}
+_DECODE_GROUP_INDEX = {g: i for i, g in enumerate(DECODE_ATTENTION_GROUPS)}
+_DECODE_UNIT_INDEX = {u: i for i, u in enumerate(DECODE_ATTENTION_UNITS)}
+_DECODE_LENGTH_INDEX = {n: i for i, n in enumerate(DECODE_ATTENTION_TOKENS)}
+
+
+def _fastest_decode_efficiency(*, path: Path, hardware: HardwareSpec) -> dict[tuple, float]:
+    """The fastest kernel's efficiency per (dtype, group, pairs, keys) cell and KV-head count of
+    one decode-attention table (``_decode_attention_curves``)."""
+    peak = hardware.peak_flops_for("bf16")
+    bandwidth = hardware.memory_bandwidth_bytes_per_s
+    dtypes, groups = _DECODE_DTYPE_INDEX, _DECODE_GROUP_INDEX
+    units, lengths = _DECODE_UNIT_INDEX, _DECODE_LENGTH_INDEX
+    fastest: dict[tuple, float] = {}  # per cell and KV-head count, over the kernels
+    for row in _read(path):
+        batch, heads = int(row["batch_size"]), int(row["num_heads"])
+        kv_heads, length = int(row["num_key_value_heads"]), int(row["isl"]) + int(row["step"])
+        if (
+            row["attn_dtype"] != "bfloat16"
+            or row["kv_cache_dtype"] not in dtypes
+            or int(row.get("window_size") or 0) != 0  # the A100 tables have no windows
+            or int(row["head_dim"]) != 128
+            or int(row["beam_width"]) != 1
+            or heads % kv_heads
+            or heads // kv_heads not in groups
+            or batch * kv_heads not in units
+            or length not in lengths
+        ):
+            continue
+        element = KV_CACHE_DTYPES[row["kv_cache_dtype"]][1]
+        ideal = max(
+            batch * length * 4.0 * heads * 128 / peak,
+            batch * length * kv_heads * 2.0 * 128 * element / bandwidth,
+        )
+        key = (
+            dtypes[row["kv_cache_dtype"]],
+            groups[heads // kv_heads],
+            units[batch * kv_heads],
+            lengths[length],
+            kv_heads,
+        )
+        fastest[key] = max(fastest.get(key, 0.0), ideal / (float(row["latency"]) * 1e-3))
+    return fastest
+
+
+def _mean_over_kv_heads(*, fastest: dict[tuple, float]) -> np.ndarray:
+    """Efficiency per (dtype, group, pairs, keys) cell, 0 where not measured."""
+    # the mean over the KV-head counts that make a cell's pairs (sequences x KV heads)
+    sums = np.zeros(
+        (
+            len(_DECODE_DTYPE_INDEX),
+            len(_DECODE_GROUP_INDEX),
+            len(_DECODE_UNIT_INDEX),
+            len(_DECODE_LENGTH_INDEX),
+        )
+    )
+    counts = np.zeros_like(sums)
+    for key, efficiency in fastest.items():
+        sums[key[:4]] += efficiency
+        counts[key[:4]] += 1
+    return np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)
+
+
+def _decode_curves_by_group(*, best: np.ndarray) -> dict[str, dict[str, list[float]]]:
+    """One KV-cache dtype's efficiency rows by group and pairs over the keys grid, held beyond
+    the longest measured length; a row needs 3+ measured lengths."""
+    log_lengths = np.log(np.array(DECODE_ATTENTION_TOKENS, dtype=np.float64))
+    by_group = {}
+    for g, gi in _DECODE_GROUP_INDEX.items():
+        rows = {}
+        for u, ui in _DECODE_UNIT_INDEX.items():
+            measured = best[gi, ui] > 0
+            if measured.sum() >= 3:
+                values = np.interp(log_lengths, log_lengths[measured], best[gi, ui][measured])
+                # three significant digits: a launch-bound call of a few pairs over a
+                # short context runs at 1e-4 of the roofline
+                rows[str(u)] = [float(f"{e:.3g}") for e in np.clip(values, 1e-5, 1.0)]
+        if rows:
+            by_group[str(g)] = rows
+    return by_group

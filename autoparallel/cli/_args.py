@@ -81,6 +81,17 @@ def add_job_arguments(
 ) -> None:
     """``--model``, ``--cluster``, ``--nodes``, ``--training``/``--inference`` and the workload sizes;
     ``training`` picks the default kind of job."""
+    _add_job_kind(parser, cluster=cluster, nodes=nodes, training=training)
+    _add_workload_sizes(parser)
+    _add_serving_dtypes(parser)
+    add_inter_node_argument(parser)
+    _add_training_precision(parser)
+
+
+def _add_job_kind(
+    parser: argparse.ArgumentParser, *, cluster: str, nodes: int | None, training: bool
+) -> None:
+    """``--model``, ``--cluster``, ``--nodes`` and ``--training``/``--inference``."""
     parser.add_argument(
         "--model", default="ref-3t-moe", help="catalog name or path to a HuggingFace config.json"
     )
@@ -104,6 +115,10 @@ def add_job_arguments(
         help="serving" + ("" if training else " (default)"),
     )
     parser.set_defaults(training=training)
+
+
+def _add_workload_sizes(parser: argparse.ArgumentParser) -> None:
+    """Training sequence and batch, serving prompt and output lengths and their spreads."""
     parser.add_argument(
         "--sequence-length", type=positive_int, default=4096, help="training sequence length"
     )
@@ -133,6 +148,10 @@ def add_job_arguments(
         default=0.0,
         help="share of prompt tokens served from the KV cache",
     )
+
+
+def _add_serving_dtypes(parser: argparse.ArgumentParser) -> None:
+    """Serving weight dtype (whole model or per part) and KV-cache dtype."""
     parser.add_argument(
         "--weight-dtype",
         default=None,
@@ -155,7 +174,10 @@ def add_job_arguments(
         choices=SERVING_DTYPES,
         help="serving: KV-cache precision (default bf16)",
     )
-    add_inter_node_argument(parser)
+
+
+def _add_training_precision(parser: argparse.ArgumentParser) -> None:
+    """Training precision, fp8 recipe, gradient and master-weight dtypes."""
     parser.add_argument(
         "--precision",
         default=None,

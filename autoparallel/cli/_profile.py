@@ -17,6 +17,12 @@ from cost_model import human_seconds
 
 def register(subparsers) -> None:  # argparse's private type
     """Add this group's subcommands."""
+    _add_profile(subparsers=subparsers)
+    _add_stage_check(subparsers=subparsers)
+
+
+def _add_profile(*, subparsers) -> None:
+    """Add ``profile``: measure efficiency curves, or import aiconfigurator's operator tables."""
     profile = subparsers.add_parser(
         "profile",
         help="measure GEMM/attention/expert/memory/collective efficiency curves; write a hardware profile JSON",
@@ -68,6 +74,9 @@ def register(subparsers) -> None:  # argparse's private type
     add_json_flag(profile)
     profile.set_defaults(func=_profile)
 
+
+def _add_stage_check(*, subparsers) -> None:
+    """Add ``stage-check``: staged validation of the cost model against this host."""
     stage = subparsers.add_parser(
         "stage-check",
         help="staged validation: an op, a layer, one device, then tp2 and pp2 plans, predicted vs measured",

@@ -59,12 +59,20 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, *, searched_recompute:
         "training recipe",
         "settings of the framework run, priced by the cost model (training only)",
     )
+    _add_overlap_arguments(group)
+    _add_memory_arguments(group, searched_recompute=searched_recompute)
+    _add_communication_arguments(group)
 
-    def policy(name: str) -> str:
-        if searched_recompute:
-            return f"layouts the search prices with {name} recompute"
-        return f"--recompute {name}"
 
+def _recompute_policy(name: str, *, searched_recompute: bool) -> str:
+    """The layouts a recompute flag applies to, as its help text names them."""
+    if searched_recompute:
+        return f"layouts the search prices with {name} recompute"
+    return f"--recompute {name}"
+
+
+def _add_overlap_arguments(group) -> None:  # argparse's private type
+    """EP communication overlap and CUDA graphs."""
     group.add_argument(
         "--expert-parallel-comm-overlap",
         action=argparse.BooleanOptionalAction,
@@ -93,6 +101,14 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, *, searched_recompute:
         help="with --cuda-graphs partial: the captured scopes, of "
         f"{', '.join(CUDA_GRAPH_SCOPES)} (Megatron-core --cuda-graph-scope; default all three)",
     )
+
+
+def _add_memory_arguments(group, *, searched_recompute: bool) -> None:  # argparse's private type
+    """Recompute, activation offload, optimizer-state replicas and kept pipeline outputs."""
+
+    def policy(name: str) -> str:
+        return _recompute_policy(name, searched_recompute=searched_recompute)
+
     group.add_argument(
         "--recompute-modules",
         nargs="+",
@@ -136,6 +152,10 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, *, searched_recompute:
         help="the last pipeline stage keeps every micro-batch's logits until the step ends; "
         "priced in memory (torch.distributed.pipelining's step() without return_outputs=False)",
     )
+
+
+def _add_communication_arguments(group) -> None:  # argparse's private type
+    """MoE dispatch, context-parallel traffic and the bidirectional pipeline schedule."""
     group.add_argument(
         "--expert-dispatcher",
         default=None,

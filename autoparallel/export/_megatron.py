@@ -30,12 +30,13 @@ from autoparallel.export._training import (
     torchrun,
 )
 from autoparallel.plan import ShardingPlan
-from cost_model import EstimateOptions, ModelSpec
+from cost_model import EstimateOptions, ModelSpec, ParallelConfig
 
 __all__ = ["megatron", "megatron_layout", "megatron_pipeline", "megatron_recipe"]
 
 
 def megatron(plan: ShardingPlan, recipe: Recipe) -> Export:
+    """The Megatron-LM export of ``plan``: its launch script, README, dropped settings, notes."""
     c = plan.config
     dropped = (
         _serving_dropped(plan, "Megatron-LM")
@@ -76,40 +77,14 @@ def megatron(plan: ShardingPlan, recipe: Recipe) -> Export:
     args += megatron_pipeline(plan)
     args += _megatron_recompute(c, options)
     args += megatron_recipe(plan, dropped)
-    if c.zero_stage in (1, 2):
-        args.append("--use-distributed-optimizer")
-        notes.append(
-            "Megatron's distributed optimizer shards optimizer states and reduce-scatters gradients (ZeRO-1/2)"
-        )
-    elif (
-        c.zero_stage == 3
-    ):  # Megatron-LM's torch FSDP2 path and the companions validate_args asks for
-        args += [
-            "--use-torch-fsdp2",
-            "--no-gradient-accumulation-fusion",
-            "--ckpt-format",
-            "torch_dist",
-            "--untie-embeddings-and-output-weights",
-        ]
+    args += _megatron_sharding(c, notes=notes)
     args += ["--train-iters", "${TRAIN_ITERS:-1000}", "--lr", "${LR:-3e-4}"]
     if plan.serving is not None:
         notes.append(
             "the plan is for inference: batch and sequence are the serving batch and prompt"
         )
-    words = torchrun(plan, recipe, ["pretrain_gpt.py"]) + args
     file = "megatron_args.sh"
-    header = [
-        f"Megatron-LM core_v{recipe.version}: {describe(c)}",
-        "run from a Megatron-LM checkout",
-    ]
-    # Megatron (Hopper and before): tp/cp want one CUDA connection, its FSDP more than one (validate_args)
-    connections = "32" if c.zero_stage == 3 else "1"
-    files = {
-        file: script(
-            command(words, env={"CUDA_DEVICE_MAX_CONNECTIONS": connections}),
-            header=header,
-        )
-    }
+    files = {file: _megatron_script(plan, recipe=recipe, args=args)}
     return finished_export(
         "megatron",
         files,
@@ -119,6 +94,41 @@ def megatron(plan: ShardingPlan, recipe: Recipe) -> Export:
         script_file=file,
         dropped=dropped,
         notes=notes,
+    )
+
+
+def _megatron_sharding(c: ParallelConfig, *, notes: list[str]) -> list[str]:
+    """The optimizer-state and parameter sharding arguments of the plan's ZeRO stage."""
+    if c.zero_stage in (1, 2):
+        notes.append(
+            "Megatron's distributed optimizer shards optimizer states and reduce-scatters gradients (ZeRO-1/2)"
+        )
+        return ["--use-distributed-optimizer"]
+    if c.zero_stage == 3:
+        # Megatron-LM's torch FSDP2 path and the companions validate_args asks for
+        return [
+            "--use-torch-fsdp2",
+            "--no-gradient-accumulation-fusion",
+            "--ckpt-format",
+            "torch_dist",
+            "--untie-embeddings-and-output-weights",
+        ]
+    return []
+
+
+def _megatron_script(plan: ShardingPlan, *, recipe: Recipe, args: list[str]) -> str:
+    """The ``torchrun pretrain_gpt.py`` launch script with Megatron's arguments."""
+    c = plan.config
+    words = torchrun(plan, recipe, ["pretrain_gpt.py"]) + args
+    header = [
+        f"Megatron-LM core_v{recipe.version}: {describe(c)}",
+        "run from a Megatron-LM checkout",
+    ]
+    # Megatron (Hopper and before): tp/cp want one CUDA connection, its FSDP more than one (validate_args)
+    connections = "32" if c.zero_stage == 3 else "1"
+    return script(
+        command(words, env={"CUDA_DEVICE_MAX_CONNECTIONS": connections}),
+        header=header,
     )
 
 

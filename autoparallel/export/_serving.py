@@ -17,6 +17,7 @@ import json
 from autoparallel.export._common import (
     Export,
     Recipe,
+    Serving,
     command,
     describe,
     readme,
@@ -244,6 +245,7 @@ def _sglang_pool(
     *,
     phase: str,
 ) -> tuple[str, list[str]]:
+    """The launch script of one SGLang pool and its notes."""
     s = serving_view(plan, config, devices, settings)
     group = config.pp * s.instance_size
     args = [
@@ -264,6 +266,32 @@ def _sglang_pool(
     # the predicate the cost model prices the MoE path by
     # (``cost_model._inference_comm._expert_comm``)
     deepep = bool(sglang_uses_deepep(tp=config.tp, ep=config.ep, etp=config.etp))
+    args += _sglang_expert_args(plan=plan, config=config, s=s, deepep=deepep, phase=phase)
+    args += [
+        "--kv-cache-dtype",
+        "fp8_e4m3" if s.kv_dtype == "fp8" else "auto",
+        "--max-running-requests",
+        str(s.batch_size * s.attention_replicas),
+    ]
+    if s.two_batch_overlap and deepep:
+        args.append("--enable-two-batch-overlap")
+    if phase != "colocated":
+        args += ["--disaggregation-mode", phase]
+    node_args, notes = _sglang_nodes(recipe=recipe, s=s, group=group, phase=phase)
+    env = _pipeline_partition(plan, config, "SGLANG_PP_LAYER_PARTITION")
+    header = [
+        f"SGLang {recipe.version}, {phase} pool: {describe(config)}",
+        f"{s.num_instances} x {group} devices",
+    ]
+    return script(command(args + node_args, env=env), header=header), notes
+
+
+def _sglang_expert_args(
+    *, plan: ShardingPlan, config: ParallelConfig, s: Serving, deepep: bool, phase: str
+) -> list[str]:
+    """SGLang's expert-parallel arguments: EP size, all-to-all backend, redundant experts and
+    the plan's expert placement."""
+    args: list[str] = []
     if config.ep > 1:
         args += [
             "--ep-size",
@@ -284,39 +312,32 @@ def _sglang_pool(
         ]
     if sglang_expert_location(plan, config) is not None:
         args += ["--init-expert-location", SGLANG_EXPERT_LOCATION]
-    args += [
-        "--kv-cache-dtype",
-        "fp8_e4m3" if s.kv_dtype == "fp8" else "auto",
-        "--max-running-requests",
-        str(s.batch_size * s.attention_replicas),
-    ]
-    if s.two_batch_overlap and deepep:
-        args.append("--enable-two-batch-overlap")
-    if phase != "colocated":
-        args += ["--disaggregation-mode", phase]
+    return args
+
+
+def _sglang_nodes(
+    *, recipe: Recipe, s: Serving, group: int, phase: str
+) -> tuple[list[str], list[str]]:
+    """(multi-node arguments, notes) of one SGLang server of ``group`` devices."""
     nodes = recipe.nodes(group)
     notes = [
         f"{phase}: {s.num_instances} server(s) of {group} devices on {nodes} node(s) each, behind sglang-router"
     ]
-    if nodes > 1:
-        if group % nodes:
-            notes.append(
-                f"{phase}: {group} devices do not split evenly over {nodes} nodes of {recipe.devices_per_node}"
-            )
-        args += [
-            "--nnodes",
-            str(nodes),
-            "--node-rank",
-            "${NODE_RANK}",
-            "--dist-init-addr",
-            f"${{MASTER_ADDR}}:{SGLANG_PORT}",
-        ]
-    env = _pipeline_partition(plan, config, "SGLANG_PP_LAYER_PARTITION")
-    header = [
-        f"SGLang {recipe.version}, {phase} pool: {describe(config)}",
-        f"{s.num_instances} x {group} devices",
+    if nodes == 1:
+        return [], notes
+    if group % nodes:
+        notes.append(
+            f"{phase}: {group} devices do not split evenly over {nodes} nodes of {recipe.devices_per_node}"
+        )
+    args = [
+        "--nnodes",
+        str(nodes),
+        "--node-rank",
+        "${NODE_RANK}",
+        "--dist-init-addr",
+        f"${{MASTER_ADDR}}:{SGLANG_PORT}",
     ]
-    return script(command(args, env=env), header=header), notes
+    return args, notes
 
 
 def sglang_expert_location(plan: ShardingPlan, config: ParallelConfig) -> str | None:
