@@ -101,7 +101,7 @@ def test_published_async_tp_speedups_are_met_within_their_bound() -> None:
     errors = [r["predicted"] / r["published"] - 1.0 for r in bounded]
     assert max(abs(e) for e in errors) <= max_bound
     assert float(np.mean(np.abs(errors))) <= mean_bound
-    assert all(r["predicted"] < 1.25 for r in bounded)
+    assert all(1.0 < r["predicted"] < 1.25 for r in bounded)  # the published order holds
 
 
 @pytest.mark.parametrize("framework", ["megatron-core", "torchtitan-compile-async-tp"])
