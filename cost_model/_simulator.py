@@ -348,15 +348,19 @@ class _Engine:
         ):
             self.pending.append(self.now)  # the client sends its next request
 
+    def retire_finished(self) -> None:
+        """Retire the requests whose last token decode step ``decode_steps`` made, at ``now``."""
+        while self.finishing and self.finishing[0][0] == self.decode_steps:
+            _, rid = heapq.heappop(self.finishing)
+            self.decoding -= 1
+            self._complete(rid)
+
     def finish_iteration(self, finished_prompts: list[int], *, decoded: bool) -> None:
         """Retire the requests whose last token this iteration made (if it ran the decodes);
         start decoding the prompts it finished (their first token is now)."""
         if decoded:
             self.decode_steps += 1
-        while decoded and self.finishing and self.finishing[0][0] == self.decode_steps:
-            _, rid = heapq.heappop(self.finishing)
-            self.decoding -= 1
-            self._complete(rid)
+            self.retire_finished()
         for rid in finished_prompts:
             self.requests.first_token[rid] = self.now
             outputs = int(self.requests.output[rid])
@@ -394,28 +398,67 @@ def _run_coupled(*, cost: _ScalarCost, engines: list[_Engine]) -> dict:
     while any(engine.busy() for engine in engines):
         if not any(engine.waiting or engine.decoding for engine in engines):
             now = max(now, min(engine.pending[0] for engine in engines if engine.pending))
-        for engine in engines:
-            engine.now = now
-            engine.enqueue_arrivals(jump=False)
-        batches = [engine.schedule_prefill() for engine in engines]
-        extend_in_batch = any(tokens > 0 for tokens, _ in batches)
+        batches, quiet = _schedule_ranks(engines, now=now)
+        extend_in_batch = any(tokens > 0 for _, tokens, _ in batches)
         if not extend_in_batch and not any(engine.decoding for engine in engines):
             pending = [engine.pending[0] for engine in engines if engine.pending]
             if not pending:
                 break
             now = max(now, min(pending))  # blocked: wait for an arrival
             continue
-        decoded = [engine.mixed or tokens == 0 for engine, (tokens, _) in zip(engines, batches)]
-        now += max(
-            cost(engine.decoding if runs else 0, tokens, extend_in_batch)
-            for engine, (tokens, _), runs in zip(engines, batches, decoded)
-        )
+        now += _slowest_rank_s(cost, batches=batches, quiet=quiet, extend_in_batch=extend_in_batch)
         iterations += 1
-        for engine, (_, finished), runs in zip(engines, batches, decoded):
-            engine.now = now
-            engine.iteration += 1
-            engine.finish_iteration(finished, decoded=runs)
+        _finish_ranks(batches=batches, quiet=quiet, now=now)
     return {"iterations": iterations, "now": now}
+
+
+_Batch = tuple["_Engine", int, list[int]]  # a rank, the prompt tokens it runs, prompts finished
+
+
+def _schedule_ranks(engines: list[_Engine], *, now: float) -> tuple[list[_Batch], list[_Engine]]:
+    """Queue each rank's arrivals up to ``now`` (in rank order: the ranks draw request lengths
+    from one generator) and schedule the prompts of the ranks that have some waiting; (their
+    batches, the quiet ranks: nothing waiting, so they run their decodes alone, as
+    ``schedule_prefill`` of an empty queue would have them)."""
+    batches: list[_Batch] = []
+    quiet: list[_Engine] = []
+    for engine in engines:
+        if engine.pending and engine.pending[0] <= now:
+            engine.now = now
+            engine.enqueue_arrivals(jump=False)
+        if engine.waiting:
+            batches.append((engine, *engine.schedule_prefill()))
+        else:
+            quiet.append(engine)
+    return batches, quiet
+
+
+def _slowest_rank_s(
+    cost: _ScalarCost, *, batches: list[_Batch], quiet: list[_Engine], extend_in_batch: bool
+) -> float:
+    """The longest iteration of any rank, priced once per distinct (decodes, prompt tokens):
+    the maximum of the same costs as one per rank (a maximum is exact, whatever the order)."""
+    loads = {(engine.decoding, 0) for engine in quiet}
+    loads.update(
+        (engine.decoding if engine.mixed or tokens == 0 else 0, tokens)
+        for engine, tokens, _ in batches
+    )
+    return max(cost(decodes, tokens, extend_in_batch) for decodes, tokens in loads)
+
+
+def _finish_ranks(*, batches: list[_Batch], quiet: list[_Engine], now: float) -> None:
+    """``finish_iteration`` on every rank at ``now``: a quiet rank ran its decodes and finished
+    no prompt, so only its requests whose last token this was retire (the clock of a rank
+    that retires none is not read until it next queues or retires a request)."""
+    for engine in quiet:
+        engine.decode_steps += 1
+        finishing = engine.finishing
+        if finishing and finishing[0][0] == engine.decode_steps:
+            engine.now = now
+            engine.retire_finished()
+    for engine, tokens, finished in batches:
+        engine.now = now
+        engine.finish_iteration(finished, decoded=engine.mixed or tokens == 0)
 
 
 def _result(
