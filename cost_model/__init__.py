@@ -61,7 +61,8 @@ from cost_model._serving_validation import (
     summarize_serving_by_source,
     validate_serving,
 )
-from cost_model._simulator import SimulationResult, simulate, simulate_layout, slo_concurrency
+from cost_model._simulator import SimulationResult, simulate
+from cost_model._simulator_layout import simulate_layout, slo_concurrency
 from cost_model._sweep import DEFAULT_LENGTHS, SequenceSweep, sequence_sweep
 from cost_model._table import (
     RECOMPUTE_CODES,

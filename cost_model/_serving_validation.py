@@ -42,7 +42,8 @@ from cost_model._serving_precision import (
     checkpoint_kv_dtype,
 )
 from cost_model._serving_profile import Engine
-from cost_model._simulator import simulate, simulate_layout
+from cost_model._simulator import simulate
+from cost_model._simulator_layout import simulate_layout
 from cost_model._table import configs_to_table
 from cost_model._workload import Inference
 

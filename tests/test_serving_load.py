@@ -23,7 +23,8 @@ from cost_model._inference_load import serving_inputs
 from cost_model._serving_load import closed_loop, open_loop
 from cost_model._serving_profile import serving_profile
 from cost_model._serving_replica import LoadPolicy
-from cost_model._simulator import simulate, simulate_layout
+from cost_model._simulator import simulate
+from cost_model._simulator_layout import simulate_layout
 from topology import get_preset
 
 DSV3 = get_model("deepseek-v3")

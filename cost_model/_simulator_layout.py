@@ -1,0 +1,132 @@
+"""The serving simulator (``_simulator``) run on one layout of a plan: its iteration cost and
+scheduling policy from the cost model's pricing of the layout (``_inference_load``), its load
+the closed form's chosen concurrency or the workload's request rate, per replica; and the
+concurrency lowered until the simulated p90 TTFT and TPOT meet the SLOs (``slo_concurrency``),
+the load a plan should be run at."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_model._simulator import SimulationResult, simulate
+
+__all__ = ["LayoutSimulation", "simulate_layout", "slo_concurrency"]
+
+
+@dataclass(frozen=True)
+class LayoutSimulation:
+    """The simulator's figures for one layout, with the load it ran and the closed form's."""
+
+    result: SimulationResult
+    concurrency_per_replica: int | None
+    request_rate_per_s_per_replica: float | None
+    replicas: float
+    closed_form: dict[str, float]
+
+    def meets(self, workload) -> bool:
+        """p90 TTFT and p90 TPOT within the workload's SLOs (an unset SLO holds)."""
+        figures = self.result.summary()
+        ttft_ok = workload.ttft_slo_s is None or figures["ttft_p90_s"] <= workload.ttft_slo_s
+        return ttft_ok and (
+            workload.tpot_slo_s is None or figures["tpot_p90_s"] <= workload.tpot_slo_s
+        )
+
+
+def simulate_layout(
+    *,
+    model,
+    cluster,
+    workload,
+    config,
+    serving=None,
+    options=None,
+    concurrency_per_replica: int | None = None,
+    duration_s: float | None = None,
+    seed: int = 0,
+) -> LayoutSimulation:
+    """Simulate one replica of a colocated ``config`` (phase ``both``).
+
+    The load is ``concurrency_per_replica`` if given, else the workload's ``concurrency`` or
+    ``request_rate_per_s`` over the layout's replicas, else the concurrency the closed form
+    chose (its SLO-constrained choice, or the row's batch x pp). ``duration_s`` defaults to
+    twenty mean end-to-end latencies of the closed form (60 s to 1 h) for a closed loop, 10
+    minutes for an open one.
+    """
+    from cost_model._inference_load import estimate_inference_table, serving_inputs
+    from cost_model._serving_columns import ServingConfig
+    from cost_model._table import configs_to_table
+
+    serving = (serving or ServingConfig()).model_copy(update={"phase": "both"})
+    table = configs_to_table([config], **serving.columns(workload=workload))
+    columns = estimate_inference_table(
+        model=model, cluster=cluster, workload=workload, table=table, options=options
+    )
+    cost, policy, replicas = serving_inputs(
+        model=model, cluster=cluster, workload=workload, table=table, options=options
+    )
+    figures = {
+        name: float(np.asarray(columns[name])[0])
+        for name in (
+            "ttft_s",
+            "tpot_s",
+            "ttft_p90_s",
+            "tpot_p90_s",
+            "e2e_s",
+            "concurrency",
+        )
+    }
+    one = policy.row(0)
+    rate = None
+    if concurrency_per_replica is None and workload.request_rate_per_s is not None:
+        rate = workload.request_rate_per_s / float(replicas[0])
+    elif concurrency_per_replica is None:
+        total = workload.concurrency if workload.concurrency is not None else figures["concurrency"]
+        concurrency_per_replica = max(round(total / float(replicas[0])), 1)
+    if duration_s is None:
+        duration_s = (
+            600.0
+            if rate is not None
+            else float(np.clip(20.0 * np.nan_to_num(figures["e2e_s"], nan=3.0), 60.0, 3600.0))
+        )
+    result = simulate(
+        cost=cost.row(0),
+        policy=one,
+        concurrency=concurrency_per_replica,
+        request_rate_per_s=rate,
+        duration_s=duration_s,
+        prompt_tokens_cv=workload.prompt_tokens_cv,
+        output_tokens_cv=workload.output_tokens_cv,
+        seed=seed,
+    )
+    return LayoutSimulation(result, concurrency_per_replica, rate, float(replicas[0]), figures)
+
+
+def slo_concurrency(
+    *, model, cluster, workload, config, serving=None, options=None, step: float = 0.8
+) -> LayoutSimulation:
+    """The closed form's chosen concurrency, lowered by ``step`` until the simulated p90 TTFT
+    and TPOT meet the SLOs (or one request per replica): the load a plan should be run at."""
+    run = simulate_layout(
+        model=model,
+        cluster=cluster,
+        workload=workload,
+        config=config,
+        serving=serving,
+        options=options,
+    )
+    while (
+        not run.meets(workload) and run.concurrency_per_replica and run.concurrency_per_replica > 1
+    ):
+        lower = max(int(run.concurrency_per_replica * step), 1)
+        run = simulate_layout(
+            model=model,
+            cluster=cluster,
+            workload=workload,
+            config=config,
+            serving=serving,
+            options=options,
+            concurrency_per_replica=lower,
+        )
+    return run
