@@ -345,8 +345,19 @@ def _fused_prefill_moe(s: _Setup, *, decode: bool) -> np.ndarray:
     return (ep == 1) & covered
 
 
-def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
-    """Core attention (scores and values) of one layer, (n,) seconds."""
+@dataclass(frozen=True)
+class _AttentionWork:
+    """What one layer's core attention does in a pass on one rank: FLOPs, the KV bytes it reads
+    (all sequences', over the rank's share of the KV heads and of each context), and the keys
+    each sequence reads."""
+
+    flops: np.ndarray
+    bytes_moved: np.ndarray
+    read_tokens: np.ndarray
+
+
+def _attention_work(s: _Setup, p: ops.Pass) -> _AttentionWork:
+    """Core attention's FLOPs and bytes of pass ``p`` on one rank (``_AttentionWork``)."""
     model = s.model
     queries = p.batch * p.new_tokens / (s.column("cp") * s.shard)
     spread = (
@@ -364,64 +375,88 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     kv_read = p.batch * ops.kv_bytes_per_sequence_layer(
         model, read_tokens, s.kv_element_bytes, block_tokens=1
     )
-    if (
-        p.decode and model.attention.kind == "mla"
-    ):  # FlashMLA-class kernels at their measured efficiency (prefill: _kernel_curves_attention)
-        # one call per rank: all its sequences, over its share of the heads and of each context
-        # (cp); every head reads the sequence's whole latent, so the bytes are all sequences'
-        measured = s.rows.evaluate(
-            mla_time_s,
-            kind="mla_decode",
-            hardware=s.cluster.device,
-            dtype=_attention_dtype(s),
-            flops=flops,
-            bytes_moved=kv_read * kv_fraction,
-            tokens=read_tokens / s.column("cp"),
-            batch=p.batch,
-            heads=model.attention.num_heads / s.shard,
-            # the workload's named kernel, else the serving engine's own where measured
-            engine=s.workload.mla_decode_kernel or s.profile.engine,
-        )
-        # (prefill keeps the calibrated efficiency: see _kernel_curves_attention)
+    return _AttentionWork(flops=flops, bytes_moved=kv_read * kv_fraction, read_tokens=read_tokens)
+
+
+def _mla_decode_time(s: _Setup, p: ops.Pass, work: _AttentionWork) -> np.ndarray | None:
+    """MLA decode at FlashMLA-class kernels' measured efficiency (prefill keeps the calibrated
+    one: see ``_kernel_curves_attention``): one call per rank, all its sequences, over its share
+    of the heads and of each context (cp); every head reads the sequence's whole latent, so the
+    bytes are all sequences'."""
+    model = s.model
+    return s.rows.evaluate(
+        mla_time_s,
+        kind="mla_decode",
+        hardware=s.cluster.device,
+        dtype=_attention_dtype(s),
+        flops=work.flops,
+        bytes_moved=work.bytes_moved,
+        tokens=work.read_tokens / s.column("cp"),
+        batch=p.batch,
+        heads=model.attention.num_heads / s.shard,
+        # the workload's named kernel, else the serving engine's own where measured
+        engine=s.workload.mla_decode_kernel or s.profile.engine,
+    )
+
+
+def _gqa_decode_time(s: _Setup, p: ops.Pass, work: _AttentionWork) -> np.ndarray:
+    """MHA/GQA decode at the measured decode-attention curves: one call per rank, its sequences
+    times its KV heads (a KV head replicated over the ranks past the KV-head count is one per
+    rank), each with its group of query heads."""
+    model = s.model
+    kv_heads = model.attention.num_kv_heads / ops.kv_head_split(model, s.shard)
+    return s.rows.evaluate(
+        decode_attention_time_s,
+        hardware=s.cluster.device,
+        flops=work.flops,
+        bytes_moved=work.bytes_moved,
+        tokens=work.read_tokens / s.column("cp"),
+        units=p.batch * kv_heads,
+        group=model.attention.num_heads / s.shard / kv_heads,
+        kv_element_bytes=s.kv_element_bytes,
+        engine=s.profile.engine,
+    )
+
+
+def _context_time(s: _Setup, p: ops.Pass, work: _AttentionWork) -> np.ndarray | None:
+    """MHA/GQA context attention at its measured curves: one call per rank, its sequences times
+    its query heads; the prompt's full length (the cached prefix too) is the length the kernel
+    attends over."""
+    return s.rows.evaluate(
+        context_attention_time_s,
+        hardware=s.cluster.device,
+        flops=work.flops,
+        bytes_moved=work.bytes_moved,
+        tokens=work.read_tokens / s.column("cp"),
+        units=p.batch * s.model.attention.num_heads / s.shard,
+        engine=s.profile.engine,
+        kv_element_bytes=s.kv_element_bytes,
+    )
+
+
+def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
+    """Core attention (scores and values) of one layer, (n,) seconds: MLA decode, MHA/GQA decode
+    and MHA/GQA context attention at their measured kernels where a table covers them
+    (``_mla_decode_time``, ``_gqa_decode_time``, ``_context_time``), else the calibrated
+    roofline."""
+    work = _attention_work(s, p)
+    if p.decode and s.model.attention.kind == "mla":
+        measured = _mla_decode_time(s, p, work)
         if measured is not None:
             return measured
     measured_decode = _decode_attention_measured(s) if p.decode else None
     if measured_decode is not None and measured_decode.any():
-        # one call per rank: its sequences times its KV heads (a KV head replicated over the
-        # ranks past the KV-head count is one per rank), each with its group of query heads
-        kv_heads = model.attention.num_kv_heads / ops.kv_head_split(model, s.shard)
-        decode_measured = s.rows.evaluate(
-            decode_attention_time_s,
-            hardware=s.cluster.device,
-            flops=flops,
-            bytes_moved=kv_read * kv_fraction,
-            tokens=read_tokens / s.column("cp"),
-            units=p.batch * kv_heads,
-            group=model.attention.num_heads / s.shard / kv_heads,
-            kv_element_bytes=s.kv_element_bytes,
-            engine=s.profile.engine,
-        )
+        decode_measured = _gqa_decode_time(s, p, work)
         if measured_decode.all():
             return decode_measured
     if _context_attention_measured(s, decode=p.decode):
-        # one call per rank: its sequences times its query heads; the prompt's full length
-        # (the cached prefix too) is the length the kernel attends over
-        measured = s.rows.evaluate(
-            context_attention_time_s,
-            hardware=s.cluster.device,
-            flops=flops,
-            bytes_moved=kv_read * kv_fraction,
-            tokens=read_tokens / s.column("cp"),
-            units=p.batch * model.attention.num_heads / s.shard,
-            engine=s.profile.engine,
-            kv_element_bytes=s.kv_element_bytes,
-        )
+        measured = _context_time(s, p, work)
         if measured is not None:
             return measured
     roofline = s.rows.evaluate(
         op_time_s,
-        flops=flops,
-        bytes_moved=kv_read * kv_fraction,
+        flops=work.flops,
+        bytes_moved=work.bytes_moved,
         hardware=s.cluster.device,
         dtype=_attention_dtype(s),
         calibration=s.calibration,
