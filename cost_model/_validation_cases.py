@@ -122,6 +122,20 @@ def gpt_model(
     return ModelSpec.from_hf_config(config, name=name)
 
 
+def record_gpt_model(record: dict, *, tied: bool) -> ModelSpec:
+    """The Megatron GPT (``gpt_model``) of a published-table record: its model name, heads,
+    hidden size, layers, vocabulary and sequence length."""
+    return gpt_model(
+        name=f"gpt-{record['model']}",
+        heads=record["heads"],
+        hidden=record["hidden"],
+        layers=record["layers"],
+        vocab=record["vocab"],
+        sequence=record["seq_len"],
+        tied=tied,
+    )
+
+
 def sc21_flops(case: Case, *, recompute_forward: bool, logit_divisor: float) -> float:
     """Narayanan et al. SC'21 eq. 3 family: c·B·s·l·h²·(1 + s/6h + V/(d·l·h)), c = 96 with the
     recompute forward, 72 without."""
@@ -162,15 +176,7 @@ def _iteration_time(columns: dict, case: Case) -> float:
 def _sc21_cases() -> list[Case]:
     cases = []
     for r in (r for r in published_records() if r["table"] == "megatron_sc21_table1"):
-        model = gpt_model(
-            name=f"gpt-{r['model']}",
-            heads=r["heads"],
-            hidden=r["hidden"],
-            layers=r["layers"],
-            vocab=r["vocab"],
-            sequence=r["seq_len"],
-            tied=True,
-        )
+        model = record_gpt_model(r, tied=True)
         v = (
             1
             if r["layers_per_virtual_stage"] is None
@@ -294,15 +300,7 @@ def _h100_cases() -> list[Case]:
     commit (937571cfd4) turns accumulate_allreduce_grads_in_fp32 on whenever --bf16 is set."""
     cases = []
     for r in (r for r in published_records() if r["table"] == "megatron_readme_h100"):
-        model = gpt_model(
-            name=f"gpt-{r['model']}",
-            heads=r["heads"],
-            hidden=r["hidden"],
-            layers=r["layers"],
-            vocab=r["vocab"],
-            sequence=r["seq_len"],
-            tied=False,
-        )
+        model = record_gpt_model(r, tied=False)
         config = ParallelConfig(
             tp=r["tp"],
             pp=r["pp"],
