@@ -37,6 +37,14 @@ FA2_BACKWARD_PEAK_FRACTION = 0.63
 ATTENTION_BACKWARD_FLOPS = 2.5
 #: Folds of the held-out check of an fp8 fit: the shapes grouped by weight (n, k).
 FP8_HELD_OUT_FOLDS = 5
+#: Bytes per activation element of the quantization each fp8 table point times before its GEMM
+#: (a W8A8 call quantizes its input every call): read the bf16 activation, write its fp8 copy,
+#: one fused pass, the least any table's call pays (aiconfigurator's SGLang collector times
+#: ``sglang_per_token_group_quant_fp8`` + DeepGEMM per block-FP8 call; TensorRT-LLM's per-tensor
+#: rows run the dynamic quantization, an amax pass more, ``collector/trtllm/collect_gemm.py``).
+#: Training prices its own quantization kernels apart (``_precision.quantization_time_s``), so
+#: the fp8 fit takes this pass out of the GEMM it fits.
+FP8_TABLE_QUANTIZATION_BYTES = 3.0
 
 
 def gemm_seconds(
@@ -49,7 +57,8 @@ def gemm_seconds(
 ):
     """One GEMM as the training model prices it: ``op_time_s`` plus the per-kernel cost. In
     ``fp8`` the two operands are read in 1 byte and the output written in bf16 (the scaled fp8
-    GEMMs of the tables return bf16)."""
+    GEMMs of the tables return bf16), after the activation quantization the table's call times
+    with it (``FP8_TABLE_QUANTIZATION_BYTES`` per input element, a memory-bound pass)."""
     m, n, k = rows.columns["m"], rows.columns["n"], rows.columns["k"]
     calibration = Calibration(matmul_efficiency=matmul_efficiency)
     operand_bytes = 1.0 if dtype == "fp8" else 2.0
@@ -60,6 +69,14 @@ def gemm_seconds(
         dtype=dtype,
         calibration=calibration,
     )
+    if dtype == "fp8":
+        seconds = seconds + op_time_s(
+            flops=0.0,
+            bytes_moved=FP8_TABLE_QUANTIZATION_BYTES * m * k,
+            hardware=device,
+            dtype="bf16",
+            calibration=Calibration(),
+        )
     return seconds + overhead_s
 
 

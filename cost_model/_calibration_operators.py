@@ -21,9 +21,15 @@ latencies — never on a whole training or serving run, which stay validation da
   of sizes than bf16's), fitted like the bf16 pair on the fastest engine's latency per shape of
   at least ``FP8_MIN_FLOPS``, the size of a training step's fp8 GEMMs; recorded in the fit's
   ``parameters`` (``fp8_matmul_efficiency``, ``fp8_kernel_overhead_s``, ``fp8_block_...``), with
-  residuals per decade of FLOPs and a held-out error (folds of weight shapes). ``_precision``
-  prices fp8 GEMMs with them, not with the bf16 efficiency at the doubled peak. A100 has no fp8
-  tensor cores and no fp8 fit; devices without tables (MI300X) have none either.
+  residuals per decade of FLOPs and a held-out error (folds of weight shapes). Each table point
+  is a whole W8A8 call, its activation quantization first: the fit prices that pass apart
+  (``_calibration_fits.FP8_TABLE_QUANTIZATION_BYTES``, memory-bound) and fits the GEMM alone,
+  since training prices its own quantization kernels; with the pass, the fits' rms log error
+  halves (H100 per-tensor 0.166 -> 0.083, block-scaled 0.135 -> 0.090) and the H100 per-tensor
+  efficiency is 0.678 of the fp8 peak (0.625 with the pass absorbed; MAMF 1402.6 / 1979 =
+  0.709). ``_precision`` prices fp8 GEMMs with them, not with the bf16 efficiency at the doubled
+  peak. A100 has no fp8 tensor cores and no fp8 fit; devices without tables (MI300X) have none
+  either.
 * ``collective_efficiency`` and ``collective_overhead_s``: NCCL all-reduce, all-gather and
   reduce-scatter latencies within one node (2-8 GPUs; nccl-tests "size" convention, the table's
   ``message_size`` in elements of its dtype), against ``Cluster.collective_time`` of the

@@ -36,8 +36,8 @@ __all__ = [
 ]
 
 #: Each pair's predicted speed-up within 14% of the published one: the measured held-out state
-#: with the operator-fitted fp8 GEMMs is 13.4% at most (15 pairs, mean 5.4%). The H100 torchtitan
-#: tensorwise pairs are under-predicted by up to 13% (the async-TP 70B one most): their bf16
+#: with the operator-fitted fp8 GEMMs is 12.6% at most (15 pairs, mean 5.2%). The H100 torchtitan
+#: tensorwise pairs are under-predicted by up to 10% (the async-TP 70B one most): their bf16
 #: twins are predicted 22-41% too fast, on 500 W H100s priced at the 700 W preset, so the fp8
 #: gain on the GEMMs is diluted by bf16 time the real runs do not spend; the H100 fp8 GEMM
 #: operator fit also prices 1e12-1e13 FLOP GEMMs 5-7% slower than its tables (bf16: 0-3%). The
