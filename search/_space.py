@@ -178,8 +178,11 @@ class SearchSpace:
         self.rule_legal_dp = sorted(set(self.mesh["dp"].tolist()))
         self._rule_legal_meshes = dict(self.mesh)
         # A mesh none of whose switch combinations is legal (e.g. no micro-batch size divides the
-        # batch per replica) holds no layout: drop it.
-        self.mesh = select(self.mesh, self.switch_counts() > 0)
+        # batch per replica) holds no layout: drop it. A mesh's count depends on its row's
+        # values only, so the survivors keep theirs.
+        counts = self._count_switches()
+        self.mesh = select(self.mesh, counts > 0)
+        self._switch_counts = counts[counts > 0]
         self.axis_choices = {
             axis: sorted(set(self.mesh[axis].tolist()))
             for axis in (*MESH_AXES, "attention_data_parallel")
@@ -203,7 +206,11 @@ class SearchSpace:
         return _rows(self.mesh)
 
     def switch_counts(self) -> np.ndarray:
-        """Legal switch combinations of each mesh row."""
+        """Legal switch combinations of each mesh row (a copy: counted once, at construction)."""
+        return self._switch_counts.copy()
+
+    def _count_switches(self) -> np.ndarray:
+        """Legal switch combinations of each row of the current ``mesh``."""
         return np.array(
             [_rows(self._switches_for(i)) for i in range(self.num_meshes)], dtype=np.int64
         )
