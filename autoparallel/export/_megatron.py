@@ -17,17 +17,15 @@ from autoparallel.export._common import (
     Recipe,
     command,
     describe,
-    rule_violations,
     script,
     stage_sizes,
 )
 from autoparallel.export._training import (
     _batch,
     _model,
-    _partial_node,
-    _serving_dropped,
     finished_export,
     torchrun,
+    training_dropped,
 )
 from autoparallel.plan import ShardingPlan
 from cost_model import EstimateOptions, ModelSpec, ParallelConfig
@@ -38,11 +36,7 @@ __all__ = ["megatron", "megatron_layout", "megatron_pipeline", "megatron_recipe"
 def megatron(plan: ShardingPlan, recipe: Recipe) -> Export:
     """The Megatron-LM export of ``plan``: its launch script, README, dropped settings, notes."""
     c = plan.config
-    dropped = (
-        _serving_dropped(plan, "Megatron-LM")
-        + _partial_node(plan, recipe)
-        + rule_violations(plan, c, engine="megatron", version=recipe.version)
-    )
+    dropped = training_dropped(plan, recipe, engine="megatron", label="Megatron-LM")
     notes: list[str] = []
     sequence, batch = _batch(plan)
     args = [

@@ -19,16 +19,14 @@ from autoparallel.export._common import (
     Recipe,
     command,
     describe,
-    rule_violations,
     script,
 )
 from autoparallel.export._training import (
     _batch,
     _model,
-    _partial_node,
-    _serving_dropped,
     finished_export,
     torchrun,
+    training_dropped,
 )
 from autoparallel.plan import ShardingPlan
 from search import engine_data, version_key
@@ -38,11 +36,7 @@ __all__ = ["model_parts", "torchtitan"]
 
 def torchtitan(plan: ShardingPlan, recipe: Recipe) -> Export:
     c = plan.config
-    dropped = (
-        _serving_dropped(plan, "torchtitan")
-        + _partial_node(plan, recipe)
-        + rule_violations(plan, c, engine="torchtitan", version=recipe.version)
-    )
+    dropped = training_dropped(plan, recipe, engine="torchtitan", label="torchtitan")
     notes: list[str] = []
     if version_key(recipe.version) < (0, 3, 0):
         return _torchtitan_toml(plan, recipe, dropped, notes)

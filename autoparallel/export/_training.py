@@ -30,7 +30,7 @@ from autoparallel.export._common import (
 from autoparallel.plan import ShardingPlan
 from cost_model import ModelSpec, Training
 
-__all__ = ["deepspeed", "finished_export", "torchrun"]
+__all__ = ["deepspeed", "finished_export", "torchrun", "training_dropped"]
 
 
 MASTER_PORT = 29500
@@ -89,6 +89,16 @@ def torchrun(plan: ShardingPlan, recipe: Recipe, entry: list[str]) -> list[str]:
     ]
 
 
+def training_dropped(plan: ShardingPlan, recipe: Recipe, *, engine: str, label: str) -> list[str]:
+    """What a training export of ``plan`` for ``engine`` (named ``label`` in the notes) cannot
+    carry: the serving settings, a partial node, and the engine's own layout rules."""
+    return (
+        _serving_dropped(plan, label)
+        + _partial_node(plan, recipe)
+        + rule_violations(plan, plan.config, engine=engine, version=recipe.version)
+    )
+
+
 def _steps(plan: ShardingPlan, recipe: Recipe, file: str) -> list[str]:
     nodes = recipe.nodes(plan.world_size)
     if nodes == 1:
@@ -126,11 +136,7 @@ def finished_export(
 def deepspeed(plan: ShardingPlan, recipe: Recipe) -> Export:
     c = plan.config
     _, batch = _batch(plan)
-    dropped = (
-        _serving_dropped(plan, "DeepSpeed")
-        + _partial_node(plan, recipe)
-        + rule_violations(plan, c, engine="deepspeed", version=recipe.version)
-    )
+    dropped = training_dropped(plan, recipe, engine="deepspeed", label="DeepSpeed")
     config: dict = {
         "train_batch_size": batch,
         "train_micro_batch_size_per_gpu": c.micro_batch_size,
