@@ -189,7 +189,7 @@ def test_export_then_import_returns_the_layout(format: str) -> None:
     training = engine_role(format) == "training"
     plan = ap.find_plan(
         "mixtral-8x22b" if training else "deepseek-v3",
-        ap.get_preset("dgx-h100", num_nodes=8 if training else 16),
+        ap.get_preset("dgx-h100", num_nodes=8 if training else 4),
         TRAINING if training else INFERENCE,
         n_trials=20,
         engine=format,
