@@ -109,6 +109,12 @@ class FrameworkProfile(BaseModel):
     #: False where the framework keeps them gathered from the step's first forward (torchtitan's
     #: policy ``default`` is ``not pp_enabled``) (step time, ``_training_dp``).
     pipeline_reshard_after_forward: bool = True
+    #: The library that quantizes the fp8 GEMM operands (``_precision``): Transformer Engine
+    #: casts an operand once into both layouts and keeps the fp8 input for the backward pass;
+    #: torchao (``Float8Linear``, ``mx_mm``) keeps the bf16 input and casts it again in backward,
+    #: the MX recipe in a separate kernel per layout (``_precision.TORCHAO_QUANTIZATION_BYTES``).
+    fp8_library: Literal["transformer_engine", "torchao"] = "transformer_engine"
+    fp8_library_source: str = ""
     moe_dispatch_host_sync: bool = False
     expert_gemm_host_s: float = Field(default=0.0, ge=0.0, le=1e-3)
     moe_host_source: str = ""

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from cost_model._precision import FP8_CACHED_INPUT_RECIPES, bf16_layer_fraction
+from cost_model._precision import bf16_layer_fraction, caches_fp8_input
 from cost_model._reasons import MEMORY_PARTS, memory_reason
 from cost_model._stages import STAGES
 from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES
@@ -184,7 +184,7 @@ def _fp8_cached_input_saving(
     ctx: TrainingContext, *, moe: bool, dropped: frozenset[str] = frozenset()
 ) -> np.ndarray:
     """Bytes one layer saves per micro-batch when its fp8 GEMMs keep their inputs for the backward
-    pass in fp8 (1 byte instead of 2): Transformer Engine's recipes (``FP8_CACHED_INPUT_RECIPES``;
+    pass in fp8 (1 byte instead of 2): Transformer Engine's recipes (``_precision.caches_fp8_input``;
     DeepSeek-V3 report sec. 3.3.3 caches the linear layers' inputs in fp8 the same way).
 
     The inputs counted are those of the fp8 GEMMs in the accounting above: the QKV and (dense)
@@ -193,8 +193,7 @@ def _fp8_cached_input_saving(
     routed tokens entering the experts' FC1 and FC2 and the shared expert's FC2 input (the MoE
     layer's input stays bf16 for the router). Inputs a recompute module in ``dropped`` does not
     store save nothing."""
-    workload = ctx.workload
-    if workload.precision != "fp8" or workload.fp8_recipe not in FP8_CACHED_INPUT_RECIPES:
+    if not caches_fp8_input(ctx):
         return np.zeros_like(ctx.tokens)
     model, tp = ctx.model, ctx.column("tp")
     hidden = np.where(

@@ -30,13 +30,15 @@ memory-bound pass priced at the device's bandwidth:
 * ``blockwise`` — DeepSeek-V3 fine-grained 1x128 activation / 128x128 weight tiles (sec. 3.3.2):
   scales are local to a tile, one fused read, both orientations written: 4 bytes;
 * ``mxfp8`` — Blackwell block-scaled MXFP8 (1x32 blocks, E8M0 scales; OCP MX spec v1.0): row-
-  and column-wise copies from one read, 4 bytes plus 2/32 of scales.
+  and column-wise copies from one read, 4 bytes plus 2/32 of scales (Transformer Engine);
+  torchao reads the bf16 operand once per layout, 6 bytes plus 2/32
+  (``TORCHAO_QUANTIZATION_BYTES``, chosen by the framework profile's ``fp8_library``).
 
 Saved activations: Transformer Engine keeps the fp8 copy of each fp8 GEMM's input for its
 backward (``delayed``, ``current``, ``blockwise``, ``mxfp8``; DeepSeek-V3 sec. 3.3.3 likewise
 caches the linear layers' inputs in fp8), halving those tensors; torchao's ``Float8Linear``
-(``tensorwise``, ``rowwise``) saves the bf16 input and casts it again in backward
-(``FP8_CACHED_INPUT_RECIPES``, used by ``cost_model._memory``).
+(``tensorwise``, ``rowwise``) and ``mx_mm`` (``mxfp8``) save the bf16 input and cast it again in
+backward (``caches_fp8_input``, used by ``cost_model._memory``).
 
 Weights are quantized once per micro-batch (read 2, write the fp8 copy and its transpose: 4 bytes
 per parameter). With ``tensorwise`` scaling under FSDP/ZeRO-3 the weights are cast to fp8 before
@@ -73,10 +75,12 @@ __all__ = [
     "FP8_RECIPES",
     "FP8_ROLES",
     "bf16_layer_fraction",
+    "caches_fp8_input",
     "FSDP_FP8_GATHER_RECIPES",
     "TP_FP8_GATHER_RECIPES",
     "fp8_gemm_speedup",
     "fp8_operator_source",
+    "quantization_bytes",
     "quantization_time_s",
     "training_op_time_s",
 ]
@@ -91,8 +95,19 @@ FP8_RECIPES: dict[str, float] = {
     "blockwise": 4.0,
     "mxfp8": 4.0625,
 }
-#: Recipes whose framework saves the fp8 copy of a GEMM input for the backward pass.
+#: Recipes whose framework saves the fp8 copy of a GEMM input for the backward pass (under
+#: Transformer Engine; torchao keeps the bf16 input whatever the recipe: ``caches_fp8_input``).
 FP8_CACHED_INPUT_RECIPES: frozenset[str] = frozenset({"delayed", "current", "blockwise", "mxfp8"})
+#: Recipes torchao quantizes with other traffic than ``FP8_RECIPES`` /
+#: ``WEIGHT_QUANTIZATION_BYTES`` (a framework whose ``fp8_library`` is ``torchao``): (bytes per
+#: activation or gradient element, bytes per weight parameter). ``mxfp8``: torchao's ``mx_mm``
+#: (torchao/prototype/moe_training/mxfp8_linear.py, 2026-05) casts each operand from bf16 twice,
+#: a dim0 kernel (Triton) and a dim1 kernel (CUDA), each reading 2 bytes and writing 1 plus one
+#: E8M0 scale per 32 elements: 2 x (3 + 1/32) bytes; a weight the same (dim0 in forward, dim1 in
+#: backward). torchao's roofline model counts the same two kernels
+#: (torchao/testing/training/roofline_utils.py ``get_tensor_memory_traffic_ovhd_s``,
+#: ``mxfp8_cublas``: "assume that we can't profitably fuse kernel 1 and kernel 2").
+TORCHAO_QUANTIZATION_BYTES: dict[str, tuple[float, float]] = {"mxfp8": (6.0625, 6.0625)}
 #: The measured GEMM curve each recipe runs on.
 RECIPE_CURVE: dict[str, str] = {
     "delayed": "tensorwise",
@@ -343,11 +358,39 @@ def _cast_before_gather_elements(ctx, *, moe: bool) -> np.ndarray:
     return np.where(split, tensors * ctx.tokens * ctx.model.hidden_size, 0.0)
 
 
+def _uses_torchao(ctx) -> bool:
+    framework = ctx.framework
+    return framework is not None and framework.fp8_library == "torchao"
+
+
+def quantization_bytes(ctx) -> tuple[float, float]:
+    """(bytes per quantized activation or gradient element, bytes per quantized weight
+    parameter) of the workload's fp8 recipe under its framework's quantization library
+    (``FP8_RECIPES`` and ``WEIGHT_QUANTIZATION_BYTES``, or ``TORCHAO_QUANTIZATION_BYTES``)."""
+    recipe = ctx.workload.fp8_recipe
+    if _uses_torchao(ctx) and recipe in TORCHAO_QUANTIZATION_BYTES:
+        return TORCHAO_QUANTIZATION_BYTES[recipe]
+    return FP8_RECIPES[recipe], WEIGHT_QUANTIZATION_BYTES
+
+
+def caches_fp8_input(ctx) -> bool:
+    """Whether the fp8 GEMMs keep their input in fp8 for the backward pass: Transformer
+    Engine's recipes in ``FP8_CACHED_INPUT_RECIPES``; never under torchao, whose
+    ``Float8Linear`` and ``mx_mm`` save the bf16 input (``ctx.save_for_backward(input_hp,
+    weight_hp)``) and cast it again in backward."""
+    workload = ctx.workload
+    return (
+        workload.precision == "fp8"
+        and workload.fp8_recipe in FP8_CACHED_INPUT_RECIPES
+        and not _uses_torchao(ctx)
+    )
+
+
 def quantization_time_s(ctx, *, moe: bool) -> np.ndarray:
     """Seconds of the fp8 quantization kernels of one layer and micro-batch, forward + backward
     (casts, amax reductions, transposed copies of every fp8 GEMM's input activation and output
-    gradient, and of its weight): ``FP8_RECIPES[recipe]`` bytes per element plus
-    ``WEIGHT_QUANTIZATION_BYTES`` per parameter, a memory-bound pass; 0 unless training in fp8.
+    gradient, and of its weight): ``quantization_bytes`` per element and per parameter, a
+    memory-bound pass; 0 unless training in fp8.
     A tensor cast before its sequence-parallel all-gather (``_cast_before_gather_elements``) runs
     its amax and cast on the 1/tp shard (``FP8_RECIPES[recipe] - TRANSPOSED_COPY_BYTES`` per
     shard element: the cast writes one layout); the transposed fp8 copy the other GEMM operand
@@ -359,16 +402,12 @@ def quantization_time_s(ctx, *, moe: bool) -> np.ndarray:
         return np.zeros_like(ctx.tokens)
     elements, weights = _layer_quantized_elements(ctx, moe=moe)
     fp8_share = 1.0 - bf16_layer_fraction(ctx)
-    per_element = FP8_RECIPES[ctx.workload.fp8_recipe]
+    per_element, per_weight = quantization_bytes(ctx)
     gathered = _cast_before_gather_elements(ctx, moe=moe)
     gathered_bytes = (per_element - TRANSPOSED_COPY_BYTES) / ctx.column(
         "tp"
     ) + 2.0 * TRANSPOSED_COPY_BYTES
-    moved = (
-        per_element * (elements - gathered)
-        + gathered_bytes * gathered
-        + WEIGHT_QUANTIZATION_BYTES * weights
-    )
+    moved = per_element * (elements - gathered) + gathered_bytes * gathered + per_weight * weights
     return (
         op_time_s(
             flops=0.0,

@@ -9,10 +9,16 @@ import numpy as np
 import pytest
 
 from cost_model import ParallelConfig, Training, estimate
-from cost_model._memory import stage_memory
+from cost_model._memory import _fp8_cached_input_saving, stage_memory
 from cost_model._model_spec import ModelSpec
 from cost_model._options import EstimateOptions
-from cost_model._precision import FP8_RECIPES, fp8_gemm_speedup, quantization_time_s
+from cost_model._precision import (
+    FP8_RECIPES,
+    caches_fp8_input,
+    fp8_gemm_speedup,
+    quantization_bytes,
+    quantization_time_s,
+)
 from cost_model._precision_validation import (
     FP8_TWIN_TOLERANCE,
     fp8_twin_records,
@@ -41,12 +47,13 @@ def model() -> ModelSpec:
     return ModelSpec.from_hf_config(LLAMA_8B, name="llama3-8b")
 
 
-def _context(model, *, precision: str, recipe: str = "tensorwise"):
+def _context(model, *, precision: str, recipe: str = "tensorwise", framework: str | None = None):
     workload = Training(
         sequence_length_tokens=8192,
         global_batch_sequences=8,
         precision=precision,
         fp8_recipe=recipe,
+        framework=framework,
     )
     table = configs_to_table(
         [ParallelConfig(dp=8, zero_stage=1, micro_batch_size=1, recompute="selective")]
@@ -98,6 +105,27 @@ def test_quantization_kernels_cost_nothing_in_bf16_and_follow_the_recipe_bytes(
     }
     assert times["delayed"] > 0.0
     assert times["rowwise"] > times["tensorwise"] > times["delayed"]
+
+
+def test_torchao_mxfp8_casts_each_operand_twice_and_keeps_the_bf16_input(model) -> None:
+    te = _context(model, precision="fp8", recipe="mxfp8", framework="megatron-core")
+    torchao = _context(model, precision="fp8", recipe="mxfp8", framework="torchtitan-compile")
+    # Transformer Engine: one read, both fp8 layouts and their 1x32 scales written.
+    assert quantization_bytes(te) == (2.0 + 2.0 * (1.0 + 1.0 / 32.0), 4.0)
+    # torchao mx_mm: a dim0 and a dim1 kernel, each reading the bf16 operand.
+    assert quantization_bytes(torchao) == (2.0 * (3.0 + 1.0 / 32.0),) * 2
+    assert quantization_time_s(torchao, moe=False)[0] > 1.3 * quantization_time_s(te, moe=False)[0]
+    assert caches_fp8_input(te) and not caches_fp8_input(torchao)
+    # The recipes torchao already names keep their bytes under either framework.
+    for recipe in ("tensorwise", "rowwise"):
+        pair = [
+            quantization_bytes(_context(model, precision="fp8", recipe=recipe, framework=name))
+            for name in ("megatron-core", "torchtitan-compile")
+        ]
+        assert pair[0] == pair[1] == (FP8_RECIPES[recipe], 4.0)
+    # Activation memory: the fp8 copy saves a byte per cached input element under TE only.
+    assert _fp8_cached_input_saving(te, moe=False)[0] > 0.0
+    assert _fp8_cached_input_saving(torchao, moe=False)[0] == 0.0
 
 
 def test_fp8_step_is_faster_than_bf16_but_far_from_twice(model) -> None:
