@@ -52,8 +52,14 @@ The fp8 GEMM is priced from its own operator fit (``data/calibration.json``, fit
 ``cost_model._calibration_operators`` on the aiconfigurator-core fp8 GEMM tables): a fraction of
 the fp8 peak and a fixed cost per kernel, per hardware type, for the epilogue-scaled kernels
 (per-tensor or per-row/column scales: ``delayed``, ``current``, ``tensorwise``, ``rowwise``) and
-for the block-scaled ones (``blockwise``; ``mxfp8`` takes the 1x128 block-scaled table, the
-nearest measured kernel: no MXFP8 table is published). A device whose calibration has no fp8 fit
+for the block-scaled ones (``blockwise``). ``mxfp8`` takes the per-tensor table: its GEMMs are
+vendor-library scaled GEMMs, cuBLASLt's (Transformer Engine 2.12
+``common/gemm/cublaslt_gemm.cu`` runs the MXFP8 scaling mode through cuBLASLt; torchao: "On
+NVIDIA B200 machines, we use the cuBLAS mxfp8 gemm exposed via the ``torch._scaled_mm`` op",
+docs/source/workflows/training.md), at the same tensor-core rate on Blackwell as the per-tensor
+kernels (TensorRT-LLM's PyTorch flow, SGLang's and vLLM's CUTLASS ``scaled_mm``), while the
+block-scaled table on Blackwell is DeepGEMM's, whose fit reaches 5-10% more of the peak there.
+No MXFP8 GEMM table is published. A device whose calibration has no fp8 fit
 falls back to the measured fp8/bf16 ratio of ``data/fp8_gemm_curves.json`` where its name
 matches one, else to the H100 MAMF ratio scaled by its fp8/bf16 peak ratio: no operator curve
 (``fp8_operator_source`` says which, the validation marks such rows).
@@ -115,7 +121,7 @@ RECIPE_CURVE: dict[str, str] = {
     "tensorwise": "tensorwise",
     "rowwise": "blockwise",
     "blockwise": "blockwise",
-    "mxfp8": "blockwise",
+    "mxfp8": "tensorwise",
 }
 #: The fp8 GEMM table (``_calibration_operators.FP8_GEMM_DTYPES``) whose fit prices each recipe.
 RECIPE_TABLE: dict[str, str] = {
@@ -124,7 +130,7 @@ RECIPE_TABLE: dict[str, str] = {
     "tensorwise": "fp8",
     "rowwise": "fp8",
     "blockwise": "fp8_block",
-    "mxfp8": "fp8_block",
+    "mxfp8": "fp8",
 }
 #: Recipes whose FSDP all-gather moves fp8 weights (torchao ``enable_fsdp_float8_all_gather``:
 #: tensorwise scaling only).

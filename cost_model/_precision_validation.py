@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 #: Each pair's predicted speed-up within 12% of the published one: the measured held-out state
-#: with the operator-fitted fp8 GEMMs is 10.5% at most (15 pairs, mean 4.4%). The two pairs
+#: with the operator-fitted fp8 GEMMs is 10.5% at most (15 pairs, mean 4.1%). The two pairs
 #: beyond 10%: the B200 rowwise pair (+10.5%; the source's B200s ran power-limited, a limit it
 #: does not give, priced at the preset's clocks) and the H100 torchtitan tensorwise async-TP 70B
 #: pair (-10.4%): the H100 tensorwise pairs are under-predicted, their bf16 twins predicted
