@@ -442,7 +442,10 @@ def infeasible_error(
                 f"{human_seconds(limit)} SLO, {reached / limit - 1.0:.0%} over)"
             )
         return InfeasiblePlanError(
-            message, part=bottleneck, suggestion=f"smallest size meeting it: {where}"
+            message,
+            part=bottleneck,
+            suggestion=f"smallest size meeting it: {where}",
+            smallest_devices=smallest,
         )
     if bottleneck == "memory" and needed is not None:
         parts = {k[len("memory.") :]: v for k, v in best.metrics.items() if k.startswith("memory.")}
@@ -461,4 +464,5 @@ def infeasible_error(
         needed_bytes=needed,
         available_bytes=cluster.memory_per_device_bytes,
         suggestion=f"smallest fitting size: {where}",
+        smallest_devices=smallest,
     )

@@ -52,6 +52,8 @@ class InfeasiblePlanError(ValueError):
     """A plan or a request that does not fit, with what was needed and what is available.
 
     ``str(error)`` reads like "weights need 6.0 TB, the cluster has 5.1 TB of HBM".
+    ``smallest_devices``: the fewest devices (whole nodes of the cluster) on which the planner
+    found a layout that fits, where it searched for one (``search.smallest_feasible_devices``).
     """
 
     def __init__(
@@ -62,11 +64,13 @@ class InfeasiblePlanError(ValueError):
         needed_bytes: float | None = None,
         available_bytes: float | None = None,
         suggestion: str = "",
+        smallest_devices: int | None = None,
     ) -> None:
         self.part = part
         self.needed_bytes = needed_bytes
         self.available_bytes = available_bytes
         self.suggestion = suggestion
+        self.smallest_devices = smallest_devices
         detail = message
         if needed_bytes is not None and available_bytes is not None and "need" not in message:
             detail += f": {part} need {human_bytes(needed_bytes)}, {human_bytes(available_bytes)} available"

@@ -1,9 +1,12 @@
 """The smallest cluster on which some layout fits, for the message of ``InfeasiblePlanError``.
 
 Node counts are tried upward from the weight-bytes lower bound (weights sharded over every
-device, nothing else). At each size only the leanest switches are priced — ZeRO-3, full
-recompute and micro-batch 1 for training; batch 1 and the smallest KV dtype for inference — since
-if those do not fit nothing does; every mesh is still tried.
+device, nothing else). At each size only the leanest switches are priced — full recompute and
+micro-batch 1 for training; batch 1 and the smallest KV dtype for inference — since if those do
+not fit nothing does; every mesh is still tried. Every sharding stage from ZeRO-1 up is kept:
+ZeRO-3 is not the leanest under pipeline parallelism, where each stage holds its parameters
+gathered and its gradients unsharded through the step (``cost_model._memory.
+pipeline_unsharded_stage``), so a ZeRO-1 pipeline can fit where ZeRO-3 does not.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ _MAX_ATTEMPTS = 24
 def lean_bounds(bounds: SearchBounds | None = None) -> SearchBounds:
     bounds = bounds or SearchBounds()
     kv = ("fp8",) if bounds.kv_dtypes is None else (bounds.kv_dtypes[-1],)
+    sharded = tuple(stage for stage in bounds.zero_stages if stage >= 1)
     return bounds.model_copy(
         update={
-            "zero_stages": (max(bounds.zero_stages),),
+            "zero_stages": sharded or (max(bounds.zero_stages),),
             "recompute_policies": ("full",)
             if "full" in bounds.recompute_policies
             else bounds.recompute_policies[-1:],
@@ -52,7 +56,7 @@ def smallest_feasible_devices(
         getattr(workload, "weight_dtype", "bf16"), getattr(workload, "weight_dtype_by_part", None)
     )
     per_node = cluster.memory_per_device_bytes * cluster.devices_per_node
-    nodes = max(1, math.ceil(weight_bytes / per_node))
+    start = max(1, math.ceil(weight_bytes / per_node))
     lean = lean_bounds(bounds)
 
     def fits(num_nodes: int) -> bool:
@@ -69,14 +73,25 @@ def smallest_feasible_devices(
             return False
         return result.best.feasible
 
-    below = nodes - 1  # largest size known not to fit
-    for _ in range(_MAX_ATTEMPTS):
-        if nodes > max_nodes:
-            return None
+    below = start - 1  # largest size known not to fit
+    for nodes in _sizes_upward(start, max_nodes=max_nodes):
         if fits(nodes):
             return _bisect(fits, below=below, above=nodes) * cluster.devices_per_node
-        below, nodes = nodes, max(nodes + 1, math.ceil(nodes * 1.25))
+        below = nodes
     return None
+
+
+def _sizes_upward(start: int, *, max_nodes: int) -> list[int]:
+    """Node counts from ``start`` upward: ``_MAX_ATTEMPTS`` steps of 1.25x, merged with the
+    powers of two in the same range. A model's heads and experts divide power-of-two meshes
+    (128 heads, 256 experts), so most 1.25x steps have no legal mesh at all; the powers of two
+    keep the walk from stepping over every size that has one."""
+    steps, size = [], start
+    for _ in range(_MAX_ATTEMPTS):
+        steps.append(size)
+        size = max(size + 1, math.ceil(size * 1.25))
+    powers = [2**k for k in range(max(start - 1, 1).bit_length(), steps[-1].bit_length() + 1)]
+    return sorted({n for n in steps + powers if start <= n <= min(steps[-1], max_nodes)})
 
 
 def _bisect(fits, *, below: int, above: int) -> int:

@@ -133,6 +133,16 @@ def test_the_report_numbers_equal_estimate_on_the_same_plan(deepseek_report, kin
         )
     # the cluster was grown to the size the plan needs, and the report says why
     assert planned["tried"] and "Why" in section
+    # a size below the smallest fitting one the planner reported is not searched again, and
+    # that smallest size is where the plan was found (a whole search it would repeat)
+    smallest = [
+        int(entry["why_not"].split("at least ")[1].split(" devices")[0])
+        for entry in planned["tried"]
+        if "smallest fitting size: at least" in entry["why_not"]
+    ]
+    for entry in planned["tried"]:
+        if entry["why_not"].startswith("below the smallest fitting size found"):
+            assert smallest and entry["devices"] < max(smallest) <= cluster.num_devices
 
 
 def test_the_sweep_and_coverage_sections_report_their_findings(deepseek_report):

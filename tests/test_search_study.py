@@ -26,6 +26,7 @@ from search import (
     regret,
     resolve_objective,
 )
+from search._feasibility import _sizes_upward, lean_bounds
 from search._workers import run_workers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -150,6 +151,7 @@ def test_too_small_cluster_names_bottleneck_and_smallest_size() -> None:
     assert caught.value.part == "memory"
     smallest = int(message.split("at least ")[1].split(" devices")[0])
     assert smallest % 8 == 0 and smallest > 8
+    assert caught.value.smallest_devices == smallest
     fits = exhaustive_search(model, cluster.with_nodes(smallest // 8), workload)
     assert fits.best.feasible
     short = exhaustive_search(model, cluster.with_nodes(smallest // 8 - 1), workload)
@@ -326,3 +328,17 @@ def test_trials_left_running_by_a_dead_worker_are_failed(tmp_path: Path, qwen) -
     assert states[orphan.number] == optuna.trial.TrialState.FAIL
     assert states[live.number] == optuna.trial.TrialState.RUNNING
     assert result.num_trials == 8
+
+
+def test_the_smallest_size_walk_keeps_the_powers_of_two_and_every_sharding_stage() -> None:
+    """DeepSeek-V3's 128 heads and 256 experts have no mesh on most 1.25x steps of a node
+    count (105, 165, ... nodes of 4 devices); the walk keeps the powers of two between them. Under
+    pipeline parallelism ZeRO-3 holds each stage gathered, so the lean search keeps ZeRO-1/2."""
+    sizes = _sizes_upward(84, max_nodes=65_536)
+    assert sizes[0] == 84 and sizes == sorted(set(sizes))
+    assert {128, 256, 512, 1024, 2048, 4096, 8192} <= set(sizes)
+    assert {105, 132, 165} <= set(sizes) and max(sizes) < 84 * 1.25**24
+    assert _sizes_upward(3, max_nodes=8) == [3, 4, 5, 7, 8]
+    assert _sizes_upward(100, max_nodes=64) == []
+    assert lean_bounds().zero_stages == (1, 2, 3)
+    assert lean_bounds(SearchBounds(zero_stages=(0,))).zero_stages == (0,)

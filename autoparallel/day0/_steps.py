@@ -226,12 +226,23 @@ def _search(context: Day0Context, kind: str, *, with_slos: bool):
 
     tried = []
     workload = _workload(context, kind, with_slos=with_slos)
+    smallest = 0  # the fewest devices a failed search said any layout needs
     for nodes in _sizes(context, kind):
         cluster = (
             context.cluster
             if nodes == context.cluster.num_nodes
             else context.cluster.with_nodes(nodes)
         )
+        if cluster.num_devices < smallest:
+            # The planner's own search for the smallest fitting size ruled it out already.
+            tried.append(
+                {
+                    "nodes": nodes,
+                    "devices": cluster.num_devices,
+                    "why_not": f"below the smallest fitting size found, {smallest} devices",
+                }
+            )
+            continue
         try:
             plan = ap.find_plan(
                 context.model,
@@ -244,6 +255,7 @@ def _search(context: Day0Context, kind: str, *, with_slos: bool):
             tried.append({"nodes": nodes, "devices": cluster.num_devices, "why_not": str(error)})
             if error.part != "memory" and nodes > context.cluster.num_nodes:
                 break  # an SLO binds, not memory: the planner finds no size of this cluster
+            smallest = max(smallest, error.smallest_devices or 0)
             continue
         return plan, cluster, workload, tried
     return None, None, workload, tried
