@@ -57,9 +57,12 @@ def test_every_run_names_the_framework_it_ran_and_its_overlap_features_are_price
 
 
 def test_validate_bounds_the_table_by_the_measured_held_out_mean() -> None:
-    # Measured held out with the operator-fitted calibration: 18.8% mean over the 26 rows (the
-    # small-expert MoE rows up to 127%); the dense rows below stay within 10%.
-    assert TOLERANCES["blackwell_training"] == (0.19, None)
+    # Held out with the operator-fitted calibration, the table's mean is within its bound (the
+    # small-expert MoE rows on x86 hosts stay far off; the dense rows below stay within 10%).
+    bound, largest = TOLERANCES["blackwell_training"]
+    errors = [abs(row.error) for row in blackwell_rows()]
+    assert len(errors) >= 8 and largest is None
+    assert bound is not None and np.mean(errors) <= bound < 0.19
 
 
 def test_dense_runs_are_within_ten_percent_on_average() -> None:
