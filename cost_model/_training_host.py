@@ -43,10 +43,10 @@ input, forward, and the output gradient, backward, expert by expert; current sca
 four kernels per expert and tensor, MXFP8 one) at the eager operator's seconds. CUDA graphs
 remove the host cost of what they capture (``EstimateOptions.cuda_graphs``): ``partial``
 replaces each captured scope (``EstimateOptions.cuda_graph_scope``: attention, router,
-dispatch preprocessing) by one graph launch per pass; ``full_iteration`` captures everything. Counts leave out the Python of each
-module around its kernels (the per-expert Python loops of ``GroupedLinear`` among them) and the
-weights' quantization, cached after a step's first micro-batch: the host side is a lower
-bound.
+dispatch preprocessing) by one graph launch per pass; ``full_iteration`` captures everything.
+Counts leave out the Python of each module around its kernels (the per-expert Python loops of
+``GroupedLinear`` among them) and the weights' quantization, cached after a step's first
+micro-batch: the host side is a lower bound.
 """
 
 from __future__ import annotations
