@@ -16,9 +16,28 @@ from functools import lru_cache
 from importlib import resources
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["FrameworkProfile", "HostOpCounts", "framework_names", "framework_profile"]
+from cost_model._precision import FP8_RECIPES
+
+__all__ = [
+    "ExpertQuantizationOps",
+    "FrameworkProfile",
+    "HostOpCounts",
+    "framework_names",
+    "framework_profile",
+]
+
+
+class ExpertQuantizationOps(BaseModel):
+    """Operators the host issues per local expert and ``GroupedLinear`` call to quantize the
+    expert GEMMs' operands under one fp8 recipe: in forward (the input) and in backward (the
+    output gradient); counted from the framework's code (``HostOpCounts.expert_quantization``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    forward: float = Field(ge=0.0)
+    backward: float = Field(ge=0.0)
 
 
 class HostOpCounts(BaseModel):
@@ -54,6 +73,31 @@ class HostOpCounts(BaseModel):
     eager_op_host_s: float = Field(gt=0.0, le=1e-3)
     basis: str = Field(min_length=1)
     eager_op_host_source: str = Field(min_length=1)
+    #: Per fp8 recipe (``Training.fp8_recipe``), the quantization operators of each local expert
+    #: and ``GroupedLinear`` call (fp8 runs only); a recipe absent here adds none.
+    expert_quantization: dict[str, ExpertQuantizationOps] = Field(default_factory=dict)
+    expert_quantization_basis: str = ""
+
+    @field_validator("expert_quantization")
+    @classmethod
+    def _known_recipes(
+        cls, value: dict[str, ExpertQuantizationOps]
+    ) -> dict[str, ExpertQuantizationOps]:
+        unknown = sorted(set(value) - set(FP8_RECIPES))
+        if unknown:
+            raise ValueError(
+                f"expert_quantization recipes ({unknown}) must be among {sorted(FP8_RECIPES)}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _quantization_sourced(self) -> HostOpCounts:
+        if self.expert_quantization and not self.expert_quantization_basis:
+            raise ValueError(
+                "expert_quantization_basis ('') must say where expert_quantization is counted "
+                "from when expert_quantization is given"
+            )
+        return self
 
     @model_validator(mode="after")
     def _dispatch_within_segment(self) -> HostOpCounts:

@@ -37,12 +37,16 @@ The host side of each part is the framework's operator count per layer
 profile's measured ``eager_op_host_s`` where there is one, else the profile's sourced default),
 plus one cuBLASLt GEMM per local expert and ``GroupedLinear`` call at
 ``FrameworkProfile.expert_gemm_host_s`` (two calls forward, a data- and a weight-gradient GEMM of
-each in backward). CUDA graphs remove the host cost of what they capture
-(``EstimateOptions.cuda_graphs``): ``partial`` replaces each captured scope
-(``EstimateOptions.cuda_graph_scope``: attention, router, dispatch preprocessing) by one graph
-launch per pass; ``full_iteration`` captures everything. Counts leave out the Python of each
-module around its kernels and the per-expert quantization of fp8 ``GroupedLinear`` calls:
-the host side is a lower bound.
+each in backward), plus, in fp8, the quantization launches of each local expert and call
+(``HostOpCounts.expert_quantization`` of the run's recipe: Transformer Engine quantizes the
+input, forward, and the output gradient, backward, expert by expert; current scaling launches
+four kernels per expert and tensor, MXFP8 one) at the eager operator's seconds. CUDA graphs
+remove the host cost of what they capture (``EstimateOptions.cuda_graphs``): ``partial``
+replaces each captured scope (``EstimateOptions.cuda_graph_scope``: attention, router,
+dispatch preprocessing) by one graph launch per pass; ``full_iteration`` captures everything.
+Counts leave out the Python of each module around its kernels (the per-expert Python loops of
+``GroupedLinear`` among them) and the weights' quantization, cached after a step's first
+micro-batch: the host side is a lower bound.
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ class HostParts:
     attention_backward: np.ndarray
     moe_before_sync_forward: np.ndarray  # router + dispatch preprocessing (+ shared experts)
     moe_dispatch_forward: np.ndarray  # after the sync: dispatch all-to-alls, sort by expert
-    moe_experts_forward: np.ndarray  # the expert GEMMs, one per local expert and call
+    moe_experts_forward: np.ndarray  # per local expert and call: its GEMM (+ fp8 quantization)
     moe_combine_forward: np.ndarray  # activation, unsort, combine all-to-all, unpermute
     moe_backward: np.ndarray
     dense_mlp_forward: np.ndarray
@@ -121,6 +125,15 @@ def _scoped(ctx: TrainingContext, scope: str, ops: float) -> float:
     return ops
 
 
+def _expert_quantization_ops(ctx: TrainingContext, counts: HostOpCounts) -> tuple[float, float]:
+    """Quantization operators per local expert and ``GroupedLinear`` call, (forward, backward):
+    the counts of the run's fp8 recipe, none in bf16 or for a recipe without counts."""
+    if ctx.workload.precision != "fp8":
+        return 0.0, 0.0
+    ops = counts.expert_quantization.get(ctx.workload.fp8_recipe)
+    return (0.0, 0.0) if ops is None else (ops.forward, ops.backward)
+
+
 def host_parts(ctx: TrainingContext) -> HostParts | None:
     """Host seconds of each part of one layer (see ``HostParts``); None where the framework
     has no operator counts or the whole iteration is one CUDA graph."""
@@ -151,7 +164,10 @@ def host_parts(ctx: TrainingContext) -> HostParts | None:
         )
         before = zeros + before_ops * op_s
         dispatch = zeros + counts.expert_dispatch_forward * op_s
-        experts = zeros + GROUPED_LINEARS_PER_FORWARD * local_experts * gemm_s
+        quantize_forward, quantize_backward = _expert_quantization_ops(ctx, counts)
+        experts = zeros + GROUPED_LINEARS_PER_FORWARD * local_experts * (
+            gemm_s + quantize_forward * op_s
+        )
         combine = zeros + (counts.expert_segment_forward - counts.expert_dispatch_forward) * op_s
         backward_ops = (
             _scoped(ctx, "moe_router", counts.router_backward)
@@ -163,6 +179,7 @@ def host_parts(ctx: TrainingContext) -> HostParts | None:
             zeros
             + backward_ops * op_s
             + BACKWARD_GEMMS_PER_GEMM * GROUPED_LINEARS_PER_FORWARD * local_experts * gemm_s
+            + GROUPED_LINEARS_PER_FORWARD * local_experts * quantize_backward * op_s
         )
     return HostParts(
         attention_forward=zeros + attention_fwd * op_s,

@@ -88,7 +88,7 @@ TOLERANCES: dict[str, tuple[float | None, float | None]] = {
     # beside the GEMM it is fused with (``_training_tp_overlap``); hidden behind the whole layer
     # the speed-ups came out 1.32-1.40x against 1.09-1.16x published.
     "torchtitan_async_tp": (0.05, 0.10),
-    "blackwell_training": (0.15, None),  # measured 13.6% mean, 84.0% max
+    "blackwell_training": (0.15, None),  # measured 12.6% mean, 75.2% max
 }
 
 

@@ -262,3 +262,38 @@ def test_dispatch_operators_cannot_exceed_the_segment() -> None:
     data = counts.model_dump() | {"expert_dispatch_forward": counts.expert_segment_forward + 1}
     with pytest.raises(ValueError, match="expert_dispatch_forward"):
         type(counts).model_validate(data)
+
+
+def test_fp8_expert_quantization_adds_its_recipe_launches_per_local_expert_and_call() -> None:
+    profile = framework_profile("megatron-core")
+    counts = profile.host_ops
+    assert counts is not None
+    op_s = counts.eager_op_host_s
+    model = _moe()
+    bf16 = host_parts(_context(model, _workload(), ep=8))
+    assert bf16 is not None
+    local = 16  # 128 experts over ep 8
+    for recipe in ("current", "mxfp8", "delayed"):
+        workload = _workload().model_copy(update={"precision": "fp8", "fp8_recipe": recipe})
+        parts = host_parts(_context(model, workload, ep=8))
+        assert parts is not None
+        ops = counts.expert_quantization[recipe]
+        extra_forward = parts.moe_experts_forward[0] - bf16.moe_experts_forward[0]
+        extra_backward = parts.moe_backward[0] - bf16.moe_backward[0]
+        assert extra_forward == pytest.approx(2 * local * ops.forward * op_s)
+        assert extra_backward == pytest.approx(2 * local * ops.backward * op_s)
+    # Current scaling launches amax (zero + reduce), scale and cast per expert; MXFP8 one cast.
+    assert (
+        counts.expert_quantization["current"].forward > counts.expert_quantization["mxfp8"].forward
+    )
+
+
+def test_expert_quantization_recipes_must_be_known_and_sourced() -> None:
+    counts = framework_profile("megatron-core").host_ops
+    assert counts is not None
+    unknown = counts.model_dump() | {"expert_quantization": {"fp4": {"forward": 1, "backward": 1}}}
+    with pytest.raises(ValueError, match="expert_quantization recipes"):
+        type(counts).model_validate(unknown)
+    unsourced = counts.model_dump() | {"expert_quantization_basis": ""}
+    with pytest.raises(ValueError, match="expert_quantization_basis"):
+        type(counts).model_validate(unsourced)
