@@ -56,6 +56,9 @@ class EstimateOptions(BaseModel):
     into them (Megatron-LM ``--gradient-accumulation-fusion``, on by default); off, every
     micro-batch adds each low-precision gradient into its main gradient in a separate
     memory-bound pass (Megatron-LM's unfused ``main_grad.add_(grad)`` hook).
+    ``unfused_cross_entropy``: Megatron-core's eager vocab-parallel cross entropy
+    (``--cross-entropy-loss-fusion`` off, its default in r0.8), whose fp32 passes over the
+    logits ``_training_ops.cross_entropy_bytes_per_logit`` counts; off, three fp32 passes.
     Training MoE traffic: ``expert_dispatcher`` ``all_to_all`` (NCCL all-to-all, Megatron-core's
     alltoall dispatcher) or ``deepep`` (DeepEP kernels: node de-duplication, NVLink and RDMA at
     once; ``expert_dispatch_time_s``); ``expert_dispatch_fp8``: dispatch in fp8 with its
@@ -124,6 +127,7 @@ class EstimateOptions(BaseModel):
     flash_attention: bool = True
     hidden_dropout: bool = False
     attention_dropout: bool = False
+    unfused_cross_entropy: bool = False
     routing_imbalance: float = Field(default=1.0, ge=1.0)
     fragmentation_fraction: float = Field(default=0.05, ge=0.0, lt=1.0)
     expert_dispatcher: Literal["all_to_all", "deepep"] = "all_to_all"

@@ -38,6 +38,7 @@ from cost_model._training_ops import (
     activation_passes,
     attention_projection_time,
     core_attention_time,
+    cross_entropy_time,
     dense_ffn_time,
     embedding_time,
     gradient_accumulation_time,
@@ -102,6 +103,10 @@ def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatc
     )
     core_backward_factor = 2.5 if ctx.options.flash_attention else 2.0
     backward = 2.0 * (layers_forward + ends) + (core_backward_factor - 2.0) * layout.layers * core
+    # The loss's backward passes are its own count, not twice its forward ones.
+    loss_forward = cross_entropy_time(ctx, backward=False)
+    loss_backward = cross_entropy_time(ctx, backward=True)
+    backward = backward + layout.has_lm_head * (loss_backward - 2.0 * loss_forward)
     backward = backward + gradient_accumulation_time(ctx)
     # A stretch of work takes at least the host's time to issue it (``_training_host``).
     host_forward, host_backward = exposed_host_s(

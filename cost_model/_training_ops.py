@@ -44,6 +44,8 @@ __all__ = [
     "dense_ffn_time",
     "embedding_time",
     "gradient_accumulation_time",
+    "cross_entropy_bytes_per_logit",
+    "cross_entropy_time",
     "kernels_per_layer",
     "layer_elementwise_time",
     "layer_host_time",
@@ -242,7 +244,7 @@ def rotary_time(ctx: TrainingContext) -> np.ndarray:
 
 
 def lm_head_time(ctx: TrainingContext) -> np.ndarray:
-    """Vocabulary-parallel output projection and cross-entropy (fp32 logits read/written 3 times)."""
+    """Vocabulary-parallel output projection and the cross entropy's forward passes."""
     model = ctx.model
     vocab = model.vocab_size / ctx.column("tp")
     matmul = ctx.op(
@@ -250,7 +252,28 @@ def lm_head_time(ctx: TrainingContext) -> np.ndarray:
         model.hidden_size * vocab * 2.0,
         role="lm_head",
     )
-    return matmul + ctx.op(0.0, ctx.tokens * vocab * 4.0 * 3.0)
+    return matmul + cross_entropy_time(ctx, backward=False)
+
+
+def cross_entropy_bytes_per_logit(ctx: TrainingContext) -> tuple[float, float]:
+    """Bytes moved per logit of a rank's vocabulary slice by the loss (forward, backward).
+
+    Eager vocab-parallel cross entropy (``unfused_cross_entropy``; Megatron-LM
+    core/tensor_parallel/cross_entropy.py at 937571cfd4), fp32 = 4, bf16 = 2 bytes: forward
+    ``logits.float()`` (2 + 4), ``max`` (4), in-place ``-= max`` (8), ``exp(out=)`` (8),
+    ``sum`` (4), in-place ``div_`` to the saved softmax (8): 38; backward ``mul_`` by the
+    incoming gradient (8) and the cast back to bf16 (4 + 2): 14. Otherwise three fp32 passes
+    forward (12), twice that backward like the rest of the pass (24)."""
+    if ctx.options.unfused_cross_entropy:
+        return 38.0, 14.0
+    return 12.0, 24.0
+
+
+def cross_entropy_time(ctx: TrainingContext, *, backward: bool) -> np.ndarray:
+    """Memory-bound cross-entropy passes over one micro-batch's logits on a rank."""
+    logits = ctx.tokens * ctx.model.vocab_size / ctx.column("tp")
+    forward_bytes, backward_bytes = cross_entropy_bytes_per_logit(ctx)
+    return ctx.op(0.0, logits * (backward_bytes if backward else forward_bytes))
 
 
 def embedding_time(ctx: TrainingContext) -> np.ndarray:

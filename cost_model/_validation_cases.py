@@ -49,7 +49,10 @@ KORTHIKANTI_MODELS: dict[str, dict[str, int]] = {
 #: (``data/framework_profiles.json``: kernels and overlap features) and the run's dropout.
 #: * Megatron-LM 2021-22 (A100 tables): hidden and attention dropout 0.1.
 #: * Megatron-core r0.8 (H100 table): no dropout in the performance configs, sequence
-#:   parallel whenever tp > 1.
+#:   parallel whenever tp > 1; the loss is the eager vocab-parallel cross entropy (the README
+#:   names only --overlap-grad-reduce, --overlap-param-gather and --tp-comm-overlap, and
+#:   --cross-entropy-loss-fusion is off by default in megatron/training/arguments.py at
+#:   937571cfd4).
 SOFTWARE: dict[str, dict[str, Any]] = {
     "megatron_2021": {
         "framework": "megatron-lm-2021",
@@ -60,6 +63,7 @@ SOFTWARE: dict[str, dict[str, Any]] = {
         "framework": "megatron-core",
         "hidden_dropout": False,
         "attention_dropout": False,
+        "unfused_cross_entropy": True,
     },
 }
 PRESETS = {"A100": "dgx-a100", "H100": "dgx-h100", "B200": "dgx-b200", "GB200": "gb200-nvl72"}
