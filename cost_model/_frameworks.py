@@ -132,6 +132,12 @@ class FrameworkProfile(BaseModel):
     #: (``Training.gradient_dtype``), as Megatron-core reduces its main-gradient buffer.
     gradient_reduce_bytes: int | None = Field(default=None, ge=1, le=4)
     zero2_reduce_every_micro_batch: bool
+    #: The step begins by zeroing the rank's contiguous main-gradient buffer in place (Megatron-LM
+    #: megatron/training/training.py ``train_step`` calls ``zero_grad_buffer``, whose buffers'
+    #: ``reset`` runs ``grad_data.zero_()``, core/distributed/param_and_grad_buffer.py at
+    #: 937571cfd4); False where gradients are freed instead (``zero_grad(set_to_none=True)``)
+    #: (step time, ``_training_dp``).
+    zeroes_gradient_buffer_each_step: bool = False
     #: Bytes per logit held at the loss (memory): 4, the fp32 softmax a fused vocab-parallel
     #: cross entropy keeps for its backward (Megatron-LM core/tensor_parallel/cross_entropy.py);
     #: an eager ``cross_entropy(logits.float())`` holds its fp32 log-softmax output, the incoming

@@ -179,6 +179,10 @@ class TrainingContext:
         return True if self.framework is None else self.framework.zero2_reduce_every_micro_batch
 
     @property
+    def zeroes_gradient_buffer_each_step(self) -> bool:
+        return self.framework is not None and self.framework.zeroes_gradient_buffer_each_step
+
+    @property
     def pipeline_reshard_after_forward(self) -> bool:
         """``FrameworkProfile.pipeline_reshard_after_forward``; True without a framework (the
         plan as ``autoparallel.apply_plan`` runs it: ZeRO-3 is ``reshard_after_forward=True``)."""

@@ -286,16 +286,30 @@ def _gather_pass(
 
 
 def _optimizer_step_time(ctx: TrainingContext) -> np.ndarray:
-    """Once per step on each rank (3, n): the gradient-norm reduction and clipping, then the
-    optimizer update over the rank's shard of the states (``_optimizer_time``)."""
+    """Once per step on each rank (3, n): the gradient-norm reduction and clipping, the
+    optimizer update over the rank's shard of the states (``_optimizer_time``) and the zeroing
+    of the main-gradient buffer (``_gradient_buffer_zero_time``)."""
     dense, expert = sharded_parameters(ctx)
     dp_cp = ctx.column("dp") * ctx.column("cp")
     edp = dp_cp * ctx.column("tp") / (ctx.column("ep") * ctx.column("etp"))
     zero = np.asarray(ctx.table["zero_stage"])
     states = np.where(zero >= 1, dense / dp_cp + expert / edp, dense + expert)
-    return _optimizer_time(ctx, states * _optimizer_update_bytes(ctx)) + _gradient_clip_time(
-        ctx, local_parameters=states
+    return (
+        _optimizer_time(ctx, states * _optimizer_update_bytes(ctx))
+        + _gradient_clip_time(ctx, local_parameters=states)
+        + _gradient_buffer_zero_time(
+            ctx, local_parameters=np.where(zero >= 2, states, dense + expert)
+        )
     )
+
+
+def _gradient_buffer_zero_time(ctx: TrainingContext, *, local_parameters: np.ndarray) -> np.ndarray:
+    """One write of the rank's main-gradient buffer where the framework zeroes it at the start
+    of each step (``FrameworkProfile.zeroes_gradient_buffer_each_step``; Megatron-core's
+    distributed optimizer keeps the whole buffer, its ``grad_data.zero_()``); 0 otherwise."""
+    if not ctx.zeroes_gradient_buffer_each_step:
+        return np.zeros_like(np.asarray(local_parameters, dtype=np.float64))
+    return ctx.op(0.0, local_parameters * ctx.grad_bytes)
 
 
 def _gradient_clip_time(ctx: TrainingContext, *, local_parameters: np.ndarray) -> np.ndarray:

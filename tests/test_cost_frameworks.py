@@ -86,3 +86,65 @@ def test_zero2_reduces_per_micro_batch_only_where_the_framework_does() -> None:
 
     assert traffic(deepspeed) > 2.0 * traffic(deepspeed_one)
     assert traffic(megatron) == pytest.approx(traffic(megatron_one), rel=1e-9)
+
+
+def test_unfused_cross_entropy_adds_its_counted_passes() -> None:
+    """Megatron-core's eager vocab-parallel cross entropy moves 38 bytes per logit forward and 14
+    backward (``cross_entropy_bytes_per_logit``) where the default counts 12 and 24: the micro-
+    batch grows by exactly those passes over the rank's logits, and nothing else changes."""
+    from cost_model._training_comm import table_collective_times
+    from cost_model._training_context import training_context
+    from cost_model._training_micro_batch import micro_batch_times
+    from cost_model._training_ops import cross_entropy_bytes_per_logit, cross_entropy_time
+    from cost_model._validation import _cluster, _options, _workload
+    from cost_model._validation_cases import training_cases
+
+    (case,) = [c for c in training_cases() if (c.table, c.run) == ("megatron_readme_h100", "1.7B")]
+    cluster = _cluster(case.hardware, case.config.world_size)
+    unfused = _options(case, None, cluster)
+    assert unfused.unfused_cross_entropy
+    table = configs_to_table([case.config])
+    times = {}
+    for options in (unfused, unfused.model_copy(update={"unfused_cross_entropy": False})):
+        ctx = training_context(
+            model=case.model,
+            cluster=cluster,
+            workload=_workload(case),
+            table=table,
+            options=options,
+        )
+        mb = micro_batch_times(ctx, table_collective_times(ctx))
+        loss = cross_entropy_time(ctx, backward=False) + cross_entropy_time(ctx, backward=True)
+        # pp = 1: the one stage (row 0) holds the LM head
+        times[options.unfused_cross_entropy] = ((mb.forward + mb.backward)[0], loss, ctx)
+    assert cross_entropy_bytes_per_logit(times[True][2]) == (38.0, 14.0)
+    assert cross_entropy_bytes_per_logit(times[False][2]) == (12.0, 24.0)
+    np.testing.assert_allclose(
+        times[True][0] - times[False][0], times[True][1] - times[False][1], rtol=1e-9
+    )
+    assert np.all(times[True][1] > times[False][1])
+
+
+def test_megatron_core_zeroes_its_whole_gradient_buffer_each_step() -> None:
+    """Megatron-core's ``zero_grad_buffer`` writes the rank's whole fp32 main-gradient buffer
+    once per step (ZeRO-1 keeps it unsharded); a profile that frees gradients writes none."""
+    from cost_model._training_context import training_context
+    from cost_model._training_dp import _gradient_buffer_zero_time
+
+    assert framework_profile("megatron-core").zeroes_gradient_buffer_each_step
+    assert not framework_profile("torchtitan").zeroes_gradient_buffer_each_step
+    config = configs_to_table([ParallelConfig(dp=64, zero_stage=1)])
+    seconds = {}
+    for framework in ("megatron-core", "torchtitan"):
+        workload = Training(
+            sequence_length_tokens=4096, global_batch_sequences=64, framework=framework
+        )
+        ctx = training_context(
+            model=MODEL, cluster=CLUSTER, workload=workload, table=config, options=NEUTRAL
+        )
+        parameters = np.full((3, 1), 1e9)
+        seconds[framework] = _gradient_buffer_zero_time(ctx, local_parameters=parameters)
+        if framework == "megatron-core":
+            expected = ctx.op(0.0, parameters * 4.0)
+    np.testing.assert_allclose(seconds["megatron-core"], expected, rtol=1e-12)
+    assert np.all(seconds["megatron-core"] > 0) and np.all(seconds["torchtitan"] == 0)

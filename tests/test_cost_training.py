@@ -131,43 +131,6 @@ def test_distributed_optimizer_gather_hides_only_behind_a_forward() -> None:
     assert columns["time.dp_comm"][0] >= gather - forward - exposed_tp > 0
 
 
-def test_unfused_cross_entropy_adds_its_counted_passes() -> None:
-    """Megatron-core's eager vocab-parallel cross entropy moves 38 bytes per logit forward and 14
-    backward (``cross_entropy_bytes_per_logit``) where the default counts 12 and 24: the micro-
-    batch grows by exactly those passes over the rank's logits, and nothing else changes."""
-    from cost_model._training_comm import table_collective_times
-    from cost_model._training_context import training_context
-    from cost_model._training_micro_batch import micro_batch_times
-    from cost_model._training_ops import cross_entropy_bytes_per_logit, cross_entropy_time
-    from cost_model._validation import _cluster, _options, _workload
-    from cost_model._validation_cases import training_cases
-
-    (case,) = [c for c in training_cases() if (c.table, c.run) == ("megatron_readme_h100", "1.7B")]
-    cluster = _cluster(case.hardware, case.config.world_size)
-    unfused = _options(case, None, cluster)
-    assert unfused.unfused_cross_entropy
-    table = configs_to_table([case.config])
-    times = {}
-    for options in (unfused, unfused.model_copy(update={"unfused_cross_entropy": False})):
-        ctx = training_context(
-            model=case.model,
-            cluster=cluster,
-            workload=_workload(case),
-            table=table,
-            options=options,
-        )
-        mb = micro_batch_times(ctx, table_collective_times(ctx))
-        loss = cross_entropy_time(ctx, backward=False) + cross_entropy_time(ctx, backward=True)
-        # pp = 1: the one stage (row 0) holds the LM head
-        times[options.unfused_cross_entropy] = ((mb.forward + mb.backward)[0], loss, ctx)
-    assert cross_entropy_bytes_per_logit(times[True][2]) == (38.0, 14.0)
-    assert cross_entropy_bytes_per_logit(times[False][2]) == (12.0, 24.0)
-    np.testing.assert_allclose(
-        times[True][0] - times[False][0], times[True][1] - times[False][1], rtol=1e-9
-    )
-    assert np.all(times[True][1] > times[False][1])
-
-
 def test_memory_parts_sum_to_the_total(ref_columns) -> None:
     parts = sum(ref_columns[f"memory.{part}"] for part in MEMORY_PARTS)
     np.testing.assert_allclose(parts, ref_columns["memory_per_device_bytes"], rtol=1e-12)
