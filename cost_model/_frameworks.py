@@ -138,6 +138,14 @@ class FrameworkProfile(BaseModel):
     #: 937571cfd4); False where gradients are freed instead (``zero_grad(set_to_none=True)``)
     #: (step time, ``_training_dp``).
     zeroes_gradient_buffer_each_step: bool = False
+    #: Gradient buckets fill in reverse parameter order, at least max(40M, 1M x dp) parameters
+    #: each (``DistributedDataParallel.__init__``, core/distributed/distributed_data_parallel.py
+    #: at 937571cfd4), so the last bucket holds the first parameters (the embedding): its
+    #: reduce-scatter starts after the step's last backward kernel, and its all-gather, the first
+    #: the next forward waits on, is launched in ``zero_grad`` just before it
+    #: (core/optimizer/distrib_optimizer.py): neither has compute to hide behind (step time,
+    #: ``_training_dp``).
+    last_gradient_bucket_exposed: bool = False
     #: Bytes per logit held at the loss (memory): 4, the fp32 softmax a fused vocab-parallel
     #: cross entropy keeps for its backward (Megatron-LM core/tensor_parallel/cross_entropy.py);
     #: an eager ``cross_entropy(logits.float())`` holds its fp32 log-softmax output, the incoming

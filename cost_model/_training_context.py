@@ -183,6 +183,10 @@ class TrainingContext:
         return self.framework is not None and self.framework.zeroes_gradient_buffer_each_step
 
     @property
+    def last_gradient_bucket_exposed(self) -> bool:
+        return self.framework is not None and self.framework.last_gradient_bucket_exposed
+
+    @property
     def pipeline_reshard_after_forward(self) -> bool:
         """``FrameworkProfile.pipeline_reshard_after_forward``; True without a framework (the
         plan as ``autoparallel.apply_plan`` runs it: ZeRO-3 is ``reshard_after_forward=True``)."""

@@ -36,7 +36,9 @@ __all__ = [
 ]
 
 
-def hidden_seconds(comm: np.ndarray, *, fraction: float, window: np.ndarray) -> np.ndarray:
+def hidden_seconds(
+    comm: np.ndarray, *, fraction: float | np.ndarray, window: np.ndarray
+) -> np.ndarray:
     """Seconds of ``comm`` hidden behind ``window`` seconds of independent compute."""
     return np.minimum(fraction * comm, window)
 
@@ -119,15 +121,16 @@ def _data_parallel_comm(
     free_share = np.where(compute > 0, free_compute / np.maximum(compute, 1e-30), 0.0)
     forward_window = free_share * mb.forward
     backward_window = free_share * (mb.backward + mb.recompute)
+    overlappable = ctx.dp_overlap * (1.0 - _last_bucket_share(ctx))
     whole_hidden = np.where(
         zero == 0,
-        hidden_seconds(times.dp_all_reduce, fraction=ctx.dp_overlap, window=backward_window),
+        hidden_seconds(times.dp_all_reduce, fraction=overlappable, window=backward_window),
         hidden_seconds(
             scatters * times.dp_gradient_scatter,
-            fraction=ctx.dp_overlap,
+            fraction=overlappable,
             window=scatters * backward_window,
         )
-        + hidden_seconds(times.dp_weight_gather, fraction=ctx.dp_overlap, window=forward_window),
+        + hidden_seconds(times.dp_weight_gather, fraction=overlappable, window=forward_window),
     )
     fsdp_total, fsdp_exposed = _fsdp_comm(ctx, times=times, mb=mb, free_share=free_share)
     held = pipeline_unsharded_stage(ctx)
@@ -139,6 +142,21 @@ def _data_parallel_comm(
         fsdp_exposed = np.where(held, staged_exposed, fsdp_exposed)
     comm = np.where(zero == 3, fsdp_total, whole)
     return comm, np.where(zero == 3, fsdp_total - fsdp_exposed, whole_hidden)
+
+
+def _last_bucket_share(ctx: TrainingContext) -> np.ndarray:
+    """Share (3, n) of a rank's gradient traffic in its last bucket, which
+    ``FrameworkProfile.last_gradient_bucket_exposed`` leaves without compute to hide behind:
+    the bucket of the first parameters, at least max(40M, 1M x dp) parameters and the whole
+    embedding where the rank holds it (Megatron-core's bucket rule), over all the rank's
+    parameters (the expert buffer's own last bucket is not counted); 0 without the fact."""
+    dense, expert = sharded_parameters(ctx)
+    total = dense + expert
+    if not ctx.last_gradient_bucket_exposed:
+        return np.zeros(total.shape)
+    bucket = np.maximum(40e6, 1e6 * ctx.column("dp") * ctx.column("cp"))
+    last = np.maximum(bucket, ctx.parameters["embedding"])
+    return np.where(total > 0, np.minimum(last / np.maximum(total, 1.0), 1.0), 0.0)
 
 
 def _fsdp_comm(

@@ -148,3 +148,30 @@ def test_megatron_core_zeroes_its_whole_gradient_buffer_each_step() -> None:
             expected = ctx.op(0.0, parameters * 4.0)
     np.testing.assert_allclose(seconds["megatron-core"], expected, rtol=1e-12)
     assert np.all(seconds["megatron-core"] > 0) and np.all(seconds["torchtitan"] == 0)
+
+
+def test_megatron_core_last_gradient_bucket_is_exposed() -> None:
+    """The bucket holding the embedding (at least max(40M, 1M x dp) parameters) has no compute
+    to hide behind under Megatron-core; torchtitan's FSDP2 has no such bucket."""
+    from cost_model._training_context import training_context
+    from cost_model._training_dp import _last_bucket_share
+
+    config = configs_to_table([ParallelConfig(dp=64, zero_stage=1)])
+    shares = {}
+    for framework in ("megatron-core", "torchtitan"):
+        workload = Training(
+            sequence_length_tokens=4096, global_batch_sequences=64, framework=framework
+        )
+        ctx = training_context(
+            model=MODEL, cluster=CLUSTER, workload=workload, table=config, options=NEUTRAL
+        )
+        shares[framework] = _last_bucket_share(ctx)
+        if framework == "megatron-core":
+            dense = sum(ctx.parameters.values())
+            embedding = ctx.parameters["embedding"]
+    expected = np.maximum(np.maximum(64e6, embedding) / dense, 0.0)
+    np.testing.assert_allclose(shares["megatron-core"], expected, rtol=1e-12)
+    assert np.all((shares["megatron-core"] > 0) & (shares["megatron-core"] < 1))
+    assert np.all(shares["torchtitan"] == 0)
+    megatron = _columns("megatron-core", 1)
+    assert megatron["time.dp_comm"][0] > 0.0
