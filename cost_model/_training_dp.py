@@ -147,9 +147,11 @@ def _data_parallel_comm(
 def _last_bucket_share(ctx: TrainingContext) -> np.ndarray:
     """Share (3, n) of a rank's gradient traffic in its last bucket, which
     ``FrameworkProfile.last_gradient_bucket_exposed`` leaves without compute to hide behind:
-    the bucket of the first parameters, at least max(40M, 1M x dp) parameters and the whole
-    embedding where the rank holds it (Megatron-core's bucket rule), over all the rank's
-    parameters (the expert buffer's own last bucket is not counted); 0 without the fact."""
+    the bucket of the first parameters, the whole embedding where the rank holds it (the
+    remainder of the bucket it closes is left out), else one bucket of max(40M, 1M x dp)
+    parameters (Megatron-core's bucket rule, ``param_and_grad_buffer.py``: buckets close once
+    they reach that size, filled in reverse parameter order), over all the rank's parameters
+    (the expert buffer's own last bucket is not counted); 0 without the fact."""
     dense, expert = sharded_parameters(ctx)
     total = dense + expert
     if not ctx.last_gradient_bucket_exposed:
