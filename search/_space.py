@@ -222,14 +222,19 @@ class SearchSpace:
     # -- tables
     def expand(self, mesh_rows) -> Table:
         """Full config table of the given mesh rows; column ``mesh_index`` says which row each came from."""
-        parts = []
-        for index in np.atleast_1d(np.asarray(mesh_rows, dtype=np.int64)):
-            mesh_row = {name: column[index : index + 1] for name, column in self.mesh.items()}
-            switches = self._switches_for(int(index))
-            part = cross(mesh_row, switches)
-            part["mesh_index"] = np.full(_rows(part), index, dtype=np.int64)
-            parts.append(part)
-        return table_from_columns(None, **concat(parts))
+        indices = np.atleast_1d(np.asarray(mesh_rows, dtype=np.int64))
+        if not len(indices):
+            return table_from_columns(None)
+        # Each mesh row crossed with its own switch rows, built column by column: the rows of
+        # mesh i repeated once per switch row, the switch tables stacked in the same order.
+        switches = [self._switches_for(int(index)) for index in indices]
+        counts = np.array([_rows(table) for table in switches], dtype=np.int64)
+        out = {name: np.repeat(column[indices], counts) for name, column in self.mesh.items()}
+        out.update(
+            {name: np.concatenate([table[name] for table in switches]) for name in switches[0]}
+        )
+        out["mesh_index"] = np.repeat(indices, counts)
+        return table_from_columns(None, **out)
 
     def iter_chunks(self, *, max_rows: int = 200_000) -> Iterator[Table]:
         """The whole space, in tables of at most about ``max_rows`` rows."""
