@@ -26,7 +26,7 @@ from search._engines import (
     violated_rules,
 )
 from search._exhaustive import ExhaustiveResult, exhaustive_search, regret
-from search._feasibility import smallest_feasible_devices
+from search._feasibility import shared_fit_verdicts, smallest_feasible_devices
 from search._objective import METRICS, Objective, resolve_objective, simulate_top_k
 from search._space import SearchBounds, SearchSpace, config_from_row, row_extras, select
 from search._storage import database_url, open_storage
@@ -67,6 +67,7 @@ __all__ = [
     "run_workers",
     "select",
     "simulate_top_k",
+    "shared_fit_verdicts",
     "smallest_feasible_devices",
     "version_key",
     "violated_rules",

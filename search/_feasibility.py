@@ -11,7 +11,10 @@ pipeline_unsharded_stage``), so a ZeRO-1 pipeline can fit where ZeRO-3 does not.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 
 from cost_model import Inference, ModelSpec, Training
 from search._exhaustive import exhaustive_search
@@ -20,6 +23,23 @@ from search._space import SearchBounds
 from topology import Cluster
 
 _MAX_ATTEMPTS = 24
+#: Verdicts of ``fits`` inside ``shared_fit_verdicts()``: (model, cluster, workload, objective,
+#: bounds) -> whether a lean layout fits. None outside it.
+_VERDICTS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("verdicts", default=None)
+
+
+@contextlib.contextmanager
+def shared_fit_verdicts() -> Iterator[None]:
+    """Within the block, ``smallest_feasible_devices`` prices each cluster size of the same model,
+    workload and objective once: a caller that plans one model at several sizes (each failed
+    search walks the same sizes again for its message) reuses the earlier walks' verdicts. A
+    verdict depends on its inputs only, so the answers are those of a fresh walk; a custom
+    estimator is not shared (it may hold state)."""
+    token = _VERDICTS.set({})
+    try:
+        yield
+    finally:
+        _VERDICTS.reset(token)
 
 
 def lean_bounds(bounds: SearchBounds | None = None) -> SearchBounds:
@@ -59,11 +79,22 @@ def smallest_feasible_devices(
     start = max(1, math.ceil(weight_bytes / per_node))
     lean = lean_bounds(bounds)
 
+    verdicts = _VERDICTS.get() if estimator is None else None
+
     def fits(num_nodes: int) -> bool:
+        sized = cluster.with_nodes(num_nodes)
+        key = (model, sized, workload, objective, lean)
+        if verdicts is None:
+            return _fits(sized)
+        if key not in verdicts:
+            verdicts[key] = _fits(sized)
+        return verdicts[key]
+
+    def _fits(sized: Cluster) -> bool:
         try:
             result = exhaustive_search(
                 model,
-                cluster.with_nodes(num_nodes),
+                sized,
                 workload,
                 objective=objective,
                 bounds=lean,

@@ -211,9 +211,15 @@ class SearchSpace:
 
     def _count_switches(self) -> np.ndarray:
         """Legal switch combinations of each row of the current ``mesh``."""
-        return np.array(
-            [_rows(self._switches_for(i)) for i in range(self.num_meshes)], dtype=np.int64
-        )
+        if getattr(self.bounds, "engine", None) is not None or not self.num_meshes:
+            return np.array(
+                [_rows(self._switches_for(i)) for i in range(self.num_meshes)], dtype=np.int64
+            )
+        # Without an engine a row's switches depend on its key degrees only: count once per key.
+        keys = np.stack([self.mesh[name].astype(np.int64) for name in self._switch_key], axis=1)
+        unique, inverse = np.unique(keys, axis=0, return_inverse=True)
+        per_key = [_rows(self._switch_table(tuple(int(v) for v in row))) for row in unique]
+        return np.array(per_key, dtype=np.int64)[inverse.reshape(-1)]
 
     @property
     def size(self) -> int:
@@ -222,14 +228,19 @@ class SearchSpace:
     # -- tables
     def expand(self, mesh_rows) -> Table:
         """Full config table of the given mesh rows; column ``mesh_index`` says which row each came from."""
-        parts = []
-        for index in np.atleast_1d(np.asarray(mesh_rows, dtype=np.int64)):
-            mesh_row = {name: column[index : index + 1] for name, column in self.mesh.items()}
-            switches = self._switches_for(int(index))
-            part = cross(mesh_row, switches)
-            part["mesh_index"] = np.full(_rows(part), index, dtype=np.int64)
-            parts.append(part)
-        return table_from_columns(None, **concat(parts))
+        indices = np.atleast_1d(np.asarray(mesh_rows, dtype=np.int64))
+        if not len(indices):
+            return table_from_columns(None)
+        # Each mesh row crossed with its own switch rows, built column by column: the rows of
+        # mesh i repeated once per switch row, the switch tables stacked in the same order.
+        switches = [self._switches_for(int(index)) for index in indices]
+        counts = np.array([_rows(table) for table in switches], dtype=np.int64)
+        out = {name: np.repeat(column[indices], counts) for name, column in self.mesh.items()}
+        out.update(
+            {name: np.concatenate([table[name] for table in switches]) for name in switches[0]}
+        )
+        out["mesh_index"] = np.repeat(indices, counts)
+        return table_from_columns(None, **out)
 
     def iter_chunks(self, *, max_rows: int = 200_000) -> Iterator[Table]:
         """The whole space, in tables of at most about ``max_rows`` rows."""
@@ -255,14 +266,22 @@ class SearchSpace:
         hits = np.flatnonzero(mask)
         return int(hits[0]) if len(hits) else None
 
-    def _switches_for(self, index: int) -> Table:
-        """Legal switch combinations of mesh ``index`` (they depend on a few degrees only)."""
-        names = ("dp", "tp", "pp", "cp") if self.is_training else ("tp", "pp", "ep")
-        key = tuple(int(self.mesh[name][index]) for name in names)
+    @property
+    def _switch_key(self) -> tuple[str, ...]:
+        """The mesh degrees a row's switch combinations depend on."""
+        return ("dp", "tp", "pp", "cp") if self.is_training else ("tp", "pp", "ep")
+
+    def _switch_table(self, key: tuple[int, ...]) -> Table:
+        """Switch combinations of the meshes with degrees ``key`` (of ``_switch_key``), built once."""
         if key not in self._switch_cache:
             build = _training_switches if self.is_training else _inference_switches
-            self._switch_cache[key] = build(self, **dict(zip(names, key)))
-        return restrict_switches(self, index, self._switch_cache[key])
+            self._switch_cache[key] = build(self, **dict(zip(self._switch_key, key)))
+        return self._switch_cache[key]
+
+    def _switches_for(self, index: int) -> Table:
+        """Legal switch combinations of mesh ``index`` (they depend on a few degrees only)."""
+        key = tuple(int(self.mesh[name][index]) for name in self._switch_key)
+        return restrict_switches(self, index, self._switch_table(key))
 
     def memo(self, name: str, key: tuple, build: Callable[[], object]):
         """Per-space memo of small rule results (legal pipeline options of a pp, ...)."""

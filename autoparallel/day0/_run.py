@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cost_model import ModelSpec
+from search import shared_fit_verdicts
 from topology import Cluster
 
 logger = logging.getLogger(__name__)
@@ -258,8 +259,6 @@ def run_day0(
 ) -> dict[str, StepRecord]:
     """Run (or resume) every step; returns the step records. Raises ``ValueError`` for bad
     inputs before any step, and re-raises a failing step's error after saving the state."""
-    from autoparallel.day0 import _steps
-
     context = check_inputs(options)
     options.output_dir.mkdir(parents=True, exist_ok=True)
     if resume:
@@ -269,6 +268,14 @@ def run_day0(
     else:
         records = {name: StepRecord() for name in STEPS}
     say = progress or (lambda name, record: None)
+    with shared_fit_verdicts():  # the plan steps search one model at several sizes
+        _run_steps(context, records, say)
+    return records
+
+
+def _run_steps(context, records: dict[str, StepRecord], say: Progress) -> None:
+    from autoparallel.day0 import _steps
+
     for name in STEPS:
         record = records[name]
         if record.status in ("done", "skipped"):
@@ -285,11 +292,10 @@ def run_day0(
         records[name] = _run_step(
             name, getattr(_steps, "step_" + name.replace("-", "_")), context, records
         )
-        save_state(options, records, context.results)
+        save_state(context.options, records, context.results)
         say(name, records[name])
         if records[name].status == "failed":
             raise Day0StepError(name, records[name].reason)
-    return records
 
 
 class Day0StepError(RuntimeError):
