@@ -119,13 +119,6 @@ def select(table: Table, mask: np.ndarray) -> Table:
     return {name: column[mask] for name, column in table.items()}
 
 
-def concat(tables: list[Table]) -> Table:
-    tables = [t for t in tables if t]
-    if not tables:
-        return {}
-    return {name: np.concatenate([t[name] for t in tables]) for name in tables[0]}
-
-
 def _rows(table: Table) -> int:
     return len(next(iter(table.values()))) if table else 0
 

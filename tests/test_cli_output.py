@@ -58,6 +58,7 @@ def _bad_invocations(tmp_path: Path) -> dict[str, list[str]]:
         "sqlite in a missing folder": ["plan", "--storage", f"sqlite:///{tmp_path}/missing/s.db"],
         "negative SLO": ["plan", "--tpot-slo-ms", "-1"],
         "hit rate 1.5": ["plan", "--prefix-cache-hit-rate", "1.5"],
+        "grace period within a heartbeat": ["plan", "--heartbeat-s", "5", "--grace-period-s", "5"],
         "missing cluster JSON": ["plan", "--cluster", str(tmp_path / "cluster.json")],
         "cluster JSON of the wrong shape": ["plan", "--cluster", str(tmp_path / "empty.json")],
         "unknown preset": ["clusters", "no-such-preset"],

@@ -48,6 +48,11 @@ def _command(database: Path, output: Path) -> list[str]:
         str(BUDGET),
         "--workers",
         "2",
+        # a trial its killed worker held is failed after 3 s, not the default 20 s
+        "--heartbeat-s",
+        "1",
+        "--grace-period-s",
+        "3",
         "--storage",
         f"sqlite:///{database}",
         "--output",

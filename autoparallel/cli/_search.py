@@ -117,6 +117,19 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
         "--workers", type=positive_int, default=1, help="worker processes searching one study"
     )
     parser.add_argument(
+        "--heartbeat-s",
+        type=positive_int,
+        default=5,
+        help="RDB storages: seconds between the heartbeats a worker sends for its running trial",
+    )
+    parser.add_argument(
+        "--grace-period-s",
+        type=positive_int,
+        default=20,
+        help="a trial with no heartbeat for this long (its worker died) is failed and retried; "
+        "must exceed --heartbeat-s",
+    )
+    parser.add_argument(
         "--study",
         default=None,
         help="study name in --storage (default: derived from the job); workers on other machines join it by name",
@@ -217,7 +230,17 @@ def _plan(args: argparse.Namespace) -> int:
     recipe = recipe_options(args, model=model)
     cluster = with_network_override(resolve_cluster(args.cluster, num_nodes=args.nodes), args)
     workload = _workload(args)
-    settings = SearchSettings(study_name=args.study, idle_devices=args.idle_devices)
+    if args.grace_period_s <= args.heartbeat_s:
+        raise ValueError(
+            f"--grace-period-s ({args.grace_period_s}) must be > --heartbeat-s "
+            f"({args.heartbeat_s}): a live trial would be failed between two heartbeats"
+        )
+    settings = SearchSettings(
+        study_name=args.study,
+        idle_devices=args.idle_devices,
+        heartbeat_interval_s=args.heartbeat_s,
+        grace_period_s=args.grace_period_s,
+    )
     if not args.json:
         console.print(
             f"Planning [bold]{model.name}[/] {workload.kind} on [bold]{cluster.num_devices}[/] x "
