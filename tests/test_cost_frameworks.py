@@ -125,23 +125,30 @@ def test_unfused_cross_entropy_adds_its_counted_passes() -> None:
     assert np.all(times[True][1] > times[False][1])
 
 
+def _dp64_context(framework: str):
+    """A ZeRO-1 context of MODEL over 64 data-parallel ranks under ``framework``."""
+    from cost_model._training_context import training_context
+
+    workload = Training(sequence_length_tokens=4096, global_batch_sequences=64, framework=framework)
+    return training_context(
+        model=MODEL,
+        cluster=CLUSTER,
+        workload=workload,
+        table=configs_to_table([ParallelConfig(dp=64, zero_stage=1)]),
+        options=NEUTRAL,
+    )
+
+
 def test_megatron_core_zeroes_its_whole_gradient_buffer_each_step() -> None:
     """Megatron-core's ``zero_grad_buffer`` writes the rank's whole fp32 main-gradient buffer
     once per step (ZeRO-1 keeps it unsharded); a profile that frees gradients writes none."""
-    from cost_model._training_context import training_context
     from cost_model._training_dp import _gradient_buffer_zero_time
 
     assert framework_profile("megatron-core").zeroes_gradient_buffer_each_step
     assert not framework_profile("torchtitan").zeroes_gradient_buffer_each_step
-    config = configs_to_table([ParallelConfig(dp=64, zero_stage=1)])
     seconds = {}
     for framework in ("megatron-core", "torchtitan"):
-        workload = Training(
-            sequence_length_tokens=4096, global_batch_sequences=64, framework=framework
-        )
-        ctx = training_context(
-            model=MODEL, cluster=CLUSTER, workload=workload, table=config, options=NEUTRAL
-        )
+        ctx = _dp64_context(framework)
         parameters = np.full((3, 1), 1e9)
         seconds[framework] = _gradient_buffer_zero_time(ctx, local_parameters=parameters)
         if framework == "megatron-core":
@@ -153,18 +160,11 @@ def test_megatron_core_zeroes_its_whole_gradient_buffer_each_step() -> None:
 def test_megatron_core_last_gradient_bucket_is_exposed() -> None:
     """The bucket holding the embedding (at least max(40M, 1M x dp) parameters) has no compute
     to hide behind under Megatron-core; torchtitan's FSDP2 has no such bucket."""
-    from cost_model._training_context import training_context
     from cost_model._training_dp import _last_bucket_share
 
-    config = configs_to_table([ParallelConfig(dp=64, zero_stage=1)])
     shares = {}
     for framework in ("megatron-core", "torchtitan"):
-        workload = Training(
-            sequence_length_tokens=4096, global_batch_sequences=64, framework=framework
-        )
-        ctx = training_context(
-            model=MODEL, cluster=CLUSTER, workload=workload, table=config, options=NEUTRAL
-        )
+        ctx = _dp64_context(framework)
         shares[framework] = _last_bucket_share(ctx)
         if framework == "megatron-core":
             dense = sum(ctx.parameters.values())
