@@ -24,6 +24,7 @@ from typing import Any, NamedTuple, cast
 
 import numpy as np
 
+from cost_model._bench_serving import RandomRun, RequestLengths, run_request_lengths
 from cost_model._inference_load import serving_inputs
 from cost_model._inference_validation import (
     _tokens_per_node,
@@ -124,6 +125,25 @@ def row_kv_dtype(row: dict) -> str:
     return checkpoint_kv_dtype(config) or "bf16"
 
 
+def _random_run(spec: list[int]) -> RandomRun:
+    input_len, output_len, num_prompts = spec
+    return RandomRun(input_len=input_len, output_len=output_len, num_prompts=num_prompts)
+
+
+def row_request_lengths(row: dict) -> RequestLengths | None:
+    """The row's own requests where it states its ``bench_serving`` random run
+    (``bench_serving_random``: ``input_len``, ``output_len`` and the ``earlier_runs``
+    ``[input_len, output_len, num_prompts]`` its server served before it, default seed):
+    lengths as the benchmark draws them, less the prompt tokens the server's prefix cache holds
+    (``_bench_serving.run_request_lengths``); None for a row without it."""
+    spec = row.get("bench_serving_random")
+    if spec is None:
+        return None
+    run = _random_run([spec["input_len"], spec["output_len"], row["num_requests"]])
+    earlier = [_random_run(e) for e in spec.get("earlier_runs", [])]
+    return run_request_lengths(run, earlier_runs=earlier)
+
+
 def _benchmark_workload(row: dict) -> Inference:
     return Inference(
         prompt_tokens=row["prompt_tokens"],
@@ -143,7 +163,9 @@ def simulate_benchmark(row: dict, *, seed: int = 0) -> dict[str, float]:
 
     A row with ``num_requests`` runs exactly that many requests from clients that start
     together, all measured (``bench_serving``'s protocol), with request lengths spread by the
-    row's ``prompt_tokens_cv`` / ``output_tokens_cv`` (fixed lengths when absent). A row without it was measured in
+    row's ``prompt_tokens_cv`` / ``output_tokens_cv`` (fixed lengths when absent), or, for a row
+    with ``bench_serving_random`` on one replica, the run's own requests
+    (``row_request_lengths``). A row without it was measured in
     steady state (a client that reports stable measurement windows of a running closed loop):
     the layout simulation's steady closed loop, whose warm-up is not measured."""
     from topology import get_preset
@@ -188,6 +210,7 @@ def simulate_benchmark(row: dict, *, seed: int = 0) -> dict[str, float]:
         prompt_tokens_cv=row.get("prompt_tokens_cv", 0.0),
         output_tokens_cv=row.get("output_tokens_cv", 0.0),
         seed=seed,
+        lengths=row_request_lengths(row) if count == 1 else None,
     )
     tokens = float(
         result.e2e_s.size / result.ranks * row["output_tokens"]

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cost_model._bench_serving import RequestLengths
 from cost_model._serving_replica import GRID_TOKENS, IterationCost, LoadPolicy
 
 
@@ -139,6 +140,7 @@ class _Requests:
         output_tokens: float,
         prompt_cv: float,
         output_cv: float,
+        lengths: RequestLengths | None = None,
     ) -> None:
         self.arrival: list[float] = []
         self.first_token: list[float] = []
@@ -147,11 +149,17 @@ class _Requests:
             _lengths(rng, prompt_tokens, prompt_cv, count),
             _lengths(rng, output_tokens, output_cv, count),
         )
-        self.prompt, self.output = self._draw(4096)
+        self.fixed = lengths is not None
+        if lengths is None:
+            self.prompt, self.output = self._draw(4096)
+        else:  # a replayed run: its requests' own lengths, less what the prefix cache holds
+            self.prompt, self.output = lengths.uncached_prompt_tokens, lengths.output_tokens
 
     def add(self, arrival: float) -> int:
         """Issue a request arriving at ``arrival``; its id."""
         rid = len(self.arrival)
+        if rid >= self.prompt.size and self.fixed:
+            raise ValueError(f"request {rid} is beyond the {self.prompt.size} requests replayed")
         if rid >= self.prompt.size:
             more_prompt, more_output = self._draw(self.prompt.size)
             self.prompt, self.output = (
@@ -176,6 +184,7 @@ def simulate(
     warmup_fraction: float = 0.2,
     seed: int = 0,
     num_requests: int | None = None,
+    lengths: RequestLengths | None = None,
 ) -> SimulationResult:
     """Serve ``duration_s`` of traffic on one replica whose iteration costs ``cost`` (one row).
 
@@ -184,7 +193,9 @@ def simulate(
     the run are served but not measured (the closed loop starts with all clients at once), nor
     are those finishing after ``duration_s`` (no new request arrives then: the load drains).
     ``num_requests`` runs a benchmark's protocol instead: exactly that many requests (the
-    clients start together), all measured, however long they take. Where ``policy`` couples
+    clients start together), all measured, however long they take; ``lengths`` replays that
+    run's own requests in sending order (``_bench_serving.RequestLengths``: a prompt's cached
+    tokens are not prefilled) instead of drawing them. Where ``policy`` couples
     several data-parallel attention ranks (``coupled_ranks``), each rank gets this load and they
     iterate together (``_run_coupled``); the throughputs stay per rank.
     """
@@ -196,6 +207,8 @@ def simulate(
         raise ValueError(f"request_rate_per_s ({request_rate_per_s}) must be > 0")
     if num_requests is not None and num_requests <= 0:
         raise ValueError(f"num_requests ({num_requests}) must be > 0")
+    if lengths is not None:
+        _check_replay(lengths, num_requests=num_requests, policy=policy)
     rng = np.random.default_rng(seed)
     engines = []
     for _ in range(_coupled_ranks(policy)):
@@ -213,6 +226,7 @@ def simulate(
             output_tokens=float(np.asarray(policy.output_tokens).ravel()[0]),
             prompt_cv=prompt_tokens_cv,
             output_cv=output_tokens_cv,
+            lengths=lengths,
         )
         engines.append(
             _Engine(
@@ -242,6 +256,18 @@ def simulate(
         duration_s=duration_s,
         ranks=len(engines),
     )
+
+
+def _check_replay(lengths: RequestLengths, *, num_requests: int | None, policy: LoadPolicy) -> None:
+    if num_requests is None or num_requests > lengths.prompt_tokens.size:
+        raise ValueError(
+            f"num_requests ({num_requests}) must be given and <= the "
+            f"{lengths.prompt_tokens.size} requests of lengths"
+        )
+    if _coupled_ranks(policy) != 1:
+        raise ValueError(
+            f"lengths replay one rank's requests; the policy couples {_coupled_ranks(policy)}"
+        )
 
 
 def _coupled_ranks(policy: LoadPolicy) -> int:
