@@ -35,7 +35,6 @@ import numpy as np
 
 from cost_model._kernel_curves import (
     DEVICE_ALIASES,
-    _between_rows,
     _engine_curves,
     kernel_curves,
     matmul_dtype_of,
@@ -47,6 +46,7 @@ from cost_model._units import dtype_bytes
 GROUPED_GEMM_SHAPE = (7168, 2048, 256, 8)
 #: Tokens per expert at which curves are stored: 1/32 .. 512 by powers of two.
 TOKENS_PER_EXPERT_GRID = np.exp2(np.arange(-5.0, 10.0))
+_LOG_TOKENS_GRID = np.log(TOKENS_PER_EXPERT_GRID)
 
 
 def grouped_gemm_ideal_s(
@@ -157,22 +157,78 @@ def grouped_gemm_efficiency(
         )
     )
     shape = np.broadcast_shapes(log_tokens.shape, where.shape, target.shape)
-    distance = np.stack([np.broadcast_to(np.abs(target - e), shape) for e, _, _ in tables])
-    # of the shapes with the nearest slice (DeepSeek-V3's and Kimi-K2's experts are one size),
-    # the one measured nearest the rank's expert count
-    at = np.broadcast_to(where, shape)
-    counts = np.stack([np.min(np.abs(np.subtract.outer(at, c)), axis=-1) for _, c, _ in tables])
-    nearest = np.argmin(np.where(distance == distance.min(axis=0), counts, np.inf), axis=0)
+    nearest = _nearest_table(tables, target=target, where=np.broadcast_to(where, shape))
+    log_tokens, where = np.broadcast_to(log_tokens, shape), np.broadcast_to(where, shape)
+    picked = np.unique(nearest)
+    if picked.size == 1:  # every row on one shape (the usual case: one model per table)
+        return _table_efficiency(tables[int(picked[0])], log_tokens=log_tokens, where=where)
     result = np.zeros(shape)
-    for index in np.unique(nearest):  # only the shapes some row is nearest to
-        _, log_counts, grid = tables[index]
-        along = np.stack(
-            [np.interp(log_tokens, np.log(TOKENS_PER_EXPERT_GRID), row) for row in grid]
-        )  # counts x n
-        along = np.broadcast_to(along, (along.shape[0], *shape))
-        value = _between_rows(along, log_counts, np.broadcast_to(where, shape))
-        result = np.where(nearest == index, value, result)
+    for index in picked:  # only the shapes some row is nearest to, each on its own rows
+        mine = nearest == index
+        result[mine] = _table_efficiency(
+            tables[int(index)], log_tokens=log_tokens[mine], where=where[mine]
+        )
     return result
+
+
+def _nearest_table(tables, *, target: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """Index of the table each row is priced on: of the shapes nearest ``target`` (log
+    elements), the one measured at the count nearest ``where`` (log2 experts per device)."""
+    distance = [np.abs(target - elements) for elements, _, _ in tables]
+    closest = np.minimum.reduce(distance) if len(distance) > 1 else distance[0]
+    counts = []
+    for (_, log_counts, _), gap in zip(tables, distance, strict=True):
+        candidate = gap == closest
+        counts.append(
+            np.where(candidate, _count_gap(where, log_counts), np.inf)
+            if np.any(candidate)
+            else np.full(where.shape, np.inf)
+        )
+    return np.argmin(np.stack(counts), axis=0)
+
+
+def _count_gap(where: np.ndarray, log_counts: np.ndarray) -> np.ndarray:
+    """Distance from ``where`` to the nearest of ``log_counts`` (ascending): one of the two
+    counts either side of it, since the rounded differences are monotonic along the grid."""
+    if log_counts.size == 1:
+        return np.abs(where - log_counts[0])
+    upper = np.clip(np.searchsorted(log_counts, where), 1, log_counts.size - 1)
+    return np.minimum(np.abs(where - log_counts[upper - 1]), np.abs(where - log_counts[upper]))
+
+
+def _table_efficiency(table, *, log_tokens: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """One table's efficiency at each row: linear in log tokens along the two measured counts
+    either side of ``where``, then linear between them (``_between_rows``), computed on those
+    two counts only."""
+    _, log_counts, grid = table
+    if log_counts.size == 1:
+        return _interp_rows(log_tokens, grid, np.zeros(log_tokens.shape, dtype=np.int64))
+    index = np.clip(np.searchsorted(log_counts, where) - 1, 0, log_counts.size - 2)
+    weight = np.clip(
+        (where - log_counts[index]) / (log_counts[index + 1] - log_counts[index]), 0.0, 1.0
+    )
+    lower, upper = _interp_rows(log_tokens, grid, index), _interp_rows(log_tokens, grid, index + 1)
+    return (1 - weight) * lower + weight * upper
+
+
+def _interp_rows(x: np.ndarray, grid: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``np.interp(x, log(TOKENS_PER_EXPERT_GRID), grid[row])`` element by element with each
+    element's own ``row``, by numpy's own arithmetic (``arr_interp``: the slope of the segment,
+    the other end where that is NaN, the end values outside the grid)."""
+    xp = _LOG_TOKENS_GRID
+    slopes = (grid[:, 1:] - grid[:, :-1]) / (xp[1:] - xp[:-1])
+    segment = np.clip(np.searchsorted(xp, x, side="right") - 1, 0, xp.size - 2)
+    low, high = grid[rows, segment], grid[rows, segment + 1]
+    slope = slopes[rows, segment]
+    value = slope * (x - xp[segment]) + low
+    if np.isnan(value).any():
+        again = slope * (x - xp[segment + 1]) + high
+        again = np.where(np.isnan(again) & (low == high), low, again)
+        value = np.where(np.isnan(value), again, value)
+    value = np.where(x == xp[segment], low, value)
+    value = np.where(x <= xp[0], grid[rows, 0], value)
+    value = np.where(x >= xp[-1], grid[rows, -1], value)
+    return np.where(np.isnan(x), x, value)
 
 
 def grouped_experts_time_s(
