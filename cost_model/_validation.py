@@ -66,7 +66,7 @@ TOLERANCES: dict[str, tuple[float | None, float | None]] = {
     "torchtitan_h100_peak_memory_tp_pp": (0.10, 0.22),
     # measured 14.6% mean, 32.1% max: 1.7B and 7.1B +32% and +31% fast, 32B 25% slow (its
     # fp32 gradient reduce-scatter over 48 nodes is priced mostly exposed).
-    "megatron_readme_h100": (0.18, None),
+    "megatron_readme_h100": (0.15, None),
     "torchtitan_a100_fsdp": (0.04, 0.10),  # measured 3.1%, 8.8%
     # measured 14.5%, 22.5%: the 131K-context row is 22% fast (its exposed K/V all-gather and
     # attention are priced, the report's document mask is not).
