@@ -199,27 +199,18 @@ def simulate(
     several data-parallel attention ranks (``coupled_ranks``), each rank gets this load and they
     iterate together (``_run_coupled``); the throughputs stay per rank.
     """
-    if (concurrency is None) == (request_rate_per_s is None):
-        raise ValueError("give concurrency or request_rate_per_s (one of them)")
-    if concurrency is not None and concurrency <= 0:
-        raise ValueError(f"concurrency ({concurrency}) must be > 0")
-    if request_rate_per_s is not None and request_rate_per_s <= 0:
-        raise ValueError(f"request_rate_per_s ({request_rate_per_s}) must be > 0")
-    if num_requests is not None and num_requests <= 0:
-        raise ValueError(f"num_requests ({num_requests}) must be > 0")
+    _check_load(concurrency, request_rate_per_s, num_requests)
     if lengths is not None:
         _check_replay(lengths, num_requests=num_requests, policy=policy)
     rng = np.random.default_rng(seed)
     engines = []
     for _ in range(_coupled_ranks(policy)):
-        arrivals: list[float]
-        if request_rate_per_s is not None:
-            expected = request_rate_per_s * duration_s
-            count = int(expected + 6 * np.sqrt(expected)) + 16
-            times = np.cumsum(rng.exponential(1.0 / request_rate_per_s, count))
-            arrivals = [float(t) for t in times[times < duration_s]]
-        else:
-            arrivals = [0.0] * int(concurrency or 0)
+        arrivals = _arrivals(
+            rng,
+            concurrency=concurrency,
+            request_rate_per_s=request_rate_per_s,
+            duration_s=duration_s,
+        )
         requests = _Requests(
             rng=rng,
             prompt_tokens=float(np.asarray(policy.prompt_tokens).ravel()[0]),
@@ -256,6 +247,36 @@ def simulate(
         duration_s=duration_s,
         ranks=len(engines),
     )
+
+
+def _check_load(
+    concurrency: int | None, request_rate_per_s: float | None, num_requests: int | None
+) -> None:
+    if (concurrency is None) == (request_rate_per_s is None):
+        raise ValueError("give concurrency or request_rate_per_s (one of them)")
+    if concurrency is not None and concurrency <= 0:
+        raise ValueError(f"concurrency ({concurrency}) must be > 0")
+    if request_rate_per_s is not None and request_rate_per_s <= 0:
+        raise ValueError(f"request_rate_per_s ({request_rate_per_s}) must be > 0")
+    if num_requests is not None and num_requests <= 0:
+        raise ValueError(f"num_requests ({num_requests}) must be > 0")
+
+
+def _arrivals(
+    rng: np.random.Generator,
+    *,
+    concurrency: int | None,
+    request_rate_per_s: float | None,
+    duration_s: float,
+) -> list[float]:
+    """Arrival times of one replica's first requests: Poisson over ``duration_s`` at
+    ``request_rate_per_s``, or the ``concurrency`` clients of a closed loop at once."""
+    if request_rate_per_s is None:
+        return [0.0] * int(concurrency or 0)
+    expected = request_rate_per_s * duration_s
+    count = int(expected + 6 * np.sqrt(expected)) + 16
+    times = np.cumsum(rng.exponential(1.0 / request_rate_per_s, count))
+    return [float(t) for t in times[times < duration_s]]
 
 
 def _check_replay(lengths: RequestLengths, *, num_requests: int | None, policy: LoadPolicy) -> None:

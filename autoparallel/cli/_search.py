@@ -107,6 +107,40 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--trials", type=positive_int, default=DEFAULT_TRIALS)
     parser.add_argument("--sampler", default=None, choices=("tpe", "nsga2", "random"))
+    _study_arguments(parser)
+    parser.add_argument(
+        "--idle-devices",
+        default="when_needed",
+        choices=("never", "when_needed", "compare"),
+        help="plan on fewer whole nodes when no layout uses them all (when_needed), or also compare them (compare)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", type=output_file, default="plan.json")
+    parser.add_argument(
+        "--engine",
+        default=None,
+        choices=("vllm", "sglang", "trtllm", "megatron", "torchtitan", "deepspeed"),
+        help="keep only layouts this engine runs",
+    )
+    parser.add_argument(
+        "--engine-version",
+        default=None,
+        help="with --engine: its release (default: the current one)",
+    )
+    parser.add_argument(
+        "--framework",
+        default=None,
+        choices=framework_names(),
+        help="training software profile (its defaults and host costs; CUDA graphs are priced "
+        "against its host operator counts)",
+    )
+    add_recipe_arguments(parser, searched_recompute=True)
+    add_json_flag(parser)
+    parser.set_defaults(job_defaults={name: parser.get_default(name) for name in _JOB_ARGUMENTS})
+
+
+def _study_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the search keeps its study and how its workers share it."""
     parser.add_argument(
         "--storage",
         default=None,
@@ -139,35 +173,6 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="write the plan from the study's finished trials without searching (the job is read from the study)",
     )
-    parser.add_argument(
-        "--idle-devices",
-        default="when_needed",
-        choices=("never", "when_needed", "compare"),
-        help="plan on fewer whole nodes when no layout uses them all (when_needed), or also compare them (compare)",
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", type=output_file, default="plan.json")
-    parser.add_argument(
-        "--engine",
-        default=None,
-        choices=("vllm", "sglang", "trtllm", "megatron", "torchtitan", "deepspeed"),
-        help="keep only layouts this engine runs",
-    )
-    parser.add_argument(
-        "--engine-version",
-        default=None,
-        help="with --engine: its release (default: the current one)",
-    )
-    parser.add_argument(
-        "--framework",
-        default=None,
-        choices=framework_names(),
-        help="training software profile (its defaults and host costs; CUDA graphs are priced "
-        "against its host operator counts)",
-    )
-    add_recipe_arguments(parser, searched_recompute=True)
-    add_json_flag(parser)
-    parser.set_defaults(job_defaults={name: parser.get_default(name) for name in _JOB_ARGUMENTS})
 
 
 #: Arguments that describe the job; ``--from-study`` reads the job from the study instead.
