@@ -21,6 +21,7 @@ fit input; the row's published figures are printed for reference only (validatio
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import numpy as np
@@ -109,57 +110,65 @@ def model_terms(row: dict, batch: int, *, decode: bool) -> dict[str, float]:
     return terms
 
 
-def table_terms(row: dict, root: Path, batch: int, context: float, *, decode: bool) -> dict:
-    """Seconds of the same terms from the engine's operator tables (all layers)."""
-    import pandas as pd
+class _Tables:
+    """The row's engine's newest aiconfigurator-core tables on the row's device."""
 
-    from cost_model._serving_validation import row_model
+    def __init__(self, row: dict, root: Path) -> None:
+        self.base = root / "aiconfigurator_core/systems/data" / FOLDERS[row["preset"]]
+        self.engine = row["engine"]
 
-    model = row_model(row)
-    tp = int(row["config"]["tp"])
-    base = root / "aiconfigurator_core/systems/data" / FOLDERS[row["preset"]]
+    def newest(self, op: str, name: str):
+        import pandas as pd
 
-    def newest(op: str, name: str) -> Path:
-        paths = sorted((base / op / row["engine"]).glob(f"*/{name}"))
+        paths = sorted((self.base / op / self.engine).glob(f"*/{name}"))
         with_version = [
-            (tuple(int(x) for x in __import__("re").findall(r"\d+", p.parent.name)), p)
-            for p in paths
+            (tuple(int(x) for x in re.findall(r"\d+", p.parent.name)), p) for p in paths
         ]
-        return max(with_version)[1]
+        return pd.read_parquet(max(with_version)[1])
 
-    gemm = pd.read_parquet(newest("gemm", "gemm_perf.parquet"))
-    layers = model.num_layers
-    a, h = model.attention, model.hidden_size
-    m = batch if decode else int(row["prompt_tokens"])
 
-    scale = pd.read_parquet(newest("quantize", "computescale_perf.parquet"))
-    grid_n, grid_k = np.sort(gemm.n.unique()), np.sort(gemm.k.unique())
+def _loglog(x: float, best) -> float:
+    """Log-log interpolation of a measured series (index: the size) at ``x``."""
+    return float(np.exp(np.interp(np.log(x), np.log(best.index), np.log(best.values))))
 
-    def on_grid(n: int, k: int, dtype: str) -> float:
-        """Log-linear in M between the measured M, the fastest kernel at each."""
+
+class _GemmTable:
+    """GEMM latency from the table: the fastest kernel at each measured M, log-linear in M
+    between them, log-bilinear between the measured N and K around the asked ones."""
+
+    def __init__(self, tables: _Tables) -> None:
+        self.gemm = tables.newest("gemm", "gemm_perf.parquet")
+        self.scale = tables.newest("quantize", "computescale_perf.parquet")
+        self.grid_n, self.grid_k = np.sort(self.gemm.n.unique()), np.sort(self.gemm.k.unique())
+
+    def on_grid(self, m: int, n: int, k: int, dtype: str) -> float:
         table = "fp8" if dtype == "fp8 static" else dtype
+        gemm = self.gemm
         rows = gemm[(gemm.gemm_dtype == table) & (gemm.n == n) & (gemm.k == k)]
         best = rows.groupby("m").latency.min().sort_index()
         if dtype == "fp8 static":  # less the dynamic amax step (the compute-scale table)
-            steps = scale[scale.k == k].groupby("m").latency.min()
+            steps = self.scale[self.scale.k == k].groupby("m").latency.min()
             best = best - steps.reindex(best.index).fillna(0.0)
-        return float(np.exp(np.interp(np.log(m), np.log(best.index), np.log(best.values))))
+        return _loglog(m, best)
 
-    def gemm_s(n: int, k: int, dtype: str) -> float:
-        """On the table's N x K, or log-bilinear between the measured N and K around it."""
-
+    def seconds(self, m: int, n: int, k: int, dtype: str) -> float:
         def around(grid, x):
             lo, hi = grid[grid <= x].max(), grid[grid >= x].min()
             w = 0.0 if hi == lo else (np.log(x) - np.log(lo)) / (np.log(hi) - np.log(lo))
             return ((lo, 1.0 - w), (hi, w))
 
         total = 0.0
-        for nn, wn in around(grid_n, n):
-            for kk, wk in around(grid_k, k):
+        for nn, wn in around(self.grid_n, n):
+            for kk, wk in around(self.grid_k, k):
                 if wn * wk > 0:
-                    total += wn * wk * np.log(on_grid(int(nn), int(kk), dtype))
+                    total += wn * wk * np.log(self.on_grid(m, int(nn), int(kk), dtype))
         return float(np.exp(total)) * 1e-3
 
+
+def _gemm_terms(row: dict, tables: _Tables, model, m: int, batch: int) -> dict[str, float]:
+    """The dense GEMMs of every layer and the LM head, per table dtype."""
+    gemms = _GemmTable(tables)
+    tp, a, h = int(row["config"]["tp"]), model.attention, model.hidden_size
     shapes = {
         "qkv_proj": ((a.num_heads + 2 * a.num_kv_heads) * a.head_dim // tp, h),
         "o_proj": (h, a.num_heads * a.head_dim // tp),
@@ -169,61 +178,79 @@ def table_terms(row: dict, root: Path, batch: int, context: float, *, decode: bo
     terms = {}
     for dtype in ("fp8 static", "fp8", "fp8_block"):
         for name, (n, k) in shapes.items():
-            terms[f"GEMM {name} [{dtype}, N {n} K {k}]"] = layers * gemm_s(n, k, dtype)
-    m = batch  # the LM head runs on each sequence's last token only
-    for dtype in ("bfloat16", "fp8 static"):
-        terms[f"LM head [{dtype}, N {model.vocab_size // tp} K {h}]"] = gemm_s(
-            model.vocab_size // tp, h, dtype
-        )
-    m = batch if decode else int(row["prompt_tokens"])
-    kv = "fp8" if row.get("kv_dtype") == "fp8" else "bfloat16"
-    if decode:
-        att = pd.read_parquet(newest("attention", "generation_attention_perf.parquet"))
-        sel = att[
-            (att.num_heads == a.num_heads // tp)
-            & (att.num_key_value_heads == max(a.num_kv_heads // tp, 1))
-            & (att.kv_cache_dtype == kv)
-            & (att.attn_dtype == "bfloat16")
-            & (att.head_dim == a.head_dim)
-        ]
-        sel = sel.assign(ctx=sel.isl + sel.step)
-        grid = {}
-        for b, g in sel.groupby("batch_size"):
-            best = g.groupby("ctx").latency.min().sort_index()
-            if len(best) >= 2:  # log-log between measured contexts, bandwidth-bound beyond
-                at = np.exp(np.interp(np.log(context), np.log(best.index), np.log(best.values)))
-                grid[b] = float(at * max(context / best.index[-1], 1.0))
-        bs = np.array(sorted(grid))
-        lat = np.array([grid[b] for b in bs])
-        terms[f"core attention [{kv} KV, measured batches {bs.min()}..{bs.max()}]"] = (
-            layers * float(np.exp(np.interp(np.log(batch), np.log(bs), np.log(lat)))) * 1e-3
-        )
-    else:
-        att = pd.read_parquet(newest("attention", "context_attention_perf.parquet"))
-        sel = att[
-            (att.num_heads == a.num_heads // tp)
-            & (att.num_key_value_heads == max(a.num_kv_heads // tp, 1))
-            & (att.batch_size == 1)
-            & (att.head_dim == a.head_dim)
-            & (att.window_size == 0)
-        ]
-        for dt, g in sel.groupby(["attn_dtype", "kv_cache_dtype"]):
-            best = g.groupby("isl").latency.min().sort_index()
-            terms[f"core attention [context, {dt[0]}/{dt[1]} KV]"] = (
-                layers
-                * float(np.exp(np.interp(np.log(m), np.log(best.index), np.log(best.values))))
-                * 1e-3
+            terms[f"GEMM {name} [{dtype}, N {n} K {k}]"] = model.num_layers * gemms.seconds(
+                m, n, k, dtype
             )
-    comm = pd.read_parquet(newest("comm", "custom_allreduce_perf.parquet"))
-    comm = comm[comm.num_gpus == tp]
+    for dtype in ("bfloat16", "fp8 static"):  # the LM head runs on each sequence's last token
+        terms[f"LM head [{dtype}, N {model.vocab_size // tp} K {h}]"] = gemms.seconds(
+            batch, model.vocab_size // tp, h, dtype
+        )
+    return terms
+
+
+def _heads(att, row: dict, model):
+    tp, a = int(row["config"]["tp"]), model.attention
+    return att[
+        (att.num_heads == a.num_heads // tp)
+        & (att.num_key_value_heads == max(a.num_kv_heads // tp, 1))
+        & (att.head_dim == a.head_dim)
+    ]
+
+
+def _decode_attention_terms(row: dict, tables: _Tables, model, batch: int, context: float):
+    kv = "fp8" if row.get("kv_dtype") == "fp8" else "bfloat16"
+    att = _heads(tables.newest("attention", "generation_attention_perf.parquet"), row, model)
+    sel = att[(att.kv_cache_dtype == kv) & (att.attn_dtype == "bfloat16")]
+    sel = sel.assign(ctx=sel.isl + sel.step)
+    grid = {}
+    for b, g in sel.groupby("batch_size"):
+        best = g.groupby("ctx").latency.min().sort_index()
+        if len(best) >= 2:  # log-log between measured contexts, bandwidth-bound beyond
+            grid[b] = _loglog(context, best) * max(context / best.index[-1], 1.0)
+    bs = np.array(sorted(grid))
+    lat = np.array([grid[b] for b in bs])
+    at_batch = float(np.exp(np.interp(np.log(batch), np.log(bs), np.log(lat))))
+    name = f"core attention [{kv} KV, measured batches {bs.min()}..{bs.max()}]"
+    return {name: model.num_layers * at_batch * 1e-3}
+
+
+def _context_attention_terms(row: dict, tables: _Tables, model, m: int) -> dict[str, float]:
+    att = _heads(tables.newest("attention", "context_attention_perf.parquet"), row, model)
+    sel = att[(att.batch_size == 1) & (att.window_size == 0)]
+    terms = {}
+    for dt, g in sel.groupby(["attn_dtype", "kv_cache_dtype"]):
+        best = g.groupby("isl").latency.min().sort_index()
+        terms[f"core attention [context, {dt[0]}/{dt[1]} KV]"] = (
+            model.num_layers * _loglog(m, best) * 1e-3
+        )
+    return terms
+
+
+def _all_reduce_terms(row: dict, tables: _Tables, model, m: int) -> dict[str, float]:
+    comm = tables.newest("comm", "custom_allreduce_perf.parquet")
+    comm = comm[comm.num_gpus == int(row["config"]["tp"])]
+    terms = {}
     for backend, g in comm.groupby("backend") if "backend" in comm else [("", comm)]:
         best = g.groupby("message_size").latency.min().sort_index()
         terms[f"TP all-reduce x2 per layer [{backend}]"] = (
-            2
-            * layers
-            * float(np.exp(np.interp(np.log(m * h), np.log(best.index), np.log(best.values))))
-            * 1e-3
+            2 * model.num_layers * _loglog(m * model.hidden_size, best) * 1e-3
         )
+    return terms
+
+
+def table_terms(row: dict, root: Path, batch: int, context: float, *, decode: bool) -> dict:
+    """Seconds of the same terms from the engine's operator tables (all layers)."""
+    from cost_model._serving_validation import row_model
+
+    model = row_model(row)
+    tables = _Tables(row, root)
+    m = batch if decode else int(row["prompt_tokens"])
+    terms = _gemm_terms(row, tables, model, m, batch)
+    if decode:
+        terms.update(_decode_attention_terms(row, tables, model, batch, context))
+    else:
+        terms.update(_context_attention_terms(row, tables, model, m))
+    terms.update(_all_reduce_terms(row, tables, model, m))
     return terms
 
 
