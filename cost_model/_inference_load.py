@@ -37,11 +37,18 @@ from cost_model._inference_setup import _passes, _Setup, _setup
 from cost_model._model_spec import ModelSpec
 from cost_model._options import EstimateOptions
 from cost_model._reasons import REASON_CODES, memory_reason
+from cost_model._rows import distinct_rows
 from cost_model._serving_columns import PHASE_CODES
 from cost_model._serving_load import LoadTimes, closed_loop, open_loop
 from cost_model._serving_replica import GRID_TOKENS, IterationCost, LoadPolicy
+from cost_model._table import select_rows, table_length
 from cost_model._workload import Inference
 
+#: Config columns no inference formula reads (``_inference_setup`` reads the mesh, the virtual
+#: stages, attention data parallelism and ``_serving_columns.INFERENCE_COLUMNS``).
+TRAINING_ONLY_COLUMNS = frozenset(
+    {"recompute", "zero_stage", "micro_batch_size", "sequence_parallel", "pipeline_schedule"}
+)
 #: Requests in flight per replica tried when the SLOs choose the load (2x apart).
 CONCURRENCY_GRID = 2.0 ** np.arange(13)
 #: Tokens per iteration at which decode attention is priced per request (it is linear in them).
@@ -354,7 +361,48 @@ def estimate_inference_table(
     ``_inference_passes``, ``_inference_memory`` and this module). ``options`` supplies the
     calibration (default: the shipped one for the device) and the fragmentation reserve.
     ``prompt_tokens``, an array over rows, overrides ``workload.prompt_tokens`` (sequence sweeps).
-    Rows are not checked against the model's rules here (``check_parallel_config`` does that)."""
+    Rows are not checked against the model's rules here (``check_parallel_config`` does that).
+
+    Rows that differ only in ``TRAINING_ONLY_COLUMNS`` are priced once (every formula here is
+    row by row, so each row's result is the one it would have alone)."""
+    priced = partial(_estimate_rows, model=model, cluster=cluster, workload=workload)
+    first, inverse = _inference_layouts(table, prompt_tokens)
+    if 2 * first.size > inverse.size:
+        return priced(table=table, options=options, prompt_tokens=prompt_tokens)
+    if prompt_tokens is not None and np.ndim(prompt_tokens) > 0:
+        prompt_tokens = np.asarray(prompt_tokens)[first]
+    columns = priced(table=select_rows(table, first), options=options, prompt_tokens=prompt_tokens)
+    return {name: np.take(value, inverse) for name, value in columns.items()}
+
+
+def _inference_layouts(
+    table: Mapping[str, np.ndarray], prompt_tokens
+) -> tuple[np.ndarray, np.ndarray]:
+    """``_rows.distinct_rows`` of ``table`` over every column but ``TRAINING_ONLY_COLUMNS``
+    (and over ``prompt_tokens`` where it is an array over rows)."""
+    size = table_length(table)
+    if size < 2:
+        return np.arange(size), np.arange(size)
+    values = [
+        np.asarray(column) for name, column in table.items() if name not in TRAINING_ONLY_COLUMNS
+    ]
+    if prompt_tokens is not None and np.ndim(prompt_tokens) > 0:
+        values.append(np.asarray(prompt_tokens))
+    if any(value.shape != (size,) for value in values):
+        return np.arange(size), np.arange(size)
+    return distinct_rows(values, size=size)
+
+
+def _estimate_rows(
+    *,
+    model: ModelSpec,
+    cluster,
+    workload: Inference,
+    table: Mapping[str, np.ndarray],
+    options: EstimateOptions | None,
+    prompt_tokens,
+) -> dict[str, np.ndarray]:
+    """``estimate_inference_table`` on every row of ``table``."""
     s = _setup(
         model=model,
         cluster=cluster,

@@ -47,7 +47,7 @@ def distinct_rows(values, *, size: int) -> tuple[np.ndarray, np.ndarray]:
 def _alike(value: np.ndarray, first: np.ndarray, inverse: np.ndarray, step: int = 1) -> bool:
     """``value`` equals its representative's value on every row (NaN equal to NaN); with
     ``step`` > 1, on every ``step``-th row only (a cheap first look that rejects most misfits)."""
-    represented = value[first][inverse[::step]]
+    represented = np.take(np.take(value, first), inverse[::step])  # take: faster than [] here
     value = value[::step]
     same = represented == value
     if same.all():
@@ -174,4 +174,4 @@ _GROUPINGS_KEPT = 6
 
 def _scattered(value, inverse: np.ndarray):
     """Per-group results back on every row (the last axis is the group axis)."""
-    return value if np.ndim(value) == 0 else np.asarray(value)[..., inverse]
+    return value if np.ndim(value) == 0 else np.take(np.asarray(value), inverse, axis=-1)
