@@ -130,8 +130,8 @@ def _pass_parts(s: _Setup, p: ops.Pass) -> tuple[dict[str, np.ndarray], dict[str
         "attention": micro_batches * s.layout.layers * _attention_time(s, micro),
     }
     raw.update(
-        {
-            kind: micro_batches * np.broadcast_to(t, shape)
+        {  # a rank-independent time is scaled once, then broadcast over the ranks
+            kind: np.broadcast_to(micro_batches * t, shape) if np.ndim(t) < 2 else micro_batches * t
             for kind, t in _comm_times(s, micro).items()
         }
     )
@@ -140,9 +140,10 @@ def _pass_parts(s: _Setup, p: ops.Pass) -> tuple[dict[str, np.ndarray], dict[str
         kind: np.where(s.two_batch & (kind != "pp_comm"), 1.0, s.calibration.overlap_fraction(kind))
         for kind in _COMM_PARTS
     }
-    hideable = sum(raw[kind] * fractions[kind] for kind in _COMM_PARTS)
+    hideable_parts = {kind: raw[kind] * fractions[kind] for kind in _COMM_PARTS}
+    hideable = sum(hideable_parts.values())
     scale = np.minimum(hideable, busy) / np.where(hideable > 0, hideable, 1.0)
-    hidden = {kind: raw[kind] * fractions[kind] * scale for kind in _COMM_PARTS}
+    hidden = {kind: hideable_parts[kind] * scale for kind in _COMM_PARTS}
     exposed = {part: raw[part] - hidden.get(part, 0.0) for part in INFERENCE_TIME_PARTS}
     if not p.decode:  # the hidden traffic's kernels hold SMs: compute runs slower meanwhile
         exposed["compute"] = exposed["compute"] + ops.COMMUNICATION_SM_FRACTION * sum(

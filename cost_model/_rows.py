@@ -47,7 +47,12 @@ def distinct_rows(values, *, size: int) -> tuple[np.ndarray, np.ndarray]:
 def _alike(value: np.ndarray, first: np.ndarray, inverse: np.ndarray, step: int = 1) -> bool:
     """``value`` equals its representative's value on every row (NaN equal to NaN); with
     ``step`` > 1, on every ``step``-th row only (a cheap first look that rejects most misfits)."""
-    represented = np.take(np.take(value, first), inverse[::step])  # take: faster than [] here
+    rows = inverse[::step]
+    # gather through whichever index array is shorter (np.take: faster than [] here)
+    if first.size < rows.size:
+        represented = np.take(np.take(value, first), rows)
+    else:
+        represented = np.take(value, np.take(first, rows))
     value = value[::step]
     same = represented == value
     if same.all():
@@ -89,13 +94,16 @@ class RowPartition:
         )
         for index in order:
             first, inverse = self._groupings[index]
-            if (
-                inverse.size == size
-                and all(_alike(value, first, inverse, _GLANCE_STEP) for value in values)
-                and all(_alike(value, first, inverse) for value in values)
+            if inverse.size != size or not all(
+                _alike(value, first, inverse, _GLANCE_STEP) for value in values
             ):
+                continue
+            if 2 * first.size > size:  # too fine to use: every row is priced, no check needed
                 self._last[site] = index
-                return None if 2 * first.size > size else (first, inverse)
+                return None
+            if all(_alike(value, first, inverse) for value in values):
+                self._last[site] = index
+                return first, inverse
         first, inverse = distinct_rows(values, size=size)
         if len(self._groupings) >= _GROUPINGS_KEPT:  # forget the finest
             finest = max(range(len(self._groupings)), key=lambda i: len(self._groupings[i][0]))
