@@ -9,10 +9,11 @@ Inference is priced twice: fully loaded, then with a TTFT and a TPOT SLO set (ea
 scans the concurrencies its cache holds for the largest whose p90 TTFT/TPOT meet them).
 
 Inference reads none of the training switches, so those rows hold far fewer distinct inference
-layouts (mesh x virtual stages; the count is printed), and the cost model prices the
-collectives and kernel-curve lookups once per group of alike rows. The ``distinct`` line prices
-the same table with ``num_redundant_experts`` numbered within each inference layout, so that
-every row is a distinct inference layout (SLOs set).
+layouts (mesh x virtual stages; the count is printed), and the cost model prices each distinct
+inference layout once (``_inference_load.TRAINING_ONLY_COLUMNS``) and the collectives and
+kernel-curve lookups once per group of alike rows. The ``distinct`` line prices the same table
+with ``num_redundant_experts`` numbered within each inference layout, so that every row is a
+distinct inference layout (SLOs set): the figure for a table with no repeated layout.
 
 The serving simulator (``cost_model._simulator``) then serves 10 minutes of Poisson traffic at
 50 requests/s (512-token prompts, 128-token outputs) on one plan (DeepSeek-V3, fp8, TP8 on one
