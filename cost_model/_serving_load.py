@@ -207,7 +207,12 @@ def closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> Load
     )
     e2e_running = np.where(bound, running / rate, chunks * prefill_s + (output - 1.0) * tpot)
     admission_wait = (concurrency - running) / rate
-    ttft = policy.request_overhead_s + e2e_running - (output - 1.0) * tpot + admission_wait
+    landing = _chained_landing_wait_s(
+        overhead_s=policy.request_overhead_s, groups=groups, prefill_s=prefill_s, decode_s=decode_s
+    )
+    ttft = (
+        policy.request_overhead_s + landing + e2e_running - (output - 1.0) * tpot + admission_wait
+    )
     return LoadTimes(ttft, tpot, ttft + (output - 1.0) * tpot, rate, running)
 
 
@@ -264,11 +269,11 @@ def _desynchronized_closed_loop(
     budget-sized iterations as they take (the ones ahead of it in the queue, half of them
     on average, before its own).
 
-    As in the simulator, a new request reaches the scheduler at the end of the iteration that
-    completed its predecessor. A real client's request first crosses the HTTP server and the
-    tokenizer (``request_overhead_s``), lands inside a later iteration and waits for its rest
-    (the engines ingest requests between iterations, e.g. SGLang's ``event_loop_normal``): at
-    most one iteration, not modelled here. Prompt lengths that vary with equal outputs leave
+    A new request reaches the scheduler ``request_overhead_s`` after the iteration that
+    completed its predecessor (the client reads the last token and sends the next request,
+    which crosses the HTTP server and the tokenizer): it lands inside an iteration that
+    started without it and waits for its rest (``_landing_wait_s``), as in the simulator.
+    Prompt lengths that vary with equal outputs leave
     the requests prefilled together ending together, so only the output's spread selects
     this form (on an engine that mixes, such groups split unevenly over the budget's
     iterations, which neither form prices).
@@ -287,9 +292,12 @@ def _desynchronized_closed_loop(
     tpot, step_spread = _desynchronized_tpot(
         cost=cost, policy=policy, col=col, running=running, batches=batches, decode_s=decode_s
     )
-    rate = running / (batches.own_s + (output - 1.0) * tpot)
+    landing = _landing_wait_s(policy=policy, col=col, batches=batches, decode_s=decode_s)
+    held_s = batches.own_s + (output - 1.0) * tpot  # a request holds its slot
+    cycle_s = policy.request_overhead_s + landing + held_s  # a client's cycle
+    rate = np.minimum(concurrency / cycle_s, running / held_s)
     admission_wait = (concurrency - running) / rate
-    ttft = policy.request_overhead_s + batches.own_s + admission_wait
+    ttft = policy.request_overhead_s + landing + batches.own_s + admission_wait
     return LoadTimes(
         ttft,
         tpot,
@@ -338,6 +346,47 @@ def _desynchronized_prompt_batches(
         batch_iterations=batch_iterations,
         own_s=own_s,
     )
+
+
+def _landing_wait_s(*, policy: LoadPolicy, col, batches: _PromptBatches, decode_s) -> np.ndarray:
+    """Wait of a request that lands ``request_overhead_s`` after an iteration boundary for the
+    end of the iteration it lands in: the engines take new requests in only between
+    iterations (SGLang ``Scheduler.event_loop_normal`` receives requests before it builds
+    the next batch; vLLM V1 ``EngineCore.step`` and TensorRT-LLM's executor loop likewise),
+    and the iteration after a completion starts at once, without the request sent then.
+    Iterations of equal length ``T`` leave ``ceil(o / T) T - o``; the one landed in carries
+    prompts with the share of iterations that do (on any of the coupled ranks, whose
+    iterations last as long as the slowest: ``DP_ATTENTION_COUPLING``)."""
+    overhead = np.asarray(policy.request_overhead_s, dtype=np.float64)
+    prefill_s = batches.batch_s / batches.batch_iterations
+    per_step = batches.with_prompts * batches.batch_iterations  # prompt iterations per decode
+    if policy.mixed_prefill_decode:
+        share = np.minimum(per_step, 1.0)
+    else:  # prompt iterations run between the decode steps
+        share = per_step / (1.0 + per_step)
+    share = 1.0 - (1.0 - share) ** col(policy.coupled_ranks)
+
+    return share * _iteration_rest_s(overhead, prefill_s) + (1.0 - share) * _iteration_rest_s(
+        overhead, decode_s
+    )
+
+
+def _iteration_rest_s(overhead_s, iteration_s) -> np.ndarray:
+    """What is left of iterations of length ``iteration_s`` back to back ``overhead_s`` after
+    one began: ``ceil(o / T) T - o``."""
+    iteration_s = np.maximum(iteration_s, 1e-12)
+    return np.ceil(overhead_s / iteration_s) * iteration_s - overhead_s
+
+
+def _chained_landing_wait_s(*, overhead_s, groups, prefill_s, decode_s) -> np.ndarray:
+    """Landing wait (``_landing_wait_s``) of equal requests whose prompts fill ``groups``
+    prefill iterations on an engine that mixes: the group finishing one iteration after
+    another lands in that group's prefill iteration, so the groups chain (their prefills run
+    back to back); the chain's first lands in a decode iteration. One group returns to an idle
+    engine and waits for nothing."""
+    groups = np.maximum(groups, 1.0)
+    chained = (1.0 - 1.0 / groups) * _iteration_rest_s(overhead_s, prefill_s)
+    return chained + np.where(groups > 1.0, _iteration_rest_s(overhead_s, decode_s) / groups, 0.0)
 
 
 def _desynchronized_ttft_spread(*, policy: LoadPolicy, batches: _PromptBatches) -> np.ndarray:

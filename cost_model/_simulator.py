@@ -339,6 +339,7 @@ class _Engine:
         self.finishing: list[tuple[int, int]] = []  # (iteration of the last token, request id)
         self.decoding, self.running, self.now, self.iteration = 0, 0, 0.0, 0
         self.decode_steps = 0  # iterations that ran the decodes (all of them, where mixed)
+        self.client_gap_s = float(np.asarray(policy.request_overhead_s).ravel()[0])
 
     def busy(self) -> bool:
         return bool(self.pending or self.waiting or self.decoding)
@@ -393,7 +394,7 @@ class _Engine:
             and self.now < self.duration_s
             and (self.limit is None or issued < self.limit)
         ):
-            self.pending.append(self.now)  # the client sends its next request
+            self.pending.append(self.now + self.client_gap_s)  # the client's next request
 
     def retire_finished(self) -> None:
         """Retire the requests whose last token decode step ``decode_steps`` made, at ``now``."""

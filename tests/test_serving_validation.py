@@ -205,7 +205,8 @@ def test_a_row_runs_the_engine_settings_its_launch_states() -> None:
     """The dstack TensorRT-LLM server was launched with ``--max_num_tokens 16384`` (the
     source's launch command, recorded with the engine versions): the row carries that budget
     and the simulator runs it, so a wave of four 3,200-token prompts fits in one iteration
-    instead of two and its mean TTFT is that one larger iteration."""
+    instead of two: every prompt of a wave waits for the whole larger iteration, so its mean
+    TTFT is clearly longer than under the default budget."""
     data = serving_validation_data()
     engines = data["sources"]["dstack-deepseek-r1-mi300x-h200-2025"]["engines"]
     assert "--max_num_tokens 16384" in engines["trtllm:H200"]
@@ -213,7 +214,7 @@ def test_a_row_runs_the_engine_settings_its_launch_states() -> None:
     assert row["max_batched_tokens"] == 16384
     launched = simulate_benchmark(row)
     default = simulate_benchmark({k: v for k, v in row.items() if k != "max_batched_tokens"})
-    assert launched["ttft_ms"] > 1.5 * default["ttft_ms"]
+    assert launched["ttft_ms"] > 1.15 * default["ttft_ms"]
 
 
 def test_a_row_is_priced_with_the_profile_of_the_release_it_ran() -> None:
