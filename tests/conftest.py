@@ -10,6 +10,15 @@ from pathlib import Path
 
 import pytest
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Each of pytest-xdist's worker processes has a core of its own: one intra-op thread per
+    # worker (and per process it starts) keeps their OpenMP pools from oversubscribing the
+    # cores, which slows small tensor ops a hundredfold.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+
 _FORKS = [0]  # os.fork() calls in this process: forked ranks and multiprocessing workers
 os.register_at_fork(after_in_parent=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
 
