@@ -339,7 +339,7 @@ class _Engine:
         self.finishing: list[tuple[int, int]] = []  # (iteration of the last token, request id)
         self.decoding, self.running, self.now, self.iteration = 0, 0, 0.0, 0
         self.decode_steps = 0  # iterations that ran the decodes (all of them, where mixed)
-        self.client_gap_s = float(np.asarray(policy.request_overhead_s).ravel()[0])
+        self.client_gap_s = float(policy.request_overhead_s)
 
     def busy(self) -> bool:
         return bool(self.pending or self.waiting or self.decoding)

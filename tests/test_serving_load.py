@@ -689,3 +689,30 @@ def test_waves_of_equal_requests_break_up_when_lengths_vary(spread_sweep, sweep)
     for source in (0, 1):
         assert sweep[0, 32][source][0] > 4 * one_prefill[source][0]
         assert spread_sweep["sglang", 32][source][0] < 1.5 * one_prefill[source][0]
+
+
+def test_a_returning_client_waits_for_the_iteration_it_lands_in() -> None:
+    """A client's next request reaches the scheduler ``request_overhead_s`` after its
+    predecessor's last iteration: under vLLM's mixed policy at 8 clients the prompts of the
+    other groups are being prefilled then, so a request waits for that iteration's rest and its
+    TTFT grows by more than the overhead itself, alike in the simulator and the closed form;
+    one client returns to an idle engine and waits for nothing."""
+    workload = WORKLOAD.model_copy(update={"serving_engine": "vllm"})
+    table = configs_to_table([PLANS[0]], **ServingConfig().columns(workload=workload))
+    cost, policy, _ = serving_inputs(model=DSV3, cluster=H200_NODE, workload=workload, table=table)
+    row, row_policy = cost.row(0), policy.row(0)
+    overhead = float(row_policy.request_overhead_s)
+    assert overhead > 0.0
+    instant = dataclasses.replace(row_policy, request_overhead_s=0.0)
+    for concurrency, grows in ((1, False), (8, True)):
+        figures = []
+        for each in (instant, row_policy):
+            closed = closed_loop(cost=row, policy=each, concurrency=np.array([float(concurrency)]))
+            simulated = simulate(cost=row, policy=each, concurrency=concurrency, duration_s=300.0)
+            figures.append((float(closed.ttft_s[0]), simulated.summary()["ttft_mean_s"]))
+        for model in (0, 1):
+            extra = figures[1][model] - figures[0][model]
+            if grows:
+                assert extra > 5 * overhead, (concurrency, figures)
+            else:
+                assert extra == pytest.approx(overhead, rel=1e-6), (concurrency, figures)
