@@ -98,7 +98,7 @@ def _coupled_poisson_decode_s(
     average ``(pi S + (1 - pi) D - own_share prefill_iteration_s) / (1 - own_share)``.
 
     Returns that mean, and the (prefill share, prefill seconds, decode seconds) of the
-    instance's iterations that an arrival may land in (``_residual``)."""
+    instance's iterations that an arrival may land in (``_serving_landing.arrival_residual``)."""
     ranks = col(policy.coupled_ranks)
     if not np.any(ranks > 1.0):
         return decode_s, (own_share, prefill_iteration_s, decode_s)

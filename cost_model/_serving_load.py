@@ -55,10 +55,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_model._serving_coupling import _coupled_decode_s, _coupled_poisson_decode_s
+from cost_model._serving_landing import (
+    Z_SCORES,
+    arrival_residual,
+    chained_landing_wait_s,
+    landing_wait_s,
+)
 from cost_model._serving_replica import IterationCost, LoadPolicy
 
-#: Standard normal quantiles of the reported percentiles.
-Z_SCORES = {0.5: 0.0, 0.9: 1.2815515655446004, 0.99: 2.3263478740408408}
 _OPEN_LOOP_STEPS = 24
 
 
@@ -207,7 +211,7 @@ def closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> Load
     )
     e2e_running = np.where(bound, running / rate, chunks * prefill_s + (output - 1.0) * tpot)
     admission_wait = (concurrency - running) / rate
-    landing = _chained_landing_wait_s(
+    landing = chained_landing_wait_s(
         overhead_s=policy.request_overhead_s, groups=groups, prefill_s=prefill_s, decode_s=decode_s
     )
     ttft = (
@@ -272,7 +276,8 @@ def _desynchronized_closed_loop(
     A new request reaches the scheduler ``request_overhead_s`` after the iteration that
     completed its predecessor (the client reads the last token and sends the next request,
     which crosses the HTTP server and the tokenizer): it lands inside an iteration that
-    started without it and waits for its rest (``_landing_wait_s``), as in the simulator.
+    started without it and waits for its rest (``_serving_landing.landing_wait_s``), as in the
+    simulator.
     Prompt lengths that vary with equal outputs leave
     the requests prefilled together ending together, so only the output's spread selects
     this form (on an engine that mixes, such groups split unevenly over the budget's
@@ -292,7 +297,14 @@ def _desynchronized_closed_loop(
     tpot, step_spread = _desynchronized_tpot(
         cost=cost, policy=policy, col=col, running=running, batches=batches, decode_s=decode_s
     )
-    landing = _landing_wait_s(policy=policy, col=col, batches=batches, decode_s=decode_s)
+    landing = landing_wait_s(
+        overhead_s=policy.request_overhead_s,
+        mixed=policy.mixed_prefill_decode,
+        coupled_ranks=col(policy.coupled_ranks),
+        prompt_iterations_per_step=batches.with_prompts * batches.batch_iterations,
+        prefill_iteration_s=batches.batch_s / batches.batch_iterations,
+        decode_s=decode_s,
+    )
     held_s = batches.own_s + (output - 1.0) * tpot  # a request holds its slot
     cycle_s = policy.request_overhead_s + landing + held_s  # a client's cycle
     rate = np.minimum(concurrency / cycle_s, running / held_s)
@@ -346,47 +358,6 @@ def _desynchronized_prompt_batches(
         batch_iterations=batch_iterations,
         own_s=own_s,
     )
-
-
-def _landing_wait_s(*, policy: LoadPolicy, col, batches: _PromptBatches, decode_s) -> np.ndarray:
-    """Wait of a request that lands ``request_overhead_s`` after an iteration boundary for the
-    end of the iteration it lands in: the engines take new requests in only between
-    iterations (SGLang ``Scheduler.event_loop_normal`` receives requests before it builds
-    the next batch; vLLM V1 ``EngineCore.step`` and TensorRT-LLM's executor loop likewise),
-    and the iteration after a completion starts at once, without the request sent then.
-    Iterations of equal length ``T`` leave ``ceil(o / T) T - o``; the one landed in carries
-    prompts with the share of iterations that do (on any of the coupled ranks, whose
-    iterations last as long as the slowest: ``DP_ATTENTION_COUPLING``)."""
-    overhead = np.asarray(policy.request_overhead_s, dtype=np.float64)
-    prefill_s = batches.batch_s / batches.batch_iterations
-    per_step = batches.with_prompts * batches.batch_iterations  # prompt iterations per decode
-    if policy.mixed_prefill_decode:
-        share = np.minimum(per_step, 1.0)
-    else:  # prompt iterations run between the decode steps
-        share = per_step / (1.0 + per_step)
-    share = 1.0 - (1.0 - share) ** col(policy.coupled_ranks)
-
-    return share * _iteration_rest_s(overhead, prefill_s) + (1.0 - share) * _iteration_rest_s(
-        overhead, decode_s
-    )
-
-
-def _iteration_rest_s(overhead_s, iteration_s) -> np.ndarray:
-    """What is left of iterations of length ``iteration_s`` back to back ``overhead_s`` after
-    one began: ``ceil(o / T) T - o``."""
-    iteration_s = np.maximum(iteration_s, 1e-12)
-    return np.ceil(overhead_s / iteration_s) * iteration_s - overhead_s
-
-
-def _chained_landing_wait_s(*, overhead_s, groups, prefill_s, decode_s) -> np.ndarray:
-    """Landing wait (``_landing_wait_s``) of equal requests whose prompts fill ``groups``
-    prefill iterations on an engine that mixes: the group finishing one iteration after
-    another lands in that group's prefill iteration, so the groups chain (their prefills run
-    back to back); the chain's first lands in a decode iteration. One group returns to an idle
-    engine and waits for nothing."""
-    groups = np.maximum(groups, 1.0)
-    chained = (1.0 - 1.0 / groups) * _iteration_rest_s(overhead_s, prefill_s)
-    return chained + np.where(groups > 1.0, _iteration_rest_s(overhead_s, decode_s) / groups, 0.0)
 
 
 def _desynchronized_ttft_spread(*, policy: LoadPolicy, batches: _PromptBatches) -> np.ndarray:
@@ -470,7 +441,9 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
         with_prompts, budget_left
     )
     # an arrival waits for the instance's running iteration: busy where any coupled rank is
-    residual = _residual(1.0 - (1.0 - busy) ** col(policy.coupled_ranks), *point.instance_mix)
+    residual = arrival_residual(
+        1.0 - (1.0 - busy) ** col(policy.coupled_ranks), *point.instance_mix
+    )
     ttft = policy.request_overhead_s + residual[0] + queue_wait + service
     spread = np.sqrt(share * (1.0 - share)) * np.abs(
         prefill_s - decode_s
@@ -625,22 +598,3 @@ def _admission_wait(*, running, slots, rate, hold_cv: float) -> tuple[np.ndarray
         p_wait = np.where(np.isfinite(ratio), 1.0 / (1.0 + b * ratio), 0.0)
     hold_s = running / np.maximum(np.asarray(rate, dtype=np.float64), 1e-12)
     return p_wait * hold_s / spare * (1.0 + hold_cv**2) / 2.0, p_wait
-
-
-def _residual(busy, share, prefill_s, decode_s) -> tuple[np.ndarray, dict[float, np.ndarray]]:
-    """Wait for the iteration running when a request arrives: with probability ``busy`` the
-    engine runs one, picked length-biased (a long prefill iteration is more likely hit); the
-    wait is uniform over it. Mean ``busy E[T^2] / (2 E[T])``; quantiles from the share of time
-    spent in prefill iterations."""
-    mean_iteration = share * prefill_s + (1.0 - share) * decode_s
-    mean = busy * (share * prefill_s**2 + (1.0 - share) * decode_s**2) / (2.0 * mean_iteration)
-    prefill_time_share = share * prefill_s / mean_iteration
-    quantiles = {}
-    for p in Z_SCORES:
-        longest = np.where(p > 1.0 - prefill_time_share, prefill_s, decode_s)
-        quantiles[p] = np.where(
-            p > 1.0 - busy,
-            longest * np.clip((p - (1.0 - busy)) / np.maximum(busy, 1e-9), 0, 1),
-            0.0,
-        )
-    return mean, quantiles
