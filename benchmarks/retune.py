@@ -91,45 +91,61 @@ def _setup_rank(plan_json: str):
     return plan, spec, applied, optimizer, counts
 
 
-def _ranks_job(rank: int, world_size: int, plan_json: str, steps: int) -> dict:
-    import torch
-    import torch.nn.functional as F
+class _RankRun:
+    """One rank's benchmark job: the applied plan, its optimizer, the router counts of the last
+    step and the CPU seconds its local experts took in each step."""
 
-    from autoparallel.runtime.retune import MeasuredStep, Retuner, RetuneSettings
+    def __init__(self, rank: int, plan_json: str) -> None:
+        import torch
 
-    plan, spec, applied, optimizer, counts = _setup_rank(plan_json)
-    generator = torch.Generator().manual_seed(rank)
-    cpu_s: list[float] = []
-    timer = _ExpertTimer()
-    timer.attach(applied)
+        self.plan, self.spec, self.applied, self.optimizer, self.counts = _setup_rank(plan_json)
+        self.generator = torch.Generator().manual_seed(rank)
+        self.cpu_s: list[float] = []
+        self.timer = _ExpertTimer()
+        self.timer.attach(self.applied)
 
-    def step() -> float:
+    def step(self) -> float:
+        """One training step between two barriers; its wall seconds."""
+        import torch
+        import torch.nn.functional as F
+
         ids = torch.randint(
-            0, spec.vocab_size, (SEQUENCES_PER_RANK, SEQUENCE_TOKENS), generator=generator
+            0, self.spec.vocab_size, (SEQUENCES_PER_RANK, SEQUENCE_TOKENS), generator=self.generator
         )
         torch.distributed.barrier()
         start = time.perf_counter()
-        timer.seconds = 0.0
-        logits = applied.module(ids)
+        self.timer.seconds = 0.0
+        logits = self.applied.module(ids)
         F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1)).backward()
-        applied.sync_gradients()
-        optimizer.step()
-        optimizer.zero_grad()
-        cpu_s.append(timer.seconds)
-        timer.seconds = 0.0
+        self.applied.sync_gradients()
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self.cpu_s.append(self.timer.seconds)
+        self.timer.seconds = 0.0
         torch.distributed.barrier()
         return time.perf_counter() - start
 
-    def received() -> int:
+    def received(self) -> int:
+        """Tokens this rank's experts have received so far."""
         return sum(
-            sum(part.dispatcher.received_tokens.values()) for part in applied.expert_parallel
+            sum(part.dispatcher.received_tokens.values()) for part in self.applied.expert_parallel
         )
 
-    retuner = Retuner(
-        plan,
-        model=spec,
+    def logits(self, ids):
+        import torch
+
+        with torch.no_grad():
+            return self.applied.module(ids)
+
+
+def _retuner(run: _RankRun, steps: int):
+    from autoparallel.runtime.retune import Retuner, RetuneSettings
+
+    return Retuner(
+        run.plan,
+        model=run.spec,
         cluster=ap.get_preset("cpu-loopback"),
-        workload=_workload(plan),
+        workload=_workload(run.plan),
         settings=RetuneSettings(
             every_n_steps=steps,
             warmup_steps=1,
@@ -137,50 +153,73 @@ def _ranks_job(rank: int, world_size: int, plan_json: str, steps: int) -> dict:
             num_redundant_experts=8,
         ),
     )
-    before, decision = [], None
+
+
+def _observed_steps(run: _RankRun, retuner, steps: int) -> tuple[list[float], object]:
+    """``steps + 1`` steps, each measured into the Retuner; (their times, its last decision)."""
+    from autoparallel.runtime.retune import MeasuredStep
+
+    times, decision = [], None
     for index in range(steps + 1):
-        counts.clear()
-        elapsed = step()
-        before.append(elapsed)
-        load = tuple(tuple(float(v) for v in c) for c in counts)
-        decision = (
-            retuner.observe(MeasuredStep(step=index, step_time_s=elapsed, expert_load=load))
-            or decision
-        )
+        run.counts.clear()
+        elapsed = run.step()
+        times.append(elapsed)
+        load = tuple(tuple(float(v) for v in c) for c in run.counts)
+        measured = MeasuredStep(step=index, step_time_s=elapsed, expert_load=load)
+        decision = retuner.observe(measured) or decision
+    return times, decision
+
+
+def _replaced(run: _RankRun, retuner, decision) -> dict:
+    """Re-place the experts live; the move's time, the logit change on a probe batch and the
+    tokens this rank's experts received for the probe before and in total after."""
+    import torch
+
     probe = torch.randint(
         0,
-        spec.vocab_size,
+        run.spec.vocab_size,
         (SEQUENCES_PER_RANK, SEQUENCE_TOKENS),
         generator=torch.Generator().manual_seed(99),
     )
-    tokens_before = received()
-    with torch.no_grad():
-        logits_before = applied.module(probe)
-    tokens_before = received() - tokens_before
+    tokens_before = run.received()
+    logits_before = run.logits(probe)
+    tokens_before = run.received() - tokens_before
     moved_at = time.perf_counter()
     if decision.kind != "expert_placement":  # measure the re-placement the Retuner priced anyway
         decision = decision.overridden("expert_placement")
-    retuner.apply(decision, runtime=applied, optimizer=optimizer)
+    retuner.apply(decision, runtime=run.applied, optimizer=run.optimizer)
     move_s = time.perf_counter() - moved_at
-    timer.attach(applied)  # the re-placed experts are new modules on this rank
-    with torch.no_grad():
-        logits_after = applied.module(probe)
-    tokens_after = received()
-    cpu_before = cpu_s[1:]
-    cpu_s.clear()
-    after = [step() for _ in range(steps + 1)]
-    cpu_after = cpu_s[1:]
-    gathered = [None] * world_size
-    torch.distributed.all_gather_object(gathered, (tokens_before, tokens_after))
+    run.timer.attach(run.applied)  # the re-placed experts are new modules on this rank
+    logits_after = run.logits(probe)
     return {
-        "decision": decision.kind,
-        "reason": decision.reason,
+        "decision": decision,
+        "move_s": move_s,
+        "logit_change": float((logits_before - logits_after).abs().max()),
+        "tokens": (tokens_before, run.received()),
+    }
+
+
+def _ranks_job(rank: int, world_size: int, plan_json: str, steps: int) -> dict:
+    import torch
+
+    run = _RankRun(rank, plan_json)
+    retuner = _retuner(run, steps)
+    before, decision = _observed_steps(run, retuner, steps)
+    moved = _replaced(run, retuner, decision)
+    cpu_before = run.cpu_s[1:]
+    run.cpu_s.clear()
+    after = [run.step() for _ in range(steps + 1)]
+    gathered = [None] * world_size
+    torch.distributed.all_gather_object(gathered, moved["tokens"])
+    return {
+        "decision": moved["decision"].kind,
+        "reason": moved["decision"].reason,
         "before_s": before[1:],
         "after_s": after[1:],
         "cpu_before_s": cpu_before,
-        "cpu_after_s": cpu_after,
-        "move_s": move_s,
-        "logit_change": float((logits_before - logits_after).abs().max()),
+        "cpu_after_s": run.cpu_s[1:],
+        "move_s": moved["move_s"],
+        "logit_change": moved["logit_change"],
         "tokens": gathered,
     }
 
