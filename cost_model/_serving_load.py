@@ -277,10 +277,8 @@ def _desynchronized_closed_loop(
     completed its predecessor (the client reads the last token and sends the next request,
     which crosses the HTTP server and the tokenizer): it lands inside an iteration that
     started without it and waits for its rest (``_serving_landing.landing_wait_s``), as in the
-    simulator.
-    Prompt lengths that vary with equal outputs leave
-    the requests prefilled together ending together, so only the output's spread selects
-    this form (on an engine that mixes, such groups split unevenly over the budget's
+    simulator. Prompt lengths that vary with equal outputs leave the requests prefilled
+    together ending together, so only the output's spread selects this form (on an engine that mixes, such groups split unevenly over the budget's
     iterations, which neither form prices).
     """
     col = _as_columns(concurrency)

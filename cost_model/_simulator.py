@@ -19,7 +19,9 @@ comes at the end of the iteration that finishes its prompt; its remaining ``O - 
 take one decoding iteration each. TTFT, TPOT (``(e2e - ttft) / (O - 1)``,
 as ``vllm bench serve`` and ``sglang.bench_serving`` report it) and the end-to-end latency add
 the engine's per-request overhead. Load is closed-loop (``concurrency`` clients, each sending
-its next request when the previous completes) or open-loop (Poisson ``request_rate_per_s``),
+its next request when the previous completes: it reaches the scheduler ``request_overhead_s``
+after that request's last iteration, inside an iteration that started without it, and waits
+for its end, ``_serving_landing``) or open-loop (Poisson ``request_rate_per_s``),
 as in Vidur (Agrawal et al., MLSys'24) and DistServe's simulator (Zhong et al., OSDI'24).
 The data-parallel attention ranks of one SGLang instance, and vLLM's data-parallel ranks whose
 experts span them, are simulated together, each with its own scheduler and requests, iterating
