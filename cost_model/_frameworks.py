@@ -167,6 +167,25 @@ class FrameworkProfile(BaseModel):
     #: False where the framework keeps them gathered from the step's first forward (torchtitan's
     #: policy ``default`` is ``not pp_enabled``) (step time, ``_training_dp``).
     pipeline_reshard_after_forward: bool = True
+    #: The pipeline runs on torch.distributed.pipelining (memory, ``_memory.pipeline_buffer_bytes``):
+    #: its stages allocate a receive buffer per micro-batch for the stage input and another for
+    #: the output's gradient when the schedule is set up and keep them for the run
+    #: (``_PipelineStageBase`` ``_setup_forward_recv_info`` / ``_setup_backward_recv_info``, one
+    #: ``_RecvInfo`` buffer per ``chunk_id`` / ``mb_index``), and the schedule holds each
+    #: micro-batch's stage output until its backward (``forward_one_chunk`` stores it in
+    #: ``fwd_cache``; torch 2.13 distributed/pipelining/stage.py). False: a receive allocates its
+    #: tensor per transfer, which then is the stage input the activations count, and the sent
+    #: output's storage is freed at once (Megatron-core ``p2p_communication._communicate``,
+    #: ``schedules.deallocate_output_tensor``).
+    torch_pipelining: bool = False
+    #: Tensor parallel runs as a DTensor plan (torch.distributed.tensor.parallel): under sequence
+    #: parallelism a column-parallel linear keeps the all-gathered full-sequence input for its
+    #: weight gradient (``SequenceParallel`` norms, then ``ColwiseParallel`` /
+    #: ``PrepareModuleInput`` gather; the linear's autograd saves the gathered tensor), where
+    #: Megatron-core keeps the sequence shard and gathers it again in backward
+    #: (``LinearWithGradAccumulationAndAsyncCommunication``; Korthikanti et al. sec. 4.2.2)
+    #: (memory, ``_memory._layer_activation_bytes``).
+    tp_saves_gathered_input: bool = False
     #: The library that quantizes the fp8 GEMM operands (``_precision``): Transformer Engine
     #: casts an operand once into both layouts and keeps the fp8 input for the backward pass;
     #: torchao (``Float8Linear``, ``mx_mm``) keeps the bf16 input and casts it again in backward,

@@ -28,7 +28,8 @@
 * ZeRO-3 under pipeline parallelism (``pipeline_unsharded_stage``): FSDP2 in
   torch.distributed.pipelining keeps each stage's parameters gathered and its gradients unsharded
   across the micro-batches of a step, reducing them once after the last one.
-* Communication buffers (TP/EP/PP receive buffers) and an allocator fragmentation reserve.
+* Communication buffers (TP/EP/PP receive buffers; torch.distributed.pipelining keeps one per
+  micro-batch, ``pipeline_buffer_bytes``) and an allocator fragmentation reserve.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from cost_model._precision import bf16_layer_fraction, caches_fp8_input
+from cost_model._precision import TP_FP8_GATHER_RECIPES, bf16_layer_fraction, caches_fp8_input
 from cost_model._reasons import MEMORY_PARTS, memory_reason
 from cost_model._stages import STAGES
 from cost_model._table import RECOMPUTE_CODES, SCHEDULE_CODES
@@ -153,14 +154,18 @@ def _layer_activation_bytes(
     tokens, h = ctx.tokens, model.hidden_size
     sp = ctx.sequence_parallel
     # Norm inputs (2), their outputs (the attention and FFN inputs: 2), dropout masks (1 byte):
-    # replicated without SP.
+    # replicated without SP. Under SP the norm outputs are kept as the column-parallel GEMMs'
+    # input: Megatron-core keeps the sequence shard and gathers it again in backward
+    # (Korthikanti sec. 4.2.2); a DTensor plan keeps the gathered tensor (``tp_gathered_input``).
     norm_outputs = 0.0 if "layernorm" in dropped else 2.0
-    hidden_terms = (
-        tokens
-        * h
-        * ((2.0 + norm_outputs) * ACTIVATION_BYTES + (2.0 if options.hidden_dropout else 0.0))
+    norm_output_terms = tokens * h * norm_outputs * ACTIVATION_BYTES
+    other_terms = tokens * h * (2.0 * ACTIVATION_BYTES + (2.0 if options.hidden_dropout else 0.0))
+    kept_norm_outputs = np.where(
+        ctx.tp_saves_gathered_input,
+        norm_output_terms * tp_gathered_input_bytes(ctx) / ACTIVATION_BYTES,
+        norm_output_terms / tp,
     )
-    replicated = np.where(sp, hidden_terms / tp, hidden_terms)
+    replicated = np.where(sp, other_terms / tp + kept_norm_outputs, other_terms + norm_output_terms)
     heads = attention.num_heads / tp
     kv_heads = (attention.num_heads if attention.kind == "mla" else attention.num_kv_heads) / tp
     qkv = heads * attention.qk_head_dim + kv_heads * (
@@ -196,9 +201,8 @@ def _fp8_cached_input_saving(
     if not caches_fp8_input(ctx):
         return np.zeros_like(ctx.tokens)
     model, tp = ctx.model, ctx.column("tp")
-    hidden = np.where(
-        ctx.sequence_parallel, ctx.tokens * model.hidden_size / tp, ctx.tokens * model.hidden_size
-    )
+    sharded = ctx.sequence_parallel & (not ctx.tp_saves_gathered_input)
+    hidden = np.where(sharded, ctx.tokens * model.hidden_size / tp, ctx.tokens * model.hidden_size)
     if "layernorm" in dropped:
         hidden = np.zeros_like(hidden)
     out_projection = ctx.tokens * model.attention.num_heads / tp * model.attention.value_head_dim
@@ -219,6 +223,18 @@ def _fp8_cached_input_saving(
         expert_inputs = routed * (fc1_input + fc2_input)
         elements = hidden + out_projection + expert_inputs + shared * ctx.tokens * shared_width
     return elements * (ACTIVATION_BYTES - 1.0) * (1.0 - bf16_layer_fraction(ctx))
+
+
+def tp_gathered_input_bytes(ctx: TrainingContext) -> float:
+    """Bytes per element of a column-parallel GEMM's input as a DTensor sequence-parallel plan
+    keeps it for the weight gradient: the tensor its all-gather produced (torch
+    ``ColwiseParallel`` after ``SequenceParallel`` / ``PrepareModuleInput``: the linear saves
+    the gathered full-sequence input), bf16, or fp8 where the recipe casts before the gather
+    (``_precision.TP_FP8_GATHER_RECIPES``: torchao ``PrepareFloat8ModuleInput``; ``Float8Linear``
+    then saves the fp8 tensor it was given)."""
+    workload = ctx.workload
+    fp8_gather = workload.precision == "fp8" and workload.fp8_recipe in TP_FP8_GATHER_RECIPES
+    return 1.0 if fp8_gather else ACTIVATION_BYTES
 
 
 def _ffn_activation_bytes(ctx: TrainingContext, *, width) -> np.ndarray:
@@ -385,6 +401,9 @@ def _activation_bytes(ctx: TrainingContext) -> np.ndarray:
     if options.pipeline_keeps_outputs:  # the last stage's bf16 logits of every micro-batch
         kept = np.where(ctx.column("pp") > 1, ctx.num_micro_batches, 0.0)
         logits = logits + kept * logits_per_micro_batch * ACTIVATION_BYTES
+    elif ctx.torch_pipelining:  # those of the micro-batches in flight, until their backward
+        held = np.where(ctx.column("pp") > 1, micro_batches_in_flight(ctx), 0.0)
+        logits = logits + held * logits_per_micro_batch * ACTIVATION_BYTES
     return (
         micro_batches_in_flight(ctx) * per_micro_batch + np.maximum(transient, in_transit) + logits
     )
@@ -405,10 +424,37 @@ def _loss_bytes_per_logit(ctx: TrainingContext) -> np.ndarray | float:
     )
 
 
+def pipeline_buffer_bytes(ctx: TrainingContext) -> np.ndarray:
+    """Bytes (3, n) of the transfers between pipeline stages held on each pipeline rank.
+
+    On torch.distributed.pipelining (``TrainingContext.torch_pipelining``) every model chunk but
+    the first keeps a receive buffer per micro-batch for its input, every chunk but the last one
+    for its output's gradient, and each chunk but the last holds the output of each micro-batch
+    in flight until its backward; all are the size of the transfer between stages (the
+    micro-batch's hidden states over tp, as ``_training_comm._pp`` sends them). The input buffer
+    of a micro-batch in flight is the chunk's first layer input, which the activations already
+    hold: only the other micro-batches' input buffers add. (The last chunk's held outputs, the
+    logits, are counted with the loss: ``_activation_bytes``.) Elsewhere a receive allocates
+    its tensor per transfer and the sent output is freed: a send and a receive buffer of the
+    hidden states at a time."""
+    pp = ctx.column("pp")
+    hidden = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES
+    if not ctx.torch_pipelining:
+        return np.broadcast_to(np.where(pp > 1, 2.0 * hidden, 0.0), ctx.layout.layers.shape)
+    message = hidden / ctx.column("tp")
+    v, m = ctx.column("virtual_stages"), ctx.num_micro_batches
+    in_flight = micro_batches_in_flight(ctx)
+    input_chunks = v - ctx.layout.has_embedding  # the model's first chunk takes the tokens
+    sending_chunks = v - ctx.layout.has_lm_head  # the model's last chunk ends at the loss
+    idle_inputs = np.maximum(m - in_flight, 0.0)
+    buffers = input_chunks * idle_inputs + sending_chunks * (m + in_flight)
+    return np.where(pp > 1, buffers * message, 0.0)
+
+
 def _comm_buffer_bytes(ctx: TrainingContext) -> np.ndarray:
     hidden = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES
     tp_buffers = np.where(ctx.column("tp") > 1, 2.0 * hidden, 0.0)
-    pp_buffers = np.where(ctx.column("pp") > 1, 2.0 * hidden, 0.0)
+    pp_buffers = pipeline_buffer_bytes(ctx)
     ep_buffers: np.ndarray | float = 0.0
     if ctx.model.moe is not None:
         routed = ctx.moe_tokens * ctx.model.moe.top_k * ctx.options.routing_imbalance

@@ -192,6 +192,18 @@ class TrainingContext:
         plan as ``autoparallel.apply_plan`` runs it: ZeRO-3 is ``reshard_after_forward=True``)."""
         return True if self.framework is None else self.framework.pipeline_reshard_after_forward
 
+    @property
+    def torch_pipelining(self) -> bool:
+        """``FrameworkProfile.torch_pipelining``; True without a framework (the plan as
+        ``autoparallel.apply_plan`` runs it, on torch.distributed.pipelining)."""
+        return True if self.framework is None else self.framework.torch_pipelining
+
+    @property
+    def tp_saves_gathered_input(self) -> bool:
+        """``FrameworkProfile.tp_saves_gathered_input``; True without a framework (the plan as
+        ``autoparallel.apply_plan`` runs it: tensor parallel as a DTensor plan)."""
+        return True if self.framework is None else self.framework.tp_saves_gathered_input
+
     def op(
         self, flops, bytes_moved, calls=1.0, kind: str = "matmul", role: str = "linear"
     ) -> np.ndarray:

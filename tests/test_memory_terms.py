@@ -306,7 +306,8 @@ def test_torchtitan_loss_parallel_holds_more_per_logit_than_its_single_rank_loss
 def test_a_pipeline_that_returns_its_outputs_keeps_every_micro_batch_of_logits() -> None:
     """torch.distributed.pipelining's last stage appends each micro-batch's output to
     ``output_chunks`` when the schedule returns them: the last rank holds m micro-batches of
-    bf16 logits; the other ranks, and a run without a pipeline, hold nothing more."""
+    bf16 logits instead of the one in flight (1F1B) its schedule holds until the backward; the
+    other ranks, and a run without a pipeline, hold nothing more."""
     model = ModelSpec.from_hf_config(DENSE, name="dense")
 
     def activations(config: ParallelConfig, keeps: bool) -> np.ndarray:
@@ -324,6 +325,79 @@ def test_a_pipeline_that_returns_its_outputs_keeps_every_micro_batch_of_logits()
     micro_batches = 64 / (2 * 2)
     logits = 2 * 4096 * 32000 / 2 * 2.0  # tokens x vocab / tp, bf16
     assert added[:2] == pytest.approx([0.0, 0.0])  # first and middle (here the first) rank
-    assert added[2] == pytest.approx(micro_batches * logits)
+    assert added[2] == pytest.approx((micro_batches - 1) * logits)
     single = ParallelConfig(dp=4, tp=2, micro_batch_size=2, sequence_parallel=True)
     assert activations(single, True) == pytest.approx(activations(single, False))
+
+
+def test_torch_pipelining_keeps_a_receive_buffer_per_micro_batch() -> None:
+    """On torch.distributed.pipelining (autoparallel's runtime, torchtitan) a stage keeps an input
+    and an output-gradient buffer per micro-batch and the outputs of the micro-batches in flight;
+    Megatron-core allocates a send and a receive buffer per transfer. 1F1B, pp 4, 16
+    micro-batches: the first rank holds 4 in flight, rank 1 three, the last one."""
+    from cost_model._memory import pipeline_buffer_bytes
+
+    model = ModelSpec.from_hf_config(DENSE, name="dense")
+    config = ParallelConfig(dp=1, tp=2, pp=4, micro_batch_size=2, sequence_parallel=True)
+
+    def buffers(framework: str | None) -> np.ndarray:
+        ctx = training_context(
+            model=model,
+            cluster=get_preset("dgx-h100", num_nodes=1),
+            workload=Training(
+                sequence_length_tokens=4096, global_batch_sequences=32, framework=framework
+            ),
+            table=configs_to_table([config]),
+            options=EstimateOptions(),
+        )
+        return pipeline_buffer_bytes(ctx)[:, 0]
+
+    hidden = 2 * 4096 * DENSE["hidden_size"] * 2.0  # micro-batch tokens x width, bf16
+    message = hidden / 2  # over tp
+    m = 16
+    # first: no input buffers; gradient buffers and the 4 outputs in flight
+    # middle (rank 1): 16 - 3 idle inputs, 16 gradient buffers, 3 outputs in flight
+    # last: 16 - 1 idle inputs; its output is the logits, counted with the loss
+    expected = [(m + 4) * message, ((m - 3) + m + 3) * message, (m - 1) * message]
+    assert buffers(None) == pytest.approx(expected)
+    assert buffers("torchtitan") == pytest.approx(expected)
+    assert buffers("megatron-core") == pytest.approx([2 * hidden] * 3)
+
+
+def test_a_dtensor_plan_keeps_the_gathered_input_of_its_column_parallel_gemms(monkeypatch) -> None:
+    """Under sequence parallelism Megatron-core keeps each norm output as its sequence shard and
+    gathers it again in backward; a DTensor plan (torchtitan, autoparallel's runtime) keeps the
+    gathered whole sequence: per layer and micro-batch two norm outputs x tokens x width x
+    (1 - 1/tp) more, at 1 byte per element where tensorwise float8 gathers in fp8. Compared:
+    torchtitan's profile as shipped and with ``tp_saves_gathered_input`` off."""
+    import cost_model._training_context as context
+    from cost_model._frameworks import framework_profile
+    from cost_model._memory import _layer_activation_bytes
+
+    model = ModelSpec.from_hf_config(DENSE, name="dense")
+    config = ParallelConfig(dp=1, tp=4, micro_batch_size=2, sequence_parallel=True)
+    shipped = framework_profile("torchtitan")
+    assert shipped.tp_saves_gathered_input
+
+    def layer(gathered: bool, **workload) -> float:
+        profile = shipped.model_copy(update={"tp_saves_gathered_input": gathered})
+        monkeypatch.setattr(context, "framework_profile", lambda name: profile)
+        ctx = training_context(
+            model=model,
+            cluster=get_preset("dgx-h100", num_nodes=1),
+            workload=Training(
+                sequence_length_tokens=4096,
+                global_batch_sequences=8,
+                framework="torchtitan",
+                **workload,
+            ),
+            table=configs_to_table([config]),
+            options=EstimateOptions(),
+        )
+        return float(_layer_activation_bytes(ctx, moe=False)[0])
+
+    tokens, width = 2 * 4096, DENSE["hidden_size"]
+    norm_outputs = 2 * tokens * width
+    assert layer(True) - layer(False) == pytest.approx(norm_outputs * 2.0 * (1 - 1 / 4))
+    fp8 = {"precision": "fp8", "fp8_recipe": "tensorwise"}
+    assert layer(True, **fp8) - layer(False, **fp8) == pytest.approx(norm_outputs * (1.0 - 2.0 / 4))

@@ -122,7 +122,7 @@ def check_case(rank: int, world_size: int, plan_json: str, options: dict, refere
     )
 
     if pipeline is not None:
-        logits, loss = pipeline.step(local_ids, targets=local_targets)[::-1]
+        logits, loss = pipeline.step(local_ids, targets=local_targets, return_outputs=True)[::-1]
     else:
         logits = modules[0](local_ids)
         loss = _loss(logits, local_targets)
@@ -151,7 +151,20 @@ def check_case(rank: int, world_size: int, plan_json: str, options: dict, refere
         dict(expert_parallel.dispatcher.received_tokens) if expert_parallel else {}
     )
     errors["edp"] = meshes.coordinate("edp")
+    errors["kept_outputs"] = _kept_outputs(pipeline, local_ids, local_targets)
     return errors
+
+
+def _kept_outputs(pipeline, ids, targets) -> tuple[int, int] | None:
+    """Micro-batch outputs the last stage holds after the step that returned them, then after
+    a plain training step (``Pipeline.step`` without ``return_outputs``); None off the last
+    stage."""
+    if pipeline is None:
+        return None
+    asked = sum(len(stage.output_chunks) for stage in pipeline.stages)
+    pipeline.step(ids if pipeline.is_first else None, targets=targets if pipeline.is_last else None)
+    plain = sum(len(stage.output_chunks) for stage in pipeline.stages)
+    return (asked, plain) if pipeline.is_last else None
 
 
 def _compare(modules, reference, plan, meshes, *, kind: str) -> dict:

@@ -7,7 +7,13 @@ the plan names. The rank-side harness is ``test_runtime_ep.check_case``.
 from __future__ import annotations
 
 import pytest
-from test_runtime_ep import assert_equal_to_reference, check_case, fresh_models, make_plan
+from test_runtime_ep import (
+    SEQUENCES_PER_RANK,
+    assert_equal_to_reference,
+    check_case,
+    fresh_models,
+    make_plan,
+)
 
 from autoparallel.testing import run_ranks
 from cost_model import ParallelConfig
@@ -40,7 +46,12 @@ def _run(plan, **options):
 def test_pipeline_equals_reference(config: ParallelConfig) -> None:
     plan = make_plan(config)
     assert len(plan.stages) == config.pp * config.virtual_stages
-    assert_equal_to_reference(_run(plan))
+    results = _run(plan)
+    assert_equal_to_reference(results)
+    # The last stage keeps its micro-batches' logits only for the step asked to return them.
+    kept = [r["kept_outputs"] for r in results if r["kept_outputs"] is not None]
+    micro_batches = plan.config.num_micro_batches(SEQUENCES_PER_RANK * config.dp)
+    assert kept and all(k == (micro_batches, 0) for k in kept), (kept, micro_batches)
 
 
 def test_uneven_stages_follow_the_plan() -> None:

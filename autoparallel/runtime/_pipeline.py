@@ -212,8 +212,9 @@ def num_micro_batches_for(plan: ShardingPlan, *, local_batch_sequences: int | No
 
 
 class StepOutput(NamedTuple):
-    """One pipeline step's results on this rank: the mean micro-batch loss and the merged
-    outputs (logits) on the last stage, ``None`` on the others."""
+    """One pipeline step's results on this rank: the mean micro-batch loss and, where the step
+    was asked to return them, the merged outputs (logits) on the last stage; ``None`` on the
+    others."""
 
     loss: torch.Tensor | None
     outputs: torch.Tensor | None
@@ -244,10 +245,20 @@ class Pipeline:
         return any(chunk.has_lm_head for chunk in self.chunks)
 
     def step(
-        self, inputs: torch.Tensor | None = None, *, targets: torch.Tensor | None = None
+        self,
+        inputs: torch.Tensor | None = None,
+        *,
+        targets: torch.Tensor | None = None,
+        return_outputs: bool = False,
     ) -> StepOutput:
         """One forward and backward pass of every micro-batch; gradients accumulate in the modules
-        (averaged over micro-batches, so they are those of the mean loss of the local batch)."""
+        (averaged over micro-batches, so they are those of the mean loss of the local batch).
+
+        ``return_outputs``: the last stage keeps every micro-batch's output (the logits) until the
+        step ends and returns them merged (torch's ``forward_one_chunk`` appends each to
+        ``output_chunks`` when asked to save it). Off by default: a training step needs only the
+        loss, and the kept logits are micro-batches x tokens x vocabulary / tp values, which the
+        cost model does not count unless ``EstimateOptions.pipeline_keeps_outputs`` says so."""
         losses: list[torch.Tensor] = []
         if self.is_first and inputs is None:
             raise ValueError("inputs (None) must be given on the first pipeline stage")
@@ -261,10 +272,12 @@ class Pipeline:
                 )
         args = (inputs,) if self.is_first else ()
         kwargs = {"target": targets, "losses": losses} if self.is_last else {}
-        outputs = self.schedule.step(*args, **kwargs)
+        outputs = self.schedule.step(*args, return_outputs=return_outputs, **kwargs)
         if not self.is_last:
             return StepOutput(loss=None, outputs=None)
-        return StepOutput(loss=torch.stack(losses).mean().detach(), outputs=outputs)
+        return StepOutput(
+            loss=torch.stack(losses).mean().detach(), outputs=outputs if return_outputs else None
+        )
 
 
 def _check_schedule(plan: ShardingPlan, *, num_local_chunks: int, num_micro_batches: int) -> None:
