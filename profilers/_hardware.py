@@ -313,7 +313,13 @@ def _sharded_curve(*, grid: ProfileGrid, device: torch.device, source: str) -> M
         "bf16" if "bf16" in grid.dtypes else "fp32"
     ]  # the training precision when measured
     points = sorted(
-        sharded_linear_points(device=device, warmup=grid.warmup, repeats=grid.repeats, dtype=dtype)
+        sharded_linear_points(
+            device=device,
+            warmup=grid.warmup,
+            repeats=grid.repeats,
+            dtype=dtype,
+            widths=grid.sharded_linear_widths,
+        )
     )
     # Each point is a difference of wall-clock medians (sharded - unsharded/world - all-reduces):
     # noise can push one near zero. The extra cost of a sharded linear does not fall as its

@@ -45,6 +45,9 @@ class ProfileGrid(BaseModel):
     expert_ffn_hidden_size: int = Field(default=256, gt=0)
     memory_elements: tuple[int, ...] = (1024, 16384, 262144, 1048576, 4194304)
     collective_bytes: tuple[int, ...] = (4096, 65536, 1048576, 8388608)
+    #: Model widths of the tensor-parallel linear pair whose host overhead is measured
+    #: (``profilers._sharded``: a (2, 64, width) activation).
+    sharded_linear_widths: tuple[int, ...] = (64, 256, 512, 1024)
     collective_ops: tuple[str, ...] = (
         "all_reduce",
         "all_gather",
@@ -93,6 +96,7 @@ _TINY = dict(
     memory_elements=(1024, 65536),
     collective_bytes=(4096, 65536),
     collective_ops=("all_reduce", "send_recv"),
+    sharded_linear_widths=(32, 64, 128, 256),
     optimizer_parameters=(2**10, 2**14),
     cache_flush_bytes=64 * 2**20,
     warmup=1,

@@ -30,7 +30,9 @@ def _fwd_bwd(module: nn.Module, x: torch.Tensor):
     return call
 
 
-SHAPES = ((2, 64, 64), (2, 64, 256), (2, 64, 512), (2, 64, 1024))
+#: Sequences and tokens of the measured activation; its width is the grid's
+#: (``ProfileGrid.sharded_linear_widths``).
+SEQUENCES, TOKENS = 2, 64
 
 
 def sharded_module_overhead_s(
@@ -81,12 +83,18 @@ def sharded_module_overhead_s(
 
 
 def sharded_linear_points(
-    *, device: torch.device, warmup: int, repeats: int, dtype: torch.dtype
+    *,
+    device: torch.device,
+    warmup: int,
+    repeats: int,
+    dtype: torch.dtype,
+    widths: tuple[int, ...] = (64, 256, 512, 1024),
 ) -> list[tuple[float, float, str]]:
-    """(activation bytes, extra wall seconds per linear, label) at each of ``SHAPES``."""
+    """(activation bytes, extra wall seconds per linear, label) of a (``SEQUENCES``,
+    ``TOKENS``, width) activation at each of ``widths``."""
     element = torch.empty((), dtype=dtype).element_size()
     points = []
-    for shape in SHAPES:
+    for shape in ((SEQUENCES, TOKENS, width) for width in widths):
         seconds = sharded_module_overhead_s(
             device=device, clock="wall", warmup=warmup, repeats=repeats, dtype=dtype, shape=shape
         )
