@@ -148,6 +148,22 @@ def test_fp8_cached_inputs_cut_the_activation_of_a_405b_pipeline_rank() -> None:
 DENSE = json.loads((Path(__file__).parent / "data" / "dense_8_layers.json").read_text())
 
 
+def _dense_context(config: ParallelConfig, *, global_batch: int, framework: str | None, **workload):
+    """A training context of the dense test model on one DGX H100 node."""
+    return training_context(
+        model=ModelSpec.from_hf_config(DENSE, name="dense"),
+        cluster=get_preset("dgx-h100", num_nodes=1),
+        workload=Training(
+            sequence_length_tokens=4096,
+            global_batch_sequences=global_batch,
+            framework=framework,
+            **workload,
+        ),
+        table=configs_to_table([config]),
+        options=EstimateOptions(),
+    )
+
+
 def _activations(model, config, **options) -> float:
     ctx = training_context(
         model=model,
@@ -282,19 +298,9 @@ def test_torchtitan_loss_parallel_holds_more_per_logit_than_its_single_rank_loss
     eager single-rank cross entropy 12; a framework without loss parallel keeps its figure."""
     from cost_model._memory import _loss_bytes_per_logit
 
-    model = ModelSpec.from_hf_config(DENSE, name="dense")
-
     def per_logit(tp: int, framework: str | None) -> float:
         config = ParallelConfig(dp=8 // tp, tp=tp, micro_batch_size=1, sequence_parallel=tp > 1)
-        ctx = training_context(
-            model=model,
-            cluster=get_preset("dgx-h100", num_nodes=1),
-            workload=Training(
-                sequence_length_tokens=4096, global_batch_sequences=64, framework=framework
-            ),
-            table=configs_to_table([config]),
-            options=EstimateOptions(),
-        )
+        ctx = _dense_context(config, global_batch=64, framework=framework)
         return float(np.asarray(_loss_bytes_per_logit(ctx)).reshape(-1)[0])
 
     assert per_logit(2, "torchtitan") == 16.0
@@ -337,19 +343,10 @@ def test_torch_pipelining_keeps_a_receive_buffer_per_micro_batch() -> None:
     micro-batches: the first rank holds 4 in flight, rank 1 three, the last one."""
     from cost_model._memory import pipeline_buffer_bytes
 
-    model = ModelSpec.from_hf_config(DENSE, name="dense")
     config = ParallelConfig(dp=1, tp=2, pp=4, micro_batch_size=2, sequence_parallel=True)
 
     def buffers(framework: str | None) -> np.ndarray:
-        ctx = training_context(
-            model=model,
-            cluster=get_preset("dgx-h100", num_nodes=1),
-            workload=Training(
-                sequence_length_tokens=4096, global_batch_sequences=32, framework=framework
-            ),
-            table=configs_to_table([config]),
-            options=EstimateOptions(),
-        )
+        ctx = _dense_context(config, global_batch=32, framework=framework)
         return pipeline_buffer_bytes(ctx)[:, 0]
 
     hidden = 2 * 4096 * DENSE["hidden_size"] * 2.0  # micro-batch tokens x width, bf16
@@ -374,7 +371,6 @@ def test_a_dtensor_plan_keeps_the_gathered_input_of_its_column_parallel_gemms(mo
     from cost_model._frameworks import framework_profile
     from cost_model._memory import _layer_activation_bytes
 
-    model = ModelSpec.from_hf_config(DENSE, name="dense")
     config = ParallelConfig(dp=1, tp=4, micro_batch_size=2, sequence_parallel=True)
     shipped = framework_profile("torchtitan")
     assert shipped.tp_saves_gathered_input
@@ -382,18 +378,7 @@ def test_a_dtensor_plan_keeps_the_gathered_input_of_its_column_parallel_gemms(mo
     def layer(gathered: bool, **workload) -> float:
         profile = shipped.model_copy(update={"tp_saves_gathered_input": gathered})
         monkeypatch.setattr(context, "framework_profile", lambda name: profile)
-        ctx = training_context(
-            model=model,
-            cluster=get_preset("dgx-h100", num_nodes=1),
-            workload=Training(
-                sequence_length_tokens=4096,
-                global_batch_sequences=8,
-                framework="torchtitan",
-                **workload,
-            ),
-            table=configs_to_table([config]),
-            options=EstimateOptions(),
-        )
+        ctx = _dense_context(config, global_batch=8, framework="torchtitan", **workload)
         return float(_layer_activation_bytes(ctx, moe=False)[0])
 
     tokens, width = 2 * 4096, DENSE["hidden_size"]
