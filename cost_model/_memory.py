@@ -156,7 +156,10 @@ def _layer_activation_bytes(
     # Norm inputs (2), their outputs (the attention and FFN inputs: 2), dropout masks (1 byte):
     # replicated without SP. Under SP the norm outputs are kept as the column-parallel GEMMs'
     # input: Megatron-core keeps the sequence shard and gathers it again in backward
-    # (Korthikanti sec. 4.2.2); a DTensor plan keeps the gathered tensor (``tp_gathered_input``).
+    # (Korthikanti sec. 4.2.2); a DTensor plan keeps the gathered tensor
+    # (``TrainingContext.tp_saves_gathered_input``, ``tp_gathered_input_bytes``). The runtime's
+    # MoE block routes its sequence shard (only its shared experts gather it): counting its FFN
+    # input gathered is an upper bound there.
     norm_outputs = 0.0 if "layernorm" in dropped else 2.0
     norm_output_terms = tokens * h * norm_outputs * ACTIVATION_BYTES
     other_terms = tokens * h * (2.0 * ACTIVATION_BYTES + (2.0 if options.hidden_dropout else 0.0))
