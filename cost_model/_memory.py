@@ -434,7 +434,8 @@ def pipeline_buffer_bytes(ctx: TrainingContext) -> np.ndarray:
     the first keeps a receive buffer per micro-batch for its input, every chunk but the last one
     for its output's gradient, and each chunk but the last holds the output of each micro-batch
     in flight until its backward; all are the size of the transfer between stages (the
-    micro-batch's hidden states over tp, as ``_training_comm._pp`` sends them). The input buffer
+    micro-batch's hidden states, split over tp where sequence parallelism leaves them as
+    sequence shards). The input buffer
     of a micro-batch in flight is the chunk's first layer input, which the activations already
     hold: only the other micro-batches' input buffers add. (The last chunk's held outputs, the
     logits, are counted with the loss: ``_activation_bytes``.) Elsewhere a receive allocates
@@ -444,7 +445,7 @@ def pipeline_buffer_bytes(ctx: TrainingContext) -> np.ndarray:
     hidden = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES
     if not ctx.torch_pipelining:
         return np.broadcast_to(np.where(pp > 1, 2.0 * hidden, 0.0), ctx.layout.layers.shape)
-    message = hidden / ctx.column("tp")
+    message = hidden / np.where(ctx.sequence_parallel, ctx.column("tp"), 1.0)
     v, m = ctx.column("virtual_stages"), ctx.num_micro_batches
     in_flight = micro_batches_in_flight(ctx)
     input_chunks = v - ctx.layout.has_embedding  # the model's first chunk takes the tokens

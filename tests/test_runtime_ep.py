@@ -151,8 +151,30 @@ def check_case(rank: int, world_size: int, plan_json: str, options: dict, refere
         dict(expert_parallel.dispatcher.received_tokens) if expert_parallel else {}
     )
     errors["edp"] = meshes.coordinate("edp")
+    errors["recv_buffers"] = _recv_buffers(pipeline)
     errors["kept_outputs"] = _kept_outputs(pipeline, local_ids, local_targets)
     return errors
+
+
+def _recv_buffers(pipeline) -> dict | None:
+    """The receive buffers torch's stages on this rank keep after a step: (chunk, micro-batches)
+    with an input buffer, the same with an output-gradient buffer, and their element counts."""
+    if pipeline is None:
+        return None
+    inputs, gradients, sizes = [], [], set()
+    for stage in pipeline.stages:
+        for kind, table in ((inputs, stage.args_recv_info), (gradients, stage.grad_recv_info)):
+            for micro_batch, infos in table.items():
+                buffers = [info.buffer for info in infos if info.buffer is not None]
+                if buffers:
+                    kind.append((stage.stage_index, micro_batch))
+                    sizes.update(int(buffer.numel()) for buffer in buffers)
+    return {
+        "chunks": [stage.stage_index for stage in pipeline.stages],
+        "inputs": inputs,
+        "gradients": gradients,
+        "sizes": sorted(sizes),
+    }
 
 
 def _kept_outputs(pipeline, ids, targets) -> tuple[int, int] | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from test_runtime_ep import (
+    SEQUENCE_TOKENS,
     SEQUENCES_PER_RANK,
     assert_equal_to_reference,
     check_case,
@@ -15,6 +16,7 @@ from test_runtime_ep import (
     make_plan,
 )
 
+import autoparallel as ap
 from autoparallel.testing import run_ranks
 from cost_model import ParallelConfig
 
@@ -52,6 +54,27 @@ def test_pipeline_equals_reference(config: ParallelConfig) -> None:
     kept = [r["kept_outputs"] for r in results if r["kept_outputs"] is not None]
     micro_batches = plan.config.num_micro_batches(SEQUENCES_PER_RANK * config.dp)
     assert kept and all(k == (micro_batches, 0) for k in kept), (kept, micro_batches)
+    _assert_receive_buffers(plan, results, micro_batches)
+
+
+def _assert_receive_buffers(plan, results, micro_batches: int) -> None:
+    """What ``cost_model._memory.pipeline_buffer_bytes`` counts: each chunk but the model's first
+    keeps an input buffer per micro-batch, each but the last an output-gradient buffer, each the
+    micro-batch's hidden states (a sequence shard under sequence parallelism)."""
+    config = plan.config
+    last = config.pp * config.virtual_stages - 1
+    hidden = ap.get_model(plan.provenance.model_name).hidden_size
+    size = config.micro_batch_size * SEQUENCE_TOKENS * hidden
+    size //= config.tp if config.sequence_parallel else 1
+    for result in results:
+        buffers = result["recv_buffers"]
+        chunks = buffers["chunks"]
+        per_micro_batch = range(micro_batches)
+        assert buffers["inputs"] == [(c, m) for c in chunks if c != 0 for m in per_micro_batch]
+        assert buffers["gradients"] == [
+            (c, m) for c in chunks if c != last for m in per_micro_batch
+        ]
+        assert buffers["sizes"] == [size], (buffers["sizes"], size)
 
 
 def test_uneven_stages_follow_the_plan() -> None:
