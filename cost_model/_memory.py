@@ -440,12 +440,13 @@ def pipeline_buffer_bytes(ctx: TrainingContext) -> np.ndarray:
     hold: only the other micro-batches' input buffers add. (The last chunk's held outputs, the
     logits, are counted with the loss: ``_activation_bytes``.) Elsewhere a receive allocates
     its tensor per transfer and the sent output is freed: a send and a receive buffer of the
-    hidden states at a time."""
+    same transfer at a time (Megatron-core ``schedules.get_tensor_shapes``: the sequence
+    divided by tp under sequence parallelism)."""
     pp = ctx.column("pp")
     hidden = ctx.tokens * ctx.model.hidden_size * ACTIVATION_BYTES
-    if not ctx.torch_pipelining:
-        return np.broadcast_to(np.where(pp > 1, 2.0 * hidden, 0.0), ctx.layout.layers.shape)
     message = hidden / np.where(ctx.sequence_parallel, ctx.column("tp"), 1.0)
+    if not ctx.torch_pipelining:
+        return np.broadcast_to(np.where(pp > 1, 2.0 * message, 0.0), ctx.layout.layers.shape)
     v, m = ctx.column("virtual_stages"), ctx.num_micro_batches
     in_flight = micro_batches_in_flight(ctx)
     input_chunks = v - ctx.layout.has_embedding  # the model's first chunk takes the tokens

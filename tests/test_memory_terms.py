@@ -358,7 +358,7 @@ def test_torch_pipelining_keeps_a_receive_buffer_per_micro_batch() -> None:
     expected = [(m + 4) * message, ((m - 3) + m + 3) * message, (m - 1) * message]
     assert buffers(None) == pytest.approx(expected)
     assert buffers("torchtitan") == pytest.approx(expected)
-    assert buffers("megatron-core") == pytest.approx([2 * hidden] * 3)
+    assert buffers("megatron-core") == pytest.approx([2 * message] * 3)
 
 
 def test_a_dtensor_plan_keeps_the_gathered_input_of_its_column_parallel_gemms(monkeypatch) -> None:
