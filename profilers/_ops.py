@@ -76,6 +76,24 @@ class ProfileGrid(BaseModel):
             raise ValueError(f"dtypes ({list(value)}) must include 'fp32' (the fallback curve)")
         return value
 
+    @field_validator(
+        "gemm_sizes",
+        "attention_sequence_tokens",
+        "expert_tokens",
+        "memory_elements",
+        "collective_bytes",
+        "sharded_linear_widths",
+        "optimizer_parameters",
+    )
+    @classmethod
+    def _positive_sizes(cls, value: tuple[int, ...], info) -> tuple[int, ...]:
+        if not value:
+            raise ValueError(f"{info.field_name} must list at least one size")
+        for size in value:
+            if size <= 0:
+                raise ValueError(f"{info.field_name} entry ({size}) must be > 0")
+        return value
+
     @classmethod
     def preset(cls, name: str) -> ProfileGrid:
         """``tiny`` (tests, seconds), ``cpu`` (a minute or two), ``gpu`` (a few minutes)."""

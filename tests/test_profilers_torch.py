@@ -72,6 +72,10 @@ def test_grid_rejects_unknown_names():
         ProfileGrid.preset("huge")
     with pytest.raises(ValueError, match="extra"):
         ProfileGrid(gemm_size=(1,))
+    with pytest.raises(ValueError, match=r"sharded_linear_widths entry \(0\) must be > 0"):
+        ProfileGrid(sharded_linear_widths=(64, 0))
+    with pytest.raises(ValueError, match="collective_bytes must list at least one size"):
+        ProfileGrid(collective_bytes=())
 
 
 def test_single_process_profile_has_every_operator_curve():
