@@ -3,13 +3,28 @@
 Field names and defaults follow the ``transformers`` configuration classes of each model type
 (``LlamaConfig``, ``MistralConfig``, ``MixtralConfig``, ``Qwen2Config``, ``Qwen2MoeConfig``,
 ``Qwen3Config``, ``Qwen3MoeConfig``, ``DeepseekV2Config``, ``DeepseekV3Config``, Kimi-K2's
-``DeepseekV3Config`` with model_type ``kimi_k2``, ``GPT2Config``). Unknown HuggingFace keys are
+``DeepseekV3Config`` with model_type ``kimi_k2``, ``GPT2Config``, ``GptOssConfig``,
+``Llama4TextConfig``) or, for model types ``transformers`` does not ship, the configuration
+class of the model's own repository (``trust_remote_code``): DeepSeek-V3.2's ``deepseek_v32``
+and GLM-5's ``glm_moe_dsa`` (DeepSeek-V3 fields plus the DSA indexer's ``index_n_heads``,
+``index_head_dim``, ``index_topk``), MiniMax-M2's ``minimax_m2``, MiMo's ``mimo`` (Qwen2
+fields), Step-3.7's ``step3p7``. A multimodal checkpoint (Kimi-K2.5 ``kimi_k25``, Qwen3-VL
+``qwen3_vl`` / ``qwen3_vl_moe``, Llama 4 ``llama4``) is parsed as its language model, its
+``text_config``: the vision encoder's weights and work are not modelled.
+
+Models that interleave layers of two kinds with the same projections (gpt-oss's and Step-3.7's
+sliding-window and full layers, ``layer_types``; Llama 4's chunked and full (NoPE) layers,
+``no_rope_layers``) keep the share of full layers (``AttentionSpec.full_layer_fraction``).
+Layers whose kinds differ in shape (Gemma 4's global heads, MiMo-V2's window heads, Qwen3.5's
+and Nemotron-H's linear and state-space mixers, DeepSeek-V4's compressed attention) cannot be
+one ``ModelSpec``: their model types are refused by name. Unknown HuggingFace keys are
 ignored (config files carry many unrelated ones); a missing or mistyped key this parser needs is
 a ``ValueError`` naming it.
 """
 
 from __future__ import annotations
 
+import ast
 import builtins
 import json
 from collections.abc import Callable
@@ -187,6 +202,178 @@ def _deepseek(r: _Reader, name: str) -> ModelSpec:
     return _common(r, name, _attention_mla(r), moe=moe)
 
 
+def _deepseek_dsa(r: _Reader, name: str) -> ModelSpec:
+    """DeepSeek-V3.2 / GLM-5: DeepSeek-V3's MLA and MoE with DeepSeek Sparse Attention in every
+    layer: an indexer of ``index_n_heads`` x ``index_head_dim`` picks ``index_topk`` keys per
+    query (DeepSeek-V3.2-Exp ``inference/model.py``; arXiv:2512.02556 sec. 2.1)."""
+    spec = _deepseek(r, name)
+    attention = spec.attention.model_copy(
+        update={
+            "variant": "sparse_topk",
+            "topk_tokens": r.int("index_topk"),
+            "indexer_heads": r.int("index_n_heads"),
+            "indexer_head_dim": r.int("index_head_dim"),
+        }
+    )
+    return spec.model_copy(update={"attention": AttentionSpec(**attention.model_dump())})
+
+
+def _layer_types(r: _Reader, num_layers: int) -> list[str]:
+    """``layer_types``, one entry per layer (a list, or the text of a Python list as some
+    exported configs carry it)."""
+    value = r.data.get("layer_types")
+    if isinstance(value, str):
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise ValueError(
+                f"config field 'layer_types' ({value[:60]!r}) must be a list of layer kinds"
+            ) from None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"config field 'layer_types' ({value!r}) must be a list of strings")
+    if len(value) != num_layers:
+        raise ValueError(
+            f"config field 'layer_types' has {len(value)} entries; 'num_hidden_layers' is "
+            f"{num_layers}"
+        )
+    return value
+
+
+def _interleaved_attention(r: _Reader, *, local: str, window_key: str) -> AttentionSpec:
+    """GQA attention whose ``layer_types`` mix ``full_attention`` with ``local`` layers (a window
+    of ``window_key`` tokens); the same projections in both."""
+    num_layers = r.int("num_hidden_layers")
+    kinds = _layer_types(r, num_layers)
+    unknown = sorted(set(kinds) - {"full_attention", local})
+    if unknown:
+        raise ValueError(
+            f"config field 'layer_types' has kinds {unknown}; supported: 'full_attention', "
+            f"{local!r}"
+        )
+    full = kinds.count("full_attention")
+    base = _attention_gqa(r)
+    if full == num_layers:
+        return base
+    return base.model_copy(
+        update={
+            "variant": "sliding_window",
+            "window_tokens": r.int(window_key),
+            "full_layer_fraction": full / num_layers,
+        }
+    )
+
+
+def _gpt_oss(r: _Reader, name: str) -> ModelSpec:
+    """gpt-oss (``GptOssConfig``): every layer MoE (``num_local_experts``, top
+    ``num_experts_per_tok``, experts of ``intermediate_size``), biased projections
+    (``attention_bias``; the experts' and router's biases are counted as ``linear_bias`` does,
+    one per output), alternating sliding-window (``sliding_window``) and full layers; the
+    attention sinks (one scalar per head and layer) are not counted."""
+    moe = MoESpec(
+        num_routed_experts=r.int("num_local_experts"),
+        top_k=r.int("num_experts_per_tok", r.data.get("experts_per_token", _MISSING)),
+        expert_ffn_hidden_size=r.int("intermediate_size"),
+    )
+    attention = _interleaved_attention(r, local="sliding_attention", window_key="sliding_window")
+    return _common(
+        r,
+        name,
+        AttentionSpec(**attention.model_dump()),
+        moe=moe,
+        linear_bias=r.bool("attention_bias", True),
+    )
+
+
+def _step3p7(r: _Reader, name: str) -> ModelSpec:
+    """Step-3.7 (``step3p7``, the checkpoint's ``configuration_step3p7.py``): leading dense
+    layers (``first_k_dense_replace``, ``intermediate_size``), then MoE layers (``num_experts``,
+    top ``num_experts_per_tok``, ``moe_intermediate_size``, ``n_shared_experts`` of
+    ``share_expert_dim``); ``layer_types`` mixes full and sliding-window layers."""
+    shared = r.int("n_shared_experts", 0, minimum=0)
+    moe = MoESpec(
+        num_routed_experts=r.int("num_experts"),
+        top_k=r.int("num_experts_per_tok"),
+        expert_ffn_hidden_size=r.int("moe_intermediate_size"),
+        num_shared_experts=shared,
+        shared_expert_ffn_hidden_size=r.optional_int("share_expert_dim") if shared else None,
+        num_dense_layers=r.int("first_k_dense_replace", 0, minimum=0),
+    )
+    attention = _interleaved_attention(r, local="sliding_attention", window_key="sliding_window")
+    return _common(r, name, AttentionSpec(**attention.model_dump()), moe=moe)
+
+
+def _minimax_m2(r: _Reader, name: str) -> ModelSpec:
+    """MiniMax-M2 (``minimax_m2``, the checkpoint's ``configuration_minimax_m2.py``): full GQA
+    attention and an MoE in every layer (``num_local_experts``, top ``num_experts_per_tok``,
+    experts of ``intermediate_size``; ``shared_intermediate_size`` 0: no shared expert). The
+    multi-token-prediction modules are not modelled."""
+    shared_size = r.optional_int("shared_intermediate_size", minimum=0) or None
+    moe = MoESpec(
+        num_routed_experts=r.int("num_local_experts"),
+        top_k=r.int("num_experts_per_tok"),
+        expert_ffn_hidden_size=r.int("intermediate_size"),
+        num_shared_experts=1 if shared_size else 0,
+        shared_expert_ffn_hidden_size=shared_size,
+    )
+    return _common(r, name, _attention_gqa(r), moe=moe)
+
+
+def _llama4_text(r: _Reader, name: str) -> ModelSpec:
+    """Llama 4's language model (``Llama4TextConfig``): layers without RoPE
+    (``no_rope_layers`` entry 0; by default every fourth) attend in full, the others within
+    chunks of ``attention_chunk_size``; MoE layers every ``interleave_moe_layer_step`` (or
+    ``moe_layers``) with a shared expert of the experts' ``intermediate_size``, dense layers of
+    ``intermediate_size_mlp``."""
+    num_layers = r.int("num_hidden_layers")
+    rope = r.int_list("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(num_layers)]
+    if len(rope) != num_layers:
+        raise ValueError(
+            f"config field 'no_rope_layers' has {len(rope)} entries; 'num_hidden_layers' is "
+            f"{num_layers}"
+        )
+    full = rope.count(0)
+    attention = _attention_gqa(r)
+    chunk = r.optional_int("attention_chunk_size")
+    if chunk and full < num_layers:
+        attention = AttentionSpec(
+            **attention.model_copy(
+                update={
+                    "variant": "chunked",
+                    "window_tokens": chunk,
+                    "full_layer_fraction": full / num_layers,
+                }
+            ).model_dump()
+        )
+    step = r.int("interleave_moe_layer_step", 1)
+    moe_layers = set(r.int_list("moe_layers") or range(step - 1, num_layers, step))
+    dense = sorted(set(range(num_layers)) - moe_layers)
+    if dense != list(range(len(dense))):
+        raise ValueError(
+            f"config fields 'interleave_moe_layer_step'/'moe_layers' place dense layers "
+            f"{dense[:5]} between MoE layers; only leading dense layers are supported"
+        )
+    expert_size = r.int("intermediate_size")
+    moe = MoESpec(
+        num_routed_experts=r.int("num_local_experts"),
+        top_k=r.int("num_experts_per_tok"),
+        expert_ffn_hidden_size=expert_size,
+        num_shared_experts=1,
+        shared_expert_ffn_hidden_size=expert_size,
+        num_dense_layers=len(dense),
+    )
+    return ModelSpec(
+        name=name,
+        num_layers=num_layers,
+        hidden_size=r.int("hidden_size"),
+        vocab_size=r.int("vocab_size"),
+        ffn_hidden_size=r.int("intermediate_size_mlp", expert_size),
+        attention=attention,
+        tie_word_embeddings=r.bool("tie_word_embeddings", False),
+        max_context_tokens=r.int("max_position_embeddings"),
+        moe=moe,
+    )
+
+
 def _gpt2(r: _Reader, name: str) -> ModelSpec:
     hidden, heads = r.int("n_embd"), r.int("n_head")
     attention = AttentionSpec(
@@ -213,16 +400,47 @@ _PARSERS: dict[str, Callable[[_Reader, str], ModelSpec]] = {
     "mistral": _mistral,
     "mixtral": _mixtral,
     "qwen2": _qwen2,
+    "mimo": _qwen2,
     "qwen2_moe": lambda r, n: _qwen_moe(r, n, shared=True),
     "qwen3": _qwen3,
+    "qwen3_vl_text": _qwen3,
     "qwen3_moe": lambda r, n: _qwen_moe(r, n, shared=False),
+    "qwen3_vl_moe_text": lambda r, n: _qwen_moe(r, n, shared=False),
     "deepseek_v2": _deepseek,
     "deepseek_v3": _deepseek,
     "kimi_k2": _deepseek,
+    "deepseek_v32": _deepseek_dsa,
+    "glm_moe_dsa": _deepseek_dsa,
+    "minimax_m2": _minimax_m2,
+    "gpt_oss": _gpt_oss,
+    "step3p7": _step3p7,
+    "llama4_text": _llama4_text,
     "gpt2": _gpt2,
 }
 
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_PARSERS))
+#: Multimodal checkpoints parsed as their language model (``text_config``): model type -> the
+#: text model type when the ``text_config`` does not name one.
+_MULTIMODAL: dict[str, str] = {
+    "kimi_k25": "kimi_k2",
+    "qwen3_vl": "qwen3_vl_text",
+    "qwen3_vl_moe": "qwen3_vl_moe_text",
+    "llama4": "llama4_text",
+}
+
+#: Model types whose layers differ in shape, which one ``ModelSpec`` cannot hold: the reason.
+_UNREPRESENTABLE: dict[str, str] = {
+    "qwen3_5": "Gated DeltaNet linear-attention layers interleaved with gated full attention",
+    "qwen3_5_moe": "Gated DeltaNet linear-attention layers interleaved with gated full attention",
+    "qwen3_next": "Gated DeltaNet linear-attention layers interleaved with gated full attention",
+    "nemotron_h": "Mamba-2, attention and MLP/MoE layers of different kinds (hybrid_override_pattern)",
+    "nemotron-nas": "per-layer block_configs (layers without attention, per-layer FFN widths)",
+    "gemma4": "global layers with other head sizes and KV heads than the sliding-window layers",
+    "mimo_v2_flash": "sliding-window layers with other KV heads than the full layers",
+    "deepseek_v4": "compressed attention and hyper-connections per layer (compress_ratios, hc_mult)",
+    "minimax_m3": "block-sparse attention on some layers only, dense FFN layers of another width",
+}
+
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted({*_PARSERS, *_MULTIMODAL}))
 
 
 def parse_hf_config(
@@ -246,6 +464,23 @@ def parse_hf_config(
     if not isinstance(data, dict):
         raise ValueError(f"config ({type(data).__name__}) must be a JSON object")
     model_type = data.get("model_type")
+    if isinstance(model_type, str) and model_type in _MULTIMODAL:
+        text = data.get("text_config")
+        if not isinstance(text, dict):
+            raise ValueError(
+                f"config field 'text_config' ({text!r}) must be an object for model_type "
+                f"{model_type!r} (a multimodal checkpoint is parsed as its language model)"
+            )
+        text = dict(text)
+        text.setdefault("model_type", _MULTIMODAL[model_type])
+        if "tie_word_embeddings" in data:
+            text.setdefault("tie_word_embeddings", data["tie_word_embeddings"])
+        data, model_type = text, text.get("model_type")
+    if isinstance(model_type, str) and model_type in _UNREPRESENTABLE:
+        raise ValueError(
+            f"model_type ({model_type!r}) is not supported: {_UNREPRESENTABLE[model_type]}, "
+            "which one layer shape per model cannot describe"
+        )
     if not isinstance(model_type, str) or model_type not in _PARSERS:
         raise ValueError(
             f"model_type ({model_type!r}) is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"

@@ -373,9 +373,37 @@ def _attention_work(s: _Setup, p: ops.Pass) -> _AttentionWork:
     kv_fraction = 1.0 / (ops.kv_head_split(model, s.shard) * s.column("cp"))
     read_tokens = ops.kv_read_tokens(model, p.cached_tokens + p.new_tokens)
     kv_read = p.batch * ops.kv_bytes_per_sequence_layer(
-        model, read_tokens, s.kv_element_bytes, block_tokens=1
+        model, read_tokens, s.kv_element_bytes, block_tokens=1, with_indexer=False
     )
     return _AttentionWork(flops=flops, bytes_moved=kv_read * kv_fraction, read_tokens=read_tokens)
+
+
+def _indexer_time(s: _Setup, p: ops.Pass) -> np.ndarray:
+    """DSA's lightning indexer of one layer, (n,) seconds: every new token scores every key
+    before it with the indexer's FP8 keys (``AttentionSpec.indexer_flops_per_key``), reading
+    them all from the cache once per pass; priced as an FP8 roofline op at the attention
+    calibration. The indexer's projections are replicated on each tensor-parallel rank and
+    its keys are cached whole on each (vLLM ``DeepseekV32IndexerCache``, SGLang's NSA indexer
+    buffer: one per rank), so its work is per rank, split only over context parallelism."""
+    model = s.model
+    a = model.attention
+    zero = np.zeros_like(s.column("cp"), dtype=np.float64)
+    if not a.indexer_heads:
+        return zero
+    cp = s.column("cp")
+    # a query at position i scores its i - 1 predecessors and itself: the mean over the pass
+    keys = p.cached_tokens + (p.new_tokens + 1.0) / 2.0
+    flops = p.batch * p.new_tokens * keys * a.indexer_flops_per_key() / cp
+    read = p.batch * ops.indexer_read_bytes(model, p.cached_tokens + p.new_tokens) / cp
+    return zero + s.rows.evaluate(
+        op_time_s,
+        flops=flops,
+        bytes_moved=read,
+        hardware=s.cluster.device,
+        dtype="fp8",
+        calibration=s.calibration,
+        kind="attention",
+    )
 
 
 def _mla_decode_time(s: _Setup, p: ops.Pass, work: _AttentionWork) -> np.ndarray | None:
@@ -435,6 +463,12 @@ def _context_time(s: _Setup, p: ops.Pass, work: _AttentionWork) -> np.ndarray | 
 
 
 def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
+    """Core attention of one layer and its DSA indexer where it has one, (n,) seconds
+    (``_core_attention_time``, ``_indexer_time``)."""
+    return _core_attention_time(s, p) + _indexer_time(s, p)
+
+
+def _core_attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     """Core attention (scores and values) of one layer, (n,) seconds: MLA decode, MHA/GQA decode
     and MHA/GQA context attention at their measured kernels where a table covers them
     (``_mla_decode_time``, ``_gqa_decode_time``, ``_context_time``), else the calibrated

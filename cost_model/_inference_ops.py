@@ -86,19 +86,30 @@ def mean_attended_between(model: ModelSpec, first_position, last_position) -> np
 
 
 def kv_cached_tokens(model: ModelSpec, context_tokens, block_tokens: int) -> np.ndarray:
-    """Tokens of cache one sequence occupies, rounded up to whole paged blocks: the vectorized
-    rule of ``ModelSpec.kv_cache_bytes`` (a sliding window keeps only the window)."""
+    """Tokens of cache one sequence occupies in one layer (the mean over layers), rounded up to
+    whole paged blocks: the vectorized rule of ``AttentionSpec.cached_tokens`` (a window or a
+    chunk keeps only the window, interleaved full layers everything, a linear layer none)."""
     a = model.attention
     context = np.asarray(context_tokens, dtype=np.float64)
-    if a.variant == "sliding_window":
-        assert a.window_tokens is not None  # AttentionSpec requires it for this variant
-        context = np.minimum(context, float(a.window_tokens))
-    return np.ceil(context / block_tokens) * block_tokens
+
+    def blocks(tokens: np.ndarray) -> np.ndarray:
+        return np.ceil(tokens / block_tokens) * block_tokens
+
+    if a.variant in ("sliding_window", "chunked"):
+        assert a.window_tokens is not None  # AttentionSpec requires it for these variants
+        local = blocks(np.minimum(context, float(a.window_tokens)))
+    elif a.variant == "linear":
+        local = np.zeros_like(context)
+    else:
+        return blocks(context)
+    f = a.full_layer_fraction
+    return f * blocks(context) + (1.0 - f) * local
 
 
 def kv_read_tokens(model: ModelSpec, context_tokens) -> np.ndarray:
     """Cached tokens whose KV one pass reads: sparse top-k attention fetches only the selected
-    ``topk_tokens`` (its indexer's small keys are not counted); a window's cache is the window."""
+    ``topk_tokens`` (its indexer's keys are read apart, ``indexer_read_bytes``); a window's cache
+    is the window (``kv_cached_tokens``)."""
     context = np.asarray(context_tokens, dtype=np.float64)
     if model.attention.variant == "sparse_topk":
         assert model.attention.topk_tokens is not None  # required for this variant
@@ -107,18 +118,34 @@ def kv_read_tokens(model: ModelSpec, context_tokens) -> np.ndarray:
 
 
 def kv_bytes_per_sequence_layer(
-    model: ModelSpec, context_tokens, element_bytes, block_tokens: int
+    model: ModelSpec,
+    context_tokens,
+    element_bytes,
+    block_tokens: int,
+    *,
+    with_indexer: bool = True,
 ) -> np.ndarray:
-    """KV-cache bytes of one sequence in one layer, before sharding (linear attention: its state)."""
+    """KV-cache bytes of one sequence in one layer, before sharding (the mean over layers): the
+    cached tokens' keys and values, a linear layer's fixed state, and (``with_indexer``) a DSA
+    indexer's FP8 keys of every cached token (``AttentionSpec.indexer_key_bytes``)."""
     a = model.attention
     element_bytes = np.asarray(element_bytes, dtype=np.float64)
     shape = np.broadcast(np.asarray(context_tokens), element_bytes).shape
-    if a.variant == "linear":
-        return np.broadcast_to(
-            a.num_heads * a.qk_head_dim * a.value_head_dim * element_bytes, shape
-        )
     per_token = model.kv_cache_elements_per_token_per_layer() * element_bytes
-    return kv_cached_tokens(model, context_tokens, block_tokens) * per_token
+    cached = kv_cached_tokens(model, context_tokens, block_tokens)
+    indexer = a.indexer_key_bytes if with_indexer else 0.0
+    total = np.broadcast_to(cached * (per_token + indexer), shape)
+    if a.variant == "linear":
+        state = a.num_heads * a.qk_head_dim * a.value_head_dim * element_bytes
+        total = total + (1.0 - a.full_layer_fraction) * state
+    return np.broadcast_to(total, shape)
+
+
+def indexer_read_bytes(model: ModelSpec, context_tokens) -> np.ndarray:
+    """Bytes of DSA indexer keys one query of a sequence reads in one layer: the keys of every
+    cached token (the indexer scores the whole context to choose the top-k)."""
+    context = np.asarray(context_tokens, dtype=np.float64)
+    return context * model.attention.indexer_key_bytes
 
 
 def kv_head_split(model: ModelSpec, attention_shard: np.ndarray) -> np.ndarray:
@@ -207,10 +234,29 @@ def attention_projections(model: ModelSpec) -> tuple[Projection, ...]:
             if a.q_lora_rank
             else ((kv_a_width, h, ""), (q_width, h, "n"))
         )
-        return (*down, kv_up_projection(model), (h, a.num_heads * a.v_head_dim, "k"))
+        return (
+            *down,
+            kv_up_projection(model),
+            (h, a.num_heads * a.v_head_dim, "k"),
+            *indexer_projections(model),
+        )
     return (
         ((a.num_heads + 2 * a.num_kv_heads) * a.head_dim, h, "n"),
         (h, a.num_heads * a.head_dim, "k"),
+        *indexer_projections(model),
+    )
+
+
+def indexer_projections(model: ModelSpec) -> tuple[Projection, ...]:
+    """A DSA indexer's GEMMs, replicated on every rank: ``wq_b`` from the query latent (the
+    hidden state without one) and ``wk`` with ``weights_proj`` on the hidden state
+    (DeepSeek-V3.2-Exp ``inference/model.py`` ``Indexer``); none without an indexer."""
+    a, h = model.attention, model.hidden_size
+    if not a.indexer_heads:
+        return ()
+    return (
+        (a.indexer_heads * a.indexer_head_dim, a.q_lora_rank or h, ""),
+        (a.indexer_head_dim + a.indexer_heads, h, ""),
     )
 
 

@@ -199,7 +199,8 @@ def _part_dtype(s: _Setup, part: str) -> str:
 def _matmul_dtype(s: _Setup, part: str = "routed_experts", *, weight: str | None = None) -> str:
     """The GEMM dtype of ``part``'s weights. FP8 weights run FP8 GEMMs (W8A8, DeepSeek-V3 sec.
     3.3), NVFP4 weights FP4 GEMMs (W4A4 on Blackwell); int4 weights are weight-only, and so are
-    FP8 weights on a device without FP8 tensor cores. A dtype with no such path raises
+    FP8 and FP4 weights on a device without FP8 / FP4 tensor cores (``_serving_precision``:
+    Marlin and Triton W4A16 kernels). A dtype with no such path raises
     (``_serving_precision.check_serving_precision``)."""
     weight = weight or _part_dtype(s, part)
     check_serving_precision(
@@ -207,7 +208,7 @@ def _matmul_dtype(s: _Setup, part: str = "routed_experts", *, weight: str | None
     )
     chains = {
         "fp8": ("fp8",),
-        "fp4": ("fp4",),
+        "fp4": ("fp4", s.workload.activation_dtype),
         "int8": ("int8", "fp8"),
         "int4": (s.workload.activation_dtype,),
     }

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -26,15 +27,33 @@ from cost_model._units import dtype_bytes
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
 AttentionKind = Literal["mha", "gqa", "mla"]
-AttentionVariant = Literal["full", "sliding_window", "sparse_topk", "linear"]
+AttentionVariant = Literal["full", "sliding_window", "chunked", "sparse_topk", "linear"]
+#: Variants a model may interleave with full-attention layers of the same shape
+#: (``AttentionSpec.full_layer_fraction``).
+LOCAL_VARIANTS: tuple[str, ...] = ("sliding_window", "chunked", "linear")
+#: Bytes of one DSA indexer key element in the cache: FP8 keys with one FP32 scale per 128
+#: elements (DeepSeek-V3.2-Exp ``inference/model.py`` ``Indexer``: ``k_cache`` float8_e4m3fn and
+#: ``k_scale_cache`` float32 of ``index_head_dim // block_size``, block_size 128).
+INDEXER_KEY_BYTES_PER_ELEMENT = 1.0 + 4.0 / 128.0
 
 
 class AttentionSpec(BaseModel):
     """Attention of every layer. ``head_dim`` is the per-head size for MHA/GQA; MLA uses its ranks.
 
     ``variant`` changes which keys a query attends to: all of them (``full``), the last
-    ``window_tokens`` (``sliding_window``), the ``topk_tokens`` chosen by an indexer
+    ``window_tokens`` (``sliding_window``), those of its own block of ``window_tokens``
+    (``chunked``: Llama 4's ``attention_chunk_size``), the ``topk_tokens`` chosen by an indexer
     (``sparse_topk``), or a fixed-size recurrent state (``linear``).
+
+    ``full_layer_fraction``: the share of layers that attend in full with the same projections
+    while the rest use ``variant`` (gpt-oss alternates sliding-window and full layers, Llama 4
+    puts one full layer after three chunked ones); each layer-summed quantity (FLOPs, cache,
+    KV bytes read) is that mix of the two per-layer rules.
+
+    ``indexer_heads`` / ``indexer_head_dim``: DeepSeek Sparse Attention's lightning indexer
+    (DeepSeek-V3.2-Exp tech report, arXiv:2512.02556, sec. 2.1; ``inference/model.py``
+    ``Indexer``), which scores every preceding key with its own small FP8 keys to pick the
+    ``topk_tokens``: its work and its cache grow with the whole context, not the top-k.
     """
 
     model_config = _STRICT
@@ -51,6 +70,9 @@ class AttentionSpec(BaseModel):
     variant: AttentionVariant = "full"
     window_tokens: int | None = Field(default=None, gt=0)
     topk_tokens: int | None = Field(default=None, gt=0)
+    full_layer_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
+    indexer_heads: int = Field(default=0, ge=0)
+    indexer_head_dim: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _check(self) -> AttentionSpec:
@@ -70,9 +92,24 @@ class AttentionSpec(BaseModel):
                     raise ValueError(
                         f"attention.{name} ({getattr(self, name)}) must be > 0 for kind 'mla'"
                     )
-        if self.variant == "sliding_window" and self.window_tokens is None:
+        if self.variant in ("sliding_window", "chunked") and self.window_tokens is None:
             raise ValueError(
-                "attention.window_tokens (None) must be set for variant 'sliding_window'"
+                f"attention.window_tokens (None) must be set for variant {self.variant!r}"
+            )
+        if self.full_layer_fraction > 0 and self.variant not in LOCAL_VARIANTS:
+            raise ValueError(
+                f"attention.full_layer_fraction ({self.full_layer_fraction}) must be 0 for "
+                f"variant {self.variant!r}; full layers mix with {', '.join(LOCAL_VARIANTS)}"
+            )
+        if bool(self.indexer_heads) != bool(self.indexer_head_dim):
+            raise ValueError(
+                f"attention.indexer_heads ({self.indexer_heads}) and attention.indexer_head_dim "
+                f"({self.indexer_head_dim}) must both be set or both be 0"
+            )
+        if self.indexer_heads and self.variant != "sparse_topk":
+            raise ValueError(
+                f"attention.indexer_heads ({self.indexer_heads}) needs variant 'sparse_topk' "
+                f"(an indexer selects the top-k keys), not {self.variant!r}"
             )
         if self.variant == "sparse_topk" and self.topk_tokens is None:
             raise ValueError("attention.topk_tokens (None) must be set for variant 'sparse_topk'")
@@ -89,7 +126,15 @@ class AttentionSpec(BaseModel):
         return self.v_head_dim if self.kind == "mla" else self.head_dim
 
     def attended_tokens(self, context_tokens: float) -> float:
-        """Keys one query attends to when ``context_tokens`` precede it (itself included)."""
+        """Keys one query attends to when ``context_tokens`` precede it (itself included), the
+        mean over layers where full layers are interleaved (``full_layer_fraction``)."""
+        f = self.full_layer_fraction
+        return f * context_tokens + (1.0 - f) * self._local_attended_tokens(context_tokens)
+
+    def _local_attended_tokens(self, context_tokens: float) -> float:
+        if self.variant == "chunked":
+            assert self.window_tokens is not None  # required for the variant on validation
+            return float((math.ceil(context_tokens) - 1) % self.window_tokens + 1)
         if self.variant == "sliding_window":
             assert self.window_tokens is not None  # required for the variant on validation
             return min(context_tokens, self.window_tokens)
@@ -101,6 +146,45 @@ class AttentionSpec(BaseModel):
             # equivalent work to attending ``qk_head_dim`` keys.
             return float(self.qk_head_dim)
         return context_tokens
+
+    def cached_tokens(self, context_tokens: float) -> float:
+        """Tokens of cache one layer keeps for a sequence of ``context_tokens`` (the mean over
+        layers): a window or a chunk keeps at most ``window_tokens`` (vLLM's sliding-window and
+        chunked-local KV specs free the blocks that left it), full and sparse layers keep all;
+        0 for linear attention, whose fixed state ``ModelSpec.kv_cache_bytes`` adds."""
+        local = context_tokens
+        if self.variant in ("sliding_window", "chunked"):
+            assert self.window_tokens is not None  # required for the variants on validation
+            local = min(context_tokens, float(self.window_tokens))
+        elif self.variant == "linear":
+            local = 0.0
+        f = self.full_layer_fraction
+        return f * context_tokens + (1.0 - f) * local
+
+    def indexer_parameters(self, hidden_size: int) -> int:
+        """Weights of the DSA indexer of one layer: ``wq_b`` from the query latent (or the hidden
+        state without one), ``wk``, the key's LayerNorm and ``weights_proj`` (DeepSeek-V3.2-Exp
+        ``inference/model.py`` ``Indexer``)."""
+        if not self.indexer_heads:
+            return 0
+        q_in = self.q_lora_rank or hidden_size
+        width = self.indexer_heads * self.indexer_head_dim
+        return (
+            q_in * width
+            + hidden_size * self.indexer_head_dim
+            + 2 * self.indexer_head_dim
+            + hidden_size * self.indexer_heads
+        )
+
+    def indexer_flops_per_key(self) -> float:
+        """FLOPs of the indexer per (query, preceding key) pair: one product per indexer head and
+        key element (its weighted ReLU sum over heads is a few FLOPs more per pair)."""
+        return 2.0 * self.indexer_heads * self.indexer_head_dim
+
+    @property
+    def indexer_key_bytes(self) -> float:
+        """Cache bytes of one token's indexer key in one layer (FP8 with its scales)."""
+        return self.indexer_head_dim * INDEXER_KEY_BYTES_PER_ELEMENT
 
 
 class MoESpec(BaseModel):
@@ -127,6 +211,14 @@ class MoESpec(BaseModel):
     @property
     def shared_ffn_size(self) -> int:
         return self.shared_expert_ffn_hidden_size or self.expert_ffn_hidden_size
+
+
+#: AttentionSpec fields newer than the first plan files, with their defaults (``fingerprint``).
+_LATER_ATTENTION_FIELDS: dict[str, Any] = {
+    "full_layer_fraction": 0.0,
+    "indexer_heads": 0,
+    "indexer_head_dim": 0,
+}
 
 
 class ModelSpec(BaseModel):
@@ -170,8 +262,13 @@ class ModelSpec(BaseModel):
         return parse_hf_config(path_or_dict, name=name)
 
     def fingerprint(self) -> str:
-        """Stable short hash of the architecture (the name excluded)."""
+        """Stable short hash of the architecture (the name excluded). Attention fields added
+        after plans were first written (``_LATER_ATTENTION_FIELDS``) are hashed only when set,
+        so an earlier plan of an architecture without them still matches its model."""
         payload = self.model_dump(mode="json", exclude={"name"})
+        for key, default in _LATER_ATTENTION_FIELDS.items():
+            if payload["attention"].get(key) == default:
+                del payload["attention"][key]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     # ---------------------------------------------------------------- layer structure
@@ -209,7 +306,7 @@ class ModelSpec(BaseModel):
                 + a.kv_lora_rank * a.num_heads * (a.qk_nope_head_dim + a.v_head_dim)
             )
             out = a.num_heads * a.v_head_dim * h
-            return q + kv + out + (h if self.linear_bias else 0)
+            return q + kv + out + (h if self.linear_bias else 0) + a.indexer_parameters(h)
         q_width = a.num_heads * a.head_dim
         kv_width = a.num_kv_heads * a.head_dim
         weights = h * q_width + 2 * h * kv_width + q_width * h
@@ -218,7 +315,7 @@ class ModelSpec(BaseModel):
             bias += q_width + 2 * kv_width
         if self.linear_bias:
             bias += h
-        return weights + bias
+        return weights + bias + a.indexer_parameters(h)
 
     def ffn_parameters(self, ffn_hidden_size: int) -> int:
         """One FFN (dense MLP or one expert) of the given inner size."""
@@ -322,7 +419,8 @@ class ModelSpec(BaseModel):
         """Score (QK^T) and value (PV) products of one token over all layers, forward only."""
         a = self.attention
         per_key = 2 * a.num_heads * (a.qk_head_dim + a.value_head_dim)
-        return self.num_layers * per_key * a.attended_tokens(context_tokens)
+        indexer = a.indexer_flops_per_key() * context_tokens  # scores every preceding key
+        return self.num_layers * (per_key * a.attended_tokens(context_tokens) + indexer)
 
     def forward_flops_per_token(self, context_tokens: float) -> float:
         """Forward FLOPs of one token that attends ``context_tokens`` keys (itself included).
@@ -343,16 +441,18 @@ class ModelSpec(BaseModel):
         return 2 * a.num_kv_heads * a.head_dim
 
     def kv_cache_bytes_per_token(self, dtype: str = "bf16") -> float:
-        return self.num_layers * self.kv_cache_elements_per_token_per_layer() * dtype_bytes(dtype)
+        """Cache bytes of one token over all layers that keep it (the DSA indexer's FP8 keys
+        included)."""
+        per_layer = self.kv_cache_elements_per_token_per_layer() * dtype_bytes(dtype)
+        return self.num_layers * (per_layer + self.attention.indexer_key_bytes)
 
     def kv_cache_bytes(self, context_tokens: int, dtype: str = "bf16") -> float:
-        """Cache of one sequence of ``context_tokens`` tokens: a sliding window keeps only the
-        window; linear attention keeps a fixed state of heads x head_dim x head_dim."""
+        """Cache of one sequence of ``context_tokens`` tokens: a sliding window or a chunk keeps
+        only the window; linear attention keeps a fixed state of heads x head_dim x head_dim;
+        interleaved full layers keep everything (``AttentionSpec.cached_tokens``)."""
         a = self.attention
+        cached = a.cached_tokens(context_tokens) * self.kv_cache_bytes_per_token(dtype)
         if a.variant == "linear":
             state = a.num_heads * a.qk_head_dim * a.value_head_dim
-            return self.num_layers * state * dtype_bytes(dtype)
-        cached = (
-            a.attended_tokens(context_tokens) if a.variant == "sliding_window" else context_tokens
-        )
-        return cached * self.kv_cache_bytes_per_token(dtype)
+            cached += (1.0 - a.full_layer_fraction) * self.num_layers * state * dtype_bytes(dtype)
+        return cached

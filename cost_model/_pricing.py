@@ -231,18 +231,29 @@ def mean_attended_tokens(*, attention: AttentionSpec, sequence_tokens) -> np.nda
     """Mean keys a query attends to over a causal sequence of ``sequence_tokens`` tokens.
 
     Query i (1-based) attends ``attention.attended_tokens(i)`` keys: i for full attention (mean
-    (S+1)/2), min(i, w) for a window or top-k budget w, a constant for linear attention.
-    Closed form of the mean of min(i, w): (w(w+1)/2 + (S-w)w)/S for S > w.
+    (S+1)/2), min(i, w) for a window or top-k budget w, ((i-1) mod w) + 1 within chunks of w, a
+    constant for linear attention; interleaved full layers (``full_layer_fraction`` f) weigh
+    the full mean by f. Closed form of the mean of min(i, w): (w(w+1)/2 + (S-w)w)/S for S > w;
+    of the chunked count: (k w(w+1)/2 + r(r+1)/2)/S with S = k w + r.
     """
     s = np.asarray(sequence_tokens, dtype=np.float64)
-    if attention.variant == "linear":
-        return np.full_like(s, attention.attended_tokens(1.0))
+    full = (s + 1.0) / 2.0
+    f = attention.full_layer_fraction
     if attention.variant == "full":
-        return (s + 1.0) / 2.0
-    tokens = (
-        attention.window_tokens if attention.variant == "sliding_window" else attention.topk_tokens
-    )
-    assert tokens is not None  # AttentionSpec requires it for these variants
-    w = float(tokens)
-    capped = (w * (w + 1.0) / 2.0 + (s - w) * w) / np.maximum(s, 1.0)
-    return np.where(s > w, capped, (s + 1.0) / 2.0)
+        return full
+    if attention.variant == "linear":
+        local = np.full_like(s, float(attention.qk_head_dim))  # ``attended_tokens``' rule
+    else:
+        sparse = attention.variant == "sparse_topk"
+        tokens = attention.topk_tokens if sparse else attention.window_tokens
+        assert tokens is not None  # AttentionSpec requires it for these variants
+        w = float(tokens)
+        safe = np.maximum(s, 1.0)
+        if attention.variant == "chunked":
+            chunks = np.floor(safe / w)
+            rest = safe - chunks * w
+            local = (chunks * w * (w + 1.0) / 2.0 + rest * (rest + 1.0) / 2.0) / safe
+        else:
+            capped = (w * (w + 1.0) / 2.0 + (s - w) * w) / safe
+            local = np.where(s > w, capped, full)
+    return f * full + (1.0 - f) * local

@@ -4,9 +4,12 @@ A weight dtype is either *native* — the matmuls run in it (W8A8 FP8 on Hopper 
 DeepSeek-V3 report arXiv:2412.19437 sec. 3.3; NVFP4 W4A4 on Blackwell's FP4 tensor cores,
 NVIDIA "Introducing NVFP4", 2025) — or *weight-only*: stored narrow, widened to the activation
 dtype inside the GEMM (int4 AWQ/GPTQ kernels, Marlin; FP8 weights on a device without FP8
-tensor cores, vLLM's FP8 Marlin path). FP4 has no weight-only path priced here: a device
-without an FP4 peak cannot serve an fp4 checkpoint as one, and an fp4 KV cache (TRT-LLM's NVFP4
-KV cache) likewise needs FP4 hardware. Asking for it is an error, never a silent fallback.
+tensor cores, vLLM's FP8 Marlin path; FP4 weights on a device without FP4 tensor cores:
+vLLM's FP4 Marlin kernels for NVFP4 and MXFP4 checkpoints, ``quantization/utils/
+marlin_utils_fp4.py``, and the Triton ``matmul_ogs`` MXFP4 MoE kernels gpt-oss runs on Hopper,
+vLLM's gpt-oss recipe; TensorRT-LLM's W4A16 MXFP4 on Hopper). An fp4 KV cache (TRT-LLM's NVFP4
+KV cache) has no such path: it needs FP4 hardware, and asking for it elsewhere is an error,
+never a silent fallback.
 
 A HuggingFace ``config.json`` names its checkpoint's precision in ``quantization_config``
 (``quant_method`` ``fp8`` for DeepSeek-V3/R1 and Kimi-K2's block-scaled FP8 releases; ModelOpt
@@ -36,14 +39,18 @@ if TYPE_CHECKING:
     from cost_model._model_spec import ModelSpec
 
 #: Dtypes whose matmuls (weights) or cache reads (KV) need the device's own tensor-core support.
-NATIVE_ONLY_DTYPES: tuple[str, ...] = ("fp4",)
+NATIVE_ONLY_WEIGHT_DTYPES: tuple[str, ...] = ()
+NATIVE_ONLY_KV_DTYPES: tuple[str, ...] = ("fp4",)
 _TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
 def check_serving_precision(*, weight_dtype: str, kv_dtype: str, hardware) -> None:
     """Raise ``ValueError`` naming the field when ``hardware`` cannot run a requested dtype."""
-    for field, dtype in (("weight_dtype", weight_dtype), ("kv_dtype", kv_dtype)):
-        if dtype in NATIVE_ONLY_DTYPES and dtype not in hardware.peak_flops:
+    for field, dtype, native_only in (
+        ("weight_dtype", weight_dtype, NATIVE_ONLY_WEIGHT_DTYPES),
+        ("kv_dtype", kv_dtype, NATIVE_ONLY_KV_DTYPES),
+    ):
+        if dtype in native_only and dtype not in hardware.peak_flops:
             raise ValueError(
                 f"{field} ({dtype!r}) cannot run natively on {hardware.name}: its peak_flops lists "
                 f"{', '.join(sorted(hardware.peak_flops))}; {dtype} needs {dtype} tensor cores (e.g. Blackwell B200/GB200)"
@@ -59,7 +66,7 @@ def checkpoint_dtype(config: dict[str, Any]) -> str:
     algorithm = str(quantization.get("quant_algo", "")).lower()
     if method == "fp8" or algorithm == "fp8":
         return "fp8"
-    if "fp4" in algorithm or "nvfp4" in method:
+    if "fp4" in algorithm or "nvfp4" in method or method == "mxfp4":  # gpt-oss: MXFP4 experts
         return "fp4"
     if method == "compressed-tensors":  # Kimi-K2-Thinking's int4 QAT release uses it
         return "int4" if '"num_bits": 4' in json.dumps(quantization) else "fp8"
@@ -151,6 +158,14 @@ def _excluded_matcher(patterns: list[str]) -> re.Pattern[str]:
     return re.compile("|".join(parts) if parts else r"(?!)")
 
 
+def _parents(name: str) -> list[str]:
+    """``name`` and each module holding it (``a.b.c``: ``a.b.c``, ``a.b``, ``a``): an excluded
+    module keeps its submodules unquantized (transformers' quantizers skip every module under a
+    ``modules_to_not_convert`` entry; gpt-oss lists ``model.layers.*.self_attn``)."""
+    pieces = name.split(".")
+    return [".".join(pieces[:end]) for end in range(len(pieces), 0, -1)]
+
+
 def _part_modules(model: ModelSpec, model_type: str) -> dict[str, list[str]]:
     """The HuggingFace module names of each quantizable part, every layer that holds it."""
     a = model.attention
@@ -212,7 +227,8 @@ def checkpoint_dtype_by_part(
         parts.pop("router")
     for part, names in _part_modules(model, str(config.get("model_type", ""))).items():
         excluded = bool(names) and all(
-            any(matcher.match(prefix + name) for prefix in _PREFIXES) for name in names
+            any(matcher.match(prefix + head) for prefix in _PREFIXES for head in _parents(name))
+            for name in names
         )
         if excluded or (part == "lm_head" and not patterns):
             parts[part] = plain

@@ -146,13 +146,17 @@ def _rank_rows(num_layers: int, num_dense: int, pp: int, v: int) -> tuple:
 def attention_replicated_parameters(model: ModelSpec) -> int:
     """Attention weights tensor parallel keeps whole on every rank: MLA's down-projections
     (``q_a_proj``, ``kv_a_proj_with_mqa``) and their norms produce the latent all heads read
-    (Megatron-core MLA, vLLM's ``ReplicatedLinear``, torchtitan's ``NoParallel``); 0 for MHA/GQA."""
+    (Megatron-core MLA, vLLM's ``ReplicatedLinear``, torchtitan's ``NoParallel``), and a DSA
+    indexer (vLLM ``deepseek_v2.py`` ``Indexer``: ``wq_b``, ``wk`` and ``weights_proj`` are
+    ``ReplicatedLinear``); 0 for MHA/GQA without an indexer."""
     a = model.attention
-    if a.kind != "mla":
-        return 0
     h = model.hidden_size
+    indexer = a.indexer_parameters(h)
+    if a.kind != "mla":
+        return indexer
     q = h * a.q_lora_rank + model._norm_parameters(a.q_lora_rank) if a.q_lora_rank else 0
-    return q + h * (a.kv_lora_rank + a.qk_rope_head_dim) + model._norm_parameters(a.kv_lora_rank)
+    latent = h * (a.kv_lora_rank + a.qk_rope_head_dim) + model._norm_parameters(a.kv_lora_rank)
+    return q + latent + indexer
 
 
 def attention_parameters_per_device(

@@ -54,6 +54,67 @@ EXAMPLES = {
     },
     "deepseek_v3": catalog_config("deepseek-v3"),
     "kimi_k2": catalog_config("kimi-k2"),
+    "deepseek_v32": catalog_config("deepseek-v3.2"),
+    "glm_moe_dsa": catalog_config("glm-5"),
+    "mimo": {**LLAMA, "model_type": "mimo", "attention_bias": True},
+    "qwen3_vl_text": {**LLAMA, "model_type": "qwen3_vl_text", "head_dim": 64},
+    "qwen3_vl_moe_text": {
+        **LLAMA,
+        "model_type": "qwen3_vl_moe_text",
+        "num_experts": 16,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 128,
+    },
+    "minimax_m2": {
+        **LLAMA,
+        "model_type": "minimax_m2",
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "shared_intermediate_size": 0,
+    },
+    "gpt_oss": {
+        **LLAMA,
+        "model_type": "gpt_oss",
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "sliding_window": 128,
+        "attention_bias": True,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+    },
+    "step3p7": {
+        **LLAMA,
+        "model_type": "step3p7",
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 128,
+        "n_shared_experts": 1,
+        "share_expert_dim": 128,
+        "first_k_dense_replace": 1,
+        "sliding_window": 512,
+        "layer_types": ["full_attention"] + ["sliding_attention"] * 3,
+    },
+    "llama4_text": {
+        **LLAMA,
+        "model_type": "llama4_text",
+        "num_local_experts": 4,
+        "num_experts_per_tok": 1,
+        "intermediate_size_mlp": 1024,
+        "attention_chunk_size": 1024,
+        "interleave_moe_layer_step": 1,
+        "no_rope_layers": [1, 1, 1, 0],
+    },
+    "kimi_k25": {"model_type": "kimi_k25", "text_config": catalog_config("kimi-k2")},
+    "qwen3_vl": {"model_type": "qwen3_vl", "text_config": {**LLAMA, "model_type": "qwen3_vl_text"}},
+    "qwen3_vl_moe": {
+        "model_type": "qwen3_vl_moe",
+        "text_config": {  # no model_type: the wrapper's text type applies
+            **{key: value for key, value in LLAMA.items() if key != "model_type"},
+            "num_experts": 16,
+            "num_experts_per_tok": 4,
+            "moe_intermediate_size": 128,
+        },
+    },
+    "llama4": catalog_config("llama-4-scout"),
     "gpt2": {
         "model_type": "gpt2",
         "n_layer": 2,
@@ -74,7 +135,8 @@ def test_supported_types_parse(model_type: str) -> None:
     model = ModelSpec.from_hf_config(EXAMPLES[model_type], name=model_type)
     assert model.num_parameters > 0
     assert (model.moe is not None) == (
-        model_type in {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2"}
+        model_type
+        not in {"llama", "mistral", "qwen2", "qwen3", "gpt2", "mimo", "qwen3_vl_text", "qwen3_vl"}
     )
 
 

@@ -23,6 +23,15 @@ PUBLISHED_TOTALS = {
     "mixtral-8x22b": (141.0, 39.0),
     # Llama 3 herd paper: 405B.
     "llama-3.1-405b": (405.0, None),
+    # OpenAI gpt-oss model card (arXiv:2508.10925) Table 1: 116.83B total (its active count
+    # leaves out the embedding: tests/test_model_families.py).
+    "gpt-oss-120b": (116.83, None),
+    # DeepSeek-V3.2-Exp model card: DeepSeek-V3.1-Terminus's 671B plus the lightning indexer.
+    "deepseek-v3.2": (671.0, None),
+    # Z.ai GLM-5 release: 744B total.
+    "glm-5": (744.0, None),
+    # MiniMax-M2 model card: 230B total (M2.5 keeps the architecture).
+    "minimax-m2.5": (230.0, None),
 }
 
 

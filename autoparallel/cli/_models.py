@@ -31,7 +31,10 @@ def _attention_label(model: ModelSpec) -> str:
         "gqa": f"GQA {a.num_heads}/{a.num_kv_heads}",
         "mha": f"MHA {a.num_heads}",
     }[a.kind]
-    return label if a.variant == "full" else f"{label} {a.variant}"
+    if a.variant == "full":
+        return label
+    short = {"sliding_window": "SWA", "chunked": "chunk", "sparse_topk": "DSA", "linear": "lin"}
+    return f"{label} {short[a.variant]}"  # the extents are in ``describe``
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -50,7 +53,12 @@ def _models(args: argparse.Namespace) -> int:
             "context": "number",
         },
     )
-    table.caption = "experts: routed+shared/top-k; context: longest sequence in K = 1,024 tokens"
+    table.caption = (
+        "experts: routed+shared/top-k; attention: SWA sliding window, chunk chunked, DSA sparse "
+        "top-k, lin linear layers (extents: describe); context: longest sequence in K = 1,024 "
+        "tokens"
+    )
+    table.columns[5].max_width = 9  # a variant wraps under the kind: the table keeps 80 columns
     for name in list_models():
         model = get_model(name)
         experts = (
@@ -86,12 +94,36 @@ def _model_summary(model: ModelSpec) -> dict:
     }
 
 
+def _attention_extent(model: ModelSpec) -> str:
+    """Which keys a query attends to, in words (``describe``)."""
+    a = model.attention
+    local = {
+        "full": "every earlier token",
+        "sliding_window": f"the last {a.window_tokens} tokens",
+        "chunked": f"the tokens of its own chunk of {a.window_tokens}",
+        "sparse_topk": f"the {a.topk_tokens} tokens its indexer picks",
+        "linear": "a fixed-size recurrent state",
+    }[a.variant]  # each variant's extent is set (AttentionSpec validation)
+    text = f"a query attends to {local}"
+    if a.full_layer_fraction:
+        text += (
+            f" in {1 - a.full_layer_fraction:.0%} of the layers, every earlier token in the rest"
+        )
+    if a.indexer_heads:
+        text += (
+            f"; the indexer ({a.indexer_heads} heads of {a.indexer_head_dim}) scores every "
+            "earlier token"
+        )
+    return text
+
+
 def _description(model: ModelSpec) -> dict:
     contexts = [
         c for c in (4096, 32768, 131072, model.max_context_tokens) if c <= model.max_context_tokens
     ]
     return {
         **_model_summary(model),
+        "attention_extent": _attention_extent(model),
         "parameters": model.parameter_breakdown(),
         "active_parameters": model.active_parameter_breakdown(),
         "by_dtype": {
@@ -126,6 +158,7 @@ def _describe(args: argparse.Namespace) -> int:
         f"[bold]{human_count(model.num_active_parameters)}",
     )
     console.print(fit_words(params))
+    console.print(f"attention: {_attention_label(model)}: {_attention_extent(model)}")
 
     sizes = table_of(
         "Weights and KV cache",

@@ -1,0 +1,252 @@
+"""Model families beyond one attention kind per model: interleaved full and local layers
+(gpt-oss, Step-3.7, Llama 4), DeepSeek Sparse Attention's indexer (DeepSeek-V3.2, GLM-5),
+multimodal checkpoints parsed as their language model, and the refusals of what one layer
+shape cannot describe. Every rule is checked against a brute-force sum over layers and
+positions, and the catalog entries against their publishers' parameter counts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autoparallel import get_model
+from autoparallel._catalog import catalog_config
+from cost_model import Inference, ModelSpec, estimate_inference_table, table_from_columns
+from cost_model._inference_ops import kv_bytes_per_sequence_layer
+from cost_model._pricing import mean_attended_tokens
+from cost_model._serving_columns import PHASE_CODES
+from cost_model._serving_precision import checkpoint_dtype, checkpoint_dtype_by_part
+from topology import get_preset
+
+GPT_OSS = get_model("gpt-oss-120b")
+SCOUT = get_model("llama-4-scout")
+DSV32 = get_model("deepseek-v3.2")
+DSV3 = get_model("deepseek-v3")
+
+
+def _per_layer_keys(model: ModelSpec, position: int) -> list[float]:
+    """Keys a query at ``position`` (1-based) attends to in each layer, from the config's own
+    layer list: full layers all of them, the others their window or chunk."""
+    a = model.attention
+    full_layers = round(a.full_layer_fraction * model.num_layers)
+    keys = []
+    for layer in range(model.num_layers):
+        if layer < full_layers:
+            keys.append(float(position))
+        elif a.variant == "chunked":
+            keys.append(float((position - 1) % a.window_tokens + 1))
+        else:
+            keys.append(float(min(position, a.window_tokens)))
+    return keys
+
+
+@pytest.mark.parametrize("model", [GPT_OSS, SCOUT], ids=["gpt-oss", "llama-4-scout"])
+@pytest.mark.parametrize("sequence", [1, 100, 129, 4096, 8193, 20_000])
+def test_mean_keys_of_interleaved_layers_match_a_sum_over_layers_and_positions(
+    model: ModelSpec, sequence: int
+) -> None:
+    brute = np.mean([np.mean(_per_layer_keys(model, i)) for i in range(1, sequence + 1)])
+    got = float(mean_attended_tokens(attention=model.attention, sequence_tokens=sequence))
+    assert got == pytest.approx(brute, rel=1e-9)
+    assert model.attention.attended_tokens(sequence) == pytest.approx(
+        np.mean(_per_layer_keys(model, sequence))
+    )
+
+
+@pytest.mark.parametrize("model", [GPT_OSS, SCOUT], ids=["gpt-oss", "llama-4-scout"])
+@pytest.mark.parametrize("context", [50, 128, 5000, 100_000])
+def test_cache_of_interleaved_layers_keeps_only_the_window_of_local_layers(
+    model: ModelSpec, context: int
+) -> None:
+    a = model.attention
+    per_token_layer = model.kv_cache_elements_per_token_per_layer() * 2  # bf16
+    full_layers = round(a.full_layer_fraction * model.num_layers)
+    local_layers = model.num_layers - full_layers
+    brute = per_token_layer * (full_layers * context + local_layers * min(context, a.window_tokens))
+    assert model.kv_cache_bytes(context, "bf16") == pytest.approx(brute)
+    vectorized = kv_bytes_per_sequence_layer(model, np.array([float(context)]), 2.0, block_tokens=1)
+    assert model.num_layers * vectorized[0] == pytest.approx(brute)
+
+
+def test_linear_layers_interleaved_with_full_ones_keep_a_state_plus_the_full_layers_cache() -> None:
+    base = get_model("qwen3-30b-a3b")
+    hybrid = base.model_copy(
+        update={
+            "attention": base.attention.model_copy(
+                update={"variant": "linear", "full_layer_fraction": 0.25}
+            )
+        }
+    )
+    a = hybrid.attention
+    state = a.num_heads * a.qk_head_dim * a.value_head_dim * 2
+    per_token = hybrid.kv_cache_elements_per_token_per_layer() * 2
+    for context in (1, 1000, 50_000):
+        brute = 12 * per_token * context + 36 * state  # 48 layers, a quarter full
+        assert hybrid.kv_cache_bytes(context, "bf16") == pytest.approx(brute)
+        per_layer = kv_bytes_per_sequence_layer(hybrid, np.array([float(context)]), 2.0, 1)
+        assert 48 * per_layer[0] == pytest.approx(brute)
+
+
+def test_gpt_oss_is_parsed_with_its_published_shape_and_released_precision() -> None:
+    a = GPT_OSS.attention
+    assert (a.variant, a.window_tokens, a.full_layer_fraction) == ("sliding_window", 128, 0.5)
+    assert GPT_OSS.moe is not None and (GPT_OSS.moe.num_routed_experts, GPT_OSS.moe.top_k) == (
+        128,
+        4,
+    )
+    # OpenAI, gpt-oss-120b & gpt-oss-20b model card (arXiv:2508.10925) Table 1: 116.83B total,
+    # 5.13B active per token counted without the 0.58B embedding (the unembedding counted).
+    assert GPT_OSS.num_parameters / 1e9 == pytest.approx(116.83, rel=1e-3)
+    embedding = GPT_OSS.vocab_size * GPT_OSS.hidden_size
+    assert (GPT_OSS.num_active_parameters - embedding) / 1e9 == pytest.approx(5.13, rel=0.01)
+    # MXFP4 experts; attention, router, embedding and head kept in bf16 (modules_to_not_convert)
+    config = catalog_config("gpt-oss-120b")
+    assert checkpoint_dtype(config) == "fp4"
+    assert checkpoint_dtype_by_part(config) == {
+        "attention": "bf16",
+        "router": "bf16",
+        "embedding": "bf16",
+        "lm_head": "bf16",
+    }
+
+
+def test_layer_types_text_and_wrong_lengths() -> None:
+    config = dict(catalog_config("gpt-oss-120b"))
+    as_text = {**config, "layer_types": str(config["layer_types"])}
+    assert ModelSpec.from_hf_config(as_text).attention == GPT_OSS.attention
+    with pytest.raises(ValueError, match="'layer_types' has 35 entries; 'num_hidden_layers' is 36"):
+        ModelSpec.from_hf_config({**config, "layer_types": config["layer_types"][:-1]})
+    with pytest.raises(ValueError, match="layer_types.*'linear_attention'"):
+        ModelSpec.from_hf_config(
+            {**config, "layer_types": ["linear_attention"] + config["layer_types"][1:]}
+        )
+
+
+def test_llama4_scout_chunks_three_layers_in_four_and_every_layer_is_moe() -> None:
+    a = SCOUT.attention
+    assert (a.variant, a.window_tokens, a.full_layer_fraction) == ("chunked", 8192, 0.25)
+    assert SCOUT.moe is not None and SCOUT.moe.num_dense_layers == 0
+    assert (SCOUT.moe.num_routed_experts, SCOUT.moe.top_k, SCOUT.moe.num_shared_experts) == (
+        16,
+        1,
+        1,
+    )
+    # Meta's Llama 4 model card: 17B active parameters (109B total with the vision encoder)
+    assert SCOUT.num_active_parameters / 1e9 == pytest.approx(17.0, rel=0.02)
+    maverick = {
+        **catalog_config("llama-4-scout"),
+        "text_config": {
+            **catalog_config("llama-4-scout")["text_config"],
+            "interleave_moe_layer_step": 2,
+        },
+    }
+    with pytest.raises(ValueError, match="interleave_moe_layer_step.*dense layers \\[0, 2"):
+        ModelSpec.from_hf_config(maverick)
+
+
+INDEXER_PARAMETERS = (
+    1536 * 64 * 128  # wq_b from the 1536-wide query latent to 64 heads of 128
+    + 7168 * 128  # wk
+    + 2 * 128  # the key's LayerNorm
+    + 7168 * 64  # weights_proj
+)
+
+
+def test_dsa_indexer_weights_and_cache_are_counted_per_layer() -> None:
+    a = DSV32.attention
+    assert (a.variant, a.topk_tokens, a.indexer_heads, a.indexer_head_dim) == (
+        "sparse_topk",
+        2048,
+        64,
+        128,
+    )
+    assert DSV32.num_parameters - DSV3.num_parameters == 61 * INDEXER_PARAMETERS
+    # FP8 keys of 128 elements and one FP32 scale per 128 in every layer
+    assert DSV32.kv_cache_bytes_per_token("bf16") - DSV3.kv_cache_bytes_per_token("bf16") == (
+        61 * (128 + 4)
+    )
+    assert DSV32.kv_cache_bytes(100_000, "bf16") == pytest.approx(
+        100_000 * DSV32.kv_cache_bytes_per_token("bf16")
+    )
+
+
+def test_dsa_attention_flops_add_the_indexer_over_the_whole_context() -> None:
+    a = DSV32.attention
+    per_key = 2 * a.num_heads * (a.qk_head_dim + a.value_head_dim)
+    for context in (1000, 2048, 131_072):
+        expected = 61 * (per_key * min(context, 2048) + 2 * 64 * 128 * context)
+        assert DSV32.attention_flops_per_token(context) == pytest.approx(expected)
+
+
+def _decode_attention_s(model: ModelSpec, context: int) -> float:
+    cluster = get_preset("dgx-h200")
+    table = table_from_columns(
+        tp=8, ep=8, batch_size=16, phase=PHASE_CODES["decode"], attention_data_parallel=True
+    )
+    workload = Inference(prompt_tokens=context, output_tokens=256, weight_dtype="fp8")
+    out = estimate_inference_table(model=model, cluster=cluster, workload=workload, table=table)
+    return float(out["time.decode_attention"][0])
+
+
+def test_dsa_decode_pays_the_indexer_scan_that_grows_with_context() -> None:
+    no_indexer = DSV32.model_copy(
+        update={
+            "attention": DSV32.attention.model_copy(
+                update={"indexer_heads": 0, "indexer_head_dim": 0}
+            )
+        }
+    )
+    short, long = _decode_attention_s(DSV32, 8192), _decode_attention_s(DSV32, 65_536)
+    capped_short = _decode_attention_s(no_indexer, 8192)
+    capped_long = _decode_attention_s(no_indexer, 65_536)
+    # top-k alone reads the same 2048 keys at any context; the indexer reads every key's
+    # 132 bytes, so the decode step's attention keeps growing
+    assert capped_long == pytest.approx(capped_short, rel=0.02)
+    assert long > short * 1.5
+    assert long > capped_long * 1.2
+
+
+@pytest.mark.parametrize(
+    ("catalog", "wrapper", "text_type"),
+    [
+        ("kimi-k2", "kimi_k25", None),
+        ("qwen3-30b-a3b", "qwen3_vl_moe", "qwen3_vl_moe_text"),
+    ],
+)
+def test_multimodal_checkpoints_parse_as_their_language_model(
+    catalog: str, wrapper: str, text_type: str | None
+) -> None:
+    text = dict(catalog_config(catalog))
+    if text_type is not None:
+        text["model_type"] = text_type
+    else:
+        text.pop("model_type")  # the wrapper's default text type applies
+    parsed = ModelSpec.from_hf_config({"model_type": wrapper, "text_config": text}, name="x")
+    assert parsed.model_dump(exclude={"name"}) == get_model(catalog).model_dump(exclude={"name"})
+    with pytest.raises(ValueError, match="'text_config'.*must be an object"):
+        ModelSpec.from_hf_config({"model_type": wrapper})
+
+
+@pytest.mark.parametrize(
+    ("model_type", "reason"),
+    [
+        ("qwen3_5_moe", "Gated DeltaNet"),
+        ("nemotron_h", "Mamba-2"),
+        ("gemma4", "head sizes"),
+        ("deepseek_v4", "compressed attention"),
+    ],
+)
+def test_models_whose_layers_differ_in_shape_are_refused_by_name(
+    model_type: str, reason: str
+) -> None:
+    with pytest.raises(ValueError, match=f"model_type \\('{model_type}'\\).*{reason}"):
+        ModelSpec.from_hf_config({"model_type": model_type, "num_hidden_layers": 4})
+
+
+def test_new_catalog_models_plan_a_serving_layout(tmp_path) -> None:
+    from autoparallel.cli import main
+
+    for name in ("gpt-oss-120b", "deepseek-v3.2"):
+        plan = tmp_path / f"{name}.json"
+        assert main(["plan", "--model", name, "--cluster", "dgx-h200", "--output", str(plan)]) == 0
+        assert name in plan.read_text()
