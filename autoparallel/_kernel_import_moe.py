@@ -21,7 +21,7 @@ from cost_model import (
     TOKENS_PER_EXPERT_GRID,
     dtype_bytes,
     grouped_gemm_ideal_s,
-    matmul_dtype_of,
+    matmul_dtype_on,
     routed_bytes_per_assignment,
 )
 from topology import get_preset
@@ -38,6 +38,8 @@ from topology import get_preset
 #: the fused layer, so a model is priced on the measured shape nearest the slice one rank
 #: runs (``cost_model._kernel_curves_moe``), not on DeepSeek's alone; of two shapes with the same
 #: slice (DeepSeek-V3's and Kimi-K2's), on the one measured nearest the rank's expert count.
+#: gpt-oss-120b's experts (``config.json``: hidden 2880, intermediate_size 2880, 128 local
+#: experts, top-4; MXFP4 weights), whole and over 8 ranks, and gpt-oss-20b's 32.
 EXPERT_SHAPES = (
     (*GROUPED_GEMM_SHAPE, 1),
     (*GROUPED_GEMM_SHAPE, 8),
@@ -46,6 +48,9 @@ EXPERT_SHAPES = (
     (4096, 14336, 8, 2, 1),
     (7168, 2048, 384, 8, 1),
     (7168, 2048, 384, 8, 8),
+    (2880, 2880, 128, 4, 1),
+    (2880, 2880, 128, 4, 8),
+    (2880, 2880, 32, 4, 1),
 )
 
 
@@ -123,7 +128,7 @@ def _reduce_grouped(points: dict, *, dtype: str, shape: tuple, hardware) -> dict
             tokens_per_expert=per_expert,
             experts_per_device=experts / ep,
             touched_fraction=np.minimum(1.0, tokens * top_k / experts),
-            side_bytes_per_assignment=_side_bytes(dtype, hidden=hidden, expert_ffn=inter),
+            side_bytes_per_assignment=_side_bytes(dtype, hardware, hidden=hidden, expert_ffn=inter),
             hidden_size=hidden,
             expert_ffn_size=inter,
         )
@@ -134,11 +139,15 @@ def _reduce_grouped(points: dict, *, dtype: str, shape: tuple, hardware) -> dict
 
 
 def _side_bytes(
-    dtype: str, *, hidden: int = GROUPED_GEMM_SHAPE[0], expert_ffn: int = GROUPED_GEMM_SHAPE[1]
+    dtype: str,
+    hardware,
+    *,
+    hidden: int = GROUPED_GEMM_SHAPE[0],
+    expert_ffn: int = GROUPED_GEMM_SHAPE[1],
 ) -> float:
     """Memory passes per token copy of the fused MoE kernel, as the cost model counts them
     (``routed_bytes_per_assignment``) for an expert of the imported row's shape, bf16
-    activations."""
+    activations cast to the GEMM's dtype on ``hardware`` (none for a weight-only kernel)."""
     from autoparallel._catalog import get_model
 
     model = get_model("deepseek-v3")
@@ -149,5 +158,5 @@ def _side_bytes(
             "moe": model.moe.model_copy(update={"expert_ffn_hidden_size": expert_ffn}),
         }
     )
-    cast = min(dtype_bytes(matmul_dtype_of(dtype)), 2.0)
+    cast = min(dtype_bytes(matmul_dtype_on(hardware, dtype)), 2.0)
     return float(routed_bytes_per_assignment(model, act=2.0, cast=cast, etp=1.0))

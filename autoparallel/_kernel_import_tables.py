@@ -24,7 +24,17 @@ DEVICES = {
     "gb200": "gb200-nvl72",
 }
 #: aiconfigurator dtype names -> the project's weight dtypes (block-scaled FP8 is DeepSeek's).
-DTYPES = {"bfloat16": "bf16", "fp8_block": "fp8", "nvfp4": "fp4", "int4_wo": "int4"}
+#: FP4 weights are NVFP4 (W4A4 on Blackwell) or MXFP4 (gpt-oss's experts): MXFP4 with bf16
+#: activations (``w4a16_mxfp4``, the Hopper and Blackwell W4A16 kernels) or MXFP8 ones
+#: (``w4a8_mxfp4_mxfp8``, Blackwell); of several fp4 kernels for one shape the fastest is kept.
+DTYPES = {
+    "bfloat16": "bf16",
+    "fp8_block": "fp8",
+    "nvfp4": "fp4",
+    "w4a16_mxfp4": "fp4",
+    "w4a8_mxfp4_mxfp8": "fp4",
+    "int4_wo": "int4",
+}
 ENGINES = ("trtllm", "sglang", "vllm")
 FORBIDDEN_FILE = "silicon_sample"
 

@@ -22,7 +22,7 @@ from cost_model._inference_validation import (
     validate_dsv3_day6,
     validate_dsv3_profile,
 )
-from cost_model._kernel_curves import matmul_dtype_of
+from cost_model._kernel_curves import matmul_dtype_of, matmul_dtype_on
 from cost_model._kernel_curves_attention import MLA_CURVE_HEADS, mla_decode_ideal_s
 from cost_model._kernel_curves_comm import ALL_REDUCE_MESSAGE_BYTES, expert_all_to_all_bytes
 from cost_model._kernel_curves_gemm import GEMM_M_GRID, GEMM_NK_GRID, gemm_ideal_s
@@ -168,6 +168,7 @@ __all__ = [
     "human_seconds",
     "leave_one_source_out",
     "matmul_dtype_of",
+    "matmul_dtype_on",
     "minimum_redundant_experts",
     "gemm_ideal_s",
     "mla_decode_ideal_s",

@@ -42,6 +42,14 @@ def matmul_dtype_of(weight_dtype: str) -> str:
     return _WEIGHT_ONLY.get(weight_dtype, weight_dtype)
 
 
+def matmul_dtype_on(hardware, weight_dtype: str) -> str:
+    """The dtype a GEMM of ``weight_dtype`` weights runs in on ``hardware``: its own where the
+    device has tensor cores for it (a peak), else bf16 — weights widened inside the kernel
+    (FP4 on Hopper: Marlin and Triton W4A16, ``_serving_precision``)."""
+    dtype = matmul_dtype_of(weight_dtype)
+    return dtype if dtype in hardware.peak_flops else "bf16"
+
+
 def gemm_curve_dtype(weight_dtype: str, fp8_scaling: str = "block") -> str:
     """The dense GEMM curve that prices ``weight_dtype`` weights: FP8 weights with per-tensor
     scales (``fp8_scaling`` ``"tensor"``: ModelOpt FP8 checkpoints, TensorRT-LLM

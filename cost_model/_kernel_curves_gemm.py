@@ -29,7 +29,7 @@ from cost_model._kernel_curves import (
     _engine_curves,
     _grid_position,
     kernel_curves,
-    matmul_dtype_of,
+    matmul_dtype_on,
 )
 from cost_model._units import dtype_bytes
 
@@ -50,7 +50,7 @@ def gemm_ideal_s(*, hardware, dtype: str, m, n, k) -> np.ndarray:
     the GEMM dtype's peak, weight bytes at the memory bandwidth) — the cost model's own matmul
     roofline (``_pricing.op_time_s`` before efficiencies), so a curve is ideal / measured."""
     m, n, k = (np.asarray(x, dtype=np.float64) for x in (m, n, k))
-    compute_s = 2.0 * m * n * k / hardware.peak_flops_for(matmul_dtype_of(dtype))
+    compute_s = 2.0 * m * n * k / hardware.peak_flops_for(matmul_dtype_on(hardware, dtype))
     weight_bytes = n * k * dtype_bytes(_CURVE_WEIGHT_DTYPES.get(dtype, dtype))
     return np.maximum(compute_s, weight_bytes / hardware.memory_bandwidth_bytes_per_s)
 

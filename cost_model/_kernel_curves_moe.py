@@ -37,7 +37,7 @@ from cost_model._kernel_curves import (
     DEVICE_ALIASES,
     _engine_curves,
     kernel_curves,
-    matmul_dtype_of,
+    matmul_dtype_on,
 )
 from cost_model._units import dtype_bytes
 
@@ -74,7 +74,7 @@ def grouped_gemm_ideal_s(
         * dtype_bytes(dtype)
     )
     bandwidth = hardware.memory_bandwidth_bytes_per_s
-    compute_s = flops / hardware.peak_flops_for(matmul_dtype_of(dtype))
+    compute_s = flops / hardware.peak_flops_for(matmul_dtype_on(hardware, dtype))
     side_s = np.asarray(side_bytes_per_assignment) * assignments / bandwidth
     return np.maximum(compute_s, weight_bytes / bandwidth) + side_s
 

@@ -137,8 +137,8 @@ def test_committed_curves_are_small() -> None:
     # 6 head counts per rank (~95 kB), the absorbed-MLA batched GEMMs (~14 kB); MHA/GQA decode
     # attention (6 devices x 3 engines x 1-2 KV dtypes x 4 groups x 15 pair counts x 12
     # lengths, ~190 kB); Qwen3-235B's experts split over 8 ranks (~21 kB); Kimi-K2's 384
-    # experts, whole and over 8 ranks (~75 kB)
-    assert (DATA / "kernel_curves.json").stat().st_size < 750_000
+    # experts, whole and over 8 ranks (~75 kB); gpt-oss's MXFP4 experts (~20 kB)
+    assert (DATA / "kernel_curves.json").stat().st_size < 800_000
     json.loads((DATA / "kernel_curves.json").read_text())
 
 
@@ -160,7 +160,7 @@ def _write_moe_table(folder: Path, *, efficiency: float) -> None:
                 tokens_per_expert=tokens * 8 / 256,
                 experts_per_device=256 / ep,
                 touched_fraction=min(1.0, tokens * 8 / 256),
-                side_bytes_per_assignment=_side_bytes("fp8"),
+                side_bytes_per_assignment=_side_bytes("fp8", hardware),
             )
             rows.append(
                 {
@@ -504,10 +504,36 @@ def test_a_tp8_qwen3_expert_slice_is_priced_on_its_own_measured_shape() -> None:
     np.testing.assert_allclose(seconds, [19.7e-6, 126.3e-6], rtol=0.05)
 
 
-def _side_bytes_of(dtype: str, *, hidden: int, expert_ffn: int) -> float:
+def _side_bytes_of(dtype: str, *, hidden: int, expert_ffn: int, preset: str = "dgx-b200") -> float:
     from autoparallel._kernel_import_moe import _side_bytes
 
-    return _side_bytes(dtype, hidden=hidden, expert_ffn=expert_ffn)
+    hardware = get_preset(preset).device
+    return _side_bytes(dtype, hardware, hidden=hidden, expert_ffn=expert_ffn)
+
+
+def test_gpt_oss_mxfp4_experts_on_hopper_are_priced_from_the_w4a16_tables() -> None:
+    """gpt-oss-120b's MXFP4 experts on one H200 run weight-only (bf16 math): vLLM 0.24's table
+    (``h200_sxm/moe/vllm/0.24.0``, ``w4a16_mxfp4``, hidden 2880, 128 experts, top-4, balanced)
+    times the whole layer at 0.0609 ms for one token and 0.665 ms for 64; the curve gives them
+    back, where the FP4 roofline without a table had no Hopper peak to price them at."""
+    from cost_model._kernel_curves_moe import grouped_experts_time_s
+
+    tokens = np.array([1.0, 64.0])
+    seconds = grouped_experts_time_s(
+        hardware=get_preset("dgx-h200").device,
+        dtype="fp4",
+        tokens_per_expert=tokens * 4 / 128,
+        experts_per_device=128.0,
+        touched_fraction=np.minimum(1.0, tokens * 4 / 128),
+        side_bytes_per_assignment=_side_bytes_of(
+            "fp4", hidden=2880, expert_ffn=2880, preset="dgx-h200"
+        ),
+        hidden_size=2880,
+        expert_ffn_size=2880.0,
+        engine="vllm",
+    )
+    assert seconds is not None
+    np.testing.assert_allclose(seconds, [60.9e-6, 665.4e-6], rtol=0.05)
 
 
 def test_a_gemm_narrower_than_the_grid_is_held_at_the_narrowest_measured_latency() -> None:

@@ -72,12 +72,11 @@ def test_fp4_weights_on_h100_are_weight_only_and_an_fp4_cache_is_an_error() -> N
     cluster = get_preset("dgx-h100", num_nodes=8)  # room for the bf16 weights
     config = ParallelConfig(dp=64, tp=1, ep=64, attention_data_parallel=False)
     costs = _by_weight_dtype(cluster, config, ("bf16", "fp8", "fp4"), prompt_tokens=8192)
-    # stored in 4 bits (Marlin / Triton W4A16): well under the FP8 weights, so decode, which
-    # streams them, is faster ...
+    # stored in 4 bits (Marlin / Triton W4A16): well under the FP8 weights (decode is priced
+    # from the measured W4A16 MoE kernels, tests/test_cost_kernels.py) ...
     ratio = costs["fp4"].memory_bytes["weights"] / costs["fp8"].memory_bytes["weights"]
     assert ratio < 0.6
-    assert costs["fp4"].time_s["decode_compute"] < costs["fp8"].time_s["decode_compute"]
-    # ... but widened to bf16 in the GEMM: the compute-bound prefill runs at bf16's speed
+    # ... widened to bf16 in the GEMM: the compute-bound prefill runs at bf16's speed
     prefill = {dtype: cost.time_s["prefill_compute"] for dtype, cost in costs.items()}
     assert prefill["fp4"] >= 0.9 * prefill["bf16"]
     assert prefill["fp4"] > 1.2 * prefill["fp8"]
