@@ -15,9 +15,11 @@ fields), Step-3.7's ``step3p7``. A multimodal checkpoint (Kimi-K2.5 ``kimi_k25``
 Models that interleave layers of two kinds with the same projections (gpt-oss's and Step-3.7's
 sliding-window and full layers, ``layer_types``; Llama 4's chunked and full (NoPE) layers,
 ``no_rope_layers``) keep the share of full layers (``AttentionSpec.full_layer_fraction``).
-Layers whose kinds differ in shape (Gemma 4's global heads, MiMo-V2's window heads, Qwen3.5's
-and Nemotron-H's linear and state-space mixers, DeepSeek-V4's compressed attention) cannot be
-one ``ModelSpec``: their model types are refused by name. Unknown HuggingFace keys are
+Qwen3-Next and Qwen3.5 (``qwen3_next``, ``qwen3_5`` / ``qwen3_5_moe``) interleave Gated DeltaNet
+layers of their own shape with gated full attention (``AttentionSpec.linear_*``). Layers whose
+kinds differ in other ways (Gemma 4's global heads, MiMo-V2's window heads, Nemotron-H's
+state-space, attention and MLP blocks that are not paired per layer, DeepSeek-V4's compressed
+attention) cannot be one ``ModelSpec``: their model types are refused by name. Unknown HuggingFace keys are
 ignored (config files carry many unrelated ones); a missing or mistyped key this parser needs is
 a ``ValueError`` naming it.
 """
@@ -302,6 +304,73 @@ def _step3p7(r: _Reader, name: str) -> ModelSpec:
     return _common(r, name, AttentionSpec(**attention.model_dump()), moe=moe)
 
 
+def _qwen3_next(r: _Reader, name: str, *, moe: bool) -> ModelSpec:
+    """Qwen3-Next and Qwen3.5 (``Qwen3NextConfig``, ``Qwen3_5TextConfig``,
+    ``Qwen3_5MoeTextConfig``): Gated DeltaNet layers (``linear_num_key_heads`` /
+    ``linear_num_value_heads`` heads of ``linear_key_head_dim`` / ``linear_value_head_dim``, a
+    convolution of ``linear_conv_kernel_dim`` taps) with a full gated-attention layer every
+    ``full_attention_interval`` (or as ``layer_types`` lists them); MoE layers of ``num_experts``
+    (top ``num_experts_per_tok``, ``moe_intermediate_size``) with a gated shared expert of
+    ``shared_expert_intermediate_size``. The multi-token-prediction layer is not modelled."""
+    num_layers = r.int("num_hidden_layers")
+    if r.data.get("layer_types") is not None:
+        kinds = _layer_types(r, num_layers)
+    else:
+        interval = r.int("full_attention_interval", 4)
+        kinds = [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+            for i in range(num_layers)
+        ]
+    unknown = sorted(set(kinds) - {"full_attention", "linear_attention"})
+    if unknown:
+        raise ValueError(
+            f"config field 'layer_types' has kinds {unknown}; supported: 'full_attention', "
+            "'linear_attention'"
+        )
+    full = kinds.count("full_attention")
+    attention = _attention_gqa(r).model_copy(
+        update={"output_gate": r.bool("attn_output_gate", True)}
+    )
+    if full < num_layers:
+        attention = attention.model_copy(
+            update={
+                "variant": "linear",
+                "full_layer_fraction": full / num_layers,
+                "linear_key_heads": r.int("linear_num_key_heads"),
+                "linear_value_heads": r.int("linear_num_value_heads"),
+                "linear_key_head_dim": r.int("linear_key_head_dim"),
+                "linear_value_head_dim": r.int("linear_value_head_dim"),
+                "linear_conv_kernel": r.int("linear_conv_kernel_dim"),
+            }
+        )
+    attention = AttentionSpec(**attention.model_dump())
+    if not moe:
+        return _common(r, name, attention, qkv_bias=r.bool("attention_bias", False))
+    expert_size = r.int("moe_intermediate_size")
+    shared_size = r.optional_int("shared_expert_intermediate_size")
+    experts = MoESpec(
+        num_routed_experts=r.int("num_experts"),
+        top_k=r.int("num_experts_per_tok"),
+        expert_ffn_hidden_size=expert_size,
+        num_shared_experts=1 if shared_size else 0,
+        shared_expert_ffn_hidden_size=shared_size,
+        shared_expert_gate=bool(shared_size),
+        num_dense_layers=_dense_moe_layers(r, num_layers),
+    )
+    return ModelSpec(
+        name=name,
+        num_layers=num_layers,
+        hidden_size=r.int("hidden_size"),
+        vocab_size=r.int("vocab_size"),
+        ffn_hidden_size=r.int("intermediate_size", expert_size),
+        attention=attention,
+        tie_word_embeddings=r.bool("tie_word_embeddings", False),
+        max_context_tokens=r.int("max_position_embeddings"),
+        qkv_bias=r.bool("attention_bias", False),
+        moe=experts,
+    )
+
+
 def _minimax_m2(r: _Reader, name: str) -> ModelSpec:
     """MiniMax-M2 (``minimax_m2``, the checkpoint's ``configuration_minimax_m2.py``): full GQA
     attention and an MoE in every layer (``num_local_experts``, top ``num_experts_per_tok``,
@@ -415,6 +484,9 @@ _PARSERS: dict[str, Callable[[_Reader, str], ModelSpec]] = {
     "gpt_oss": _gpt_oss,
     "step3p7": _step3p7,
     "llama4_text": _llama4_text,
+    "qwen3_next": lambda r, n: _qwen3_next(r, n, moe=True),
+    "qwen3_5_text": lambda r, n: _qwen3_next(r, n, moe=False),
+    "qwen3_5_moe_text": lambda r, n: _qwen3_next(r, n, moe=True),
     "gpt2": _gpt2,
 }
 
@@ -425,13 +497,12 @@ _MULTIMODAL: dict[str, str] = {
     "qwen3_vl": "qwen3_vl_text",
     "qwen3_vl_moe": "qwen3_vl_moe_text",
     "llama4": "llama4_text",
+    "qwen3_5": "qwen3_5_text",
+    "qwen3_5_moe": "qwen3_5_moe_text",
 }
 
 #: Model types whose layers differ in shape, which one ``ModelSpec`` cannot hold: the reason.
 _UNREPRESENTABLE: dict[str, str] = {
-    "qwen3_5": "Gated DeltaNet linear-attention layers interleaved with gated full attention",
-    "qwen3_5_moe": "Gated DeltaNet linear-attention layers interleaved with gated full attention",
-    "qwen3_next": "Gated DeltaNet linear-attention layers interleaved with gated full attention",
     "nemotron_h": "Mamba-2, attention and MLP/MoE layers of different kinds (hybrid_override_pattern)",
     "nemotron-nas": "per-layer block_configs (layers without attention, per-layer FFN widths)",
     "gemma4": "global layers with other head sizes and KV heads than the sliding-window layers",

@@ -33,7 +33,7 @@ and the skew they fix in real routing is not modelled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
@@ -138,6 +138,13 @@ def _attention_gemms(s: _Setup, tokens, *, decode: bool, graphed=False) -> np.nd
     ``graphed``: rows whose pass replays a CUDA graph (``_gemms``)."""
     model = s.model
     projections = ops.attention_projections(model)
+    if model.attention.has_linear_mixer:  # the mean layer: full and linear layers in their share
+        f = model.attention.full_layer_fraction
+        full = _gemms(s, tokens, projections, s.shard, part="attention", graphed=graphed)
+        linear = _gemms(
+            s, tokens, ops.linear_projections(model), s.shard, part="attention", graphed=graphed
+        )
+        return f * full + (1.0 - f) * linear
     bmm = None
     if decode and model.attention.kind == "mla":
         bmm = s.rows.evaluate(
@@ -464,8 +471,53 @@ def _context_time(s: _Setup, p: ops.Pass, work: _AttentionWork) -> np.ndarray | 
 
 def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     """Core attention of one layer and its DSA indexer where it has one, (n,) seconds
-    (``_core_attention_time``, ``_indexer_time``)."""
+    (``_core_attention_time``, ``_indexer_time``); where linear layers of their own shape
+    alternate with full ones, the mean layer: the full layers' attention and the linear
+    layers' recurrence (``_linear_mixer_time``) in their shares."""
+    a = s.model.attention
+    if a.has_linear_mixer:
+        full_only = a.model_copy(
+            update={
+                "variant": "full",
+                "full_layer_fraction": 0.0,
+                "linear_key_heads": 0,
+                "linear_value_heads": 0,
+                "linear_key_head_dim": 0,
+                "linear_value_head_dim": 0,
+                "linear_conv_kernel": 0,
+            }
+        )
+        full = replace(s, model=s.model.model_copy(update={"attention": full_only}))
+        f = a.full_layer_fraction
+        return f * _core_attention_time(full, p) + (1.0 - f) * _linear_mixer_time(s, p)
     return _core_attention_time(s, p) + _indexer_time(s, p)
+
+
+def _linear_mixer_time(s: _Setup, p: ops.Pass) -> np.ndarray:
+    """One Gated DeltaNet layer's recurrence over pass ``p`` on one rank, (n,) seconds: its FLOPs
+    (``AttentionSpec.linear_flops_per_token``) and bytes — each sequence's state read and
+    written once per pass, the new tokens' q, k, v and gates read once — as a roofline op at the
+    attention calibration; the heads split over the tensor-parallel ranks (vLLM shards the
+    DeltaNet heads). The chunked prefill kernels' intra-chunk products (fla
+    ``chunk_gated_delta_rule``) are not counted: a lower bound there."""
+    a = s.model.attention
+    shard = s.shard
+    act = dtype_bytes(s.workload.activation_dtype)
+    tokens = p.batch * p.new_tokens
+    keys = a.linear_key_heads * a.linear_key_head_dim
+    values = a.linear_value_heads * a.linear_value_head_dim
+    flops = tokens * a.linear_flops_per_token() / shard
+    state = 2.0 * p.batch * a.linear_state_elements() * s.kv_element_bytes / shard
+    inputs = tokens * (2 * keys + 2 * values) * act / shard
+    return s.rows.evaluate(
+        op_time_s,
+        flops=flops,
+        bytes_moved=state + inputs,
+        hardware=s.cluster.device,
+        dtype=_attention_dtype(s),
+        calibration=s.calibration,
+        kind="attention",
+    )
 
 
 def _core_attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:

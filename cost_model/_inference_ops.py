@@ -136,7 +136,7 @@ def kv_bytes_per_sequence_layer(
     indexer = a.indexer_key_bytes if with_indexer else 0.0
     total = np.broadcast_to(cached * (per_token + indexer), shape)
     if a.variant == "linear":
-        state = a.num_heads * a.qk_head_dim * a.value_head_dim * element_bytes
+        state = a.linear_state_elements() * element_bytes
         total = total + (1.0 - a.full_layer_fraction) * state
     return np.broadcast_to(total, shape)
 
@@ -240,11 +240,25 @@ def attention_projections(model: ModelSpec) -> tuple[Projection, ...]:
             (h, a.num_heads * a.v_head_dim, "k"),
             *indexer_projections(model),
         )
+    q_heads = 2 * a.num_heads if a.output_gate else a.num_heads  # the gate comes with q
     return (
-        ((a.num_heads + 2 * a.num_kv_heads) * a.head_dim, h, "n"),
+        ((q_heads + 2 * a.num_kv_heads) * a.head_dim, h, "n"),
         (h, a.num_heads * a.head_dim, "k"),
         *indexer_projections(model),
     )
+
+
+def linear_projections(model: ModelSpec) -> tuple[Projection, ...]:
+    """The GEMMs of one Gated DeltaNet layer: the input projections (q, k, v, z and the beta and
+    alpha gates) column-parallel over the heads and the output projection row-parallel (vLLM
+    ``Qwen3NextGatedDeltaNet``: ``in_proj_qkvz`` and ``in_proj_ba`` column-parallel,
+    ``out_proj`` row-parallel); none without linear layers of their own shape."""
+    a, h = model.attention, model.hidden_size
+    if not a.has_linear_mixer:
+        return ()
+    keys = a.linear_key_heads * a.linear_key_head_dim
+    values = a.linear_value_heads * a.linear_value_head_dim
+    return ((2 * keys + 2 * values + 2 * a.linear_value_heads, h, "n"), (h, values, "k"))
 
 
 def indexer_projections(model: ModelSpec) -> tuple[Projection, ...]:

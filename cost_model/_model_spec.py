@@ -50,6 +50,17 @@ class AttentionSpec(BaseModel):
     puts one full layer after three chunked ones); each layer-summed quantity (FLOPs, cache,
     KV bytes read) is that mix of the two per-layer rules.
 
+    ``linear_*``: the shape of the linear-attention layers of variant ``linear`` where it is
+    their own — Gated DeltaNet (Yang, Kautz and Hatamizadeh, "Gated Delta Networks", ICLR 2025;
+    Qwen3-Next and Qwen3.5 ``Qwen3NextGatedDeltaNet``): ``linear_key_heads`` query/key heads of
+    ``linear_key_head_dim``, ``linear_value_heads`` value heads of ``linear_value_head_dim``
+    (each holding a key x value state), a depthwise causal convolution of
+    ``linear_conv_kernel`` taps over q, k and v; the full layers then keep the GQA shape above.
+    Per-layer work, weights and cache are the mean over the two kinds; training's activation
+    memory keeps the full layers' per-layer rule for every layer.
+    ``output_gate``: a sigmoid gate on the attention output, produced by the query projection
+    (Qwen3-Next / Qwen3.5 ``attn_output_gate``: ``q_proj`` twice as wide).
+
     ``indexer_heads`` / ``indexer_head_dim``: DeepSeek Sparse Attention's lightning indexer
     (DeepSeek-V3.2-Exp tech report, arXiv:2512.02556, sec. 2.1; ``inference/model.py``
     ``Indexer``), which scores every preceding key with its own small FP8 keys to pick the
@@ -73,6 +84,12 @@ class AttentionSpec(BaseModel):
     full_layer_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
     indexer_heads: int = Field(default=0, ge=0)
     indexer_head_dim: int = Field(default=0, ge=0)
+    output_gate: bool = False
+    linear_key_heads: int = Field(default=0, ge=0)
+    linear_value_heads: int = Field(default=0, ge=0)
+    linear_key_head_dim: int = Field(default=0, ge=0)
+    linear_value_head_dim: int = Field(default=0, ge=0)
+    linear_conv_kernel: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _check(self) -> AttentionSpec:
@@ -106,6 +123,23 @@ class AttentionSpec(BaseModel):
                 f"attention.indexer_heads ({self.indexer_heads}) and attention.indexer_head_dim "
                 f"({self.indexer_head_dim}) must both be set or both be 0"
             )
+        linear = (
+            self.linear_key_heads,
+            self.linear_value_heads,
+            self.linear_key_head_dim,
+            self.linear_value_head_dim,
+            self.linear_conv_kernel,
+        )
+        if any(linear) and not all(linear):
+            raise ValueError(
+                f"attention.linear_key_heads/value_heads/key_head_dim/value_head_dim/conv_kernel "
+                f"({', '.join(map(str, linear))}) must all be set or all be 0"
+            )
+        if any(linear) and self.variant != "linear":
+            raise ValueError(
+                f"attention.linear_* (a linear-attention layer shape) needs variant 'linear', "
+                f"not {self.variant!r}"
+            )
         if self.indexer_heads and self.variant != "sparse_topk":
             raise ValueError(
                 f"attention.indexer_heads ({self.indexer_heads}) needs variant 'sparse_topk' "
@@ -131,7 +165,14 @@ class AttentionSpec(BaseModel):
         f = self.full_layer_fraction
         return f * context_tokens + (1.0 - f) * self._local_attended_tokens(context_tokens)
 
+    @property
+    def has_linear_mixer(self) -> bool:
+        """Whether the linear layers have their own shape (``linear_*``), priced apart."""
+        return self.linear_value_heads > 0
+
     def _local_attended_tokens(self, context_tokens: float) -> float:
+        if self.has_linear_mixer:
+            return 0.0  # no keys: the recurrence is ``linear_flops_per_token``
         if self.variant == "chunked":
             assert self.window_tokens is not None  # required for the variant on validation
             return float((math.ceil(context_tokens) - 1) % self.window_tokens + 1)
@@ -176,6 +217,47 @@ class AttentionSpec(BaseModel):
             + hidden_size * self.indexer_heads
         )
 
+    def linear_parameters(self, hidden_size: int) -> int:
+        """Weights of one Gated DeltaNet layer (transformers ``Qwen3NextGatedDeltaNet``): the
+        input projections of q, k (key heads), v, the output gate z (value heads) and the beta
+        and alpha gates (one per value head), the depthwise convolution over q, k and v, the
+        per-head decay (``A_log``) and step bias, the gated RMSNorm of a value head and the
+        output projection."""
+        if not self.has_linear_mixer:
+            return 0
+        keys = self.linear_key_heads * self.linear_key_head_dim
+        values = self.linear_value_heads * self.linear_value_head_dim
+        projections = hidden_size * (2 * keys + 2 * values + 2 * self.linear_value_heads)
+        conv = (2 * keys + values) * self.linear_conv_kernel
+        return (
+            projections
+            + conv
+            + 2 * self.linear_value_heads
+            + self.linear_value_head_dim
+            + values * hidden_size
+        )
+
+    def linear_state_elements(self) -> int:
+        """Elements one linear layer keeps per sequence: a key x value state per value head and
+        the convolution's last ``kernel - 1`` inputs of q, k and v."""
+        if not self.has_linear_mixer:
+            return self.num_heads * self.qk_head_dim * self.value_head_dim
+        keys = self.linear_key_heads * self.linear_key_head_dim
+        values = self.linear_value_heads * self.linear_value_head_dim
+        state = self.linear_value_heads * self.linear_key_head_dim * self.linear_value_head_dim
+        return state + (self.linear_conv_kernel - 1) * (2 * keys + values)
+
+    def linear_flops_per_token(self) -> float:
+        """FLOPs of one linear layer's recurrence per token: three key x value products per
+        value head (the delta rule's read of the state along the key, its rank-one update, the
+        output read along the query; Yang et al. 2025 eq. 10), and the convolution."""
+        if not self.has_linear_mixer:
+            return 0.0
+        keys = self.linear_key_heads * self.linear_key_head_dim
+        values = self.linear_value_heads * self.linear_value_head_dim
+        state = self.linear_value_heads * self.linear_key_head_dim * self.linear_value_head_dim
+        return 6.0 * state + 2.0 * self.linear_conv_kernel * (2 * keys + values)
+
     def indexer_flops_per_key(self) -> float:
         """FLOPs of the indexer per (query, preceding key) pair: one product per indexer head and
         key element (its weighted ReLU sum over heads is a few FLOPs more per pair)."""
@@ -218,6 +300,12 @@ _LATER_ATTENTION_FIELDS: dict[str, Any] = {
     "full_layer_fraction": 0.0,
     "indexer_heads": 0,
     "indexer_head_dim": 0,
+    "output_gate": False,
+    "linear_key_heads": 0,
+    "linear_value_heads": 0,
+    "linear_key_head_dim": 0,
+    "linear_value_head_dim": 0,
+    "linear_conv_kernel": 0,
 }
 
 
@@ -287,8 +375,20 @@ class ModelSpec(BaseModel):
     def _norm_parameters(self, width: int) -> int:
         return 2 * width if self.norm == "layernorm" else width
 
-    def attention_parameters(self) -> int:
-        """Weights of one attention block (projections, MLA's inner norms, biases)."""
+    def attention_parameters(self) -> float:
+        """Weights of one attention block (projections, MLA's inner norms, biases), the mean over
+        layers where linear-attention layers of their own shape (``AttentionSpec.linear_*``)
+        alternate with full ones."""
+        a = self.attention
+        full = self.full_attention_parameters()
+        if not a.has_linear_mixer:
+            return full
+        f = a.full_layer_fraction
+        return f * full + (1.0 - f) * a.linear_parameters(self.hidden_size)
+
+    def full_attention_parameters(self) -> int:
+        """Weights of one full-attention block (projections, MLA's inner norms, biases, an
+        output gate's half of the query projection, a DSA indexer)."""
         a, h = self.attention, self.hidden_size
         if a.kind == "mla":
             q_width = a.num_heads * a.qk_head_dim
@@ -309,7 +409,8 @@ class ModelSpec(BaseModel):
             return q + kv + out + (h if self.linear_bias else 0) + a.indexer_parameters(h)
         q_width = a.num_heads * a.head_dim
         kv_width = a.num_kv_heads * a.head_dim
-        weights = h * q_width + 2 * h * kv_width + q_width * h
+        gate = h * q_width if a.output_gate else 0
+        weights = h * q_width + gate + 2 * h * kv_width + q_width * h
         bias = 0
         if self.linear_bias or self.qkv_bias:
             bias += q_width + 2 * kv_width
@@ -366,7 +467,7 @@ class ModelSpec(BaseModel):
             )
         return {
             "embedding": self.embedding_parameters(),
-            "attention": self.num_layers * self.attention_parameters(),
+            "attention": round(self.num_layers * self.attention_parameters()),
             "dense_ffn": self.num_dense_ffn_layers * self.ffn_parameters(self.ffn_hidden_size),
             "routed_experts": routed,
             "shared_experts": shared,
@@ -419,8 +520,17 @@ class ModelSpec(BaseModel):
         """Score (QK^T) and value (PV) products of one token over all layers, forward only."""
         a = self.attention
         per_key = 2 * a.num_heads * (a.qk_head_dim + a.value_head_dim)
-        indexer = a.indexer_flops_per_key() * context_tokens  # scores every preceding key
-        return self.num_layers * (per_key * a.attended_tokens(context_tokens) + indexer)
+        keys = per_key * a.attended_tokens(context_tokens)
+        return self.num_layers * keys + self.side_attention_flops_per_token(context_tokens)
+
+    def side_attention_flops_per_token(self, full_keys: float) -> float:
+        """Attention FLOPs of one token over all layers beyond the heads' score and value
+        products: a DSA indexer scoring the ``full_keys`` keys before it, and the recurrence of
+        linear layers of their own shape (``AttentionSpec.linear_flops_per_token``)."""
+        a = self.attention
+        indexer = a.indexer_flops_per_key() * full_keys
+        linear = (1.0 - a.full_layer_fraction) * a.linear_flops_per_token()
+        return self.num_layers * (indexer + linear)
 
     def forward_flops_per_token(self, context_tokens: float) -> float:
         """Forward FLOPs of one token that attends ``context_tokens`` keys (itself included).
@@ -453,6 +563,6 @@ class ModelSpec(BaseModel):
         a = self.attention
         cached = a.cached_tokens(context_tokens) * self.kv_cache_bytes_per_token(dtype)
         if a.variant == "linear":
-            state = a.num_heads * a.qk_head_dim * a.value_head_dim
+            state = a.linear_state_elements()
             cached += (1.0 - a.full_layer_fraction) * self.num_layers * state * dtype_bytes(dtype)
         return cached

@@ -242,7 +242,9 @@ def mean_attended_tokens(*, attention: AttentionSpec, sequence_tokens) -> np.nda
     if attention.variant == "full":
         return full
     if attention.variant == "linear":
-        local = np.full_like(s, float(attention.qk_head_dim))  # ``attended_tokens``' rule
+        # ``attended_tokens``' rule: no keys where the layers have their own recurrence
+        keys = 0.0 if attention.has_linear_mixer else float(attention.qk_head_dim)
+        local = np.full_like(s, keys)
     else:
         sparse = attention.variant == "sparse_topk"
         tokens = attention.topk_tokens if sparse else attention.window_tokens

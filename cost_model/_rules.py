@@ -41,6 +41,9 @@ def check_parallel_config(
     attention = model.attention
     if not config.attention_data_parallel:
         _divides("num_attention_heads", attention.num_heads, "tp", config.tp)
+        if attention.has_linear_mixer:
+            _divides("linear_num_key_heads", attention.linear_key_heads, "tp", config.tp)
+            _divides("linear_num_value_heads", attention.linear_value_heads, "tp", config.tp)
         kv_heads = attention.num_kv_heads
         if attention.kind == "gqa" and kv_heads % config.tp and config.tp % kv_heads:
             raise ValueError(

@@ -236,7 +236,12 @@ def model_flops_per_step(
         attended = float(mean_attended_tokens(attention=spec, sequence_tokens=sequence))
     else:
         raise ValueError(f"attention ({attention!r}) must be 'causal' or 'full_square'")
-    forward = 2.0 * model.matmul_parameters_per_token() + model.num_layers * per_key * attended
+    full_keys = float(sequence) if attention == "full_square" else (sequence + 1.0) / 2.0
+    forward = (
+        2.0 * model.matmul_parameters_per_token()
+        + model.num_layers * per_key * attended
+        + model.side_attention_flops_per_token(full_keys)
+    )
     return 3.0 * forward * workload.tokens_per_step
 
 

@@ -89,7 +89,10 @@ def core_attention_time(ctx: TrainingContext) -> np.ndarray:
     calls = ctx.column("micro_batch_size") * heads
     if ctx.options.flash_attention:
         attended = mean_attended_tokens(attention=attention, sequence_tokens=s)
-        flops = ctx.tokens * per_key * attended
+        # a DSA indexer over every earlier key and linear layers' recurrence (the mean layer),
+        # their heads split over the tensor-parallel ranks like the attention heads
+        side = ctx.model.side_attention_flops_per_token((s + 1.0) / 2.0) / ctx.model.num_layers
+        flops = ctx.tokens * (per_key * attended + side / ctx.column("tp"))
         measured = measured_core_attention_time(ctx, flops=flops, io_bytes=io_bytes)
         if measured is not None:
             return measured

@@ -115,6 +115,44 @@ EXAMPLES = {
         },
     },
     "llama4": catalog_config("llama-4-scout"),
+    "qwen3_5_moe": catalog_config("qwen3.5-397b-a17b"),
+    "qwen3_5_moe_text": catalog_config("qwen3.5-397b-a17b")["text_config"],
+    "qwen3_5": {
+        "model_type": "qwen3_5",
+        "text_config": {
+            **{key: value for key, value in LLAMA.items() if key != "model_type"},
+            "num_hidden_layers": 8,
+            "linear_num_key_heads": 4,
+            "linear_num_value_heads": 8,
+            "linear_key_head_dim": 32,
+            "linear_value_head_dim": 32,
+            "linear_conv_kernel_dim": 4,
+            "full_attention_interval": 4,
+        },
+    },
+    "qwen3_5_text": {
+        **LLAMA,
+        "model_type": "qwen3_5_text",
+        "linear_num_key_heads": 4,
+        "linear_num_value_heads": 8,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32,
+        "linear_conv_kernel_dim": 4,
+        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    },
+    "qwen3_next": {
+        **LLAMA,
+        "model_type": "qwen3_next",
+        "linear_num_key_heads": 4,
+        "linear_num_value_heads": 8,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": 16,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 128,
+        "shared_expert_intermediate_size": 256,
+    },
     "gpt2": {
         "model_type": "gpt2",
         "n_layer": 2,
@@ -136,7 +174,18 @@ def test_supported_types_parse(model_type: str) -> None:
     assert model.num_parameters > 0
     assert (model.moe is not None) == (
         model_type
-        not in {"llama", "mistral", "qwen2", "qwen3", "gpt2", "mimo", "qwen3_vl_text", "qwen3_vl"}
+        not in {
+            "llama",
+            "mistral",
+            "qwen2",
+            "qwen3",
+            "gpt2",
+            "mimo",
+            "qwen3_vl_text",
+            "qwen3_vl",
+            "qwen3_5",
+            "qwen3_5_text",
+        }
     )
 
 

@@ -1,5 +1,6 @@
 """Model families beyond one attention kind per model: interleaved full and local layers
-(gpt-oss, Step-3.7, Llama 4), DeepSeek Sparse Attention's indexer (DeepSeek-V3.2, GLM-5),
+(gpt-oss, Step-3.7, Llama 4), Gated DeltaNet layers of their own shape (Qwen3.5, Qwen3-Next),
+DeepSeek Sparse Attention's indexer (DeepSeek-V3.2, GLM-5),
 multimodal checkpoints parsed as their language model, and the refusals of what one layer
 shape cannot describe. Every rule is checked against a brute-force sum over layers and
 positions, and the catalog entries against their publishers' parameter counts."""
@@ -230,7 +231,6 @@ def test_multimodal_checkpoints_parse_as_their_language_model(
 @pytest.mark.parametrize(
     ("model_type", "reason"),
     [
-        ("qwen3_5_moe", "Gated DeltaNet"),
         ("nemotron_h", "Mamba-2"),
         ("gemma4", "head sizes"),
         ("deepseek_v4", "compressed attention"),
@@ -250,3 +250,71 @@ def test_new_catalog_models_plan_a_serving_layout(tmp_path) -> None:
         plan = tmp_path / f"{name}.json"
         assert main(["plan", "--model", name, "--cluster", "dgx-h200", "--output", str(plan)]) == 0
         assert name in plan.read_text()
+
+
+QWEN35 = get_model("qwen3.5-397b-a17b")
+
+
+def test_qwen35_interleaves_gated_deltanet_layers_with_gated_full_attention() -> None:
+    a = QWEN35.attention
+    assert (a.variant, a.full_layer_fraction, a.output_gate) == ("linear", 0.25, True)
+    assert (a.linear_key_heads, a.linear_value_heads) == (16, 64)
+    # Qwen3.5 model card: 17B activated, printed to the billion
+    assert abs(QWEN35.num_active_parameters / 1e9 - 17.0) < 0.5
+    hidden = 4096
+    deltanet = (
+        hidden * (2 * 16 * 128 + 2 * 64 * 128 + 2 * 64)  # q, k, v, z, beta and alpha
+        + (2 * 16 * 128 + 64 * 128) * 4  # the depthwise convolution over q, k, v
+        + 2 * 64  # A_log, dt_bias
+        + 128  # the gated RMSNorm of a value head
+        + 64 * 128 * hidden  # out_proj
+    )
+    gated = hidden * 32 * 256 * 2 + 2 * hidden * 2 * 256 + 32 * 256 * hidden  # q+gate, k, v, o
+    assert QWEN35.parameter_breakdown()["attention"] == 45 * deltanet + 15 * gated
+
+
+def test_qwen35_cache_is_fifteen_full_layers_plus_a_fixed_state_per_linear_layer() -> None:
+    per_token_layer = 2 * 2 * 256 * 2  # K and V of 2 KV heads of 256, bf16
+    state = 64 * 128 * 128 + 3 * (2 * 16 * 128 + 64 * 128)  # S per value head + conv inputs
+    for context in (1, 4096, 262_144):
+        brute = 15 * per_token_layer * context + 45 * state * 2
+        assert QWEN35.kv_cache_bytes(context, "bf16") == pytest.approx(brute)
+        layer = kv_bytes_per_sequence_layer(QWEN35, np.array([float(context)]), 2.0, 1)
+        assert 60 * layer[0] == pytest.approx(brute)
+
+
+def test_linear_heads_must_split_over_tensor_parallel_ranks() -> None:
+    from cost_model import ParallelConfig
+    from cost_model._rules import check_parallel_config
+
+    check_parallel_config(ParallelConfig(tp=16, dp=1, ep=16), QWEN35)
+    with pytest.raises(ValueError, match="num_attention_heads \\(32\\).*tp \\(64\\)"):
+        check_parallel_config(ParallelConfig(tp=64, dp=1, ep=64), QWEN35)
+    narrow = QWEN35.model_copy(
+        update={"attention": QWEN35.attention.model_copy(update={"linear_key_heads": 8})}
+    )
+    with pytest.raises(ValueError, match="linear_num_key_heads \\(8\\).*tp \\(16\\)"):
+        check_parallel_config(ParallelConfig(tp=16, dp=1, ep=16), narrow)
+
+
+def test_only_the_full_quarter_of_qwen35_pays_for_a_long_context_at_decode() -> None:
+    all_full = QWEN35.model_copy(
+        update={
+            "attention": QWEN35.attention.model_copy(
+                update={
+                    "variant": "full",
+                    "full_layer_fraction": 0.0,
+                    "linear_key_heads": 0,
+                    "linear_value_heads": 0,
+                    "linear_key_head_dim": 0,
+                    "linear_value_head_dim": 0,
+                    "linear_conv_kernel": 0,
+                }
+            )
+        }
+    )
+    hybrid, full = _decode_attention_s(QWEN35, 131_072), _decode_attention_s(all_full, 131_072)
+    # the 45 DeltaNet layers read a fixed state, not the context: about a quarter of the time
+    assert 0.2 < hybrid / full < 0.35
+    short = _decode_attention_s(QWEN35, 4096)
+    assert hybrid > 5 * short  # the full layers still grow with the context

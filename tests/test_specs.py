@@ -32,6 +32,9 @@ PUBLISHED_TOTALS = {
     "glm-5": (744.0, None),
     # MiniMax-M2 model card: 230B total (M2.5 keeps the architecture).
     "minimax-m2.5": (230.0, None),
+    # Qwen3.5 release (Qwen/Qwen3.5-397B-A17B model card): 397B total (its "17B activated",
+    # printed to the billion, is checked in tests/test_model_families.py).
+    "qwen3.5-397b-a17b": (397.0, None),
 }
 
 
