@@ -131,20 +131,34 @@ def _common(
     )
 
 
-def _dense_moe_layers(r: _Reader, num_layers: int) -> int:
+def _dense_moe_layers(r: _Reader, num_layers: int) -> tuple[int, int]:
     """Qwen MoE: layers listed in ``mlp_only_layers`` or off the ``decoder_sparse_step`` grid are
-    dense. Only a leading block of dense layers is representable."""
+    dense: (leading dense layers, MoE layer step). Representable: a leading block of dense
+    layers, then every step-th layer MoE."""
     step = r.int("decoder_sparse_step", 1)
     dense = set(r.int_list("mlp_only_layers")) | {i for i in range(num_layers) if (i + 1) % step}
-    leading = 0
-    while leading in dense:
-        leading += 1
-    if dense - set(range(leading)):
-        raise ValueError(
-            f"config fields 'mlp_only_layers'/'decoder_sparse_step' place dense layers "
-            f"{sorted(dense - set(range(leading)))[:5]} after MoE layers; only leading dense layers are supported"
-        )
-    return leading
+    return _leading_and_step(
+        sorted(dense), num_layers, fields="'mlp_only_layers'/'decoder_sparse_step'"
+    )
+
+
+def _leading_and_step(dense: list[int], num_layers: int, *, fields: str) -> tuple[int, int]:
+    """(leading dense layers, MoE layer step) whose pattern is exactly ``dense``: a leading block
+    of dense layers, after it every step-th layer MoE (``MoESpec.moe_layer_step``)."""
+    dense_set = set(dense) & set(range(num_layers))
+    moe = [i for i in range(num_layers) if i not in dense_set]
+    if not moe:
+        return num_layers, 1  # every layer dense: an MoE spec without MoE layers
+    step = moe[1] - moe[0] if len(moe) > 1 else 1
+    leading = moe[0] - (step - 1)
+    if leading >= 0:
+        pattern = {i for i in range(leading, num_layers) if (i - leading + 1) % step == 0}
+        if pattern == set(moe):
+            return leading, step
+    raise ValueError(
+        f"config fields {fields} place dense layers {sorted(dense_set)[:8]} in a pattern other "
+        "than a leading block followed by every n-th layer MoE"
+    )
 
 
 def _llama(r: _Reader, name: str) -> ModelSpec:
@@ -176,6 +190,7 @@ def _mixtral(r: _Reader, name: str) -> ModelSpec:
 def _qwen_moe(r: _Reader, name: str, *, shared: bool) -> ModelSpec:
     num_layers = r.int("num_hidden_layers")
     shared_size = r.optional_int("shared_expert_intermediate_size") if shared else None
+    leading, step = _dense_moe_layers(r, num_layers)
     moe = MoESpec(
         num_routed_experts=r.int("num_experts"),
         top_k=r.int("num_experts_per_tok"),
@@ -183,7 +198,8 @@ def _qwen_moe(r: _Reader, name: str, *, shared: bool) -> ModelSpec:
         num_shared_experts=1 if shared_size else 0,
         shared_expert_ffn_hidden_size=shared_size,
         shared_expert_gate=bool(shared_size),
-        num_dense_layers=_dense_moe_layers(r, num_layers),
+        num_dense_layers=leading,
+        moe_layer_step=step,
     )
     qkv_bias = True if shared else r.bool("attention_bias", False)
     return _common(r, name, _attention_gqa(r), moe=moe, qkv_bias=qkv_bias)
@@ -348,6 +364,7 @@ def _qwen3_next(r: _Reader, name: str, *, moe: bool) -> ModelSpec:
         return _common(r, name, attention, qkv_bias=r.bool("attention_bias", False))
     expert_size = r.int("moe_intermediate_size")
     shared_size = r.optional_int("shared_expert_intermediate_size")
+    leading, step = _dense_moe_layers(r, num_layers)
     experts = MoESpec(
         num_routed_experts=r.int("num_experts"),
         top_k=r.int("num_experts_per_tok"),
@@ -355,7 +372,8 @@ def _qwen3_next(r: _Reader, name: str, *, moe: bool) -> ModelSpec:
         num_shared_experts=1 if shared_size else 0,
         shared_expert_ffn_hidden_size=shared_size,
         shared_expert_gate=bool(shared_size),
-        num_dense_layers=_dense_moe_layers(r, num_layers),
+        num_dense_layers=leading,
+        moe_layer_step=step,
     )
     return ModelSpec(
         name=name,
@@ -413,14 +431,12 @@ def _llama4_text(r: _Reader, name: str) -> ModelSpec:
                 }
             ).model_dump()
         )
-    step = r.int("interleave_moe_layer_step", 1)
-    moe_layers = set(r.int_list("moe_layers") or range(step - 1, num_layers, step))
+    interleave = r.int("interleave_moe_layer_step", 1)
+    moe_layers = set(r.int_list("moe_layers") or range(interleave - 1, num_layers, interleave))
     dense = sorted(set(range(num_layers)) - moe_layers)
-    if dense != list(range(len(dense))):
-        raise ValueError(
-            f"config fields 'interleave_moe_layer_step'/'moe_layers' place dense layers "
-            f"{dense[:5]} between MoE layers; only leading dense layers are supported"
-        )
+    leading, step = _leading_and_step(
+        dense, num_layers, fields="'interleave_moe_layer_step'/'moe_layers'"
+    )
     expert_size = r.int("intermediate_size")
     moe = MoESpec(
         num_routed_experts=r.int("num_local_experts"),
@@ -428,7 +444,8 @@ def _llama4_text(r: _Reader, name: str) -> ModelSpec:
         expert_ffn_hidden_size=expert_size,
         num_shared_experts=1,
         shared_expert_ffn_hidden_size=expert_size,
-        num_dense_layers=len(dense),
+        num_dense_layers=leading,
+        moe_layer_step=step,
     )
     return ModelSpec(
         name=name,

@@ -270,7 +270,9 @@ class AttentionSpec(BaseModel):
 
 
 class MoESpec(BaseModel):
-    """Mixture-of-Experts FFN. The first ``num_dense_layers`` layers use the dense FFN instead."""
+    """Mixture-of-Experts FFN. The first ``num_dense_layers`` layers use the dense FFN instead;
+    after them every ``moe_layer_step``-th layer is an MoE layer and the others are dense
+    (Llama 4 Maverick's ``interleave_moe_layer_step`` 2, Qwen MoE's ``decoder_sparse_step``)."""
 
     model_config = _STRICT
 
@@ -281,6 +283,7 @@ class MoESpec(BaseModel):
     shared_expert_ffn_hidden_size: int | None = Field(default=None, gt=0)
     num_dense_layers: int = Field(default=0, ge=0)
     shared_expert_gate: bool = False
+    moe_layer_step: int = Field(default=1, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> MoESpec:
@@ -357,19 +360,29 @@ class ModelSpec(BaseModel):
         for key, default in _LATER_ATTENTION_FIELDS.items():
             if payload["attention"].get(key) == default:
                 del payload["attention"][key]
+        if payload.get("moe") and payload["moe"].get("moe_layer_step") == 1:
+            del payload["moe"]["moe_layer_step"]  # newer than the first plans, like the above
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     # ---------------------------------------------------------------- layer structure
     @property
     def num_moe_layers(self) -> int:
-        return 0 if self.moe is None else self.num_layers - self.moe.num_dense_layers
+        if self.moe is None:
+            return 0
+        return (self.num_layers - self.moe.num_dense_layers) // self.moe.moe_layer_step
 
     @property
     def num_dense_ffn_layers(self) -> int:
         return self.num_layers - self.num_moe_layers
 
     def is_moe_layer(self, layer_index: int) -> bool:
-        return self.moe is not None and layer_index >= self.moe.num_dense_layers
+        if self.moe is None or layer_index < self.moe.num_dense_layers:
+            return False
+        return (layer_index - self.moe.num_dense_layers + 1) % self.moe.moe_layer_step == 0
+
+    def dense_ffn_layer_mask(self) -> tuple[bool, ...]:
+        """Per layer, whether its FFN is dense (``MoESpec``'s leading and interleaved ones)."""
+        return tuple(not self.is_moe_layer(i) for i in range(self.num_layers))
 
     # ---------------------------------------------------------------- parameters per module
     def _norm_parameters(self, width: int) -> int:

@@ -176,8 +176,8 @@ def _part_modules(model: ModelSpec, model_type: str) -> dict[str, list[str]]:
         attention = ["q_proj", "k_proj", "v_proj", "o_proj"]
     ffn = ("gate_proj", "up_proj", "down_proj")
     shared = "shared_expert" if model_type == "qwen2_moe" else "shared_experts"
-    dense_layers = range(model.num_layers - model.num_moe_layers)
-    moe_layers = range(model.num_layers - model.num_moe_layers, model.num_layers)
+    dense_layers = [i for i in range(model.num_layers) if not model.is_moe_layer(i)]
+    moe_layers = [i for i in range(model.num_layers) if model.is_moe_layer(i)]
     modules: dict[str, list[str]] = {
         "attention": [f"{i}.self_attn.{m}" for i in range(model.num_layers) for m in attention],
         "dense_ffn": [f"{i}.mlp.{m}" for i in dense_layers for m in ffn],

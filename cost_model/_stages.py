@@ -55,7 +55,7 @@ def stage_layout(
     Chunks follow ``split_layers`` over ``pp * virtual_stages`` chunks; rank r of an interleaved
     schedule holds chunks r, r + pp, ... (Megatron-LM's virtual pipeline order); the leading
     dense layers of an MoE model are the first layers, so they fill rank 0 and spill into the
-    next ranks. The middle row is the middle rank that holds the most: the one with the largest
+    next ranks; interleaved dense layers (``MoESpec.moe_layer_step``) fall where they are. The middle row is the middle rank that holds the most: the one with the largest
     ``dense_weight * dense_layers + moe_weight * moe_layers`` (``layer_weights``, parameters of
     one dense and one MoE layer per device, shape (n,) or scalars; default: whole layers), so a
     rank whose dense layers spilled over is not taken for the rank full of MoE layers. With
@@ -66,8 +66,7 @@ def stage_layout(
     key = pp * 4096 + v
     distinct, inverse = np.unique(key, return_inverse=True)
     rows = [
-        _rank_rows(model.num_layers, model.num_dense_ffn_layers, int(k) // 4096, int(k) % 4096)
-        for k in distinct
+        _rank_rows(model.dense_ffn_layer_mask(), int(k) // 4096, int(k) % 4096) for k in distinct
     ]
     width = max(len(row[1]) for row in rows)
     ends = np.array([[row[0][0], row[0][1], row[2][0], row[2][1]] for row in rows], dtype=np.int64)[
@@ -131,13 +130,15 @@ def _chunk_sizes(num_layers: int, num_chunks: int) -> list[int]:
 
 
 @lru_cache(maxsize=4096)
-def _rank_rows(num_layers: int, num_dense: int, pp: int, v: int) -> tuple:
+def _rank_rows(dense_mask: tuple[bool, ...], pp: int, v: int) -> tuple:
     """((layers, dense) of rank 0, the distinct (layers, dense) of the middle ranks, of the
-    last rank) for one (pp, virtual_stages)."""
+    last rank) for one (pp, virtual_stages); ``dense_mask``: per layer, whether its FFN is
+    dense."""
     pp, v = max(pp, 1), max(v, 1)
-    sizes = _chunk_sizes(num_layers, pp * v)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    dense = np.clip(num_dense - starts, 0, sizes)
+    sizes = _chunk_sizes(len(dense_mask), pp * v)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    flags = np.asarray(dense_mask, dtype=np.int64)
+    dense = np.array([flags[a : a + n].sum() for a, n in zip(starts, sizes, strict=True)])
     per_rank = [(int(sum(sizes[r::pp])), int(dense[r::pp].sum())) for r in range(pp)]
     middle = sorted(set(per_rank[1:-1])) if pp >= 3 else [per_rank[0]]
     return per_rank[0], tuple(middle), per_rank[-1]

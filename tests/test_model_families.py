@@ -141,8 +141,37 @@ def test_llama4_scout_chunks_three_layers_in_four_and_every_layer_is_moe() -> No
             "interleave_moe_layer_step": 2,
         },
     }
-    with pytest.raises(ValueError, match="interleave_moe_layer_step.*dense layers \\[0, 2"):
-        ModelSpec.from_hf_config(maverick)
+    interleaved = ModelSpec.from_hf_config(maverick)
+    assert interleaved.moe is not None and interleaved.moe.moe_layer_step == 2
+    assert [interleaved.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
+    odd = {**maverick["text_config"], "moe_layers": [1, 2, 5]}
+    with pytest.raises(ValueError, match="moe_layers.*pattern other than a leading block"):
+        ModelSpec.from_hf_config({**maverick, "text_config": odd})
+
+
+def test_maverick_alternates_dense_and_moe_layers_on_every_pipeline_stage() -> None:
+    from cost_model._stages import stage_layout
+
+    maverick = get_model("llama-4-maverick")
+    # Meta's Llama 4 model card: 400B total, 17B active (the vision encoder included)
+    assert maverick.num_parameters / 1e9 == pytest.approx(400.0, rel=0.01)
+    assert maverick.num_moe_layers == maverick.num_dense_ffn_layers == 24
+    layout = stage_layout(model=maverick, pp=np.array([4]), virtual_stages=np.array([1]))
+    # 12 layers per rank, half of them MoE on every rank (not 24 dense layers on the first two)
+    assert layout.layers[:, 0].tolist() == [12, 12, 12]
+    assert layout.moe_layers[:, 0].tolist() == [6, 6, 6]
+
+
+def test_megatron_export_writes_the_interleaved_moe_layer_pattern() -> None:
+    from autoparallel.export._common import Recipe
+    from autoparallel.export._megatron import _megatron_model
+
+    recipe = Recipe(
+        engine="megatron", version="0", model_path="x", model_known=False, devices_per_node=8
+    )
+    args = _megatron_model(get_model("llama-4-maverick"), recipe, [])
+    freq = args[args.index("--moe-layer-freq") + 1]
+    assert freq == "[" + ",".join(["0,1"] * 24) + "]"
 
 
 INDEXER_PARAMETERS = (

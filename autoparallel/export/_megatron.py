@@ -258,6 +258,7 @@ def _megatron_model(model: ModelSpec, recipe: Recipe, notes: list[str]) -> list[
     if model.moe is not None:
         moe = model.moe
         dense, sparse = moe.num_dense_layers, model.num_layers - moe.num_dense_layers
+        pattern = ",".join("1" if model.is_moe_layer(i) else "0" for i in range(model.num_layers))
         args += [
             "--num-experts",
             str(moe.num_routed_experts),
@@ -267,7 +268,9 @@ def _megatron_model(model: ModelSpec, recipe: Recipe, notes: list[str]) -> list[
             str(moe.expert_ffn_hidden_size),
             "--moe-grouped-gemm",
             "--moe-layer-freq",
-            f"([0]*{dense}+[1]*{sparse})" if dense else "1",
+            f"[{pattern}]"
+            if moe.moe_layer_step > 1
+            else (f"([0]*{dense}+[1]*{sparse})" if dense else "1"),
         ]
         if moe.num_shared_experts:
             shared = moe.num_shared_experts * (
