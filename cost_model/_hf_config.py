@@ -526,6 +526,10 @@ _UNREPRESENTABLE: dict[str, str] = {
     "mimo_v2_flash": "sliding-window layers with other KV heads than the full layers",
     "deepseek_v4": "compressed attention and hyper-connections per layer (compress_ratios, hc_mult)",
     "minimax_m3": "block-sparse attention on some layers only, dense FFN layers of another width",
+    "minimax_m3_vl": "block-sparse attention on some layers only, dense FFN layers of another width",
+    "deepseek_ref": "compressed attention and hyper-connections per layer (compress_ratios, hc_mult)",
+    "kimi_linear": "Kimi Delta Attention layers beside MLA ones and experts on a narrower latent width",
+    "kimi_k3": "Kimi Delta Attention layers beside MLA ones and experts on a narrower latent width",
 }
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted({*_PARSERS, *_MULTIMODAL}))
