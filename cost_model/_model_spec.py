@@ -564,8 +564,15 @@ class ModelSpec(BaseModel):
         return 2 * a.num_kv_heads * a.head_dim
 
     def kv_cache_bytes_per_token(self, dtype: str = "bf16") -> float:
-        """Cache bytes of one token over all layers that keep it (the DSA indexer's FP8 keys
-        included)."""
+        """Cache bytes one more token of a long context adds (the DSA indexer's FP8 keys
+        included): every layer's for full and sparse attention, the full layers' only where
+        window, chunk or linear layers keep a bounded cache (``AttentionSpec.cached_tokens``)."""
+        a = self.attention
+        share = 1.0 if a.variant in ("full", "sparse_topk") else a.full_layer_fraction
+        return share * self._token_bytes_every_layer(dtype)
+
+    def _token_bytes_every_layer(self, dtype: str) -> float:
+        """Cache bytes of one token were every layer to keep it."""
         per_layer = self.kv_cache_elements_per_token_per_layer() * dtype_bytes(dtype)
         return self.num_layers * (per_layer + self.attention.indexer_key_bytes)
 
@@ -574,7 +581,7 @@ class ModelSpec(BaseModel):
         only the window; linear attention keeps a fixed state of heads x head_dim x head_dim;
         interleaved full layers keep everything (``AttentionSpec.cached_tokens``)."""
         a = self.attention
-        cached = a.cached_tokens(context_tokens) * self.kv_cache_bytes_per_token(dtype)
+        cached = a.cached_tokens(context_tokens) * self._token_bytes_every_layer(dtype)
         if a.variant == "linear":
             state = a.linear_state_elements()
             cached += (1.0 - a.full_layer_fraction) * self.num_layers * state * dtype_bytes(dtype)

@@ -65,6 +65,8 @@ def test_cache_of_interleaved_layers_keeps_only_the_window_of_local_layers(
     local_layers = model.num_layers - full_layers
     brute = per_token_layer * (full_layers * context + local_layers * min(context, a.window_tokens))
     assert model.kv_cache_bytes(context, "bf16") == pytest.approx(brute)
+    # past the window, one more token grows the full layers' cache only
+    assert model.kv_cache_bytes_per_token("bf16") == full_layers * per_token_layer
     vectorized = kv_bytes_per_sequence_layer(model, np.array([float(context)]), 2.0, block_tokens=1)
     assert model.num_layers * vectorized[0] == pytest.approx(brute)
 
@@ -305,6 +307,7 @@ def test_qwen35_interleaves_gated_deltanet_layers_with_gated_full_attention() ->
 def test_qwen35_cache_is_fifteen_full_layers_plus_a_fixed_state_per_linear_layer() -> None:
     per_token_layer = 2 * 2 * 256 * 2  # K and V of 2 KV heads of 256, bf16
     state = 64 * 128 * 128 + 3 * (2 * 16 * 128 + 64 * 128)  # S per value head + conv inputs
+    assert QWEN35.kv_cache_bytes_per_token("bf16") == 15 * per_token_layer  # full layers only
     for context in (1, 4096, 262_144):
         brute = 15 * per_token_layer * context + 45 * state * 2
         assert QWEN35.kv_cache_bytes(context, "bf16") == pytest.approx(brute)
