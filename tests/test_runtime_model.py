@@ -76,6 +76,14 @@ def test_unsupported_family_members_are_rejected():
     gpt = ap.get_model("megatron-gpt-1.7b")
     with pytest.raises(ValueError, match="ffn_activation"):
         ReferenceMoETransformer(gpt, device="meta")
+    tiny = ap.get_model("tiny-moe")
+    gated = tiny.model_copy(
+        update={"attention": tiny.attention.model_copy(update={"output_gate": True})}
+    )
+    with pytest.raises(ValueError, match=r"attention.output_gate \(True\) must be False"):
+        ReferenceMoETransformer(gated, device="meta")
+    with pytest.raises(ValueError, match=r"attention.variant \('linear'\) must be 'full'"):
+        ReferenceMoETransformer(ap.get_model("qwen3.5-397b-a17b"), device="meta")
 
 
 @pytest.mark.parametrize("attention", ["mla", "gqa"])

@@ -143,6 +143,7 @@ def _check_family(spec: ModelSpec) -> None:
         "position_embedding": (spec.position_embedding, "rope"),
         "linear_bias": (spec.linear_bias, False),
         "attention.variant": (spec.attention.variant, "full"),
+        "attention.output_gate": (spec.attention.output_gate, False),
     }
     for field, (value, required) in unsupported.items():
         if value != required:
