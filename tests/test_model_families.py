@@ -171,9 +171,15 @@ def test_megatron_export_writes_the_interleaved_moe_layer_pattern() -> None:
     recipe = Recipe(
         engine="megatron", version="0", model_path="x", model_known=False, devices_per_node=8
     )
-    args = _megatron_model(get_model("llama-4-maverick"), recipe, [])
+    dropped: list[str] = []
+    args = _megatron_model(get_model("llama-4-maverick"), recipe, [], dropped=dropped)
     freq = args[args.index("--moe-layer-freq") + 1]
     assert freq == "[" + ",".join(["0,1"] * 24) + "]"
+    # the chunked attention it cannot build is reported, not silently replaced
+    assert dropped and "attention variant 'chunked'" in dropped[0]
+    clean: list[str] = []
+    _megatron_model(get_model("deepseek-v3"), recipe, [], dropped=clean)
+    assert clean == []
 
 
 INDEXER_PARAMETERS = (

@@ -45,7 +45,7 @@ def megatron(plan: ShardingPlan, recipe: Recipe) -> Export:
         "--seq-length",
         str(sequence),
         "--bf16",
-        *_megatron_model(_model(plan), recipe, notes),
+        *_megatron_model(_model(plan), recipe, notes, dropped=dropped),
         "--tensor-model-parallel-size",
         str(c.tp),
         "--pipeline-model-parallel-size",
@@ -205,8 +205,28 @@ def megatron_recipe(plan: ShardingPlan, dropped: list[str]) -> list[str]:
     return args
 
 
-def _megatron_model(model: ModelSpec, recipe: Recipe, notes: list[str]) -> list[str]:
-    """Model-shape arguments (Megatron builds the model from them; arguments.py names)."""
+def _megatron_model(
+    model: ModelSpec, recipe: Recipe, notes: list[str], *, dropped: list[str] | None = None
+) -> list[str]:
+    """Model-shape arguments (Megatron builds the model from them; arguments.py names). What
+    the arguments cannot build — attention other than full (windows, chunks, linear layers,
+    DSA's indexer) or a gated attention output — goes to ``dropped``: the script builds full
+    attention in its place."""
+    a = model.attention
+    unbuilt = []
+    if a.variant != "full":
+        unbuilt.append(f"attention variant {a.variant!r}")
+    if a.full_layer_fraction:
+        unbuilt.append(f"full attention in {a.full_layer_fraction:.0%} of the layers only")
+    if a.output_gate:
+        unbuilt.append("the gated attention output")
+    if a.indexer_heads:
+        unbuilt.append("the DSA indexer")
+    if unbuilt and dropped is not None:
+        dropped.append(
+            f"{', '.join(unbuilt)} (model.attention) has no Megatron-LM model argument here: the "
+            "script builds full attention"
+        )
     args = [
         "--tokenizer-type",
         "HuggingFaceTokenizer",
