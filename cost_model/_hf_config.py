@@ -375,17 +375,31 @@ def _qwen3_next(r: _Reader, name: str, *, moe: bool) -> ModelSpec:
         num_dense_layers=leading,
         moe_layer_step=step,
     )
+    return _moe_model(
+        r,
+        name,
+        attention,
+        experts,
+        ffn_hidden_size=r.int("intermediate_size", expert_size),
+        qkv_bias=r.bool("attention_bias", False),
+    )
+
+
+def _moe_model(
+    r: _Reader, name: str, attention: AttentionSpec, moe: MoESpec, **fields: Any
+) -> ModelSpec:
+    """A ``ModelSpec`` of ``attention`` and ``moe`` whose dense FFN width (``ffn_hidden_size``)
+    is given (a config may name it otherwise or not at all), untied embeddings by default."""
     return ModelSpec(
         name=name,
-        num_layers=num_layers,
+        num_layers=r.int("num_hidden_layers"),
         hidden_size=r.int("hidden_size"),
         vocab_size=r.int("vocab_size"),
-        ffn_hidden_size=r.int("intermediate_size", expert_size),
         attention=attention,
         tie_word_embeddings=r.bool("tie_word_embeddings", False),
         max_context_tokens=r.int("max_position_embeddings"),
-        qkv_bias=r.bool("attention_bias", False),
-        moe=experts,
+        moe=moe,
+        **fields,
     )
 
 
@@ -447,16 +461,8 @@ def _llama4_text(r: _Reader, name: str) -> ModelSpec:
         num_dense_layers=leading,
         moe_layer_step=step,
     )
-    return ModelSpec(
-        name=name,
-        num_layers=num_layers,
-        hidden_size=r.int("hidden_size"),
-        vocab_size=r.int("vocab_size"),
-        ffn_hidden_size=r.int("intermediate_size_mlp", expert_size),
-        attention=attention,
-        tie_word_embeddings=r.bool("tie_word_embeddings", False),
-        max_context_tokens=r.int("max_position_embeddings"),
-        moe=moe,
+    return _moe_model(
+        r, name, attention, moe, ffn_hidden_size=r.int("intermediate_size_mlp", expert_size)
     )
 
 

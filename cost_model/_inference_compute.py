@@ -476,18 +476,8 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     layers' recurrence (``_linear_mixer_time``) in their shares."""
     a = s.model.attention
     if a.has_linear_mixer:
-        full_only = a.model_copy(
-            update={
-                "variant": "full",
-                "full_layer_fraction": 0.0,
-                "linear_key_heads": 0,
-                "linear_value_heads": 0,
-                "linear_key_head_dim": 0,
-                "linear_value_head_dim": 0,
-                "linear_conv_kernel": 0,
-            }
-        )
-        full = replace(s, model=s.model.model_copy(update={"attention": full_only}))
+        full_only = s.model.model_copy(update={"attention": a.full_layers_only()})
+        full = replace(s, model=full_only)
         f = a.full_layer_fraction
         return f * _core_attention_time(full, p) + (1.0 - f) * _linear_mixer_time(s, p)
     return _core_attention_time(s, p) + _indexer_time(s, p)

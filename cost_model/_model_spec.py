@@ -165,6 +165,17 @@ class AttentionSpec(BaseModel):
         f = self.full_layer_fraction
         return f * context_tokens + (1.0 - f) * self._local_attended_tokens(context_tokens)
 
+    def full_layers_only(self) -> AttentionSpec:
+        """The attention of this spec's full layers alone: variant ``full``, without the linear
+        layers' shape."""
+        return self.model_copy(
+            update={
+                "variant": "full",
+                "full_layer_fraction": 0.0,
+                **{field: 0 for field in _LINEAR_FIELDS},
+            }
+        )
+
     @property
     def has_linear_mixer(self) -> bool:
         """Whether the linear layers have their own shape (``linear_*``), priced apart."""
@@ -298,6 +309,14 @@ class MoESpec(BaseModel):
         return self.shared_expert_ffn_hidden_size or self.expert_ffn_hidden_size
 
 
+#: The AttentionSpec fields that give linear layers their own shape.
+_LINEAR_FIELDS = (
+    "linear_key_heads",
+    "linear_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel",
+)
 #: AttentionSpec fields newer than the first plan files, with their defaults (``fingerprint``).
 _LATER_ATTENTION_FIELDS: dict[str, Any] = {
     "full_layer_fraction": 0.0,

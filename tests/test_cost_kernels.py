@@ -480,7 +480,6 @@ def test_a_tp8_qwen3_expert_slice_is_priced_on_its_own_measured_shape() -> None:
     126 us at 16); before it was imported the slice fell to DeepSeek-V3's 7168 x 256 TP8 curve,
     which priced the one-token step at 13 us. At one token the routing the model assumes
     (8 of 128 experts touched) is the table's, so the curve gives back the table's latency."""
-    from cost_model._kernel_curves_moe import grouped_experts_time_s
 
     shapes = {
         (c["engine"], tuple(c["shape"].values()))
@@ -488,19 +487,15 @@ def test_a_tp8_qwen3_expert_slice_is_priced_on_its_own_measured_shape() -> None:
         if c["device"] == "NVIDIA B200 SXM" and c["dtype"] == "bf16"
     }
     assert ("sglang", (4096, 192, 128, 8, 8)) in shapes
-    tokens = np.array([1.0, 16.0])
-    seconds = grouped_experts_time_s(
-        hardware=get_preset("dgx-b200").device,
-        dtype="bf16",
-        tokens_per_expert=tokens * 8 / 128,
-        experts_per_device=128.0,
-        touched_fraction=np.minimum(1.0, tokens * 8 / 128),
-        side_bytes_per_assignment=_side_bytes_of("bf16", hidden=4096, expert_ffn=192),
-        hidden_size=4096,
-        expert_ffn_size=192.0,
+    seconds = _layer_seconds(
+        "dgx-b200",
+        "bf16",
+        tokens=[1.0, 16.0],
+        top_k=8,
+        hidden=4096,
+        expert_ffn=192,
         engine="sglang",
     )
-    assert seconds is not None
     np.testing.assert_allclose(seconds, [19.7e-6, 126.3e-6], rtol=0.05)
 
 
@@ -511,28 +506,38 @@ def _side_bytes_of(dtype: str, *, hidden: int, expert_ffn: int, preset: str = "d
     return _side_bytes(dtype, hardware, hidden=hidden, expert_ffn=expert_ffn)
 
 
+def _layer_seconds(
+    preset: str, dtype: str, *, tokens, top_k: int, hidden: int, expert_ffn: int, engine: str
+) -> np.ndarray:
+    """One MoE layer of 128 experts, all on one device, at ``tokens`` tokens (the tables' point)."""
+    from cost_model._kernel_curves_moe import grouped_experts_time_s
+
+    tokens = np.asarray(tokens, dtype=np.float64)
+    seconds = grouped_experts_time_s(
+        hardware=get_preset(preset).device,
+        dtype=dtype,
+        tokens_per_expert=tokens * top_k / 128,
+        experts_per_device=128.0,
+        touched_fraction=np.minimum(1.0, tokens * top_k / 128),
+        side_bytes_per_assignment=_side_bytes_of(
+            dtype, hidden=hidden, expert_ffn=expert_ffn, preset=preset
+        ),
+        hidden_size=hidden,
+        expert_ffn_size=float(expert_ffn),
+        engine=engine,
+    )
+    assert seconds is not None
+    return seconds
+
+
 def test_gpt_oss_mxfp4_experts_on_hopper_are_priced_from_the_w4a16_tables() -> None:
     """gpt-oss-120b's MXFP4 experts on one H200 run weight-only (bf16 math): vLLM 0.24's table
     (``h200_sxm/moe/vllm/0.24.0``, ``w4a16_mxfp4``, hidden 2880, 128 experts, top-4, balanced)
     times the whole layer at 0.0609 ms for one token and 0.665 ms for 64; the curve gives them
     back, where the FP4 roofline without a table had no Hopper peak to price them at."""
-    from cost_model._kernel_curves_moe import grouped_experts_time_s
-
-    tokens = np.array([1.0, 64.0])
-    seconds = grouped_experts_time_s(
-        hardware=get_preset("dgx-h200").device,
-        dtype="fp4",
-        tokens_per_expert=tokens * 4 / 128,
-        experts_per_device=128.0,
-        touched_fraction=np.minimum(1.0, tokens * 4 / 128),
-        side_bytes_per_assignment=_side_bytes_of(
-            "fp4", hidden=2880, expert_ffn=2880, preset="dgx-h200"
-        ),
-        hidden_size=2880,
-        expert_ffn_size=2880.0,
-        engine="vllm",
+    seconds = _layer_seconds(
+        "dgx-h200", "fp4", tokens=[1.0, 64.0], top_k=4, hidden=2880, expert_ffn=2880, engine="vllm"
     )
-    assert seconds is not None
     np.testing.assert_allclose(seconds, [60.9e-6, 665.4e-6], rtol=0.05)
 
 
