@@ -205,13 +205,9 @@ def megatron_recipe(plan: ShardingPlan, dropped: list[str]) -> list[str]:
     return args
 
 
-def _megatron_model(
-    model: ModelSpec, recipe: Recipe, notes: list[str], *, dropped: list[str] | None = None
-) -> list[str]:
-    """Model-shape arguments (Megatron builds the model from them; arguments.py names). What
-    the arguments cannot build — attention other than full (windows, chunks, linear layers,
-    DSA's indexer) or a gated attention output — goes to ``dropped``: the script builds full
-    attention in its place."""
+def _unbuilt_attention(model: ModelSpec) -> list[str]:
+    """What of the model's attention the exported arguments do not build: attention other than
+    full (windows, chunks, linear layers, DSA's indexer) or a gated attention output."""
     a = model.attention
     unbuilt = []
     if a.variant != "full":
@@ -222,6 +218,15 @@ def _megatron_model(
         unbuilt.append("the gated attention output")
     if a.indexer_heads:
         unbuilt.append("the DSA indexer")
+    return unbuilt
+
+
+def _megatron_model(
+    model: ModelSpec, recipe: Recipe, notes: list[str], *, dropped: list[str] | None = None
+) -> list[str]:
+    """Model-shape arguments (Megatron builds the model from them; arguments.py names). What
+    the arguments cannot build goes to ``dropped`` (``_unbuilt_attention``)."""
+    unbuilt = _unbuilt_attention(model)
     if unbuilt and dropped is not None:
         dropped.append(
             f"{', '.join(unbuilt)} (model.attention) has no Megatron-LM model argument here: the "
@@ -275,28 +280,34 @@ def _megatron_model(
                 "--num-query-groups",
                 str(attention.num_kv_heads),
             ]
-    if model.moe is not None:
-        moe = model.moe
-        dense, sparse = moe.num_dense_layers, model.num_layers - moe.num_dense_layers
-        pattern = ",".join("1" if model.is_moe_layer(i) else "0" for i in range(model.num_layers))
-        args += [
-            "--num-experts",
-            str(moe.num_routed_experts),
-            "--moe-router-topk",
-            str(moe.top_k),
-            "--moe-ffn-hidden-size",
-            str(moe.expert_ffn_hidden_size),
-            "--moe-grouped-gemm",
-            "--moe-layer-freq",
-            f"[{pattern}]"
-            if moe.moe_layer_step > 1
-            else (f"([0]*{dense}+[1]*{sparse})" if dense else "1"),
-        ]
-        if moe.num_shared_experts:
-            shared = moe.num_shared_experts * (
-                moe.shared_expert_ffn_hidden_size or moe.expert_ffn_hidden_size
-            )
-            args += ["--moe-shared-expert-intermediate-size", str(shared)]
+    return args + _megatron_moe(model)
+
+
+def _megatron_moe(model: ModelSpec) -> list[str]:
+    """The MoE arguments: experts, top-k, expert width, which layers are MoE, shared experts."""
+    moe = model.moe
+    if moe is None:
+        return []
+    dense, sparse = moe.num_dense_layers, model.num_layers - moe.num_dense_layers
+    pattern = ",".join("1" if model.is_moe_layer(i) else "0" for i in range(model.num_layers))
+    args = [
+        "--num-experts",
+        str(moe.num_routed_experts),
+        "--moe-router-topk",
+        str(moe.top_k),
+        "--moe-ffn-hidden-size",
+        str(moe.expert_ffn_hidden_size),
+        "--moe-grouped-gemm",
+        "--moe-layer-freq",
+        f"[{pattern}]"
+        if moe.moe_layer_step > 1
+        else (f"([0]*{dense}+[1]*{sparse})" if dense else "1"),
+    ]
+    if moe.num_shared_experts:
+        shared = moe.num_shared_experts * (
+            moe.shared_expert_ffn_hidden_size or moe.expert_ffn_hidden_size
+        )
+        args += ["--moe-shared-expert-intermediate-size", str(shared)]
     return args
 
 
