@@ -13,13 +13,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
 #: The AttentionSpec fields that give linear layers their own shape.
-_LINEAR_FIELDS = (
-    "linear_key_heads",
-    "linear_value_heads",
-    "linear_key_head_dim",
-    "linear_value_head_dim",
-    "linear_conv_kernel",
-)
+_LINEAR_FIELDS = {
+    "linear_key_heads": 0,
+    "linear_value_heads": 0,
+    "linear_key_head_dim": 0,
+    "linear_value_head_dim": 0,
+    "linear_conv_kernel": 0,
+    "linear_kind": "gated_deltanet",
+    "linear_in_every_layer": False,
+}
 AttentionKind = Literal["mha", "gqa", "mla"]
 AttentionVariant = Literal["full", "sliding_window", "chunked", "sparse_topk", "linear"]
 #: Variants a model may interleave with full-attention layers of the same shape
@@ -52,6 +54,12 @@ class AttentionSpec(BaseModel):
     ``linear_conv_kernel`` taps over q, k and v; the full layers then keep the GQA shape above.
     Per-layer work, weights and cache are the mean over the two kinds; training's activation
     memory keeps the full layers' per-layer rule for every layer.
+    ``linear_kind`` ``mamba2``: the linear layers are Mamba-2 mixers (Dao and Gu, "Transformers
+    are SSMs", ICML 2024; Nemotron-H): value heads are the SSM heads of ``linear_value_head_dim``
+    channels, key heads the B/C groups of ``linear_key_head_dim`` (the state size).
+    ``linear_in_every_layer``: every layer has a linear mixer and the full attention of
+    ``full_layer_fraction`` of the layers comes in addition (Nemotron-H: a Mamba-2 block before
+    every FFN block, an attention block beside it in some), not instead.
     ``output_gate``: a sigmoid gate on the attention output, produced by the query projection
     (Qwen3-Next / Qwen3.5 ``attn_output_gate``: ``q_proj`` twice as wide).
 
@@ -84,6 +92,8 @@ class AttentionSpec(BaseModel):
     linear_key_head_dim: int = Field(default=0, ge=0)
     linear_value_head_dim: int = Field(default=0, ge=0)
     linear_conv_kernel: int = Field(default=0, ge=0)
+    linear_kind: Literal["gated_deltanet", "mamba2"] = "gated_deltanet"
+    linear_in_every_layer: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> AttentionSpec:
@@ -129,6 +139,11 @@ class AttentionSpec(BaseModel):
                 f"attention.linear_key_heads/value_heads/key_head_dim/value_head_dim/conv_kernel "
                 f"({', '.join(map(str, linear))}) must all be set or all be 0"
             )
+        if (self.linear_in_every_layer or self.linear_kind != "gated_deltanet") and not any(linear):
+            raise ValueError(
+                "attention.linear_in_every_layer / linear_kind describe linear layers of their "
+                "own shape: set attention.linear_* too"
+            )
         if any(linear) and self.variant != "linear":
             raise ValueError(
                 f"attention.linear_* (a linear-attention layer shape) needs variant 'linear', "
@@ -166,7 +181,7 @@ class AttentionSpec(BaseModel):
             update={
                 "variant": "full",
                 "full_layer_fraction": 0.0,
-                **{field: 0 for field in _LINEAR_FIELDS},
+                **_LINEAR_FIELDS,
             }
         )
 
@@ -174,6 +189,12 @@ class AttentionSpec(BaseModel):
     def has_linear_mixer(self) -> bool:
         """Whether the linear layers have their own shape (``linear_*``), priced apart."""
         return self.linear_value_heads > 0
+
+    @property
+    def linear_share(self) -> float:
+        """Linear mixers per layer (the mean): one in every layer where they come beside the
+        full attention (``linear_in_every_layer``), else the layers that are not full."""
+        return 1.0 if self.linear_in_every_layer else 1.0 - self.full_layer_fraction
 
     def _local_attended_tokens(self, context_tokens: float) -> float:
         if self.has_linear_mixer:
@@ -232,15 +253,22 @@ class AttentionSpec(BaseModel):
             return 0
         keys = self.linear_key_heads * self.linear_key_head_dim
         values = self.linear_value_heads * self.linear_value_head_dim
-        projections = hidden_size * (2 * keys + 2 * values + 2 * self.linear_value_heads)
+        heads = self.linear_value_heads
+        if self.linear_kind == "mamba2":
+            # transformers NemotronHMamba2Mixer: in_proj to z, x, B, C and one dt per head; the
+            # convolution over x, B, C with its bias; A_log, D and dt_bias per head; the gated
+            # RMSNorm over all channels; out_proj
+            conv_channels = 2 * keys + values
+            return (
+                hidden_size * (2 * values + 2 * keys + heads)
+                + conv_channels * (self.linear_conv_kernel + 1)
+                + 3 * heads
+                + values
+                + values * hidden_size
+            )
+        projections = hidden_size * (2 * keys + 2 * values + 2 * heads)
         conv = (2 * keys + values) * self.linear_conv_kernel
-        return (
-            projections
-            + conv
-            + 2 * self.linear_value_heads
-            + self.linear_value_head_dim
-            + values * hidden_size
-        )
+        return projections + conv + 2 * heads + self.linear_value_head_dim + values * hidden_size
 
     def linear_state_elements(self) -> int:
         """Elements one linear layer keeps per sequence: a key x value state per value head and
@@ -261,7 +289,10 @@ class AttentionSpec(BaseModel):
         keys = self.linear_key_heads * self.linear_key_head_dim
         values = self.linear_value_heads * self.linear_value_head_dim
         state = self.linear_value_heads * self.linear_key_head_dim * self.linear_value_head_dim
-        return 6.0 * state + 2.0 * self.linear_conv_kernel * (2 * keys + values)
+        # Mamba-2: the state's decayed rank-one update and its read-out along C (Dao and Gu
+        # 2024, eq. 2): two products
+        products = 4.0 if self.linear_kind == "mamba2" else 6.0
+        return products * state + 2.0 * self.linear_conv_kernel * (2 * keys + values)
 
     def indexer_flops_per_key(self) -> float:
         """FLOPs of the indexer per (query, preceding key) pair: one product per indexer head and

@@ -16,10 +16,11 @@ Models that interleave layers of two kinds with the same projections (gpt-oss's 
 sliding-window and full layers, ``layer_types``; Llama 4's chunked and full (NoPE) layers,
 ``no_rope_layers``) keep the share of full layers (``AttentionSpec.full_layer_fraction``).
 Qwen3-Next and Qwen3.5 (``qwen3_next``, ``qwen3_5`` / ``qwen3_5_moe``) interleave Gated DeltaNet
-layers of their own shape with gated full attention (``AttentionSpec.linear_*``). Layers whose
-kinds differ in other ways (Gemma 4's global heads, MiMo-V2's window heads, Nemotron-H's
-state-space, attention and MLP blocks that are not paired per layer, DeepSeek-V4's compressed
-attention) cannot be one ``ModelSpec``: their model types are refused by name. Unknown HuggingFace keys are
+layers of their own shape with gated full attention (``AttentionSpec.linear_*``); Nemotron-H
+(``nemotron_h``) has a Mamba-2 block in every layer and an attention block beside it in some.
+Layers whose kinds differ in other ways (Gemma 4's global heads, MiMo-V2's window heads,
+DeepSeek-V4's compressed attention, Nemotron-H's LatentMoE) cannot be one ``ModelSpec``: they
+are refused by name. Unknown HuggingFace keys are
 ignored (config files carry many unrelated ones); a missing or mistyped key this parser needs is
 a ``ValueError`` naming it.
 """
@@ -236,19 +237,24 @@ def _deepseek_dsa(r: _Reader, name: str) -> ModelSpec:
     return spec.model_copy(update={"attention": AttentionSpec(**attention.model_dump())})
 
 
-def _layer_types(r: _Reader, num_layers: int) -> list[str]:
-    """``layer_types``, one entry per layer (a list, or the text of a Python list as some
-    exported configs carry it)."""
-    value = r.data.get("layer_types")
+def _string_list(r: _Reader, key: str) -> list[str]:
+    """A list of strings (or the text of a Python list, as some exported configs carry it)."""
+    value = r.data.get(key)
     if isinstance(value, str):
         try:
             value = ast.literal_eval(value)
         except (ValueError, SyntaxError):
             raise ValueError(
-                f"config field 'layer_types' ({value[:60]!r}) must be a list of layer kinds"
+                f"config field {key!r} ({value[:60]!r}) must be a list of layer kinds"
             ) from None
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"config field 'layer_types' ({value!r}) must be a list of strings")
+        raise ValueError(f"config field {key!r} ({value!r}) must be a list of strings")
+    return value
+
+
+def _layer_types(r: _Reader, num_layers: int) -> list[str]:
+    """``layer_types``, one entry per layer."""
+    value = _string_list(r, "layer_types")
     if len(value) != num_layers:
         raise ValueError(
             f"config field 'layer_types' has {len(value)} entries; 'num_hidden_layers' is "
@@ -386,13 +392,15 @@ def _qwen3_next(r: _Reader, name: str, *, moe: bool) -> ModelSpec:
 
 
 def _moe_model(
-    r: _Reader, name: str, attention: AttentionSpec, moe: MoESpec, **fields: Any
+    r: _Reader, name: str, attention: AttentionSpec, moe: MoESpec | None, **fields: Any
 ) -> ModelSpec:
     """A ``ModelSpec`` of ``attention`` and ``moe`` whose dense FFN width (``ffn_hidden_size``)
-    is given (a config may name it otherwise or not at all), untied embeddings by default."""
+    is given (a config may name it otherwise or not at all), untied embeddings by default;
+    ``num_layers`` where the config's layers are not its ``num_hidden_layers``."""
+    num_layers = fields.pop("num_layers", None) or r.int("num_hidden_layers")
     return ModelSpec(
         name=name,
-        num_layers=r.int("num_hidden_layers"),
+        num_layers=num_layers,
         hidden_size=r.int("hidden_size"),
         vocab_size=r.int("vocab_size"),
         attention=attention,
@@ -401,6 +409,92 @@ def _moe_model(
         moe=moe,
         **fields,
     )
+
+
+#: Nemotron-H block kinds (``hybrid_override_pattern`` letters, ``layers_block_type`` names).
+_NEMOTRON_BLOCKS = {"mamba": "M", "attention": "*", "moe": "E", "mlp": "-"}
+
+
+def _nemotron_layers(r: _Reader) -> list[str]:
+    """Nemotron-H's blocks grouped into layers, each its mixers then one FFN block (``M-``,
+    ``M*E``, ...): a layer is one ``ModelSpec`` layer. Each must hold one Mamba-2 block and at
+    most one attention block."""
+    pattern = r.data.get("hybrid_override_pattern")
+    if pattern is None and r.data.get("layers_block_type") is not None:
+        kinds = _string_list(r, "layers_block_type")
+        pattern = "".join(_NEMOTRON_BLOCKS.get(k, "?") for k in kinds)
+    if not isinstance(pattern, str) or not pattern:
+        raise ValueError(
+            f"config field 'hybrid_override_pattern' ({pattern!r}) must be a string of M, *, E, -"
+        )
+    layers, current = [], ""
+    for block in pattern:
+        current += block
+        if block in "E-":
+            layers.append(current)
+            current = ""
+    if current or any(
+        layer.count("M") != 1 or layer.count("*") > 1 or set(layer) - set("M*E-")
+        for layer in layers
+    ):
+        raise ValueError(
+            f"config field 'hybrid_override_pattern' ({pattern[:40]!r}...) must group into layers "
+            "of one Mamba-2 block, at most one attention block, then one MLP or MoE block"
+        )
+    return layers
+
+
+def _nemotron_h(r: _Reader, name: str) -> ModelSpec:
+    """Nemotron-H (``NemotronHConfig``): layers of a Mamba-2 block (``mamba_num_heads`` heads of
+    ``mamba_head_dim``, ``n_groups`` B/C groups of ``ssm_state_size``, a ``conv_kernel``-tap
+    convolution), in some of them an attention block beside it, then an MLP or MoE block of
+    squared-ReLU experts (``n_routed_experts``, top ``num_experts_per_tok``,
+    ``moe_intermediate_size``, a shared expert of ``moe_shared_expert_intermediate_size``).
+    LatentMoE (``moe_latent_size``: experts on a narrower latent width) is refused."""
+    if r.data.get("moe_latent_size"):
+        raise ValueError(
+            f"config field 'moe_latent_size' ({r.data['moe_latent_size']}) is not supported: "
+            "experts on a latent width narrower than hidden_size (LatentMoE)"
+        )
+    layers = _nemotron_layers(r)
+    num_layers = len(layers)
+    full = sum("*" in layer for layer in layers)
+    attention = _attention_gqa(r).model_copy(
+        update={
+            "variant": "linear",
+            "full_layer_fraction": full / num_layers,
+            "linear_kind": "mamba2",
+            "linear_in_every_layer": True,
+            "linear_key_heads": r.int("n_groups"),
+            "linear_key_head_dim": r.int("ssm_state_size"),
+            "linear_value_heads": r.int("mamba_num_heads"),
+            "linear_value_head_dim": r.int("mamba_head_dim"),
+            "linear_conv_kernel": r.int("conv_kernel"),
+        }
+    )
+    activation = "relu2" if r.data.get("mlp_hidden_act", "relu2") == "relu2" else "swiglu"
+    attention = AttentionSpec(**attention.model_dump())
+    fields: dict[str, Any] = {
+        "num_layers": num_layers,
+        "ffn_hidden_size": r.int("intermediate_size"),
+        "ffn_activation": activation,
+    }
+    moe_layers = [i for i, layer in enumerate(layers) if layer.endswith("E")]
+    if not moe_layers:
+        return _moe_model(r, name, attention, None, **fields)
+    dense = [i for i in range(num_layers) if i not in moe_layers]
+    leading, step = _leading_and_step(dense, num_layers, fields="'hybrid_override_pattern'")
+    shared = r.optional_int("moe_shared_expert_intermediate_size")
+    moe = MoESpec(
+        num_routed_experts=r.int("n_routed_experts"),
+        top_k=r.int("num_experts_per_tok"),
+        expert_ffn_hidden_size=r.int("moe_intermediate_size"),
+        num_shared_experts=r.int("n_shared_experts", 1 if shared else 0, minimum=0),
+        shared_expert_ffn_hidden_size=shared,
+        num_dense_layers=leading,
+        moe_layer_step=step,
+    )
+    return _moe_model(r, name, attention, moe, **fields)
 
 
 def _minimax_m2(r: _Reader, name: str) -> ModelSpec:
@@ -510,6 +604,7 @@ _PARSERS: dict[str, Callable[[_Reader, str], ModelSpec]] = {
     "qwen3_next": lambda r, n: _qwen3_next(r, n, moe=True),
     "qwen3_5_text": lambda r, n: _qwen3_next(r, n, moe=False),
     "qwen3_5_moe_text": lambda r, n: _qwen3_next(r, n, moe=True),
+    "nemotron_h": _nemotron_h,
     "gpt2": _gpt2,
 }
 
@@ -526,7 +621,6 @@ _MULTIMODAL: dict[str, str] = {
 
 #: Model types whose layers differ in shape, which one ``ModelSpec`` cannot hold: the reason.
 _UNREPRESENTABLE: dict[str, str] = {
-    "nemotron_h": "Mamba-2, attention and MLP/MoE layers of different kinds (hybrid_override_pattern)",
     "nemotron-nas": "per-layer block_configs (layers without attention, per-layer FFN widths)",
     "gemma4": "global layers with other head sizes and KV heads than the sliding-window layers",
     "mimo_v2_flash": "sliding-window layers with other KV heads than the full layers",

@@ -144,7 +144,7 @@ def _attention_gemms(s: _Setup, tokens, *, decode: bool, graphed=False) -> np.nd
         linear = _gemms(
             s, tokens, ops.linear_projections(model), s.shard, part="attention", graphed=graphed
         )
-        return f * full + (1.0 - f) * linear
+        return f * full + model.attention.linear_share * linear
     bmm = None
     if decode and model.attention.kind == "mla":
         bmm = s.rows.evaluate(
@@ -479,7 +479,7 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
         full_only = s.model.model_copy(update={"attention": a.full_layers_only()})
         full = replace(s, model=full_only)
         f = a.full_layer_fraction
-        return f * _core_attention_time(full, p) + (1.0 - f) * _linear_mixer_time(s, p)
+        return f * _core_attention_time(full, p) + a.linear_share * _linear_mixer_time(s, p)
     return _core_attention_time(s, p) + _indexer_time(s, p)
 
 

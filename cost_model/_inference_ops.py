@@ -137,7 +137,7 @@ def kv_bytes_per_sequence_layer(
     total = np.broadcast_to(cached * (per_token + indexer), shape)
     if a.variant == "linear":
         state = a.linear_state_elements() * element_bytes
-        total = total + (1.0 - a.full_layer_fraction) * state
+        total = total + a.linear_share * state
     return np.broadcast_to(total, shape)
 
 

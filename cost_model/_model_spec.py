@@ -83,6 +83,8 @@ _LATER_ATTENTION_FIELDS: dict[str, Any] = {
     "linear_key_head_dim": 0,
     "linear_value_head_dim": 0,
     "linear_conv_kernel": 0,
+    "linear_kind": "gated_deltanet",
+    "linear_in_every_layer": False,
 }
 
 
@@ -101,7 +103,7 @@ class ModelSpec(BaseModel):
     attention: AttentionSpec
     moe: MoESpec | None = None
     tie_word_embeddings: bool = False
-    ffn_activation: Literal["swiglu", "gelu"] = "swiglu"
+    ffn_activation: Literal["swiglu", "gelu", "relu2"] = "swiglu"
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     linear_bias: bool = False
     qkv_bias: bool = False
@@ -170,8 +172,7 @@ class ModelSpec(BaseModel):
         full = self.full_attention_parameters()
         if not a.has_linear_mixer:
             return full
-        f = a.full_layer_fraction
-        return f * full + (1.0 - f) * a.linear_parameters(self.hidden_size)
+        return a.full_layer_fraction * full + a.linear_share * a.linear_parameters(self.hidden_size)
 
     def full_attention_parameters(self) -> int:
         """Weights of one full-attention block (projections, MLA's inner norms, biases, an
@@ -316,7 +317,7 @@ class ModelSpec(BaseModel):
         linear layers of their own shape (``AttentionSpec.linear_flops_per_token``)."""
         a = self.attention
         indexer = a.indexer_flops_per_key() * full_keys
-        linear = (1.0 - a.full_layer_fraction) * a.linear_flops_per_token()
+        linear = a.linear_share * a.linear_flops_per_token()
         return self.num_layers * (indexer + linear)
 
     def forward_flops_per_token(self, context_tokens: float) -> float:
@@ -358,5 +359,5 @@ class ModelSpec(BaseModel):
         cached = a.cached_tokens(context_tokens) * self._token_bytes_every_layer(dtype)
         if a.variant == "linear":
             state = a.linear_state_elements()
-            cached += (1.0 - a.full_layer_fraction) * self.num_layers * state * dtype_bytes(dtype)
+            cached += a.linear_share * self.num_layers * state * dtype_bytes(dtype)
         return cached

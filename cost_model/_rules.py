@@ -42,7 +42,10 @@ def check_parallel_config(
     if not config.attention_data_parallel:
         _divides("num_attention_heads", attention.num_heads, "tp", config.tp)
         if attention.has_linear_mixer:
-            _divides("linear_num_key_heads", attention.linear_key_heads, "tp", config.tp)
+            # Gated DeltaNet shards its key heads too (vLLM Qwen3NextGatedDeltaNet); Mamba-2's
+            # B/C groups are copied where tp exceeds them (vLLM MambaMixer2), its heads split
+            if attention.linear_kind == "gated_deltanet":
+                _divides("linear_num_key_heads", attention.linear_key_heads, "tp", config.tp)
             _divides("linear_num_value_heads", attention.linear_value_heads, "tp", config.tp)
         kv_heads = attention.num_kv_heads
         if attention.kind == "gqa" and kv_heads % config.tp and config.tp % kv_heads:

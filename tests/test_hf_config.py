@@ -116,6 +116,7 @@ EXAMPLES = {
     },
     "llama4": catalog_config("llama-4-scout"),
     "qwen3_5_moe": catalog_config("qwen3.5-397b-a17b"),
+    "nemotron_h": catalog_config("nemotron-3-nano-30b-a3b"),
     "qwen3_5_moe_text": catalog_config("qwen3.5-397b-a17b")["text_config"],
     "qwen3_5": {
         "model_type": "qwen3_5",

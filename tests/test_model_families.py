@@ -1,5 +1,6 @@
 """Model families beyond one attention kind per model: interleaved full and local layers
 (gpt-oss, Step-3.7, Llama 4), Gated DeltaNet layers of their own shape (Qwen3.5, Qwen3-Next),
+Mamba-2 layers with attention beside some of them (Nemotron-H),
 DeepSeek Sparse Attention's indexer (DeepSeek-V3.2, GLM-5),
 multimodal checkpoints parsed as their language model, and the refusals of what one layer
 shape cannot describe. Every rule is checked against a brute-force sum over layers and
@@ -268,7 +269,6 @@ def test_multimodal_checkpoints_parse_as_their_language_model(
 @pytest.mark.parametrize(
     ("model_type", "reason"),
     [
-        ("nemotron_h", "Mamba-2"),
         ("gemma4", "head sizes"),
         ("deepseek_v4", "compressed attention"),
     ],
@@ -342,3 +342,51 @@ def test_only_the_full_quarter_of_qwen35_pays_for_a_long_context_at_decode() -> 
     assert 0.2 < hybrid / full < 0.35
     short = _decode_attention_s(QWEN35, 4096)
     assert hybrid > 5 * short  # the full layers still grow with the context
+
+
+NANO = get_model("nemotron-3-nano-30b-a3b")
+
+
+def test_nemotron_h_pairs_each_ffn_block_with_its_mamba_block_and_attention_beside_six() -> None:
+    # "MEMEM*EMEMEM*E...": 23 layers of one Mamba-2 block and one MoE block, 6 of them with an
+    # attention block between
+    a = NANO.attention
+    assert NANO.num_layers == 23 and round(a.full_layer_fraction * 23) == 6
+    assert (a.linear_kind, a.linear_in_every_layer, a.linear_share) == ("mamba2", True, 1.0)
+    assert NANO.ffn_activation == "relu2" and NANO.moe is not None and NANO.moe.top_k == 6
+    # NVIDIA Nemotron 3 Nano model card: 31.6B total, 3.6B active with the embeddings
+    assert NANO.num_parameters / 1e9 == pytest.approx(31.6, rel=0.005)
+    assert NANO.num_active_parameters / 1e9 == pytest.approx(3.6, rel=0.02)
+    hidden, heads, head_dim, groups, state = 2688, 64, 64, 8, 128
+    inner, bc = heads * head_dim, groups * state
+    mamba = (
+        hidden * (2 * inner + 2 * bc + heads)  # in_proj: z, x, B, C, dt
+        + (inner + 2 * bc) * (4 + 1)  # depthwise conv over x, B, C and its bias
+        + 3 * heads  # A_log, D, dt_bias
+        + inner  # gated RMSNorm
+        + inner * hidden  # out_proj
+    )
+    attention = hidden * 32 * 128 * 2 + 2 * hidden * 2 * 128  # q and o, k and v of 2 KV heads
+    assert NANO.parameter_breakdown()["attention"] == 23 * mamba + 6 * attention
+
+
+def test_nemotron_h_cache_is_six_attention_layers_plus_a_state_per_mamba_layer() -> None:
+    state = 64 * 128 * 64 + 3 * (64 * 64 + 2 * 8 * 128)  # SSM state + the conv's last inputs
+    per_token = 2 * 2 * 128 * 2  # K and V of 2 KV heads of 128, bf16
+    for context in (1, 8192, 262_144):
+        brute = 6 * per_token * context + 23 * state * 2
+        assert NANO.kv_cache_bytes(context, "bf16") == pytest.approx(brute)
+        layer = kv_bytes_per_sequence_layer(NANO, np.array([float(context)]), 2.0, 1)
+        assert 23 * layer[0] == pytest.approx(brute)
+
+
+def test_nemotron_h_layouts_that_cannot_be_one_layer_shape_are_refused() -> None:
+    config = dict(catalog_config("nemotron-3-nano-30b-a3b"))
+    with pytest.raises(ValueError, match="moe_latent_size.*LatentMoE"):
+        ModelSpec.from_hf_config({**config, "moe_latent_size": 1024})
+    with pytest.raises(ValueError, match="hybrid_override_pattern.*one Mamba-2 block"):
+        ModelSpec.from_hf_config({**config, "hybrid_override_pattern": "MME" * 4})
+    with pytest.raises(ValueError, match="hybrid_override_pattern.*one Mamba-2 block"):
+        ModelSpec.from_hf_config({**config, "hybrid_override_pattern": "MEM"})
+    dense = ModelSpec.from_hf_config({**config, "hybrid_override_pattern": "M-M*-"})
+    assert dense.moe is None and dense.num_layers == 2

@@ -35,6 +35,8 @@ PUBLISHED_TOTALS = {
     # Qwen3.5 release (Qwen/Qwen3.5-397B-A17B model card): 397B total (its "17B activated",
     # printed to the billion, is checked in tests/test_model_families.py).
     "qwen3.5-397b-a17b": (397.0, None),
+    # NVIDIA Nemotron 3 Nano model card: 31.6B total, 3.6B active including embeddings.
+    "nemotron-3-nano-30b-a3b": (31.6, 3.6),
 }
 
 

@@ -255,7 +255,7 @@ def _megatron_model(
         "--position-embedding-type",
         "rope" if model.position_embedding == "rope" else "learned_absolute",
     ]
-    args += ["--swiglu"] if model.ffn_activation == "swiglu" else []
+    args += {"swiglu": ["--swiglu"], "relu2": ["--squared-relu"]}.get(model.ffn_activation, [])
     args += [] if model.linear_bias else ["--disable-bias-linear"]
     args += ["--add-qkv-bias"] if model.qkv_bias and not model.linear_bias else []
     args += [] if model.tie_word_embeddings else ["--untie-embeddings-and-output-weights"]
