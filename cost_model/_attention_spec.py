@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
 #: The AttentionSpec fields that give linear layers their own shape.
-_LINEAR_FIELDS = {
+LINEAR_FIELD_DEFAULTS = {
     "linear_key_heads": 0,
     "linear_value_heads": 0,
     "linear_key_head_dim": 0,
@@ -181,7 +181,7 @@ class AttentionSpec(BaseModel):
             update={
                 "variant": "full",
                 "full_layer_fraction": 0.0,
-                **_LINEAR_FIELDS,
+                **LINEAR_FIELD_DEFAULTS,
             }
         )
 

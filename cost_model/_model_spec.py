@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cost_model._attention_spec import (
     INDEXER_KEY_BYTES_PER_ELEMENT,
+    LINEAR_FIELD_DEFAULTS,
     LOCAL_VARIANTS,
     AttentionKind,
     AttentionSpec,
@@ -78,13 +79,7 @@ _LATER_ATTENTION_FIELDS: dict[str, Any] = {
     "indexer_heads": 0,
     "indexer_head_dim": 0,
     "output_gate": False,
-    "linear_key_heads": 0,
-    "linear_value_heads": 0,
-    "linear_key_head_dim": 0,
-    "linear_value_head_dim": 0,
-    "linear_conv_kernel": 0,
-    "linear_kind": "gated_deltanet",
-    "linear_in_every_layer": False,
+    **LINEAR_FIELD_DEFAULTS,
 }
 
 
