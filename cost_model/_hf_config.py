@@ -44,7 +44,7 @@ from cost_model._hf_reader import (
     _attention_gqa,
     _attention_mla,
     _common,
-    _dense_moe_layers,
+    _qwen_experts,
     _Reader,
 )
 from cost_model._model_spec import AttentionSpec, ModelSpec, MoESpec
@@ -77,19 +77,7 @@ def _mixtral(r: _Reader, name: str) -> ModelSpec:
 
 
 def _qwen_moe(r: _Reader, name: str, *, shared: bool) -> ModelSpec:
-    num_layers = r.int("num_hidden_layers")
-    shared_size = r.optional_int("shared_expert_intermediate_size") if shared else None
-    leading, step = _dense_moe_layers(r, num_layers)
-    moe = MoESpec(
-        num_routed_experts=r.int("num_experts"),
-        top_k=r.int("num_experts_per_tok"),
-        expert_ffn_hidden_size=r.int("moe_intermediate_size"),
-        num_shared_experts=1 if shared_size else 0,
-        shared_expert_ffn_hidden_size=shared_size,
-        shared_expert_gate=bool(shared_size),
-        num_dense_layers=leading,
-        moe_layer_step=step,
-    )
+    moe = _qwen_experts(r, r.int("num_hidden_layers"), shared=shared)
     qkv_bias = True if shared else r.bool("attention_bias", False)
     return _common(r, name, _attention_gqa(r), moe=moe, qkv_bias=qkv_bias)
 

@@ -10,10 +10,10 @@ from cost_model._hf_reader import (
     _MISSING,
     _attention_gqa,
     _common,
-    _dense_moe_layers,
     _layer_types,
     _leading_and_step,
     _moe_model,
+    _qwen_experts,
     _Reader,
     _string_list,
 )
@@ -125,25 +125,13 @@ def _qwen3_next(r: _Reader, name: str, *, moe: bool) -> ModelSpec:
     attention = AttentionSpec(**attention.model_dump())
     if not moe:
         return _common(r, name, attention, qkv_bias=r.bool("attention_bias", False))
-    expert_size = r.int("moe_intermediate_size")
-    shared_size = r.optional_int("shared_expert_intermediate_size")
-    leading, step = _dense_moe_layers(r, num_layers)
-    experts = MoESpec(
-        num_routed_experts=r.int("num_experts"),
-        top_k=r.int("num_experts_per_tok"),
-        expert_ffn_hidden_size=expert_size,
-        num_shared_experts=1 if shared_size else 0,
-        shared_expert_ffn_hidden_size=shared_size,
-        shared_expert_gate=bool(shared_size),
-        num_dense_layers=leading,
-        moe_layer_step=step,
-    )
+    experts = _qwen_experts(r, num_layers)
     return _moe_model(
         r,
         name,
         attention,
         experts,
-        ffn_hidden_size=r.int("intermediate_size", expert_size),
+        ffn_hidden_size=r.int("intermediate_size", experts.expert_ffn_hidden_size),
         qkv_bias=r.bool("attention_bias", False),
     )
 

@@ -117,6 +117,24 @@ def _dense_moe_layers(r: _Reader, num_layers: int) -> tuple[int, int]:
     )
 
 
+def _qwen_experts(r: _Reader, num_layers: int, *, shared: bool = True) -> MoESpec:
+    """The MoE of the Qwen MoE families (``num_experts``, top ``num_experts_per_tok``, experts of
+    ``moe_intermediate_size``, a gated shared expert of ``shared_expert_intermediate_size`` where
+    ``shared``), dense layers as ``_dense_moe_layers`` reads them."""
+    shared_size = r.optional_int("shared_expert_intermediate_size") if shared else None
+    leading, step = _dense_moe_layers(r, num_layers)
+    return MoESpec(
+        num_routed_experts=r.int("num_experts"),
+        top_k=r.int("num_experts_per_tok"),
+        expert_ffn_hidden_size=r.int("moe_intermediate_size"),
+        num_shared_experts=1 if shared_size else 0,
+        shared_expert_ffn_hidden_size=shared_size,
+        shared_expert_gate=bool(shared_size),
+        num_dense_layers=leading,
+        moe_layer_step=step,
+    )
+
+
 def _leading_and_step(dense: list[int], num_layers: int, *, fields: str) -> tuple[int, int]:
     """(leading dense layers, MoE layer step) whose pattern is exactly ``dense``: a leading block
     of dense layers, after it every step-th layer MoE (``MoESpec.moe_layer_step``)."""

@@ -314,11 +314,17 @@ def test_qwen35_cache_is_fifteen_full_layers_plus_a_fixed_state_per_linear_layer
     per_token_layer = 2 * 2 * 256 * 2  # K and V of 2 KV heads of 256, bf16
     state = 64 * 128 * 128 + 3 * (2 * 16 * 128 + 64 * 128)  # S per value head + conv inputs
     assert QWEN35.kv_cache_bytes_per_token("bf16") == 15 * per_token_layer  # full layers only
+    _check_cache(QWEN35, full=15, per_token=per_token_layer, linear=45, state=state)
+
+
+def _check_cache(model: ModelSpec, *, full: int, per_token: int, linear: int, state: int) -> None:
+    """The model's cache (bf16) and its vectorized per-layer mean against a sum over layers: the
+    full layers' K and V of every token, a fixed state per linear layer."""
     for context in (1, 4096, 262_144):
-        brute = 15 * per_token_layer * context + 45 * state * 2
-        assert QWEN35.kv_cache_bytes(context, "bf16") == pytest.approx(brute)
-        layer = kv_bytes_per_sequence_layer(QWEN35, np.array([float(context)]), 2.0, 1)
-        assert 60 * layer[0] == pytest.approx(brute)
+        brute = full * per_token * context + linear * state * 2
+        assert model.kv_cache_bytes(context, "bf16") == pytest.approx(brute)
+        layer = kv_bytes_per_sequence_layer(model, np.array([float(context)]), 2.0, 1)
+        assert model.num_layers * layer[0] == pytest.approx(brute)
 
 
 def test_linear_heads_must_split_over_tensor_parallel_ranks() -> None:
@@ -373,11 +379,7 @@ def test_nemotron_h_pairs_each_ffn_block_with_its_mamba_block_and_attention_besi
 def test_nemotron_h_cache_is_six_attention_layers_plus_a_state_per_mamba_layer() -> None:
     state = 64 * 128 * 64 + 3 * (64 * 64 + 2 * 8 * 128)  # SSM state + the conv's last inputs
     per_token = 2 * 2 * 128 * 2  # K and V of 2 KV heads of 128, bf16
-    for context in (1, 8192, 262_144):
-        brute = 6 * per_token * context + 23 * state * 2
-        assert NANO.kv_cache_bytes(context, "bf16") == pytest.approx(brute)
-        layer = kv_bytes_per_sequence_layer(NANO, np.array([float(context)]), 2.0, 1)
-        assert 23 * layer[0] == pytest.approx(brute)
+    _check_cache(NANO, full=6, per_token=per_token, linear=23, state=state)
 
 
 def test_nemotron_h_layouts_that_cannot_be_one_layer_shape_are_refused() -> None:
