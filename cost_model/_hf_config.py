@@ -209,6 +209,7 @@ def parse_hf_config(
     if not isinstance(data, dict):
         raise ValueError(f"config ({type(data).__name__}) must be a JSON object")
     model_type = data.get("model_type")
+    architecture = _architecture(data)
     if isinstance(model_type, str) and model_type in _MULTIMODAL:
         text = data.get("text_config")
         if not isinstance(text, dict):
@@ -230,4 +231,19 @@ def parse_hf_config(
         raise ValueError(
             f"model_type ({model_type!r}) is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
-    return _PARSERS[model_type](_Reader(data), name or default_name)
+    spec = _PARSERS[model_type](_Reader(data), name or default_name)
+    return spec if architecture is None else spec.model_copy(update={"architecture": architecture})
+
+
+def _architecture(data: dict[str, Any]) -> str | None:
+    """The checkpoint's model class: the first of the config's ``architectures`` (the class
+    transformers and the serving engines load; a multimodal checkpoint's outer class), None
+    where the config names none."""
+    classes = data.get("architectures")
+    if classes is None or classes == []:
+        return None
+    if not isinstance(classes, list) or not all(isinstance(c, str) and c for c in classes):
+        raise ValueError(
+            f"config field 'architectures' ({classes!r}) must be a list of class names"
+        )
+    return classes[0]

@@ -199,7 +199,11 @@ def _engine_admits(s: _Setup) -> np.ndarray:
         * np.minimum(s.output_tokens, profile.admission_output_clip)
     )
     per_layer = ops.kv_bytes_per_sequence_layer(
-        s.model, reserved, s.kv_element_bytes, block_tokens=s.workload.kv_block_tokens
+        s.model,
+        reserved,
+        s.kv_element_bytes,
+        block_tokens=s.workload.kv_block_tokens,
+        window_ratio=profile.window_kv_ratio(s.model.architecture),
     )
     kv_fraction = 1.0 / (ops.kv_head_split(s.model, s.shard) * s.column("cp"))
     layers = np.max(np.reshape(s.layout.layers, (-1, ones.size)), axis=0)

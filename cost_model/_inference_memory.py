@@ -75,7 +75,11 @@ def _memory_parts(s: _Setup, batch: np.ndarray) -> dict[str, np.ndarray]:
     buffers = np.where(is_prefill, pre_buf, np.maximum(dec_buf, is_both * chunk * chunk_buf))
     context = np.where(is_prefill, s.prompt_tokens, decode.cached_tokens + 1.0)
     per_sequence_layer = ops.kv_bytes_per_sequence_layer(
-        s.model, context, s.kv_element_bytes, block_tokens=s.workload.kv_block_tokens
+        s.model,
+        context,
+        s.kv_element_bytes,
+        block_tokens=s.workload.kv_block_tokens,
+        window_ratio=s.profile.window_kv_ratio(s.model.architecture),
     )
     kv_fraction = 1.0 / (ops.kv_head_split(s.model, s.shard) * s.column("cp"))
     kv = s.layout.layers * (batch * s.column("pp") * per_sequence_layer * kv_fraction)

@@ -85,17 +85,24 @@ def mean_attended_between(model: ModelSpec, first_position, last_position) -> np
     return (total(last) - total(before)) / (last - before)
 
 
-def kv_cached_tokens(model: ModelSpec, context_tokens, block_tokens: int) -> np.ndarray:
+def kv_cached_tokens(
+    model: ModelSpec, context_tokens, block_tokens: int, *, window_ratio: float | None = None
+) -> np.ndarray:
     """Tokens of cache one sequence occupies in one layer (the mean over layers), rounded up to
     whole paged blocks: the vectorized rule of ``AttentionSpec.cached_tokens`` (a window or a
-    chunk keeps only the window, interleaved full layers everything, a linear layer none)."""
+    chunk keeps only the window, interleaved full layers everything, a linear layer none).
+    ``window_ratio`` (``ServingProfile.window_kv_ratio``): a window or chunk layer costs that
+    share of every context token instead, as an engine that sizes its window layers' pool
+    against the full layers' (SGLang) or caches them at full length (ratio 1) counts it."""
     a = model.attention
     context = np.asarray(context_tokens, dtype=np.float64)
 
     def blocks(tokens: np.ndarray) -> np.ndarray:
         return np.ceil(tokens / block_tokens) * block_tokens
 
-    if a.variant in ("sliding_window", "chunked"):
+    if a.variant in ("sliding_window", "chunked") and window_ratio is not None:
+        local = window_ratio * blocks(context)
+    elif a.variant in ("sliding_window", "chunked"):
         assert a.window_tokens is not None  # AttentionSpec requires it for these variants
         local = blocks(np.minimum(context, float(a.window_tokens)))
     elif a.variant == "linear":
@@ -124,15 +131,17 @@ def kv_bytes_per_sequence_layer(
     block_tokens: int,
     *,
     with_indexer: bool = True,
+    window_ratio: float | None = None,
 ) -> np.ndarray:
     """KV-cache bytes of one sequence in one layer, before sharding (the mean over layers): the
-    cached tokens' keys and values, a linear layer's fixed state, and (``with_indexer``) a DSA
-    indexer's FP8 keys of every cached token (``AttentionSpec.indexer_key_bytes``)."""
+    cached tokens' keys and values (a window layer's by ``window_ratio``, ``kv_cached_tokens``),
+    a linear layer's fixed state, and (``with_indexer``) a DSA indexer's FP8 keys of every
+    cached token (``AttentionSpec.indexer_key_bytes``)."""
     a = model.attention
     element_bytes = np.asarray(element_bytes, dtype=np.float64)
     shape = np.broadcast(np.asarray(context_tokens), element_bytes).shape
     per_token = model.kv_cache_elements_per_token_per_layer() * element_bytes
-    cached = kv_cached_tokens(model, context_tokens, block_tokens)
+    cached = kv_cached_tokens(model, context_tokens, block_tokens, window_ratio=window_ratio)
     indexer = a.indexer_key_bytes if with_indexer else 0.0
     total = np.broadcast_to(cached * (per_token + indexer), shape)
     if a.variant == "linear":

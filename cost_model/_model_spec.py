@@ -104,6 +104,11 @@ class ModelSpec(BaseModel):
     qkv_bias: bool = False
     position_embedding: Literal["rope", "learned"] = "rope"
     max_context_tokens: int = Field(gt=0)
+    architecture: str | None = Field(
+        default=None,
+        description="the checkpoint's model class (HuggingFace config 'architectures'), which "
+        "serving engines dispatch their per-model defaults on; not part of the layer shape",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -124,10 +129,11 @@ class ModelSpec(BaseModel):
         return parse_hf_config(path_or_dict, name=name)
 
     def fingerprint(self) -> str:
-        """Stable short hash of the architecture (the name excluded). Attention fields added
+        """Stable short hash of the architecture (the name and the model class excluded: the
+        class names the checkpoint's code, not its shape). Attention fields added
         after plans were first written (``_LATER_ATTENTION_FIELDS``) are hashed only when set,
         so an earlier plan of an architecture without them still matches its model."""
-        payload = self.model_dump(mode="json", exclude={"name"})
+        payload = self.model_dump(mode="json", exclude={"name", "architecture"})
         for key, default in _LATER_ATTENTION_FIELDS.items():
             if payload["attention"].get(key) == default:
                 del payload["attention"][key]

@@ -87,7 +87,24 @@ class ServingProfile(BaseModel):
     #: with the residual add and RMSNorm after it, one kernel instead of two (vLLM's
     #: AllReduceFusionPass); absent sizes, and engines without the fusion, run them apart
     fused_allreduce_norm_max_bytes: dict[int, float] = {}
+    #: KV tokens a sliding-window or chunked layer holds per token of a sequence's context when
+    #: the engine sizes its pool and admits requests: 1.0 where every layer shares one pool of
+    #: full-length layers (SGLang, but for ``window_kv_pools``); None where the layer holds only
+    #: its window and frees the blocks that left it (vLLM's sliding-window KV spec)
+    window_kv_pool_ratio: float | None = Field(default=None, gt=0, le=1)
+    #: model classes (``ModelSpec.architecture``) whose window layers get a pool of their own,
+    #: sized at the given share of the full layers' pool tokens (SGLang's hybrid SWA memory,
+    #: ``swa_full_tokens_ratio``)
+    window_kv_pools: dict[str, float] = {}
     sources: dict[str, str]
+
+    def window_kv_ratio(self, architecture: str | None) -> float | None:
+        """KV tokens a window layer of a model of class ``architecture`` holds per token of
+        context (``kv_cached_tokens``): its own pool's share where the engine gives the class
+        one, else the engine's ratio for window layers (None: the window alone)."""
+        if architecture is not None and architecture in self.window_kv_pools:
+            return self.window_kv_pools[architecture]
+        return self.window_kv_pool_ratio
 
     def running_cap(
         self, *, device_name: str, memory_bytes: float, pool_tokens, context_tokens: float

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from autoparallel import get_model
-from cost_model import Inference, ParallelConfig
+from cost_model import Inference, ModelSpec, ParallelConfig
+from cost_model import _inference_ops as ops
 from cost_model._inference_load import serving_inputs, sizing_pass_bytes
 from cost_model._inference_memory import _memory_parts
 from cost_model._inference_setup import _setup
@@ -144,3 +145,36 @@ def test_sglang_default_fraction_follows_its_tensor_parallel_size() -> None:
     sglang = serving_profile("sglang").memory_fraction(tp)
     assert list(sglang) == [0.88, 0.87, 0.85, 0.81, 0.79, 0.79]
     assert list(serving_profile("vllm").memory_fraction(tp)) == [0.9] * tp.size
+
+
+def _admitted_by(model: ModelSpec, workload: Inference) -> float:
+    table = configs_to_table([CONFIG], **ServingConfig().columns(workload=workload))
+    _, policy, _ = serving_inputs(model=model, cluster=H200, workload=workload, table=table)
+    return float(np.asarray(policy.max_running)[0])
+
+
+def test_window_layers_cost_what_each_engine_pools_for_them() -> None:
+    """vLLM frees the blocks that leave a sliding window; SGLang keeps one pool of full-length
+    layers, but for the model classes it gives a second, smaller pool of window layers
+    (``swa_full_tokens_ratio`` 0.8: Llama 4) and not for gpt-oss, whose hybrid pool it turns
+    off. The admitted count follows each rule's KV per request."""
+    gpt_oss, scout = get_model("gpt-oss-120b"), get_model("llama-4-scout")
+    sglang, vllm = serving_profile("sglang"), serving_profile("vllm")
+    assert gpt_oss.architecture == "GptOssForCausalLM"
+    assert scout.architecture == "Llama4ForConditionalGeneration"
+    assert sglang.window_kv_ratio(gpt_oss.architecture) == 1.0
+    assert sglang.window_kv_ratio(None) == 1.0
+    assert sglang.window_kv_ratio(scout.architecture) == 0.8
+    assert vllm.window_kv_ratio(gpt_oss.architecture) is None
+
+    context = np.array([32768.0])
+    kept = ops.kv_bytes_per_sequence_layer(gpt_oss, context, 2.0, 1, window_ratio=1.0)
+    windowed = ops.kv_bytes_per_sequence_layer(gpt_oss, context, 2.0, 1)
+    # half of gpt-oss's layers attend over a 128-token window
+    assert float(windowed[0] / kept[0]) == pytest.approx((32768 + 128) / (2 * 32768))
+
+    workload = _workload("sglang", None).model_copy(update={"weight_dtype": "bf16"})
+    unpooled = scout.model_copy(update={"architecture": None})
+    admitted, admitted_unpooled = _admitted_by(scout, workload), _admitted_by(unpooled, workload)
+    # a quarter of Scout's layers are full; the chunked ones cost 0.8 of a token each
+    assert admitted / admitted_unpooled == pytest.approx(1.0 / (0.25 + 0.75 * 0.8), rel=0.01)

@@ -261,7 +261,10 @@ def test_multimodal_checkpoints_parse_as_their_language_model(
     else:
         text.pop("model_type")  # the wrapper's default text type applies
     parsed = ModelSpec.from_hf_config({"model_type": wrapper, "text_config": text}, name="x")
-    assert parsed.model_dump(exclude={"name"}) == get_model(catalog).model_dump(exclude={"name"})
+    # the same layers; the model class is the wrapper's (none given here), not the text model's
+    shape = {"name", "architecture"}
+    assert parsed.model_dump(exclude=shape) == get_model(catalog).model_dump(exclude=shape)
+    assert parsed.architecture is None
     with pytest.raises(ValueError, match="'text_config'.*must be an object"):
         ModelSpec.from_hf_config({"model_type": wrapper})
 
@@ -392,3 +395,14 @@ def test_nemotron_h_layouts_that_cannot_be_one_layer_shape_are_refused() -> None
         ModelSpec.from_hf_config({**config, "hybrid_override_pattern": "MEM"})
     dense = ModelSpec.from_hf_config({**config, "hybrid_override_pattern": "M-M*-"})
     assert dense.moe is None and dense.num_layers == 2
+
+
+def test_the_model_class_comes_from_the_config_and_a_bad_one_is_named() -> None:
+    config = dict(catalog_config("gpt-oss-120b"))
+    assert ModelSpec.from_hf_config(config).architecture == "GptOssForCausalLM"
+    # the class names the checkpoint's code, not its shape: the fingerprint ignores it
+    unnamed = ModelSpec.from_hf_config({k: v for k, v in config.items() if k != "architectures"})
+    assert unnamed.architecture is None
+    assert unnamed.fingerprint() == get_model("gpt-oss-120b").fingerprint()
+    with pytest.raises(ValueError, match=r"'architectures' \(\[3\]\) must be a list"):
+        ModelSpec.from_hf_config({**config, "architectures": [3]})
