@@ -12,7 +12,8 @@ and decode attention (``attention/*/context_attention_perf.parquet``,
 (``gemm/*/gemm_perf.parquet``, on the grid of ``GEMM_M_GRID`` x ``GEMM_NK_GRID``^2; per-tensor
 FP8 rows less the dynamic scale step of ``quantize/*/computescale_perf.parquet``) and the
 serving engines' tensor-parallel all-reduce (``comm/*/custom_allreduce_perf.parquet``: latency by
-message size and GPU count, kept as measured). End-to-end tables of whole serving
+message size and GPU count, kept as measured) and the Gated DeltaNet kernels of hybrid linear
+attention models (``linear_attention/*/gdn_perf.parquet``, kept as measured). End-to-end tables of whole serving
 runs in the same package (``silicon_sample.csv``) are never opened: they are validation data,
 not fit input (DESIGN.md, "Fidelity").
 
@@ -32,7 +33,8 @@ FlashMLA, ``cost_model/data/flashmla_decode.json``: README throughput at the ben
 The readers live per table kind: ``_kernel_import_moe`` (grouped GEMM), ``_kernel_import_mla``
 (MLA attention, absorbed-MLA GEMMs, FlashMLA), ``_kernel_import_gemm`` (dense GEMM),
 ``_kernel_import_attention`` (MHA/GQA context and decode), ``_kernel_import_comm`` (all-reduce,
-DeepEP) over ``_kernel_import_tables`` (locating and reading the tables); this module assembles
+DeepEP), ``_kernel_import_linear`` (Gated DeltaNet convolution and recurrence, kept as
+measured) over ``_kernel_import_tables`` (locating and reading the tables); this module assembles
 and writes their curves.
 
 Re-run: ``autoparallel profile --import-aiconfigurator PATH`` (PATH: an unpacked wheel or the
@@ -59,6 +61,13 @@ from autoparallel._kernel_import_comm import (
     fit_deepep_normal,
 )
 from autoparallel._kernel_import_gemm import _gemm_curves
+from autoparallel._kernel_import_linear import (
+    LINEAR_BATCH_GRID,
+    LINEAR_DEVICES,
+    LINEAR_PREFILL_BATCH_GRID,
+    LINEAR_TOKENS_GRID,
+    _gdn_curves,
+)
 from autoparallel._kernel_import_mla import (
     MLA_BMM_TOKENS,
     _mla_bmm_curves,
@@ -101,6 +110,12 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
         for engine in ENGINES
         for curve in _custom_allreduce_curves(root, device, engine)
     ]
+    linear = [
+        curve
+        for device in LINEAR_DEVICES
+        for engine in ENGINES
+        for curve in _gdn_curves(root, device, engine)
+    ]
     return {
         "_source": f"{PACKAGE} {version} (PyPI wheel, NVIDIA, Apache-2.0): per-operator tables under "
         "aiconfigurator_core/systems/data; each curve names its file. Derived by autoparallel._kernel_import "
@@ -125,6 +140,10 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
         "deepep_normal": fit_deepep_normal(root),
         "custom_allreduce_message_bytes": [int(b) for b in ALL_REDUCE_MESSAGE_BYTES],
         "custom_allreduce": allreduce,
+        "linear_attention_batch_grid": list(LINEAR_BATCH_GRID),
+        "linear_attention_prefill_batch_grid": list(LINEAR_PREFILL_BATCH_GRID),
+        "linear_attention_tokens_grid": list(LINEAR_TOKENS_GRID),
+        "linear_attention": linear,
     }
 
 

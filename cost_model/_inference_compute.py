@@ -56,6 +56,7 @@ from cost_model._kernel_curves_attention import (
     mla_time_s,
 )
 from cost_model._kernel_curves_gemm import gemm_efficiency, projections_time_s
+from cost_model._kernel_curves_linear import gated_deltanet_time_s
 from cost_model._kernel_curves_moe import grouped_experts_time_s, grouped_gemm_efficiency
 from cost_model._pricing import op_time_s
 from cost_model._units import dtype_bytes
@@ -484,12 +485,34 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
 
 
 def _linear_mixer_time(s: _Setup, p: ops.Pass) -> np.ndarray:
-    """One Gated DeltaNet layer's recurrence over pass ``p`` on one rank, (n,) seconds: its FLOPs
+    """One linear layer's mixer over pass ``p`` on one rank, (n,) seconds, its heads split over
+    the tensor-parallel ranks (vLLM and SGLang shard the DeltaNet heads): a Gated DeltaNet
+    layer's convolution and recurrence at their measured latency where a table covers the device
+    (``_kernel_curves_linear``: decode one token per sequence, prefill the pass's new tokens per
+    sequence), else ``_linear_mixer_roofline``."""
+    a = s.model.attention
+    if a.linear_kind == "gated_deltanet":
+        measured = gated_deltanet_time_s(
+            device_name=s.hardware.name,
+            engine=s.profile.engine,
+            key_heads=a.linear_key_heads / s.shard,
+            value_heads=a.linear_value_heads / s.shard,
+            head_dims=(a.linear_key_head_dim, a.linear_value_head_dim),
+            batch=p.batch * np.where(p.decode, p.new_tokens, 1.0),
+            new_tokens=p.new_tokens,
+            decode=p.decode,
+        )
+        if measured is not None:
+            return measured
+    return _linear_mixer_roofline(s, p)
+
+
+def _linear_mixer_roofline(s: _Setup, p: ops.Pass) -> np.ndarray:
+    """One linear layer's recurrence as a roofline: its FLOPs
     (``AttentionSpec.linear_flops_per_token``) and bytes — each sequence's state read and
-    written once per pass, the new tokens' q, k, v and gates read once — as a roofline op at the
-    attention calibration; the heads split over the tensor-parallel ranks (vLLM shards the
-    DeltaNet heads). The chunked prefill kernels' intra-chunk products (fla
-    ``chunk_gated_delta_rule``) are not counted: a lower bound there."""
+    written once per pass, the new tokens' q, k, v and gates read once — at the attention
+    calibration. The chunked prefill kernels' intra-chunk products (fla
+    ``chunk_gated_delta_rule``) and the convolution are not counted: a lower bound."""
     a = s.model.attention
     shard = s.shard
     act = dtype_bytes(s.workload.activation_dtype)

@@ -7,7 +7,7 @@ tables (Apache-2.0; every curve names its file and its expert shape). Efficiency
 kinds are kept as measured latencies. Each kind is priced by its own module: grouped expert
 GEMMs (``_kernel_curves_moe``), MLA and MHA/GQA attention (``_kernel_curves_attention``), dense
 GEMMs (``_kernel_curves_gemm``), DeepEP dispatch and combine and tensor-parallel all-reduces
-(``_kernel_curves_comm``). This module loads the file, maps devices that share another's kernels
+(``_kernel_curves_comm``), Gated DeltaNet convolution and recurrence (``_kernel_curves_linear``). This module loads the file, maps devices that share another's kernels
 (``DEVICE_ALIASES``), picks the engines' curves (``_engine_curves``) and holds the log-scale
 interpolation the others share.
 

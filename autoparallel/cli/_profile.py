@@ -167,8 +167,8 @@ def _profile(args: argparse.Namespace) -> int:
             args.import_aiconfigurator, output=args.output, version=args.aiconfigurator_version
         )
         console.print(
-            f"wrote {args.output}: {len(curves['grouped_gemm'])} grouped-GEMM, {len(curves['mla_decode'])} MLA decode "
-            f"and {len(curves['mla_prefill'])} MLA prefill curves"
+            f"wrote {args.output}: {len(curves['grouped_gemm'])} grouped-GEMM, {len(curves['mla_decode'])} MLA decode, "
+            f"{len(curves['mla_prefill'])} MLA prefill and {len(curves['linear_attention'])} Gated DeltaNet curves"
         )
         return 0
     from profilers import ProfileGrid, current_device, launch_profile
