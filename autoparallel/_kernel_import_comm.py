@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autoparallel._kernel_import_tables import DEVICES, _latest_tables, _read
+from autoparallel._kernel_import_tables import DEVICES, _latest_tables, _read, measured_by
 from cost_model import ALL_REDUCE_MESSAGE_BYTES, expert_all_to_all_bytes
 from topology import get_preset
 
@@ -63,9 +63,7 @@ def _custom_allreduce_curves(root: Path, device: str, engine: str) -> list[dict]
             continue
         return [
             {
-                "device": hardware.name,
-                "engine": engine,
-                "engine_version": path.parent.name,
+                **measured_by(hardware.name, engine, path),
                 "dtype": "bf16",
                 "kernel_source": kernel,
                 "file": str(path.relative_to(root.parent)),

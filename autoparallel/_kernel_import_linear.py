@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autoparallel._kernel_import_tables import DEVICES, _latest_tables, _read
+from autoparallel._kernel_import_tables import DEVICES, _latest_tables, _read, measured_by
 from topology import get_preset
 
 #: Sequences per call (generation phase) and prompt tokens per sequence (context phase) of the
@@ -138,9 +138,7 @@ def _gdn_curves(root: Path, device: str, engine: str) -> list[dict]:
             continue
         return [
             {
-                "device": hardware.name,
-                "engine": engine,
-                "engine_version": path.parent.name,
+                **measured_by(hardware.name, engine, path),
                 "kind": "gated_deltanet",
                 "head_dims": [128, 128],
                 "file": str(path.relative_to(root.parent)),

@@ -64,3 +64,9 @@ def _latest_tables(root: Path, device: str, op: str, engine: str, name: str) -> 
         key=lambda p: _version_key(p.name),
     )
     return [v / name for v in reversed(versions)]
+
+
+def measured_by(device_name: str, engine: str, path: Path) -> dict[str, str]:
+    """The first fields of a curve: the device, and the engine and version whose table (at
+    ``path``, ``<engine>/<version>/<name>``) measured it."""
+    return {"device": device_name, "engine": engine, "engine_version": path.parent.name}
