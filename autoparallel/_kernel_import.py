@@ -13,7 +13,9 @@ and decode attention (``attention/*/context_attention_perf.parquet``,
 FP8 rows less the dynamic scale step of ``quantize/*/computescale_perf.parquet``) and the
 serving engines' tensor-parallel all-reduce (``comm/*/custom_allreduce_perf.parquet``: latency by
 message size and GPU count, kept as measured) and the Gated DeltaNet kernels of hybrid linear
-attention models (``linear_attention/*/gdn_perf.parquet``, kept as measured). End-to-end tables of whole serving
+attention models (``linear_attention/*/gdn_perf.parquet``, kept as measured) and the DSA
+indexer's decode step (SGLang's ``sparse_attention/*/dsa_generation_module_perf.parquet``: the
+attention module with the indexer less the same module without it). End-to-end tables of whole serving
 runs in the same package (``silicon_sample.csv``) are never opened: they are validation data,
 not fit input (DESIGN.md, "Fidelity").
 
@@ -34,7 +36,8 @@ The readers live per table kind: ``_kernel_import_moe`` (grouped GEMM), ``_kerne
 (MLA attention, absorbed-MLA GEMMs, FlashMLA), ``_kernel_import_gemm`` (dense GEMM),
 ``_kernel_import_attention`` (MHA/GQA context and decode), ``_kernel_import_comm`` (all-reduce,
 DeepEP), ``_kernel_import_linear`` (Gated DeltaNet convolution and recurrence, kept as
-measured) over ``_kernel_import_tables`` (locating and reading the tables); this module assembles
+measured), ``_kernel_import_dsa`` (the DSA indexer's decode step, kept as measured) over
+``_kernel_import_tables`` (locating and reading the tables); this module assembles
 and writes their curves.
 
 Re-run: ``autoparallel profile --import-aiconfigurator PATH`` (PATH: an unpacked wheel or the
@@ -60,6 +63,7 @@ from autoparallel._kernel_import_comm import (
     fit_deepep_low_latency,
     fit_deepep_normal,
 )
+from autoparallel._kernel_import_dsa import DSA_BATCH_GRID, DSA_CONTEXT_GRID, dsa_indexer_curves
 from autoparallel._kernel_import_gemm import _gemm_curves
 from autoparallel._kernel_import_linear import (
     LINEAR_BATCH_GRID,
@@ -144,6 +148,9 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
         "linear_attention_prefill_batch_grid": list(LINEAR_PREFILL_BATCH_GRID),
         "linear_attention_tokens_grid": list(LINEAR_TOKENS_GRID),
         "linear_attention": linear,
+        "dsa_indexer_batch_grid": list(DSA_BATCH_GRID),
+        "dsa_indexer_context_grid": list(DSA_CONTEXT_GRID),
+        "dsa_indexer_decode": dsa_indexer_curves(root),
     }
 
 

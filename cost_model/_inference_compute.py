@@ -55,6 +55,7 @@ from cost_model._kernel_curves_attention import (
     mla_bmm_time_s,
     mla_time_s,
 )
+from cost_model._kernel_curves_dsa import MEASURED_INDEXER, dsa_indexer_decode_s
 from cost_model._kernel_curves_gemm import gemm_efficiency, projections_time_s
 from cost_model._kernel_curves_linear import gated_deltanet_time_s
 from cost_model._kernel_curves_moe import grouped_experts_time_s, grouped_gemm_efficiency
@@ -388,11 +389,15 @@ def _attention_work(s: _Setup, p: ops.Pass) -> _AttentionWork:
 
 def _indexer_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     """DSA's lightning indexer of one layer, (n,) seconds: every new token scores every key
-    before it with the indexer's FP8 keys (``AttentionSpec.indexer_flops_per_key``), reading
-    them all from the cache once per pass; priced as an FP8 roofline op at the attention
-    calibration. The indexer's projections are replicated on each tensor-parallel rank and
-    its keys are cached whole on each (vLLM ``DeepseekV32IndexerCache``, SGLang's NSA indexer
-    buffer: one per rank), so its work is per rank, split only over context parallelism."""
+    before it with the indexer's FP8 keys (``AttentionSpec.indexer_flops_per_key``) and selects
+    its top-k. A decode step takes the measured latency where a curve covers the device
+    (``_kernel_curves_dsa``: projections, scores and top-k selection, of an indexer of 32 heads;
+    more heads add their scores at the roofline); otherwise, and in prefill, the scores and the
+    read of every key once per pass are an FP8 roofline op at the attention calibration (the
+    top-k selection uncounted: a lower bound). The indexer's projections are replicated on each
+    tensor-parallel rank and its keys are cached whole on each (vLLM
+    ``DeepseekV32IndexerCache``, SGLang's NSA indexer buffer: one per rank), so its work is per
+    rank, split only over context parallelism."""
     model = s.model
     a = model.attention
     zero = np.zeros_like(s.column("cp"), dtype=np.float64)
@@ -403,15 +408,30 @@ def _indexer_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     keys = p.cached_tokens + (p.new_tokens + 1.0) / 2.0
     flops = p.batch * p.new_tokens * keys * a.indexer_flops_per_key() / cp
     read = p.batch * ops.indexer_read_bytes(model, p.cached_tokens + p.new_tokens) / cp
-    return zero + s.rows.evaluate(
-        op_time_s,
-        flops=flops,
-        bytes_moved=read,
-        hardware=s.cluster.device,
-        dtype="fp8",
-        calibration=s.calibration,
-        kind="attention",
-    )
+
+    def roofline(flops, read):
+        return s.rows.evaluate(
+            op_time_s,
+            flops=flops,
+            bytes_moved=read,
+            hardware=s.cluster.device,
+            dtype="fp8",
+            calibration=s.calibration,
+            kind="attention",
+        )
+
+    if p.decode:
+        measured = dsa_indexer_decode_s(
+            device_name=s.hardware.name,
+            heads=a.indexer_heads,
+            head_dim=a.indexer_head_dim,
+            batch=p.batch * p.new_tokens,
+            context=(p.cached_tokens + p.new_tokens) / cp,
+        )
+        if measured is not None:
+            extra = max(a.indexer_heads - MEASURED_INDEXER[0], 0) / a.indexer_heads
+            return zero + measured + (roofline(extra * flops, 0.0 * read) if extra else 0.0)
+    return zero + roofline(flops, read)
 
 
 def _mla_decode_time(s: _Setup, p: ops.Pass, work: _AttentionWork) -> np.ndarray | None:

@@ -168,7 +168,8 @@ def _profile(args: argparse.Namespace) -> int:
         )
         console.print(
             f"wrote {args.output}: {len(curves['grouped_gemm'])} grouped-GEMM, {len(curves['mla_decode'])} MLA decode, "
-            f"{len(curves['mla_prefill'])} MLA prefill and {len(curves['linear_attention'])} Gated DeltaNet curves"
+            f"{len(curves['mla_prefill'])} MLA prefill, {len(curves['linear_attention'])} Gated DeltaNet "
+            f"and {len(curves['dsa_indexer_decode'])} DSA indexer curves"
         )
         return 0
     from profilers import ProfileGrid, current_device, launch_profile
