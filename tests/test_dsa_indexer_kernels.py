@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from autoparallel import get_model
+from autoparallel.testing import import_synthetic_table
 from cost_model import Inference, ParallelConfig
 from cost_model._inference_compute import _indexer_time
 from cost_model._inference_ops import Pass
@@ -102,13 +103,10 @@ def test_a_decode_step_pays_the_measured_indexer_and_more_heads_add_their_scores
     assert _indexer_s("glm-5", batch=1, context=1024, decode=False) < 1024 * glm
 
 
-def _write_dsa_table(folder: Path) -> None:
+def _dsa_rows() -> list[dict]:
     """A synthetic SGLang DSA decode table: two GLM-5 checkpoints' rows with the indexer, one's
     without, and a DeepSeek-V3.2 row (no pair: not used); the indexer costs 20 us + 1 ns per
     cached token and sequence, the rest of the module 30 us."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     rows = []
     for batch in (2**i for i in range(11)):
         for step in (4**i for i in range(11)):
@@ -150,16 +148,16 @@ def _write_dsa_table(folder: Path) -> None:
                         "latency": us * 1e-3,
                     }
                 )
-    folder.mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist(rows), folder / "dsa_generation_module_perf.parquet")
+    return rows
 
 
 def test_importer_takes_the_difference_of_paired_rows(tmp_path: Path) -> None:
-    from autoparallel._kernel_import import import_aiconfigurator
-
-    root = tmp_path / "aiconfigurator_core"
-    _write_dsa_table(root / "systems" / "data" / "h200_sxm" / "sparse_attention" / "sglang" / "9.9")
-    curves = import_aiconfigurator(tmp_path, version="test")
+    curves = import_synthetic_table(
+        tmp_path,
+        "h200_sxm/sparse_attention/sglang/9.9",
+        "dsa_generation_module_perf.parquet",
+        _dsa_rows(),
+    )
     (curve,) = curves["dsa_indexer_decode"]
     assert curve["device"] == "NVIDIA H200 SXM" and curve["engine_version"] == "9.9"
     contexts = np.array(curves["dsa_indexer_context_grid"], dtype=float)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from autoparallel import get_model
+from autoparallel.testing import import_synthetic_table
 from cost_model import Inference, ParallelConfig
 from cost_model._inference_compute import _linear_mixer_roofline, _linear_mixer_time
 from cost_model._inference_ops import Pass
@@ -139,12 +140,9 @@ def test_a_hybrid_models_linear_layers_cost_their_measured_kernels() -> None:
     )
 
 
-def _write_gdn_table(folder: Path) -> None:
+def _gdn_rows() -> list[dict]:
     """A synthetic GDN table: one shape timed for two models (the faster kept), a failed cell (a
     latency below its smaller neighbour's) and long prompts measured for one sequence only."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     rows = []
     for model, scale in (("a", 1.0), ("b", 1.5)):
         for batch in (2**i for i in range(11)):
@@ -170,7 +168,7 @@ def _write_gdn_table(folder: Path) -> None:
                     ("chunk_gated_delta_rule", 20.0 + 0.1 * batch * length),
                 ):
                     rows.append(("context", kernel, batch, length, model, us * scale))
-    table = [
+    return [
         {
             "phase": phase,
             "kernel_source": kernel,
@@ -188,16 +186,12 @@ def _write_gdn_table(folder: Path) -> None:
         }
         for phase, kernel, batch, length, model, us in rows
     ]
-    folder.mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist(table), folder / "gdn_perf.parquet")
 
 
 def test_importer_keeps_the_measured_latency_of_a_synthetic_table(tmp_path: Path) -> None:
-    from autoparallel._kernel_import import import_aiconfigurator
-
-    root = tmp_path / "aiconfigurator_core"
-    _write_gdn_table(root / "systems" / "data" / "h200_sxm" / "linear_attention" / "vllm" / "9.9")
-    curves = import_aiconfigurator(tmp_path, version="test")
+    curves = import_synthetic_table(
+        tmp_path, "h200_sxm/linear_attention/vllm/9.9", "gdn_perf.parquet", _gdn_rows()
+    )
     (curve,) = curves["linear_attention"]
     assert curve["device"] == "NVIDIA H200 SXM" and curve["engine"] == "vllm"
     assert curve["file"].endswith("h200_sxm/linear_attention/vllm/9.9/gdn_perf.parquet")

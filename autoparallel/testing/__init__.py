@@ -1,6 +1,7 @@
 """Helpers to run multi-rank torch.distributed code in one test process (fork + gloo on 127.0.0.1)."""
 
 from autoparallel.runtime import RankFailure, free_port, run_ranks
+from autoparallel.testing._kernel_tables import import_synthetic_table
 from autoparallel.testing._parity import (
     GRADIENT_TOLERANCE,
     PARAMETER_TOLERANCE,
@@ -21,6 +22,7 @@ __all__ = [
     "assert_parity",
     "free_port",
     "full_tensor",
+    "import_synthetic_table",
     "parameter_errors",
     "plan_for_config",
     "reference_step",
