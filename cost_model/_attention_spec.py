@@ -62,6 +62,11 @@ class AttentionSpec(BaseModel):
     every FFN block, an attention block beside it in some), not instead.
     ``output_gate``: a sigmoid gate on the attention output, produced by the query projection
     (Qwen3-Next / Qwen3.5 ``attn_output_gate``: ``q_proj`` twice as wide).
+    ``qk_norm``: an RMSNorm of each query head and one of each key head (``head_dim`` weights
+    each) before RoPE, each its own kernel: Qwen3, Qwen3-MoE, Qwen3-Next and Qwen3.5 (transformers
+    ``Qwen3Attention`` / ``Qwen3NextAttention`` ``q_norm`` / ``k_norm``; SGLang
+    ``Qwen3MoeAttention._apply_qk_norm``; Megatron-core ``--qk-layernorm``). Llama 4's weightless
+    L2 norm and MiniMax-M2's norm over all heads (``use_qk_norm``) are other shapes, not read.
 
     ``indexer_heads`` / ``indexer_head_dim``: DeepSeek Sparse Attention's lightning indexer
     (DeepSeek-V3.2-Exp tech report, arXiv:2512.02556, sec. 2.1; ``inference/model.py``
@@ -87,6 +92,7 @@ class AttentionSpec(BaseModel):
     indexer_heads: int = Field(default=0, ge=0)
     indexer_head_dim: int = Field(default=0, ge=0)
     output_gate: bool = False
+    qk_norm: bool = False
     linear_key_heads: int = Field(default=0, ge=0)
     linear_value_heads: int = Field(default=0, ge=0)
     linear_key_head_dim: int = Field(default=0, ge=0)

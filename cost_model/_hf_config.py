@@ -63,8 +63,14 @@ def _qwen2(r: _Reader, name: str) -> ModelSpec:
     return _common(r, name, _attention_gqa(r, sliding=sliding), qkv_bias=True)
 
 
+def _qk_normed(attention: AttentionSpec) -> AttentionSpec:
+    """Qwen3's attention: an RMSNorm of every query and key head before RoPE (transformers
+    ``Qwen3Attention`` ``q_norm`` / ``k_norm``; no config field switches it off)."""
+    return attention.model_copy(update={"qk_norm": True})
+
+
 def _qwen3(r: _Reader, name: str) -> ModelSpec:
-    return _common(r, name, _attention_gqa(r), qkv_bias=r.bool("attention_bias", False))
+    return _common(r, name, _qk_normed(_attention_gqa(r)), qkv_bias=r.bool("attention_bias", False))
 
 
 def _mixtral(r: _Reader, name: str) -> ModelSpec:
@@ -77,9 +83,11 @@ def _mixtral(r: _Reader, name: str) -> ModelSpec:
 
 
 def _qwen_moe(r: _Reader, name: str, *, shared: bool) -> ModelSpec:
+    """Qwen2-MoE (``shared``: a shared expert, q/k/v biases) or Qwen3-MoE (query and key norms)."""
     moe = _qwen_experts(r, r.int("num_hidden_layers"), shared=shared)
     qkv_bias = True if shared else r.bool("attention_bias", False)
-    return _common(r, name, _attention_gqa(r), moe=moe, qkv_bias=qkv_bias)
+    attention = _attention_gqa(r) if shared else _qk_normed(_attention_gqa(r))
+    return _common(r, name, attention, moe=moe, qkv_bias=qkv_bias)
 
 
 def _deepseek(r: _Reader, name: str) -> ModelSpec:

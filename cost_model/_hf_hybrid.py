@@ -85,12 +85,13 @@ def _step3p7(r: _Reader, name: str) -> ModelSpec:
 
 def _qwen3_next(r: _Reader, name: str, *, moe: bool) -> ModelSpec:
     """Qwen3-Next and Qwen3.5 (``Qwen3NextConfig``, ``Qwen3_5TextConfig``,
-    ``Qwen3_5MoeTextConfig``): Gated DeltaNet layers (``linear_num_key_heads`` /
-    ``linear_num_value_heads`` heads of ``linear_key_head_dim`` / ``linear_value_head_dim``, a
-    convolution of ``linear_conv_kernel_dim`` taps) with a full gated-attention layer every
-    ``full_attention_interval`` (or as ``layer_types`` lists them); MoE layers of ``num_experts``
-    (top ``num_experts_per_tok``, ``moe_intermediate_size``) with a gated shared expert of
-    ``shared_expert_intermediate_size``. The multi-token-prediction layer is not modelled."""
+        ``Qwen3_5MoeTextConfig``): Gated DeltaNet layers (``linear_num_key_heads`` /
+        ``linear_num_value_heads`` heads of ``linear_key_head_dim`` / ``linear_value_head_dim``, a
+        convolution of ``linear_conv_kernel_dim`` taps) with a full gated-attention layer every
+        ``full_attention_interval`` (or as ``layer_types`` lists them); MoE layers of ``num_experts``
+        (top ``num_experts_per_tok``, ``moe_intermediate_size``) with a gated shared expert of
+        ``shared_expert_intermediate_size``. The full layers norm their query and key heads
+    (``q_norm`` / ``k_norm``). The multi-token-prediction layer is not modelled."""
     num_layers = r.int("num_hidden_layers")
     if r.data.get("layer_types") is not None:
         kinds = _layer_types(r, num_layers)
@@ -107,8 +108,8 @@ def _qwen3_next(r: _Reader, name: str, *, moe: bool) -> ModelSpec:
             "'linear_attention'"
         )
     full = kinds.count("full_attention")
-    attention = _attention_gqa(r).model_copy(
-        update={"output_gate": r.bool("attn_output_gate", True)}
+    attention = _attention_gqa(r).model_copy(  # query and key norms: Qwen3NextAttention's
+        update={"output_gate": r.bool("attn_output_gate", True), "qk_norm": True}
     )
     if full < num_layers:
         attention = attention.model_copy(

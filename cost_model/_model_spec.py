@@ -79,6 +79,7 @@ _LATER_ATTENTION_FIELDS: dict[str, Any] = {
     "indexer_heads": 0,
     "indexer_head_dim": 0,
     "output_gate": False,
+    "qk_norm": False,
     **LINEAR_FIELD_DEFAULTS,
 }
 
@@ -177,7 +178,7 @@ class ModelSpec(BaseModel):
 
     def full_attention_parameters(self) -> int:
         """Weights of one full-attention block (projections, MLA's inner norms, biases, an
-        output gate's half of the query projection, a DSA indexer)."""
+        output gate's half of the query projection, the query and key norms, a DSA indexer)."""
         a, h = self.attention, self.hidden_size
         if a.kind == "mla":
             q_width = a.num_heads * a.qk_head_dim
@@ -205,7 +206,8 @@ class ModelSpec(BaseModel):
             bias += q_width + 2 * kv_width
         if self.linear_bias:
             bias += h
-        return weights + bias + a.indexer_parameters(h)
+        qk_norms = 2 * self._norm_parameters(a.head_dim) if a.qk_norm else 0
+        return weights + bias + qk_norms + a.indexer_parameters(h)
 
     def ffn_parameters(self, ffn_hidden_size: int) -> int:
         """One FFN (dense MLP or one expert) of the given inner size."""

@@ -285,12 +285,16 @@ def embedding_time(ctx: TrainingContext) -> np.ndarray:
 
 def kernels_per_layer(ctx: TrainingContext | SimpleNamespace) -> tuple[float, float]:
     """Kernels one layer launches in its forward pass (dense, MoE): projections (fused QKV +
-    output; MLA adds its down/up projections and two norms), core attention (one fused kernel,
+    output; MLA adds its down/up projections and two norms; query and key norms add two),
+    core attention (one fused kernel,
     or two batched GEMMs + softmax + dropout unfused), FFN (two GEMMs + activation), two norms
     and two residual/dropout adds; an MoE layer adds router, top-k, permute/unpermute, grouped
     GEMMs and the shared expert. Each pays the calibration's fixed per-kernel cost (launch and
     wave tail), which matters for small layers."""
-    projections = 7.0 if ctx.model.attention.kind == "mla" else 2.0
+    attention = ctx.model.attention
+    projections = 7.0 if attention.kind == "mla" else 2.0
+    if attention.qk_norm:  # a query and a key norm kernel in each full-attention layer
+        projections += 2.0 * (attention.full_layer_fraction if attention.has_linear_mixer else 1.0)
     core = 1.0 if ctx.options.flash_attention else 4.0
     common = projections + core + 4.0
     shared = 3.0 if ctx.model.moe is not None and ctx.model.moe.num_shared_experts else 0.0

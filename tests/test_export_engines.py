@@ -129,6 +129,7 @@ def test_megatron_recipe_is_complete(training_plan) -> None:
     )
     assert found["--bf16"] is True and found["--nnodes"] == "8" and found["--nproc-per-node"] == "8"
     assert found["--tokenizer-model"] == "Qwen/Qwen3-235B-A22B"
+    assert model.attention.qk_norm and found["--qk-layernorm"] is True  # Qwen3's q/k norms
 
 
 def test_uneven_pipeline_goes_to_megatron_layout(training_plan) -> None:

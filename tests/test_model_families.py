@@ -309,7 +309,13 @@ def test_qwen35_interleaves_gated_deltanet_layers_with_gated_full_attention() ->
         + 128  # the gated RMSNorm of a value head
         + 64 * 128 * hidden  # out_proj
     )
-    gated = hidden * 32 * 256 * 2 + 2 * hidden * 2 * 256 + 32 * 256 * hidden  # q+gate, k, v, o
+    gated = (
+        hidden * 32 * 256 * 2
+        + 2 * hidden * 2 * 256
+        + 32 * 256 * hidden  # q+gate, k, v, o
+        + 2 * 256  # the query and key norms of a head (Qwen3NextAttention q_norm, k_norm)
+    )
+    assert a.qk_norm
     assert QWEN35.parameter_breakdown()["attention"] == 45 * deltanet + 15 * gated
 
 
@@ -406,3 +412,39 @@ def test_the_model_class_comes_from_the_config_and_a_bad_one_is_named() -> None:
     assert unnamed.fingerprint() == get_model("gpt-oss-120b").fingerprint()
     with pytest.raises(ValueError, match=r"'architectures' \(\[3\]\) must be a list"):
         ModelSpec.from_hf_config({**config, "architectures": [3]})
+
+
+def test_qwen3_norms_its_query_and_key_heads_and_exports_them_to_megatron() -> None:
+    """Qwen3's attention normalizes every query and key head before RoPE (two kernels and
+    2 x head_dim weights a layer; Megatron-core ``--qk-layernorm``); Qwen2-MoE's does not. The
+    reference runtime builds no such norm and says so."""
+    from autoparallel.runtime import ReferenceMoETransformer
+
+    qwen3 = get_model("qwen3-30b-a3b")
+    plain = qwen3.model_copy(
+        update={"attention": qwen3.attention.model_copy(update={"qk_norm": False})}
+    )
+    assert qwen3.attention.qk_norm and not plain.attention.qk_norm
+    layers = qwen3.num_layers
+    extra = qwen3.parameter_breakdown()["attention"] - plain.parameter_breakdown()["attention"]
+    assert extra == layers * 2 * qwen3.attention.head_dim
+    qwen2 = ModelSpec.from_hf_config(
+        {
+            **catalog_config("qwen3-30b-a3b"),
+            "model_type": "qwen2_moe",
+            "shared_expert_intermediate_size": 768,
+        }
+    )
+    assert not qwen2.attention.qk_norm
+    from types import SimpleNamespace
+
+    from cost_model._options import EstimateOptions
+    from cost_model._training_ops import kernels_per_layer
+
+    counts = [
+        kernels_per_layer(SimpleNamespace(model=m, options=EstimateOptions()))
+        for m in (qwen3, plain)
+    ]
+    assert counts[0][0] - counts[1][0] == 2 and counts[0][1] - counts[1][1] == 2
+    with pytest.raises(ValueError, match=r"attention\.qk_norm \(True\) must be False"):
+        ReferenceMoETransformer(qwen3, device="meta")

@@ -259,6 +259,8 @@ def _megatron_model(
     args += [] if model.linear_bias else ["--disable-bias-linear"]
     args += ["--add-qkv-bias"] if model.qkv_bias and not model.linear_bias else []
     args += [] if model.tie_word_embeddings else ["--untie-embeddings-and-output-weights"]
+    # the query and key norms of Qwen3 (Megatron-LM arguments.py: --qk-layernorm)
+    args += ["--qk-layernorm"] if attention.qk_norm else []
     if attention.kind == "mla":
         args += [
             "--multi-latent-attention",

@@ -144,6 +144,7 @@ def _check_family(spec: ModelSpec) -> None:
         "linear_bias": (spec.linear_bias, False),
         "attention.variant": (spec.attention.variant, "full"),
         "attention.output_gate": (spec.attention.output_gate, False),
+        "attention.qk_norm": (spec.attention.qk_norm, False),
     }
     for field, (value, required) in unsupported.items():
         if value != required:
