@@ -430,7 +430,8 @@ def _indexer_time(s: _Setup, p: ops.Pass) -> np.ndarray:
         )
         if measured is not None:
             extra = max(a.indexer_heads - MEASURED_INDEXER[0], 0) / a.indexer_heads
-            return zero + measured + (roofline(extra * flops, 0.0 * read) if extra else 0.0)
+            scores = roofline(extra * flops, np.zeros_like(read)) if extra else 0.0
+            return zero + measured + scores
     return zero + roofline(flops, read)
 
 
@@ -518,7 +519,7 @@ def _linear_mixer_time(s: _Setup, p: ops.Pass) -> np.ndarray:
             key_heads=a.linear_key_heads / s.shard,
             value_heads=a.linear_value_heads / s.shard,
             head_dims=(a.linear_key_head_dim, a.linear_value_head_dim),
-            batch=p.batch * np.where(p.decode, p.new_tokens, 1.0),
+            batch=p.batch * p.new_tokens if p.decode else p.batch,
             new_tokens=p.new_tokens,
             decode=p.decode,
         )

@@ -285,10 +285,9 @@ def embedding_time(ctx: TrainingContext) -> np.ndarray:
 
 def kernels_per_layer(ctx: TrainingContext | SimpleNamespace) -> tuple[float, float]:
     """Kernels one layer launches in its forward pass (dense, MoE): projections (fused QKV +
-    output; MLA adds its down/up projections and two norms; query and key norms add two),
-    core attention (one fused kernel,
-    or two batched GEMMs + softmax + dropout unfused), FFN (two GEMMs + activation), two norms
-    and two residual/dropout adds; an MoE layer adds router, top-k, permute/unpermute, grouped
+    output; MLA adds its down/up projections and two norms; query and key norms add two), core
+    attention (one fused kernel, or two batched GEMMs + softmax + dropout unfused), FFN (two
+    GEMMs + activation), two norms and two residual/dropout adds; an MoE layer adds router, top-k, permute/unpermute, grouped
     GEMMs and the shared expert. Each pays the calibration's fixed per-kernel cost (launch and
     wave tail), which matters for small layers."""
     attention = ctx.model.attention
