@@ -64,6 +64,11 @@ from autoparallel._kernel_import_comm import (
     fit_deepep_normal,
 )
 from autoparallel._kernel_import_dsa import DSA_BATCH_GRID, DSA_CONTEXT_GRID, dsa_indexer_curves
+from autoparallel._kernel_import_dsa_prefill import (
+    DSA_PREFILL_BATCH,
+    DSA_PREFILL_TOKENS,
+    dsa_prefill_curves,
+)
 from autoparallel._kernel_import_gemm import _gemm_curves
 from autoparallel._kernel_import_linear import (
     LINEAR_BATCH_GRID,
@@ -151,6 +156,9 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
         "dsa_indexer_batch_grid": list(DSA_BATCH_GRID),
         "dsa_indexer_context_grid": list(DSA_CONTEXT_GRID),
         "dsa_indexer_decode": dsa_indexer_curves(root),
+        "dsa_prefill_batch_grid": list(DSA_PREFILL_BATCH),
+        "dsa_prefill_tokens_grid": list(DSA_PREFILL_TOKENS),
+        "dsa_prefill_module": dsa_prefill_curves(root),
     }
 
 

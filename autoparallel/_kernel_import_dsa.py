@@ -16,9 +16,10 @@ batch's longest measured context its latency grows at the marginal cost per cach
 sequence measured between its two longest contexts (``_grid_curve``), and the curve is made
 non-decreasing in sequences and in context.
 
-Only the decode step is imported: the context-phase tables (``dsa_context_module*``) mix dense and
-sparse prefill kernels between the two rows of a pair, and their differences are not monotone in
-the prompt length; the prefill indexer keeps its roofline.
+Only the decode step is imported here: the context-phase tables (``dsa_context_module*``) mix
+dense and sparse prefill kernels between the two rows of a pair, and their differences are not
+monotone in the prompt length. Prefill takes the whole module as the tables time it instead
+(``autoparallel._kernel_import_dsa_prefill``).
 """
 
 from __future__ import annotations

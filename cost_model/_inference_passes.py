@@ -28,6 +28,7 @@ import numpy as np
 from cost_model import _inference_ops as ops
 from cost_model._inference_comm import _comm_times, _fused_norm_kernels
 from cost_model._inference_compute import _attention_gemms, _attention_time, _gemms, _moe_time
+from cost_model._inference_dsa import dsa_module_rows
 from cost_model._inference_kernels import (
     _host_bound,
     _kernels_per_pass,
@@ -67,7 +68,10 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     tp = s.column("tp")
     # a pass replayed from a CUDA graph runs its GEMMs without the engine's host dispatch
     graphed = ~pass_runs_eagerly(s, p)
-    total = lay.layers * _attention_gemms(s, attention_tokens, decode=p.decode, graphed=graphed)
+    attention_gemms = _attention_gemms(s, attention_tokens, decode=p.decode, graphed=graphed)
+    if not p.decode:  # a DSA layer's measured prefill module holds its projections
+        attention_gemms = np.where(dsa_module_rows(s), 0.0, attention_gemms)
+    total = lay.layers * attention_gemms
     dense_tokens = np.where(s.attention_dp, attention_tokens * tp, attention_tokens)
     total = total + lay.dense_layers * _gemms(
         s,
