@@ -157,9 +157,12 @@ def _kernels_per_pass(s: _Setup) -> np.ndarray:
 def eager_kernel_host_s(s: _Setup) -> float:
     """Host seconds to launch one kernel of a pass run without a CUDA graph: the device profile's
     measured eager dispatch time (``autoparallel profile``) where it has one, else the serving
-    engine's default (``ServingProfile.eager_kernel_host_s``, cited in its data)."""
+    engine's default (``ServingProfile.eager_kernel_host_s``, cited in its data; an x86 DGX
+    host's) times the device's ``host_op_time_factor`` (a Grace host takes twice as long)."""
     measured = getattr(s.hardware, "eager_op_host_s", None)
-    return s.profile.eager_kernel_host_s if measured is None else float(measured)
+    if measured is not None:
+        return float(measured)
+    return s.profile.eager_kernel_host_s * float(getattr(s.hardware, "host_op_time_factor", 1.0))
 
 
 def eager_pass_host_s(s: _Setup) -> np.ndarray:

@@ -34,7 +34,8 @@ segment less its experts (the two all-to-alls move the same tokens, as
 The host side of each part is the framework's operator count per layer
 (``FrameworkProfile.host_ops``: counted from the framework's code, with the basis in
 ``data/framework_profiles.json``) times the host seconds per eager operator (the hardware
-profile's measured ``eager_op_host_s`` where there is one, else the profile's sourced default),
+profile's measured ``eager_op_host_s`` where there is one, else the profile's sourced default,
+measured on x86 DGX hosts, times the device's ``host_op_time_factor``: twice on a Grace host),
 plus one cuBLASLt GEMM per local expert and ``GroupedLinear`` call at
 ``FrameworkProfile.expert_gemm_host_s`` (two calls forward, a data- and a weight-gradient GEMM of
 each in backward), plus, in fp8, the quantization launches of each local expert and call
@@ -60,7 +61,14 @@ if TYPE_CHECKING:
     from cost_model._frameworks import FrameworkProfile, HostOpCounts
     from cost_model._training_context import TrainingContext
 
-__all__ = ["HostParts", "LayerGpuParts", "host_parts", "exposed_host_s", "stretch_time_s"]
+__all__ = [
+    "HostParts",
+    "LayerGpuParts",
+    "exposed_host_s",
+    "host_parts",
+    "host_time_scale",
+    "stretch_time_s",
+]
 
 #: GroupedLinear calls of one MoE layer's experts in a forward pass: the gated fc1 (gate and up
 #: projections in one weight) and fc2 (Megatron-core ``TEGroupedMLP``).
@@ -109,12 +117,23 @@ class LayerGpuParts:
     backward: np.ndarray
 
 
+def host_time_scale(ctx: TrainingContext, framework: FrameworkProfile) -> float:
+    """The run's host seconds per operator over the framework's defaults (measured on x86 DGX
+    hosts): the hardware profile's measured ``eager_op_host_s`` over the default where there is
+    one, else the device's ``host_op_time_factor`` (a Grace host: 2)."""
+    assert framework.host_ops is not None
+    measured = getattr(ctx.cluster.device, "eager_op_host_s", None)
+    if measured is not None:
+        return float(measured) / framework.host_ops.eager_op_host_s
+    return float(getattr(ctx.cluster.device, "host_op_time_factor", 1.0))
+
+
 def eager_op_host_s(ctx: TrainingContext, framework: FrameworkProfile) -> float:
     """Host seconds per eagerly issued operator: the hardware profile's measured value where
-    there is one (``topology`` ``eager_op_host_s``), else the framework's sourced default."""
-    measured = getattr(ctx.cluster.device, "eager_op_host_s", None)
+    there is one (``topology`` ``eager_op_host_s``), else the framework's sourced default on the
+    device's host (``host_time_scale``)."""
     assert framework.host_ops is not None
-    return framework.host_ops.eager_op_host_s if measured is None else float(measured)
+    return framework.host_ops.eager_op_host_s * host_time_scale(ctx, framework)
 
 
 def _scoped(ctx: TrainingContext, scope: str, ops: float) -> float:
@@ -155,7 +174,7 @@ def host_parts(ctx: TrainingContext) -> HostParts | None:
         before = dispatch = experts = combine = moe_bwd = zeros
     else:
         local_experts = moe.num_routed_experts / ctx.column("ep")
-        gemm_s = framework.expert_gemm_host_s
+        gemm_s = framework.expert_gemm_host_s * host_time_scale(ctx, framework)
         shared = 1.0 if moe.num_shared_experts else 0.0
         before_ops = (
             _scoped(ctx, "moe_router", counts.router_forward)

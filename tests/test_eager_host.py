@@ -138,3 +138,19 @@ def test_a_measured_eager_dispatch_time_replaces_the_engine_default() -> None:
     unmeasured = SimpleNamespace(hardware=SimpleNamespace(eager_op_host_s=None), profile=profile)
     assert eager_kernel_host_s(measured) == 3e-6
     assert eager_kernel_host_s(unmeasured) == profile.eager_kernel_host_s
+
+
+def test_a_grace_host_takes_twice_the_engine_default_per_launch() -> None:
+    """The engines' default host time per kernel was measured on x86 DGX hosts; GB200 and GB300
+    issue from a Grace CPU, which the engines' own operator tables time at about twice that
+    (``HardwareSpec.host_op_time_factor``). A measured value is the host's own."""
+    profile = serving_profile("sglang")
+    for preset, factor in (("dgx-b200", 1.0), ("gb200-nvl72", 2.0), ("gb300-nvl72", 2.0)):
+        device = get_preset(preset).device
+        assert device.host_op_time_factor == factor
+        setup = SimpleNamespace(hardware=device, profile=profile)
+        assert eager_kernel_host_s(setup) == pytest.approx(factor * profile.eager_kernel_host_s)
+    measured = SimpleNamespace(
+        hardware=SimpleNamespace(eager_op_host_s=3e-6, host_op_time_factor=2.0), profile=profile
+    )
+    assert eager_kernel_host_s(measured) == 3e-6

@@ -74,6 +74,16 @@ def test_every_preset_value_has_a_source_and_blackwell_marks_its_estimates() -> 
     gb200 = value_status(get_preset("gb200-nvl72"))
     assert gb200["device.peak_flops"][0] == "uncertain"  # vendor tables disagree (2.5 vs 2.25 PF)
     assert gb200["device.memory_bytes"][0] == "sourced"
+    # the Grace host's time per eager operator, from the engines' own tables on both hosts
+    for name in ("gb200-nvl72", "gb300-nvl72"):
+        status, source = value_status(get_preset(name))["device.host_op_time_factor"]
+        assert status == "sourced" and "aiconfigurator-core" in source
+        assert get_preset(name).device.host_op_time_factor == 2.0
+    assert get_preset("dgx-b200").device.host_op_time_factor == 1.0
+    with pytest.raises(ValueError, match="host_op_time_factor"):
+        get_preset("dgx-b200").device.model_copy(update={}).model_validate(
+            {**get_preset("dgx-b200").device.model_dump(), "host_op_time_factor": 0.0}
+        )
 
 
 def test_blackwell_hbm_is_the_allocatable_capacity_not_vendor_gigabytes() -> None:

@@ -297,3 +297,23 @@ def test_expert_quantization_recipes_must_be_known_and_sourced() -> None:
     unsourced = counts.model_dump() | {"expert_quantization_basis": ""}
     with pytest.raises(ValueError, match="expert_quantization_basis"):
         type(counts).model_validate(unsourced)
+
+
+def test_a_grace_host_issues_every_operator_twice_as_slowly() -> None:
+    """On GB200 (Grace host, ``host_op_time_factor`` 2) every host part of a layer, the expert
+    GEMM calls among them, takes twice the x86 DGX host's."""
+    model, workload = _moe(), _workload()
+    parts = {}
+    for preset in ("dgx-b200", "gb200-nvl72"):
+        ctx = training_context(
+            model=model,
+            cluster=get_preset(preset, num_nodes=1),
+            workload=workload,
+            table=configs_to_table([ParallelConfig(dp=8, ep=8, micro_batch_size=1)]),
+            options=EstimateOptions(),
+        )
+        parts[preset] = host_parts(ctx)
+    x86, grace = parts["dgx-b200"], parts["gb200-nvl72"]
+    assert x86 is not None and grace is not None
+    for field in ("attention_forward", "moe_experts_forward", "moe_backward", "lm_head_backward"):
+        assert getattr(grace, field)[0] == pytest.approx(2.0 * getattr(x86, field)[0])

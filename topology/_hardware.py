@@ -32,6 +32,13 @@ class HardwareSpec(BaseModel):
         description="device-host link, one direction (PCIe, NVLink-C2C): the bandwidth of CPU "
         "activation offloading's copies; None: unknown",
     )
+    host_op_time_factor: float = Field(
+        default=1.0,
+        gt=0,
+        description="host seconds to issue one eager operator relative to the x86 hosts of DGX "
+        "systems (1.0), on which the frameworks' and serving engines' default host times per "
+        "operator were measured: a Grace host takes about twice as long",
+    )
     sources: dict[str, str] = Field(default_factory=dict)
     uncertain: tuple[str, ...] = ()
     device_type: str | None = Field(
