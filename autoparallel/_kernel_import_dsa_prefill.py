@@ -32,22 +32,14 @@ from pathlib import Path
 
 import numpy as np
 
-from autoparallel._kernel_import_tables import _latest_tables, _read, measured_by
+from autoparallel._kernel_import_dsa import DSA_DEVICES
+from autoparallel._kernel_import_tables import ENGINES, _latest_tables, _read, measured_by
 from topology import get_preset
 
 #: Query heads per rank, prompts per batch and tokens per prompt of the stored grids.
 DSA_PREFILL_HEADS = (8, 16, 32, 64, 128)
 DSA_PREFILL_BATCH = (1, 4, 16, 64)
 DSA_PREFILL_TOKENS = (1, 256, 1024, 2048, 4096, 8192, 16384, 32768)
-#: Device folders whose tables are read -> preset.
-DSA_PREFILL_DEVICES = {
-    "h100_sxm": "dgx-h100",
-    "h200_sxm": "dgx-h200",
-    "b200_sxm": "dgx-b200",
-    "gb200": "gb200-nvl72",
-    "gb300": "gb300-nvl72",
-}
-DSA_PREFILL_ENGINES = ("trtllm", "vllm", "sglang")
 _TABLE = "dsa_context_module_perf.parquet"
 
 
@@ -111,12 +103,13 @@ def _heads_grid(cells: dict[tuple[int, int], float]) -> list[list[float]] | None
 
 
 def dsa_prefill_curves(root: Path) -> list[dict]:
-    """One prefill-module curve per device, engine and architecture, from the newest table that
-    measures the architecture (module docstring), over the head counts it measures."""
+    """One prefill-module curve per device of ``DSA_DEVICES``, engine and architecture, from the
+    newest table that measures the architecture (module docstring), over the head counts it
+    measures."""
     curves = []
-    for device, preset in DSA_PREFILL_DEVICES.items():
+    for device, preset in DSA_DEVICES.items():
         hardware = get_preset(preset).device
-        for engine in DSA_PREFILL_ENGINES:
+        for engine in ENGINES:
             covered: set[str] = set()
             for path in _latest_tables(root, device, "sparse_attention", engine, _TABLE):
                 for arch, cells in sorted(_cells(_read(path)).items()):
