@@ -64,11 +64,6 @@ from autoparallel._kernel_import_comm import (
     fit_deepep_normal,
 )
 from autoparallel._kernel_import_dsa import DSA_BATCH_GRID, DSA_CONTEXT_GRID, dsa_indexer_curves
-from autoparallel._kernel_import_dsa_prefill import (
-    DSA_PREFILL_BATCH,
-    DSA_PREFILL_TOKENS,
-    dsa_prefill_curves,
-)
 from autoparallel._kernel_import_gemm import _gemm_curves
 from autoparallel._kernel_import_linear import (
     LINEAR_BATCH_GRID,
@@ -84,6 +79,12 @@ from autoparallel._kernel_import_mla import (
     flashmla_decode_curves,
 )
 from autoparallel._kernel_import_moe import _grouped_gemm_curves
+from autoparallel._kernel_import_prefill_module import (
+    PREFILL_MODULE_BATCH,
+    PREFILL_MODULE_TABLES,
+    PREFILL_MODULE_TOKENS,
+    prefill_module_curves,
+)
 from autoparallel._kernel_import_tables import DEVICES, ENGINES, PACKAGE
 from cost_model import ALL_REDUCE_MESSAGE_BYTES, GEMM_M_GRID, GEMM_NK_GRID, TOKENS_PER_EXPERT_GRID
 
@@ -156,9 +157,9 @@ def import_aiconfigurator(path: str | Path, *, version: str) -> dict:
         "dsa_indexer_batch_grid": list(DSA_BATCH_GRID),
         "dsa_indexer_context_grid": list(DSA_CONTEXT_GRID),
         "dsa_indexer_decode": dsa_indexer_curves(root),
-        "dsa_prefill_batch_grid": list(DSA_PREFILL_BATCH),
-        "dsa_prefill_tokens_grid": list(DSA_PREFILL_TOKENS),
-        "dsa_prefill_module": dsa_prefill_curves(root),
+        "prefill_module_batch_grid": list(PREFILL_MODULE_BATCH),
+        "prefill_module_tokens_grid": list(PREFILL_MODULE_TOKENS),
+        **{kind: prefill_module_curves(root, kind) for kind in PREFILL_MODULE_TABLES},
     }
 
 

@@ -19,7 +19,7 @@ non-decreasing in sequences and in context.
 Only the decode step is imported here: the context-phase tables (``dsa_context_module*``) mix
 dense and sparse prefill kernels between the two rows of a pair, and their differences are not
 monotone in the prompt length. Prefill takes the whole module as the tables time it instead
-(``autoparallel._kernel_import_dsa_prefill``).
+(``autoparallel._kernel_import_prefill_module``).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from cost_model._kernel_curves import matmul_dtype_of, matmul_dtype_on
 from cost_model._kernel_curves_attention import MLA_CURVE_HEADS, mla_decode_ideal_s
 from cost_model._kernel_curves_comm import ALL_REDUCE_MESSAGE_BYTES, expert_all_to_all_bytes
 from cost_model._kernel_curves_gemm import GEMM_M_GRID, GEMM_NK_GRID, gemm_ideal_s
+from cost_model._kernel_curves_module import module_shape
 from cost_model._kernel_curves_moe import (
     GROUPED_GEMM_SHAPE,
     TOKENS_PER_EXPERT_GRID,
@@ -172,6 +173,7 @@ __all__ = [
     "minimum_redundant_experts",
     "gemm_ideal_s",
     "mla_decode_ideal_s",
+    "module_shape",
     "op_time_s",
     "routed_bytes_per_assignment",
     "run_case",

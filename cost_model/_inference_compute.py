@@ -39,7 +39,7 @@ from functools import partial
 import numpy as np
 
 from cost_model import _inference_ops as ops
-from cost_model._inference_dsa import dsa_module_rows, dsa_prefill_module_time
+from cost_model._inference_module import module_rows, prefill_module_time
 from cost_model._inference_setup import (
     _attention_dtype,
     _cast_bytes,
@@ -394,7 +394,7 @@ def _indexer_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     its top-k. A decode step takes the measured latency where a curve covers the device
     (``_kernel_curves_dsa``: projections, scores and top-k selection, of an indexer of 32 heads;
     more heads add their scores at the roofline); otherwise, and in a prefill no measured module
-    covers (``_inference_dsa``), the scores and the read of every key once per pass are an FP8
+    covers (``_inference_module``), the scores and the read of every key once per pass are an FP8
     roofline op at the attention calibration (the top-k selection uncounted: a lower bound). The
     indexer's projections are replicated on each
     tensor-parallel rank and its keys are cached whole on each (vLLM
@@ -495,9 +495,9 @@ def _context_time(s: _Setup, p: ops.Pass, work: _AttentionWork) -> np.ndarray | 
 
 def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     """Core attention of one layer and its DSA indexer where it has one, (n,) seconds
-    (``_core_attention_time``, ``_indexer_time``); a DSA layer's prefill where the engine's
-    tables time its whole attention module, that module, projections included
-    (``_inference_dsa``); where linear layers of their own shape
+    (``_core_attention_time``, ``_indexer_time``); a DSA or MLA layer's prefill where the
+    engine's tables time its whole attention module, that module, projections included
+    (``_inference_module``); where linear layers of their own shape
     alternate with full ones, the mean layer: the full layers' attention and the linear
     layers' recurrence (``_linear_mixer_time``) in their shares."""
     a = s.model.attention
@@ -507,10 +507,10 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
         f = a.full_layer_fraction
         return f * _core_attention_time(full, p) + a.linear_share * _linear_mixer_time(s, p)
     roofline = _core_attention_time(s, p) + _indexer_time(s, p)
-    rows = np.zeros(1, dtype=bool) if p.decode else dsa_module_rows(s)
+    rows = np.zeros(1, dtype=bool) if p.decode else module_rows(s)
     if not rows.any():
         return roofline
-    return np.where(rows, dsa_prefill_module_time(s, p), roofline)
+    return np.where(rows, prefill_module_time(s, p), roofline)
 
 
 def _linear_mixer_time(s: _Setup, p: ops.Pass) -> np.ndarray:

@@ -30,7 +30,7 @@ from cost_model._inference_compute import (
     _fused_prefill_moe,
     _gemm_table_dtype,
 )
-from cost_model._inference_dsa import MODULE_KERNELS, dsa_module_rows
+from cost_model._inference_module import MODULE_KERNELS, module_rows
 from cost_model._inference_setup import _part_dtype, _Setup
 from cost_model._kernel_curves_attention import mla_bmm_time_s, mla_efficiency
 from cost_model._kernel_curves_gemm import gemm_efficiency
@@ -120,10 +120,10 @@ def _count_measured_kernels(s: _Setup, *, decode: bool) -> np.ndarray | float:
     all_reduces = 2.0 * (lay.layers - lay.moe_layers * _sequence_parallel_moe(s))
     all_reduces = all_reduces - lay.moe_layers * _sglang_dp_gathers(s)
     kernels = kernels + all_reduces * (_all_reduce_measured(s) & ~s.attention_dp)
-    if not decode:  # a DSA layer's measured prefill module holds its attention block's kernels
+    if not decode:  # a measured prefill attention module holds its block's kernels
         held = lay.layers * (float(len(ops.attention_projections(model))) * gemm_curves)
         held = held + lay.layers * float(_context_attention_measured(s, decode=False))
-        kernels = kernels + np.where(dsa_module_rows(s), lay.layers * MODULE_KERNELS - held, 0.0)
+        kernels = kernels + np.where(module_rows(s), lay.layers * MODULE_KERNELS - held, 0.0)
     return kernels
 
 

@@ -28,13 +28,13 @@ import numpy as np
 from cost_model import _inference_ops as ops
 from cost_model._inference_comm import _comm_times, _fused_norm_kernels
 from cost_model._inference_compute import _attention_gemms, _attention_time, _gemms, _moe_time
-from cost_model._inference_dsa import dsa_module_rows
 from cost_model._inference_kernels import (
     _host_bound,
     _kernels_per_pass,
     _measured_kernels_per_pass,
     pass_runs_eagerly,
 )
+from cost_model._inference_module import module_rows
 from cost_model._inference_setup import (
     _cast_bytes,
     _memory_pass,
@@ -69,8 +69,8 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     # a pass replayed from a CUDA graph runs its GEMMs without the engine's host dispatch
     graphed = ~pass_runs_eagerly(s, p)
     attention_gemms = _attention_gemms(s, attention_tokens, decode=p.decode, graphed=graphed)
-    if not p.decode:  # a DSA layer's measured prefill module holds its projections
-        attention_gemms = np.where(dsa_module_rows(s), 0.0, attention_gemms)
+    if not p.decode:  # a measured prefill attention module holds its projections
+        attention_gemms = np.where(module_rows(s), 0.0, attention_gemms)
     total = lay.layers * attention_gemms
     dense_tokens = np.where(s.attention_dp, attention_tokens * tp, attention_tokens)
     total = total + lay.dense_layers * _gemms(

@@ -4,8 +4,9 @@ decode attention at their measured efficiency (imported operator tables, ``_kern
 MLA decode attention has an efficiency by context length, batch and heads per rank
 (``mla_decode_ideal_s``: absorbed-form FLOPs and latent-cache bytes); a tensor-parallel rank
 runs its share of the heads over all its sequences, reading every sequence's whole latent, and
-is priced on the rows measured at that head count. The MLA prefill curves (``mla_prefill``) are
-imported but not used: priced with the serving engine's own kernel, SGLang's (0.18 of BF16 peak
+is priced on the rows measured at that head count. DeepSeek-V3's MLA layers take, in prefill,
+the whole attention module TensorRT-LLM's and vLLM's tables time (``_inference_module``). The
+MLA prefill curves of the attention kernel alone (``mla_prefill``) are imported but not used: priced with the serving engine's own kernel, SGLang's (0.18 of BF16 peak
 against TRT-LLM's 0.55), LMSYS's SGLang prefill rows improve (+22% -> +0.4% at 4K) but the
 Day-6 and profile prefill units, DeepSeek's own engine validated with SGLang's profile, fall to
 -32% / -20%; with the best kernel instead Day-6 prefill is +30%.

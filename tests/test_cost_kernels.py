@@ -142,8 +142,8 @@ def test_committed_curves_are_small() -> None:
     # experts, whole and over 8 ranks (~75 kB); gpt-oss's MXFP4 experts (~20 kB); the Gated
     # DeltaNet kernels (5 devices x 3 engines x 4-18 per-rank shapes x 11 + 6 x 16 latencies,
     # ~200 kB); the DSA indexer's decode step (5 devices x 11 x 11 latencies, ~7 kB); the DSA
-    # attention module in prefill (5 devices x 3 engines x 2 architectures x 4-5 head counts x
-    # 4 x 8 latencies, ~45 kB)
+    # and MLA attention modules in prefill (5 devices x 2-3 engines x 1-2 architectures x 4-5
+    # head counts x 4 x 8 latencies, ~60 kB)
     assert (DATA / "kernel_curves.json").stat().st_size < 1_100_000
     json.loads((DATA / "kernel_curves.json").read_text())
 

@@ -168,8 +168,10 @@ def _profile(args: argparse.Namespace) -> int:
         )
         console.print(
             f"wrote {args.output}: {len(curves['grouped_gemm'])} grouped-GEMM, {len(curves['mla_decode'])} MLA decode, "
-            f"{len(curves['mla_prefill'])} MLA prefill, {len(curves['linear_attention'])} Gated DeltaNet "
-            f"and {len(curves['dsa_indexer_decode'])} DSA indexer curves"
+            f"{len(curves['mla_prefill'])} MLA prefill, {len(curves['linear_attention'])} Gated DeltaNet, "
+            f"{len(curves['dsa_indexer_decode'])} DSA indexer and "
+            f"{len(curves['dsa_prefill_module']) + len(curves['mla_prefill_module'])} prefill "
+            "attention-module curves"
         )
         return 0
     from profilers import ProfileGrid, current_device, launch_profile
