@@ -396,10 +396,9 @@ def _indexer_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     more heads add their scores at the roofline); otherwise, and in a prefill no measured module
     covers (``_inference_module``), the scores and the read of every key once per pass are an FP8
     roofline op at the attention calibration (the top-k selection uncounted: a lower bound). The
-    indexer's projections are replicated on each
-    tensor-parallel rank and its keys are cached whole on each (vLLM
-    ``DeepseekV32IndexerCache``, SGLang's NSA indexer buffer: one per rank), so its work is per
-    rank, split only over context parallelism."""
+    indexer's projections are replicated on each tensor-parallel rank and its keys are cached
+    whole on each (vLLM ``DeepseekV32IndexerCache``, SGLang's NSA indexer buffer: one per rank),
+    so its work is per rank, split only over context parallelism."""
     model = s.model
     a = model.attention
     zero = np.zeros_like(s.column("cp"), dtype=np.float64)
@@ -497,9 +496,9 @@ def _attention_time(s: _Setup, p: ops.Pass) -> np.ndarray:
     """Core attention of one layer and its DSA indexer where it has one, (n,) seconds
     (``_core_attention_time``, ``_indexer_time``); a DSA or MLA layer's prefill where the
     engine's tables time its whole attention module, that module, projections included
-    (``_inference_module``); where linear layers of their own shape
-    alternate with full ones, the mean layer: the full layers' attention and the linear
-    layers' recurrence (``_linear_mixer_time``) in their shares."""
+    (``_inference_module``); where linear layers of their own shape alternate with full ones,
+    the mean layer: the full layers' attention and the linear layers' recurrence
+    (``_linear_mixer_time``) in their shares."""
     a = s.model.attention
     if a.has_linear_mixer:
         full_only = s.model.model_copy(update={"attention": a.full_layers_only()})

@@ -25,7 +25,7 @@ import numpy as np
 
 from cost_model import _inference_ops as ops
 from cost_model._inference_setup import _Setup
-from cost_model._kernel_curves_module import module_shape, prefill_module_s
+from cost_model._kernel_curves_module import has_prefill_module, module_shape, prefill_module_s
 
 __all__ = ["MODULE_KERNELS", "module_rows", "prefill_module_time"]
 
@@ -63,14 +63,17 @@ def _module_s(s: _Setup, p: ops.Pass) -> np.ndarray | None:
 
 def module_rows(s: _Setup) -> np.ndarray:
     """Rows whose prefill prices each attention block as its measured module, (n,) bool: a DSA
-    or MLA model whose engine's curve covers its device and architecture."""
+    or MLA model whose engine's curve covers its device, architecture and shape."""
     if "_module_rows" not in s.__dict__:
-        one = np.ones_like(s.column("cp"))
-        probe = ops.Pass(
-            batch=one, new_tokens=one, cached_tokens=0 * one, head_tokens=one, decode=False
+        kind = _kind(s)
+        covered = kind is not None and has_prefill_module(
+            kind=kind,
+            device_name=s.hardware.name,
+            engine=s.profile.engine,
+            architecture=s.model.architecture,
+            shape=module_shape(s.model),
         )
-        covered = _module_s(s, probe) is not None
-        s.__dict__["_module_rows"] = np.full(one.shape, covered)
+        s.__dict__["_module_rows"] = np.full(s.column("cp").shape, covered)
     return s.__dict__["_module_rows"]
 
 

@@ -20,9 +20,14 @@ from functools import lru_cache
 
 import numpy as np
 
-from cost_model._kernel_curves import DEVICE_ALIASES, kernel_curves
+from cost_model._kernel_curves import (
+    DEVICE_ALIASES,
+    _grid_position,
+    _log_bracket,
+    kernel_curves,
+)
 
-__all__ = ["MODULE_KINDS", "module_shape", "prefill_module_s"]
+__all__ = ["MODULE_KINDS", "has_prefill_module", "module_shape", "prefill_module_s"]
 
 #: Curve kinds: DeepSeek Sparse Attention layers and (dense) MLA layers.
 MODULE_KINDS = ("dsa_prefill_module", "mla_prefill_module")
@@ -85,24 +90,14 @@ def _table(
     return None
 
 
-def _log_position(values: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Lower index and upper weight of ``values`` on ``grid`` (log scale, clamped to the grid)."""
-    if grid.size == 1:
-        return np.zeros(values.shape, dtype=int), np.zeros(values.shape)
-    log_grid = np.log(grid)
-    x = np.clip(np.log(values), log_grid[0], log_grid[-1])
-    index = np.clip(np.searchsorted(log_grid, x) - 1, 0, grid.size - 2)
-    return index, (x - log_grid[index]) / (log_grid[index + 1] - log_grid[index])
-
-
 def _module_log_s(table: tuple[np.ndarray, np.ndarray], heads, batch, tokens) -> np.ndarray:
     """Log seconds of one curve at (heads, batch, tokens) (module docstring)."""
     head_grid, values = table
     batch_grid, token_grid = _grids()
     batch = np.maximum(batch, 1e-12)
-    hi, hw = _log_position(heads, head_grid)
-    bi, bw = _log_position(np.maximum(batch, 1.0), batch_grid)
-    ti, tw = _log_position(np.maximum(tokens, 1.0), token_grid)
+    h0, h1, hw = _log_bracket(heads, head_grid)
+    bi, bw = _grid_position(np.maximum(batch, 1.0), batch_grid)
+    ti, tw = _grid_position(np.maximum(tokens, 1.0), token_grid)
 
     def at(h, b):  # log seconds at one head and batch index, interpolated over tokens
         low, high = values[h, b, ti], values[h, b, ti + 1]
@@ -115,9 +110,17 @@ def _module_log_s(table: tuple[np.ndarray, np.ndarray], heads, batch, tokens) ->
     def over_batch(h):
         return (1.0 - bw) * at(h, bi) + bw * at(h, bi + 1)
 
-    log_s = (1.0 - hw) * over_batch(hi) + hw * over_batch(np.minimum(hi + 1, head_grid.size - 1))
+    log_s = (1.0 - hw) * over_batch(h0) + hw * over_batch(h1)
     beyond = np.log(np.maximum(batch, 1.0) / batch_grid[-1])
     return log_s + np.maximum(beyond, 0.0) + np.minimum(np.log(batch), 0.0)
+
+
+def has_prefill_module(
+    *, kind: str, device_name: str, engine: str | None, architecture: str | None, shape: dict
+) -> bool:
+    """Whether the serving engine's ``kind`` curve covers the device, architecture and shape."""
+    key = tuple(sorted(shape.items()))
+    return _table(kind, device_name, engine, architecture, key) is not None
 
 
 def prefill_module_s(
