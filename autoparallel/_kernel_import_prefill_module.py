@@ -14,7 +14,14 @@ the attention tensor parallelism), by sequences (``batch_size``) and prompt leng
 * ``mla_prefill_module``: a DeepSeek-V3 MLA layer, ``mla/<engine>/<version>/
   mla_context_module_perf`` (TensorRT-LLM, vLLM; ``DeepseekV3ForCausalLM``; SGLang's tables
   time the attention kernel alone, ``context_mla_perf``): its projections and the explicit-form
-  attention (vLLM's rows of a BF16 MLA computation, ``mla_dtype``).
+  attention (vLLM's rows of a BF16 MLA computation, ``mla_dtype``). vLLM 0.24.0's B200 table was
+  re-collected with the engine's fused norms and anchored at -9% against an in-engine per-layer
+  trace (its ``collection_meta.yaml``).
+
+vLLM 0.24.0's DSA tables (provenance ``legacy``: the module run eagerly outside the engine) hold a
+launch-bound floor of about 1.5 ms a layer at short prompts on x86 hosts (3 ms on Grace) that
+TensorRT-LLM's (0.08 ms) and SGLang's (0.8 ms) do not show: their short-prompt values are an upper
+bound of the engine's compiled execution; from 4K tokens on the three engines agree.
 
 Kept: the rows with block-scaled FP8 projections (``fp8_block``, the released checkpoints'
 weights) and a BF16 KV cache, the median over the checkpoints of one architecture and over the
