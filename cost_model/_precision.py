@@ -88,6 +88,7 @@ __all__ = [
     "fp8_operator_source",
     "quantization_bytes",
     "quantization_time_s",
+    "rowwise_post_scale_bytes",
     "training_op_time_s",
 ]
 
@@ -114,6 +115,20 @@ FP8_CACHED_INPUT_RECIPES: frozenset[str] = frozenset({"delayed", "current", "blo
 #: (torchao/testing/training/roofline_utils.py ``get_tensor_memory_traffic_ovhd_s``,
 #: ``mxfp8_cublas``: "assume that we can't profitably fuse kernel 1 and kernel 2").
 TORCHAO_QUANTIZATION_BYTES: dict[str, tuple[float, float]] = {"mxfp8": (6.0625, 6.0625)}
+#: torchao ``rowwise``: its backward GEMMs (output gradient x weight, and the weight gradient)
+#: run without fast accumulation, which torchao routes to the tensorwise cuBLAS kernel with unit
+#: scales, multiplying the bf16 output by the row and column scales afterwards in a separate
+#: element-wise op (pytorch/ao torchao/float8/float8_ops.py ``addmm_float8_unwrapped``: "The
+#: rowwise CUTLASS-based kernel is so slow without fast-accum that we'd rather use the
+#: tensorwise cuBLAS-based kernel and do the scaling manually afterwards (hoping Inductor will
+#: be able to fuse it)", pull request #1325, 2024-11; ``Float8LinearConfig``: only
+#: ``gemm_config_output`` takes fast accumulation). The multiply reads and writes the bf16
+#: output: 4 bytes per element. The weight gradient's ends the compiled backward graph (its
+#: consumer, the gradient reduction, runs outside it), so it is a pass of its own; the input
+#: gradient's fuses into the next backward op under torch.compile (``fused_elementwise``) and
+#: is a pass of its own in eager mode (``rowwise_post_scale_bytes``). torchao's MoE experts run
+#: a scaled grouped GEMM with the scales in the kernel: only the dense linears pay it.
+ROWWISE_POST_SCALE_BYTES = 4.0
 #: The measured GEMM curve each recipe runs on.
 RECIPE_CURVE: dict[str, str] = {
     "delayed": "tensorwise",
@@ -392,6 +407,35 @@ def caches_fp8_input(ctx) -> bool:
     )
 
 
+def rowwise_post_scale_bytes(ctx, *, moe: bool) -> np.ndarray:
+    """Bytes one layer's backward moves per micro-batch to scale torchao ``rowwise`` GEMM
+    outputs after the kernel (``ROWWISE_POST_SCALE_BYTES``): the dense linears' weight
+    gradients, and their input gradients when nothing fuses them (``fused_elementwise`` off);
+    0 for every other recipe and library."""
+    if not (ctx.workload.precision == "fp8" and ctx.workload.fp8_recipe == "rowwise"):
+        return np.zeros_like(ctx.tokens)
+    if not _uses_torchao(ctx):
+        return np.zeros_like(ctx.tokens)
+    model, tp = ctx.model, ctx.column("tp")
+    attention_in, _ = _attention_widths(model, tp)
+    inputs = ctx.tokens * attention_in
+    weights = model.attention_parameters() / tp
+    if not moe or model.moe is None:
+        ffn_in, _ = _ffn_widths(model, model.ffn_hidden_size / tp)
+        inputs = inputs + ctx.tokens * ffn_in
+        weights = weights + model.ffn_parameters(model.ffn_hidden_size) / tp
+    elif model.moe.num_shared_experts:
+        shared = model.moe.num_shared_experts * model.moe.shared_ffn_size
+        shared_in, _ = _ffn_widths(model, shared / tp)
+        inputs = inputs + ctx.tokens * shared_in
+        weights = (
+            weights
+            + model.moe.num_shared_experts * model.ffn_parameters(model.moe.shared_ffn_size) / tp
+        )
+    unfused = 0.0 if ctx.fused_elementwise else 1.0
+    return ROWWISE_POST_SCALE_BYTES * (weights + unfused * inputs)
+
+
 def quantization_time_s(ctx, *, moe: bool) -> np.ndarray:
     """Seconds of the fp8 quantization kernels of one layer and micro-batch, forward + backward
     (casts, amax reductions, transposed copies of every fp8 GEMM's input activation and output
@@ -403,7 +447,8 @@ def quantization_time_s(ctx, *, moe: bool) -> np.ndarray:
     needs is then a pass of its own over the gathered tensor, reading and writing 1 byte
     (torchao ``float8_ops.preprocess_addmm``: ``b_data.t().contiguous().t()``), where the
     unsharded cast writes both layouts in one kernel (torchao ``roofline_utils``,
-    ``get_tensor_memory_traffic_ovhd_s``, tensorwise)."""
+    ``get_tensor_memory_traffic_ovhd_s``, tensorwise). torchao's ``rowwise`` recipe adds the
+    scaling of its backward GEMMs' outputs (``rowwise_post_scale_bytes``)."""
     if ctx.workload.precision != "fp8":
         return np.zeros_like(ctx.tokens)
     elements, weights = _layer_quantized_elements(ctx, moe=moe)
@@ -414,6 +459,7 @@ def quantization_time_s(ctx, *, moe: bool) -> np.ndarray:
         "tp"
     ) + 2.0 * TRANSPOSED_COPY_BYTES
     moved = per_element * (elements - gathered) + gathered_bytes * gathered + per_weight * weights
+    moved = moved + rowwise_post_scale_bytes(ctx, moe=moe)
     return (
         op_time_s(
             flops=0.0,

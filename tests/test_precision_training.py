@@ -18,6 +18,7 @@ from cost_model._precision import (
     fp8_gemm_speedup,
     quantization_bytes,
     quantization_time_s,
+    rowwise_post_scale_bytes,
 )
 from cost_model._precision_validation import (
     FP8_TWIN_TOLERANCE,
@@ -126,6 +127,29 @@ def test_torchao_mxfp8_casts_each_operand_twice_and_keeps_the_bf16_input(model) 
     # Activation memory: the fp8 copy saves a byte per cached input element under TE only.
     assert _fp8_cached_input_saving(te, moe=False)[0] > 0.0
     assert _fp8_cached_input_saving(torchao, moe=False)[0] == 0.0
+
+
+def test_torchao_rowwise_scales_its_backward_gemm_outputs_in_a_pass_of_their_own(model) -> None:
+    """torchao runs rowwise's slow-accumulation backward GEMMs on the tensorwise kernel and
+    multiplies the bf16 outputs by their scales afterwards: the weight gradients always (their
+    consumer is outside the compiled graph), the input gradients too where nothing fuses them."""
+    compiled = _context(model, precision="fp8", recipe="rowwise", framework="torchtitan-compile")
+    eager = _context(model, precision="fp8", recipe="rowwise", framework="torchtitan")
+    weights = model.attention_parameters() + model.ffn_parameters(model.ffn_hidden_size)
+    assert rowwise_post_scale_bytes(compiled, moe=False)[0] == pytest.approx(4.0 * weights)
+    # Eager: the input gradients too, tokens x (attention and FFN input widths).
+    inputs = 8192 * (2 * model.hidden_size + model.hidden_size + model.ffn_hidden_size)
+    assert rowwise_post_scale_bytes(eager, moe=False)[0] == pytest.approx(4.0 * (weights + inputs))
+    # Only torchao's rowwise: Transformer Engine, other recipes and bf16 move nothing.
+    for context in (
+        _context(model, precision="fp8", recipe="rowwise", framework="megatron-core"),
+        _context(model, precision="fp8", recipe="tensorwise", framework="torchtitan-compile"),
+        _context(model, precision="bf16", recipe="rowwise", framework="torchtitan-compile"),
+    ):
+        assert rowwise_post_scale_bytes(context, moe=False)[0] == 0.0
+    # It is priced with the recipe's quantization passes.
+    te_like = _context(model, precision="fp8", recipe="rowwise", framework="megatron-core")
+    assert quantization_time_s(compiled, moe=False)[0] > quantization_time_s(te_like, moe=False)[0]
 
 
 def test_fp8_step_is_faster_than_bf16_but_far_from_twice(model) -> None:
