@@ -332,17 +332,34 @@ def _ffn_widths(model, width) -> tuple[np.ndarray, np.ndarray]:
     return model.hidden_size + width, fc1 * width + model.hidden_size
 
 
-def _layer_quantized_elements(ctx, *, moe: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(activation and gradient elements, weight parameters) one layer quantizes per micro-batch."""
+def _dense_linears(ctx, *, moe: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(input elements, output elements, weight parameters) per micro-batch of one layer's
+    linears other than the routed experts: the attention projections and the dense FFN, or an
+    MoE layer's shared experts."""
     model, tp = ctx.model, ctx.column("tp")
     attention_in, attention_out = _attention_widths(model, tp)
-    elements = ctx.tokens * (attention_in + attention_out)
+    inputs, outputs = ctx.tokens * attention_in, ctx.tokens * attention_out
     weights = model.attention_parameters() / tp
     if not moe or model.moe is None:
-        ffn_in, ffn_out = _ffn_widths(model, model.ffn_hidden_size / tp)
-        return elements + ctx.tokens * (ffn_in + ffn_out), weights + model.ffn_parameters(
-            model.ffn_hidden_size
-        ) / tp
+        width, count, size = model.ffn_hidden_size / tp, 1, model.ffn_hidden_size
+    elif model.moe.num_shared_experts:
+        spec = model.moe
+        count, size = spec.num_shared_experts, spec.shared_ffn_size
+        width = count * size / tp
+    else:
+        return inputs, outputs, weights
+    ffn_in, ffn_out = _ffn_widths(model, width)
+    weights = weights + count * model.ffn_parameters(size) / tp
+    return inputs + ctx.tokens * ffn_in, outputs + ctx.tokens * ffn_out, weights
+
+
+def _layer_quantized_elements(ctx, *, moe: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(activation and gradient elements, weight parameters) one layer quantizes per micro-batch."""
+    inputs, outputs, weights = _dense_linears(ctx, moe=moe)
+    elements = inputs + outputs
+    model = ctx.model
+    if not moe or model.moe is None:
+        return elements, weights
     spec = model.moe
     expert_in, expert_out = _ffn_widths(model, spec.expert_ffn_hidden_size / ctx.column("etp"))
     routed = ctx.moe_tokens * spec.top_k * ctx.options.routing_imbalance
@@ -351,14 +368,6 @@ def _layer_quantized_elements(ctx, *, moe: bool) -> tuple[np.ndarray, np.ndarray
     weights = weights + experts_per_rank * model.ffn_parameters(
         spec.expert_ffn_hidden_size
     ) / ctx.column("etp")
-    if spec.num_shared_experts:
-        shared_in, shared_out = _ffn_widths(
-            model, spec.num_shared_experts * spec.shared_ffn_size / tp
-        )
-        elements = elements + ctx.tokens * (shared_in + shared_out)
-        weights = (
-            weights + spec.num_shared_experts * model.ffn_parameters(spec.shared_ffn_size) / tp
-        )
     return elements, weights
 
 
@@ -412,26 +421,12 @@ def rowwise_post_scale_bytes(ctx, *, moe: bool) -> np.ndarray:
     outputs after the kernel (``ROWWISE_POST_SCALE_BYTES``): the dense linears' weight
     gradients, and their input gradients when nothing fuses them (``fused_elementwise`` off);
     0 for every other recipe and library."""
-    if not (ctx.workload.precision == "fp8" and ctx.workload.fp8_recipe == "rowwise"):
+    workload = ctx.workload
+    if not (
+        workload.precision == "fp8" and workload.fp8_recipe == "rowwise" and _uses_torchao(ctx)
+    ):
         return np.zeros_like(ctx.tokens)
-    if not _uses_torchao(ctx):
-        return np.zeros_like(ctx.tokens)
-    model, tp = ctx.model, ctx.column("tp")
-    attention_in, _ = _attention_widths(model, tp)
-    inputs = ctx.tokens * attention_in
-    weights = model.attention_parameters() / tp
-    if not moe or model.moe is None:
-        ffn_in, _ = _ffn_widths(model, model.ffn_hidden_size / tp)
-        inputs = inputs + ctx.tokens * ffn_in
-        weights = weights + model.ffn_parameters(model.ffn_hidden_size) / tp
-    elif model.moe.num_shared_experts:
-        shared = model.moe.num_shared_experts * model.moe.shared_ffn_size
-        shared_in, _ = _ffn_widths(model, shared / tp)
-        inputs = inputs + ctx.tokens * shared_in
-        weights = (
-            weights
-            + model.moe.num_shared_experts * model.ffn_parameters(model.moe.shared_ffn_size) / tp
-        )
+    inputs, _, weights = _dense_linears(ctx, moe=moe)
     unfused = 0.0 if ctx.fused_elementwise else 1.0
     return ROWWISE_POST_SCALE_BYTES * (weights + unfused * inputs)
 
