@@ -14,7 +14,7 @@ from cost_model._cross_validation import GROUPINGS as VALIDATION_GROUPINGS
 from cost_model._cross_validation import error_summary, grouped_errors, leave_one_source_out
 from cost_model._engine_paths import sglang_uses_deepep
 from cost_model._estimate import breakdown_from_row, estimate, estimate_table
-from cost_model._frameworks import framework_names
+from cost_model._frameworks import framework_names, framework_profile
 from cost_model._inference_load import estimate_inference_table
 from cost_model._inference_ops import attention_flops_per_key, routed_bytes_per_assignment
 from cost_model._inference_validation import (
@@ -163,6 +163,7 @@ __all__ = [
     "grouped_errors",
     "expert_all_to_all_bytes",
     "framework_names",
+    "framework_profile",
     "grouped_gemm_ideal_s",
     "human_bytes",
     "human_count",

@@ -216,7 +216,7 @@ def _fp8_cached_input_saving(
         )
     else:
         spec = model.moe
-        routed = ctx.moe_tokens * spec.top_k * ctx.options.routing_imbalance
+        routed = ctx.moe_tokens * spec.top_k * ctx.options.expert_load_factor
         shared = 0.0 if dropped & {"moe", "shared_experts"} else 1.0
         shared_width = spec.num_shared_experts * spec.shared_ffn_size / tp
         fc1_input = 0.0 if "moe" in dropped else model.hidden_size
@@ -255,7 +255,7 @@ def _moe_activation_bytes(ctx: TrainingContext, *, dropped: frozenset[str]) -> n
     assert moe is not None
     if "moe" in dropped:
         return np.zeros_like(ctx.tokens)
-    routed = ctx.moe_tokens * moe.top_k * ctx.options.routing_imbalance
+    routed = ctx.moe_tokens * moe.top_k * ctx.options.expert_load_factor
     fc1 = 2.0 if ctx.model.ffn_activation == "swiglu" else 1.0
     act = 0.0 if "moe_act" in dropped else 1.0
     experts = (
@@ -462,7 +462,7 @@ def _comm_buffer_bytes(ctx: TrainingContext) -> np.ndarray:
     pp_buffers = pipeline_buffer_bytes(ctx)
     ep_buffers: np.ndarray | float = 0.0
     if ctx.model.moe is not None:
-        routed = ctx.moe_tokens * ctx.model.moe.top_k * ctx.options.routing_imbalance
+        routed = ctx.moe_tokens * ctx.model.moe.top_k * ctx.options.expert_load_factor
         ep_buffers = np.where(
             ctx.column("ep") > 1, 2.0 * routed * ctx.model.hidden_size * ACTIVATION_BYTES, 0.0
         )

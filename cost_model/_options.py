@@ -19,7 +19,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cost_model._calibration_transfer import transferred_calibration
 
@@ -51,6 +51,17 @@ class EstimateOptions(BaseModel):
     multiplied (Megatron-LM 2021-22). ``hidden_dropout`` / ``attention_dropout``: GPT-style
     dropout layers (their masks are stored: Korthikanti et al. 2022 sec. 4.1).
     ``routing_imbalance``: tokens of the busiest expert rank over the mean (>= 1).
+    ``moe_capacity_factor``: training's token dropping: each expert takes at most
+    ``ceil(tokens x top_k / experts x factor)`` tokens, the rest are dropped (Megatron-core
+    ``--moe-expert-capacity-factor``, ``moe_utils.get_capacity``); None: dropless.
+    ``moe_pad_to_capacity``: every expert's input padded to that capacity
+    (``--moe-pad-expert-input-to-capacity``), so each expert computes ``factor`` times the
+    balanced load whatever the routing, the all-to-alls carry the padding, and the token
+    counts are static: the alltoall dispatcher takes them from the capacity instead of copying
+    them to the host and waiting (``token_dispatcher.py`` ``drop_and_pad``: ``cuda_sync_point``
+    stays ``no_sync``), which is what lets a whole iteration be one CUDA graph. Without padding
+    the dropped load is ``min(routing_imbalance, factor)`` of the balanced one and the counts
+    still go to the host.
     ``fragmentation_fraction``: allocator reserve as a fraction of the other memory parts.
     ``fused_gradient_accumulation``: with fp32 main gradients, the weight-gradient GEMM adds
     into them (Megatron-LM ``--gradient-accumulation-fusion``, on by default); off, every
@@ -129,6 +140,8 @@ class EstimateOptions(BaseModel):
     attention_dropout: bool = False
     unfused_cross_entropy: bool = False
     routing_imbalance: float = Field(default=1.0, ge=1.0)
+    moe_capacity_factor: float | None = Field(default=None, gt=0.0)
+    moe_pad_to_capacity: bool = False
     fragmentation_fraction: float = Field(default=0.05, ge=0.0, lt=1.0)
     expert_dispatcher: Literal["all_to_all", "deepep"] = "all_to_all"
     expert_dispatch_fp8: bool = False
@@ -152,6 +165,26 @@ class EstimateOptions(BaseModel):
         "moe_preprocess",
     )
     measured_attention: bool = False
+
+    @model_validator(mode="after")
+    def _padding_needs_a_capacity(self) -> EstimateOptions:
+        if self.moe_pad_to_capacity and self.moe_capacity_factor is None:
+            raise ValueError(
+                "moe_pad_to_capacity (True) needs moe_capacity_factor (None): an expert's input "
+                "is padded to its capacity, which the capacity factor sets (Megatron-core "
+                "asserts the same)"
+            )
+        return self
+
+    @property
+    def expert_load_factor(self) -> float:
+        """Tokens the busiest expert rank computes over the balanced load: the routing
+        imbalance, clipped at the capacity factor where tokens are dropped, exactly the factor
+        where inputs are padded to capacity (``moe_capacity_factor``)."""
+        factor = self.moe_capacity_factor
+        if factor is None:
+            return self.routing_imbalance
+        return factor if self.moe_pad_to_capacity else min(self.routing_imbalance, factor)
 
     def calibration_for(self, hardware) -> Calibration:
         return self.calibration if self.calibration is not None else calibration_for(hardware)

@@ -362,7 +362,7 @@ def _layer_quantized_elements(ctx, *, moe: bool) -> tuple[np.ndarray, np.ndarray
         return elements, weights
     spec = model.moe
     expert_in, expert_out = _ffn_widths(model, spec.expert_ffn_hidden_size / ctx.column("etp"))
-    routed = ctx.moe_tokens * spec.top_k * ctx.options.routing_imbalance
+    routed = ctx.moe_tokens * spec.top_k * ctx.options.expert_load_factor
     elements = elements + routed * (expert_in + expert_out)
     experts_per_rank = spec.num_routed_experts / ctx.column("ep")
     weights = weights + experts_per_rank * model.ffn_parameters(

@@ -214,7 +214,7 @@ def _ep(ctx) -> tuple[np.ndarray, np.ndarray]:
     if moe is None:
         zero = np.zeros_like(ctx.tokens)
         return zero, zero
-    tokens = ctx.moe_tokens * ctx.options.routing_imbalance
+    tokens = ctx.moe_tokens * ctx.options.expert_load_factor
     dispatch_bytes = FP8_DISPATCH_BYTES if ctx.options.expert_dispatch_fp8 else ACTIVATION_BYTES
     forward = _exchange(ctx, tokens, dispatch_bytes, direction="dispatch") + _exchange(
         ctx, tokens, ACTIVATION_BYTES, direction="combine"

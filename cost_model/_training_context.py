@@ -169,6 +169,18 @@ class TrainingContext:
         return self.calibration.overlap_fraction(kind)
 
     @property
+    def moe_dispatch_syncs(self) -> bool:
+        """Every MoE layer's forward copies its token counts to the host and waits
+        (``FrameworkProfile.moe_dispatch_host_sync``), unless the experts' inputs are padded to
+        a static capacity (``EstimateOptions.moe_pad_to_capacity``: the counts come from the
+        capacity)."""
+        return (
+            self.framework is not None
+            and self.framework.moe_dispatch_host_sync
+            and not self.options.moe_pad_to_capacity
+        )
+
+    @property
     def fused_elementwise(self) -> bool:
         """Fused norm, activation and rotary kernels (every framework profile says; True
         without one, the Megatron-core default the calibrations were fitted with)."""
@@ -237,6 +249,7 @@ def training_context(
                 "fused_gradient_accumulation": profile.fused_gradient_accumulation,
             }
         )
+    _check_full_iteration_graph(model=model, workload=workload, options=options)
     per_replica = np.asarray(table["dp"], dtype=np.int64) * np.asarray(
         table["micro_batch_size"], dtype=np.int64
     )
@@ -259,3 +272,21 @@ def training_context(
         batch_divides=(batch % per_replica) == 0,
         columns={name: np.asarray(table[name], dtype=np.float64) for name in CONFIG_COLUMNS},
     )
+
+
+def _check_full_iteration_graph(*, model, workload: Training, options: EstimateOptions) -> None:
+    """A whole iteration cannot be one CUDA graph where an MoE layer's dispatch copies its token
+    counts to the host and waits: Megatron-core captures an MoE layer only with drop-padding
+    (``transformer_config.py`` ``__post_init__``: "moe cuda graph is only supported with
+    drop-padding MoE")."""
+    if options.cuda_graphs != "full_iteration" or model.moe is None or workload.framework is None:
+        return
+    if framework_profile(workload.framework).moe_dispatch_host_sync and not (
+        options.moe_pad_to_capacity
+    ):
+        raise ValueError(
+            f"cuda_graphs ('full_iteration') needs a sync-free MoE dispatch: framework "
+            f"{workload.framework!r} copies each MoE layer's token counts to the host and waits "
+            "unless the experts' inputs are padded to a static capacity; set "
+            "moe_capacity_factor and moe_pad_to_capacity, or capture 'partial' scopes"
+        )

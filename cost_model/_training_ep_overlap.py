@@ -166,7 +166,7 @@ def merged_host_wait(
     preprocessing (``_training_host.stretch_time_s``). Zero without host operator counts or
     where the dispatcher does not wait on the host."""
     parts = host_parts(ctx)
-    syncs = ctx.framework is not None and ctx.framework.moe_dispatch_host_sync
+    syncs = ctx.moe_dispatch_syncs
     if parts is None or not syncs:
         return np.zeros_like(pair_time)
     a_f, m_f = attention_forward, experts_forward

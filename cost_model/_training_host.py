@@ -251,7 +251,7 @@ def exposed_host_s(ctx: TrainingContext, *, gpu: LayerGpuParts) -> tuple[np.ndar
     )
     host_before = parts.attention_forward + parts.moe_before_sync_forward
     host_after = parts.moe_after_sync_forward
-    syncs = ctx.framework is not None and ctx.framework.moe_dispatch_host_sync
+    syncs = ctx.moe_dispatch_syncs
     if syncs:
         # Dispatch and combine share the segment's GPU time beside the experts (module doc).
         exchange = (gpu.moe_after_sync - gpu.moe_experts) / 2.0

@@ -56,7 +56,7 @@ def routed_assignments(ctx: TrainingContext) -> np.ndarray:
     group on a 1/etp slice of the expert width)."""
     moe = ctx.model.moe
     assert moe is not None
-    return ctx.moe_tokens * moe.top_k * ctx.options.routing_imbalance * ctx.column("etp")
+    return ctx.moe_tokens * moe.top_k * ctx.options.expert_load_factor * ctx.column("etp")
 
 
 def tokens_per_expert(ctx: TrainingContext) -> np.ndarray:

@@ -157,7 +157,10 @@ def test_cuda_graphs_save_host_issue_time_on_a_host_bound_model(capsys):
     attention_only = _estimate(
         capsys, [*TINY, "--cuda-graphs", "partial", "--cuda-graph-scope", "attn"]
     )["time_s"]["compute"]
-    whole = _estimate(capsys, [*TINY, "--cuda-graphs", "full_iteration"])["time_s"]["compute"]
+    padded = ["--moe-capacity-factor", "1", "--moe-pad-to-capacity"]
+    whole = _estimate(capsys, [*TINY, *padded, "--cuda-graphs", "full_iteration"])["time_s"][
+        "compute"
+    ]
     assert whole < partial < attention_only < eager
 
 
@@ -306,7 +309,8 @@ def test_plan_with_a_framework_prices_cuda_graphs_against_its_host_costs(tmp_pat
     eager = _estimate(capsys, [*job, "--output", str(tmp_path / "eager.json")])["plan"]
     graphs = _estimate(
         capsys,
-        [*job, "--cuda-graphs", "full_iteration", "--output", str(tmp_path / "graphs.json")],
+        [*job, "--cuda-graphs", "full_iteration", "--moe-capacity-factor", "1"]
+        + ["--moe-pad-to-capacity", "--output", str(tmp_path / "graphs.json")],
     )["plan"]
     assert eager["job"]["framework"] == graphs["job"]["framework"] == "megatron-core"
     assert graphs["estimate_options"]["cuda_graphs"] == "full_iteration"

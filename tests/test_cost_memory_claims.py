@@ -4,6 +4,7 @@ every published run of the throughput tables fits where its publication trained 
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 
 import pytest
@@ -59,7 +60,8 @@ def test_megatron_bridge_runs_carry_their_recipe_memory_settings() -> None:
         setup = dict(case.memory_setup)
         assert setup["recompute"] in ("none", "selective", "full"), case.run
         assert setup["gradient_dtype"] == "bf16", case.run
-        assert "Megatron-Bridge v0.3.0" in setup["source"], case.run
+        # the release whose recipes it read, or the commit that published its table
+        assert re.search(r"Megatron-Bridge (v0\.3\.0|at [0-9a-f]{9})", setup["source"]), case.run
         assert setup["recipe"].split(" ")[0] in setup["source"], case.run
 
 

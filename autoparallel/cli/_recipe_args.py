@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, get_args
 
-from autoparallel.cli._args import positive_int
-from cost_model import EstimateOptions
+from autoparallel.cli._args import positive_float, positive_int
+from cost_model import EstimateOptions, framework_profile
 
 
 def _choices(field: str) -> tuple[str, ...]:
@@ -47,6 +47,8 @@ _FIELDS = {
     "max_routed_nodes": "max_routed_nodes",
     "context_parallel_comm": "context_parallel",
     "bidirectional_pipeline": "bidirectional_pipeline",
+    "moe_capacity_factor": "moe_capacity_factor",
+    "moe_pad_to_capacity": "moe_pad_to_capacity",
 }
 
 
@@ -190,6 +192,24 @@ def _add_communication_arguments(group) -> None:  # argparse's private type
         "attention, exposed (--cp-comm-type all_gather; Llama 3) (default ring)",
     )
     group.add_argument(
+        "--moe-capacity-factor",
+        type=positive_float,
+        default=None,
+        metavar="F",
+        help="token dropping: each expert takes at most ceil(tokens x top-k / experts x F) "
+        "tokens, the rest are dropped (Megatron-core --moe-expert-capacity-factor; default "
+        "dropless)",
+    )
+    group.add_argument(
+        "--moe-pad-to-capacity",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --moe-capacity-factor: pad every expert's input to its capacity, so the "
+        "experts compute F times the balanced load, the all-to-alls carry the padding and the "
+        "dispatch needs no host sync, which lets --cuda-graphs full_iteration capture an MoE "
+        "model (Megatron-core --moe-pad-expert-input-to-capacity)",
+    )
+    group.add_argument(
         "--bidirectional-pipeline",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -233,6 +253,7 @@ def recipe_options(args: argparse.Namespace, *, model=None, config=None) -> dict
     _check_precision(given, args)
     if model is not None:
         _check_model(given, model)
+        _check_graphs(given, model, getattr(args, "framework", None))
     if config is not None:
         _check_layout(given, config, model)
     return given
@@ -266,9 +287,30 @@ def _check_model(given: dict[str, Any], model) -> None:
                 f"--recompute-modules ({' '.join(modules)}): {module} needs a model with "
                 f"{what}; {model.name} has none"
             )
+    for field, flag in (
+        ("moe_capacity_factor", "--moe-capacity-factor"),
+        ("moe_pad_to_capacity", "--moe-pad-to-capacity"),
+    ):
+        if given.get(field) and moe is None:
+            raise ValueError(f"{flag} needs a MoE model; {model.name} has no MoE layers")
     if given.get("expert_parallel_comm_overlap") and moe is None:
         raise ValueError(
             f"--expert-parallel-comm-overlap needs a MoE model; {model.name} has no MoE layers"
+        )
+
+
+def _check_graphs(given: dict[str, Any], model, framework: str | None) -> None:
+    """A whole-iteration CUDA graph cannot hold an MoE layer whose dispatch waits on the host
+    (Megatron-core captures MoE layers only with drop-padding; ``cost_model`` refuses the same
+    estimate)."""
+    if given.get("cuda_graphs") != "full_iteration" or model.moe is None or framework is None:
+        return
+    if framework_profile(framework).moe_dispatch_host_sync and not given.get("moe_pad_to_capacity"):
+        raise ValueError(
+            f"--cuda-graphs full_iteration cannot capture {model.name}'s MoE layers under "
+            f"--framework {framework}: its dropless dispatch copies the token counts to the "
+            "host and waits; add --moe-capacity-factor F --moe-pad-to-capacity (static "
+            "shapes) or capture --cuda-graphs partial"
         )
 
 
@@ -289,6 +331,11 @@ def _check_general(given: dict[str, Any]) -> None:
         raise ValueError(
             f"--max-routed-nodes ({given['max_routed_nodes']}) needs --expert-dispatcher deepep "
             "(node-limited routing is priced in DeepEP's node de-duplicated dispatch)"
+        )
+    if given.get("moe_pad_to_capacity") and given.get("moe_capacity_factor") is None:
+        raise ValueError(
+            "--moe-pad-to-capacity needs --moe-capacity-factor (the capacity each expert's "
+            "input is padded to)"
         )
     if given.get("expert_parallel_comm_overlap") and given.get("bidirectional_pipeline"):
         raise ValueError(

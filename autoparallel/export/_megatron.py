@@ -186,6 +186,10 @@ def megatron_recipe(plan: ShardingPlan, dropped: list[str]) -> list[str]:
         args += list(options.cuda_graph_scope)
     elif options.cuda_graphs == "full_iteration":
         args += ["--cuda-graph-impl", "local", "--cuda-graph-scope", "full_iteration"]
+    if options.moe_capacity_factor is not None:
+        args += ["--moe-expert-capacity-factor", f"{options.moe_capacity_factor:g}"]
+        if options.moe_pad_to_capacity:
+            args.append("--moe-pad-expert-input-to-capacity")
     if options.activation_offload_layers:
         args += ["--cpu-offloading-num-layers", str(options.activation_offload_layers)]
     if options.optimizer_instances > 1:
