@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cost_model._error_band import GENERATIONS, parallelism_of
 from cost_model._validation import ValidationRow, run_case
 from cost_model._validation_cases import SOFTWARE, Case, training_cases
 
@@ -21,6 +22,7 @@ __all__ = [
     "ErrorSummary",
     "error_summary",
     "grouped_errors",
+    "held_out_runs",
     "leave_one_source_out",
     "parallelism_label",
 ]
@@ -59,13 +61,8 @@ def leave_one_source_out(
 
 
 def parallelism_label(case: Case) -> str:
-    """The parallel dimensions a run uses (``tp+pp+cp+ep``, ``zero3`` for sharded parameters;
-    ``dp`` alone when it uses none)."""
-    config = case.config
-    parts = [name for name in ("tp", "pp", "cp", "ep") if getattr(config, name) > 1]
-    if config.zero_stage == 3:
-        parts.append("zero3")
-    return "+".join(parts) or "dp"
+    """The parallel dimensions a run uses (``_error_band.parallelism_of``)."""
+    return parallelism_of(case.config)
 
 
 #: How ``grouped_errors`` can group the rows: by publication, framework profile, parallelism.
@@ -91,15 +88,34 @@ def grouped_errors(
     fast), mean and max |error|."""
     if by not in GROUPINGS:
         raise ValueError(f"by ({by!r}) must be one of {sorted(GROUPINGS)}")
-    groups: dict[str, list[float]] = {}
+    groups: dict[str, list[ValidationRow]] = {}
     for row, case in zip(rows, case_of_rows(rows, cases)):
-        groups.setdefault(GROUPINGS[by](case), []).append(row.error)
+        groups.setdefault(GROUPINGS[by](case), []).append(row)
     return {
         name: {
-            "count": len(errors),
-            "mean_error": float(np.mean(errors)),
-            "mean_abs_error": float(np.mean(np.abs(errors))),
-            "max_abs_error": float(np.max(np.abs(errors))),
+            "count": len(members),
+            "mean_error": float(np.mean([row.speed_error for row in members])),
+            "mean_abs_error": float(np.mean(np.abs([row.error for row in members]))),
+            "max_abs_error": float(np.max(np.abs([row.error for row in members]))),
         }
-        for name, errors in groups.items()
+        for name, members in groups.items()
     }
+
+
+def held_out_runs(rows: list[ValidationRow], cases: list[Case]) -> list[dict]:
+    """Each held-out figure with the regime its run belongs to, as ``_error_band`` reads them
+    from ``data/calibration.json``: table, run, metric, source, GPU generation, MoE or dense,
+    parallel dimensions and the speed error (> 0: predicted too fast)."""
+    return [
+        {
+            "table": row.table,
+            "run": row.run,
+            "metric": row.metric,
+            "source": case.source,
+            "generation": GENERATIONS[case.hardware],
+            "moe": case.model.moe is not None,
+            "parallelism": parallelism_label(case),
+            "speed_error": row.speed_error,
+        }
+        for row, case in zip(rows, case_of_rows(rows, cases))
+    ]

@@ -108,6 +108,14 @@ class ValidationRow(BaseModel):
     def error(self) -> float:
         return (self.predicted - self.published) / self.published
 
+    @property
+    def speed_error(self) -> float:
+        """The predicted speed over the published one, less 1 (> 0: predicted too fast): the
+        ``error`` of a throughput or MFU figure, published / predicted - 1 of a time (unit s)."""
+        if self.unit == "s":
+            return self.published / self.predicted - 1.0
+        return self.error
+
 
 def memory_inputs(case: Case) -> tuple[ParallelConfig, Training, dict[str, Any]]:
     """The layout, workload and ``EstimateOptions`` fields of ``case`` with its recipe's

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+from dataclasses import asdict
 
 from autoparallel.cli._args import (
     add_inter_node_argument,
@@ -18,7 +20,13 @@ from autoparallel.cli._recipe_args import add_recipe_arguments, recipe_options
 from autoparallel.cli._render import console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
 from autoparallel.cli._serving_args import add_load_arguments, load_fields, print_simulation
-from cost_model import framework_names, human_bytes, human_seconds, minimum_redundant_experts
+from cost_model import (
+    framework_names,
+    human_bytes,
+    human_seconds,
+    minimum_redundant_experts,
+    training_error_band,
+)
 
 DEFAULT_CLUSTER = "dgx-h200"
 DEFAULT_NODES = 128
@@ -168,8 +176,14 @@ def _estimate(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             num_redundant_experts=redundant,
         )
+    band = training_error_band(model, cluster, config) if args.training else None
     if args.json:
-        print_json(breakdown.model_dump_json())
+        if band is None:
+            print_json(breakdown.model_dump_json())
+        else:
+            document = json.loads(breakdown.model_dump_json())
+            document["error_band"] = _band_document(band, breakdown.step_time_s)
+            print_json(document)
         return 0
     from cost_model import calibration_for
 
@@ -187,6 +201,8 @@ def _estimate(args: argparse.Namespace) -> int:
         words = ", ".join(f"{name}={value}" for name, value in options.items())
         console.print(f"recipe: {words}", highlight=False, markup=False)
     _print_breakdown(breakdown)
+    if band is not None:
+        _print_band(band, breakdown.step_time_s)
     if args.simulate and not args.training:
         from cost_model import ServingConfig, simulate_layout
 
@@ -198,6 +214,26 @@ def _estimate(args: argparse.Namespace) -> int:
             workload,
         )
     return 0
+
+
+def _band_document(band, step_time_s: float) -> dict:
+    low, high = band.step_time_range_s(step_time_s)
+    return {**asdict(band), "step_time_range_s": [low, high]}
+
+
+def _print_band(band, step_time_s: float) -> None:
+    """The estimate's error bar: the held-out published runs of its regime."""
+    low, high = band.step_time_range_s(step_time_s)
+    plural = "s" if band.sources != 1 else ""
+    direction = "too fast" if band.bias >= 0 else "too slow"
+    console.print(
+        f"Error bar: {band.count} published runs like this one ({band.scope}; {band.sources} "
+        f"source{plural}), all held out, were predicted {100 * abs(band.bias):.0f}% {direction} "
+        f"on average (mean |error| {100 * band.mean_abs_error:.0f}%); their published step times "
+        f"were {1 + band.low:.2f}-{1 + band.high:.2f}x the predictions (10th-90th percentile): "
+        f"[bold]{human_seconds(low)} to {human_seconds(high)}[/] for this one",
+        highlight=False,
+    )
 
 
 def _print_breakdown(breakdown) -> None:

@@ -1,0 +1,146 @@
+"""The error bar of a training estimate: how far the model was from published runs like it.
+
+Every published training run is held out of the calibration (``_cross_validation``); its signed
+error is shipped beside the calibration (``data/calibration.json`` ``held_out.per_run``, written
+by ``benchmarks/calibrate_operators.py`` and checked against the current prediction by a test),
+each with the regime it ran in: the GPU generation, whether the model has MoE layers, and the
+parallel dimensions it used (``_cross_validation.parallelism_label``).
+
+``training_error_band`` takes the runs of the estimate's own regime, widening it one key at a time
+until at least ``MIN_RUNS`` runs share it: generation, MoE and parallelism; generation and MoE;
+MoE and parallelism; MoE; every run. Over those runs it reports the bias (mean speed error:
+> 0, the model was too fast), the mean |error|, and the 10th to 90th percentile of the speed
+errors, which scales the estimate's step time into the range the published step times of such
+runs fell in relative to their predictions: ``step x (1 + p10) .. step x (1 + p90)``. An
+empirical band of held-out runs, not a confidence interval of a fitted model: nothing is fitted
+to the runs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+import numpy as np
+
+__all__ = [
+    "GENERATIONS",
+    "MIN_RUNS",
+    "ErrorBand",
+    "generation_of",
+    "parallelism_of",
+    "training_error_band",
+]
+
+#: The fewest held-out runs a regime needs before its errors make the band.
+MIN_RUNS = 3
+
+#: GPU generation of each validation hardware type (the device-name patterns of
+#: ``_validation.DEVICE_PATTERNS``): the runs an estimate on that generation is compared with.
+GENERATIONS = {
+    "A100": "Ampere",
+    "H100": "Hopper",
+    "H200": "Hopper",
+    "B200": "Blackwell",
+    "GB200": "Blackwell",
+}
+_DEVICE_GENERATIONS = (
+    ("GB200", "Blackwell"),
+    ("GB300", "Blackwell"),
+    ("B200", "Blackwell"),
+    ("B300", "Blackwell"),
+    ("H100", "Hopper"),
+    ("H200", "Hopper"),
+    ("H800", "Hopper"),
+    ("H20", "Hopper"),
+    ("A100", "Ampere"),
+    ("A800", "Ampere"),
+)
+
+
+@dataclass(frozen=True)
+class ErrorBand:
+    """Held-out errors of the published runs in an estimate's regime (``scope``)."""
+
+    scope: str
+    count: int
+    sources: int
+    bias: float
+    mean_abs_error: float
+    low: float  # 10th percentile of the speed errors
+    high: float  # 90th percentile
+
+    def step_time_range_s(self, step_time_s: float) -> tuple[float, float]:
+        """The published step times of such runs, scaled to this estimate: step x (1 + p10) to
+        step x (1 + p90)."""
+        return step_time_s * (1.0 + self.low), step_time_s * (1.0 + self.high)
+
+
+def generation_of(device_name: str) -> str | None:
+    """The GPU generation a device name belongs to, or None for one no published run covers."""
+    for marker, generation in _DEVICE_GENERATIONS:
+        if marker in device_name:
+            return generation
+    return None
+
+
+@lru_cache(maxsize=1)
+def _held_out_runs() -> tuple[dict, ...]:
+    text = (resources.files("cost_model") / "data" / "calibration.json").read_text()
+    return tuple(json.loads(text).get("held_out", {}).get("per_run", []))
+
+
+def parallelism_of(config) -> str:
+    """The parallel dimensions a layout uses (``tp+pp+cp+ep``, ``zero3`` for sharded
+    parameters; ``dp`` alone when it uses none)."""
+    parts = [name for name in ("tp", "pp", "cp", "ep") if getattr(config, name) > 1]
+    if config.zero_stage == 3:
+        parts.append("zero3")
+    return "+".join(parts) or "dp"
+
+
+def training_error_band(model, cluster, config) -> ErrorBand | None:
+    """The band of the published runs in the regime of ``model`` on ``cluster`` with layout
+    ``config`` (module docstring); None where no run has been validated."""
+    runs = _held_out_runs()
+    if not runs:
+        return None
+    generation = generation_of(cluster.device.name)
+    moe = model.moe is not None
+    parallelism = parallelism_of(config)
+    kind = "MoE" if moe else "dense"
+    levels: list[tuple[str, tuple[str | None, str | None]]] = []
+    if generation is not None:  # a device no published run covers skips the generation levels
+        levels += [
+            (f"{generation}, {kind}, {parallelism}", (generation, parallelism)),
+            (f"{generation}, {kind}", (generation, None)),
+        ]
+    levels += [(f"{kind}, {parallelism}", (None, parallelism)), (kind, (None, None))]
+    for scope, (gen, par) in levels:
+        chosen = [run for run in runs if _match(run, gen, moe, par)]
+        if len(chosen) >= MIN_RUNS:
+            return _band(scope, chosen)
+    return _band("every published run", list(runs)) if len(runs) >= MIN_RUNS else None
+
+
+def _match(run: dict, generation: str | None, moe: bool, parallelism: str | None) -> bool:
+    if run["moe"] != moe:
+        return False
+    if generation is not None and run["generation"] != generation:
+        return False
+    return parallelism is None or run["parallelism"] == parallelism
+
+
+def _band(scope: str, runs: list[dict]) -> ErrorBand:
+    errors = np.array([run["speed_error"] for run in runs], dtype=np.float64)
+    return ErrorBand(
+        scope=scope,
+        count=int(errors.size),
+        sources=len({run["source"] for run in runs}),
+        bias=float(errors.mean()),
+        mean_abs_error=float(np.abs(errors).mean()),
+        low=float(np.percentile(errors, 10)),
+        high=float(np.percentile(errors, 90)),
+    )

@@ -1,0 +1,106 @@
+"""The error bar of a training estimate (``cost_model.training_error_band``): the held-out errors
+of the published runs in the estimate's regime, shipped beside the calibration and equal to the
+current prediction, widened one key at a time until enough runs share it, printed by
+``autoparallel estimate``."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import numpy as np
+import pytest
+
+import autoparallel as ap
+from autoparallel.cli import main
+from cost_model import ParallelConfig, training_error_band
+from cost_model._cross_validation import held_out_runs
+from cost_model._error_band import MIN_RUNS, generation_of
+from cost_model._validation import ValidationRow, run_case
+from cost_model._validation_cases import training_cases
+
+
+def _shipped_runs() -> list[dict]:
+    text = (resources.files("cost_model") / "data" / "calibration.json").read_text()
+    return json.loads(text)["held_out"]["per_run"]
+
+
+def test_the_shipped_per_run_errors_are_the_current_prediction() -> None:
+    cases = training_cases()
+    rows = [row for case in cases for row in run_case(case)]
+    now = held_out_runs(rows, cases)
+    shipped = _shipped_runs()
+    assert len(shipped) == len(now) == len(rows)
+    for old, new in zip(shipped, now):
+        assert {k: v for k, v in old.items() if k != "speed_error"} == {
+            k: v for k, v in new.items() if k != "speed_error"
+        }
+        assert old["speed_error"] == pytest.approx(new["speed_error"], rel=1e-9, abs=1e-12)
+
+
+def test_a_time_figure_counts_too_slow_as_a_negative_speed_error() -> None:
+    time = ValidationRow(table="t", run="r", metric="m", unit="s", predicted=2.0, published=1.0)
+    rate = ValidationRow(table="t", run="r", metric="m", unit="%", predicted=2.0, published=1.0)
+    assert time.error == pytest.approx(1.0) and time.speed_error == pytest.approx(-0.5)
+    assert rate.speed_error == rate.error == pytest.approx(1.0)
+
+
+def test_the_band_takes_the_narrowest_regime_with_enough_runs() -> None:
+    runs = _shipped_runs()
+    cluster = ap.get_preset("dgx-h100", num_nodes=32)
+    config = ParallelConfig(
+        dp=16,
+        tp=2,
+        pp=8,
+        ep=32,
+        virtual_stages=4,
+        pipeline_schedule="interleaved_1f1b",
+        sequence_parallel=True,
+    )
+    band = training_error_band(ap.get_model("qwen3-235b-a22b"), cluster, config)
+    assert band is not None and band.scope == "Hopper, MoE, tp+pp+ep"
+    same = [
+        r["speed_error"]
+        for r in runs
+        if r["generation"] == "Hopper" and r["moe"] and r["parallelism"] == "tp+pp+ep"
+    ]
+    assert band.count == len(same) >= MIN_RUNS
+    assert band.bias == pytest.approx(np.mean(same))
+    assert min(same) <= band.low <= band.high <= max(same)
+    low, high = band.step_time_range_s(10.0)
+    assert low == pytest.approx(10.0 * (1 + band.low)) and high == pytest.approx(
+        10.0 * (1 + band.high)
+    )
+    # No published run pipelines a 3T MoE 16 ways on GB200 with tp 4: the band widens.
+    wide = training_error_band(
+        ap.get_model("ref-3t-moe"),
+        ap.get_preset("gb200-nvl72", num_nodes=16),
+        ParallelConfig(dp=16, tp=4, pp=16, ep=64, sequence_parallel=True),
+    )
+    assert wide is not None and wide.scope == "Blackwell, MoE"
+    assert wide.count > band.count
+
+
+def test_generations_and_an_uncovered_device() -> None:
+    assert generation_of("NVIDIA H200 SXM") == "Hopper"
+    assert generation_of("NVIDIA GB200") == "Blackwell"
+    assert generation_of("AMD Instinct MI300X") is None
+    band = training_error_band(
+        ap.get_model("tiny-moe"), ap.get_preset("mi300x", num_nodes=1), ParallelConfig(dp=8)
+    )
+    assert band is not None and band.scope in ("MoE, dp", "MoE")
+
+
+def test_estimate_prints_the_error_bar_of_a_training_layout(capsys) -> None:
+    job = ["estimate", "--model", "qwen3-30b-a3b", "--cluster", "dgx-b200", "--nodes", "1"]
+    job += ["--tp", "1", "--pp", "1", "--ep", "8", "--sequence-length", "4096"]
+    job += ["--global-batch-tokens", "2097152"]
+    assert main(job) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Error bar:" in text and "(Blackwell, MoE, ep;" in text
+    assert main([*job, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    band = document["error_band"]
+    low, high = band["step_time_range_s"]
+    assert low < high and band["scope"] == "Blackwell, MoE, ep"
+    assert low == pytest.approx(document["step_time_s"] * (1 + band["low"]))
