@@ -104,3 +104,11 @@ def test_estimate_prints_the_error_bar_of_a_training_layout(capsys) -> None:
     low, high = band["step_time_range_s"]
     assert low < high and band["scope"] == "Blackwell, MoE, ep"
     assert low == pytest.approx(document["step_time_s"] * (1 + band["low"]))
+
+
+def test_a_training_plan_prints_the_error_bar_of_its_layout(tmp_path, capsys) -> None:
+    job = ["plan", "--model", "tiny-moe", "--cluster", "dgx-h100", "--nodes", "1", "--training"]
+    job += ["--sequence-length", "256", "--global-batch-tokens", "8192", "--trials", "5"]
+    assert main([*job, "--output", str(tmp_path / "plan.json")]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Error bar:" in text and "published runs like this one (Hopper, MoE" in text

@@ -202,7 +202,7 @@ def _estimate(args: argparse.Namespace) -> int:
         console.print(f"recipe: {words}", highlight=False, markup=False)
     _print_breakdown(breakdown)
     if band is not None:
-        _print_band(band, breakdown.step_time_s)
+        print_error_band(band, breakdown.step_time_s)
     if args.simulate and not args.training:
         from cost_model import ServingConfig, simulate_layout
 
@@ -221,7 +221,7 @@ def _band_document(band, step_time_s: float) -> dict:
     return {**asdict(band), "step_time_range_s": [low, high]}
 
 
-def _print_band(band, step_time_s: float) -> None:
+def print_error_band(band, step_time_s: float) -> None:
     """The estimate's error bar: the held-out published runs of its regime."""
     low, high = band.step_time_range_s(step_time_s)
     plural = "s" if band.sources != 1 else ""

@@ -349,6 +349,13 @@ def _write(plan, output: Path, *, cluster, as_json: bool = False) -> int:
             else cluster.with_nodes(plan.world_size // cluster.devices_per_node)
         )
         console.print(simulated_line(plan, model=plan.model, cluster=sized, workload=plan.job))
+    elif plan.predicted is not None and plan.job.kind == "training":
+        from autoparallel.cli._cost import print_error_band
+        from cost_model import training_error_band
+
+        band = training_error_band(plan.model, cluster, plan.config)
+        if band is not None:
+            print_error_band(band, plan.predicted.step_time_s)
     console.print(f"wrote [bold]{path}[/]")
     return 0
 
