@@ -1,4 +1,4 @@
-"""The error bar of a training estimate: how far the model was from published runs like it.
+"""The error bar of an estimate: how far the model was from published runs like it.
 
 Every published training run is held out of the calibration (``_cross_validation``); its signed
 error is shipped beside the calibration (``data/calibration.json`` ``held_out.per_run``, written
@@ -31,6 +31,7 @@ __all__ = [
     "ErrorBand",
     "generation_of",
     "parallelism_of",
+    "serving_error_bands",
     "training_error_band",
 ]
 
@@ -57,6 +58,9 @@ _DEVICE_GENERATIONS = (
     ("H20", "Hopper"),
     ("A100", "Ampere"),
     ("A800", "Ampere"),
+    ("MI300", "CDNA3"),
+    ("MI325", "CDNA3"),
+    ("MI355", "CDNA4"),
 )
 
 
@@ -72,10 +76,10 @@ class ErrorBand:
     low: float  # 10th percentile of the speed errors
     high: float  # 90th percentile
 
-    def step_time_range_s(self, step_time_s: float) -> tuple[float, float]:
-        """The published step times of such runs, scaled to this estimate: step x (1 + p10) to
-        step x (1 + p90)."""
-        return step_time_s * (1.0 + self.low), step_time_s * (1.0 + self.high)
+    def time_range_s(self, predicted_s: float) -> tuple[float, float]:
+        """The published times of such runs relative to their predictions, scaled to this one:
+        predicted x (1 + p10) to predicted x (1 + p90)."""
+        return predicted_s * (1.0 + self.low), predicted_s * (1.0 + self.high)
 
 
 def generation_of(device_name: str) -> str | None:
@@ -133,8 +137,8 @@ def _match(run: dict, generation: str | None, moe: bool, parallelism: str | None
     return parallelism is None or run["parallelism"] == parallelism
 
 
-def _band(scope: str, runs: list[dict]) -> ErrorBand:
-    errors = np.array([run["speed_error"] for run in runs], dtype=np.float64)
+def _band(scope: str, runs: list[dict], *, key: str = "speed_error") -> ErrorBand:
+    errors = np.array([run[key] for run in runs], dtype=np.float64)
     return ErrorBand(
         scope=scope,
         count=int(errors.size),
@@ -144,3 +148,51 @@ def _band(scope: str, runs: list[dict]) -> ErrorBand:
         low=float(np.percentile(errors, 10)),
         high=float(np.percentile(errors, 90)),
     )
+
+
+# ---------------------------------------------------------------------------- serving
+@lru_cache(maxsize=1)
+def _serving_held_out() -> tuple[dict, ...]:
+    text = (resources.files("cost_model") / "data" / "serving_held_out.json").read_text()
+    return tuple(json.loads(text)["rows"])
+
+
+def serving_error_bands(model, cluster, *, engine: str, deployment: str) -> dict[str, ErrorBand]:
+    """Per latency metric (``TTFT``, ``TPOT``), the band of the public serving measurements of
+    the regime of ``model`` served by ``engine`` on ``cluster`` (``deployment``: colocated or
+    disaggregated), from ``data/serving_held_out.json`` (every row of
+    ``data/serving_validation.json``, none a fit input; written by
+    ``benchmarks/serving_held_out.py`` and checked against the current prediction by a test).
+    Errors as for training: measured time / predicted time - 1 (> 0: the model was optimistic).
+    The regime widens one key at a time until ``MIN_RUNS`` rows share it: engine, generation,
+    MoE and deployment; engine, generation and MoE; engine and MoE; engine; MoE; every row."""
+    generation = generation_of(cluster.device.name)
+    moe = model.moe is not None
+    kind = "MoE" if moe else "dense"
+    levels: list[tuple[str, dict]] = []
+    if generation is not None:
+        levels += [
+            (
+                f"{engine}, {generation}, {kind}, {deployment}",
+                {"engine": engine, "generation": generation, "moe": moe, "deployment": deployment},
+            ),
+            (
+                f"{engine}, {generation}, {kind}",
+                {"engine": engine, "generation": generation, "moe": moe},
+            ),
+        ]
+    levels += [
+        (f"{engine}, {kind}", {"engine": engine, "moe": moe}),
+        (engine, {"engine": engine}),
+        (kind, {"moe": moe}),
+        ("every public run", {}),
+    ]
+    bands = {}
+    for metric in ("TTFT", "TPOT"):
+        rows = [row for row in _serving_held_out() if row["metric"] == metric]
+        for scope, keys in levels:
+            chosen = [row for row in rows if all(row[k] == v for k, v in keys.items())]
+            if len(chosen) >= MIN_RUNS:
+                bands[metric] = _band(scope, chosen, key="time_error")
+                break
+    return bands

@@ -354,3 +354,33 @@ def summarize_serving_by_source(
     return {
         source: summarize_serving([r for r in rows if r.source == source]) for source in sources
     }
+
+
+def held_out_serving_rows(rows: list[ServingValidationRow] | None = None) -> list[dict]:
+    """The TTFT and TPOT rows of ``validate_serving`` (every row when ``rows`` is None) with the
+    regime their run belongs to, as ``_error_band.serving_error_bands`` reads them: row id,
+    source, engine profile, GPU generation, MoE or dense, deployment, metric and
+    ``time_error`` = measured / predicted - 1 (> 0: the model was optimistic)."""
+    from cost_model._error_band import generation_of
+
+    rows = validate_serving() if rows is None else rows
+    records = {row["id"]: row for row in serving_validation_data()["rows"]}
+    out = []
+    for row in rows:
+        kind = metric_kind(row)
+        if kind not in ("TTFT", "TPOT"):
+            continue
+        record = records[row.row_id]
+        out.append(
+            {
+                "id": row.row_id,
+                "source": row.source,
+                "engine": ENGINE_PROFILES[record["engine"]],
+                "generation": generation_of(record["gpu"]),
+                "moe": row_model(record).moe is not None,
+                "deployment": row.deployment,
+                "metric": kind,
+                "time_error": row.measured / row.predicted - 1.0,
+            }
+        )
+    return out

@@ -67,7 +67,7 @@ def test_the_band_takes_the_narrowest_regime_with_enough_runs() -> None:
     assert band.count == len(same) >= MIN_RUNS
     assert band.bias == pytest.approx(np.mean(same))
     assert min(same) <= band.low <= band.high <= max(same)
-    low, high = band.step_time_range_s(10.0)
+    low, high = band.time_range_s(10.0)
     assert low == pytest.approx(10.0 * (1 + band.low)) and high == pytest.approx(
         10.0 * (1 + band.high)
     )
@@ -84,7 +84,9 @@ def test_the_band_takes_the_narrowest_regime_with_enough_runs() -> None:
 def test_generations_and_an_uncovered_device() -> None:
     assert generation_of("NVIDIA H200 SXM") == "Hopper"
     assert generation_of("NVIDIA GB200") == "Blackwell"
-    assert generation_of("AMD Instinct MI300X") is None
+    assert generation_of("AMD Instinct MI300X") == "CDNA3"
+    assert generation_of("Ascend 910B") is None
+    # No published training run on MI300X: the band drops the generation.
     band = training_error_band(
         ap.get_model("tiny-moe"), ap.get_preset("mi300x", num_nodes=1), ParallelConfig(dp=8)
     )
@@ -112,3 +114,32 @@ def test_a_training_plan_prints_the_error_bar_of_its_layout(tmp_path, capsys) ->
     assert main([*job, "--output", str(tmp_path / "plan.json")]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "Error bar:" in text and "published runs like this one (Hopper, MoE" in text
+
+
+def test_a_serving_estimate_gets_the_band_of_its_engine_generation_and_model_kind(capsys) -> None:
+    from cost_model import serving_error_bands
+
+    bands = serving_error_bands(
+        ap.get_model("llama-3.1-405b"),
+        ap.get_preset("dgx-h100", num_nodes=1),
+        engine="trtllm",
+        deployment="colocated",
+    )
+    assert set(bands) == {"TTFT", "TPOT"}
+    assert bands["TTFT"].scope == "trtllm, Hopper, dense, colocated" and bands["TTFT"].count >= 3
+    shipped = json.loads(
+        (resources.files("cost_model") / "data" / "serving_held_out.json").read_text()
+    )["rows"]
+    same = [
+        r["time_error"]
+        for r in shipped
+        if r["metric"] == "TTFT"
+        and (r["engine"], r["generation"], r["moe"], r["deployment"])
+        == ("trtllm", "Hopper", False, "colocated")
+    ]
+    assert bands["TTFT"].bias == pytest.approx(np.mean(same))
+    job = ["estimate", "--model", "qwen3-30b-a3b", "--cluster", "dgx-b200", "--nodes", "1"]
+    job += ["--tp", "1", "--pp", "1", "--ep", "8", "--inference", "--serving-engine", "sglang"]
+    assert main(job) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Error bar: public runs like this one (sglang, Blackwell, MoE, colocated;" in text

@@ -13,7 +13,9 @@ from autoparallel.cli import main
 from cost_model import ParallelConfig
 from cost_model._serving_profile import serving_profile
 from cost_model._serving_validation import (
+    ServingValidationRow,
     _benchmark_workload,
+    held_out_serving_rows,
     row_model,
     serving_validation_data,
     simulate_benchmark,
@@ -146,6 +148,20 @@ def test_validate_serving_cli_prints_the_table(capsys) -> None:
     }
     assert all(row["source_url"].startswith("https://") for row in payload["rows"])
     assert set(payload["summary_by_source"]) == {row["source"] for row in payload["rows"]}
+    # The error bars of serving estimates (data/serving_held_out.json) are these rows' errors
+    # as priced now (benchmarks/serving_held_out.py rewrites them).
+    priced = [
+        ServingValidationRow(**{name: row[name] for name in ServingValidationRow._fields})
+        for row in payload["rows"]
+    ]
+    shipped = json.loads((DATA / "serving_held_out.json").read_text())["rows"]
+    now = held_out_serving_rows(priced)
+    assert len(shipped) == len(now) >= 2 * 40
+    for old, new in zip(shipped, now):
+        assert {k: v for k, v in old.items() if k != "time_error"} == {
+            k: v for k, v in new.items() if k != "time_error"
+        }
+        assert old["time_error"] == pytest.approx(new["time_error"], rel=1e-9)
 
 
 def test_the_summary_per_source_splits_the_summary_per_metric() -> None:

@@ -203,6 +203,13 @@ def _estimate(args: argparse.Namespace) -> int:
     _print_breakdown(breakdown)
     if band is not None:
         print_error_band(band, breakdown.step_time_s)
+    if not args.training:
+        from autoparallel.cli._serving_args import serving_error_bar_line
+
+        if bar := serving_error_bar_line(
+            model, cluster, engine=workload.serving_engine, deployment="colocated"
+        ):
+            console.print(bar, highlight=False, markup=False)
     if args.simulate and not args.training:
         from cost_model import ServingConfig, simulate_layout
 
@@ -217,13 +224,13 @@ def _estimate(args: argparse.Namespace) -> int:
 
 
 def _band_document(band, step_time_s: float) -> dict:
-    low, high = band.step_time_range_s(step_time_s)
+    low, high = band.time_range_s(step_time_s)
     return {**asdict(band), "step_time_range_s": [low, high]}
 
 
 def print_error_band(band, step_time_s: float) -> None:
     """The estimate's error bar: the held-out published runs of its regime."""
-    low, high = band.step_time_range_s(step_time_s)
+    low, high = band.time_range_s(step_time_s)
     plural = "s" if band.sources != 1 else ""
     direction = "too fast" if band.bias >= 0 else "too slow"
     console.print(

@@ -349,6 +349,15 @@ def _write(plan, output: Path, *, cluster, as_json: bool = False) -> int:
             else cluster.with_nodes(plan.world_size // cluster.devices_per_node)
         )
         console.print(simulated_line(plan, model=plan.model, cluster=sized, workload=plan.job))
+        from autoparallel.cli._serving_args import serving_error_bar_line
+
+        if bar := serving_error_bar_line(
+            plan.model,
+            sized,
+            engine=plan.job.serving_engine,
+            deployment=plan.deployment.kind,
+        ):
+            console.print(bar, highlight=False, markup=False)
     elif plan.predicted is not None and plan.job.kind == "training":
         from autoparallel.cli._cost import print_error_band
         from cost_model import training_error_band

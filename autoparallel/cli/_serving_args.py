@@ -141,3 +141,26 @@ def simulated_line(plan, *, model, cluster, workload) -> str:
         f"p90 TPOT {human_seconds(figures['tpot_p90_s'])} ({verdict} the SLOs), "
         f"{figures['output_tokens_per_s'] * run.replicas:,.0f} output tokens/s"
     )
+
+
+def serving_error_bar_line(model, cluster, *, engine: str, deployment: str) -> str | None:
+    """The error bar of a serving estimate: how the public measurements of its regime
+    (``cost_model.serving_error_bands``) compared with the model's TTFT and TPOT; None where
+    no row covers it."""
+    from cost_model import serving_error_bands
+
+    bands = serving_error_bands(model, cluster, engine=engine, deployment=deployment)
+    if not bands:
+        return None
+    parts = [
+        f"{metric} {1 + band.low:.2f}-{1 + band.high:.2f}x (mean {100 * band.bias:+.0f}%)"
+        for metric, band in bands.items()
+    ]
+    first = next(iter(bands.values()))
+    plural = "s" if first.sources != 1 else ""
+    return (
+        f"Error bar: public runs like this one ({first.scope}; {first.count} measurements, "
+        f"{first.sources} source{plural}, none fitted) measured "
+        + " and ".join(parts)
+        + " the model's figure (10th-90th percentile of measured / predicted)"
+    )
