@@ -147,6 +147,13 @@ def _plan(context: Day0Context, records, kind: str) -> str:
     else:
         figures[1:1] = [("TTFT", human_seconds(e["ttft_s"])), ("TPOT", human_seconds(e["tpot_s"]))]
     lines += [f"- {name}: {value}" for name, value in figures]
+    for figure, band in p.get("error_bar", {}).items():
+        lines.append(
+            f"- error bar of the {figure}: the published runs like this one ({band['scope']}; "
+            f"{band['count']} held out, none fitted) took {1 + band['low']:.2f}-"
+            f"{1 + band['high']:.2f}x their predicted {figure} (10th-90th percentile; mean "
+            f"{band['bias']:+.0%})"
+        )
     lines += [
         "",
         "| # | layout | tokens/s/device | memory/device | bottleneck |",

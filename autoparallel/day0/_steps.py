@@ -298,6 +298,7 @@ def _plan(context: Day0Context, kind: str) -> list[Path]:
         "serving_options": options,
         "layout": _layout(plan),
         "estimate": cost.model_dump(mode="json"),
+        "error_bar": _error_bar(context.model, cluster, workload, plan),
         "search": _search_summary(plan),
         "candidates": [_candidate(plan.config, plan.predicted, plan.serving, rank=1)]
         + [
@@ -306,6 +307,22 @@ def _plan(context: Day0Context, kind: str) -> list[Path]:
         ],
     }
     return [plan_path, cluster_path]
+
+
+def _error_bar(model, cluster, workload, plan) -> dict:
+    """Per figure (the step time; TTFT and TPOT), the held-out errors of the published runs of
+    the plan's regime (``cost_model.training_error_band`` / ``serving_error_bands``)."""
+    from dataclasses import asdict
+
+    from cost_model import serving_error_bands, training_error_band
+
+    if workload.kind == "training":
+        band = training_error_band(model, cluster, plan.config)
+        return {} if band is None else {"step time": asdict(band)}
+    bands = serving_error_bands(
+        model, cluster, engine=workload.serving_engine, deployment=plan.deployment.kind
+    )
+    return {metric: asdict(band) for metric, band in bands.items()}
 
 
 def _serving_options(plan) -> dict:
