@@ -4,7 +4,8 @@ Every published training run is held out of the calibration (``_cross_validation
 error is shipped beside the calibration (``data/calibration.json`` ``held_out.per_run``, written
 by ``benchmarks/calibrate_operators.py`` and checked against the current prediction by a test),
 each with the regime it ran in: the GPU generation, whether the model has MoE layers, and the
-parallel dimensions it used (``_cross_validation.parallelism_label``).
+parallel dimensions it used (``parallelism_of``). Serving estimates read the public serving
+measurements the same way (``serving_error_bands``).
 
 ``training_error_band`` takes the runs of the estimate's own regime, widening it one key at a time
 until at least ``MIN_RUNS`` runs share it: generation, MoE and parallelism; generation and MoE;
