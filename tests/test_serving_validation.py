@@ -161,7 +161,9 @@ def test_validate_serving_cli_prints_the_table(capsys) -> None:
         assert {k: v for k, v in old.items() if k != "time_error"} == {
             k: v for k, v in new.items() if k != "time_error"
         }
-        assert old["time_error"] == pytest.approx(new["time_error"], rel=1e-9)
+        assert old["time_error"] == pytest.approx(new["time_error"], rel=1e-9), (
+            f"{new['id']}: rerun python benchmarks/serving_held_out.py"
+        )
 
 
 def test_the_summary_per_source_splits_the_summary_per_metric() -> None:
