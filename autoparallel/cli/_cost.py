@@ -135,56 +135,77 @@ def _config(args: argparse.Namespace, num_devices: int):
 
 def _estimate(args: argparse.Namespace) -> int:
     from autoparallel._planner import resolve_cluster, resolve_model
-    from cost_model import Inference, Training, estimate
 
     model = resolve_model(args.model)
     cluster = with_network_override(resolve_cluster(args.cluster, num_nodes=args.nodes), args)
     config = _config(args, cluster.num_devices)
     options = recipe_options(args, model=model, config=config)
     if args.training:
-        workload = Training(
-            sequence_length_tokens=args.sequence_length,
-            global_batch_tokens=args.global_batch_tokens,
-            **training_options(args),
-            framework=args.framework,
-        )
-        breakdown = estimate(model, cluster, workload, config, **options)
+        workload, breakdown = _estimate_training(args, model, cluster, config, options)
     else:
-        workload = Inference(
-            prompt_tokens=args.prompt_tokens,
-            output_tokens=args.output_tokens,
-            prompt_tokens_cv=args.prompt_tokens_cv,
-            output_tokens_cv=args.output_tokens_cv,
-            prefix_cache_hit_rate=args.prefix_cache_hit_rate,
-            **serving_precision(args),
-            ttft_slo_s=args.ttft_slo_s,
-            tpot_slo_s=args.tpot_slo_s,
-            **load_fields(args),
-        )
-        redundant = args.num_redundant_experts
-        if redundant is None:
-            redundant = (
-                minimum_redundant_experts(num_experts=model.moe.num_routed_experts, ep=args.ep)
-                if model.moe
-                else 0
-            )
-        breakdown = estimate(
-            model,
-            cluster,
-            workload,
-            config,
-            batch_size=args.batch_size,
-            num_redundant_experts=redundant,
-        )
+        workload, breakdown = _estimate_serving(args, model, cluster, config)
     band = training_error_band(model, cluster, config) if args.training else None
     if args.json:
-        if band is None:
-            print_json(breakdown.model_dump_json())
-        else:
-            document = json.loads(breakdown.model_dump_json())
+        document = json.loads(breakdown.model_dump_json())
+        if band is not None:
             document["error_band"] = _band_document(band, breakdown.step_time_s)
-            print_json(document)
+        print_json(document)
         return 0
+    _print_estimate_header(model, cluster, config, options)
+    _print_breakdown(breakdown)
+    if band is not None:
+        print_error_band(band, breakdown.step_time_s)
+    if not args.training:
+        _print_serving_extras(args, model, cluster, config, workload)
+    return 0
+
+
+def _estimate_training(args: argparse.Namespace, model, cluster, config, options: dict):
+    from cost_model import Training, estimate
+
+    workload = Training(
+        sequence_length_tokens=args.sequence_length,
+        global_batch_tokens=args.global_batch_tokens,
+        **training_options(args),
+        framework=args.framework,
+    )
+    return workload, estimate(model, cluster, workload, config, **options)
+
+
+def _estimate_serving(args: argparse.Namespace, model, cluster, config):
+    from cost_model import Inference, estimate
+
+    workload = Inference(
+        prompt_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens,
+        prompt_tokens_cv=args.prompt_tokens_cv,
+        output_tokens_cv=args.output_tokens_cv,
+        prefix_cache_hit_rate=args.prefix_cache_hit_rate,
+        **serving_precision(args),
+        ttft_slo_s=args.ttft_slo_s,
+        tpot_slo_s=args.tpot_slo_s,
+        **load_fields(args),
+    )
+    redundant = args.num_redundant_experts
+    if redundant is None:
+        redundant = (
+            minimum_redundant_experts(num_experts=model.moe.num_routed_experts, ep=args.ep)
+            if model.moe
+            else 0
+        )
+    breakdown = estimate(
+        model,
+        cluster,
+        workload,
+        config,
+        batch_size=args.batch_size,
+        num_redundant_experts=redundant,
+    )
+    return workload, breakdown
+
+
+def _print_estimate_header(model, cluster, config, options: dict) -> None:
+    """The model, cluster and layout priced, the calibration used and the recipe given."""
     from cost_model import calibration_for
 
     title = f"{model.name} on {cluster.num_devices} x {cluster.device.name} ({cluster.name})"
@@ -200,17 +221,17 @@ def _estimate(args: argparse.Namespace) -> int:
     if options:
         words = ", ".join(f"{name}={value}" for name, value in options.items())
         console.print(f"recipe: {words}", highlight=False, markup=False)
-    _print_breakdown(breakdown)
-    if band is not None:
-        print_error_band(band, breakdown.step_time_s)
-    if not args.training:
-        from autoparallel.cli._serving_args import serving_error_bar_line
 
-        if bar := serving_error_bar_line(
-            model, cluster, engine=workload.serving_engine, deployment="colocated"
-        ):
-            console.print(bar, highlight=False, markup=False)
-    if args.simulate and not args.training:
+
+def _print_serving_extras(args: argparse.Namespace, model, cluster, config, workload) -> None:
+    """A serving estimate's error bar and, with ``--simulate``, the simulator's run."""
+    from autoparallel.cli._serving_args import serving_error_bar_line
+
+    if bar := serving_error_bar_line(
+        model, cluster, engine=workload.serving_engine, deployment="colocated"
+    ):
+        console.print(bar, highlight=False, markup=False)
+    if args.simulate:
         from cost_model import ServingConfig, simulate_layout
 
         serving = ServingConfig(batch_size=args.batch_size)
@@ -220,7 +241,6 @@ def _estimate(args: argparse.Namespace) -> int:
             ),
             workload,
         )
-    return 0
 
 
 def _band_document(band, step_time_s: float) -> dict:
