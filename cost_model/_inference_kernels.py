@@ -187,4 +187,4 @@ def pass_runs_eagerly(s: _Setup, p: ops.Pass) -> np.ndarray:
     where it graphs decode only, or a pass of more tokens per forward than its largest graph."""
     tokens = p.batch * p.new_tokens  # per attention replica, the batch one forward holds
     prompts = (not p.decode) and not s.profile.prefill_graphs
-    return (tokens > s.profile.graph_max_tokens) | prompts
+    return (tokens > s.graph_tokens) | prompts

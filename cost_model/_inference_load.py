@@ -102,7 +102,7 @@ def iteration_cost(s: _Setup) -> IterationCost:
         floor,
         cost.prefill_linear_s,
         eager_pass_host_s(s),
-        s.profile.graph_max_tokens * pp,
+        s.graph_tokens * pp,
         s.profile.prefill_graphs,
     )
 
@@ -156,7 +156,7 @@ def sizing_pass_bytes(s: _Setup) -> np.ndarray:
     profile, n = s.profile, s.phase.shape[0]
     if profile.kv_sizing_pass == "none":
         return np.zeros(n)
-    budget = float(s.workload.max_batched_tokens or profile.max_batched_tokens)
+    budget = s.token_budget
     if profile.kv_sizing_pass == "running_cap":
         sequences = min(budget, float(profile.max_running_requests))
     else:
@@ -185,7 +185,13 @@ def _engine_admits(s: _Setup) -> np.ndarray:
     profile, ones = s.profile, np.ones(s.phase.shape[0])
     others = _memory_parts(s, ones)["weights"] + sizing_pass_bytes(s)
     capacity = s.cluster.memory_per_device_bytes
-    fraction = profile.memory_fraction(s.column("tp"))
+    fraction = profile.memory_fraction(
+        s.column("tp"),
+        memory_bytes=capacity,
+        pp=s.column("pp"),
+        budget=s.token_budget,
+        device_name=s.hardware.name,
+    )
     pool = (
         fraction * capacity - others
         if profile.kv_memory_of == "total"
@@ -220,7 +226,7 @@ def _engine_admits(s: _Setup) -> np.ndarray:
 
 def _policy(s: _Setup, max_running: np.ndarray) -> LoadPolicy:
     cached = np.floor(s.prompt_tokens * s.workload.prefix_cache_hit_rate)
-    budget = s.workload.max_batched_tokens or s.profile.max_batched_tokens
+    budget = s.token_budget
     return LoadPolicy(
         s.prompt_tokens - cached,
         s.output_tokens,

@@ -135,6 +135,22 @@ class _Setup:
         return self.stage_ranks / (self.column("cp") * self.shard)
 
     @cached_property
+    def token_budget(self) -> float:
+        """Tokens per iteration of one replica: the workload's ``max_batched_tokens``, else the
+        engine's default on this device (``ServingProfile.token_budget``)."""
+        if self.workload.max_batched_tokens:
+            return float(self.workload.max_batched_tokens)
+        return self.profile.token_budget(self.cluster.memory_per_device_bytes, self.hardware.name)
+
+    @cached_property
+    def graph_tokens(self) -> np.ndarray:
+        """The largest iteration (tokens per forward) the engine replays as a CUDA graph, per
+        row (``ServingProfile.graph_tokens``: by the device's memory and the row's tp)."""
+        return self.profile.graph_tokens(
+            self.cluster.memory_per_device_bytes, self.column("tp"), self.hardware.name
+        )
+
+    @cached_property
     def rows(self) -> RowPartition:
         """Rows alike in every collective priced so far (``_rows.RowPartition``)."""
         return RowPartition(self.phase.shape[0])

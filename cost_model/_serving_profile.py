@@ -7,6 +7,13 @@ whole budget, and the decodes wait for it) and whether a long prompt is chunked 
 default prefills whole prompts). The engine's per-iteration floors are added to each
 iteration's pass time (``_serving_replica.IterationCost``). The shipped profiles live in
 ``data/serving_profiles.json``; ``serving_profile`` picks one by engine and release.
+
+Some defaults depend on the device and the layout the engine starts on: SGLang sizes its
+chunked-prefill budget and its largest CUDA-graph batch by the device's memory (and the
+tensor-parallel size), and from 0.4.8 derives ``mem_fraction_static`` from what it reserves for
+activations and graphs (``server_args.py`` ``_handle_gpu_memory_settings``). A profile states
+them as ordered ``DeviceRule`` lists (``token_budget``, ``graph_tokens``) and ``ReserveRule``
+tiers (``memory_fraction``), each with its source.
 """
 
 from __future__ import annotations
@@ -20,6 +27,73 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 Engine = Literal["vllm", "sglang", "trtllm"]
+
+MIB = 2.0**20
+GIB = 2.0**30
+
+
+class DeviceRule(BaseModel):
+    """One device-dependent default of an engine: it applies on a device with less than
+    ``below_gib`` GiB of memory, at a tensor-parallel size below ``tp_below`` and of a vendor
+    whose name the device's holds (``vendor``, e.g. ``"AMD"``), each where given (the engines read
+    the device memory in MiB, the driver's total); in a list of rules the first that applies
+    gives ``value``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    below_gib: float | None = Field(default=None, gt=0)
+    tp_below: int | None = Field(default=None, gt=1)
+    vendor: str | None = None
+    value: float = Field(gt=0)
+
+
+class ReserveRule(BaseModel):
+    """Device memory (MiB) an engine keeps out of its static pool of weights and KV cache on
+    devices under ``below_gib`` GiB (None: any larger one), so that its default pool fraction is
+    ``round((M - R) / M, 3)`` of the device's ``M`` MiB (SGLang ``mem_fraction_static``; not
+    rounded where ``rounded`` is false): ``R = base_mib + per_parallel_mib * tp * pp +
+    per_budget_token_mib * max(budget, min_budget_tokens) + per_graph_batch_mib * graph batch``,
+    at least ``floor_mib``. A tier with ``by_tp`` keeps the profile's fraction by tensor-parallel
+    size (``kv_memory_fraction_by_tp``) instead."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    below_gib: float | None = Field(default=None, gt=0)
+    by_tp: bool = False
+    rounded: bool = True
+    base_mib: float = Field(default=0.0, ge=0)
+    per_parallel_mib: float = Field(default=0.0, ge=0)
+    per_budget_token_mib: float = Field(default=0.0, ge=0)
+    min_budget_tokens: float = Field(default=0.0, ge=0)
+    per_graph_batch_mib: float = Field(default=0.0, ge=0)
+    floor_mib: float = Field(default=0.0, ge=0)
+
+
+def _device_rules(
+    rules: tuple[DeviceRule, ...],
+    default: float,
+    *,
+    memory_bytes: float,
+    tp,
+    device_name: str = "",
+) -> np.ndarray:
+    """The value ``rules`` give on a device of ``memory_bytes`` named ``device_name`` at each
+    tensor-parallel size of ``tp`` (the first rule that applies), ``default`` where none does."""
+    tp = np.asarray(tp, dtype=np.float64)
+    gib = memory_bytes / GIB
+    value = np.full(tp.shape, float(default))
+    decided = np.zeros(tp.shape, dtype=bool)
+    for rule in rules:
+        applies = ~decided
+        if rule.below_gib is not None:
+            applies = applies & (gib < rule.below_gib)
+        if rule.tp_below is not None:
+            applies = applies & (tp < rule.tp_below)
+        if rule.vendor is not None:
+            applies = applies & (rule.vendor.lower() in device_name.lower())
+        value = np.where(applies, rule.value, value)
+        decided = decided | applies
+    return value
 
 
 class ServingProfile(BaseModel):
@@ -38,12 +112,18 @@ class ServingProfile(BaseModel):
     eager_kernel_host_s: float = Field(ge=0)
     #: whether an iteration carrying prompt tokens replays a CUDA graph (up to ``graph_max_tokens``)
     prefill_graphs: bool
-    #: the largest iteration, in tokens per forward, that replays a CUDA graph
+    #: the largest iteration, in tokens per forward, that replays a CUDA graph (where no
+    #: ``graph_max_tokens_rules`` rule applies)
     graph_max_tokens: int = Field(ge=0)
+    #: the same by device memory and tensor-parallel size (SGLang ``cuda_graph_max_bs``)
+    graph_max_tokens_rules: tuple[DeviceRule, ...] = ()
     sampling_s: float = Field(ge=0)
     scheduler_s: float = Field(ge=0)
     request_overhead_s: float = Field(ge=0)
     max_batched_tokens: int = Field(gt=0)
+    #: the default token budget by device memory, where it depends on it (SGLang
+    #: ``chunked_prefill_size``); ``max_batched_tokens`` where no rule applies
+    max_batched_tokens_rules: tuple[DeviceRule, ...] = ()
     chunked_prefill: bool
     mixed_prefill_decode: bool
     #: share of the device memory the engine's static pool may take (weights and KV cache:
@@ -56,6 +136,10 @@ class ServingProfile(BaseModel):
     #: ``mem_fraction_static``): the value of the largest key <= tp; ``kv_memory_fraction``
     #: below every key or without any
     kv_memory_fraction_by_tp: dict[int, float] = {}
+    #: where the engine derives its fraction from what it reserves (SGLang >= 0.4.8): the tiers
+    #: by device memory, the first whose ``below_gib`` the device is under (or None) applies;
+    #: they replace ``kv_memory_fraction`` and ``kv_memory_fraction_by_tp``
+    kv_memory_reserve: tuple[ReserveRule, ...] = ()
     #: the forward pass the engine profiles before it sizes its KV pool, whose peak activation
     #: memory the pool loses: ``"none"`` (the fraction itself leaves the rest of the device to
     #: activations and graphs: SGLang ``mem_fraction_static``), or a dummy pass of the engine's
@@ -131,12 +215,71 @@ class ServingProfile(BaseModel):
             caps = np.minimum(caps, np.floor(pool_tokens * self.running_requests_pool_token_share))
         return np.maximum(caps, 1.0)
 
-    def memory_fraction(self, tp: np.ndarray) -> np.ndarray:
-        """The default memory fraction at each row's tensor-parallel size ``tp``."""
-        fraction = np.full(np.shape(tp), self.kv_memory_fraction)
+    def token_budget(self, memory_bytes: float, device_name: str = "") -> float:
+        """The default tokens per iteration on a device of ``memory_bytes`` named
+        ``device_name``."""
+        return float(
+            _device_rules(
+                self.max_batched_tokens_rules,
+                self.max_batched_tokens,
+                memory_bytes=memory_bytes,
+                tp=1.0,
+                device_name=device_name,
+            )
+        )
+
+    def graph_tokens(self, memory_bytes: float, tp, device_name: str = "") -> np.ndarray:
+        """The largest iteration (tokens per forward) that replays a CUDA graph, by default, on a
+        device of ``memory_bytes`` named ``device_name`` at each tensor-parallel size of ``tp``."""
+        return _device_rules(
+            self.graph_max_tokens_rules,
+            self.graph_max_tokens,
+            memory_bytes=memory_bytes,
+            tp=tp,
+            device_name=device_name,
+        )
+
+    def memory_fraction(
+        self,
+        tp: np.ndarray,
+        *,
+        memory_bytes: float | None = None,
+        pp=1.0,
+        budget: float | None = None,
+        device_name: str = "",
+    ) -> np.ndarray:
+        """The default memory fraction at each row's tensor-parallel size ``tp``: from the tier
+        of ``kv_memory_reserve`` the device of ``memory_bytes`` falls in (with the row's
+        ``pp``, the iteration token ``budget``, default ``token_budget``, and the graph batch,
+        ``graph_tokens``), else by ``tp`` (``kv_memory_fraction_by_tp``)."""
+        tp = np.asarray(tp, dtype=np.float64)
+        fraction = np.full(tp.shape, self.kv_memory_fraction)
         for size in sorted(self.kv_memory_fraction_by_tp):
             fraction = np.where(tp >= size, self.kv_memory_fraction_by_tp[size], fraction)
-        return fraction
+        if not self.kv_memory_reserve or memory_bytes is None:
+            return fraction
+        gib, mib = memory_bytes / GIB, memory_bytes / MIB
+        tier = next(
+            (
+                rule
+                for rule in self.kv_memory_reserve
+                if rule.below_gib is None or gib < rule.below_gib
+            ),
+            None,
+        )
+        if tier is None:
+            return np.full(tp.shape, self.kv_memory_fraction)
+        if tier.by_tp:
+            return fraction
+        tokens = self.token_budget(memory_bytes, device_name) if budget is None else float(budget)
+        reserved = (
+            tier.base_mib
+            + tier.per_parallel_mib * tp * np.asarray(pp, dtype=np.float64)
+            + tier.per_budget_token_mib * max(tokens, tier.min_budget_tokens)
+            + tier.per_graph_batch_mib * self.graph_tokens(memory_bytes, tp, device_name)
+        )
+        fraction = (mib - np.maximum(reserved, tier.floor_mib)) / mib
+        return np.round(fraction, 3) if tier.rounded else fraction
 
     @property
     def iteration_floor_s(self) -> float:
@@ -149,12 +292,32 @@ def _release_parts(version: str) -> list[str]:
     return version.strip().split("+", 1)[0].split(".")
 
 
+def _with_base(row: dict, rows: list[dict]) -> dict:
+    """A profile row that ``extends`` another of its engine (named by its ``version``): the
+    other's fields, its own over them, sources merged key by key."""
+    base_version = row.get("extends")
+    if base_version is None:
+        return row
+    bases = [r for r in rows if r["engine"] == row["engine"] and r["version"] == base_version]
+    if len(bases) != 1:
+        raise ValueError(
+            f"serving profile {row['engine']} {row['version']}: extends ({base_version!r}) must "
+            f"name exactly one other profile version of {row['engine']}"
+        )
+    base = _with_base(bases[0], rows)
+    merged = {**base, **{key: value for key, value in row.items() if key != "extends"}}
+    merged["sources"] = {**base["sources"], **row["sources"]}
+    merged["default"] = row.get("default", False)
+    return merged
+
+
 @cache
 def _profiles() -> tuple[ServingProfile, ...]:
     data = json.loads(
         (resources.files("cost_model") / "data" / "serving_profiles.json").read_text()
     )
-    return tuple(ServingProfile(**row) for row in data["profiles"])
+    rows = data["profiles"]
+    return tuple(ServingProfile(**_with_base(row, rows)) for row in rows)
 
 
 @cache

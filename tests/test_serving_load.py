@@ -21,7 +21,7 @@ from cost_model import (
 )
 from cost_model._inference_load import serving_inputs
 from cost_model._serving_load import closed_loop, open_loop
-from cost_model._serving_profile import serving_profile
+from cost_model._serving_profile import _with_base, serving_profile
 from cost_model._serving_replica import LoadPolicy
 from cost_model._simulator import simulate
 from cost_model._simulator_layout import simulate_layout
@@ -265,8 +265,11 @@ def test_every_profile_term_has_a_source_and_unknown_engines_are_named() -> None
         "mixed_prefill_decode",
     )
     assert {row["engine"] for row in data["profiles"]} == {"vllm", "sglang", "trtllm"}
-    for row in data["profiles"]:
-        assert all(row["sources"][term].count("http") >= 1 for term in terms), row["engine"]
+    for row in data["profiles"]:  # a profile that extends another inherits its sources
+        sources = _with_base(row, data["profiles"])["sources"]
+        assert all(sources[term].count("http") >= 1 for term in terms), row["version"]
+        if "extends" in row:  # and names the source of every term it changes
+            assert all("http" in text for text in row["sources"].values()), row["version"]
     with pytest.raises(ValueError, match="serving_engine"):
         serving_profile("tgi")
 
@@ -292,7 +295,8 @@ def test_a_version_selects_its_release_profile_and_the_current_one_stays_default
     assert not (v0.prefill_graphs or v0.chunked_prefill or v0.mixed_prefill_decode)
     assert serving_profile("vllm", "0.7.3.dev138+g21f6ca217") == v0
     assert serving_profile("sglang", "0.4.3.post2").graph_max_tokens == 160
-    assert serving_profile("sglang", "0.4.10").default
+    assert serving_profile("sglang", "0.5.12").default
+    assert not serving_profile("sglang", "0.4.10").default
     assert serving_profile("trtllm", "0.17.post1.dev").graph_max_tokens == 0
     workload = Inference(
         prompt_tokens=4000,

@@ -1,0 +1,135 @@
+"""Engine defaults that depend on the device and the release (``_serving_profile``): SGLang's
+chunked-prefill budget, largest decode CUDA graph and static memory fraction, as each release's
+``server_args.py`` sets them from the device memory (MiB) and the tensor-parallel size."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autoparallel import get_model
+from cost_model import Inference, ParallelConfig
+from cost_model._inference_load import serving_inputs
+from cost_model._serving_columns import ServingConfig
+from cost_model._serving_profile import _with_base, serving_profile
+from cost_model._table import configs_to_table
+from topology import get_preset
+
+MIB = 2.0**20
+
+
+def _device(preset: str):
+    return get_preset(preset).device
+
+
+def _defaults(version: str | None, preset: str, tp: float) -> tuple[float, float, float]:
+    profile, device = serving_profile("sglang", version), _device(preset)
+    memory = device.memory_bytes
+    return (
+        profile.token_budget(memory, device.name),
+        float(profile.graph_tokens(memory, np.array([tp]), device.name)[0]),
+        float(
+            profile.memory_fraction(np.array([tp]), memory_bytes=memory, device_name=device.name)[0]
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    ("version", "profile"),
+    [
+        ("0.4.3.post2", "0.4.2-0.4.3"),
+        ("0.4.7", "0.4.6-0.4.7"),
+        ("0.4.10", "0.4.8-0.5.2"),
+        ("0.5.2", "0.4.8-0.5.2"),
+        ("0.5.6.post1", "0.5.3-0.5.9"),
+        ("0.5.9", "0.5.3-0.5.9"),
+        ("0.5.10", "0.5.10-0.5.23"),
+        (None, "0.5.10-0.5.23"),
+    ],
+)
+def test_each_release_takes_the_profile_of_its_rules(version, profile) -> None:
+    assert serving_profile("sglang", version).version == profile
+
+
+def test_current_sglang_budget_graph_and_fraction_follow_the_device() -> None:
+    """0.5.3 on: 8192 tokens on an 80 or 141 GB device, 16384 on a B200 (>= 160 GiB), 4096 on a
+    40 GB A100; decode graphs up to 512 at tp >= 4, 256 at tp < 4, 160 at tp 8 under 60 GiB;
+    the fraction (M - R) / M with R = 512 + 1.5 x budget + 2 x graph + 128 x tp x pp MiB (at
+    least 10 GiB above 60 GiB), rounded to 3 decimals."""
+    for preset, budget, graph in (
+        ("dgx-h100", 8192, 512),
+        ("dgx-h200", 8192, 512),
+        ("dgx-b200", 16384, 512),
+        ("mi300x", 16384, 512),
+        ("dgx-a100-40gb", 4096, 160),
+    ):
+        got = _defaults(None, preset, 8.0)
+        mib = _device(preset).memory_bytes / MIB
+        reserved = 512 + 1.5 * budget + 2 * graph + 128 * 8
+        if mib > 60 * 1024:
+            reserved = max(reserved, 10 * 1024)
+        assert got == (budget, graph, round((mib - reserved) / mib, 3)), preset
+    assert _defaults(None, "dgx-h100", 1.0)[1] == 256
+    assert _defaults(None, "dgx-b200", 1.0)[1] == 512
+
+
+def test_older_sglang_releases_keep_their_own_rules() -> None:
+    """0.4.8-0.5.2: decode graphs up to 160 below 90 GiB and 256 below 160,000 MiB, a reserve of
+    (9.5 or 12 + tp x pp / 2) GiB; 0.4.6: 8192 tokens everywhere, the tp table at or under
+    80 GiB and (M - 13 GiB) / M above; 0.4.2-0.4.3: decode graphs up to 160, 256 on AMD."""
+    h100 = _device("dgx-h100").memory_bytes / MIB
+    h200 = _device("dgx-h200").memory_bytes / MIB
+    assert _defaults("0.4.10", "dgx-h100", 8.0) == (
+        8192,
+        160,
+        round((h100 - (9.5 + 4) * 1024) / h100, 3),
+    )
+    assert _defaults("0.4.10", "dgx-h200", 8.0) == (8192, 256, round((h200 - 16 * 1024) / h200, 3))
+    assert _defaults("0.4.10", "dgx-b200", 8.0)[:2] == (16384, 512)
+    assert _defaults("0.4.6", "dgx-h100", 8.0) == (8192, 160, 0.81)
+    assert _defaults("0.4.6", "dgx-b200", 8.0)[:2] == (8192, 256)
+    assert _defaults("0.4.6", "dgx-h200", 8.0)[2] == pytest.approx((h200 - 13 * 1024) / h200)
+    assert _defaults("0.4.3", "dgx-h200", 8.0)[1] == 160
+    assert _defaults("0.4.3", "mi300x", 8.0)[1] == 256
+
+
+def _policy_and_cost(preset: str, workload: Inference, config: ParallelConfig):
+    cluster = get_preset(preset)
+    table = configs_to_table([config], **ServingConfig().columns(workload=workload))
+    cost, policy, _ = serving_inputs(
+        model=get_model("qwen3-235b-a22b"), cluster=cluster, workload=workload, table=table
+    )
+    return policy, cost
+
+
+def test_the_serving_model_runs_the_device_default_unless_the_workload_sets_one() -> None:
+    config = ParallelConfig(tp=8)
+    current = Inference(prompt_tokens=2000, output_tokens=500, serving_engine="sglang")
+    b200, _ = _policy_and_cost("dgx-b200", current, config)
+    h200, _ = _policy_and_cost("dgx-h200", current, config)
+    assert (b200.max_batched_tokens, h200.max_batched_tokens) == (16384, 8192)
+    fixed = current.model_copy(update={"max_batched_tokens": 4096})
+    assert _policy_and_cost("dgx-b200", fixed, config)[0].max_batched_tokens == 4096
+    older = current.model_copy(update={"serving_engine_version": "0.4.6"})
+    assert _policy_and_cost("dgx-b200", older, config)[0].max_batched_tokens == 8192
+    # the largest decode graph: 512 tokens per micro-batch at tp 8 on 0.5.x, 160 on 0.4.10's
+    # H100; larger decode iterations pay the eager launch time
+    _, cost = _policy_and_cost("dgx-h100", current, config)
+    _, old_cost = _policy_and_cost(
+        "dgx-h100", current.model_copy(update={"serving_engine_version": "0.4.10"}), config
+    )
+    assert float(cost.graph_max_tokens[0]) == 512 and float(old_cost.graph_max_tokens[0]) == 160
+    assert old_cost.eager(np.array([300.0]), np.array([0.0]))[0]
+    assert not cost.eager(np.array([300.0]), np.array([0.0]))[0]
+
+
+def test_a_profile_extends_one_other_version_of_its_engine() -> None:
+    rows = [
+        {"engine": "sglang", "version": "a", "default": True, "x": 1, "sources": {"x": "s"}},
+        {"engine": "sglang", "version": "b", "extends": "a", "y": 2, "sources": {"y": "t"}},
+    ]
+    merged = _with_base(rows[1], rows)
+    assert merged["x"] == 1 and merged["y"] == 2 and merged["default"] is False
+    assert merged["sources"] == {"x": "s", "y": "t"} and "extends" not in merged
+    with pytest.raises(ValueError, match=r"extends \('c'\) must name exactly one"):
+        _with_base({**rows[1], "extends": "c"}, rows)
