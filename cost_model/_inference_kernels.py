@@ -7,8 +7,9 @@ not the GPU's launch-to-launch gap and wave tail; two overlapped micro-batches p
 Kernels timed by an operator table (``_inference_compute``, ``_inference_comm._tp_all_reduce``)
 pay no floor on top (``_measured_kernels_per_pass``).
 A pass the engine runs without a CUDA graph by default (``ServingProfile.prefill_graphs``,
-``graph_max_tokens``: SGLang's extend batches, TensorRT-LLM's context phase, vLLM batches above
-its largest captured size) launches each kernel from the host, so it takes at least its kernels
+``graph_max_tokens``, ``_Setup.prefill_graph_tokens``: SGLang's extend batches before 0.5.10 and
+where it turns its prefill graphs off, TensorRT-LLM's context phase, vLLM batches above its
+largest captured size) launches each kernel from the host, so it takes at least its kernels
 times the host seconds per eager kernel (``eager_pass_host_s``; the host runs ahead of the GPU
 asynchronously, so the larger of the two is the pass; the wait is charged to compute).
 """
@@ -186,5 +187,4 @@ def pass_runs_eagerly(s: _Setup, p: ops.Pass) -> np.ndarray:
     """Whether the engine runs pass ``p`` without a CUDA graph by default, (n,): a prefill pass
     where it graphs decode only, or a pass of more tokens per forward than its largest graph."""
     tokens = p.batch * p.new_tokens  # per attention replica, the batch one forward holds
-    prompts = (not p.decode) and not s.profile.prefill_graphs
-    return (tokens > s.graph_tokens) | prompts
+    return tokens > (s.graph_tokens if p.decode else s.prefill_graph_tokens)

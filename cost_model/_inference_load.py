@@ -104,6 +104,7 @@ def iteration_cost(s: _Setup) -> IterationCost:
         eager_pass_host_s(s),
         s.graph_tokens * pp,
         s.profile.prefill_graphs,
+        s.prefill_graph_tokens * pp,
     )
 
 

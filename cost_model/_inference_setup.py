@@ -63,11 +63,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cost_model import _inference_ops as ops
+from cost_model._engine_paths import sglang_uses_deepep
 from cost_model._model_spec import ModelSpec
 from cost_model._options import Calibration, EstimateOptions
 from cost_model._pricing import op_time_s, ranks_per_node
 from cost_model._rows import RowPartition
-from cost_model._serving_columns import KV_DTYPE_CODES, checked_columns
+from cost_model._serving_columns import KV_DTYPE_CODES, PHASE_CODES, checked_columns
 from cost_model._serving_precision import check_serving_precision
 from cost_model._serving_profile import ServingProfile, serving_profile
 from cost_model._stages import StageLayout, parameters_per_device, stage_layout
@@ -149,6 +150,38 @@ class _Setup:
         return self.profile.graph_tokens(
             self.cluster.memory_per_device_bytes, self.column("tp"), self.hardware.name
         )
+
+    @cached_property
+    def prefill_graph_tokens(self) -> np.ndarray:
+        """The largest prompt-carrying iteration (tokens per forward) the engine replays as a
+        CUDA graph, per row: 0 where it runs every such iteration eagerly (no prefill graphs, or
+        a layout its ``prefill_graphs_off_with`` names), else its decode graphs' size or its
+        token budget (``ServingProfile.prefill_graph_tokens``), at most
+        ``prefill_graph_mla_max_tokens`` for an MLA model."""
+        profile = self.profile
+        if not profile.prefill_graphs:
+            return np.zeros(self.phase.shape[0])
+        if profile.prefill_graph_tokens == "token_budget":
+            limit = np.full(self.phase.shape[0], self.token_budget)
+        else:
+            limit = np.array(self.graph_tokens, dtype=np.float64)
+        if profile.prefill_graph_mla_max_tokens and self.model.attention.kind == "mla":
+            limit = np.minimum(limit, float(profile.prefill_graph_mla_max_tokens))
+        off = np.zeros(limit.shape, dtype=bool)
+        conditions = set(profile.prefill_graphs_off_with)
+        if "attention_dp" in conditions:
+            off |= self.attention_dp
+        if "pipeline" in conditions:
+            off |= self.column("pp") > 1
+        if "expert_all_to_all" in conditions:
+            off |= sglang_uses_deepep(
+                tp=self.column("tp"), ep=self.column("ep"), etp=self.column("etp")
+            )
+        if "amd" in conditions and "amd" in self.hardware.name.lower():
+            off |= True
+        if "disaggregated" in conditions:
+            off |= self.phase != PHASE_CODES["both"]
+        return np.where(off, 0.0, limit)
 
     @cached_property
     def rows(self) -> RowPartition:

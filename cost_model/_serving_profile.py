@@ -110,8 +110,20 @@ class ServingProfile(BaseModel):
     kernel_floor_s: float = Field(ge=0)
     #: host seconds of one kernel of an eager pass (no CUDA graph): module code, dispatcher, launch
     eager_kernel_host_s: float = Field(ge=0)
-    #: whether an iteration carrying prompt tokens replays a CUDA graph (up to ``graph_max_tokens``)
+    #: whether an iteration carrying prompt tokens replays a CUDA graph (up to ``graph_max_tokens``,
+    #: or up to the token budget with ``prefill_graph_tokens == "token_budget"``)
     prefill_graphs: bool
+    #: the largest prompt-carrying iteration that replays a graph: the decode graphs' size
+    #: (vLLM's one capture list) or the engine's token budget (SGLang's prefill graphs)
+    prefill_graph_tokens: Literal["graph_max_tokens", "token_budget"] = "graph_max_tokens"
+    #: the prefill graphs' limit for an MLA model, where smaller
+    prefill_graph_mla_max_tokens: int | None = Field(default=None, gt=0)
+    #: where the engine turns its prefill graphs off by default: attention data parallelism,
+    #: pipeline parallelism, an expert all-to-all backend (DeepEP), AMD devices, a disaggregated
+    #: prefill or decode pool
+    prefill_graphs_off_with: tuple[
+        Literal["attention_dp", "pipeline", "expert_all_to_all", "amd", "disaggregated"], ...
+    ] = ()
     #: the largest iteration, in tokens per forward, that replays a CUDA graph (where no
     #: ``graph_max_tokens_rules`` rule applies)
     graph_max_tokens: int = Field(ge=0)

@@ -36,7 +36,8 @@ class IterationCost:
     costs at least what its decodes alone cost.
 
     An iteration the engine runs without a CUDA graph (one carrying prompt tokens where the
-    engine graphs decode only, or one of more than ``graph_max_tokens`` tokens) is
+    engine graphs decode only or past ``prefill_graph_max_tokens``, or one of more than
+    ``graph_max_tokens`` tokens) is
     host-bound where launching its kernels takes longer than running them: the host enqueues
     kernels ahead of the GPU asynchronously, so its pass takes ``max(GPU time, eager_host_s)``
     (``eager_host_s``: kernels x host seconds per eager kernel, ``ServingProfile``). A graphed
@@ -52,6 +53,9 @@ class IterationCost:
     #: the largest iteration (tokens over the pipeline's micro-batches) that replays a graph
     graph_max_tokens: np.ndarray | None = None  # (n,)
     prefill_graphs: bool = True
+    #: the largest iteration carrying prompt tokens that replays one, where ``prefill_graphs``
+    #: (None: ``graph_max_tokens``)
+    prefill_graph_max_tokens: np.ndarray | None = None  # (n,)
 
     def seconds(self, decodes, prefill_tokens) -> np.ndarray:
         """Iteration time with ``decodes`` decoding requests and ``prefill_tokens`` prompt
@@ -86,17 +90,28 @@ class IterationCost:
         decodes = np.asarray(decodes, dtype=np.float64)
         column = (lambda v: v[:, None]) if decodes.ndim == 2 else (lambda v: v)
         seconds = self.seconds(decodes, np.zeros_like(decodes))
-        if self.eager_host_s is None or self.prefill_graphs:
+        if self.eager_host_s is None:
             return seconds
+        eager = np.asarray(decodes) > self._prompt_limit(column)
         gpu = seconds - column(self.floor_s)
-        return np.maximum(gpu, column(self.eager_host_s)) + column(self.floor_s)
+        eager_s = np.maximum(gpu, column(self.eager_host_s)) + column(self.floor_s)
+        return np.where(eager, eager_s, seconds)
+
+    def _prompt_limit(self, column):
+        """The largest iteration carrying prompt tokens that replays a graph (0: none)."""
+        if not self.prefill_graphs:
+            return 0.0
+        if self.prefill_graph_max_tokens is None:
+            return np.inf if self.graph_max_tokens is None else column(self.graph_max_tokens)
+        return column(self.prefill_graph_max_tokens)
 
     def eager(self, tokens, prefill_tokens, column=lambda v: v) -> np.ndarray:
         """Whether an iteration of ``tokens`` tokens, ``prefill_tokens`` of them from prompts,
         runs without a CUDA graph; ``column`` shapes an (n,) array against ``tokens``."""
         limit = np.inf if self.graph_max_tokens is None else column(self.graph_max_tokens)
-        prompts = (np.asarray(prefill_tokens) > 0) & (not self.prefill_graphs)
-        return (np.asarray(tokens) > limit) | prompts
+        prompts = np.asarray(prefill_tokens) > 0
+        tokens = np.asarray(tokens)
+        return np.where(prompts, tokens > self._prompt_limit(column), tokens > limit)
 
     @cached_property
     def _segments(self) -> tuple[np.ndarray, np.ndarray]:
@@ -118,6 +133,7 @@ class IterationCost:
             None if self.eager_host_s is None else self.eager_host_s[pick],
             None if self.graph_max_tokens is None else self.graph_max_tokens[pick],
             self.prefill_graphs,
+            None if self.prefill_graph_max_tokens is None else self.prefill_graph_max_tokens[pick],
         )
 
 

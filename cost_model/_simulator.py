@@ -87,7 +87,7 @@ class _ScalarCost:
         self.graph_max_tokens = (
             float("inf") if cost.graph_max_tokens is None else float(cost.graph_max_tokens[0])
         )
-        self.prefill_graphs = cost.prefill_graphs
+        self.prompt_graph_max_tokens = float(np.asarray(cost._prompt_limit(lambda v: v[0])))
         # An iteration's cost depends on its three arguments only; coupled ranks and long runs
         # repeat the same few, so each is computed once.
         self._seen: dict[tuple[int, int, bool], float] = {}
@@ -118,7 +118,8 @@ class _ScalarCost:
             linear = max(self._interpolate(self.prefill_linear, tokens), linear)
         gpu = linear + self.decode * decodes + self.prefill * prefill_tokens
         extend = prefill_tokens > 0 or extend_in_batch
-        if tokens > self.graph_max_tokens or (extend and not self.prefill_graphs):
+        limit = self.prompt_graph_max_tokens if extend else self.graph_max_tokens
+        if tokens > limit:
             gpu = max(gpu, self.eager_host)  # host-bound eager pass (IterationCost)
         return gpu + self.floor
 

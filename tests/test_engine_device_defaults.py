@@ -133,3 +133,70 @@ def test_a_profile_extends_one_other_version_of_its_engine() -> None:
     assert merged["sources"] == {"x": "s", "y": "t"} and "extends" not in merged
     with pytest.raises(ValueError, match=r"extends \('c'\) must name exactly one"):
         _with_base({**rows[1], "extends": "c"}, rows)
+
+
+def _setup_of(
+    model: str, preset: str, config: ParallelConfig, version: str | None = None, **serving
+):
+    from cost_model._inference_setup import _setup
+    from cost_model._options import EstimateOptions
+
+    workload = Inference(
+        prompt_tokens=2000,
+        output_tokens=500,
+        serving_engine="sglang",
+        serving_engine_version=version,
+    )
+    table = configs_to_table([config], **ServingConfig(**serving).columns(workload=workload))
+    return _setup(
+        model=get_model(model),
+        cluster=get_preset(preset),
+        workload=workload,
+        table=table,
+        options=EstimateOptions(),
+    )
+
+
+def test_current_sglang_graphs_prompt_iterations_up_to_its_budget_where_it_keeps_them_on() -> None:
+    """From 0.5.10 an extend batch replays a prefill CUDA graph up to the chunked-prefill size
+    (2048 tokens for an MLA model); the engine turns them off under DP attention, pipeline
+    parallelism, DeepEP, on AMD and in disaggregated pools; before 0.5.10 it prefills eagerly."""
+    tp8 = ParallelConfig(tp=8)
+    assert _setup_of("qwen3-235b-a22b", "dgx-h200", tp8).prefill_graph_tokens[0] == 8192
+    assert _setup_of("qwen3-235b-a22b", "dgx-b200", tp8).prefill_graph_tokens[0] == 16384
+    assert _setup_of("deepseek-v3", "dgx-h200", tp8).prefill_graph_tokens[0] == 2048
+    for setup in (
+        _setup_of("qwen3-235b-a22b", "dgx-h200", tp8, "0.5.6"),
+        _setup_of("qwen3-235b-a22b", "mi300x", tp8),
+        _setup_of("qwen3-235b-a22b", "dgx-h200", ParallelConfig(tp=4, pp=2)),
+        _setup_of("qwen3-235b-a22b", "dgx-h200", ParallelConfig(tp=8, ep=8)),  # DeepEP
+        _setup_of("deepseek-v3", "dgx-h200", ParallelConfig(tp=8, attention_data_parallel=True)),
+        _setup_of("qwen3-235b-a22b", "dgx-h200", tp8, phase="prefill"),
+    ):
+        assert setup.prefill_graph_tokens[0] == 0.0
+
+
+def test_a_graphed_prefill_is_not_host_bound() -> None:
+    """A 2000-token prompt alone: 0.5.6 launches its extend pass eagerly, bound by the host's
+    launches (``eager_pass_host_s``); 0.5.12 replays a graph, so its iteration is the GPU time,
+    the same as 0.5.6's wherever the GPU outlasts the launches."""
+    config = ParallelConfig(tp=8)
+    workload = Inference(prompt_tokens=2000, output_tokens=500, serving_engine="sglang")
+    costs = {}
+    for version in ("0.5.6", "0.5.12"):
+        _, cost = _policy_and_cost(
+            "dgx-h200", workload.model_copy(update={"serving_engine_version": version}), config
+        )
+        costs[version] = cost
+    prompt, none = np.array([2000.0]), np.array([0.0])
+    assert costs["0.5.6"].eager(prompt, prompt)[0] and not costs["0.5.12"].eager(prompt, prompt)[0]
+    eager_s = float(costs["0.5.6"].seconds(none, prompt)[0])
+    graphed_s = float(costs["0.5.12"].seconds(none, prompt)[0])
+    host = float(costs["0.5.6"].eager_host_s[0])
+    assert eager_s >= host + float(costs["0.5.6"].floor_s[0]) - 1e-12
+    assert graphed_s < eager_s
+    # decode iterations are graphed in both up to 512 tokens per micro-batch
+    decodes = np.array([256.0])
+    assert costs["0.5.6"].seconds(decodes, none)[0] == pytest.approx(
+        costs["0.5.12"].seconds(decodes, none)[0]
+    )
