@@ -152,25 +152,54 @@ def _band(scope: str, runs: list[dict], *, key: str = "speed_error") -> ErrorBan
 
 
 # ---------------------------------------------------------------------------- serving
+def _release_label(version: str) -> str:
+    """A serving profile's releases without its remark: ``"1.0-1.1 (PyTorch backend)"`` ->
+    ``"1.0-1.1"``."""
+    return version.split(" (", 1)[0]
+
+
 @lru_cache(maxsize=1)
 def _serving_held_out() -> tuple[dict, ...]:
     text = (resources.files("cost_model") / "data" / "serving_held_out.json").read_text()
     return tuple(json.loads(text)["rows"])
 
 
-def serving_error_bands(model, cluster, *, engine: str, deployment: str) -> dict[str, ErrorBand]:
+def serving_error_bands(
+    model, cluster, *, engine: str, deployment: str, version: str | None = None
+) -> dict[str, ErrorBand]:
     """Per latency metric (``TTFT``, ``TPOT``), the band of the public serving measurements of
-    the regime of ``model`` served by ``engine`` on ``cluster`` (``deployment``: colocated or
-    disaggregated), from ``data/serving_held_out.json`` (every row of
-    ``data/serving_validation.json``, none a fit input; written by
-    ``benchmarks/serving_held_out.py`` and checked against the current prediction by a test).
-    Errors as for training: measured time / predicted time - 1 (> 0: the model was optimistic).
-    The regime widens one key at a time until ``MIN_RUNS`` rows share it: engine, generation,
-    MoE and deployment; engine, generation and MoE; engine and MoE; engine; MoE; every row."""
+    the regime of ``model`` served by ``engine`` (at release ``version``; None: its current
+    releases) on ``cluster`` (``deployment``: colocated or disaggregated), from
+    ``data/serving_held_out.json`` (every row of ``data/serving_validation.json``, none a fit
+    input; written by ``benchmarks/serving_held_out.py`` and checked against the current
+    prediction by a test). Errors as for training: measured time / predicted time - 1 (> 0: the
+    model was optimistic). The regime widens one key at a time until ``MIN_RUNS`` rows share
+    it: the engine's release group (the ``ServingProfile`` that priced the rows), generation,
+    MoE and deployment; that release group and MoE; then across releases, engine, generation,
+    MoE and deployment; engine, generation and MoE; engine and MoE; engine; MoE; every row. A
+    band from other releases names those its rows ran."""
+    from cost_model._serving_profile import serving_profile
+
     generation = generation_of(cluster.device.name)
     moe = model.moe is not None
     kind = "MoE" if moe else "dense"
+    release = serving_profile(engine, version).version
+    label = _release_label(release)
     levels: list[tuple[str, dict]] = []
+    if generation is not None:
+        levels.append(
+            (
+                f"{engine} {label}, {generation}, {kind}, {deployment}",
+                {
+                    "engine": engine,
+                    "release": release,
+                    "generation": generation,
+                    "moe": moe,
+                    "deployment": deployment,
+                },
+            )
+        )
+    levels.append((f"{engine} {label}, {kind}", {"engine": engine, "release": release, "moe": moe}))
     if generation is not None:
         levels += [
             (
@@ -192,8 +221,13 @@ def serving_error_bands(model, cluster, *, engine: str, deployment: str) -> dict
     for metric in ("TTFT", "TPOT"):
         rows = [row for row in _serving_held_out() if row["metric"] == metric]
         for scope, keys in levels:
-            chosen = [row for row in rows if all(row[k] == v for k, v in keys.items())]
+            chosen = [row for row in rows if all(row.get(k) == v for k, v in keys.items())]
             if len(chosen) >= MIN_RUNS:
+                if "release" not in keys:
+                    ran = sorted(
+                        {f"{row['engine']} {_release_label(row['release'])}" for row in chosen}
+                    )
+                    scope = f"{scope}, measured on {', '.join(ran)}"
                 bands[metric] = _band(scope, chosen, key="time_error")
                 break
     return bands

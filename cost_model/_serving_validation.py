@@ -359,9 +359,11 @@ def summarize_serving_by_source(
 def held_out_serving_rows(rows: list[ServingValidationRow] | None = None) -> list[dict]:
     """The TTFT and TPOT rows of ``validate_serving`` (every row when ``rows`` is None) with the
     regime their run belongs to, as ``_error_band.serving_error_bands`` reads them: row id,
-    source, engine profile, GPU generation, MoE or dense, deployment, metric and
-    ``time_error`` = measured / predicted - 1 (> 0: the model was optimistic)."""
+    source, engine profile and its release group (the ``ServingProfile`` version that priced
+    the row), GPU generation, MoE or dense, deployment, metric and ``time_error`` = measured /
+    predicted - 1 (> 0: the model was optimistic)."""
     from cost_model._error_band import generation_of
+    from cost_model._serving_profile import serving_profile
 
     rows = validate_serving() if rows is None else rows
     records = {row["id"]: row for row in serving_validation_data()["rows"]}
@@ -376,6 +378,9 @@ def held_out_serving_rows(rows: list[ServingValidationRow] | None = None) -> lis
                 "id": row.row_id,
                 "source": row.source,
                 "engine": ENGINE_PROFILES[record["engine"]],
+                "release": serving_profile(
+                    ENGINE_PROFILES[record["engine"]], record.get("engine_version")
+                ).version,
                 "generation": generation_of(record["gpu"]),
                 "moe": row_model(record).moe is not None,
                 "deployment": row.deployment,

@@ -228,7 +228,11 @@ def _print_serving_extras(args: argparse.Namespace, model, cluster, config, work
     from autoparallel.cli._serving_args import serving_error_bar_line
 
     if bar := serving_error_bar_line(
-        model, cluster, engine=workload.serving_engine, deployment="colocated"
+        model,
+        cluster,
+        engine=workload.serving_engine,
+        deployment="colocated",
+        version=workload.serving_engine_version,
     ):
         console.print(bar, highlight=False, markup=False)
     if args.simulate:

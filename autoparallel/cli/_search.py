@@ -356,6 +356,7 @@ def _write(plan, output: Path, *, cluster, as_json: bool = False) -> int:
             sized,
             engine=plan.job.serving_engine,
             deployment=plan.deployment.kind,
+            version=plan.job.serving_engine_version,
         ):
             console.print(bar, highlight=False, markup=False)
     elif plan.predicted is not None and plan.job.kind == "training":

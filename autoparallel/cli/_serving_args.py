@@ -143,13 +143,17 @@ def simulated_line(plan, *, model, cluster, workload) -> str:
     )
 
 
-def serving_error_bar_line(model, cluster, *, engine: str, deployment: str) -> str | None:
+def serving_error_bar_line(
+    model, cluster, *, engine: str, deployment: str, version: str | None = None
+) -> str | None:
     """The error bar of a serving estimate: how the public measurements of its regime
-    (``cost_model.serving_error_bands``) compared with the model's TTFT and TPOT; None where
-    no row covers it."""
+    (``cost_model.serving_error_bands``: ``engine`` at release ``version``) compared with the
+    model's TTFT and TPOT; None where no row covers it."""
     from cost_model import serving_error_bands
 
-    bands = serving_error_bands(model, cluster, engine=engine, deployment=deployment)
+    bands = serving_error_bands(
+        model, cluster, engine=engine, deployment=deployment, version=version
+    )
     if not bands:
         return None
     parts = [

@@ -320,7 +320,11 @@ def _error_bar(model, cluster, workload, plan) -> dict:
         band = training_error_band(model, cluster, plan.config)
         return {} if band is None else {"step time": asdict(band)}
     bands = serving_error_bands(
-        model, cluster, engine=workload.serving_engine, deployment=plan.deployment.kind
+        model,
+        cluster,
+        engine=workload.serving_engine,
+        deployment=plan.deployment.kind,
+        version=workload.serving_engine_version,
     )
     return {metric: asdict(band) for metric, band in bands.items()}
 
