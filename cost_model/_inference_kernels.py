@@ -184,7 +184,9 @@ def _host_bound(s: _Setup, exposed: dict[str, np.ndarray], eager) -> dict[str, n
 
 
 def pass_runs_eagerly(s: _Setup, p: ops.Pass) -> np.ndarray:
-    """Whether the engine runs pass ``p`` without a CUDA graph by default, (n,): a prefill pass
-    where it graphs decode only, or a pass of more tokens per forward than its largest graph."""
+    """Whether the engine runs pass ``p`` without a CUDA graph by default, (n,): a decode pass of
+    more tokens per forward than its largest graph (``_Setup.graph_tokens``), a prefill pass of
+    more than its largest prompt-carrying graph (``_Setup.prefill_graph_tokens``; 0 where it
+    graphs decode only)."""
     tokens = p.batch * p.new_tokens  # per attention replica, the batch one forward holds
     return tokens > (s.graph_tokens if p.decode else s.prefill_graph_tokens)

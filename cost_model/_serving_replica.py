@@ -92,13 +92,14 @@ class IterationCost:
         seconds = self.seconds(decodes, np.zeros_like(decodes))
         if self.eager_host_s is None:
             return seconds
-        eager = np.asarray(decodes) > self._prompt_limit(column)
+        eager = np.asarray(decodes) > self.prompt_graph_limit(column)
         gpu = seconds - column(self.floor_s)
         eager_s = np.maximum(gpu, column(self.eager_host_s)) + column(self.floor_s)
         return np.where(eager, eager_s, seconds)
 
-    def _prompt_limit(self, column):
-        """The largest iteration carrying prompt tokens that replays a graph (0: none)."""
+    def prompt_graph_limit(self, column=lambda v: v):
+        """The largest iteration carrying prompt tokens that replays a graph (0: none; an (n,)
+        array shaped by ``column``, or a scalar)."""
         if not self.prefill_graphs:
             return 0.0
         if self.prefill_graph_max_tokens is None:
@@ -111,7 +112,7 @@ class IterationCost:
         limit = np.inf if self.graph_max_tokens is None else column(self.graph_max_tokens)
         prompts = np.asarray(prefill_tokens) > 0
         tokens = np.asarray(tokens)
-        return np.where(prompts, tokens > self._prompt_limit(column), tokens > limit)
+        return np.where(prompts, tokens > self.prompt_graph_limit(column), tokens > limit)
 
     @cached_property
     def _segments(self) -> tuple[np.ndarray, np.ndarray]:

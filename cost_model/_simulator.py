@@ -87,7 +87,7 @@ class _ScalarCost:
         self.graph_max_tokens = (
             float("inf") if cost.graph_max_tokens is None else float(cost.graph_max_tokens[0])
         )
-        self.prompt_graph_max_tokens = float(np.asarray(cost._prompt_limit(lambda v: v[0])))
+        self.prompt_graph_max_tokens = float(np.asarray(cost.prompt_graph_limit(lambda v: v[0])))
         # An iteration's cost depends on its three arguments only; coupled ranks and long runs
         # repeat the same few, so each is computed once.
         self._seen: dict[tuple[int, int, bool], float] = {}
