@@ -192,6 +192,7 @@ def _engine_admits(s: _Setup) -> np.ndarray:
         pp=s.column("pp"),
         budget=s.token_budget,
         device_name=s.hardware.name,
+        attention_dp=s.attention_dp,
     )
     pool = (
         fraction * capacity - others

@@ -53,8 +53,11 @@ class ReserveRule(BaseModel):
     ``round((M - R) / M, 3)`` of the device's ``M`` MiB (SGLang ``mem_fraction_static``; not
     rounded where ``rounded`` is false): ``R = base_mib + per_parallel_mib * tp * pp +
     per_budget_token_mib * max(budget, min_budget_tokens) + per_graph_batch_mib * graph batch``,
-    at least ``floor_mib``. A tier with ``by_tp`` keeps the profile's fraction by tensor-parallel
-    size (``kv_memory_fraction_by_tp``) instead."""
+    at least ``floor_mib``; with attention data parallelism over ``dp`` ranks (``dp = tp``) also
+    ``dp_attention_mib + graph batch * dp * (per_dp_graph_batch_mib + per_dp_large_graph_batch_mib
+    where the graph batch exceeds large_graph_batch_above)`` before the floor. A tier with
+    ``by_tp`` keeps the profile's fraction by tensor-parallel size (``kv_memory_fraction_by_tp``)
+    instead."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -66,6 +69,10 @@ class ReserveRule(BaseModel):
     per_budget_token_mib: float = Field(default=0.0, ge=0)
     min_budget_tokens: float = Field(default=0.0, ge=0)
     per_graph_batch_mib: float = Field(default=0.0, ge=0)
+    dp_attention_mib: float = Field(default=0.0, ge=0)
+    per_dp_graph_batch_mib: float = Field(default=0.0, ge=0)
+    per_dp_large_graph_batch_mib: float = Field(default=0.0, ge=0)
+    large_graph_batch_above: float = Field(default=float("inf"), ge=0)
     floor_mib: float = Field(default=0.0, ge=0)
 
 
@@ -259,11 +266,13 @@ class ServingProfile(BaseModel):
         pp=1.0,
         budget: float | None = None,
         device_name: str = "",
+        attention_dp=False,
     ) -> np.ndarray:
         """The default memory fraction at each row's tensor-parallel size ``tp``: from the tier
         of ``kv_memory_reserve`` the device of ``memory_bytes`` falls in (with the row's
-        ``pp``, the iteration token ``budget``, default ``token_budget``, and the graph batch,
-        ``graph_tokens``), else by ``tp`` (``kv_memory_fraction_by_tp``)."""
+        ``pp``, the iteration token ``budget``, default ``token_budget``, the graph batch,
+        ``graph_tokens``, and whether it runs attention data-parallel over its tp ranks,
+        ``attention_dp``), else by ``tp`` (``kv_memory_fraction_by_tp``)."""
         tp = np.asarray(tp, dtype=np.float64)
         fraction = np.full(tp.shape, self.kv_memory_fraction)
         for size in sorted(self.kv_memory_fraction_by_tp):
@@ -284,11 +293,16 @@ class ServingProfile(BaseModel):
         if tier.by_tp:
             return fraction
         tokens = self.token_budget(memory_bytes, device_name) if budget is None else float(budget)
+        graph = self.graph_tokens(memory_bytes, tp, device_name)
+        per_dp_batch = tier.per_dp_graph_batch_mib + np.where(
+            graph > tier.large_graph_batch_above, tier.per_dp_large_graph_batch_mib, 0.0
+        )
         reserved = (
             tier.base_mib
             + tier.per_parallel_mib * tp * np.asarray(pp, dtype=np.float64)
             + tier.per_budget_token_mib * max(tokens, tier.min_budget_tokens)
-            + tier.per_graph_batch_mib * self.graph_tokens(memory_bytes, tp, device_name)
+            + tier.per_graph_batch_mib * graph
+            + np.where(attention_dp, tier.dp_attention_mib + graph * tp * per_dp_batch, 0.0)
         )
         fraction = (mib - np.maximum(reserved, tier.floor_mib)) / mib
         return np.round(fraction, 3) if tier.rounded else fraction

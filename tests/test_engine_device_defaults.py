@@ -103,7 +103,7 @@ def _policy_and_cost(preset: str, workload: Inference, config: ParallelConfig):
 
 
 def test_the_serving_model_runs_the_device_default_unless_the_workload_sets_one() -> None:
-    config = ParallelConfig(tp=8)
+    config = ParallelConfig(tp=8, etp=8)
     current = Inference(prompt_tokens=2000, output_tokens=500, serving_engine="sglang")
     b200, _ = _policy_and_cost("dgx-b200", current, config)
     h200, _ = _policy_and_cost("dgx-h200", current, config)
@@ -161,16 +161,18 @@ def test_current_sglang_graphs_prompt_iterations_up_to_its_budget_where_it_keeps
     """From 0.5.10 an extend batch replays a prefill CUDA graph up to the chunked-prefill size
     (2048 tokens for an MLA model); the engine turns them off under DP attention, pipeline
     parallelism, DeepEP, on AMD and in disaggregated pools; before 0.5.10 it prefills eagerly."""
-    tp8 = ParallelConfig(tp=8)
+    tp8 = ParallelConfig(tp=8, etp=8)
     assert _setup_of("qwen3-235b-a22b", "dgx-h200", tp8).prefill_graph_tokens[0] == 8192
     assert _setup_of("qwen3-235b-a22b", "dgx-b200", tp8).prefill_graph_tokens[0] == 16384
     assert _setup_of("deepseek-v3", "dgx-h200", tp8).prefill_graph_tokens[0] == 2048
     for setup in (
         _setup_of("qwen3-235b-a22b", "dgx-h200", tp8, "0.5.6"),
         _setup_of("qwen3-235b-a22b", "mi300x", tp8),
-        _setup_of("qwen3-235b-a22b", "dgx-h200", ParallelConfig(tp=4, pp=2)),
+        _setup_of("qwen3-235b-a22b", "dgx-h200", ParallelConfig(tp=4, etp=4, pp=2)),
         _setup_of("qwen3-235b-a22b", "dgx-h200", ParallelConfig(tp=8, ep=8)),  # DeepEP
-        _setup_of("deepseek-v3", "dgx-h200", ParallelConfig(tp=8, attention_data_parallel=True)),
+        _setup_of(
+            "deepseek-v3", "dgx-h200", ParallelConfig(tp=8, etp=8, attention_data_parallel=True)
+        ),
         _setup_of("qwen3-235b-a22b", "dgx-h200", tp8, phase="prefill"),
     ):
         assert setup.prefill_graph_tokens[0] == 0.0
@@ -180,7 +182,7 @@ def test_a_graphed_prefill_is_not_host_bound() -> None:
     """A 2000-token prompt alone: 0.5.6 launches its extend pass eagerly, bound by the host's
     launches (``eager_pass_host_s``); 0.5.12 replays a graph, so its iteration is the GPU time,
     the same as 0.5.6's wherever the GPU outlasts the launches."""
-    config = ParallelConfig(tp=8)
+    config = ParallelConfig(tp=8, etp=8)
     workload = Inference(prompt_tokens=2000, output_tokens=500, serving_engine="sglang")
     costs = {}
     for version in ("0.5.6", "0.5.12"):
@@ -200,3 +202,34 @@ def test_a_graphed_prefill_is_not_host_bound() -> None:
     assert costs["0.5.6"].seconds(decodes, none)[0] == pytest.approx(
         costs["0.5.12"].seconds(decodes, none)[0]
     )
+
+
+def test_sglang_reserves_graph_memory_per_data_parallel_attention_rank() -> None:
+    """With DP attention (dp = tp) SGLang 0.5.x reserves cuda_graph_max_bs x dp x 3 MiB more, and
+    x 1.5 more above a graph batch of 300: 18 GiB at tp 8 with 512-token graphs, a pool ~13%
+    of an H200 smaller; 0.4.8-0.5.2 reserve 4 GiB more."""
+    device = _device("dgx-h200")
+    mib = device.memory_bytes / MIB
+    tp = np.array([8.0, 8.0])
+    dp = np.array([False, True])
+    current = serving_profile("sglang").memory_fraction(
+        tp, memory_bytes=device.memory_bytes, device_name=device.name, attention_dp=dp
+    )
+    base = 512 + 1.5 * 8192 + 2 * 512 + 1024
+    assert list(current) == [
+        round((mib - base) / mib, 3),
+        round((mib - base - 512 * 8 * 4.5) / mib, 3),
+    ]
+    older = serving_profile("sglang", "0.5.1").memory_fraction(
+        tp, memory_bytes=device.memory_bytes, device_name=device.name, attention_dp=dp
+    )
+    assert older[0] - older[1] == pytest.approx(4096 / mib, abs=1.5e-3)
+    admitted = [
+        _policy_and_cost(
+            "dgx-h200",
+            Inference(prompt_tokens=2000, output_tokens=500, weight_dtype="fp8"),
+            ParallelConfig(tp=8, etp=8, attention_data_parallel=flag),
+        )[0].max_running
+        for flag in (False, True)
+    ]
+    assert float(np.asarray(admitted[1])[0]) < float(np.asarray(admitted[0])[0])
