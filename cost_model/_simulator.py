@@ -433,10 +433,29 @@ def _run(*, cost: _ScalarCost, engine: _Engine) -> dict:
             engine.now = max(engine.now, engine.pending[0])
             continue
         decoded = engine.mixed or prefill_tokens == 0  # else the decodes wait for the prefill
-        engine.now += cost(engine.decoding if decoded else 0, prefill_tokens)
-        engine.iteration += 1
+        step = cost(engine.decoding if decoded else 0, prefill_tokens)
+        repeats = _decode_only_repeats(engine, step) if prefill_tokens == 0 else 1
+        for _ in range(repeats):  # the same sum, step by step, as one iteration at a time
+            engine.now += step
+        engine.iteration += repeats
+        engine.decode_steps += repeats - 1
         engine.finish_iteration(finished, decoded=decoded)
     return {"iterations": engine.iteration, "now": engine.now}
+
+
+def _decode_only_repeats(engine: _Engine, step: float) -> int:
+    """Identical decode-only iterations (of ``step`` seconds) a replica runs from now before
+    anything changes: until the first decoding request's last token, or the iteration that
+    starts at or after the next arrival (whose prompt it would schedule). Nothing else changes
+    the schedule between them (a waiting prompt the KV pool cannot hold waits for a request to
+    finish), so they are run at once."""
+    last = engine.finishing[0][0] - engine.decode_steps if engine.finishing else 1
+    arrival = engine.pending[0] if engine.pending else float("inf")
+    repeats, start = 1, engine.now + step
+    while repeats < last and start < arrival:
+        start += step
+        repeats += 1
+    return repeats
 
 
 def _run_coupled(*, cost: _ScalarCost, engines: list[_Engine]) -> dict:
