@@ -240,23 +240,24 @@ def _policy(s: _Setup, max_running: np.ndarray) -> LoadPolicy:
         s.workload.output_tokens_cv,
         s.workload.prompt_tokens_cv,
         _coupled_ranks(s),
+        s.profile.graphs_need_equal_batches,
     )
 
 
 def _coupled_ranks(s: _Setup) -> np.ndarray:
-    """Attention replicas of each row's instance that iterate together, (n,): SGLang's data
-    parallel attention ranks (``_serving_coupling.DP_ATTENTION_COUPLING``), vLLM's data-parallel
-    ranks whose experts span them (``_serving_coupling.VLLM_DP_EP_COUPLING``: the expert group's
-    ``ep x etp`` ranks over one replica's ``cp x`` attention shard), 1 elsewhere (each of
-    TensorRT-LLM's replicas, vLLM's replicas with their own experts, and every SGLang replica
-    without attention data parallel, iterates alone here)."""
+    """Attention replicas of each row's instance that iterate together, (n,): SGLang's and
+    TensorRT-LLM's data-parallel attention ranks (``_serving_coupling.DP_ATTENTION_COUPLING``,
+    ``TRTLLM_ATTENTION_DP_COUPLING``), vLLM's data-parallel ranks whose experts span them
+    (``_serving_coupling.VLLM_DP_EP_COUPLING``: the expert group's ``ep x etp`` ranks over one
+    replica's ``cp x`` attention shard), 1 elsewhere (vLLM's replicas with their own experts, and
+    every replica without attention data parallel, iterates alone here)."""
     ones = np.ones(s.phase.shape[0])
     if s.profile.engine == "vllm":
         if s.model.moe is None:
             return ones
         spanned = s.column("ep") * s.column("etp") / (s.column("cp") * s.shard)
         return np.where(_experts_span_replicas(s), np.maximum(spanned, 1.0), ones)
-    if s.profile.engine != "sglang":
+    if s.profile.engine not in ("sglang", "trtllm"):
         return ones
     replicas = attention_replicas(
         tp=s.column("tp"),

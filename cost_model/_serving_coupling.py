@@ -2,11 +2,15 @@
 
 The data-parallel attention ranks of one SGLang instance iterate together
 (``DP_ATTENTION_COUPLING``), as do vLLM's data-parallel ranks whose experts span them
-(``VLLM_DP_EP_COUPLING``): where their requests drift apart (output lengths that vary, or
+(``VLLM_DP_EP_COUPLING``) and TensorRT-LLM's attention data-parallel ranks
+(``TRTLLM_ATTENTION_DP_COUPLING``): where their requests drift apart (output lengths that vary, or
 Poisson arrivals), a rank's decode iteration lasts another rank's prefill iteration whenever
 one of them prefills (``_coupled_decode_s``; under Poisson arrivals a two-state Markov chain of
-iterations, ``_coupled_poisson_decode_s``); lock-step waves of equal requests prefill on every
-rank at once, so they stall no further. Used by the closed form (``_serving_load``).
+iterations, ``_coupled_poisson_decode_s``), and under Poisson arrivals, where the engine
+replays a decode graph only on equal batches (TensorRT-LLM), the drifted ranks' decodes run
+without one (``_drifted_decode_s``);
+lock-step waves of equal requests prefill on every rank at once, so they stall no further. Used
+by the closed form (``_serving_load``).
 """
 
 from __future__ import annotations
@@ -48,6 +52,42 @@ DP_ATTENTION_COUPLING = "sglang --enable-dp-attention: ranks iterate together"
 #: capture sizes is eager on its own rank as well, so that rank already costs at least the
 #: eager host time the others are held to.
 VLLM_DP_EP_COUPLING = "vllm --data-parallel-size with --enable-expert-parallel: ranks step together"
+
+#: Coupling of TensorRT-LLM's attention data-parallel ranks (``enable_attention_dp``), priced with
+#: the same machinery as ``DP_ATTENTION_COUPLING``: each rank schedules its own requests, a rank
+#: without any runs a dummy request (``py_executor.py`` ``_pad_attention_dp_dummy_request``), and
+#: the MoE layers' collectives span the ranks, so an iteration lasts its slowest rank (a rank's
+#: context request holds the others' generation steps). The graph rule is stricter than SGLang's:
+#: before each forward the ranks all-gather ``[can_run_cuda_graph, batch_size]`` and no rank
+#: replays a graph unless every rank runs generation requests only and all batch sizes are equal
+#: (``cuda_graph_runner.py`` ``maybe_get_cuda_graph``; ``model_engine.py``
+#: ``_maybe_get_cuda_graph`` in the 2025 releases); only ``cuda_graph_config.enable_padding``,
+#: off by default, pads the ranks to the largest batch first (``ServingProfile.graphs_need_equal_batches``).
+#: In a closed loop each rank keeps its clients' requests running (a finished request's successor
+#: arrives at once and runs its context in a mixed iteration, graphless anyway), so the decode
+#: batches stay equal and the rule adds nothing; under Poisson arrivals the ranks' counts drift
+#: apart independently and are rarely all equal, so their decode iterations run without a graph
+#: (``_drifted_decode_s``, in ``_coupled_poisson_decode_s``).
+TRTLLM_ATTENTION_DP_COUPLING = (
+    "trtllm enable_attention_dp: ranks iterate together, graphs need equal batches"
+)
+
+
+def _drifted_decode_s(
+    *, cost: IterationCost, policy: LoadPolicy, col, decodes, decode_s
+) -> np.ndarray:
+    """Seconds of a decode iteration of coupled ranks whose batches drift apart (Poisson
+    arrivals): where the engine replays a decode graph only when every rank's batch is equal
+    (``TRTLLM_ATTENTION_DP_COUPLING``) and the ranks do not all run full (``decodes`` below the
+    requests the rank admits), no rank replays one, so the decodes cost their eager pass
+    (``IterationCost.decode_in_extend_s``); ``decode_s`` elsewhere."""
+    if not policy.graphs_need_equal_batches:
+        return decode_s
+    ranks = col(policy.coupled_ranks)
+    drifted = (ranks > 1.0) & (np.asarray(decodes) < col(policy.max_running))
+    if not np.any(drifted):
+        return decode_s
+    return np.where(drifted, np.maximum(decode_s, cost.decode_in_extend_s(decodes)), decode_s)
 
 
 def _coupled_decode_s(
@@ -102,6 +142,9 @@ def _coupled_poisson_decode_s(
     ranks = col(policy.coupled_ranks)
     if not np.any(ranks > 1.0):
         return decode_s, (own_share, prefill_iteration_s, decode_s)
+    decode_s = _drifted_decode_s(
+        cost=cost, policy=policy, col=col, decodes=decodes, decode_s=decode_s
+    )
     stretched = np.maximum(prefill_iteration_s, cost.decode_in_extend_s(decodes))
     after_decode = 1.0 - np.exp(-ranks * rate * decode_s)
     after_prefill = 1.0 - np.exp(-ranks * rate * stretched)

@@ -136,6 +136,11 @@ class ServingProfile(BaseModel):
     graph_max_tokens: int = Field(ge=0)
     #: the same by device memory and tensor-parallel size (SGLang ``cuda_graph_max_bs``)
     graph_max_tokens_rules: tuple[DeviceRule, ...] = ()
+    #: whether data-parallel attention ranks that iterate together replay a decode graph only
+    #: when every rank decodes the same number of requests (TensorRT-LLM's attention DP with
+    #: ``cuda_graph_config.enable_padding`` off, its default): where their batches differ, no
+    #: rank replays one (``_serving_coupling.TRTLLM_ATTENTION_DP_COUPLING``)
+    graphs_need_equal_batches: bool = False
     sampling_s: float = Field(ge=0)
     scheduler_s: float = Field(ge=0)
     request_overhead_s: float = Field(ge=0)

@@ -178,6 +178,9 @@ class LoadPolicy:
     #: ``VLLM_DP_EP_COUPLING``);
     #: 1 where each replica iterates alone
     coupled_ranks: np.ndarray | float = 1.0
+    #: coupled ranks replay a decode graph only where their batches are equal
+    #: (``ServingProfile.graphs_need_equal_batches``, ``TRTLLM_ATTENTION_DP_COUPLING``)
+    graphs_need_equal_batches: bool = False
 
     def row(self, index: int) -> LoadPolicy:
         """The policy of one row (arrays of length 1), for the simulator."""
@@ -193,6 +196,7 @@ class LoadPolicy:
             self.output_tokens_cv,
             self.prompt_tokens_cv,
             _pick(self.coupled_ranks, pick),
+            self.graphs_need_equal_batches,
         )
 
 

@@ -236,7 +236,11 @@ def simulate(
     if len(engines) == 1:
         state = _run(cost=scalar_cost, engine=engines[0])
     else:
-        state = _run_coupled(cost=scalar_cost, engines=engines)
+        state = _run_coupled(
+            cost=scalar_cost,
+            engines=engines,
+            equal_batches=bool(policy.graphs_need_equal_batches),
+        )
     measured: _Requests | _Merged = engines[0].requests if len(engines) == 1 else _merged(engines)
     if num_requests is not None:
         warmup_s, duration_s = 0.0, np.inf
@@ -458,12 +462,13 @@ def _decode_only_repeats(engine: _Engine, step: float) -> int:
     return repeats
 
 
-def _run_coupled(*, cost: _ScalarCost, engines: list[_Engine]) -> dict:
+def _run_coupled(*, cost: _ScalarCost, engines: list[_Engine], equal_batches: bool = False) -> dict:
     """Iterate the data-parallel attention ranks of one instance together
     (``DP_ATTENTION_COUPLING``): each rank schedules its own batch (prompts alone where the
     engine does not mix them, else its decodes), a rank with nothing to run while another has
-    tokens runs an idle batch, no rank replays a decode graph while any rank prefills, and the
-    iteration lasts as long as its slowest rank."""
+    tokens runs an idle batch, no rank replays a decode graph while any rank prefills (nor,
+    with ``equal_batches``, while the ranks' batches differ: ``TRTLLM_ATTENTION_DP_COUPLING``),
+    and the iteration lasts as long as its slowest rank."""
     now, iterations = 0.0, 0
     while any(engine.busy() for engine in engines):
         if not any(engine.waiting or engine.decoding for engine in engines):
@@ -476,7 +481,10 @@ def _run_coupled(*, cost: _ScalarCost, engines: list[_Engine]) -> dict:
                 break
             now = max(now, min(pending))  # blocked: wait for an arrival
             continue
-        now += _slowest_rank_s(cost, batches=batches, quiet=quiet, extend_in_batch=extend_in_batch)
+        graphless = extend_in_batch or (
+            equal_batches and len({engine.decoding for engine in engines}) > 1
+        )
+        now += _slowest_rank_s(cost, batches=batches, quiet=quiet, extend_in_batch=graphless)
         iterations += 1
         _finish_ranks(batches=batches, quiet=quiet, now=now)
     return {"iterations": iterations, "now": now}

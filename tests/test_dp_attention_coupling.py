@@ -1,6 +1,7 @@
-"""SGLang's data-parallel attention ranks, and vLLM's data-parallel ranks whose experts span them,
+"""SGLang's and TensorRT-LLM's data-parallel attention ranks, and vLLM's data-parallel ranks whose experts span them,
 iterate together: the closed form and the simulator price the coupling
-(``_serving_coupling.DP_ATTENTION_COUPLING``, ``VLLM_DP_EP_COUPLING``) and agree on it."""
+(``_serving_coupling.DP_ATTENTION_COUPLING``, ``VLLM_DP_EP_COUPLING``,
+``TRTLLM_ATTENTION_DP_COUPLING``) and agree on it."""
 
 from __future__ import annotations
 
@@ -203,3 +204,97 @@ def test_the_graph_vote_adds_nothing_beyond_the_slowest_rank(dp_ep) -> None:
     decodes = np.array([[1.0, 16.0, 256.0]])
     graphed = cost.seconds(decodes, np.zeros_like(decodes))
     np.testing.assert_allclose(cost.decode_in_extend_s(decodes), graphed)
+
+
+# ---------------------------------------------------------------- TensorRT-LLM attention DP
+#: TensorRT-LLM's attention data-parallel ranks iterate together like SGLang's, and replay a
+#: decode graph only when every rank's batch is equal (``enable_padding`` off by default;
+#: ``_serving_coupling.TRTLLM_ATTENTION_DP_COUPLING``).
+TRTLLM_WORKLOAD = WORKLOAD.model_copy(update={"serving_engine": "trtllm"})
+#: a host three times slower per eager kernel than the profile's default (a measured profile or
+#: a Grace host), so that an eager decode pass outlasts the graphed one at these batches
+SLOW_HOST_S = 0.05
+
+
+@pytest.fixture(scope="module")
+def trtllm_attention_dp():
+    cost, policy = _inputs(ATTENTION_DP, TRTLLM_WORKLOAD)
+    return dataclasses.replace(cost, eager_host_s=np.array([SLOW_HOST_S])), policy
+
+
+def test_trtllm_attention_dp_ranks_are_coupled_and_need_equal_batches(trtllm_attention_dp) -> None:
+    """Eight TensorRT-LLM attention replicas iterate together and replay a decode graph only on
+    equal batches; tensor-parallel attention iterates alone."""
+    _, policy = trtllm_attention_dp
+    assert _ranks(policy) == 8.0
+    assert policy.graphs_need_equal_batches
+    _, tensor_parallel = _inputs(ParallelConfig(tp=8, ep=8), TRTLLM_WORKLOAD)
+    assert _ranks(tensor_parallel) == 1.0
+    _, sglang = _inputs(ATTENTION_DP)
+    assert not sglang.graphs_need_equal_batches
+
+
+@pytest.mark.parametrize("concurrency", [2, 8])
+def test_trtllm_closed_loop_keeps_equal_batches(trtllm_attention_dp, concurrency) -> None:
+    """In a closed loop every rank keeps its clients' requests decoding (a finished request's
+    successor runs its context in a mixed iteration, graphless anyway), so the ranks' decode
+    batches stay equal and the graph rule adds next to nothing: the closed form is unchanged,
+    the simulator within 5%, and the two agree within 10%."""
+    cost, policy = trtllm_attention_dp
+    figures = {}
+    for equal in (False, True):
+        rule = dataclasses.replace(policy, graphs_need_equal_batches=equal)
+        closed = closed_loop(cost=cost, policy=rule, concurrency=np.array([float(concurrency)]))
+        simulated = simulate(
+            cost=cost,
+            policy=rule,
+            concurrency=concurrency,
+            duration_s=400.0,
+            prompt_tokens_cv=SPREAD,
+            output_tokens_cv=SPREAD,
+        ).summary()
+        figures[equal] = (float(closed.tpot_s[0]), simulated["tpot_mean_s"])
+        assert figures[equal][0] == pytest.approx(figures[equal][1], rel=0.10), figures
+    assert figures[True][0] == pytest.approx(figures[False][0], rel=1e-9)
+    assert figures[True][1] == pytest.approx(figures[False][1], rel=0.05)
+
+
+def test_trtllm_lock_step_ranks_keep_their_graphs(trtllm_attention_dp) -> None:
+    """Equal requests sent together keep every rank's batch equal: the graph rule adds nothing
+    in either model."""
+    cost, policy = trtllm_attention_dp
+    equal = dataclasses.replace(policy, output_tokens_cv=0.0, prompt_tokens_cv=0.0)
+    tpots = []
+    for rule in (False, True):
+        lock_step = dataclasses.replace(equal, graphs_need_equal_batches=rule)
+        closed = closed_loop(cost=cost, policy=lock_step, concurrency=np.array([32.0]))
+        simulated = simulate(cost=cost, policy=lock_step, concurrency=32, num_requests=96)
+        tpots.append((float(closed.tpot_s[0]), float(np.mean(simulated.tpot_s))))
+    assert tpots[0][0] == pytest.approx(tpots[1][0], rel=1e-9)
+    assert tpots[0][1] == pytest.approx(tpots[1][1], rel=1e-9)
+
+
+@pytest.mark.parametrize("rate", [0.05, 0.2])
+def test_trtllm_poisson_arrivals_decode_without_graphs(trtllm_attention_dp, rate) -> None:
+    """Under Poisson arrivals the ranks' batches drift apart and are rarely all equal, so no rank
+    replays its decode graph: where an eager pass outlasts the graphed decode, both models put
+    TPOT above the same ranks under SGLang's rule (graphs whenever no rank prefills), at least
+    the eager pass, and the closed form within 25% of the simulator (as for SGLang's ranks)."""
+    cost, policy = trtllm_attention_dp
+    figures = {}
+    for rule in (False, True):
+        drifting = dataclasses.replace(policy, graphs_need_equal_batches=rule)
+        closed = open_loop(cost=cost, policy=drifting, request_rate_per_s=np.array([rate]))
+        simulated = simulate(
+            cost=cost,
+            policy=drifting,
+            request_rate_per_s=rate,
+            duration_s=600.0,
+            prompt_tokens_cv=SPREAD,
+            output_tokens_cv=SPREAD,
+        ).summary()
+        figures[rule] = (float(closed.tpot_s[0]), simulated["tpot_mean_s"])
+        assert figures[rule][0] == pytest.approx(figures[rule][1], rel=0.25), figures
+    for source in (0, 1):
+        assert figures[True][source] > 1.2 * figures[False][source], figures
+        assert figures[True][source] >= SLOW_HOST_S, figures
