@@ -234,27 +234,44 @@ def test_trtllm_attention_dp_ranks_are_coupled_and_need_equal_batches(trtllm_att
     assert not sglang.graphs_need_equal_batches
 
 
+def _tpot_under_each_rule(cost, policy, **load) -> dict[bool, tuple[float, float]]:
+    """(closed form, simulator) mean TPOT of drifting requests (lengths spread by ``SPREAD``)
+    with the graph rule off and on: ``load`` is a closed loop's ``concurrency`` or an open
+    loop's ``request_rate_per_s``."""
+    figures = {}
+    for rule in (False, True):
+        ranked = dataclasses.replace(policy, graphs_need_equal_batches=rule)
+        if "concurrency" in load:
+            closed = closed_loop(
+                cost=cost, policy=ranked, concurrency=np.array([float(load["concurrency"])])
+            )
+        else:
+            closed = open_loop(
+                cost=cost,
+                policy=ranked,
+                request_rate_per_s=np.array([load["request_rate_per_s"]]),
+            )
+        simulated = simulate(
+            cost=cost,
+            policy=ranked,
+            duration_s=400.0 if "concurrency" in load else 600.0,
+            prompt_tokens_cv=SPREAD,
+            output_tokens_cv=SPREAD,
+            **load,
+        ).summary()
+        figures[rule] = (float(closed.tpot_s[0]), simulated["tpot_mean_s"])
+    return figures
+
+
 @pytest.mark.parametrize("concurrency", [2, 8])
 def test_trtllm_closed_loop_keeps_equal_batches(trtllm_attention_dp, concurrency) -> None:
     """In a closed loop every rank keeps its clients' requests decoding (a finished request's
     successor runs its context in a mixed iteration, graphless anyway), so the ranks' decode
     batches stay equal and the graph rule adds next to nothing: the closed form is unchanged,
     the simulator within 5%, and the two agree within 10%."""
-    cost, policy = trtllm_attention_dp
-    figures = {}
-    for equal in (False, True):
-        rule = dataclasses.replace(policy, graphs_need_equal_batches=equal)
-        closed = closed_loop(cost=cost, policy=rule, concurrency=np.array([float(concurrency)]))
-        simulated = simulate(
-            cost=cost,
-            policy=rule,
-            concurrency=concurrency,
-            duration_s=400.0,
-            prompt_tokens_cv=SPREAD,
-            output_tokens_cv=SPREAD,
-        ).summary()
-        figures[equal] = (float(closed.tpot_s[0]), simulated["tpot_mean_s"])
-        assert figures[equal][0] == pytest.approx(figures[equal][1], rel=0.10), figures
+    figures = _tpot_under_each_rule(*trtllm_attention_dp, concurrency=concurrency)
+    for rule in (False, True):
+        assert figures[rule][0] == pytest.approx(figures[rule][1], rel=0.10), figures
     assert figures[True][0] == pytest.approx(figures[False][0], rel=1e-9)
     assert figures[True][1] == pytest.approx(figures[False][1], rel=0.05)
 
@@ -280,20 +297,8 @@ def test_trtllm_poisson_arrivals_decode_without_graphs(trtllm_attention_dp, rate
     replays its decode graph: where an eager pass outlasts the graphed decode, both models put
     TPOT above the same ranks under SGLang's rule (graphs whenever no rank prefills), at least
     the eager pass, and the closed form within 25% of the simulator (as for SGLang's ranks)."""
-    cost, policy = trtllm_attention_dp
-    figures = {}
+    figures = _tpot_under_each_rule(*trtllm_attention_dp, request_rate_per_s=rate)
     for rule in (False, True):
-        drifting = dataclasses.replace(policy, graphs_need_equal_batches=rule)
-        closed = open_loop(cost=cost, policy=drifting, request_rate_per_s=np.array([rate]))
-        simulated = simulate(
-            cost=cost,
-            policy=drifting,
-            request_rate_per_s=rate,
-            duration_s=600.0,
-            prompt_tokens_cv=SPREAD,
-            output_tokens_cv=SPREAD,
-        ).summary()
-        figures[rule] = (float(closed.tpot_s[0]), simulated["tpot_mean_s"])
         assert figures[rule][0] == pytest.approx(figures[rule][1], rel=0.25), figures
     for source in (0, 1):
         assert figures[True][source] > 1.2 * figures[False][source], figures
