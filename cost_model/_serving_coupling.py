@@ -8,9 +8,8 @@ Poisson arrivals), a rank's decode iteration lasts another rank's prefill iterat
 one of them prefills (``_coupled_decode_s``; under Poisson arrivals a two-state Markov chain of
 iterations, ``_coupled_poisson_decode_s``), and under Poisson arrivals, where the engine
 replays a decode graph only on equal batches (TensorRT-LLM), the drifted ranks' decodes run
-without one (``_drifted_decode_s``);
-lock-step waves of equal requests prefill on every rank at once, so they stall no further. Used
-by the closed form (``_serving_load``).
+without one (``_drifted_decode_s``); lock-step waves of equal requests prefill on every rank at
+once, so they stall no further. Used by the closed form (``_serving_load``).
 """
 
 from __future__ import annotations
@@ -62,7 +61,8 @@ VLLM_DP_EP_COUPLING = "vllm --data-parallel-size with --enable-expert-parallel: 
 #: replays a graph unless every rank runs generation requests only and all batch sizes are equal
 #: (``cuda_graph_runner.py`` ``maybe_get_cuda_graph``; ``model_engine.py``
 #: ``_maybe_get_cuda_graph`` in the 2025 releases); only ``cuda_graph_config.enable_padding``,
-#: off by default, pads the ranks to the largest batch first (``ServingProfile.graphs_need_equal_batches``).
+#: off by default, pads the ranks to the largest batch first
+#: (``ServingProfile.graphs_need_equal_batches``).
 #: In a closed loop each rank keeps its clients' requests running (a finished request's successor
 #: arrives at once and runs its context in a mixed iteration, graphless anyway), so the decode
 #: batches stay equal and the rule adds nothing; under Poisson arrivals the ranks' counts drift
