@@ -66,28 +66,52 @@ VLLM_DP_EP_COUPLING = "vllm --data-parallel-size with --enable-expert-parallel: 
 #: In a closed loop each rank keeps its clients' requests running (a finished request's successor
 #: arrives at once and runs its context in a mixed iteration, graphless anyway), so the decode
 #: batches stay equal and the rule adds nothing; under Poisson arrivals the ranks' counts drift
-#: apart independently and are rarely all equal, so their decode iterations run without a graph
-#: (``_drifted_decode_s``, in ``_coupled_poisson_decode_s``).
+#: apart independently, so most decode iterations run without a graph unless each rank holds
+#: about one request (an idle rank's dummy request makes its batch one:
+#: ``_equal_batches_chance``; ``_drifted_decode_s``, in ``_coupled_poisson_decode_s``).
 TRTLLM_ATTENTION_DP_COUPLING = (
     "trtllm enable_attention_dp: ranks iterate together, graphs need equal batches"
 )
 
 
+#: Largest per-rank request count the equal-batch chance sums over (``_equal_batches_chance``):
+#: beyond it a Poisson count's terms are negligible wherever the ranks could still be equal.
+_EQUAL_BATCH_COUNTS = 256
+_LOG_FACTORIALS = np.concatenate(([0.0], np.cumsum(np.log(np.arange(1, _EQUAL_BATCH_COUNTS + 1)))))
+
+
+def _equal_batches_chance(decodes, ranks) -> np.ndarray:
+    """Chance that ``ranks`` ranks, each decoding a Poisson number of requests of mean
+    ``decodes`` (the requests in an M/G/inf system under Poisson arrivals), run equal batches
+    when a rank without requests runs one dummy request (TensorRT-LLM's
+    ``_pad_attention_dp_dummy_request``): sum over k of P(batch = k)^ranks, with
+    P(batch = 1) = P(0) + P(1)."""
+    mean = np.maximum(np.asarray(decodes, dtype=np.float64), 1e-12)[..., None]
+    k = np.arange(_EQUAL_BATCH_COUNTS + 1, dtype=np.float64)
+    pmf = np.exp(k * np.log(mean) - mean - _LOG_FACTORIALS)
+    batch = pmf[..., 1:].copy()  # batch sizes 1, 2, ...
+    batch[..., 0] += pmf[..., 0]  # an idle rank runs one dummy request
+    return np.sum(batch ** np.asarray(ranks, dtype=np.float64)[..., None], axis=-1)
+
+
 def _drifted_decode_s(
     *, cost: IterationCost, policy: LoadPolicy, col, decodes, decode_s
 ) -> np.ndarray:
-    """Seconds of a decode iteration of coupled ranks whose batches drift apart (Poisson
-    arrivals): where the engine replays a decode graph only when every rank's batch is equal
-    (``TRTLLM_ATTENTION_DP_COUPLING``) and the ranks do not all run full (``decodes`` below the
-    requests the rank admits), no rank replays one, so the decodes cost their eager pass
-    (``IterationCost.decode_in_extend_s``); ``decode_s`` elsewhere."""
+    """Mean seconds of a decode iteration of coupled ranks whose batches drift apart (Poisson
+    arrivals) where the engine replays a decode graph only when every rank's batch is equal
+    (``TRTLLM_ATTENTION_DP_COUPLING``): unless the ranks all run full (``decodes`` at the
+    requests a rank admits), an iteration whose batches differ (``1 - _equal_batches_chance``)
+    replays no graph and costs the decodes' eager pass (``IterationCost.decode_in_extend_s``);
+    ``decode_s`` elsewhere."""
     if not policy.graphs_need_equal_batches:
         return decode_s
     ranks = col(policy.coupled_ranks)
     drifted = (ranks > 1.0) & (np.asarray(decodes) < col(policy.max_running))
     if not np.any(drifted):
         return decode_s
-    return np.where(drifted, np.maximum(decode_s, cost.decode_in_extend_s(decodes)), decode_s)
+    unequal = 1.0 - _equal_batches_chance(decodes, np.broadcast_to(ranks, np.shape(decodes)))
+    eager = np.maximum(decode_s, cost.decode_in_extend_s(decodes))
+    return np.where(drifted, unequal * eager + (1.0 - unequal) * decode_s, decode_s)
 
 
 def _coupled_decode_s(

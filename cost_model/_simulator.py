@@ -481,8 +481,9 @@ def _run_coupled(*, cost: _ScalarCost, engines: list[_Engine], equal_batches: bo
                 break
             now = max(now, min(pending))  # blocked: wait for an arrival
             continue
+        # a rank without requests runs one dummy request (TRTLLM_ATTENTION_DP_COUPLING)
         graphless = extend_in_batch or (
-            equal_batches and len({engine.decoding for engine in engines}) > 1
+            equal_batches and len({max(engine.decoding, 1) for engine in engines}) > 1
         )
         now += _slowest_rank_s(cost, batches=batches, quiet=quiet, extend_in_batch=graphless)
         iterations += 1

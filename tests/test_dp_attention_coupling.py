@@ -303,3 +303,12 @@ def test_trtllm_poisson_arrivals_decode_without_graphs(trtllm_attention_dp, rate
     for source in (0, 1):
         assert figures[True][source] > 1.2 * figures[False][source], figures
         assert figures[True][source] >= SLOW_HOST_S, figures
+
+
+def test_trtllm_idle_ranks_run_a_dummy_request(trtllm_attention_dp) -> None:
+    """At a load where a rank rarely holds more than one request, the ranks' batches are mostly
+    equal - one request, or the dummy request an idle rank runs - so the graph rule adds under 5%
+    in both models."""
+    figures = _tpot_under_each_rule(*trtllm_attention_dp, request_rate_per_s=0.002)
+    for source in (0, 1):
+        assert figures[True][source] == pytest.approx(figures[False][source], rel=0.05), figures
