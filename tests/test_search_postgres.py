@@ -364,3 +364,29 @@ def test_a_worker_with_a_different_job_is_refused(server, qwen) -> None:
         find_plan(
             model, cluster.with_nodes(4), WORKLOAD, n_trials=8, storage=url, settings=settings
         )
+
+
+def test_a_server_whose_chosen_port_was_taken_starts_on_another(monkeypatch):
+    """Another process can bind the chosen port before the server does: the start is retried
+    on a fresh port instead of failing the suite."""
+    import socket
+
+    from autoparallel.testing import postgres
+
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"no PostgreSQL server here: {reason}")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        ports = iter([taken])
+        fresh = postgres._free_port
+        monkeypatch.setattr(postgres, "_free_port", lambda: next(ports, None) or fresh())
+        started = PostgresServer.start()
+        try:
+            assert started.port != taken
+            storage = optuna.storages.RDBStorage(started.url())
+            assert storage.get_all_studies() == []
+        finally:
+            started.stop()

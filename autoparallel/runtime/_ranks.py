@@ -4,7 +4,10 @@ Habits from measuring torch.distributed on small CPU machines: fork (0.05-0.25 s
 versus seconds for spawn/torchrun) with the heavy torch modules imported in the parent first;
 one thread per rank; a barrier before ``destroy_process_group``; each rank's traceback written
 to a file so the first real error is reported instead of gloo's "Connection closed by peer";
-a deadline that kills every rank by PID.
+a deadline that kills every rank by PID. Rank 0 binds the rendezvous store to a port the OS
+assigns at that moment and hands it to the other ranks (``rendezvous_store``): a port chosen
+beforehand and released (``free_port``) can be taken by another process in between, and then
+rank 0 fails with EADDRINUSE while the others wait out their connect timeout.
 """
 
 from __future__ import annotations
@@ -59,6 +62,50 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def rendezvous_store(
+    rank: int,
+    world_size: int,
+    *,
+    timeout_s: float,
+    publish: Callable[[int], None],
+    lookup: Callable[[], int | None],
+    host: str = "127.0.0.1",
+):
+    """The ``TCPStore`` of a process group's rendezvous: rank 0 serves it on a port the OS picks
+    when it binds (no window in which another process can take it) and ``publish``es that port;
+    the other ranks poll ``lookup`` until it returns the port (or ``timeout_s`` passes) and
+    connect to it."""
+    import datetime
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if rank == 0:
+        store = dist.TCPStore(host, 0, world_size, True, timeout=timeout, wait_for_workers=False)
+        publish(store.port)
+        return store
+    deadline = time.monotonic() + timeout_s
+    port = lookup()
+    while port is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank}: rank 0 published no rendezvous port in {timeout_s} s")
+        time.sleep(0.005)
+        port = lookup()
+    return dist.TCPStore(host, port, world_size, False, timeout=timeout)
+
+
+def _publish_port(folder: Path, port: int) -> None:
+    """Write ``port`` to ``folder/port`` atomically (a reader never sees a partial number)."""
+    partial = folder / "port.partial"
+    partial.write_text(str(port))
+    partial.rename(folder / "port")
+
+
+def _read_port(folder: Path) -> int | None:
+    path = folder / "port"
+    return int(path.read_text()) if path.exists() else None
+
+
 def preload_torch() -> None:
     """Import torch's distributed stack once in the parent so forked ranks start warm."""
     import importlib
@@ -73,7 +120,6 @@ def preload_torch() -> None:
 def _child(
     rank: int,
     world_size: int,
-    port: int,
     folder: Path,
     fn: Callable,
     args: tuple,
@@ -87,7 +133,6 @@ def _child(
 
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(rank),
@@ -96,8 +141,17 @@ def _child(
     torch.set_num_threads(1)
     code = 0
     try:
+        store = rendezvous_store(
+            rank,
+            world_size,
+            timeout_s=collective_timeout_s,
+            publish=lambda port: _publish_port(folder, port),
+            lookup=lambda: _read_port(folder),
+        )
+        os.environ["MASTER_PORT"] = str(store.port)
         dist.init_process_group(
             backend,
+            store=store,
             rank=rank,
             world_size=world_size,
             timeout=datetime.timedelta(seconds=collective_timeout_s),
@@ -127,14 +181,13 @@ def run_ranks(
     ``RankFailure`` with every rank's traceback if any rank fails or the deadline passes.
     """
     preload_torch()
-    port = free_port()
     with tempfile.TemporaryDirectory(prefix="autoparallel-ranks-") as tmp:
         folder = Path(tmp)
         pids = []
         for rank in range(world_size):
             pid = os.fork()
             if pid == 0:  # pragma: no cover - child
-                _child(rank, world_size, port, folder, fn, args, backend, collective_timeout_s)
+                _child(rank, world_size, folder, fn, args, backend, collective_timeout_s)
             pids.append(pid)
         timed_out = _wait_all(pids, timeout_s)
         errors = {

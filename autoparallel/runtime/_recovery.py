@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +25,7 @@ from autoparallel.retune._replan import (
     plan_for_config,
     research_plans,
 )
+from autoparallel.runtime._ranks import rendezvous_store
 
 __all__ = [
     "RankLostError",
@@ -192,18 +192,14 @@ def recover_job(
 
 
 # ---------------------------------------------------------------------------- process group
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
-
-
 def shrink_world(world_size: int, *, timeout_s: float = 60.0) -> bool:
     """Re-form the default process group with ranks ``0 .. world_size - 1``; the others leave it.
 
     Collective over the current group. Returns True on the ranks that are in the new group,
-    False on the spares (which then have no default process group). Rank 0 chooses a fresh port
-    on its host (``MASTER_ADDR``) for the new rendezvous.
+    False on the spares (which then have no default process group). Rank 0 serves the new
+    rendezvous store on its host (``MASTER_ADDR``) at a port the OS assigns as it binds, before
+    the old group is destroyed, and broadcasts that port (``rendezvous_store``: a port chosen
+    and released beforehand can be taken by another process in between).
     """
     import datetime
 
@@ -216,7 +212,17 @@ def shrink_world(world_size: int, *, timeout_s: float = 60.0) -> bool:
         )
     if world_size == current:
         return True
-    port = [_free_port() if rank == 0 else None]
+    address = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port: list[int | None] = [None]
+
+    def publish(bound: int) -> None:
+        port[0] = bound
+
+    store = None
+    if rank == 0:
+        store = rendezvous_store(
+            0, world_size, timeout_s=timeout_s, publish=publish, lookup=lambda: None, host=address
+        )
     dist.broadcast_object_list(port, src=0)
     backend = dist.get_backend()
     dist.barrier()
@@ -224,10 +230,18 @@ def shrink_world(world_size: int, *, timeout_s: float = 60.0) -> bool:
     if rank >= world_size:
         logger.info("recovery: rank %d is a spare in a world of %d", rank, world_size)
         return False
-    address = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    if store is None:
+        store = rendezvous_store(
+            rank,
+            world_size,
+            timeout_s=timeout_s,
+            publish=publish,
+            lookup=lambda: port[0],
+            host=address,
+        )
     dist.init_process_group(
         backend,
-        init_method=f"tcp://{address}:{port[0]}",
+        store=store,
         rank=rank,
         world_size=world_size,
         timeout=datetime.timedelta(seconds=timeout_s),

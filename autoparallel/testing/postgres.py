@@ -47,6 +47,10 @@ def unavailable_reason() -> str | None:
     return None
 
 
+#: Starts tried before giving up on a port another process took between choice and bind.
+_BIND_ATTEMPTS = 3
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -82,12 +86,24 @@ class PostgresServer:
             "UTF8",
             "--no-sync",
         )
-        options = (
-            f"-p {server.port} -k {folder} -c listen_addresses=127.0.0.1 -c max_connections=200"
-        )
+        # The port is chosen before the server binds it: another process can take it in
+        # between, so a start that fails to bind is retried on a fresh port.
+        for attempt in range(_BIND_ATTEMPTS):
+            try:
+                server._start(durable=durable, timeout_s=timeout_s)
+                break
+            except RuntimeError as error:
+                if "Address already in use" not in str(error) or attempt == _BIND_ATTEMPTS - 1:
+                    raise
+                server.port = _free_port()
+        return server
+
+    def _start(self, *, durable: bool, timeout_s: float) -> None:
+        folder = self.folder
+        options = f"-p {self.port} -k {folder} -c listen_addresses=127.0.0.1 -c max_connections=200"
         if not durable:
             options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-        server._run(
+        self._run(
             "pg_ctl",
             "-D",
             str(folder / "data"),
@@ -100,7 +116,6 @@ class PostgresServer:
             str(int(timeout_s)),
             "start",
         )
-        return server
 
     def _run(self, program: str, *arguments: str) -> None:
         command = [str(self.binaries / program), *arguments]
