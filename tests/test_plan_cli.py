@@ -22,7 +22,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def default_plan(tmp_path_factory) -> tuple[Path, float, str]:
-    """Run the default command as a user would, in an empty folder; time it."""
+    """Run the default command as a user would, in an empty folder; time it (printed only: the
+    30 s target is ``benchmarks/plan_speed.py``'s, a timed assertion would fail on a busy
+    machine)."""
     folder = tmp_path_factory.mktemp("default")
     env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="160")
     start = time.perf_counter()
@@ -39,10 +41,9 @@ def default_plan(tmp_path_factory) -> tuple[Path, float, str]:
 
 
 @pytest.mark.slow
-def test_default_plan_is_fast_and_valid(default_plan) -> None:
+def test_default_plan_is_valid(default_plan) -> None:
     path, elapsed, stdout = default_plan
-    print(f"autoparallel plan: {elapsed:.1f} s")
-    assert elapsed <= 30.0
+    print(f"autoparallel plan: {elapsed:.1f} s (the speed target: benchmarks/plan_speed.py)")
     document = json.loads(path.read_text())
     validate_plan_document(document)
     plan = ap.load_plan(path)
