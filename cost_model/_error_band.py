@@ -47,6 +47,7 @@ GENERATIONS = {
     "H200": "Hopper",
     "B200": "Blackwell",
     "GB200": "Blackwell",
+    "GB300": "Blackwell",
 }
 _DEVICE_GENERATIONS = (
     ("GB200", "Blackwell"),

@@ -66,7 +66,13 @@ SOFTWARE: dict[str, dict[str, Any]] = {
         "unfused_cross_entropy": True,
     },
 }
-PRESETS = {"A100": "dgx-a100", "H100": "dgx-h100", "B200": "dgx-b200", "GB200": "gb200-nvl72"}
+PRESETS = {
+    "A100": "dgx-a100",
+    "H100": "dgx-h100",
+    "B200": "dgx-b200",
+    "GB200": "gb200-nvl72",
+    "GB300": "gb300-nvl72",
+}
 #: The publication behind each table of the older record forms; the README's 2022 MFU figures
 #: are the Table 5 runs of Korthikanti et al., so they share its source.
 TABLE_SOURCES = {

@@ -18,7 +18,13 @@ from cost_model._training import model_flops_per_step
 from cost_model._workload import Training
 
 #: Dense bf16 tensor peak of each hardware type, FLOP/s (the MFU denominators the sources use).
-BF16_PEAK_FLOPS = {"A100": 312e12, "H100": 989e12, "B200": 2250e12, "GB200": 2500e12}
+BF16_PEAK_FLOPS = {
+    "A100": 312e12,
+    "H100": 989e12,
+    "B200": 2250e12,
+    "GB200": 2500e12,
+    "GB300": 2500e12,
+}
 
 
 def _tokens_per_s_per_gpu(columns: dict, case) -> float:
