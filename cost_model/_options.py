@@ -72,7 +72,11 @@ class EstimateOptions(BaseModel):
     logits ``_training_ops.cross_entropy_bytes_per_logit`` counts; off, three fp32 passes.
     Training MoE traffic: ``expert_dispatcher`` ``all_to_all`` (NCCL all-to-all, Megatron-core's
     alltoall dispatcher) or ``deepep`` (DeepEP kernels: node de-duplication, NVLink and RDMA at
-    once; ``expert_dispatch_time_s``); ``expert_dispatch_fp8``: dispatch in fp8 with its
+    once; ``expert_dispatch_time_s``) or ``hybridep`` (Megatron-core's flex dispatcher with the
+    HybridEP backend, ``--moe-flex-dispatcher-backend hybridep``: like DeepEP's normal kernels it
+    sends each token once per destination and reduces a token's expert outputs before sending
+    them back; no HybridEP operator measurement is shipped, so it is priced as DeepEP's normal
+    kernels, ``_training_comm._deepep_exchange``); ``expert_dispatch_fp8``: dispatch in fp8 with its
     per-128 scales, combine in bf16 (DeepSeek-V3 report sec. 3.3); ``max_routed_nodes``:
     node-limited routing. ``bidirectional_pipeline``: a DualPipe-style schedule (DeepSeek-V3
     report sec. 3.2.1) that runs a forward and a backward chunk together so each one's EP
@@ -143,7 +147,7 @@ class EstimateOptions(BaseModel):
     moe_capacity_factor: float | None = Field(default=None, gt=0.0)
     moe_pad_to_capacity: bool = False
     fragmentation_fraction: float = Field(default=0.05, ge=0.0, lt=1.0)
-    expert_dispatcher: Literal["all_to_all", "deepep"] = "all_to_all"
+    expert_dispatcher: Literal["all_to_all", "deepep", "hybridep"] = "all_to_all"
     expert_dispatch_fp8: bool = False
     max_routed_nodes: int | None = Field(default=None, gt=0)
     bidirectional_pipeline: bool = False

@@ -235,9 +235,15 @@ def _ep(ctx) -> tuple[np.ndarray, np.ndarray]:
 
 def _exchange(ctx, tokens: np.ndarray, element_bytes: float, *, direction: str) -> np.ndarray:
     """One ``direction`` (dispatch or combine) exchange: an NCCL all-to-all of every routed copy
-    (Megatron-core's alltoall dispatcher), or DeepEP's normal kernels (``_deepep_exchange``)."""
+    (Megatron-core's alltoall dispatcher), or DeepEP's normal kernels (``_deepep_exchange``),
+    which also price HybridEP (Megatron-core's flex dispatcher backend ``hybridep``,
+    ``token_dispatcher.py`` ``_HybridEPManager``): it too dispatches each token once per
+    destination rank with the expert routing map beside it and combines each token's expert
+    outputs on their rank before the return trip (NVIDIA Technical Blog, "Optimizing
+    Communication for Mixture-of-Experts Training with Hybrid Expert Parallel", 2026-02), and
+    no operator measurement of its own kernels is shipped."""
     moe = ctx.model.moe
-    if ctx.options.expert_dispatcher == "deepep":
+    if ctx.options.expert_dispatcher in ("deepep", "hybridep"):
         return _deepep_exchange(ctx, tokens, element_bytes, direction=direction)
     message = tokens * moe.top_k * ctx.model.hidden_size * element_bytes
     return ctx.collective(

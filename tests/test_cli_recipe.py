@@ -98,6 +98,10 @@ def test_expert_dispatcher_routed_nodes_and_fp8_dispatch_change_the_all_to_all(c
         capsys, [*common, "--expert-dispatcher", "deepep", "--max-routed-nodes", "2"]
     )["time_s"]["ep_comm"]
     fp8 = _estimate(capsys, [*common, "--expert-dispatch-fp8"])["time_s"]["ep_comm"]
+    hybridep = _estimate(
+        capsys, [*common, "--expert-dispatcher", "hybridep", "--max-routed-nodes", "2"]
+    )["time_s"]["ep_comm"]
+    assert hybridep == pytest.approx(limited)  # priced as DeepEP's kernels
     assert deepep < nccl  # node de-duplication sends each token once per remote node
     assert limited < deepep  # at most two remote nodes per token
     assert fp8 < nccl  # the dispatch half travels in one byte per element
@@ -204,7 +208,10 @@ def test_pipeline_keeps_outputs_holds_the_logits_on_the_last_stage(capsys):
             ["--cuda-graphs", "partial", "--cuda-graph-scope", "moe_preprocess"],
             "must include moe_router with moe_preprocess",
         ),
-        (["--max-routed-nodes", "4"], "--max-routed-nodes (4) needs --expert-dispatcher deepep"),
+        (
+            ["--max-routed-nodes", "4"],
+            "--max-routed-nodes (4) needs --expert-dispatcher deepep or hybridep",
+        ),
         (
             ["--expert-parallel-comm-overlap", "--bidirectional-pipeline"],
             "--expert-parallel-comm-overlap and --bidirectional-pipeline",

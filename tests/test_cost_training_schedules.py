@@ -43,6 +43,17 @@ def test_deepep_dispatch_deduplicates_per_node_and_beats_the_all_to_all() -> Non
     assert deepep.ep_exchange[0] < plain.ep_exchange[0]
 
 
+def test_hybridep_is_priced_as_deepep_s_deduplicated_dispatch() -> None:
+    """HybridEP (the flex dispatcher's other backend) also sends each token once per
+    destination and combines there; with no operator measurement of its own it is priced by
+    DeepEP's normal-kernel fit, below the NCCL all-to-all of every routed copy."""
+    _, plain = _times()
+    _, deepep = _times(expert_dispatcher="deepep")
+    _, hybridep = _times(expert_dispatcher="hybridep")
+    np.testing.assert_allclose(hybridep.ep_exchange, deepep.ep_exchange)
+    assert hybridep.ep_exchange[0] < plain.ep_exchange[0]
+
+
 def test_training_and_inference_price_a_deepep_dispatch_with_one_formula() -> None:
     # the inference path's bytes, priced by the fit on DeepEP's measured normal kernels
     ctx, times = _times(expert_dispatcher="deepep")

@@ -63,6 +63,13 @@ def test_a_recipe_of_ep_overlap_graphs_deepep_and_recompute_modules_is_written()
     assert dropped == ()
 
 
+def test_a_hybridep_dispatch_is_written_as_the_flex_dispatcher_s_hybridep_backend():
+    words, dropped = _megatron(ParallelConfig(**INTERLEAVED), dict(expert_dispatcher="hybridep"))
+    assert _after(words, "--moe-token-dispatcher-type") == ["flex"]
+    assert _after(words, "--moe-flex-dispatcher-backend") == ["hybridep"]
+    assert dropped == ()
+
+
 def test_block_recompute_offloading_and_gathered_context_parallel_are_written():
     config = ParallelConfig(**INTERLEAVED, recompute="full")
     words, _ = _megatron(

@@ -164,8 +164,9 @@ def _add_communication_arguments(group) -> None:  # argparse's private type
         choices=EXPERT_DISPATCHERS,
         help="MoE token dispatch: all_to_all = NCCL all-to-all (Megatron-core "
         "--moe-token-dispatcher-type alltoall), deepep = DeepEP kernels with node "
-        "de-duplication (--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep) "
-        "(default all_to_all)",
+        "de-duplication (--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep), "
+        "hybridep = the flex dispatcher's HybridEP backend, priced as DeepEP's kernels "
+        "(--moe-flex-dispatcher-backend hybridep) (default all_to_all)",
     )
     group.add_argument(
         "--expert-dispatch-fp8",
@@ -179,7 +180,7 @@ def _add_communication_arguments(group) -> None:  # argparse's private type
         type=positive_int,
         default=None,
         metavar="N",
-        help="with --expert-dispatcher deepep: node-limited routing, each token to at most N "
+        help="with --expert-dispatcher deepep or hybridep: node-limited routing, each token to at most N "
         "nodes (DeepSeek-V3 report sec. 2.1.2; Megatron-core --moe-router-group-topk N with "
         "one expert group per node)",
     )
@@ -327,10 +328,13 @@ def _check_general(given: dict[str, Any]) -> None:
             f"--cuda-graph-scope ({' '.join(scope)}) must include moe_router with moe_preprocess "
             "(Megatron-core captures the dispatch preprocessing only after the router)"
         )
-    if given.get("max_routed_nodes") is not None and given.get("expert_dispatcher") != "deepep":
+    if given.get("max_routed_nodes") is not None and given.get("expert_dispatcher") not in (
+        "deepep",
+        "hybridep",
+    ):
         raise ValueError(
             f"--max-routed-nodes ({given['max_routed_nodes']}) needs --expert-dispatcher deepep "
-            "(node-limited routing is priced in DeepEP's node de-duplicated dispatch)"
+            "or hybridep (node-limited routing is priced in the node de-duplicated dispatch)"
         )
     if given.get("moe_pad_to_capacity") and given.get("moe_capacity_factor") is None:
         raise ValueError(

@@ -127,12 +127,14 @@ def _megatron_script(plan: ShardingPlan, *, recipe: Recipe, args: list[str]) -> 
 
 
 def _megatron_dispatcher(options: EstimateOptions) -> list[str]:
-    """The token dispatcher the plan was priced with: DeepEP through the flex dispatcher, else
-    the all-to-all one (``_training_comm`` prices an all-to-all), which Megatron-core does not
-    default to (``TransformerConfig.moe_token_dispatcher_type`` defaults to ``allgather``,
-    megatron-core 0.16.1 transformer_config.py)."""
-    if options.expert_dispatcher == "deepep":
-        return ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
+    """The token dispatcher the plan was priced with: DeepEP or HybridEP through the flex
+    dispatcher (``TransformerConfig.moe_flex_dispatcher_backend``: 'deepep', 'hybridep' or
+    'ncclep'), else the all-to-all one (``_training_comm`` prices an all-to-all), which
+    Megatron-core does not default to (``TransformerConfig.moe_token_dispatcher_type`` defaults
+    to ``allgather``, megatron-core 0.16.1 transformer_config.py)."""
+    if options.expert_dispatcher in ("deepep", "hybridep"):
+        backend = options.expert_dispatcher
+        return ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", backend]
     return ["--moe-token-dispatcher-type", "alltoall"]
 
 
