@@ -62,7 +62,7 @@ def main() -> None:
         WORLD_SIZE="1",
         LOCAL_WORLD_SIZE="1",
     )
-    from topology.probe_measure import device_and_backend, device_name
+    from topology.devices import device_and_backend, device_name
 
     device, _backend = device_and_backend()
     name = device_name(device)

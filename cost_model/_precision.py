@@ -85,6 +85,7 @@ __all__ = [
     "FSDP_FP8_GATHER_RECIPES",
     "TP_FP8_GATHER_RECIPES",
     "fp8_gemm_speedup",
+    "fp8_gemm_time_s",
     "fp8_operator_source",
     "quantization_bytes",
     "quantization_time_s",
@@ -221,16 +222,50 @@ def fp8_operator_source(*, hardware, calibration, recipe: str) -> str | None:
     return None
 
 
+def fp8_gemm_time_s(
+    *, hardware, calibration, recipe: str, flops, bytes_moved, calls=1, kind: str = "matmul"
+) -> np.ndarray:
+    """Time of fp8 GEMMs of ``flops`` over ``calls`` kernels under ``recipe``: an fp8 roofline at
+    the calibration's fitted fp8 efficiency plus the fp8 kernels' fixed cost over the bf16 one
+    per call (``op_time_s`` with ``calibration`` counts the bf16 cost; a memory-only pass,
+    ``flops`` 0, adds none); without an fp8 fit, the bf16 compute time over the measured fp8
+    speed-up at its size (``fp8_gemm_speedup``). The memory side keeps the bf16 operand bytes
+    (an upper bound: training GEMMs are compute-bound). Vectorized."""
+
+    def roofline(flops_part, bytes_part, dtype: str = "bf16", cal=calibration) -> np.ndarray:
+        return op_time_s(
+            flops=flops_part,
+            bytes_moved=bytes_part,
+            hardware=hardware,
+            dtype=dtype,
+            calibration=cal,
+            calls=calls,
+            kind=kind,
+        )
+
+    fit = fp8_gemm_fit(calibration, recipe)
+    if fit is not None:
+        efficiency, overhead = fit
+        fitted = calibration.model_copy(update={"matmul_efficiency": efficiency})
+        return roofline(flops, bytes_moved, "fp8", fitted) + np.where(
+            np.asarray(flops) > 0.0,
+            np.maximum(np.asarray(calls, dtype=np.float64), 1.0)
+            * (overhead - calibration.kernel_overhead_s),
+            0.0,
+        )
+    per_call = np.asarray(flops, dtype=np.float64) / np.maximum(
+        np.asarray(calls, dtype=np.float64), 1.0
+    )
+    speedup = fp8_gemm_speedup(hardware=hardware, recipe=recipe, flops_per_call=per_call)
+    return np.maximum(roofline(flops, 0.0) / speedup, roofline(0.0, bytes_moved))
+
+
 def training_op_time_s(ctx, *, flops, bytes_moved, calls, kind: str, role: str) -> np.ndarray:
     """Roofline time of one training operator under the workload's precision.
 
     bf16/fp16 training: one roofline in that dtype. fp8 training: a GEMM whose ``role`` is in
-    ``FP8_ROLES`` is an fp8 roofline at the calibration's fitted fp8 efficiency, plus the fp8
-    kernels' fixed cost over the bf16 one per GEMM call (the bf16 cost is counted with the
-    layer's launches; a memory-only pass, ``flops`` 0, adds none); without an fp8 fit, its bf16 compute time over the measured fp8 speed-up at its
-    size (``fp8_gemm_speedup``). Every other operator (core attention, router, output head,
-    memory-bound passes) runs in bf16. The memory side keeps the bf16 operand bytes (an upper
-    bound: the training GEMMs are compute-bound)."""
+    ``FP8_ROLES`` takes ``fp8_gemm_time_s`` under the workload's recipe. Every other operator
+    (core attention, router, output head, memory-bound passes) runs in bf16."""
     workload, hardware = ctx.workload, ctx.cluster.device
     high = "bf16" if workload.precision == "fp8" else workload.precision
 
@@ -247,31 +282,15 @@ def training_op_time_s(ctx, *, flops, bytes_moved, calls, kind: str, role: str) 
 
     if workload.precision != "fp8" or kind != "matmul" or role not in FP8_ROLES:
         return roofline(flops, bytes_moved)
-    fit = fp8_gemm_fit(ctx.calibration, workload.fp8_recipe)
-    if fit is not None:
-        efficiency, overhead = fit
-        fp8 = op_time_s(
-            flops=flops,
-            bytes_moved=bytes_moved,
-            hardware=hardware,
-            dtype="fp8",
-            calibration=ctx.calibration.model_copy(update={"matmul_efficiency": efficiency}),
-            calls=calls,
-            kind=kind,
-        ) + np.where(
-            np.asarray(flops) > 0.0,
-            np.maximum(np.asarray(calls, dtype=np.float64), 1.0)
-            * (overhead - ctx.calibration.kernel_overhead_s),
-            0.0,
-        )
-    else:
-        per_call = np.asarray(flops, dtype=np.float64) / np.maximum(
-            np.asarray(calls, dtype=np.float64), 1.0
-        )
-        speedup = fp8_gemm_speedup(
-            hardware=hardware, recipe=workload.fp8_recipe, flops_per_call=per_call
-        )
-        fp8 = np.maximum(roofline(flops, 0.0) / speedup, roofline(0.0, bytes_moved))
+    fp8 = fp8_gemm_time_s(
+        hardware=hardware,
+        calibration=ctx.calibration,
+        recipe=workload.fp8_recipe,
+        flops=flops,
+        bytes_moved=bytes_moved,
+        calls=calls,
+        kind=kind,
+    )
     kept = bf16_layer_fraction(ctx)
     if not np.any(kept):
         return fp8
