@@ -236,6 +236,19 @@ class TrainingContext:
         )
 
 
+def _without_runtime_measurements(cluster):  # topology.Cluster
+    """``cluster`` whose device profile keeps only device-level measurements
+    (``HardwareProfile.device_level``): a measured profile times the autoparallel runtime's own
+    modules, which a job run by a named framework does not run."""
+    device = cluster.device
+    profile = getattr(device, "profile", None)
+    if profile is None:
+        return cluster
+    return cluster.model_copy(
+        update={"device": device.model_copy(update={"profile": profile.device_level()})}
+    )
+
+
 def training_context(
     *, model, cluster, workload: Training, table, options: EstimateOptions
 ) -> TrainingContext:
@@ -249,6 +262,7 @@ def training_context(
                 "fused_gradient_accumulation": profile.fused_gradient_accumulation,
             }
         )
+        cluster = _without_runtime_measurements(cluster)
     _check_full_iteration_graph(model=model, workload=workload, options=options)
     per_replica = np.asarray(table["dp"], dtype=np.int64) * np.asarray(
         table["micro_batch_size"], dtype=np.int64

@@ -78,6 +78,18 @@ class MicroBatchTimes:
     host_wait: np.ndarray  # seconds of forward + backward spent waiting on the host (in both)
 
 
+def _with_layer_host(ctx: TrainingContext, work: np.ndarray, host: np.ndarray) -> np.ndarray:
+    """One layer's forward with the measured host seconds of its operators (a hardware
+    profile's ``layer_host_time_s``: dispatch and autograd bookkeeping, a third of the
+    forward + backward figure). On a CPU the same cores run that bookkeeping and the kernels, one
+    after the other: their sum. On an accelerator the host issues kernels ahead of the device
+    asynchronously (CUDA semantics; ``_training_host``), so the layer takes the longer of the
+    two: the host bounds it only where it issues slower than the device runs."""
+    if getattr(ctx.cluster.device, "resolved_device_type", "cpu") == "cpu":
+        return work + host
+    return np.maximum(work, host)
+
+
 def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatchTimes:
     layout = ctx.layout
     core = core_attention_time(ctx)
@@ -89,11 +101,13 @@ def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatc
     )  # forward + backward: a third here, as backward = 2 x forward
     common = attention_projection_time(ctx) + layer_elementwise_time(ctx)
     dense_ffn = dense_ffn_time(ctx)
-    dense_layer = (
-        common + core + dense_ffn + dense_launches * overhead + dense_sharded + dense_host / 3.0
+    dense_layer = _with_layer_host(
+        ctx, common + core + dense_ffn + dense_launches * overhead + dense_sharded, dense_host / 3.0
     )
     moe_ffn = moe_ffn_time(ctx)
-    moe_layer = common + core + moe_ffn + moe_launches * overhead + moe_sharded + moe_host / 3.0
+    moe_layer = _with_layer_host(
+        ctx, common + core + moe_ffn + moe_launches * overhead + moe_sharded, moe_host / 3.0
+    )
     # fp8 quantization kernels, forward + backward: a third here, as backward = 2 x forward.
     dense_layer = dense_layer + quantization_time_s(ctx, moe=False) / 3.0
     moe_layer = moe_layer + quantization_time_s(ctx, moe=True) / 3.0

@@ -3,7 +3,9 @@ and norm kernels, each a ``Point`` whose ``build`` allocates inputs and returns 
 
 Work per call (the x axis of every curve):
   * GEMM ``m x k @ k x n``: 2·m·n·k FLOPs (one multiply-add = 2 FLOPs; Kaplan et al. 2020); a
-    point times the forward and both backward layouts of a linear layer (3 GEMMs per call).
+    point times the forward and both backward layouts of a linear layer (3 GEMMs per call) and
+    records their mean: the work and seconds of one GEMM (``Point.kernels``), the size the cost
+    model looks a GEMM's efficiency up at.
     GEMM and grouped GEMM points are timed with cold caches (``Point.cold``): a training step
     reads each weight once per pass, from memory, and small GEMMs are then measurably slower.
   * causal attention over S tokens, H heads, head dim D, forward: the score and value products,
@@ -150,6 +152,7 @@ class Point:
     work: float
     build: Callable[[torch.device], Callable[[], object]]
     cold: bool = False  # timed with caches flushed before each call (weights read from memory)
+    kernels: int = 1  # equal kernels per call: work is one kernel's, the time is divided by it
 
 
 def _gemm_point(size: int, dtype: str) -> Point:
@@ -172,10 +175,11 @@ def _gemm_point(size: int, dtype: str) -> Point:
     return Point(
         "gemm",
         dtype,
-        f"m=n=k={size} (x W^T, dY W, dY^T x), cold cache",
-        3 * 2.0 * size**3,
+        f"m=n=k={size} (x W^T, dY W, dY^T x, mean), cold cache",
+        2.0 * size**3,
         build,
         cold=True,
+        kernels=3,
     )
 
 

@@ -193,6 +193,25 @@ class HardwareProfile(BaseModel):
                     raise ValueError(f"collectives[{op!r}] group size ({size}) must be >= 2")
         return self
 
+    def device_level(self) -> HardwareProfile:
+        """This profile without its measurements of the autoparallel runtime's own modules: the
+        per-layer, per-weight and per-micro-batch host costs (``host``), the DTensor linear
+        overheads, the runtime's RMS norm, optimizer and main-gradient accumulation. What stays
+        (GEMM, attention, grouped GEMM and memory curves, collectives, the per-kernel cost and the
+        eager per-op host time) is the device's, whatever software drives it; a job run by
+        another framework (``Training.framework``) prices its own modules from that
+        framework's profile (fused norms, fused optimizers, its host path)."""
+        return self.model_copy(
+            update={
+                "host": None,
+                "sharded_module_overhead_s": 0.0,
+                "sharded_linear": None,
+                "norm": None,
+                "optimizer": None,
+                "gradient_accumulation": None,
+            }
+        )
+
     def gemm_curve(self, dtype: str) -> MeasuredCurve:
         """The GEMM curve of ``dtype``, else fp32's (a CPU without bf16 kernels), else an error."""
         for key in (dtype, "fp32"):

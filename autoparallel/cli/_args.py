@@ -85,6 +85,7 @@ def add_job_arguments(
     _add_workload_sizes(parser)
     _add_serving_dtypes(parser)
     add_inter_node_argument(parser)
+    _add_hardware_profile(parser)
     _add_training_precision(parser)
 
 
@@ -217,6 +218,24 @@ def add_inter_node_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_hardware_profile(parser: argparse.ArgumentParser) -> None:
+    """``--hardware-profile``: measured curves of the cluster's device (``autoparallel profile``)."""
+    parser.add_argument(
+        "--hardware-profile",
+        type=input_file,
+        default=None,
+        metavar="PATH",
+        help="hardware profile JSON measured on this cluster's device (autoparallel profile): "
+        "GEMM, attention, memory, optimizer and host costs from its curves instead of the preset's "
+        "constants (the preset keeps its peaks, memory and network)",
+    )
+    parser.add_argument(
+        "--force-profile",
+        action="store_true",
+        help="accept a hardware profile measured on another device type than the cluster's",
+    )
+
+
 def inter_node_bytes_per_s(args: argparse.Namespace) -> float | None:
     """``--inter-node-gbps`` in bytes/s (None when not given); a non-positive value is an error."""
     if args.inter_node_gbps is None:
@@ -227,13 +246,29 @@ def inter_node_bytes_per_s(args: argparse.Namespace) -> float | None:
 
 
 def with_network_override(cluster, args: argparse.Namespace):  # topology.Cluster
-    """``cluster`` with ``--inter-node-gbps`` applied, if given."""
+    """``cluster`` with ``--inter-node-gbps`` and ``--hardware-profile`` applied, if given."""
     override = inter_node_bytes_per_s(args)
-    return (
-        cluster
-        if override is None
-        else cluster.with_inter_node_bandwidth(override, source="--inter-node-gbps")
-    )
+    if override is not None:
+        cluster = cluster.with_inter_node_bandwidth(override, source="--inter-node-gbps")
+    path = getattr(args, "hardware_profile", None)
+    if path is None:
+        return cluster
+    from topology import load_hardware_profile
+
+    try:
+        profile = load_hardware_profile(path)
+    except ValueError as error:
+        raise ValueError(f"--hardware-profile ({path}): {error}") from None
+    target = cluster.device.resolved_device_type
+    if profile.device_type != target and not args.force_profile:
+        raise ValueError(
+            f"--hardware-profile ({path}) was measured on a {profile.device_type!r} device "
+            f"({profile.device_name}); the cluster's device ({cluster.device.name}) is "
+            f"{target!r}: a profile must be measured on the device it prices (--force-profile "
+            "uses it anyway)"
+        )
+    device = cluster.device.with_profile(profile, force=True)
+    return cluster.model_copy(update={"device": device})
 
 
 def training_options(args: argparse.Namespace) -> dict:
