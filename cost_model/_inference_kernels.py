@@ -155,14 +155,24 @@ def _kernels_per_pass(s: _Setup) -> np.ndarray:
     return s.__dict__["_kernels_per_pass"]
 
 
+#: Host seconds per eager op of ``autoparallel profile``'s tiny inference block on an x86 DGX-class
+#: host (Intel Xeon driving one H200, torch 2.11: 11.0-16.9 us over three profiles, median 11.9,
+#: ``benchmarks/results/profile_h200.json``), rounded: the host the engines' defaults describe.
+REFERENCE_EAGER_OP_HOST_S = 1.2e-5
+
+
 def eager_kernel_host_s(s: _Setup) -> float:
-    """Host seconds to launch one kernel of a pass run without a CUDA graph: the device profile's
-    measured eager dispatch time (``autoparallel profile``) where it has one, else the serving
+    """Host seconds to launch one kernel of a pass run without a CUDA graph: the serving
     engine's default (``ServingProfile.eager_kernel_host_s``, cited in its data; an x86 DGX
-    host's) times the device's ``host_op_time_factor`` (a Grace host takes twice as long)."""
+    host's, with the engine's Python module code around each kernel) scaled by the host at hand:
+    the device profile's measured eager dispatch time (``autoparallel profile``) over the same
+    measurement on an x86 DGX-class host (``REFERENCE_EAGER_OP_HOST_S``) where it has one, else
+    the device's ``host_op_time_factor`` (a Grace host takes twice as long). The profile times a
+    plain PyTorch block, not the engine's modules, so it gives the host's speed, not the engine's
+    cost per kernel."""
     measured = getattr(s.hardware, "eager_op_host_s", None)
     if measured is not None:
-        return float(measured)
+        return s.profile.eager_kernel_host_s * float(measured) / REFERENCE_EAGER_OP_HOST_S
     return s.profile.eager_kernel_host_s * float(getattr(s.hardware, "host_op_time_factor", 1.0))
 
 

@@ -116,7 +116,15 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
         - _measured_kernels_per_pass(s, decode=p.decode)
         - _fused_norm_kernels(s, p)
     )
-    return total + kernels * s.profile.kernel_floor_s / np.where(s.two_batch, 2.0, 1.0)
+    return total + kernels * kernel_floor_s(s) / np.where(s.two_batch, 2.0, 1.0)
+
+
+def kernel_floor_s(s: _Setup) -> float:
+    """GPU seconds one kernel of a pass costs beyond its work: the device profile's measured
+    graph-replayed kernel floor (``autoparallel profile``) where it has one, else the serving
+    engine's sourced default (``ServingProfile.kernel_floor_s``)."""
+    measured = getattr(s.hardware, "graph_kernel_floor_s", None)
+    return s.profile.kernel_floor_s if measured is None else float(measured)
 
 
 def _pass_parts(s: _Setup, p: ops.Pass) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:

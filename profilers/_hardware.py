@@ -160,6 +160,8 @@ def profile_hardware(
     advance("kernel overhead")
     eager_op = _eager_op_host_s(device)
     advance("eager inference dispatch")
+    graph_floor = _graph_kernel_floor_s(device)
+    advance("graph-replayed kernel floor")
     collectives = (
         _profile_collectives(grid=grid, device=device, source=source, advance=advance)
         if world > 1
@@ -191,6 +193,7 @@ def profile_hardware(
         ),
         kernel_overhead_s=overhead.median_s,
         eager_op_host_s=eager_op,
+        graph_kernel_floor_s=graph_floor,
         operator_clock=clock,
         sharded_module_overhead_s=sharded,
         sharded_linear=sharded_curve,
@@ -211,6 +214,15 @@ def _eager_op_host_s(device: torch.device) -> float:
     from profilers._host import eager_op_host_seconds
 
     return _mean_seconds([eager_op_host_seconds(device=device)])[0]
+
+
+def _graph_kernel_floor_s(device: torch.device) -> float | None:
+    """GPU seconds per graph-replayed tiny kernel (``profilers._host``), rank mean; None
+    without CUDA graphs."""
+    from profilers._host import graph_kernel_floor_seconds
+
+    floor = graph_kernel_floor_seconds(device=device)
+    return None if floor is None else _mean_seconds([floor])[0]
 
 
 def _training_dtype(grid: ProfileGrid) -> torch.dtype:

@@ -17,6 +17,11 @@
   block's ops are one kernel each (layer norm, two linears, SiLU, multiply, residual add) on
   tensors so small that their work is negligible, so the time per op is the host's launch
   cost, which bounds a pass an engine runs eagerly (``cost_model`` ``eager_kernel_host_s``).
+* **Graph-replayed kernel floor**: on a CUDA device, the GPU seconds per kernel of a chain of
+  tiny kernels (the eager block's ops, one 1-token pass after another) captured in one CUDA
+  graph and replayed, timed by CUDA events: what a kernel costs a serving engine's decode step
+  once the graph has removed its host launch (the launch-to-launch gap, the kernel's ramp and
+  tail; ``cost_model`` ``kernel_floor_s``). None on a backend without CUDA graphs.
 * With ranks: the extra step cost of a tensor-parallel (DTensor) weight over a plain tensor of
   its local shape, and the per-micro-batch cost of a ``torch.distributed.pipelining`` 1F1B
   schedule (the slope of step time over micro-batch count with stages doing almost no work,
@@ -341,4 +346,35 @@ def eager_op_host_seconds(
             if index >= warmup:
                 samples.append(elapsed / (blocks * EAGER_BLOCK_OPS))
     synchronize(device)
+    return sorted(samples)[len(samples) // 2]
+
+
+def graph_kernel_floor_seconds(
+    *, device: torch.device, blocks: int = 64, warmup: int = 3, repeats: int = 9
+) -> float | None:
+    """Median GPU seconds per kernel of ``blocks`` tiny ``_EagerBlock`` forwards captured in one
+    CUDA graph and replayed (module docstring); None where the device is not a CUDA one."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    stack = torch.nn.Sequential(*(_EagerBlock(_TINY_HIDDEN) for _ in range(blocks))).to(device)
+    x = torch.randn(1, _TINY_HIDDEN, device=device)
+    with torch.inference_mode():
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                stack(x)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            stack(x)
+        samples = []
+        for index in range(warmup + repeats):
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            if index >= warmup:
+                samples.append(start.elapsed_time(end) / 1e3 / (blocks * EAGER_BLOCK_OPS))
     return sorted(samples)[len(samples) // 2]

@@ -19,7 +19,11 @@ from cost_model import (
     estimate_inference_table,
 )
 from cost_model import _inference_setup as inference_setup
-from cost_model._inference_kernels import _kernels_per_pass, eager_kernel_host_s
+from cost_model._inference_kernels import (
+    REFERENCE_EAGER_OP_HOST_S,
+    _kernels_per_pass,
+    eager_kernel_host_s,
+)
 from cost_model._inference_setup import _setup
 from cost_model._serving_profile import serving_profile
 from cost_model._serving_replica import GRID_TOKENS, IterationCost
@@ -132,11 +136,14 @@ def test_deepseek_prefill_of_one_token_waits_for_its_launches(monkeypatch) -> No
     assert long_host == long_without
 
 
-def test_a_measured_eager_dispatch_time_replaces_the_engine_default() -> None:
+def test_a_measured_eager_dispatch_time_scales_the_engine_default_by_the_host() -> None:
+    """The profile times a plain PyTorch block: a host twice as fast as the reference x86 one
+    halves the engine's per-kernel cost (its modules' Python stays the engine's)."""
     profile = serving_profile("vllm")
-    measured = SimpleNamespace(hardware=SimpleNamespace(eager_op_host_s=3e-6), profile=profile)
+    half = REFERENCE_EAGER_OP_HOST_S / 2.0
+    measured = SimpleNamespace(hardware=SimpleNamespace(eager_op_host_s=half), profile=profile)
     unmeasured = SimpleNamespace(hardware=SimpleNamespace(eager_op_host_s=None), profile=profile)
-    assert eager_kernel_host_s(measured) == 3e-6
+    assert eager_kernel_host_s(measured) == pytest.approx(profile.eager_kernel_host_s / 2.0)
     assert eager_kernel_host_s(unmeasured) == profile.eager_kernel_host_s
 
 
@@ -151,6 +158,9 @@ def test_a_grace_host_takes_twice_the_engine_default_per_launch() -> None:
         setup = SimpleNamespace(hardware=device, profile=profile)
         assert eager_kernel_host_s(setup) == pytest.approx(factor * profile.eager_kernel_host_s)
     measured = SimpleNamespace(
-        hardware=SimpleNamespace(eager_op_host_s=3e-6, host_op_time_factor=2.0), profile=profile
+        hardware=SimpleNamespace(
+            eager_op_host_s=REFERENCE_EAGER_OP_HOST_S, host_op_time_factor=2.0
+        ),
+        profile=profile,
     )
-    assert eager_kernel_host_s(measured) == 3e-6
+    assert eager_kernel_host_s(measured) == pytest.approx(profile.eager_kernel_host_s)

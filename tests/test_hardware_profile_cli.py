@@ -131,3 +131,37 @@ def test_device_level_profile_keeps_the_device_curves(h200):
     assert device.host is None and device.norm is None and device.optimizer is None
     assert device.gemm == h200.gemm and device.memory == h200.memory
     assert device.eager_op_host_s == h200.eager_op_host_s
+
+
+SERVING = [
+    "estimate",
+    "--model",
+    "qwen3-30b-a3b",
+    "--cluster",
+    "dgx-h200",
+    "--nodes",
+    "1",
+    "--inference",
+    "--tp",
+    "1",
+    "--pp",
+    "1",
+    "--ep",
+    "1",
+    "--concurrency",
+    "64",
+    "--json",
+]
+
+
+def test_a_measured_graph_kernel_floor_prices_the_decode_step(capsys, h200, tmp_path):
+    """The H200 profile's graph-replayed kernel (1.8 us) replaces the engine's 4 us default in
+    every pass: a decode step of a few thousand kernels gets shorter, and a profile with a
+    larger measured floor makes it longer."""
+    assert h200.graph_kernel_floor_s is not None and 1e-6 < h200.graph_kernel_floor_s < 4e-6
+    default = _estimate(capsys, SERVING)
+    measured = _estimate(capsys, [*SERVING, "--hardware-profile", str(H200_PROFILE)])
+    slow = tmp_path / "slow-floor.json"
+    slow.write_text(h200.model_copy(update={"graph_kernel_floor_s": 2e-5}).model_dump_json())
+    slower = _estimate(capsys, [*SERVING, "--hardware-profile", str(slow)])
+    assert measured["tpot_s"] < default["tpot_s"] < slower["tpot_s"]

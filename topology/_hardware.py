@@ -137,6 +137,11 @@ class HardwareSpec(BaseModel):
         return None if self.profile is None else self.profile.eager_op_host_s
 
     @property
+    def graph_kernel_floor_s(self) -> float | None:
+        """Measured GPU seconds per graph-replayed kernel (None without one)."""
+        return None if self.profile is None else self.profile.graph_kernel_floor_s
+
+    @property
     def sharded_module_overhead_s(self) -> float:
         """Extra host seconds per tensor-parallel linear, forward + backward (0 without a profile)."""
         return 0.0 if self.profile is None else self.profile.sharded_module_overhead_s

@@ -149,6 +149,12 @@ class HardwareProfile(BaseModel):
         "no synchronization: Python module code, dispatch and kernel launch), per op of a tiny "
         "decoder block; absent in older profiles",
     )
+    graph_kernel_floor_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="GPU seconds per tiny kernel replayed from a CUDA graph (the per-kernel floor "
+        "of a graph-captured serving step); absent without CUDA graphs and in older profiles",
+    )
     sharded_module_overhead_s: float = Field(
         default=0.0,
         ge=0,

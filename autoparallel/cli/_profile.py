@@ -284,7 +284,12 @@ def _summary(profile) -> Table:  # topology.HardwareProfile
         if profile.eager_op_host_s is None
         else f", eager inference op {human_seconds(profile.eager_op_host_s)} on the host"
     )
-    table.caption = f"kernel overhead {human_seconds(profile.kernel_overhead_s)}{eager}{_host_caption(profile.host)}; {profile.provenance}"
+    floor = (
+        ""
+        if profile.graph_kernel_floor_s is None
+        else f", graph-replayed kernel {human_seconds(profile.graph_kernel_floor_s)} on the device"
+    )
+    table.caption = f"kernel overhead {human_seconds(profile.kernel_overhead_s)}{eager}{floor}{_host_caption(profile.host)}; {profile.provenance}"
     return table
 
 
