@@ -21,11 +21,22 @@ baseline measured in the same run is the forward.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
+import sys
 from pathlib import Path
 
 import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks._device_report import write_report
+from profilers._timing import event_median_s
+
+
+def _ms(call, *, warmup: int, repeats: int) -> float:
+    """Median CUDA-event milliseconds of ``call`` (``profilers._timing.event_median_s``)."""
+    return 1e3 * event_median_s(call, device=torch.device("cuda"), warmup=warmup, repeats=repeats)
+
 
 #: (sequence tokens, batch): about 32k tokens per call, as a training micro-batch.
 SHAPES = ((2048, 16), (4096, 8), (8192, 4), (16384, 2))
@@ -34,20 +45,6 @@ SHAPES = ((2048, 16), (4096, 8), (8192, 4), (16384, 2))
 #: FLOPs, and every backend takes this layout.
 HEADS, KV_HEADS, HEAD_DIM = 16, 16, 128
 BACKWARD_FLOPS = 2.5  # FlashAttention-2 sec. 3.1
-
-
-def _median_ms(call, *, warmup: int, repeats: int) -> float:
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def _forward_flops(tokens: int, batch: int) -> float:
@@ -75,8 +72,8 @@ def _measure(backend, tokens: int, batch: int, *, warmup: int, repeats: int) -> 
 
     with sdpa_kernel([backend]):
         with torch.no_grad():
-            forward_ms = _median_ms(forward, warmup=warmup, repeats=repeats)
-        both_ms = _median_ms(forward_backward, warmup=warmup, repeats=repeats)
+            forward_ms = _ms(forward, warmup=warmup, repeats=repeats)
+        both_ms = _ms(forward_backward, warmup=warmup, repeats=repeats)
     flops = _forward_flops(tokens, batch)
     backward_ms = both_ms - forward_ms
     return {
@@ -106,7 +103,6 @@ def main() -> None:
         )
     from torch.nn.attention import SDPBackend
 
-    name = torch.cuda.get_device_name()
     rows = []
     for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION):
         for tokens, batch in SHAPES:
@@ -122,18 +118,7 @@ def main() -> None:
                 f"TFLOP/s, backward / forward {row['backward_tflops'] / row['forward_tflops']:.3f}",
                 flush=True,
             )
-    report = {
-        "device": name,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "method": __doc__.strip().splitlines()[0],
-        "rows": rows,
-    }
-    output = args.output or (
-        Path(__file__).resolve().parent / "results" / f"attention_{name.replace(' ', '_')}.json"
-    )
-    output.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {output}")
+    write_report(stem="attention", doc=__doc__, output=args.output, rows=rows)
 
 
 if __name__ == "__main__":

@@ -23,14 +23,13 @@ fraction of the bf16 GEMM, and the speed-up the cost model prices for that shape
 
 ``benchmarks/results/fp8_gemm_h200.json`` is the reference measurement (one NVIDIA H200 SXM at
 its 700 W limit, torch 2.11 + CUDA 13.0); ``tests/test_fp8_gemm_first_party.py`` checks the
-cost model's Hopper fp8 pricing against it.
+cost model's Hopper fp8 pricing against it; ``--append`` adds a repeat run to it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -39,26 +38,21 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._device_report import write_report
+from profilers._timing import event_median_s
+
+
+def _ms(call, *, warmup: int, repeats: int) -> float:
+    """Median CUDA-event milliseconds of ``call`` (``profilers._timing.event_median_s``)."""
+    return 1e3 * event_median_s(call, device=torch.device("cuda"), warmup=warmup, repeats=repeats)
+
+
 #: (n, k) weight shapes of common dense and expert projections (Llama 3 8B/70B, DeepSeek-V3
 #: experts, square), each timed at every token count in ``TOKENS``.
 WEIGHTS = ((4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (28672, 8192), (2048, 7168))
 TOKENS = (128, 512, 2048, 8192, 16384)
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn (OCP FP8 specification)
-
-
-def _median_ms(call, *, warmup: int, repeats: int) -> float:
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def _quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,17 +70,17 @@ def _shape(m: int, n: int, k: int, *, warmup: int, repeats: int) -> dict:
     col_w = torch.full((1, n), float(sw), device=device, dtype=torch.float32)
     flops = 2.0 * m * n * k
     row: dict = {"m": m, "n": n, "k": k, "flops": flops}
-    row["bf16_ms"] = _median_ms(lambda: torch.mm(x, w.t()), warmup=warmup, repeats=repeats)
+    row["bf16_ms"] = _ms(lambda: torch.mm(x, w.t()), warmup=warmup, repeats=repeats)
     kernels = {
         "tensorwise": lambda: torch._scaled_mm(x8, w8.t(), sx, sw, out_dtype=torch.bfloat16),
         "rowwise": lambda: torch._scaled_mm(x8, w8.t(), row_x, col_w, out_dtype=torch.bfloat16),
     }
     for name, call in kernels.items():
         try:
-            row[f"{name}_ms"] = _median_ms(call, warmup=warmup, repeats=repeats)
+            row[f"{name}_ms"] = _ms(call, warmup=warmup, repeats=repeats)
         except RuntimeError as error:  # a scaling mode this torch/cuBLASLt build lacks
             row[f"{name}_error"] = str(error).splitlines()[0]
-    row["quantize_ms"] = _median_ms(lambda: _quantize(x), warmup=warmup, repeats=repeats)
+    row["quantize_ms"] = _ms(lambda: _quantize(x), warmup=warmup, repeats=repeats)
     return row
 
 
@@ -119,10 +113,19 @@ def compare(report: dict, *, preset: str, min_flops: float = 1e11) -> dict:
     import numpy as np
 
     rows = report["rows"]
+    runs = [rows, *report.get("repeat_runs", [])]
+    for run in runs[1:]:
+        if [(r["m"], r["n"], r["k"]) for r in run] != [(r["m"], r["n"], r["k"]) for r in rows]:
+            raise ValueError("repeat_runs must time the same shapes, in order, as rows")
     bf16, fp8 = modelled_seconds(rows, preset=preset)
-    measured_bf16 = np.array([row["bf16_ms"] / 1e3 for row in rows])
-    measured_fp8 = np.array([row["tensorwise_ms"] / 1e3 for row in rows])
+
+    def measured(key: str) -> np.ndarray:  # geometric mean over the runs, per shape
+        times = np.array([[row[key] / 1e3 for row in run] for run in runs])
+        return np.exp(np.mean(np.log(times), axis=0))
+
+    measured_bf16, measured_fp8 = measured("bf16_ms"), measured("tensorwise_ms")
     speedup_ratio = (bf16 / fp8) / (measured_bf16 / measured_fp8)
+    run_speedups = np.array([[r["bf16_ms"] / r["tensorwise_ms"] for r in run] for run in runs])
     big = np.array([row["flops"] >= min_flops for row in rows])
 
     def geo(values) -> float:
@@ -137,23 +140,29 @@ def compare(report: dict, *, preset: str, min_flops: float = 1e11) -> dict:
         "geo_fp8_ratio": geo(fp8 / measured_fp8),
         "geo_speedup_ratio": geo(speedup_ratio),
         "max_speedup_error": float(np.max(np.abs(speedup_ratio[big] - 1.0))),
+        "runs": len(runs),
+        # the largest run-to-run difference of a shape's measured speed-up (max / min - 1)
+        "run_spread": float(np.max(run_speedups.max(axis=0)[big] / run_speedups.min(axis=0)[big]))
+        - 1.0,
     }
 
 
 def _print_comparison(report: dict, preset: str) -> None:
     result = compare(report, preset=preset)
     print(f"cost model on preset {preset} (modelled / measured):")
-    for row, modelled in zip(report["rows"], result["modelled_speedup"]):
-        measured = row["bf16_ms"] / row["tensorwise_ms"]
+    for row, modelled, ratio in zip(
+        report["rows"], result["modelled_speedup"], result["speedup_ratio"]
+    ):
         print(
             f"  m={row['m']:6d} n={row['n']:6d} k={row['k']:6d}  fp8 speed-up "
-            f"modelled x{modelled:.2f} measured x{measured:.2f}"
+            f"modelled x{modelled:.2f} measured x{modelled / ratio:.2f}"
         )
     print(
         f"  shapes of >= 1e11 FLOPs ({result['training_shapes']}): bf16 time "
         f"{result['geo_bf16_ratio']:.3f}, fp8 time {result['geo_fp8_ratio']:.3f}, "
         f"speed-up {result['geo_speedup_ratio']:.3f} (geometric means), largest speed-up "
-        f"error {result['max_speedup_error']:.1%}"
+        f"error {result['max_speedup_error']:.1%}; {result['runs']} run(s), measured speed-ups "
+        f"differing by up to {result['run_spread']:.1%} between runs"
     )
 
 
@@ -165,6 +174,12 @@ def main() -> None:
     parser.add_argument("--preset", default=None, help="cluster preset to compare with")
     parser.add_argument(
         "--compare", type=Path, default=None, help="compare a saved result only (no GPU needed)"
+    )
+    parser.add_argument(
+        "--append",
+        type=Path,
+        default=None,
+        help="add this run to a saved result's repeat_runs (same shapes) instead of a new file",
     )
     args = parser.parse_args()
     if args.compare is not None:
@@ -189,18 +204,13 @@ def main() -> None:
                     parts.append(f"{kernel} x{row['bf16_ms'] / row[f'{kernel}_ms']:.2f}")
             parts.append(f"quantize {row['quantize_ms'] / row['bf16_ms']:.2f}")
             print("  ".join(parts), flush=True)
-    report = {
-        "device": name,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "method": __doc__.strip().splitlines()[0],
-        "rows": rows,
-    }
-    output = (
-        args.output or REPO / "benchmarks" / "results" / f"fp8_gemm_{name.replace(' ', '_')}.json"
-    )
-    output.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {output}")
+    if args.append is not None:
+        report = json.loads(args.append.read_text())
+        report.setdefault("repeat_runs", []).append(rows)
+        args.append.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"added a run to {args.append}")
+    else:
+        report = write_report(stem="fp8_gemm", doc=__doc__, output=args.output, rows=rows)
     _print_comparison(report, args.preset or _preset_for(name))
 
 

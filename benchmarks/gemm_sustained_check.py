@@ -13,12 +13,17 @@ in the same run, is the first window's rate.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks._device_report import write_report
 
 
 def _smi() -> dict:
@@ -79,21 +84,7 @@ def main() -> None:
     first, rest = windows[0]["tflops"], [w["tflops"] for w in windows[1:]]
     if rest:
         print(f"sustained / first window: {sum(rest) / len(rest) / first:.3f}")
-    name = torch.cuda.get_device_name()
-    report = {
-        "device": name,
-        "torch": torch.__version__,
-        "size": n,
-        "method": __doc__.strip().splitlines()[0],
-        "windows": windows,
-    }
-    output = args.output or (
-        Path(__file__).resolve().parent
-        / "results"
-        / f"gemm_sustained_{name.replace(' ', '_')}.json"
-    )
-    output.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {output}")
+    write_report(stem="gemm_sustained", doc=__doc__, output=args.output, size=n, windows=windows)
 
 
 if __name__ == "__main__":

@@ -13,11 +13,21 @@ eagerly (host launch cost included), so the ratio shows what graphs save.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
+import sys
 from pathlib import Path
 
 import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks._device_report import write_report
+from profilers._timing import event_median_s
+
+
+def _ms(call, *, warmup: int, repeats: int) -> float:
+    """Median CUDA-event milliseconds of ``call`` (``profilers._timing.event_median_s``)."""
+    return 1e3 * event_median_s(call, device=torch.device("cuda"), warmup=warmup, repeats=repeats)
 
 
 def _sequence(kernels: int, hidden: int, tokens: int):
@@ -35,18 +45,6 @@ def _sequence(kernels: int, hidden: int, tokens: int):
         return y
 
     return run
-
-
-def _time_ms(call, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -73,8 +71,8 @@ def main() -> None:
             with torch.cuda.graph(graph):
                 run()
             launched = 3 * (args.kernels // 3)
-            graph_ms = _time_ms(graph.replay, args.repeats)
-            eager_ms = _time_ms(run, args.repeats)
+            graph_ms = _ms(graph.replay, warmup=0, repeats=args.repeats)
+            eager_ms = _ms(run, warmup=0, repeats=args.repeats)
         row = {
             "hidden": hidden,
             "tokens": tokens,
@@ -88,21 +86,7 @@ def main() -> None:
             f"eager {row['eager_us_per_op']:.2f} us/op (graph/eager {graph_ms / eager_ms:.2f})",
             flush=True,
         )
-    name = torch.cuda.get_device_name()
-    report = {
-        "device": name,
-        "torch": torch.__version__,
-        "method": __doc__.strip().splitlines()[0],
-        "rows": rows,
-    }
-    output = (
-        args.output
-        or Path(__file__).resolve().parent
-        / "results"
-        / f"kernel_floor_{name.replace(' ', '_')}.json"
-    )
-    output.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {output}")
+    write_report(stem="kernel_floor", doc=__doc__, output=args.output, rows=rows)
 
 
 if __name__ == "__main__":

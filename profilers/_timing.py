@@ -15,6 +15,7 @@ still running when the start event is enqueued, so the device does not wait on t
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,8 +30,10 @@ __all__ = [
     "Timing",
     "cache_flusher",
     "current_device",
+    "device_event_seconds",
     "device_memory_bytes",
     "device_name",
+    "event_median_s",
     "measure",
     "synchronize",
 ]
@@ -143,14 +146,7 @@ def _measure_each(
     for _ in range(repeats):
         before_each()
         if on_device:
-            start_event, end_event = (
-                torch.Event(device=device, enable_timing=True) for _ in range(2)
-            )
-            start_event.record()
-            fn()
-            end_event.record()
-            end_event.synchronize()
-            samples.append(max(start_event.elapsed_time(end_event) / 1e3, 1e-9))
+            samples.append(max(device_event_seconds(fn, device), 1e-9))
             continue
         synchronize(device)
         start = now()
@@ -158,6 +154,26 @@ def _measure_each(
         synchronize(device)
         samples.append(max(now() - start, 1e-9))
     return _summary(samples, repeats)
+
+
+def device_event_seconds(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds ``fn``'s work takes on ``device``'s current stream: device events recorded around
+    it (``torch.Event``, any accelerator backend), waited on."""
+    start, end = (torch.Event(device=device, enable_timing=True) for _ in range(2))
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def event_median_s(
+    fn: Callable[[], object], *, device: torch.device, warmup: int = 3, repeats: int = 10
+) -> float:
+    """Median of ``repeats`` ``device_event_seconds`` samples after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    return statistics.median(device_event_seconds(fn, device) for _ in range(repeats))
 
 
 #: Bytes written between cold-cache calls: above any last-level cache (CPU L3, GPU L2), as
