@@ -141,7 +141,7 @@ def _measure_each(
     for _ in range(warmup):
         before_each()
         fn()
-    on_device = device.type != "cpu" and now is CLOCKS["wall"]
+    on_device = device.type != "cpu" and now is CLOCKS["wall"] and _has_timing_events(device)
     samples = []
     for _ in range(repeats):
         before_each()
@@ -154,6 +154,16 @@ def _measure_each(
         synchronize(device)
         samples.append(max(now() - start, 1e-9))
     return _summary(samples, repeats)
+
+
+def _has_timing_events(device: torch.device) -> bool:
+    """Whether ``device``'s backend records timed events (``torch.Event``); a backend without
+    them is timed by the wall clock around a synchronized call."""
+    try:
+        device_event_seconds(lambda: None, device)
+    except (RuntimeError, NotImplementedError, ValueError, TypeError, AttributeError):
+        return False
+    return True
 
 
 def device_event_seconds(fn: Callable[[], object], device: torch.device) -> float:

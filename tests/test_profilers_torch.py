@@ -243,3 +243,14 @@ def test_step_profiler_measures_communication_wait():
     reports = run_ranks(_comm_rank, 2, timeout_s=120)
     for report in reports:
         assert 0 < report.comm_time_s < report.profiled_step_time_s
+
+
+def test_a_backend_without_timed_events_is_timed_by_the_wall_clock():
+    """Cold-cache calls on an accelerator are timed by device events; the CPU backend records
+    none (``torch.Event`` has no timing there), so its calls keep the wall clock."""
+    from profilers._timing import _has_timing_events, measure
+
+    cpu = torch.device("cpu")
+    assert not _has_timing_events(cpu)
+    timing = measure(lambda: torch.ones(256).sum(), device=cpu, repeats=3, before_each=lambda: None)
+    assert timing.median_s > 0
