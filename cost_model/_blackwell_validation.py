@@ -1,4 +1,4 @@
-"""Validation on Blackwell: the published B200/GB200 training runs of
+"""Validation on Blackwell: the published B200/GB200/GB300 training runs of
 ``data/published_runs_blackwell.json`` (NVIDIA's Megatron-core performance tables).
 
 No calibration was fitted on any Blackwell run (``data/calibration.json`` has none for B200 or
