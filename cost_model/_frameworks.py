@@ -73,6 +73,12 @@ class HostOpCounts(BaseModel):
     eager_op_host_s: float = Field(gt=0.0, le=1e-3)
     basis: str = Field(min_length=1)
     eager_op_host_source: str = Field(min_length=1)
+    #: Host seconds per counted operator of the MoE routing code (the router, the dispatch
+    #: preprocessing, the dispatch and the combine, forward and backward) measured by running
+    #: that code, where it carries more Python per operator than ``eager_op_host_s``; None: the
+    #: generic figure. On the reference x86 host, like ``eager_op_host_s``.
+    moe_routing_op_host_s: float | None = Field(default=None, gt=0.0, le=1e-3)
+    moe_routing_op_host_source: str = ""
     #: Per fp8 recipe (``Training.fp8_recipe``), the quantization operators of each local expert
     #: and ``GroupedLinear`` call (fp8 runs only); a recipe absent here adds none.
     expert_quantization: dict[str, ExpertQuantizationOps] = Field(default_factory=dict)

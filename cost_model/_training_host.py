@@ -165,6 +165,11 @@ def host_parts(ctx: TrainingContext) -> HostParts | None:
         return None
     counts: HostOpCounts = framework.host_ops
     op_s = eager_op_host_s(ctx, framework)
+    routing_s = (
+        op_s
+        if counts.moe_routing_op_host_s is None
+        else counts.moe_routing_op_host_s * host_time_scale(ctx, framework)
+    )
     core_extra = 0.0 if ctx.options.flash_attention else counts.unfused_attention_extra
     attention_fwd = _scoped(ctx, "attn", counts.attention_forward + core_extra)
     attention_bwd = _scoped(ctx, "attn", counts.attention_backward + 2.0 * core_extra)
@@ -176,27 +181,27 @@ def host_parts(ctx: TrainingContext) -> HostParts | None:
         local_experts = moe.num_routed_experts / ctx.column("ep")
         gemm_s = framework.expert_gemm_host_s * host_time_scale(ctx, framework)
         shared = 1.0 if moe.num_shared_experts else 0.0
-        before_ops = (
-            _scoped(ctx, "moe_router", counts.router_forward)
-            + _scoped(ctx, "moe_preprocess", counts.dispatch_preprocess_forward)
-            + shared * counts.shared_experts_forward
+        routing_ops = _scoped(ctx, "moe_router", counts.router_forward) + _scoped(
+            ctx, "moe_preprocess", counts.dispatch_preprocess_forward
         )
-        before = zeros + before_ops * op_s
-        dispatch = zeros + counts.expert_dispatch_forward * op_s
+        before = zeros + routing_ops * routing_s + shared * counts.shared_experts_forward * op_s
+        dispatch = zeros + counts.expert_dispatch_forward * routing_s
         quantize_forward, quantize_backward = _expert_quantization_ops(ctx, counts)
         experts = zeros + GROUPED_LINEARS_PER_FORWARD * local_experts * (
             gemm_s + quantize_forward * op_s
         )
-        combine = zeros + (counts.expert_segment_forward - counts.expert_dispatch_forward) * op_s
-        backward_ops = (
+        combine = (
+            zeros + (counts.expert_segment_forward - counts.expert_dispatch_forward) * routing_s
+        )
+        routing_backward_ops = (
             _scoped(ctx, "moe_router", counts.router_backward)
             + _scoped(ctx, "moe_preprocess", counts.dispatch_preprocess_backward)
             + counts.expert_segment_backward
-            + shared * counts.shared_experts_backward
         )
         moe_bwd = (
             zeros
-            + backward_ops * op_s
+            + routing_backward_ops * routing_s
+            + shared * counts.shared_experts_backward * op_s
             + BACKWARD_GEMMS_PER_GEMM * GROUPED_LINEARS_PER_FORWARD * local_experts * gemm_s
             + GROUPED_LINEARS_PER_FORWARD * local_experts * quantize_backward * op_s
         )
