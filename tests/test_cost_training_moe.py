@@ -99,7 +99,12 @@ def test_router_pass_grows_with_the_number_of_experts() -> None:
 
 
 def test_expert_parallel_comm_overlap_hides_the_ep_all_to_all() -> None:
-    """Megatron-core's EP overlap runs one micro-batch's all-to-alls beside another's compute."""
+    """Megatron-core's EP overlap runs one micro-batch's all-to-alls beside another's compute:
+    the step gets shorter where the device bounds it (micro-batch 2 here). At micro-batch 1 on
+    an x86 host the merged micro-batch pairs are bound by the host issuing both (its MoE routing
+    code's measured cost, ``HostOpCounts.moe_routing_op_host_s``): the all-to-alls still hide,
+    the step does not shorten, as Megatron-Bridge's 26.02 DGX H100 Qwen3-30B run with the overlap
+    (5,113 tokens/s/GPU) against 26.02.01's without it (9,058)."""
     from cost_model._estimate import estimate_table
 
     workload = Training(
@@ -108,14 +113,18 @@ def test_expert_parallel_comm_overlap_hides_the_ep_all_to_all() -> None:
         precision="bf16",
         framework="megatron-core",
     )
-    table = configs_to_table([ParallelConfig(dp=8, ep=8, micro_batch_size=1)])
 
-    def columns(overlap: bool) -> dict:
+    def columns(overlap: bool, micro_batch: int) -> dict:
+        table = configs_to_table([ParallelConfig(dp=8, ep=8, micro_batch_size=micro_batch)])
         options = EstimateOptions(expert_parallel_comm_overlap=overlap)
         return estimate_table(QWEN3_30B, get_preset("dgx-h100"), workload, table, options=options)
 
-    off, on = columns(False), columns(True)
-    assert off["hidden.ep_comm"][0] == 0.0 and off["time.ep_comm"][0] > 0.0
-    assert on["hidden.ep_comm"][0] > 0.0
-    assert on["time.ep_comm"][0] < off["time.ep_comm"][0]
-    assert on["step_time_s"][0] < off["step_time_s"][0]
+    for micro_batch in (1, 2):
+        off, on = columns(False, micro_batch), columns(True, micro_batch)
+        assert off["hidden.ep_comm"][0] == 0.0 and off["time.ep_comm"][0] > 0.0
+        assert on["hidden.ep_comm"][0] > 0.0
+        assert on["time.ep_comm"][0] < off["time.ep_comm"][0]
+        if micro_batch == 2:
+            assert on["step_time_s"][0] < off["step_time_s"][0]
+        else:
+            assert on["step_time_s"][0] >= off["step_time_s"][0]
