@@ -20,6 +20,10 @@ Needs megatron-core (``pip install megatron-core``, or its source on ``PYTHONPAT
 runs on CUDA, else on the CPU (gloo).
 
     python benchmarks/megatron_moe_host_check.py [--experts 4 8 16 32] [--output PATH]
+    python benchmarks/megatron_moe_host_check.py --append benchmarks/results/megatron_moe_host_h200.json
+
+``benchmarks/results/megatron_moe_host_h200.json`` holds two runs on H200 machines (the second a
+repeat, ``--append``); its ``fit`` is over both and prices ``HostOpCounts.moe_routing_op_host_s``.
 """
 
 from __future__ import annotations
@@ -139,6 +143,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument(
+        "--append", type=Path, default=None, help="add this run to a saved result and refit"
+    )
     args = parser.parse_args()
     device = _init()
     a, b = torch.ones(1, device=device), torch.ones(1, device=device)
@@ -163,16 +170,11 @@ def main() -> None:
             f"({row['forward_backward_s'] / op_s:.0f} eager op launches of {op_s * 1e6:.1f} us)",
             flush=True,
         )
-    import numpy as np
-
-    e = np.array([r["local_experts"] for r in rows], dtype=float)
-    fit = {}
-    for key in ("forward_s", "forward_backward_s"):
-        slope, intercept = np.polyfit(e, np.array([r[key] for r in rows]), 1)
-        fit[key] = {"per_local_expert_s": float(slope), "intercept_s": float(intercept)}
+    fit = fit_runs([rows])
+    for key, line in fit.items():
         print(
-            f"{key}: {intercept * 1e3:.3f} ms + {slope * 1e6:.1f} us per local expert "
-            f"(intercept = {intercept / op_s:.0f} eager op launches)"
+            f"{key}: {line['intercept_s'] * 1e3:.3f} ms + {line['per_local_expert_s'] * 1e6:.1f} "
+            f"us per local expert (intercept = {line['intercept_s'] / op_s:.0f} eager op launches)"
         )
     import megatron.core
 
@@ -188,10 +190,31 @@ def main() -> None:
         "rows": rows,
         "fit": fit,
     }
-    if args.output is not None:
+    if args.append is not None:  # a repeat run of the same settings: refit over all runs
+        saved = json.loads(args.append.read_text())
+        saved.setdefault("repeat_runs", []).append(rows)
+        saved["fit"] = fit_runs([saved["rows"], *saved["repeat_runs"]])
+        args.append.write_text(json.dumps(saved, indent=1) + "\n")
+        print(f"added a run to {args.append}; fit over {1 + len(saved['repeat_runs'])} runs")
+    elif args.output is not None:
         args.output.write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {args.output}")
     dist.destroy_process_group()
+
+
+def fit_runs(runs: list[list[dict]]) -> dict:
+    """Intercept and slope in the local expert count of each timing, fitted to the geometric mean
+    of the runs at each expert count (host timings on a shared machine vary by 10-30% between
+    runs at the same count)."""
+    import numpy as np
+
+    experts = np.array([r["local_experts"] for r in runs[0]], dtype=float)
+    fit = {}
+    for key in ("forward_s", "forward_backward_s"):
+        times = np.exp(np.mean(np.log([[r[key] for r in run] for run in runs]), axis=0))
+        slope, intercept = np.polyfit(experts, times, 1)
+        fit[key] = {"per_local_expert_s": float(slope), "intercept_s": float(intercept)}
+    return fit
 
 
 if __name__ == "__main__":

@@ -356,7 +356,7 @@ def test_moe_routing_operators_cost_what_running_megatron_core_measured() -> Non
         + counts.expert_segment_backward
     )
     per_op = measured["fit"]["forward_backward_s"]["intercept_s"] / counted
-    assert counts.moe_routing_op_host_s == pytest.approx(per_op, rel=0.01)
+    assert counts.moe_routing_op_host_s == pytest.approx(per_op, rel=0.01)  # 75.4 us
     assert counts.moe_routing_op_host_s > 3.0 * counts.eager_op_host_s
     parts = host_parts(_context(_moe(), _workload(), ep=8))
     assert parts is not None
