@@ -219,10 +219,11 @@ def _logit(value: float) -> float:
     return math.log(value / (1.0 - value))
 
 
-def fit_fp8_gemm(rows: OperatorRows, *, device) -> tuple[float, float]:
+def fit_fp8_gemm(rows: OperatorRows, *, device, weights=None) -> tuple[float, float]:
     """(efficiency as a fraction of the fp8 peak, per-kernel seconds) of the fp8 GEMMs of
     ``rows``: least squares on log(predicted / measured), the efficiency fitted as a logit and
-    the fixed cost as log-seconds, as the bf16 fit."""
+    the fixed cost as log-seconds, as the bf16 fit; ``weights`` per row (e.g. equal weight per
+    source where two sources are fitted together), uniform by default."""
 
     def loss(x: np.ndarray) -> float:
         p = gemm_seconds(
@@ -232,7 +233,7 @@ def fit_fp8_gemm(rows: OperatorRows, *, device) -> tuple[float, float]:
             overhead_s=1e-6 * math.exp(x[1]),
             dtype="fp8",
         )
-        return float(np.mean(np.log(p / rows.seconds) ** 2))
+        return float(np.average(np.log(p / rows.seconds) ** 2, weights=weights))
 
     best = nelder_mead(loss, np.array([_logit(0.6), math.log(5.0)]))
     best = nelder_mead(loss, best)

@@ -19,15 +19,18 @@ latencies — never on a whole training or serving run, which stay validation da
   epilogue; ``fp8_block``: 1x128 / 128x128 block scales in the main loop): a fraction of the fp8
   peak and their own fixed cost per kernel (the fp8 kernels' rate keeps rising over a wider range
   of sizes than bf16's), fitted like the bf16 pair on the fastest engine's latency per shape of
-  at least ``FP8_MIN_FLOPS``, the size of a training step's fp8 GEMMs; recorded in the fit's
+  at least ``FP8_MIN_FLOPS``, the size of a training step's fp8 GEMMs (the per-tensor table on
+  Hopper together with a first-party measurement of torch's cuBLASLt fp8 GEMM against bf16 on
+  an H200, ``first_party_fp8_rows``, equal weight per source: the table alone priced the
+  measured speed-ups 3-5% low at training sizes); recorded in the fit's
   ``parameters`` (``fp8_matmul_efficiency``, ``fp8_kernel_overhead_s``, ``fp8_block_...``), with
   residuals per decade of FLOPs and a held-out error (folds of weight shapes). Each table point
   is a whole W8A8 call, its activation quantization first: the fit prices that pass apart
   (``_calibration_fits.FP8_TABLE_QUANTIZATION_BYTES``, memory-bound) and fits the GEMM alone,
   since training prices its own quantization kernels; with the pass, the fits' rms log error
   halves (H100 per-tensor 0.166 -> 0.083, block-scaled 0.135 -> 0.090) and the H100 per-tensor
-  efficiency is 0.678 of the fp8 peak (0.625 with the pass absorbed; MAMF 1402.6 / 1979 =
-  0.709). ``_precision`` prices fp8 GEMMs with them, not with the bf16 efficiency at the doubled
+  efficiency from the table alone is 0.678 of the fp8 peak (0.625 with the pass absorbed; MAMF
+  1402.6 / 1979 = 0.709), 0.715 with the first-party speed-ups beside it. ``_precision`` prices fp8 GEMMs with them, not with the bf16 efficiency at the doubled
   peak. A100 has no fp8 tensor cores and no fp8 fit; devices without tables (MI300X) have none
   either.
 * ``collective_efficiency`` and ``collective_overhead_s``: NCCL all-reduce, all-gather and
@@ -71,12 +74,18 @@ engines measured a shape, the fastest (the kernel a tuned run uses). Its end-to-
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from cost_model._calibration_fits import (
+    FP8_TABLE_QUANTIZATION_BYTES,
     _error_by_flops,
     _residual_summary,
     attention_seconds,
@@ -106,6 +115,7 @@ from cost_model._calibration_tables import (
     nccl_rows,
 )
 from cost_model._options import Calibration
+from cost_model._pricing import op_time_s
 
 if TYPE_CHECKING:
     from topology import Cluster, HardwareSpec
@@ -139,6 +149,62 @@ FP8_GEMM_DTYPES = {"fp8": "fp8", "fp8_block": "fp8_block"}
 #: its large-shape value at 1e10 FLOPs on H100), which one efficiency and one fixed cost cannot
 #: follow over four decades; the residuals by decade record what is left.
 FP8_MIN_FLOPS = 1e11
+
+
+#: A first-party fp8/bf16 speed-up per shape (``data/fp8_gemm_first_party.json``,
+#: ``benchmarks/fp8_gemm_check.py`` on an H200), fitted beside the imported per-tensor fp8 table
+#: on the devices its ``device_patterns`` name, each source with equal weight.
+FIRST_PARTY_FP8 = "fp8_gemm_first_party.json"
+
+
+def first_party_fp8_rows(
+    device: HardwareSpec, *, bf16_efficiency: float, bf16_overhead_s: float
+) -> OperatorRows | None:
+    """The first-party speed-ups as fp8 GEMM latencies on the bf16 fit's scale: each shape's
+    bf16 latency as the bf16 fit prices it, over the measured speed-up, plus the activation
+    quantization pass each table point times with its GEMM (``FP8_TABLE_QUANTIZATION_BYTES``), so
+    that the rows join the table's in one fit; shapes of at least ``FP8_MIN_FLOPS``. None where
+    the measurement does not cover ``device``."""
+    data = json.loads((resources.files("cost_model") / "data" / FIRST_PARTY_FP8).read_text())
+    if not re.search(data["device_patterns"], device.name):
+        return None
+    kept = [r for r in data["rows"] if 2.0 * r["m"] * r["n"] * r["k"] >= FP8_MIN_FLOPS]
+    columns = {axis: np.array([float(r[axis]) for r in kept]) for axis in ("m", "n", "k")}
+    shapes = OperatorRows(
+        kind="gemm_fp8_first_party",
+        columns=columns,
+        seconds=np.ones(len(kept)),
+        tables=(f"cost_model/data/{FIRST_PARTY_FP8}",),
+    )
+    bf16 = gemm_seconds(
+        shapes, device=device, matmul_efficiency=bf16_efficiency, overhead_s=bf16_overhead_s
+    )
+    quantize = op_time_s(
+        flops=0.0,
+        bytes_moved=FP8_TABLE_QUANTIZATION_BYTES * columns["m"] * columns["k"],
+        hardware=device,
+        dtype="bf16",
+        calibration=Calibration(),
+    )
+    speedup = np.array([float(r["speedup"]) for r in kept])
+    return OperatorRows(
+        kind=shapes.kind, columns=columns, seconds=bf16 / speedup + quantize, tables=shapes.tables
+    )
+
+
+def _joined(table: OperatorRows, other: OperatorRows) -> tuple[OperatorRows, np.ndarray]:
+    """Both sources' rows as one fit input, each source weighing as much as the other."""
+    columns = {axis: np.concatenate([table.columns[axis], other.columns[axis]]) for axis in "mnk"}
+    rows = OperatorRows(
+        kind=table.kind,
+        columns=columns,
+        seconds=np.concatenate([table.seconds, other.seconds]),
+        tables=table.tables + other.tables,
+    )
+    weights = np.concatenate(
+        [np.full(table.count, 1.0 / table.count), np.full(other.count, 1.0 / other.count)]
+    )
+    return rows, weights
 
 
 def _inside(name: str, value: float) -> float:
@@ -256,9 +322,17 @@ def _fit_all_to_all(
 
 
 def _fit_fp8_gemms(
-    record: _FitRecord, *, root: Path, hardware: OperatorHardware, device: HardwareSpec
+    record: _FitRecord,
+    *,
+    root: Path,
+    hardware: OperatorHardware,
+    device: HardwareSpec,
+    bf16: tuple[float, float],
 ) -> tuple[dict[str, float], dict[str, Any]]:
-    """Fit each fp8 GEMM table of at least ``FP8_MIN_FLOPS``; return parameters and held-out."""
+    """Fit each fp8 GEMM table of at least ``FP8_MIN_FLOPS``, the per-tensor one together with
+    the first-party speed-ups where they cover the device (``first_party_fp8_rows``, on the scale
+    of the ``bf16`` (efficiency, per-kernel seconds) fit); return parameters and held-out (of the
+    table alone)."""
     fp8_parameters: dict[str, float] = {}
     fp8_held: dict[str, Any] = {}
     if "fp8" not in device.peak_flops:
@@ -269,7 +343,17 @@ def _fit_fp8_gemms(
         rows = _subset(rows, flops >= FP8_MIN_FLOPS)
         if not rows.count:
             continue
-        efficiency, fp8_overhead = fit_fp8_gemm(rows, device=device)
+        first_party = None
+        if table_dtype == "fp8":
+            first_party = first_party_fp8_rows(
+                device, bf16_efficiency=bf16[0], bf16_overhead_s=bf16[1]
+            )
+        if first_party is None:
+            efficiency, fp8_overhead = fit_fp8_gemm(rows, device=device)
+        else:
+            joined, weights = _joined(rows, first_party)
+            efficiency, fp8_overhead = fit_fp8_gemm(joined, device=device, weights=weights)
+            _record_first_party(record, first_party, device, efficiency, fp8_overhead)
         fp8_parameters[f"{name}_matmul_efficiency"] = round(efficiency, 4)
         fp8_parameters[f"{name}_kernel_overhead_s"] = round(fp8_overhead, 9)
         predicted = gemm_seconds(
@@ -292,6 +376,26 @@ def _fit_fp8_gemms(
         record.residuals[rows.kind]["mean_error_by_flops"] = _error_by_flops(rows, predicted)
         fp8_held[rows.kind] = fp8_held_out(rows, device=device)
     return fp8_parameters, fp8_held
+
+
+def _record_first_party(
+    record: _FitRecord, rows: OperatorRows, device: HardwareSpec, efficiency: float, overhead: float
+) -> None:
+    """The first-party fp8 input and its residuals in the fit record."""
+    predicted = gemm_seconds(
+        rows, device=device, matmul_efficiency=efficiency, overhead_s=overhead, dtype="fp8"
+    )
+    record.inputs.append(
+        {
+            "kind": "gemm",
+            "dtype": "fp8",
+            "source": "first-party: benchmarks/fp8_gemm_check.py on an NVIDIA H200 (fp8/bf16 "
+            "speed-up per shape, on the bf16 fit's scale), fitted with the table, equal weight",
+            "tables": list(rows.tables),
+            "points": rows.count,
+        }
+    )
+    record.residuals[rows.kind] = _residual_summary(predicted, rows.seconds)
 
 
 #: The fit method, as the record states it.
@@ -372,7 +476,9 @@ def calibrate_hardware(root: Path, hardware: OperatorHardware) -> Calibration:
             "all_to_all_efficiency": round(a2a_efficiency, 4),
             "all_to_all_overhead_s": round(a2a_overhead, 9),
         }
-    fp8_parameters, fp8_held = _fit_fp8_gemms(record, root=root, hardware=hardware, device=device)
+    fp8_parameters, fp8_held = _fit_fp8_gemms(
+        record, root=root, hardware=hardware, device=device, bf16=(e_mm, overhead)
+    )
     attention_efficiency = training_attention_efficiency(e_fwd)
     parameters = {
         "matmul_efficiency": round(e_mm, 4),

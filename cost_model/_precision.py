@@ -49,7 +49,9 @@ moves 1 byte per parameter instead of 2 (``FSDP_FP8_GATHER_RECIPES``, used by
 ``cost_model._training_comm``).
 
 The fp8 GEMM is priced from its own operator fit (``data/calibration.json``, fitted by
-``cost_model._calibration_operators`` on the aiconfigurator-core fp8 GEMM tables): a fraction of
+``cost_model._calibration_operators`` on the aiconfigurator-core fp8 GEMM tables and, on Hopper,
+the project's own fp8/bf16 speed-ups of torch's cuBLASLt kernel measured on an H200,
+``data/fp8_gemm_first_party.json``, each source with equal weight): a fraction of
 the fp8 peak and a fixed cost per kernel, per hardware type, for the epilogue-scaled kernels
 (per-tensor or per-row/column scales: ``delayed``, ``current``, ``tensorwise``, ``rowwise``) and
 for the block-scaled ones (``blockwise``). ``mxfp8`` takes the per-tensor table: its GEMMs are
