@@ -114,46 +114,73 @@ def test_a_missing_cluster_file_is_not_called_an_unknown_preset(tmp_path, capsys
     assert "no such file" in error and "preset" not in error
 
 
-def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
-    environment = dict(os.environ, PYTHONPATH=str(REPO))
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "autoparallel.cli",
-            "plan",
-            "--training",
-            "--cluster",
-            "dgx-h200",
-            "--nodes",
-            "128",
-            "--trials",
-            "100000",
-            "--storage",
-            f"sqlite:///{tmp_path}/s.db",
-            "--output",
-            str(tmp_path / "plan.json"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=environment,
-        cwd=tmp_path,
-        # a shell's background job ignores SIGINT and its children inherit that: restore the
-        # default so that Python installs its KeyboardInterrupt handler in the child
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+def _interrupted_plan(tmp_path: Path, *, prelude: str = "") -> tuple[int, str]:
+    """Run ``autoparallel plan`` as a program (``main()`` reading ``sys.argv``) after
+    ``prelude``, send it Ctrl-C once its study exists, and return its exit code and stderr."""
+    arguments = [
+        "autoparallel",
+        "plan",
+        "--training",
+        "--cluster",
+        "dgx-h200",
+        "--nodes",
+        "128",
+        "--trials",
+        "100000",
+        "--storage",
+        f"sqlite:///{tmp_path}/s.db",
+        "--output",
+        str(tmp_path / "plan.json"),
+    ]
+    program = (
+        f"{prelude}\nimport sys\nfrom autoparallel.cli import main\n"
+        f"sys.argv = {arguments!r}\nsys.exit(main())\n"
     )
+    environment = dict(os.environ, PYTHONPATH=str(REPO))
+    # stderr goes to a file and the wait is for the process itself: a pipe's end of file also
+    # waits for any process that inherited it, which is not what this checks.
+    stderr_path = tmp_path / "stderr.txt"
+    with stderr_path.open("w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-c", program],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env=environment,
+            cwd=tmp_path,
+            # a shell's background job ignores SIGINT and its children inherit that: restore
+            # the default so that Python installs its KeyboardInterrupt handler in the child
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
     deadline = time.monotonic() + 60
     while not (tmp_path / "s.db").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(1.0)
     process.send_signal(signal.SIGINT)
-    _, error = process.communicate(timeout=60)
-    assert process.returncode == 130
+    try:
+        code = process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
+    return code, stderr_path.read_text()
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
+    code, error = _interrupted_plan(tmp_path)
+    assert code == 130, error
     assert "Traceback" not in error
     assert [line for line in error.splitlines() if line.strip()][-1].startswith(
         "error: interrupted"
     )
+
+
+def test_ctrl_c_exits_past_a_thread_that_would_keep_it_alive(tmp_path):
+    """Optuna's per-trial heartbeat thread is not a daemon; an interrupt between its start and
+    the ``with`` block that stops it leaves it running. The program still ends at once: here a
+    thread that never ends stands for it (the interpreter would wait for it at exit forever)."""
+    prelude = "import threading, time\nthreading.Thread(target=time.sleep, args=(3600,)).start()"
+    code, error = _interrupted_plan(tmp_path, prelude=prelude)
+    assert code == 130, error
+    assert "error: interrupted" in error
 
 
 def test_json_on_every_command_that_prints_results(small_plan, capsys):

@@ -36,6 +36,26 @@ class _OneLineParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def _exit_past_stray_threads(code: int) -> None:
+    """End the process now if a thread that is not a daemon is still running after Ctrl-C.
+
+    Optuna runs each trial of a storage with heartbeats beside a heartbeat thread that is not a
+    daemon (``optuna.storages._heartbeat.HeartbeatThread``), stopped by the ``with`` block that
+    started it; an interrupt that lands after the thread has started and before that block is
+    entered leaves it beating, and the interpreter would wait for it at exit forever. What the
+    search finished is already committed to its storage, and a trial left RUNNING is failed by
+    the next run's stale-trial check (``search._liveness``), so nothing is lost by not waiting.
+    """
+    import os
+    import threading
+
+    current = threading.current_thread()
+    if any(t is not current and not t.daemon and t.is_alive() for t in threading.enumerate()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(
         prog="autoparallel",
@@ -70,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         console_error("interrupted (Ctrl-C); a search with --storage resumes from its study")
+        if argv is None:  # the program itself, not a caller in the same process
+            _exit_past_stray_threads(130)
         return 130
     except ValidationError as error:  # a JSON file or value that does not fit its model
         console_error(_describe_validation_error(error))
