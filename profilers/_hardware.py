@@ -140,14 +140,7 @@ def profile_hardware(
         f"host {socket.gethostname()}, {when}"
     )
     advance = progress or (lambda label: None)
-    families: dict[tuple[str, str], list] = defaultdict(list)
-    flush = cache_flusher(device, grid.cache_flush_bytes)
-    for point in operator_points(grid):
-        timing = _measure_point(point, device=device, grid=grid, clock=clock, flush=flush)
-        if point.kernels > 1:  # a curve's x axis is the work of one kernel, as the model asks
-            timing = timing.per_kernel(point.kernels)
-        families[(point.family, point.key)].append((point.work, timing, point.label))
-        advance(f"{point.family} {point.key} {point.label}".replace("  ", " "))
+    families = _operator_families(grid=grid, device=device, clock=clock, advance=advance)
     overhead = _mean_over_ranks(
         measure(
             tiny_op_call(device),
@@ -207,6 +200,21 @@ def profile_hardware(
         gradient_accumulation=updates[1],
         host=host,
     )
+
+
+def _operator_families(
+    *, grid: ProfileGrid, device: torch.device, clock: str, advance: Progress
+) -> dict[tuple[str, str], list]:
+    """Every operator point of ``grid`` timed, grouped by (family, key): (work, timing, label)."""
+    families: dict[tuple[str, str], list] = defaultdict(list)
+    flush = cache_flusher(device, grid.cache_flush_bytes)
+    for point in operator_points(grid):
+        timing = _measure_point(point, device=device, grid=grid, clock=clock, flush=flush)
+        if point.kernels > 1:  # a curve's x axis is the work of one kernel, as the model asks
+            timing = timing.per_kernel(point.kernels)
+        families[(point.family, point.key)].append((point.work, timing, point.label))
+        advance(f"{point.family} {point.key} {point.label}".replace("  ", " "))
+    return families
 
 
 def _eager_op_host_s(device: torch.device) -> float:
