@@ -341,3 +341,19 @@ def test_an_unreachable_latency_slo_is_reported_in_seconds(capsys):
     assert main(argv) == 2
     error = capsys.readouterr().err
     assert "TPOT" in error and "SLO" in error and " GB" not in error
+
+
+def test_estimate_without_ep_takes_one_for_a_dense_model_and_a_dividing_degree_for_moe(capsys):
+    """A layout given as tp/pp only is valid as it stands: a dense model gets ep 1 (it was an
+    error about an ep of 64 the user never set), an MoE model the largest ep dividing both its
+    routed experts and the ranks of a stage; an ep given explicitly is still checked."""
+    dense = ["estimate", "--model", "llama-3.1-405b", "--cluster", "dgx-h100", "--nodes", "64"]
+    assert main([*dense, "--tp", "8", "--pp", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["ep"] == 1
+    moe = ["estimate", "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--nodes", "2"]
+    assert main([*moe, "--tp", "1", "--pp", "1", "--etp", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["ep"] == 16  # 128 experts, 16 ranks
+    assert main([*moe, "--tp", "2", "--pp", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["ep"] == 8  # dp 4 x tp 2
+    assert main([*moe, "--tp", "1", "--pp", "1", "--ep", "64"]) == 2
+    assert "ep*etp (64)" in capsys.readouterr().err

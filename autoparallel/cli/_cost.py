@@ -86,8 +86,15 @@ def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="inference: extra expert slots over the ep ranks (default: the fewest that fill every rank, EPLB)",
     )
-    for axis, default in (("tp", 8), ("pp", 16), ("cp", 1), ("ep", 64), ("etp", 1)):
+    for axis, default in (("tp", 8), ("pp", 16), ("cp", 1), ("etp", 1)):
         parser.add_argument(f"--{axis}", type=positive_int, default=default)
+    parser.add_argument(
+        "--ep",
+        type=positive_int,
+        default=None,
+        help="default: 1 for a dense model; for an MoE model the largest that divides both its "
+        "routed experts and the devices of a pipeline stage (dp*cp*tp) over etp",
+    )
     parser.add_argument(
         "--dp", type=positive_int, default=None, help="default: the devices left after tp*pp*cp"
     )
@@ -112,16 +119,31 @@ def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _config(args: argparse.Namespace, num_devices: int):
+def default_ep(model, *, stage_devices: int, etp: int) -> int:
+    """The expert-parallel degree when none is given: 1 for a dense model; for an MoE model the
+    largest that divides both its routed experts and ``stage_devices / etp`` (the ranks a
+    pipeline stage's experts spread over: Megatron-core's ``expert_model_parallel_size``
+    divides dp*cp*tp / etp), so a layout given only as tp/pp/dp is valid as it stands."""
+    if model.moe is None:
+        return 1
+    ranks = max(stage_devices // etp, 1)
+    experts = model.moe.num_routed_experts
+    return max(ep for ep in range(1, ranks + 1) if ranks % ep == 0 and experts % ep == 0)
+
+
+def _config(args: argparse.Namespace, num_devices: int, model):
     from cost_model import ParallelConfig
 
     dp = args.dp or max(1, num_devices // (args.tp * args.pp * args.cp))
+    ep = args.ep
+    if ep is None:
+        ep = default_ep(model, stage_devices=dp * args.cp * args.tp, etp=args.etp)
     return ParallelConfig(
         dp=dp,
         tp=args.tp,
         pp=args.pp,
         cp=args.cp,
-        ep=args.ep,
+        ep=ep,
         etp=args.etp,
         sequence_parallel=args.sequence_parallel and args.tp > 1,
         attention_data_parallel=args.attention_data_parallel,
@@ -138,7 +160,7 @@ def _estimate(args: argparse.Namespace) -> int:
 
     model = resolve_model(args.model)
     cluster = with_network_override(resolve_cluster(args.cluster, num_nodes=args.nodes), args)
-    config = _config(args, cluster.num_devices)
+    config = _config(args, cluster.num_devices, model)
     options = recipe_options(args, model=model, config=config)
     if args.training:
         workload, breakdown = _estimate_training(args, model, cluster, config, options)
@@ -147,6 +169,7 @@ def _estimate(args: argparse.Namespace) -> int:
     band = training_error_band(model, cluster, config) if args.training else None
     if args.json:
         document = json.loads(breakdown.model_dump_json())
+        document["config"] = config.model_dump(mode="json")  # the layout priced, defaults filled
         if band is not None:
             document["error_band"] = _band_document(band, breakdown.step_time_s)
         print_json(document)
@@ -189,7 +212,7 @@ def _estimate_serving(args: argparse.Namespace, model, cluster, config):
     redundant = args.num_redundant_experts
     if redundant is None:
         redundant = (
-            minimum_redundant_experts(num_experts=model.moe.num_routed_experts, ep=args.ep)
+            minimum_redundant_experts(num_experts=model.moe.num_routed_experts, ep=config.ep)
             if model.moe
             else 0
         )
