@@ -164,6 +164,13 @@ class FrameworkProfile(BaseModel):
     #: 2.13) builds ``(zeros_like(x) + exp(x)) * grad`` in fp32 beside the saved fp32 log-softmax
     #: output x: 16 bytes per logit at the add (memory).
     loss_parallel_bytes_per_logit: float | None = Field(default=None, gt=0.0)
+    #: Bytes per logit held at the loss where the framework runs it under torch.compile (tp = 1):
+    #: AOTAutograd's partitioner saves the bf16 logits themselves and each row's max and
+    #: log-sum-exp, and Inductor's fused backward writes one bf16 gradient, so no fp32 copy of
+    #: the logits is ever materialized: 2 + 2 (checked by compiling torch's cross entropy,
+    #: ``tests/test_memory_terms.py``). None: the framework runs its loss eagerly
+    #: (``loss_bytes_per_logit``); a run that kept it eager says so (``EstimateOptions.eager_loss``).
+    compiled_loss_bytes_per_logit: float | None = Field(default=None, gt=0.0)
     #: Under ZeRO-3 the sharded parameters are the fp32 master weights, no low-precision sharded
     #: copy (FSDP2 MixedPrecisionPolicy casts to bf16 at the all-gather) (memory).
     sharded_master_weights: bool = False

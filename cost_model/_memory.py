@@ -21,7 +21,8 @@
   distributed-optimizer instances (``optimizer_instances``).
 * The loss: bytes per logit the framework holds there (``FrameworkProfile.loss_bytes_per_logit``:
   4 for a fused fp32 cross entropy, 12 for torchtitan's eager ``cross_entropy(logits.float())``,
-  16 for its vocab-parallel loss with tp > 1, ``loss_parallel_bytes_per_logit``);
+  16 for its vocab-parallel loss with tp > 1, ``loss_parallel_bytes_per_logit``; 4 where
+  torch.compile compiles the loss, ``compiled_loss_bytes_per_logit``);
   FSDP2 shards the fp32 master weights with no bf16 sharded copy
   (``FrameworkProfile.sharded_master_weights``); operator-level selective recompute rebuilds
   one layer's unsaved activations during the backward pass.
@@ -413,18 +414,19 @@ def _activation_bytes(ctx: TrainingContext) -> np.ndarray:
 
 
 def _loss_bytes_per_logit(ctx: TrainingContext) -> np.ndarray | float:
-    """Bytes per logit at the loss (n,): the framework's, its loss-parallel figure with tp > 1
+    """Bytes per logit at the loss (n,): the framework's, its compiled figure where it compiles
+    the loss (``FrameworkProfile.compiled_loss_bytes_per_logit``, unless the run kept it eager:
+    ``EstimateOptions.eager_loss``), its loss-parallel figure with tp > 1
     (``FrameworkProfile.loss_parallel_bytes_per_logit``), 4 without a framework."""
     framework = ctx.framework
     if framework is None:
         return 4.0
+    single = framework.loss_bytes_per_logit
+    if framework.compiled_loss_bytes_per_logit is not None and not ctx.options.eager_loss:
+        single = framework.compiled_loss_bytes_per_logit
     if framework.loss_parallel_bytes_per_logit is None:
-        return framework.loss_bytes_per_logit
-    return np.where(
-        ctx.column("tp") > 1,
-        framework.loss_parallel_bytes_per_logit,
-        framework.loss_bytes_per_logit,
-    )
+        return single
+    return np.where(ctx.column("tp") > 1, framework.loss_parallel_bytes_per_logit, single)
 
 
 def pipeline_buffer_bytes(ctx: TrainingContext) -> np.ndarray:

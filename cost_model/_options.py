@@ -108,7 +108,10 @@ class EstimateOptions(BaseModel):
     them from the schedule's ``step`` (torch.distributed.pipelining ``forward_one_chunk`` appends
     them to ``output_chunks``; before torch PR #165822 always, since then unless ``step`` is
     called with ``return_outputs=False``, as torchtitan does from e5ef99a, 2025-10-22; memory
-    only).
+    only). ``eager_loss``: the loss runs eagerly under a framework that compiles it
+    (``FrameworkProfile.compiled_loss_bytes_per_logit``): torchtitan before bbb1b616e
+    (2025-04-02), whose train.py left compiling the loss commented out ("compiling loss
+    function causes CUDA errors, turning off for now"); memory only.
     ``pipeline_p2p_overlap``: the pipeline's activation and gradient sends and receives are
     asynchronous, posted ahead and waited on only where the data is needed (the Llama 3 report,
     arXiv:2407.21783 sec. 3.3.2: "we adopt asynchronous point-to-point communication in PP"),
@@ -161,6 +164,7 @@ class EstimateOptions(BaseModel):
     optimizer_instances: int = Field(default=1, ge=1)
     expert_parallel_comm_overlap: bool = False
     pipeline_keeps_outputs: bool = False
+    eager_loss: bool = False
     pipeline_p2p_overlap: bool = False
     cuda_graphs: Literal["none", "partial", "full_iteration"] = "none"
     cuda_graph_scope: tuple[Literal["attn", "moe_router", "moe_preprocess"], ...] = (

@@ -61,6 +61,7 @@ TOLERANCES: dict[str, tuple[float | None, float | None]] = {
     "megatron_readme_2022_mfu": (0.03, 0.06),  # measured 2.5%, 4.9%
     "korthikanti_fig1_memory": (None, 0.05),  # measured 2.0% max
     "torchtitan_h100_peak_memory": (None, 0.10),  # measured 8.7% max
+    "torchtitan_h200_peak_memory": (None, 0.10),  # measured 2.6% max
     # measured 7.1% mean, 21.2% max: the 405B 1F1B row is 21% low (its interleaved twin +1%),
     # terms the model does not source yet (see data/published_peak_memory.json 'about').
     "torchtitan_h100_peak_memory_tp_pp": (0.10, 0.22),
@@ -71,6 +72,10 @@ TOLERANCES: dict[str, tuple[float | None, float | None]] = {
     # fp32 gradient reduce-scatter over 48 nodes is priced mostly exposed).
     "megatron_readme_h100": (0.15, None),
     "torchtitan_a100_fsdp": (0.04, 0.10),  # measured 3.1%, 8.8%
+    # measured 21.1%, 22.0%: Trainy's Llama 3.1 8B FSDP + compile + float8 runs on 32 and 64
+    # H200 are 20-22% slower than predicted, while their peak memory is within 3% and the same
+    # recipe's fp8/bf16 speed-ups (fp8_twins) within 10%: not found.
+    "torchtitan_h200_fsdp": (0.22, 0.23),
     # measured 14.5%, 22.5%: the 131K-context row is 22% fast (its exposed K/V all-gather and
     # attention are priced, the report's document mask is not).
     "llama3_table4": (0.15, 0.23),

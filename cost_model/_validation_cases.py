@@ -69,6 +69,7 @@ SOFTWARE: dict[str, dict[str, Any]] = {
 PRESETS = {
     "A100": "dgx-a100",
     "H100": "dgx-h100",
+    "H200": "dgx-h200",
     "B200": "dgx-b200",
     "GB200": "gb200-nvl72",
     "GB300": "gb300-nvl72",

@@ -95,6 +95,7 @@ SETUP_OPTIONS = (
     "activation_offload_layers",
     "optimizer_instances",
     "pipeline_keeps_outputs",
+    "eager_loss",
 )
 
 

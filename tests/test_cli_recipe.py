@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+import autoparallel as ap
 from autoparallel.cli import main
 
 #: Qwen3-235B-A22B on 32 DGX H100 nodes, EP 32 across nodes, an interleaved pipeline: the
@@ -173,6 +174,18 @@ def test_pipeline_keeps_outputs_holds_the_logits_on_the_last_stage(capsys):
     kept = _estimate(capsys, [*TINY, "--pipeline-keeps-outputs"])
     assert kept["memory_per_device_bytes"] > base["memory_per_device_bytes"]
     assert kept["step_time_s"] == base["step_time_s"]
+
+
+def test_an_eager_loss_beside_a_compiled_model_holds_twelve_bytes_per_logit(capsys):
+    """torchtitan compiles its loss with the model (4 bytes per logit); --eager-loss prices the
+    eager one of earlier releases (12): 8 more bytes for each logit of a micro-batch."""
+    job = ["estimate", "--model", "megatron-gpt-1.7b", "--cluster", "dgx-h100", "--nodes", "1"]
+    job += ["--tp", "1", "--pp", "1", "--framework", "torchtitan-compile", "--json"]
+    job += ["--sequence-length", "4096", "--micro-batch-size", "1"]
+    compiled = _estimate(capsys, job)["memory_bytes"]["activations"]
+    eager = _estimate(capsys, [*job, "--eager-loss"])["memory_bytes"]["activations"]
+    vocab = ap.get_model("megatron-gpt-1.7b").vocab_size
+    assert eager - compiled == pytest.approx(8.0 * 4096 * vocab)
 
 
 @pytest.mark.parametrize(

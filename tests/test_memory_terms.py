@@ -309,6 +309,71 @@ def test_torchtitan_loss_parallel_holds_more_per_logit_than_its_single_rank_loss
     assert per_logit(2, None) == 4.0
 
 
+def test_a_compiled_cross_entropy_saves_only_the_bf16_logits_and_row_statistics() -> None:
+    """What ``FrameworkProfile.compiled_loss_bytes_per_logit`` rests on, measured: torchtitan's
+    loss (``cross_entropy(pred.flatten(0, 1).float(), labels)``) run eagerly saves fp32 tensors
+    of the logits' shape for its backward; under torch.compile AOTAutograd saves only the bf16
+    logits themselves (already alive: 2 bytes) and per-row fp32 statistics, and Inductor's
+    backward writes the gradient in bf16 (2 bytes), with no fp32 copy of the logits."""
+    import torch
+    import torch.nn.functional as F
+
+    rows, vocab = 64, 1024
+
+    def loss_fn(pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
+
+    def saved(fn) -> tuple[list[tuple[torch.dtype, int, bool]], torch.dtype]:
+        logits = torch.randn(1, rows, vocab, dtype=torch.bfloat16, requires_grad=True)
+        labels = torch.randint(0, vocab, (1, rows))
+        found: list[tuple[torch.dtype, int, bool]] = []
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            same = t.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr()
+            found.append((t.dtype, t.numel(), same))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = fn(logits, labels)
+        loss.backward()
+        assert logits.grad is not None
+        return found, logits.grad.dtype
+
+    eager, _ = saved(loss_fn)
+    assert any(d == torch.float32 and n == rows * vocab and not same for d, n, same in eager)
+    compiled, grad_dtype = saved(torch.compile(loss_fn))
+    full = [(d, same) for d, n, same in compiled if n == rows * vocab]
+    assert full == [(torch.bfloat16, True)]  # the logits themselves, no copy
+    assert all(n <= rows for d, n, same in compiled if n != rows * vocab)  # per-row statistics
+    assert grad_dtype == torch.bfloat16
+
+
+def test_a_compiling_framework_holds_four_bytes_per_logit_unless_its_loss_stayed_eager() -> None:
+    """torchtitan compiles its loss under --compile (from bbb1b616e, 2025-04-02): 4 bytes per
+    logit at tp 1 instead of the eager 12; a run that kept the loss eager (torchtitan at
+    9dec370) records it (``EstimateOptions.eager_loss``); tp > 1 keeps the loss-parallel 16."""
+    from cost_model._memory import _loss_bytes_per_logit
+
+    def per_logit(tp: int, *, eager_loss: bool) -> float:
+        config = ParallelConfig(dp=8 // tp, tp=tp, micro_batch_size=1, sequence_parallel=tp > 1)
+        ctx = training_context(
+            model=ModelSpec.from_hf_config(DENSE, name="dense"),
+            cluster=get_preset("dgx-h100", num_nodes=1),
+            workload=Training(
+                sequence_length_tokens=4096,
+                global_batch_sequences=64,
+                framework="torchtitan-compile",
+            ),
+            table=configs_to_table([config]),
+            options=EstimateOptions(eager_loss=eager_loss),
+        )
+        return float(np.asarray(_loss_bytes_per_logit(ctx)).reshape(-1)[0])
+
+    assert per_logit(1, eager_loss=False) == 4.0
+    assert per_logit(1, eager_loss=True) == 12.0
+    assert per_logit(2, eager_loss=False) == per_logit(2, eager_loss=True) == 16.0
+
+
 def test_a_pipeline_that_returns_its_outputs_keeps_every_micro_batch_of_logits() -> None:
     """torch.distributed.pipelining's last stage appends each micro-batch's output to
     ``output_chunks`` when the schedule returns them: the last rank holds m micro-batches of

@@ -42,6 +42,7 @@ _FIELDS = {
     "activation_offload_layers": "activation_offload_layers",
     "optimizer_instances": "optimizer_instances",
     "pipeline_keeps_outputs": "pipeline_keeps_outputs",
+    "eager_loss": "eager_loss",
     "expert_dispatcher": "expert_dispatcher",
     "expert_dispatch_fp8": "expert_dispatch_fp8",
     "max_routed_nodes": "max_routed_nodes",
@@ -153,6 +154,14 @@ def _add_memory_arguments(group, *, searched_recompute: bool) -> None:  # argpar
         default=None,
         help="the last pipeline stage keeps every micro-batch's logits until the step ends; "
         "priced in memory (torch.distributed.pipelining's step() without return_outputs=False)",
+    )
+    group.add_argument(
+        "--eager-loss",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the loss runs eagerly although the framework compiles the model (torchtitan "
+        "before 2025-04 or --compile.components model): 12 bytes per logit instead of 4; "
+        "priced in memory",
     )
 
 

@@ -204,6 +204,7 @@ def megatron_recipe(plan: ShardingPlan, dropped: list[str]) -> list[str]:
         "--moe-router-num-groups / --moe-router-group-topk by the model's expert groups)",
         "bidirectional_pipeline": "a DualPipe-style bidirectional pipeline",
         "pipeline_keeps_outputs": "the last stage keeping every micro-batch's outputs",
+        "eager_loss": "an eager loss beside a compiled model",
     }
     for field, what in unmatched.items():
         if getattr(options, field) not in (None, False):
