@@ -13,7 +13,12 @@ from cost_model._calibrate import CalibrationResult, StepMeasurement, calibrate
 from cost_model._cross_validation import GROUPINGS as VALIDATION_GROUPINGS
 from cost_model._cross_validation import error_summary, grouped_errors, leave_one_source_out
 from cost_model._engine_paths import sglang_uses_deepep
-from cost_model._error_band import ErrorBand, serving_error_bands, training_error_band
+from cost_model._error_band import (
+    ErrorBand,
+    memory_error_band,
+    serving_error_bands,
+    training_error_band,
+)
 from cost_model._estimate import breakdown_from_row, estimate, estimate_table
 from cost_model._frameworks import framework_names, framework_profile
 from cost_model._inference_load import estimate_inference_table
@@ -90,6 +95,7 @@ __all__ = [
     "ErrorBand",
     "serving_error_bands",
     "training_error_band",
+    "memory_error_band",
     "ALL_AXES",
     "Axis",
     "DENSE_MESH_ORDER",

@@ -31,6 +31,7 @@ __all__ = [
     "MIN_RUNS",
     "ErrorBand",
     "generation_of",
+    "memory_error_band",
     "parallelism_of",
     "serving_error_bands",
     "training_error_band",
@@ -81,7 +82,11 @@ class ErrorBand:
     def time_range_s(self, predicted_s: float) -> tuple[float, float]:
         """The published times of such runs relative to their predictions, scaled to this one:
         predicted x (1 + p10) to predicted x (1 + p90)."""
-        return predicted_s * (1.0 + self.low), predicted_s * (1.0 + self.high)
+        return self.scaled_range(predicted_s)
+
+    def scaled_range(self, predicted: float) -> tuple[float, float]:
+        """``predicted`` (seconds, bytes) x (1 + p10) to x (1 + p90)."""
+        return predicted * (1.0 + self.low), predicted * (1.0 + self.high)
 
 
 def generation_of(device_name: str) -> str | None:
@@ -232,3 +237,55 @@ def serving_error_bands(
                 bands[metric] = _band(scope, chosen, key="time_error")
                 break
     return bands
+
+
+# ---------------------------------------------------------------------------- peak memory
+@lru_cache(maxsize=1)
+def _memory_runs() -> tuple[dict, ...]:
+    """Each published peak-memory run: its parallel dimensions, whether it pipelines, its
+    framework and the model's error (published / predicted - 1), estimated now (20-odd runs)."""
+    from cost_model._validation import GIB, peak_memory_bytes
+    from cost_model._validation_cases import peak_memory_cases
+
+    runs = []
+    for case, published in peak_memory_cases():
+        predicted = peak_memory_bytes(case)[0] / GIB
+        runs.append(
+            {
+                "run": case.run,
+                "table": case.table,
+                "parallelism": parallelism_of(case.config),
+                "zero3": case.config.zero_stage == 3,
+                "pipelined": case.config.pp > 1,
+                "framework": case.workload.framework,
+                # one benchmark file per device: the 2024-12 H100 tables, Trainy's H200 runs
+                "source": case.table.split("_peak_memory")[0],
+                "memory_error": published / predicted - 1.0,
+            }
+        )
+    return tuple(runs)
+
+
+def memory_error_band(config) -> ErrorBand | None:
+    """The band of the published peak-memory runs in the regime of layout ``config`` (module
+    docstring): its parallel dimensions; then its ZeRO-3 class and whether it pipelines; then
+    its ZeRO-3 class; then every run. The scope names the frameworks those runs used (the
+    published peaks are torchtitan's FSDP2 runs); None without runs."""
+    runs = _memory_runs()
+    zero3, pipelined = config.zero_stage == 3, config.pp > 1
+    sharding = "ZeRO-3/FSDP" if zero3 else "ZeRO-0/1/2"
+    levels = [
+        (parallelism_of(config), lambda r: r["parallelism"] == parallelism_of(config)),
+        (
+            f"{sharding}, {'pipelined' if pipelined else 'no pipeline'}",
+            lambda r: r["zero3"] == zero3 and r["pipelined"] == pipelined,
+        ),
+        (sharding, lambda r: r["zero3"] == zero3),
+        ("every run with a published peak", lambda r: True),
+    ]
+    for scope, keep in levels:
+        chosen = [run for run in runs if keep(run)]
+        if len(chosen) >= MIN_RUNS:
+            frameworks = sorted({str(run["framework"]) for run in chosen})
+            return _band(f"{scope}; {', '.join(frameworks)} runs", chosen, key="memory_error")
+    return None

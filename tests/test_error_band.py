@@ -116,6 +116,7 @@ def test_a_training_plan_prints_the_error_bar_of_its_layout(tmp_path, capsys) ->
     assert main([*job, "--output", str(tmp_path / "plan.json")]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "Error bar:" in text and "published runs like this one (Hopper, MoE" in text
+    assert "Memory error bar: " in text
 
 
 def test_a_serving_estimate_gets_the_band_of_its_engine_generation_and_model_kind(capsys) -> None:
@@ -159,3 +160,38 @@ def test_a_serving_estimate_gets_the_band_of_its_engine_generation_and_model_kin
         version="0.5.6",
     )
     assert older["TTFT"].scope == "sglang 0.5.3-0.5.9, Blackwell, MoE, colocated"
+
+
+def test_the_memory_band_takes_the_published_peaks_of_the_layouts_regime(capsys) -> None:
+    """Peak memory has its error bar too: the published peaks (torchtitan's runs, validation
+    only) of the layout's parallel dimensions, widened to its ZeRO-3 class and pipelining, then
+    to every run; the error is published / predicted - 1 (> 0: the model was low)."""
+    from cost_model import memory_error_band
+    from cost_model._error_band import _memory_runs
+    from cost_model._validation import GIB, peak_memory_rows
+
+    runs = _memory_runs()
+    rows = {row.run: row for row in peak_memory_rows()}
+    for run in runs:  # the band's errors are the validation table's
+        row = rows[run["run"]]
+        assert run["memory_error"] == pytest.approx(row.published / row.predicted - 1.0)
+    fsdp = memory_error_band(ParallelConfig(dp=64, zero_stage=3))
+    assert fsdp is not None and fsdp.scope.startswith("zero3;")
+    same = [r["memory_error"] for r in runs if r["parallelism"] == "zero3"]
+    assert fsdp.count == len(same) >= MIN_RUNS
+    assert fsdp.bias == pytest.approx(np.mean(same))
+    # No published peak of a ZeRO-1 layout: the band says it spans every run with a peak.
+    megatron = memory_error_band(ParallelConfig(dp=8, tp=8, pp=4, sequence_parallel=True))
+    assert megatron is not None and megatron.scope.startswith("every run with a published peak")
+    assert megatron.count == len(runs)
+    job = ["estimate", "--model", "llama-3.1-405b", "--cluster", "dgx-h100", "--nodes", "64"]
+    job += ["--tp", "8", "--pp", "8", "--zero-stage", "3"]
+    assert main(job) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Memory error bar: " in text and "(tp+pp+zero3;" in text
+    assert main([*job, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    band = document["memory_error_band"]
+    low, high = band["memory_range_bytes"]
+    assert low == pytest.approx(document["memory_per_device_bytes"] * (1 + band["low"]))
+    assert high > low > 0 and high / GIB < 200

@@ -24,6 +24,7 @@ from cost_model import (
     framework_names,
     human_bytes,
     human_seconds,
+    memory_error_band,
     minimum_redundant_experts,
     training_error_band,
 )
@@ -167,17 +168,26 @@ def _estimate(args: argparse.Namespace) -> int:
     else:
         workload, breakdown = _estimate_serving(args, model, cluster, config)
     band = training_error_band(model, cluster, config) if args.training else None
+    memory_band = memory_error_band(config) if args.training else None
     if args.json:
         document = json.loads(breakdown.model_dump_json())
         document["config"] = config.model_dump(mode="json")  # the layout priced, defaults filled
         if band is not None:
             document["error_band"] = _band_document(band, breakdown.step_time_s)
+        if memory_band is not None:
+            low, high = memory_band.scaled_range(breakdown.memory_per_device_bytes)
+            document["memory_error_band"] = {
+                **asdict(memory_band),
+                "memory_range_bytes": [low, high],
+            }
         print_json(document)
         return 0
     _print_estimate_header(model, cluster, config, options)
     _print_breakdown(breakdown)
     if band is not None:
         print_error_band(band, breakdown.step_time_s)
+    if memory_band is not None:
+        print_memory_error_band(memory_band, breakdown.memory_per_device_bytes)
     if not args.training:
         _print_serving_extras(args, model, cluster, config, workload)
     return 0
@@ -286,6 +296,21 @@ def print_error_band(band, step_time_s: float) -> None:
         f"on average (mean |error| {100 * band.mean_abs_error:.0f}%); their published step times "
         f"were {1 + band.low:.2f}-{1 + band.high:.2f}x the predictions (10th-90th percentile): "
         f"[bold]{human_seconds(low)} to {human_seconds(high)}[/] for this one",
+        highlight=False,
+    )
+
+
+def print_memory_error_band(band, predicted_bytes: float) -> None:
+    """The memory estimate's error bar: the published peak-memory runs of its regime."""
+    low, high = band.scaled_range(predicted_bytes)
+    plural = "s" if band.sources != 1 else ""
+    direction = "low" if band.bias >= 0 else "high"
+    console.print(
+        f"Memory error bar: {band.count} published peaks like this one ({band.scope}; "
+        f"{band.sources} source{plural}) were predicted {100 * abs(band.bias):.0f}% {direction} "
+        f"on average (mean |error| {100 * band.mean_abs_error:.0f}%); the published peaks were "
+        f"{1 + band.low:.2f}-{1 + band.high:.2f}x the predictions (10th-90th percentile): "
+        f"[bold]{human_bytes(low)} to {human_bytes(high)}[/] for this one",
         highlight=False,
     )
 

@@ -360,12 +360,15 @@ def _write(plan, output: Path, *, cluster, as_json: bool = False) -> int:
         ):
             console.print(bar, highlight=False, markup=False)
     elif plan.predicted is not None and plan.job.kind == "training":
-        from autoparallel.cli._cost import print_error_band
-        from cost_model import training_error_band
+        from autoparallel.cli._cost import print_error_band, print_memory_error_band
+        from cost_model import memory_error_band, training_error_band
 
         band = training_error_band(plan.model, cluster, plan.config)
         if band is not None:
             print_error_band(band, plan.predicted.step_time_s)
+        memory_band = memory_error_band(plan.config)
+        if memory_band is not None:
+            print_memory_error_band(memory_band, plan.predicted.memory_per_device_bytes)
     console.print(f"wrote [bold]{path}[/]")
     return 0
 
