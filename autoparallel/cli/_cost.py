@@ -287,30 +287,40 @@ def _band_document(band, step_time_s: float) -> dict:
 
 def print_error_band(band, step_time_s: float) -> None:
     """The estimate's error bar: the held-out published runs of its regime."""
-    low, high = band.time_range_s(step_time_s)
-    plural = "s" if band.sources != 1 else ""
-    direction = "too fast" if band.bias >= 0 else "too slow"
-    console.print(
-        f"Error bar: {band.count} published runs like this one ({band.scope}; {band.sources} "
-        f"source{plural}), all held out, were predicted {100 * abs(band.bias):.0f}% {direction} "
-        f"on average (mean |error| {100 * band.mean_abs_error:.0f}%); their published step times "
-        f"were {1 + band.low:.2f}-{1 + band.high:.2f}x the predictions (10th-90th percentile): "
-        f"[bold]{human_seconds(low)} to {human_seconds(high)}[/] for this one",
-        highlight=False,
+    _print_band(
+        band,
+        opening=f"Error bar: {band.count} published runs like this one",
+        held_out=", all held out,",
+        directions=("too fast", "too slow"),
+        measured="their published step times",
+        span=tuple(human_seconds(v) for v in band.time_range_s(step_time_s)),
     )
 
 
 def print_memory_error_band(band, predicted_bytes: float) -> None:
     """The memory estimate's error bar: the published peak-memory runs of its regime."""
-    low, high = band.scaled_range(predicted_bytes)
+    _print_band(
+        band,
+        opening=f"Memory error bar: {band.count} published peaks like this one",
+        held_out="",
+        directions=("low", "high"),
+        measured="the published peaks",
+        span=tuple(human_bytes(v) for v in band.scaled_range(predicted_bytes)),
+    )
+
+
+def _print_band(band, *, opening, held_out, directions, measured, span) -> None:
+    """One error-bar sentence: the runs of the band's scope, their mean signed and absolute
+    error (``directions``: the words for a positive and a negative bias), and the 10th-90th
+    percentile range ``span`` scaled to this estimate."""
     plural = "s" if band.sources != 1 else ""
-    direction = "low" if band.bias >= 0 else "high"
+    direction = directions[0] if band.bias >= 0 else directions[1]
     console.print(
-        f"Memory error bar: {band.count} published peaks like this one ({band.scope}; "
-        f"{band.sources} source{plural}) were predicted {100 * abs(band.bias):.0f}% {direction} "
-        f"on average (mean |error| {100 * band.mean_abs_error:.0f}%); the published peaks were "
-        f"{1 + band.low:.2f}-{1 + band.high:.2f}x the predictions (10th-90th percentile): "
-        f"[bold]{human_bytes(low)} to {human_bytes(high)}[/] for this one",
+        f"{opening} ({band.scope}; {band.sources} source{plural}){held_out} were predicted "
+        f"{100 * abs(band.bias):.0f}% {direction} on average (mean |error| "
+        f"{100 * band.mean_abs_error:.0f}%); {measured} were {1 + band.low:.2f}-"
+        f"{1 + band.high:.2f}x the predictions (10th-90th percentile): "
+        f"[bold]{span[0]} to {span[1]}[/] for this one",
         highlight=False,
     )
 
