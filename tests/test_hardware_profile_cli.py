@@ -165,3 +165,31 @@ def test_a_measured_graph_kernel_floor_prices_the_decode_step(capsys, h200, tmp_
     slow.write_text(h200.model_copy(update={"graph_kernel_floor_s": 2e-5}).model_dump_json())
     slower = _estimate(capsys, [*SERVING, "--hardware-profile", str(slow)])
     assert measured["tpot_s"] < default["tpot_s"] < slower["tpot_s"]
+
+
+def test_a_dtype_the_profile_did_not_measure_keeps_the_operator_fit(capsys):
+    """The H200 profile measured fp32, bf16 and fp16 GEMMs, no fp8: an fp8 job priced with it
+    keeps the fp8 operator fit for its GEMMs (the preset's constant efficiency, as without a
+    profile) and the profile for the rest. fp32's curve stands in only for a wider float a
+    device may run through fp32 kernels (bf16 on a CPU): over the fp8 peak it priced an fp8
+    training step 14x slower and a serving prefill 4x."""
+    profile = load_hardware_profile(H200_PROFILE)
+    assert "fp8" not in profile.gemm and "bf16" in profile.gemm
+    device = get_preset("dgx-h200").device.with_profile(profile)
+    flops = np.array([1e9, 1e12])
+    assert np.allclose(device.gemm_efficiency(flops, "fp8"), device.matmul_efficiency)
+    bf16 = profile.gemm["bf16"].rate_per_s(flops) / device.peak_flops_for("bf16")
+    assert np.allclose(device.gemm_efficiency(flops, "bf16"), bf16)
+    cpu = load_hardware_profile(CPU_PROFILE)
+    if "bf16" not in cpu.gemm:  # a CPU without bf16 kernels prices bf16 on its fp32 curve
+        assert cpu.gemm_curve("bf16") is cpu.gemm["fp32"]
+    job = [*LLAMA, "--framework", "megatron-core", "--precision", "fp8"]
+    table = _estimate(capsys, job)
+    measured = _estimate(capsys, [*job, "--hardware-profile", str(H200_PROFILE)])
+    assert 0.8 < measured["step_time_s"] / table["step_time_s"] < 1.3
+    serving = ["estimate", "--model", "deepseek-v3", "--cluster", "dgx-h200", "--nodes", "1"]
+    serving += ["--tp", "8", "--pp", "1", "--ep", "8", "--inference", "--weight-dtype", "fp8"]
+    serving += ["--prompt-tokens", "2000", "--output-tokens", "500", "--json"]
+    table = _estimate(capsys, serving)
+    measured = _estimate(capsys, [*serving, "--hardware-profile", str(H200_PROFILE)])
+    assert 0.8 < measured["ttft_s"] / table["ttft_s"] < 1.25

@@ -80,15 +80,18 @@ class HardwareSpec(BaseModel):
         """Achievable fraction of peak for GEMMs of ``flops_per_call`` FLOPs (vectorized).
 
         Without a measured profile this is the constant ``matmul_efficiency``; with one it is the
-        measured rate at that size (log-interpolated) over ``peak_flops_for(dtype)``.
+        measured rate at that size (log-interpolated) over ``peak_flops_for(dtype)``. A dtype the
+        profile did not measure takes fp32's curve only where it is a wider float the device may
+        lack kernels for (bf16/fp16 on a CPU); a narrower one (fp8, fp4, int8) keeps the constant,
+        as without a profile: an fp32 rate over an fp8 peak would price it tens of times too
+        slow.
         """
         import numpy as np
 
-        if self.profile is None:
+        curve = None if self.profile is None else _measured_curve(self.profile.gemm, dtype)
+        if curve is None:
             return np.broadcast_to(np.float64(self.matmul_efficiency), np.shape(flops_per_call))
-        return self.profile.gemm_curve(dtype).rate_per_s(flops_per_call) / self.peak_flops_for(
-            dtype
-        )
+        return curve.rate_per_s(flops_per_call) / self.peak_flops_for(dtype)
 
     def attention_efficiency(self, flops_per_call, dtype: str = "bf16"):
         """Like ``gemm_efficiency`` for fused attention (SDPA) calls; the GEMM curve when unmeasured."""
@@ -103,7 +106,7 @@ class HardwareSpec(BaseModel):
         )
 
     def _curve_efficiency(self, curves, flops_per_call, dtype: str):
-        curve = (curves or {}).get(dtype) or (curves or {}).get("fp32")
+        curve = _measured_curve(curves or {}, dtype)
         if curve is None:
             return self.gemm_efficiency(flops_per_call, dtype)
         return curve.rate_per_s(flops_per_call) / self.peak_flops_for(dtype)
@@ -252,3 +255,17 @@ class HardwareSpec(BaseModel):
     @property
     def achievable_memory_bandwidth_bytes_per_s(self) -> float:
         return self.memory_bandwidth_bytes_per_s * self.memory_bandwidth_efficiency
+
+
+#: Floats whose unmeasured curve falls back to fp32's: a device (a CPU) may run them through
+#: the fp32 kernels. Narrower types run on their own tensor-core paths, which fp32 says nothing of.
+_FP32_FALLBACK_DTYPES = frozenset({"fp32", "bf16", "fp16"})
+
+
+def _measured_curve(curves, dtype: str):
+    """``curves[dtype]``, else fp32's for a wider float (``_FP32_FALLBACK_DTYPES``), else None."""
+    if dtype in curves:
+        return curves[dtype]
+    if dtype in _FP32_FALLBACK_DTYPES:
+        return curves.get("fp32")
+    return None
