@@ -150,6 +150,10 @@ RECIPE_TABLE: dict[str, str] = {
     "blockwise": "fp8_block",
     "mxfp8": "fp8",
 }
+#: Recipes whose GEMMs run with one scale per tensor, as ``autoparallel profile`` times its fp8
+#: GEMM curve (``profilers._ops._fp8_gemm_point``): a hardware profile's measured ``fp8`` curve
+#: prices them; the other recipes keep the operator fit.
+MEASURED_FP8_RECIPES: frozenset[str] = frozenset({"delayed", "current", "tensorwise"})
 #: Recipes whose FSDP all-gather moves fp8 weights (torchao ``enable_fsdp_float8_all_gather``:
 #: tensorwise scaling only).
 FSDP_FP8_GATHER_RECIPES: frozenset[str] = frozenset({"tensorwise"})
@@ -227,7 +231,9 @@ def fp8_operator_source(*, hardware, calibration, recipe: str) -> str | None:
 def fp8_gemm_time_s(
     *, hardware, calibration, recipe: str, flops, bytes_moved, calls=1, kind: str = "matmul"
 ) -> np.ndarray:
-    """Time of fp8 GEMMs of ``flops`` over ``calls`` kernels under ``recipe``: an fp8 roofline at
+    """Time of fp8 GEMMs of ``flops`` over ``calls`` kernels under ``recipe``: on a device whose
+    hardware profile measured per-tensor fp8 GEMMs, an fp8 roofline on that curve (per-tensor
+    recipes, ``MEASURED_FP8_RECIPES``); else an fp8 roofline at
     the calibration's fitted fp8 efficiency plus the fp8 kernels' fixed cost over the bf16 one
     per call (``op_time_s`` with ``calibration`` counts the bf16 cost; a memory-only pass,
     ``flops`` 0, adds none); without an fp8 fit, the bf16 compute time over the measured fp8
@@ -245,6 +251,15 @@ def fp8_gemm_time_s(
             kind=kind,
         )
 
+    profile = getattr(hardware, "profile", None)
+    if profile is not None and "fp8" in profile.gemm:
+        if recipe in MEASURED_FP8_RECIPES:
+            return roofline(flops, bytes_moved, "fp8")  # the device's own per-tensor fp8 curve
+        # another recipe keeps the operator fit: the per-tensor curve does not time its GEMMs
+        gemm = {dtype: curve for dtype, curve in profile.gemm.items() if dtype != "fp8"}
+        hardware = hardware.model_copy(
+            update={"profile": profile.model_copy(update={"gemm": gemm})}
+        )
     fit = fp8_gemm_fit(calibration, recipe)
     if fit is not None:
         efficiency, overhead = fit

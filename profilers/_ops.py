@@ -34,6 +34,11 @@ class ProfileGrid(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     dtypes: tuple[str, ...] = ("fp32", "bf16")
+    fp8_gemm: bool = Field(
+        default=False,
+        description="also time float8 GEMMs with one scale per tensor (torch._scaled_mm) on "
+        "devices that run them: the gemm curve 'fp8'",
+    )
     gemm_sizes: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024)
     gemm_max_flops_low_precision: float = Field(
         default=float("inf"), gt=0, description="skip bigger bf16/fp16 GEMMs"
@@ -107,6 +112,7 @@ class ProfileGrid(BaseModel):
 
 _TINY = dict(
     dtypes=("fp32", "bf16"),
+    fp8_gemm=True,
     gemm_sizes=(16, 64, 128),
     attention_sequence_tokens=(32, 64),
     expert_tokens=(4, 16),
@@ -125,6 +131,7 @@ _TINY = dict(
 _CPU = dict(gemm_max_flops_low_precision=2 * 256**3)
 _GPU = dict(
     dtypes=("fp32", "bf16", "fp16"),
+    fp8_gemm=True,
     gemm_sizes=(256, 512, 1024, 2048, 4096, 8192, 16384),
     attention_sequence_tokens=(512, 1024, 2048, 4096, 8192, 16384),
     attention_num_heads=16,
@@ -153,6 +160,7 @@ class Point:
     build: Callable[[torch.device], Callable[[], object]]
     cold: bool = False  # timed with caches flushed before each call (weights read from memory)
     kernels: int = 1  # equal kernels per call: work is one kernel's, the time is divided by it
+    optional: bool = False  # skipped where the device lacks the kernel (its build raises)
 
 
 def _gemm_point(size: int, dtype: str) -> Point:
@@ -180,6 +188,43 @@ def _gemm_point(size: int, dtype: str) -> Point:
         build,
         cold=True,
         kernels=3,
+    )
+
+
+#: Largest finite float8_e4m3fn (OCP 8-bit floating point specification, E4M3).
+FP8_E4M3_MAX = 448.0
+
+
+def _fp8_gemm_point(size: int) -> Point:
+    """A forward GEMM ``x @ W^T`` in float8_e4m3fn with one fp32 scale per tensor and a bf16
+    output (``torch._scaled_mm``: cuBLASLt on CUDA, the per-tensor scaling of Transformer
+    Engine's and torchao's tensorwise recipes), operands quantized once before timing. The
+    build runs it once, so a device without the kernel raises there (``Point.optional``)."""
+
+    def build(device: torch.device) -> Callable[[], object]:
+        def quantized(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+            x = torch.randn(rows, size, device=device, dtype=torch.bfloat16)
+            scale = x.abs().amax().float().clamp(min=1e-12) / FP8_E4M3_MAX
+            return (x / scale).to(torch.float8_e4m3fn), scale
+
+        (x, x_scale), (weight, w_scale) = quantized(size), quantized(size)
+
+        def call() -> object:
+            return torch._scaled_mm(  # mat2 column-major, as cuBLASLt's fp8 GEMM takes it
+                x, weight.t(), x_scale, w_scale, out_dtype=torch.bfloat16
+            )
+
+        call()
+        return call
+
+    return Point(
+        "gemm",
+        "fp8",
+        f"m=n=k={size} (x W^T, float8_e4m3fn, per-tensor scales), cold cache",
+        2.0 * size**3,
+        build,
+        cold=True,
+        optional=True,
     )
 
 
@@ -268,6 +313,12 @@ def operator_points(grid: ProfileGrid) -> list[Point]:
             _attention_point(tokens, dtype, grid) for tokens in grid.attention_sequence_tokens
         ]
         points += [_grouped_point(tokens, dtype, grid) for tokens in grid.expert_tokens]
+    if grid.fp8_gemm:
+        points += [
+            _fp8_gemm_point(size)
+            for size in grid.gemm_sizes
+            if 2.0 * size**3 <= grid.gemm_max_flops_low_precision
+        ]
     norm_dtype = "bf16" if "bf16" in grid.dtypes else "fp32"  # the training precision when measured
     for elements in grid.memory_elements:
         points += _memory_points(elements, norm_dtype)

@@ -193,3 +193,34 @@ def test_a_dtype_the_profile_did_not_measure_keeps_the_operator_fit(capsys):
     table = _estimate(capsys, serving)
     measured = _estimate(capsys, [*serving, "--hardware-profile", str(H200_PROFILE)])
     assert 0.8 < measured["ttft_s"] / table["ttft_s"] < 1.25
+
+
+def test_a_measured_fp8_curve_prices_the_per_tensor_recipes() -> None:
+    """A profile that timed fp8 GEMMs (``autoparallel profile``: per-tensor scales) prices the
+    per-tensor recipes' GEMMs on that curve; the others (rowwise, block-scaled, MXFP8) keep the
+    operator fit. Here the H200 profile with an fp8 curve at twice its bf16 rate: a
+    tensorwise GEMM then costs half its bf16 time, a rowwise one what it cost without the curve."""
+    from cost_model._options import calibration_for
+    from cost_model._precision import fp8_gemm_time_s
+    from cost_model._pricing import op_time_s
+
+    profile = load_hardware_profile(H200_PROFILE)
+    bf16 = profile.gemm["bf16"]
+    fp8 = bf16.model_copy(update={"seconds": tuple(s / 2.0 for s in bf16.seconds)})
+    with_fp8 = profile.model_copy(update={"gemm": {**profile.gemm, "fp8": fp8}})
+    preset = get_preset("dgx-h200").device
+    device, plain = preset.with_profile(with_fp8), preset.with_profile(profile)
+    calibration = calibration_for(preset)
+    flops = np.array([2.0 * 4096**3, 2.0 * 8192**3])
+
+    def fp8_time(hardware, recipe: str) -> np.ndarray:
+        return fp8_gemm_time_s(
+            hardware=hardware, calibration=calibration, recipe=recipe, flops=flops, bytes_moved=0.0
+        )
+
+    bf16_time = op_time_s(
+        flops=flops, bytes_moved=0.0, hardware=device, dtype="bf16", calibration=calibration
+    )
+    assert np.allclose(fp8_time(device, "tensorwise") * 2.0, bf16_time, rtol=1e-6)
+    assert np.allclose(fp8_time(device, "rowwise"), fp8_time(plain, "rowwise"))
+    assert np.all(fp8_time(device, "tensorwise") < fp8_time(plain, "tensorwise"))

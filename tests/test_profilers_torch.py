@@ -81,9 +81,10 @@ def test_grid_rejects_unknown_names():
 def test_single_process_profile_has_every_operator_curve():
     profile = profile_hardware(grid=TINY)
     assert profile.device_type == "cpu" and profile.collectives == {}
-    assert (
-        set(profile.gemm) == set(profile.attention) == set(profile.grouped_gemm) == {"fp32", "bf16"}
-    )
+    assert set(profile.attention) == set(profile.grouped_gemm) == {"fp32", "bf16"}
+    # per-tensor float8 GEMMs (torch._scaled_mm, which this CPU build runs) make their own curve
+    assert set(profile.gemm) == {"fp32", "bf16", "fp8"}
+    assert profile.gemm["fp8"].labels[0].startswith("m=n=k=16 (x W^T, float8_e4m3fn")
     gemm = profile.gemm["fp32"]
     # One GEMM's work per point (the mean of its 3 layouts), the size the cost model asks about.
     assert gemm.work == (2.0 * 16**3, 2.0 * 64**3, 2.0 * 128**3) and all(
@@ -254,3 +255,30 @@ def test_a_backend_without_timed_events_is_timed_by_the_wall_clock():
     assert not _has_timing_events(cpu)
     timing = measure(lambda: torch.ones(256).sum(), device=cpu, repeats=3, before_each=lambda: None)
     assert timing.median_s > 0
+
+
+def test_a_kernel_the_device_lacks_is_left_out_of_the_profile_not_fatal(monkeypatch):
+    """An optional point (the fp8 GEMMs) whose build raises on this device is skipped: the
+    profile has no such curve and the estimate keeps the operator fit for that dtype; a required
+    point that raises still stops the profile."""
+    import profilers._ops as ops
+
+    def missing(device):
+        raise RuntimeError("no float8 GEMM kernel on this device")
+
+    real = ops._fp8_gemm_point
+
+    def lacking(size: int):
+        point = real(size)
+        return ops.Point(point.family, point.key, point.label, point.work, missing, optional=True)
+
+    monkeypatch.setattr(ops, "_fp8_gemm_point", lacking)
+    profile = profile_hardware(grid=TINY)
+    assert "fp8" not in profile.gemm and {"fp32", "bf16"} <= set(profile.gemm)
+    monkeypatch.setattr(
+        ops,
+        "_fp8_gemm_point",
+        lambda size: ops.Point("gemm", "fp8", "required", 1.0, missing, optional=False),
+    )
+    with pytest.raises(RuntimeError, match="no float8 GEMM kernel"):
+        profile_hardware(grid=TINY)
