@@ -195,3 +195,19 @@ def test_the_memory_band_takes_the_published_peaks_of_the_layouts_regime(capsys)
     low, high = band["memory_range_bytes"]
     assert low == pytest.approx(document["memory_per_device_bytes"] * (1 + band["low"]))
     assert high > low > 0 and high / GIB < 200
+
+
+def test_a_layout_whose_memory_error_bar_passes_the_device_is_flagged(tmp_path, capsys) -> None:
+    """The plan keeps layouts that fit as priced; where the memory error bar's 90th percentile
+    passes the device, plan and estimate say so, by how much, and how to find more room."""
+    job = ["plan", "--training", "--model", "llama-3.1-405b", "--cluster", "dgx-h100"]
+    job += ["--nodes", "64", "--sequence-length", "8192", "--global-batch-tokens", "16777216"]
+    assert main([*job, "--output", str(tmp_path / "plan.json")]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    plan = json.loads((tmp_path / "plan.json").read_text())["predicted"]
+    assert plan["memory_per_device_bytes"] <= plan["memory_capacity_bytes"]
+    assert "Memory at risk:" in text and "over); `--objective memory_headroom`" in text
+    small = ["estimate", "--model", "megatron-gpt-1.7b", "--cluster", "dgx-h100", "--nodes", "1"]
+    assert main([*small, "--tp", "1", "--pp", "1"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Memory error bar:" in text and "Memory at risk:" not in text

@@ -188,6 +188,7 @@ def _estimate(args: argparse.Namespace) -> int:
         print_error_band(band, breakdown.step_time_s)
     if memory_band is not None:
         print_memory_error_band(memory_band, breakdown.memory_per_device_bytes)
+        print_memory_risk(memory_band, breakdown)
     if not args.training:
         _print_serving_extras(args, model, cluster, config, workload)
     return 0
@@ -306,6 +307,22 @@ def print_memory_error_band(band, predicted_bytes: float) -> None:
         directions=("low", "high"),
         measured="the published peaks",
         span=tuple(human_bytes(v) for v in band.scaled_range(predicted_bytes)),
+    )
+
+
+def print_memory_risk(band, predicted) -> None:
+    """A warning where the memory error bar's upper end passes the device: the layout fits as
+    priced, but runs like it peaked higher than their predictions by enough not to."""
+    capacity = predicted.memory_capacity_bytes
+    high = band.scaled_range(predicted.memory_per_device_bytes)[1]
+    if high <= capacity:
+        return
+    console.print(
+        f"[bold]Memory at risk:[/] {human_bytes(predicted.memory_per_device_bytes)} predicted of "
+        f"{human_bytes(capacity)}, up to {human_bytes(high)} at the error bar's 90th percentile "
+        f"({human_bytes(high - capacity)} over); `--objective memory_headroom` or `--objective "
+        "pareto` finds layouts with more room",
+        highlight=False,
     )
 
 

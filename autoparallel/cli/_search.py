@@ -360,7 +360,11 @@ def _write(plan, output: Path, *, cluster, as_json: bool = False) -> int:
         ):
             console.print(bar, highlight=False, markup=False)
     elif plan.predicted is not None and plan.job.kind == "training":
-        from autoparallel.cli._cost import print_error_band, print_memory_error_band
+        from autoparallel.cli._cost import (
+            print_error_band,
+            print_memory_error_band,
+            print_memory_risk,
+        )
         from cost_model import memory_error_band, training_error_band
 
         band = training_error_band(plan.model, cluster, plan.config)
@@ -369,6 +373,7 @@ def _write(plan, output: Path, *, cluster, as_json: bool = False) -> int:
         memory_band = memory_error_band(plan.config)
         if memory_band is not None:
             print_memory_error_band(memory_band, plan.predicted.memory_per_device_bytes)
+            print_memory_risk(memory_band, plan.predicted)
     console.print(f"wrote [bold]{path}[/]")
     return 0
 
