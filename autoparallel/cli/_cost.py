@@ -319,8 +319,9 @@ def print_memory_risk(band, predicted) -> None:
         return
     console.print(
         f"[bold]Memory at risk:[/] {human_bytes(predicted.memory_per_device_bytes)} predicted of "
-        f"{human_bytes(capacity)}, up to {human_bytes(high)} at the error bar's 90th percentile "
-        f"({human_bytes(high - capacity)} over); `--objective memory_headroom` or `--objective "
+        f"{human_bytes(capacity)}, up to {human_bytes(high)} at the 90th percentile of the memory "
+        f"error bar of {band.scope.split(';')[0]} ({human_bytes(high - capacity)} over); "
+        "`--objective memory_headroom` or `--objective "
         "pareto` finds layouts with more room",
         highlight=False,
     )
