@@ -91,6 +91,7 @@ def test_the_report_folder_has_every_section_figure_and_file(deepseek_report):
     assert "tp2 and pp2 not run: 1 local cpu device" in _section(markdown, "Staged checks")
     # Each plan says how far the model was from the published runs of its regime.
     assert "error bar of the step time: the published runs like this one" in markdown
+    assert "error bar of the peak memory: the published runs like this one" in markdown
     assert "error bar of the TTFT: the published runs like this one" in markdown
 
 

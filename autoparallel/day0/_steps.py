@@ -310,15 +310,19 @@ def _plan(context: Day0Context, kind: str) -> list[Path]:
 
 
 def _error_bar(model, cluster, workload, plan) -> dict:
-    """Per figure (the step time; TTFT and TPOT), the held-out errors of the published runs of
-    the plan's regime (``cost_model.training_error_band`` / ``serving_error_bands``)."""
+    """Per figure (the step time and the peak memory; TTFT and TPOT), the held-out errors of the
+    published runs of the plan's regime (``cost_model.training_error_band``,
+    ``memory_error_band`` / ``serving_error_bands``)."""
     from dataclasses import asdict
 
-    from cost_model import serving_error_bands, training_error_band
+    from cost_model import memory_error_band, serving_error_bands, training_error_band
 
     if workload.kind == "training":
-        band = training_error_band(model, cluster, plan.config)
-        return {} if band is None else {"step time": asdict(band)}
+        bands = {
+            "step time": training_error_band(model, cluster, plan.config),
+            "peak memory": memory_error_band(plan.config),
+        }
+        return {figure: asdict(band) for figure, band in bands.items() if band is not None}
     bands = serving_error_bands(
         model,
         cluster,

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Megatron-LM core_v0.16.1: tp4 pp8 dp2 cp128 ep256 etp4 sp
+# Megatron-LM core_v0.16.1: tp4 pp1 dp32 cp64 ep256 etp4 sp
 # run from a Megatron-LM checkout
 set -euo pipefail
-CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun \
+CUDA_DEVICE_MAX_CONNECTIONS=32 torchrun \
     --nnodes 2048 \
     --nproc-per-node 4 \
     --node-rank ${NODE_RANK} \
@@ -36,15 +36,20 @@ CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun \
     --moe-layer-freq '([0]*3+[1]*58)' \
     --moe-shared-expert-intermediate-size 2048 \
     --tensor-model-parallel-size 4 \
-    --pipeline-model-parallel-size 8 \
-    --context-parallel-size 128 \
-    --micro-batch-size 2 \
+    --pipeline-model-parallel-size 1 \
+    --context-parallel-size 64 \
+    --micro-batch-size 4 \
     --global-batch-size 4096 \
     --expert-model-parallel-size 256 \
     --expert-tensor-parallel-size 4 \
     --moe-token-dispatcher-type alltoall \
     --sequence-parallel \
-    --pipeline-model-parallel-layout 'Et*7|t*8|t*8|t*8|t*8|t*8|t*7|t*7L' \
-    --use-distributed-optimizer \
+    --recompute-granularity full \
+    --recompute-method uniform \
+    --recompute-num-layers 1 \
+    --use-torch-fsdp2 \
+    --no-gradient-accumulation-fusion \
+    --ckpt-format torch_dist \
+    --untie-embeddings-and-output-weights \
     --train-iters ${TRAIN_ITERS:-1000} \
     --lr ${LR:-3e-4}
