@@ -206,8 +206,31 @@ def test_a_layout_whose_memory_error_bar_passes_the_device_is_flagged(tmp_path, 
     text = " ".join(capsys.readouterr().out.split())
     plan = json.loads((tmp_path / "plan.json").read_text())["predicted"]
     assert plan["memory_per_device_bytes"] <= plan["memory_capacity_bytes"]
-    assert "Memory at risk:" in text and "over); `--objective memory_headroom`" in text
+    assert "Memory at risk:" in text and "over); `--memory-fraction 0.93` plans within" in text
     small = ["estimate", "--model", "megatron-gpt-1.7b", "--cluster", "dgx-h100", "--nodes", "1"]
     assert main([*small, "--tp", "1", "--pp", "1"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "Memory error bar:" in text and "Memory at risk:" not in text
+
+
+def test_a_memory_fraction_plans_with_a_margin(tmp_path, capsys) -> None:
+    """``--memory-fraction F`` prices as if each device had F of its memory: the estimate's
+    capacity shrinks by F, the plan keeps its layouts within it (the 405B plan that was at risk
+    at 78.9 of 80 GB picks a layout with room), and a fraction above 1 is refused in one line."""
+    small = ["estimate", "--model", "megatron-gpt-1.7b", "--cluster", "dgx-h100", "--nodes", "1"]
+    small += ["--tp", "1", "--pp", "1", "--json"]
+    assert main(small) == 0
+    whole = json.loads(capsys.readouterr().out)["memory_capacity_bytes"]
+    assert main([*small, "--memory-fraction", "0.9"]) == 0
+    assert json.loads(capsys.readouterr().out)["memory_capacity_bytes"] == pytest.approx(
+        0.9 * whole
+    )
+    job = ["plan", "--training", "--model", "llama-3.1-405b", "--cluster", "dgx-h100"]
+    job += ["--nodes", "64", "--sequence-length", "8192", "--global-batch-tokens", "16777216"]
+    assert main([*job, "--memory-fraction", "0.9", "--output", str(tmp_path / "plan.json")]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    predicted = json.loads((tmp_path / "plan.json").read_text())["predicted"]
+    assert predicted["memory_per_device_bytes"] <= 0.9 * whole
+    assert "Memory at risk:" not in text
+    assert main([*small, "--memory-fraction", "1.5"]) == 2
+    assert "--memory-fraction (1.5) must be in (0, 1]" in capsys.readouterr().err

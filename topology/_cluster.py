@@ -337,6 +337,21 @@ class Cluster(_Strict):
         }
         return Cluster.model_validate(data)
 
+    def with_memory_fraction(self, fraction: float, *, source: str = "") -> Cluster:
+        """The same cluster as if each device had ``fraction`` (0 < f <= 1) of its memory: a
+        planning margin (the allocator's reserve, the memory error bar) that every use of
+        device memory sees; the device's source records the override."""
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"memory fraction ({fraction}) must be in (0, 1]")
+        device = self.device
+        note = f"override: {fraction:g} of {device.memory_bytes / 2**30:.1f} GiB{f' ({source})' if source else ''}"
+        sources = dict(device.sources)
+        sources["memory_bytes"] = f"{note}; was {sources.get('memory_bytes', 'preset')}"
+        device = device.model_copy(
+            update={"memory_bytes": device.memory_bytes * fraction, "sources": sources}
+        )
+        return self.model_copy(update={"device": device})
+
     def with_inter_node_bandwidth(
         self, bandwidth_bytes_per_s: float, *, source: str = ""
     ) -> Cluster:

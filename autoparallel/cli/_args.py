@@ -209,12 +209,21 @@ def _add_training_precision(parser: argparse.ArgumentParser) -> None:
 
 
 def add_inter_node_argument(parser: argparse.ArgumentParser) -> None:
-    """``--inter-node-gbps``: override the cluster's scale-out bandwidth per device and direction."""
+    """``--inter-node-gbps``: override the cluster's scale-out bandwidth per device and direction;
+    ``--memory-fraction``: plan with a share of each device's memory."""
     parser.add_argument(
         "--inter-node-gbps",
         type=positive_float,
         default=None,
         help="scale-out bandwidth per device and direction in Gb/s, replacing the cluster's (e.g. a slower fabric)",
+    )
+    parser.add_argument(
+        "--memory-fraction",
+        type=positive_float,
+        default=None,
+        metavar="F",
+        help="price as if each device had F (0 < F <= 1) of its memory: a margin for the "
+        "allocator and the memory error bar (e.g. 0.9)",
     )
 
 
@@ -246,10 +255,16 @@ def inter_node_bytes_per_s(args: argparse.Namespace) -> float | None:
 
 
 def with_network_override(cluster, args: argparse.Namespace):  # topology.Cluster
-    """``cluster`` with ``--inter-node-gbps`` and ``--hardware-profile`` applied, if given."""
+    """``cluster`` with ``--inter-node-gbps``, ``--memory-fraction`` and ``--hardware-profile``
+    applied, if given."""
     override = inter_node_bytes_per_s(args)
     if override is not None:
         cluster = cluster.with_inter_node_bandwidth(override, source="--inter-node-gbps")
+    fraction = getattr(args, "memory_fraction", None)
+    if fraction is not None:
+        if fraction > 1.0:
+            raise ValueError(f"--memory-fraction ({fraction}) must be in (0, 1]")
+        cluster = cluster.with_memory_fraction(fraction, source="--memory-fraction")
     path = getattr(args, "hardware_profile", None)
     if path is None:
         return cluster

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import asdict
 
 from autoparallel.cli._args import (
@@ -188,7 +189,7 @@ def _estimate(args: argparse.Namespace) -> int:
         print_error_band(band, breakdown.step_time_s)
     if memory_band is not None:
         print_memory_error_band(memory_band, breakdown.memory_per_device_bytes)
-        print_memory_risk(memory_band, breakdown)
+        print_memory_risk(memory_band, breakdown, memory_fraction=args.memory_fraction)
     if not args.training:
         _print_serving_extras(args, model, cluster, config, workload)
     return 0
@@ -310,10 +311,11 @@ def print_memory_error_band(band, predicted_bytes: float) -> None:
     )
 
 
-def print_memory_risk(band, predicted) -> None:
-    """A warning where the memory error bar's upper end passes the device: the layout fits as
+def print_memory_risk(band, predicted, *, memory_fraction: float | None = None) -> None:
+    """A warning where the memory error bar's upper end passes the device (its whole memory,
+    not the ``--memory-fraction`` share the layout was priced against): the layout fits as
     priced, but runs like it peaked higher than their predictions by enough not to."""
-    capacity = predicted.memory_capacity_bytes
+    capacity = predicted.memory_capacity_bytes / (memory_fraction or 1.0)
     high = band.scaled_range(predicted.memory_per_device_bytes)[1]
     if high <= capacity:
         return
@@ -321,8 +323,9 @@ def print_memory_risk(band, predicted) -> None:
         f"[bold]Memory at risk:[/] {human_bytes(predicted.memory_per_device_bytes)} predicted of "
         f"{human_bytes(capacity)}, up to {human_bytes(high)} at the 90th percentile of the memory "
         f"error bar of {band.scope.split(';')[0]} ({human_bytes(high - capacity)} over); "
-        "`--objective memory_headroom` or `--objective "
-        "pareto` finds layouts with more room",
+        f"`--memory-fraction {math.floor(100.0 / (1.0 + band.high)) / 100.0:.2f}` plans within "
+        "that, `--objective "
+        "memory_headroom` or `--objective pareto` finds layouts with more room",
         highlight=False,
     )
 

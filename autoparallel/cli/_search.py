@@ -277,7 +277,13 @@ def _plan(args: argparse.Namespace) -> int:
             estimate_options=EstimateOptions(**recipe) if recipe else None,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
-    return _write(plan, args.output, as_json=args.json, cluster=cluster)
+    return _write(
+        plan,
+        args.output,
+        as_json=args.json,
+        cluster=cluster,
+        memory_fraction=getattr(args, "memory_fraction", None),
+    )
 
 
 def _plan_from_study(args: argparse.Namespace) -> int:
@@ -321,7 +327,9 @@ def _seconds_from_ms(text: str) -> float:
     return non_negative_float(text) / 1e3
 
 
-def _write(plan, output: Path, *, cluster, as_json: bool = False) -> int:
+def _write(
+    plan, output: Path, *, cluster, as_json: bool = False, memory_fraction: float | None = None
+) -> int:
     path = plan.save(output)
     if as_json:
         print_json({"output": str(path), "plan": json.loads(plan.to_json())})
@@ -373,7 +381,7 @@ def _write(plan, output: Path, *, cluster, as_json: bool = False) -> int:
         memory_band = memory_error_band(plan.config)
         if memory_band is not None:
             print_memory_error_band(memory_band, plan.predicted.memory_per_device_bytes)
-            print_memory_risk(memory_band, plan.predicted)
+            print_memory_risk(memory_band, plan.predicted, memory_fraction=memory_fraction)
     console.print(f"wrote [bold]{path}[/]")
     return 0
 
