@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from topology._hardware_profile import HardwareProfile, check_device_type
+from topology._hardware_profile import HardwareProfile, check_device_type, measured_curve
 
 
 class HardwareSpec(BaseModel):
@@ -88,7 +88,7 @@ class HardwareSpec(BaseModel):
         """
         import numpy as np
 
-        curve = None if self.profile is None else _measured_curve(self.profile.gemm, dtype)
+        curve = None if self.profile is None else measured_curve(self.profile.gemm, dtype)
         if curve is None:
             return np.broadcast_to(np.float64(self.matmul_efficiency), np.shape(flops_per_call))
         return curve.rate_per_s(flops_per_call) / self.peak_flops_for(dtype)
@@ -106,7 +106,7 @@ class HardwareSpec(BaseModel):
         )
 
     def _curve_efficiency(self, curves, flops_per_call, dtype: str):
-        curve = _measured_curve(curves or {}, dtype)
+        curve = measured_curve(curves or {}, dtype)
         if curve is None:
             return self.gemm_efficiency(flops_per_call, dtype)
         return curve.rate_per_s(flops_per_call) / self.peak_flops_for(dtype)
@@ -255,17 +255,3 @@ class HardwareSpec(BaseModel):
     @property
     def achievable_memory_bandwidth_bytes_per_s(self) -> float:
         return self.memory_bandwidth_bytes_per_s * self.memory_bandwidth_efficiency
-
-
-#: Floats whose unmeasured curve falls back to fp32's: a device (a CPU) may run them through
-#: the fp32 kernels. Narrower types run on their own tensor-core paths, which fp32 says nothing of.
-_FP32_FALLBACK_DTYPES = frozenset({"fp32", "bf16", "fp16"})
-
-
-def _measured_curve(curves, dtype: str):
-    """``curves[dtype]``, else fp32's for a wider float (``_FP32_FALLBACK_DTYPES``), else None."""
-    if dtype in curves:
-        return curves[dtype]
-    if dtype in _FP32_FALLBACK_DTYPES:
-        return curves.get("fp32")
-    return None

@@ -219,11 +219,14 @@ class HardwareProfile(BaseModel):
         )
 
     def gemm_curve(self, dtype: str) -> MeasuredCurve:
-        """The GEMM curve of ``dtype``, else fp32's (a CPU without bf16 kernels), else an error."""
-        for key in (dtype, "fp32"):
-            if key in self.gemm:
-                return self.gemm[key]
-        raise ValueError(f"gemm has no curve for dtype {dtype!r}; measured: {sorted(self.gemm)}")
+        """The GEMM curve of ``dtype``, else fp32's for bf16/fp16 (a CPU without their kernels,
+        ``measured_curve``), else an error."""
+        curve = measured_curve(self.gemm, dtype)
+        if curve is None:
+            raise ValueError(
+                f"gemm has no curve for dtype {dtype!r}; measured: {sorted(self.gemm)}"
+            )
+        return curve
 
     def collective_time_s(self, op: str, group_size, message_bytes):
         """Measured seconds of ``op`` (vectorized); NaN where that op or group size was not measured."""
@@ -291,3 +294,17 @@ def check_device_type(
         f"device_type ({profile.device_type!r}, measured on {profile.device_name}) must match the "
         f"target device type ({expected!r}); pass force=True (--force) to use it anyway"
     )
+
+
+#: Floats whose unmeasured curve falls back to fp32's: a device (a CPU) may run them through
+#: the fp32 kernels. Narrower types run on their own tensor-core paths, which fp32 says nothing of.
+FP32_FALLBACK_DTYPES = frozenset({"fp32", "bf16", "fp16"})
+
+
+def measured_curve(curves, dtype: str):
+    """``curves[dtype]``, else fp32's for a wider float (``FP32_FALLBACK_DTYPES``), else None."""
+    if dtype in curves:
+        return curves[dtype]
+    if dtype in FP32_FALLBACK_DTYPES:
+        return curves.get("fp32")
+    return None
