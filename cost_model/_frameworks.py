@@ -205,6 +205,15 @@ class FrameworkProfile(BaseModel):
     #: the MX recipe in a separate kernel per layout (``_precision.TORCHAO_QUANTIZATION_BYTES``).
     fp8_library: Literal["transformer_engine", "torchao"] = "transformer_engine"
     fp8_library_source: str = ""
+    #: The fused attention kernel the framework runs on Hopper (step time,
+    #: ``_training_ops.core_attention_time``): ``cudnn``, a cuDNN / FlashAttention-3-class kernel
+    #: (Transformer Engine's fused attention; torch SDPA with CUDNN_ATTENTION first), priced at
+    #: the calibration's attention efficiency; ``flash2``, torch SDPA's FlashAttention-2 backend,
+    #: priced at the measured cuDNN-class curve times the measured FlashAttention-2 / cuDNN time
+    #: ratio (``data/attention_kernels.json``). A run of an older release says which it ran
+    #: (``EstimateOptions.attention_kernel``).
+    attention_kernel: Literal["cudnn", "flash2"] = "cudnn"
+    attention_kernel_source: str = ""
     moe_dispatch_host_sync: bool = False
     expert_gemm_host_s: float = Field(default=0.0, ge=0.0, le=1e-3)
     moe_host_source: str = ""

@@ -135,7 +135,11 @@ class EstimateOptions(BaseModel):
     ``measured_attention``: training prices fused causal attention at the efficiency measured
     for its sequence and heads (``_training_ops.measured_core_attention_time``) instead of the
     calibration's single attention efficiency; off by default: on, the whole runs it speeds up
-    come out too fast elsewhere (its docstring).
+    come out too fast elsewhere (its docstring). ``attention_kernel``: the fused attention
+    kernel the run's framework release ran on Hopper, where it differs from the framework
+    profile's (``FrameworkProfile.attention_kernel``): ``flash2`` for torch SDPA's
+    FlashAttention-2 backend (torchtitan on Hopper before 6a3a9da95, 2025-10-09), ``cudnn`` for a
+    cuDNN / FlashAttention-3-class kernel; None: the profile's.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -173,6 +177,7 @@ class EstimateOptions(BaseModel):
         "moe_preprocess",
     )
     measured_attention: bool = False
+    attention_kernel: Literal["cudnn", "flash2"] | None = None
 
     @model_validator(mode="after")
     def _padding_needs_a_capacity(self) -> EstimateOptions:

@@ -77,9 +77,8 @@ def record_throughput(
         gradient_dtype=record.get("gradient_dtype", "fp32"),
         framework=record["framework"],
     )
-    columns = estimate_table(
-        model, cluster, workload, configs_to_table([config]), options=EstimateOptions()
-    )
+    options = EstimateOptions(**record.get("estimate_options", {}))
+    columns = estimate_table(model, cluster, workload, configs_to_table([config]), options=options)
     return workload.tokens_per_step / (float(columns["step_time_s"][0]) * config.world_size)
 
 

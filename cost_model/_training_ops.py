@@ -9,7 +9,9 @@ and bytes on one device:
   long-context variants via ``mean_attended_tokens``; a FlashAttention-class kernel at the
   efficiency measured for its shape where ``EstimateOptions.measured_attention`` asks
   (``measured_core_attention_time``: FlashAttention-2, Dao 2023; FlashAttention-3, Shah et al.
-  2024, arXiv:2407.08608); unfused attention multiplies the full s x s square and adds
+  2024, arXiv:2407.08608), and torch SDPA's FlashAttention-2 kernels on Hopper at that curve
+  times their measured time ratio to the cuDNN-class kernels (``flash2_core_attention_time``,
+  ``data/attention_kernels.json``); unfused attention multiplies the full s x s square and adds
   memory-bound softmax/dropout passes over it;
 * norms, residual adds, dropout, activation functions and rotary embeddings (Su et al.,
   RoFormer, arXiv:2104.09864): memory-bound passes, fused or eager (``fused_elementwise``); an
@@ -25,12 +27,16 @@ Split from ``_training``.
 
 from __future__ import annotations
 
+import json
+from functools import cache
+from importlib import resources
 from types import SimpleNamespace
 
 import numpy as np
 
 from cost_model import _training_moe as training_moe
 from cost_model._calibration_fits import training_attention_efficiency
+from cost_model._kernel_curves import DEVICE_ALIASES
 from cost_model._kernel_curves_attention import context_attention_time_s
 from cost_model._pricing import mean_attended_tokens
 from cost_model._stages import attention_parameters_per_device
@@ -39,10 +45,13 @@ from cost_model._training_context import TrainingContext
 
 __all__ = [
     "activation_passes",
+    "attention_kernel",
     "attention_projection_time",
     "core_attention_time",
     "dense_ffn_time",
     "embedding_time",
+    "flash2_core_attention_time",
+    "flash2_time_ratio",
     "gradient_accumulation_time",
     "cross_entropy_bytes_per_logit",
     "cross_entropy_time",
@@ -93,6 +102,9 @@ def core_attention_time(ctx: TrainingContext) -> np.ndarray:
         # their heads split over the tensor-parallel ranks like the attention heads
         side = ctx.model.side_attention_flops_per_token((s + 1.0) / 2.0) / ctx.model.num_layers
         flops = ctx.tokens * (per_key * attended + side / ctx.column("tp"))
+        flash2 = flash2_core_attention_time(ctx, flops=flops, io_bytes=io_bytes)
+        if flash2 is not None:
+            return flash2
         measured = measured_core_attention_time(ctx, flops=flops, io_bytes=io_bytes)
         if measured is not None:
             return measured
@@ -135,10 +147,16 @@ def measured_core_attention_time(ctx: TrainingContext, *, flops, io_bytes) -> np
     prices fast get faster: the Llama 3 70B GB200 runs by 10-13 points to +10%, the README's
     1.7B H100 run from +40% to +47%, the Llama 3 paper's 131K-context run from +5% to +31%
     (all training runs: 14.4% -> 15.8% mean error), time the rest of the model misses."""
+    if not ctx.options.measured_attention:
+        return None
+    return _curve_core_attention_time(ctx, flops=flops, io_bytes=io_bytes)
+
+
+def _curve_core_attention_time(ctx: TrainingContext, *, flops, io_bytes) -> np.ndarray | None:
+    """``measured_core_attention_time`` whatever ``EstimateOptions.measured_attention`` says."""
     attention, device = ctx.model.attention, ctx.cluster.device
     if (
-        not ctx.options.measured_attention
-        or attention.kind == "mla"
+        attention.kind == "mla"
         or attention.variant != "full"
         or attention.qk_head_dim != 128
         or attention.value_head_dim != 128
@@ -156,6 +174,45 @@ def measured_core_attention_time(ctx: TrainingContext, *, flops, io_bytes) -> np
     if forward is None:
         return None
     return forward / training_attention_efficiency(1.0)
+
+
+def attention_kernel(ctx: TrainingContext) -> str:
+    """The fused attention kernel of the run: its own (``EstimateOptions.attention_kernel``),
+    else its framework's (``FrameworkProfile.attention_kernel``), else ``cudnn``."""
+    if ctx.options.attention_kernel is not None:
+        return ctx.options.attention_kernel
+    return ctx.framework.attention_kernel if ctx.framework is not None else "cudnn"
+
+
+@cache
+def _flash2_over_cudnn() -> dict:
+    text = (resources.files("cost_model") / "data" / "attention_kernels.json").read_text()
+    return json.loads(text)["flash2_over_cudnn"]
+
+
+def flash2_time_ratio(device_name: str) -> float | None:
+    """Time of torch SDPA's FlashAttention-2 kernels over a cuDNN-class kernel's on the device
+    (``data/attention_kernels.json``), None where it is not measured."""
+    data = _flash2_over_cudnn()
+    name = DEVICE_ALIASES.get(device_name, device_name)
+    return float(data["time_ratio"]) if name in data["devices"] else None
+
+
+def flash2_core_attention_time(ctx: TrainingContext, *, flops, io_bytes) -> np.ndarray | None:
+    """Fused causal attention of one layer (forward, charged like
+    ``measured_core_attention_time``) where the run's kernel is torch SDPA's FlashAttention-2
+    backend (``attention_kernel`` ``flash2``) on a device where its speed against the tables'
+    cuDNN-class kernels is measured: that curve at the run's shape times the measured time ratio
+    (about 2 on Hopper: ``data/attention_kernels.json``); None elsewhere (the calibration's
+    efficiency prices it, as on Ampere, where FlashAttention-2 is the kernel class the tables
+    measure)."""
+    if attention_kernel(ctx) != "flash2":
+        return None
+    ratio = flash2_time_ratio(ctx.cluster.device.name)
+    if ratio is None:
+        return None
+    curve = _curve_core_attention_time(ctx, flops=flops, io_bytes=io_bytes)
+    return None if curve is None else ratio * curve
 
 
 def activation_passes(ctx: TrainingContext) -> float:

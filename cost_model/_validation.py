@@ -72,10 +72,12 @@ TOLERANCES: dict[str, tuple[float | None, float | None]] = {
     # fp32 gradient reduce-scatter over 48 nodes is priced mostly exposed).
     "megatron_readme_h100": (0.15, None),
     "torchtitan_a100_fsdp": (0.04, 0.10),  # measured 3.1%, 8.8%
-    # measured 21.1%, 22.0%: Trainy's Llama 3.1 8B FSDP + compile + float8 runs on 32 and 64
-    # H200 are 20-22% slower than predicted, while their peak memory is within 3% and the same
-    # recipe's fp8/bf16 speed-ups (fp8_twins) within 10%: not found.
-    "torchtitan_h200_fsdp": (0.22, 0.23),
+    # measured 13.1%, 13.9%: Trainy's Llama 3.1 8B FSDP + compile + float8 runs on 32 and 64
+    # H200, whose torchtitan (e7c0cae) ran torch SDPA's FlashAttention-2 kernels on Hopper
+    # (EstimateOptions.attention_kernel, data/attention_kernels.json: 21-22% fast priced at the
+    # calibration's attention efficiency), are still 12-14% slower than predicted, while their
+    # peak memory is within 3% and the same recipe's fp8/bf16 speed-ups (fp8_twins) within 10%.
+    "torchtitan_h200_fsdp": (0.14, 0.15),
     # measured 14.5%, 22.5%: the 131K-context row is 22% fast (its exposed K/V all-gather and
     # attention are priced, the report's document mask is not).
     "llama3_table4": (0.15, 0.23),

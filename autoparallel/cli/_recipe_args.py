@@ -43,6 +43,7 @@ _FIELDS = {
     "optimizer_instances": "optimizer_instances",
     "pipeline_keeps_outputs": "pipeline_keeps_outputs",
     "eager_loss": "eager_loss",
+    "attention_kernel": "attention_kernel",
     "expert_dispatcher": "expert_dispatcher",
     "expert_dispatch_fp8": "expert_dispatch_fp8",
     "max_routed_nodes": "max_routed_nodes",
@@ -162,6 +163,15 @@ def _add_memory_arguments(group, *, searched_recompute: bool) -> None:  # argpar
         help="the loss runs eagerly although the framework compiles the model (torchtitan "
         "before 2025-04 or --compile.components model): 12 bytes per logit instead of 4; "
         "priced in memory",
+    )
+    group.add_argument(
+        "--attention-kernel",
+        default=None,
+        choices=("cudnn", "flash2"),
+        help="the fused attention kernel the run's framework release runs on Hopper, where it "
+        "differs from the framework profile's: flash2 = torch SDPA's FlashAttention-2 backend "
+        "(torchtitan before 2025-10), about 2x the time of a cuDNN-class kernel; priced in step "
+        "time",
     )
 
 
