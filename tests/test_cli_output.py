@@ -357,3 +357,20 @@ def test_estimate_without_ep_takes_one_for_a_dense_model_and_a_dividing_degree_f
     assert json.loads(capsys.readouterr().out)["config"]["ep"] == 8  # dp 4 x tp 2
     assert main([*moe, "--tp", "1", "--pp", "1", "--ep", "64"]) == 2
     assert "ep*etp (64)" in capsys.readouterr().err
+
+
+def test_estimate_without_pp_fits_the_cluster_it_is_given(capsys):
+    """A training layout given only as tp takes the largest pipeline degree up to 16 that the
+    cluster holds (16 on 64 nodes, 1 on one node: it was an error about 128 devices the user
+    never asked for); serving takes 1; a pp given explicitly is still checked."""
+    job = ["estimate", "--model", "megatron-gpt-18b", "--cluster", "dgx-h100", "--json"]
+    for nodes, pp in (("64", 16), ("1", 1), ("6", 6)):
+        assert main([*job, "--nodes", nodes, "--tp", "8"]) == 0
+        config = json.loads(capsys.readouterr().out)["config"]
+        assert (config["pp"], config["dp"]) == (pp, int(nodes) * 8 // (8 * pp))
+    serving = ["estimate", "--model", "deepseek-v3", "--cluster", "dgx-h200", "--nodes", "2"]
+    serving += ["--inference", "--tp", "8", "--weight-dtype", "fp8", "--json"]
+    assert main(serving) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["pp"] == 1
+    assert main([*job, "--nodes", "1", "--tp", "8", "--pp", "2"]) == 2
+    assert "must be <= the cluster's devices (8)" in capsys.readouterr().err

@@ -88,8 +88,15 @@ def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="inference: extra expert slots over the ep ranks (default: the fewest that fill every rank, EPLB)",
     )
-    for axis, default in (("tp", 8), ("pp", 16), ("cp", 1), ("etp", 1)):
+    for axis, default in (("tp", 8), ("cp", 1), ("etp", 1)):
         parser.add_argument(f"--{axis}", type=positive_int, default=default)
+    parser.add_argument(
+        "--pp",
+        type=positive_int,
+        default=None,
+        help="default: 1 for serving; for training the largest divisor of the devices left "
+        f"after tp*cp up to {DEFAULT_TRAINING_PP}",
+    )
     parser.add_argument(
         "--ep",
         type=positive_int,
@@ -121,6 +128,10 @@ def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: The pipeline degree a training estimate takes on a large cluster when none is given.
+DEFAULT_TRAINING_PP = 16
+
+
 def default_ep(model, *, stage_devices: int, etp: int) -> int:
     """The expert-parallel degree when none is given: 1 for a dense model; for an MoE model the
     largest that divides both its routed experts and ``stage_devices / etp`` (the ranks a
@@ -133,17 +144,30 @@ def default_ep(model, *, stage_devices: int, etp: int) -> int:
     return max(ep for ep in range(1, ranks + 1) if ranks % ep == 0 and experts % ep == 0)
 
 
+def default_pp(*, num_devices: int, tp: int, cp: int, training: bool) -> int:
+    """The pipeline degree when none is given: 1 for serving; for training the largest divisor
+    of the devices left after tp*cp that is at most ``DEFAULT_TRAINING_PP``, so a layout given
+    only as tp fits the cluster as it stands (16 stages on a large cluster, 1 on one node)."""
+    if not training:
+        return 1
+    stages = max(num_devices // (tp * cp), 1)
+    return max(p for p in range(1, min(stages, DEFAULT_TRAINING_PP) + 1) if stages % p == 0)
+
+
 def _config(args: argparse.Namespace, num_devices: int, model):
     from cost_model import ParallelConfig
 
-    dp = args.dp or max(1, num_devices // (args.tp * args.pp * args.cp))
+    pp = args.pp or default_pp(
+        num_devices=num_devices, tp=args.tp, cp=args.cp, training=args.training
+    )
+    dp = args.dp or max(1, num_devices // (args.tp * pp * args.cp))
     ep = args.ep
     if ep is None:
         ep = default_ep(model, stage_devices=dp * args.cp * args.tp, etp=args.etp)
     return ParallelConfig(
         dp=dp,
         tp=args.tp,
-        pp=args.pp,
+        pp=pp,
         cp=args.cp,
         ep=ep,
         etp=args.etp,
