@@ -214,6 +214,10 @@ class FrameworkProfile(BaseModel):
     #: (``EstimateOptions.attention_kernel``).
     attention_kernel: Literal["cudnn", "flash2"] = "cudnn"
     attention_kernel_source: str = ""
+    #: The transformer blocks run under torch.compile (memory, ``_memory.op_level_selective_bytes``):
+    #: of an operator-level selective checkpoint's saved outputs AOTAutograd's partitioner keeps
+    #: only those the backward reads, where eager selective checkpointing stores them all.
+    compiled_blocks: bool = False
     moe_dispatch_host_sync: bool = False
     expert_gemm_host_s: float = Field(default=0.0, ge=0.0, le=1e-3)
     moe_host_source: str = ""

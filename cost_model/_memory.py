@@ -286,21 +286,32 @@ def _score_bytes(ctx: TrainingContext) -> np.ndarray:
 def op_level_selective_bytes(ctx: TrainingContext, *, default: np.ndarray) -> np.ndarray:
     """Activation bytes per micro-batch on each rank (3, n) under selective recompute, where
     the framework checkpoints at operator level (``_training_micro_batch._selective_recompute``):
-    each layer keeps its input, every second matmul output (half of the Q, K, V, output, gate,
-    up and down projection outputs), the attention output and its fp32 log-sum-exp. ``default`` (the
-    Megatron accounting) elsewhere, and for MoE layers."""
+    each layer keeps its input, the attention output and its fp32 log-sum-exp, and every second
+    matmul output: torchtitan's policy (``_custom_policy`` of torchtitan's activation
+    checkpointing, 9dec370 to b5bcd76) counts a block's matmuls in forward order (Q, K, V,
+    output, then gate, up, down of a SwiGLU FFN or up, down) and saves the 1st, 3rd, 5th, ...:
+    Q, V, gate and down. Run eagerly, selective checkpointing stores every output its policy
+    saves; under torch.compile (``FrameworkProfile.compiled_blocks``) AOTAutograd's partitioner
+    keeps only those the backward reads, which drops the last (down projection) output, read by
+    nothing but the residual add (measured on torch 2.13: ``tests/test_memory_terms.py``).
+    ``default`` (the Megatron accounting) elsewhere, and for MoE layers."""
     if ctx.framework is None or ctx.framework.selective_recompute != "every_second_matmul":
         return default
     model, attention, tp = ctx.model, ctx.model.attention, ctx.column("tp")
     heads, kv_heads = attention.num_heads / tp, np.maximum(attention.num_kv_heads / tp, 1.0)
     h, ffn = model.hidden_size, model.ffn_hidden_size / tp
-    projections = (
-        heads * attention.qk_head_dim
-        + kv_heads * (attention.qk_head_dim + attention.value_head_dim)
-        + h
-    )
-    matmul_outputs = projections + ffn * (2.0 if model.ffn_activation == "swiglu" else 1.0) + h
-    kept = 0.5 * matmul_outputs + heads * attention.value_head_dim + h
+    outputs = [
+        heads * attention.qk_head_dim,
+        kv_heads * attention.qk_head_dim,
+        kv_heads * attention.value_head_dim,
+        h,
+        *([ffn, ffn] if model.ffn_activation == "swiglu" else [ffn]),
+        h,
+    ]
+    saved = outputs[0::2]
+    if ctx.framework.compiled_blocks and len(outputs) % 2 == 1:
+        saved = saved[:-1]  # the down projection's output: the residual add's backward reads none
+    kept = sum(saved) + heads * attention.value_head_dim + h
     per_layer = ctx.tokens * (kept * ACTIVATION_BYTES + heads * 4.0)
     dense = ctx.layout.dense_layers * per_layer
     moe_share = np.where(

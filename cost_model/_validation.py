@@ -60,8 +60,8 @@ TOLERANCES: dict[str, tuple[float | None, float | None]] = {
     "korthikanti_table5": (0.06, 0.15),  # measured 5.0%, 13.3%
     "megatron_readme_2022_mfu": (0.03, 0.06),  # measured 2.5%, 4.9%
     "korthikanti_fig1_memory": (None, 0.05),  # measured 2.0% max
-    "torchtitan_h100_peak_memory": (None, 0.10),  # measured 8.7% max
-    "torchtitan_h200_peak_memory": (None, 0.10),  # measured 2.6% max
+    "torchtitan_h100_peak_memory": (None, 0.10),  # measured 5.6% max, all low (4.0% mean)
+    "torchtitan_h200_peak_memory": (None, 0.10),  # measured 7.0% max, both low
     # measured 7.1% mean, 21.2% max: the 405B 1F1B row is 21% low (its interleaved twin +1%),
     # terms the model does not source yet (see data/published_peak_memory.json 'about').
     "torchtitan_h100_peak_memory_tp_pp": (0.10, 0.22),

@@ -6,6 +6,7 @@ current prediction, widened one key at a time until enough runs share it, printe
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 
 import numpy as np
@@ -206,7 +207,8 @@ def test_a_layout_whose_memory_error_bar_passes_the_device_is_flagged(tmp_path, 
     text = " ".join(capsys.readouterr().out.split())
     plan = json.loads((tmp_path / "plan.json").read_text())["predicted"]
     assert plan["memory_per_device_bytes"] <= plan["memory_capacity_bytes"]
-    assert "Memory at risk:" in text and "over); `--memory-fraction 0.93` plans within" in text
+    assert "Memory at risk:" in text
+    assert re.search(r"over\); `--memory-fraction 0\.9\d` plans within", text)
     small = ["estimate", "--model", "megatron-gpt-1.7b", "--cluster", "dgx-h100", "--nodes", "1"]
     assert main([*small, "--tp", "1", "--pp", "1"]) == 0
     text = " ".join(capsys.readouterr().out.split())
