@@ -300,18 +300,18 @@ def op_level_selective_bytes(ctx: TrainingContext, *, default: np.ndarray) -> np
     model, attention, tp = ctx.model, ctx.model.attention, ctx.column("tp")
     heads, kv_heads = attention.num_heads / tp, np.maximum(attention.num_kv_heads / tp, 1.0)
     h, ffn = model.hidden_size, model.ffn_hidden_size / tp
-    outputs = [
+    outputs: list[np.ndarray] = [
         heads * attention.qk_head_dim,
         kv_heads * attention.qk_head_dim,
         kv_heads * attention.value_head_dim,
-        h,
+        np.asarray(h, dtype=float),
         *([ffn, ffn] if model.ffn_activation == "swiglu" else [ffn]),
-        h,
+        np.asarray(h, dtype=float),
     ]
     saved = outputs[0::2]
     if ctx.framework.compiled_blocks and len(outputs) % 2 == 1:
         saved = saved[:-1]  # the down projection's output: the residual add's backward reads none
-    kept = sum(saved) + heads * attention.value_head_dim + h
+    kept = np.sum(np.broadcast_arrays(*saved), axis=0) + heads * attention.value_head_dim + h
     per_layer = ctx.tokens * (kept * ACTIVATION_BYTES + heads * 4.0)
     dense = ctx.layout.dense_layers * per_layer
     moe_share = np.where(
