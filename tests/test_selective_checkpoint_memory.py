@@ -10,6 +10,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
+from autoparallel.testing._pipeline_memory import llama_block
 from cost_model import EstimateOptions, ParallelConfig, Training
 from cost_model._memory import op_level_selective_bytes
 from cost_model._model_spec import ModelSpec
@@ -21,15 +22,12 @@ HIDDEN, HEADS, KV_HEADS, FFN, LAYERS, SEQUENCE, BATCH = 256, 4, 2, 768, 4, 256, 
 
 
 def _kept_bytes_per_token_and_layer(*, compiled: bool) -> float:
-    """Bytes a forward of ``LAYERS`` Llama blocks (torchtitan's: separate Q/K/V, K/V heads
-    repeated for SDPA, SwiGLU) leaves alive under torchtitan's 'op' policy (torchtitan
+    """Bytes a forward of ``LAYERS`` Llama blocks (torchtitan's, ``llama_block``) leaves alive under torchtitan's 'op' policy (torchtitan
     9dec370 parallelize_llama.py ``_custom_policy``: save the outputs of the ops in its
     ``_save_list``, every matmul but the 2nd, 4th, ... of a block, and SDPA's), per token and
     layer: the allocator's allocations minus its frees during the forward, from
     torch.profiler's memory events."""
     import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
     from torch.profiler import ProfilerActivity, profile
     from torch.utils.checkpoint import (
         CheckpointPolicy,
@@ -58,34 +56,8 @@ def _kept_bytes_per_token_and_layer(*, compiled: bool) -> float:
 
         return create_selective_checkpoint_contexts(policy)
 
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            head = HIDDEN // HEADS
-            self.attention_norm, self.ffn_norm = nn.RMSNorm(HIDDEN), nn.RMSNorm(HIDDEN)
-            self.wq = nn.Linear(HIDDEN, HIDDEN, bias=False)
-            self.wk = nn.Linear(HIDDEN, head * KV_HEADS, bias=False)
-            self.wv = nn.Linear(HIDDEN, head * KV_HEADS, bias=False)
-            self.wo = nn.Linear(HIDDEN, HIDDEN, bias=False)
-            self.w1 = nn.Linear(HIDDEN, FFN, bias=False)
-            self.w3 = nn.Linear(HIDDEN, FFN, bias=False)
-            self.w2 = nn.Linear(FFN, HIDDEN, bias=False)
-
-        def forward(self, x):
-            b, s, _ = x.shape
-            h = self.attention_norm(x)
-            q = self.wq(h).view(b, s, HEADS, -1).transpose(1, 2)
-            k = self.wk(h).view(b, s, KV_HEADS, -1).repeat_interleave(HEADS // KV_HEADS, dim=2)
-            v = self.wv(h).view(b, s, KV_HEADS, -1).repeat_interleave(HEADS // KV_HEADS, dim=2)
-            out = F.scaled_dot_product_attention(
-                q, k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-            )
-            x = x + self.wo(out.transpose(1, 2).reshape(b, s, HIDDEN))
-            h = self.ffn_norm(x)
-            return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
-
     torch.manual_seed(0)
-    blocks = [Block().to(torch.bfloat16) for _ in range(LAYERS)]
+    blocks = [llama_block(HIDDEN, HEADS, KV_HEADS, FFN).to(torch.bfloat16) for _ in range(LAYERS)]
 
     def run(block):
         def layer(x):

@@ -39,40 +39,52 @@ def model_config(layers: int) -> dict[str, Any]:
     }
 
 
-def _modules():
+def llama_block(hidden: int, heads: int, kv_heads: int, ffn: int):
+    """One torchtitan Llama block (9dec370 ``TransformerBlock``): RMSNorm, separate Q/K/V
+    projections, K/V heads repeated for SDPA (``repeat_kv``), causal attention, output
+    projection, RMSNorm and a SwiGLU FFN (``w2(silu(w1(x)) * w3(x))``), with residual adds."""
     import torch.nn as nn
     import torch.nn.functional as F
 
     class Block(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            head_dim = HIDDEN // HEADS
-            self.attention_norm = nn.RMSNorm(HIDDEN)
-            self.wq = nn.Linear(HIDDEN, HIDDEN, bias=False)
-            self.wk = nn.Linear(HIDDEN, head_dim * KV_HEADS, bias=False)
-            self.wv = nn.Linear(HIDDEN, head_dim * KV_HEADS, bias=False)
-            self.wo = nn.Linear(HIDDEN, HIDDEN, bias=False)
-            self.ffn_norm = nn.RMSNorm(HIDDEN)
-            self.w1 = nn.Linear(HIDDEN, FFN, bias=False)
-            self.w3 = nn.Linear(HIDDEN, FFN, bias=False)
-            self.w2 = nn.Linear(FFN, HIDDEN, bias=False)
+            head_dim = hidden // heads
+            self.attention_norm, self.ffn_norm = nn.RMSNorm(hidden), nn.RMSNorm(hidden)
+            self.wq = nn.Linear(hidden, hidden, bias=False)
+            self.wk = nn.Linear(hidden, head_dim * kv_heads, bias=False)
+            self.wv = nn.Linear(hidden, head_dim * kv_heads, bias=False)
+            self.wo = nn.Linear(hidden, hidden, bias=False)
+            self.w1 = nn.Linear(hidden, ffn, bias=False)
+            self.w3 = nn.Linear(hidden, ffn, bias=False)
+            self.w2 = nn.Linear(ffn, hidden, bias=False)
 
         def forward(self, x):
             b, s, _ = x.shape
             h = self.attention_norm(x)
-            q = self.wq(h).view(b, s, HEADS, -1).transpose(1, 2)
-            k = self.wk(h).view(b, s, KV_HEADS, -1).transpose(1, 2)
-            v = self.wv(h).view(b, s, KV_HEADS, -1).transpose(1, 2)
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-            x = x + self.wo(out.transpose(1, 2).reshape(b, s, HIDDEN))
+            q = self.wq(h).view(b, s, heads, -1).transpose(1, 2)
+            k = self.wk(h).view(b, s, kv_heads, -1).repeat_interleave(heads // kv_heads, dim=2)
+            v = self.wv(h).view(b, s, kv_heads, -1).repeat_interleave(heads // kv_heads, dim=2)
+            out = F.scaled_dot_product_attention(
+                q, k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+            )
+            x = x + self.wo(out.transpose(1, 2).reshape(b, s, hidden))
             h = self.ffn_norm(x)
             return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+    return Block()
+
+
+def _modules():
+    import torch.nn as nn
 
     class Model(nn.Module):
         def __init__(self, layers: int) -> None:
             super().__init__()
             self.tok_embeddings = nn.Embedding(VOCAB, HIDDEN)
-            self.layers = nn.ModuleDict({str(i): Block() for i in range(layers)})
+            self.layers = nn.ModuleDict(
+                {str(i): llama_block(HIDDEN, HEADS, KV_HEADS, FFN) for i in range(layers)}
+            )
             self.norm = nn.RMSNorm(HIDDEN)
             self.output = nn.Linear(HIDDEN, VOCAB, bias=False)
 
