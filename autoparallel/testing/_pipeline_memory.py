@@ -104,21 +104,65 @@ def _loss(pred, labels):
     return F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
 
 
-def measure_rank(rank: int, world_size: int, schedule: str, layers: int, micro_batches: int):
-    """One rank of the measured step (``run_ranks`` target): ``schedule`` ``1f1b`` (one stage per
-    rank) or ``interleaved_1f1b`` (two); returns the rank's peak live bytes and their split by
-    the profiler's categories at the peak."""
+def _stage_part(whole, *, stage_id: int, stages_total: int, per_stage: int, mesh):
+    """The model chunk of pipeline stage ``stage_id`` as torchtitan builds it: its layers each
+    checkpointed whole and FSDP2-sharded, the chunk too, none resharded after forward (torchtitan
+    under pipeline parallelism)."""
     import torch
-    import torch.distributed as dist
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,
         checkpoint_wrapper,
     )
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    part = copy.deepcopy(whole)
+    keep = range(stage_id * per_stage, (stage_id + 1) * per_stage)
+    for name in list(part.layers.keys()):
+        if int(name) not in keep:
+            del part.layers[name]
+    if stage_id != 0:
+        part.tok_embeddings = None
+    if stage_id != stages_total - 1:
+        part.norm = part.output = None
+    for name, block in list(part.layers.items()):
+        wrapped = checkpoint_wrapper(
+            block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=False
+        )
+        part.layers[name] = wrapped
+        fully_shard(wrapped, mesh=mesh["dp"], mp_policy=policy, reshard_after_forward=False)
+    fully_shard(part, mesh=mesh["dp"], mp_policy=policy, reshard_after_forward=False)
+    return part
+
+
+def _profiled_peak(step) -> dict[str, Any]:
+    """Run ``step`` under torch.profiler's memory profiling; the peak of the live bytes its
+    memory timeline reports and their split by category at the peak."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    with profile(
+        activities=activities, profile_memory=True, record_shapes=True, with_stack=True
+    ) as prof:
+        step()
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "timeline.json")
+        prof.export_memory_timeline(path, device="cpu")
+        _, sizes = json.loads(open(path).read())
+    totals = [sum(row) for row in sizes]
+    peak = max(range(len(totals)), key=totals.__getitem__)
+    return {"peak_bytes": float(totals[peak]), "at_peak": [float(v) for v in sizes[peak]]}
+
+
+def measure_rank(rank: int, world_size: int, schedule: str, layers: int, micro_batches: int):
+    """One rank of the measured step (``run_ranks`` target): ``schedule`` ``1f1b`` (one stage per
+    rank) or ``interleaved_1f1b`` (two); returns the rank's peak live bytes and their split by
+    the profiler's categories at the peak, over the step after a warm-up step."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import Schedule1F1B, ScheduleInterleaved1F1B
-    from torch.profiler import ProfilerActivity, profile
 
     torch.set_num_threads(1)
     mesh = init_device_mesh("cpu", (world_size, 1), mesh_dim_names=("pp", "dp"))
@@ -128,30 +172,21 @@ def measure_rank(rank: int, world_size: int, schedule: str, layers: int, micro_b
     stages_total = world_size * per_rank
     if layers % stages_total:
         raise ValueError(f"layers ({layers}) must divide into the {stages_total} stages")
-    per_stage = layers // stages_total
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    stages, parts = [], []
-    for stage_id in (rank + s * world_size for s in range(per_rank)):
-        part = copy.deepcopy(whole)
-        keep = range(stage_id * per_stage, (stage_id + 1) * per_stage)
-        for name in list(part.layers.keys()):
-            if int(name) not in keep:
-                del part.layers[name]
-        if stage_id != 0:
-            part.tok_embeddings = None
-        if stage_id != stages_total - 1:
-            part.norm = part.output = None
-        for name, block in list(part.layers.items()):
-            wrapped = checkpoint_wrapper(
-                block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=False
-            )
-            part.layers[name] = wrapped
-            # torchtitan under pipeline parallelism: no reshard after forward
-            fully_shard(wrapped, mesh=mesh["dp"], mp_policy=policy, reshard_after_forward=False)
-        fully_shard(part, mesh=mesh["dp"], mp_policy=policy, reshard_after_forward=False)
-        group = mesh["pp"].get_group()
-        stages.append(PipelineStage(part, stage_id, stages_total, torch.device("cpu"), group=group))
-        parts.append(part)
+    parts = [
+        _stage_part(
+            whole,
+            stage_id=stage_id,
+            stages_total=stages_total,
+            per_stage=layers // stages_total,
+            mesh=mesh,
+        )
+        for stage_id in (rank + s * world_size for s in range(per_rank))
+    ]
+    group, cpu = mesh["pp"].get_group(), torch.device("cpu")
+    stages = [
+        PipelineStage(part, rank + s * world_size, stages_total, cpu, group=group)
+        for s, part in enumerate(parts)
+    ]
     if per_rank == 2:
         runner = ScheduleInterleaved1F1B(stages, n_microbatches=micro_batches, loss_fn=_loss)
     else:
@@ -174,16 +209,6 @@ def measure_rank(rank: int, world_size: int, schedule: str, layers: int, micro_b
         optimizer.zero_grad()
 
     step()
-    activities = [ProfilerActivity.CPU]
-    with profile(
-        activities=activities, profile_memory=True, record_shapes=True, with_stack=True
-    ) as prof:
-        step()
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "timeline.json")
-        prof.export_memory_timeline(path, device="cpu")
-        _, sizes = json.loads(open(path).read())
-    totals = [sum(row) for row in sizes]
-    peak = max(range(len(totals)), key=totals.__getitem__)
+    result = _profiled_peak(step)
     dist.barrier()
-    return {"peak_bytes": float(totals[peak]), "at_peak": [float(v) for v in sizes[peak]]}
+    return result

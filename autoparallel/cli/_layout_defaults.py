@@ -1,0 +1,31 @@
+"""The layout ``autoparallel estimate`` prices where the command line leaves an axis out: a
+degree that makes the given layout valid on the given cluster as it stands."""
+
+from __future__ import annotations
+
+__all__ = ["DEFAULT_TRAINING_PP", "default_ep", "default_pp"]
+
+#: The pipeline degree a training estimate takes on a large cluster when none is given.
+DEFAULT_TRAINING_PP = 16
+
+
+def default_ep(model, *, stage_devices: int, etp: int) -> int:
+    """The expert-parallel degree when none is given: 1 for a dense model; for an MoE model the
+    largest that divides both its routed experts and ``stage_devices / etp`` (the ranks a
+    pipeline stage's experts spread over: Megatron-core's ``expert_model_parallel_size``
+    divides dp*cp*tp / etp), so a layout given only as tp/pp/dp is valid as it stands."""
+    if model.moe is None:
+        return 1
+    ranks = max(stage_devices // etp, 1)
+    experts = model.moe.num_routed_experts
+    return max(ep for ep in range(1, ranks + 1) if ranks % ep == 0 and experts % ep == 0)
+
+
+def default_pp(*, num_devices: int, tp: int, cp: int, training: bool) -> int:
+    """The pipeline degree when none is given: 1 for serving; for training the largest divisor
+    of the devices left after tp*cp that is at most ``DEFAULT_TRAINING_PP``, so a layout given
+    only as tp fits the cluster as it stands (16 stages on a large cluster, 1 on one node)."""
+    if not training:
+        return 1
+    stages = max(num_devices // (tp * cp), 1)
+    return max(p for p in range(1, min(stages, DEFAULT_TRAINING_PP) + 1) if stages % p == 0)
