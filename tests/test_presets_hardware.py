@@ -3,6 +3,7 @@ calibration a Blackwell preset carries over from H100."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from autoparallel.cli import main
@@ -177,3 +178,47 @@ def test_slower_fabric_slows_a_data_parallel_step() -> None:
         config,
     )
     assert slow.time_s["dp_comm"] > fast.time_s["dp_comm"]
+
+
+def test_the_default_memory_efficiency_sits_between_generic_and_streaming_kernels() -> None:
+    """The cited measurements of ``DEFAULT_MEMORY_BANDWIDTH_EFFICIENCY``, read from their data:
+    the first-party H200 profile's eager add and aiconfigurator's static FP8 quantization."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from pyarrow import parquet
+
+    from topology._hardware import DEFAULT_MEMORY_BANDWIDTH_EFFICIENCY
+
+    repo = Path(__file__).resolve().parents[1]
+    profile = json.loads((repo / "benchmarks" / "results" / "profile_h200.json").read_text())
+    h200 = get_preset("dgx-h200").device
+    rates = [w / s for w, s in zip(profile["memory"]["work"], profile["memory"]["seconds"])]
+    generic = rates[-1] / h200.memory_bandwidth_bytes_per_s  # 1.61 GB per call
+    assert generic == pytest.approx(0.84, abs=0.005)
+    assert rates[-2] / h200.memory_bandwidth_bytes_per_s == pytest.approx(0.73, abs=0.005)
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    assert spec is not None and spec.submodule_search_locations, "pip install -e .[test]"
+    data = Path(next(iter(spec.submodule_search_locations))) / "systems" / "data"
+    streaming = {}
+    for folder, preset in (
+        ("h100_sxm", "dgx-h100"),
+        ("h200_sxm", "dgx-h200"),
+        ("b200_sxm", "dgx-b200"),
+    ):
+        best: dict[tuple[int, int], float] = {}
+        for engine in ("trtllm", "vllm"):
+            for path in (data / folder / "quantize" / engine).glob("*/scale_matrix_perf.parquet"):
+                for row in parquet.read_table(path).to_pylist():
+                    nbytes = 3.0 * row["m"] * row["k"]
+                    if nbytes >= 1 << 30 and row["latency"] > 0:
+                        key = (row["m"], row["k"])
+                        best[key] = min(best.get(key, float("inf")), row["latency"] * 1e-3)
+        peak = get_preset(preset).device.memory_bandwidth_bytes_per_s
+        fractions = [3.0 * m * k / (s * peak) for (m, k), s in best.items()]
+        streaming[folder] = float(np.exp(np.mean(np.log(fractions))))
+    assert streaming["h100_sxm"] == pytest.approx(0.91, abs=0.005)
+    assert streaming["h200_sxm"] == pytest.approx(0.91, abs=0.005)
+    assert streaming["b200_sxm"] == pytest.approx(0.85, abs=0.005)
+    assert DEFAULT_MEMORY_BANDWIDTH_EFFICIENCY <= generic < min(streaming.values())

@@ -6,6 +6,19 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from topology._hardware_profile import HardwareProfile, check_device_type, measured_curve
 
+#: Achievable fraction of the peak memory bandwidth of the memory-bound kernels the cost model
+#: prices (elementwise, norms, casts, the optimizer) on a device without a measured profile.
+#: Measured: ``autoparallel profile`` on one NVIDIA H200 (benchmarks/results/profile_h200.json,
+#: ``memory``: an eager torch add, 3 tensors of 134M fp32 elements, 1.61 GB in 399 us) reaches
+#: 0.84 of the 4.8 TB/s peak, and 0.73 at 201 MB where its fixed launch cost (the cost model's
+#: per-kernel overhead, charged apart) weighs in. A single-pass streaming kernel reaches more:
+#: the static per-tensor FP8 quantization of NVIDIA's aiconfigurator-core 0.12.0 operator tables
+#: (``systems/data/<device>/quantize/{trtllm,vllm}/*/scale_matrix_perf.parquet``: 2 bytes read
+#: and 1 written per element, calls of at least 1 GiB, the faster engine per shape) 0.91 on H100
+#: and H200, 0.85 on B200, 0.88-0.89 on GB200 and GB300: an upper bound for the framework kernels
+#: (norms with their reductions, eager elementwise ops) this default stands for.
+DEFAULT_MEMORY_BANDWIDTH_EFFICIENCY = 0.8
+
 
 class HardwareSpec(BaseModel):
     """Peak dense FLOP/s per dtype, achievable matmul fraction, memory size and bandwidth.
@@ -25,7 +38,14 @@ class HardwareSpec(BaseModel):
     )
     memory_bytes: float = Field(gt=0)
     memory_bandwidth_bytes_per_s: float = Field(gt=0)
-    memory_bandwidth_efficiency: float = Field(default=0.8, gt=0, le=1)
+    memory_bandwidth_efficiency: float = Field(
+        default=DEFAULT_MEMORY_BANDWIDTH_EFFICIENCY,
+        gt=0,
+        le=1,
+        description="achievable fraction of peak memory bandwidth for memory-bound kernels "
+        "(default: DEFAULT_MEMORY_BANDWIDTH_EFFICIENCY, measured on an H200; a profile's curve "
+        "or a calibration replaces it)",
+    )
     host_link_bandwidth_bytes_per_s: float | None = Field(
         default=None,
         gt=0,
