@@ -406,17 +406,21 @@ def _fsdp_layer(ctx) -> FsdpLayerTimes:
     return FsdpLayerTimes(**times)
 
 
-def fsdp_weight_gather_bytes(ctx) -> float:
+def fsdp_weight_gather_bytes(ctx) -> float | np.ndarray:
     """Bytes per parameter of the per-layer FSDP all-gather of a layer's non-expert weights: 1
     when fp8 training casts them to fp8 before the gather (``_precision.FSDP_FP8_GATHER_RECIPES``:
     torchao's ``enable_fsdp_float8_all_gather`` with tensorwise scaling), else 2 (bf16). Norm
     weights (a few thousand parameters a layer) are counted with them; the embedding, the LM head
-    and the routed experts gather bf16."""
+    and the routed experts gather bf16. torchtitan turns the fp8 gather on only where the
+    data-parallel shard dimension is more than one rank (``enable_fsdp_float8_all_gather =
+    parallel_dims.dp_shard_enabled and float8.enable_fsdp_float8_all_gather``: torchtitan/float8.py
+    at 9dec370, 2024-12, and torchtitan/components/quantization/float8.py through 2026-04): FSDP
+    over the context-parallel ranks alone (dp 1, cp > 1) gathers bf16, (n,) per row."""
     from cost_model._precision import FSDP_FP8_GATHER_RECIPES
 
     workload = ctx.workload
     if workload.precision == "fp8" and workload.fp8_recipe in FSDP_FP8_GATHER_RECIPES:
-        return 1.0
+        return np.where(ctx.column("dp") > 1, 1.0, 2.0)
     return 2.0
 
 

@@ -327,6 +327,35 @@ def test_tensorwise_fp8_halves_the_fsdp_weight_gather_only(model) -> None:
     assert np.allclose(tensorwise.ends_gather, bf16.ends_gather)
 
 
+def test_fp8_fsdp_gather_needs_a_data_parallel_shard_dimension(model) -> None:
+    """torchtitan enables torchao's fp8 all-gather only with dp_shard > 1: FSDP over context-
+    parallel ranks alone gathers, and a pipeline stage holds, its weights in bf16."""
+    from cost_model._memory import _unsharded_stage_weight_bytes
+    from cost_model._training_comm import fsdp_weight_gather_bytes
+
+    def context(dp: int, cp: int):
+        workload = Training(
+            sequence_length_tokens=8192,
+            global_batch_sequences=64,
+            precision="fp8",
+            fp8_recipe="tensorwise",
+        )
+        config = ParallelConfig(dp=dp, cp=cp, pp=2, zero_stage=3, recompute="full")
+        return training_context(
+            model=model,
+            cluster=get_preset("dgx-h100", num_nodes=2),
+            workload=workload,
+            table=configs_to_table([config]),
+            options=EstimateOptions(),
+        )
+
+    sharded, cp_only = context(dp=8, cp=1), context(dp=1, cp=8)
+    assert np.all(fsdp_weight_gather_bytes(sharded) == 1.0)
+    assert np.all(fsdp_weight_gather_bytes(cp_only) == 2.0)
+    held = _unsharded_stage_weight_bytes(cp_only) / _unsharded_stage_weight_bytes(sharded)
+    assert np.all((held > 1.6) & (held <= 2.0))  # the layers double, the ends stay bf16
+
+
 def test_tensorwise_fp8_gathers_in_fp8_and_reduce_scatters_in_bf16_under_sequence_parallel(
     model,
 ) -> None:
