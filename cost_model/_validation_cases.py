@@ -423,6 +423,7 @@ def peak_memory_cases() -> list[tuple[Case, float]]:
             workload,
             run_config(r),
             "",
+            estimate_options=tuple(r.get("estimate_options", {}).items()),
             memory_setup=_frozen_setup(r),
         )
         cases.append((case, float(r["peak_memory_GiB"])))
