@@ -282,21 +282,31 @@ def test_a_device_without_fp8_operator_tables_is_marked_not_bounded() -> None:
 
 
 def _fsdp_tp_context(
-    model, *, precision: str, recipe: str, tp: int = 1, sequence_parallel: bool | None = None
+    model,
+    *,
+    precision: str,
+    recipe: str,
+    tp: int = 1,
+    sequence_parallel: bool | None = None,
+    config: ParallelConfig | None = None,
+    global_batch_sequences: int = 16,
 ):
+    """A ZeRO-3 training context on two H100 nodes, sequences of 8192 tokens: FSDP x ``tp`` with
+    selective recompute, or ``config``."""
+    if config is None:
+        config = ParallelConfig(
+            dp=16 // tp,
+            tp=tp,
+            zero_stage=3,
+            micro_batch_size=1,
+            recompute="selective",
+            sequence_parallel=tp > 1 if sequence_parallel is None else sequence_parallel,
+        )
     workload = Training(
         sequence_length_tokens=8192,
-        global_batch_sequences=16,
+        global_batch_sequences=global_batch_sequences,
         precision=precision,
         fp8_recipe=recipe,
-    )
-    config = ParallelConfig(
-        dp=16 // tp,
-        tp=tp,
-        zero_stage=3,
-        micro_batch_size=1,
-        recompute="selective",
-        sequence_parallel=tp > 1 if sequence_parallel is None else sequence_parallel,
     )
     return training_context(
         model=model,
@@ -334,19 +344,9 @@ def test_fp8_fsdp_gather_needs_a_data_parallel_shard_dimension(model) -> None:
     from cost_model._training_comm import fsdp_weight_gather_bytes
 
     def context(dp: int, cp: int):
-        workload = Training(
-            sequence_length_tokens=8192,
-            global_batch_sequences=64,
-            precision="fp8",
-            fp8_recipe="tensorwise",
-        )
         config = ParallelConfig(dp=dp, cp=cp, pp=2, zero_stage=3, recompute="full")
-        return training_context(
-            model=model,
-            cluster=get_preset("dgx-h100", num_nodes=2),
-            workload=workload,
-            table=configs_to_table([config]),
-            options=EstimateOptions(),
+        return _fsdp_tp_context(
+            model, precision="fp8", recipe="tensorwise", config=config, global_batch_sequences=64
         )
 
     sharded, cp_only = context(dp=8, cp=1), context(dp=1, cp=8)
