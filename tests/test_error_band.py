@@ -96,15 +96,20 @@ def test_generations_and_an_uncovered_device() -> None:
     assert band is not None and band.scope in ("MoE, dp", "MoE")
 
 
+def _text_and_document(capsys, job: list[str]) -> tuple[str, dict]:
+    """What ``job`` prints (whitespace collapsed) and what it prints with ``--json``."""
+    assert main(job) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert main([*job, "--json"]) == 0
+    return text, json.loads(capsys.readouterr().out)
+
+
 def test_estimate_prints_the_error_bar_of_a_training_layout(capsys) -> None:
     job = ["estimate", "--model", "qwen3-30b-a3b", "--cluster", "dgx-b200", "--nodes", "1"]
     job += ["--tp", "1", "--pp", "1", "--ep", "8", "--sequence-length", "4096"]
     job += ["--global-batch-tokens", "2097152"]
-    assert main(job) == 0
-    text = " ".join(capsys.readouterr().out.split())
+    text, document = _text_and_document(capsys, job)
     assert "Error bar:" in text and "(Blackwell, MoE, ep;" in text
-    assert main([*job, "--json"]) == 0
-    document = json.loads(capsys.readouterr().out)
     band = document["error_band"]
     low, high = band["step_time_range_s"]
     assert low < high and band["scope"] == "Blackwell, MoE, ep"
@@ -187,11 +192,8 @@ def test_the_memory_band_takes_the_published_peaks_of_the_layouts_regime(capsys)
     assert megatron.count == len(runs)
     job = ["estimate", "--model", "llama-3.1-405b", "--cluster", "dgx-h100", "--nodes", "64"]
     job += ["--tp", "8", "--pp", "8", "--zero-stage", "3"]
-    assert main(job) == 0
-    text = " ".join(capsys.readouterr().out.split())
+    text, document = _text_and_document(capsys, job)
     assert "Memory error bar: " in text and "(tp+pp+zero3;" in text
-    assert main([*job, "--json"]) == 0
-    document = json.loads(capsys.readouterr().out)
     band = document["memory_error_band"]
     low, high = band["memory_range_bytes"]
     assert low == pytest.approx(document["memory_per_device_bytes"] * (1 + band["low"]))
