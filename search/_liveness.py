@@ -198,6 +198,10 @@ def _awaited(study: optuna.Study, trial_owner: dict, me: dict) -> bool:
     return trial_owner.get("host") == me["host"] or heartbeat_enabled(study)
 
 
+#: Seconds an interrupted search waits for its heartbeat thread before leaving it (a daemon).
+_INTERRUPTED_JOIN_S = 1.0
+
+
 @contextlib.contextmanager
 def beating(study: optuna.Study, trials: list[optuna.Trial]) -> Iterator[None]:
     """Record a heartbeat for each of ``trials`` every interval until the block ends (``claim``
@@ -217,6 +221,13 @@ def beating(study: optuna.Study, trials: list[optuna.Trial]) -> Iterator[None]:
     thread.start()
     try:
         yield
-    finally:
+    except BaseException:
+        # An interrupted or failed search does not wait for a heartbeat in progress: its write
+        # may wait up to the SQLite busy timeout (60 s) for the lock, and the thread is a daemon
+        # whose unfinished write the database rolls back (the trials are failed by the next
+        # run's stale-trial check either way).
         stop.set()
-        thread.join()
+        thread.join(timeout=_INTERRUPTED_JOIN_S)
+        raise
+    stop.set()
+    thread.join()

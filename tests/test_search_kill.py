@@ -196,3 +196,32 @@ def _running_detail(database: Path) -> list:
             "SELECT t.number, t.state, a.key, a.value_json FROM trials t LEFT JOIN trial_user_attributes a ON a.trial_id = t.trial_id "
             "WHERE t.state != 'COMPLETE' AND (a.key IS NULL OR a.key != 'result')"
         ).fetchall()
+
+
+def test_an_interrupted_search_does_not_wait_on_a_blocked_heartbeat(tmp_path: Path) -> None:
+    """Ctrl-C inside ``beating`` while the heartbeat thread's write waits on the SQLite lock
+    (another connection holds it): the block ends within about a second, not after the 60 s
+    busy timeout, and the heartbeat thread is left as the daemon it is."""
+    import threading
+
+    from search._liveness import _INTERRUPTED_JOIN_S, beating
+    from search._storage import open_storage
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    storage = open_storage(url, heartbeat_interval_s=1)
+    study = optuna.create_study(storage=storage, study_name="s")
+    trial = study.ask()
+    holder = sqlite3.connect(tmp_path / "s.db", timeout=60)
+    holder.execute("BEGIN IMMEDIATE")  # takes the write lock the heartbeat needs
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt), beating(study, [trial]):
+            time.sleep(1.5)  # the first beat after 1 s now waits on the lock
+            raise KeyboardInterrupt
+        waited = time.monotonic() - started
+    finally:
+        holder.rollback()
+        holder.close()
+    assert waited < 1.5 + _INTERRUPTED_JOIN_S + 1.0
+    beats = [t for t in threading.enumerate() if t.name == "trial-heartbeat"]
+    assert all(t.daemon for t in beats)
