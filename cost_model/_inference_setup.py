@@ -69,7 +69,10 @@ from cost_model._options import Calibration, EstimateOptions
 from cost_model._pricing import op_time_s, ranks_per_node
 from cost_model._rows import RowPartition
 from cost_model._serving_columns import KV_DTYPE_CODES, PHASE_CODES, checked_columns
-from cost_model._serving_precision import check_serving_precision
+from cost_model._serving_precision import (
+    check_serving_precision,
+    check_sparse_attention_indexer,
+)
 from cost_model._serving_profile import ServingProfile, serving_profile
 from cost_model._stages import StageLayout, parameters_per_device, stage_layout
 from cost_model._table import table_length
@@ -203,6 +206,7 @@ def _setup(
         raise ValueError(
             f"workload.kind ({workload.kind!r}) must be 'inference' for estimate_inference_table"
         )
+    check_sparse_attention_indexer(model=model, hardware=cluster.device)
     table = checked_columns(table, workload)
     n = table_length(table)
     layout = stage_layout(model=model, pp=table["pp"], virtual_stages=table["virtual_stages"])

@@ -57,6 +57,23 @@ def check_serving_precision(*, weight_dtype: str, kv_dtype: str, hardware) -> No
             )
 
 
+def check_sparse_attention_indexer(*, model: ModelSpec, hardware) -> None:
+    """Raise ``ValueError`` where ``model``'s DeepSeek Sparse Attention indexer cannot run on
+    ``hardware``: its lightning indexer scores keys in FP8 (the FP8 indexer-key cache and
+    DeepGEMM's ``fp8_mqa_logits``; vLLM's DeepSeek-V3.2 recipe: DeepGEMM "is necessary for MQA
+    logits computation", "Only Hopper and Blackwell data center GPUs are supported",
+    https://github.com/vllm-project/recipes/blob/main/DeepSeek/DeepSeek-V3_2-Exp.md), so a device
+    without FP8 tensor cores serves the model in no engine."""
+    heads = model.attention.indexer_heads
+    if heads and "fp8" not in hardware.peak_flops:
+        raise ValueError(
+            f"model attention.indexer_heads ({heads}) needs fp8 on the serving device: "
+            f"DeepSeek Sparse Attention's indexer scores keys in fp8, and {hardware.name}'s "
+            f"peak_flops lists only {', '.join(sorted(hardware.peak_flops))}; serve this model "
+            "on a device with fp8 tensor cores (Hopper, Blackwell, MI300X)"
+        )
+
+
 def checkpoint_dtype(config: dict[str, Any]) -> str:
     """The weight dtype a HuggingFace ``config.json`` dict's checkpoint is released in."""
     if "_checkpoint_dtype" in config:

@@ -235,6 +235,16 @@ def _micro_batch_comm(ctx: TrainingContext, times: CollectiveTimes) -> dict[str,
         moe_repeat & ("moe" in ctx.options.recompute_modules) & (not _op_level_selective(ctx))
     )
     ep_passes = passes + moe_repeat
+    # Selective recompute of core attention re-runs its context-parallel exchange: Megatron-core
+    # checkpoints the core attention module (megatron/core/transformer/attention.py
+    # ``_checkpointed_attention_forward``: ``tensor_parallel.checkpoint`` around
+    # ``_run_core_attention``), and Transformer Engine's attention with a cp group exchanges K/V
+    # inside it (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py
+    # ``attn_forward_func_with_cp``: ``AttnFuncWithCPAndKVP2P``'s ring,
+    # ``AttnFuncWithCPAndKVAllGather``'s all-gather), so backward repeats one forward exchange.
+    core_repeat = (
+        np.asarray(ctx.table["recompute"]) == RECOMPUTE_CODES["selective"]
+    ) & _recomputes_core_attention(ctx)
     tp_layer = np.where(ctx.sequence_parallel, times.tp_split, times.tp_all_reduce)
     # A blocking collective between compute segments waits for the ranks' wake-up beyond its
     # own time (measured, ``HardwareSpec.collective_sync_s``; 0 without a profile).
@@ -259,7 +269,7 @@ def _micro_batch_comm(ctx: TrainingContext, times: CollectiveTimes) -> dict[str,
         * ((ep_passes - 1.0) * times.ep_exchange + times.ep_exchange_backward)
         + np.where(ctx.column("ep") > 1, ep_passes * layout.moe_layers * 2.0 * sync, 0.0),
         # The backward ring carries K/V and their gradients: twice the forward traffic.
-        "cp_comm": (passes + 1.0) * layout.layers * times.cp_ring,
+        "cp_comm": (passes + 1.0 + core_repeat) * layout.layers * times.cp_ring,
     }
 
 

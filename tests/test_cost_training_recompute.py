@@ -142,6 +142,34 @@ def test_selective_recompute_of_the_moe_block_repeats_its_all_to_alls(deepseek) 
     assert once > 0
 
 
+def test_selective_recompute_of_core_attention_repeats_its_context_parallel_exchange(
+    dense,
+) -> None:
+    """Megatron-core checkpoints the core attention, and Transformer Engine's context-parallel
+    attention exchanges K/V inside it: the recompute repeats one forward exchange per layer
+    (ring or all-gather), so selective recompute never prices below no recompute under cp."""
+    for method in ("ring", "all_gather"):
+        comm = {}
+        for recompute in ("none", "selective"):
+            config = ParallelConfig(dp=4, cp=2, micro_batch_size=1, recompute=recompute)
+            ctx = _context(dense, config, context_parallel=method)
+            times = table_collective_times(ctx)
+            comm[recompute] = micro_batch_times(ctx, times).comm["cp_comm"][0, 0]
+            forward = float(DENSE["num_hidden_layers"] * times.cp_ring[0])
+        assert forward > 0
+        # forward + backward (twice the traffic) without recompute, one forward more with it
+        assert comm["none"] == pytest.approx(3.0 * forward, rel=1e-9)
+        assert comm["selective"] == pytest.approx(4.0 * forward, rel=1e-9)
+    # the recompute's larger overlap window no longer hides traffic that was never sent
+    steps = {
+        recompute: _columns(
+            dense, ParallelConfig(dp=4, cp=2, micro_batch_size=1, recompute=recompute)
+        )["step_time_s"]
+        for recompute in ("none", "selective")
+    }
+    assert steps["selective"] > steps["none"]
+
+
 def test_full_recompute_of_the_first_layers_repeats_only_their_forward(dense) -> None:
     """Megatron-core ``--recompute-method block --recompute-num-layers N``: N layers of each
     model chunk are recomputed, the rest keep their activations and are not."""

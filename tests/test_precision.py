@@ -85,6 +85,39 @@ def test_fp4_weights_on_h100_are_weight_only_and_an_fp4_cache_is_an_error() -> N
         estimate(DSV3, cluster, kv, config, batch_size=8)
 
 
+def test_a_sparse_attention_indexer_needs_fp8_on_the_serving_device(capsys) -> None:
+    """DeepSeek-V3.2's lightning indexer scores keys in fp8: on A100 (no fp8 peak) the estimate
+    and the planner stop with the field, its value and the rule, not an internal lookup error;
+    an fp8 device prices it."""
+    model = get_model("deepseek-v3.2")
+    config = CONFIG
+    workload = Inference(prompt_tokens=1024, output_tokens=128, weight_dtype="bf16")
+    rule = r"attention.indexer_heads \(64\) needs fp8 .* NVIDIA A100 SXM 80GB's peak_flops lists only bf16, fp16"
+    with pytest.raises(ValueError, match=rule):
+        estimate(model, get_preset("dgx-a100", num_nodes=2), workload, config, batch_size=8)
+    assert (
+        main(
+            [
+                "estimate",
+                "--inference",
+                "--model",
+                "deepseek-v3.2",
+                "--cluster",
+                "dgx-a100",
+                "--nodes",
+                "2",
+                "--tp",
+                "8",
+            ]
+        )
+        != 0
+    )
+    assert "indexer_heads (64) needs fp8" in capsys.readouterr().err
+    fp8 = workload.model_copy(update={"weight_dtype": "fp8"})
+    cost = estimate(model, get_preset("dgx-h100", num_nodes=2), fp8, config, batch_size=8)
+    assert cost.ttft_s > 0 and cost.tpot_s > 0
+
+
 def test_fp4_on_b200_halves_the_fp8_weights_and_runs_faster_matmuls() -> None:
     cluster = get_preset("dgx-b200", num_nodes=2)
     costs = _by_weight_dtype(cluster, CONFIG, ("fp8", "fp4"), prompt_tokens=1024)
