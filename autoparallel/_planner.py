@@ -166,6 +166,8 @@ def _search(model: ModelSpec, cluster: Cluster, workload, *, workers: int, **opt
         result.settings.get("num_nodes_used", cluster.num_nodes) != cluster.num_nodes
     ):  # whole nodes left idle
         cluster = cluster.with_nodes(result.settings["num_nodes_used"])
+    if not result.feasible and result.method != "from_study":
+        result = _with_lean_layout(result, model, cluster, workload, options)
     if isinstance(workload, Inference) and result.feasible:
         from search import simulate_top_k
 
@@ -173,6 +175,52 @@ def _search(model: ModelSpec, cluster: Cluster, workload, *, workers: int, **opt
             result, model=model, cluster=cluster, workload=workload, **_estimator_option(options)
         )
     return result, cluster
+
+
+#: ``SearchResult.method`` suffix of a result whose plan is the lean pass's (``_with_lean_layout``).
+LEAN_METHOD_SUFFIX = "+lean"
+
+
+def _with_lean_layout(result, model: ModelSpec, cluster: Cluster, workload, options: dict):
+    """``result`` whose sampled trials found no fitting layout, with the best layout of an
+    exhaustive pass over the leanest switches at this size (``search.lean_bounds``: full
+    recompute, micro-batch / batch 1, the smallest KV dtype; every mesh), where one fits.
+
+    The same pass decides the smallest fitting size of ``InfeasiblePlanError``; without it a
+    budget too small to sample the fitting meshes would report "no layout fits" with this very
+    size as the smallest that fits. ``method`` gains ``LEAN_METHOD_SUFFIX``; the result is
+    unchanged where nothing fits."""
+    import dataclasses
+
+    from search import exhaustive_search, lean_bounds
+
+    settings = options.get("settings")
+    lean = exhaustive_search(
+        model,
+        cluster,
+        workload,
+        objective=result.objective,
+        bounds=lean_bounds(settings.bounds if settings is not None else None),
+        **_estimator_option(options),
+    )
+    if not lean.best.feasible:
+        return result
+    logger.warning(
+        "%d trials found no fitting layout; planning the best of the %d lean layouts "
+        "(%d fit); more trials may find a faster one",
+        result.num_trials,
+        lean.space_size,
+        lean.num_feasible,
+    )
+    return dataclasses.replace(
+        result,
+        best=lean.best,
+        ranked=(lean.best,),
+        pareto=(lean.best,) if result.pareto else (),
+        method=result.method + LEAN_METHOD_SUFFIX,
+        rows_evaluated=result.rows_evaluated + lean.space_size,
+        elapsed_s=result.elapsed_s + lean.elapsed_s,
+    )
 
 
 def with_disaggregation(

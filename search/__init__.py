@@ -26,7 +26,7 @@ from search._engines import (
     violated_rules,
 )
 from search._exhaustive import ExhaustiveResult, exhaustive_search, regret
-from search._feasibility import shared_fit_verdicts, smallest_feasible_devices
+from search._feasibility import lean_bounds, shared_fit_verdicts, smallest_feasible_devices
 from search._objective import METRICS, Objective, resolve_objective, simulate_top_k
 from search._space import SearchBounds, SearchSpace, config_from_row, row_extras, select
 from search._storage import database_url, open_storage
@@ -48,6 +48,7 @@ __all__ = [
     "StudyJob",
     "database_url",
     "exhaustive_search",
+    "lean_bounds",
     "find_disaggregated",
     "find_plan",
     "load_study_job",

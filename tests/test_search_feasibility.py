@@ -41,3 +41,25 @@ def test_shared_verdicts_price_each_size_once_with_the_same_answer(priced) -> No
         assert _smallest() == fresh and priced[len(walk) :] == walk
         assert _smallest() == fresh and len(priced) == 2 * len(walk)  # answered from the verdicts
     assert _smallest() == fresh and len(priced) == 3 * len(walk)  # outside: priced again
+
+
+def test_a_budget_that_samples_no_fitting_mesh_plans_the_lean_pass(capsys) -> None:
+    """gpt-oss-120b trained on 16 H200: two sampled trials find no layout under 141 GB, while
+    the exhaustive pass over the leanest switches (the one that decides the smallest fitting
+    size) finds one at this very size. The plan is that pass's best, said so, not an error
+    naming 16 devices as the smallest size that fits."""
+    model, cluster = ap.get_model("gpt-oss-120b"), ap.get_preset("dgx-h200", num_nodes=2)
+    workload = Training(sequence_length_tokens=4096, global_batch_tokens=4096 * 1024)
+    from search import find_plan as sampled
+
+    assert not sampled(model, cluster, workload, n_trials=2).feasible
+    plan = ap.find_plan(model, cluster, workload, n_trials=2)
+    assert plan.provenance.search.method.endswith("+lean")
+    assert plan.config.recompute == "full" and plan.config.micro_batch_size == 1
+    assert 0 < plan.predicted.memory_per_device_bytes <= cluster.memory_per_device_bytes
+    from autoparallel.cli import main
+
+    argv = ["plan", "--model", "gpt-oss-120b", "--cluster", "dgx-h200", "--nodes", "2"]
+    capsys.readouterr()
+    assert main([*argv, "--training", "--trials", "2", "--output", "/dev/null"]) == 0
+    assert "found no fitting layout" in capsys.readouterr().out

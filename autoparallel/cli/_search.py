@@ -341,6 +341,16 @@ def _write(
         f"{search.num_trials} trials, {search.rows_evaluated:,} layouts priced in {search.elapsed_s:.1f} s; "
         f"infeasible layouts: {_counts(search.infeasible_layouts)}"
     )
+    from autoparallel._planner import LEAN_METHOD_SUFFIX
+
+    if search.method.endswith(LEAN_METHOD_SUFFIX):
+        console.print(
+            f"the {search.num_trials} sampled trials found no fitting layout: this plan is the best "
+            "of an exhaustive pass over the leanest switches (full recompute, micro-batch or batch 1); "
+            "more --trials may find a faster one",
+            highlight=False,
+            markup=False,
+        )
     if search.idle_reason:
         console.print(f"devices: {search.idle_reason}", highlight=False, markup=False)
     if line := deployment_line(plan):
