@@ -61,6 +61,7 @@ from cost_model._serving_landing import (
     chained_landing_wait_s,
     landing_wait_s,
 )
+from cost_model._serving_prompts import prompt_iteration_s, slowest_decodes
 from cost_model._serving_replica import IterationCost, LoadPolicy
 
 _OPEN_LOOP_STEPS = 24
@@ -300,7 +301,7 @@ def _desynchronized_closed_loop(
         mixed=policy.mixed_prefill_decode,
         coupled_ranks=col(policy.coupled_ranks),
         prompt_iterations_per_step=batches.with_prompts * batches.batch_iterations,
-        prefill_iteration_s=batches.batch_s / batches.batch_iterations,
+        prefill_iteration_s=batches.coupled_iteration_s,
         decode_s=decode_s,
     )
     held_s = batches.own_s + (output - 1.0) * tpot  # a request holds its slot
@@ -328,6 +329,8 @@ class _PromptBatches:
     batch_s: np.ndarray  # the prefill of the prompts sent after one iteration, all iterations
     batch_iterations: np.ndarray  # budget-sized iterations that prefill takes
     own_s: np.ndarray  # a request's own prefill, the ones ahead of it included
+    #: an iteration in which some of the coupled ranks prefill: it lasts the fullest rank's batch
+    coupled_iteration_s: np.ndarray
 
 
 def _desynchronized_prompt_batches(
@@ -349,12 +352,26 @@ def _desynchronized_prompt_batches(
     own_s = np.maximum(prompt * (1.0 + sent / 2.0) / budget_left, 1.0) * cost.seconds(
         np.maximum(decodes - 1.0 - sent, 0.0), np.minimum(own_tokens, budget_left)
     )
+    # a rank sends prompts after a share of its iterations; not mixing, never right after its
+    # own prefill, which ran no decode to complete a request
+    busy = with_prompts if mixed else with_prompts / (1.0 + with_prompts)
+    coupled_iteration_s = prompt_iteration_s(
+        cost,
+        decodes=np.maximum(decodes - sent / with_prompts, 0.0),
+        prompts=sent,
+        prompt_tokens=prompt,
+        prompt_cv=policy.prompt_tokens_cv,
+        ranks=policy.coupled_ranks,
+        budget=budget_left,
+        busy=busy,
+    )
     return _PromptBatches(
         sent=sent,
         with_prompts=with_prompts,
         batch_s=batch_s,
         batch_iterations=batch_iterations,
         own_s=own_s,
+        coupled_iteration_s=coupled_iteration_s,
     )
 
 
@@ -381,21 +398,23 @@ def _desynchronized_tpot(
     with_prompts, batch_s = batches.with_prompts, batches.batch_s
     batch_iterations = batches.batch_iterations
     share = with_prompts * batch_iterations  # prompt iterations per decode step
+    # a prompt iteration lasts the fullest coupled rank's (this rank's own batch when alone)
+    prefill_iteration_s = batches.coupled_iteration_s
     decode_s = _coupled_decode_s(
         cost=cost,
         policy=policy,
         col=col,
         decodes=running,
         own_share=with_prompts,
-        prefill_iteration_s=batch_s / batch_iterations,
+        prefill_iteration_s=prefill_iteration_s,
         decode_s=decode_s,
     )
     if policy.mixed_prefill_decode:
         share = np.minimum(share, 1.0)
-        tpot = share * batch_s / batch_iterations + (1.0 - share) * decode_s
-        step_spread = np.sqrt(share * (1.0 - share)) * np.abs(batch_s / batch_iterations - decode_s)
+        tpot = share * prefill_iteration_s + (1.0 - share) * decode_s
+        step_spread = np.sqrt(share * (1.0 - share)) * np.abs(prefill_iteration_s - decode_s)
     else:
-        tpot = decode_s + share * batch_s / batch_iterations
+        tpot = decode_s + share * prefill_iteration_s
         step_spread = np.sqrt(with_prompts * (1.0 - with_prompts)) * batch_s
     return tpot, step_spread
 
@@ -491,6 +510,7 @@ def _open_loop_iteration(
     iteration = cost.seconds(np.zeros_like(rate * prompt), np.minimum(prompt, budget))
     tpot = iteration
     previous = iteration
+    ranks = col(policy.coupled_ranks)
     for _ in range(_OPEN_LOOP_STEPS):
         previous = iteration
         decodes = np.minimum(rate * (output - 1.0) * tpot, slots)  # the cache holds ``slots``
@@ -502,7 +522,16 @@ def _open_loop_iteration(
             1e-9,
             1.0,
         )
-        prefill_s = cost.seconds(with_prompts, np.minimum(prompt_tokens / share, budget_left))
+        # the arrivals of the last iteration, lengths that vary, the slowest coupled rank
+        prefill_s = prompt_iteration_s(
+            cost,
+            decodes=with_prompts,
+            prompts=rate * iteration,
+            prompt_tokens=prompt,
+            prompt_cv=policy.prompt_tokens_cv,
+            ranks=ranks,
+            budget=budget_left,
+        )
         decode_s, instance_mix = _coupled_poisson_decode_s(
             cost=cost,
             policy=policy,
@@ -511,7 +540,7 @@ def _open_loop_iteration(
             own_share=share,
             rate=rate,
             prefill_iteration_s=prefill_s,
-            decode_s=cost.seconds(decodes, np.zeros_like(prefill_s)),
+            decode_s=cost.seconds(slowest_decodes(decodes, ranks), np.zeros_like(prefill_s)),
         )
         iteration = share * prefill_s + (1.0 - share) * decode_s
         # unmixed: a decode step waits for the prompt iterations between two decode iterations

@@ -112,8 +112,9 @@ def test_poisson_arrivals_on_coupled_ranks(attention_dp) -> None:
     """Under Poisson arrivals a prompt on any of the eight ranks holds every rank's decodes,
     and prefills cluster (a long prefill iteration gathers arrivals on many ranks): both models
     put the coupled TPOT well above the uncoupled one, and the closed form's Markov chain of
-    iterations stays within 25% of the simulator (it leaves out that a coupled prefill
-    iteration lasts as long as the longest of the ranks' prompts, so it reads low)."""
+    iterations, whose prompt iterations last the slowest rank's drawn prompts and whose decode
+    iterations the largest rank's batch (``_serving_prompts``), stays within 15% of the
+    simulator (25% before those two terms)."""
     cost, policy = attention_dp
     rate = 0.2
     tpots = {}
@@ -129,7 +130,7 @@ def test_poisson_arrivals_on_coupled_ranks(attention_dp) -> None:
             output_tokens_cv=SPREAD,
         ).summary()
         tpots[ranks] = (float(closed.tpot_s[0]), simulated["tpot_mean_s"])
-        assert tpots[ranks][0] == pytest.approx(tpots[ranks][1], rel=0.25), tpots
+        assert tpots[ranks][0] == pytest.approx(tpots[ranks][1], rel=0.15), tpots
     for source in (0, 1):
         assert tpots[8.0][source] > 2.0 * tpots[1.0][source], tpots
 

@@ -1,0 +1,125 @@
+"""What an iteration carrying prompts costs when prompt lengths vary and ranks iterate together.
+
+The closed form (``_serving_load``) knows the mean number of prompts a rank sends into an
+iteration (Poisson: completions of a desynchronized closed loop, or arrivals of an open one)
+and the mean prompt length; the simulator (``_simulator``) draws both. Two things make the
+mean iteration longer than the iteration of the mean batch:
+
+* the iteration's cost is not linear in its tokens. An eager prefill costs at least the host
+  time of launching its kernels and grows with its tokens only past the point where the GPU
+  takes longer (``_serving_replica.IterationCost``: ``max(GPU, host)``), a convex function, so
+  over prompt lengths that vary the mean cost exceeds the cost of the mean (Jensen's
+  inequality);
+* coupled data-parallel ranks iterate together and an iteration lasts its slowest rank
+  (``_serving_coupling.DP_ATTENTION_COUPLING``): a prompt-carrying iteration runs the fullest
+  rank's prompts, and a decode iteration the largest decode batch, not the average rank's.
+
+``prompt_iteration_s`` prices both over a discretized distribution of one rank's prompt tokens:
+the number of prompts is Poisson conditioned on at least one (mean ``a / (1 - e^-a)``, variance
+from ``E[N^2] = (a + a^2) / (1 - e^-a)``), the tokens their sum (a compound sum: ``Var T = E[N]
+c^2 P^2 + Var N P^2`` for lengths of mean ``P`` and coefficient of variation ``c``), taken
+lognormal with that mean and spread and read at ``QUANTILE_POINTS`` equal-probability points;
+each rank holds no prompt with probability ``e^-a``, and the slowest of ``R`` ranks has the
+distribution function ``F^R`` (order statistics: David and Nagaraja, Order Statistics, 2003,
+sec. 2.1). ``slowest_decodes`` is the mean largest of ``R`` Poisson decode batches, the requests
+of an M/G/inf system (each rank's running requests under Poisson arrivals).
+"""
+
+from __future__ import annotations
+
+from statistics import NormalDist
+
+import numpy as np
+
+#: Equal-probability slices of the distribution of the tokens of a given number of prompts,
+#: each read at its own mean (so their average is the distribution's mean).
+QUANTILE_POINTS = 8
+_SLICE_EDGES = [NormalDist().inv_cdf(i / QUANTILE_POINTS) for i in range(1, QUANTILE_POINTS)]
+
+
+def _slice_means(spread: np.ndarray) -> np.ndarray:
+    """Means of the ``QUANTILE_POINTS`` equal-probability slices of a lognormal of mean 1 and
+    log-spread ``spread`` (shape (counts,) -> (counts, points)): between standard normal
+    quantiles ``z_i``, ``z_(i+1)``, ``E[X | slice] = K (Phi(z_(i+1) - s) - Phi(z_i - s))``."""
+    normal = NormalDist()
+    spread = np.asarray(spread, dtype=np.float64)
+    edges = [-np.inf, *_SLICE_EDGES, np.inf]
+    cdf = np.array(
+        [[normal.cdf(edge - s) if np.isfinite(edge) else float(edge > 0) for edge in edges]
+         for s in spread.ravel()]
+    )  # fmt: skip
+    return (QUANTILE_POINTS * np.diff(cdf, axis=-1)).reshape(*spread.shape, QUANTILE_POINTS)
+
+
+def prompt_iteration_s(
+    cost, *, decodes, prompts, prompt_tokens, prompt_cv, ranks, budget, busy=None
+) -> np.ndarray:
+    """Mean seconds of an iteration in which at least one of ``ranks`` coupled ranks runs
+    prompts, a rank that runs some running Poisson(``prompts``) of them given at least one, of
+    ``prompt_tokens`` tokens on average (coefficient of variation ``prompt_cv``), each rank's
+    prompt tokens at most ``budget``, the iteration as long as its slowest rank:
+    ``E[max_k cost(decodes, T_k) | some T_k > 0]`` (module docstring). A rank runs prompts in an
+    iteration with probability ``busy``: by default ``1 - exp(-prompts)``, the Poisson count's
+    own (Poisson arrivals), less where a rank that has just prefilled must decode before it
+    sends more (an engine that does not mix: ``w / (1 + w)``). Arrays broadcast together ((n,)
+    or (n, k), as ``IterationCost.seconds`` takes them)."""
+    arrays = [np.asarray(x, dtype=np.float64) for x in (prompts, prompt_tokens, ranks, decodes)]
+    shape = np.broadcast_shapes(*(a.shape for a in arrays), np.shape(budget))
+    rate, length, ranks, decodes = (np.broadcast_to(a, shape) for a in arrays)
+    rate = np.maximum(rate, 1e-12)
+    top = float(np.max(rate))
+    counts = np.arange(1.0, np.ceil(top + 5.0 * np.sqrt(top) + 3.0) + 1.0)  # N = 1, 2, ...
+    log_pmf = counts * np.log(rate[..., None]) - rate[..., None] - _log_factorial(counts)
+    weights = np.exp(log_pmf)  # (..., counts)
+    some = -np.expm1(-rate)
+    weights[..., -1] += np.maximum(some - weights.sum(axis=-1), 0.0)  # the tail
+    if busy is None:
+        busy = some
+    busy = np.clip(np.broadcast_to(np.asarray(busy, dtype=np.float64), shape), 1e-12, 1.0)
+    weights = weights * (busy / some)[..., None]  # N given at least one, on a busy rank
+    empty = 1.0 - busy  # a rank with no prompt
+    # N prompts: their tokens lognormal, mean N P, coefficient of variation c / sqrt(N)
+    slices = (
+        _slice_means(np.sqrt(np.log1p(float(prompt_cv) ** 2 / counts)))
+        if prompt_cv > 0
+        else np.ones((counts.size, 1))
+    )
+    tokens = (counts * length[..., None])[..., None] * slices  # (..., counts, slices)
+    weights = np.broadcast_to(weights[..., None] / slices.shape[-1], tokens.shape)
+    tokens = tokens.reshape(*shape, -1)
+    weights = weights.reshape(*shape, -1)
+    order = np.argsort(tokens, axis=-1)  # the cost grows with the tokens: sorted by either
+    tokens = np.take_along_axis(tokens, order, axis=-1)
+    weights = np.take_along_axis(weights, order, axis=-1)
+    capped = np.minimum(tokens, np.asarray(budget, dtype=np.float64)[..., None])
+    rows = shape[0] if shape else 1
+    flat = capped.reshape(rows, -1)
+    seconds = cost.seconds(
+        np.broadcast_to(decodes[..., None], capped.shape).reshape(rows, -1), flat
+    ).reshape(capped.shape)
+    below = empty[..., None] + np.cumsum(weights, axis=-1)
+    above = np.concatenate([empty[..., None], below[..., :-1]], axis=-1)
+    power = ranks[..., None]
+    mean = np.sum(seconds * (np.minimum(below, 1.0) ** power - above**power), axis=-1)
+    return mean / np.maximum(1.0 - empty**ranks, 1e-12)
+
+
+def _log_factorial(counts: np.ndarray) -> np.ndarray:
+    return np.cumsum(np.log(counts))
+
+
+def slowest_decodes(decodes, ranks) -> np.ndarray:
+    """Mean largest of ``ranks`` independent Poisson decode batches of mean ``decodes``:
+    ``sum_m (1 - F(m)^R)``; ``decodes`` itself for one rank."""
+    mean = np.maximum(np.asarray(decodes, dtype=np.float64), 0.0)
+    ranks = np.maximum(np.asarray(ranks, dtype=np.float64), 1.0)
+    top = float(np.max(mean)) if mean.size else 0.0
+    terms = int(np.ceil(top + 12.0 * np.sqrt(top) + 24.0))
+    pmf = np.exp(-mean)
+    cdf = pmf.copy()
+    largest = 1.0 - cdf**ranks
+    for m in range(1, terms):
+        pmf = pmf * mean / m
+        cdf = np.minimum(cdf + pmf, 1.0)
+        largest = largest + (1.0 - cdf**ranks)
+    return np.where(ranks > 1.0, largest, mean)
