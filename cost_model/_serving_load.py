@@ -36,7 +36,11 @@ The data-parallel attention ranks of one SGLang instance iterate together
 (``VLLM_DP_EP_COUPLING``): where their requests drift apart (output lengths that vary, or
 Poisson arrivals), a rank's decode iteration lasts another rank's prefill iteration whenever
 one of them prefills (``_coupled_decode_s``); lock-step waves of equal requests prefill on
-every rank at once, so they stall no further (``_serving_coupling``).
+every rank at once, so they stall no further (``_serving_coupling``). Where requests drift
+apart, a prompt-carrying iteration costs the mean over the prompts drawn (their count and
+lengths) of the slowest coupled rank, and an open loop's decode iteration the largest rank's
+batch (``_serving_prompts``): the cost of the mean batch reads low, since an eager iteration's
+cost is convex in its tokens and the slowest of several ranks exceeds the average one.
 
 Percentiles (open loop): a request's TPOT averages its ``O - 1`` iterations, a share of which
 carries prompts; p-quantiles are ``T + z_p σ / sqrt(O - 1)`` (central limit). The TTFT's
@@ -457,6 +461,19 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
     service = cost.seconds(with_prompts, own) + (chunks - 1.0) * cost.seconds(
         with_prompts, budget_left
     )
+    # a prompt of one iteration: its own and the ones queued with it, of drawn lengths, beside
+    # the coupled ranks' prompts (``_serving_prompts``)
+    alone = prompt_iteration_s(
+        cost,
+        decodes=with_prompts,
+        prompts=rate * iteration,
+        prompt_tokens=prompt,
+        prompt_cv=policy.prompt_tokens_cv,
+        ranks=col(policy.coupled_ranks),
+        budget=budget_left,
+        own=True,
+    )
+    service = np.where(chunks > 1.0, service, alone)
     # an arrival waits for the instance's running iteration: busy where any coupled rank is
     residual = arrival_residual(
         1.0 - (1.0 - busy) ** col(policy.coupled_ranks), *point.instance_mix

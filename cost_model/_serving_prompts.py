@@ -52,7 +52,7 @@ def _slice_means(spread: np.ndarray) -> np.ndarray:
 
 
 def prompt_iteration_s(
-    cost, *, decodes, prompts, prompt_tokens, prompt_cv, ranks, budget, busy=None
+    cost, *, decodes, prompts, prompt_tokens, prompt_cv, ranks, budget, busy=None, own=False
 ) -> np.ndarray:
     """Mean seconds of an iteration in which at least one of ``ranks`` coupled ranks runs
     prompts, a rank that runs some running Poisson(``prompts``) of them given at least one, of
@@ -61,14 +61,18 @@ def prompt_iteration_s(
     ``E[max_k cost(decodes, T_k) | some T_k > 0]`` (module docstring). A rank runs prompts in an
     iteration with probability ``busy``: by default ``1 - exp(-prompts)``, the Poisson count's
     own (Poisson arrivals), less where a rank that has just prefilled must decode before it
-    sends more (an engine that does not mix: ``w / (1 + w)``). Arrays broadcast together ((n,)
-    or (n, k), as ``IterationCost.seconds`` takes them)."""
+    sends more (an engine that does not mix: ``w / (1 + w)``).
+
+    ``own``: the iteration of one request's own prefill instead: its rank runs that prompt and
+    the Poisson(``prompts``) others queued with it (``1 + N`` prompts: an arrival sees the time
+    average, Wolff's PASTA), beside ``ranks - 1`` others as above, with no further condition.
+    Arrays broadcast together ((n,) or (n, k), as ``IterationCost.seconds`` takes them)."""
     arrays = [np.asarray(x, dtype=np.float64) for x in (prompts, prompt_tokens, ranks, decodes)]
     shape = np.broadcast_shapes(*(a.shape for a in arrays), np.shape(budget))
     rate, length, ranks, decodes = (np.broadcast_to(a, shape) for a in arrays)
     rate = np.maximum(rate, 1e-12)
     top = float(np.max(rate))
-    counts = np.arange(1.0, np.ceil(top + 5.0 * np.sqrt(top) + 3.0) + 1.0)  # N = 1, 2, ...
+    counts = np.arange(1.0, np.ceil(top + 5.0 * np.sqrt(top) + 4.0) + 1.0)  # N = 1, 2, ...
     log_pmf = counts * np.log(rate[..., None]) - rate[..., None] - _log_factorial(counts)
     weights = np.exp(log_pmf)  # (..., counts)
     some = -np.expm1(-rate)
@@ -78,6 +82,9 @@ def prompt_iteration_s(
     busy = np.clip(np.broadcast_to(np.asarray(busy, dtype=np.float64), shape), 1e-12, 1.0)
     weights = weights * (busy / some)[..., None]  # N given at least one, on a busy rank
     empty = 1.0 - busy  # a rank with no prompt
+    # the arrival's own rank: 1 + N prompts, N Poisson (P(1 + N = n) = P(N = n - 1))
+    mine = np.exp(np.concatenate([-rate[..., None], log_pmf[..., :-1]], axis=-1))
+    mine[..., -1] += np.maximum(1.0 - mine.sum(axis=-1), 0.0)
     # N prompts: their tokens lognormal, mean N P, coefficient of variation c / sqrt(N)
     slices = (
         _slice_means(np.sqrt(np.log1p(float(prompt_cv) ** 2 / counts)))
@@ -86,22 +93,29 @@ def prompt_iteration_s(
     )
     tokens = (counts * length[..., None])[..., None] * slices  # (..., counts, slices)
     weights = np.broadcast_to(weights[..., None] / slices.shape[-1], tokens.shape)
+    mine = np.broadcast_to(mine[..., None] / slices.shape[-1], tokens.shape)
     tokens = tokens.reshape(*shape, -1)
-    weights = weights.reshape(*shape, -1)
     order = np.argsort(tokens, axis=-1)  # the cost grows with the tokens: sorted by either
     tokens = np.take_along_axis(tokens, order, axis=-1)
-    weights = np.take_along_axis(weights, order, axis=-1)
+    weights = np.take_along_axis(weights.reshape(*shape, -1), order, axis=-1)
+    mine = np.take_along_axis(mine.reshape(*shape, -1), order, axis=-1)
     capped = np.minimum(tokens, np.asarray(budget, dtype=np.float64)[..., None])
     rows = shape[0] if shape else 1
     flat = capped.reshape(rows, -1)
     seconds = cost.seconds(
         np.broadcast_to(decodes[..., None], capped.shape).reshape(rows, -1), flat
     ).reshape(capped.shape)
-    below = empty[..., None] + np.cumsum(weights, axis=-1)
-    above = np.concatenate([empty[..., None], below[..., :-1]], axis=-1)
-    power = ranks[..., None]
-    mean = np.sum(seconds * (np.minimum(below, 1.0) ** power - above**power), axis=-1)
-    return mean / np.maximum(1.0 - empty**ranks, 1e-12)
+    # distribution function of the slowest rank at each point, and at the point before it
+    others = np.minimum(empty[..., None] + np.cumsum(weights, axis=-1), 1.0)
+    if own:
+        slowest = np.minimum(np.cumsum(mine, axis=-1), 1.0) * others ** (ranks[..., None] - 1.0)
+        first = np.zeros(shape)
+    else:
+        slowest = others ** ranks[..., None]
+        first = empty**ranks
+    previous = np.concatenate([first[..., None], slowest[..., :-1]], axis=-1)
+    mean = np.sum(seconds * (slowest - previous), axis=-1)
+    return mean / np.maximum(1.0 - first, 1e-12)
 
 
 def _log_factorial(counts: np.ndarray) -> np.ndarray:

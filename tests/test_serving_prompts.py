@@ -143,3 +143,27 @@ def test_poisson_arrivals_on_coupled_ranks_agree_with_the_simulator(rate: float)
             output_tokens_cv=SPREAD,
         ).summary()
         assert float(closed.tpot_s[0]) == pytest.approx(simulated["tpot_mean_s"], rel=0.10)
+        # an arrival's own prefill iteration runs beside the other ranks' prompts
+        assert float(closed.ttft_s[0]) == pytest.approx(simulated["ttft_mean_s"], rel=0.15)
+
+
+def test_a_rate_the_coupled_ranks_cannot_carry_is_unbounded_in_both_models() -> None:
+    """Four requests a second per rank: the slowest rank's prompts and decodes hold all eight,
+    so the running requests outgrow what the cache admits. The closed form says so (its times
+    are infinite; it read 0.43 s of TTFT before the slowest rank was priced) and the
+    simulator's queue grows through the run."""
+    cost, policy = _sglang_ranks(request_rate_per_s=32.0)
+    closed = open_loop(cost=cost, policy=policy, request_rate_per_s=np.array([4.0]))
+    assert not bool(closed.stable[0]) and np.isinf(closed.ttft_s[0])
+    waits = [
+        simulate(
+            cost=cost,
+            policy=policy,
+            request_rate_per_s=4.0,
+            duration_s=duration,
+            prompt_tokens_cv=SPREAD,
+            output_tokens_cv=SPREAD,
+        ).summary()["ttft_mean_s"]
+        for duration in (300.0, 1200.0)
+    ]
+    assert waits[0] > 1.0 and waits[1] > 5.0 * waits[0]  # against 0.2 s at rates it carries
