@@ -352,22 +352,23 @@ def _desynchronized_prompt_batches(
     batch_s = batch_iterations * cost.seconds(
         np.maximum(decodes - sent / with_prompts, 0.0), np.minimum(batch_tokens, budget_left)
     )
-    own_tokens = prompt * (1.0 + sent)
-    own_s = np.maximum(prompt * (1.0 + sent / 2.0) / budget_left, 1.0) * cost.seconds(
-        np.maximum(decodes - 1.0 - sent, 0.0), np.minimum(own_tokens, budget_left)
-    )
     # a rank sends prompts after a share of its iterations; not mixing, never right after its
     # own prefill, which ran no decode to complete a request
     busy = with_prompts if mixed else with_prompts / (1.0 + with_prompts)
+    drawn = {
+        "prompts": sent,
+        "prompt_tokens": prompt,
+        "prompt_cv": policy.prompt_tokens_cv,
+        "ranks": policy.coupled_ranks,
+        "budget": budget_left,
+        "busy": busy,
+    }
     coupled_iteration_s = prompt_iteration_s(
-        cost,
-        decodes=np.maximum(decodes - sent / with_prompts, 0.0),
-        prompts=sent,
-        prompt_tokens=prompt,
-        prompt_cv=policy.prompt_tokens_cv,
-        ranks=policy.coupled_ranks,
-        budget=budget_left,
-        busy=busy,
+        cost, decodes=np.maximum(decodes - sent / with_prompts, 0.0), **drawn
+    )
+    # a request's own prefill: its prompt and the ones sent with it, beside the coupled ranks'
+    own_s = np.maximum(prompt * (1.0 + sent / 2.0) / budget_left, 1.0) * prompt_iteration_s(
+        cost, decodes=np.maximum(decodes - 1.0 - sent, 0.0), own=True, **drawn
     )
     return _PromptBatches(
         sent=sent,
