@@ -337,6 +337,18 @@ class _PromptBatches:
     coupled_iteration_s: np.ndarray
 
 
+def _drawn_prompts(policy: LoadPolicy, *, prompts, prompt, ranks, budget) -> dict:
+    """The arguments of ``_serving_prompts.prompt_iteration_s`` for ``prompts`` Poisson prompts
+    per rank of ``prompt`` tokens on average, spread as the policy's prompt lengths."""
+    return {
+        "prompts": prompts,
+        "prompt_tokens": prompt,
+        "prompt_cv": policy.prompt_tokens_cv,
+        "ranks": ranks,
+        "budget": budget,
+    }
+
+
 def _desynchronized_prompt_batches(
     *, cost: IterationCost, policy: LoadPolicy, running, budget_left, prompt, decode_steps
 ) -> _PromptBatches:
@@ -355,14 +367,10 @@ def _desynchronized_prompt_batches(
     # a rank sends prompts after a share of its iterations; not mixing, never right after its
     # own prefill, which ran no decode to complete a request
     busy = with_prompts if mixed else with_prompts / (1.0 + with_prompts)
-    drawn = {
-        "prompts": sent,
-        "prompt_tokens": prompt,
-        "prompt_cv": policy.prompt_tokens_cv,
-        "ranks": policy.coupled_ranks,
-        "budget": budget_left,
-        "busy": busy,
-    }
+    drawn = _drawn_prompts(
+        policy, prompts=sent, prompt=prompt, ranks=policy.coupled_ranks, budget=budget_left
+    )
+    drawn["busy"] = busy
     coupled_iteration_s = prompt_iteration_s(
         cost, decodes=np.maximum(decodes - sent / with_prompts, 0.0), **drawn
     )
@@ -467,12 +475,14 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
     alone = prompt_iteration_s(
         cost,
         decodes=with_prompts,
-        prompts=rate * iteration,
-        prompt_tokens=prompt,
-        prompt_cv=policy.prompt_tokens_cv,
-        ranks=col(policy.coupled_ranks),
-        budget=budget_left,
         own=True,
+        **_drawn_prompts(
+            policy,
+            prompts=rate * iteration,
+            prompt=prompt,
+            ranks=col(policy.coupled_ranks),
+            budget=budget_left,
+        ),
     )
     service = np.where(chunks > 1.0, service, alone)
     # an arrival waits for the instance's running iteration: busy where any coupled rank is
@@ -544,11 +554,9 @@ def _open_loop_iteration(
         prefill_s = prompt_iteration_s(
             cost,
             decodes=with_prompts,
-            prompts=rate * iteration,
-            prompt_tokens=prompt,
-            prompt_cv=policy.prompt_tokens_cv,
-            ranks=ranks,
-            budget=budget_left,
+            **_drawn_prompts(
+                policy, prompts=rate * iteration, prompt=prompt, ranks=ranks, budget=budget_left
+            ),
         )
         decode_s, instance_mix = _coupled_poisson_decode_s(
             cost=cost,
