@@ -49,15 +49,39 @@ def landing_wait_s(
     ) * iteration_rest_s(overhead, decode_s)
 
 
-def chained_landing_wait_s(*, overhead_s, groups, prefill_s, decode_s) -> np.ndarray:
+def chained_landing_wait_s(*, overhead_s, groups, prefill_s, decode_s, backlog=0.0) -> np.ndarray:
     """Landing wait of equal requests whose prompts fill ``groups`` prefill iterations on an
     engine that mixes: the group finishing one iteration after another lands in that group's
     prefill iteration, so the groups chain (their prefills run back to back); the chain's
     first lands in a decode iteration. One group returns to an idle engine and waits for
-    nothing."""
+    nothing. The chain's later groups wait ``backlog`` prefill iterations more on average
+    (``chained_backlog``)."""
     groups = np.maximum(groups, 1.0)
-    chained = (1.0 - 1.0 / groups) * iteration_rest_s(overhead_s, prefill_s)
+    chained = (1.0 - 1.0 / groups) * (iteration_rest_s(overhead_s, prefill_s) + backlog * prefill_s)
     return chained + np.where(groups > 1.0, iteration_rest_s(overhead_s, decode_s) / groups, 0.0)
+
+
+def chained_backlog(*, overhead_s, groups, group_size, per_iteration, decode_s) -> np.ndarray:
+    """Mean prefill iterations a chain's later group waits beyond its landing, where an
+    iteration takes whole prompts only (``per_iteration`` of them; groups of ``group_size``).
+
+    The groups finish one iteration apart, as they were prefilled, and the chain's first
+    finishes after decode-only iterations: while its next request crosses the client and the
+    server (``overhead_s``), ``j = ceil(overhead_s / decode_s)`` decode iterations run, at the end
+    of which ``j`` more groups have finished. Their requests all reach the chain's first prefill
+    iteration, which takes the first group's, so ``B = j - 1`` groups stay queued; then one group
+    arrives in each iteration and the iteration takes it and, where it has room beyond one group,
+    ``s = per_iteration / group_size - 1`` groups of the queue, so the ``i``-th later group waits
+    ``max(B - i s, 0)`` iterations more. The mean over the ``groups - 1`` later groups."""
+    groups = np.asarray(groups, dtype=np.float64)
+    queued = np.ceil(np.asarray(overhead_s) / np.maximum(np.asarray(decode_s), 1e-12)) - 1.0
+    queued = np.clip(queued, 0.0, np.maximum(groups - 1.0, 0.0))
+    drained = np.maximum(np.asarray(per_iteration) / np.maximum(group_size, 1e-12) - 1.0, 0.0)
+    later = np.maximum(groups - 1.0, 1.0)
+    # sum_i max(B - i s, 0) over i = 0 .. later - 1: the first ``n`` terms are positive
+    positive = np.minimum(np.ceil(queued / np.maximum(drained, 1e-12)), later)
+    total = positive * queued - drained * positive * (positive - 1.0) / 2.0
+    return np.where(groups > 1.0, np.maximum(total, 0.0) / later, 0.0)
 
 
 def arrival_residual(

@@ -62,6 +62,7 @@ from cost_model._serving_coupling import _coupled_decode_s, _coupled_poisson_dec
 from cost_model._serving_landing import (
     Z_SCORES,
     arrival_residual,
+    chained_backlog,
     chained_landing_wait_s,
     landing_wait_s,
 )
@@ -216,8 +217,23 @@ def closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> Load
     )
     e2e_running = np.where(bound, running / rate, chunks * prefill_s + (output - 1.0) * tpot)
     admission_wait = (concurrency - running) / rate
+    backlog = (
+        0.0
+        if policy.chunked_prefill  # a chunked iteration takes part of a queued prompt: no backlog
+        else chained_backlog(
+            overhead_s=policy.request_overhead_s,
+            groups=groups,
+            group_size=group_size,
+            per_iteration=np.maximum(np.floor(budget_left / prompt), 1.0),
+            decode_s=decode_s,
+        )
+    )
     landing = chained_landing_wait_s(
-        overhead_s=policy.request_overhead_s, groups=groups, prefill_s=prefill_s, decode_s=decode_s
+        overhead_s=policy.request_overhead_s,
+        groups=groups,
+        prefill_s=prefill_s,
+        decode_s=decode_s,
+        backlog=backlog,
     )
     ttft = (
         policy.request_overhead_s + landing + e2e_running - (output - 1.0) * tpot + admission_wait
