@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from search._candidate import Candidate
+from search._interrupts import raise_if_interrupted
 from search._liveness import ask, beating, claim, fail_stale, owner, settle
 from search._objective import Objective
 from search._study_problem import SearchSettings, _Problem
@@ -42,6 +43,7 @@ def _run_brute_force(
         for i, name in enumerate(problem._param_names())
     }
     while True:  # re-read what is done before each chunk: workers elsewhere may be pricing too
+        raise_if_interrupted()
         done = {_attrs(t).get("mesh_index") for t in _finished(study)}
         todo = [m for m in range(problem.space.num_meshes) if m not in done][:chunk_meshes]
         if not todo:
@@ -100,6 +102,7 @@ def _run_trials(
     grace_s = settings.grace_period_s or 2 * (settings.heartbeat_interval_s or 10)
     me = owner()
     while True:
+        raise_if_interrupted()
         fail_stale(study)
         done = num_finished(study)
         # Past the budget, still run the retries of trials failed as stale (a killed worker's batch).

@@ -225,3 +225,60 @@ def test_an_interrupted_search_does_not_wait_on_a_blocked_heartbeat(tmp_path: Pa
     assert waited < 1.5 + _INTERRUPTED_JOIN_S + 1.0
     beats = [t for t in threading.enumerate() if t.name == "trial-heartbeat"]
     assert all(t.daemon for t in beats)
+
+
+class _Swallowing:
+    """An object whose weakref callback takes the SIGINT: Python prints the KeyboardInterrupt
+    raised there as "Exception ignored" and goes on, as it does in SQLAlchemy's
+    ``_collection_gced`` when Ctrl-C lands in it."""
+
+    def trigger(self) -> None:
+        import weakref
+
+        class _Dropped:
+            pass
+
+        dropped = _Dropped()
+        self._ref = weakref.ref(dropped, lambda _: signal.raise_signal(signal.SIGINT))
+        del dropped  # the callback runs now and swallows the KeyboardInterrupt
+
+
+def test_a_swallowed_ctrl_c_stops_the_search_at_the_next_batch(tmp_path: Path, monkeypatch) -> None:
+    """A Ctrl-C that a weakref callback swallowed during the first batch's pricing is raised
+    again before the second batch: the search stops with the first batch's trials stored (a
+    rerun resumes from them) instead of running to its end."""
+    from cost_model import estimate_table
+    from search import find_plan
+    from search._interrupts import raise_if_interrupted, remembered_interrupts
+
+    calls = []
+
+    def estimator(model, cluster, workload, table):
+        calls.append(len(table["dp"]))
+        if len(calls) == 1:
+            _Swallowing().trigger()
+        return estimate_table(model, cluster, workload, table)
+
+    swallowed = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda raised: swallowed.append(raised.exc_type))
+    storage = f"sqlite:///{tmp_path}/s.db"
+    settings = SearchSettings(batch_size=4, brute_force_limit=0, brute_force_layouts=0)
+    with remembered_interrupts():
+        with pytest.raises(KeyboardInterrupt):
+            find_plan(
+                ap.get_model("tiny-moe"),
+                ap.get_preset("cpu-loopback"),
+                Training(sequence_length_tokens=64, global_batch_sequences=8),
+                n_trials=40,
+                storage=storage,
+                settings=settings,
+                estimator=estimator,
+            )
+        raise_if_interrupted()  # raised once: nothing pending after it
+    assert swallowed == [KeyboardInterrupt]  # Python did swallow it
+    assert len(calls) == 1
+    study = optuna.load_study(study_name=None, storage=storage)
+    told = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert 0 < len(told) <= 4
+    # outside the block Ctrl-C is Python's own again
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -87,7 +87,12 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
-        return int(args.func(args) or 0)
+        from search._interrupts import raise_if_interrupted, remembered_interrupts
+
+        with remembered_interrupts():  # a Ctrl-C swallowed in a weakref callback still stops
+            code = int(args.func(args) or 0)
+            raise_if_interrupted()
+        return code
     except KeyboardInterrupt:
         console_error("interrupted (Ctrl-C); a search with --storage resumes from its study")
         if argv is None:  # the program itself, not a caller in the same process
