@@ -257,9 +257,11 @@ def test_a_swallowed_ctrl_c_stops_the_search_at_the_next_batch(tmp_path: Path, m
         calls.append(len(table["dp"]))
         if len(calls) == 1:
             _Swallowing().trigger()
+            calls.append("went on")  # the KeyboardInterrupt did not reach this frame
         return estimate_table(model, cluster, workload, table)
 
     swallowed = []
+    # the hook Python calls with what it could not raise; the block keeps its KeyboardInterrupt
     monkeypatch.setattr(sys, "unraisablehook", lambda raised: swallowed.append(raised.exc_type))
     storage = f"sqlite:///{tmp_path}/s.db"
     settings = SearchSettings(batch_size=4, brute_force_limit=0, brute_force_layouts=0)
@@ -275,8 +277,8 @@ def test_a_swallowed_ctrl_c_stops_the_search_at_the_next_batch(tmp_path: Path, m
                 estimator=estimator,
             )
         raise_if_interrupted()  # raised once: nothing pending after it
-    assert swallowed == [KeyboardInterrupt]  # Python did swallow it
-    assert len(calls) == 1
+    assert swallowed == []  # Python could not raise it, and its traceback was not printed
+    assert len(calls) == 2 and calls[1] == "went on"  # priced one batch only
     study = optuna.load_study(study_name=None, storage=storage)
     told = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert 0 < len(told) <= 4
