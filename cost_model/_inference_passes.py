@@ -127,6 +127,20 @@ def kernel_floor_s(s: _Setup) -> float:
     return s.profile.kernel_floor_s if measured is None else float(measured)
 
 
+def _overlap_fractions(s: _Setup) -> dict[str, np.ndarray]:
+    """Share of each communication kind that may hide behind compute, (n,) per kind: all of it
+    under two-batch overlap (but pipeline sends), else its calibrated overlap fraction; the
+    same for every pass of one setup."""
+    if "_overlap_fractions" not in s.__dict__:
+        s.__dict__["_overlap_fractions"] = {
+            kind: np.where(
+                s.two_batch & (kind != "pp_comm"), 1.0, s.calibration.overlap_fraction(kind)
+            )
+            for kind in _COMM_PARTS
+        }
+    return s.__dict__["_overlap_fractions"]
+
+
 def _pass_parts(s: _Setup, p: ops.Pass) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Exposed and hidden seconds of one pass on the slowest pipeline rank, by part, (n,) each.
 
@@ -148,15 +162,16 @@ def _pass_parts(s: _Setup, p: ops.Pass) -> tuple[dict[str, np.ndarray], dict[str
         }
     )
     busy = raw["compute"] + raw["attention"]
-    fractions = {
-        kind: np.where(s.two_batch & (kind != "pp_comm"), 1.0, s.calibration.overlap_fraction(kind))
-        for kind in _COMM_PARTS
-    }
+    fractions = _overlap_fractions(s)
     hideable_parts = {kind: raw[kind] * fractions[kind] for kind in _COMM_PARTS}
     hideable = sum(hideable_parts.values())
     scale = np.minimum(hideable, busy) / np.where(hideable > 0, hideable, 1.0)
     hidden = {kind: hideable_parts[kind] * scale for kind in _COMM_PARTS}
-    exposed = {part: raw[part] - hidden.get(part, 0.0) for part in INFERENCE_TIME_PARTS}
+    # compute and attention hide nothing: their exposed time is their time
+    exposed = {
+        part: raw[part] - hidden[part] if part in hidden else raw[part]
+        for part in INFERENCE_TIME_PARTS
+    }
     if not p.decode:  # the hidden traffic's kernels hold SMs: compute runs slower meanwhile
         exposed["compute"] = exposed["compute"] + ops.COMMUNICATION_SM_FRACTION * sum(
             hidden.values()

@@ -27,6 +27,7 @@ from search._engines import (
 )
 from search._exhaustive import ExhaustiveResult, exhaustive_search, regret
 from search._feasibility import lean_bounds, shared_fit_verdicts, smallest_feasible_devices
+from search._interrupts import raise_if_interrupted, remembered_interrupts
 from search._objective import METRICS, Objective, resolve_objective, simulate_top_k
 from search._space import SearchBounds, SearchSpace, config_from_row, row_extras, select
 from search._storage import database_url, open_storage
@@ -49,6 +50,8 @@ __all__ = [
     "database_url",
     "exhaustive_search",
     "lean_bounds",
+    "raise_if_interrupted",
+    "remembered_interrupts",
     "find_disaggregated",
     "find_plan",
     "load_study_job",

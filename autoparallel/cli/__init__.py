@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
-        from search._interrupts import raise_if_interrupted, remembered_interrupts
+        from search import raise_if_interrupted, remembered_interrupts
 
         with remembered_interrupts():  # a Ctrl-C swallowed in a weakref callback still stops
             code = int(args.func(args) or 0)
