@@ -152,7 +152,8 @@ def closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> Load
 
     Requests sent together are prefilled together: ``n`` running requests of ``P``-token
     prompts fall into ``m = ceil(n P / B)`` groups whose prompts share an iteration of
-    ``n P / m`` tokens (``B`` the budget left by the decodes); a prompt longer than ``B`` spans
+    ``n P / m`` tokens (``B`` the budget left by the decodes, the whole budget where all ``n``
+    prompts fit it: that wave finishes together and returns to an idle engine); a prompt longer than ``B`` spans
     ``k = ceil(P / B)`` iterations. A request's cycle is ``k`` prefill iterations and ``O - 1``
     decode iterations, ``m - k`` of which carry the other groups' prompts; a completion sends
     the next request at an iteration's end, so it waits for no running iteration. When the
@@ -168,7 +169,14 @@ def closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> Load
     )
     mixed = policy.mixed_prefill_decode
     running = np.minimum(concurrency, col(policy.max_running))
-    budget_left = np.maximum(np.where(mixed, budget - running, budget), 1.0)
+    # A wave whose prompts all fit one iteration of the whole budget is prefilled at once,
+    # finishes at once and returns to an idle engine: no decode shares its iteration.
+    whole_wave = (
+        running * prompt <= budget
+        if policy.chunked_prefill
+        else np.floor(budget / prompt) >= running
+    )
+    budget_left = np.maximum(np.where(mixed & ~whole_wave, budget - running, budget), 1.0)
     if policy.chunked_prefill:
         chunks = np.ceil(prompt / budget_left)
         groups = np.maximum(chunks, np.ceil(running * prompt / budget_left))
@@ -225,7 +233,8 @@ def closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> Load
             groups=groups,
             group_size=group_size,
             per_iteration=np.maximum(np.floor(budget_left / prompt), 1.0),
-            decode_s=decode_s,
+            # the decode iterations after the first group finished, without its requests
+            decode_s=cost.seconds(np.maximum(running - group_size, 1.0), np.zeros_like(running)),
         )
     )
     landing = chained_landing_wait_s(
