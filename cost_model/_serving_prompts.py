@@ -14,19 +14,23 @@ mean iteration longer than the iteration of the mean batch:
   (``_serving_coupling.DP_ATTENTION_COUPLING``): a prompt-carrying iteration runs the fullest
   rank's prompts, and a decode iteration the largest decode batch, not the average rank's.
 
-``prompt_iteration_s`` prices both over a discretized distribution of one rank's prompt tokens:
-the number of prompts is Poisson conditioned on at least one (mean ``a / (1 - e^-a)``, variance
-from ``E[N^2] = (a + a^2) / (1 - e^-a)``), the tokens their sum (a compound sum: ``Var T = E[N]
-c^2 P^2 + Var N P^2`` for lengths of mean ``P`` and coefficient of variation ``c``), taken
-lognormal with that mean and spread and read at ``QUANTILE_POINTS`` equal-probability points;
-each rank holds no prompt with probability ``e^-a``, and the slowest of ``R`` ranks has the
-distribution function ``F^R`` (order statistics: David and Nagaraja, Order Statistics, 2003,
-sec. 2.1). ``slowest_decodes`` is the mean largest of ``R`` Poisson decode batches, the requests
-of an M/G/inf system (each rank's running requests under Poisson arrivals).
+``prompt_iteration_s`` prices both over the distribution of one rank's prompt tokens: ``N``
+prompts, Poisson (given at least one; each count apart), whose summed lengths are lognormal with
+mean ``N P`` and coefficient of variation ``c / sqrt(N)`` (lengths of mean ``P`` and spread ``c``),
+each cut into ``QUANTILE_POINTS`` equal-probability slices read at their own means; a rank holds
+no prompt with the complementary probability of its busy share, and the slowest of ``R`` ranks has
+the distribution function ``F^R`` (order statistics: David and Nagaraja, Order Statistics, 2003,
+sec. 2.1); an arrival's own prefill runs ``1 + N`` prompts beside ``R - 1`` such ranks (Wolff's
+PASTA: an arrival sees the time average). ``slowest_decodes`` is the mean largest of ``R``
+Poisson decode batches, the requests of an M/G/inf system (each rank's running requests under
+Poisson arrivals). Not priced: the decode count beside a prompt, taken at its mean, so where a
+prompt sits at a CUDA-graph capture size the iterations that would replay a graph without any
+decode are priced eager.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from statistics import NormalDist
 
 import numpy as np
@@ -37,18 +41,20 @@ QUANTILE_POINTS = 8
 _SLICE_EDGES = [NormalDist().inv_cdf(i / QUANTILE_POINTS) for i in range(1, QUANTILE_POINTS)]
 
 
-def _slice_means(spread: np.ndarray) -> np.ndarray:
-    """Means of the ``QUANTILE_POINTS`` equal-probability slices of a lognormal of mean 1 and
-    log-spread ``spread`` (shape (counts,) -> (counts, points)): between standard normal
-    quantiles ``z_i``, ``z_(i+1)``, ``E[X | slice] = K (Phi(z_(i+1) - s) - Phi(z_i - s))``."""
+@lru_cache(maxsize=256)
+def _slice_means(prompt_cv: float, counts: int) -> np.ndarray:
+    """Means of the ``QUANTILE_POINTS`` equal-probability slices of the lognormal of mean 1 and
+    coefficient of variation ``prompt_cv / sqrt(N)`` for ``N = 1 .. counts``, (counts, points):
+    with log-spread ``s``, between standard normal quantiles ``z_i`` and ``z_(i+1)``,
+    ``E[X | slice] = K (Phi(z_(i+1) - s) - Phi(z_i - s))``."""
     normal = NormalDist()
-    spread = np.asarray(spread, dtype=np.float64)
     edges = [-np.inf, *_SLICE_EDGES, np.inf]
+    spreads = np.sqrt(np.log1p(prompt_cv**2 / np.arange(1.0, counts + 1.0)))
     cdf = np.array(
         [[normal.cdf(edge - s) if np.isfinite(edge) else float(edge > 0) for edge in edges]
-         for s in spread.ravel()]
+         for s in spreads]
     )  # fmt: skip
-    return (QUANTILE_POINTS * np.diff(cdf, axis=-1)).reshape(*spread.shape, QUANTILE_POINTS)
+    return QUANTILE_POINTS * np.diff(cdf, axis=-1)
 
 
 def prompt_iteration_s(
@@ -87,9 +93,7 @@ def prompt_iteration_s(
     mine[..., -1] += np.maximum(1.0 - mine.sum(axis=-1), 0.0)
     # N prompts: their tokens lognormal, mean N P, coefficient of variation c / sqrt(N)
     slices = (
-        _slice_means(np.sqrt(np.log1p(float(prompt_cv) ** 2 / counts)))
-        if prompt_cv > 0
-        else np.ones((counts.size, 1))
+        _slice_means(float(prompt_cv), counts.size) if prompt_cv > 0 else np.ones((counts.size, 1))
     )
     tokens = (counts * length[..., None])[..., None] * slices  # (..., counts, slices)
     weights = np.broadcast_to(weights[..., None] / slices.shape[-1], tokens.shape)
