@@ -501,6 +501,7 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
         cost,
         decodes=with_prompts,
         own=True,
+        decode_spread=True,
         **_drawn_prompts(
             policy,
             prompts=rate * iteration,
@@ -579,6 +580,7 @@ def _open_loop_iteration(
         prefill_s = prompt_iteration_s(
             cost,
             decodes=with_prompts,
+            decode_spread=True,
             **_drawn_prompts(
                 policy, prompts=rate * iteration, prompt=prompt, ranks=ranks, budget=budget_left
             ),

@@ -23,9 +23,9 @@ the distribution function ``F^R`` (order statistics: David and Nagaraja, Order S
 sec. 2.1); an arrival's own prefill runs ``1 + N`` prompts beside ``R - 1`` such ranks (Wolff's
 PASTA: an arrival sees the time average). ``slowest_decodes`` is the mean largest of ``R``
 Poisson decode batches, the requests of an M/G/inf system (each rank's running requests under
-Poisson arrivals). Not priced: the decode count beside a prompt, taken at its mean, so where a
-prompt sits at a CUDA-graph capture size the iterations that would replay a graph without any
-decode are priced eager.
+Poisson arrivals); under Poisson arrivals the decodes beside a prompt are Poisson too, priced
+at none and at their mean given some (``decode_spread``): where a prompt sits at a CUDA-graph
+capture size, an iteration without decodes replays a graph and one with them runs eagerly.
 """
 
 from __future__ import annotations
@@ -58,7 +58,17 @@ def _slice_means(prompt_cv: float, counts: int) -> np.ndarray:
 
 
 def prompt_iteration_s(
-    cost, *, decodes, prompts, prompt_tokens, prompt_cv, ranks, budget, busy=None, own=False
+    cost,
+    *,
+    decodes,
+    prompts,
+    prompt_tokens,
+    prompt_cv,
+    ranks,
+    budget,
+    busy=None,
+    own=False,
+    decode_spread=False,
 ) -> np.ndarray:
     """Mean seconds of an iteration in which at least one of ``ranks`` coupled ranks runs
     prompts, a rank that runs some running Poisson(``prompts``) of them given at least one, of
@@ -72,6 +82,9 @@ def prompt_iteration_s(
     ``own``: the iteration of one request's own prefill instead: its rank runs that prompt and
     the Poisson(``prompts``) others queued with it (``1 + N`` prompts: an arrival sees the time
     average, Wolff's PASTA), beside ``ranks - 1`` others as above, with no further condition.
+    ``decode_spread``: the decodes beside the prompts are Poisson of mean ``decodes`` (the
+    requests of an M/G/inf system under Poisson arrivals) rather than ``decodes`` exactly: an
+    iteration with none beside its prompts (``e^-decodes``) may replay a graph the others cannot.
     Arrays broadcast together ((n,) or (n, k), as ``IterationCost.seconds`` takes them)."""
     arrays = [np.asarray(x, dtype=np.float64) for x in (prompts, prompt_tokens, ranks, decodes)]
     shape = np.broadcast_shapes(*(a.shape for a in arrays), np.shape(budget))
@@ -106,9 +119,17 @@ def prompt_iteration_s(
     capped = np.minimum(tokens, np.asarray(budget, dtype=np.float64)[..., None])
     rows = shape[0] if shape else 1
     flat = capped.reshape(rows, -1)
-    seconds = cost.seconds(
-        np.broadcast_to(decodes[..., None], capped.shape).reshape(rows, -1), flat
-    ).reshape(capped.shape)
+
+    def priced(count) -> np.ndarray:
+        at = np.broadcast_to(np.asarray(count)[..., None], capped.shape).reshape(rows, -1)
+        return cost.seconds(at, flat).reshape(capped.shape)
+
+    if decode_spread:  # none beside the prompts (e^-m), else their mean given some
+        none = np.exp(-decodes)[..., None]
+        some_decodes = decodes / np.maximum(-np.expm1(-decodes), 1e-12)
+        seconds = none * priced(np.zeros(shape)) + (1.0 - none) * priced(some_decodes)
+    else:
+        seconds = priced(decodes)
     # distribution function of the slowest rank at each point, and at the point before it
     others = np.minimum(empty[..., None] + np.cumsum(weights, axis=-1), 1.0)
     if own:
