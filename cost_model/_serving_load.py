@@ -585,6 +585,7 @@ def _open_loop_iteration(
                 policy, prompts=rate * iteration, prompt=prompt, ranks=ranks, budget=budget_left
             ),
         )
+        decode_alone_s = cost.seconds(slowest_decodes(decodes, ranks), np.zeros_like(prefill_s))
         decode_s, instance_mix = _coupled_poisson_decode_s(
             cost=cost,
             policy=policy,
@@ -593,11 +594,18 @@ def _open_loop_iteration(
             own_share=share,
             rate=rate,
             prefill_iteration_s=prefill_s,
-            decode_s=cost.seconds(slowest_decodes(decodes, ranks), np.zeros_like(prefill_s)),
+            decode_s=decode_alone_s,
         )
         iteration = share * prefill_s + (1.0 - share) * decode_s
+        # A decoding request runs beside the others it sees, Poisson of the mean decodes (the
+        # requests of an M/G/inf system seen by one of them; Palm): its own batch is one more.
+        seen_s = decode_s + (
+            cost.seconds(slowest_decodes(decodes, ranks, own=True), np.zeros_like(prefill_s))
+            - decode_alone_s
+        )
+        seen = share * prefill_s + (1.0 - share) * seen_s
         # unmixed: a decode step waits for the prompt iterations between two decode iterations
-        tpot = iteration if mixed else iteration / np.maximum(1.0 - share, 1e-9)
+        tpot = seen if mixed else seen / np.maximum(1.0 - share, 1e-9)
     return _OpenLoopIteration(
         iteration_s=iteration,
         previous_iteration_s=previous,

@@ -147,18 +147,26 @@ def _log_factorial(counts: np.ndarray) -> np.ndarray:
     return np.cumsum(np.log(counts))
 
 
-def slowest_decodes(decodes, ranks) -> np.ndarray:
+def slowest_decodes(decodes, ranks, *, own=False) -> np.ndarray:
     """Mean largest of ``ranks`` independent Poisson decode batches of mean ``decodes``:
-    ``sum_m (1 - F(m)^R)``; ``decodes`` itself for one rank."""
+    ``sum_m (1 - F(m)^R)``; ``decodes`` itself for one rank. ``own``: as a decoding request sees
+    it, its own rank's batch one more than Poisson (itself and the others; Palm: the requests an
+    M/G/inf system's request sees besides itself are Poisson of the mean),
+    ``sum_m (1 - F(m - 1) F(m)^(R - 1))``; ``1 + decodes`` for one rank."""
     mean = np.maximum(np.asarray(decodes, dtype=np.float64), 0.0)
     ranks = np.maximum(np.asarray(ranks, dtype=np.float64), 1.0)
     top = float(np.max(mean)) if mean.size else 0.0
     terms = int(np.ceil(top + 12.0 * np.sqrt(top) + 24.0))
     pmf = np.exp(-mean)
-    cdf = pmf.copy()
-    largest = 1.0 - cdf**ranks
+    cdf = pmf.copy()  # F(0)
+    below = np.zeros_like(cdf)  # F(-1)
+    others = ranks - 1.0 if own else ranks
+    largest = 1.0 - (below if own else 1.0) * cdf**others
     for m in range(1, terms):
         pmf = pmf * mean / m
+        below = cdf
         cdf = np.minimum(cdf + pmf, 1.0)
-        largest = largest + (1.0 - cdf**ranks)
+        largest = largest + (1.0 - (below if own else 1.0) * cdf**others)
+    if own:
+        return np.where(ranks > 1.0, largest, 1.0 + mean)
     return np.where(ranks > 1.0, largest, mean)
