@@ -25,7 +25,7 @@ from cost_model._model_spec import ModelSpec
 from cost_model._options import EstimateOptions
 from cost_model._parallel import ParallelConfig
 from cost_model._reasons import REASON_CODES, REASON_LABELS
-from cost_model._rules import check_sequence_fits
+from cost_model._rules import check_sequence_fits, check_table
 from cost_model._table import configs_to_table
 from cost_model._training import model_flops_per_step, training_time_columns
 from cost_model._training_context import training_context
@@ -45,9 +45,11 @@ def estimate_table(
 ) -> dict[str, np.ndarray]:
     """Cost of every row of ``table`` (see ``cost_model._table``); columns in the module docstring.
 
-    Rows are assumed legal for the model (``check_parallel_config``); a row whose global batch
-    does not divide into ``dp * micro_batch_size`` is reported infeasible, not raised.
+    A row the model's layout rules reject (``check_parallel_config``, over the table:
+    ``check_table``) raises ``ValueError`` naming it and the rule; a row whose global batch does
+    not divide into ``dp * micro_batch_size`` is reported infeasible, not raised.
     """
+    check_table(table, model, expert_slots_fixed=not isinstance(workload, Inference))
     if isinstance(workload, Inference):
         from cost_model._inference_load import estimate_inference_table
 

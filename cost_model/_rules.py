@@ -2,12 +2,18 @@
 
 Shared by ``ParallelConfig.validate_for``, the search space and the runtime adapter, so that
 what the search proposes is exactly what the runtime accepts. Each rule raises ``ValueError``
-naming the field, its value and the constraint (torchtitan's wording).
+naming the field, its value and the constraint (torchtitan's wording). ``illegal_rows`` applies
+the same rules to the columns of a config table, which ``estimate_table`` checks before pricing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
+
+import numpy as np
+
+from cost_model._table import SCHEDULE_CODES, table_row
 
 if TYPE_CHECKING:
     from cost_model._model_spec import ModelSpec
@@ -25,6 +31,7 @@ def check_parallel_config(
     world_size: int | None = None,
     *,
     num_redundant_experts: int | None = 0,
+    empty_chunks: bool = False,
 ) -> None:
     """Raise ``ValueError`` for the first rule ``config`` breaks for ``model`` on ``world_size``.
 
@@ -32,6 +39,9 @@ def check_parallel_config(
     ``ep`` must divide ``num_routed_experts + num_redundant_experts`` (0, the default: training
     and a layout without replicas). ``None`` = not fixed yet (the serving search): any ep is
     legal, since ``minimum_redundant_experts`` slots make the per-rank count whole.
+    ``empty_chunks``: more pipeline chunks than layers is legal (a published Megatron layout
+    that counts the embedding and the loss as pipeline layers,
+    ``--account-for-embedding-in-pipeline-split``; the cost model prices the empty chunks).
     """
     if world_size is not None and config.world_size != world_size:
         raise ValueError(
@@ -57,13 +67,73 @@ def check_parallel_config(
         _divides("ffn_hidden_size", model.ffn_hidden_size, "tp", config.tp)
     if config.sequence_parallel and config.tp == 1:
         raise ValueError("sequence_parallel (True) requires tp > 1 (tp is 1)")
-    _check_pipeline(config, model)
+    _check_pipeline(config, model, empty_chunks=empty_chunks)
     _check_experts(config, model, num_redundant_experts)
 
 
-def _check_pipeline(config: ParallelConfig, model: ModelSpec) -> None:
+def illegal_rows(
+    table: Mapping[str, np.ndarray], model: ModelSpec, *, expert_slots_fixed: bool
+) -> np.ndarray:
+    """Mask of the rows of a config table (``cost_model._table``) that ``check_parallel_config``
+    rejects, the same rules over columns (more pipeline chunks than layers allowed:
+    ``empty_chunks``): a table of many layouts is checked at numpy speed.
+    ``expert_slots_fixed``: ``ep`` must divide the routed experts (training; ``False``: any ep,
+    redundant slots making the per-rank count whole, as for serving)."""
+    col = {name: np.asarray(table[name]) for name in ("dp", "cp", "tp", "pp", "ep", "etp")}
+    tp, ep, etp = col["tp"], col["ep"], col["etp"]
+    degrees = np.stack(list(col.values()))
+    vs = np.asarray(table["virtual_stages"])
+    bad = (degrees < 1).any(axis=0) | (vs < 1) | (np.asarray(table["micro_batch_size"]) < 1)
+    tp = np.maximum(tp, 1)
+    attention = model.attention
+    heads = attention.num_heads % tp != 0
+    if attention.has_linear_mixer:
+        if attention.linear_kind == "gated_deltanet":
+            heads |= attention.linear_key_heads % tp != 0
+        heads |= attention.linear_value_heads % tp != 0
+    if attention.kind == "gqa":
+        heads |= (attention.num_kv_heads % tp != 0) & (tp % attention.num_kv_heads != 0)
+    bad |= heads & ~np.asarray(table["attention_data_parallel"], dtype=bool)
+    if model.num_dense_ffn_layers:
+        bad |= model.ffn_hidden_size % tp != 0
+    bad |= np.asarray(table["sequence_parallel"], dtype=bool) & (tp == 1)
+    pp = col["pp"]
+    interleaved = np.asarray(table["pipeline_schedule"]) == SCHEDULE_CODES["interleaved_1f1b"]
+    bad |= np.where(interleaved, (vs < 2) | (pp < 2), vs != 1)
+    moe = model.moe
+    if moe is None:
+        return bad | (ep > 1) | (etp > 1)
+    experts = np.maximum(ep, 1) * np.maximum(etp, 1)
+    if expert_slots_fixed:
+        bad |= moe.num_routed_experts % np.maximum(ep, 1) != 0
+    bad |= (col["dp"] * col["cp"] * tp) % experts != 0
+    return bad | (moe.expert_ffn_hidden_size % np.maximum(etp, 1) != 0)
+
+
+def check_table(
+    table: Mapping[str, np.ndarray], model: ModelSpec, *, expert_slots_fixed: bool
+) -> None:
+    """Raise ``ValueError`` naming the first row of ``table`` that ``check_parallel_config``
+    rejects, with that rule's message (``illegal_rows``)."""
+    rows = np.flatnonzero(illegal_rows(table, model, expert_slots_fixed=expert_slots_fixed))
+    if rows.size == 0:
+        return
+    first = int(rows[0])
+    try:
+        check_parallel_config(
+            table_row(table, first),
+            model,
+            num_redundant_experts=0 if expert_slots_fixed else None,
+            empty_chunks=True,
+        )
+    except ValueError as error:
+        raise ValueError(f"table row {first} ({rows.size} illegal rows): {error}") from None
+    raise ValueError(f"table row {first} breaks a layout rule ({rows.size} illegal rows)")
+
+
+def _check_pipeline(config: ParallelConfig, model: ModelSpec, *, empty_chunks: bool) -> None:
     chunks = config.pp * config.virtual_stages
-    if chunks > model.num_layers:
+    if chunks > model.num_layers and not empty_chunks:
         raise ValueError(
             f"pp*virtual_stages ({config.pp}*{config.virtual_stages} = {chunks}) must be <= "
             f"num_layers ({model.num_layers})"
