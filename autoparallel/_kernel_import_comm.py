@@ -1,7 +1,8 @@
 """Communication fits from aiconfigurator-core's ``comm/*`` tables.
 
 The serving engines' tensor-parallel all-reduce (``comm/*/custom_allreduce_perf.parquet``:
-latency by message size and GPU count, kept as measured, ``_custom_allreduce_curves``), and
+latency by message size and GPU count, kept as measured but for single glitched samples,
+``_custom_allreduce_curves``, ``replace_latency_spikes``), and
 DeepEP's low-latency dispatch and combine (``wideep_deepep_ll_perf.parquet``: a fixed latency
 plus the slower tier's bytes over its preset bandwidth times a fitted efficiency,
 ``fit_deepep_low_latency``) and normal (node-deduplicating, high-throughput) dispatch and combine
@@ -61,19 +62,43 @@ def _custom_allreduce_curves(root: Path, device: str, engine: str) -> list[dict]
         complete = {gpus: s for gpus, s in by_gpus.items() if all(b in s for b in grid)}
         if not complete:
             continue
-        return [
-            {
-                **measured_by(hardware.name, engine, path),
-                "dtype": "bf16",
-                "kernel_source": kernel,
-                "file": str(path.relative_to(root.parent)),
-                "latency_us_by_gpus": {
-                    str(gpus): [float(f"{sizes[b] * 1e6:.4g}") for b in grid]
-                    for gpus, sizes in sorted(complete.items())
-                },
-            }
-        ]
+        latency_us, glitches = {}, {}
+        for gpus, sizes in sorted(complete.items()):
+            kept, replaced = replace_latency_spikes([sizes[b] * 1e6 for b in grid])
+            latency_us[str(gpus)] = [float(f"{value:.4g}") for value in kept]
+            if replaced:
+                glitches[str(gpus)] = [grid[index] for index in replaced]
+        curve = {
+            **measured_by(hardware.name, engine, path),
+            "dtype": "bf16",
+            "kernel_source": kernel,
+            "file": str(path.relative_to(root.parent)),
+            "latency_us_by_gpus": latency_us,
+        }
+        if glitches:
+            curve["spikes_replaced_bytes_by_gpus"] = glitches
+        return [curve]
     return []
+
+
+def replace_latency_spikes(latency: list[float]) -> tuple[list[float], list[int]]:
+    """The latencies of one all-reduce table along its message sizes (each twice the last), with
+    every single-point spike replaced by the geometric mean of its neighbours, and the indices
+    replaced. A spike is a point more than twice as slow as both neighbours: the next message,
+    twice as large, moves twice the bytes through the same kernel, so at most doubles the time
+    of a bandwidth-bound point and leaves a latency-bound one flat; a point that took more than
+    twice the larger message's time is one glitched sample (aiconfigurator's H100 SGLang table:
+    38.08 us at 1 KiB over 8 GPUs between 3.32 and 3.53 us; its A100 vLLM table: 14.85 us at
+    4 KiB between 5.62 and 6.32 us), not the kernel's latency at that size."""
+    values = list(latency)
+    replaced = [
+        index
+        for index in range(1, len(values) - 1)
+        if values[index] > 2.0 * max(values[index - 1], values[index + 1])
+    ]
+    for index in replaced:
+        values[index] = float(np.sqrt(latency[index - 1] * latency[index + 1]))
+    return values, replaced
 
 
 #: DeepEP low-latency tables measured on 1-8 nodes of 8 GPUs (hidden 7168, top-8 of 256 experts).

@@ -1035,6 +1035,42 @@ def test_importer_keeps_the_engines_graph_rows_of_an_all_reduce_table(tmp_path: 
     np.testing.assert_allclose(curve["latency_us_by_gpus"]["8"], 8.0)
 
 
+def test_a_single_glitched_all_reduce_sample_is_replaced_and_a_step_is_kept() -> None:
+    """A point more than twice as slow as both neighbouring sizes is one glitched sample (the
+    larger message took less than half its time) and takes its neighbours' geometric mean; a
+    step up that the larger sizes keep (a switch to another algorithm), and a bandwidth-bound
+    doubling, are kept as measured."""
+    from autoparallel._kernel_import_comm import replace_latency_spikes
+
+    kept, replaced = replace_latency_spikes([4.0, 4.0, 40.0, 4.0, 4.0, 25.0, 90.0, 130.0, 260.0])
+    assert replaced == [2]
+    assert kept == [4.0, 4.0, 4.0, 4.0, 4.0, 25.0, 90.0, 130.0, 260.0]
+    assert replace_latency_spikes([1.0, 2.0, 4.0, 8.0]) == ([1.0, 2.0, 4.0, 8.0], [])
+
+
+def test_a_decode_step_does_not_get_faster_with_a_second_request_on_a100() -> None:
+    """Qwen3-30B-A3B on vLLM over 8 A100s: vLLM's A100 all-reduce table times 4 KiB (one token
+    of its 2,048-wide hidden state) at 14.85 us between 5.62 us at 2 KiB and 6.32 us at 8 KiB;
+    taken as measured, a batch-1 decode step cost 0.3 ms more than a batch-2 one."""
+    from cost_model import ParallelConfig, ServingConfig, configs_to_table
+    from cost_model._inference_load import serving_inputs
+
+    model = get_model("qwen3-30b-a3b")
+    workload = Inference(
+        prompt_tokens=2000, output_tokens=500, weight_dtype="fp8", serving_engine="vllm"
+    )
+    table = configs_to_table(
+        [ParallelConfig(tp=8, ep=8)], **ServingConfig().columns(workload=workload)
+    )
+    cost, _, _ = serving_inputs(
+        model=model, cluster=get_preset("dgx-a100", num_nodes=1), workload=workload, table=table
+    )
+    steps = [
+        float(cost.row(0).seconds(np.array([float(b)]), np.array([0.0]))[0]) for b in (1, 2, 4, 8)
+    ]
+    assert steps == sorted(steps), steps
+
+
 def _serving_model(name: str):
     """A catalog model, or one of the serving validation's (Llama-3.1-70B's config)."""
     from cost_model._serving_validation import row_model
