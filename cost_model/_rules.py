@@ -119,16 +119,25 @@ def check_table(
     if rows.size == 0:
         return
     first = int(rows[0])
+    rule = row_rule_broken(table, first, model, expert_slots_fixed=expert_slots_fixed)
+    raise ValueError(f"table row {first} ({rows.size} illegal rows): {rule or 'a layout rule'}")
+
+
+def row_rule_broken(
+    table: Mapping[str, np.ndarray], row: int, model: ModelSpec, *, expert_slots_fixed: bool
+) -> str | None:
+    """The message of the rule row ``row`` of ``table`` breaks (``check_parallel_config`` on that
+    row, more pipeline chunks than layers allowed), None where it breaks none."""
     try:
         check_parallel_config(
-            table_row(table, first),
+            table_row(table, row),
             model,
             num_redundant_experts=0 if expert_slots_fixed else None,
             empty_chunks=True,
         )
     except ValueError as error:
-        raise ValueError(f"table row {first} ({rows.size} illegal rows): {error}") from None
-    raise ValueError(f"table row {first} breaks a layout rule ({rows.size} illegal rows)")
+        return str(error)
+    return None
 
 
 def _check_pipeline(config: ParallelConfig, model: ModelSpec, *, empty_chunks: bool) -> None:

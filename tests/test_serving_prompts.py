@@ -182,40 +182,9 @@ def test_a_rate_the_coupled_ranks_cannot_carry_is_unbounded_in_both_models() -> 
     assert waits[0] > 1.0 and waits[1] > 5.0 * waits[0]  # against 0.2 s at rates it carries
 
 
-def test_a_prompt_at_the_graph_capture_size_replays_a_graph_without_decodes() -> None:
-    """Mixtral-8x22B on vLLM (one H200 node, TP8), Poisson arrivals of 512-token prompts, vLLM's
-    piecewise graphs capturing up to 512 tokens: a prompt iteration with no decode beside it
-    (e^-m of them, m the mean decodes) replays a graph, one with any runs eagerly. Priced at the
-    mean decode count the closed form read every such iteration eager and the TTFT 28% high; it
-    now agrees with the simulator within 5%."""
-    model = get_model("mixtral-8x22b")
-    workload = Inference(
-        prompt_tokens=512,
-        output_tokens=512,
-        weight_dtype="fp8",
-        serving_engine="vllm",
-        request_rate_per_s=0.3,
-    )
-    table = configs_to_table(
-        [ParallelConfig(tp=8, ep=8)], **ServingConfig().columns(workload=workload)
-    )
-    cost, policy, _ = serving_inputs(
-        model=model, cluster=get_preset("dgx-h200", num_nodes=1), workload=workload, table=table
-    )
-    row, row_policy = cost.row(0), policy.row(0)
-    assert float(np.asarray(row.graph_max_tokens)[0]) == 512.0
-    eager = float(row.seconds(np.array([1.0]), np.array([512.0]))[0])
-    graphed = float(row.seconds(np.array([0.0]), np.array([512.0]))[0])
-    assert eager > 2.0 * graphed  # the step the decode count decides
-    closed = open_loop(cost=row, policy=row_policy, request_rate_per_s=np.array([0.3]))
-    simulated = simulate(cost=row, policy=row_policy, request_rate_per_s=0.3, duration_s=3000.0)
-    assert float(closed.ttft_s[0]) == pytest.approx(simulated.summary()["ttft_mean_s"], rel=0.05)
-
-
-def test_a_decoding_request_is_priced_in_the_batch_it_runs_in() -> None:
-    """Mixtral-8x22B on vLLM (TP8, EP8), Poisson arrivals at 0.3 requests/s: about one request
-    decodes at a time, so the batch a request sees (itself and the others) is twice the mean
-    batch. Priced at the mean batch the closed form's TPOT was 15% under the simulator's."""
+def _mixtral_on_vllm():
+    """Mixtral-8x22B in fp8 on one H200 node under vLLM (TP8, EP8), 512-token prompts and
+    outputs arriving at 0.3 requests/s: one row's iteration cost and admission policy."""
     workload = Inference(
         prompt_tokens=512,
         output_tokens=512,
@@ -232,7 +201,30 @@ def test_a_decoding_request_is_priced_in_the_batch_it_runs_in() -> None:
         workload=workload,
         table=table,
     )
-    row, row_policy = cost.row(0), policy.row(0)
+    return cost.row(0), policy.row(0)
+
+
+def test_a_prompt_at_the_graph_capture_size_replays_a_graph_without_decodes() -> None:
+    """Mixtral-8x22B on vLLM (one H200 node, TP8), Poisson arrivals of 512-token prompts, vLLM's
+    piecewise graphs capturing up to 512 tokens: a prompt iteration with no decode beside it
+    (e^-m of them, m the mean decodes) replays a graph, one with any runs eagerly. Priced at the
+    mean decode count the closed form read every such iteration eager and the TTFT 28% high; it
+    now agrees with the simulator within 5%."""
+    row, row_policy = _mixtral_on_vllm()
+    assert float(np.asarray(row.graph_max_tokens)[0]) == 512.0
+    eager = float(row.seconds(np.array([1.0]), np.array([512.0]))[0])
+    graphed = float(row.seconds(np.array([0.0]), np.array([512.0]))[0])
+    assert eager > 2.0 * graphed  # the step the decode count decides
+    closed = open_loop(cost=row, policy=row_policy, request_rate_per_s=np.array([0.3]))
+    simulated = simulate(cost=row, policy=row_policy, request_rate_per_s=0.3, duration_s=3000.0)
+    assert float(closed.ttft_s[0]) == pytest.approx(simulated.summary()["ttft_mean_s"], rel=0.05)
+
+
+def test_a_decoding_request_is_priced_in_the_batch_it_runs_in() -> None:
+    """Mixtral-8x22B on vLLM (TP8, EP8), Poisson arrivals at 0.3 requests/s: about one request
+    decodes at a time, so the batch a request sees (itself and the others) is twice the mean
+    batch. Priced at the mean batch the closed form's TPOT was 15% under the simulator's."""
+    row, row_policy = _mixtral_on_vllm()
     closed = open_loop(cost=row, policy=row_policy, request_rate_per_s=np.array([0.3]))
     simulated = simulate(cost=row, policy=row_policy, request_rate_per_s=0.3, duration_s=3000.0)
     assert float(closed.tpot_s[0]) == pytest.approx(simulated.summary()["tpot_mean_s"], rel=0.05)

@@ -15,8 +15,7 @@ from cost_model import (
     estimate_table,
     table_from_columns,
 )
-from cost_model._rules import check_parallel_config, illegal_rows
-from cost_model._table import table_row
+from cost_model._rules import illegal_rows, row_rule_broken
 from topology import get_preset
 
 MODELS = (
@@ -47,28 +46,16 @@ def _random_table(rng: np.random.Generator, rows: int) -> dict[str, np.ndarray]:
     )
 
 
-def _scalar_verdict(table, row: int, model, *, expert_slots_fixed: bool) -> bool:
-    try:
-        check_parallel_config(
-            table_row(table, row),
-            model,
-            num_redundant_experts=0 if expert_slots_fixed else None,
-            empty_chunks=True,
-        )
-    except ValueError:
-        return True
-    return False
-
-
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("expert_slots_fixed", [True, False])
 def test_the_table_rules_are_the_config_rules(name: str, expert_slots_fixed: bool) -> None:
+    """Row by row, the column rules reject exactly the rows ``check_parallel_config`` rejects."""
     model = get_model(name)
     table = _random_table(np.random.default_rng(len(name)), 400)
     mask = illegal_rows(table, model, expert_slots_fixed=expert_slots_fixed)
     scalar = np.array(
         [
-            _scalar_verdict(table, row, model, expert_slots_fixed=expert_slots_fixed)
+            row_rule_broken(table, row, model, expert_slots_fixed=expert_slots_fixed) is not None
             for row in range(400)
         ]
     )
