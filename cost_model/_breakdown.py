@@ -38,6 +38,9 @@ class CostBreakdown(BaseModel):
     ttft_s: float | None = None
     tpot_s: float | None = None
     batch_size: int | None = None
+    #: Inference: sequences per micro-batch one replica's engine admits at once, the cap its
+    #: launch sets (``batch_size`` but under a request rate, where that is the mean in flight).
+    running_cap: int | None = None
     bottleneck: str = ""
 
     def __hash__(self) -> int:

@@ -171,6 +171,7 @@ def breakdown_from_row(columns: Mapping[str, np.ndarray], index: int) -> CostBre
         name[7:]: float(v[index]) for name, v in columns.items() if name.startswith("memory.")
     }
     batch = _optional(columns, "batch_size", index)
+    cap = _optional(columns, "running_cap", index)
     return CostBreakdown(
         step_time_s=float(columns["step_time_s"][index]),
         time_s=time,
@@ -183,5 +184,6 @@ def breakdown_from_row(columns: Mapping[str, np.ndarray], index: int) -> CostBre
         ttft_s=_optional(columns, "ttft_s", index),
         tpot_s=_optional(columns, "tpot_s", index),
         batch_size=None if batch is None else int(batch),
+        running_cap=None if cap is None else int(cap),
         bottleneck=max(time, key=lambda name: time[name]) if time else "",
     )

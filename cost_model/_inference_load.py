@@ -17,7 +17,9 @@ queueing and the KV transfer are priced per deployment (``_serving``).
 Extra output columns over those of ``_inference_passes`` and ``_inference_memory``: ``ttft_p90_s``,
 ``ttft_p99_s``, ``tpot_p90_s``, ``tpot_p99_s``, ``e2e_s`` (means over requests where not a
 percentile; NaN where the phase has none), ``concurrency`` (requests in flight over the layout's
-replicas) and ``requests_per_s``.
+replicas), ``requests_per_s`` and ``running_cap`` (sequences per micro-batch one replica's engine
+admits at once, the cap a launch sets: ``batch_size`` but under a request rate, where that is
+the mean in flight and the engine admits what its KV pool holds).
 """
 
 from __future__ import annotations
@@ -278,9 +280,10 @@ def _slo_met(s: _Setup, times: LoadTimes) -> np.ndarray:
     return ok
 
 
-def _colocated_load(s: _Setup, cost: IterationCost) -> tuple[np.ndarray, LoadTimes]:
-    """Requests in flight per replica and the load times of each row (phase ``both``); the
-    engine admits what its default KV pool holds (``_engine_admits``), the rest wait."""
+def _colocated_load(s: _Setup, cost: IterationCost) -> tuple[np.ndarray, LoadTimes, np.ndarray]:
+    """Requests in flight per replica, the load times of each row (phase ``both``) and the
+    requests one replica's engine runs at once (the row's batch, else what its default KV pool
+    holds: ``_engine_admits``; the rest wait)."""
     w, pp, given = s.workload, s.column("pp"), s.column("batch_size")
     max_running = np.where(given > 0, given * pp, _engine_admits(s))
     policy = _policy(s, max_running)
@@ -290,7 +293,7 @@ def _colocated_load(s: _Setup, cost: IterationCost) -> tuple[np.ndarray, LoadTim
             policy=policy,
             request_rate_per_s=np.full(pp.shape, w.request_rate_per_s) / s.replicas,
         )
-        return np.minimum(times.running, max_running), times
+        return np.minimum(times.running, max_running), times, max_running
     if w.concurrency is not None:
         concurrency = np.full(pp.shape, w.concurrency / s.replicas)
     elif (w.ttft_slo_s is None and w.tpot_slo_s is None) or np.all(given > 0):
@@ -302,7 +305,8 @@ def _colocated_load(s: _Setup, cost: IterationCost) -> tuple[np.ndarray, LoadTim
             max_running,
             s.rows.evaluate(scan, cost=cost, policy=policy, max_running=max_running),
         )
-    return concurrency, closed_loop(cost=cost, policy=policy, concurrency=concurrency)
+    times = closed_loop(cost=cost, policy=policy, concurrency=concurrency)
+    return concurrency, times, max_running
 
 
 def _largest_meeting_slos(
@@ -427,9 +431,10 @@ def _estimate_rows(
     fits = _fits(s)
     is_both = s.phase == PHASE_CODES["both"]
     batch = _pool_batch(s, fits)
-    load, concurrency = None, None
+    load, concurrency, cap = None, None, batch
     if is_both.any():
-        concurrency, load = _colocated_load(s, iteration_cost(s))
+        concurrency, load, max_running = _colocated_load(s, iteration_cost(s))
+        cap = np.where(is_both, np.ceil(max_running / s.column("pp")), batch)
         batch = np.where(
             is_both,
             np.ceil(
@@ -443,6 +448,11 @@ def _estimate_rows(
     columns = _columns(
         s, batch=batch, timing=timing, memory=memory, load=load, concurrency=concurrency
     )
+    # the batch cap an engine's launch sets: under a request rate the requests in flight
+    # (``batch_size``) are a mean, and the engine admits up to what it holds
+    columns["running_cap"] = np.where(
+        is_both & (workload.request_rate_per_s is not None), cap, batch
+    ).astype(np.int64)
     ttft_ok, tpot_ok = _pass_slo_ok(s, timing)
     if load is not None:
         ttft_ok = np.where(

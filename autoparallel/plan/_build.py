@@ -249,9 +249,10 @@ def module_rules(
 def serving_settings(
     *, layout: Layout, job: Training | Inference, predicted: CostBreakdown | None
 ) -> ServingSettings | None:
-    """The layout's serving settings as deployed: the batch the price resolved when the search
-    left it to the cost model (0), the job's KV dtype when the layout names none. None for
-    training."""
+    """The layout's serving settings as deployed: the batch cap the price resolved when the
+    search left it to the cost model (0: ``CostBreakdown.running_cap``, what the engine admits
+    at once; under a request rate more than the mean in flight), the job's KV dtype when the
+    layout names none. None for training."""
     if isinstance(job, Training):
         return None
     serving = layout.serving
@@ -259,9 +260,8 @@ def serving_settings(
         from cost_model import ServingConfig
 
         serving = ServingConfig()
-    batch = serving.batch_size or (
-        predicted.batch_size if predicted is not None and predicted.batch_size else 1
-    )
+    resolved = None if predicted is None else (predicted.running_cap or predicted.batch_size)
+    batch = serving.batch_size or resolved or 1
     return ServingSettings(
         batch_size=max(int(batch), 1),
         kv_dtype=serving.kv_dtype or job.kv_dtype,
