@@ -531,7 +531,9 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
         running,
         wait_s=queue_wait,
         busy=np.minimum(np.maximum(queue.utilization, queue.admission_busy), 1.0),
-        tpot_spread_s=spread / np.sqrt(np.maximum(output - 1.0, 1.0)),
+        tpot_spread_s=np.hypot(
+            spread / np.sqrt(np.maximum(output - 1.0, 1.0)), point.batch_spread_s
+        ),
         residual=residual,
         stable=stable,
     )
@@ -551,6 +553,7 @@ class _OpenLoopIteration:
     prefill_s: np.ndarray
     decode_s: np.ndarray
     instance_mix: tuple  # (busy share, prefill s, decode s) of the coupled instance
+    batch_spread_s: np.ndarray  # std over requests of their TPOT from the decodes beside them
 
 
 def _open_loop_iteration(
@@ -606,6 +609,15 @@ def _open_loop_iteration(
         seen = share * prefill_s + (1.0 - share) * seen_s
         # unmixed: a decode step waits for the prompt iterations between two decode iterations
         tpot = seen if mixed else seen / np.maximum(1.0 - share, 1e-9)
+    # The decodes beside a request come and go over its life: each other request overlaps a
+    # fraction 1 - |u| / L of a life L it starts u from (Poisson starts, equal lives), so the
+    # count averaged over the life has mean m and variance 2m/3, a spread over requests that
+    # the life does not average away. Priced on the decode step at 1 + m -+ that deviation.
+    deviation = np.sqrt(2.0 * decodes / 3.0)
+    zero = np.zeros_like(decodes)
+    high = cost.seconds(np.minimum(1.0 + decodes + deviation, slots), zero)
+    low = cost.seconds(np.maximum(1.0 + decodes - deviation, 1.0), zero)
+    batch_spread = 0.5 * np.abs(high - low) * np.where(mixed, 1.0 - share, 1.0)
     return _OpenLoopIteration(
         iteration_s=iteration,
         previous_iteration_s=previous,
@@ -617,6 +629,7 @@ def _open_loop_iteration(
         prefill_s=prefill_s,
         decode_s=decode_s,
         instance_mix=instance_mix,
+        batch_spread_s=batch_spread,
     )
 
 
