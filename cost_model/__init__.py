@@ -21,7 +21,7 @@ from cost_model._error_band import (
 )
 from cost_model._estimate import breakdown_from_row, estimate, estimate_table
 from cost_model._frameworks import framework_names, framework_profile
-from cost_model._inference_load import estimate_inference_table
+from cost_model._inference_load import estimate_inference_table, serving_inputs
 from cost_model._inference_ops import attention_flops_per_key, routed_bytes_per_assignment
 from cost_model._inference_validation import (
     ValidationRow,
@@ -137,6 +137,7 @@ __all__ = [
     "estimate_inference_table",
     "estimate_table",
     "sequence_sweep",
+    "serving_inputs",
     "serving_profile",
     "simulate",
     "simulate_layout",

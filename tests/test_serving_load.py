@@ -12,6 +12,7 @@ import pytest
 
 import cost_model
 from autoparallel import get_model
+from autoparallel.testing import serving_row
 from cost_model import (
     Inference,
     ParallelConfig,
@@ -785,24 +786,17 @@ def test_the_p90_tpot_spreads_with_the_decodes_beside_a_request_over_its_life() 
     its life, their count averaged over it still spread (variance 2m/3), so its TPOT is too.
     From the iterations' mix of prompts alone the p90 TPOT read 9.7 ms against the simulator's
     10.7 ms; with the batch's spread it is within 4%."""
-    workload = Inference(
+    row, row_policy, replicas = serving_row(
+        "qwen3-30b-a3b",
+        "dgx-h200",
+        ParallelConfig(tp=1, dp=8),
         prompt_tokens=512,
         output_tokens=512,
         weight_dtype="fp8",
         serving_engine="trtllm",
         request_rate_per_s=19.66,
     )
-    table = configs_to_table(
-        [ParallelConfig(tp=1, dp=8)], **ServingConfig().columns(workload=workload)
-    )
-    cost, policy, replicas = serving_inputs(
-        model=get_model("qwen3-30b-a3b"),
-        cluster=get_preset("dgx-h200", num_nodes=1),
-        workload=workload,
-        table=table,
-    )
-    rate = 19.66 / float(replicas[0])
-    row, row_policy = cost.row(0), policy.row(0)
+    rate = 19.66 / replicas
     closed = open_loop(cost=row, policy=row_policy, request_rate_per_s=np.array([rate]))
     simulated = simulate(cost=row, policy=row_policy, request_rate_per_s=rate, duration_s=2000.0)
     p90 = float(closed.quantile("tpot", 0.9)[0])

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from autoparallel import get_model
+from autoparallel.testing import serving_row
 from cost_model import Inference, ParallelConfig, ServingConfig, configs_to_table
 from cost_model._inference_load import serving_inputs
 from cost_model._serving_load import closed_loop, open_loop
@@ -185,23 +186,17 @@ def test_a_rate_the_coupled_ranks_cannot_carry_is_unbounded_in_both_models() -> 
 def _mixtral_on_vllm():
     """Mixtral-8x22B in fp8 on one H200 node under vLLM (TP8, EP8), 512-token prompts and
     outputs arriving at 0.3 requests/s: one row's iteration cost and admission policy."""
-    workload = Inference(
+    row, row_policy, _ = serving_row(
+        "mixtral-8x22b",
+        "dgx-h200",
+        ParallelConfig(tp=8, ep=8),
         prompt_tokens=512,
         output_tokens=512,
         weight_dtype="fp8",
         serving_engine="vllm",
         request_rate_per_s=0.3,
     )
-    table = configs_to_table(
-        [ParallelConfig(tp=8, ep=8)], **ServingConfig().columns(workload=workload)
-    )
-    cost, policy, _ = serving_inputs(
-        model=get_model("mixtral-8x22b"),
-        cluster=get_preset("dgx-h200", num_nodes=1),
-        workload=workload,
-        table=table,
-    )
-    return cost.row(0), policy.row(0)
+    return row, row_policy
 
 
 def test_a_prompt_at_the_graph_capture_size_replays_a_graph_without_decodes() -> None:

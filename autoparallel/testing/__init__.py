@@ -14,6 +14,7 @@ from autoparallel.testing._parity import (
 )
 from autoparallel.testing._plans import plan_for_config
 from autoparallel.testing._routing import skew_routers
+from autoparallel.testing._serving import serving_row
 
 __all__ = [
     "GRADIENT_TOLERANCE",
@@ -28,6 +29,7 @@ __all__ = [
     "reference_step",
     "relative_error",
     "run_ranks",
+    "serving_row",
     "skew_routers",
     "worst_error",
 ]
