@@ -89,17 +89,27 @@ def arrival_residual(
 ) -> tuple[np.ndarray, dict[float, np.ndarray]]:
     """Wait for the iteration running when a request arrives: with probability ``busy`` the
     engine runs one, picked length-biased (a long prefill iteration is more likely hit); the
-    wait is uniform over it. Mean ``busy E[T^2] / (2 E[T])``; quantiles from the share of time
-    spent in prefill iterations."""
+    wait is uniform over it. Mean ``busy E[T^2] / (2 E[T])``; quantiles those of that mixture:
+    with ``pi`` the share of time in the longer kind of iteration (``L``; ``S`` the shorter),
+    ``P(wait > w) = busy (1 - w (pi / L + (1 - pi) / S))`` up to ``S`` and
+    ``busy pi (1 - w / L)`` from ``S`` to ``L``, inverted piece by piece."""
     mean_iteration = share * prefill_s + (1.0 - share) * decode_s
     mean = busy * (share * prefill_s**2 + (1.0 - share) * decode_s**2) / (2.0 * mean_iteration)
-    prefill_time_share = share * prefill_s / mean_iteration
+    prefill_time_share = share * prefill_s / np.maximum(mean_iteration, 1e-300)
+    prefill_longer = prefill_s >= decode_s
+    long_s = np.where(prefill_longer, prefill_s, decode_s)
+    short_s = np.maximum(np.where(prefill_longer, decode_s, prefill_s), 1e-300)
+    long_share = np.where(prefill_longer, prefill_time_share, 1.0 - prefill_time_share)
     quantiles = {}
     for p in Z_SCORES:
-        longest = np.where(p > 1.0 - prefill_time_share, prefill_s, decode_s)
+        tail = np.minimum((1.0 - p) / np.maximum(busy, 1e-9), 1.0)  # P(wait > w) / busy
+        within_short = (1.0 - tail) / (
+            long_share / np.maximum(long_s, 1e-300) + (1.0 - long_share) / short_s
+        )
+        past_short = long_s * (1.0 - tail / np.maximum(long_share, 1e-300))
         quantiles[p] = np.where(
-            p > 1.0 - busy,
-            longest * np.clip((p - (1.0 - busy)) / np.maximum(busy, 1e-9), 0, 1),
-            0.0,
+            tail >= long_share * (1.0 - short_s / np.maximum(long_s, 1e-300)),
+            within_short,
+            past_short,
         )
     return mean, quantiles
