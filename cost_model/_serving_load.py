@@ -43,10 +43,14 @@ batch (``_serving_prompts``): the cost of the mean batch reads low, since an eag
 cost is convex in its tokens and the slowest of several ranks exceeds the average one.
 
 Percentiles (open loop): a request's TPOT averages its ``O - 1`` iterations, a share of which
-carries prompts; p-quantiles are ``T + z_p σ / sqrt(O - 1)`` (central limit). The TTFT's
-queueing part is taken exponential with its mean beyond the zero-wait mass (the M/G/1 tail,
-Kingman 1962): quantile ``W / ρ · ln(ρ / (1 - p))`` where ``p > 1 - ρ``; the wait for the
-running iteration is uniform over a length-biased iteration. A closed loop of equal requests
+carries prompts (``σ / sqrt(O - 1)``, central limit), and runs beside a count of decoding requests
+that its life averages but does not even out (variance ``2m/3`` for Poisson starts and equal
+lives); p-quantiles are ``T + z_p`` times the two spreads combined. A decoding request's own
+batch is itself and a Poisson count of others (Palm), one more than the server's mean. The
+TTFT's queueing part is taken exponential with its mean beyond the zero-wait mass (the M/G/1
+tail, Kingman 1962): quantile ``W / ρ · ln(ρ / (1 - p))`` where ``p > 1 - ρ``; the wait for the
+running iteration is uniform over a length-biased iteration, a mixture of prompt and decode
+iterations whose quantiles are inverted exactly (``_serving_landing.arrival_residual``). A closed loop of equal requests
 runs in lock-step waves, so its percentiles equal its means (the simulator shows the spread
 random lengths add); on an engine that prefills without the decodes a wave's prompts finish at
 evenly filled positions, and a percentile is the position it falls on.
