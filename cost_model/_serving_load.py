@@ -478,9 +478,8 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
     point = _open_loop_iteration(
         cost=cost, policy=policy, col=col, rate=rate, prompt=prompt, output=output
     )
-    iteration, tpot, share = point.iteration_s, point.tpot_s, point.share
+    iteration, tpot = point.iteration_s, point.tpot_s
     with_prompts, budget_left = point.with_prompts, point.budget_left
-    prefill_s, decode_s = point.prefill_s, point.decode_s
     chunks = (
         np.ceil(prompt / budget_left)
         if policy.chunked_prefill
@@ -520,9 +519,18 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
         1.0 - (1.0 - busy) ** col(policy.coupled_ranks), *point.instance_mix
     )
     ttft = policy.request_overhead_s + residual[0] + queue_wait + service
-    spread = np.sqrt(share * (1.0 - share)) * np.abs(
+    # iterations with and without prompts, of the whole coupled instance: a prompt iteration
+    # gathers the arrivals of its length, so the next is a prompt one more often (lag-one
+    # correlation ``b - a`` of the two-state chain, ``_coupled_poisson_decode_s``), and the
+    # mean of a request's iterations spreads by ``sqrt((1 + c) / (1 - c))`` more
+    share, prefill_s, decode_s = point.instance_mix
+    ranks = col(policy.coupled_ranks)
+    after_decode = 1.0 - np.exp(-ranks * rate * decode_s)
+    after_prefill = 1.0 - np.exp(-ranks * rate * prefill_s)
+    correlation = np.clip(after_prefill - after_decode, 0.0, 0.9)
+    spread = np.sqrt(share * (1.0 - share) * (1.0 + correlation) / (1.0 - correlation)) * np.abs(
         prefill_s - decode_s
-    )  # iterations with and without prompts
+    )
 
     def unbounded(v):
         return np.where(stable, v, np.inf)

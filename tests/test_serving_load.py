@@ -850,3 +850,30 @@ def test_the_p90_ttft_of_an_arrival_beside_rare_prompt_iterations() -> None:
     figures = simulated.summary()
     assert float(closed.quantile("ttft", 0.9)[0]) == pytest.approx(figures["ttft_p90_s"], rel=0.08)
     assert float(closed.ttft_s[0]) == pytest.approx(figures["ttft_mean_s"], rel=0.05)
+
+
+def test_the_p90_tpot_of_coupled_ranks_spreads_with_the_instance_s_prompt_iterations() -> None:
+    """Mixtral-8x22B on SGLang, eight data-parallel attention ranks over one H200 node's
+    experts, 2,048/128 tokens at 6.67 requests/s: a decode stalls for any rank's prompt
+    iterations, which cluster (a long one gathers the next arrivals). Spread over this rank's
+    own prompt share, the p90 TPOT stood 2.6 ms over the mean against the simulator's 17 ms;
+    over the instance's, with the clustering, 12.6 ms (the mean itself is 10% under)."""
+    row, row_policy, replicas = serving_row(
+        "mixtral-8x22b",
+        "dgx-h200",
+        ParallelConfig(tp=4, ep=8, dp=2, attention_data_parallel=True),
+        prompt_tokens=2048,
+        output_tokens=128,
+        weight_dtype="fp8",
+        serving_engine="sglang",
+        request_rate_per_s=6.67,
+    )
+    assert float(np.asarray(row_policy.coupled_ranks)[0]) == 8.0
+    rate = 6.67 / replicas
+    closed = open_loop(cost=row, policy=row_policy, request_rate_per_s=np.array([rate]))
+    figures = simulate(
+        cost=row, policy=row_policy, request_rate_per_s=rate, duration_s=2000.0
+    ).summary()
+    p90 = float(closed.quantile("tpot", 0.9)[0])
+    assert p90 - float(closed.tpot_s[0]) > 0.65 * (figures["tpot_p90_s"] - figures["tpot_mean_s"])
+    assert p90 == pytest.approx(figures["tpot_p90_s"], rel=0.15)
