@@ -43,7 +43,9 @@ batch (``_serving_prompts``): the cost of the mean batch reads low, since an eag
 cost is convex in its tokens and the slowest of several ranks exceeds the average one.
 
 Percentiles (open loop): a request's TPOT averages its ``O - 1`` iterations, a share of which
-carries prompts (``σ / sqrt(O - 1)``, central limit), and runs beside a count of decoding requests
+carries prompts on some rank of its coupled instance (``σ / sqrt(O - 1)``, central limit, widened
+by ``sqrt((1 + c) / (1 - c))`` for the prompt iterations' clustering, lag-one correlation ``c``),
+and runs beside a count of decoding requests
 that its life averages but does not even out (variance ``2m/3`` for Poisson starts and equal
 lives); p-quantiles are ``T + z_p`` times the two spreads combined. A decoding request's own
 batch is itself and a Poisson count of others (Palm), one more than the server's mean. The
