@@ -172,7 +172,10 @@ def _coupled_poisson_decode_s(
     stretched = np.maximum(prefill_iteration_s, cost.decode_in_extend_s(decodes))
     after_decode = 1.0 - np.exp(-ranks * rate * decode_s)
     after_prefill = 1.0 - np.exp(-ranks * rate * stretched)
-    prefilling = after_decode / np.maximum(1.0 + after_decode - after_prefill, 1e-9)
+    # a share (<= 1 exactly: 1 + a - b >= a); clipped, for rounding can carry it past 1
+    prefilling = np.clip(
+        after_decode / np.maximum(1.0 + after_decode - after_prefill, 1e-9), 0.0, 1.0
+    )
     mean_s = prefilling * stretched + (1.0 - prefilling) * decode_s
     own = np.clip(own_share, 0.0, 1.0 - 1e-9)
     others_s = np.maximum(mean_s - own * prefill_iteration_s, (1.0 - own) * decode_s) / (1.0 - own)

@@ -313,3 +313,19 @@ def test_trtllm_idle_ranks_run_a_dummy_request(trtllm_attention_dp) -> None:
     figures = _tpot_under_each_rule(*trtllm_attention_dp, request_rate_per_s=0.002)
     for source in (0, 1):
         assert figures[True][source] == pytest.approx(figures[False][source], rel=0.05), figures
+
+
+def test_overloaded_coupled_ranks_keep_a_finite_tpot_spread(attention_dp) -> None:
+    """Past saturation the prefill share of the coupled instance's iterations rounds to just
+    over 1 (``a / (1 + a - b)`` with ``b`` at 1): the p90 TPOT spread took the square root of a
+    negative variance (NaN, 'invalid value encountered in sqrt') on overloaded rates of eight
+    coupled ranks. The share is clipped to [0, 1]: every rate prices a finite spread."""
+    import warnings
+
+    cost, policy = attention_dp
+    coupled = dataclasses.replace(policy, coupled_ranks=np.array([8.0]))
+    for rate in np.geomspace(30.0, 90.0, 12):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            times = open_loop(cost=cost, policy=coupled, request_rate_per_s=np.array([rate]))
+        assert np.isfinite(times.tpot_spread_s).all(), rate
