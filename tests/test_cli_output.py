@@ -343,6 +343,42 @@ def test_an_unreachable_latency_slo_is_reported_in_seconds(capsys):
     assert "TPOT" in error and "SLO" in error and " GB" not in error
 
 
+def test_a_default_slo_no_layout_meets_is_named_as_the_default(capsys):
+    """``plan`` holds serving layouts to a 50 ms p90 TPOT where the command line sets none: an
+    error about it names it as that default and the flag that sets or drops it (a user who set
+    no SLO read of one they never gave); an SLO the user gave is reported as given."""
+    argv = [
+        "plan",
+        "--model",
+        "llama-3.1-405b",
+        "--cluster",
+        "dgx-h200",
+        "--nodes",
+        "1",
+        "--prompt-tokens",
+        "4000",
+        "--output-tokens",
+        "1000",
+        "--concurrency",
+        "8",
+        "--no-disaggregation",
+        "--trials",
+        "10",
+        "--output",
+        os.devnull,
+    ]
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert "bottleneck tpot_slo" in error and "50 ms p90 TPOT SLO is plan's default" in error
+    assert "--tpot-slo-ms 0: none" in error
+    assert main([*argv, "--tpot-slo-ms", "50"]) == 2
+    error = capsys.readouterr().err
+    assert "bottleneck tpot_slo" in error and "default" not in error
+    assert main([*argv, "--tpot-slo-ms", "0"]) == 0
+    assert main(["plan", "--help"]) == 0
+    assert "default 50 ms" in capsys.readouterr().out
+
+
 def test_estimate_without_ep_takes_one_for_a_dense_model_and_a_dividing_degree_for_moe(capsys):
     """A layout given as tp/pp only is valid as it stands: a dense model gets ep 1 (it was an
     error about an ep of 64 the user never set), an MoE model the largest ep dividing both its

@@ -40,6 +40,9 @@ from cost_model import describe_layout, framework_names, human_bytes, human_seco
 
 DEFAULT_CLUSTER = "gb200-nvl72"
 DEFAULT_TRIALS = 250
+#: The serving SLOs ``plan`` holds a layout to where the command line sets none (p90).
+DEFAULT_TTFT_SLO_S = 5.0
+DEFAULT_TPOT_SLO_MS = 50.0
 
 
 def register(subparsers) -> None:  # argparse's private type
@@ -84,8 +87,8 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ttft-slo-s",
         type=non_negative_float,
-        default=5.0,
-        help="p90 time to first token limit (0: none)",
+        default=None,
+        help=f"p90 time to first token limit (default {DEFAULT_TTFT_SLO_S:g} s; 0: none)",
     )
     parser.add_argument(
         "--ttft-slo-ms", dest="ttft_slo_s", type=_seconds_from_ms, help="the same, in ms"
@@ -93,8 +96,8 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tpot-slo-ms",
         type=non_negative_float,
-        default=50.0,
-        help="p90 time per output token limit (0: none)",
+        default=None,
+        help=f"p90 time per output token limit (default {DEFAULT_TPOT_SLO_MS:g} ms; 0: none)",
     )
     add_load_arguments(parser, slo_ms=False)
     parser.add_argument(
@@ -207,8 +210,8 @@ def _workload(args: argparse.Namespace):
         prompt_tokens_cv=args.prompt_tokens_cv,
         output_tokens_cv=args.output_tokens_cv,
         prefix_cache_hit_rate=args.prefix_cache_hit_rate,
-        ttft_slo_s=args.ttft_slo_s or None,
-        tpot_slo_s=(args.tpot_slo_ms / 1e3) or None,
+        ttft_slo_s=_slo(args.ttft_slo_s, DEFAULT_TTFT_SLO_S) or None,
+        tpot_slo_s=_slo(args.tpot_slo_ms, DEFAULT_TPOT_SLO_MS) / 1e3 or None,
         disaggregation_allowed=not args.no_disaggregation,
         **serving_precision(args),
     )
@@ -218,7 +221,7 @@ def _plan(args: argparse.Namespace) -> int:
     import optuna
 
     from autoparallel._planner import find_plan, resolve_cluster, resolve_model
-    from cost_model import EstimateOptions
+    from cost_model import EstimateOptions, InfeasiblePlanError
     from search import SearchSettings
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -261,28 +264,56 @@ def _plan(args: argparse.Namespace) -> int:
         disable=args.json,
     ) as bar:
         task = bar.add_task("search", total=args.trials)
-        plan = find_plan(
-            model,
-            cluster,
-            workload,
-            objective=args.objective,
-            n_trials=args.trials,
-            sampler=args.sampler,
-            storage=args.storage,
-            seed=args.seed,
-            workers=args.workers,
-            settings=settings,
-            engine=args.engine,
-            engine_version=args.engine_version,
-            estimate_options=EstimateOptions(**recipe) if recipe else None,
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
-        )
+        try:
+            plan = find_plan(
+                model,
+                cluster,
+                workload,
+                objective=args.objective,
+                n_trials=args.trials,
+                sampler=args.sampler,
+                storage=args.storage,
+                seed=args.seed,
+                workers=args.workers,
+                settings=settings,
+                engine=args.engine,
+                engine_version=args.engine_version,
+                estimate_options=EstimateOptions(**recipe) if recipe else None,
+                progress=lambda done, total: bar.update(task, completed=done, total=total),
+            )
+        except InfeasiblePlanError as error:
+            raise _default_slo_named(error, args) from None
     return _write(
         plan,
         args.output,
         as_json=args.json,
         cluster=cluster,
         memory_fraction=getattr(args, "memory_fraction", None),
+    )
+
+
+def _slo(given: float | None, default: float) -> float:
+    """The SLO the command line sets, else ``plan``'s default (0: none)."""
+    return default if given is None else given
+
+
+def _default_slo_named(error, args: argparse.Namespace):
+    """``error`` of ``find_plan``, saying so where the SLO no layout meets is one the command
+    line left at ``plan``'s default, and how to set or drop it."""
+    from cost_model import InfeasiblePlanError
+
+    defaulted = {
+        "ttft_slo": (args.ttft_slo_s, f"{DEFAULT_TTFT_SLO_S:g} s p90 TTFT", "--ttft-slo-ms"),
+        "tpot_slo": (args.tpot_slo_ms, f"{DEFAULT_TPOT_SLO_MS:g} ms p90 TPOT", "--tpot-slo-ms"),
+    }
+    if error.part not in defaulted or defaulted[error.part][0] is not None:
+        return error
+    _, slo, flag = defaulted[error.part]
+    return InfeasiblePlanError(
+        f"{error}; the {slo} SLO is plan's default: set {flag} to the one you need "
+        f"({flag} 0: none)",
+        part=error.part,
+        smallest_devices=error.smallest_devices,
     )
 
 
