@@ -347,26 +347,9 @@ def test_a_default_slo_no_layout_meets_is_named_as_the_default(capsys):
     """``plan`` holds serving layouts to a 50 ms p90 TPOT where the command line sets none: an
     error about it names it as that default and the flag that sets or drops it (a user who set
     no SLO read of one they never gave); an SLO the user gave is reported as given."""
-    argv = [
-        "plan",
-        "--model",
-        "llama-3.1-405b",
-        "--cluster",
-        "dgx-h200",
-        "--nodes",
-        "1",
-        "--prompt-tokens",
-        "4000",
-        "--output-tokens",
-        "1000",
-        "--concurrency",
-        "8",
-        "--no-disaggregation",
-        "--trials",
-        "10",
-        "--output",
-        os.devnull,
-    ]
+    job = "--model llama-3.1-405b --cluster dgx-h200 --nodes 1 --prompt-tokens 4000"
+    argv = ["plan", *job.split(), "--output-tokens", "1000", "--concurrency", "8"]
+    argv += ["--no-disaggregation", "--trials", "10", "--output", os.devnull]
     assert main(argv) == 2
     error = capsys.readouterr().err
     assert "bottleneck tpot_slo" in error and "50 ms p90 TPOT SLO is plan's default" in error
