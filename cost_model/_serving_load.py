@@ -60,7 +60,7 @@ evenly filled positions, and a percentile is the position it falls on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -165,8 +165,30 @@ def closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> Load
     the next request at an iteration's end, so it waits for no running iteration. When the
     groups' prompts need more iterations than a cycle has, prefill is budget-bound: every
     iteration is full and the completion rate is ``B / (P T)``.
+
+    Fewer requests than replicas (a share ``c < 1`` per replica) leave each replica holding one
+    request or none: a busy replica runs one request's whole prompt and decodes, as at one
+    request in flight, for ``c`` of the completions; of data-parallel ranks that iterate
+    together, only the ``c R`` holding a request send prompts.
     """
     concurrency = np.asarray(concurrency, dtype=np.float64)
+    share = np.minimum(concurrency, 1.0)
+    if np.all(share >= 1.0):
+        return _closed_loop(cost=cost, policy=policy, concurrency=concurrency)
+    fewest = share if share.ndim < 2 else share.min(axis=1)  # rows: the fewest busy ranks
+    ranks = np.maximum(np.asarray(policy.coupled_ranks, dtype=np.float64) * fewest, 1.0)
+    times = _closed_loop(
+        cost=cost,
+        policy=replace(policy, coupled_ranks=ranks),
+        concurrency=np.maximum(concurrency, 1.0),
+    )
+    return replace(
+        times, requests_per_s=times.requests_per_s * share, running=times.running * share
+    )
+
+
+def _closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> LoadTimes:
+    """``closed_loop`` at one request in flight or more per replica."""
     col = _as_columns(concurrency)
     prompt, output, budget = (
         col(policy.prompt_tokens),

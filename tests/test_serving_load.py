@@ -133,6 +133,33 @@ def test_ttft_at_very_low_load_is_one_prefill_plus_the_request_floor(inputs) -> 
         assert float(closed.ttft_s[0]) == pytest.approx(expected, rel=0.02)
 
 
+def test_fewer_requests_than_replicas_each_run_one_whole_prompt() -> None:
+    """``--concurrency`` below the replica count leaves each replica one request or none: the
+    estimate priced a share of one (a prompt of 4000 / 8 tokens per replica at one request on
+    eight replicas: TTFT 35 ms where a whole prefill takes 77). TTFT and TPOT are now those of one
+    request in flight, throughput scales with the requests, and the simulator of the layout (one
+    replica at one request) agrees."""
+    model, cluster = get_model("qwen3-30b-a3b"), get_preset("dgx-h100", num_nodes=1)
+    config = ParallelConfig(tp=1, ep=1, dp=8)
+    figures = {}
+    for concurrency in (1, 2, 4, 8):
+        workload = Inference(prompt_tokens=4000, output_tokens=200, concurrency=concurrency)
+        table = configs_to_table([config], **ServingConfig().columns(workload=workload))
+        columns = estimate_inference_table(
+            model=model, cluster=cluster, workload=workload, table=table
+        )
+        figures[concurrency] = tuple(
+            float(columns[key][0]) for key in ("ttft_s", "tpot_s", "tokens_per_s_per_device")
+        )
+    ttft, tpot, throughput = figures[8]
+    for concurrency, (each_ttft, each_tpot, each_throughput) in figures.items():
+        assert each_ttft == pytest.approx(ttft, rel=1e-9) and each_tpot == pytest.approx(tpot)
+        assert each_throughput == pytest.approx(throughput * concurrency / 8)
+    one = Inference(prompt_tokens=4000, output_tokens=200, concurrency=1)
+    simulated = simulate_layout(model=model, cluster=cluster, workload=one, config=config)
+    assert simulated.closed_form["ttft_s"] == pytest.approx(np.mean(simulated.result.ttft_s))
+
+
 def test_simulator_and_closed_form_price_an_iteration_alike(inputs) -> None:
     """One iteration cost for both: the simulator's scalar pricing equals ``seconds``; prompt
     tokens never make an iteration cheaper than its decodes alone; one prompt alone costs the
