@@ -362,6 +362,21 @@ def test_a_default_slo_no_layout_meets_is_named_as_the_default(capsys):
     assert "default 50 ms" in capsys.readouterr().out
 
 
+def test_estimate_fills_the_pipeline_with_the_devices_a_given_dp_leaves(capsys):
+    """A training layout given as tp and dp: the default pipeline degree takes the devices tp*dp
+    leave (it took those tp alone left, and the estimate refused 'dp*cp*tp*pp (64) must be <=
+    the cluster's devices (8)', a pp of 8 the user never set)."""
+    job = "estimate --model megatron-h100-gpt-7.1b --cluster dgx-h100 --nodes 1 --training"
+    job += " --sequence-length 4096 --global-batch-tokens 65536"
+    argv = [*job.split(), "--json", "--tp", "2"]
+    assert main([*argv, "--dp", "2"]) == 0
+    config = json.loads(capsys.readouterr().out)["config"]
+    assert (config["dp"], config["pp"]) == (2, 2)
+    assert main(argv) == 0  # no dp: the pipeline takes what tp leaves (up to 16)
+    config = json.loads(capsys.readouterr().out)["config"]
+    assert (config["dp"], config["pp"]) == (1, 4)
+
+
 def test_estimate_without_ep_takes_one_for_a_dense_model_and_a_dividing_degree_for_moe(capsys):
     """A layout given as tp/pp only is valid as it stands: a dense model gets ep 1 (it was an
     error about an ep of 64 the user never set), an MoE model the largest ep dividing both its

@@ -96,7 +96,7 @@ def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=None,
         help="default: 1 for serving; for training the largest divisor of the devices left "
-        f"after tp*cp up to {DEFAULT_TRAINING_PP}",
+        f"after tp*cp (and --dp, if given) up to {DEFAULT_TRAINING_PP}",
     )
     parser.add_argument(
         "--ep",
@@ -133,7 +133,7 @@ def _config(args: argparse.Namespace, num_devices: int, model):
     from cost_model import ParallelConfig
 
     pp = args.pp or default_pp(
-        num_devices=num_devices, tp=args.tp, cp=args.cp, training=args.training
+        num_devices=num_devices, tp=args.tp, cp=args.cp, training=args.training, dp=args.dp
     )
     dp = args.dp or max(1, num_devices // (args.tp * pp * args.cp))
     ep = args.ep

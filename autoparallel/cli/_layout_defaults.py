@@ -21,11 +21,12 @@ def default_ep(model, *, stage_devices: int, etp: int) -> int:
     return max(ep for ep in range(1, ranks + 1) if ranks % ep == 0 and experts % ep == 0)
 
 
-def default_pp(*, num_devices: int, tp: int, cp: int, training: bool) -> int:
+def default_pp(*, num_devices: int, tp: int, cp: int, training: bool, dp: int | None = None) -> int:
     """The pipeline degree when none is given: 1 for serving; for training the largest divisor
-    of the devices left after tp*cp that is at most ``DEFAULT_TRAINING_PP``, so a layout given
-    only as tp fits the cluster as it stands (16 stages on a large cluster, 1 on one node)."""
+    of the devices left after tp*cp (and a given ``dp``) that is at most ``DEFAULT_TRAINING_PP``,
+    so a layout given only as tp, or as tp and dp, fits the cluster as it stands (16 stages on a
+    large cluster, 1 on one node; 1 where tp*cp*dp already fills it)."""
     if not training:
         return 1
-    stages = max(num_devices // (tp * cp), 1)
+    stages = max(num_devices // (tp * cp * (dp or 1)), 1)
     return max(p for p in range(1, min(stages, DEFAULT_TRAINING_PP) + 1) if stages % p == 0)
