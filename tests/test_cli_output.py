@@ -377,6 +377,23 @@ def test_estimate_fills_the_pipeline_with_the_devices_a_given_dp_leaves(capsys):
     assert (config["dp"], config["pp"]) == (1, 4)
 
 
+def test_estimate_fits_the_default_tp_and_pp_to_the_axes_given(capsys):
+    """tp defaults to 8 only where the devices the given dp, pp and cp leave hold it (``--dp 8``
+    on one node was refused: 'dp*cp*tp*pp (64) must be <= the cluster's devices (8)'), and the
+    default pipeline leaves each stage the devices a given ep*etp needs (``--tp 1 --ep 4`` on 32
+    devices took pp 16, two ranks a stage, and was refused: 'dp*cp*tp (2) must be divisible by
+    ep*etp (4)')."""
+    serving = "estimate --model qwen3-30b-a3b --cluster dgx-h100 --inference --json".split()
+    assert main([*serving, "--nodes", "1", "--dp", "8"]) == 0
+    config = json.loads(capsys.readouterr().out)["config"]
+    assert (config["dp"], config["tp"], config["pp"]) == (8, 1, 1)
+    training = "estimate --model qwen3-30b-a3b --cluster dgx-h100 --training --json".split()
+    training += ["--sequence-length", "4096", "--global-batch-tokens", str(4096 * 256)]
+    assert main([*training, "--nodes", "4", "--tp", "1", "--ep", "4"]) == 0
+    config = json.loads(capsys.readouterr().out)["config"]
+    assert (config["tp"], config["pp"], config["dp"], config["ep"]) == (1, 8, 4, 4)
+
+
 def test_estimate_without_ep_takes_one_for_a_dense_model_and_a_dividing_degree_for_moe(capsys):
     """A layout given as tp/pp only is valid as it stands: a dense model gets ep 1 (it was an
     error about an ep of 64 the user never set), an MoE model the largest ep dividing both its

@@ -17,7 +17,13 @@ from autoparallel.cli._args import (
     training_options,
     with_network_override,
 )
-from autoparallel.cli._layout_defaults import DEFAULT_TRAINING_PP, default_ep, default_pp
+from autoparallel.cli._layout_defaults import (
+    DEFAULT_TP,
+    DEFAULT_TRAINING_PP,
+    default_ep,
+    default_pp,
+    default_tp,
+)
 from autoparallel.cli._recipe_args import add_recipe_arguments, recipe_options
 from autoparallel.cli._render import console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
@@ -89,8 +95,15 @@ def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="inference: extra expert slots over the ep ranks (default: the fewest that fill every rank, EPLB)",
     )
-    for axis, default in (("tp", 8), ("cp", 1), ("etp", 1)):
-        parser.add_argument(f"--{axis}", type=positive_int, default=default)
+    parser.add_argument(
+        "--tp",
+        type=positive_int,
+        default=None,
+        help=f"default: {DEFAULT_TP}, at most the node's devices and those the given cp, dp and "
+        "pp leave",
+    )
+    for axis in ("cp", "etp"):
+        parser.add_argument(f"--{axis}", type=positive_int, default=1)
     parser.add_argument(
         "--pp",
         type=positive_int,
@@ -129,24 +142,37 @@ def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _config(args: argparse.Namespace, num_devices: int, model):
+def _config(args: argparse.Namespace, cluster, model):
     from cost_model import ParallelConfig
 
-    pp = args.pp or default_pp(
-        num_devices=num_devices, tp=args.tp, cp=args.cp, training=args.training, dp=args.dp
+    num_devices = cluster.num_devices
+    tp = args.tp or default_tp(
+        num_devices=num_devices,
+        devices_per_node=cluster.devices_per_node,
+        cp=args.cp,
+        dp=args.dp,
+        pp=args.pp,
     )
-    dp = args.dp or max(1, num_devices // (args.tp * pp * args.cp))
+    pp = args.pp or default_pp(
+        num_devices=num_devices,
+        tp=tp,
+        cp=args.cp,
+        training=args.training,
+        dp=args.dp,
+        experts=(args.ep or 1) * args.etp,
+    )
+    dp = args.dp or max(1, num_devices // (tp * pp * args.cp))
     ep = args.ep
     if ep is None:
-        ep = default_ep(model, stage_devices=dp * args.cp * args.tp, etp=args.etp)
+        ep = default_ep(model, stage_devices=dp * args.cp * tp, etp=args.etp)
     return ParallelConfig(
         dp=dp,
-        tp=args.tp,
+        tp=tp,
         pp=pp,
         cp=args.cp,
         ep=ep,
         etp=args.etp,
-        sequence_parallel=args.sequence_parallel and args.tp > 1,
+        sequence_parallel=args.sequence_parallel and tp > 1,
         attention_data_parallel=args.attention_data_parallel,
         zero_stage=args.zero_stage,
         pipeline_schedule=args.schedule,
@@ -161,7 +187,7 @@ def _estimate(args: argparse.Namespace) -> int:
 
     model = resolve_model(args.model)
     cluster = with_network_override(resolve_cluster(args.cluster, num_nodes=args.nodes), args)
-    config = _config(args, cluster.num_devices, model)
+    config = _config(args, cluster, model)
     options = recipe_options(args, model=model, config=config)
     if args.training:
         workload, breakdown = _estimate_training(args, model, cluster, config, options)
