@@ -169,18 +169,26 @@ def closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> Load
     Fewer requests than replicas (a share ``c < 1`` per replica) leave each replica holding one
     request or none: a busy replica runs one request's whole prompt and decodes, as at one
     request in flight, for ``c`` of the completions; of data-parallel ranks that iterate
-    together, only the ``c R`` holding a request send prompts.
+    together, only the ``c R`` holding a request send prompts. Equal requests on ranks that
+    iterate together, dealt round robin (a router's default: SGLang's ``round_robin``), leave
+    ``ceil(c)`` on the fullest ranks, whose prompts and decodes set every iteration of the
+    lock-step waves: the times are those at ``ceil(c)``, the completions those of ``c``.
     """
     concurrency = np.asarray(concurrency, dtype=np.float64)
-    share = np.minimum(concurrency, 1.0)
-    if np.all(share >= 1.0):
+    col = _as_columns(concurrency)
+    ranks = np.asarray(policy.coupled_ranks, dtype=np.float64)
+    busy = np.maximum(concurrency, 1.0)  # requests on a replica (rank) that holds any
+    if policy.output_tokens_cv == 0:
+        busy = np.where(col(ranks) > 1.0, np.ceil(busy - 1e-9), busy)
+    if np.all(busy == concurrency):
         return _closed_loop(cost=cost, policy=policy, concurrency=concurrency)
-    fewest = share if share.ndim < 2 else share.min(axis=1)  # rows: the fewest busy ranks
-    ranks = np.maximum(np.asarray(policy.coupled_ranks, dtype=np.float64) * fewest, 1.0)
+    share = concurrency / busy
+    held = np.minimum(concurrency, 1.0)
+    fewest = held if held.ndim < 2 else held.min(axis=1)  # rows: the fewest busy ranks
     times = _closed_loop(
         cost=cost,
-        policy=replace(policy, coupled_ranks=ranks),
-        concurrency=np.maximum(concurrency, 1.0),
+        policy=replace(policy, coupled_ranks=np.maximum(ranks * fewest, 1.0)),
+        concurrency=busy,
     )
     return replace(
         times, requests_per_s=times.requests_per_s * share, running=times.running * share

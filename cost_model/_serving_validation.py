@@ -44,7 +44,7 @@ from cost_model._serving_precision import (
 )
 from cost_model._serving_profile import Engine
 from cost_model._simulator import simulate
-from cost_model._simulator_layout import simulate_layout
+from cost_model._simulator_layout import dealt_clients, simulate_layout
 from cost_model._table import configs_to_table
 from cost_model._workload import Inference
 
@@ -202,11 +202,16 @@ def simulate_benchmark(row: dict, *, seed: int = 0) -> dict[str, float]:
             "output_tokens_per_s": steady.output_tokens_per_s * count,
         }
     one = policy.row(0)
+    # clients dealt over the replicas (round robin over coupled attention-DP ranks), the run's
+    # requests shared by the ranks that hold a client
+    clients, _ = dealt_clients(row["concurrency"], count, one)
+    busy = sum(1 for held in clients if held) if isinstance(clients, tuple) else 1
+    ranks = len(clients) if isinstance(clients, tuple) else 1
     result = simulate(
         cost=cost.row(0),
         policy=one,
-        concurrency=max(round(row["concurrency"] / count), 1),
-        num_requests=max(round(row["num_requests"] / count), 1),
+        concurrency=clients,
+        num_requests=max(round(row["num_requests"] / count * ranks / busy), 1),
         prompt_tokens_cv=row.get("prompt_tokens_cv", 0.0),
         output_tokens_cv=row.get("output_tokens_cv", 0.0),
         seed=seed,

@@ -179,7 +179,7 @@ def simulate(
     *,
     cost: IterationCost,
     policy: LoadPolicy,
-    concurrency: int | None = None,
+    concurrency: int | tuple[int, ...] | None = None,
     request_rate_per_s: float | None = None,
     duration_s: float = 60.0,
     prompt_tokens_cv: float = 0.0,
@@ -200,17 +200,21 @@ def simulate(
     run's own requests in sending order (``_bench_serving.RequestLengths``: a prompt's cached
     tokens are not prefilled) instead of drawing them. Where ``policy`` couples
     several data-parallel attention ranks (``coupled_ranks``), each rank gets this load and they
-    iterate together (``_run_coupled``); the throughputs stay per rank.
+    iterate together (``_run_coupled``); the throughputs stay per rank. A tuple ``concurrency``
+    gives each coupled rank its own clients (a router's round robin of fewer clients than a
+    multiple of the ranks: some ranks hold one more, some none).
     """
-    _check_load(concurrency, request_rate_per_s, num_requests)
+    ranks = _coupled_ranks(policy)
+    per_rank = _per_rank_clients(concurrency, ranks)
+    _check_load(None if per_rank is None else sum(per_rank), request_rate_per_s, num_requests)
     if lengths is not None:
         _check_replay(lengths, num_requests=num_requests, policy=policy)
     rng = np.random.default_rng(seed)
     engines = []
-    for _ in range(_coupled_ranks(policy)):
+    for rank in range(ranks):
         arrivals = _arrivals(
             rng,
-            concurrency=concurrency,
+            concurrency=None if per_rank is None else per_rank[rank],
             request_rate_per_s=request_rate_per_s,
             duration_s=duration_s,
         )
@@ -254,6 +258,21 @@ def simulate(
         duration_s=duration_s,
         ranks=len(engines),
     )
+
+
+def _per_rank_clients(concurrency, ranks: int) -> tuple[int, ...] | None:
+    """The closed loop's clients on each of ``ranks`` coupled ranks: ``concurrency`` on each, or
+    a tuple of one count per rank (each >= 0)."""
+    if concurrency is None:
+        return None
+    if isinstance(concurrency, tuple):
+        if len(concurrency) != ranks or any(count < 0 for count in concurrency):
+            raise ValueError(
+                f"concurrency ({concurrency}) must give each of the {ranks} coupled ranks "
+                "a client count >= 0"
+            )
+        return tuple(int(count) for count in concurrency)
+    return (concurrency,) * ranks
 
 
 def _check_load(

@@ -12,7 +12,7 @@ import numpy as np
 
 from cost_model._simulator import SimulationResult, simulate
 
-__all__ = ["LayoutSimulation", "simulate_layout", "slo_concurrency"]
+__all__ = ["LayoutSimulation", "dealt_clients", "simulate_layout", "slo_concurrency"]
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,9 @@ class LayoutSimulation:
     """The simulator's figures for one layout, with the load it ran and the closed form's."""
 
     result: SimulationResult
-    concurrency_per_replica: int | None
+    #: clients per replica (per attention-DP rank of a coupled instance: their mean, where the
+    #: instance's clients are not a multiple of its ranks)
+    concurrency_per_replica: float | None
     request_rate_per_s_per_replica: float | None
     replicas: float
     closed_form: dict[str, float]
@@ -79,11 +81,13 @@ def simulate_layout(
     }
     one = policy.row(0)
     rate = None
+    clients: int | tuple[int, ...] | None = concurrency_per_replica
+    per_replica: float | None = concurrency_per_replica
     if concurrency_per_replica is None and workload.request_rate_per_s is not None:
         rate = workload.request_rate_per_s / float(replicas[0])
     elif concurrency_per_replica is None:
         total = workload.concurrency if workload.concurrency is not None else figures["concurrency"]
-        concurrency_per_replica = max(round(total / float(replicas[0])), 1)
+        clients, per_replica = dealt_clients(total, float(replicas[0]), one)
     if duration_s is None:
         duration_s = (
             600.0
@@ -93,14 +97,31 @@ def simulate_layout(
     result = simulate(
         cost=cost.row(0),
         policy=one,
-        concurrency=concurrency_per_replica,
+        concurrency=clients,
         request_rate_per_s=rate,
         duration_s=duration_s,
         prompt_tokens_cv=workload.prompt_tokens_cv,
         output_tokens_cv=workload.output_tokens_cv,
         seed=seed,
     )
-    return LayoutSimulation(result, concurrency_per_replica, rate, float(replicas[0]), figures)
+    return LayoutSimulation(result, per_replica, rate, float(replicas[0]), figures)
+
+
+def dealt_clients(total: float, replicas: float, policy) -> tuple[int | tuple[int, ...], float]:
+    """(the simulator's clients, their mean per replica) for ``total`` clients over
+    ``replicas``: at least one per replica where each iterates alone (a replica holds one or
+    none below that); on an instance of ``R`` coupled attention-DP ranks, its share of the
+    clients dealt round robin over its ranks (ranks beyond the clients hold none: two clients on
+    eight ranks keep six idle, where one client a rank put eight in flight)."""
+    ranks = max(int(round(float(np.asarray(policy.coupled_ranks).ravel()[0]))), 1)
+    if ranks == 1:
+        each = max(round(total / replicas), 1)
+        return each, float(each)
+    instance = max(round(total * ranks / replicas), 1)
+    if instance % ranks == 0:
+        return instance // ranks, float(instance // ranks)
+    dealt = tuple(instance // ranks + (rank < instance % ranks) for rank in range(ranks))
+    return dealt, instance / ranks
 
 
 def slo_concurrency(

@@ -187,7 +187,7 @@ def simulate_top_k(
             serving=serving,
         )
         if choosing and run.concurrency_per_replica is not None:
-            per_micro_batch = -(-run.concurrency_per_replica // candidate.config.pp)
+            per_micro_batch = int(-(-run.concurrency_per_replica // candidate.config.pp))
             batch = min(
                 per_micro_batch,
                 int(candidate.metrics.get("batch_size", per_micro_batch)) or per_micro_batch,

@@ -112,6 +112,34 @@ def test_fewer_requests_than_coupled_ranks_prefill_whole_prompts() -> None:
         assert closed["tpot_s"] == pytest.approx(np.mean(simulated.tpot_s), rel=0.02), concurrency
 
 
+def test_clients_are_dealt_round_robin_over_the_coupled_ranks(attention_dp) -> None:
+    """The layout simulation gave every attention-DP rank ``round(clients / ranks)`` clients, at
+    least one: two clients on eight ranks ran eight, ten ran eight and twelve ran sixteen. The
+    clients are now dealt round robin (a tuple of per-rank counts to ``simulate``); with equal
+    requests the fullest ranks (``ceil``) pace the lock-step waves, in the closed form too
+    (it priced the mean, 1.25 requests a rank: TTFT 0.65 s against 1.02 s)."""
+    from cost_model._simulator_layout import simulate_layout
+
+    cost, policy = attention_dp
+    two = simulate(cost=cost, policy=policy, concurrency=(1, 1, 0, 0, 0, 0, 0, 0), duration_s=600)
+    eight = simulate(cost=cost, policy=policy, concurrency=1, duration_s=600)
+    assert two.ranks == eight.ranks == 8
+    assert 3.0 < eight.ttft_s.size / two.ttft_s.size < 5.0  # a quarter of the requests
+    with pytest.raises(ValueError, match=r"must give each of the 8 coupled ranks"):
+        simulate(cost=cost, policy=policy, concurrency=(1, 1))
+    for concurrency, per_rank in ((10, 1.25), (12, 1.5)):
+        workload = WORKLOAD.model_copy(
+            update={"concurrency": concurrency, "prompt_tokens_cv": 0.0, "output_tokens_cv": 0.0}
+        )
+        layout = simulate_layout(
+            model=DSV3, cluster=H200_NODE, workload=workload, config=ATTENTION_DP
+        )
+        assert layout.concurrency_per_replica == per_rank
+        closed, simulated = layout.closed_form, layout.result
+        assert closed["ttft_s"] == pytest.approx(np.mean(simulated.ttft_s), rel=0.02), concurrency
+        assert closed["tpot_s"] == pytest.approx(np.mean(simulated.tpot_s), rel=0.02), concurrency
+
+
 def test_lock_step_waves_prefill_on_every_rank_at_once(attention_dp) -> None:
     """Equal requests sent together keep every rank's waves aligned: the ranks prefill in the
     same iterations, so coupling them adds no stall in either model."""
