@@ -83,6 +83,7 @@ def simulate_layout(
     rate = None
     clients: int | tuple[int, ...] | None = concurrency_per_replica
     per_replica: float | None = concurrency_per_replica
+    total: float | None = None
     if concurrency_per_replica is None and workload.request_rate_per_s is not None:
         rate = workload.request_rate_per_s / float(replicas[0])
     elif concurrency_per_replica is None:
@@ -94,17 +95,71 @@ def simulate_layout(
             if rate is not None
             else float(np.clip(20.0 * np.nan_to_num(figures["e2e_s"], nan=3.0), 60.0, 3600.0))
         )
-    result = simulate(
-        cost=cost.row(0),
-        policy=one,
-        concurrency=clients,
-        request_rate_per_s=rate,
-        duration_s=duration_s,
-        prompt_tokens_cv=workload.prompt_tokens_cv,
-        output_tokens_cv=workload.output_tokens_cv,
-        seed=seed,
+
+    def run(load) -> SimulationResult:
+        return simulate(
+            cost=cost.row(0),
+            policy=one,
+            concurrency=load,
+            request_rate_per_s=rate,
+            duration_s=duration_s,
+            prompt_tokens_cv=workload.prompt_tokens_cv,
+            output_tokens_cv=workload.output_tokens_cv,
+            seed=seed,
+        )
+
+    split = (
+        _uneven_replicas(total, float(replicas[0]))
+        if total is not None and isinstance(clients, int)
+        else None
     )
+    if split is None:
+        result = run(clients)
+    else:  # replicas holding one client fewer and one more: each simulated, weighted by count
+        (fewer, fewer_count), (more, more_count) = split
+        result = _weighted(
+            [(run(more), more_count)] + ([(run(fewer), fewer_count)] if fewer else []),
+            replicas=fewer_count + more_count,
+        )
+        per_replica = (fewer * fewer_count + more * more_count) / (fewer_count + more_count)
     return LayoutSimulation(result, per_replica, rate, float(replicas[0]), figures)
+
+
+def _uneven_replicas(total: float, replicas: float) -> tuple[tuple[int, int], ...] | None:
+    """((clients, replicas holding them), ...) of ``total`` clients dealt over ``replicas``
+    that each iterate alone, where they do not divide evenly: ``r`` replicas hold one more than
+    the rest (those below one client hold none); None where every replica holds the same."""
+    clients, count = int(round(total)), int(round(replicas))
+    if count < 2 or clients % count == 0:
+        return None
+    fewer, more_count = divmod(clients, count)
+    return (fewer, count - more_count), (fewer + 1, more_count)
+
+
+def _weighted(results: list[tuple[SimulationResult, int]], *, replicas: int) -> SimulationResult:
+    """One replica's figures of ``replicas`` replicas, ``count`` of them as each ``result``
+    (the rest idle): every request of each weighted by its count, the throughputs averaged over
+    all ``replicas``."""
+    from math import gcd
+
+    unit = 0
+    for _, count in results:
+        unit = gcd(unit, count)
+
+    def requests(name: str) -> np.ndarray:
+        return np.concatenate(
+            [np.tile(getattr(result, name), count // unit) for result, count in results]
+        )
+
+    return SimulationResult(
+        ttft_s=requests("ttft_s"),
+        tpot_s=requests("tpot_s"),
+        e2e_s=requests("e2e_s"),
+        requests_per_s=sum(r.requests_per_s * count for r, count in results) / replicas,
+        output_tokens_per_s=sum(r.output_tokens_per_s * count for r, count in results) / replicas,
+        iterations=sum(result.iterations for result, _ in results),
+        simulated_s=max(result.simulated_s for result, _ in results),
+    )
 
 
 def dealt_clients(total: float, replicas: float, policy) -> tuple[int | tuple[int, ...], float]:

@@ -160,6 +160,26 @@ def test_fewer_requests_than_replicas_each_run_one_whole_prompt() -> None:
     assert simulated.closed_form["ttft_s"] == pytest.approx(np.mean(simulated.result.ttft_s))
 
 
+def test_clients_that_do_not_divide_the_replicas_are_simulated_as_dealt() -> None:
+    """Twelve clients on eight replicas: four hold two and four hold one. The layout simulation
+    ran round(12 / 8) = 2 on each (a third more load); it now simulates a replica of each kind and
+    weights them by their count: throughput the mean of the two, every request of both."""
+    model, cluster = get_model("qwen3-30b-a3b"), get_preset("dgx-h100", num_nodes=1)
+    config = ParallelConfig(tp=1, ep=1, dp=8)
+    runs = {}
+    for concurrency in (8, 12, 16):
+        workload = Inference(prompt_tokens=4000, output_tokens=200, concurrency=concurrency)
+        runs[concurrency] = simulate_layout(
+            model=model, cluster=cluster, workload=workload, config=config
+        )
+    one, dealt, two = runs[8], runs[12], runs[16]
+    assert dealt.concurrency_per_replica == 1.5
+    expected = (one.result.requests_per_s + two.result.requests_per_s) / 2
+    assert dealt.result.requests_per_s == pytest.approx(expected)
+    ttft = [float(np.mean(run.result.ttft_s)) for run in (one, dealt, two)]
+    assert ttft[0] < ttft[1] < ttft[2]
+
+
 def test_simulator_and_closed_form_price_an_iteration_alike(inputs) -> None:
     """One iteration cost for both: the simulator's scalar pricing equals ``seconds``; prompt
     tokens never make an iteration cheaper than its decodes alone; one prompt alone costs the
