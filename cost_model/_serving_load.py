@@ -172,7 +172,11 @@ def closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> Load
     together, only the ``c R`` holding a request send prompts. Equal requests on ranks that
     iterate together, dealt round robin (a router's default: SGLang's ``round_robin``), leave
     ``ceil(c)`` on the fullest ranks, whose prompts and decodes set every iteration of the
-    lock-step waves: the times are those at ``ceil(c)``, the completions those of ``c``.
+    lock-step waves: the times are those at ``ceil(c)``, the completions those of ``c``. Equal
+    requests on replicas that iterate alone, at a load ``c`` between ``k`` and ``k + 1``: a share
+    ``c - k`` of the replicas holds ``k + 1`` and the rest ``k``, and the mean times are those of
+    the two loads weighted by the requests each completes (the waves do not interpolate: a
+    replica's prompts fit its iterations whole or not).
     """
     concurrency = np.asarray(concurrency, dtype=np.float64)
     col = _as_columns(concurrency)
@@ -180,18 +184,39 @@ def closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> Load
     busy = np.maximum(concurrency, 1.0)  # requests on a replica (rank) that holds any
     if policy.output_tokens_cv == 0:
         busy = np.where(col(ranks) > 1.0, np.ceil(busy - 1e-9), busy)
-    if np.all(busy == concurrency):
+    fraction = busy - np.floor(busy)
+    dealt = (policy.output_tokens_cv == 0) & (col(ranks) <= 1.0) & (fraction > 1e-9)
+    if np.all(busy == concurrency) and not np.any(dealt):
         return _closed_loop(cost=cost, policy=policy, concurrency=concurrency)
     share = concurrency / busy
     held = np.minimum(concurrency, 1.0)
     fewest = held if held.ndim < 2 else held.min(axis=1)  # rows: the fewest busy ranks
-    times = _closed_loop(
-        cost=cost,
-        policy=replace(policy, coupled_ranks=np.maximum(ranks * fewest, 1.0)),
-        concurrency=busy,
-    )
-    return replace(
+    busy_policy = replace(policy, coupled_ranks=np.maximum(ranks * fewest, 1.0))
+    times = _closed_loop(cost=cost, policy=busy_policy, concurrency=busy)
+    times = replace(
         times, requests_per_s=times.requests_per_s * share, running=times.running * share
+    )
+    if not np.any(dealt):
+        return times
+    fewer, more = (
+        _closed_loop(cost=cost, policy=busy_policy, concurrency=np.where(dealt, load, busy))
+        for load in (np.floor(busy), np.ceil(busy))
+    )
+    weight_fewer = (1.0 - fraction) * fewer.requests_per_s
+    weight_more = fraction * more.requests_per_s
+
+    def mean(name: str) -> np.ndarray:
+        mixed = (weight_fewer * getattr(fewer, name) + weight_more * getattr(more, name)) / (
+            weight_fewer + weight_more
+        )
+        return np.where(dealt, mixed, getattr(times, name))
+
+    return replace(
+        times,
+        ttft_s=mean("ttft_s"),
+        tpot_s=mean("tpot_s"),
+        e2e_s=mean("e2e_s"),
+        requests_per_s=np.where(dealt, weight_fewer + weight_more, times.requests_per_s),
     )
 
 

@@ -163,7 +163,8 @@ def test_fewer_requests_than_replicas_each_run_one_whole_prompt() -> None:
 def test_clients_that_do_not_divide_the_replicas_are_simulated_as_dealt() -> None:
     """Twelve clients on eight replicas: four hold two and four hold one. The layout simulation
     ran round(12 / 8) = 2 on each (a third more load); it now simulates a replica of each kind and
-    weights them by their count: throughput the mean of the two, every request of both."""
+    weights them by their count: throughput the mean of the two, every request of both. The
+    closed form weights the two loads by the requests each completes."""
     model, cluster = get_model("qwen3-30b-a3b"), get_preset("dgx-h100", num_nodes=1)
     config = ParallelConfig(tp=1, ep=1, dp=8)
     runs = {}
@@ -178,6 +179,9 @@ def test_clients_that_do_not_divide_the_replicas_are_simulated_as_dealt() -> Non
     assert dealt.result.requests_per_s == pytest.approx(expected)
     ttft = [float(np.mean(run.result.ttft_s)) for run in (one, dealt, two)]
     assert ttft[0] < ttft[1] < ttft[2]
+    # the closed form mixes the two loads alike (it interpolated the waves at 1.5: 7% low)
+    assert dealt.closed_form["ttft_s"] == pytest.approx(ttft[1], rel=0.02)
+    assert dealt.closed_form["tpot_s"] == pytest.approx(np.mean(dealt.result.tpot_s), rel=0.02)
 
 
 def test_simulator_and_closed_form_price_an_iteration_alike(inputs) -> None:
