@@ -206,9 +206,10 @@ def closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> Load
     weight_more = fraction * more.requests_per_s
 
     def mean(name: str) -> np.ndarray:
-        mixed = (weight_fewer * getattr(fewer, name) + weight_more * getattr(more, name)) / (
-            weight_fewer + weight_more
-        )
+        with np.errstate(divide="ignore", invalid="ignore"):  # rows not dealt keep ``times``
+            mixed = (weight_fewer * getattr(fewer, name) + weight_more * getattr(more, name)) / (
+                weight_fewer + weight_more
+            )
         return np.where(dealt, mixed, getattr(times, name))
 
     return replace(
