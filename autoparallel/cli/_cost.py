@@ -17,13 +17,7 @@ from autoparallel.cli._args import (
     training_options,
     with_network_override,
 )
-from autoparallel.cli._layout_defaults import (
-    DEFAULT_TP,
-    DEFAULT_TRAINING_PP,
-    default_ep,
-    default_pp,
-    default_tp,
-)
+from autoparallel.cli._layout_defaults import DEFAULT_TP, DEFAULT_TRAINING_PP, estimate_config
 from autoparallel.cli._recipe_args import add_recipe_arguments, recipe_options
 from autoparallel.cli._render import console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
@@ -142,52 +136,12 @@ def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _config(args: argparse.Namespace, cluster, model):
-    from cost_model import ParallelConfig
-
-    num_devices = cluster.num_devices
-    tp = args.tp or default_tp(
-        num_devices=num_devices,
-        devices_per_node=cluster.devices_per_node,
-        cp=args.cp,
-        dp=args.dp,
-        pp=args.pp,
-    )
-    pp = args.pp or default_pp(
-        num_devices=num_devices,
-        tp=tp,
-        cp=args.cp,
-        training=args.training,
-        dp=args.dp,
-        experts=(args.ep or 1) * args.etp,
-    )
-    dp = args.dp or max(1, num_devices // (tp * pp * args.cp))
-    ep = args.ep
-    if ep is None:
-        ep = default_ep(model, stage_devices=dp * args.cp * tp, etp=args.etp)
-    return ParallelConfig(
-        dp=dp,
-        tp=tp,
-        pp=pp,
-        cp=args.cp,
-        ep=ep,
-        etp=args.etp,
-        sequence_parallel=args.sequence_parallel and tp > 1,
-        attention_data_parallel=args.attention_data_parallel,
-        zero_stage=args.zero_stage,
-        pipeline_schedule=args.schedule,
-        virtual_stages=args.virtual_stages,
-        micro_batch_size=args.micro_batch_size,
-        recompute=args.recompute,
-    )
-
-
 def _estimate(args: argparse.Namespace) -> int:
     from autoparallel._planner import resolve_cluster, resolve_model
 
     model = resolve_model(args.model)
     cluster = with_network_override(resolve_cluster(args.cluster, num_nodes=args.nodes), args)
-    config = _config(args, cluster, model)
+    config = estimate_config(args, cluster, model)
     options = recipe_options(args, model=model, config=config)
     if args.training:
         workload, breakdown = _estimate_training(args, model, cluster, config, options)

@@ -3,7 +3,14 @@ degree that makes the given layout valid on the given cluster as it stands."""
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_TP", "DEFAULT_TRAINING_PP", "default_ep", "default_pp", "default_tp"]
+__all__ = [
+    "DEFAULT_TP",
+    "DEFAULT_TRAINING_PP",
+    "default_ep",
+    "default_pp",
+    "default_tp",
+    "estimate_config",
+]
 
 #: The pipeline degree a training estimate takes on a large cluster when none is given.
 DEFAULT_TRAINING_PP = 16
@@ -60,3 +67,45 @@ def default_pp(
         and (dp is not None or (num_devices // (tp * cp * p)) % (experts or 1) == 0)
     ]
     return max(fitting, default=1)
+
+
+def estimate_config(args, cluster, model):
+    """The layout ``autoparallel estimate`` prices: the axes the command line gives, the rest
+    from ``default_tp``, ``default_pp``, the devices left (dp) and ``default_ep``."""
+    from cost_model import ParallelConfig
+
+    num_devices = cluster.num_devices
+    tp = args.tp or default_tp(
+        num_devices=num_devices,
+        devices_per_node=cluster.devices_per_node,
+        cp=args.cp,
+        dp=args.dp,
+        pp=args.pp,
+    )
+    pp = args.pp or default_pp(
+        num_devices=num_devices,
+        tp=tp,
+        cp=args.cp,
+        training=args.training,
+        dp=args.dp,
+        experts=(args.ep or 1) * args.etp,
+    )
+    dp = args.dp or max(1, num_devices // (tp * pp * args.cp))
+    ep = args.ep
+    if ep is None:
+        ep = default_ep(model, stage_devices=dp * args.cp * tp, etp=args.etp)
+    return ParallelConfig(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        cp=args.cp,
+        ep=ep,
+        etp=args.etp,
+        sequence_parallel=args.sequence_parallel and tp > 1,
+        attention_data_parallel=args.attention_data_parallel,
+        zero_stage=args.zero_stage,
+        pipeline_schedule=args.schedule,
+        virtual_stages=args.virtual_stages,
+        micro_batch_size=args.micro_batch_size,
+        recompute=args.recompute,
+    )

@@ -19,7 +19,6 @@ from rich.table import Table
 from autoparallel.cli._args import (
     add_job_arguments,
     input_file,
-    non_negative_float,
     output_file,
     output_folder,
     positive_int,
@@ -35,14 +34,17 @@ from autoparallel.cli._recipe_args import (
 )
 from autoparallel.cli._render import add_json_flag, console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
-from autoparallel.cli._serving_args import add_load_arguments, load_fields
+from autoparallel.cli._serving_args import (
+    add_load_arguments,
+    add_plan_slo_arguments,
+    default_slo_named,
+    load_fields,
+    plan_slos,
+)
 from cost_model import describe_layout, framework_names, human_bytes, human_seconds
 
 DEFAULT_CLUSTER = "gb200-nvl72"
 DEFAULT_TRIALS = 250
-#: The serving SLOs ``plan`` holds a layout to where the command line sets none (p90).
-DEFAULT_TTFT_SLO_S = 5.0
-DEFAULT_TPOT_SLO_MS = 50.0
 
 
 def register(subparsers) -> None:  # argparse's private type
@@ -84,21 +86,7 @@ def register(subparsers) -> None:  # argparse's private type
 
 def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     add_job_arguments(parser, cluster=DEFAULT_CLUSTER, nodes=None, training=False)
-    parser.add_argument(
-        "--ttft-slo-s",
-        type=non_negative_float,
-        default=None,
-        help=f"p90 time to first token limit (default {DEFAULT_TTFT_SLO_S:g} s; 0: none)",
-    )
-    parser.add_argument(
-        "--ttft-slo-ms", dest="ttft_slo_s", type=_seconds_from_ms, help="the same, in ms"
-    )
-    parser.add_argument(
-        "--tpot-slo-ms",
-        type=non_negative_float,
-        default=None,
-        help=f"p90 time per output token limit (default {DEFAULT_TPOT_SLO_MS:g} ms; 0: none)",
-    )
+    add_plan_slo_arguments(parser)
     add_load_arguments(parser, slo_ms=False)
     parser.add_argument(
         "--no-disaggregation", action="store_true", help="do not price a prefill/decode split"
@@ -210,8 +198,7 @@ def _workload(args: argparse.Namespace):
         prompt_tokens_cv=args.prompt_tokens_cv,
         output_tokens_cv=args.output_tokens_cv,
         prefix_cache_hit_rate=args.prefix_cache_hit_rate,
-        ttft_slo_s=_slo(args.ttft_slo_s, DEFAULT_TTFT_SLO_S) or None,
-        tpot_slo_s=_slo(args.tpot_slo_ms, DEFAULT_TPOT_SLO_MS) / 1e3 or None,
+        **plan_slos(args),
         disaggregation_allowed=not args.no_disaggregation,
         **serving_precision(args),
     )
@@ -282,38 +269,13 @@ def _plan(args: argparse.Namespace) -> int:
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
             )
         except InfeasiblePlanError as error:
-            raise _default_slo_named(error, args) from None
+            raise default_slo_named(error, args) from None
     return _write(
         plan,
         args.output,
         as_json=args.json,
         cluster=cluster,
         memory_fraction=getattr(args, "memory_fraction", None),
-    )
-
-
-def _slo(given: float | None, default: float) -> float:
-    """The SLO the command line sets, else ``plan``'s default (0: none)."""
-    return default if given is None else given
-
-
-def _default_slo_named(error, args: argparse.Namespace):
-    """``error`` of ``find_plan``, saying so where the SLO no layout meets is one the command
-    line left at ``plan``'s default, and how to set or drop it."""
-    from cost_model import InfeasiblePlanError
-
-    defaulted = {
-        "ttft_slo": (args.ttft_slo_s, f"{DEFAULT_TTFT_SLO_S:g} s p90 TTFT", "--ttft-slo-ms"),
-        "tpot_slo": (args.tpot_slo_ms, f"{DEFAULT_TPOT_SLO_MS:g} ms p90 TPOT", "--tpot-slo-ms"),
-    }
-    if error.part not in defaulted or defaulted[error.part][0] is not None:
-        return error
-    _, slo, flag = defaulted[error.part]
-    return InfeasiblePlanError(
-        f"{error}; the {slo} SLO is plan's default: set {flag} to the one you need "
-        f"({flag} 0: none)",
-        part=error.part,
-        smallest_devices=error.smallest_devices,
     )
 
 
@@ -352,10 +314,6 @@ def _plan_from_study(args: argparse.Namespace) -> int:
         settings=settings,
     )
     return _write(plan, args.output, as_json=args.json, cluster=job.cluster)
-
-
-def _seconds_from_ms(text: str) -> float:
-    return non_negative_float(text) / 1e3
 
 
 def _write(

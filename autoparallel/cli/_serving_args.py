@@ -7,6 +7,7 @@ import argparse
 
 from rich.table import Table
 
+from autoparallel.cli._args import non_negative_float
 from autoparallel.cli._render import console
 from cost_model import human_seconds
 
@@ -167,4 +168,63 @@ def serving_error_bar_line(
         f"{first.sources} source{plural}, none fitted) measured "
         + " and ".join(parts)
         + " the model's figure (10th-90th percentile of measured / predicted)"
+    )
+
+
+#: The serving SLOs ``plan`` holds a layout to where the command line sets none (p90).
+DEFAULT_TTFT_SLO_S = 5.0
+DEFAULT_TPOT_SLO_MS = 50.0
+
+
+def add_plan_slo_arguments(parser: argparse.ArgumentParser) -> None:
+    """``plan``'s p90 TTFT and TPOT limits: None where not given (``plan_slos`` then takes the
+    defaults, which ``default_slo_named`` names in an error)."""
+    parser.add_argument(
+        "--ttft-slo-s",
+        type=non_negative_float,
+        default=None,
+        help=f"p90 time to first token limit (default {DEFAULT_TTFT_SLO_S:g} s; 0: none)",
+    )
+    parser.add_argument(
+        "--ttft-slo-ms",
+        dest="ttft_slo_s",
+        type=_seconds_from_ms,
+        help="the same, in ms",
+    )
+    parser.add_argument(
+        "--tpot-slo-ms",
+        type=non_negative_float,
+        default=None,
+        help=f"p90 time per output token limit (default {DEFAULT_TPOT_SLO_MS:g} ms; 0: none)",
+    )
+
+
+def _seconds_from_ms(text: str) -> float:
+    return non_negative_float(text) / 1e3
+
+
+def plan_slos(args: argparse.Namespace) -> dict:
+    """``Inference`` SLO fields of ``plan``: the command line's, else the defaults; 0 is none."""
+    ttft = DEFAULT_TTFT_SLO_S if args.ttft_slo_s is None else args.ttft_slo_s
+    tpot_ms = DEFAULT_TPOT_SLO_MS if args.tpot_slo_ms is None else args.tpot_slo_ms
+    return {"ttft_slo_s": ttft or None, "tpot_slo_s": tpot_ms / 1e3 or None}
+
+
+def default_slo_named(error, args: argparse.Namespace):
+    """``error`` of ``find_plan``, saying so where the SLO no layout meets is one the command
+    line left at ``plan``'s default, and how to set or drop it."""
+    from cost_model import InfeasiblePlanError
+
+    defaulted = {
+        "ttft_slo": (args.ttft_slo_s, f"{DEFAULT_TTFT_SLO_S:g} s p90 TTFT", "--ttft-slo-ms"),
+        "tpot_slo": (args.tpot_slo_ms, f"{DEFAULT_TPOT_SLO_MS:g} ms p90 TPOT", "--tpot-slo-ms"),
+    }
+    if error.part not in defaulted or defaulted[error.part][0] is not None:
+        return error
+    _, slo, flag = defaulted[error.part]
+    return InfeasiblePlanError(
+        f"{error}; the {slo} SLO is plan's default: set {flag} to the one you need "
+        f"({flag} 0: none)",
+        part=error.part,
+        smallest_devices=error.smallest_devices,
     )
