@@ -60,11 +60,12 @@ evenly filled positions, and a percentile is the position it falls on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from cost_model._serving_coupling import _coupled_decode_s, _coupled_poisson_decode_s
+from cost_model._serving_dealt import dealt_closed_loop
 from cost_model._serving_landing import (
     Z_SCORES,
     arrival_residual,
@@ -73,7 +74,7 @@ from cost_model._serving_landing import (
     landing_wait_s,
 )
 from cost_model._serving_prompts import prompt_iteration_s, slowest_decodes
-from cost_model._serving_replica import IterationCost, LoadPolicy
+from cost_model._serving_replica import IterationCost, LoadPolicy, as_columns
 
 _OPEN_LOOP_STEPS = 24
 
@@ -145,13 +146,6 @@ class LoadTimes:
         return np.where(finite, value, np.inf)
 
 
-def _as_columns(reference: np.ndarray):
-    """Lift (n,) per-row values against ``reference``'s shape, (n,) or (n, k)."""
-    if reference.ndim == 2:
-        return lambda v: np.asarray(v, dtype=np.float64)[:, None]
-    return lambda v: np.asarray(v, dtype=np.float64)
-
-
 def closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> LoadTimes:
     """``concurrency`` requests in flight per replica (scalar, (n,) or (n, k)), each sent as
     soon as the previous one completes (a benchmark client with ``--max-concurrency``).
@@ -166,64 +160,18 @@ def closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> Load
     groups' prompts need more iterations than a cycle has, prefill is budget-bound: every
     iteration is full and the completion rate is ``B / (P T)``.
 
-    Fewer requests than replicas (a share ``c < 1`` per replica) leave each replica holding one
-    request or none: a busy replica runs one request's whole prompt and decodes, as at one
-    request in flight, for ``c`` of the completions; of data-parallel ranks that iterate
-    together, only the ``c R`` holding a request send prompts. Equal requests on ranks that
-    iterate together, dealt round robin (a router's default: SGLang's ``round_robin``), leave
-    ``ceil(c)`` on the fullest ranks, whose prompts and decodes set every iteration of the
-    lock-step waves: the times are those at ``ceil(c)``, the completions those of ``c``. Equal
-    requests on replicas that iterate alone, at a load ``c`` between ``k`` and ``k + 1``: a share
-    ``c - k`` of the replicas holds ``k + 1`` and the rest ``k``, and the mean times are those of
-    the two loads weighted by the requests each completes (the waves do not interpolate: a
-    replica's prompts fit its iterations whole or not).
+    Loads that leave replicas (or coupled ranks) unequal: ``_serving_dealt``.
     """
-    concurrency = np.asarray(concurrency, dtype=np.float64)
-    col = _as_columns(concurrency)
-    ranks = np.asarray(policy.coupled_ranks, dtype=np.float64)
-    busy = np.maximum(concurrency, 1.0)  # requests on a replica (rank) that holds any
-    if policy.output_tokens_cv == 0:
-        busy = np.where(col(ranks) > 1.0, np.ceil(busy - 1e-9), busy)
-    fraction = busy - np.floor(busy)
-    dealt = (policy.output_tokens_cv == 0) & (col(ranks) <= 1.0) & (fraction > 1e-9)
-    if np.all(busy == concurrency) and not np.any(dealt):
-        return _closed_loop(cost=cost, policy=policy, concurrency=concurrency)
-    share = concurrency / busy
-    held = np.minimum(concurrency, 1.0)
-    fewest = held if held.ndim < 2 else held.min(axis=1)  # rows: the fewest busy ranks
-    busy_policy = replace(policy, coupled_ranks=np.maximum(ranks * fewest, 1.0))
-    times = _closed_loop(cost=cost, policy=busy_policy, concurrency=busy)
-    times = replace(
-        times, requests_per_s=times.requests_per_s * share, running=times.running * share
-    )
-    if not np.any(dealt):
-        return times
-    fewer, more = (
-        _closed_loop(cost=cost, policy=busy_policy, concurrency=np.where(dealt, load, busy))
-        for load in (np.floor(busy), np.ceil(busy))
-    )
-    weight_fewer = (1.0 - fraction) * fewer.requests_per_s
-    weight_more = fraction * more.requests_per_s
-
-    def mean(name: str) -> np.ndarray:
-        with np.errstate(divide="ignore", invalid="ignore"):  # rows not dealt keep ``times``
-            mixed = (weight_fewer * getattr(fewer, name) + weight_more * getattr(more, name)) / (
-                weight_fewer + weight_more
-            )
-        return np.where(dealt, mixed, getattr(times, name))
-
-    return replace(
-        times,
-        ttft_s=mean("ttft_s"),
-        tpot_s=mean("tpot_s"),
-        e2e_s=mean("e2e_s"),
-        requests_per_s=np.where(dealt, weight_fewer + weight_more, times.requests_per_s),
+    return dealt_closed_loop(
+        lambda policy, concurrency: _closed_loop(cost=cost, policy=policy, concurrency=concurrency),
+        policy=policy,
+        concurrency=concurrency,
     )
 
 
 def _closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> LoadTimes:
     """``closed_loop`` at one request in flight or more per replica."""
-    col = _as_columns(concurrency)
+    col = as_columns(concurrency)
     prompt, output, budget = (
         col(policy.prompt_tokens),
         col(policy.output_tokens),
@@ -373,7 +321,7 @@ def _desynchronized_closed_loop(
     together ending together, so only the output's spread selects this form (on an engine that mixes, such groups split unevenly over the budget's
     iterations, which neither form prices).
     """
-    col = _as_columns(concurrency)
+    col = as_columns(concurrency)
     prompt, output = col(policy.prompt_tokens), col(policy.output_tokens)
     decode_steps = np.maximum(output - 1.0, 1.0)
     batches = _desynchronized_prompt_batches(
@@ -530,7 +478,7 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
     ahead of it (M/D/1 at the budget's utilization), then its own iteration(s).
     """
     rate = np.asarray(request_rate_per_s, dtype=np.float64)
-    col = _as_columns(rate)
+    col = as_columns(rate)
     prompt, output = col(policy.prompt_tokens), col(policy.output_tokens)
     slots = col(policy.max_running)
     point = _open_loop_iteration(

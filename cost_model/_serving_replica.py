@@ -204,3 +204,10 @@ def _pick(values, pick: slice) -> np.ndarray:
     """``values[pick]`` of an (n,) column; a scalar as a 1-element array."""
     values = np.atleast_1d(np.asarray(values, dtype=np.float64))
     return values if values.size == 1 else values[pick]
+
+
+def as_columns(reference: np.ndarray):
+    """Lift (n,) per-row values against ``reference``'s shape, (n,) or (n, k)."""
+    if reference.ndim == 2:
+        return lambda v: np.asarray(v, dtype=np.float64)[:, None]
+    return lambda v: np.asarray(v, dtype=np.float64)
