@@ -7,6 +7,7 @@ the load a plan should be run at."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -96,33 +97,40 @@ def simulate_layout(
             else float(np.clip(20.0 * np.nan_to_num(figures["e2e_s"], nan=3.0), 60.0, 3600.0))
         )
 
-    def run(load) -> SimulationResult:
-        return simulate(
-            cost=cost.row(0),
-            policy=one,
-            concurrency=load,
-            request_rate_per_s=rate,
-            duration_s=duration_s,
-            prompt_tokens_cv=workload.prompt_tokens_cv,
-            output_tokens_cv=workload.output_tokens_cv,
-            seed=seed,
-        )
-
+    run = partial(
+        simulate,
+        cost=cost.row(0),
+        policy=one,
+        request_rate_per_s=rate,
+        duration_s=duration_s,
+        prompt_tokens_cv=workload.prompt_tokens_cv,
+        output_tokens_cv=workload.output_tokens_cv,
+        seed=seed,
+    )
     split = (
         _uneven_replicas(total, float(replicas[0]))
         if total is not None and isinstance(clients, int)
         else None
     )
     if split is None:
-        result = run(clients)
-    else:  # replicas holding one client fewer and one more: each simulated, weighted by count
-        (fewer, fewer_count), (more, more_count) = split
-        result = _weighted(
-            [(run(more), more_count)] + ([(run(fewer), fewer_count)] if fewer else []),
-            replicas=fewer_count + more_count,
+        return LayoutSimulation(
+            run(concurrency=clients), per_replica, rate, float(replicas[0]), figures
         )
-        per_replica = (fewer * fewer_count + more * more_count) / (fewer_count + more_count)
+    result, per_replica = _simulated_as_dealt(run, split)
     return LayoutSimulation(result, per_replica, rate, float(replicas[0]), figures)
+
+
+def _simulated_as_dealt(run, split: tuple[tuple[int, int], ...]) -> tuple[SimulationResult, float]:
+    """(one replica's figures, mean clients per replica) of replicas holding one client fewer
+    and one more (``_uneven_replicas``): each kind simulated by ``run``, weighted by its count;
+    replicas holding none add only their share of the throughput."""
+    (fewer, fewer_count), (more, more_count) = split
+    replicas = fewer_count + more_count
+    results = [(run(concurrency=more), more_count)]
+    if fewer:
+        results.append((run(concurrency=fewer), fewer_count))
+    mean = (fewer * fewer_count + more * more_count) / replicas
+    return _weighted(results, replicas=replicas), mean
 
 
 def _uneven_replicas(total: float, replicas: float) -> tuple[tuple[int, int], ...] | None:
