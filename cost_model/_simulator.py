@@ -205,8 +205,12 @@ def simulate(
     multiple of the ranks: some ranks hold one more, some none).
     """
     ranks = _coupled_ranks(policy)
+    _check_load(
+        sum(concurrency) if isinstance(concurrency, tuple) else concurrency,
+        request_rate_per_s,
+        num_requests,
+    )
     per_rank = _per_rank_clients(concurrency, ranks)
-    _check_load(None if per_rank is None else sum(per_rank), request_rate_per_s, num_requests)
     if lengths is not None:
         _check_replay(lengths, num_requests=num_requests, policy=policy)
     rng = np.random.default_rng(seed)
