@@ -10,7 +10,11 @@ permute / activation / un-permute memory passes that the fused MoE kernel also r
 
 The curves live in ``cost_model/data/kernel_curves.json``, written by
 ``autoparallel profile --import-aiconfigurator`` from NVIDIA's aiconfigurator-core operator
-tables (Apache-2.0; every curve names its file and its expert shape). Grouped-GEMM curves are
+tables (Apache-2.0; every curve names its file and its expert shape), each point priced as the
+work its collector's routing made on the timed rank: the SGLang and vLLM tables of DeepSeek-V3's
+experts and TensorRT-LLM's min-latency kernel route their balanced logits through DeepSeek-V3's
+group-limited gate, which reads half of the experts and piles four of them with every token
+(``autoparallel._kernel_import_moe_routing``). Grouped-GEMM curves are
 measured on several expert shapes (DeepSeek-V3's 7168 x 2048, Qwen3-235B's 4096 x 1536,
 Mixtral-8x7B's 4096 x 14336, Kimi-K2's 384 experts of DeepSeek-V3's size, and the 7168 x 256
 and 4096 x 192 slices of DeepSeek-V3's, Kimi-K2's and Qwen3-235B's experts over 8 tensor-parallel
