@@ -270,8 +270,10 @@ def _measured_experts_time(
     assert moe is not None
     # M = tokens per expert slot on the busiest rank; the expert width split over etp. The best
     # kernel over engines, not the serving engine's: the operator tables time one MoE backend per
-    # engine version (SGLang's reaches 2% of peak at 256 tokens per expert on 2 experts per
-    # device), not the DeepGEMM / CUTLASS kernels a deployment selects for its shape.
+    # engine version with the configs its collector found, not the DeepGEMM / CUTLASS kernels or
+    # tuned configs a deployment selects for its shape (SGLang 0.5.10's bf16 Triton fused MoE on
+    # H200, DeepSeek-V3's experts 8 to a rank: 0.09 of the roofline from 512 tokens per expert,
+    # where TensorRT-LLM's reaches 0.5-0.57).
     return s.rows.evaluate(
         grouped_experts_time_s,
         hardware=s.cluster.device,
