@@ -154,6 +154,7 @@ def _write_moe_table(folder: Path, *, efficiency: float) -> None:
     import pyarrow.parquet as pq
 
     from autoparallel._kernel_import_moe import _side_bytes
+    from autoparallel.testing import deepseek_moe_row
     from cost_model._kernel_curves_moe import grouped_gemm_ideal_s
 
     hardware = get_preset("dgx-h200").device
@@ -168,20 +169,7 @@ def _write_moe_table(folder: Path, *, efficiency: float) -> None:
                 touched_fraction=min(1.0, tokens * 8 / 256),
                 side_bytes_per_assignment=_side_bytes("fp8", hardware),
             )
-            rows.append(
-                {
-                    "moe_dtype": "fp8_block",
-                    "num_tokens": tokens,
-                    "hidden_size": 7168,
-                    "inter_size": 2048,
-                    "topk": 8,
-                    "num_experts": 256,
-                    "moe_tp_size": 1,
-                    "moe_ep_size": ep,
-                    "distribution": "balanced",
-                    "latency": float(ideal) / efficiency * 1e3,
-                }
-            )
+            rows.append(deepseek_moe_row(tokens=tokens, ep=ep, latency_s=float(ideal) / efficiency))
     folder.mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(rows), folder / "moe_perf.parquet")
 

@@ -16,6 +16,7 @@ from autoparallel._kernel_import_moe_routing import (
     rank0_load,
     routed_experts,
 )
+from autoparallel.testing import deepseek_moe_row
 from cost_model._kernel_curves_moe import TOKENS_PER_EXPERT_GRID
 from topology import get_preset
 
@@ -81,19 +82,12 @@ def _rows(*, efficiency: float, grouping, kernel_source: str = "fused_moe") -> l
                 touched=touched / local,
             )
             rows.append(
-                {
-                    "moe_dtype": "fp8_block",
-                    "num_tokens": tokens,
-                    "hidden_size": 7168,
-                    "inter_size": 2048,
-                    "topk": 8,
-                    "num_experts": 256,
-                    "moe_tp_size": 1,
-                    "moe_ep_size": ep,
-                    "distribution": "balanced",
-                    "kernel_source": kernel_source,
-                    "latency": float(ideal) / efficiency * 1e3,
-                }
+                deepseek_moe_row(
+                    tokens=tokens,
+                    ep=ep,
+                    latency_s=float(ideal) / efficiency,
+                    kernel_source=kernel_source,
+                )
             )
     return rows
 

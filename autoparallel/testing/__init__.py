@@ -1,7 +1,7 @@
 """Helpers to run multi-rank torch.distributed code in one test process (fork + gloo on 127.0.0.1)."""
 
 from autoparallel.runtime import RankFailure, free_port, run_ranks
-from autoparallel.testing._kernel_tables import import_synthetic_table
+from autoparallel.testing._kernel_tables import deepseek_moe_row, import_synthetic_table
 from autoparallel.testing._parity import (
     GRADIENT_TOLERANCE,
     PARAMETER_TOLERANCE,
@@ -21,6 +21,7 @@ __all__ = [
     "PARAMETER_TOLERANCE",
     "RankFailure",
     "assert_parity",
+    "deepseek_moe_row",
     "free_port",
     "full_tensor",
     "import_synthetic_table",
