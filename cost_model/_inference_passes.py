@@ -35,6 +35,7 @@ from cost_model._inference_kernels import (
     pass_runs_eagerly,
 )
 from cost_model._inference_module import module_rows
+from cost_model._inference_overlap import stage_paired_ep_exposure
 from cost_model._inference_setup import (
     _cast_bytes,
     _memory_pass,
@@ -60,8 +61,9 @@ INFERENCE_TIME_PARTS: tuple[str, ...] = (
 _COMM_PARTS = ("tp_comm", "ep_comm", "cp_comm", "pp_comm")
 
 
-def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
-    """Matmuls and element-wise kernels of one pass on each pipeline rank, (3, n) seconds."""
+def _compute_time(s: _Setup, p: ops.Pass, parts: dict | None = None) -> np.ndarray:
+    """Matmuls and element-wise kernels of one pass on each pipeline rank, (3, n) seconds;
+    ``parts``, where given, receives one layer's attention projections and MoE layer, (n,)."""
     model, lay, head_bytes = s.model, s.layout, dtype_bytes(_part_dtype(s, "lm_head"))
     act = dtype_bytes(s.workload.activation_dtype)
     attention_tokens, rank_tokens = _tokens(s, p)
@@ -81,9 +83,10 @@ def _compute_time(s: _Setup, p: ops.Pass) -> np.ndarray:
         part="dense_ffn",
         graphed=graphed,
     )
-    total = total + lay.moe_layers * _moe_time(
-        s, attention_tokens, rank_tokens, decode=p.decode, graphed=graphed
-    )
+    moe = _moe_time(s, attention_tokens, rank_tokens, decode=p.decode, graphed=graphed)
+    total = total + lay.moe_layers * moe
+    if parts is not None:
+        parts.update(projections=attention_gemms, moe=moe)
     head_tokens = p.batch * p.head_tokens / s.column("cp") * np.where(s.attention_dp, tp, 1.0)
     w_head = model.vocab_size * model.hidden_size / tp
     head = _mm(
@@ -145,15 +148,19 @@ def _pass_parts(s: _Setup, p: ops.Pass) -> tuple[dict[str, np.ndarray], dict[str
     """Exposed and hidden seconds of one pass on the slowest pipeline rank, by part, (n,) each.
 
     With two-batch overlap the pass runs as two half micro-batches (every part costs twice a
-    half pass) and TP/EP/CP traffic may hide entirely behind compute; otherwise each kind hides
-    up to its calibrated overlap fraction. Hidden traffic never exceeds the compute it hides behind.
+    half pass) and TP/EP/CP traffic may hide entirely behind compute, the EP all-to-all only
+    behind the stage of the other micro-batch that runs beside it (``_inference_overlap``,
+    unless ``EstimateOptions.two_batch_stages`` is off); otherwise each kind hides up to its
+    calibrated overlap fraction. Hidden traffic never exceeds the compute it hides behind.
     """
     micro_batches = np.where(s.two_batch, 2.0, 1.0)
     micro = p.scaled(1.0 / micro_batches)  # type: ignore[arg-type]  # (n,) factors broadcast
     shape = s.layout.layers.shape
+    stage_costs: dict[str, np.ndarray] = {}
+    core = _attention_time(s, micro)
     raw = {
-        "compute": micro_batches * _compute_time(s, micro),
-        "attention": micro_batches * s.layout.layers * _attention_time(s, micro),
+        "compute": micro_batches * _compute_time(s, micro, stage_costs),
+        "attention": micro_batches * s.layout.layers * core,
     }
     raw.update(
         {  # a rank-independent time is scaled once, then broadcast over the ranks
@@ -164,6 +171,15 @@ def _pass_parts(s: _Setup, p: ops.Pass) -> tuple[dict[str, np.ndarray], dict[str
     busy = raw["compute"] + raw["attention"]
     fractions = _overlap_fractions(s)
     hideable_parts = {kind: raw[kind] * fractions[kind] for kind in _COMM_PARTS}
+    if s.two_batch_stages and np.any(s.two_batch) and np.any(raw["ep_comm"] > 0):
+        # what no stage of the other micro-batch hides stays exposed (``_inference_overlap``)
+        moe_layers = s.layout.moe_layers
+        per_layer = raw["ep_comm"] / micro_batches / np.maximum(moe_layers, 1)
+        paired = moe_layers * stage_paired_ep_exposure(
+            s, micro, per_layer, core=core, **stage_costs
+        )
+        paired = np.where(s.two_batch, np.minimum(paired, raw["ep_comm"]), 0.0)
+        hideable_parts["ep_comm"] = (raw["ep_comm"] - paired) * fractions["ep_comm"]
     hideable = sum(hideable_parts.values())
     scale = np.minimum(hideable, busy) / np.where(hideable > 0, hideable, 1.0)
     hidden = {kind: hideable_parts[kind] * scale for kind in _COMM_PARTS}

@@ -101,6 +101,7 @@ class _Setup:
     parameters: dict[str, np.ndarray]  # (3, n) per part
     kv_element_bytes: np.ndarray
     two_batch: np.ndarray
+    two_batch_stages: bool  # two-batch overlap paired by stage (``_inference_overlap``)
     phase: np.ndarray
     fragmentation_fraction: float
     routing_imbalance: (
@@ -224,6 +225,7 @@ def _setup(
         parameters=parameters_per_device(model=model, table=table, layout=layout),
         kv_element_bytes=element_bytes[np.asarray(table["kv_dtype"], dtype=np.int64)],
         two_batch=np.asarray(table["two_batch_overlap"], dtype=bool),
+        two_batch_stages=options.two_batch_stages,
         phase=np.asarray(table["phase"], dtype=np.int64),
         fragmentation_fraction=options.fragmentation_fraction,
         routing_imbalance=options.routing_imbalance,

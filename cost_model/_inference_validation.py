@@ -147,12 +147,19 @@ def _tokens_per_node(
     config: ParallelConfig,
     serving: ServingConfig,
     calibration: Calibration | None,
+    engine: str = "sglang",
 ) -> float:
-    """Tokens/s per node of one serving unit (input tokens in prefill, output tokens in decode)."""
+    """Tokens/s per node of one serving unit (input tokens in prefill, output tokens in decode).
+    ``engine`` ``deepseek``: DeepSeek's own inference system, whose two-batch overlap hides the
+    whole all-to-all behind the pass (``EstimateOptions.two_batch_stages`` off); SGLang's hides
+    each micro-batch's behind the other's stage."""
     from topology import get_preset
 
     cluster = get_preset(preset, num_nodes=nodes)
-    options = EstimateOptions(calibration=calibration or calibration_for(cluster.device))
+    options = EstimateOptions(
+        calibration=calibration or calibration_for(cluster.device),
+        two_batch_stages=engine != "deepseek",
+    )
     table = configs_to_table([config], **serving.columns(workload=workload))
     columns = estimate_inference_table(
         model=day6_model(), cluster=cluster, workload=workload, table=table, options=options
@@ -173,6 +180,7 @@ def predict_day6(
             config=config,
             serving=serving,
             calibration=calibration,
+            engine="deepseek",
         )
         for pool, (nodes, config, serving) in day6_units().items()
     }
@@ -302,6 +310,7 @@ def validate_dsv3_profile(*, calibration: Calibration | None = None) -> list[Val
             config=ParallelConfig(dp=devices, ep=record["ep"]),
             serving=serving,
             calibration=calibration,
+            engine=record["engine"],
         )
         name = f"{record['run']} ({record['hardware']}, EP{record['ep']}, {record['nodes']} nodes)"
         rows.append(

@@ -63,6 +63,11 @@ class EstimateOptions(BaseModel):
     the dropped load is ``min(routing_imbalance, factor)`` of the balanced one and the counts
     still go to the host.
     ``fragmentation_fraction``: allocator reserve as a fraction of the other memory parts.
+    ``two_batch_stages``: serving two-batch overlap hides a micro-batch's all-to-all only behind
+    the stage the other micro-batch runs meanwhile (SGLang's operations strategy,
+    ``_inference_overlap``); off, behind the whole pass's compute (DeepSeek's inference system,
+    whose decode splits attention in two over a five-stage pipeline for a seamless overlap:
+    DeepSeek Open Infra Index, day 6).
     ``fused_gradient_accumulation``: with fp32 main gradients, the weight-gradient GEMM adds
     into them (Megatron-LM ``--gradient-accumulation-fusion``, on by default); off, every
     micro-batch adds each low-precision gradient into its main gradient in a separate
@@ -154,6 +159,7 @@ class EstimateOptions(BaseModel):
     moe_capacity_factor: float | None = Field(default=None, gt=0.0)
     moe_pad_to_capacity: bool = False
     fragmentation_fraction: float = Field(default=0.05, ge=0.0, lt=1.0)
+    two_batch_stages: bool = True
     expert_dispatcher: Literal["all_to_all", "deepep", "hybridep"] = "all_to_all"
     expert_dispatch_fp8: bool = False
     max_routed_nodes: int | None = Field(default=None, gt=0)
