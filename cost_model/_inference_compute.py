@@ -294,8 +294,10 @@ def _moe_time(
     *,
     decode: bool = True,
     graphed=False,
+    parts: dict | None = None,
 ) -> np.ndarray:
-    """Router, shared experts and routed experts of one MoE layer, (n,) seconds.
+    """Router, shared experts and routed experts of one MoE layer, (n,) seconds; ``parts``,
+    where given, receives the router and shared experts' share as ``shared``.
 
     Decode steps price the routed experts as the grouped GEMMs that run (``_grouped_experts_time``:
     M = tokens per expert, measured curves). So does a prefill pass without expert parallelism
@@ -315,6 +317,8 @@ def _moe_time(
     act = dtype_bytes(s.workload.activation_dtype)
     etp = s.column("etp")
     dense = _router_and_shared_time(s, attention_tokens=attention_tokens, graphed=graphed)
+    if parts is not None:
+        parts["shared"] = dense
     load = _expert_load(s, rank_tokens=rank_tokens)
     w_expert = model.ffn_parameters(moe.expert_ffn_hidden_size) / etp
     cast = _cast_bytes(s)

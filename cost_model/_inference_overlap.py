@@ -33,14 +33,10 @@ keeps the whole-pass bound alone.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from cost_model import _inference_ops as ops
-from cost_model._inference_compute import _router_and_shared_time
-from cost_model._inference_kernels import pass_runs_eagerly
-from cost_model._inference_setup import COMBINE_BYTES, _dispatch_bytes, _Setup, _tokens
+from cost_model._inference_setup import COMBINE_BYTES, _dispatch_bytes, _Setup
 
 
 def stage_paired_ep_exposure(
@@ -51,21 +47,19 @@ def stage_paired_ep_exposure(
     projections: np.ndarray,
     core: np.ndarray,
     moe: np.ndarray,
+    shared: np.ndarray,
 ) -> np.ndarray:
     """Seconds of one MoE layer's all-to-all that no stage of the other micro-batch hides, for
     both micro-batches of a two-batch-overlapped pass at micro-batch ``micro``, (n,);
     ``ep_layer_s`` is one micro-batch's dispatch plus combine of that layer, ``projections``,
-    ``core`` and ``moe`` its attention projections, core attention and MoE layer (router and
-    shared experts included), as the pass prices them."""
-    attention_tokens, _ = _tokens(s, micro)
-    graphed: Any = ~pass_runs_eagerly(s, micro)  # per row, as ``_moe_time`` passes it on
+    ``core``, ``moe`` and ``shared`` its attention projections, core attention, MoE layer and
+    that layer's router and shared experts, as the pass prices them."""
     dispatch_share = _dispatch_bytes(s) / (_dispatch_bytes(s) + COMBINE_BYTES)
     dispatch, combine = ep_layer_s * dispatch_share, ep_layer_s * (1.0 - dispatch_share)
 
     def excess(traffic: np.ndarray, cover: np.ndarray) -> np.ndarray:
         return np.maximum(traffic - cover, 0.0)
 
-    shared = _router_and_shared_time(s, attention_tokens=attention_tokens, graphed=graphed)
     if micro.decode:
         return 2.0 * (excess(dispatch, shared + projections) + excess(combine, core))
     routed = moe - shared

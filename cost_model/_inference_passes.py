@@ -63,7 +63,8 @@ _COMM_PARTS = ("tp_comm", "ep_comm", "cp_comm", "pp_comm")
 
 def _compute_time(s: _Setup, p: ops.Pass, parts: dict | None = None) -> np.ndarray:
     """Matmuls and element-wise kernels of one pass on each pipeline rank, (3, n) seconds;
-    ``parts``, where given, receives one layer's attention projections and MoE layer, (n,)."""
+    ``parts``, where given, receives one layer's attention projections, MoE layer and its router
+    and shared experts, (n,)."""
     model, lay, head_bytes = s.model, s.layout, dtype_bytes(_part_dtype(s, "lm_head"))
     act = dtype_bytes(s.workload.activation_dtype)
     attention_tokens, rank_tokens = _tokens(s, p)
@@ -83,7 +84,7 @@ def _compute_time(s: _Setup, p: ops.Pass, parts: dict | None = None) -> np.ndarr
         part="dense_ffn",
         graphed=graphed,
     )
-    moe = _moe_time(s, attention_tokens, rank_tokens, decode=p.decode, graphed=graphed)
+    moe = _moe_time(s, attention_tokens, rank_tokens, decode=p.decode, graphed=graphed, parts=parts)
     total = total + lay.moe_layers * moe
     if parts is not None:
         parts.update(projections=attention_gemms, moe=moe)
