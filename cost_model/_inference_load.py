@@ -41,7 +41,8 @@ from cost_model._options import EstimateOptions
 from cost_model._reasons import REASON_CODES, memory_reason
 from cost_model._rows import distinct_rows
 from cost_model._serving_columns import PHASE_CODES
-from cost_model._serving_load import LoadTimes, closed_loop, open_loop
+from cost_model._serving_load import LoadTimes, closed_loop
+from cost_model._serving_open_loop import open_loop
 from cost_model._serving_replica import GRID_TOKENS, IterationCost, LoadPolicy
 from cost_model._table import select_rows, table_length
 from cost_model._workload import Inference

@@ -13,7 +13,8 @@ import pytest
 from autoparallel import get_model
 from cost_model import Inference, ParallelConfig, ServingConfig, configs_to_table
 from cost_model._inference_load import serving_inputs
-from cost_model._serving_load import closed_loop, open_loop
+from cost_model._serving_load import closed_loop
+from cost_model._serving_open_loop import open_loop
 from cost_model._simulator import simulate
 from topology import get_preset
 

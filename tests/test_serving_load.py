@@ -21,7 +21,8 @@ from cost_model import (
     estimate_inference_table,
 )
 from cost_model._inference_load import serving_inputs
-from cost_model._serving_load import closed_loop, open_loop
+from cost_model._serving_load import closed_loop
+from cost_model._serving_open_loop import open_loop
 from cost_model._serving_profile import _with_base, serving_profile
 from cost_model._serving_replica import LoadPolicy
 from cost_model._simulator import simulate

@@ -14,7 +14,8 @@ from autoparallel import get_model
 from autoparallel.testing import serving_row
 from cost_model import Inference, ParallelConfig, ServingConfig, configs_to_table
 from cost_model._inference_load import serving_inputs
-from cost_model._serving_load import closed_loop, open_loop
+from cost_model._serving_load import closed_loop
+from cost_model._serving_open_loop import open_loop
 from cost_model._serving_prompts import prompt_iteration_s, slowest_decodes
 from cost_model._simulator import simulate
 from topology import get_preset
