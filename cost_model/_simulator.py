@@ -39,6 +39,7 @@ import numpy as np
 
 from cost_model._bench_serving import RequestLengths
 from cost_model._serving_replica import GRID_TOKENS, IterationCost, LoadPolicy
+from cost_model._simulator_load import check_load, check_replay, first_arrivals, per_rank_clients
 
 
 @dataclass(frozen=True)
@@ -205,18 +206,18 @@ def simulate(
     multiple of the ranks: some ranks hold one more, some none).
     """
     ranks = _coupled_ranks(policy)
-    _check_load(
+    check_load(
         sum(concurrency) if isinstance(concurrency, tuple) else concurrency,
         request_rate_per_s,
         num_requests,
     )
-    per_rank = _per_rank_clients(concurrency, ranks)
+    per_rank = per_rank_clients(concurrency, ranks)
     if lengths is not None:
-        _check_replay(lengths, num_requests=num_requests, policy=policy)
+        check_replay(lengths, num_requests=num_requests, ranks=ranks)
     rng = np.random.default_rng(seed)
     engines = []
     for rank in range(ranks):
-        arrivals = _arrivals(
+        arrivals = first_arrivals(
             rng,
             concurrency=None if per_rank is None else per_rank[rank],
             request_rate_per_s=request_rate_per_s,
@@ -262,63 +263,6 @@ def simulate(
         duration_s=duration_s,
         ranks=len(engines),
     )
-
-
-def _per_rank_clients(concurrency, ranks: int) -> tuple[int, ...] | None:
-    """The closed loop's clients on each of ``ranks`` coupled ranks: ``concurrency`` on each, or
-    a tuple of one count per rank (each >= 0)."""
-    if concurrency is None:
-        return None
-    if isinstance(concurrency, tuple):
-        if len(concurrency) != ranks or any(count < 0 for count in concurrency):
-            raise ValueError(
-                f"concurrency ({concurrency}) must give each of the {ranks} coupled ranks "
-                "a client count >= 0"
-            )
-        return tuple(int(count) for count in concurrency)
-    return (concurrency,) * ranks
-
-
-def _check_load(
-    concurrency: int | None, request_rate_per_s: float | None, num_requests: int | None
-) -> None:
-    if (concurrency is None) == (request_rate_per_s is None):
-        raise ValueError("give concurrency or request_rate_per_s (one of them)")
-    if concurrency is not None and concurrency <= 0:
-        raise ValueError(f"concurrency ({concurrency}) must be > 0")
-    if request_rate_per_s is not None and request_rate_per_s <= 0:
-        raise ValueError(f"request_rate_per_s ({request_rate_per_s}) must be > 0")
-    if num_requests is not None and num_requests <= 0:
-        raise ValueError(f"num_requests ({num_requests}) must be > 0")
-
-
-def _arrivals(
-    rng: np.random.Generator,
-    *,
-    concurrency: int | None,
-    request_rate_per_s: float | None,
-    duration_s: float,
-) -> list[float]:
-    """Arrival times of one replica's first requests: Poisson over ``duration_s`` at
-    ``request_rate_per_s``, or the ``concurrency`` clients of a closed loop at once."""
-    if request_rate_per_s is None:
-        return [0.0] * int(concurrency or 0)
-    expected = request_rate_per_s * duration_s
-    count = int(expected + 6 * np.sqrt(expected)) + 16
-    times = np.cumsum(rng.exponential(1.0 / request_rate_per_s, count))
-    return [float(t) for t in times[times < duration_s]]
-
-
-def _check_replay(lengths: RequestLengths, *, num_requests: int | None, policy: LoadPolicy) -> None:
-    if num_requests is None or num_requests > lengths.prompt_tokens.size:
-        raise ValueError(
-            f"num_requests ({num_requests}) must be given and <= the "
-            f"{lengths.prompt_tokens.size} requests of lengths"
-        )
-    if _coupled_ranks(policy) != 1:
-        raise ValueError(
-            f"lengths replay one rank's requests; the policy couples {_coupled_ranks(policy)}"
-        )
 
 
 def _coupled_ranks(policy: LoadPolicy) -> int:
