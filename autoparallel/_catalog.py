@@ -5,6 +5,7 @@ Each file keeps a ``_source`` key citing where its numbers come from.
 
 from __future__ import annotations
 
+import difflib
 import json
 from importlib import resources
 from pathlib import Path
@@ -25,11 +26,32 @@ def list_models() -> list[str]:
     )
 
 
+def _suggestion(name: str, names: list[str]) -> str:
+    """The "did you mean" clause naming the catalog names closest to ``name`` (spelling,
+    separators and case aside), or an empty string where none is close."""
+
+    def key(text: str) -> str:
+        return "".join(ch for ch in text.lower() if ch.isalnum())
+
+    keyed = {key(candidate): candidate for candidate in names}
+    close = (
+        [key(name)]
+        if key(name) in keyed
+        else difflib.get_close_matches(key(name), list(keyed), n=3, cutoff=0.75)
+    )
+    if not close:
+        return ""
+    return " did you mean " + " or ".join(repr(keyed[match]) for match in close) + "?"
+
+
 def catalog_config(name: str) -> dict:
     """The raw config dict of catalog model ``name``."""
     names = list_models()
     if name not in names:
-        raise ValueError(f"model ({name!r}) is not in the catalog; valid names: {', '.join(names)}")
+        raise ValueError(
+            f"model ({name!r}) is not in the catalog;{_suggestion(name, names)} "
+            f"valid names: {', '.join(names)}"
+        )
     return json.loads((resources.files("autoparallel") / "catalog" / f"{name}.json").read_text())
 
 
@@ -41,9 +63,10 @@ def get_model(name_or_path: str | Path) -> ModelSpec:
     path = Path(text)
     if path.exists():
         return ModelSpec.from_hf_config(path)
+    names = list_models()
     raise ValueError(
-        f"model ({text!r}) is neither a catalog name nor an existing config.json path; "
-        f"catalog names: {', '.join(list_models())}"
+        f"model ({text!r}) is neither a catalog name nor an existing config.json path;"
+        f"{_suggestion(text, names)} catalog names: {', '.join(names)}"
     )
 
 

@@ -53,3 +53,15 @@ def test_describe_accepts_a_config_path_and_rejects_unknown_names(tmp_path: Path
     bad = run_cli("describe", "no-such-model")
     assert bad.returncode == 2
     assert "ref-3t-moe" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_describe_takes_model_as_an_option_and_suggests_close_names() -> None:
+    by_option = run_cli("describe", "--model", "mixtral-8x7b", "--json")
+    assert by_option.returncode == 0, by_option.stderr
+    assert by_option.stdout == run_cli("describe", "mixtral-8x7b", "--json").stdout
+    assert run_cli("describe", "qwen3-8b", "--model", "qwen3-32b").returncode == 2
+    typo = run_cli("describe", "--model", "Llama-3.1-70B")
+    assert typo.returncode == 2
+    assert "did you mean 'llama-3.1-70b'?" in typo.stderr and "Traceback" not in typo.stderr
+    far = run_cli("describe", "--model", "gpt-4")
+    assert far.returncode == 2 and "did you mean" not in far.stderr

@@ -82,6 +82,21 @@ def test_megatron_gpt_series_within_two_percent(name: str) -> None:
     assert abs(counted - published) <= allowed, (counted, published)
 
 
+@pytest.mark.parametrize(
+    "name", [n for n in ap.list_models() if "_published_params" in catalog_config(n)]
+)
+def test_catalog_parameter_counts_match_the_publishers(name: str) -> None:
+    """Total and active parameters counted from each config.json equal the publisher's figures
+    (model cards, release posts) to their printed digits."""
+    published = catalog_config(name)["_published_params"]
+    model = ap.get_model(name)
+    for counted, figure in (
+        (model.num_parameters / 1e9, published["total_B"]),
+        (model.num_active_parameters / 1e9, published["active_B"]),
+    ):
+        assert abs(counted - figure) <= _rounding_half_width(figure) + 1e-9, (counted, figure)
+
+
 def test_parameter_breakdown_sums_and_active_is_smaller() -> None:
     for name in ap.list_models():
         model = ap.get_model(name)

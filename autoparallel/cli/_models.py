@@ -18,7 +18,14 @@ def register(subparsers) -> None:
         "describe", help="parameters, bytes, FLOPs and KV cache of a model"
     )
     describe.add_argument(
-        "model", nargs="?", default=DEFAULT_MODEL, help="catalog name or path to config.json"
+        "model", nargs="?", default=None, help="catalog name or path to config.json"
+    )
+    describe.add_argument(
+        "--model",
+        dest="model_option",
+        metavar="MODEL",
+        default=None,
+        help="the same, as the other commands take it",
     )
     add_json_flag(describe)
     describe.set_defaults(func=_describe)
@@ -141,7 +148,12 @@ def _description(model: ModelSpec) -> dict:
 
 
 def _describe(args: argparse.Namespace) -> int:
-    model = get_model(args.model)
+    option = getattr(args, "model_option", None)
+    if args.model is not None and option is not None and args.model != option:
+        raise ValueError(
+            f"describe: model given twice ({args.model!r} and --model {option!r}); give one"
+        )
+    model = get_model(args.model or option or DEFAULT_MODEL)
     if args.json:
         print_json(_description(model))
         return 0
