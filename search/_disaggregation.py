@@ -212,6 +212,9 @@ def _pool(candidate: Candidate, phase: str) -> PoolConfig:
 
 
 def _with_pool_serving(candidate: Candidate, phase: str) -> Candidate:
-    """``candidate`` whose layout carries its pool's serving settings (the plan records them)."""
-    layout = Layout(config=candidate.config, serving=_pool(candidate, phase).serving)
+    """``candidate`` whose layout carries its pool's serving settings and phase (the plan records
+    them, and prices the pool as the split did: ``pool_unit_rate`` prices a unit in its own
+    phase, so the batch the plan records and the rate the deployment claims are one price)."""
+    serving = _pool(candidate, phase).serving.model_copy(update={"phase": phase})
+    layout = Layout(config=candidate.config, serving=serving)
     return Candidate(layout, candidate.metrics, candidate.violations, candidate.trial_number)

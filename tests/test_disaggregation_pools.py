@@ -74,3 +74,35 @@ def test_pool_exports_run_the_all_to_all_kernels_their_pool_was_priced_with() ->
     decode = next(text for name, text in files.items() if "decode" in name)
     assert "--all2all-backend deepep_low_latency" in prefill
     assert "--all2all-backend deepep_high_throughput" in decode
+
+
+def test_pools_are_recorded_as_the_split_priced_them() -> None:
+    """Each pool is recorded in its own phase at the batch its rate was priced at, so the pools'
+    recorded rates carry the deployment's claimed output rate (the binding pool exactly) and the
+    exported batch caps are the ones that rate needs."""
+    import pytest
+
+    import autoparallel as ap
+
+    workload = Inference(prompt_tokens=2000, output_tokens=500, ttft_slo_s=5.0, tpot_slo_s=0.05)
+    plan = ap.find_plan("llama-3.1-70b", get_preset("dgx-h100"), workload)
+    deployment = plan.deployment
+    assert deployment.kind == "disaggregated"
+    pools = {pool.role: pool for pool in deployment.pools}
+    used = sum(pool.num_devices for pool in deployment.pools)
+    requests_per_s = (
+        deployment.disaggregated_output_tokens_per_s_per_device * used / workload.output_tokens
+    )
+    rates = {}
+    for role, tokens in (("prefill", workload.prompt_tokens), ("decode", workload.output_tokens)):
+        pool = pools[role]
+        assert pool.predicted is not None
+        assert pool.serving.batch_size == pool.predicted.batch_size
+        per_unit = pool.devices_per_unit * pool.predicted.tokens_per_s_per_device / tokens
+        rates[role] = pool.num_units * per_unit
+    assert min(rates.values()) == pytest.approx(requests_per_s, rel=1e-6)
+    assert rates[deployment.bottleneck] == pytest.approx(requests_per_s, rel=1e-6)
+    prefill, decode = pools["prefill"].predicted, pools["decode"].predicted
+    assert prefill.tpot_s is None and decode.ttft_s is None  # each priced in its own phase
+    assert decode.tpot_s <= workload.tpot_slo_s and prefill.ttft_s <= workload.ttft_slo_s
+    assert all(v == 0 for k, v in decode.time_s.items() if k.startswith("prefill_"))
