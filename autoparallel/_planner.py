@@ -238,7 +238,11 @@ def with_disaggregation(
 
     found = find_disaggregated(model, cluster, workload, estimator=estimator, bounds=bounds)
     if found is None:
-        deployment = Deployment(kind="colocated", note="no unit of a pool fits")
+        deployment = Deployment(
+            kind="colocated",
+            note="no unit of a pool fits, or no split's p90 TTFT (prefill queue, KV transfer "
+            "and decode admission included) meets the SLO",
+        )
         return _rebuilt(plan, model=model, cluster=cluster, deployment=deployment)
     pools = []
     for role, candidate, unit, devices in (
@@ -265,6 +269,9 @@ def with_disaggregation(
         colocated_output_tokens_per_s_per_device=colocated,
         disaggregated_output_tokens_per_s_per_device=found.output_tokens_per_s_per_device,
         bottleneck=found.bottleneck,
+        ttft_s=found.ttft_s,
+        ttft_p90_s=found.ttft_p90_s,
+        tpot_s=found.tpot_s,
         note=_pairs_note(found),
     )
     return _rebuilt(plan, model=model, cluster=cluster, deployment=deployment)
@@ -273,7 +280,16 @@ def with_disaggregation(
 def _pairs_note(found) -> str:  # search.DisaggregatedResult
     """The unit-size pairs the split was chosen from, best first (why this split)."""
     pairs = ", ".join(f"{p}/{d}: {r:,.0f}" for p, d, r in found.considered[:6])
-    return f"{len(found.considered)} prefill/decode unit-size pairs priced (devices per unit: output tokens/s/device) {pairs}"
+    dropped = (
+        f"; {found.over_ttft_slo} more left out, their p90 TTFT (prefill queue, KV transfer and "
+        "decode admission included) over the SLO"
+        if found.over_ttft_slo
+        else ""
+    )
+    return (
+        f"{len(found.considered)} prefill/decode unit-size pairs priced (devices per unit: "
+        f"output tokens/s/device) {pairs}{dropped}"
+    )
 
 
 def _rebuilt(

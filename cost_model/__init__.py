@@ -21,7 +21,11 @@ from cost_model._error_band import (
 )
 from cost_model._estimate import breakdown_from_row, estimate, estimate_table
 from cost_model._frameworks import framework_names, framework_profile
-from cost_model._inference_load import estimate_inference_table, serving_inputs
+from cost_model._inference_load import (
+    POOL_SLO_QUANTILE,
+    estimate_inference_table,
+    serving_inputs,
+)
 from cost_model._inference_ops import attention_flops_per_key, routed_bytes_per_assignment
 from cost_model._inference_validation import (
     ValidationRow,
@@ -92,6 +96,7 @@ from cost_model._validation_cases import training_cases
 from cost_model._workload import WEIGHT_PARTS, Inference, Training, Workload
 
 __all__ = [
+    "POOL_SLO_QUANTILE",
     "ErrorBand",
     "serving_error_bands",
     "training_error_band",

@@ -90,6 +90,18 @@ class DisaggregatedSplit(BaseModel):
             + self.decode_admission_s
         )
 
+    def ttft_quantile_s(self, p: float) -> float:
+        """The p-quantile of the first token's time: each of the two waits (for the running
+        prefill pass, to join the decode batch) is uniform from zero to twice its mean, so its
+        p-quantile is 2p times the mean (``_inference_load.prefill_pool_ttft_quantile_s``)."""
+        return (
+            self.request_overhead_s
+            + 2.0 * p * self.prefill_queue_s
+            + self.prefill_ttft_s
+            + self.kv_transfer_s
+            + 2.0 * p * self.decode_admission_s
+        )
+
 
 UnitRate = tuple[int, float, float]
 

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from cost_model import (
+    POOL_SLO_QUANTILE,
     InfeasiblePlanError,
     Inference,
     Layout,
@@ -57,6 +58,13 @@ class DisaggregatedResult:
     prefill_units: int = 1
     decode_units: int = 1
     considered: tuple[tuple[int, int, float], ...] = ()
+    #: the deployment's first-token time (mean and p90: overhead, prefill queue and pass, KV
+    #: transfer, decode admission) and its decode step
+    ttft_s: float | None = None
+    ttft_p90_s: float | None = None
+    tpot_s: float | None = None
+    #: unit-size pairs priced but left out: their p90 TTFT misses the workload's SLO
+    over_ttft_slo: int = 0
 
 
 def unit_sizes(*, model: ModelSpec, cluster: Cluster, workload: Inference) -> list[int]:
@@ -122,7 +130,8 @@ def find_disaggregated(
     bounds: SearchBounds | None = None,
     estimator=None,
 ) -> DisaggregatedResult | None:
-    """The best disaggregated deployment on ``cluster``, or None when no unit of a pool fits.
+    """The best disaggregated deployment on ``cluster``, or None when no unit of a pool fits or
+    no split's p90 TTFT (``DisaggregatedSplit.ttft_quantile_s``) meets the workload's SLO.
 
     Every pair of unit sizes is split by rate matching (``cost_model.disaggregated_split``:
     several units per pool, pools of any size), so the pools may be asymmetric (16 + 56 devices
@@ -143,7 +152,7 @@ def find_disaggregated(
     rates = {  # each unit priced once, then paired with every unit of the other pool
         phase: _unit_rates(model, cluster, workload, found, phase) for phase, found in units.items()
     }
-    priced = []
+    priced, over_slo = [], 0
     for prefill_size, (prefill, prefill_unit) in units["prefill"].items():
         for decode_size, (decode, decode_unit) in units["decode"].items():
             if prefill_size not in rates["prefill"] or decode_size not in rates["decode"]:
@@ -158,6 +167,10 @@ def find_disaggregated(
                     rates=(rates["prefill"][prefill_size], rates["decode"][decode_size]),
                 )
             except InfeasiblePlanError:
+                continue
+            slo = workload.ttft_slo_s
+            if slo is not None and split.ttft_quantile_s(POOL_SLO_QUANTILE) > slo:
+                over_slo += 1  # the queue, transfer and admission push the p90 past the SLO
                 continue
             used = split.prefill_devices + split.decode_devices
             rate = split.output_tokens_per_s / used
@@ -189,6 +202,10 @@ def find_disaggregated(
         prefill_units=split.prefill_units,
         decode_units=split.decode_units,
         considered=tuple((p, d, r) for r, p, d, *_ in priced),
+        ttft_s=split.ttft_s,
+        ttft_p90_s=split.ttft_quantile_s(POOL_SLO_QUANTILE),
+        tpot_s=split.tpot_s,
+        over_ttft_slo=over_slo,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autoparallel import get_model
-from cost_model import Inference, Layout, ParallelConfig, ServingConfig
+from cost_model import Inference, Layout, ParallelConfig, ServingConfig, configs_to_table
 from search._candidate import Candidate
 from search._disaggregation import _pool, unit_sizes
 from topology import get_preset
@@ -106,3 +106,34 @@ def test_pools_are_recorded_as_the_split_priced_them() -> None:
     assert prefill.tpot_s is None and decode.ttft_s is None  # each priced in its own phase
     assert decode.tpot_s <= workload.tpot_slo_s and prefill.ttft_s <= workload.ttft_slo_s
     assert all(v == 0 for k, v in decode.time_s.items() if k.startswith("prefill_"))
+    # the deployment's first token (prefill queue, KV transfer, decode admission included)
+    # meets the SLO at its p90, as the colocated plan's does
+    assert deployment.ttft_s is not None and deployment.ttft_p90_s is not None
+    assert prefill.ttft_s < deployment.ttft_s < deployment.ttft_p90_s <= workload.ttft_slo_s
+    assert deployment.tpot_s == pytest.approx(decode.tpot_s)
+
+
+def test_a_prefill_pool_leaves_room_in_its_ttft_slo_for_the_pass_it_waits_for() -> None:
+    """A saturated prefill pool's p90 TTFT is its pass plus 0.9 of the pass running when the
+    request arrives; the pool's batch is the largest whose p90 meets the SLO, so a tighter SLO
+    takes a smaller batch and a pass under SLO / 1.9."""
+    import autoparallel as ap
+    from cost_model import estimate_inference_table
+
+    model = ap.get_model("llama-3.1-70b")
+    cluster = get_preset("dgx-h100")
+    config = ParallelConfig(tp=2)
+    batches = {}
+    for slo in (1.0, 2.5):  # both under the batch memory holds (8 prompts)
+        workload = Inference(prompt_tokens=2000, output_tokens=500, ttft_slo_s=slo)
+        table = configs_to_table(
+            [config], **ServingConfig(phase="prefill").columns(workload=workload)
+        )
+        columns = estimate_inference_table(
+            model=model, cluster=cluster, workload=workload, table=table
+        )
+        assert bool(columns["feasible"][0])
+        batches[slo] = int(columns["batch_size"][0])
+        pass_s = float(columns["ttft_s"][0])
+        assert 1.9 * pass_s <= slo < 1.9 * pass_s * (batches[slo] + 1) / batches[slo] + 0.05
+    assert batches[1.0] < batches[2.5]

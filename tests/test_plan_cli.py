@@ -67,6 +67,10 @@ def test_explain_and_every_export_run_on_the_default_plan(
     plan = ap.load_plan(path)
     assert f"bottleneck: {plan.predicted.bottleneck}" in " ".join(out.split())
     assert "lost:" in out and "memory per device" in out
+    assert plan.deployment.kind == "disaggregated" and plan.deployment.pools
+    for pool in plan.deployment.pools:  # each pool as it was priced for its own phase
+        assert f"{pool.role} pool: {pool.num_units} x {pool.devices_per_unit} devices" in out
+        assert f"batch {pool.serving.batch_size}," in out
     for format in FORMATS:
         assert (
             main(["export", str(path), "--format", format, "--output-dir", str(tmp_path / format)])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import cost_model
-from autoparallel import get_model
+from autoparallel import get_model, load_plan
 from autoparallel.testing import serving_row
 from cost_model import (
     Inference,
@@ -506,7 +506,13 @@ def test_plan_cli_runs_the_slo_command_and_reports_the_simulator(tmp_path, capsy
     ]
     assert main([*argv, "--output", str(output)]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "serving simulator at" in text and "(meets the SLOs)" in text and output.exists()
+    assert "serving simulator" in text and "(meets the SLOs)" in text and output.exists()
+    plan = load_plan(output)
+    if plan.deployment.kind == "disaggregated":  # the pools' own first token meets the SLO too
+        assert "(the colocated layout)" in text
+        assert plan.deployment.ttft_p90_s is not None and plan.deployment.ttft_p90_s <= 2.0
+        assert plan.deployment.tpot_s is not None and plan.deployment.tpot_s <= 0.05
+        assert "p90, TPOT" in text
 
 
 @pytest.mark.parametrize("engine", ["vllm", "trtllm"])

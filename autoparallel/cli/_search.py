@@ -402,10 +402,18 @@ def deployment_line(plan) -> str:
     disaggregated = deployment.disaggregated_output_tokens_per_s_per_device or 0.0
     loser = "disaggregated" if deployment.kind == "colocated" else "colocated"
     ratio = max(colocated, disaggregated) / max(min(colocated, disaggregated), 1e-12)
+    latency = (
+        f"; TTFT {human_seconds(deployment.ttft_s)} mean, "
+        f"{human_seconds(deployment.ttft_p90_s)} p90, TPOT {human_seconds(deployment.tpot_s)}"
+        if deployment.ttft_s is not None
+        and deployment.ttft_p90_s is not None
+        and deployment.tpot_s is not None
+        else ""
+    )
     return (
         f"deployment: [bold]{deployment.kind}[/] — colocated {colocated:,.1f} "
         f"vs disaggregated {disaggregated:,.1f} output tokens/s per device "
-        f"({pools}; the {deployment.bottleneck} pool binds)\n"
+        f"({pools}; the {deployment.bottleneck} pool binds{latency})\n"
         f"why: {deployment.kind} serves {ratio:.2f}x the output tokens per device of the best {loser} deployment"
         + (f"; {deployment.note}" if deployment.note else "")
     )
@@ -515,7 +523,39 @@ def _explain(args: argparse.Namespace) -> int:
         )
     if line := deployment_line(plan):
         console.print(line)
+    for line in pool_lines(plan):
+        console.print(line, highlight=False, markup=False)
     return 0
+
+
+def pool_lines(plan) -> list[str]:
+    """One line per pool of the plan's disaggregated split, as that pool was priced for its own
+    phase: a prefill unit's pass over its batch of prompts, a decode unit's step, the input or
+    output tokens/s per device, the memory per device and the two largest time parts."""
+    lines = []
+    for pool in plan.deployment.pools:
+        cost = pool.predicted
+        if cost is None:
+            continue
+        if pool.role == "prefill":
+            speed = (
+                f"pass {human_seconds(cost.ttft_s or 0.0)} over {pool.serving.batch_size} prompts"
+            )
+            rate = f"{cost.tokens_per_s_per_device or 0.0:,.0f} input tokens/s per device"
+        else:
+            speed = (
+                f"step {human_seconds(cost.tpot_s or 0.0)} at {pool.serving.batch_size} sequences"
+            )
+            rate = f"{cost.tokens_per_s_per_device or 0.0:,.0f} output tokens/s per device"
+        largest = sorted(cost.time_s.items(), key=lambda item: -item[1])[:2]
+        parts = ", ".join(f"{part} {human_seconds(seconds)}" for part, seconds in largest)
+        lines.append(
+            f"{pool.role} pool: {pool.num_units} x {pool.devices_per_unit} devices "
+            f"({describe_layout(pool.config)}): {speed}, {rate}, "
+            f"{human_bytes(cost.memory_per_device_bytes)} of "
+            f"{human_bytes(cost.memory_capacity_bytes)} per device; largest parts {parts}"
+        )
+    return lines
 
 
 def recipe_settings(plan) -> dict:
@@ -547,6 +587,19 @@ def _explanation(plan) -> dict:
             for a in plan.alternatives
         ],
         "deployment": deployment_line(plan).replace("[bold]", "").replace("[/]", "") or None,
+        "pools": [
+            {
+                "role": pool.role,
+                "units": pool.num_units,
+                "devices_per_unit": pool.devices_per_unit,
+                "layout": describe_layout(pool.config),
+                "batch_size": pool.serving.batch_size,
+                "predicted": None
+                if pool.predicted is None
+                else pool.predicted.model_dump(mode="json"),
+            }
+            for pool in plan.deployment.pools
+        ],
     }
 
 

@@ -137,8 +137,10 @@ def simulated_line(plan, *, model, cluster, workload) -> str:
         else f"{workload.request_rate_per_s:g} requests/s"
     )
     verdict = "meets" if run.meets(workload) else "[red]misses[/]"
+    # the simulator serves one colocated replica: say so where the plan deploys pools instead
+    which = " (the colocated layout)" if plan.deployment.kind == "disaggregated" else ""
     return (
-        f"serving simulator at {load}: p90 TTFT {human_seconds(figures['ttft_p90_s'])}, "
+        f"serving simulator{which} at {load}: p90 TTFT {human_seconds(figures['ttft_p90_s'])}, "
         f"p90 TPOT {human_seconds(figures['tpot_p90_s'])} ({verdict} the SLOs), "
         f"{figures['output_tokens_per_s'] * run.replicas:,.0f} output tokens/s"
     )

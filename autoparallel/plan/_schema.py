@@ -219,6 +219,18 @@ class Deployment(BaseModel):
     bottleneck: Literal["prefill", "decode"] | None = Field(
         default=None, description="the pool that binds the split"
     )
+    ttft_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="the disaggregated deployment's mean first-token time: overhead, prefill "
+        "queue and pass, KV transfer, decode admission",
+    )
+    ttft_p90_s: float | None = Field(
+        default=None, ge=0, description="its p90, the figure the TTFT SLO bounds"
+    )
+    tpot_s: float | None = Field(
+        default=None, ge=0, description="the disaggregated deployment's decode step"
+    )
     note: str = Field(default="", description="why no disaggregated split was priced")
 
 
