@@ -45,6 +45,9 @@ from cost_model import (
 from topology import Cluster
 
 logger = logging.getLogger(__name__)
+#: A time the search records for an unbounded one (an open loop past its capacity; the search
+#: stores infinities as 1e300, ``search._candidate``): anything this long is unbounded.
+UNBOUNDED_S = 1e299
 
 
 def find_plan(
@@ -263,8 +266,13 @@ def with_disaggregation(
             )
         )
     colocated = plan.predicted.tokens_per_s_per_device or 0.0
+    if workload.request_rate_per_s is None:
+        wins = found.output_tokens_per_s_per_device > colocated
+    else:  # the offered rate is served on every device either way: the lower latency wins
+        colocated_e2e = colocated_e2e_s(plan)
+        wins = colocated_e2e is None or (found.e2e_s or math.inf) < colocated_e2e
     deployment = Deployment(
-        kind="disaggregated" if found.output_tokens_per_s_per_device > colocated else "colocated",
+        kind="disaggregated" if wins else "colocated",
         pools=tuple(pools),
         colocated_output_tokens_per_s_per_device=colocated,
         disaggregated_output_tokens_per_s_per_device=found.output_tokens_per_s_per_device,
@@ -277,9 +285,20 @@ def with_disaggregation(
     return _rebuilt(plan, model=model, cluster=cluster, deployment=deployment)
 
 
+def colocated_e2e_s(plan: ShardingPlan) -> float | None:
+    """Mean end-to-end seconds of the plan's colocated layout under its load: TTFT and the
+    remaining output tokens at its TPOT; None where the plan has no serving figures."""
+    cost = plan.predicted
+    if cost is None or cost.ttft_s is None or cost.tpot_s is None:
+        return None
+    output_tokens = getattr(plan.job, "output_tokens", 1)
+    return cost.ttft_s + max(output_tokens - 1, 0) * cost.tpot_s
+
+
 def _pairs_note(found) -> str:  # search.DisaggregatedResult
     """The unit-size pairs the split was chosen from, best first (why this split)."""
-    pairs = ", ".join(f"{p}/{d}: {r:,.0f}" for p, d, r in found.considered[:6])
+    shown = "{:,.0f}" if found.ranked_by == "output tokens/s/device" else "{:.2f}"
+    pairs = ", ".join(f"{p}/{d}: {shown.format(r)}" for p, d, r in found.considered[:6])
     dropped = (
         f"; {found.over_ttft_slo} more left out, their p90 TTFT (prefill queue, KV transfer and "
         "decode admission included) over the SLO"
@@ -288,7 +307,7 @@ def _pairs_note(found) -> str:  # search.DisaggregatedResult
     )
     return (
         f"{len(found.considered)} prefill/decode unit-size pairs priced (devices per unit: "
-        f"output tokens/s/device) {pairs}{dropped}"
+        f"{found.ranked_by}) {pairs}{dropped}"
     )
 
 
@@ -500,7 +519,15 @@ def infeasible_error(
         limit = workload.ttft_slo_s if bottleneck == "ttft_slo" else workload.tpot_slo_s
         reached = best.metrics.get(metric)
         name = metric[: -len("_s")].upper()
-        if reached is not None and limit:
+        rate = getattr(workload, "request_rate_per_s", None)
+        if reached is not None and reached >= UNBOUNDED_S and rate is not None:
+            # an open loop past the layout's capacity: the queue, and so the TTFT, grows without end
+            message += (
+                f" (at the offered {rate:g} requests/s the least-violating layout's queue grows "
+                f"without bound: the rate exceeds what it serves, so no {name} meets the "
+                f"{human_seconds(limit or 0.0)} SLO)"
+            )
+        elif reached is not None and limit:
             message += (
                 f" (the least-violating layout reaches {name} {human_seconds(reached)} against the "
                 f"{human_seconds(limit)} SLO, {reached / limit - 1.0:.0%} over)"

@@ -57,9 +57,11 @@ from cost_model._serving import (
     DisaggregatedSplit,
     PoolConfig,
     disaggregated_split,
+    pool_curve,
     pool_unit_rate,
 )
 from cost_model._serving_columns import KV_DTYPE_CODES, PHASE_CODES, ServingConfig
+from cost_model._serving_pool_load import PassCurve, pass_curve
 from cost_model._serving_precision import (
     checkpoint_dtype,
     checkpoint_dtype_by_part,
@@ -136,6 +138,9 @@ __all__ = [
     "check_sequence_fits",
     "configs_to_table",
     "disaggregated_split",
+    "PassCurve",
+    "pass_curve",
+    "pool_curve",
     "pool_unit_rate",
     "dtype_bytes",
     "estimate",

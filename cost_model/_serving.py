@@ -4,8 +4,9 @@ Each pool is a whole number of *units* (one unit = one replica of its ``Parallel
 DeepSeek's 4-node prefill and 18-node decode units; Zhong et al., DistServe, OSDI'24). A prefill
 unit completes ``input tokens/s / prompt_tokens`` requests per second, a decode unit
 ``output tokens/s / output_tokens``; the deployment serves the smaller of the two pools' rates
-(rate matching). With ``workload.request_rate_per_s`` the split is the fewest units of each pool
-that carry that rate; otherwise the split of ``num_devices`` that serves the most requests.
+(rate matching): the split of ``num_devices`` that serves the most requests. With
+``workload.request_rate_per_s`` every device serves that rate, split for the least latency, each
+pool at the load the rate puts on its units (``_serving_pool_load``).
 Each request's prompt cache then crosses the scale-out network from a prefill rank to a decode
 rank; its time adds to the TTFT and its volume to the decode pool's network load.
 
@@ -28,6 +29,7 @@ from cost_model._options import EstimateOptions
 from cost_model._parallel import ParallelConfig
 from cost_model._reasons import REASON_LABELS
 from cost_model._serving_columns import ServingConfig
+from cost_model._serving_pool_load import PassCurve, pass_curve, rate_split
 from cost_model._serving_profile import serving_profile
 from cost_model._table import configs_to_table
 from cost_model._workload import Inference
@@ -171,9 +173,13 @@ def disaggregated_split(
     num_devices: int | None = None,
     options: EstimateOptions | None = None,
     rates: tuple[UnitRate, UnitRate] | None = None,
+    curves: tuple[PassCurve, PassCurve] | None = None,
 ) -> DisaggregatedSplit:
     """Rate-matched split of ``num_devices`` (default: the cluster's) into prefill and decode units.
-    ``rates``: the (prefill, decode) ``pool_unit_rate`` of these pools when already priced."""
+    ``rates``: the (prefill, decode) ``pool_unit_rate`` of these pools when already priced.
+    Under ``workload.request_rate_per_s`` every device is used and each pool is priced at the
+    load that rate puts on its units (``_serving_pool_load``; ``curves``: their ``pass_curve``
+    when already priced)."""
     num_devices = cluster.num_devices if num_devices is None else num_devices
     if rates is None:
         rates = (
@@ -182,23 +188,20 @@ def disaggregated_split(
         )
     (prefill_size, prefill_rate, prefill_ttft), (decode_size, decode_rate, decode_step) = rates
     if workload.request_rate_per_s is not None:
-        prefill_units = int(np.ceil(workload.request_rate_per_s / prefill_rate))
-        decode_units = int(np.ceil(workload.request_rate_per_s / decode_rate))
-        needed = prefill_units * prefill_size + decode_units * decode_size
-        if needed > num_devices:
-            raise InfeasiblePlanError(
-                f"serving {workload.request_rate_per_s} requests/s needs {needed} devices "
-                f"({prefill_units} prefill x {prefill_size} + {decode_units} decode x {decode_size}), "
-                f"{num_devices} available",
-                part="devices",
-            )
-    else:
-        prefill_units, decode_units = _best_split(
-            num_devices, prefill_size, prefill_rate, decode_size, decode_rate
+        return _offered_rate_split(
+            model=model,
+            cluster=cluster,
+            workload=workload,
+            pools=(prefill, decode),
+            rates=rates,
+            num_devices=num_devices,
+            options=options,
+            curves=curves,
         )
+    prefill_units, decode_units = _best_split(
+        num_devices, prefill_size, prefill_rate, decode_size, decode_rate
+    )
     served = min(prefill_units * prefill_rate, decode_units * decode_rate)
-    if workload.request_rate_per_s is not None:
-        served = workload.request_rate_per_s
     transfer_s, network_fraction = _kv_transfer(
         model, cluster, workload, decode, served, decode_units * decode_size
     )
@@ -246,3 +249,77 @@ def _best_split(
     # Trim the pool that has slack: fewest units of each that still serve the best rate.
     rate = served[best]
     return int(np.ceil(rate / prefill_rate - 1e-9)), int(np.ceil(rate / decode_rate - 1e-9))
+
+
+def pool_curve(
+    model, cluster, workload: Inference, pool: PoolConfig, phase: str, options=None
+) -> PassCurve:
+    """The pool's ``pass_curve`` for ``phase`` up to the batch its unit is saturated at (its
+    serving batch, or the one ``pool_unit_rate`` resolves)."""
+    batch = pool.serving.batch_size
+    if not batch:
+        serving = pool.serving.model_copy(update={"phase": phase})
+        table = configs_to_table([pool.config], **serving.columns(workload=workload))
+        columns = estimate_inference_table(
+            model=model, cluster=cluster, workload=workload, table=table, options=options
+        )
+        batch = int(columns["batch_size"][0])
+    return pass_curve(model, cluster, workload, pool, phase, batch, options)
+
+
+def _offered_rate_split(
+    *, model, cluster, workload: Inference, pools, rates, num_devices: int, options, curves
+) -> DisaggregatedSplit:
+    """``disaggregated_split`` under an offered request rate (module docstring)."""
+    prefill, decode = pools
+    (prefill_size, prefill_rate, _), (decode_size, decode_rate, _) = rates
+    rate = float(workload.request_rate_per_s or 0.0)
+    if curves is None:
+        curves = (
+            pool_curve(model, cluster, workload, prefill, "prefill", options),
+            pool_curve(model, cluster, workload, decode, "decode", options),
+        )
+    transfer_s, _ = _kv_transfer(model, cluster, workload, decode, rate, 1)
+    profile = serving_profile(workload.serving_engine, workload.serving_engine_version)
+    load = rate_split(
+        rate=rate,
+        num_devices=num_devices,
+        prefill=(prefill_size, prefill_rate, curves[0]),
+        decode=(decode_size, decode_rate, curves[1]),
+        output_tokens=workload.output_tokens,
+        overhead_s=profile.request_overhead_s,
+        transfer_s=transfer_s,
+        ttft_slo_s=workload.ttft_slo_s,
+        tpot_slo_s=workload.tpot_slo_s,
+    )
+    if load is None:
+        units = _best_split(num_devices, prefill_size, prefill_rate, decode_size, decode_rate)
+        carried = min(units[0] * prefill_rate, units[1] * decode_rate)
+        raise InfeasiblePlanError(
+            f"serving {rate:g} requests/s needs more than {num_devices} devices: the best split "
+            f"({units[0]} prefill x {prefill_size} + {units[1]} decode x {decode_size}) carries "
+            f"{carried:.3g} requests/s",
+            part="devices",
+        )
+    decode_devices = load.decode_units * decode_size
+    _, network_fraction = _kv_transfer(model, cluster, workload, decode, rate, decode_devices)
+    prefill_capacity = load.prefill_units * prefill_rate
+    return DisaggregatedSplit(
+        prefill_queue_s=load.prefill_utilization * load.prefill_pass_s / 2.0,
+        decode_admission_s=load.decode_step_s / 2.0,
+        request_overhead_s=profile.request_overhead_s,
+        tpot_s=load.decode_step_s,
+        prefill_ttft_s=load.prefill_pass_s,
+        kv_transfer_s=transfer_s,
+        kv_transfer_network_fraction=network_fraction,
+        prefill_units=load.prefill_units,
+        decode_units=load.decode_units,
+        prefill_devices=load.prefill_units * prefill_size,
+        decode_devices=decode_devices,
+        prefill_requests_per_s_per_unit=prefill_rate,
+        decode_requests_per_s_per_unit=decode_rate,
+        requests_per_s=rate,
+        input_tokens_per_s=rate * workload.prompt_tokens,
+        output_tokens_per_s=rate * workload.output_tokens,
+        bottleneck="prefill" if prefill_capacity <= load.decode_units * decode_rate else "decode",
+    )

@@ -23,6 +23,8 @@ from cost_model import (
     PoolConfig,
     ServingConfig,
     disaggregated_split,
+    pass_curve,
+    pool_curve,
     pool_unit_rate,
 )
 from search._candidate import Candidate
@@ -65,6 +67,11 @@ class DisaggregatedResult:
     tpot_s: float | None = None
     #: unit-size pairs priced but left out: their p90 TTFT misses the workload's SLO
     over_ttft_slo: int = 0
+    #: mean end-to-end seconds of a request (TTFT, then the other output tokens' steps)
+    e2e_s: float | None = None
+    #: what ``considered`` lists per pair: output tokens/s per device, or, under an offered
+    #: request rate (which every pair carries alike on every device), mean end-to-end seconds
+    ranked_by: str = "output tokens/s/device"
 
 
 def unit_sizes(*, model: ModelSpec, cluster: Cluster, workload: Inference) -> list[int]:
@@ -152,6 +159,15 @@ def find_disaggregated(
     rates = {  # each unit priced once, then paired with every unit of the other pool
         phase: _unit_rates(model, cluster, workload, found, phase) for phase, found in units.items()
     }
+    offered = workload.request_rate_per_s is not None
+    curves = (  # under an offered rate, each unit's pass against the requests it holds
+        {
+            phase: _unit_curves(model, cluster, workload, found, phase)
+            for phase, found in units.items()
+        }
+        if offered
+        else None
+    )
     priced, over_slo = [], 0
     for prefill_size, (prefill, prefill_unit) in units["prefill"].items():
         for decode_size, (decode, decode_unit) in units["decode"].items():
@@ -165,6 +181,9 @@ def find_disaggregated(
                     prefill=_pool(prefill, "prefill"),
                     decode=_pool(decode, "decode"),
                     rates=(rates["prefill"][prefill_size], rates["decode"][decode_size]),
+                    curves=None
+                    if curves is None
+                    else (curves["prefill"][prefill_size], curves["decode"][decode_size]),
                 )
             except InfeasiblePlanError:
                 continue
@@ -174,8 +193,11 @@ def find_disaggregated(
                 continue
             used = split.prefill_devices + split.decode_devices
             rate = split.output_tokens_per_s / used
+            # the offered rate is carried by every pair alike: the least latency wins there
+            e2e = split.ttft_s + max(workload.output_tokens - 1, 0) * split.tpot_s
             priced.append(
                 (
+                    e2e if offered else -rate,
                     rate,
                     prefill_size,
                     decode_size,
@@ -188,8 +210,8 @@ def find_disaggregated(
             )
     if not priced:
         return None
-    priced.sort(key=lambda entry: -entry[0])
-    rate, _, _, split, prefill, decode, prefill_unit, decode_unit = priced[0]
+    priced.sort(key=lambda entry: entry[0])
+    _, rate, _, _, split, prefill, decode, prefill_unit, decode_unit = priced[0]
     return DisaggregatedResult(
         prefill=_with_pool_serving(prefill, "prefill"),
         decode=_with_pool_serving(decode, "decode"),
@@ -201,10 +223,12 @@ def find_disaggregated(
         bottleneck=split.bottleneck,
         prefill_units=split.prefill_units,
         decode_units=split.decode_units,
-        considered=tuple((p, d, r) for r, p, d, *_ in priced),
+        considered=tuple((p, d, abs(key) if offered else r) for key, r, p, d, *_ in priced),
+        ranked_by="mean end-to-end s" if offered else "output tokens/s/device",
         ttft_s=split.ttft_s,
         ttft_p90_s=split.ttft_quantile_s(POOL_SLO_QUANTILE),
         tpot_s=split.tpot_s,
+        e2e_s=split.ttft_s + max(workload.output_tokens - 1, 0) * split.tpot_s,
         over_ttft_slo=over_slo,
     )
 
@@ -218,6 +242,20 @@ def _unit_rates(model, cluster, workload, units: dict, phase: str) -> dict:
         except InfeasiblePlanError:
             continue
     return rates
+
+
+def _unit_curves(model, cluster, workload, units: dict, phase: str) -> dict:
+    """``cost_model.pass_curve`` of the best unit of each size, up to the batch its search
+    resolved (the batch its unit rate is counted at)."""
+    curves = {}
+    for size, (candidate, _) in units.items():
+        batch = int(candidate.metrics.get("batch_size") or 0)
+        pool = _pool(candidate, phase)
+        if batch < 1:
+            curves[size] = pool_curve(model, cluster, workload, pool, phase)
+        else:
+            curves[size] = pass_curve(model, cluster, workload, pool, phase, batch)
+    return curves
 
 
 def _pool(candidate: Candidate, phase: str) -> PoolConfig:

@@ -436,11 +436,16 @@ def test_disaggregation_balances_the_two_pools() -> None:
         and split.decode_admission_s == pytest.approx(split.tpot_s / 2)
     )
     assert 0 < split.kv_transfer_network_fraction < 1
+    # Under an offered rate every device serves it, each pool at the load the rate puts on its
+    # units: half the saturated rate waits less for the running prefill pass and steps faster.
     fixed = workload.model_copy(update={"request_rate_per_s": split.requests_per_s / 2})
     half = disaggregated_split(
         model=REF, cluster=H100_1024, workload=fixed, prefill=prefill, decode=decode
     )
-    assert half.prefill_devices + half.decode_devices < split.prefill_devices + split.decode_devices
+    assert half.prefill_devices + half.decode_devices == 1024
+    assert half.requests_per_s == pytest.approx(split.requests_per_s / 2)
+    assert half.prefill_queue_s < split.prefill_queue_s and half.ttft_s < split.ttft_s
+    assert half.tpot_s <= split.tpot_s
     with pytest.raises(InfeasiblePlanError, match="devices"):
         disaggregated_split(
             model=REF,

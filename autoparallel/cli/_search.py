@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from autoparallel._planner import colocated_e2e_s
 from autoparallel.cli._args import (
     add_job_arguments,
     input_file,
@@ -410,12 +411,25 @@ def deployment_line(plan) -> str:
         and deployment.tpot_s is not None
         else ""
     )
+    why = f"{deployment.kind} serves {ratio:.2f}x the output tokens per device of the best {loser} deployment"
+    rate = getattr(plan.job, "request_rate_per_s", None)
+    disaggregated_e2e = (
+        None
+        if deployment.ttft_s is None or deployment.tpot_s is None
+        else deployment.ttft_s + max(plan.job.output_tokens - 1, 0) * deployment.tpot_s
+    )
+    colocated_e2e = colocated_e2e_s(plan)
+    if rate is not None and disaggregated_e2e is not None and colocated_e2e is not None:
+        why = (
+            f"both serve the offered {rate:g} requests/s on every device; mean end-to-end "
+            f"latency disaggregated {human_seconds(disaggregated_e2e)} vs colocated "
+            f"{human_seconds(colocated_e2e)}"
+        )
     return (
         f"deployment: [bold]{deployment.kind}[/] — colocated {colocated:,.1f} "
         f"vs disaggregated {disaggregated:,.1f} output tokens/s per device "
         f"({pools}; the {deployment.bottleneck} pool binds{latency})\n"
-        f"why: {deployment.kind} serves {ratio:.2f}x the output tokens per device of the best {loser} deployment"
-        + (f"; {deployment.note}" if deployment.note else "")
+        f"why: {why}" + (f"; {deployment.note}" if deployment.note else "")
     )
 
 

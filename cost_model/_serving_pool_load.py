@@ -1,0 +1,138 @@
+"""A disaggregated deployment under an offered request rate: each pool at the load it carries.
+
+A pool's unit is priced saturated (``_serving.pool_unit_rate``: the largest batch its SLO allows);
+under a request rate below that, a unit runs smaller batches. A prefill unit batches what arrived
+while its previous pass ran, so in steady state a pass carries ``c = rate x T(c)`` prompts (a
+pass of one prompt where even that leaves it idle between arrivals); a decode unit holds
+``c = rate x output tokens x S(c)`` sequences (Little's law), ``S`` its step at ``c``. Both are
+solved on the unit's own curve of pass time against the requests it holds, priced in one table
+over a grid of batch sizes (``PassCurve``). Under a rate every device of the cluster is used:
+the split gives the prefill pool ``p`` units and the decode pool the rest, and keeps the ``p``
+whose mean end-to-end latency is least among those whose p90 TTFT and TPOT meet the SLOs (the
+least overall where none does). DistServe (Zhong et al., OSDI'24, sec. 4.1) prices the prefill
+queue of a batching pool the same way; Splitwise (Patel et al., ISCA'24) sizes the two pools for
+a target load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_model._inference_load import POOL_SLO_QUANTILE, estimate_inference_table
+from cost_model._table import configs_to_table
+
+#: Batch sizes of a pass curve: 1, then geometric up to the unit's saturated batch.
+CURVE_POINTS = 16
+
+
+@dataclass(frozen=True)
+class PassCurve:
+    """A unit's pass (prefill) or step (decode) seconds against the requests it holds at once
+    (``concurrency``: prompts in a pass, sequences decoding), ascending; the last point is the
+    saturated batch its rate is counted at."""
+
+    concurrency: np.ndarray
+    seconds: np.ndarray
+
+    def at(self, held: float) -> float:
+        """Seconds at ``held`` requests: linear between the priced points, the first point's
+        below them (a pass is never shorter than the smallest one priced)."""
+        return float(np.interp(held, self.concurrency, self.seconds))
+
+    def steady(self, arrivals_per_s: float) -> float:
+        """Requests held in steady state at ``arrivals_per_s``: the least ``c`` with
+        ``c = arrivals_per_s x seconds(c)`` (the curve's first point where even that is more than
+        the load keeps busy); the saturated point where the load exceeds it."""
+        demand = arrivals_per_s * self.seconds - self.concurrency
+        over = np.flatnonzero(demand <= 0.0)
+        if over.size == 0:
+            return float(self.concurrency[-1])
+        i = int(over[0])
+        if i == 0:
+            return float(max(arrivals_per_s * self.seconds[0], 0.0))
+        # the root between the points either side, where demand changes sign
+        d0, d1 = demand[i - 1], demand[i]
+        c0, c1 = self.concurrency[i - 1], self.concurrency[i]
+        return float(c0 + (c1 - c0) * d0 / (d0 - d1))
+
+
+def pass_curve(model, cluster, workload, pool, phase: str, saturated_batch: int, options=None):
+    """The ``PassCurve`` of ``pool``'s unit for ``phase``, priced in one table over batch sizes
+    1 .. ``saturated_batch`` (the batch its unit rate was counted at)."""
+    top = max(int(saturated_batch), 1)
+    batches = np.unique(np.rint(np.geomspace(1, top, min(CURVE_POINTS, top))).astype(np.int64))
+    serving = pool.serving.model_copy(update={"phase": phase})
+    columns_by_row = [
+        serving.model_copy(update={"batch_size": int(b)}).columns(workload=workload)
+        for b in batches
+    ]
+    extras = {
+        name: np.concatenate([row[name] for row in columns_by_row]) for name in columns_by_row[0]
+    }
+    columns = estimate_inference_table(
+        model=model,
+        cluster=cluster,
+        workload=workload,
+        table=configs_to_table([pool.config] * len(batches), **extras),
+        options=options,
+    )
+    seconds = np.nan_to_num(columns["ttft_s" if phase == "prefill" else "tpot_s"])
+    return PassCurve(np.asarray(columns["concurrency"], dtype=np.float64), seconds)
+
+
+@dataclass(frozen=True)
+class PoolLoad:
+    """One split under the offered rate: units, the pools' steady passes and the latency."""
+
+    prefill_units: int
+    decode_units: int
+    prefill_pass_s: float
+    prefill_utilization: float
+    decode_step_s: float
+    ttft_s: float  # without the KV transfer, added by the caller
+    ttft_p90_s: float
+    e2e_s: float
+
+
+def rate_split(
+    *,
+    rate: float,
+    num_devices: int,
+    prefill: tuple[int, float, PassCurve],
+    decode: tuple[int, float, PassCurve],
+    output_tokens: int,
+    overhead_s: float,
+    transfer_s: float,
+    ttft_slo_s: float | None,
+    tpot_slo_s: float | None,
+) -> PoolLoad | None:
+    """The split of every device into prefill units (size, saturated requests/s, curve) and
+    decode units whose pools carry ``rate`` at the least mean end-to-end latency, preferring
+    splits that meet the SLOs at p90; None where no split carries the rate."""
+    (p_size, p_rate, p_curve), (d_size, d_rate, d_curve) = prefill, decode
+    best: tuple[tuple[bool, float], PoolLoad] | None = None
+    for p_units in range(1, num_devices // p_size + 1):
+        d_units = (num_devices - p_units * p_size) // d_size
+        if d_units < 1 or p_units * p_rate < rate or d_units * d_rate < rate:
+            continue
+        per_prefill, per_decode = rate / p_units, rate / d_units
+        prompts = p_curve.steady(per_prefill)
+        pass_s = p_curve.at(max(prompts, 1.0))
+        utilization = min(per_prefill * pass_s / max(prompts, 1.0), 1.0)
+        step_s = d_curve.at(max(d_curve.steady(per_decode * output_tokens), 1.0))
+        # first token: overhead, the wait for the running pass and for the decode batch (each
+        # uniform: mean half, p90 0.9 of its span), the pass, the cache's move
+        waits = utilization * pass_s + step_s
+        ttft = overhead_s + pass_s + transfer_s + waits / 2.0
+        ttft_p90 = overhead_s + pass_s + transfer_s + POOL_SLO_QUANTILE * waits
+        e2e = ttft + max(output_tokens - 1, 0) * step_s
+        meets = (ttft_slo_s is None or ttft_p90 <= ttft_slo_s) and (
+            tpot_slo_s is None or step_s <= tpot_slo_s
+        )
+        load = PoolLoad(p_units, d_units, pass_s, utilization, step_s, ttft, ttft_p90, e2e)
+        key = (not meets, e2e)
+        if best is None or key < best[0]:
+            best = (key, load)
+    return None if best is None else best[1]
