@@ -37,6 +37,8 @@ class CostBreakdown(BaseModel):
     tokens_per_s_per_device: float | None = None
     ttft_s: float | None = None
     tpot_s: float | None = None
+    #: Inference under a load: a request's mean end-to-end latency (colocated rows)
+    e2e_s: float | None = None
     batch_size: int | None = None
     #: Inference: sequences per micro-batch one replica's engine admits at once, the cap its
     #: launch sets (``batch_size`` but under a request rate, where that is the mean in flight).

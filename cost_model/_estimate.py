@@ -183,6 +183,7 @@ def breakdown_from_row(columns: Mapping[str, np.ndarray], index: int) -> CostBre
         tokens_per_s_per_device=_optional(columns, "tokens_per_s_per_device", index),
         ttft_s=_optional(columns, "ttft_s", index),
         tpot_s=_optional(columns, "tpot_s", index),
+        e2e_s=_optional(columns, "e2e_s", index),
         batch_size=None if batch is None else int(batch),
         running_cap=None if cap is None else int(cap),
         bottleneck=max(time, key=lambda name: time[name]) if time else "",

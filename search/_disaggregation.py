@@ -115,10 +115,11 @@ def _best_units(
     for size in unit_sizes(model=model, cluster=cluster, workload=workload):
         unit = unit_cluster(cluster, size)
         try:
-            found = exhaustive_search(
+            found = exhaustive_search(  # a unit is counted at its saturated rate
                 model,
                 unit,
                 workload,
+                objective="throughput",
                 bounds=bounds.model_copy(update={"phase": phase}),
                 estimator=estimator,
             ).best

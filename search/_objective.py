@@ -28,6 +28,7 @@ METRICS: dict[str, tuple[str, Direction]] = {
     "throughput": ("tokens_per_s_per_device", "maximize"),
     "tpot": ("tpot_s", "minimize"),
     "ttft": ("ttft_s", "minimize"),
+    "e2e": ("e2e_s", "minimize"),
     "memory": ("memory_per_device_bytes", "minimize"),
     "memory_headroom": ("memory_headroom_bytes", "maximize"),
 }
@@ -68,8 +69,12 @@ def resolve_objective(
     """``None`` -> the workload's default; ``"pareto"`` -> its two-objective preset; a name or names."""
     if isinstance(objective, Objective):
         return objective
-    if objective is None:
-        names: tuple[str, ...] = (DEFAULT[workload.kind],)
+    if objective is None and getattr(workload, "request_rate_per_s", None) is not None:
+        # an offered rate is carried alike by every layout that serves it on the whole cluster
+        # (output tokens/s per device tie): the lower mean end-to-end latency is the better one
+        names: tuple[str, ...] = ("e2e",)
+    elif objective is None:
+        names = (DEFAULT[workload.kind],)
     elif objective == "pareto":
         names = PARETO[workload.kind]
     else:
@@ -77,7 +82,7 @@ def resolve_objective(
     for name in names:
         if name not in METRICS:
             raise ValueError(f"objective ({name!r}) must be one of {sorted(METRICS) + ['pareto']}")
-        if workload.kind == "training" and name in ("tpot", "ttft"):
+        if workload.kind == "training" and name in ("tpot", "ttft", "e2e"):
             raise ValueError(
                 f"objective ({name!r}) is an inference metric; the workload is training"
             )

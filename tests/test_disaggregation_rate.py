@@ -122,3 +122,22 @@ def test_an_offered_rate_past_every_layout_says_the_queue_grows(capsys) -> None:
     err = " ".join(capsys.readouterr().err.split())
     assert code == 2
     assert "queue grows without bound" in err and "e+" not in err and "1000000" not in err
+
+
+def test_under_a_rate_the_search_ranks_layouts_by_end_to_end_latency() -> None:
+    """Every layout that carries an offered rate on the whole cluster serves the same tokens/s
+    per device, so the default objective is the mean end-to-end latency: the plan's is the least
+    of the layouts it kept."""
+    plan = ap.find_plan("mixtral-8x7b", H100, _workload(20.0), disaggregate=False)
+    assert plan.provenance.search.objective == ("e2e",)
+    assert plan.predicted.e2e_s is not None and plan.alternatives
+    per_device = plan.predicted.tokens_per_s_per_device
+    for alternative in plan.alternatives:
+        assert alternative.predicted.tokens_per_s_per_device == pytest.approx(per_device)
+        assert alternative.predicted.e2e_s is None or (
+            plan.predicted.e2e_s <= alternative.predicted.e2e_s
+        )
+    closed_loop = ap.find_plan(
+        "mixtral-8x7b", H100, _workload(20.0).model_copy(update={"request_rate_per_s": None})
+    )
+    assert closed_loop.provenance.search.objective == ("throughput",)

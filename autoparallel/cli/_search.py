@@ -95,7 +95,9 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--objective",
         default=None,
-        help="step_time, throughput, tpot, ttft, memory, memory_headroom or pareto",
+        help="step_time, throughput, tpot, ttft, e2e, memory, memory_headroom or pareto "
+        "(default: step_time for training, throughput for serving, e2e, the mean end-to-end "
+        "latency, under --request-rate)",
     )
     parser.add_argument("--trials", type=positive_int, default=DEFAULT_TRIALS)
     parser.add_argument("--sampler", default=None, choices=("tpe", "nsga2", "random"))
