@@ -41,6 +41,7 @@ from cost_model import (
     estimate_table,
     human_bytes,
     human_seconds,
+    unit_workload,
 )
 from topology import Cluster
 
@@ -252,9 +253,12 @@ def with_disaggregation(
         ("prefill", found.prefill, found.prefill_cluster, found.prefill_devices),
         ("decode", found.decode, found.decode_cluster, found.decode_devices),
     ):
-        (cost,) = predict_all(model=model, cluster=unit, workload=workload, candidates=[candidate])
+        # a unit as its rate was counted: saturated (the stated load is the deployment's, whose
+        # latency under it the deployment records)
+        saturated = unit_workload(workload)
+        (cost,) = predict_all(model=model, cluster=unit, workload=saturated, candidates=[candidate])
         size = candidate.config.world_size
-        serving = serving_settings(layout=candidate.layout, job=workload, predicted=cost)
+        serving = serving_settings(layout=candidate.layout, job=saturated, predicted=cost)
         pools.append(
             Pool(
                 role=role,

@@ -59,6 +59,7 @@ from cost_model._serving import (
     disaggregated_split,
     pool_curve,
     pool_unit_rate,
+    unit_workload,
 )
 from cost_model._serving_columns import KV_DTYPE_CODES, PHASE_CODES, ServingConfig
 from cost_model._serving_pool_load import PassCurve, pass_curve
@@ -142,6 +143,7 @@ __all__ = [
     "pass_curve",
     "pool_curve",
     "pool_unit_rate",
+    "unit_workload",
     "dtype_bytes",
     "estimate",
     "estimate_inference_table",

@@ -5,8 +5,9 @@ DeepSeek's 4-node prefill and 18-node decode units; Zhong et al., DistServe, OSD
 unit completes ``input tokens/s / prompt_tokens`` requests per second, a decode unit
 ``output tokens/s / output_tokens``; the deployment serves the smaller of the two pools' rates
 (rate matching): the split of ``num_devices`` that serves the most requests. With
-``workload.request_rate_per_s`` every device serves that rate, split for the least latency, each
-pool at the load the rate puts on its units (``_serving_pool_load``).
+``workload.request_rate_per_s`` every device serves that rate, split for the least latency; with
+``workload.concurrency`` every device serves that many closed-loop clients, split for the most
+requests; each pool at the load it carries (``_serving_pool_load``).
 Each request's prompt cache then crosses the scale-out network from a prefill rank to a decode
 rank; its time adds to the TTFT and its volume to the decode pool's network load.
 
@@ -29,7 +30,14 @@ from cost_model._options import EstimateOptions
 from cost_model._parallel import ParallelConfig
 from cost_model._reasons import REASON_LABELS
 from cost_model._serving_columns import ServingConfig
-from cost_model._serving_pool_load import PassCurve, pass_curve, rate_split
+from cost_model._serving_pool_load import (
+    PassCurve,
+    PoolPair,
+    concurrency_split,
+    pass_curve,
+    rate_split,
+    unit_workload,
+)
 from cost_model._serving_profile import serving_profile
 from cost_model._table import configs_to_table
 from cost_model._workload import Inference
@@ -80,12 +88,18 @@ class DisaggregatedSplit(BaseModel):
         default=0.0, ge=0, description="the engine's per-request overhead"
     )
     tpot_s: float = Field(default=0.0, ge=0, description="the decode pool's step at its batch")
+    client_wait_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="closed-loop clients past the split's capacity: their wait to be admitted",
+    )
 
     @property
     def ttft_s(self) -> float:
         """First token: overhead, prefill queue and pass, the cache's move, decode admission."""
         return (
             self.request_overhead_s
+            + self.client_wait_s
             + self.prefill_queue_s
             + self.prefill_ttft_s
             + self.kv_transfer_s
@@ -98,6 +112,7 @@ class DisaggregatedSplit(BaseModel):
         p-quantile is 2p times the mean (``_inference_load.prefill_pool_ttft_quantile_s``)."""
         return (
             self.request_overhead_s
+            + self.client_wait_s
             + 2.0 * p * self.prefill_queue_s
             + self.prefill_ttft_s
             + self.kv_transfer_s
@@ -114,6 +129,7 @@ def pool_unit_rate(
     """(devices per unit, requests/s per unit, pass time: TTFT of a prefill unit, TPOT of a
     decode unit) of a pool; raises ``InfeasiblePlanError`` if the pool does not fit. A search
     pairing many units prices each once and hands the pairs to ``disaggregated_split(rates=)``."""
+    workload = unit_workload(workload)
     serving = pool.serving.model_copy(update={"phase": phase})
     table = configs_to_table([pool.config], **serving.columns(workload=workload))
     columns = estimate_inference_table(
@@ -187,8 +203,8 @@ def disaggregated_split(
             pool_unit_rate(model, cluster, workload, decode, "decode", options),
         )
     (prefill_size, prefill_rate, prefill_ttft), (decode_size, decode_rate, decode_step) = rates
-    if workload.request_rate_per_s is not None:
-        return _offered_rate_split(
+    if workload.request_rate_per_s is not None or workload.concurrency is not None:
+        return _offered_load_split(
             model=model,
             cluster=cluster,
             workload=workload,
@@ -256,6 +272,7 @@ def pool_curve(
 ) -> PassCurve:
     """The pool's ``pass_curve`` for ``phase`` up to the batch its unit is saturated at (its
     serving batch, or the one ``pool_unit_rate`` resolves)."""
+    workload = unit_workload(workload)
     batch = pool.serving.batch_size
     if not batch:
         serving = pool.serving.model_copy(update={"phase": phase})
@@ -267,23 +284,21 @@ def pool_curve(
     return pass_curve(model, cluster, workload, pool, phase, batch, options)
 
 
-def _offered_rate_split(
+def _offered_load_split(
     *, model, cluster, workload: Inference, pools, rates, num_devices: int, options, curves
 ) -> DisaggregatedSplit:
-    """``disaggregated_split`` under an offered request rate (module docstring)."""
+    """``disaggregated_split`` under an offered request rate or a closed loop of clients
+    (``_serving_pool_load``): every device used, each pool at the load it carries."""
     prefill, decode = pools
     (prefill_size, prefill_rate, _), (decode_size, decode_rate, _) = rates
-    rate = float(workload.request_rate_per_s or 0.0)
     if curves is None:
         curves = (
             pool_curve(model, cluster, workload, prefill, "prefill", options),
             pool_curve(model, cluster, workload, decode, "decode", options),
         )
-    transfer_s, _ = _kv_transfer(model, cluster, workload, decode, rate, 1)
+    transfer_s, _ = _kv_transfer(model, cluster, workload, decode, 0.0, 1)
     profile = serving_profile(workload.serving_engine, workload.serving_engine_version)
-    load = rate_split(
-        rate=rate,
-        num_devices=num_devices,
+    pair = PoolPair(
         prefill=(prefill_size, prefill_rate, curves[0]),
         decode=(decode_size, decode_rate, curves[1]),
         output_tokens=workload.output_tokens,
@@ -292,21 +307,35 @@ def _offered_rate_split(
         ttft_slo_s=workload.ttft_slo_s,
         tpot_slo_s=workload.tpot_slo_s,
     )
-    if load is None:
-        units = _best_split(num_devices, prefill_size, prefill_rate, decode_size, decode_rate)
-        carried = min(units[0] * prefill_rate, units[1] * decode_rate)
-        raise InfeasiblePlanError(
-            f"serving {rate:g} requests/s needs more than {num_devices} devices: the best split "
-            f"({units[0]} prefill x {prefill_size} + {units[1]} decode x {decode_size}) carries "
-            f"{carried:.3g} requests/s",
-            part="devices",
+    if workload.request_rate_per_s is not None:
+        rate = float(workload.request_rate_per_s)
+        load = rate_split(pair, rate=rate, num_devices=num_devices)
+        if load is None:
+            units = _best_split(num_devices, prefill_size, prefill_rate, decode_size, decode_rate)
+            raise InfeasiblePlanError(
+                f"serving {rate:g} requests/s needs more than {num_devices} devices: the best "
+                f"split ({units[0]} prefill x {prefill_size} + {units[1]} decode x {decode_size}) "
+                f"carries {pair.capacity(*units):.3g} requests/s",
+                part="devices",
+            )
+    else:
+        load = concurrency_split(
+            pair, concurrency=float(workload.concurrency or 0), num_devices=num_devices
         )
+        if load is None:
+            raise InfeasiblePlanError(
+                f"{num_devices} devices cannot hold one prefill unit ({prefill_size}) and one "
+                f"decode unit ({decode_size})",
+                part="devices",
+            )
+    rate = load.requests_per_s
     decode_devices = load.decode_units * decode_size
     _, network_fraction = _kv_transfer(model, cluster, workload, decode, rate, decode_devices)
     prefill_capacity = load.prefill_units * prefill_rate
     return DisaggregatedSplit(
         prefill_queue_s=load.prefill_utilization * load.prefill_pass_s / 2.0,
         decode_admission_s=load.decode_step_s / 2.0,
+        client_wait_s=load.admission_wait_s,
         request_overhead_s=profile.request_overhead_s,
         tpot_s=load.decode_step_s,
         prefill_ttft_s=load.prefill_pass_s,

@@ -16,7 +16,7 @@ a target load.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -58,9 +58,18 @@ class PassCurve:
         return float(c0 + (c1 - c0) * d0 / (d0 - d1))
 
 
+def unit_workload(workload):
+    """``workload`` for pricing one pool's unit: without the deployment's load (its concurrency or
+    request rate is the whole deployment's, not one unit's), so the unit is priced saturated."""
+    if workload.concurrency is None and workload.request_rate_per_s is None:
+        return workload
+    return workload.model_copy(update={"concurrency": None, "request_rate_per_s": None})
+
+
 def pass_curve(model, cluster, workload, pool, phase: str, saturated_batch: int, options=None):
     """The ``PassCurve`` of ``pool``'s unit for ``phase``, priced in one table over batch sizes
     1 .. ``saturated_batch`` (the batch its unit rate was counted at)."""
+    workload = unit_workload(workload)
     top = max(int(saturated_batch), 1)
     batches = np.unique(np.rint(np.geomspace(1, top, min(CURVE_POINTS, top))).astype(np.int64))
     serving = pool.serving.model_copy(update={"phase": phase})
@@ -84,55 +93,128 @@ def pass_curve(model, cluster, workload, pool, phase: str, saturated_batch: int,
 
 @dataclass(frozen=True)
 class PoolLoad:
-    """One split under the offered rate: units, the pools' steady passes and the latency."""
+    """One split under a load: units, the requests/s it serves, the pools' steady passes and the
+    latency (``ttft_s``, ``ttft_p90_s`` and ``e2e_s`` hold the KV transfer and, in a closed loop
+    past the split's capacity, ``admission_wait_s``, the clients' wait to be admitted)."""
 
     prefill_units: int
     decode_units: int
+    requests_per_s: float
     prefill_pass_s: float
     prefill_utilization: float
     decode_step_s: float
-    ttft_s: float  # without the KV transfer, added by the caller
+    ttft_s: float
     ttft_p90_s: float
     e2e_s: float
+    admission_wait_s: float = 0.0
 
 
-def rate_split(
-    *,
-    rate: float,
-    num_devices: int,
-    prefill: tuple[int, float, PassCurve],
-    decode: tuple[int, float, PassCurve],
-    output_tokens: int,
-    overhead_s: float,
-    transfer_s: float,
-    ttft_slo_s: float | None,
-    tpot_slo_s: float | None,
-) -> PoolLoad | None:
-    """The split of every device into prefill units (size, saturated requests/s, curve) and
-    decode units whose pools carry ``rate`` at the least mean end-to-end latency, preferring
-    splits that meet the SLOs at p90; None where no split carries the rate."""
-    (p_size, p_rate, p_curve), (d_size, d_rate, d_curve) = prefill, decode
-    best: tuple[tuple[bool, float], PoolLoad] | None = None
-    for p_units in range(1, num_devices // p_size + 1):
-        d_units = (num_devices - p_units * p_size) // d_size
-        if d_units < 1 or p_units * p_rate < rate or d_units * d_rate < rate:
-            continue
+@dataclass(frozen=True)
+class PoolPair:
+    """A prefill and a decode unit (size, saturated requests/s, ``PassCurve``) and what a
+    request meets besides the passes: the engine's overhead, the KV transfer, the SLOs."""
+
+    prefill: tuple[int, float, PassCurve]
+    decode: tuple[int, float, PassCurve]
+    output_tokens: int
+    overhead_s: float
+    transfer_s: float
+    ttft_slo_s: float | None
+    tpot_slo_s: float | None
+
+    def splits(self, num_devices: int):
+        """(prefill units, decode units) using every device, at least one unit each."""
+        p_size, d_size = self.prefill[0], self.decode[0]
+        for p_units in range(1, num_devices // p_size + 1):
+            d_units = (num_devices - p_units * p_size) // d_size
+            if d_units >= 1:
+                yield p_units, d_units
+
+    def capacity(self, p_units: int, d_units: int) -> float:
+        """Requests/s the split serves with both pools saturated."""
+        return min(p_units * self.prefill[1], d_units * self.decode[1])
+
+    def at(self, p_units: int, d_units: int, rate: float) -> PoolLoad:
+        """The split carrying ``rate`` requests/s (at most its capacity)."""
+        p_curve, d_curve = self.prefill[2], self.decode[2]
         per_prefill, per_decode = rate / p_units, rate / d_units
         prompts = p_curve.steady(per_prefill)
         pass_s = p_curve.at(max(prompts, 1.0))
         utilization = min(per_prefill * pass_s / max(prompts, 1.0), 1.0)
-        step_s = d_curve.at(max(d_curve.steady(per_decode * output_tokens), 1.0))
+        step_s = d_curve.at(max(d_curve.steady(per_decode * self.output_tokens), 1.0))
         # first token: overhead, the wait for the running pass and for the decode batch (each
         # uniform: mean half, p90 0.9 of its span), the pass, the cache's move
         waits = utilization * pass_s + step_s
-        ttft = overhead_s + pass_s + transfer_s + waits / 2.0
-        ttft_p90 = overhead_s + pass_s + transfer_s + POOL_SLO_QUANTILE * waits
-        e2e = ttft + max(output_tokens - 1, 0) * step_s
-        meets = (ttft_slo_s is None or ttft_p90 <= ttft_slo_s) and (
-            tpot_slo_s is None or step_s <= tpot_slo_s
+        fixed = self.overhead_s + pass_s + self.transfer_s
+        ttft = fixed + waits / 2.0
+        return PoolLoad(
+            prefill_units=p_units,
+            decode_units=d_units,
+            requests_per_s=rate,
+            prefill_pass_s=pass_s,
+            prefill_utilization=utilization,
+            decode_step_s=step_s,
+            ttft_s=ttft,
+            ttft_p90_s=fixed + POOL_SLO_QUANTILE * waits,
+            e2e_s=ttft + max(self.output_tokens - 1, 0) * step_s,
         )
-        load = PoolLoad(p_units, d_units, pass_s, utilization, step_s, ttft, ttft_p90, e2e)
-        key = (not meets, e2e)
+
+    def meets(self, load: PoolLoad) -> bool:
+        return (self.ttft_slo_s is None or load.ttft_p90_s <= self.ttft_slo_s) and (
+            self.tpot_slo_s is None or load.decode_step_s <= self.tpot_slo_s
+        )
+
+    def closed_loop(self, p_units: int, d_units: int, concurrency: float) -> PoolLoad:
+        """The split driven by ``concurrency`` clients, each sending its next request when the
+        last one ends: the rate ``r`` with ``r x e2e(r) = concurrency`` (Little's law), found by
+        bisection; past the split's capacity the clients queue for admission, their wait the
+        rest of ``concurrency / capacity``."""
+        top = self.capacity(p_units, d_units)
+        saturated = self.at(p_units, d_units, top)
+        if top * saturated.e2e_s <= concurrency:
+            wait = concurrency / top - saturated.e2e_s
+            return replace(
+                saturated,
+                ttft_s=saturated.ttft_s + wait,
+                ttft_p90_s=saturated.ttft_p90_s + wait,
+                e2e_s=saturated.e2e_s + wait,
+                admission_wait_s=wait,
+            )
+        low, high = 0.0, top
+        for _ in range(BISECTION_STEPS):
+            middle = (low + high) / 2.0
+            if middle * self.at(p_units, d_units, middle).e2e_s < concurrency:
+                low = middle
+            else:
+                high = middle
+        return self.at(p_units, d_units, max(low, 1e-12))
+
+
+#: Halvings of the closed loop's rate bracket: 2^-40 of the capacity.
+BISECTION_STEPS = 40
+
+
+def rate_split(pair: PoolPair, *, rate: float, num_devices: int) -> PoolLoad | None:
+    """The split of every device that carries ``rate`` at the least mean end-to-end latency,
+    preferring splits that meet the SLOs at p90; None where no split carries the rate."""
+    best: tuple[tuple[bool, float], PoolLoad] | None = None
+    for p_units, d_units in pair.splits(num_devices):
+        if pair.capacity(p_units, d_units) < rate:
+            continue
+        load = pair.at(p_units, d_units, rate)
+        key = (not pair.meets(load), load.e2e_s)
+        if best is None or key < best[0]:
+            best = (key, load)
+    return None if best is None else best[1]
+
+
+def concurrency_split(pair: PoolPair, *, concurrency: float, num_devices: int) -> PoolLoad | None:
+    """The split of every device that serves ``concurrency`` closed-loop clients the most
+    requests/s, preferring splits that meet the SLOs at p90; None where no split exists."""
+    best: tuple[tuple[bool, float], PoolLoad] | None = None
+    for p_units, d_units in pair.splits(num_devices):
+        load = pair.closed_loop(p_units, d_units, concurrency)
+        key = (not pair.meets(load), -load.requests_per_s)
         if best is None or key < best[0]:
             best = (key, load)
     return None if best is None else best[1]

@@ -26,6 +26,7 @@ from cost_model import (
     pass_curve,
     pool_curve,
     pool_unit_rate,
+    unit_workload,
 )
 from search._candidate import Candidate
 from search._exhaustive import exhaustive_search
@@ -146,11 +147,11 @@ def find_disaggregated(
     of a 72-GPU NVLink domain); the pair serving the most output tokens/s per device used wins.
     """
     bounds = bounds or SearchBounds()
-    units = {
+    units = {  # each unit searched saturated: the stated load is the whole deployment's
         phase: _best_units(
             model=model,
             cluster=cluster,
-            workload=workload,
+            workload=unit_workload(workload),
             phase=phase,
             bounds=bounds,
             estimator=estimator,
@@ -161,12 +162,12 @@ def find_disaggregated(
         phase: _unit_rates(model, cluster, workload, found, phase) for phase, found in units.items()
     }
     offered = workload.request_rate_per_s is not None
-    curves = (  # under an offered rate, each unit's pass against the requests it holds
+    curves = (  # under a stated load, each unit's pass against the requests it holds
         {
             phase: _unit_curves(model, cluster, workload, found, phase)
             for phase, found in units.items()
         }
-        if offered
+        if offered or workload.concurrency is not None
         else None
     )
     priced, over_slo = [], 0

@@ -141,3 +141,30 @@ def test_under_a_rate_the_search_ranks_layouts_by_end_to_end_latency() -> None:
         "mixtral-8x7b", H100, _workload(20.0).model_copy(update={"request_rate_per_s": None})
     )
     assert closed_loop.provenance.search.objective == ("throughput",)
+
+
+def test_closed_loop_clients_are_served_at_the_rate_littles_law_gives() -> None:
+    """``concurrency`` clients, each sending its next request when the last ends, keep
+    rate x end-to-end = concurrency: below the split's capacity on the pools' own latency, past
+    it with the clients queued for admission; every device used either way."""
+    saturated = disaggregated_split(
+        model=MIXTRAL, cluster=H100, workload=_workload(None), prefill=PREFILL, decode=DECODE
+    )
+    for clients in (8, 64, 4096):
+        workload = _workload(None).model_copy(update={"concurrency": clients})
+        split = disaggregated_split(
+            model=MIXTRAL, cluster=H100, workload=workload, prefill=PREFILL, decode=DECODE
+        )
+        assert split.prefill_devices + split.decode_devices == H100.num_devices
+        e2e = split.ttft_s + 299 * split.tpot_s
+        assert split.requests_per_s * e2e == pytest.approx(clients, rel=1e-3)
+        capacity = min(
+            split.prefill_units * split.prefill_requests_per_s_per_unit,
+            split.decode_units * split.decode_requests_per_s_per_unit,
+        )
+        assert split.requests_per_s <= capacity * (1 + 1e-9)
+        if clients == 8:
+            assert split.client_wait_s == 0 and split.ttft_s < saturated.ttft_s / 5
+        if clients == 4096:  # far past what the pools serve: they run saturated, clients wait
+            assert split.client_wait_s > 0
+            assert split.requests_per_s == pytest.approx(capacity)
