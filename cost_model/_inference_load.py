@@ -460,11 +460,12 @@ def _estimate_rows(
     if is_both.any():
         concurrency, load, max_running = _colocated_load(s, iteration_cost(s))
         cap = np.where(is_both, np.ceil(max_running / s.column("pp")), batch)
+        # what the engine runs at once: the clients in flight, no more than it admits (the rest
+        # wait, ``_colocated_load``) nor than the memory holds
+        running = np.minimum(concurrency, max_running)
         batch = np.where(
             is_both,
-            np.ceil(
-                np.minimum(concurrency, np.maximum(fits, 1.0) * s.column("pp")) / s.column("pp")
-            ),
+            np.ceil(np.minimum(running, np.maximum(fits, 1.0) * s.column("pp")) / s.column("pp")),
             batch,
         )
         batch = np.where(is_both & (s.column("batch_size") > 0), s.column("batch_size"), batch)
