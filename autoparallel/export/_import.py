@@ -69,28 +69,64 @@ def layout_key(config: ParallelConfig, *, engine: str, moe: bool = True) -> tupl
     )
 
 
+def _is_flag(word: str) -> bool:
+    """``--name`` or a short ``-tp`` (not a negative number)."""
+    return word.startswith("-") and len(word) > 1 and not word[1].isdigit() and word[1] != "."
+
+
 def flags(text: str) -> dict[str, str | bool]:
-    """``--flag value`` pairs of a shell command (line continuations and comments removed)."""
+    """``--flag value`` pairs (and short ``-tp 4`` ones) of a shell command (line continuations
+    and comments removed)."""
     lines = [
         line
         for line in text.replace("\\\n", " ").splitlines()
         if line.strip() and not line.lstrip().startswith("#")
     ]
-    words = [w for line in lines for w in shlex.split(line) if "=" not in w or w.startswith("--")]
+    words = [w for line in lines for w in shlex.split(line) if "=" not in w or _is_flag(w)]
     found: dict[str, str | bool] = {}
     for index, word in enumerate(words):
-        if word.startswith("--"):
+        if _is_flag(word):
             if "=" in word:
                 name, value = word.split("=", 1)
                 found[name] = value
                 continue
             following = words[index + 1] if index + 1 < len(words) else "--"
-            found[word] = True if following.startswith("--") else following
+            found[word] = True if _is_flag(following) else following
     return found
 
 
+#: Every name an engine's parser takes for the flags read here, the canonical one first: vLLM's
+#: short aliases (``vllm/engine/arg_utils.py``: ``-tp``, ``-pp``, ``-dp``, ``-ep``), SGLang's
+#: long aliases and the abbreviations its documentation launches with (``server_args.py``
+#: ``--tensor-parallel-size`` / ``--tp-size``, argparse's unique-prefix ``--tp``; likewise dp, ep
+#: and pp), TensorRT-LLM's ``trtllm-serve`` options as spelled with underscores or dashes.
+FLAG_ALIASES: dict[str, tuple[str, ...]] = {
+    "--tensor-parallel-size": ("--tensor-parallel-size", "-tp"),
+    "--pipeline-parallel-size": ("--pipeline-parallel-size", "-pp"),
+    "--data-parallel-size": ("--data-parallel-size", "-dp"),
+    "--enable-expert-parallel": ("--enable-expert-parallel", "-ep"),
+    "--tp-size": ("--tp-size", "--tensor-parallel-size", "--tp"),
+    "--dp-size": ("--dp-size", "--data-parallel-size", "--dp"),
+    "--ep-size": ("--ep-size", "--expert-parallel-size", "--ep"),
+    "--pp-size": ("--pp-size", "--pipeline-parallel-size", "--pp"),
+    "--tp_size": ("--tp_size", "--tp-size"),
+    "--ep_size": ("--ep_size", "--ep-size"),
+    "--pp_size": ("--pp_size", "--pp-size"),
+}
+
+
+def _aliased(found: dict[str, str | bool], name: str) -> str | bool | None:
+    """The value ``found`` holds for ``name`` under any of its aliases (``FLAG_ALIASES``); a
+    flag given twice under two names must agree."""
+    values = {alias: found[alias] for alias in FLAG_ALIASES.get(name, (name,)) if alias in found}
+    if len(set(map(str, values.values()))) > 1:
+        raise ValueError(f"{' and '.join(values)} disagree ({list(values.values())}); give one")
+    return next(iter(values.values()), None)
+
+
 def _number(found: dict[str, str | bool], name: str, default: int) -> int:
-    value = found.get(name, default)
+    value = _aliased(found, name)
+    value = default if value is None else value
     try:
         return int(value)
     except (TypeError, ValueError):
@@ -126,7 +162,7 @@ def _vllm(files: dict[str, str]) -> ParallelConfig:
         _number(found, "--data-parallel-size", 1),
     )
     instance = attention_tp * replicas
-    ep, etp = (instance, 1) if found.get("--enable-expert-parallel") else (1, instance)
+    ep, etp = (instance, 1) if _aliased(found, "--enable-expert-parallel") else (1, instance)
     return _serving(
         instance=instance,
         attention_tp=attention_tp,
@@ -139,6 +175,12 @@ def _vllm(files: dict[str, str]) -> ParallelConfig:
 def _sglang(files: dict[str, str]) -> ParallelConfig:
     found = _launch(files, "sglang.launch_server")
     instance, ep = _number(found, "--tp-size", 1), _number(found, "--ep-size", 1)
+    # an all-to-all backend runs the experts over the whole instance: SGLang sets ep-size to
+    # tp-size with it (``data/engine_rules.json`` "sglang-tbo-needs-a2a"; the older
+    # --enable-deepep-moe alike)
+    backend = str(found.get("--moe-a2a-backend", "none"))
+    if (backend not in ("none", "True")) or found.get("--enable-deepep-moe"):
+        ep = instance
     replicas = _number(found, "--attn-dp-size", 1)
     if found.get("--enable-dp-attention"):
         replicas = _number(found, "--dp-size", 1)
