@@ -52,6 +52,11 @@ def engines_line(plan) -> str:
         if engine_role(engine) != role:
             continue
         parts.append(f"{engine} yes" if not broken else f"{engine} no ({broken[0].split(' [')[0]})")
+    if role == "training":
+        # the library's own runtime applies every training layout the search prices (pipeline
+        # schedules through torch.distributed.pipelining, zero-bubble one stage per rank among
+        # them; tests/test_runtime_pp.py checks each against the unsharded model)
+        parts.append("autoparallel.apply_plan yes")
     return f"{role} engines that run this layout: " + "; ".join(parts)
 
 
