@@ -111,21 +111,49 @@ def find_plan(
         model, cluster, workload, workers=workers, **options, **search_options
     )
     estimator = _estimator_option(search_options)
+    disaggregating = isinstance(workload, Inference) and (
+        workload.disaggregation_allowed if disaggregate is None else disaggregate
+    )
+    bounds = search_options["settings"].bounds if engine is not None else None
     if not result.feasible:
+        # a load no colocated layout serves within the SLOs may still be served by prefill and
+        # decode pools; only a layout that misses nothing but an SLO stands in for the colocated
+        if disaggregating and _misses_only_slos(result.best):
+            plan = plan_from_search(
+                model=model,
+                cluster=cluster,
+                workload=workload,
+                result=result,
+                options=estimate_options,
+            )
+            plan = with_disaggregation(
+                plan,
+                model=model,
+                cluster=cluster,
+                workload=workload,
+                bounds=bounds,
+                colocated_violations=result.best.violations,
+                **estimator,
+            )
+            if plan.deployment.kind == "disaggregated":
+                return plan
         raise infeasible_error(
             model=model, cluster=cluster, workload=workload, result=result, **estimator
         )
     plan = plan_from_search(
         model=model, cluster=cluster, workload=workload, result=result, options=estimate_options
     )
-    if isinstance(workload, Inference) and (
-        workload.disaggregation_allowed if disaggregate is None else disaggregate
-    ):
-        bounds = search_options["settings"].bounds if engine is not None else None
+    if disaggregating:
         plan = with_disaggregation(
             plan, model=model, cluster=cluster, workload=workload, bounds=bounds, **estimator
         )
     return plan
+
+
+def _misses_only_slos(candidate) -> bool:
+    """Whether ``candidate`` fits (memory, the cost model's rules) and misses only SLOs."""
+    violated = {name for name, excess in candidate.violations.items() if excess > 0}
+    return bool(violated) and violated <= {"ttft_slo", "tpot_slo"}
 
 
 def _with_checkpoint_dtype(model: ModelSpec | str, workload: Training | Inference):
@@ -235,9 +263,12 @@ def with_disaggregation(
     workload: Inference,
     estimator=None,
     bounds=None,  # search.SearchBounds (e.g. an engine's), None: the defaults
+    colocated_violations: dict[str, float] | None = None,
 ) -> ShardingPlan:
     """``plan`` with the best prefill/decode pools and which deployment wins (output tokens/s
-    per device)."""
+    per device; the lower latency under an offered rate). ``colocated_violations``: the SLOs
+    the plan's colocated layout misses (normalized excess), when none meets them: any split
+    that meets them wins."""
     from search import find_disaggregated
 
     found = find_disaggregated(model, cluster, workload, estimator=estimator, bounds=bounds)
@@ -270,7 +301,10 @@ def with_disaggregation(
             )
         )
     colocated = plan.predicted.tokens_per_s_per_device or 0.0
-    if workload.request_rate_per_s is None:
+    missed = {k: v for k, v in (colocated_violations or {}).items() if v > 0}
+    if missed:
+        wins = True
+    elif workload.request_rate_per_s is None:
         wins = found.output_tokens_per_s_per_device > colocated
     else:  # the offered rate is served on every device either way: the lower latency wins
         colocated_e2e = colocated_e2e_s(plan)
@@ -284,7 +318,17 @@ def with_disaggregation(
         ttft_s=found.ttft_s,
         ttft_p90_s=found.ttft_p90_s,
         tpot_s=found.tpot_s,
-        note=_pairs_note(found),
+        note=(
+            "no colocated layout meets the SLOs (the least-violating one misses "
+            + ", ".join(
+                f"{name.replace('_slo', '').upper()} by {excess:.0%}"
+                for name, excess in missed.items()
+            )
+            + "); "
+            if missed
+            else ""
+        )
+        + _pairs_note(found),
     )
     return _rebuilt(plan, model=model, cluster=cluster, deployment=deployment)
 

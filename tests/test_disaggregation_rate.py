@@ -168,3 +168,19 @@ def test_closed_loop_clients_are_served_at_the_rate_littles_law_gives() -> None:
         if clients == 4096:  # far past what the pools serve: they run saturated, clients wait
             assert split.client_wait_s > 0
             assert split.requests_per_s == pytest.approx(capacity)
+
+
+def test_a_rate_only_pools_serve_within_the_slos_plans_the_pools() -> None:
+    """At 70 requests/s no colocated layout of Mixtral-8x7B on one DGX H100 meets the TPOT SLO,
+    while prefill and decode pools serve it within both: the plan deploys the pools (and says
+    why) instead of refusing; without disaggregation it is refused."""
+    workload = _workload(70.0)
+    plan = ap.find_plan("mixtral-8x7b", H100, workload)
+    deployment = plan.deployment
+    assert deployment.kind == "disaggregated"
+    assert "no colocated layout meets the SLOs" in deployment.note
+    assert deployment.ttft_p90_s is not None and deployment.ttft_p90_s <= workload.ttft_slo_s
+    assert deployment.tpot_s is not None and deployment.tpot_s <= workload.tpot_slo_s
+    assert plan.predicted.tpot_s is not None and plan.predicted.tpot_s > workload.tpot_slo_s * 0.9
+    with pytest.raises(InfeasiblePlanError, match="tpot_slo|ttft_slo"):
+        ap.find_plan("mixtral-8x7b", H100, workload, disaggregate=False)

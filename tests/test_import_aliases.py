@@ -42,5 +42,9 @@ def test_trtllm_options_with_dashes_or_underscores() -> None:
 def test_one_flag_under_two_names_must_agree_and_values_stay_values() -> None:
     with pytest.raises(ValueError, match="--tp-size and --tp disagree"):
         import_config("sglang", "python -m sglang.launch_server --tp 8 --tp-size 4")
-    found = flags("run --offset -1 -tp 2 --scale -.5 --flag")
+    found = flags("run --offset -1 -tp 2 --scale -.5 --flag", short=True)
     assert found == {"--offset": "-1", "-tp": "2", "--scale": "-.5", "--flag": True}
+    script = "#!/usr/bin/env bash\nset -euo pipefail\nvllm serve m \\\n    -tp 4 \\\n    -pp 2\n"
+    assert "-euo" not in flags(script)  # a shell's options are not the engine's
+    config = import_config("vllm", {"launch_vllm.sh": script})
+    assert (config.tp, config.pp) == (4, 2)

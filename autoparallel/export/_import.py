@@ -74,24 +74,29 @@ def _is_flag(word: str) -> bool:
     return word.startswith("-") and len(word) > 1 and not word[1].isdigit() and word[1] != "."
 
 
-def flags(text: str) -> dict[str, str | bool]:
-    """``--flag value`` pairs (and short ``-tp 4`` ones) of a shell command (line continuations
-    and comments removed)."""
+def flags(text: str, *, short: bool = False) -> dict[str, str | bool]:
+    """``--flag value`` pairs of a shell command (line continuations and comments removed); with
+    ``short``, single-dash ones too (``-tp 4``; only for the engine's own command line, where a
+    shell's ``set -euo`` is not)."""
     lines = [
         line
         for line in text.replace("\\\n", " ").splitlines()
         if line.strip() and not line.lstrip().startswith("#")
     ]
-    words = [w for line in lines for w in shlex.split(line) if "=" not in w or _is_flag(w)]
+
+    def is_flag(word: str) -> bool:
+        return word.startswith("--") or (short and _is_flag(word))
+
+    words = [w for line in lines for w in shlex.split(line) if "=" not in w or is_flag(w)]
     found: dict[str, str | bool] = {}
     for index, word in enumerate(words):
-        if _is_flag(word):
+        if is_flag(word):
             if "=" in word:
                 name, value = word.split("=", 1)
                 found[name] = value
                 continue
             following = words[index + 1] if index + 1 < len(words) else "--"
-            found[word] = True if _is_flag(following) else following
+            found[word] = True if is_flag(following) else following
     return found
 
 
@@ -134,9 +139,18 @@ def _number(found: dict[str, str | bool], name: str, default: int) -> int:
 
 
 def _launch(files: dict[str, str], marker: str) -> dict[str, str | bool]:
+    """The ``--flags`` of the first file that runs ``marker`` (a script may set them in variables
+    on other lines), and the short single-dash ones of the command line itself (continuations
+    joined)."""
     for text in files.values():
-        if marker in text:
-            return flags(text)
+        if marker not in text:
+            continue
+        found = flags(text)
+        for line in text.replace("\\\n", " ").splitlines():
+            if marker in line and not line.lstrip().startswith("#"):
+                found.update(flags(line, short=True))
+                break
+        return found
     raise ValueError(f"no launch command containing {marker!r} among {list(files)}")
 
 
