@@ -1,4 +1,4 @@
-"""A disaggregated deployment under an offered request rate: each pool at the load it carries.
+"""A disaggregated deployment under a stated load: each pool at the load it carries.
 
 A pool's unit is priced saturated (``_serving.pool_unit_rate``: the largest batch its SLO allows);
 under a request rate below that, a unit runs smaller batches. A prefill unit batches what arrived
@@ -9,9 +9,11 @@ solved on the unit's own curve of pass time against the requests it holds, price
 over a grid of batch sizes (``PassCurve``). Under a rate every device of the cluster is used:
 the split gives the prefill pool ``p`` units and the decode pool the rest, and keeps the ``p``
 whose mean end-to-end latency is least among those whose p90 TTFT and TPOT meet the SLOs (the
-least overall where none does). DistServe (Zhong et al., OSDI'24, sec. 4.1) prices the prefill
-queue of a batching pool the same way; Splitwise (Patel et al., ISCA'24) sizes the two pools for
-a target load.
+least overall where none does). A closed loop of ``C`` clients drives the rate ``r`` with
+``r x end-to-end(r) = C`` (Little's law; past the split's capacity the clients queue for
+admission), and the split serving the most requests is kept. DistServe (Zhong et al., OSDI'24,
+sec. 4.1) prices the prefill queue of a batching pool the same way; Splitwise (Patel et al.,
+ISCA'24) sizes the two pools for a target load.
 """
 
 from __future__ import annotations

@@ -144,7 +144,10 @@ def find_disaggregated(
 
     Every pair of unit sizes is split by rate matching (``cost_model.disaggregated_split``:
     several units per pool, pools of any size), so the pools may be asymmetric (16 + 56 devices
-    of a 72-GPU NVLink domain); the pair serving the most output tokens/s per device used wins.
+    of a 72-GPU NVLink domain); the pair serving the most output tokens/s per device used wins,
+    or, under an offered request rate (which every pair serves alike on every device), the one
+    with the least mean end-to-end latency. Under a stated load the pools are priced at the load
+    they carry (``cost_model._serving_pool_load``), the units themselves saturated.
     """
     bounds = bounds or SearchBounds()
     units = {  # each unit searched saturated: the stated load is the whole deployment's
