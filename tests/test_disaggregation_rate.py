@@ -184,3 +184,9 @@ def test_a_rate_only_pools_serve_within_the_slos_plans_the_pools() -> None:
     assert plan.predicted.tpot_s is not None and plan.predicted.tpot_s > workload.tpot_slo_s * 0.9
     with pytest.raises(InfeasiblePlanError, match="tpot_slo|ttft_slo"):
         ap.find_plan("mixtral-8x7b", H100, workload, disaggregate=False)
+    from autoparallel.cli._render import console
+    from autoparallel.cli._search import plan_table
+
+    with console.capture() as captured:
+        console.print(plan_table(plan))
+    assert "none meeting the SLOs" in " ".join(captured.get().split())

@@ -482,10 +482,10 @@ def plan_table(plan) -> Table:
         "mem/dev": "number",
         "bottleneck": "text",
     }
-    table = table_of(
-        f"{plan.provenance.model_name} on {plan.world_size} devices ({plan.provenance.cluster_name})",
-        columns,
-    )
+    title = f"{plan.provenance.model_name} on {plan.world_size} devices ({plan.provenance.cluster_name})"
+    if plan.deployment.note.startswith("no colocated layout meets the SLOs"):
+        title += ": colocated layouts, none meeting the SLOs (the plan deploys the pools below)"
+    table = table_of(title, columns)
     rows = [(plan.config, plan.predicted, plan.serving)] + [
         (a.config, a.predicted, a.serving) for a in plan.alternatives
     ]
