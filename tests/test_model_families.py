@@ -417,7 +417,7 @@ def test_the_model_class_comes_from_the_config_and_a_bad_one_is_named() -> None:
 def test_qwen3_norms_its_query_and_key_heads_and_exports_them_to_megatron() -> None:
     """Qwen3's attention normalizes every query and key head before RoPE (two kernels and
     2 x head_dim weights a layer; Megatron-core ``--qk-layernorm``); Qwen2-MoE's does not. The
-    reference runtime builds no such norm and says so."""
+    reference runtime builds the norms for grouped-query attention and refuses them for MLA."""
     from autoparallel.runtime import ReferenceMoETransformer
 
     qwen3 = get_model("qwen3-30b-a3b")
@@ -446,5 +446,13 @@ def test_qwen3_norms_its_query_and_key_heads_and_exports_them_to_megatron() -> N
         for m in (qwen3, plain)
     ]
     assert counts[0][0] - counts[1][0] == 2 and counts[0][1] - counts[1][1] == 2
-    with pytest.raises(ValueError, match=r"attention\.qk_norm \(True\) must be False"):
-        ReferenceMoETransformer(qwen3, device="meta")
+    # the reference transformer runs Qwen3's per-head norms (GQA), not MLA with them
+    names = {name for name, _ in ReferenceMoETransformer(qwen3, device="meta").named_parameters()}
+    assert "model.layers.0.self_attn.q_norm.weight" in names
+    assert "model.layers.0.self_attn.k_norm.weight" in names
+    mla = get_model("deepseek-v3")
+    with_norms = mla.model_copy(
+        update={"attention": mla.attention.model_copy(update={"qk_norm": True})}
+    )
+    with pytest.raises(ValueError, match=r"attention\.qk_norm \(True\) must be False for MLA"):
+        ReferenceMoETransformer(with_norms, device="meta")

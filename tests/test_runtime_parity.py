@@ -148,6 +148,25 @@ def test_gqa_tp2_equals_reference(num_kv_heads):
     _assert_parity(_run({"tp": 2}, spec_fields={"attention": "gqa", "num_kv_heads": num_kv_heads}))
 
 
+@pytest.mark.parametrize("num_kv_heads", [2, 1], ids=["kv-heads-split", "kv-heads-replicated"])
+def test_qwen3_query_key_norms_under_tp2_equal_reference(num_kv_heads):
+    """Qwen3's per-head query and key norms: whole on every rank, each rank's gradient from its
+    own heads, summed over tp (the key norm's only where the K/V heads are split)."""
+    spec = {"attention": "gqa", "num_kv_heads": num_kv_heads, "qk_norm": True}
+    _assert_parity(_run({"tp": 2}, spec_fields=spec))
+
+
+def test_unsummed_query_key_norm_gradients_fail_the_same_check():
+    """Negative control: without the tp sum the query/key norms' gradients are one rank's heads."""
+    results = _run(
+        {"tp": 2},
+        spec_fields={"attention": "gqa", "num_kv_heads": 2, "qk_norm": True},
+        broken="skip_sync",
+    )
+    value, key = worst_error(results, "grad:")
+    assert "norm" in key and value > GRADIENT_TOLERANCE * 100, (key, value)
+
+
 def test_broken_sync_fails_the_same_check():
     """Negative control: without the tp sum of MLA's shared RoPE-key gradient the check fails."""
     results = _run({"tp": 2}, broken="shared_key")

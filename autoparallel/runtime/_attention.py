@@ -4,7 +4,7 @@ Module names follow HuggingFace's DeepSeek-V3 implementation (``modeling_deepsee
 
     model.layers.N.self_attn.{q_a_proj, q_a_layernorm, q_b_proj | q_proj,
                               kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj}   (MLA)
-    model.layers.N.self_attn.{q_proj, k_proj, v_proj, o_proj}                          (GQA)
+    model.layers.N.self_attn.{q_proj, k_proj, v_proj, o_proj[, q_norm, k_norm]}        (GQA)
 
 Every projection reads its local head count from its weight's shape, so a tensor-parallel split
 needs no change here.
@@ -162,6 +162,9 @@ class Attention(nn.Module):
             self.k_proj = _linear(h, a.num_kv_heads * a.head_dim, bias=bias, **kw)
             self.v_proj = _linear(h, a.num_kv_heads * a.head_dim, bias=bias, **kw)
             self.o_proj = _linear(a.num_heads * a.head_dim, h, **kw)
+            if a.qk_norm:  # Qwen3: an RMSNorm over each query and key head before RoPE
+                self.q_norm = RMSNorm(a.head_dim, **kw)
+                self.k_norm = RMSNorm(a.head_dim, **kw)
 
     # Context parallel (``_context_parallel.ContextParallel``) sets this on an instance: it gives
     # the global positions of the local tokens and all-gathers keys/values over the cp group.
@@ -226,11 +229,12 @@ class Attention(nn.Module):
     def _gqa(self, x: torch.Tensor, offset: int, cache: KVCache | None) -> torch.Tensor:
         a, (batch, seq) = self.attention, x.shape[:2]
         positions = self._positions(x, offset)
-        q = _rope(self.q_proj(x).view(batch, seq, -1, a.head_dim), positions, theta=self.rope_theta)
-        k, v = self.kv_heads_hook(
-            self.k_proj(x).view(batch, seq, -1, a.head_dim),
-            self.v_proj(x).view(batch, seq, -1, a.head_dim),
-        )
+        q = self.q_proj(x).view(batch, seq, -1, a.head_dim)
+        k = self.k_proj(x).view(batch, seq, -1, a.head_dim)
+        if a.qk_norm:  # per head, before the heads are picked and rotated (HF ``Qwen3Attention``)
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = _rope(q, positions, theta=self.rope_theta)
+        k, v = self.kv_heads_hook(k, self.v_proj(x).view(batch, seq, -1, a.head_dim))
         k = _rope(k, positions, theta=self.rope_theta)
         if cache is not None:
             k, v = cache.update(self.layer_index, k, v)

@@ -144,13 +144,17 @@ def _check_family(spec: ModelSpec) -> None:
         "linear_bias": (spec.linear_bias, False),
         "attention.variant": (spec.attention.variant, "full"),
         "attention.output_gate": (spec.attention.output_gate, False),
-        "attention.qk_norm": (spec.attention.qk_norm, False),
     }
     for field, (value, required) in unsupported.items():
         if value != required:
             raise ValueError(
                 f"{field} ({value!r}) must be {required!r} for the reference MoE transformer"
             )
+    if spec.attention.kind == "mla" and spec.attention.qk_norm:
+        raise ValueError(
+            "attention.qk_norm (True) must be False for MLA attention in the reference MoE "
+            "transformer (query/key norms are a grouped-query attention feature, Qwen3's)"
+        )
     if spec.attention.kind == "mla" and spec.qkv_bias:
         raise ValueError(
             "qkv_bias (True) must be False for MLA attention in the reference MoE transformer"
@@ -282,8 +286,10 @@ def tiny_reference_spec(
     num_shared_experts: int = 1,
     vocab_size: int = 256,
     tie_word_embeddings: bool = False,
+    qk_norm: bool = False,
 ) -> ModelSpec:
-    """A small member of the ``ref-3t-moe`` family for tests and examples (hidden 64, 8 experts)."""
+    """A small member of the ``ref-3t-moe`` family for tests and examples (hidden 64, 8 experts);
+    ``qk_norm`` (grouped-query attention only) adds Qwen3's per-head query and key norms."""
     if attention == "mla":
         head = max(hidden_size // num_heads, 8)
         attention_spec = AttentionSpec(
@@ -303,6 +309,7 @@ def tiny_reference_spec(
             num_heads=num_heads,
             num_kv_heads=num_kv_heads,
             head_dim=hidden_size // num_heads,
+            qk_norm=qk_norm,
         )
     moe = MoESpec(
         num_routed_experts=num_experts,

@@ -313,11 +313,22 @@ def apply_tensor_parallel(
                 blocks.append(name)
     result = TensorParallel(tp_mesh=tp_mesh, parallelized=sorted(set(styles) | set(blocks)))
     group = tp_mesh.get_group()
+    replicated = set(replicated_kv)
     for name, submodule in walk_modules(module):
         attention = getattr(submodule, "attention", None)
         if hasattr(submodule, "shared_key_hook") and getattr(attention, "kind", None) == "mla":
             if f"{name}.kv_b_proj" in styles:
                 submodule.shared_key_hook = SumGradientOverGroup(group)
+        # Per-head query/key norms (Qwen3) are whole on every rank but see only its heads: their
+        # gradients are summed over tp, the key norm's only where the K/V heads are split (with
+        # K/V whole, the kv-heads hook already sums the keys' gradient before the norm sees it).
+        for norm, projection in (("q_norm", "q_proj"), ("k_norm", "k_proj")):
+            if (
+                isinstance(getattr(submodule, norm, None), nn.Module)
+                and f"{name}.{projection}" in styles
+                and not (norm == "k_norm" and name in replicated)
+            ):
+                result.summed_parameters.append((submodule.get_submodule(norm), "weight"))
     for name, style in styles.items():
         parallelize_module(module.get_submodule(name), tp_mesh, style)
     _select_kv_heads(module, replicated_kv, tp_mesh)
