@@ -11,11 +11,14 @@ import math
 from functools import partial
 from typing import Any
 
+from autoparallel._planner_deployment import (  # noqa: F401 - re-exported
+    colocated_e2e_s,
+    misses_only_slos,
+    with_disaggregation,
+)
 from autoparallel.plan import (
     Alternative,
-    Deployment,
     PlanRecord,
-    Pool,
     SearchRecord,
     ShardingPlan,
     build_plan,
@@ -41,7 +44,6 @@ from cost_model import (
     estimate_table,
     human_bytes,
     human_seconds,
-    unit_workload,
 )
 from topology import Cluster
 
@@ -118,7 +120,7 @@ def find_plan(
     if not result.feasible:
         # a load no colocated layout serves within the SLOs may still be served by prefill and
         # decode pools; only a layout that misses nothing but an SLO stands in for the colocated
-        if disaggregating and _misses_only_slos(result.best):
+        if disaggregating and misses_only_slos(result.best):
             plan = plan_from_search(
                 model=model,
                 cluster=cluster,
@@ -148,12 +150,6 @@ def find_plan(
             plan, model=model, cluster=cluster, workload=workload, bounds=bounds, **estimator
         )
     return plan
-
-
-def _misses_only_slos(candidate) -> bool:
-    """Whether ``candidate`` fits (memory, the cost model's rules) and misses only SLOs."""
-    violated = {name for name, excess in candidate.violations.items() if excess > 0}
-    return bool(violated) and violated <= {"ttft_slo", "tpot_slo"}
 
 
 def _with_checkpoint_dtype(model: ModelSpec | str, workload: Training | Inference):
@@ -252,131 +248,6 @@ def _with_lean_layout(result, model: ModelSpec, cluster: Cluster, workload, opti
         method=result.method + LEAN_METHOD_SUFFIX,
         rows_evaluated=result.rows_evaluated + lean.space_size,
         elapsed_s=result.elapsed_s + lean.elapsed_s,
-    )
-
-
-def with_disaggregation(
-    plan: ShardingPlan,
-    *,
-    model: ModelSpec,
-    cluster: Cluster,
-    workload: Inference,
-    estimator=None,
-    bounds=None,  # search.SearchBounds (e.g. an engine's), None: the defaults
-    colocated_violations: dict[str, float] | None = None,
-) -> ShardingPlan:
-    """``plan`` with the best prefill/decode pools and which deployment wins (output tokens/s
-    per device; the lower latency under an offered rate). ``colocated_violations``: the SLOs
-    the plan's colocated layout misses (normalized excess), when none meets them: any split
-    that meets them wins."""
-    from search import find_disaggregated
-
-    found = find_disaggregated(model, cluster, workload, estimator=estimator, bounds=bounds)
-    if found is None:
-        deployment = Deployment(
-            kind="colocated",
-            note="no unit of a pool fits, or no split's p90 TTFT (prefill queue, KV transfer "
-            "and decode admission included) meets the SLO",
-        )
-        return _rebuilt(plan, model=model, cluster=cluster, deployment=deployment)
-    pools = []
-    for role, candidate, unit, devices in (
-        ("prefill", found.prefill, found.prefill_cluster, found.prefill_devices),
-        ("decode", found.decode, found.decode_cluster, found.decode_devices),
-    ):
-        # a unit as its rate was counted: saturated (the stated load is the deployment's, whose
-        # latency under it the deployment records)
-        saturated = unit_workload(workload)
-        (cost,) = predict_all(model=model, cluster=unit, workload=saturated, candidates=[candidate])
-        size = candidate.config.world_size
-        serving = serving_settings(layout=candidate.layout, job=saturated, predicted=cost)
-        pools.append(
-            Pool(
-                role=role,
-                num_units=devices // size,
-                devices_per_unit=size,
-                config=candidate.config,
-                serving=serving,
-                predicted=cost,
-            )
-        )
-    colocated = plan.predicted.tokens_per_s_per_device or 0.0
-    missed = {k: v for k, v in (colocated_violations or {}).items() if v > 0}
-    if missed:
-        wins = True
-    elif workload.request_rate_per_s is None:
-        wins = found.output_tokens_per_s_per_device > colocated
-    else:  # the offered rate is served on every device either way: the lower latency wins
-        colocated_e2e = colocated_e2e_s(plan)
-        wins = colocated_e2e is None or (found.e2e_s or math.inf) < colocated_e2e
-    deployment = Deployment(
-        kind="disaggregated" if wins else "colocated",
-        pools=tuple(pools),
-        colocated_output_tokens_per_s_per_device=colocated,
-        disaggregated_output_tokens_per_s_per_device=found.output_tokens_per_s_per_device,
-        bottleneck=found.bottleneck,
-        ttft_s=found.ttft_s,
-        ttft_p90_s=found.ttft_p90_s,
-        tpot_s=found.tpot_s,
-        note=(
-            "no colocated layout meets the SLOs (the least-violating one misses "
-            + ", ".join(
-                f"{name.replace('_slo', '').upper()} by {excess:.0%}"
-                for name, excess in missed.items()
-            )
-            + "); "
-            if missed
-            else ""
-        )
-        + _pairs_note(found),
-    )
-    return _rebuilt(plan, model=model, cluster=cluster, deployment=deployment)
-
-
-def colocated_e2e_s(plan: ShardingPlan) -> float | None:
-    """Mean end-to-end seconds of the plan's colocated layout under its load: TTFT and the
-    remaining output tokens at its TPOT; None where the plan has no serving figures."""
-    cost = plan.predicted
-    if cost is None or cost.ttft_s is None or cost.tpot_s is None:
-        return None
-    output_tokens = getattr(plan.job, "output_tokens", 1)
-    return cost.ttft_s + max(output_tokens - 1, 0) * cost.tpot_s
-
-
-def _pairs_note(found) -> str:  # search.DisaggregatedResult
-    """The unit-size pairs the split was chosen from, best first (why this split)."""
-    shown = "{:,.0f}" if found.ranked_by == "output tokens/s/device" else "{:.2f}"
-    pairs = ", ".join(f"{p}/{d}: {shown.format(r)}" for p, d, r in found.considered[:6])
-    dropped = (
-        f"; {found.over_ttft_slo} more left out, their p90 TTFT (prefill queue, KV transfer and "
-        "decode admission included) over the SLO"
-        if found.over_ttft_slo
-        else ""
-    )
-    return (
-        f"{len(found.considered)} prefill/decode unit-size pairs priced (devices per unit: "
-        f"{found.ranked_by}) {pairs}{dropped}"
-    )
-
-
-def _rebuilt(
-    plan: ShardingPlan, *, model: ModelSpec, cluster: Cluster, deployment: Deployment
-) -> ShardingPlan:
-    """``plan`` built again with ``deployment`` (same layout, price and record otherwise)."""
-    record = PlanRecord(
-        alternatives=plan.alternatives,
-        search=plan.provenance.search,
-        deployment=deployment,
-        library_version=plan.provenance.library_version,
-        created_at=plan.provenance.created_at,
-    )
-    return build_plan(
-        model=model,
-        cluster=cluster,
-        job=plan.job,
-        layout=plan.layout,
-        predicted=plan.predicted,
-        record=record,
     )
 
 
