@@ -72,7 +72,7 @@ def with_disaggregation(
         wins = True
     elif workload.request_rate_per_s is None:
         wins = found.output_tokens_per_s_per_device > colocated
-    else:  # the offered rate is served on every device either way: the lower latency wins
+    else:  # the offered rate is served either way: the lower latency wins
         colocated_e2e = colocated_e2e_s(plan)
         wins = colocated_e2e is None or (found.e2e_s or math.inf) < colocated_e2e
     deployment = Deployment(
@@ -87,7 +87,7 @@ def with_disaggregation(
         note=(
             "no colocated layout meets the SLOs (the least-violating one misses "
             + ", ".join(
-                f"{name.replace('_slo', '').upper()} by {excess:.0%}"
+                f"{name.replace('_slo', '').upper()} by {_share(excess)}"
                 for name, excess in missed.items()
             )
             + "); "
@@ -97,6 +97,11 @@ def with_disaggregation(
         + _pairs_note(found),
     )
     return _rebuilt(plan, model=model, cluster=cluster, deployment=deployment)
+
+
+def _share(excess: float) -> str:
+    """A relative excess in words: whole percent, or under one percent."""
+    return f"{excess:.0%}" if excess >= 0.01 else "under 1%"
 
 
 def colocated_e2e_s(plan: ShardingPlan) -> float | None:

@@ -5,8 +5,8 @@ DeepSeek's 4-node prefill and 18-node decode units; Zhong et al., DistServe, OSD
 unit completes ``input tokens/s / prompt_tokens`` requests per second, a decode unit
 ``output tokens/s / output_tokens``; the deployment serves the smaller of the two pools' rates
 (rate matching): the split of ``num_devices`` that serves the most requests. With
-``workload.request_rate_per_s`` every device serves that rate, split for the least latency; with
-``workload.concurrency`` every device serves that many closed-loop clients, split for the most
+``workload.request_rate_per_s`` the units fill the devices and serve that rate, split for the
+least latency; with ``workload.concurrency`` they serve that many closed-loop clients, split for the most
 requests; each pool at the load it carries (``_serving_pool_load``).
 Each request's prompt cache then crosses the scale-out network from a prefill rank to a decode
 rank; its time adds to the TTFT and its volume to the decode pool's network load.
@@ -193,7 +193,7 @@ def disaggregated_split(
 ) -> DisaggregatedSplit:
     """Rate-matched split of ``num_devices`` (default: the cluster's) into prefill and decode units.
     ``rates``: the (prefill, decode) ``pool_unit_rate`` of these pools when already priced.
-    Under ``workload.request_rate_per_s`` every device is used and each pool is priced at the
+    Under a stated load (rate or concurrency) the units fill the devices and each pool is priced at the
     load that rate puts on its units (``_serving_pool_load``; ``curves``: their ``pass_curve``
     when already priced)."""
     num_devices = cluster.num_devices if num_devices is None else num_devices
@@ -288,7 +288,7 @@ def _offered_load_split(
     *, model, cluster, workload: Inference, pools, rates, num_devices: int, options, curves
 ) -> DisaggregatedSplit:
     """``disaggregated_split`` under an offered request rate or a closed loop of clients
-    (``_serving_pool_load``): every device used, each pool at the load it carries."""
+    (``_serving_pool_load``): units filling the devices, each pool at the load it carries."""
     prefill, decode = pools
     (prefill_size, prefill_rate, _), (decode_size, decode_rate, _) = rates
     if curves is None:

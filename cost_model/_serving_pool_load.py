@@ -6,8 +6,8 @@ while its previous pass ran, so in steady state a pass carries ``c = rate x T(c)
 pass of one prompt where even that leaves it idle between arrivals); a decode unit holds
 ``c = rate x output tokens x S(c)`` sequences (Little's law), ``S`` its step at ``c``. Both are
 solved on the unit's own curve of pass time against the requests it holds, priced in one table
-over a grid of batch sizes (``PassCurve``). Under a rate every device of the cluster is used:
-the split gives the prefill pool ``p`` units and the decode pool the rest, and keeps the ``p``
+over a grid of batch sizes (``PassCurve``). Under a load the units fill the cluster: the split
+gives the prefill pool ``p`` units and the decode pool as many as the rest holds, and keeps the ``p``
 whose mean end-to-end latency is least among those whose p90 TTFT and TPOT meet the SLOs (the
 least overall where none does). A closed loop of ``C`` clients drives the rate ``r`` with
 ``r x end-to-end(r) = C`` (Little's law; past the split's capacity the clients queue for
@@ -125,7 +125,8 @@ class PoolPair:
     tpot_slo_s: float | None
 
     def splits(self, num_devices: int):
-        """(prefill units, decode units) using every device, at least one unit each."""
+        """(prefill units, decode units) filling the devices: ``p`` prefill units, as many decode units
+        as the rest holds, at least one of each."""
         p_size, d_size = self.prefill[0], self.decode[0]
         for p_units in range(1, num_devices // p_size + 1):
             d_units = (num_devices - p_units * p_size) // d_size
@@ -197,7 +198,7 @@ BISECTION_STEPS = 40
 
 
 def rate_split(pair: PoolPair, *, rate: float, num_devices: int) -> PoolLoad | None:
-    """The split of every device that carries ``rate`` at the least mean end-to-end latency,
+    """The split filling the devices that carries ``rate`` at the least mean end-to-end latency,
     preferring splits that meet the SLOs at p90; None where no split carries the rate."""
     best: tuple[tuple[bool, float], PoolLoad] | None = None
     for p_units, d_units in pair.splits(num_devices):
@@ -211,7 +212,7 @@ def rate_split(pair: PoolPair, *, rate: float, num_devices: int) -> PoolLoad | N
 
 
 def concurrency_split(pair: PoolPair, *, concurrency: float, num_devices: int) -> PoolLoad | None:
-    """The split of every device that serves ``concurrency`` closed-loop clients the most
+    """The split filling the devices that serves ``concurrency`` closed-loop clients the most
     requests/s, preferring splits that meet the SLOs at p90; None where no split exists."""
     best: tuple[tuple[bool, float], PoolLoad] | None = None
     for p_units, d_units in pair.splits(num_devices):

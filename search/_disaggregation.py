@@ -71,7 +71,7 @@ class DisaggregatedResult:
     #: mean end-to-end seconds of a request (TTFT, then the other output tokens' steps)
     e2e_s: float | None = None
     #: what ``considered`` lists per pair: output tokens/s per device, or, under an offered
-    #: request rate (which every pair carries alike on every device), mean end-to-end seconds
+    #: request rate (which every pair carries alike), mean end-to-end seconds
     ranked_by: str = "output tokens/s/device"
 
 
@@ -145,7 +145,7 @@ def find_disaggregated(
     Every pair of unit sizes is split by rate matching (``cost_model.disaggregated_split``:
     several units per pool, pools of any size), so the pools may be asymmetric (16 + 56 devices
     of a 72-GPU NVLink domain); the pair serving the most output tokens/s per device used wins,
-    or, under an offered request rate (which every pair serves alike on every device), the one
+    or, under an offered request rate (which every pair serves alike), the one
     with the least mean end-to-end latency. Under a stated load the pools are priced at the load
     they carry (``cost_model._serving_pool_load``), the units themselves saturated.
     """

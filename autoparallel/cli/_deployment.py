@@ -44,7 +44,7 @@ def deployment_line(plan) -> str:
     colocated_e2e = colocated_e2e_s(plan)
     if rate is not None and disaggregated_e2e is not None and colocated_e2e is not None:
         why = (
-            f"both serve the offered {rate:g} requests/s on every device; mean end-to-end "
+            f"both serve the offered {rate:g} requests/s; mean end-to-end "
             f"latency disaggregated {human_seconds(disaggregated_e2e)} vs colocated "
             f"{human_seconds(colocated_e2e)}"
         )
