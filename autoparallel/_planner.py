@@ -117,39 +117,28 @@ def find_plan(
         workload.disaggregation_allowed if disaggregate is None else disaggregate
     )
     bounds = search_options["settings"].bounds if engine is not None else None
-    if not result.feasible:
-        # a load no colocated layout serves within the SLOs may still be served by prefill and
-        # decode pools; only a layout that misses nothing but an SLO stands in for the colocated
-        if disaggregating and misses_only_slos(result.best):
-            plan = plan_from_search(
-                model=model,
-                cluster=cluster,
-                workload=workload,
-                result=result,
-                options=estimate_options,
-            )
+    # a load no colocated layout serves within the SLOs may still be served by prefill and decode
+    # pools; only a layout that misses nothing but an SLO stands in for the colocated one then
+    feasible = result.feasible
+    if feasible or (disaggregating and misses_only_slos(result.best)):
+        plan = plan_from_search(
+            model=model, cluster=cluster, workload=workload, result=result, options=estimate_options
+        )
+        if disaggregating:
             plan = with_disaggregation(
                 plan,
                 model=model,
                 cluster=cluster,
                 workload=workload,
                 bounds=bounds,
-                colocated_violations=result.best.violations,
+                colocated_violations=None if feasible else result.best.violations,
                 **estimator,
             )
-            if plan.deployment.kind == "disaggregated":
-                return plan
-        raise infeasible_error(
-            model=model, cluster=cluster, workload=workload, result=result, **estimator
-        )
-    plan = plan_from_search(
-        model=model, cluster=cluster, workload=workload, result=result, options=estimate_options
+        if feasible or plan.deployment.kind == "disaggregated":
+            return plan
+    raise infeasible_error(
+        model=model, cluster=cluster, workload=workload, result=result, **estimator
     )
-    if disaggregating:
-        plan = with_disaggregation(
-            plan, model=model, cluster=cluster, workload=workload, bounds=bounds, **estimator
-        )
-    return plan
 
 
 def _with_checkpoint_dtype(model: ModelSpec | str, workload: Training | Inference):

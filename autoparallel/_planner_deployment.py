@@ -108,6 +108,8 @@ def colocated_e2e_s(plan: ShardingPlan) -> float | None:
     """Mean end-to-end seconds of the plan's colocated layout under its load: TTFT and the
     remaining output tokens at its TPOT; None where the plan has no serving figures."""
     cost = plan.predicted
+    if cost is not None and cost.e2e_s is not None:
+        return cost.e2e_s  # the load's own figure
     if cost is None or cost.ttft_s is None or cost.tpot_s is None:
         return None
     output_tokens = getattr(plan.job, "output_tokens", 1)

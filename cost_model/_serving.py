@@ -106,6 +106,11 @@ class DisaggregatedSplit(BaseModel):
             + self.decode_admission_s
         )
 
+    def e2e_s(self, output_tokens: int) -> float:
+        """Mean end-to-end seconds of a request: its first token, then the other output
+        tokens' decode steps."""
+        return self.ttft_s + max(output_tokens - 1, 0) * self.tpot_s
+
     def ttft_quantile_s(self, p: float) -> float:
         """The p-quantile of the first token's time: each of the two waits (for the running
         prefill pass, to join the decode batch) is uniform from zero to twice its mean, so its

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from cost_model import (
     POOL_SLO_QUANTILE,
+    DisaggregatedSplit,
     InfeasiblePlanError,
     Inference,
     Layout,
@@ -161,21 +162,68 @@ def find_disaggregated(
         )
         for phase in ("prefill", "decode")
     }
-    rates = {  # each unit priced once, then paired with every unit of the other pool
+    priced, over_slo = _priced_pairs(model, cluster, workload, units)
+    if not priced:
+        return None
+    offered = workload.request_rate_per_s is not None
+    # the offered rate is carried by every pair alike: the least latency wins there
+    priced.sort(key=lambda pair: pair.e2e_s if offered else -pair.rate)
+    best = priced[0]
+    split = best.split
+    return DisaggregatedResult(
+        prefill=_with_pool_serving(best.prefill[0], "prefill"),
+        decode=_with_pool_serving(best.decode[0], "decode"),
+        prefill_cluster=best.prefill[1],
+        decode_cluster=best.decode[1],
+        prefill_devices=split.prefill_devices,
+        decode_devices=split.decode_devices,
+        output_tokens_per_s_per_device=best.rate,
+        bottleneck=split.bottleneck,
+        prefill_units=split.prefill_units,
+        decode_units=split.decode_units,
+        considered=tuple(
+            (pair.sizes[0], pair.sizes[1], pair.e2e_s if offered else pair.rate) for pair in priced
+        ),
+        ranked_by="mean end-to-end s" if offered else "output tokens/s/device",
+        ttft_s=split.ttft_s,
+        ttft_p90_s=split.ttft_quantile_s(POOL_SLO_QUANTILE),
+        tpot_s=split.tpot_s,
+        e2e_s=best.e2e_s,
+        over_ttft_slo=over_slo,
+    )
+
+
+@dataclass(frozen=True)
+class _PricedPair:
+    """One prefill/decode pair of unit sizes, split and priced."""
+
+    sizes: tuple[int, int]
+    split: DisaggregatedSplit
+    rate: float  # output tokens/s per device used
+    e2e_s: float
+    prefill: tuple[Candidate, Cluster]
+    decode: tuple[Candidate, Cluster]
+
+
+def _priced_pairs(model, cluster, workload: Inference, units: dict) -> tuple[list, int]:
+    """Every pair of the best units of each size split (``cost_model.disaggregated_split``),
+    each unit's rate (and, under a stated load, its ``pass_curve``) priced once; the pairs whose
+    p90 TTFT misses the SLO left out and counted."""
+    rates = {
         phase: _unit_rates(model, cluster, workload, found, phase) for phase, found in units.items()
     }
-    offered = workload.request_rate_per_s is not None
+    loaded = workload.request_rate_per_s is not None or workload.concurrency is not None
     curves = (  # under a stated load, each unit's pass against the requests it holds
         {
             phase: _unit_curves(model, cluster, workload, found, phase)
             for phase, found in units.items()
         }
-        if offered or workload.concurrency is not None
+        if loaded
         else None
     )
     priced, over_slo = [], 0
-    for prefill_size, (prefill, prefill_unit) in units["prefill"].items():
-        for decode_size, (decode, decode_unit) in units["decode"].items():
+    for prefill_size, prefill in units["prefill"].items():
+        for decode_size, decode in units["decode"].items():
             if prefill_size not in rates["prefill"] or decode_size not in rates["decode"]:
                 continue
             try:
@@ -183,8 +231,8 @@ def find_disaggregated(
                     model=model,
                     cluster=cluster,
                     workload=workload,
-                    prefill=_pool(prefill, "prefill"),
-                    decode=_pool(decode, "decode"),
+                    prefill=_pool(prefill[0], "prefill"),
+                    decode=_pool(decode[0], "decode"),
                     rates=(rates["prefill"][prefill_size], rates["decode"][decode_size]),
                     curves=None
                     if curves is None
@@ -197,45 +245,17 @@ def find_disaggregated(
                 over_slo += 1  # the queue, transfer and admission push the p90 past the SLO
                 continue
             used = split.prefill_devices + split.decode_devices
-            rate = split.output_tokens_per_s / used
-            # the offered rate is carried by every pair alike: the least latency wins there
-            e2e = split.ttft_s + max(workload.output_tokens - 1, 0) * split.tpot_s
             priced.append(
-                (
-                    e2e if offered else -rate,
-                    rate,
-                    prefill_size,
-                    decode_size,
-                    split,
-                    prefill,
-                    decode,
-                    prefill_unit,
-                    decode_unit,
+                _PricedPair(
+                    sizes=(prefill_size, decode_size),
+                    split=split,
+                    rate=split.output_tokens_per_s / used,
+                    e2e_s=split.e2e_s(workload.output_tokens),
+                    prefill=prefill,
+                    decode=decode,
                 )
             )
-    if not priced:
-        return None
-    priced.sort(key=lambda entry: entry[0])
-    _, rate, _, _, split, prefill, decode, prefill_unit, decode_unit = priced[0]
-    return DisaggregatedResult(
-        prefill=_with_pool_serving(prefill, "prefill"),
-        decode=_with_pool_serving(decode, "decode"),
-        prefill_cluster=prefill_unit,
-        decode_cluster=decode_unit,
-        prefill_devices=split.prefill_devices,
-        decode_devices=split.decode_devices,
-        output_tokens_per_s_per_device=rate,
-        bottleneck=split.bottleneck,
-        prefill_units=split.prefill_units,
-        decode_units=split.decode_units,
-        considered=tuple((p, d, abs(key) if offered else r) for key, r, p, d, *_ in priced),
-        ranked_by="mean end-to-end s" if offered else "output tokens/s/device",
-        ttft_s=split.ttft_s,
-        ttft_p90_s=split.ttft_quantile_s(POOL_SLO_QUANTILE),
-        tpot_s=split.tpot_s,
-        e2e_s=split.ttft_s + max(workload.output_tokens - 1, 0) * split.tpot_s,
-        over_ttft_slo=over_slo,
-    )
+    return priced, over_slo
 
 
 def _unit_rates(model, cluster, workload, units: dict, phase: str) -> dict:
