@@ -164,9 +164,8 @@ def _pass_parts(s: _Setup, p: ops.Pass) -> tuple[dict[str, np.ndarray], dict[str
         "attention": micro_batches * s.layout.layers * core,
     }
     raw.update(
-        {  # a rank-independent time is scaled once, then broadcast over the ranks
-            kind: np.broadcast_to(micro_batches * t, shape) if np.ndim(t) < 2 else micro_batches * t
-            for kind, t in _comm_times(s, micro).items()
+        {  # a rank-independent time stays (n,): it broadcasts over the ranks
+            kind: micro_batches * t for kind, t in _comm_times(s, micro).items()
         }
     )
     busy = raw["compute"] + raw["attention"]
@@ -182,24 +181,34 @@ def _pass_parts(s: _Setup, p: ops.Pass) -> tuple[dict[str, np.ndarray], dict[str
         paired = np.where(s.two_batch, np.minimum(paired, raw["ep_comm"]), 0.0)
         hideable_parts["ep_comm"] = (raw["ep_comm"] - paired) * fractions["ep_comm"]
     hideable = sum(hideable_parts.values())
-    scale = np.minimum(hideable, busy) / np.where(hideable > 0, hideable, 1.0)
-    hidden = {kind: hideable_parts[kind] * scale for kind in _COMM_PARTS}
-    # compute and attention hide nothing: their exposed time is their time
-    exposed = {
-        part: raw[part] - hidden[part] if part in hidden else raw[part]
-        for part in INFERENCE_TIME_PARTS
-    }
-    if not p.decode:  # the hidden traffic's kernels hold SMs: compute runs slower meanwhile
-        exposed["compute"] = exposed["compute"] + ops.COMMUNICATION_SM_FRACTION * sum(
-            hidden.values()
-        )
-    slowest = np.argmax(sum(exposed.values()), axis=0) * shape[1] + np.arange(shape[1])
+    hidden_total = np.minimum(hideable, busy)
+    # Each rank's exposed time is all of its time less what hides, and in prefill the hidden
+    # traffic's kernels hold SMs, so compute runs slower meanwhile; the parts are split on the
+    # slowest rank only.
+    total = busy + sum(raw[kind] for kind in _COMM_PARTS) - hidden_total
+    if not p.decode:
+        total = total + ops.COMMUNICATION_SM_FRACTION * hidden_total
+    slowest = np.argmax(np.broadcast_to(total, shape), axis=0) * shape[1] + np.arange(shape[1])
     pp = s.column("pp")
 
     def pick(values: np.ndarray) -> np.ndarray:
-        return pp * np.take(np.broadcast_to(values, shape), slowest)
+        if np.ndim(values) < 2:  # the same on every rank
+            return np.broadcast_to(values, pp.shape)
+        return np.take(np.ascontiguousarray(values).reshape(-1), slowest)
 
-    return {k: pick(v) for k, v in exposed.items()}, {k: pick(v) for k, v in hidden.items()}
+    held = pick(hideable)
+    scale = pick(hidden_total) / np.where(held > 0, held, 1.0)
+    hidden = {kind: pick(hideable_parts[kind]) * scale for kind in _COMM_PARTS}
+    # compute and attention hide nothing: their exposed time is their time
+    exposed = {
+        part: pick(raw[part]) - hidden[part] if part in hidden else pick(raw[part])
+        for part in INFERENCE_TIME_PARTS
+    }
+    if not p.decode:
+        exposed["compute"] = exposed["compute"] + ops.COMMUNICATION_SM_FRACTION * sum(
+            hidden.values()
+        )
+    return {k: pp * v for k, v in exposed.items()}, {k: pp * v for k, v in hidden.items()}
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ CASES = [
     ("megatron", 3),
     ("megatron", 12),  # a recipe's EP overlap, CUDA graphs, DeepEP, recompute modules and layers
     ("torchtitan", 3),
+    ("torchtitan", 13),  # a model with torchtitan's own config: the shape it builds is checked
     ("deepspeed", 2),
     ("sglang", 6),
     ("vllm", 6),

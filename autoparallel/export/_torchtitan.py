@@ -140,13 +140,16 @@ def _torchtitan_config(plan: ShardingPlan, notes: list[str], dropped: list[str])
     name = plan.model.name
     if name in configs:
         return tuple(configs[name])  # type: ignore[return-value]
-    model = _model(plan)
-    family = (
-        "_family_dense"
-        if model.moe is None
-        else ("_family_moe_mla" if model.attention.kind == "mla" else "_family_moe")
-    )
-    module, config = configs[family]
+    flavor = configs["_flavors"].get(name)
+    if flavor is not None:  # the engine has the shape, but no config that trains it
+        module, config, shape = flavor
+        dropped.append(
+            f"model shape: torchtitan {module} has no config for {name}; exported with {config} "
+            f"(write a config_registry function returning model_registry({shape!r}) and pass it "
+            "as --config)"
+        )
+        return module, config
+    module, config = configs[_family(plan)]
     dropped.append(
         f"model shape: torchtitan {module} has no config for {name}; exported with {config} "
         f"(write a config_registry function with {name}'s shape and pass it as --config)"
@@ -165,6 +168,29 @@ def model_parts(plan: ShardingPlan) -> list[list[str]]:
     return parts
 
 
+def _family(plan: ShardingPlan) -> str:
+    """The key of the plan's model family in the engine data: dense, MoE, or MoE with MLA."""
+    model = _model(plan)
+    if model.moe is None:
+        return "_family_dense"
+    return "_family_moe_mla" if model.attention.kind == "mla" else "_family_moe"
+
+
+def _toml_model(plan: ShardingPlan, dropped: list[str]) -> tuple[str, str]:
+    """torchtitan 0.2.x's ``[model]`` name and flavor of the plan's model; a model it has no
+    flavor of is exported with its family's, the mismatch in ``dropped``."""
+    models = engine_data()["torchtitan_toml_models"]
+    name = plan.model.name
+    if name in models:
+        return tuple(models[name])  # type: ignore[return-value]
+    module, flavor = models[_family(plan)]
+    dropped.append(
+        f"model shape: torchtitan {module} has no flavor for {name}; exported with {flavor} "
+        f"(add a flavor with {name}'s shape to torchtitan/models/{module}/__init__.py)"
+    )
+    return module, flavor
+
+
 def _torchtitan_toml(
     plan: ShardingPlan, recipe: Recipe, dropped: list[str], notes: list[str]
 ) -> Export:
@@ -179,9 +205,7 @@ def _torchtitan_toml(
         "interleaved_1f1b": "Interleaved1F1B",
         "zero_bubble": "1F1B",
     }[c.pipeline_schedule]
-    model = _model(plan)
-    flavor = "671B" if plan.model.name == "deepseek-v3" else "405B"
-    name = "deepseek_v3" if model.moe is not None else "llama3"
+    name, flavor = _toml_model(plan, dropped)
     lines = [
         "[model]",
         f'name = "{name}"',

@@ -36,6 +36,7 @@ from autoparallel.export._common import serving_view
 from autoparallel.export._import import flags, layout_key
 from autoparallel.export._serving import _pools, sglang_expert_location
 from cost_model import EstimateOptions, Inference, Training
+from search import engine_data
 from search._engines import engine_info
 
 HERE = Path(__file__).resolve().parent
@@ -129,6 +130,7 @@ PLANS = (
             recompute_layers=2,
         ),
     ),
+    PlanSpec("qwen3-30b-a3b training, 2 nodes", "qwen3-30b-a3b", "dgx-h100", 2, TRAIN),
 )
 
 
@@ -196,6 +198,8 @@ def expected_training(plan: ap.ShardingPlan, engine: str) -> dict:
             }[c.pipeline_schedule]
         values["recompute"] = c.recompute
         values["dtype"] = "bfloat16"
+        if plan.model.name in engine_data()["torchtitan_configs"]:  # a config of its own shape
+            values.update(num_layers=plan.model.num_layers, hidden_size=plan.model.hidden_size)
         values.update(
             dp_shard=c.dp if c.zero_stage else 1,
             dp_replicate=1 if c.zero_stage else c.dp,

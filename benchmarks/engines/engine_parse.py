@@ -281,6 +281,9 @@ def parse_torchtitan(env: dict, words: list[str]) -> dict:
         "dtype": training.mixed_precision_param,
         "seq_len": training.seq_len,
         "model_spec": type(config.model_spec).__name__,
+        # the shape of the model the --module/--config pair builds
+        "num_layers": len(config.model_spec.model.layers),
+        "hidden_size": config.model_spec.model.dim,
     }
 
 
