@@ -217,7 +217,7 @@ def _with_lean_layout(result, model: ModelSpec, cluster: Cluster, workload, opti
         cluster,
         workload,
         objective=result.objective,
-        bounds=lean_bounds(settings.bounds if settings is not None else None),
+        bounds=lean_bounds(settings.bounds if settings is not None else None, workload),
         **_estimator_option(options),
     )
     if not lean.best.feasible:

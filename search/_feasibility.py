@@ -42,9 +42,16 @@ def shared_fit_verdicts() -> Iterator[None]:
         _VERDICTS.reset(token)
 
 
-def lean_bounds(bounds: SearchBounds | None = None) -> SearchBounds:
+def lean_bounds(bounds: SearchBounds | None = None, workload=None) -> SearchBounds:
+    """The leanest corner of ``bounds``: sharded states, full recompute, batch 1, the narrowest
+    KV dtype the search may use (the one ``workload`` names where it names one)."""
     bounds = bounds or SearchBounds()
-    kv = ("fp8",) if bounds.kv_dtypes is None else (bounds.kv_dtypes[-1],)
+    if bounds.kv_dtypes is not None:
+        kv = (bounds.kv_dtypes[-1],)
+    elif workload is not None and "kv_dtype" in getattr(workload, "model_fields_set", ()):
+        kv = (workload.kv_dtype,)
+    else:
+        kv = ("fp8",)
     sharded = tuple(stage for stage in bounds.zero_stages if stage >= 1)
     return bounds.model_copy(
         update={
@@ -77,7 +84,7 @@ def smallest_feasible_devices(
     )
     per_node = cluster.memory_per_device_bytes * cluster.devices_per_node
     start = max(1, math.ceil(weight_bytes / per_node))
-    lean = lean_bounds(bounds)
+    lean = lean_bounds(bounds, workload)
 
     verdicts = _VERDICTS.get() if estimator is None else None
 

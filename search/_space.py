@@ -74,7 +74,8 @@ class SearchBounds(BaseModel):
         "which the cost model resolves to the largest batch memory and the SLOs allow",
     )
     kv_dtypes: tuple[str, ...] | None = Field(
-        default=None, description="default: the workload's kv_dtype and fp8"
+        default=None,
+        description="default: the workload's kv_dtype where it names one, else it and fp8",
     )
     redundant_expert_multiples: tuple[int, ...] = Field(
         default=(0, 1), description="x ep redundant slots"
@@ -501,8 +502,13 @@ def _training_switches(space: SearchSpace, *, dp: int, tp: int, pp: int, cp: int
 
 
 def kv_dtype_choices(space: SearchSpace) -> list[str]:
+    """KV-cache dtypes the search tries: ``SearchBounds.kv_dtypes`` where given, else the one
+    the workload names (``Inference(kv_dtype=...)``, ``--kv-dtype``), else the workload's default
+    and fp8 (every engine's fp8 KV cache)."""
     if space.bounds.kv_dtypes is not None:
         return list(space.bounds.kv_dtypes)
+    if "kv_dtype" in space.inference.model_fields_set:
+        return [space.inference.kv_dtype]
     return sorted(
         {space.inference.kv_dtype, "fp8"},
         key=["fp32", "bf16", "fp16", "fp8", "fp4", "int8", "int4"].index,

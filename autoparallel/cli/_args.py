@@ -173,7 +173,8 @@ def _add_serving_dtypes(parser: argparse.ArgumentParser) -> None:
         "--kv-dtype",
         default=None,
         choices=SERVING_DTYPES,
-        help="serving: KV-cache precision (default bf16)",
+        help="serving: KV-cache precision, the only one searched (default: the search tries "
+        "bf16 and fp8)",
     )
 
 

@@ -116,12 +116,16 @@ class Recovery(BaseModel):
 
 
 def job_from_plan(plan: ShardingPlan, *, model, cluster, workload):
-    """Model, cluster and workload a plan names, unless given."""
+    """Model, cluster and workload a plan names, unless given; a serving plan's workload keeps
+    the KV-cache dtype the plan runs (its serving settings), not only the one its job named."""
     from autoparallel._planner import resolve_cluster
 
     model = model or plan.model
     cluster = cluster or resolve_cluster(plan.provenance.cluster_name.split("@")[0])
-    workload = workload or plan.job
+    if workload is None:
+        workload = plan.job
+        if plan.serving is not None:
+            workload = workload.model_copy(update={"kv_dtype": plan.serving.kv_dtype})
     return model, cluster, workload
 
 
