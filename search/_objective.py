@@ -137,17 +137,29 @@ def evaluate(
     violations = {"memory": np.nan_to_num(memory / capacity - 1.0, nan=0.0)}
     if isinstance(workload, Inference):
         for name, slo in (("ttft_slo", workload.ttft_slo_s), ("tpot_slo", workload.tpot_slo_s)):
-            column = metrics.get(name.replace("_slo", "_s"))
+            column = _slo_column(metrics, name.removesuffix("_slo"))
             if slo is not None and column is not None:
-                violations[name] = np.nan_to_num(
-                    np.asarray(column, dtype=np.float64) / slo - 1.0, nan=0.0
-                )
+                violations[name] = np.nan_to_num(column / slo - 1.0, nan=0.0)
     feasible_column = np.asarray(raw.get("feasible", np.ones(len(memory), dtype=bool)), dtype=bool)
     others_ok = np.all([v <= 0 for v in violations.values()], axis=0)
     # Infeasible for a reason of the cost model's own (e.g. no batch fits) while every limit we
     # know holds: count it under "cost_model".
     violations["cost_model"] = np.where(~feasible_column & others_ok, 1.0, 0.0)
     return Evaluation(table=table, metrics=metrics, violations=violations)
+
+
+def _slo_column(metrics: dict[str, np.ndarray], metric: str) -> np.ndarray | None:
+    """The figure an SLO limits: the p90 (``ttft_p90_s``, ``tpot_p90_s``) where the estimator
+    gives one, else the mean (``ttft_s``, ``tpot_s``; a pool's pass)."""
+    mean = metrics.get(f"{metric}_s")
+    if mean is None:
+        return None
+    mean = np.asarray(mean, dtype=np.float64)
+    p90 = metrics.get(f"{metric}_p90_s")
+    if p90 is None:
+        return mean
+    p90 = np.asarray(p90, dtype=np.float64)
+    return np.where(np.isfinite(p90), p90, mean)
 
 
 def simulate_top_k(
