@@ -170,6 +170,18 @@ def _serving_held_out() -> tuple[dict, ...]:
     return tuple(json.loads(text)["rows"])
 
 
+def _nearest_releases(engine: str, release: str) -> list[str]:
+    """The engine's other release groups (``ServingProfile.version``) nearest ``release`` first,
+    the newer of two equally near first: the measurements of the engine as close as the rows go
+    to the software the estimate prices."""
+    from cost_model._serving_profile import engine_profiles
+
+    ordered = [profile.version for profile in engine_profiles(engine)]
+    here = ordered.index(release)
+    others = [index for index in range(len(ordered)) if index != here]
+    return [ordered[i] for i in sorted(others, key=lambda i: (abs(i - here), -i))]
+
+
 def serving_error_bands(
     model, cluster, *, engine: str, deployment: str, version: str | None = None
 ) -> dict[str, ErrorBand]:
@@ -181,8 +193,9 @@ def serving_error_bands(
     prediction by a test). Errors as for training: measured time / predicted time - 1 (> 0: the
     model was optimistic). The regime widens one key at a time until ``MIN_RUNS`` rows share
     it: the engine's release group (the ``ServingProfile`` that priced the rows), generation,
-    MoE and deployment; that release group and MoE; then across releases, engine, generation,
-    MoE and deployment; engine, generation and MoE; engine and MoE; engine; MoE; every row. A
+    MoE and deployment; that release group and MoE; the engine's other release groups, nearest
+    first, with generation, MoE and deployment, then MoE and deployment; then across releases,
+    engine, generation, MoE and deployment; engine, generation and MoE; engine and MoE; engine; MoE; every row. A
     band from other releases names those its rows ran."""
     from cost_model._serving_profile import serving_profile
 
@@ -206,6 +219,17 @@ def serving_error_bands(
             )
         )
     levels.append((f"{engine} {label}, {kind}", {"engine": engine, "release": release, "moe": moe}))
+    for other in _nearest_releases(engine, release):  # engine versions weigh more than GPUs
+        ran = f"measured on {engine} {_release_label(other)}"
+        keys = {"engine": engine, "release": other, "moe": moe, "deployment": deployment}
+        if generation is not None:
+            levels.append(
+                (
+                    f"{engine}, {generation}, {kind}, {deployment}, {ran}",
+                    keys | {"generation": generation},
+                )
+            )
+        levels.append((f"{engine}, {kind}, {deployment}, {ran}", keys))
     if generation is not None:
         levels += [
             (

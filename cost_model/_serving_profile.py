@@ -351,6 +351,18 @@ def _profiles() -> tuple[ServingProfile, ...]:
     return tuple(ServingProfile(**_with_base(row, rows)) for row in rows)
 
 
+def engine_profiles(engine: str) -> list[ServingProfile]:
+    """``engine``'s shipped profiles, oldest releases first."""
+
+    def key(profile: ServingProfile) -> tuple:
+        return tuple(
+            (0, int(part), "") if part.isdigit() else (1, 0, part)
+            for part in _release_parts(profile.releases[0])
+        )
+
+    return sorted((p for p in _profiles() if p.engine == engine), key=key)
+
+
 @cache
 def serving_profile(engine: str, version: str | None = None) -> ServingProfile:
     """The shipped profile of ``engine`` at ``version`` (None: its current releases, the
