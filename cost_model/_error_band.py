@@ -254,10 +254,10 @@ def serving_error_bands(
             chosen = [row for row in rows if all(row.get(k) == v for k, v in keys.items())]
             if len(chosen) >= MIN_RUNS:
                 if "release" not in keys:
-                    ran = sorted(
+                    releases = sorted(
                         {f"{row['engine']} {_release_label(row['release'])}" for row in chosen}
                     )
-                    scope = f"{scope}, measured on {', '.join(ran)}"
+                    scope = f"{scope}, measured on {', '.join(releases)}"
                 bands[metric] = _band(scope, chosen, key="time_error")
                 break
     return bands

@@ -12,6 +12,11 @@ from cost_model._model_spec import AttentionSpec, ModelSpec, MoESpec
 
 _MISSING = object()
 
+#: Fields transformers saves under another name than the checkpoints' own config.json: its
+#: configs' ``attribute_map`` (transformers 5: ``Qwen3MoeConfig`` and ``MiniMaxM2Config`` write
+#: ``num_experts`` as ``num_local_experts``), so a config saved by ``save_pretrained`` reads too.
+_ALIASES: dict[str, tuple[str, ...]] = {"num_experts": ("num_local_experts",)}
+
 
 class _Reader:
     """Typed access to a config dict; every error names the key."""
@@ -19,10 +24,18 @@ class _Reader:
     def __init__(self, data: dict[str, Any]) -> None:
         self.data = data
 
+    def get(self, key: str, default: Any = None) -> Any:
+        """``data[key]``, else the first of its ``_ALIASES`` present, else ``default``."""
+        for name in (key, *_ALIASES.get(key, ())):
+            if name in self.data:
+                return self.data[name]
+        return default
+
     def int(self, key: str, default: Any = _MISSING, *, minimum: int = 1) -> int:
-        value = self.data.get(key, default)
+        value = self.get(key, default)
         if value is _MISSING:
-            raise ValueError(f"config.json is missing required field {key!r}")
+            also = "".join(f" (or {alias!r})" for alias in _ALIASES.get(key, ()))
+            raise ValueError(f"config.json is missing required field {key!r}{also}")
         if value is None and default is not _MISSING:
             value = default
         if isinstance(value, bool) or not isinstance(value, int):
@@ -32,7 +45,7 @@ class _Reader:
         return value
 
     def optional_int(self, key: str, *, minimum: builtins.int = 1) -> builtins.int | None:
-        if self.data.get(key) is None:
+        if self.get(key) is None:
             return None
         return self.int(key, minimum=minimum)
 

@@ -74,6 +74,13 @@ def check_sparse_attention_indexer(*, model: ModelSpec, hardware) -> None:
         )
 
 
+def _plain_dtype(config: dict[str, Any]) -> str:
+    """The dtype of a config's unquantized weights: ``torch_dtype``, or ``dtype`` as transformers
+    5 writes it (``PretrainedConfig.to_dict``), bf16 where it names neither."""
+    value = config.get("torch_dtype", config.get("dtype")) or "bfloat16"
+    return _TORCH_DTYPES.get(str(value), "bf16")
+
+
 def checkpoint_dtype(config: dict[str, Any]) -> str:
     """The weight dtype a HuggingFace ``config.json`` dict's checkpoint is released in."""
     if "_checkpoint_dtype" in config:
@@ -89,7 +96,7 @@ def checkpoint_dtype(config: dict[str, Any]) -> str:
         return "int4" if '"num_bits": 4' in json.dumps(quantization) else "fp8"
     if method in ("awq", "gptq") or quantization.get("bits") == 4:
         return "int4"
-    return _TORCH_DTYPES.get(str(config.get("torch_dtype", "bfloat16")), "bf16")
+    return _plain_dtype(config)
 
 
 def checkpoint_fp8_scaling(config: dict[str, Any]) -> str | None:
@@ -225,7 +232,7 @@ def checkpoint_dtype_by_part(
     if "_checkpoint_dtype_by_part" in config:
         return {str(k): str(v) for k, v in config["_checkpoint_dtype_by_part"].items()}
     quantized = checkpoint_dtype(config)
-    plain = _TORCH_DTYPES.get(str(config.get("torch_dtype", "bfloat16")), "bf16")
+    plain = _plain_dtype(config)
     quantization = _quantization(config)
     if quantized == plain or not quantization:
         return {}

@@ -307,7 +307,10 @@ def apply_plan(
     dispatcher; under FSDP (zero_stage >= 1) weights become dp-sharded DTensors (dp x cp with
     context parallel); with cp > 1 attention modules get a ``sequence_context`` that gathers K/V
     over cp (feed each rank ``AppliedPlan.shard_inputs`` of its batch). Parameter FQNs are
-    unchanged. Applying a plan twice to one module is an error (``ValueError``), not a no-op.
+    unchanged, but for transformers 5's fused routed experts (3-D ``gate_up_proj`` /
+    ``down_proj``), which expert parallel holds as one module per expert, named as in the
+    checkpoint files (``experts.E.gate_proj.weight``). Applying a plan twice to one module is an
+    error (``ValueError``), not a no-op.
     A model built with only this rank's part (``build_for_rank``: its stage's layers, its
     experts) is checked to be exactly that part and not cut again.
 
@@ -335,6 +338,11 @@ def apply_plan(
     """
     if not isinstance(plan, ShardingPlan):
         plan = load_plan(plan)
+    if getattr(module, _APPLIED, None) is None and (plan.config.ep > 1 or plan.config.etp > 1):
+        # transformers 5's fused expert weights as the per-expert modules the rules name
+        from autoparallel.runtime._fused_experts import unfuse_experts
+
+        unfuse_experts(module)
     check_plan_fits(module, plan)
     meshes = build_meshes(plan, device_type=device_type, backend=backend)
     if meshes.device.type not in ("cpu", "meta") and not any(

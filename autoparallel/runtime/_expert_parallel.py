@@ -31,6 +31,7 @@ from autoparallel.runtime._expert_dispatch import (
     ExpertParallelGroups,
     expert_placement_for,
 )
+from autoparallel.runtime._fused_experts import DispatchedExperts, unfuse_experts
 
 __all__ = ["ExpertParallel", "apply_expert_parallel"]
 
@@ -81,7 +82,10 @@ def _local_container(
             f"{name} holds experts {held}; this EP rank's experts under the plan are {list(local)} "
             f"(missing {sorted(set(local) - set(held))}, extra {sorted(set(held) - set(local))})"
         )
-    return nn.ModuleDict({str(e): experts[str(e)] for e in local})
+    kept = {str(e): experts[str(e)] for e in local}
+    if isinstance(container, DispatchedExperts):
+        return container.with_experts(kept)
+    return nn.ModuleDict(kept)
 
 
 def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -276,7 +280,10 @@ def apply_expert_parallel(
     ``AllToAllDispatcher``. The MoE block must route through ``self.dispatcher(tokens,
     weights, expert_ids, self.experts)``, as the reference model in ``autoparallel.runtime``
     does; a HuggingFace Mixtral / Qwen-MoE style block (a Linear ``gate`` and an int ``top_k``)
-    instead gets a forward with its routing that does. A module without expert containers (a
+    instead gets a forward with its routing that does. transformers 5's fused experts (3-D
+    ``gate_up_proj`` / ``down_proj``) become one module per expert first
+    (``_fused_experts.unfuse_experts``) and dispatch their own tokens, the block and its router
+    unchanged. A module without expert containers (a
     pipeline chunk of dense layers) is left unchanged and gets an ``ExpertParallel`` with no
     blocks; ``apply_plan`` checks on the whole model that every rule matches some module.
 
@@ -295,6 +302,7 @@ def apply_expert_parallel(
             the experts; raised before any collective.
     """
     groups = ExpertParallelGroups.from_meshes(plan=plan, moe_mesh=moe_mesh, dense_mesh=dense_mesh)
+    unfuse_experts(model)  # transformers 5's 3-D expert weights, one module per expert
     containers = _expert_containers(model, plan)
     num_experts = _declared_experts(model, containers)
     if len(num_experts) > 1:
@@ -309,9 +317,11 @@ def apply_expert_parallel(
     blocks = []
     for name, container in containers:
         block, child = _parent(model, name)
-        if not hasattr(block, "dispatcher"):
+        if not hasattr(block, "dispatcher") and not isinstance(container, DispatchedExperts):
             _route_through_dispatcher(block, name=name.rpartition(".")[0])
         local = _local_container(container, dispatcher.local_experts, name=name, num_experts=count)
+        if isinstance(local, DispatchedExperts):  # the experts dispatch their own tokens
+            local.dispatcher = dispatcher
         if groups.etp_size > 1:
             for key, expert in local.items():
                 _shard_expert(

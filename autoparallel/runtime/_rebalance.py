@@ -29,6 +29,7 @@ from autoparallel._expert_placement import ExpertMove, placement_moves, rank_exp
 from autoparallel.plan import ExpertPlacement
 from autoparallel.runtime._expert_dispatch import AllToAllDispatcher
 from autoparallel.runtime._expert_parallel import ExpertParallel
+from autoparallel.runtime._fused_experts import DispatchedExperts
 
 __all__ = ["RebalanceReport", "rebalance_experts"]
 
@@ -270,7 +271,11 @@ def _install(
                 dropped.add(int(key))
                 _unregister(optimizer, old[key])
         modules = {str(e): kept[str(e)] if str(e) in kept else fresh[(index, e)] for e in new_local}
-        block.experts = nn.ModuleDict(modules)
+        block.experts = (
+            old.with_experts(modules)
+            if isinstance(old, DispatchedExperts)
+            else nn.ModuleDict(modules)
+        )
     return tuple(sorted(dropped))
 
 

@@ -40,6 +40,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from autoparallel.plan import ModuleRule, ShardingPlan
+from autoparallel.runtime._fused_experts import is_fused_experts
 
 __all__ = [
     "SelectKVHeads",
@@ -113,11 +114,26 @@ def match_rules(
 
 
 def _is_moe_block(module: nn.Module) -> bool:
-    return hasattr(module, "dispatcher") and hasattr(module, "experts")
+    """A block of routed experts: one with a dispatcher (the reference model), or a HuggingFace
+    sparse block whose ``experts`` are per-expert modules or transformers 5's fused weights."""
+    experts = getattr(module, "experts", None)
+    if experts is None:
+        return False
+    return (
+        hasattr(module, "dispatcher")
+        or isinstance(experts, (nn.ModuleList, nn.ModuleDict))
+        or is_fused_experts(experts)
+    )
 
 
 def _is_block(module: nn.Module) -> bool:
-    return any(isinstance(child, nn.Linear) for child in module.modules())
+    """A block (attention, MLP, MoE) rather than a norm: it holds a Linear, routed experts, or
+    submodules with weights of their own (a norm holds only its own weight)."""
+    return (
+        any(isinstance(child, nn.Linear) for child in module.modules())
+        or _is_moe_block(module)
+        or any(any(True for _ in child.parameters()) for child in module.children())
+    )
 
 
 def _style(
@@ -146,23 +162,34 @@ def _as_sequence_shard(tensor: torch.Tensor, mesh: DeviceMesh) -> DTensor:
     )
 
 
-def _gather_sequence_hook(mesh: DeviceMesh):
-    """Forward pre-hook: the first input, a sequence shard, becomes the whole (local) sequence."""
+def _on_hidden_states(transform):
+    """A kwargs-aware forward pre-hook applying ``transform`` to the block's hidden states: its
+    first positional input, or its ``hidden_states`` keyword (transformers 5 calls its attention
+    and MLP blocks with keywords only)."""
 
-    def hook(_module: nn.Module, args: tuple) -> tuple:
-        whole = _as_sequence_shard(args[0], mesh).redistribute(mesh, [Replicate()]).to_local()
-        return (whole, *args[1:])
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if args:
+            return (transform(args[0]), *args[1:]), kwargs
+        if "hidden_states" in kwargs:
+            return args, {**kwargs, "hidden_states": transform(kwargs["hidden_states"])}
+        raise ValueError(
+            f"{type(module).__name__} was called with no positional input and no 'hidden_states' "
+            "keyword; sequence parallel cannot find its sequence-sharded input"
+        )
 
     return hook
+
+
+def _gather_sequence_hook(mesh: DeviceMesh):
+    """Forward pre-hook: the hidden states, a sequence shard, become the whole (local) sequence."""
+    return _on_hidden_states(
+        lambda tensor: _as_sequence_shard(tensor, mesh).redistribute(mesh, [Replicate()]).to_local()
+    )
 
 
 def _local_shard_hook(mesh: DeviceMesh):
-    """Forward pre-hook: the first input stays this rank's sequence shard, as a plain tensor."""
-
-    def hook(_module: nn.Module, args: tuple) -> tuple:
-        return (_as_sequence_shard(args[0], mesh).to_local(), *args[1:])
-
-    return hook
+    """Forward pre-hook: the hidden states stay this rank's sequence shard, as a plain tensor."""
+    return _on_hidden_states(lambda tensor: _as_sequence_shard(tensor, mesh).to_local())
 
 
 class _SumOverGroup(torch.autograd.Function):
@@ -178,6 +205,41 @@ class _SumOverGroup(torch.autograd.Function):
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, group=ctx.group)
         return grad, None
+
+
+class _SumColumnsOverGroup(torch.autograd.Function):
+    """Identity forward; backward all-reduces (sums) the gradient's last-dim columns from
+    ``start`` on over ``group``, the others as they are."""
+
+    @staticmethod
+    def forward(ctx, tensor, group, start):  # autograd API
+        ctx.group, ctx.start = group, start
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad):
+        shared = grad[..., ctx.start :].contiguous()
+        dist.all_reduce(shared, group=ctx.group)
+        return torch.cat((grad[..., : ctx.start], shared), dim=-1), None, None
+
+
+def _is_huggingface_mla(module: nn.Module) -> bool:
+    """A HuggingFace DeepSeek-V2/V3-style MLA attention (``modeling_deepseek_v3.py``): the
+    latent and the RoPE key from one ``kv_a_proj_with_mqa``, the latent first."""
+    return isinstance(getattr(module, "kv_a_proj_with_mqa", None), nn.Module) and isinstance(
+        getattr(module, "kv_lora_rank", None), int
+    )
+
+
+def _sum_output_columns_hook(group, *, start: int):
+    """Forward hook: the module's output, whose columns from ``start`` on get their gradient
+    summed over ``group``."""
+
+    def hook(_module: nn.Module, _args: tuple, output: torch.Tensor) -> torch.Tensor:
+        local = output.to_local() if isinstance(output, DTensor) else output
+        return _SumColumnsOverGroup.apply(local, group, start)
+
+    return hook
 
 
 class SumGradientOverGroup:
@@ -271,17 +333,52 @@ def _sequence_blocks(
     for name in blocks:
         block = module.get_submodule(name)
         if not _is_moe_block(block):
-            block.register_forward_pre_hook(_gather_sequence_hook(mesh))
+            block.register_forward_pre_hook(_gather_sequence_hook(mesh), with_kwargs=True)
             continue
-        block.register_forward_pre_hook(_local_shard_hook(mesh))
+        block.register_forward_pre_hook(_local_shard_hook(mesh), with_kwargs=True)
         if getattr(block, "shared_experts", None) is not None:
-            block.shared_experts.register_forward_pre_hook(_gather_sequence_hook(mesh))
+            block.shared_experts.register_forward_pre_hook(
+                _gather_sequence_hook(mesh), with_kwargs=True
+            )
         for parameter_name, _ in block.named_parameters():
             if parameter_name.startswith("shared_experts."):
                 continue
             if expert_parallel and parameter_name.startswith("experts."):
                 continue
             result.summed_parameters.append((block, parameter_name))
+
+
+def _positions_at_the_model(
+    module: nn.Module, styles: dict[str, ParallelStyle], mesh: DeviceMesh
+) -> None:
+    """Sequence parallel for a model that derives its positions from the embedding's output
+    (transformers: ``LlamaModel.forward`` numbers the tokens of ``inputs_embeds`` and runs its
+    ``rotary_emb`` and causal mask on them before the layers): its embedding hands the whole
+    sequence to the model, and the first layer takes this rank's part of it, so positions and
+    mask cover every token (Megatron-LM sec. 4.2.2's scatter, moved past the model's own
+    position code). The scatter's backward gathers the gradient, so the embedding's is whole."""
+    for name, holder in walk_modules(module):
+        embedding = f"{name}.embed_tokens" if name else "embed_tokens"
+        layers = getattr(holder, "layers", None)
+        if (
+            embedding not in styles
+            or not isinstance(getattr(holder, "rotary_emb", None), nn.Module)
+            or not isinstance(layers, (nn.ModuleList, nn.ModuleDict))
+            or not len(layers)
+        ):
+            continue
+        styles[embedding] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        first = layers[0] if isinstance(layers, nn.ModuleList) else next(iter(layers.values()))
+        first.register_forward_pre_hook(
+            _on_hidden_states(
+                lambda tensor: (
+                    DTensor.from_local(tensor, mesh, [Replicate()], run_check=False)
+                    .redistribute(mesh, [Shard(1)])
+                    .to_local()
+                )
+            ),
+            with_kwargs=True,
+        )
 
 
 def apply_tensor_parallel(
@@ -319,6 +416,12 @@ def apply_tensor_parallel(
         if hasattr(submodule, "shared_key_hook") and getattr(attention, "kind", None) == "mla":
             if f"{name}.kv_b_proj" in styles:
                 submodule.shared_key_hook = SumGradientOverGroup(group)
+        elif _is_huggingface_mla(submodule) and f"{name}.kv_b_proj" in styles:
+            # the RoPE key, the last qk_rope_head_dim outputs of kv_a_proj_with_mqa, is shared
+            # by every head: each rank's heads give part of its gradient
+            submodule.kv_a_proj_with_mqa.register_forward_hook(
+                _sum_output_columns_hook(group, start=int(submodule.kv_lora_rank))
+            )
         # Per-head query/key norms (Qwen3) are whole on every rank but see only its heads: their
         # gradients are summed over tp, the key norm's only where the K/V heads are split (with
         # K/V whole, the kv-heads hook already sums the keys' gradient before the norm sees it).
@@ -329,6 +432,8 @@ def apply_tensor_parallel(
                 and not (norm == "k_norm" and name in replicated)
             ):
                 result.summed_parameters.append((submodule.get_submodule(norm), "weight"))
+    if sequence_parallel:
+        _positions_at_the_model(module, styles, tp_mesh)
     for name, style in styles.items():
         parallelize_module(module.get_submodule(name), tp_mesh, style)
     _select_kv_heads(module, replicated_kv, tp_mesh)

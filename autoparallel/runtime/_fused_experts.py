@@ -1,0 +1,165 @@
+"""Fused expert weights (transformers 5) as per-expert modules, so expert parallel can place them.
+
+transformers 5 stores a MoE block's routed experts as one module of 3-D weights,
+``gate_up_proj`` ``[E, 2I, H]`` (the gate projection's rows, then the up projection's) and
+``down_proj`` ``[E, H, I]``, called as ``experts(hidden_states, top_k_index, top_k_weights)``
+by every sparse block (``modeling_qwen3_moe.py`` ``Qwen3MoeExperts``, ``modeling_mixtral.py``,
+``modeling_qwen2_moe.py``, ``modeling_deepseek_v3.py``); the released checkpoints keep one
+``experts.E.{gate_proj, up_proj, down_proj}`` per expert, which transformers fuses on load.
+
+``unfuse_experts`` replaces each such module by a ``DispatchedExperts``: a ``ModuleDict`` of
+per-expert FFNs keyed by global expert id (parameter names as in the checkpoint files) whose
+forward keeps the fused module's signature and sends the tokens through the block's expert
+dispatcher (``_expert_dispatch.AllToAllDispatcher``) once expert parallel gives it one. The
+routing stays the model's own: its router picks the experts and weights, whatever its rule.
+Each replacement is checked on a few tokens against the fused module it replaces (the layout
+of the halves and the activation); a fused module with other weights (gpt-oss's biases and
+interleaved halves) is an error, not a silent approximation.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["DispatchedExperts", "ExpertFFN", "is_fused_experts", "unfuse_experts"]
+
+#: Tokens of the check that a replacement computes what the fused module did.
+_CHECK_TOKENS = 4
+
+
+def is_fused_experts(module: nn.Module) -> bool:
+    """Whether ``module`` holds routed experts as transformers 5's 3-D ``gate_up_proj`` /
+    ``down_proj`` weights."""
+    gate_up = getattr(module, "gate_up_proj", None)
+    down = getattr(module, "down_proj", None)
+    return (
+        isinstance(gate_up, nn.Parameter)
+        and isinstance(down, nn.Parameter)
+        and gate_up.dim() == 3
+        and down.dim() == 3
+    )
+
+
+class ExpertFFN(nn.Module):
+    """One routed expert: ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``."""
+
+    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, act_fn) -> None:
+        super().__init__()
+        requires_grad = gate.requires_grad
+        self.gate_proj = _linear(gate, requires_grad)
+        self.up_proj = _linear(up, requires_grad)
+        self.down_proj = _linear(down, requires_grad)
+        self.act_fn = act_fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _linear(weight: torch.Tensor, requires_grad: bool) -> nn.Linear:
+    out_features, in_features = weight.shape
+    linear = nn.Linear(in_features, out_features, bias=False, device="meta")
+    linear.weight = nn.Parameter(weight.detach().clone(), requires_grad=requires_grad)
+    return linear
+
+
+class DispatchedExperts(nn.ModuleDict):
+    """Routed experts keyed by global expert id, called as the fused module was:
+    ``(hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H]``, the weighted
+    sum of each token's experts. With a ``dispatcher`` (expert parallel sets one) the tokens go
+    through it; without one every expert is local and computed here."""
+
+    dispatcher = None
+
+    def forward(  # type: ignore[override]
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
+        weights = top_k_weights.to(hidden_states.dtype)
+        if self.dispatcher is not None:
+            return self.dispatcher(hidden_states, weights, top_k_index, self)
+        out = torch.zeros_like(hidden_states)
+        for key, expert in self.items():
+            rows, slots = torch.where(top_k_index == int(key))
+            if rows.numel():
+                out.index_add_(0, rows, expert(hidden_states[rows]) * weights[rows, slots, None])
+        return out
+
+    def with_experts(self, experts: dict[str, nn.Module]) -> DispatchedExperts:
+        """The same kind of container over ``experts``, keeping the dispatcher."""
+        container = DispatchedExperts(experts)
+        container.dispatcher = self.dispatcher
+        return container
+
+
+def unfuse_experts(model: nn.Module) -> list[str]:
+    """Replace every fused routed-expert module of ``model`` (``*.experts``, see
+    ``is_fused_experts``) by a ``DispatchedExperts`` of the same experts; returns their names.
+
+    Raises ``ValueError`` naming the module when it holds weights other than ``gate_up_proj``
+    and ``down_proj``, when their shapes disagree, or when the per-expert form does not
+    reproduce its output on a few tokens (another layout of the fused halves)."""
+    fused = [
+        (name, module)
+        for name, module in model.named_modules()
+        if name.rpartition(".")[2] == "experts" and is_fused_experts(module)
+    ]
+    for name, module in fused:
+        replacement = _unfused(name, module)
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, replacement)
+    return [name for name, _ in fused]
+
+
+def _unfused(name: str, module: nn.Module) -> DispatchedExperts:
+    others = sorted(
+        n for n, _ in module.named_parameters() if n not in ("gate_up_proj", "down_proj")
+    )
+    if others:
+        raise ValueError(
+            f"{name} ({type(module).__name__}) holds {others} beside gate_up_proj and down_proj; "
+            "expert parallel splits only fused experts of gate/up halves and a down projection"
+        )
+    gate_up, down = module.gate_up_proj, module.down_proj
+    experts, double, hidden = gate_up.shape
+    if double % 2 or down.shape != (experts, hidden, double // 2):
+        raise ValueError(
+            f"{name}: gate_up_proj {tuple(gate_up.shape)} and down_proj {tuple(down.shape)} must "
+            "be [E, 2I, H] and [E, H, I]"
+        )
+    act_fn = getattr(module, "act_fn", None)
+    if act_fn is None:
+        raise ValueError(f"{name} ({type(module).__name__}) has no act_fn")
+    width = double // 2
+    replacement = DispatchedExperts(
+        {
+            str(e): ExpertFFN(gate_up[e, :width], gate_up[e, width:], down[e], act_fn)
+            for e in range(experts)
+        }
+    )
+    if not gate_up.is_meta:
+        _check_same(name, module, replacement, experts=experts, hidden=hidden)
+    return replacement
+
+
+@torch.no_grad()
+def _check_same(
+    name: str, fused: nn.Module, unfused: DispatchedExperts, *, experts: int, hidden: int
+) -> None:
+    """The per-expert form computes what the fused module did, on a few tokens of each of the
+    first and the last expert."""
+    reference = fused.gate_up_proj
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    tokens = torch.randn(_CHECK_TOKENS, hidden, generator=generator).to(reference)
+    for expert in {0, experts - 1}:
+        index = torch.full((_CHECK_TOKENS, 1), expert, dtype=torch.long, device=reference.device)
+        weights = torch.ones(_CHECK_TOKENS, 1, dtype=reference.dtype, device=reference.device)
+        expected = fused(tokens, index, weights)
+        got = unfused(tokens, index, weights)
+        scale = expected.abs().max().clamp_min(torch.finfo(expected.dtype).tiny)
+        if not (got - expected).abs().max() <= 1e-3 * scale:
+            raise ValueError(
+                f"{name} ({type(fused).__name__}): its experts are not gate_up_proj's gate rows "
+                "then up rows with down_proj after act_fn(gate) * up; expert parallel cannot "
+                "split this layout"
+            )

@@ -1,0 +1,246 @@
+"""Plans applied to ``transformers``' own models equal the unsharded model.
+
+The modules are transformers 5's (``LlamaForCausalLM``, ``Qwen3ForCausalLM``,
+``Qwen3MoeForCausalLM``, ``MixtralForCausalLM``, ``DeepseekV3ForCausalLM``), tiny and randomly
+initialised, called as transformers calls them (keyword inputs, positions and the causal mask
+made at the model from the embedding's output, routed experts fused into 3-D weights). Each
+rank's logits and every gradient (after ``sync_gradients``) are compared with one unsharded
+copy of the same model on the same tokens; an expert's gradient with the slice of the fused
+weight's gradient it came from.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+
+import pytest
+
+from autoparallel.testing import run_ranks
+
+pytest.importorskip("transformers")
+
+VOCAB = 128
+SMALL = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, max_position_embeddings=64)
+CASES = {
+    "llama": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(intermediate_size=128, num_key_value_heads=2),
+    ),
+    "qwen3": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(intermediate_size=128, num_key_value_heads=2, head_dim=16),
+    ),
+    "qwen3-moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            num_key_value_heads=2,
+            head_dim=16,
+        ),
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(
+            intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, num_key_value_heads=2
+        ),
+    ),
+    "deepseek-v3": (
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            n_group=2,
+            topk_group=1,
+            first_k_dense_replace=1,
+            num_key_value_heads=4,
+            kv_lora_rank=16,
+            q_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+        ),
+    ),
+}
+#: (case, parallel config) pairs run on 2 ranks: tensor parallel with and without sequence
+#: parallel, expert parallel over data-parallel ranks and over tensor-parallel ones, expert TP
+PLANS = [
+    ("llama", {"tp": 2, "sequence_parallel": True}),
+    ("qwen3", {"tp": 2}),
+    ("qwen3-moe", {"dp": 2, "ep": 2}),
+    ("qwen3-moe", {"tp": 2, "etp": 2, "sequence_parallel": True}),
+    ("mixtral", {"tp": 2, "sequence_parallel": True}),
+    ("deepseek-v3", {"tp": 2, "ep": 2}),
+    ("deepseek-v3", {"tp": 2, "sequence_parallel": True}),
+]
+
+
+def _build(case: str):
+    import torch
+    import transformers
+
+    config_class, model_class, fields = CASES[case]
+    layers = 3 if case == "deepseek-v3" else 2  # one dense layer, then MoE layers
+    config = getattr(transformers, config_class)(**SMALL, **fields, num_hidden_layers=layers)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class)(config)
+    with torch.no_grad():  # a routing bias of its own, so that group-limited routing is exercised
+        for module in model.modules():
+            if hasattr(module, "e_score_correction_bias"):
+                module.e_score_correction_bias.normal_()
+    return model, {**config.to_dict(), "architectures": [model_class]}
+
+
+def _gradient_errors(model, reference) -> tuple[dict[str, float], int]:
+    """Each parameter's largest gradient difference relative to the reference's largest, and
+    how many parameters are split (DTensors or experts held per rank)."""
+    from torch.distributed.tensor import DTensor
+
+    whole = dict(reference.named_parameters())
+    errors, split = {}, 0
+    for name, parameter in model.named_parameters():
+        grad = parameter.grad
+        grad = grad.full_tensor() if isinstance(grad, DTensor) else grad
+        split += isinstance(parameter, DTensor)
+        expert = re.fullmatch(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight", name)
+        if expert is None:
+            expected = whole[name].grad
+            candidates = [expected]
+        else:  # the slice of the fused weight it came from, or one etp part of it
+            base, index, part = expert.group(1), int(expert.group(2)), expert.group(3)
+            gate_up = whole[f"{base}.gate_up_proj"].grad[index]
+            width = gate_up.shape[0] // 2
+            expected = {
+                "gate": gate_up[:width],
+                "up": gate_up[width:],
+                "down": whole[f"{base}.down_proj"].grad[index],
+            }[part]
+            dim = 1 if part == "down" else 0
+            candidates = expected.chunk(expected.shape[dim] // grad.shape[dim], dim=dim)
+            split += 1
+        scale = expected.abs().max().clamp_min(1e-12)
+        errors[name] = min(float((grad - c).abs().max() / scale) for c in candidates)
+    return errors, split
+
+
+def _rank(rank: int, world_size: int, plans: list) -> list[dict]:
+    import tempfile
+    from pathlib import Path
+
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.tensor import DTensor
+
+    import autoparallel as ap
+    from autoparallel.testing import plan_for_config
+    from cost_model import ParallelConfig
+
+    results = []
+    tokens = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
+    for case, fields in plans:
+        reference, config = _build(case)
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "config.json"
+            path.write_text(json.dumps(config))
+            spec = ap.get_model(str(path))
+        model = copy.deepcopy(reference)
+        applied = ap.apply_plan(model, plan_for_config(spec, ParallelConfig(**fields)))
+        expected = reference(tokens).logits
+        F.cross_entropy(expected.flatten(0, 1), tokens.flatten()).backward()
+        got = applied.module(tokens).logits
+        got = got.full_tensor() if isinstance(got, DTensor) else got
+        F.cross_entropy(got.flatten(0, 1), tokens.flatten()).backward()
+        applied.sync_gradients()
+        errors, split = _gradient_errors(model, reference)
+        errors["logits"] = float((got - expected).abs().max() / expected.abs().max())
+        results.append({"case": case, "fields": fields, "errors": errors, "split": split})
+    return results
+
+
+@pytest.mark.distributed
+def test_transformers_models_equal_their_unsharded_selves() -> None:
+    for results in run_ranks(_rank, 2, args=(PLANS,), timeout_s=240):
+        for result in results:
+            errors = result["errors"]
+            worst = max(errors, key=errors.get)
+            assert errors[worst] <= 1e-5, (result["case"], result["fields"], worst, errors[worst])
+            assert result["split"] >= 8, result  # the plan split weights: it was applied
+
+
+def test_fused_experts_of_another_layout_are_refused() -> None:
+    """gpt-oss's experts carry biases and interleave the gate and up rows: not split, an error
+    naming the module."""
+    import torch
+    import transformers
+
+    from autoparallel.runtime._fused_experts import unfuse_experts
+
+    config = transformers.GptOssConfig(
+        **SMALL,
+        intermediate_size=32,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_hidden_layers=1,
+        layer_types=["full_attention"],
+    )
+    torch.manual_seed(0)
+    model = transformers.GptOssForCausalLM(config)
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.experts \(GptOssExperts\)"):
+        unfuse_experts(model)
+
+
+def test_a_fused_layout_the_experts_do_not_compute_is_refused() -> None:
+    """The per-expert form is checked against the fused module: swapping the halves is caught."""
+    import torch
+
+    from autoparallel.runtime._fused_experts import unfuse_experts
+
+    reference, _ = _build("qwen3-moe")
+    experts = reference.model.layers[0].mlp.experts
+    assert isinstance(experts, torch.nn.Module)
+    original = type(experts).forward
+
+    def up_then_gate(self, hidden_states, top_k_index, top_k_weights):
+        half = self.gate_up_proj.shape[1] // 2
+        swapped = torch.cat((self.gate_up_proj[:, half:], self.gate_up_proj[:, :half]), dim=1)
+        saved = self.gate_up_proj.data
+        self.gate_up_proj.data = swapped
+        try:
+            return original(self, hidden_states, top_k_index, top_k_weights)
+        finally:
+            self.gate_up_proj.data = saved
+
+    experts.forward = up_then_gate.__get__(experts)
+    with pytest.raises(ValueError, match="gate rows then up rows"):
+        unfuse_experts(reference)
+
+
+def test_a_config_saved_by_transformers_reads() -> None:
+    """transformers 5 saves Qwen3-MoE's expert count as num_local_experts and the weights'
+    dtype as dtype; the catalog's reading of the released config.json gives the same model."""
+    import autoparallel as ap
+    from cost_model._hf_config import parse_hf_config
+    from cost_model._serving_precision import checkpoint_dtype
+
+    released = ap.get_model("qwen3-30b-a3b")
+    _, saved = _build("qwen3-moe")
+    assert "num_experts" not in saved and saved["num_local_experts"] == 4
+    assert parse_hf_config(saved, name="saved").moe.num_routed_experts == 4
+    assert released.moe.num_routed_experts == 128
+    assert checkpoint_dtype({"dtype": "float16"}) == "fp16"
+    assert checkpoint_dtype({"torch_dtype": "float32", "dtype": "float16"}) == "fp32"
