@@ -19,8 +19,6 @@ import pytest
 
 from autoparallel.testing import run_ranks
 
-pytest.importorskip("transformers")
-
 VOCAB = 128
 SMALL = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, max_position_embeddings=64)
 CASES = {
