@@ -242,3 +242,49 @@ def test_a_config_saved_by_transformers_reads() -> None:
     assert released.moe.num_routed_experts == 128
     assert checkpoint_dtype({"dtype": "float16"}) == "fp16"
     assert checkpoint_dtype({"torch_dtype": "float32", "dtype": "float16"}) == "fp32"
+
+
+def _rebalanced_rank(rank: int, world_size: int) -> dict:
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    import autoparallel as ap
+    from autoparallel.plan import ExpertPlacement
+    from autoparallel.runtime._rebalance import rebalance_experts
+    from autoparallel.testing import plan_for_config
+    from cost_model import ParallelConfig
+
+    reference, config = _build("qwen3-moe")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "config.json"
+        path.write_text(json.dumps(config))
+        spec = ap.get_model(str(path))
+    model = copy.deepcopy(reference)
+    applied = ap.apply_plan(model, plan_for_config(spec, ParallelConfig(dp=2, ep=2)))
+    before = sorted(int(key) for key in model.model.layers[0].mlp.experts)
+    # experts 0 and 1 on rank 0, 2 and 3 on rank 1 -> 0 and 2 on rank 0, 1 and 3 on rank 1
+    moved = ExpertPlacement(num_experts=4, ep=2, expert_to_ranks=((0,), (1,), (0,), (1,)))
+    rebalance_experts(applied.expert_parallel[0], placement=moved)
+    after = sorted(int(key) for key in model.model.layers[0].mlp.experts)
+    tokens = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1 + rank))
+    with torch.no_grad():
+        expected, got = reference(tokens).logits, applied.module(tokens).logits
+    return {
+        "before": before,
+        "after": after,
+        "error": float((got - expected).abs().max() / expected.abs().max()),
+    }
+
+
+@pytest.mark.distributed
+def test_fused_experts_move_between_ranks_live() -> None:
+    """A live re-placement (``Retuner``'s expert moves) of a transformers model's experts: each
+    rank holds the experts the new placement names, and the model still computes its own output
+    (each rank's tokens reach the experts where they now are)."""
+    results = run_ranks(_rebalanced_rank, 2, timeout_s=120)
+    assert [r["before"] for r in results] == [[0, 1], [2, 3]]
+    assert [r["after"] for r in results] == [[0, 2], [1, 3]]
+    for result in results:
+        assert result["error"] <= 1e-5, result

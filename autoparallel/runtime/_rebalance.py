@@ -217,6 +217,8 @@ def rebalance_experts(
     dispatcher = AllToAllDispatcher(placement=placement, groups=groups)
     for _, block in blocks:
         block.dispatcher = dispatcher
+        if isinstance(block.experts, DispatchedExperts):  # experts that dispatch their own tokens
+            block.experts.dispatcher = dispatcher
     expert_parallel.placement, expert_parallel.dispatcher = placement, dispatcher
     element = next(iter(blocks[0][1].experts.parameters())).element_size()
     report = RebalanceReport(
