@@ -85,12 +85,13 @@ PLANS = [
 ]
 
 
-def _build(case: str):
+def _build(case: str, layers: int | None = None):
     import torch
     import transformers
 
     config_class, model_class, fields = CASES[case]
-    layers = 3 if case == "deepseek-v3" else 2  # one dense layer, then MoE layers
+    if layers is None:
+        layers = 3 if case == "deepseek-v3" else 2  # one dense layer, then MoE layers
     config = getattr(transformers, config_class)(**SMALL, **fields, num_hidden_layers=layers)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
@@ -288,3 +289,74 @@ def test_fused_experts_move_between_ranks_live() -> None:
     assert [r["after"] for r in results] == [[0, 2], [1, 3]]
     for result in results:
         assert result["error"] <= 1e-5, result
+
+
+def _pipelined_rank(rank: int, world_size: int, case: str, layers: int, fields: dict) -> dict:
+    import tempfile
+    from pathlib import Path
+
+    import torch
+    import torch.nn.functional as F
+
+    import autoparallel as ap
+    from autoparallel.testing import plan_for_config
+    from cost_model import ParallelConfig, Training
+
+    reference, config = _build(case, layers)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "config.json"
+        path.write_text(json.dumps(config))
+        spec = ap.get_model(str(path))
+    workload = Training(sequence_length_tokens=8, global_batch_sequences=4)
+    plan = plan_for_config(spec, ParallelConfig(**fields), workload=workload)
+    model = copy.deepcopy(reference)
+
+    def loss_fn(logits, targets):
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    applied = ap.apply_plan(model, plan, loss_fn=loss_fn, num_micro_batches=2)
+    tokens = torch.randint(0, VOCAB, (4, 8), generator=torch.Generator().manual_seed(1))
+    logits = reference(tokens).logits
+    expected = torch.stack([loss_fn(logits[i : i + 2], tokens[i : i + 2]) for i in (0, 2)]).mean()
+    expected.backward()
+    step = applied.pipeline.step(tokens, targets=tokens)
+    applied.sync_gradients()
+    errors, split = _gradient_errors(model, reference)
+    if step.loss is not None:  # the last stage's
+        errors["loss"] = float((step.loss - expected).abs() / expected.abs())
+    layers_held = sorted(int(key) for key in model.model.layers)
+    return {"errors": errors, "split": split, "layers": layers_held, "last": step.loss is not None}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    ("case", "layers", "fields", "world"),
+    [
+        ("qwen3-moe", 2, {"pp": 2, "pipeline_schedule": "1f1b"}, 2),
+        (
+            "qwen3",
+            4,
+            {
+                "pp": 2,
+                "tp": 2,
+                "sequence_parallel": True,
+                "virtual_stages": 2,
+                "pipeline_schedule": "interleaved_1f1b",
+            },
+            4,
+        ),
+    ],
+    ids=["qwen3-moe-pp2", "qwen3-pp2-interleaved-tp2-sp"],
+)
+def test_transformers_models_run_as_pipeline_stages(case, layers, fields, world) -> None:
+    """A transformers causal LM cut into pipeline chunks (its own backbone forward on each,
+    positions and mask from the whole sequence) trains as the unsharded model does: the mean
+    micro-batch loss and every gradient."""
+    results = run_ranks(_pipelined_rank, world, args=(case, layers, fields), timeout_s=240)
+    held = {tuple(result["layers"]) for result in results}
+    assert len(held) == 2 and sorted(i for h in held for i in h) == list(range(layers))
+    assert sum(result["last"] for result in results) == world // 2
+    for result in results:
+        errors = result["errors"]
+        worst = max(errors, key=errors.get)
+        assert errors[worst] <= 1e-5, (case, fields, worst, errors[worst])

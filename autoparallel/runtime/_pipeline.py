@@ -10,7 +10,8 @@ A chunk module shares its submodules with the model it was cut from, so FQNs are
 (``model.layers.7.mlp.gate.weight`` stays that name on whichever rank holds layer 7) and the
 tensor, expert and data parallel passes that follow apply to it like to the whole model. The
 model's forward must skip a ``None`` embedding / norm / LM head and iterate ``layers.values()``
-of an ``nn.ModuleDict`` keyed by layer id, as ``ReferenceMoETransformer`` does.
+of an ``nn.ModuleDict`` keyed by layer id, as ``ReferenceMoETransformer`` does; a transformers
+causal LM gets such a forward on each chunk (``_transformers_stages``).
 
 Schedules (the plan's ``pipeline_schedule``): ``gpipe`` (Huang et al. 2019), ``1f1b``
 (PipeDream-flush, Narayanan et al. 2021), ``interleaved_1f1b`` (same paper, sec. 2.2) and
@@ -36,6 +37,11 @@ from torch.distributed.pipelining import (
 )
 
 from autoparallel.plan import ShardingPlan, StageLayers
+from autoparallel.runtime._transformers_stages import (
+    as_stage,
+    is_transformers_causal_lm,
+    keyed_layers,
+)
 
 __all__ = [
     "Pipeline",
@@ -56,11 +62,15 @@ _MULTI_STAGE_SCHEDULES = {
 
 
 def _shallow_copy(module: nn.Module) -> nn.Module:
-    """A new module object sharing every parameter, buffer and child with ``module``."""
+    """A new module object sharing every parameter, buffer and child with ``module``; its hooks
+    so far too, while a hook registered on one copy later stays that copy's."""
     clone = copy.copy(module)
     clone._modules = dict(module._modules)
     clone._parameters = dict(module._parameters)
     clone._buffers = dict(module._buffers)
+    for key, value in module.__dict__.items():
+        if "hooks" in key and isinstance(value, dict):
+            clone.__dict__[key] = type(value)(value)
     return clone
 
 
@@ -148,7 +158,7 @@ def _cut(model: nn.Module, chunk: StageLayers, *, in_place: bool) -> nn.Module:
     top = model if in_place else _shallow_copy(model)
     backbone = top.model if in_place else _shallow_copy(model.model)
     keys = [str(i) for i in range(chunk.start_layer, chunk.stop_layer)]
-    backbone.layers = nn.ModuleDict({key: model.model.layers[key] for key in keys})
+    backbone.layers = type(model.model.layers)({key: model.model.layers[key] for key in keys})
     if not chunk.has_embedding:
         backbone.embed_tokens = None
     if not chunk.has_lm_head:
@@ -169,12 +179,18 @@ def split_stage_modules(
     can be freed. A model built with only this rank's layers (``_rank_build.build_for_rank``)
     is used as it is. Raises ``ValueError`` when the module does not match the plan's layers.
     """
+    transformers = is_transformers_causal_lm(model)
+    if transformers:
+        keyed_layers(model)
     _check_layout(model, plan, pp_rank)
     chunks = stage_chunks(plan, pp_rank)
     if len(chunks) == 1:
-        return [(chunks[0], _cut(model, chunks[0], in_place=True))]
-    cut = [(chunk, _cut(model, chunk, in_place=False)) for chunk in chunks]
-    _prune(model, chunks)
+        cut = [(chunks[0], _cut(model, chunks[0], in_place=True))]
+    else:
+        cut = [(chunk, _cut(model, chunk, in_place=False)) for chunk in chunks]
+        _prune(model, chunks)
+    if transformers:
+        cut = [(chunk, as_stage(module)) for chunk, module in cut]
     return cut
 
 
@@ -182,7 +198,7 @@ def _prune(model: nn.Module, chunks: list[StageLayers]) -> None:
     """Drop from ``model`` the layers, embedding and head none of ``chunks`` uses."""
     keep = {str(i) for chunk in chunks for i in range(chunk.start_layer, chunk.stop_layer)}
     backbone = model.model
-    backbone.layers = nn.ModuleDict(
+    backbone.layers = type(backbone.layers)(
         {key: layer for key, layer in backbone.layers.items() if key in keep}
     )
     if not any(chunk.has_embedding for chunk in chunks):

@@ -356,18 +356,26 @@ def _positions_at_the_model(
     ``rotary_emb`` and causal mask on them before the layers): its embedding hands the whole
     sequence to the model, and the first layer takes this rank's part of it, so positions and
     mask cover every token (Megatron-LM sec. 4.2.2's scatter, moved past the model's own
-    position code). The scatter's backward gathers the gradient, so the embedding's is whole."""
+    position code). The scatter's backward gathers the gradient, so the embedding's is whole. A
+    later pipeline chunk (no embedding) gathers the shards its predecessor sent the same way."""
     for name, holder in walk_modules(module):
         embedding = f"{name}.embed_tokens" if name else "embed_tokens"
         layers = getattr(holder, "layers", None)
         if (
-            embedding not in styles
-            or not isinstance(getattr(holder, "rotary_emb", None), nn.Module)
+            not isinstance(getattr(holder, "rotary_emb", None), nn.Module)
             or not isinstance(layers, (nn.ModuleList, nn.ModuleDict))
             or not len(layers)
         ):
             continue
-        styles[embedding] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        if embedding in styles:
+            styles[embedding] = RowwiseParallel(
+                input_layouts=Replicate(), output_layouts=Replicate()
+            )
+        elif getattr(holder, "embed_tokens", False) is None:
+            # a later pipeline chunk: the previous chunk's sequence shards, gathered
+            holder.register_forward_pre_hook(_gather_inputs_embeds_hook(mesh), with_kwargs=True)
+        else:
+            continue
         first = layers[0] if isinstance(layers, nn.ModuleList) else next(iter(layers.values()))
         first.register_forward_pre_hook(
             _on_hidden_states(
@@ -379,6 +387,20 @@ def _positions_at_the_model(
             ),
             with_kwargs=True,
         )
+
+
+def _gather_inputs_embeds_hook(mesh: DeviceMesh):
+    """Forward pre-hook of a backbone called with ``inputs_embeds``: this rank's sequence shard
+    becomes the whole sequence."""
+
+    def hook(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        shard = kwargs.get("inputs_embeds")
+        if shard is None:
+            return args, kwargs
+        whole = _as_sequence_shard(shard, mesh).redistribute(mesh, [Replicate()]).to_local()
+        return args, {**kwargs, "inputs_embeds": whole}
+
+    return hook
 
 
 def apply_tensor_parallel(
