@@ -360,3 +360,43 @@ def test_transformers_models_run_as_pipeline_stages(case, layers, fields, world)
         errors = result["errors"]
         worst = max(errors, key=errors.get)
         assert errors[worst] <= 1e-5, (case, fields, worst, errors[worst])
+
+
+def _generating_rank(rank: int, world_size: int, plans: list) -> list[bool]:
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    import autoparallel as ap
+    from autoparallel.testing import plan_for_config
+    from cost_model import Inference, ParallelConfig
+
+    same = []
+    prompts = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
+    for case, fields in plans:
+        reference, config = _build(case)
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "config.json"
+            path.write_text(json.dumps(config))
+            spec = ap.get_model(str(path))
+        workload = Inference(prompt_tokens=8, output_tokens=8)
+        model = copy.deepcopy(reference)
+        applied = ap.apply_plan(
+            model, plan_for_config(spec, ParallelConfig(**fields), workload=workload)
+        )
+        greedy = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+        with torch.no_grad():
+            expected = reference.generate(prompts, **greedy)
+            got = applied.module.generate(prompts, **greedy)
+        same.append(bool(torch.equal(expected, got)))
+    return same
+
+
+@pytest.mark.distributed
+def test_transformers_generate_the_unsharded_models_tokens() -> None:
+    """``generate`` (transformers' own loop and KV cache) on the applied models gives the greedy
+    tokens of the unsharded ones: GQA heads and MLA heads split over tp, experts over ep."""
+    plans = [("qwen3", {"tp": 2}), ("qwen3-moe", {"dp": 2, "ep": 2}), ("deepseek-v3", {"tp": 2})]
+    for same in run_ranks(_generating_rank, 2, args=(plans,), timeout_s=240):
+        assert same == [True] * len(plans)
