@@ -400,3 +400,78 @@ def test_transformers_generate_the_unsharded_models_tokens() -> None:
     plans = [("qwen3", {"tp": 2}), ("qwen3-moe", {"dp": 2, "ep": 2}), ("deepseek-v3", {"tp": 2})]
     for same in run_ranks(_generating_rank, 2, args=(plans,), timeout_s=240):
         assert same == [True] * len(plans)
+
+
+def _context_rank(rank: int, world_size: int, plans: list) -> list[dict]:
+    import tempfile
+    from pathlib import Path
+
+    import torch
+    import torch.nn.functional as F
+
+    import autoparallel as ap
+    from autoparallel.testing import plan_for_config
+    from cost_model import ParallelConfig, Training
+
+    results = []
+    tokens = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
+    for case, fields in plans:
+        reference, config = _build(case)
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "config.json"
+            path.write_text(json.dumps(config))
+            spec = ap.get_model(str(path))
+        workload = Training(sequence_length_tokens=8, global_batch_sequences=2)
+        model = copy.deepcopy(reference)
+        applied = ap.apply_plan(
+            model, plan_for_config(spec, ParallelConfig(**fields), workload=workload)
+        )
+        expected = reference(tokens).logits
+        F.cross_entropy(expected.flatten(0, 1), tokens.flatten()).backward()
+        local, targets = applied.shard_inputs(tokens, tokens)  # chunks r and 2*cp-1-r
+        got = applied.module(local).logits
+        F.cross_entropy(got.flatten(0, 1), targets.flatten()).backward()
+        applied.sync_gradients()
+        errors, _ = _gradient_errors(model, reference)
+        whole = applied.gather_sequence(got)
+        errors["logits"] = float((whole - expected).abs().max() / expected.abs().max())
+        results.append({"case": case, "fields": fields, "errors": errors})
+    return results
+
+
+@pytest.mark.distributed
+def test_transformers_models_split_their_sequences_over_cp() -> None:
+    """Context parallel on transformers' attention (its attention function, global positions):
+    GQA, MLA, and experts over the cp ranks, equal to the unsharded model."""
+    plans = [
+        ("qwen3", {"cp": 2}),
+        ("deepseek-v3", {"cp": 2}),
+        ("qwen3-moe", {"cp": 2, "ep": 2}),
+    ]
+    for results in run_ranks(_context_rank, 2, args=(plans,), timeout_s=240):
+        for result in results:
+            errors = result["errors"]
+            worst = max(errors, key=errors.get)
+            assert errors[worst] <= 1e-5, (result["case"], result["fields"], worst, errors[worst])
+
+
+def test_context_parallel_refuses_sliding_window_attention() -> None:
+    import torch
+    import transformers
+
+    from autoparallel.runtime._transformers_context import apply_transformers_context
+
+    config = transformers.Qwen3Config(
+        **SMALL,
+        intermediate_size=128,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_hidden_layers=2,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=4,
+        use_sliding_window=True,
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(config)
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn .* sliding window of 4"):
+        apply_transformers_context([model], context=None)

@@ -197,22 +197,29 @@ def _context_attention(module: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def check_context_parallel_module(module: nn.Module, *, cp: int) -> None:
     """Raise ``ValueError`` when ``cp > 1`` and ``module`` has no attention that can gather its
-    keys over cp (an attention module with a ``sequence_context`` hook, as the reference model's)."""
-    if cp > 1 and not _context_attention(module):
+    keys over cp (an attention module with a ``sequence_context`` hook, as the reference model's,
+    or transformers' attention modules, ``_transformers_context``)."""
+    from autoparallel.runtime._transformers_context import transformers_attention
+
+    if cp > 1 and not _context_attention(module) and not transformers_attention(module):
         raise ValueError(
             f"cp ({cp}) > 1 needs attention modules with a {_CONTEXT_ATTRIBUTE!r} hook (the reference "
-            f"model's Attention); {type(module).__name__} has none"
+            f"model's Attention) or transformers' attention modules; {type(module).__name__} has none"
         )
 
 
 def apply_context_parallel(modules: list[nn.Module], *, cp_mesh: DeviceMesh) -> ContextParallel:
-    """Set every attention module's ``sequence_context`` to this rank's ``ContextParallel``."""
+    """Set every attention module's ``sequence_context`` to this rank's ``ContextParallel``
+    (transformers' attention modules also get the attention function that uses it)."""
+    from autoparallel.runtime._transformers_context import apply_transformers_context
+
     context = ContextParallel.from_mesh(cp_mesh)
     count = 0
     for module in modules:
         for _, attention in _context_attention(module):
             setattr(attention, _CONTEXT_ATTRIBUTE, context)
             count += 1
+    count += apply_transformers_context(modules, context)
     logger.info(
         "context parallel: %d attention modules over cp=%d (rank %d)",
         count,
