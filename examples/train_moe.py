@@ -9,8 +9,10 @@ Make a training plan for the ranks you will launch, then start one process per r
 The batch is the plan's: ``global_batch_sequences`` sequences of ``sequence_length_tokens``
 (the planner prices exactly this workload, so keep them as planned).
 
-Every rank builds the same model from the plan's model name, ``apply_plan`` shards it (pipeline
-stages, tensor / expert / data parallel, as the plan says), and the loop runs forward, backward,
+Every rank builds the same model from the plan's model name (or, with ``--transformers CONFIG``,
+transformers' own model class from the ``config.json`` the plan was made from:
+``autoparallel plan --model CONFIG ...``), ``apply_plan`` shards it (pipeline stages, tensor /
+expert / context / data parallel, as the plan says), and the loop runs forward, backward,
 the gradient sync the plan needs, and an AdamW step. Rank 0 prints the loss of every step.
 The data is synthetic (a fixed set of random sequences the model learns to reproduce): replace
 ``synthetic_batch`` with your data loader, sliced by the rank's data-parallel coordinate
@@ -40,7 +42,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--seed", type=int, default=0, help="weights and data seed, the same on every rank"
     )
+    parser.add_argument(
+        "--transformers",
+        metavar="CONFIG",
+        default=None,
+        help="train transformers' model class of this config.json (or model folder), "
+        "randomly initialised, instead of the reference MoE transformer",
+    )
     return parser.parse_args(argv)
+
+
+def build_model(plan: ap.ShardingPlan, args: argparse.Namespace) -> torch.nn.Module:
+    """The whole model, the same weights on every rank (one seed), before sharding."""
+    if args.transformers is None:
+        model = ReferenceMoETransformer(plan.model)
+        model.init_weights(seed=args.seed)
+        return model
+    import transformers  # load real weights with from_pretrained(args.transformers) instead
+
+    config = transformers.AutoConfig.from_pretrained(args.transformers)
+    torch.manual_seed(args.seed)
+    return transformers.AutoModelForCausalLM.from_config(config)
+
+
+def logits_of(output) -> torch.Tensor:
+    """The logits of a forward: a tensor, or a transformers output's ``logits``."""
+    return output if isinstance(output, torch.Tensor) else output.logits
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -77,8 +104,7 @@ def train(args: argparse.Namespace) -> list[float]:
     spec = plan.model
 
     # The same weights on every rank: build whole, initialize from one seed, then shard.
-    model = ReferenceMoETransformer(spec)
-    model.init_weights(seed=args.seed)
+    model = build_model(plan, args)
     applied = ap.apply_plan(model, plan, loss_fn=cross_entropy)
     device, pipeline = applied.device, applied.pipeline
     optimizer = torch.optim.AdamW(applied.parameters(), lr=args.lr)
@@ -103,7 +129,7 @@ def train(args: argparse.Namespace) -> list[float]:
                 inputs if pipeline.is_first else None, targets=targets if pipeline.is_last else None
             ).loss
         else:
-            loss = cross_entropy(applied.module(inputs), targets)
+            loss = cross_entropy(logits_of(applied.module(inputs)), targets)
             loss.backward()
         applied.sync_gradients()  # expert gradients over edp, dense ones over dp, as the plan says
         optimizer.step()

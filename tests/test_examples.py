@@ -1,7 +1,7 @@
 """The example scripts run under plans ``autoparallel plan`` makes for the 4-rank ``cpu-loopback`` cluster.
 
-``examples/train_moe.py`` runs under torchrun (``python -m torch.distributed.run``), 10 steps,
-and its loss must fall (by a fifth; it falls by a third in 10 steps); ``examples/generate_moe.py``'s
+``examples/train_moe.py`` runs under torchrun (``python -m torch.distributed.run``), 10 steps, on
+the reference MoE and on transformers' Qwen3-MoE class, and its loss must fall (by a fifth; it falls by a third in 10 steps); ``examples/generate_moe.py``'s
 ``generate`` runs on forked gloo ranks and must reproduce the whole model's greedy tokens.
 """
 
@@ -26,7 +26,7 @@ STEPS = 10
 pytestmark = pytest.mark.distributed
 
 
-def _plan(arguments: list[str], path: Path) -> Path:
+def _plan(arguments: list[str], path: Path, model: str = "tiny-moe") -> Path:
     """Run ``python -m autoparallel.cli plan --model tiny-moe --cluster cpu-loopback ...``."""
     command = [
         sys.executable,
@@ -34,7 +34,7 @@ def _plan(arguments: list[str], path: Path) -> Path:
         "autoparallel.cli",
         "plan",
         "--model",
-        "tiny-moe",
+        model,
         "--cluster",
         "cpu-loopback",
         "--trials",
@@ -62,10 +62,39 @@ def _load_example(name: str):
     return module
 
 
+def _transformers_config(folder: Path) -> Path:
+    """A small Qwen3-MoE ``config.json`` as transformers saves it (``save_pretrained``)."""
+    import transformers
+
+    transformers.Qwen3MoeConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+    ).save_pretrained(folder)
+    return folder
+
+
 @pytest.mark.slow
-def test_train_example_loss_falls_under_torchrun(tmp_path: Path) -> None:
+@pytest.mark.parametrize("model", ["reference", "transformers"])
+def test_train_example_loss_falls_under_torchrun(tmp_path: Path, model: str) -> None:
+    """The reference MoE, and transformers' Qwen3-MoE class planned from its saved config.json
+    (``--transformers``), train under the plan ``autoparallel plan`` makes for them."""
     training = ["--training", "--sequence-length", "16", "--global-batch-tokens", "128"]
-    plan = _plan(training, tmp_path / "plan.json")
+    extra: list[str] = []
+    if model == "transformers":
+        config = _transformers_config(tmp_path / "qwen3-moe")
+        plan = _plan(training, tmp_path / "plan.json", model=str(config))
+        extra = ["--transformers", str(config)]
+    else:
+        plan = _plan(training, tmp_path / "plan.json")
     command = [
         sys.executable,
         "-m",
@@ -78,6 +107,7 @@ def test_train_example_loss_falls_under_torchrun(tmp_path: Path) -> None:
         str(plan),
         "--steps",
         str(STEPS),
+        *extra,
     ]
     done = subprocess.run(
         command, cwd=tmp_path, env=_environment(), capture_output=True, text=True, timeout=240
