@@ -158,31 +158,25 @@ def test_a_serving_estimate_gets_the_band_of_its_engine_generation_and_model_kin
         "Error bar: public runs like this one (sglang, Blackwell, MoE, colocated, measured on "
         "sglang 0.5.3-0.5.9;" in text
     )
-    older = serving_error_bands(
-        ap.get_model("qwen3-30b-a3b"),
-        ap.get_preset("dgx-b200", num_nodes=1),
-        engine="sglang",
-        deployment="colocated",
-        version="0.5.6",
-    )
-    assert older["TTFT"].scope == "sglang 0.5.3-0.5.9, Blackwell, MoE, colocated"
+
+    def sglang_ttft_scope(preset: str, version: str | None = None) -> str:
+        bands = serving_error_bands(
+            ap.get_model("qwen3-30b-a3b"),
+            ap.get_preset(preset, num_nodes=1),
+            engine="sglang",
+            deployment="colocated",
+            version=version,
+        )
+        return bands["TTFT"].scope
+
+    older = sglang_ttft_scope("dgx-b200", "0.5.6")
+    assert older == "sglang 0.5.3-0.5.9, Blackwell, MoE, colocated"
     # on Hopper the public SGLang runs are of early-2025 releases (0.4.2-0.4.3) and of the
     # releases just before the current ones on other GPUs: the nearer software is taken
-    hopper = serving_error_bands(
-        ap.get_model("qwen3-30b-a3b"),
-        ap.get_preset("dgx-h100", num_nodes=1),
-        engine="sglang",
-        deployment="colocated",
-    )
-    assert hopper["TTFT"].scope == "sglang, MoE, colocated, measured on sglang 0.5.3-0.5.9"
-    early = serving_error_bands(
-        ap.get_model("qwen3-30b-a3b"),
-        ap.get_preset("dgx-h100", num_nodes=1),
-        engine="sglang",
-        deployment="colocated",
-        version="0.4.7",
-    )  # 0.4.6-0.4.7 have no runs; 0.4.8-0.5.2 neither; 0.4.2-0.4.3 are as near and on Hopper
-    assert early["TTFT"].scope.endswith("measured on sglang 0.4.2-0.4.3")
+    hopper = sglang_ttft_scope("dgx-h100")
+    assert hopper == "sglang, MoE, colocated, measured on sglang 0.5.3-0.5.9"
+    # 0.4.6-0.4.7 have no runs; 0.4.8-0.5.2 neither; 0.4.2-0.4.3 are as near and on Hopper
+    assert sglang_ttft_scope("dgx-h100", "0.4.7").endswith("measured on sglang 0.4.2-0.4.3")
 
 
 def test_the_memory_band_takes_the_published_peaks_of_the_layouts_regime(capsys) -> None:

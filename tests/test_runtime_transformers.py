@@ -103,6 +103,26 @@ def _build(case: str, layers: int | None = None):
     return model, {**config.to_dict(), "architectures": [model_class]}
 
 
+def _applied(case: str, fields: dict, *, workload=None, layers: int | None = None, **apply):
+    """(reference, model, applied): the case's model, a copy of it, and the copy under the plan
+    of ``fields`` for the catalog's reading of the model's own ``config.json``."""
+    import tempfile
+    from pathlib import Path
+
+    import autoparallel as ap
+    from autoparallel.testing import plan_for_config
+    from cost_model import ParallelConfig
+
+    reference, config = _build(case, layers)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "config.json"
+        path.write_text(json.dumps(config))
+        spec = ap.get_model(str(path))
+    plan = plan_for_config(spec, ParallelConfig(**fields), workload=workload)
+    model = copy.deepcopy(reference)
+    return reference, model, ap.apply_plan(model, plan, **apply)
+
+
 def _gradient_errors(model, reference) -> tuple[dict[str, float], int]:
     """Each parameter's largest gradient difference relative to the reference's largest, and
     how many parameters are split (DTensors or experts held per rank)."""
@@ -136,27 +156,14 @@ def _gradient_errors(model, reference) -> tuple[dict[str, float], int]:
 
 
 def _rank(rank: int, world_size: int, plans: list) -> list[dict]:
-    import tempfile
-    from pathlib import Path
-
     import torch
     import torch.nn.functional as F
     from torch.distributed.tensor import DTensor
 
-    import autoparallel as ap
-    from autoparallel.testing import plan_for_config
-    from cost_model import ParallelConfig
-
     results = []
     tokens = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
     for case, fields in plans:
-        reference, config = _build(case)
-        with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / "config.json"
-            path.write_text(json.dumps(config))
-            spec = ap.get_model(str(path))
-        model = copy.deepcopy(reference)
-        applied = ap.apply_plan(model, plan_for_config(spec, ParallelConfig(**fields)))
+        reference, model, applied = _applied(case, fields)
         expected = reference(tokens).logits
         F.cross_entropy(expected.flatten(0, 1), tokens.flatten()).backward()
         got = applied.module(tokens).logits
@@ -246,24 +253,12 @@ def test_a_config_saved_by_transformers_reads() -> None:
 
 
 def _rebalanced_rank(rank: int, world_size: int) -> dict:
-    import tempfile
-    from pathlib import Path
-
     import torch
 
-    import autoparallel as ap
     from autoparallel.plan import ExpertPlacement
     from autoparallel.runtime._rebalance import rebalance_experts
-    from autoparallel.testing import plan_for_config
-    from cost_model import ParallelConfig
 
-    reference, config = _build("qwen3-moe")
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "config.json"
-        path.write_text(json.dumps(config))
-        spec = ap.get_model(str(path))
-    model = copy.deepcopy(reference)
-    applied = ap.apply_plan(model, plan_for_config(spec, ParallelConfig(dp=2, ep=2)))
+    reference, model, applied = _applied("qwen3-moe", {"dp": 2, "ep": 2})
     before = sorted(int(key) for key in model.model.layers[0].mlp.experts)
     # experts 0 and 1 on rank 0, 2 and 3 on rank 1 -> 0 and 2 on rank 0, 1 and 3 on rank 1
     moved = ExpertPlacement(num_experts=4, ep=2, expert_to_ranks=((0,), (1,), (0,), (1,)))
@@ -292,29 +287,18 @@ def test_fused_experts_move_between_ranks_live() -> None:
 
 
 def _pipelined_rank(rank: int, world_size: int, case: str, layers: int, fields: dict) -> dict:
-    import tempfile
-    from pathlib import Path
-
     import torch
     import torch.nn.functional as F
 
-    import autoparallel as ap
-    from autoparallel.testing import plan_for_config
-    from cost_model import ParallelConfig, Training
-
-    reference, config = _build(case, layers)
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "config.json"
-        path.write_text(json.dumps(config))
-        spec = ap.get_model(str(path))
-    workload = Training(sequence_length_tokens=8, global_batch_sequences=4)
-    plan = plan_for_config(spec, ParallelConfig(**fields), workload=workload)
-    model = copy.deepcopy(reference)
+    from cost_model import Training
 
     def loss_fn(logits, targets):
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
-    applied = ap.apply_plan(model, plan, loss_fn=loss_fn, num_micro_batches=2)
+    workload = Training(sequence_length_tokens=8, global_batch_sequences=4)
+    reference, model, applied = _applied(
+        case, fields, workload=workload, layers=layers, loss_fn=loss_fn, num_micro_batches=2
+    )
     tokens = torch.randint(0, VOCAB, (4, 8), generator=torch.Generator().manual_seed(1))
     logits = reference(tokens).logits
     expected = torch.stack([loss_fn(logits[i : i + 2], tokens[i : i + 2]) for i in (0, 2)]).mean()
@@ -363,29 +347,16 @@ def test_transformers_models_run_as_pipeline_stages(case, layers, fields, world)
 
 
 def _generating_rank(rank: int, world_size: int, plans: list) -> list[bool]:
-    import tempfile
-    from pathlib import Path
-
     import torch
 
-    import autoparallel as ap
-    from autoparallel.testing import plan_for_config
-    from cost_model import Inference, ParallelConfig
+    from cost_model import Inference
 
     same = []
     prompts = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
+    greedy = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
     for case, fields in plans:
-        reference, config = _build(case)
-        with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / "config.json"
-            path.write_text(json.dumps(config))
-            spec = ap.get_model(str(path))
         workload = Inference(prompt_tokens=8, output_tokens=8)
-        model = copy.deepcopy(reference)
-        applied = ap.apply_plan(
-            model, plan_for_config(spec, ParallelConfig(**fields), workload=workload)
-        )
-        greedy = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+        reference, _, applied = _applied(case, fields, workload=workload)
         with torch.no_grad():
             expected = reference.generate(prompts, **greedy)
             got = applied.module.generate(prompts, **greedy)
@@ -403,29 +374,16 @@ def test_transformers_generate_the_unsharded_models_tokens() -> None:
 
 
 def _context_rank(rank: int, world_size: int, plans: list) -> list[dict]:
-    import tempfile
-    from pathlib import Path
-
     import torch
     import torch.nn.functional as F
 
-    import autoparallel as ap
-    from autoparallel.testing import plan_for_config
-    from cost_model import ParallelConfig, Training
+    from cost_model import Training
 
     results = []
     tokens = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
+    workload = Training(sequence_length_tokens=8, global_batch_sequences=2)
     for case, fields in plans:
-        reference, config = _build(case)
-        with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / "config.json"
-            path.write_text(json.dumps(config))
-            spec = ap.get_model(str(path))
-        workload = Training(sequence_length_tokens=8, global_batch_sequences=2)
-        model = copy.deepcopy(reference)
-        applied = ap.apply_plan(
-            model, plan_for_config(spec, ParallelConfig(**fields), workload=workload)
-        )
+        reference, model, applied = _applied(case, fields, workload=workload)
         expected = reference(tokens).logits
         F.cross_entropy(expected.flatten(0, 1), tokens.flatten()).backward()
         local, targets = applied.shard_inputs(tokens, tokens)  # chunks r and 2*cp-1-r
