@@ -137,8 +137,18 @@ def _qwen3_next(r: _Reader, name: str, *, moe: bool) -> ModelSpec:
     )
 
 
-#: Nemotron-H block kinds (``hybrid_override_pattern`` letters, ``layers_block_type`` names).
-_NEMOTRON_BLOCKS = {"mamba": "M", "attention": "*", "moe": "E", "mlp": "-"}
+#: Nemotron-H block kinds (``hybrid_override_pattern`` letters, ``layers_block_type`` names:
+#: the checkpoints' ``configuration_nemotron_h.py`` names, then transformers 5's
+#: ``NemotronHConfig``, which saves Mamba-2 blocks as ``linear_attention`` and attention blocks
+#: as ``full_attention`` in place of the pattern).
+_NEMOTRON_BLOCKS = {
+    "mamba": "M",
+    "attention": "*",
+    "moe": "E",
+    "mlp": "-",
+    "linear_attention": "M",
+    "full_attention": "*",
+}
 
 
 def _nemotron_layers(r: _Reader) -> list[str]:
@@ -148,7 +158,13 @@ def _nemotron_layers(r: _Reader) -> list[str]:
     pattern = r.data.get("hybrid_override_pattern")
     if pattern is None and r.data.get("layers_block_type") is not None:
         kinds = _string_list(r, "layers_block_type")
-        pattern = "".join(_NEMOTRON_BLOCKS.get(k, "?") for k in kinds)
+        unknown = sorted(set(kinds) - set(_NEMOTRON_BLOCKS))
+        if unknown:
+            raise ValueError(
+                f"config field 'layers_block_type' has kinds {unknown}; supported: "
+                f"{sorted(_NEMOTRON_BLOCKS)}"
+            )
+        pattern = "".join(_NEMOTRON_BLOCKS[k] for k in kinds)
     if not isinstance(pattern, str) or not pattern:
         raise ValueError(
             f"config field 'hybrid_override_pattern' ({pattern!r}) must be a string of M, *, E, -"
