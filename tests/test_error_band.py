@@ -175,6 +175,14 @@ def test_a_serving_estimate_gets_the_band_of_its_engine_generation_and_model_kin
     # releases just before the current ones on other GPUs: the nearer software is taken
     hopper = sglang_ttft_scope("dgx-h100")
     assert hopper == "sglang, MoE, colocated, measured on sglang 0.5.3-0.5.9"
+    # no public run measured a disaggregated deployment's TTFT: the band says whose it is
+    disaggregated = serving_error_bands(
+        ap.get_model("deepseek-v3"),
+        ap.get_preset("gb200-nvl72", num_nodes=1),
+        engine="sglang",
+        deployment="disaggregated",
+    )
+    assert disaggregated["TTFT"].scope.endswith(", colocated deployments")
     # 0.4.6-0.4.7 have no runs; 0.4.8-0.5.2 neither; 0.4.2-0.4.3 are as near and on Hopper
     assert sglang_ttft_scope("dgx-h100", "0.4.7").endswith("measured on sglang 0.4.2-0.4.3")
 
