@@ -195,8 +195,9 @@ def serving_error_bands(
     it: the engine's release group (the ``ServingProfile`` that priced the rows), generation,
     MoE and deployment; that release group and MoE; the engine's other release groups, nearest
     first, with generation, MoE and deployment, then MoE and deployment; then across releases,
-    engine, generation, MoE and deployment; engine, generation and MoE; engine and MoE; engine; MoE; every row. A
-    band from other releases names those its rows ran, one from other deployments those."""
+    engine, generation, MoE and deployment; engine, generation and MoE; engine and MoE; engine;
+    MoE; every row. A band from other releases names those its rows ran, one from other
+    deployments those."""
     from cost_model._serving_profile import serving_profile
 
     generation = generation_of(cluster.device.name)
@@ -258,9 +259,9 @@ def serving_error_bands(
                         {f"{row['engine']} {_release_label(row['release'])}" for row in chosen}
                     )
                     scope = f"{scope}, measured on {', '.join(releases)}"
-                ran = sorted({row["deployment"] for row in chosen})
-                if "deployment" not in keys and ran != [deployment]:
-                    scope = f"{scope}, {' and '.join(ran)} deployments"
+                deployments = sorted({row["deployment"] for row in chosen})
+                if "deployment" not in keys and deployments != [deployment]:
+                    scope = f"{scope}, {' and '.join(deployments)} deployments"
                 bands[metric] = _band(scope, chosen, key="time_error")
                 break
     return bands
