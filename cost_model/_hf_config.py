@@ -105,6 +105,27 @@ def _deepseek(r: _Reader, name: str) -> ModelSpec:
     return _common(r, name, _attention_mla(r), moe=moe)
 
 
+def _glm4_moe(r: _Reader, name: str) -> ModelSpec:
+    """GLM-4.5 / 4.6 / 4.7 (transformers ``Glm4MoeConfig``): GQA attention with q/k/v biases
+    (``attention_bias``) and, where ``use_qk_norm``, query and key norms (RoPE on
+    ``partial_rotary_factor`` of each head changes no weight); DeepSeek-V3's MoE layout, the
+    first ``first_k_dense_replace`` layers dense (``intermediate_size``), then ``n_routed_experts``
+    routed experts of ``moe_intermediate_size`` (top ``num_experts_per_tok``) beside
+    ``n_shared_experts`` shared ones. The multi-token-prediction layers
+    (``num_nextn_predict_layers``) are left out, as DeepSeek-V3's are."""
+    moe = MoESpec(
+        num_routed_experts=r.int("n_routed_experts"),
+        top_k=r.int("num_experts_per_tok"),
+        expert_ffn_hidden_size=r.int("moe_intermediate_size"),
+        num_shared_experts=r.int("n_shared_experts", 0, minimum=0),
+        num_dense_layers=r.int("first_k_dense_replace", 0, minimum=0),
+    )
+    attention = _attention_gqa(r)
+    if r.bool("use_qk_norm", False):
+        attention = _qk_normed(attention)
+    return _common(r, name, attention, moe=moe, qkv_bias=r.bool("attention_bias", False))
+
+
 def _deepseek_dsa(r: _Reader, name: str) -> ModelSpec:
     """DeepSeek-V3.2 / GLM-5: DeepSeek-V3's MLA and MoE with DeepSeek Sparse Attention in every
     layer: an indexer of ``index_n_heads`` x ``index_head_dim`` picks ``index_topk`` keys per
@@ -158,6 +179,7 @@ _PARSERS: dict[str, Callable[[_Reader, str], ModelSpec]] = {
     "kimi_k2": _deepseek,
     "deepseek_v32": _deepseek_dsa,
     "glm_moe_dsa": _deepseek_dsa,
+    "glm4_moe": _glm4_moe,
     "minimax_m2": _minimax_m2,
     "gpt_oss": _gpt_oss,
     "step3p7": _step3p7,

@@ -48,7 +48,8 @@ def _gpt_oss(r: _Reader, name: str) -> ModelSpec:
     """gpt-oss (``GptOssConfig``): every layer MoE (``num_local_experts``, top
     ``num_experts_per_tok``, experts of ``intermediate_size``), biased projections
     (``attention_bias``; the experts' and router's biases are counted as ``linear_bias`` does,
-    one per output), alternating sliding-window (``sliding_window``) and full layers; the
+    one per output: ``gate_up_proj_bias`` ``[E, 2I]``, ``down_proj_bias`` ``[E, H]``, the
+    router's ``[E]``), alternating sliding-window (``sliding_window``) and full layers; the
     attention sinks (one scalar per head and layer) are not counted."""
     moe = MoESpec(
         num_routed_experts=r.int("num_local_experts"),

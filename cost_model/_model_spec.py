@@ -210,17 +210,21 @@ class ModelSpec(BaseModel):
         return weights + bias + qk_norms + a.indexer_parameters(h)
 
     def ffn_parameters(self, ffn_hidden_size: int) -> int:
-        """One FFN (dense MLP or one expert) of the given inner size."""
+        """One FFN (dense MLP or one expert) of the given inner size; with ``linear_bias`` a bias
+        per output of each projection (a gated FFN's gate and up projections both)."""
         h = self.hidden_size
         matrices = 3 if self.ffn_activation == "swiglu" else 2
-        bias = (ffn_hidden_size + h) if self.linear_bias else 0
+        bias = ((matrices - 1) * ffn_hidden_size + h) if self.linear_bias else 0
         return matrices * h * ffn_hidden_size + bias
 
     def router_parameters(self) -> int:
+        """One layer's router (a bias per expert with ``linear_bias``: gpt-oss) and shared-expert
+        gate."""
         if self.moe is None:
             return 0
         gate = self.hidden_size if self.moe.shared_expert_gate else 0
-        return self.moe.num_routed_experts * self.hidden_size + gate
+        bias = self.moe.num_routed_experts if self.linear_bias else 0
+        return self.moe.num_routed_experts * self.hidden_size + gate + bias
 
     def layer_norm_parameters(self) -> int:
         """The two pre-norms of one layer."""
