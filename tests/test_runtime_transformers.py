@@ -44,6 +44,18 @@ CASES = {
             head_dim=16,
         ),
     ),
+    "qwen2-moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            num_experts=4,
+            num_experts_per_tok=2,
+            num_key_value_heads=2,
+        ),
+    ),
     "mixtral": (
         "MixtralConfig",
         "MixtralForCausalLM",
@@ -80,6 +92,7 @@ PLANS = [
     ("qwen3-moe", {"dp": 2, "ep": 2}),
     ("qwen3-moe", {"tp": 2, "etp": 2, "sequence_parallel": True}),
     ("mixtral", {"tp": 2, "sequence_parallel": True}),
+    ("qwen2-moe", {"tp": 2, "sequence_parallel": True}),  # a gated shared expert, flat tokens
     ("deepseek-v3", {"tp": 2, "ep": 2}),
     ("deepseek-v3", {"tp": 2, "sequence_parallel": True}),
 ]

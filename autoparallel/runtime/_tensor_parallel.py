@@ -320,6 +320,30 @@ def _select_kv_heads(module: nn.Module, names: list[str], tp_mesh: DeviceMesh) -
         )
 
 
+def _gather_tokens(module: nn.Module, mesh: DeviceMesh) -> None:
+    """Hooks making a token-wise module that runs on this rank's sequence shard run tensor
+    parallel on every rank's tokens: its input, ``[batch, tokens, hidden]`` or the flattened
+    ``[tokens, hidden]`` an MoE block passes (Qwen2-MoE's shared expert), is gathered over tp
+    along the tokens, and its output (the row-parallel projection's reduce-scatter: this rank's
+    tokens, in the order gathered) gets the input's shape back."""
+    flat: list[bool] = []
+
+    def as_sequence(tensor: torch.Tensor) -> torch.Tensor:
+        flat.append(tensor.dim() == 2)
+        tensor = tensor.unsqueeze(0) if flat[-1] else tensor
+        return _as_sequence_shard(tensor, mesh).redistribute(mesh, [Replicate()]).to_local()
+
+    def restore(_module: nn.Module, _args: tuple, _kwargs: dict, output: torch.Tensor):
+        return output.squeeze(0) if flat.pop() else output
+
+    module.register_forward_pre_hook(_on_hidden_states(as_sequence), with_kwargs=True)
+    module.register_forward_hook(restore, with_kwargs=True)
+
+
+#: Names of an MoE block's shared-expert MLP (DeepSeek; Qwen2-MoE).
+_SHARED_EXPERTS = ("shared_experts", "shared_expert")
+
+
 def _sequence_blocks(
     module: nn.Module,
     plan: ShardingPlan,
@@ -328,7 +352,9 @@ def _sequence_blocks(
     result: TensorParallel,
 ) -> None:
     """Gather/keep-sharded pre-hooks on blocks under sequence parallel; MoE blocks' replicated
-    weights join ``result.summed_parameters``."""
+    weights join ``result.summed_parameters``. An MoE block routes its own sequence shard; its
+    tensor-parallel shared expert (``shared_experts``, DeepSeek; ``shared_expert``, Qwen2-MoE)
+    gathers the whole sequence first, as a dense MLP does."""
     expert_parallel = plan.config.ep > 1 or plan.config.etp > 1
     for name in blocks:
         block = module.get_submodule(name)
@@ -336,12 +362,11 @@ def _sequence_blocks(
             block.register_forward_pre_hook(_gather_sequence_hook(mesh), with_kwargs=True)
             continue
         block.register_forward_pre_hook(_local_shard_hook(mesh), with_kwargs=True)
-        if getattr(block, "shared_experts", None) is not None:
-            block.shared_experts.register_forward_pre_hook(
-                _gather_sequence_hook(mesh), with_kwargs=True
-            )
+        shared = [n for n in _SHARED_EXPERTS if isinstance(getattr(block, n, None), nn.Module)]
+        for shared_name in shared:
+            _gather_tokens(getattr(block, shared_name), mesh)
         for parameter_name, _ in block.named_parameters():
-            if parameter_name.startswith("shared_experts."):
+            if parameter_name.split(".", 1)[0] in shared:
                 continue
             if expert_parallel and parameter_name.startswith("experts."):
                 continue
