@@ -100,6 +100,15 @@ def _ffn_rules(
     ]
 
 
+#: The router's module name where it is not ``gate`` (transformers: ``GptOssMLP.router``,
+#: ``Llama4TextMoe.router``), by the checkpoint's model class.
+_ROUTERS = {
+    "GptOssForCausalLM": "router",
+    "Llama4ForCausalLM": "router",
+    "Llama4ForConditionalGeneration": "router",
+}
+
+
 def _ffn_and_moe_rules(
     model: ModelSpec, config: ParallelConfig, naming: ExpertNaming
 ) -> list[ModuleRule]:
@@ -120,7 +129,7 @@ def _ffn_and_moe_rules(
     if moe is None:
         return rules
     if sharded or config.attention_data_parallel:
-        rules.append(_rule("*.gate", "replicate"))
+        rules.append(_rule(f"*.{_ROUTERS.get(model.architecture or '', 'gate')}", "replicate"))
         if moe.shared_expert_gate:
             rules.append(_rule("*.shared_expert_gate", "replicate"))
         if moe.num_shared_experts:

@@ -446,3 +446,31 @@ def test_context_parallel_refuses_sliding_window_attention() -> None:
     model = transformers.Qwen3ForCausalLM(config)
     with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn .* sliding window of 4"):
         apply_transformers_context([model], context=None)
+
+
+def test_attention_sinks_are_not_split_silently() -> None:
+    """gpt-oss's attention keeps a learned sink per head, which tensor parallel here does not
+    split: the plan is refused before any collective, naming the module."""
+    import torch
+    import transformers
+
+    from autoparallel.runtime._apply import check_plan_fits
+    from autoparallel.testing import plan_for_config
+    from cost_model import ModelSpec, ParallelConfig
+
+    config = transformers.GptOssConfig(
+        **SMALL,
+        intermediate_size=32,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_hidden_layers=2,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+    torch.manual_seed(0)
+    model = transformers.GptOssForCausalLM(config)
+    spec = ModelSpec.from_hf_config({**config.to_dict(), "architectures": ["GptOssForCausalLM"]})
+    plan = plan_for_config(spec, ParallelConfig(tp=2))
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn .* sink per head"):
+        check_plan_fits(model, plan)

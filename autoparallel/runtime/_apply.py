@@ -203,6 +203,20 @@ def _check_rules(
     return matches
 
 
+def _check_attention_sinks(walked: list[tuple[str, nn.Module]], plan: ShardingPlan) -> None:
+    """Attention with a learned sink per head (gpt-oss's ``sinks``) keeps every head's sink on
+    every rank, so its heads cannot be split over tp here: an error, not a wrong softmax."""
+    config = plan.config
+    if config.tp == 1 or config.attention_data_parallel:
+        return
+    for name, module in walked:
+        if isinstance(getattr(module, "sinks", None), nn.Parameter):
+            raise ValueError(
+                f"{name} ({type(module).__name__}) holds a learned attention sink per head, which "
+                f"is not split over tp ({config.tp}); plan it with tp 1 or attention data parallel"
+            )
+
+
 def _check_context_parallel(module: nn.Module, plan: ShardingPlan) -> None:
     cp = plan.config.cp
     if cp == 1:
@@ -231,6 +245,7 @@ def check_plan_fits(module: nn.Module, plan: ShardingPlan) -> None:
     _check_context_parallel(module, plan)
     walked = walk_modules(module)
     _check_model(module, plan, walked)
+    _check_attention_sinks(walked, plan)
     names = [name for name, _ in walked]
     # A rank's part is checked against the whole model's names: rules may name other ranks' modules.
     _check_rules(
