@@ -474,3 +474,35 @@ def test_attention_sinks_are_not_split_silently() -> None:
     plan = plan_for_config(spec, ParallelConfig(tp=2))
     with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn .* sink per head"):
         check_plan_fits(model, plan)
+
+
+def test_dense_routing_moe_blocks_are_refused_by_name() -> None:
+    """Llama 4's MoE block runs every token through every expert and adds into its shared
+    expert's output in place: tensor and expert parallel refuse it, naming the module."""
+    import torch
+    import transformers
+
+    from autoparallel.runtime._apply import check_plan_fits
+    from autoparallel.runtime._fused_experts import unfuse_experts
+    from autoparallel.testing import plan_for_config
+    from cost_model import ModelSpec, ParallelConfig
+
+    config = transformers.Llama4TextConfig(
+        **SMALL,
+        intermediate_size=32,
+        intermediate_size_mlp=128,
+        num_local_experts=4,
+        num_experts_per_tok=1,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_hidden_layers=2,
+        interleave_moe_layer_step=1,
+    )
+    torch.manual_seed(0)
+    model = transformers.Llama4ForCausalLM(config)
+    spec = ModelSpec.from_hf_config({**config.to_dict(), "architectures": ["Llama4ForCausalLM"]})
+    where = r"model\.layers\.0\.feed_forward\.experts \(Llama4TextExperts\)"
+    with pytest.raises(ValueError, match=where + " routes every token through every expert"):
+        check_plan_fits(model, plan_for_config(spec, ParallelConfig(tp=2)))
+    with pytest.raises(ValueError, match=where + " is called with every token for every expert"):
+        unfuse_experts(model)

@@ -205,8 +205,21 @@ def _check_rules(
 
 def _check_attention_sinks(walked: list[tuple[str, nn.Module]], plan: ShardingPlan) -> None:
     """Attention with a learned sink per head (gpt-oss's ``sinks``) keeps every head's sink on
-    every rank, so its heads cannot be split over tp here: an error, not a wrong softmax."""
+    every rank, so its heads cannot be split over tp here: an error, not a wrong softmax. So is
+    Llama 4's dense-routing MoE block (every token through every expert, added in place into
+    the shared expert's output), which neither tensor nor expert parallel runs."""
+    from autoparallel.runtime._fused_experts import is_fused_experts, takes_routing
+
     config = plan.config
+    if config.tp == 1 and config.ep == 1 and config.etp == 1:
+        return
+    for name, module in walked:
+        if is_fused_experts(module) and not takes_routing(module):
+            raise ValueError(
+                f"{name} ({type(module).__name__}) routes every token through every expert "
+                "(Llama 4's dense routing), which tensor and expert parallel do not run here; "
+                "plan it with tp, ep and etp 1"
+            )
     if config.tp == 1 or config.attention_data_parallel:
         return
     for name, module in walked:

@@ -19,10 +19,18 @@ interleaved halves) is an error, not a silent approximation.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 
-__all__ = ["DispatchedExperts", "ExpertFFN", "is_fused_experts", "unfuse_experts"]
+__all__ = [
+    "DispatchedExperts",
+    "ExpertFFN",
+    "is_fused_experts",
+    "takes_routing",
+    "unfuse_experts",
+]
 
 #: Tokens of the check that a replacement computes what the fused module did.
 _CHECK_TOKENS = 4
@@ -111,7 +119,24 @@ def unfuse_experts(model: nn.Module) -> list[str]:
     return [name for name, _ in fused]
 
 
+def takes_routing(module: nn.Module) -> bool:
+    """Whether a fused experts module is called with the routing (``hidden_states,
+    top_k_index, top_k_weights``), as every sparse block above calls it; Llama 4's
+    (``Llama4TextExperts``) is called with every token repeated for every expert, already
+    scaled by its score, which expert parallel cannot dispatch."""
+    try:
+        parameters = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return len(parameters) >= 3
+
+
 def _unfused(name: str, module: nn.Module) -> DispatchedExperts:
+    if not takes_routing(module):
+        raise ValueError(
+            f"{name} ({type(module).__name__}) is called with every token for every expert "
+            "(dense routing, Llama 4), not with the routing; expert parallel cannot dispatch it"
+        )
     others = sorted(
         n for n, _ in module.named_parameters() if n not in ("gate_up_proj", "down_proj")
     )
