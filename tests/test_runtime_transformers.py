@@ -63,6 +63,19 @@ CASES = {
             intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, num_key_value_heads=2
         ),
     ),
+    "gpt-oss": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(
+            intermediate_size=32,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            num_key_value_heads=2,
+            head_dim=16,
+            layer_types=["sliding_attention", "full_attention"],
+            sliding_window=4,
+        ),
+    ),
     "deepseek-v3": (
         "DeepseekV3Config",
         "DeepseekV3ForCausalLM",
@@ -93,6 +106,8 @@ PLANS = [
     ("qwen3-moe", {"tp": 2, "etp": 2, "sequence_parallel": True}),
     ("mixtral", {"tp": 2, "sequence_parallel": True}),
     ("qwen2-moe", {"tp": 2, "sequence_parallel": True}),  # a gated shared expert, flat tokens
+    ("gpt-oss", {"dp": 2, "ep": 2}),  # biased experts, interleaved gate/up, clamped GLU
+    ("gpt-oss", {"tp": 2, "ep": 2, "sequence_parallel": True}),  # attention sinks over tp
     ("deepseek-v3", {"tp": 2, "ep": 2}),
     ("deepseek-v3", {"tp": 2, "sequence_parallel": True}),
 ]
@@ -106,7 +121,8 @@ def _build(case: str, layers: int | None = None):
     if layers is None:
         layers = 3 if case == "deepseek-v3" else 2  # one dense layer, then MoE layers
     config = getattr(transformers, config_class)(**SMALL, **fields, num_hidden_layers=layers)
-    config._attn_implementation = "sdpa"
+    # gpt-oss's sinks are in its eager attention only
+    config._attn_implementation = "eager" if case == "gpt-oss" else "sdpa"
     torch.manual_seed(0)
     model = getattr(transformers, model_class)(config)
     with torch.no_grad():  # a routing bias of its own, so that group-limited routing is exercised
@@ -136,6 +152,22 @@ def _applied(case: str, fields: dict, *, workload=None, layers: int | None = Non
     return reference, model, ap.apply_plan(model, plan, **apply)
 
 
+def _fused_gradient(whole: dict, base: str, index: int, part: str, kind: str):
+    """The gradient of expert ``index``'s ``part`` projection ``kind`` (weight, bias) within the
+    fused weights of ``base``: gate rows then up rows (Qwen, Mixtral, DeepSeek), or gpt-oss's
+    interleaved, transposed columns with their biases."""
+    gate_up = whole[f"{base}.gate_up_proj"].grad[index]
+    down = whole[f"{base}.down_proj"].grad[index]
+    if f"{base}.gate_up_proj_bias" in whole:  # gpt-oss: [H, 2I] interleaved, down [I, H]
+        if kind == "bias":
+            gate_up = whole[f"{base}.gate_up_proj_bias"].grad[index]
+            columns = {"gate": gate_up[::2], "up": gate_up[1::2]}
+            return columns.get(part, whole[f"{base}.down_proj_bias"].grad[index])
+        return {"gate": gate_up[:, ::2].T, "up": gate_up[:, 1::2].T, "down": down.T}[part]
+    width = gate_up.shape[0] // 2
+    return {"gate": gate_up[:width], "up": gate_up[width:], "down": down}[part]
+
+
 def _gradient_errors(model, reference) -> tuple[dict[str, float], int]:
     """Each parameter's largest gradient difference relative to the reference's largest, and
     how many parameters are split (DTensors or experts held per rank)."""
@@ -147,20 +179,14 @@ def _gradient_errors(model, reference) -> tuple[dict[str, float], int]:
         grad = parameter.grad
         grad = grad.full_tensor() if isinstance(grad, DTensor) else grad
         split += isinstance(parameter, DTensor)
-        expert = re.fullmatch(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight", name)
+        expert = re.fullmatch(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.(weight|bias)", name)
         if expert is None:
             expected = whole[name].grad
             candidates = [expected]
         else:  # the slice of the fused weight it came from, or one etp part of it
-            base, index, part = expert.group(1), int(expert.group(2)), expert.group(3)
-            gate_up = whole[f"{base}.gate_up_proj"].grad[index]
-            width = gate_up.shape[0] // 2
-            expected = {
-                "gate": gate_up[:width],
-                "up": gate_up[width:],
-                "down": whole[f"{base}.down_proj"].grad[index],
-            }[part]
-            dim = 1 if part == "down" else 0
+            base, index, part, kind = expert.groups()
+            expected = _fused_gradient(whole, base, int(index), part, kind)
+            dim = 1 if part == "down" and kind == "weight" else 0
             candidates = expected.chunk(expected.shape[dim] // grad.shape[dim], dim=dim)
             split += 1
         scale = expected.abs().max().clamp_min(1e-12)
@@ -199,27 +225,21 @@ def test_transformers_models_equal_their_unsharded_selves() -> None:
             assert result["split"] >= 8, result  # the plan split weights: it was applied
 
 
-def test_fused_experts_of_another_layout_are_refused() -> None:
-    """gpt-oss's experts carry biases and interleave the gate and up rows: not split, an error
-    naming the module."""
+def test_fused_experts_with_weights_of_their_own_are_refused() -> None:
+    """Fused experts holding weights the per-expert forms do not read (here a bias on
+    Qwen3-MoE's gate/up weights, outside gpt-oss's layout) are not split: an error naming the
+    module and the weight."""
     import torch
-    import transformers
 
     from autoparallel.runtime._fused_experts import unfuse_experts
 
-    config = transformers.GptOssConfig(
-        **SMALL,
-        intermediate_size=32,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_hidden_layers=1,
-        layer_types=["full_attention"],
-    )
-    torch.manual_seed(0)
-    model = transformers.GptOssForCausalLM(config)
-    with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.experts \(GptOssExperts\)"):
+    model, _ = _build("qwen3-moe")
+    experts = model.model.layers[0].mlp.experts
+    experts.gate_up_proj_bias = torch.nn.Parameter(torch.zeros(4, 64))
+    with pytest.raises(
+        ValueError,
+        match=r"model\.layers\.0\.mlp\.experts \(Qwen3MoeExperts\) holds \['gate_up_proj_bias'\]",
+    ):
         unfuse_experts(model)
 
 
@@ -446,34 +466,6 @@ def test_context_parallel_refuses_sliding_window_attention() -> None:
     model = transformers.Qwen3ForCausalLM(config)
     with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn .* sliding window of 4"):
         apply_transformers_context([model], context=None)
-
-
-def test_attention_sinks_are_not_split_silently() -> None:
-    """gpt-oss's attention keeps a learned sink per head, which tensor parallel here does not
-    split: the plan is refused before any collective, naming the module."""
-    import torch
-    import transformers
-
-    from autoparallel.runtime._apply import check_plan_fits
-    from autoparallel.testing import plan_for_config
-    from cost_model import ModelSpec, ParallelConfig
-
-    config = transformers.GptOssConfig(
-        **SMALL,
-        intermediate_size=32,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_hidden_layers=2,
-        layer_types=["sliding_attention", "full_attention"],
-    )
-    torch.manual_seed(0)
-    model = transformers.GptOssForCausalLM(config)
-    spec = ModelSpec.from_hf_config({**config.to_dict(), "architectures": ["GptOssForCausalLM"]})
-    plan = plan_for_config(spec, ParallelConfig(tp=2))
-    with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn .* sink per head"):
-        check_plan_fits(model, plan)
 
 
 def test_dense_routing_moe_blocks_are_refused_by_name() -> None:

@@ -203,11 +203,9 @@ def _check_rules(
     return matches
 
 
-def _check_attention_sinks(walked: list[tuple[str, nn.Module]], plan: ShardingPlan) -> None:
-    """Attention with a learned sink per head (gpt-oss's ``sinks``) keeps every head's sink on
-    every rank, so its heads cannot be split over tp here: an error, not a wrong softmax. So is
-    Llama 4's dense-routing MoE block (every token through every expert, added in place into
-    the shared expert's output), which neither tensor nor expert parallel runs."""
+def _check_dense_routing(walked: list[tuple[str, nn.Module]], plan: ShardingPlan) -> None:
+    """Llama 4's dense-routing MoE block (every token through every expert, added in place into
+    the shared expert's output), which neither tensor nor expert parallel runs: an error."""
     from autoparallel.runtime._fused_experts import is_fused_experts, takes_routing
 
     config = plan.config
@@ -219,14 +217,6 @@ def _check_attention_sinks(walked: list[tuple[str, nn.Module]], plan: ShardingPl
                 f"{name} ({type(module).__name__}) routes every token through every expert "
                 "(Llama 4's dense routing), which tensor and expert parallel do not run here; "
                 "plan it with tp, ep and etp 1"
-            )
-    if config.tp == 1 or config.attention_data_parallel:
-        return
-    for name, module in walked:
-        if isinstance(getattr(module, "sinks", None), nn.Parameter):
-            raise ValueError(
-                f"{name} ({type(module).__name__}) holds a learned attention sink per head, which "
-                f"is not split over tp ({config.tp}); plan it with tp 1 or attention data parallel"
             )
 
 
@@ -258,7 +248,7 @@ def check_plan_fits(module: nn.Module, plan: ShardingPlan) -> None:
     _check_context_parallel(module, plan)
     walked = walk_modules(module)
     _check_model(module, plan, walked)
-    _check_attention_sinks(walked, plan)
+    _check_dense_routing(walked, plan)
     names = [name for name, _ in walked]
     # A rank's part is checked against the whole model's names: rules may name other ranks' modules.
     _check_rules(

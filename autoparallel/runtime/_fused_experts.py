@@ -26,6 +26,7 @@ from torch import nn
 
 __all__ = [
     "DispatchedExperts",
+    "ClampedGluExpertFFN",
     "ExpertFFN",
     "is_fused_experts",
     "takes_routing",
@@ -34,6 +35,12 @@ __all__ = [
 
 #: Tokens of the check that a replacement computes what the fused module did.
 _CHECK_TOKENS = 4
+#: The layouts the per-expert forms read, as the check's error names them.
+_HALVES = "gate_up_proj's gate rows then up rows with down_proj after act_fn(gate) * up"
+_CLAMPED_GLU = (
+    "gpt-oss's interleaved gate and up columns of gate_up_proj [E, H, 2I] with their biases, "
+    "the clamped GLU and down_proj [E, I, H]"
+)
 
 
 def is_fused_experts(module: nn.Module) -> bool:
@@ -64,10 +71,33 @@ class ExpertFFN(nn.Module):
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
-def _linear(weight: torch.Tensor, requires_grad: bool) -> nn.Linear:
+class ClampedGluExpertFFN(nn.Module):
+    """One gpt-oss expert (transformers ``GptOssExperts._apply_gate``): biased projections,
+    the gate clamped above at ``limit``, the up projection to ``[-limit, limit]``, and
+    ``down_proj((up + 1) * gate * sigmoid(alpha * gate))``."""
+
+    def __init__(self, gate, up, down, *, biases, alpha: float, limit: float) -> None:
+        super().__init__()
+        requires_grad = gate.requires_grad
+        self.gate_proj = _linear(gate, requires_grad, bias=biases[0])
+        self.up_proj = _linear(up, requires_grad, bias=biases[1])
+        self.down_proj = _linear(down, requires_grad, bias=biases[2])
+        self.alpha, self.limit = alpha, limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = self.gate_proj(x).clamp(max=self.limit)
+        up = self.up_proj(x).clamp(min=-self.limit, max=self.limit)
+        return self.down_proj((up + 1) * gate * torch.sigmoid(gate * self.alpha))
+
+
+def _linear(
+    weight: torch.Tensor, requires_grad: bool, *, bias: torch.Tensor | None = None
+) -> nn.Linear:
     out_features, in_features = weight.shape
-    linear = nn.Linear(in_features, out_features, bias=False, device="meta")
+    linear = nn.Linear(in_features, out_features, bias=bias is not None, device="meta")
     linear.weight = nn.Parameter(weight.detach().clone(), requires_grad=requires_grad)
+    if bias is not None:
+        linear.bias = nn.Parameter(bias.detach().clone(), requires_grad=requires_grad)
     return linear
 
 
@@ -137,6 +167,14 @@ def _unfused(name: str, module: nn.Module) -> DispatchedExperts:
             f"{name} ({type(module).__name__}) is called with every token for every expert "
             "(dense routing, Llama 4), not with the routing; expert parallel cannot dispatch it"
         )
+    if _is_clamped_glu(module):
+        replacement = _clamped_glu_experts(module)
+        if not module.gate_up_proj.is_meta:
+            experts, hidden = module.gate_up_proj.shape[:2]
+            _check_same(
+                name, module, replacement, experts=experts, hidden=hidden, layout=_CLAMPED_GLU
+            )
+        return replacement
     others = sorted(
         n for n, _ in module.named_parameters() if n not in ("gate_up_proj", "down_proj")
     )
@@ -167,9 +205,42 @@ def _unfused(name: str, module: nn.Module) -> DispatchedExperts:
     return replacement
 
 
+def _is_clamped_glu(module: nn.Module) -> bool:
+    """gpt-oss's fused experts: ``gate_up_proj [E, H, 2I]`` with the gate and up columns
+    interleaved, ``down_proj [E, I, H]``, a bias on each, ``alpha`` and ``limit``."""
+    return all(
+        isinstance(getattr(module, name, None), nn.Parameter)
+        for name in ("gate_up_proj_bias", "down_proj_bias")
+    ) and all(isinstance(getattr(module, name, None), (int, float)) for name in ("alpha", "limit"))
+
+
+def _clamped_glu_experts(module: nn.Module) -> DispatchedExperts:
+    gate_up, down = module.gate_up_proj, module.down_proj  # [E, H, 2I], [E, I, H]
+    gate_up_bias, down_bias = module.gate_up_proj_bias, module.down_proj_bias
+    return DispatchedExperts(
+        {
+            str(e): ClampedGluExpertFFN(
+                gate_up[e, :, ::2].T,
+                gate_up[e, :, 1::2].T,
+                down[e].T,
+                biases=(gate_up_bias[e, ::2], gate_up_bias[e, 1::2], down_bias[e]),
+                alpha=float(module.alpha),
+                limit=float(module.limit),
+            )
+            for e in range(gate_up.shape[0])
+        }
+    )
+
+
 @torch.no_grad()
 def _check_same(
-    name: str, fused: nn.Module, unfused: DispatchedExperts, *, experts: int, hidden: int
+    name: str,
+    fused: nn.Module,
+    unfused: DispatchedExperts,
+    *,
+    experts: int,
+    hidden: int,
+    layout: str = _HALVES,
 ) -> None:
     """The per-expert form computes what the fused module did, on a few tokens of each of the
     first and the last expert."""
@@ -184,7 +255,6 @@ def _check_same(
         scale = expected.abs().max().clamp_min(torch.finfo(expected.dtype).tiny)
         if not (got - expected).abs().max() <= 1e-3 * scale:
             raise ValueError(
-                f"{name} ({type(fused).__name__}): its experts are not gate_up_proj's gate rows "
-                "then up rows with down_proj after act_fn(gate) * up; expert parallel cannot "
-                "split this layout"
+                f"{name} ({type(fused).__name__}): its experts are not {layout}; expert parallel "
+                "cannot split this layout"
             )

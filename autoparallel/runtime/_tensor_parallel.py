@@ -373,6 +373,41 @@ def _sequence_blocks(
             result.summed_parameters.append((block, parameter_name))
 
 
+def _split_attention_sinks(
+    module: nn.Module, styles: dict[str, ParallelStyle], mesh: DeviceMesh
+) -> None:
+    """gpt-oss's learned attention sink per head (``sinks``, ``[heads]``) follows its heads over
+    tp: the parameter becomes a DTensor sharded like the query projection's output rows, and
+    each call of the attention reads this rank's heads' sinks as a plain tensor (the attention
+    function concatenates them with its local scores); the gradient reaches the shard."""
+    for name, attention in walk_modules(module):
+        sinks = getattr(attention, "sinks", None)
+        query = f"{name}.q_proj" if name else "q_proj"
+        if not isinstance(sinks, nn.Parameter) or query not in styles:
+            continue
+        if sinks.shape[0] % mesh.size():
+            raise ValueError(
+                f"{name}.sinks ({sinks.shape[0]} heads) must be divisible by tp ({mesh.size()})"
+            )
+        local = sinks.detach().chunk(mesh.size())[mesh.get_local_rank()].clone()
+        attention.sinks = nn.Parameter(
+            DTensor.from_local(local, mesh, [Shard(0)], run_check=False),
+            requires_grad=sinks.requires_grad,
+        )
+        attention.register_forward_pre_hook(_local_sinks, with_kwargs=True)
+        attention.register_forward_hook(_drop_local_sinks, with_kwargs=True)
+
+
+def _local_sinks(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    # an instance attribute is found before the registered parameter (nn.Module.__getattr__)
+    module.__dict__["sinks"] = module._parameters["sinks"].to_local()
+
+
+def _drop_local_sinks(module: nn.Module, args: tuple, kwargs: dict, output):
+    module.__dict__.pop("sinks", None)
+    return output
+
+
 def _positions_at_the_model(
     module: nn.Module, styles: dict[str, ParallelStyle], mesh: DeviceMesh
 ) -> None:
@@ -483,6 +518,7 @@ def apply_tensor_parallel(
         _positions_at_the_model(module, styles, tp_mesh)
     for name, style in styles.items():
         parallelize_module(module.get_submodule(name), tp_mesh, style)
+    _split_attention_sinks(module, styles, tp_mesh)
     _select_kv_heads(module, replicated_kv, tp_mesh)
     _sequence_blocks(module, plan, blocks, tp_mesh, result)
     logger.info("tensor parallel: %d modules over tp=%d", len(result.parallelized), tp_mesh.size())
