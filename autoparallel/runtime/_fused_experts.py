@@ -12,9 +12,12 @@ per-expert FFNs keyed by global expert id (parameter names as in the checkpoint 
 forward keeps the fused module's signature and sends the tokens through the block's expert
 dispatcher (``_expert_dispatch.AllToAllDispatcher``) once expert parallel gives it one. The
 routing stays the model's own: its router picks the experts and weights, whatever its rule.
-Each replacement is checked on a few tokens against the fused module it replaces (the layout
-of the halves and the activation); a fused module with other weights (gpt-oss's biases and
-interleaved halves) is an error, not a silent approximation.
+gpt-oss's experts (``GptOssExperts``: ``gate_up_proj [E, H, 2I]`` with the gate and up columns
+interleaved, ``down_proj [E, I, H]``, a bias on each, a clamped GLU) become
+``ClampedGluExpertFFN``s. Each replacement is checked on a few tokens against the fused module
+it replaces (the layout and the activation); a fused module with other weights, or called
+without the routing (Llama 4's ``Llama4TextExperts``), is an error, not a silent
+approximation.
 """
 
 from __future__ import annotations
