@@ -109,6 +109,15 @@ _ROUTERS = {
 }
 
 
+#: A decoder layer's FFN (dense MLP or MoE block) where it is not ``mlp``: transformers'
+#: ``Llama4TextDecoderLayer.feed_forward``, by the checkpoint's model class.
+_FFNS = {"Llama4ForCausalLM": "feed_forward", "Llama4ForConditionalGeneration": "feed_forward"}
+
+
+def _ffn_name(model: ModelSpec) -> str:
+    return _FFNS.get(model.architecture or "", "mlp")
+
+
 def _ffn_and_moe_rules(
     model: ModelSpec, config: ParallelConfig, naming: ExpertNaming
 ) -> list[ModuleRule]:
@@ -124,7 +133,7 @@ def _ffn_and_moe_rules(
     hf_names = _EXPERT_PROJECTIONS["hf"]
     rules: list[ModuleRule] = []
     if model.num_dense_ffn_layers and (sharded or config.attention_data_parallel):
-        rules += _ffn_rules("*.mlp", style_in, style_out, hf_names, "tp")
+        rules += _ffn_rules(f"*.{_ffn_name(model)}", style_in, style_out, hf_names, "tp")
     moe = model.moe
     if moe is None:
         return rules
@@ -161,7 +170,7 @@ def _embedding_and_norm_rules(model: ModelSpec, config: ParallelConfig) -> list[
             _rule("*.post_attention_layernorm", "sequence"),
             _rule("model.norm", "sequence"),
             _rule("*.self_attn", "sequence"),
-            _rule("*.mlp", "sequence"),
+            _rule(f"*.{_ffn_name(model)}", "sequence"),
         ]
     return rules
 

@@ -76,6 +76,19 @@ CASES = {
             sliding_window=4,
         ),
     ),
+    "llama4": (
+        "Llama4TextConfig",
+        "Llama4ForCausalLM",
+        dict(
+            intermediate_size=32,
+            intermediate_size_mlp=128,
+            num_local_experts=4,
+            num_experts_per_tok=1,
+            num_key_value_heads=2,
+            head_dim=16,
+            interleave_moe_layer_step=2,
+        ),
+    ),
     "deepseek-v3": (
         "DeepseekV3Config",
         "DeepseekV3ForCausalLM",
@@ -108,6 +121,8 @@ PLANS = [
     ("qwen2-moe", {"tp": 2, "sequence_parallel": True}),  # a gated shared expert, flat tokens
     ("gpt-oss", {"dp": 2, "ep": 2}),  # biased experts, interleaved gate/up, clamped GLU
     ("gpt-oss", {"tp": 2, "ep": 2, "sequence_parallel": True}),  # attention sinks over tp
+    ("llama4", {"tp": 2, "sequence_parallel": True}),  # every token through every expert
+    ("llama4", {"dp": 2, "ep": 2}),
     ("deepseek-v3", {"tp": 2, "ep": 2}),
     ("deepseek-v3", {"tp": 2, "sequence_parallel": True}),
 ]
@@ -164,6 +179,8 @@ def _fused_gradient(whole: dict, base: str, index: int, part: str, kind: str):
             columns = {"gate": gate_up[::2], "up": gate_up[1::2]}
             return columns.get(part, whole[f"{base}.down_proj_bias"].grad[index])
         return {"gate": gate_up[:, ::2].T, "up": gate_up[:, 1::2].T, "down": down.T}[part]
+    if down.shape[0] * 2 == gate_up.shape[1] and down.shape[1] == gate_up.shape[0]:
+        gate_up, down = gate_up.T, down.T  # Llama 4's [H, 2I] and [I, H]
     width = gate_up.shape[0] // 2
     return {"gate": gate_up[:width], "up": gate_up[width:], "down": down}[part]
 
@@ -222,7 +239,7 @@ def test_transformers_models_equal_their_unsharded_selves() -> None:
             errors = result["errors"]
             worst = max(errors, key=errors.get)
             assert errors[worst] <= 1e-5, (result["case"], result["fields"], worst, errors[worst])
-            assert result["split"] >= 8, result  # the plan split weights: it was applied
+            assert result["split"] >= 6, result  # the plan split weights: it was applied
 
 
 def test_fused_experts_with_weights_of_their_own_are_refused() -> None:
@@ -466,35 +483,3 @@ def test_context_parallel_refuses_sliding_window_attention() -> None:
     model = transformers.Qwen3ForCausalLM(config)
     with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn .* sliding window of 4"):
         apply_transformers_context([model], context=None)
-
-
-def test_dense_routing_moe_blocks_are_refused_by_name() -> None:
-    """Llama 4's MoE block runs every token through every expert and adds into its shared
-    expert's output in place: tensor and expert parallel refuse it, naming the module."""
-    import torch
-    import transformers
-
-    from autoparallel.runtime._apply import check_plan_fits
-    from autoparallel.runtime._fused_experts import unfuse_experts
-    from autoparallel.testing import plan_for_config
-    from cost_model import ModelSpec, ParallelConfig
-
-    config = transformers.Llama4TextConfig(
-        **SMALL,
-        intermediate_size=32,
-        intermediate_size_mlp=128,
-        num_local_experts=4,
-        num_experts_per_tok=1,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_hidden_layers=2,
-        interleave_moe_layer_step=1,
-    )
-    torch.manual_seed(0)
-    model = transformers.Llama4ForCausalLM(config)
-    spec = ModelSpec.from_hf_config({**config.to_dict(), "architectures": ["Llama4ForCausalLM"]})
-    where = r"model\.layers\.0\.feed_forward\.experts \(Llama4TextExperts\)"
-    with pytest.raises(ValueError, match=where + " routes every token through every expert"):
-        check_plan_fits(model, plan_for_config(spec, ParallelConfig(tp=2)))
-    with pytest.raises(ValueError, match=where + " is called with every token for every expert"):
-        unfuse_experts(model)

@@ -203,23 +203,6 @@ def _check_rules(
     return matches
 
 
-def _check_dense_routing(walked: list[tuple[str, nn.Module]], plan: ShardingPlan) -> None:
-    """Llama 4's dense-routing MoE block (every token through every expert, added in place into
-    the shared expert's output), which neither tensor nor expert parallel runs: an error."""
-    from autoparallel.runtime._fused_experts import is_fused_experts, takes_routing
-
-    config = plan.config
-    if config.tp == 1 and config.ep == 1 and config.etp == 1:
-        return
-    for name, module in walked:
-        if is_fused_experts(module) and not takes_routing(module):
-            raise ValueError(
-                f"{name} ({type(module).__name__}) routes every token through every expert "
-                "(Llama 4's dense routing), which tensor and expert parallel do not run here; "
-                "plan it with tp, ep and etp 1"
-            )
-
-
 def _check_context_parallel(module: nn.Module, plan: ShardingPlan) -> None:
     cp = plan.config.cp
     if cp == 1:
@@ -248,7 +231,6 @@ def check_plan_fits(module: nn.Module, plan: ShardingPlan) -> None:
     _check_context_parallel(module, plan)
     walked = walk_modules(module)
     _check_model(module, plan, walked)
-    _check_dense_routing(walked, plan)
     names = [name for name, _ in walked]
     # A rank's part is checked against the whole model's names: rules may name other ranks' modules.
     _check_rules(
@@ -356,11 +338,13 @@ def apply_plan(
     """
     if not isinstance(plan, ShardingPlan):
         plan = load_plan(plan)
-    if getattr(module, _APPLIED, None) is None and (plan.config.ep > 1 or plan.config.etp > 1):
-        # transformers 5's fused expert weights as the per-expert modules the rules name
+    config = plan.config
+    if getattr(module, _APPLIED, None) is None and max(config.tp, config.ep, config.etp) > 1:
+        # transformers 5's fused expert weights as the per-expert modules the rules name (for
+        # tensor parallel alone, only Llama 4's, whose block forward routes densely)
         from autoparallel.runtime._fused_experts import unfuse_experts
 
-        unfuse_experts(module)
+        unfuse_experts(module, dense_routing_only=config.ep == config.etp == 1)
     check_plan_fits(module, plan)
     meshes = build_meshes(plan, device_type=device_type, backend=backend)
     if meshes.device.type not in ("cpu", "meta") and not any(

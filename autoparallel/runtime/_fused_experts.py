@@ -14,10 +14,11 @@ dispatcher (``_expert_dispatch.AllToAllDispatcher``) once expert parallel gives 
 routing stays the model's own: its router picks the experts and weights, whatever its rule.
 gpt-oss's experts (``GptOssExperts``: ``gate_up_proj [E, H, 2I]`` with the gate and up columns
 interleaved, ``down_proj [E, I, H]``, a bias on each, a clamped GLU) become
-``ClampedGluExpertFFN``s. Each replacement is checked on a few tokens against the fused module
-it replaces (the layout and the activation); a fused module with other weights, or called
-without the routing (Llama 4's ``Llama4TextExperts``), is an error, not a silent
-approximation.
+``ClampedGluExpertFFN``s. Llama 4's (``Llama4TextExperts``, the weights transposed for its
+``bmm``) are called with every token for every expert, scaled by its score; its block gets a
+forward that sends each token to its chosen experts only (``_routed_forward``). Each
+replacement is checked on a few tokens against the fused module it replaces (the layout and
+the activation); a fused module with other weights is an error, not a silent approximation.
 """
 
 from __future__ import annotations
@@ -132,9 +133,12 @@ class DispatchedExperts(nn.ModuleDict):
         return container
 
 
-def unfuse_experts(model: nn.Module) -> list[str]:
+def unfuse_experts(model: nn.Module, *, dense_routing_only: bool = False) -> list[str]:
     """Replace every fused routed-expert module of ``model`` (``*.experts``, see
     ``is_fused_experts``) by a ``DispatchedExperts`` of the same experts; returns their names.
+    A block that runs every token through every expert (Llama 4, ``reroutes_densely``) gets a
+    forward that sends each token to its chosen experts only. ``dense_routing_only``: those
+    blocks only (tensor parallel needs their forward, not the others' experts split).
 
     Raises ``ValueError`` naming the module when it holds weights other than ``gate_up_proj``
     and ``down_proj``, when their shapes disagree, or when the per-expert form does not
@@ -144,12 +148,53 @@ def unfuse_experts(model: nn.Module) -> list[str]:
         for name, module in model.named_modules()
         if name.rpartition(".")[2] == "experts" and is_fused_experts(module)
     ]
+    done = []
     for name, module in fused:
-        replacement = _unfused(name, module)
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, replacement)
-    return [name for name, _ in fused]
+        dense = not takes_routing(module)
+        if dense and not reroutes_densely(parent):
+            raise ValueError(
+                f"{name} ({type(module).__name__}) is called with every token for every expert, "
+                f"and its block ({type(parent).__name__}) has no router this can route with"
+            )
+        if dense_routing_only and not dense:
+            continue
+        setattr(parent, child, _unfused(name, module))
+        if dense:
+            parent.forward = _routed_forward(parent)
+        done.append(name)
+    return done
+
+
+def reroutes_densely(block: nn.Module) -> bool:
+    """A Llama 4 MoE block (transformers ``Llama4TextMoe``): a ``router`` returning each
+    token's expert scores (the chosen ones' sigmoids, 0 elsewhere) and logits, ``top_k``, a
+    ``shared_expert``; it scales each token by its score before the expert and adds every
+    expert's output."""
+    return (
+        isinstance(getattr(block, "router", None), nn.Module)
+        and isinstance(getattr(block, "top_k", None), int)
+        and isinstance(getattr(block, "shared_expert", None), nn.Module)
+    )
+
+
+def _routed_forward(block: nn.Module):
+    """Llama 4's MoE forward with each token sent to its ``top_k`` experts only: the token scaled
+    by its score (the unchosen experts' are 0 and their outputs, biasless, 0), the experts'
+    outputs summed, the shared expert's added (out of place)."""
+
+    def forward(hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = hidden_states.reshape(-1, hidden_states.shape[-1])
+        scores, logits = block.router(tokens)
+        weights, chosen = scores.topk(block.top_k, dim=-1)
+        scaled = (tokens.unsqueeze(1) * weights.unsqueeze(-1).to(tokens.dtype)).flatten(0, 1)
+        ones = torch.ones(scaled.shape[0], 1, dtype=tokens.dtype, device=tokens.device)
+        routed = block.experts(scaled, chosen.reshape(-1, 1), ones)
+        routed = routed.view(tokens.shape[0], block.top_k, -1).sum(dim=1)
+        return block.shared_expert(tokens) + routed, logits
+
+    return forward
 
 
 def takes_routing(module: nn.Module) -> bool:
@@ -165,11 +210,6 @@ def takes_routing(module: nn.Module) -> bool:
 
 
 def _unfused(name: str, module: nn.Module) -> DispatchedExperts:
-    if not takes_routing(module):
-        raise ValueError(
-            f"{name} ({type(module).__name__}) is called with every token for every expert "
-            "(dense routing, Llama 4), not with the routing; expert parallel cannot dispatch it"
-        )
     if _is_clamped_glu(module):
         replacement = _clamped_glu_experts(module)
         if not module.gate_up_proj.is_meta:
@@ -187,11 +227,16 @@ def _unfused(name: str, module: nn.Module) -> DispatchedExperts:
             "expert parallel splits only fused experts of gate/up halves and a down projection"
         )
     gate_up, down = module.gate_up_proj, module.down_proj
-    experts, double, hidden = gate_up.shape
+    experts = gate_up.shape[0]
+    # [E, 2I, H] and [E, H, I] (Qwen, Mixtral, DeepSeek), or transposed (Llama 4's bmm layout)
+    transposed = down.shape[1] * 2 == gate_up.shape[2] and down.shape[2] == gate_up.shape[1]
+    if transposed:
+        gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
+    double, hidden = gate_up.shape[1:]
     if double % 2 or down.shape != (experts, hidden, double // 2):
         raise ValueError(
-            f"{name}: gate_up_proj {tuple(gate_up.shape)} and down_proj {tuple(down.shape)} must "
-            "be [E, 2I, H] and [E, H, I]"
+            f"{name}: gate_up_proj {tuple(module.gate_up_proj.shape)} and down_proj "
+            f"{tuple(module.down_proj.shape)} must be [E, 2I, H] and [E, H, I], or transposed"
         )
     act_fn = getattr(module, "act_fn", None)
     if act_fn is None:
@@ -253,7 +298,12 @@ def _check_same(
     for expert in {0, experts - 1}:
         index = torch.full((_CHECK_TOKENS, 1), expert, dtype=torch.long, device=reference.device)
         weights = torch.ones(_CHECK_TOKENS, 1, dtype=reference.dtype, device=reference.device)
-        expected = fused(tokens, index, weights)
+        if takes_routing(fused):
+            expected = fused(tokens, index, weights)
+        else:  # every expert's tokens stacked, as Llama 4's block feeds them
+            stacked = tokens.new_zeros(experts, _CHECK_TOKENS, hidden)
+            stacked[expert] = tokens
+            expected = fused(stacked.flatten(0, 1)).view(experts, _CHECK_TOKENS, -1)[expert]
         got = unfused(tokens, index, weights)
         scale = expected.abs().max().clamp_min(torch.finfo(expected.dtype).tiny)
         if not (got - expected).abs().max() <= 1e-3 * scale:

@@ -262,12 +262,18 @@ class TensorParallel:
     summed_parameters: list[tuple[nn.Module, str]] = field(default_factory=list)
 
     def sync_gradients(self) -> None:
-        """Sum the gradients of ``summed_parameters`` over tp; call after backward."""
+        """Sum the gradients of ``summed_parameters`` over tp; call after backward. A parameter
+        this rank's tokens did not reach (an expert none of them chose) joins with zeros, so
+        every rank reduces the same tensors."""
         grads = []
         for owner, name in self.summed_parameters:
-            grad = owner.get_parameter(name).grad
-            if grad is not None:
-                grads.append(grad.to_local() if isinstance(grad, DTensor) else grad)
+            parameter = owner.get_parameter(name)
+            if not parameter.requires_grad:
+                continue
+            if parameter.grad is None:
+                parameter.grad = torch.zeros_like(parameter)
+            grad = parameter.grad
+            grads.append(grad.to_local() if isinstance(grad, DTensor) else grad)
         if not grads:
             return
         flat = torch.cat([g.reshape(-1) for g in grads])
