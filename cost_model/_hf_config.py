@@ -95,14 +95,20 @@ def _deepseek(r: _Reader, name: str) -> ModelSpec:
         raise ValueError(
             f"config field 'moe_layer_freq' ({r.data.get('moe_layer_freq')}) must be 1"
         )
-    moe = MoESpec(
+    return _common(r, name, _attention_mla(r), moe=_deepseek_experts(r))
+
+
+def _deepseek_experts(r: _Reader) -> MoESpec:
+    """DeepSeek-V3's MoE layout: ``first_k_dense_replace`` dense layers, then
+    ``n_routed_experts`` of ``moe_intermediate_size`` (top ``num_experts_per_tok``) beside
+    ``n_shared_experts`` shared ones."""
+    return MoESpec(
         num_routed_experts=r.int("n_routed_experts"),
         top_k=r.int("num_experts_per_tok"),
         expert_ffn_hidden_size=r.int("moe_intermediate_size"),
         num_shared_experts=r.int("n_shared_experts", 0, minimum=0),
         num_dense_layers=r.int("first_k_dense_replace", 0, minimum=0),
     )
-    return _common(r, name, _attention_mla(r), moe=moe)
 
 
 def _glm4_moe(r: _Reader, name: str) -> ModelSpec:
@@ -113,17 +119,11 @@ def _glm4_moe(r: _Reader, name: str) -> ModelSpec:
     routed experts of ``moe_intermediate_size`` (top ``num_experts_per_tok``) beside
     ``n_shared_experts`` shared ones. The multi-token-prediction layers
     (``num_nextn_predict_layers``) are left out, as DeepSeek-V3's are."""
-    moe = MoESpec(
-        num_routed_experts=r.int("n_routed_experts"),
-        top_k=r.int("num_experts_per_tok"),
-        expert_ffn_hidden_size=r.int("moe_intermediate_size"),
-        num_shared_experts=r.int("n_shared_experts", 0, minimum=0),
-        num_dense_layers=r.int("first_k_dense_replace", 0, minimum=0),
-    )
     attention = _attention_gqa(r)
     if r.bool("use_qk_norm", False):
         attention = _qk_normed(attention)
-    return _common(r, name, attention, moe=moe, qkv_bias=r.bool("attention_bias", False))
+    qkv_bias = r.bool("attention_bias", False)
+    return _common(r, name, attention, moe=_deepseek_experts(r), qkv_bias=qkv_bias)
 
 
 def _deepseek_dsa(r: _Reader, name: str) -> ModelSpec:

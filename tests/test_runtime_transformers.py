@@ -19,96 +19,17 @@ import pytest
 
 from autoparallel.testing import run_ranks
 
-VOCAB = 128
-SMALL = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, max_position_embeddings=64)
+VOCAB = 128  # autoparallel.testing.TINY_SHAPE's
+#: The cases' architectures (``autoparallel.testing.TINY_TRANSFORMERS``)
 CASES = {
-    "llama": (
-        "LlamaConfig",
-        "LlamaForCausalLM",
-        dict(intermediate_size=128, num_key_value_heads=2),
-    ),
-    "qwen3": (
-        "Qwen3Config",
-        "Qwen3ForCausalLM",
-        dict(intermediate_size=128, num_key_value_heads=2, head_dim=16),
-    ),
-    "qwen3-moe": (
-        "Qwen3MoeConfig",
-        "Qwen3MoeForCausalLM",
-        dict(
-            intermediate_size=128,
-            moe_intermediate_size=32,
-            num_experts=4,
-            num_experts_per_tok=2,
-            num_key_value_heads=2,
-            head_dim=16,
-        ),
-    ),
-    "qwen2-moe": (
-        "Qwen2MoeConfig",
-        "Qwen2MoeForCausalLM",
-        dict(
-            intermediate_size=128,
-            moe_intermediate_size=32,
-            shared_expert_intermediate_size=48,
-            num_experts=4,
-            num_experts_per_tok=2,
-            num_key_value_heads=2,
-        ),
-    ),
-    "mixtral": (
-        "MixtralConfig",
-        "MixtralForCausalLM",
-        dict(
-            intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, num_key_value_heads=2
-        ),
-    ),
-    "gpt-oss": (
-        "GptOssConfig",
-        "GptOssForCausalLM",
-        dict(
-            intermediate_size=32,
-            num_local_experts=4,
-            num_experts_per_tok=2,
-            num_key_value_heads=2,
-            head_dim=16,
-            layer_types=["sliding_attention", "full_attention"],
-            sliding_window=4,
-        ),
-    ),
-    "llama4": (
-        "Llama4TextConfig",
-        "Llama4ForCausalLM",
-        dict(
-            intermediate_size=32,
-            intermediate_size_mlp=128,
-            num_local_experts=4,
-            num_experts_per_tok=1,
-            num_key_value_heads=2,
-            head_dim=16,
-            interleave_moe_layer_step=2,
-        ),
-    ),
-    "deepseek-v3": (
-        "DeepseekV3Config",
-        "DeepseekV3ForCausalLM",
-        dict(
-            intermediate_size=128,
-            moe_intermediate_size=32,
-            n_routed_experts=4,
-            num_experts_per_tok=2,
-            n_shared_experts=1,
-            n_group=2,
-            topk_group=1,
-            first_k_dense_replace=1,
-            num_key_value_heads=4,
-            kv_lora_rank=16,
-            q_lora_rank=32,
-            qk_nope_head_dim=16,
-            qk_rope_head_dim=8,
-            v_head_dim=16,
-        ),
-    ),
+    "llama": "llama",
+    "qwen3": "qwen3",
+    "qwen3-moe": "qwen3_moe",
+    "qwen2-moe": "qwen2_moe",
+    "mixtral": "mixtral",
+    "gpt-oss": "gpt_oss",
+    "llama4": "llama4_text",
+    "deepseek-v3": "deepseek_v3",
 }
 #: (case, parallel config) pairs run on 2 ranks: tensor parallel with and without sequence
 #: parallel, expert parallel over data-parallel ranks and over tensor-parallel ones, expert TP
@@ -130,21 +51,20 @@ PLANS = [
 
 def _build(case: str, layers: int | None = None):
     import torch
-    import transformers
 
-    config_class, model_class, fields = CASES[case]
+    from autoparallel.testing import TINY_TRANSFORMERS, tiny_transformers_model
+
     if layers is None:
         layers = 3 if case == "deepseek-v3" else 2  # one dense layer, then MoE layers
-    config = getattr(transformers, config_class)(**SMALL, **fields, num_hidden_layers=layers)
+    model, config = tiny_transformers_model(CASES[case], layers=layers)
     # gpt-oss's sinks are in its eager attention only
     config._attn_implementation = "eager" if case == "gpt-oss" else "sdpa"
-    torch.manual_seed(0)
-    model = getattr(transformers, model_class)(config)
     with torch.no_grad():  # a routing bias of its own, so that group-limited routing is exercised
         for module in model.modules():
             if hasattr(module, "e_score_correction_bias"):
                 module.e_score_correction_bias.normal_()
-    return model, {**config.to_dict(), "architectures": [model_class]}
+    architecture = TINY_TRANSFORMERS[CASES[case]][1]
+    return model, {**config.to_dict(), "architectures": [architecture]}
 
 
 def _applied(case: str, fields: dict, *, workload=None, layers: int | None = None, **apply):
@@ -464,22 +384,15 @@ def test_transformers_models_split_their_sequences_over_cp() -> None:
 
 
 def test_context_parallel_refuses_sliding_window_attention() -> None:
-    import torch
-    import transformers
-
     from autoparallel.runtime._transformers_context import apply_transformers_context
+    from autoparallel.testing import tiny_transformers_model
 
-    config = transformers.Qwen3Config(
-        **SMALL,
-        intermediate_size=128,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_hidden_layers=2,
+    model, _ = tiny_transformers_model(
+        "qwen3",
+        layers=2,
         layer_types=["sliding_attention", "full_attention"],
         sliding_window=4,
         use_sliding_window=True,
     )
-    torch.manual_seed(0)
-    model = transformers.Qwen3ForCausalLM(config)
     with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn .* sliding window of 4"):
         apply_transformers_context([model], context=None)

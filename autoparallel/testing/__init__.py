@@ -15,8 +15,16 @@ from autoparallel.testing._parity import (
 from autoparallel.testing._plans import plan_for_config
 from autoparallel.testing._routing import skew_routers
 from autoparallel.testing._serving import serving_row
+from autoparallel.testing._transformers import (
+    TINY_SHAPE,
+    TINY_TRANSFORMERS,
+    tiny_transformers_model,
+)
 
 __all__ = [
+    "TINY_SHAPE",
+    "TINY_TRANSFORMERS",
+    "tiny_transformers_model",
     "GRADIENT_TOLERANCE",
     "PARAMETER_TOLERANCE",
     "RankFailure",
