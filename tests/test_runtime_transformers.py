@@ -337,8 +337,14 @@ def _generating_rank(rank: int, world_size: int, plans: list) -> list[bool]:
 @pytest.mark.distributed
 def test_transformers_generate_the_unsharded_models_tokens() -> None:
     """``generate`` (transformers' own loop and KV cache) on the applied models gives the greedy
-    tokens of the unsharded ones: GQA heads and MLA heads split over tp, experts over ep."""
-    plans = [("qwen3", {"tp": 2}), ("qwen3-moe", {"dp": 2, "ep": 2}), ("deepseek-v3", {"tp": 2})]
+    tokens of the unsharded ones: GQA heads and MLA heads split over tp, experts over ep, and
+    attention data parallel beside experts over ep (the serving layout of DeepSeek's)."""
+    plans = [
+        ("qwen3", {"tp": 2}),
+        ("qwen3-moe", {"dp": 2, "ep": 2}),
+        ("deepseek-v3", {"tp": 2}),
+        ("deepseek-v3", {"tp": 2, "attention_data_parallel": True, "ep": 2}),  # serving's layout
+    ]
     for same in run_ranks(_generating_rank, 2, args=(plans,), timeout_s=240):
         assert same == [True] * len(plans)
 
