@@ -29,6 +29,7 @@ CASES = {
     "mixtral": "mixtral",
     "gpt-oss": "gpt_oss",
     "llama4": "llama4_text",
+    "minimax-m2": "minimax_m2",
     "deepseek-v3": "deepseek_v3",
 }
 #: (case, parallel config) pairs run on 2 ranks: tensor parallel with and without sequence
@@ -44,6 +45,7 @@ PLANS = [
     ("gpt-oss", {"tp": 2, "ep": 2, "sequence_parallel": True}),  # attention sinks over tp
     ("llama4", {"tp": 2, "sequence_parallel": True}),  # every token through every expert
     ("llama4", {"dp": 2, "ep": 2}),
+    ("minimax-m2", {"tp": 2, "sequence_parallel": True}),  # query/key norms over all heads
     ("deepseek-v3", {"tp": 2, "ep": 2}),
     ("deepseek-v3", {"tp": 2, "sequence_parallel": True}),
 ]

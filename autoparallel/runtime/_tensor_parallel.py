@@ -379,6 +379,60 @@ def _sequence_blocks(
             result.summed_parameters.append((block, parameter_name))
 
 
+def _normalizes_whole_projection(attention: nn.Module, norm: str, projection: str) -> bool:
+    """A query/key norm over the whole projection (every head's features at once, MiniMax-M2's
+    ``q_norm`` of ``num_heads * head_dim``) rather than over each head (Qwen3's, ``head_dim``)."""
+    weight = getattr(getattr(attention, norm), "weight", None)
+    linear = getattr(attention, projection)
+    return isinstance(weight, torch.Tensor) and weight.numel() == linear.weight.shape[0] > 0
+
+
+class _SumOverGroupBothWays(torch.autograd.Function):
+    """All-reduce (sum) over ``group`` forward, and the gradient likewise backward: a sum every
+    rank's output depends on."""
+
+    @staticmethod
+    def forward(ctx, tensor, group):  # autograd API
+        ctx.group = group
+        total = tensor.clone()
+        dist.all_reduce(total, group=group)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def _split_full_width_norm(norm: nn.Module, mesh: DeviceMesh) -> None:
+    """An RMSNorm over a whole column-split projection (the features of every head): its weight
+    is sharded like the projection's output, and its mean square is the sum over the tp ranks of
+    their features' squares over the whole width (the statistic the unsplit norm takes)."""
+    weight = norm.weight
+    width = weight.shape[0]
+    if width % mesh.size():
+        raise ValueError(
+            f"a query/key norm's width ({width}) must be divisible by tp ({mesh.size()})"
+        )
+    local = weight.detach().chunk(mesh.size())[mesh.get_local_rank()].clone()
+    norm.weight = nn.Parameter(
+        DTensor.from_local(local, mesh, [Shard(0)], run_check=False),
+        requires_grad=weight.requires_grad,
+    )
+    eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)) or 1e-6)
+    group = mesh.get_group()
+
+    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        dtype = hidden_states.dtype
+        features = hidden_states.to(torch.float32)
+        squares = _SumOverGroupBothWays.apply(features.pow(2).sum(-1, keepdim=True), group)
+        normalized = features * torch.rsqrt(squares / width + eps)
+        return norm.weight.to_local() * normalized.to(dtype)
+
+    norm.forward = forward
+
+
 def _split_attention_sinks(
     module: nn.Module, styles: dict[str, ParallelStyle], mesh: DeviceMesh
 ) -> None:
@@ -499,6 +553,7 @@ def apply_tensor_parallel(
     result = TensorParallel(tp_mesh=tp_mesh, parallelized=sorted(set(styles) | set(blocks)))
     group = tp_mesh.get_group()
     replicated = set(replicated_kv)
+    full_width_norms: list[nn.Module] = []
     for name, submodule in walk_modules(module):
         attention = getattr(submodule, "attention", None)
         if hasattr(submodule, "shared_key_hook") and getattr(attention, "kind", None) == "mla":
@@ -519,11 +574,16 @@ def apply_tensor_parallel(
                 and f"{name}.{projection}" in styles
                 and not (norm == "k_norm" and name in replicated)
             ):
-                result.summed_parameters.append((submodule.get_submodule(norm), "weight"))
+                if _normalizes_whole_projection(submodule, norm, projection):
+                    full_width_norms.append(submodule.get_submodule(norm))
+                else:
+                    result.summed_parameters.append((submodule.get_submodule(norm), "weight"))
     if sequence_parallel:
         _positions_at_the_model(module, styles, tp_mesh)
     for name, style in styles.items():
         parallelize_module(module.get_submodule(name), tp_mesh, style)
+    for norm in full_width_norms:
+        _split_full_width_norm(norm, tp_mesh)
     _split_attention_sinks(module, styles, tp_mesh)
     _select_kv_heads(module, replicated_kv, tp_mesh)
     _sequence_blocks(module, plan, blocks, tp_mesh, result)

@@ -121,6 +121,18 @@ TINY_TRANSFORMERS: dict[str, tuple[str, str, dict]] = {
             sliding_window=4,
         ),
     ),
+    "minimax_m2": (
+        "MiniMaxM2Config",
+        "MiniMaxM2ForCausalLM",
+        dict(
+            intermediate_size=32,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            num_key_value_heads=2,
+            head_dim=16,
+            eos_token_id=None,
+        ),
+    ),
     "llama4_text": (
         "Llama4TextConfig",
         "Llama4ForCausalLM",
