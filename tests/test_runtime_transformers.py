@@ -30,6 +30,7 @@ CASES = {
     "gpt-oss": "gpt_oss",
     "llama4": "llama4_text",
     "minimax-m2": "minimax_m2",
+    "glm4-moe": "glm4_moe",
     "deepseek-v3": "deepseek_v3",
 }
 #: (case, parallel config) pairs run on 2 ranks: tensor parallel with and without sequence
@@ -46,6 +47,7 @@ PLANS = [
     ("llama4", {"tp": 2, "sequence_parallel": True}),  # every token through every expert
     ("llama4", {"dp": 2, "ep": 2}),
     ("minimax-m2", {"tp": 2, "sequence_parallel": True}),  # query/key norms over all heads
+    ("glm4-moe", {"tp": 2, "ep": 2, "sequence_parallel": True}),  # biased GQA, DeepSeek's MoE
     ("deepseek-v3", {"tp": 2, "ep": 2}),
     ("deepseek-v3", {"tp": 2, "sequence_parallel": True}),
 ]
