@@ -18,6 +18,7 @@ import re
 import pytest
 
 from autoparallel.testing import run_ranks
+from cost_model import ModelSpec, ParallelConfig
 
 VOCAB = 128  # autoparallel.testing.TINY_SHAPE's
 #: The cases' architectures (``autoparallel.testing.TINY_TRANSFORMERS``)
@@ -31,6 +32,7 @@ CASES = {
     "llama4": "llama4_text",
     "minimax-m2": "minimax_m2",
     "glm4-moe": "glm4_moe",
+    "qwen3-next": "qwen3_next",
     "deepseek-v3": "deepseek_v3",
 }
 #: (case, parallel config) pairs run on 2 ranks: tensor parallel with and without sequence
@@ -48,6 +50,7 @@ PLANS = [
     ("llama4", {"dp": 2, "ep": 2}),
     ("minimax-m2", {"tp": 2, "sequence_parallel": True}),  # query/key norms over all heads
     ("glm4-moe", {"tp": 2, "ep": 2, "sequence_parallel": True}),  # biased GQA, DeepSeek's MoE
+    ("qwen3-next", {"tp": 2, "ep": 2}),  # linear attention (whole on each rank) beside full
     ("deepseek-v3", {"tp": 2, "ep": 2}),
     ("deepseek-v3", {"tp": 2, "sequence_parallel": True}),
 ]
@@ -406,3 +409,16 @@ def test_context_parallel_refuses_sliding_window_attention() -> None:
     )
     with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn .* sliding window of 4"):
         apply_transformers_context([model], context=None)
+
+
+def test_sequence_parallel_refuses_linear_attention_it_does_not_gather_for() -> None:
+    """Qwen3-Next's linear-attention layers mix the sequence and stay whole on every rank: under
+    sequence parallel they would read a shard only, so the plan is refused by name."""
+    from autoparallel.runtime._apply import check_plan_fits
+    from autoparallel.testing import plan_for_config
+
+    model, config = _build("qwen3-next")
+    spec = ModelSpec.from_hf_config(config)
+    plan = plan_for_config(spec, ParallelConfig(tp=2, sequence_parallel=True))
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.linear_attn mixes the sequence"):
+        check_plan_fits(model, plan)

@@ -203,6 +203,24 @@ def _check_rules(
     return matches
 
 
+#: Decoder sub-blocks that mix the sequence and that no module rule splits or gathers for:
+#: linear attention (transformers' Qwen3-Next / Qwen3.5 ``linear_attn``, Gated DeltaNet).
+_UNGATHERED_MIXERS = ("linear_attn",)
+
+
+def _check_sequence_mixers(walked: list[tuple[str, nn.Module]], plan: ShardingPlan) -> None:
+    """Under sequence parallel each rank holds a shard of the sequence between blocks; a block
+    that mixes tokens and is not gathered for would read only its shard: an error naming it."""
+    if not plan.config.sequence_parallel or plan.config.tp == 1:
+        return
+    for name, _ in walked:
+        if name.rpartition(".")[2] in _UNGATHERED_MIXERS:
+            raise ValueError(
+                f"{name} mixes the sequence (linear attention) and is not gathered for under "
+                f"sequence parallel here; plan it without sequence parallel"
+            )
+
+
 def _check_context_parallel(module: nn.Module, plan: ShardingPlan) -> None:
     cp = plan.config.cp
     if cp == 1:
@@ -231,6 +249,7 @@ def check_plan_fits(module: nn.Module, plan: ShardingPlan) -> None:
     _check_context_parallel(module, plan)
     walked = walk_modules(module)
     _check_model(module, plan, walked)
+    _check_sequence_mixers(walked, plan)
     names = [name for name, _ in walked]
     # A rank's part is checked against the whole model's names: rules may name other ranks' modules.
     _check_rules(
