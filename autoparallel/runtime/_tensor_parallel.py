@@ -405,21 +405,25 @@ class _SumOverGroupBothWays(torch.autograd.Function):
         return grad, None
 
 
+def _row_sharded(parameter: nn.Parameter, mesh: DeviceMesh, *, what: str) -> nn.Parameter:
+    """``parameter`` (the same on every rank) as a DTensor parameter holding this tp rank's
+    block of its first dimension, as a column-parallel projection holds its output rows."""
+    rows = parameter.shape[0]
+    if rows % mesh.size():
+        raise ValueError(f"{what} ({rows}) must be divisible by tp ({mesh.size()})")
+    local = parameter.detach().chunk(mesh.size())[mesh.get_local_rank()].clone()
+    return nn.Parameter(
+        DTensor.from_local(local, mesh, [Shard(0)], run_check=False),
+        requires_grad=parameter.requires_grad,
+    )
+
+
 def _split_full_width_norm(norm: nn.Module, mesh: DeviceMesh) -> None:
     """An RMSNorm over a whole column-split projection (the features of every head): its weight
     is sharded like the projection's output, and its mean square is the sum over the tp ranks of
     their features' squares over the whole width (the statistic the unsplit norm takes)."""
-    weight = norm.weight
-    width = weight.shape[0]
-    if width % mesh.size():
-        raise ValueError(
-            f"a query/key norm's width ({width}) must be divisible by tp ({mesh.size()})"
-        )
-    local = weight.detach().chunk(mesh.size())[mesh.get_local_rank()].clone()
-    norm.weight = nn.Parameter(
-        DTensor.from_local(local, mesh, [Shard(0)], run_check=False),
-        requires_grad=weight.requires_grad,
-    )
+    width = norm.weight.shape[0]
+    norm.weight = _row_sharded(norm.weight, mesh, what="a query/key norm's width")
     eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)) or 1e-6)
     group = mesh.get_group()
 
@@ -445,15 +449,7 @@ def _split_attention_sinks(
         query = f"{name}.q_proj" if name else "q_proj"
         if not isinstance(sinks, nn.Parameter) or query not in styles:
             continue
-        if sinks.shape[0] % mesh.size():
-            raise ValueError(
-                f"{name}.sinks ({sinks.shape[0]} heads) must be divisible by tp ({mesh.size()})"
-            )
-        local = sinks.detach().chunk(mesh.size())[mesh.get_local_rank()].clone()
-        attention.sinks = nn.Parameter(
-            DTensor.from_local(local, mesh, [Shard(0)], run_check=False),
-            requires_grad=sinks.requires_grad,
-        )
+        attention.sinks = _row_sharded(sinks, mesh, what=f"{name}.sinks (heads)")
         attention.register_forward_pre_hook(_local_sinks, with_kwargs=True)
         attention.register_forward_hook(_drop_local_sinks, with_kwargs=True)
 
