@@ -200,25 +200,36 @@ def serving_error_bands(
     deployments those."""
     from cost_model._serving_profile import serving_profile
 
-    generation = generation_of(cluster.device.name)
-    moe = model.moe is not None
-    kind = "MoE" if moe else "dense"
     release = serving_profile(engine, version).version
+    regime = {
+        "engine": engine,
+        "release": release,
+        "generation": generation_of(cluster.device.name),
+        "moe": model.moe is not None,
+        "deployment": deployment,
+    }
+    bands = {}
+    for metric in ("TTFT", "TPOT"):
+        rows = [row for row in _serving_held_out() if row["metric"] == metric]
+        for scope, keys in _serving_levels(regime):
+            chosen = [row for row in rows if all(row.get(k) == v for k, v in keys.items())]
+            if len(chosen) >= MIN_RUNS:
+                bands[metric] = _band(
+                    _named_scope(scope, keys, chosen, deployment), chosen, key="time_error"
+                )
+                break
+    return bands
+
+
+def _serving_levels(regime: dict) -> list[tuple[str, dict]]:
+    """(scope, keys) of the regimes ``serving_error_bands`` tries, narrowest first."""
+    engine, release, generation = regime["engine"], regime["release"], regime["generation"]
+    moe, deployment = regime["moe"], regime["deployment"]
+    kind = "MoE" if moe else "dense"
     label = _release_label(release)
     levels: list[tuple[str, dict]] = []
     if generation is not None:
-        levels.append(
-            (
-                f"{engine} {label}, {generation}, {kind}, {deployment}",
-                {
-                    "engine": engine,
-                    "release": release,
-                    "generation": generation,
-                    "moe": moe,
-                    "deployment": deployment,
-                },
-            )
-        )
+        levels.append((f"{engine} {label}, {generation}, {kind}, {deployment}", dict(regime)))
     levels.append((f"{engine} {label}, {kind}", {"engine": engine, "release": release, "moe": moe}))
     for other in _nearest_releases(engine, release):  # engine versions weigh more than GPUs
         ran = f"measured on {engine} {_release_label(other)}"
@@ -232,39 +243,29 @@ def serving_error_bands(
             )
         levels.append((f"{engine}, {kind}, {deployment}, {ran}", keys))
     if generation is not None:
+        across = {"engine": engine, "generation": generation, "moe": moe}
         levels += [
-            (
-                f"{engine}, {generation}, {kind}, {deployment}",
-                {"engine": engine, "generation": generation, "moe": moe, "deployment": deployment},
-            ),
-            (
-                f"{engine}, {generation}, {kind}",
-                {"engine": engine, "generation": generation, "moe": moe},
-            ),
+            (f"{engine}, {generation}, {kind}, {deployment}", across | {"deployment": deployment}),
+            (f"{engine}, {generation}, {kind}", across),
         ]
-    levels += [
+    return levels + [
         (f"{engine}, {kind}", {"engine": engine, "moe": moe}),
         (engine, {"engine": engine}),
         (kind, {"moe": moe}),
         ("every public run", {}),
     ]
-    bands = {}
-    for metric in ("TTFT", "TPOT"):
-        rows = [row for row in _serving_held_out() if row["metric"] == metric]
-        for scope, keys in levels:
-            chosen = [row for row in rows if all(row.get(k) == v for k, v in keys.items())]
-            if len(chosen) >= MIN_RUNS:
-                if "release" not in keys:
-                    releases = sorted(
-                        {f"{row['engine']} {_release_label(row['release'])}" for row in chosen}
-                    )
-                    scope = f"{scope}, measured on {', '.join(releases)}"
-                deployments = sorted({row["deployment"] for row in chosen})
-                if "deployment" not in keys and deployments != [deployment]:
-                    scope = f"{scope}, {' and '.join(deployments)} deployments"
-                bands[metric] = _band(scope, chosen, key="time_error")
-                break
-    return bands
+
+
+def _named_scope(scope: str, keys: dict, chosen: list[dict], deployment: str) -> str:
+    """``scope`` naming the releases its rows ran where it spans releases, and their
+    deployments where those are not ``deployment``."""
+    if "release" not in keys:
+        releases = sorted({f"{row['engine']} {_release_label(row['release'])}" for row in chosen})
+        scope = f"{scope}, measured on {', '.join(releases)}"
+    deployments = sorted({row["deployment"] for row in chosen})
+    if "deployment" not in keys and deployments != [deployment]:
+        scope = f"{scope}, {' and '.join(deployments)} deployments"
+    return scope
 
 
 # ---------------------------------------------------------------------------- peak memory

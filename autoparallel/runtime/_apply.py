@@ -309,6 +309,17 @@ def _build_pipeline(
     )
 
 
+def _hold_experts_per_expert(module: nn.Module, plan: ShardingPlan) -> None:
+    """transformers 5's fused expert weights as the per-expert modules the rules name, under
+    expert parallel or expert TP (under tensor parallel alone, only Llama 4's, whose block
+    routes every token through every expert); the same function, before any check."""
+    config = plan.config
+    if getattr(module, _APPLIED, None) is None and max(config.tp, config.ep, config.etp) > 1:
+        from autoparallel.runtime._fused_experts import unfuse_experts
+
+        unfuse_experts(module, dense_routing_only=config.ep == config.etp == 1)
+
+
 def apply_plan(
     module: nn.Module,
     plan: ShardingPlan | str | Path,
@@ -357,13 +368,7 @@ def apply_plan(
     """
     if not isinstance(plan, ShardingPlan):
         plan = load_plan(plan)
-    config = plan.config
-    if getattr(module, _APPLIED, None) is None and max(config.tp, config.ep, config.etp) > 1:
-        # transformers 5's fused expert weights as the per-expert modules the rules name (for
-        # tensor parallel alone, only Llama 4's, whose block forward routes densely)
-        from autoparallel.runtime._fused_experts import unfuse_experts
-
-        unfuse_experts(module, dense_routing_only=config.ep == config.etp == 1)
+    _hold_experts_per_expert(module, plan)
     check_plan_fits(module, plan)
     meshes = build_meshes(plan, device_type=device_type, backend=backend)
     if meshes.device.type not in ("cpu", "meta") and not any(
