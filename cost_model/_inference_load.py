@@ -93,10 +93,15 @@ def iteration_cost(s: _Setup) -> IterationCost:
         for part, seconds, tokens in zip(linear, attention, GRID_TOKENS, strict=True)
     ]
     floor = np.full(n, s.profile.iteration_floor_s)
+    whole_parts = _pass_parts(s, prefill)[0]
     cost = IterationCost(
-        np.stack(linear, axis=1), decode_attention, np.zeros(n), floor, _prefill_linear(s, prefill)
+        np.stack(linear, axis=1),
+        decode_attention,
+        np.zeros(n),
+        floor,
+        _prefill_linear(s, prefill, whole_parts),
     )
-    whole = sum(_pass_parts(s, prefill)[0].values())
+    whole = sum(whole_parts.values())
     extra = whole - (cost.seconds(np.zeros(n), prompt) - floor)
     return IterationCost(
         cost.linear_s,
@@ -111,15 +116,21 @@ def iteration_cost(s: _Setup) -> IterationCost:
     )
 
 
-def _prefill_linear(s: _Setup, prefill) -> np.ndarray:
+def _prefill_linear(s: _Setup, prefill, prefill_parts: dict[str, np.ndarray]) -> np.ndarray:
     """Everything but core attention of a prefill-form iteration at each of ``GRID_TOKENS``,
     (n, g). Priced at ``_PREFILL_GRID_TOKENS`` (the sizes prompt iterations have: chunks up to
     a budget of thousands of tokens) and linear between them; below the smallest, an iteration
     is bound by its weight reads (the matmuls' ridge point is hundreds of tokens per expert or
-    replica), so it is held at that value."""
+    replica), so it is held at that value. ``prefill_parts`` are the exposed parts of
+    ``prefill`` itself, reused where a grid size is every row's prompt."""
     priced = []
     for tokens in _PREFILL_GRID_TOKENS:
-        exposed, _ = _pass_parts(s, prefill.scaled(tokens / prefill.new_tokens))
+        grid_pass = prefill.scaled(tokens / prefill.new_tokens)
+        exposed = (
+            prefill_parts
+            if np.array_equal(grid_pass.batch, prefill.batch)
+            else _pass_parts(s, grid_pass)[0]
+        )
         priced.append(sum(exposed.values()) - exposed["attention"])
     grid, columns = _PREFILL_GRID_TOKENS, []
     for tokens in np.clip(GRID_TOKENS, grid[0], grid[-1]):

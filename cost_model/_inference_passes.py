@@ -120,7 +120,8 @@ def _compute_time(s: _Setup, p: ops.Pass, parts: dict | None = None) -> np.ndarr
         - _measured_kernels_per_pass(s, decode=p.decode)
         - _fused_norm_kernels(s, p)
     )
-    return total + kernels * kernel_floor_s(s) / np.where(s.two_batch, 2.0, 1.0)
+    floors = kernels * kernel_floor_s(s)
+    return total + (floors / np.where(s.two_batch, 2.0, 1.0) if np.any(s.two_batch) else floors)
 
 
 def kernel_floor_s(s: _Setup) -> float:
@@ -154,18 +155,24 @@ def _pass_parts(s: _Setup, p: ops.Pass) -> tuple[dict[str, np.ndarray], dict[str
     unless ``EstimateOptions.two_batch_stages`` is off); otherwise each kind hides up to its
     calibrated overlap fraction. Hidden traffic never exceeds the compute it hides behind.
     """
-    micro_batches = np.where(s.two_batch, 2.0, 1.0)
-    micro = p.scaled(1.0 / micro_batches)  # type: ignore[arg-type]  # (n,) factors broadcast
+    # (without two-batch overlap on any row, one micro-batch: the pass itself, nothing scaled)
+    split = bool(np.any(s.two_batch))
+    micro_batches = np.where(s.two_batch, 2.0, 1.0) if split else 1.0
+    micro = p.scaled(1.0 / micro_batches) if split else p  # type: ignore[arg-type]
+
+    def whole(seconds: np.ndarray) -> np.ndarray:  # a micro-batch's time, times their count
+        return micro_batches * seconds if split else seconds
+
     shape = s.layout.layers.shape
     stage_costs: dict[str, np.ndarray] = {}
     core = _attention_time(s, micro)
     raw = {
-        "compute": micro_batches * _compute_time(s, micro, stage_costs),
-        "attention": micro_batches * s.layout.layers * core,
+        "compute": whole(_compute_time(s, micro, stage_costs)),
+        "attention": whole(s.layout.layers * core),
     }
     raw.update(
         {  # a rank-independent time stays (n,): it broadcasts over the ranks
-            kind: micro_batches * t for kind, t in _comm_times(s, micro).items()
+            kind: whole(t) for kind, t in _comm_times(s, micro).items()
         }
     )
     busy = raw["compute"] + raw["attention"]

@@ -163,6 +163,8 @@ def grouped_gemm_efficiency(
     shape = np.broadcast_shapes(log_tokens.shape, where.shape, target.shape)
     nearest = _nearest_table(tables, target=target, where=np.broadcast_to(where, shape))
     log_tokens, where = np.broadcast_to(log_tokens, shape), np.broadcast_to(where, shape)
+    if isinstance(nearest, int):  # one table for every row, found without a row-wise search
+        return _table_efficiency(tables[nearest], log_tokens=log_tokens, where=where)
     picked = np.unique(nearest)
     if picked.size == 1:  # every row on one shape (the usual case: one model per table)
         return _table_efficiency(tables[int(picked[0])], log_tokens=log_tokens, where=where)
@@ -175,9 +177,22 @@ def grouped_gemm_efficiency(
     return result
 
 
-def _nearest_table(tables, *, target: np.ndarray, where: np.ndarray) -> np.ndarray:
+def _nearest_table(tables, *, target: np.ndarray, where: np.ndarray) -> np.ndarray | int:
     """Index of the table each row is priced on: of the shapes nearest ``target`` (log
-    elements), the one measured at the count nearest ``where`` (log2 experts per device)."""
+    elements), the one measured at the count nearest ``where`` (log2 experts per device). One
+    index (an int) where every row has the same target and one table alone is nearest it (the
+    usual case: one model per table), with ``where`` finite on every row."""
+    if len(tables) == 1:
+        return 0
+    flat = np.ravel(target)
+    if flat.size and bool(np.all(flat == flat[0])) and bool(np.isfinite(where).all()):
+        # one target: the nearest shapes are the same on every row, only their counts differ
+        gaps = [abs(float(flat[0]) - elements) for elements, _, _ in tables]
+        nearest = [index for index, gap in enumerate(gaps) if gap == min(gaps)]
+        if len(nearest) == 1:
+            return nearest[0]
+        counts = [_count_gap(where, tables[index][1]) for index in nearest]
+        return np.asarray(nearest)[np.argmin(np.stack(counts), axis=0)]
     distance = [np.abs(target - elements) for elements, _, _ in tables]
     closest = np.minimum.reduce(distance) if len(distance) > 1 else distance[0]
     counts = []
