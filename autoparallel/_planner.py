@@ -169,7 +169,7 @@ def _with_checkpoint_dtype(model: ModelSpec | str, workload: Training | Inferenc
 
 def _search(model: ModelSpec, cluster: Cluster, workload, *, workers: int, **options: Any):
     """The ranked search result (in ``workers`` processes when more than one) and the cluster it
-    used (fewer whole nodes when some are left idle); for inference the serving simulator
+    used (fewer whole nodes or hosts when some are left idle); for inference the serving simulator
     re-checks the top layouts."""
     from search import find_plan as search_plan
 
@@ -179,10 +179,11 @@ def _search(model: ModelSpec, cluster: Cluster, workload, *, workers: int, **opt
         result = run_workers(model, cluster, workload, workers=workers, **options)
     else:
         result = search_plan(model, cluster, workload, **options)
-    if (
-        result.settings.get("num_nodes_used", cluster.num_nodes) != cluster.num_nodes
-    ):  # whole nodes left idle
-        cluster = cluster.with_nodes(result.settings["num_nodes_used"])
+    nodes = result.settings.get("num_nodes_used", cluster.num_nodes)
+    per_node = result.settings.get("devices_per_node_used", cluster.devices_per_node)
+    if (nodes, per_node) != (cluster.num_nodes, cluster.devices_per_node):
+        # whole nodes, or whole hosts of each node, left idle
+        cluster = cluster.with_nodes(nodes).with_devices_per_node(per_node)
     if not result.feasible and result.method != "from_study":
         result = _with_lean_layout(result, model, cluster, workload, options)
     if isinstance(workload, Inference) and result.feasible:

@@ -38,9 +38,6 @@ from topology import Cluster
 #: (throughput, NVLink-forwarded) all-to-all, the decode pool its "low-latency" kernels (DeepEP
 #: README; SGLang's ``--deepep-mode normal|low_latency`` per pool in its disaggregated examples).
 POOL_A2A_BACKEND = {"prefill": "normal", "decode": "low_latency"}
-#: GPUs per compute tray of a rack-scale NVLink domain (GB200 NVL72: 18 trays of 4 GPUs, NVIDIA
-#: GB200 NVL72 product page): the granularity of a unit inside such a domain.
-RACK_TRAY_DEVICES = 4
 
 
 @dataclass(frozen=True)
@@ -78,35 +75,29 @@ class DisaggregatedResult:
 
 def unit_sizes(*, model: ModelSpec, cluster: Cluster, workload: Inference) -> list[int]:
     """Every unit size that can hold the weights and leaves room for a unit of the other pool:
-    divisors of one node, whole numbers of nodes (a unit spans whole nodes or part of one) and,
-    in a rack-scale NVLink domain, any number of its ``RACK_TRAY_DEVICES``-GPU trays."""
+    divisors of one host, whole numbers of hosts within one node and whole numbers of nodes (a
+    host is a whole node, or one compute tray of a rack-scale NVLink domain:
+    ``Cluster.devices_per_host``, 4 GPUs of a GB200 NVL72)."""
     weights = model.weight_bytes(workload.weight_dtype, workload.weight_dtype_by_part)
     smallest = math.ceil(weights / cluster.memory_per_device_bytes)
-    node = cluster.devices_per_node
-    options = [d for d in divisors(node) if d >= smallest]
-    if node > RACK_TRAY_DEVICES:
-        options += [t for t in range(RACK_TRAY_DEVICES, node, RACK_TRAY_DEVICES) if t >= smallest]
+    node, host = cluster.devices_per_node, cluster.host_devices
+    options = [d for d in divisors(host) if d >= smallest]
+    options += [t for t in range(host, node, host) if t >= smallest]
     options += [node * k for k in range(1, cluster.num_nodes + 1) if node * k >= smallest]
     fewest = min(options, default=cluster.num_devices)
     return sorted({u for u in options if u + fewest <= cluster.num_devices})
 
 
 def unit_cluster(cluster: Cluster, size: int) -> Cluster:
-    """``size`` devices of ``cluster``: whole nodes, or part of one node (re-validated, so the
-    NIC sharing and measured links stay consistent with the smaller node)."""
+    """``size`` devices of ``cluster`` (a ``unit_sizes`` size): whole nodes, whole hosts of one
+    node, or part of one host (then the unit is a host of its own); the NIC sharing and measured
+    links follow the devices kept (``Cluster.with_devices_per_node``)."""
     node = cluster.devices_per_node
+    whole = cluster.with_nodes(max(1, size // node))
     per_node = min(size, node)
-    data = cluster.model_dump() | {
-        "num_nodes": max(1, size // node),
-        "devices_per_node": per_node,
-        "devices_per_nic": math.gcd(cluster.devices_per_nic, per_node),
-        "links": tuple(
-            link
-            for link in cluster.model_dump()["links"]
-            if max(link["from_device"], link["to_device"]) < size
-        ),
-    }
-    return Cluster.model_validate(data)
+    if per_node % whole.host_devices:
+        whole = whole.model_copy(update={"devices_per_host": None})
+    return whole.with_devices_per_node(per_node)
 
 
 def _best_units(

@@ -118,9 +118,9 @@ def settings_for(settings: SearchSettings, choice: DeviceChoice, *, alone: bool)
     """A named study holds one job: a smaller node count searched beside another gets its own name."""
     if settings.study_name is None or not choice.idle_reason or alone:
         return settings
-    return settings.model_copy(
-        update={"study_name": f"{settings.study_name}@{choice.cluster.num_nodes}n"}
-    )
+    # the cut cluster's name says what it uses: "@2n" (whole nodes) or "@1n64d" (hosts idle)
+    shape = choice.cluster.name.rsplit("@", 1)[-1]
+    return settings.model_copy(update={"study_name": f"{settings.study_name}@{shape}"})
 
 
 def search_devices(
@@ -198,9 +198,11 @@ def _run(
 
 
 def with_devices(result: SearchResult, *, choice: DeviceChoice) -> SearchResult:
-    """``result`` stating the devices it used (``settings['num_nodes_used']``) and why some idle."""
+    """``result`` stating the devices it used (``settings['num_nodes_used']`` nodes of
+    ``settings['devices_per_node_used']`` devices) and why some idle."""
     used = {
         "num_nodes_used": choice.cluster.num_nodes,
+        "devices_per_node_used": choice.cluster.devices_per_node,
         "num_devices_used": choice.cluster.num_devices,
         "idle_reason": choice.idle_reason,
     }

@@ -21,6 +21,19 @@ def test_nvl72_unit_sizes_are_not_limited_to_divisors_or_half_the_rack() -> None
     assert min(sizes) >= smallest
     assert {20, 24, 28, 32, 36, 40, 48} <= set(sizes)  # 48 + a 24-device unit: asymmetric pools
     assert max(sizes) + min(sizes) <= 72
+    # whole 4-GPU trays (the rack's hosts): no 18- or 9-GPU unit straddles a tray
+    assert all(size % 4 == 0 for size in sizes)
+
+
+def test_a_unit_inside_a_rack_is_whole_hosts_or_part_of_one() -> None:
+    from search._disaggregation import unit_cluster
+
+    rack = get_preset("gb200-nvl72")
+    unit = unit_cluster(rack, 32)
+    assert (unit.num_devices, unit.devices_per_node, unit.devices_per_host) == (32, 32, 4)
+    tiny = unit_cluster(rack, 2)  # half a tray: a host of its own
+    assert (tiny.num_devices, tiny.host_devices) == (2, 2)
+    assert unit_cluster(rack.with_nodes(2), 144).num_devices == 144
 
 
 def test_eight_gpu_nodes_offer_whole_nodes_up_to_the_cluster_less_one_unit() -> None:

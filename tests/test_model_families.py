@@ -170,7 +170,7 @@ def test_megatron_export_writes_the_interleaved_moe_layer_pattern() -> None:
     from autoparallel.export._megatron import _megatron_model
 
     recipe = Recipe(
-        engine="megatron", version="0", model_path="x", model_known=False, devices_per_node=8
+        engine="megatron", version="0", model_path="x", model_known=False, devices_per_host=8
     )
     dropped: list[str] = []
     args = _megatron_model(get_model("llama-4-maverick"), recipe, [], dropped=dropped)

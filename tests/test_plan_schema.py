@@ -217,7 +217,7 @@ def _as_version_1(plan: ap.ShardingPlan, *, dense_moe_view: bool = False) -> dic
     provenance = document["provenance"]
     provenance["workload"] = document.pop("job")
     provenance["search"] = provenance["search"] or {}
-    for key in ("model", "devices_per_node", "deployment", "estimate_options"):
+    for key in ("model", "devices_per_node", "devices_per_host", "deployment", "estimate_options"):
         document.pop(key)
     document.update(schema_version=1, disaggregation=[])
     if dense_moe_view:  # the profilers' staged checks wrote the MoE view even for dense models

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -138,6 +139,13 @@ class Cluster(_Strict):
     network_topology: Literal["rail_optimized", "fat_tree", "single_node"] = "rail_optimized"
     provenance: str = ""
     devices_per_nic: int = Field(default=1, gt=0)
+    devices_per_host: int | None = Field(
+        default=None,
+        gt=0,
+        description="devices one host drives (one OS image, one torchrun node) where a node's "
+        "fabric spans several hosts (a rack-scale NVLink domain: 4 per GB200 compute tray); "
+        "None: the whole node is one host",
+    )
     leaf_downlinks: int = Field(default=32, gt=0, description="NIC-facing ports per leaf switch")
     links: tuple[DeviceLink, ...] = ()
 
@@ -146,6 +154,11 @@ class Cluster(_Strict):
         if self.devices_per_node % self.devices_per_nic:
             raise ValueError(
                 f"devices_per_nic ({self.devices_per_nic}) must divide devices_per_node ({self.devices_per_node})"
+            )
+        if self.devices_per_node % self.host_devices:
+            raise ValueError(
+                f"devices_per_host ({self.devices_per_host}) must divide devices_per_node "
+                f"({self.devices_per_node}): a node is a whole number of hosts"
             )
         seen = set()
         for index, link in enumerate(self.links):
@@ -169,6 +182,11 @@ class Cluster(_Strict):
     @property
     def num_devices(self) -> int:
         return self.num_nodes * self.devices_per_node
+
+    @property
+    def host_devices(self) -> int:
+        """Devices of one host: ``devices_per_host``, else the whole node."""
+        return self.devices_per_host or self.devices_per_node
 
     @property
     def memory_per_device_bytes(self) -> float:
@@ -334,6 +352,48 @@ class Cluster(_Strict):
             "num_nodes": num_nodes,
             "name": f"{self.name.split('@')[0]}@{num_nodes}n",
             "links": links,
+        }
+        return Cluster.model_validate(data)
+
+    def with_devices_per_node(self, count: int) -> Cluster:
+        """The same cluster using ``count`` devices of each node, the rest left idle: whole hosts
+        of a node whose fabric spans several (64 of a GB200 NVL72 rack's 72 GPUs, as its
+        published 64-GPU runs use), or any number of a single-host node's devices (the
+        survivors of a partly lost node). Devices are renumbered node by node; measured links
+        among the devices kept keep their ends, the rest are dropped; NICs shared by more
+        devices than a node keeps are shared by those it keeps."""
+        if not 0 < count <= self.devices_per_node:
+            raise ValueError(
+                f"devices per node ({count}) must be in 1..{self.devices_per_node} "
+                f"(the devices of one node of {self.name})"
+            )
+        if count == self.devices_per_node:
+            return self
+        if self.devices_per_host is not None and count % self.devices_per_host:
+            raise ValueError(
+                f"devices per node ({count}) must be a whole number of hosts of "
+                f"{self.devices_per_host} devices ({self.name}: devices_per_host)"
+            )
+
+        def kept(device: int) -> int | None:
+            node, local = divmod(device, self.devices_per_node)
+            return node * count + local if local < count else None
+
+        links = []
+        for link in self.links:
+            ends = kept(link.from_device), kept(link.to_device)
+            if None not in ends:
+                links.append(link.model_copy(update={"from_device": ends[0], "to_device": ends[1]}))
+        nic = (
+            self.devices_per_nic
+            if count % self.devices_per_nic == 0
+            else math.gcd(count, self.devices_per_nic)
+        )
+        data = self.model_dump() | {
+            "devices_per_node": count,
+            "devices_per_nic": nic,
+            "name": f"{self.name.split('@')[0]}@{self.num_nodes}n{count}d",
+            "links": tuple(links),
         }
         return Cluster.model_validate(data)
 

@@ -356,7 +356,9 @@ def _write(
         sized = (
             cluster
             if cluster.num_devices == plan.world_size
-            else cluster.with_nodes(plan.world_size // cluster.devices_per_node)
+            else cluster.with_nodes(plan.world_size // plan.devices_per_node).with_devices_per_node(
+                plan.devices_per_node
+            )
         )
         console.print(simulated_line(plan, model=plan.model, cluster=sized, workload=plan.job))
         from autoparallel.cli._serving_args import serving_error_bar_line

@@ -43,20 +43,23 @@ class Export:
 
 @dataclass(frozen=True)
 class Recipe:
-    """What a recipe needs beside the layout: engine version, model identity, node shape."""
+    """What a recipe needs beside the layout: engine version, model identity, host shape.
+
+    A launcher's "node" is one host (``ShardingPlan.host_devices``): a whole node of the plan's
+    cluster, or one compute tray of a rack-scale NVLink domain (4 GPUs of a GB200 NVL72)."""
 
     engine: str
     version: str
     model_path: str
     model_known: bool
-    devices_per_node: int
+    devices_per_host: int
 
     def nodes(self, num_devices: int) -> int:
-        """Nodes that ``num_devices`` occupy, rounded up (a partly used node is still a node)."""
-        return max(1, math.ceil(num_devices / self.devices_per_node))
+        """Hosts that ``num_devices`` occupy, rounded up (a partly used host is still a host)."""
+        return max(1, math.ceil(num_devices / self.devices_per_host))
 
     def processes_per_node(self, num_devices: int) -> int:
-        return min(num_devices, self.devices_per_node)
+        return min(num_devices, self.devices_per_host)
 
 
 def recipe(
@@ -70,7 +73,7 @@ def recipe(
         version=version,
         model_path=path,
         model_known=model_path is not None or known is not None,
-        devices_per_node=plan.devices_per_node,
+        devices_per_host=plan.host_devices,
     )
 
 

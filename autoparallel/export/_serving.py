@@ -224,7 +224,10 @@ def sglang(plan: ShardingPlan, recipe: Recipe) -> Export:
     steps = [
         f"on each node of a deployment: NODE_RANK=<0..nodes-1> MASTER_ADDR=<node 0 address> bash {file}"
         for file in files
+        if file.endswith(".sh")
     ]
+    if SGLANG_EXPERT_LOCATION in files:  # read by --init-expert-location on every node
+        steps.insert(0, f"copy {SGLANG_EXPERT_LOCATION} beside the launch scripts on every node")
     files["README_sglang.md"] = readme(
         title="SGLang launch recipe",
         recipe=recipe,
@@ -327,7 +330,7 @@ def _sglang_nodes(
         return [], notes
     if group % nodes:
         notes.append(
-            f"{phase}: {group} devices do not split evenly over {nodes} nodes of {recipe.devices_per_node}"
+            f"{phase}: {group} devices do not split evenly over {nodes} nodes of {recipe.devices_per_host}"
         )
     args = [
         "--nnodes",
@@ -388,7 +391,7 @@ def trtllm(plan: ShardingPlan, recipe: Recipe) -> Export:
             "--max_batch_size",
             str(s.batch_size * s.attention_replicas),
             "--gpus_per_node",
-            str(min(plan.devices_per_node, config.pp * s.instance_size)),
+            str(min(plan.host_devices, config.pp * s.instance_size)),
             "--extra_llm_api_options",
             options_name,
         ]

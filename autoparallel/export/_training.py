@@ -63,7 +63,7 @@ def _model(plan: ShardingPlan) -> ModelSpec:
 def _partial_node(plan: ShardingPlan, recipe: Recipe) -> list[str]:
     """torchrun starts the same number of processes on every node: a world that is not a whole
     number of nodes cannot be launched as one job."""
-    per_node = recipe.devices_per_node
+    per_node = recipe.devices_per_host
     if plan.world_size <= per_node or plan.world_size % per_node == 0:
         return []
     nodes = recipe.nodes(plan.world_size)

@@ -127,6 +127,7 @@ def build_plan(
         job=job,
         world_size=config.world_size,
         devices_per_node=cluster.devices_per_node,
+        devices_per_host=cluster.devices_per_host,
         config=config,
         serving=serving_settings(layout=layout, job=job, predicted=price),
         mesh_axes=dense_mesh_axes(config),

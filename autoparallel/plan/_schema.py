@@ -245,6 +245,12 @@ class ShardingPlan(BaseModel):
     job: Workload
     world_size: int = Field(gt=0)
     devices_per_node: int = Field(gt=0)
+    devices_per_host: int | None = Field(
+        default=None,
+        gt=0,
+        description="devices one host drives (one torchrun node) where a node's fabric spans "
+        "several hosts (a GB200 NVL72 rack: 4); None: the node is one host",
+    )
     config: ParallelConfig
     serving: ServingSettings | None = None
     mesh_axes: tuple[MeshAxis, ...] = Field(
@@ -290,6 +296,11 @@ class ShardingPlan(BaseModel):
         """The ``Layout`` the plan was priced with (its config and serving settings)."""
         serving = None if self.serving is None else self.serving.serving_config()
         return Layout(config=self.config, serving=serving)
+
+    @property
+    def host_devices(self) -> int:
+        """Devices one launched host runs: ``devices_per_host``, else a whole node."""
+        return self.devices_per_host or self.devices_per_node
 
     @property
     def disaggregated(self) -> bool:

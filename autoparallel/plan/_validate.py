@@ -193,6 +193,12 @@ def _check_meshes(plan: ShardingPlan) -> None:
 
 
 def _check_rank_map(plan: ShardingPlan) -> None:
+    if plan.devices_per_node % plan.host_devices:
+        raise PlanError(
+            field="devices_per_host",
+            value=plan.devices_per_host,
+            rule=f"must divide devices_per_node ({plan.devices_per_node}): a node is whole hosts",
+        )
     ranks, world = plan.rank_to_device, plan.world_size
     if len(ranks) != world:
         raise PlanError(

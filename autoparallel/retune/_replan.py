@@ -22,28 +22,15 @@ logger = logging.getLogger("autoparallel.retune")
 
 def cluster_for_world(cluster, world_size: int):  # topology.Cluster
     """``cluster`` resized to exactly ``world_size`` devices: whole nodes when it divides, else
-    one node of ``world_size`` devices (the survivors of a partly lost node)."""
+    one node of ``world_size`` devices (the survivors of a partly lost node;
+    ``Cluster.with_devices_per_node``)."""
     if world_size <= 0:
         raise ValueError(f"world_size ({world_size}) must be > 0")
     per_node = cluster.devices_per_node
     if world_size % per_node == 0:
         return cluster.with_nodes(world_size // per_node)
     if world_size < per_node:
-        data = cluster.model_dump()
-        data.update(
-            num_nodes=1,
-            devices_per_node=world_size,
-            name=f"{cluster.name.split('@')[0]}@{world_size}d",
-        )
-        if "devices_per_nic" in data:  # the remaining devices share the node's NIC(s)
-            data["devices_per_nic"] = min(data["devices_per_nic"], world_size)
-        if "links" in data:  # measured device-to-device links among the remaining devices only
-            data["links"] = [
-                link
-                for link in data["links"]
-                if max(link["from_device"], link["to_device"]) < world_size
-            ]
-        return type(cluster).model_validate(data)
+        return cluster.with_nodes(1).with_devices_per_node(world_size)
     raise ValueError(
         f"world_size ({world_size}) must be a multiple of devices_per_node ({per_node}) or smaller than it"
     )
