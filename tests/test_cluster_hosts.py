@@ -112,3 +112,46 @@ def test_a_rack_serving_plan_counts_trays(tmp_path) -> None:
     assert "bash sglang_expert_location.json" not in readme
     trtllm = "\n".join(export_plan(plan, format="trtllm").files.values())
     assert "--gpus_per_node\n" not in trtllm and "--gpus_per_node 4" in " ".join(trtllm.split())
+
+
+def _probe_links(world: int, host: int, rate) -> list:
+    """Every directed pair of ``world`` ranks at ``rate(host_a, host_b)`` bytes/s."""
+    return [
+        DeviceLink(from_device=a, to_device=b, bandwidth_bytes_per_s=rate(a // host, b // host))
+        for a in range(world)
+        for b in range(world)
+        if a != b
+    ]
+
+
+def _probe(links, *, world: int, host: int):
+    from topology._probe_cluster import _Identity
+    from topology.probe_runner import ComputeResult, build_cluster
+
+    compute = [
+        ComputeResult(rank=r, kind=kind, rate_per_s=rate, spread=0.1)
+        for r in range(world)
+        for kind, rate in (("matmul_bf16", 2.2e15), ("memory_copy", 7e12))
+    ]
+    identity = _Identity("rack", "nccl", "cuda", "NVIDIA GB200", 186e9, world, host)
+    return build_cluster(identity=identity, links=links, collectives=[], compute=compute)
+
+
+def test_a_probe_joins_hosts_that_share_a_scale_up_fabric() -> None:
+    # two "racks" of 2 hosts x 4 ranks: NVLink (800 GB/s) within a rack, 45 GB/s NICs across
+    def rack_rate(a: int, b: int) -> float:
+        return 8e11 if a // 2 == b // 2 else 4.5e10
+
+    rack = _probe(_probe_links(16, 4, rack_rate), world=16, host=4)
+    assert (rack.num_nodes, rack.devices_per_node, rack.devices_per_host) == (2, 8, 4)
+    assert rack.intra_node.bandwidth_bytes_per_s == 8e11
+    assert rack.inter_node.bandwidth_bytes_per_s == 4.5e10
+    assert "2 hosts of 4 ranks per scale-up domain" in rack.provenance
+    # DGX-like hosts: the scale-out link is far below NVLink, each host stays a node
+    dgx = _probe(_probe_links(16, 4, lambda a, b: 8e11 if a == b else 4.5e10), world=16, host=4)
+    assert (dgx.num_nodes, dgx.devices_per_node, dgx.devices_per_host) == (4, 4, None)
+    # fast pairs that are not runs of consecutive hosts are not read as domains
+    odd = _probe(
+        _probe_links(16, 4, lambda a, b: 8e11 if a % 2 == b % 2 else 4.5e10), world=16, host=4
+    )
+    assert (odd.devices_per_node, odd.devices_per_host) == (4, None)

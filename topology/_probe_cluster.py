@@ -5,7 +5,9 @@ kept as ``Cluster.links``. A ``base`` preset supplies what a single-node run can
 scale-out tier) and the peaks that measured rates are relative to. Tier bandwidth, latency and
 spread are medians over directed pairs; the per-step latency is the smallest all-reduce's time
 over its 2(n-1) ring steps; the efficiency is the largest all-reduce's bus bandwidth (nccl-tests
-convention) over the point-to-point bandwidth. Torch-free.
+convention) over the point-to-point bandwidth. Hosts (torchrun nodes) whose links to each
+other run at a within-host rate are one scale-up domain, the cluster's node (``_hosts_per_domain``:
+a GB200 NVL72 rack's 4-GPU trays). Torch-free.
 """
 
 from __future__ import annotations
@@ -91,6 +93,11 @@ def build_cluster(
             }
         )
     links = [link.model_copy(update={"source": where}) for link in links]
+    host = per_node
+    hosts_per_domain, domain_note = _hosts_per_domain(links, host=host, world=identity.world_size)
+    per_node = host * hosts_per_domain
+    if domain_note:
+        where = f"{where}; {domain_note}"
     inside = [link for link in links if link.from_device // per_node == link.to_device // per_node]
     across = [link for link in links if link.from_device // per_node != link.to_device // per_node]
     fabric = (
@@ -118,12 +125,72 @@ def build_cluster(
         device=_device(identity, compute, where, base),
         num_nodes=identity.world_size // per_node,
         devices_per_node=per_node,
+        devices_per_host=host if hosts_per_domain > 1 else None,
         intra_node=intra,
         inter_node=inter,
         network_topology="single_node" if not across else "rail_optimized",
         provenance=where,
         links=tuple(links),
     )
+
+
+#: Cross-host bandwidth, as a share of the within-host median, at or above which two hosts are
+#: read as one scale-up fabric (a rack-scale NVLink domain: GB200 NVL72 trays reach each other at
+#: NVLink's 900 GB/s per direction, 18x their 50 GB/s NIC; a DGX node's scale-out link is under a
+#: seventh of its NVLink), so the probe's node is the domain, not the host.
+SAME_FABRIC_SHARE = 0.5
+
+
+def _hosts_per_domain(links: list[DeviceLink], *, host: int, world: int) -> tuple[int, str]:
+    """Hosts of ``host`` ranks per scale-up domain (1: every host its own node) and a note for
+    the provenance. Hosts whose measured links reach ``SAME_FABRIC_SHARE`` of the within-host
+    median bandwidth are joined; the domains must be equal runs of consecutive hosts (ranks
+    numbered host by host, domain by domain), else each host stays a node."""
+    hosts = world // host
+    within = [
+        link.bandwidth_bytes_per_s
+        for link in links
+        if link.from_device // host == link.to_device // host
+    ]
+    if hosts < 2 or world % host or not within:
+        return 1, ""
+    floor = SAME_FABRIC_SHARE * statistics.median(within)
+    between: dict[tuple[int, int], list[float]] = {}
+    for link in links:
+        ends = sorted((link.from_device // host, link.to_device // host))
+        pair = (ends[0], ends[1])
+        if pair[0] != pair[1]:
+            between.setdefault(pair, []).append(link.bandwidth_bytes_per_s)
+    parent = list(range(hosts))
+
+    def root(index: int) -> int:
+        while parent[index] != index:
+            parent[index] = parent[parent[index]]
+            index = parent[index]
+        return index
+
+    for (first, second), rates in between.items():
+        if statistics.median(rates) >= floor:
+            parent[root(second)] = root(first)
+    groups: dict[int, list[int]] = {}
+    for index in range(hosts):
+        groups.setdefault(root(index), []).append(index)
+    size = len(groups[root(0)])
+    runs = all(
+        members == list(range(members[0], members[0] + size)) and members[0] % size == 0
+        for members in groups.values()
+    )
+    if size == 1 or not runs:
+        return 1, ""
+    fast = [
+        statistics.median(rates) for rates in between.values() if statistics.median(rates) >= floor
+    ]
+    note = (
+        f"{size} hosts of {host} ranks per scale-up domain (hosts reach each other at "
+        f"{statistics.median(fast) / 1e9:.0f} GB/s, {statistics.median(within) / 1e9:.0f} GB/s "
+        f"within a host)"
+    )
+    return size, note
 
 
 def _efficiency(intra: LinkTier, collectives: list[CollectiveResult]) -> float:
