@@ -67,11 +67,16 @@ def with_disaggregation(
             )
         )
     colocated = plan.predicted.tokens_per_s_per_device or 0.0
+    simulated = _simulated_pools(found, model=model, workload=workload)
     missed = {k: v for k, v in (colocated_violations or {}).items() if v > 0}
     if missed:
         wins = True
     elif workload.request_rate_per_s is None:
-        wins = found.output_tokens_per_s_per_device > colocated
+        # where SLOs bind, the rate the simulated pools meet them at (the colocated layout's
+        # load was checked the same way, ``search.simulate_top_k``)
+        slos = workload.ttft_slo_s is not None or workload.tpot_slo_s is not None
+        rate = simulated.get("simulated_output_tokens_per_s_per_device") if slos else None
+        wins = (found.output_tokens_per_s_per_device if rate is None else rate) > colocated
     else:  # the offered rate is served either way: the lower latency wins
         colocated_e2e = colocated_e2e_s(plan)
         wins = colocated_e2e is None or (found.e2e_s or math.inf) < colocated_e2e
@@ -84,6 +89,7 @@ def with_disaggregation(
         ttft_s=found.ttft_s,
         ttft_p90_s=found.ttft_p90_s,
         tpot_s=found.tpot_s,
+        **simulated,
         note=(
             "no colocated layout meets the SLOs (the least-violating one misses "
             + ", ".join(
@@ -97,6 +103,51 @@ def with_disaggregation(
         + _pairs_note(found),
     )
     return _rebuilt(plan, model=model, cluster=cluster, deployment=deployment)
+
+
+def _simulated_pools(found, *, model: ModelSpec, workload: Inference) -> dict[str, float]:
+    """The split in the serving simulator (``cost_model.simulate_pools``), as ``Deployment``
+    fields: at the offered rate, else at the split's own rate or, where the simulated p90 TTFT
+    or TPOT misses an SLO there, the largest share of it that meets them
+    (``cost_model.slo_rate``); {} where the split has no rate to run."""
+    from cost_model import PoolUnit, simulate_pools, slo_rate
+
+    split = found.split
+    if split is None or not split.requests_per_s > 0:
+        return {}
+    units = {
+        role: PoolUnit(
+            cluster=unit,
+            config=candidate.config,
+            serving=candidate.layout.serving,
+            units=count,
+        )
+        for role, candidate, unit, count in (
+            ("prefill", found.prefill, found.prefill_cluster, split.prefill_units),
+            ("decode", found.decode, found.decode_cluster, split.decode_units),
+        )
+    }
+    common = {
+        "model": model,
+        "workload": workload,
+        "prefill": units["prefill"],
+        "decode": units["decode"],
+        "kv_transfer_s": split.kv_transfer_s,
+    }
+    if workload.request_rate_per_s is not None:
+        run = simulate_pools(requests_per_s=workload.request_rate_per_s, **common)
+    else:
+        share, run = slo_rate(requests_per_s=split.requests_per_s, **common)
+    figures = run.summary()
+    devices = max(split.prefill_devices + split.decode_devices, 1)
+    return {
+        "simulated_requests_per_s": run.requests_per_s,
+        "simulated_ttft_p90_s": figures["ttft_p90_s"],
+        "simulated_tpot_p90_s": figures["tpot_p90_s"],
+        "simulated_output_tokens_per_s_per_device": run.requests_per_s
+        * workload.output_tokens
+        / devices,
+    }
 
 
 def _share(excess: float) -> str:

@@ -77,6 +77,7 @@ from cost_model._serving_validation import (
 )
 from cost_model._simulator import SimulationResult, simulate
 from cost_model._simulator_layout import simulate_layout, slo_concurrency
+from cost_model._simulator_pools import PoolsSimulation, PoolUnit, simulate_pools, slo_rate
 from cost_model._sweep import DEFAULT_LENGTHS, SequenceSweep, sequence_sweep
 from cost_model._table import (
     RECOMPUTE_CODES,
@@ -131,6 +132,8 @@ __all__ = [
     "ServingConfig",
     "ServingProfile",
     "SimulationResult",
+    "PoolsSimulation",
+    "PoolUnit",
     "Training",
     "ValidationRow",
     "Workload",
@@ -153,6 +156,7 @@ __all__ = [
     "serving_profile",
     "simulate",
     "simulate_layout",
+    "simulate_pools",
     "sglang_uses_deepep",
     "split_layers",
     "table_from_columns",
@@ -203,6 +207,7 @@ __all__ = [
     "run_case",
     "serving_validation_data",
     "slo_concurrency",
+    "slo_rate",
     "summarize",
     "summarize_serving",
     "summarize_serving_by_source",

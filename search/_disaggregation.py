@@ -71,6 +71,8 @@ class DisaggregatedResult:
     #: what ``considered`` lists per pair: output tokens/s per device, or, under an offered
     #: request rate (which every pair carries alike), mean end-to-end seconds
     ranked_by: str = "output tokens/s/device"
+    #: the closed form's split of the chosen pair (its request rate, KV transfer, waits)
+    split: DisaggregatedSplit | None = None
 
 
 def unit_sizes(*, model: ModelSpec, cluster: Cluster, workload: Inference) -> list[int]:
@@ -181,6 +183,7 @@ def find_disaggregated(
         tpot_s=split.tpot_s,
         e2e_s=best.e2e_s,
         over_ttft_slo=over_slo,
+        split=split,
     )
 
 

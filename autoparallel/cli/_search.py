@@ -361,7 +361,10 @@ def _write(
             )
         )
         console.print(simulated_line(plan, model=plan.model, cluster=sized, workload=plan.job))
-        from autoparallel.cli._serving_args import serving_error_bar_line
+        from autoparallel.cli._serving_args import pools_simulated_line, serving_error_bar_line
+
+        if pools := pools_simulated_line(plan):
+            console.print(pools)
 
         if bar := serving_error_bar_line(
             plan.model,

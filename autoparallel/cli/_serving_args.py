@@ -146,6 +146,29 @@ def simulated_line(plan, *, model, cluster, workload) -> str:
     )
 
 
+def pools_simulated_line(plan) -> str | None:
+    """The disaggregated pools in the serving simulator (``Deployment.simulated_*``): the rate
+    they ran at against the split's own, their p90 TTFT and TPOT; None without them."""
+    d, job = plan.deployment, plan.job
+    if d.simulated_requests_per_s is None or not d.pools:
+        return None
+    devices = sum(pool.num_devices for pool in d.pools)
+    designed = (d.disaggregated_output_tokens_per_s_per_device or 0.0) * devices
+    ran = d.simulated_requests_per_s * job.output_tokens
+    meets = (job.ttft_slo_s is None or (d.simulated_ttft_p90_s or 0.0) <= job.ttft_slo_s) and (
+        job.tpot_slo_s is None or (d.simulated_tpot_p90_s or 0.0) <= job.tpot_slo_s
+    )
+    verdict = "meets" if meets else "[red]misses[/]"
+    share = f", {ran / designed:.0%} of the split's closed-form rate" if designed > 0 else ""
+    return (
+        f"serving simulator (the disaggregated pools, Poisson arrivals) at "
+        f"{d.simulated_requests_per_s:.3g} requests/s{share}: p90 TTFT "
+        f"{human_seconds(d.simulated_ttft_p90_s or 0.0)}, p90 TPOT "
+        f"{human_seconds(d.simulated_tpot_p90_s or 0.0)} ({verdict} the SLOs), "
+        f"{d.simulated_output_tokens_per_s_per_device or 0.0:,.1f} output tokens/s per device"
+    )
+
+
 def serving_error_bar_line(
     model, cluster, *, engine: str, deployment: str, version: str | None = None
 ) -> str | None:

@@ -231,6 +231,22 @@ class Deployment(BaseModel):
     tpot_s: float | None = Field(
         default=None, ge=0, description="the disaggregated deployment's decode step"
     )
+    simulated_requests_per_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="the request rate the serving simulator ran the pools at: the split's own "
+        "(or the offered one), or the largest share of it whose simulated p90 TTFT and TPOT "
+        "meet the SLOs",
+    )
+    simulated_ttft_p90_s: float | None = Field(
+        default=None, ge=0, description="the simulated p90 first-token time at that rate"
+    )
+    simulated_tpot_p90_s: float | None = Field(
+        default=None, ge=0, description="the simulated p90 TPOT at that rate"
+    )
+    simulated_output_tokens_per_s_per_device: float | None = Field(
+        default=None, ge=0, description="output tokens/s per device at that rate"
+    )
     note: str = Field(default="", description="why no disaggregated split was priced")
 
 
