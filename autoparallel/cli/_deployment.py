@@ -24,8 +24,19 @@ def deployment_line(plan) -> str:
     )
     colocated = deployment.colocated_output_tokens_per_s_per_device or 0.0
     disaggregated = deployment.disaggregated_output_tokens_per_s_per_device or 0.0
+    job = plan.job
+    simulated = deployment.simulated_output_tokens_per_s_per_device
+    if (
+        simulated is not None
+        and getattr(job, "request_rate_per_s", None) is None
+        and (job.ttft_slo_s is not None or job.tpot_slo_s is not None)
+    ):  # the planner compared the rate the simulated pools meet the SLOs at
+        pools += f"; {simulated:,.1f} where the simulated pools meet the SLOs"
+    else:
+        simulated = None
+    compared = disaggregated if simulated is None else simulated
     loser = "disaggregated" if deployment.kind == "colocated" else "colocated"
-    ratio = max(colocated, disaggregated) / max(min(colocated, disaggregated), 1e-12)
+    ratio = max(colocated, compared) / max(min(colocated, compared), 1e-12)
     latency = (
         f"; TTFT {human_seconds(deployment.ttft_s)} mean, "
         f"{human_seconds(deployment.ttft_p90_s)} p90, TPOT {human_seconds(deployment.tpot_s)}"
