@@ -137,7 +137,7 @@ def _simulated_pools(found, *, model: ModelSpec, workload: Inference) -> dict[st
     if workload.request_rate_per_s is not None:
         run = simulate_pools(requests_per_s=workload.request_rate_per_s, **common)
     else:
-        share, run = slo_rate(requests_per_s=split.requests_per_s, **common)
+        _, run = slo_rate(requests_per_s=split.requests_per_s, **common)
     figures = run.summary()
     devices = max(split.prefill_devices + split.decode_devices, 1)
     return {

@@ -94,10 +94,10 @@ def simulate_pools(
         raise ValueError(
             f"units (prefill {prefill.units}, decode {decode.units}) must be >= 1 in each pool"
         )
-    first = _pool_run(
+    first, _ = _pool_run(
         model, workload, prefill, "prefill", requests_per_s, options, duration_s, seed
     )
-    second = _pool_run(
+    second, overhead = _pool_run(
         model, workload, decode, "decode", requests_per_s, options, duration_s, seed + 1
     )
     count = min(first.ttft_s.size, second.ttft_s.size)
@@ -106,7 +106,6 @@ def simulate_pools(
             f"no request finished in {duration_s:g} s at {requests_per_s:g} requests/s: "
             "a longer run or a higher rate"
         )
-    overhead = float(workload_overhead(model, workload, decode, options))
     # the decode unit's own first token: its admission wait and first iteration (its
     # per-request overhead is the prefill side's, counted there once)
     joined = second.ttft_s[:count] - overhead
@@ -114,12 +113,6 @@ def simulate_pools(
     tpot = second.tpot_s[:count]
     e2e = ttft + (second.e2e_s[:count] - second.ttft_s[:count])
     return PoolsSimulation(ttft, tpot, e2e, float(requests_per_s), first, second)
-
-
-def workload_overhead(model, workload, pool: PoolUnit, options=None) -> float:
-    """The serving engine's per-request overhead the simulator adds to each request's TTFT."""
-    _, policy, _ = _inputs(model, workload, pool, "decode", options)
-    return float(policy.request_overhead_s)
 
 
 def _inputs(model, workload, pool: PoolUnit, phase: str, options):
@@ -137,8 +130,9 @@ def _inputs(model, workload, pool: PoolUnit, phase: str, options):
 
 def _pool_run(
     model, workload, pool: PoolUnit, phase: str, requests_per_s, options, duration_s, seed
-) -> SimulationResult:
-    """One unit of ``pool`` serving its share of the rate, as the ``phase`` pool runs it."""
+) -> tuple[SimulationResult, float]:
+    """One unit of ``pool`` serving its share of the rate, as the ``phase`` pool runs it, and the
+    engine's per-request overhead the simulator adds to each request's TTFT."""
     cost, policy, replicas = _inputs(model, workload, pool, phase, options)
     one, row = policy.row(0), cost.row(0)
     if phase == "prefill":  # a request leaves at its first token
@@ -158,7 +152,7 @@ def _pool_run(
         )
         cvs = {"prompt_tokens_cv": 0.0, "output_tokens_cv": workload.output_tokens_cv}
     rate = requests_per_s / pool.units / float(np.asarray(replicas).ravel()[0])
-    return simulate(
+    result = simulate(
         cost=row,
         policy=one,
         request_rate_per_s=rate,
@@ -166,6 +160,7 @@ def _pool_run(
         seed=seed,
         **cvs,
     )
+    return result, float(one.request_overhead_s)
 
 
 #: Halvings of the rate ``slo_rate`` tries below the design rate (to within 1/32 of it).

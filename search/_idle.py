@@ -68,10 +68,10 @@ def _used(cluster: Cluster, sized: Cluster) -> str:
 
 def _smaller_clusters(*, model, cluster: Cluster, workload, bounds: SearchBounds) -> list[Cluster]:
     """The largest device count below the cluster's with a legal layout, and the largest with a
-    power-of-two number of hosts below it with one (the same count once): whole nodes, or, where a node spans several
-    hosts (``Cluster.devices_per_host``: a rack-scale NVLink domain), as many nodes using the
-    same number of whole hosts each (64 of a GB200 NVL72 rack's 72 GPUs). Of equal device
-    counts, the one on fewer nodes."""
+    power-of-two number of hosts below it with one (the same count once): whole nodes, or,
+    where a node spans several hosts (``Cluster.devices_per_host``: a rack-scale NVLink domain),
+    as many nodes using the same number of whole hosts each (64 of a GB200 NVL72 rack's 72
+    GPUs). Of equal device counts, the one on fewer nodes."""
     host = cluster.host_devices
     shapes = sorted(
         (
