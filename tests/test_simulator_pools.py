@@ -87,7 +87,7 @@ def test_a_rate_that_is_not_positive_is_named() -> None:
         _run(0.0)
 
 
-def test_the_planned_pools_meet_the_slos_in_the_simulator(tmp_path) -> None:
+def test_the_planned_pools_meet_the_slos_in_the_simulator(tmp_path, capsys) -> None:
     out = tmp_path / "plan.json"
     main(
         [
@@ -110,6 +110,9 @@ def test_the_planned_pools_meet_the_slos_in_the_simulator(tmp_path) -> None:
             str(out),
         ]
     )
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "serving simulator (the disaggregated pools, Poisson arrivals) at" in printed
+    assert "where the simulated pools meet the SLOs" in printed
     deployment = ap.load_plan(out).deployment
     assert deployment.kind == "disaggregated"
     assert deployment.simulated_ttft_p90_s <= 2.0 and deployment.simulated_tpot_p90_s <= 0.05
