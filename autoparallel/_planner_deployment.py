@@ -43,43 +43,13 @@ def with_disaggregation(
             "and decode admission included) meets the SLO",
         )
         return _rebuilt(plan, model=model, cluster=cluster, deployment=deployment)
-    pools = []
-    for role, candidate, unit, devices in (
-        ("prefill", found.prefill, found.prefill_cluster, found.prefill_devices),
-        ("decode", found.decode, found.decode_cluster, found.decode_devices),
-    ):
-        # a unit as its rate was counted: saturated (the stated load is the deployment's, whose
-        # latency under it the deployment records)
-        saturated = unit_workload(workload)
-        from autoparallel._planner import predict_all
-
-        (cost,) = predict_all(model=model, cluster=unit, workload=saturated, candidates=[candidate])
-        size = candidate.config.world_size
-        serving = serving_settings(layout=candidate.layout, job=saturated, predicted=cost)
-        pools.append(
-            Pool(
-                role=role,
-                num_units=devices // size,
-                devices_per_unit=size,
-                config=candidate.config,
-                serving=serving,
-                predicted=cost,
-            )
-        )
+    pools = _pools(found, model=model, workload=workload)
     colocated = plan.predicted.tokens_per_s_per_device or 0.0
     simulated = _simulated_pools(found, model=model, workload=workload)
     missed = {k: v for k, v in (colocated_violations or {}).items() if v > 0}
-    if missed:
-        wins = True
-    elif workload.request_rate_per_s is None:
-        # where SLOs bind, the rate the simulated pools meet them at (the colocated layout's
-        # load was checked the same way, ``search.simulate_top_k``)
-        slos = workload.ttft_slo_s is not None or workload.tpot_slo_s is not None
-        rate = simulated.get("simulated_output_tokens_per_s_per_device") if slos else None
-        wins = (found.output_tokens_per_s_per_device if rate is None else rate) > colocated
-    else:  # the offered rate is served either way: the lower latency wins
-        colocated_e2e = colocated_e2e_s(plan)
-        wins = colocated_e2e is None or (found.e2e_s or math.inf) < colocated_e2e
+    wins = bool(missed) or _disaggregated_wins(
+        found, simulated, plan=plan, workload=workload, colocated=colocated
+    )
     deployment = Deployment(
         kind="disaggregated" if wins else "colocated",
         pools=tuple(pools),
@@ -103,6 +73,48 @@ def with_disaggregation(
         + _pairs_note(found),
     )
     return _rebuilt(plan, model=model, cluster=cluster, deployment=deployment)
+
+
+def _pools(found, *, model: ModelSpec, workload: Inference) -> list[Pool]:
+    """The prefill and decode ``Pool`` of a split (``search.DisaggregatedResult``), each unit
+    priced as its rate was counted: saturated (the stated load is the deployment's, whose
+    latency under it the deployment records)."""
+    from autoparallel._planner import predict_all
+
+    saturated = unit_workload(workload)
+    pools = []
+    for role, candidate, unit, devices in (
+        ("prefill", found.prefill, found.prefill_cluster, found.prefill_devices),
+        ("decode", found.decode, found.decode_cluster, found.decode_devices),
+    ):
+        (cost,) = predict_all(model=model, cluster=unit, workload=saturated, candidates=[candidate])
+        size = candidate.config.world_size
+        pools.append(
+            Pool(
+                role=role,
+                num_units=devices // size,
+                devices_per_unit=size,
+                config=candidate.config,
+                serving=serving_settings(layout=candidate.layout, job=saturated, predicted=cost),
+                predicted=cost,
+            )
+        )
+    return pools
+
+
+def _disaggregated_wins(
+    found, simulated: dict[str, float], *, plan: ShardingPlan, workload: Inference, colocated
+) -> bool:
+    """Whether the split beats the plan's colocated layout: on output tokens/s per device (where
+    SLOs bind, at the rate its simulated pools meet them, as the colocated layout's load was
+    checked by ``search.simulate_top_k``), or, under an offered rate that both serve, on mean
+    end-to-end latency."""
+    if workload.request_rate_per_s is None:
+        slos = workload.ttft_slo_s is not None or workload.tpot_slo_s is not None
+        rate = simulated.get("simulated_output_tokens_per_s_per_device") if slos else None
+        return (found.output_tokens_per_s_per_device if rate is None else rate) > colocated
+    colocated_e2e = colocated_e2e_s(plan)
+    return colocated_e2e is None or (found.e2e_s or math.inf) < colocated_e2e
 
 
 def _simulated_pools(found, *, model: ModelSpec, workload: Inference) -> dict[str, float]:

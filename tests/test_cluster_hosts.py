@@ -155,3 +155,16 @@ def test_a_probe_joins_hosts_that_share_a_scale_up_fabric() -> None:
         _probe_links(16, 4, lambda a, b: 8e11 if a % 2 == b % 2 else 4.5e10), world=16, host=4
     )
     assert (odd.devices_per_node, odd.devices_per_host) == (4, None)
+
+
+def test_a_one_rank_probe_on_a_rack_preset_is_one_device() -> None:
+    from topology._probe_cluster import _Identity
+    from topology.probe_runner import ComputeResult, build_cluster
+
+    compute = [
+        ComputeResult(rank=0, kind=kind, rate_per_s=rate, spread=0.1)
+        for kind, rate in (("matmul_bf16", 2.2e15), ("memory_copy", 7e12))
+    ]
+    identity = _Identity("one", "nccl", "cuda", "NVIDIA GB200", 186e9, 1, 1)
+    one = build_cluster(identity=identity, links=[], collectives=[], compute=compute, base=RACK)
+    assert (one.num_devices, one.host_devices, one.inter_node) == (1, 1, RACK.inter_node)

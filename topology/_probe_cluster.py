@@ -75,23 +75,7 @@ def build_cluster(
         else identity.world_size
     )
     if not links:
-        if base is None:
-            raise ValueError(
-                "base (None) must be a preset for a one-rank probe: it measures no links to build tiers from"
-            )
-        device = _device(identity, compute, where, base)
-        return Cluster.model_validate(
-            base.model_dump()
-            | {
-                "name": f"probe-{identity.run_name}",
-                "num_nodes": 1,
-                "devices_per_node": 1,
-                "devices_per_nic": 1,
-                "links": (),
-                "device": device.model_dump(),
-                "provenance": f"{where}; links from {base.name}",
-            }
-        )
+        return _one_rank_cluster(identity, compute, where, base)
     links = [link.model_copy(update={"source": where}) for link in links]
     host = per_node
     hosts_per_domain, domain_note = _hosts_per_domain(links, host=host, world=identity.world_size)
@@ -131,6 +115,30 @@ def build_cluster(
         network_topology="single_node" if not across else "rail_optimized",
         provenance=where,
         links=tuple(links),
+    )
+
+
+def _one_rank_cluster(
+    identity: _Identity, compute: list[ComputeResult], where: str, base: Cluster | None
+) -> Cluster:
+    """A one-rank probe: its measured device on ``base``'s tiers (it measures no links)."""
+    if base is None:
+        raise ValueError(
+            "base (None) must be a preset for a one-rank probe: it measures no links to build tiers from"
+        )
+    device = _device(identity, compute, where, base)
+    return Cluster.model_validate(
+        base.model_dump()
+        | {
+            "name": f"probe-{identity.run_name}",
+            "num_nodes": 1,
+            "devices_per_node": 1,
+            "devices_per_nic": 1,
+            "devices_per_host": None,
+            "links": (),
+            "device": device.model_dump(),
+            "provenance": f"{where}; links from {base.name}",
+        }
     )
 
 
