@@ -45,7 +45,7 @@ def with_disaggregation(
         return _rebuilt(plan, model=model, cluster=cluster, deployment=deployment)
     pools = _pools(found, model=model, workload=workload)
     colocated = plan.predicted.tokens_per_s_per_device or 0.0
-    simulated = _simulated_pools(found, model=model, workload=workload)
+    simulated = _simulated_pools(found, pools, model=model, workload=workload)
     missed = {k: v for k, v in (colocated_violations or {}).items() if v > 0}
     wins = bool(missed) or _disaggregated_wins(
         found, simulated, plan=plan, workload=workload, colocated=colocated
@@ -117,27 +117,28 @@ def _disaggregated_wins(
     return colocated_e2e is None or (found.e2e_s or math.inf) < colocated_e2e
 
 
-def _simulated_pools(found, *, model: ModelSpec, workload: Inference) -> dict[str, float]:
-    """The split in the serving simulator (``cost_model.simulate_pools``), as ``Deployment``
-    fields: at the offered rate, else at the split's own rate or, where the simulated p90 TTFT
-    or TPOT misses an SLO there, the largest share of it that meets them
-    (``cost_model.slo_rate``); {} where the split has no rate to run."""
+def _simulated_pools(
+    found, pools: list[Pool], *, model: ModelSpec, workload: Inference
+) -> dict[str, float]:
+    """The split's ``pools`` as deployed (each unit's batch cap the one its price resolved) in
+    the serving simulator (``cost_model.simulate_pools``), as ``Deployment`` fields: at the
+    offered rate, else at the split's own rate or, where the simulated p90 TTFT or TPOT misses
+    an SLO there, the largest share of it that meets them (``cost_model.slo_rate``); {} where
+    the split has no rate to run."""
     from cost_model import PoolUnit, simulate_pools, slo_rate
 
     split = found.split
     if split is None or not split.requests_per_s > 0:
         return {}
+    clusters = {"prefill": found.prefill_cluster, "decode": found.decode_cluster}
     units = {
-        role: PoolUnit(
-            cluster=unit,
-            config=candidate.config,
-            serving=candidate.layout.serving,
-            units=count,
+        pool.role: PoolUnit(
+            cluster=clusters[pool.role],
+            config=pool.config,
+            serving=pool.serving.serving_config(phase=pool.role),
+            units=pool.num_units,
         )
-        for role, candidate, unit, count in (
-            ("prefill", found.prefill, found.prefill_cluster, split.prefill_units),
-            ("decode", found.decode, found.decode_cluster, split.decode_units),
-        )
+        for pool in pools
     }
     common = {
         "model": model,

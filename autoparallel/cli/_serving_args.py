@@ -160,8 +160,11 @@ def pools_simulated_line(plan) -> str | None:
     )
     verdict = "meets" if meets else "[red]misses[/]"
     share = f", {ran / designed:.0%} of the split's closed-form rate" if designed > 0 else ""
+    which = (
+        "the disaggregated pools" if plan.disaggregated else "the disaggregated pools, not deployed"
+    )
     return (
-        f"serving simulator (the disaggregated pools, Poisson arrivals) at "
+        f"serving simulator ({which}, Poisson arrivals) at "
         f"{d.simulated_requests_per_s:.3g} requests/s{share}: p90 TTFT "
         f"{human_seconds(d.simulated_ttft_p90_s or 0.0)}, p90 TPOT "
         f"{human_seconds(d.simulated_tpot_p90_s or 0.0)} ({verdict} the SLOs), "
