@@ -214,33 +214,18 @@ def simulate(
     per_rank = per_rank_clients(concurrency, ranks)
     if lengths is not None:
         check_replay(lengths, num_requests=num_requests, ranks=ranks)
-    rng = np.random.default_rng(seed)
-    engines = []
-    for rank in range(ranks):
-        arrivals = first_arrivals(
-            rng,
-            concurrency=None if per_rank is None else per_rank[rank],
-            request_rate_per_s=request_rate_per_s,
-            duration_s=duration_s,
-        )
-        requests = _Requests(
-            rng=rng,
-            prompt_tokens=float(np.asarray(policy.prompt_tokens).ravel()[0]),
-            output_tokens=float(np.asarray(policy.output_tokens).ravel()[0]),
-            prompt_cv=prompt_tokens_cv,
-            output_cv=output_tokens_cv,
-            lengths=lengths,
-        )
-        engines.append(
-            _Engine(
-                policy=policy,
-                requests=requests,
-                arrivals=arrivals[:num_requests] if num_requests is not None else arrivals,
-                closed=concurrency is not None,
-                duration_s=np.inf if num_requests is not None else duration_s,
-                limit=num_requests,
-            )
-        )
+    engines = _engines(
+        policy,
+        per_rank=per_rank,
+        ranks=ranks,
+        closed=concurrency is not None,
+        request_rate_per_s=request_rate_per_s,
+        duration_s=duration_s,
+        cvs=(prompt_tokens_cv, output_tokens_cv),
+        seed=seed,
+        num_requests=num_requests,
+        lengths=lengths,
+    )
     scalar_cost = _ScalarCost(cost)
     if len(engines) == 1:
         state = _run(cost=scalar_cost, engine=engines[0])
@@ -263,6 +248,51 @@ def simulate(
         duration_s=duration_s,
         ranks=len(engines),
     )
+
+
+def _engines(
+    policy: LoadPolicy,
+    *,
+    per_rank,
+    ranks: int,
+    closed: bool,
+    request_rate_per_s,
+    duration_s: float,
+    cvs: tuple[float, float],
+    seed: int,
+    num_requests: int | None,
+    lengths: RequestLengths | None,
+) -> list[_Engine]:
+    """One scheduler per coupled rank, each with its first arrivals (its clients, or its Poisson
+    stream) and its requests' lengths, drawn from one generator seeded ``seed``."""
+    rng = np.random.default_rng(seed)
+    engines = []
+    for rank in range(ranks):
+        arrivals = first_arrivals(
+            rng,
+            concurrency=None if per_rank is None else per_rank[rank],
+            request_rate_per_s=request_rate_per_s,
+            duration_s=duration_s,
+        )
+        requests = _Requests(
+            rng=rng,
+            prompt_tokens=float(np.asarray(policy.prompt_tokens).ravel()[0]),
+            output_tokens=float(np.asarray(policy.output_tokens).ravel()[0]),
+            prompt_cv=cvs[0],
+            output_cv=cvs[1],
+            lengths=lengths,
+        )
+        engines.append(
+            _Engine(
+                policy=policy,
+                requests=requests,
+                arrivals=arrivals[:num_requests] if num_requests is not None else arrivals,
+                closed=closed,
+                duration_s=np.inf if num_requests is not None else duration_s,
+                limit=num_requests,
+            )
+        )
+    return engines
 
 
 def _coupled_ranks(policy: LoadPolicy) -> int:
