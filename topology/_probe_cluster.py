@@ -15,6 +15,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+import networkx as nx
+
 from topology._cluster import Cluster, DeviceLink, LinkTier
 from topology._hardware import HardwareSpec
 from topology._probe_types import CollectiveResult, ComputeResult
@@ -165,37 +167,25 @@ def _hosts_per_domain(links: list[DeviceLink], *, host: int, world: int) -> tupl
     floor = SAME_FABRIC_SHARE * statistics.median(within)
     between: dict[tuple[int, int], list[float]] = {}
     for link in links:
-        ends = sorted((link.from_device // host, link.to_device // host))
-        pair = (ends[0], ends[1])
-        if pair[0] != pair[1]:
-            between.setdefault(pair, []).append(link.bandwidth_bytes_per_s)
-    parent = list(range(hosts))
-
-    def root(index: int) -> int:
-        while parent[index] != index:
-            parent[index] = parent[parent[index]]
-            index = parent[index]
-        return index
-
-    for (first, second), rates in between.items():
-        if statistics.median(rates) >= floor:
-            parent[root(second)] = root(first)
-    groups: dict[int, list[int]] = {}
-    for index in range(hosts):
-        groups.setdefault(root(index), []).append(index)
-    size = len(groups[root(0)])
-    runs = all(
+        first, second = sorted((link.from_device // host, link.to_device // host))
+        if first != second:
+            between.setdefault((first, second), []).append(link.bandwidth_bytes_per_s)
+    rates = {pair: statistics.median(values) for pair, values in between.items()}
+    fast = nx.Graph()
+    fast.add_nodes_from(range(hosts))
+    fast.add_edges_from(pair for pair, rate in rates.items() if rate >= floor)
+    domains = [sorted(members) for members in nx.connected_components(fast)]
+    size = len(domains[0])
+    runs = all(  # equal runs of consecutive hosts, aligned to the domain size
         members == list(range(members[0], members[0] + size)) and members[0] % size == 0
-        for members in groups.values()
+        for members in domains
     )
     if size == 1 or not runs:
         return 1, ""
-    fast = [
-        statistics.median(rates) for rates in between.values() if statistics.median(rates) >= floor
-    ]
+    fast_rates = [rate for rate in rates.values() if rate >= floor]
     note = (
         f"{size} hosts of {host} ranks per scale-up domain (hosts reach each other at "
-        f"{statistics.median(fast) / 1e9:.0f} GB/s, {statistics.median(within) / 1e9:.0f} GB/s "
+        f"{statistics.median(fast_rates) / 1e9:.0f} GB/s, {statistics.median(within) / 1e9:.0f} GB/s "
         f"within a host)"
     )
     return size, note
