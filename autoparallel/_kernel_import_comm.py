@@ -6,8 +6,9 @@ latency by message size and GPU count, kept as measured but for single glitched 
 DeepEP's low-latency dispatch and combine (``wideep_deepep_ll_perf.parquet``: a fixed latency
 plus the slower tier's bytes over its preset bandwidth times a fitted efficiency,
 ``fit_deepep_low_latency``) and normal (node-deduplicating, high-throughput) dispatch and combine
-(``wideep_deepep_normal_perf.parquet``, the same form plus a latency per remote node: the notify
-step's count exchange, ``fit_deepep_normal``).
+(``wideep_deepep_normal_perf.parquet``, the same form plus a latency per remote node, the notify
+step's count exchange, and an RDMA efficiency per measured node count, DeepEP's configuration per
+EP size: ``fit_deepep_normal``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from autoparallel._kernel_import_tables import DEVICES, _latest_tables, _read, measured_by
-from cost_model import ALL_REDUCE_MESSAGE_BYTES, expert_all_to_all_bytes
+from cost_model import (
+    ALL_REDUCE_MESSAGE_BYTES,
+    expert_all_to_all_bytes,
+    rdma_efficiency_at_nodes,
+)
 from topology import get_preset
 
 #: aiconfigurator device folders whose custom all-reduce tables are imported -> preset: the
@@ -183,19 +188,16 @@ def _deepep_seconds(params: np.ndarray, points: np.ndarray, links) -> np.ndarray
     )
 
 
-def _fit_record(
-    points: np.ndarray, links, grid: dict, *, fit=_fit_deepep, seconds=_deepep_seconds
-) -> dict:
-    """The fitted parameters of one direction (``fit`` over ``grid``, predicting with
-    ``seconds``) with its points, mean / max relative error and the mean error on each
-    multi-node count when it is held out of the fit (the single-node points alone fix the NVLink
-    term, so they are always kept)."""
-    best, errors = fit(points, links, grid)
+def _fit_record(points: np.ndarray, links, grid: dict) -> dict:
+    """The fitted parameters of one direction (``_fit_deepep`` over ``grid``) with its points,
+    mean / max relative error and the mean error on each multi-node count when it is held out of
+    the fit (the single-node points alone fix the NVLink term, so they are always kept)."""
+    best, errors = _fit_deepep(points, links, grid)
     held_out = {}
     for nodes in (2, 4, 8):
         kept, out = points[points[:, 0] != nodes], points[points[:, 0] == nodes]
-        params, _ = fit(kept, links, grid)
-        predicted = seconds(params, out, links)
+        params, _ = _fit_deepep(kept, links, grid)
+        predicted = _deepep_seconds(params, out, links)
         held_out[str(nodes)] = round(float(np.mean(np.abs(predicted / out[:, 3] - 1.0))), 3)
     return {
         **{
@@ -255,12 +257,16 @@ _DEEPEP_NORMAL_GRID = {
 }
 
 
-def _normal_seconds(params: np.ndarray, points: np.ndarray, links) -> np.ndarray:
-    """Normal form: latency + latency per remote node x (nodes - 1) + the slower tier."""
+def _normal_seconds(
+    params: np.ndarray, rdma_by_nodes: dict, points: np.ndarray, links
+) -> np.ndarray:
+    """Normal form: latency + latency per remote node x (nodes - 1) + the slower tier, the RDMA
+    efficiency that of each point's node count (``rdma_efficiency_at_nodes``)."""
+    rdma = rdma_efficiency_at_nodes(points[:, 0], rdma_by_nodes)
     return (
         params[0]
         + params[1] * (points[:, 0] - 1.0)
-        + _deepep_seconds(np.array([0.0, params[2], params[3]]), points, links)
+        + np.maximum(points[:, 1] / (links[0] * params[2]), points[:, 2] / (links[1] * rdma))
     )
 
 
@@ -280,36 +286,75 @@ def _node_count_losses(
 
 def _fit_deepep_normal(
     points: np.ndarray, links, grid: dict = _DEEPEP_NORMAL_GRID
-) -> tuple[np.ndarray, np.ndarray]:
-    """Grid least squares on log(predicted / measured) of ``_normal_seconds`` over ``grid``;
-    returns the parameters and the relative errors. Both latency axes start at 0 in one step, so
-    a node count's latency is a multiple of that step: each node count's loss is tabulated once
-    per multiple (``_node_count_losses``) and summed per (per-node latency, latency) pair; the
-    first minimum in (per-node latency, latency, efficiencies) order wins."""
+) -> tuple[np.ndarray, dict[str, float]]:
+    """Grid least squares on log(predicted / measured) of ``_normal_seconds`` over ``grid``: one
+    latency, latency per remote node and NVLink efficiency for the table, one RDMA efficiency per
+    multi-node count (DeepEP's configuration per rank count, ``deepep_normal_s``). Returns
+    (latency, latency per remote node, NVLink efficiency) and the RDMA efficiency by node count.
+    Both latency axes start at 0 in one step, so a node count's latency is a multiple of that
+    step: each node count's loss is tabulated once per multiple (``_node_count_losses``), its best
+    RDMA efficiency taken at each (latency, NVLink efficiency), and summed per (per-node latency,
+    latency) pair; the first minimum in (per-node latency, latency, NVLink efficiency) order
+    wins."""
     names = list(grid)
     step = grid[names[0]][1]
     assert grid[names[0]][0] == grid[names[1]][0] == 0.0
     assert np.allclose(np.diff(grid[names[0]]), step) and np.allclose(np.diff(grid[names[1]]), step)
-    efficiencies = np.stack(np.meshgrid(grid[names[2]], grid[names[3]], indexing="ij"), -1)
-    efficiencies = efficiencies.reshape(-1, 2)
+    nvlink, rdma = grid[names[2]], grid[names[3]]
+    efficiencies = np.stack(np.meshgrid(nvlink, rdma, indexing="ij"), -1).reshape(-1, 2)
     num_latencies, num_slopes = len(grid[names[0]]), len(grid[names[1]])
-    losses = {}
+    losses, choices = {}, {}
     for nodes in np.unique(points[:, 0]):
         levels = step * np.arange(num_latencies + (num_slopes - 1) * (int(nodes) - 1))
-        losses[nodes] = _node_count_losses(
-            points[points[:, 0] == nodes], links, efficiencies, levels
-        )
-    best, best_loss = np.zeros(4), np.inf
+        table = _node_count_losses(points[points[:, 0] == nodes], links, efficiencies, levels)
+        table = table.reshape(len(levels), len(nvlink), len(rdma))
+        losses[nodes], choices[nodes] = table.min(axis=2), table.argmin(axis=2)
+    best, best_loss, best_rdma = np.zeros(3), np.inf, {}
     for slope in range(num_slopes):
-        total = sum(
-            loss[slope * (int(nodes) - 1) + np.arange(num_latencies)]
-            for nodes, loss in losses.items()
-        )
-        latency, pair = np.unravel_index(int(np.argmin(total)), total.shape)
-        if total[latency, pair] < best_loss:
-            best_loss = total[latency, pair]
-            best = np.array([step * latency, step * slope, *efficiencies[pair]])
-    return best, _normal_seconds(best, points, links) / points[:, 3] - 1.0
+        rows = {nodes: slope * (int(nodes) - 1) + np.arange(num_latencies) for nodes in losses}
+        total = sum(loss[rows[nodes]] for nodes, loss in losses.items())
+        latency, link = np.unravel_index(int(np.argmin(total)), total.shape)
+        if total[latency, link] < best_loss:
+            best_loss = total[latency, link]
+            best = np.array([step * latency, step * slope, nvlink[link]])
+            best_rdma = {
+                str(int(nodes)): float(rdma[choices[nodes][rows[nodes][latency], link]])
+                for nodes in losses
+                if nodes > 1
+            }
+    return best, best_rdma
+
+
+def _normal_fit_record(points: np.ndarray, links, grid: dict = _DEEPEP_NORMAL_GRID) -> dict:
+    """The fitted parameters of one direction (``_fit_deepep_normal``) with its points, the mean
+    and max relative error, the mean error per node count, and the mean error on each multi-node
+    count when it is held out of the fit and priced with the RDMA efficiency the other counts
+    give it (``rdma_efficiency_at_nodes``: interpolated between, or held from, the nearest)."""
+    best, rdma_by_nodes = _fit_deepep_normal(points, links, grid)
+    errors = _normal_seconds(best, rdma_by_nodes, points, links) / points[:, 3] - 1.0
+    held_out = {}
+    for nodes in (2, 4, 8):
+        kept, out = points[points[:, 0] != nodes], points[points[:, 0] == nodes]
+        params, rdma = _fit_deepep_normal(kept, links, grid)
+        predicted = _normal_seconds(params, rdma, out, links)
+        held_out[str(nodes)] = round(float(np.mean(np.abs(predicted / out[:, 3] - 1.0))), 3)
+    return {
+        **{
+            name: round(float(value), 9 if name.endswith("_s") else 3)
+            for name, value in zip(grid, best)
+        },
+        "rdma_efficiency_by_nodes": {
+            nodes: round(value, 3) for nodes, value in rdma_by_nodes.items()
+        },
+        "points": len(points),
+        "mean_abs_error": round(float(np.mean(np.abs(errors))), 3),
+        "max_abs_error": round(float(np.max(np.abs(errors))), 3),
+        "mean_abs_error_by_nodes": {
+            str(int(nodes)): round(float(np.mean(np.abs(errors[points[:, 0] == nodes]))), 3)
+            for nodes in np.unique(points[:, 0])
+        },
+        "held_out_node_count_mean_abs_error": held_out,
+    }
 
 
 def _deepep_normal_points(rows: list[dict], *, direction: str) -> np.ndarray:
@@ -334,10 +379,15 @@ def fit_deepep_normal(root: Path) -> dict:
     """DeepEP normal (node-deduplicating) dispatch / combine: a fixed latency, plus a latency per
     remote node (the notify step's count exchange with each other node, ``internode.cu``
     ``notify_dispatch``), plus the slower tier's bytes over its preset peak bandwidth times a
-    fitted efficiency, fitted on the H100 operator table at the engine's SM count; with each
-    multi-node count held out in turn. The table's per-byte RDMA rate still moves with the node
-    count (at 131072 tokens, 37 / 46 / 22 GB/s on 2 / 4 / 8 nodes on the bytes counted), which
-    one efficiency leaves as the residual."""
+    fitted efficiency, fitted on the H100 operator table at the engine's SM count, the RDMA
+    efficiency once per measured node count; with each multi-node count held out in turn. The
+    table's per-byte RDMA rate moves with the node count (at 131072 tokens, 37 / 46 / 22 GB/s on
+    2 / 4 / 8 nodes on the bytes counted) where the low-latency kernels' reaches about 44 GB/s at
+    every count over the same fabric: DeepEP chunks its RDMA and NVLink buffers by a
+    configuration per rank count (``deep_ep/buffer.py`` ``Buffer.get_dispatch_config`` /
+    ``get_combine_config``: one ``Config`` per EP size, 16, 32 and 64 ranks differing in the
+    tokens per RDMA chunk), so one efficiency for every count left a 17-23% mean error at 4 nodes
+    (the one count the others do not predict, and the usual EP 32 prefill unit)."""
     path = root / "systems" / "data" / DEEPEP_NORMAL_TABLE
     if not path.exists():
         return {}
@@ -348,13 +398,7 @@ def fit_deepep_normal(root: Path) -> dict:
     )
     rows = _read(path)
     fits = {
-        direction: _fit_record(
-            _deepep_normal_points(rows, direction=direction),
-            links,
-            _DEEPEP_NORMAL_GRID,
-            fit=_fit_deepep_normal,
-            seconds=_normal_seconds,
-        )
+        direction: _normal_fit_record(_deepep_normal_points(rows, direction=direction), links)
         for direction in ("dispatch", "combine")
     }
     return {

@@ -34,7 +34,11 @@ from cost_model._inference_validation import (
 )
 from cost_model._kernel_curves import matmul_dtype_of, matmul_dtype_on
 from cost_model._kernel_curves_attention import MLA_CURVE_HEADS, mla_decode_ideal_s
-from cost_model._kernel_curves_comm import ALL_REDUCE_MESSAGE_BYTES, expert_all_to_all_bytes
+from cost_model._kernel_curves_comm import (
+    ALL_REDUCE_MESSAGE_BYTES,
+    expert_all_to_all_bytes,
+    rdma_efficiency_at_nodes,
+)
 from cost_model._kernel_curves_gemm import GEMM_M_GRID, GEMM_NK_GRID, gemm_ideal_s
 from cost_model._kernel_curves_module import module_shape
 from cost_model._kernel_curves_moe import (
@@ -189,6 +193,7 @@ __all__ = [
     "error_summary",
     "grouped_errors",
     "expert_all_to_all_bytes",
+    "rdma_efficiency_at_nodes",
     "framework_names",
     "framework_profile",
     "grouped_gemm_ideal_s",

@@ -5,8 +5,8 @@ one rank sends over NVLink and RDMA (``expert_all_to_all_bytes``: low-latency ke
 every copy straight to its rank, the DeepEP README; normal kernels send a token once per
 distinct remote node and forward it over NVLink, ``internode.cu`` ``dispatch``) and the fits
 of ``kernel_curves.json``: ``deepep_low_latency`` (NVIDIA's H200 operator table, 1-8 nodes) and
-``deepep_normal`` (its H100 one, 20 SMs), a fixed latency plus the slower tier's bytes over
-its preset peak times a fitted efficiency. They are not NCCL collectives, so the
+``deepep_normal`` (its H100 one, 20 SMs, with an RDMA efficiency per measured node count), a
+fixed latency plus the slower tier's bytes over its preset peak times a fitted efficiency. They are not NCCL collectives, so the
 training-fitted collective efficiency does not apply.
 
 Tensor-parallel all-reduces (``custom_allreduce``) are kept as measured latencies, not
@@ -82,16 +82,39 @@ def deepep_normal_s(
     on NVIDIA's H100 operator table, 1-8 nodes, 20 SMs: DeepEP's and SGLang's default). The
     per-node latency is the notify step, which exchanges token counts with every other node's
     RDMA rank before a multi-node transfer (``internode.cu`` ``notify_dispatch``), and the RDMA
-    setup of each destination node. None when the shipped curves hold no fit. Not an NCCL
-    collective, so the NCCL-fitted collective efficiency does not apply."""
+    setup of each destination node. The RDMA efficiency is the one fitted at each measured node
+    count (``rdma_efficiency_at_nodes``): DeepEP runs each EP size with its own chunking of the
+    RDMA and NVLink buffers (``Buffer.get_dispatch_config`` / ``get_combine_config``, one
+    ``Config`` per rank count), and the table's per-byte RDMA rate moves with it (46 GB/s at
+    4 nodes, 37 at 2, 22 at 8 at its largest token count) while the low-latency kernels reach
+    about 44 GB/s over the same fabric at every node count. None when the shipped curves hold no
+    fit. Not an NCCL collective, so the NCCL-fitted collective efficiency does not apply."""
     fit = kernel_curves().get("deepep_normal")
     if not fit:
         return None
     params = fit[direction]
-    remote_nodes = np.maximum(np.asarray(nodes, dtype=np.float64) - 1.0, 0.0)
+    nodes = np.asarray(nodes, dtype=np.float64)
+    remote_nodes = np.maximum(nodes - 1.0, 0.0)
     latency_s = params["latency_s"] + params["latency_per_remote_node_s"] * remote_nodes
+    rdma = rdma_efficiency_at_nodes(nodes, params["rdma_efficiency_by_nodes"])
     return latency_s + _slower_tier_s(
-        params=params, intra_bytes=intra_bytes, inter_bytes=inter_bytes, cluster=cluster
+        params={**params, "rdma_efficiency": rdma},
+        intra_bytes=intra_bytes,
+        inter_bytes=inter_bytes,
+        cluster=cluster,
+    )
+
+
+def rdma_efficiency_at_nodes(nodes, by_nodes: dict[str, float]) -> np.ndarray:
+    """The RDMA efficiency of DeepEP's normal kernels over ``nodes`` nodes from the ones fitted
+    at the measured node counts ``by_nodes`` (node count -> efficiency): linear in log2(nodes)
+    between two measured counts, the nearest measured one's beyond them (no measurement says how
+    DeepEP's configurations of other rank counts run)."""
+    counts = sorted(by_nodes, key=float)
+    return np.interp(
+        np.log2(np.maximum(np.asarray(nodes, dtype=np.float64), 1.0)),
+        np.log2([float(c) for c in counts]),
+        [by_nodes[c] for c in counts],
     )
 
 

@@ -478,8 +478,10 @@ def test_hidden_prefill_traffic_slows_compute_by_its_sm_share() -> None:
             }
         )
 
-    cluster = scaled(2.0)
-    base, fast = (_run(table, model=DSV3, cluster=c) for c in (cluster, scaled(4.0)))
+    # 1.25x and 1.5x the H800's RDMA: every stage hides its traffic, which is still RDMA-bound
+    # at 1.25x (DeepEP's 4-node RDMA efficiency, 0.85 / 0.84 of the link) and NVLink-bound at 1.5x
+    cluster = scaled(1.25)
+    base, fast = (_run(table, model=DSV3, cluster=c) for c in (cluster, scaled(1.5)))
     hidden_drop = base["hidden.prefill_ep_comm"][0] - fast["hidden.prefill_ep_comm"][0]
     assert (
         hidden_drop > 0

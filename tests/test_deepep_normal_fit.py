@@ -51,7 +51,7 @@ def _by_hand(direction: str, element_bytes: float, rank_tokens: float) -> float:
         + 3.0 * params["latency_per_remote_node_s"]
         + max(
             intra / (450e9 * params["nvlink_efficiency"]),
-            inter / (50e9 * params["rdma_efficiency"]),
+            inter / (50e9 * params["rdma_efficiency_by_nodes"]["4"]),
         )
     )
 
@@ -71,19 +71,39 @@ def test_shipped_normal_fit_is_an_operator_fit_with_no_value_at_a_grid_bound() -
         params = fit[direction]
         assert params["points"] == 92  # 23 token counts x 4 node counts at 20 SMs
         for name, grid in _DEEPEP_NORMAL_GRID.items():
-            assert grid[0] < params[name] < grid[-1], (direction, name)
+            values = (
+                params["rdma_efficiency_by_nodes"].values()
+                if name == "rdma_efficiency"
+                else [params[name]]
+            )
+            for value in values:
+                assert grid[0] < value < grid[-1], (direction, name)
+        assert set(params["rdma_efficiency_by_nodes"]) == {"2", "4", "8"}
 
 
-def test_held_out_node_count_error_stays_within_the_tables_spread() -> None:
-    # With a latency per remote node (notify), one RDMA efficiency is left to carry the table's
-    # per-byte RDMA rate at 131072 tokens, 37 / 46 / 22 GB/s on 2 / 4 / 8 nodes: held out, a
-    # node count is missed by up to 0.38 (0.50 with one fixed latency). Shipped: mean 0.13 / 0.16,
-    # held out at most 0.32 / 0.38 (dispatch / combine); 0.20 and 0.42 hold that with rounding
-    # margin and fail the fixed-latency form (0.30 / 0.50).
+def test_rdma_efficiency_per_node_count_fits_each_count_and_says_its_held_out_error() -> None:
+    # DeepEP runs each EP size with its own buffer chunking (Buffer.get_dispatch_config), and the
+    # table's per-byte RDMA rate moves with it: 37 / 46 / 22 GB/s on 2 / 4 / 8 nodes at 131072
+    # tokens. One efficiency per node count fits every count within 11% / 14% mean (dispatch /
+    # combine; one shared efficiency: 17.5% / 23.3% at 4 nodes, max 0.46 / 0.62); a node count
+    # held out and priced from the others is missed by up to 0.36 / 0.42, the spread across
+    # counts that no term explains, and so the error bar of an EP size the table does not hold.
     for direction in ("dispatch", "combine"):
         params = _normal_fit()[direction]
-        assert params["mean_abs_error"] < 0.20
-        assert max(params["held_out_node_count_mean_abs_error"].values()) < 0.42
+        by_nodes = params["rdma_efficiency_by_nodes"]
+        assert by_nodes["4"] > by_nodes["2"] and by_nodes["4"] > by_nodes["8"]
+        assert params["mean_abs_error"] < 0.12 and params["max_abs_error"] < 0.30
+        assert max(params["mean_abs_error_by_nodes"].values()) < 0.15
+        assert max(params["held_out_node_count_mean_abs_error"].values()) < 0.45
+
+
+def test_rdma_efficiency_between_measured_node_counts_is_interpolated_in_log_nodes() -> None:
+    by_nodes = {"2": 0.6, "4": 0.8, "8": 0.4}
+    at = curves_module.rdma_efficiency_at_nodes(
+        np.array([1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 18.0]), by_nodes
+    )
+    between = 0.6 + 0.2 * np.log2(1.5)
+    assert at == pytest.approx([0.6, 0.6, between, 0.8, 0.8 - 0.4 * np.log2(1.5), 0.4, 0.4])
 
 
 def test_single_node_fit_is_the_one_node_kernel_and_notify_grows_with_nodes() -> None:
@@ -93,7 +113,8 @@ def test_single_node_fit_is_the_one_node_kernel_and_notify_grows_with_nodes() ->
         params = _normal_fit()[direction]
         assert 30e-6 < params["latency_s"] < 70e-6
         assert 5e-6 < params["latency_per_remote_node_s"] < 30e-6
-        assert params["nvlink_efficiency"] < 1.0 and params["rdma_efficiency"] < 1.0
+        assert params["nvlink_efficiency"] < 1.0
+        assert max(params["rdma_efficiency_by_nodes"].values()) < 1.0
 
 
 def _inference_normal_s() -> float:
