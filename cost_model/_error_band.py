@@ -46,6 +46,7 @@ GENERATIONS = {
     "A100": "Ampere",
     "H100": "Hopper",
     "H200": "Hopper",
+    "H800": "Hopper",
     "B200": "Blackwell",
     "GB200": "Blackwell",
     "GB300": "Blackwell",

@@ -75,7 +75,9 @@ def _model_state_bytes(ctx: TrainingContext) -> dict[str, np.ndarray]:
     sharded = dense / np.maximum(dp_cp / instances, 1.0) + expert / np.maximum(edp / instances, 1.0)
     whole = dense + expert
     adam_states = 2.0 if ctx.workload.optimizer == "adam" else 1.0
-    state_bytes = 4.0 * (adam_states + (1.0 if ctx.workload.master_weights_fp32 else 0.0))
+    state_bytes = adam_states * ctx.optimizer_state_bytes + (
+        4.0 if ctx.workload.master_weights_fp32 else 0.0
+    )
     # FSDP2 shards the fp32 master weights themselves; the bf16 copies are the gathered layers
     # (``sharding_buffer_bytes``).
     master_only = (
@@ -86,14 +88,18 @@ def _model_state_bytes(ctx: TrainingContext) -> dict[str, np.ndarray]:
     sharded_weights = 0.0 if master_only else 2.0
     held = pipeline_unsharded_stage(ctx)
     gradients = np.where(zero >= 2, sharded, whole) * ctx.grad_bytes
+    copies = ctx.stage_copies  # a bidirectional schedule's two stages per rank
     return {
-        "weights": np.where(zero >= 3, sharded * sharded_weights, whole * 2.0)
-        + np.where(held, _unsharded_stage_weight_bytes(ctx), 0.0),
+        "weights": copies
+        * (
+            np.where(zero >= 3, sharded * sharded_weights, whole * 2.0)
+            + np.where(held, _unsharded_stage_weight_bytes(ctx), 0.0)
+        ),
         # The sharded gradients appear only when the last micro-batch's gradients are
         # reduce-scattered, as the unsharded ones are freed (and the optimizer's zero_grad of
         # the step before freed the previous ones): the unsharded ones are the larger.
-        "gradients": np.where(held, whole * ctx.reduce_bytes, gradients),
-        "optimizer_states": np.where(zero >= 1, sharded, whole) * state_bytes,
+        "gradients": copies * np.where(held, whole * ctx.reduce_bytes, gradients),
+        "optimizer_states": copies * np.where(zero >= 1, sharded, whole) * state_bytes,
     }
 
 
@@ -259,11 +265,10 @@ def _moe_activation_bytes(ctx: TrainingContext, *, dropped: frozenset[str]) -> n
     routed = ctx.moe_tokens * moe.top_k * ctx.options.expert_load_factor
     fc1 = 2.0 if ctx.model.ffn_activation == "swiglu" else 1.0
     act = 0.0 if "moe_act" in dropped else 1.0
-    experts = (
-        routed
-        * (h + moe.expert_ffn_hidden_size / ctx.column("etp") * (fc1 + act))
-        * ACTIVATION_BYTES
-    )
+    # the activation's input in fp8 where the run caches it so (``moe_act_input_fp8``)
+    fc1_bytes = 1.0 if ctx.options.moe_act_input_fp8 else ACTIVATION_BYTES
+    width = moe.expert_ffn_hidden_size / ctx.column("etp")
+    experts = routed * ((h + width * act) * ACTIVATION_BYTES + width * fc1 * fc1_bytes)
     router = ctx.moe_tokens * moe.num_routed_experts * 4.0 * 2.0  # fp32 logits and probabilities
     if "shared_experts" in dropped:
         return experts + router
@@ -332,6 +337,10 @@ def micro_batches_in_flight(ctx: TrainingContext) -> np.ndarray:
         p - rank - 1.0,
     )
     held = np.minimum((warmup + 1.0) / v, m)
+    # DualPipe holds pp + 1 micro-batches' activations of a stage on every rank (DeepSeek-V3
+    # report Table 2: activation PP + 1 against 1F1B's PP), micro-batches entering both ends.
+    two = ctx.stage_copies > 1.0
+    held = np.where(two, np.minimum(p + 1.0, m), held)
     return np.where(schedule == SCHEDULE_CODES["gpipe"], m, held)
 
 

@@ -86,7 +86,12 @@ class EstimateOptions(BaseModel):
     node-limited routing. ``bidirectional_pipeline``: a DualPipe-style schedule (DeepSeek-V3
     report sec. 3.2.1) that runs a forward and a backward chunk together so each one's EP
     all-to-all hides behind the other's compute, with the bubble (pp/2 - 1)(F&B + B - 3W)
-    instead of 1F1B's (pp - 1)(F + B). ``context_parallel``: ``ring`` (K/V blocks passed
+    instead of 1F1B's (pp - 1)(F + B); each rank holds and trains two stages (i and pp - 1 - i)
+    and pp + 1 micro-batches' activations (the report's Table 2: parameters 2x, activations
+    PP + 1; ``TrainingContext.stage_copies``). ``moe_act_input_fp8``: with fp8 training, the
+    routed experts keep their activation's input (the FC1 output) for the backward pass in fp8
+    (DeepSeek-V3 report sec. 3.3.3, "Inputs of the SwiGLU Operator in MoE ... stored in FP8 with
+    our fine-grained quantization method"; memory only). ``context_parallel``: ``ring`` (K/V blocks passed
     around the ring under attention; Liu et al.) or ``all_gather`` (K/V all-gathered before
     attention and their gradients reduce-scattered after, exposed; Llama 3 report sec. 3.3.2).
 
@@ -164,6 +169,7 @@ class EstimateOptions(BaseModel):
     expert_dispatch_fp8: bool = False
     max_routed_nodes: int | None = Field(default=None, gt=0)
     bidirectional_pipeline: bool = False
+    moe_act_input_fp8: bool = False
     context_parallel: Literal["ring", "all_gather"] = "ring"
     recompute_modules: tuple[
         Literal["core_attn", "mla_up_proj", "layernorm", "mlp", "moe_act", "moe", "shared_experts"],

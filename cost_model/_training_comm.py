@@ -340,11 +340,12 @@ def _pp(ctx) -> np.ndarray:
 
 
 def sharded_parameters(ctx) -> tuple[np.ndarray, np.ndarray]:
-    """(dense, expert) parameters per device of each stage: expert gradients reduce over edp,
-    the rest over dp*cp (Megatron-core)."""
+    """(dense, expert) parameters per device of each stage, both stages' under a bidirectional
+    schedule (``TrainingContext.stage_copies``): expert gradients reduce over edp, the rest over
+    dp*cp (Megatron-core)."""
     parts = dict(ctx.parameters)
     expert = parts.pop("routed_experts")
-    return cast(np.ndarray, sum(parts.values())), expert
+    return cast(np.ndarray, sum(parts.values())) * ctx.stage_copies, expert * ctx.stage_copies
 
 
 def _dp(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

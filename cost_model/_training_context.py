@@ -121,6 +121,24 @@ class TrainingContext:
         layer, 0 without full recompute."""
         return self.fully_recomputed_layers / np.maximum(self.layout.layers, 1.0)
 
+    @cached_property
+    def stage_copies(self) -> np.ndarray:
+        """Pipeline stages each rank holds and trains (n,): two under a bidirectional
+        (DualPipe-style) schedule with pp > 1, whose ranks hold stage i and stage pp - 1 - i so
+        that micro-batches enter from both ends ("DualPipe requires keeping two copies of the
+        model parameters", DeepSeek-V3 report sec. 3.2.1 and Table 2: parameters 2x against
+        1F1B's 1x); their weights, gradients and optimizer states are the rank's twice over, and
+        each copy's gradients are reduced with the other's. A micro-batch still runs one stage
+        per rank, so compute per step is 1F1B's; one elsewhere."""
+        two = self.options.bidirectional_pipeline & (self.column("pp") > 1)
+        return np.where(two, 2.0, 1.0)
+
+    @property
+    def optimizer_state_bytes(self) -> float:
+        """Bytes per parameter of one optimizer moment: fp32, or bf16 where the run keeps its
+        moments in bf16 (``Training.optimizer_state_dtype``)."""
+        return 2.0 if self.workload.optimizer_state_dtype == "bf16" else 4.0
+
     @property
     def grad_bytes(self) -> float:
         """fp32 main gradients with fp32 master weights (Megatron-LM's ``main_grad``), else 2."""
@@ -264,6 +282,7 @@ def training_context(
         )
         cluster = _without_runtime_measurements(cluster)
     _check_full_iteration_graph(model=model, workload=workload, options=options)
+    _check_fp8_options(workload=workload, options=options)
     per_replica = np.asarray(table["dp"], dtype=np.int64) * np.asarray(
         table["micro_batch_size"], dtype=np.int64
     )
@@ -286,6 +305,15 @@ def training_context(
         batch_divides=(batch % per_replica) == 0,
         columns={name: np.asarray(table[name], dtype=np.float64) for name in CONFIG_COLUMNS},
     )
+
+
+def _check_fp8_options(*, workload: Training, options: EstimateOptions) -> None:
+    """Options that keep tensors in fp8 need fp8 training."""
+    if options.moe_act_input_fp8 and workload.precision != "fp8":
+        raise ValueError(
+            f"moe_act_input_fp8 (True) keeps the experts' activation input in fp8, which needs "
+            f"precision 'fp8' (the workload's precision is {workload.precision!r})"
+        )
 
 
 def _check_full_iteration_graph(*, model, workload: Training, options: EstimateOptions) -> None:

@@ -370,8 +370,8 @@ def _optimizer_time(ctx: TrainingContext, update_bytes: np.ndarray) -> np.ndarra
 
 def _optimizer_update_bytes(ctx: TrainingContext) -> float:
     """Bytes read and written per parameter by one optimizer step: read the gradient, read and
-    write each fp32 state (master weight, Adam m and v; SGD momentum), write the bf16 weight."""
-    states = (2 if ctx.workload.optimizer == "adam" else 1) + (
-        1 if ctx.workload.master_weights_fp32 else 0
-    )
-    return ctx.grad_bytes + states * 2.0 * 4.0 + 2.0
+    write each state (the fp32 master weight; Adam m and v, SGD momentum, at
+    ``TrainingContext.optimizer_state_bytes``), write the bf16 weight."""
+    moments = 2 if ctx.workload.optimizer == "adam" else 1
+    master = 4.0 if ctx.workload.master_weights_fp32 else 0.0
+    return ctx.grad_bytes + 2.0 * (moments * ctx.optimizer_state_bytes + master) + 2.0

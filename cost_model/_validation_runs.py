@@ -71,8 +71,11 @@ def run_model(record: dict) -> ModelSpec:
 
 def run_workload(record: dict) -> Training:
     """The run's training workload; ``fp8_recipe`` where its table states one (Megatron-Bridge's
-    FP8-CS: current scaling, FP8-MX / MXFP8: MXFP8), else the default."""
+    FP8-CS: current scaling, FP8-MX / MXFP8: MXFP8), else the default; the optimizer moments'
+    dtype where the publication states it."""
     recipe = {"fp8_recipe": record["fp8_recipe"]} if "fp8_recipe" in record else {}
+    if "optimizer_state_dtype" in record:  # the run's optimizer moments (DeepSeek-V3: bf16)
+        recipe["optimizer_state_dtype"] = record["optimizer_state_dtype"]
     return Training(
         sequence_length_tokens=record["seq_len"],
         global_batch_sequences=record["global_batch"],

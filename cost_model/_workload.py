@@ -38,6 +38,12 @@ class Training(BaseModel):
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     optimizer: Literal["adam", "sgd"] = "adam"
     master_weights_fp32: bool = True
+    #: Dtype of the optimizer's moments (Adam m and v, SGD momentum): fp32, or bf16 as
+    #: DeepSeek-V3 tracks AdamW's moments (DeepSeek-V3 report sec. 3.3.3, "Low-Precision
+    #: Optimizer States") and Megatron-core's precision-aware optimizer can
+    #: (``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``);
+    #: the fp32 master weights stay fp32.
+    optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"
     #: Main-gradient dtype: fp32 (Megatron ``--accumulate-allreduce-grads-in-fp32``) or bf16
     #: (``--grad-reduce-in-bf16``); without fp32 master weights gradients are bf16 either way.
     gradient_dtype: Literal["fp32", "bf16"] = "fp32"

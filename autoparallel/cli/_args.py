@@ -207,6 +207,13 @@ def _add_training_precision(parser: argparse.ArgumentParser) -> None:
         choices=("fp32", "bf16"),
         help="optimizer master weights (bf16: none kept)",
     )
+    parser.add_argument(
+        "--optimizer-state-dtype",
+        default="fp32",
+        choices=("fp32", "bf16"),
+        help="dtype of the optimizer's moments (bf16: DeepSeek-V3's AdamW, Megatron-core "
+        "--exp-avg-dtype/--exp-avg-sq-dtype bf16)",
+    )
 
 
 def add_inter_node_argument(parser: argparse.ArgumentParser) -> None:
@@ -294,6 +301,7 @@ def training_options(args: argparse.Namespace) -> dict:
         "fp8_recipe": args.fp8_recipe,
         "gradient_dtype": args.gradient_dtype,
         "master_weights_fp32": args.master_weights == "fp32",
+        "optimizer_state_dtype": args.optimizer_state_dtype,
         "fp8_bf16_layers_at_start": args.fp8_bf16_layers,
         "fp8_bf16_layers_at_end": args.fp8_bf16_layers,
     }

@@ -49,6 +49,7 @@ _FIELDS = {
     "max_routed_nodes": "max_routed_nodes",
     "context_parallel_comm": "context_parallel",
     "bidirectional_pipeline": "bidirectional_pipeline",
+    "moe_act_input_fp8": "moe_act_input_fp8",
     "moe_capacity_factor": "moe_capacity_factor",
     "moe_pad_to_capacity": "moe_pad_to_capacity",
 }
@@ -235,7 +236,15 @@ def _add_communication_arguments(group) -> None:  # argparse's private type
         default=None,
         help="a DualPipe-style schedule (DeepSeek-V3 report sec. 3.2.1): a forward and a "
         "backward chunk run together, each one's EP all-to-all hidden behind the other's "
-        "compute, with DualPipe's bubble",
+        "compute, with DualPipe's bubble; each rank holds two stages and pp + 1 micro-batches' "
+        "activations",
+    )
+    group.add_argument(
+        "--moe-act-input-fp8",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --precision fp8: the experts keep their activation's input for the backward "
+        "pass in fp8 (DeepSeek-V3 report sec. 3.3.3); priced in activation memory",
     )
 
 
