@@ -142,6 +142,29 @@ def _deepseek_dsa(r: _Reader, name: str) -> ModelSpec:
     return spec.model_copy(update={"attention": AttentionSpec(**attention.model_dump())})
 
 
+def _nemotron(r: _Reader, name: str) -> ModelSpec:
+    """Nemotron-4 and Minitron (transformers ``NemotronConfig``): GQA attention (``head_dim``
+    where given; RoPE on ``partial_rotary_factor`` of each head changes no weight), a
+    non-gated MLP of ``intermediate_size`` with ``hidden_act`` squared ReLU, LayerNorm with a
+    bias (``NemotronLayerNorm1P``), optional attention and MLP biases (``attention_bias``,
+    ``mlp_bias``), untied embeddings by default."""
+    activation = r.data.get("hidden_act", "relu2")
+    if activation != "relu2":
+        raise ValueError(
+            f"config field 'hidden_act' ({activation!r}) is not supported for model_type "
+            "'nemotron': the parser knows its squared-ReLU MLP ('relu2')"
+        )
+    bias = r.bool("attention_bias", False) or r.bool("mlp_bias", False)
+    return _common(
+        r,
+        name,
+        _attention_gqa(r),
+        ffn_activation="relu2",
+        norm="layernorm",
+        linear_bias=bias,
+    )
+
+
 def _gpt2(r: _Reader, name: str) -> ModelSpec:
     hidden, heads = r.int("n_embd"), r.int("n_head")
     attention = AttentionSpec(
@@ -188,6 +211,7 @@ _PARSERS: dict[str, Callable[[_Reader, str], ModelSpec]] = {
     "qwen3_5_text": lambda r, n: _qwen3_next(r, n, moe=False),
     "qwen3_5_moe_text": lambda r, n: _qwen3_next(r, n, moe=True),
     "nemotron_h": _nemotron_h,
+    "nemotron": _nemotron,
     "gpt2": _gpt2,
 }
 

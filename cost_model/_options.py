@@ -127,6 +127,12 @@ class EstimateOptions(BaseModel):
     arXiv:2407.21783 sec. 3.3.2: "we adopt asynchronous point-to-point communication in PP"),
     so a rank's steady-state transfers run beside its compute and only the fill and drain's
     boundary crossings stay on the critical path; off, every transfer is exposed.
+    ``tp_comm_overlap``: whether the run pipelines its sequence-parallel all-gathers and
+    reduce-scatters with the GEMMs (Megatron-core ``--tp-comm-overlap``, Megatron-Bridge
+    ``CommOverlapConfig(tp_comm_overlap=...)``; torch's asynchronous TP): False leaves every
+    tensor-parallel collective exposed, True lets each hide behind its GEMM (with sequence
+    parallel); None: the framework profile's setting (``FrameworkProfile.tp_comm_overlap``),
+    else the calibration's.
     ``expert_parallel_comm_overlap``: Megatron-core ``--overlap-moe-expert-parallel-comm``
     (Megatron-Bridge ``moe_a2a_overlap``, which also sets ``delay_wgrad_compute``): the EP
     all-to-alls of one micro-batch run beside the compute of another (a forward merged with a
@@ -179,6 +185,7 @@ class EstimateOptions(BaseModel):
     activation_offload_layers: int = Field(default=0, ge=0)
     optimizer_instances: int = Field(default=1, ge=1)
     expert_parallel_comm_overlap: bool = False
+    tp_comm_overlap: bool | None = None
     pipeline_keeps_outputs: bool = False
     eager_loss: bool = False
     pipeline_p2p_overlap: bool = False

@@ -173,7 +173,8 @@ class TrainingContext:
         """Fraction of a TP/EP/CP communication kind that may hide behind compute. With a
         framework, tensor-parallel overlap is its feature (Megatron-core ``--tp-comm-overlap``
         pipelines the sequence-parallel all-gather / reduce-scatter with the GEMMs, only with
-        sequence parallel); a bidirectional (DualPipe-style) schedule hides the EP all-to-all
+        sequence parallel) unless the run turns it off (``EstimateOptions.tp_comm_overlap``);
+        a bidirectional (DualPipe-style) schedule hides the EP all-to-all
         behind the paired chunk's compute (Megatron-core's EP communication overlap,
         ``EstimateOptions.expert_parallel_comm_overlap``, is priced per merged layer pair by
         ``_training_ep_overlap``); an all-gather context parallel is exposed; the rest, and
@@ -182,6 +183,10 @@ class TrainingContext:
             return 1.0
         if kind == "cp_comm" and self.options.context_parallel == "all_gather":
             return 0.0
+        if kind == "tp_comm" and self.options.tp_comm_overlap is not None:
+            # the run's own setting: pipelined with the GEMMs (sequence parallel only) or not
+            on = self.options.tp_comm_overlap
+            return np.where(self.sequence_parallel & on, 1.0, 0.0)
         if kind == "tp_comm" and self.framework is not None:
             return np.where(self.sequence_parallel, self.framework.tp_comm_overlap, 0.0)
         return self.calibration.overlap_fraction(kind)

@@ -86,6 +86,10 @@ TOLERANCES: dict[str, tuple[float | None, float | None]] = {
     # micro-batches per rank, bf16 optimizer moments and fp8 SwiGLU inputs, it fits its 80 GB
     # (72.3 GB predicted).
     "deepseek_v3_report": (None, 0.10),
+    # measured +10.4%, +10.2%, +10.6%: Nemotron-4 340B's pre-training on 1536-6144 H100 (TP 8,
+    # PP 12 interleaved), its NeMo recipe's settings where the report states none (virtual
+    # stages 8, tensor-parallel communication exposed); predicted fast like Llama 3's Table 4.
+    "nemotron4_340b_report": (0.13, 0.15),
     # Not bounded: the MoE runs on x86 hosts with Megatron-core's alltoall dispatcher are priced
     # far too fast (measured 16.2% mean, 89.5% max: Qwen3-30B-A3B at micro-batch 1 on B200
     # +68..+75%, on H100 +54..+90%) while the same models with HybridEP on GB200 are within

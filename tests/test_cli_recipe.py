@@ -352,3 +352,17 @@ def test_the_estimate_table_names_the_recipe_it_priced(capsys):
     argv = [word for word in QWEN3 if word != "--json"]
     assert main([*argv, "--recompute", "selective", "--expert-parallel-comm-overlap"]) == 0
     assert "recipe: expert_parallel_comm_overlap=True" in capsys.readouterr().out
+
+
+def test_tp_comm_overlap_off_leaves_the_tensor_parallel_traffic_exposed(capsys):
+    dense = [
+        "estimate", "--model", "llama-3.1-70b", "--cluster", "dgx-h100", "--nodes", "8",
+        "--tp", "8", "--pp", "2", "--sequence-length", "4096", "--global-batch-tokens",
+        str(128 * 4096), "--sequence-parallel", "--framework", "megatron-core", "--json",
+    ]  # fmt: skip
+    profile = _estimate(capsys, dense)  # megatron-core's profile overlaps it
+    off = _estimate(capsys, [*dense, "--no-tp-comm-overlap"])
+    on = _estimate(capsys, [*dense, "--tp-comm-overlap"])
+    assert off["hidden_time_s"]["tp_comm"] == 0.0 < profile["hidden_time_s"]["tp_comm"]
+    assert on["hidden_time_s"]["tp_comm"] == profile["hidden_time_s"]["tp_comm"]
+    assert off["step_time_s"] > profile["step_time_s"]

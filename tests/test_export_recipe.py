@@ -111,3 +111,18 @@ def test_settings_without_a_megatron_argument_are_named_in_dropped():
     text = " ".join(dropped)
     for field in ("expert_dispatch_fp8", "bidirectional_pipeline", "pipeline_keeps_outputs"):
         assert f"({field}) has no Megatron-LM argument" in text
+
+
+def test_tp_comm_overlap_is_written_with_sequence_parallel_and_dropped_without():
+    parallel = ParallelConfig(**INTERLEAVED, recompute="none", sequence_parallel=True)
+    words, dropped = _megatron(parallel, dict(tp_comm_overlap=True))
+    assert "--tp-comm-overlap" in words and "--sequence-parallel" in words
+    assert not any("tp_comm_overlap" in item for item in dropped)
+    words, dropped = _megatron(
+        ParallelConfig(**INTERLEAVED, recompute="none", sequence_parallel=False),
+        dict(tp_comm_overlap=True),
+    )
+    assert "--tp-comm-overlap" not in words
+    assert any("(tp_comm_overlap) is not written" in item for item in dropped)
+    words, _ = _megatron(parallel, dict(tp_comm_overlap=False))
+    assert "--tp-comm-overlap" not in words

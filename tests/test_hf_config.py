@@ -144,6 +144,7 @@ EXAMPLES = {
     "llama4": catalog_config("llama-4-scout"),
     "qwen3_5_moe": catalog_config("qwen3.5-397b-a17b"),
     "nemotron_h": catalog_config("nemotron-3-nano-30b-a3b"),
+    "nemotron": catalog_config("nemotron-4-340b"),
     "qwen3_5_moe_text": catalog_config("qwen3.5-397b-a17b")["text_config"],
     "qwen3_5": {
         "model_type": "qwen3_5",
@@ -208,6 +209,7 @@ def test_supported_types_parse(model_type: str) -> None:
             "qwen2",
             "qwen3",
             "gpt2",
+            "nemotron",
             "mimo",
             "qwen3_vl_text",
             "qwen3_vl",
@@ -233,6 +235,15 @@ def test_specific_semantics() -> None:
         and gpt.position_embedding == "learned"
         and gpt.ffn_hidden_size == 512
     )
+
+
+def test_nemotron_is_a_squared_relu_layernorm_model_and_refuses_other_activations() -> None:
+    nemotron = ModelSpec.from_hf_config(EXAMPLES["nemotron"])
+    assert nemotron.ffn_activation == "relu2" and nemotron.norm == "layernorm"
+    assert nemotron.attention.head_dim == 192 and nemotron.attention.num_kv_heads == 8
+    assert 340e9 < nemotron.num_parameters < 342e9  # Nemotron-4 340B
+    with pytest.raises(ValueError, match=r"'hidden_act' \('silu'\).*'nemotron'"):
+        ModelSpec.from_hf_config({**EXAMPLES["nemotron"], "hidden_act": "silu"})
 
 
 def test_reads_a_config_file_and_folder(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ CONTEXT_PARALLEL_COMMS = _choices("context_parallel")
 #: CLI destination -> ``EstimateOptions`` field, for the settings given on the command line.
 _FIELDS = {
     "expert_parallel_comm_overlap": "expert_parallel_comm_overlap",
+    "tp_comm_overlap": "tp_comm_overlap",
     "cuda_graphs": "cuda_graphs",
     "cuda_graph_scope": "cuda_graph_scope",
     "recompute_modules": "recompute_modules",
@@ -77,7 +78,7 @@ def _recompute_policy(name: str, *, searched_recompute: bool) -> str:
 
 
 def _add_overlap_arguments(group) -> None:  # argparse's private type
-    """EP communication overlap and CUDA graphs."""
+    """EP and TP communication overlap and CUDA graphs."""
     group.add_argument(
         "--expert-parallel-comm-overlap",
         action=argparse.BooleanOptionalAction,
@@ -87,6 +88,14 @@ def _add_overlap_arguments(group) -> None:  # argparse's private type
         "(Megatron-core --overlap-moe-expert-parallel-comm with --delay-wgrad-compute; "
         "Megatron-Bridge moe_a2a_overlap); needs ep > 1, no full recompute and, with pp > 1, "
         "virtual stages",
+    )
+    group.add_argument(
+        "--tp-comm-overlap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="pipeline the sequence-parallel all-gathers and reduce-scatters with their GEMMs "
+        "(Megatron-core --tp-comm-overlap; --no-tp-comm-overlap: every tensor-parallel "
+        "collective exposed) (default: the framework profile's)",
     )
     group.add_argument(
         "--cuda-graphs",

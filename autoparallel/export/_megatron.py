@@ -183,6 +183,14 @@ def megatron_recipe(plan: ShardingPlan, dropped: list[str]) -> list[str]:
                 "Megatron-core runs it only with ep > 1, virtual stages when pp > 1 and no full "
                 "recompute"
             )
+    if options.tp_comm_overlap:
+        if c.tp > 1 and c.sequence_parallel:
+            args.append("--tp-comm-overlap")
+        else:
+            dropped.append(
+                "tensor-parallel communication overlap (tp_comm_overlap) is not written: "
+                "Megatron-core pipelines it only with tp > 1 and sequence parallel"
+            )
     if options.cuda_graphs == "partial":
         args += ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope"]
         args += list(options.cuda_graph_scope)
@@ -203,6 +211,7 @@ def megatron_recipe(plan: ShardingPlan, dropped: list[str]) -> list[str]:
         "max_routed_nodes": f"node-limited routing to {options.max_routed_nodes} nodes (set "
         "--moe-router-num-groups / --moe-router-group-topk by the model's expert groups)",
         "bidirectional_pipeline": "a DualPipe-style bidirectional pipeline",
+        "moe_act_input_fp8": "the experts' activation inputs kept in fp8",
         "pipeline_keeps_outputs": "the last stage keeping every micro-batch's outputs",
         "eager_loss": "an eager loss beside a compiled model",
     }

@@ -26,6 +26,11 @@ TINY_TRANSFORMERS: dict[str, tuple[str, str, dict]] = {
         "MistralForCausalLM",
         dict(intermediate_size=128, num_key_value_heads=2),
     ),
+    "nemotron": (
+        "NemotronConfig",
+        "NemotronForCausalLM",
+        dict(intermediate_size=128, num_key_value_heads=2),
+    ),
     "qwen2": (
         "Qwen2Config",
         "Qwen2ForCausalLM",

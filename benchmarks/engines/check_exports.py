@@ -128,6 +128,7 @@ PLANS = (
             expert_dispatcher="deepep",
             recompute_modules=("moe_act", "layernorm"),
             recompute_layers=2,
+            tp_comm_overlap=True,
         ),
     ),
     PlanSpec("qwen3-30b-a3b training, 2 nodes", "qwen3-30b-a3b", "dgx-h100", 2, TRAIN),
@@ -218,6 +219,7 @@ def expected_megatron_recipe(plan: ap.ShardingPlan) -> dict:
     values: dict = {
         "ep_comm_overlap": overlap,
         "delay_wgrad_compute": overlap,
+        "tp_comm_overlap": bool(options.tp_comm_overlap) and c.tp > 1 and c.sequence_parallel,
         "cpu_offloading_num_layers": options.activation_offload_layers,
         "optimizer_instances": options.optimizer_instances,
         "cp_comm_type": "all_gather" if options.context_parallel == "all_gather" else "p2p",

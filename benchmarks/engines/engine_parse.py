@@ -204,6 +204,7 @@ def _megatron_recipe(args) -> dict:
     return {
         "ep_comm_overlap": bool(args.overlap_moe_expert_parallel_comm),
         "delay_wgrad_compute": bool(args.delay_wgrad_compute),
+        "tp_comm_overlap": bool(args.tp_comm_overlap),
         "cuda_graph_impl": args.cuda_graph_impl,
         "cuda_graph_scope": [getattr(s, "name", str(s)) for s in args.cuda_graph_scope or []],
         "recompute_modules": list(args.recompute_modules or []),
