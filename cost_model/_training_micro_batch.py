@@ -71,10 +71,10 @@ class MicroBatchTimes:
         np.ndarray
     )  # forward + backward + recompute of core attention (CP overlap window)
     comm: dict[str, np.ndarray]  # tp_comm, ep_comm, cp_comm: total per micro-batch
-    dense_layer_forward: (
-        np.ndarray
-    )  # (n,) one dense layer's forward (ZeRO-3 per-layer overlap window)
-    moe_layer_forward: np.ndarray  # (n,) one MoE layer's forward
+    #: One dense layer's forward (ZeRO-3 per-layer overlap window), (n,), or (3, n) where the
+    #: ranks' layers differ (fp8 training's bf16 layers at the model's ends)
+    dense_layer_forward: np.ndarray
+    moe_layer_forward: np.ndarray  # one MoE layer's forward, (n,) or (3, n) as the dense one
     host_wait: np.ndarray  # seconds of forward + backward spent waiting on the host (in both)
 
 
@@ -150,10 +150,16 @@ def micro_batch_times(ctx: TrainingContext, times: CollectiveTimes) -> MicroBatc
         recompute=recompute,
         core_attention=core_total,
         comm=_micro_batch_comm(ctx, times),
-        dense_layer_forward=np.broadcast_to(dense_layer, ctx.tokens.shape),
-        moe_layer_forward=np.broadcast_to(moe_layer, ctx.tokens.shape),
+        dense_layer_forward=_rows(dense_layer, ctx),
+        moe_layer_forward=_rows(moe_layer, ctx),
         host_wait=host_forward + host_backward,
     )
+
+
+def _rows(layer: np.ndarray, ctx: TrainingContext) -> np.ndarray:
+    """One layer's time as an array over the rows (n,), or over the pipeline ranks and the rows
+    (3, n) where it differs by rank (``_precision.bf16_layer_fraction``)."""
+    return np.broadcast_to(layer, np.broadcast_shapes(np.shape(layer), ctx.tokens.shape))
 
 
 @dataclass(frozen=True)

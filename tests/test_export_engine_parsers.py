@@ -22,6 +22,7 @@ pytestmark = pytest.mark.engines
 CASES = [
     ("megatron", 3),
     ("megatron", 12),  # a recipe's EP overlap, CUDA graphs, DeepEP, recompute modules and layers
+    ("megatron", 14),  # fp8 with bf16 end layers, bf16 gradient reduction and optimizer moments
     ("torchtitan", 3),
     ("torchtitan", 13),  # a model with torchtitan's own config: the shape it builds is checked
     ("deepspeed", 2),

@@ -126,3 +126,45 @@ def test_tp_comm_overlap_is_written_with_sequence_parallel_and_dropped_without()
     assert any("(tp_comm_overlap) is not written" in item for item in dropped)
     words, _ = _megatron(parallel, dict(tp_comm_overlap=False))
     assert "--tp-comm-overlap" not in words
+
+
+def test_training_precision_is_written_for_megatron_and_named_in_dropped_elsewhere():
+    job = Training(
+        sequence_length_tokens=4096,
+        global_batch_sequences=256,
+        precision="fp8",
+        fp8_recipe="blockwise",
+        fp8_bf16_layers_at_start=2,
+        fp8_bf16_layers_at_end=1,
+        gradient_dtype="bf16",
+        optimizer_state_dtype="bf16",
+    )
+    plan = build_plan(
+        model=ap.get_model("llama-3.1-70b"),
+        cluster=ap.get_preset("dgx-h100", num_nodes=8),
+        job=job,
+        layout=Layout(config=ParallelConfig(tp=8, pp=2, dp=4, sequence_parallel=True)),
+        predicted=None,
+    )
+    megatron = export_plan(plan, format="megatron")
+    words = shlex.split(megatron.files["megatron_args.sh"].replace("\\\n", " "))
+    assert _after(words, "--fp8-format") == ["hybrid"] and _after(words, "--fp8-recipe") == [
+        "blockwise"
+    ]
+    assert "--first-last-layers-bf16" in words
+    assert _after(words, "--num-layers-at-start-in-bf16") == ["2"]
+    assert _after(words, "--num-layers-at-end-in-bf16") == ["1"]
+    assert "--grad-reduce-in-bf16" in words and "--use-precision-aware-optimizer" in words
+    assert _after(words, "--exp-avg-dtype") == ["bf16"]
+    assert not any("precision" in item for item in megatron.dropped)
+    titan = export_plan(plan, format="torchtitan")
+    assert any("fp8 training (precision, recipe 'blockwise')" in item for item in titan.dropped)
+    rowwise = build_plan(
+        model=ap.get_model("llama-3.1-70b"),
+        cluster=ap.get_preset("dgx-h100", num_nodes=8),
+        job=job.model_copy(update={"fp8_recipe": "rowwise"}),
+        layout=Layout(config=ParallelConfig(tp=8, pp=2, dp=4, sequence_parallel=True)),
+        predicted=None,
+    )
+    dropped = export_plan(rowwise, format="megatron").dropped
+    assert any("('rowwise') has no Megatron-core --fp8-recipe" in item for item in dropped)

@@ -8,7 +8,7 @@ from importlib import resources
 import numpy as np
 import pytest
 
-from cost_model import ParallelConfig, Training, estimate
+from cost_model import ParallelConfig, Training, estimate, estimate_table
 from cost_model._memory import _fp8_cached_input_saving, stage_memory
 from cost_model._model_spec import ModelSpec
 from cost_model._options import EstimateOptions
@@ -410,3 +410,27 @@ def test_tensorwise_casts_sequence_parallel_tensors_on_their_shard_before_the_ga
     ratio = quantization_time_s(sp, moe=False)[0] / quantization_time_s(no_sp, moe=False)[0]
     assert ratio == pytest.approx(expected / full, rel=0.05)
     assert ratio < 0.7
+
+
+def test_bf16_end_layers_price_whole_estimates_of_every_pipeline_depth(model) -> None:
+    # The end layers make the ranks' layer times differ (3, n); one pipeline stage (the first
+    # and last rank the same) and ZeRO-3's per-layer windows take them as such.
+    cluster = get_preset("dgx-h100", num_nodes=1)
+    table = configs_to_table(
+        [
+            ParallelConfig(tp=8, dp=1),
+            ParallelConfig(tp=4, dp=2, zero_stage=3),
+            ParallelConfig(tp=2, pp=2, dp=2, zero_stage=1),
+        ]
+    )
+    steps = {}
+    for edges in (0, 1):
+        workload = Training(
+            sequence_length_tokens=4096,
+            global_batch_sequences=256,
+            precision="fp8",
+            fp8_bf16_layers_at_start=edges,
+            fp8_bf16_layers_at_end=edges,
+        )
+        steps[edges] = estimate_table(model, cluster, workload, table)["step_time_s"]
+    assert np.all(np.isfinite(steps[1])) and not np.allclose(steps[1], steps[0])

@@ -28,9 +28,15 @@ from autoparallel.export._training import (
     training_dropped,
 )
 from autoparallel.plan import ShardingPlan
-from cost_model import EstimateOptions, ModelSpec, ParallelConfig
+from cost_model import EstimateOptions, ModelSpec, ParallelConfig, Training
 
-__all__ = ["megatron", "megatron_layout", "megatron_pipeline", "megatron_recipe"]
+__all__ = [
+    "megatron",
+    "megatron_layout",
+    "megatron_pipeline",
+    "megatron_precision",
+    "megatron_recipe",
+]
 
 
 def megatron(plan: ShardingPlan, recipe: Recipe) -> Export:
@@ -72,6 +78,7 @@ def megatron(plan: ShardingPlan, recipe: Recipe) -> Export:
     args += _megatron_recompute(c, options)
     args += megatron_recipe(plan, dropped)
     args += _megatron_sharding(c, notes=notes)
+    args += megatron_precision(plan, dropped)
     args += ["--train-iters", "${TRAIN_ITERS:-1000}", "--lr", "${LR:-3e-4}"]
     if plan.serving is not None:
         notes.append(
@@ -89,6 +96,57 @@ def megatron(plan: ShardingPlan, recipe: Recipe) -> Export:
         dropped=dropped,
         notes=notes,
     )
+
+
+#: The plan's fp8 scaling recipe -> Megatron-core's ``--fp8-recipe`` (TransformerConfig
+#: ``fp8_recipe``: tensorwise is Transformer Engine's current scaling, Float8CurrentScaling;
+#: blockwise its 1x128 / 128x128 block scaling, Float8BlockScaling); torchao's row-wise scaling
+#: has none.
+MEGATRON_FP8_RECIPES = {
+    "delayed": "delayed",
+    "current": "tensorwise",
+    "tensorwise": "tensorwise",
+    "blockwise": "blockwise",
+    "mxfp8": "mxfp8",
+}
+
+
+def megatron_precision(plan: ShardingPlan, dropped: list[str]) -> list[str]:
+    """Megatron-core arguments of the training precision the plan was priced with (``plan.job``):
+    fp8 GEMMs (``--fp8-format hybrid``: E4M3 forward, E5M2 gradients, and ``--fp8-recipe``) with
+    the bf16 layers kept at each end, bf16 gradient reduction, bf16 optimizer moments (the
+    precision-aware optimizer); what Megatron-core has no argument for goes to ``dropped``."""
+    job = plan.job
+    if not isinstance(job, Training):
+        return []
+    args: list[str] = []
+    if job.precision == "fp8":
+        recipe = MEGATRON_FP8_RECIPES.get(job.fp8_recipe)
+        if recipe is None:
+            dropped.append(
+                f"the fp8 recipe ({job.fp8_recipe!r}) has no Megatron-core --fp8-recipe: the script "
+                "trains in bf16"
+            )
+        else:
+            args += ["--fp8-format", "hybrid", "--fp8-recipe", recipe]
+            start, end = job.fp8_bf16_layers_at_start, job.fp8_bf16_layers_at_end
+            if start or end:
+                args += ["--first-last-layers-bf16"]
+                args += ["--num-layers-at-start-in-bf16", str(start)]
+                args += ["--num-layers-at-end-in-bf16", str(end)]
+    elif job.precision == "fp16":
+        dropped.append("fp16 training (precision) is not written: the script trains in bf16")
+    if job.gradient_dtype == "bf16" and job.master_weights_fp32:
+        args.append("--grad-reduce-in-bf16")
+    if job.optimizer_state_dtype == "bf16":
+        args += ["--use-precision-aware-optimizer"]
+        args += ["--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"]
+    if not job.master_weights_fp32:
+        dropped.append(
+            "no fp32 master weights (master_weights_fp32 False) has no Megatron-LM argument: "
+            "its optimizer keeps fp32 main parameters"
+        )
+    return args
 
 
 def _megatron_sharding(c: ParallelConfig, *, notes: list[str]) -> list[str]:

@@ -96,7 +96,25 @@ def training_dropped(plan: ShardingPlan, recipe: Recipe, *, engine: str, label: 
         _serving_dropped(plan, label)
         + _partial_node(plan, recipe)
         + rule_violations(plan, plan.config, engine=engine, version=recipe.version)
+        + ([] if engine == "megatron" else _precision_dropped(plan, label))
     )
+
+
+def _precision_dropped(plan: ShardingPlan, label: str) -> list[str]:
+    """The training precision the plan was priced with beyond bf16 mixed precision, which the
+    ``label`` export does not write (Megatron-LM's writes it: ``_megatron.megatron_precision``)."""
+    job = plan.job
+    if not isinstance(job, Training):
+        return []
+    unwritten = []
+    if job.precision != "bf16":
+        recipe = f", recipe {job.fp8_recipe!r}" if job.precision == "fp8" else ""
+        unwritten.append(f"{job.precision} training (precision{recipe})")
+    if job.optimizer_state_dtype != "fp32":
+        unwritten.append(f"{job.optimizer_state_dtype} optimizer moments (optimizer_state_dtype)")
+    if not unwritten:
+        return []
+    return [f"{' and '.join(unwritten)}: the {label} script trains in bf16 with fp32 moments"]
 
 
 def _steps(plan: ShardingPlan, recipe: Recipe, file: str) -> list[str]:

@@ -132,6 +132,22 @@ PLANS = (
         ),
     ),
     PlanSpec("qwen3-30b-a3b training, 2 nodes", "qwen3-30b-a3b", "dgx-h100", 2, TRAIN),
+    PlanSpec(
+        "llama-3.1-8b fp8 training with bf16 gradients and optimizer moments, 1 node",
+        "llama-3.1-8b",
+        "dgx-h100",
+        1,
+        Training(
+            sequence_length_tokens=4096,
+            global_batch_sequences=256,
+            precision="fp8",
+            fp8_recipe="current",
+            fp8_bf16_layers_at_start=1,
+            fp8_bf16_layers_at_end=1,
+            gradient_dtype="bf16",
+            optimizer_state_dtype="bf16",
+        ),
+    ),
 )
 
 
@@ -188,6 +204,7 @@ def expected_training(plan: ap.ShardingPlan, engine: str) -> dict:
             values["moe_token_dispatcher_type"] = "flex" if deepep else "alltoall"
         if plan.estimate_options is not None:
             values.update(expected_megatron_recipe(plan))
+        values.update(expected_megatron_precision(plan))
     if engine == "torchtitan":
         if c.pp > 1:
             values["pipeline_layers"] = sizes
@@ -208,6 +225,25 @@ def expected_training(plan: ap.ShardingPlan, engine: str) -> dict:
         if c.zero_stage and c.dp > 1:
             values["reshard_after_forward"] = "never" if c.zero_stage == 2 else "always"
     return values
+
+
+def expected_megatron_precision(plan: ap.ShardingPlan) -> dict:
+    """The training precision the plan was priced with, as Megatron-LM should resolve it."""
+    job = plan.job
+    if not isinstance(job, Training):
+        return {}
+    fp8 = job.precision == "fp8"
+    recipes = {"delayed": "delayed", "current": "tensorwise", "tensorwise": "tensorwise"}
+    recipes.update(blockwise="blockwise", mxfp8="mxfp8")
+    return {
+        "fp8_format": "hybrid" if fp8 else None,
+        "fp8_recipe": recipes[job.fp8_recipe] if fp8 else None,
+        "bf16_layers": [job.fp8_bf16_layers_at_start, job.fp8_bf16_layers_at_end]
+        if fp8
+        else [0, 0],
+        "grad_reduce_in_bf16": job.gradient_dtype == "bf16",
+        "optimizer_moments": job.optimizer_state_dtype,
+    }
 
 
 def expected_megatron_recipe(plan: ap.ShardingPlan) -> dict:

@@ -205,6 +205,15 @@ def _megatron_recipe(args) -> dict:
         "ep_comm_overlap": bool(args.overlap_moe_expert_parallel_comm),
         "delay_wgrad_compute": bool(args.delay_wgrad_compute),
         "tp_comm_overlap": bool(args.tp_comm_overlap),
+        "fp8_format": args.fp8,
+        "fp8_recipe": args.fp8_recipe if args.fp8 else None,
+        "bf16_layers": [args.num_layers_at_start_in_bf16, args.num_layers_at_end_in_bf16]
+        if args.first_last_layers_bf16
+        else [0, 0],
+        "grad_reduce_in_bf16": bool(args.grad_reduce_in_bf16),
+        "optimizer_moments": str(args.exp_avg_dtype).replace("torch.bfloat16", "bf16")
+        if args.use_precision_aware_optimizer
+        else "fp32",
         "cuda_graph_impl": args.cuda_graph_impl,
         "cuda_graph_scope": [getattr(s, "name", str(s)) for s in args.cuda_graph_scope or []],
         "recompute_modules": list(args.recompute_modules or []),
