@@ -58,6 +58,15 @@ def _mistral(r: _Reader, name: str) -> ModelSpec:
     return _common(r, name, _attention_gqa(r, sliding=True))
 
 
+def _phi3(r: _Reader, name: str) -> ModelSpec:
+    """Phi-3, Phi-3.5 and Phi-4 (transformers ``Phi3Config``): Llama's weights with the Q/K/V
+    projections fused into one ``qkv_proj`` and the gate and up projections into one
+    ``gate_up_proj`` (the same parameters), sliding-window attention where ``sliding_window`` is
+    set; RoPE on ``partial_rotary_factor`` of each head and long-context RoPE scaling change no
+    weight."""
+    return _common(r, name, _attention_gqa(r, sliding=True))
+
+
 def _qwen2(r: _Reader, name: str) -> ModelSpec:
     sliding = r.bool("use_sliding_window", False)
     return _common(r, name, _attention_gqa(r, sliding=sliding), qkv_bias=True)
@@ -189,6 +198,7 @@ def _gpt2(r: _Reader, name: str) -> ModelSpec:
 _PARSERS: dict[str, Callable[[_Reader, str], ModelSpec]] = {
     "llama": _llama,
     "mistral": _mistral,
+    "phi3": _phi3,
     "mixtral": _mixtral,
     "qwen2": _qwen2,
     "mimo": _qwen2,

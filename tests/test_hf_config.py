@@ -145,6 +145,21 @@ EXAMPLES = {
     "qwen3_5_moe": catalog_config("qwen3.5-397b-a17b"),
     "nemotron_h": catalog_config("nemotron-3-nano-30b-a3b"),
     "nemotron": catalog_config("nemotron-4-340b"),
+    # microsoft/Phi-3-mini-4k-instruct config.json (the fields the reader uses)
+    "phi3": {
+        "model_type": "phi3",
+        "architectures": ["Phi3ForCausalLM"],
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "vocab_size": 32064,
+        "max_position_embeddings": 4096,
+        "sliding_window": 2047,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+    },
     "qwen3_5_moe_text": catalog_config("qwen3.5-397b-a17b")["text_config"],
     "qwen3_5": {
         "model_type": "qwen3_5",
@@ -210,6 +225,7 @@ def test_supported_types_parse(model_type: str) -> None:
             "qwen3",
             "gpt2",
             "nemotron",
+            "phi3",
             "mimo",
             "qwen3_vl_text",
             "qwen3_vl",
@@ -244,6 +260,14 @@ def test_nemotron_is_a_squared_relu_layernorm_model_and_refuses_other_activation
     assert 340e9 < nemotron.num_parameters < 342e9  # Nemotron-4 340B
     with pytest.raises(ValueError, match=r"'hidden_act' \('silu'\).*'nemotron'"):
         ModelSpec.from_hf_config({**EXAMPLES["nemotron"], "hidden_act": "silu"})
+
+
+def test_phi3_is_llama_shaped_with_its_sliding_window() -> None:
+    phi3 = ModelSpec.from_hf_config(EXAMPLES["phi3"])
+    assert phi3.attention.variant == "sliding_window" and phi3.attention.window_tokens == 2047
+    assert 3.7e9 < phi3.num_parameters < 3.9e9  # Phi-3-mini: 3.8B
+    phi4 = ModelSpec.from_hf_config({**EXAMPLES["phi3"], "sliding_window": None})
+    assert phi4.attention.variant == "full"
 
 
 def test_reads_a_config_file_and_folder(tmp_path: Path) -> None:

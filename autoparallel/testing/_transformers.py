@@ -31,6 +31,11 @@ TINY_TRANSFORMERS: dict[str, tuple[str, str, dict]] = {
         "NemotronForCausalLM",
         dict(intermediate_size=128, num_key_value_heads=2),
     ),
+    "phi3": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(intermediate_size=128, num_key_value_heads=2, pad_token_id=0),
+    ),
     "qwen2": (
         "Qwen2Config",
         "Qwen2ForCausalLM",
