@@ -91,10 +91,14 @@ def _ffn_rules(
     style_out: ModuleStyle,
     names: tuple[str, str, str],
     axis: str,
+    *,
+    gated: bool = True,
 ) -> list[ModuleRule]:
+    """The FFN's projections: gate (where the activation is gated) and up split as ``style_in``,
+    down as ``style_out``."""
     gate, up, down = names
-    return [
-        _rule(f"{prefix}.{gate}", style_in, axis),
+    gates = [_rule(f"{prefix}.{gate}", style_in, axis)] if gated else []
+    return gates + [
         _rule(f"{prefix}.{up}", style_in, axis),
         _rule(f"{prefix}.{down}", style_out, axis),
     ]
@@ -133,7 +137,11 @@ def _ffn_and_moe_rules(
     hf_names = _EXPERT_PROJECTIONS["hf"]
     rules: list[ModuleRule] = []
     if model.num_dense_ffn_layers and (sharded or config.attention_data_parallel):
-        rules += _ffn_rules(f"*.{_ffn_name(model)}", style_in, style_out, hf_names, "tp")
+        # a squared-ReLU or GELU MLP (Nemotron-4) has no gate projection
+        gated = model.ffn_activation == "swiglu"
+        rules += _ffn_rules(
+            f"*.{_ffn_name(model)}", style_in, style_out, hf_names, "tp", gated=gated
+        )
     moe = model.moe
     if moe is None:
         return rules

@@ -1,9 +1,10 @@
 """Plans applied to ``transformers``' own models equal the unsharded model.
 
 The modules are transformers 5's (``LlamaForCausalLM``, ``Qwen3ForCausalLM``,
-``Qwen3MoeForCausalLM``, ``MixtralForCausalLM``, ``DeepseekV3ForCausalLM``), tiny and randomly
-initialised, called as transformers calls them (keyword inputs, positions and the causal mask
-made at the model from the embedding's output, routed experts fused into 3-D weights). Each
+``Qwen3MoeForCausalLM``, ``MixtralForCausalLM``, ``DeepseekV3ForCausalLM``,
+``NemotronForCausalLM``, ...), tiny and randomly initialised, called as transformers calls them
+(keyword inputs, positions and the causal mask made at the model from the embedding's output,
+routed experts fused into 3-D weights). Each
 rank's logits and every gradient (after ``sync_gradients``) are compared with one unsharded
 copy of the same model on the same tokens; an expert's gradient with the slice of the fused
 weight's gradient it came from.
@@ -34,6 +35,7 @@ CASES = {
     "glm4-moe": "glm4_moe",
     "qwen3-next": "qwen3_next",
     "deepseek-v3": "deepseek_v3",
+    "nemotron": "nemotron",
 }
 #: (case, parallel config) pairs run on 2 ranks: tensor parallel with and without sequence
 #: parallel, expert parallel over data-parallel ranks and over tensor-parallel ones, expert TP
@@ -53,6 +55,7 @@ PLANS = [
     ("qwen3-next", {"tp": 2, "ep": 2}),  # linear attention (whole on each rank) beside full
     ("deepseek-v3", {"tp": 2, "ep": 2}),
     ("deepseek-v3", {"tp": 2, "sequence_parallel": True}),
+    ("nemotron", {"tp": 2, "sequence_parallel": True}),  # squared-ReLU MLP: no gate projection
 ]
 
 
