@@ -58,6 +58,20 @@ def _mistral(r: _Reader, name: str) -> ModelSpec:
     return _common(r, name, _attention_gqa(r, sliding=True))
 
 
+def _smollm3(r: _Reader, name: str) -> ModelSpec:
+    """SmolLM3 (``SmolLM3Config``): Llama's weights (the layers without RoPE, ``no_rope_layers``,
+    change no weight), embeddings tied unless the config says otherwise."""
+    return _common(r, name, _attention_gqa(r), tie_default=True)
+
+
+def _olmo2(r: _Reader, name: str) -> ModelSpec:
+    """OLMo 2 (``Olmo2Config``): Llama's projections with the norms after the attention and the
+    MLP instead of before them (as many norms); its query and key norms run over all heads'
+    features at once (``Olmo2Attention.q_norm`` of ``num_attention_heads x head_dim``), a shape
+    ``AttentionSpec.qk_norm`` (one norm per head) does not hold: not read, as MiniMax-M2's."""
+    return _common(r, name, _attention_gqa(r))
+
+
 def _phi3(r: _Reader, name: str) -> ModelSpec:
     """Phi-3, Phi-3.5 and Phi-4 (transformers ``Phi3Config``): Llama's weights with the Q/K/V
     projections fused into one ``qkv_proj`` and the gate and up projections into one
@@ -199,6 +213,9 @@ _PARSERS: dict[str, Callable[[_Reader, str], ModelSpec]] = {
     "llama": _llama,
     "mistral": _mistral,
     "phi3": _phi3,
+    "granite": _llama,
+    "smollm3": _smollm3,
+    "olmo2": _olmo2,
     "mixtral": _mixtral,
     "qwen2": _qwen2,
     "mimo": _qwen2,

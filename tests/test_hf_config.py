@@ -145,6 +145,21 @@ EXAMPLES = {
     "qwen3_5_moe": catalog_config("qwen3.5-397b-a17b"),
     "nemotron_h": catalog_config("nemotron-3-nano-30b-a3b"),
     "nemotron": catalog_config("nemotron-4-340b"),
+    # small Llama-shaped configs with the fields of their own type (granite's multipliers,
+    # SmolLM3's layers without RoPE)
+    "granite": {
+        **LLAMA,
+        "model_type": "granite",
+        "embedding_multiplier": 12.0,
+        "residual_multiplier": 0.22,
+        "tie_word_embeddings": True,
+    },
+    "smollm3": {
+        **{key: value for key, value in LLAMA.items() if key != "tie_word_embeddings"},
+        "model_type": "smollm3",
+        "no_rope_layers": [1, 1, 1, 0],
+    },
+    "olmo2": {**LLAMA, "model_type": "olmo2"},
     # microsoft/Phi-3-mini-4k-instruct config.json (the fields the reader uses)
     "phi3": {
         "model_type": "phi3",
@@ -226,6 +241,9 @@ def test_supported_types_parse(model_type: str) -> None:
             "gpt2",
             "nemotron",
             "phi3",
+            "granite",
+            "smollm3",
+            "olmo2",
             "mimo",
             "qwen3_vl_text",
             "qwen3_vl",
@@ -260,6 +278,13 @@ def test_nemotron_is_a_squared_relu_layernorm_model_and_refuses_other_activation
     assert 340e9 < nemotron.num_parameters < 342e9  # Nemotron-4 340B
     with pytest.raises(ValueError, match=r"'hidden_act' \('silu'\).*'nemotron'"):
         ModelSpec.from_hf_config({**EXAMPLES["nemotron"], "hidden_act": "silu"})
+
+
+def test_smollm3_ties_its_embeddings_unless_told_otherwise() -> None:
+    assert ModelSpec.from_hf_config(EXAMPLES["smollm3"]).tie_word_embeddings
+    untied = {**EXAMPLES["smollm3"], "tie_word_embeddings": False}
+    assert not ModelSpec.from_hf_config(untied).tie_word_embeddings
+    assert not ModelSpec.from_hf_config(EXAMPLES["olmo2"]).tie_word_embeddings
 
 
 def test_phi3_is_llama_shaped_with_its_sliding_window() -> None:

@@ -16,13 +16,20 @@ from autoparallel.testing import TINY_TRANSFORMERS, tiny_transformers_model
 from cost_model import ModelSpec
 
 #: What the reader leaves out, by design (parameters per model of the tiny configs): gpt-oss's
-#: attention sinks, one scalar per head and layer (``_hf_hybrid._gpt_oss``); MiniMax-M2's query
-#: and key norms over all heads' features (``AttentionSpec``: "other shapes, not read").
+#: attention sinks, one scalar per head and layer (``_hf_hybrid._gpt_oss``); MiniMax-M2's and
+#: OLMo 2's query and key norms over all heads' features (``AttentionSpec``: "other shapes, not
+#: read").
 UNCOUNTED = {
     "gpt_oss": lambda config: config.num_attention_heads * config.num_hidden_layers,
     "minimax_m2": lambda config: (
         (config.num_attention_heads + config.num_key_value_heads)
         * config.head_dim
+        * config.num_hidden_layers
+    ),
+    # OLMo 2's query and key norms over all heads' features (``_hf_config._olmo2``)
+    "olmo2": lambda config: (
+        (config.num_attention_heads + config.num_key_value_heads)
+        * (config.hidden_size // config.num_attention_heads)
         * config.num_hidden_layers
     ),
 }

@@ -36,6 +36,21 @@ TINY_TRANSFORMERS: dict[str, tuple[str, str, dict]] = {
         "Phi3ForCausalLM",
         dict(intermediate_size=128, num_key_value_heads=2, pad_token_id=0),
     ),
+    "granite": (
+        "GraniteConfig",
+        "GraniteForCausalLM",
+        dict(intermediate_size=128, num_key_value_heads=2),
+    ),
+    "smollm3": (
+        "SmolLM3Config",
+        "SmolLM3ForCausalLM",
+        dict(intermediate_size=128, num_key_value_heads=2, pad_token_id=0),
+    ),
+    "olmo2": (
+        "Olmo2Config",
+        "Olmo2ForCausalLM",
+        dict(intermediate_size=128, num_key_value_heads=2),
+    ),
     "qwen2": (
         "Qwen2Config",
         "Qwen2ForCausalLM",
