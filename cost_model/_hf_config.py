@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from cost_model._hf_hybrid import (
+    _gemma2,
+    _gemma3_text,
     _gpt_oss,
     _llama4_text,
     _minimax_m2,
@@ -216,6 +218,8 @@ _PARSERS: dict[str, Callable[[_Reader, str], ModelSpec]] = {
     "granite": _llama,
     "smollm3": _smollm3,
     "olmo2": _olmo2,
+    "gemma2": _gemma2,
+    "gemma3_text": _gemma3_text,
     "mixtral": _mixtral,
     "qwen2": _qwen2,
     "mimo": _qwen2,
@@ -251,6 +255,7 @@ _MULTIMODAL: dict[str, str] = {
     "llama4": "llama4_text",
     "qwen3_5": "qwen3_5_text",
     "qwen3_5_moe": "qwen3_5_moe_text",
+    "gemma3": "gemma3_text",
 }
 
 #: Model types whose layers differ in shape, which one ``ModelSpec`` cannot hold: the reason.

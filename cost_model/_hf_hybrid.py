@@ -66,6 +66,46 @@ def _gpt_oss(r: _Reader, name: str) -> ModelSpec:
     )
 
 
+#: Gemma's gated MLP activations: a GELU gate (GeGLU), the weights and FLOPs of a SwiGLU.
+_GEMMA_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu", "gelu_new")
+
+
+def _gemma(r: _Reader, name: str, *, period: int, qk_norm: bool) -> ModelSpec:
+    """Gemma 2 (``Gemma2Config``, ``period`` 2, no query/key norms) and Gemma 3's language model
+    (``Gemma3TextConfig``, ``period`` ``sliding_window_pattern``, default 6; per-head query and
+    key norms): GQA of ``head_dim``; sliding-window layers (``sliding_window``) with every
+    ``period``-th layer full, as ``layer_types`` lists them where the config has it (transformers
+    derives the same list); a gated GELU MLP (gate, up, down: SwiGLU's weights and FLOPs);
+    embeddings tied by default. The norms after the attention and before and after the MLP
+    (four a layer where ``ModelSpec`` counts two: ``post_attention_layernorm``,
+    ``pre_feedforward_layernorm``, ``post_feedforward_layernorm``) add two norms of the hidden
+    size a layer that are not counted; logit soft-capping changes no weight."""
+    activation = r.data.get("hidden_activation") or r.data.get("hidden_act", "gelu_pytorch_tanh")
+    if activation not in _GEMMA_ACTIVATIONS:
+        raise ValueError(
+            f"config field 'hidden_activation' ({activation!r}) is not supported; supported: "
+            f"{', '.join(_GEMMA_ACTIVATIONS)} (Gemma's gated GELU)"
+        )
+    if r.data.get("layer_types") is None:
+        layers = r.int("num_hidden_layers")
+        kinds = [
+            "sliding_attention" if (i + 1) % period else "full_attention" for i in range(layers)
+        ]
+        r = _Reader({**r.data, "layer_types": kinds})
+    attention = _interleaved_attention(r, local="sliding_attention", window_key="sliding_window")
+    if qk_norm:
+        attention = attention.model_copy(update={"qk_norm": True})
+    return _common(r, name, AttentionSpec(**attention.model_dump()), tie_default=True)
+
+
+def _gemma3_text(r: _Reader, name: str) -> ModelSpec:
+    return _gemma(r, name, period=r.int("sliding_window_pattern", 6), qk_norm=True)
+
+
+def _gemma2(r: _Reader, name: str) -> ModelSpec:
+    return _gemma(r, name, period=2, qk_norm=False)
+
+
 def _step3p7(r: _Reader, name: str) -> ModelSpec:
     """Step-3.7 (``step3p7``, the checkpoint's ``configuration_step3p7.py``): leading dense
     layers (``first_k_dense_replace``, ``intermediate_size``), then MoE layers (``num_experts``,

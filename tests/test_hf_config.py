@@ -160,6 +160,44 @@ EXAMPLES = {
         "no_rope_layers": [1, 1, 1, 0],
     },
     "olmo2": {**LLAMA, "model_type": "olmo2"},
+    "gemma3_text": {
+        **LLAMA,
+        "model_type": "gemma3_text",
+        "head_dim": 64,
+        "sliding_window": 512,
+        "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+    },
+    # the text fields of google/gemma-2-9b's and google/gemma-3-27b-it's config.json
+    "gemma2": {
+        "model_type": "gemma2",
+        "hidden_size": 3584,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 42,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 256,
+        "vocab_size": 256000,
+        "sliding_window": 4096,
+        "max_position_embeddings": 8192,
+        "hidden_activation": "gelu_pytorch_tanh",
+    },
+    "gemma3": {
+        "model_type": "gemma3",
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "text_config": {
+            "hidden_size": 5376,
+            "intermediate_size": 21504,
+            "num_hidden_layers": 62,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 16,
+            "head_dim": 128,
+            "vocab_size": 262208,
+            "sliding_window": 1024,
+            "sliding_window_pattern": 6,
+            "max_position_embeddings": 131072,
+            "hidden_activation": "gelu_pytorch_tanh",
+        },
+    },
     # microsoft/Phi-3-mini-4k-instruct config.json (the fields the reader uses)
     "phi3": {
         "model_type": "phi3",
@@ -244,6 +282,9 @@ def test_supported_types_parse(model_type: str) -> None:
             "granite",
             "smollm3",
             "olmo2",
+            "gemma2",
+            "gemma3",
+            "gemma3_text",
             "mimo",
             "qwen3_vl_text",
             "qwen3_vl",
@@ -278,6 +319,21 @@ def test_nemotron_is_a_squared_relu_layernorm_model_and_refuses_other_activation
     assert 340e9 < nemotron.num_parameters < 342e9  # Nemotron-4 340B
     with pytest.raises(ValueError, match=r"'hidden_act' \('silu'\).*'nemotron'"):
         ModelSpec.from_hf_config({**EXAMPLES["nemotron"], "hidden_act": "silu"})
+
+
+def test_gemma_interleaves_sliding_and_full_layers_as_transformers_derives_them() -> None:
+    gemma3 = ModelSpec.from_hf_config(EXAMPLES["gemma3"])  # the language model of the checkpoint
+    assert gemma3.attention.variant == "sliding_window" and gemma3.attention.window_tokens == 1024
+    assert gemma3.attention.full_layer_fraction == pytest.approx(10 / 62)  # every sixth layer
+    assert gemma3.attention.qk_norm and gemma3.tie_word_embeddings
+    assert 26.9e9 < gemma3.num_parameters < 27.1e9  # Gemma 3 27B's language model
+    gemma2 = ModelSpec.from_hf_config(EXAMPLES["gemma2"])
+    assert gemma2.attention.full_layer_fraction == 0.5 and not gemma2.attention.qk_norm
+    assert 9.2e9 < gemma2.num_parameters < 9.3e9  # Gemma 2 9B
+    listed = ModelSpec.from_hf_config(EXAMPLES["gemma3_text"])
+    assert listed.attention.full_layer_fraction == 0.25
+    with pytest.raises(ValueError, match=r"'hidden_activation' \('silu'\)"):
+        ModelSpec.from_hf_config({**EXAMPLES["gemma2"], "hidden_activation": "silu"})
 
 
 def test_smollm3_ties_its_embeddings_unless_told_otherwise() -> None:

@@ -51,6 +51,16 @@ TINY_TRANSFORMERS: dict[str, tuple[str, str, dict]] = {
         "Olmo2ForCausalLM",
         dict(intermediate_size=128, num_key_value_heads=2),
     ),
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        dict(intermediate_size=128, num_key_value_heads=2, head_dim=16, sliding_window=16),
+    ),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(intermediate_size=128, num_key_value_heads=2, head_dim=16, sliding_window=16),
+    ),
     "qwen2": (
         "Qwen2Config",
         "Qwen2ForCausalLM",
