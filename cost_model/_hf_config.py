@@ -74,6 +74,15 @@ def _olmo2(r: _Reader, name: str) -> ModelSpec:
     return _common(r, name, _attention_gqa(r))
 
 
+def _glm4(r: _Reader, name: str) -> ModelSpec:
+    """GLM-4 dense (``Glm4Config``: GLM-4-9B/32B-0414): GQA with Q/K/V biases
+    (``attention_bias``), a SwiGLU MLP with its gate and up projections fused (the same
+    weights), RoPE on part of each head; its norms after the attention and after the MLP
+    (``post_self_attn_layernorm``, ``post_mlp_layernorm``: four a layer where ``ModelSpec``
+    counts two) add two norms of the hidden size a layer that are not counted."""
+    return _common(r, name, _attention_gqa(r), qkv_bias=r.bool("attention_bias", True))
+
+
 def _phi3(r: _Reader, name: str) -> ModelSpec:
     """Phi-3, Phi-3.5 and Phi-4 (transformers ``Phi3Config``): Llama's weights with the Q/K/V
     projections fused into one ``qkv_proj`` and the gate and up projections into one
@@ -219,6 +228,7 @@ _PARSERS: dict[str, Callable[[_Reader, str], ModelSpec]] = {
     "smollm3": _smollm3,
     "olmo2": _olmo2,
     "gemma2": _gemma2,
+    "glm4": _glm4,
     "gemma3_text": _gemma3_text,
     "mixtral": _mixtral,
     "qwen2": _qwen2,

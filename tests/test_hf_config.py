@@ -160,6 +160,7 @@ EXAMPLES = {
         "no_rope_layers": [1, 1, 1, 0],
     },
     "olmo2": {**LLAMA, "model_type": "olmo2"},
+    "glm4": {**LLAMA, "model_type": "glm4", "head_dim": 32, "partial_rotary_factor": 0.5},
     "gemma3_text": {
         **LLAMA,
         "model_type": "gemma3_text",
@@ -285,6 +286,7 @@ def test_supported_types_parse(model_type: str) -> None:
             "gemma2",
             "gemma3",
             "gemma3_text",
+            "glm4",
             "mimo",
             "qwen3_vl_text",
             "qwen3_vl",

@@ -18,7 +18,8 @@ from cost_model import ModelSpec
 #: What the reader leaves out, by design (parameters per model of the tiny configs): gpt-oss's
 #: attention sinks, one scalar per head and layer (``_hf_hybrid._gpt_oss``); MiniMax-M2's and
 #: OLMo 2's query and key norms over all heads' features (``AttentionSpec``: "other shapes, not
-#: read"); Gemma's third and fourth norm of each layer (``_hf_hybrid._gemma``).
+#: read"); Gemma's and GLM-4's third and fourth norm of each layer (``_hf_hybrid._gemma``,
+#: ``_hf_config._glm4``).
 UNCOUNTED = {
     "gpt_oss": lambda config: config.num_attention_heads * config.num_hidden_layers,
     "minimax_m2": lambda config: (
@@ -29,6 +30,8 @@ UNCOUNTED = {
     # Gemma's norms before and after the MLP beside the two ``ModelSpec`` counts
     "gemma2": lambda config: 2 * config.hidden_size * config.num_hidden_layers,
     "gemma3_text": lambda config: 2 * config.hidden_size * config.num_hidden_layers,
+    # GLM-4's norms after the attention and the MLP (``_hf_config._glm4``)
+    "glm4": lambda config: 2 * config.hidden_size * config.num_hidden_layers,
     # OLMo 2's query and key norms over all heads' features (``_hf_config._olmo2``)
     "olmo2": lambda config: (
         (config.num_attention_heads + config.num_key_value_heads)

@@ -61,6 +61,11 @@ TINY_TRANSFORMERS: dict[str, tuple[str, str, dict]] = {
         "Gemma3ForCausalLM",
         dict(intermediate_size=128, num_key_value_heads=2, head_dim=16, sliding_window=16),
     ),
+    "glm4": (
+        "Glm4Config",
+        "Glm4ForCausalLM",
+        dict(intermediate_size=128, num_key_value_heads=2, head_dim=16, pad_token_id=0),
+    ),
     "qwen2": (
         "Qwen2Config",
         "Qwen2ForCausalLM",
