@@ -15,67 +15,33 @@ TINY_SHAPE = dict(vocab_size=128, hidden_size=64, num_attention_heads=4, max_pos
 _MLA = dict(kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
 _EXPERTS = dict(moe_intermediate_size=32, num_experts_per_tok=2)
 
+
+def _dense(family: str, **fields) -> tuple[str, str, dict]:
+    """A dense model of transformers' ``<family>Config`` / ``<family>ForCausalLM``: an FFN of 128,
+    two KV heads, and ``fields``."""
+    return (
+        f"{family}Config",
+        f"{family}ForCausalLM",
+        dict(intermediate_size=128, num_key_value_heads=2, **fields),
+    )
+
+
+#: Gemma's sliding-window layers at the tiny shape
+_GEMMA = dict(head_dim=16, sliding_window=16)
+
 TINY_TRANSFORMERS: dict[str, tuple[str, str, dict]] = {
-    "llama": (
-        "LlamaConfig",
-        "LlamaForCausalLM",
-        dict(intermediate_size=128, num_key_value_heads=2),
-    ),
-    "mistral": (
-        "MistralConfig",
-        "MistralForCausalLM",
-        dict(intermediate_size=128, num_key_value_heads=2),
-    ),
-    "nemotron": (
-        "NemotronConfig",
-        "NemotronForCausalLM",
-        dict(intermediate_size=128, num_key_value_heads=2),
-    ),
-    "phi3": (
-        "Phi3Config",
-        "Phi3ForCausalLM",
-        dict(intermediate_size=128, num_key_value_heads=2, pad_token_id=0),
-    ),
-    "granite": (
-        "GraniteConfig",
-        "GraniteForCausalLM",
-        dict(intermediate_size=128, num_key_value_heads=2),
-    ),
-    "smollm3": (
-        "SmolLM3Config",
-        "SmolLM3ForCausalLM",
-        dict(intermediate_size=128, num_key_value_heads=2, pad_token_id=0),
-    ),
-    "olmo2": (
-        "Olmo2Config",
-        "Olmo2ForCausalLM",
-        dict(intermediate_size=128, num_key_value_heads=2),
-    ),
-    "gemma2": (
-        "Gemma2Config",
-        "Gemma2ForCausalLM",
-        dict(intermediate_size=128, num_key_value_heads=2, head_dim=16, sliding_window=16),
-    ),
-    "gemma3_text": (
-        "Gemma3TextConfig",
-        "Gemma3ForCausalLM",
-        dict(intermediate_size=128, num_key_value_heads=2, head_dim=16, sliding_window=16),
-    ),
-    "glm4": (
-        "Glm4Config",
-        "Glm4ForCausalLM",
-        dict(intermediate_size=128, num_key_value_heads=2, head_dim=16, pad_token_id=0),
-    ),
-    "qwen2": (
-        "Qwen2Config",
-        "Qwen2ForCausalLM",
-        dict(intermediate_size=128, num_key_value_heads=2),
-    ),
-    "qwen3": (
-        "Qwen3Config",
-        "Qwen3ForCausalLM",
-        dict(intermediate_size=128, num_key_value_heads=2, head_dim=16),
-    ),
+    "llama": _dense("Llama"),
+    "mistral": _dense("Mistral"),
+    "nemotron": _dense("Nemotron"),
+    "phi3": _dense("Phi3", pad_token_id=0),
+    "granite": _dense("Granite"),
+    "smollm3": _dense("SmolLM3", pad_token_id=0),
+    "olmo2": _dense("Olmo2"),
+    "gemma2": _dense("Gemma2", **_GEMMA),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", _dense("Gemma3", **_GEMMA)[2]),
+    "glm4": _dense("Glm4", head_dim=16, pad_token_id=0),
+    "qwen2": _dense("Qwen2"),
+    "qwen3": _dense("Qwen3", head_dim=16),
     "mixtral": (
         "MixtralConfig",
         "MixtralForCausalLM",
