@@ -14,6 +14,14 @@ __all__ = ["TINY_SHAPE", "TINY_TRANSFORMERS", "tiny_transformers_model"]
 TINY_SHAPE = dict(vocab_size=128, hidden_size=64, num_attention_heads=4, max_position_embeddings=64)
 _MLA = dict(kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
 _EXPERTS = dict(moe_intermediate_size=32, num_experts_per_tok=2)
+#: DeepSeek's MoE layout at the tiny shape: one dense layer, then four routed experts and a shared one
+_DEEPSEEK_MOE = dict(
+    **_EXPERTS,
+    intermediate_size=128,
+    n_routed_experts=4,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+)
 
 
 def _dense(family: str, **fields) -> tuple[str, str, dict]:
@@ -70,11 +78,7 @@ TINY_TRANSFORMERS: dict[str, tuple[str, str, dict]] = {
         "DeepseekV2ForCausalLM",
         dict(
             **_MLA,
-            **_EXPERTS,
-            intermediate_size=128,
-            n_routed_experts=4,
-            n_shared_experts=1,
-            first_k_dense_replace=1,
+            **_DEEPSEEK_MOE,
             num_key_value_heads=4,
             q_lora_rank=None,
             topk_method="greedy",
@@ -87,13 +91,9 @@ TINY_TRANSFORMERS: dict[str, tuple[str, str, dict]] = {
         "DeepseekV3ForCausalLM",
         dict(
             **_MLA,
-            **_EXPERTS,
-            intermediate_size=128,
-            n_routed_experts=4,
-            n_shared_experts=1,
+            **_DEEPSEEK_MOE,
             n_group=2,
             topk_group=1,
-            first_k_dense_replace=1,
             num_key_value_heads=4,
             q_lora_rank=32,
         ),
@@ -102,11 +102,7 @@ TINY_TRANSFORMERS: dict[str, tuple[str, str, dict]] = {
         "Glm4MoeConfig",
         "Glm4MoeForCausalLM",
         dict(
-            **_EXPERTS,
-            intermediate_size=128,
-            n_routed_experts=4,
-            n_shared_experts=1,
-            first_k_dense_replace=1,
+            **_DEEPSEEK_MOE,
             num_key_value_heads=2,
             head_dim=16,
             n_group=1,
