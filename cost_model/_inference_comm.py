@@ -23,7 +23,14 @@ import numpy as np
 
 from cost_model import _inference_ops as ops
 from cost_model._engine_paths import attention_replicas, instance_size, sglang_uses_deepep
-from cost_model._inference_setup import COMBINE_BYTES, _dispatch_bytes, _part_dtype, _Setup, _tokens
+from cost_model._inference_setup import (
+    COMBINE_BYTES,
+    _dispatch_bytes,
+    _part_dtype,
+    _Setup,
+    _tokens,
+    busiest_rank_load_factor,
+)
 from cost_model._kernel_curves_comm import (
     all_reduce_time_s,
     deepep_low_latency_s,
@@ -156,6 +163,13 @@ def _expert_all_to_all(
         local=local,
         node_dedup=node_dedup,
     )
+    # The busiest expert rank receives (dispatch) and returns (combine) its routed excess, and
+    # the kernel ends with its transfers; DeepEP's measured kernels ran uniform random routing,
+    # so real traffic adds its busiest rank's load over uniform routing's.
+    busiest = busiest_rank_load_factor(s, rank_tokens) / busiest_rank_load_factor(
+        s, rank_tokens, real_traffic=False
+    )
+    intra_bytes, inter_bytes = intra_bytes * busiest, inter_bytes * busiest
     remote = ep > local
 
     def point_to_point(ranks_per_node, message) -> np.ndarray:

@@ -26,9 +26,10 @@ by context length, batch and heads per rank and its ``kv_b_proj`` as the two mea
 GEMMs of the absorbed form; kernels timed by a table pay no per-kernel floor on top
 (``_inference_kernels._measured_kernels_per_pass``).
 
-Routing is uniform at random: the busiest EP rank carries the balls-into-bins excess, or the
-measured ``EstimateOptions.routing_imbalance`` if larger; redundant experts cost their memory,
-and the skew they fix in real routing is not modelled.
+The busiest EP rank carries the balls-into-bins excess of uniform routing widened by real
+traffic's expert-load skew (``_routing_skew``: by default the residual measured behind an
+expert-placement balancer, EPLB), or the measured ``EstimateOptions.routing_imbalance`` if
+larger (``busiest_rank_load_factor``); redundant experts cost their memory.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from cost_model._inference_setup import (
     _mm,
     _part_dtype,
     _Setup,
+    busiest_rank_load_factor,
 )
 from cost_model._kernel_curves import DEVICE_ALIASES, gemm_curve_dtype, kernel_curves
 from cost_model._kernel_curves_attention import (
@@ -241,17 +243,14 @@ class _ExpertLoad:
 
 
 def _expert_load(s: _Setup, *, rank_tokens: np.ndarray) -> _ExpertLoad:
-    """Assignments, expert slots and touched fraction of the busiest EP rank under uniform
-    routing (the balls-into-bins excess, or the measured imbalance if larger)."""
+    """Assignments, expert slots and touched fraction of the busiest EP rank
+    (``busiest_rank_load_factor``)."""
     moe = s.model.moe
     assert moe is not None
     ep, etp = s.column("ep"), s.column("etp")
     group_tokens = rank_tokens * ep * etp
     mean_assignments = group_tokens * moe.top_k / ep
-    assignments = mean_assignments * np.maximum(
-        s.rows.evaluate(ops.max_load_factor, mean_load=mean_assignments, num_bins=ep),
-        s.routing_imbalance,
-    )
+    assignments = mean_assignments * busiest_rank_load_factor(s, rank_tokens)
     slots = (moe.num_routed_experts + s.column("num_redundant_experts")) / ep
     touched = s.rows.evaluate(
         ops.experts_touched_fraction,

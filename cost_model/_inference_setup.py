@@ -107,6 +107,7 @@ class _Setup:
     routing_imbalance: (
         float  # measured busiest-rank / mean expert load, at least the uniform excess
     )
+    routing_skew: float  # real traffic's expert-load spread beyond sampling (``_routing_skew``)
     kernels_per_layer: tuple[float, float]  # (dense, MoE) layer, forward
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
@@ -229,6 +230,7 @@ def _setup(
         phase=np.asarray(table["phase"], dtype=np.int64),
         fragmentation_fraction=options.fragmentation_fraction,
         routing_imbalance=options.routing_imbalance,
+        routing_skew=options.routing_skew,
         kernels_per_layer=kernels_per_layer(SimpleNamespace(model=model, options=options)),
         prompt_tokens=np.broadcast_to(np.asarray(prompt, dtype=np.float64), (n,)),
         output_tokens=np.full(n, float(workload.output_tokens)),
@@ -302,6 +304,24 @@ def _tokens(s: _Setup, p: ops.Pass) -> tuple[np.ndarray, np.ndarray]:
     """Tokens per device on the attention side, and per rank entering the MoE dispatch."""
     per_replica = p.batch * p.new_tokens
     return per_replica / s.column("cp"), per_replica * s.replicas / s.stage_ranks
+
+
+def busiest_rank_load_factor(
+    s: _Setup, rank_tokens: np.ndarray, *, real_traffic: bool = True
+) -> np.ndarray:
+    """Routed assignments of the busiest EP rank over the mean, (n,): the balls-into-bins excess
+    of its mean load widened by real traffic's expert-load skew (``_routing_skew``), or the
+    measured imbalance if larger; ``real_traffic`` False: uniform routing's excess alone."""
+    moe = s.model.moe
+    assert moe is not None
+    mean_assignments = rank_tokens * s.column("etp") * moe.top_k
+    factor = s.rows.evaluate(
+        ops.max_load_factor,
+        mean_load=mean_assignments,
+        num_bins=s.column("ep"),
+        skew=s.routing_skew if real_traffic else 0.0,
+    )
+    return np.maximum(factor, s.routing_imbalance) if real_traffic else factor
 
 
 def _mm(

@@ -148,17 +148,20 @@ def _tokens_per_node(
     serving: ServingConfig,
     calibration: Calibration | None,
     engine: str = "sglang",
+    expert_load_skew: float | None = None,
 ) -> float:
     """Tokens/s per node of one serving unit (input tokens in prefill, output tokens in decode).
     ``engine`` ``deepseek``: DeepSeek's own inference system, whose two-batch overlap hides the
     whole all-to-all behind the pass (``EstimateOptions.two_batch_stages`` off); SGLang's hides
-    each micro-batch's behind the other's stage."""
+    each micro-batch's behind the other's stage. ``expert_load_skew``: the traffic's
+    (``EstimateOptions.expert_load_skew``; None: real traffic behind EPLB, 0: balanced routing)."""
     from topology import get_preset
 
     cluster = get_preset(preset, num_nodes=nodes)
     options = EstimateOptions(
         calibration=calibration or calibration_for(cluster.device),
         two_batch_stages=engine != "deepseek",
+        expert_load_skew=expert_load_skew,
     )
     table = configs_to_table([config], **serving.columns(workload=workload))
     columns = estimate_inference_table(
@@ -311,6 +314,7 @@ def validate_dsv3_profile(*, calibration: Calibration | None = None) -> list[Val
             serving=serving,
             calibration=calibration,
             engine=record["engine"],
+            expert_load_skew=0.0,  # every profile routes its experts in perfect balance
         )
         name = f"{record['run']} ({record['hardware']}, EP{record['ep']}, {record['nodes']} nodes)"
         rows.append(

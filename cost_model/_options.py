@@ -22,6 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cost_model._calibration_transfer import transferred_calibration
+from cost_model._routing_skew import eplb_skew
 
 #: Communication kinds of a step; each has an overlap fraction (see ``Calibration``).
 COMM_KINDS: tuple[str, ...] = ("tp_comm", "ep_comm", "cp_comm", "pp_comm", "dp_comm")
@@ -51,6 +52,11 @@ class EstimateOptions(BaseModel):
     multiplied (Megatron-LM 2021-22). ``hidden_dropout`` / ``attention_dropout``: GPT-style
     dropout layers (their masks are stored: Korthikanti et al. 2022 sec. 4.1).
     ``routing_imbalance``: tokens of the busiest expert rank over the mean (>= 1).
+    ``expert_load_skew``: in inference, the relative spread of the expert ranks' expected loads
+    that real traffic leaves beyond uniform routing's sampling (``_routing_skew``); None: the
+    residual skew measured behind an expert-placement balancer (EPLB), ``eplb_skew``; 0: routing
+    as uniform as synthetic balanced benchmarks make it. The busiest rank's experts and its
+    share of the dispatch and combine carry ``max(routing_imbalance, max_load_factor)``.
     ``moe_capacity_factor``: training's token dropping: each expert takes at most
     ``ceil(tokens x top_k / experts x factor)`` tokens, the rest are dropped (Megatron-core
     ``--moe-expert-capacity-factor``, ``moe_utils.get_capacity``); None: dropless.
@@ -167,6 +173,7 @@ class EstimateOptions(BaseModel):
     attention_dropout: bool = False
     unfused_cross_entropy: bool = False
     routing_imbalance: float = Field(default=1.0, ge=1.0)
+    expert_load_skew: float | None = Field(default=None, ge=0.0)
     moe_capacity_factor: float | None = Field(default=None, gt=0.0)
     moe_pad_to_capacity: bool = False
     fragmentation_fraction: float = Field(default=0.05, ge=0.0, lt=1.0)
@@ -217,6 +224,11 @@ class EstimateOptions(BaseModel):
         if factor is None:
             return self.routing_imbalance
         return factor if self.moe_pad_to_capacity else min(self.routing_imbalance, factor)
+
+    @property
+    def routing_skew(self) -> float:
+        """``expert_load_skew``, or the measured residual behind EPLB where it is None."""
+        return eplb_skew() if self.expert_load_skew is None else self.expert_load_skew
 
     def calibration_for(self, hardware) -> Calibration:
         return self.calibration if self.calibration is not None else calibration_for(hardware)

@@ -23,6 +23,7 @@ from cost_model._kernel_curves import kernel_curves
 from cost_model._kernel_curves_comm import deepep_normal_s
 from cost_model._options import Calibration
 from cost_model._pricing import collective_time_s, expert_dispatch_time_s
+from cost_model._routing_skew import eplb_skew, predicted_excess
 from cost_model._serving_columns import A2A_BACKEND_CODES, PHASE_CODES
 from cost_model._training_comm import collective_times
 from cost_model._training_context import training_context
@@ -117,7 +118,9 @@ def test_single_node_fit_is_the_one_node_kernel_and_notify_grows_with_nodes() ->
         assert max(params["rdma_efficiency_by_nodes"].values()) < 1.0
 
 
-def _inference_normal_s() -> float:
+def _inference_normal_s(options: EstimateOptions | None = None) -> float:
+    """A prefill's DeepEP normal dispatch and combine under ``options`` (default: uniform
+    routing, as DeepEP's measured kernels ran)."""
     table = table_from_columns(
         batch_size=1,
         phase=PHASE_CODES["prefill"],
@@ -128,9 +131,8 @@ def _inference_normal_s() -> float:
     workload = Inference(
         prompt_tokens=1024, output_tokens=1, weight_dtype="fp8", serving_engine="trtllm"
     )
-    s = _setup(
-        model=DSV3, cluster=H100_4_NODES, workload=workload, table=table, options=EstimateOptions()
-    )
+    options = options or EstimateOptions(expert_load_skew=0.0)
+    s = _setup(model=DSV3, cluster=H100_4_NODES, workload=workload, table=table, options=options)
     return float(_deepep_expert_comm(s, np.array([RANK_TOKENS]), decode=False)[0])
 
 
@@ -138,6 +140,23 @@ def test_inference_normal_kernels_take_the_fitted_time() -> None:
     # FP8 experts: FP8 dispatch (1 byte), BF16 combine (2 bytes)
     by_hand = _by_hand("dispatch", 1.0, RANK_TOKENS) + _by_hand("combine", 2.0, RANK_TOKENS)
     assert _inference_normal_s() == pytest.approx(by_hand, rel=1e-9)
+
+
+def test_real_traffic_skew_lengthens_the_busiest_ranks_transfers() -> None:
+    """Real traffic's expert-load skew (``_routing_skew``) adds the busiest rank's load over
+    uniform routing's, which the fitted kernels already ran: its bytes grow by that ratio."""
+    skew = eplb_skew()
+    real = _inference_normal_s(EstimateOptions())
+    mean = RANK_TOKENS * 8  # top-8 (token, expert) assignments per rank
+    ratio = (1.0 + predicted_excess(ep=32, mean_load=mean, skew=skew)) / (
+        1.0 + predicted_excess(ep=32, mean_load=mean, skew=0.0)
+    )
+    assert ratio > 1.0
+    by_hand = _by_hand("dispatch", ratio, RANK_TOKENS) + _by_hand(
+        "combine", 2.0 * ratio, RANK_TOKENS
+    )
+    assert real == pytest.approx(by_hand, rel=1e-9)
+    assert real > _inference_normal_s()
 
 
 def _training_forward_s() -> tuple[object, float]:

@@ -58,16 +58,19 @@ def test_the_table_covers_engines_gpus_deployments_and_loads() -> None:
 
 def _fit_sources() -> set[str]:
     """Every source behind a fitted or sourced constant: the calibration's fit inputs (operator
-    tables and the kernel figures, with their sources) and the serving profiles' citations."""
+    tables and the kernel figures, with their sources), the serving profiles' citations and the
+    routing statistics of the expert-load skew (``data/expert_load_skew.json``)."""
     calibration = json.loads((DATA / "calibration.json").read_text())
     inputs = [item for entry in calibration["calibrations"] for item in entry["fit"]["inputs"]]
     assert inputs, "the calibration names its fit inputs"
     tables = {table for item in inputs for table in item["tables"]}
     profiles = json.loads((DATA / "serving_profiles.json").read_text())
     cited = " ".join(" ".join(profile["sources"].values()) for profile in profiles["profiles"])
+    skew = json.loads((DATA / "expert_load_skew.json").read_text())["source"]
+    cited += " " + skew["url"]
     words = " ".join(item["source"] for item in inputs) + " " + cited
     urls = {word.rstrip(".,;)'\"") for word in words.split() if word.startswith("http")}
-    return urls | tables | {item["source"] for item in inputs}
+    return urls | tables | {item["source"] for item in inputs} | {skew["id"], skew["title"]}
 
 
 def test_no_validation_source_is_a_fit_input() -> None:
