@@ -451,6 +451,15 @@ def sharding_buffer_bytes(ctx) -> np.ndarray:
     layer's unsharded gradients waiting for their reduce-scatter. ZeRO-2: that gradient bucket
     (gradients are partitioned as they are reduced; ZeRO SC'20 sec. 5.2). ZeRO-0/1 reduce in
     place in the whole gradient buffer the ``gradients`` part already counts.
+
+    torch's FSDP2 (the frameworks whose shards are the fp32 master weights,
+    ``FrameworkProfile.sharded_master_weights``) also holds the gradients autograd produced for
+    the layer, in the parameters' bf16, beside that bucket: ``foreach_reduce`` allocates the
+    reduce-scatter input in the reduce dtype and copies the gradients into it before freeing
+    them, and the previous layer's input stays referenced until this layer's ``post_backward``
+    releases it (torch 2.6 ``FSDPParamGroup.post_backward``, ``comm_ctx.reduce_scatter_state``;
+    torch 2.13 ``reduce_scatter_states``, at most ``reduce_scatter_max_input_buffers`` = 1),
+    so a layer's backward ends with one layer in the reduce dtype and one in bf16.
     """
     dense_layer, moe_dense, moe_expert = layer_parameter_split(ctx)
     layer = np.maximum(dense_layer, moe_dense + moe_expert)
@@ -459,5 +468,8 @@ def sharding_buffer_bytes(ctx) -> np.ndarray:
     ends = parts["embedding"] + parts["lm_head"]
     occupied = ctx.layout.layers > 0
     gathered = np.where(zero == 3, occupied * 2.0 * layer * 2.0 + ends * 2.0, 0.0)
+    fsdp2 = ctx.framework is not None and ctx.framework.sharded_master_weights
+    autograd_gradient = 2.0 if fsdp2 else 0.0
     bucket = np.where(zero >= 2, occupied * layer * ctx.grad_bytes, 0.0)
-    return gathered + bucket
+    held = np.where(zero == 3, occupied * layer * autograd_gradient, 0.0)
+    return gathered + bucket + held

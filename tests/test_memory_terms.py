@@ -278,6 +278,31 @@ def test_fsdp_without_pipeline_or_below_zero3_holds_no_unsharded_stage() -> None
     assert held == pytest.approx(2.0 * stage + 4.0 * stage * 3 / 4)
 
 
+def test_fsdp2_holds_a_layers_bf16_gradients_beside_its_reduce_scatter_input() -> None:
+    """torch's FSDP2 copies a layer's autograd gradients (bf16) into a reduce-scatter input of
+    the reduce dtype and frees them only after, while the previous layer's input is still held:
+    one layer of bf16 gradients more than a ZeRO-3 that reduces in place, none under ZeRO-2."""
+    from cost_model._training_comm import layer_parameter_split, sharding_buffer_bytes
+
+    def buffers(config, **workload) -> tuple[float, float]:
+        ctx = training_context(
+            model=ModelSpec.from_hf_config(DENSE, name="dense"),
+            cluster=get_preset("dgx-h100", num_nodes=2),
+            workload=Training(sequence_length_tokens=4096, global_batch_sequences=64, **workload),
+            table=configs_to_table([config]),
+            options=EstimateOptions(),
+        )
+        layer = float(np.asarray(layer_parameter_split(ctx)[0]).ravel()[0])
+        return float(sharding_buffer_bytes(ctx)[0, 0]), layer
+
+    zero3 = ParallelConfig(dp=8, micro_batch_size=1, zero_stage=3)
+    fsdp2, layer = buffers(zero3, framework="torchtitan")
+    plain, _ = buffers(zero3)
+    assert layer > 0 and fsdp2 - plain == pytest.approx(2.0 * layer)
+    zero2 = zero3.model_copy(update={"zero_stage": 2})
+    assert buffers(zero2, framework="torchtitan")[0] == pytest.approx(buffers(zero2)[0])
+
+
 def test_fp8_all_gather_keeps_the_stage_layers_in_fp8() -> None:
     """torchao's fp8 all-gather (tensorwise) leaves the gathered fp8 data as the unsharded
     weight: the held layers take 1 byte per parameter, the embedding and LM head 2."""
