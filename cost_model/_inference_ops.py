@@ -197,16 +197,6 @@ def experts_touched_fraction(tokens, *, top_k: int, num_experts: int) -> np.ndar
     return 1.0 - np.power(1.0 - top_k / num_experts, np.asarray(tokens, dtype=np.float64))
 
 
-def max_load_factor(mean_load, num_bins, skew: float = 0.0) -> np.ndarray:
-    """Most-loaded bin over the mean when items land uniformly at random (Raab & Steger 1998),
-    with bins whose expected loads themselves spread by ``skew`` (relative) beyond the sampling
-    (``_routing_skew``: real traffic's expert-load skew)."""
-    mean_load = np.maximum(np.asarray(mean_load, dtype=np.float64), 1e-12)
-    bins = np.asarray(num_bins, dtype=np.float64)
-    spread = np.sqrt(1.0 / mean_load + skew * skew)
-    return 1.0 + np.where(bins > 1, np.sqrt(2.0 * np.log(np.maximum(bins, 1.0))) * spread, 0.0)
-
-
 def live_activation_elements_per_token(model: ModelSpec, attention_shard: np.ndarray) -> np.ndarray:
     """Largest set of activations one token keeps alive inside a layer of a forward-only pass:
     residual, normed input, the attention's query / key-value / output widths (head-split), and

@@ -67,6 +67,7 @@ from cost_model._engine_paths import sglang_uses_deepep
 from cost_model._model_spec import ModelSpec
 from cost_model._options import Calibration, EstimateOptions
 from cost_model._pricing import op_time_s, ranks_per_node
+from cost_model._routing_skew import max_load_factor
 from cost_model._rows import RowPartition
 from cost_model._serving_columns import KV_DTYPE_CODES, PHASE_CODES, checked_columns
 from cost_model._serving_precision import (
@@ -316,7 +317,7 @@ def busiest_rank_load_factor(
     assert moe is not None
     mean_assignments = rank_tokens * s.column("etp") * moe.top_k
     factor = s.rows.evaluate(
-        ops.max_load_factor,
+        max_load_factor,
         mean_load=mean_assignments,
         num_bins=s.column("ep"),
         skew=s.routing_skew if real_traffic else 0.0,

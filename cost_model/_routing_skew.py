@@ -3,7 +3,7 @@ sits above the mean beyond the sampling excess of uniform routing.
 
 Uniform routing of a mean load of ``L`` (token, expert) assignments per rank over ``N`` ranks
 leaves the busiest rank at ``1 + sqrt(2 ln N / L)`` of the mean (the balls-into-bins excess,
-``_inference_ops.max_load_factor``: the largest of ``N`` counts that vary by ``sqrt(L)``). Real
+``max_load_factor``: the largest of ``N`` counts that vary by ``sqrt(L)``). Real
 traffic varies more: some experts are hotter than others, and an expert-placement balancer
 (DeepSeek's EPLB: redundant replicas of the hot experts and a packing of experts onto ranks from
 measured statistics; DeepSeek-V3 report sec. 3.4) evens the ranks only as far as the statistics
@@ -29,9 +29,12 @@ import math
 from functools import lru_cache
 from importlib import resources
 
+import numpy as np
+
 __all__ = [
     "eplb_skew",
     "leave_one_out",
+    "max_load_factor",
     "predicted_excess",
     "record_skew",
     "skew_data",
@@ -45,10 +48,18 @@ def skew_data() -> dict:
     return json.loads(text)
 
 
+def max_load_factor(mean_load, num_bins, skew: float = 0.0) -> np.ndarray:
+    """Most-loaded bin over the mean when items land uniformly at random (Raab & Steger 1998),
+    with bins whose expected loads themselves spread by ``skew`` (relative) beyond the sampling
+    (``_routing_skew``: real traffic's expert-load skew)."""
+    mean_load = np.maximum(np.asarray(mean_load, dtype=np.float64), 1e-12)
+    bins = np.asarray(num_bins, dtype=np.float64)
+    spread = np.sqrt(1.0 / mean_load + skew * skew)
+    return 1.0 + np.where(bins > 1, np.sqrt(2.0 * np.log(np.maximum(bins, 1.0))) * spread, 0.0)
+
+
 def predicted_excess(*, ep: float, mean_load: float, skew: float) -> float:
     """The busiest rank's load over the mean, less one (``max_load_factor`` with ``skew``)."""
-    from cost_model._inference_ops import max_load_factor
-
     return float(max_load_factor(mean_load, ep, skew)) - 1.0
 
 

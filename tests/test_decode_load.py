@@ -19,7 +19,8 @@ import pytest
 
 import autoparallel as ap
 from cost_model import Inference, ParallelConfig, estimate
-from cost_model._inference_ops import experts_touched_fraction, max_load_factor
+from cost_model._inference_ops import experts_touched_fraction
+from cost_model._routing_skew import max_load_factor
 
 
 def _route(

@@ -17,6 +17,7 @@ from cost_model._model_spec import ModelSpec
 from cost_model._options import EstimateOptions
 from cost_model._precision_validation import fp8_twin_records
 from cost_model._table import configs_to_table
+from cost_model._training_comm import layer_parameter_split, sharding_buffer_bytes
 from cost_model._training_context import training_context
 from topology import get_preset
 
@@ -282,7 +283,6 @@ def test_fsdp2_holds_a_layers_bf16_gradients_beside_its_reduce_scatter_input() -
     """torch's FSDP2 copies a layer's autograd gradients (bf16) into a reduce-scatter input of
     the reduce dtype and frees them only after, while the previous layer's input is still held:
     one layer of bf16 gradients more than a ZeRO-3 that reduces in place, none under ZeRO-2."""
-    from cost_model._training_comm import layer_parameter_split, sharding_buffer_bytes
 
     def buffers(config, **workload) -> tuple[float, float]:
         ctx = training_context(

@@ -11,10 +11,10 @@ from pydantic import ValidationError
 
 from autoparallel import get_model
 from cost_model import EstimateOptions, estimate_inference_table, table_from_columns
-from cost_model._inference_ops import max_load_factor
 from cost_model._routing_skew import (
     eplb_skew,
     leave_one_out,
+    max_load_factor,
     predicted_excess,
     record_skew,
     skew_data,
