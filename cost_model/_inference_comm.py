@@ -137,22 +137,16 @@ def _tp_all_reduce(s: _Setup, message) -> np.ndarray:
     return measured if modelled is None else np.where(measured_rows, measured, modelled)
 
 
-def _expert_all_to_all(
-    s: _Setup, rank_tokens: np.ndarray, element_bytes: float, *, node_dedup, direction: str
-) -> np.ndarray:
-    """One MoE dispatch (or combine) as DeepEP runs it: every rank writes straight to its peers,
-    NVLink and RDMA at once, so the time is the slower tier's bytes over its bandwidth plus one
-    latency (DeepEP README; not the n-1 rounds of a pairwise all-to-all); the bytes per tier are
-    ``_kernel_curves_comm.expert_all_to_all_bytes``. Low-latency kernels (``node_dedup`` False) take
-    the latency and tier efficiencies fitted on DeepEP's measured low-latency kernels
-    (``_kernel_curves_comm.deepep_low_latency_s``), normal kernels those fitted on its measured
-    normal kernels (``_kernel_curves_comm.deepep_normal_s``); without a shipped fit, a kernel is
-    priced by
-    the topology as point-to-point transfers on each tier over the calibrated collective
-    efficiency."""
+def _busiest_rank_bytes(
+    s: _Setup, rank_tokens: np.ndarray, element_bytes: float, *, node_dedup
+) -> tuple[np.ndarray, np.ndarray]:
+    """(NVLink, RDMA) bytes of one dispatch or combine on the busiest expert rank, (n,) each:
+    ``_kernel_curves_comm.expert_all_to_all_bytes`` of the mean rank, times real traffic's
+    busiest-rank load over uniform routing's (``busiest_rank_load_factor``). The busiest rank
+    receives (dispatch) and returns (combine) its routed excess and the kernel ends with its
+    transfers; DeepEP's measured kernels, the fits' inputs, ran uniform random routing."""
     assert s.model.moe is not None
     ep = s.column("ep")
-    local = np.minimum(s.group_local["ep"], ep)
     intra_bytes, inter_bytes = s.rows.evaluate(
         expert_all_to_all_bytes,
         rank_tokens=rank_tokens,
@@ -160,16 +154,32 @@ def _expert_all_to_all(
         element_bytes=element_bytes,
         copies=s.model.moe.top_k * s.column("etp"),
         ep=ep,
-        local=local,
+        local=np.minimum(s.group_local["ep"], ep),
         node_dedup=node_dedup,
     )
-    # The busiest expert rank receives (dispatch) and returns (combine) its routed excess, and
-    # the kernel ends with its transfers; DeepEP's measured kernels ran uniform random routing,
-    # so real traffic adds its busiest rank's load over uniform routing's.
     busiest = busiest_rank_load_factor(s, rank_tokens) / busiest_rank_load_factor(
         s, rank_tokens, real_traffic=False
     )
-    intra_bytes, inter_bytes = intra_bytes * busiest, inter_bytes * busiest
+    return intra_bytes * busiest, inter_bytes * busiest
+
+
+def _expert_all_to_all(
+    s: _Setup, rank_tokens: np.ndarray, element_bytes: float, *, node_dedup, direction: str
+) -> np.ndarray:
+    """One MoE dispatch (or combine) as DeepEP runs it: every rank writes straight to its peers,
+    NVLink and RDMA at once, so the time is the slower tier's bytes over its bandwidth plus one
+    latency (DeepEP README; not the n-1 rounds of a pairwise all-to-all); the bytes per tier are
+    the busiest rank's (``_busiest_rank_bytes``). Low-latency kernels (``node_dedup`` False) take
+    the latency and tier efficiencies fitted on DeepEP's measured low-latency kernels
+    (``_kernel_curves_comm.deepep_low_latency_s``), normal kernels those fitted on its measured
+    normal kernels (``_kernel_curves_comm.deepep_normal_s``); without a shipped fit, a kernel is
+    priced by the topology as point-to-point transfers on each tier over the calibrated
+    collective efficiency."""
+    ep = s.column("ep")
+    local = np.minimum(s.group_local["ep"], ep)
+    intra_bytes, inter_bytes = _busiest_rank_bytes(
+        s, rank_tokens, element_bytes, node_dedup=node_dedup
+    )
     remote = ep > local
 
     def point_to_point(ranks_per_node, message) -> np.ndarray:
