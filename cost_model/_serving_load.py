@@ -166,16 +166,24 @@ def closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> Load
     )
 
 
-def _closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> LoadTimes:
-    """``closed_loop`` at one request in flight or more per replica."""
-    col = as_columns(concurrency)
-    prompt, output, budget = (
-        col(policy.prompt_tokens),
-        col(policy.output_tokens),
-        policy.max_batched_tokens,
-    )
-    mixed = policy.mixed_prefill_decode
-    running = np.minimum(concurrency, col(policy.max_running))
+@dataclass(frozen=True)
+class _PrefillGroups:
+    """How a closed loop's prompts share the prefill iterations (``_prefill_groups``), (n,)
+    each: the token budget left to prompts per iteration, iterations per prompt, groups of
+    prompts prefilled together, requests per group and prompt tokens per group iteration."""
+
+    budget_left: np.ndarray
+    chunks: np.ndarray
+    groups: np.ndarray
+    group_size: np.ndarray
+    group_tokens: np.ndarray
+
+
+def _prefill_groups(
+    *, policy: LoadPolicy, running: np.ndarray, prompt: np.ndarray
+) -> _PrefillGroups:
+    """How ``running`` clients' prompts share the prefill iterations."""
+    budget = policy.max_batched_tokens
     # A wave whose prompts all fit one iteration of the whole budget is prefilled at once,
     # finishes at once and returns to an idle engine: no decode shares its iteration.
     whole_wave = (
@@ -183,7 +191,9 @@ def _closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> Loa
         if policy.chunked_prefill
         else np.floor(budget / prompt) >= running
     )
-    budget_left = np.maximum(np.where(mixed & ~whole_wave, budget - running, budget), 1.0)
+    budget_left = np.maximum(
+        np.where(policy.mixed_prefill_decode & ~whole_wave, budget - running, budget), 1.0
+    )
     if policy.chunked_prefill:
         chunks = np.ceil(prompt / budget_left)
         groups = np.maximum(chunks, np.ceil(running * prompt / budget_left))
@@ -194,37 +204,75 @@ def _closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> Loa
     group_tokens = running * prompt / groups
     if policy.chunked_prefill:
         group_tokens = np.minimum(group_tokens, budget_left)
-    decode_s = cost.seconds(running, np.zeros_like(group_tokens))
+    return _PrefillGroups(budget_left, chunks, groups, group_size, group_tokens)
+
+
+def _closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> LoadTimes:
+    """``closed_loop`` at one request in flight or more per replica."""
+    col = as_columns(concurrency)
+    prompt, output = col(policy.prompt_tokens), col(policy.output_tokens)
+    running = np.minimum(concurrency, col(policy.max_running))
+    groups = _prefill_groups(policy=policy, running=running, prompt=prompt)
+    decode_s = cost.seconds(running, np.zeros_like(groups.group_tokens))
     if policy.output_tokens_cv > 0:
         return _desynchronized_closed_loop(
             cost=cost,
             policy=policy,
             concurrency=concurrency,
             running=running,
-            budget_left=budget_left if policy.chunked_prefill else np.maximum(budget_left, prompt),
+            budget_left=(
+                groups.budget_left
+                if policy.chunked_prefill
+                else np.maximum(groups.budget_left, prompt)
+            ),
             decode_s=decode_s,
         )
-    if not mixed:
+    if not policy.mixed_prefill_decode:
         return _unmixed_closed_loop(
             policy=policy,
             concurrency=concurrency,
             running=running,
             output=output,
-            chunks=chunks,
-            groups=groups,
-            prefill_s=cost.seconds(np.zeros_like(group_tokens), group_tokens),
+            chunks=groups.chunks,
+            groups=groups.groups,
+            prefill_s=cost.seconds(np.zeros_like(groups.group_tokens), groups.group_tokens),
             decode_s=decode_s,
         )
-    prefill_s = cost.seconds(running - group_size, group_tokens)
+    return _mixed_closed_loop(
+        cost=cost,
+        policy=policy,
+        concurrency=concurrency,
+        running=running,
+        groups=groups,
+        decode_s=decode_s,
+    )
+
+
+def _mixed_closed_loop(
+    *,
+    cost: IterationCost,
+    policy: LoadPolicy,
+    concurrency,
+    running: np.ndarray,
+    groups: _PrefillGroups,
+    decode_s: np.ndarray,
+) -> LoadTimes:
+    """``_closed_loop`` where prefill chunks ride in the decode iterations (vLLM V1,
+    TensorRT-LLM): a cycle of one request's output holds its group's prefill iterations, full of
+    prompt tokens while prefill is budget-bound."""
+    col = as_columns(concurrency)
+    prompt, output = col(policy.prompt_tokens), col(policy.output_tokens)
+    chunks, count = groups.chunks, groups.groups
+    prefill_s = cost.seconds(running - groups.group_size, groups.group_tokens)
     cycle_iterations = output - 1.0 + chunks
-    bound = groups > cycle_iterations  # budget-bound prefill: every iteration full
-    others = np.clip(groups - chunks, 0.0, output - 1.0)
+    bound = count > cycle_iterations  # budget-bound prefill: every iteration full
+    others = np.clip(count - chunks, 0.0, output - 1.0)
     cycle_s = np.where(
         bound,
         cycle_iterations * prefill_s,
-        groups * prefill_s + (cycle_iterations - groups) * decode_s,
+        count * prefill_s + (cycle_iterations - count) * decode_s,
     )
-    rate = np.where(bound, budget_left / (prompt * prefill_s), running / cycle_s)
+    rate = np.where(bound, groups.budget_left / (prompt * prefill_s), running / cycle_s)
     tpot = np.where(
         bound,
         prefill_s,
@@ -237,16 +285,18 @@ def _closed_loop(*, cost: IterationCost, policy: LoadPolicy, concurrency) -> Loa
         if policy.chunked_prefill  # a chunked iteration takes part of a queued prompt: no backlog
         else chained_backlog(
             overhead_s=policy.request_overhead_s,
-            groups=groups,
-            group_size=group_size,
-            per_iteration=np.maximum(np.floor(budget_left / prompt), 1.0),
+            groups=count,
+            group_size=groups.group_size,
+            per_iteration=np.maximum(np.floor(groups.budget_left / prompt), 1.0),
             # the decode iterations after the first group finished, without its requests
-            decode_s=cost.seconds(np.maximum(running - group_size, 1.0), np.zeros_like(running)),
+            decode_s=cost.seconds(
+                np.maximum(running - groups.group_size, 1.0), np.zeros_like(running)
+            ),
         )
     )
     landing = chained_landing_wait_s(
         overhead_s=policy.request_overhead_s,
-        groups=groups,
+        groups=count,
         prefill_s=prefill_s,
         decode_s=decode_s,
         backlog=backlog,
