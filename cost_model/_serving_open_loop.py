@@ -46,8 +46,7 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
     point = _open_loop_iteration(
         cost=cost, policy=policy, col=col, rate=rate, prompt=prompt, output=output
     )
-    iteration, tpot = point.iteration_s, point.tpot_s
-    with_prompts, budget_left = point.with_prompts, point.budget_left
+    iteration, tpot, budget_left = point.iteration_s, point.tpot_s, point.budget_left
     chunks = (
         np.ceil(prompt / budget_left)
         if policy.chunked_prefill
@@ -62,43 +61,15 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
     )
     stable, queue_wait = queue.stable, queue.wait_s
     busy = np.minimum(rate * (chunks + output - 1.0) * iteration, 1.0)  # P(engine busy at arrival)
-    own = np.minimum(prompt + point.prompt_tokens, np.maximum(budget_left, prompt / chunks))
-    service = cost.seconds(with_prompts, own) + (chunks - 1.0) * cost.seconds(
-        with_prompts, budget_left
-    )
-    # a prompt of one iteration: its own and the ones queued with it, of drawn lengths, beside
-    # the coupled ranks' prompts (``_serving_prompts``)
-    alone = prompt_iteration_s(
-        cost,
-        decodes=with_prompts,
-        own=True,
-        decode_spread=True,
-        **_drawn_prompts(
-            policy,
-            prompts=rate * iteration,
-            prompt=prompt,
-            ranks=col(policy.coupled_ranks),
-            budget=budget_left,
-        ),
-    )
-    service = np.where(chunks > 1.0, service, alone)
     # an arrival waits for the instance's running iteration: busy where any coupled rank is
     residual = arrival_residual(
         1.0 - (1.0 - busy) ** col(policy.coupled_ranks), *point.instance_mix
     )
-    ttft = policy.request_overhead_s + residual[0] + queue_wait + service
-    # iterations with and without prompts, of the whole coupled instance: a prompt iteration
-    # gathers the arrivals of its length, so the next is a prompt one more often (lag-one
-    # correlation ``b - a`` of the two-state chain, ``_coupled_poisson_decode_s``), and the
-    # mean of a request's iterations spreads by ``sqrt((1 + c) / (1 - c))`` more
-    share, prefill_s, decode_s = point.instance_mix
-    ranks = col(policy.coupled_ranks)
-    after_decode = 1.0 - np.exp(-ranks * rate * decode_s)
-    after_prefill = 1.0 - np.exp(-ranks * rate * prefill_s)
-    correlation = np.clip(after_prefill - after_decode, 0.0, 0.9)
-    spread = np.sqrt(share * (1.0 - share) * (1.0 + correlation) / (1.0 - correlation)) * np.abs(
-        prefill_s - decode_s
+    service = _prompt_service_s(
+        cost=cost, policy=policy, point=point, rate=rate, prompt=prompt, chunks=chunks
     )
+    ttft = policy.request_overhead_s + residual[0] + queue_wait + service
+    spread = _iteration_mix_spread_s(point=point, rate=rate, ranks=col(policy.coupled_ranks))
 
     def unbounded(v):
         return np.where(stable, v, np.inf)
@@ -116,6 +87,57 @@ def open_loop(*, cost: IterationCost, policy: LoadPolicy, request_rate_per_s) ->
         ),
         residual=residual,
         stable=stable,
+    )
+
+
+def _prompt_service_s(
+    *,
+    cost: IterationCost,
+    policy: LoadPolicy,
+    point: _OpenLoopIteration,
+    rate: np.ndarray,
+    prompt: np.ndarray,
+    chunks: np.ndarray,
+) -> np.ndarray:
+    """Seconds of the iterations that prefill an arriving prompt: its chunks beside the running
+    decodes, or, for a prompt of one iteration, that iteration with the prompts queued with it,
+    of drawn lengths, beside the coupled ranks' prompts (``_serving_prompts``)."""
+    col = as_columns(rate)
+    with_prompts, budget_left = point.with_prompts, point.budget_left
+    own = np.minimum(prompt + point.prompt_tokens, np.maximum(budget_left, prompt / chunks))
+    chunked = cost.seconds(with_prompts, own) + (chunks - 1.0) * cost.seconds(
+        with_prompts, budget_left
+    )
+    alone = prompt_iteration_s(
+        cost,
+        decodes=with_prompts,
+        own=True,
+        decode_spread=True,
+        **_drawn_prompts(
+            policy,
+            prompts=rate * point.iteration_s,
+            prompt=prompt,
+            ranks=col(policy.coupled_ranks),
+            budget=budget_left,
+        ),
+    )
+    return np.where(chunks > 1.0, chunked, alone)
+
+
+def _iteration_mix_spread_s(
+    *, point: _OpenLoopIteration, rate: np.ndarray, ranks: np.ndarray
+) -> np.ndarray:
+    """Spread of one iteration's time over the coupled instance's mix of iterations with and
+    without prompts: a prompt iteration gathers the arrivals of its length, so the next is a
+    prompt one more often (lag-one correlation ``b - a`` of the two-state chain,
+    ``_coupled_poisson_decode_s``), and the mean of a request's iterations spreads by
+    ``sqrt((1 + c) / (1 - c))`` more."""
+    share, prefill_s, decode_s = point.instance_mix
+    after_decode = 1.0 - np.exp(-ranks * rate * decode_s)
+    after_prefill = 1.0 - np.exp(-ranks * rate * prefill_s)
+    correlation = np.clip(after_prefill - after_decode, 0.0, 0.9)
+    return np.sqrt(share * (1.0 - share) * (1.0 + correlation) / (1.0 - correlation)) * np.abs(
+        prefill_s - decode_s
     )
 
 
