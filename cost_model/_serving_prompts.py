@@ -89,33 +89,10 @@ def prompt_iteration_s(
     arrays = [np.asarray(x, dtype=np.float64) for x in (prompts, prompt_tokens, ranks, decodes)]
     shape = np.broadcast_shapes(*(a.shape for a in arrays), np.shape(budget))
     rate, length, ranks, decodes = (np.broadcast_to(a, shape) for a in arrays)
-    rate = np.maximum(rate, 1e-12)
-    top = float(np.max(rate))
-    counts = np.arange(1.0, np.ceil(top + 5.0 * np.sqrt(top) + 4.0) + 1.0)  # N = 1, 2, ...
-    log_pmf = counts * np.log(rate[..., None]) - rate[..., None] - _log_factorial(counts)
-    weights = np.exp(log_pmf)  # (..., counts)
-    some = -np.expm1(-rate)
-    weights[..., -1] += np.maximum(some - weights.sum(axis=-1), 0.0)  # the tail
-    if busy is None:
-        busy = some
-    busy = np.clip(np.broadcast_to(np.asarray(busy, dtype=np.float64), shape), 1e-12, 1.0)
-    weights = weights * (busy / some)[..., None]  # N given at least one, on a busy rank
-    empty = 1.0 - busy  # a rank with no prompt
-    # the arrival's own rank: 1 + N prompts, N Poisson (P(1 + N = n) = P(N = n - 1))
-    mine = np.exp(np.concatenate([-rate[..., None], log_pmf[..., :-1]], axis=-1))
-    mine[..., -1] += np.maximum(1.0 - mine.sum(axis=-1), 0.0)
-    # N prompts: their tokens lognormal, mean N P, coefficient of variation c / sqrt(N)
-    slices = (
-        _slice_means(float(prompt_cv), counts.size) if prompt_cv > 0 else np.ones((counts.size, 1))
+    counts, weights, mine, empty = _prompt_counts(rate=rate, busy=busy, shape=shape)
+    tokens, weights, mine = _sorted_prompt_tokens(
+        counts=counts, length=length, prompt_cv=prompt_cv, weights=weights, mine=mine
     )
-    tokens = (counts * length[..., None])[..., None] * slices  # (..., counts, slices)
-    weights = np.broadcast_to(weights[..., None] / slices.shape[-1], tokens.shape)
-    mine = np.broadcast_to(mine[..., None] / slices.shape[-1], tokens.shape)
-    tokens = tokens.reshape(*shape, -1)
-    order = np.argsort(tokens, axis=-1)  # the cost grows with the tokens: sorted by either
-    tokens = np.take_along_axis(tokens, order, axis=-1)
-    weights = np.take_along_axis(weights.reshape(*shape, -1), order, axis=-1)
-    mine = np.take_along_axis(mine.reshape(*shape, -1), order, axis=-1)
     capped = np.minimum(tokens, np.asarray(budget, dtype=np.float64)[..., None])
     rows = shape[0] if shape else 1
     flat = capped.reshape(rows, -1)
@@ -141,6 +118,53 @@ def prompt_iteration_s(
     previous = np.concatenate([first[..., None], slowest[..., :-1]], axis=-1)
     mean = np.sum(seconds * (slowest - previous), axis=-1)
     return mean / np.maximum(1.0 - first, 1e-12)
+
+
+def _prompt_counts(
+    *, rate: np.ndarray, busy, shape: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The prompt counts ``N = 1, 2, ...`` a rank may run, with (..., counts) each: the
+    probability that a busy rank runs ``N`` (Poisson(``rate``) given at least one, on a rank
+    busy with probability ``busy``), that the arrival's own rank runs ``N`` (its own and a
+    Poisson number queued with it), and (...) the probability that a rank runs none."""
+    rate = np.maximum(rate, 1e-12)
+    top = float(np.max(rate))
+    counts = np.arange(1.0, np.ceil(top + 5.0 * np.sqrt(top) + 4.0) + 1.0)  # N = 1, 2, ...
+    log_pmf = counts * np.log(rate[..., None]) - rate[..., None] - _log_factorial(counts)
+    weights = np.exp(log_pmf)  # (..., counts)
+    some = -np.expm1(-rate)
+    weights[..., -1] += np.maximum(some - weights.sum(axis=-1), 0.0)  # the tail
+    if busy is None:
+        busy = some
+    busy = np.clip(np.broadcast_to(np.asarray(busy, dtype=np.float64), shape), 1e-12, 1.0)
+    weights = weights * (busy / some)[..., None]  # N given at least one, on a busy rank
+    # the arrival's own rank: 1 + N prompts, N Poisson (P(1 + N = n) = P(N = n - 1))
+    mine = np.exp(np.concatenate([-rate[..., None], log_pmf[..., :-1]], axis=-1))
+    mine[..., -1] += np.maximum(1.0 - mine.sum(axis=-1), 0.0)
+    return counts, weights, mine, 1.0 - busy
+
+
+def _sorted_prompt_tokens(
+    *, counts: np.ndarray, length: np.ndarray, prompt_cv: float, weights, mine
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The prompt tokens a rank may run, (..., points) sorted, with the two probabilities of
+    ``_prompt_counts`` split over them: ``N`` prompts of lognormal tokens, mean ``N`` times
+    ``length``, coefficient of variation ``prompt_cv / sqrt(N)``, in equal-probability
+    slices."""
+    shape = length.shape
+    slices = (
+        _slice_means(float(prompt_cv), counts.size) if prompt_cv > 0 else np.ones((counts.size, 1))
+    )
+    tokens = (counts * length[..., None])[..., None] * slices  # (..., counts, slices)
+    weights = np.broadcast_to(weights[..., None] / slices.shape[-1], tokens.shape)
+    mine = np.broadcast_to(mine[..., None] / slices.shape[-1], tokens.shape)
+    tokens = tokens.reshape(*shape, -1)
+    order = np.argsort(tokens, axis=-1)  # the cost grows with the tokens: sorted by either
+    return (
+        np.take_along_axis(tokens, order, axis=-1),
+        np.take_along_axis(weights.reshape(*shape, -1), order, axis=-1),
+        np.take_along_axis(mine.reshape(*shape, -1), order, axis=-1),
+    )
 
 
 def _log_factorial(counts: np.ndarray) -> np.ndarray:
