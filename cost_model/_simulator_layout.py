@@ -11,7 +11,10 @@ from functools import partial
 
 import numpy as np
 
+from cost_model._inference_load import estimate_inference_table, serving_inputs
+from cost_model._serving_columns import ServingConfig
 from cost_model._simulator import SimulationResult, simulate
+from cost_model._table import configs_to_table
 
 __all__ = ["LayoutSimulation", "dealt_clients", "simulate_layout", "slo_concurrency"]
 
@@ -57,10 +60,6 @@ def simulate_layout(
     twenty mean end-to-end latencies of the closed form (60 s to 1 h) for a closed loop, 10
     minutes for an open one.
     """
-    from cost_model._inference_load import estimate_inference_table, serving_inputs
-    from cost_model._serving_columns import ServingConfig
-    from cost_model._table import configs_to_table
-
     serving = (serving or ServingConfig()).model_copy(update={"phase": "both"})
     table = configs_to_table([config], **serving.columns(workload=workload))
     columns = estimate_inference_table(
@@ -69,55 +68,77 @@ def simulate_layout(
     cost, policy, replicas = serving_inputs(
         model=model, cluster=cluster, workload=workload, table=table, options=options
     )
-    figures = {
-        name: float(np.asarray(columns[name])[0])
-        for name in (
-            "ttft_s",
-            "tpot_s",
-            "ttft_p90_s",
-            "tpot_p90_s",
-            "e2e_s",
-            "concurrency",
-        )
-    }
-    one = policy.row(0)
-    rate = None
-    clients: int | tuple[int, ...] | None = concurrency_per_replica
-    per_replica: float | None = concurrency_per_replica
-    total: float | None = None
-    if concurrency_per_replica is None and workload.request_rate_per_s is not None:
-        rate = workload.request_rate_per_s / float(replicas[0])
-    elif concurrency_per_replica is None:
-        total = workload.concurrency if workload.concurrency is not None else figures["concurrency"]
-        clients, per_replica = dealt_clients(total, float(replicas[0]), one)
+    figures = {name: float(np.asarray(columns[name])[0]) for name in _CLOSED_FORM_FIGURES}
+    one, count = policy.row(0), float(replicas[0])
+    load = _replica_load(
+        workload=workload,
+        policy=one,
+        replicas=count,
+        concurrency_per_replica=concurrency_per_replica,
+        closed_form_concurrency=figures["concurrency"],
+    )
     if duration_s is None:
         duration_s = (
             600.0
-            if rate is not None
+            if load.rate is not None
             else float(np.clip(20.0 * np.nan_to_num(figures["e2e_s"], nan=3.0), 60.0, 3600.0))
         )
-
     run = partial(
         simulate,
         cost=cost.row(0),
         policy=one,
-        request_rate_per_s=rate,
+        request_rate_per_s=load.rate,
         duration_s=duration_s,
         prompt_tokens_cv=workload.prompt_tokens_cv,
         output_tokens_cv=workload.output_tokens_cv,
         seed=seed,
     )
     split = (
-        _uneven_replicas(total, float(replicas[0]))
-        if total is not None and isinstance(clients, int)
+        _uneven_replicas(load.total, count)
+        if load.total is not None and isinstance(load.clients, int)
         else None
     )
     if split is None:
         return LayoutSimulation(
-            run(concurrency=clients), per_replica, rate, float(replicas[0]), figures
+            run(concurrency=load.clients), load.per_replica, load.rate, count, figures
         )
     result, per_replica = _simulated_as_dealt(run, split)
-    return LayoutSimulation(result, per_replica, rate, float(replicas[0]), figures)
+    return LayoutSimulation(result, per_replica, load.rate, count, figures)
+
+
+#: The closed form's figures a layout simulation reports beside its own.
+_CLOSED_FORM_FIGURES = ("ttft_s", "tpot_s", "ttft_p90_s", "tpot_p90_s", "e2e_s", "concurrency")
+
+
+@dataclass(frozen=True)
+class _ReplicaLoad:
+    """The load one replica of a layout simulation carries: an open loop's ``rate`` per
+    replica, or a closed loop's ``clients`` (dealt over coupled ranks where a tuple), their mean
+    per replica and the ``total`` over the layout's replicas where it was dealt."""
+
+    rate: float | None
+    clients: int | tuple[int, ...] | None
+    per_replica: float | None
+    total: float | None
+
+
+def _replica_load(
+    *,
+    workload,
+    policy,
+    replicas: float,
+    concurrency_per_replica: int | None,
+    closed_form_concurrency: float,
+) -> _ReplicaLoad:
+    """``concurrency_per_replica`` as given; else the workload's request rate over the
+    replicas; else its concurrency, or the closed form's, dealt over them (``dealt_clients``)."""
+    if concurrency_per_replica is not None:
+        return _ReplicaLoad(None, concurrency_per_replica, concurrency_per_replica, None)
+    if workload.request_rate_per_s is not None:
+        return _ReplicaLoad(workload.request_rate_per_s / replicas, None, None, None)
+    total = workload.concurrency if workload.concurrency is not None else closed_form_concurrency
+    clients, per_replica = dealt_clients(total, replicas, policy)
+    return _ReplicaLoad(None, clients, per_replica, total)
 
 
 def _simulated_as_dealt(run, split: tuple[tuple[int, int], ...]) -> tuple[SimulationResult, float]:
