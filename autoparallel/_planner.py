@@ -94,18 +94,13 @@ def find_plan(
     """
     workload = _with_checkpoint_dtype(model, workload)
     model, cluster = resolve_model(model), resolve_cluster(cluster)
-    if estimate_options is not None:
-        if search_options.get("estimator") is not None:
-            raise ValueError(
-                "estimate_options and estimator are exclusive: give the options to estimator"
-            )
-        search_options["estimator"] = partial(estimate_table, options=estimate_options)
-    if engine is not None:
-        from search import engine_search_settings
-
-        search_options["settings"] = engine_search_settings(
-            search_options.get("settings"), engine=engine, version=engine_version, workload=workload
-        )
+    search_options = _engine_and_estimator_options(
+        search_options,
+        estimate_options=estimate_options,
+        engine=engine,
+        engine_version=engine_version,
+        workload=workload,
+    )
     options = dict(
         objective=objective, n_trials=n_trials, sampler=sampler, storage=storage, seed=seed
     )
@@ -139,6 +134,33 @@ def find_plan(
     raise infeasible_error(
         model=model, cluster=cluster, workload=workload, result=result, **estimator
     )
+
+
+def _engine_and_estimator_options(
+    search_options: dict[str, Any],
+    *,
+    estimate_options: EstimateOptions | None,
+    engine: str | None,
+    engine_version: str | None,
+    workload: Training | Inference,
+) -> dict[str, Any]:
+    """``search_options`` with the estimator ``estimate_options`` configure (exclusive with an
+    ``estimator`` of one's own) and the search settings of the layouts ``engine`` runs at
+    ``engine_version``."""
+    search_options = dict(search_options)
+    if estimate_options is not None:
+        if search_options.get("estimator") is not None:
+            raise ValueError(
+                "estimate_options and estimator are exclusive: give the options to estimator"
+            )
+        search_options["estimator"] = partial(estimate_table, options=estimate_options)
+    if engine is not None:
+        from search import engine_search_settings
+
+        search_options["settings"] = engine_search_settings(
+            search_options.get("settings"), engine=engine, version=engine_version, workload=workload
+        )
+    return search_options
 
 
 def _with_checkpoint_dtype(model: ModelSpec | str, workload: Training | Inference):
