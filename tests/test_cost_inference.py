@@ -55,8 +55,10 @@ def _table(rows: int = 64, seed: int = 0, **fixed) -> dict[str, np.ndarray]:
     return table_from_columns(**columns)
 
 
-def _run(table, *, model=REF, cluster=H100_1024, workload=WORKLOAD):
-    return estimate_inference_table(model=model, cluster=cluster, workload=workload, table=table)
+def _run(table, *, model=REF, cluster=H100_1024, workload=WORKLOAD, options=None):
+    return estimate_inference_table(
+        model=model, cluster=cluster, workload=workload, table=table, options=options
+    )
 
 
 def test_parts_sum_to_totals_and_inference_has_no_training_parts() -> None:
@@ -241,20 +243,8 @@ def test_more_tp_means_fewer_weight_bytes_per_device() -> None:
 
 def test_measured_routing_imbalance_slows_the_experts() -> None:
     table = table_from_columns(dp=32, ep=32, batch_size=4, phase=1)
-    even = estimate_inference_table(
-        model=REF,
-        cluster=H100_1024,
-        workload=WORKLOAD,
-        table=table,
-        options=EstimateOptions(expert_load_skew=0.0),
-    )
-    skewed = estimate_inference_table(
-        model=REF,
-        cluster=H100_1024,
-        workload=WORKLOAD,
-        table=table,
-        options=EstimateOptions(routing_imbalance=1.5),
-    )
+    even = _run(table, options=EstimateOptions(expert_load_skew=0.0))
+    skewed = _run(table, options=EstimateOptions(routing_imbalance=1.5))
     assert skewed["time.prefill_compute"][0] > 1.2 * even["time.prefill_compute"][0]
     assert skewed["time.prefill_attention"][0] == even["time.prefill_attention"][0]
 
