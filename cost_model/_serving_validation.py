@@ -287,14 +287,14 @@ def _pool_rows(row: dict) -> list[ServingValidationRow]:
 
 
 def _deepseek_rows(row: dict) -> list[ServingValidationRow]:
-    pool = row["phase"]
+    """A Day-6 pool (``validate_dsv3_day6``) or a profiled unit (``validate_dsv3_profile``: the
+    run its ``profile_run`` names)."""
     if row["kind"] == "dsv3_day6":
-        found = [r for r in validate_dsv3_day6() if r.name.startswith(pool)]
+        found = [r for r in validate_dsv3_day6() if r.name.startswith(row["phase"])]
     else:
-        found = [
-            r for r in validate_dsv3_profile() if r.name.startswith("DeepSeek") and pool in r.name
-        ]
-    return [_row(row, found[0].metric, found[0].unit, found[0].predicted, found[0].published)]
+        found = [r for r in validate_dsv3_profile() if r.name.startswith(row["profile_run"])]
+    (match,) = found
+    return [_row(row, match.metric, match.unit, match.predicted, match.published)]
 
 
 def _row(
