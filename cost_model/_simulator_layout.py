@@ -14,6 +14,7 @@ import numpy as np
 from cost_model._inference_load import estimate_inference_table, serving_inputs
 from cost_model._serving_columns import ServingConfig
 from cost_model._simulator import SimulationResult, simulate
+from cost_model._simulator_load import bounded_duration_s
 from cost_model._table import configs_to_table
 
 __all__ = ["LayoutSimulation", "dealt_clients", "simulate_layout", "slo_concurrency"]
@@ -58,7 +59,8 @@ def simulate_layout(
     ``request_rate_per_s`` over the layout's replicas, else the concurrency the closed form
     chose (its SLO-constrained choice, or the row's batch x pp). ``duration_s`` defaults to
     twenty mean end-to-end latencies of the closed form (60 s to 1 h) for a closed loop, 10
-    minutes for an open one.
+    minutes for an open one, shortened to ``MAX_SIMULATED_REQUESTS`` per replica
+    (``_default_duration_s``).
     """
     serving = (serving or ServingConfig()).model_copy(update={"phase": "both"})
     table = configs_to_table([config], **serving.columns(workload=workload))
@@ -78,11 +80,7 @@ def simulate_layout(
         closed_form_concurrency=figures["concurrency"],
     )
     if duration_s is None:
-        duration_s = (
-            600.0
-            if load.rate is not None
-            else float(np.clip(20.0 * np.nan_to_num(figures["e2e_s"], nan=3.0), 60.0, 3600.0))
-        )
+        duration_s = _default_duration_s(load, e2e_s=figures["e2e_s"])
     run = partial(
         simulate,
         cost=cost.row(0),
@@ -104,6 +102,21 @@ def simulate_layout(
         )
     result, per_replica = _simulated_as_dealt(run, split)
     return LayoutSimulation(result, per_replica, load.rate, count, figures)
+
+
+def _default_duration_s(load: _ReplicaLoad, *, e2e_s: float) -> float:
+    """10 minutes of an open loop; twenty of the closed form's mean end-to-end latencies
+    (60 s to 1 h) of a closed loop; either shortened to ``MAX_SIMULATED_REQUESTS`` arrivals
+    (a closed loop's clients each send one request per end-to-end latency), a closed loop to no
+    less than two latencies."""
+    if load.rate is not None:
+        return bounded_duration_s(600.0, requests_per_s=load.rate)
+    latency = float(np.nan_to_num(e2e_s, nan=3.0))
+    clients = load.clients if isinstance(load.clients, int) else sum(load.clients or (1,))
+    duration = float(np.clip(20.0 * latency, 60.0, 3600.0))
+    # at least two latencies: every client's first request ends inside the run
+    bounded = bounded_duration_s(duration, requests_per_s=clients / max(latency, 1e-9))
+    return max(bounded, min(duration, 2.0 * latency))
 
 
 #: The closed form's figures a layout simulation reports beside its own.

@@ -23,6 +23,21 @@ def per_rank_clients(concurrency, ranks: int) -> tuple[int, ...] | None:
     return (concurrency,) * ranks
 
 
+#: Requests one replica's run may take when its duration is chosen for it (``simulate_layout``,
+#: ``simulate_pools``): enough for stable p99 figures (the speed benchmark's 10 minutes at 50
+#: requests/s are 30,000), while a small model's design rate or concurrency, tens of thousands
+#: of requests per second, would otherwise fill the host's memory with request state.
+MAX_SIMULATED_REQUESTS = 100_000
+
+
+def bounded_duration_s(duration_s: float, *, requests_per_s: float) -> float:
+    """``duration_s``, shortened to what ``MAX_SIMULATED_REQUESTS`` arrivals at
+    ``requests_per_s`` take (a closed loop: its clients over their end-to-end latency)."""
+    if not requests_per_s > 0:
+        return duration_s
+    return min(duration_s, MAX_SIMULATED_REQUESTS / requests_per_s)
+
+
 def check_load(
     concurrency: int | None, request_rate_per_s: float | None, num_requests: int | None
 ) -> None:

@@ -30,6 +30,7 @@ import numpy as np
 from cost_model._parallel import ParallelConfig
 from cost_model._serving_columns import ServingConfig
 from cost_model._simulator import SimulationResult, simulate
+from cost_model._simulator_load import bounded_duration_s
 
 if TYPE_CHECKING:
     from topology import Cluster
@@ -75,6 +76,10 @@ class PoolsSimulation:
         )
 
 
+#: The pools' simulated time unless the caller gives one (before ``bounded_duration_s``).
+DEFAULT_DURATION_S = 600.0
+
+
 def simulate_pools(
     *,
     model,
@@ -84,10 +89,12 @@ def simulate_pools(
     requests_per_s: float,
     kv_transfer_s: float,
     options=None,
-    duration_s: float = 600.0,
+    duration_s: float | None = None,
     seed: int = 0,
 ) -> PoolsSimulation:
-    """Serve ``requests_per_s`` (the whole deployment's) for ``duration_s`` on the two pools."""
+    """Serve ``requests_per_s`` (the whole deployment's) for ``duration_s`` on the two pools;
+    by default 10 minutes, shortened to ``MAX_SIMULATED_REQUESTS`` per unit replica
+    (``bounded_duration_s``)."""
     if not requests_per_s > 0:
         raise ValueError(f"requests_per_s ({requests_per_s}) must be > 0")
     if prefill.units < 1 or decode.units < 1:
@@ -103,7 +110,8 @@ def simulate_pools(
     count = min(first.ttft_s.size, second.ttft_s.size)
     if count == 0:
         raise ValueError(
-            f"no request finished in {duration_s:g} s at {requests_per_s:g} requests/s: "
+            f"no request finished in {duration_s or DEFAULT_DURATION_S:g} s at "
+            f"{requests_per_s:g} requests/s: "
             "a longer run or a higher rate"
         )
     # the decode unit's own first token: its admission wait and first iteration (its
@@ -156,7 +164,11 @@ def _pool_run(
         cost=row,
         policy=one,
         request_rate_per_s=rate,
-        duration_s=duration_s,
+        duration_s=(
+            bounded_duration_s(DEFAULT_DURATION_S, requests_per_s=rate)
+            if duration_s is None
+            else duration_s
+        ),
         seed=seed,
         **cvs,
     )

@@ -10,6 +10,7 @@ import autoparallel as ap
 from autoparallel.cli import main
 from cost_model import Inference, ParallelConfig, PoolUnit, ServingConfig, simulate_pools, slo_rate
 from cost_model._serving import PoolConfig, _kv_transfer
+from cost_model._simulator_load import MAX_SIMULATED_REQUESTS
 from search._disaggregation import unit_cluster
 from topology import get_preset
 
@@ -120,3 +121,42 @@ def test_the_planned_pools_meet_the_slos_in_the_simulator(tmp_path, capsys) -> N
     closed_form = deployment.disaggregated_output_tokens_per_s_per_device * devices / 1000
     # the simulated pools carry at most the split's own rate
     assert 0 < deployment.simulated_requests_per_s <= closed_form * (1 + 1e-9)
+
+
+def test_a_small_models_design_rate_runs_a_bounded_number_of_requests() -> None:
+    """A small model's pools serve tens of thousands of requests per second: without a given
+    duration each pool runs ``MAX_SIMULATED_REQUESTS`` at most (10 minutes of such a rate filled
+    the host's memory), and a planned tiny MoE deployment completes."""
+    tiny = ap.get_model("tiny-moe")
+    workload = Inference(prompt_tokens=512, output_tokens=64)
+    unit = unit_cluster(CLUSTER, 1)
+    pools = {
+        phase: PoolUnit(
+            cluster=unit,
+            config=ParallelConfig(),
+            serving=ServingConfig(batch_size=256, phase=phase),
+            units=1,
+        )
+        for phase in ("prefill", "decode")
+    }
+    run = simulate_pools(
+        model=tiny,
+        workload=workload,
+        prefill=pools["prefill"],
+        decode=pools["decode"],
+        requests_per_s=5_000.0,
+        kv_transfer_s=1e-4,
+    )
+    assert 0 < run.prefill.ttft_s.size <= 1.05 * MAX_SIMULATED_REQUESTS
+    assert run.requests_per_s == 5_000.0 and np.all(np.isfinite(run.ttft_s))
+    # a duration given is the caller's: honoured as given
+    short = simulate_pools(
+        model=tiny,
+        workload=workload,
+        prefill=pools["prefill"],
+        decode=pools["decode"],
+        requests_per_s=5_000.0,
+        kv_transfer_s=1e-4,
+        duration_s=2.0,
+    )
+    assert short.prefill.ttft_s.size < 0.2 * run.prefill.ttft_s.size
