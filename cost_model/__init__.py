@@ -51,6 +51,7 @@ from cost_model._model_spec import AttentionSpec, ModelSpec, MoESpec
 from cost_model._options import Calibration, EstimateOptions, calibration_for
 from cost_model._parallel import ParallelConfig, PipelineSchedule
 from cost_model._pricing import op_time_s
+from cost_model._routing_skew import eplb_skew
 from cost_model._rules import (
     check_parallel_config,
     check_sequence_fits,
@@ -152,6 +153,7 @@ __all__ = [
     "pool_unit_rate",
     "unit_workload",
     "dtype_bytes",
+    "eplb_skew",
     "estimate",
     "estimate_inference_table",
     "estimate_table",

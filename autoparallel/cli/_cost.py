@@ -21,6 +21,7 @@ from autoparallel.cli._layout_defaults import DEFAULT_TP, DEFAULT_TRAINING_PP, e
 from autoparallel.cli._recipe_args import add_recipe_arguments, recipe_options
 from autoparallel.cli._render import console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
+from autoparallel.cli._routing_args import add_routing_arguments, routing_options
 from autoparallel.cli._serving_args import add_load_arguments, load_fields, print_simulation
 from cost_model import (
     framework_names,
@@ -127,6 +128,7 @@ def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batch-size", type=positive_int, default=1)
     parser.add_argument("--recompute", default="full", choices=("none", "selective", "full"))
     add_recipe_arguments(parser, searched_recompute=False)
+    add_routing_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the CostBreakdown as JSON")
     add_load_arguments(parser, slo_ms=True)
     parser.add_argument(
@@ -142,11 +144,11 @@ def _estimate(args: argparse.Namespace) -> int:
     model = resolve_model(args.model)
     cluster = with_network_override(resolve_cluster(args.cluster, num_nodes=args.nodes), args)
     config = estimate_config(args, cluster, model)
-    options = recipe_options(args, model=model, config=config)
+    options = recipe_options(args, model=model, config=config) | routing_options(args, model=model)
     if args.training:
         workload, breakdown = _estimate_training(args, model, cluster, config, options)
     else:
-        workload, breakdown = _estimate_serving(args, model, cluster, config)
+        workload, breakdown = _estimate_serving(args, model, cluster, config, options)
     band = training_error_band(model, cluster, config) if args.training else None
     memory_band = memory_error_band(config) if args.training else None
     if args.json:
@@ -170,7 +172,7 @@ def _estimate(args: argparse.Namespace) -> int:
         print_memory_error_band(memory_band, breakdown.memory_per_device_bytes)
         print_memory_risk(memory_band, breakdown, memory_fraction=args.memory_fraction)
     if not args.training:
-        _print_serving_extras(args, model, cluster, config, workload)
+        _print_serving_extras(args, model, cluster, config, workload, options)
     return 0
 
 
@@ -186,7 +188,8 @@ def _estimate_training(args: argparse.Namespace, model, cluster, config, options
     return workload, estimate(model, cluster, workload, config, **options)
 
 
-def _estimate_serving(args: argparse.Namespace, model, cluster, config):
+def _estimate_serving(args: argparse.Namespace, model, cluster, config, options: dict):
+    """``options``: the ``EstimateOptions`` fields given (``routing_options``)."""
     from cost_model import Inference, estimate
 
     workload = Inference(
@@ -214,6 +217,7 @@ def _estimate_serving(args: argparse.Namespace, model, cluster, config):
         config,
         batch_size=args.batch_size,
         num_redundant_experts=redundant,
+        **options,
     )
     return workload, breakdown
 
@@ -237,8 +241,11 @@ def _print_estimate_header(model, cluster, config, options: dict) -> None:
         console.print(f"recipe: {words}", highlight=False, markup=False)
 
 
-def _print_serving_extras(args: argparse.Namespace, model, cluster, config, workload) -> None:
-    """A serving estimate's error bar and, with ``--simulate``, the simulator's run."""
+def _print_serving_extras(
+    args: argparse.Namespace, model, cluster, config, workload, options: dict
+) -> None:
+    """A serving estimate's error bar and, with ``--simulate``, the simulator's run under the
+    estimate's ``options``."""
     from autoparallel.cli._serving_args import serving_error_bar_line
 
     if bar := serving_error_bar_line(
@@ -250,12 +257,17 @@ def _print_serving_extras(args: argparse.Namespace, model, cluster, config, work
     ):
         console.print(bar, highlight=False, markup=False)
     if args.simulate:
-        from cost_model import ServingConfig, simulate_layout
+        from cost_model import EstimateOptions, ServingConfig, simulate_layout
 
         serving = ServingConfig(batch_size=args.batch_size)
         print_simulation(
             simulate_layout(
-                model=model, cluster=cluster, workload=workload, config=config, serving=serving
+                model=model,
+                cluster=cluster,
+                workload=workload,
+                config=config,
+                serving=serving,
+                options=EstimateOptions(**options),
             ),
             workload,
         )

@@ -35,6 +35,11 @@ from autoparallel.cli._recipe_args import (
 )
 from autoparallel.cli._render import add_json_flag, console, fit_words, print_json
 from autoparallel.cli._render import table as table_of
+from autoparallel.cli._routing_args import (
+    add_routing_arguments,
+    routing_flags_given,
+    routing_options,
+)
 from autoparallel.cli._serving_args import (
     add_load_arguments,
     add_plan_slo_arguments,
@@ -129,6 +134,7 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
         "against its host operator counts)",
     )
     add_recipe_arguments(parser, searched_recompute=True)
+    add_routing_arguments(parser)
     add_json_flag(parser)
     parser.set_defaults(job_defaults={name: parser.get_default(name) for name in _JOB_ARGUMENTS})
 
@@ -218,14 +224,14 @@ def _plan(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise ValueError(f"--workers ({args.workers}) must be >= 1")
     if args.from_study:
-        if flags := recipe_flags_given(args):
+        if flags := recipe_flags_given(args) + routing_flags_given(args):
             raise ValueError(
                 f"--from-study ranks the trials the study already priced; drop {', '.join(flags)} "
                 "(start a new study with them instead)"
             )
         return _plan_from_study(args)
     model = resolve_model(args.model)
-    recipe = recipe_options(args, model=model)
+    recipe = recipe_options(args, model=model) | routing_options(args, model=model)
     cluster = with_network_override(resolve_cluster(args.cluster, num_nodes=args.nodes), args)
     workload = _workload(args)
     if args.grace_period_s <= args.heartbeat_s:
