@@ -316,11 +316,9 @@ def busiest_rank_load_factor(
     moe = s.model.moe
     assert moe is not None
     mean_assignments = rank_tokens * s.column("etp") * moe.top_k
-    factor = s.rows.evaluate(
-        max_load_factor,
-        mean_load=mean_assignments,
-        num_bins=s.column("ep"),
-        skew=s.routing_skew if real_traffic else 0.0,
+    # a few element-wise operations: cheaper on every row than grouping alike rows first
+    factor = max_load_factor(
+        mean_assignments, s.column("ep"), s.routing_skew if real_traffic else 0.0
     )
     return np.maximum(factor, s.routing_imbalance) if real_traffic else factor
 
