@@ -211,15 +211,6 @@ def _open_loop_iteration(
         seen = share * prefill_s + (1.0 - share) * seen_s
         # unmixed: a decode step waits for the prompt iterations between two decode iterations
         tpot = seen if mixed else seen / np.maximum(1.0 - share, 1e-9)
-    # The decodes beside a request come and go over its life: each other request overlaps a
-    # fraction 1 - |u| / L of a life L it starts u from (Poisson starts, equal lives), so the
-    # count averaged over the life has mean m and variance 2m/3, a spread over requests that
-    # the life does not average away. Priced on the decode step at 1 + m -+ that deviation.
-    deviation = np.sqrt(2.0 * decodes / 3.0)
-    zero = np.zeros_like(decodes)
-    high = cost.seconds(np.minimum(1.0 + decodes + deviation, slots), zero)
-    low = cost.seconds(np.maximum(1.0 + decodes - deviation, 1.0), zero)
-    batch_spread = 0.5 * np.abs(high - low) * np.where(mixed, 1.0 - share, 1.0)
     return _OpenLoopIteration(
         iteration_s=iteration,
         previous_iteration_s=previous,
@@ -231,8 +222,27 @@ def _open_loop_iteration(
         prefill_s=prefill_s,
         decode_s=decode_s,
         instance_mix=instance_mix,
-        batch_spread_s=batch_spread,
+        batch_spread_s=_decode_batch_spread_s(
+            cost=cost, decodes=decodes, slots=slots, decode_share=np.where(mixed, 1.0 - share, 1.0)
+        ),
     )
+
+
+def _decode_batch_spread_s(
+    *, cost: IterationCost, decodes: np.ndarray, slots: np.ndarray, decode_share
+) -> np.ndarray:
+    """Spread over requests of their mean decode step from the decodes beside them.
+
+    The decodes beside a request come and go over its life: each other request overlaps a
+    fraction 1 - |u| / L of a life L it starts u from (Poisson starts, equal lives), so the
+    count averaged over the life has mean m and variance 2m/3, a spread over requests that the
+    life does not average away. Priced on the decode step at 1 + m -+ that deviation, over the
+    ``decode_share`` of a request's iterations that decode."""
+    deviation = np.sqrt(2.0 * decodes / 3.0)
+    zero = np.zeros_like(decodes)
+    high = cost.seconds(np.minimum(1.0 + decodes + deviation, slots), zero)
+    low = cost.seconds(np.maximum(1.0 + decodes - deviation, 1.0), zero)
+    return 0.5 * np.abs(high - low) * decode_share
 
 
 @dataclass(frozen=True)
