@@ -115,3 +115,33 @@ def inference_plan():
     return ap.find_plan(
         "deepseek-v3", ap.get_preset("dgx-h100", num_nodes=16), workload, n_trials=40, seed=1
     )
+
+
+@pytest.fixture
+def cli_json(capsys):
+    """Run the CLI with ``argv`` (a command that prints JSON); its document. The run must exit
+    0 (else the assertion shows its stderr)."""
+    import json
+
+    from autoparallel.cli import main
+
+    def run(argv: list[str]) -> dict:
+        assert main(argv) == 0, capsys.readouterr().err
+        return json.loads(capsys.readouterr().out)
+
+    return run
+
+
+@pytest.fixture
+def cli_refused(capsys):
+    """Run the CLI with ``argv``, which it must refuse: exit 2, nothing on stdout, no
+    traceback; its error message on one line."""
+    from autoparallel.cli import main
+
+    def run(argv: list[str]) -> str:
+        assert main(argv) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and "Traceback" not in captured.err
+        return " ".join(captured.err.split())
+
+    return run

@@ -66,23 +66,9 @@ TINY = [
 ]
 
 
-def _estimate(capsys, argv: list[str]) -> dict:
-    assert main(argv) == 0, capsys.readouterr().err
-    return json.loads(capsys.readouterr().out)
-
-
-def _refused(capsys, argv: list[str]) -> str:
-    assert main(argv) == 2
-    captured = capsys.readouterr()
-    assert captured.out == "" and "Traceback" not in captured.err
-    return " ".join(captured.err.split())
-
-
-def test_expert_parallel_comm_overlap_hides_all_to_all_behind_the_other_micro_batch(capsys):
-    base = _estimate(capsys, [*QWEN3, "--recompute", "selective"])
-    overlap = _estimate(
-        capsys, [*QWEN3, "--recompute", "selective", "--expert-parallel-comm-overlap"]
-    )
+def test_expert_parallel_comm_overlap_hides_all_to_all_behind_the_other_micro_batch(cli_json):
+    base = cli_json([*QWEN3, "--recompute", "selective"])
+    overlap = cli_json([*QWEN3, "--recompute", "selective", "--expert-parallel-comm-overlap"])
     assert base["hidden_time_s"]["ep_comm"] == 0.0
     assert overlap["hidden_time_s"]["ep_comm"] > 0.0
     assert overlap["time_s"]["ep_comm"] < base["time_s"]["ep_comm"]
@@ -91,101 +77,97 @@ def test_expert_parallel_comm_overlap_hides_all_to_all_behind_the_other_micro_ba
     assert overlap.keys() == base.keys()  # the JSON keeps its shape
 
 
-def test_expert_dispatcher_routed_nodes_and_fp8_dispatch_change_the_all_to_all(capsys):
+def test_expert_dispatcher_routed_nodes_and_fp8_dispatch_change_the_all_to_all(cli_json):
     common = [*QWEN3, "--recompute", "none"]
-    nccl = _estimate(capsys, common)["time_s"]["ep_comm"]
-    deepep = _estimate(capsys, [*common, "--expert-dispatcher", "deepep"])["time_s"]["ep_comm"]
-    limited = _estimate(
-        capsys, [*common, "--expert-dispatcher", "deepep", "--max-routed-nodes", "2"]
-    )["time_s"]["ep_comm"]
-    fp8 = _estimate(capsys, [*common, "--expert-dispatch-fp8"])["time_s"]["ep_comm"]
-    hybridep = _estimate(
-        capsys, [*common, "--expert-dispatcher", "hybridep", "--max-routed-nodes", "2"]
-    )["time_s"]["ep_comm"]
+    nccl = cli_json(common)["time_s"]["ep_comm"]
+    deepep = cli_json([*common, "--expert-dispatcher", "deepep"])["time_s"]["ep_comm"]
+    limited = cli_json([*common, "--expert-dispatcher", "deepep", "--max-routed-nodes", "2"])[
+        "time_s"
+    ]["ep_comm"]
+    fp8 = cli_json([*common, "--expert-dispatch-fp8"])["time_s"]["ep_comm"]
+    hybridep = cli_json([*common, "--expert-dispatcher", "hybridep", "--max-routed-nodes", "2"])[
+        "time_s"
+    ]["ep_comm"]
     assert hybridep == pytest.approx(limited)  # priced as DeepEP's kernels
     assert deepep < nccl  # node de-duplication sends each token once per remote node
     assert limited < deepep  # at most two remote nodes per token
     assert fp8 < nccl  # the dispatch half travels in one byte per element
 
 
-def test_bidirectional_pipeline_hides_the_all_to_all(capsys):
+def test_bidirectional_pipeline_hides_the_all_to_all(cli_json):
     # full recompute: DualPipe's two stages and pp + 1 micro-batches per rank fit the H100s
-    base = _estimate(capsys, [*QWEN3, "--recompute", "full"])
-    dualpipe = _estimate(capsys, [*QWEN3, "--recompute", "full", "--bidirectional-pipeline"])
+    base = cli_json([*QWEN3, "--recompute", "full"])
+    dualpipe = cli_json([*QWEN3, "--recompute", "full", "--bidirectional-pipeline"])
     assert dualpipe["hidden_time_s"]["ep_comm"] > 0.0 == base["hidden_time_s"]["ep_comm"]
     assert dualpipe["step_time_s"] < base["step_time_s"]
     assert dualpipe["memory_bytes"]["weights"] == 2.0 * base["memory_bytes"]["weights"]
 
 
-def test_recompute_modules_trade_activation_memory_for_recompute_time(capsys):
-    default = _estimate(capsys, [*QWEN3, "--recompute", "selective"])
-    more = _estimate(
-        capsys,
+def test_recompute_modules_trade_activation_memory_for_recompute_time(cli_json):
+    default = cli_json([*QWEN3, "--recompute", "selective"])
+    more = cli_json(
         [*QWEN3, "--recompute", "selective", "--recompute-modules", "core_attn", "moe_act"],
     )
     assert more["memory_bytes"]["activations"] < default["memory_bytes"]["activations"]
     assert more["time_s"]["recompute"] > default["time_s"]["recompute"]
 
 
-def test_recompute_layers_recompute_only_the_first_layers_of_each_chunk(capsys):
-    every = _estimate(capsys, [*QWEN3, "--recompute", "full"])
-    first = _estimate(capsys, [*QWEN3, "--recompute", "full", "--recompute-layers", "1"])
+def test_recompute_layers_recompute_only_the_first_layers_of_each_chunk(cli_json):
+    every = cli_json([*QWEN3, "--recompute", "full"])
+    first = cli_json([*QWEN3, "--recompute", "full", "--recompute-layers", "1"])
     assert first["time_s"]["recompute"] < every["time_s"]["recompute"]
     assert first["memory_bytes"]["activations"] > every["memory_bytes"]["activations"]
 
 
-def test_activation_offload_moves_activations_to_the_host_at_a_copy_cost(capsys):
-    base = _estimate(capsys, [*QWEN3, "--recompute", "none"])
-    offload = _estimate(capsys, [*QWEN3, "--recompute", "none", "--activation-offload-layers", "4"])
+def test_activation_offload_moves_activations_to_the_host_at_a_copy_cost(cli_json):
+    base = cli_json([*QWEN3, "--recompute", "none"])
+    offload = cli_json([*QWEN3, "--recompute", "none", "--activation-offload-layers", "4"])
     assert offload["memory_bytes"]["activations"] < base["memory_bytes"]["activations"]
     assert offload["time_s"]["offload"] > base["time_s"]["offload"] == 0.0
 
 
-def test_optimizer_instances_replicate_the_sharded_states(capsys):
-    base = _estimate(capsys, [*QWEN3, "--recompute", "none"])
-    two = _estimate(capsys, [*QWEN3, "--recompute", "none", "--optimizer-instances", "2"])
+def test_optimizer_instances_replicate_the_sharded_states(cli_json):
+    base = cli_json([*QWEN3, "--recompute", "none"])
+    two = cli_json([*QWEN3, "--recompute", "none", "--optimizer-instances", "2"])
     assert two["memory_bytes"]["optimizer_states"] > base["memory_bytes"]["optimizer_states"]
     assert two["step_time_s"] == pytest.approx(base["step_time_s"], rel=1e-3)
 
 
-def test_all_gather_context_parallel_exposes_its_traffic(capsys):
-    ring = _estimate(capsys, [*QWEN3, "--recompute", "none", "--cp", "2"])
-    gather = _estimate(
-        capsys,
+def test_all_gather_context_parallel_exposes_its_traffic(cli_json):
+    ring = cli_json([*QWEN3, "--recompute", "none", "--cp", "2"])
+    gather = cli_json(
         [*QWEN3, "--recompute", "none", "--cp", "2", "--context-parallel-comm", "all_gather"],
     )
     assert ring["time_s"]["cp_comm"] == 0.0 < ring["hidden_time_s"]["cp_comm"]
     assert gather["time_s"]["cp_comm"] > 0.0 == gather["hidden_time_s"]["cp_comm"]
 
 
-def test_cuda_graphs_save_host_issue_time_on_a_host_bound_model(capsys):
-    eager = _estimate(capsys, TINY)["time_s"]["compute"]
-    partial = _estimate(capsys, [*TINY, "--cuda-graphs", "partial"])["time_s"]["compute"]
-    attention_only = _estimate(
-        capsys, [*TINY, "--cuda-graphs", "partial", "--cuda-graph-scope", "attn"]
-    )["time_s"]["compute"]
+def test_cuda_graphs_save_host_issue_time_on_a_host_bound_model(cli_json):
+    eager = cli_json(TINY)["time_s"]["compute"]
+    partial = cli_json([*TINY, "--cuda-graphs", "partial"])["time_s"]["compute"]
+    attention_only = cli_json([*TINY, "--cuda-graphs", "partial", "--cuda-graph-scope", "attn"])[
+        "time_s"
+    ]["compute"]
     padded = ["--moe-capacity-factor", "1", "--moe-pad-to-capacity"]
-    whole = _estimate(capsys, [*TINY, *padded, "--cuda-graphs", "full_iteration"])["time_s"][
-        "compute"
-    ]
+    whole = cli_json([*TINY, *padded, "--cuda-graphs", "full_iteration"])["time_s"]["compute"]
     assert whole < partial < attention_only < eager
 
 
-def test_pipeline_keeps_outputs_holds_the_logits_on_the_last_stage(capsys):
-    base = _estimate(capsys, TINY)
-    kept = _estimate(capsys, [*TINY, "--pipeline-keeps-outputs"])
+def test_pipeline_keeps_outputs_holds_the_logits_on_the_last_stage(cli_json):
+    base = cli_json(TINY)
+    kept = cli_json([*TINY, "--pipeline-keeps-outputs"])
     assert kept["memory_per_device_bytes"] > base["memory_per_device_bytes"]
     assert kept["step_time_s"] == base["step_time_s"]
 
 
-def test_an_eager_loss_beside_a_compiled_model_holds_twelve_bytes_per_logit(capsys):
+def test_an_eager_loss_beside_a_compiled_model_holds_twelve_bytes_per_logit(cli_json):
     """torchtitan compiles its loss with the model (4 bytes per logit); --eager-loss prices the
     eager one of earlier releases (12): 8 more bytes for each logit of a micro-batch."""
     job = ["estimate", "--model", "megatron-gpt-1.7b", "--cluster", "dgx-h100", "--nodes", "1"]
     job += ["--tp", "1", "--pp", "1", "--framework", "torchtitan-compile", "--json"]
     job += ["--sequence-length", "4096", "--micro-batch-size", "1"]
-    compiled = _estimate(capsys, job)["memory_bytes"]["activations"]
-    eager = _estimate(capsys, [*job, "--eager-loss"])["memory_bytes"]["activations"]
+    compiled = cli_json(job)["memory_bytes"]["activations"]
+    eager = cli_json([*job, "--eager-loss"])["memory_bytes"]["activations"]
     vocab = ap.get_model("megatron-gpt-1.7b").vocab_size
     assert eager - compiled == pytest.approx(8.0 * 4096 * vocab)
 
@@ -256,13 +238,12 @@ def test_an_eager_loss_beside_a_compiled_model_holds_twelve_bytes_per_logit(caps
         (["--recompute-layers", "two"], "'two' is not an integer"),
     ],
 )
-def test_contradictory_or_bad_recipe_values_are_refused(capsys, extra, expected):
-    assert expected in _refused(capsys, [*QWEN3, *extra])
+def test_contradictory_or_bad_recipe_values_arecli_refused(extra, expected, cli_refused):
+    assert expected in cli_refused([*QWEN3, *extra])
 
 
-def test_recipe_flags_are_refused_for_inference(capsys):
-    message = _refused(
-        capsys,
+def test_recipe_flags_are_refused_for_inference(cli_refused):
+    message = cli_refused(
         ["estimate", "--model", "tiny-moe", "--cluster", "cpu-loopback", "--inference"]
         + ["--tp", "1", "--pp", "1", "--ep", "1", "--expert-dispatch-fp8"],
     )
@@ -312,25 +293,22 @@ def test_plan_prices_every_layout_with_the_recipe_and_records_it(tmp_path, capsy
     }
 
 
-def test_plan_refuses_recipe_rules_and_a_recipe_with_from_study(tmp_path, capsys):
-    message = _refused(capsys, [*SMALL_TRAINING_PLAN, "--cuda-graph-scope", "attn"])
+def test_plan_refuses_recipe_rules_and_a_recipe_with_from_study(tmp_path, cli_refused):
+    message = cli_refused([*SMALL_TRAINING_PLAN, "--cuda-graph-scope", "attn"])
     assert "--cuda-graph-scope (attn) needs --cuda-graphs partial" in message
     storage = f"sqlite:///{tmp_path}/study.db"
-    message = _refused(
-        capsys, ["plan", "--from-study", "--storage", storage, "--expert-dispatch-fp8"]
-    )
+    message = cli_refused(["plan", "--from-study", "--storage", storage, "--expert-dispatch-fp8"])
     assert "--from-study ranks the trials the study already priced; drop --expert-dispatch-fp8" in (
         message
     )
 
 
-def test_plan_with_a_framework_prices_cuda_graphs_against_its_host_costs(tmp_path, capsys):
+def test_plan_with_a_framework_prices_cuda_graphs_against_its_host_costs(tmp_path, cli_json):
     job = ["plan", "--model", "tiny-moe", "--cluster", "dgx-h100", "--nodes", "1", "--training"]
     job += ["--sequence-length", "256", "--global-batch-tokens", "8192", "--trials", "10"]
     job += ["--framework", "megatron-core", "--json"]
-    eager = _estimate(capsys, [*job, "--output", str(tmp_path / "eager.json")])["plan"]
-    graphs = _estimate(
-        capsys,
+    eager = cli_json([*job, "--output", str(tmp_path / "eager.json")])["plan"]
+    graphs = cli_json(
         [*job, "--cuda-graphs", "full_iteration", "--moe-capacity-factor", "1"]
         + ["--moe-pad-to-capacity", "--output", str(tmp_path / "graphs.json")],
     )["plan"]
@@ -339,12 +317,12 @@ def test_plan_with_a_framework_prices_cuda_graphs_against_its_host_costs(tmp_pat
     assert graphs["predicted"]["step_time_s"] < eager["predicted"]["step_time_s"]
 
 
-def test_moe_settings_are_refused_for_a_dense_model(capsys):
+def test_moe_settings_are_refused_for_a_dense_model(cli_refused):
     dense = ["estimate", "--model", "megatron-gpt-1.7b", "--cluster", "dgx-h100", "--nodes", "1"]
     dense += ["--tp", "1", "--pp", "1", "--ep", "1", "--recompute", "selective"]
-    message = _refused(capsys, [*dense, "--expert-parallel-comm-overlap"])
+    message = cli_refused([*dense, "--expert-parallel-comm-overlap"])
     assert "--expert-parallel-comm-overlap needs a MoE model" in message
-    message = _refused(capsys, [*dense, "--recompute-modules", "shared_experts"])
+    message = cli_refused([*dense, "--recompute-modules", "shared_experts"])
     assert "shared_experts needs a model with shared experts; megatron-gpt-1.7b has none" in message
 
 
@@ -354,15 +332,15 @@ def test_the_estimate_table_names_the_recipe_it_priced(capsys):
     assert "recipe: expert_parallel_comm_overlap=True" in capsys.readouterr().out
 
 
-def test_tp_comm_overlap_off_leaves_the_tensor_parallel_traffic_exposed(capsys):
+def test_tp_comm_overlap_off_leaves_the_tensor_parallel_traffic_exposed(cli_json):
     dense = [
         "estimate", "--model", "llama-3.1-70b", "--cluster", "dgx-h100", "--nodes", "8",
         "--tp", "8", "--pp", "2", "--sequence-length", "4096", "--global-batch-tokens",
         str(128 * 4096), "--sequence-parallel", "--framework", "megatron-core", "--json",
     ]  # fmt: skip
-    profile = _estimate(capsys, dense)  # megatron-core's profile overlaps it
-    off = _estimate(capsys, [*dense, "--no-tp-comm-overlap"])
-    on = _estimate(capsys, [*dense, "--tp-comm-overlap"])
+    profile = cli_json(dense)  # megatron-core's profile overlaps it
+    off = cli_json([*dense, "--no-tp-comm-overlap"])
+    on = cli_json([*dense, "--tp-comm-overlap"])
     assert off["hidden_time_s"]["tp_comm"] == 0.0 < profile["hidden_time_s"]["tp_comm"]
     assert on["hidden_time_s"]["tp_comm"] == profile["hidden_time_s"]["tp_comm"]
     assert off["step_time_s"] > profile["step_time_s"]

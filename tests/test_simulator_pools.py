@@ -126,7 +126,7 @@ def test_the_planned_pools_meet_the_slos_in_the_simulator(tmp_path, capsys) -> N
 def test_a_small_models_design_rate_runs_a_bounded_number_of_requests() -> None:
     """A small model's pools serve tens of thousands of requests per second: without a given
     duration each pool runs ``MAX_SIMULATED_REQUESTS`` at most (10 minutes of such a rate filled
-    the host's memory), and a planned tiny MoE deployment completes."""
+    the host's memory and killed the plan of a tiny MoE), and a given duration is honoured."""
     tiny = ap.get_model("tiny-moe")
     workload = Inference(prompt_tokens=512, output_tokens=64)
     unit = unit_cluster(CLUSTER, 1)
@@ -139,24 +139,31 @@ def test_a_small_models_design_rate_runs_a_bounded_number_of_requests() -> None:
         )
         for phase in ("prefill", "decode")
     }
-    run = simulate_pools(
-        model=tiny,
-        workload=workload,
-        prefill=pools["prefill"],
-        decode=pools["decode"],
-        requests_per_s=5_000.0,
-        kv_transfer_s=1e-4,
-    )
+
+    def run_at(**duration):
+        return simulate_pools(
+            model=tiny,
+            workload=workload,
+            prefill=pools["prefill"],
+            decode=pools["decode"],
+            requests_per_s=5_000.0,
+            kv_transfer_s=1e-4,
+            **duration,
+        )
+
+    run = run_at()
     assert 0 < run.prefill.ttft_s.size <= 1.05 * MAX_SIMULATED_REQUESTS
     assert run.requests_per_s == 5_000.0 and np.all(np.isfinite(run.ttft_s))
     # a duration given is the caller's: honoured as given
-    short = simulate_pools(
-        model=tiny,
-        workload=workload,
-        prefill=pools["prefill"],
-        decode=pools["decode"],
-        requests_per_s=5_000.0,
-        kv_transfer_s=1e-4,
-        duration_s=2.0,
+    assert run_at(duration_s=2.0).prefill.ttft_s.size < 0.2 * run.prefill.ttft_s.size
+
+
+def test_a_tiny_moe_plan_simulates_its_pools_and_completes() -> None:
+    plan = ap.find_plan(
+        "tiny-moe",
+        get_preset("dgx-h100", num_nodes=1),
+        Inference(prompt_tokens=512, output_tokens=64),
+        n_trials=10,
     )
-    assert short.prefill.ttft_s.size < 0.2 * run.prefill.ttft_s.size
+    assert plan.deployment.kind in ("colocated", "disaggregated")
+    assert plan.predicted is not None
