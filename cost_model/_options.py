@@ -55,8 +55,10 @@ class EstimateOptions(BaseModel):
     ``expert_load_skew``: in inference, the relative spread of the expert ranks' expected loads
     that real traffic leaves beyond uniform routing's sampling (``_routing_skew``); None: the
     residual skew measured behind an expert-placement balancer (EPLB), ``eplb_skew``; 0: routing
-    as uniform as synthetic balanced benchmarks make it. The busiest rank's experts and its
-    share of the dispatch and combine carry ``max(routing_imbalance, max_load_factor)``.
+    as uniform as synthetic balanced benchmarks make it, and what goes with a measured
+    ``routing_imbalance``, which holds the traffic's skew already (the CLI's
+    ``--routing-imbalance`` sets it so). The busiest rank's experts and its share of the
+    dispatch and combine carry ``max(routing_imbalance, max_load_factor)``.
     ``moe_capacity_factor``: training's token dropping: each expert takes at most
     ``ceil(tokens x top_k / experts x factor)`` tokens, the rest are dropped (Megatron-core
     ``--moe-expert-capacity-factor``, ``moe_utils.get_capacity``); None: dropless.

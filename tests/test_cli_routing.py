@@ -80,3 +80,14 @@ def test_a_plan_records_the_routing_it_was_priced_with(tmp_path, capsys, cli_ref
         ["plan", "--from-study", "--storage", storage, "--routing-imbalance", "1.2"]
     )
     assert "drop --routing-imbalance" in message
+
+
+def test_a_measured_serving_imbalance_replaces_the_default_skew(cli_json):
+    """``--routing-imbalance`` measures the traffic: in serving it comes without the default
+    skew on top (a measured 1.0 prices as balanced routing), unless ``--expert-load-skew`` is
+    given too."""
+    balanced = cli_json([*PREFILL, "--expert-load-skew", "0"])
+    measured_even = cli_json([*PREFILL, "--routing-imbalance", "1"])
+    both = cli_json([*PREFILL, "--routing-imbalance", "1", "--expert-load-skew", "0.1"])
+    assert measured_even == balanced
+    assert both["time_s"]["prefill_compute"] > balanced["time_s"]["prefill_compute"]

@@ -32,9 +32,9 @@ def add_routing_arguments(parser: argparse.ArgumentParser) -> None:
         type=_at_least_one,
         default=None,
         metavar="R",
-        help="a measured routed load of the busiest expert rank over the mean (>= 1), the "
-        "floor of the busiest rank's load (default 1: uniform routing's sampling excess and, "
-        "in serving, --expert-load-skew set it)",
+        help="a measured routed load of the busiest expert rank over the mean (>= 1): the "
+        "floor of the busiest rank's load, in place of the default skew of serving traffic "
+        "(default: uniform routing's sampling excess and, in serving, --expert-load-skew)",
     )
     group.add_argument(
         "--expert-load-skew",
@@ -56,7 +56,9 @@ def routing_flags_given(args: argparse.Namespace) -> list[str]:
 
 
 def routing_options(args: argparse.Namespace, *, model) -> dict[str, Any]:
-    """The ``EstimateOptions`` fields of the routing flags given (none: ``{}``).
+    """The ``EstimateOptions`` fields of the routing flags given (none: ``{}``); a serving
+    ``--routing-imbalance`` without ``--expert-load-skew`` comes with a skew of 0 (the measured
+    load holds it).
 
     Raises:
         ValueError: a flag for a model without MoE layers, or ``--expert-load-skew`` for a
@@ -71,9 +73,13 @@ def routing_options(args: argparse.Namespace, *, model) -> dict[str, Any]:
         flags = routing_flags_given(args)
         verb = "needs" if len(flags) == 1 else "need"
         raise ValueError(f"{', '.join(flags)} {verb} a MoE model; {model.name} has no MoE layers")
-    if "expert_load_skew" in given and getattr(args, "training", True):
+    training = getattr(args, "training", True)
+    if "expert_load_skew" in given and training:
         raise ValueError(
             f"--expert-load-skew ({given['expert_load_skew']}) prices serving traffic; a training "
             "run's busiest expert rank is --routing-imbalance (or the capacity factor)"
         )
+    if "routing_imbalance" in given and not training:
+        # a measured busiest-rank load holds the traffic's skew: no default skew on top
+        given.setdefault("expert_load_skew", 0.0)
     return given

@@ -124,8 +124,11 @@ class _PolicyCalibration:
         from cost_model import EstimateOptions
 
         for imbalance, plans in groups.items():
+            # the measured load holds the traffic's skew: no default skew on top of it
             options = EstimateOptions(
-                routing_imbalance=imbalance, calibration=self._cost_calibration
+                routing_imbalance=imbalance,
+                expert_load_skew=0.0,
+                calibration=self._cost_calibration,
             )
             for plan, seconds in zip(plans, self._step_times(plans, options)):
                 self._stretch_cache[(plan.config, imbalance)] = (
@@ -184,7 +187,8 @@ class _PolicyCalibration:
         start = calibration_for(self.cluster.device)  # the calibration the plan was priced with
 
         try:
-            return fit(summary.step_time_s, {"routing_imbalance": max(imbalance, 1.0)})
+            measured = {"routing_imbalance": max(imbalance, 1.0), "expert_load_skew": 0.0}
+            return fit(summary.step_time_s, measured)
         except InfeasiblePlanError:
             # The cost model's memory at this skew exceeds the device, yet the job runs: fit the
             # balanced step instead (the measured time over the uncalibrated skew stretch).
