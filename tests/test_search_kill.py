@@ -243,7 +243,19 @@ class _Swallowing:
         del dropped  # the callback runs now and swallows the KeyboardInterrupt
 
 
-def test_a_swallowed_ctrl_c_stops_the_search_at_the_next_batch(tmp_path: Path, monkeypatch) -> None:
+@pytest.fixture
+def default_sigint():
+    """Python's own Ctrl-C handler during the test, as an interactive run has it (a library an
+    earlier test of this worker imported may have left its own, and ``remembered_interrupts``
+    then steps aside); the previous handler restored after it."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_swallowed_ctrl_c_stops_the_search_at_the_next_batch(
+    tmp_path: Path, monkeypatch, default_sigint
+) -> None:
     """A Ctrl-C that a weakref callback swallowed during the first batch's pricing is raised
     again before the second batch: the search stops with the first batch's trials stored (a
     rerun resumes from them) instead of running to its end."""
