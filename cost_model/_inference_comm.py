@@ -137,14 +137,22 @@ def _tp_all_reduce(s: _Setup, message) -> np.ndarray:
     return measured if modelled is None else np.where(measured_rows, measured, modelled)
 
 
+def _real_traffic_excess(s: _Setup, rank_tokens: np.ndarray) -> np.ndarray:
+    """The busiest expert rank's load under real traffic over its load under uniform routing,
+    (n,) (``busiest_rank_load_factor``): the busiest rank receives (dispatch) and returns
+    (combine) its routed excess and the kernel ends with its transfers, while DeepEP's measured
+    kernels, the fits' inputs, ran uniform random routing."""
+    return busiest_rank_load_factor(s, rank_tokens) / busiest_rank_load_factor(
+        s, rank_tokens, real_traffic=False
+    )
+
+
 def _busiest_rank_bytes(
-    s: _Setup, rank_tokens: np.ndarray, element_bytes: float, *, node_dedup
+    s: _Setup, rank_tokens: np.ndarray, element_bytes: float, *, node_dedup, excess: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """(NVLink, RDMA) bytes of one dispatch or combine on the busiest expert rank, (n,) each:
-    ``_kernel_curves_comm.expert_all_to_all_bytes`` of the mean rank, times real traffic's
-    busiest-rank load over uniform routing's (``busiest_rank_load_factor``). The busiest rank
-    receives (dispatch) and returns (combine) its routed excess and the kernel ends with its
-    transfers; DeepEP's measured kernels, the fits' inputs, ran uniform random routing."""
+    ``_kernel_curves_comm.expert_all_to_all_bytes`` of the mean rank times ``excess``
+    (``_real_traffic_excess``)."""
     assert s.model.moe is not None
     ep = s.column("ep")
     intra_bytes, inter_bytes = s.rows.evaluate(
@@ -157,14 +165,17 @@ def _busiest_rank_bytes(
         local=np.minimum(s.group_local["ep"], ep),
         node_dedup=node_dedup,
     )
-    busiest = busiest_rank_load_factor(s, rank_tokens) / busiest_rank_load_factor(
-        s, rank_tokens, real_traffic=False
-    )
-    return intra_bytes * busiest, inter_bytes * busiest
+    return intra_bytes * excess, inter_bytes * excess
 
 
 def _expert_all_to_all(
-    s: _Setup, rank_tokens: np.ndarray, element_bytes: float, *, node_dedup, direction: str
+    s: _Setup,
+    rank_tokens: np.ndarray,
+    element_bytes: float,
+    *,
+    node_dedup,
+    direction: str,
+    excess: np.ndarray,
 ) -> np.ndarray:
     """One MoE dispatch (or combine) as DeepEP runs it: every rank writes straight to its peers,
     NVLink and RDMA at once, so the time is the slower tier's bytes over its bandwidth plus one
@@ -178,7 +189,7 @@ def _expert_all_to_all(
     ep = s.column("ep")
     local = np.minimum(s.group_local["ep"], ep)
     intra_bytes, inter_bytes = _busiest_rank_bytes(
-        s, rank_tokens, element_bytes, node_dedup=node_dedup
+        s, rank_tokens, element_bytes, node_dedup=node_dedup, excess=excess
     )
     remote = ep > local
 
@@ -234,11 +245,12 @@ def _deepep_expert_comm(s: _Setup, rank_tokens: np.ndarray, *, decode: bool) -> 
     # NVFP4 experts take an FP8 dispatch as well (DeepEP dispatches FP8 or BF16 tokens).
     fp4 = _part_dtype(s, "routed_experts") == "fp4"
     dispatch_bytes = 1.0 if fp4 else _dispatch_bytes(s)
+    excess = _real_traffic_excess(s, rank_tokens)  # the same tokens both ways
     dispatch = _expert_all_to_all(
-        s, rank_tokens, dispatch_bytes, node_dedup=normal, direction="dispatch"
+        s, rank_tokens, dispatch_bytes, node_dedup=normal, direction="dispatch", excess=excess
     )
     combine = _expert_all_to_all(
-        s, rank_tokens, COMBINE_BYTES, node_dedup=normal, direction="combine"
+        s, rank_tokens, COMBINE_BYTES, node_dedup=normal, direction="combine", excess=excess
     )
     return dispatch + combine
 
