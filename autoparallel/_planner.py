@@ -107,33 +107,64 @@ def find_plan(
     result, cluster = _search(
         model, cluster, workload, workers=workers, **options, **search_options
     )
+    plan = _colocated_or_pools(
+        model=model,
+        cluster=cluster,
+        workload=workload,
+        result=result,
+        estimate_options=estimate_options,
+        disaggregate=disaggregate,
+        search_options=search_options,
+        bounds=search_options["settings"].bounds if engine is not None else None,
+    )
+    if plan is not None:
+        return plan
+    raise infeasible_error(
+        model=model,
+        cluster=cluster,
+        workload=workload,
+        result=result,
+        **_estimator_option(search_options),
+    )
+
+
+def _colocated_or_pools(
+    *,
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Training | Inference,
+    result,
+    estimate_options: EstimateOptions | None,
+    disaggregate: bool | None,
+    search_options: dict[str, Any],
+    bounds,
+) -> ShardingPlan | None:
+    """The plan of the search's ``result``, with the prefill/decode pools priced beside it where
+    the workload may be disaggregated (within an engine's ``bounds``); None where neither the
+    colocated layout nor the pools serve the workload (``find_plan`` then raises)."""
     estimator = _estimator_option(search_options)
     disaggregating = isinstance(workload, Inference) and (
         workload.disaggregation_allowed if disaggregate is None else disaggregate
     )
-    bounds = search_options["settings"].bounds if engine is not None else None
     # a load no colocated layout serves within the SLOs may still be served by prefill and decode
     # pools; only a layout that misses nothing but an SLO stands in for the colocated one then
     feasible = result.feasible
-    if feasible or (disaggregating and misses_only_slos(result.best)):
-        plan = plan_from_search(
-            model=model, cluster=cluster, workload=workload, result=result, options=estimate_options
-        )
-        if disaggregating:
-            plan = with_disaggregation(
-                plan,
-                model=model,
-                cluster=cluster,
-                workload=workload,
-                bounds=bounds,
-                colocated_violations=None if feasible else result.best.violations,
-                **estimator,
-            )
-        if feasible or plan.deployment.kind == "disaggregated":
-            return plan
-    raise infeasible_error(
-        model=model, cluster=cluster, workload=workload, result=result, **estimator
+    if not (feasible or (disaggregating and misses_only_slos(result.best))):
+        return None
+    plan = plan_from_search(
+        model=model, cluster=cluster, workload=workload, result=result, options=estimate_options
     )
+    if disaggregating:
+        plan = with_disaggregation(
+            plan,
+            model=model,
+            cluster=cluster,
+            workload=workload,
+            bounds=bounds,
+            colocated_violations=None if feasible else result.best.violations,
+            **estimator,
+        )
+    return plan if feasible or plan.deployment.kind == "disaggregated" else None
 
 
 def _engine_and_estimator_options(
